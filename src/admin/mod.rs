@@ -1,0 +1,102 @@
+//! The admin surface: probes, status and metrics over hyper, on its own
+//! listener (handed over like any other, so no probe is refused during a
+//! reload). It reads shared state through [`AdminState`]'s narrow handles
+//! and never reaches into connections.
+
+mod routes;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::Pool;
+use crate::config::{AdminConfig, Protocol};
+use crate::connection::ListenerStats;
+use crate::lifecycle::Phase;
+
+/// This generation, as `/status` reports it.
+#[derive(Debug, Clone)]
+pub struct GenerationInfo {
+    pub number: u64,
+    pub pid: u32,
+    pub started_at: SystemTime,
+}
+
+/// One listener, as `/status` reports it.
+pub struct ListenerView {
+    pub name: String,
+    pub bind: SocketAddr,
+    pub protocol: Protocol,
+    pub stats: Arc<ListenerStats>,
+}
+
+/// What the data plane looks like once built (absent during start-up).
+#[derive(Default)]
+pub struct Topology {
+    pub listeners: Vec<ListenerView>,
+    pub pools: Vec<Arc<Pool>>,
+}
+
+/// Everything the admin server may read.
+pub struct AdminState {
+    pub config: AdminConfig,
+    pub generation: GenerationInfo,
+    pub phase: watch::Receiver<Phase>,
+    pub topology: RwLock<Arc<Topology>>,
+    pub metrics: Option<PrometheusHandle>,
+    /// Drain deadline as Unix seconds, once a drain has one.
+    pub drain_deadline: RwLock<Option<SystemTime>>,
+}
+
+impl AdminState {
+    pub fn set_topology(&self, topology: Topology) {
+        if let Ok(mut t) = self.topology.write() {
+            *t = Arc::new(topology);
+        }
+    }
+
+    fn topology(&self) -> Arc<Topology> {
+        self.topology
+            .read()
+            .map(|t| Arc::clone(&t))
+            .unwrap_or_default()
+    }
+}
+
+/// Serves admin requests until `stop`, then lets open ones finish briefly.
+pub async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(err) => {
+                    tracing::warn!(cause = %err, "admin accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let state = Arc::clone(&state);
+                async move { Ok::<_, std::convert::Infallible>(routes::respond(&state, req)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(err) = conn.await {
+                tracing::debug!(cause = %err, "admin connection ended with an error");
+            }
+        });
+    }
+}

@@ -1,0 +1,53 @@
+//! The command line (clap derive). No logic here: `commands` runs each one.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "baton", version = crate::LONG_VERSION, about = "Load balancer that never drops a connection on reload")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon in the foreground (systemd Type=notify).
+    Run(RunArgs),
+    /// Validate the config and print the effective settings.
+    Check(ConfigArg),
+    /// Ask the running daemon for a new generation; wait for the outcome.
+    Reload(ConfigArg),
+    /// Demo: backends, a proxy, steady traffic and live reloads, no config needed.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// The config file.
+    #[arg(short, long, env = "BATON_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+    pub config: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Budget for in-flight work at a stop (overrides shutdown.drain_timeout).
+    #[arg(long, env = "BATON_DRAIN_TIMEOUT", allow_hyphen_values = true)]
+    pub drain_timeout: Option<String>,
+    /// Keep serving this long after readiness flips (overrides shutdown.pre_stop_delay).
+    #[arg(long, env = "BATON_PRE_STOP_DELAY", allow_hyphen_values = true)]
+    pub pre_stop_delay: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How long the client traffic runs.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: std::time::Duration,
+    /// How many live reloads happen while it runs.
+    #[arg(long, default_value_t = 3)]
+    pub reloads: u32,
+}

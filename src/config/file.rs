@@ -1,0 +1,119 @@
+//! The serde mirror of `baton.toml`: exactly the shape an operator writes,
+//! with every section rejecting unknown keys. Nothing here is checked beyond
+//! types; `validate` turns this into a [`super::Config`] and names every
+//! problem by its key path.
+
+use serde::Deserialize;
+
+/// A duration as written in the file: `"250ms"`, `"5s"`, `"-1s"`, or a bare
+/// integer number of seconds (so `0` can be written without quotes).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum DurationValue {
+    Text(String),
+    Seconds(i64),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub admin: AdminFile,
+    #[serde(default)]
+    pub control: ControlFile,
+    #[serde(default)]
+    pub shutdown: ShutdownFile,
+    #[serde(default)]
+    pub reload: ReloadFile,
+    #[serde(default)]
+    pub listeners: Vec<ListenerFile>,
+    #[serde(default)]
+    pub pools: Vec<PoolFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminFile {
+    pub listen: Option<String>,
+    pub liveness_paths: Option<Vec<String>>,
+    pub readiness_paths: Option<Vec<String>>,
+    pub token_file: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlFile {
+    pub socket: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownFile {
+    pub pre_stop_delay: Option<DurationValue>,
+    pub drain_timeout: Option<DurationValue>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReloadFile {
+    pub ready_timeout: Option<DurationValue>,
+    pub drain_timeout: Option<DurationValue>,
+    pub max_draining: Option<i64>,
+    pub close_spread: Option<DurationValue>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerFile {
+    pub name: Option<String>,
+    pub bind: Option<String>,
+    pub protocol: Option<String>,
+    pub pool: Option<String>,
+    #[serde(default)]
+    pub routes: Vec<RouteFile>,
+    pub reuseport: Option<i64>,
+    pub backlog: Option<i64>,
+    pub max_connections: Option<i64>,
+    pub header_timeout: Option<DurationValue>,
+    pub idle_timeout: Option<DurationValue>,
+    pub keepalive_drain_grace: Option<DurationValue>,
+    pub connect_timeout: Option<DurationValue>,
+    pub response_timeout: Option<DurationValue>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteFile {
+    pub path_prefix: Option<String>,
+    pub host: Option<String>,
+    pub pool: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolFile {
+    pub name: Option<String>,
+    pub balance: Option<String>,
+    pub health: Option<HealthFile>,
+    #[serde(default)]
+    pub backends: Vec<BackendFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthFile {
+    pub kind: Option<String>,
+    pub path: Option<String>,
+    pub interval: Option<DurationValue>,
+    pub timeout: Option<DurationValue>,
+    pub rise: Option<i64>,
+    pub fall: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendFile {
+    pub name: Option<String>,
+    pub address: Option<String>,
+    pub weight: Option<i64>,
+}

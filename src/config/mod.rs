@@ -1,0 +1,199 @@
+//! The validated configuration: real addresses, durations and indices, built
+//! from the TOML file by [`load`]. Every other module reads only these types;
+//! the raw serde mirror stays in `file`, and `validate` is the one place that
+//! turns one into the other and names each problem by its key path.
+
+pub mod duration;
+pub mod file;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use validate::{from_file, strip_port};
+
+/// The default config path, as DESIGN.md's `baton run` says.
+pub const DEFAULT_PATH: &str = "/etc/baton/baton.toml";
+
+/// Budgets given on the command line or in the environment; they beat the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub drain_timeout: Option<String>,
+    pub pre_stop_delay: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this was read from, so errors and `baton check` can name it.
+    pub source: PathBuf,
+    pub admin: AdminConfig,
+    pub control: ControlConfig,
+    pub shutdown: ShutdownConfig,
+    pub reload: ReloadConfig,
+    pub listeners: Vec<ListenerConfig>,
+    pub pools: Vec<PoolConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    pub liveness_paths: Vec<String>,
+    pub readiness_paths: Vec<String>,
+    /// The bearer token mutating calls must carry, read from `token_file`.
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    pub socket: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ShutdownConfig {
+    pub pre_stop_delay: Duration,
+    pub drain_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ReloadConfig {
+    pub ready_timeout: Duration,
+    pub drain_timeout: Duration,
+    pub max_draining: usize,
+    pub close_spread: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http,
+    Tcp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http => "http",
+            Protocol::Tcp => "tcp",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    pub name: String,
+    pub bind: SocketAddr,
+    pub protocol: Protocol,
+    /// Index into [`Config::pools`] of the default pool.
+    pub pool: usize,
+    pub routes: Vec<RouteConfig>,
+    /// How many SO_REUSEPORT sockets share this address (accept sharding).
+    pub reuseport: usize,
+    pub backlog: i32,
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub keepalive_drain_grace: Duration,
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub path_prefix: Option<String>,
+    /// Lower-cased, without a port.
+    pub host: Option<String>,
+    /// Index into [`Config::pools`].
+    pub pool: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    RoundRobin,
+    LeastConn,
+    RandomTwo,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub name: String,
+    pub balance: Balance,
+    pub health: Option<HealthConfig>,
+    pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthKind {
+    Http,
+    Tcp,
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    pub kind: HealthKind,
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub rise: u32,
+    pub fall: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    pub name: String,
+    pub address: SocketAddr,
+    pub weight: u32,
+}
+
+impl Config {
+    /// `TimeoutStopSec` systemd needs so it never cuts a stop short.
+    pub fn timeout_stop(&self) -> Duration {
+        self.shutdown.pre_stop_delay + self.shutdown.drain_timeout + Duration::from_secs(5)
+    }
+}
+
+/// Everything wrong with a config file, each problem naming its key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("{}", render_invalid(path, problems))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<String>,
+    },
+}
+
+fn render_invalid(path: &Path, problems: &[String]) -> String {
+    let mut out = format!("{}: {} problem(s)", path.display(), problems.len());
+    for problem in problems {
+        out.push_str("\n  ");
+        out.push_str(problem);
+    }
+    out
+}
+
+/// Reads, parses and validates the config at `path`, applying `overrides`.
+pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text, path, overrides)
+}
+
+/// Parses and validates config text as if read from `path`.
+pub fn parse(text: &str, path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
+    let raw: file::FileConfig = toml::from_str(text).map_err(|err| ConfigError::Syntax {
+        path: path.to_path_buf(),
+        message: err.to_string().trim_end().to_string(),
+    })?;
+    from_file(raw, path, overrides).map_err(|problems| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        problems,
+    })
+}

@@ -1,0 +1,642 @@
+//! `FileConfig` → `Config`. Every check pushes a problem naming its key path
+//! (`listeners[1].pool: ...`) and carries on, so one `baton check` lists
+//! every mistake at once instead of one per run.
+
+use std::collections::HashSet;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::duration::{self, Written};
+use super::file::{self, DurationValue, FileConfig};
+use super::*;
+
+/// Builds a validated config, or every problem found.
+pub fn from_file(
+    raw: FileConfig,
+    path: &Path,
+    overrides: &Overrides,
+) -> Result<Config, Vec<String>> {
+    let mut v = Validator {
+        problems: Vec::new(),
+        base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+    };
+    let shutdown = v.shutdown(&raw.shutdown, overrides);
+    let reload = v.reload(&raw.reload, &shutdown);
+    let admin = v.admin(&raw.admin);
+    let control = ControlConfig {
+        socket: v.path(raw.control.socket.as_deref(), "/run/baton/control.sock"),
+    };
+    let pools = v.pools(&raw.pools);
+    let listeners = v.listeners(&raw.listeners, &pools, admin.listen);
+    if v.problems.is_empty() {
+        Ok(Config {
+            source: path.to_path_buf(),
+            admin,
+            control,
+            shutdown,
+            reload,
+            listeners,
+            pools,
+        })
+    } else {
+        Err(v.problems)
+    }
+}
+
+struct Validator {
+    problems: Vec<String>,
+    /// The config file's folder: relative paths in the file are relative to it.
+    base: PathBuf,
+}
+
+impl Validator {
+    fn problem(&mut self, key: &str, message: impl std::fmt::Display) {
+        self.problems.push(format!("{key}: {message}"));
+    }
+
+    fn path(&self, written: Option<&str>, default: &str) -> PathBuf {
+        let p = PathBuf::from(written.unwrap_or(default));
+        if p.is_absolute() {
+            p
+        } else {
+            self.base.join(p)
+        }
+    }
+
+    /// A phase budget: negative means the phase takes no time.
+    fn phase(&mut self, key: &str, value: Option<&DurationValue>, default: Duration) -> Duration {
+        match value.map(duration::parse) {
+            None | Some(Ok(Written::Default)) => default,
+            Some(Ok(Written::None)) => Duration::ZERO,
+            Some(Ok(Written::Exactly(d))) => d,
+            Some(Err(message)) => {
+                self.problem(key, message);
+                default
+            }
+        }
+    }
+
+    /// A timeout bounding a wait on someone else: "none" would fail every
+    /// wait at once, so a negative value is refused rather than obeyed.
+    fn timeout(&mut self, key: &str, value: Option<&DurationValue>, default: Duration) -> Duration {
+        match value.map(duration::parse) {
+            Some(Ok(Written::None)) => {
+                self.problem(
+                    key,
+                    "must be positive (a timeout of none would fail every wait)",
+                );
+                default
+            }
+            _ => self.phase(key, value, default),
+        }
+    }
+
+    fn override_phase(&mut self, key: &str, value: &Option<String>) -> Option<Written> {
+        let text = value.as_ref()?;
+        match duration::parse(&DurationValue::Text(text.clone())) {
+            Ok(w) => Some(w),
+            Err(message) => {
+                self.problem(key, message);
+                None
+            }
+        }
+    }
+
+    fn shutdown(&mut self, raw: &file::ShutdownFile, overrides: &Overrides) -> ShutdownConfig {
+        let mut pre_stop_delay = self.phase(
+            "shutdown.pre_stop_delay",
+            raw.pre_stop_delay.as_ref(),
+            Duration::from_secs(5),
+        );
+        let mut drain_timeout = self.phase(
+            "shutdown.drain_timeout",
+            raw.drain_timeout.as_ref(),
+            Duration::from_secs(10),
+        );
+        let key = "--pre-stop-delay (or BATON_PRE_STOP_DELAY)";
+        if let Some(w) = self.override_phase(key, &overrides.pre_stop_delay) {
+            pre_stop_delay = resolve(w, Duration::from_secs(5));
+        }
+        let key = "--drain-timeout (or BATON_DRAIN_TIMEOUT)";
+        if let Some(w) = self.override_phase(key, &overrides.drain_timeout) {
+            drain_timeout = resolve(w, Duration::from_secs(10));
+        }
+        ShutdownConfig {
+            pre_stop_delay,
+            drain_timeout,
+        }
+    }
+
+    fn reload(&mut self, raw: &file::ReloadFile, shutdown: &ShutdownConfig) -> ReloadConfig {
+        let ready_timeout = self.timeout(
+            "reload.ready_timeout",
+            raw.ready_timeout.as_ref(),
+            Duration::from_secs(30),
+        );
+        let drain_timeout = self.phase(
+            "reload.drain_timeout",
+            raw.drain_timeout.as_ref(),
+            shutdown.drain_timeout,
+        );
+        let max_draining = self.count("reload.max_draining", raw.max_draining, 4, 1, 64);
+        let close_spread = self.phase(
+            "reload.close_spread",
+            raw.close_spread.as_ref(),
+            Duration::ZERO,
+        );
+        ReloadConfig {
+            ready_timeout,
+            drain_timeout,
+            max_draining,
+            close_spread,
+        }
+    }
+
+    fn count(
+        &mut self,
+        key: &str,
+        value: Option<i64>,
+        default: usize,
+        min: i64,
+        max: i64,
+    ) -> usize {
+        match value {
+            None => default,
+            Some(n) if (min..=max).contains(&n) => n as usize,
+            Some(n) => {
+                self.problem(key, format!("{n} is out of range ({min} to {max})"));
+                default
+            }
+        }
+    }
+
+    fn admin(&mut self, raw: &file::AdminFile) -> AdminConfig {
+        let listen = match raw.listen.as_deref() {
+            None => SocketAddr::from(([127, 0, 0, 1], 9901)),
+            Some(text) if text.starts_with("unix:") => {
+                self.problem(
+                    "admin.listen",
+                    "unix admin sockets are not supported yet; use an address like \"127.0.0.1:9901\"",
+                );
+                SocketAddr::from(([127, 0, 0, 1], 9901))
+            }
+            Some(text) => self.socket_addr("admin.listen", text),
+        };
+        let liveness_paths = self.paths("admin.liveness_paths", &raw.liveness_paths, "/healthz");
+        let readiness_paths = self.paths("admin.readiness_paths", &raw.readiness_paths, "/readyz");
+        let token = raw.token_file.as_deref().and_then(|f| self.token(f));
+        AdminConfig {
+            listen,
+            liveness_paths,
+            readiness_paths,
+            token,
+        }
+    }
+
+    fn paths(&mut self, key: &str, raw: &Option<Vec<String>>, default: &str) -> Vec<String> {
+        let Some(paths) = raw else {
+            return vec![default.to_string()];
+        };
+        if paths.is_empty() {
+            self.problem(key, "needs at least one path");
+        }
+        for (i, p) in paths.iter().enumerate() {
+            if !p.starts_with('/') {
+                self.problem(
+                    &format!("{key}[{i}]"),
+                    format!("\"{p}\" must start with '/'"),
+                );
+            }
+        }
+        paths.clone()
+    }
+
+    fn token(&mut self, file: &str) -> Option<String> {
+        let path = self.path(Some(file), file);
+        match std::fs::read_to_string(&path) {
+            Ok(text) if !text.trim().is_empty() => Some(text.trim().to_string()),
+            Ok(_) => {
+                self.problem("admin.token_file", format!("{} is empty", path.display()));
+                None
+            }
+            Err(err) => {
+                self.problem(
+                    "admin.token_file",
+                    format!("cannot read {}: {err}", path.display()),
+                );
+                None
+            }
+        }
+    }
+
+    fn socket_addr(&mut self, key: &str, text: &str) -> SocketAddr {
+        match text.parse::<SocketAddr>() {
+            Ok(addr) => addr,
+            Err(_) => {
+                self.problem(
+                    key,
+                    format!("\"{text}\" is not an address like \"0.0.0.0:8080\" or \"[::]:8080\""),
+                );
+                SocketAddr::from(([127, 0, 0, 1], 0))
+            }
+        }
+    }
+
+    /// Backends may be named by host name; it is resolved once, at load.
+    fn backend_addr(&mut self, key: &str, text: &str) -> SocketAddr {
+        if let Ok(addr) = text.parse::<SocketAddr>() {
+            return addr;
+        }
+        match text.to_socket_addrs().map(|mut it| it.next()) {
+            Ok(Some(addr)) => addr,
+            Ok(None) => {
+                self.problem(key, format!("\"{text}\" resolves to no address"));
+                SocketAddr::from(([127, 0, 0, 1], 0))
+            }
+            Err(err) => {
+                self.problem(key, format!("\"{text}\" is not a host:port ({err})"));
+                SocketAddr::from(([127, 0, 0, 1], 0))
+            }
+        }
+    }
+
+    fn name(&mut self, key: &str, name: Option<&str>) -> String {
+        let Some(name) = name else {
+            self.problem(key, "is required");
+            return String::new();
+        };
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !ok {
+            self.problem(
+                key,
+                format!("\"{name}\" must be 1-64 characters of letters, digits, '-', '_' or '.'"),
+            );
+        }
+        name.to_string()
+    }
+
+    fn pools(&mut self, raw: &[file::PoolFile]) -> Vec<PoolConfig> {
+        let mut pools = Vec::new();
+        let mut pool_names = HashSet::new();
+        let mut backend_names = HashSet::new();
+        for (i, p) in raw.iter().enumerate() {
+            let key = format!("pools[{i}]");
+            let name = self.name(&format!("{key}.name"), p.name.as_deref());
+            if !pool_names.insert(name.clone()) {
+                self.problem(
+                    &format!("{key}.name"),
+                    format!("pool \"{name}\" is defined twice"),
+                );
+            }
+            let balance = match p.balance.as_deref() {
+                None | Some("round_robin") => Balance::RoundRobin,
+                Some("least_conn") => Balance::LeastConn,
+                Some("random_two") => Balance::RandomTwo,
+                Some(other) => {
+                    self.problem(
+                        &format!("{key}.balance"),
+                        format!("\"{other}\" is not one of round_robin, least_conn, random_two"),
+                    );
+                    Balance::RoundRobin
+                }
+            };
+            let health = p
+                .health
+                .as_ref()
+                .map(|h| self.health(&format!("{key}.health"), h));
+            if p.backends.is_empty() {
+                self.problem(&format!("{key}.backends"), "needs at least one backend");
+            }
+            let mut backends = Vec::new();
+            for (j, b) in p.backends.iter().enumerate() {
+                let bkey = format!("{key}.backends[{j}]");
+                let backend = self.backend(&bkey, b);
+                if !backend_names.insert(backend.name.clone()) {
+                    self.problem(
+                        &format!("{bkey}.name"),
+                        format!("backend \"{}\" is defined twice (names are global: the admin API uses them)", backend.name),
+                    );
+                }
+                backends.push(backend);
+            }
+            pools.push(PoolConfig {
+                name,
+                balance,
+                health,
+                backends,
+            });
+        }
+        pools
+    }
+
+    fn backend(&mut self, key: &str, raw: &file::BackendFile) -> BackendConfig {
+        let address = match raw.address.as_deref() {
+            Some(text) => self.backend_addr(&format!("{key}.address"), text),
+            None => {
+                self.problem(&format!("{key}.address"), "is required");
+                SocketAddr::from(([127, 0, 0, 1], 0))
+            }
+        };
+        let name = match raw.name.as_deref() {
+            Some(n) => self.name(&format!("{key}.name"), Some(n)),
+            None => address.to_string(),
+        };
+        let weight = self.count(&format!("{key}.weight"), raw.weight, 1, 1, 1000) as u32;
+        BackendConfig {
+            name,
+            address,
+            weight,
+        }
+    }
+
+    fn health(&mut self, key: &str, raw: &file::HealthFile) -> HealthConfig {
+        let kind = match raw.kind.as_deref() {
+            None | Some("http") => HealthKind::Http,
+            Some("tcp") => HealthKind::Tcp,
+            Some(other) => {
+                self.problem(
+                    &format!("{key}.kind"),
+                    format!("\"{other}\" is not one of http, tcp"),
+                );
+                HealthKind::Http
+            }
+        };
+        let path = raw.path.clone().unwrap_or_else(|| "/health".to_string());
+        if !path.starts_with('/') {
+            self.problem(
+                &format!("{key}.path"),
+                format!("\"{path}\" must start with '/'"),
+            );
+        }
+        HealthConfig {
+            kind,
+            path,
+            interval: self.timeout(
+                &format!("{key}.interval"),
+                raw.interval.as_ref(),
+                Duration::from_secs(2),
+            ),
+            timeout: self.timeout(
+                &format!("{key}.timeout"),
+                raw.timeout.as_ref(),
+                Duration::from_secs(1),
+            ),
+            rise: self.count(&format!("{key}.rise"), raw.rise, 2, 1, 100) as u32,
+            fall: self.count(&format!("{key}.fall"), raw.fall, 3, 1, 100) as u32,
+        }
+    }
+
+    fn pool_ref(&mut self, key: &str, name: Option<&str>, pools: &[PoolConfig]) -> usize {
+        let Some(name) = name else {
+            self.problem(key, "is required");
+            return 0;
+        };
+        if let Some(i) = pools.iter().position(|p| p.name == name) {
+            return i;
+        }
+        let hint = pools
+            .iter()
+            .map(|p| (strsim::levenshtein(&p.name, name), &p.name))
+            .filter(|(d, _)| *d <= 2)
+            .min()
+            .map(|(_, n)| format!("; did you mean \"{n}\"?"))
+            .unwrap_or_default();
+        self.problem(key, format!("no pool named \"{name}\"{hint}"));
+        0
+    }
+
+    fn listeners(
+        &mut self,
+        raw: &[file::ListenerFile],
+        pools: &[PoolConfig],
+        admin: SocketAddr,
+    ) -> Vec<ListenerConfig> {
+        if raw.is_empty() {
+            self.problem("listeners", "at least one [[listeners]] is needed");
+        }
+        let mut names = HashSet::new();
+        let mut binds = HashSet::new();
+        let mut out = Vec::new();
+        for (i, l) in raw.iter().enumerate() {
+            let key = format!("listeners[{i}]");
+            let name = self.name(&format!("{key}.name"), l.name.as_deref());
+            if !names.insert(name.clone()) {
+                self.problem(
+                    &format!("{key}.name"),
+                    format!("listener \"{name}\" is defined twice"),
+                );
+            }
+            let bind = match l.bind.as_deref() {
+                Some(text) => self.socket_addr(&format!("{key}.bind"), text),
+                None => {
+                    self.problem(&format!("{key}.bind"), "is required");
+                    SocketAddr::from(([127, 0, 0, 1], 0))
+                }
+            };
+            if bind.port() != 0 && (!binds.insert(bind) || bind == admin) {
+                self.problem(
+                    &format!("{key}.bind"),
+                    format!("{bind} is already used by another listener or the admin server"),
+                );
+            }
+            let protocol = match l.protocol.as_deref() {
+                None | Some("http") => Protocol::Http,
+                Some("tcp") => Protocol::Tcp,
+                Some(other) => {
+                    self.problem(
+                        &format!("{key}.protocol"),
+                        format!("\"{other}\" is not one of http, tcp"),
+                    );
+                    Protocol::Http
+                }
+            };
+            let pool = self.pool_ref(&format!("{key}.pool"), l.pool.as_deref(), pools);
+            let routes = self.routes(&key, &l.routes, protocol, pools);
+            out.push(ListenerConfig {
+                name,
+                bind,
+                protocol,
+                pool,
+                routes,
+                reuseport: self.count(&format!("{key}.reuseport"), l.reuseport, 1, 1, 64),
+                backlog: self.count(&format!("{key}.backlog"), l.backlog, 1024, 1, 65535) as i32,
+                max_connections: self.count(
+                    &format!("{key}.max_connections"),
+                    l.max_connections,
+                    10_000,
+                    1,
+                    10_000_000,
+                ),
+                header_timeout: self.timeout(
+                    &format!("{key}.header_timeout"),
+                    l.header_timeout.as_ref(),
+                    Duration::from_secs(10),
+                ),
+                idle_timeout: self.timeout(
+                    &format!("{key}.idle_timeout"),
+                    l.idle_timeout.as_ref(),
+                    Duration::from_secs(60),
+                ),
+                keepalive_drain_grace: self.phase(
+                    &format!("{key}.keepalive_drain_grace"),
+                    l.keepalive_drain_grace.as_ref(),
+                    Duration::from_secs(1),
+                ),
+                connect_timeout: self.timeout(
+                    &format!("{key}.connect_timeout"),
+                    l.connect_timeout.as_ref(),
+                    Duration::from_secs(2),
+                ),
+                response_timeout: self.timeout(
+                    &format!("{key}.response_timeout"),
+                    l.response_timeout.as_ref(),
+                    Duration::from_secs(60),
+                ),
+            });
+        }
+        out
+    }
+
+    fn routes(
+        &mut self,
+        key: &str,
+        raw: &[file::RouteFile],
+        protocol: Protocol,
+        pools: &[PoolConfig],
+    ) -> Vec<RouteConfig> {
+        if protocol == Protocol::Tcp && !raw.is_empty() {
+            self.problem(&format!("{key}.routes"), "routes need protocol = \"http\"");
+        }
+        let mut out = Vec::new();
+        for (j, r) in raw.iter().enumerate() {
+            let rkey = format!("{key}.routes[{j}]");
+            if r.path_prefix.is_none() && r.host.is_none() {
+                self.problem(&rkey, "needs path_prefix, host, or both");
+            }
+            if let Some(p) = &r.path_prefix {
+                if !p.starts_with('/') {
+                    self.problem(
+                        &format!("{rkey}.path_prefix"),
+                        format!("\"{p}\" must start with '/'"),
+                    );
+                }
+            }
+            let pool = self.pool_ref(&format!("{rkey}.pool"), r.pool.as_deref(), pools);
+            out.push(RouteConfig {
+                path_prefix: r.path_prefix.clone(),
+                host: r.host.as_ref().map(|h| strip_port(h).to_ascii_lowercase()),
+                pool,
+            });
+        }
+        out
+    }
+}
+
+fn resolve(w: Written, default: Duration) -> Duration {
+    match w {
+        Written::Default => default,
+        Written::None => Duration::ZERO,
+        Written::Exactly(d) => d,
+    }
+}
+
+/// `api.example.com:8080` → `api.example.com` (an IPv6 literal keeps its brackets).
+pub fn strip_port(host: &str) -> &str {
+    match host.rfind(':') {
+        Some(i) if !host[i..].contains(']') && host[..i].matches(':').count() == 0 => &host[..i],
+        Some(i) if host.starts_with('[') && host[..i].ends_with(']') => &host[..i],
+        _ => host,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse, ConfigError, Overrides};
+    use std::path::Path;
+
+    const GOOD: &str = r#"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:8080"
+pool = "app"
+
+[[pools]]
+name = "app"
+backends = [{ name = "a", address = "127.0.0.1:9001" }]
+"#;
+
+    fn problems(text: &str) -> Vec<String> {
+        match parse(
+            text,
+            Path::new("/etc/baton/baton.toml"),
+            &Overrides::default(),
+        ) {
+            Err(ConfigError::Invalid { problems, .. }) => problems,
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_fill_a_minimal_file() {
+        let c = parse(GOOD, Path::new("x.toml"), &Overrides::default()).expect("valid");
+        assert_eq!(c.listeners[0].backlog, 1024);
+        assert_eq!(c.reload.drain_timeout, c.shutdown.drain_timeout);
+        assert_eq!(c.timeout_stop().as_secs(), 20);
+    }
+
+    #[test]
+    fn unknown_pool_is_named_with_a_suggestion() {
+        let p = problems(&GOOD.replace("pool = \"app\"", "pool = \"ap\""));
+        assert_eq!(
+            p,
+            vec!["listeners[0].pool: no pool named \"ap\"; did you mean \"app\"?"]
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let text = GOOD
+            .replace("127.0.0.1:8080", "nowhere")
+            .replace("name = \"web\"", "name = \"web\"\nidle_timeout = \"soon\"");
+        let p = problems(&text);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].starts_with("listeners[0].bind:"));
+        assert!(p[1].starts_with("listeners[0].idle_timeout:"));
+    }
+
+    #[test]
+    fn unknown_keys_are_syntax_errors_naming_the_key() {
+        let err = parse(
+            &format!("{GOOD}\n[shutdown]\ndrain = \"1s\"\n"),
+            Path::new("b.toml"),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("b.toml") && err.contains("drain"), "{err}");
+    }
+
+    #[test]
+    fn overrides_beat_the_file() {
+        let text = format!("{GOOD}\n[shutdown]\ndrain_timeout = \"3s\"\npre_stop_delay = \"2s\"\n");
+        let o = Overrides {
+            drain_timeout: Some("7s".into()),
+            pre_stop_delay: Some("-1s".into()),
+        };
+        let c = parse(&text, Path::new("x.toml"), &o).expect("valid");
+        assert_eq!(c.shutdown.drain_timeout.as_secs(), 7);
+        assert!(c.shutdown.pre_stop_delay.is_zero());
+    }
+
+    #[test]
+    fn ports_are_stripped_from_hosts() {
+        assert_eq!(super::strip_port("api.example.com:8080"), "api.example.com");
+        assert_eq!(super::strip_port("api.example.com"), "api.example.com");
+        assert_eq!(super::strip_port("[::1]:80"), "[::1]");
+    }
+}

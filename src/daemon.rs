@@ -1,0 +1,635 @@
+//! The supervisor of one generation: builds it ([`start`]), owns its
+//! `Phase`, and runs the one `select!` over signals, control requests and
+//! a reload under way ([`Generation::serve`]). It then ends in one of two
+//! ways: handed over to a newer generation ([`Generation::retire`]) or
+//! stopped ([`Generation::stop`]). Exit codes are DESIGN.md's.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::{self, AdminState, GenerationInfo, ListenerView, Topology};
+use crate::backend::Pool;
+use crate::config::{Config, Protocol};
+use crate::connection::{Connections, ListenerStats, Proxy};
+use crate::lifecycle::control::{self, Reply, Request};
+use crate::lifecycle::drain::{Drain, DrainOutcome};
+use crate::lifecycle::generation::{self, Exec, HandoverError, Offer, Parent, Successor};
+use crate::lifecycle::inventory::{Holdings, Inventory};
+use crate::lifecycle::signals::{Command, Signals};
+use crate::lifecycle::{systemd, Check, Phase};
+use crate::listener::{self, Closing, Listener};
+use crate::metrics::{self, DrainReason};
+use crate::proxy::{http::HttpProxy, tcp::TcpProxy};
+
+/// Exit codes from DESIGN.md.
+pub mod exit {
+    pub const OK: i32 = 0;
+    pub const FAILURE: i32 = 1;
+    pub const FORCED: i32 = 3;
+    pub const CONFIG: i32 = 78;
+}
+
+/// A start-up failure, with the exit code it maps to.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error("admin listener {addr}: {source}")]
+    Admin {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("control socket {path}: {source}")]
+    Control {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("listener \"{name}\" cannot bind {addr}: {source}")]
+    Bind {
+        name: String,
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Adopt(#[from] crate::lifecycle::inventory::AdoptError),
+    #[error("handoff: {0}")]
+    Handoff(#[from] HandoverError),
+}
+
+/// The inputs of one generation's run.
+pub struct Setup {
+    pub config: Config,
+    pub exec: Exec,
+    pub parent: Option<(Parent, Inventory)>,
+    pub metrics: Option<PrometheusHandle>,
+}
+
+/// Runs one generation to its end and returns the process exit code.
+pub async fn run(setup: Setup) -> i32 {
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return fail(None, StartError::Signals(e)).await,
+    };
+    let (parent, inventory) = match setup.parent {
+        Some((p, i)) => (Some(p), i),
+        None => (None, Inventory::default()),
+    };
+    let number = parent.as_ref().map_or(1, |p| p.generation);
+    let built = start(
+        setup.config,
+        setup.exec,
+        inventory,
+        number,
+        setup.metrics,
+        signals,
+    )
+    .await;
+    let mut gen = match built {
+        Ok(g) => g,
+        Err(e) => return fail(parent.as_ref(), e).await,
+    };
+    let adopted = gen.adopted.clone();
+    if let Some(parent) = parent {
+        gen.draining_pids = parent.draining.clone();
+        if let Err(e) = parent.ready(adopted).await {
+            tracing::error!(cause = %e, "old generation did not let us take over");
+            return exit::FAILURE;
+        }
+        gen.open_doors();
+        if let Err(e) = parent.accepting().await {
+            tracing::warn!(cause = %e, "could not confirm the takeover to the old generation");
+        }
+    } else {
+        gen.open_doors();
+    }
+    gen.became_active();
+    match gen.serve().await {
+        Ending::HandedOver(successor) => gen.retire(successor).await,
+        Ending::Stop => gen.stop().await,
+    }
+}
+
+async fn fail(parent: Option<&Parent>, err: StartError) -> i32 {
+    let code = match &err {
+        StartError::Handoff(h) => h.exit_code(),
+        _ => exit::FAILURE,
+    };
+    tracing::error!(cause = %err, "start-up failed");
+    if let Some(parent) = parent {
+        parent.fail(code, &err.to_string()).await;
+    }
+    code
+}
+
+/// A built generation: everything it owns until it exits.
+struct Generation {
+    config: Config,
+    exec: Exec,
+    number: u64,
+    signals: Signals,
+    phase: watch::Sender<Phase>,
+    admin: Arc<AdminState>,
+    /// Stops the admin accept loop: at handoff, or last of all at a stop.
+    admin_stop: CancellationToken,
+    /// Stops data-plane and control accept loops.
+    accept_stop: CancellationToken,
+    holdings: Holdings,
+    /// Accept loops not yet started (they start at [`Self::open_doors`]).
+    pending: Vec<(Listener, Arc<Connections>, Arc<AtomicBool>)>,
+    accept_tasks: JoinSet<()>,
+    control: Option<tokio::net::UnixListener>,
+    control_rx: mpsc::Receiver<control::Incoming>,
+    control_tx: mpsc::Sender<control::Incoming>,
+    drain: Drain,
+    adopted: Vec<String>,
+    draining_pids: Vec<u32>,
+}
+
+enum Ending {
+    HandedOver(Successor),
+    Stop,
+}
+
+async fn start(
+    config: Config,
+    exec: Exec,
+    mut inventory: Inventory,
+    number: u64,
+    metrics: Option<PrometheusHandle>,
+    signals: Signals,
+) -> Result<Generation, StartError> {
+    metrics::start(number);
+    let mut waiting: Vec<Check> = config
+        .listeners
+        .iter()
+        .map(|l| Check {
+            name: format!("listener {}", l.name),
+            ok: false,
+            detail: Some("not bound yet".into()),
+        })
+        .collect();
+    let (phase, phase_rx) = watch::channel(Phase::Starting {
+        waiting_on: waiting.clone(),
+    });
+    let mut holdings = Holdings::default();
+
+    let admin_std = match inventory.take_tcp("admin", config.admin.listen)? {
+        Some(l) => l,
+        None => listener::bind_tcp(config.admin.listen, 128, false).map_err(|source| {
+            StartError::Admin {
+                addr: config.admin.listen.to_string(),
+                source,
+            }
+        })?,
+    };
+    let admin_addr = admin_std.local_addr().map_err(|source| StartError::Admin {
+        addr: config.admin.listen.to_string(),
+        source,
+    })?;
+    holdings
+        .hold(
+            "admin",
+            admin_addr.to_string(),
+            std::os::fd::AsFd::as_fd(&admin_std),
+        )
+        .map_err(|source| StartError::Admin {
+            addr: admin_addr.to_string(),
+            source,
+        })?;
+    let admin = Arc::new(AdminState {
+        config: config.admin.clone(),
+        generation: GenerationInfo {
+            number,
+            pid: std::process::id(),
+            started_at: SystemTime::now(),
+        },
+        phase: phase_rx,
+        topology: Default::default(),
+        metrics,
+        drain_deadline: Default::default(),
+    });
+    let admin_stop = CancellationToken::new();
+    let admin_listener =
+        tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Admin {
+            addr: admin_addr.to_string(),
+            source,
+        })?;
+    tokio::spawn(admin::serve(
+        admin_listener,
+        Arc::clone(&admin),
+        admin_stop.clone(),
+    ));
+    tracing::info!(generation = number, admin = %admin_addr, "admin listening");
+
+    let control = take_control(&config, &mut inventory, &mut holdings)?;
+
+    let pools = Pool::all(&config.pools);
+    let drain = Drain::new();
+    let mut pending = Vec::new();
+    let mut views = Vec::new();
+    for (i, l) in config.listeners.iter().enumerate() {
+        let stats = Arc::new(ListenerStats::default());
+        let conf = Arc::new(l.clone());
+        let proxy = match l.protocol {
+            Protocol::Http => Proxy::Http(Arc::new(HttpProxy::new(l, &pools))),
+            Protocol::Tcp => Proxy::Tcp(Arc::new(TcpProxy {
+                listener: Arc::from(l.name.as_str()),
+                pool: Arc::clone(&pools[l.pool]),
+                connect_timeout: l.connect_timeout,
+            })),
+        };
+        let connections = Arc::new(Connections {
+            config: Arc::clone(&conf),
+            proxy,
+            drain: drain.watch(),
+            stats: Arc::clone(&stats),
+            metrics: metrics::listener(&l.name),
+        });
+        let limit = Arc::new(tokio::sync::Semaphore::new(l.max_connections));
+        let mut bound = l.bind;
+        for shard in 0..l.reuseport {
+            let name = format!("{}/{shard}", l.name);
+            let std = match inventory.take_tcp(&name, l.bind)? {
+                Some(s) => s,
+                None => listener::bind_tcp(l.bind, l.backlog, true).map_err(|source| {
+                    StartError::Bind {
+                        name: l.name.clone(),
+                        addr: l.bind.to_string(),
+                        source,
+                    }
+                })?,
+            };
+            let local = std.local_addr().map_err(|source| StartError::Bind {
+                name: l.name.clone(),
+                addr: l.bind.to_string(),
+                source,
+            })?;
+            bound = local;
+            let flag = holdings
+                .hold(&name, local.to_string(), std::os::fd::AsFd::as_fd(&std))
+                .map_err(|source| StartError::Bind {
+                    name: l.name.clone(),
+                    addr: local.to_string(),
+                    source,
+                })?;
+            let socket =
+                tokio::net::TcpListener::from_std(std).map_err(|source| StartError::Bind {
+                    name: l.name.clone(),
+                    addr: local.to_string(),
+                    source,
+                })?;
+            pending.push((
+                Listener {
+                    name: Arc::from(l.name.as_str()),
+                    socket,
+                    limit: Arc::clone(&limit),
+                },
+                Arc::clone(&connections),
+                flag,
+            ));
+        }
+        waiting[i] = Check {
+            name: format!("listener {}", l.name),
+            ok: true,
+            detail: None,
+        };
+        views.push(ListenerView {
+            name: l.name.clone(),
+            bind: bound,
+            protocol: l.protocol,
+            stats,
+        });
+    }
+    let _ = phase.send(Phase::Starting {
+        waiting_on: waiting,
+    });
+    admin.set_topology(Topology {
+        listeners: views,
+        pools,
+    });
+    let adopted = inventory.taken();
+    if !inventory.is_empty() {
+        tracing::info!(
+            sockets = inventory.len(),
+            "closing inherited sockets the config no longer names"
+        );
+    }
+    drop(inventory);
+    let (control_tx, control_rx) = mpsc::channel(16);
+    Ok(Generation {
+        draining_pids: Vec::new(),
+        config,
+        exec,
+        number,
+        signals,
+        phase,
+        admin,
+        admin_stop,
+        accept_stop: CancellationToken::new(),
+        holdings,
+        pending,
+        accept_tasks: JoinSet::new(),
+        control: Some(control),
+        control_rx,
+        control_tx,
+        drain,
+        adopted,
+    })
+}
+
+fn take_control(
+    config: &Config,
+    inventory: &mut Inventory,
+    holdings: &mut Holdings,
+) -> Result<tokio::net::UnixListener, StartError> {
+    let path = &config.control.socket;
+    let err = |source| StartError::Control {
+        path: path.display().to_string(),
+        source,
+    };
+    let std = match inventory.take_unix("control", path)? {
+        Some(l) => l,
+        None => control::bind(path).map_err(err)?,
+    };
+    holdings
+        .hold(
+            "control",
+            path.display().to_string(),
+            std::os::fd::AsFd::as_fd(&std),
+        )
+        .map_err(err)?;
+    tokio::net::UnixListener::from_std(std).map_err(err)
+}
+
+impl Generation {
+    /// Starts every accept loop: from here on this generation takes work.
+    fn open_doors(&mut self) {
+        for (listener, connections, handed_over) in self.pending.drain(..) {
+            let stop = self.accept_stop.clone();
+            let closing = move || {
+                if handed_over.load(Ordering::SeqCst) {
+                    Closing::HandedOver
+                } else {
+                    Closing::Last
+                }
+            };
+            self.accept_tasks
+                .spawn(listener.run(connections, stop, closing));
+        }
+        if let Some(control) = self.control.take() {
+            self.accept_tasks.spawn(control::serve(
+                control,
+                self.control_tx.clone(),
+                self.accept_stop.clone(),
+            ));
+        }
+    }
+
+    fn became_active(&mut self) {
+        let _ = self.phase.send(Phase::Active);
+        let status = self.status_line();
+        systemd::ready(&status);
+        tracing::info!(
+            generation = self.number,
+            pid = std::process::id(),
+            "serving"
+        );
+    }
+
+    fn status_line(&self) -> String {
+        format!(
+            "generation {} serving {} listener(s)",
+            self.number,
+            self.config.listeners.len()
+        )
+    }
+
+    /// The serving loop: returns when a reload handed over or a stop began.
+    async fn serve(&mut self) -> Ending {
+        let mut reload: Option<(JoinHandle<Result<Successor, HandoverError>>, Instant)> = None;
+        let mut waiter: Option<tokio::sync::oneshot::Sender<Reply>> = None;
+        loop {
+            tokio::select! {
+                command = self.signals.recv() => match command {
+                    Command::Stop => return Ending::Stop,
+                    Command::Reload if reload.is_none() => reload = Some((self.begin_reload(), Instant::now())),
+                    Command::Reload => tracing::info!("SIGHUP ignored: a reload is already under way"),
+                    Command::ForceDrain => tracing::info!(signal = "SIGUSR2", "ignored signal: nothing is draining here"),
+                },
+                Some(incoming) = self.control_rx.recv() => match incoming.request {
+                    Request::Reload if reload.is_none() => {
+                        reload = Some((self.begin_reload(), Instant::now()));
+                        waiter = Some(incoming.reply);
+                    }
+                    Request::Reload => {
+                        let _ = incoming.reply.send(Reply::err(75, "a reload is already under way; retry when it has finished"));
+                    }
+                    Request::Status => {
+                        let _ = incoming.reply.send(Reply::ok(format!("generation {} (pid {}) is serving", self.number, std::process::id())));
+                    }
+                },
+                joined = async {
+                    match reload.as_mut() {
+                        Some((handle, _)) => handle.await,
+                        None => std::future::pending().await,
+                    }
+                }, if reload.is_some() => {
+                    let started = reload.take().map_or_else(Instant::now, |(_, t)| t);
+                    let outcome = joined.unwrap_or_else(|e| Err(HandoverError::OutOfTurn(format!("reload task: {e}"))));
+                    metrics::reload_finished(outcome.is_ok(), started.elapsed().as_secs_f64());
+                    match outcome {
+                        Ok(successor) => {
+                            if let Some(w) = waiter.take() {
+                                let _ = w.send(Reply::ok(format!("generation {} (pid {}) is serving", self.number + 1, successor.pid)));
+                            }
+                            return Ending::HandedOver(successor);
+                        }
+                        Err(err) => {
+                            tracing::error!(cause = %err, "reload failed; this generation keeps serving");
+                            systemd::ready(&self.status_line());
+                            if let Some(w) = waiter.take() {
+                                let _ = w.send(Reply::err(err.exit_code(), format!("reload failed: {err}")));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Spawns the handoff as a task (dropping it kills the child).
+    fn begin_reload(&mut self) -> JoinHandle<Result<Successor, HandoverError>> {
+        systemd::reloading();
+        self.draining_pids.retain(|&pid| alive(pid));
+        let max = self.config.reload.max_draining;
+        while self.draining_pids.len() >= max {
+            let oldest = self.draining_pids.remove(0);
+            tracing::info!(
+                pid = oldest,
+                max_draining = max,
+                "too many generations draining; forcing the oldest to close"
+            );
+            signal(oldest, nix::sys::signal::Signal::SIGUSR2);
+        }
+        let mut draining = self.draining_pids.clone();
+        draining.push(std::process::id());
+        let sockets = self.holdings.offer();
+        let exec = self.exec.clone();
+        let ready_timeout = self.config.reload.ready_timeout;
+        let generation = self.number + 1;
+        tracing::info!(generation, "reload: starting the next generation");
+        tokio::spawn(async move {
+            let sockets = sockets.map_err(|e| HandoverError::Channel(e.into()))?;
+            generation::hand_over(
+                &exec,
+                Offer {
+                    generation,
+                    sockets,
+                    draining,
+                },
+                ready_timeout,
+            )
+            .await
+        })
+    }
+
+    /// After a handoff: stop accepting (the sockets live on in the successor)
+    /// and drain under `reload.drain_timeout`.
+    async fn retire(mut self, successor: Successor) -> i32 {
+        tracing::info!(successor = successor.pid, "handed over; draining");
+        let _ = self.phase.send(Phase::Draining);
+        self.holdings.handed_over(&successor.adopted);
+        self.close_doors().await;
+        self.admin_stop.cancel();
+        let budget = self.config.reload.drain_timeout;
+        let outcome = self.drain_for(budget, DrainReason::Reload).await;
+        self.exit_code(outcome)
+    }
+
+    /// The ordered stop: readiness flips, pre-stop pause, doors close (queue
+    /// served), in-flight work drains, admin closes last.
+    async fn stop(mut self) -> i32 {
+        tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
+        let _ = self.phase.send(Phase::Stopping);
+        systemd::stopping();
+        let forced_early = tokio::select! {
+            () = tokio::time::sleep(self.config.shutdown.pre_stop_delay) => false,
+            command = self.signals.recv() => command == Command::Stop,
+        };
+        self.holdings.handed_over(&[]);
+        self.close_doors().await;
+        if let Err(err) = std::fs::remove_file(&self.config.control.socket) {
+            tracing::debug!(cause = %err, "control socket not removed");
+        }
+        let outcome = if forced_early {
+            self.drain.begin();
+            let open = self.drain.force().await;
+            tracing::info!(open, "second stop signal: forced");
+            DrainOutcome::Forced { open: open.max(1) }
+        } else {
+            self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
+                .await
+        };
+        self.admin_stop.cancel();
+        self.exit_code(outcome)
+    }
+
+    /// Stops every accept loop and waits until each has closed its socket.
+    async fn close_doors(&mut self) {
+        self.holdings = Holdings::default();
+        self.accept_stop.cancel();
+        while self.accept_tasks.join_next().await.is_some() {}
+    }
+
+    /// Runs the drain; stop signals shorten or force it.
+    async fn drain_for(&mut self, budget: Duration, reason: DrainReason) -> DrainOutcome {
+        let started = Instant::now();
+        self.drain.begin();
+        let at_start = self.drain.in_flight();
+        let mut deadline = started + budget;
+        self.publish_deadline(deadline);
+        tracing::info!(connections = at_start, budget = ?budget, reason = reason.as_str(), "drain started");
+        let mut stops = 0;
+        let outcome = loop {
+            tokio::select! {
+                () = self.drain.idle() => break DrainOutcome::Drained,
+                () = tokio::time::sleep_until(deadline) => break DrainOutcome::Forced { open: self.drain.force().await },
+                command = self.signals.recv() => match command {
+                    Command::Stop if stops == 0 && matches!(reason, DrainReason::Reload) => {
+                        stops += 1;
+                        deadline = deadline.min(Instant::now() + self.config.shutdown.drain_timeout);
+                        self.publish_deadline(deadline);
+                        tracing::info!("stop signal while draining: keeping the earlier deadline");
+                    }
+                    Command::Stop | Command::ForceDrain => break DrainOutcome::Forced { open: self.drain.force().await },
+                    Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
+                },
+            }
+        };
+        let forced = match outcome {
+            DrainOutcome::Drained => 0,
+            DrainOutcome::Forced { open } => open,
+        };
+        metrics::drain_finished(
+            reason,
+            started.elapsed().as_secs_f64(),
+            at_start.saturating_sub(forced),
+            forced,
+        );
+        outcome
+    }
+
+    fn publish_deadline(&self, deadline: Instant) {
+        let wall = SystemTime::now() + deadline.saturating_duration_since(Instant::now());
+        if let Ok(mut d) = self.admin.drain_deadline.write() {
+            *d = Some(wall);
+        }
+    }
+
+    fn exit_code(&self, outcome: DrainOutcome) -> i32 {
+        match outcome {
+            DrainOutcome::Drained => {
+                tracing::info!(
+                    generation = self.number,
+                    expected = true,
+                    "drained; exiting"
+                );
+                exit::OK
+            }
+            DrainOutcome::Forced { open: 0 } => exit::OK,
+            DrainOutcome::Forced { open } => {
+                let listeners: Vec<&str> = self
+                    .config
+                    .listeners
+                    .iter()
+                    .map(|l| l.name.as_str())
+                    .collect();
+                tracing::warn!(
+                    generation = self.number,
+                    connections = open,
+                    ?listeners,
+                    "drain deadline passed; connections force-closed"
+                );
+                exit::FORCED
+            }
+        }
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    i32::try_from(pid)
+        .is_ok_and(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok())
+}
+
+fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    if let Ok(p) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
+    }
+}

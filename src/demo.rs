@@ -1,0 +1,3 @@
+pub fn main(_args: &crate::cli::DemoArgs) -> i32 {
+    0
+}

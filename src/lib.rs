@@ -1,0 +1,46 @@
+//! # baton
+//!
+//! A load-balancing TCP/HTTP proxy daemon that never drops a connection
+//! when it is reloaded, upgraded or stopped.
+//!
+//! # Layout
+//! The data plane runs left to right; the lifecycle and admin sit beside it.
+//! - [`listener`]: bind or adopt a listening socket; the accept loop.
+//! - [`connection`]: one client connection's bookkeeping; dispatch by protocol.
+//! - [`proxy`]: one connection's life: [`proxy::tcp`] splices, [`proxy::http`] speaks HTTP.
+//! - [`backend`]: pools, backends, leases, and [`backend::balance`] picking.
+//! - [`lifecycle`]: generations, fd handoff, drain, signals, systemd, control socket.
+//! - [`daemon`]: the supervisor of one generation (the only writer of its phase).
+//! - [`admin`]: probes, `/status`, `/metrics` over their own listener.
+//! - [`config`]: the TOML file, validated into typed settings.
+//! - [`metrics`], [`telemetry`]: Prometheus names and handles; logging.
+//! - [`cli`], [`commands`], [`demo`]: the command line and what each command does.
+#![deny(unsafe_code)]
+
+pub mod admin;
+pub mod backend;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod connection;
+pub mod daemon;
+pub mod demo;
+pub mod lifecycle;
+pub mod listener;
+pub mod metrics;
+pub mod proxy;
+pub mod telemetry;
+
+pub use config::Config;
+
+/// The running version (overridable at build time, see `src/build.rs`).
+pub const VERSION: &str = env!("BATON_VERSION");
+/// The git commit this binary was built from.
+pub const COMMIT: &str = env!("BATON_COMMIT");
+/// What `baton --version` prints.
+pub const LONG_VERSION: &str = concat!(
+    env!("BATON_VERSION"),
+    " (commit ",
+    env!("BATON_COMMIT"),
+    ")"
+);

@@ -1,0 +1,205 @@
+//! The named control socket: `baton reload` and friends ask the running
+//! daemon for things here. It takes requests, never hands out fds; it is
+//! mode 0600 and checks the peer's uid (root or our own). One JSON line in,
+//! one JSON line out; input is bounded in size and time so a hostile or
+//! stuck client can neither crash nor block the daemon.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+const MAX_REQUEST: u64 = 64 * 1024;
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    Reload,
+    Status,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Reply {
+    pub ok: bool,
+    /// The exit code a CLI client should end with.
+    pub exit_code: i32,
+    pub message: String,
+}
+
+impl Reply {
+    pub fn ok(message: impl Into<String>) -> Reply {
+        Reply {
+            ok: true,
+            exit_code: 0,
+            message: message.into(),
+        }
+    }
+    pub fn err(exit_code: i32, message: impl Into<String>) -> Reply {
+        Reply {
+            ok: false,
+            exit_code,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    command: Request,
+}
+
+/// A request on its way to the supervisor, with where to send the answer.
+pub struct Incoming {
+    pub request: Request,
+    pub reply: oneshot::Sender<Reply>,
+}
+
+/// Binds the socket at `path` (mode 0600), replacing a stale file but never
+/// a live daemon's socket.
+pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("{} is in use by a running daemon", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Accepts until `stop`; each request goes to `requests`.
+pub async fn serve(
+    listener: UnixListener,
+    requests: mpsc::Sender<Incoming>,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let requests = requests.clone();
+                tokio::spawn(async move {
+                    if let Err(err) = handle(stream, requests).await {
+                        tracing::info!(cause = %err, "control request rejected");
+                    }
+                });
+            }
+            Err(err) => {
+                tracing::warn!(cause = %err, "control accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn handle(stream: UnixStream, requests: mpsc::Sender<Incoming>) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let reply = match authorize(write.as_ref()) {
+        Err(reply) => reply,
+        Ok(()) => match read_request(read).await {
+            Err(reply) => reply,
+            Ok(request) => {
+                let (tx, rx) = oneshot::channel();
+                if requests
+                    .send(Incoming { request, reply: tx })
+                    .await
+                    .is_err()
+                {
+                    Reply::err(1, "the daemon is shutting down")
+                } else {
+                    rx.await
+                        .unwrap_or_else(|_| Reply::err(1, "the daemon dropped the request"))
+                }
+            }
+        },
+    };
+    let mut line = serde_json::to_vec(&reply).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    write.write_all(&line).await
+}
+
+fn authorize(stream: &UnixStream) -> Result<(), Reply> {
+    let cred = stream
+        .peer_cred()
+        .map_err(|e| Reply::err(1, format!("SO_PEERCRED: {e}")))?;
+    let ours = nix::unistd::geteuid().as_raw();
+    if cred.uid() == 0 || cred.uid() == ours {
+        Ok(())
+    } else {
+        Err(Reply::err(
+            1,
+            format!("uid {} may not control this daemon", cred.uid()),
+        ))
+    }
+}
+
+async fn read_request(read: tokio::net::unix::OwnedReadHalf) -> Result<Request, Reply> {
+    let mut line = Vec::new();
+    let mut limited = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
+    match tokio::time::timeout(READ_TIMEOUT, limited.read_until(b'\n', &mut line)).await {
+        Err(_) => return Err(Reply::err(2, "no request within 5s")),
+        Ok(Err(e)) => return Err(Reply::err(2, format!("read: {e}"))),
+        Ok(Ok(_)) => {}
+    }
+    serde_json::from_slice::<Envelope>(&line)
+        .map(|e| e.command)
+        .map_err(|e| Reply::err(2, format!("malformed request: {e}")))
+}
+
+/// Client side: sends one request and waits up to `timeout` for the reply.
+pub async fn call(path: &Path, request: Request, timeout: Duration) -> Result<Reply, CallError> {
+    let mut stream = UnixStream::connect(path)
+        .await
+        .map_err(|source| CallError::Unreachable {
+            path: path.display().to_string(),
+            source,
+        })?;
+    let mut line =
+        serde_json::to_vec(&Envelope { command: request }).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    stream.write_all(&line).await?;
+    let mut answer = Vec::new();
+    let mut reader = BufReader::new(stream);
+    match tokio::time::timeout(timeout, reader.read_until(b'\n', &mut answer)).await {
+        Err(_) => Err(CallError::NoAnswer(timeout)),
+        Ok(Err(e)) => Err(e.into()),
+        Ok(Ok(0)) => Err(CallError::Hangup),
+        Ok(Ok(_)) => {
+            serde_json::from_slice(&answer).map_err(|e| CallError::Malformed(e.to_string()))
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("cannot reach the daemon at {path}: {source}")]
+    Unreachable {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("control socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the daemon gave no answer within {0:?}")]
+    NoAnswer(Duration),
+    #[error("the daemon hung up without answering")]
+    Hangup,
+    #[error("malformed answer from the daemon: {0}")]
+    Malformed(String),
+}

@@ -1,0 +1,134 @@
+//! Draining in three parts (the mini-redis / hyper-util graceful pattern): a
+//! trigger only the supervisor holds ([`Drain`], not `Clone`), a watch every
+//! connection task holds ([`DrainWatch`]), and a wait on the task tracker
+//! rather than a polled counter. Two signals reach connections: *graceful*
+//! (finish what you have, take no more) and *force* (stop now).
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// Every tracked task finished by itself.
+    Drained,
+    /// The deadline passed (or a second stop signal came); `open` tasks
+    /// were force-closed.
+    Forced { open: usize },
+}
+
+/// The supervisor's side. Deliberately not `Clone`: one owner decides.
+pub struct Drain {
+    graceful: CancellationToken,
+    force: CancellationToken,
+    tracker: TaskTracker,
+}
+
+/// What connection tasks hold: they learn when to wind down and are counted.
+#[derive(Clone)]
+pub struct DrainWatch {
+    graceful: CancellationToken,
+    force: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Default for Drain {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drain {
+    pub fn new() -> Self {
+        Drain {
+            graceful: CancellationToken::new(),
+            force: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+        }
+    }
+
+    pub fn watch(&self) -> DrainWatch {
+        DrainWatch {
+            graceful: self.graceful.clone(),
+            force: self.force.clone(),
+            tracker: self.tracker.clone(),
+        }
+    }
+
+    /// Tells every connection to finish what it has; no new task will be
+    /// waited for after this (late spawns still run and are counted).
+    pub fn begin(&self) {
+        self.graceful.cancel();
+        self.tracker.close();
+    }
+
+    /// Tasks still running.
+    pub fn in_flight(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Resolves once every tracked task has finished (after [`Self::begin`]).
+    pub async fn idle(&self) {
+        self.tracker.wait().await;
+    }
+
+    /// Ends every remaining task now and returns how many there were.
+    pub async fn force(&self) -> usize {
+        let open = self.tracker.len();
+        self.force.cancel();
+        // Forced tasks return at their next poll; this bound only guards
+        // against one stuck in a blocking call.
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait()).await;
+        open
+    }
+}
+
+impl DrainWatch {
+    /// Runs `task` counted by the drain, dropped at once if forced.
+    pub fn spawn<F>(&self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let force = self.force.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                () = task => {}
+                () = force.cancelled() => {}
+            }
+        });
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.graceful.is_cancelled()
+    }
+
+    /// Resolves when the drain begins.
+    pub async fn draining(&self) {
+        self.graceful.cancelled().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn finished_tasks_drain_and_stuck_ones_are_forced() {
+        let drain = Drain::new();
+        let watch = drain.watch();
+        watch.spawn(async {});
+        let stuck = drain.watch();
+        watch.spawn(async move {
+            stuck.draining().await;
+            std::future::pending::<()>().await
+        });
+        drain.begin();
+        let waited = tokio::time::timeout(Duration::from_secs(5), drain.idle()).await;
+        assert!(waited.is_err(), "a stuck task must hold the drain");
+        assert_eq!(drain.force().await, 1);
+        assert_eq!(drain.in_flight(), 0);
+    }
+}

@@ -1,0 +1,283 @@
+//! Generation N+1 from generation N's point of view ([`hand_over`]) and the
+//! reverse ([`Parent`]). N starts N+1 from the executable path on disk, offers
+//! it every listening socket, and only after N+1 says `Ready` does N name it
+//! to systemd and let it accept. Any failure before `Accepting` kills N+1 and
+//! leaves N exactly as it was.
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use tokio::time::Instant;
+
+use super::handoff::{Channel, HandoffError, Message, SocketEntry, ENV_FD};
+use super::inventory::Inventory;
+use super::systemd;
+
+/// How to start the next generation: the path and arguments this one was
+/// started with (the path is read at start, so an upgrade's new file runs).
+#[derive(Debug, Clone)]
+pub struct Exec {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+}
+
+impl Exec {
+    pub fn of_this_process() -> std::io::Result<Exec> {
+        let mut args = std::env::args_os();
+        let argv0 = args.next().map(PathBuf::from);
+        let program = match argv0 {
+            Some(p) if p.is_absolute() => p,
+            _ => std::env::current_exe()?,
+        };
+        Ok(Exec {
+            program,
+            args: args.collect(),
+        })
+    }
+}
+
+/// A new generation that has taken over accepting.
+#[derive(Debug)]
+pub struct Successor {
+    pub pid: u32,
+    /// Names of the sockets it took over; the others are ours to close.
+    pub adopted: Vec<String>,
+}
+
+/// Kills the child unless disarmed: a handoff that fails, or is abandoned
+/// (a stop signal during a reload drops the task), never leaves it running.
+struct KillGuard {
+    pid: Option<u32>,
+}
+
+impl Drop for KillGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid.and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Channel(#[from] HandoffError),
+    #[error("new generation failed: {reason}")]
+    Failed { exit_code: i32, reason: String },
+    #[error("new generation exited before it was ready ({0})")]
+    Exited(ExitStatus),
+    #[error("new generation was not ready within {0:?}; it was killed")]
+    Timeout(Duration),
+    #[error("new generation sent {0} out of turn")]
+    OutOfTurn(String),
+}
+
+impl HandoverError {
+    /// The exit code `baton reload` reports (78 for an invalid config).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            HandoverError::Failed { exit_code: 78, .. } => 78,
+            _ => 1,
+        }
+    }
+}
+
+/// What generation N offers: the next number, sockets by name (our own
+/// duplicates, closed after sending), and the pids of generations already
+/// draining.
+pub struct Offer {
+    pub generation: u64,
+    pub sockets: Vec<(SocketEntry, OwnedFd)>,
+    pub draining: Vec<u32>,
+}
+
+/// Runs the whole handoff from N's side, bounded by `ready_timeout`.
+pub async fn hand_over(
+    exec: &Exec,
+    offer: Offer,
+    ready_timeout: Duration,
+) -> Result<Successor, HandoverError> {
+    let deadline = Instant::now() + ready_timeout;
+    let (channel, theirs) = Channel::pair()?;
+    let mut child = Command::new(&exec.program)
+        .args(&exec.args)
+        .env_remove("LISTEN_PID")
+        .env_remove("LISTEN_FDS")
+        .env_remove("LISTEN_FDNAMES")
+        .env_remove("WATCHDOG_PID")
+        .env(ENV_FD, theirs.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|source| HandoverError::Spawn {
+            program: exec.program.display().to_string(),
+            source,
+        })?;
+    drop(theirs);
+    let pid = child.id().unwrap_or(0);
+    let mut guard = KillGuard { pid: Some(pid) };
+    tracing::info!(pid, generation = offer.generation, "started new generation");
+    let mut named_to_systemd = false;
+    let result = converse(
+        &channel,
+        &mut child,
+        offer,
+        deadline,
+        ready_timeout,
+        &mut named_to_systemd,
+    )
+    .await;
+    match result {
+        Ok(adopted) => {
+            guard.pid = None;
+            Ok(Successor { pid, adopted })
+        }
+        Err(err) => {
+            if named_to_systemd {
+                systemd::main_pid(std::process::id());
+            }
+            drop(guard);
+            let _ = child.wait().await;
+            Err(err)
+        }
+    }
+}
+
+async fn converse(
+    channel: &Channel,
+    child: &mut Child,
+    offer: Offer,
+    deadline: Instant,
+    ready_timeout: Duration,
+    named_to_systemd: &mut bool,
+) -> Result<Vec<String>, HandoverError> {
+    let (entries, fds): (Vec<_>, Vec<OwnedFd>) = offer.sockets.into_iter().unzip();
+    let message = Message::Offer {
+        generation: offer.generation,
+        sockets: entries,
+        draining: offer.draining,
+    };
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+    channel.send(&message, &borrowed).await?;
+    drop(borrowed);
+    drop(fds);
+    let adopted = match next(channel, child, deadline, ready_timeout).await? {
+        Message::Ready { adopted } => adopted,
+        Message::Failed { exit_code, reason } => {
+            return Err(HandoverError::Failed { exit_code, reason })
+        }
+        other => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
+    };
+    if let Some(pid) = child.id() {
+        systemd::main_pid(pid);
+        *named_to_systemd = true;
+    }
+    channel.send(&Message::Commit, &[]).await?;
+    match next(channel, child, deadline, ready_timeout).await? {
+        Message::Accepting => Ok(adopted),
+        other => Err(HandoverError::OutOfTurn(format!("{other:?}"))),
+    }
+}
+
+/// The child's next message, unless it exits or the deadline passes first.
+async fn next(
+    channel: &Channel,
+    child: &mut Child,
+    deadline: Instant,
+    ready_timeout: Duration,
+) -> Result<Message, HandoverError> {
+    tokio::select! {
+        received = channel.recv() => match received {
+            Ok((message, _)) => Ok(message),
+            Err(HandoffError::Closed) => {
+                // It hung up: most likely it is exiting; report how.
+                match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
+                    Ok(Ok(status)) => Err(HandoverError::Exited(status)),
+                    _ => Err(HandoffError::Closed.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        },
+        status = child.wait() => match status {
+            Ok(status) => Err(HandoverError::Exited(status)),
+            Err(e) => Err(HandoffError::Io(e).into()),
+        },
+        () = tokio::time::sleep_until(deadline) => Err(HandoverError::Timeout(ready_timeout)),
+    }
+}
+
+/// Generation N as seen from N+1, between the offer and `Accepting`.
+pub struct Parent {
+    channel: Channel,
+    pub generation: u64,
+    pub draining: Vec<u32>,
+}
+
+impl Parent {
+    /// Reads the offer; the returned inventory holds the sockets.
+    pub async fn receive(channel: Channel) -> Result<(Parent, Inventory), HandoverError> {
+        let received = tokio::time::timeout(Duration::from_secs(10), channel.recv()).await;
+        let (message, fds) = match received {
+            Ok(r) => r?,
+            Err(_) => return Err(HandoverError::Timeout(Duration::from_secs(10))),
+        };
+        let Message::Offer {
+            generation,
+            sockets,
+            draining,
+        } = message
+        else {
+            return Err(HandoverError::OutOfTurn(format!("{message:?}")));
+        };
+        let inventory = Inventory::new(sockets, fds).map_err(|e| HandoverError::Failed {
+            exit_code: 1,
+            reason: e.to_string(),
+        })?;
+        Ok((
+            Parent {
+                channel,
+                generation,
+                draining,
+            },
+            inventory,
+        ))
+    }
+
+    /// Says we are ready and waits for the go-ahead to accept.
+    pub async fn ready(&self, adopted: Vec<String>) -> Result<(), HandoverError> {
+        self.channel.send(&Message::Ready { adopted }, &[]).await?;
+        match self.channel.recv().await?.0 {
+            Message::Commit => Ok(()),
+            other => Err(HandoverError::OutOfTurn(format!("{other:?}"))),
+        }
+    }
+
+    /// Confirms we accept; the channel closes here (N needs it no more).
+    pub async fn accepting(self) -> Result<(), HandoverError> {
+        self.channel.send(&Message::Accepting, &[]).await?;
+        Ok(())
+    }
+
+    /// Tells N why we cannot take over, before we exit with `exit_code`.
+    pub async fn fail(&self, exit_code: i32, reason: &str) {
+        let message = Message::Failed {
+            exit_code,
+            reason: reason.to_string(),
+        };
+        if let Err(err) = self.channel.send(&message, &[]).await {
+            tracing::warn!(cause = %err, "could not report failure to the old generation");
+        }
+    }
+}

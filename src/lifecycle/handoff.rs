@@ -1,0 +1,302 @@
+//! The fd handoff between generation N and N+1: versioned JSON messages and
+//! SCM_RIGHTS fds over a SOCK_SEQPACKET socketpair that N+1 inherits at spawn
+//! (no named socket ever hands out fds). This file is the crate's only
+//! `unsafe`: turning raw fds the kernel gave us into owned ones.
+//!
+//! The conversation, driven by `generation`:
+//! ```text
+//! N → N+1  Offer { generation, sockets, draining } + fds (same order)
+//! N+1 → N  Ready | Failed { exit_code, reason }
+//! N → N+1  Commit            (N has told systemd MAINPID=N+1)
+//! N+1 → N  Accepting         (N now stops accepting and drains)
+//! ```
+#![allow(unsafe_code)]
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::sys::socket::{
+    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType,
+};
+use serde::{Deserialize, Serialize};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// Bumped whenever a message changes shape; a mismatch fails the reload cleanly.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The environment variable naming the inherited socketpair end in N+1.
+pub const ENV_FD: &str = "BATON_HANDOFF_FD";
+/// At most this many fds travel in one offer (the kernel's SCM_MAX_FD is 253).
+pub const MAX_FDS: usize = 250;
+const MAX_MESSAGE: usize = 256 * 1024;
+
+/// One socket in an offer: its listener name and the address it is bound to.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SocketEntry {
+    pub name: String,
+    pub addr: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    Offer {
+        generation: u64,
+        sockets: Vec<SocketEntry>,
+        /// Pids of older generations still draining (N itself included).
+        draining: Vec<u32>,
+    },
+    /// N+1 is ready; `adopted` names the sockets it took over (N serves
+    /// the accept queue of any other before closing it).
+    Ready {
+        adopted: Vec<String>,
+    },
+    Failed {
+        exit_code: i32,
+        reason: String,
+    },
+    Commit,
+    Accepting,
+}
+
+#[derive(Serialize)]
+struct EnvelopeOut<'a> {
+    version: u32,
+    #[serde(flatten)]
+    message: &'a Message,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandoffError {
+    #[error("handoff channel: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("handoff channel: {0}")]
+    Sys(#[from] nix::Error),
+    #[error("the other generation closed the handoff channel")]
+    Closed,
+    #[error("handoff protocol version {got}, this binary speaks {expected}")]
+    Version { got: u64, expected: u32 },
+    #[error("malformed handoff message: {0}")]
+    Malformed(String),
+    #[error("{ENV_FD}={0} does not name an inherited handoff socket")]
+    BadInherited(String),
+    #[error("too many sockets to hand over ({0}, at most {MAX_FDS})")]
+    TooManyFds(usize),
+}
+
+/// One end of the handoff socketpair.
+pub struct Channel {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl Channel {
+    /// Creates the pair: our end, and the end the child inherits (its
+    /// CLOEXEC flag cleared; the caller drops it right after spawning).
+    pub fn pair() -> Result<(Channel, OwnedFd), HandoffError> {
+        let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
+        let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, flags)?;
+        let theirs_sock = socket2::Socket::from(theirs);
+        theirs_sock.set_cloexec(false)?;
+        Ok((Self::new(ours)?, theirs_sock.into()))
+    }
+
+    /// The end our parent left us, if we were started by a reload.
+    pub fn from_env() -> Result<Option<Channel>, HandoffError> {
+        let Ok(text) = std::env::var(ENV_FD) else {
+            return Ok(None);
+        };
+        let raw: RawFd = text
+            .parse()
+            .map_err(|_| HandoffError::BadInherited(text.clone()))?;
+        if raw < 3 {
+            return Err(HandoffError::BadInherited(text));
+        }
+        // SAFETY: only borrowed for the type check below, while no other
+        // code in this process can have closed it (we are still in start-up).
+        let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
+        let ty = socket2::SockRef::from(&borrowed).r#type();
+        if !matches!(ty, Ok(t) if t == socket2::Type::SEQPACKET) {
+            return Err(HandoffError::BadInherited(text));
+        }
+        // SAFETY: the parent opened this fd for us alone and named it in the
+        // environment; it is a SEQPACKET socket (checked above) and nothing
+        // else in this process owns it. We take ownership exactly once.
+        let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+        let sock = socket2::Socket::from(owned);
+        sock.set_cloexec(true)?;
+        sock.set_nonblocking(true)?;
+        Ok(Some(Self::new(sock.into())?))
+    }
+
+    fn new(fd: OwnedFd) -> Result<Channel, HandoffError> {
+        // SAFETY: `OwnedFd` is a valid open fd that stays open, and always
+        // returns the same number, for as long as the `AsyncFd` owns it.
+        let fd =
+            unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE | Interest::WRITABLE) };
+        Ok(Channel {
+            fd: fd.map_err(std::io::Error::from)?,
+        })
+    }
+
+    pub async fn send(
+        &self,
+        message: &Message,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), HandoffError> {
+        if fds.len() > MAX_FDS {
+            return Err(HandoffError::TooManyFds(fds.len()));
+        }
+        let body = serde_json::to_vec(&EnvelopeOut {
+            version: PROTOCOL_VERSION,
+            message,
+        })
+        .map_err(|e| HandoffError::Malformed(e.to_string()))?;
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        loop {
+            let mut guard = self.fd.writable().await?;
+            let sent = guard.try_io(|inner| {
+                let cmsgs: Vec<ControlMessage> = if raw.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![ControlMessage::ScmRights(&raw)]
+                };
+                let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+                sendmsg::<()>(
+                    inner.as_raw_fd(),
+                    &[IoSlice::new(&body)],
+                    &cmsgs,
+                    flags,
+                    None,
+                )
+                .map_err(std::io::Error::from)
+            });
+            match sent {
+                Ok(result) => return result.map(drop).map_err(HandoffError::from),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    pub async fn recv(&self) -> Result<(Message, Vec<OwnedFd>), HandoffError> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            match guard.try_io(|inner| recv_once(inner.get_ref().as_fd())) {
+                Ok(Ok(result)) => return result,
+                Ok(Err(e)) => return Err(HandoffError::Io(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+type Received = Result<(Message, Vec<OwnedFd>), HandoffError>;
+
+/// One non-blocking `recvmsg`. The outer error is only "would block", which
+/// `try_io` needs to see to wait for the next readiness.
+fn recv_once(fd: BorrowedFd<'_>) -> std::io::Result<Received> {
+    Ok(match recv_message(fd) {
+        Err(HandoffError::Sys(nix::errno::Errno::EAGAIN)) => {
+            return Err(std::io::ErrorKind::WouldBlock.into())
+        }
+        other => other,
+    })
+}
+
+fn recv_message(fd: BorrowedFd<'_>) -> Received {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC;
+    let (len, truncated, fds) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)?;
+        let mut fds = Vec::new();
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: the kernel just installed these fds in our table
+                // for this message (with CLOEXEC set); nothing else knows them.
+                fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
+            }
+        }
+        let truncated = msg
+            .flags
+            .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+        (msg.bytes, truncated, fds)
+    };
+    if len == 0 && fds.is_empty() {
+        return Err(HandoffError::Closed);
+    }
+    if truncated {
+        return Err(HandoffError::Malformed(
+            "message or fd list truncated".into(),
+        ));
+    }
+    Ok((decode(&buf[..len])?, fds))
+}
+
+/// Decodes one message, checking the protocol version before the shape.
+pub fn decode(bytes: &[u8]) -> Result<Message, HandoffError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| HandoffError::Malformed(e.to_string()))?;
+    let got = value
+        .get("version")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| HandoffError::Malformed("no version".into()))?;
+    if got != u64::from(PROTOCOL_VERSION) {
+        return Err(HandoffError::Version {
+            got,
+            expected: PROTOCOL_VERSION,
+        });
+    }
+    serde_json::from_value(value).map_err(|e| HandoffError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn messages_and_fds_cross_the_pair() {
+        let (a, b_fd) = Channel::pair().expect("pair");
+        let b = Channel::new(b_fd).expect("wrap");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let offer = Message::Offer {
+            generation: 2,
+            sockets: vec![SocketEntry {
+                name: "web/0".into(),
+                addr: listener.local_addr().expect("addr").to_string(),
+            }],
+            draining: vec![1],
+        };
+        a.send(&offer, &[listener.as_fd()]).await.expect("send");
+        let (got, fds) = b.recv().await.expect("recv");
+        assert_eq!(got, offer);
+        assert_eq!(fds.len(), 1);
+        let sock = socket2::Socket::from(fds.into_iter().next().expect("fd"));
+        assert_eq!(
+            sock.local_addr().expect("addr").as_socket(),
+            listener.local_addr().ok()
+        );
+        drop(a);
+        assert!(matches!(b.recv().await, Err(HandoffError::Closed)));
+    }
+
+    #[test]
+    fn a_version_mismatch_is_named() {
+        let err = decode(br#"{"version":99,"type":"commit"}"#).unwrap_err();
+        assert!(
+            matches!(err, HandoffError::Version { got: 99, .. }),
+            "{err}"
+        );
+        assert!(decode(br#"{"type":"commit"}"#).is_err());
+        assert!(decode(b"\xff garbage").is_err());
+        assert_eq!(
+            decode(br#"{"version":1,"type":"commit"}"#).ok(),
+            Some(Message::Commit)
+        );
+        assert!(
+            decode(br#"{"version":1,"type":"ready"}"#).is_err(),
+            "ready must name its sockets"
+        );
+    }
+}

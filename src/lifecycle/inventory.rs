@@ -1,0 +1,204 @@
+//! Sockets received from a parent generation, waiting to be claimed by name.
+//! Each claim checks the fd is what the name says (bound to the expected
+//! address, listening, the right type) before anyone accepts on it; sockets
+//! nobody claims are closed (never `shutdown()`) when the inventory drops.
+
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use super::handoff::SocketEntry;
+
+#[derive(Default)]
+pub struct Inventory {
+    sockets: Vec<(SocketEntry, Option<OwnedFd>)>,
+    /// Names claimed so far, reported to the parent in `Ready`.
+    taken: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("inherited socket \"{name}\" failed its check: {why}")]
+pub struct AdoptError {
+    pub name: String,
+    pub why: String,
+}
+
+impl Inventory {
+    /// Pairs the offer's entries with the fds that came with it.
+    pub fn new(entries: Vec<SocketEntry>, fds: Vec<OwnedFd>) -> Result<Inventory, AdoptError> {
+        if entries.len() != fds.len() {
+            return Err(AdoptError {
+                name: "(offer)".into(),
+                why: format!("{} names but {} fds", entries.len(), fds.len()),
+            });
+        }
+        Ok(Inventory {
+            sockets: entries.into_iter().zip(fds.into_iter().map(Some)).collect(),
+            taken: Vec::new(),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.sockets.iter().filter(|(_, fd)| fd.is_some()).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Names of the sockets claimed so far.
+    pub fn taken(&self) -> Vec<String> {
+        self.taken.clone()
+    }
+
+    fn take(&mut self, name: &str) -> Option<OwnedFd> {
+        self.taken.push(name.to_string());
+        self.sockets
+            .iter_mut()
+            .find(|(e, fd)| e.name == name && fd.is_some())
+            .and_then(|(_, fd)| fd.take())
+    }
+
+    /// Claims the TCP listener `name` if it is bound to `want` (a wanted
+    /// port 0 matches any port on the same IP).
+    pub fn take_tcp(
+        &mut self,
+        name: &str,
+        want: SocketAddr,
+    ) -> Result<Option<std::net::TcpListener>, AdoptError> {
+        let Some(index) = self.position(name) else {
+            return Ok(None);
+        };
+        let fail = |why: String| AdoptError {
+            name: name.to_string(),
+            why,
+        };
+        let sock = self.peek(index)?;
+        let local = sock
+            .local_addr()
+            .map_err(|e| fail(format!("getsockname: {e}")))?
+            .as_socket()
+            .ok_or_else(|| fail("not an inet socket".into()))?;
+        let matches = local == want || (want.port() == 0 && local.ip() == want.ip());
+        if !matches {
+            // The config moved this listener: leave the old socket to close.
+            return Ok(None);
+        }
+        check_listening(&sock, socket2::Type::STREAM).map_err(fail)?;
+        let fd = self.take(name).ok_or_else(|| fail("taken twice".into()))?;
+        let sock = socket2::Socket::from(fd);
+        sock.set_nonblocking(true)
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(Some(sock.into()))
+    }
+
+    /// Claims the Unix listener `name` if it is bound to `want`.
+    pub fn take_unix(
+        &mut self,
+        name: &str,
+        want: &Path,
+    ) -> Result<Option<std::os::unix::net::UnixListener>, AdoptError> {
+        let Some(index) = self.position(name) else {
+            return Ok(None);
+        };
+        let fail = |why: String| AdoptError {
+            name: name.to_string(),
+            why,
+        };
+        let sock = self.peek(index)?;
+        let local = sock
+            .local_addr()
+            .map_err(|e| fail(format!("getsockname: {e}")))?;
+        if local.as_pathname() != Some(want) {
+            return Ok(None);
+        }
+        check_listening(&sock, socket2::Type::STREAM).map_err(fail)?;
+        let fd = self.take(name).ok_or_else(|| fail("taken twice".into()))?;
+        let sock = socket2::Socket::from(fd);
+        sock.set_nonblocking(true)
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(Some(sock.into()))
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        self.sockets
+            .iter()
+            .position(|(e, fd)| e.name == name && fd.is_some())
+    }
+
+    fn peek(&self, index: usize) -> Result<socket2::SockRef<'_>, AdoptError> {
+        match &self.sockets[index] {
+            (_, Some(fd)) => Ok(socket2::SockRef::from(fd)),
+            (e, None) => Err(AdoptError {
+                name: e.name.clone(),
+                why: "already taken".into(),
+            }),
+        }
+    }
+}
+
+fn check_listening(sock: &socket2::SockRef<'_>, want: socket2::Type) -> Result<(), String> {
+    match sock.r#type() {
+        Ok(t) if t == want => {}
+        Ok(t) => return Err(format!("socket type {t:?}")),
+        Err(e) => return Err(format!("SO_TYPE: {e}")),
+    }
+    match sock.is_listener() {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("not listening (SO_ACCEPTCONN is 0)".into()),
+        Err(e) => Err(format!("SO_ACCEPTCONN: {e}")),
+    }
+}
+
+/// The sockets this generation would offer a successor: a duplicate of each
+/// listening fd, with a flag its accept loop reads when it stops (a socket a
+/// successor adopted is just closed; any other has its queue served first).
+#[derive(Default)]
+pub struct Holdings {
+    items: Vec<Holding>,
+}
+
+struct Holding {
+    entry: SocketEntry,
+    fd: OwnedFd,
+    handed_over: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Holdings {
+    /// Keeps a duplicate of `fd` under `name`; the returned flag turns true
+    /// if a successor adopts it.
+    pub fn hold(
+        &mut self,
+        name: &str,
+        addr: String,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> std::io::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        self.items.push(Holding {
+            entry: SocketEntry {
+                name: name.to_string(),
+                addr,
+            },
+            fd: fd.try_clone_to_owned()?,
+            handed_over: std::sync::Arc::clone(&flag),
+        });
+        Ok(flag)
+    }
+
+    /// Fresh duplicates of every held socket, for one offer.
+    pub fn offer(&self) -> std::io::Result<Vec<(SocketEntry, OwnedFd)>> {
+        self.items
+            .iter()
+            .map(|h| Ok((h.entry.clone(), h.fd.try_clone()?)))
+            .collect()
+    }
+
+    /// Marks the sockets a successor adopted.
+    pub fn handed_over(&self, adopted: &[String]) {
+        for h in &self.items {
+            let adopted = adopted.contains(&h.entry.name);
+            h.handed_over
+                .store(adopted, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}

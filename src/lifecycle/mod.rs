@@ -1,0 +1,52 @@
+//! The process lifecycle: this process versus the next one, and systemd.
+//! It knows about fds, generations and signals, and nothing about proxying.
+//!
+//! A reload, by function: the supervisor (`daemon`) gets `Reload` from
+//! [`signals::Signals::recv`] or a [`control`] request, lists its sockets and
+//! calls [`generation::hand_over`], which spawns N+1 with a [`handoff::Channel`]
+//! end. N+1 reads the offer with [`generation::Parent::receive`], claims
+//! sockets by name from the [`inventory::Inventory`], builds everything, then
+//! [`generation::Parent::ready`] waits for N's commit (sent after
+//! [`systemd::main_pid`]) and [`generation::Parent::accepting`] confirms. N
+//! then stops accepting and runs the [`drain::Drain`] under its budget.
+
+pub mod control;
+pub mod drain;
+pub mod generation;
+pub mod handoff;
+pub mod inventory;
+pub mod signals;
+pub mod systemd;
+
+/// Where this generation is in its life; published on a `watch` by the
+/// supervisor and read by `/readyz` and `/status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// Building; `waiting_on` says what is not done yet.
+    Starting { waiting_on: Vec<Check> },
+    /// Serving and taking new connections.
+    Active,
+    /// A stop began: not ready any more, finishing in-flight work.
+    Stopping,
+    /// Handed over to a newer generation; finishing in-flight work.
+    Draining,
+}
+
+/// One item of start-up, as `/readyz` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl Phase {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Phase::Starting { .. } => "starting",
+            Phase::Active => "active",
+            Phase::Stopping | Phase::Draining => "draining",
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Signals mapped to intent in one place. This module only translates; the
+//! supervisor in `daemon` decides what each command does in each phase.
+
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// SIGHUP: start a new generation.
+    Reload,
+    /// SIGTERM or SIGINT: the ordered stop (a second one forces).
+    Stop,
+    /// SIGUSR2: a draining generation force-closes what it still holds now
+    /// (a newer generation sends it when `reload.max_draining` is exceeded).
+    /// A serving generation ignores it.
+    ForceDrain,
+}
+
+pub struct Signals {
+    hup: Signal,
+    term: Signal,
+    int: Signal,
+    usr1: Signal,
+    usr2: Signal,
+}
+
+impl Signals {
+    /// Installs every handler; called first thing, so a SIGHUP during
+    /// start-up is never the default "terminate".
+    pub fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            hup: signal(SignalKind::hangup())?,
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            usr1: signal(SignalKind::user_defined1())?,
+            usr2: signal(SignalKind::user_defined2())?,
+        })
+    }
+
+    /// The next signal that means something; stray ones are logged here.
+    pub async fn recv(&mut self) -> Command {
+        loop {
+            tokio::select! {
+                _ = self.hup.recv() => return Command::Reload,
+                _ = self.term.recv() => return Command::Stop,
+                _ = self.int.recv() => return Command::Stop,
+                _ = self.usr1.recv() => tracing::info!(signal = "SIGUSR1", "ignored signal"),
+                _ = self.usr2.recv() => return Command::ForceDrain,
+            }
+        }
+    }
+}

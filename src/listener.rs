@@ -1,0 +1,184 @@
+//! Listening sockets: bind a fresh one (or wrap one the lifecycle adopted)
+//! and run its accept loop. The loop stops at `max_connections` (the kernel
+//! backlog holds the rest), backs off on EMFILE/ENFILE instead of spinning,
+//! and on a real stop accepts what is already queued before closing, since
+//! closing a listener with a non-empty queue resets those clients.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Binds a non-blocking, CLOEXEC listening socket with SO_REUSEADDR (and
+/// SO_REUSEPORT when sharding); IPv6 sockets are explicitly v6-only.
+pub fn bind_tcp(
+    addr: SocketAddr,
+    backlog: i32,
+    reuseport: bool,
+) -> std::io::Result<std::net::TcpListener> {
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking().cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    if reuseport {
+        socket.set_reuse_port(true)?;
+    }
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.listen(backlog)?;
+    Ok(socket.into())
+}
+
+/// What to do with an accepted connection.
+pub trait Accept: Send + Sync + 'static {
+    fn accepted(&self, stream: TcpStream, peer: SocketAddr, permit: Option<OwnedSemaphorePermit>);
+}
+
+/// One accept loop over one socket.
+pub struct Listener {
+    /// The listener's config name, for logs.
+    pub name: Arc<str>,
+    pub socket: TcpListener,
+    /// Shared by all sockets of a listener: one permit per open connection.
+    pub limit: Arc<Semaphore>,
+}
+
+/// How an accept loop ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closing {
+    /// The socket lives on elsewhere (a newer generation): just close our fd.
+    HandedOver,
+    /// We are the last holder: serve what is queued, then close.
+    Last,
+}
+
+impl Listener {
+    pub async fn run(
+        self,
+        handler: Arc<dyn Accept>,
+        stop: CancellationToken,
+        closing: impl FnOnce() -> Closing,
+    ) {
+        let mut errors = ErrorThrottle::default();
+        loop {
+            let permit = tokio::select! {
+                () = stop.cancelled() => break,
+                p = Arc::clone(&self.limit).acquire_owned() => p.ok(),
+            };
+            let accepted = tokio::select! {
+                () = stop.cancelled() => break,
+                a = self.socket.accept() => a,
+            };
+            match accepted {
+                Ok((stream, peer)) => handler.accepted(stream, peer, permit),
+                Err(err) => {
+                    errors.log(&self.name, &err);
+                    tokio::time::sleep(backoff(&err)).await;
+                }
+            }
+        }
+        if closing() == Closing::Last {
+            self.accept_queued(&*handler);
+        }
+    }
+
+    /// Accepts every connection already in the kernel's queue, without waiting.
+    fn accept_queued(self, handler: &dyn Accept) {
+        let std = match self.socket.into_std() {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::warn!(listener = %self.name, cause = %err, "cannot drain accept queue");
+                return;
+            }
+        };
+        let mut served = 0usize;
+        loop {
+            match std.accept() {
+                Ok((stream, peer)) => {
+                    let permit = Arc::clone(&self.limit).try_acquire_owned().ok();
+                    match stream
+                        .set_nonblocking(true)
+                        .and_then(|()| TcpStream::from_std(stream))
+                    {
+                        Ok(stream) => {
+                            served += 1;
+                            handler.accepted(stream, peer, permit);
+                        }
+                        Err(err) => {
+                            tracing::warn!(listener = %self.name, cause = %err, "queued connection lost")
+                        }
+                    }
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(err) if is_per_connection(&err) => continue,
+                Err(err) => {
+                    tracing::warn!(listener = %self.name, cause = %err, "stopped draining accept queue");
+                    break;
+                }
+            }
+        }
+        if served > 0 {
+            tracing::info!(listener = %self.name, connections = served, expected = true, "served the accept queue before closing");
+        }
+    }
+}
+
+/// Errors about one connection that died in the queue: just go on.
+fn is_per_connection(err: &std::io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc_errno::ECONNABORTED | libc_errno::EPROTO | libc_errno::EPERM)
+    )
+}
+
+fn backoff(err: &std::io::Error) -> Duration {
+    match err.raw_os_error() {
+        Some(
+            libc_errno::EMFILE | libc_errno::ENFILE | libc_errno::ENOBUFS | libc_errno::ENOMEM,
+        ) => Duration::from_millis(100),
+        _ if is_per_connection(err) => Duration::ZERO,
+        _ => Duration::from_millis(10),
+    }
+}
+
+/// errno values we branch on, from nix (no libc dependency of our own).
+mod libc_errno {
+    use nix::errno::Errno;
+    pub const ECONNABORTED: i32 = Errno::ECONNABORTED as i32;
+    pub const EPROTO: i32 = Errno::EPROTO as i32;
+    pub const EPERM: i32 = Errno::EPERM as i32;
+    pub const EMFILE: i32 = Errno::EMFILE as i32;
+    pub const ENFILE: i32 = Errno::ENFILE as i32;
+    pub const ENOBUFS: i32 = Errno::ENOBUFS as i32;
+    pub const ENOMEM: i32 = Errno::ENOMEM as i32;
+}
+
+/// Logs the first accept error of a burst, then one line per second at most.
+#[derive(Default)]
+struct ErrorThrottle {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl ErrorThrottle {
+    fn log(&mut self, name: &str, err: &std::io::Error) {
+        let now = Instant::now();
+        match self.last {
+            Some(t) if now.duration_since(t) < Duration::from_secs(1) => self.suppressed += 1,
+            _ => {
+                tracing::warn!(listener = name, cause = %err, suppressed = self.suppressed, "accept failed; backing off");
+                self.last = Some(now);
+                self.suppressed = 0;
+            }
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Metric names, help texts and handles. Names follow Prometheus conventions
+//! (base units, `_total`, `_seconds`); label values come only from the config.
+//! Hot paths hold pre-built handles (no label formatting per request), and
+//! building a handle at start creates the series at 0, as DESIGN.md asks.
+
+use metrics::{
+    describe_counter, describe_gauge, describe_histogram, Counter, Gauge, Histogram, Unit,
+};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const CONNECTIONS_ACCEPTED: &str = "baton_connections_accepted_total";
+pub const CONNECTIONS_ACTIVE: &str = "baton_connections_active";
+pub const REQUESTS: &str = "baton_requests_total";
+pub const REQUEST_DURATION: &str = "baton_request_duration_seconds";
+pub const UPSTREAM_ERRORS: &str = "baton_upstream_errors_total";
+pub const BACKEND_IN_FLIGHT: &str = "baton_backend_in_flight";
+pub const TCP_BYTES: &str = "baton_tcp_bytes_total";
+pub const GENERATION: &str = "baton_generation";
+pub const RELOADS: &str = "baton_reloads_total";
+pub const LAST_RELOAD_SUCCESS: &str = "baton_last_reload_success_timestamp_seconds";
+pub const DRAINING_GENERATIONS: &str = "baton_draining_generations";
+pub const HANDOFF_DURATION: &str = "baton_handoff_duration_seconds";
+pub const DRAIN_DURATION: &str = "baton_drain_duration_seconds";
+pub const DRAINED_CONNECTIONS: &str = "baton_drained_connections_total";
+pub const DRAIN_FORCED: &str = "baton_drain_forced_connections_total";
+pub const BUILD_INFO: &str = "baton_build_info";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+const PHASE_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// Installs the process-wide recorder; `/metrics` renders the handle.
+pub fn install() -> Result<PrometheusHandle, BuildError> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(REQUEST_DURATION.into()), LATENCY_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(HANDOFF_DURATION.into()), PHASE_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(DRAIN_DURATION.into()), PHASE_BUCKETS)?
+        .install_recorder()?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    describe_counter!(
+        CONNECTIONS_ACCEPTED,
+        "Client connections accepted, by listener."
+    );
+    describe_gauge!(
+        CONNECTIONS_ACTIVE,
+        "Client connections open now, by listener and state."
+    );
+    describe_counter!(
+        REQUESTS,
+        "HTTP requests answered, by listener, pool and status class."
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        Unit::Seconds,
+        "Time from request head to response head."
+    );
+    describe_counter!(UPSTREAM_ERRORS, "Failures talking to a backend, by kind.");
+    describe_gauge!(
+        BACKEND_IN_FLIGHT,
+        "Requests or connections a backend holds now."
+    );
+    describe_counter!(TCP_BYTES, "Bytes copied by TCP listeners, by direction.");
+    describe_gauge!(GENERATION, "The serving generation's number.");
+    describe_counter!(
+        RELOADS,
+        "Reloads attempted by this process lineage, by result."
+    );
+    describe_gauge!(
+        LAST_RELOAD_SUCCESS,
+        Unit::Seconds,
+        "Unix time of the last successful reload."
+    );
+    describe_gauge!(DRAINING_GENERATIONS, "Older generations still draining.");
+    describe_histogram!(
+        HANDOFF_DURATION,
+        Unit::Seconds,
+        "Reload request to new generation accepting."
+    );
+    describe_histogram!(
+        DRAIN_DURATION,
+        Unit::Seconds,
+        "Length of drains, by reason."
+    );
+    describe_counter!(
+        DRAINED_CONNECTIONS,
+        "Connections that finished during a drain, by reason."
+    );
+    describe_counter!(
+        DRAIN_FORCED,
+        "Connections force-closed at a drain deadline, by reason."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; labels carry the running version and commit."
+    );
+}
+
+/// Per-listener connection counters.
+#[derive(Clone)]
+pub struct ListenerMetrics {
+    pub accepted: Counter,
+    pub active: Gauge,
+}
+
+pub fn listener(name: &str) -> ListenerMetrics {
+    ListenerMetrics {
+        accepted: metrics::counter!(CONNECTIONS_ACCEPTED, "listener" => name.to_string()),
+        active: metrics::gauge!(CONNECTIONS_ACTIVE, "listener" => name.to_string(), "state" => "serving"),
+    }
+}
+
+/// Per (listener, pool) request counters, one per status class.
+#[derive(Clone)]
+pub struct RequestMetrics {
+    by_class: [Counter; 5],
+    pub duration: Histogram,
+}
+
+impl RequestMetrics {
+    pub fn count(&self, status: u16) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.by_class[class].increment(1);
+    }
+}
+
+pub fn requests(listener: &str, pool: &str) -> RequestMetrics {
+    let counter = |code: &'static str| metrics::counter!(REQUESTS, "listener" => listener.to_string(), "pool" => pool.to_string(), "code" => code);
+    RequestMetrics {
+        by_class: [
+            counter("1xx"),
+            counter("2xx"),
+            counter("3xx"),
+            counter("4xx"),
+            counter("5xx"),
+        ],
+        duration: metrics::histogram!(REQUEST_DURATION, "listener" => listener.to_string(), "pool" => pool.to_string()),
+    }
+}
+
+pub fn backend_in_flight(pool: &str, backend: &str) -> Gauge {
+    metrics::gauge!(BACKEND_IN_FLIGHT, "pool" => pool.to_string(), "backend" => backend.to_string())
+}
+
+/// Kinds of upstream failure, the `kind` label.
+#[derive(Debug, Clone, Copy)]
+pub enum UpstreamErrorKind {
+    Connect,
+    Timeout,
+    Protocol,
+}
+
+pub fn upstream_error(pool: &str, backend: &str, kind: UpstreamErrorKind) {
+    let kind = match kind {
+        UpstreamErrorKind::Connect => "connect",
+        UpstreamErrorKind::Timeout => "timeout",
+        UpstreamErrorKind::Protocol => "protocol",
+    };
+    metrics::counter!(UPSTREAM_ERRORS, "pool" => pool.to_string(), "backend" => backend.to_string(), "kind" => kind)
+        .increment(1);
+}
+
+pub fn tcp_bytes(listener: &str, to_backend: u64, to_client: u64) {
+    metrics::counter!(TCP_BYTES, "listener" => listener.to_string(), "direction" => "to_backend")
+        .increment(to_backend);
+    metrics::counter!(TCP_BYTES, "listener" => listener.to_string(), "direction" => "to_client")
+        .increment(to_client);
+}
+
+/// Why a drain runs, the `reason` label.
+#[derive(Debug, Clone, Copy)]
+pub enum DrainReason {
+    Reload,
+    Shutdown,
+}
+
+impl DrainReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrainReason::Reload => "reload",
+            DrainReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+pub fn drain_finished(reason: DrainReason, seconds: f64, drained: usize, forced: usize) {
+    let r = reason.as_str();
+    metrics::histogram!(DRAIN_DURATION, "reason" => r).record(seconds);
+    metrics::counter!(DRAINED_CONNECTIONS, "reason" => r).increment(drained as u64);
+    metrics::counter!(DRAIN_FORCED, "reason" => r).increment(forced as u64);
+}
+
+/// Series that must exist from the start, before anything happens.
+pub fn start(generation: u64) {
+    metrics::gauge!(GENERATION).set(generation as f64);
+    metrics::gauge!(DRAINING_GENERATIONS).set(0.0);
+    metrics::counter!(RELOADS, "result" => "success").absolute(0);
+    metrics::counter!(RELOADS, "result" => "failed").absolute(0);
+    metrics::gauge!(BUILD_INFO, "version" => crate::VERSION, "commit" => crate::COMMIT).set(1.0);
+    for reason in [DrainReason::Reload, DrainReason::Shutdown] {
+        metrics::counter!(DRAINED_CONNECTIONS, "reason" => reason.as_str()).absolute(0);
+        metrics::counter!(DRAIN_FORCED, "reason" => reason.as_str()).absolute(0);
+    }
+}
+
+pub fn reload_finished(ok: bool, seconds: f64) {
+    if ok {
+        metrics::counter!(RELOADS, "result" => "success").increment(1);
+        metrics::histogram!(HANDOFF_DURATION).record(seconds);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        metrics::gauge!(LAST_RELOAD_SUCCESS).set(now);
+    } else {
+        metrics::counter!(RELOADS, "result" => "failed").increment(1);
+    }
+}

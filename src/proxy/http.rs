@@ -1,0 +1,415 @@
+//! L7 proxying: a hyper server connection (HTTP/1.1 or h2c, detected) on
+//! the client side and a pooled hyper client to backends. Bodies stream in
+//! both directions; nothing is buffered whole.
+//!
+//! Draining, per DESIGN.md: h2 connections get GOAWAY at once; HTTP/1.1
+//! responses carry `Connection: close` from then on; an idle keep-alive
+//! connection is closed only after it stayed idle `keepalive_drain_grace`
+//! (closing it at once races a request the client may be sending: the
+//! reload loss HAProxy and nginx show). Upgraded streams end at drain start.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, HOST};
+use ::http::{Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::body::{self, Guarded, ProxyBody};
+use super::headers;
+use super::ProxyError;
+use crate::backend::{Lease, Pool};
+use crate::config::{ListenerConfig, RouteConfig};
+use crate::lifecycle::drain::DrainWatch;
+use crate::metrics::{self, RequestMetrics};
+
+/// A pool as one listener sees it, with that listener's request metrics.
+struct Target {
+    pool: Arc<Pool>,
+    metrics: RequestMetrics,
+}
+
+pub struct HttpProxy {
+    listener: Arc<str>,
+    routes: Vec<RouteConfig>,
+    /// Indexed like the config's pools.
+    targets: Vec<Target>,
+    default_target: usize,
+    client: Client<HttpConnector, ProxyBody>,
+    server: auto::Builder<TokioExecutor>,
+    response_timeout: Duration,
+    keepalive_drain_grace: Duration,
+}
+
+impl HttpProxy {
+    pub fn new(config: &ListenerConfig, pools: &[Arc<Pool>]) -> HttpProxy {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(10))
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        let mut server = auto::Builder::new(TokioExecutor::new());
+        server
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(config.header_timeout);
+        server.http2().timer(TokioTimer::new());
+        HttpProxy {
+            listener: Arc::from(config.name.as_str()),
+            routes: config.routes.clone(),
+            targets: pools
+                .iter()
+                .map(|p| Target {
+                    pool: Arc::clone(p),
+                    metrics: metrics::requests(&config.name, &p.name),
+                })
+                .collect(),
+            default_target: config.pool,
+            client,
+            server,
+            response_timeout: config.response_timeout,
+            keepalive_drain_grace: config.keepalive_drain_grace,
+        }
+    }
+
+    /// Serves one client connection until it ends, the drain closes it, or
+    /// the drain is forced (the task is then dropped by `DrainWatch`).
+    pub async fn serve(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, drain: DrainWatch) {
+        let state = Arc::new(ConnState::new());
+        let service = {
+            let (proxy, state, drain) = (Arc::clone(&self), Arc::clone(&state), drain.clone());
+            service_fn(move |req| {
+                let (proxy, state, drain) = (Arc::clone(&proxy), Arc::clone(&state), drain.clone());
+                async move { Ok::<_, Infallible>(proxy.handle(req, peer, state, drain).await) }
+            })
+        };
+        let conn = self
+            .server
+            .serve_connection_with_upgrades(TokioIo::new(stream), service);
+        tokio::pin!(conn);
+        let mut drain_seen = false;
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(err) = result {
+                        tracing::debug!(listener = %self.listener, client = %peer, cause = %err, "client connection ended with an error");
+                    }
+                    return;
+                }
+                () = drain.draining(), if !drain_seen => {
+                    drain_seen = true;
+                    if state.is_h2() {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                }
+                () = state.idle_for(self.keepalive_drain_grace), if drain_seen && !closing => {
+                    tracing::debug!(listener = %self.listener, client = %peer, expected = true, "closing idle keep-alive connection for drain");
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+
+    async fn handle(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        state: Arc<ConnState>,
+        drain: DrainWatch,
+    ) -> Response<ProxyBody> {
+        let busy = state.begin();
+        let started = Instant::now();
+        let client_h1 = req.version() < Version::HTTP_2;
+        if !client_h1 {
+            state.h2.store(true, Ordering::Relaxed);
+        }
+        let target = &self.targets[self.route(&req)];
+        let mut response = match self.forward(req, peer, &target.pool, &drain).await {
+            Ok(r) => r,
+            Err(err) => error_response(&target.pool.name, &err),
+        };
+        target.metrics.count(response.status().as_u16());
+        target
+            .metrics
+            .duration
+            .record(started.elapsed().as_secs_f64());
+        if client_h1 && drain.is_draining() && response.status() != StatusCode::SWITCHING_PROTOCOLS
+        {
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        response.map(|b| Guarded::wrap(b, busy))
+    }
+
+    /// First matching route, else the listener's pool.
+    fn route<B>(&self, req: &Request<B>) -> usize {
+        let host = req
+            .uri()
+            .host()
+            .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()))
+            .map(|h| crate::config::strip_port(h).to_ascii_lowercase());
+        let path = req.uri().path();
+        self.routes
+            .iter()
+            .find(|r| {
+                r.path_prefix.as_deref().is_none_or(|p| path.starts_with(p))
+                    && r.host.as_deref().is_none_or(|h| host.as_deref() == Some(h))
+            })
+            .map_or(self.default_target, |r| r.pool)
+    }
+
+    async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        peer: SocketAddr,
+        pool: &Pool,
+        drain: &DrainWatch,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let upgrade = headers::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+        let (mut parts, incoming) = req.into_parts();
+        if !parts.headers.contains_key(HOST) {
+            if let Some(authority) = parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            {
+                parts.headers.insert(HOST, authority);
+            }
+        }
+        headers::strip_hop_by_hop(&mut parts.headers, upgrade.is_some());
+        headers::add_forwarding(&mut parts.headers, peer.ip());
+        // An empty body can be sent again, so a failed connect may retry.
+        let replayable = incoming.is_end_stream();
+        let mut body = Some(if replayable {
+            body::empty()
+        } else {
+            incoming.boxed_unsync()
+        });
+        let mut failed = None;
+        loop {
+            let lease = pool.pick(failed).ok_or_else(|| ProxyError::NoBackend {
+                pool: pool.name.clone(),
+            })?;
+            let sent = body.take().unwrap_or_else(body::empty);
+            let outbound = outbound_request(&parts, sent, &lease)?;
+            match self.send(outbound, &lease).await {
+                Ok(response) => return Ok(self.respond(response, lease, upgrade, drain)),
+                Err(err @ ProxyError::Connect { .. }) if replayable && failed.is_none() => {
+                    tracing::warn!(cause = %err, "retrying on another backend");
+                    failed = Some(lease.backend().index);
+                    body = Some(body::empty());
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    async fn send(
+        &self,
+        outbound: Request<ProxyBody>,
+        lease: &Lease,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let backend = lease.backend();
+        let result =
+            tokio::time::timeout(self.response_timeout, self.client.request(outbound)).await;
+        let err = match result {
+            Ok(Ok(response)) => return Ok(response),
+            Ok(Err(e)) if e.is_connect() => ProxyError::Connect {
+                backend: backend.name.clone(),
+                address: backend.address,
+                cause: root_cause(&e),
+            },
+            Ok(Err(e)) => ProxyError::Upstream {
+                backend: backend.name.clone(),
+                cause: root_cause(&e),
+            },
+            Err(_) => ProxyError::Timeout {
+                backend: backend.name.clone(),
+                seconds: self.response_timeout.as_secs_f64(),
+            },
+        };
+        if let Some(kind) = err.upstream_kind() {
+            metrics::upstream_error(&backend.pool, &backend.name, kind);
+        }
+        tracing::warn!(cause = %err, "backend request failed");
+        Err(err)
+    }
+
+    /// Turns the backend's response into the client's; an upgrade's two
+    /// halves are joined in a task the drain ends.
+    fn respond(
+        &self,
+        mut response: Response<Incoming>,
+        lease: Lease,
+        upgrade: Option<hyper::upgrade::OnUpgrade>,
+        drain: &DrainWatch,
+    ) -> Response<ProxyBody> {
+        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        match upgrade {
+            Some(client_side) if switching => {
+                let backend_side = hyper::upgrade::on(&mut response);
+                let watch = drain.clone();
+                let listener = Arc::clone(&self.listener);
+                drain.spawn(tunnel(client_side, backend_side, watch, listener, lease));
+                headers::strip_hop_by_hop(response.headers_mut(), true);
+                headers::add_via(response.headers_mut());
+                response.map(|_| body::empty())
+            }
+            _ => {
+                headers::strip_hop_by_hop(response.headers_mut(), false);
+                headers::add_via(response.headers_mut());
+                response.map(|b| Guarded::wrap(b.boxed_unsync(), lease))
+            }
+        }
+    }
+}
+
+fn outbound_request(
+    parts: &::http::request::Parts,
+    body: ProxyBody,
+    lease: &Lease,
+) -> Result<Request<ProxyBody>, ProxyError> {
+    let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let uri: Uri = format!("http://{}{}", lease.backend().address, path)
+        .parse()
+        .map_err(|e: ::http::uri::InvalidUri| ProxyError::Upstream {
+            backend: lease.backend().name.clone(),
+            cause: e.to_string(),
+        })?;
+    let mut outbound = Request::new(body);
+    *outbound.method_mut() = parts.method.clone();
+    *outbound.uri_mut() = uri;
+    *outbound.version_mut() = Version::HTTP_11;
+    *outbound.headers_mut() = parts.headers.clone();
+    Ok(outbound)
+}
+
+/// Copies an upgraded connection both ways until either side ends or the
+/// drain begins (long-lived streams must not hold the drain budget).
+async fn tunnel(
+    client: hyper::upgrade::OnUpgrade,
+    backend: hyper::upgrade::OnUpgrade,
+    drain: DrainWatch,
+    listener: Arc<str>,
+    _lease: Lease,
+) {
+    let (client, backend) = match tokio::try_join!(client, backend) {
+        Ok(pair) => pair,
+        Err(err) => {
+            tracing::debug!(listener = %listener, cause = %err, "upgrade did not complete");
+            return;
+        }
+    };
+    let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
+    tokio::select! {
+        result = tokio::io::copy_bidirectional(&mut client, &mut backend) => {
+            if let Err(err) = result {
+                tracing::debug!(listener = %listener, cause = %err, "upgraded stream ended with an error");
+            }
+        }
+        () = drain.draining() => {
+            tracing::info!(listener = %listener, expected = true, "ending upgraded stream for drain");
+        }
+    }
+}
+
+fn error_response(pool: &str, err: &ProxyError) -> Response<ProxyBody> {
+    let mut response = Response::new(body::text(format!("baton: {err}\n")));
+    *response.status_mut() = err.status();
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers::add_via(response.headers_mut());
+    if matches!(err, ProxyError::NoBackend { .. }) {
+        tracing::warn!(pool, "no backend available");
+    }
+    response
+}
+
+/// The innermost error's text: hyper's outer layers say little.
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = err;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// Per-connection activity, for the drain's idle check.
+struct ConnState {
+    h2: AtomicBool,
+    in_flight: AtomicUsize,
+    /// When the connection last became idle, as nanoseconds since `origin`.
+    idle_since_nanos: AtomicU64,
+    origin: Instant,
+}
+
+/// Marks a request in flight until the response body is done.
+struct Busy(Arc<ConnState>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let state = &self.0;
+        state
+            .idle_since_nanos
+            .store(state.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        state.in_flight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl ConnState {
+    fn new() -> ConnState {
+        ConnState {
+            h2: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            idle_since_nanos: AtomicU64::new(0),
+            origin: Instant::now(),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::Acquire);
+        Busy(Arc::clone(self))
+    }
+
+    fn is_h2(&self) -> bool {
+        self.h2.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once no request has been in flight for `grace`.
+    async fn idle_for(&self, grace: Duration) {
+        loop {
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                let since = Duration::from_nanos(self.idle_since_nanos.load(Ordering::Relaxed));
+                let idle = self.origin.elapsed().saturating_sub(since);
+                if idle >= grace {
+                    return;
+                }
+                tokio::time::sleep(grace - idle).await;
+            } else {
+                tokio::time::sleep(
+                    grace.clamp(Duration::from_millis(10), Duration::from_millis(100)),
+                )
+                .await;
+            }
+        }
+    }
+}

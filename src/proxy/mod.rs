@@ -1,0 +1,48 @@
+//! One connection's life, by protocol: `tcp` splices bytes, `http` speaks
+//! HTTP/1.1 and h2c on both sides. Failures are classified here once, which
+//! decides the status a client sees, the log level and the metric label.
+
+pub mod body;
+pub mod headers;
+pub mod http;
+pub mod tcp;
+
+use ::http::StatusCode;
+
+use crate::metrics::UpstreamErrorKind;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no backend of pool \"{pool}\" can take the request")]
+    NoBackend { pool: String },
+    #[error("backend {backend} ({address}) unreachable: {cause}")]
+    Connect {
+        backend: String,
+        address: std::net::SocketAddr,
+        cause: String,
+    },
+    #[error("backend {backend} did not answer within {seconds}s")]
+    Timeout { backend: String, seconds: f64 },
+    #[error("backend {backend} failed: {cause}")]
+    Upstream { backend: String, cause: String },
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoBackend { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The `kind` label of `baton_upstream_errors_total`, if it counts there.
+    pub fn upstream_kind(&self) -> Option<UpstreamErrorKind> {
+        match self {
+            ProxyError::NoBackend { .. } => None,
+            ProxyError::Connect { .. } => Some(UpstreamErrorKind::Connect),
+            ProxyError::Timeout { .. } => Some(UpstreamErrorKind::Timeout),
+            ProxyError::Upstream { .. } => Some(UpstreamErrorKind::Protocol),
+        }
+    }
+}
