@@ -432,7 +432,8 @@ impl Generation {
                         let _ = incoming.reply.send(Reply::err(75, "a reload is already under way; retry when it has finished"));
                     }
                     Request::Status => {
-                        let _ = incoming.reply.send(Reply::ok(format!("generation {} (pid {}) is serving", self.number, std::process::id())));
+                        let pid = std::process::id();
+                        let _ = incoming.reply.send(Reply::serving(pid, format!("generation {} (pid {pid}) is serving", self.number)));
                     }
                 },
                 joined = async {
@@ -447,7 +448,7 @@ impl Generation {
                     match outcome {
                         Ok(successor) => {
                             if let Some(w) = waiter.take() {
-                                let _ = w.send(Reply::ok(format!("generation {} (pid {}) is serving", self.number + 1, successor.pid)));
+                                let _ = w.send(Reply::serving(successor.pid, format!("generation {} (pid {}) is serving", self.number + 1, successor.pid)));
                             }
                             return Ending::HandedOver(successor);
                         }

@@ -29,21 +29,28 @@ pub struct Reply {
     /// The exit code a CLI client should end with.
     pub exit_code: i32,
     pub message: String,
+    /// The serving generation's pid, when the answer names one.
+    #[serde(default)]
+    pub pid: Option<u32>,
 }
 
 impl Reply {
-    pub fn ok(message: impl Into<String>) -> Reply {
+    /// Success, naming the generation `pid` that now serves.
+    pub fn serving(pid: u32, message: impl Into<String>) -> Reply {
         Reply {
             ok: true,
             exit_code: 0,
             message: message.into(),
+            pid: Some(pid),
         }
     }
+
     pub fn err(exit_code: i32, message: impl Into<String>) -> Reply {
         Reply {
             ok: false,
             exit_code,
             message: message.into(),
+            pid: None,
         }
     }
 }

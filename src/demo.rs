@@ -1,3 +1,0 @@
-pub fn main(_args: &crate::cli::DemoArgs) -> i32 {
-    0
-}
