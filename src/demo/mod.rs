@@ -118,7 +118,7 @@ async fn wait_ready(admin: SocketAddr, log: &Path) -> Result<(), DemoError> {
 }
 
 async fn run(args: &DemoArgs) -> Result<bool, DemoError> {
-    let backends = vec![
+    let backends = [
         Backend::start("backend-a").await?,
         Backend::start("backend-b").await?,
     ];
