@@ -1,0 +1,144 @@
+//! Work in flight across a reload finishes where it started: a slow request
+//! completes from the old generation, an idle keep-alive connection still
+//! takes its next request, and only work outliving the drain budget is
+//! force-closed (exit 3), without touching the new generation.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use support::backend::HttpBackend;
+use support::client;
+use support::daemon::{wait_exit, Baton, Spec};
+
+async fn start(drain: &str) -> (HttpBackend, Baton) {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .section(&format!("[reload]\ndrain_timeout = \"{drain}\"\n"))
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    (backend, baton)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_request_across_a_reload_completes_from_the_old_generation() {
+    let (backend, baton) = start("10s").await;
+    let web = baton.addr("web");
+    let old = baton.serving_pid().await;
+    let mut conn = client::connect(web).await.expect("connect");
+    let slow = tokio::spawn(async move { client::send(&mut conn, web, "/slow/2000").await });
+    support::eventually("backend saw the slow request", || async {
+        backend.hits.load(Ordering::Relaxed) == 1
+    })
+    .await;
+
+    let new = baton.reload_ok().await;
+    assert_ne!(new, old);
+    let answer = slow
+        .await
+        .expect("join")
+        .expect("slow request must complete");
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/2000"));
+    assert_eq!(
+        answer.headers.get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..]),
+        "a draining generation closes keep-alive after the response"
+    );
+    assert_eq!(
+        wait_exit(old).await,
+        Some(0),
+        "old generation drained cleanly"
+    );
+    assert_eq!(
+        client::get(web, "/after")
+            .await
+            .expect("new generation serves")
+            .status,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_takes_its_next_request_after_a_reload() {
+    let (_backend, baton) = start("10s").await;
+    let web = baton.addr("web");
+    let old = baton.serving_pid().await;
+    let mut conn = client::connect(web).await.expect("connect");
+    let first = client::send(&mut conn, web, "/one")
+        .await
+        .expect("first request");
+    assert_eq!(first.status, 200);
+    assert!(first.headers.get("connection").is_none());
+
+    baton.reload_ok().await;
+    // The connection is idle on the old generation; a client may send on it
+    // at any moment, and that request must be answered, not reset.
+    let second = client::send(&mut conn, web, "/two")
+        .await
+        .expect("request on the idle connection");
+    assert_eq!(second.status, 200);
+    assert_eq!(second.body, HttpBackend::body_for("a", "/two"));
+    assert_eq!(
+        second.headers.get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
+    assert_eq!(wait_exit(old).await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed_after_the_grace() {
+    let (_backend, baton) = start("10s").await;
+    let web = baton.addr("web");
+    let old = baton.serving_pid().await;
+    let mut conn = client::connect(web).await.expect("connect");
+    assert_eq!(
+        client::send(&mut conn, web, "/one")
+            .await
+            .expect("request")
+            .status,
+        200
+    );
+    baton.reload_ok().await;
+    // keepalive_drain_grace defaults to 1s: the old generation closes the
+    // idle connection then, and exits without waiting for its drain budget.
+    support::eventually("idle connection closed by the old generation", || async {
+        conn.is_closed()
+    })
+    .await;
+    assert_eq!(wait_exit(old).await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_outliving_the_drain_budget_is_forced_and_exits_3() {
+    let (backend, baton) = start("1s").await;
+    let web = baton.addr("web");
+    let old = baton.serving_pid().await;
+    let slow = tokio::spawn(async move { client::get(web, "/slow/8000").await });
+    support::eventually("backend saw the slow request", || async {
+        backend.hits.load(Ordering::Relaxed) == 1
+    })
+    .await;
+
+    let new = baton.reload_ok().await;
+    assert_eq!(wait_exit(old).await, Some(3), "forced drain exits 3");
+    let outcome = tokio::time::timeout(Duration::from_secs(5), slow)
+        .await
+        .expect("forced close ends the request")
+        .expect("join");
+    assert!(
+        outcome.is_err(),
+        "the forced request cannot have succeeded: {outcome:?}"
+    );
+    let fresh = client::get(web, "/fresh")
+        .await
+        .expect("new generation unaffected");
+    assert_eq!(fresh.status, 200);
+    assert_eq!(baton.serving_pid().await, new);
+    assert!(
+        baton.log().contains("force-closed"),
+        "the log says connections were forced"
+    );
+}

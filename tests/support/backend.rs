@@ -1,0 +1,148 @@
+//! Real backends on 127.0.0.1: an HTTP server that says who answered and
+//! which path it saw (`/slow/MS` answers after MS milliseconds, `/ws` echoes
+//! bytes after a 101 upgrade), and a TCP echo server that honours half-close.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+pub struct HttpBackend {
+    pub addr: SocketAddr,
+    pub name: &'static str,
+    pub hits: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HttpBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl HttpBackend {
+    pub async fn start(name: &'static str) -> HttpBackend {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind backend");
+        let addr = listener.local_addr().expect("backend addr");
+        let hits = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&hits);
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        answer(name, req)
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        HttpBackend {
+            addr,
+            name,
+            hits,
+            task,
+        }
+    }
+
+    /// The body this backend answers for `path`.
+    pub fn body_for(name: &str, path: &str) -> String {
+        format!("{name} {path}\n")
+    }
+}
+
+async fn answer(
+    name: &'static str,
+    mut req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = req.uri().path().to_string();
+    if path == "/ws" {
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = upgrade.await {
+                let mut io = TokioIo::new(upgraded);
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut resp = Response::new(Full::new(Bytes::new()));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        resp.headers_mut()
+            .insert("connection", "upgrade".parse().expect("header"));
+        resp.headers_mut()
+            .insert("upgrade", "echo".parse().expect("header"));
+        return Ok(resp);
+    }
+    if let Some(ms) = path
+        .strip_prefix("/slow/")
+        .and_then(|m| m.parse::<u64>().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let mut resp = Response::new(Full::new(Bytes::from(HttpBackend::body_for(name, &path))));
+    if let Some(xff) = req.headers().get("x-forwarded-for") {
+        resp.headers_mut()
+            .insert("x-seen-forwarded-for", xff.clone());
+    }
+    Ok(resp)
+}
+
+/// Echoes every byte; when the client half-closes, finishes echoing and
+/// then half-closes back.
+pub struct TcpEcho {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TcpEcho {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TcpEcho {
+    pub async fn start() -> TcpEcho {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+        let addr = listener.local_addr().expect("echo addr");
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if stream.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        TcpEcho { addr, task }
+    }
+}

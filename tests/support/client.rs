@@ -1,0 +1,69 @@
+//! Real HTTP clients (hyper) for the tests: one request on a fresh
+//! connection, or a kept-alive connection reused like a browser would.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::HeaderMap;
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+pub async fn connect(addr: SocketAddr) -> Result<SendRequest<Empty<Bytes>>, String> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (sender, conn) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// One request on an existing connection.
+pub async fn send(
+    sender: &mut SendRequest<Empty<Bytes>>,
+    addr: SocketAddr,
+    path: &str,
+) -> Result<Answer, String> {
+    sender
+        .ready()
+        .await
+        .map_err(|e| format!("not ready: {e}"))?;
+    let req = Request::get(path)
+        .header("host", addr.to_string())
+        .body(Empty::new())
+        .map_err(|e| e.to_string())?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?
+        .to_bytes();
+    Ok(Answer {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
+/// `GET path` on a fresh connection.
+pub async fn get(addr: SocketAddr, path: &str) -> Result<Answer, String> {
+    let mut sender = connect(addr).await?;
+    send(&mut sender, addr, path).await
+}

@@ -1,0 +1,367 @@
+//! The real `baton` binary under test: a config written to a temp dir, the
+//! process spawned with its log captured, and helpers to reload, signal,
+//! wait for exits and read `/proc`. The test process makes itself a child
+//! subreaper, so generations re-parented when their parent exits can still
+//! be waited for and their exit codes read.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Mutex, Once};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::TIMEOUT;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_baton");
+
+/// A config, built up by listeners and pools; ports are chosen at start.
+#[derive(Clone, Default)]
+pub struct Spec {
+    sections: String,
+    listeners: Vec<(String, String, String, String)>,
+    pools: Vec<(String, Vec<SocketAddr>)>,
+}
+
+impl Spec {
+    pub fn new() -> Spec {
+        Spec::default().section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"5s\"\n")
+    }
+
+    /// Raw TOML appended as is (a `[reload]` section, say).
+    pub fn section(mut self, toml: &str) -> Spec {
+        self.sections.push_str(toml);
+        self.sections.push('\n');
+        self
+    }
+
+    pub fn http(self, name: &str, pool: &str) -> Spec {
+        self.listener(name, "http", pool, "")
+    }
+
+    pub fn tcp(self, name: &str, pool: &str) -> Spec {
+        self.listener(name, "tcp", pool, "")
+    }
+
+    /// A listener with extra keys (`"keepalive_drain_grace = \"1s\""`).
+    pub fn listener(mut self, name: &str, protocol: &str, pool: &str, extra: &str) -> Spec {
+        self.listeners
+            .push((name.into(), protocol.into(), pool.into(), extra.into()));
+        self
+    }
+
+    pub fn pool(mut self, name: &str, backends: &[SocketAddr]) -> Spec {
+        self.pools.push((name.into(), backends.to_vec()));
+        self
+    }
+
+    fn render(
+        &self,
+        dir: &std::path::Path,
+        admin: SocketAddr,
+        ports: &HashMap<String, SocketAddr>,
+    ) -> String {
+        let mut t = format!(
+            "[admin]\nlisten = \"{admin}\"\n\n[control]\nsocket = \"{}\"\n\n{}\n",
+            dir.join("control.sock").display(),
+            self.sections
+        );
+        for (name, protocol, pool, extra) in &self.listeners {
+            let _ = write!(
+                t,
+                "[[listeners]]\nname = \"{name}\"\nbind = \"{}\"\nprotocol = \"{protocol}\"\npool = \"{pool}\"\n{extra}\n\n",
+                ports[name]
+            );
+        }
+        for (i, (name, backends)) in self.pools.iter().enumerate() {
+            let list: Vec<String> = backends
+                .iter()
+                .enumerate()
+                .map(|(j, a)| format!("{{ name = \"{name}-{j}\", address = \"{a}\" }}"))
+                .collect();
+            let _ = write!(
+                t,
+                "[[pools]]\nname = \"{name}\"\nbackends = [{}]\n\n",
+                list.join(", ")
+            );
+            let _ = i;
+        }
+        t
+    }
+}
+
+pub fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+}
+
+static SUBREAPER: Once = Once::new();
+
+/// What a CLI invocation printed and returned.
+#[derive(Debug)]
+pub struct CliResult {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub struct Baton {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub admin: SocketAddr,
+    pub addrs: HashMap<String, SocketAddr>,
+    pub first_pid: u32,
+    spec: Spec,
+    pids: Mutex<Vec<u32>>,
+}
+
+impl Drop for Baton {
+    fn drop(&mut self) {
+        let pids = self.pids.lock().map(|p| p.clone()).unwrap_or_default();
+        for pid in pids {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            let _ = waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG));
+        }
+    }
+}
+
+impl Baton {
+    /// Writes the config, starts `baton run`, waits until `/readyz` is 200.
+    pub async fn start(spec: Spec) -> Baton {
+        let baton = Baton::spawn(spec, &[]);
+        baton.wait_ready().await;
+        baton
+    }
+
+    /// Starts `baton run` with extra arguments, without waiting.
+    pub fn spawn(spec: Spec, extra_args: &[&str]) -> Baton {
+        SUBREAPER.call_once(|| {
+            nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let admin = free_addr();
+        let addrs: HashMap<String, SocketAddr> = spec
+            .listeners
+            .iter()
+            .map(|(name, ..)| (name.clone(), free_addr()))
+            .collect();
+        let config = dir.path().join("baton.toml");
+        std::fs::write(&config, spec.render(dir.path(), admin, &addrs)).expect("write config");
+        let log = std::fs::File::create(dir.path().join("baton.log")).expect("log file");
+        let child = std::process::Command::new(BIN)
+            .arg("run")
+            .arg("-c")
+            .arg(&config)
+            .args(extra_args)
+            .env("BATON_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn baton");
+        let first_pid = child.id();
+        Baton {
+            dir,
+            config,
+            admin,
+            addrs,
+            first_pid,
+            spec,
+            pids: Mutex::new(vec![first_pid]),
+        }
+    }
+
+    pub fn addr(&self, listener: &str) -> SocketAddr {
+        self.addrs[listener]
+    }
+
+    pub fn spec(&self) -> Spec {
+        self.spec.clone()
+    }
+
+    pub async fn wait_ready(&self) {
+        let admin = self.admin;
+        let log = self.log_path();
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(a) = super::client::get(admin, "/readyz").await {
+                if a.status == 200 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!(
+            "baton not ready; log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("baton.log")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Rewrites the config file with `text` (a broken one, say).
+    pub fn write_config(&self, text: &str) {
+        std::fs::write(&self.config, text).expect("rewrite config");
+    }
+
+    /// The config the daemon was started with, as written.
+    pub fn config_text(&self) -> String {
+        std::fs::read_to_string(&self.config).expect("read config")
+    }
+
+    /// Rewrites the config from `spec`, keeping every address.
+    pub fn write_spec(&self, spec: &Spec, extra_addrs: &HashMap<String, SocketAddr>) {
+        let mut addrs = self.addrs.clone();
+        addrs.extend(extra_addrs.iter().map(|(k, v)| (k.clone(), *v)));
+        std::fs::write(
+            &self.config,
+            spec.render(self.dir.path(), self.admin, &addrs),
+        )
+        .expect("write config");
+    }
+
+    /// Runs the real `baton reload` CLI.
+    pub async fn reload(&self) -> CliResult {
+        let out = tokio::process::Command::new(BIN)
+            .arg("reload")
+            .arg("-c")
+            .arg(&self.config)
+            .output()
+            .await
+            .expect("run baton reload");
+        let result = CliResult {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        self.remember(self.serving_pid().await);
+        result
+    }
+
+    /// Reloads and insists it worked.
+    pub async fn reload_ok(&self) -> u32 {
+        let r = self.reload().await;
+        assert_eq!(r.code, 0, "reload failed: {r:?}\nlog:\n{}", self.log());
+        self.serving_pid().await
+    }
+
+    fn remember(&self, pid: u32) {
+        if let Ok(mut p) = self.pids.lock() {
+            if !p.contains(&pid) {
+                p.push(pid);
+            }
+        }
+    }
+
+    /// The pid of the generation serving now, asked over the control socket.
+    pub async fn serving_pid(&self) -> u32 {
+        let socket = self.dir.path().join("control.sock");
+        let reply = baton::lifecycle::control::call(
+            &socket,
+            baton::lifecycle::control::Request::Status,
+            TIMEOUT,
+        )
+        .await
+        .expect("control status");
+        let pid = reply.pid.expect("status names a pid");
+        self.remember(pid);
+        pid
+    }
+}
+
+pub fn signal(pid: u32, sig: Signal) {
+    kill(Pid::from_raw(pid as i32), sig).expect("send signal");
+}
+
+/// Waits for `pid` (a child, or a re-parented generation) to exit and
+/// returns its exit code; `None` if it is still running after `TIMEOUT`.
+pub async fn wait_exit(pid: u32) -> Option<i32> {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let pid = Pid::from_raw(pid as i32);
+    while tokio::time::Instant::now() < deadline {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return Some(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Some(128 + sig as i32),
+            Ok(_) => {}
+            Err(e) => panic!("waitpid {pid}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// Open fds of `pid`, from `/proc/PID/fd`.
+pub fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Pids of running processes whose parent is `parent`.
+pub fn children_of(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the ")" closing the command name: state, ppid, ...
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let mut fields = rest.split_whitespace();
+        let state = fields.next();
+        let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(parent) && state != Some("Z") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Live (non-zombie) baton processes running this config.
+pub fn processes_for(config: &std::path::Path) -> Vec<u32> {
+    let needle = config.as_os_str().as_encoded_bytes().to_vec();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+        if !zombie
+            && cmdline
+                .split(|b| *b == 0)
+                .any(|arg| arg == needle.as_slice())
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
