@@ -140,6 +140,9 @@ impl Baton {
     }
 
     /// Starts `baton run` with extra arguments, without waiting.
+    // Reaped by pid (`wait_exit`, `Drop`), like every later generation,
+    // which is not our child until re-parented to us.
+    #[allow(clippy::zombie_processes)]
     pub fn spawn(spec: Spec, extra_args: &[&str]) -> Baton {
         SUBREAPER.call_once(|| {
             nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
