@@ -202,18 +202,27 @@ impl HttpProxy {
         } else {
             incoming.boxed_unsync()
         });
-        let mut failed = None;
+        let mut failed: Option<(usize, ProxyError)> = None;
         loop {
-            let lease = pool.pick(failed).ok_or_else(|| ProxyError::NoBackend {
-                pool: pool.name.clone(),
-            })?;
+            let lease = match pool.pick(failed.as_ref().map(|f| f.0)) {
+                Some(lease) => lease,
+                // Nobody else to try: the first failure is the answer.
+                None => {
+                    return Err(failed.map_or_else(
+                        || ProxyError::NoBackend {
+                            pool: pool.name.clone(),
+                        },
+                        |f| f.1,
+                    ))
+                }
+            };
             let sent = body.take().unwrap_or_else(body::empty);
             let outbound = outbound_request(&parts, sent, &lease)?;
             match self.send(outbound, &lease).await {
                 Ok(response) => return Ok(self.respond(response, lease, upgrade, drain)),
                 Err(err @ ProxyError::Connect { .. }) if replayable && failed.is_none() => {
                     tracing::warn!(cause = %err, "retrying on another backend");
-                    failed = Some(lease.backend().index);
+                    failed = Some((lease.backend().index, err));
                     body = Some(body::empty());
                 }
                 Err(err) => return Err(err),

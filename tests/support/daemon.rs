@@ -157,7 +157,11 @@ impl Baton {
         let config = dir.path().join("baton.toml");
         std::fs::write(&config, spec.render(dir.path(), admin, &addrs)).expect("write config");
         let log = std::fs::File::create(dir.path().join("baton.log")).expect("log file");
-        let child = std::process::Command::new(BIN)
+        // Started through a link of its own, like /usr/bin/baton: a reload
+        // runs whatever that path holds then (see `replace_executable`).
+        let exe = dir.path().join("baton");
+        std::os::unix::fs::symlink(BIN, &exe).expect("link baton");
+        let child = std::process::Command::new(&exe)
             .arg("run")
             .arg("-c")
             .arg(&config)
@@ -204,6 +208,24 @@ impl Baton {
             "baton not ready; log:\n{}",
             std::fs::read_to_string(log).unwrap_or_default()
         );
+    }
+
+    /// Replaces the executable path the daemon was started from, as a
+    /// package upgrade does (write a new file, rename over the old one).
+    pub fn replace_executable(&self, script: Option<&str>) {
+        let exe = self.dir.path().join("baton");
+        let staged = self.dir.path().join("baton.new");
+        let _ = std::fs::remove_file(&staged);
+        match script {
+            Some(text) => {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::write(&staged, text).expect("write script");
+                std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755))
+                    .expect("chmod");
+            }
+            None => std::os::unix::fs::symlink(BIN, &staged).expect("link baton"),
+        }
+        std::fs::rename(&staged, &exe).expect("rename over executable");
     }
 
     pub fn log_path(&self) -> PathBuf {

@@ -1,0 +1,78 @@
+//! The command line as an operator meets it: `check` on the shipped example
+//! and on broken files, `--version`, and usage errors.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_baton");
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().expect("run baton");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/baton.toml");
+    let (code, stdout, stderr) = run(&["check", "-c", path]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("TimeoutStopSec=20"), "{stdout}");
+}
+
+#[test]
+fn check_lists_every_problem_with_its_key_and_exits_78() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[[listeners]]\nname = \"web\"\nbind = \"nowhere\"\npool = \"ap\"\n\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+    )
+    .expect("write");
+    let (code, _, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
+    assert_eq!(code, 78);
+    assert!(stderr.contains("bad.toml"), "{stderr}");
+    assert!(stderr.contains("listeners[0].bind"), "{stderr}");
+    assert!(
+        stderr.contains("listeners[0].pool: no pool named \"ap\"; did you mean \"app\"?"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_config_is_78_naming_the_file() {
+    let (code, _, stderr) = run(&["check", "-c", "/nonexistent/baton.toml"]);
+    assert_eq!(code, 78);
+    assert!(stderr.contains("/nonexistent/baton.toml"), "{stderr}");
+}
+
+#[test]
+fn version_names_the_commit() {
+    let (code, stdout, _) = run(&["--version"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("(commit "), "{stdout}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(run(&["frobnicate"]).0, 2);
+}
+
+#[test]
+fn reload_without_a_daemon_exits_69() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("b.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[control]\nsocket = \"{}/none.sock\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
+            dir.path().display()
+        ),
+    )
+    .expect("write");
+    let (code, _, stderr) = run(&["reload", "-c", path.to_str().expect("utf-8 path")]);
+    assert_eq!(code, 69, "{stderr}");
+    assert!(stderr.contains("cannot reach the daemon"), "{stderr}");
+}

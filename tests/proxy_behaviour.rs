@@ -1,0 +1,154 @@
+//! What one connection sees through baton: TCP half-close, an HTTP upgrade
+//! proxied both ways, forwarding headers, h2c, and clear errors for a dead
+//! backend (502) and a malformed request (400).
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use support::backend::{HttpBackend, TcpEcho};
+use support::client;
+use support::daemon::{free_addr, Baton, Spec};
+
+async fn read_until_closed(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_half_close_still_gets_the_reply() {
+    let echo = TcpEcho::start().await;
+    let baton = Baton::start(Spec::new().tcp("raw", "echo").pool("echo", &[echo.addr])).await;
+    let mut s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    s.write_all(b"ping before FIN").await.expect("write");
+    s.shutdown().await.expect("half-close");
+    // The backend only echoes; its reply and then its FIN must come back
+    // through baton after our FIN went the other way.
+    assert_eq!(read_until_closed(&mut s).await, "ping before FIN");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_is_proxied_both_ways() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+        .await
+        .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).await.expect("read head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: echo"), "{head}");
+    for msg in [&b"first frame"[..], b"second frame"] {
+        s.write_all(msg).await.expect("write upgraded");
+        let mut back = vec![0u8; msg.len()];
+        tokio::time::timeout(support::TIMEOUT, s.read_exact(&mut back))
+            .await
+            .expect("echo in time")
+            .expect("read upgraded");
+        assert_eq!(back, msg);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_reach_the_backend() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let answer = client::get(baton.addr("web"), "/who")
+        .await
+        .expect("request");
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer
+            .headers
+            .get("x-seen-forwarded-for")
+            .map(|v| v.as_bytes()),
+        Some(&b"127.0.0.1"[..])
+    );
+    assert!(answer
+        .headers
+        .get_all("via")
+        .iter()
+        .any(|v| v.as_bytes() == b"1.1 baton"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_clients_are_served() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let stream = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    for path in ["/h2/one", "/h2/two"] {
+        let req = hyper::Request::get(format!("http://{}{path}", baton.addr("web")))
+            .body(Empty::<Bytes>::new())
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("h2 response");
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(body, HttpBackend::body_for("a", path).as_bytes());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_backend_is_a_502_naming_it() {
+    let dead = free_addr();
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[dead])).await;
+    let answer = client::get(baton.addr("web"), "/")
+        .await
+        .expect("an answer, not a reset");
+    assert_eq!(answer.status, 502);
+    assert!(
+        answer.body.contains("app-0") && answer.body.contains(&dead.to_string()),
+        "{}",
+        answer.body
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_request_line_is_a_400() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET / HTTP/1.1 garbage here\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let reply = read_until_closed(&mut s).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply:?}");
+    assert_eq!(
+        backend.hits.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "never forwarded"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        client::get(baton.addr("web"), "/ok")
+            .await
+            .expect("still serving")
+            .status,
+        200
+    );
+}

@@ -1,0 +1,159 @@
+//! A reload that cannot succeed changes nothing: a broken config, a new
+//! generation that cannot bind, or one that hangs is refused or killed,
+//! the running generation keeps serving without a failed request, the
+//! reload reports why, and the next good reload works.
+
+mod support;
+
+use std::collections::HashMap;
+
+use nix::sys::signal::Signal;
+use support::backend::HttpBackend;
+use support::daemon::{children_of, signal, Baton, Spec};
+use support::load::{Load, Targets};
+
+async fn start(extra: &str) -> (HttpBackend, Baton, Load) {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .section(extra)
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let load = Load::start(Targets {
+        http: Some(baton.addr("web")),
+        tcp: None,
+        names: vec!["a"],
+    });
+    load.progress(20).await;
+    (backend, baton, load)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_config_is_refused_with_78_naming_the_key() {
+    let (_backend, baton, load) = start("").await;
+    let good = baton.config_text();
+    let serving = baton.serving_pid().await;
+    let cases = [
+        (good.replace("[[pools]]", "[[pools]"), "TOML parse error"),
+        (
+            good.replace("[shutdown]", "[shutdown]\nbogus_key = 1"),
+            "bogus_key",
+        ),
+        (
+            good.replace("pool = \"app\"", "pool = \"ap\""),
+            "listeners[0].pool: no pool named \"ap\"; did you mean \"app\"?",
+        ),
+    ];
+    for (text, named) in &cases {
+        baton.write_config(text);
+        let r = baton.reload().await;
+        assert_eq!(r.code, 78, "{r:?}");
+        assert!(
+            r.stderr.contains(named),
+            "stderr must name {named:?}: {}",
+            r.stderr
+        );
+        assert_eq!(
+            baton.serving_pid().await,
+            serving,
+            "the running generation keeps serving"
+        );
+        load.progress(10).await;
+    }
+
+    // SIGHUP takes the daemon's own path: the new generation reads the
+    // broken file, reports it, exits 78, and the old one carries on.
+    baton.write_config(&cases[1].0);
+    signal(serving, Signal::SIGHUP);
+    support::eventually("the daemon logs the refused reload", || async {
+        baton.log().contains("bogus_key")
+    })
+    .await;
+    support::eventually("the failed child is gone", || async {
+        children_of(serving).is_empty()
+    })
+    .await;
+    assert_eq!(baton.serving_pid().await, serving);
+    load.progress(10).await;
+
+    baton.write_config(&good);
+    let new = baton.reload_ok().await;
+    assert_ne!(new, serving);
+    load.progress(10).await;
+    load.stop().await.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_that_cannot_bind_is_rolled_back() {
+    let (backend, baton, load) = start("").await;
+    let serving = baton.serving_pid().await;
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("bind squatter");
+    let taken = squatter.local_addr().expect("addr");
+    let spec = baton.spec().http("extra", "app");
+    baton.write_spec(&spec, &HashMap::from([("extra".to_string(), taken)]));
+
+    let r = baton.reload().await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr.contains("listener \"extra\" cannot bind")
+            && r.stderr.contains(&taken.to_string()),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(baton.serving_pid().await, serving);
+    load.progress(10).await;
+
+    drop(squatter);
+    let r = baton.reload().await;
+    assert_eq!(
+        r.code, 0,
+        "the next reload works once the address is free: {r:?}"
+    );
+    let extra = client_get(taken).await;
+    assert_eq!(extra, HttpBackend::body_for("a", "/x"));
+    load.progress(10).await;
+    load.stop().await.assert_clean();
+    drop(backend);
+}
+
+async fn client_get(addr: std::net::SocketAddr) -> String {
+    support::client::get(addr, "/x")
+        .await
+        .expect("new listener serves")
+        .body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_generation_is_killed_at_ready_timeout() {
+    let (_backend, baton, load) = start("[reload]\nready_timeout = \"2s\"\n").await;
+    let serving = baton.serving_pid().await;
+    // The next generation stops itself (SIGSTOP) the moment it appears,
+    // before it can say ready: the test cannot lose a race to catch it.
+    let marker = baton.dir.path().join("hung.pid");
+    baton.replace_executable(Some(&format!(
+        "#!/bin/sh\necho $$ > {}\nkill -STOP $$\nexec {} \"$@\"\n",
+        marker.display(),
+        support::daemon::BIN
+    )));
+    let r = baton.reload().await;
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("not ready within 2s"), "{}", r.stderr);
+    let hung: u32 = std::fs::read_to_string(&marker)
+        .expect("the new process ran")
+        .trim()
+        .parse()
+        .expect("pid");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{hung}")).exists(),
+        "the hung generation was killed and reaped"
+    );
+    assert!(children_of(serving).is_empty());
+    assert_eq!(baton.serving_pid().await, serving);
+    load.progress(10).await;
+
+    baton.replace_executable(None);
+    let new = baton.reload_ok().await;
+    assert_ne!(new, serving, "the next reload works");
+    load.progress(10).await;
+    load.stop().await.assert_clean();
+}
