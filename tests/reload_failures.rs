@@ -135,7 +135,16 @@ async fn a_hanging_generation_is_killed_at_ready_timeout() {
         marker.display(),
         support::daemon::BIN
     )));
-    let r = baton.reload().await;
+    let (r, second) = tokio::join!(baton.reload(), async {
+        support::eventually("the hung generation started", || async { marker.exists() }).await;
+        baton.reload().await
+    });
+    assert_eq!(second.code, 75, "one handoff at a time: {second:?}");
+    assert!(
+        second.stderr.contains("already under way"),
+        "{}",
+        second.stderr
+    );
     assert_ne!(r.code, 0, "{r:?}");
     assert!(r.stderr.contains("not ready within 2s"), "{}", r.stderr);
     let hung: u32 = std::fs::read_to_string(&marker)

@@ -142,3 +142,37 @@ async fn a_request_outliving_the_drain_budget_is_forced_and_exits_3() {
         "the log says connections were forced"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_max_draining_the_oldest_generation_is_forced() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .section("[reload]\ndrain_timeout = \"60s\"\nmax_draining = 1\n")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let first = baton.serving_pid().await;
+    let on_first = tokio::spawn(async move { client::get(web, "/slow/30000").await });
+    support::eventually("first slow request arrived", || async {
+        backend.hits.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    let second = baton.reload_ok().await;
+    let on_second = tokio::spawn(async move { client::get(web, "/slow/1500").await });
+    support::eventually("second slow request arrived", || async {
+        backend.hits.load(Ordering::Relaxed) == 2
+    })
+    .await;
+
+    // Generation 1 drains; a reload now would make two draining, one too many.
+    baton.reload_ok().await;
+    assert_eq!(wait_exit(first).await, Some(3), "the oldest is forced");
+    assert!(on_first.await.expect("join").is_err());
+    let answer = on_second
+        .await
+        .expect("join")
+        .expect("generation 2 keeps draining normally");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/1500"));
+    assert_eq!(wait_exit(second).await, Some(0));
+}
