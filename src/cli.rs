@@ -16,7 +16,7 @@ pub enum Command {
     /// Run the daemon in the foreground (systemd Type=notify).
     Run(RunArgs),
     /// Validate the config and print the effective settings.
-    Check(ConfigArg),
+    Check(CheckArgs),
     /// Ask the running daemon for a new generation; wait for the outcome.
     Reload(ConfigArg),
     /// Demo: backends, a proxy, steady traffic and live reloads, no config needed.
@@ -34,6 +34,25 @@ pub struct ConfigArg {
 pub struct RunArgs {
     #[command(flatten)]
     pub config: ConfigArg,
+    #[command(flatten)]
+    pub budgets: BudgetArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    #[command(flatten)]
+    pub budgets: BudgetArgs,
+    /// The installed unit whose TimeoutStopSec is compared with the drain
+    /// budgets (default: the first baton.service systemd would load).
+    #[arg(long)]
+    pub unit: Option<PathBuf>,
+}
+
+/// Stop budgets that beat the file (flag > environment > file > default).
+#[derive(Debug, Args)]
+pub struct BudgetArgs {
     /// Budget for in-flight work at a stop (overrides shutdown.drain_timeout).
     #[arg(long, env = "BATON_DRAIN_TIMEOUT", allow_hyphen_values = true)]
     pub drain_timeout: Option<String>,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::cli::{Command, ConfigArg, RunArgs};
+use crate::cli::{BudgetArgs, CheckArgs, Command, ConfigArg, RunArgs};
 use crate::config::{self, duration::display, ConfigError, Overrides};
 use crate::daemon::{self, exit, Setup};
 use crate::lifecycle::control::{self, CallError, Request};
@@ -16,7 +16,7 @@ pub const UNREACHABLE: i32 = 69;
 pub fn dispatch(command: Command) -> i32 {
     match command {
         Command::Run(args) => run(args),
-        Command::Check(args) => check(&args),
+        Command::Check(args) => check(args),
         Command::Reload(args) => reload(&args),
         Command::Demo(args) => crate::demo::main(&args),
     }
@@ -61,11 +61,7 @@ async fn run_async(args: RunArgs) -> i32 {
             return exit::FAILURE;
         }
     };
-    let overrides = Overrides {
-        drain_timeout: args.drain_timeout,
-        pre_stop_delay: args.pre_stop_delay,
-    };
-    let config = match config::load(&args.config.config, &overrides) {
+    let config = match config::load(&args.config.config, &overrides(args.budgets)) {
         Ok(c) => c,
         Err(err) => {
             print_config_error(&err);
@@ -100,12 +96,15 @@ async fn run_async(args: RunArgs) -> i32 {
     .await
 }
 
-fn check(args: &ConfigArg) -> i32 {
-    let overrides = Overrides {
-        drain_timeout: std::env::var("BATON_DRAIN_TIMEOUT").ok(),
-        pre_stop_delay: std::env::var("BATON_PRE_STOP_DELAY").ok(),
-    };
-    let c = match config::load(&args.config, &overrides) {
+fn overrides(budgets: BudgetArgs) -> Overrides {
+    Overrides {
+        drain_timeout: budgets.drain_timeout,
+        pre_stop_delay: budgets.pre_stop_delay,
+    }
+}
+
+fn check(args: CheckArgs) -> i32 {
+    let c = match config::load(&args.config.config, &overrides(args.budgets)) {
         Ok(c) => c,
         Err(err) => {
             print_config_error(&err);
@@ -149,7 +148,56 @@ fn check(args: &ConfigArg) -> i32 {
         println!("pool {}: {} backend(s)", p.name, p.backends.len());
     }
     println!("TimeoutStopSec={}", c.timeout_stop().as_secs());
+    warn_about_unit(args.unit.as_deref(), c.timeout_stop());
     exit::OK
+}
+
+/// Unit files systemd would load for `baton.service`, most specific first.
+const UNIT_PATHS: &[&str] = &[
+    "/etc/systemd/system/baton.service",
+    "/usr/lib/systemd/system/baton.service",
+    "/lib/systemd/system/baton.service",
+];
+
+/// Warns when the unit's `TimeoutStopSec` would SIGKILL baton mid-drain.
+fn warn_about_unit(explicit: Option<&std::path::Path>, needed: Duration) {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => match UNIT_PATHS
+            .iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.exists())
+        {
+            Some(p) => p,
+            None => return,
+        },
+    };
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        eprintln!("baton: warning: cannot read unit {}", path.display());
+        return;
+    };
+    let Some(value) = text
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("TimeoutStopSec="))
+    else {
+        return;
+    };
+    let value = value.trim();
+    let configured = match value.parse::<u64>() {
+        Ok(secs) => Some(Duration::from_secs(secs)),
+        Err(_) => humantime::parse_duration(value).ok(),
+    };
+    match configured {
+        Some(d) if d < needed => eprintln!(
+            "baton: warning: TimeoutStopSec={value} in {} is shorter than pre_stop_delay + drain_timeout + 5s = {}s: systemd would kill baton mid-drain",
+            path.display(),
+            needed.as_secs()
+        ),
+        Some(_) => {}
+        None if value == "infinity" => {}
+        None => eprintln!("baton: warning: cannot read TimeoutStopSec={value} in {}", path.display()),
+    }
 }
 
 fn reload(args: &ConfigArg) -> i32 {

@@ -530,7 +530,7 @@ impl Generation {
             tracing::debug!(cause = %err, "control socket not removed");
         }
         let outcome = if forced_early {
-            self.drain.begin();
+            self.drain.begin(Duration::ZERO);
             let open = self.drain.force().await;
             tracing::info!(open, "second stop signal: forced");
             DrainOutcome::Forced { open: open.max(1) }
@@ -552,7 +552,11 @@ impl Generation {
     /// Runs the drain; stop signals shorten or force it.
     async fn drain_for(&mut self, budget: Duration, reason: DrainReason) -> DrainOutcome {
         let started = Instant::now();
-        self.drain.begin();
+        let spread = match reason {
+            DrainReason::Reload => self.config.reload.close_spread,
+            DrainReason::Shutdown => Duration::ZERO,
+        };
+        self.drain.begin(spread);
         let at_start = self.drain.in_flight();
         let mut deadline = started + budget;
         self.publish_deadline(deadline);

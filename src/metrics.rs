@@ -24,6 +24,7 @@ pub const DRAIN_DURATION: &str = "baton_drain_duration_seconds";
 pub const DRAINED_CONNECTIONS: &str = "baton_drained_connections_total";
 pub const DRAIN_FORCED: &str = "baton_drain_forced_connections_total";
 pub const BUILD_INFO: &str = "baton_build_info";
+pub const LONG_LIVED_DRAINED: &str = "baton_long_lived_drained_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -174,6 +175,28 @@ pub fn tcp_bytes(listener: &str, to_backend: u64, to_client: u64) {
         .increment(to_client);
 }
 
+/// Long-lived stream kinds, the `kind` label.
+#[derive(Debug, Clone, Copy)]
+pub enum LongLivedKind {
+    WebSocket,
+    Upgrade,
+    Sse,
+}
+
+impl LongLivedKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LongLivedKind::WebSocket => "websocket",
+            LongLivedKind::Upgrade => "upgrade",
+            LongLivedKind::Sse => "sse",
+        }
+    }
+}
+
+pub fn long_lived_drained(kind: LongLivedKind) {
+    metrics::counter!(LONG_LIVED_DRAINED, "kind" => kind.as_str()).increment(1);
+}
+
 /// Why a drain runs, the `reason` label.
 #[derive(Debug, Clone, Copy)]
 pub enum DrainReason {
@@ -204,6 +227,13 @@ pub fn start(generation: u64) {
     metrics::counter!(RELOADS, "result" => "success").absolute(0);
     metrics::counter!(RELOADS, "result" => "failed").absolute(0);
     metrics::gauge!(BUILD_INFO, "version" => crate::VERSION, "commit" => crate::COMMIT).set(1.0);
+    for kind in [
+        LongLivedKind::WebSocket,
+        LongLivedKind::Upgrade,
+        LongLivedKind::Sse,
+    ] {
+        metrics::counter!(LONG_LIVED_DRAINED, "kind" => kind.as_str()).absolute(0);
+    }
     for reason in [DrainReason::Reload, DrainReason::Shutdown] {
         metrics::counter!(DRAINED_CONNECTIONS, "reason" => reason.as_str()).absolute(0);
         metrics::counter!(DRAIN_FORCED, "reason" => reason.as_str()).absolute(0);

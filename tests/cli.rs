@@ -76,3 +76,91 @@ fn reload_without_a_daemon_exits_69() {
     assert_eq!(code, 69, "{stderr}");
     assert!(stderr.contains("cannot reach the daemon"), "{stderr}");
 }
+
+fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run baton");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn line<'a>(stdout: &'a str, key: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key} in {stdout}"))
+}
+
+#[test]
+fn budgets_follow_flag_over_env_over_file_with_0_default_and_negative_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("b.toml");
+    std::fs::write(
+        &path,
+        "[shutdown]\npre_stop_delay = \"0\"\ndrain_timeout = \"7s\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+    )
+    .expect("write");
+    let p = path.to_str().expect("utf-8 path");
+    let (_, out, _) = run_env(&["check", "-c", p], &[]);
+    assert_eq!(
+        line(&out, "shutdown.pre_stop_delay"),
+        "shutdown.pre_stop_delay 5s",
+        "0 means the default"
+    );
+    assert_eq!(
+        line(&out, "shutdown.drain_timeout"),
+        "shutdown.drain_timeout  7s",
+        "the file"
+    );
+    let (_, out, _) = run_env(
+        &["check", "-c", p],
+        &[
+            ("BATON_DRAIN_TIMEOUT", "9s"),
+            ("BATON_PRE_STOP_DELAY", "-1s"),
+        ],
+    );
+    assert_eq!(
+        line(&out, "shutdown.drain_timeout"),
+        "shutdown.drain_timeout  9s",
+        "env beats file"
+    );
+    assert_eq!(
+        line(&out, "shutdown.pre_stop_delay"),
+        "shutdown.pre_stop_delay none",
+        "negative is none"
+    );
+    assert_eq!(line(&out, "TimeoutStopSec"), "TimeoutStopSec=14");
+    let (_, out, _) = run_env(
+        &["check", "-c", p, "--drain-timeout", "11s"],
+        &[("BATON_DRAIN_TIMEOUT", "9s")],
+    );
+    assert_eq!(
+        line(&out, "shutdown.drain_timeout"),
+        "shutdown.drain_timeout  11s",
+        "flag beats env"
+    );
+}
+
+#[test]
+fn check_warns_when_the_unit_would_cut_a_drain_short() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unit = dir.path().join("baton.service");
+    std::fs::write(&unit, "[Service]\nTimeoutStopSec=8\n").expect("write unit");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/baton.toml");
+    let u = unit.to_str().expect("utf-8 path");
+    let (code, _, stderr) = run(&["check", "-c", example, "--unit", u]);
+    assert_eq!(code, 0);
+    assert!(
+        stderr.contains("TimeoutStopSec=8") && stderr.contains("would kill baton mid-drain"),
+        "{stderr}"
+    );
+    std::fs::write(&unit, "[Service]\nTimeoutStopSec=25s\n").expect("write unit");
+    let (_, _, stderr) = run(&["check", "-c", example, "--unit", u]);
+    assert!(!stderr.contains("warning"), "{stderr}");
+}

@@ -5,6 +5,8 @@
 //! (finish what you have, take no more) and *force* (stop now).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -25,6 +27,7 @@ pub struct Drain {
     graceful: CancellationToken,
     force: CancellationToken,
     tracker: TaskTracker,
+    spread_nanos: Arc<AtomicU64>,
 }
 
 /// What connection tasks hold: they learn when to wind down and are counted.
@@ -33,6 +36,8 @@ pub struct DrainWatch {
     graceful: CancellationToken,
     force: CancellationToken,
     tracker: TaskTracker,
+    /// Window over which long-lived streams are ended (`reload.close_spread`).
+    spread_nanos: Arc<AtomicU64>,
 }
 
 impl Default for Drain {
@@ -47,6 +52,7 @@ impl Drain {
             graceful: CancellationToken::new(),
             force: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            spread_nanos: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -55,12 +61,16 @@ impl Drain {
             graceful: self.graceful.clone(),
             force: self.force.clone(),
             tracker: self.tracker.clone(),
+            spread_nanos: Arc::clone(&self.spread_nanos),
         }
     }
 
     /// Tells every connection to finish what it has; no new task will be
     /// waited for after this (late spawns still run and are counted).
-    pub fn begin(&self) {
+    /// Long-lived streams end spread over `spread` (zero: all at once).
+    pub fn begin(&self, spread: Duration) {
+        let nanos = u64::try_from(spread.as_nanos()).unwrap_or(u64::MAX);
+        self.spread_nanos.store(nanos, Ordering::SeqCst);
         self.graceful.cancel();
         self.tracker.close();
     }
@@ -109,6 +119,27 @@ impl DrainWatch {
     pub async fn draining(&self) {
         self.graceful.cancelled().await;
     }
+
+    /// Resolves when a long-lived stream (WebSocket, SSE, other upgrade)
+    /// should end: at drain start, or at a point spread evenly over the
+    /// close-spread window so their clients do not reconnect in one storm.
+    pub async fn long_lived_ending(&self) {
+        self.graceful.cancelled().await;
+        let spread = self.spread_nanos.load(Ordering::SeqCst);
+        if spread > 0 {
+            tokio::time::sleep(Duration::from_nanos(jitter() % spread)).await;
+        }
+    }
+}
+
+/// A well-spread pseudo-random number (splitmix64 over a counter): enough
+/// to place streams across the spread window, no RNG dependency.
+fn jitter() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0x2545_f491_4f6c_dd1d);
+    let mut x = NEXT.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 #[cfg(test)]
@@ -125,7 +156,7 @@ mod tests {
             stuck.draining().await;
             std::future::pending::<()>().await
         });
-        drain.begin();
+        drain.begin(Duration::ZERO);
         let waited = tokio::time::timeout(Duration::from_secs(5), drain.idle()).await;
         assert!(waited.is_err(), "a stuck task must hold the drain");
         assert_eq!(drain.force().await, 1);

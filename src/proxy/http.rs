@@ -28,6 +28,7 @@ use tokio::time::Instant;
 
 use super::body::{self, Guarded, ProxyBody};
 use super::headers;
+use super::longlived;
 use super::ProxyError;
 use crate::backend::{Lease, Pool};
 use crate::config::{ListenerConfig, RouteConfig};
@@ -274,9 +275,19 @@ impl HttpProxy {
         match upgrade {
             Some(client_side) if switching => {
                 let backend_side = hyper::upgrade::on(&mut response);
-                let watch = drain.clone();
-                let listener = Arc::clone(&self.listener);
-                drain.spawn(tunnel(client_side, backend_side, watch, listener, lease));
+                let websocket = response
+                    .headers()
+                    .get(::http::header::UPGRADE)
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+                let (watch, listener) = (drain.clone(), Arc::clone(&self.listener));
+                drain.spawn(longlived::tunnel(
+                    client_side,
+                    backend_side,
+                    websocket,
+                    watch,
+                    listener,
+                    lease,
+                ));
                 headers::strip_hop_by_hop(response.headers_mut(), true);
                 headers::add_via(response.headers_mut());
                 response.map(|_| body::empty())
@@ -284,7 +295,19 @@ impl HttpProxy {
             _ => {
                 headers::strip_hop_by_hop(response.headers_mut(), false);
                 headers::add_via(response.headers_mut());
-                response.map(|b| Guarded::wrap(b.boxed_unsync(), lease))
+                let event_stream = response
+                    .headers()
+                    .get(CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+                let (drain, listener) = (drain.clone(), Arc::clone(&self.listener));
+                response.map(|b| {
+                    let body = Guarded::wrap(b.boxed_unsync(), lease);
+                    if event_stream {
+                        longlived::SseBody::wrap(body, drain, listener)
+                    } else {
+                        body
+                    }
+                })
             }
         }
     }
@@ -308,35 +331,6 @@ fn outbound_request(
     *outbound.version_mut() = Version::HTTP_11;
     *outbound.headers_mut() = parts.headers.clone();
     Ok(outbound)
-}
-
-/// Copies an upgraded connection both ways until either side ends or the
-/// drain begins (long-lived streams must not hold the drain budget).
-async fn tunnel(
-    client: hyper::upgrade::OnUpgrade,
-    backend: hyper::upgrade::OnUpgrade,
-    drain: DrainWatch,
-    listener: Arc<str>,
-    _lease: Lease,
-) {
-    let (client, backend) = match tokio::try_join!(client, backend) {
-        Ok(pair) => pair,
-        Err(err) => {
-            tracing::debug!(listener = %listener, cause = %err, "upgrade did not complete");
-            return;
-        }
-    };
-    let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
-    tokio::select! {
-        result = tokio::io::copy_bidirectional(&mut client, &mut backend) => {
-            if let Err(err) = result {
-                tracing::debug!(listener = %listener, cause = %err, "upgraded stream ended with an error");
-            }
-        }
-        () = drain.draining() => {
-            tracing::info!(listener = %listener, expected = true, "ending upgraded stream for drain");
-        }
-    }
 }
 
 fn error_response(pool: &str, err: &ProxyError) -> Response<ProxyBody> {

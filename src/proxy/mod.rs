@@ -5,6 +5,7 @@
 pub mod body;
 pub mod headers;
 pub mod http;
+pub mod longlived;
 pub mod tcp;
 
 use ::http::StatusCode;

@@ -1,6 +1,7 @@
 //! Real backends on 127.0.0.1: an HTTP server that says who answered and
 //! which path it saw (`/slow/MS` answers after MS milliseconds, `/ws` echoes
-//! bytes after a 101 upgrade), and a TCP echo server that honours half-close.
+//! bytes after a 101 upgrade to the protocol asked for, `/sse` streams an
+//! event every 100 ms), and a TCP echo server that honours half-close.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -9,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body::Frame;
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -68,12 +70,54 @@ impl HttpBackend {
     }
 }
 
+type TestBody = BoxBody<Bytes, Infallible>;
+
+fn full(text: String) -> TestBody {
+    Full::new(Bytes::from(text)).boxed()
+}
+
+/// An endless event stream: `data: N` every 100 ms.
+struct Ticker {
+    interval: tokio::time::Interval,
+    n: u64,
+}
+
+impl http_body::Body for Ticker {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.interval.poll_tick(cx) {
+            std::task::Poll::Ready(_) => {
+                self.n += 1;
+                let event = format!("data: {}\n\n", self.n);
+                std::task::Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
 async fn answer(
     name: &'static str,
     mut req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<TestBody>, Infallible> {
     let path = req.uri().path().to_string();
+    if path == "/sse" {
+        let ticker = Ticker {
+            interval: tokio::time::interval(Duration::from_millis(100)),
+            n: 0,
+        };
+        let mut resp = Response::new(ticker.boxed());
+        resp.headers_mut()
+            .insert("content-type", "text/event-stream".parse().expect("header"));
+        return Ok(resp);
+    }
     if path == "/ws" {
+        let protocol = req.headers().get("upgrade").cloned();
         let upgrade = hyper::upgrade::on(&mut req);
         tokio::spawn(async move {
             if let Ok(upgraded) = upgrade.await {
@@ -86,12 +130,13 @@ async fn answer(
                 }
             }
         });
-        let mut resp = Response::new(Full::new(Bytes::new()));
+        let mut resp = Response::new(full(String::new()));
         *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         resp.headers_mut()
             .insert("connection", "upgrade".parse().expect("header"));
-        resp.headers_mut()
-            .insert("upgrade", "echo".parse().expect("header"));
+        if let Some(p) = protocol {
+            resp.headers_mut().insert("upgrade", p);
+        }
         return Ok(resp);
     }
     if let Some(ms) = path
@@ -100,7 +145,7 @@ async fn answer(
     {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
-    let mut resp = Response::new(Full::new(Bytes::from(HttpBackend::body_for(name, &path))));
+    let mut resp = Response::new(full(HttpBackend::body_for(name, &path)));
     if let Some(xff) = req.headers().get("x-forwarded-for") {
         resp.headers_mut()
             .insert("x-seen-forwarded-for", xff.clone());

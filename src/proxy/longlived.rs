@@ -1,0 +1,304 @@
+//! Long-lived streams under a drain: upgraded connections (WebSocket and
+//! others) and SSE responses would hold a drain's whole budget, so they are
+//! ended when the drain begins (spread over `reload.close_spread` after a
+//! reload), cleanly: a WebSocket gets a Close frame (1001 Going Away) at a
+//! frame boundary of the server's stream, then a FIN; an SSE body ends at
+//! an event boundary. The ending is logged at INFO with `expected=true` and
+//! counted in `baton_long_lived_drained_total{kind}`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::body::ProxyBody;
+use crate::backend::Lease;
+use crate::lifecycle::drain::DrainWatch;
+use crate::metrics::{self, LongLivedKind};
+
+/// How long we wait for a frame boundary, or for the client to close after
+/// our Close frame, before cutting anyway.
+const LINGER: Duration = Duration::from_secs(1);
+/// A WebSocket Close frame from a server (unmasked), status 1001 Going Away.
+const CLOSE_GOING_AWAY: [u8; 4] = [0x88, 0x02, 0x03, 0xe9];
+
+/// Where a server-to-client WebSocket stream is: in a frame header (with
+/// `have` bytes of it seen) or in a payload (`remaining` bytes to go).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FrameTracker {
+    header: [u8; 14],
+    have: usize,
+    remaining: u64,
+}
+
+impl FrameTracker {
+    /// True between frames: a Close frame written now is well-formed.
+    pub fn at_boundary(&self) -> bool {
+        self.have == 0 && self.remaining == 0
+    }
+
+    pub fn feed(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            if self.remaining > 0 {
+                let take = self.remaining.min(data.len() as u64);
+                self.remaining -= take;
+                data = &data[take as usize..];
+                continue;
+            }
+            self.header[self.have] = data[0];
+            self.have += 1;
+            data = &data[1..];
+            if let Some(len) = self.header_complete() {
+                self.have = 0;
+                self.remaining = len;
+            }
+        }
+    }
+
+    /// The payload length once the header is complete.
+    fn header_complete(&self) -> Option<u64> {
+        if self.have < 2 {
+            return None;
+        }
+        let masked = self.header[1] & 0x80 != 0;
+        let len7 = self.header[1] & 0x7f;
+        let ext = match len7 {
+            126 => 2,
+            127 => 8,
+            _ => 0,
+        };
+        let need = 2 + ext + if masked { 4 } else { 0 };
+        if self.have < need {
+            return None;
+        }
+        Some(match len7 {
+            126 => u64::from(u16::from_be_bytes([self.header[2], self.header[3]])),
+            127 => u64::from_be_bytes(self.header[2..10].try_into().unwrap_or([0; 8])),
+            n => u64::from(n),
+        })
+    }
+}
+
+/// How the backend-to-client half ended.
+enum DownEnd {
+    BackendClosed,
+    Drain,
+    Error,
+}
+
+/// Joins a client's and a backend's upgraded connections until either side
+/// ends or the drain ends the stream.
+pub async fn tunnel(
+    client: hyper::upgrade::OnUpgrade,
+    backend: hyper::upgrade::OnUpgrade,
+    websocket: bool,
+    drain: DrainWatch,
+    listener: std::sync::Arc<str>,
+    _lease: Lease,
+) {
+    let (client, backend) = match tokio::try_join!(client, backend) {
+        Ok(pair) => pair,
+        Err(err) => {
+            tracing::debug!(listener = %listener, cause = %err, "upgrade did not complete");
+            return;
+        }
+    };
+    let (mut client_read, mut client_write) = tokio::io::split(TokioIo::new(client));
+    let (mut backend_read, mut backend_write) = tokio::io::split(TokioIo::new(backend));
+    let kind = if websocket {
+        LongLivedKind::WebSocket
+    } else {
+        LongLivedKind::Upgrade
+    };
+    let ending = drain.long_lived_ending();
+    tokio::pin!(ending);
+    let up = async {
+        let _ = tokio::io::copy(&mut client_read, &mut backend_write).await;
+        let _ = backend_write.shutdown().await;
+    };
+    let down = pump_down(
+        &mut backend_read,
+        &mut client_write,
+        websocket,
+        ending.as_mut(),
+    );
+    let end = tokio::select! {
+        end = down => end,
+        () = up => {
+            // The client closed its side: let the backend finish its answer.
+            pump_down(&mut backend_read, &mut client_write, websocket, ending.as_mut()).await
+        }
+    };
+    if let DownEnd::Drain = end {
+        if websocket {
+            let _ = client_write.write_all(&CLOSE_GOING_AWAY).await;
+        }
+        let _ = client_write.shutdown().await;
+        // Read what the client still sends (its Close reply) so closing
+        // the socket does not turn into a reset.
+        let mut sink = [0u8; 4096];
+        let _ = tokio::time::timeout(LINGER, async {
+            while matches!(client_read.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+        metrics::long_lived_drained(kind);
+        tracing::info!(listener = %listener, kind = kind.as_str(), expected = true, "ended long-lived stream for drain");
+    } else {
+        let _ = client_write.shutdown().await;
+    }
+}
+
+/// Copies backend → client; once `ending` fires, stops at the next frame
+/// boundary (WebSocket) or at once (other upgrades).
+async fn pump_down<R, W, E>(
+    backend: &mut R,
+    client: &mut W,
+    websocket: bool,
+    mut ending: Pin<&mut E>,
+) -> DownEnd
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    E: Future<Output = ()>,
+{
+    let mut tracker = FrameTracker::default();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let cut = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            read = backend.read(&mut buf) => match read {
+                Ok(0) => return DownEnd::BackendClosed,
+                Ok(n) => {
+                    if client.write_all(&buf[..n]).await.is_err() {
+                        return DownEnd::Error;
+                    }
+                    tracker.feed(&buf[..n]);
+                    if deadline.is_some() && tracker.at_boundary() {
+                        return DownEnd::Drain;
+                    }
+                }
+                Err(_) => return DownEnd::Error,
+            },
+            () = ending.as_mut(), if deadline.is_none() => {
+                if !websocket || tracker.at_boundary() {
+                    return DownEnd::Drain;
+                }
+                deadline = Some(tokio::time::Instant::now() + LINGER);
+            }
+            () = cut => return DownEnd::Drain,
+        }
+    }
+}
+
+/// An SSE response body that ends at the first event boundary after the
+/// drain asks long-lived streams to end.
+pub struct SseBody {
+    inner: ProxyBody,
+    ending: Pin<Box<dyn Future<Output = ()> + Send>>,
+    ending_fired: bool,
+    at_boundary: bool,
+    tail: [u8; 2],
+    listener: std::sync::Arc<str>,
+}
+
+impl SseBody {
+    pub fn wrap(inner: ProxyBody, drain: DrainWatch, listener: std::sync::Arc<str>) -> ProxyBody {
+        use http_body_util::BodyExt;
+        SseBody {
+            inner,
+            ending: Box::pin(async move { drain.long_lived_ending().await }),
+            ending_fired: false,
+            at_boundary: true,
+            tail: [0; 2],
+            listener,
+        }
+        .boxed_unsync()
+    }
+
+    fn observe(&mut self, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        let mut joined = self.tail.to_vec();
+        joined.extend_from_slice(&data[data.len().saturating_sub(2)..]);
+        let n = joined.len();
+        self.tail = [joined[n - 2], joined[n - 1]];
+        self.at_boundary = self.tail == *b"\n\n";
+    }
+
+    fn finish(&mut self) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        metrics::long_lived_drained(LongLivedKind::Sse);
+        tracing::info!(listener = %self.listener, kind = "sse", expected = true, "ended event stream for drain");
+        Poll::Ready(None)
+    }
+}
+
+impl Body for SseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if !self.ending_fired && self.ending.as_mut().poll(cx).is_ready() {
+            self.ending_fired = true;
+        }
+        if self.ending_fired && self.at_boundary {
+            return self.finish();
+        }
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                let data = data.clone();
+                self.observe(&data);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FrameTracker;
+
+    #[test]
+    fn frame_boundaries_are_tracked_across_splits() {
+        let mut t = FrameTracker::default();
+        assert!(t.at_boundary());
+        // A 5-byte text frame, fed in pieces.
+        t.feed(&[0x81]);
+        assert!(!t.at_boundary());
+        t.feed(&[0x05, b'h', b'e']);
+        assert!(!t.at_boundary());
+        t.feed(b"llo");
+        assert!(t.at_boundary());
+        // A 300-byte frame with a 16-bit length, then a masked empty frame.
+        let mut frame = vec![0x82, 126, 0x01, 0x2c];
+        frame.extend(std::iter::repeat_n(0u8, 300));
+        frame.extend([0x89, 0x80, 1, 2, 3, 4]);
+        t.feed(&frame[..100]);
+        assert!(!t.at_boundary());
+        t.feed(&frame[100..]);
+        assert!(t.at_boundary());
+    }
+}

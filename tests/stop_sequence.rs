@@ -1,0 +1,386 @@
+//! The ordered stop on SIGTERM: readiness flips while traffic is still
+//! served through the pre-stop pause, queued connections are served before
+//! the doors close, keep-alive and h2 connections finish cleanly, long-lived
+//! streams end at once and cleanly, and the exit code tells the truth.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use support::backend::HttpBackend;
+use support::client;
+use support::daemon::{signal, wait_exit, Baton, Spec};
+
+fn spec(shutdown: &str, backend: &HttpBackend, listener_extra: &str) -> Spec {
+    Spec::default()
+        .section(&format!("[shutdown]\n{shutdown}\n"))
+        .listener("web", "http", "app", listener_extra)
+        .pool("app", &[backend.addr])
+}
+
+fn assert_no_error_lines(baton: &Baton) {
+    let log = baton.log();
+    assert!(
+        !log.contains("ERROR"),
+        "a clean drain logs no ERROR:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_flips_first_and_traffic_is_served_through_the_pre_stop_pause() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"2s\"\ndrain_timeout = \"10s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let (web, admin) = (baton.addr("web"), baton.admin);
+    signal(baton.first_pid, Signal::SIGTERM);
+    support::eventually("/readyz says draining", || async {
+        client::get(admin, "/readyz")
+            .await
+            .is_ok_and(|a| a.status == 503 && a.body.contains("\"draining\""))
+    })
+    .await;
+    // Still within the pause: new connections are accepted and served, and
+    // liveness holds.
+    let served = client::get(web, "/during-pre-stop")
+        .await
+        .expect("served during the pause");
+    assert_eq!(served.status, 200);
+    assert_eq!(
+        client::get(admin, "/healthz")
+            .await
+            .expect("healthz")
+            .status,
+        200
+    );
+    support::eventually("doors closed after the pause", || async {
+        TcpStream::connect(web).await.is_err()
+    })
+    .await;
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+    assert_no_error_lines(&baton);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_connections_are_served_before_the_listener_closes() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"10s\"",
+        &backend,
+        "max_connections = 1",
+    ))
+    .await;
+    let web = baton.addr("web");
+    // One open connection takes the only slot, so the next ones wait in the
+    // kernel's accept queue with their requests already sent.
+    let mut holder = client::connect(web).await.expect("holder");
+    assert_eq!(
+        client::send(&mut holder, web, "/hold")
+            .await
+            .expect("holder request")
+            .status,
+        200
+    );
+    let mut queued = Vec::new();
+    for i in 0..10 {
+        let mut s = TcpStream::connect(web).await.expect("queued connect");
+        s.write_all(
+            format!("GET /queued/{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("write");
+        queued.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        backend.hits.load(Ordering::Relaxed),
+        1,
+        "the queued requests wait in the backlog"
+    );
+
+    signal(baton.first_pid, Signal::SIGTERM);
+    for (i, mut s) in queued.into_iter().enumerate() {
+        let mut reply = String::new();
+        tokio::time::timeout(support::TIMEOUT, s.read_to_string(&mut reply))
+            .await
+            .expect("in time")
+            .expect("no reset");
+        assert!(reply.starts_with("HTTP/1.1 200"), "queued {i}: {reply:?}");
+        assert!(
+            reply.ends_with(&HttpBackend::body_for("a", &format!("/queued/{i}"))),
+            "{reply:?}"
+        );
+    }
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+    assert_no_error_lines(&baton);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_connections_finish_cleanly() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"1s\"\ndrain_timeout = \"10s\"",
+        &backend,
+        "keepalive_drain_grace = \"3s\"",
+    ))
+    .await;
+    let web = baton.addr("web");
+    let mut busy = client::connect(web).await.expect("busy client");
+    let mut idle = client::connect(web).await.expect("idle client");
+    assert_eq!(
+        client::send(&mut idle, web, "/idle/1")
+            .await
+            .expect("idle first")
+            .status,
+        200
+    );
+    signal(baton.first_pid, Signal::SIGTERM);
+    // Back-to-back on one connection: every request answered, until one
+    // answer says `Connection: close` once the drain begins.
+    let mut n = 0;
+    loop {
+        n += 1;
+        let a = client::send(&mut busy, web, &format!("/busy/{n}"))
+            .await
+            .expect("no request fails through the drain");
+        assert_eq!(a.status, 200);
+        if a.headers.get("connection").is_some_and(|v| v == "close") {
+            break;
+        }
+        assert!(n < 100_000, "never told to close");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The idle connection is within its grace: a request on it is answered.
+    let late = client::send(&mut idle, web, "/idle/2")
+        .await
+        .expect("idle connection still answers within the grace");
+    assert_eq!(
+        late.headers.get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+    assert_no_error_lines(&baton);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed_after_the_grace() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"30s\"",
+        &backend,
+        "keepalive_drain_grace = \"500ms\"",
+    ))
+    .await;
+    let web = baton.addr("web");
+    let mut idle = client::connect(web).await.expect("connect");
+    assert_eq!(
+        client::send(&mut idle, web, "/one")
+            .await
+            .expect("request")
+            .status,
+        200
+    );
+    signal(baton.first_pid, Signal::SIGTERM);
+    support::eventually("idle connection closed", || async { idle.is_closed() }).await;
+    assert_eq!(
+        wait_exit(baton.first_pid).await,
+        Some(0),
+        "exits long before its 30s budget"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_stream_completes_after_goaway() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"10s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let web = baton.addr("web");
+    let stream = TcpStream::connect(web).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2");
+    let conn = tokio::spawn(conn);
+    let req = hyper::Request::get(format!("http://{web}/slow/1500"))
+        .body(Empty::<Bytes>::new())
+        .expect("req");
+    let slow = tokio::spawn(sender.send_request(req));
+    support::eventually("stream reached the backend", || async {
+        backend.hits.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    signal(baton.first_pid, Signal::SIGTERM);
+    let resp = slow
+        .await
+        .expect("join")
+        .expect("the open stream completes");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(body, HttpBackend::body_for("a", "/slow/1500").as_bytes());
+    // GOAWAY: the connection ends once its streams are done.
+    let ended = tokio::time::timeout(support::TIMEOUT, conn)
+        .await
+        .expect("connection ends");
+    assert!(ended.expect("join").is_ok(), "a clean h2 shutdown");
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}
+
+/// A masked client text frame.
+fn ws_frame(payload: &[u8]) -> Vec<u8> {
+    let mask = [1u8, 2, 3, 4];
+    let mut f = vec![0x81, 0x80 | payload.len() as u8];
+    f.extend_from_slice(&mask);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    f
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_is_closed_with_1001_at_drain_start() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).await.expect("read head");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"));
+    let frame = ws_frame(b"hello");
+    s.write_all(&frame).await.expect("frame");
+    let mut echoed = vec![0u8; frame.len()];
+    s.read_exact(&mut echoed).await.expect("echo");
+    assert_eq!(echoed, frame);
+
+    signal(baton.first_pid, Signal::SIGTERM);
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut rest))
+        .await
+        .expect("closed in time");
+    assert!(read.is_ok(), "a clean close, not a reset: {read:?}");
+    assert_eq!(
+        rest,
+        [0x88, 0x02, 0x03, 0xe9],
+        "a Close frame, 1001 Going Away"
+    );
+    assert_eq!(
+        wait_exit(baton.first_pid).await,
+        Some(0),
+        "exits well before its 60s budget"
+    );
+    assert!(baton.log().contains("ended long-lived stream for drain"));
+    assert_no_error_lines(&baton);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_ends_at_an_event_boundary() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET /sse HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).contains("data: 3") {
+        let n = s.read(&mut buf).await.expect("read events");
+        assert!(n > 0, "stream ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    signal(baton.first_pid, Signal::SIGTERM);
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut rest))
+        .await
+        .expect("ends in time");
+    assert!(read.is_ok(), "a clean end: {read:?}");
+    seen.extend_from_slice(&rest);
+    let text = String::from_utf8_lossy(&seen);
+    // Chunked encoding: the last data chunk is a whole event, then the
+    // terminating zero-length chunk.
+    assert!(text.ends_with("\n\n\r\n0\r\n\r\n"), "{text:?}");
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_outliving_the_drain_is_forced_with_exit_3() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"1s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let web = baton.addr("web");
+    let slow = tokio::spawn(async move { client::get(web, "/slow/10000").await });
+    support::eventually("slow request arrived", || async {
+        backend.hits.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    signal(baton.first_pid, Signal::SIGTERM);
+    assert_eq!(wait_exit(baton.first_pid).await, Some(3));
+    assert!(slow.await.expect("join").is_err());
+    assert!(baton.log().contains("force-closed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_forces_at_once() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let web = baton.addr("web");
+    let slow = tokio::spawn(async move { client::get(web, "/slow/30000").await });
+    support::eventually("slow request arrived", || async {
+        backend.hits.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    signal(baton.first_pid, Signal::SIGTERM);
+    support::eventually("drain started", || async {
+        baton.log().contains("drain started")
+    })
+    .await;
+    signal(baton.first_pid, Signal::SIGTERM);
+    assert_eq!(
+        wait_exit(baton.first_pid).await,
+        Some(3),
+        "forced, long before the 60s budget"
+    );
+    assert!(slow.await.expect("join").is_err());
+}
