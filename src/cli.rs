@@ -19,8 +19,38 @@ pub enum Command {
     Check(CheckArgs),
     /// Ask the running daemon for a new generation; wait for the outcome.
     Reload(ConfigArg),
+    /// Show generations, listeners, pools and backends (from the admin API).
+    Status(StatusArgs),
+    /// Drain or restore one backend (by global index or name).
+    Backend(BackendArgs),
     /// Demo: backends, a proxy, steady traffic and live reloads, no config needed.
     Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Print the raw JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// What to do with the backend.
+    #[arg(value_enum)]
+    pub action: BackendAction,
+    /// The backend's global index (config order, from 0) or its name.
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum BackendAction {
+    Drain,
+    Restore,
 }
 
 #[derive(Debug, Args)]

@@ -18,6 +18,8 @@ pub fn dispatch(command: Command) -> i32 {
         Command::Run(args) => run(args),
         Command::Check(args) => check(args),
         Command::Reload(args) => reload(&args),
+        Command::Status(args) => crate::status::status(&args),
+        Command::Backend(args) => crate::status::backend(&args),
         Command::Demo(args) => crate::demo::main(&args),
     }
 }

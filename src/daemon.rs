@@ -14,13 +14,14 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, AdminState, GenerationInfo, ListenerView, Topology};
-use crate::backend::Pool;
+use crate::admin::{self, AdminShared, GenerationInfo, ListenerView, Topology};
+use crate::backend::{probe, AdminState, Pool};
 use crate::config::{Config, Protocol};
 use crate::connection::{Connections, ListenerStats, Proxy};
 use crate::lifecycle::control::{self, Reply, Request};
 use crate::lifecycle::drain::{Drain, DrainOutcome};
 use crate::lifecycle::generation::{self, Exec, HandoverError, Offer, Parent, Successor};
+use crate::lifecycle::handoff::BackendCarry;
 use crate::lifecycle::inventory::{Holdings, Inventory};
 use crate::lifecycle::signals::{Command, Signals};
 use crate::lifecycle::{systemd, Check, Phase};
@@ -82,7 +83,12 @@ pub async fn run(setup: Setup) -> i32 {
         None => (None, Inventory::default()),
     };
     let number = parent.as_ref().map_or(1, |p| p.generation);
+    let carried = parent
+        .as_ref()
+        .map(|p| p.backends.clone())
+        .unwrap_or_default();
     let built = start(
+        carried,
         setup.config,
         setup.exec,
         inventory,
@@ -96,6 +102,7 @@ pub async fn run(setup: Setup) -> i32 {
         Err(e) => return fail(parent.as_ref(), e).await,
     };
     let adopted = gen.adopted.clone();
+    let takeover = parent.is_some();
     if let Some(parent) = parent {
         gen.draining_pids = parent.draining.clone();
         if let Err(e) = parent.ready(adopted).await {
@@ -109,7 +116,7 @@ pub async fn run(setup: Setup) -> i32 {
     } else {
         gen.open_doors();
     }
-    gen.became_active();
+    gen.became_active(takeover);
     match gen.serve().await {
         Ending::HandedOver(successor) => gen.retire(successor).await,
         Ending::Stop => gen.stop().await,
@@ -131,11 +138,14 @@ async fn fail(parent: Option<&Parent>, err: StartError) -> i32 {
 /// A built generation: everything it owns until it exits.
 struct Generation {
     config: Config,
+    pools: Vec<Arc<Pool>>,
+    /// Stops the periodic health checks (at handoff, or at teardown).
+    health_stop: CancellationToken,
     exec: Exec,
     number: u64,
     signals: Signals,
     phase: watch::Sender<Phase>,
-    admin: Arc<AdminState>,
+    admin: Arc<AdminShared>,
     /// Stops the admin accept loop: at handoff, or last of all at a stop.
     admin_stop: CancellationToken,
     /// Stops data-plane and control accept loops.
@@ -157,7 +167,9 @@ enum Ending {
     Stop,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn start(
+    carried: Vec<BackendCarry>,
     config: Config,
     exec: Exec,
     mut inventory: Inventory,
@@ -203,7 +215,7 @@ async fn start(
             addr: admin_addr.to_string(),
             source,
         })?;
-    let admin = Arc::new(AdminState {
+    let admin = Arc::new(AdminShared {
         config: config.admin.clone(),
         generation: GenerationInfo {
             number,
@@ -231,6 +243,7 @@ async fn start(
     let control = take_control(&config, &mut inventory, &mut holdings)?;
 
     let pools = Pool::all(&config.pools);
+    carry_over(&pools, &carried);
     let drain = Drain::new();
     let mut pending = Vec::new();
     let mut views = Vec::new();
@@ -312,8 +325,11 @@ async fn start(
     });
     admin.set_topology(Topology {
         listeners: views,
-        pools,
+        pools: pools.clone(),
     });
+    // The first health round: a takeover needs only this (verdicts carried
+    // over), not healthy backends, so a reload during an outage works.
+    probe::first_round(&pools).await;
     let adopted = inventory.taken();
     if !inventory.is_empty() {
         tracing::info!(
@@ -324,6 +340,8 @@ async fn start(
     drop(inventory);
     let (control_tx, control_rx) = mpsc::channel(16);
     Ok(Generation {
+        pools,
+        health_stop: CancellationToken::new(),
         draining_pids: Vec::new(),
         config,
         exec,
@@ -342,6 +360,41 @@ async fn start(
         drain,
         adopted,
     })
+}
+
+/// Applies backend states an older generation carried over, matched by
+/// pool, name and address (a backend whose address changed starts afresh).
+fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
+    for c in carried {
+        let found = pools
+            .iter()
+            .filter(|p| p.name == c.pool)
+            .flat_map(|p| p.backends.iter())
+            .find(|b| b.name == c.name && b.address.to_string() == c.address);
+        if let (Some(backend), Some(admin)) = (found, AdminState::parse(&c.admin)) {
+            backend.adopt(admin, c.healthy);
+        }
+    }
+}
+
+/// What this generation carries to the next about its backends.
+fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
+    pools
+        .iter()
+        .flat_map(|p| p.backends.iter())
+        .map(|b| BackendCarry {
+            pool: b.pool.clone(),
+            name: b.name.clone(),
+            address: b.address.to_string(),
+            admin: b.admin().as_str().to_string(),
+            healthy: b.has_verdict().then(|| b.is_healthy()),
+        })
+        .collect()
+}
+
+/// Every pool has a backend that can take work.
+fn pools_ready(pools: &[Arc<Pool>]) -> bool {
+    pools.iter().all(|p| p.healthy_count() > 0)
 }
 
 fn take_control(
@@ -371,6 +424,7 @@ fn take_control(
 impl Generation {
     /// Starts every accept loop: from here on this generation takes work.
     fn open_doors(&mut self) {
+        probe::spawn_all(&self.pools, &self.health_stop);
         for (listener, connections, handed_over) in self.pending.drain(..) {
             let stop = self.accept_stop.clone();
             let closing = move || {
@@ -392,15 +446,32 @@ impl Generation {
         }
     }
 
-    fn became_active(&mut self) {
+    /// Active from now on. A takeover tells systemd at once (the service
+    /// was ready already); a first start only once every pool has a healthy
+    /// backend, which is when `/readyz` turns 200.
+    fn became_active(&mut self, takeover: bool) {
         let _ = self.phase.send(Phase::Active);
         let status = self.status_line();
-        systemd::ready(&status);
         tracing::info!(
             generation = self.number,
             pid = std::process::id(),
             "serving"
         );
+        if takeover || pools_ready(&self.pools) {
+            systemd::ready(&status);
+            return;
+        }
+        let (pools, stop) = (self.pools.clone(), self.health_stop.clone());
+        tokio::spawn(async move {
+            tracing::info!("waiting for every pool to have a healthy backend before READY=1");
+            while !pools_ready(&pools) {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+            systemd::ready(&status);
+        });
     }
 
     fn status_line(&self) -> String {
@@ -482,6 +553,7 @@ impl Generation {
         let mut draining = self.draining_pids.clone();
         draining.push(std::process::id());
         let sockets = self.holdings.offer();
+        let backends = carry_out(&self.pools);
         let exec = self.exec.clone();
         let ready_timeout = self.config.reload.ready_timeout;
         let generation = self.number + 1;
@@ -494,6 +566,7 @@ impl Generation {
                     generation,
                     sockets,
                     draining,
+                    backends,
                 },
                 ready_timeout,
             )
@@ -508,6 +581,7 @@ impl Generation {
         let _ = self.phase.send(Phase::Draining);
         self.holdings.handed_over(&successor.adopted);
         self.close_doors().await;
+        self.health_stop.cancel();
         self.admin_stop.cancel();
         let budget = self.config.reload.drain_timeout;
         let outcome = self.drain_for(budget, DrainReason::Reload).await;
@@ -538,6 +612,7 @@ impl Generation {
             self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
                 .await
         };
+        self.health_stop.cancel();
         self.admin_stop.cancel();
         self.exit_code(outcome)
     }

@@ -14,7 +14,7 @@
 //! - [`admin`]: probes, `/status`, `/metrics` over their own listener.
 //! - [`config`]: the TOML file, validated into typed settings.
 //! - [`metrics`], [`telemetry`]: Prometheus names and handles; logging.
-//! - [`cli`], [`commands`], [`demo`]: the command line and what each command does.
+//! - [`cli`], [`commands`], [`status`], [`demo`]: the command line and what each command does.
 #![deny(unsafe_code)]
 
 pub mod admin;
@@ -29,6 +29,7 @@ pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
 pub mod proxy;
+pub mod status;
 pub mod telemetry;
 
 pub use config::Config;

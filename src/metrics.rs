@@ -14,6 +14,9 @@ pub const REQUESTS: &str = "baton_requests_total";
 pub const REQUEST_DURATION: &str = "baton_request_duration_seconds";
 pub const UPSTREAM_ERRORS: &str = "baton_upstream_errors_total";
 pub const BACKEND_IN_FLIGHT: &str = "baton_backend_in_flight";
+pub const BACKEND_STATE: &str = "baton_backend_state";
+pub const HEALTH_CHECKS: &str = "baton_health_checks_total";
+pub const NO_BACKEND: &str = "baton_no_backend_total";
 pub const TCP_BYTES: &str = "baton_tcp_bytes_total";
 pub const GENERATION: &str = "baton_generation";
 pub const RELOADS: &str = "baton_reloads_total";
@@ -146,8 +149,57 @@ pub fn requests(listener: &str, pool: &str) -> RequestMetrics {
     }
 }
 
-pub fn backend_in_flight(pool: &str, backend: &str) -> Gauge {
-    metrics::gauge!(BACKEND_IN_FLIGHT, "pool" => pool.to_string(), "backend" => backend.to_string())
+/// Per-backend handles: in-flight gauge, state gauges, check counters.
+pub struct BackendMetrics {
+    pub in_flight: Gauge,
+    states: Vec<(crate::backend::BackendState, Gauge)>,
+    checks_ok: Counter,
+    checks_failed: Counter,
+}
+
+impl BackendMetrics {
+    pub fn state(&self, current: crate::backend::BackendState) {
+        for (state, gauge) in &self.states {
+            gauge.set(if *state == current { 1.0 } else { 0.0 });
+        }
+    }
+
+    pub fn check(&self, ok: bool) {
+        if ok {
+            self.checks_ok.increment(1);
+        } else {
+            self.checks_failed.increment(1);
+        }
+    }
+}
+
+pub fn backend(pool: &str, backend: &str) -> BackendMetrics {
+    let labels = |extra: (&'static str, &'static str)| {
+        vec![
+            metrics::Label::new("pool", pool.to_string()),
+            metrics::Label::new("backend", backend.to_string()),
+            metrics::Label::new(extra.0, extra.1),
+        ]
+    };
+    BackendMetrics {
+        in_flight: metrics::gauge!(BACKEND_IN_FLIGHT, "pool" => pool.to_string(), "backend" => backend.to_string()),
+        states: crate::backend::BackendState::ALL
+            .iter()
+            .map(|s| {
+                (
+                    *s,
+                    metrics::gauge!(BACKEND_STATE, labels(("state", s.as_str()))),
+                )
+            })
+            .collect(),
+        checks_ok: metrics::counter!(HEALTH_CHECKS, labels(("result", "ok"))),
+        checks_failed: metrics::counter!(HEALTH_CHECKS, labels(("result", "failed"))),
+    }
+}
+
+pub fn no_backend(listener: &str, pool: &str) {
+    metrics::counter!(NO_BACKEND, "listener" => listener.to_string(), "pool" => pool.to_string())
+        .increment(1);
 }
 
 /// Kinds of upstream failure, the `kind` label.

@@ -1,8 +1,9 @@
 //! The admin surface: probes, status and metrics over hyper, on its own
 //! listener (handed over like any other, so no probe is refused during a
-//! reload). It reads shared state through [`AdminState`]'s narrow handles
+//! reload). It reads shared state through [`AdminShared`]'s narrow handles
 //! and never reaches into connections.
 
+pub mod client;
 mod routes;
 
 use std::net::SocketAddr;
@@ -45,7 +46,7 @@ pub struct Topology {
 }
 
 /// Everything the admin server may read.
-pub struct AdminState {
+pub struct AdminShared {
     pub config: AdminConfig,
     pub generation: GenerationInfo,
     pub phase: watch::Receiver<Phase>,
@@ -55,7 +56,7 @@ pub struct AdminState {
     pub drain_deadline: RwLock<Option<SystemTime>>,
 }
 
-impl AdminState {
+impl AdminShared {
     pub fn set_topology(&self, topology: Topology) {
         if let Ok(mut t) = self.topology.write() {
             *t = Arc::new(topology);
@@ -71,7 +72,7 @@ impl AdminState {
 }
 
 /// Serves admin requests until `stop`, then lets open ones finish briefly.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: CancellationToken) {
+pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: CancellationToken) {
     loop {
         let (stream, _) = tokio::select! {
             () = stop.cancelled() => return,

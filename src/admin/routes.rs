@@ -1,19 +1,22 @@
 //! One `match` over the admin paths, each answered by a small function.
+//! Every answer is JSON except `/metrics` (Prometheus text).
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{json, Value};
 
-use super::AdminState;
-use crate::lifecycle::Phase;
+use super::{AdminShared, Topology};
+use crate::backend::{Backend, Pool};
+use crate::lifecycle::{Check, Phase};
 
 type Reply = Response<Full<Bytes>>;
 
-pub fn respond<B>(state: &AdminState, req: Request<B>) -> Reply {
+pub fn respond<B>(state: &AdminShared, req: Request<B>) -> Reply {
     let path = req.uri().path();
     let is_get = req.method() == Method::GET || req.method() == Method::HEAD;
     if state.config.liveness_paths.iter().any(|p| p == path) {
@@ -30,21 +33,44 @@ pub fn respond<B>(state: &AdminState, req: Request<B>) -> Reply {
             not_allowed()
         };
     }
+    if let Some(rest) = path.strip_prefix("/backends/") {
+        return backend_action(state, &req, rest);
+    }
     match path {
         "/status" if is_get => status(state),
         "/metrics" if is_get => metrics(state),
         "/status" | "/metrics" => not_allowed(),
-        _ => json_reply(
-            StatusCode::NOT_FOUND,
-            json!({"error": format!("no admin endpoint {path}")}),
-        ),
+        _ => error(StatusCode::NOT_FOUND, format!("no admin endpoint {path}")),
     }
 }
 
-fn readiness(state: &AdminState) -> Reply {
+/// One check per pool: does it have a backend that can take work?
+fn pool_checks(topology: &Topology) -> Vec<Check> {
+    topology
+        .pools
+        .iter()
+        .map(|p| {
+            let up = p.healthy_count();
+            Check {
+                name: format!("pool {}", p.name),
+                ok: up > 0,
+                detail: (up == 0).then(|| format!("{up}/{} backends healthy", p.backends.len())),
+            }
+        })
+        .collect()
+}
+
+fn readiness(state: &AdminShared) -> Reply {
     let phase = state.phase.borrow().clone();
+    let pools = pool_checks(&state.topology());
     match phase {
-        Phase::Active => json_reply(StatusCode::OK, json!({"status": "ready"})),
+        Phase::Active if pools.iter().all(|c| c.ok) => {
+            json_reply(StatusCode::OK, json!({"status": "ready"}))
+        }
+        Phase::Active => json_reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "unhealthy", "waiting_on": pools}),
+        ),
         // An old generation handed over: the host is still ready (the new
         // generation serves), and a probe answered here says so.
         Phase::Draining => json_reply(
@@ -55,10 +81,13 @@ fn readiness(state: &AdminState) -> Reply {
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "draining"}),
         ),
-        Phase::Starting { waiting_on } => json_reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({"status": "starting", "waiting_on": waiting_on}),
-        ),
+        Phase::Starting { mut waiting_on } => {
+            waiting_on.extend(pools);
+            json_reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "starting", "waiting_on": waiting_on}),
+            )
+        }
     }
 }
 
@@ -68,36 +97,53 @@ fn unix(t: SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn status(state: &AdminState) -> Reply {
+fn backend_json(b: &Backend) -> Value {
+    let last = b
+        .last_check()
+        .map(|c| json!({"at": unix(c.at), "ok": c.ok, "detail": c.detail}));
+    json!({
+        "index": b.index,
+        "name": b.name,
+        "pool": b.pool,
+        "address": b.address.to_string(),
+        "weight": b.weight,
+        "state": b.state().as_str(),
+        "in_flight": b.in_flight(),
+        "last_check": last,
+        "consecutive_failures": b.consecutive_failures(),
+    })
+}
+
+fn pool_json(p: &Pool) -> Value {
+    let backends: Vec<Value> = p.backends.iter().map(|b| backend_json(b)).collect();
+    json!({"name": p.name, "healthy": p.healthy_count(), "backends": backends})
+}
+
+fn status(state: &AdminShared) -> Reply {
     let topology = state.topology();
     let g = &state.generation;
     let in_flight: usize = topology.listeners.iter().map(|l| l.stats.active()).sum();
-    let deadline = state.drain_deadline.read().ok().and_then(|d| *d).map(unix);
+    let deadline = state.drain_deadline.read().ok().and_then(|d| *d);
+    let left = deadline.map(|d| {
+        d.duration_since(SystemTime::now())
+            .map(|l| l.as_secs_f64())
+            .unwrap_or(0.0)
+    });
     let generation = json!({
         "number": g.number,
         "pid": g.pid,
         "state": state.phase.borrow().as_str(),
         "started_at": unix(g.started_at),
         "in_flight": in_flight,
-        "drain_deadline": deadline,
+        "drain_deadline": deadline.map(unix),
+        "drain_seconds_left": left,
     });
     let listeners: Vec<Value> = topology
         .listeners
         .iter()
         .map(|l| json!({"name": l.name, "bind": l.bind.to_string(), "protocol": l.protocol.as_str(), "active": l.stats.active()}))
         .collect();
-    let pools: Vec<Value> = topology
-        .pools
-        .iter()
-        .map(|p| {
-            let backends: Vec<Value> = p
-                .backends
-                .iter()
-                .map(|b| json!({"index": b.index, "name": b.name, "address": b.address.to_string(), "weight": b.weight, "state": "up", "in_flight": b.in_flight()}))
-                .collect();
-            json!({"name": p.name, "backends": backends})
-        })
-        .collect();
+    let pools: Vec<Value> = topology.pools.iter().map(|p| pool_json(p)).collect();
     json_reply(
         StatusCode::OK,
         json!({
@@ -110,7 +156,7 @@ fn status(state: &AdminState) -> Reply {
     )
 }
 
-fn metrics(state: &AdminState) -> Reply {
+fn metrics(state: &AdminShared) -> Reply {
     let text = state
         .metrics
         .as_ref()
@@ -124,11 +170,93 @@ fn metrics(state: &AdminState) -> Reply {
     reply
 }
 
+/// `POST /backends/{id}/drain|restore`, `{id}` the global index or the name.
+fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply {
+    let Some((id, action)) = rest.rsplit_once('/') else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "use /backends/{id}/drain or /backends/{id}/restore".into(),
+        );
+    };
+    if action != "drain" && action != "restore" {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no backend action \"{action}\""),
+        );
+    }
+    if req.method() != Method::POST {
+        return not_allowed();
+    }
+    if let Some(token) = &state.config.token {
+        if !authorized(req, token) {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong bearer token".into(),
+            );
+        }
+    }
+    let topology = state.topology();
+    let backend = match find_backend(&topology, id) {
+        Ok(b) => b,
+        Err((status, message)) => return error(status, message),
+    };
+    let new_state = if action == "drain" {
+        backend.drain()
+    } else {
+        backend.restore()
+    };
+    tracing::info!(backend = %backend.name, action, state = new_state.as_str(), "admin backend action");
+    json_reply(StatusCode::OK, json!({"backend": backend_json(&backend)}))
+}
+
+fn find_backend(topology: &Topology, id: &str) -> Result<Arc<Backend>, (StatusCode, String)> {
+    let all = || topology.pools.iter().flat_map(|p| p.backends.iter());
+    if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) {
+        if id.len() > 1 && id.starts_with('0') {
+            return Err((
+                StatusCode::BAD_REQUEST,
+                format!("backend index \"{id}\" has a leading zero"),
+            ));
+        }
+        let found = id
+            .parse::<usize>()
+            .ok()
+            .and_then(|i| all().find(|b| b.index == i));
+        return found
+            .cloned()
+            .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no backend with index {id}")));
+    }
+    all()
+        .find(|b| b.name == id)
+        .cloned()
+        .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no backend named \"{id}\"")))
+}
+
+/// Compares the bearer token in constant time (no early exit on the first
+/// differing byte), so timing does not reveal a prefix.
+fn authorized<B>(req: &Request<B>, token: &str) -> bool {
+    let Some(given) = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (given.as_bytes(), token.as_bytes());
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff));
+    }
+    diff == 0
+}
+
 fn not_allowed() -> Reply {
-    json_reply(
-        StatusCode::METHOD_NOT_ALLOWED,
-        json!({"error": "method not allowed"}),
-    )
+    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed".into())
+}
+
+fn error(status: StatusCode, message: String) -> Reply {
+    json_reply(status, json!({"error": message}))
 }
 
 fn json_reply(status: StatusCode, body: Value) -> Reply {

@@ -1,41 +1,200 @@
-//! Choosing one backend among candidates: pure functions over a snapshot, so
-//! each strategy is testable without sockets. `ticket` is a per-pool counter
-//! that drives round robin and seeds the random choice.
+//! Choosing one backend: smooth weighted round robin (nginx's), least
+//! in-flight per weight, or the better of two weighted random choices.
+//! Functions over the pool's backends and a small pick state, so each
+//! strategy is testable without sockets.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::Backend;
 use crate::config::Balance;
 
-/// Index into `candidates` of the chosen backend.
-pub fn choose(balance: Balance, candidates: &[&Arc<Backend>], ticket: usize) -> Option<usize> {
+/// Per-pool state the strategies keep between picks.
+pub struct PickState {
+    /// Smooth round robin's current weights, by backend position.
+    current: Mutex<Vec<i64>>,
+    /// Drives rotation of ties and the random choices.
+    ticket: AtomicU64,
+}
+
+impl PickState {
+    pub fn new(backends: usize) -> PickState {
+        PickState {
+            current: Mutex::new(vec![0; backends]),
+            ticket: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Position in `backends` of the chosen one among those `eligible`.
+pub fn choose(
+    balance: Balance,
+    backends: &[Arc<Backend>],
+    state: &PickState,
+    eligible: impl Fn(&Backend) -> bool,
+) -> Option<usize> {
+    let candidates: Vec<usize> = (0..backends.len())
+        .filter(|&i| eligible(&backends[i]))
+        .collect();
     if candidates.is_empty() {
         return None;
     }
-    let n = candidates.len();
+    let ticket = state.ticket.fetch_add(1, Ordering::Relaxed);
     Some(match balance {
-        Balance::RoundRobin => ticket % n,
-        Balance::LeastConn => least_loaded(candidates, (0..n).map(|i| (ticket + i) % n)),
+        Balance::RoundRobin => smooth_weighted(backends, &candidates, state),
+        Balance::LeastConn => {
+            let n = candidates.len();
+            let rotated = (0..n).map(|k| candidates[(k + ticket as usize) % n]);
+            least_loaded(backends, rotated)
+        }
         Balance::RandomTwo => {
-            let a = mix(ticket as u64) as usize % n;
-            let b = mix(ticket as u64 ^ 0x9e37_79b9_7f4a_7c15) as usize % n;
-            least_loaded(candidates, [a, b].into_iter())
+            let a = weighted_sample(backends, &candidates, mix(ticket));
+            let b = weighted_sample(backends, &candidates, mix(ticket ^ 0xdead_beef_cafe_f00d));
+            least_loaded(backends, [a, b].into_iter())
         }
     })
 }
 
+/// nginx's smooth weighted round robin: each pick raises every candidate by
+/// its weight, takes the highest, and lowers it by the total. Over any
+/// window of total-weight picks, each gets exactly its weight, interleaved.
+fn smooth_weighted(backends: &[Arc<Backend>], candidates: &[usize], state: &PickState) -> usize {
+    let Ok(mut current) = state.current.lock() else {
+        return candidates[0];
+    };
+    let mut total = 0i64;
+    let mut best = candidates[0];
+    for &i in candidates {
+        let w = i64::from(backends[i].weight);
+        current[i] += w;
+        total += w;
+        if current[i] > current[best] {
+            best = i;
+        }
+    }
+    current[best] -= total;
+    best
+}
+
 /// The candidate with the fewest in-flight per unit of weight; ties go to
-/// the first in `order` (which rotates, so ties spread).
-fn least_loaded(candidates: &[&Arc<Backend>], order: impl Iterator<Item = usize>) -> usize {
-    let load =
-        |i: usize| candidates[i].in_flight() as u64 * 1000 / u64::from(candidates[i].weight.max(1));
+/// the first in `order`.
+fn least_loaded(backends: &[Arc<Backend>], order: impl Iterator<Item = usize>) -> usize {
+    let load = |i: usize| {
+        backends[i].in_flight() as u64 * 1_000_000 / u64::from(backends[i].weight.max(1))
+    };
     order.min_by_key(|&i| load(i)).unwrap_or(0)
 }
 
-/// splitmix64: a cheap, well-spread hash for the two random choices.
+/// A candidate drawn with probability proportional to its weight.
+fn weighted_sample(backends: &[Arc<Backend>], candidates: &[usize], random: u64) -> usize {
+    let total: u64 = candidates
+        .iter()
+        .map(|&i| u64::from(backends[i].weight))
+        .sum();
+    let mut r = random % total.max(1);
+    for &i in candidates {
+        let w = u64::from(backends[i].weight);
+        if r < w {
+            return i;
+        }
+        r -= w;
+    }
+    candidates[0]
+}
+
+/// splitmix64: a cheap, well-spread hash for the random choices.
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Pool;
+    use crate::config::{BackendConfig, PoolConfig};
+
+    fn pool(balance: Balance, weights: &[u32]) -> Pool {
+        let backends = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &weight)| BackendConfig {
+                name: format!("b{i}"),
+                address: ([127, 0, 0, 1], 9000 + i as u16).into(),
+                weight,
+            })
+            .collect();
+        Pool::new(
+            &PoolConfig {
+                name: "p".into(),
+                balance,
+                health: None,
+                backends,
+            },
+            0,
+        )
+    }
+
+    fn shares(p: &Pool, n: usize) -> Vec<f64> {
+        let mut counts = vec![0usize; p.backends.len()];
+        for _ in 0..n {
+            let lease = p.pick(None).expect("a backend");
+            counts[lease.backend().index] += 1;
+        }
+        counts.iter().map(|&c| c as f64 / n as f64).collect()
+    }
+
+    #[test]
+    fn smooth_round_robin_is_exact_and_interleaved() {
+        let p = pool(Balance::RoundRobin, &[1, 2, 3]);
+        let order: Vec<usize> = (0..6)
+            .map(|_| p.pick(None).expect("pick").backend().index)
+            .collect();
+        assert_eq!(order, vec![2, 1, 0, 2, 1, 2], "nginx's sequence for 1:2:3");
+        let s = shares(&p, 6000);
+        assert_eq!(s, vec![1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0]);
+    }
+
+    #[test]
+    fn random_two_follows_weights_loosely() {
+        let p = pool(Balance::RandomTwo, &[1, 2, 3]);
+        let s = shares(&p, 10_000);
+        for (got, want) in s.iter().zip([1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0]) {
+            assert!((got - want).abs() < 0.05, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn least_conn_avoids_a_loaded_backend() {
+        let p = pool(Balance::LeastConn, &[1, 1, 1]);
+        let held: Vec<_> = (0..5).map(|_| p.pick(Some(1)).expect("pick")).collect();
+        assert!(held.iter().all(|l| l.backend().index != 1));
+        let mut more = Vec::new();
+        for _ in 0..2 {
+            let l = p.pick(None).expect("pick");
+            assert_eq!(l.backend().index, 1, "the idle backend takes new work");
+            more.push(l);
+        }
+    }
+
+    #[test]
+    fn a_drained_backend_gets_nothing_and_goes_out_when_idle() {
+        let p = pool(Balance::RoundRobin, &[1, 1]);
+        let held = p.pick(Some(1)).expect("pick");
+        assert_eq!(held.backend().index, 0);
+        assert_eq!(p.backends[0].drain().as_str(), "draining");
+        for _ in 0..10 {
+            assert_eq!(p.pick(None).expect("pick").backend().index, 1);
+        }
+        drop(held);
+        assert_eq!(p.backends[0].state().as_str(), "out");
+        assert_eq!(
+            p.backends[0].restore().as_str(),
+            "up",
+            "without health checks it is back at once"
+        );
+        assert!(p.pick(Some(1)).is_some());
+    }
 }

@@ -1,15 +1,92 @@
 //! Backends and pools: who can take work, and how much each holds now.
-//! A [`Lease`] is one unit of in-flight work on a backend; it is counted
-//! while alive, which is what `least_conn` and `/status` read.
+//! A backend's state combines two owners: the operator's admin state
+//! (`enabled`, `draining`, `out`, set through the admin API) and the health
+//! verdict (from probes and passive failures). Pickers see only backends
+//! that are enabled and healthy. A [`Lease`] is one unit of in-flight work;
+//! a draining backend turns `out` when its last lease ends.
 
 pub mod balance;
+pub mod health;
+pub mod probe;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
-use crate::config::{Balance, PoolConfig};
-use crate::metrics;
+use crate::config::{Balance, HealthConfig, PoolConfig};
+use crate::metrics::{self, BackendMetrics};
+use health::{Flip, Health};
+
+/// What `/status` and `baton_backend_state` show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendState {
+    Up,
+    Down,
+    Draining,
+    Out,
+}
+
+impl BackendState {
+    pub const ALL: [BackendState; 4] = [
+        BackendState::Up,
+        BackendState::Down,
+        BackendState::Draining,
+        BackendState::Out,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendState::Up => "up",
+            BackendState::Down => "down",
+            BackendState::Draining => "draining",
+            BackendState::Out => "out",
+        }
+    }
+}
+
+/// The operator's word on a backend, independent of its health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminState {
+    Enabled = 0,
+    Draining = 1,
+    Out = 2,
+}
+
+impl AdminState {
+    fn from_u8(v: u8) -> AdminState {
+        match v {
+            1 => AdminState::Draining,
+            2 => AdminState::Out,
+            _ => AdminState::Enabled,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdminState::Enabled => "enabled",
+            AdminState::Draining => "draining",
+            AdminState::Out => "out",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<AdminState> {
+        match s {
+            "enabled" => Some(AdminState::Enabled),
+            "draining" => Some(AdminState::Draining),
+            "out" => Some(AdminState::Out),
+            _ => None,
+        }
+    }
+}
+
+/// The last active check, for `/status`.
+#[derive(Debug, Clone)]
+pub struct CheckRecord {
+    pub at: SystemTime,
+    pub ok: bool,
+    pub detail: String,
+}
 
 pub struct Backend {
     /// Global index in config order (the admin API's `{id}`).
@@ -18,47 +95,215 @@ pub struct Backend {
     pub address: SocketAddr,
     pub weight: u32,
     pub pool: String,
+    /// Active checks exist: only then may passive failures mark it down
+    /// (nothing would ever bring it back up otherwise).
+    checked: bool,
     in_flight: AtomicUsize,
-    in_flight_gauge: ::metrics::Gauge,
+    admin: AtomicU8,
+    /// The health verdict, cached for pickers (the `Health` lock is for writers).
+    healthy: AtomicBool,
+    health: Mutex<Health>,
+    last_check: Mutex<Option<CheckRecord>>,
+    metrics: BackendMetrics,
 }
 
 impl Backend {
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }
+
+    pub fn admin(&self) -> AdminState {
+        AdminState::from_u8(self.admin.load(Ordering::SeqCst))
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::SeqCst)
+    }
+
+    /// Whether the health verdict exists (a first check ran or carried over).
+    pub fn has_verdict(&self) -> bool {
+        self.health.lock().map(|h| h.has_verdict()).unwrap_or(true)
+    }
+
+    pub fn state(&self) -> BackendState {
+        match self.admin() {
+            AdminState::Draining => BackendState::Draining,
+            AdminState::Out => BackendState::Out,
+            AdminState::Enabled if self.is_healthy() => BackendState::Up,
+            AdminState::Enabled => BackendState::Down,
+        }
+    }
+
+    /// Pickers may send it work.
+    pub fn available(&self) -> bool {
+        self.admin() == AdminState::Enabled && self.is_healthy()
+    }
+
+    pub fn consecutive_failures(&self) -> u32 {
+        self.health
+            .lock()
+            .map(|h| h.consecutive_failures())
+            .unwrap_or(0)
+    }
+
+    pub fn last_check(&self) -> Option<CheckRecord> {
+        self.last_check.lock().ok().and_then(|c| c.clone())
+    }
+
+    /// An active check's result.
+    pub fn observe_check(&self, ok: bool, detail: String) {
+        self.metrics.check(ok);
+        if let Ok(mut c) = self.last_check.lock() {
+            *c = Some(CheckRecord {
+                at: SystemTime::now(),
+                ok,
+                detail: detail.clone(),
+            });
+        }
+        self.observe(ok, &detail);
+    }
+
+    /// A request or connection to it failed before anything was sent.
+    pub fn observe_passive_failure(&self, detail: &str) {
+        if self.checked {
+            self.observe(false, detail);
+        }
+    }
+
+    fn observe(&self, ok: bool, detail: &str) {
+        let flip = match self.health.lock() {
+            Ok(mut h) => {
+                let flip = h.observe(ok);
+                self.healthy.store(h.is_healthy(), Ordering::SeqCst);
+                flip
+            }
+            Err(_) => None,
+        };
+        match flip {
+            Some(Flip::Up) => {
+                tracing::info!(pool = %self.pool, backend = %self.name, "backend is up")
+            }
+            Some(Flip::Down) => {
+                tracing::warn!(pool = %self.pool, backend = %self.name, cause = detail, "backend is down")
+            }
+            None => {}
+        }
+        self.publish();
+    }
+
+    /// Operator drain: no new work; `out` once in-flight work ends.
+    pub fn drain(&self) -> BackendState {
+        if self.admin() == AdminState::Enabled {
+            self.admin
+                .store(AdminState::Draining as u8, Ordering::SeqCst);
+            tracing::info!(pool = %self.pool, backend = %self.name, in_flight = self.in_flight(), "backend draining");
+        }
+        self.settle();
+        self.publish();
+        self.state()
+    }
+
+    /// Operator restore: back through the health thresholds, not straight in.
+    pub fn restore(&self) -> BackendState {
+        if self.admin() != AdminState::Enabled {
+            if self.checked {
+                if let Ok(mut h) = self.health.lock() {
+                    h.require_rise();
+                    self.healthy.store(false, Ordering::SeqCst);
+                }
+            }
+            self.admin
+                .store(AdminState::Enabled as u8, Ordering::SeqCst);
+            tracing::info!(pool = %self.pool, backend = %self.name, "backend restored; it re-enters after passing checks");
+        }
+        self.publish();
+        self.state()
+    }
+
+    /// Draining with nothing in flight is out.
+    fn settle(&self) {
+        if self.in_flight() == 0
+            && self
+                .admin
+                .compare_exchange(
+                    AdminState::Draining as u8,
+                    AdminState::Out as u8,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
+                .is_ok()
+        {
+            tracing::info!(pool = %self.pool, backend = %self.name, "backend drained; out of rotation");
+            self.publish();
+        }
+    }
+
+    fn publish(&self) {
+        self.metrics.state(self.state());
+    }
+
+    /// Takes a carried-over admin state and verdict from an older generation.
+    pub fn adopt(&self, admin: AdminState, healthy: Option<bool>) {
+        if let (true, Some(healthy)) = (self.checked, healthy) {
+            if let Ok(mut h) = self.health.lock() {
+                *h = Health::with_verdict(h.rise(), h.fall(), healthy);
+                self.healthy.store(healthy, Ordering::SeqCst);
+            }
+        }
+        self.admin.store(admin as u8, Ordering::SeqCst);
+        self.settle();
+        self.publish();
+    }
 }
 
 pub struct Pool {
     pub name: String,
     pub backends: Vec<Arc<Backend>>,
+    pub health: Option<HealthConfig>,
     balance: Balance,
-    cursor: AtomicUsize,
+    picks: balance::PickState,
 }
 
 impl Pool {
     /// Builds pool `config`, numbering its backends from `first_index`.
     pub fn new(config: &PoolConfig, first_index: usize) -> Pool {
-        let backends = config
+        let checked = config.health.is_some();
+        let (rise, fall) = config.health.as_ref().map_or((1, 1), |h| (h.rise, h.fall));
+        let backends: Vec<Arc<Backend>> = config
             .backends
             .iter()
             .enumerate()
             .map(|(i, b)| {
-                Arc::new(Backend {
+                let backend = Backend {
                     index: first_index + i,
                     name: b.name.clone(),
                     address: b.address,
                     weight: b.weight,
                     pool: config.name.clone(),
+                    checked,
                     in_flight: AtomicUsize::new(0),
-                    in_flight_gauge: metrics::backend_in_flight(&config.name, &b.name),
-                })
+                    admin: AtomicU8::new(AdminState::Enabled as u8),
+                    // Unchecked backends are taken as healthy; checked ones
+                    // wait for their first check.
+                    healthy: AtomicBool::new(!checked),
+                    health: Mutex::new(if checked {
+                        Health::new(rise, fall)
+                    } else {
+                        Health::with_verdict(rise, fall, true)
+                    }),
+                    last_check: Mutex::new(None),
+                    metrics: metrics::backend(&config.name, &b.name),
+                };
+                backend.publish();
+                Arc::new(backend)
             })
             .collect();
         Pool {
             name: config.name.clone(),
+            picks: balance::PickState::new(backends.len()),
             backends,
+            health: config.health.clone(),
             balance: config.balance,
-            cursor: AtomicUsize::new(0),
         }
     }
 
@@ -78,14 +323,14 @@ impl Pool {
     /// Picks a backend for one unit of work, skipping `exclude` (a backend
     /// that just failed), or `None` when no backend can take it.
     pub fn pick(&self, exclude: Option<usize>) -> Option<Lease> {
-        let candidates: Vec<&Arc<Backend>> = self
-            .backends
-            .iter()
-            .filter(|b| Some(b.index) != exclude)
-            .collect();
-        let ticket = self.cursor.fetch_add(1, Ordering::Relaxed);
-        let chosen = balance::choose(self.balance, &candidates, ticket)?;
-        Some(Lease::new(Arc::clone(candidates[chosen])))
+        let chosen = balance::choose(self.balance, &self.backends, &self.picks, |b| {
+            b.available() && Some(b.index) != exclude
+        })?;
+        Some(Lease::new(Arc::clone(&self.backends[chosen])))
+    }
+
+    pub fn healthy_count(&self) -> usize {
+        self.backends.iter().filter(|b| b.available()).count()
     }
 }
 
@@ -96,8 +341,8 @@ pub struct Lease {
 
 impl Lease {
     fn new(backend: Arc<Backend>) -> Lease {
-        backend.in_flight.fetch_add(1, Ordering::Relaxed);
-        backend.in_flight_gauge.increment(1.0);
+        backend.in_flight.fetch_add(1, Ordering::SeqCst);
+        backend.metrics.in_flight.increment(1.0);
         Lease { backend }
     }
 
@@ -108,7 +353,8 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.backend.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.backend.in_flight_gauge.decrement(1.0);
+        self.backend.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.backend.metrics.in_flight.decrement(1.0);
+        self.backend.settle();
     }
 }

@@ -14,7 +14,7 @@ use tokio::process::{Child, Command};
 
 use tokio::time::Instant;
 
-use super::handoff::{Channel, HandoffError, Message, SocketEntry, ENV_FD};
+use super::handoff::{BackendCarry, Channel, HandoffError, Message, SocketEntry, ENV_FD};
 use super::inventory::Inventory;
 use super::systemd;
 
@@ -102,6 +102,7 @@ pub struct Offer {
     pub generation: u64,
     pub sockets: Vec<(SocketEntry, OwnedFd)>,
     pub draining: Vec<u32>,
+    pub backends: Vec<BackendCarry>,
 }
 
 /// Runs the whole handoff from N's side, bounded by `ready_timeout`.
@@ -168,6 +169,7 @@ async fn converse(
         generation: offer.generation,
         sockets: entries,
         draining: offer.draining,
+        backends: offer.backends,
     };
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
     channel.send(&message, &borrowed).await?;
@@ -223,6 +225,7 @@ pub struct Parent {
     channel: Channel,
     pub generation: u64,
     pub draining: Vec<u32>,
+    pub backends: Vec<BackendCarry>,
 }
 
 impl Parent {
@@ -237,6 +240,7 @@ impl Parent {
             generation,
             sockets,
             draining,
+            backends,
         } = message
         else {
             return Err(HandoverError::OutOfTurn(format!("{message:?}")));
@@ -250,6 +254,7 @@ impl Parent {
                 channel,
                 generation,
                 draining,
+                backends,
             },
             inventory,
         ))

@@ -38,6 +38,17 @@ pub struct SocketEntry {
     pub addr: String,
 }
 
+/// A backend's operator state and health verdict, carried to the next
+/// generation so a reload neither undoes a drain nor starts health from zero.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackendCarry {
+    pub pool: String,
+    pub name: String,
+    pub address: String,
+    pub admin: String,
+    pub healthy: Option<bool>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
@@ -46,6 +57,8 @@ pub enum Message {
         sockets: Vec<SocketEntry>,
         /// Pids of older generations still draining (N itself included).
         draining: Vec<u32>,
+        #[serde(default)]
+        backends: Vec<BackendCarry>,
     },
     /// N+1 is ready; `adopted` names the sockets it took over (N serves
     /// the accept queue of any other before closing it).
@@ -267,6 +280,7 @@ mod tests {
                 addr: listener.local_addr().expect("addr").to_string(),
             }],
             draining: vec![1],
+            backends: Vec::new(),
         };
         a.send(&offer, &[listener.as_fd()]).await.expect("send");
         let (got, fds) = b.recv().await.expect("recv");

@@ -143,7 +143,12 @@ impl HttpProxy {
         let target = &self.targets[self.route(&req)];
         let mut response = match self.forward(req, peer, &target.pool, &drain).await {
             Ok(r) => r,
-            Err(err) => error_response(&target.pool.name, &err),
+            Err(err) => {
+                if matches!(err, ProxyError::NoBackend { .. }) {
+                    metrics::no_backend(&self.listener, &target.pool.name);
+                }
+                error_response(&target.pool.name, &err)
+            }
         };
         target.metrics.count(response.status().as_u16());
         target
@@ -257,6 +262,9 @@ impl HttpProxy {
         };
         if let Some(kind) = err.upstream_kind() {
             metrics::upstream_error(&backend.pool, &backend.name, kind);
+        }
+        if matches!(err, ProxyError::Connect { .. } | ProxyError::Timeout { .. }) {
+            backend.observe_passive_failure(&err.to_string());
         }
         tracing::warn!(cause = %err, "backend request failed");
         Err(err)

@@ -21,6 +21,9 @@ pub struct TcpProxy {
 impl TcpProxy {
     pub async fn serve(&self, mut client: TcpStream, peer: SocketAddr) {
         let Some((mut upstream, lease)) = self.connect().await else {
+            if self.pool.healthy_count() == 0 {
+                metrics::no_backend(&self.listener, &self.pool.name);
+            }
             tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, "no backend reachable; closing");
             return;
         };
@@ -37,6 +40,7 @@ impl TcpProxy {
     async fn connect(&self) -> Option<(TcpStream, Lease)> {
         let mut failed = None;
         for _ in 0..2 {
+            // No backend up: the connection is closed at once.
             let lease = self.pool.pick(failed)?;
             let backend = lease.backend();
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(backend.address))
@@ -48,6 +52,7 @@ impl TcpProxy {
                 }
                 Ok(Err(err)) => {
                     tracing::warn!(backend = %backend.name, address = %backend.address, cause = %err, "backend connect failed");
+                    backend.observe_passive_failure(&err.to_string());
                     metrics::upstream_error(
                         &backend.pool,
                         &backend.name,
@@ -56,6 +61,7 @@ impl TcpProxy {
                 }
                 Err(_) => {
                     tracing::warn!(backend = %backend.name, address = %backend.address, "backend connect timed out");
+                    backend.observe_passive_failure("connect timed out");
                     metrics::upstream_error(
                         &backend.pool,
                         &backend.name,

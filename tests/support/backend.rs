@@ -24,35 +24,62 @@ pub struct HttpBackend {
     pub addr: SocketAddr,
     pub name: &'static str,
     pub hits: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
+    /// Requests being answered right now.
+    active: Arc<AtomicU64>,
+    /// Ends the accept loop and every open connection: a killed process.
+    kill: tokio_util::sync::CancellationToken,
 }
 
 impl Drop for HttpBackend {
     fn drop(&mut self) {
-        self.task.abort();
+        self.kill.cancel();
     }
 }
 
 impl HttpBackend {
     pub async fn start(name: &'static str) -> HttpBackend {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind backend");
+        HttpBackend::start_on(name, "127.0.0.1:0".parse().expect("addr")).await
+    }
+
+    /// Starts (or restarts, after [`Self::kill`]) on a given address.
+    pub async fn start_on(name: &'static str, addr: SocketAddr) -> HttpBackend {
+        let listener = TcpListener::bind(addr).await.expect("bind backend");
         let addr = listener.local_addr().expect("backend addr");
         let hits = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&hits);
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let counter = Arc::clone(&counter);
+        let active = Arc::new(AtomicU64::new(0));
+        let busy = Arc::clone(&active);
+        let kill = tokio_util::sync::CancellationToken::new();
+        let killed = kill.clone();
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    () = killed.cancelled() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok((s, _)) => s,
+                        Err(_) => return,
+                    },
+                };
+                let (counter, busy) = (Arc::clone(&counter), Arc::clone(&busy));
+                let killed = killed.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
                         counter.fetch_add(1, Ordering::Relaxed);
-                        answer(name, req)
+                        let busy = Arc::clone(&busy);
+                        async move {
+                            busy.fetch_add(1, Ordering::Relaxed);
+                            let answer = answer(name, req).await;
+                            busy.fetch_sub(1, Ordering::Relaxed);
+                            answer
+                        }
                     });
-                    let _ = http1::Builder::new()
+                    let conn = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
-                        .with_upgrades()
-                        .await;
+                        .with_upgrades();
+                    tokio::select! {
+                        _ = conn => {}
+                        () = killed.cancelled() => {}
+                    }
                 });
             }
         });
@@ -60,8 +87,23 @@ impl HttpBackend {
             addr,
             name,
             hits,
-            task,
+            active,
+            kill,
         }
+    }
+
+    /// Requests this backend is answering now.
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Closes the listener and every connection at once, as a crash would.
+    pub fn kill(&self) {
+        self.kill.cancel();
     }
 
     /// The body this backend answers for `path`.

@@ -35,12 +35,21 @@ pub async fn send(
     addr: SocketAddr,
     path: &str,
 ) -> Result<Answer, String> {
+    send_with_host(sender, &addr.to_string(), path).await
+}
+
+/// One request on an existing connection, with the `Host` header given.
+pub async fn send_with_host(
+    sender: &mut SendRequest<Empty<Bytes>>,
+    host: &str,
+    path: &str,
+) -> Result<Answer, String> {
     sender
         .ready()
         .await
         .map_err(|e| format!("not ready: {e}"))?;
     let req = Request::get(path)
-        .header("host", addr.to_string())
+        .header("host", host)
         .body(Empty::new())
         .map_err(|e| e.to_string())?;
     let resp = sender
@@ -66,4 +75,56 @@ pub async fn send(
 pub async fn get(addr: SocketAddr, path: &str) -> Result<Answer, String> {
     let mut sender = connect(addr).await?;
     send(&mut sender, addr, path).await
+}
+
+/// `METHOD path` on a fresh connection, with an optional bearer token.
+pub async fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> Result<Answer, String> {
+    let mut sender = connect(addr).await?;
+    sender
+        .ready()
+        .await
+        .map_err(|e| format!("not ready: {e}"))?;
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = sender
+        .send_request(req.body(Empty::new()).map_err(|e| e.to_string())?)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?
+        .to_bytes();
+    Ok(Answer {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
+/// The state `/status` reports for backend `name`.
+pub async fn backend_state(admin: SocketAddr, name: &str) -> String {
+    let status = get(admin, "/status").await.expect("status");
+    let v: serde_json::Value = serde_json::from_str(&status.body).expect("status json");
+    v["pools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["backends"].as_array().into_iter().flatten())
+        .find(|b| b["name"] == name)
+        .map(|b| b["state"].as_str().unwrap_or("").to_string())
+        .unwrap_or_else(|| panic!("no backend {name} in {}", status.body))
 }

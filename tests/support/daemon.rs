@@ -24,13 +24,26 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_baton");
 #[derive(Clone, Default)]
 pub struct Spec {
     sections: String,
+    /// Extra keys under `[admin]`.
+    admin: String,
     listeners: Vec<(String, String, String, String)>,
-    pools: Vec<(String, Vec<SocketAddr>)>,
+    /// Pools: name, extra keys (`balance = ...`), backends with weights.
+    pools: Vec<PoolSpec>,
 }
+
+/// A pool: name, extra keys, backends with their weights.
+type PoolSpec = (String, String, Vec<(SocketAddr, u32)>);
 
 impl Spec {
     pub fn new() -> Spec {
         Spec::default().section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"5s\"\n")
+    }
+
+    /// Extra keys under `[admin]` (`token_file = ...`).
+    pub fn admin(mut self, keys: &str) -> Spec {
+        self.admin.push_str(keys);
+        self.admin.push('\n');
+        self
     }
 
     /// Raw TOML appended as is (a `[reload]` section, say).
@@ -55,8 +68,16 @@ impl Spec {
         self
     }
 
-    pub fn pool(mut self, name: &str, backends: &[SocketAddr]) -> Spec {
-        self.pools.push((name.into(), backends.to_vec()));
+    pub fn pool(self, name: &str, backends: &[SocketAddr]) -> Spec {
+        let weighted: Vec<(SocketAddr, u32)> = backends.iter().map(|a| (*a, 1)).collect();
+        self.pool_with(name, "", &weighted)
+    }
+
+    /// A pool with extra keys (`balance`, `health`) and weighted backends,
+    /// named `{pool}-{position}`.
+    pub fn pool_with(mut self, name: &str, extra: &str, backends: &[(SocketAddr, u32)]) -> Spec {
+        self.pools
+            .push((name.into(), extra.into(), backends.to_vec()));
         self
     }
 
@@ -67,7 +88,8 @@ impl Spec {
         ports: &HashMap<String, SocketAddr>,
     ) -> String {
         let mut t = format!(
-            "[admin]\nlisten = \"{admin}\"\n\n[control]\nsocket = \"{}\"\n\n{}\n",
+            "[admin]\nlisten = \"{admin}\"\n{}\n[control]\nsocket = \"{}\"\n\n{}\n",
+            self.admin,
             dir.join("control.sock").display(),
             self.sections
         );
@@ -78,18 +100,19 @@ impl Spec {
                 ports[name]
             );
         }
-        for (i, (name, backends)) in self.pools.iter().enumerate() {
+        for (name, extra, backends) in &self.pools {
             let list: Vec<String> = backends
                 .iter()
                 .enumerate()
-                .map(|(j, a)| format!("{{ name = \"{name}-{j}\", address = \"{a}\" }}"))
+                .map(|(j, (a, w))| {
+                    format!("{{ name = \"{name}-{j}\", address = \"{a}\", weight = {w} }}")
+                })
                 .collect();
             let _ = write!(
                 t,
-                "[[pools]]\nname = \"{name}\"\nbackends = [{}]\n\n",
+                "[[pools]]\nname = \"{name}\"\n{extra}\nbackends = [{}]\n\n",
                 list.join(", ")
             );
-            let _ = i;
         }
         t
     }

@@ -1,0 +1,122 @@
+//! Active health checks: the I/O at the edge of the health state machine.
+//! One task per checked backend, jittered so checks to many backends do not
+//! fire in lockstep, paused while the operator drains the backend, stopped
+//! at teardown. An `http` check GETs `path` (2xx/3xx is healthy); a `tcp`
+//! check connects.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::{AdminState, Backend, Pool};
+use crate::config::{HealthConfig, HealthKind};
+
+/// One check; `Err` says why it failed.
+pub async fn check(config: &HealthConfig, address: SocketAddr) -> Result<(), String> {
+    match tokio::time::timeout(config.timeout, attempt(config, address)).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no answer within {:?}", config.timeout)),
+    }
+}
+
+async fn attempt(config: &HealthConfig, address: SocketAddr) -> Result<(), String> {
+    let mut stream = TcpStream::connect(address)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    if config.kind == HealthKind::Tcp {
+        return Ok(());
+    }
+    let request = format!(
+        "GET {} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: baton-health\r\nConnection: close\r\n\r\n",
+        config.path
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let mut head = [0u8; 12];
+    stream
+        .read_exact(&mut head)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    let status = std::str::from_utf8(&head[9..12])
+        .ok()
+        .and_then(|s| s.parse::<u16>().ok());
+    match status {
+        Some(code) if head.starts_with(b"HTTP/1.") && (200..400).contains(&code) => Ok(()),
+        Some(code) => Err(format!("status {code}")),
+        None => Err("not an HTTP answer".into()),
+    }
+}
+
+/// Runs one check of every checked backend at once, so a start-up or a
+/// takeover knows the health of each before it serves.
+pub async fn first_round(pools: &[Arc<Pool>]) {
+    let mut checks = tokio::task::JoinSet::new();
+    for pool in pools {
+        let Some(config) = pool.health.clone() else {
+            continue;
+        };
+        for backend in &pool.backends {
+            if backend.admin() != AdminState::Enabled {
+                continue;
+            }
+            let (backend, config) = (Arc::clone(backend), config.clone());
+            checks.spawn(async move {
+                let result = check(&config, backend.address).await;
+                record(&backend, result);
+            });
+        }
+    }
+    while checks.join_next().await.is_some() {}
+}
+
+/// Starts the periodic checks; they end when `stop` is cancelled.
+pub fn spawn_all(pools: &[Arc<Pool>], stop: &CancellationToken) {
+    for pool in pools {
+        let Some(config) = pool.health.clone() else {
+            continue;
+        };
+        for backend in &pool.backends {
+            tokio::spawn(run(Arc::clone(backend), config.clone(), stop.clone()));
+        }
+    }
+}
+
+async fn run(backend: Arc<Backend>, config: HealthConfig, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(jittered(config.interval)) => {}
+        }
+        if backend.admin() != AdminState::Enabled {
+            continue;
+        }
+        let result = tokio::select! {
+            () = stop.cancelled() => return,
+            r = check(&config, backend.address) => r,
+        };
+        record(&backend, result);
+    }
+}
+
+fn record(backend: &Backend, result: Result<(), String>) {
+    match result {
+        Ok(()) => backend.observe_check(true, "ok".into()),
+        Err(why) => backend.observe_check(false, why),
+    }
+}
+
+/// `interval` ± 10 %, so many backends' checks spread out over time.
+fn jittered(interval: Duration) -> Duration {
+    static NEXT: AtomicU64 = AtomicU64::new(0x853c_49e6_748f_ea9b);
+    let mut x = NEXT.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    x = (x ^ (x >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let unit = (x >> 11) as f64 / (1u64 << 53) as f64;
+    interval.mul_f64(0.9 + 0.2 * unit)
+}

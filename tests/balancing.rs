@@ -1,0 +1,398 @@
+//! Load balancing through the real binary: weighted distribution, least
+//! connections, health checks, passive failures, and draining one backend
+//! without failing a request.
+
+mod support;
+
+use std::time::Duration;
+
+use support::backend::{HttpBackend, TcpEcho};
+use support::client::{self, backend_state};
+use support::daemon::{wait_exit, Baton, Spec};
+use support::load::{Load, Targets};
+
+const FAST_CHECKS: &str = "health = { kind = \"http\", path = \"/health\", interval = \"100ms\", timeout = \"500ms\", rise = 3, fall = 2 }";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_round_robin_is_exact_over_6000_requests() {
+    let (a, b, c) = (
+        HttpBackend::start("a").await,
+        HttpBackend::start("b").await,
+        HttpBackend::start("c").await,
+    );
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        "balance = \"round_robin\"",
+        &[(a.addr, 1), (b.addr, 2), (c.addr, 3)],
+    );
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let mut conn = client::connect(web).await.expect("connect");
+    for i in 0..6000 {
+        let answer = client::send(&mut conn, web, &format!("/r/{i}"))
+            .await
+            .expect("request");
+        assert_eq!(answer.status, 200);
+    }
+    assert_eq!((a.hits(), b.hits(), c.hits()), (1000, 2000, 3000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_conn_sends_new_work_away_from_a_busy_backend() {
+    let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        "balance = \"least_conn\"",
+        &[(a.addr, 1), (b.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let slow: Vec<_> = (0..3)
+        .map(|i| tokio::spawn(async move { client::get(web, &format!("/slow/2000?{i}")).await }))
+        .collect();
+    support::eventually("slow requests arrived", || async {
+        a.hits() + b.hits() == 3
+    })
+    .await;
+    let (busy, idle) = if a.hits() >= 2 { (&a, &b) } else { (&b, &a) };
+    let busy_before = busy.hits();
+    for i in 0..20 {
+        assert_eq!(
+            client::get(web, &format!("/fast/{i}"))
+                .await
+                .expect("fast")
+                .status,
+            200
+        );
+    }
+    assert_eq!(
+        busy.hits(),
+        busy_before,
+        "the backend holding slow requests got no new work"
+    );
+    assert!(idle.hits() >= 20);
+    for s in slow {
+        assert_eq!(s.await.expect("join").expect("slow").status, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_a_backend_under_load_fails_nothing() {
+    let (a, b, c) = (
+        HttpBackend::start("a").await,
+        HttpBackend::start("b").await,
+        HttpBackend::start("c").await,
+    );
+    let echo = TcpEcho::start().await;
+    let spec = Spec::new()
+        .http("web", "app")
+        .tcp("raw", "echo")
+        .pool_with("app", FAST_CHECKS, &[(a.addr, 1), (b.addr, 1), (c.addr, 1)])
+        .pool("echo", &[echo.addr]);
+    let baton = Baton::start(spec).await;
+    let (web, admin) = (baton.addr("web"), baton.admin);
+    let load = Load::start(Targets {
+        http: Some(web),
+        tcp: Some(baton.addr("raw")),
+        names: vec!["a", "b", "c"],
+    });
+    load.progress(100).await;
+
+    // A slow request that lands on c, then c is drained (by name, via the CLI).
+    let mut tries = 0;
+    let slow = loop {
+        tries += 1;
+        assert!(tries < 30, "round robin never sent a slow request to c");
+        let handle = tokio::spawn(async move { client::get(web, "/slow/1500").await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if c.active() > 0 {
+            break handle;
+        }
+        let _ = handle.await;
+    };
+    let out = tokio::process::Command::new(support::daemon::BIN)
+        .args(["backend", "drain", "app-2", "-c"])
+        .arg(&baton.config)
+        .output()
+        .await
+        .expect("baton backend drain");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("is now draining"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let c_hits = c.hits();
+    load.progress(200).await;
+    assert_eq!(c.hits(), c_hits, "a draining backend takes no new work");
+    let answer = slow
+        .await
+        .expect("join")
+        .expect("the slow request on the drained backend completes");
+    assert_eq!(answer.body, HttpBackend::body_for("c", "/slow/1500"));
+    support::eventually("c goes out once idle", || async {
+        backend_state(admin, "app-2").await == "out"
+    })
+    .await;
+
+    // Restore by index: it must pass `rise` checks before it gets traffic.
+    let restored = client::call(admin, "POST", "/backends/2/restore", None)
+        .await
+        .expect("restore");
+    assert_eq!(restored.status, 200);
+    assert!(
+        restored.body.contains("\"state\":\"down\""),
+        "re-enters through the checks: {}",
+        restored.body
+    );
+    support::eventually("c is up again", || async {
+        backend_state(admin, "app-2").await == "up"
+    })
+    .await;
+    support::eventually("c takes work again", || async { c.hits() > c_hits + 5 }).await;
+    load.stop().await.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_backend_costs_no_unsent_request_and_comes_back() {
+    let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
+    let spec =
+        Spec::new()
+            .http("web", "app")
+            .pool_with("app", FAST_CHECKS, &[(a.addr, 1), (b.addr, 1)]);
+    let baton = Baton::start(spec).await;
+    let (web, admin) = (baton.addr("web"), baton.admin);
+    let load = Load::start(Targets {
+        http: Some(web),
+        tcp: None,
+        names: vec!["a", "b"],
+    });
+    load.progress(100).await;
+    let b_addr = b.addr;
+    b.kill();
+    support::eventually("b is marked down", || async {
+        backend_state(admin, "app-1").await == "down"
+    })
+    .await;
+    load.progress(200).await;
+    let restarted = HttpBackend::start_on("b", b_addr).await;
+    support::eventually("b is up again", || async {
+        backend_state(admin, "app-1").await == "up"
+    })
+    .await;
+    support::eventually("b serves again", || async { restarted.hits() > 5 }).await;
+    let report = load.stop().await;
+    // Only requests already sent to b when it died may fail (5 clients at
+    // most have one in flight); none that had not reached it.
+    assert!(report.failures.len() <= 5, "{:#?}", report.failures);
+    for f in &report.failures {
+        assert!(
+            f.contains("502") && f.contains("app-1 failed"),
+            "only in-flight requests on b may fail: {f}"
+        );
+    }
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_backend_down_http_is_503_and_readyz_names_the_pool() {
+    let a = HttpBackend::start("a").await;
+    let echo = TcpEcho::start().await;
+    let spec = Spec::new()
+        .http("web", "app")
+        .tcp("raw", "echo")
+        .pool_with("app", FAST_CHECKS, &[(a.addr, 1)])
+        .pool_with("echo", "health = { kind = \"tcp\", interval = \"100ms\", timeout = \"500ms\", rise = 1, fall = 1 }", &[(echo.addr, 1)]);
+    let baton = Baton::start(spec).await;
+    a.kill();
+    drop(echo);
+    support::eventually("/readyz names the pool", || async {
+        client::get(baton.admin, "/readyz").await.is_ok_and(|r| {
+            r.status == 503
+                && r.body
+                    .contains(r#"{"detail":"0/1 backends healthy","name":"pool app","ok":false}"#)
+        })
+    })
+    .await;
+    support::eventually("echo pool down", || async {
+        backend_state(baton.admin, "echo-0").await == "down"
+    })
+    .await;
+    let answer = client::get(baton.addr("web"), "/")
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status, 503);
+    assert!(
+        answer.body.contains("no backend of pool \"app\""),
+        "{}",
+        answer.body
+    );
+    assert_eq!(
+        client::get(baton.admin, "/healthz")
+            .await
+            .expect("healthz")
+            .status,
+        200
+    );
+    // TCP: closed at once, nothing echoed.
+    let mut s = tokio::net::TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(
+        support::TIMEOUT,
+        tokio::io::AsyncReadExt::read_to_end(&mut s, &mut buf),
+    )
+    .await;
+    assert!(read.is_ok() && buf.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_waits_on_an_unhealthy_pool() {
+    let addr = support::daemon::free_addr();
+    let spec = Spec::new()
+        .http("web", "app")
+        .pool_with("app", FAST_CHECKS, &[(addr, 1)]);
+    let baton = Baton::spawn(spec, &[]);
+    support::eventually("/readyz 503 naming the pool", || async {
+        client::get(baton.admin, "/readyz")
+            .await
+            .is_ok_and(|r| r.status == 503 && r.body.contains("pool app"))
+    })
+    .await;
+    assert_eq!(
+        client::get(baton.admin, "/healthz")
+            .await
+            .expect("healthz")
+            .status,
+        200
+    );
+    let _backend = HttpBackend::start_on("a", addr).await;
+    baton.wait_ready().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
+    let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret\n").expect("token");
+    let spec = Spec::new()
+        .admin(&format!("token_file = \"{}\"", token_file.display()))
+        .http("web", "app")
+        .pool("app", &[a.addr, b.addr]);
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    assert_eq!(
+        client::call(admin, "POST", "/backends/app-0/drain", None)
+            .await
+            .expect("call")
+            .status,
+        401
+    );
+    assert_eq!(
+        client::call(admin, "POST", "/backends/app-0/drain", Some("wrong"))
+            .await
+            .expect("call")
+            .status,
+        401
+    );
+    assert_eq!(
+        client::call(admin, "GET", "/backends/app-0/drain", Some("s3cret"))
+            .await
+            .expect("call")
+            .status,
+        405
+    );
+    assert_eq!(
+        client::call(admin, "POST", "/backends/nope/drain", Some("s3cret"))
+            .await
+            .expect("call")
+            .status,
+        404
+    );
+    assert_eq!(
+        client::call(admin, "POST", "/backends/99/drain", Some("s3cret"))
+            .await
+            .expect("call")
+            .status,
+        404
+    );
+    assert_eq!(
+        client::call(admin, "POST", "/backends/01/drain", Some("s3cret"))
+            .await
+            .expect("call")
+            .status,
+        400
+    );
+    let drained = client::call(admin, "POST", "/backends/0/drain", Some("s3cret"))
+        .await
+        .expect("call");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+    assert!(drained
+        .headers
+        .get("content-type")
+        .is_some_and(|v| v == "application/json"));
+    support::eventually("a is out", || async {
+        backend_state(admin, "app-0").await == "out"
+    })
+    .await;
+
+    let old = baton.serving_pid().await;
+    baton.reload_ok().await;
+    assert_eq!(wait_exit(old).await, Some(0));
+    assert_eq!(
+        backend_state(admin, "app-0").await,
+        "out",
+        "an operator's drain survives a reload"
+    );
+    let before = a.hits();
+    for i in 0..10 {
+        assert_eq!(
+            client::get(baton.addr("web"), &format!("/{i}"))
+                .await
+                .expect("get")
+                .status,
+            200
+        );
+    }
+    assert_eq!(a.hits(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_pick_pools_by_path_prefix_and_host() {
+    let (main, slow, api) = (
+        HttpBackend::start("main").await,
+        HttpBackend::start("slow").await,
+        HttpBackend::start("api").await,
+    );
+    let spec = Spec::new()
+        .listener(
+            "web",
+            "http",
+            "app",
+            "routes = [ { path_prefix = \"/slow\", pool = \"slowpool\" }, { host = \"API.example.com\", pool = \"api\" } ]",
+        )
+        .pool("app", &[main.addr])
+        .pool("slowpool", &[slow.addr])
+        .pool("api", &[api.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    assert_eq!(
+        client::get(web, "/slow/1").await.expect("get").body,
+        HttpBackend::body_for("slow", "/slow/1")
+    );
+    assert_eq!(
+        client::get(web, "/other").await.expect("get").body,
+        HttpBackend::body_for("main", "/other")
+    );
+    let mut conn = client::connect(web).await.expect("connect");
+    let answer = client::send_with_host(&mut conn, "api.example.com:8080", "/v1")
+        .await
+        .expect("get");
+    assert_eq!(answer.body, HttpBackend::body_for("api", "/v1"));
+}
