@@ -21,7 +21,7 @@ use crate::connection::{Connections, ListenerStats, Proxy};
 use crate::lifecycle::control::{self, Reply, Request};
 use crate::lifecycle::drain::{Drain, DrainOutcome};
 use crate::lifecycle::generation::{self, Exec, HandoverError, Offer, Parent, Successor};
-use crate::lifecycle::handoff::BackendCarry;
+use crate::lifecycle::handoff::{BackendCarry, Channel, Message, Report};
 use crate::lifecycle::inventory::{Holdings, Inventory};
 use crate::lifecycle::signals::{Command, Signals};
 use crate::lifecycle::{systemd, Check, Phase};
@@ -85,7 +85,7 @@ pub async fn run(setup: Setup) -> i32 {
     let number = parent.as_ref().map_or(1, |p| p.generation);
     let carried = parent
         .as_ref()
-        .map(|p| p.backends.clone())
+        .map(|p| (p.backends.clone(), p.report.clone()))
         .unwrap_or_default();
     let built = start(
         carried,
@@ -110,8 +110,18 @@ pub async fn run(setup: Setup) -> i32 {
             return exit::FAILURE;
         }
         gen.open_doors();
-        if let Err(e) = parent.accepting().await {
-            tracing::warn!(cause = %e, "could not confirm the takeover to the old generation");
+        match parent.accepting().await {
+            Ok(channel) => {
+                let (on_report, on_exit) = (Arc::clone(&gen.admin), Arc::clone(&gen.admin));
+                tokio::spawn(generation::reports(
+                    channel,
+                    move |r| on_report.set_inherited(r),
+                    move || on_exit.inherited_exited(),
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(cause = %e, "could not confirm the takeover to the old generation")
+            }
         }
     } else {
         gen.open_doors();
@@ -169,7 +179,7 @@ enum Ending {
 
 #[allow(clippy::too_many_arguments)]
 async fn start(
-    carried: Vec<BackendCarry>,
+    carried: (Vec<BackendCarry>, Report),
     config: Config,
     exec: Exec,
     mut inventory: Inventory,
@@ -226,6 +236,7 @@ async fn start(
         topology: Default::default(),
         metrics,
         drain_deadline: Default::default(),
+        inherited: std::sync::RwLock::new(carried.1),
     });
     let admin_stop = CancellationToken::new();
     let admin_listener =
@@ -243,7 +254,7 @@ async fn start(
     let control = take_control(&config, &mut inventory, &mut holdings)?;
 
     let pools = Pool::all(&config.pools);
-    carry_over(&pools, &carried);
+    carry_over(&pools, &carried.0);
     let drain = Drain::new();
     let mut pending = Vec::new();
     let mut views = Vec::new();
@@ -267,6 +278,7 @@ async fn start(
         });
         let limit = Arc::new(tokio::sync::Semaphore::new(l.max_connections));
         let mut bound = l.bind;
+        let mut inodes = Vec::new();
         for shard in 0..l.reuseport {
             let name = format!("{}/{shard}", l.name);
             let std = match inventory.take_tcp(&name, l.bind)? {
@@ -285,6 +297,9 @@ async fn start(
                 source,
             })?;
             bound = local;
+            inodes.extend(crate::metrics::kernel::socket_inode(
+                std::os::fd::AsFd::as_fd(&std),
+            ));
             let flag = holdings
                 .hold(&name, local.to_string(), std::os::fd::AsFd::as_fd(&std))
                 .map_err(|source| StartError::Bind {
@@ -318,6 +333,7 @@ async fn start(
             bind: bound,
             protocol: l.protocol,
             stats,
+            inodes,
         });
     }
     let _ = phase.send(Phase::Starting {
@@ -554,6 +570,7 @@ impl Generation {
         draining.push(std::process::id());
         let sockets = self.holdings.offer();
         let backends = carry_out(&self.pools);
+        let report = self.admin.report();
         let exec = self.exec.clone();
         let ready_timeout = self.config.reload.ready_timeout;
         let generation = self.number + 1;
@@ -567,6 +584,7 @@ impl Generation {
                     sockets,
                     draining,
                     backends,
+                    report,
                 },
                 ready_timeout,
             )
@@ -584,7 +602,22 @@ impl Generation {
         self.health_stop.cancel();
         self.admin_stop.cancel();
         let budget = self.config.reload.drain_timeout;
+        self.publish_deadline(Instant::now() + budget);
+        let channel = Arc::new(successor.channel);
+        let reporting = CancellationToken::new();
+        tokio::spawn(report_while_draining(
+            Arc::clone(&channel),
+            Arc::clone(&self.admin),
+            reporting.clone(),
+        ));
         let outcome = self.drain_for(budget, DrainReason::Reload).await;
+        reporting.cancel();
+        // The last word: everything counted up to now, so the successor's
+        // totals are exact once we are gone.
+        let last = Message::Report(self.admin.report());
+        if let Err(err) = channel.send(&last, &[]).await {
+            tracing::info!(cause = %err, "could not send the final report to the successor");
+        }
         self.exit_code(outcome)
     }
 
@@ -699,6 +732,25 @@ impl Generation {
                 );
                 exit::FORCED
             }
+        }
+    }
+}
+
+/// Sends our counters and live generations to the successor at once (our
+/// drain deadline is known by then), then every half second while we drain.
+async fn report_while_draining(
+    channel: Arc<Channel>,
+    admin: Arc<AdminShared>,
+    stop: CancellationToken,
+) {
+    loop {
+        if let Err(err) = channel.send(&Message::Report(admin.report()), &[]).await {
+            tracing::info!(cause = %err, "successor stopped taking reports");
+            return;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }
 }

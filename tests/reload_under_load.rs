@@ -5,7 +5,7 @@
 mod support;
 
 use support::backend::{HttpBackend, TcpEcho};
-use support::daemon::{fd_count, processes_for, wait_exit, Baton, Spec};
+use support::daemon::{processes_for, settled_fd_count, wait_exit, Baton, Spec};
 use support::load::{Load, Targets};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -28,7 +28,8 @@ async fn twenty_reloads_under_load_fail_nothing_and_leak_nothing() {
         Some(0),
         "generation 1 must drain cleanly"
     );
-    let baseline_fds = fd_count(first_new);
+    baton.settled().await;
+    let baseline_fds = settled_fd_count(first_new).await;
     old = first_new;
 
     let load = Load::start(Targets {
@@ -55,8 +56,9 @@ async fn twenty_reloads_under_load_fail_nothing_and_leak_nothing() {
     // loaded generation do not count: the handoff path itself must not leak.
     let last = baton.reload_ok().await;
     assert_eq!(wait_exit(old).await, Some(0));
+    baton.settled().await;
     assert_eq!(
-        fd_count(last),
+        settled_fd_count(last).await,
         baseline_fds,
         "fds of generation 22 vs generation 2"
     );

@@ -4,6 +4,7 @@
 //! and never reaches into connections.
 
 pub mod client;
+mod generations;
 mod routes;
 
 use std::net::SocketAddr;
@@ -36,6 +37,8 @@ pub struct ListenerView {
     pub bind: SocketAddr,
     pub protocol: Protocol,
     pub stats: Arc<ListenerStats>,
+    /// Inodes of its listening sockets, to find their accept queues.
+    pub inodes: Vec<u64>,
 }
 
 /// What the data plane looks like once built (absent during start-up).
@@ -54,6 +57,8 @@ pub struct AdminShared {
     pub metrics: Option<PrometheusHandle>,
     /// Drain deadline as Unix seconds, once a drain has one.
     pub drain_deadline: RwLock<Option<SystemTime>>,
+    /// What older generations reported (see `generations`).
+    pub inherited: RwLock<crate::lifecycle::handoff::Report>,
 }
 
 impl AdminShared {

@@ -2,7 +2,7 @@
 //! Every answer is JSON except `/metrics` (Prometheus text).
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
@@ -91,11 +91,7 @@ fn readiness(state: &AdminShared) -> Reply {
     }
 }
 
-fn unix(t: SystemTime) -> f64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
+use super::generations::unix;
 
 fn backend_json(b: &Backend) -> Value {
     let last = b
@@ -121,23 +117,23 @@ fn pool_json(p: &Pool) -> Value {
 
 fn status(state: &AdminShared) -> Reply {
     let topology = state.topology();
-    let g = &state.generation;
-    let in_flight: usize = topology.listeners.iter().map(|l| l.stats.active()).sum();
-    let deadline = state.drain_deadline.read().ok().and_then(|d| *d);
-    let left = deadline.map(|d| {
-        d.duration_since(SystemTime::now())
-            .map(|l| l.as_secs_f64())
-            .unwrap_or(0.0)
-    });
-    let generation = json!({
-        "number": g.number,
-        "pid": g.pid,
-        "state": state.phase.borrow().as_str(),
-        "started_at": unix(g.started_at),
-        "in_flight": in_flight,
-        "drain_deadline": deadline.map(unix),
-        "drain_seconds_left": left,
-    });
+    let now = unix(SystemTime::now());
+    let generations: Vec<Value> = state
+        .generations()
+        .iter()
+        .map(|g| {
+            json!({
+                "number": g.number,
+                "pid": g.pid,
+                "state": g.state,
+                "started_at": g.started_at,
+                "in_flight": g.in_flight,
+                "active": g.active,
+                "drain_deadline": g.drain_deadline,
+                "drain_seconds_left": g.drain_deadline.map(|d| (d - now).max(0.0)),
+            })
+        })
+        .collect();
     let listeners: Vec<Value> = topology
         .listeners
         .iter()
@@ -149,7 +145,7 @@ fn status(state: &AdminShared) -> Reply {
         json!({
             "version": crate::VERSION,
             "commit": crate::COMMIT,
-            "generations": [generation],
+            "generations": generations,
             "listeners": listeners,
             "pools": pools,
         }),
@@ -157,11 +153,7 @@ fn status(state: &AdminShared) -> Reply {
 }
 
 fn metrics(state: &AdminShared) -> Reply {
-    let text = state
-        .metrics
-        .as_ref()
-        .map(|h| h.render())
-        .unwrap_or_default();
+    let text = state.render_metrics();
     let mut reply = Response::new(Full::new(Bytes::from(text)));
     reply.headers_mut().insert(
         CONTENT_TYPE,

@@ -14,7 +14,7 @@ use tokio::process::{Child, Command};
 
 use tokio::time::Instant;
 
-use super::handoff::{BackendCarry, Channel, HandoffError, Message, SocketEntry, ENV_FD};
+use super::handoff::{BackendCarry, Channel, HandoffError, Message, Report, SocketEntry, ENV_FD};
 use super::inventory::Inventory;
 use super::systemd;
 
@@ -42,11 +42,12 @@ impl Exec {
 }
 
 /// A new generation that has taken over accepting.
-#[derive(Debug)]
 pub struct Successor {
     pub pid: u32,
     /// Names of the sockets it took over; the others are ours to close.
     pub adopted: Vec<String>,
+    /// Still open: our drain reports its counters to the successor here.
+    pub channel: Channel,
 }
 
 /// Kills the child unless disarmed: a handoff that fails, or is abandoned
@@ -103,6 +104,7 @@ pub struct Offer {
     pub sockets: Vec<(SocketEntry, OwnedFd)>,
     pub draining: Vec<u32>,
     pub backends: Vec<BackendCarry>,
+    pub report: Report,
 }
 
 /// Runs the whole handoff from N's side, bounded by `ready_timeout`.
@@ -143,7 +145,11 @@ pub async fn hand_over(
     match result {
         Ok(adopted) => {
             guard.pid = None;
-            Ok(Successor { pid, adopted })
+            Ok(Successor {
+                pid,
+                adopted,
+                channel,
+            })
         }
         Err(err) => {
             if named_to_systemd {
@@ -170,6 +176,7 @@ async fn converse(
         sockets: entries,
         draining: offer.draining,
         backends: offer.backends,
+        report: Some(offer.report),
     };
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
     channel.send(&message, &borrowed).await?;
@@ -226,6 +233,8 @@ pub struct Parent {
     pub generation: u64,
     pub draining: Vec<u32>,
     pub backends: Vec<BackendCarry>,
+    /// The old generation's counters and live generations at the offer.
+    pub report: Report,
 }
 
 impl Parent {
@@ -241,6 +250,7 @@ impl Parent {
             sockets,
             draining,
             backends,
+            report,
         } = message
         else {
             return Err(HandoverError::OutOfTurn(format!("{message:?}")));
@@ -255,6 +265,7 @@ impl Parent {
                 generation,
                 draining,
                 backends,
+                report: report.unwrap_or_default(),
             },
             inventory,
         ))
@@ -269,10 +280,11 @@ impl Parent {
         }
     }
 
-    /// Confirms we accept; the channel closes here (N needs it no more).
-    pub async fn accepting(self) -> Result<(), HandoverError> {
+    /// Confirms we accept. The channel stays open: the old generation
+    /// reports its counters on it while it drains (see [`reports`]).
+    pub async fn accepting(self) -> Result<Channel, HandoverError> {
         self.channel.send(&Message::Accepting, &[]).await?;
-        Ok(())
+        Ok(self.channel)
     }
 
     /// Tells N why we cannot take over, before we exit with `exit_code`.
@@ -285,4 +297,24 @@ impl Parent {
             tracing::warn!(cause = %err, "could not report failure to the old generation");
         }
     }
+}
+
+/// Reads an old generation's reports until it exits (the channel closes),
+/// handing each to `on_report`; `on_exit` runs once it is gone.
+pub async fn reports(channel: Channel, on_report: impl Fn(Report), on_exit: impl FnOnce()) {
+    loop {
+        match channel.recv().await {
+            Ok((Message::Report(report), _)) => on_report(report),
+            Ok((other, _)) => {
+                tracing::debug!(message = ?other, "unexpected message from the old generation")
+            }
+            Err(HandoffError::Closed) => break,
+            Err(err) => {
+                tracing::warn!(cause = %err, "old generation's reports ended");
+                break;
+            }
+        }
+    }
+    drop(channel);
+    on_exit();
 }

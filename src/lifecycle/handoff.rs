@@ -29,7 +29,7 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const ENV_FD: &str = "BATON_HANDOFF_FD";
 /// At most this many fds travel in one offer (the kernel's SCM_MAX_FD is 253).
 pub const MAX_FDS: usize = 250;
-const MAX_MESSAGE: usize = 256 * 1024;
+const MAX_MESSAGE: usize = 1024 * 1024;
 
 /// One socket in an offer: its listener name and the address it is bound to.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -49,7 +49,31 @@ pub struct BackendCarry {
     pub healthy: Option<bool>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+/// One live generation, as the newest one's `/status` and `/metrics` show it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct GenerationEntry {
+    pub number: u64,
+    pub pid: u32,
+    pub state: String,
+    pub started_at: f64,
+    pub in_flight: u64,
+    pub drain_deadline: Option<f64>,
+    /// Open connections by listener name.
+    pub active: std::collections::BTreeMap<String, u64>,
+    pub process: crate::metrics::process::ProcessStats,
+}
+
+/// What an older generation tells the next: its cumulative counter series
+/// (its own plus everything it inherited) and the generations still alive
+/// behind it, itself first. Sent with the offer, then every half second
+/// while it drains, and a last time as it exits.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    pub baseline: crate::metrics::exposition::Baseline,
+    pub generations: Vec<GenerationEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
     Offer {
@@ -59,6 +83,8 @@ pub enum Message {
         draining: Vec<u32>,
         #[serde(default)]
         backends: Vec<BackendCarry>,
+        #[serde(default)]
+        report: Option<Report>,
     },
     /// N+1 is ready; `adopted` names the sockets it took over (N serves
     /// the accept queue of any other before closing it).
@@ -71,6 +97,8 @@ pub enum Message {
     },
     Commit,
     Accepting,
+    /// From a draining generation to its successor (see [`Report`]).
+    Report(Report),
 }
 
 #[derive(Serialize)]
@@ -281,6 +309,7 @@ mod tests {
             }],
             draining: vec![1],
             backends: Vec::new(),
+            report: None,
         };
         a.send(&offer, &[listener.as_fd()]).await.expect("send");
         let (got, fds) = b.recv().await.expect("recv");

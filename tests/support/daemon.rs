@@ -298,6 +298,20 @@ impl Baton {
         result
     }
 
+    /// Waits until `/status` lists only the serving generation: every older
+    /// one has exited and its report channel is closed.
+    pub async fn settled(&self) {
+        let admin = self.admin;
+        super::eventually("only one generation left in /status", || async move {
+            let Ok(a) = super::client::get(admin, "/status").await else {
+                return false;
+            };
+            serde_json::from_str::<serde_json::Value>(&a.body)
+                .is_ok_and(|v| v["generations"].as_array().is_some_and(|g| g.len() == 1))
+        })
+        .await;
+    }
+
     /// Reloads and insists it worked.
     pub async fn reload_ok(&self) -> u32 {
         let r = self.reload().await;
@@ -355,6 +369,17 @@ pub fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
         .unwrap_or(0)
+}
+
+/// The fewest open fds `pid` shows over half a second: connections the
+/// test itself just made to the admin or control socket close within it.
+pub async fn settled_fd_count(pid: u32) -> usize {
+    let mut fewest = usize::MAX;
+    for _ in 0..10 {
+        fewest = fewest.min(fd_count(pid));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    fewest
 }
 
 /// Pids of running processes whose parent is `parent`.

@@ -3,6 +3,10 @@
 //! Hot paths hold pre-built handles (no label formatting per request), and
 //! building a handle at start creates the series at 0, as DESIGN.md asks.
 
+pub mod exposition;
+pub mod kernel;
+pub mod process;
+
 use metrics::{
     describe_counter, describe_gauge, describe_histogram, Counter, Gauge, Histogram, Unit,
 };
@@ -28,6 +32,13 @@ pub const DRAINED_CONNECTIONS: &str = "baton_drained_connections_total";
 pub const DRAIN_FORCED: &str = "baton_drain_forced_connections_total";
 pub const BUILD_INFO: &str = "baton_build_info";
 pub const LONG_LIVED_DRAINED: &str = "baton_long_lived_drained_total";
+pub const LISTENER_BACKLOG: &str = "baton_listener_backlog";
+pub const KERNEL_LISTEN_OVERFLOWS: &str = "baton_kernel_listen_overflows_total";
+pub const KERNEL_LISTEN_DROPS: &str = "baton_kernel_listen_drops_total";
+pub const KERNEL_MIGRATE_REQ: &str = "baton_kernel_migrate_req_total";
+pub const PROCESS_OPEN_FDS: &str = "baton_process_open_fds";
+pub const PROCESS_RESIDENT: &str = "baton_process_resident_memory_bytes";
+pub const PROCESS_CPU: &str = "baton_process_cpu_seconds";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -105,6 +116,49 @@ fn describe() {
         BUILD_INFO,
         "Always 1; labels carry the running version and commit."
     );
+    describe_more();
+}
+
+fn describe_more() {
+    describe_gauge!(
+        BACKEND_STATE,
+        "1 for the backend's current state (up, down, draining, out), else 0."
+    );
+    describe_counter!(HEALTH_CHECKS, "Active health checks, by result.");
+    describe_counter!(
+        NO_BACKEND,
+        "Requests or connections refused because no backend of the pool was up."
+    );
+    describe_counter!(
+        LONG_LIVED_DRAINED,
+        "Long-lived streams (WebSocket, other upgrades, SSE) ended by a drain, by kind."
+    );
+    describe_gauge!(
+        LISTENER_BACKLOG,
+        "Connections waiting in the kernel accept queue of a listener's sockets."
+    );
+    describe_counter!(
+        KERNEL_LISTEN_OVERFLOWS,
+        "The network namespace's TcpExt ListenOverflows (accept queue full)."
+    );
+    describe_counter!(
+        KERNEL_LISTEN_DROPS,
+        "The network namespace's TcpExt ListenDrops."
+    );
+    describe_counter!(
+        KERNEL_MIGRATE_REQ,
+        "The network namespace's TCPMigrateReqSuccess/Failure, by result."
+    );
+    describe_gauge!(
+        PROCESS_OPEN_FDS,
+        "Open fds: the serving generation, and the draining ones summed."
+    );
+    describe_gauge!(
+        PROCESS_RESIDENT,
+        Unit::Bytes,
+        "Resident memory: the serving generation, and the draining ones summed."
+    );
+    describe_gauge!(PROCESS_CPU, Unit::Seconds, "CPU seconds used: the serving generation, and the draining ones summed (a gauge: an exit lowers the sum).");
 }
 
 /// Per-listener connection counters.
@@ -115,6 +169,9 @@ pub struct ListenerMetrics {
 }
 
 pub fn listener(name: &str) -> ListenerMetrics {
+    metrics::gauge!(CONNECTIONS_ACTIVE, "listener" => name.to_string(), "state" => "draining")
+        .set(0.0);
+    metrics::gauge!(LISTENER_BACKLOG, "listener" => name.to_string()).set(0.0);
     ListenerMetrics {
         accepted: metrics::counter!(CONNECTIONS_ACCEPTED, "listener" => name.to_string()),
         active: metrics::gauge!(CONNECTIONS_ACTIVE, "listener" => name.to_string(), "state" => "serving"),
@@ -304,4 +361,38 @@ pub fn reload_finished(ok: bool, seconds: f64) {
     } else {
         metrics::counter!(RELOADS, "result" => "failed").increment(1);
     }
+}
+
+/// Numbers read when `/metrics` renders rather than counted as they happen.
+pub struct Sampled<'a> {
+    /// Accept-queue length by listener name.
+    pub backlog: Vec<(&'a str, u64)>,
+    /// Open connections of draining generations, by listener name.
+    pub draining_active: std::collections::BTreeMap<String, u64>,
+    pub draining_generations: usize,
+    pub serving: process::ProcessStats,
+    pub draining: process::ProcessStats,
+    pub netstat: kernel::Netstat,
+}
+
+pub fn record_sampled(s: &Sampled<'_>) {
+    for (listener, queue) in &s.backlog {
+        metrics::gauge!(LISTENER_BACKLOG, "listener" => listener.to_string()).set(*queue as f64);
+    }
+    for (listener, n) in &s.draining_active {
+        metrics::gauge!(CONNECTIONS_ACTIVE, "listener" => listener.clone(), "state" => "draining")
+            .set(*n as f64);
+    }
+    metrics::gauge!(DRAINING_GENERATIONS).set(s.draining_generations as f64);
+    for (state, p) in [("serving", &s.serving), ("draining", &s.draining)] {
+        metrics::gauge!(PROCESS_OPEN_FDS, "state" => state).set(p.open_fds as f64);
+        metrics::gauge!(PROCESS_RESIDENT, "state" => state).set(p.resident_bytes as f64);
+        metrics::gauge!(PROCESS_CPU, "state" => state).set(p.cpu_seconds);
+    }
+    metrics::counter!(KERNEL_LISTEN_OVERFLOWS).absolute(s.netstat.listen_overflows);
+    metrics::counter!(KERNEL_LISTEN_DROPS).absolute(s.netstat.listen_drops);
+    metrics::counter!(KERNEL_MIGRATE_REQ, "result" => "success")
+        .absolute(s.netstat.migrate_success);
+    metrics::counter!(KERNEL_MIGRATE_REQ, "result" => "failure")
+        .absolute(s.netstat.migrate_failure);
 }

@@ -1,0 +1,140 @@
+//! One view over every live generation: this one, plus what the older ones
+//! still draining reported (their counters become our baseline, so no
+//! counter ever goes backwards across a reload; their connections and
+//! process numbers show under `state="draining"`).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::AdminShared;
+use crate::lifecycle::handoff::{GenerationEntry, Report};
+use crate::metrics::{self, exposition, kernel, process, Sampled};
+
+pub fn unix(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl AdminShared {
+    /// Takes a report from the older generation (with the offer, or while
+    /// it drains).
+    pub fn set_inherited(&self, report: Report) {
+        tracing::debug!(
+            series = report.baseline.len(),
+            generations = report.generations.len(),
+            "report from the older generation"
+        );
+        if let Ok(mut r) = self.inherited.write() {
+            *r = report;
+        }
+    }
+
+    /// The older generation exited: its last counters stay, its entries go.
+    pub fn inherited_exited(&self) {
+        if let Ok(mut r) = self.inherited.write() {
+            r.generations.clear();
+        }
+    }
+
+    fn inherited(&self) -> Report {
+        self.inherited.read().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// This generation's own entry.
+    pub fn own_entry(&self) -> GenerationEntry {
+        let topology = self.topology();
+        let active = topology
+            .listeners
+            .iter()
+            .map(|l| (l.name.clone(), l.stats.active() as u64))
+            .collect();
+        let in_flight = topology
+            .listeners
+            .iter()
+            .map(|l| l.stats.active() as u64)
+            .sum();
+        GenerationEntry {
+            number: self.generation.number,
+            pid: self.generation.pid,
+            state: self.phase.borrow().as_str().to_string(),
+            started_at: unix(self.generation.started_at),
+            in_flight,
+            drain_deadline: self.drain_deadline.read().ok().and_then(|d| *d).map(unix),
+            active,
+            process: process::read(),
+        }
+    }
+
+    /// Every live generation, newest (this one) first.
+    pub fn generations(&self) -> Vec<GenerationEntry> {
+        let mut all = vec![self.own_entry()];
+        // Older generations are draining once we serve, whatever their last
+        // report (sent before the takeover) said.
+        all.extend(self.inherited().generations.into_iter().map(|mut g| {
+            g.state = "draining".to_string();
+            g
+        }));
+        all
+    }
+
+    /// The exposition `/metrics` serves: our series plus the baseline, with
+    /// the sampled gauges (queues, kernel, processes) refreshed first.
+    pub fn render_metrics(&self) -> String {
+        let Some(handle) = &self.metrics else {
+            return String::new();
+        };
+        let inherited = self.inherited();
+        self.sample(&inherited);
+        exposition::merge(&handle.render(), &inherited.baseline)
+    }
+
+    fn sample(&self, inherited: &Report) {
+        let topology = self.topology();
+        let queues = kernel::listen_queues();
+        let backlog = topology
+            .listeners
+            .iter()
+            .map(|l| {
+                (
+                    l.name.as_str(),
+                    l.inodes.iter().filter_map(|i| queues.get(i)).sum(),
+                )
+            })
+            .collect();
+        let mut draining_active = std::collections::BTreeMap::new();
+        let mut draining = process::ProcessStats::default();
+        for g in &inherited.generations {
+            for (listener, n) in &g.active {
+                *draining_active.entry(listener.clone()).or_insert(0) += n;
+            }
+            draining.add(&g.process);
+        }
+        for l in &topology.listeners {
+            draining_active.entry(l.name.clone()).or_insert(0);
+        }
+        metrics::record_sampled(&Sampled {
+            backlog,
+            draining_active,
+            draining_generations: inherited.generations.len(),
+            serving: process::read(),
+            draining,
+            netstat: kernel::netstat(),
+        });
+    }
+
+    /// What we tell our successor: cumulative counters and live generations.
+    /// (No sampling here: sampled series are gauges or the kernel's own
+    /// absolute counters, which are never carried.)
+    pub fn report(&self) -> Report {
+        let inherited = self.inherited();
+        let own = self
+            .metrics
+            .as_ref()
+            .map(|h| h.render())
+            .unwrap_or_default();
+        Report {
+            baseline: exposition::baseline(&exposition::merge(&own, &inherited.baseline)),
+            generations: self.generations(),
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! Counters that never go backwards across generations. The Prometheus
+//! recorder cannot be seeded, so a generation carries a *baseline*: the
+//! counter and histogram series its predecessor reported (cumulative, its
+//! own plus its own predecessors'), added to ours when `/metrics` renders.
+//! Everything works on the text exposition format, the one thing every
+//! generation (and every binary version) agrees on.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+/// One carried series: its family, kind and value.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Series {
+    pub family: String,
+    pub kind: String,
+    pub value: f64,
+    /// The family's help text, for a family only the baseline has.
+    #[serde(default)]
+    pub help: Option<String>,
+}
+
+/// Series by their full sample key (`name{labels}`).
+pub type Baseline = BTreeMap<String, Series>;
+
+/// Families whose values are the kernel's absolute numbers, already the
+/// same in every generation: never added up.
+fn carried(family: &str, kind: &str) -> bool {
+    (kind == "counter" || kind == "histogram") && !family.starts_with("baton_kernel_")
+}
+
+struct Family {
+    name: String,
+    kind: String,
+    help: Option<String>,
+    samples: Vec<(String, f64)>,
+}
+
+fn parse(text: &str) -> Vec<Family> {
+    let mut families: Vec<Family> = Vec::new();
+    let mut help: Option<(String, String)> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            help = Some((name.to_string(), text.to_string()));
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let help_text = help.take().filter(|(n, _)| n == name).map(|(_, h)| h);
+            families.push(Family {
+                name: name.to_string(),
+                kind: kind.to_string(),
+                help: help_text,
+                samples: Vec::new(),
+            });
+        } else if !line.is_empty() && !line.starts_with('#') {
+            let Some((key, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            match families.last_mut() {
+                Some(f) if key.starts_with(&f.name) => f.samples.push((key.to_string(), value)),
+                _ => families.push(Family {
+                    name: sample_name(key).to_string(),
+                    kind: "untyped".into(),
+                    help: None,
+                    samples: vec![(key.to_string(), value)],
+                }),
+            }
+        }
+    }
+    families
+}
+
+fn sample_name(key: &str) -> &str {
+    key.split_once('{').map_or(key, |(n, _)| n)
+}
+
+/// The carried series of a rendered exposition.
+pub fn baseline(text: &str) -> Baseline {
+    let mut out = Baseline::new();
+    for f in parse(text) {
+        if !carried(&f.name, &f.kind) {
+            continue;
+        }
+        for (key, value) in f.samples {
+            out.insert(
+                key,
+                Series {
+                    family: f.name.clone(),
+                    kind: f.kind.clone(),
+                    help: f.help.clone(),
+                    value,
+                },
+            );
+        }
+    }
+    out
+}
+
+/// Our rendered exposition with `baseline` added: matching series summed,
+/// series only the baseline has appended to their family (or to a new one).
+pub fn merge(own: &str, baseline: &Baseline) -> String {
+    let mut families = parse(own);
+    let mut unmatched: BTreeMap<&str, Vec<(&str, &Series)>> = BTreeMap::new();
+    let own_keys: std::collections::HashSet<String> = families
+        .iter()
+        .flat_map(|f| f.samples.iter().map(|(k, _)| k.clone()))
+        .collect();
+    for (key, series) in baseline {
+        if !own_keys.contains(key) {
+            unmatched
+                .entry(series.family.as_str())
+                .or_default()
+                .push((key, series));
+        }
+    }
+    for f in &mut families {
+        if !carried(&f.name, &f.kind) {
+            continue;
+        }
+        for (key, value) in &mut f.samples {
+            if let Some(s) = baseline.get(key.as_str()) {
+                *value += s.value;
+            }
+        }
+        if let Some(extra) = unmatched.remove(f.name.as_str()) {
+            f.samples
+                .extend(extra.into_iter().map(|(k, s)| (k.to_string(), s.value)));
+        }
+    }
+    for (family, extra) in unmatched {
+        let kind = extra
+            .first()
+            .map_or("counter", |(_, s)| s.kind.as_str())
+            .to_string();
+        let help = extra.first().and_then(|(_, s)| s.help.clone());
+        let samples = extra
+            .into_iter()
+            .map(|(k, s)| (k.to_string(), s.value))
+            .collect();
+        families.push(Family {
+            name: family.to_string(),
+            kind,
+            help,
+            samples,
+        });
+    }
+    render(&families)
+}
+
+fn render(families: &[Family]) -> String {
+    let mut out = String::new();
+    for f in families {
+        if let Some(h) = &f.help {
+            let _ = writeln!(out, "# HELP {} {h}", f.name);
+        }
+        if f.kind != "untyped" {
+            let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
+        }
+        for (key, value) in &f.samples {
+            let _ = writeln!(out, "{key} {}", number(*value));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn number(v: f64) -> String {
+    if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OLD: &str = "# HELP baton_requests_total Requests.\n# TYPE baton_requests_total counter\nbaton_requests_total{code=\"2xx\"} 10\nbaton_requests_total{code=\"5xx\"} 1\n\n# TYPE baton_generation gauge\nbaton_generation 1\n\n# TYPE baton_kernel_listen_drops_total counter\nbaton_kernel_listen_drops_total 7\n\n# TYPE baton_d_seconds histogram\nbaton_d_seconds_bucket{le=\"0.1\"} 3\nbaton_d_seconds_bucket{le=\"+Inf\"} 4\nbaton_d_seconds_sum 0.5\nbaton_d_seconds_count 4\n";
+    const NEW: &str = "# HELP baton_requests_total Requests.\n# TYPE baton_requests_total counter\nbaton_requests_total{code=\"2xx\"} 2\n\n# TYPE baton_generation gauge\nbaton_generation 2\n\n# TYPE baton_kernel_listen_drops_total counter\nbaton_kernel_listen_drops_total 7\n";
+
+    #[test]
+    fn counters_and_histograms_add_up_and_gauges_do_not() {
+        let merged = merge(NEW, &baseline(OLD));
+        assert!(
+            merged.contains("baton_requests_total{code=\"2xx\"} 12\n"),
+            "{merged}"
+        );
+        assert!(
+            merged.contains("baton_requests_total{code=\"5xx\"} 1\n"),
+            "{merged}"
+        );
+        assert!(merged.contains("baton_generation 2\n"), "{merged}");
+        assert!(
+            merged.contains("baton_kernel_listen_drops_total 7\n"),
+            "{merged}"
+        );
+        assert!(
+            merged.contains(
+                "# TYPE baton_d_seconds histogram\nbaton_d_seconds_bucket{le=\"+Inf\"} 4\n"
+            ),
+            "{merged}"
+        );
+        assert!(merged.contains("baton_d_seconds_sum 0.5\n"), "{merged}");
+        assert!(merged.contains("# HELP baton_requests_total Requests.\n"));
+    }
+
+    #[test]
+    fn a_baseline_is_cumulative_through_generations() {
+        let second = merge(NEW, &baseline(OLD));
+        let third = merge("", &baseline(&second));
+        assert!(
+            third.contains("baton_requests_total{code=\"2xx\"} 12\n"),
+            "{third}"
+        );
+    }
+}

@@ -1,0 +1,423 @@
+//! Metrics and status follow both generations: counters never go backwards
+//! across reloads and add up to exactly what clients received, draining
+//! generations show in `/status`, the kernel's own counters say no reload
+//! dropped a connection, and real Prometheus tooling accepts it all.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use support::backend::HttpBackend;
+use support::client;
+use support::daemon::{free_addr, wait_exit, Baton, Spec};
+use support::load::{Load, Targets};
+
+/// Counter and histogram series of one scrape (`name{labels}` → value).
+fn counters(text: &str) -> HashMap<String, f64> {
+    let mut kinds = HashMap::new();
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some((name, kind)) = rest.split_once(' ') {
+                kinds.insert(name.to_string(), kind.to_string());
+            }
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let Some((key, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let name = key.split('{').next().unwrap_or(key);
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .filter(|f| kinds.get(*f).is_some_and(|k| k == "histogram"))
+            .unwrap_or(name);
+        if matches!(
+            kinds.get(family).map(String::as_str),
+            Some("counter" | "histogram")
+        ) {
+            out.insert(key.to_string(), value.parse().unwrap_or(f64::NAN));
+        }
+    }
+    out
+}
+
+fn requests_total(text: &str) -> f64 {
+    counters(text)
+        .iter()
+        .filter(|(k, _)| k.starts_with("baton_requests_total"))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+async fn scrape(admin: std::net::SocketAddr) -> Result<String, String> {
+    let a = client::get(admin, "/metrics").await?;
+    if a.status == 200 {
+        Ok(a.body)
+    } else {
+        Err(format!("status {}", a.status))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_never_go_backwards_and_add_up_across_ten_reloads() {
+    let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
+    let baton = Baton::start(
+        Spec::new()
+            .http("web", "app")
+            .pool("app", &[a.addr, b.addr]),
+    )
+    .await;
+    let admin = baton.admin;
+    let load = Load::start(Targets {
+        http: Some(baton.addr("web")),
+        tcp: None,
+        names: vec!["a", "b"],
+    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let scraped = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let scraper = {
+        let (stop, scraped) = (stop.clone(), std::sync::Arc::clone(&scraped));
+        tokio::spawn(async move {
+            let mut highest: HashMap<String, f64> = HashMap::new();
+            let (mut scrapes, mut problems) = (0u32, Vec::new());
+            while !stop.is_cancelled() {
+                match scrape(admin).await {
+                    Ok(text) => {
+                        scrapes += 1;
+                        scraped.fetch_add(1, Ordering::SeqCst);
+                        for (key, value) in counters(&text) {
+                            let before = highest.entry(key.clone()).or_insert(value);
+                            if value < *before {
+                                problems.push(format!("{key} went from {before} to {value}"));
+                            }
+                            *before = before.max(value);
+                        }
+                    }
+                    Err(e) => problems.push(format!("scrape failed: {e}")),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (scrapes, problems)
+        })
+    };
+    load.progress(50).await;
+    for _ in 0..10 {
+        let old = baton.serving_pid().await;
+        let seen = scraped.load(Ordering::SeqCst);
+        baton.reload_ok().await;
+        load.progress(30).await;
+        // Scrapes land while the old generation drains and after it left.
+        support::eventually("scrapes during the reload", || async {
+            scraped.load(Ordering::SeqCst) > seen
+        })
+        .await;
+        assert_eq!(wait_exit(old).await, Some(0));
+        let seen = scraped.load(Ordering::SeqCst);
+        support::eventually("scrapes after the reload", || async {
+            scraped.load(Ordering::SeqCst) > seen
+        })
+        .await;
+    }
+    let report = load.stop().await;
+    report.assert_clean();
+    stop.cancel();
+    let (scrapes, problems) = scraper.await.expect("scraper");
+    assert!(scrapes >= 20, "scraped {scrapes} times");
+    assert!(problems.is_empty(), "{problems:#?}");
+    // Every response a client received was counted once, by some generation.
+    let received = report.ok as f64;
+    support::eventually("requests_total equals what clients received", || async {
+        scrape(admin)
+            .await
+            .is_ok_and(|t| requests_total(&t) == received)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_a_draining_generation_with_its_connection() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let web = baton.addr("web");
+    let old = baton.serving_pid().await;
+    let slow = tokio::spawn(async move { client::get(web, "/slow/2500").await });
+    support::eventually("slow request arrived", || async {
+        backend.hits.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    let new = baton.reload_ok().await;
+    let status = client::get(baton.admin, "/status").await.expect("status");
+    let v: serde_json::Value = serde_json::from_str(&status.body).expect("json");
+    let generations = v["generations"].as_array().expect("generations");
+    assert_eq!(generations.len(), 2, "{}", status.body);
+    assert_eq!(generations[0]["pid"], new);
+    assert_eq!(generations[0]["state"], "active");
+    assert_eq!(generations[1]["pid"], old);
+    assert_eq!(generations[1]["state"], "draining");
+    assert_eq!(generations[1]["in_flight"], 1);
+    assert!(generations[1]["drain_seconds_left"]
+        .as_f64()
+        .is_some_and(|l| l > 0.0));
+    let metrics = scrape(baton.admin).await.expect("scrape");
+    assert!(
+        metrics.contains("baton_connections_active{listener=\"web\",state=\"draining\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("baton_draining_generations 1"));
+    assert_eq!(slow.await.expect("join").expect("slow").status, 200);
+    assert_eq!(wait_exit(old).await, Some(0));
+    support::eventually("the old generation leaves /status", || async {
+        let s = client::get(baton.admin, "/status").await.expect("status");
+        serde_json::from_str::<serde_json::Value>(&s.body)
+            .is_ok_and(|v| v["generations"].as_array().is_some_and(|g| g.len() == 1))
+    })
+    .await;
+}
+
+/// A tool from Debian's `prometheus` package; `.ci/run` installs it. Off
+/// CI, a machine without it skips the check and says so.
+fn tool(name: &str) -> Option<&'static str> {
+    let path: &'static str = match name {
+        "promtool" => "/usr/bin/promtool",
+        _ => "/usr/bin/prometheus",
+    };
+    if std::path::Path::new(path).exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{path} is missing on CI: .ci/run must install the prometheus package"
+    );
+    eprintln!("SKIPPED: {path} not installed (apt-get install prometheus)");
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_accepts_a_real_scrape_and_the_shipped_rules() {
+    let Some(promtool) = tool("promtool") else {
+        return;
+    };
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    for i in 0..5 {
+        client::get(baton.addr("web"), &format!("/{i}"))
+            .await
+            .expect("get");
+    }
+    baton.reload_ok().await;
+    client::get(baton.addr("web"), "/after").await.expect("get");
+    let text = scrape(baton.admin).await.expect("scrape");
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    if let Some(mut stdin) = child.stdin.take() {
+        std::io::Write::write_all(&mut stdin, text.as_bytes()).expect("feed promtool");
+    }
+    let out = child.wait_with_output().expect("promtool output");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/prometheus/baton.rules.yml"
+    );
+    let out = std::process::Command::new(promtool)
+        .args(["check", "rules", rules])
+        .output()
+        .expect("promtool");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kernel_drops_nothing_in_a_connection_storm_across_ten_reloads() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let before = baton::metrics::kernel::netstat();
+    let metrics_before = scrape(baton.admin).await.expect("scrape");
+    let web = baton.addr("web");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let storm: Vec<_> = (0..8)
+        .map(|i| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0u64, 0u64);
+                let started = tokio::time::Instant::now();
+                while !stop.is_cancelled() && started.elapsed() < Duration::from_secs(60) {
+                    match client::get(web, &format!("/storm/{i}")).await {
+                        Ok(a) if a.status == 200 => ok += 1,
+                        _ => failed += 1,
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    for _ in 0..10 {
+        let old = baton.serving_pid().await;
+        baton.reload_ok().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(wait_exit(old).await, Some(0));
+    }
+    stop.cancel();
+    let (mut ok, mut failed) = (0, 0);
+    for s in storm {
+        let (o, f) = s.await.expect("join");
+        ok += o;
+        failed += f;
+    }
+    assert!(ok > 100, "the storm ran ({ok} requests)");
+    assert_eq!(failed, 0, "no connection of the storm failed");
+    let after = baton::metrics::kernel::netstat();
+    assert_eq!(
+        (after.listen_drops, after.listen_overflows),
+        (before.listen_drops, before.listen_overflows),
+        "the kernel dropped nothing"
+    );
+    let metrics_after = scrape(baton.admin).await.expect("scrape");
+    for name in [
+        "baton_kernel_listen_drops_total",
+        "baton_kernel_listen_overflows_total",
+    ] {
+        let value = |t: &str| counters(t).get(name).copied();
+        assert_eq!(
+            value(&metrics_before),
+            value(&metrics_after),
+            "{name} did not move"
+        );
+    }
+    assert_eq!(
+        counters(&metrics_after)
+            .get("baton_kernel_listen_drops_total")
+            .copied(),
+        Some(after.listen_drops as f64)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_backlog_agrees_with_ss() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", "max_connections = 1")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let mut holder = client::connect(web).await.expect("holder");
+    client::send(&mut holder, web, "/hold").await.expect("hold");
+    let _queued: Vec<_> = futures_join(web, 4).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let out = std::process::Command::new("ss")
+        .args(["-ltnH", &format!("sport = :{}", web.port())])
+        .output()
+        .expect("ss");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let recv_q: u64 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|q| q.parse().ok())
+        .unwrap_or_else(|| panic!("ss: {text}"));
+    assert_eq!(recv_q, 4, "{text}");
+    let metrics = scrape(baton.admin).await.expect("scrape");
+    assert!(
+        metrics.contains(&format!(
+            "baton_listener_backlog{{listener=\"web\"}} {recv_q}"
+        )),
+        "{metrics}"
+    );
+}
+
+async fn futures_join(addr: std::net::SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .expect("queued connect"),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_sees_no_counter_reset_across_five_reloads() {
+    let Some(prometheus) = tool("prometheus") else {
+        return;
+    };
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let listen = free_addr();
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!("global:\n  scrape_interval: 200ms\nscrape_configs:\n  - job_name: baton\n    static_configs:\n      - targets: [\"{}\"]\n", baton.admin),
+    )
+    .expect("config");
+    let mut server = std::process::Command::new(prometheus)
+        .arg(format!(
+            "--config.file={}",
+            dir.path().join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={listen}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start prometheus");
+    let query = |q: &'static str| async move {
+        let path = format!("/api/v1/query?query={q}");
+        client::get(listen, &path)
+            .await
+            .ok()
+            .and_then(|a| serde_json::from_str::<serde_json::Value>(&a.body).ok())
+    };
+    support::eventually("prometheus scrapes baton", || async {
+        query("up")
+            .await
+            .is_some_and(|v| v["data"]["result"][0]["value"][1] == "1")
+    })
+    .await;
+    let web = baton.addr("web");
+    for i in 0..5 {
+        for j in 0..20 {
+            client::get(web, &format!("/{i}/{j}")).await.expect("get");
+        }
+        let old = baton.serving_pid().await;
+        baton.reload_ok().await;
+        assert_eq!(wait_exit(old).await, Some(0));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let resets = query("resets(baton_connections_accepted_total%5B5m%5D)")
+        .await
+        .expect("query resets");
+    let samples = query("count_over_time(baton_connections_accepted_total%5B5m%5D)")
+        .await
+        .expect("query count");
+    let _ = server.kill();
+    let _ = server.wait();
+    let n: f64 = samples["data"]["result"][0]["value"][1]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
+    assert!(n >= 10.0, "prometheus took {n} samples: {samples}");
+    assert_eq!(resets["data"]["result"][0]["value"][1], "0", "{resets}");
+}
