@@ -167,6 +167,10 @@ struct Generation {
     control: Option<tokio::net::UnixListener>,
     control_rx: mpsc::Receiver<control::Incoming>,
     control_tx: mpsc::Sender<control::Incoming>,
+    /// Control requests being read or answered (see `answer_late`).
+    control_tasks: tokio_util::task::TaskTracker,
+    /// The generation we handed over to, once we have.
+    successor: Option<u32>,
     drain: Drain,
     adopted: Vec<String>,
     draining_pids: Vec<u32>,
@@ -373,6 +377,8 @@ async fn start(
         control: Some(control),
         control_rx,
         control_tx,
+        control_tasks: tokio_util::task::TaskTracker::new(),
+        successor: None,
         drain,
         adopted,
     })
@@ -458,6 +464,7 @@ impl Generation {
                 control,
                 self.control_tx.clone(),
                 self.accept_stop.clone(),
+                self.control_tasks.clone(),
             ));
         }
     }
@@ -596,6 +603,7 @@ impl Generation {
     /// and drain under `reload.drain_timeout`.
     async fn retire(mut self, successor: Successor) -> i32 {
         tracing::info!(successor = successor.pid, "handed over; draining");
+        self.successor = Some(successor.pid);
         let _ = self.phase.send(Phase::Draining);
         self.holdings.handed_over(&successor.adopted);
         self.close_doors().await;
@@ -682,10 +690,12 @@ impl Generation {
                         tracing::info!("stop signal while draining: keeping the earlier deadline");
                     }
                     Command::Stop | Command::ForceDrain => break DrainOutcome::Forced { open: self.drain.force().await },
-                    Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
+                                        Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
                 },
+                Some(incoming) = self.control_rx.recv() => self.answer_late(incoming),
             }
         };
+        self.finish_control_requests().await;
         let forced = match outcome {
             DrainOutcome::Drained => 0,
             DrainOutcome::Forced { open } => open,
@@ -697,6 +707,36 @@ impl Generation {
             forced,
         );
         outcome
+    }
+
+    /// A control request this generation accepted just before it stopped
+    /// accepting: answered, never left to hang up.
+    fn answer_late(&self, incoming: control::Incoming) {
+        let reply = match (incoming.request, self.successor) {
+            (Request::Status, Some(pid)) => Reply::serving(
+                pid,
+                format!("generation {} (pid {pid}) is serving", self.number + 1),
+            ),
+            (Request::Reload, Some(_)) => {
+                Reply::err(75, "a reload just completed; retry to reload again")
+            }
+            (_, None) => Reply::err(exit::FAILURE, "the daemon is stopping"),
+        };
+        let _ = incoming.reply.send(reply);
+    }
+
+    /// Answers the control requests still being read, for up to a second.
+    async fn finish_control_requests(&mut self) {
+        self.control_tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                tokio::select! {
+                    () = self.control_tasks.wait() => return,
+                    Some(incoming) = self.control_rx.recv() => self.answer_late(incoming),
+                }
+            }
+        })
+        .await;
     }
 
     fn publish_deadline(&self, deadline: Instant) {

@@ -132,12 +132,18 @@ async fn counters_never_go_backwards_and_add_up_across_ten_reloads() {
     assert!(problems.is_empty(), "{problems:#?}");
     // Every response a client received was counted once, by some generation.
     let received = report.ok as f64;
-    support::eventually("requests_total equals what clients received", || async {
-        scrape(admin)
-            .await
-            .is_ok_and(|t| requests_total(&t) == received)
-    })
-    .await;
+    let mut counted = 0.0;
+    for _ in 0..100 {
+        counted = requests_total(&scrape(admin).await.expect("scrape"));
+        if counted == received {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        counted, received,
+        "baton_requests_total vs responses received"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,9 +167,15 @@ async fn status_lists_a_draining_generation_with_its_connection() {
     assert_eq!(generations[1]["pid"], old);
     assert_eq!(generations[1]["state"], "draining");
     assert_eq!(generations[1]["in_flight"], 1);
-    assert!(generations[1]["drain_seconds_left"]
-        .as_f64()
-        .is_some_and(|l| l > 0.0));
+    // The deadline comes with the old generation's first report, at once.
+    support::eventually("the draining generation's deadline", || async {
+        let s = client::get(baton.admin, "/status").await.expect("status");
+        let v: serde_json::Value = serde_json::from_str(&s.body).expect("json");
+        v["generations"][1]["drain_seconds_left"]
+            .as_f64()
+            .is_some_and(|l| l > 0.0)
+    })
+    .await;
     let metrics = scrape(baton.admin).await.expect("scrape");
     assert!(
         metrics.contains("baton_connections_active{listener=\"web\",state=\"draining\"} 1"),
@@ -379,9 +391,10 @@ async fn a_real_prometheus_sees_no_counter_reset_across_five_reloads() {
         ))
         .arg(format!("--web.listen-address={listen}"))
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("prometheus.log")).expect("log"))
         .spawn()
         .expect("start prometheus");
+    let log = dir.path().join("prometheus.log");
     let query = |q: &'static str| async move {
         let path = format!("/api/v1/query?query={q}");
         client::get(listen, &path)
@@ -389,12 +402,22 @@ async fn a_real_prometheus_sees_no_counter_reset_across_five_reloads() {
             .ok()
             .and_then(|a| serde_json::from_str::<serde_json::Value>(&a.body).ok())
     };
-    support::eventually("prometheus scrapes baton", || async {
-        query("up")
+    let mut up = false;
+    for _ in 0..300 {
+        if query("up")
             .await
             .is_some_and(|v| v["data"]["result"][0]["value"][1] == "1")
-    })
-    .await;
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        up,
+        "prometheus never scraped baton; its log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     let web = baton.addr("web");
     for i in 0..5 {
         for j in 0..20 {

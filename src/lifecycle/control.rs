@@ -89,10 +89,13 @@ pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
 }
 
 /// Accepts until `stop`; each request goes to `requests`.
+/// Each accepted request is handled in a task on `tasks`, so a generation
+/// that stops accepting can still answer the requests it took.
 pub async fn serve(
     listener: UnixListener,
     requests: mpsc::Sender<Incoming>,
     stop: CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
 ) {
     loop {
         let accepted = tokio::select! {
@@ -102,7 +105,7 @@ pub async fn serve(
         match accepted {
             Ok((stream, _)) => {
                 let requests = requests.clone();
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     if let Err(err) = handle(stream, requests).await {
                         tracing::info!(cause = %err, "control request rejected");
                     }
