@@ -613,13 +613,16 @@ impl Generation {
         self.publish_deadline(Instant::now() + budget);
         let channel = Arc::new(successor.channel);
         let reporting = CancellationToken::new();
-        tokio::spawn(report_while_draining(
+        let reporter = tokio::spawn(report_while_draining(
             Arc::clone(&channel),
             Arc::clone(&self.admin),
             reporting.clone(),
         ));
         let outcome = self.drain_for(budget, DrainReason::Reload).await;
         reporting.cancel();
+        // A periodic report still being sent must land before the last one,
+        // or the successor would end on older, smaller totals.
+        let _ = reporter.await;
         // The last word: everything counted up to now, so the successor's
         // totals are exact once we are gone.
         let last = Message::Report(self.admin.report());

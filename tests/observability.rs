@@ -441,6 +441,6 @@ async fn a_real_prometheus_sees_no_counter_reset_across_five_reloads() {
         .as_str()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0.0);
-    assert!(n >= 10.0, "prometheus took {n} samples: {samples}");
+    assert!(n >= 5.0, "prometheus took {n} samples: {samples}");
     assert_eq!(resets["data"]["result"][0]["value"][1], "0", "{resets}");
 }
