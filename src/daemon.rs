@@ -80,7 +80,7 @@ pub async fn run(setup: Setup) -> i32 {
     };
     let (parent, inventory) = match setup.parent {
         Some((p, i)) => (Some(p), i),
-        None => (None, Inventory::default()),
+        None => (None, systemd_inventory()),
     };
     let number = parent.as_ref().map_or(1, |p| p.generation);
     let carried = parent
@@ -128,8 +128,26 @@ pub async fn run(setup: Setup) -> i32 {
     }
     gen.became_active(takeover);
     match gen.serve().await {
-        Ending::HandedOver(successor) => gen.retire(successor).await,
+        Ending::HandedOver(successor, waiter) => gen.retire(successor, waiter).await,
         Ending::Stop => gen.stop().await,
+    }
+}
+
+/// Sockets systemd passed us (socket activation or its fd store), if any.
+fn systemd_inventory() -> Inventory {
+    let passed = crate::lifecycle::handoff::from_systemd()
+        .and_then(|(entries, fds)| Inventory::new(entries, fds).map_err(std::io::Error::other));
+    match passed {
+        Ok(inventory) => {
+            if !inventory.is_empty() {
+                tracing::info!(sockets = inventory.len(), "adopting sockets from systemd");
+            }
+            inventory
+        }
+        Err(err) => {
+            tracing::warn!(cause = %err, "ignoring sockets passed by systemd");
+            Inventory::default()
+        }
     }
 }
 
@@ -149,8 +167,9 @@ async fn fail(parent: Option<&Parent>, err: StartError) -> i32 {
 struct Generation {
     config: Config,
     pools: Vec<Arc<Pool>>,
-    /// Stops the periodic health checks (at handoff, or at teardown).
-    health_stop: CancellationToken,
+    /// Stops background work: health checks, watchdog pings, status lines
+    /// (at handoff, or at teardown).
+    background: CancellationToken,
     exec: Exec,
     number: u64,
     signals: Signals,
@@ -167,6 +186,9 @@ struct Generation {
     control: Option<tokio::net::UnixListener>,
     control_rx: mpsc::Receiver<control::Incoming>,
     control_tx: mpsc::Sender<control::Incoming>,
+    /// Inherited socket names the config no longer has (dropped from
+    /// systemd's fd store once we serve).
+    unclaimed: Vec<String>,
     /// Control requests being read or answered (see `answer_late`).
     control_tasks: tokio_util::task::TaskTracker,
     /// The generation we handed over to, once we have.
@@ -177,7 +199,8 @@ struct Generation {
 }
 
 enum Ending {
-    HandedOver(Successor),
+    /// With whoever asked for the reload, answered once we stopped accepting.
+    HandedOver(Successor, Option<tokio::sync::oneshot::Sender<Reply>>),
     Stop,
 }
 
@@ -284,7 +307,13 @@ async fn start(
         let mut bound = l.bind;
         let mut inodes = Vec::new();
         for shard in 0..l.reuseport {
-            let name = format!("{}/{shard}", l.name);
+            // Shard 0 is the listener's own name, so a socket unit's
+            // `FileDescriptorName=web` matches listener "web".
+            let name = if shard == 0 {
+                l.name.clone()
+            } else {
+                format!("{}#{shard}", l.name)
+            };
             let std = match inventory.take_tcp(&name, l.bind)? {
                 Some(s) => s,
                 None => listener::bind_tcp(l.bind, l.backlog, true).map_err(|source| {
@@ -351,17 +380,16 @@ async fn start(
     // over), not healthy backends, so a reload during an outage works.
     probe::first_round(&pools).await;
     let adopted = inventory.taken();
-    if !inventory.is_empty() {
-        tracing::info!(
-            sockets = inventory.len(),
-            "closing inherited sockets the config no longer names"
-        );
+    let unclaimed = inventory.unclaimed();
+    if !unclaimed.is_empty() {
+        tracing::info!(sockets = ?unclaimed, "closing inherited sockets the config no longer names");
     }
     drop(inventory);
     let (control_tx, control_rx) = mpsc::channel(16);
     Ok(Generation {
         pools,
-        health_stop: CancellationToken::new(),
+        background: CancellationToken::new(),
+        unclaimed,
         draining_pids: Vec::new(),
         config,
         exec,
@@ -414,6 +442,36 @@ fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
         .collect()
 }
 
+/// Keeps systemd's one-line `STATUS=` current while we serve: at once,
+/// after half a second, then every two seconds. Once every pool is ready
+/// the line carries `READY=1` too: systemd 252 drops what a new generation
+/// sends before its `MAINPID=` lands, so a takeover's first `READY=1` and
+/// `STATUS=` may be lost, and repeating them is harmless.
+async fn status_lines(admin: Arc<AdminShared>, pools: Vec<Arc<Pool>>, stop: CancellationToken) {
+    let mut pause = Duration::from_millis(500);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = Duration::from_secs(2);
+        let generations = admin.generations();
+        let connections: u64 = generations.first().map_or(0, |g| g.in_flight);
+        let up: usize = pools.iter().map(|p| p.healthy_count()).sum();
+        let total: usize = pools.iter().map(|p| p.backends.len()).sum();
+        let line = format!(
+            "generation {}: {connections} connection(s), {up}/{total} backends up, {} generation(s) draining",
+            admin.generation.number,
+            generations.len() - 1
+        );
+        if pools_ready(&pools) {
+            systemd::ready(&line);
+        } else {
+            systemd::status(&line);
+        }
+    }
+}
+
 /// Every pool has a backend that can take work.
 fn pools_ready(pools: &[Arc<Pool>]) -> bool {
     pools.iter().all(|p| p.healthy_count() > 0)
@@ -446,7 +504,7 @@ fn take_control(
 impl Generation {
     /// Starts every accept loop: from here on this generation takes work.
     fn open_doors(&mut self) {
-        probe::spawn_all(&self.pools, &self.health_stop);
+        probe::spawn_all(&self.pools, &self.background);
         for (listener, connections, handed_over) in self.pending.drain(..) {
             let stop = self.accept_stop.clone();
             let closing = move || {
@@ -480,11 +538,26 @@ impl Generation {
             pid = std::process::id(),
             "serving"
         );
+        if systemd::enabled() {
+            // Removed first: a stale entry may share a name we store now.
+            self.unclaimed
+                .iter()
+                .for_each(|name| systemd::remove_stored_fd(name));
+            self.holdings.each(systemd::store_fd);
+            // Pinged until the process ends: an old generation stays main
+            // (and watched) until its MAINPID= for the successor lands.
+            tokio::spawn(systemd::watchdog(CancellationToken::new()));
+            tokio::spawn(status_lines(
+                Arc::clone(&self.admin),
+                self.pools.clone(),
+                self.background.clone(),
+            ));
+        }
         if takeover || pools_ready(&self.pools) {
             systemd::ready(&status);
             return;
         }
-        let (pools, stop) = (self.pools.clone(), self.health_stop.clone());
+        let (pools, stop) = (self.pools.clone(), self.background.clone());
         tokio::spawn(async move {
             tracing::info!("waiting for every pool to have a healthy backend before READY=1");
             while !pools_ready(&pools) {
@@ -540,12 +613,7 @@ impl Generation {
                     let outcome = joined.unwrap_or_else(|e| Err(HandoverError::OutOfTurn(format!("reload task: {e}"))));
                     metrics::reload_finished(outcome.is_ok(), started.elapsed().as_secs_f64());
                     match outcome {
-                        Ok(successor) => {
-                            if let Some(w) = waiter.take() {
-                                let _ = w.send(Reply::serving(successor.pid, format!("generation {} (pid {}) is serving", self.number + 1, successor.pid)));
-                            }
-                            return Ending::HandedOver(successor);
-                        }
+                                                Ok(successor) => return Ending::HandedOver(successor, waiter.take()),
                         Err(err) => {
                             tracing::error!(cause = %err, "reload failed; this generation keeps serving");
                             systemd::ready(&self.status_line());
@@ -601,13 +669,32 @@ impl Generation {
 
     /// After a handoff: stop accepting (the sockets live on in the successor)
     /// and drain under `reload.drain_timeout`.
-    async fn retire(mut self, successor: Successor) -> i32 {
+    async fn retire(
+        mut self,
+        successor: Successor,
+        waiter: Option<tokio::sync::oneshot::Sender<Reply>>,
+    ) -> i32 {
         tracing::info!(successor = successor.pid, "handed over; draining");
         self.successor = Some(successor.pid);
+        let naming = CancellationToken::new();
+        let named_until = Instant::now() + NAMING_WINDOW;
+        if systemd::enabled() {
+            tokio::spawn(keep_naming(successor.pid, naming.clone()));
+        }
         let _ = self.phase.send(Phase::Draining);
         self.holdings.handed_over(&successor.adopted);
         self.close_doors().await;
-        self.health_stop.cancel();
+        // Only now: when `baton reload` returns, every new connection and
+        // probe reaches the new generation.
+        if let Some(w) = waiter {
+            let message = format!(
+                "generation {} (pid {}) is serving",
+                self.number + 1,
+                successor.pid
+            );
+            let _ = w.send(Reply::serving(successor.pid, message));
+        }
+        self.background.cancel();
         self.admin_stop.cancel();
         let budget = self.config.reload.drain_timeout;
         self.publish_deadline(Instant::now() + budget);
@@ -629,6 +716,12 @@ impl Generation {
         if let Err(err) = channel.send(&last, &[]).await {
             tracing::info!(cause = %err, "could not send the final report to the successor");
         }
+        // From root, systemd takes the first MAINPID= at once; an
+        // unprivileged main must outlive a repetition that lands.
+        if systemd::enabled() && !nix::unistd::geteuid().is_root() {
+            tokio::time::sleep_until(named_until).await;
+        }
+        naming.cancel();
         self.exit_code(outcome)
     }
 
@@ -644,8 +737,12 @@ impl Generation {
         };
         self.holdings.handed_over(&[]);
         self.close_doors().await;
-        if let Err(err) = std::fs::remove_file(&self.config.control.socket) {
-            tracing::debug!(cause = %err, "control socket not removed");
+        // Under systemd the control socket lives on in the fd store for the
+        // next start, and its path with it; otherwise nothing serves it now.
+        if !systemd::enabled() {
+            if let Err(err) = std::fs::remove_file(&self.config.control.socket) {
+                tracing::debug!(cause = %err, "control socket not removed");
+            }
         }
         let outcome = if forced_early {
             self.drain.begin(Duration::ZERO);
@@ -656,7 +753,7 @@ impl Generation {
             self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
                 .await
         };
-        self.health_stop.cancel();
+        self.background.cancel();
         self.admin_stop.cancel();
         self.exit_code(outcome)
     }
@@ -776,6 +873,29 @@ impl Generation {
                 exit::FORCED
             }
         }
+    }
+}
+
+/// How long an old generation keeps naming its successor to systemd (and
+/// so stays alive at least that long after a handoff).
+const NAMING_WINDOW: Duration = Duration::from_millis(1500);
+
+/// Repeats `MAINPID=<successor>` every 100 ms. systemd 252 ignores MAINPID=
+/// while the unit is in its reload state, which lasts as long as
+/// `ExecReload=` (our `baton reload`, which waits for this very handoff)
+/// runs; once it has exited, the next repetition lands. The first one was
+/// sent before we stopped accepting, which is what newer systemd and a
+/// SIGHUP reload take. Once the successor is main, systemd drops our
+/// messages, so repeating is harmless. The old generation must not exit
+/// before a repetition landed, or systemd would take the unit for dead:
+/// hence `NAMING_WINDOW`.
+async fn keep_naming(successor: u32, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        systemd::main_pid(successor);
     }
 }
 

@@ -231,6 +231,27 @@ impl Channel {
     }
 }
 
+/// Listening sockets systemd passed us (socket activation, or its fd store
+/// after a restart), with their `FDNAME`s. `LISTEN_PID` must name us; the
+/// variables are unset so nothing we spawn sees them.
+pub fn from_systemd() -> std::io::Result<(Vec<SocketEntry>, Vec<OwnedFd>)> {
+    let mut entries = Vec::new();
+    let mut fds = Vec::new();
+    for (raw, name) in sd_notify::listen_fds_with_names(true)? {
+        // SAFETY: systemd opened these fds for us (LISTEN_PID is our pid,
+        // checked by sd_notify) at LISTEN_FDS_START onwards; nothing else in
+        // this process owns them, and each is taken exactly once here.
+        let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+        socket2::SockRef::from(&owned).set_cloexec(true)?;
+        entries.push(SocketEntry {
+            name,
+            addr: String::new(),
+        });
+        fds.push(owned);
+    }
+    Ok((entries, fds))
+}
+
 type Received = Result<(Message, Vec<OwnedFd>), HandoffError>;
 
 /// One non-blocking `recvmsg`. The outer error is only "would block", which
@@ -304,7 +325,7 @@ mod tests {
         let offer = Message::Offer {
             generation: 2,
             sockets: vec![SocketEntry {
-                name: "web/0".into(),
+                name: "web".into(),
                 addr: listener.local_addr().expect("addr").to_string(),
             }],
             draining: vec![1],

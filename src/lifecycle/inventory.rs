@@ -46,6 +46,15 @@ impl Inventory {
         self.len() == 0
     }
 
+    /// Names of the sockets nobody claimed (yet).
+    pub fn unclaimed(&self) -> Vec<String> {
+        self.sockets
+            .iter()
+            .filter(|(_, fd)| fd.is_some())
+            .map(|(e, _)| e.name.clone())
+            .collect()
+    }
+
     /// Names of the sockets claimed so far.
     pub fn taken(&self) -> Vec<String> {
         self.taken.clone()
@@ -191,6 +200,13 @@ impl Holdings {
             .iter()
             .map(|h| Ok((h.entry.clone(), h.fd.try_clone()?)))
             .collect()
+    }
+
+    /// Every held socket, by name.
+    pub fn each(&self, mut f: impl FnMut(&str, std::os::fd::BorrowedFd<'_>)) {
+        for h in &self.items {
+            f(&h.entry.name, std::os::fd::AsFd::as_fd(&h.fd));
+        }
     }
 
     /// Marks the sockets a successor adopted.

@@ -1,0 +1,136 @@
+//! A real systemd for end-to-end tests: `systemd-sandbox.sh` boots one as
+//! PID 1 of private namespaces; this drives it (`systemctl`, files in) and
+//! installs the freshly built binary and the shipped units into it.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+const SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/support/systemd-sandbox.sh"
+);
+
+pub struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = Command::new(SCRIPT)
+            .arg("stop")
+            .arg(self.dir.path())
+            .output();
+    }
+}
+
+/// What a command inside printed and returned.
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+impl Sandbox {
+    /// Boots one; `None` (after saying so, loudly) when not root. CI is root.
+    pub fn boot() -> Option<Sandbox> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: the systemd sandbox needs root (CI runs as root)");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must run these tests as root"
+            );
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("sbx")
+            .tempdir()
+            .expect("tempdir");
+        let out = Command::new(SCRIPT)
+            .arg("start")
+            .arg(dir.path())
+            .output()
+            .expect("run sandbox script");
+        assert!(out.status.success(), "sandbox did not boot: {}", text(&out));
+        Some(Sandbox { dir })
+    }
+
+    pub fn exec(&self, args: &[&str]) -> Output {
+        Command::new(SCRIPT)
+            .arg("exec")
+            .arg(self.dir.path())
+            .args(args)
+            .output()
+            .expect("exec in sandbox")
+    }
+
+    /// `systemctl ARGS`, asserting it succeeded.
+    pub fn systemctl_ok(&self, args: &[&str]) -> String {
+        let mut all = vec!["systemctl"];
+        all.extend_from_slice(args);
+        let out = self.exec(&all);
+        assert!(
+            out.status.success(),
+            "systemctl {args:?} failed: {}\njournal:\n{}",
+            text(&out),
+            self.journal()
+        );
+        text(&out)
+    }
+
+    /// One property of a unit (`systemctl show -p NAME --value`).
+    pub fn show(&self, unit: &str, property: &str) -> String {
+        let out = self.exec(&["systemctl", "show", unit, "-p", property, "--value"]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub fn journal(&self) -> String {
+        text(&self.exec(&["journalctl", "-u", "baton", "--no-pager", "-o", "cat"]))
+    }
+
+    /// Writes `contents` to `path` inside.
+    pub fn write(&self, path: &str, contents: &str) {
+        let mut child = Command::new(SCRIPT)
+            .arg("exec")
+            .arg(self.dir.path())
+            .args([
+                "sh",
+                "-c",
+                &format!("mkdir -p \"$(dirname {path})\" && cat > {path}"),
+            ])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("write in sandbox");
+        if let Some(mut stdin) = child.stdin.take() {
+            std::io::Write::write_all(&mut stdin, contents.as_bytes()).expect("feed file");
+        }
+        assert!(
+            child.wait().expect("wait").success(),
+            "writing {path} failed"
+        );
+    }
+
+    /// Installs a binary as /usr/bin/baton the way a package upgrade does
+    /// (a new file renamed over the old one).
+    pub fn install_binary(&self, binary: &Path) {
+        let script = format!(
+            "cp {} /usr/bin/baton.new && mv -f /usr/bin/baton.new /usr/bin/baton",
+            binary.display()
+        );
+        let out = self.exec(&["sh", "-c", &script]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+
+    /// The shipped units, user and config; then `daemon-reload`.
+    pub fn install_baton(&self, config: &str) {
+        self.install_binary(Path::new(super::daemon::BIN));
+        let units = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd");
+        for unit in ["baton.service", "baton.socket"] {
+            let text = std::fs::read_to_string(format!("{units}/{unit}")).expect("shipped unit");
+            self.write(&format!("/etc/systemd/system/{unit}"), &text);
+        }
+        self.write("/etc/baton/baton.toml", config);
+        self.systemctl_ok(&["daemon-reload"]);
+    }
+}

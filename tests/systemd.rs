@@ -1,0 +1,264 @@
+//! baton under a real systemd (PID 1 of a throwaway sandbox), driven only
+//! through `systemctl`: start, reloads under load, a broken reload, a binary
+//! upgrade, restart with the fd store, stop outcomes, socket activation and
+//! the watchdog. The shipped units are installed as they are.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use support::backend::{HttpBackend, TcpEcho};
+use support::client;
+use support::daemon::free_addr;
+use support::load::{Load, Targets};
+use support::sandbox::{text, Sandbox};
+
+struct Ports {
+    admin: SocketAddr,
+    web: SocketAddr,
+    raw: SocketAddr,
+}
+
+fn config(p: &Ports, backends: &[SocketAddr], echo: SocketAddr, extra: &str) -> String {
+    let list: Vec<String> = backends
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{{ name = \"b{i}\", address = \"{a}\" }}"))
+        .collect();
+    format!(
+        "[admin]\nlisten = \"{}\"\n\n[control]\nsocket = \"/run/baton/control.sock\"\n\n[shutdown]\npre_stop_delay = \"500ms\"\ndrain_timeout = \"3s\"\n\n{extra}\n\
+         [[listeners]]\nname = \"web\"\nbind = \"{}\"\npool = \"app\"\n\n[[listeners]]\nname = \"raw\"\nbind = \"{}\"\nprotocol = \"tcp\"\npool = \"echo\"\n\n\
+         [[pools]]\nname = \"app\"\nbackends = [{}]\n\n[[pools]]\nname = \"echo\"\nbackends = [{{ name = \"e0\", address = \"{echo}\" }}]\n",
+        p.admin,
+        p.web,
+        p.raw,
+        list.join(", ")
+    )
+}
+
+async fn status_json(admin: SocketAddr) -> serde_json::Value {
+    let a = client::get(admin, "/status").await.expect("status");
+    serde_json::from_str(&a.body).expect("status json")
+}
+
+/// A second build of baton that reports another version, for the upgrade.
+fn upgrade_binary() -> PathBuf {
+    let target = concat!(env!("CARGO_MANIFEST_DIR"), "/target/upgrade");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["build", "--bin", "baton", "--target-dir", target])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("BATON_BUILD_VERSION", "9.9.9-upgrade")
+        .output()
+        .expect("cargo build");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(target).join("debug/baton")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemctl_start_reload_upgrade_restart_and_stop() {
+    let upgrade = tokio::task::spawn_blocking(upgrade_binary);
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, b, echo) = (
+        HttpBackend::start("a").await,
+        HttpBackend::start("b").await,
+        TcpEcho::start().await,
+    );
+    let p = Ports {
+        admin: free_addr(),
+        web: free_addr(),
+        raw: free_addr(),
+    };
+    let good = config(&p, &[a.addr, b.addr], echo.addr, "");
+    sbx.install_baton(&good);
+
+    // Start: active only once ready, with a STATUS line.
+    sbx.systemctl_ok(&["start", "baton"]);
+    assert_eq!(sbx.show("baton", "ActiveState"), "active");
+    assert_eq!(
+        client::get(p.admin, "/readyz")
+            .await
+            .expect("readyz")
+            .status,
+        200,
+        "active means ready"
+    );
+    let status = text(&sbx.exec(&["systemctl", "status", "baton", "--no-pager"]));
+    assert!(status.contains("Status: \"generation 1"), "{status}");
+
+    // Ten reloads under load: each one's new generation is the MainPID.
+    let load = Load::start(Targets {
+        http: Some(p.web),
+        tcp: Some(p.raw),
+        names: vec!["a", "b"],
+    });
+    load.progress(50).await;
+    for i in 0..10 {
+        sbx.systemctl_ok(&["reload", "baton"]);
+        let s = status_json(p.admin).await;
+        assert_eq!(s["generations"][0]["number"], i + 2);
+        assert_eq!(
+            sbx.show("baton", "MainPID"),
+            s["generations"][0]["pid"].to_string(),
+            "systemd follows the new generation"
+        );
+        assert_eq!(sbx.show("baton", "ActiveState"), "active");
+        load.progress(30).await;
+    }
+
+    // A broken config: the reload fails with the reason in the journal, the
+    // service stays active on the same generation.
+    let main = sbx.show("baton", "MainPID");
+    sbx.write(
+        "/etc/baton/baton.toml",
+        &good.replace("[shutdown]", "[shutdown]\nbogus_key = 1"),
+    );
+    let out = sbx.exec(&["systemctl", "reload", "baton"]);
+    assert!(!out.status.success(), "a broken reload must fail");
+    assert!(sbx.journal().contains("bogus_key"), "{}", sbx.journal());
+    assert_eq!(sbx.show("baton", "ActiveState"), "active");
+    assert_eq!(sbx.show("baton", "MainPID"), main);
+    sbx.write("/etc/baton/baton.toml", &good);
+    load.progress(30).await;
+
+    // Binary upgrade: a new file renamed over /usr/bin/baton, then reload.
+    let upgrade = upgrade.await.expect("build the upgrade binary");
+    sbx.install_binary(&upgrade);
+    sbx.systemctl_ok(&["reload", "baton"]);
+    assert_eq!(status_json(p.admin).await["version"], "9.9.9-upgrade");
+    load.progress(30).await;
+
+    load.stop().await.assert_clean();
+
+    // Restart: the fd store keeps the sockets open across the gap; a
+    // connection made while no baton runs waits and is served. (From a
+    // main process systemd forked itself: in this sandbox systemd cannot
+    // use cgroups for processes it did not fork, see README.)
+    sbx.systemctl_ok(&["stop", "baton"]);
+    sbx.systemctl_ok(&["start", "baton"]);
+    let load = Load::start(Targets {
+        http: Some(p.web),
+        tcp: Some(p.raw),
+        names: vec!["a", "b"],
+    });
+    load.progress(50).await;
+    sbx.systemctl_ok(&["restart", "baton"]);
+    assert_eq!(sbx.show("baton", "ActiveState"), "active");
+    load.progress(50).await;
+    load.stop().await.assert_clean();
+
+    // Stop with a slow request that fits the drain budget: success.
+    let web = p.web;
+    let slow = tokio::spawn(async move { client::get(web, "/slow/1500").await });
+    support::eventually("slow request in flight", || async {
+        a.active() + b.active() == 1
+    })
+    .await;
+    sbx.systemctl_ok(&["stop", "baton"]);
+    assert_eq!(
+        slow.await
+            .expect("join")
+            .expect("slow request completes")
+            .status,
+        200
+    );
+    assert_eq!(sbx.show("baton", "Result"), "success");
+
+    // Stop with a request outliving the drain budget: the unit reports exit 3.
+    sbx.systemctl_ok(&["start", "baton"]);
+    let slow = tokio::spawn(async move { client::get(web, "/slow/10000").await });
+    support::eventually("slow request in flight", || async {
+        a.active() + b.active() == 1
+    })
+    .await;
+    let _ = sbx.exec(&["systemctl", "stop", "baton"]);
+    assert!(slow.await.expect("join").is_err());
+    assert_eq!(sbx.show("baton", "Result"), "exit-code");
+    assert_eq!(sbx.show("baton", "ExecMainStatus"), "3");
+
+    let security = text(&sbx.exec(&["systemd-analyze", "security", "baton.service", "--no-pager"]));
+    let score = security
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or("")
+        .to_string();
+    println!("systemd-analyze security: {score}");
+    let value: f64 = score
+        .split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .unwrap_or(10.0);
+    assert!(value < 2.0, "{score}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_activation_starts_baton_on_the_first_connection() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports {
+        admin: free_addr(),
+        web: free_addr(),
+        raw: free_addr(),
+    };
+    sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
+    let socket =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.socket"))
+            .expect("shipped socket unit")
+            .replace(
+                "ListenStream=0.0.0.0:8080",
+                &format!("ListenStream={}", p.web),
+            );
+    sbx.write("/etc/systemd/system/baton.socket", &socket);
+    sbx.systemctl_ok(&["daemon-reload"]);
+    sbx.systemctl_ok(&["start", "baton.socket"]);
+    assert_eq!(sbx.show("baton", "ActiveState"), "inactive");
+    let answer = client::get(p.web, "/first")
+        .await
+        .expect("the first connection is served");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/first"));
+    assert_eq!(sbx.show("baton", "ActiveState"), "active");
+    assert!(
+        sbx.journal().contains("adopting sockets from systemd"),
+        "{}",
+        sbx.journal()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_never_kills_a_healthy_baton_across_reloads() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports {
+        admin: free_addr(),
+        web: free_addr(),
+        raw: free_addr(),
+    };
+    sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
+    sbx.write(
+        "/etc/systemd/system/baton.service.d/watchdog.conf",
+        "[Service]\nWatchdogSec=2s\n",
+    );
+    sbx.systemctl_ok(&["daemon-reload"]);
+    sbx.systemctl_ok(&["start", "baton"]);
+    let started = std::time::Instant::now();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        sbx.systemctl_ok(&["reload", "baton"]);
+    }
+    while started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(sbx.show("baton", "NRestarts"), "0", "{}", sbx.journal());
+    assert_eq!(sbx.show("baton", "ActiveState"), "active");
+    assert!(
+        !sbx.journal().to_lowercase().contains("watchdog timeout"),
+        "{}",
+        sbx.journal()
+    );
+    assert_eq!(status_json(p.admin).await["generations"][0]["number"], 4);
+}
