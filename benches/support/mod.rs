@@ -1,0 +1,89 @@
+//! Shared pieces of the benchmarks: an in-process backend, the proxies under
+//! test (baton, HAProxy, nginx) started and reloaded the way their users do,
+//! and a raw HTTP/1.1 client that classifies every failure precisely.
+#![allow(dead_code)]
+
+pub mod client;
+pub mod proxies;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+/// A loopback port nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Starts an HTTP backend answering `ok\n` (3 bytes), or after `MS` ms on
+/// `/slow/MS`, on its own runtime thread so it does not share the load
+/// generator's scheduler.
+pub fn start_backend(worker_threads: usize) -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads)
+            .enable_all()
+            .build()
+            .expect("backend runtime");
+        rt.block_on(async move {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind backend");
+            tx.send(listener.local_addr().expect("addr"))
+                .expect("report addr");
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(async move {
+                    let service = service_fn(|req: Request<hyper::body::Incoming>| async move {
+                        if let Some(ms) = req
+                            .uri()
+                            .path()
+                            .strip_prefix("/slow/")
+                            .and_then(|m| m.parse().ok())
+                        {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                        }
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok\n"))))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+    });
+    rx.recv().expect("backend address")
+}
+
+/// Percentile of sorted microseconds, in milliseconds.
+pub fn pct(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i] as f64 / 1000.0
+}
+
+/// `--name value` from the bench's arguments.
+pub fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

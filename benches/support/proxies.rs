@@ -1,0 +1,258 @@
+//! The proxies under test, each started and reloaded the way its users do:
+//! baton (`baton reload` over its control socket), HAProxy in master-worker
+//! mode (SIGUSR2 to the master; listeners pass to the new worker) and nginx
+//! (SIGHUP to the master, as `nginx -s reload`). Every process started here
+//! is stopped by pid when the `Proxy` drops.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Baton,
+    Haproxy,
+    Nginx,
+    /// No proxy: straight to the backend (throughput's reference).
+    Direct,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Baton => "baton",
+            Kind::Haproxy => "haproxy (master-worker)",
+            Kind::Nginx => "nginx (-s reload)",
+            Kind::Direct => "direct to backend",
+        }
+    }
+
+    /// Whether the peer is installed (benches/peers/setup.sh installs them).
+    pub fn available(self) -> bool {
+        match self {
+            Kind::Baton | Kind::Direct => true,
+            Kind::Haproxy => Path::new("/usr/sbin/haproxy").exists(),
+            Kind::Nginx => Path::new("/usr/sbin/nginx").exists(),
+        }
+    }
+}
+
+pub struct Proxy {
+    pub kind: Kind,
+    pub addr: SocketAddr,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            let _ = child.wait();
+        }
+        // baton's later generations and nginx/haproxy workers are not our
+        // children: find them by the config path in their command line.
+        let config = self.config_path();
+        for pid in pids_with_arg(&config) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+fn pids_with_arg(arg: &Path) -> Vec<i32> {
+    let needle = arg.as_os_str().as_encoded_bytes().to_vec();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if cmdline.split(|b| *b == 0).any(|a| a == needle.as_slice()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+impl Proxy {
+    /// Starts `kind` listening on `port`, proxying to `backend`, with
+    /// `threads` worker threads/processes; waits until it answers.
+    pub fn start(
+        kind: Kind,
+        port: u16,
+        backend: SocketAddr,
+        threads: usize,
+        pin: Option<usize>,
+    ) -> Proxy {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut proxy = Proxy {
+            kind,
+            addr: if kind == Kind::Direct { backend } else { addr },
+            dir,
+            child: None,
+        };
+        if kind == Kind::Direct {
+            return proxy;
+        }
+        std::fs::write(proxy.config_path(), proxy.config(port, backend, threads))
+            .expect("write config");
+        let mut cmd = match pin {
+            Some(core) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", &core.to_string()]);
+                c.arg(proxy.program());
+                c
+            }
+            None => Command::new(proxy.program()),
+        };
+        cmd.args(proxy.args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if kind == Kind::Baton {
+            cmd.env("BATON_LOG", "warn")
+                .env("TOKIO_WORKER_THREADS", threads.to_string());
+        }
+        proxy.child = Some(cmd.spawn().expect("start proxy"));
+        proxy.wait_serving();
+        proxy
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join(match self.kind {
+            Kind::Baton => "baton.toml",
+            Kind::Haproxy => "haproxy.cfg",
+            Kind::Nginx | Kind::Direct => "nginx.conf",
+        })
+    }
+
+    fn program(&self) -> &'static str {
+        match self.kind {
+            Kind::Baton => env!("CARGO_BIN_EXE_baton"),
+            Kind::Haproxy => "/usr/sbin/haproxy",
+            Kind::Nginx | Kind::Direct => "/usr/sbin/nginx",
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let cfg = self.config_path().display().to_string();
+        let dir = self.dir.path().display().to_string();
+        match self.kind {
+            Kind::Baton => vec!["run".into(), "-c".into(), cfg],
+            Kind::Haproxy => vec!["-W".into(), "-f".into(), cfg],
+            Kind::Nginx | Kind::Direct => vec!["-p".into(), dir, "-c".into(), cfg],
+        }
+    }
+
+    fn config(&self, port: u16, backend: SocketAddr, threads: usize) -> String {
+        let dir = self.dir.path().display();
+        match self.kind {
+            Kind::Baton => format!(
+                "[admin]\nlisten = \"127.0.0.1:{}\"\n[control]\nsocket = \"{dir}/control.sock\"\n[shutdown]\npre_stop_delay = \"-1s\"\n\
+                 [reload]\ndrain_timeout = \"30s\"\nmax_draining = 64\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:{port}\"\npool = \"app\"\n\
+                 [[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"{backend}\" }}]\n",
+                super::free_port()
+            ),
+            Kind::Haproxy => format!(
+                "global\n  master-worker\n  nbthread {threads}\n  maxconn 8000\n  stats socket {dir}/haproxy.sock mode 600 level admin expose-fd listeners\n\
+                 defaults\n  mode http\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n  timeout http-keep-alive 60s\n\
+                 frontend web\n  bind 127.0.0.1:{port}\n  default_backend app\nbackend app\n  http-reuse always\n  server a {backend}\n"
+            ),
+            Kind::Nginx | Kind::Direct => format!(
+                "worker_processes {threads};\ndaemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log;\nworker_rlimit_nofile 40000;\n\
+                 events {{ worker_connections 20000; }}\nhttp {{\n  access_log off;\n  keepalive_requests 1000000;\n  keepalive_timeout 60s;\n\
+                 upstream app {{ server {backend}; keepalive 128; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
+                 proxy_pass http://app;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n"
+            ),
+        }
+    }
+
+    fn wait_serving(&self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(self.addr).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "{} did not start listening on {}",
+            self.kind.name(),
+            self.addr
+        );
+    }
+
+    /// Reloads the way its operators do; returns how long the reload took
+    /// to be acknowledged (baton: until the new generation accepts; the
+    /// peers signal and return at once, so theirs is not comparable).
+    pub async fn reload(&self) -> Option<Duration> {
+        let started = Instant::now();
+        match self.kind {
+            Kind::Baton => {
+                let socket = self.dir.path().join("control.sock");
+                let reply = baton::lifecycle::control::call(
+                    &socket,
+                    baton::lifecycle::control::Request::Reload,
+                    Duration::from_secs(40),
+                )
+                .await
+                .expect("baton reload");
+                assert!(reply.ok, "baton reload failed: {}", reply.message);
+                Some(started.elapsed())
+            }
+            Kind::Haproxy => {
+                self.signal_master(Signal::SIGUSR2);
+                None
+            }
+            Kind::Nginx => {
+                self.signal_master(Signal::SIGHUP);
+                None
+            }
+            Kind::Direct => None,
+        }
+    }
+
+    fn signal_master(&self, sig: Signal) {
+        if let Some(child) = &self.child {
+            let _ = kill(Pid::from_raw(child.id() as i32), sig);
+        }
+    }
+
+    /// Pids of this proxy's processes (for RSS): those naming its config,
+    /// and their children (nginx workers rename themselves).
+    pub fn pids(&self) -> Vec<i32> {
+        let mut pids = pids_with_arg(&self.config_path());
+        if let Some(c) = &self.child {
+            pids.push(c.id() as i32);
+        }
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if ppid.is_some_and(|p| pids.contains(&p)) {
+                pids.push(pid);
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+}
