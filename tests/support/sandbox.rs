@@ -113,12 +113,18 @@ impl Sandbox {
 
     /// Installs a binary as /usr/bin/baton the way a package upgrade does
     /// (a new file renamed over the old one).
+    /// The binary is streamed in: the sandbox has its own /tmp, where a CI
+    /// checkout (and so the build) may live.
     pub fn install_binary(&self, binary: &Path) {
-        let script = format!(
-            "cp {} /usr/bin/baton.new && mv -f /usr/bin/baton.new /usr/bin/baton",
-            binary.display()
-        );
-        let out = self.exec(&["sh", "-c", &script]);
+        let script = "cat > /usr/bin/baton.new && chmod 755 /usr/bin/baton.new && mv -f /usr/bin/baton.new /usr/bin/baton";
+        let file = std::fs::File::open(binary).expect("open the built binary");
+        let out = Command::new(SCRIPT)
+            .arg("exec")
+            .arg(self.dir.path())
+            .args(["sh", "-c", script])
+            .stdin(file)
+            .output()
+            .expect("install binary");
         assert!(out.status.success(), "{}", text(&out));
     }
 

@@ -1,0 +1,271 @@
+//! Building one generation: sockets adopted or bound (admin first), pools
+//! with carried-over backend states, the first health round.
+
+use super::*;
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn start(
+    carried: (Vec<BackendCarry>, Report),
+    config: Config,
+    exec: Exec,
+    mut inventory: Inventory,
+    number: u64,
+    metrics: Option<PrometheusHandle>,
+    signals: Signals,
+) -> Result<Generation, StartError> {
+    metrics::start(number);
+    let mut waiting: Vec<Check> = config
+        .listeners
+        .iter()
+        .map(|l| Check {
+            name: format!("listener {}", l.name),
+            ok: false,
+            detail: Some("not bound yet".into()),
+        })
+        .collect();
+    let (phase, phase_rx) = watch::channel(Phase::Starting {
+        waiting_on: waiting.clone(),
+    });
+    let mut holdings = Holdings::default();
+
+    let admin_std = match inventory.take_tcp("admin", config.admin.listen)? {
+        Some(l) => l,
+        None => listener::bind_tcp(config.admin.listen, 128, false).map_err(|source| {
+            StartError::Admin {
+                addr: config.admin.listen.to_string(),
+                source,
+            }
+        })?,
+    };
+    let admin_addr = admin_std.local_addr().map_err(|source| StartError::Admin {
+        addr: config.admin.listen.to_string(),
+        source,
+    })?;
+    holdings
+        .hold(
+            "admin",
+            admin_addr.to_string(),
+            std::os::fd::AsFd::as_fd(&admin_std),
+        )
+        .map_err(|source| StartError::Admin {
+            addr: admin_addr.to_string(),
+            source,
+        })?;
+    let admin = Arc::new(AdminShared {
+        config: config.admin.clone(),
+        generation: GenerationInfo {
+            number,
+            pid: std::process::id(),
+            started_at: SystemTime::now(),
+        },
+        phase: phase_rx,
+        topology: Default::default(),
+        metrics,
+        drain_deadline: Default::default(),
+        inherited: std::sync::RwLock::new(carried.1),
+    });
+    let admin_stop = CancellationToken::new();
+    let admin_listener =
+        tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Admin {
+            addr: admin_addr.to_string(),
+            source,
+        })?;
+    tokio::spawn(admin::serve(
+        admin_listener,
+        Arc::clone(&admin),
+        admin_stop.clone(),
+    ));
+    tracing::info!(generation = number, admin = %admin_addr, "admin listening");
+
+    let control = take_control(&config, &mut inventory, &mut holdings)?;
+
+    let pools = Pool::all(&config.pools);
+    carry_over(&pools, &carried.0);
+    let drain = Drain::new();
+    let mut pending = Vec::new();
+    let mut views = Vec::new();
+    for (i, l) in config.listeners.iter().enumerate() {
+        let stats = Arc::new(ListenerStats::default());
+        let conf = Arc::new(l.clone());
+        let proxy = match l.protocol {
+            Protocol::Http => Proxy::Http(Arc::new(HttpProxy::new(l, &pools))),
+            Protocol::Tcp => Proxy::Tcp(Arc::new(TcpProxy {
+                listener: Arc::from(l.name.as_str()),
+                pool: Arc::clone(&pools[l.pool]),
+                connect_timeout: l.connect_timeout,
+            })),
+        };
+        let connections = Arc::new(Connections {
+            config: Arc::clone(&conf),
+            proxy,
+            drain: drain.watch(),
+            stats: Arc::clone(&stats),
+            metrics: metrics::listener(&l.name),
+        });
+        let limit = Arc::new(tokio::sync::Semaphore::new(l.max_connections));
+        let mut bound = l.bind;
+        let mut inodes = Vec::new();
+        for shard in 0..l.reuseport {
+            // Shard 0 is the listener's own name, so a socket unit's
+            // `FileDescriptorName=web` matches listener "web".
+            let name = if shard == 0 {
+                l.name.clone()
+            } else {
+                format!("{}#{shard}", l.name)
+            };
+            let std = match inventory.take_tcp(&name, l.bind)? {
+                Some(s) => s,
+                None => listener::bind_tcp(l.bind, l.backlog, true).map_err(|source| {
+                    StartError::Bind {
+                        name: l.name.clone(),
+                        addr: l.bind.to_string(),
+                        source,
+                    }
+                })?,
+            };
+            let local = std.local_addr().map_err(|source| StartError::Bind {
+                name: l.name.clone(),
+                addr: l.bind.to_string(),
+                source,
+            })?;
+            bound = local;
+            inodes.extend(crate::metrics::kernel::socket_inode(
+                std::os::fd::AsFd::as_fd(&std),
+            ));
+            let flag = holdings
+                .hold(&name, local.to_string(), std::os::fd::AsFd::as_fd(&std))
+                .map_err(|source| StartError::Bind {
+                    name: l.name.clone(),
+                    addr: local.to_string(),
+                    source,
+                })?;
+            let socket =
+                tokio::net::TcpListener::from_std(std).map_err(|source| StartError::Bind {
+                    name: l.name.clone(),
+                    addr: local.to_string(),
+                    source,
+                })?;
+            pending.push((
+                Listener {
+                    name: Arc::from(l.name.as_str()),
+                    socket,
+                    limit: Arc::clone(&limit),
+                },
+                Arc::clone(&connections),
+                flag,
+            ));
+        }
+        waiting[i] = Check {
+            name: format!("listener {}", l.name),
+            ok: true,
+            detail: None,
+        };
+        views.push(ListenerView {
+            name: l.name.clone(),
+            bind: bound,
+            protocol: l.protocol,
+            stats,
+            inodes,
+        });
+    }
+    let _ = phase.send(Phase::Starting {
+        waiting_on: waiting,
+    });
+    admin.set_topology(Topology {
+        listeners: views,
+        pools: pools.clone(),
+    });
+    // The first health round: a takeover needs only this (verdicts carried
+    // over), not healthy backends, so a reload during an outage works.
+    probe::first_round(&pools).await;
+    let adopted = inventory.taken();
+    let unclaimed = inventory.unclaimed();
+    if !unclaimed.is_empty() {
+        tracing::info!(sockets = ?unclaimed, "closing inherited sockets the config no longer names");
+    }
+    drop(inventory);
+    let (control_tx, control_rx) = mpsc::channel(16);
+    Ok(Generation {
+        pools,
+        background: CancellationToken::new(),
+        unclaimed,
+        draining_pids: Vec::new(),
+        config,
+        exec,
+        number,
+        signals,
+        phase,
+        admin,
+        admin_stop,
+        accept_stop: CancellationToken::new(),
+        holdings,
+        pending,
+        accept_tasks: JoinSet::new(),
+        control: Some(control),
+        control_rx,
+        control_tx,
+        control_tasks: tokio_util::task::TaskTracker::new(),
+        successor: None,
+        drain,
+        adopted,
+    })
+}
+
+/// Applies backend states an older generation carried over, matched by
+/// pool, name and address (a backend whose address changed starts afresh).
+pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
+    for c in carried {
+        let found = pools
+            .iter()
+            .filter(|p| p.name == c.pool)
+            .flat_map(|p| p.backends.iter())
+            .find(|b| b.name == c.name && b.address.to_string() == c.address);
+        if let (Some(backend), Some(admin)) = (found, AdminState::parse(&c.admin)) {
+            backend.adopt(admin, c.healthy);
+        }
+    }
+}
+
+/// What this generation carries to the next about its backends.
+pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
+    pools
+        .iter()
+        .flat_map(|p| p.backends.iter())
+        .map(|b| BackendCarry {
+            pool: b.pool.clone(),
+            name: b.name.clone(),
+            address: b.address.to_string(),
+            admin: b.admin().as_str().to_string(),
+            healthy: b.has_verdict().then(|| b.is_healthy()),
+        })
+        .collect()
+}
+
+/// Every pool has a backend that can take work.
+pub(super) fn pools_ready(pools: &[Arc<Pool>]) -> bool {
+    pools.iter().all(|p| p.healthy_count() > 0)
+}
+
+fn take_control(
+    config: &Config,
+    inventory: &mut Inventory,
+    holdings: &mut Holdings,
+) -> Result<tokio::net::UnixListener, StartError> {
+    let path = &config.control.socket;
+    let err = |source| StartError::Control {
+        path: path.display().to_string(),
+        source,
+    };
+    let std = match inventory.take_unix("control", path)? {
+        Some(l) => l,
+        None => control::bind(path).map_err(err)?,
+    };
+    holdings
+        .hold(
+            "control",
+            path.display().to_string(),
+            std::os::fd::AsFd::as_fd(&std),
+        )
+        .map_err(err)?;
+    tokio::net::UnixListener::from_std(std).map_err(err)
+}

@@ -1,0 +1,256 @@
+//! A generation's end: retired after a handoff, or stopped by a signal;
+//! both drain under a budget, and the exit code says how it went.
+
+use super::*;
+
+impl Generation {
+    /// After a handoff: stop accepting (the sockets live on in the successor)
+    /// and drain under `reload.drain_timeout`.
+    pub(super) async fn retire(
+        mut self,
+        successor: Successor,
+        waiter: Option<tokio::sync::oneshot::Sender<Reply>>,
+    ) -> i32 {
+        tracing::info!(successor = successor.pid, "handed over; draining");
+        self.successor = Some(successor.pid);
+        let naming = CancellationToken::new();
+        let named_until = Instant::now() + NAMING_WINDOW;
+        if systemd::enabled() {
+            tokio::spawn(keep_naming(successor.pid, naming.clone()));
+        }
+        let _ = self.phase.send(Phase::Draining);
+        self.holdings.handed_over(&successor.adopted);
+        self.close_doors().await;
+        // Only now: when `baton reload` returns, every new connection and
+        // probe reaches the new generation.
+        if let Some(w) = waiter {
+            let message = format!(
+                "generation {} (pid {}) is serving",
+                self.number + 1,
+                successor.pid
+            );
+            let _ = w.send(Reply::serving(successor.pid, message));
+        }
+        self.background.cancel();
+        self.admin_stop.cancel();
+        let budget = self.config.reload.drain_timeout;
+        self.publish_deadline(Instant::now() + budget);
+        let channel = Arc::new(successor.channel);
+        let reporting = CancellationToken::new();
+        let reporter = tokio::spawn(report_while_draining(
+            Arc::clone(&channel),
+            Arc::clone(&self.admin),
+            reporting.clone(),
+        ));
+        let outcome = self.drain_for(budget, DrainReason::Reload).await;
+        reporting.cancel();
+        // A periodic report still being sent must land before the last one,
+        // or the successor would end on older, smaller totals.
+        let _ = reporter.await;
+        // The last word: everything counted up to now, so the successor's
+        // totals are exact once we are gone.
+        let last = Message::Report(self.admin.report());
+        if let Err(err) = channel.send(&last, &[]).await {
+            tracing::info!(cause = %err, "could not send the final report to the successor");
+        }
+        // From root, systemd takes the first MAINPID= at once; an
+        // unprivileged main must outlive a repetition that lands.
+        if systemd::enabled() && !nix::unistd::geteuid().is_root() {
+            tokio::time::sleep_until(named_until).await;
+        }
+        naming.cancel();
+        self.exit_code(outcome)
+    }
+
+    /// The ordered stop: readiness flips, pre-stop pause, doors close (queue
+    /// served), in-flight work drains, admin closes last.
+    pub(super) async fn stop(mut self) -> i32 {
+        tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
+        let _ = self.phase.send(Phase::Stopping);
+        systemd::stopping();
+        let forced_early = tokio::select! {
+            () = tokio::time::sleep(self.config.shutdown.pre_stop_delay) => false,
+            command = self.signals.recv() => command == Command::Stop,
+        };
+        self.holdings.handed_over(&[]);
+        self.close_doors().await;
+        // Under systemd the control socket lives on in the fd store for the
+        // next start, and its path with it; otherwise nothing serves it now.
+        if !systemd::enabled() {
+            if let Err(err) = std::fs::remove_file(&self.config.control.socket) {
+                tracing::debug!(cause = %err, "control socket not removed");
+            }
+        }
+        let outcome = if forced_early {
+            self.drain.begin(Duration::ZERO);
+            let open = self.drain.force().await;
+            tracing::info!(open, "second stop signal: forced");
+            DrainOutcome::Forced { open: open.max(1) }
+        } else {
+            self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
+                .await
+        };
+        self.background.cancel();
+        self.admin_stop.cancel();
+        self.exit_code(outcome)
+    }
+
+    /// Stops every accept loop and waits until each has closed its socket.
+    async fn close_doors(&mut self) {
+        self.holdings = Holdings::default();
+        self.accept_stop.cancel();
+        while self.accept_tasks.join_next().await.is_some() {}
+    }
+
+    /// Runs the drain; stop signals shorten or force it.
+    async fn drain_for(&mut self, budget: Duration, reason: DrainReason) -> DrainOutcome {
+        let started = Instant::now();
+        let spread = match reason {
+            DrainReason::Reload => self.config.reload.close_spread,
+            DrainReason::Shutdown => Duration::ZERO,
+        };
+        self.drain.begin(spread);
+        let at_start = self.drain.in_flight();
+        let mut deadline = started + budget;
+        self.publish_deadline(deadline);
+        tracing::info!(connections = at_start, budget = ?budget, reason = reason.as_str(), "drain started");
+        let mut stops = 0;
+        let outcome = loop {
+            tokio::select! {
+                () = self.drain.idle() => break DrainOutcome::Drained,
+                () = tokio::time::sleep_until(deadline) => break DrainOutcome::Forced { open: self.drain.force().await },
+                command = self.signals.recv() => match command {
+                    Command::Stop if stops == 0 && matches!(reason, DrainReason::Reload) => {
+                        stops += 1;
+                        deadline = deadline.min(Instant::now() + self.config.shutdown.drain_timeout);
+                        self.publish_deadline(deadline);
+                        tracing::info!("stop signal while draining: keeping the earlier deadline");
+                    }
+                    Command::Stop | Command::ForceDrain => break DrainOutcome::Forced { open: self.drain.force().await },
+                                        Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
+                },
+                Some(incoming) = self.control_rx.recv() => self.answer_late(incoming),
+            }
+        };
+        self.finish_control_requests().await;
+        let forced = match outcome {
+            DrainOutcome::Drained => 0,
+            DrainOutcome::Forced { open } => open,
+        };
+        metrics::drain_finished(
+            reason,
+            started.elapsed().as_secs_f64(),
+            at_start.saturating_sub(forced),
+            forced,
+        );
+        outcome
+    }
+
+    /// A control request this generation accepted just before it stopped
+    /// accepting: answered, never left to hang up.
+    fn answer_late(&self, incoming: control::Incoming) {
+        let reply = match (incoming.request, self.successor) {
+            (Request::Status, Some(pid)) => Reply::serving(
+                pid,
+                format!("generation {} (pid {pid}) is serving", self.number + 1),
+            ),
+            (Request::Reload, Some(_)) => {
+                Reply::err(75, "a reload just completed; retry to reload again")
+            }
+            (_, None) => Reply::err(exit::FAILURE, "the daemon is stopping"),
+        };
+        let _ = incoming.reply.send(reply);
+    }
+
+    /// Answers the control requests still being read, for up to a second.
+    async fn finish_control_requests(&mut self) {
+        self.control_tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                tokio::select! {
+                    () = self.control_tasks.wait() => return,
+                    Some(incoming) = self.control_rx.recv() => self.answer_late(incoming),
+                }
+            }
+        })
+        .await;
+    }
+
+    fn publish_deadline(&self, deadline: Instant) {
+        let wall = SystemTime::now() + deadline.saturating_duration_since(Instant::now());
+        if let Ok(mut d) = self.admin.drain_deadline.write() {
+            *d = Some(wall);
+        }
+    }
+
+    fn exit_code(&self, outcome: DrainOutcome) -> i32 {
+        match outcome {
+            DrainOutcome::Drained => {
+                tracing::info!(
+                    generation = self.number,
+                    expected = true,
+                    "drained; exiting"
+                );
+                exit::OK
+            }
+            DrainOutcome::Forced { open: 0 } => exit::OK,
+            DrainOutcome::Forced { open } => {
+                let listeners: Vec<&str> = self
+                    .config
+                    .listeners
+                    .iter()
+                    .map(|l| l.name.as_str())
+                    .collect();
+                tracing::warn!(
+                    generation = self.number,
+                    connections = open,
+                    ?listeners,
+                    "drain deadline passed; connections force-closed"
+                );
+                exit::FORCED
+            }
+        }
+    }
+}
+
+/// How long an old generation keeps naming its successor to systemd (and
+/// so stays alive at least that long after a handoff).
+const NAMING_WINDOW: Duration = Duration::from_millis(1500);
+
+/// Repeats `MAINPID=<successor>` every 100 ms. systemd 252 ignores MAINPID=
+/// while the unit is in its reload state, which lasts as long as
+/// `ExecReload=` (our `baton reload`, which waits for this very handoff)
+/// runs; once it has exited, the next repetition lands. The first one was
+/// sent before we stopped accepting, which is what newer systemd and a
+/// SIGHUP reload take. Once the successor is main, systemd drops our
+/// messages, so repeating is harmless. The old generation must not exit
+/// before a repetition landed, or systemd would take the unit for dead:
+/// hence `NAMING_WINDOW`.
+async fn keep_naming(successor: u32, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        systemd::main_pid(successor);
+    }
+}
+
+/// Sends our counters and live generations to the successor at once (our
+/// drain deadline is known by then), then every half second while we drain.
+async fn report_while_draining(
+    channel: Arc<Channel>,
+    admin: Arc<AdminShared>,
+    stop: CancellationToken,
+) {
+    loop {
+        if let Err(err) = channel.send(&Message::Report(admin.report()), &[]).await {
+            tracing::info!(cause = %err, "successor stopped taking reports");
+            return;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! The supervisor of one generation: builds it (`build::start`), owns its
+//! `Phase`, and runs the one `select!` over signals, control requests and
+//! a reload under way (`Generation::serve`). It then ends in one of two
+//! ways: handed over to a newer generation (`end`: `retire`) or
+//! stopped (`end`: `stop`). Exit codes are DESIGN.md's.
+//!
+//! Split by phase: `build` makes a generation, `active` opens it and keeps
+//! systemd informed, this file serves, `end` retires or stops it.
+
+mod active;
+mod build;
+mod end;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::{self, AdminShared, GenerationInfo, ListenerView, Topology};
+use crate::backend::{probe, AdminState, Pool};
+use crate::config::{Config, Protocol};
+use crate::connection::{Connections, ListenerStats, Proxy};
+use crate::lifecycle::control::{self, Reply, Request};
+use crate::lifecycle::drain::{Drain, DrainOutcome};
+use crate::lifecycle::generation::{self, Exec, HandoverError, Offer, Parent, Successor};
+use crate::lifecycle::handoff::{BackendCarry, Channel, Message, Report};
+use crate::lifecycle::inventory::{Holdings, Inventory};
+use crate::lifecycle::signals::{Command, Signals};
+use crate::lifecycle::{systemd, Check, Phase};
+use crate::listener::{self, Closing, Listener};
+use crate::metrics::{self, DrainReason};
+use crate::proxy::{http::HttpProxy, tcp::TcpProxy};
+
+/// Exit codes from DESIGN.md.
+pub mod exit {
+    pub const OK: i32 = 0;
+    pub const FAILURE: i32 = 1;
+    pub const FORCED: i32 = 3;
+    pub const CONFIG: i32 = 78;
+}
+
+/// A start-up failure, with the exit code it maps to.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error("admin listener {addr}: {source}")]
+    Admin {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("control socket {path}: {source}")]
+    Control {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("listener \"{name}\" cannot bind {addr}: {source}")]
+    Bind {
+        name: String,
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Adopt(#[from] crate::lifecycle::inventory::AdoptError),
+    #[error("handoff: {0}")]
+    Handoff(#[from] HandoverError),
+}
+
+/// The inputs of one generation's run.
+pub struct Setup {
+    pub config: Config,
+    pub exec: Exec,
+    pub parent: Option<(Parent, Inventory)>,
+    pub metrics: Option<PrometheusHandle>,
+}
+
+/// Runs one generation to its end and returns the process exit code.
+pub async fn run(setup: Setup) -> i32 {
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return fail(None, StartError::Signals(e)).await,
+    };
+    let (parent, inventory) = match setup.parent {
+        Some((p, i)) => (Some(p), i),
+        None => (None, systemd_inventory()),
+    };
+    let number = parent.as_ref().map_or(1, |p| p.generation);
+    let carried = parent
+        .as_ref()
+        .map(|p| (p.backends.clone(), p.report.clone()))
+        .unwrap_or_default();
+    let built = build::start(
+        carried,
+        setup.config,
+        setup.exec,
+        inventory,
+        number,
+        setup.metrics,
+        signals,
+    )
+    .await;
+    let mut gen = match built {
+        Ok(g) => g,
+        Err(e) => return fail(parent.as_ref(), e).await,
+    };
+    let adopted = gen.adopted.clone();
+    let takeover = parent.is_some();
+    if let Some(parent) = parent {
+        gen.draining_pids = parent.draining.clone();
+        if let Err(e) = parent.ready(adopted).await {
+            tracing::error!(cause = %e, "old generation did not let us take over");
+            return exit::FAILURE;
+        }
+        gen.open_doors();
+        match parent.accepting().await {
+            Ok(channel) => {
+                let (on_report, on_exit) = (Arc::clone(&gen.admin), Arc::clone(&gen.admin));
+                tokio::spawn(generation::reports(
+                    channel,
+                    move |r| on_report.set_inherited(r),
+                    move || on_exit.inherited_exited(),
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(cause = %e, "could not confirm the takeover to the old generation")
+            }
+        }
+    } else {
+        gen.open_doors();
+    }
+    gen.became_active(takeover);
+    match gen.serve().await {
+        Ending::HandedOver(successor, waiter) => gen.retire(successor, waiter).await,
+        Ending::Stop => gen.stop().await,
+    }
+}
+
+/// Sockets systemd passed us (socket activation or its fd store), if any.
+fn systemd_inventory() -> Inventory {
+    let passed = crate::lifecycle::handoff::from_systemd()
+        .and_then(|(entries, fds)| Inventory::new(entries, fds).map_err(std::io::Error::other));
+    match passed {
+        Ok(inventory) => {
+            if !inventory.is_empty() {
+                tracing::info!(sockets = inventory.len(), "adopting sockets from systemd");
+            }
+            inventory
+        }
+        Err(err) => {
+            tracing::warn!(cause = %err, "ignoring sockets passed by systemd");
+            Inventory::default()
+        }
+    }
+}
+
+async fn fail(parent: Option<&Parent>, err: StartError) -> i32 {
+    let code = match &err {
+        StartError::Handoff(h) => h.exit_code(),
+        _ => exit::FAILURE,
+    };
+    tracing::error!(cause = %err, "start-up failed");
+    if let Some(parent) = parent {
+        parent.fail(code, &err.to_string()).await;
+    }
+    code
+}
+
+/// A built generation: everything it owns until it exits.
+struct Generation {
+    config: Config,
+    pools: Vec<Arc<Pool>>,
+    /// Stops background work: health checks, watchdog pings, status lines
+    /// (at handoff, or at teardown).
+    background: CancellationToken,
+    exec: Exec,
+    number: u64,
+    signals: Signals,
+    phase: watch::Sender<Phase>,
+    admin: Arc<AdminShared>,
+    /// Stops the admin accept loop: at handoff, or last of all at a stop.
+    admin_stop: CancellationToken,
+    /// Stops data-plane and control accept loops.
+    accept_stop: CancellationToken,
+    holdings: Holdings,
+    /// Accept loops not yet started (they start at [`Self::open_doors`]).
+    pending: Vec<(Listener, Arc<Connections>, Arc<AtomicBool>)>,
+    accept_tasks: JoinSet<()>,
+    control: Option<tokio::net::UnixListener>,
+    control_rx: mpsc::Receiver<control::Incoming>,
+    control_tx: mpsc::Sender<control::Incoming>,
+    /// Inherited socket names the config no longer has (dropped from
+    /// systemd's fd store once we serve).
+    unclaimed: Vec<String>,
+    /// Control requests being read or answered (see `answer_late`).
+    control_tasks: tokio_util::task::TaskTracker,
+    /// The generation we handed over to, once we have.
+    successor: Option<u32>,
+    drain: Drain,
+    adopted: Vec<String>,
+    draining_pids: Vec<u32>,
+}
+
+enum Ending {
+    /// With whoever asked for the reload, answered once we stopped accepting.
+    HandedOver(Successor, Option<tokio::sync::oneshot::Sender<Reply>>),
+    Stop,
+}
+
+impl Generation {
+    /// The serving loop: returns when a reload handed over or a stop began.
+    async fn serve(&mut self) -> Ending {
+        let mut reload: Option<(JoinHandle<Result<Successor, HandoverError>>, Instant)> = None;
+        let mut waiter: Option<tokio::sync::oneshot::Sender<Reply>> = None;
+        loop {
+            tokio::select! {
+                command = self.signals.recv() => match command {
+                    Command::Stop => return Ending::Stop,
+                    Command::Reload if reload.is_none() => reload = Some((self.begin_reload(), Instant::now())),
+                    Command::Reload => tracing::info!("SIGHUP ignored: a reload is already under way"),
+                    Command::ForceDrain => tracing::info!(signal = "SIGUSR2", "ignored signal: nothing is draining here"),
+                },
+                Some(incoming) = self.control_rx.recv() => match incoming.request {
+                    Request::Reload if reload.is_none() => {
+                        reload = Some((self.begin_reload(), Instant::now()));
+                        waiter = Some(incoming.reply);
+                    }
+                    Request::Reload => {
+                        let _ = incoming.reply.send(Reply::err(75, "a reload is already under way; retry when it has finished"));
+                    }
+                    Request::Status => {
+                        let pid = std::process::id();
+                        let _ = incoming.reply.send(Reply::serving(pid, format!("generation {} (pid {pid}) is serving", self.number)));
+                    }
+                },
+                joined = async {
+                    match reload.as_mut() {
+                        Some((handle, _)) => handle.await,
+                        None => std::future::pending().await,
+                    }
+                }, if reload.is_some() => {
+                    let started = reload.take().map_or_else(Instant::now, |(_, t)| t);
+                    let outcome = joined.unwrap_or_else(|e| Err(HandoverError::OutOfTurn(format!("reload task: {e}"))));
+                    metrics::reload_finished(outcome.is_ok(), started.elapsed().as_secs_f64());
+                    match outcome {
+                                                Ok(successor) => return Ending::HandedOver(successor, waiter.take()),
+                        Err(err) => {
+                            tracing::error!(cause = %err, "reload failed; this generation keeps serving");
+                            systemd::ready(&self.status_line());
+                            if let Some(w) = waiter.take() {
+                                let _ = w.send(Reply::err(err.exit_code(), format!("reload failed: {err}")));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Spawns the handoff as a task (dropping it kills the child).
+    fn begin_reload(&mut self) -> JoinHandle<Result<Successor, HandoverError>> {
+        systemd::reloading();
+        self.draining_pids.retain(|&pid| alive(pid));
+        let max = self.config.reload.max_draining;
+        while self.draining_pids.len() >= max {
+            let oldest = self.draining_pids.remove(0);
+            tracing::info!(
+                pid = oldest,
+                max_draining = max,
+                "too many generations draining; forcing the oldest to close"
+            );
+            signal(oldest, nix::sys::signal::Signal::SIGUSR2);
+        }
+        let mut draining = self.draining_pids.clone();
+        draining.push(std::process::id());
+        let sockets = self.holdings.offer();
+        let backends = build::carry_out(&self.pools);
+        let report = self.admin.report();
+        let exec = self.exec.clone();
+        let ready_timeout = self.config.reload.ready_timeout;
+        let generation = self.number + 1;
+        tracing::info!(generation, "reload: starting the next generation");
+        tokio::spawn(async move {
+            let sockets = sockets.map_err(|e| HandoverError::Channel(e.into()))?;
+            generation::hand_over(
+                &exec,
+                Offer {
+                    generation,
+                    sockets,
+                    draining,
+                    backends,
+                    report,
+                },
+                ready_timeout,
+            )
+            .await
+        })
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    i32::try_from(pid)
+        .is_ok_and(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok())
+}
+
+fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    if let Ok(p) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
+    }
+}
