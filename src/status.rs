@@ -92,18 +92,27 @@ pub fn render(v: &Value) -> String {
         ));
     }
     out.push_str(&format!(
-        "\n{:<16} {:<8} {:<24} {:>6}\n",
-        "LISTENER", "PROTOCOL", "BIND", "ACTIVE"
+        "\n{:<16} {:<8} {:<24} {:>6} {:>7}\n",
+        "LISTENER", "PROTOCOL", "BIND", "ACTIVE", "BACKLOG"
     ));
     for l in v["listeners"].as_array().into_iter().flatten() {
         out.push_str(&format!(
-            "{:<16} {:<8} {:<24} {:>6}\n",
+            "{:<16} {:<8} {:<24} {:>6} {:>7}\n",
             s(&l["name"]),
             s(&l["protocol"]),
             s(&l["bind"]),
-            s(&l["active"])
+            s(&l["active"]),
+            s(&l["backlog"])
         ));
     }
+    let k = &v["kernel"];
+    out.push_str(&format!(
+        "kernel (this network namespace): listen overflows {}, listen drops {}, migrated requests {} ok / {} failed\n",
+        s(&k["listen_overflows"]),
+        s(&k["listen_drops"]),
+        s(&k["migrate_req_success"]),
+        s(&k["migrate_req_failure"])
+    ));
     for p in v["pools"].as_array().into_iter().flatten() {
         let total = p["backends"].as_array().map_or(0, Vec::len);
         out.push_str(&format!(

@@ -253,7 +253,23 @@ async fn with_every_backend_down_http_is_503_and_readyz_names_the_pool() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_waits_on_an_unhealthy_pool() {
-    let addr = support::daemon::free_addr();
+    // A bound, non-listening socket keeps the port ours (refusing
+    // connections) until the backend starts, so no other test takes it.
+    let reserved =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    reserved
+        .bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .expect("addr")
+                .into(),
+        )
+        .expect("bind");
+    let addr = reserved
+        .local_addr()
+        .expect("addr")
+        .as_socket()
+        .expect("inet");
     let spec = Spec::new()
         .http("web", "app")
         .pool_with("app", FAST_CHECKS, &[(addr, 1)]);
@@ -271,6 +287,7 @@ async fn start_up_waits_on_an_unhealthy_pool() {
             .status,
         200
     );
+    drop(reserved);
     let _backend = HttpBackend::start_on("a", addr).await;
     baton.wait_ready().await;
 }
@@ -350,6 +367,33 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
         "out",
         "an operator's drain survives a reload"
     );
+    // `baton status` prints the same as a table, and `--json` raw.
+    baton.settled().await;
+    let out = tokio::process::Command::new(support::daemon::BIN)
+        .args(["status", "-c"])
+        .arg(&baton.config)
+        .output()
+        .await
+        .expect("baton status");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.contains("app-0"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains(" out "), "{row}");
+    assert!(
+        table.contains("pool app (1/2 up)") && table.contains("kernel (this network namespace)"),
+        "{table}"
+    );
+    let out = tokio::process::Command::new(support::daemon::BIN)
+        .args(["status", "--json", "-c"])
+        .arg(&baton.config)
+        .output()
+        .await
+        .expect("baton status --json");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
+    assert_eq!(v["generations"].as_array().map(Vec::len), Some(1));
     let before = a.hits();
     for i in 0..10 {
         assert_eq!(

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use super::{AdminShared, Topology};
 use crate::backend::{Backend, Pool};
 use crate::lifecycle::{Check, Phase};
+use crate::metrics::kernel;
 
 type Reply = Response<Full<Bytes>>;
 
@@ -134,18 +135,30 @@ fn status(state: &AdminShared) -> Reply {
             })
         })
         .collect();
+    let queues = kernel::listen_queues();
     let listeners: Vec<Value> = topology
         .listeners
         .iter()
-        .map(|l| json!({"name": l.name, "bind": l.bind.to_string(), "protocol": l.protocol.as_str(), "active": l.stats.active()}))
+        .map(|l| {
+            let backlog: u64 = l.inodes.iter().filter_map(|i| queues.get(i)).sum();
+            json!({"name": l.name, "bind": l.bind.to_string(), "protocol": l.protocol.as_str(), "active": l.stats.active(), "backlog": backlog})
+        })
         .collect();
     let pools: Vec<Value> = topology.pools.iter().map(|p| pool_json(p)).collect();
+    let n = kernel::netstat();
+    let kernel = json!({
+        "listen_overflows": n.listen_overflows,
+        "listen_drops": n.listen_drops,
+        "migrate_req_success": n.migrate_success,
+        "migrate_req_failure": n.migrate_failure,
+    });
     json_reply(
         StatusCode::OK,
         json!({
             "version": crate::VERSION,
             "commit": crate::COMMIT,
-            "generations": generations,
+                        "generations": generations,
+            "kernel": kernel,
             "listeners": listeners,
             "pools": pools,
         }),
