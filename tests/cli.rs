@@ -164,3 +164,24 @@ fn check_warns_when_the_unit_would_cut_a_drain_short() {
     let (_, _, stderr) = run(&["check", "-c", example, "--unit", u]);
     assert!(!stderr.contains("warning"), "{stderr}");
 }
+
+#[test]
+fn a_remote_admin_without_a_token_is_refused_by_check() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("b.toml");
+    let body = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n";
+    std::fs::write(&path, format!("[admin]\nlisten = \"0.0.0.0:9901\"\n{body}")).expect("write");
+    let p = path.to_str().expect("utf-8 path");
+    let (code, _, stderr) = run(&["check", "-c", p]);
+    assert_eq!(code, 78);
+    assert!(
+        stderr.contains("admin.listen: 0.0.0.0:9901 is not a loopback address"),
+        "{stderr}"
+    );
+    std::fs::write(
+        &path,
+        format!("[admin]\nlisten = \"0.0.0.0:9901\"\nallow_remote_without_token = true\n{body}"),
+    )
+    .expect("write");
+    assert_eq!(run(&["check", "-c", p]).0, 0);
+}

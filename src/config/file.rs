@@ -38,6 +38,7 @@ pub struct AdminFile {
     pub liveness_paths: Option<Vec<String>>,
     pub readiness_paths: Option<Vec<String>>,
     pub token_file: Option<String>,
+    pub allow_remote_without_token: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

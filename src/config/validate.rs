@@ -186,6 +186,15 @@ impl Validator {
         let liveness_paths = self.paths("admin.liveness_paths", &raw.liveness_paths, "/healthz");
         let readiness_paths = self.paths("admin.readiness_paths", &raw.readiness_paths, "/readyz");
         let token = raw.token_file.as_deref().and_then(|f| self.token(f));
+        let open_to_all = raw.allow_remote_without_token.unwrap_or(false);
+        if !listen.ip().is_loopback() && raw.token_file.is_none() && !open_to_all {
+            self.problem(
+                "admin.listen",
+                format!(
+                    "{listen} is not a loopback address and admin.token_file is not set: anyone who reaches it could drain backends; set a token, or admin.allow_remote_without_token = true"
+                ),
+            );
+        }
         AdminConfig {
             listen,
             liveness_paths,
@@ -631,6 +640,18 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         let c = parse(&text, Path::new("x.toml"), &o).expect("valid");
         assert_eq!(c.shutdown.drain_timeout.as_secs(), 7);
         assert!(c.shutdown.pre_stop_delay.is_zero());
+    }
+
+    #[test]
+    fn a_remote_admin_needs_a_token_unless_allowed() {
+        let remote = format!("[admin]\nlisten = \"0.0.0.0:9901\"\n{GOOD}");
+        let p = problems(&remote);
+        assert!(
+            p[0].starts_with("admin.listen: 0.0.0.0:9901 is not a loopback address"),
+            "{p:?}"
+        );
+        let allowed = remote.replace("[admin]\n", "[admin]\nallow_remote_without_token = true\n");
+        assert!(parse(&allowed, Path::new("x.toml"), &Overrides::default()).is_ok());
     }
 
     #[test]

@@ -1,0 +1,86 @@
+//! Hostile or odd input never takes baton down: stray signals, garbage on
+//! the control socket, a client that never speaks; and the control socket
+//! is locked down (mode 0600).
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use support::backend::HttpBackend;
+use support::client;
+use support::daemon::{signal, Baton, Spec};
+
+async fn serving(baton: &Baton) {
+    let a = client::get(baton.addr("web"), "/still")
+        .await
+        .expect("still serving");
+    assert_eq!(a.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stray_signals_do_not_kill_baton() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let pid = baton.serving_pid().await;
+    for sig in [
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGPIPE,
+        Signal::SIGUSR1,
+    ] {
+        signal(pid, sig);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        serving(&baton).await;
+    }
+    assert_eq!(baton.serving_pid().await, pid, "the same process serves on");
+    assert!(baton.log().contains("ignored signal"), "{}", baton.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_control_socket_input_is_refused_and_nothing_blocks() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let socket = baton.dir.path().join("control.sock");
+    let mode = std::fs::metadata(&socket)
+        .expect("control socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+
+    // A client that connects and never sends anything holds nothing up.
+    let _silent = UnixStream::connect(&socket).await.expect("connect");
+    let answers = |payload: Vec<u8>| {
+        let socket = socket.clone();
+        async move {
+            let mut s = UnixStream::connect(&socket).await.expect("connect");
+            let _ = s.write_all(&payload).await;
+            let _ = s.shutdown().await;
+            let mut reply = String::new();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut reply)).await;
+            reply
+        }
+    };
+    let garbage = answers(b"\xff\xfe not json at all\n".to_vec()).await;
+    assert!(garbage.contains("malformed request"), "{garbage}");
+    let truncated = answers(br#"{"command":"rel"#.to_vec()).await;
+    assert!(truncated.contains("\"ok\":false"), "{truncated}");
+    // A megabyte with no newline: read up to 64 KiB, then refused (the
+    // flood may cost the client its answer, never the daemon anything).
+    let huge = answers(vec![b'x'; 1024 * 1024]).await;
+    assert!(huge.is_empty() || huge.contains("\"ok\":false"), "{huge}");
+    assert_eq!(baton.serving_pid().await, baton.serving_pid().await);
+    let unknown = answers(b"{\"command\":\"explode\"}\n".to_vec()).await;
+    assert!(unknown.contains("\"ok\":false"), "{unknown}");
+
+    serving(&baton).await;
+    let r = baton.reload().await;
+    assert_eq!(r.code, 0, "a real reload still works: {r:?}");
+    serving(&baton).await;
+}
