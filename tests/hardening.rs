@@ -84,3 +84,60 @@ async fn hostile_control_socket_input_is_refused_and_nothing_blocks() {
     assert_eq!(r.code, 0, "a real reload still works: {r:?}");
     serving(&baton).await;
 }
+
+/// CPU seconds `pid` has used (utime + stime).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.to_string())
+        .unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_fds_backs_off_without_spinning_and_recovers() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::spawn_under(
+        Spec::new().http("web", "app").pool("app", &[backend.addr]),
+        &[],
+        &["prlimit", "--nofile=64:64"],
+    );
+    baton.wait_ready().await;
+    let pid = baton.first_pid;
+    let web = baton.addr("web");
+    let mut held = Vec::new();
+    for _ in 0..200 {
+        held.push(
+            tokio::net::TcpStream::connect(web)
+                .await
+                .expect("the kernel completes the handshake"),
+        );
+    }
+    support::eventually("baton hits EMFILE and says so", || async {
+        baton.log().contains("accept failed; backing off")
+    })
+    .await;
+    let before = cpu_seconds(pid);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let used = cpu_seconds(pid) - before;
+    assert!(
+        used < 0.5,
+        "no busy loop while out of fds: {used:.2}s of CPU in 2s"
+    );
+    assert!(
+        baton.log().matches("accept failed; backing off").count() <= 5,
+        "logged once per burst:\n{}",
+        baton.log()
+    );
+    drop(held);
+    support::eventually("baton recovers once fds are free", || async {
+        client::get(web, "/after")
+            .await
+            .is_ok_and(|a| a.status == 200)
+    })
+    .await;
+}

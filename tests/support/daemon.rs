@@ -162,11 +162,16 @@ impl Baton {
         baton
     }
 
-    /// Starts `baton run` with extra arguments, without waiting.
+        /// Starts `baton run` with extra arguments, without waiting.
+    pub fn spawn(spec: Spec, extra_args: &[&str]) -> Baton {
+        Baton::spawn_under(spec, extra_args, &[])
+    }
+
+    /// Starts `baton run` under a wrapper command (`prlimit --nofile=64`).
     // Reaped by pid (`wait_exit`, `Drop`), like every later generation,
     // which is not our child until re-parented to us.
     #[allow(clippy::zombie_processes)]
-    pub fn spawn(spec: Spec, extra_args: &[&str]) -> Baton {
+    pub fn spawn_under(spec: Spec, extra_args: &[&str], wrapper: &[&str]) -> Baton {
         SUBREAPER.call_once(|| {
             nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
         });
@@ -184,7 +189,15 @@ impl Baton {
         // runs whatever that path holds then (see `replace_executable`).
         let exe = dir.path().join("baton");
         std::os::unix::fs::symlink(BIN, &exe).expect("link baton");
-        let child = std::process::Command::new(&exe)
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = std::process::Command::new(program);
+                c.args(args).arg(&exe);
+                c
+            }
+            None => std::process::Command::new(&exe),
+        };
+        let child = command
             .arg("run")
             .arg("-c")
             .arg(&config)
