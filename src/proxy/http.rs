@@ -141,7 +141,12 @@ impl HttpProxy {
             state.h2.store(true, Ordering::Relaxed);
         }
         let target = &self.targets[self.route(&req)];
-        let mut response = match self.forward(req, peer, &target.pool, &drain).await {
+        let refused = ambiguity(&req);
+        let checked = match refused {
+            Some(why) => Err(ProxyError::Client { why }),
+            None => self.forward(req, peer, &target.pool, &drain).await,
+        };
+        let mut response = match checked {
             Ok(r) => r,
             Err(err) => {
                 if matches!(err, ProxyError::NoBackend { .. }) {
@@ -155,8 +160,10 @@ impl HttpProxy {
             .metrics
             .duration
             .record(started.elapsed().as_secs_f64());
-        if client_h1 && drain.is_draining() && response.status() != StatusCode::SWITCHING_PROTOCOLS
-        {
+        // After an ambiguous request nothing more on the connection can be
+        // trusted; during a drain the client should reconnect elsewhere.
+        let closing = refused.is_some() || drain.is_draining();
+        if client_h1 && closing && response.status() != StatusCode::SWITCHING_PROTOCOLS {
             response
                 .headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
@@ -339,6 +346,20 @@ fn outbound_request(
     *outbound.version_mut() = Version::HTTP_11;
     *outbound.headers_mut() = parts.headers.clone();
     Ok(outbound)
+}
+
+/// A request two parties could read two ways (the stuff of request
+/// smuggling) that hyper lets through: refused, never forwarded.
+fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
+    if req.headers().get_all(HOST).iter().count() > 1 {
+        return Some("more than one Host header");
+    }
+    let uri = req.uri();
+    let asterisk = req.method() == ::http::Method::OPTIONS && uri.path() == "*";
+    if uri.scheme().is_none() && !uri.path().starts_with('/') && !asterisk {
+        return Some("invalid request target");
+    }
+    None
 }
 
 fn error_response(pool: &str, err: &ProxyError) -> Response<ProxyBody> {

@@ -14,6 +14,8 @@ use crate::metrics::UpstreamErrorKind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
+    #[error("bad request: {why}")]
+    Client { why: &'static str },
     #[error("no backend of pool \"{pool}\" can take the request")]
     NoBackend { pool: String },
     #[error("backend {backend} ({address}) unreachable: {cause}")]
@@ -31,6 +33,7 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
+            ProxyError::Client { .. } => StatusCode::BAD_REQUEST,
             ProxyError::NoBackend { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -40,7 +43,7 @@ impl ProxyError {
     /// The `kind` label of `baton_upstream_errors_total`, if it counts there.
     pub fn upstream_kind(&self) -> Option<UpstreamErrorKind> {
         match self {
-            ProxyError::NoBackend { .. } => None,
+            ProxyError::Client { .. } | ProxyError::NoBackend { .. } => None,
             ProxyError::Connect { .. } => Some(UpstreamErrorKind::Connect),
             ProxyError::Timeout { .. } => Some(UpstreamErrorKind::Timeout),
             ProxyError::Upstream { .. } => Some(UpstreamErrorKind::Protocol),

@@ -162,7 +162,7 @@ impl Baton {
         baton
     }
 
-        /// Starts `baton run` with extra arguments, without waiting.
+    /// Starts `baton run` with extra arguments, without waiting.
     pub fn spawn(spec: Spec, extra_args: &[&str]) -> Baton {
         Baton::spawn_under(spec, extra_args, &[])
     }
