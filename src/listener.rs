@@ -70,6 +70,11 @@ impl Listener {
     ) {
         let mut errors = ErrorThrottle::default();
         loop {
+            if self.limit.available_permits() == 0 {
+                tracing::warn!(listener = %self.name, "max_connections reached; not accepting until a connection ends");
+                metrics::counter!(crate::metrics::AT_CAPACITY, "listener" => self.name.to_string())
+                    .increment(1);
+            }
             let permit = tokio::select! {
                 () = stop.cancelled() => break,
                 p = Arc::clone(&self.limit).acquire_owned() => p.ok(),

@@ -141,3 +141,80 @@ async fn running_out_of_fds_backs_off_without_spinning_and_recovers() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_max_connections_baton_stops_accepting_and_resumes_below_it() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", "max_connections = 2")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let mut first = client::connect(web).await.expect("first");
+    let mut second = client::connect(web).await.expect("second");
+    for c in [&mut first, &mut second] {
+        assert_eq!(
+            client::send(c, web, "/held").await.expect("held").status,
+            200
+        );
+    }
+    // The third waits in the kernel's backlog: not accepted, not refused.
+    let third = tokio::spawn(async move { client::get(web, "/third").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection must wait at the cap"
+    );
+    let metrics = client::get(baton.admin, "/metrics")
+        .await
+        .expect("metrics")
+        .body;
+    assert!(
+        metrics.contains("baton_listener_at_capacity_total{listener=\"web\"} 1"),
+        "{metrics}"
+    );
+    drop(first);
+    let answer = tokio::time::timeout(support::TIMEOUT, third)
+        .await
+        .expect("accepted below the cap")
+        .expect("join");
+    assert_eq!(answer.expect("third served").status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_backend_is_a_504_at_response_timeout() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = silent.local_addr().expect("addr");
+    let keep = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let spec = Spec::new()
+        .listener("web", "http", "app", "response_timeout = \"1s\"")
+        .pool("app", &[addr]);
+    let baton = Baton::start(spec).await;
+    let answer = client::get(baton.addr("web"), "/")
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status, 504);
+    assert!(
+        answer.body.contains("did not answer within 1s"),
+        "{}",
+        answer.body
+    );
+    let metrics = client::get(baton.admin, "/metrics")
+        .await
+        .expect("metrics")
+        .body;
+    assert!(
+        metrics.contains(
+            "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 1"
+        ),
+        "{metrics}"
+    );
+    keep.abort();
+}

@@ -33,6 +33,7 @@ pub const DRAIN_FORCED: &str = "baton_drain_forced_connections_total";
 pub const BUILD_INFO: &str = "baton_build_info";
 pub const LONG_LIVED_DRAINED: &str = "baton_long_lived_drained_total";
 pub const LISTENER_BACKLOG: &str = "baton_listener_backlog";
+pub const AT_CAPACITY: &str = "baton_listener_at_capacity_total";
 pub const KERNEL_LISTEN_OVERFLOWS: &str = "baton_kernel_listen_overflows_total";
 pub const KERNEL_LISTEN_DROPS: &str = "baton_kernel_listen_drops_total";
 pub const KERNEL_MIGRATE_REQ: &str = "baton_kernel_migrate_req_total";
@@ -120,6 +121,10 @@ fn describe() {
 }
 
 fn describe_more() {
+    describe_counter!(
+        AT_CAPACITY,
+        "Times a listener reached max_connections and stopped accepting."
+    );
     describe_gauge!(
         BACKEND_STATE,
         "1 for the backend's current state (up, down, draining, out), else 0."
@@ -172,6 +177,7 @@ pub fn listener(name: &str) -> ListenerMetrics {
     metrics::gauge!(CONNECTIONS_ACTIVE, "listener" => name.to_string(), "state" => "draining")
         .set(0.0);
     metrics::gauge!(LISTENER_BACKLOG, "listener" => name.to_string()).set(0.0);
+    metrics::counter!(AT_CAPACITY, "listener" => name.to_string()).absolute(0);
     ListenerMetrics {
         accepted: metrics::counter!(CONNECTIONS_ACCEPTED, "listener" => name.to_string()),
         active: metrics::gauge!(CONNECTIONS_ACTIVE, "listener" => name.to_string(), "state" => "serving"),
