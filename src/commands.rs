@@ -9,6 +9,7 @@ use crate::daemon::{self, exit, Setup};
 use crate::lifecycle::control::{self, CallError, Request};
 use crate::lifecycle::generation::{Exec, Parent};
 use crate::lifecycle::handoff::Channel;
+use crate::lifecycle::signals::Signals;
 
 /// `baton reload`/`status`: the daemon cannot be reached.
 pub const UNREACHABLE: i32 = 69;
@@ -49,6 +50,13 @@ fn run(args: RunArgs) -> i32 {
 }
 
 async fn run_async(args: RunArgs) -> i32 {
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::error!(cause = %err, "cannot install signal handlers");
+            return exit::FAILURE;
+        }
+    };
     let parent = match Channel::from_env() {
         Ok(None) => None,
         Ok(Some(channel)) => match Parent::receive(channel).await {
@@ -94,6 +102,7 @@ async fn run_async(args: RunArgs) -> i32 {
         exec,
         parent,
         metrics,
+        signals,
     })
     .await
 }

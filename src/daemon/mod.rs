@@ -47,8 +47,6 @@ pub mod exit {
 /// A start-up failure, with the exit code it maps to.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("cannot install signal handlers: {0}")]
-    Signals(std::io::Error),
     #[error("admin listener {addr}: {source}")]
     Admin {
         addr: String,
@@ -77,14 +75,14 @@ pub struct Setup {
     pub exec: Exec,
     pub parent: Option<(Parent, Inventory)>,
     pub metrics: Option<PrometheusHandle>,
+    /// Installed first thing in the process, so a signal during start-up
+    /// (a SIGHUP while the config loads) is never its default action.
+    pub signals: Signals,
 }
 
 /// Runs one generation to its end and returns the process exit code.
 pub async fn run(setup: Setup) -> i32 {
-    let signals = match Signals::install() {
-        Ok(s) => s,
-        Err(e) => return fail(None, StartError::Signals(e)).await,
-    };
+    let signals = setup.signals;
     let (parent, inventory) = match setup.parent {
         Some((p, i)) => (Some(p), i),
         None => (None, systemd_inventory()),
