@@ -1,4 +1,4 @@
-//! `cargo bench --bench reload [-- --reloads N --interval-ms MS --profile steady|storm]`
+//! `cargo bench --bench reload [-- --reloads N --interval-ms MS --profile steady|storm --tcp]`
 //!
 //! Failed requests per reload, for baton and (when installed) HAProxy and
 //! nginx, under the same load and the same reload schedule: keep-alive
@@ -94,21 +94,45 @@ struct Outcome {
     handoffs: Vec<Duration>,
 }
 
+async fn tcp_client(addr: SocketAddr, start: Instant, end: Instant, out: Arc<Mutex<Vec<Record>>>) {
+    let mut local = Vec::new();
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        let result = support::client::echo_session(addr).await;
+        local.push((t0 - start, result.map(|()| t0.elapsed()), false));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    if let Ok(mut o) = out.lock() {
+        o.extend(local);
+    }
+}
+
 async fn run(
     kind: Kind,
     backend: SocketAddr,
     p: &Profile,
     reloads: u32,
     interval: Duration,
+    tcp: bool,
 ) -> Outcome {
-    let proxy = Proxy::start(kind, support::free_port(), backend, 2, None);
+    let proxy = Proxy::start_mode(kind, support::free_port(), backend, 2, None, tcp);
     let addr = proxy.addr;
     let start = Instant::now();
     let warmup = Duration::from_secs(1);
     let end = start + warmup + interval * reloads + Duration::from_secs(1);
     let records = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for _ in 0..p.keep_alive {
+    if tcp {
+        for _ in 0..(p.keep_alive + p.per_request).max(8) {
+            tasks.push(tokio::spawn(tcp_client(
+                addr,
+                start,
+                end,
+                Arc::clone(&records),
+            )));
+        }
+    }
+    for _ in 0..if tcp { 0 } else { p.keep_alive } {
         tasks.push(tokio::spawn(client(
             addr,
             true,
@@ -119,7 +143,7 @@ async fn run(
             Arc::clone(&records),
         )));
     }
-    for _ in 0..p.per_request {
+    for _ in 0..if tcp { 0 } else { p.per_request } {
         tasks.push(tokio::spawn(client(
             addr,
             false,
@@ -130,7 +154,7 @@ async fn run(
             Arc::clone(&records),
         )));
     }
-    for _ in 0..p.slow {
+    for _ in 0..if tcp { 0 } else { p.slow } {
         tasks.push(tokio::spawn(client(
             addr,
             true,
@@ -215,17 +239,27 @@ fn main() {
     let interval = Duration::from_millis(support::arg("--interval-ms", 500));
     let profile_name: String = support::arg("--profile", "steady".to_string());
     let p = profile(&profile_name);
-    let backend = support::start_backend(1);
+    let tcp = std::env::args().any(|a| a == "--tcp");
+    let backend = if tcp {
+        support::start_echo_backend()
+    } else {
+        support::start_backend(1)
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    println!("reload bench: profile {profile_name}, {reloads} reloads every {interval:?}, HTTP/1.1, loopback, 2 worker threads each");
+    let mode = if tcp { "TCP echo sessions" } else { "HTTP/1.1" };
+    println!("reload bench: profile {profile_name}, {reloads} reloads every {interval:?}, {mode}, loopback, 2 worker threads each");
     println!("latency ms p50/p99/p99.9/max; \"during\" = requests started within 500 ms after a reload began");
     println!("| system | requests | failed | per reload | failures by kind | steady latency | during reloads | handoff p50/max |");
     println!("| --- | ---: | ---: | ---: | --- | --- | --- | --- |");
     for kind in [Kind::Baton, Kind::Haproxy, Kind::Nginx] {
+        if tcp && kind == Kind::Nginx {
+            println!("| {:<24} | skipped: TCP needs nginx's stream module, not in Debian's nginx package |", kind.name());
+            continue;
+        }
         if !kind.available() {
             println!(
                 "| {:<24} | not installed (benches/peers/setup.sh) |",
@@ -233,7 +267,7 @@ fn main() {
             );
             continue;
         }
-        let outcome = rt.block_on(run(kind, backend, &p, reloads, interval));
+        let outcome = rt.block_on(run(kind, backend, &p, reloads, interval, tcp));
         report(kind, &outcome, reloads);
     }
 }

@@ -110,6 +110,26 @@ impl Conn {
     }
 }
 
+/// One TCP session through an echo backend: connect, send a line, read it
+/// back, close.
+pub async fn echo_session(addr: SocketAddr) -> Result<(), Failure> {
+    let mut conn = Conn::open(addr).await?;
+    let line = b"baton bench echo line\n";
+    conn.stream
+        .write_all(line)
+        .await
+        .map_err(|e| classify(&e))?;
+    let mut back = [0u8; 22];
+    tokio::time::timeout(Duration::from_secs(10), conn.stream.read_exact(&mut back))
+        .await
+        .map_err(|_| Failure::Timeout)?
+        .map_err(|e| classify(&e))?;
+    if back != *line {
+        return Err(Failure::Status);
+    }
+    Ok(())
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }

@@ -69,6 +69,33 @@ pub fn start_backend(worker_threads: usize) -> SocketAddr {
     rx.recv().expect("backend address")
 }
 
+/// Starts a TCP echo backend on its own runtime thread.
+pub fn start_echo_backend() -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("echo runtime");
+        rt.block_on(async move {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+            tx.send(listener.local_addr().expect("addr"))
+                .expect("report addr");
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let (mut r, mut w) = stream.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+    });
+    rx.recv().expect("echo address")
+}
+
 /// Percentile of sorted microseconds, in milliseconds.
 pub fn pct(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {

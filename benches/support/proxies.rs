@@ -83,7 +83,7 @@ fn pids_with_arg(arg: &Path) -> Vec<i32> {
 }
 
 impl Proxy {
-    /// Starts `kind` listening on `port`, proxying to `backend`, with
+    /// Starts `kind` listening on `port`, proxying HTTP to `backend`, with
     /// `threads` worker threads/processes; waits until it answers.
     pub fn start(
         kind: Kind,
@@ -91,6 +91,19 @@ impl Proxy {
         backend: SocketAddr,
         threads: usize,
         pin: Option<usize>,
+    ) -> Proxy {
+        Proxy::start_mode(kind, port, backend, threads, pin, false)
+    }
+
+    /// The same, proxying plain TCP when `tcp` (nginx would need its stream
+    /// module, which Debian's nginx package does not carry).
+    pub fn start_mode(
+        kind: Kind,
+        port: u16,
+        backend: SocketAddr,
+        threads: usize,
+        pin: Option<usize>,
+        tcp: bool,
     ) -> Proxy {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -103,8 +116,12 @@ impl Proxy {
         if kind == Kind::Direct {
             return proxy;
         }
-        std::fs::write(proxy.config_path(), proxy.config(port, backend, threads))
-            .expect("write config");
+        let config = if tcp {
+            proxy.tcp_config(port, backend, threads)
+        } else {
+            proxy.config(port, backend, threads)
+        };
+        std::fs::write(proxy.config_path(), config).expect("write config");
         let mut cmd = match pin {
             Some(core) => {
                 let mut c = Command::new("taskset");
@@ -173,6 +190,18 @@ impl Proxy {
                  upstream app {{ server {backend}; keepalive 128; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
                  proxy_pass http://app;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n"
             ),
+        }
+    }
+
+    fn tcp_config(&self, port: u16, backend: SocketAddr, threads: usize) -> String {
+        let http = self.config(port, backend, threads);
+        match self.kind {
+            Kind::Baton => http.replace("pool = \"app\"\n", "protocol = \"tcp\"\npool = \"app\"\n"),
+            Kind::Haproxy => http
+                .replace("mode http", "mode tcp")
+                .replace("  timeout http-keep-alive 60s\n", "")
+                .replace("  http-reuse always\n", ""),
+            Kind::Nginx | Kind::Direct => http,
         }
     }
 
