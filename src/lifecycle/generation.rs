@@ -155,9 +155,14 @@ pub async fn hand_over(
             if named_to_systemd {
                 systemd::main_pid(std::process::id());
             }
+            // A broken channel usually means the child died: say how.
+            let exited = match (&err, child.try_wait()) {
+                (HandoverError::Channel(_), Ok(Some(status))) => Some(status),
+                _ => None,
+            };
             drop(guard);
             let _ = child.wait().await;
-            Err(err)
+            Err(exited.map_or(err, HandoverError::Exited))
         }
     }
 }
