@@ -156,8 +156,13 @@ pub async fn hand_over(
                 systemd::main_pid(std::process::id());
             }
             // A broken channel usually means the child died: say how.
-            let exited = match (&err, child.try_wait()) {
-                (HandoverError::Channel(_), Ok(Some(status))) => Some(status),
+            let exited = match &err {
+                HandoverError::Channel(_) => {
+                    tokio::time::timeout(Duration::from_millis(300), child.wait())
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                }
                 _ => None,
             };
             drop(guard);

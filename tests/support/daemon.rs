@@ -176,12 +176,21 @@ impl Baton {
             nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
         });
         let dir = tempfile::tempdir().expect("tempdir");
-        let admin = free_addr();
+        // Every port reserved at once, so one config never gets a port twice.
+        let mut held: Vec<std::net::TcpListener> = Vec::new();
+        let mut reserve = || {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+            let addr = l.local_addr().expect("addr");
+            held.push(l);
+            addr
+        };
+        let admin = reserve();
         let addrs: HashMap<String, SocketAddr> = spec
             .listeners
             .iter()
-            .map(|(name, ..)| (name.clone(), free_addr()))
+            .map(|(name, ..)| (name.clone(), reserve()))
             .collect();
+        drop(held);
         let config = dir.path().join("baton.toml");
         std::fs::write(&config, spec.render(dir.path(), admin, &addrs)).expect("write config");
         let log = std::fs::File::create(dir.path().join("baton.log")).expect("log file");
