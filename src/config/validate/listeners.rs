@@ -1,0 +1,131 @@
+//! `[[listeners]]`: names, addresses, protocols, routes and their limits.
+
+use super::*;
+
+impl Validator {
+    pub(super) fn listeners(
+        &mut self,
+        raw: &[file::ListenerFile],
+        pools: &[PoolConfig],
+        admin: SocketAddr,
+    ) -> Vec<ListenerConfig> {
+        if raw.is_empty() {
+            self.problem("listeners", "at least one [[listeners]] is needed");
+        }
+        let mut names = HashSet::new();
+        let mut binds = HashSet::new();
+        let mut out = Vec::new();
+        for (i, l) in raw.iter().enumerate() {
+            let key = format!("listeners[{i}]");
+            let name = self.name(&format!("{key}.name"), l.name.as_deref());
+            if !names.insert(name.clone()) {
+                self.problem(
+                    &format!("{key}.name"),
+                    format!("listener \"{name}\" is defined twice"),
+                );
+            }
+            let bind = match l.bind.as_deref() {
+                Some(text) => self.socket_addr(&format!("{key}.bind"), text),
+                None => {
+                    self.problem(&format!("{key}.bind"), "is required");
+                    SocketAddr::from(([127, 0, 0, 1], 0))
+                }
+            };
+            if bind.port() != 0 && (!binds.insert(bind) || bind == admin) {
+                self.problem(
+                    &format!("{key}.bind"),
+                    format!("{bind} is already used by another listener or the admin server"),
+                );
+            }
+            let protocol = match l.protocol.as_deref() {
+                None | Some("http") => Protocol::Http,
+                Some("tcp") => Protocol::Tcp,
+                Some(other) => {
+                    self.problem(
+                        &format!("{key}.protocol"),
+                        format!("\"{other}\" is not one of http, tcp"),
+                    );
+                    Protocol::Http
+                }
+            };
+            let pool = self.pool_ref(&format!("{key}.pool"), l.pool.as_deref(), pools);
+            let routes = self.routes(&key, &l.routes, protocol, pools);
+            out.push(ListenerConfig {
+                name,
+                bind,
+                protocol,
+                pool,
+                routes,
+                reuseport: self.count(&format!("{key}.reuseport"), l.reuseport, 1, 1, 64),
+                backlog: self.count(&format!("{key}.backlog"), l.backlog, 1024, 1, 65535) as i32,
+                max_connections: self.count(
+                    &format!("{key}.max_connections"),
+                    l.max_connections,
+                    10_000,
+                    1,
+                    10_000_000,
+                ),
+                header_timeout: self.timeout(
+                    &format!("{key}.header_timeout"),
+                    l.header_timeout.as_ref(),
+                    Duration::from_secs(10),
+                ),
+                idle_timeout: self.timeout(
+                    &format!("{key}.idle_timeout"),
+                    l.idle_timeout.as_ref(),
+                    Duration::from_secs(60),
+                ),
+                keepalive_drain_grace: self.phase(
+                    &format!("{key}.keepalive_drain_grace"),
+                    l.keepalive_drain_grace.as_ref(),
+                    Duration::from_secs(1),
+                ),
+                connect_timeout: self.timeout(
+                    &format!("{key}.connect_timeout"),
+                    l.connect_timeout.as_ref(),
+                    Duration::from_secs(2),
+                ),
+                response_timeout: self.timeout(
+                    &format!("{key}.response_timeout"),
+                    l.response_timeout.as_ref(),
+                    Duration::from_secs(60),
+                ),
+            });
+        }
+        out
+    }
+
+    fn routes(
+        &mut self,
+        key: &str,
+        raw: &[file::RouteFile],
+        protocol: Protocol,
+        pools: &[PoolConfig],
+    ) -> Vec<RouteConfig> {
+        if protocol == Protocol::Tcp && !raw.is_empty() {
+            self.problem(&format!("{key}.routes"), "routes need protocol = \"http\"");
+        }
+        let mut out = Vec::new();
+        for (j, r) in raw.iter().enumerate() {
+            let rkey = format!("{key}.routes[{j}]");
+            if r.path_prefix.is_none() && r.host.is_none() {
+                self.problem(&rkey, "needs path_prefix, host, or both");
+            }
+            if let Some(p) = &r.path_prefix {
+                if !p.starts_with('/') {
+                    self.problem(
+                        &format!("{rkey}.path_prefix"),
+                        format!("\"{p}\" must start with '/'"),
+                    );
+                }
+            }
+            let pool = self.pool_ref(&format!("{rkey}.pool"), r.pool.as_deref(), pools);
+            out.push(RouteConfig {
+                path_prefix: r.path_prefix.clone(),
+                host: r.host.as_ref().map(|h| strip_port(h).to_ascii_lowercase()),
+                pool,
+            });
+        }
+        out
+    }
+}

@@ -1,0 +1,140 @@
+//! `[[pools]]`: names, balance, health checks and backends.
+
+use super::*;
+
+impl Validator {
+    pub(super) fn pools(&mut self, raw: &[file::PoolFile]) -> Vec<PoolConfig> {
+        let mut pools = Vec::new();
+        let mut pool_names = HashSet::new();
+        let mut backend_names = HashSet::new();
+        for (i, p) in raw.iter().enumerate() {
+            let key = format!("pools[{i}]");
+            let name = self.name(&format!("{key}.name"), p.name.as_deref());
+            if !pool_names.insert(name.clone()) {
+                self.problem(
+                    &format!("{key}.name"),
+                    format!("pool \"{name}\" is defined twice"),
+                );
+            }
+            let balance = match p.balance.as_deref() {
+                None | Some("round_robin") => Balance::RoundRobin,
+                Some("least_conn") => Balance::LeastConn,
+                Some("random_two") => Balance::RandomTwo,
+                Some(other) => {
+                    self.problem(
+                        &format!("{key}.balance"),
+                        format!("\"{other}\" is not one of round_robin, least_conn, random_two"),
+                    );
+                    Balance::RoundRobin
+                }
+            };
+            let health = p
+                .health
+                .as_ref()
+                .map(|h| self.health(&format!("{key}.health"), h));
+            if p.backends.is_empty() {
+                self.problem(&format!("{key}.backends"), "needs at least one backend");
+            }
+            let mut backends = Vec::new();
+            for (j, b) in p.backends.iter().enumerate() {
+                let bkey = format!("{key}.backends[{j}]");
+                let backend = self.backend(&bkey, b);
+                if !backend_names.insert(backend.name.clone()) {
+                    self.problem(
+                        &format!("{bkey}.name"),
+                        format!("backend \"{}\" is defined twice (names are global: the admin API uses them)", backend.name),
+                    );
+                }
+                backends.push(backend);
+            }
+            pools.push(PoolConfig {
+                name,
+                balance,
+                health,
+                backends,
+            });
+        }
+        pools
+    }
+
+    fn backend(&mut self, key: &str, raw: &file::BackendFile) -> BackendConfig {
+        let address = match raw.address.as_deref() {
+            Some(text) => self.backend_addr(&format!("{key}.address"), text),
+            None => {
+                self.problem(&format!("{key}.address"), "is required");
+                SocketAddr::from(([127, 0, 0, 1], 0))
+            }
+        };
+        let name = match raw.name.as_deref() {
+            Some(n) => self.name(&format!("{key}.name"), Some(n)),
+            None => address.to_string(),
+        };
+        let weight = self.count(&format!("{key}.weight"), raw.weight, 1, 1, 1000) as u32;
+        BackendConfig {
+            name,
+            address,
+            weight,
+        }
+    }
+
+    fn health(&mut self, key: &str, raw: &file::HealthFile) -> HealthConfig {
+        let kind = match raw.kind.as_deref() {
+            None | Some("http") => HealthKind::Http,
+            Some("tcp") => HealthKind::Tcp,
+            Some(other) => {
+                self.problem(
+                    &format!("{key}.kind"),
+                    format!("\"{other}\" is not one of http, tcp"),
+                );
+                HealthKind::Http
+            }
+        };
+        let path = raw.path.clone().unwrap_or_else(|| "/health".to_string());
+        if !path.starts_with('/') {
+            self.problem(
+                &format!("{key}.path"),
+                format!("\"{path}\" must start with '/'"),
+            );
+        }
+        HealthConfig {
+            kind,
+            path,
+            interval: self.timeout(
+                &format!("{key}.interval"),
+                raw.interval.as_ref(),
+                Duration::from_secs(2),
+            ),
+            timeout: self.timeout(
+                &format!("{key}.timeout"),
+                raw.timeout.as_ref(),
+                Duration::from_secs(1),
+            ),
+            rise: self.count(&format!("{key}.rise"), raw.rise, 2, 1, 100) as u32,
+            fall: self.count(&format!("{key}.fall"), raw.fall, 3, 1, 100) as u32,
+        }
+    }
+
+    pub(super) fn pool_ref(
+        &mut self,
+        key: &str,
+        name: Option<&str>,
+        pools: &[PoolConfig],
+    ) -> usize {
+        let Some(name) = name else {
+            self.problem(key, "is required");
+            return 0;
+        };
+        if let Some(i) = pools.iter().position(|p| p.name == name) {
+            return i;
+        }
+        let hint = pools
+            .iter()
+            .map(|p| (strsim::levenshtein(&p.name, name), &p.name))
+            .filter(|(d, _)| *d <= 2)
+            .min()
+            .map(|(_, n)| format!("; did you mean \"{n}\"?"))
+            .unwrap_or_default();
+        self.problem(key, format!("no pool named \"{name}\"{hint}"));
+        0
+    }
+}
