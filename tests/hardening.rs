@@ -218,3 +218,53 @@ async fn a_silent_backend_is_a_504_at_response_timeout() {
     );
     keep.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_head_gets_408_and_an_idle_keep_alive_outlives_the_head_timeout() {
+    let backend = HttpBackend::start("a").await;
+    let extra = "header_timeout = \"1s\"\nidle_timeout = \"5s\"";
+    let baton = Baton::start(
+        Spec::new()
+            .listener("web", "http", "app", extra)
+            .pool("app", &[backend.addr]),
+    )
+    .await;
+    let web = baton.addr("web");
+
+    // One header byte every 300 ms: answered 408 at header_timeout.
+    let stream = tokio::net::TcpStream::connect(web).await.expect("connect");
+    let (mut read, mut write) = stream.into_split();
+    let dripping = tokio::spawn(async move {
+        for b in b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+            if write.write_all(&[*b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(support::TIMEOUT, read.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply:?}");
+    dripping.abort();
+    assert_eq!(backend.hits(), 0);
+
+    // An idle keep-alive connection is not a slow head: it lives past the
+    // 1 s header_timeout (up to idle_timeout) and takes its next request.
+    let mut conn = client::connect(web).await.expect("connect");
+    assert_eq!(
+        client::send(&mut conn, web, "/one")
+            .await
+            .expect("first")
+            .status,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        client::send(&mut conn, web, "/two")
+            .await
+            .expect("after 2.5 s idle")
+            .status,
+        200
+    );
+}

@@ -27,6 +27,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::body::{self, Guarded, ProxyBody};
+use super::head::{HeadClock, Watched, TIMEOUT_RESPONSE};
 use super::headers;
 use super::longlived;
 use super::ProxyError;
@@ -51,6 +52,7 @@ pub struct HttpProxy {
     server: auto::Builder<TokioExecutor>,
     response_timeout: Duration,
     keepalive_drain_grace: Duration,
+    header_timeout: Duration,
 }
 
 impl HttpProxy {
@@ -66,7 +68,9 @@ impl HttpProxy {
         server
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(config.header_timeout);
+            // Starts when a connection turns idle: the keep-alive limit.
+            // A slow head is `head::HeadClock`'s business.
+            .header_read_timeout(config.idle_timeout);
         server.http2().timer(TokioTimer::new());
         HttpProxy {
             listener: Arc::from(config.name.as_str()),
@@ -83,6 +87,7 @@ impl HttpProxy {
             server,
             response_timeout: config.response_timeout,
             keepalive_drain_grace: config.keepalive_drain_grace,
+            header_timeout: config.header_timeout,
         }
     }
 
@@ -97,9 +102,11 @@ impl HttpProxy {
                 async move { Ok::<_, Infallible>(proxy.handle(req, peer, state, drain).await) }
             })
         };
-        let conn = self
-            .server
-            .serve_connection_with_upgrades(TokioIo::new(stream), service);
+        // A duplicate of the socket, to answer 408 while hyper is still
+        // waiting for the head (it writes nothing then).
+        let raw = socket2::SockRef::from(&stream).try_clone().ok();
+        let io = TokioIo::new(Watched::new(stream, Arc::clone(&state.head)));
+        let conn = self.server.serve_connection_with_upgrades(io, service);
         tokio::pin!(conn);
         let mut drain_seen = false;
         let mut closing = false;
@@ -117,6 +124,14 @@ impl HttpProxy {
                         conn.as_mut().graceful_shutdown();
                         closing = true;
                     }
+                }
+                                () = state.head.overdue(self.header_timeout) => {
+                    tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
+                    if let Some(raw) = &raw {
+                        let _ = raw.send(TIMEOUT_RESPONSE);
+                        let _ = raw.shutdown(std::net::Shutdown::Write);
+                    }
+                    return;
                 }
                 () = state.idle_for(self.keepalive_drain_grace), if drain_seen && !closing => {
                     tracing::debug!(listener = %self.listener, client = %peer, expected = true, "closing idle keep-alive connection for drain");
@@ -139,6 +154,7 @@ impl HttpProxy {
         let client_h1 = req.version() < Version::HTTP_2;
         if !client_h1 {
             state.h2.store(true, Ordering::Relaxed);
+            state.head.turn_off();
         }
         let target = &self.targets[self.route(&req)];
         let refused = ambiguity(&req);
@@ -388,6 +404,8 @@ fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
 /// Per-connection activity, for the drain's idle check.
 struct ConnState {
     h2: AtomicBool,
+    /// The slowloris clock (see `head`).
+    head: Arc<HeadClock>,
     in_flight: AtomicUsize,
     /// When the connection last became idle, as nanoseconds since `origin`.
     idle_since_nanos: AtomicU64,
@@ -403,7 +421,9 @@ impl Drop for Busy {
         state
             .idle_since_nanos
             .store(state.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        state.in_flight.fetch_sub(1, Ordering::Release);
+        if state.in_flight.fetch_sub(1, Ordering::Release) == 1 {
+            state.head.answered();
+        }
     }
 }
 
@@ -411,6 +431,7 @@ impl ConnState {
     fn new() -> ConnState {
         ConnState {
             h2: AtomicBool::new(false),
+            head: Arc::new(HeadClock::new()),
             in_flight: AtomicUsize::new(0),
             idle_since_nanos: AtomicU64::new(0),
             origin: Instant::now(),
@@ -419,6 +440,7 @@ impl ConnState {
 
     fn begin(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::Acquire);
+        self.head.head_done();
         Busy(Arc::clone(self))
     }
 

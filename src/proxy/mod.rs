@@ -3,6 +3,7 @@
 //! decides the status a client sees, the log level and the metric label.
 
 pub mod body;
+pub mod head;
 pub mod headers;
 pub mod http;
 pub mod longlived;

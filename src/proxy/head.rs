@@ -1,0 +1,159 @@
+//! The request-head clock (slowloris): once a client starts a request, or
+//! opens a connection, it must deliver the whole head within
+//! `header_timeout`, else it gets 408 and the connection closes. Idleness
+//! between keep-alive requests is a different clock: hyper's own header
+//! timer, set to `idle_timeout` (hyper starts it when a connection turns
+//! idle, and it sends no 408).
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+/// What a client is answered when its head is too slow.
+pub const TIMEOUT_RESPONSE: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+
+pub struct HeadClock {
+    origin: Instant,
+    /// When the head in progress began, as nanoseconds since `origin` + 1;
+    /// 0 when no head is in progress.
+    since: AtomicU64,
+    /// A request is being answered: bytes now are its body, not a head.
+    answering: AtomicBool,
+    /// h2 frames its own requests; this clock is for HTTP/1.
+    off: AtomicBool,
+}
+
+impl Default for HeadClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HeadClock {
+    /// A new connection's clock, already running: it must speak.
+    pub fn new() -> HeadClock {
+        HeadClock {
+            origin: Instant::now(),
+            since: AtomicU64::new(1),
+            answering: AtomicBool::new(false),
+            off: AtomicBool::new(false),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64 + 1
+    }
+
+    fn bytes_read(&self) {
+        if !self.answering.load(Ordering::Relaxed) {
+            let _ =
+                self.since
+                    .compare_exchange(0, self.now(), Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// A whole head arrived: the request is being answered.
+    pub fn head_done(&self) {
+        self.answering.store(true, Ordering::Relaxed);
+        self.since.store(0, Ordering::Relaxed);
+    }
+
+    /// The response is done; the next bytes start a new head.
+    pub fn answered(&self) {
+        self.answering.store(false, Ordering::Relaxed);
+    }
+
+    pub fn turn_off(&self) {
+        self.off.store(true, Ordering::Relaxed);
+    }
+
+    /// Resolves once a head has been in progress for `limit`.
+    pub async fn overdue(&self, limit: Duration) {
+        loop {
+            let since = self.since.load(Ordering::Relaxed);
+            let wait = if self.off.load(Ordering::Relaxed) || since == 0 {
+                limit
+            } else {
+                let elapsed = Duration::from_nanos(self.now() - since);
+                if elapsed >= limit {
+                    return;
+                }
+                limit - elapsed
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The client's stream, telling the clock when bytes arrive.
+pub struct Watched<I> {
+    inner: I,
+    clock: Arc<HeadClock>,
+    seen_bytes: bool,
+}
+
+impl<I> Watched<I> {
+    pub fn new(inner: I, clock: Arc<HeadClock>) -> Watched<I> {
+        Watched {
+            inner,
+            clock,
+            seen_bytes: false,
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            // An h2c connection (prior knowledge) opens with its preface.
+            if before == 0 && !self.seen_bytes && buf.filled().starts_with(b"PRI * HTTP/2") {
+                self.clock.turn_off();
+            }
+            self.seen_bytes = true;
+            self.clock.bytes_read();
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
