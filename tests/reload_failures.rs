@@ -9,28 +9,12 @@ use std::collections::HashMap;
 
 use nix::sys::signal::Signal;
 use support::backend::HttpBackend;
-use support::daemon::{children_of, signal, Baton, Spec};
-use support::load::{Load, Targets};
-
-async fn start(extra: &str) -> (HttpBackend, Baton, Load) {
-    let backend = HttpBackend::start("a").await;
-    let spec = Spec::new()
-        .section(extra)
-        .http("web", "app")
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
-    let load = Load::start(Targets {
-        http: Some(baton.addr("web")),
-        tcp: None,
-        names: vec!["a"],
-    });
-    load.progress(20).await;
-    (backend, baton, load)
-}
+use support::daemon::{children_of, signal};
+use support::load::baton_under_load;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_config_is_refused_with_78_naming_the_key() {
-    let (_backend, baton, load) = start("").await;
+    let (_backend, baton, load) = baton_under_load("").await;
     let good = baton.config_text();
     let serving = baton.serving_pid().await;
     let cases = [
@@ -85,7 +69,7 @@ async fn a_broken_config_is_refused_with_78_naming_the_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_that_cannot_bind_is_rolled_back() {
-    let (backend, baton, load) = start("").await;
+    let (backend, baton, load) = baton_under_load("").await;
     let serving = baton.serving_pid().await;
     let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("bind squatter");
     let taken = squatter.local_addr().expect("addr");
@@ -125,7 +109,7 @@ async fn client_get(addr: std::net::SocketAddr) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_generation_is_killed_at_ready_timeout() {
-    let (_backend, baton, load) = start("[reload]\nready_timeout = \"2s\"\n").await;
+    let (_backend, baton, load) = baton_under_load("[reload]\nready_timeout = \"2s\"\n").await;
     let serving = baton.serving_pid().await;
     // The next generation stops itself (SIGSTOP) the moment it appears,
     // before it can say ready: the test cannot lose a race to catch it.

@@ -7,30 +7,13 @@ mod support;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use support::backend::HttpBackend;
 use support::client;
-use support::daemon::{processes_for, signal, wait_exit, Baton, Spec};
-use support::load::{Load, Targets};
-
-async fn start(extra: &str) -> (HttpBackend, Baton, Load) {
-    let backend = HttpBackend::start("a").await;
-    let spec = Spec::new()
-        .section(extra)
-        .http("web", "app")
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
-    let load = Load::start(Targets {
-        http: Some(baton.addr("web")),
-        tcp: None,
-        names: vec!["a"],
-    });
-    load.progress(20).await;
-    (backend, baton, load)
-}
+use support::daemon::{processes_for, signal, wait_exit};
+use support::load::baton_under_load;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_generation_killed_right_after_spawn_is_a_failed_reload_and_the_next_works() {
-    let (_backend, baton, load) = start("").await;
+    let (_backend, baton, load) = baton_under_load("").await;
     let serving = baton.serving_pid().await;
     baton.replace_executable(Some("#!/bin/sh\nkill -KILL $$\n"));
     let r = baton.reload().await;
@@ -51,7 +34,7 @@ async fn a_new_generation_killed_right_after_spawn_is_a_failed_reload_and_the_ne
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_generation_killed_while_draining_troubles_nobody_else() {
-    let (backend, baton, load) = start("[reload]\ndrain_timeout = \"30s\"\n").await;
+    let (backend, baton, load) = baton_under_load("[reload]\ndrain_timeout = \"30s\"\n").await;
     let web = baton.addr("web");
     let old = baton.serving_pid().await;
     let doomed = tokio::spawn(async move { client::get(web, "/slow/10000").await });
@@ -74,7 +57,7 @@ async fn an_old_generation_killed_while_draining_troubles_nobody_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_storm_completes_or_is_refused_and_leaves_one_process() {
-    let (_backend, baton, load) = start("[reload]\nmax_draining = 2\n").await;
+    let (_backend, baton, load) = baton_under_load("[reload]\nmax_draining = 2\n").await;
     let mut asks = Vec::new();
     for _ in 0..20 {
         let config = baton.config.clone();

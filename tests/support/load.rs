@@ -257,3 +257,21 @@ async fn tcp_echo(addr: SocketAddr, id: usize, tally: Arc<Tally>, stop: Cancella
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
 }
+
+/// One backend "a", baton with an `http` listener "web" (plus the `extra`
+/// TOML), and HTTP load already flowing through it.
+pub async fn baton_under_load(extra: &str) -> (HttpBackend, super::daemon::Baton, Load) {
+    let backend = HttpBackend::start("a").await;
+    let spec = super::daemon::Spec::new()
+        .section(extra)
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = super::daemon::Baton::start(spec).await;
+    let load = Load::start(Targets {
+        http: Some(baton.addr("web")),
+        tcp: None,
+        names: vec!["a"],
+    });
+    load.progress(20).await;
+    (backend, baton, load)
+}
