@@ -375,50 +375,65 @@ async fn a_real_prometheus_sees_no_counter_reset_across_five_reloads() {
     let backend = HttpBackend::start("a").await;
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let listen = free_addr();
     std::fs::write(
         dir.path().join("prometheus.yml"),
         format!("global:\n  scrape_interval: 200ms\nscrape_configs:\n  - job_name: baton\n    static_configs:\n      - targets: [\"{}\"]\n", baton.admin),
     )
     .expect("config");
-    let mut server = std::process::Command::new(prometheus)
-        .arg(format!(
-            "--config.file={}",
-            dir.path().join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address={listen}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("prometheus.log")).expect("log"))
-        .spawn()
-        .expect("start prometheus");
     let log = dir.path().join("prometheus.log");
-    let query = |q: &'static str| async move {
+    let query = |listen: std::net::SocketAddr, q: &'static str| async move {
         let path = format!("/api/v1/query?query={q}");
         client::get(listen, &path)
             .await
             .ok()
             .and_then(|a| serde_json::from_str::<serde_json::Value>(&a.body).ok())
     };
-    let mut up = false;
-    for _ in 0..300 {
-        if query("up")
-            .await
-            .is_some_and(|v| v["data"]["result"][0]["value"][1] == "1")
-        {
-            up = true;
+    // Its port is picked free, then bound by Prometheus: if another test
+    // took it meanwhile, Prometheus exits, and we start it again.
+    let mut started = None;
+    for _ in 0..3 {
+        let listen = free_addr();
+        let mut server = std::process::Command::new(prometheus)
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={listen}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start prometheus");
+        let mut up = false;
+        for _ in 0..300 {
+            if query(listen, "up")
+                .await
+                .is_some_and(|v| v["data"]["result"][0]["value"][1] == "1")
+            {
+                up = true;
+                break;
+            }
+            if matches!(server.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if up {
+            started = Some((server, listen));
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = server.kill();
+        let _ = server.wait();
     }
-    assert!(
-        up,
-        "prometheus never scraped baton; its log:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    let Some((mut server, listen)) = started else {
+        panic!(
+            "prometheus never scraped baton; its log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    };
     let web = baton.addr("web");
     for i in 0..5 {
         for j in 0..20 {
@@ -430,12 +445,15 @@ async fn a_real_prometheus_sees_no_counter_reset_across_five_reloads() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let resets = query("resets(baton_connections_accepted_total%5B5m%5D)")
+    let resets = query(listen, "resets(baton_connections_accepted_total%5B5m%5D)")
         .await
         .expect("query resets");
-    let samples = query("count_over_time(baton_connections_accepted_total%5B5m%5D)")
-        .await
-        .expect("query count");
+    let samples = query(
+        listen,
+        "count_over_time(baton_connections_accepted_total%5B5m%5D)",
+    )
+    .await
+    .expect("query count");
     let _ = server.kill();
     let _ = server.wait();
     let n: f64 = samples["data"]["result"][0]["value"][1]

@@ -65,22 +65,29 @@ impl Conn {
             .map_err(|_| Failure::Timeout)?
     }
 
+    /// Appends what the socket has next; a close before the whole answer
+    /// is `Eof`.
+    async fn read_more(&mut self) -> Result<(), Failure> {
+        let mut chunk = [0u8; 4096];
+        let n = self
+            .stream
+            .read(&mut chunk)
+            .await
+            .map_err(|e| classify(&e))?;
+        if n == 0 {
+            return Err(Failure::Eof);
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+
     async fn read_response(&mut self) -> Result<bool, Failure> {
         self.buf.clear();
         let head_end = loop {
             if let Some(i) = find(&self.buf, b"\r\n\r\n") {
                 break i + 4;
             }
-            let mut chunk = [0u8; 4096];
-            let n = self
-                .stream
-                .read(&mut chunk)
-                .await
-                .map_err(|e| classify(&e))?;
-            if n == 0 {
-                return Err(Failure::Eof);
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.read_more().await?;
         };
         let head = String::from_utf8_lossy(&self.buf[..head_end]).to_ascii_lowercase();
         let status_ok = head.starts_with("http/1.1 2") || head.starts_with("http/1.0 2");
@@ -91,16 +98,7 @@ impl Conn {
             .unwrap_or(0);
         let keep = !head.contains("connection: close") && head.starts_with("http/1.1");
         while self.buf.len() < head_end + length {
-            let mut chunk = [0u8; 4096];
-            let n = self
-                .stream
-                .read(&mut chunk)
-                .await
-                .map_err(|e| classify(&e))?;
-            if n == 0 {
-                return Err(Failure::Eof);
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.read_more().await?;
         }
         if status_ok {
             Ok(keep)

@@ -26,80 +26,92 @@ impl PickState {
     }
 }
 
-/// Position in `backends` of the chosen one among those `eligible`.
+/// Position in `backends` of the chosen one among those `eligible`. It runs
+/// per request, so candidates are walked as an iterator, never collected.
 pub fn choose(
     balance: Balance,
     backends: &[Arc<Backend>],
     state: &PickState,
     eligible: impl Fn(&Backend) -> bool,
 ) -> Option<usize> {
-    let candidates: Vec<usize> = (0..backends.len())
-        .filter(|&i| eligible(&backends[i]))
-        .collect();
-    if candidates.is_empty() {
+    let candidates = (0..backends.len()).filter(|&i| eligible(&backends[i]));
+    let n = candidates.clone().count();
+    if n == 0 {
         return None;
     }
     let ticket = state.ticket.fetch_add(1, Ordering::Relaxed);
-    Some(match balance {
-        Balance::RoundRobin => smooth_weighted(backends, &candidates, state),
+    match balance {
+        Balance::RoundRobin => smooth_weighted(backends, candidates, state),
         Balance::LeastConn => {
-            let n = candidates.len();
-            let rotated = (0..n).map(|k| candidates[(k + ticket as usize) % n]);
+            let rotated = candidates.cycle().skip(ticket as usize % n).take(n);
             least_loaded(backends, rotated)
         }
         Balance::RandomTwo => {
-            let a = weighted_sample(backends, &candidates, mix(ticket));
-            let b = weighted_sample(backends, &candidates, mix(ticket ^ 0xdead_beef_cafe_f00d));
+            let a = weighted_sample(backends, candidates.clone(), mix(ticket))?;
+            let b = weighted_sample(backends, candidates, mix(ticket ^ 0xdead_beef_cafe_f00d))?;
             least_loaded(backends, [a, b].into_iter())
         }
-    })
+    }
 }
 
 /// nginx's smooth weighted round robin: each pick raises every candidate by
 /// its weight, takes the highest, and lowers it by the total. Over any
 /// window of total-weight picks, each gets exactly its weight, interleaved.
-fn smooth_weighted(backends: &[Arc<Backend>], candidates: &[usize], state: &PickState) -> usize {
+fn smooth_weighted(
+    backends: &[Arc<Backend>],
+    mut candidates: impl Iterator<Item = usize> + Clone,
+    state: &PickState,
+) -> Option<usize> {
     let Ok(mut current) = state.current.lock() else {
-        return candidates[0];
+        return candidates.next();
     };
     let mut total = 0i64;
-    let mut best = candidates[0];
-    for &i in candidates {
+    let mut best: Option<usize> = None;
+    for i in candidates {
         let w = i64::from(backends[i].weight);
         current[i] += w;
         total += w;
-        if current[i] > current[best] {
-            best = i;
+        if best.is_none_or(|b| current[i] > current[b]) {
+            best = Some(i);
         }
     }
-    current[best] -= total;
+    if let Some(b) = best {
+        current[b] -= total;
+    }
     best
 }
 
 /// The candidate with the fewest in-flight per unit of weight; ties go to
 /// the first in `order`.
-fn least_loaded(backends: &[Arc<Backend>], order: impl Iterator<Item = usize>) -> usize {
+fn least_loaded(backends: &[Arc<Backend>], order: impl Iterator<Item = usize>) -> Option<usize> {
     let load = |i: usize| {
         backends[i].in_flight() as u64 * 1_000_000 / u64::from(backends[i].weight.max(1))
     };
-    order.min_by_key(|&i| load(i)).unwrap_or(0)
+    order.min_by_key(|&i| load(i))
 }
 
 /// A candidate drawn with probability proportional to its weight.
-fn weighted_sample(backends: &[Arc<Backend>], candidates: &[usize], random: u64) -> usize {
+fn weighted_sample(
+    backends: &[Arc<Backend>],
+    candidates: impl Iterator<Item = usize> + Clone,
+    random: u64,
+) -> Option<usize> {
     let total: u64 = candidates
-        .iter()
-        .map(|&i| u64::from(backends[i].weight))
+        .clone()
+        .map(|i| u64::from(backends[i].weight))
         .sum();
     let mut r = random % total.max(1);
-    for &i in candidates {
+    let mut first = None;
+    for i in candidates {
+        first.get_or_insert(i);
         let w = u64::from(backends[i].weight);
         if r < w {
-            return i;
+            return Some(i);
         }
         r -= w;
     }
-    candidates[0]
+    // A backend turned unavailable mid-pick: take the first still there.
+    first
 }
 
 /// splitmix64: a cheap, well-spread hash for the random choices.

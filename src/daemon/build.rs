@@ -95,6 +95,9 @@ pub(super) async fn start(
                 connect_timeout: l.connect_timeout,
             })),
         };
+        if l.protocol == Protocol::Tcp {
+            metrics::tcp_listener(&l.name, &pools[l.pool].name);
+        }
         let connections = Arc::new(Connections {
             config: Arc::clone(&conf),
             proxy,

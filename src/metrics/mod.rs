@@ -199,6 +199,8 @@ impl RequestMetrics {
 }
 
 pub fn requests(listener: &str, pool: &str) -> RequestMetrics {
+    metrics::counter!(NO_BACKEND, "listener" => listener.to_string(), "pool" => pool.to_string())
+        .absolute(0);
     let counter = |code: &'static str| metrics::counter!(REQUESTS, "listener" => listener.to_string(), "pool" => pool.to_string(), "code" => code);
     RequestMetrics {
         by_class: [
@@ -237,6 +239,10 @@ impl BackendMetrics {
 }
 
 pub fn backend(pool: &str, backend: &str) -> BackendMetrics {
+    for kind in ["connect", "timeout", "protocol"] {
+        metrics::counter!(UPSTREAM_ERRORS, "pool" => pool.to_string(), "backend" => backend.to_string(), "kind" => kind)
+            .absolute(0);
+    }
     let labels = |extra: (&'static str, &'static str)| {
         vec![
             metrics::Label::new("pool", pool.to_string()),
@@ -281,6 +287,13 @@ pub fn upstream_error(pool: &str, backend: &str, kind: UpstreamErrorKind) {
     };
     metrics::counter!(UPSTREAM_ERRORS, "pool" => pool.to_string(), "backend" => backend.to_string(), "kind" => kind)
         .increment(1);
+}
+
+/// A TCP listener's series, at 0 from the start.
+pub fn tcp_listener(listener: &str, pool: &str) {
+    metrics::counter!(NO_BACKEND, "listener" => listener.to_string(), "pool" => pool.to_string())
+        .absolute(0);
+    tcp_bytes(listener, 0, 0);
 }
 
 pub fn tcp_bytes(listener: &str, to_backend: u64, to_client: u64) {

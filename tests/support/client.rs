@@ -44,14 +44,19 @@ pub async fn send_with_host(
     host: &str,
     path: &str,
 ) -> Result<Answer, String> {
+    exchange(sender, Request::get(path).header("host", host)).await
+}
+
+/// Sends one built request on `sender` and reads the whole answer.
+async fn exchange(
+    sender: &mut SendRequest<Empty<Bytes>>,
+    req: hyper::http::request::Builder,
+) -> Result<Answer, String> {
     sender
         .ready()
         .await
         .map_err(|e| format!("not ready: {e}"))?;
-    let req = Request::get(path)
-        .header("host", host)
-        .body(Empty::new())
-        .map_err(|e| e.to_string())?;
+    let req = req.body(Empty::new()).map_err(|e| e.to_string())?;
     let resp = sender
         .send_request(req)
         .await
@@ -85,10 +90,6 @@ pub async fn call(
     token: Option<&str>,
 ) -> Result<Answer, String> {
     let mut sender = connect(addr).await?;
-    sender
-        .ready()
-        .await
-        .map_err(|e| format!("not ready: {e}"))?;
     let mut req = Request::builder()
         .method(method)
         .uri(path)
@@ -96,23 +97,7 @@ pub async fn call(
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
     }
-    let resp = sender
-        .send_request(req.body(Empty::new()).map_err(|e| e.to_string())?)
-        .await
-        .map_err(|e| format!("request: {e}"))?;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| format!("body: {e}"))?
-        .to_bytes();
-    Ok(Answer {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    })
+    exchange(&mut sender, req).await
 }
 
 /// The state `/status` reports for backend `name`.
