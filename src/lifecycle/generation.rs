@@ -217,7 +217,10 @@ async fn next(
     deadline: Instant,
     ready_timeout: Duration,
 ) -> Result<Message, HandoverError> {
+    // Biased: a child that says why it fails and then exits has its message
+    // queued before its exit is seen, so the message is read first.
     tokio::select! {
+        biased;
         received = channel.recv() => match received {
             Ok((message, _)) => Ok(message),
             Err(HandoffError::Closed) => {
@@ -229,8 +232,12 @@ async fn next(
             }
             Err(e) => Err(e.into()),
         },
-        status = child.wait() => match status {
-            Ok(status) => Err(HandoverError::Exited(status)),
+                status = child.wait() => match status {
+            // Its last word may still be on the way: prefer it to the status.
+            Ok(status) => match tokio::time::timeout(Duration::from_millis(200), channel.recv()).await {
+                Ok(Ok((Message::Failed { exit_code, reason }, _))) => Err(HandoverError::Failed { exit_code, reason }),
+                _ => Err(HandoverError::Exited(status)),
+            },
             Err(e) => Err(HandoffError::Io(e).into()),
         },
         () = tokio::time::sleep_until(deadline) => Err(HandoverError::Timeout(ready_timeout)),
