@@ -13,14 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use support::backend::{HttpBackend, TcpEcho};
-use support::client;
+use support::client::{self, read_until_closed};
 use support::daemon::{free_addr, Baton, Spec};
-
-async fn read_until_closed(s: &mut TcpStream) -> String {
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_half_close_still_gets_the_reply() {

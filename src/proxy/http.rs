@@ -26,7 +26,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::body::{self, Guarded, ProxyBody};
+use super::body::{self, ClientBody, Guarded, ProxyBody};
 use super::head::{HeadClock, Watched, TIMEOUT_RESPONSE};
 use super::headers;
 use super::longlived;
@@ -35,6 +35,14 @@ use crate::backend::{Lease, Pool};
 use crate::config::{ListenerConfig, RouteConfig};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, RequestMetrics};
+
+/// A request body ready to go upstream.
+struct Outgoing {
+    body: ProxyBody,
+    /// Turns true if the client's body fails; `None` for an empty body,
+    /// which can be sent again.
+    failed: Option<Arc<AtomicBool>>,
+}
 
 /// A pool as one listener sees it, with that listener's request metrics.
 struct Target {
@@ -53,6 +61,8 @@ pub struct HttpProxy {
     response_timeout: Duration,
     keepalive_drain_grace: Duration,
     header_timeout: Duration,
+    /// Also the wait for a request body's first bytes.
+    idle_timeout: Duration,
 }
 
 impl HttpProxy {
@@ -88,6 +98,7 @@ impl HttpProxy {
             response_timeout: config.response_timeout,
             keepalive_drain_grace: config.keepalive_drain_grace,
             header_timeout: config.header_timeout,
+            idle_timeout: config.idle_timeout,
         }
     }
 
@@ -162,12 +173,16 @@ impl HttpProxy {
             Some(why) => Err(ProxyError::Client { why }),
             None => self.forward(req, peer, &target.pool, &drain).await,
         };
+        // After a broken request nothing more on the connection can be
+        // trusted; during a drain the client should reconnect elsewhere.
+        let mut closing = drain.is_draining();
         let mut response = match checked {
             Ok(r) => r,
             Err(err) => {
                 if matches!(err, ProxyError::NoBackend { .. }) {
                     metrics::no_backend(&self.listener, &target.pool.name);
                 }
+                closing |= err.is_client_fault();
                 error_response(&target.pool.name, &err)
             }
         };
@@ -176,9 +191,6 @@ impl HttpProxy {
             .metrics
             .duration
             .record(started.elapsed().as_secs_f64());
-        // After an ambiguous request nothing more on the connection can be
-        // trusted; during a drain the client should reconnect elsewhere.
-        let closing = refused.is_some() || drain.is_draining();
         if client_h1 && closing && response.status() != StatusCode::SWITCHING_PROTOCOLS {
             response
                 .headers_mut()
@@ -224,13 +236,10 @@ impl HttpProxy {
         }
         headers::strip_hop_by_hop(&mut parts.headers, upgrade.is_some());
         headers::add_forwarding(&mut parts.headers, peer.ip());
+        let outgoing = self.client_body(incoming).await?;
         // An empty body can be sent again, so a failed connect may retry.
-        let replayable = incoming.is_end_stream();
-        let mut body = Some(if replayable {
-            body::empty()
-        } else {
-            incoming.boxed_unsync()
-        });
+        let replayable = outgoing.failed.is_none();
+        let mut body = Some(outgoing.body);
         let mut failed: Option<(usize, ProxyError)> = None;
         loop {
             let lease = match pool.pick(failed.as_ref().map(|f| f.0)) {
@@ -247,7 +256,10 @@ impl HttpProxy {
             };
             let sent = body.take().unwrap_or_else(body::empty);
             let outbound = outbound_request(&parts, sent, &lease)?;
-            match self.send(outbound, &lease).await {
+            match self
+                .send(outbound, &lease, outgoing.failed.as_deref())
+                .await
+            {
                 Ok(response) => return Ok(self.respond(response, lease, upgrade, drain)),
                 Err(err @ ProxyError::Connect { .. }) if replayable && failed.is_none() => {
                     tracing::warn!(cause = %err, "retrying on another backend");
@@ -259,16 +271,56 @@ impl HttpProxy {
         }
     }
 
+    /// The request body to send upstream. Its first frame is awaited before
+    /// a backend is chosen, so a body malformed from its first byte (the
+    /// usual smuggling attempt) reaches no backend at all.
+    async fn client_body(&self, incoming: Incoming) -> Result<Outgoing, ProxyError> {
+        let empty = Outgoing {
+            body: body::empty(),
+            failed: None,
+        };
+        if incoming.is_end_stream() {
+            return Ok(empty);
+        }
+        let mut incoming = incoming;
+        let first = tokio::time::timeout(self.idle_timeout, incoming.frame())
+            .await
+            .map_err(|_| ProxyError::ClientTimeout {
+                seconds: self.idle_timeout.as_secs_f64(),
+            })?;
+        match first {
+            None => Ok(empty),
+            Some(Err(_)) => Err(ProxyError::Client {
+                why: "malformed request body",
+            }),
+            Some(Ok(frame)) => {
+                let (body, failed) = ClientBody::wrap(frame, incoming);
+                Ok(Outgoing {
+                    body,
+                    failed: Some(failed),
+                })
+            }
+        }
+    }
+
+    /// One try at one backend. `client_body_failed` tells a request that
+    /// died of its own body (a 400) from one the backend broke.
     async fn send(
         &self,
         outbound: Request<ProxyBody>,
         lease: &Lease,
+        client_body_failed: Option<&AtomicBool>,
     ) -> Result<Response<Incoming>, ProxyError> {
         let backend = lease.backend();
         let result =
             tokio::time::timeout(self.response_timeout, self.client.request(outbound)).await;
         let err = match result {
             Ok(Ok(response)) => return Ok(response),
+            Ok(Err(_)) if client_body_failed.is_some_and(|f| f.load(Ordering::Relaxed)) => {
+                return Err(ProxyError::Client {
+                    why: "malformed or cut-off request body",
+                })
+            }
             Ok(Err(e)) if e.is_connect() => ProxyError::Connect {
                 backend: backend.name.clone(),
                 address: backend.address,

@@ -17,6 +17,8 @@ use crate::metrics::UpstreamErrorKind;
 pub enum ProxyError {
     #[error("bad request: {why}")]
     Client { why: &'static str },
+    #[error("no request body within {seconds}s")]
+    ClientTimeout { seconds: f64 },
     #[error("no backend of pool \"{pool}\" can take the request")]
     NoBackend { pool: String },
     #[error("backend {backend} ({address}) unreachable: {cause}")]
@@ -35,16 +37,28 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::Client { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::ClientTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::NoBackend { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
+    /// The client broke the request: nothing more on its connection can
+    /// be trusted.
+    pub fn is_client_fault(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::Client { .. } | ProxyError::ClientTimeout { .. }
+        )
+    }
+
     /// The `kind` label of `baton_upstream_errors_total`, if it counts there.
     pub fn upstream_kind(&self) -> Option<UpstreamErrorKind> {
         match self {
-            ProxyError::Client { .. } | ProxyError::NoBackend { .. } => None,
+            ProxyError::Client { .. }
+            | ProxyError::ClientTimeout { .. }
+            | ProxyError::NoBackend { .. } => None,
             ProxyError::Connect { .. } => Some(UpstreamErrorKind::Connect),
             ProxyError::Timeout { .. } => Some(UpstreamErrorKind::Timeout),
             ProxyError::Upstream { .. } => Some(UpstreamErrorKind::Protocol),

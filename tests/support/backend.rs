@@ -1,7 +1,9 @@
 //! Real backends on 127.0.0.1: an HTTP server that says who answered and
 //! which path it saw (`/slow/MS` answers after MS milliseconds, `/ws` echoes
 //! bytes after a 101 upgrade to the protocol asked for, `/sse` streams an
-//! event every 100 ms), and a TCP echo server that honours half-close.
+//! event every 100 ms, `/upload` reads the whole body and says how many
+//! bytes it got, `/bytes/N` streams N bytes), and a TCP echo server that
+//! honours half-close.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -24,8 +26,13 @@ pub struct HttpBackend {
     pub addr: SocketAddr,
     pub name: &'static str,
     pub hits: Arc<AtomicU64>,
-    /// Requests being answered right now.
+    /// Requests being answered right now (a request whose connection
+    /// closes under it stops counting: hyper drops its future).
     active: Arc<AtomicU64>,
+    /// Uploads read to their end, and uploads whose body failed midway.
+    pub uploads: Arc<Uploads>,
+    /// Client connections open now.
+    connections: Arc<AtomicU64>,
     /// Ends the accept loop and every open connection: a killed process.
     kill: tokio_util::sync::CancellationToken,
 }
@@ -49,6 +56,10 @@ impl HttpBackend {
         let counter = Arc::clone(&hits);
         let active = Arc::new(AtomicU64::new(0));
         let busy = Arc::clone(&active);
+        let uploads = Arc::new(Uploads::default());
+        let tally = Arc::clone(&uploads);
+        let connections = Arc::new(AtomicU64::new(0));
+        let open = Arc::clone(&connections);
         let kill = tokio_util::sync::CancellationToken::new();
         let killed = kill.clone();
         tokio::spawn(async move {
@@ -61,15 +72,18 @@ impl HttpBackend {
                     },
                 };
                 let (counter, busy) = (Arc::clone(&counter), Arc::clone(&busy));
+                let tally = Arc::clone(&tally);
                 let killed = killed.clone();
+                let open = Active::mark(&open);
                 tokio::spawn(async move {
+                    let _open = open;
                     let service = service_fn(move |req| {
                         counter.fetch_add(1, Ordering::Relaxed);
-                        let busy = Arc::clone(&busy);
+                        let busy = Active::mark(&busy);
+                        let tally = Arc::clone(&tally);
                         async move {
-                            busy.fetch_add(1, Ordering::Relaxed);
-                            let answer = answer(name, req).await;
-                            busy.fetch_sub(1, Ordering::Relaxed);
+                            let answer = answer(name, req, &tally).await;
+                            drop(busy);
                             answer
                         }
                     });
@@ -88,8 +102,15 @@ impl HttpBackend {
             name,
             hits,
             active,
+            uploads,
+            connections,
             kill,
         }
+    }
+
+    /// Connections open to this backend now.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
     }
 
     /// Requests this backend is answering now.
@@ -109,6 +130,31 @@ impl HttpBackend {
     /// The body this backend answers for `path`.
     pub fn body_for(name: &str, path: &str) -> String {
         format!("{name} {path}\n")
+    }
+}
+
+/// What `/upload` saw.
+#[derive(Default)]
+pub struct Uploads {
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    /// Bytes of the last completed upload.
+    pub last_bytes: AtomicU64,
+}
+
+/// Counts a request as active until dropped, however its future ends.
+struct Active(Arc<AtomicU64>);
+
+impl Active {
+    fn mark(count: &Arc<AtomicU64>) -> Active {
+        count.fetch_add(1, Ordering::Relaxed);
+        Active(Arc::clone(count))
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -143,11 +189,67 @@ impl http_body::Body for Ticker {
     }
 }
 
+/// `remaining` bytes of `x`, in 64 KiB frames, made as they are read.
+struct Generated {
+    remaining: u64,
+}
+
+impl http_body::Body for Generated {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        const CHUNK: &[u8] = &[b'x'; 64 * 1024];
+        if self.remaining == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.remaining.min(CHUNK.len() as u64);
+        self.remaining -= n;
+        let frame = Frame::data(Bytes::from_static(&CHUNK[..n as usize]));
+        std::task::Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.remaining)
+    }
+}
+
+/// Reads the whole body, counting it; says how many bytes arrived.
+async fn upload(body: Incoming, tally: &Uploads) -> TestBody {
+    let mut body = body;
+    let mut total = 0u64;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => total += f.data_ref().map_or(0, |d| d.len() as u64),
+            Err(_) => {
+                tally.failed.fetch_add(1, Ordering::Relaxed);
+                return full("body failed\n".into());
+            }
+        }
+    }
+    tally.completed.fetch_add(1, Ordering::Relaxed);
+    tally.last_bytes.store(total, Ordering::Relaxed);
+    full(format!("received {total}\n"))
+}
+
 async fn answer(
     name: &'static str,
     mut req: Request<Incoming>,
+    tally: &Uploads,
 ) -> Result<Response<TestBody>, Infallible> {
     let path = req.uri().path().to_string();
+    if path == "/upload" {
+        return Ok(Response::new(upload(req.into_body(), tally).await));
+    }
+    if let Some(n) = path
+        .strip_prefix("/bytes/")
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        return Ok(Response::new(Generated { remaining: n }.boxed()));
+    }
     if path == "/sse" {
         let ticker = Ticker {
             interval: tokio::time::interval(Duration::from_millis(100)),

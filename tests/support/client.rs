@@ -113,3 +113,11 @@ pub async fn backend_state(admin: SocketAddr, name: &str) -> String {
         .map(|b| b["state"].as_str().unwrap_or("").to_string())
         .unwrap_or_else(|| panic!("no backend {name} in {}", status.body))
 }
+
+/// Everything the peer sends until it closes (or `TIMEOUT` passes).
+pub async fn read_until_closed(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(super::TIMEOUT, s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}

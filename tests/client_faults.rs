@@ -1,0 +1,274 @@
+//! Clients that upload slowly, move a gigabyte, give up halfway or send a
+//! body no one can parse: baton streams what is sound with flat memory,
+//! refuses what is not with a 400, and lets go of the backend when the
+//! client goes.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use support::backend::HttpBackend;
+use support::client::read_until_closed;
+use support::daemon::{Baton, Spec};
+
+const GIB: u64 = 1 << 30;
+
+async fn baton_with(backend: &HttpBackend, listener_keys: &str) -> Baton {
+    Baton::start(
+        Spec::new()
+            .listener("web", "http", "app", listener_keys)
+            .pool("app", &[backend.addr]),
+    )
+    .await
+}
+
+/// Reads a response head; returns it and any body bytes read past it.
+async fn read_head(s: &mut TcpStream) -> (String, Vec<u8>) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            return (head, buf[end + 4..].to_vec());
+        }
+        let n = tokio::time::timeout(support::TIMEOUT, s.read(&mut chunk))
+            .await
+            .expect("a response head in time")
+            .expect("read");
+        assert!(
+            n > 0,
+            "closed before a head: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Samples `pid`'s RSS every 50 ms while `work` runs; returns the peak.
+async fn peak_rss_during<F: std::future::Future<Output = ()>>(pid: u32, work: F) -> u64 {
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(rss_kib(pid)));
+    let seen = std::sync::Arc::clone(&peak);
+    let sampler = tokio::spawn(async move {
+        loop {
+            seen.fetch_max(rss_kib(pid), Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    work.await;
+    sampler.abort();
+    peak.load(Ordering::Relaxed).max(rss_kib(pid))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upload_outlives_the_header_timeout() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "header_timeout = \"1s\"\nidle_timeout = \"10s\"").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 25\r\n\r\n")
+        .await
+        .expect("head");
+    // 25 bytes over 2.5 s: well past header_timeout, never idle for long.
+    for _ in 0..25 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.write_all(b"u").await.expect("a body byte");
+    }
+    let (head, body) = read_head(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(backend.uploads.last_bytes.load(Ordering::Relaxed), 25);
+    assert!(String::from_utf8_lossy(&body).contains("received 25") || body.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_starts_is_a_408_at_idle_timeout() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "idle_timeout = \"1s\"").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+        .await
+        .expect("head");
+    let reply = read_until_closed(&mut s).await;
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply:?}");
+    assert_eq!(backend.hits(), 0, "no backend was held for it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gigabyte_streams_up_and_down_with_flat_memory() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "").await;
+    let web = baton.addr("web");
+    let pid = baton.serving_pid().await;
+    let before = rss_kib(pid);
+
+    let upload = async {
+        let mut s = TcpStream::connect(web).await.expect("connect");
+        let head = format!("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: {GIB}\r\n\r\n");
+        s.write_all(head.as_bytes()).await.expect("head");
+        let block = vec![b'u'; 256 * 1024];
+        for _ in 0..GIB / block.len() as u64 {
+            s.write_all(&block).await.expect("upload block");
+        }
+        let (head, _) = read_head(&mut s).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    };
+    let up_peak = peak_rss_during(pid, upload).await;
+    assert_eq!(backend.uploads.last_bytes.load(Ordering::Relaxed), GIB);
+
+    let download = async {
+        let mut s = TcpStream::connect(web).await.expect("connect");
+        let get = format!("GET /bytes/{GIB} HTTP/1.1\r\nHost: x\r\n\r\n");
+        s.write_all(get.as_bytes()).await.expect("request");
+        let (head, first) = read_head(&mut s).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let mut got = first.len() as u64;
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut paused = false;
+        while got < GIB {
+            let n = s.read(&mut buf).await.expect("download");
+            assert!(n > 0, "closed after {got} bytes");
+            got += n as u64;
+            // A reader that stops for a second: baton must stop reading
+            // the backend too, not buffer what it keeps sending.
+            if !paused && got > 64 << 20 {
+                paused = true;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        assert_eq!(got, GIB);
+    };
+    let down_peak = peak_rss_during(pid, download).await;
+
+    let limit = before + 32 * 1024;
+    assert!(
+        up_peak < limit && down_peak < limit,
+        "RSS grew: {before} KiB idle, {up_peak} KiB peak uploading, {down_peak} KiB downloading"
+    );
+}
+
+/// Waits up to 3 s (well under the pool's 10 s idle timeout) for `check`.
+async fn within_3s(what: &str, check: impl Fn() -> bool) {
+    for _ in 0..150 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("not within 3 s: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_releases_its_backend_connection() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "").await;
+    let web = baton.addr("web");
+
+    // Waiting for the response.
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"GET /slow/60000 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    support::eventually("the backend works on it", || async {
+        backend.active() == 1
+    })
+    .await;
+    drop(s);
+    within_3s("the backend request is cancelled", || {
+        backend.active() == 0 && backend.connections() == 0
+    })
+    .await;
+
+    // Halfway through an upload.
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n")
+        .await
+        .expect("head");
+    s.write_all(&vec![b'u'; 1 << 20]).await.expect("some body");
+    support::eventually("the backend reads the upload", || async {
+        backend.active() == 1
+    })
+    .await;
+    drop(s);
+    within_3s("the upload is cut at the backend", || {
+        backend.uploads.failed.load(Ordering::Relaxed) == 1 && backend.connections() == 0
+    })
+    .await;
+
+    // Halfway through a download.
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    let get = format!("GET /bytes/{GIB} HTTP/1.1\r\nHost: x\r\n\r\n");
+    s.write_all(get.as_bytes()).await.expect("request");
+    let _ = read_head(&mut s).await;
+    drop(s);
+    within_3s("the download's backend connection closes", || {
+        backend.connections() == 0
+    })
+    .await;
+    assert_eq!(backend.uploads.completed.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_chunk_size_is_a_400_and_no_backend_gets_the_request_whole() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "").await;
+    let web = baton.addr("web");
+
+    // The first chunk is malformed: nothing is forwarded at all.
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
+        .await
+        .expect("request");
+    let reply = read_until_closed(&mut s).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply:?}");
+    assert_eq!(backend.hits(), 0, "never forwarded");
+
+    // A later chunk is malformed: the backend's copy is cut off, and the
+    // client still hears 400 since no response had begun.
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+    )
+    .await
+    .expect("request");
+    support::eventually("the backend reads the upload", || async {
+        backend.active() == 1
+    })
+    .await;
+    s.write_all(b"-3\r\nbad\r\n0\r\n\r\n")
+        .await
+        .expect("bad chunk");
+    let reply = read_until_closed(&mut s).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply:?}");
+    within_3s("the backend saw the body fail", || {
+        backend.uploads.failed.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    assert_eq!(backend.uploads.completed.load(Ordering::Relaxed), 0);
+    let metrics = support::client::get(baton.admin, "/metrics")
+        .await
+        .expect("metrics")
+        .body;
+    assert!(
+        metrics.contains("code=\"4xx\"} 2") && metrics.contains("code=\"5xx\"} 0"),
+        "both counted as client errors, not upstream ones: {metrics}"
+    );
+    assert!(
+        metrics.contains("kind=\"protocol\"} 0"),
+        "no upstream error counted: {metrics}"
+    );
+}
