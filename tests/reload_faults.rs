@@ -1,15 +1,80 @@
 //! Faults around a handoff: a new generation killed right after it starts,
-//! an old one killed while it drains, and a storm of reload requests. Each
+//! after it received the listening sockets, and after it said it was ready;
+//! an old one killed while it drains; a storm of reload requests. Each
 //! leaves the serving generation as it was and the next reload working.
+//!
+//! To stop a new generation at a chosen step without any hook in baton,
+//! the config file is swapped for a FIFO: the new generation reads its
+//! config right after it received the sockets, and blocks there until the
+//! test writes it (a config on a hung filesystem does the same).
 
 mod support;
 
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use nix::sys::stat::Mode;
 use support::client;
-use support::daemon::{processes_for, signal, wait_exit};
-use support::load::baton_under_load;
+use support::daemon::{
+    children_of, client_connections, processes_for, signal, socket_inodes, wait_exit, Baton,
+};
+use support::load::{baton_under_load, Load};
+
+/// Swaps the config file for a FIFO; returns the config's text.
+fn config_behind_a_fifo(baton: &Baton) -> String {
+    let text = baton.config_text();
+    std::fs::remove_file(&baton.config).expect("remove the config");
+    nix::unistd::mkfifo(&baton.config, Mode::S_IRUSR | Mode::S_IWUSR).expect("mkfifo");
+    text
+}
+
+/// Puts the config file back as it was.
+fn config_restored(baton: &Baton, text: &str) {
+    std::fs::remove_file(&baton.config).expect("remove the FIFO");
+    baton.write_config(text);
+}
+
+/// Asks `serving` for a reload with the config behind a FIFO, and returns
+/// the new generation once it holds `serving`'s listening sockets (it is
+/// then blocked opening the config), with the pending reload's reply.
+async fn new_generation_holding_the_sockets(
+    baton: &Baton,
+    serving: u32,
+) -> (u32, tokio::task::JoinHandle<String>) {
+    let sockets = socket_inodes(serving);
+    let reply = baton.ask_reload();
+    let mut child = None;
+    support::eventually("the new generation holds the listening sockets", || {
+        let found = children_of(serving)
+            .into_iter()
+            .find(|c| !socket_inodes(*c).is_disjoint(&sockets));
+        child = child.or(found);
+        async move { found.is_some() }
+    })
+    .await;
+    (child.expect("found"), reply)
+}
+
+/// The reload failed, `serving` still serves, and the next reload works.
+async fn failed_then_recovered(
+    baton: &Baton,
+    serving: u32,
+    reply: tokio::task::JoinHandle<String>,
+    config: &str,
+    load: Load,
+) {
+    let reply = reply.await.expect("join");
+    assert!(
+        reply.contains("\"ok\":false") && reply.contains("exited before it took over"),
+        "the reload reports failure and why: {reply}"
+    );
+    assert_eq!(baton.serving_pid().await, serving);
+    load.progress(20).await;
+    config_restored(baton, config);
+    assert_ne!(baton.reload_ok().await, serving, "the next reload works");
+    load.progress(20).await;
+    load.stop().await.assert_clean();
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_generation_killed_right_after_spawn_is_a_failed_reload_and_the_next_works() {
@@ -19,7 +84,7 @@ async fn a_new_generation_killed_right_after_spawn_is_a_failed_reload_and_the_ne
     let r = baton.reload().await;
     assert_ne!(r.code, 0, "{r:?}");
     assert!(
-        r.stderr.contains("exited before it was ready")
+        r.stderr.contains("exited before it took over")
             || r.stderr.contains("closed the handoff channel"),
         "{}",
         r.stderr
@@ -33,6 +98,43 @@ async fn a_new_generation_killed_right_after_spawn_is_a_failed_reload_and_the_ne
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_killed_after_it_received_the_sockets_is_a_failed_reload() {
+    let (_backend, baton, load) = baton_under_load("").await;
+    let serving = baton.serving_pid().await;
+    let config = config_behind_a_fifo(&baton);
+    let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
+    assert!(!baton.log().contains("ready; waiting"), "not ready yet");
+    signal(child, Signal::SIGKILL);
+    failed_then_recovered(&baton, serving, reply, &config, load).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_killed_after_it_said_ready_is_a_failed_reload() {
+    let (_backend, baton, load) = baton_under_load("").await;
+    let serving = baton.serving_pid().await;
+    let config = config_behind_a_fifo(&baton);
+    let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
+    // The old generation is frozen so that it cannot act on `Ready` before
+    // the new one dies: it still accepts (the kernel queues for it).
+    signal(serving, Signal::SIGSTOP);
+    let fifo = baton.config.clone();
+    let text = config.clone();
+    tokio::task::spawn_blocking(move || std::fs::write(fifo, text))
+        .await
+        .expect("join")
+        .expect("feed the config through the FIFO");
+    support::eventually("the new generation says it is ready", || async {
+        baton
+            .log()
+            .contains("ready; waiting for the old generation's go-ahead")
+    })
+    .await;
+    signal(child, Signal::SIGKILL);
+    signal(serving, Signal::SIGCONT);
+    failed_then_recovered(&baton, serving, reply, &config, load).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_generation_killed_while_draining_troubles_nobody_else() {
     let (backend, baton, load) = baton_under_load("[reload]\ndrain_timeout = \"30s\"\n").await;
     let web = baton.addr("web");
@@ -43,6 +145,13 @@ async fn an_old_generation_killed_while_draining_troubles_nobody_else() {
     })
     .await;
     let new = baton.reload_ok().await;
+    // The load's keep-alive clients move over (each is told to close on its
+    // next answer); then the slow request is all the old one still serves.
+    support::eventually(
+        "only the slow request left on the old generation",
+        || async { client_connections(old, web.port()) == 1 },
+    )
+    .await;
     signal(old, Signal::SIGKILL);
     assert_eq!(wait_exit(old).await, Some(128 + Signal::SIGKILL as i32));
     assert!(

@@ -78,7 +78,7 @@ pub enum HandoverError {
     Channel(#[from] HandoffError),
     #[error("new generation failed: {reason}")]
     Failed { exit_code: i32, reason: String },
-    #[error("new generation exited before it was ready ({0})")]
+    #[error("new generation exited before it took over ({0})")]
     Exited(ExitStatus),
     #[error("new generation was not ready within {0:?}; it was killed")]
     Timeout(Duration),
@@ -291,6 +291,8 @@ impl Parent {
     /// Says we are ready and waits for the go-ahead to accept.
     pub async fn ready(&self, adopted: Vec<String>) -> Result<(), HandoverError> {
         self.channel.send(&Message::Ready { adopted }, &[]).await?;
+        // A handoff stuck here is the old generation's to finish: say so.
+        tracing::info!("ready; waiting for the old generation's go-ahead");
         match self.channel.recv().await?.0 {
             Message::Commit => Ok(()),
             other => Err(HandoverError::OutOfTurn(format!("{other:?}"))),

@@ -320,6 +320,24 @@ impl Baton {
         result
     }
 
+    /// Asks for a reload on the control socket itself (not through the CLI,
+    /// which reads the config file first); the reply is the raw JSON line.
+    pub fn ask_reload(&self) -> tokio::task::JoinHandle<String> {
+        let socket = self.dir.path().join("control.sock");
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::UnixStream::connect(&socket)
+                .await
+                .expect("connect to the control socket");
+            s.write_all(b"{\"command\":\"reload\"}\n")
+                .await
+                .expect("ask for a reload");
+            let mut reply = String::new();
+            let _ = tokio::time::timeout(super::TIMEOUT * 2, s.read_to_string(&mut reply)).await;
+            reply
+        })
+    }
+
     /// Waits until `/status` lists only the serving generation: every older
     /// one has exited and its report channel is closed.
     pub async fn settled(&self) {
@@ -459,4 +477,45 @@ pub fn processes_for(config: &std::path::Path) -> Vec<u32> {
         }
     }
     out
+}
+
+/// Inodes of the sockets `pid` holds open, read from `/proc/PID/fd`.
+pub fn socket_inodes(pid: u32) -> std::collections::HashSet<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            target
+                .to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Established TCP connections `pid` holds whose local port is `port`: the
+/// client connections it serves on that listener (from `/proc/net/tcp*`).
+pub fn client_connections(pid: u32, port: u16) -> usize {
+    let held = socket_inodes(pid);
+    let port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .map(|text| {
+            text.lines()
+                .skip(1)
+                .filter(|line| {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    f.len() > 9
+                        && f[1].ends_with(&port)
+                        && f[3] == "01"
+                        && f[9].parse().is_ok_and(|inode: u64| held.contains(&inode))
+                })
+                .count()
+        })
+        .sum()
 }
