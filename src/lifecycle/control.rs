@@ -168,7 +168,12 @@ async fn read_request(read: tokio::net::unix::OwnedReadHalf) -> Result<Request, 
         Ok(Err(e)) => return Err(Reply::err(2, format!("read: {e}"))),
         Ok(Ok(_)) => {}
     }
-    serde_json::from_slice::<Envelope>(&line)
+    decode_request(&line)
+}
+
+/// Decodes one request line; what is wrong with it becomes the reply.
+pub fn decode_request(line: &[u8]) -> Result<Request, Reply> {
+    serde_json::from_slice::<Envelope>(line)
         .map(|e| e.command)
         .map_err(|e| Reply::err(2, format!("malformed request: {e}")))
 }

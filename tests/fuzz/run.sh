@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Fuzzes baton's decoders of untrusted input for a bounded time each:
+#   config    the config loader (TOML text -> Config or an error naming it)
+#   messages  the handoff message and control-socket request decoders
+# Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET]   (default 60)
+# A crash leaves its input under tests/fuzz/artifacts/TARGET/ and fails the
+# run; fixed crashes become cases in tests/fuzz/regressions/, which
+# `cargo test` replays (tests/fuzz_regressions.rs).
+set -euo pipefail
+cd "$(dirname "$0")"
+seconds="${1:-60}"
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install cargo-fuzz --locked
+fi
+# cargo fuzz builds with nightly-only flags; the stable toolchain takes
+# them when told it is bootstrapping the compiler.
+export RUSTC_BOOTSTRAP=1
+
+log="$(mktemp)"
+corpus="$(mktemp -d)"
+trap 'rm -rf "$log" "$corpus"' EXIT
+for target in config messages; do
+  echo "fuzzing $target for ${seconds}s"
+  rm -rf "${corpus:?}"/*
+  dirs=("$corpus" "seeds/$target")
+  [ -d "regressions/$target" ] && dirs+=("regressions/$target")
+  # No sanitizer: the decoders are safe Rust, so what there is to find is a
+  # panic or a runaway allocation, which libFuzzer reports without one.
+  if ! cargo fuzz run --sanitizer none --fuzz-dir . "$target" "${dirs[@]}" -- \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1; then
+    tail -n 60 "$log" >&2
+    echo "fuzz target $target failed; its input, if any, is under tests/fuzz/artifacts/$target/" >&2
+    exit 1
+  fi
+  grep -E '^stat::(number_of_executed_units|peak_rss_mb)' "$log" || true
+done
