@@ -33,13 +33,11 @@ fn load_config(bytes: &[u8]) -> Result<baton::config::Config, String> {
 }
 
 #[test]
-fn every_config_seed_loads() {
-    let seeds = inputs("seeds/config");
-    assert!(!seeds.is_empty());
-    for (path, bytes) in seeds {
-        if let Err(e) = load_config(&bytes) {
-            panic!("{}: {e}", path.display());
-        }
+fn the_config_seed_loads() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/baton.toml");
+    let bytes = std::fs::read(&example).expect("the example config");
+    if let Err(e) = load_config(&bytes) {
+        panic!("{}: {e}", example.display());
     }
 }
 

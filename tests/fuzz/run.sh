@@ -23,7 +23,10 @@ trap 'rm -rf "$log" "$corpus"' EXIT
 for target in config messages; do
   echo "fuzzing $target for ${seconds}s"
   rm -rf "${corpus:?}"/*
-  dirs=("$corpus" "seeds/$target")
+  # Seeds: the shipped example config; sample messages of each kind.
+  seeds="seeds/$target"
+  [ "$target" = config ] && seeds=../../config
+  dirs=("$corpus" "$seeds")
   [ -d "regressions/$target" ] && dirs+=("regressions/$target")
   # No sanitizer: the decoders are safe Rust, so what there is to find is a
   # panic or a runaway allocation, which libFuzzer reports without one.
