@@ -1,17 +1,25 @@
 //! `cargo bench --bench memory [-- --connections N]`
 //!
-//! Resident memory of baton, HAProxy and nginx: idle, and holding N idle
-//! HTTP keep-alive client connections (default 5,000: each side of a
-//! loopback connection is an fd, and this machine allows 20,000 per
-//! process). Prints the per-connection cost; it asserts nothing.
+//! Resident memory of baton, HAProxy and nginx: idle, holding N idle HTTP
+//! keep-alive client connections (each has answered one request), and, in
+//! TCP mode, N idle proxied connections (each has echoed one byte, so it
+//! has its backend connection too). Default N = 10,000. A TCP-mode
+//! connection costs a proxy two fds, so there N is capped to fit the fd
+//! limit (20,000 on this machine kind, which even root cannot raise); the
+//! echo backend runs in a process of its own for the same reason. Prints
+//! the per-connection cost; it asserts nothing.
 
 #[path = "support/mod.rs"]
 mod support;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
 use support::client::Conn;
-use support::proxies::{Kind, Proxy};
+use support::proxies::{Kind, Mode, Proxy};
 
 fn rss_kib(pids: &[i32]) -> u64 {
     pids.iter()
@@ -25,49 +33,138 @@ fn rss_kib(pids: &[i32]) -> u64 {
         .sum()
 }
 
+/// This process's soft fd limit (the proxies inherit it).
+fn fd_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            l.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(1024)
+}
+
+/// A TCP echo server in a child process (this bench binary, re-run with
+/// `--echo-server`), killed on drop.
+struct EchoProcess {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl EchoProcess {
+    fn start() -> EchoProcess {
+        let mut child = std::process::Command::new(std::env::current_exe().expect("own path"))
+            .arg("--echo-server")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the echo process");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("echo stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .expect("echo address");
+        let addr = line.trim().parse().expect("echo address");
+        EchoProcess { child, addr }
+    }
+}
+
+impl Drop for EchoProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Something held open through the proxy: an HTTP keep-alive connection or
+/// a TCP stream.
+enum Held {
+    Http(Conn),
+    Tcp(TcpStream),
+}
+
+async fn open(addr: SocketAddr, mode: Mode) -> Option<Held> {
+    tokio::time::timeout(Duration::from_secs(2), open_one(addr, mode))
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn open_one(addr: SocketAddr, mode: Mode) -> Option<Held> {
+    match mode {
+        Mode::Tcp => {
+            let mut s = TcpStream::connect(addr).await.ok()?;
+            s.write_all(b"x").await.ok()?;
+            let mut echo = [0u8; 1];
+            s.read_exact(&mut echo).await.ok()?;
+            Some(Held::Tcp(s))
+        }
+        Mode::Http | Mode::H2c => {
+            let mut c = Conn::open(addr).await.ok()?;
+            c.get("/").await.ok()?.then_some(Held::Http(c))
+        }
+    }
+}
+
+fn row(rt: &tokio::runtime::Runtime, kind: Kind, backend: SocketAddr, mode: Mode, n: usize) {
+    let proxy = Proxy::start_mode(kind, support::free_port(), backend, 1, None, mode);
+    std::thread::sleep(Duration::from_millis(300));
+    let idle = rss_kib(&proxy.pids());
+    let addr = proxy.addr;
+    let (http, tcp) = rt.block_on(async move {
+        let (mut http, mut tcp) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            match open(addr, mode).await {
+                Some(Held::Http(c)) => http.push(c),
+                Some(Held::Tcp(s)) => tcp.push(s),
+                None => break,
+            }
+        }
+        (http, tcp)
+    });
+    let held = http.len() + tcp.len();
+    std::thread::sleep(Duration::from_millis(500));
+    let loaded = rss_kib(&proxy.pids());
+    let per = (loaded.saturating_sub(idle)) as f64 / held.max(1) as f64;
+    let what = if mode == Mode::Tcp { "TCP" } else { "HTTP" };
+    println!(
+        "| {} | {what} | {:.1} MiB | {:.1} MiB ({} held) | {:.1} KiB |",
+        kind.name(),
+        idle as f64 / 1024.0,
+        loaded as f64 / 1024.0,
+        held,
+        per
+    );
+    drop((http, tcp));
+}
+
 fn main() {
-    let connections: usize = support::arg("--connections", 5000);
+    if std::env::args().any(|a| a == "--echo-server") {
+        println!("{}", support::start_echo_backend());
+        loop {
+            std::thread::park();
+        }
+    }
+    let connections: usize = support::arg("--connections", 10_000);
+    let tcp_connections = connections.min(fd_limit().saturating_sub(200) / 2);
     let backend = support::start_backend(1);
+    let echo = EchoProcess::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    println!("memory bench: RSS (all processes of each proxy), idle and with {connections} idle keep-alive connections");
-    println!("| system | idle RSS | RSS with {connections} connections | per connection |");
-    println!("| --- | ---: | ---: | ---: |");
+    println!("memory bench: RSS (all processes of each proxy), idle and with {connections} idle HTTP connections ({tcp_connections} in TCP mode: the fd limit is {})", fd_limit());
+    println!("| system | mode | idle RSS | RSS with the connections | per connection |");
+    println!("| --- | --- | ---: | ---: | ---: |");
     for kind in [Kind::Baton, Kind::Haproxy, Kind::Nginx] {
         if !kind.available() {
-            println!("| {} | not installed | | |", kind.name());
+            println!("| {} | | not installed | | |", kind.name());
             continue;
         }
-        let proxy = Proxy::start(kind, support::free_port(), backend, 1, None);
-        std::thread::sleep(Duration::from_millis(300));
-        let idle = rss_kib(&proxy.pids());
-        let addr = proxy.addr;
-        let held = rt.block_on(async move {
-            let mut held = Vec::new();
-            for _ in 0..connections {
-                let Ok(mut c) = Conn::open(addr).await else {
-                    break;
-                };
-                if c.get("/").await.is_ok() {
-                    held.push(c);
-                }
-            }
-            held
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        let loaded = rss_kib(&proxy.pids());
-        let per = (loaded.saturating_sub(idle)) as f64 * 1024.0 / held.len().max(1) as f64;
-        println!(
-            "| {} | {:.1} MiB | {:.1} MiB ({} held) | {:.1} KiB |",
-            kind.name(),
-            idle as f64 / 1024.0,
-            loaded as f64 / 1024.0,
-            held.len(),
-            per / 1024.0
-        );
-        drop(held);
+        row(&rt, kind, backend, Mode::Http, connections);
+        if kind != Kind::Nginx {
+            row(&rt, kind, echo.addr, Mode::Tcp, tcp_connections);
+        }
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::client::{Conn, Failure};
-use support::proxies::{Kind, Proxy};
+use support::proxies::{Kind, Mode, Proxy};
 
 /// One request's record: when it started (from the run's start), how it
 /// went, and whether it was a deliberately slow one (kept out of latency).
@@ -115,7 +115,8 @@ async fn run(
     interval: Duration,
     tcp: bool,
 ) -> Outcome {
-    let proxy = Proxy::start_mode(kind, support::free_port(), backend, 2, None, tcp);
+    let mode = if tcp { Mode::Tcp } else { Mode::Http };
+    let proxy = Proxy::start_mode(kind, support::free_port(), backend, 2, None, mode);
     let addr = proxy.addr;
     let start = Instant::now();
     let warmup = Duration::from_secs(1);

@@ -1,23 +1,31 @@
 //! `cargo bench --bench throughput [-- --seconds S]`
 //!
 //! Requests per second and latency through baton, HAProxy and nginx, and
-//! straight to the backend, measured with wrk (Debian's package): HTTP/1.1
-//! keep-alive, and a new connection per request. Each proxy runs alone on
-//! core 0 with one worker; wrk runs on core 1. The direct-to-backend rate
-//! shows the load generator is not the bottleneck (it must be well above
-//! every proxy's). Prints a table; it asserts nothing.
+//! straight to the backend: HTTP/1.1 keep-alive and a new connection per
+//! request (wrk), h2c with prior knowledge, 64 connections x 10 streams
+//! (h2load), and TCP mode carrying HTTP/1.1 keep-alive (wrk). Each proxy runs
+//! alone on core 0 with one worker; the load generator runs on core 1. The
+//! direct-to-backend rate shows the load generator is not the bottleneck (it
+//! must be well above every proxy's). Prints a table; it asserts nothing.
 
 #[path = "support/mod.rs"]
 mod support;
 
 use std::process::Command;
 
-use support::proxies::{Kind, Proxy};
+use support::proxies::{Kind, Mode, Proxy};
 
+/// One measurement: requests/s and the latency figures the tool gives.
 struct Run {
     rps: f64,
-    p50: String,
-    p99: String,
+    latency: String,
+}
+
+fn cell(run: Option<Run>) -> String {
+    run.map_or_else(
+        || "failed".into(),
+        |r| format!("{:.0} ({})", r.rps, r.latency),
+    )
 }
 
 fn wrk(url: &str, seconds: u32, close: bool) -> Option<Run> {
@@ -49,34 +57,87 @@ fn wrk(url: &str, seconds: u32, close: bool) -> Option<Run> {
     };
     Some(Run {
         rps,
-        p50: latency("50%"),
-        p99: latency("99%"),
+        latency: format!("p50 {}, p99 {}", latency("50%"), latency("99%")),
     })
+}
+
+/// h2load gives no percentiles: the mean time per request, and any
+/// request that failed.
+fn h2load(url: &str, seconds: u32) -> Option<Run> {
+    let out = Command::new("taskset")
+        .args(["-c", "1", "h2load", "-t2", "-c64", "-m10"])
+        .arg(format!("-D{seconds}"))
+        .arg(url)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rps = text
+        .lines()
+        .find_map(|l| l.strip_prefix("finished in "))
+        .and_then(|l| l.split(", ").nth(1))
+        .and_then(|v| v.trim_end_matches(" req/s").parse().ok())?;
+    let failed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("requests: "))
+        .and_then(|l| l.split(", ").find(|f| f.ends_with(" failed")))
+        .unwrap_or("? failed")
+        .to_string();
+    let mean = text
+        .lines()
+        .find_map(|l| l.strip_prefix("time for request:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .unwrap_or("-")
+        .to_string();
+    Some(Run {
+        rps,
+        latency: format!("mean {mean}, {failed}"),
+    })
+}
+
+fn measure(kind: Kind, backend: std::net::SocketAddr, mode: Mode, seconds: u32) -> String {
+    let supported = match mode {
+        Mode::Http => true,
+        // The bench backend speaks HTTP/1.1 only.
+        Mode::H2c => kind != Kind::Direct,
+        Mode::Tcp => kind != Kind::Nginx,
+    };
+    if !supported {
+        return "n/a".into();
+    }
+    let proxy = Proxy::start_mode(kind, support::free_port(), backend, 1, Some(0), mode);
+    let url = format!("http://{}/", proxy.addr);
+    match mode {
+        Mode::Http => format!(
+            "{} | {}",
+            cell(wrk(&url, seconds, false)),
+            cell(wrk(&url, seconds, true))
+        ),
+        Mode::H2c => cell(h2load(&url, seconds)),
+        Mode::Tcp => cell(wrk(&url, seconds, false)),
+    }
 }
 
 fn main() {
     let seconds: u32 = support::arg("--seconds", 5);
-    if !std::path::Path::new("/usr/bin/wrk").exists() {
-        println!("throughput bench needs wrk: benches/peers/setup.sh");
-        return;
+    for tool in ["/usr/bin/wrk", "/usr/bin/h2load"] {
+        if !std::path::Path::new(tool).exists() {
+            println!("throughput bench needs {tool}: benches/peers/setup.sh");
+            return;
+        }
     }
     let backend = support::start_backend(1);
-    println!("throughput bench: wrk -t2 -c64 -d{seconds}s on core 1; each proxy alone on core 0, one worker; 3-byte responses");
-    println!("| system | keep-alive req/s | p50 | p99 | new connection req/s | p50 | p99 |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("throughput bench: {seconds}s per cell; load on core 1 (wrk -t2 -c64; h2load -t2 -c64 -m10); each proxy alone on core 0, one worker; 3-byte responses");
+    println!("| system | HTTP/1.1 keep-alive req/s | new connection req/s | h2c req/s | TCP mode (HTTP/1.1 keep-alive inside) req/s |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
     for kind in [Kind::Direct, Kind::Baton, Kind::Haproxy, Kind::Nginx] {
         if !kind.available() {
-            println!("| {} | not installed | | | | | |", kind.name());
+            println!("| {} | not installed | | | |", kind.name());
             continue;
         }
-        let proxy = Proxy::start(kind, support::free_port(), backend, 1, Some(0));
-        let url = format!("http://{}/", proxy.addr);
-        let keep = wrk(&url, seconds, false);
-        let close = wrk(&url, seconds, true);
-        let cell = |r: &Option<Run>| match r {
-            Some(r) => format!("{:.0} | {} | {}", r.rps, r.p50, r.p99),
-            None => "failed | - | -".into(),
-        };
-        println!("| {} | {} | {} |", kind.name(), cell(&keep), cell(&close));
+        let cells: Vec<String> = [Mode::Http, Mode::H2c, Mode::Tcp]
+            .into_iter()
+            .map(|mode| measure(kind, backend, mode, seconds))
+            .collect();
+        println!("| {} | {} |", kind.name(), cells.join(" | "));
     }
 }

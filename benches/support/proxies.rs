@@ -12,6 +12,19 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+/// What a proxy is set up to speak to its clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// HTTP/1.1 (baton and HAProxy also take h2c with prior knowledge).
+    Http,
+    /// nginx needs its listener marked `http2` for h2c (and then refuses
+    /// HTTP/1.1 there); the others take it on their HTTP listener.
+    H2c,
+    /// Plain TCP (nginx would need its stream module, which Debian's nginx
+    /// package does not carry).
+    Tcp,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Baton,
@@ -63,6 +76,19 @@ impl Drop for Proxy {
     }
 }
 
+/// This process's soft fd limit (the proxies inherit it).
+fn fd_limit() -> u64 {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            l.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(1024)
+}
+
 fn pids_with_arg(arg: &Path) -> Vec<i32> {
     let needle = arg.as_os_str().as_encoded_bytes().to_vec();
     let mut out = Vec::new();
@@ -92,18 +118,17 @@ impl Proxy {
         threads: usize,
         pin: Option<usize>,
     ) -> Proxy {
-        Proxy::start_mode(kind, port, backend, threads, pin, false)
+        Proxy::start_mode(kind, port, backend, threads, pin, Mode::Http)
     }
 
-    /// The same, proxying plain TCP when `tcp` (nginx would need its stream
-    /// module, which Debian's nginx package does not carry).
+    /// The same, speaking `mode` to its clients.
     pub fn start_mode(
         kind: Kind,
         port: u16,
         backend: SocketAddr,
         threads: usize,
         pin: Option<usize>,
-        tcp: bool,
+        mode: Mode,
     ) -> Proxy {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -116,10 +141,10 @@ impl Proxy {
         if kind == Kind::Direct {
             return proxy;
         }
-        let config = if tcp {
-            proxy.tcp_config(port, backend, threads)
-        } else {
-            proxy.config(port, backend, threads)
+        let config = match mode {
+            Mode::Http => proxy.config(port, backend, threads),
+            Mode::H2c => proxy.h2c_config(port, backend, threads),
+            Mode::Tcp => proxy.tcp_config(port, backend, threads),
         };
         std::fs::write(proxy.config_path(), config).expect("write config");
         let mut cmd = match pin {
@@ -172,15 +197,17 @@ impl Proxy {
 
     fn config(&self, port: u16, backend: SocketAddr, threads: usize) -> String {
         let dir = self.dir.path().display();
+        // HAProxy refuses to start if maxconn needs more fds than allowed.
+        let maxconn = fd_limit().saturating_sub(100) / 2;
         match self.kind {
             Kind::Baton => format!(
                 "[admin]\nlisten = \"127.0.0.1:{}\"\n[control]\nsocket = \"{dir}/control.sock\"\n[shutdown]\npre_stop_delay = \"-1s\"\n\
-                 [reload]\ndrain_timeout = \"30s\"\nmax_draining = 64\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:{port}\"\npool = \"app\"\n\
+                 [reload]\ndrain_timeout = \"30s\"\nmax_draining = 64\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:{port}\"\nmax_connections = 30000\npool = \"app\"\n\
                  [[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"{backend}\" }}]\n",
                 super::free_port()
             ),
             Kind::Haproxy => format!(
-                "global\n  master-worker\n  nbthread {threads}\n  maxconn 8000\n  stats socket {dir}/haproxy.sock mode 600 level admin expose-fd listeners\n\
+                "global\n  master-worker\n  nbthread {threads}\n  maxconn {maxconn}\n  stats socket {dir}/haproxy.sock mode 600 level admin expose-fd listeners\n\
                  defaults\n  mode http\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n  timeout http-keep-alive 60s\n\
                  frontend web\n  bind 127.0.0.1:{port}\n  default_backend app\nbackend app\n  http-reuse always\n  server a {backend}\n"
             ),
@@ -190,6 +217,17 @@ impl Proxy {
                  upstream app {{ server {backend}; keepalive 128; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
                  proxy_pass http://app;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n"
             ),
+        }
+    }
+
+    fn h2c_config(&self, port: u16, backend: SocketAddr, threads: usize) -> String {
+        let http = self.config(port, backend, threads);
+        match self.kind {
+            Kind::Nginx => http.replace(
+                &format!("listen 127.0.0.1:{port};"),
+                &format!("listen 127.0.0.1:{port} http2;"),
+            ),
+            _ => http,
         }
     }
 

@@ -145,8 +145,11 @@ pub struct Baton {
 }
 
 impl Drop for Baton {
+    /// Kills every generation: those seen, and any other process running
+    /// this config (one started by a reload nobody asked about afterwards).
     fn drop(&mut self) {
-        let pids = self.pids.lock().map(|p| p.clone()).unwrap_or_default();
+        let mut pids = self.pids.lock().map(|p| p.clone()).unwrap_or_default();
+        pids.extend(processes_for(&self.config));
         for pid in pids {
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
             let _ = waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG));
