@@ -181,6 +181,32 @@ async fn at_max_connections_baton_stops_accepting_and_resumes_below_it() {
     assert_eq!(answer.expect("third served").status, 200);
 }
 
+/// The fd limit is the real cap on connections: an HTTP client connection
+/// must cost one fd, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_client_connection_costs_one_fd() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let web = baton.addr("web");
+    let pid = baton.serving_pid().await;
+    let before = support::daemon::settled_fd_count(pid).await;
+    let mut held = Vec::new();
+    for _ in 0..50 {
+        let mut c = client::connect(web).await.expect("connect");
+        assert_eq!(
+            client::send(&mut c, web, "/").await.expect("get").status,
+            200
+        );
+        held.push(c);
+    }
+    let after = support::daemon::fd_count(pid);
+    // 50 client sockets, plus the few pooled backend connections.
+    assert!(
+        after - before < 60,
+        "{before} fds before, {after} with 50 connections"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_backend_is_a_504_at_response_timeout() {
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// What a client is answered when its head is too slow.
@@ -27,6 +28,8 @@ pub struct HeadClock {
     answering: AtomicBool,
     /// h2 frames its own requests; this clock is for HTTP/1.
     off: AtomicBool,
+    /// The head was too slow: the connection goes with a 408.
+    expired: AtomicBool,
 }
 
 impl Default for HeadClock {
@@ -43,6 +46,7 @@ impl HeadClock {
             since: AtomicU64::new(1),
             answering: AtomicBool::new(false),
             off: AtomicBool::new(false),
+            expired: AtomicBool::new(false),
         }
     }
 
@@ -69,6 +73,11 @@ impl HeadClock {
         self.answering.store(false, Ordering::Relaxed);
     }
 
+    /// Marks the connection for a 408 when its stream is dropped.
+    pub fn expire(&self) {
+        self.expired.store(true, Ordering::Relaxed);
+    }
+
     pub fn turn_off(&self) {
         self.off.store(true, Ordering::Relaxed);
     }
@@ -91,15 +100,18 @@ impl HeadClock {
     }
 }
 
-/// The client's stream, telling the clock when bytes arrive.
-pub struct Watched<I> {
-    inner: I,
+/// The client's stream, telling the clock when bytes arrive. It writes the
+/// 408 itself as it is dropped, because hyper, waiting for a head, holds
+/// the stream and writes nothing (a second fd per connection just for this
+/// would halve how many connections fit under the fd limit).
+pub struct Watched {
+    inner: TcpStream,
     clock: Arc<HeadClock>,
     seen_bytes: bool,
 }
 
-impl<I> Watched<I> {
-    pub fn new(inner: I, clock: Arc<HeadClock>) -> Watched<I> {
+impl Watched {
+    pub fn new(inner: TcpStream, clock: Arc<HeadClock>) -> Watched {
         Watched {
             inner,
             clock,
@@ -108,7 +120,18 @@ impl<I> Watched<I> {
     }
 }
 
-impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if self.clock.expired.load(Ordering::Relaxed) {
+            // Best effort: 75 bytes fit an empty send buffer; a client that
+            // stopped reading gets the close alone.
+            let _ = self.inner.try_write(TIMEOUT_RESPONSE);
+            let _ = socket2::SockRef::from(&self.inner).shutdown(std::net::Shutdown::Write);
+        }
+    }
+}
+
+impl AsyncRead for Watched {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -128,7 +151,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     }
 }
 
-impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+impl AsyncWrite for Watched {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

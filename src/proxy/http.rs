@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::body::{self, ClientBody, Guarded, ProxyBody};
-use super::head::{HeadClock, Watched, TIMEOUT_RESPONSE};
+use super::head::{HeadClock, Watched};
 use super::headers;
 use super::longlived;
 use super::ProxyError;
@@ -113,9 +113,6 @@ impl HttpProxy {
                 async move { Ok::<_, Infallible>(proxy.handle(req, peer, state, drain).await) }
             })
         };
-        // A duplicate of the socket, to answer 408 while hyper is still
-        // waiting for the head (it writes nothing then).
-        let raw = socket2::SockRef::from(&stream).try_clone().ok();
         let io = TokioIo::new(Watched::new(stream, Arc::clone(&state.head)));
         let conn = self.server.serve_connection_with_upgrades(io, service);
         tokio::pin!(conn);
@@ -136,12 +133,10 @@ impl HttpProxy {
                         closing = true;
                     }
                 }
-                                () = state.head.overdue(self.header_timeout) => {
+                () = state.head.overdue(self.header_timeout) => {
                     tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
-                    if let Some(raw) = &raw {
-                        let _ = raw.send(TIMEOUT_RESPONSE);
-                        let _ = raw.shutdown(std::net::Shutdown::Write);
-                    }
+                    // Written by the stream as `conn` drops (`head::Watched`).
+                    state.head.expire();
                     return;
                 }
                 () = state.idle_for(self.keepalive_drain_grace), if drain_seen && !closing => {
