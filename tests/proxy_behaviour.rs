@@ -31,6 +31,34 @@ async fn tcp_half_close_still_gets_the_reply() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_stream_carries_megabytes_both_ways_intact() {
+    let echo = TcpEcho::start().await;
+    let baton = Baton::start(Spec::new().tcp("raw", "echo").pool("echo", &[echo.addr])).await;
+    let s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    let (mut read, mut write) = s.into_split();
+    let sent: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    let expected = sent.clone();
+    let writer = tokio::spawn(async move {
+        write.write_all(&sent).await.expect("write");
+        write.shutdown().await.expect("half-close");
+    });
+    let mut back = Vec::new();
+    tokio::time::timeout(support::TIMEOUT, read.read_to_end(&mut back))
+        .await
+        .expect("echoed in time")
+        .expect("read");
+    writer.await.expect("join");
+    assert!(
+        back == expected,
+        "{} bytes back of {}",
+        back.len(),
+        expected.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_is_proxied_both_ways() {
     let backend = HttpBackend::start("a").await;
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;

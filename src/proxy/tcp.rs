@@ -1,12 +1,18 @@
 //! L4 proxying: pick a backend, connect within `connect_timeout` (one retry
 //! on another backend when the connect fails: nothing was sent yet), then
-//! copy both ways until both sides are done. `copy_bidirectional` forwards a
-//! FIN as a write shutdown, so a half-closed client still gets its reply.
+//! copy both ways until both sides are done. A FIN is forwarded as a write
+//! shutdown, so a half-closed client still gets its reply.
+//!
+//! The copy holds a buffer only while bytes are on their way: an idle
+//! proxied connection costs its two sockets and a small task, not two
+//! 8 KiB buffers (`tokio::io::copy_bidirectional` keeps those for life).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use crate::backend::{Lease, Pool};
@@ -27,7 +33,7 @@ impl TcpProxy {
             tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, "no backend reachable; closing");
             return;
         };
-        match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        match copy_both_ways(&mut client, &mut upstream).await {
             Ok((to_backend, to_client)) => {
                 metrics::tcp_bytes(&self.listener, to_backend, to_client)
             }
@@ -72,5 +78,41 @@ impl TcpProxy {
             failed = Some(backend.index);
         }
         None
+    }
+}
+
+/// Bytes read at most per burst.
+const BURST: usize = 16 * 1024;
+
+/// Copies both ways until both directions ended; an error in either ends
+/// both. Returns the bytes sent to `b` and to `a`.
+async fn copy_both_ways(a: &mut TcpStream, b: &mut TcpStream) -> std::io::Result<(u64, u64)> {
+    let (a_read, a_write) = a.split();
+    let (b_read, b_write) = b.split();
+    tokio::try_join!(one_way(a_read, b_write), one_way(b_read, a_write))
+}
+
+/// Copies until `from` ends, then shuts down `to`'s write side.
+async fn one_way(from: ReadHalf<'_>, mut to: WriteHalf<'_>) -> std::io::Result<u64> {
+    let mut total = 0;
+    loop {
+        from.readable().await?;
+        // Allocated when there is something to read, freed once drained.
+        let mut buf = Vec::with_capacity(BURST);
+        loop {
+            buf.clear();
+            match from.try_read_buf(&mut buf) {
+                Ok(0) => {
+                    to.shutdown().await?;
+                    return Ok(total);
+                }
+                Ok(n) => {
+                    to.write_all(&buf).await?;
+                    total += n as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
