@@ -28,13 +28,18 @@ pub fn empty() -> ProxyBody {
         .boxed_unsync()
 }
 
+/// What a [`Guarded`] body's guard hears if the body breaks off midway.
+pub trait BodyGuard: Send + Unpin + 'static {
+    fn body_failed(&mut self, _cause: &hyper::Error) {}
+}
+
 /// `inner`, holding `guard` until the body ends or is dropped.
 pub struct Guarded<G> {
     inner: ProxyBody,
     guard: Option<G>,
 }
 
-impl<G: Send + Unpin + 'static> Guarded<G> {
+impl<G: BodyGuard> Guarded<G> {
     pub fn wrap(inner: ProxyBody, guard: G) -> ProxyBody {
         Guarded {
             inner,
@@ -44,7 +49,7 @@ impl<G: Send + Unpin + 'static> Guarded<G> {
     }
 }
 
-impl<G: Unpin> Body for Guarded<G> {
+impl<G: BodyGuard> Body for Guarded<G> {
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -53,8 +58,14 @@ impl<G: Unpin> Body for Guarded<G> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            self.guard = None;
+        match &polled {
+            Poll::Ready(Some(Err(cause))) => {
+                if let Some(mut guard) = self.guard.take() {
+                    guard.body_failed(cause);
+                }
+            }
+            Poll::Ready(None) => self.guard = None,
+            _ => {}
         }
         polled
     }

@@ -26,7 +26,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::body::{self, ClientBody, Guarded, ProxyBody};
+use super::body::{self, BodyGuard, ClientBody, Guarded, ProxyBody};
 use super::head::{HeadClock, Watched};
 use super::headers;
 use super::longlived;
@@ -461,6 +461,23 @@ struct ConnState {
 
 /// Marks a request in flight until the response body is done.
 struct Busy(Arc<ConnState>);
+
+impl BodyGuard for Busy {}
+
+/// A backend's response body that breaks off is the backend's failure:
+/// hyper then aborts the client connection (its status was sent) and
+/// never reuses the backend connection.
+impl BodyGuard for Lease {
+    fn body_failed(&mut self, cause: &hyper::Error) {
+        let backend = self.backend();
+        metrics::upstream_error(
+            &backend.pool,
+            &backend.name,
+            metrics::UpstreamErrorKind::Protocol,
+        );
+        tracing::warn!(backend = %backend.name, cause = %root_cause(cause), "backend response broke off; aborting the client connection");
+    }
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {

@@ -1,0 +1,129 @@
+//! Backends that break the exchange: one that resets in the middle of a
+//! response, and a TCP backend that closes its side first and keeps
+//! reading. Raw sockets here, since a well-behaved HTTP server cannot be
+//! made to misbehave on cue.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use support::backend::HttpBackend;
+use support::client::{self, read_until_closed};
+use support::daemon::{Baton, Spec};
+
+/// Answers every request with a 200 promising 1000 bytes, sends 100, then
+/// resets the connection (SO_LINGER 0).
+async fn resetting_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+                    .await;
+                let _ = s.write_all(&[b'x'; 100]).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_reset_mid_response_aborts_the_client_connection_and_is_counted() {
+    let healthy = HttpBackend::start("ok").await;
+    let resetting = resetting_backend().await;
+    let baton = Baton::start(
+        Spec::new()
+            .http("web", "app")
+            .pool("app", &[resetting])
+            .http("other", "fine")
+            .pool("fine", &[healthy.addr]),
+    )
+    .await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let reply = read_until_closed(&mut s).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    assert!(
+        body.len() < 1000,
+        "the client sees the response cut short ({} bytes), never a complete one",
+        body.len()
+    );
+    let metrics = client::get(baton.admin, "/metrics")
+        .await
+        .expect("metrics")
+        .body;
+    assert!(
+        metrics.contains(
+            "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"protocol\"} 1"
+        ),
+        "{metrics}"
+    );
+    let fine = client::get(baton.addr("other"), "/after")
+        .await
+        .expect("other traffic");
+    assert_eq!(fine.status, 200);
+}
+
+/// Sends a greeting and its FIN at once, then reads until the client's FIN
+/// and reports what it read.
+async fn early_closing_backend() -> (SocketAddr, tokio::sync::oneshot::Receiver<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let Ok((mut s, _)) = listener.accept().await else {
+            return;
+        };
+        let _ = s.write_all(b"hello, then FIN").await;
+        let _ = s.shutdown().await;
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got).await;
+        let _ = tx.send(got);
+    });
+    (addr, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_backend_that_closes_first_still_hears_the_client() {
+    let (backend, heard) = early_closing_backend().await;
+    let baton = Baton::start(Spec::new().tcp("raw", "b").pool("b", &[backend])).await;
+    let mut s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    let mut greeting = Vec::new();
+    tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut greeting))
+        .await
+        .expect("the backend's FIN reaches the client")
+        .expect("read");
+    assert_eq!(greeting, b"hello, then FIN");
+    s.write_all(b"client speaks after the backend's FIN")
+        .await
+        .expect("the client's side is still open");
+    s.shutdown().await.expect("client FIN");
+    let heard = tokio::time::timeout(support::TIMEOUT, heard)
+        .await
+        .expect("the backend hears the client's FIN")
+        .expect("backend report");
+    assert_eq!(heard, b"client speaks after the backend's FIN");
+}
