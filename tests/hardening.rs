@@ -85,6 +85,42 @@ async fn hostile_control_socket_input_is_refused_and_nothing_blocks() {
     serving(&baton).await;
 }
 
+/// The control socket is 0600, and behind that the daemon checks the
+/// caller's uid itself: with every mode loosened, as a careless operator
+/// might, another uid is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_uid_is_refused_even_with_the_socket_open_to_it() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
+        return;
+    }
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let serving = baton.serving_pid().await;
+    for (path, mode) in [
+        (baton.dir.path().to_path_buf(), 0o755),
+        (baton.config.clone(), 0o644),
+        (baton.dir.path().join("control.sock"), 0o666),
+    ] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let out = tokio::process::Command::new(support::daemon::BIN)
+        .args(["reload", "-c"])
+        .arg(&baton.config)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .await
+        .expect("run baton reload as nobody");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("uid 65534 may not control this daemon"),
+        "{stderr}"
+    );
+    assert_eq!(baton.serving_pid().await, serving, "nothing was reloaded");
+}
+
 /// CPU seconds `pid` has used (utime + stime).
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

@@ -10,13 +10,15 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nix::sys::stat::Mode;
 use support::client;
 use support::daemon::{
-    children_of, client_connections, processes_for, signal, socket_inodes, wait_exit, Baton,
+    children_of, client_connections, processes_for, settled_fd_count, signal, socket_inodes,
+    wait_exit, Baton,
 };
 use support::load::{baton_under_load, Load};
 
@@ -164,9 +166,58 @@ async fn an_old_generation_killed_while_draining_troubles_nobody_else() {
     load.stop().await.assert_clean();
 }
 
+/// What a watcher saw of the generations during a storm.
+#[derive(Default, Clone, Copy)]
+struct Crowd {
+    /// The most baton children one baton process had at once.
+    most_children: usize,
+    /// The longest run of samples with more processes than serving +
+    /// starting + `max_draining` old ones (forcing the oldest takes a
+    /// moment, so one sample over is no fault).
+    longest_crowd: usize,
+}
+
+/// Samples the processes running `config` every 50 ms.
+fn watch_generations(
+    config: std::path::PathBuf,
+    max_draining: usize,
+) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Crowd>>) {
+    let seen = Arc::new(Mutex::new(Crowd::default()));
+    let record = Arc::clone(&seen);
+    let task = tokio::spawn(async move {
+        let mut run = 0;
+        loop {
+            let batons = processes_for(&config);
+            let children = batons
+                .iter()
+                .map(|p| {
+                    children_of(*p)
+                        .iter()
+                        .filter(|c| batons.contains(c))
+                        .count()
+                })
+                .max()
+                .unwrap_or(0);
+            run = if batons.len() > max_draining + 2 {
+                run + 1
+            } else {
+                0
+            };
+            if let Ok(mut s) = record.lock() {
+                s.most_children = s.most_children.max(children);
+                s.longest_crowd = s.longest_crowd.max(run);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    (task, seen)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_storm_completes_or_is_refused_and_leaves_one_process() {
     let (_backend, baton, load) = baton_under_load("[reload]\nmax_draining = 2\n").await;
+    let fds_before = settled_fd_count(baton.serving_pid().await).await;
+    let (watch, seen) = watch_generations(baton.config.clone(), 2);
     let mut asks = Vec::new();
     for _ in 0..20 {
         let config = baton.config.clone();
@@ -189,6 +240,19 @@ async fn a_reload_storm_completes_or_is_refused_and_leaves_one_process() {
         "every reload completes or is refused with 75: {codes:?}"
     );
     assert!(codes.contains(&0));
+    watch.abort();
+    let seen = *seen.lock().expect("watch");
+    // One, not zero: the watcher did see handoffs (a successor stays its
+    // draining parent's child until the parent exits).
+    assert_eq!(
+        seen.most_children, 1,
+        "the most children one generation had at once"
+    );
+    assert!(
+        seen.longest_crowd < 3,
+        "more than max_draining old generations for {} samples in a row",
+        seen.longest_crowd
+    );
     load.progress(50).await;
     load.stop().await.assert_clean();
     baton.settled().await;
@@ -196,4 +260,9 @@ async fn a_reload_storm_completes_or_is_refused_and_leaves_one_process() {
         processes_for(&baton.config).len() == 1
     })
     .await;
+    let fds_after = settled_fd_count(baton.serving_pid().await).await;
+    assert!(
+        fds_after <= fds_before + 4,
+        "fds back to normal: {fds_before} before the storm, {fds_after} after"
+    );
 }

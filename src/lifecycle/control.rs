@@ -189,13 +189,15 @@ pub async fn call(path: &Path, request: Request, timeout: Duration) -> Result<Re
     let mut line =
         serde_json::to_vec(&Envelope { command: request }).map_err(std::io::Error::other)?;
     line.push(b'\n');
-    stream.write_all(&line).await?;
+    // A daemon that refuses us answers without reading and hangs up, so
+    // the write may fail while its answer waits to be read: read it.
+    let written = stream.write_all(&line).await;
     let mut answer = Vec::new();
     let mut reader = BufReader::new(stream);
     match tokio::time::timeout(timeout, reader.read_until(b'\n', &mut answer)).await {
         Err(_) => Err(CallError::NoAnswer(timeout)),
-        Ok(Err(e)) => Err(e.into()),
-        Ok(Ok(0)) => Err(CallError::Hangup),
+        Ok(Err(e)) => Err(written.err().unwrap_or(e).into()),
+        Ok(Ok(0)) => Err(written.err().map_or(CallError::Hangup, CallError::Io)),
         Ok(Ok(_)) => {
             serde_json::from_slice(&answer).map_err(|e| CallError::Malformed(e.to_string()))
         }
