@@ -41,6 +41,54 @@ async fn stray_signals_do_not_kill_baton() {
     assert!(baton.log().contains("ignored signal"), "{}", baton.log());
 }
 
+/// Whether `pid` has a handler installed for `sig` (`SigCgt` in
+/// `/proc/PID/status`).
+fn catches(pid: u32, sig: Signal) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << (sig as u64 - 1)) != 0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_during_start_up_do_not_kill_baton_and_an_early_sighup_is_kept() {
+    let backend = HttpBackend::start("a").await;
+    // Start-up held still: the config is behind a FIFO nobody writes yet.
+    let (baton, config) =
+        Baton::spawn_reading_a_fifo(Spec::new().http("web", "app").pool("app", &[backend.addr]));
+    let pid = baton.first_pid;
+    support::eventually("baton's signal handlers are in place", || async {
+        catches(pid, Signal::SIGHUP)
+    })
+    .await;
+    for sig in [
+        Signal::SIGHUP,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGPIPE,
+    ] {
+        signal(pid, sig);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fifo = baton.config.clone();
+    tokio::task::spawn_blocking(move || std::fs::write(fifo, config))
+        .await
+        .expect("join")
+        .expect("feed the config");
+    baton.wait_ready().await;
+    serving(&baton).await;
+    assert!(baton.log().contains("ignored signal"), "{}", baton.log());
+    // The SIGHUP was kept, not lost: once serving, baton reloads.
+    support::eventually("the early SIGHUP becomes a reload", || async {
+        baton.log().contains("reload: starting the next generation")
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_control_socket_input_is_refused_and_nothing_blocks() {
     let backend = HttpBackend::start("a").await;
@@ -83,6 +131,25 @@ async fn hostile_control_socket_input_is_refused_and_nothing_blocks() {
     let r = baton.reload().await;
     assert_eq!(r.code, 0, "a real reload still works: {r:?}");
     serving(&baton).await;
+
+    // The handoff channel (still open to the old generation while it
+    // drains) is a socketpair: the only named socket is the control one.
+    let held = support::daemon::socket_inodes(baton.serving_pid().await);
+    let unix = std::fs::read_to_string("/proc/net/unix").expect("/proc/net/unix");
+    let named: Vec<&str> = unix
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let inode: u64 = f.get(6)?.parse().ok()?;
+            held.contains(&inode).then(|| f.get(7).copied()).flatten()
+        })
+        .collect();
+    let control = socket.display().to_string();
+    assert!(
+        named.iter().all(|p| *p == control),
+        "named unix sockets: {named:?}"
+    );
 }
 
 /// The control socket is 0600, and behind that the daemon checks the
@@ -328,5 +395,20 @@ async fn a_slowloris_head_gets_408_and_an_idle_keep_alive_outlives_the_head_time
             .expect("after 2.5 s idle")
             .status,
         200
+    );
+
+    // And at idle_timeout baton closes it (never sooner: timers do not
+    // fire early).
+    let mut s = tokio::net::TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"GET /three HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let answered = tokio::time::Instant::now();
+    let reply = client::read_until_closed(&mut s).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    let idle = answered.elapsed();
+    assert!(
+        idle >= Duration::from_millis(4900) && idle < support::TIMEOUT,
+        "closed after {idle:?} idle; idle_timeout is 5 s"
     );
 }

@@ -171,10 +171,27 @@ impl Baton {
     }
 
     /// Starts `baton run` under a wrapper command (`prlimit --nofile=64`).
+    pub fn spawn_under(spec: Spec, extra_args: &[&str], wrapper: &[&str]) -> Baton {
+        Baton::launch(spec, extra_args, wrapper, None)
+    }
+
+    /// Starts `baton run` with its config behind a FIFO: it blocks reading
+    /// it (start-up held still) until the test writes the returned text.
+    pub fn spawn_reading_a_fifo(spec: Spec) -> (Baton, String) {
+        let mut text = String::new();
+        let baton = Baton::launch(spec, &[], &[], Some(&mut text));
+        (baton, text)
+    }
+
     // Reaped by pid (`wait_exit`, `Drop`), like every later generation,
     // which is not our child until re-parented to us.
     #[allow(clippy::zombie_processes)]
-    pub fn spawn_under(spec: Spec, extra_args: &[&str], wrapper: &[&str]) -> Baton {
+    fn launch(
+        spec: Spec,
+        extra_args: &[&str],
+        wrapper: &[&str],
+        fifo_for: Option<&mut String>,
+    ) -> Baton {
         SUBREAPER.call_once(|| {
             nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
         });
@@ -195,7 +212,18 @@ impl Baton {
             .collect();
         drop(held);
         let config = dir.path().join("baton.toml");
-        std::fs::write(&config, spec.render(dir.path(), admin, &addrs)).expect("write config");
+        let text = spec.render(dir.path(), admin, &addrs);
+        match fifo_for {
+            Some(out) => {
+                nix::unistd::mkfifo(
+                    &config,
+                    nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+                )
+                .expect("mkfifo");
+                *out = text;
+            }
+            None => std::fs::write(&config, text).expect("write config"),
+        }
         let log = std::fs::File::create(dir.path().join("baton.log")).expect("log file");
         // Started through a link of its own, like /usr/bin/baton: a reload
         // runs whatever that path holds then (see `replace_executable`).
