@@ -10,7 +10,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,8 +26,9 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::activity::ConnState;
 use super::body::{self, BodyGuard, ClientBody, Guarded, ProxyBody};
-use super::head::{HeadClock, Watched};
+use super::head::Watched;
 use super::headers;
 use super::longlived;
 use super::ProxyError;
@@ -159,7 +160,7 @@ impl HttpProxy {
         let started = Instant::now();
         let client_h1 = req.version() < Version::HTTP_2;
         if !client_h1 {
-            state.h2.store(true, Ordering::Relaxed);
+            state.mark_h2();
             state.head.turn_off();
         }
         let target = &self.targets[self.route(&req)];
@@ -448,22 +449,6 @@ fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
-/// Per-connection activity, for the drain's idle check.
-struct ConnState {
-    h2: AtomicBool,
-    /// The slowloris clock (see `head`).
-    head: Arc<HeadClock>,
-    in_flight: AtomicUsize,
-    /// When the connection last became idle, as nanoseconds since `origin`.
-    idle_since_nanos: AtomicU64,
-    origin: Instant,
-}
-
-/// Marks a request in flight until the response body is done.
-struct Busy(Arc<ConnState>);
-
-impl BodyGuard for Busy {}
-
 /// A backend's response body that breaks off is the backend's failure:
 /// hyper then aborts the client connection (its status was sent) and
 /// never reuses the backend connection.
@@ -476,58 +461,5 @@ impl BodyGuard for Lease {
             metrics::UpstreamErrorKind::Protocol,
         );
         tracing::warn!(backend = %backend.name, cause = %root_cause(cause), "backend response broke off; aborting the client connection");
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        let state = &self.0;
-        state
-            .idle_since_nanos
-            .store(state.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if state.in_flight.fetch_sub(1, Ordering::Release) == 1 {
-            state.head.answered();
-        }
-    }
-}
-
-impl ConnState {
-    fn new() -> ConnState {
-        ConnState {
-            h2: AtomicBool::new(false),
-            head: Arc::new(HeadClock::new()),
-            in_flight: AtomicUsize::new(0),
-            idle_since_nanos: AtomicU64::new(0),
-            origin: Instant::now(),
-        }
-    }
-
-    fn begin(self: &Arc<Self>) -> Busy {
-        self.in_flight.fetch_add(1, Ordering::Acquire);
-        self.head.head_done();
-        Busy(Arc::clone(self))
-    }
-
-    fn is_h2(&self) -> bool {
-        self.h2.load(Ordering::Relaxed)
-    }
-
-    /// Resolves once no request has been in flight for `grace`.
-    async fn idle_for(&self, grace: Duration) {
-        loop {
-            if self.in_flight.load(Ordering::Acquire) == 0 {
-                let since = Duration::from_nanos(self.idle_since_nanos.load(Ordering::Relaxed));
-                let idle = self.origin.elapsed().saturating_sub(since);
-                if idle >= grace {
-                    return;
-                }
-                tokio::time::sleep(grace - idle).await;
-            } else {
-                tokio::time::sleep(
-                    grace.clamp(Duration::from_millis(10), Duration::from_millis(100)),
-                )
-                .await;
-            }
-        }
     }
 }

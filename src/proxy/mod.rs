@@ -2,6 +2,7 @@
 //! HTTP/1.1 and h2c on both sides. Failures are classified here once, which
 //! decides the status a client sees, the log level and the metric label.
 
+pub mod activity;
 pub mod body;
 pub mod head;
 pub mod headers;

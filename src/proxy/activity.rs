@@ -1,0 +1,90 @@
+//! One HTTP client connection's activity: requests in flight, since when
+//! it is idle (the drain closes idle keep-alive connections only after
+//! `keepalive_drain_grace`), whether it speaks h2, and its head clock.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::body::BodyGuard;
+use super::head::HeadClock;
+
+pub struct ConnState {
+    h2: AtomicBool,
+    /// The slowloris clock (see `head`).
+    pub head: Arc<HeadClock>,
+    in_flight: AtomicUsize,
+    /// When the connection last became idle, as nanoseconds since `origin`.
+    idle_since_nanos: AtomicU64,
+    origin: Instant,
+}
+
+/// Marks a request in flight until the response body is done.
+pub struct Busy(Arc<ConnState>);
+
+impl BodyGuard for Busy {}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let state = &self.0;
+        state
+            .idle_since_nanos
+            .store(state.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if state.in_flight.fetch_sub(1, Ordering::Release) == 1 {
+            state.head.answered();
+        }
+    }
+}
+
+impl Default for ConnState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ConnState {
+    pub fn new() -> ConnState {
+        ConnState {
+            h2: AtomicBool::new(false),
+            head: Arc::new(HeadClock::new()),
+            in_flight: AtomicUsize::new(0),
+            idle_since_nanos: AtomicU64::new(0),
+            origin: Instant::now(),
+        }
+    }
+
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::Acquire);
+        self.head.head_done();
+        Busy(Arc::clone(self))
+    }
+
+    pub fn mark_h2(&self) {
+        self.h2.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_h2(&self) -> bool {
+        self.h2.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once no request has been in flight for `grace`.
+    pub async fn idle_for(&self, grace: Duration) {
+        loop {
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                let since = Duration::from_nanos(self.idle_since_nanos.load(Ordering::Relaxed));
+                let idle = self.origin.elapsed().saturating_sub(since);
+                if idle >= grace {
+                    return;
+                }
+                tokio::time::sleep(grace - idle).await;
+            } else {
+                tokio::time::sleep(
+                    grace.clamp(Duration::from_millis(10), Duration::from_millis(100)),
+                )
+                .await;
+            }
+        }
+    }
+}
