@@ -88,11 +88,19 @@ pub struct CheckRecord {
     pub detail: String,
 }
 
+/// A socket address is always a valid authority.
+fn authority_of(address: SocketAddr) -> ::http::uri::Authority {
+    ::http::uri::Authority::try_from(address.to_string().as_str())
+        .unwrap_or_else(|_| ::http::uri::Authority::from_static("invalid"))
+}
+
 pub struct Backend {
     /// Global index in config order (the admin API's `{id}`).
     pub index: usize,
     pub name: String,
     pub address: SocketAddr,
+    /// `address` as a URI authority, built once rather than per request.
+    pub authority: ::http::uri::Authority,
     pub weight: u32,
     pub pool: String,
     /// Active checks exist: only then may passive failures mark it down
@@ -278,6 +286,7 @@ impl Pool {
                     index: first_index + i,
                     name: b.name.clone(),
                     address: b.address,
+                    authority: authority_of(b.address),
                     weight: b.weight,
                     pool: config.name.clone(),
                     checked,

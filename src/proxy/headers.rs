@@ -55,15 +55,24 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// A client address as a header value.
+pub fn ip_value(ip: IpAddr) -> HeaderValue {
+    HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"))
+}
+
 /// Adds `X-Forwarded-For` (appended), `X-Forwarded-Proto` and `Via`.
-pub fn add_forwarding(headers: &mut HeaderMap, client: IpAddr) {
+pub fn add_forwarding(headers: &mut HeaderMap, client: &HeaderValue) {
     let xff = HeaderName::from_static("x-forwarded-for");
-    let value = match headers.get(&xff).and_then(|v| v.to_str().ok()) {
-        Some(prior) => format!("{prior}, {client}"),
-        None => client.to_string(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(xff, v);
+    match headers.get(&xff).and_then(|v| v.to_str().ok()) {
+        Some(prior) => {
+            let client = client.to_str().unwrap_or("unknown");
+            if let Ok(v) = HeaderValue::from_str(&format!("{prior}, {client}")) {
+                headers.insert(xff, v);
+            }
+        }
+        None => {
+            headers.insert(xff, client.clone());
+        }
     }
     headers.insert(
         HeaderName::from_static("x-forwarded-proto"),
@@ -113,7 +122,7 @@ mod tests {
     fn forwarded_for_appends() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        add_forwarding(&mut h, "127.0.0.1".parse().expect("ip"));
+        add_forwarding(&mut h, &ip_value("127.0.0.1".parse().expect("ip")));
         assert_eq!(
             h.get("x-forwarded-for").map(|v| v.as_bytes()),
             Some(&b"10.0.0.1, 127.0.0.1"[..])

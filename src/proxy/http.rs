@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, HOST};
+use ::http::uri::{PathAndQuery, Scheme};
 use ::http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -107,11 +108,14 @@ impl HttpProxy {
     /// the drain is forced (the task is then dropped by `DrainWatch`).
     pub async fn serve(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, drain: DrainWatch) {
         let state = Arc::new(ConnState::new());
+        // Formatted once per connection: every request forwards it.
+        let client_ip = headers::ip_value(peer.ip());
         let service = {
             let (proxy, state, drain) = (Arc::clone(&self), Arc::clone(&state), drain.clone());
             service_fn(move |req| {
                 let (proxy, state, drain) = (Arc::clone(&proxy), Arc::clone(&state), drain.clone());
-                async move { Ok::<_, Infallible>(proxy.handle(req, peer, state, drain).await) }
+                let client_ip = client_ip.clone();
+                async move { Ok::<_, Infallible>(proxy.handle(req, client_ip, state, drain).await) }
             })
         };
         let io = TokioIo::new(Watched::new(stream, Arc::clone(&state.head)));
@@ -152,7 +156,7 @@ impl HttpProxy {
     async fn handle(
         &self,
         req: Request<Incoming>,
-        peer: SocketAddr,
+        client_ip: HeaderValue,
         state: Arc<ConnState>,
         drain: DrainWatch,
     ) -> Response<ProxyBody> {
@@ -167,7 +171,7 @@ impl HttpProxy {
         let refused = ambiguity(&req);
         let checked = match refused {
             Some(why) => Err(ProxyError::Client { why }),
-            None => self.forward(req, peer, &target.pool, &drain).await,
+            None => self.forward(req, &client_ip, &target.pool, &drain).await,
         };
         // After a broken request nothing more on the connection can be
         // trusted; during a drain the client should reconnect elsewhere.
@@ -215,7 +219,7 @@ impl HttpProxy {
     async fn forward(
         &self,
         mut req: Request<Incoming>,
-        peer: SocketAddr,
+        client_ip: &HeaderValue,
         pool: &Pool,
         drain: &DrainWatch,
     ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -231,7 +235,7 @@ impl HttpProxy {
             }
         }
         headers::strip_hop_by_hop(&mut parts.headers, upgrade.is_some());
-        headers::add_forwarding(&mut parts.headers, peer.ip());
+        headers::add_forwarding(&mut parts.headers, client_ip);
         let outgoing = self.client_body(incoming).await?;
         // An empty body can be sent again, so a failed connect may retry.
         let replayable = outgoing.failed.is_none();
@@ -397,10 +401,17 @@ fn outbound_request(
     body: ProxyBody,
     lease: &Lease,
 ) -> Result<Request<ProxyBody>, ProxyError> {
-    let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let uri: Uri = format!("http://{}{}", lease.backend().address, path)
-        .parse()
-        .map_err(|e: ::http::uri::InvalidUri| ProxyError::Upstream {
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let uri = Uri::builder()
+        .scheme(Scheme::HTTP)
+        .authority(lease.backend().authority.clone())
+        .path_and_query(path)
+        .build()
+        .map_err(|e| ProxyError::Upstream {
             backend: lease.backend().name.clone(),
             cause: e.to_string(),
         })?;
