@@ -346,6 +346,31 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
             .status,
         400
     );
+    // Negative and huge indexes: refused with a JSON error, no panic.
+    for id in ["-1", "99999999999999999999999999"] {
+        let refused = client::call(
+            admin,
+            "POST",
+            &format!("/backends/{id}/drain"),
+            Some("s3cret"),
+        )
+        .await
+        .expect("call");
+        assert!(
+            refused.status == 400 || refused.status == 404,
+            "{id}: {}",
+            refused.status
+        );
+        assert!(
+            refused
+                .headers
+                .get("content-type")
+                .is_some_and(|v| v == "application/json"),
+            "{id}: {:?}",
+            refused.headers
+        );
+        assert!(refused.body.contains("\"error\""), "{id}: {}", refused.body);
+    }
     let drained = client::call(admin, "POST", "/backends/0/drain", Some("s3cret"))
         .await
         .expect("call");
