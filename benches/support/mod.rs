@@ -14,7 +14,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
 /// A loopback port nobody listens on now.
@@ -25,7 +26,7 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
-/// Starts an HTTP backend answering `ok\n` (3 bytes), or after `MS` ms on
+/// Starts an HTTP/1.1 and h2c backend answering `ok\n` (3 bytes), or after `MS` ms on
 /// `/slow/MS`, on its own runtime thread so it does not share the load
 /// generator's scheduler.
 pub fn start_backend(worker_threads: usize) -> SocketAddr {
@@ -59,7 +60,9 @@ pub fn start_backend(worker_threads: usize) -> SocketAddr {
                         }
                         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok\n"))))
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
+                    // HTTP/1.1 and h2c (prior knowledge), so h2c can be
+                    // measured straight to the backend too.
+                    let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });
