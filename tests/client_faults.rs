@@ -93,6 +93,29 @@ async fn a_slow_upload_outlives_the_header_timeout() {
     assert!(String::from_utf8_lossy(&body).contains("received 25") || body.is_empty());
 }
 
+/// A client that waits for `100 Continue` before its body (curl does, for
+/// bodies over 1 MiB) gets it: baton reads the body's first chunk before it
+/// picks a backend, and reading is what makes the server say 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_expecting_100_continue_gets_it_and_its_upload_goes_through() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .expect("head");
+    let (interim, _) = read_head(&mut s).await;
+    assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
+    s.write_all(b"hello").await.expect("body");
+    let (head, _) = read_head(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(backend.uploads.last_bytes.load(Ordering::Relaxed), 5);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_never_starts_is_a_408_at_idle_timeout() {
     let backend = HttpBackend::start("a").await;
