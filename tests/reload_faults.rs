@@ -173,7 +173,7 @@ struct Crowd {
     most_children: usize,
     /// The longest run of samples with more processes than serving +
     /// starting + `max_draining` old ones (forcing the oldest takes a
-    /// moment, so one sample over is no fault).
+    /// moment; an unforced one would linger for its whole drain).
     longest_crowd: usize,
 }
 
@@ -249,7 +249,7 @@ async fn a_reload_storm_completes_or_is_refused_and_leaves_one_process() {
         "the most children one generation had at once"
     );
     assert!(
-        seen.longest_crowd < 3,
+        seen.longest_crowd < 10,
         "more than max_draining old generations for {} samples in a row",
         seen.longest_crowd
     );
