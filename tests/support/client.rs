@@ -100,8 +100,8 @@ pub async fn call(
     exchange(&mut sender, req).await
 }
 
-/// The state `/status` reports for backend `name`.
-pub async fn backend_state(admin: SocketAddr, name: &str) -> String {
+/// What `/status` reports for backend `name`.
+pub async fn backend_status(admin: SocketAddr, name: &str) -> serde_json::Value {
     let status = get(admin, "/status").await.expect("status");
     let v: serde_json::Value = serde_json::from_str(&status.body).expect("status json");
     v["pools"]
@@ -110,8 +110,16 @@ pub async fn backend_state(admin: SocketAddr, name: &str) -> String {
         .flatten()
         .flat_map(|p| p["backends"].as_array().into_iter().flatten())
         .find(|b| b["name"] == name)
-        .map(|b| b["state"].as_str().unwrap_or("").to_string())
+        .cloned()
         .unwrap_or_else(|| panic!("no backend {name} in {}", status.body))
+}
+
+/// The state `/status` reports for backend `name`.
+pub async fn backend_state(admin: SocketAddr, name: &str) -> String {
+    backend_status(admin, name).await["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
 }
 
 /// Everything the peer sends until it closes (or `TIMEOUT` passes).
