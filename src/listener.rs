@@ -68,12 +68,16 @@ impl Listener {
         stop: CancellationToken,
         closing: impl FnOnce() -> Closing,
     ) {
-        let mut errors = ErrorThrottle::default();
+        let (mut errors, mut at_cap) = (Throttle::default(), Throttle::default());
         loop {
             if self.limit.available_permits() == 0 {
-                tracing::warn!(listener = %self.name, "max_connections reached; not accepting until a connection ends");
+                // Counted every time; logged once a second at most, since
+                // a listener held at the cap meets it at every close.
                 metrics::counter!(crate::metrics::AT_CAPACITY, "listener" => self.name.to_string())
                     .increment(1);
+                if let Some(suppressed) = at_cap.ready() {
+                    tracing::warn!(listener = %self.name, suppressed, "max_connections reached; not accepting until a connection ends");
+                }
             }
             let permit = tokio::select! {
                 () = stop.cancelled() => break,
@@ -86,7 +90,9 @@ impl Listener {
             match accepted {
                 Ok((stream, peer)) => handler.accepted(stream, peer, permit),
                 Err(err) => {
-                    errors.log(&self.name, &err);
+                    if let Some(suppressed) = errors.ready() {
+                        tracing::warn!(listener = %self.name, cause = %err, suppressed, "accept failed; backing off");
+                    }
                     tokio::time::sleep(backoff(&err)).await;
                 }
             }
@@ -167,22 +173,25 @@ mod libc_errno {
     pub const ENOMEM: i32 = Errno::ENOMEM as i32;
 }
 
-/// Logs the first accept error of a burst, then one line per second at most.
+/// Lets a repeated warning through once a second, saying how many times
+/// it was held back in between.
 #[derive(Default)]
-struct ErrorThrottle {
+struct Throttle {
     last: Option<Instant>,
     suppressed: u64,
 }
 
-impl ErrorThrottle {
-    fn log(&mut self, name: &str, err: &std::io::Error) {
+impl Throttle {
+    fn ready(&mut self) -> Option<u64> {
         let now = Instant::now();
         match self.last {
-            Some(t) if now.duration_since(t) < Duration::from_secs(1) => self.suppressed += 1,
+            Some(t) if now.duration_since(t) < Duration::from_secs(1) => {
+                self.suppressed += 1;
+                None
+            }
             _ => {
-                tracing::warn!(listener = name, cause = %err, suppressed = self.suppressed, "accept failed; backing off");
                 self.last = Some(now);
-                self.suppressed = 0;
+                Some(std::mem::take(&mut self.suppressed))
             }
         }
     }

@@ -94,12 +94,7 @@ impl AdminShared {
         let backlog = topology
             .listeners
             .iter()
-            .map(|l| {
-                (
-                    l.name.as_str(),
-                    l.inodes.iter().filter_map(|i| queues.get(i)).sum(),
-                )
-            })
+            .map(|l| (l.name.as_str(), l.backlog(&queues)))
             .collect();
         let mut draining_active = std::collections::BTreeMap::new();
         let mut draining = process::ProcessStats::default();

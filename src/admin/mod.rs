@@ -41,6 +41,14 @@ pub struct ListenerView {
     pub inodes: Vec<u64>,
 }
 
+impl ListenerView {
+    /// Connections in the kernel accept queues of its sockets, given
+    /// `kernel::listen_queues()`.
+    pub fn backlog(&self, queues: &std::collections::HashMap<u64, u64>) -> u64 {
+        self.inodes.iter().filter_map(|i| queues.get(i)).sum()
+    }
+}
+
 /// What the data plane looks like once built (absent during start-up).
 #[derive(Default)]
 pub struct Topology {

@@ -10,6 +10,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{json, Value};
 
+use super::generations::unix;
 use super::{AdminShared, Topology};
 use crate::backend::{Backend, Pool};
 use crate::lifecycle::{Check, Phase};
@@ -92,8 +93,6 @@ fn readiness(state: &AdminShared) -> Reply {
     }
 }
 
-use super::generations::unix;
-
 fn backend_json(b: &Backend) -> Value {
     let last = b
         .last_check()
@@ -140,8 +139,7 @@ fn status(state: &AdminShared) -> Reply {
         .listeners
         .iter()
         .map(|l| {
-            let backlog: u64 = l.inodes.iter().filter_map(|i| queues.get(i)).sum();
-            json!({"name": l.name, "bind": l.bind.to_string(), "protocol": l.protocol.as_str(), "active": l.stats.active(), "backlog": backlog})
+            json!({"name": l.name, "bind": l.bind.to_string(), "protocol": l.protocol.as_str(), "active": l.stats.active(), "backlog": l.backlog(&queues)})
         })
         .collect();
     let pools: Vec<Value> = topology.pools.iter().map(|p| pool_json(p)).collect();
@@ -157,7 +155,7 @@ fn status(state: &AdminShared) -> Reply {
         json!({
             "version": crate::VERSION,
             "commit": crate::COMMIT,
-                        "generations": generations,
+            "generations": generations,
             "kernel": kernel,
             "listeners": listeners,
             "pools": pools,

@@ -155,10 +155,11 @@ pub async fn hand_over(
             if named_to_systemd {
                 systemd::main_pid(std::process::id());
             }
-            // A broken channel usually means the child died: say how.
+            // A broken channel (a hang-up, a failed send) usually means the
+            // child died: say how.
             let exited = match &err {
                 HandoverError::Channel(_) => {
-                    tokio::time::timeout(Duration::from_millis(300), child.wait())
+                    tokio::time::timeout(Duration::from_secs(1), child.wait())
                         .await
                         .ok()
                         .and_then(Result::ok)
@@ -223,16 +224,9 @@ async fn next(
         biased;
         received = channel.recv() => match received {
             Ok((message, _)) => Ok(message),
-            Err(HandoffError::Closed) => {
-                // It hung up: most likely it is exiting; report how.
-                match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
-                    Ok(Ok(status)) => Err(HandoverError::Exited(status)),
-                    _ => Err(HandoffError::Closed.into()),
-                }
-            }
             Err(e) => Err(e.into()),
         },
-                status = child.wait() => match status {
+        status = child.wait() => match status {
             // Its last word may still be on the way: prefer it to the status.
             Ok(status) => match tokio::time::timeout(Duration::from_millis(200), channel.recv()).await {
                 Ok(Ok((Message::Failed { exit_code, reason }, _))) => Err(HandoverError::Failed { exit_code, reason }),

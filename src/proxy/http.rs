@@ -46,6 +46,15 @@ struct Outgoing {
     failed: Option<Arc<AtomicBool>>,
 }
 
+impl Outgoing {
+    fn empty() -> Outgoing {
+        Outgoing {
+            body: body::empty(),
+            failed: None,
+        }
+    }
+}
+
 /// A pool as one listener sees it, with that listener's request metrics.
 struct Target {
     pool: Arc<Pool>,
@@ -275,12 +284,8 @@ impl HttpProxy {
     /// a backend is chosen, so a body malformed from its first byte (the
     /// usual smuggling attempt) reaches no backend at all.
     async fn client_body(&self, incoming: Incoming) -> Result<Outgoing, ProxyError> {
-        let empty = Outgoing {
-            body: body::empty(),
-            failed: None,
-        };
         if incoming.is_end_stream() {
-            return Ok(empty);
+            return Ok(Outgoing::empty());
         }
         let mut incoming = incoming;
         let first = tokio::time::timeout(self.idle_timeout, incoming.frame())
@@ -289,7 +294,7 @@ impl HttpProxy {
                 seconds: self.idle_timeout.as_secs_f64(),
             })?;
         match first {
-            None => Ok(empty),
+            None => Ok(Outgoing::empty()),
             Some(Err(_)) => Err(ProxyError::Client {
                 why: "malformed request body",
             }),
