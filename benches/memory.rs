@@ -33,19 +33,6 @@ fn rss_kib(pids: &[i32]) -> u64 {
         .sum()
 }
 
-/// This process's soft fd limit (the proxies inherit it).
-fn fd_limit() -> usize {
-    std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|l| {
-            l.lines()
-                .find(|l| l.starts_with("Max open files"))
-                .and_then(|l| l.split_whitespace().nth(3))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(1024)
-}
-
 /// A TCP echo server in a child process (this bench binary, re-run with
 /// `--echo-server`), killed on drop.
 struct EchoProcess {
@@ -146,7 +133,7 @@ fn main() {
         }
     }
     let connections: usize = support::arg("--connections", 10_000);
-    let tcp_connections = connections.min(fd_limit().saturating_sub(200) / 2);
+    let tcp_connections = connections.min(support::fd_limit().saturating_sub(200) / 2);
     let backend = support::start_backend(1);
     let echo = EchoProcess::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -154,7 +141,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    println!("memory bench: RSS (all processes of each proxy), idle and with {connections} idle HTTP connections ({tcp_connections} in TCP mode: the fd limit is {})", fd_limit());
+    println!("memory bench: RSS (all processes of each proxy), idle and with {connections} idle HTTP connections ({tcp_connections} in TCP mode: the fd limit is {})", support::fd_limit());
     println!("| system | mode | idle RSS | RSS with the connections | per connection |");
     println!("| --- | --- | ---: | ---: | ---: |");
     for kind in [Kind::Baton, Kind::Haproxy, Kind::Nginx] {

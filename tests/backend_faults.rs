@@ -69,10 +69,7 @@ async fn a_backend_reset_mid_response_aborts_the_client_connection_and_is_counte
         "the client sees the response cut short ({} bytes), never a complete one",
         body.len()
     );
-    let metrics = client::get(baton.admin, "/metrics")
-        .await
-        .expect("metrics")
-        .body;
+    let metrics = client::metrics(baton.admin).await;
     assert!(
         metrics.contains(
             "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"protocol\"} 1"

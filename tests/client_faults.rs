@@ -282,10 +282,7 @@ async fn a_bad_chunk_size_is_a_400_and_no_backend_gets_the_request_whole() {
     })
     .await;
     assert_eq!(backend.uploads.completed.load(Ordering::Relaxed), 0);
-    let metrics = support::client::get(baton.admin, "/metrics")
-        .await
-        .expect("metrics")
-        .body;
+    let metrics = support::client::metrics(baton.admin).await;
     assert!(
         metrics.contains("code=\"4xx\"} 2") && metrics.contains("code=\"5xx\"} 0"),
         "both counted as client errors, not upstream ones: {metrics}"

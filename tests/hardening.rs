@@ -273,10 +273,7 @@ async fn at_max_connections_baton_stops_accepting_and_resumes_below_it() {
         !third.is_finished(),
         "a third connection must wait at the cap"
     );
-    let metrics = client::get(baton.admin, "/metrics")
-        .await
-        .expect("metrics")
-        .body;
+    let metrics = client::metrics(baton.admin).await;
     assert!(
         metrics.contains("baton_listener_at_capacity_total{listener=\"web\"} 1"),
         "{metrics}"
@@ -340,10 +337,7 @@ async fn a_silent_backend_is_a_504_at_response_timeout() {
         "{}",
         answer.body
     );
-    let metrics = client::get(baton.admin, "/metrics")
-        .await
-        .expect("metrics")
-        .body;
+    let metrics = client::metrics(baton.admin).await;
     assert!(
         metrics.contains(
             "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 1"

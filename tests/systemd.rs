@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use support::backend::{HttpBackend, TcpEcho};
 use support::client;
-use support::daemon::free_addr;
+use support::daemon::free_addrs;
 use support::load::{Load, Targets};
 use support::sandbox::{text, Sandbox};
 
@@ -19,6 +19,17 @@ struct Ports {
     admin: SocketAddr,
     web: SocketAddr,
     raw: SocketAddr,
+}
+
+impl Ports {
+    fn reserve() -> Ports {
+        let p = free_addrs(3);
+        Ports {
+            admin: p[0],
+            web: p[1],
+            raw: p[2],
+        }
+    }
 }
 
 fn config(p: &Ports, backends: &[SocketAddr], echo: SocketAddr, extra: &str) -> String {
@@ -70,11 +81,7 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
         HttpBackend::start("b").await,
         TcpEcho::start().await,
     );
-    let p = Ports {
-        admin: free_addr(),
-        web: free_addr(),
-        raw: free_addr(),
-    };
+    let p = Ports::reserve();
     let good = config(&p, &[a.addr, b.addr], echo.addr, "");
     sbx.install_baton(&good);
 
@@ -200,11 +207,7 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
 async fn socket_activation_starts_baton_on_the_first_connection() {
     let Some(sbx) = Sandbox::boot() else { return };
     let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
-    let p = Ports {
-        admin: free_addr(),
-        web: free_addr(),
-        raw: free_addr(),
-    };
+    let p = Ports::reserve();
     sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
     let socket =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.socket"))
@@ -233,11 +236,7 @@ async fn socket_activation_starts_baton_on_the_first_connection() {
 async fn the_watchdog_never_kills_a_healthy_baton_across_reloads() {
     let Some(sbx) = Sandbox::boot() else { return };
     let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
-    let p = Ports {
-        admin: free_addr(),
-        web: free_addr(),
-        raw: free_addr(),
-    };
+    let p = Ports::reserve();
     sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
     sbx.write(
         "/etc/systemd/system/baton.service.d/watchdog.conf",

@@ -76,36 +76,24 @@ impl Drop for Proxy {
     }
 }
 
-/// This process's soft fd limit (the proxies inherit it).
-fn fd_limit() -> u64 {
-    std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|l| {
-            l.lines()
-                .find(|l| l.starts_with("Max open files"))
-                .and_then(|l| l.split_whitespace().nth(3))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(1024)
+/// Every process in `/proc`, with its directory there.
+fn processes() -> impl Iterator<Item = (i32, PathBuf)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse::<i32>().ok()?, e.path())))
 }
 
 fn pids_with_arg(arg: &Path) -> Vec<i32> {
     let needle = arg.as_os_str().as_encoded_bytes().to_vec();
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if cmdline.split(|b| *b == 0).any(|a| a == needle.as_slice()) {
-            out.push(pid);
-        }
-    }
-    out
+    processes()
+        .filter(|(_, dir)| {
+            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+            cmdline.split(|b| *b == 0).any(|a| a == needle.as_slice())
+        })
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 impl Proxy {
@@ -198,7 +186,7 @@ impl Proxy {
     fn config(&self, port: u16, backend: SocketAddr, threads: usize) -> String {
         let dir = self.dir.path().display();
         // HAProxy refuses to start if maxconn needs more fds than allowed.
-        let maxconn = fd_limit().saturating_sub(100) / 2;
+        let maxconn = super::fd_limit().saturating_sub(100) / 2;
         match self.kind {
             Kind::Baton => format!(
                 "[admin]\nlisten = \"127.0.0.1:{}\"\n[control]\nsocket = \"{dir}/control.sock\"\n[shutdown]\npre_stop_delay = \"-1s\"\n\
@@ -301,15 +289,8 @@ impl Proxy {
         if let Some(c) = &self.child {
             pids.push(c.id() as i32);
         }
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        for (pid, dir) in processes() {
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
             let ppid = stat
                 .rsplit_once(')')
                 .and_then(|(_, r)| r.split_whitespace().nth(1))

@@ -100,6 +100,11 @@ pub async fn call(
     exchange(&mut sender, req).await
 }
 
+/// The Prometheus text `/metrics` serves.
+pub async fn metrics(admin: SocketAddr) -> String {
+    get(admin, "/metrics").await.expect("metrics").body
+}
+
 /// What `/status` reports for backend `name`.
 pub async fn backend_status(admin: SocketAddr, name: &str) -> serde_json::Value {
     let status = get(admin, "/status").await.expect("status");

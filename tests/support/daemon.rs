@@ -118,6 +118,15 @@ impl Spec {
     }
 }
 
+/// `n` loopback addresses nobody listens on now, all different: each is
+/// held until all are found, so the kernel cannot hand one out twice.
+pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    held.iter().map(|l| l.local_addr().expect("addr")).collect()
+}
+
 pub fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -196,21 +205,14 @@ impl Baton {
             nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
         });
         let dir = tempfile::tempdir().expect("tempdir");
-        // Every port reserved at once, so one config never gets a port twice.
-        let mut held: Vec<std::net::TcpListener> = Vec::new();
-        let mut reserve = || {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-            let addr = l.local_addr().expect("addr");
-            held.push(l);
-            addr
-        };
-        let admin = reserve();
+        let mut ports = free_addrs(1 + spec.listeners.len()).into_iter();
+        let admin = ports.next().expect("admin port");
         let addrs: HashMap<String, SocketAddr> = spec
             .listeners
             .iter()
-            .map(|(name, ..)| (name.clone(), reserve()))
+            .map(|(name, ..)| name.clone())
+            .zip(ports)
             .collect();
-        drop(held);
         let config = dir.path().join("baton.toml");
         let text = spec.render(dir.path(), admin, &addrs);
         match fifo_for {
