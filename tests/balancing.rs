@@ -98,17 +98,26 @@ async fn draining_a_backend_under_load_fails_nothing() {
     });
     load.progress(100).await;
 
-    // A slow request that lands on c, then c is drained (by name, via the CLI).
+    // A request that c holds until the test releases it, then c is drained
+    // (by name, via the CLI): it is still in flight whenever the drain lands.
+    a.release();
+    b.release();
     let mut tries = 0;
-    let slow = loop {
+    let held = loop {
         tries += 1;
-        assert!(tries < 30, "round robin never sent a slow request to c");
-        let handle = tokio::spawn(async move { client::get(web, "/slow/1500").await });
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        if c.active() > 0 {
+        assert!(tries < 30, "round robin never sent a held request to c");
+        let mut handle = tokio::spawn(async move { client::get(web, "/hold").await });
+        let landed_on_c = tokio::select! {
+            answered = &mut handle => {
+                let answer = answered.expect("join").expect("a held request on a or b");
+                assert_eq!(answer.status, 200);
+                false
+            }
+            () = support::eventually("the held request reached c", || async { c.held() == 1 }) => true,
+        };
+        if landed_on_c {
             break handle;
         }
-        let _ = handle.await;
     };
     let out = tokio::process::Command::new(support::daemon::BIN)
         .args(["backend", "drain", "app-2", "-c"])
@@ -127,19 +136,25 @@ async fn draining_a_backend_under_load_fails_nothing() {
         String::from_utf8_lossy(&out.stdout)
     );
     // Requests given to c just before the drain may still be on their way
-    // to it: count once baton holds nothing for c but the slow request.
-    support::eventually("only the slow request still leased to c", || async {
+    // to it: count once baton holds nothing for c but the held request.
+    support::eventually("only the held request still leased to c", || async {
         client::backend_status(admin, "app-2").await["in_flight"] == 1
     })
     .await;
     let c_hits = c.hits();
     load.progress(200).await;
     assert_eq!(c.hits(), c_hits, "a draining backend takes no new work");
-    let answer = slow
+    assert_eq!(
+        backend_state(admin, "app-2").await,
+        "draining",
+        "c holds a request"
+    );
+    c.release();
+    let answer = held
         .await
         .expect("join")
-        .expect("the slow request on the drained backend completes");
-    assert_eq!(answer.body, HttpBackend::body_for("c", "/slow/1500"));
+        .expect("the held request on the drained backend completes");
+    assert_eq!(answer.body, HttpBackend::body_for("c", "/hold"));
     support::eventually("c goes out once idle", || async {
         backend_state(admin, "app-2").await == "out"
     })

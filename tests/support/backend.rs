@@ -1,5 +1,6 @@
 //! Real backends on 127.0.0.1: an HTTP server that says who answered and
-//! which path it saw (`/slow/MS` answers after MS milliseconds, `/ws` echoes
+//! which path it saw (`/slow/MS` answers after MS milliseconds, `/hold`
+//! answers once the test calls [`HttpBackend::release`], `/ws` echoes
 //! bytes after a 101 upgrade to the protocol asked for, `/sse` streams an
 //! event every 100 ms, `/upload` reads the whole body and says how many
 //! bytes it got, `/bytes/N` streams N bytes), and a TCP echo server that
@@ -33,6 +34,10 @@ pub struct HttpBackend {
     pub uploads: Arc<Uploads>,
     /// Client connections open now.
     connections: Arc<AtomicU64>,
+    /// `/hold` requests waiting for [`Self::release`] now.
+    held: Arc<AtomicU64>,
+    /// Lets every `/hold` request answer, now and from then on.
+    release: tokio_util::sync::CancellationToken,
     /// Ends the accept loop and every open connection: a killed process.
     kill: tokio_util::sync::CancellationToken,
 }
@@ -60,6 +65,11 @@ impl HttpBackend {
         let tally = Arc::clone(&uploads);
         let connections = Arc::new(AtomicU64::new(0));
         let open = Arc::clone(&connections);
+        let gate = Gate {
+            held: Arc::new(AtomicU64::new(0)),
+            release: tokio_util::sync::CancellationToken::new(),
+        };
+        let (held, release) = (Arc::clone(&gate.held), gate.release.clone());
         let kill = tokio_util::sync::CancellationToken::new();
         let killed = kill.clone();
         tokio::spawn(async move {
@@ -73,6 +83,7 @@ impl HttpBackend {
                 };
                 let (counter, busy) = (Arc::clone(&counter), Arc::clone(&busy));
                 let tally = Arc::clone(&tally);
+                let gate = gate.clone();
                 let killed = killed.clone();
                 let open = Active::mark(&open);
                 tokio::spawn(async move {
@@ -80,9 +91,9 @@ impl HttpBackend {
                     let service = service_fn(move |req| {
                         counter.fetch_add(1, Ordering::Relaxed);
                         let busy = Active::mark(&busy);
-                        let tally = Arc::clone(&tally);
+                        let (tally, gate) = (Arc::clone(&tally), gate.clone());
                         async move {
-                            let answer = answer(name, req, &tally).await;
+                            let answer = answer(name, req, &tally, &gate).await;
                             drop(busy);
                             answer
                         }
@@ -104,8 +115,20 @@ impl HttpBackend {
             active,
             uploads,
             connections,
+            held,
+            release,
             kill,
         }
+    }
+
+    /// `/hold` requests this backend is holding now.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Answers every held `/hold` request, and every later one at once.
+    pub fn release(&self) {
+        self.release.cancel();
     }
 
     /// Connections open to this backend now.
@@ -140,6 +163,13 @@ pub struct Uploads {
     pub failed: AtomicU64,
     /// Bytes of the last completed upload.
     pub last_bytes: AtomicU64,
+}
+
+/// Where `/hold` requests wait for the test.
+#[derive(Clone)]
+struct Gate {
+    held: Arc<AtomicU64>,
+    release: tokio_util::sync::CancellationToken,
 }
 
 /// Counts a request as active until dropped, however its future ends.
@@ -239,8 +269,14 @@ async fn answer(
     name: &'static str,
     mut req: Request<Incoming>,
     tally: &Uploads,
+    gate: &Gate,
 ) -> Result<Response<TestBody>, Infallible> {
     let path = req.uri().path().to_string();
+    if path == "/hold" {
+        let held = Active::mark(&gate.held);
+        gate.release.cancelled().await;
+        drop(held);
+    }
     if path == "/upload" {
         return Ok(Response::new(upload(req.into_body(), tally).await));
     }
