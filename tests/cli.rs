@@ -185,3 +185,27 @@ fn a_remote_admin_without_a_token_is_refused_by_check() {
     .expect("write");
     assert_eq!(run(&["check", "-c", p]).0, 0);
 }
+
+#[test]
+fn an_absurd_duration_is_refused_with_its_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("b.toml");
+    std::fs::write(
+        &path,
+        "[shutdown]\ndrain_timeout = \"500000y\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\nresponse_timeout = 9999999999999\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+    )
+    .expect("write");
+    let p = path.to_str().expect("utf-8 path");
+    for command in ["check", "run"] {
+        let (code, _, stderr) = run(&[command, "-c", p]);
+        assert_eq!(code, 78, "{command}: {stderr}");
+        assert!(
+            stderr.contains("shutdown.drain_timeout: duration \"500000y\" is longer than the longest allowed (365d)"),
+            "{command}: {stderr}"
+        );
+        assert!(
+            stderr.contains("listeners[0].response_timeout: duration \"9999999999999\" is longer"),
+            "{command}: {stderr}"
+        );
+    }
+}

@@ -1,10 +1,14 @@
 //! Durations as DESIGN.md writes them: `"250ms"`, `"5s"`, `"2m"`; `0` means
 //! "use the default" and a negative value means "none" (the phase takes no
-//! time). Parsing is humantime's; only the sign rule is ours.
+//! time). Parsing is humantime's; the sign rule and the upper bound are ours.
 
 use std::time::Duration;
 
 use super::file::DurationValue;
+
+/// The longest duration any key takes. Far past every sensible timeout, and
+/// far below what overflows when added to an `Instant` (which panics).
+pub const LONGEST: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 /// What a written duration asks for, before the key's default is applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +26,7 @@ pub fn parse(value: &DurationValue) -> Result<Written, String> {
     match value {
         DurationValue::Seconds(0) => Ok(Written::Default),
         DurationValue::Seconds(n) if *n < 0 => Ok(Written::None),
-        DurationValue::Seconds(n) => Ok(Written::Exactly(Duration::from_secs(n.unsigned_abs()))),
+        DurationValue::Seconds(n) => bounded(&n.to_string(), Duration::from_secs(n.unsigned_abs())),
         DurationValue::Text(text) => parse_text(text.trim()),
     }
 }
@@ -39,9 +43,18 @@ fn parse_text(text: &str) -> Result<Written, String> {
     }
     match humantime::parse_duration(text) {
         Ok(d) if d.is_zero() => Ok(Written::Default),
-        Ok(d) => Ok(Written::Exactly(d)),
+        Ok(d) => bounded(text, d),
         Err(err) => Err(invalid(text, err)),
     }
+}
+
+fn bounded(text: &str, d: Duration) -> Result<Written, String> {
+    if d > LONGEST {
+        return Err(format!(
+            "duration \"{text}\" is longer than the longest allowed (365d)"
+        ));
+    }
+    Ok(Written::Exactly(d))
 }
 
 fn invalid(text: &str, err: humantime::DurationError) -> String {
@@ -87,6 +100,19 @@ mod tests {
             parse(&DurationValue::Seconds(7)),
             Ok(Written::Exactly(Duration::from_secs(7)))
         );
+    }
+
+    #[test]
+    fn more_than_a_year_is_refused() {
+        assert_eq!(
+            parse(&text("365d")),
+            Ok(Written::Exactly(LONGEST)),
+            "a year itself is allowed"
+        );
+        let err = parse(&text("366d")).unwrap_err();
+        assert!(err.contains("366d") && err.contains("longest"), "{err}");
+        assert!(parse(&DurationValue::Seconds(i64::MAX)).is_err());
+        assert!(parse(&text("99999999999999y")).is_err());
     }
 
     #[test]
