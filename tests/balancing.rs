@@ -106,7 +106,7 @@ async fn draining_a_backend_under_load_fails_nothing() {
     let held = loop {
         tries += 1;
         assert!(tries < 30, "round robin never sent a held request to c");
-        let mut handle = tokio::spawn(async move { client::get(web, "/hold").await });
+        let mut handle = tokio::spawn(async move { client::get(web, "/gated").await });
         let landed_on_c = tokio::select! {
             answered = &mut handle => {
                 let answer = answered.expect("join").expect("a held request on a or b");
@@ -154,7 +154,7 @@ async fn draining_a_backend_under_load_fails_nothing() {
         .await
         .expect("join")
         .expect("the held request on the drained backend completes");
-    assert_eq!(answer.body, HttpBackend::body_for("c", "/hold"));
+    assert_eq!(answer.body, HttpBackend::body_for("c", "/gated"));
     support::eventually("c goes out once idle", || async {
         backend_state(admin, "app-2").await == "out"
     })

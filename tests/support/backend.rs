@@ -1,5 +1,5 @@
 //! Real backends on 127.0.0.1: an HTTP server that says who answered and
-//! which path it saw (`/slow/MS` answers after MS milliseconds, `/hold`
+//! which path it saw (`/slow/MS` answers after MS milliseconds, `/gated`
 //! answers once the test calls [`HttpBackend::release`], `/ws` echoes
 //! bytes after a 101 upgrade to the protocol asked for, `/sse` streams an
 //! event every 100 ms, `/upload` reads the whole body and says how many
@@ -34,9 +34,9 @@ pub struct HttpBackend {
     pub uploads: Arc<Uploads>,
     /// Client connections open now.
     connections: Arc<AtomicU64>,
-    /// `/hold` requests waiting for [`Self::release`] now.
+    /// `/gated` requests waiting for [`Self::release`] now.
     held: Arc<AtomicU64>,
-    /// Lets every `/hold` request answer, now and from then on.
+    /// Lets every `/gated` request answer, now and from then on.
     release: tokio_util::sync::CancellationToken,
     /// Ends the accept loop and every open connection: a killed process.
     kill: tokio_util::sync::CancellationToken,
@@ -121,12 +121,12 @@ impl HttpBackend {
         }
     }
 
-    /// `/hold` requests this backend is holding now.
+    /// `/gated` requests this backend is holding now.
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
     }
 
-    /// Answers every held `/hold` request, and every later one at once.
+    /// Answers every held `/gated` request, and every later one at once.
     pub fn release(&self) {
         self.release.cancel();
     }
@@ -165,7 +165,7 @@ pub struct Uploads {
     pub last_bytes: AtomicU64,
 }
 
-/// Where `/hold` requests wait for the test.
+/// Where `/gated` requests wait for the test.
 #[derive(Clone)]
 struct Gate {
     held: Arc<AtomicU64>,
@@ -272,7 +272,7 @@ async fn answer(
     gate: &Gate,
 ) -> Result<Response<TestBody>, Infallible> {
     let path = req.uri().path().to_string();
-    if path == "/hold" {
+    if path == "/gated" {
         let held = Active::mark(&gate.held);
         gate.release.cancelled().await;
         drop(held);
