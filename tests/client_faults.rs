@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 
 use support::backend::HttpBackend;
 use support::client::read_until_closed;
-use support::daemon::{Baton, Spec};
+use support::daemon::{rss_kib, Baton, Spec};
 
 const GIB: u64 = 1 << 30;
 
@@ -46,15 +46,6 @@ async fn read_head(s: &mut TcpStream) -> (String, Vec<u8>) {
         );
         buf.extend_from_slice(&chunk[..n]);
     }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Samples `pid`'s RSS every 50 ms while `work` runs; returns the peak.

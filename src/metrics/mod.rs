@@ -49,7 +49,13 @@ const PHASE_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
-/// Installs the process-wide recorder; `/metrics` renders the handle.
+/// How often histogram samples are folded into their buckets when nobody
+/// scrapes: the recorder keeps every sample until then.
+const UPKEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Installs the process-wide recorder; `/metrics` renders the handle. Must
+/// run inside the runtime: it starts the recorder's upkeep, without which
+/// a host nobody scrapes keeps 8 bytes per request for good.
 pub fn install() -> Result<PrometheusHandle, BuildError> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(REQUEST_DURATION.into()), LATENCY_BUCKETS)?
@@ -57,6 +63,15 @@ pub fn install() -> Result<PrometheusHandle, BuildError> {
         .set_buckets_for_metric(Matcher::Full(DRAIN_DURATION.into()), PHASE_BUCKETS)?
         .install_recorder()?;
     describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(UPKEEP_PERIOD);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
     Ok(handle)
 }
 

@@ -438,6 +438,16 @@ pub async fn wait_exit(pid: u32) -> Option<i32> {
 }
 
 /// Open fds of `pid`, from `/proc/PID/fd`.
+/// `pid`'s resident memory in KiB, as `/proc/PID/status` says (0 if gone).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 pub fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
