@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::time::Duration;
 
 use support::backend::{HttpBackend, TcpEcho};
 use support::client::{self, backend_state};

@@ -437,7 +437,6 @@ pub async fn wait_exit(pid: u32) -> Option<i32> {
     None
 }
 
-/// Open fds of `pid`, from `/proc/PID/fd`.
 /// `pid`'s resident memory in KiB, as `/proc/PID/status` says (0 if gone).
 pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -448,6 +447,7 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Open fds of `pid`, from `/proc/PID/fd`.
 pub fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
