@@ -4,7 +4,6 @@
 
 mod support;
 
-
 use support::backend::{HttpBackend, TcpEcho};
 use support::client::{self, backend_state};
 use support::daemon::{wait_exit, Baton, Spec};

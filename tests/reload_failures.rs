@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use nix::sys::signal::Signal;
 use support::backend::HttpBackend;
-use support::daemon::{children_of, signal};
+use support::daemon::{processes_for, signal, wait_exit};
 use support::load::baton_under_load;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,8 +53,8 @@ async fn a_broken_config_is_refused_with_78_naming_the_key() {
         baton.log().contains("bogus_key")
     })
     .await;
-    support::eventually("the failed child is gone", || async {
-        children_of(serving).is_empty()
+    support::eventually("the failed generation is gone", || async {
+        processes_for(&baton.config) == vec![serving]
     })
     .await;
     assert_eq!(baton.serving_pid().await, serving);
@@ -136,11 +136,13 @@ async fn a_hanging_generation_is_killed_at_ready_timeout() {
         .trim()
         .parse()
         .expect("pid");
-    assert!(
-        !std::path::Path::new(&format!("/proc/{hung}")).exists(),
-        "the hung generation was killed and reaped"
+    // Started detached, it is re-parented to the test (a subreaper).
+    assert_eq!(
+        wait_exit(hung).await,
+        Some(128 + Signal::SIGKILL as i32),
+        "the hung generation was killed"
     );
-    assert!(children_of(serving).is_empty());
+    assert_eq!(processes_for(&baton.config), vec![serving]);
     assert_eq!(baton.serving_pid().await, serving);
     load.progress(10).await;
 

@@ -192,7 +192,7 @@ pub(super) async fn start(
         pools,
         background: CancellationToken::new(),
         unclaimed,
-        draining_pids: Vec::new(),
+        draining: Vec::new(),
         config,
         exec,
         number,

@@ -11,12 +11,13 @@ impl Generation {
         successor: Successor,
         waiter: Option<tokio::sync::oneshot::Sender<Reply>>,
     ) -> i32 {
-        tracing::info!(successor = successor.pid, "handed over; draining");
-        self.successor = Some(successor.pid);
+        let successor_pid = successor.process.pid();
+        tracing::info!(successor = successor_pid, "handed over; draining");
+        self.successor = Some(successor_pid);
         let naming = CancellationToken::new();
         let named_until = Instant::now() + NAMING_WINDOW;
         if systemd::enabled() {
-            tokio::spawn(keep_naming(successor.pid, naming.clone()));
+            tokio::spawn(keep_naming(successor_pid, naming.clone()));
         }
         let _ = self.phase.send(Phase::Draining);
         self.holdings.handed_over(&successor.adopted);
@@ -27,9 +28,9 @@ impl Generation {
             let message = format!(
                 "generation {} (pid {}) is serving",
                 self.number + 1,
-                successor.pid
+                successor_pid
             );
-            let _ = w.send(Reply::serving(successor.pid, message));
+            let _ = w.send(Reply::serving(successor_pid, message));
         }
         self.background.cancel();
         self.admin_stop.cancel();

@@ -10,6 +10,9 @@
 mod active;
 mod build;
 mod end;
+mod reloading;
+
+use reloading::Reloading;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{mpsc, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -30,6 +33,7 @@ use crate::lifecycle::drain::{Drain, DrainOutcome};
 use crate::lifecycle::generation::{self, Exec, HandoverError, Offer, Parent, Successor};
 use crate::lifecycle::handoff::{BackendCarry, Channel, Message, Report};
 use crate::lifecycle::inventory::{Holdings, Inventory};
+use crate::lifecycle::process::Process;
 use crate::lifecycle::signals::{Command, Signals};
 use crate::lifecycle::{systemd, Check, Phase};
 use crate::listener::{self, Closing, Listener};
@@ -108,8 +112,8 @@ pub async fn run(setup: Setup) -> i32 {
     };
     let adopted = gen.adopted.clone();
     let takeover = parent.is_some();
-    if let Some(parent) = parent {
-        gen.draining_pids = parent.draining.clone();
+    if let Some(mut parent) = parent {
+        gen.draining = std::mem::take(&mut parent.draining);
         if let Err(e) = parent.ready(adopted).await {
             tracing::error!(cause = %e, "old generation did not let us take over");
             return exit::FAILURE;
@@ -200,7 +204,8 @@ struct Generation {
     successor: Option<u32>,
     drain: Drain,
     adopted: Vec<String>,
-    draining_pids: Vec<u32>,
+    /// Older generations still draining, oldest first.
+    draining: Vec<Process>,
 }
 
 enum Ending {
@@ -212,19 +217,27 @@ enum Ending {
 impl Generation {
     /// The serving loop: returns when a reload handed over or a stop began.
     async fn serve(&mut self) -> Ending {
-        let mut reload: Option<(JoinHandle<Result<Successor, HandoverError>>, Instant)> = None;
+        let mut reload: Option<Reloading> = None;
         let mut waiter: Option<tokio::sync::oneshot::Sender<Reply>> = None;
         loop {
             tokio::select! {
                 command = self.signals.recv() => match command {
-                    Command::Stop => return Ending::Stop,
-                    Command::Reload if reload.is_none() => reload = Some((self.begin_reload(), Instant::now())),
+                    Command::Stop => {
+                        if let Some(under_way) = reload.take() {
+                            let said = under_way.settle_for_stop().await;
+                            if let Some(w) = waiter.take() {
+                                let _ = w.send(Reply::err(exit::FAILURE, said));
+                            }
+                        }
+                        return Ending::Stop;
+                    }
+                    Command::Reload if reload.is_none() => reload = Some(self.begin_reload()),
                     Command::Reload => tracing::info!("SIGHUP ignored: a reload is already under way"),
                     Command::ForceDrain => tracing::info!(signal = "SIGUSR2", "ignored signal: nothing is draining here"),
                 },
                 Some(incoming) = self.control_rx.recv() => match incoming.request {
                     Request::Reload if reload.is_none() => {
-                        reload = Some((self.begin_reload(), Instant::now()));
+                        reload = Some(self.begin_reload());
                         waiter = Some(incoming.reply);
                     }
                     Request::Reload => {
@@ -235,17 +248,16 @@ impl Generation {
                         let _ = incoming.reply.send(Reply::serving(pid, format!("generation {} (pid {pid}) is serving", self.number)));
                     }
                 },
-                joined = async {
+                outcome = async {
                     match reload.as_mut() {
-                        Some((handle, _)) => handle.await,
+                        Some(under_way) => under_way.finished().await,
                         None => std::future::pending().await,
                     }
                 }, if reload.is_some() => {
-                    let started = reload.take().map_or_else(Instant::now, |(_, t)| t);
-                    let outcome = joined.unwrap_or_else(|e| Err(HandoverError::OutOfTurn(format!("reload task: {e}"))));
+                    let started = reload.take().map_or_else(Instant::now, |r| r.started);
                     metrics::reload_finished(outcome.is_ok(), started.elapsed().as_secs_f64());
                     match outcome {
-                                                Ok(successor) => return Ending::HandedOver(successor, waiter.take()),
+                        Ok(successor) => return Ending::HandedOver(successor, waiter.take()),
                         Err(err) => {
                             tracing::error!(cause = %err, "reload failed; this generation keeps serving");
                             systemd::ready(&self.status_line());
@@ -259,21 +271,21 @@ impl Generation {
         }
     }
 
-    /// Spawns the handoff as a task (dropping it kills the child).
-    fn begin_reload(&mut self) -> JoinHandle<Result<Successor, HandoverError>> {
+    /// Spawns the handoff as a task.
+    fn begin_reload(&mut self) -> Reloading {
         systemd::reloading();
-        self.draining_pids.retain(|&pid| alive(pid));
+        self.draining.retain(Process::is_alive);
         let max = self.config.reload.max_draining;
-        while self.draining_pids.len() >= max {
-            let oldest = self.draining_pids.remove(0);
+        while self.draining.len() >= max {
+            let oldest = self.draining.remove(0);
             tracing::info!(
-                pid = oldest,
+                pid = oldest.pid(),
                 max_draining = max,
                 "too many generations draining; forcing the oldest to close"
             );
-            signal(oldest, nix::sys::signal::Signal::SIGUSR2);
+            let _ = oldest.signal(rustix::process::Signal::USR2);
         }
-        let mut draining = self.draining_pids.clone();
+        let mut draining: Vec<u32> = self.draining.iter().map(Process::pid).collect();
         draining.push(std::process::id());
         let sockets = self.holdings.offer();
         let backends = build::carry_out(&self.pools);
@@ -282,31 +294,23 @@ impl Generation {
         let ready_timeout = self.config.reload.ready_timeout;
         let generation = self.number + 1;
         tracing::info!(generation, "reload: starting the next generation");
-        tokio::spawn(async move {
-            let sockets = sockets.map_err(|e| HandoverError::Channel(e.into()))?;
-            generation::hand_over(
-                &exec,
-                Offer {
-                    generation,
-                    sockets,
-                    draining,
-                    backends,
-                    report,
-                },
-                ready_timeout,
-            )
-            .await
+        Reloading::begin(|abandon| {
+            tokio::spawn(async move {
+                let sockets = sockets.map_err(|e| HandoverError::Channel(e.into()))?;
+                generation::hand_over(
+                    &exec,
+                    Offer {
+                        generation,
+                        sockets,
+                        draining,
+                        backends,
+                        report,
+                    },
+                    ready_timeout,
+                    abandon,
+                )
+                .await
+            })
         })
-    }
-}
-
-fn alive(pid: u32) -> bool {
-    i32::try_from(pid)
-        .is_ok_and(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok())
-}
-
-fn signal(pid: u32, sig: nix::sys::signal::Signal) {
-    if let Ok(p) = i32::try_from(pid) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
     }
 }

@@ -2,20 +2,22 @@
 //! reverse ([`Parent`]). N starts N+1 from the executable path on disk, offers
 //! it every listening socket, and only after N+1 says `Ready` does N name it
 //! to systemd and let it accept. Any failure before `Accepting` kills N+1 and
-//! leaves N exactly as it was.
+//! leaves N exactly as it was. N+1 is started detached and held by pidfd
+//! ([`super::process`] says why).
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tokio::process::{Child, Command};
-
+use rustix::process::Signal;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::handoff::{BackendCarry, Channel, HandoffError, Message, Report, SocketEntry, ENV_FD};
 use super::inventory::Inventory;
+use super::process::{self, Process};
 use super::systemd;
 
 /// How to start the next generation: the path and arguments this one was
@@ -43,7 +45,7 @@ impl Exec {
 
 /// A new generation that has taken over accepting.
 pub struct Successor {
-    pub pid: u32,
+    pub process: Process,
     /// Names of the sockets it took over; the others are ours to close.
     pub adopted: Vec<String>,
     /// Still open: our drain reports its counters to the successor here.
@@ -51,18 +53,15 @@ pub struct Successor {
 }
 
 /// Kills the child unless disarmed: a handoff that fails, or is abandoned
-/// (a stop signal during a reload drops the task), never leaves it running.
-struct KillGuard {
-    pid: Option<u32>,
+/// (a stop aborts the reload task), never leaves it running.
+struct KillGuard<'a> {
+    process: Option<&'a Process>,
 }
 
-impl Drop for KillGuard {
+impl Drop for KillGuard<'_> {
     fn drop(&mut self) {
-        if let Some(pid) = self.pid.and_then(|p| i32::try_from(p).ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        if let Some(p) = self.process {
+            let _ = p.signal(Signal::KILL);
         }
     }
 }
@@ -78,12 +77,14 @@ pub enum HandoverError {
     Channel(#[from] HandoffError),
     #[error("new generation failed: {reason}")]
     Failed { exit_code: i32, reason: String },
-    #[error("new generation exited before it took over ({0})")]
-    Exited(ExitStatus),
+    #[error("new generation exited before it took over")]
+    Exited,
     #[error("new generation was not ready within {0:?}; it was killed")]
     Timeout(Duration),
     #[error("new generation sent {0} out of turn")]
     OutOfTurn(String),
+    #[error("a stop began before the new generation was ready; it was killed")]
+    Abandoned,
 }
 
 impl HandoverError {
@@ -108,45 +109,60 @@ pub struct Offer {
 }
 
 /// Runs the whole handoff from N's side, bounded by `ready_timeout`.
+/// `abandon` (a stop beginning) kills N+1 if it comes before N+1 is told
+/// to accept; after that the handoff completes, and stopping N+1 too is the
+/// caller's part.
 pub async fn hand_over(
     exec: &Exec,
     offer: Offer,
     ready_timeout: Duration,
+    abandon: CancellationToken,
 ) -> Result<Successor, HandoverError> {
     let deadline = Instant::now() + ready_timeout;
     let (channel, theirs) = Channel::pair()?;
-    let mut child = Command::new(&exec.program)
+    let mut command = Command::new(&exec.program);
+    command
         .args(&exec.args)
         .env_remove("LISTEN_PID")
         .env_remove("LISTEN_FDS")
         .env_remove("LISTEN_FDNAMES")
         .env_remove("WATCHDOG_PID")
         .env(ENV_FD, theirs.as_raw_fd().to_string())
-        .stdin(Stdio::null())
-        .spawn()
+        .stdin(Stdio::null());
+    let child = process::spawn_detached(command)
+        .await
         .map_err(|source| HandoverError::Spawn {
             program: exec.program.display().to_string(),
             source,
         })?;
     drop(theirs);
-    let pid = child.id().unwrap_or(0);
-    let mut guard = KillGuard { pid: Some(pid) };
-    tracing::info!(pid, generation = offer.generation, "started new generation");
+    let mut guard = KillGuard {
+        process: Some(&child),
+    };
+    tracing::info!(
+        pid = child.pid(),
+        generation = offer.generation,
+        "started new generation"
+    );
     let mut named_to_systemd = false;
     let result = converse(
         &channel,
-        &mut child,
+        &child,
         offer,
-        deadline,
-        ready_timeout,
+        Limits {
+            deadline,
+            ready_timeout,
+            abandon,
+        },
         &mut named_to_systemd,
     )
     .await;
     match result {
         Ok(adopted) => {
-            guard.pid = None;
+            guard.process = None;
+            drop(guard);
             Ok(Successor {
-                pid,
+                process: child,
                 adopted,
                 channel,
             })
@@ -156,29 +172,29 @@ pub async fn hand_over(
                 systemd::main_pid(std::process::id());
             }
             // A broken channel (a hang-up, a failed send) usually means the
-            // child died: say how.
-            let exited = match &err {
-                HandoverError::Channel(_) => {
-                    tokio::time::timeout(Duration::from_secs(1), child.wait())
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
-                }
-                _ => None,
-            };
+            // child died: say so.
+            let exited = matches!(err, HandoverError::Channel(_))
+                && tokio::time::timeout(Duration::from_secs(1), child.exited())
+                    .await
+                    .is_ok();
             drop(guard);
-            let _ = child.wait().await;
-            Err(exited.map_or(err, HandoverError::Exited))
+            Err(if exited { HandoverError::Exited } else { err })
         }
     }
 }
 
-async fn converse(
-    channel: &Channel,
-    child: &mut Child,
-    offer: Offer,
+/// What ends a wait for N+1 early.
+struct Limits {
     deadline: Instant,
     ready_timeout: Duration,
+    abandon: CancellationToken,
+}
+
+async fn converse(
+    channel: &Channel,
+    child: &Process,
+    offer: Offer,
+    limits: Limits,
     named_to_systemd: &mut bool,
 ) -> Result<Vec<String>, HandoverError> {
     let (entries, fds): (Vec<_>, Vec<OwnedFd>) = offer.sockets.into_iter().unzip();
@@ -193,31 +209,37 @@ async fn converse(
     channel.send(&message, &borrowed).await?;
     drop(borrowed);
     drop(fds);
-    let adopted = match next(channel, child, deadline, ready_timeout).await? {
+    let adopted = match next(channel, child, &limits, Some(&limits.abandon)).await? {
         Message::Ready { adopted } => adopted,
         Message::Failed { exit_code, reason } => {
             return Err(HandoverError::Failed { exit_code, reason })
         }
         other => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
     };
-    if let Some(pid) = child.id() {
-        systemd::main_pid(pid);
-        *named_to_systemd = true;
-    }
+    systemd::main_pid(child.pid());
+    *named_to_systemd = true;
     channel.send(&Message::Commit, &[]).await?;
-    match next(channel, child, deadline, ready_timeout).await? {
+    // From here N+1 accepts: a stop no longer abandons it.
+    match next(channel, child, &limits, None).await? {
         Message::Accepting => Ok(adopted),
         other => Err(HandoverError::OutOfTurn(format!("{other:?}"))),
     }
 }
 
-/// The child's next message, unless it exits or the deadline passes first.
+/// The child's next message, unless it exits, the deadline passes or
+/// `abandon` fires first.
 async fn next(
     channel: &Channel,
-    child: &mut Child,
-    deadline: Instant,
-    ready_timeout: Duration,
+    child: &Process,
+    limits: &Limits,
+    abandon: Option<&CancellationToken>,
 ) -> Result<Message, HandoverError> {
+    let abandoned = async {
+        match abandon {
+            Some(token) => token.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
     // Biased: a child that says why it fails and then exits has its message
     // queued before its exit is seen, so the message is read first.
     tokio::select! {
@@ -226,15 +248,15 @@ async fn next(
             Ok((message, _)) => Ok(message),
             Err(e) => Err(e.into()),
         },
-        status = child.wait() => match status {
-            // Its last word may still be on the way: prefer it to the status.
-            Ok(status) => match tokio::time::timeout(Duration::from_millis(200), channel.recv()).await {
+        () = child.exited() => {
+            // Its last word may still be on the way: prefer it to the exit.
+            match tokio::time::timeout(Duration::from_millis(200), channel.recv()).await {
                 Ok(Ok((Message::Failed { exit_code, reason }, _))) => Err(HandoverError::Failed { exit_code, reason }),
-                _ => Err(HandoverError::Exited(status)),
-            },
-            Err(e) => Err(HandoffError::Io(e).into()),
+                _ => Err(HandoverError::Exited),
+            }
         },
-        () = tokio::time::sleep_until(deadline) => Err(HandoverError::Timeout(ready_timeout)),
+        () = tokio::time::sleep_until(limits.deadline) => Err(HandoverError::Timeout(limits.ready_timeout)),
+        () = abandoned => Err(HandoverError::Abandoned),
     }
 }
 
@@ -242,7 +264,9 @@ async fn next(
 pub struct Parent {
     channel: Channel,
     pub generation: u64,
-    pub draining: Vec<u32>,
+    /// Generations draining now, the offering one last: held from the
+    /// moment we learn of them, so a later signal reaches no other process.
+    pub draining: Vec<Process>,
     pub backends: Vec<BackendCarry>,
     /// The old generation's counters and live generations at the offer.
     pub report: Report,
@@ -270,6 +294,11 @@ impl Parent {
             exit_code: 1,
             reason: e.to_string(),
         })?;
+        // One that already exited cannot be opened: nothing to hold.
+        let draining = draining
+            .into_iter()
+            .filter_map(|pid| Process::open(pid).ok())
+            .collect();
         Ok((
             Parent {
                 channel,

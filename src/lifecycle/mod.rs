@@ -15,6 +15,7 @@ pub mod drain;
 pub mod generation;
 pub mod handoff;
 pub mod inventory;
+pub mod process;
 pub mod signals;
 pub mod systemd;
 

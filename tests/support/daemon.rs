@@ -465,35 +465,6 @@ pub async fn settled_fd_count(pid: u32) -> usize {
     fewest
 }
 
-/// Pids of running processes whose parent is `parent`.
-pub fn children_of(parent: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Fields after the ")" closing the command name: state, ppid, ...
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let mut fields = rest.split_whitespace();
-        let state = fields.next();
-        let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(parent) && state != Some("Z") {
-            out.push(pid);
-        }
-    }
-    out
-}
-
 /// Live (non-zombie) baton processes running this config.
 pub fn processes_for(config: &std::path::Path) -> Vec<u32> {
     let needle = config.as_os_str().as_encoded_bytes().to_vec();

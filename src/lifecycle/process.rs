@@ -1,0 +1,129 @@
+//! Other baton processes as this one holds them: by pidfd, never by a bare
+//! pid, and the next generation started *detached*.
+//!
+//! Why detached: systemd decides once, when `MAINPID=` names a new main
+//! process, whether it is its own child. A main that is not ("alien") gets
+//! SIGTERM on `systemctl stop` and, with nothing else left in the unit's
+//! cgroup to wait for, SIGKILL a millisecond later: no drain, in-flight
+//! requests cut. So N+1 is started through a middle process that exits at
+//! once: N+1 is re-parented to PID 1 (systemd) before N ever names it.
+//! Outside systemd it is re-parented to the nearest child subreaper (the
+//! demo and the tests are one) or to init, which reaps it.
+//!
+//! Why pidfds: a pid of a process that has exited can be reused by an
+//! unrelated one, which a root daemon's SIGUSR2 (default action: terminate)
+//! or SIGKILL must never reach. A pidfd names one process for good.
+//!
+//! `unsafe`: the second fork between fork and exec; registering the pidfd.
+#![allow(unsafe_code)]
+
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// One process, held by pidfd.
+#[derive(Debug)]
+pub struct Process {
+    pid: u32,
+    pidfd: AsyncFd<OwnedFd>,
+}
+
+impl Process {
+    /// Takes hold of a process known by pid (a draining generation named in
+    /// a handoff, while it is known to be alive).
+    pub fn open(pid: u32) -> std::io::Result<Process> {
+        let raw = i32::try_from(pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or_else(|| std::io::Error::other(format!("not a pid: {pid}")))?;
+        let fd = pidfd_open(raw, PidfdFlags::NONBLOCK)?;
+        // SAFETY: `OwnedFd` is a valid open fd that stays open, and always
+        // returns the same number, for as long as the `AsyncFd` owns it.
+        let pidfd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) };
+        Ok(Process {
+            pid,
+            pidfd: pidfd.map_err(std::io::Error::from)?,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Signals this very process; an error if it has exited.
+    pub fn signal(&self, signal: Signal) -> std::io::Result<()> {
+        Ok(pidfd_send_signal(self.pidfd.get_ref().as_fd(), signal)?)
+    }
+
+    /// Whether it still runs (a pidfd turns readable when its process exits).
+    pub fn is_alive(&self) -> bool {
+        let mut fds = [rustix::event::PollFd::new(
+            self.pidfd.get_ref(),
+            rustix::event::PollFlags::IN,
+        )];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
+    }
+
+    /// Resolves once the process has exited. Its status is not ours to read:
+    /// a detached process is not our child.
+    pub async fn exited(&self) {
+        // Readable means exited; an error means the same for our purpose.
+        let _ = self.pidfd.readable().await;
+    }
+}
+
+/// Starts `command` detached (see the module doc) and holds it by pidfd.
+/// Fails if the program cannot be executed, as a plain spawn would.
+pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Result<Process> {
+    let (mut read_end, write_end) = pid_pipe()?;
+    // SAFETY: runs in the forked child before exec, where only
+    // async-signal-safe calls are allowed: fork, write and _exit are. The
+    // middle process reports the grandchild's pid and exits without
+    // returning into Rust code; the grandchild returns and execs. Both pipe
+    // ends are close-on-exec, so the grandchild keeps neither.
+    unsafe {
+        command.pre_exec(move || match nix::libc::fork() {
+            -1 => Err(std::io::Error::last_os_error()),
+            0 => Ok(()),
+            grandchild => {
+                let bytes = grandchild.to_ne_bytes();
+                let written = nix::libc::write(
+                    std::os::fd::AsRawFd::as_raw_fd(&write_end),
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                );
+                nix::libc::_exit(if written == 4 { 0 } else { 1 })
+            }
+        });
+    }
+    // std's spawn returns once the grandchild has exec'd (its error pipe
+    // closes on exec) or reports the exec's failure: blocking, but brief.
+    let middle = tokio::task::spawn_blocking(move || command.spawn()?.wait())
+        .await
+        .map_err(std::io::Error::other)??;
+    if !middle.success() {
+        return Err(std::io::Error::other(format!(
+            "the spawn helper failed ({middle})"
+        )));
+    }
+    let mut bytes = [0u8; 4];
+    read_end.read_exact(&mut bytes)?;
+    let pid = u32::try_from(i32::from_ne_bytes(bytes))
+        .map_err(|_| std::io::Error::other("the spawn helper sent a bad pid"))?;
+    // The new generation waits for our offer before it can exit on its own,
+    // so the pid is still its own here.
+    Process::open(pid)
+}
+
+fn pid_pipe() -> std::io::Result<(std::fs::File, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    Ok((std::fs::File::from(read), write))
+}
