@@ -98,6 +98,9 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     );
     let status = text(&sbx.exec(&["systemctl", "status", "baton", "--no-pager"]));
     assert!(status.contains("Status: \"generation 1"), "{status}");
+    let main = sbx.show("baton", "MainPID");
+    let user = text(&sbx.exec(&["stat", "-c", "%U", &format!("/proc/{main}")]));
+    assert_eq!(user.trim(), "baton", "the service runs as its own user");
 
     // Ten reloads under load: each one's new generation is the MainPID.
     let load = Load::start(Targets {
@@ -141,26 +144,23 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     assert_eq!(status_json(p.admin).await["version"], "9.9.9-upgrade");
     load.progress(30).await;
 
-    load.stop().await.assert_clean();
-
-    // Restart: the fd store keeps the sockets open across the gap; a
-    // connection made while no baton runs waits and is served. (From a
-    // main process systemd forked itself: in this sandbox systemd cannot
-    // use cgroups for processes it did not fork, see README.)
-    sbx.systemctl_ok(&["stop", "baton"]);
-    sbx.systemctl_ok(&["start", "baton"]);
-    let load = Load::start(Targets {
-        http: Some(p.web),
-        tcp: Some(p.raw),
-        names: vec!["a", "b"],
-    });
-    load.progress(50).await;
+    // Restart after reloads (the main process is one systemd did not fork):
+    // the fd store keeps the sockets open across the gap; a connection made
+    // while no baton runs waits and is served.
     sbx.systemctl_ok(&["restart", "baton"]);
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
     load.progress(50).await;
     load.stop().await.assert_clean();
 
-    // Stop with a slow request that fits the drain budget: success.
+    // start → reload → failed reload → stop: the stop is the ordered one
+    // (a request in flight completes), not a SIGKILL.
+    sbx.systemctl_ok(&["reload", "baton"]);
+    sbx.write(
+        "/etc/baton/baton.toml",
+        &good.replace("[shutdown]", "[shutdown]\nbogus_key = 1"),
+    );
+    assert!(!sbx.exec(&["systemctl", "reload", "baton"]).status.success());
+    sbx.write("/etc/baton/baton.toml", &good);
     let web = p.web;
     let slow = tokio::spawn(async move { client::get(web, "/slow/1500").await });
     support::eventually("slow request in flight", || async {
@@ -175,10 +175,12 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
             .status,
         200
     );
-    assert_eq!(sbx.show("baton", "Result"), "success");
+    assert_eq!(sbx.show("baton", "Result"), "success", "{}", sbx.journal());
 
-    // Stop with a request outliving the drain budget: the unit reports exit 3.
+    // Stop with a request outliving the drain budget, after a reload: the
+    // unit reports the new main's own exit code, 3.
     sbx.systemctl_ok(&["start", "baton"]);
+    sbx.systemctl_ok(&["reload", "baton"]);
     let slow = tokio::spawn(async move { client::get(web, "/slow/10000").await });
     support::eventually("slow request in flight", || async {
         a.active() + b.active() == 1
@@ -186,7 +188,12 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     .await;
     let _ = sbx.exec(&["systemctl", "stop", "baton"]);
     assert!(slow.await.expect("join").is_err());
-    assert_eq!(sbx.show("baton", "Result"), "exit-code");
+    assert_eq!(
+        sbx.show("baton", "Result"),
+        "exit-code",
+        "{}",
+        sbx.journal()
+    );
     assert_eq!(sbx.show("baton", "ExecMainStatus"), "3");
 
     let security = text(&sbx.exec(&["systemd-analyze", "security", "baton.service", "--no-pager"]));

@@ -131,6 +131,11 @@ impl Sandbox {
     /// The shipped units, user and config; then `daemon-reload`.
     pub fn install_baton(&self, config: &str) {
         self.install_binary(Path::new(super::daemon::BIN));
+        let sysusers = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.sysusers");
+        let users = std::fs::read_to_string(sysusers).expect("shipped sysusers.d file");
+        self.write("/usr/lib/sysusers.d/baton.conf", &users);
+        let out = self.exec(&["systemd-sysusers"]);
+        assert!(out.status.success(), "systemd-sysusers: {}", text(&out));
         let units = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd");
         for unit in ["baton.service", "baton.socket"] {
             let text = std::fs::read_to_string(format!("{units}/{unit}")).expect("shipped unit");

@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# A throwaway, real systemd as PID 1 of its own pid/mount/uts/ipc/cgroup
-# namespaces, for the end-to-end tests in tests/systemd.rs. Needs root.
-# The sandbox sees the host's files through an overlay whose writes go to a
-# tmpfs (nothing it does reaches the host's disk) and shares the host's
-# network namespace, so a service inside on 127.0.0.1:PORT is reachable
-# from the test. /tmp and /run are its own.
+# A throwaway, real systemd (PID 1 of its own pid/mount/uts/ipc/cgroup
+# namespaces) for the end-to-end tests in tests/systemd.rs, on a machine
+# whose own PID 1 is not systemd. Needs root. The sandbox sees the host's files
+# through an overlay whose writes go to a tmpfs, so nothing it does (tmpfiles
+# cleaning /tmp, journald, unit files) reaches the host's disk. It shares the
+# host's network namespace: a service inside that binds 127.0.0.1:PORT is
+# reachable from the host at the same address. systemd runs in unified (cgroup
+# v2) mode on a fresh cgroup2 mount rooted at the sandbox's own cgroup, so it
+# can watch, attribute (MAINPID= from an unprivileged main) and kill a unit's
+# processes as on a real host; on the host's hybrid v1 tree it could not.
 #
-#   systemd-sandbox.sh start DIR        boot (DIR keeps its state)
-#   systemd-sandbox.sh exec  DIR CMD..  run CMD inside (systemctl, cp, ...)
+#   systemd-sandbox.sh start DIR        boot; DIR (new or empty) keeps its state
+#   systemd-sandbox.sh exec  DIR CMD..  run CMD inside (systemctl, cp, cat, ...)
 #   systemd-sandbox.sh stop  DIR        kill it and clean up
+#
+# Inside: units go in /etc/systemd/system (write them with `exec DIR sh -c
+# 'cat > ...'` or copy from a host path: host paths are visible inside), then
+# `exec DIR systemctl daemon-reload`. Host paths written after boot are
+# visible inside too (overlay lower layer), e.g. a freshly built binary,
+# except under /tmp and /run: the sandbox has its own. Stream such files in:
+# `exec DIR sh -c 'cat > /etc/x.toml' < /tmp/x.toml`.
 set -euo pipefail
 
 cmd=${1:?usage: start|exec|stop DIR ...}
@@ -25,6 +36,7 @@ cgroup_dirs() {
 }
 
 boot_inside() {
+  # Runs in the new namespaces: build the overlay root, pivot into it, exec systemd.
   mount --make-rprivate /
   local r=$dir/root
   mkdir -p "$r"
@@ -35,16 +47,19 @@ boot_inside() {
   mount -t proc proc "$m/proc"
   mount --rbind /sys "$m/sys"
   mount --rbind /dev "$m/dev"
+  # systemd in unified (cgroup v2 only) mode: a fresh cgroup2 mount, rooted at
+  # this sandbox's own cgroup (the cgroup namespace), over the host's hybrid tree.
+  mount -t cgroup2 cgroup2 "$m/sys/fs/cgroup"
   mount -t tmpfs tmpfs "$m/run"
   mount -t tmpfs tmpfs "$m/tmp"
   mkdir -p "$m/run/systemd/system" "$m/oldroot"
-  cat > "$m/etc/systemd/system/sandbox.target" <<'UNIT'
+  cat > "$m/etc/systemd/system/sandbox.target" <<'EOF'
 [Unit]
 Description=test sandbox
 Requires=basic.target
 After=basic.target
 AllowIsolate=yes
-UNIT
+EOF
   cd "$m"
   pivot_root . oldroot
   umount -l /oldroot
@@ -55,6 +70,7 @@ UNIT
 case $cmd in
   start)
     mkdir -p "$dir"
+    # A cgroup of its own, so systemd's cgroups nest under it and go with it.
     for c in $(cgroup_dirs); do mkdir -p "$c"; done
     (
       for c in $(cgroup_dirs); do echo $BASHPID > "$c/cgroup.procs"; done
@@ -62,6 +78,7 @@ case $cmd in
       exec unshare --pid --fork --mount --uts --ipc --cgroup bash -c boot_inside
     ) > "$dir/console.log" 2>&1 < /dev/null &
     echo $! > "$dir/unshare.pid"
+    # Up to 30 s: a busy CI machine boots it slowly.
     for _ in $(seq 1 300); do
       pid=$(pgrep -P "$(cat "$dir/unshare.pid")" -x systemd || true)
       if [ -n "$pid" ]; then
