@@ -19,17 +19,39 @@ struct Ports {
     admin: SocketAddr,
     web: SocketAddr,
     raw: SocketAddr,
+    /// For a listener a reload adds.
+    extra: SocketAddr,
 }
 
 impl Ports {
     fn reserve() -> Ports {
-        let p = free_addrs(3);
+        let p = free_addrs(4);
         Ports {
             admin: p[0],
             web: p[1],
             raw: p[2],
+            extra: p[3],
         }
     }
+}
+
+/// Inodes of the listening TCP sockets on `port` (the sandbox shares our
+/// network namespace): the same inodes after a restart mean the very same
+/// kernel sockets, kept in systemd's fd store.
+fn listening_inodes(port: u16) -> Vec<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let mut inodes: Vec<u64> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f.get(1)?.rsplit_once(':')?.1;
+            (u16::from_str_radix(local_port, 16).ok()? == port && *f.get(3)? == "0A")
+                .then(|| f.get(9)?.parse().ok())?
+        })
+        .collect();
+    inodes.sort_unstable();
+    inodes
 }
 
 fn config(p: &Ports, backends: &[SocketAddr], echo: SocketAddr, extra: &str) -> String {
@@ -144,11 +166,33 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     assert_eq!(status_json(p.admin).await["version"], "9.9.9-upgrade");
     load.progress(30).await;
 
+    // A listener added by a reload goes to the fd store: a restart keeps
+    // its very sockets.
+    let extra = format!(
+        "{good}\n[[listeners]]\nname = \"extra\"\nbind = \"{}\"\npool = \"app\"\n",
+        p.extra
+    );
+    sbx.write("/etc/baton/baton.toml", &extra);
+    sbx.systemctl_ok(&["reload", "baton"]);
+    let before = listening_inodes(p.extra.port());
+    assert!(!before.is_empty(), "the added listener listens");
+    support::eventually("the old generation has exited", || async {
+        status_json(p.admin).await["generations"]
+            .as_array()
+            .is_some_and(|g| g.len() == 1)
+    })
+    .await;
+
     // Restart after reloads (the main process is one systemd did not fork):
     // the fd store keeps the sockets open across the gap; a connection made
     // while no baton runs waits and is served.
     sbx.systemctl_ok(&["restart", "baton"]);
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
+    assert_eq!(
+        listening_inodes(p.extra.port()),
+        before,
+        "the added listener's sockets survived the restart"
+    );
     load.progress(50).await;
     load.stop().await.assert_clean();
 
@@ -267,4 +311,27 @@ async fn the_watchdog_never_kills_a_healthy_baton_across_reloads() {
         sbx.journal()
     );
     assert_eq!(status_json(p.admin).await["generations"][0]["number"], 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_with_a_pool_down_is_active_but_not_ready() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    // A second pool whose only backend refuses connections, checked.
+    let down = free_addrs(1)[0];
+    let text = format!(
+        "{}\n[[pools]]\nname = \"db\"\nhealth = {{ kind = \"tcp\", interval = \"200ms\", timeout = \"500ms\" }}\nbackends = [{{ name = \"d0\", address = \"{down}\" }}]\n\n[[listeners]]\nname = \"dbl\"\nbind = \"{}\"\nprotocol = \"tcp\"\npool = \"db\"\n",
+        config(&p, &[a.addr], echo.addr, ""),
+        p.extra
+    );
+    sbx.install_baton(&text);
+    sbx.systemctl_ok(&["start", "baton"]);
+    assert_eq!(sbx.show("baton", "ActiveState"), "active");
+    let ready = client::get(p.admin, "/readyz").await.expect("readyz");
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert!(ready.body.contains("pool db"), "{}", ready.body);
+    // The healthy pool serves all the same.
+    let answer = client::get(p.web, "/up").await.expect("served");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/up"));
 }

@@ -341,6 +341,12 @@ impl Pool {
     pub fn healthy_count(&self) -> usize {
         self.backends.iter().filter(|b| b.available()).count()
     }
+
+    /// Every checked backend has a verdict: the first health round ran
+    /// (a check that times out counts, as a failure).
+    pub fn first_round_done(&self) -> bool {
+        self.backends.iter().all(|b| !b.checked || b.has_verdict())
+    }
 }
 
 /// One request or connection on a backend; counted until dropped.

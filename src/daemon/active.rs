@@ -3,6 +3,7 @@
 
 use super::build::pools_ready;
 use super::*;
+use crate::lifecycle::systemd::FdStoreUpdate;
 
 impl Generation {
     /// Starts every accept loop: from here on this generation takes work.
@@ -31,9 +32,12 @@ impl Generation {
     }
 
     /// Active from now on. A takeover tells systemd at once (the service
-    /// was ready already); a first start only once every pool has a healthy
-    /// backend, which is when `/readyz` turns 200.
-    pub(super) fn became_active(&mut self, takeover: bool) {
+    /// was ready already); a first start once the first health round has
+    /// run, as DESIGN.md says: backends need not be healthy (a pool down at
+    /// boot must not hold every other pool's traffic back; `/readyz` is what
+    /// says whether pools are healthy). Returns the fd store update a
+    /// takeover sends again once the old generation has exited.
+    pub(super) fn became_active(&mut self, takeover: bool) -> Option<FdStoreUpdate> {
         let _ = self.phase.send(Phase::Active);
         let status = self.status_line();
         tracing::info!(
@@ -41,12 +45,16 @@ impl Generation {
             pid = std::process::id(),
             "serving"
         );
+        let mut fd_store = None;
         if systemd::enabled() {
-            // Removed first: a stale entry may share a name we store now.
-            self.unclaimed
-                .iter()
-                .for_each(|name| systemd::remove_stored_fd(name));
-            self.holdings.each(systemd::store_fd);
+            match self.holdings.duplicates() {
+                Ok(held) => {
+                    let update = FdStoreUpdate::new(self.unclaimed.clone(), held);
+                    update.send();
+                    fd_store = Some(update);
+                }
+                Err(err) => tracing::warn!(cause = %err, "cannot update systemd's fd store"),
+            }
             // Pinged until the process ends: an old generation stays main
             // (and watched) until its MAINPID= for the successor lands.
             tokio::spawn(systemd::watchdog(CancellationToken::new()));
@@ -56,14 +64,19 @@ impl Generation {
                 self.background.clone(),
             ));
         }
-        if takeover || pools_ready(&self.pools) {
+        if takeover {
             systemd::ready(&status);
-            return;
+            return fd_store;
+        }
+        let first_round_done = |pools: &[Arc<Pool>]| pools.iter().all(|p| p.first_round_done());
+        if first_round_done(&self.pools) {
+            systemd::ready(&status);
+            return None;
         }
         let (pools, stop) = (self.pools.clone(), self.background.clone());
         tokio::spawn(async move {
-            tracing::info!("waiting for every pool to have a healthy backend before READY=1");
-            while !pools_ready(&pools) {
+            tracing::info!("waiting for the first health round before READY=1");
+            while !first_round_done(&pools) {
                 tokio::select! {
                     () = stop.cancelled() => return,
                     () = tokio::time::sleep(Duration::from_millis(100)) => {}
@@ -71,6 +84,7 @@ impl Generation {
             }
             systemd::ready(&status);
         });
+        None
     }
 
     pub(super) fn status_line(&self) -> String {

@@ -111,7 +111,6 @@ pub async fn run(setup: Setup) -> i32 {
         Err(e) => return fail(parent.as_ref(), e).await,
     };
     let adopted = gen.adopted.clone();
-    let takeover = parent.is_some();
     if let Some(mut parent) = parent {
         gen.draining = std::mem::take(&mut parent.draining);
         if let Err(e) = parent.ready(adopted).await {
@@ -119,13 +118,21 @@ pub async fn run(setup: Setup) -> i32 {
             return exit::FAILURE;
         }
         gen.open_doors();
-        match parent.accepting().await {
+        let accepting = parent.accepting().await;
+        let fd_store = gen.became_active(true);
+        match accepting {
             Ok(channel) => {
                 let (on_report, on_exit) = (Arc::clone(&gen.admin), Arc::clone(&gen.admin));
                 tokio::spawn(generation::reports(
                     channel,
                     move |r| on_report.set_inherited(r),
-                    move || on_exit.inherited_exited(),
+                    move || {
+                        on_exit.inherited_exited();
+                        // We are surely systemd's main process by now.
+                        if let Some(update) = fd_store {
+                            update.send();
+                        }
+                    },
                 ));
             }
             Err(e) => {
@@ -134,8 +141,8 @@ pub async fn run(setup: Setup) -> i32 {
         }
     } else {
         gen.open_doors();
+        gen.became_active(false);
     }
-    gen.became_active(takeover);
     match gen.serve().await {
         Ending::HandedOver(successor, waiter) => gen.retire(successor, waiter).await,
         Ending::Stop => gen.stop().await,

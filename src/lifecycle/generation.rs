@@ -1,7 +1,7 @@
 //! Generation N+1 from generation N's point of view ([`hand_over`]) and the
 //! reverse ([`Parent`]). N starts N+1 from the executable path on disk, offers
-//! it every listening socket, and only after N+1 says `Ready` does N name it
-//! to systemd and let it accept. Any failure before `Accepting` kills N+1 and
+//! it every listening socket, and only after N+1 says `Ready` does N let it
+//! accept, and name it to systemd once it does. Any failure before `Accepting` kills N+1 and
 //! leaves N exactly as it was. N+1 is started detached and held by pidfd
 //! ([`super::process`] says why).
 
@@ -144,7 +144,6 @@ pub async fn hand_over(
         generation = offer.generation,
         "started new generation"
     );
-    let mut named_to_systemd = false;
     let result = converse(
         &channel,
         &child,
@@ -154,7 +153,6 @@ pub async fn hand_over(
             ready_timeout,
             abandon,
         },
-        &mut named_to_systemd,
     )
     .await;
     match result {
@@ -168,9 +166,6 @@ pub async fn hand_over(
             })
         }
         Err(err) => {
-            if named_to_systemd {
-                systemd::main_pid(std::process::id());
-            }
             // A broken channel (a hang-up, a failed send) usually means the
             // child died: say so.
             let exited = matches!(err, HandoverError::Channel(_))
@@ -195,7 +190,6 @@ async fn converse(
     child: &Process,
     offer: Offer,
     limits: Limits,
-    named_to_systemd: &mut bool,
 ) -> Result<Vec<String>, HandoverError> {
     let (entries, fds): (Vec<_>, Vec<OwnedFd>) = offer.sockets.into_iter().unzip();
     let message = Message::Offer {
@@ -216,14 +210,16 @@ async fn converse(
         }
         other => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
     };
-    systemd::main_pid(child.pid());
-    *named_to_systemd = true;
     channel.send(&Message::Commit, &[]).await?;
     // From here N+1 accepts: a stop no longer abandons it.
     match next(channel, child, &limits, None).await? {
-        Message::Accepting => Ok(adopted),
-        other => Err(HandoverError::OutOfTurn(format!("{other:?}"))),
+        Message::Accepting => {}
+        other => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
     }
+    // Named only now that nothing can fail: under `NotifyAccess=main` no
+    // rollback to our own pid would be heard once N+1 is main.
+    systemd::main_pid(child.pid());
+    Ok(adopted)
 }
 
 /// The child's next message, unless it exits, the deadline passes or

@@ -202,11 +202,12 @@ impl Holdings {
             .collect()
     }
 
-    /// Every held socket, by name.
-    pub fn each(&self, mut f: impl FnMut(&str, std::os::fd::BorrowedFd<'_>)) {
-        for h in &self.items {
-            f(&h.entry.name, std::os::fd::AsFd::as_fd(&h.fd));
-        }
+    /// A duplicate of every held socket, by name.
+    pub fn duplicates(&self) -> std::io::Result<Vec<(String, OwnedFd)>> {
+        self.items
+            .iter()
+            .map(|h| Ok((h.entry.name.clone(), h.fd.try_clone()?)))
+            .collect()
     }
 
     /// Marks the sockets a successor adopted.

@@ -6,9 +6,11 @@
 //! calls [`generation::hand_over`], which spawns N+1 with a [`handoff::Channel`]
 //! end. N+1 reads the offer with [`generation::Parent::receive`], claims
 //! sockets by name from the [`inventory::Inventory`], builds everything, then
-//! [`generation::Parent::ready`] waits for N's commit (sent after
-//! [`systemd::main_pid`]) and [`generation::Parent::accepting`] confirms. N
-//! then stops accepting and runs the [`drain::Drain`] under its budget.
+//! [`generation::Parent::ready`] waits for N's commit and
+//! [`generation::Parent::accepting`] confirms. N then names N+1 to systemd
+//! ([`systemd::main_pid`]), stops accepting and runs the [`drain::Drain`]
+//! under its budget. N+1 is started detached and held by pidfd
+//! ([`process`]).
 
 pub mod control;
 pub mod drain;

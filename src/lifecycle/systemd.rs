@@ -43,22 +43,43 @@ pub fn enabled() -> bool {
     std::env::var_os("NOTIFY_SOCKET").is_some()
 }
 
-/// Keeps a listening socket in systemd's fd store under `name`, so a
-/// `systemctl restart` keeps the kernel socket (and its queue) open across
-/// the gap. Storing the same socket again is harmless (systemd dedups).
-pub fn store_fd(name: &str, fd: std::os::fd::BorrowedFd<'_>) {
-    let states = [NotifyState::FdStore, NotifyState::FdName(name)];
-    if let Err(err) = sd_notify::notify_with_fds(false, &states, &[fd]) {
-        tracing::warn!(cause = %err, name, "cannot store fd with systemd");
-    }
+/// What systemd's fd store should hold after this generation took over:
+/// every socket it holds, by name, and none of the names it dropped. The
+/// store keeps the kernel sockets (and their queues) open across a
+/// `systemctl restart`.
+///
+/// systemd takes these messages from the main process only, and a new
+/// generation is main only once the old one's `MAINPID=` has landed, which
+/// is certain only when the old generation has exited (it outlives a
+/// repetition that lands). So a takeover sends the update at once (a
+/// systemd that took `MAINPID=` already keeps it) and again then. Storing
+/// the same socket twice is harmless: systemd keeps one.
+pub struct FdStoreUpdate {
+    remove: Vec<String>,
+    store: Vec<(String, std::os::fd::OwnedFd)>,
 }
 
-/// Drops a stored socket the config no longer names.
-pub fn remove_stored_fd(name: &str) {
-    notify(&[
-        NotifyState::Custom("FDSTOREREMOVE=1"),
-        NotifyState::FdName(name),
-    ]);
+impl FdStoreUpdate {
+    pub fn new(remove: Vec<String>, store: Vec<(String, std::os::fd::OwnedFd)>) -> FdStoreUpdate {
+        FdStoreUpdate { remove, store }
+    }
+
+    pub fn send(&self) {
+        // Removed first: a stale entry may share a name we store now.
+        for name in &self.remove {
+            notify(&[
+                NotifyState::Custom("FDSTOREREMOVE=1"),
+                NotifyState::FdName(name),
+            ]);
+        }
+        for (name, fd) in &self.store {
+            let states = [NotifyState::FdStore, NotifyState::FdName(name)];
+            let fd = std::os::fd::AsFd::as_fd(fd);
+            if let Err(err) = sd_notify::notify_with_fds(false, &states, &[fd]) {
+                tracing::warn!(cause = %err, name, "cannot store fd with systemd");
+            }
+        }
+    }
 }
 
 /// Pings the watchdog at half of `WATCHDOG_USEC` until `stop`, from a task
