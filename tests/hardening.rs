@@ -333,9 +333,15 @@ async fn a_silent_backend_is_a_504_at_response_timeout() {
         .expect("an answer");
     assert_eq!(answer.status, 504);
     assert!(
-        answer.body.contains("did not answer within 1s"),
+        answer.body.starts_with("504 Gateway Timeout\n"),
         "{}",
         answer.body
+    );
+    assert!(
+        client::backend_status(baton.admin, "app-0").await["last_error"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("did not answer within 1s")),
+        "the detail is in /status"
     );
     let metrics = client::metrics(baton.admin).await;
     assert!(

@@ -134,7 +134,7 @@ async fn h2c_clients_are_served() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_backend_is_a_502_naming_it() {
+async fn a_dead_backend_is_a_502_that_tells_the_client_nothing_inside() {
     let dead = free_addr();
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[dead])).await;
     let answer = client::get(baton.addr("web"), "/")
@@ -142,9 +142,44 @@ async fn a_dead_backend_is_a_502_naming_it() {
         .expect("an answer, not a reset");
     assert_eq!(answer.status, 502);
     assert!(
-        answer.body.contains("app-0") && answer.body.contains(&dead.to_string()),
+        answer.body.starts_with("502 Bad Gateway\n"),
         "{}",
         answer.body
+    );
+    for secret in [
+        "app-0",
+        &dead.to_string(),
+        "refused",
+        &dead.port().to_string(),
+    ] {
+        assert!(
+            !answer.body.contains(secret),
+            "{secret} leaked: {}",
+            answer.body
+        );
+    }
+    // The request id ties the client's answer to the log, which has it all.
+    let id = answer
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("request id: "))
+        .expect("a request id")
+        .to_string();
+    let log = baton.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&id))
+        .unwrap_or_else(|| panic!("no log line with {id}: {log}"));
+    assert!(
+        line.contains("app-0") && line.contains(&dead.to_string()),
+        "{line}"
+    );
+    let status = client::backend_status(baton.admin, "app-0").await;
+    assert!(
+        status["last_error"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("refused")),
+        "{status}"
     );
 }
 

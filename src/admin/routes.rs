@@ -97,6 +97,9 @@ fn backend_json(b: &Backend) -> Value {
     let last = b
         .last_check()
         .map(|c| json!({"at": unix(c.at), "ok": c.ok, "detail": c.detail}));
+    let error = b
+        .last_error()
+        .map(|e| json!({"at": unix(e.at), "detail": e.detail}));
     json!({
         "index": b.index,
         "name": b.name,
@@ -106,6 +109,7 @@ fn backend_json(b: &Backend) -> Value {
         "state": b.state().as_str(),
         "in_flight": b.in_flight(),
         "last_check": last,
+        "last_error": error,
         "consecutive_failures": b.consecutive_failures(),
     })
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::config::{Balance, HealthConfig, PoolConfig};
-use crate::metrics::{self, BackendMetrics};
+use crate::metrics::{self, BackendMetrics, UpstreamErrorKind};
 use health::{Flip, Health};
 
 /// What `/status` and `baton_backend_state` show.
@@ -80,7 +80,7 @@ impl AdminState {
     }
 }
 
-/// The last active check, for `/status`.
+/// The last active check or upstream failure, for `/status`.
 #[derive(Debug, Clone)]
 pub struct CheckRecord {
     pub at: SystemTime,
@@ -112,6 +112,8 @@ pub struct Backend {
     healthy: AtomicBool,
     health: Mutex<Health>,
     last_check: Mutex<Option<CheckRecord>>,
+    /// The last request or connection it failed; clients see none of it.
+    last_error: Mutex<Option<CheckRecord>>,
     metrics: BackendMetrics,
 }
 
@@ -171,8 +173,28 @@ impl Backend {
         self.observe(ok, &detail);
     }
 
+    pub fn last_error(&self) -> Option<CheckRecord> {
+        self.last_error.lock().ok().and_then(|c| c.clone())
+    }
+
+    /// A request or connection to it failed: counted by `kind`, kept for
+    /// `/status`, and a passive health failure when `blames_backend`.
+    pub fn upstream_failed(&self, kind: UpstreamErrorKind, detail: &str, blames_backend: bool) {
+        metrics::upstream_error(&self.pool, &self.name, kind);
+        if let Ok(mut e) = self.last_error.lock() {
+            *e = Some(CheckRecord {
+                at: SystemTime::now(),
+                ok: false,
+                detail: detail.to_string(),
+            });
+        }
+        if blames_backend {
+            self.observe_passive_failure(detail);
+        }
+    }
+
     /// A request or connection to it failed before anything was sent.
-    pub fn observe_passive_failure(&self, detail: &str) {
+    fn observe_passive_failure(&self, detail: &str) {
         if self.checked {
             self.observe(false, detail);
         }
@@ -301,6 +323,7 @@ impl Pool {
                         Health::with_verdict(rise, fall, true)
                     }),
                     last_check: Mutex::new(None),
+                    last_error: Mutex::new(None),
                     metrics: metrics::backend(&config.name, &b.name),
                 };
                 backend.publish();

@@ -341,10 +341,9 @@ impl HttpProxy {
             },
         };
         if let Some(kind) = err.upstream_kind() {
-            metrics::upstream_error(&backend.pool, &backend.name, kind);
-        }
-        if matches!(err, ProxyError::Connect { .. } | ProxyError::Timeout { .. }) {
-            backend.observe_passive_failure(&err.to_string());
+            let blames_backend =
+                matches!(err, ProxyError::Connect { .. } | ProxyError::Timeout { .. });
+            backend.upstream_failed(kind, &err.to_string(), blames_backend);
         }
         tracing::warn!(cause = %err, "backend request failed");
         Err(err)
@@ -442,9 +441,19 @@ fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
     None
 }
 
+/// The client learns the status and a request id, never a backend's name,
+/// address or OS error: those go to the log under the same id (and the
+/// backend's `last_error` in `/status`).
 fn error_response(pool: &str, err: &ProxyError) -> Response<ProxyBody> {
-    let mut response = Response::new(body::text(format!("baton: {err}\n")));
-    *response.status_mut() = err.status();
+    let id = super::request_id();
+    let status = err.status();
+    tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
+    let reason = status.canonical_reason().unwrap_or("Error");
+    let mut response = Response::new(body::text(format!(
+        "{} {reason}\nrequest id: {id}\n",
+        status.as_u16()
+    )));
+    *response.status_mut() = status;
     response.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -471,10 +480,10 @@ fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
 impl BodyGuard for Lease {
     fn body_failed(&mut self, cause: &hyper::Error) {
         let backend = self.backend();
-        metrics::upstream_error(
-            &backend.pool,
-            &backend.name,
+        backend.upstream_failed(
             metrics::UpstreamErrorKind::Protocol,
+            &format!("response broke off: {}", root_cause(cause)),
+            false,
         );
         tracing::warn!(backend = %backend.name, cause = %root_cause(cause), "backend response broke off; aborting the client connection");
     }

@@ -14,6 +14,14 @@ use ::http::StatusCode;
 
 use crate::metrics::UpstreamErrorKind;
 
+/// A request id unique on this host for a long while: this process's pid
+/// and a per-process count, in hex. Ties what a client was told to the log.
+pub fn request_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{:x}-{n:x}", std::process::id())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error("bad request: {why}")]

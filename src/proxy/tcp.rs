@@ -16,7 +16,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use crate::backend::{Lease, Pool};
-use crate::metrics;
+use crate::metrics::{self, UpstreamErrorKind};
 
 pub struct TcpProxy {
     pub listener: Arc<str>,
@@ -58,21 +58,11 @@ impl TcpProxy {
                 }
                 Ok(Err(err)) => {
                     tracing::warn!(backend = %backend.name, address = %backend.address, cause = %err, "backend connect failed");
-                    backend.observe_passive_failure(&err.to_string());
-                    metrics::upstream_error(
-                        &backend.pool,
-                        &backend.name,
-                        metrics::UpstreamErrorKind::Connect,
-                    );
+                    backend.upstream_failed(UpstreamErrorKind::Connect, &err.to_string(), true);
                 }
                 Err(_) => {
                     tracing::warn!(backend = %backend.name, address = %backend.address, "backend connect timed out");
-                    backend.observe_passive_failure("connect timed out");
-                    metrics::upstream_error(
-                        &backend.pool,
-                        &backend.name,
-                        metrics::UpstreamErrorKind::Timeout,
-                    );
+                    backend.upstream_failed(UpstreamErrorKind::Timeout, "connect timed out", true);
                 }
             }
             failed = Some(backend.index);
