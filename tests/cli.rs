@@ -209,3 +209,94 @@ fn an_absurd_duration_is_refused_with_its_key() {
         );
     }
 }
+
+/// `baton run` that must end on its own within 20 s (killed otherwise).
+fn run_to_its_end(args: &[&str], umask: &str) -> (Option<i32>, String) {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("umask {umask}; exec \"$0\" \"$@\""))
+        .arg(BIN)
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run baton");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            return (status.code(), err);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    (None, "still running after 20 s".into())
+}
+
+fn config_with_control(dir: &std::path::Path, control: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("b.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[shutdown]\npre_stop_delay = \"-1s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[control]\nsocket = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
+            control.display()
+        ),
+    )
+    .expect("write");
+    path
+}
+
+#[test]
+fn a_control_path_that_is_not_a_socket_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let control = dir.path().join("control.sock");
+    let config = config_with_control(dir.path(), &control);
+    let c = config.to_str().expect("utf-8 path");
+
+    std::fs::write(&control, "precious").expect("write a file");
+    let (code, stderr) = run_to_its_end(&["run", "-c", c], "022");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("exists and is not a socket"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&control).expect("kept"), "precious");
+
+    std::fs::remove_file(&control).expect("remove");
+    let target = dir.path().join("target");
+    std::fs::write(&target, "precious").expect("write the target");
+    std::os::unix::fs::symlink(&target, &control).expect("symlink");
+    let (code, stderr) = run_to_its_end(&["run", "-c", c], "022");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("symbolic link"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&target).expect("kept"), "precious");
+    assert!(std::fs::symlink_metadata(&control)
+        .expect("the link")
+        .file_type()
+        .is_symlink());
+}
+
+#[test]
+fn the_control_socket_is_0600_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let control = dir.path().join("control.sock");
+    let config = config_with_control(dir.path(), &control);
+    let c = config.to_str().expect("utf-8 path").to_string();
+    let daemon = std::thread::spawn(move || run_to_its_end(&["run", "-c", &c], "000"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !control.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mode = std::fs::metadata(&control)
+        .expect("the socket")
+        .permissions()
+        .mode();
+    let _ = Command::new("pkill")
+        .args(["-TERM", "-f", config.to_str().expect("utf-8")])
+        .status();
+    let (end, stderr) = daemon.join().expect("join");
+    assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+    assert_eq!(end, Some(0), "{stderr}");
+}

@@ -66,26 +66,48 @@ pub struct Incoming {
     pub reply: oneshot::Sender<Reply>,
 }
 
-/// Binds the socket at `path` (mode 0600), replacing a stale file but never
-/// a live daemon's socket.
+/// Binds the socket at `path`, mode 0600 from its creation (set on the
+/// socket before `bind`, so no umask and no moment exposes it). A stale
+/// socket there is replaced; a live daemon's socket, a symlink (never
+/// followed) or any other kind of file is refused, and left as it is.
 pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            return Err(refused(path, "is a symbolic link; it is not followed"))
+        }
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(refused(path, "exists and is not a socket"))
+        }
+        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AddrInUse,
                 format!("{} is in use by a running daemon", path.display()),
             ));
         }
-        std::fs::remove_file(path)?;
+        Ok(_) => std::fs::remove_file(path)?,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err),
     }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let listener = std::os::unix::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    // Linux creates the socket file with the socket inode's mode less the
+    // umask: set it to 0600 before the file exists.
+    nix::sys::stat::fchmod(&socket, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+    socket.bind(&socket2::SockAddr::unix(path)?)?;
+    socket.listen(128)?;
+    let listener: std::os::unix::net::UnixListener = socket.into();
     listener.set_nonblocking(true)?;
     Ok(listener)
+}
+
+fn refused(path: &Path, why: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("{} {why}; refusing to replace it", path.display()),
+    )
 }
 
 /// Accepts until `stop`; each request goes to `requests`.
