@@ -62,19 +62,7 @@ async fn a_tcp_stream_carries_megabytes_both_ways_intact() {
 async fn an_upgrade_is_proxied_both_ways() {
     let backend = HttpBackend::start("a").await;
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
-    let mut s = TcpStream::connect(baton.addr("web"))
-        .await
-        .expect("connect");
-    s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-        .await
-        .expect("write");
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).await.expect("read head");
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let (mut s, head) = client::upgraded(baton.addr("web")).await;
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: echo"), "{head}");
     for msg in [&b"first frame"[..], b"second frame"] {

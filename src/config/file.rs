@@ -80,6 +80,7 @@ pub struct ListenerFile {
     pub keepalive_drain_grace: Option<DurationValue>,
     pub connect_timeout: Option<DurationValue>,
     pub response_timeout: Option<DurationValue>,
+    pub tunnel_timeout: Option<DurationValue>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -95,6 +95,9 @@ pub struct ListenerConfig {
     pub keepalive_drain_grace: Duration,
     pub connect_timeout: Duration,
     pub response_timeout: Duration,
+    /// A TCP-mode or upgraded connection with no traffic either way for
+    /// this long is closed.
+    pub tunnel_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]

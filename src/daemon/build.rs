@@ -93,6 +93,7 @@ pub(super) async fn start(
                 listener: Arc::from(l.name.as_str()),
                 pool: Arc::clone(&pools[l.pool]),
                 connect_timeout: l.connect_timeout,
+                tunnel_timeout: l.tunnel_timeout,
             })),
         };
         if l.protocol == Protocol::Tcp {

@@ -13,6 +13,9 @@ use super::head::HeadClock;
 
 pub struct ConnState {
     h2: AtomicBool,
+    /// Upgraded tunnels this connection turned into: the connection (its
+    /// `max_connections` permit and its count) lives until they end.
+    pub tunnels: tokio_util::task::TaskTracker,
     /// The slowloris clock (see `head`).
     pub head: Arc<HeadClock>,
     in_flight: AtomicUsize,
@@ -48,6 +51,7 @@ impl ConnState {
     pub fn new() -> ConnState {
         ConnState {
             h2: AtomicBool::new(false),
+            tunnels: tokio_util::task::TaskTracker::new(),
             head: Arc::new(HeadClock::new()),
             in_flight: AtomicUsize::new(0),
             idle_since_nanos: AtomicU64::new(0),

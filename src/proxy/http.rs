@@ -74,6 +74,7 @@ pub struct HttpProxy {
     header_timeout: Duration,
     /// Also the wait for a request body's first bytes.
     idle_timeout: Duration,
+    tunnel_timeout: Duration,
 }
 
 impl HttpProxy {
@@ -110,6 +111,7 @@ impl HttpProxy {
             keepalive_drain_grace: config.keepalive_drain_grace,
             header_timeout: config.header_timeout,
             idle_timeout: config.idle_timeout,
+            tunnel_timeout: config.tunnel_timeout,
         }
     }
 
@@ -138,6 +140,9 @@ impl HttpProxy {
                     if let Err(err) = result {
                         tracing::debug!(listener = %self.listener, client = %peer, cause = %err, "client connection ended with an error");
                     }
+                    // An upgraded connection lives on as its tunnel.
+                    state.tunnels.close();
+                    state.tunnels.wait().await;
                     return;
                 }
                 () = drain.draining(), if !drain_seen => {
@@ -180,7 +185,10 @@ impl HttpProxy {
         let refused = ambiguity(&req);
         let checked = match refused {
             Some(why) => Err(ProxyError::Client { why }),
-            None => self.forward(req, &client_ip, &target.pool, &drain).await,
+            None => {
+                self.forward(req, &client_ip, &target.pool, &drain, &state)
+                    .await
+            }
         };
         // After a broken request nothing more on the connection can be
         // trusted; during a drain the client should reconnect elsewhere.
@@ -231,6 +239,7 @@ impl HttpProxy {
         client_ip: &HeaderValue,
         pool: &Pool,
         drain: &DrainWatch,
+        state: &ConnState,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let upgrade = headers::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, incoming) = req.into_parts();
@@ -269,7 +278,7 @@ impl HttpProxy {
                 .send(outbound, &lease, outgoing.failed.as_deref())
                 .await
             {
-                Ok(response) => return Ok(self.respond(response, lease, upgrade, drain)),
+                Ok(response) => return Ok(self.respond(response, lease, upgrade, drain, state)),
                 Err(err @ ProxyError::Connect { .. }) if replayable && failed.is_none() => {
                     tracing::warn!(cause = %err, "retrying on another backend");
                     failed = Some((lease.backend().index, err));
@@ -357,6 +366,7 @@ impl HttpProxy {
         lease: Lease,
         upgrade: Option<hyper::upgrade::OnUpgrade>,
         drain: &DrainWatch,
+        state: &ConnState,
     ) -> Response<ProxyBody> {
         let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         match upgrade {
@@ -367,14 +377,17 @@ impl HttpProxy {
                     .get(::http::header::UPGRADE)
                     .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
                 let (watch, listener) = (drain.clone(), Arc::clone(&self.listener));
-                drain.spawn(longlived::tunnel(
-                    client_side,
-                    backend_side,
+                drain.spawn(state.tunnels.track_future(longlived::tunnel(
+                    longlived::Ends {
+                        client: client_side,
+                        backend: backend_side,
+                        lease,
+                    },
                     websocket,
                     watch,
                     listener,
-                    lease,
-                ));
+                    self.tunnel_timeout,
+                )));
                 headers::strip_hop_by_hop(response.headers_mut(), true);
                 headers::add_via(response.headers_mut());
                 response.map(|_| body::empty())

@@ -7,6 +7,7 @@ pub mod body;
 pub mod head;
 pub mod headers;
 pub mod http;
+pub mod idle;
 pub mod longlived;
 pub mod tcp;
 

@@ -6,6 +6,8 @@
 //! The copy holds a buffer only while bytes are on their way: an idle
 //! proxied connection costs its two sockets and a small task, not two
 //! 8 KiB buffers (`tokio::io::copy_bidirectional` keeps those for life).
+//! No traffic either way for `tunnel_timeout` closes both sides, and TCP
+//! keep-alive on both sockets finds a peer that vanished sooner.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
+use super::idle::Activity;
 use crate::backend::{Lease, Pool};
 use crate::metrics::{self, UpstreamErrorKind};
 
@@ -22,6 +25,7 @@ pub struct TcpProxy {
     pub listener: Arc<str>,
     pub pool: Arc<Pool>,
     pub connect_timeout: Duration,
+    pub tunnel_timeout: Duration,
 }
 
 impl TcpProxy {
@@ -33,7 +37,17 @@ impl TcpProxy {
             tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, "no backend reachable; closing");
             return;
         };
-        match copy_both_ways(&mut client, &mut upstream).await {
+        keep_alive(&client);
+        keep_alive(&upstream);
+        let activity = Activity::default();
+        let copied = tokio::select! {
+            copied = copy_both_ways(&mut client, &mut upstream, &activity) => copied,
+            () = activity.idle_for(self.tunnel_timeout) => {
+                tracing::info!(listener = %self.listener, client = %peer, backend = %lease.backend().name, "no traffic either way within tunnel_timeout; closing");
+                return;
+            }
+        };
+        match copied {
             Ok((to_backend, to_client)) => {
                 metrics::tcp_bytes(&self.listener, to_backend, to_client)
             }
@@ -76,14 +90,25 @@ const BURST: usize = 16 * 1024;
 
 /// Copies both ways until both directions ended; an error in either ends
 /// both. Returns the bytes sent to `b` and to `a`.
-async fn copy_both_ways(a: &mut TcpStream, b: &mut TcpStream) -> std::io::Result<(u64, u64)> {
+async fn copy_both_ways(
+    a: &mut TcpStream,
+    b: &mut TcpStream,
+    activity: &Activity,
+) -> std::io::Result<(u64, u64)> {
     let (a_read, a_write) = a.split();
     let (b_read, b_write) = b.split();
-    tokio::try_join!(one_way(a_read, b_write), one_way(b_read, a_write))
+    tokio::try_join!(
+        one_way(a_read, b_write, activity),
+        one_way(b_read, a_write, activity)
+    )
 }
 
 /// Copies until `from` ends, then shuts down `to`'s write side.
-async fn one_way(from: ReadHalf<'_>, mut to: WriteHalf<'_>) -> std::io::Result<u64> {
+async fn one_way(
+    from: ReadHalf<'_>,
+    mut to: WriteHalf<'_>,
+    activity: &Activity,
+) -> std::io::Result<u64> {
     let mut total = 0;
     loop {
         from.readable().await?;
@@ -97,6 +122,7 @@ async fn one_way(from: ReadHalf<'_>, mut to: WriteHalf<'_>) -> std::io::Result<u
                     return Ok(total);
                 }
                 Ok(n) => {
+                    activity.touch();
                     to.write_all(&buf).await?;
                     total += n as u64;
                 }
@@ -104,5 +130,17 @@ async fn one_way(from: ReadHalf<'_>, mut to: WriteHalf<'_>) -> std::io::Result<u
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// Probes after 60 s of silence, every 10 s, 6 times: a vanished peer is
+/// found in about two minutes, long before `tunnel_timeout`'s default.
+fn keep_alive(stream: &TcpStream) {
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(10))
+        .with_retries(6);
+    if let Err(err) = socket2::SockRef::from(stream).set_tcp_keepalive(&probes) {
+        tracing::debug!(cause = %err, "cannot set TCP keep-alive");
     }
 }

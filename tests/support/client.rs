@@ -134,3 +134,20 @@ pub async fn read_until_closed(s: &mut tokio::net::TcpStream) -> String {
     let _ = tokio::time::timeout(super::TIMEOUT, s.read_to_end(&mut out)).await;
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// A connection upgraded to the backend's echo protocol (`/ws`): the 101
+/// head is read, what follows is the tunnel. The head is returned too.
+pub async fn upgraded(addr: SocketAddr) -> (TcpStream, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+        .await
+        .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).await.expect("read head");
+        head.push(byte[0]);
+    }
+    (s, String::from_utf8_lossy(&head).to_ascii_lowercase())
+}

@@ -90,6 +90,11 @@ impl Validator {
                     l.response_timeout.as_ref(),
                     Duration::from_secs(60),
                 ),
+                tunnel_timeout: self.timeout(
+                    &format!("{key}.tunnel_timeout"),
+                    l.tunnel_timeout.as_ref(),
+                    Duration::from_secs(3600),
+                ),
             });
         }
         out

@@ -1,0 +1,127 @@
+//! Tunnels (TCP mode, and HTTP connections upgraded to another protocol)
+//! hold their client connection's place under `max_connections` for their
+//! whole life, and are closed after `tunnel_timeout` with no traffic either
+//! way; TCP mode sets keep-alive on both of its sockets.
+
+mod support;
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use support::backend::{HttpBackend, TcpEcho};
+use support::client;
+use support::daemon::{Baton, Spec};
+
+/// Echoes `msg` through an established tunnel.
+async fn echoes(s: &mut TcpStream, msg: &[u8]) {
+    s.write_all(msg).await.expect("write through the tunnel");
+    let mut back = vec![0u8; msg.len()];
+    tokio::time::timeout(support::TIMEOUT, s.read_exact(&mut back))
+        .await
+        .expect("echo in time")
+        .expect("read through the tunnel");
+    assert_eq!(back, msg);
+}
+
+/// Reads until the peer closes; true if it did within `within`.
+async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(within, s.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgraded_connections_count_against_max_connections_while_they_live() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", "max_connections = 2")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let (mut first, head) = client::upgraded(web).await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    let (mut second, _) = client::upgraded(web).await;
+    echoes(&mut first, b"one").await;
+    echoes(&mut second, b"two").await;
+    // Both places are taken by live tunnels: a third client waits in the
+    // kernel's queue, unserved.
+    let third = tokio::spawn(async move { client::get(web, "/third").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served past the cap"
+    );
+    assert_eq!(
+        backend.hits(),
+        2,
+        "only the two upgrades reached the backend"
+    );
+    // One tunnel ends: its place goes to the waiting client.
+    drop(first);
+    let answer = third
+        .await
+        .expect("join")
+        .expect("served once a tunnel ended");
+    assert_eq!(answer.status, 200);
+    echoes(&mut second, b"still open").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_connection_idle_both_ways_closes_at_tunnel_timeout() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", "tunnel_timeout = \"1s\"")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let (mut busy, _) = client::upgraded(baton.addr("web")).await;
+    let (mut idle, _) = client::upgraded(baton.addr("web")).await;
+    // Traffic every 300 ms keeps a tunnel open well past the timeout.
+    for _ in 0..8 {
+        echoes(&mut busy, b"ping").await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(1)).await,
+        "the idle tunnel was closed"
+    );
+    echoes(&mut busy, b"still open").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_connection_idle_both_ways_closes_at_tunnel_timeout_and_has_keep_alive() {
+    let echo = TcpEcho::start().await;
+    let spec = Spec::new()
+        .listener("raw", "tcp", "echo", "tunnel_timeout = \"1s\"")
+        .pool("echo", &[echo.addr]);
+    let baton = Baton::start(spec).await;
+    let raw = baton.addr("raw");
+    let mut busy = TcpStream::connect(raw).await.expect("connect");
+    let mut idle = TcpStream::connect(raw).await.expect("connect");
+    echoes(&mut idle, b"hello").await;
+    // Both of baton's sockets for this connection probe a silent peer.
+    let ss = std::process::Command::new("ss")
+        .args(["-tnoH", "state", "established"])
+        .output()
+        .expect("ss");
+    let ss = String::from_utf8_lossy(&ss.stdout);
+    let keepalive = |port: u16| {
+        ss.lines()
+            .filter(|l| l.contains(&format!(":{port} ")) && l.contains("timer:(keepalive"))
+            .count()
+    };
+    assert!(keepalive(raw.port()) >= 1, "client side: {ss}");
+    assert!(keepalive(echo.addr.port()) >= 1, "backend side: {ss}");
+    for _ in 0..8 {
+        echoes(&mut busy, b"ping").await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(1)).await,
+        "the idle connection was closed"
+    );
+    echoes(&mut busy, b"still open").await;
+}
