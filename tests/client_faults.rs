@@ -122,6 +122,62 @@ async fn a_body_that_never_starts_is_a_408_at_idle_timeout() {
     assert_eq!(backend.hits(), 0, "no backend was held for it");
 }
 
+/// A body that stops midway is the client's fault: 408 at `idle_timeout`,
+/// never a 504 at `response_timeout` (which runs only once the request
+/// was sent), never an upstream error, and never a health failure: three
+/// such clients with `fall = 1` leave the backend up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_is_a_408_and_never_blames_the_backend() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener(
+            "web",
+            "http",
+            "app",
+            "idle_timeout = \"1s\"\nresponse_timeout = \"1s\"",
+        )
+        .pool_with(
+            "app",
+            "health = { kind = \"http\", path = \"/health\", interval = \"200ms\", timeout = \"500ms\", rise = 1, fall = 1 }",
+            &[(backend.addr, 1)],
+        );
+    let baton = Baton::start(spec).await;
+    let stalled: Vec<_> = (0..3)
+        .map(|_| {
+            let web = baton.addr("web");
+            tokio::spawn(async move {
+                let mut s = TcpStream::connect(web).await.expect("connect");
+                s.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nx")
+                    .await
+                    .expect("head and one byte");
+                read_until_closed(&mut s).await
+            })
+        })
+        .collect();
+    for s in stalled {
+        let reply = s.await.expect("join");
+        assert!(reply.starts_with("HTTP/1.1 408"), "{reply:?}");
+    }
+    let metrics = support::client::metrics(baton.admin).await;
+    for kind in ["timeout", "connect", "protocol"] {
+        assert!(
+            metrics.contains(&format!(
+                "baton_upstream_errors_total{{pool=\"app\",backend=\"app-0\",kind=\"{kind}\"}} 0"
+            )),
+            "{kind}: {metrics}"
+        );
+    }
+    assert_eq!(
+        support::client::backend_state(baton.admin, "app-0").await,
+        "up"
+    );
+    assert_eq!(
+        backend.uploads.completed.load(Ordering::Relaxed),
+        0,
+        "no backend got a whole request"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gigabyte_streams_up_and_down_with_flat_memory() {
     let backend = HttpBackend::start("a").await;

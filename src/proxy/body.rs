@@ -4,7 +4,7 @@
 //! and the client's request body as it goes upstream.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::body::Incoming;
+use tokio::time::Instant;
 
 pub type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
 
@@ -79,26 +80,76 @@ impl<G: BodyGuard> Body for Guarded<G> {
     }
 }
 
+/// How a client's request body is getting on, for the exchange that sends
+/// it: whether it failed (a malformed or cut-off body is the client's fault,
+/// 400, not the backend's 502), when its last bytes came, and when it was
+/// all sent (the backend's `response_timeout` runs from then, never while
+/// the client is still uploading).
+pub struct Progress {
+    origin: Instant,
+    failed: AtomicBool,
+    complete: AtomicBool,
+    /// Nanoseconds since `origin`: the last frame, then the end.
+    last_nanos: AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            origin: Instant::now(),
+            failed: AtomicBool::new(false),
+            complete: AtomicBool::new(false),
+            last_nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    fn moved(&self) {
+        let now = self.origin.elapsed().as_nanos() as u64;
+        self.last_nanos.store(now, Ordering::Relaxed);
+    }
+
+    /// When the last bytes came (or the body ended), and whether it ended.
+    pub fn last(&self) -> (Instant, bool) {
+        let complete = self.complete.load(Ordering::Acquire);
+        let nanos = self.last_nanos.load(Ordering::Relaxed);
+        (
+            self.origin + std::time::Duration::from_nanos(nanos),
+            complete,
+        )
+    }
+}
+
 /// A client's request body on its way to a backend: the frame read before
-/// a backend was chosen, then the rest as it arrives. It remembers whether
-/// it failed, because a backend request that dies of a malformed or cut-off
-/// client body is the client's fault (400), not the backend's (502).
+/// a backend was chosen, then the rest as it arrives, telling [`Progress`].
 pub struct ClientBody {
     first: Option<Frame<Bytes>>,
     rest: Incoming,
-    failed: Arc<AtomicBool>,
+    progress: Arc<Progress>,
 }
 
 impl ClientBody {
-    /// The body, and the flag that turns true if it fails.
-    pub fn wrap(first: Frame<Bytes>, rest: Incoming) -> (ProxyBody, Arc<AtomicBool>) {
-        let failed = Arc::new(AtomicBool::new(false));
+    /// The body, and its progress.
+    pub fn wrap(first: Frame<Bytes>, rest: Incoming) -> (ProxyBody, Arc<Progress>) {
+        let progress = Arc::new(Progress::new());
+        progress.moved();
         let body = ClientBody {
             first: Some(first),
             rest,
-            failed: Arc::clone(&failed),
+            progress: Arc::clone(&progress),
         };
-        (body.boxed_unsync(), failed)
+        body.note_end();
+        (body.boxed_unsync(), progress)
+    }
+
+    fn note_end(&self) {
+        if self.rest.is_end_stream() {
+            self.progress.moved();
+            self.progress.complete.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -114,8 +165,17 @@ impl Body for ClientBody {
             return Poll::Ready(Some(Ok(first)));
         }
         let polled = Pin::new(&mut self.rest).poll_frame(cx);
-        if let Poll::Ready(Some(Err(_))) = &polled {
-            self.failed.store(true, Ordering::Relaxed);
+        match &polled {
+            Poll::Ready(Some(Ok(_))) => {
+                self.progress.moved();
+                self.note_end();
+            }
+            Poll::Ready(Some(Err(_))) => self.progress.failed.store(true, Ordering::Relaxed),
+            Poll::Ready(None) => {
+                self.progress.moved();
+                self.progress.complete.store(true, Ordering::Release);
+            }
+            Poll::Pending => {}
         }
         polled
     }

@@ -10,7 +10,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +27,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::activity::ConnState;
-use super::body::{self, BodyGuard, ClientBody, Guarded, ProxyBody};
+use super::body::{self, BodyGuard, ClientBody, Guarded, Progress, ProxyBody};
 use super::head::Watched;
 use super::headers;
 use super::longlived;
@@ -41,16 +40,16 @@ use crate::metrics::{self, RequestMetrics};
 /// A request body ready to go upstream.
 struct Outgoing {
     body: ProxyBody,
-    /// Turns true if the client's body fails; `None` for an empty body,
+    /// How the client's body is getting on; `None` for an empty body,
     /// which can be sent again.
-    failed: Option<Arc<AtomicBool>>,
+    progress: Option<Arc<Progress>>,
 }
 
 impl Outgoing {
     fn empty() -> Outgoing {
         Outgoing {
             body: body::empty(),
-            failed: None,
+            progress: None,
         }
     }
 }
@@ -256,7 +255,7 @@ impl HttpProxy {
         headers::add_forwarding(&mut parts.headers, client_ip);
         let outgoing = self.client_body(incoming).await?;
         // An empty body can be sent again, so a failed connect may retry.
-        let replayable = outgoing.failed.is_none();
+        let replayable = outgoing.progress.is_none();
         let mut body = Some(outgoing.body);
         let mut failed: Option<(usize, ProxyError)> = None;
         loop {
@@ -275,7 +274,7 @@ impl HttpProxy {
             let sent = body.take().unwrap_or_else(body::empty);
             let outbound = outbound_request(&parts, sent, &lease)?;
             match self
-                .send(outbound, &lease, outgoing.failed.as_deref())
+                .send(outbound, &lease, outgoing.progress.as_deref())
                 .await
             {
                 Ok(response) => return Ok(self.respond(response, lease, upgrade, drain, state)),
@@ -308,32 +307,41 @@ impl HttpProxy {
                 why: "malformed request body",
             }),
             Some(Ok(frame)) => {
-                let (body, failed) = ClientBody::wrap(frame, incoming);
+                let (body, progress) = ClientBody::wrap(frame, incoming);
                 Ok(Outgoing {
                     body,
-                    failed: Some(failed),
+                    progress: Some(progress),
                 })
             }
         }
     }
 
-    /// One try at one backend. `client_body_failed` tells a request that
-    /// died of its own body (a 400) from one the backend broke.
+    /// One try at one backend. The client's body `progress` tells a
+    /// request that died of its own body (400), or of a body that stopped
+    /// coming (408), from one the backend broke; `response_timeout` runs
+    /// only once the whole request was sent.
     async fn send(
         &self,
         outbound: Request<ProxyBody>,
         lease: &Lease,
-        client_body_failed: Option<&AtomicBool>,
+        progress: Option<&Progress>,
     ) -> Result<Response<Incoming>, ProxyError> {
         let backend = lease.backend();
-        let result =
-            tokio::time::timeout(self.response_timeout, self.client.request(outbound)).await;
-        let err = match result {
+        let watch = self.watch_exchange(progress, &backend.name);
+        let outcome = tokio::select! {
+            result = self.client.request(outbound) => Ok(result),
+            stalled = watch => Err(stalled),
+        };
+        let err = match outcome {
             Ok(Ok(response)) => return Ok(response),
-            Ok(Err(_)) if client_body_failed.is_some_and(|f| f.load(Ordering::Relaxed)) => {
+            Ok(Err(_)) if progress.is_some_and(Progress::failed) => {
                 return Err(ProxyError::Client {
                     why: "malformed or cut-off request body",
                 })
+            }
+            Err(err @ ProxyError::ClientTimeout { .. }) => {
+                tracing::info!(backend = %backend.name, "request body stopped arriving; 408");
+                return Err(err);
             }
             Ok(Err(e)) if e.is_connect() => ProxyError::Connect {
                 backend: backend.name.clone(),
@@ -344,10 +352,7 @@ impl HttpProxy {
                 backend: backend.name.clone(),
                 cause: root_cause(&e),
             },
-            Err(_) => ProxyError::Timeout {
-                backend: backend.name.clone(),
-                seconds: self.response_timeout.as_secs_f64(),
-            },
+            Err(err) => err,
         };
         if let Some(kind) = err.upstream_kind() {
             let blames_backend =
@@ -356,6 +361,33 @@ impl HttpProxy {
         }
         tracing::warn!(cause = %err, "backend request failed");
         Err(err)
+    }
+
+    /// Resolves with the exchange's failure if the client's body stops for
+    /// `idle_timeout` (408), or once it is all sent, if the response head
+    /// does not follow within `response_timeout` (504).
+    async fn watch_exchange(&self, progress: Option<&Progress>, backend: &str) -> ProxyError {
+        let sent_at = loop {
+            let Some((last, complete)) = progress.map(Progress::last) else {
+                break Instant::now();
+            };
+            if complete {
+                break last;
+            }
+            if last.elapsed() >= self.idle_timeout {
+                return ProxyError::ClientTimeout {
+                    seconds: self.idle_timeout.as_secs_f64(),
+                };
+            }
+            // Looked at again soon: the body may end, or stall, meanwhile.
+            let next = (last + self.idle_timeout).min(Instant::now() + Duration::from_millis(100));
+            tokio::time::sleep_until(next).await;
+        };
+        tokio::time::sleep_until(sent_at + self.response_timeout).await;
+        ProxyError::Timeout {
+            backend: backend.to_string(),
+            seconds: self.response_timeout.as_secs_f64(),
+        }
     }
 
     /// Turns the backend's response into the client's; an upgrade's two
