@@ -98,6 +98,78 @@ async fn forwarding_headers_reach_the_backend() {
         .any(|v| v.as_bytes() == b"1.1 baton"));
 }
 
+/// What the backend saw of a raw request sent through `listener_keys`.
+async fn headers_seen(listener_keys: &str, request: &str) -> String {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", listener_keys)
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    raw(baton.addr("web"), request.as_bytes()).await
+}
+
+const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nConnection: close\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_follow_the_listener_mode() {
+    let replaced = headers_seen("", SPOOFED).await;
+    assert!(
+        replaced.contains("x-forwarded-for: 127.0.0.1\n"),
+        "{replaced}"
+    );
+    assert!(replaced.contains("x-forwarded-proto: http\n"), "{replaced}");
+    for spoof in ["6.6.6.6", "7.7.7.7", "x-real-ip", "forwarded: "] {
+        assert!(!replaced.contains(spoof), "{spoof} survived: {replaced}");
+    }
+    let appended = headers_seen("forwarded = \"append\"", SPOOFED).await;
+    assert!(
+        appended.contains("x-forwarded-for: 6.6.6.6, 7.7.7.7, 127.0.0.1\n"),
+        "{appended}"
+    );
+    let off = headers_seen("forwarded = \"off\"", SPOOFED).await;
+    assert!(off.contains("x-forwarded-for: 6.6.6.6\n"), "{off}");
+    assert!(off.contains("x-forwarded-proto: https\n"), "{off}");
+    assert!(!off.contains("127.0.0.1"), "{off}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_follows_an_absolute_target_and_cannot_be_stripped() {
+    let absolute = headers_seen(
+        "",
+        "GET http://real.example/headers HTTP/1.1\r\nHost: fake.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(absolute.contains("host: real.example\n"), "{absolute}");
+    assert!(!absolute.contains("fake.example"), "{absolute}");
+    let stripped = headers_seen(
+        "",
+        "GET /headers HTTP/1.1\r\nHost: app.example\r\nX-Gone: 1\r\nConnection: close, host, x-gone\r\n\r\n",
+    )
+    .await;
+    assert!(stripped.contains("host: app.example\n"), "{stripped}");
+    assert!(!stripped.contains("x-gone"), "{stripped}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_upgrade_is_served_as_http_1_1_and_never_tunnelled() {
+    let seen = headers_seen(
+        "",
+        "GET /headers HTTP/1.1\r\nHost: app\r\nConnection: Upgrade, HTTP2-Settings, close\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n",
+    )
+    .await;
+    assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+    assert!(
+        seen.contains("HTTP/1.1\n"),
+        "the backend got HTTP/1.1: {seen}"
+    );
+    for gone in ["upgrade", "http2-settings"] {
+        assert!(
+            !seen.to_ascii_lowercase().contains(&format!("\n{gone}:")),
+            "{gone}: {seen}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_clients_are_served() {
     let backend = HttpBackend::start("a").await;

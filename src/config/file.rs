@@ -81,6 +81,7 @@ pub struct ListenerFile {
     pub connect_timeout: Option<DurationValue>,
     pub response_timeout: Option<DurationValue>,
     pub tunnel_timeout: Option<DurationValue>,
+    pub forwarded: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

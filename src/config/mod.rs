@@ -69,6 +69,19 @@ pub enum Protocol {
     Tcp,
 }
 
+/// What an HTTP listener does with forwarding headers (`forwarded`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forwarded {
+    /// `X-Forwarded-For` from the peer alone; every forwarding header the
+    /// client sent is dropped (nothing a client says is trusted).
+    Replace,
+    /// The client's `X-Forwarded-For` lines, joined, then the peer: for a
+    /// listener behind a proxy that is trusted.
+    Append,
+    /// Forwarding headers pass untouched and none is added.
+    Off,
+}
+
 impl Protocol {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -98,6 +111,7 @@ pub struct ListenerConfig {
     /// A TCP-mode or upgraded connection with no traffic either way for
     /// this long is closed.
     pub tunnel_timeout: Duration,
+    pub forwarded: Forwarded,
 }
 
 #[derive(Debug, Clone)]

@@ -1,10 +1,14 @@
 //! Header rewriting between client and backend: hop-by-hop headers stay on
 //! their hop (RFC 9110 §7.6.1), forwarding headers say where a request came
-//! from, and an upgrade keeps the two headers that make it one.
+//! from (per the listener's `forwarded`), and an upgrade keeps the two
+//! headers that make it one. An upgrade to h2c is never one: tunnelled, it
+//! would carry requests past routing and every check (h2c smuggling).
 
 use std::net::IpAddr;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, UPGRADE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, UPGRADE};
+
+use crate::config::Forwarded;
 
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -14,7 +18,54 @@ const HOP_BY_HOP: &[&str] = &[
     "trailer",
     "transfer-encoding",
     "upgrade",
+    "http2-settings",
 ];
+
+/// End-to-end headers a `Connection` header cannot strip: without them the
+/// backend would read the request another way than baton did.
+const NOT_STRIPPABLE: &[&str] = &[
+    "host",
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "authorization",
+    "cookie",
+];
+
+/// What a client may say about where a request came from; `replace` drops
+/// all of it.
+const FORWARDING: &[&str] = &[
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+    "forwarded",
+];
+
+/// Drops an `Upgrade` that asks for h2c: the request is served as the
+/// HTTP/1.1 request it also is.
+pub fn refuse_h2c(headers: &mut HeaderMap) {
+    let h2c = headers
+        .get_all(UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("h2c"));
+    if h2c {
+        headers.remove(UPGRADE);
+    }
+}
+
+/// The `Host` a backend gets: an absolute-form target's authority wins over
+/// whatever `Host` the client sent (RFC 9112 §3.2.2), since routing used it.
+pub fn host_from_target(headers: &mut HeaderMap, uri: &http::Uri) {
+    if let Some(authority) = uri
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    {
+        headers.insert(HOST, authority);
+    }
+}
 
 /// True for an HTTP/1.1 upgrade request (`Connection: upgrade` + `Upgrade`).
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
@@ -42,6 +93,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     };
     let named: Vec<HeaderName> = connection_tokens(headers)
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .filter(|n| !NOT_STRIPPABLE.contains(&n.as_str()))
         .collect();
     for name in named {
         headers.remove(name);
@@ -60,24 +112,38 @@ pub fn ip_value(ip: IpAddr) -> HeaderValue {
     HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"))
 }
 
-/// Adds `X-Forwarded-For` (appended), `X-Forwarded-Proto` and `Via`.
-pub fn add_forwarding(headers: &mut HeaderMap, client: &HeaderValue) {
+/// Sets `X-Forwarded-For` and `X-Forwarded-Proto` as `mode` says, and
+/// adds `Via`.
+pub fn add_forwarding(headers: &mut HeaderMap, client: &HeaderValue, mode: Forwarded) {
     let xff = HeaderName::from_static("x-forwarded-for");
-    match headers.get(&xff).and_then(|v| v.to_str().ok()) {
-        Some(prior) => {
-            let client = client.to_str().unwrap_or("unknown");
-            if let Ok(v) = HeaderValue::from_str(&format!("{prior}, {client}")) {
-                headers.insert(xff, v);
+    match mode {
+        Forwarded::Off => {}
+        Forwarded::Replace => {
+            for name in FORWARDING {
+                headers.remove(*name);
             }
-        }
-        None => {
             headers.insert(xff, client.clone());
         }
+        Forwarded::Append => {
+            let mut chain: Vec<&str> = headers
+                .get_all(&xff)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .collect();
+            chain.push(client.to_str().unwrap_or("unknown"));
+            let joined =
+                HeaderValue::from_str(&chain.join(", ")).unwrap_or_else(|_| client.clone());
+            headers.insert(xff, joined);
+        }
     }
-    headers.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static("http"),
-    );
+    if mode != Forwarded::Off {
+        headers.insert(
+            HeaderName::from_static("x-forwarded-proto"),
+            HeaderValue::from_static("http"),
+        );
+    }
     add_via(headers);
 }
 
@@ -118,14 +184,62 @@ mod tests {
         );
     }
 
+    fn peer() -> HeaderValue {
+        ip_value("127.0.0.1".parse().expect("ip"))
+    }
+
     #[test]
-    fn forwarded_for_appends() {
+    fn append_joins_every_line_then_the_peer() {
         let mut h = HeaderMap::new();
-        h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        add_forwarding(&mut h, &ip_value("127.0.0.1".parse().expect("ip")));
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_static("10.0.0.2, 10.0.0.3"),
+        );
+        add_forwarding(&mut h, &peer(), Forwarded::Append);
         assert_eq!(
             h.get("x-forwarded-for").map(|v| v.as_bytes()),
-            Some(&b"10.0.0.1, 127.0.0.1"[..])
+            Some(&b"10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"[..])
         );
+    }
+
+    #[test]
+    fn replace_trusts_nothing_the_client_sent() {
+        let mut h = HeaderMap::new();
+        for name in FORWARDING {
+            h.insert(*name, HeaderValue::from_static("6.6.6.6"));
+        }
+        add_forwarding(&mut h, &peer(), Forwarded::Replace);
+        assert_eq!(h.get("x-forwarded-for"), Some(&peer()));
+        assert_eq!(
+            h.get("x-forwarded-proto").map(|v| v.as_bytes()),
+            Some(&b"http"[..])
+        );
+        for name in ["x-forwarded-host", "x-real-ip", "forwarded"] {
+            assert!(!h.contains_key(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn connection_cannot_strip_host() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("host, x-gone"));
+        h.insert(HOST, HeaderValue::from_static("app"));
+        h.insert("x-gone", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.contains_key(HOST));
+        assert!(!h.contains_key("x-gone"));
+    }
+
+    #[test]
+    fn an_h2c_upgrade_is_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            CONNECTION,
+            HeaderValue::from_static("Upgrade, HTTP2-Settings"),
+        );
+        h.insert(UPGRADE, HeaderValue::from_static("h2c"));
+        refuse_h2c(&mut h);
+        assert!(!is_upgrade(&h));
     }
 }

@@ -33,7 +33,7 @@ use super::headers;
 use super::longlived;
 use super::ProxyError;
 use crate::backend::{Lease, Pool};
-use crate::config::{ListenerConfig, RouteConfig};
+use crate::config::{Forwarded, ListenerConfig, RouteConfig};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, RequestMetrics};
 
@@ -74,6 +74,7 @@ pub struct HttpProxy {
     /// Also the wait for a request body's first bytes.
     idle_timeout: Duration,
     tunnel_timeout: Duration,
+    forwarded: Forwarded,
 }
 
 impl HttpProxy {
@@ -111,6 +112,7 @@ impl HttpProxy {
             header_timeout: config.header_timeout,
             idle_timeout: config.idle_timeout,
             tunnel_timeout: config.tunnel_timeout,
+            forwarded: config.forwarded,
         }
     }
 
@@ -240,19 +242,12 @@ impl HttpProxy {
         drain: &DrainWatch,
         state: &ConnState,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        headers::refuse_h2c(req.headers_mut());
         let upgrade = headers::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, incoming) = req.into_parts();
-        if !parts.headers.contains_key(HOST) {
-            if let Some(authority) = parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            {
-                parts.headers.insert(HOST, authority);
-            }
-        }
+        headers::host_from_target(&mut parts.headers, &parts.uri);
         headers::strip_hop_by_hop(&mut parts.headers, upgrade.is_some());
-        headers::add_forwarding(&mut parts.headers, client_ip);
+        headers::add_forwarding(&mut parts.headers, client_ip, self.forwarded);
         let outgoing = self.client_body(incoming).await?;
         // An empty body can be sent again, so a failed connect may retry.
         let replayable = outgoing.progress.is_none();

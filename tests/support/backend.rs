@@ -1,6 +1,7 @@
 //! Real backends on 127.0.0.1: an HTTP server that says who answered and
 //! which path it saw (`/slow/MS` answers after MS milliseconds, `/gated`
-//! answers once the test calls [`HttpBackend::release`], `/ws` echoes
+//! answers once the test calls [`HttpBackend::release`], `/headers` answers
+//! with the request's headers (`name: value` lines) and its version, `/ws` echoes
 //! bytes after a 101 upgrade to the protocol asked for, `/sse` streams an
 //! event every 100 ms, `/upload` reads the whole body and says how many
 //! bytes it got, `/bytes/N` streams N bytes), and a TCP echo server that
@@ -272,6 +273,16 @@ async fn answer(
     gate: &Gate,
 ) -> Result<Response<TestBody>, Infallible> {
     let path = req.uri().path().to_string();
+    if path == "/headers" {
+        let mut text = format!("{:?}\n", req.version());
+        for (name, value) in req.headers() {
+            text.push_str(&format!(
+                "{name}: {}\n",
+                String::from_utf8_lossy(value.as_bytes())
+            ));
+        }
+        return Ok(Response::new(full(text)));
+    }
     if path == "/gated" {
         let held = Active::mark(&gate.held);
         gate.release.cancelled().await;

@@ -48,6 +48,18 @@ impl Validator {
                     Protocol::Http
                 }
             };
+            let forwarded = match l.forwarded.as_deref() {
+                None | Some("replace") => Forwarded::Replace,
+                Some("append") => Forwarded::Append,
+                Some("off") => Forwarded::Off,
+                Some(other) => {
+                    self.problem(
+                        &format!("{key}.forwarded"),
+                        format!("\"{other}\" is not one of replace, append, off"),
+                    );
+                    Forwarded::Replace
+                }
+            };
             let pool = self.pool_ref(&format!("{key}.pool"), l.pool.as_deref(), pools);
             let routes = self.routes(&key, &l.routes, protocol, pools);
             out.push(ListenerConfig {
@@ -90,6 +102,7 @@ impl Validator {
                     l.response_timeout.as_ref(),
                     Duration::from_secs(60),
                 ),
+                forwarded,
                 tunnel_timeout: self.timeout(
                     &format!("{key}.tunnel_timeout"),
                     l.tunnel_timeout.as_ref(),
