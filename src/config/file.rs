@@ -82,6 +82,7 @@ pub struct ListenerFile {
     pub response_timeout: Option<DurationValue>,
     pub tunnel_timeout: Option<DurationValue>,
     pub forwarded: Option<String>,
+    pub h2_max_concurrent_streams: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

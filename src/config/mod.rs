@@ -112,6 +112,8 @@ pub struct ListenerConfig {
     /// this long is closed.
     pub tunnel_timeout: Duration,
     pub forwarded: Forwarded,
+    /// Streams one h2 client may have open at once.
+    pub h2_max_concurrent_streams: u32,
 }
 
 #[derive(Debug, Clone)]

@@ -69,8 +69,18 @@ impl ConnState {
         self.h2.store(true, Ordering::Relaxed);
     }
 
+    /// It opened with the h2 preface, or carried an h2 request.
     pub fn is_h2(&self) -> bool {
-        self.h2.load(Ordering::Relaxed)
+        self.h2.load(Ordering::Relaxed) || self.head.is_h2()
+    }
+
+    /// Resolves once the connection speaks h2 and has had no stream open
+    /// for `limit` (hyper's h2 server has no idle timeout of its own).
+    pub async fn h2_idle_for(&self, limit: Duration) {
+        while !self.is_h2() {
+            tokio::time::sleep(limit.min(Duration::from_secs(1))).await;
+        }
+        self.idle_for(limit).await;
     }
 
     /// Resolves once no request has been in flight for `grace`.

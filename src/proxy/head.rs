@@ -4,6 +4,10 @@
 //! between keep-alive requests is a different clock: hyper's own header
 //! timer, set to `idle_timeout` (hyper starts it when a connection turns
 //! idle, and it sends no 408).
+//!
+//! An h2c connection (prior knowledge) is under the same clock until its
+//! preface and first SETTINGS frame are in (then it is closed, without a
+//! 408, if they are late); after that its idleness is the proxy's business.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,8 +30,10 @@ pub struct HeadClock {
     since: AtomicU64,
     /// A request is being answered: bytes now are its body, not a head.
     answering: AtomicBool,
-    /// h2 frames its own requests; this clock is for HTTP/1.
+    /// h2 frames its own requests; this clock is for HTTP/1 and h2's opening.
     off: AtomicBool,
+    /// The connection opened with the h2 preface.
+    h2: AtomicBool,
     /// The head was too slow: the connection goes with a 408.
     expired: AtomicBool,
 }
@@ -46,6 +52,7 @@ impl HeadClock {
             since: AtomicU64::new(1),
             answering: AtomicBool::new(false),
             off: AtomicBool::new(false),
+            h2: AtomicBool::new(false),
             expired: AtomicBool::new(false),
         }
     }
@@ -82,6 +89,11 @@ impl HeadClock {
         self.off.store(true, Ordering::Relaxed);
     }
 
+    /// Whether the connection opened with the h2 preface.
+    pub fn is_h2(&self) -> bool {
+        self.h2.load(Ordering::Relaxed)
+    }
+
     /// Resolves once a head has been in progress for `limit`.
     pub async fn overdue(&self, limit: Duration) {
         loop {
@@ -107,22 +119,83 @@ impl HeadClock {
 pub struct Watched {
     inner: TcpStream,
     clock: Arc<HeadClock>,
-    seen_bytes: bool,
+    opening: Opening,
 }
+
+/// How far a connection's opening is known.
+enum Opening {
+    /// Its first bytes: are they the h2 preface, and how long is the
+    /// SETTINGS frame after it?
+    Sniffing(Vec<u8>),
+    /// h2: bytes of the first SETTINGS frame still to come.
+    Settings(usize),
+    /// HTTP/1, or h2 with its opening in.
+    Known,
+}
+
+/// The h2 client preface (RFC 9113 §3.4); a SETTINGS frame must follow.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// A frame header: 24-bit length, type, flags, stream id.
+const FRAME_HEADER: usize = 9;
 
 impl Watched {
     pub fn new(inner: TcpStream, clock: Arc<HeadClock>) -> Watched {
         Watched {
             inner,
             clock,
-            seen_bytes: false,
+            opening: Opening::Sniffing(Vec::new()),
+        }
+    }
+
+    /// Follows the opening bytes: an HTTP/1 connection is left to the clock
+    /// at once; an h2 one is let go of once its preface and first SETTINGS
+    /// frame are in.
+    fn follow_opening(&mut self, mut fresh: &[u8]) {
+        while !fresh.is_empty() {
+            let next = match &mut self.opening {
+                Opening::Known => return,
+                Opening::Sniffing(seen) => {
+                    let want = PREFACE.len() + FRAME_HEADER;
+                    let take = fresh.len().min(want - seen.len());
+                    seen.extend_from_slice(&fresh[..take]);
+                    fresh = &fresh[take..];
+                    let compared = seen.len().min(PREFACE.len());
+                    if seen[..compared] != PREFACE[..compared] {
+                        Opening::Known
+                    } else if seen.len() < want {
+                        if seen.len() >= PREFACE.len() {
+                            self.clock.h2.store(true, Ordering::Relaxed);
+                        }
+                        return;
+                    } else {
+                        self.clock.h2.store(true, Ordering::Relaxed);
+                        let h = &seen[PREFACE.len()..];
+                        Opening::Settings(u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize)
+                    }
+                }
+                Opening::Settings(left) => {
+                    let take = fresh.len().min(*left);
+                    *left -= take;
+                    fresh = &fresh[take..];
+                    if *left > 0 {
+                        return;
+                    }
+                    self.clock.turn_off();
+                    Opening::Known
+                }
+            };
+            self.opening = next;
+        }
+        if let Opening::Settings(0) = self.opening {
+            self.clock.turn_off();
+            self.opening = Opening::Known;
         }
     }
 }
 
 impl Drop for Watched {
     fn drop(&mut self) {
-        if self.clock.expired.load(Ordering::Relaxed) {
+        if self.clock.expired.load(Ordering::Relaxed) && !self.clock.is_h2() {
             // Best effort: 75 bytes fit an empty send buffer; a client that
             // stopped reading gets the close alone.
             let _ = self.inner.try_write(TIMEOUT_RESPONSE);
@@ -140,12 +213,11 @@ impl AsyncRead for Watched {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            // An h2c connection (prior knowledge) opens with its preface.
-            if before == 0 && !self.seen_bytes && buf.filled().starts_with(b"PRI * HTTP/2") {
-                self.clock.turn_off();
-            }
-            self.seen_bytes = true;
             self.clock.bytes_read();
+            if !matches!(self.opening, Opening::Known) {
+                let fresh = buf.filled()[before..].to_vec();
+                self.follow_opening(&fresh);
+            }
         }
         polled
     }

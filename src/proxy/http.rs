@@ -37,6 +37,20 @@ use crate::config::{Forwarded, ListenerConfig, RouteConfig};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, RequestMetrics};
 
+/// How often an h2 connection is PINGed, and how long the answer may take.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long an idle h2 client has to close after GOAWAY.
+const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
+
+/// Sleeps until `at`, or forever if there is none.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// A request body ready to go upstream.
 struct Outgoing {
     body: ProxyBody,
@@ -93,7 +107,14 @@ impl HttpProxy {
             // Starts when a connection turns idle: the keep-alive limit.
             // A slow head is `head::HeadClock`'s business.
             .header_read_timeout(config.idle_timeout);
-        server.http2().timer(TokioTimer::new());
+        server
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(config.h2_max_concurrent_streams)
+            // A dead peer (no PING answer) is found without waiting for
+            // idle_timeout; a live one answers and costs a frame.
+            .keep_alive_interval(H2_PING_INTERVAL)
+            .keep_alive_timeout(H2_PING_TIMEOUT);
         HttpProxy {
             listener: Arc::from(config.name.as_str()),
             routes: config.routes.clone(),
@@ -135,6 +156,7 @@ impl HttpProxy {
         tokio::pin!(conn);
         let mut drain_seen = false;
         let mut closing = false;
+        let mut cut_at: Option<Instant> = None;
         loop {
             tokio::select! {
                 result = conn.as_mut() => {
@@ -157,6 +179,18 @@ impl HttpProxy {
                     tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
                     // Written by the stream as `conn` drops (`head::Watched`).
                     state.head.expire();
+                    return;
+                }
+                () = state.h2_idle_for(self.idle_timeout), if !closing => {
+                    tracing::debug!(listener = %self.listener, client = %peer, "h2 connection without a stream for idle_timeout; GOAWAY");
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                    // h2's graceful close waits for the client's PING answer:
+                    // an idle client that gives none is cut.
+                    cut_at = Some(Instant::now() + H2_GOAWAY_GRACE);
+                }
+                () = sleep_until_some(cut_at) => {
+                    tracing::debug!(listener = %self.listener, client = %peer, "h2 client did not close after GOAWAY; closing");
                     return;
                 }
                 () = state.idle_for(self.keepalive_drain_grace), if drain_seen && !closing => {

@@ -103,6 +103,13 @@ impl Validator {
                     Duration::from_secs(60),
                 ),
                 forwarded,
+                h2_max_concurrent_streams: self.count(
+                    &format!("{key}.h2_max_concurrent_streams"),
+                    l.h2_max_concurrent_streams,
+                    100,
+                    1,
+                    10_000,
+                ) as u32,
                 tunnel_timeout: self.timeout(
                     &format!("{key}.tunnel_timeout"),
                     l.tunnel_timeout.as_ref(),

@@ -1,0 +1,116 @@
+//! h2c clients under the same limits as HTTP/1 ones: the preface and the
+//! first SETTINGS frame fall under `header_timeout`, a connection with no
+//! stream open is closed at `idle_timeout` with GOAWAY, and the number of
+//! streams a client may open at once is bounded (`h2_max_concurrent_streams`).
+
+mod support;
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use support::backend::HttpBackend;
+use support::daemon::{Baton, Spec};
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// An empty SETTINGS frame.
+const SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+const GOAWAY: u8 = 7;
+
+async fn baton_with(listener_keys: &str) -> (HttpBackend, Baton) {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", listener_keys)
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    (backend, baton)
+}
+
+/// Everything baton sends until it closes, or `None` if it is still open
+/// after `within`.
+async fn until_closed(s: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0) | Err(_)) => return Some(all),
+            Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// The h2 frames in `bytes`: (type, payload).
+fn frames(mut bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    while bytes.len() >= 9 {
+        let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
+        let end = (9 + len).min(bytes.len());
+        out.push((bytes[3], bytes[9..end].to_vec()));
+        bytes = &bytes[end..];
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preface_that_stops_short_is_closed_at_header_timeout() {
+    let (_backend, baton) = baton_with("header_timeout = \"1s\"").await;
+    for opening in [&PREFACE[..12], PREFACE] {
+        let mut s = TcpStream::connect(baton.addr("web"))
+            .await
+            .expect("connect");
+        s.write_all(opening).await.expect("write");
+        let sent = until_closed(&mut s, Duration::from_secs(5)).await;
+        assert!(
+            sent.is_some(),
+            "{} bytes of opening held a connection",
+            opening.len()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_connection_without_a_stream_gets_goaway_at_idle_timeout() {
+    let (_backend, baton) = baton_with("idle_timeout = \"1s\"").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(&[PREFACE, SETTINGS].concat())
+        .await
+        .expect("write");
+    let sent = until_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("closed at idle_timeout");
+    assert!(
+        frames(&sent).iter().any(|(kind, _)| *kind == GOAWAY),
+        "a GOAWAY before the close: {sent:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_streams_a_client_may_open_are_bounded() {
+    for (keys, expected) in [("", 100u32), ("h2_max_concurrent_streams = 7", 7)] {
+        let (_backend, baton) = baton_with(keys).await;
+        let mut s = TcpStream::connect(baton.addr("web"))
+            .await
+            .expect("connect");
+        s.write_all(&[PREFACE, SETTINGS].concat())
+            .await
+            .expect("write");
+        let mut first = [0u8; 9];
+        s.read_exact(&mut first)
+            .await
+            .expect("server SETTINGS header");
+        assert_eq!(first[3], 4, "the server opens with SETTINGS");
+        let len = u32::from_be_bytes([0, first[0], first[1], first[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).await.expect("server SETTINGS");
+        let max_streams = payload
+            .chunks(6)
+            .find(|p| p.len() == 6 && u16::from_be_bytes([p[0], p[1]]) == 3)
+            .map(|p| u32::from_be_bytes([p[2], p[3], p[4], p[5]]));
+        assert_eq!(max_streams, Some(expected), "{keys:?}");
+    }
+}
