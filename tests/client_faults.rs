@@ -178,6 +178,72 @@ async fn a_stalled_upload_is_a_408_and_never_blames_the_backend() {
     );
 }
 
+/// A client that stops taking response bytes (HTTP/1: a full socket; h2:
+/// a window at zero) is cut at `idle_timeout`, counted as a client abort,
+/// and its backend connection goes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_and_frees_its_backend() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "idle_timeout = \"1s\"").await;
+    let web = baton.addr("web");
+
+    // HTTP/1: asks for 1 GiB and reads nothing.
+    let mut h1 = TcpStream::connect(web).await.expect("connect");
+    h1.write_all(format!("GET /bytes/{GIB} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+
+    // h2: a stream window of zero, so no body byte may ever be sent.
+    let stream = TcpStream::connect(web).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .adaptive_window(false)
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    let h2_conn = tokio::spawn(conn);
+    let request = hyper::Request::get(format!("http://{web}/bytes/1000000"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let response = sender
+        .send_request(request)
+        .await
+        .expect("h2 response head");
+    assert_eq!(response.status(), 200);
+    within_3s("both streams reach the backend", || {
+        backend.connections() == 2
+    })
+    .await;
+
+    // Both are cut, and the backend streams to nobody any more.
+    let mut sink = vec![0u8; 1 << 16];
+    let h1_cut = tokio::time::timeout(support::TIMEOUT, async {
+        loop {
+            match h1.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                // Draining what sits in the socket buffers, once cut.
+                Ok(_) => {}
+            }
+        }
+    });
+    // Reading now would take bytes: wait for the cut first.
+    support::eventually("both slow readers cut", || async {
+        support::client::metrics(baton.admin)
+            .await
+            .contains("baton_client_aborts_total{listener=\"web\",reason=\"stalled_reader\"} 2")
+    })
+    .await;
+    h1_cut.await.expect("the HTTP/1 connection was closed");
+    let _ = tokio::time::timeout(support::TIMEOUT, h2_conn)
+        .await
+        .expect("h2 connection ended");
+    within_3s("the backend connections are released", || {
+        backend.connections() == 0
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gigabyte_streams_up_and_down_with_flat_memory() {
     let backend = HttpBackend::start("a").await;

@@ -21,6 +21,7 @@ pub const BACKEND_IN_FLIGHT: &str = "baton_backend_in_flight";
 pub const BACKEND_STATE: &str = "baton_backend_state";
 pub const HEALTH_CHECKS: &str = "baton_health_checks_total";
 pub const NO_BACKEND: &str = "baton_no_backend_total";
+pub const CLIENT_ABORTS: &str = "baton_client_aborts_total";
 pub const TCP_BYTES: &str = "baton_tcp_bytes_total";
 pub const GENERATION: &str = "baton_generation";
 pub const RELOADS: &str = "baton_reloads_total";
@@ -148,6 +149,10 @@ fn describe_more() {
     describe_counter!(
         NO_BACKEND,
         "Requests or connections refused because no backend of the pool was up."
+    );
+    describe_counter!(
+        CLIENT_ABORTS,
+        "Client connections cut on the client's account, by listener and reason."
     );
     describe_counter!(
         LONG_LIVED_DRAINED,
@@ -279,6 +284,33 @@ pub fn backend(pool: &str, backend: &str) -> BackendMetrics {
         checks_ok: metrics::counter!(HEALTH_CHECKS, labels(("result", "ok"))),
         checks_failed: metrics::counter!(HEALTH_CHECKS, labels(("result", "failed"))),
     }
+}
+
+/// Why a client connection was cut on the client's account.
+#[derive(Debug, Clone, Copy)]
+pub enum AbortReason {
+    /// It stopped taking response bytes for `idle_timeout`.
+    StalledReader,
+}
+
+impl AbortReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AbortReason::StalledReader => "stalled_reader",
+        }
+    }
+}
+
+/// Creates a listener's client-abort series at 0.
+pub fn client_aborts(listener: &str) {
+    let reason = AbortReason::StalledReader.as_str();
+    metrics::counter!(CLIENT_ABORTS, "listener" => listener.to_string(), "reason" => reason)
+        .absolute(0);
+}
+
+pub fn client_abort(listener: &str, reason: AbortReason) {
+    metrics::counter!(CLIENT_ABORTS, "listener" => listener.to_string(), "reason" => reason.as_str())
+        .increment(1);
 }
 
 pub fn no_backend(listener: &str, pool: &str) {

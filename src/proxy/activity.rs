@@ -1,9 +1,10 @@
 //! One HTTP client connection's activity: requests in flight, since when
 //! it is idle (the drain closes idle keep-alive connections only after
-//! `keepalive_drain_grace`), whether it speaks h2, and its head clock.
+//! `keepalive_drain_grace`), whether it speaks h2, its head clock, and
+//! whether the client takes the responses it is sent.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -22,12 +23,33 @@ pub struct ConnState {
     /// When the connection last became idle, as nanoseconds since `origin`.
     idle_since_nanos: AtomicU64,
     origin: Instant,
+    /// One per response being sent.
+    deliveries: Mutex<Vec<Weak<Delivery>>>,
+}
+
+/// Whether the client takes a response's bytes: a frame was handed to
+/// hyper at this time (nanoseconds since the connection's origin, + 1) and
+/// hyper has not asked for the next one since (0: nothing waits). hyper
+/// asks again once the frame is written, so a frame waiting long means
+/// the client stopped reading (a full socket, or an h2 window at zero).
+#[derive(Default)]
+struct Delivery {
+    handed_at: AtomicU64,
 }
 
 /// Marks a request in flight until the response body is done.
-pub struct Busy(Arc<ConnState>);
+pub struct Busy(Arc<ConnState>, Arc<Delivery>);
 
-impl BodyGuard for Busy {}
+impl BodyGuard for Busy {
+    fn asked(&mut self) {
+        self.1.handed_at.store(0, Ordering::Relaxed);
+    }
+
+    fn handed(&mut self) {
+        let now = self.0.origin.elapsed().as_nanos() as u64 + 1;
+        self.1.handed_at.store(now, Ordering::Relaxed);
+    }
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {
@@ -56,13 +78,38 @@ impl ConnState {
             in_flight: AtomicUsize::new(0),
             idle_since_nanos: AtomicU64::new(0),
             origin: Instant::now(),
+            deliveries: Mutex::new(Vec::new()),
         }
     }
 
     pub fn begin(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::Acquire);
         self.head.head_done();
-        Busy(Arc::clone(self))
+        let delivery = Arc::new(Delivery::default());
+        if let Ok(mut d) = self.deliveries.lock() {
+            d.retain(|w| w.strong_count() > 0);
+            d.push(Arc::downgrade(&delivery));
+        }
+        Busy(Arc::clone(self), delivery)
+    }
+
+    /// Resolves once a response frame has waited `limit` for the client to
+    /// take it (checked every second at most).
+    pub async fn stalled_reader(&self, limit: Duration) {
+        loop {
+            tokio::time::sleep(limit.min(Duration::from_secs(1))).await;
+            let now = self.origin.elapsed().as_nanos() as u64 + 1;
+            let limit = limit.as_nanos() as u64;
+            let stalled = self.deliveries.lock().is_ok_and(|d| {
+                d.iter().filter_map(Weak::upgrade).any(|d| {
+                    let at = d.handed_at.load(Ordering::Relaxed);
+                    at != 0 && now.saturating_sub(at) >= limit
+                })
+            });
+            if stalled {
+                return;
+            }
+        }
     }
 
     pub fn mark_h2(&self) {

@@ -29,9 +29,12 @@ pub fn empty() -> ProxyBody {
         .boxed_unsync()
 }
 
-/// What a [`Guarded`] body's guard hears if the body breaks off midway.
+/// What a [`Guarded`] body's guard hears: the body breaking off midway,
+/// hyper asking for the next frame, a frame handed to hyper.
 pub trait BodyGuard: Send + Unpin + 'static {
     fn body_failed(&mut self, _cause: &hyper::Error) {}
+    fn asked(&mut self) {}
+    fn handed(&mut self) {}
 }
 
 /// `inner`, holding `guard` until the body ends or is dropped.
@@ -58,6 +61,9 @@ impl<G: BodyGuard> Body for Guarded<G> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(guard) = self.guard.as_mut() {
+            guard.asked();
+        }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Err(cause))) => {
@@ -65,8 +71,13 @@ impl<G: BodyGuard> Body for Guarded<G> {
                     guard.body_failed(cause);
                 }
             }
+            Poll::Ready(Some(Ok(_))) => {
+                if let Some(guard) = self.guard.as_mut() {
+                    guard.handed();
+                }
+            }
             Poll::Ready(None) => self.guard = None,
-            _ => {}
+            Poll::Pending => {}
         }
         polled
     }

@@ -115,6 +115,7 @@ impl HttpProxy {
             // idle_timeout; a live one answers and costs a frame.
             .keep_alive_interval(H2_PING_INTERVAL)
             .keep_alive_timeout(H2_PING_TIMEOUT);
+        metrics::client_aborts(&config.name);
         HttpProxy {
             listener: Arc::from(config.name.as_str()),
             routes: config.routes.clone(),
@@ -174,6 +175,11 @@ impl HttpProxy {
                         conn.as_mut().graceful_shutdown();
                         closing = true;
                     }
+                }
+                () = state.stalled_reader(self.idle_timeout) => {
+                    tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout; closing");
+                    metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
+                    return;
                 }
                 () = state.head.overdue(self.header_timeout) => {
                     tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
