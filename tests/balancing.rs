@@ -490,3 +490,47 @@ async fn routes_pick_pools_by_path_prefix_and_host() {
         .expect("get");
     assert_eq!(answer.body, HttpBackend::body_for("api", "/v1"));
 }
+
+/// `max_connections_per_backend` caps what one backend is given at once:
+/// further work waits in line and gets the first place that frees up, or a
+/// 503 after `queue_timeout` (counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_at_its_cap_queues_work_then_refuses_it_at_queue_timeout() {
+    let a = HttpBackend::start("a").await;
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        "max_connections_per_backend = 1\nqueue_timeout = \"1s\"",
+        &[(a.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the first request holds the only place", || async {
+        a.held() == 1
+    })
+    .await;
+    let queued = tokio::spawn(async move { client::get(web, "/queued").await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!queued.is_finished(), "the second request waits in line");
+    assert_eq!(a.hits(), 1, "the backend was given one request at a time");
+    a.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
+    let answer = queued.await.expect("join").expect("queued");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/queued"));
+
+    let slow = tokio::spawn(async move { client::get(web, "/slow/4000").await });
+    support::eventually("the slow request holds the only place", || async {
+        a.active() == 1
+    })
+    .await;
+    let refused = client::get(web, "/refused").await.expect("an answer");
+    assert_eq!(refused.status, 503);
+    assert!(
+        client::metrics(baton.admin)
+            .await
+            .contains("baton_queue_timeouts_total{pool=\"app\"} 1"),
+        "counted"
+    );
+    assert_eq!(slow.await.expect("join").expect("slow").status, 200);
+}

@@ -144,6 +144,8 @@ mod tests {
                 balance,
                 health: None,
                 backends,
+                max_connections_per_backend: 0,
+                queue_timeout: std::time::Duration::from_secs(1),
             },
             0,
         )

@@ -115,6 +115,8 @@ pub struct Backend {
     /// The last request or connection it failed; clients see none of it.
     last_error: Mutex<Option<CheckRecord>>,
     metrics: BackendMetrics,
+    /// The pool's queue, told when a lease ends.
+    freed: Arc<tokio::sync::Notify>,
 }
 
 impl Backend {
@@ -292,6 +294,11 @@ pub struct Pool {
     pub health: Option<HealthConfig>,
     balance: Balance,
     picks: balance::PickState,
+    /// Per-backend cap (0: none) and how long work waits for a place.
+    cap: usize,
+    queue_timeout: std::time::Duration,
+    /// Woken, one waiter at a time in arrival order, when a lease ends.
+    freed: Arc<tokio::sync::Notify>,
 }
 
 impl Pool {
@@ -299,6 +306,8 @@ impl Pool {
     pub fn new(config: &PoolConfig, first_index: usize) -> Pool {
         let checked = config.health.is_some();
         let (rise, fall) = config.health.as_ref().map_or((1, 1), |h| (h.rise, h.fall));
+        let freed = Arc::new(tokio::sync::Notify::new());
+        metrics::queue_timeouts(&config.name);
         let backends: Vec<Arc<Backend>> = config
             .backends
             .iter()
@@ -325,6 +334,7 @@ impl Pool {
                     last_check: Mutex::new(None),
                     last_error: Mutex::new(None),
                     metrics: metrics::backend(&config.name, &b.name),
+                    freed: Arc::clone(&freed),
                 };
                 backend.publish();
                 Arc::new(backend)
@@ -336,6 +346,9 @@ impl Pool {
             backends,
             health: config.health.clone(),
             balance: config.balance,
+            cap: config.max_connections_per_backend,
+            queue_timeout: config.queue_timeout,
+            freed,
         }
     }
 
@@ -353,12 +366,48 @@ impl Pool {
     }
 
     /// Picks a backend for one unit of work, skipping `exclude` (a backend
-    /// that just failed), or `None` when no backend can take it.
+    /// that just failed) and those at their cap, or `None` when no backend
+    /// can take it now.
     pub fn pick(&self, exclude: Option<usize>) -> Option<Lease> {
-        let chosen = balance::choose(self.balance, &self.backends, &self.picks, |b| {
-            b.available() && Some(b.index) != exclude
-        })?;
-        Some(Lease::new(Arc::clone(&self.backends[chosen])))
+        loop {
+            let chosen = balance::choose(self.balance, &self.backends, &self.picks, |b| {
+                b.available() && Some(b.index) != exclude && self.below_cap(b)
+            })?;
+            // Another pick may have taken the last place meanwhile.
+            if let Some(lease) = Lease::within(&self.backends[chosen], self.cap) {
+                return Some(lease);
+            }
+        }
+    }
+
+    /// Like [`Self::pick`], but when every backend that could take the work
+    /// is at its cap, waits in line (first come, first served) up to
+    /// `queue_timeout`.
+    pub async fn lease(&self, exclude: Option<usize>) -> Result<Lease, NoLease> {
+        let deadline = tokio::time::Instant::now() + self.queue_timeout;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(lease) = self.pick(exclude) {
+                return Ok(lease);
+            }
+            let capped = self
+                .backends
+                .iter()
+                .any(|b| b.available() && Some(b.index) != exclude);
+            if !capped {
+                return Err(NoLease::NoBackend);
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                metrics::queue_timeout(&self.name);
+                return Err(NoLease::QueueTimeout);
+            }
+        }
+    }
+
+    fn below_cap(&self, b: &Backend) -> bool {
+        self.cap == 0 || b.in_flight() < self.cap
     }
 
     pub fn healthy_count(&self) -> usize {
@@ -377,11 +426,28 @@ pub struct Lease {
     backend: Arc<Backend>,
 }
 
+/// Why a pool gave no lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoLease {
+    /// No backend is up (or the only one just failed).
+    NoBackend,
+    /// Every backend stayed at its cap for `queue_timeout`.
+    QueueTimeout,
+}
+
 impl Lease {
-    fn new(backend: Arc<Backend>) -> Lease {
-        backend.in_flight.fetch_add(1, Ordering::SeqCst);
+    /// A lease on `backend` if it has fewer than `cap` (0: any number).
+    fn within(backend: &Arc<Backend>, cap: usize) -> Option<Lease> {
+        backend
+            .in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (cap == 0 || n < cap).then_some(n + 1)
+            })
+            .ok()?;
         backend.metrics.in_flight.increment(1.0);
-        Lease { backend }
+        Some(Lease {
+            backend: Arc::clone(backend),
+        })
     }
 
     pub fn backend(&self) -> &Backend {
@@ -394,5 +460,6 @@ impl Drop for Lease {
         self.backend.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.backend.metrics.in_flight.decrement(1.0);
         self.backend.settle();
+        self.backend.freed.notify_one();
     }
 }

@@ -101,6 +101,8 @@ pub struct PoolFile {
     pub health: Option<HealthFile>,
     #[serde(default)]
     pub backends: Vec<BackendFile>,
+    pub max_connections_per_backend: Option<i64>,
+    pub queue_timeout: Option<DurationValue>,
 }
 
 #[derive(Debug, Default, Deserialize)]

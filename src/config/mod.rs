@@ -138,6 +138,11 @@ pub struct PoolConfig {
     pub balance: Balance,
     pub health: Option<HealthConfig>,
     pub backends: Vec<BackendConfig>,
+    /// Requests or connections one backend takes at once; 0 is no cap.
+    pub max_connections_per_backend: usize,
+    /// How long work waits, first come first served, for a backend under
+    /// its cap, before a 503.
+    pub queue_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

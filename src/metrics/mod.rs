@@ -22,6 +22,7 @@ pub const BACKEND_STATE: &str = "baton_backend_state";
 pub const HEALTH_CHECKS: &str = "baton_health_checks_total";
 pub const NO_BACKEND: &str = "baton_no_backend_total";
 pub const CLIENT_ABORTS: &str = "baton_client_aborts_total";
+pub const QUEUE_TIMEOUTS: &str = "baton_queue_timeouts_total";
 pub const TCP_BYTES: &str = "baton_tcp_bytes_total";
 pub const GENERATION: &str = "baton_generation";
 pub const RELOADS: &str = "baton_reloads_total";
@@ -149,6 +150,10 @@ fn describe_more() {
     describe_counter!(
         NO_BACKEND,
         "Requests or connections refused because no backend of the pool was up."
+    );
+    describe_counter!(
+        QUEUE_TIMEOUTS,
+        "Work refused after waiting queue_timeout for a backend under its cap, by pool."
     );
     describe_counter!(
         CLIENT_ABORTS,
@@ -299,6 +304,15 @@ impl AbortReason {
             AbortReason::StalledReader => "stalled_reader",
         }
     }
+}
+
+/// Creates a pool's queue-timeout series at 0.
+pub fn queue_timeouts(pool: &str) {
+    metrics::counter!(QUEUE_TIMEOUTS, "pool" => pool.to_string()).absolute(0);
+}
+
+pub fn queue_timeout(pool: &str) {
+    metrics::counter!(QUEUE_TIMEOUTS, "pool" => pool.to_string()).increment(1);
 }
 
 /// Creates a listener's client-abort series at 0.

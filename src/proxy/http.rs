@@ -294,16 +294,13 @@ impl HttpProxy {
         let mut body = Some(outgoing.body);
         let mut failed: Option<(usize, ProxyError)> = None;
         loop {
-            let lease = match pool.pick(failed.as_ref().map(|f| f.0)) {
-                Some(lease) => lease,
+            let lease = match pool.lease(failed.as_ref().map(|f| f.0)).await {
+                Ok(lease) => lease,
                 // Nobody else to try: the first failure is the answer.
-                None => {
-                    return Err(failed.map_or_else(
-                        || ProxyError::NoBackend {
-                            pool: pool.name.clone(),
-                        },
-                        |f| f.1,
-                    ))
+                Err(refused) => {
+                    return Err(
+                        failed.map_or_else(|| ProxyError::refused(&pool.name, refused), |f| f.1)
+                    )
                 }
             };
             let sent = body.take().unwrap_or_else(body::empty);

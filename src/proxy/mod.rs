@@ -13,6 +13,7 @@ pub mod tcp;
 
 use ::http::StatusCode;
 
+use crate::backend::NoLease;
 use crate::metrics::UpstreamErrorKind;
 
 /// A request id unique on this host for a long while: this process's pid
@@ -31,6 +32,8 @@ pub enum ProxyError {
     ClientTimeout { seconds: f64 },
     #[error("no backend of pool \"{pool}\" can take the request")]
     NoBackend { pool: String },
+    #[error("every backend of pool \"{pool}\" stayed at its cap for queue_timeout")]
+    QueueTimeout { pool: String },
     #[error("backend {backend} ({address}) unreachable: {cause}")]
     Connect {
         backend: String,
@@ -44,11 +47,22 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// A pool that gave no lease.
+    pub fn refused(pool: &str, why: NoLease) -> ProxyError {
+        let pool = pool.to_string();
+        match why {
+            NoLease::NoBackend => ProxyError::NoBackend { pool },
+            NoLease::QueueTimeout => ProxyError::QueueTimeout { pool },
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::Client { .. } => StatusCode::BAD_REQUEST,
             ProxyError::ClientTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ProxyError::NoBackend { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoBackend { .. } | ProxyError::QueueTimeout { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -68,7 +82,8 @@ impl ProxyError {
         match self {
             ProxyError::Client { .. }
             | ProxyError::ClientTimeout { .. }
-            | ProxyError::NoBackend { .. } => None,
+            | ProxyError::NoBackend { .. }
+            | ProxyError::QueueTimeout { .. } => None,
             ProxyError::Connect { .. } => Some(UpstreamErrorKind::Connect),
             ProxyError::Timeout { .. } => Some(UpstreamErrorKind::Timeout),
             ProxyError::Upstream { .. } => Some(UpstreamErrorKind::Protocol),

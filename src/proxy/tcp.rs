@@ -60,8 +60,9 @@ impl TcpProxy {
     async fn connect(&self) -> Option<(TcpStream, Lease)> {
         let mut failed = None;
         for _ in 0..2 {
-            // No backend up: the connection is closed at once.
-            let lease = self.pool.pick(failed)?;
+            // No backend up, or none under its cap within queue_timeout:
+            // the connection is closed.
+            let lease = self.pool.lease(failed).await.ok()?;
             let backend = lease.backend();
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(backend.address))
                 .await

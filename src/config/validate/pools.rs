@@ -52,6 +52,18 @@ impl Validator {
                 balance,
                 health,
                 backends,
+                max_connections_per_backend: self.count(
+                    &format!("{key}.max_connections_per_backend"),
+                    p.max_connections_per_backend,
+                    0,
+                    0,
+                    1_000_000,
+                ),
+                queue_timeout: self.timeout(
+                    &format!("{key}.queue_timeout"),
+                    p.queue_timeout.as_ref(),
+                    Duration::from_secs(5),
+                ),
             });
         }
         pools
