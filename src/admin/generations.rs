@@ -17,8 +17,10 @@ pub fn unix(t: SystemTime) -> f64 {
 
 impl AdminShared {
     /// Takes a report from the older generation (with the offer, or while
-    /// it drains).
-    pub fn set_inherited(&self, report: Report) {
+    /// it drains), less the series of what our config no longer has: a
+    /// removed listener, pool or backend is carried to no later generation.
+    pub fn set_inherited(&self, mut report: Report) {
+        exposition::retain_configured(&mut report.baseline, &self.configured);
         tracing::debug!(
             series = report.baseline.len(),
             generations = report.generations.len(),

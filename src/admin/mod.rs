@@ -67,6 +67,9 @@ pub struct AdminShared {
     pub drain_deadline: RwLock<Option<SystemTime>>,
     /// What older generations reported (see `generations`).
     pub inherited: RwLock<crate::lifecycle::handoff::Report>,
+    /// The listeners, pools and backends of our config: an inherited
+    /// series naming any other is dropped (see `set_inherited`).
+    pub configured: crate::metrics::exposition::Configured,
 }
 
 impl AdminShared {

@@ -62,8 +62,10 @@ pub(super) async fn start(
         topology: Default::default(),
         metrics,
         drain_deadline: Default::default(),
-        inherited: std::sync::RwLock::new(carried.1),
+        inherited: Default::default(),
+        configured: configured(&config),
     });
+    admin.set_inherited(carried.1);
     let admin_stop = CancellationToken::new();
     let admin_listener =
         tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Admin {
@@ -243,6 +245,22 @@ pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
             healthy: b.has_verdict().then(|| b.is_healthy()),
         })
         .collect()
+}
+
+/// The names `config` gives listeners, pools and backends, which inherited
+/// metric series must carry to be kept.
+fn configured(config: &Config) -> crate::metrics::exposition::Configured {
+    crate::metrics::exposition::Configured {
+        listeners: config.listeners.iter().map(|l| l.name.clone()).collect(),
+        pools: config
+            .pools
+            .iter()
+            .map(|p| {
+                let backends = p.backends.iter().map(|b| b.name.clone()).collect();
+                (p.name.clone(), backends)
+            })
+            .collect(),
+    }
 }
 
 /// Every pool has a backend that can take work.

@@ -144,7 +144,7 @@ pub async fn run(setup: Setup) -> i32 {
         gen.became_active(false);
     }
     match gen.serve().await {
-        Ending::HandedOver(successor, waiter) => gen.retire(successor, waiter).await,
+        Ending::HandedOver(successor, waiter) => gen.retire(*successor, waiter).await,
         Ending::Stop => gen.stop().await,
     }
 }
@@ -217,7 +217,8 @@ struct Generation {
 
 enum Ending {
     /// With whoever asked for the reload, answered once we stopped accepting.
-    HandedOver(Successor, Option<tokio::sync::oneshot::Sender<Reply>>),
+    /// (Boxed: a successor holds its channel's receive state.)
+    HandedOver(Box<Successor>, Option<tokio::sync::oneshot::Sender<Reply>>),
     Stop,
 }
 
@@ -264,7 +265,7 @@ impl Generation {
                     let started = reload.take().map_or_else(Instant::now, |r| r.started);
                     metrics::reload_finished(outcome.is_ok(), started.elapsed().as_secs_f64());
                     match outcome {
-                        Ok(successor) => return Ending::HandedOver(successor, waiter.take()),
+                        Ok(successor) => return Ending::HandedOver(Box::new(successor), waiter.take()),
                         Err(err) => {
                             tracing::error!(cause = %err, "reload failed; this generation keeps serving");
                             systemd::ready(&self.status_line());

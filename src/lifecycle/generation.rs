@@ -200,7 +200,7 @@ async fn converse(
         report: Some(offer.report),
     };
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-    channel.send(&message, &borrowed).await?;
+    send_offer(channel, child, &limits, &message, &borrowed).await?;
     drop(borrowed);
     drop(fds);
     let adopted = match next(channel, child, &limits, Some(&limits.abandon)).await? {
@@ -222,6 +222,30 @@ async fn converse(
     Ok(adopted)
 }
 
+/// Sends the offer. A long one is only sent as fast as N+1 reads it, so
+/// the wait is bounded like any other; an N+1 that broke off says why.
+async fn send_offer(
+    channel: &Channel,
+    child: &Process,
+    limits: &Limits,
+    message: &Message,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), HandoverError> {
+    let sent = bounded(
+        child,
+        limits,
+        Some(&limits.abandon),
+        channel.send(message, fds),
+    )
+    .await;
+    match sent {
+        Err(err @ (HandoverError::Channel(_) | HandoverError::Exited)) => {
+            Err(last_word(channel, err).await)
+        }
+        other => other,
+    }
+}
+
 /// The child's next message, unless it exits, the deadline passes or
 /// `abandon` fires first.
 async fn next(
@@ -230,6 +254,24 @@ async fn next(
     limits: &Limits,
     abandon: Option<&CancellationToken>,
 ) -> Result<Message, HandoverError> {
+    let received = bounded(child, limits, abandon, async {
+        channel.recv().await.map(|(message, _)| message)
+    })
+    .await;
+    match received {
+        Err(HandoverError::Exited) => Err(last_word(channel, HandoverError::Exited).await),
+        other => other,
+    }
+}
+
+/// `step` on the channel, unless the child exits, the deadline passes or
+/// `abandon` fires first.
+async fn bounded<T>(
+    child: &Process,
+    limits: &Limits,
+    abandon: Option<&CancellationToken>,
+    step: impl std::future::Future<Output = Result<T, HandoffError>>,
+) -> Result<T, HandoverError> {
     let abandoned = async {
         match abandon {
             Some(token) => token.cancelled().await,
@@ -240,19 +282,21 @@ async fn next(
     // queued before its exit is seen, so the message is read first.
     tokio::select! {
         biased;
-        received = channel.recv() => match received {
-            Ok((message, _)) => Ok(message),
-            Err(e) => Err(e.into()),
-        },
-        () = child.exited() => {
-            // Its last word may still be on the way: prefer it to the exit.
-            match tokio::time::timeout(Duration::from_millis(200), channel.recv()).await {
-                Ok(Ok((Message::Failed { exit_code, reason }, _))) => Err(HandoverError::Failed { exit_code, reason }),
-                _ => Err(HandoverError::Exited),
-            }
-        },
+        done = step => done.map_err(HandoverError::from),
+        () = child.exited() => Err(HandoverError::Exited),
         () = tokio::time::sleep_until(limits.deadline) => Err(HandoverError::Timeout(limits.ready_timeout)),
         () = abandoned => Err(HandoverError::Abandoned),
+    }
+}
+
+/// Why the child broke off, if it said so before it went: its `Failed`
+/// (still queued for us to read), else `err`.
+async fn last_word(channel: &Channel, err: HandoverError) -> HandoverError {
+    match tokio::time::timeout(Duration::from_millis(200), channel.recv()).await {
+        Ok(Ok((Message::Failed { exit_code, reason }, _))) => {
+            HandoverError::Failed { exit_code, reason }
+        }
+        _ => err,
     }
 }
 

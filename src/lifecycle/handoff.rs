@@ -10,6 +10,9 @@
 //! N → N+1  Commit            (N has told systemd MAINPID=N+1)
 //! N+1 → N  Accepting         (N now stops accepting and drains)
 //! ```
+//!
+//! A message of any length travels: `framing` cuts a long one into pieces
+//! and puts it back together. Callers send and receive whole messages.
 #![allow(unsafe_code)]
 
 use std::io::{IoSlice, IoSliceMut};
@@ -22,6 +25,9 @@ use nix::sys::socket::{
 use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
+use tokio::sync::Mutex;
+
+use super::framing::{self, Reassembly, MAX_MESSAGE};
 
 /// Bumped whenever a message changes shape; a mismatch fails the reload cleanly.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -29,7 +35,9 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const ENV_FD: &str = "BATON_HANDOFF_FD";
 /// At most this many fds travel in one offer (the kernel's SCM_MAX_FD is 253).
 pub const MAX_FDS: usize = 250;
-const MAX_MESSAGE: usize = 1024 * 1024;
+/// The longest datagram read: above any piece `framing` cuts, and above
+/// any whole message an earlier release could send in one datagram.
+const MAX_DATAGRAM: usize = 1024 * 1024;
 
 /// One socket in an offer: its listener name and the address it is bound to.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -124,11 +132,25 @@ pub enum HandoffError {
     BadInherited(String),
     #[error("too many sockets to hand over ({0}, at most {MAX_FDS})")]
     TooManyFds(usize),
+    #[error("handoff message longer than {limit} bytes")]
+    TooLarge { limit: usize },
 }
 
 /// One end of the handoff socketpair.
 pub struct Channel {
     fd: AsyncFd<OwnedFd>,
+    /// Held for a whole send, so the pieces of two messages never interleave.
+    sending: Mutex<()>,
+    /// Held for a whole receive; keeps the pieces read (and fds received)
+    /// of a message across `recv` calls (see [`Reassembly`]).
+    inbox: Mutex<Inbox>,
+}
+
+/// What has arrived of the message being received.
+#[derive(Default)]
+struct Inbox {
+    pieces: Reassembly,
+    fds: Vec<OwnedFd>,
 }
 
 impl Channel {
@@ -177,9 +199,14 @@ impl Channel {
             unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE | Interest::WRITABLE) };
         Ok(Channel {
             fd: fd.map_err(std::io::Error::from)?,
+            sending: Mutex::new(()),
+            inbox: Mutex::default(),
         })
     }
 
+    /// Sends one message, its fds with its first datagram. Not to be
+    /// dropped part-way: a message cut short fails the peer's next receive
+    /// (every caller that could drop one drops the channel with it).
     pub async fn send(
         &self,
         message: &Message,
@@ -193,24 +220,32 @@ impl Channel {
             message,
         })
         .map_err(|e| HandoffError::Malformed(e.to_string()))?;
+        if body.len() > MAX_MESSAGE {
+            return Err(HandoffError::TooLarge { limit: MAX_MESSAGE });
+        }
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let _sending = self.sending.lock().await;
+        for (i, (mark, piece)) in framing::frames(&body).into_iter().enumerate() {
+            let fds = if i == 0 { raw.as_slice() } else { &[] };
+            self.send_datagram(&[IoSlice::new(mark), IoSlice::new(piece)], fds)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// One datagram, waiting for room in the send buffer as long as needed.
+    async fn send_datagram(&self, iov: &[IoSlice<'_>], fds: &[RawFd]) -> Result<(), HandoffError> {
         loop {
             let mut guard = self.fd.writable().await?;
             let sent = guard.try_io(|inner| {
-                let cmsgs: Vec<ControlMessage> = if raw.is_empty() {
+                let cmsgs: Vec<ControlMessage> = if fds.is_empty() {
                     Vec::new()
                 } else {
-                    vec![ControlMessage::ScmRights(&raw)]
+                    vec![ControlMessage::ScmRights(fds)]
                 };
                 let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
-                sendmsg::<()>(
-                    inner.as_raw_fd(),
-                    &[IoSlice::new(&body)],
-                    &cmsgs,
-                    flags,
-                    None,
-                )
-                .map_err(std::io::Error::from)
+                sendmsg::<()>(inner.as_raw_fd(), iov, &cmsgs, flags, None)
+                    .map_err(std::io::Error::from)
             });
             match sent {
                 Ok(result) => return result.map(drop).map_err(HandoffError::from),
@@ -219,10 +254,32 @@ impl Channel {
         }
     }
 
+    /// Receives one whole message and the fds that came with it. Safe to
+    /// drop part-way: what was read stays in the inbox for the next call.
     pub async fn recv(&self) -> Result<(Message, Vec<OwnedFd>), HandoffError> {
+        let mut inbox = self.inbox.lock().await;
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        loop {
+            let (len, fds) = self.recv_datagram(&mut buf).await?;
+            inbox.fds.extend(fds);
+            match inbox.pieces.push(&buf[..len]) {
+                Ok(Some(body)) => {
+                    let fds = std::mem::take(&mut inbox.fds);
+                    return Ok((decode(&body)?, fds));
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    inbox.fds.clear();
+                    return Err(err);
+                }
+            }
+        }
+    }
+
+    async fn recv_datagram(&self, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), HandoffError> {
         loop {
             let mut guard = self.fd.readable().await?;
-            match guard.try_io(|inner| recv_once(inner.get_ref().as_fd())) {
+            match guard.try_io(|inner| recv_once(inner.get_ref().as_fd(), buf)) {
                 Ok(Ok(result)) => return result,
                 Ok(Err(e)) => return Err(HandoffError::Io(e)),
                 Err(_would_block) => continue,
@@ -252,12 +309,12 @@ pub fn from_systemd() -> std::io::Result<(Vec<SocketEntry>, Vec<OwnedFd>)> {
     Ok((entries, fds))
 }
 
-type Received = Result<(Message, Vec<OwnedFd>), HandoffError>;
+type Datagram = Result<(usize, Vec<OwnedFd>), HandoffError>;
 
 /// One non-blocking `recvmsg`. The outer error is only "would block", which
 /// `try_io` needs to see to wait for the next readiness.
-fn recv_once(fd: BorrowedFd<'_>) -> std::io::Result<Received> {
-    Ok(match recv_message(fd) {
+fn recv_once(fd: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<Datagram> {
+    Ok(match recv_datagram(fd, buf) {
         Err(HandoffError::Sys(nix::errno::Errno::EAGAIN)) => {
             return Err(std::io::ErrorKind::WouldBlock.into())
         }
@@ -265,35 +322,32 @@ fn recv_once(fd: BorrowedFd<'_>) -> std::io::Result<Received> {
     })
 }
 
-fn recv_message(fd: BorrowedFd<'_>) -> Received {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+/// Reads one datagram into `buf`: its length and the fds that came with it.
+fn recv_datagram(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Datagram {
     let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
     let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC;
-    let (len, truncated, fds) = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)?;
-        let mut fds = Vec::new();
-        for c in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                // SAFETY: the kernel just installed these fds in our table
-                // for this message (with CLOEXEC set); nothing else knows them.
-                fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
-            }
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            // SAFETY: the kernel just installed these fds in our table
+            // for this message (with CLOEXEC set); nothing else knows them.
+            fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
         }
-        let truncated = msg
-            .flags
-            .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
-        (msg.bytes, truncated, fds)
-    };
-    if len == 0 && fds.is_empty() {
+    }
+    let truncated = msg
+        .flags
+        .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+    if msg.bytes == 0 && fds.is_empty() {
         return Err(HandoffError::Closed);
     }
     if truncated {
-        return Err(HandoffError::Malformed(
-            "message or fd list truncated".into(),
-        ));
+        return Err(HandoffError::Malformed(format!(
+            "datagram over {MAX_DATAGRAM} bytes or fd list truncated"
+        )));
     }
-    Ok((decode(&buf[..len])?, fds))
+    Ok((msg.bytes, fds))
 }
 
 /// Decodes one message, checking the protocol version before the shape.
@@ -343,6 +397,80 @@ mod tests {
         );
         drop(a);
         assert!(matches!(b.recv().await, Err(HandoffError::Closed)));
+    }
+
+    /// An offer whose report weighs `series` counters (about 150 bytes each).
+    fn offer_of(series: usize, addr: String) -> Message {
+        let baseline = (0..series)
+            .map(|i| {
+                let series = crate::metrics::exposition::Series {
+                    family: "baton_upstream_errors_total".into(),
+                    kind: "counter".into(),
+                    value: i as f64,
+                    help: Some("Failures talking to a backend, by kind.".into()),
+                };
+                (
+                    format!("baton_upstream_errors_total{{backend=\"b{i}\"}}"),
+                    series,
+                )
+            })
+            .collect();
+        Message::Offer {
+            generation: 2,
+            sockets: vec![SocketEntry {
+                name: "web".into(),
+                addr,
+            }],
+            draining: vec![1],
+            backends: Vec::new(),
+            report: Some(Report {
+                baseline,
+                generations: Vec::new(),
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_offer_far_past_the_send_buffer_crosses_with_its_fds() {
+        let (a, b_fd) = Channel::pair().expect("pair");
+        let b = Channel::new(b_fd).expect("wrap");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let offer = offer_of(30_000, listener.local_addr().expect("addr").to_string());
+        let fds = [listener.as_fd()];
+        let (sent, received) = tokio::join!(a.send(&offer, &fds), b.recv());
+        sent.expect("send");
+        let (got, fds) = received.expect("recv");
+        assert_eq!(got, offer);
+        assert_eq!(fds.len(), 1);
+        a.send(&Message::Commit, &[]).await.expect("send");
+        assert_eq!(b.recv().await.expect("recv").0, Message::Commit);
+    }
+
+    #[tokio::test]
+    async fn a_receive_dropped_part_way_loses_nothing() {
+        let (a, b_fd) = Channel::pair().expect("pair");
+        let b = Channel::new(b_fd).expect("wrap");
+        let offer = offer_of(30_000, "127.0.0.1:1".into());
+        let sender = {
+            let offer = offer.clone();
+            tokio::spawn(async move {
+                a.send(&offer, &[]).await.expect("send");
+                a
+            })
+        };
+        let mut tries = 0;
+        let got = loop {
+            tries += 1;
+            // One poll, then dropped: it reads what the buffer holds.
+            let once = tokio::time::timeout(std::time::Duration::ZERO, b.recv());
+            if let Ok(received) = once.await {
+                break received.expect("recv").0;
+            }
+            tokio::task::yield_now().await;
+        };
+        assert!(tries > 1, "the receive was never interrupted");
+        assert_eq!(got, offer);
+        drop(sender.await.expect("sender"));
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 pub mod control;
 pub mod drain;
+pub mod framing;
 pub mod generation;
 pub mod handoff;
 pub mod inventory;

@@ -3,9 +3,11 @@
 //! counter and histogram series its predecessor reported (cumulative, its
 //! own plus its own predecessors'), added to ours when `/metrics` renders.
 //! Everything works on the text exposition format, the one thing every
-//! generation (and every binary version) agrees on.
+//! generation (and every binary version) agrees on. A baseline keeps only
+//! the series of listeners, pools and backends the config still names
+//! ([`Configured`]), so what a reload removed is not carried forever.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +30,69 @@ pub type Baseline = BTreeMap<String, Series>;
 /// same in every generation: never added up.
 fn carried(family: &str, kind: &str) -> bool {
     (kind == "counter" || kind == "histogram") && !family.starts_with("baton_kernel_")
+}
+
+/// The names a config gives the `listener`, `pool` and `backend` labels.
+#[derive(Debug, Clone, Default)]
+pub struct Configured {
+    pub listeners: HashSet<String>,
+    /// Backend names by pool name (a backend is named within its pool).
+    pub pools: HashMap<String, HashSet<String>>,
+}
+
+impl Configured {
+    /// Whether every listener, pool and backend label `key` has is one the
+    /// config names (a key with none of them always is).
+    pub fn names(&self, key: &str) -> bool {
+        let labels = labels(key);
+        let label = |name: &str| {
+            labels
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let backends = label("pool").map(|p| self.pools.get(p));
+        label("listener").is_none_or(|l| self.listeners.contains(l))
+            && backends.is_none_or(|b| b.is_some())
+            && label("backend")
+                .is_none_or(|b| backends.flatten().is_some_and(|names| names.contains(b)))
+    }
+}
+
+/// Drops the series of listeners, pools and backends no longer configured.
+pub fn retain_configured(baseline: &mut Baseline, configured: &Configured) {
+    baseline.retain(|key, _| configured.names(key));
+}
+
+/// The labels of a sample key (`name{a="x",b="y"}`), values unescaped.
+fn labels(key: &str) -> Vec<(&str, String)> {
+    let Some((_, mut rest)) = key.split_once('{') else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    while let Some((name, after)) = rest.split_once("=\"") {
+        let name = name.trim_start_matches([',', ' ']);
+        let mut value = String::new();
+        let mut end = after.len();
+        let mut chars = after.char_indices();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, escaped)) => value.push(escaped),
+                    None => {}
+                },
+                _ => value.push(c),
+            }
+        }
+        out.push((name, value));
+        rest = &after[end..];
+    }
+    out
 }
 
 struct Family {
@@ -207,6 +272,55 @@ mod tests {
         );
         assert!(merged.contains("baton_d_seconds_sum 0.5\n"), "{merged}");
         assert!(merged.contains("# HELP baton_requests_total Requests.\n"));
+    }
+
+    #[test]
+    fn series_of_what_the_config_no_longer_names_are_dropped() {
+        let configured = Configured {
+            listeners: HashSet::from(["web".to_string()]),
+            pools: HashMap::from([("app".to_string(), HashSet::from(["a-0".to_string()]))]),
+        };
+        let keys = [
+            (
+                "baton_requests_total{listener=\"web\",pool=\"app\",code=\"2xx\"}",
+                true,
+            ),
+            (
+                "baton_requests_total{listener=\"old\",pool=\"app\",code=\"2xx\"}",
+                false,
+            ),
+            (
+                "baton_requests_total{listener=\"web\",pool=\"gone\",code=\"2xx\"}",
+                false,
+            ),
+            (
+                "baton_upstream_errors_total{pool=\"app\",backend=\"a-0\",kind=\"connect\"}",
+                true,
+            ),
+            (
+                "baton_upstream_errors_total{pool=\"app\",backend=\"a-1\",kind=\"connect\"}",
+                false,
+            ),
+            (
+                "baton_upstream_errors_total{pool=\"gone\",backend=\"a-0\",kind=\"connect\"}",
+                false,
+            ),
+            ("baton_d_seconds_bucket{listener=\"web\",le=\"+Inf\"}", true),
+            ("baton_reloads_total{result=\"success\"}", true),
+            ("baton_generation", true),
+            ("baton_x{listener=\"w\\\"eb\",pool=\"app\"}", false),
+        ];
+        for (key, kept) in keys {
+            assert_eq!(configured.names(key), kept, "{key}");
+        }
+        assert_eq!(
+            labels("x{a=\"1,b=\\\"2\\\"\",c=\"\"}"),
+            vec![("a", "1,b=\"2\"".to_string()), ("c", String::new())]
+        );
+        let mut carried = baseline(OLD);
+        let before = carried.len();
+        retain_configured(&mut carried, &Configured::default());
+        assert_eq!(carried.len(), before, "OLD has no such labels");
     }
 
     #[test]
