@@ -319,3 +319,62 @@ async fn a_stop_while_the_new_generation_holds_the_sockets_leaves_no_process() {
 async fn a_stop_when_the_new_generation_is_ready_leaves_no_process() {
     stop_during_a_handoff(Step::Ready).await;
 }
+
+/// The new generation answers admin requests only once told to go ahead:
+/// until then the serving one does (no `/readyz` 503 `starting` in the
+/// middle of a reload), and a backend drain posted to it while the new one
+/// starts is carried over with the go-ahead, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_requests_follow_the_serving_generation_during_a_reload() {
+    let (a, b) = (
+        support::backend::HttpBackend::start("a").await,
+        support::backend::HttpBackend::start("b").await,
+    );
+    let spec = support::daemon::Spec::new()
+        .http("web", "app")
+        .pool("app", &[a.addr, b.addr]);
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    let serving = baton.serving_pid().await;
+    let config = config_behind_a_fifo(&baton);
+    let (_, reply) = new_generation_holding_the_sockets(&baton, serving).await;
+
+    let drained = client::call(admin, "POST", "/backends/app-1/drain", None)
+        .await
+        .expect("drain");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+
+    // The serving generation frozen, the new one ready: nobody may answer
+    // probes but the serving one, so nobody answers at all.
+    signal(serving, Signal::SIGSTOP);
+    let fifo = baton.config.clone();
+    let text = config.clone();
+    tokio::task::spawn_blocking(move || std::fs::write(fifo, text))
+        .await
+        .expect("join")
+        .expect("feed the config through the FIFO");
+    support::eventually("the new generation says it is ready", || async {
+        baton
+            .log()
+            .contains("ready; waiting for the old generation's go-ahead")
+    })
+    .await;
+    for _ in 0..5 {
+        let probe =
+            tokio::time::timeout(Duration::from_millis(200), client::get(admin, "/readyz")).await;
+        if let Ok(Ok(answer)) = probe {
+            panic!("a generation not yet serving answered /readyz: {answer:?}");
+        }
+    }
+    signal(serving, Signal::SIGCONT);
+    let reply = reply.await.expect("join");
+    assert!(reply.contains("\"ok\":true"), "{reply}");
+    config_restored(&baton, &config);
+
+    let status = client::backend_status(admin, "app-1").await;
+    assert!(
+        status["state"] == "draining" || status["state"] == "out",
+        "the drain survived the reload: {status}"
+    );
+    assert_ne!(baton.serving_pid().await, serving);
+}

@@ -72,12 +72,19 @@ pub(super) async fn start(
             addr: admin_addr.to_string(),
             source,
         })?;
-    tokio::spawn(admin::serve(
-        admin_listener,
-        Arc::clone(&admin),
-        admin_stop.clone(),
-    ));
-    tracing::info!(generation = number, admin = %admin_addr, "admin listening");
+    // A first start answers probes at once (503 `starting`); a new
+    // generation of a reload only once told to go ahead: until then the old
+    // one, still serving, answers on the shared socket.
+    let admin_go = CancellationToken::new();
+    let (go, shared) = (admin_go.clone(), Arc::clone(&admin));
+    let stop = admin_stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = go.cancelled() => admin::serve(admin_listener, shared, stop).await,
+            () = stop.cancelled() => {}
+        }
+    });
+    tracing::info!(generation = number, admin = %admin_addr, "admin bound");
 
     let control = take_control(&config, &mut inventory, &mut holdings)?;
 
@@ -203,6 +210,7 @@ pub(super) async fn start(
         phase,
         admin,
         admin_stop,
+        admin_go,
         accept_stop: CancellationToken::new(),
         holdings,
         pending,

@@ -11,6 +11,7 @@ mod active;
 mod build;
 mod end;
 mod reloading;
+mod takeover;
 
 use reloading::Reloading;
 
@@ -110,38 +111,17 @@ pub async fn run(setup: Setup) -> i32 {
         Ok(g) => g,
         Err(e) => return fail(parent.as_ref(), e).await,
     };
-    let adopted = gen.adopted.clone();
-    if let Some(mut parent) = parent {
-        gen.draining = std::mem::take(&mut parent.draining);
-        if let Err(e) = parent.ready(adopted).await {
-            tracing::error!(cause = %e, "old generation did not let us take over");
-            return exit::FAILURE;
-        }
-        gen.open_doors();
-        let accepting = parent.accepting().await;
-        let fd_store = gen.became_active(true);
-        match accepting {
-            Ok(channel) => {
-                let (on_report, on_exit) = (Arc::clone(&gen.admin), Arc::clone(&gen.admin));
-                tokio::spawn(generation::reports(
-                    channel,
-                    move |r| on_report.set_inherited(r),
-                    move || {
-                        on_exit.inherited_exited();
-                        // We are surely systemd's main process by now.
-                        if let Some(update) = fd_store {
-                            update.send();
-                        }
-                    },
-                ));
-            }
-            Err(e) => {
-                tracing::warn!(cause = %e, "could not confirm the takeover to the old generation")
+    match parent {
+        Some(parent) => {
+            if let Err(code) = gen.take_over(parent).await {
+                return code;
             }
         }
-    } else {
-        gen.open_doors();
-        gen.became_active(false);
+        None => {
+            gen.admin_go.cancel();
+            gen.open_doors();
+            gen.became_active(false);
+        }
     }
     match gen.serve().await {
         Ending::HandedOver(successor, waiter) => gen.retire(*successor, waiter).await,
@@ -193,6 +173,8 @@ struct Generation {
     admin: Arc<AdminShared>,
     /// Stops the admin accept loop: at handoff, or last of all at a stop.
     admin_stop: CancellationToken,
+    /// Lets the admin accept loop start (see `build`).
+    admin_go: CancellationToken,
     /// Stops data-plane and control accept loops.
     accept_stop: CancellationToken,
     holdings: Holdings,
@@ -229,6 +211,10 @@ impl Generation {
         let mut waiter: Option<tokio::sync::oneshot::Sender<Reply>> = None;
         loop {
             tokio::select! {
+                // Signals first: a stop that came while a handoff finished
+                // is a stop of the service, which stops the successor too
+                // (seen after the handoff, it would stop this one alone).
+                biased;
                 command = self.signals.recv() => match command {
                     Command::Stop => {
                         if let Some(under_way) = reload.take() {
@@ -297,6 +283,9 @@ impl Generation {
         draining.push(std::process::id());
         let sockets = self.holdings.offer();
         let backends = build::carry_out(&self.pools);
+        let pools = self.pools.clone();
+        let backends_now: Box<dyn Fn() -> Vec<BackendCarry> + Send> =
+            Box::new(move || build::carry_out(&pools));
         let report = self.admin.report();
         let exec = self.exec.clone();
         let ready_timeout = self.config.reload.ready_timeout;
@@ -313,6 +302,7 @@ impl Generation {
                         draining,
                         backends,
                         report,
+                        backends_now,
                     },
                     ready_timeout,
                     abandon,

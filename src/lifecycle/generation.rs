@@ -106,6 +106,8 @@ pub struct Offer {
     pub draining: Vec<u32>,
     pub backends: Vec<BackendCarry>,
     pub report: Report,
+    /// Backend states as they are when N+1 is told to go ahead.
+    pub backends_now: Box<dyn Fn() -> Vec<BackendCarry> + Send>,
 }
 
 /// Runs the whole handoff from N's side, bounded by `ready_timeout`.
@@ -192,6 +194,7 @@ async fn converse(
     limits: Limits,
 ) -> Result<Vec<String>, HandoverError> {
     let (entries, fds): (Vec<_>, Vec<OwnedFd>) = offer.sockets.into_iter().unzip();
+    let offer_backends_now = offer.backends_now;
     let message = Message::Offer {
         generation: offer.generation,
         sockets: entries,
@@ -210,7 +213,10 @@ async fn converse(
         }
         other => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
     };
-    channel.send(&Message::Commit, &[]).await?;
+    let commit = Message::Commit {
+        backends: (offer_backends_now)(),
+    };
+    channel.send(&commit, &[]).await?;
     // From here N+1 accepts: a stop no longer abandons it.
     match next(channel, child, &limits, None).await? {
         Message::Accepting => {}
@@ -351,13 +357,14 @@ impl Parent {
         ))
     }
 
-    /// Says we are ready and waits for the go-ahead to accept.
-    pub async fn ready(&self, adopted: Vec<String>) -> Result<(), HandoverError> {
+    /// Says we are ready and waits for the go-ahead to accept; returns the
+    /// backend states as they are now.
+    pub async fn ready(&self, adopted: Vec<String>) -> Result<Vec<BackendCarry>, HandoverError> {
         self.channel.send(&Message::Ready { adopted }, &[]).await?;
         // A handoff stuck here is the old generation's to finish: say so.
         tracing::info!("ready; waiting for the old generation's go-ahead");
         match self.channel.recv().await?.0 {
-            Message::Commit => Ok(()),
+            Message::Commit { backends } => Ok(backends),
             other => Err(HandoverError::OutOfTurn(format!("{other:?}"))),
         }
     }

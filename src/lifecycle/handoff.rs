@@ -7,8 +7,10 @@
 //! ```text
 //! N → N+1  Offer { generation, sockets, draining } + fds (same order)
 //! N+1 → N  Ready | Failed { exit_code, reason }
-//! N → N+1  Commit            (N has told systemd MAINPID=N+1)
-//! N+1 → N  Accepting         (N now stops accepting and drains)
+//! N → N+1  Commit { backends }  (backend states as of now: an admin drain
+//!                                 posted while N+1 was starting is not lost)
+//! N+1 → N  Accepting         (N tells systemd MAINPID=N+1, stops accepting
+//!                             and drains)
 //! ```
 //!
 //! A message of any length travels: `framing` cuts a long one into pieces
@@ -103,7 +105,13 @@ pub enum Message {
         exit_code: i32,
         reason: String,
     },
-    Commit,
+    /// Go ahead. `backends` repeats the offer's with what changed since
+    /// (absent from a release that did not send it, and ignored by one that
+    /// does not read it: either way the conversation holds).
+    Commit {
+        #[serde(default)]
+        backends: Vec<BackendCarry>,
+    },
     Accepting,
     /// From a draining generation to its successor (see [`Report`]).
     Report(Report),
@@ -442,8 +450,9 @@ mod tests {
         let (got, fds) = received.expect("recv");
         assert_eq!(got, offer);
         assert_eq!(fds.len(), 1);
-        a.send(&Message::Commit, &[]).await.expect("send");
-        assert_eq!(b.recv().await.expect("recv").0, Message::Commit);
+        let commit = Message::Commit { backends: vec![] };
+        a.send(&commit, &[]).await.expect("send");
+        assert_eq!(b.recv().await.expect("recv").0, commit);
     }
 
     #[tokio::test]
@@ -484,7 +493,8 @@ mod tests {
         assert!(decode(b"\xff garbage").is_err());
         assert_eq!(
             decode(br#"{"version":1,"type":"commit"}"#).ok(),
-            Some(Message::Commit)
+            Some(Message::Commit { backends: vec![] }),
+            "an earlier release's commit"
         );
         assert!(
             decode(br#"{"version":1,"type":"ready"}"#).is_err(),

@@ -1,0 +1,63 @@
+//! A new generation's side of a reload, from *ready* to serving: the
+//! go-ahead (with backend states as they are now), accepting, then the old
+//! generation's reports until it exits.
+//!
+//! The admin socket is shared, and `/metrics` must never go backwards: we
+//! take admin requests only once the old generation has stopped taking
+//! them and its first report since (counts up to then) is in. Until then
+//! the kernel queues probes and scrapes, for a few milliseconds.
+
+use super::*;
+
+/// How long we wait for the old generation's first report before taking
+/// admin requests anyway (it may be frozen or gone).
+const FIRST_REPORT_WAIT: Duration = Duration::from_secs(2);
+
+impl Generation {
+    /// Ready → serving; `Err` carries the exit code when the old
+    /// generation did not let us take over.
+    pub(super) async fn take_over(&mut self, mut parent: Parent) -> Result<(), i32> {
+        self.draining = std::mem::take(&mut parent.draining);
+        match parent.ready(self.adopted.clone()).await {
+            Ok(backends_now) => build::carry_over(&self.pools, &backends_now),
+            Err(e) => {
+                tracing::error!(cause = %e, "old generation did not let us take over");
+                return Err(exit::FAILURE);
+            }
+        }
+        self.open_doors();
+        let accepting = parent.accepting().await;
+        let fd_store = self.became_active(true);
+        let channel = match accepting {
+            Ok(channel) => channel,
+            Err(e) => {
+                tracing::warn!(cause = %e, "could not confirm the takeover to the old generation");
+                self.admin_go.cancel();
+                return Ok(());
+            }
+        };
+        let go = self.admin_go.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(FIRST_REPORT_WAIT).await;
+            go.cancel();
+        });
+        let (on_report, on_exit) = (Arc::clone(&self.admin), Arc::clone(&self.admin));
+        let (go_on_report, go_on_exit) = (self.admin_go.clone(), self.admin_go.clone());
+        tokio::spawn(generation::reports(
+            channel,
+            move |r| {
+                on_report.set_inherited(r);
+                go_on_report.cancel();
+            },
+            move || {
+                on_exit.inherited_exited();
+                go_on_exit.cancel();
+                // We are surely systemd's main process by now.
+                if let Some(update) = fd_store {
+                    update.send();
+                }
+            },
+        ));
+        Ok(())
+    }
+}
