@@ -532,3 +532,36 @@ async fn memory_stays_flat_under_load_that_nobody_scrapes() {
         "RSS grew {grown} KiB over {answered} requests with nobody scraping"
     );
 }
+
+/// An older generation that outlives newer draining ones still gets its
+/// last counts to the serving generation: a request it finishes after five
+/// quick reloads is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_generation_outliving_newer_ones_is_still_counted() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(
+        Spec::new()
+            .section("[reload]\nmax_draining = 8\ndrain_timeout = \"20s\"\n")
+            .http("web", "app")
+            .pool("app", &[backend.addr]),
+    )
+    .await;
+    let (web, admin) = (baton.addr("web"), baton.admin);
+    let slow = tokio::spawn(async move { client::get(web, "/slow/3000").await });
+    support::eventually("the slow request is on generation 1", || async {
+        backend.active() == 1
+    })
+    .await;
+    for _ in 0..5 {
+        baton.reload_ok().await;
+    }
+    let answer = slow
+        .await
+        .expect("join")
+        .expect("the slow request completes");
+    assert_eq!(answer.status, 200);
+    baton.settled().await;
+    // One request, answered by generation 1 after generations 2 to 5 came
+    // and (with nothing to drain) went.
+    assert_eq!(requests_total(&client::metrics(admin).await), 1.0);
+}

@@ -211,6 +211,7 @@ pub(super) async fn start(
         admin,
         admin_stop,
         admin_go,
+        predecessor_gone: CancellationToken::new(),
         accept_stop: CancellationToken::new(),
         holdings,
         pending,

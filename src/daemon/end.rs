@@ -44,6 +44,7 @@ impl Generation {
             reporting.clone(),
         ));
         let outcome = self.drain_for(budget, DrainReason::Reload).await;
+        self.outlive_predecessor().await;
         reporting.cancel();
         // A periodic report still being sent must land before the last one,
         // or the successor would end on older, smaller totals.
@@ -61,6 +62,25 @@ impl Generation {
         }
         naming.cancel();
         self.exit_code(outcome)
+    }
+
+    /// Waits (bounded by our own drain budget, cut short by a stop or
+    /// force signal) until the generation we took over from has exited:
+    /// its reports, which we keep forwarding, reach the serving generation
+    /// only through us.
+    async fn outlive_predecessor(&mut self) {
+        if self.predecessor_gone.is_cancelled() {
+            return;
+        }
+        tracing::info!(
+            "drained; waiting for the older generation to exit so its counts reach the serving one"
+        );
+        let bound = tokio::time::sleep(self.config.reload.drain_timeout);
+        tokio::select! {
+            () = self.predecessor_gone.cancelled() => {}
+            () = bound => tracing::warn!("the older generation outlived our wait; its last counts may be lost"),
+            command = self.signals.recv() => tracing::info!(?command, "no longer waiting for the older generation"),
+        }
     }
 
     /// The ordered stop: readiness flips, pre-stop pause, doors close (queue

@@ -119,6 +119,7 @@ pub async fn run(setup: Setup) -> i32 {
         }
         None => {
             gen.admin_go.cancel();
+            gen.predecessor_gone.cancel();
             gen.open_doors();
             gen.became_active(false);
         }
@@ -175,6 +176,10 @@ struct Generation {
     admin_stop: CancellationToken,
     /// Lets the admin accept loop start (see `build`).
     admin_go: CancellationToken,
+    /// The generation we took over from has exited (at once for a first
+    /// start): until then its reports reach the serving generation only
+    /// through us, so we outlive it.
+    predecessor_gone: CancellationToken,
     /// Stops data-plane and control accept loops.
     accept_stop: CancellationToken,
     holdings: Holdings,

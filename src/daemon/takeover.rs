@@ -33,6 +33,7 @@ impl Generation {
             Err(e) => {
                 tracing::warn!(cause = %e, "could not confirm the takeover to the old generation");
                 self.admin_go.cancel();
+                self.predecessor_gone.cancel();
                 return Ok(());
             }
         };
@@ -43,6 +44,7 @@ impl Generation {
         });
         let (on_report, on_exit) = (Arc::clone(&self.admin), Arc::clone(&self.admin));
         let (go_on_report, go_on_exit) = (self.admin_go.clone(), self.admin_go.clone());
+        let gone = self.predecessor_gone.clone();
         tokio::spawn(generation::reports(
             channel,
             move |r| {
@@ -52,6 +54,7 @@ impl Generation {
             move || {
                 on_exit.inherited_exited();
                 go_on_exit.cancel();
+                gone.cancel();
                 // We are surely systemd's main process by now.
                 if let Some(update) = fd_store {
                     update.send();
