@@ -56,6 +56,25 @@ async fn new_generation_holding_the_sockets(
     (child.expect("found"), reply)
 }
 
+/// Freezes `serving` (SIGSTOP: it still accepts, the kernel queues for it),
+/// feeds the config through the FIFO, and returns once the new generation
+/// said it is ready: it then waits for a go-ahead that cannot come yet.
+async fn freeze_until_the_new_one_is_ready(baton: &Baton, serving: u32, config: &str) {
+    signal(serving, Signal::SIGSTOP);
+    let fifo = baton.config.clone();
+    let text = config.to_string();
+    tokio::task::spawn_blocking(move || std::fs::write(fifo, text))
+        .await
+        .expect("join")
+        .expect("feed the config through the FIFO");
+    support::eventually("the new generation says it is ready", || async {
+        baton
+            .log()
+            .contains("ready; waiting for the old generation's go-ahead")
+    })
+    .await;
+}
+
 /// The reload failed, `serving` still serves, and the next reload works.
 async fn failed_then_recovered(
     baton: &Baton,
@@ -117,19 +136,7 @@ async fn a_new_generation_killed_after_it_said_ready_is_a_failed_reload() {
     let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
     // The old generation is frozen so that it cannot act on `Ready` before
     // the new one dies: it still accepts (the kernel queues for it).
-    signal(serving, Signal::SIGSTOP);
-    let fifo = baton.config.clone();
-    let text = config.clone();
-    tokio::task::spawn_blocking(move || std::fs::write(fifo, text))
-        .await
-        .expect("join")
-        .expect("feed the config through the FIFO");
-    support::eventually("the new generation says it is ready", || async {
-        baton
-            .log()
-            .contains("ready; waiting for the old generation's go-ahead")
-    })
-    .await;
+    freeze_until_the_new_one_is_ready(&baton, serving, &config).await;
     signal(child, Signal::SIGKILL);
     signal(serving, Signal::SIGCONT);
     failed_then_recovered(&baton, serving, reply, &config, load).await;
@@ -276,18 +283,7 @@ async fn stop_during_a_handoff(step: Step) {
         Step::Ready => {
             let config = config_behind_a_fifo(&baton);
             let (_, reply) = new_generation_holding_the_sockets(&baton, serving).await;
-            signal(serving, Signal::SIGSTOP);
-            let fifo = baton.config.clone();
-            tokio::task::spawn_blocking(move || std::fs::write(fifo, config))
-                .await
-                .expect("join")
-                .expect("feed the config through the FIFO");
-            support::eventually("the new generation says it is ready", || async {
-                baton
-                    .log()
-                    .contains("ready; waiting for the old generation's go-ahead")
-            })
-            .await;
+            freeze_until_the_new_one_is_ready(&baton, serving, &config).await;
             reply
         }
     };
@@ -346,19 +342,7 @@ async fn admin_requests_follow_the_serving_generation_during_a_reload() {
 
     // The serving generation frozen, the new one ready: nobody may answer
     // probes but the serving one, so nobody answers at all.
-    signal(serving, Signal::SIGSTOP);
-    let fifo = baton.config.clone();
-    let text = config.clone();
-    tokio::task::spawn_blocking(move || std::fs::write(fifo, text))
-        .await
-        .expect("join")
-        .expect("feed the config through the FIFO");
-    support::eventually("the new generation says it is ready", || async {
-        baton
-            .log()
-            .contains("ready; waiting for the old generation's go-ahead")
-    })
-    .await;
+    freeze_until_the_new_one_is_ready(&baton, serving, &config).await;
     for _ in 0..5 {
         let probe =
             tokio::time::timeout(Duration::from_millis(200), client::get(admin, "/readyz")).await;
