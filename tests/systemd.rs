@@ -71,6 +71,18 @@ fn config(p: &Ports, backends: &[SocketAddr], echo: SocketAddr, extra: &str) -> 
     )
 }
 
+/// Load progress under systemd; when it stalls, what systemd saw is shown.
+async fn progressed(sbx: &Sandbox, load: &Load, more: u64) {
+    if !load.advanced(more).await {
+        panic!(
+            "no load progress; failures: {:#?}\nstatus:\n{}\njournal:\n{}",
+            load.failures_so_far(),
+            text(&sbx.exec(&["systemctl", "status", "baton", "--no-pager"])),
+            sbx.journal()
+        );
+    }
+}
+
 async fn status_json(admin: SocketAddr) -> serde_json::Value {
     let a = client::get(admin, "/status").await.expect("status");
     serde_json::from_str(&a.body).expect("status json")
@@ -130,7 +142,7 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
         tcp: Some(p.raw),
         names: vec!["a", "b"],
     });
-    load.progress(50).await;
+    progressed(&sbx, &load, 50).await;
     for i in 0..10 {
         sbx.systemctl_ok(&["reload", "baton"]);
         let s = status_json(p.admin).await;
@@ -141,7 +153,7 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
             "systemd follows the new generation"
         );
         assert_eq!(sbx.show("baton", "ActiveState"), "active");
-        load.progress(30).await;
+        progressed(&sbx, &load, 30).await;
     }
 
     // A broken config: the reload fails with the reason in the journal, the
@@ -157,14 +169,14 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
     assert_eq!(sbx.show("baton", "MainPID"), main);
     sbx.write("/etc/baton/baton.toml", &good);
-    load.progress(30).await;
+    progressed(&sbx, &load, 30).await;
 
     // Binary upgrade: a new file renamed over /usr/bin/baton, then reload.
     let upgrade = upgrade.await.expect("build the upgrade binary");
     sbx.install_binary(&upgrade);
     sbx.systemctl_ok(&["reload", "baton"]);
     assert_eq!(status_json(p.admin).await["version"], "9.9.9-upgrade");
-    load.progress(30).await;
+    progressed(&sbx, &load, 30).await;
 
     // A listener added by a reload goes to the fd store: a restart keeps
     // its very sockets.
@@ -193,7 +205,7 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
         before,
         "the added listener's sockets survived the restart"
     );
-    load.progress(50).await;
+    progressed(&sbx, &load, 50).await;
     load.stop().await.assert_clean();
 
     // start → reload → failed reload → stop: the stop is the ordered one

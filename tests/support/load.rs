@@ -109,8 +109,34 @@ impl Load {
 
     /// Waits until at least `more` further requests succeeded.
     pub async fn progress(&self, more: u64) {
+        assert!(
+            self.advanced(more).await,
+            "no load progress within {:?}; failures so far: {:#?}",
+            super::TIMEOUT,
+            self.failures_so_far()
+        );
+    }
+
+    /// Whether `more` further requests succeed within `TIMEOUT`.
+    pub async fn advanced(&self, more: u64) -> bool {
         let target = self.ok() + more;
-        super::eventually("load progress", || async { self.ok() >= target }).await;
+        let deadline = tokio::time::Instant::now() + super::TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            if self.ok() >= target {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    /// The first failures seen, for a failing test to show.
+    pub fn failures_so_far(&self) -> Vec<String> {
+        self.tally
+            .failures
+            .lock()
+            .map(|f| f.iter().take(10).cloned().collect())
+            .unwrap_or_default()
     }
 
     pub async fn stop(self) -> Report {
