@@ -170,6 +170,26 @@ async fn an_h2c_upgrade_is_served_as_http_1_1_and_never_tunnelled() {
     }
 }
 
+/// Trailers are end-to-end: a request's reach the backend and a response's
+/// reach a client that said it takes them (`TE: trailers`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_travel_both_ways() {
+    let backend_says = headers_seen(
+        "",
+        "POST /trailers HTTP/1.1\r\nHost: app\r\nTE: trailers\r\nTrailer: x-sum\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-sum: 7\r\n\r\n",
+    )
+    .await;
+    assert!(
+        backend_says.contains("request trailers: x-sum=7"),
+        "{backend_says}"
+    );
+    let tail = backend_says.rsplit("\r\n0\r\n").next().unwrap_or("");
+    assert!(
+        tail.to_ascii_lowercase().contains("x-checksum: 42"),
+        "{backend_says}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_clients_are_served() {
     let backend = HttpBackend::start("a").await;

@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, UPGRADE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, TE, UPGRADE};
 
 use crate::config::Forwarded;
 
@@ -15,7 +15,6 @@ const HOP_BY_HOP: &[&str] = &[
     "keep-alive",
     "proxy-connection",
     "te",
-    "trailer",
     "transfer-encoding",
     "upgrade",
     "http2-settings",
@@ -84,8 +83,17 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
 }
 
 /// Removes hop-by-hop headers, those named in `Connection` included; an
-/// upgrade keeps `Connection: upgrade` and its `Upgrade`.
+/// upgrade keeps `Connection: upgrade` and its `Upgrade`. `Trailer` is
+/// end-to-end (RFC 9110 §6.6.2), and a peer that takes trailers says so to
+/// the next hop too (`TE: trailers`, the one TE a proxy passes on), so
+/// trailers travel both ways.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let takes_trailers = headers
+        .get_all(TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
     let upgrade = if keep_upgrade {
         headers.get(UPGRADE).cloned()
     } else {
@@ -104,6 +112,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     if let Some(upgrade) = upgrade {
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(UPGRADE, upgrade);
+    }
+    if takes_trailers {
+        headers.insert(TE, HeaderValue::from_static("trailers"));
     }
 }
 

@@ -248,6 +248,50 @@ impl http_body::Body for Generated {
     }
 }
 
+/// Says which trailers the request body ended with, and ends its own
+/// response body with the trailer `x-checksum: 42`.
+async fn trailers(mut body: Incoming) -> Response<TestBody> {
+    let mut seen = String::new();
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Some(t) = frame.trailers_ref() {
+            for (name, value) in t {
+                seen.push_str(&format!(
+                    "{name}={} ",
+                    String::from_utf8_lossy(value.as_bytes())
+                ));
+            }
+        }
+    }
+    let mut trailer = hyper::HeaderMap::new();
+    trailer.insert("x-checksum", "42".parse().expect("value"));
+    let frames = Frames(
+        [
+            Frame::data(Bytes::from(format!("request trailers: {seen}\n"))),
+            Frame::trailers(trailer),
+        ]
+        .into(),
+    );
+    let mut resp = Response::new(frames.boxed());
+    resp.headers_mut()
+        .insert("trailer", "x-checksum".parse().expect("value"));
+    resp
+}
+
+/// A body of frames given up front.
+struct Frames(std::collections::VecDeque<Frame<Bytes>>);
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(Ok))
+    }
+}
+
 /// Reads the whole body, counting it; says how many bytes arrived.
 async fn upload(body: Incoming, tally: &Uploads) -> TestBody {
     let mut body = body;
@@ -273,6 +317,9 @@ async fn answer(
     gate: &Gate,
 ) -> Result<Response<TestBody>, Infallible> {
     let path = req.uri().path().to_string();
+    if path == "/trailers" {
+        return Ok(trailers(req.into_body()).await);
+    }
     if path == "/headers" {
         let mut text = format!("{:?}\n", req.version());
         for (name, value) in req.headers() {
