@@ -37,7 +37,8 @@ use crate::config::{Forwarded, ListenerConfig, RouteConfig};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, RequestMetrics};
 
-/// How often an h2 connection is PINGed, and how long the answer may take.
+/// How often an h2 connection is PINGed, and how long the answer may take,
+/// at most.
 const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long an idle h2 client has to close after GOAWAY.
@@ -111,10 +112,11 @@ impl HttpProxy {
             .http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(config.h2_max_concurrent_streams)
-            // A dead peer (no PING answer) is found without waiting for
-            // idle_timeout; a live one answers and costs a frame.
-            .keep_alive_interval(H2_PING_INTERVAL)
-            .keep_alive_timeout(H2_PING_TIMEOUT);
+            // A dead peer (no PING answer) is found within idle_timeout
+            // (at most 50 s), even with a stream open; a live one answers
+            // and costs a frame.
+            .keep_alive_interval((config.idle_timeout / 2).min(H2_PING_INTERVAL))
+            .keep_alive_timeout((config.idle_timeout / 2).min(H2_PING_TIMEOUT));
         metrics::client_aborts(&config.name);
         HttpProxy {
             listener: Arc::from(config.name.as_str()),
