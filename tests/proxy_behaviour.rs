@@ -62,7 +62,7 @@ async fn a_tcp_stream_carries_megabytes_both_ways_intact() {
 async fn an_upgrade_is_proxied_both_ways() {
     let backend = HttpBackend::start("a").await;
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
-    let (mut s, head) = client::upgraded(baton.addr("web")).await;
+    let (mut s, head) = client::upgraded(baton.addr("web"), "echo").await;
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: echo"), "{head}");
     for msg in [&b"first frame"[..], b"second frame"] {

@@ -258,21 +258,8 @@ async fn a_websocket_is_closed_with_1001_at_drain_start() {
         "",
     ))
     .await;
-    let mut s = TcpStream::connect(baton.addr("web"))
-        .await
-        .expect("connect");
-    s.write_all(
-        b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-    )
-    .await
-    .expect("write");
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).await.expect("read head");
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101"));
+    let (mut s, head) = client::upgraded(baton.addr("web"), "websocket").await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
     let frame = ws_frame(b"hello");
     s.write_all(&frame).await.expect("frame");
     let mut echoed = vec![0u8; frame.len()];

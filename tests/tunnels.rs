@@ -42,9 +42,9 @@ async fn upgraded_connections_count_against_max_connections_while_they_live() {
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
-    let (mut first, head) = client::upgraded(web).await;
+    let (mut first, head) = client::upgraded(web, "echo").await;
     assert!(head.starts_with("http/1.1 101"), "{head}");
-    let (mut second, _) = client::upgraded(web).await;
+    let (mut second, _) = client::upgraded(web, "echo").await;
     echoes(&mut first, b"one").await;
     echoes(&mut second, b"two").await;
     // Both places are taken by live tunnels: a third client waits in the
@@ -77,8 +77,8 @@ async fn an_upgraded_connection_idle_both_ways_closes_at_tunnel_timeout() {
         .listener("web", "http", "app", "tunnel_timeout = \"1s\"")
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
-    let (mut busy, _) = client::upgraded(baton.addr("web")).await;
-    let (mut idle, _) = client::upgraded(baton.addr("web")).await;
+    let (mut busy, _) = client::upgraded(baton.addr("web"), "echo").await;
+    let (mut idle, _) = client::upgraded(baton.addr("web"), "echo").await;
     // Traffic every 300 ms keeps a tunnel open well past the timeout.
     for _ in 0..8 {
         echoes(&mut busy, b"ping").await;

@@ -135,14 +135,16 @@ pub async fn read_until_closed(s: &mut tokio::net::TcpStream) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A connection upgraded to the backend's echo protocol (`/ws`): the 101
-/// head is read, what follows is the tunnel. The head is returned too.
-pub async fn upgraded(addr: SocketAddr) -> (TcpStream, String) {
+/// A connection upgraded to `protocol` on the backend's echo path (`/ws`):
+/// the response head is read (and returned, lower-cased); what follows is
+/// the tunnel.
+pub async fn upgraded(addr: SocketAddr, protocol: &str) -> (TcpStream, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-        .await
-        .expect("write");
+    let request = format!(
+        "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: {protocol}\r\n\r\n"
+    );
+    s.write_all(request.as_bytes()).await.expect("write");
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
