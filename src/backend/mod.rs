@@ -115,8 +115,8 @@ pub struct Backend {
     /// The last request or connection it failed; clients see none of it.
     last_error: Mutex<Option<CheckRecord>>,
     metrics: BackendMetrics,
-    /// The pool's queue, told when a lease ends.
-    freed: Arc<tokio::sync::Notify>,
+    /// The pool's queue, told when a lease ends (only a capped pool has one).
+    freed: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Backend {
@@ -297,8 +297,9 @@ pub struct Pool {
     /// Per-backend cap (0: none) and how long work waits for a place.
     cap: usize,
     queue_timeout: std::time::Duration,
-    /// Woken, one waiter at a time in arrival order, when a lease ends.
-    freed: Arc<tokio::sync::Notify>,
+    /// Woken, one waiter at a time in arrival order, when a lease ends;
+    /// only with a cap (without one nobody ever waits).
+    freed: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Pool {
@@ -306,7 +307,8 @@ impl Pool {
     pub fn new(config: &PoolConfig, first_index: usize) -> Pool {
         let checked = config.health.is_some();
         let (rise, fall) = config.health.as_ref().map_or((1, 1), |h| (h.rise, h.fall));
-        let freed = Arc::new(tokio::sync::Notify::new());
+        let freed =
+            (config.max_connections_per_backend > 0).then(|| Arc::new(tokio::sync::Notify::new()));
         metrics::queue_timeouts(&config.name);
         let backends: Vec<Arc<Backend>> = config
             .backends
@@ -334,7 +336,7 @@ impl Pool {
                     last_check: Mutex::new(None),
                     last_error: Mutex::new(None),
                     metrics: metrics::backend(&config.name, &b.name),
-                    freed: Arc::clone(&freed),
+                    freed: freed.clone(),
                 };
                 backend.publish();
                 Arc::new(backend)
@@ -384,9 +386,17 @@ impl Pool {
     /// is at its cap, waits in line (first come, first served) up to
     /// `queue_timeout`.
     pub async fn lease(&self, exclude: Option<usize>) -> Result<Lease, NoLease> {
+        if let Some(lease) = self.pick(exclude) {
+            return Ok(lease);
+        }
+        let Some(queue) = &self.freed else {
+            return Err(NoLease::NoBackend);
+        };
         let deadline = tokio::time::Instant::now() + self.queue_timeout;
         loop {
-            let freed = self.freed.notified();
+            // Registered before looking again, so a place freed meanwhile
+            // is not missed.
+            let freed = queue.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
             if let Some(lease) = self.pick(exclude) {
@@ -460,6 +470,8 @@ impl Drop for Lease {
         self.backend.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.backend.metrics.in_flight.decrement(1.0);
         self.backend.settle();
-        self.backend.freed.notify_one();
+        if let Some(queue) = &self.backend.freed {
+            queue.notify_one();
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! whether the client takes the responses it is sent.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -23,36 +23,52 @@ pub struct ConnState {
     /// When the connection last became idle, as nanoseconds since `origin`.
     idle_since_nanos: AtomicU64,
     origin: Instant,
-    /// One per response being sent.
-    deliveries: Mutex<Vec<Weak<Delivery>>>,
+    /// Whether the client takes the responses' bytes: how many responses
+    /// have a frame handed to hyper that hyper has not asked past yet
+    /// (hyper asks for the next once a frame is written), and when any of
+    /// them last moved. Frames waiting with nothing moving for long mean
+    /// the client stopped reading (a full socket, or h2 windows at zero).
+    frames_waiting: AtomicUsize,
+    /// Nanoseconds since `origin`.
+    delivery_moved_nanos: AtomicU64,
 }
 
-/// Whether the client takes a response's bytes: a frame was handed to
-/// hyper at this time (nanoseconds since the connection's origin, + 1) and
-/// hyper has not asked for the next one since (0: nothing waits). hyper
-/// asks again once the frame is written, so a frame waiting long means
-/// the client stopped reading (a full socket, or an h2 window at zero).
-#[derive(Default)]
-struct Delivery {
-    handed_at: AtomicU64,
-}
+/// Marks a request in flight until the response body is done; the bool
+/// says whether it has a frame waiting (see `frames_waiting`).
+pub struct Busy(Arc<ConnState>, bool);
 
-/// Marks a request in flight until the response body is done.
-pub struct Busy(Arc<ConnState>, Arc<Delivery>);
+impl Busy {
+    fn waiting(&mut self, waiting: bool) {
+        let state = &self.0;
+        state
+            .delivery_moved_nanos
+            .store(state.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if waiting != self.1 {
+            self.1 = waiting;
+            if waiting {
+                state.frames_waiting.fetch_add(1, Ordering::Relaxed);
+            } else {
+                state.frames_waiting.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
 
 impl BodyGuard for Busy {
     fn asked(&mut self) {
-        self.1.handed_at.store(0, Ordering::Relaxed);
+        self.waiting(false);
     }
 
     fn handed(&mut self) {
-        let now = self.0.origin.elapsed().as_nanos() as u64 + 1;
-        self.1.handed_at.store(now, Ordering::Relaxed);
+        self.waiting(true);
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
+        if self.1 {
+            self.0.frames_waiting.fetch_sub(1, Ordering::Relaxed);
+        }
         let state = &self.0;
         state
             .idle_since_nanos
@@ -78,35 +94,25 @@ impl ConnState {
             in_flight: AtomicUsize::new(0),
             idle_since_nanos: AtomicU64::new(0),
             origin: Instant::now(),
-            deliveries: Mutex::new(Vec::new()),
+            frames_waiting: AtomicUsize::new(0),
+            delivery_moved_nanos: AtomicU64::new(0),
         }
     }
 
     pub fn begin(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::Acquire);
         self.head.head_done();
-        let delivery = Arc::new(Delivery::default());
-        if let Ok(mut d) = self.deliveries.lock() {
-            d.retain(|w| w.strong_count() > 0);
-            d.push(Arc::downgrade(&delivery));
-        }
-        Busy(Arc::clone(self), delivery)
+        Busy(Arc::clone(self), false)
     }
 
-    /// Resolves once a response frame has waited `limit` for the client to
-    /// take it (checked every second at most).
+    /// Resolves once response frames have waited `limit` for the client
+    /// with none of them moving (checked every second at most).
     pub async fn stalled_reader(&self, limit: Duration) {
         loop {
             tokio::time::sleep(limit.min(Duration::from_secs(1))).await;
-            let now = self.origin.elapsed().as_nanos() as u64 + 1;
-            let limit = limit.as_nanos() as u64;
-            let stalled = self.deliveries.lock().is_ok_and(|d| {
-                d.iter().filter_map(Weak::upgrade).any(|d| {
-                    let at = d.handed_at.load(Ordering::Relaxed);
-                    at != 0 && now.saturating_sub(at) >= limit
-                })
-            });
-            if stalled {
+            let moved = Duration::from_nanos(self.delivery_moved_nanos.load(Ordering::Relaxed));
+            let still = self.origin.elapsed().saturating_sub(moved);
+            if self.frames_waiting.load(Ordering::Relaxed) > 0 && still >= limit {
                 return;
             }
         }
