@@ -106,14 +106,18 @@ impl ConnState {
     }
 
     /// Resolves once response frames have waited `limit` for the client
-    /// with none of them moving (checked every second at most).
+    /// with none of them moving. Wakes once per `limit` on an idle
+    /// connection, not more: cheap for many idle connections.
     pub async fn stalled_reader(&self, limit: Duration) {
         loop {
-            tokio::time::sleep(limit.min(Duration::from_secs(1))).await;
             let moved = Duration::from_nanos(self.delivery_moved_nanos.load(Ordering::Relaxed));
             let still = self.origin.elapsed().saturating_sub(moved);
-            if self.frames_waiting.load(Ordering::Relaxed) > 0 && still >= limit {
+            if self.frames_waiting.load(Ordering::Relaxed) == 0 {
+                tokio::time::sleep(limit).await;
+            } else if still >= limit {
                 return;
+            } else {
+                tokio::time::sleep(limit - still).await;
             }
         }
     }
@@ -129,8 +133,13 @@ impl ConnState {
 
     /// Resolves once the connection speaks h2 and has had no stream open
     /// for `limit` (hyper's h2 server has no idle timeout of its own).
+    /// Pends for good on an HTTP/1 connection: no timer per idle one.
     pub async fn h2_idle_for(&self, limit: Duration) {
         while !self.is_h2() {
+            if self.head.is_http1() {
+                std::future::pending::<()>().await;
+            }
+            // Not known yet: it has sent nothing (the head clock's case).
             tokio::time::sleep(limit.min(Duration::from_secs(1))).await;
         }
         self.idle_for(limit).await;

@@ -34,6 +34,8 @@ pub struct HeadClock {
     off: AtomicBool,
     /// The connection opened with the h2 preface.
     h2: AtomicBool,
+    /// Its opening bytes were not the h2 preface: HTTP/1 for good.
+    http1: AtomicBool,
     /// The head was too slow: the connection goes with a 408.
     expired: AtomicBool,
 }
@@ -53,6 +55,7 @@ impl HeadClock {
             answering: AtomicBool::new(false),
             off: AtomicBool::new(false),
             h2: AtomicBool::new(false),
+            http1: AtomicBool::new(false),
             expired: AtomicBool::new(false),
         }
     }
@@ -92,6 +95,11 @@ impl HeadClock {
     /// Whether the connection opened with the h2 preface.
     pub fn is_h2(&self) -> bool {
         self.h2.load(Ordering::Relaxed)
+    }
+
+    /// Whether its opening showed it is HTTP/1.
+    pub fn is_http1(&self) -> bool {
+        self.http1.load(Ordering::Relaxed)
     }
 
     /// Resolves once a head has been in progress for `limit`.
@@ -161,6 +169,7 @@ impl Watched {
                     fresh = &fresh[take..];
                     let compared = seen.len().min(PREFACE.len());
                     if seen[..compared] != PREFACE[..compared] {
+                        self.clock.http1.store(true, Ordering::Relaxed);
                         Opening::Known
                     } else if seen.len() < want {
                         if seen.len() >= PREFACE.len() {
