@@ -1,6 +1,6 @@
 //! Steady load of three kinds at once, each answer checked: HTTP keep-alive
 //! clients, HTTP clients opening a connection per request, and TCP echo
-//! clients. Bounded: every loop stops on `stop()` or after two minutes.
+//! clients. Bounded: every loop stops on `stop()` or after `HARD_LIMIT`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +15,10 @@ use tokio_util::sync::CancellationToken;
 use super::backend::HttpBackend;
 use super::client;
 
-const HARD_LIMIT: Duration = Duration::from_secs(120);
+/// Long enough for the longest test that keeps a load running: the systemd
+/// test builds a second baton from cold while its load runs (over two
+/// minutes on a clean CI clone).
+const HARD_LIMIT: Duration = Duration::from_secs(600);
 
 #[derive(Default)]
 pub struct Tally {
@@ -117,13 +120,19 @@ impl Load {
         );
     }
 
-    /// Whether `more` further requests succeed within `TIMEOUT`.
+    /// Whether `more` further requests succeed within `TIMEOUT`. A load
+    /// whose loops have all ended (at `HARD_LIMIT`) fails at once, saying so.
     pub async fn advanced(&self, more: u64) -> bool {
         let target = self.ok() + more;
         let deadline = tokio::time::Instant::now() + super::TIMEOUT;
         while tokio::time::Instant::now() < deadline {
             if self.ok() >= target {
                 return true;
+            }
+            if self.tasks.iter().all(|t| t.is_finished()) {
+                self.tally
+                    .fail(format!("the load itself ended (limit {HARD_LIMIT:?})"));
+                return false;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
