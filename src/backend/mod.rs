@@ -7,6 +7,7 @@
 
 pub mod balance;
 pub mod health;
+pub mod idle;
 pub mod probe;
 
 use std::net::SocketAddr;
@@ -117,6 +118,8 @@ pub struct Backend {
     metrics: BackendMetrics,
     /// The pool's queue, told when a lease ends (only a capped pool has one).
     freed: Option<Arc<tokio::sync::Notify>>,
+    /// HTTP/1 connections to it, idle between requests.
+    pub idle: idle::IdleConnections,
 }
 
 impl Backend {
@@ -337,6 +340,7 @@ impl Pool {
                     last_error: Mutex::new(None),
                     metrics: metrics::backend(&config.name, &b.name),
                     freed: freed.clone(),
+                    idle: idle::IdleConnections::default(),
                 };
                 backend.publish();
                 Arc::new(backend)

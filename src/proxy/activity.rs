@@ -1,24 +1,19 @@
-//! One HTTP client connection's activity: requests in flight, since when
-//! it is idle (the drain closes idle keep-alive connections only after
-//! `keepalive_drain_grace`), whether it speaks h2, its head clock, and
-//! whether the client takes the responses it is sent.
+//! One h2c client connection's activity: streams in flight, since when it
+//! is idle (GOAWAY at `idle_timeout`), its opening clock, and whether the
+//! client takes the responses it is sent.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::body::BodyGuard;
-use super::head::HeadClock;
+use super::head::OpeningClock;
 
 pub struct ConnState {
-    h2: AtomicBool,
-    /// Upgraded tunnels this connection turned into: the connection (its
-    /// `max_connections` permit and its count) lives until they end.
-    pub tunnels: tokio_util::task::TaskTracker,
-    /// The slowloris clock (see `head`).
-    pub head: Arc<HeadClock>,
+    /// The slowloris clock of its opening (see `head`).
+    pub opening: Arc<OpeningClock>,
     in_flight: AtomicUsize,
     /// When the connection last became idle, as nanoseconds since `origin`.
     idle_since_nanos: AtomicU64,
@@ -73,9 +68,7 @@ impl Drop for Busy {
         state
             .idle_since_nanos
             .store(state.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if state.in_flight.fetch_sub(1, Ordering::Release) == 1 {
-            state.head.answered();
-        }
+        state.in_flight.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -88,9 +81,7 @@ impl Default for ConnState {
 impl ConnState {
     pub fn new() -> ConnState {
         ConnState {
-            h2: AtomicBool::new(false),
-            tunnels: tokio_util::task::TaskTracker::new(),
-            head: Arc::new(HeadClock::new()),
+            opening: Arc::new(OpeningClock::default()),
             in_flight: AtomicUsize::new(0),
             idle_since_nanos: AtomicU64::new(0),
             origin: Instant::now(),
@@ -101,7 +92,6 @@ impl ConnState {
 
     pub fn begin(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::Acquire);
-        self.head.head_done();
         Busy(Arc::clone(self), false)
     }
 
@@ -120,29 +110,6 @@ impl ConnState {
                 tokio::time::sleep(limit - still).await;
             }
         }
-    }
-
-    pub fn mark_h2(&self) {
-        self.h2.store(true, Ordering::Relaxed);
-    }
-
-    /// It opened with the h2 preface, or carried an h2 request.
-    pub fn is_h2(&self) -> bool {
-        self.h2.load(Ordering::Relaxed) || self.head.is_h2()
-    }
-
-    /// Resolves once the connection speaks h2 and has had no stream open
-    /// for `limit` (hyper's h2 server has no idle timeout of its own).
-    /// Pends for good on an HTTP/1 connection: no timer per idle one.
-    pub async fn h2_idle_for(&self, limit: Duration) {
-        while !self.is_h2() {
-            if self.head.is_http1() {
-                std::future::pending::<()>().await;
-            }
-            // Not known yet: it has sent nothing (the head clock's case).
-            tokio::time::sleep(limit.min(Duration::from_secs(1))).await;
-        }
-        self.idle_for(limit).await;
     }
 
     /// Resolves once no request has been in flight for `grace`.

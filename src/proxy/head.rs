@@ -1,16 +1,10 @@
-//! The request-head clock (slowloris): once a client starts a request, or
-//! opens a connection, it must deliver the whole head within
-//! `header_timeout`, else it gets 408 and the connection closes. Idleness
-//! between keep-alive requests is a different clock: hyper's own header
-//! timer, set to `idle_timeout` (hyper starts it when a connection turns
-//! idle, and it sends no 408).
-//!
-//! An h2c connection (prior knowledge) is under the same clock until its
-//! preface and first SETTINGS frame are in (then it is closed, without a
-//! 408, if they are late); after that its idleness is the proxy's business.
+//! An h2c connection's opening clock (slowloris on h2): its preface and
+//! first SETTINGS frame must be in within `header_timeout`, else it is
+//! closed. After that its idleness is the proxy's business. (HTTP/1 heads
+//! have their own clocks in `h1::conn`.)
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -19,125 +13,54 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// What a client is answered when its head is too slow.
-pub const TIMEOUT_RESPONSE: &[u8] =
-    b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
-
-pub struct HeadClock {
-    origin: Instant,
-    /// When the head in progress began, as nanoseconds since `origin` + 1;
-    /// 0 when no head is in progress.
-    since: AtomicU64,
-    /// A request is being answered: bytes now are its body, not a head.
-    answering: AtomicBool,
-    /// h2 frames its own requests; this clock is for HTTP/1 and h2's opening.
-    off: AtomicBool,
-    /// The connection opened with the h2 preface.
-    h2: AtomicBool,
-    /// Its opening bytes were not the h2 preface: HTTP/1 for good.
-    http1: AtomicBool,
-    /// The head was too slow: the connection goes with a 408.
-    expired: AtomicBool,
+/// Runs from the connection's start until its opening is in.
+pub struct OpeningClock {
+    started: Instant,
+    done: AtomicBool,
 }
 
-impl Default for HeadClock {
+impl Default for OpeningClock {
     fn default() -> Self {
-        Self::new()
+        OpeningClock {
+            started: Instant::now(),
+            done: AtomicBool::new(false),
+        }
     }
 }
 
-impl HeadClock {
-    /// A new connection's clock, already running: it must speak.
-    pub fn new() -> HeadClock {
-        HeadClock {
-            origin: Instant::now(),
-            since: AtomicU64::new(1),
-            answering: AtomicBool::new(false),
-            off: AtomicBool::new(false),
-            h2: AtomicBool::new(false),
-            http1: AtomicBool::new(false),
-            expired: AtomicBool::new(false),
-        }
+impl OpeningClock {
+    fn done(&self) {
+        self.done.store(true, Ordering::Relaxed);
     }
 
-    fn now(&self) -> u64 {
-        self.origin.elapsed().as_nanos() as u64 + 1
-    }
-
-    fn bytes_read(&self) {
-        if !self.answering.load(Ordering::Relaxed) {
-            let _ =
-                self.since
-                    .compare_exchange(0, self.now(), Ordering::Relaxed, Ordering::Relaxed);
-        }
-    }
-
-    /// A whole head arrived: the request is being answered.
-    pub fn head_done(&self) {
-        self.answering.store(true, Ordering::Relaxed);
-        self.since.store(0, Ordering::Relaxed);
-    }
-
-    /// The response is done; the next bytes start a new head.
-    pub fn answered(&self) {
-        self.answering.store(false, Ordering::Relaxed);
-    }
-
-    /// Marks the connection for a 408 when its stream is dropped.
-    pub fn expire(&self) {
-        self.expired.store(true, Ordering::Relaxed);
-    }
-
-    pub fn turn_off(&self) {
-        self.off.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether the connection opened with the h2 preface.
-    pub fn is_h2(&self) -> bool {
-        self.h2.load(Ordering::Relaxed)
-    }
-
-    /// Whether its opening showed it is HTTP/1.
-    pub fn is_http1(&self) -> bool {
-        self.http1.load(Ordering::Relaxed)
-    }
-
-    /// Resolves once a head has been in progress for `limit`.
+    /// Resolves if the opening is not in within `limit` of the start;
+    /// pends for good once it is.
     pub async fn overdue(&self, limit: Duration) {
-        loop {
-            let since = self.since.load(Ordering::Relaxed);
-            let wait = if self.off.load(Ordering::Relaxed) || since == 0 {
-                limit
-            } else {
-                let elapsed = Duration::from_nanos(self.now() - since);
-                if elapsed >= limit {
-                    return;
-                }
-                limit - elapsed
-            };
-            tokio::time::sleep(wait).await;
+        if !self.done.load(Ordering::Relaxed) {
+            tokio::time::sleep_until(self.started + limit).await;
+            if !self.done.load(Ordering::Relaxed) {
+                return;
+            }
         }
+        std::future::pending().await
     }
 }
 
-/// The client's stream, telling the clock when bytes arrive. It writes the
-/// 408 itself as it is dropped, because hyper, waiting for a head, holds
-/// the stream and writes nothing (a second fd per connection just for this
-/// would halve how many connections fit under the fd limit).
+/// The client's stream, telling the clock when the opening is in.
 pub struct Watched {
     inner: TcpStream,
-    clock: Arc<HeadClock>,
+    clock: Arc<OpeningClock>,
     opening: Opening,
 }
 
 /// How far a connection's opening is known.
 enum Opening {
-    /// Its first bytes: are they the h2 preface, and how long is the
-    /// SETTINGS frame after it?
+    /// Its first bytes: the h2 preface (already seen by the listener's
+    /// peek), and the header of the SETTINGS frame after it.
     Sniffing(Vec<u8>),
-    /// h2: bytes of the first SETTINGS frame still to come.
+    /// Bytes of the first SETTINGS frame still to come.
     Settings(usize),
-    /// HTTP/1, or h2 with its opening in.
+    /// The opening is in.
     Known,
 }
 
@@ -147,7 +70,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
 
 impl Watched {
-    pub fn new(inner: TcpStream, clock: Arc<HeadClock>) -> Watched {
+    pub fn new(inner: TcpStream, clock: Arc<OpeningClock>) -> Watched {
         Watched {
             inner,
             clock,
@@ -155,8 +78,7 @@ impl Watched {
         }
     }
 
-    /// Follows the opening bytes: an HTTP/1 connection is left to the clock
-    /// at once; an h2 one is let go of once its preface and first SETTINGS
+    /// Follows the opening bytes until the preface and first SETTINGS
     /// frame are in.
     fn follow_opening(&mut self, mut fresh: &[u8]) {
         while !fresh.is_empty() {
@@ -169,15 +91,12 @@ impl Watched {
                     fresh = &fresh[take..];
                     let compared = seen.len().min(PREFACE.len());
                     if seen[..compared] != PREFACE[..compared] {
-                        self.clock.http1.store(true, Ordering::Relaxed);
+                        // Not h2 after all: hyper refuses it.
+                        self.clock.done();
                         Opening::Known
                     } else if seen.len() < want {
-                        if seen.len() >= PREFACE.len() {
-                            self.clock.h2.store(true, Ordering::Relaxed);
-                        }
                         return;
                     } else {
-                        self.clock.h2.store(true, Ordering::Relaxed);
                         let h = &seen[PREFACE.len()..];
                         Opening::Settings(u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize)
                     }
@@ -189,26 +108,15 @@ impl Watched {
                     if *left > 0 {
                         return;
                     }
-                    self.clock.turn_off();
+                    self.clock.done();
                     Opening::Known
                 }
             };
             self.opening = next;
         }
         if let Opening::Settings(0) = self.opening {
-            self.clock.turn_off();
+            self.clock.done();
             self.opening = Opening::Known;
-        }
-    }
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        if self.clock.expired.load(Ordering::Relaxed) && !self.clock.is_h2() {
-            // Best effort: 75 bytes fit an empty send buffer; a client that
-            // stopped reading gets the close alone.
-            let _ = self.inner.try_write(TIMEOUT_RESPONSE);
-            let _ = socket2::SockRef::from(&self.inner).shutdown(std::net::Shutdown::Write);
         }
     }
 }
@@ -221,12 +129,12 @@ impl AsyncRead for Watched {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.clock.bytes_read();
-            if !matches!(self.opening, Opening::Known) {
-                let fresh = buf.filled()[before..].to_vec();
-                self.follow_opening(&fresh);
-            }
+        if matches!(polled, Poll::Ready(Ok(())))
+            && buf.filled().len() > before
+            && !matches!(self.opening, Opening::Known)
+        {
+            let fresh = buf.filled()[before..].to_vec();
+            self.follow_opening(&fresh);
         }
         polled
     }

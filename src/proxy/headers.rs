@@ -1,12 +1,11 @@
-//! Header rewriting between client and backend: hop-by-hop headers stay on
-//! their hop (RFC 9110 §7.6.1), forwarding headers say where a request came
-//! from (per the listener's `forwarded`), and an upgrade keeps the two
-//! headers that make it one. An upgrade to h2c is never one: tunnelled, it
-//! would carry requests past routing and every check (h2c smuggling).
+//! Header rewriting between an h2 client and a backend (hyper's path; the
+//! HTTP/1 path rewrites its heads in `h1::rewrite`): hop-by-hop headers
+//! stay on their hop (RFC 9110 §7.6.1), forwarding headers say where a
+//! request came from (per the listener's `forwarded`).
 
 use std::net::IpAddr;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, TE, UPGRADE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, TE};
 
 use crate::config::Forwarded;
 
@@ -41,20 +40,6 @@ const FORWARDING: &[&str] = &[
     "forwarded",
 ];
 
-/// Drops an `Upgrade` that asks for h2c: the request is served as the
-/// HTTP/1.1 request it also is.
-pub fn refuse_h2c(headers: &mut HeaderMap) {
-    let h2c = headers
-        .get_all(UPGRADE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("h2c"));
-    if h2c {
-        headers.remove(UPGRADE);
-    }
-}
-
 /// The `Host` a backend gets: an absolute-form target's authority wins over
 /// whatever `Host` the client sent (RFC 9112 §3.2.2), since routing used it.
 pub fn host_from_target(headers: &mut HeaderMap, uri: &http::Uri) {
@@ -64,12 +49,6 @@ pub fn host_from_target(headers: &mut HeaderMap, uri: &http::Uri) {
     {
         headers.insert(HOST, authority);
     }
-}
-
-/// True for an HTTP/1.1 upgrade request (`Connection: upgrade` + `Upgrade`).
-pub fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(UPGRADE)
-        && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
 }
 
 fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
@@ -82,23 +61,17 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|t| !t.is_empty())
 }
 
-/// Removes hop-by-hop headers, those named in `Connection` included; an
-/// upgrade keeps `Connection: upgrade` and its `Upgrade`. `Trailer` is
+/// Removes hop-by-hop headers, those named in `Connection` included. `Trailer` is
 /// end-to-end (RFC 9110 §6.6.2), and a peer that takes trailers says so to
 /// the next hop too (`TE: trailers`, the one TE a proxy passes on), so
 /// trailers travel both ways.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let takes_trailers = headers
         .get_all(TE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
-    let upgrade = if keep_upgrade {
-        headers.get(UPGRADE).cloned()
-    } else {
-        None
-    };
     let named: Vec<HeaderName> = connection_tokens(headers)
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .filter(|n| !NOT_STRIPPABLE.contains(&n.as_str()))
@@ -108,10 +81,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
     for name in HOP_BY_HOP {
         headers.remove(*name);
-    }
-    if let Some(upgrade) = upgrade {
-        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(UPGRADE, upgrade);
     }
     if takes_trailers {
         headers.insert(TE, HeaderValue::from_static("trailers"));
@@ -173,26 +142,9 @@ mod tests {
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("x-kept", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h, false);
+        strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
-    }
-
-    #[test]
-    fn an_upgrade_keeps_its_headers() {
-        let mut h = HeaderMap::new();
-        h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
-        h.insert(UPGRADE, HeaderValue::from_static("websocket"));
-        assert!(is_upgrade(&h));
-        strip_hop_by_hop(&mut h, true);
-        assert_eq!(
-            h.get(UPGRADE).map(|v| v.as_bytes()),
-            Some(&b"websocket"[..])
-        );
-        assert_eq!(
-            h.get(CONNECTION).map(|v| v.as_bytes()),
-            Some(&b"upgrade"[..])
-        );
     }
 
     fn peer() -> HeaderValue {
@@ -237,20 +189,8 @@ mod tests {
         h.insert(CONNECTION, HeaderValue::from_static("host, x-gone"));
         h.insert(HOST, HeaderValue::from_static("app"));
         h.insert("x-gone", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h, false);
+        strip_hop_by_hop(&mut h);
         assert!(h.contains_key(HOST));
         assert!(!h.contains_key("x-gone"));
-    }
-
-    #[test]
-    fn an_h2c_upgrade_is_dropped() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            CONNECTION,
-            HeaderValue::from_static("Upgrade, HTTP2-Settings"),
-        );
-        h.insert(UPGRADE, HeaderValue::from_static("h2c"));
-        refuse_h2c(&mut h);
-        assert!(!is_upgrade(&h));
     }
 }

@@ -1,28 +1,25 @@
-//! L7 proxying: a hyper server connection (HTTP/1.1 or h2c, detected) on
-//! the client side and a pooled hyper client to backends. Bodies stream in
-//! both directions; nothing is buffered whole.
+//! An HTTP listener's connections: each one's opening says its protocol.
+//! HTTP/1 goes to baton's own path (`h1`); h2c (prior knowledge) to a
+//! hyper h2 server connection with a pooled hyper client to backends.
+//! Bodies stream in both directions; nothing is buffered whole.
 //!
-//! Draining, per DESIGN.md: h2 connections get GOAWAY at once; HTTP/1.1
-//! responses carry `Connection: close` from then on; an idle keep-alive
-//! connection is closed only after it stayed idle `keepalive_drain_grace`
-//! (closing it at once races a request the client may be sending: the
-//! reload loss HAProxy and nginx show). Upgraded streams end at drain start.
+//! Draining an h2 connection, per DESIGN.md: GOAWAY at once.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, HOST};
+use ::http::header::{HeaderValue, CONTENT_TYPE, HOST};
 use ::http::uri::{PathAndQuery, Scheme};
-use ::http::{Request, Response, StatusCode, Uri, Version};
+use ::http::{Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -43,6 +40,39 @@ const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long an idle h2 client has to close after GOAWAY.
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
+
+/// What a connection's first bytes say it speaks.
+enum Opening {
+    /// The h2 client preface.
+    H2,
+    Http1,
+    /// Nothing within `header_timeout`.
+    Silent,
+    Closed,
+}
+
+/// The h2 client preface (RFC 9113 §3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Peeks at a connection's first bytes until they match the h2 preface or
+/// cannot (every HTTP/1 method differs from `PRI` by its second byte at
+/// the latest), leaving them in the socket for the protocol's own reader.
+async fn opening(stream: &TcpStream, deadline: Instant) -> Opening {
+    let mut seen = [0u8; PREFACE.len()];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.peek(&mut seen)).await {
+            Err(_) => return Opening::Silent,
+            Ok(Ok(0) | Err(_)) => return Opening::Closed,
+            Ok(Ok(n)) if seen[..n] != PREFACE[..n] => return Opening::Http1,
+            Ok(Ok(n)) if n == PREFACE.len() => return Opening::H2,
+            // A prefix of the preface: the rest is on its way (peeking
+            // again at once would find the same bytes).
+            // An h2 opening that stops short gets no HTTP/1 408.
+            Ok(Ok(_)) if Instant::now() >= deadline => return Opening::Closed,
+            Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
 
 /// Sleeps until `at`, or forever if there is none.
 async fn sleep_until_some(at: Option<Instant>) {
@@ -70,26 +100,28 @@ impl Outgoing {
 }
 
 /// A pool as one listener sees it, with that listener's request metrics.
-struct Target {
-    pool: Arc<Pool>,
-    metrics: RequestMetrics,
+pub(super) struct Target {
+    pub(super) pool: Arc<Pool>,
+    pub(super) metrics: RequestMetrics,
 }
 
 pub struct HttpProxy {
-    listener: Arc<str>,
+    pub(super) listener: Arc<str>,
     routes: Vec<RouteConfig>,
     /// Indexed like the config's pools.
     targets: Vec<Target>,
     default_target: usize,
     client: Client<HttpConnector, ProxyBody>,
-    server: auto::Builder<TokioExecutor>,
-    response_timeout: Duration,
-    keepalive_drain_grace: Duration,
-    header_timeout: Duration,
-    /// Also the wait for a request body's first bytes.
-    idle_timeout: Duration,
-    tunnel_timeout: Duration,
-    forwarded: Forwarded,
+    server: http2::Builder<TokioExecutor>,
+    pub(super) connect_timeout: Duration,
+    pub(super) response_timeout: Duration,
+    pub(super) keepalive_drain_grace: Duration,
+    pub(super) header_timeout: Duration,
+    /// Also the wait for a request body's first bytes, and how long a
+    /// client may take no response bytes.
+    pub(super) idle_timeout: Duration,
+    pub(super) tunnel_timeout: Duration,
+    pub(super) forwarded: Forwarded,
 }
 
 impl HttpProxy {
@@ -101,15 +133,8 @@ impl HttpProxy {
             .pool_idle_timeout(Duration::from_secs(10))
             .pool_timer(TokioTimer::new())
             .build(connector);
-        let mut server = auto::Builder::new(TokioExecutor::new());
+        let mut server = http2::Builder::new(TokioExecutor::new());
         server
-            .http1()
-            .timer(TokioTimer::new())
-            // Starts when a connection turns idle: the keep-alive limit.
-            // A slow head is `head::HeadClock`'s business.
-            .header_read_timeout(config.idle_timeout);
-        server
-            .http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(config.h2_max_concurrent_streams)
             // A dead peer (no PING answer) is found within idle_timeout
@@ -131,6 +156,7 @@ impl HttpProxy {
             default_target: config.pool,
             client,
             server,
+            connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
             keepalive_drain_grace: config.keepalive_drain_grace,
             header_timeout: config.header_timeout,
@@ -141,8 +167,41 @@ impl HttpProxy {
     }
 
     /// Serves one client connection until it ends, the drain closes it, or
-    /// the drain is forced (the task is then dropped by `DrainWatch`).
+    /// the drain is forced (the task is then dropped by `DrainWatch`):
+    /// HTTP/1 on baton's own path, h2c (prior knowledge) on hyper's.
     pub async fn serve(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, drain: DrainWatch) {
+        let opened = Instant::now();
+        match opening(&stream, opened + self.header_timeout).await {
+            Opening::H2 => self.serve_h2(stream, peer, drain).await,
+            Opening::Http1 => super::h1::conn::serve(&self, stream, peer, &drain, opened).await,
+            Opening::Silent => {
+                tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
+                let _ = stream.try_write(super::h1::conn::TIMEOUT_RESPONSE);
+            }
+            Opening::Closed => {}
+        }
+    }
+
+    /// The pool a request goes to: the first route matching its host and
+    /// path, else the listener's.
+    pub(super) fn target_for(&self, host: Option<&[u8]>, path: &[u8]) -> &Target {
+        let host = host
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .map(|h| crate::config::strip_port(h).to_ascii_lowercase());
+        let chosen = self
+            .routes
+            .iter()
+            .find(|r| {
+                r.path_prefix
+                    .as_deref()
+                    .is_none_or(|p| path.starts_with(p.as_bytes()))
+                    && r.host.as_deref().is_none_or(|h| host.as_deref() == Some(h))
+            })
+            .map_or(self.default_target, |r| r.pool);
+        &self.targets[chosen]
+    }
+
+    async fn serve_h2(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, drain: DrainWatch) {
         let state = Arc::new(ConnState::new());
         // Formatted once per connection: every request forwards it.
         let client_ip = headers::ip_value(peer.ip());
@@ -154,10 +213,9 @@ impl HttpProxy {
                 async move { Ok::<_, Infallible>(proxy.handle(req, client_ip, state, drain).await) }
             })
         };
-        let io = TokioIo::new(Watched::new(stream, Arc::clone(&state.head)));
-        let conn = self.server.serve_connection_with_upgrades(io, service);
+        let io = TokioIo::new(Watched::new(stream, Arc::clone(&state.opening)));
+        let conn = self.server.serve_connection(io, service);
         tokio::pin!(conn);
-        let mut drain_seen = false;
         let mut closing = false;
         let mut cut_at: Option<Instant> = None;
         loop {
@@ -166,30 +224,22 @@ impl HttpProxy {
                     if let Err(err) = result {
                         tracing::debug!(listener = %self.listener, client = %peer, cause = %err, "client connection ended with an error");
                     }
-                    // An upgraded connection lives on as its tunnel.
-                    state.tunnels.close();
-                    state.tunnels.wait().await;
                     return;
                 }
-                () = drain.draining(), if !drain_seen => {
-                    drain_seen = true;
-                    if state.is_h2() {
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
+                () = drain.draining(), if !closing => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
                 }
                 () = state.stalled_reader(self.idle_timeout) => {
                     tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout; closing");
                     metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
                     return;
                 }
-                () = state.head.overdue(self.header_timeout) => {
-                    tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
-                    // Written by the stream as `conn` drops (`head::Watched`).
-                    state.head.expire();
+                () = state.opening.overdue(self.header_timeout) => {
+                    tracing::info!(listener = %self.listener, client = %peer, "no h2 preface and SETTINGS within header_timeout; closing");
                     return;
                 }
-                () = state.h2_idle_for(self.idle_timeout), if !closing => {
+                () = state.idle_for(self.idle_timeout), if !closing => {
                     tracing::debug!(listener = %self.listener, client = %peer, "h2 connection without a stream for idle_timeout; GOAWAY");
                     conn.as_mut().graceful_shutdown();
                     closing = true;
@@ -200,11 +250,6 @@ impl HttpProxy {
                 () = sleep_until_some(cut_at) => {
                     tracing::debug!(listener = %self.listener, client = %peer, "h2 client did not close after GOAWAY; closing");
                     return;
-                }
-                () = state.idle_for(self.keepalive_drain_grace), if drain_seen && !closing => {
-                    tracing::debug!(listener = %self.listener, client = %peer, expected = true, "closing idle keep-alive connection for drain");
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
                 }
             }
         }
@@ -219,30 +264,23 @@ impl HttpProxy {
     ) -> Response<ProxyBody> {
         let busy = state.begin();
         let started = Instant::now();
-        let client_h1 = req.version() < Version::HTTP_2;
-        if !client_h1 {
-            state.mark_h2();
-            state.head.turn_off();
-        }
-        let target = &self.targets[self.route(&req)];
+        let host = req
+            .uri()
+            .host()
+            .map(str::as_bytes)
+            .or_else(|| req.headers().get(HOST).map(HeaderValue::as_bytes));
+        let target = self.target_for(host, req.uri().path().as_bytes());
         let refused = ambiguity(&req);
         let checked = match refused {
             Some(why) => Err(ProxyError::Client { why }),
-            None => {
-                self.forward(req, &client_ip, &target.pool, &drain, &state)
-                    .await
-            }
+            None => self.forward(req, &client_ip, &target.pool, &drain).await,
         };
-        // After a broken request nothing more on the connection can be
-        // trusted; during a drain the client should reconnect elsewhere.
-        let mut closing = drain.is_draining();
-        let mut response = match checked {
+        let response = match checked {
             Ok(r) => r,
             Err(err) => {
                 if matches!(err, ProxyError::NoBackend { .. }) {
                     metrics::no_backend(&self.listener, &target.pool.name);
                 }
-                closing |= err.is_client_fault();
                 error_response(&target.pool.name, &err)
             }
         };
@@ -251,44 +289,19 @@ impl HttpProxy {
             .metrics
             .duration
             .record(started.elapsed().as_secs_f64());
-        if client_h1 && closing && response.status() != StatusCode::SWITCHING_PROTOCOLS {
-            response
-                .headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-        }
         response.map(|b| Guarded::wrap(b, busy))
-    }
-
-    /// First matching route, else the listener's pool.
-    fn route<B>(&self, req: &Request<B>) -> usize {
-        let host = req
-            .uri()
-            .host()
-            .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()))
-            .map(|h| crate::config::strip_port(h).to_ascii_lowercase());
-        let path = req.uri().path();
-        self.routes
-            .iter()
-            .find(|r| {
-                r.path_prefix.as_deref().is_none_or(|p| path.starts_with(p))
-                    && r.host.as_deref().is_none_or(|h| host.as_deref() == Some(h))
-            })
-            .map_or(self.default_target, |r| r.pool)
     }
 
     async fn forward(
         &self,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
         client_ip: &HeaderValue,
         pool: &Pool,
         drain: &DrainWatch,
-        state: &ConnState,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        headers::refuse_h2c(req.headers_mut());
-        let upgrade = headers::is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, incoming) = req.into_parts();
         headers::host_from_target(&mut parts.headers, &parts.uri);
-        headers::strip_hop_by_hop(&mut parts.headers, upgrade.is_some());
+        headers::strip_hop_by_hop(&mut parts.headers);
         headers::add_forwarding(&mut parts.headers, client_ip, self.forwarded);
         let outgoing = self.client_body(incoming).await?;
         // An empty body can be sent again, so a failed connect may retry.
@@ -311,7 +324,7 @@ impl HttpProxy {
                 .send(outbound, &lease, outgoing.progress.as_deref())
                 .await
             {
-                Ok(response) => return Ok(self.respond(response, lease, upgrade, drain, state)),
+                Ok(response) => return Ok(self.respond(response, lease, drain)),
                 Err(err @ ProxyError::Connect { .. }) if replayable && failed.is_none() => {
                     tracing::warn!(cause = %err, "retrying on another backend");
                     failed = Some((lease.backend().index, err));
@@ -424,58 +437,28 @@ impl HttpProxy {
         }
     }
 
-    /// Turns the backend's response into the client's; an upgrade's two
-    /// halves are joined in a task the drain ends.
+    /// Turns the backend's response into the client's.
     fn respond(
         &self,
         mut response: Response<Incoming>,
         lease: Lease,
-        upgrade: Option<hyper::upgrade::OnUpgrade>,
         drain: &DrainWatch,
-        state: &ConnState,
     ) -> Response<ProxyBody> {
-        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-        match upgrade {
-            Some(client_side) if switching => {
-                let backend_side = hyper::upgrade::on(&mut response);
-                let websocket = response
-                    .headers()
-                    .get(::http::header::UPGRADE)
-                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
-                let (watch, listener) = (drain.clone(), Arc::clone(&self.listener));
-                drain.spawn(state.tunnels.track_future(longlived::tunnel(
-                    longlived::Ends {
-                        client: client_side,
-                        backend: backend_side,
-                        lease,
-                    },
-                    websocket,
-                    watch,
-                    listener,
-                    self.tunnel_timeout,
-                )));
-                headers::strip_hop_by_hop(response.headers_mut(), true);
-                headers::add_via(response.headers_mut());
-                response.map(|_| body::empty())
+        headers::strip_hop_by_hop(response.headers_mut());
+        headers::add_via(response.headers_mut());
+        let event_stream = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let (drain, listener) = (drain.clone(), Arc::clone(&self.listener));
+        response.map(|b| {
+            let body = Guarded::wrap(b.boxed_unsync(), lease);
+            if event_stream {
+                longlived::SseBody::wrap(body, drain, listener)
+            } else {
+                body
             }
-            _ => {
-                headers::strip_hop_by_hop(response.headers_mut(), false);
-                headers::add_via(response.headers_mut());
-                let event_stream = response
-                    .headers()
-                    .get(CONTENT_TYPE)
-                    .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-                let (drain, listener) = (drain.clone(), Arc::clone(&self.listener));
-                response.map(|b| {
-                    let body = Guarded::wrap(b.boxed_unsync(), lease);
-                    if event_stream {
-                        longlived::SseBody::wrap(body, drain, listener)
-                    } else {
-                        body
-                    }
-                })
-            }
-        }
+        })
     }
 }
 
@@ -524,23 +507,13 @@ fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
 /// address or OS error: those go to the log under the same id (and the
 /// backend's `last_error` in `/status`).
 fn error_response(pool: &str, err: &ProxyError) -> Response<ProxyBody> {
-    let id = super::request_id();
-    let status = err.status();
-    tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
-    let reason = status.canonical_reason().unwrap_or("Error");
-    let mut response = Response::new(body::text(format!(
-        "{} {reason}\nrequest id: {id}\n",
-        status.as_u16()
-    )));
-    *response.status_mut() = status;
+    let mut response = Response::new(body::text(super::error_page(pool, err)));
+    *response.status_mut() = err.status();
     response.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     headers::add_via(response.headers_mut());
-    if matches!(err, ProxyError::NoBackend { .. }) {
-        tracing::warn!(pool, "no backend available");
-    }
     response
 }
 

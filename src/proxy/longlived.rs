@@ -13,12 +13,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::body::ProxyBody;
 use super::idle::{Activity, Observed};
-use crate::backend::Lease;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, LongLivedKind};
 
@@ -92,50 +90,42 @@ enum DownEnd {
     Error,
 }
 
-/// The two halves of an upgrade, and the backend they hold.
-pub struct Ends {
-    pub client: hyper::upgrade::OnUpgrade,
-    pub backend: hyper::upgrade::OnUpgrade,
-    pub lease: Lease,
-}
-
 /// Joins a client's and a backend's upgraded connections until either side
 /// ends, the drain ends the stream, or nothing moves either way for
-/// `tunnel_timeout`.
-pub async fn tunnel(
-    ends: Ends,
+/// `tunnel_timeout`. The caller holds the backend's lease meanwhile.
+pub async fn tunnel<C, B>(
+    client: C,
+    backend: B,
     websocket: bool,
     drain: DrainWatch,
-    listener: std::sync::Arc<str>,
+    listener: &str,
     tunnel_timeout: Duration,
-) {
-    let _lease = ends.lease;
-    let (client, backend) = match tokio::try_join!(ends.client, ends.backend) {
-        Ok(pair) => pair,
-        Err(err) => {
-            tracing::debug!(listener = %listener, cause = %err, "upgrade did not complete");
-            return;
-        }
-    };
+) where
+    C: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
     let activity = std::sync::Arc::new(Activity::default());
     tokio::select! {
-        () = joined(client, backend, websocket, drain, &listener, &activity) => {}
+        () = joined(client, backend, websocket, drain, listener, &activity) => {}
         () = activity.idle_for(tunnel_timeout) => {
             tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout; closing the tunnel");
         }
     }
 }
 
-async fn joined(
-    client: hyper::upgrade::Upgraded,
-    backend: hyper::upgrade::Upgraded,
+async fn joined<C, B>(
+    client: C,
+    backend: B,
     websocket: bool,
     drain: DrainWatch,
     listener: &str,
     activity: &std::sync::Arc<Activity>,
-) {
-    let (client_read, mut client_write) = tokio::io::split(TokioIo::new(client));
-    let (backend_read, mut backend_write) = tokio::io::split(TokioIo::new(backend));
+) where
+    C: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (client_read, mut client_write) = tokio::io::split(client);
+    let (backend_read, mut backend_write) = tokio::io::split(backend);
     let mut client_read = Observed::new(client_read, std::sync::Arc::clone(activity));
     let mut backend_read = Observed::new(backend_read, std::sync::Arc::clone(activity));
     let kind = if websocket {

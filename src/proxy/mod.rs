@@ -4,6 +4,7 @@
 
 pub mod activity;
 pub mod body;
+pub mod h1;
 pub mod head;
 pub mod headers;
 pub mod http;
@@ -22,6 +23,20 @@ pub fn request_id() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("{:x}-{n:x}", std::process::id())
+}
+
+/// The body of baton's answer to a failed request: the status and a
+/// request id, never a backend's name, address or OS error: those go to
+/// the log under the same id (and the backend's `last_error` in `/status`).
+pub fn error_page(pool: &str, err: &ProxyError) -> String {
+    let id = request_id();
+    let status = err.status();
+    tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
+    if matches!(err, ProxyError::NoBackend { .. }) {
+        tracing::warn!(pool, "no backend available");
+    }
+    let reason = status.canonical_reason().unwrap_or("Error");
+    format!("{} {reason}\nrequest id: {id}\n", status.as_u16())
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,142 @@
+//! One HTTP/1 client connection, in the task that accepted it: wait for a
+//! request head without holding a buffer, serve the exchange, repeat while
+//! both sides keep the connection.
+//!
+//! Clocks: a request head must be complete within `header_timeout` of its
+//! first byte (of the connection's opening, for the first one), else 408;
+//! a keep-alive connection idle for `idle_timeout` is closed. While the
+//! generation drains, a connection idle for `keepalive_drain_grace` is
+//! closed (closing it the instant the drain begins would race a request
+//! its client may be sending: the reload loss HAProxy and nginx show), and
+//! a request in progress is answered with `Connection: close`.
+
+use std::net::SocketAddr;
+
+use bytes::{Buf, BytesMut};
+use http::StatusCode;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::exchange::{exchange, After, Client};
+use super::head::{self, Parsed, Refusal, RequestHead};
+use super::io::{read_some, release_if_empty, write_all};
+use super::rewrite;
+use crate::lifecycle::drain::DrainWatch;
+use crate::proxy::http::HttpProxy;
+
+/// What a client is answered when its head is too slow.
+pub const TIMEOUT_RESPONSE: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+
+/// Where waiting for the next request head ended.
+enum Next {
+    Head(RequestHead),
+    Refused(Refusal),
+    /// A head begun but not finished within `header_timeout`.
+    Slow,
+    /// Closed by the client, idle too long, or idle through the drain's grace.
+    Done,
+}
+
+/// Serves `stream` until either side ends it. `opened` starts the first
+/// head's clock.
+pub async fn serve(
+    proxy: &HttpProxy,
+    stream: TcpStream,
+    peer: SocketAddr,
+    drain: &DrainWatch,
+    opened: Instant,
+) {
+    let mut client = Client {
+        stream,
+        buf: BytesMut::new(),
+        ip: peer.ip(),
+    };
+    let mut first = Some(opened);
+    loop {
+        let head = match next_head(proxy, &mut client, drain, first.take()).await {
+            Next::Head(head) => head,
+            Next::Refused(refusal) => return refuse(proxy, &mut client, &refusal, peer).await,
+            Next::Slow => {
+                tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
+                let _ = write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
+                return;
+            }
+            Next::Done => return,
+        };
+        // Boxed: an idle connection's task keeps only this loop's state,
+        // not the largest state an exchange ever needs.
+        if Box::pin(exchange(proxy, &mut client, head, drain)).await == After::Close {
+            return;
+        }
+    }
+}
+
+async fn next_head(
+    proxy: &HttpProxy,
+    client: &mut Client,
+    drain: &DrainWatch,
+    opened: Option<Instant>,
+) -> Next {
+    let idle_since = Instant::now();
+    let mut head_since = opened;
+    loop {
+        if !client.buf.is_empty() {
+            head_since.get_or_insert_with(Instant::now);
+            match head::parse_request(&client.buf) {
+                Ok(Parsed::Complete(head)) => {
+                    client.buf.advance(head.consumed);
+                    return Next::Head(head);
+                }
+                Ok(Parsed::Partial) => {}
+                Err(refusal) => return Next::Refused(refusal),
+            }
+        }
+        let deadline = match head_since {
+            Some(since) => since + proxy.header_timeout,
+            None => idle_since + proxy.idle_timeout,
+        };
+        let idle = head_since.is_none();
+        let grace_ends = idle_since + proxy.keepalive_drain_grace;
+        tokio::select! {
+            ready = client.stream.readable() => {
+                if ready.is_err() {
+                    return Next::Done;
+                }
+                match read_some(&mut client.stream, &mut client.buf).await {
+                    Ok(0) | Err(_) => return Next::Done,
+                    Ok(_) => {}
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                return if idle { Next::Done } else { Next::Slow };
+            }
+            () = drain_grace(drain, grace_ends), if idle => {
+                tracing::debug!(listener = %proxy.listener, expected = true, "closing idle keep-alive connection for drain");
+                return Next::Done;
+            }
+        }
+    }
+}
+
+/// Resolves once the drain has begun and `grace_ends` has passed.
+async fn drain_grace(drain: &DrainWatch, grace_ends: Instant) {
+    drain.draining().await;
+    tokio::time::sleep_until(grace_ends).await;
+}
+
+/// Answers a head baton will not serve, and closes.
+async fn refuse(proxy: &HttpProxy, client: &mut Client, refusal: &Refusal, peer: SocketAddr) {
+    let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    let id = crate::proxy::request_id();
+    tracing::info!(listener = %proxy.listener, client = %peer, request_id = %id, status = status.as_u16(), cause = %refusal, "refused a request head");
+    let page = format!(
+        "{} {}\nrequest id: {id}\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("Error")
+    );
+    let mut out = BytesMut::new();
+    rewrite::own_answer(status, &page, true, &mut out);
+    let _ = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
+    release_if_empty(&mut client.buf);
+}

@@ -1,0 +1,484 @@
+//! One request's way through baton: its body's first bytes are in hand
+//! before a backend is chosen (a body malformed from its first byte reaches
+//! no backend), then a backend connection (an idle one the backend kept,
+//! or a new one), the head and body up, the response down, and the
+//! backend connection back to its idle list when both sides keep it.
+//! Failures are answered here with baton's own short error page while no
+//! response byte has gone out, and end the connection after.
+
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::head::{Framing, RequestHead};
+use super::io::{read_some, release_if_empty, write_all, WriteFault};
+use super::rewrite::{self, Outbound};
+use super::transfer::{
+    download, upload, watch_client, Delivered, Down, DownFault, Progress, RequestBody, UpFault,
+    UpLimits,
+};
+use crate::backend::{Backend, Lease, Pool};
+use crate::lifecycle::drain::DrainWatch;
+use crate::metrics::{self, UpstreamErrorKind};
+use crate::proxy::http::HttpProxy;
+use crate::proxy::{longlived, ProxyError};
+
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// A client connection between requests: its socket and what it sent
+/// that no request has taken yet (a pipelined request).
+pub struct Client {
+    pub stream: TcpStream,
+    pub buf: BytesMut,
+    pub ip: IpAddr,
+}
+
+/// Whether the client connection carries another request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    KeepAlive,
+    Close,
+}
+
+/// A backend connection for one exchange.
+struct Upstream {
+    stream: TcpStream,
+    buf: BytesMut,
+    /// Taken from the idle list: it may have been closed under us.
+    reused: bool,
+}
+
+/// How a request ended that got no answer of its own.
+enum Failure {
+    /// baton answers with an error page (no response byte went out yet).
+    Answer(ProxyError),
+    /// Nothing more can be said on this connection: it closes.
+    Abort,
+}
+
+/// How one try at a backend went.
+enum Attempt {
+    Answered {
+        status: u16,
+        after: After,
+    },
+    /// The reused connection failed before a byte came back: try a fresh one.
+    Stale,
+    Failed(Failure),
+}
+
+/// Serves one request and says whether its connection carries another.
+pub async fn exchange(
+    proxy: &HttpProxy,
+    client: &mut Client,
+    head: RequestHead,
+    drain: &DrainWatch,
+) -> After {
+    let started = Instant::now();
+    let target = proxy.target_for(head.host(), head.path());
+    let mut body = RequestBody::new(head.framing);
+    let outcome = match forward(proxy, client, &head, &mut body, &target.pool, drain).await {
+        Ok((status, after)) => Some((status, after)),
+        Err(Failure::Abort) => None,
+        Err(Failure::Answer(err)) => {
+            if matches!(err, ProxyError::NoBackend { .. }) {
+                metrics::no_backend(&proxy.listener, &target.pool.name);
+            }
+            let closes =
+                err.is_client_fault() || drain.is_draining() || !head.keep_alive || !body.is_done();
+            let status = err.status();
+            let page = super::super::error_page(&target.pool.name, &err);
+            let mut out = BytesMut::new();
+            rewrite::own_answer(status, &page, closes, &mut out);
+            match write_all(&mut client.stream, &out, proxy.idle_timeout).await {
+                Ok(()) if !closes => Some((status.as_u16(), After::KeepAlive)),
+                _ => Some((status.as_u16(), After::Close)),
+            }
+        }
+    };
+    release_if_empty(&mut client.buf);
+    let Some((status, after)) = outcome else {
+        return After::Close;
+    };
+    target.metrics.count(status);
+    target
+        .metrics
+        .duration
+        .record(started.elapsed().as_secs_f64());
+    after
+}
+
+async fn forward(
+    proxy: &HttpProxy,
+    client: &mut Client,
+    head: &RequestHead,
+    body: &mut RequestBody,
+    pool: &Pool,
+    drain: &DrainWatch,
+) -> Result<(u16, After), Failure> {
+    if !body.is_done() {
+        first_body_bytes(proxy, client, head, body).await?;
+    }
+    // Sent again only with nothing to resend: no body, a safe method.
+    let replayable = head.framing == Framing::Empty && head.method.is_idempotent();
+    let mut failed: Option<(usize, ProxyError)> = None;
+    let mut fresh_only = false;
+    loop {
+        let lease = match pool.lease(failed.as_ref().map(|f| f.0)).await {
+            Ok(lease) => lease,
+            Err(refused) => {
+                return Err(Failure::Answer(
+                    failed.map_or_else(|| ProxyError::refused(&pool.name, refused), |f| f.1),
+                ))
+            }
+        };
+        let upstream = match connection(proxy, lease.backend(), fresh_only).await {
+            Ok(upstream) => upstream,
+            // Nothing was sent: another backend may take it.
+            Err(err) if failed.is_none() => {
+                blame(lease.backend(), &err);
+                tracing::warn!(cause = %err, "retrying on another backend");
+                failed = Some((lease.backend().index, err));
+                continue;
+            }
+            Err(err) => {
+                blame(lease.backend(), &err);
+                return Err(Failure::Answer(err));
+            }
+        };
+        let reused = upstream.reused;
+        match attempt(proxy, client, head, body, &lease, upstream, drain).await {
+            Attempt::Answered { status, after } => return Ok((status, after)),
+            Attempt::Stale if reused && replayable && !fresh_only => {
+                tracing::debug!(backend = %lease.backend().name, "a kept connection was closed under the request; sending it again on a new one");
+                fresh_only = true;
+            }
+            Attempt::Stale => {
+                let err = ProxyError::Upstream {
+                    backend: lease.backend().name.clone(),
+                    cause: "connection closed before a response".into(),
+                };
+                blame(lease.backend(), &err);
+                return Err(Failure::Answer(err));
+            }
+            Attempt::Failed(failure) => return Err(failure),
+        }
+    }
+}
+
+/// Waits until the body's first bytes are in and framed well (a 100
+/// Continue first, if the client waits for one).
+async fn first_body_bytes(
+    proxy: &HttpProxy,
+    client: &mut Client,
+    head: &RequestHead,
+    body: &mut RequestBody,
+) -> Result<(), Failure> {
+    if head.expect_continue && client.buf.is_empty() {
+        write_all(&mut client.stream, CONTINUE, proxy.idle_timeout)
+            .await
+            .map_err(|_| Failure::Abort)?;
+    }
+    loop {
+        body.take(&mut client.buf).map_err(|_| malformed_body())?;
+        if !body.framed.is_empty() || body.is_done() {
+            return Ok(());
+        }
+        match tokio::time::timeout(
+            proxy.idle_timeout,
+            read_some(&mut client.stream, &mut client.buf),
+        )
+        .await
+        {
+            Err(_) => return Err(Failure::Answer(client_timeout(proxy.idle_timeout))),
+            Ok(Ok(0) | Err(_)) => return Err(Failure::Abort),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+fn malformed_body() -> Failure {
+    Failure::Answer(ProxyError::Client {
+        why: "malformed or cut-off request body",
+    })
+}
+
+fn client_timeout(limit: Duration) -> ProxyError {
+    ProxyError::ClientTimeout {
+        seconds: limit.as_secs_f64(),
+    }
+}
+
+/// An idle connection the backend kept, else a new one.
+async fn connection(
+    proxy: &HttpProxy,
+    backend: &Backend,
+    fresh_only: bool,
+) -> Result<Upstream, ProxyError> {
+    if !fresh_only {
+        if let Some(stream) = backend.idle.take() {
+            return Ok(Upstream {
+                stream,
+                buf: BytesMut::new(),
+                reused: true,
+            });
+        }
+    }
+    let refused = |cause: String| ProxyError::Connect {
+        backend: backend.name.clone(),
+        address: backend.address,
+        cause,
+    };
+    let stream = tokio::time::timeout(proxy.connect_timeout, TcpStream::connect(backend.address))
+        .await
+        .map_err(|_| refused(format!("no connection within {:?}", proxy.connect_timeout)))?
+        .map_err(|e| refused(e.to_string()))?;
+    let _ = stream.set_nodelay(true);
+    Ok(Upstream {
+        stream,
+        buf: BytesMut::new(),
+        reused: false,
+    })
+}
+
+/// Counts a failure against the backend it happened at.
+fn blame(backend: &Backend, err: &ProxyError) {
+    if let Some(kind) = err.upstream_kind() {
+        let blames_backend = matches!(err, ProxyError::Connect { .. } | ProxyError::Timeout { .. });
+        backend.upstream_failed(kind, &err.to_string(), blames_backend);
+    }
+    tracing::warn!(cause = %err, "backend request failed");
+}
+
+/// How the two directions of one try ended.
+enum Pumped {
+    Delivered(Delivered),
+    Down(DownFault),
+    Up(UpFault),
+    ResponseTimeout,
+    ClientGone,
+}
+
+async fn attempt(
+    proxy: &HttpProxy,
+    client: &mut Client,
+    head: &RequestHead,
+    body: &mut RequestBody,
+    lease: &Lease,
+    mut up: Upstream,
+    drain: &DrainWatch,
+) -> Attempt {
+    let backend = lease.backend();
+    let mut out = BytesMut::with_capacity(head.bytes.len() + 256 + body.framed.len());
+    let to = Outbound {
+        client_ip: client.ip,
+        forwarded: proxy.forwarded,
+        backend_authority: backend.authority.as_str(),
+    };
+    rewrite::request(head, &to, &mut out);
+    out.put_slice(&body.framed);
+    body.framed.clear();
+    if write_all(&mut up.stream, &out, proxy.response_timeout)
+        .await
+        .is_err()
+    {
+        return Attempt::Stale;
+    }
+    let progress = Progress::default();
+    progress
+        .upload_done
+        .store(body.is_done(), Ordering::Relaxed);
+    let down = Down {
+        request: head,
+        drain,
+        listener: &proxy.listener,
+        client_stall: proxy.idle_timeout,
+        progress: &progress,
+    };
+    let pumped = pump(proxy, client, &mut up, body, &down).await;
+    let written = progress.client_written.load(Ordering::Relaxed);
+    match pumped {
+        Pumped::Delivered(Delivered::Done {
+            status,
+            backend_reusable,
+            client_reusable,
+        }) => {
+            let upload_done = progress.upload_done.load(Ordering::Relaxed);
+            if backend_reusable && upload_done {
+                backend.idle.put(up.stream);
+            }
+            let after = if client_reusable && upload_done {
+                After::KeepAlive
+            } else {
+                After::Close
+            };
+            Attempt::Answered { status, after }
+        }
+        Pumped::Delivered(Delivered::Upgraded { websocket }) => {
+            tunnel(proxy, client, up, websocket, drain).await;
+            Attempt::Answered {
+                status: 101,
+                after: After::Close,
+            }
+        }
+        Pumped::Down(DownFault::Backend {
+            nothing_received: true,
+            ..
+        }) if up.reused && !written => Attempt::Stale,
+        Pumped::Down(fault) => Attempt::Failed(down_failure(proxy, backend, fault, written)),
+        Pumped::Up(fault) => Attempt::Failed(up_failure(proxy, backend, fault, written)),
+        Pumped::ResponseTimeout => {
+            let err = ProxyError::Timeout {
+                backend: backend.name.clone(),
+                seconds: proxy.response_timeout.as_secs_f64(),
+            };
+            blame(backend, &err);
+            Attempt::Failed(Failure::Answer(err))
+        }
+        Pumped::ClientGone => Attempt::Failed(Failure::Abort),
+    }
+}
+
+/// Runs the upload (while the body lasts) and the download side by side;
+/// once the request is all sent, the response head must come within
+/// `response_timeout`, and a client that goes away ends the exchange.
+async fn pump(
+    proxy: &HttpProxy,
+    client: &mut Client,
+    up: &mut Upstream,
+    body: &mut RequestBody,
+    down: &Down<'_>,
+) -> Pumped {
+    let (mut client_r, mut client_w) = client.stream.split();
+    let (mut backend_r, mut backend_w) = up.stream.split();
+    let downloading = download(&mut backend_r, &mut up.buf, &mut client_w, down);
+    tokio::pin!(downloading);
+    if !body.is_done() {
+        let limits = UpLimits {
+            client_pause: proxy.idle_timeout,
+            backend_stall: proxy.response_timeout,
+        };
+        let uploading = upload(
+            &mut client_r,
+            &mut client.buf,
+            &mut backend_w,
+            body,
+            &limits,
+        );
+        tokio::pin!(uploading);
+        tokio::select! {
+            sent = &mut uploading => match sent {
+                Ok(()) => down.progress.upload_done.store(true, Ordering::Relaxed),
+                // It may have answered early: its answer decides.
+                Err(UpFault::BackendGone(_)) => {}
+                Err(fault) => return Pumped::Up(fault),
+            },
+            got = &mut downloading => return delivered(got),
+        }
+    }
+    let sent_at = Instant::now();
+    let gone = watch_client(&mut client_r, &mut client.buf);
+    tokio::pin!(gone);
+    let mut clock = true;
+    loop {
+        tokio::select! {
+            got = &mut downloading => return delivered(got),
+            () = &mut gone => return Pumped::ClientGone,
+            () = tokio::time::sleep_until(sent_at + proxy.response_timeout), if clock => {
+                if !down.progress.head_seen.load(Ordering::Relaxed) {
+                    return Pumped::ResponseTimeout;
+                }
+                clock = false;
+            }
+        }
+    }
+}
+
+fn delivered(got: Result<Delivered, DownFault>) -> Pumped {
+    match got {
+        Ok(d) => Pumped::Delivered(d),
+        Err(fault) => Pumped::Down(fault),
+    }
+}
+
+fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written: bool) -> Failure {
+    let cause = match fault {
+        DownFault::Client(WriteFault::Stalled) => {
+            tracing::info!(listener = %proxy.listener, "client took no response bytes within idle_timeout; closing");
+            metrics::client_abort(&proxy.listener, metrics::AbortReason::StalledReader);
+            return Failure::Abort;
+        }
+        DownFault::Client(WriteFault::Failed(_)) => return Failure::Abort,
+        DownFault::BrokeOff(cause) => {
+            backend.upstream_failed(
+                UpstreamErrorKind::Protocol,
+                &format!("response broke off: {cause}"),
+                false,
+            );
+            tracing::warn!(backend = %backend.name, %cause, "backend response broke off; aborting the client connection");
+            return Failure::Abort;
+        }
+        DownFault::Backend { cause, .. } => cause,
+        DownFault::BadHead(bad) => bad.to_string(),
+    };
+    let err = ProxyError::Upstream {
+        backend: backend.name.clone(),
+        cause,
+    };
+    blame(backend, &err);
+    if written {
+        Failure::Abort
+    } else {
+        Failure::Answer(err)
+    }
+}
+
+fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: bool) -> Failure {
+    let err = match fault {
+        UpFault::Malformed(_) => ProxyError::Client {
+            why: "malformed or cut-off request body",
+        },
+        UpFault::Stalled => {
+            tracing::info!(backend = %backend.name, "request body stopped arriving; 408");
+            client_timeout(proxy.idle_timeout)
+        }
+        UpFault::ClientGone | UpFault::BackendGone(_) => return Failure::Abort,
+    };
+    if written {
+        Failure::Abort
+    } else {
+        Failure::Answer(err)
+    }
+}
+
+/// After a 101: what either side sent past the switch goes first, then the
+/// two connections are joined until one ends (the lease is held meanwhile).
+async fn tunnel(
+    proxy: &HttpProxy,
+    client: &mut Client,
+    mut up: Upstream,
+    websocket: bool,
+    drain: &DrainWatch,
+) {
+    let stall = proxy.idle_timeout;
+    if !client.buf.is_empty() && write_all(&mut up.stream, &client.buf, stall).await.is_err() {
+        return;
+    }
+    client.buf.clear();
+    if !up.buf.is_empty() && write_all(&mut client.stream, &up.buf, stall).await.is_err() {
+        return;
+    }
+    longlived::tunnel(
+        &mut client.stream,
+        &mut up.stream,
+        websocket,
+        drain.clone(),
+        &proxy.listener,
+        proxy.tunnel_timeout,
+    )
+    .await;
+}

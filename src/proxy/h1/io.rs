@@ -1,0 +1,56 @@
+//! Reading into and writing from the buffers of one exchange. A read
+//! buffer is allocated when bytes arrive and freed when it empties, so an
+//! idle keep-alive connection holds its socket and no buffer. A write that
+//! makes no progress for the stall limit ends the connection: the peer
+//! stopped taking bytes.
+
+use std::io;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Room made in a read buffer before each read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Reads what is there into `buf`; `Ok(0)` at EOF.
+pub async fn read_some<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> io::Result<usize> {
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
+    }
+    r.read_buf(buf).await
+}
+
+/// Gives back the memory of a buffer that holds nothing.
+pub fn release_if_empty(buf: &mut BytesMut) {
+    if buf.is_empty() && buf.capacity() > 0 {
+        *buf = BytesMut::new();
+    }
+}
+
+/// Why bytes did not go out.
+#[derive(Debug)]
+pub enum WriteFault {
+    /// The peer took nothing for the stall limit.
+    Stalled,
+    Failed(io::Error),
+}
+
+/// Writes all of `data`; each write must make progress within `stall`.
+pub async fn write_all<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mut data: &[u8],
+    stall: Duration,
+) -> Result<(), WriteFault> {
+    while !data.is_empty() {
+        match tokio::time::timeout(stall, w.write(data)).await {
+            Err(_) => return Err(WriteFault::Stalled),
+            Ok(Ok(0)) => {
+                return Err(WriteFault::Failed(io::ErrorKind::WriteZero.into()));
+            }
+            Ok(Ok(n)) => data = &data[n..],
+            Ok(Err(e)) => return Err(WriteFault::Failed(e)),
+        }
+    }
+    Ok(())
+}

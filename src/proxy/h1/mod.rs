@@ -1,0 +1,15 @@
+//! baton's own HTTP/1 path, on `httparse`. The data's way through the
+//! files: `conn` waits for a request head on a client connection; `head`
+//! and `chunked` parse heads and chunked bodies (no I/O); `exchange` takes
+//! one request to a backend and back, with `transfer` moving the two
+//! bodies and `rewrite` writing the heads each side gets; `io` reads and
+//! writes the buffers. Backend connections kept between requests live
+//! with their backend (`backend::idle`).
+
+pub mod chunked;
+pub mod conn;
+pub mod exchange;
+pub mod head;
+pub mod io;
+pub mod rewrite;
+pub mod transfer;

@@ -1,0 +1,281 @@
+//! The heads baton writes, built from the parsed ones: each field the
+//! other side sent is copied as its bytes or left out by its `Role`, and
+//! baton's own fields (framing, forwarding, `Via`, `Connection`) are added,
+//! so a head goes out in one buffer and one write.
+
+use std::net::IpAddr;
+
+use bytes::{BufMut, BytesMut};
+
+use super::head::{Framing, RequestHead, ResponseHead, Role, Version};
+use crate::config::Forwarded;
+
+const VIA: &[u8] = b"via: 1.1 baton\r\n";
+
+/// What the request head to a backend needs besides the client's head.
+pub struct Outbound<'a> {
+    pub client_ip: IpAddr,
+    pub forwarded: Forwarded,
+    /// The backend's `host:port`, for a request that named no host (1.0).
+    pub backend_authority: &'a str,
+}
+
+/// The request a backend gets: origin-form target, HTTP/1.1, the client's
+/// end-to-end fields, then baton's.
+pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
+    out.put_slice(head.method.as_str().as_bytes());
+    out.put_u8(b' ');
+    put_origin_form(head.target(), out);
+    out.put_slice(b" HTTP/1.1\r\n");
+    let authority = head.target_authority();
+    let mut forwarded_for: Vec<&[u8]> = Vec::new();
+    let mut has_host = false;
+    for f in &head.fields {
+        let (name, value) = (head.field_name(f), head.field_value(f));
+        let keep = match f.role {
+            Role::EndToEnd => true,
+            Role::Host => {
+                has_host = true;
+                authority.is_none()
+            }
+            Role::Framing | Role::HopByHop | Role::Expect => false,
+            Role::Forwarding => match to.forwarded {
+                Forwarded::Off => true,
+                Forwarded::Replace => false,
+                Forwarded::Append => {
+                    if name.eq_ignore_ascii_case(b"x-forwarded-for") {
+                        forwarded_for.push(value);
+                        false
+                    } else {
+                        !name.eq_ignore_ascii_case(b"x-forwarded-proto")
+                    }
+                }
+            },
+        };
+        if keep {
+            put_field(name, value, out);
+        }
+    }
+    match authority {
+        Some(a) => put_field(b"host", a, out),
+        None if !has_host => put_field(b"host", to.backend_authority.as_bytes(), out),
+        None => {}
+    }
+    put_forwarding(to, &forwarded_for, out);
+    out.put_slice(VIA);
+    match head.framing {
+        Framing::Length(n) => put_length(n, out),
+        Framing::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Empty | Framing::UntilClose => {}
+    }
+    if let Some(upgrade) = &head.upgrade {
+        out.put_slice(b"connection: upgrade\r\n");
+        put_field(b"upgrade", &head.bytes[upgrade.clone()], out);
+    }
+    if head.takes_trailers {
+        out.put_slice(b"te: trailers\r\n");
+    }
+    out.put_slice(b"\r\n");
+}
+
+/// The target as a backend takes it: an absolute-form target loses its
+/// scheme and authority (they went to `Host`).
+fn put_origin_form(target: &[u8], out: &mut BytesMut) {
+    if target.starts_with(b"/") || target == b"*" {
+        out.put_slice(target);
+        return;
+    }
+    let after_scheme = target
+        .windows(3)
+        .position(|w| w == b"://")
+        .map_or(target, |i| &target[i + 3..]);
+    let rest = after_scheme
+        .iter()
+        .position(|b| *b == b'/' || *b == b'?')
+        .map_or(&b""[..], |i| &after_scheme[i..]);
+    if !rest.starts_with(b"/") {
+        out.put_u8(b'/');
+    }
+    out.put_slice(rest);
+}
+
+fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
+    if to.forwarded == Forwarded::Off {
+        return;
+    }
+    out.put_slice(b"x-forwarded-for: ");
+    for hop in earlier
+        .iter()
+        .flat_map(|v| v.split(|b| *b == b','))
+        .map(|v| v.trim_ascii())
+        .filter(|v| !v.is_empty())
+    {
+        out.put_slice(hop);
+        out.put_slice(b", ");
+    }
+    out.put_slice(to.client_ip.to_string().as_bytes());
+    out.put_slice(b"\r\nx-forwarded-proto: http\r\n");
+}
+
+/// How a response's body goes to the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// No body, or exactly the backend's `Content-Length`.
+    AsIs,
+    /// Re-chunked for a 1.1 client (chunked or close-delimited upstream).
+    Chunked,
+    /// Close-delimited: a 1.0 client, which cannot take chunked.
+    UntilClose,
+}
+
+/// How the client's response is framed, given the backend's framing.
+pub fn delivery(framing: Framing, client: Version) -> Delivery {
+    match (framing, client) {
+        (Framing::Empty | Framing::Length(_), _) => Delivery::AsIs,
+        (Framing::Chunked | Framing::UntilClose, Version::Http11) => Delivery::Chunked,
+        (Framing::Chunked | Framing::UntilClose, Version::Http10) => Delivery::UntilClose,
+    }
+}
+
+/// What the client's response head says about its connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persistence {
+    /// Nothing: 1.1's default, the connection stays.
+    Stays,
+    /// `Connection: keep-alive` (a 1.0 client that asked for it).
+    KeepAlive,
+    /// `Connection: close`.
+    Closes,
+}
+
+/// The response a client gets: the backend's status and end-to-end fields,
+/// baton's `Via`, framing and `Connection`. A 1xx or 101 keeps its own.
+pub fn response(
+    head: &ResponseHead,
+    request: &RequestHead,
+    delivery: Delivery,
+    persistence: Persistence,
+    out: &mut BytesMut,
+) {
+    put_status_line(head.status, &head.bytes[head.reason.clone()], out);
+    // A HEAD or 304 answer's length describes the body it does not carry.
+    let length_kept = request.method == http::Method::HEAD || head.status == 304;
+    let mut length_written = false;
+    for f in &head.fields {
+        let (name, value) = (head.field_name(f), head.field_value(f));
+        let keep = match f.role {
+            Role::Framing => {
+                let kept =
+                    length_kept && !length_written && name.eq_ignore_ascii_case(b"content-length");
+                length_written |= kept;
+                kept
+            }
+            Role::HopByHop => false,
+            _ => true,
+        };
+        if keep {
+            put_field(name, value, out);
+        }
+    }
+    out.put_slice(VIA);
+    if head.status == 101 {
+        out.put_slice(b"connection: upgrade\r\n");
+        if let Some(upgrade) = head.values("upgrade").next() {
+            put_field(b"upgrade", upgrade, out);
+        }
+        out.put_slice(b"\r\n");
+        return;
+    }
+    match (delivery, head.framing) {
+        (Delivery::AsIs, Framing::Length(n)) => put_length(n, out),
+        (Delivery::Chunked, _) => out.put_slice(b"transfer-encoding: chunked\r\n"),
+        _ => {}
+    }
+    match persistence {
+        Persistence::Stays => {}
+        Persistence::KeepAlive => out.put_slice(b"connection: keep-alive\r\n"),
+        Persistence::Closes => out.put_slice(b"connection: close\r\n"),
+    }
+    out.put_slice(b"\r\n");
+}
+
+/// An interim (1xx) response as the backend sent it, minus hop-by-hop.
+pub fn interim(head: &ResponseHead, out: &mut BytesMut) {
+    put_status_line(head.status, &head.bytes[head.reason.clone()], out);
+    for f in head.fields.iter().filter(|f| f.role != Role::HopByHop) {
+        put_field(head.field_name(f), head.field_value(f), out);
+    }
+    out.put_slice(b"\r\n");
+}
+
+/// An answer of baton's own: a short text body saying the status and, for
+/// an error, the request id (never a backend's name or address).
+pub fn own_answer(status: http::StatusCode, body: &str, closes: bool, out: &mut BytesMut) {
+    let reason = status.canonical_reason().unwrap_or("Error");
+    put_status_line(status.as_u16(), reason.as_bytes(), out);
+    out.put_slice(b"content-type: text/plain; charset=utf-8\r\n");
+    out.put_slice(VIA);
+    put_length(body.len() as u64, out);
+    if closes {
+        out.put_slice(b"connection: close\r\n");
+    }
+    out.put_slice(b"\r\n");
+    out.put_slice(body.as_bytes());
+}
+
+fn put_status_line(status: u16, reason: &[u8], out: &mut BytesMut) {
+    out.put_slice(b"HTTP/1.1 ");
+    out.put_slice(status.to_string().as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(reason);
+    out.put_slice(b"\r\n");
+}
+
+fn put_field(name: &[u8], value: &[u8], out: &mut BytesMut) {
+    out.put_slice(name);
+    out.put_slice(b": ");
+    out.put_slice(value);
+    out.put_slice(b"\r\n");
+}
+
+fn put_length(n: u64, out: &mut BytesMut) {
+    out.put_slice(b"content-length: ");
+    out.put_slice(n.to_string().as_bytes());
+    out.put_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(target: &str) -> String {
+        let mut out = BytesMut::new();
+        put_origin_form(target.as_bytes(), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn an_absolute_target_becomes_origin_form() {
+        assert_eq!(origin("/a?b"), "/a?b");
+        assert_eq!(origin("*"), "*");
+        assert_eq!(origin("http://example.com/x/y?z=1"), "/x/y?z=1");
+        assert_eq!(origin("http://example.com"), "/");
+        assert_eq!(origin("http://example.com?q"), "/?q");
+    }
+
+    #[test]
+    fn a_client_body_is_delivered_as_the_client_can_take_it() {
+        assert_eq!(
+            delivery(Framing::Length(3), Version::Http10),
+            Delivery::AsIs
+        );
+        assert_eq!(
+            delivery(Framing::UntilClose, Version::Http11),
+            Delivery::Chunked
+        );
+        assert_eq!(
+            delivery(Framing::Chunked, Version::Http10),
+            Delivery::UntilClose
+        );
+    }
+}

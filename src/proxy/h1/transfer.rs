@@ -1,0 +1,509 @@
+//! The two directions of one exchange, run side by side in the client
+//! connection's task: the request body going up (client → backend) and the
+//! response coming down (backend → client). Each body is decoded by its
+//! framing and re-framed for the other side, so neither peer's framing
+//! reaches the other as bytes to be read another way.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::chunked::{self, ChunkError, Decoder, Piece};
+use super::head::{self, BadResponse, Framing, Parsed, RequestHead, ResponseHead, Version};
+use super::io::{read_some, release_if_empty, write_all, WriteFault};
+use super::rewrite::{self, Delivery, Persistence};
+use crate::lifecycle::drain::DrainWatch;
+use crate::metrics::{self, LongLivedKind};
+
+/// What the two directions tell each other (and the exchange).
+#[derive(Default)]
+pub struct Progress {
+    /// The whole request body went to the backend.
+    pub upload_done: AtomicBool,
+    /// A final response head came from the backend (the response clock stops).
+    pub head_seen: AtomicBool,
+    /// Response bytes went to the client: an error can no longer be answered.
+    pub client_written: AtomicBool,
+}
+
+/// A request body on its way up: how much is left, and what is framed for
+/// the backend but not written yet.
+pub struct RequestBody {
+    remaining: u64,
+    decoder: Option<Decoder>,
+    done: bool,
+    pub framed: BytesMut,
+}
+
+impl RequestBody {
+    pub fn new(framing: Framing) -> RequestBody {
+        RequestBody {
+            remaining: match framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            },
+            decoder: (framing == Framing::Chunked).then(Decoder::new),
+            done: matches!(framing, Framing::Empty | Framing::UntilClose),
+            framed: BytesMut::new(),
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Moves what `input` holds of the body to `framed`, framed for the
+    /// backend; bytes past the body (a pipelined request) stay in `input`.
+    pub fn take(&mut self, input: &mut BytesMut) -> Result<(), ChunkError> {
+        match &mut self.decoder {
+            None => {
+                let n = input
+                    .len()
+                    .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+                self.framed.put_slice(&input[..n]);
+                input.advance(n);
+                self.remaining -= n as u64;
+                self.done = self.remaining == 0;
+            }
+            Some(decoder) => {
+                self.done = decode_into(decoder, input, &mut self.framed, true, &mut |_| {})?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Decodes the chunked bytes `input` holds into `out`, re-chunked when
+/// `rechunk` (else the bare data); true once the body is complete.
+fn decode_into(
+    decoder: &mut Decoder,
+    input: &mut BytesMut,
+    out: &mut BytesMut,
+    rechunk: bool,
+    seen: &mut dyn FnMut(&[u8]),
+) -> Result<bool, ChunkError> {
+    loop {
+        let (used, piece) = decoder.decode(input)?;
+        match piece {
+            Some(Piece::Data(range)) => {
+                let data = &input[range];
+                seen(data);
+                if rechunk {
+                    chunked::chunk_header(data.len(), out);
+                    out.put_slice(data);
+                    out.put_slice(chunked::CHUNK_END);
+                } else {
+                    out.put_slice(data);
+                }
+            }
+            Some(Piece::End { trailers }) => {
+                input.advance(used);
+                if rechunk {
+                    chunked::last_chunk(&trailers, out);
+                }
+                return Ok(true);
+            }
+            None if used == 0 => return Ok(false),
+            None => {}
+        }
+        input.advance(used);
+    }
+}
+
+/// Why the request body did not all go up.
+#[derive(Debug)]
+pub enum UpFault {
+    Malformed(ChunkError),
+    /// No body bytes for `idle_timeout`.
+    Stalled,
+    ClientGone,
+    /// The backend stopped taking the body (it may have answered early).
+    BackendGone(io::Error),
+}
+
+/// Timing limits of the upload.
+pub struct UpLimits {
+    /// How long the client may pause its body.
+    pub client_pause: Duration,
+    /// How long the backend may take no bytes.
+    pub backend_stall: Duration,
+}
+
+/// Sends the request body: what `body.framed` holds, then the rest as the
+/// client sends it.
+pub async fn upload<R, W>(
+    client: &mut R,
+    client_buf: &mut BytesMut,
+    backend: &mut W,
+    body: &mut RequestBody,
+    limits: &UpLimits,
+) -> Result<(), UpFault>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        if !body.framed.is_empty() {
+            write_all(backend, &body.framed, limits.backend_stall)
+                .await
+                .map_err(|f| match f {
+                    WriteFault::Stalled => UpFault::BackendGone(io::ErrorKind::TimedOut.into()),
+                    WriteFault::Failed(e) => UpFault::BackendGone(e),
+                })?;
+            body.framed.clear();
+        }
+        if body.done {
+            release_if_empty(&mut body.framed);
+            return Ok(());
+        }
+        match tokio::time::timeout(limits.client_pause, read_some(client, client_buf)).await {
+            Err(_) => return Err(UpFault::Stalled),
+            Ok(Ok(0) | Err(_)) => return Err(UpFault::ClientGone),
+            Ok(Ok(_)) => body.take(client_buf).map_err(UpFault::Malformed)?,
+        }
+    }
+}
+
+/// Once the request is sent: keeps reading what the client sends next (a
+/// pipelined request, up to one head's worth) and resolves if the client
+/// goes away, so a request nobody waits for is not left at the backend.
+pub async fn watch_client<R: AsyncRead + Unpin>(client: &mut R, client_buf: &mut BytesMut) {
+    loop {
+        if client_buf.len() >= head::MAX_HEAD {
+            return std::future::pending().await;
+        }
+        if let Ok(0) | Err(_) = read_some(client, client_buf).await {
+            return;
+        }
+    }
+}
+
+/// What the response direction needs to know.
+pub struct Down<'a> {
+    pub request: &'a RequestHead,
+    pub drain: &'a DrainWatch,
+    pub listener: &'a str,
+    /// How long the client may take no response bytes.
+    pub client_stall: Duration,
+    pub progress: &'a Progress,
+}
+
+/// How the response went.
+#[derive(Debug)]
+pub enum Delivered {
+    Done {
+        status: u16,
+        /// The backend connection may serve another request.
+        backend_reusable: bool,
+        /// The client connection may carry another request.
+        client_reusable: bool,
+    },
+    /// 101 went to the client: the connection is a tunnel now.
+    Upgraded { websocket: bool },
+}
+
+/// Why the response did not reach the client whole.
+#[derive(Debug)]
+pub enum DownFault {
+    /// The backend failed before its response head was complete;
+    /// `nothing_received` when not one byte came back.
+    Backend {
+        cause: String,
+        nothing_received: bool,
+    },
+    BadHead(BadResponse),
+    /// The response body broke off (its head went to the client).
+    BrokeOff(String),
+    Client(WriteFault),
+}
+
+/// Reads the backend's response (interim ones are passed on to a 1.1
+/// client), writes its head to the client and streams its body.
+pub async fn download<R, W>(
+    backend: &mut R,
+    backend_buf: &mut BytesMut,
+    client: &mut W,
+    down: &Down<'_>,
+) -> Result<Delivered, DownFault>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut first = true;
+    let head = loop {
+        let head = read_head(backend, backend_buf, &down.request.method, first).await?;
+        first = false;
+        if (100..200).contains(&head.status) && head.status != 101 {
+            if down.request.version == Version::Http11 {
+                let mut out = BytesMut::new();
+                rewrite::interim(&head, &mut out);
+                write_all(client, &out, down.client_stall)
+                    .await
+                    .map_err(DownFault::Client)?;
+            }
+            continue;
+        }
+        break head;
+    };
+    down.progress.head_seen.store(true, Ordering::Relaxed);
+    if head.status == 101 {
+        return switch(head, client, down).await;
+    }
+    let delivery = rewrite::delivery(head.framing, down.request.version);
+    let client_keeps = down.request.keep_alive
+        && !down.drain.is_draining()
+        && down.progress.upload_done.load(Ordering::Relaxed)
+        && delivery != Delivery::UntilClose;
+    let persistence = match (client_keeps, down.request.version) {
+        (false, _) => Persistence::Closes,
+        (true, Version::Http10) => Persistence::KeepAlive,
+        (true, Version::Http11) => Persistence::Stays,
+    };
+    let mut out = BytesMut::with_capacity(head.bytes.len() + 128);
+    rewrite::response(&head, down.request, delivery, persistence, &mut out);
+    write_all(client, &out, down.client_stall)
+        .await
+        .map_err(DownFault::Client)?;
+    down.progress.client_written.store(true, Ordering::Relaxed);
+    let event_stream = head
+        .values("content-type")
+        .next()
+        .is_some_and(|v| v.starts_with(b"text/event-stream"));
+    let mut body = ResponseBody {
+        framing: head.framing,
+        delivery,
+        sse: event_stream.then(Sse::default),
+        out,
+    };
+    let complete = body.stream(backend, backend_buf, client, down).await?;
+    Ok(Delivered::Done {
+        status: head.status,
+        backend_reusable: complete && head.keep_alive && backend_buf.is_empty(),
+        client_reusable: complete && client_keeps,
+    })
+}
+
+/// A 101: the head goes to the client only if it asked for an upgrade.
+async fn switch<W: AsyncWrite + Unpin>(
+    head: ResponseHead,
+    client: &mut W,
+    down: &Down<'_>,
+) -> Result<Delivered, DownFault> {
+    let Some(asked) = &down.request.upgrade else {
+        return Err(DownFault::Backend {
+            cause: "101 Switching Protocols to a request that asked for no upgrade".into(),
+            nothing_received: false,
+        });
+    };
+    let websocket = down.request.bytes[asked.clone()].eq_ignore_ascii_case(b"websocket");
+    let mut out = BytesMut::with_capacity(head.bytes.len() + 64);
+    rewrite::response(
+        &head,
+        down.request,
+        Delivery::AsIs,
+        Persistence::Stays,
+        &mut out,
+    );
+    write_all(client, &out, down.client_stall)
+        .await
+        .map_err(DownFault::Client)?;
+    down.progress.client_written.store(true, Ordering::Relaxed);
+    Ok(Delivered::Upgraded { websocket })
+}
+
+async fn read_head<R: AsyncRead + Unpin>(
+    backend: &mut R,
+    buf: &mut BytesMut,
+    method: &http::Method,
+    first: bool,
+) -> Result<ResponseHead, DownFault> {
+    loop {
+        if !buf.is_empty() {
+            if let Parsed::Complete(head) =
+                head::parse_response(buf, method).map_err(DownFault::BadHead)?
+            {
+                buf.advance(head.consumed);
+                return Ok(head);
+            }
+        }
+        let nothing_received = first && buf.is_empty();
+        match read_some(backend, buf).await {
+            Ok(0) => {
+                return Err(DownFault::Backend {
+                    cause: "connection closed before a complete response head".into(),
+                    nothing_received,
+                })
+            }
+            Err(e) => {
+                return Err(DownFault::Backend {
+                    cause: e.to_string(),
+                    nothing_received,
+                })
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
+/// An event stream's place: whether its bytes so far end an event, and
+/// whether the drain asked it to end.
+#[derive(Default)]
+struct Sse {
+    tail: [u8; 2],
+    ending: bool,
+}
+
+impl Sse {
+    fn saw(&mut self, data: &[u8]) {
+        for b in data.iter().rev().take(2).rev() {
+            self.tail = [self.tail[1], *b];
+        }
+    }
+
+    fn at_boundary(&self) -> bool {
+        self.tail == *b"\n\n"
+    }
+}
+
+/// A response body on its way down.
+struct ResponseBody {
+    framing: Framing,
+    delivery: Delivery,
+    sse: Option<Sse>,
+    /// Framed for the client, not written yet.
+    out: BytesMut,
+}
+
+impl ResponseBody {
+    /// Streams the body; true when it ended as its framing says (false: an
+    /// event stream cut for the drain).
+    async fn stream<R, W>(
+        &mut self,
+        backend: &mut R,
+        buf: &mut BytesMut,
+        client: &mut W,
+        down: &Down<'_>,
+    ) -> Result<bool, DownFault>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut remaining = match self.framing {
+            Framing::Length(n) => n,
+            _ => 0,
+        };
+        let mut decoder = (self.framing == Framing::Chunked).then(Decoder::new);
+        let ending = down.drain.long_lived_ending();
+        tokio::pin!(ending);
+        loop {
+            self.out.clear();
+            let complete = self.frame(buf, &mut remaining, decoder.as_mut())?;
+            if !self.out.is_empty() {
+                write_all(client, &self.out, down.client_stall)
+                    .await
+                    .map_err(DownFault::Client)?;
+            }
+            if complete {
+                return Ok(true);
+            }
+            if self
+                .sse
+                .as_ref()
+                .is_some_and(|s| s.ending && s.at_boundary())
+            {
+                self.end_for_drain(client, down).await;
+                return Ok(false);
+            }
+            let read = tokio::select! {
+                read = read_some(backend, buf) => read,
+                () = ending.as_mut(), if self.sse.as_ref().is_some_and(|s| !s.ending) => {
+                    if let Some(sse) = &mut self.sse {
+                        sse.ending = true;
+                    }
+                    continue;
+                }
+            };
+            match read {
+                Ok(0) if self.framing == Framing::UntilClose => {
+                    self.out.clear();
+                    if self.delivery == Delivery::Chunked {
+                        chunked::last_chunk(&[], &mut self.out);
+                        write_all(client, &self.out, down.client_stall)
+                            .await
+                            .map_err(DownFault::Client)?;
+                    }
+                    return Ok(true);
+                }
+                Ok(0) => return Err(DownFault::BrokeOff("closed mid-body".into())),
+                Err(e) => return Err(DownFault::BrokeOff(e.to_string())),
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Moves what `buf` holds of the body into `out`, framed for the
+    /// client; true once the body is complete.
+    fn frame(
+        &mut self,
+        buf: &mut BytesMut,
+        remaining: &mut u64,
+        decoder: Option<&mut Decoder>,
+    ) -> Result<bool, DownFault> {
+        let sse = &mut self.sse;
+        let mut seen = |data: &[u8]| {
+            if let Some(s) = sse.as_mut() {
+                s.saw(data);
+            }
+        };
+        match (self.framing, decoder) {
+            (Framing::Empty, _) => Ok(true),
+            (Framing::Chunked, Some(decoder)) => decode_into(
+                decoder,
+                buf,
+                &mut self.out,
+                self.delivery == Delivery::Chunked,
+                &mut seen,
+            )
+            .map_err(|e| DownFault::BrokeOff(format!("bad chunked body: {e}"))),
+            (Framing::Length(_), _) => {
+                let n = buf
+                    .len()
+                    .min(usize::try_from(*remaining).unwrap_or(usize::MAX));
+                seen(&buf[..n]);
+                self.out.put_slice(&buf[..n]);
+                buf.advance(n);
+                *remaining -= n as u64;
+                Ok(*remaining == 0)
+            }
+            _ => {
+                if !buf.is_empty() {
+                    seen(buf);
+                    if self.delivery == Delivery::Chunked {
+                        chunked::chunk_header(buf.len(), &mut self.out);
+                        self.out.put_slice(buf);
+                        self.out.put_slice(chunked::CHUNK_END);
+                    } else {
+                        self.out.put_slice(buf);
+                    }
+                    buf.clear();
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// Ends an event stream at an event boundary: a chunked one properly,
+    /// then the connection closes.
+    async fn end_for_drain<W: AsyncWrite + Unpin>(&mut self, client: &mut W, down: &Down<'_>) {
+        if self.delivery == Delivery::Chunked {
+            self.out.clear();
+            chunked::last_chunk(&[], &mut self.out);
+            let _ = write_all(client, &self.out, down.client_stall).await;
+        }
+        metrics::long_lived_drained(LongLivedKind::Sse);
+        tracing::info!(listener = %down.listener, kind = "sse", expected = true, "ended event stream for drain");
+    }
+}
