@@ -7,6 +7,7 @@ pub mod backend;
 pub mod client;
 pub mod daemon;
 pub mod load;
+pub mod raw;
 pub mod sandbox;
 
 use std::time::Duration;

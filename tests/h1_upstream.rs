@@ -1,0 +1,236 @@
+//! baton's own HTTP/1 path toward backends: connections kept and reused,
+//! never written to once the backend closed them, a request the backend's
+//! close raced sent again only when that is safe, and responses a
+//! well-behaved server rarely sends (interim 1xx, close-delimited bodies,
+//! extra bytes) handled as HAProxy or nginx would.
+
+mod support;
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use support::client;
+use support::daemon::{Baton, Spec};
+use support::raw::{ok, RawBackend, Seen, Then};
+
+async fn baton_for(backend: &RawBackend) -> Baton {
+    Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await
+}
+
+/// Reads one response head (lower-cased) from `s`.
+async fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(support::TIMEOUT, s.read(&mut byte))
+            .await
+            .expect("a response head in time")
+            .expect("read");
+        assert_eq!(
+            n,
+            1,
+            "closed mid-head after {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).to_ascii_lowercase()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_backend_connection_serves_requests_in_turn() {
+    let backend =
+        RawBackend::start(|seen: &Seen| (ok(&seen.on_connection.to_string()), Then::KeepAlive))
+            .await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    for i in 0..20 {
+        let answer = client::get(web, &format!("/{i}")).await.expect("answer");
+        assert_eq!(answer.status, 200);
+        assert_eq!(
+            answer.body,
+            i.to_string(),
+            "the same backend connection, request {i}"
+        );
+    }
+    assert_eq!(backend.accepted(), 1);
+}
+
+/// The backend closes each connection 50 ms after answering (its
+/// keep-alive timeout); the next request comes 150 ms later and must never
+/// be written to the closed connection. POSTs, which are never sent twice:
+/// only the check before reuse can save them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_connection_the_backend_closed_is_never_used() {
+    let backend =
+        RawBackend::start(|_: &Seen| (ok("fine"), Then::CloseAfter(Duration::from_millis(50))))
+            .await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    for _ in 0..10 {
+        let mut s = TcpStream::connect(web).await.expect("connect");
+        s.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+            .await
+            .expect("write");
+        let head = read_head(&mut s).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(backend.accepted(), 10, "a new connection each time");
+}
+
+/// The backend reads a second request on a kept connection and closes it
+/// without a byte (the keep-alive race a backend's timeout causes): a GET
+/// is sent again on a new connection; a POST, which may have had effects,
+/// is a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_backend_close_raced_is_sent_again_only_when_safe() {
+    let backend = RawBackend::start(|seen: &Seen| match seen.on_connection {
+        0 => (ok("first"), Then::KeepAlive),
+        _ => (Vec::new(), Then::Close),
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    assert_eq!(client::get(web, "/a").await.expect("first").body, "first");
+    let again = client::get(web, "/b").await.expect("the GET is sent again");
+    assert_eq!((again.status, again.body.as_str()), (200, "first"));
+    assert_eq!(backend.accepted(), 2);
+
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"POST /c HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+        .await
+        .expect("write");
+    assert!(read_head(&mut s).await.starts_with("http/1.1 502"));
+    let posts = backend
+        .heads()
+        .iter()
+        .filter(|h| h.starts_with("POST"))
+        .count();
+    assert_eq!(posts, 1, "the POST reached the backend once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interim_responses_reach_an_http_1_1_client_only() {
+    let backend = RawBackend::start(|_: &Seen| {
+        let mut bytes =
+            b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n".to_vec();
+        bytes.extend(ok("done"));
+        (bytes, Then::KeepAlive)
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let early = read_head(&mut s).await;
+    assert!(early.starts_with("http/1.1 103"), "{early}");
+    assert!(early.contains("link: </style.css>; rel=preload"), "{early}");
+    assert!(read_head(&mut s).await.starts_with("http/1.1 200"));
+
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").await.expect("write");
+    let reply = client::read_until_closed(&mut s).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(!reply.contains("103"), "{reply}");
+    assert!(reply.ends_with("done"), "{reply}");
+}
+
+/// A body that ends when the backend closes reaches a 1.1 client chunked,
+/// and the client's connection stays open for its next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_delimited_body_is_chunked_for_the_client_who_keeps_its_connection() {
+    let backend = RawBackend::start(|_: &Seen| {
+        (
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end".to_vec(),
+            Then::Close,
+        )
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    let mut conn = client::connect(web).await.expect("connect");
+    for _ in 0..3 {
+        let answer = client::send(&mut conn, web, "/").await.expect("answer");
+        assert_eq!(answer.body, "until the end");
+        assert_eq!(
+            answer
+                .headers
+                .get("transfer-encoding")
+                .map(|v| v.as_bytes()),
+            Some(&b"chunked"[..])
+        );
+    }
+    assert_eq!(backend.accepted(), 3);
+}
+
+/// Bytes after a complete response answer nothing: that connection is not
+/// kept, and the next request gets its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_connection_with_bytes_past_its_response_is_not_reused() {
+    let backend = RawBackend::start(|seen: &Seen| {
+        let mut bytes = ok(&format!("answer {}", seen.on_connection));
+        bytes.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray");
+        (bytes, Then::KeepAlive)
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    for _ in 0..3 {
+        assert_eq!(
+            client::get(web, "/").await.expect("answer").body,
+            "answer 0"
+        );
+    }
+    assert_eq!(backend.accepted(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_101_to_a_request_that_asked_for_no_upgrade_is_a_502() {
+    let backend = RawBackend::start(|_: &Seen| {
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n".to_vec(), Then::KeepAlive)
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let answer = client::get(baton.addr("web"), "/").await.expect("answer");
+    assert_eq!(answer.status, 502);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order_and_1_0_gets_a_host() {
+    let backend = RawBackend::start(|seen: &Seen| {
+        let path = seen
+            .head
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("?")
+            .to_string();
+        (ok(&path), Then::KeepAlive)
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"GET /one HTTP/1.1\r\nHost: x\r\n\r\nGET /two HTTP/1.1\r\nHost: x\r\n\r\nGET /three HTTP/1.0\r\n\r\n")
+        .await
+        .expect("write");
+    let replies = client::read_until_closed(&mut s).await;
+    let bodies: Vec<&str> = replies
+        .split("HTTP/1.1 200 OK")
+        .skip(1)
+        .map(|r| r.rsplit("\r\n\r\n").next().unwrap_or(""))
+        .collect();
+    assert_eq!(bodies, ["/one", "/two", "/three"], "{replies}");
+    let heads = backend.heads();
+    assert!(
+        heads[2]
+            .to_ascii_lowercase()
+            .contains(&format!("host: {}", backend.addr)),
+        "{}",
+        heads[2]
+    );
+}

@@ -1,0 +1,165 @@
+//! A backend that answers byte for byte what the test scripts: for each
+//! request head it reads (and its `Content-Length` body), the script gives
+//! the bytes to write and what to do with the connection next. For the
+//! cases a well-behaved server never shows: interim responses, extra bytes
+//! after a response, a keep-alive connection closed under a request.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the backend does after writing a script's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Then {
+    /// Reads the next request on the same connection.
+    KeepAlive,
+    /// Closes the connection now.
+    Close,
+    /// Keeps the connection idle this long, then closes it (a backend's
+    /// own keep-alive timeout).
+    CloseAfter(Duration),
+}
+
+/// One request as the backend read it: its head's text, and its place on
+/// its connection (0 for the first).
+pub struct Seen {
+    pub head: String,
+    pub on_connection: u64,
+}
+
+type Script = dyn Fn(&Seen) -> (Vec<u8>, Then) + Send + Sync;
+
+pub struct RawBackend {
+    pub addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
+    heads: Arc<Mutex<Vec<String>>>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for RawBackend {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl RawBackend {
+    pub async fn start(script: impl Fn(&Seen) -> (Vec<u8>, Then) + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicU64::new(0));
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let script: Arc<Script> = Arc::new(script);
+        let (count, seen, stopped) = (Arc::clone(&accepted), Arc::clone(&heads), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    () = stopped.cancelled() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok((s, _)) => s,
+                        Err(_) => return,
+                    },
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                let (script, seen, stopped) =
+                    (Arc::clone(&script), Arc::clone(&seen), stopped.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = serve(stream, script, seen) => {}
+                        () = stopped.cancelled() => {}
+                    }
+                });
+            }
+        });
+        RawBackend {
+            addr,
+            accepted,
+            heads,
+            stop,
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Every request head read so far, in order.
+    pub fn heads(&self) -> Vec<String> {
+        self.heads.lock().map(|h| h.clone()).unwrap_or_default()
+    }
+}
+
+async fn serve(mut stream: TcpStream, script: Arc<Script>, seen: Arc<Mutex<Vec<String>>>) {
+    let mut buf = Vec::new();
+    let mut on_connection = 0;
+    loop {
+        let Some(head) = read_request(&mut stream, &mut buf).await else {
+            return;
+        };
+        if let Ok(mut s) = seen.lock() {
+            s.push(head.clone());
+        }
+        let (bytes, then) = script(&Seen {
+            head,
+            on_connection,
+        });
+        on_connection += 1;
+        if stream.write_all(&bytes).await.is_err() {
+            return;
+        }
+        match then {
+            Then::KeepAlive => {}
+            Then::Close => return,
+            Then::CloseAfter(idle) => {
+                tokio::time::sleep(idle).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Reads one request head and its `Content-Length` body; `None` at EOF.
+async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < end + length {
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    buf.drain(..end + length);
+    Some(head)
+}
+
+/// A complete 200 with `body`, keeping the connection.
+pub fn ok(body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
