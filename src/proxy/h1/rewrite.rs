@@ -3,6 +3,7 @@
 //! baton's own fields (framing, forwarding, `Via`, `Connection`) are added,
 //! so a head goes out in one buffer and one write.
 
+use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use bytes::{BufMut, BytesMut};
@@ -113,7 +114,7 @@ fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
         out.put_slice(hop);
         out.put_slice(b", ");
     }
-    out.put_slice(to.client_ip.to_string().as_bytes());
+    let _ = write!(out, "{}", to.client_ip);
     out.put_slice(b"\r\nx-forwarded-proto: http\r\n");
 }
 
@@ -224,9 +225,7 @@ pub fn own_answer(status: http::StatusCode, body: &str, closes: bool, out: &mut 
 }
 
 fn put_status_line(status: u16, reason: &[u8], out: &mut BytesMut) {
-    out.put_slice(b"HTTP/1.1 ");
-    out.put_slice(status.to_string().as_bytes());
-    out.put_u8(b' ');
+    let _ = write!(out, "HTTP/1.1 {status} ");
     out.put_slice(reason);
     out.put_slice(b"\r\n");
 }
@@ -239,9 +238,7 @@ fn put_field(name: &[u8], value: &[u8], out: &mut BytesMut) {
 }
 
 fn put_length(n: u64, out: &mut BytesMut) {
-    out.put_slice(b"content-length: ");
-    out.put_slice(n.to_string().as_bytes());
-    out.put_slice(b"\r\n");
+    let _ = write!(out, "content-length: {n}\r\n");
 }
 
 #[cfg(test)]

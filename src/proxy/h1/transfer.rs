@@ -262,12 +262,9 @@ where
         (true, Version::Http10) => Persistence::KeepAlive,
         (true, Version::Http11) => Persistence::Stays,
     };
-    let mut out = BytesMut::with_capacity(head.bytes.len() + 128);
+    // The head goes out with the body bytes already here, in one write.
+    let mut out = BytesMut::with_capacity(head.bytes.len() + 128 + backend_buf.len());
     rewrite::response(&head, down.request, delivery, persistence, &mut out);
-    write_all(client, &out, down.client_stall)
-        .await
-        .map_err(DownFault::Client)?;
-    down.progress.client_written.store(true, Ordering::Relaxed);
     let event_stream = head
         .values("content-type")
         .next()
@@ -378,8 +375,8 @@ struct ResponseBody {
 }
 
 impl ResponseBody {
-    /// Streams the body; true when it ended as its framing says (false: an
-    /// event stream cut for the drain).
+    /// Streams the body after what `out` holds (the head); true when it
+    /// ended as its framing says (false: an event stream cut for the drain).
     async fn stream<R, W>(
         &mut self,
         backend: &mut R,
@@ -399,12 +396,13 @@ impl ResponseBody {
         let ending = down.drain.long_lived_ending();
         tokio::pin!(ending);
         loop {
-            self.out.clear();
             let complete = self.frame(buf, &mut remaining, decoder.as_mut())?;
             if !self.out.is_empty() {
                 write_all(client, &self.out, down.client_stall)
                     .await
                     .map_err(DownFault::Client)?;
+                self.out.clear();
+                down.progress.client_written.store(true, Ordering::Relaxed);
             }
             if complete {
                 return Ok(true);
