@@ -63,14 +63,6 @@ impl IdleConnections {
             conns.retain(|(_, since)| since.elapsed() < IDLE_LIMIT);
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.conns.lock().map_or(0, |c| c.len())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// An idle connection is usable only if nothing is readable on it: EOF

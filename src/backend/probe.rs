@@ -76,14 +76,31 @@ pub async fn first_round(pools: &[Arc<Pool>]) {
     while checks.join_next().await.is_some() {}
 }
 
-/// Starts the periodic checks; they end when `stop` is cancelled.
+/// Starts the periodic checks, and the sweep of idle backend connections;
+/// they end when `stop` is cancelled.
 pub fn spawn_all(pools: &[Arc<Pool>], stop: &CancellationToken) {
+    tokio::spawn(sweep_idle(pools.to_vec(), stop.clone()));
     for pool in pools {
         let Some(config) = pool.health.clone() else {
             continue;
         };
         for backend in &pool.backends {
             tokio::spawn(run(Arc::clone(backend), config.clone(), stop.clone()));
+        }
+    }
+}
+
+/// Closes idle backend connections past their limit, so they do not
+/// linger (in CLOSE_WAIT once the backend gave up on them) after traffic
+/// stops.
+async fn sweep_idle(pools: Vec<Arc<Pool>>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(super::idle::IDLE_LIMIT) => {}
+        }
+        for backend in pools.iter().flat_map(|p| &p.backends) {
+            backend.idle.sweep();
         }
     }
 }

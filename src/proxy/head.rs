@@ -49,6 +49,9 @@ impl OpeningClock {
 /// The client's stream, telling the clock when the opening is in.
 pub struct Watched {
     inner: TcpStream,
+    /// Bytes read before hyper took over (to tell h2 from HTTP/1), given
+    /// to hyper first.
+    prefix: Vec<u8>,
     clock: Arc<OpeningClock>,
     opening: Opening,
 }
@@ -70,9 +73,10 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
 
 impl Watched {
-    pub fn new(inner: TcpStream, clock: Arc<OpeningClock>) -> Watched {
+    pub fn new(inner: TcpStream, prefix: Vec<u8>, clock: Arc<OpeningClock>) -> Watched {
         Watched {
             inner,
+            prefix,
             clock,
             opening: Opening::Sniffing(Vec::new()),
         }
@@ -128,7 +132,14 @@ impl AsyncRead for Watched {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let polled = if self.prefix.is_empty() {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        } else {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.drain(..n);
+            Poll::Ready(Ok(()))
+        };
         if matches!(polled, Poll::Ready(Ok(())))
             && buf.filled().len() > before
             && !matches!(self.opening, Opening::Known)

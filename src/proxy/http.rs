@@ -41,11 +41,12 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long an idle h2 client has to close after GOAWAY.
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
 
-/// What a connection's first bytes say it speaks.
+/// What a connection's first bytes say it speaks (they are read, and go
+/// to that protocol's reader first).
 enum Opening {
     /// The h2 client preface.
-    H2,
-    Http1,
+    H2(Vec<u8>),
+    Http1(Vec<u8>),
     /// Nothing within `header_timeout`.
     Silent,
     Closed,
@@ -54,22 +55,27 @@ enum Opening {
 /// The h2 client preface (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Peeks at a connection's first bytes until they match the h2 preface or
+/// Reads a connection's first bytes until they match the h2 preface or
 /// cannot (every HTTP/1 method differs from `PRI` by its second byte at
-/// the latest), leaving them in the socket for the protocol's own reader.
-async fn opening(stream: &TcpStream, deadline: Instant) -> Opening {
-    let mut seen = [0u8; PREFACE.len()];
+/// the latest).
+async fn opening(stream: &mut TcpStream, deadline: Instant) -> Opening {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::with_capacity(PREFACE.len());
     loop {
-        match tokio::time::timeout_at(deadline, stream.peek(&mut seen)).await {
+        let mut more = [0u8; PREFACE.len()];
+        let want = PREFACE.len() - seen.len();
+        match tokio::time::timeout_at(deadline, stream.read(&mut more[..want])).await {
+            // An h2 opening that stops short gets no HTTP/1 408.
+            Err(_) if !seen.is_empty() => return Opening::Closed,
             Err(_) => return Opening::Silent,
             Ok(Ok(0) | Err(_)) => return Opening::Closed,
-            Ok(Ok(n)) if seen[..n] != PREFACE[..n] => return Opening::Http1,
-            Ok(Ok(n)) if n == PREFACE.len() => return Opening::H2,
-            // A prefix of the preface: the rest is on its way (peeking
-            // again at once would find the same bytes).
-            // An h2 opening that stops short gets no HTTP/1 408.
-            Ok(Ok(_)) if Instant::now() >= deadline => return Opening::Closed,
-            Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Ok(Ok(n)) => seen.extend_from_slice(&more[..n]),
+        }
+        if seen[..] != PREFACE[..seen.len()] {
+            return Opening::Http1(seen);
+        }
+        if seen.len() == PREFACE.len() {
+            return Opening::H2(seen);
         }
     }
 }
@@ -171,9 +177,12 @@ impl HttpProxy {
     /// HTTP/1 on baton's own path, h2c (prior knowledge) on hyper's.
     pub async fn serve(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, drain: DrainWatch) {
         let opened = Instant::now();
-        match opening(&stream, opened + self.header_timeout).await {
-            Opening::H2 => self.serve_h2(stream, peer, drain).await,
-            Opening::Http1 => super::h1::conn::serve(&self, stream, peer, &drain, opened).await,
+        let mut stream = stream;
+        match opening(&mut stream, opened + self.header_timeout).await {
+            Opening::H2(seen) => self.serve_h2(stream, seen, peer, drain).await,
+            Opening::Http1(seen) => {
+                super::h1::conn::serve(&self, stream, &seen, peer, &drain, opened).await;
+            }
             Opening::Silent => {
                 tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
                 let _ = stream.try_write(super::h1::conn::TIMEOUT_RESPONSE);
@@ -201,7 +210,13 @@ impl HttpProxy {
         &self.targets[chosen]
     }
 
-    async fn serve_h2(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, drain: DrainWatch) {
+    async fn serve_h2(
+        self: Arc<Self>,
+        stream: TcpStream,
+        seen: Vec<u8>,
+        peer: SocketAddr,
+        drain: DrainWatch,
+    ) {
         let state = Arc::new(ConnState::new());
         // Formatted once per connection: every request forwards it.
         let client_ip = headers::ip_value(peer.ip());
@@ -213,7 +228,7 @@ impl HttpProxy {
                 async move { Ok::<_, Infallible>(proxy.handle(req, client_ip, state, drain).await) }
             })
         };
-        let io = TokioIo::new(Watched::new(stream, Arc::clone(&state.opening)));
+        let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state.opening)));
         let conn = self.server.serve_connection(io, service);
         tokio::pin!(conn);
         let mut closing = false;

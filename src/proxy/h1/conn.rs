@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::exchange::{exchange, After, Client};
 use super::head::{self, Parsed, Refusal, RequestHead};
-use super::io::{read_some, release_if_empty, write_all};
+use super::io::{linger_close, release_if_empty, try_read_some, write_all};
 use super::rewrite;
 use crate::lifecycle::drain::DrainWatch;
 use crate::proxy::http::HttpProxy;
@@ -38,25 +38,38 @@ enum Next {
     Done,
 }
 
-/// Serves `stream` until either side ends it. `opened` starts the first
-/// head's clock.
+/// Serves `stream` until either side ends it, then closes it gracefully.
+/// `opened` starts the first head's clock; `opening` holds the bytes read
+/// to tell HTTP/1 from h2.
 pub async fn serve(
     proxy: &HttpProxy,
     stream: TcpStream,
+    opening: &[u8],
     peer: SocketAddr,
     drain: &DrainWatch,
     opened: Instant,
 ) {
     let mut client = Client {
         stream,
-        buf: BytesMut::new(),
+        buf: BytesMut::from(opening),
         ip: peer.ip(),
     };
+    serve_requests(proxy, &mut client, peer, drain, opened).await;
+    linger_close(&mut client.stream).await;
+}
+
+async fn serve_requests(
+    proxy: &HttpProxy,
+    client: &mut Client,
+    peer: SocketAddr,
+    drain: &DrainWatch,
+    opened: Instant,
+) {
     let mut first = Some(opened);
     loop {
-        let head = match next_head(proxy, &mut client, drain, first.take()).await {
+        let head = match next_head(proxy, client, drain, first.take()).await {
             Next::Head(head) => head,
-            Next::Refused(refusal) => return refuse(proxy, &mut client, &refusal, peer).await,
+            Next::Refused(refusal) => return refuse(proxy, client, &refusal, peer).await,
             Next::Slow => {
                 tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
                 let _ = write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
@@ -66,7 +79,7 @@ pub async fn serve(
         };
         // Boxed: an idle connection's task keeps only this loop's state,
         // not the largest state an exchange ever needs.
-        if Box::pin(exchange(proxy, &mut client, head, drain)).await == After::Close {
+        if Box::pin(exchange(proxy, client, head, drain)).await == After::Close {
             return;
         }
     }
@@ -97,21 +110,22 @@ async fn next_head(
             None => idle_since + proxy.idle_timeout,
         };
         let idle = head_since.is_none();
-        let grace_ends = idle_since + proxy.keepalive_drain_grace;
         tokio::select! {
+            // Bytes that arrived win over any clock that ran out with them.
+            biased;
             ready = client.stream.readable() => {
                 if ready.is_err() {
                     return Next::Done;
                 }
-                match read_some(&mut client.stream, &mut client.buf).await {
-                    Ok(0) | Err(_) => return Next::Done,
+                match try_read_some(&client.stream, &mut client.buf) {
+                    Ok(Some(0)) | Err(_) => return Next::Done,
                     Ok(_) => {}
                 }
             }
             () = tokio::time::sleep_until(deadline) => {
                 return if idle { Next::Done } else { Next::Slow };
             }
-            () = drain_grace(drain, grace_ends), if idle => {
+            () = drain_grace(drain, proxy.keepalive_drain_grace), if idle => {
                 tracing::debug!(listener = %proxy.listener, expected = true, "closing idle keep-alive connection for drain");
                 return Next::Done;
             }
@@ -119,10 +133,12 @@ async fn next_head(
     }
 }
 
-/// Resolves once the drain has begun and `grace_ends` has passed.
-async fn drain_grace(drain: &DrainWatch, grace_ends: Instant) {
+/// Resolves once the connection stayed idle for `grace` of the drain
+/// (counted from the drain's start, not from when it turned idle: a
+/// client idle for long may be sending its next request right now).
+async fn drain_grace(drain: &DrainWatch, grace: std::time::Duration) {
     drain.draining().await;
-    tokio::time::sleep_until(grace_ends).await;
+    tokio::time::sleep(grace).await;
 }
 
 /// Answers a head baton will not serve, and closes.
@@ -136,7 +152,7 @@ async fn refuse(proxy: &HttpProxy, client: &mut Client, refusal: &Refusal, peer:
         status.canonical_reason().unwrap_or("Error")
     );
     let mut out = BytesMut::new();
-    rewrite::own_answer(status, &page, true, &mut out);
+    rewrite::own_answer(status, &page, None, true, &mut out);
     let _ = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
     release_if_empty(&mut client.buf);
 }

@@ -93,7 +93,7 @@ pub async fn exchange(
             let status = err.status();
             let page = super::super::error_page(&target.pool.name, &err);
             let mut out = BytesMut::new();
-            rewrite::own_answer(status, &page, closes, &mut out);
+            rewrite::own_answer(status, &page, Some(&head), closes, &mut out);
             match write_all(&mut client.stream, &out, proxy.idle_timeout).await {
                 Ok(()) if !closes => Some((status.as_u16(), After::KeepAlive)),
                 _ => Some((status.as_u16(), After::Close)),
@@ -317,6 +317,12 @@ async fn attempt(
                 After::Close
             };
             Attempt::Answered { status, after }
+        }
+        // The upload was cut short by the switch: bytes may be lost.
+        Pumped::Delivered(Delivered::Upgraded { .. })
+            if !progress.upload_done.load(Ordering::Relaxed) =>
+        {
+            Attempt::Failed(Failure::Abort)
         }
         Pumped::Delivered(Delivered::Upgraded { websocket }) => {
             tunnel(proxy, client, up, websocket, drain).await;

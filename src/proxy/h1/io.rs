@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// Room made in a read buffer before each read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -19,6 +20,50 @@ pub async fn read_some<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> i
         buf.reserve(READ_CHUNK);
     }
     r.read_buf(buf).await
+}
+
+/// Reads what `stream` has now, without waiting: `None` if nothing (its
+/// readiness was stale), `Some(0)` at EOF.
+pub fn try_read_some(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<Option<usize>> {
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
+    }
+    match stream.try_read_buf(buf) {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            release_if_empty(buf);
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// How long a closing connection keeps reading what its client still
+/// sends, and how much of it.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 256 * 1024;
+
+/// Closes a client connection gracefully: the write side first, then
+/// what the client still sends is read and dropped for a moment, because
+/// closing a socket with unread bytes makes the kernel send a reset, which
+/// can destroy a response the client has not read yet (a pipelined
+/// request during a drain, an upload answered early). nginx's
+/// `lingering_close` does the same.
+pub async fn linger_close(stream: &mut TcpStream) {
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = vec![0u8; 4096];
+    let mut total = 0;
+    let _ = tokio::time::timeout(LINGER, async {
+        while total < LINGER_BYTES {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => total += n,
+            }
+        }
+    })
+    .await;
 }
 
 /// Gives back the memory of a buffer that holds nothing.

@@ -11,7 +11,13 @@ use bytes::{BufMut, BytesMut};
 use super::head::{Framing, RequestHead, ResponseHead, Role, Version};
 use crate::config::Forwarded;
 
-const VIA: &[u8] = b"via: 1.1 baton\r\n";
+/// `Via` names the protocol of the message baton received (RFC 9110 §7.6.3).
+fn via(received: Version) -> &'static [u8] {
+    match received {
+        Version::Http10 => b"via: 1.0 baton\r\n",
+        Version::Http11 => b"via: 1.1 baton\r\n",
+    }
+}
 
 /// What the request head to a backend needs besides the client's head.
 pub struct Outbound<'a> {
@@ -35,6 +41,8 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
         let (name, value) = (head.field_name(f), head.field_value(f));
         let keep = match f.role {
             Role::EndToEnd => true,
+            // An empty Host (allowed in 1.0) is no Host for the backend.
+            Role::Host if value.is_empty() => false,
             Role::Host => {
                 has_host = true;
                 authority.is_none()
@@ -63,10 +71,12 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
         None => {}
     }
     put_forwarding(to, &forwarded_for, out);
-    out.put_slice(VIA);
+    out.put_slice(via(head.version));
     match head.framing {
         Framing::Length(n) => put_length(n, out),
         Framing::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
+        // A stated zero length is kept: some servers want one on a POST.
+        Framing::Empty if head.values("content-length").next().is_some() => put_length(0, out),
         Framing::Empty | Framing::UntilClose => {}
     }
     if let Some(upgrade) = &head.upgrade {
@@ -162,13 +172,21 @@ pub fn response(
     // A HEAD or 304 answer's length describes the body it does not carry.
     let length_kept = request.method == http::Method::HEAD || head.status == 304;
     let mut length_written = false;
+    // Codings other than chunked stay on the body: their field goes on.
+    let mut codings_written = false;
     for f in &head.fields {
         let (name, value) = (head.field_name(f), head.field_value(f));
         let keep = match f.role {
-            Role::Framing => {
-                let kept =
-                    length_kept && !length_written && name.eq_ignore_ascii_case(b"content-length");
+            Role::Framing if name.eq_ignore_ascii_case(b"content-length") => {
+                let kept = length_kept && !length_written;
                 length_written |= kept;
+                kept
+            }
+            Role::Framing => {
+                let kept = delivery == Delivery::Chunked
+                    && !codings_written
+                    && !value.eq_ignore_ascii_case(b"chunked");
+                codings_written |= kept;
                 kept
             }
             Role::HopByHop => false,
@@ -178,7 +196,7 @@ pub fn response(
             put_field(name, value, out);
         }
     }
-    out.put_slice(VIA);
+    out.put_slice(via(head.version));
     if head.status == 101 {
         out.put_slice(b"connection: upgrade\r\n");
         if let Some(upgrade) = head.values("upgrade").next() {
@@ -187,9 +205,17 @@ pub fn response(
         out.put_slice(b"\r\n");
         return;
     }
+    let bodiless_by_rule = request.method == http::Method::HEAD
+        || head.status == 204
+        || head.status == 304
+        || head.status < 200;
     match (delivery, head.framing) {
         (Delivery::AsIs, Framing::Length(n)) => put_length(n, out),
-        (Delivery::Chunked, _) => out.put_slice(b"transfer-encoding: chunked\r\n"),
+        // Without a length, an empty body would run until the close.
+        (Delivery::AsIs, Framing::Empty) if !bodiless_by_rule => put_length(0, out),
+        (Delivery::Chunked, _) if !codings_written => {
+            out.put_slice(b"transfer-encoding: chunked\r\n");
+        }
         _ => {}
     }
     match persistence {
@@ -200,28 +226,43 @@ pub fn response(
     out.put_slice(b"\r\n");
 }
 
-/// An interim (1xx) response as the backend sent it, minus hop-by-hop.
+/// An interim (1xx) response as the backend sent it, minus hop-by-hop
+/// and framing fields (it has no body).
 pub fn interim(head: &ResponseHead, out: &mut BytesMut) {
     put_status_line(head.status, &head.bytes[head.reason.clone()], out);
-    for f in head.fields.iter().filter(|f| f.role != Role::HopByHop) {
+    for f in head
+        .fields
+        .iter()
+        .filter(|f| !matches!(f.role, Role::HopByHop | Role::Framing))
+    {
         put_field(head.field_name(f), head.field_value(f), out);
     }
+    out.put_slice(via(head.version));
     out.put_slice(b"\r\n");
 }
 
 /// An answer of baton's own: a short text body saying the status and, for
-/// an error, the request id (never a backend's name or address).
-pub fn own_answer(status: http::StatusCode, body: &str, closes: bool, out: &mut BytesMut) {
+/// an error, the request id (never a backend's name or address). A HEAD
+/// request gets the head alone.
+pub fn own_answer(
+    status: http::StatusCode,
+    body: &str,
+    request: Option<&RequestHead>,
+    closes: bool,
+    out: &mut BytesMut,
+) {
     let reason = status.canonical_reason().unwrap_or("Error");
     put_status_line(status.as_u16(), reason.as_bytes(), out);
     out.put_slice(b"content-type: text/plain; charset=utf-8\r\n");
-    out.put_slice(VIA);
+    out.put_slice(via(request.map_or(Version::Http11, |r| r.version)));
     put_length(body.len() as u64, out);
     if closes {
         out.put_slice(b"connection: close\r\n");
     }
     out.put_slice(b"\r\n");
-    out.put_slice(body.as_bytes());
+    if request.is_none_or(|r| r.method != http::Method::HEAD) {
+        out.put_slice(body.as_bytes());
+    }
 }
 
 fn put_status_line(status: u16, reason: &[u8], out: &mut BytesMut) {

@@ -276,9 +276,13 @@ where
         out,
     };
     let complete = body.stream(backend, backend_buf, client, down).await?;
+    // Chunked with a Content-Length too: answered right (chunked wins),
+    // but a backend that says both is not trusted with another request.
+    let both_framings =
+        head.framing == Framing::Chunked && head.values("content-length").next().is_some();
     Ok(Delivered::Done {
         status: head.status,
-        backend_reusable: complete && head.keep_alive && backend_buf.is_empty(),
+        backend_reusable: complete && head.keep_alive && backend_buf.is_empty() && !both_framings,
         client_reusable: complete && client_keeps,
     })
 }
@@ -345,23 +349,34 @@ async fn read_head<R: AsyncRead + Unpin>(
     }
 }
 
-/// An event stream's place: whether its bytes so far end an event, and
+/// An event stream's place: whether its bytes so far end an event (a
+/// blank line, with any of the three line ends the format allows), and
 /// whether the drain asked it to end.
-#[derive(Default)]
 struct Sse {
-    tail: [u8; 2],
+    tail: [u8; 4],
     ending: bool,
+}
+
+impl Default for Sse {
+    /// Before its first byte a stream is between events.
+    fn default() -> Self {
+        Sse {
+            tail: *b"\r\n\r\n",
+            ending: false,
+        }
+    }
 }
 
 impl Sse {
     fn saw(&mut self, data: &[u8]) {
-        for b in data.iter().rev().take(2).rev() {
-            self.tail = [self.tail[1], *b];
+        for b in data.iter().rev().take(4).rev() {
+            self.tail = [self.tail[1], self.tail[2], self.tail[3], *b];
         }
     }
 
     fn at_boundary(&self) -> bool {
-        self.tail == *b"\n\n"
+        let last2 = &self.tail[2..];
+        last2 == b"\n\n" || last2 == b"\r\r" || self.tail == *b"\r\n\r\n"
     }
 }
 
