@@ -4,6 +4,7 @@
 
 pub mod activity;
 pub mod body;
+pub mod h1;
 pub mod head;
 pub mod headers;
 pub mod http;

@@ -1,0 +1,662 @@
+//! Request and response heads, parsed once with `httparse` and judged
+//! strictly: every rule a request-smuggling attack leans on (two lengths, a
+//! disguised `Transfer-Encoding`, a folded line, a missing `Host`) is a
+//! refusal here, so the rest of baton only ever sees heads with one meaning.
+//!
+//! A head is kept as its own bytes plus offsets into them, so nothing is
+//! copied per field. Bare LF line endings are accepted (httparse takes them,
+//! RFC 9112 §2.2 allows it): baton re-writes every head with CRLF before it
+//! goes anywhere, so no peer ever sees the LF-only form.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+
+/// Longest head accepted (request line/status line + fields + blank line).
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most fields in one head.
+pub const MAX_FIELDS: usize = 128;
+
+/// Where a message's body ends (RFC 9112 §6.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// No body at all.
+    Empty,
+    /// Exactly this many bytes (Content-Length; 0 is reported as Empty).
+    Length(u64),
+    /// Chunked transfer coding (see `chunked`).
+    Chunked,
+    /// Until the peer closes (responses only: no length, no chunked).
+    UntilClose,
+}
+
+/// What a field is to a proxy, decided once at parse time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Forwarded as received.
+    EndToEnd,
+    /// `Host`.
+    Host,
+    /// `Content-Length` / `Transfer-Encoding`: framing, re-written by the proxy.
+    Framing,
+    /// Hop-by-hop (RFC 9110 §7.6.1): connection, keep-alive, proxy-connection, te,
+    /// upgrade, http2-settings (trailer is NOT one: it is end-to-end), and any
+    /// field named in a `Connection` token — except host, content-length,
+    /// content-type, content-encoding, authorization, cookie, which a
+    /// Connection token cannot strip.
+    HopByHop,
+    /// x-forwarded-for, x-forwarded-proto, x-forwarded-host, x-real-ip, forwarded.
+    Forwarding,
+    /// `Expect` (baton answers 100-continue itself).
+    Expect,
+}
+
+/// One field line: name and value as ranges into the head's bytes
+/// (value without surrounding whitespace), so a head costs one copy in all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Field {
+    /// The name as sent (any case).
+    pub name: Range<usize>,
+    /// The value, trimmed of surrounding spaces and tabs.
+    pub value: Range<usize>,
+    /// What the proxy does with it.
+    pub role: Role,
+}
+
+/// The protocol versions baton speaks on HTTP/1 (anything else is refused
+/// by httparse), kept because 1.0 and 1.1 differ on keep-alive and framing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    /// HTTP/1.0.
+    Http10,
+    /// HTTP/1.1.
+    Http11,
+}
+
+/// A parsed request head. `bytes` is exactly the head, from the request line
+/// up to and including the blank line; `consumed` is how many bytes the
+/// caller must drop from its buffer (empty lines skipped before the request
+/// line, RFC 9112 §2.2, plus `bytes.len()`). Whatever follows is body or the
+/// next request.
+#[derive(Clone, Debug)]
+pub struct RequestHead {
+    /// The head's bytes; every range in this struct indexes them.
+    pub bytes: Bytes,
+    /// Bytes taken from the start of the parsed buffer: skipped leading
+    /// empty lines + `bytes.len()`.
+    pub consumed: usize,
+    /// The method (CONNECT is never here: it is refused).
+    pub method: http::Method,
+    /// Request target as sent (origin-form, absolute-form, or `*`).
+    pub target: Range<usize>,
+    /// 1.0 or 1.1.
+    pub version: Version,
+    /// Every field line, in order.
+    pub fields: Vec<Field>,
+    /// Empty / Length / Chunked only (never UntilClose).
+    pub framing: Framing,
+    /// The client keeps the connection after this exchange: HTTP/1.1 unless a
+    /// `Connection: close` token; HTTP/1.0 only with a `keep-alive` token.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue` was sent on HTTP/1.1 (on 1.0 the expectation
+    /// is ignored, RFC 9110 §10.1.1); any other Expect value is refused.
+    pub expect_continue: bool,
+    /// The `Upgrade` value's range when the request is an upgrade
+    /// (HTTP/1.1, `Connection` has an `upgrade` token and exactly one
+    /// `Upgrade` field is present), unless any offered protocol is `h2c`:
+    /// then None (served as plain HTTP/1.1, never tunnelled: h2c smuggling).
+    pub upgrade: Option<Range<usize>>,
+    /// A `TE` field offered `trailers`.
+    pub takes_trailers: bool,
+}
+
+/// A parsed response head: like `RequestHead`, `bytes` is exactly the head
+/// (from the status line) and `consumed` counts skipped leading empty lines
+/// too.
+#[derive(Clone, Debug)]
+pub struct ResponseHead {
+    /// The head's bytes; every range in this struct indexes them.
+    pub bytes: Bytes,
+    /// Bytes taken from the start of the parsed buffer.
+    pub consumed: usize,
+    /// 100..=999.
+    pub status: u16,
+    /// 1.0 or 1.1.
+    pub version: Version,
+    /// Reason phrase range (may be empty).
+    pub reason: Range<usize>,
+    /// Every field line, in order.
+    pub fields: Vec<Field>,
+    /// Where the body ends.
+    pub framing: Framing,
+    /// The backend keeps the connection: 1.1 without `close`, 1.0 with `keep-alive`;
+    /// always false for UntilClose framing.
+    pub keep_alive: bool,
+}
+
+/// A parse that needs more bytes, or a whole head (whose `consumed` says
+/// how many bytes it took).
+pub enum Parsed<T> {
+    /// The head is not all in yet: read more and parse again from the start.
+    Partial,
+    /// The head is whole.
+    Complete(T),
+}
+
+/// Why a request head is refused; the caller answers `status()` and closes.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a request baton will give one meaning to (400).
+    #[error("malformed request: {0}")]
+    BadRequest(&'static str),
+    /// Longer than MAX_HEAD or more than MAX_FIELDS fields (431).
+    #[error("request head too large")]
+    TooLarge,
+    /// CONNECT: baton is no forward proxy (405).
+    #[error("method not allowed: {0}")]
+    MethodNotAllowed(&'static str),
+}
+
+impl Refusal {
+    /// The status the client is answered with before the connection closes.
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::BadRequest(_) => 400,
+            Refusal::TooLarge => 431,
+            Refusal::MethodNotAllowed(_) => 405,
+        }
+    }
+}
+
+/// Why a backend's response head cannot be used (the client gets 502).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BadResponse {
+    /// Not a response baton can give one meaning to.
+    #[error("malformed response head: {0}")]
+    Malformed(&'static str),
+    /// Longer than MAX_HEAD or more than MAX_FIELDS fields.
+    #[error("response head too large")]
+    TooLarge,
+}
+
+/// Fields whose meaning a `Connection` token cannot take away (RFC 9110
+/// §7.6.1: a sender must not list them; if one does, they stay end-to-end).
+const UNSTRIPPABLE: [&str; 6] = [
+    "host",
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "authorization",
+    "cookie",
+];
+
+/// Parses a request head from the start of `buf`. `Partial` when more bytes are needed
+/// (and `buf.len() < MAX_HEAD`; at MAX_HEAD without a complete head → TooLarge).
+/// On Complete, the caller drops `head.consumed` bytes from its buffer (the
+/// head's bytes are copied into `head.bytes`, one copy); the bytes after
+/// them stay the caller's.
+pub fn parse_request(buf: &[u8]) -> Result<Parsed<RequestHead>, Refusal> {
+    let window = buf.get(..MAX_HEAD).unwrap_or(buf);
+    let mut slots = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut slots);
+    let len = match req.parse(window) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => return Err(Refusal::TooLarge),
+        Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
+        Err(httparse::Error::TooManyHeaders) => return Err(Refusal::TooLarge),
+        Err(e) => return Err(Refusal::BadRequest(httparse_reason(e))),
+    };
+    let method = req.method.unwrap_or_default();
+    if method.eq_ignore_ascii_case("CONNECT") {
+        return Err(Refusal::MethodNotAllowed("CONNECT"));
+    }
+    let method =
+        http::Method::from_bytes(method.as_bytes()).map_err(|_| Refusal::BadRequest("method"))?;
+    let version = version(req.version).ok_or(Refusal::BadRequest("version"))?;
+    let skip = leading_empty_lines(window);
+    let src = window.get(skip..len).unwrap_or_default();
+    let head = Bytes::copy_from_slice(src);
+    let target = offset(src, req.path.unwrap_or_default().as_bytes());
+    let parts = Parts::new(src, req.headers);
+    let request = RequestHead {
+        framing: request_framing(&head, &parts.fields, version)?,
+        keep_alive: keep_alive(version, &parts.connection),
+        expect_continue: expect_continue(&head, &parts.fields, version)?,
+        upgrade: upgrade(&head, &parts, version),
+        takes_trailers: takes_trailers(&head, &parts.fields),
+        consumed: len,
+        method,
+        target,
+        version,
+        fields: parts.fields,
+        bytes: head,
+    };
+    check_target(&request)?;
+    check_host(&request)?;
+    Ok(Parsed::Complete(request))
+}
+
+/// Parses a response head from the start of `buf`, as `parse_request` does
+/// (same `consumed` contract); `request_method` decides HEAD's empty body
+/// (CONNECT never gets here: it is refused before).
+pub fn parse_response(
+    buf: &[u8],
+    request_method: &http::Method,
+) -> Result<Parsed<ResponseHead>, BadResponse> {
+    let window = buf.get(..MAX_HEAD).unwrap_or(buf);
+    let mut slots = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut res = httparse::Response::new(&mut slots);
+    let len = match res.parse(window) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
+            return Err(BadResponse::TooLarge)
+        }
+        Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
+        Err(httparse::Error::TooManyHeaders) => return Err(BadResponse::TooLarge),
+        Err(e) => return Err(BadResponse::Malformed(httparse_reason(e))),
+    };
+    let status = res.code.unwrap_or_default();
+    if status < 100 {
+        return Err(BadResponse::Malformed("status below 100"));
+    }
+    let version = version(res.version).ok_or(BadResponse::Malformed("version"))?;
+    let skip = leading_empty_lines(window);
+    let src = window.get(skip..len).unwrap_or_default();
+    let head = Bytes::copy_from_slice(src);
+    let reason = offset(src, res.reason.unwrap_or_default().as_bytes());
+    let parts = Parts::new(src, res.headers);
+    let framing = response_framing(&head, &parts.fields, version, status, request_method)?;
+    Ok(Parsed::Complete(ResponseHead {
+        keep_alive: framing != Framing::UntilClose && keep_alive(version, &parts.connection),
+        consumed: len,
+        status,
+        version,
+        reason,
+        fields: parts.fields,
+        framing,
+        bytes: head,
+    }))
+}
+
+impl RequestHead {
+    /// A field's name as sent.
+    pub fn field_name(&self, f: &Field) -> &[u8] {
+        slice(&self.bytes, &f.name)
+    }
+
+    /// A field's value, trimmed.
+    pub fn field_value(&self, f: &Field) -> &[u8] {
+        slice(&self.bytes, &f.value)
+    }
+
+    /// The request target as sent.
+    pub fn target(&self) -> &[u8] {
+        slice(&self.bytes, &self.target)
+    }
+
+    /// The path for routing: origin-form target up to `?`; for absolute-form, the path
+    /// part of the URI ("/" if none); `*` for asterisk-form.
+    pub fn path(&self) -> &[u8] {
+        let target = self.target();
+        let path = match absolute_form(target) {
+            Some((_, rest)) => rest,
+            None => target,
+        };
+        let path = path.split(|b| *b == b'?').next().unwrap_or_default();
+        if path.is_empty() {
+            b"/"
+        } else {
+            path
+        }
+    }
+
+    /// Authority of an absolute-form target (what the backend's Host becomes, RFC 9112 §3.2.2).
+    pub fn target_authority(&self) -> Option<&[u8]> {
+        absolute_form(self.target()).map(|(authority, _)| authority)
+    }
+
+    /// Host for routing: target_authority, else the Host field (not
+    /// lowercased, port not stripped: the caller does both); None when
+    /// neither is there or the Host field is empty (HTTP/1.0 only).
+    pub fn host(&self) -> Option<&[u8]> {
+        self.target_authority()
+            .or_else(|| self.values("host").next())
+            .filter(|h| !h.is_empty())
+    }
+
+    /// Values of every field with this (lowercase) name, in order.
+    pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        values(&self.bytes, &self.fields, name)
+    }
+}
+
+impl ResponseHead {
+    /// A field's name as sent.
+    pub fn field_name(&self, f: &Field) -> &[u8] {
+        slice(&self.bytes, &f.name)
+    }
+
+    /// A field's value, trimmed.
+    pub fn field_value(&self, f: &Field) -> &[u8] {
+        slice(&self.bytes, &f.value)
+    }
+
+    /// The reason phrase (may be empty).
+    pub fn reason(&self) -> &[u8] {
+        slice(&self.bytes, &self.reason)
+    }
+
+    /// Values of every field with this (lowercase) name, in order.
+    pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        values(&self.bytes, &self.fields, name)
+    }
+}
+
+/// The fields of a head with their roles, and the `Connection` tokens that
+/// decided them (kept for keep-alive and upgrade).
+struct Parts {
+    fields: Vec<Field>,
+    connection: Vec<Vec<u8>>,
+}
+
+impl Parts {
+    /// `src` is the head's bytes as httparse saw them (its slices point there).
+    fn new(src: &[u8], headers: &[httparse::Header<'_>]) -> Parts {
+        let connection: Vec<Vec<u8>> = headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+            .flat_map(|h| list(h.value))
+            .map(|t| t.to_ascii_lowercase())
+            .collect();
+        let fields = headers
+            .iter()
+            .map(|h| Field {
+                name: offset(src, h.name.as_bytes()),
+                value: offset(src, h.value),
+                role: role(h.name, &connection),
+            })
+            .collect();
+        Parts { fields, connection }
+    }
+
+    fn has_token(&self, token: &[u8]) -> bool {
+        self.connection.iter().any(|t| t == token)
+    }
+}
+
+/// A field's role: its fixed one, else hop-by-hop when a Connection token
+/// names it (and it is not one a token cannot strip), else end-to-end.
+fn role(name: &str, connection: &[Vec<u8>]) -> Role {
+    let lower = name.to_ascii_lowercase();
+    let fixed = match lower.as_str() {
+        "host" => Role::Host,
+        "content-length" | "transfer-encoding" => Role::Framing,
+        "connection" | "keep-alive" | "proxy-connection" | "te" | "upgrade" | "http2-settings" => {
+            Role::HopByHop
+        }
+        "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" | "x-real-ip"
+        | "forwarded" => Role::Forwarding,
+        "expect" => Role::Expect,
+        _ => Role::EndToEnd,
+    };
+    let named = connection.iter().any(|t| t == lower.as_bytes());
+    if fixed == Role::EndToEnd && named && !UNSTRIPPABLE.contains(&lower.as_str()) {
+        Role::HopByHop
+    } else {
+        fixed
+    }
+}
+
+/// The range `part` (a sub-slice httparse gave of `src`) covers in `src`,
+/// which is also its range in the copy of `src` a head keeps.
+fn offset(src: &[u8], part: &[u8]) -> Range<usize> {
+    let start = (part.as_ptr() as usize).saturating_sub(src.as_ptr() as usize);
+    start..start + part.len()
+}
+
+/// `bytes[range]`, or nothing for a range that is not in it.
+fn slice<'a>(bytes: &'a [u8], range: &Range<usize>) -> &'a [u8] {
+    bytes.get(range.clone()).unwrap_or_default()
+}
+
+fn values<'a>(
+    bytes: &'a [u8],
+    fields: &'a [Field],
+    name: &'a str,
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    fields
+        .iter()
+        .filter(move |f| slice(bytes, &f.name).eq_ignore_ascii_case(name.as_bytes()))
+        .map(move |f| slice(bytes, &f.value))
+}
+
+/// The elements of a comma-separated list value, trimmed, empty ones dropped
+/// (RFC 9110 §5.6.1).
+fn list(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|b| *b == b',')
+        .map(trim)
+        .filter(|t| !t.is_empty())
+}
+
+fn trim(mut s: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = s {
+        s = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = s {
+        s = rest;
+    }
+    s
+}
+
+/// How many bytes of empty lines (CRLF or LF) httparse skipped before the
+/// start line.
+fn leading_empty_lines(buf: &[u8]) -> usize {
+    buf.iter()
+        .take_while(|b| matches!(b, b'\r' | b'\n'))
+        .count()
+}
+
+fn version(minor: Option<u8>) -> Option<Version> {
+    match minor {
+        Some(0) => Some(Version::Http10),
+        Some(1) => Some(Version::Http11),
+        _ => None,
+    }
+}
+
+fn httparse_reason(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "invalid field name (or a folded line)",
+        httparse::Error::HeaderValue => "invalid field value",
+        httparse::Error::NewLine => "invalid line ending",
+        httparse::Error::Status => "invalid status",
+        httparse::Error::Token => "invalid method",
+        httparse::Error::TooManyHeaders => "too many fields",
+        httparse::Error::Version => "invalid version",
+    }
+}
+
+/// A Content-Length value: 1..=19 ASCII digits, nothing else.
+fn content_length(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    value.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+fn length(n: u64) -> Framing {
+    if n == 0 {
+        Framing::Empty
+    } else {
+        Framing::Length(n)
+    }
+}
+
+fn named<'a>(head: &'a [u8], fields: &'a [Field], name: &'a str) -> Vec<&'a [u8]> {
+    values(head, fields, name).collect()
+}
+
+/// A request's body framing: one `Transfer-Encoding: chunked` (1.1 only)
+/// or one strict Content-Length, never both, else no body.
+fn request_framing(head: &[u8], fields: &[Field], version: Version) -> Result<Framing, Refusal> {
+    let te = named(head, fields, "transfer-encoding");
+    let cl = named(head, fields, "content-length");
+    match (te.as_slice(), cl.as_slice()) {
+        ([], []) => Ok(Framing::Empty),
+        ([], [value]) => content_length(value)
+            .map(length)
+            .ok_or(Refusal::BadRequest("invalid content-length")),
+        ([], _) => Err(Refusal::BadRequest("more than one content-length")),
+        (_, [_, ..]) => Err(Refusal::BadRequest("transfer-encoding with content-length")),
+        _ if version == Version::Http10 => {
+            Err(Refusal::BadRequest("transfer-encoding in HTTP/1.0"))
+        }
+        ([value], []) if value.eq_ignore_ascii_case(b"chunked") => Ok(Framing::Chunked),
+        _ => Err(Refusal::BadRequest("unsupported transfer-encoding")),
+    }
+}
+
+/// A response's body framing (RFC 9112 §6.3): none for HEAD, 1xx, 204 and
+/// 304; then Transfer-Encoding (chunked last, else until close); then
+/// Content-Length (repeats must agree); else until close.
+fn response_framing(
+    head: &[u8],
+    fields: &[Field],
+    version: Version,
+    status: u16,
+    method: &http::Method,
+) -> Result<Framing, BadResponse> {
+    if method == http::Method::HEAD || status < 200 || status == 204 || status == 304 {
+        return Ok(Framing::Empty);
+    }
+    let te = named(head, fields, "transfer-encoding");
+    if !te.is_empty() {
+        if version == Version::Http10 {
+            return Err(BadResponse::Malformed("transfer-encoding in HTTP/1.0"));
+        }
+        let last = te.iter().flat_map(|v| list(v)).last().unwrap_or_default();
+        return Ok(if last.eq_ignore_ascii_case(b"chunked") {
+            Framing::Chunked
+        } else {
+            Framing::UntilClose
+        });
+    }
+    let mut lengths = named(head, fields, "content-length")
+        .into_iter()
+        .map(content_length);
+    match lengths.next() {
+        None => Ok(Framing::UntilClose),
+        Some(Some(n)) if lengths.all(|m| m == Some(n)) => Ok(length(n)),
+        Some(_) => Err(BadResponse::Malformed("invalid content-length")),
+    }
+}
+
+fn keep_alive(version: Version, connection: &[Vec<u8>]) -> bool {
+    let has = |t: &[u8]| connection.iter().any(|c| c == t);
+    match version {
+        Version::Http11 => !has(b"close"),
+        Version::Http10 => has(b"keep-alive") && !has(b"close"),
+    }
+}
+
+/// `Expect: 100-continue` on 1.1; ignored on 1.0 (RFC 9110 §10.1.1); any
+/// other expectation is refused rather than silently dropped.
+fn expect_continue(head: &[u8], fields: &[Field], version: Version) -> Result<bool, Refusal> {
+    let mut expect = values(head, fields, "expect").peekable();
+    let any = expect.peek().is_some();
+    if !expect.all(|v| v.eq_ignore_ascii_case(b"100-continue")) {
+        return Err(Refusal::BadRequest("unsupported Expect"));
+    }
+    Ok(any && version == Version::Http11)
+}
+
+/// The Upgrade field's range for a 1.1 upgrade request, unless `h2c` is
+/// offered (never tunnelled: h2c smuggling) or the field is repeated
+/// (one list, one meaning).
+fn upgrade(head: &[u8], parts: &Parts, version: Version) -> Option<Range<usize>> {
+    if version != Version::Http11 || !parts.has_token(b"upgrade") {
+        return None;
+    }
+    let mut fields = parts
+        .fields
+        .iter()
+        .filter(|f| slice(head, &f.name).eq_ignore_ascii_case(b"upgrade"));
+    let field = fields.next()?;
+    let value = slice(head, &field.value);
+    let h2c = list(value).any(|p| {
+        let name = p.split(|b| *b == b'/').next().unwrap_or_default();
+        trim(name).eq_ignore_ascii_case(b"h2c")
+    });
+    (fields.next().is_none() && !value.is_empty() && !h2c).then(|| field.value.clone())
+}
+
+/// A `TE` element `trailers` (parameters after `;` ignored).
+fn takes_trailers(head: &[u8], fields: &[Field]) -> bool {
+    values(head, fields, "te").flat_map(list).any(|t| {
+        let name = t.split(|b| *b == b';').next().unwrap_or_default();
+        trim(name).eq_ignore_ascii_case(b"trailers")
+    })
+}
+
+/// An absolute-form target's authority and the rest after it (path and
+/// query), for `http://` and `https://` (any case).
+fn absolute_form(target: &[u8]) -> Option<(&[u8], &[u8])> {
+    let rest = ["http://", "https://"].iter().find_map(|scheme| {
+        let (head, rest) = target.split_at_checked(scheme.len())?;
+        head.eq_ignore_ascii_case(scheme.as_bytes()).then_some(rest)
+    })?;
+    let end = rest
+        .iter()
+        .position(|b| matches!(b, b'/' | b'?'))
+        .unwrap_or(rest.len());
+    Some(rest.split_at(end))
+}
+
+/// Origin-form (`/...`), absolute-form with a valid authority, or `*` for
+/// OPTIONS (RFC 9112 §3.2); authority-form is CONNECT's, refused before.
+fn check_target(request: &RequestHead) -> Result<(), Refusal> {
+    let target = request.target();
+    if target.starts_with(b"/") {
+        return Ok(());
+    }
+    if target == b"*" {
+        return if request.method == http::Method::OPTIONS {
+            Ok(())
+        } else {
+            Err(Refusal::BadRequest("asterisk-form target without OPTIONS"))
+        };
+    }
+    match absolute_form(target) {
+        Some((authority, _)) if valid_authority(authority) => Ok(()),
+        Some(_) => Err(Refusal::BadRequest("invalid authority in target")),
+        None => Err(Refusal::BadRequest("invalid request target")),
+    }
+}
+
+/// One Host field, required on 1.1 and non-empty there; any Host holds
+/// authority characters only (no whitespace, `/`, `@`, ...).
+fn check_host(request: &RequestHead) -> Result<(), Refusal> {
+    let hosts: Vec<&[u8]> = request.values("host").collect();
+    match hosts.as_slice() {
+        [] if request.version == Version::Http11 => Err(Refusal::BadRequest("missing Host")),
+        [] => Ok(()),
+        [host] if host.is_empty() && request.version == Version::Http11 => {
+            Err(Refusal::BadRequest("empty Host"))
+        }
+        [host] if host.is_empty() || valid_authority(host) => Ok(()),
+        [_] => Err(Refusal::BadRequest("invalid Host")),
+        _ => Err(Refusal::BadRequest("more than one Host")),
+    }
+}
+
+/// A non-empty `host[:port]` of RFC 3986 characters (reg-name, IP literal,
+/// port), without userinfo: `@`, `/`, whitespace and the like are refused.
+fn valid_authority(authority: &[u8]) -> bool {
+    !authority.is_empty()
+        && authority
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=:[]".contains(b))
+}
