@@ -660,3 +660,574 @@ fn valid_authority(authority: &[u8]) -> bool {
             .iter()
             .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=:[]".contains(b))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(bytes: &[u8]) -> Result<RequestHead, Refusal> {
+        match parse_request(bytes)? {
+            Parsed::Complete(head) => Ok(head),
+            Parsed::Partial => panic!("partial: {:?}", String::from_utf8_lossy(bytes)),
+        }
+    }
+
+    fn ok(bytes: &[u8]) -> RequestHead {
+        req(bytes).unwrap()
+    }
+
+    fn bad(bytes: &[u8]) -> Refusal {
+        req(bytes).expect_err(&String::from_utf8_lossy(bytes))
+    }
+
+    fn is_400(bytes: &[u8]) -> bool {
+        matches!(bad(bytes), Refusal::BadRequest(_))
+    }
+
+    fn role_of(head: &RequestHead, name: &str) -> Role {
+        let f = head
+            .fields
+            .iter()
+            .find(|f| head.field_name(f).eq_ignore_ascii_case(name.as_bytes()));
+        f.unwrap().role
+    }
+
+    fn res(bytes: &[u8], method: &http::Method) -> Result<ResponseHead, BadResponse> {
+        match parse_response(bytes, method)? {
+            Parsed::Complete(head) => Ok(head),
+            Parsed::Partial => panic!("partial"),
+        }
+    }
+
+    fn get(bytes: &[u8]) -> ResponseHead {
+        res(bytes, &http::Method::GET).unwrap()
+    }
+
+    #[test]
+    fn a_plain_get_is_offsets_into_its_own_bytes() {
+        let raw = b"GET /a/b?x=1 HTTP/1.1\r\nHost: example.com:8080\r\nAccept: */*\r\n\r\nNEXT";
+        let head = ok(raw);
+        assert_eq!(head.method, http::Method::GET);
+        assert_eq!(head.target(), b"/a/b?x=1");
+        assert_eq!(head.path(), b"/a/b");
+        assert_eq!(head.host(), Some(&b"example.com:8080"[..]));
+        assert_eq!(head.version, Version::Http11);
+        assert_eq!(head.framing, Framing::Empty);
+        assert!(head.keep_alive && !head.expect_continue && head.upgrade.is_none());
+        assert_eq!(head.consumed, raw.len() - 4);
+        assert_eq!(&head.bytes[..], &raw[..raw.len() - 4]);
+        let accept = &head.fields[1];
+        assert_eq!(
+            (head.field_name(accept), head.field_value(accept)),
+            (&b"Accept"[..], &b"*/*"[..])
+        );
+        assert_eq!(head.values("accept").collect::<Vec<_>>(), vec![&b"*/*"[..]]);
+    }
+
+    #[test]
+    fn an_incomplete_head_is_partial_until_max_head() {
+        assert!(matches!(
+            parse_request(b"GET / HTTP/1.1\r\nHost: a\r\n"),
+            Ok(Parsed::Partial)
+        ));
+        assert!(matches!(parse_request(b""), Ok(Parsed::Partial)));
+        let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        big.resize(MAX_HEAD, b'a');
+        assert_eq!(bad(&big), Refusal::TooLarge);
+        big.truncate(MAX_HEAD - 1);
+        assert!(matches!(parse_request(&big), Ok(Parsed::Partial)));
+    }
+
+    #[test]
+    fn too_many_fields_is_too_large() {
+        let mut raw = b"GET / HTTP/1.1\r\nHost: a\r\n".to_vec();
+        for i in 0..MAX_FIELDS {
+            raw.extend_from_slice(format!("X-{i}: y\r\n").as_bytes());
+        }
+        raw.extend_from_slice(b"\r\n");
+        assert_eq!(bad(&raw), Refusal::TooLarge);
+        assert_eq!(bad(&raw).status(), 431);
+    }
+
+    #[test]
+    fn leading_empty_lines_are_consumed_but_not_in_the_head() {
+        let raw = b"\r\n\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        let head = ok(raw);
+        assert_eq!(head.consumed, raw.len());
+        assert!(head.bytes.starts_with(b"GET / HTTP/1.1"));
+        assert_eq!(head.bytes.len(), raw.len() - 5);
+        assert_eq!(head.target(), b"/");
+        assert_eq!(head.host(), Some(&b"a"[..]));
+    }
+
+    #[test]
+    fn only_http_1_0_and_1_1() {
+        assert!(is_400(b"GET / HTTP/2.0\r\nHost: a\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.2\r\nHost: a\r\n\r\n"));
+        assert!(is_400(b"GET /\r\n\r\n"));
+        assert_eq!(ok(b"GET / HTTP/1.0\r\n\r\n").version, Version::Http10);
+    }
+
+    #[test]
+    fn host_is_required_once_and_valid_on_1_1() {
+        assert!(is_400(b"GET / HTTP/1.1\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a\tb\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: user@a\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost:\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost:   \r\n\r\n"));
+        assert_eq!(
+            ok(b"GET / HTTP/1.1\r\nHost: [::1]:80\r\n\r\n").host(),
+            Some(&b"[::1]:80"[..])
+        );
+        assert_eq!(ok(b"GET / HTTP/1.0\r\n\r\n").host(), None);
+        assert_eq!(ok(b"GET / HTTP/1.0\r\nHost:\r\n\r\n").host(), None);
+        assert!(is_400(b"GET / HTTP/1.0\r\nHost: a@b\r\n\r\n"));
+        assert_eq!(
+            ok(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").fields[0].role,
+            Role::Host
+        );
+    }
+
+    #[test]
+    fn targets_are_origin_absolute_or_asterisk_form() {
+        let head = ok(b"GET http://Example.com:81/p/q?x HTTP/1.1\r\nHost: other\r\n\r\n");
+        assert_eq!(head.target_authority(), Some(&b"Example.com:81"[..]));
+        assert_eq!(head.host(), Some(&b"Example.com:81"[..]));
+        assert_eq!(head.path(), b"/p/q");
+        let head = ok(b"GET HTTPS://b.example HTTP/1.1\r\nHost: b.example\r\n\r\n");
+        assert_eq!(head.target_authority(), Some(&b"b.example"[..]));
+        assert_eq!(head.path(), b"/");
+        assert_eq!(
+            ok(b"GET hTtP://c?x=1 HTTP/1.1\r\nHost: c\r\n\r\n").path(),
+            b"/"
+        );
+        assert_eq!(ok(b"GET /?x HTTP/1.1\r\nHost: c\r\n\r\n").path(), b"/");
+        assert_eq!(
+            ok(b"GET / HTTP/1.1\r\nHost: c\r\n\r\n").target_authority(),
+            None
+        );
+        let head = ok(b"OPTIONS * HTTP/1.1\r\nHost: c\r\n\r\n");
+        assert_eq!((head.path(), head.target()), (&b"*"[..], &b"*"[..]));
+        assert!(is_400(b"GET * HTTP/1.1\r\nHost: c\r\n\r\n"));
+        assert!(is_400(b"GET nope HTTP/1.1\r\nHost: c\r\n\r\n"));
+        assert!(is_400(b"GET ftp://c/ HTTP/1.1\r\nHost: c\r\n\r\n"));
+        assert!(is_400(b"GET http:///p HTTP/1.1\r\nHost: c\r\n\r\n"));
+        assert!(is_400(b"GET http://u@c/p HTTP/1.1\r\nHost: c\r\n\r\n"));
+    }
+
+    #[test]
+    fn connect_is_not_allowed() {
+        let r = bad(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n");
+        assert_eq!(r, Refusal::MethodNotAllowed("CONNECT"));
+        assert_eq!(r.status(), 405);
+        assert!(matches!(
+            bad(b"CONNECT / HTTP/1.1\r\n\r\n"),
+            Refusal::MethodNotAllowed(_)
+        ));
+    }
+
+    #[test]
+    fn methods_are_tokens() {
+        assert!(is_400(b"G\xffT / HTTP/1.1\r\nHost: a\r\n\r\n"));
+        assert!(is_400(b"G(T / HTTP/1.1\r\nHost: a\r\n\r\n"));
+        assert_eq!(
+            ok(b"PURGE / HTTP/1.1\r\nHost: a\r\n\r\n").method.as_str(),
+            "PURGE"
+        );
+        assert_eq!(bad(b"G\xffT / HTTP/1.1\r\n\r\n").status(), 400);
+    }
+
+    #[test]
+    fn content_length_is_one_field_of_plain_digits() {
+        let cl = |v: &str| {
+            req(format!("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {v}\r\n\r\n").as_bytes())
+        };
+        assert_eq!(cl("5").unwrap().framing, Framing::Length(5));
+        assert_eq!(cl("0").unwrap().framing, Framing::Empty);
+        assert_eq!(cl("007").unwrap().framing, Framing::Length(7));
+        assert_eq!(
+            cl("9999999999999999999").unwrap().framing,
+            Framing::Length(9_999_999_999_999_999_999)
+        );
+        for v in [
+            "+5",
+            "-1",
+            "5 5",
+            "5,5",
+            "5, 5",
+            "0x5",
+            "abc",
+            "",
+            "18446744073709551616",
+            "00000000000000000001",
+        ] {
+            assert!(matches!(cl(v), Err(Refusal::BadRequest(_))), "{v}");
+        }
+        assert!(is_400(
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n"
+        ));
+        assert!(is_400(
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"
+        ));
+        let head = cl("5").unwrap();
+        assert_eq!(role_of(&head, "content-length"), Role::Framing);
+    }
+
+    #[test]
+    fn transfer_encoding_is_exactly_chunked() {
+        let te = |v: &str| {
+            req(format!("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {v}\r\n\r\n").as_bytes())
+        };
+        assert_eq!(te("chunked").unwrap().framing, Framing::Chunked);
+        assert_eq!(te("cHuNkEd").unwrap().framing, Framing::Chunked);
+        assert_eq!(te("chunked  ").unwrap().framing, Framing::Chunked);
+        assert_eq!(
+            req(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-encoding:\tchunked\r\n\r\n")
+                .unwrap()
+                .framing,
+            Framing::Chunked
+        );
+        for v in [
+            "xchunked",
+            "chunked, gzip",
+            "gzip, chunked",
+            "identity",
+            "",
+            "chunked,",
+            "chunked;q=1",
+            "\"chunked\"",
+        ] {
+            assert!(matches!(te(v), Err(Refusal::BadRequest(_))), "{v:?}");
+        }
+        assert_eq!(
+            role_of(&te("chunked").unwrap(), "transfer-encoding"),
+            Role::Framing
+        );
+    }
+
+    #[test]
+    fn smuggling_shapes_are_refused() {
+        // CL.TE and TE.CL: both framings.
+        assert!(is_400(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nX"));
+        assert!(is_400(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"));
+        // TE.TE obfuscations.
+        assert!(is_400(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: x\r\n\r\n"));
+        assert!(is_400(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"));
+        assert!(is_400(
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding : chunked\r\n\r\n"
+        ));
+        assert!(is_400(
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\r\n chunked\r\n\r\n"
+        ));
+        assert!(is_400(
+            b"POST / HTTP/1.1\r\nHost: a\r\nX: y\r\n Transfer-Encoding: chunked\r\n\r\n"
+        ));
+        assert!(is_400(
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: \x0bchunked\r\n\r\n"
+        ));
+        // TE on HTTP/1.0.
+        assert!(is_400(
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn bare_lf_is_accepted() {
+        let head = ok(b"POST /x HTTP/1.1\nHost: a\nContent-Length: 3\n\nabc");
+        assert_eq!(head.framing, Framing::Length(3));
+        assert_eq!(head.consumed, head.bytes.len());
+        assert_eq!(head.bytes.len(), 44);
+        assert_eq!(head.host(), Some(&b"a"[..]));
+    }
+
+    #[test]
+    fn folded_lines_and_control_bytes_are_refused() {
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a\r\nX: y\r\n z\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a\r\nX: y\r\n\tz\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\n Host: a\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a\r\nX: y\0z\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a\r\nX: y\rz\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a\r\nX\0: y\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a\r\nX\r: y\r\n\r\n"));
+        assert!(is_400(b"GET / HTTP/1.1\r\nHost: a\r\nX: \x01\r\n\r\n"));
+        assert_eq!(
+            ok(b"GET / HTTP/1.1\r\nHost: a\r\nX: a\tb\r\n\r\n")
+                .values("x")
+                .next(),
+            Some(&b"a\tb"[..])
+        );
+    }
+
+    #[test]
+    fn expect_is_100_continue_or_refused() {
+        let head =
+            ok(b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n");
+        assert!(head.expect_continue);
+        assert_eq!(role_of(&head, "expect"), Role::Expect);
+        assert_eq!(
+            bad(b"POST / HTTP/1.1\r\nHost: a\r\nExpect: foo\r\n\r\n"),
+            Refusal::BadRequest("unsupported Expect")
+        );
+        assert!(is_400(b"POST / HTTP/1.1\r\nHost: a\r\nExpect:\r\n\r\n"));
+        assert!(!ok(b"POST / HTTP/1.0\r\nExpect: 100-continue\r\n\r\n").expect_continue);
+    }
+
+    #[test]
+    fn keep_alive_follows_version_and_connection_tokens() {
+        assert!(!ok(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Close\r\n\r\n").keep_alive);
+        assert!(!ok(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: foo, close\r\n\r\n").keep_alive);
+        assert!(ok(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\n").keep_alive);
+        assert!(!ok(b"GET / HTTP/1.0\r\n\r\n").keep_alive);
+        assert!(ok(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keep_alive);
+        assert!(
+            !ok(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n")
+                .keep_alive
+        );
+    }
+
+    #[test]
+    fn roles_are_decided_once() {
+        let head = ok(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: X-Secret , cookie, content-type, Authorization, content-encoding\r\n\
+Keep-Alive: 5\r\nProxy-Connection: x\r\nTE: trailers\r\nUpgrade: y\r\nHTTP2-Settings: z\r\nTrailer: t\r\n\
+X-Forwarded-For: 1\r\nX-Forwarded-Proto: 2\r\nX-Forwarded-Host: 3\r\nX-Real-IP: 4\r\nForwarded: 5\r\n\
+x-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAuthorization: a\r\nContent-Encoding: e\r\nAccept: a\r\n\r\n");
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "te",
+            "upgrade",
+            "http2-settings",
+            "x-secret",
+        ] {
+            assert_eq!(role_of(&head, name), Role::HopByHop, "{name}");
+        }
+        for name in [
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "x-forwarded-host",
+            "x-real-ip",
+            "forwarded",
+        ] {
+            assert_eq!(role_of(&head, name), Role::Forwarding, "{name}");
+        }
+        for name in [
+            "trailer",
+            "cookie",
+            "content-type",
+            "authorization",
+            "content-encoding",
+            "accept",
+        ] {
+            assert_eq!(role_of(&head, name), Role::EndToEnd, "{name}");
+        }
+        assert_eq!(role_of(&head, "host"), Role::Host);
+        assert!(head.takes_trailers);
+        assert!(head.upgrade.is_none(), "no upgrade token in Connection");
+        let head = ok(b"GET / HTTP/1.1\r\nConnection: host, content-length\r\nHost: a\r\nContent-Length: 1\r\n\r\n");
+        assert_eq!(role_of(&head, "host"), Role::Host);
+        assert_eq!(role_of(&head, "content-length"), Role::Framing);
+    }
+
+    #[test]
+    fn upgrades_are_offered_unless_h2c() {
+        let up = |conn: &str, upgrade: &str| {
+            let head = ok(format!(
+                "GET / HTTP/1.1\r\nHost: a\r\nConnection: {conn}\r\nUpgrade: {upgrade}\r\n\r\n"
+            )
+            .as_bytes());
+            head.upgrade.clone().map(|r| head.bytes[r].to_vec())
+        };
+        assert_eq!(up("Upgrade", "websocket"), Some(b"websocket".to_vec()));
+        assert_eq!(
+            up("keep-alive, upgrade", "foo/2, bar"),
+            Some(b"foo/2, bar".to_vec())
+        );
+        assert_eq!(up("upgrade", "h2c"), None);
+        assert_eq!(up("upgrade, HTTP2-Settings", "websocket, H2C"), None);
+        assert_eq!(up("upgrade", "h2c/1"), None);
+        assert_eq!(up("keep-alive", "websocket"), None);
+        assert!(
+            ok(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\n\r\n")
+                .upgrade
+                .is_none()
+        );
+        assert!(
+            ok(b"GET / HTTP/1.0\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+                .upgrade
+                .is_none()
+        );
+        assert!(ok(
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: a\r\nUpgrade: b\r\n\r\n"
+        )
+        .upgrade
+        .is_none());
+    }
+
+    #[test]
+    fn te_trailers_is_noticed() {
+        assert!(
+            ok(b"GET / HTTP/1.1\r\nHost: a\r\nTE: gzip;q=0.5, Trailers\r\n\r\n").takes_trailers
+        );
+        assert!(ok(b"GET / HTTP/1.1\r\nHost: a\r\nTE: trailers;q=1\r\n\r\n").takes_trailers);
+        assert!(!ok(b"GET / HTTP/1.1\r\nHost: a\r\nTE: gzip\r\n\r\n").takes_trailers);
+        assert!(!ok(b"GET / HTTP/1.1\r\nHost: a\r\nX: trailers\r\n\r\n").takes_trailers);
+    }
+
+    #[test]
+    fn values_are_in_order_and_case_blind() {
+        let head = ok(b"GET / HTTP/1.1\r\nHost: a\r\nX-A: 1\r\nx-a: 2\r\nX-B: 3\r\nX-A:\r\n\r\n");
+        assert_eq!(
+            head.values("x-a").collect::<Vec<_>>(),
+            vec![&b"1"[..], b"2", b""]
+        );
+    }
+
+    #[test]
+    fn a_response_head_is_offsets_too() {
+        let raw = b"\r\nHTTP/1.1 200 Fine Thanks\r\nContent-Length: 3\r\nX: y\r\n\r\nabc";
+        let head = get(raw);
+        assert_eq!(head.status, 200);
+        assert_eq!(head.reason(), b"Fine Thanks");
+        assert_eq!(head.framing, Framing::Length(3));
+        assert!(head.keep_alive);
+        assert_eq!(head.consumed, raw.len() - 3);
+        assert!(head.bytes.starts_with(b"HTTP/1.1 200"));
+        assert_eq!(head.values("x").next(), Some(&b"y"[..]));
+        assert_eq!(head.field_name(&head.fields[1]), b"X");
+        assert_eq!(head.field_value(&head.fields[0]), b"3");
+        assert_eq!(get(b"HTTP/1.1 204\r\n\r\n").reason(), b"");
+    }
+
+    #[test]
+    fn bodiless_responses_are_empty_whatever_they_say() {
+        let head_method = res(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n",
+            &http::Method::HEAD,
+        )
+        .unwrap();
+        assert_eq!(head_method.framing, Framing::Empty);
+        for status in ["100", "101", "103", "204", "304"] {
+            let raw = format!(
+                "HTTP/1.1 {status} X\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n"
+            );
+            assert_eq!(get(raw.as_bytes()).framing, Framing::Empty, "{status}");
+        }
+    }
+
+    #[test]
+    fn response_transfer_encoding_overrides_content_length() {
+        let head =
+            get(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert_eq!(head.framing, Framing::Chunked);
+        assert!(head.fields.iter().all(|f| f.role == Role::Framing));
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n").framing,
+            Framing::Chunked
+        );
+        assert_eq!(
+            get(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            .framing,
+            Framing::Chunked
+        );
+        let head = get(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\nContent-Length: 4\r\n\r\n",
+        );
+        assert_eq!(head.framing, Framing::UntilClose);
+        assert!(!head.keep_alive);
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\n").framing,
+            Framing::UntilClose
+        );
+        assert!(res(
+            b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            &http::Method::GET
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn response_content_length_repeats_must_agree() {
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\n").framing,
+            Framing::Length(4)
+        );
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").framing,
+            Framing::Empty
+        );
+        for bad in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nContent-Length: +4\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 4, 4\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: x\r\n\r\n",
+        ] {
+            assert!(matches!(
+                res(bad, &http::Method::GET),
+                Err(BadResponse::Malformed(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn response_keep_alive() {
+        let head = get(b"HTTP/1.1 200 OK\r\n\r\n");
+        assert_eq!(head.framing, Framing::UntilClose);
+        assert!(!head.keep_alive);
+        assert!(
+            !get(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n").keep_alive
+        );
+        assert!(!get(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n").keep_alive);
+        assert!(
+            get(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n")
+                .keep_alive
+        );
+        assert_eq!(get(b"HTTP/1.0 200 OK\r\n\r\n").version, Version::Http10);
+    }
+
+    #[test]
+    fn malformed_responses() {
+        let m = |raw: &[u8]| res(raw, &http::Method::GET).unwrap_err();
+        assert!(matches!(
+            m(b"HTTP/1.1 099 Low\r\n\r\n"),
+            BadResponse::Malformed(_)
+        ));
+        assert!(matches!(
+            m(b"HTTP/1.1 20 OK\r\n\r\n"),
+            BadResponse::Malformed(_)
+        ));
+        assert!(matches!(
+            m(b"HTTP/2 200 OK\r\n\r\n"),
+            BadResponse::Malformed(_)
+        ));
+        assert!(matches!(
+            m(b"HTTP/1.1 200 OK\r\nX: y\r\n z\r\n\r\n"),
+            BadResponse::Malformed(_)
+        ));
+        assert!(matches!(
+            m(b"HTTP/1.1 200 OK\r\nX : y\r\n\r\n"),
+            BadResponse::Malformed(_)
+        ));
+        let mut many = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for _ in 0..=MAX_FIELDS {
+            many.extend_from_slice(b"X: y\r\n");
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(m(&many), BadResponse::TooLarge);
+        let mut big = b"HTTP/1.1 200 OK\r\nX: ".to_vec();
+        big.resize(MAX_HEAD + 10, b'a');
+        assert_eq!(m(&big), BadResponse::TooLarge);
+        assert!(matches!(
+            parse_response(b"HTTP/1.1 200 OK\r\n", &http::Method::GET),
+            Ok(Parsed::Partial)
+        ));
+        assert_eq!(get(b"HTTP/1.1 999 Odd\r\n\r\n").status, 999);
+    }
+}
