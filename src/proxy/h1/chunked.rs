@@ -387,3 +387,251 @@ pub fn last_chunk(trailers: &[u8], out: &mut BytesMut) {
     out.put_slice(trailers);
     out.put_slice(CHUNK_END);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Body data, and the end: trailers, an error, or None (wants more).
+    type Outcome = (Vec<u8>, Result<Option<Bytes>, ChunkError>);
+
+    /// Feeds `input` in pieces of `step` bytes (0: whole), looping over
+    /// each piece the way a caller does.
+    fn run(input: &[u8], step: usize) -> Outcome {
+        let mut decoder = Decoder::new();
+        let mut data = Vec::new();
+        let pieces: Vec<&[u8]> = if step == 0 {
+            vec![input]
+        } else {
+            input.chunks(step).collect()
+        };
+        for piece in pieces {
+            let mut rest = piece;
+            loop {
+                match decoder.decode(rest) {
+                    Err(e) => return (data, Err(e)),
+                    Ok((_, Some(Piece::End { trailers }))) => {
+                        assert!(decoder.is_done());
+                        return (data, Ok(Some(trailers)));
+                    }
+                    Ok((n, Some(Piece::Data(r)))) => {
+                        data.extend_from_slice(&rest[r]);
+                        rest = &rest[n..];
+                    }
+                    Ok((0, None)) => break,
+                    Ok((n, None)) => rest = &rest[n..],
+                }
+            }
+        }
+        (data, Ok(None))
+    }
+
+    /// The outcome, checked to be the same whole and cut up in 1..=7.
+    fn decode(input: &[u8]) -> Outcome {
+        let whole = run(input, 0);
+        for step in 1..=7 {
+            assert_eq!(
+                run(input, step),
+                whole,
+                "step {step}: {:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+        whole
+    }
+
+    fn body(input: &[u8]) -> Vec<u8> {
+        let (data, end) = decode(input);
+        assert_eq!(
+            end,
+            Ok(Some(Bytes::new())),
+            "{:?}",
+            String::from_utf8_lossy(input)
+        );
+        data
+    }
+
+    fn error(input: &[u8]) -> ChunkError {
+        decode(input).1.expect_err(&String::from_utf8_lossy(input))
+    }
+
+    #[test]
+    fn chunks_decode_to_their_data() {
+        assert_eq!(
+            body(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
+            b"hello world"
+        );
+        assert_eq!(body(b"0\r\n\r\n"), b"");
+        assert_eq!(body(b"A\r\n0123456789\r\n0000\r\n\r\n"), b"0123456789");
+        assert_eq!(body(b"1\r\n\r\r\n1\r\n\n\r\n0\r\n\r\n"), b"\r\n");
+    }
+
+    #[test]
+    fn a_call_without_enough_bytes_consumes_them_and_waits() {
+        let mut d = Decoder::new();
+        assert_eq!(d.decode(b""), Ok((0, None)));
+        assert_eq!(d.decode(b"5\r"), Ok((2, None)));
+        assert_eq!(d.decode(b"\nhel"), Ok((4, Some(Piece::Data(1..4)))));
+        assert_eq!(d.decode(b""), Ok((0, None)));
+        assert!(!d.is_done());
+        assert_eq!(decode(b"5\r\nhello\r\n").1, Ok(None));
+    }
+
+    #[test]
+    fn data_comes_one_piece_per_call() {
+        let mut d = Decoder::new();
+        let input = b"2\r\nab\r\n1\r\nc\r\n0\r\n\r\nNEXT";
+        assert_eq!(d.decode(input), Ok((5, Some(Piece::Data(3..5)))));
+        assert_eq!(d.decode(&input[5..]), Ok((6, Some(Piece::Data(5..6)))));
+        let (n, end) = d.decode(&input[11..]).unwrap();
+        assert_eq!(
+            (n, end),
+            (
+                7,
+                Some(Piece::End {
+                    trailers: Bytes::new()
+                })
+            )
+        );
+        assert_eq!(&input[18..], b"NEXT");
+        assert_eq!(d.decode(b"more"), Ok((0, None)));
+    }
+
+    #[test]
+    fn extensions_are_validated_and_dropped() {
+        for ok in [
+            &b"5;name\r\nhello\r\n0\r\n\r\n"[..],
+            b"5;a=b\r\nhello\r\n0;last\r\n\r\n",
+            b"5 ; a = \"q \\\" x;y\"\t;c\r\nhello\r\n0\r\n\r\n",
+            b"5;a=b;c;d=\"\"\r\nhello\r\n0\r\n\r\n",
+        ] {
+            assert_eq!(body(ok), b"hello");
+        }
+        for bad in [
+            &b"5;\r\nhello\r\n0\r\n\r\n"[..],
+            b"5;a=\r\nhello\r\n0\r\n\r\n",
+            b"5;a=\"open\r\nhello\r\n0\r\n\r\n",
+            b"5;a b\r\nhello\r\n0\r\n\r\n",
+            b"5;=b\r\nhello\r\n0\r\n\r\n",
+            b"5;a=b c\r\nhello\r\n0\r\n\r\n",
+            b"5;a=\"\x01\"\r\nhello\r\n0\r\n\r\n",
+            b"5;a=b \r\nhello\r\n0\r\n\r\n",
+            b"5;a\rb\r\nhello\r\n0\r\n\r\n",
+        ] {
+            assert_eq!(
+                error(bad),
+                ChunkError::BadExtension,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn sizes_are_1_to_16_hex_digits() {
+        for bad in [
+            &b"g\r\n"[..],
+            b" 5\r\n",
+            b"5 \r\n",
+            b"-5\r\n",
+            b"0x5\r\n",
+            b"\r\n",
+            b"+5\r\n",
+        ] {
+            assert_eq!(
+                error(bad),
+                ChunkError::BadSize,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(error(b"ffffffffffffffffff\r\n"), ChunkError::SizeTooLarge);
+        assert_eq!(error(b"00000000000000005\r\n"), ChunkError::SizeTooLarge);
+        let (data, end) = decode(b"ffffffffffffffff\r\nabc");
+        assert_eq!((data, end), (b"abc".to_vec(), Ok(None)));
+    }
+
+    #[test]
+    fn every_line_ends_in_crlf() {
+        assert_eq!(error(b"5\nhello\r\n0\r\n\r\n"), ChunkError::MissingCrlf);
+        assert_eq!(error(b"5\r\nhelloXX0\r\n\r\n"), ChunkError::MissingCrlf);
+        assert_eq!(error(b"5\r\nhello\n0\r\n\r\n"), ChunkError::MissingCrlf);
+        assert_eq!(error(b"5\r\nhello\r0\r\n\r\n"), ChunkError::MissingCrlf);
+        assert_eq!(error(b"0\r\n\n"), ChunkError::MissingCrlf);
+        assert_eq!(error(b"0\r\nX: y\n\r\n"), ChunkError::MissingCrlf);
+        assert_eq!(error(b"0\r\nX: y\r\n\n"), ChunkError::MissingCrlf);
+        assert_eq!(decode(b"5\r\nhello\r\n0\r\nX: y\r\n").0, b"hello");
+    }
+
+    #[test]
+    fn trailers_are_validated_and_reserialised() {
+        let (data, end) = decode(
+            b"3\r\nabc\r\n0\r\nX-T: 1\r\nContent-Length: 5\r\nhost: h\r\nTransfer-Encoding: x\r\nY:  2 \r\n\r\n",
+        );
+        assert_eq!(data, b"abc");
+        assert_eq!(end, Ok(Some(Bytes::from_static(b"X-T: 1\r\nY: 2\r\n"))));
+        assert!(matches!(
+            error(b"0\r\nX: 1\r\n folded\r\n\r\n"),
+            ChunkError::BadTrailers(_)
+        ));
+        assert!(matches!(
+            error(b"0\r\nX Y: 1\r\n\r\n"),
+            ChunkError::BadTrailers(_)
+        ));
+        assert!(matches!(
+            error(b"0\r\nX: \x00\r\n\r\n"),
+            ChunkError::BadTrailers(_)
+        ));
+        assert!(matches!(
+            error(b"0\r\nnocolon\r\n\r\n"),
+            ChunkError::BadTrailers(_)
+        ));
+    }
+
+    #[test]
+    fn lines_and_trailers_are_bounded() {
+        let mut long_ext = b"5;a=".to_vec();
+        long_ext.resize(5000, b'b');
+        assert_eq!(error(&long_ext), ChunkError::BadExtension);
+        assert_eq!(error(&vec![b'f'; 5000]), ChunkError::SizeTooLarge);
+        assert_eq!(error(&vec![b'x'; 5000]), ChunkError::BadSize);
+        let mut just_fits = b"5;a=".to_vec();
+        just_fits.resize(MAX_LINE - 2, b'b');
+        just_fits.extend_from_slice(b"\r\nhello\r\n0\r\n\r\n");
+        assert_eq!(body(&just_fits), b"hello");
+        let mut trailers = b"0\r\n".to_vec();
+        while trailers.len() < MAX_TRAILERS + 10 {
+            trailers.extend_from_slice(b"X: yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy\r\n");
+        }
+        assert_eq!(error(&trailers), ChunkError::TrailersTooLarge);
+        let mut many = b"0\r\n".to_vec();
+        for _ in 0..=MAX_FIELDS {
+            many.extend_from_slice(b"X: y\r\n");
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(error(&many), ChunkError::TrailersTooLarge);
+    }
+
+    #[test]
+    fn framing_writers_round_trip() {
+        let mut out = BytesMut::new();
+        chunk_header(0x1a2b, &mut out);
+        assert_eq!(&out[..], b"1a2b\r\n");
+        out.clear();
+        chunk_header(usize::MAX, &mut out);
+        assert_eq!(&out[..], b"ffffffffffffffff\r\n");
+        out.clear();
+        for part in [&b"hello"[..], &[7u8; 300]] {
+            chunk_header(part.len(), &mut out);
+            out.extend_from_slice(part);
+            out.extend_from_slice(CHUNK_END);
+        }
+        last_chunk(b"X: 1\r\n", &mut out);
+        let (data, end) = decode(&out);
+        assert_eq!(data.len(), 305);
+        assert_eq!(end, Ok(Some(Bytes::from_static(b"X: 1\r\n"))));
+        let mut empty = BytesMut::new();
+        last_chunk(b"", &mut empty);
+        assert_eq!(&empty[..], b"0\r\n\r\n");
+    }
+}
