@@ -2,6 +2,8 @@
 # Fuzzes baton's decoders of untrusted input for a bounded time each:
 #   config    the config loader (TOML text -> Config or an error naming it)
 #   messages  the handoff message and control-socket request decoders
+#   h1_request   the HTTP/1 request head parser and chunked body decoder
+#   h1_response  the HTTP/1 response head parser and chunked body decoder
 # Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET]   (default 60)
 # A crash leaves its input under tests/fuzz/artifacts/TARGET/ and fails the
 # run; fixed crashes become cases in tests/fuzz/regressions/, which
@@ -20,10 +22,11 @@ export RUSTC_BOOTSTRAP=1
 log="$(mktemp)"
 corpus="$(mktemp -d)"
 trap 'rm -rf "$log" "$corpus"' EXIT
-for target in config messages; do
+for target in config messages h1_request h1_response; do
   echo "fuzzing $target for ${seconds}s"
   rm -rf "${corpus:?}"/*
-  # Seeds: the shipped example config; sample messages of each kind.
+  # Seeds: the shipped example config; sample messages of each kind;
+  # real request and response heads (with bodies).
   seeds="seeds/$target"
   [ "$target" = config ] && seeds=../../config
   dirs=("$corpus" "$seeds")

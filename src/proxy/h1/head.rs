@@ -136,6 +136,7 @@ pub struct ResponseHead {
 
 /// A parse that needs more bytes, or a whole head (whose `consumed` says
 /// how many bytes it took).
+#[derive(Debug)]
 pub enum Parsed<T> {
     /// The head is not all in yet: read more and parse again from the start.
     Partial,
