@@ -234,3 +234,75 @@ async fn pipelined_requests_are_answered_in_order_and_1_0_gets_a_host() {
         heads[2]
     );
 }
+
+/// A response with an empty body says so (`content-length: 0`): the
+/// client's keep-alive connection takes the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_body_keeps_its_length_and_the_connection() {
+    let backend = RawBackend::start(|_: &Seen| {
+        (
+            b"HTTP/1.1 302 Found\r\nLocation: /x\r\nContent-Length: 0\r\n\r\n".to_vec(),
+            Then::KeepAlive,
+        )
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    let mut conn = client::connect(web).await.expect("connect");
+    for _ in 0..2 {
+        let answer =
+            tokio::time::timeout(Duration::from_secs(5), client::send(&mut conn, web, "/"))
+                .await
+                .expect("the empty body ends at once")
+                .expect("answer");
+        assert_eq!(answer.status, 302);
+        assert_eq!(
+            answer.headers.get("content-length").map(|v| v.as_bytes()),
+            Some(&b"0"[..])
+        );
+    }
+}
+
+/// baton's own error page to a HEAD request is a head alone: the next
+/// response on the connection starts where the client expects it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_answer_to_head_has_no_body() {
+    let dead = support::daemon::free_addr();
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[dead])).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(
+        b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let first = read_head(&mut s).await;
+    assert!(first.starts_with("http/1.1 502"), "{first}");
+    assert!(first.contains("content-length: "), "{first}");
+    let second = read_head(&mut s).await;
+    assert!(
+        second.starts_with("http/1.1 502"),
+        "right after the first head: {second}"
+    );
+}
+
+/// A request refused with its body still coming: the client reads its
+/// answer, and no backend sees any of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_with_a_body_behind_it_is_answered_and_never_forwarded() {
+    let backend = RawBackend::start(|_: &Seen| (ok("never"), Then::KeepAlive)).await;
+    let baton = baton_for(&backend).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let mut request =
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n".to_vec();
+    request.extend(std::iter::repeat_n(b'x', 64 * 1024));
+    s.write_all(&request).await.expect("write");
+    // The answer waits in our socket while baton closes its side.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reply = client::read_until_closed(&mut s).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply:?}");
+    assert_eq!(backend.accepted(), 0);
+}

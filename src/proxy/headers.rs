@@ -20,8 +20,10 @@ const HOP_BY_HOP: &[&str] = &[
 ];
 
 /// End-to-end headers a `Connection` header cannot strip: without them the
-/// backend would read the request another way than baton did.
-const NOT_STRIPPABLE: &[&str] = &[
+/// backend would read the request another way than baton did (RFC 9110
+/// §7.6.1: a sender must not list them; if one does, they stay). Both the
+/// h2 and the HTTP/1 path keep them.
+pub const NOT_STRIPPABLE: &[&str] = &[
     "host",
     "content-length",
     "content-type",

@@ -180,17 +180,6 @@ pub enum BadResponse {
     TooLarge,
 }
 
-/// Fields whose meaning a `Connection` token cannot take away (RFC 9110
-/// §7.6.1: a sender must not list them; if one does, they stay end-to-end).
-const UNSTRIPPABLE: [&str; 6] = [
-    "host",
-    "content-length",
-    "content-type",
-    "content-encoding",
-    "authorization",
-    "cookie",
-];
-
 /// Parses a request head from the start of `buf`. `Partial` when more bytes are needed
 /// (and `buf.len() < MAX_HEAD`; at MAX_HEAD without a complete head → TooLarge).
 /// On Complete, the caller drops `head.consumed` bytes from its buffer (the
@@ -401,7 +390,10 @@ fn role(name: &str, connection: &[Vec<u8>]) -> Role {
         _ => Role::EndToEnd,
     };
     let named = connection.iter().any(|t| t == lower.as_bytes());
-    if fixed == Role::EndToEnd && named && !UNSTRIPPABLE.contains(&lower.as_str()) {
+    if fixed == Role::EndToEnd
+        && named
+        && !crate::proxy::headers::NOT_STRIPPABLE.contains(&lower.as_str())
+    {
         Role::HopByHop
     } else {
         fixed
