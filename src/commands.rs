@@ -25,8 +25,11 @@ pub fn dispatch(command: Command) -> i32 {
     }
 }
 
+/// The main runtime: the lifecycle, admin and probes. Connections run on
+/// the workers' runtimes (`workers`), so one thread is enough here.
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
 }
@@ -123,6 +126,7 @@ fn check(args: CheckArgs) -> i32 {
         }
     };
     println!("config {} is valid", c.source.display());
+    println!("workers                 {}", c.workers);
     println!("admin.listen            {}", c.admin.listen);
     println!("control.socket          {}", c.control.socket.display());
     println!(
@@ -150,7 +154,7 @@ fn check(args: CheckArgs) -> i32 {
             l.protocol.as_str(),
             l.bind,
             pool,
-            l.reuseport,
+            l.reuseport.max(c.workers),
             l.backlog,
             l.max_connections
         );

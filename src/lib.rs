@@ -5,6 +5,7 @@
 //!
 //! # Layout
 //! The data plane runs left to right; the lifecycle and admin sit beside it.
+//! - [`workers`]: the data plane's threads, one runtime each.
 //! - [`listener`]: bind or adopt a listening socket; the accept loop.
 //! - [`connection`]: one client connection's bookkeeping; dispatch by protocol.
 //! - [`proxy`]: one connection's life: [`proxy::tcp`] splices, [`proxy::http`] speaks HTTP.
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod status;
 pub mod telemetry;
+pub mod workers;
 
 pub use config::Config;
 

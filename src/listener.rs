@@ -5,6 +5,7 @@
 //! closing a listener with a non-empty queue resets those clients.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,9 +48,65 @@ pub trait Accept: Send + Sync + 'static {
 pub struct Listener {
     /// The listener's config name, for logs.
     pub name: Arc<str>,
-    pub socket: TcpListener,
-    /// Shared by all sockets of a listener: one permit per open connection.
-    pub limit: Arc<Semaphore>,
+    /// Made a tokio listener by the accept loop, on its worker.
+    pub socket: std::net::TcpListener,
+    pub cap: Arc<Cap>,
+}
+
+/// A listener's `max_connections`, shared by all its shards: one permit
+/// per open connection. A shard waiting for a connection holds no place:
+/// it would be a place another shard's connection cannot take.
+pub struct Cap {
+    permits: Arc<Semaphore>,
+    /// The cap is reached (and was counted); cleared once a place frees.
+    full: AtomicBool,
+}
+
+impl Cap {
+    pub fn new(max_connections: usize) -> Arc<Cap> {
+        Arc::new(Cap {
+            permits: Arc::new(Semaphore::new(max_connections)),
+            full: AtomicBool::new(false),
+        })
+    }
+
+    /// Waits until a connection may be taken (the kernel's backlog holds
+    /// the rest meanwhile).
+    async fn room(&self, name: &str, throttle: &mut Throttle) {
+        if self.permits.available_permits() > 0 {
+            return;
+        }
+        self.note_full(name, throttle);
+        if let Ok(place) = self.permits.acquire().await {
+            drop(place);
+            self.full.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A place for an accepted connection; if another shard took the last
+    /// one meanwhile, the connection waits for the next.
+    async fn place(&self, name: &str, throttle: &mut Throttle) -> Option<OwnedSemaphorePermit> {
+        if let Ok(place) = Arc::clone(&self.permits).try_acquire_owned() {
+            return Some(place);
+        }
+        self.note_full(name, throttle);
+        let place = Arc::clone(&self.permits).acquire_owned().await.ok();
+        self.full.store(false, Ordering::Relaxed);
+        place
+    }
+
+    /// Counts reaching the cap once however many shards meet it; logged
+    /// once a second at most, since a listener held at the cap meets it
+    /// at every close.
+    fn note_full(&self, name: &str, throttle: &mut Throttle) {
+        if self.full.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        metrics::counter!(crate::metrics::AT_CAPACITY, "listener" => name.to_string()).increment(1);
+        if let Some(suppressed) = throttle.ready() {
+            tracing::warn!(listener = %name, suppressed, "max_connections reached; not accepting until a connection ends");
+        }
+    }
 }
 
 /// How an accept loop ends.
@@ -68,78 +125,86 @@ impl Listener {
         stop: CancellationToken,
         closing: impl FnOnce() -> Closing,
     ) {
+        let Listener { name, socket, cap } = self;
+        // Registered here, with the reactor of the worker running this loop,
+        // so the connections it accepts stay on that worker.
+        let socket = match TcpListener::from_std(socket) {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::error!(listener = %name, cause = %err, "cannot run the accept loop");
+                return;
+            }
+        };
         let (mut errors, mut at_cap) = (Throttle::default(), Throttle::default());
         loop {
-            if self.limit.available_permits() == 0 {
-                // Counted every time; logged once a second at most, since
-                // a listener held at the cap meets it at every close.
-                metrics::counter!(crate::metrics::AT_CAPACITY, "listener" => self.name.to_string())
-                    .increment(1);
-                if let Some(suppressed) = at_cap.ready() {
-                    tracing::warn!(listener = %self.name, suppressed, "max_connections reached; not accepting until a connection ends");
-                }
-            }
-            let permit = tokio::select! {
+            tokio::select! {
                 () = stop.cancelled() => break,
-                p = Arc::clone(&self.limit).acquire_owned() => p.ok(),
-            };
+                () = cap.room(&name, &mut at_cap) => {}
+            }
             let accepted = tokio::select! {
                 () = stop.cancelled() => break,
-                a = self.socket.accept() => a,
+                a = socket.accept() => a,
             };
             match accepted {
-                Ok((stream, peer)) => handler.accepted(stream, peer, permit),
+                Ok((stream, peer)) => {
+                    let permit = tokio::select! {
+                        // Stopping: it is served like the queued ones.
+                        () = stop.cancelled() => None,
+                        p = cap.place(&name, &mut at_cap) => p,
+                    };
+                    handler.accepted(stream, peer, permit);
+                }
                 Err(err) => {
                     if let Some(suppressed) = errors.ready() {
-                        tracing::warn!(listener = %self.name, cause = %err, suppressed, "accept failed; backing off");
+                        tracing::warn!(listener = %name, cause = %err, suppressed, "accept failed; backing off");
                     }
                     tokio::time::sleep(backoff(&err)).await;
                 }
             }
         }
         if closing() == Closing::Last {
-            self.accept_queued(&*handler);
+            accept_queued(&name, &cap.permits, socket, &*handler);
         }
     }
+}
 
-    /// Accepts every connection already in the kernel's queue, without waiting.
-    fn accept_queued(self, handler: &dyn Accept) {
-        let std = match self.socket.into_std() {
-            Ok(s) => s,
-            Err(err) => {
-                tracing::warn!(listener = %self.name, cause = %err, "cannot drain accept queue");
-                return;
-            }
-        };
-        let mut served = 0usize;
-        loop {
-            match std.accept() {
-                Ok((stream, peer)) => {
-                    let permit = Arc::clone(&self.limit).try_acquire_owned().ok();
-                    match stream
-                        .set_nonblocking(true)
-                        .and_then(|()| TcpStream::from_std(stream))
-                    {
-                        Ok(stream) => {
-                            served += 1;
-                            handler.accepted(stream, peer, permit);
-                        }
-                        Err(err) => {
-                            tracing::warn!(listener = %self.name, cause = %err, "queued connection lost")
-                        }
+/// Accepts every connection already in the kernel's queue, without waiting.
+fn accept_queued(name: &str, limit: &Arc<Semaphore>, socket: TcpListener, handler: &dyn Accept) {
+    let std = match socket.into_std() {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::warn!(listener = %name, cause = %err, "cannot drain accept queue");
+            return;
+        }
+    };
+    let mut served = 0usize;
+    loop {
+        match std.accept() {
+            Ok((stream, peer)) => {
+                let permit = Arc::clone(limit).try_acquire_owned().ok();
+                match stream
+                    .set_nonblocking(true)
+                    .and_then(|()| TcpStream::from_std(stream))
+                {
+                    Ok(stream) => {
+                        served += 1;
+                        handler.accepted(stream, peer, permit);
+                    }
+                    Err(err) => {
+                        tracing::warn!(listener = %name, cause = %err, "queued connection lost")
                     }
                 }
-                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(err) if is_per_connection(&err) => continue,
-                Err(err) => {
-                    tracing::warn!(listener = %self.name, cause = %err, "stopped draining accept queue");
-                    break;
-                }
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(err) if is_per_connection(&err) => continue,
+            Err(err) => {
+                tracing::warn!(listener = %name, cause = %err, "stopped draining accept queue");
+                break;
             }
         }
-        if served > 0 {
-            tracing::info!(listener = %self.name, connections = served, expected = true, "served the accept queue before closing");
-        }
+    }
+    if served > 0 {
+        tracing::info!(listener = %name, connections = served, expected = true, "served the accept queue before closing");
     }
 }
 

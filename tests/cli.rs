@@ -28,13 +28,17 @@ fn check_lists_every_problem_with_its_key_and_exits_78() {
     let path = dir.path().join("bad.toml");
     std::fs::write(
         &path,
-        "[[listeners]]\nname = \"web\"\nbind = \"nowhere\"\npool = \"ap\"\n\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+        "workers = 300\n[[listeners]]\nname = \"web\"\nbind = \"nowhere\"\npool = \"ap\"\n\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
     )
     .expect("write");
     let (code, _, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
     assert_eq!(code, 78);
     assert!(stderr.contains("bad.toml"), "{stderr}");
     assert!(stderr.contains("listeners[0].bind"), "{stderr}");
+    assert!(
+        stderr.contains("workers: 300 is out of range (0 to 256)"),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("listeners[0].pool: no pool named \"ap\"; did you mean \"app\"?"),
         "{stderr}"

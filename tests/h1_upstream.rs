@@ -15,8 +15,14 @@ use support::client;
 use support::daemon::{Baton, Spec};
 use support::raw::{ok, RawBackend, Seen, Then};
 
+/// One worker: every client connection meets the same idle backend
+/// connections (each worker keeps its own).
 async fn baton_for(backend: &RawBackend) -> Baton {
-    Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await
+    let spec = Spec::new()
+        .top("workers = 1")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    Baton::start(spec).await
 }
 
 /// Reads one response head (lower-cased) from `s`.

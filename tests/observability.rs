@@ -326,7 +326,10 @@ async fn the_kernel_drops_nothing_in_a_connection_storm_across_ten_reloads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listener_backlog_agrees_with_ss() {
     let backend = HttpBackend::start("a").await;
+    // One shard: `ss` shows one queue, and no second shard's accept loop
+    // takes a queued connection to wait for a place.
     let spec = Spec::new()
+        .top("workers = 1")
         .listener("web", "http", "app", "max_connections = 1")
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;

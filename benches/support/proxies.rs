@@ -149,8 +149,7 @@ impl Proxy {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if kind == Kind::Baton {
-            cmd.env("BATON_LOG", "warn")
-                .env("TOKIO_WORKER_THREADS", threads.to_string());
+            cmd.env("BATON_LOG", "warn");
         }
         proxy.child = Some(cmd.spawn().expect("start proxy"));
         proxy.wait_serving();
@@ -189,7 +188,7 @@ impl Proxy {
         let maxconn = super::fd_limit().saturating_sub(100) / 2;
         match self.kind {
             Kind::Baton => format!(
-                "[admin]\nlisten = \"127.0.0.1:{}\"\n[control]\nsocket = \"{dir}/control.sock\"\n[shutdown]\npre_stop_delay = \"-1s\"\n\
+                "workers = {threads}\n[admin]\nlisten = \"127.0.0.1:{}\"\n[control]\nsocket = \"{dir}/control.sock\"\n[shutdown]\npre_stop_delay = \"-1s\"\n\
                  [reload]\ndrain_timeout = \"30s\"\nmax_draining = 64\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:{port}\"\nmax_connections = 30000\npool = \"app\"\n\
                  [[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"{backend}\" }}]\n",
                 super::free_port()

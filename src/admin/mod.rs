@@ -91,7 +91,10 @@ impl AdminShared {
 pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: CancellationToken) {
     loop {
         let (stream, _) = tokio::select! {
-            () = stop.cancelled() => return,
+            // Once stopped, not one more connection is taken from a free
+            // choice (the next generation answers from now on).
+            biased;
+            () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(err) => {
@@ -101,19 +104,29 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: Cancell
                 }
             },
         };
-        let state = Arc::clone(&state);
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, std::convert::Infallible>(routes::respond(&state, req)) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(std::time::Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(err) = conn.await {
-                tracing::debug!(cause = %err, "admin connection ended with an error");
-            }
-        });
+        answer(stream, Arc::clone(&state));
     }
+    // What was queued before the stop is answered, not reset by the close.
+    while let Ok(Ok((stream, _))) =
+        tokio::time::timeout(std::time::Duration::ZERO, listener.accept()).await
+    {
+        answer(stream, Arc::clone(&state));
+    }
+}
+
+/// Serves one admin connection in a task of its own.
+fn answer(stream: tokio::net::TcpStream, state: Arc<AdminShared>) {
+    tokio::spawn(async move {
+        let service = service_fn(move |req| {
+            let state = Arc::clone(&state);
+            async move { Ok::<_, std::convert::Infallible>(routes::respond(&state, req)) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(std::time::Duration::from_secs(10))
+            .serve_connection(TokioIo::new(stream), service);
+        if let Err(err) = conn.await {
+            tracing::debug!(cause = %err, "admin connection ended with an error");
+        }
+    });
 }

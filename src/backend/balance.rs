@@ -148,6 +148,7 @@ mod tests {
                 queue_timeout: std::time::Duration::from_secs(1),
             },
             0,
+            1,
         )
     }
 

@@ -6,11 +6,9 @@
 //! longer than `IDLE_LIMIT`, below the usual backend keep-alive timeouts
 //! (nginx 75 s, Node 5 s, Go none), are closed rather than reused.
 
-use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use nix::sys::socket::{recv, MsgFlags};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -20,17 +18,32 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(4);
 /// connection is closed (bounded fds after a burst).
 const MAX_IDLE: usize = 512;
 
-#[derive(Default)]
+/// One worker's idle connections with when each went idle, oldest first:
+/// taken from the back, expired from the front.
+type IdleList = Mutex<Vec<(TcpStream, Instant)>>;
+
+/// One list per worker: a connection is registered with its worker's
+/// reactor and stays with that worker's requests.
 pub struct IdleConnections {
-    /// Oldest first: taken from the back, expired from the front.
-    conns: Mutex<Vec<(TcpStream, Instant)>>,
+    per_worker: Box<[IdleList]>,
 }
 
 impl IdleConnections {
+    pub fn new(workers: usize) -> IdleConnections {
+        IdleConnections {
+            per_worker: (0..workers.max(1)).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    /// The calling worker's list.
+    fn mine(&self) -> &IdleList {
+        &self.per_worker[crate::workers::current() % self.per_worker.len()]
+    }
+
     /// The freshest connection still open, if any; closes those found
     /// closed, expired or holding stray bytes on the way.
     pub fn take(&self) -> Option<TcpStream> {
-        let Ok(mut conns) = self.conns.lock() else {
+        let Ok(mut conns) = self.mine().lock() else {
             return None;
         };
         while let Some((stream, since)) = conns.pop() {
@@ -43,7 +56,7 @@ impl IdleConnections {
 
     /// Keeps `stream` for reuse, dropping connections that expired.
     pub fn put(&self, stream: TcpStream) {
-        let Ok(mut conns) = self.conns.lock() else {
+        let Ok(mut conns) = self.mine().lock() else {
             return;
         };
         let expired = conns
@@ -59,22 +72,20 @@ impl IdleConnections {
     /// Closes every connection idle past `IDLE_LIMIT` (run now and then,
     /// so a backend's closed connections do not linger after traffic stops).
     pub fn sweep(&self) {
-        if let Ok(mut conns) = self.conns.lock() {
-            conns.retain(|(_, since)| since.elapsed() < IDLE_LIMIT);
+        for list in &self.per_worker {
+            if let Ok(mut conns) = list.lock() {
+                conns.retain(|(_, since)| since.elapsed() < IDLE_LIMIT);
+            }
         }
     }
 }
 
 /// An idle connection is usable only if nothing is readable on it: EOF
 /// means the backend closed it, and bytes would be a response to nothing.
+/// The reactor's readiness answers without a syscall when the socket has
+/// shown nothing since its last read; only a socket marked readable is
+/// read (and then given up, whatever the read says, unless it was stale).
 fn still_open(stream: &TcpStream) -> bool {
     let mut probe = [0u8; 1];
-    matches!(
-        recv(
-            stream.as_raw_fd(),
-            &mut probe,
-            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
-        ),
-        Err(nix::errno::Errno::EAGAIN)
-    )
+    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }

@@ -306,8 +306,9 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Builds pool `config`, numbering its backends from `first_index`.
-    pub fn new(config: &PoolConfig, first_index: usize) -> Pool {
+    /// Builds pool `config`, numbering its backends from `first_index`,
+    /// with idle connections kept per worker.
+    pub fn new(config: &PoolConfig, first_index: usize, workers: usize) -> Pool {
         let checked = config.health.is_some();
         let (rise, fall) = config.health.as_ref().map_or((1, 1), |h| (h.rise, h.fall));
         let freed =
@@ -340,7 +341,7 @@ impl Pool {
                     last_error: Mutex::new(None),
                     metrics: metrics::backend(&config.name, &b.name),
                     freed: freed.clone(),
-                    idle: idle::IdleConnections::default(),
+                    idle: idle::IdleConnections::new(workers),
                 };
                 backend.publish();
                 Arc::new(backend)
@@ -359,12 +360,12 @@ impl Pool {
     }
 
     /// Builds every pool of a config, with global backend indices.
-    pub fn all(configs: &[PoolConfig]) -> Vec<Arc<Pool>> {
+    pub fn all(configs: &[PoolConfig], workers: usize) -> Vec<Arc<Pool>> {
         let mut next = 0;
         configs
             .iter()
             .map(|c| {
-                let pool = Pool::new(c, next);
+                let pool = Pool::new(c, next, workers);
                 next += c.backends.len();
                 Arc::new(pool)
             })

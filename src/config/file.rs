@@ -17,6 +17,7 @@ pub enum DurationValue {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
+    pub workers: Option<i64>,
     #[serde(default)]
     pub admin: AdminFile,
     #[serde(default)]

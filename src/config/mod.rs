@@ -27,6 +27,9 @@ pub struct Overrides {
 pub struct Config {
     /// The file this was read from, so errors and `baton check` can name it.
     pub source: PathBuf,
+    /// Worker threads carrying connections (`workers`; 0 in the file
+    /// means one per CPU, resolved here).
+    pub workers: usize,
     pub admin: AdminConfig,
     pub control: ControlConfig,
     pub shutdown: ShutdownConfig,

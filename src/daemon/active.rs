@@ -9,7 +9,7 @@ impl Generation {
     /// Starts every accept loop: from here on this generation takes work.
     pub(super) fn open_doors(&mut self) {
         probe::spawn_all(&self.pools, &self.background);
-        for (listener, connections, handed_over) in self.pending.drain(..) {
+        for (listener, shard, connections, handed_over) in self.pending.drain(..) {
             let stop = self.accept_stop.clone();
             let closing = move || {
                 if handed_over.load(Ordering::SeqCst) {
@@ -18,8 +18,10 @@ impl Generation {
                     Closing::Last
                 }
             };
-            self.accept_tasks
-                .spawn(listener.run(connections, stop, closing));
+            self.accept_tasks.spawn_on(
+                listener.run(connections, stop, closing),
+                self.workers.for_shard(shard),
+            );
         }
         if let Some(control) = self.control.take() {
             self.accept_tasks.spawn(control::serve(

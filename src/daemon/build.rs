@@ -78,17 +78,21 @@ pub(super) async fn start(
     let admin_go = CancellationToken::new();
     let (go, shared) = (admin_go.clone(), Arc::clone(&admin));
     let stop = admin_stop.clone();
+    let admin_closed = CancellationToken::new();
+    let closed = admin_closed.clone();
     tokio::spawn(async move {
         tokio::select! {
             () = go.cancelled() => admin::serve(admin_listener, shared, stop).await,
             () = stop.cancelled() => {}
         }
+        closed.cancel();
     });
     tracing::info!(generation = number, admin = %admin_addr, "admin bound");
 
     let control = take_control(&config, &mut inventory, &mut holdings)?;
 
-    let pools = Pool::all(&config.pools);
+    let workers = crate::workers::Workers::start(config.workers).map_err(StartError::Workers)?;
+    let pools = Pool::all(&config.pools, workers.count());
     carry_over(&pools, &carried.0);
     let drain = Drain::new();
     let mut pending = Vec::new();
@@ -115,10 +119,11 @@ pub(super) async fn start(
             stats: Arc::clone(&stats),
             metrics: metrics::listener(&l.name),
         });
-        let limit = Arc::new(tokio::sync::Semaphore::new(l.max_connections));
+        let cap = crate::listener::Cap::new(l.max_connections);
         let mut bound = l.bind;
         let mut inodes = Vec::new();
-        for shard in 0..l.reuseport {
+        // Every worker gets a shard of every listener.
+        for shard in 0..l.reuseport.max(workers.count()) {
             // Shard 0 is the listener's own name, so a socket unit's
             // `FileDescriptorName=web` matches listener "web".
             let name = if shard == 0 {
@@ -128,13 +133,23 @@ pub(super) async fn start(
             };
             let std = match inventory.take_tcp(&name, l.bind)? {
                 Some(s) => s,
-                None => listener::bind_tcp(l.bind, l.backlog, true).map_err(|source| {
-                    StartError::Bind {
-                        name: l.name.clone(),
-                        addr: l.bind.to_string(),
-                        source,
+                None => match listener::bind_tcp(l.bind, l.backlog, true) {
+                    Ok(s) => s,
+                    // A shard only there to give every worker one may not
+                    // be possible (a socket systemd bound as another user
+                    // cannot be shared): fewer workers take this listener.
+                    Err(err) if shard > 0 && shard >= l.reuseport => {
+                        tracing::warn!(listener = %l.name, shards = shard, cause = %err, "cannot add a shard for every worker; fewer workers accept on this listener");
+                        break;
                     }
-                })?,
+                    Err(source) => {
+                        return Err(StartError::Bind {
+                            name: l.name.clone(),
+                            addr: l.bind.to_string(),
+                            source,
+                        })
+                    }
+                },
             };
             let local = std.local_addr().map_err(|source| StartError::Bind {
                 name: l.name.clone(),
@@ -152,18 +167,13 @@ pub(super) async fn start(
                     addr: local.to_string(),
                     source,
                 })?;
-            let socket =
-                tokio::net::TcpListener::from_std(std).map_err(|source| StartError::Bind {
-                    name: l.name.clone(),
-                    addr: local.to_string(),
-                    source,
-                })?;
             pending.push((
                 Listener {
                     name: Arc::from(l.name.as_str()),
-                    socket,
-                    limit: Arc::clone(&limit),
+                    socket: std,
+                    cap: Arc::clone(&cap),
                 },
+                shard,
                 Arc::clone(&connections),
                 flag,
             ));
@@ -210,11 +220,13 @@ pub(super) async fn start(
         phase,
         admin,
         admin_stop,
+        admin_closed,
         admin_go,
         predecessor_gone: CancellationToken::new(),
         accept_stop: CancellationToken::new(),
         holdings,
         pending,
+        workers,
         accept_tasks: JoinSet::new(),
         control: Some(control),
         control_rx,

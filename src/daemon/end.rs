@@ -22,6 +22,8 @@ impl Generation {
         let _ = self.phase.send(Phase::Draining);
         self.holdings.handed_over(&successor.adopted);
         self.close_doors().await;
+        self.admin_stop.cancel();
+        self.admin_closed.cancelled().await;
         // Only now: when `baton reload` returns, every new connection and
         // probe reaches the new generation.
         if let Some(w) = waiter {
@@ -33,7 +35,6 @@ impl Generation {
             let _ = w.send(Reply::serving(successor_pid, message));
         }
         self.background.cancel();
-        self.admin_stop.cancel();
         let budget = self.config.reload.drain_timeout;
         self.publish_deadline(Instant::now() + budget);
         let channel = Arc::new(successor.channel);

@@ -68,6 +68,8 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("cannot start the worker threads: {0}")]
+    Workers(std::io::Error),
     #[error(transparent)]
     Adopt(#[from] crate::lifecycle::inventory::AdoptError),
     #[error("handoff: {0}")]
@@ -174,6 +176,8 @@ struct Generation {
     admin: Arc<AdminShared>,
     /// Stops the admin accept loop: at handoff, or last of all at a stop.
     admin_stop: CancellationToken,
+    /// Cancelled once the admin listener is closed (after a stop).
+    admin_closed: CancellationToken,
     /// Lets the admin accept loop start (see `build`).
     admin_go: CancellationToken,
     /// The generation we took over from has exited (at once for a first
@@ -183,8 +187,11 @@ struct Generation {
     /// Stops data-plane and control accept loops.
     accept_stop: CancellationToken,
     holdings: Holdings,
-    /// Accept loops not yet started (they start at [`Self::open_doors`]).
-    pending: Vec<(Listener, Arc<Connections>, Arc<AtomicBool>)>,
+    /// Accept loops not yet started (they start at [`Self::open_doors`]),
+    /// each with its shard number (which picks its worker).
+    pending: Vec<(Listener, usize, Arc<Connections>, Arc<AtomicBool>)>,
+    /// The threads connections live on.
+    workers: crate::workers::Workers,
     accept_tasks: JoinSet<()>,
     control: Option<tokio::net::UnixListener>,
     control_rx: mpsc::Receiver<control::Incoming>,

@@ -23,6 +23,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_baton");
 /// A config, built up by listeners and pools; ports are chosen at start.
 #[derive(Clone, Default)]
 pub struct Spec {
+    /// Top-level keys (`workers = 1`), written before any table.
+    top: String,
     sections: String,
     /// Extra keys under `[admin]`.
     admin: String,
@@ -37,6 +39,13 @@ type PoolSpec = (String, String, Vec<(SocketAddr, u32)>);
 impl Spec {
     pub fn new() -> Spec {
         Spec::default().section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"5s\"\n")
+    }
+
+    /// A top-level key (`"workers = 1"`).
+    pub fn top(mut self, key: &str) -> Spec {
+        self.top.push_str(key);
+        self.top.push('\n');
+        self
     }
 
     /// Extra keys under `[admin]` (`token_file = ...`).
@@ -88,7 +97,8 @@ impl Spec {
         ports: &HashMap<String, SocketAddr>,
     ) -> String {
         let mut t = format!(
-            "[admin]\nlisten = \"{admin}\"\n{}\n[control]\nsocket = \"{}\"\n\n{}\n",
+            "{}[admin]\nlisten = \"{admin}\"\n{}\n[control]\nsocket = \"{}\"\n\n{}\n",
+            self.top,
             self.admin,
             dir.join("control.sock").display(),
             self.sections

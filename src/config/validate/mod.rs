@@ -25,6 +25,10 @@ pub fn from_file(
         problems: Vec::new(),
         base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
     };
+    let workers = match v.count("workers", raw.workers, 0, 0, 256) {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
     let shutdown = v.shutdown(&raw.shutdown, overrides);
     let reload = v.reload(&raw.reload, &shutdown);
     let admin = v.admin(&raw.admin);
@@ -36,6 +40,7 @@ pub fn from_file(
     if v.problems.is_empty() {
         Ok(Config {
             source: path.to_path_buf(),
+            workers,
             admin,
             control,
             shutdown,

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::exchange::{exchange, After, Client};
 use super::head::{self, Parsed, Refusal, RequestHead};
-use super::io::{linger_close, release_if_empty, try_read_some, write_all};
+use super::io::{linger_close, read_now, release_if_empty, write_all};
 use super::rewrite;
 use crate::lifecycle::drain::DrainWatch;
 use crate::proxy::http::HttpProxy;
@@ -117,7 +117,7 @@ async fn next_head(
                 if ready.is_err() {
                     return Next::Done;
                 }
-                match try_read_some(&client.stream, &mut client.buf) {
+                match read_now(&mut client.stream, &mut client.buf).await {
                     Ok(Some(0)) | Err(_) => return Next::Done,
                     Ok(_) => {}
                 }

@@ -309,6 +309,7 @@ async fn attempt(
         }) => {
             let upload_done = progress.upload_done.load(Ordering::Relaxed);
             if backend_reusable && upload_done {
+                release_if_empty(&mut up.buf);
                 backend.idle.put(up.stream);
             }
             let after = if client_reusable && upload_done {

@@ -1,10 +1,19 @@
 //! Reading into and writing from the buffers of one exchange. A read
-//! buffer is allocated when bytes arrive and freed when it empties, so an
-//! idle keep-alive connection holds its socket and no buffer. A write that
-//! makes no progress for the stall limit ends the connection: the peer
-//! stopped taking bytes.
+//! buffer is taken when bytes arrive and given back when it empties, so an
+//! idle keep-alive connection holds its socket and no buffer; given-back
+//! buffers wait in a small per-thread stock for the next request, which
+//! spares an allocation per read. A write that makes no progress for the
+//! stall limit ends the connection: the peer stopped taking bytes.
+//!
+//! Reads go through tokio's `poll_read`, which marks a socket drained when
+//! a read comes back short: the next wait goes straight to the reactor
+//! instead of a read that would only say EAGAIN (a third of the syscalls of
+//! a small exchange).
 
+use std::cell::RefCell;
 use std::io;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -14,28 +23,44 @@ use tokio::net::TcpStream;
 /// Room made in a read buffer before each read.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Reads what is there into `buf`; `Ok(0)` at EOF.
-pub async fn read_some<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> io::Result<usize> {
+/// Spare read buffers kept per thread, at most.
+const SPARES: usize = 64;
+
+thread_local! {
+    static SPARE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Makes room in `buf` for a read, taking a spare buffer if it has none.
+fn room(buf: &mut BytesMut) {
+    if buf.capacity() == 0 {
+        *buf = SPARE
+            .with(|s| s.borrow_mut().pop())
+            .unwrap_or_else(|| BytesMut::with_capacity(READ_CHUNK));
+    }
     if buf.capacity() - buf.len() < READ_CHUNK / 4 {
         buf.reserve(READ_CHUNK);
     }
+}
+
+/// Reads what is there into `buf`; `Ok(0)` at EOF.
+pub async fn read_some<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> io::Result<usize> {
+    room(buf);
     r.read_buf(buf).await
 }
 
 /// Reads what `stream` has now, without waiting: `None` if nothing (its
 /// readiness was stale), `Some(0)` at EOF.
-pub fn try_read_some(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<Option<usize>> {
-    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-        buf.reserve(READ_CHUNK);
-    }
-    match stream.try_read_buf(buf) {
-        Ok(n) => Ok(Some(n)),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-            release_if_empty(buf);
-            Ok(None)
+pub async fn read_now(stream: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Option<usize>> {
+    room(buf);
+    let read = std::future::poll_fn(|cx| {
+        match tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, buf) {
+            Poll::Ready(r) => Poll::Ready(r.map(Some)),
+            Poll::Pending => Poll::Ready(Ok(None)),
         }
-        Err(e) => Err(e),
-    }
+    })
+    .await;
+    release_if_empty(buf);
+    read
 }
 
 /// How long a closing connection keeps reading what its client still
@@ -66,10 +91,19 @@ pub async fn linger_close(stream: &mut TcpStream) {
     .await;
 }
 
-/// Gives back the memory of a buffer that holds nothing.
+/// Gives a buffer that holds nothing back to this thread's spares.
 pub fn release_if_empty(buf: &mut BytesMut) {
     if buf.is_empty() && buf.capacity() > 0 {
-        *buf = BytesMut::new();
+        let mut spare = std::mem::take(buf);
+        if spare.capacity() >= READ_CHUNK / 2 {
+            spare.clear();
+            SPARE.with(|s| {
+                let mut s = s.borrow_mut();
+                if s.len() < SPARES {
+                    s.push(spare);
+                }
+            });
+        }
     }
 }
 

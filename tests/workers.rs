@@ -1,0 +1,83 @@
+//! Thread per core: `workers` threads, each with its own SO_REUSEPORT
+//! shard of every listener, seen from outside in `/proc`: the threads by
+//! name, the listening sockets by inode; a reload hands every shard over.
+
+mod support;
+
+use support::backend::HttpBackend;
+use support::client;
+use support::daemon::{Baton, Spec};
+
+/// Inodes of the sockets listening on `port` (`/proc/net/tcp`).
+fn listening_inodes(port: u16) -> Vec<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let mut inodes: Vec<u64> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f.get(1)?.rsplit_once(':')?.1;
+            (u16::from_str_radix(local_port, 16).ok()? == port && *f.get(3)? == "0A")
+                .then(|| f.get(9)?.parse().ok())?
+        })
+        .collect();
+    inodes.sort_unstable();
+    inodes
+}
+
+/// The names of a process's threads that carry connections.
+fn worker_threads(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                .map(|c| c.trim().to_string())
+                .filter(|c| c.starts_with("baton-worker"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_worker_has_a_shard_of_every_listener_and_a_reload_hands_all_over() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .top("workers = 3")
+        .http("web", "app")
+        .tcp("raw", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let pid = baton.serving_pid().await;
+    assert_eq!(
+        worker_threads(pid),
+        ["baton-worker-0", "baton-worker-1", "baton-worker-2"]
+    );
+    let web = listening_inodes(baton.addr("web").port());
+    assert_eq!(web.len(), 3, "one shard per worker");
+    assert_eq!(listening_inodes(baton.addr("raw").port()).len(), 3);
+    for i in 0..30 {
+        let answer = client::get(baton.addr("web"), &format!("/{i}"))
+            .await
+            .expect("served");
+        assert_eq!(answer.status, 200);
+    }
+
+    let next = baton.reload_ok().await;
+    assert_ne!(next, pid);
+    assert_eq!(worker_threads(next).len(), 3);
+    assert_eq!(
+        listening_inodes(baton.addr("web").port()),
+        web,
+        "the very same sockets, every shard"
+    );
+    assert_eq!(
+        client::get(baton.addr("web"), "/after")
+            .await
+            .expect("served after the reload")
+            .status,
+        200
+    );
+}
