@@ -12,6 +12,7 @@ use std::time::Duration;
 use support::backend::{HttpBackend, TcpEcho};
 use support::client;
 use support::daemon::free_addrs;
+use support::listening_inodes;
 use support::load::{Load, Targets};
 use support::sandbox::{text, Sandbox};
 
@@ -33,25 +34,6 @@ impl Ports {
             extra: p[3],
         }
     }
-}
-
-/// Inodes of the listening TCP sockets on `port` (the sandbox shares our
-/// network namespace): the same inodes after a restart mean the very same
-/// kernel sockets, kept in systemd's fd store.
-fn listening_inodes(port: u16) -> Vec<u64> {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    let mut inodes: Vec<u64> = table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let local_port = f.get(1)?.rsplit_once(':')?.1;
-            (u16::from_str_radix(local_port, 16).ok()? == port && *f.get(3)? == "0A")
-                .then(|| f.get(9)?.parse().ok())?
-        })
-        .collect();
-    inodes.sort_unstable();
-    inodes
 }
 
 fn config(p: &Ports, backends: &[SocketAddr], echo: SocketAddr, extra: &str) -> String {

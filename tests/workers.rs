@@ -7,23 +7,7 @@ mod support;
 use support::backend::HttpBackend;
 use support::client;
 use support::daemon::{Baton, Spec};
-
-/// Inodes of the sockets listening on `port` (`/proc/net/tcp`).
-fn listening_inodes(port: u16) -> Vec<u64> {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    let mut inodes: Vec<u64> = table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let local_port = f.get(1)?.rsplit_once(':')?.1;
-            (u16::from_str_radix(local_port, 16).ok()? == port && *f.get(3)? == "0A")
-                .then(|| f.get(9)?.parse().ok())?
-        })
-        .collect();
-    inodes.sort_unstable();
-    inodes
-}
+use support::listening_inodes;
 
 /// The names of a process's threads that carry connections.
 fn worker_threads(pid: u32) -> Vec<String> {

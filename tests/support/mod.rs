@@ -30,3 +30,22 @@ where
     }
     panic!("timed out waiting for: {what}");
 }
+
+/// Inodes of the TCP sockets listening on `port` (`/proc/net/tcp`; the
+/// tests share baton's network namespace): the same inodes after a reload
+/// or restart mean the very same kernel sockets.
+pub fn listening_inodes(port: u16) -> Vec<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let mut inodes: Vec<u64> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f.get(1)?.rsplit_once(':')?.1;
+            (u16::from_str_radix(local_port, 16).ok()? == port && *f.get(3)? == "0A")
+                .then(|| f.get(9)?.parse().ok())?
+        })
+        .collect();
+    inodes.sort_unstable();
+    inodes
+}
