@@ -52,7 +52,7 @@ pub async fn serve(
     let mut client = Client {
         stream,
         buf: BytesMut::from(opening),
-        ip: peer.ip(),
+        ip: peer.ip().to_string(),
     };
     serve_requests(proxy, &mut client, peer, drain, opened).await;
     linger_close(&mut client.stream).await;

@@ -6,7 +6,6 @@
 //! Failures are answered here with baton's own short error page while no
 //! response byte has gone out, and end the connection after.
 
-use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -34,7 +33,8 @@ const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 pub struct Client {
     pub stream: TcpStream,
     pub buf: BytesMut,
-    pub ip: IpAddr,
+    /// Its address as forwarding headers write it.
+    pub ip: String,
 }
 
 /// Whether the client connection carries another request.
@@ -275,7 +275,7 @@ async fn attempt(
     let backend = lease.backend();
     let mut out = BytesMut::with_capacity(head.bytes.len() + 256 + body.framed.len());
     let to = Outbound {
-        client_ip: client.ip,
+        client_ip: &client.ip,
         forwarded: proxy.forwarded,
         backend_authority: backend.authority.as_str(),
     };

@@ -116,13 +116,23 @@ pub enum WriteFault {
 }
 
 /// Writes all of `data`; each write must make progress within `stall`.
+/// A write the socket takes at once arms no timer (the usual case).
 pub async fn write_all<W: AsyncWrite + Unpin>(
     w: &mut W,
     mut data: &[u8],
     stall: Duration,
 ) -> Result<(), WriteFault> {
     while !data.is_empty() {
-        match tokio::time::timeout(stall, w.write(data)).await {
+        let now = std::future::poll_fn(|cx| match Pin::new(&mut *w).poll_write(cx, data) {
+            Poll::Ready(r) => Poll::Ready(Some(r)),
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await;
+        let written = match now {
+            Some(r) => Ok(r),
+            None => tokio::time::timeout(stall, w.write(data)).await,
+        };
+        match written {
             Err(_) => return Err(WriteFault::Stalled),
             Ok(Ok(0)) => {
                 return Err(WriteFault::Failed(io::ErrorKind::WriteZero.into()));

@@ -4,7 +4,6 @@
 //! so a head goes out in one buffer and one write.
 
 use std::fmt::Write as _;
-use std::net::IpAddr;
 
 use bytes::{BufMut, BytesMut};
 
@@ -21,7 +20,8 @@ fn via(received: Version) -> &'static [u8] {
 
 /// What the request head to a backend needs besides the client's head.
 pub struct Outbound<'a> {
-    pub client_ip: IpAddr,
+    /// The client's address as text, written once per connection.
+    pub client_ip: &'a str,
     pub forwarded: Forwarded,
     /// The backend's `host:port`, for a request that named no host (1.0).
     pub backend_authority: &'a str,
@@ -124,7 +124,7 @@ fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
         out.put_slice(hop);
         out.put_slice(b", ");
     }
-    let _ = write!(out, "{}", to.client_ip);
+    out.put_slice(to.client_ip.as_bytes());
     out.put_slice(b"\r\nx-forwarded-proto: http\r\n");
 }
 
