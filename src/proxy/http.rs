@@ -179,7 +179,9 @@ impl HttpProxy {
         let opened = Instant::now();
         let mut stream = stream;
         match opening(&mut stream, opened + self.header_timeout).await {
-            Opening::H2(seen) => self.serve_h2(stream, seen, peer, drain).await,
+            // Boxed: an HTTP/1 connection's task does not carry the size
+            // of an h2 connection's state (RSS per idle connection).
+            Opening::H2(seen) => Box::pin(self.serve_h2(stream, seen, peer, drain)).await,
             Opening::Http1(seen) => {
                 super::h1::conn::serve(&self, stream, &seen, peer, &drain, opened).await;
             }
