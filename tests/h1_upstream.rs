@@ -312,3 +312,63 @@ async fn a_refused_request_with_a_body_behind_it_is_answered_and_never_forwarded
     assert!(reply.starts_with("HTTP/1.1 400"), "{reply:?}");
     assert_eq!(backend.accepted(), 0);
 }
+
+/// A backend whose head never ends (field after field) is a 502 once the
+/// head passes its bound, and counts against that backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_response_head_is_a_502() {
+    let backend = RawBackend::start(|_: &Seen| {
+        let mut bytes = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..20_000 {
+            bytes.extend(format!("x-field-{i}: value\r\n").into_bytes());
+        }
+        (bytes, Then::KeepAlive)
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let answer = client::get(baton.addr("web"), "/").await.expect("answer");
+    assert_eq!(answer.status, 502);
+    let status = client::backend_status(baton.admin, "app-0").await;
+    assert!(
+        status["last_error"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("too large")),
+        "{status}"
+    );
+}
+
+/// A chunked body that goes bad after its head was sent: the client's
+/// connection is cut (it cannot be told otherwise), the failure is the
+/// backend's, and the next client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_body_that_breaks_its_framing_cuts_the_client_and_blames_the_backend() {
+    let backend = RawBackend::start(|seen: &Seen| {
+        if seen.head.starts_with("GET /bad") {
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n"
+                    .to_vec(),
+                Then::KeepAlive,
+            )
+        } else {
+            (ok("fine"), Then::KeepAlive)
+        }
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    assert!(
+        client::get(web, "/bad").await.is_err(),
+        "the client must not take a cut body as whole"
+    );
+    let metrics = client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains(
+            "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"protocol\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert_eq!(
+        client::get(web, "/next").await.expect("answer").body,
+        "fine"
+    );
+}
