@@ -372,3 +372,34 @@ async fn a_response_body_that_breaks_its_framing_cuts_the_client_and_blames_the_
         "fine"
     );
 }
+
+/// A client that sent more than baton reads (here: bytes after a request
+/// that closes the connection) still gets its whole answer: baton shuts its
+/// side and reads the rest before closing, since a close over unread bytes
+/// is a reset, and a reset throws away what the client has not received yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_over_unread_bytes_does_not_destroy_the_answer() {
+    const BODY: usize = 8 << 20;
+    let backend = RawBackend::start(|_: &Seen| {
+        let mut bytes = format!("HTTP/1.1 200 OK\r\ncontent-length: {BODY}\r\n\r\n").into_bytes();
+        bytes.resize(bytes.len() + BODY, b'x');
+        (bytes, Then::KeepAlive)
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let mut request = b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec();
+    request.resize(request.len() + 256 * 1024, b'z');
+    s.write_all(&request).await.expect("write");
+    // Not reading yet: most of the answer waits in baton's socket as it closes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut got)).await;
+    let head_end = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(0, |i| i + 4);
+    assert_eq!(got.len() - head_end, BODY, "the whole body arrived");
+}
