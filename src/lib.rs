@@ -8,7 +8,7 @@
 //! - [`workers`]: the data plane's threads, one runtime each.
 //! - [`listener`]: bind or adopt a listening socket; the accept loop.
 //! - [`connection`]: one client connection's bookkeeping; dispatch by protocol.
-//! - [`proxy`]: one connection's life: [`proxy::tcp`] splices, [`proxy::http`] speaks HTTP.
+//! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::http`] tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`]).
 //! - [`backend`]: pools, backends, leases, and [`backend::balance`] picking.
 //! - [`lifecycle`]: generations, fd handoff, drain, signals, systemd, control socket.
 //! - [`daemon`]: the supervisor of one generation (the only writer of its phase).

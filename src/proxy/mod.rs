@@ -1,10 +1,12 @@
-//! One connection's life, by protocol: `tcp` splices bytes, `http` speaks
-//! HTTP/1.1 and h2c on both sides. Failures are classified here once, which
-//! decides the status a client sees, the log level and the metric label.
+//! One connection's life, by protocol: `tcp` splices bytes, `http` tells
+//! HTTP/1 (`h1`, baton's own path) from h2c (`h2`, hyper's). Failures are
+//! classified here once, which decides the status a client sees, the log
+//! level and the metric label.
 
 pub mod activity;
 pub mod body;
 pub mod h1;
+pub mod h2;
 pub mod head;
 pub mod headers;
 pub mod http;

@@ -1,0 +1,412 @@
+//! h2c (prior knowledge) clients: a hyper h2 server connection, with a
+//! pooled hyper client to backends (the same leases, caps, queue, timeouts
+//! and passive health as HTTP/1). Bodies stream in both directions;
+//! nothing is buffered whole.
+//!
+//! Draining an h2 connection, per DESIGN.md: GOAWAY at once.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::http::header::{HeaderValue, CONTENT_TYPE, HOST};
+use ::http::uri::{PathAndQuery, Scheme};
+use ::http::{Request, Response, Uri, Version};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::activity::ConnState;
+use super::body::{self, BodyGuard, ClientBody, Guarded, Progress, ProxyBody};
+use super::head::Watched;
+use super::headers;
+use super::http::HttpProxy;
+use super::longlived;
+use super::ProxyError;
+use crate::backend::{Lease, Pool};
+use crate::lifecycle::drain::DrainWatch;
+use crate::metrics;
+
+/// How often an h2 connection is PINGed, and how long the answer may take,
+/// at most.
+pub(super) const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+pub(super) const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long an idle h2 client has to close after GOAWAY.
+const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
+
+/// Sleeps until `at`, or forever if there is none.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A request body ready to go upstream.
+struct Outgoing {
+    body: ProxyBody,
+    /// How the client's body is getting on; `None` for an empty body,
+    /// which can be sent again.
+    progress: Option<Arc<Progress>>,
+}
+
+impl Outgoing {
+    fn empty() -> Outgoing {
+        Outgoing {
+            body: body::empty(),
+            progress: None,
+        }
+    }
+}
+
+impl HttpProxy {
+    pub(super) async fn serve_h2(
+        self: Arc<Self>,
+        stream: TcpStream,
+        seen: Vec<u8>,
+        peer: SocketAddr,
+        drain: DrainWatch,
+    ) {
+        let state = Arc::new(ConnState::new());
+        // Formatted once per connection: every request forwards it.
+        let client_ip = headers::ip_value(peer.ip());
+        let service = {
+            let (proxy, state, drain) = (Arc::clone(&self), Arc::clone(&state), drain.clone());
+            service_fn(move |req| {
+                let (proxy, state, drain) = (Arc::clone(&proxy), Arc::clone(&state), drain.clone());
+                let client_ip = client_ip.clone();
+                async move { Ok::<_, Infallible>(proxy.handle(req, client_ip, state, drain).await) }
+            })
+        };
+        let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state.opening)));
+        let conn = self.server.serve_connection(io, service);
+        tokio::pin!(conn);
+        let mut closing = false;
+        let mut cut_at: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(err) = result {
+                        tracing::debug!(listener = %self.listener, client = %peer, cause = %err, "client connection ended with an error");
+                    }
+                    return;
+                }
+                () = drain.draining(), if !closing => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                () = state.stalled_reader(self.idle_timeout) => {
+                    tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout; closing");
+                    metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
+                    return;
+                }
+                () = state.opening.overdue(self.header_timeout) => {
+                    tracing::info!(listener = %self.listener, client = %peer, "no h2 preface and SETTINGS within header_timeout; closing");
+                    return;
+                }
+                () = state.idle_for(self.idle_timeout), if !closing => {
+                    tracing::debug!(listener = %self.listener, client = %peer, "h2 connection without a stream for idle_timeout; GOAWAY");
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                    // h2's graceful close waits for the client's PING answer:
+                    // an idle client that gives none is cut.
+                    cut_at = Some(Instant::now() + H2_GOAWAY_GRACE);
+                }
+                () = sleep_until_some(cut_at) => {
+                    tracing::debug!(listener = %self.listener, client = %peer, "h2 client did not close after GOAWAY; closing");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn handle(
+        &self,
+        req: Request<Incoming>,
+        client_ip: HeaderValue,
+        state: Arc<ConnState>,
+        drain: DrainWatch,
+    ) -> Response<ProxyBody> {
+        let busy = state.begin();
+        let started = Instant::now();
+        let host = req
+            .uri()
+            .host()
+            .map(str::as_bytes)
+            .or_else(|| req.headers().get(HOST).map(HeaderValue::as_bytes));
+        let target = self.target_for(host, req.uri().path().as_bytes());
+        let refused = ambiguity(&req);
+        let checked = match refused {
+            Some(why) => Err(ProxyError::Client { why }),
+            None => self.forward(req, &client_ip, &target.pool, &drain).await,
+        };
+        let response = match checked {
+            Ok(r) => r,
+            Err(err) => {
+                if matches!(err, ProxyError::NoBackend { .. }) {
+                    metrics::no_backend(&self.listener, &target.pool.name);
+                }
+                error_response(&target.pool.name, &err)
+            }
+        };
+        target.metrics.count(response.status().as_u16());
+        target
+            .metrics
+            .duration
+            .record(started.elapsed().as_secs_f64());
+        response.map(|b| Guarded::wrap(b, busy))
+    }
+
+    async fn forward(
+        &self,
+        req: Request<Incoming>,
+        client_ip: &HeaderValue,
+        pool: &Pool,
+        drain: &DrainWatch,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let (mut parts, incoming) = req.into_parts();
+        headers::host_from_target(&mut parts.headers, &parts.uri);
+        headers::strip_hop_by_hop(&mut parts.headers);
+        headers::add_forwarding(&mut parts.headers, client_ip, self.forwarded);
+        let outgoing = self.client_body(incoming).await?;
+        // An empty body can be sent again, so a failed connect may retry.
+        let replayable = outgoing.progress.is_none();
+        let mut body = Some(outgoing.body);
+        let mut failed: Option<(usize, ProxyError)> = None;
+        loop {
+            let lease = match pool.lease(failed.as_ref().map(|f| f.0)).await {
+                Ok(lease) => lease,
+                // Nobody else to try: the first failure is the answer.
+                Err(refused) => {
+                    return Err(
+                        failed.map_or_else(|| ProxyError::refused(&pool.name, refused), |f| f.1)
+                    )
+                }
+            };
+            let sent = body.take().unwrap_or_else(body::empty);
+            let outbound = outbound_request(&parts, sent, &lease)?;
+            match self
+                .send(outbound, &lease, outgoing.progress.as_deref())
+                .await
+            {
+                Ok(response) => return Ok(self.respond(response, lease, drain)),
+                Err(err @ ProxyError::Connect { .. }) if replayable && failed.is_none() => {
+                    tracing::warn!(cause = %err, "retrying on another backend");
+                    failed = Some((lease.backend().index, err));
+                    body = Some(body::empty());
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// The request body to send upstream. Its first frame is awaited before
+    /// a backend is chosen, so a body malformed from its first byte (the
+    /// usual smuggling attempt) reaches no backend at all.
+    async fn client_body(&self, incoming: Incoming) -> Result<Outgoing, ProxyError> {
+        if incoming.is_end_stream() {
+            return Ok(Outgoing::empty());
+        }
+        let mut incoming = incoming;
+        let first = tokio::time::timeout(self.idle_timeout, incoming.frame())
+            .await
+            .map_err(|_| ProxyError::ClientTimeout {
+                seconds: self.idle_timeout.as_secs_f64(),
+            })?;
+        match first {
+            None => Ok(Outgoing::empty()),
+            Some(Err(_)) => Err(ProxyError::Client {
+                why: "malformed request body",
+            }),
+            Some(Ok(frame)) => {
+                let (body, progress) = ClientBody::wrap(frame, incoming);
+                Ok(Outgoing {
+                    body,
+                    progress: Some(progress),
+                })
+            }
+        }
+    }
+
+    /// One try at one backend. The client's body `progress` tells a
+    /// request that died of its own body (400), or of a body that stopped
+    /// coming (408), from one the backend broke; `response_timeout` runs
+    /// only once the whole request was sent.
+    async fn send(
+        &self,
+        outbound: Request<ProxyBody>,
+        lease: &Lease,
+        progress: Option<&Progress>,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let backend = lease.backend();
+        let watch = self.watch_exchange(progress, &backend.name);
+        let outcome = tokio::select! {
+            result = self.client.request(outbound) => Ok(result),
+            stalled = watch => Err(stalled),
+        };
+        let err = match outcome {
+            Ok(Ok(response)) => return Ok(response),
+            Ok(Err(_)) if progress.is_some_and(Progress::failed) => {
+                return Err(ProxyError::Client {
+                    why: "malformed or cut-off request body",
+                })
+            }
+            Err(err @ ProxyError::ClientTimeout { .. }) => {
+                tracing::info!(backend = %backend.name, "request body stopped arriving; 408");
+                return Err(err);
+            }
+            Ok(Err(e)) if e.is_connect() => ProxyError::Connect {
+                backend: backend.name.clone(),
+                address: backend.address,
+                cause: root_cause(&e),
+            },
+            Ok(Err(e)) => ProxyError::Upstream {
+                backend: backend.name.clone(),
+                cause: root_cause(&e),
+            },
+            Err(err) => err,
+        };
+        if let Some(kind) = err.upstream_kind() {
+            let blames_backend =
+                matches!(err, ProxyError::Connect { .. } | ProxyError::Timeout { .. });
+            backend.upstream_failed(kind, &err.to_string(), blames_backend);
+        }
+        tracing::warn!(cause = %err, "backend request failed");
+        Err(err)
+    }
+
+    /// Resolves with the exchange's failure if the client's body stops for
+    /// `idle_timeout` (408), or once it is all sent, if the response head
+    /// does not follow within `response_timeout` (504).
+    async fn watch_exchange(&self, progress: Option<&Progress>, backend: &str) -> ProxyError {
+        let sent_at = loop {
+            let Some((last, complete)) = progress.map(Progress::last) else {
+                break Instant::now();
+            };
+            if complete {
+                break last;
+            }
+            if last.elapsed() >= self.idle_timeout {
+                return ProxyError::ClientTimeout {
+                    seconds: self.idle_timeout.as_secs_f64(),
+                };
+            }
+            // Looked at again soon: the body may end, or stall, meanwhile.
+            let next = (last + self.idle_timeout).min(Instant::now() + Duration::from_millis(100));
+            tokio::time::sleep_until(next).await;
+        };
+        tokio::time::sleep_until(sent_at + self.response_timeout).await;
+        ProxyError::Timeout {
+            backend: backend.to_string(),
+            seconds: self.response_timeout.as_secs_f64(),
+        }
+    }
+
+    /// Turns the backend's response into the client's.
+    fn respond(
+        &self,
+        mut response: Response<Incoming>,
+        lease: Lease,
+        drain: &DrainWatch,
+    ) -> Response<ProxyBody> {
+        headers::strip_hop_by_hop(response.headers_mut());
+        headers::add_via(response.headers_mut());
+        let event_stream = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let (drain, listener) = (drain.clone(), Arc::clone(&self.listener));
+        response.map(|b| {
+            let body = Guarded::wrap(b.boxed_unsync(), lease);
+            if event_stream {
+                longlived::SseBody::wrap(body, drain, listener)
+            } else {
+                body
+            }
+        })
+    }
+}
+
+fn outbound_request(
+    parts: &::http::request::Parts,
+    body: ProxyBody,
+    lease: &Lease,
+) -> Result<Request<ProxyBody>, ProxyError> {
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let uri = Uri::builder()
+        .scheme(Scheme::HTTP)
+        .authority(lease.backend().authority.clone())
+        .path_and_query(path)
+        .build()
+        .map_err(|e| ProxyError::Upstream {
+            backend: lease.backend().name.clone(),
+            cause: e.to_string(),
+        })?;
+    let mut outbound = Request::new(body);
+    *outbound.method_mut() = parts.method.clone();
+    *outbound.uri_mut() = uri;
+    *outbound.version_mut() = Version::HTTP_11;
+    *outbound.headers_mut() = parts.headers.clone();
+    Ok(outbound)
+}
+
+/// A request two parties could read two ways (the stuff of request
+/// smuggling) that hyper lets through: refused, never forwarded.
+fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
+    if req.headers().get_all(HOST).iter().count() > 1 {
+        return Some("more than one Host header");
+    }
+    let uri = req.uri();
+    let asterisk = req.method() == ::http::Method::OPTIONS && uri.path() == "*";
+    if uri.scheme().is_none() && !uri.path().starts_with('/') && !asterisk {
+        return Some("invalid request target");
+    }
+    None
+}
+
+/// The client learns the status and a request id, never a backend's name,
+/// address or OS error: those go to the log under the same id (and the
+/// backend's `last_error` in `/status`).
+fn error_response(pool: &str, err: &ProxyError) -> Response<ProxyBody> {
+    let mut response = Response::new(body::text(super::error_page(pool, err)));
+    *response.status_mut() = err.status();
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers::add_via(response.headers_mut());
+    response
+}
+
+/// The innermost error's text: hyper's outer layers say little.
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = err;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// A backend's response body that breaks off is the backend's failure:
+/// hyper then aborts the client connection (its status was sent) and
+/// never reuses the backend connection.
+impl BodyGuard for Lease {
+    fn body_failed(&mut self, cause: &hyper::Error) {
+        let backend = self.backend();
+        backend.upstream_failed(
+            metrics::UpstreamErrorKind::Protocol,
+            &format!("response broke off: {}", root_cause(cause)),
+            false,
+        );
+        tracing::warn!(backend = %backend.name, cause = %root_cause(cause), "backend response broke off; aborting the client connection");
+    }
+}
