@@ -1,12 +1,14 @@
-//! `cargo bench --bench throughput [-- --seconds S]`
+//! `cargo bench --bench throughput [-- --seconds S --threads N]`
 //!
 //! Requests per second and latency through baton, HAProxy and nginx, and
 //! straight to the backend: HTTP/1.1 keep-alive and a new connection per
 //! request (wrk), h2c with prior knowledge, 64 connections x 10 streams
 //! (h2load; the backend speaks h2c too), and TCP mode carrying HTTP/1.1
 //! keep-alive (wrk). Each proxy runs alone on core 0 with one worker; the
-//! load generator runs on core 1. The direct-to-backend rate shows the load
-//! generator is not the bottleneck (it must be well above every proxy's).
+//! load generator runs on core 1 (with `--threads N`, N > 1: N workers, and
+//! proxy and load free on every core). The direct-to-backend rate shows the
+//! load generator is not the bottleneck (it must be well above every
+//! proxy's).
 //! Prints a table; it asserts nothing.
 
 #[path = "support/mod.rs"]
@@ -29,11 +31,53 @@ fn cell(run: Option<Run>) -> String {
     )
 }
 
-fn wrk(url: &str, seconds: u32, close: bool) -> Option<Run> {
+/// Where the proxy and the load run: one worker pinned to core 0 with the
+/// load on core 1, or (`--threads N`, N > 1) N workers and the load both
+/// free on every core.
+struct Layout {
+    threads: usize,
+    /// Core of the proxy, if pinned.
+    proxy_core: Option<usize>,
+    /// `taskset -c` list for the load generator.
+    load_cpus: &'static str,
+}
+
+impl Layout {
+    fn for_threads(threads: usize) -> Layout {
+        if threads <= 1 {
+            Layout {
+                threads: 1,
+                proxy_core: Some(0),
+                load_cpus: "1",
+            }
+        } else {
+            Layout {
+                threads,
+                proxy_core: None,
+                load_cpus: "0,1",
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self.proxy_core {
+            Some(core) => format!(
+                "load on core {} (wrk -t2 -c64; h2load -t2 -c64 -m10); each proxy alone on core {core}, one worker",
+                self.load_cpus
+            ),
+            None => format!(
+                "load and proxies on every core (wrk -t2 -c64; h2load -t2 -c64 -m10); each proxy with {} workers",
+                self.threads
+            ),
+        }
+    }
+}
+
+fn wrk(url: &str, seconds: u32, close: bool, cpus: &str) -> Option<Run> {
     let mut cmd = Command::new("taskset");
     cmd.args([
         "-c",
-        "1",
+        cpus,
         "wrk",
         "-t2",
         "-c64",
@@ -64,10 +108,10 @@ fn wrk(url: &str, seconds: u32, close: bool) -> Option<Run> {
 
 /// h2load prints no percentiles: they come from its per-request log
 /// (tab-separated; the third column is the request's time in µs).
-fn h2load(url: &str, seconds: u32) -> Option<Run> {
+fn h2load(url: &str, seconds: u32, cpus: &str) -> Option<Run> {
     let log = tempfile::NamedTempFile::new().ok()?;
     let out = Command::new("taskset")
-        .args(["-c", "1", "h2load", "-t2", "-c64", "-m10"])
+        .args(["-c", cpus, "h2load", "-t2", "-c64", "-m10"])
         .arg(format!("-D{seconds}"))
         .arg(format!("--log-file={}", log.path().display()))
         .arg(url)
@@ -101,7 +145,13 @@ fn h2load(url: &str, seconds: u32) -> Option<Run> {
     })
 }
 
-fn measure(kind: Kind, backend: std::net::SocketAddr, mode: Mode, seconds: u32) -> String {
+fn measure(
+    kind: Kind,
+    backend: std::net::SocketAddr,
+    mode: Mode,
+    seconds: u32,
+    layout: &Layout,
+) -> String {
     let supported = match mode {
         Mode::Http => true,
         Mode::H2c => true,
@@ -110,21 +160,30 @@ fn measure(kind: Kind, backend: std::net::SocketAddr, mode: Mode, seconds: u32) 
     if !supported {
         return "n/a".into();
     }
-    let proxy = Proxy::start_mode(kind, support::free_port(), backend, 1, Some(0), mode);
+    let proxy = Proxy::start_mode(
+        kind,
+        support::free_port(),
+        backend,
+        layout.threads,
+        layout.proxy_core,
+        mode,
+    );
     let url = format!("http://{}/", proxy.addr);
+    let cpus = layout.load_cpus;
     match mode {
         Mode::Http => format!(
             "{} | {}",
-            cell(wrk(&url, seconds, false)),
-            cell(wrk(&url, seconds, true))
+            cell(wrk(&url, seconds, false, cpus)),
+            cell(wrk(&url, seconds, true, cpus))
         ),
-        Mode::H2c => cell(h2load(&url, seconds)),
-        Mode::Tcp => cell(wrk(&url, seconds, false)),
+        Mode::H2c => cell(h2load(&url, seconds, cpus)),
+        Mode::Tcp => cell(wrk(&url, seconds, false, cpus)),
     }
 }
 
 fn main() {
     let seconds: u32 = support::arg("--seconds", 5);
+    let layout = Layout::for_threads(support::arg("--threads", 1));
     for tool in ["/usr/bin/wrk", "/usr/bin/h2load"] {
         if !std::path::Path::new(tool).exists() {
             println!("throughput bench needs {tool}: benches/peers/setup.sh");
@@ -132,7 +191,10 @@ fn main() {
         }
     }
     let backend = support::start_backend(1);
-    println!("throughput bench: {seconds}s per cell; load on core 1 (wrk -t2 -c64; h2load -t2 -c64 -m10); each proxy alone on core 0, one worker; 3-byte responses");
+    println!(
+        "throughput bench: {seconds}s per cell; {}; 3-byte responses",
+        layout.describe()
+    );
     println!("| system | HTTP/1.1 keep-alive req/s | new connection req/s | h2c req/s | TCP mode (HTTP/1.1 keep-alive inside) req/s |");
     println!("| --- | ---: | ---: | ---: | ---: |");
     for kind in [Kind::Direct, Kind::Baton, Kind::Haproxy, Kind::Nginx] {
@@ -142,7 +204,7 @@ fn main() {
         }
         let cells: Vec<String> = [Mode::Http, Mode::H2c, Mode::Tcp]
             .into_iter()
-            .map(|mode| measure(kind, backend, mode, seconds))
+            .map(|mode| measure(kind, backend, mode, seconds, &layout))
             .collect();
         println!("| {} | {} |", kind.name(), cells.join(" | "));
     }
