@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 const READ_CHUNK: usize = 16 * 1024;
 
 /// Spare read buffers kept per thread, at most.
-const SPARES: usize = 64;
+const SPARES: usize = 32;
 
 thread_local! {
     static SPARE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
@@ -95,7 +95,9 @@ pub async fn linger_close(stream: &mut TcpStream) {
 pub fn release_if_empty(buf: &mut BytesMut) {
     if buf.is_empty() && buf.capacity() > 0 {
         let mut spare = std::mem::take(buf);
-        if spare.capacity() >= READ_CHUNK / 2 {
+        // Only ordinary sizes are kept: a buffer a pipelining client grew
+        // would otherwise sit in the stock for good.
+        if (READ_CHUNK / 2..=READ_CHUNK * 2).contains(&spare.capacity()) {
             spare.clear();
             SPARE.with(|s| {
                 let mut s = s.borrow_mut();
