@@ -172,8 +172,9 @@ pub fn response(
     // A HEAD or 304 answer's length describes the body it does not carry.
     let length_kept = request.method == http::Method::HEAD || head.status == 304;
     let mut length_written = false;
-    // Codings other than chunked stay on the body: their field goes on.
-    let mut codings_written = false;
+    // Codings other than chunked stay on the body: they go on, with
+    // baton's own chunked last.
+    let mut codings: Option<Vec<u8>> = None;
     for f in &head.fields {
         let (name, value) = (head.field_name(f), head.field_value(f));
         let keep = match f.role {
@@ -183,11 +184,10 @@ pub fn response(
                 kept
             }
             Role::Framing => {
-                let kept = delivery == Delivery::Chunked
-                    && !codings_written
-                    && !value.eq_ignore_ascii_case(b"chunked");
-                codings_written |= kept;
-                kept
+                if delivery == Delivery::Chunked && codings.is_none() {
+                    codings = other_codings(value);
+                }
+                false
             }
             Role::HopByHop => false,
             _ => true,
@@ -213,8 +213,13 @@ pub fn response(
         (Delivery::AsIs, Framing::Length(n)) => put_length(n, out),
         // Without a length, an empty body would run until the close.
         (Delivery::AsIs, Framing::Empty) if !bodiless_by_rule => put_length(0, out),
-        (Delivery::Chunked, _) if !codings_written => {
-            out.put_slice(b"transfer-encoding: chunked\r\n");
+        (Delivery::Chunked, _) => {
+            out.put_slice(b"transfer-encoding: ");
+            if let Some(other) = &codings {
+                out.put_slice(other);
+                out.put_slice(b", ");
+            }
+            out.put_slice(b"chunked\r\n");
         }
         _ => {}
     }
@@ -224,6 +229,17 @@ pub fn response(
         Persistence::Closes => out.put_slice(b"connection: close\r\n"),
     }
     out.put_slice(b"\r\n");
+}
+
+/// The codings of a `Transfer-Encoding` value other than `chunked`
+/// (`gzip, chunked` → `gzip`), if any.
+fn other_codings(value: &[u8]) -> Option<Vec<u8>> {
+    let other: Vec<&[u8]> = value
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"))
+        .collect();
+    (!other.is_empty()).then(|| other.join(&b", "[..]))
 }
 
 /// An interim (1xx) response as the backend sent it, minus hop-by-hop
@@ -299,6 +315,53 @@ mod tests {
         assert_eq!(origin("http://example.com/x/y?z=1"), "/x/y?z=1");
         assert_eq!(origin("http://example.com"), "/");
         assert_eq!(origin("http://example.com?q"), "/?q");
+    }
+
+    fn client_head(head: &str, request: &str) -> String {
+        let Ok(super::super::head::Parsed::Complete(req)) =
+            super::super::head::parse_request(request.as_bytes())
+        else {
+            panic!("request parses");
+        };
+        let Ok(super::super::head::Parsed::Complete(res)) =
+            super::super::head::parse_response(head.as_bytes(), &req.method)
+        else {
+            panic!("response parses");
+        };
+        let mut out = BytesMut::new();
+        let how = delivery(res.framing, req.version);
+        response(&res, &req, how, Persistence::Stays, &mut out);
+        String::from_utf8_lossy(&out).to_ascii_lowercase()
+    }
+
+    #[test]
+    fn codings_other_than_chunked_stay_named_with_chunked_last() {
+        let get = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        let until_close = client_head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", get);
+        assert!(
+            until_close.contains("transfer-encoding: gzip, chunked\r\n"),
+            "{until_close}"
+        );
+        let both = client_head(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            get,
+        );
+        assert!(
+            both.contains("transfer-encoding: gzip, chunked\r\n"),
+            "{both}"
+        );
+        let plain = client_head("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", get);
+        assert_eq!(plain.matches("transfer-encoding").count(), 1, "{plain}");
+        assert!(plain.contains("transfer-encoding: chunked\r\n"), "{plain}");
+    }
+
+    #[test]
+    fn an_empty_body_says_its_length_unless_it_has_none_by_rule() {
+        let get = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        let redirect = client_head("HTTP/1.1 302 Found\r\nContent-Length: 0\r\n\r\n", get);
+        assert!(redirect.contains("content-length: 0\r\n"), "{redirect}");
+        let no_content = client_head("HTTP/1.1 204 No Content\r\n\r\n", get);
+        assert!(!no_content.contains("content-length"), "{no_content}");
     }
 
     #[test]
