@@ -9,7 +9,8 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, TE};
 
 use crate::config::Forwarded;
 
-const HOP_BY_HOP: &[&str] = &[
+/// Fields that belong to one hop (RFC 9110 §7.6.1), for both paths.
+pub const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -33,8 +34,8 @@ pub const NOT_STRIPPABLE: &[&str] = &[
 ];
 
 /// What a client may say about where a request came from; `replace` drops
-/// all of it.
-const FORWARDING: &[&str] = &[
+/// all of it (both paths).
+pub const FORWARDING: &[&str] = &[
     "x-forwarded-for",
     "x-forwarded-proto",
     "x-forwarded-host",

@@ -376,24 +376,28 @@ impl Parts {
 
 /// A field's role: its fixed one, else hop-by-hop when a Connection token
 /// names it (and it is not one a token cannot strip), else end-to-end.
+/// Called for every field of every head: it compares in place, without
+/// a lowercased copy, against the lists the h2 path uses too.
 fn role(name: &str, connection: &[Vec<u8>]) -> Role {
-    let lower = name.to_ascii_lowercase();
-    let fixed = match lower.as_str() {
-        "host" => Role::Host,
-        "content-length" | "transfer-encoding" => Role::Framing,
-        "connection" | "keep-alive" | "proxy-connection" | "te" | "upgrade" | "http2-settings" => {
-            Role::HopByHop
-        }
-        "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" | "x-real-ip"
-        | "forwarded" => Role::Forwarding,
-        "expect" => Role::Expect,
-        _ => Role::EndToEnd,
+    use crate::proxy::headers::{FORWARDING, HOP_BY_HOP, NOT_STRIPPABLE};
+    let is = |n: &str| name.eq_ignore_ascii_case(n);
+    let fixed = if is("host") {
+        Role::Host
+    } else if is("content-length") || is("transfer-encoding") {
+        Role::Framing
+    } else if HOP_BY_HOP.iter().any(|n| is(n)) {
+        Role::HopByHop
+    } else if FORWARDING.iter().any(|n| is(n)) {
+        Role::Forwarding
+    } else if is("expect") {
+        Role::Expect
+    } else {
+        Role::EndToEnd
     };
-    let named = connection.iter().any(|t| t == lower.as_bytes());
-    if fixed == Role::EndToEnd
-        && named
-        && !crate::proxy::headers::NOT_STRIPPABLE.contains(&lower.as_str())
-    {
+    let named = connection
+        .iter()
+        .any(|t| t.eq_ignore_ascii_case(name.as_bytes()));
+    if fixed == Role::EndToEnd && named && !NOT_STRIPPABLE.iter().any(|n| is(n)) {
         Role::HopByHop
     } else {
         fixed
@@ -632,16 +636,19 @@ fn check_target(request: &RequestHead) -> Result<(), Refusal> {
 /// One Host field, required on 1.1 and non-empty there; any Host holds
 /// authority characters only (no whitespace, `/`, `@`, ...).
 fn check_host(request: &RequestHead) -> Result<(), Refusal> {
-    let hosts: Vec<&[u8]> = request.values("host").collect();
-    match hosts.as_slice() {
-        [] if request.version == Version::Http11 => Err(Refusal::BadRequest("missing Host")),
-        [] => Ok(()),
-        [host] if host.is_empty() && request.version == Version::Http11 => {
+    let mut hosts = request.values("host");
+    let (first, second) = (hosts.next(), hosts.next());
+    if second.is_some() {
+        return Err(Refusal::BadRequest("more than one Host"));
+    }
+    match first {
+        None if request.version == Version::Http11 => Err(Refusal::BadRequest("missing Host")),
+        None => Ok(()),
+        Some(host) if host.is_empty() && request.version == Version::Http11 => {
             Err(Refusal::BadRequest("empty Host"))
         }
-        [host] if host.is_empty() || valid_authority(host) => Ok(()),
-        [_] => Err(Refusal::BadRequest("invalid Host")),
-        _ => Err(Refusal::BadRequest("more than one Host")),
+        Some(host) if host.is_empty() || valid_authority(host) => Ok(()),
+        Some(_) => Err(Refusal::BadRequest("invalid Host")),
     }
 }
 
