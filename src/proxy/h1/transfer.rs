@@ -55,18 +55,24 @@ impl RequestBody {
         self.done
     }
 
+    /// How many of `available` bytes belong to a Content-Length body,
+    /// counted as sent.
+    fn count_length_part(&mut self, available: usize) -> usize {
+        let n = available.min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+        self.remaining -= n as u64;
+        self.done = self.remaining == 0;
+        n
+    }
+
     /// Moves what `input` holds of the body to `framed`, framed for the
     /// backend; bytes past the body (a pipelined request) stay in `input`.
+    /// (Used for the first bytes, which go out with the head.)
     pub fn take(&mut self, input: &mut BytesMut) -> Result<(), ChunkError> {
         match &mut self.decoder {
             None => {
-                let n = input
-                    .len()
-                    .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+                let n = self.count_length_part(input.len());
                 self.framed.put_slice(&input[..n]);
                 input.advance(n);
-                self.remaining -= n as u64;
-                self.done = self.remaining == 0;
             }
             Some(decoder) => {
                 self.done = decode_into(decoder, input, &mut self.framed, true, &mut |_| {})?;
@@ -145,14 +151,15 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let gone = |f| match f {
+        WriteFault::Stalled => UpFault::BackendGone(io::ErrorKind::TimedOut.into()),
+        WriteFault::Failed(e) => UpFault::BackendGone(e),
+    };
     loop {
         if !body.framed.is_empty() {
             write_all(backend, &body.framed, limits.backend_stall)
                 .await
-                .map_err(|f| match f {
-                    WriteFault::Stalled => UpFault::BackendGone(io::ErrorKind::TimedOut.into()),
-                    WriteFault::Failed(e) => UpFault::BackendGone(e),
-                })?;
+                .map_err(gone)?;
             body.framed.clear();
         }
         if body.done {
@@ -162,6 +169,14 @@ where
         match tokio::time::timeout(limits.client_pause, read_some(client, client_buf)).await {
             Err(_) => return Err(UpFault::Stalled),
             Ok(Ok(0) | Err(_)) => return Err(UpFault::ClientGone),
+            // A Content-Length body goes up as it was read, with no copy.
+            Ok(Ok(_)) if body.decoder.is_none() => {
+                let n = body.count_length_part(client_buf.len());
+                write_all(backend, &client_buf[..n], limits.backend_stall)
+                    .await
+                    .map_err(gone)?;
+                client_buf.advance(n);
+            }
             Ok(Ok(_)) => body.take(client_buf).map_err(UpFault::Malformed)?,
         }
     }
@@ -411,7 +426,11 @@ impl ResponseBody {
         let ending = down.drain.long_lived_ending();
         tokio::pin!(ending);
         loop {
-            let complete = self.frame(buf, &mut remaining, decoder.as_mut())?;
+            let complete = if self.out.is_empty() && matches!(self.framing, Framing::Length(_)) {
+                self.pass_through(buf, &mut remaining, client, down).await?
+            } else {
+                self.frame(buf, &mut remaining, decoder.as_mut())?
+            };
             if !self.out.is_empty() {
                 write_all(client, &self.out, down.client_stall)
                     .await
@@ -455,6 +474,31 @@ impl ResponseBody {
                 Ok(_) => {}
             }
         }
+    }
+
+    /// Writes what `buf` holds of a Content-Length body to the client as it
+    /// was read, with no copy (once the head is out); true once complete.
+    async fn pass_through<W: AsyncWrite + Unpin>(
+        &mut self,
+        buf: &mut BytesMut,
+        remaining: &mut u64,
+        client: &mut W,
+        down: &Down<'_>,
+    ) -> Result<bool, DownFault> {
+        let n = buf
+            .len()
+            .min(usize::try_from(*remaining).unwrap_or(usize::MAX));
+        if n > 0 {
+            if let Some(sse) = self.sse.as_mut() {
+                sse.saw(&buf[..n]);
+            }
+            write_all(client, &buf[..n], down.client_stall)
+                .await
+                .map_err(DownFault::Client)?;
+            buf.advance(n);
+            *remaining -= n as u64;
+        }
+        Ok(*remaining == 0)
     }
 
     /// Moves what `buf` holds of the body into `out`, framed for the
