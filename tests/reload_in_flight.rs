@@ -111,6 +111,30 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_grace() {
     assert_eq!(wait_exit(old).await, Some(0));
 }
 
+/// The grace counts from the drain's start, not from when the connection
+/// went idle: a client idle for long may be sending its next request just
+/// as the drain begins (the request HAProxy and nginx lose on a reload).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_idle_since_before_the_drain_still_gets_its_grace() {
+    let (_backend, baton) = start("10s").await;
+    let web = baton.addr("web");
+    let mut conn = client::connect(web).await.expect("connect");
+    let first = client::send(&mut conn, web, "/one").await.expect("request");
+    assert_eq!(first.status, 200);
+    // Idle past keepalive_drain_grace (1 s) before the drain begins.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    baton.reload_ok().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = client::send(&mut conn, web, "/two")
+        .await
+        .expect("served within the grace");
+    assert_eq!(second.status, 200);
+    assert_eq!(
+        second.headers.get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_outliving_the_drain_budget_is_forced_and_exits_3() {
     let (backend, baton) = start("1s").await;
