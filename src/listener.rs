@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -50,33 +50,39 @@ pub struct Listener {
     pub name: Arc<str>,
     /// Made a tokio listener by the accept loop, on its worker.
     pub socket: std::net::TcpListener,
-    pub cap: Arc<Cap>,
+    pub shared: Arc<Shared>,
 }
 
-/// A listener's `max_connections`, shared by all its shards: one permit
-/// per open connection. A shard waiting for a connection holds no place:
-/// it would be a place another shard's connection cannot take.
-pub struct Cap {
+/// What all the shards of one listener share: its `max_connections` (one
+/// permit per open connection) and the throttles of its warnings, so a
+/// listener warns once a second however many shards meet the same trouble.
+/// A shard waiting for a connection holds no place: it would be a place
+/// another shard's connection cannot take.
+pub struct Shared {
     permits: Arc<Semaphore>,
     /// The cap is reached (and was counted); cleared once a place frees.
     full: AtomicBool,
+    at_cap: Throttle,
+    accept_errors: Throttle,
 }
 
-impl Cap {
-    pub fn new(max_connections: usize) -> Arc<Cap> {
-        Arc::new(Cap {
+impl Shared {
+    pub fn new(max_connections: usize) -> Arc<Shared> {
+        Arc::new(Shared {
             permits: Arc::new(Semaphore::new(max_connections)),
             full: AtomicBool::new(false),
+            at_cap: Throttle::default(),
+            accept_errors: Throttle::default(),
         })
     }
 
     /// Waits until a connection may be taken (the kernel's backlog holds
     /// the rest meanwhile).
-    async fn room(&self, name: &str, throttle: &mut Throttle) {
+    async fn room(&self, name: &str) {
         if self.permits.available_permits() > 0 {
             return;
         }
-        self.note_full(name, throttle);
+        self.note_full(name);
         if let Ok(place) = self.permits.acquire().await {
             drop(place);
             self.full.store(false, Ordering::Relaxed);
@@ -85,11 +91,11 @@ impl Cap {
 
     /// A place for an accepted connection; if another shard took the last
     /// one meanwhile, the connection waits for the next.
-    async fn place(&self, name: &str, throttle: &mut Throttle) -> Option<OwnedSemaphorePermit> {
+    async fn place(&self, name: &str) -> Option<OwnedSemaphorePermit> {
         if let Ok(place) = Arc::clone(&self.permits).try_acquire_owned() {
             return Some(place);
         }
-        self.note_full(name, throttle);
+        self.note_full(name);
         let place = Arc::clone(&self.permits).acquire_owned().await.ok();
         self.full.store(false, Ordering::Relaxed);
         place
@@ -98,12 +104,12 @@ impl Cap {
     /// Counts reaching the cap once however many shards meet it; logged
     /// once a second at most, since a listener held at the cap meets it
     /// at every close.
-    fn note_full(&self, name: &str, throttle: &mut Throttle) {
+    fn note_full(&self, name: &str) {
         if self.full.swap(true, Ordering::Relaxed) {
             return;
         }
         metrics::counter!(crate::metrics::AT_CAPACITY, "listener" => name.to_string()).increment(1);
-        if let Some(suppressed) = throttle.ready() {
+        if let Some(suppressed) = self.at_cap.ready() {
             tracing::warn!(listener = %name, suppressed, "max_connections reached; not accepting until a connection ends");
         }
     }
@@ -125,7 +131,11 @@ impl Listener {
         stop: CancellationToken,
         closing: impl FnOnce() -> Closing,
     ) {
-        let Listener { name, socket, cap } = self;
+        let Listener {
+            name,
+            socket,
+            shared,
+        } = self;
         // Registered here, with the reactor of the worker running this loop,
         // so the connections it accepts stay on that worker.
         let socket = match TcpListener::from_std(socket) {
@@ -135,11 +145,10 @@ impl Listener {
                 return;
             }
         };
-        let (mut errors, mut at_cap) = (Throttle::default(), Throttle::default());
         loop {
             tokio::select! {
                 () = stop.cancelled() => break,
-                () = cap.room(&name, &mut at_cap) => {}
+                () = shared.room(&name) => {}
             }
             let accepted = tokio::select! {
                 () = stop.cancelled() => break,
@@ -150,12 +159,12 @@ impl Listener {
                     let permit = tokio::select! {
                         // Stopping: it is served like the queued ones.
                         () = stop.cancelled() => None,
-                        p = cap.place(&name, &mut at_cap) => p,
+                        p = shared.place(&name) => p,
                     };
                     handler.accepted(stream, peer, permit);
                 }
                 Err(err) => {
-                    if let Some(suppressed) = errors.ready() {
+                    if let Some(suppressed) = shared.accept_errors.ready() {
                         tracing::warn!(listener = %name, cause = %err, suppressed, "accept failed; backing off");
                     }
                     tokio::time::sleep(backoff(&err)).await;
@@ -163,7 +172,7 @@ impl Listener {
             }
         }
         if closing() == Closing::Last {
-            accept_queued(&name, &cap.permits, socket, &*handler);
+            accept_queued(&name, &shared.permits, socket, &*handler);
         }
     }
 }
@@ -239,24 +248,29 @@ mod libc_errno {
 }
 
 /// Lets a repeated warning through once a second, saying how many times
-/// it was held back in between.
+/// it was held back in between. Shared by a listener's shards, so locked;
+/// it is only touched when something is already going wrong.
 #[derive(Default)]
-struct Throttle {
+struct Throttle(Mutex<ThrottleState>);
+
+#[derive(Default)]
+struct ThrottleState {
     last: Option<Instant>,
     suppressed: u64,
 }
 
 impl Throttle {
-    fn ready(&mut self) -> Option<u64> {
+    fn ready(&self) -> Option<u64> {
         let now = Instant::now();
-        match self.last {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match state.last {
             Some(t) if now.duration_since(t) < Duration::from_secs(1) => {
-                self.suppressed += 1;
+                state.suppressed += 1;
                 None
             }
             _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.suppressed))
+                state.last = Some(now);
+                Some(std::mem::take(&mut state.suppressed))
             }
         }
     }

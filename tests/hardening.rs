@@ -209,8 +209,13 @@ fn cpu_seconds(pid: u32) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn running_out_of_fds_backs_off_without_spinning_and_recovers() {
     let backend = HttpBackend::start("a").await;
+    // Four workers: four shards of the listener meet EMFILE together,
+    // and the listener still warns once a second, not once per shard.
     let baton = Baton::spawn_under(
-        Spec::new().http("web", "app").pool("app", &[backend.addr]),
+        Spec::new()
+            .top("workers = 4")
+            .http("web", "app")
+            .pool("app", &[backend.addr]),
         &[],
         &["prlimit", "--nofile=64:64"],
     );
@@ -229,7 +234,8 @@ async fn running_out_of_fds_backs_off_without_spinning_and_recovers() {
         baton.log().contains("accept failed; backing off")
     })
     .await;
-    let before = cpu_seconds(pid);
+    let warnings = || baton.log().matches("accept failed; backing off").count();
+    let (before, warned_before) = (cpu_seconds(pid), warnings());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let used = cpu_seconds(pid) - before;
     assert!(
@@ -237,8 +243,8 @@ async fn running_out_of_fds_backs_off_without_spinning_and_recovers() {
         "no busy loop while out of fds: {used:.2}s of CPU in 2s"
     );
     assert!(
-        baton.log().matches("accept failed; backing off").count() <= 5,
-        "logged once per burst:\n{}",
+        warnings() - warned_before <= 3,
+        "warned at most once a second for the whole listener:\n{}",
         baton.log()
     );
     drop(held);

@@ -119,7 +119,7 @@ pub(super) async fn start(
             stats: Arc::clone(&stats),
             metrics: metrics::listener(&l.name),
         });
-        let cap = crate::listener::Cap::new(l.max_connections);
+        let shared = crate::listener::Shared::new(l.max_connections);
         let mut bound = l.bind;
         let mut inodes = Vec::new();
         // Every worker gets a shard of every listener.
@@ -171,7 +171,7 @@ pub(super) async fn start(
                 Listener {
                     name: Arc::from(l.name.as_str()),
                     socket: std,
-                    cap: Arc::clone(&cap),
+                    shared: Arc::clone(&shared),
                 },
                 shard,
                 Arc::clone(&connections),
