@@ -8,7 +8,10 @@
 //! load generator runs on core 1 (with `--threads N`, N > 1: N workers, and
 //! proxy and load free on every core). The direct-to-backend rate shows the
 //! load generator is not the bottleneck (it must be well above every
-//! proxy's).
+//! proxy's). The backend runs with the load, so a pinned proxy has its
+//! core to itself. Each cell also gives the proxy's CPU time per request,
+//! user + kernel (all its processes, from /proc): the figure that says how
+//! much a core carries, whatever the noise in the rates.
 //! Prints a table; it asserts nothing.
 
 #[path = "support/mod.rs"]
@@ -21,14 +24,60 @@ use support::proxies::{Kind, Mode, Proxy};
 /// One measurement: requests/s and the latency figures the tool gives.
 struct Run {
     rps: f64,
+    /// Requests completed in the run.
+    requests: f64,
     latency: String,
 }
 
-fn cell(run: Option<Run>) -> String {
-    run.map_or_else(
-        || "failed".into(),
-        |r| format!("{:.0} ({})", r.rps, r.latency),
-    )
+/// A run, with the proxy's CPU seconds (user, kernel) spent during it.
+fn cell(run: Option<Run>, cpu: Option<(f64, f64)>) -> String {
+    let Some(r) = run else {
+        return "failed".into();
+    };
+    let per_request = match cpu {
+        Some((user, sys)) if r.requests > 0.0 => format!(
+            "; CPU/req {:.1} µs user + {:.1} kernel",
+            user * 1e6 / r.requests,
+            sys * 1e6 / r.requests
+        ),
+        _ => String::new(),
+    };
+    format!("{:.0} ({}{per_request})", r.rps, r.latency)
+}
+
+/// User and kernel CPU seconds used so far by `pids` (utime, stime in
+/// /proc/PID/stat, in clock ticks of 1/100 s).
+fn cpu_seconds(pids: &[i32]) -> (f64, f64) {
+    let mut total = (0.0, 0.0);
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        total.0 += ticks(11) / 100.0;
+        total.1 += ticks(12) / 100.0;
+    }
+    total
+}
+
+/// Runs `load` and says what the proxy's processes spent meanwhile (none
+/// for the direct runs: the backend shares this process).
+fn with_cpu(proxy: &Proxy, load: impl FnOnce() -> Option<Run>) -> String {
+    let pids = proxy.pids();
+    let before = (!pids.is_empty()).then(|| cpu_seconds(&pids));
+    let run = load();
+    let cpu = before.map(|(u, s)| {
+        let (u2, s2) = cpu_seconds(&pids);
+        (u2 - u, s2 - s)
+    });
+    cell(run, cpu)
 }
 
 /// Where the proxy and the load run: one worker pinned to core 0 with the
@@ -40,6 +89,8 @@ struct Layout {
     proxy_core: Option<usize>,
     /// `taskset -c` list for the load generator.
     load_cpus: &'static str,
+    /// Where the backend runs (with the load; empty: anywhere).
+    backend_cpus: &'static [usize],
 }
 
 impl Layout {
@@ -49,12 +100,14 @@ impl Layout {
                 threads: 1,
                 proxy_core: Some(0),
                 load_cpus: "1",
+                backend_cpus: &[1],
             }
         } else {
             Layout {
                 threads,
                 proxy_core: None,
                 load_cpus: "0,1",
+                backend_cpus: &[],
             }
         }
     }
@@ -62,7 +115,7 @@ impl Layout {
     fn describe(&self) -> String {
         match self.proxy_core {
             Some(core) => format!(
-                "load on core {} (wrk -t2 -c64; h2load -t2 -c64 -m10); each proxy alone on core {core}, one worker",
+                "load and backend on core {} (wrk -t2 -c64; h2load -t2 -c64 -m10); each proxy alone on core {core}, one worker",
                 self.load_cpus
             ),
             None => format!(
@@ -100,8 +153,14 @@ fn wrk(url: &str, seconds: u32, close: bool, cpus: &str) -> Option<Run> {
             .unwrap_or("-")
             .to_string()
     };
+    let requests = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(0.0);
     Some(Run {
         rps,
+        requests,
         latency: format!("p50 {}, p99 {}", latency("50%"), latency("99%")),
     })
 }
@@ -123,12 +182,16 @@ fn h2load(url: &str, seconds: u32, cpus: &str) -> Option<Run> {
         .find_map(|l| l.strip_prefix("finished in "))
         .and_then(|l| l.split(", ").nth(1))
         .and_then(|v| v.trim_end_matches(" req/s").parse().ok())?;
-    let failed = text
+    let counts = text
         .lines()
         .find_map(|l| l.strip_prefix("requests: "))
-        .and_then(|l| l.split(", ").find(|f| f.ends_with(" failed")))
-        .unwrap_or("? failed")
-        .to_string();
+        .unwrap_or_default();
+    let count = |what: &str| counts.split(", ").find(|f| f.ends_with(what));
+    let failed = count(" failed").unwrap_or("? failed").to_string();
+    let requests = count(" succeeded")
+        .and_then(|f| f.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0);
     let mut micros: Vec<u64> = std::fs::read_to_string(log.path())
         .unwrap_or_default()
         .lines()
@@ -137,6 +200,7 @@ fn h2load(url: &str, seconds: u32, cpus: &str) -> Option<Run> {
     micros.sort_unstable();
     Some(Run {
         rps,
+        requests,
         latency: format!(
             "p50 {:.2}ms, p99 {:.2}ms, {failed}",
             support::pct(&micros, 0.50),
@@ -173,11 +237,11 @@ fn measure(
     match mode {
         Mode::Http => format!(
             "{} | {}",
-            cell(wrk(&url, seconds, false, cpus)),
-            cell(wrk(&url, seconds, true, cpus))
+            with_cpu(&proxy, || wrk(&url, seconds, false, cpus)),
+            with_cpu(&proxy, || wrk(&url, seconds, true, cpus))
         ),
-        Mode::H2c => cell(h2load(&url, seconds, cpus)),
-        Mode::Tcp => cell(wrk(&url, seconds, false, cpus)),
+        Mode::H2c => with_cpu(&proxy, || h2load(&url, seconds, cpus)),
+        Mode::Tcp => with_cpu(&proxy, || wrk(&url, seconds, false, cpus)),
     }
 }
 
@@ -190,7 +254,7 @@ fn main() {
             return;
         }
     }
-    let backend = support::start_backend(1);
+    let backend = support::start_backend(1, layout.backend_cpus);
     println!(
         "throughput bench: {seconds}s per cell; {}; 3-byte responses",
         layout.describe()

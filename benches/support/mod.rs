@@ -41,10 +41,14 @@ pub fn free_port() -> u16 {
 
 /// Starts an HTTP/1.1 and h2c backend answering `ok\n` (3 bytes), or after `MS` ms on
 /// `/slow/MS`, on its own runtime thread so it does not share the load
-/// generator's scheduler.
-pub fn start_backend(worker_threads: usize) -> SocketAddr {
+/// generator's scheduler. With `cpus`, its threads run only there (the
+/// runtime's threads inherit the pinning of the thread that builds it), so
+/// it cannot take time from a proxy pinned elsewhere.
+pub fn start_backend(worker_threads: usize, cpus: &[usize]) -> SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
+    let cpus = cpus.to_vec();
     std::thread::spawn(move || {
+        pin_this_thread(&cpus);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(worker_threads)
             .enable_all()
@@ -83,6 +87,19 @@ pub fn start_backend(worker_threads: usize) -> SocketAddr {
         });
     });
     rx.recv().expect("backend address")
+}
+
+/// Runs the calling thread (and threads it starts) only on `cpus`; empty:
+/// anywhere.
+fn pin_this_thread(cpus: &[usize]) {
+    if cpus.is_empty() {
+        return;
+    }
+    let mut set = nix::sched::CpuSet::new();
+    for &cpu in cpus {
+        set.set(cpu).expect("cpu number in range");
+    }
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("pin backend");
 }
 
 /// Starts a TCP echo backend on its own runtime thread.
