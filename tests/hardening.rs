@@ -294,13 +294,20 @@ async fn at_max_connections_baton_stops_accepting_and_resumes_below_it() {
 
 /// The fd limit is the real cap on connections: an HTTP client connection
 /// must cost one fd, not two.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http_client_connection_costs_one_fd() {
+/// An HTTP listener `web` and its backend, with the serving pid and its
+/// settled fd count before the test's traffic.
+async fn counting_fds() -> (HttpBackend, Baton, u32, usize) {
     let backend = HttpBackend::start("a").await;
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
-    let web = baton.addr("web");
     let pid = baton.serving_pid().await;
     let before = support::daemon::settled_fd_count(pid).await;
+    (backend, baton, pid, before)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_client_connection_costs_one_fd() {
+    let (_backend, baton, pid, before) = counting_fds().await;
+    let web = baton.addr("web");
     let mut held = Vec::new();
     for _ in 0..50 {
         let mut c = client::connect(web).await.expect("connect");
@@ -421,5 +428,32 @@ async fn a_slowloris_head_gets_408_and_an_idle_keep_alive_outlives_the_head_time
     assert!(
         idle >= Duration::from_millis(4900) && idle < support::TIMEOUT,
         "closed after {idle:?} idle; idle_timeout is 5 s"
+    );
+}
+
+/// A client that asked for the close and sent no body is done: baton
+/// closes at once (a FIN, nothing unread) instead of lingering for its
+/// FIN, so a burst of one-request connections does not hold a socket
+/// each for the linger time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_asked_for_the_close_costs_no_socket_after_its_answer() {
+    let (_backend, baton, pid, before) = counting_fds().await;
+    let web = baton.addr("web");
+    let mut held = Vec::new();
+    for _ in 0..50 {
+        let mut c = tokio::net::TcpStream::connect(web).await.expect("connect");
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("send");
+        let mut answer = Vec::new();
+        c.read_to_end(&mut answer).await.expect("answer, then EOF");
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+        // Still open on the client's side: only baton's close is measured.
+        held.push(c);
+    }
+    let after = support::daemon::fd_count(pid);
+    assert!(
+        after.saturating_sub(before) < 10,
+        "{before} fds before, {after} after 50 answered connections the clients keep open"
     );
 }

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use hyper::server::conn::http2;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -14,6 +15,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::body::ProxyBody;
+use super::h1::io::{read_now, read_some, release_if_empty};
 use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
 use crate::backend::Pool;
 use crate::config::{Forwarded, ListenerConfig, RouteConfig};
@@ -23,9 +25,10 @@ use crate::metrics::{self, RequestMetrics};
 /// What a connection's first bytes say it speaks (they are read, and go
 /// to that protocol's reader first).
 enum Opening {
-    /// The h2 client preface.
+    /// The h2 client preface (and whatever followed it in the same read).
     H2(Vec<u8>),
-    Http1(Vec<u8>),
+    /// The first read of an HTTP/1 connection, kept as its read buffer.
+    Http1(BytesMut),
     /// Nothing within `header_timeout`.
     Silent,
     Closed,
@@ -34,27 +37,34 @@ enum Opening {
 /// The h2 client preface (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Reads a connection's first bytes until they match the h2 preface or
-/// cannot (every HTTP/1 method differs from `PRI` by its second byte at
-/// the latest).
+/// Reads a connection's first bytes, as many as are there, until they
+/// match the h2 preface or cannot (every HTTP/1 method differs from `PRI`
+/// by its second byte at the latest). Bytes already waiting are taken
+/// without arming a clock: the usual case for a new connection.
 async fn opening(stream: &mut TcpStream, deadline: Instant) -> Opening {
-    use tokio::io::AsyncReadExt;
-    let mut seen = Vec::with_capacity(PREFACE.len());
+    let mut seen = BytesMut::new();
     loop {
-        let mut more = [0u8; PREFACE.len()];
-        let want = PREFACE.len() - seen.len();
-        match tokio::time::timeout_at(deadline, stream.read(&mut more[..want])).await {
+        let read = match read_now(stream, &mut seen).await {
+            Ok(Some(n)) => Ok(Ok(n)),
+            Ok(None) => tokio::time::timeout_at(deadline, read_some(stream, &mut seen)).await,
+            Err(err) => Ok(Err(err)),
+        };
+        match read {
             // An h2 opening that stops short gets no HTTP/1 408.
             Err(_) if !seen.is_empty() => return Opening::Closed,
             Err(_) => return Opening::Silent,
             Ok(Ok(0) | Err(_)) => return Opening::Closed,
-            Ok(Ok(n)) => seen.extend_from_slice(&more[..n]),
+            Ok(Ok(_)) => {}
         }
-        if seen[..] != PREFACE[..seen.len()] {
+        let compared = seen.len().min(PREFACE.len());
+        if seen[..compared] != PREFACE[..compared] {
             return Opening::Http1(seen);
         }
-        if seen.len() == PREFACE.len() {
-            return Opening::H2(seen);
+        if seen.len() >= PREFACE.len() {
+            let opening = seen.to_vec();
+            seen.clear();
+            release_if_empty(&mut seen);
+            return Opening::H2(opening);
         }
     }
 }
@@ -137,7 +147,7 @@ impl HttpProxy {
             // of an h2 connection's state (RSS per idle connection).
             Opening::H2(seen) => Box::pin(self.serve_h2(stream, seen, peer, drain)).await,
             Opening::Http1(seen) => {
-                super::h1::conn::serve(&self, stream, &seen, peer, &drain, opened).await;
+                super::h1::conn::serve(&self, stream, seen, peer, &drain, opened).await;
             }
             Opening::Silent => {
                 tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
@@ -150,9 +160,10 @@ impl HttpProxy {
     /// The pool a request goes to: the first route matching its host and
     /// path, else the listener's.
     pub(super) fn target_for(&self, host: Option<&[u8]>, path: &[u8]) -> &Target {
+        // Compared in place: routing costs no allocation per request.
         let host = host
             .and_then(|h| std::str::from_utf8(h).ok())
-            .map(|h| crate::config::strip_port(h).to_ascii_lowercase());
+            .map(crate::config::strip_port);
         let chosen = self
             .routes
             .iter()
@@ -160,7 +171,9 @@ impl HttpProxy {
                 r.path_prefix
                     .as_deref()
                     .is_none_or(|p| path.starts_with(p.as_bytes()))
-                    && r.host.as_deref().is_none_or(|h| host.as_deref() == Some(h))
+                    && r.host
+                        .as_deref()
+                        .is_none_or(|h| host.is_some_and(|sent| sent.eq_ignore_ascii_case(h)))
             })
             .map_or(self.default_target, |r| r.pool);
         &self.targets[chosen]

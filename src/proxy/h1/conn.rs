@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::exchange::{exchange, After, Client};
-use super::head::{self, Parsed, Refusal, RequestHead};
+use super::head::{self, Framing, Parsed, Refusal, RequestHead};
 use super::io::{linger_close, read_now, release_if_empty, write_all};
 use super::rewrite;
 use crate::lifecycle::drain::DrainWatch;
@@ -38,24 +38,48 @@ enum Next {
     Done,
 }
 
+/// How a connection's last exchange left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// The client asked for the close with its last request, which had no
+    /// body: it sends nothing more.
+    ClientAsked,
+    /// Anything else: the client may still be sending.
+    Other,
+}
+
 /// Serves `stream` until either side ends it, then closes it gracefully.
 /// `opened` starts the first head's clock; `opening` holds the bytes read
-/// to tell HTTP/1 from h2.
+/// to tell HTTP/1 from h2 (the connection's read buffer from then on).
 pub async fn serve(
     proxy: &HttpProxy,
     stream: TcpStream,
-    opening: &[u8],
+    opening: BytesMut,
     peer: SocketAddr,
     drain: &DrainWatch,
     opened: Instant,
 ) {
     let mut client = Client {
         stream,
-        buf: BytesMut::from(opening),
+        buf: opening,
         ip: peer.ip().to_string(),
     };
-    serve_requests(proxy, &mut client, peer, drain, opened).await;
+    let ending = serve_requests(proxy, &mut client, peer, drain, opened).await;
+    if ending == Ending::ClientAsked && client.buf.is_empty() && nothing_unread(&client.stream) {
+        // A plain close sends FIN; there is nothing a reset could destroy.
+        return;
+    }
     linger_close(&mut client.stream).await;
+}
+
+/// The kernel holds no byte from the client that baton has not read (one
+/// non-blocking peek): closing cannot turn into a reset.
+fn nothing_unread(stream: &TcpStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+    match socket2::SockRef::from(stream).peek(&mut byte) {
+        Ok(n) => n == 0,
+        Err(err) => err.kind() == std::io::ErrorKind::WouldBlock,
+    }
 }
 
 async fn serve_requests(
@@ -64,23 +88,33 @@ async fn serve_requests(
     peer: SocketAddr,
     drain: &DrainWatch,
     opened: Instant,
-) {
+) -> Ending {
     let mut first = Some(opened);
     loop {
         let head = match next_head(proxy, client, drain, first.take()).await {
             Next::Head(head) => head,
-            Next::Refused(refusal) => return refuse(proxy, client, &refusal, peer).await,
+            Next::Refused(refusal) => {
+                refuse(proxy, client, &refusal, peer).await;
+                return Ending::Other;
+            }
             Next::Slow => {
                 tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
                 let _ = write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
-                return;
+                return Ending::Other;
             }
-            Next::Done => return,
+            Next::Done => return Ending::Other,
         };
+        // Only without a body: an upload the answer cut short may still be
+        // on its way, and its bytes would meet a closed socket.
+        let client_closes = !head.keep_alive && head.framing == Framing::Empty;
         // Boxed: an idle connection's task keeps only this loop's state,
         // not the largest state an exchange ever needs.
         if Box::pin(exchange(proxy, client, head, drain)).await == After::Close {
-            return;
+            return if client_closes {
+                Ending::ClientAsked
+            } else {
+                Ending::Other
+            };
         }
     }
 }
