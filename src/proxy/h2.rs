@@ -18,7 +18,6 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::activity::ConnState;
@@ -31,6 +30,7 @@ use super::ProxyError;
 use crate::backend::{Lease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics;
+use crate::proxy::stream::ClientStream;
 
 /// How often an h2 connection is PINGed, and how long the answer may take,
 /// at most.
@@ -65,9 +65,9 @@ impl Outgoing {
 }
 
 impl HttpProxy {
-    pub(super) async fn serve_h2(
+    pub(super) async fn serve_h2<S: ClientStream>(
         self: Arc<Self>,
-        stream: TcpStream,
+        stream: S,
         seen: Vec<u8>,
         peer: SocketAddr,
         drain: DrainWatch,

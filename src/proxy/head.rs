@@ -10,7 +10,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Runs from the connection's start until its opening is in.
@@ -47,8 +46,8 @@ impl OpeningClock {
 }
 
 /// The client's stream, telling the clock when the opening is in.
-pub struct Watched {
-    inner: TcpStream,
+pub struct Watched<S> {
+    inner: S,
     /// Bytes read before hyper took over (to tell h2 from HTTP/1), given
     /// to hyper first.
     prefix: Vec<u8>,
@@ -72,8 +71,8 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// A frame header: 24-bit length, type, flags, stream id.
 const FRAME_HEADER: usize = 9;
 
-impl Watched {
-    pub fn new(inner: TcpStream, prefix: Vec<u8>, clock: Arc<OpeningClock>) -> Watched {
+impl<S> Watched<S> {
+    pub fn new(inner: S, prefix: Vec<u8>, clock: Arc<OpeningClock>) -> Watched<S> {
         Watched {
             inner,
             prefix,
@@ -125,7 +124,7 @@ impl Watched {
     }
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -151,7 +150,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -11,12 +11,12 @@ use bytes::BytesMut;
 use hyper::server::conn::http2;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::body::ProxyBody;
-use super::h1::io::{read_now, read_some, release_if_empty};
+use super::h1::io::{read_now, read_some, release_if_empty, write_all};
 use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
+use super::stream::ClientStream;
 use crate::backend::Pool;
 use crate::config::{Forwarded, ListenerConfig, RouteConfig};
 use crate::lifecycle::drain::DrainWatch;
@@ -34,6 +34,9 @@ enum Opening {
     Closed,
 }
 
+/// How long a silent client's 408 may wait for room to be written.
+const SILENT_STALL: Duration = Duration::from_secs(1);
+
 /// The h2 client preface (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -41,7 +44,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// match the h2 preface or cannot (every HTTP/1 method differs from `PRI`
 /// by its second byte at the latest). Bytes already waiting are taken
 /// without arming a clock: the usual case for a new connection.
-async fn opening(stream: &mut TcpStream, deadline: Instant) -> Opening {
+async fn opening<S: ClientStream>(stream: &mut S, deadline: Instant) -> Opening {
     let mut seen = BytesMut::new();
     loop {
         let read = match read_now(stream, &mut seen).await {
@@ -139,7 +142,12 @@ impl HttpProxy {
     /// Serves one client connection until it ends, the drain closes it, or
     /// the drain is forced (the task is then dropped by `DrainWatch`):
     /// HTTP/1 on baton's own path, h2c (prior knowledge) on hyper's.
-    pub async fn serve(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, drain: DrainWatch) {
+    pub async fn serve<S: ClientStream>(
+        self: Arc<Self>,
+        stream: S,
+        peer: SocketAddr,
+        drain: DrainWatch,
+    ) {
         let opened = Instant::now();
         let mut stream = stream;
         match opening(&mut stream, opened + self.header_timeout).await {
@@ -151,7 +159,8 @@ impl HttpProxy {
             }
             Opening::Silent => {
                 tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
-                let _ = stream.try_write(super::h1::conn::TIMEOUT_RESPONSE);
+                let _ =
+                    write_all(&mut stream, super::h1::conn::TIMEOUT_RESPONSE, SILENT_STALL).await;
             }
             Opening::Closed => {}
         }

@@ -12,6 +12,7 @@ pub mod headers;
 pub mod http;
 pub mod idle;
 pub mod longlived;
+pub mod stream;
 pub mod tcp;
 
 use ::http::StatusCode;

@@ -14,7 +14,6 @@ use std::net::SocketAddr;
 
 use bytes::{Buf, BytesMut};
 use http::StatusCode;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::exchange::{exchange, After, Client};
@@ -23,6 +22,7 @@ use super::io::{linger_close, read_now, release_if_empty, write_all};
 use super::rewrite;
 use crate::lifecycle::drain::DrainWatch;
 use crate::proxy::http::HttpProxy;
+use crate::proxy::stream::ClientStream;
 
 /// What a client is answered when its head is too slow.
 pub const TIMEOUT_RESPONSE: &[u8] =
@@ -51,9 +51,9 @@ enum Ending {
 /// Serves `stream` until either side ends it, then closes it gracefully.
 /// `opened` starts the first head's clock; `opening` holds the bytes read
 /// to tell HTTP/1 from h2 (the connection's read buffer from then on).
-pub async fn serve(
+pub async fn serve<S: ClientStream>(
     proxy: &HttpProxy,
-    stream: TcpStream,
+    stream: S,
     opening: BytesMut,
     peer: SocketAddr,
     drain: &DrainWatch,
@@ -65,7 +65,8 @@ pub async fn serve(
         ip: peer.ip().to_string(),
     };
     let ending = serve_requests(proxy, &mut client, peer, drain, opened).await;
-    if ending == Ending::ClientAsked && client.buf.is_empty() && nothing_unread(&client.stream) {
+    if ending == Ending::ClientAsked && client.buf.is_empty() && nothing_unread(client.stream.tcp())
+    {
         // A plain close sends FIN; there is nothing a reset could destroy.
         return;
     }
@@ -74,7 +75,7 @@ pub async fn serve(
 
 /// The kernel holds no byte from the client that baton has not read (one
 /// non-blocking peek): closing cannot turn into a reset.
-fn nothing_unread(stream: &TcpStream) -> bool {
+fn nothing_unread(stream: &tokio::net::TcpStream) -> bool {
     let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
     match socket2::SockRef::from(stream).peek(&mut byte) {
         Ok(n) => n == 0,
@@ -82,9 +83,9 @@ fn nothing_unread(stream: &TcpStream) -> bool {
     }
 }
 
-async fn serve_requests(
+async fn serve_requests<S: ClientStream>(
     proxy: &HttpProxy,
-    client: &mut Client,
+    client: &mut Client<S>,
     peer: SocketAddr,
     drain: &DrainWatch,
     opened: Instant,
@@ -119,9 +120,9 @@ async fn serve_requests(
     }
 }
 
-async fn next_head(
+async fn next_head<S: ClientStream>(
     proxy: &HttpProxy,
-    client: &mut Client,
+    client: &mut Client<S>,
     drain: &DrainWatch,
     opened: Option<Instant>,
 ) -> Next {
@@ -176,7 +177,12 @@ async fn drain_grace(drain: &DrainWatch, grace: std::time::Duration) {
 }
 
 /// Answers a head baton will not serve, and closes.
-async fn refuse(proxy: &HttpProxy, client: &mut Client, refusal: &Refusal, peer: SocketAddr) {
+async fn refuse<S: ClientStream>(
+    proxy: &HttpProxy,
+    client: &mut Client<S>,
+    refusal: &Refusal,
+    peer: SocketAddr,
+) {
     let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::BAD_REQUEST);
     let id = crate::proxy::request_id();
     tracing::info!(listener = %proxy.listener, client = %peer, request_id = %id, status = status.as_u16(), cause = %refusal, "refused a request head");

@@ -24,14 +24,15 @@ use crate::backend::{Backend, Lease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
 use crate::proxy::http::HttpProxy;
+use crate::proxy::stream::ClientStream;
 use crate::proxy::{longlived, ProxyError};
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// A client connection between requests: its socket and what it sent
 /// that no request has taken yet (a pipelined request).
-pub struct Client {
-    pub stream: TcpStream,
+pub struct Client<S> {
+    pub stream: S,
     pub buf: BytesMut,
     /// Its address as forwarding headers write it.
     pub ip: String,
@@ -72,9 +73,9 @@ enum Attempt {
 }
 
 /// Serves one request and says whether its connection carries another.
-pub async fn exchange(
+pub async fn exchange<S: ClientStream>(
     proxy: &HttpProxy,
-    client: &mut Client,
+    client: &mut Client<S>,
     head: RequestHead,
     drain: &DrainWatch,
 ) -> After {
@@ -112,9 +113,9 @@ pub async fn exchange(
     after
 }
 
-async fn forward(
+async fn forward<S: ClientStream>(
     proxy: &HttpProxy,
-    client: &mut Client,
+    client: &mut Client<S>,
     head: &RequestHead,
     body: &mut RequestBody,
     pool: &Pool,
@@ -172,9 +173,9 @@ async fn forward(
 
 /// Waits until the body's first bytes are in and framed well (a 100
 /// Continue first, if the client waits for one).
-async fn first_body_bytes(
+async fn first_body_bytes<S: ClientStream>(
     proxy: &HttpProxy,
-    client: &mut Client,
+    client: &mut Client<S>,
     head: &RequestHead,
     body: &mut RequestBody,
 ) -> Result<(), Failure> {
@@ -263,9 +264,9 @@ enum Pumped {
     ClientGone,
 }
 
-async fn attempt(
+async fn attempt<S: ClientStream>(
     proxy: &HttpProxy,
-    client: &mut Client,
+    client: &mut Client<S>,
     head: &RequestHead,
     body: &mut RequestBody,
     lease: &Lease,
@@ -353,14 +354,14 @@ async fn attempt(
 /// Runs the upload (while the body lasts) and the download side by side;
 /// once the request is all sent, the response head must come within
 /// `response_timeout`, and a client that goes away ends the exchange.
-async fn pump(
+async fn pump<S: ClientStream>(
     proxy: &HttpProxy,
-    client: &mut Client,
+    client: &mut Client<S>,
     up: &mut Upstream,
     body: &mut RequestBody,
     down: &Down<'_>,
 ) -> Pumped {
-    let (mut client_r, mut client_w) = client.stream.split();
+    let (mut client_r, mut client_w) = client.stream.halves();
     let (mut backend_r, mut backend_w) = up.stream.split();
     let downloading = download(&mut backend_r, &mut up.buf, &mut client_w, down);
     tokio::pin!(downloading);
@@ -464,9 +465,9 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
 
 /// After a 101: what either side sent past the switch goes first, then the
 /// two connections are joined until one ends (the lease is held meanwhile).
-async fn tunnel(
+async fn tunnel<S: ClientStream>(
     proxy: &HttpProxy,
-    client: &mut Client,
+    client: &mut Client<S>,
     mut up: Upstream,
     websocket: bool,
     drain: &DrainWatch,

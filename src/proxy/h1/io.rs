@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Room made in a read buffer before each read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -50,7 +49,10 @@ pub async fn read_some<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> i
 
 /// Reads what `stream` has now, without waiting: `None` if nothing (its
 /// readiness was stale), `Some(0)` at EOF.
-pub async fn read_now(stream: &mut TcpStream, buf: &mut BytesMut) -> io::Result<Option<usize>> {
+pub async fn read_now<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> io::Result<Option<usize>> {
     room(buf);
     let read = std::future::poll_fn(|cx| {
         match tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, buf) {
@@ -74,7 +76,7 @@ const LINGER_BYTES: usize = 256 * 1024;
 /// can destroy a response the client has not read yet (a pipelined
 /// request during a drain, an upload answered early). nginx's
 /// `lingering_close` does the same.
-pub async fn linger_close(stream: &mut TcpStream) {
+pub async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) {
     if stream.shutdown().await.is_err() {
         return;
     }
