@@ -42,6 +42,7 @@ pub const KERNEL_MIGRATE_REQ: &str = "baton_kernel_migrate_req_total";
 pub const PROCESS_OPEN_FDS: &str = "baton_process_open_fds";
 pub const PROCESS_RESIDENT: &str = "baton_process_resident_memory_bytes";
 pub const PROCESS_CPU: &str = "baton_process_cpu_seconds";
+pub const TLS_HANDSHAKES: &str = "baton_tls_handshakes_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -83,6 +84,10 @@ fn describe() {
     describe_counter!(
         CONNECTIONS_ACCEPTED,
         "Client connections accepted, by listener."
+    );
+    describe_counter!(
+        TLS_HANDSHAKES,
+        "TLS handshakes on a listener, by result: full, resumed (a session ticket), failed."
     );
     describe_gauge!(
         CONNECTIONS_ACTIVE,
@@ -208,6 +213,37 @@ pub fn listener(name: &str) -> ListenerMetrics {
     ListenerMetrics {
         accepted: metrics::counter!(CONNECTIONS_ACCEPTED, "listener" => name.to_string()),
         active: metrics::gauge!(CONNECTIONS_ACTIVE, "listener" => name.to_string(), "state" => "serving"),
+    }
+}
+
+/// A TLS listener's handshakes by result.
+#[derive(Clone)]
+pub struct TlsMetrics {
+    pub full: Counter,
+    pub resumed: Counter,
+    pub failed: Counter,
+}
+
+impl TlsMetrics {
+    pub fn completed(&self, resumed: bool) {
+        if resumed {
+            self.resumed.increment(1);
+        } else {
+            self.full.increment(1);
+        }
+    }
+}
+
+pub fn tls(listener: &str) -> TlsMetrics {
+    let counter = |result: &'static str| {
+        let c = metrics::counter!(TLS_HANDSHAKES, "listener" => listener.to_string(), "result" => result);
+        c.absolute(0);
+        c
+    };
+    TlsMetrics {
+        full: counter("full"),
+        resumed: counter("resumed"),
+        failed: counter("failed"),
     }
 }
 

@@ -1,5 +1,4 @@
-//! What a client connection's bytes travel on: plain TCP today, TLS over
-//! TCP next. The HTTP/1 path is written once against this trait; each
+//! What a client connection's bytes travel on: plain TCP, or TLS over it. The HTTP/1 path is written once against this trait; each
 //! kind of stream says how it is split for an exchange's upload and
 //! download side by side, how to wait for bytes without holding a read
 //! buffer, and which TCP socket lies under it.
@@ -10,6 +9,7 @@ use std::io;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
 
 pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     type Reader<'a>: AsyncRead + Unpin + Send
@@ -28,6 +28,11 @@ pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
 
     /// The TCP socket under the stream.
     fn tcp(&self) -> &TcpStream;
+
+    /// The plain TCP stream itself, when no layer sits between its bytes
+    /// and the client's: TCP mode then copies with the kernel's readiness
+    /// and no buffer held while idle.
+    fn plain(&mut self) -> Option<&mut TcpStream>;
 }
 
 impl ClientStream for TcpStream {
@@ -44,5 +49,41 @@ impl ClientStream for TcpStream {
 
     fn tcp(&self) -> &TcpStream {
         self
+    }
+
+    fn plain(&mut self) -> Option<&mut TcpStream> {
+        Some(self)
+    }
+}
+
+/// A TLS session shares one state for both directions, so its halves are
+/// tokio's locked split (uncontended: one task drives both).
+impl ClientStream for TlsStream<TcpStream> {
+    type Reader<'a> = tokio::io::ReadHalf<&'a mut TlsStream<TcpStream>>;
+    type Writer<'a> = tokio::io::WriteHalf<&'a mut TlsStream<TcpStream>>;
+
+    fn halves(&mut self) -> (Self::Reader<'_>, Self::Writer<'_>) {
+        tokio::io::split(self)
+    }
+
+    /// Decrypted bytes rustls already holds are ready now; otherwise the
+    /// socket must have some.
+    async fn readable(&mut self) -> io::Result<()> {
+        let (tcp, session) = self.get_mut();
+        let pending = session
+            .process_new_packets()
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))?;
+        if pending.plaintext_bytes_to_read() > 0 || pending.peer_has_closed() {
+            return Ok(());
+        }
+        tcp.readable().await
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+
+    fn plain(&mut self) -> Option<&mut TcpStream> {
+        None
     }
 }

@@ -7,7 +7,9 @@
 //! proxied connection costs its two sockets and a small task, not two
 //! 8 KiB buffers (`tokio::io::copy_bidirectional` keeps those for life).
 //! No traffic either way for `tunnel_timeout` closes both sides, and TCP
-//! keep-alive on both sockets finds a peer that vanished sooner.
+//! keep-alive on both sockets finds a peer that vanished sooner. A TLS
+//! client's bytes are copied through its session instead, with a buffer
+//! each way for the connection's life (a TLS session holds its own too).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,7 +19,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
-use super::idle::Activity;
+use super::idle::{Activity, Observed};
+use super::stream::ClientStream;
 use crate::backend::{Lease, Pool};
 use crate::metrics::{self, UpstreamErrorKind};
 
@@ -29,7 +32,7 @@ pub struct TcpProxy {
 }
 
 impl TcpProxy {
-    pub async fn serve(&self, mut client: TcpStream, peer: SocketAddr) {
+    pub async fn serve<S: ClientStream>(&self, mut client: S, peer: SocketAddr) {
         let Some((mut upstream, lease)) = self.connect().await else {
             if self.pool.healthy_count() == 0 {
                 metrics::no_backend(&self.listener, &self.pool.name);
@@ -37,11 +40,17 @@ impl TcpProxy {
             tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, "no backend reachable; closing");
             return;
         };
-        keep_alive(&client);
+        keep_alive(client.tcp());
         keep_alive(&upstream);
-        let activity = Activity::default();
+        let activity = Arc::new(Activity::default());
+        let copying = async {
+            match client.plain() {
+                Some(plain) => copy_both_ways(plain, &mut upstream, &activity).await,
+                None => copy_through(&mut client, &mut upstream, &activity).await,
+            }
+        };
         let copied = tokio::select! {
-            copied = copy_both_ways(&mut client, &mut upstream, &activity) => copied,
+            copied = copying => copied,
             () = activity.idle_for(self.tunnel_timeout) => {
                 tracing::info!(listener = %self.listener, client = %peer, backend = %lease.backend().name, "no traffic either way within tunnel_timeout; closing");
                 return;
@@ -101,6 +110,32 @@ async fn copy_both_ways(
     tokio::try_join!(
         one_way(a_read, b_write, activity),
         one_way(b_read, a_write, activity)
+    )
+}
+
+/// Copies both ways between a client session (TLS) and the backend, as
+/// `copy_both_ways` does, with a buffer each way.
+async fn copy_through<S: ClientStream>(
+    client: &mut S,
+    backend: &mut TcpStream,
+    activity: &Arc<Activity>,
+) -> std::io::Result<(u64, u64)> {
+    let (client_read, mut client_write) = client.halves();
+    let (backend_read, backend_write) = backend.split();
+    let mut client_read = Observed::new(client_read, Arc::clone(activity));
+    let mut backend_read = Observed::new(backend_read, Arc::clone(activity));
+    tokio::try_join!(
+        async {
+            let mut backend_write = backend_write;
+            let n = tokio::io::copy(&mut client_read, &mut backend_write).await?;
+            backend_write.shutdown().await?;
+            Ok::<u64, std::io::Error>(n)
+        },
+        async {
+            let n = tokio::io::copy(&mut backend_read, &mut client_write).await?;
+            client_write.shutdown().await?;
+            Ok(n)
+        }
     )
 }
 

@@ -1,0 +1,3 @@
+//! TLS termination.
+
+pub mod handshake;
