@@ -56,6 +56,14 @@ impl Pki {
         }
     }
 
+    /// A leaf serving `name` alone, valid over `days`, written to
+    /// `<stem>.pem` and `<stem>.key`; returns the key's path.
+    pub fn leaf_files(&self, stem: &str, name: &str, days: Range<i64>) -> PathBuf {
+        let leaf = self.leaf(name, &[name], days);
+        self.write(&format!("{stem}.pem"), &leaf.cert);
+        self.write(&format!("{stem}.key"), &leaf.key)
+    }
+
     /// Writes `text` to the file `name` in the folder; returns its path.
     pub fn write(&self, name: &str, text: &str) -> PathBuf {
         let path = self.dir.path().join(name);
