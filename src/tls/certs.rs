@@ -112,8 +112,8 @@ pub fn load(cert: &Path, key: &Path, now: SystemTime) -> Result<Loaded, Vec<Prob
     if !errors.is_empty() {
         return Err(errors);
     }
+    // read_chain returns at least one certificate, so there is a leaf.
     let info = info(&parsed[0]);
-    drop(parsed);
     Ok(Loaded {
         key: Arc::new(certified),
         info,

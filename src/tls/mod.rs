@@ -177,3 +177,90 @@ pub fn unix_seconds(now: SystemTime) -> i64 {
         Err(before) => -i64::try_from(before.duration().as_secs()).unwrap_or(i64::MAX),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConnection};
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+
+    use super::testing::Pki;
+    use super::{certs, provider, MinVersion, Spec, TlsSettings};
+
+    /// Settings serving `a.example.com` (the default) and `*.example.org`,
+    /// and the CA's certificate.
+    fn settings(pki: &Pki) -> (TlsSettings, CertificateDer<'static>) {
+        let load = |stem: &str, name: &str| {
+            let key = pki.leaf_files(stem, name, -1..90);
+            let cert = pki.dir.path().join(format!("{stem}.pem"));
+            certs::load(&cert, &key, SystemTime::now()).expect("loads")
+        };
+        let spec = Spec {
+            certificates: vec![load("a", "a.example.com"), load("b", "*.example.org")],
+            alpn: vec!["h2".into(), "http/1.1".into()],
+            min_version: MinVersion::Tls12,
+            handshake_timeout: Duration::from_secs(10),
+            client_ca: None,
+        };
+        let ca = pki.leaf("unused", &[], -1..1).ca;
+        let ca = CertificateDer::from_pem_slice(ca.as_bytes()).expect("CA");
+        (TlsSettings::build(spec).expect("builds"), ca)
+    }
+
+    /// A whole handshake in memory: the client trusts the CA, offers only
+    /// http/1.1 and asks for `sni`.
+    fn handshake(pki: &Pki, sni: &'static str) -> ClientConnection {
+        let (settings, ca) = settings(pki);
+        let mut roots = RootCertStore::empty();
+        roots.add(ca).expect("root");
+        let mut config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let name = sni.try_into().expect("name");
+        let mut client = ClientConnection::new(Arc::new(config), name).expect("client");
+        let mut server = ServerConnection::new(settings.server_config.clone()).expect("server");
+        for _ in 0..10 {
+            if !client.is_handshaking() && !server.is_handshaking() {
+                break;
+            }
+            let mut bytes = Vec::new();
+            client.write_tls(&mut bytes).expect("client writes");
+            server
+                .read_tls(&mut bytes.as_slice())
+                .expect("server reads");
+            server.process_new_packets().expect("server handshake");
+            bytes.clear();
+            server.write_tls(&mut bytes).expect("server writes");
+            client
+                .read_tls(&mut bytes.as_slice())
+                .expect("client reads");
+            client.process_new_packets().expect("client handshake");
+        }
+        assert!(!client.is_handshaking() && !server.is_handshaking());
+        client
+    }
+
+    #[test]
+    fn a_handshake_gets_the_certificate_its_sni_names_and_the_alpn() {
+        let pki = Pki::new();
+        let client = handshake(&pki, "x.example.org");
+        let served = client.peer_certificates().expect("certificates");
+        let b = std::fs::read(pki.dir.path().join("b.pem")).expect("b.pem");
+        assert_eq!(served[0], CertificateDer::from_pem_slice(&b).expect("b"));
+        assert_eq!(client.alpn_protocol(), Some(&b"http/1.1"[..]));
+    }
+
+    #[test]
+    fn times_print_as_rfc3339_and_before_1970_as_the_epoch() {
+        assert_eq!(super::format_time(1_767_312_000), "2026-01-02T00:00:00Z");
+        assert_eq!(super::format_time(-5), "1970-01-01T00:00:00Z");
+        let before = UNIX_EPOCH - Duration::from_secs(5);
+        assert_eq!(super::unix_seconds(before), -5);
+    }
+}
