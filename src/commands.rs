@@ -10,6 +10,7 @@ use crate::lifecycle::control::{self, CallError, Request};
 use crate::lifecycle::generation::{Exec, Parent};
 use crate::lifecycle::handoff::Channel;
 use crate::lifecycle::signals::Signals;
+use crate::tls::{ClientAuth, TlsSettings};
 
 /// `baton reload`/`status`: the daemon cannot be reached.
 pub const UNREACHABLE: i32 = 69;
@@ -86,6 +87,9 @@ async fn run_async(args: RunArgs) -> i32 {
             return exit::CONFIG;
         }
     };
+    for warning in &config.warnings {
+        tracing::warn!(%warning, "config");
+    }
     let exec = match Exec::of_this_process() {
         Ok(e) => e,
         Err(err) => {
@@ -125,6 +129,9 @@ fn check(args: CheckArgs) -> i32 {
             return exit::CONFIG;
         }
     };
+    for warning in &c.warnings {
+        eprintln!("baton: warning: {warning}");
+    }
     println!("config {} is valid", c.source.display());
     println!("workers                 {}", c.workers);
     println!("admin.listen            {}", c.admin.listen);
@@ -158,6 +165,9 @@ fn check(args: CheckArgs) -> i32 {
             l.backlog,
             l.max_connections
         );
+        if let Some(tls) = &l.tls {
+            print_tls(&l.name, tls);
+        }
     }
     for p in &c.pools {
         println!("pool {}: {} backend(s)", p.name, p.backends.len());
@@ -165,6 +175,26 @@ fn check(args: CheckArgs) -> i32 {
     println!("TimeoutStopSec={}", c.timeout_stop().as_secs());
     warn_about_unit(args.unit.as_deref(), c.timeout_stop());
     exit::OK
+}
+
+/// A TLS listener's settings, then one line per certificate, in the order
+/// SNI falls back through (the first is the default).
+fn print_tls(listener: &str, tls: &TlsSettings) {
+    println!(
+        "listener {listener} tls alpn [{}], min_version {}, handshake_timeout {}, client_auth {}",
+        tls.alpn.join(", "),
+        tls.min_version.as_str(),
+        display(tls.handshake_timeout),
+        tls.client_auth.map_or("off", ClientAuth::as_str),
+    );
+    for cert in &tls.certificates {
+        println!(
+            "listener {listener} tls certificate {} (names {}; expires {})",
+            cert.name,
+            cert.names.join(", "),
+            crate::tls::format_time(cert.not_after_unix),
+        );
+    }
 }
 
 /// Unit files systemd would load for `baton.service`, most specific first.

@@ -14,6 +14,7 @@
 //! - [`daemon`]: the supervisor of one generation (the only writer of its phase).
 //! - [`admin`]: probes, `/status`, `/metrics` over their own listener.
 //! - [`config`]: the TOML file, validated into typed settings.
+//! - [`tls`]: listener certificates, loaded and checked at config load; SNI; the rustls config.
 //! - [`metrics`], [`telemetry`]: Prometheus names and handles; logging.
 //! - [`cli`], [`commands`], [`status`], [`demo`]: the command line and what each command does.
 #![deny(unsafe_code)]

@@ -84,6 +84,27 @@ pub struct ListenerFile {
     pub tunnel_timeout: Option<DurationValue>,
     pub forwarded: Option<String>,
     pub h2_max_concurrent_streams: Option<i64>,
+    pub tls: Option<TlsFile>,
+}
+
+/// A listener's `tls` key: an inline table or `[listeners.tls]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFile {
+    #[serde(default)]
+    pub certificates: Vec<CertificateFile>,
+    pub alpn: Option<Vec<String>>,
+    pub min_version: Option<String>,
+    pub handshake_timeout: Option<DurationValue>,
+    pub client_ca: Option<String>,
+    pub client_auth: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateFile {
+    pub cert: Option<String>,
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,3 +1,267 @@
-//! TLS termination.
+//! TLS termination settings for a listener: certificates loaded and checked
+//! at config load ([`certs`]), picked per connection by SNI ([`sni`]), and
+//! built into the `rustls::ServerConfig` the data path hands to
+//! `tokio-rustls`. Everything that can be wrong with a certificate is found
+//! here, when `baton check` or a new generation reads the config, never at
+//! the first handshake.
 
+pub mod certs;
 pub mod handshake;
+pub mod sni;
+#[cfg(test)]
+pub(crate) mod testing;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustls::crypto::CryptoProvider;
+use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
+use rustls::{RootCertStore, ServerConfig, SupportedProtocolVersion};
+
+/// The crypto provider every TLS object in baton is built with: ring, not
+/// rustls' default aws-lc-rs, because ring builds with the C compiler alone
+/// (aws-lc-rs needs cmake, and Go on some targets), which keeps a cold CI
+/// build short. It is passed explicitly wherever rustls needs one, so no
+/// process-wide default provider is ever installed.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The oldest TLS version a listener accepts (`min_version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MinVersion {
+    Tls12,
+    Tls13,
+}
+
+impl MinVersion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MinVersion::Tls12 => "1.2",
+            MinVersion::Tls13 => "1.3",
+        }
+    }
+
+    fn versions(self) -> &'static [&'static SupportedProtocolVersion] {
+        const FROM_1_2: &[&SupportedProtocolVersion] =
+            &[&rustls::version::TLS13, &rustls::version::TLS12];
+        const FROM_1_3: &[&SupportedProtocolVersion] = &[&rustls::version::TLS13];
+        match self {
+            MinVersion::Tls12 => FROM_1_2,
+            MinVersion::Tls13 => FROM_1_3,
+        }
+    }
+}
+
+/// Whether a client must show a certificate (`client_auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// A client without a certificate the CA issued is refused.
+    Required,
+    /// A client may come in unauthenticated; one that shows a certificate
+    /// must still show one the CA issued.
+    Optional,
+}
+
+impl ClientAuth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientAuth::Required => "required",
+            ClientAuth::Optional => "optional",
+        }
+    }
+}
+
+/// Client certificates (`client_ca`, `client_auth`).
+#[derive(Debug, Clone)]
+pub struct ClientCa {
+    pub roots: Arc<RootCertStore>,
+    pub auth: ClientAuth,
+}
+
+/// One served certificate as `baton check` and the metrics name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateInfo {
+    /// The first name it serves (or its subject, when it serves no DNS name).
+    pub name: String,
+    /// The DNS names it serves, lower-cased; `*.` wildcards included.
+    pub names: Vec<String>,
+    /// The leaf's notAfter, in seconds since the epoch.
+    pub not_after_unix: i64,
+}
+
+/// What a listener's validated `tls` key asks for, before it is built.
+pub struct Spec {
+    /// In config order: the first is the default (no SNI, or no match).
+    pub certificates: Vec<certs::Loaded>,
+    pub alpn: Vec<String>,
+    pub min_version: MinVersion,
+    pub handshake_timeout: Duration,
+    pub client_ca: Option<ClientCa>,
+}
+
+/// A listener's TLS settings, ready for the data path.
+#[derive(Debug)]
+pub struct TlsSettings {
+    /// Built once at load and shared by every connection of the listener.
+    pub server_config: Arc<ServerConfig>,
+    /// A client must finish its handshake within this.
+    pub handshake_timeout: Duration,
+    pub alpn: Vec<String>,
+    pub min_version: MinVersion,
+    /// `None` when no client certificate is asked for.
+    pub client_auth: Option<ClientAuth>,
+    pub certificates: Vec<CertificateInfo>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot build a client certificate verifier: {0}")]
+    ClientCa(#[from] VerifierBuilderError),
+    #[error("the crypto provider cannot serve these versions: {0}")]
+    Versions(#[from] rustls::Error),
+}
+
+impl TlsSettings {
+    /// Builds the settings and their `ServerConfig`.
+    pub fn build(spec: Spec) -> Result<Self, TlsError> {
+        let certificates = spec.certificates.iter().map(|c| c.info.clone()).collect();
+        let server_config = server_config(&spec)?;
+        Ok(TlsSettings {
+            server_config: Arc::new(server_config),
+            handshake_timeout: spec.handshake_timeout,
+            alpn: spec.alpn,
+            min_version: spec.min_version,
+            client_auth: spec.client_ca.map(|ca| ca.auth),
+            certificates,
+        })
+    }
+}
+
+/// The rustls configuration for `spec`. Its session ticketer and session
+/// cache are rustls' defaults, so tickets do not survive a reload yet: the
+/// step that hands ticket keys across reloads sets `ticketer` here (or on a
+/// clone of the built config, which is `Clone`).
+fn server_config(spec: &Spec) -> Result<ServerConfig, TlsError> {
+    let provider = provider();
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(spec.min_version.versions())?;
+    let builder = match &spec.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(ca.roots.clone(), provider);
+            let verifier = match ca.auth {
+                ClientAuth::Required => verifier,
+                ClientAuth::Optional => verifier.allow_unauthenticated(),
+            };
+            builder.with_client_cert_verifier(verifier.build()?)
+        }
+    };
+    let resolver = sni::SniResolver::new(&spec.certificates);
+    let mut config = builder.with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = spec.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    Ok(config)
+}
+
+/// Seconds since the epoch as RFC 3339 (`2026-01-02T00:00:00Z`), the form
+/// problems and `baton check` print dates in. A time before 1970 (which no
+/// served certificate's notAfter is) prints as the epoch.
+pub fn format_time(unix: i64) -> String {
+    let secs = u64::try_from(unix).unwrap_or(0);
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string()
+}
+
+/// `now` in seconds since the epoch, the unit certificate times come in.
+pub fn unix_seconds(now: SystemTime) -> i64 {
+    match now.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(before) => -i64::try_from(before.duration().as_secs()).unwrap_or(i64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConnection};
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+
+    use super::testing::Pki;
+    use super::{certs, provider, MinVersion, Spec, TlsSettings};
+
+    /// Settings serving `a.example.com` (the default) and `*.example.org`,
+    /// and the CA's certificate.
+    fn settings(pki: &Pki) -> (TlsSettings, CertificateDer<'static>) {
+        let load = |stem: &str, name: &str| {
+            let key = pki.leaf_files(stem, name, -1..90);
+            let cert = pki.dir.path().join(format!("{stem}.pem"));
+            certs::load(&cert, &key, SystemTime::now()).expect("loads")
+        };
+        let spec = Spec {
+            certificates: vec![load("a", "a.example.com"), load("b", "*.example.org")],
+            alpn: vec!["h2".into(), "http/1.1".into()],
+            min_version: MinVersion::Tls12,
+            handshake_timeout: Duration::from_secs(10),
+            client_ca: None,
+        };
+        let ca = pki.leaf("unused", &[], -1..1).ca;
+        let ca = CertificateDer::from_pem_slice(ca.as_bytes()).expect("CA");
+        (TlsSettings::build(spec).expect("builds"), ca)
+    }
+
+    /// A whole handshake in memory: the client trusts the CA, offers only
+    /// http/1.1 and asks for `sni`.
+    fn handshake(pki: &Pki, sni: &'static str) -> ClientConnection {
+        let (settings, ca) = settings(pki);
+        let mut roots = RootCertStore::empty();
+        roots.add(ca).expect("root");
+        let mut config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let name = sni.try_into().expect("name");
+        let mut client = ClientConnection::new(Arc::new(config), name).expect("client");
+        let mut server = ServerConnection::new(settings.server_config.clone()).expect("server");
+        for _ in 0..10 {
+            if !client.is_handshaking() && !server.is_handshaking() {
+                break;
+            }
+            let mut bytes = Vec::new();
+            client.write_tls(&mut bytes).expect("client writes");
+            server
+                .read_tls(&mut bytes.as_slice())
+                .expect("server reads");
+            server.process_new_packets().expect("server handshake");
+            bytes.clear();
+            server.write_tls(&mut bytes).expect("server writes");
+            client
+                .read_tls(&mut bytes.as_slice())
+                .expect("client reads");
+            client.process_new_packets().expect("client handshake");
+        }
+        assert!(!client.is_handshaking() && !server.is_handshaking());
+        client
+    }
+
+    #[test]
+    fn a_handshake_gets_the_certificate_its_sni_names_and_the_alpn() {
+        let pki = Pki::new();
+        let client = handshake(&pki, "x.example.org");
+        let served = client.peer_certificates().expect("certificates");
+        let b = std::fs::read(pki.dir.path().join("b.pem")).expect("b.pem");
+        assert_eq!(served[0], CertificateDer::from_pem_slice(&b).expect("b"));
+        assert_eq!(client.alpn_protocol(), Some(&b"http/1.1"[..]));
+    }
+
+    #[test]
+    fn times_print_as_rfc3339_and_before_1970_as_the_epoch() {
+        assert_eq!(super::format_time(1_767_312_000), "2026-01-02T00:00:00Z");
+        assert_eq!(super::format_time(-5), "1970-01-01T00:00:00Z");
+        let before = UNIX_EPOCH - Duration::from_secs(5);
+        assert_eq!(super::unix_seconds(before), -5);
+    }
+}

@@ -115,6 +115,7 @@ impl Validator {
                     l.tunnel_timeout.as_ref(),
                     Duration::from_secs(3600),
                 ),
+                tls: self.tls(&format!("{key}.tls"), l.tls.as_ref(), protocol),
             });
         }
         out

@@ -1,7 +1,7 @@
 //! `FileConfig` → `Config`. Every check pushes a problem naming its key path
 //! (`listeners[1].pool: ...`) and carries on, so one `baton check` lists
 //! every mistake at once instead of one per run. The sections with the
-//! most checks have files of their own: `pools` and `listeners`.
+//! most checks have files of their own: `pools`, `listeners` and `tls`.
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -14,6 +14,7 @@ use super::*;
 
 mod listeners;
 mod pools;
+mod tls;
 
 /// Builds a validated config, or every problem found.
 pub fn from_file(
@@ -23,6 +24,7 @@ pub fn from_file(
 ) -> Result<Config, Vec<String>> {
     let mut v = Validator {
         problems: Vec::new(),
+        warnings: Vec::new(),
         base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
     };
     let workers = match v.count("workers", raw.workers, 0, 0, 256) {
@@ -47,6 +49,7 @@ pub fn from_file(
             reload,
             listeners,
             pools,
+            warnings: v.warnings,
         })
     } else {
         Err(v.problems)
@@ -55,6 +58,8 @@ pub fn from_file(
 
 struct Validator {
     problems: Vec<String>,
+    /// Found but not fatal; they reach `Config::warnings`.
+    warnings: Vec<String>,
     /// The config file's folder: relative paths in the file are relative to it.
     base: PathBuf,
 }
@@ -62,6 +67,10 @@ struct Validator {
 impl Validator {
     fn problem(&mut self, key: &str, message: impl std::fmt::Display) {
         self.problems.push(format!("{key}: {message}"));
+    }
+
+    fn warning(&mut self, key: &str, message: impl std::fmt::Display) {
+        self.warnings.push(format!("{key}: {message}"));
     }
 
     fn path(&self, written: Option<&str>, default: &str) -> PathBuf {

@@ -1,0 +1,343 @@
+//! A listener's `tls` key: the certificate files, loaded and checked by
+//! [`crate::tls::certs`], ALPN, the oldest version, client certificates;
+//! built into the [`TlsSettings`] the listener carries. A certificate that
+//! expires within two weeks is a warning, not a problem: refusing it would
+//! turn a renewal still to come into an outage today.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::*;
+use crate::tls::{certs, ClientAuth, ClientCa, MinVersion, Spec, TlsSettings};
+
+/// The ALPN protocols an HTTP listener speaks (and its default list).
+const HTTP_ALPN: &[&str] = &["h2", "http/1.1"];
+
+impl Validator {
+    /// `key` is the listener's `tls` key path (`listeners[0].tls`).
+    pub(super) fn tls(
+        &mut self,
+        key: &str,
+        raw: Option<&file::TlsFile>,
+        protocol: Protocol,
+    ) -> Option<Arc<TlsSettings>> {
+        let raw = raw?;
+        let before = self.problems.len();
+        let spec = Spec {
+            certificates: self.certificates(key, &raw.certificates),
+            alpn: self.alpn(&format!("{key}.alpn"), raw.alpn.as_deref(), protocol),
+            min_version: self
+                .min_version(&format!("{key}.min_version"), raw.min_version.as_deref()),
+            handshake_timeout: self.timeout(
+                &format!("{key}.handshake_timeout"),
+                raw.handshake_timeout.as_ref(),
+                Duration::from_secs(10),
+            ),
+            client_ca: self.client_ca(key, raw),
+        };
+        if self.problems.len() > before {
+            return None;
+        }
+        match TlsSettings::build(spec) {
+            Ok(settings) => Some(Arc::new(settings)),
+            Err(err) => {
+                self.problem(key, err);
+                None
+            }
+        }
+    }
+
+    /// Each entry loaded and checked as of now; problems and warnings are
+    /// named by the entry's `cert` or `key`.
+    fn certificates(&mut self, key: &str, raw: &[file::CertificateFile]) -> Vec<certs::Loaded> {
+        let key = format!("{key}.certificates");
+        if raw.is_empty() {
+            self.problem(&key, "needs at least one { cert = \"...\", key = \"...\" }");
+        }
+        let now = SystemTime::now();
+        let mut out = Vec::new();
+        for (i, entry) in raw.iter().enumerate() {
+            let entry_key = format!("{key}[{i}]");
+            let cert = self.required_path(&format!("{entry_key}.cert"), entry.cert.as_deref());
+            let private = self.required_path(&format!("{entry_key}.key"), entry.key.as_deref());
+            let (Some(cert), Some(private)) = (cert, private) else {
+                continue;
+            };
+            match certs::load(&cert, &private, now) {
+                Ok(loaded) => {
+                    for w in &loaded.warnings {
+                        self.warning(&format!("{entry_key}.{}", w.part.as_str()), w);
+                    }
+                    out.push(loaded);
+                }
+                Err(problems) => {
+                    for p in problems {
+                        self.problem(&format!("{entry_key}.{}", p.part.as_str()), p);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn required_path(&mut self, key: &str, written: Option<&str>) -> Option<PathBuf> {
+        match written {
+            Some(path) => Some(self.path(Some(path), path)),
+            None => {
+                self.problem(key, "is required");
+                None
+            }
+        }
+    }
+
+    /// HTTP listeners speak only h2 and http/1.1, so only those may be
+    /// offered; a TCP listener passes bytes through and may offer any.
+    fn alpn(&mut self, key: &str, raw: Option<&[String]>, protocol: Protocol) -> Vec<String> {
+        let Some(raw) = raw else {
+            return match protocol {
+                Protocol::Http => HTTP_ALPN.iter().map(ToString::to_string).collect(),
+                Protocol::Tcp => Vec::new(),
+            };
+        };
+        for (i, name) in raw.iter().enumerate() {
+            let refused = match protocol {
+                Protocol::Http if !HTTP_ALPN.contains(&name.as_str()) => {
+                    format!("\"{name}\" is not one of h2, http/1.1 (what an http listener speaks)")
+                }
+                // RFC 7301: a protocol name is 1 to 255 bytes.
+                Protocol::Tcp if name.is_empty() || name.len() > 255 => {
+                    format!("\"{name}\" must be 1 to 255 bytes long")
+                }
+                _ => continue,
+            };
+            self.problem(&format!("{key}[{i}]"), refused);
+        }
+        raw.to_vec()
+    }
+
+    fn min_version(&mut self, key: &str, raw: Option<&str>) -> MinVersion {
+        match raw {
+            None | Some("1.2") => MinVersion::Tls12,
+            Some("1.3") => MinVersion::Tls13,
+            Some(other) => {
+                self.problem(key, format!("\"{other}\" is not one of 1.2, 1.3"));
+                MinVersion::Tls12
+            }
+        }
+    }
+
+    fn client_ca(&mut self, key: &str, raw: &file::TlsFile) -> Option<ClientCa> {
+        let auth_key = format!("{key}.client_auth");
+        let auth = match raw.client_auth.as_deref() {
+            None | Some("required") => ClientAuth::Required,
+            Some("optional") => ClientAuth::Optional,
+            Some(other) => {
+                self.problem(
+                    &auth_key,
+                    format!("\"{other}\" is not one of required, optional"),
+                );
+                ClientAuth::Required
+            }
+        };
+        let Some(written) = raw.client_ca.as_deref() else {
+            if raw.client_auth.is_some() {
+                self.problem(
+                    &auth_key,
+                    "needs client_ca (the CA bundle client certificates are checked against)",
+                );
+            }
+            return None;
+        };
+        match certs::load_roots(&self.path(Some(written), written)) {
+            Ok(roots) => Some(ClientCa {
+                roots: Arc::new(roots),
+                auth,
+            }),
+            Err(p) => {
+                self.problem(&format!("{key}.client_ca"), p);
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::{parse, Config, ConfigError, Overrides};
+    use crate::tls::testing::Pki;
+    use crate::tls::{ClientAuth, MinVersion};
+
+    /// A folder with a CA (`ca.pem`) and a good leaf (`a.pem`, `a.key`) for
+    /// `a.example.com` and `*.a.example.com`.
+    fn pki() -> Pki {
+        let pki = Pki::new();
+        let leaf = pki.leaf(
+            "a.example.com",
+            &["a.example.com", "*.a.example.com"],
+            -1..90,
+        );
+        pki.write("a.pem", &leaf.chain());
+        pki.write("a.key", &leaf.key);
+        pki.write("ca.pem", &leaf.ca);
+        pki
+    }
+
+    /// A config in the folder with one listener whose `tls` is `tls`.
+    fn load(pki: &Pki, protocol: &str, tls: &str) -> Result<Config, ConfigError> {
+        let text = format!(
+            "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8443\"\nprotocol = \"{protocol}\"\npool = \"app\"\ntls = {tls}\n\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:9001\" }}]\n"
+        );
+        parse(
+            &text,
+            &pki.dir.path().join("baton.toml"),
+            &Overrides::default(),
+        )
+    }
+
+    fn problems(pki: &Pki, protocol: &str, tls: &str) -> Vec<String> {
+        match load(pki, protocol, tls) {
+            Err(ConfigError::Invalid { problems, .. }) => problems,
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    const A: &str = r#"{ cert = "a.pem", key = "a.key" }"#;
+
+    #[test]
+    fn defaults_fill_a_tls_key_with_only_a_certificate() {
+        let pki = pki();
+        let c = load(&pki, "http", &format!("{{ certificates = [{A}] }}")).expect("valid");
+        let tls = c.listeners[0].tls.as_ref().expect("tls");
+        assert_eq!(tls.alpn, ["h2", "http/1.1"]);
+        assert_eq!(
+            tls.server_config.alpn_protocols,
+            [b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+        assert_eq!(tls.min_version, MinVersion::Tls12);
+        assert_eq!(tls.handshake_timeout, Duration::from_secs(10));
+        assert_eq!(tls.client_auth, None);
+        assert_eq!(tls.certificates[0].name, "a.example.com");
+        assert_eq!(
+            tls.certificates[0].names,
+            ["a.example.com", "*.a.example.com"]
+        );
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let tcp = load(&pki, "tcp", &format!("{{ certificates = [{A}] }}")).expect("valid");
+        assert!(tcp.listeners[0].tls.as_ref().expect("tls").alpn.is_empty());
+    }
+
+    #[test]
+    fn every_tls_key_is_read() {
+        let pki = pki();
+        pki.leaf_files("b", "b.example.org", -1..90);
+        let tls = r#"{ certificates = [{ cert = "a.pem", key = "a.key" }, { cert = "b.pem", key = "b.key" }], alpn = ["http/1.1"], min_version = "1.3", handshake_timeout = "3s", client_ca = "ca.pem", client_auth = "optional" }"#;
+        let c = load(&pki, "http", tls).expect("valid");
+        let tls = c.listeners[0].tls.as_ref().expect("tls");
+        assert_eq!(tls.alpn, ["http/1.1"]);
+        assert_eq!(tls.min_version, MinVersion::Tls13);
+        assert_eq!(tls.handshake_timeout, Duration::from_secs(3));
+        assert_eq!(tls.client_auth, Some(ClientAuth::Optional));
+        assert_eq!(tls.certificates[1].names, ["b.example.org"]);
+        let tcp = load(
+            &pki,
+            "tcp",
+            &format!("{{ certificates = [{A}], alpn = [\"x-db\"] }}"),
+        );
+        assert_eq!(
+            tcp.expect("valid").listeners[0]
+                .tls
+                .as_ref()
+                .expect("tls")
+                .alpn,
+            ["x-db"]
+        );
+    }
+
+    #[test]
+    fn problems_name_their_keys() {
+        let pki = pki();
+        let tls = format!(
+            r#"{{ certificates = [{A}, {{ cert = "none.pem", key = "a.key" }}], alpn = ["h3"], min_version = "1.1", client_auth = "required" }}"#
+        );
+        let p = problems(&pki, "http", &tls);
+        let missing = pki.dir.path().join("none.pem");
+        assert_eq!(p.len(), 4, "{p:?}");
+        assert!(
+            p[0].starts_with("listeners[0].tls.certificates[1].cert: cannot read: "),
+            "{p:?}"
+        );
+        assert!(
+            p[0].ends_with(&format!("(file {})", missing.display())),
+            "{p:?}"
+        );
+        assert!(p[1].starts_with("listeners[0].tls.alpn[0]: \"h3\" is not one of h2, http/1.1"));
+        assert_eq!(
+            p[2],
+            "listeners[0].tls.min_version: \"1.1\" is not one of 1.2, 1.3"
+        );
+        assert!(
+            p[3].starts_with("listeners[0].tls.client_auth: needs client_ca"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_named_by_its_key_path() {
+        let pki = pki();
+        let key = pki.leaf_files("b", "b.example.org", -1..90);
+        let tls = format!(r#"{{ certificates = [{A}, {{ cert = "a.pem", key = "b.key" }}] }}"#);
+        let p = problems(&pki, "http", &tls);
+        let expected = format!(
+            "listeners[0].tls.certificates[1].key: does not match the certificate (file {})",
+            key.display()
+        );
+        assert_eq!(p, [expected]);
+    }
+
+    #[test]
+    fn an_expired_certificate_is_named_with_its_date() {
+        let pki = pki();
+        pki.leaf_files("old", "old.example.com", -30..-2);
+        let p = problems(
+            &pki,
+            "tcp",
+            r#"{ certificates = [{ cert = "old.pem", key = "old.key" }] }"#,
+        );
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("listeners[0].tls.certificates[0].cert: expired on 20"),
+            "{p:?}"
+        );
+        assert!(p[0].ends_with("old.pem)"), "{p:?}");
+    }
+
+    #[test]
+    fn a_certificate_expiring_soon_loads_with_a_warning_naming_its_key() {
+        let pki = pki();
+        pki.leaf_files("soon", "soon.example.com", -1..5);
+        let tls = r#"{ certificates = [{ cert = "soon.pem", key = "soon.key" }] }"#;
+        let c = load(&pki, "http", tls).expect("valid");
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        assert!(
+            c.warnings[0].starts_with("listeners[0].tls.certificates[0].cert: expires on "),
+            "{:?}",
+            c.warnings
+        );
+    }
+
+    #[test]
+    fn a_tls_key_needs_a_certificate_and_knows_its_keys() {
+        let pki = pki();
+        let p = problems(&pki, "http", "{ alpn = [\"h2\"] }");
+        assert_eq!(p.len(), 1);
+        assert!(p[0].starts_with("listeners[0].tls.certificates: needs at least one"));
+        let err = load(
+            &pki,
+            "http",
+            &format!("{{ certificates = [{A}], ciphers = [] }}"),
+        );
+        assert!(matches!(err, Err(ConfigError::Syntax { .. })), "{err:?}");
+    }
+}

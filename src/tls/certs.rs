@@ -1,0 +1,430 @@
+//! Loading and checking one `certificates` entry (and the `client_ca`
+//! bundle): both files are read and parsed, the key must match the leaf, the
+//! chain must run leaf first, and every certificate in it must be valid now.
+//! A certificate that would fail clients is refused at load, so a reload
+//! with a bad one fails and the running generation keeps serving.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use rustls::sign::{CertifiedKey, SigningKey};
+use rustls::{InconsistentKeys, RootCertStore};
+use rustls_pki_types::pem::{self, PemObject};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use x509_parser::certificate::X509Certificate;
+use x509_parser::extensions::GeneralName;
+
+use super::{format_time, provider, unix_seconds, CertificateInfo};
+
+/// A certificate expiring sooner than this loads with a warning: two weeks
+/// leaves room for a renewal that failed silently to be noticed and fixed.
+pub const EXPIRY_WARNING_SECS: i64 = 14 * DAY;
+
+const DAY: i64 = 24 * 60 * 60;
+
+/// Which file a problem is about, so the config can name its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Cert,
+    Key,
+    ClientCa,
+}
+
+impl Part {
+    /// The key's last segment.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Part::Cert => "cert",
+            Part::Key => "key",
+            Part::ClientCa => "client_ca",
+        }
+    }
+}
+
+/// Something wrong (or, as a warning, soon wrong) with one file.
+#[derive(Debug, thiserror::Error)]
+#[error("{reason} (file {})", path.display())]
+pub struct Problem {
+    pub part: Part,
+    pub path: PathBuf,
+    pub reason: Reason,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Reason {
+    #[error("cannot read: {0}")]
+    Read(std::io::Error),
+    #[error("is not valid PEM: {0}")]
+    Pem(pem::Error),
+    #[error("holds no PEM certificate")]
+    NoCertificate,
+    #[error("holds no PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC)")]
+    NoKey,
+    #[error("{}is not an X.509 certificate: {message}", chain(*.index))]
+    NotX509 { index: usize, message: String },
+    #[error("{}cannot be used: {error}", chain(*.index))]
+    Unusable { index: usize, error: rustls::Error },
+    #[error("is not a private key rustls can sign with: {0}")]
+    UnsupportedKey(rustls::Error),
+    #[error("does not match the certificate")]
+    KeyMismatch,
+    #[error("is out of order: chain[{}] did not issue chain[{index}] (the leaf comes first, each certificate followed by its issuer)", index + 1)]
+    ChainOrder { index: usize },
+    #[error("{}expired on {}", chain(*.index), format_time(*.at))]
+    Expired { index: usize, at: i64 },
+    #[error("{}is not valid before {}", chain(*.index), format_time(*.at))]
+    NotYetValid { index: usize, at: i64 },
+    #[error("{}expires on {}, in {days} day(s)", chain(*.index), format_time(*.at))]
+    ExpiresSoon { index: usize, at: i64, days: i64 },
+}
+
+/// How a problem names a certificate of the chain: the leaf needs no name.
+fn chain(index: usize) -> String {
+    match index {
+        0 => String::new(),
+        i => format!("chain[{i}] "),
+    }
+}
+
+/// One entry, loaded and checked.
+#[derive(Debug)]
+pub struct Loaded {
+    pub key: Arc<CertifiedKey>,
+    pub info: CertificateInfo,
+    /// Not fatal: a certificate of the chain expires within two weeks.
+    pub warnings: Vec<Problem>,
+}
+
+/// Loads the chain at `cert` and the key at `key`, checked as of `now`:
+/// every problem found, or the entry with its warnings.
+pub fn load(cert: &Path, key: &Path, now: SystemTime) -> Result<Loaded, Vec<Problem>> {
+    let (chain, signing) = match (read_chain(cert, Part::Cert), read_key(key)) {
+        (Ok(chain), Ok(signing)) => (chain, signing),
+        (chain, signing) => return Err(chain.err().into_iter().chain(signing.err()).collect()),
+    };
+    let certified = CertifiedKey::new(chain, signing);
+    let parsed = parse_chain(&certified.cert).map_err(|r| vec![problem(Part::Cert, cert, r)])?;
+    let mut errors: Vec<Problem> = mismatch(&certified, cert, key).into_iter().collect();
+    let (invalid, soon) = validity(&parsed, unix_seconds(now));
+    let cert_problems = chain_order(&parsed).into_iter().chain(invalid);
+    errors.extend(cert_problems.map(|r| problem(Part::Cert, cert, r)));
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    // read_chain returns at least one certificate, so there is a leaf.
+    let info = info(&parsed[0]);
+    Ok(Loaded {
+        key: Arc::new(certified),
+        info,
+        warnings: soon
+            .into_iter()
+            .map(|r| problem(Part::Cert, cert, r))
+            .collect(),
+    })
+}
+
+/// The trust anchors of a `client_ca` bundle.
+pub fn load_roots(path: &Path) -> Result<RootCertStore, Problem> {
+    let mut roots = RootCertStore::empty();
+    for (index, der) in read_chain(path, Part::ClientCa)?.into_iter().enumerate() {
+        roots
+            .add(der)
+            .map_err(|error| problem(Part::ClientCa, path, Reason::Unusable { index, error }))?;
+    }
+    Ok(roots)
+}
+
+fn problem(part: Part, path: &Path, reason: Reason) -> Problem {
+    Problem {
+        part,
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// Every PEM certificate in the file, in order; at least one.
+fn read_chain(path: &Path, part: Part) -> Result<Vec<CertificateDer<'static>>, Problem> {
+    let chain: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path).and_then(Iterator::collect);
+    match chain {
+        Ok(chain) if !chain.is_empty() => Ok(chain),
+        Ok(_) => Err(problem(part, path, Reason::NoCertificate)),
+        Err(err) => Err(problem(part, path, pem_reason(err, Reason::NoCertificate))),
+    }
+}
+
+/// The first private key in the file (PKCS#8, PKCS#1 RSA or SEC1 EC).
+fn read_key(path: &Path) -> Result<Arc<dyn SigningKey>, Problem> {
+    let der = PrivateKeyDer::from_pem_file(path).map_err(|err| pem_reason(err, Reason::NoKey));
+    der.and_then(|der| {
+        provider()
+            .key_provider
+            .load_private_key(der)
+            .map_err(Reason::UnsupportedKey)
+    })
+    .map_err(|reason| problem(Part::Key, path, reason))
+}
+
+fn pem_reason(err: pem::Error, none_found: Reason) -> Reason {
+    match err {
+        pem::Error::Io(err) => Reason::Read(err),
+        pem::Error::NoItemsFound => none_found,
+        other => Reason::Pem(other),
+    }
+}
+
+fn parse_chain<'a>(chain: &'a [CertificateDer<'_>]) -> Result<Vec<X509Certificate<'a>>, Reason> {
+    chain
+        .iter()
+        .enumerate()
+        .map(
+            |(index, der)| match x509_parser::parse_x509_certificate(der) {
+                Ok((_, cert)) => Ok(cert),
+                Err(err) => Err(Reason::NotX509 {
+                    index,
+                    message: err.to_string(),
+                }),
+            },
+        )
+        .collect()
+}
+
+/// Why the key cannot serve the leaf, if it cannot. ring's keys always
+/// know their public half, so "unknown" (which rustls allows) never hides
+/// a mismatch here.
+fn mismatch(certified: &CertifiedKey, cert: &Path, key: &Path) -> Option<Problem> {
+    match certified.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => None,
+        Err(rustls::Error::InconsistentKeys(_)) => {
+            Some(problem(Part::Key, key, Reason::KeyMismatch))
+        }
+        Err(error) => Some(problem(
+            Part::Cert,
+            cert,
+            Reason::Unusable { index: 0, error },
+        )),
+    }
+}
+
+/// The first place the chain breaks: each certificate must be issued by
+/// the next one (a leaf alone is a chain too).
+fn chain_order(parsed: &[X509Certificate<'_>]) -> Option<Reason> {
+    parsed
+        .windows(2)
+        .position(|pair| pair[0].issuer().as_raw() != pair[1].subject().as_raw())
+        .map(|index| Reason::ChainOrder { index })
+}
+
+/// Certificates not valid at `now` (errors), and those expiring within
+/// [`EXPIRY_WARNING_SECS`] (warnings).
+fn validity(parsed: &[X509Certificate<'_>], now: i64) -> (Vec<Reason>, Vec<Reason>) {
+    let mut invalid = Vec::new();
+    let mut soon = Vec::new();
+    for (index, cert) in parsed.iter().enumerate() {
+        let not_before = cert.validity().not_before.timestamp();
+        let at = cert.validity().not_after.timestamp();
+        if now > at {
+            invalid.push(Reason::Expired { index, at });
+        } else if now < not_before {
+            invalid.push(Reason::NotYetValid {
+                index,
+                at: not_before,
+            });
+        } else if at - now < EXPIRY_WARNING_SECS {
+            // Rounded up: "in 0 day(s)" would read as "already".
+            let days = (at - now + DAY - 1) / DAY;
+            soon.push(Reason::ExpiresSoon { index, at, days });
+        }
+    }
+    (invalid, soon)
+}
+
+fn info(leaf: &X509Certificate<'_>) -> CertificateInfo {
+    let names = served_names(leaf);
+    CertificateInfo {
+        name: names
+            .first()
+            .cloned()
+            .unwrap_or_else(|| leaf.subject().to_string()),
+        names,
+        not_after_unix: leaf.validity().not_after.timestamp(),
+    }
+}
+
+/// The names a certificate serves: its DNS subjectAltNames (`*.` wildcards
+/// included), or, with none, its subject CN, as clients that predate SANs
+/// read it. Lower-cased, since names match case-insensitively.
+fn served_names(cert: &X509Certificate<'_>) -> Vec<String> {
+    let sans: Vec<String> = match cert.subject_alternative_name() {
+        Ok(Some(ext)) => ext
+            .value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                GeneralName::DNSName(dns) => Some(dns.to_ascii_lowercase()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if !sans.is_empty() {
+        return sans;
+    }
+    cert.subject()
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok())
+        .map(str::to_ascii_lowercase)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::{load, load_roots, Part, Problem};
+    use crate::tls::testing::Pki;
+
+    /// Loads `cert` and `key` text written to files of those names.
+    fn load_texts(pki: &Pki, cert: &str, key: &str) -> Result<super::Loaded, Vec<Problem>> {
+        let cert = pki.write("a.pem", cert);
+        let key = pki.write("a.key", key);
+        load(&cert, &key, SystemTime::now())
+    }
+
+    fn only_problem(result: Result<super::Loaded, Vec<Problem>>) -> Problem {
+        let mut problems = result.expect_err("refused");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        problems.remove(0)
+    }
+
+    #[test]
+    fn a_good_chain_and_key_load_with_their_names() {
+        let pki = Pki::new();
+        let leaf = pki.leaf(
+            "a.example.com",
+            &["a.example.com", "*.A.example.com"],
+            -1..90,
+        );
+        let loaded = load_texts(&pki, &leaf.chain(), &leaf.key).expect("loads");
+        assert_eq!(loaded.info.name, "a.example.com");
+        assert_eq!(loaded.info.names, ["a.example.com", "*.a.example.com"]);
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        assert_eq!(loaded.key.cert.len(), 2);
+    }
+
+    #[test]
+    fn without_sans_the_subject_cn_is_served() {
+        let pki = Pki::new();
+        let leaf = pki.leaf("Legacy.Example.com", &[], -1..90);
+        let loaded = load_texts(&pki, &leaf.cert, &leaf.key).expect("loads");
+        assert_eq!(loaded.info.names, ["legacy.example.com"]);
+    }
+
+    #[test]
+    fn a_key_from_another_certificate_is_refused_naming_the_key() {
+        let pki = Pki::new();
+        let a = pki.leaf("a.example.com", &["a.example.com"], -1..90);
+        let b = pki.leaf("b.example.com", &["b.example.com"], -1..90);
+        let p = only_problem(load_texts(&pki, &a.cert, &b.key));
+        assert_eq!(p.part, Part::Key);
+        let expected = format!("does not match the certificate (file {})", p.path.display());
+        assert_eq!(p.to_string(), expected);
+        assert!(p.path.ends_with("a.key"));
+    }
+
+    #[test]
+    fn an_expired_certificate_is_refused_with_its_date() {
+        let pki = Pki::new();
+        let leaf = pki.leaf("a.example.com", &["a.example.com"], -30..-2);
+        let p = only_problem(load_texts(&pki, &leaf.cert, &leaf.key));
+        assert_eq!(p.part, Part::Cert);
+        let expires = x509_parser::parse_x509_certificate(&pem_der(&leaf.cert))
+            .expect("x509")
+            .1
+            .validity()
+            .not_after
+            .timestamp();
+        let date = crate::tls::format_time(expires);
+        assert!(
+            p.to_string()
+                .starts_with(&format!("expired on {date} (file ")),
+            "{p}"
+        );
+    }
+
+    #[test]
+    fn a_certificate_not_yet_valid_is_refused() {
+        let pki = Pki::new();
+        let leaf = pki.leaf("a.example.com", &["a.example.com"], 2..90);
+        let p = only_problem(load_texts(&pki, &leaf.cert, &leaf.key));
+        assert!(p.to_string().starts_with("is not valid before "), "{p}");
+    }
+
+    #[test]
+    fn a_certificate_expiring_within_two_weeks_loads_with_a_warning() {
+        let pki = Pki::new();
+        let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..5);
+        let loaded = load_texts(&pki, &leaf.cert, &leaf.key).expect("loads");
+        assert_eq!(loaded.warnings.len(), 1);
+        let warning = loaded.warnings[0].to_string();
+        assert!(warning.contains(", in 5 day(s) (file "), "{warning}");
+    }
+
+    #[test]
+    fn a_chain_in_the_wrong_order_is_refused() {
+        let pki = Pki::new();
+        let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..90);
+        let reversed = format!("{}{}", leaf.ca, leaf.cert);
+        let problems = load_texts(&pki, &reversed, &leaf.key).expect_err("refused");
+        // The CA leads, so the key does not match it either.
+        assert!(
+            problems.iter().any(|p| p.part == Part::Cert
+                && p.to_string()
+                    .starts_with("is out of order: chain[1] did not issue chain[0]")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn missing_files_are_each_named() {
+        let pki = Pki::new();
+        let cert = pki.dir.path().join("none.pem");
+        let key = pki.dir.path().join("none.key");
+        let problems = load(&cert, &key, SystemTime::now()).expect_err("refused");
+        assert_eq!(problems.len(), 2);
+        assert_eq!(problems[0].part, Part::Cert);
+        assert_eq!(problems[1].part, Part::Key);
+        let text = problems[0].to_string();
+        assert!(text.starts_with("cannot read: "), "{text}");
+        assert!(
+            text.ends_with(&format!("(file {})", cert.display())),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_key_file_without_a_key_says_so() {
+        let pki = Pki::new();
+        let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..90);
+        let p = only_problem(load_texts(&pki, &leaf.cert, &leaf.cert));
+        assert_eq!(p.part, Part::Key);
+        assert!(p.to_string().starts_with("holds no PEM private key"), "{p}");
+    }
+
+    #[test]
+    fn a_client_ca_bundle_loads_as_roots() {
+        let pki = Pki::new();
+        let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..90);
+        let roots = load_roots(&pki.write("ca.pem", &leaf.ca)).expect("roots");
+        assert_eq!(roots.len(), 1);
+        let empty = load_roots(&pki.write("empty.pem", "")).expect_err("refused");
+        assert_eq!(empty.part, Part::ClientCa);
+    }
+
+    fn pem_der(pem: &str) -> Vec<u8> {
+        use rustls_pki_types::pem::PemObject;
+        rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+            .expect("pem")
+            .to_vec()
+    }
+}

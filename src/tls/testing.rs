@@ -1,0 +1,91 @@
+//! Certificates made on the spot for the TLS tests: a CA and the leaves it
+//! signs, written as PEM files into a temporary folder.
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair,
+};
+
+const DAY: i64 = 24 * 60 * 60;
+
+pub(crate) struct Pki {
+    pub dir: tempfile::TempDir,
+    ca: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A leaf certificate, its key, and the CA that signed it, as PEM.
+pub(crate) struct Leaf {
+    pub cert: String,
+    pub key: String,
+    pub ca: String,
+}
+
+impl Leaf {
+    /// Leaf first, then its issuer: the order a chain file must have.
+    pub fn chain(&self) -> String {
+        format!("{}{}", self.cert, self.ca)
+    }
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let mut params = params("baton test CA", &[], -1..3650);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().expect("CA key");
+        let ca = CertifiedIssuer::self_signed(params, key).expect("CA");
+        Pki {
+            dir: tempfile::tempdir().expect("tempdir"),
+            ca,
+        }
+    }
+
+    /// A leaf with subject `cn` and DNS names `sans`, valid over `days`
+    /// (counted from now), signed by the CA.
+    pub fn leaf(&self, cn: &str, sans: &[&str], days: Range<i64>) -> Leaf {
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params(cn, sans, days)
+            .signed_by(&key, &self.ca)
+            .expect("leaf");
+        Leaf {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+            ca: self.ca.as_ref().pem(),
+        }
+    }
+
+    /// A leaf serving `name` alone, valid over `days`, written to
+    /// `<stem>.pem` and `<stem>.key`; returns the key's path.
+    pub fn leaf_files(&self, stem: &str, name: &str, days: Range<i64>) -> PathBuf {
+        let leaf = self.leaf(name, &[name], days);
+        self.write(&format!("{stem}.pem"), &leaf.cert);
+        self.write(&format!("{stem}.key"), &leaf.key)
+    }
+
+    /// Writes `text` to the file `name` in the folder; returns its path.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+}
+
+fn params(cn: &str, sans: &[&str], days: Range<i64>) -> CertificateParams {
+    let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+    let mut params = CertificateParams::new(sans).expect("names");
+    params.distinguished_name = DistinguishedName::new();
+    params.distinguished_name.push(DnType::CommonName, cn);
+    // rcgen takes `time`'s dates; from the epoch, so no `time` dependency here.
+    let epoch = rcgen::date_time_ymd(1970, 1, 1);
+    params.not_before = epoch + Duration::from_secs(from_now(days.start));
+    params.not_after = epoch + Duration::from_secs(from_now(days.end));
+    params
+}
+
+/// Seconds since the epoch, `days` from now.
+fn from_now(days: i64) -> u64 {
+    let now = super::unix_seconds(SystemTime::now());
+    u64::try_from(now + days * DAY).expect("after 1970")
+}
