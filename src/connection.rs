@@ -1,6 +1,7 @@
 //! One client connection's frame: counted by the drain and in metrics while
 //! it lives, then handed to the proxy for its protocol. What a connection
-//! *does* lives in `proxy`; this only owns its bookkeeping.
+//! *does* lives in `proxy`; this only owns its bookkeeping (and, on a TLS
+//! listener, runs the handshake first).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,7 +14,9 @@ use crate::config::ListenerConfig;
 use crate::lifecycle::drain::DrainWatch;
 use crate::listener::Accept;
 use crate::metrics::ListenerMetrics;
+use crate::proxy::stream::ClientStream;
 use crate::proxy::{http::HttpProxy, tcp::TcpProxy};
+use crate::tls::handshake::Terminator;
 
 /// Open-connection count of one listener, read by `/status`.
 #[derive(Default)]
@@ -27,6 +30,7 @@ impl ListenerStats {
     }
 }
 
+#[derive(Clone)]
 pub enum Proxy {
     Http(Arc<HttpProxy>),
     Tcp(Arc<TcpProxy>),
@@ -36,6 +40,9 @@ pub enum Proxy {
 pub struct Connections {
     pub config: Arc<ListenerConfig>,
     pub proxy: Proxy,
+    /// TLS termination, when the listener has `tls`: the handshake runs in
+    /// the connection's own task, holding its place in `max_connections`.
+    pub tls: Option<Arc<Terminator>>,
     pub drain: DrainWatch,
     pub stats: Arc<ListenerStats>,
     pub metrics: ListenerMetrics,
@@ -67,21 +74,30 @@ impl Accept for Connections {
             _permit: permit,
         };
         let drain = self.drain.clone();
-        match &self.proxy {
-            Proxy::Http(p) => {
-                let p = Arc::clone(p);
+        let proxy = self.proxy.clone();
+        match &self.tls {
+            None => self.drain.spawn(async move {
+                proxy.serve(stream, peer, drain).await;
+                drop(open);
+            }),
+            Some(tls) => {
+                let tls = Arc::clone(tls);
                 self.drain.spawn(async move {
-                    p.serve(stream, peer, drain).await;
+                    if let Some(stream) = tls.handshake(stream, peer).await {
+                        proxy.serve(stream, peer, drain).await;
+                    }
                     drop(open);
                 });
             }
-            Proxy::Tcp(p) => {
-                let p = Arc::clone(p);
-                self.drain.spawn(async move {
-                    p.serve(stream, peer).await;
-                    drop(open);
-                });
-            }
+        }
+    }
+}
+
+impl Proxy {
+    async fn serve<S: ClientStream>(self, stream: S, peer: SocketAddr, drain: DrainWatch) {
+        match self {
+            Proxy::Http(p) => p.serve(stream, peer, drain).await,
+            Proxy::Tcp(p) => p.serve(stream, peer).await,
         }
     }
 }

@@ -112,9 +112,20 @@ pub(super) async fn start(
         if l.protocol == Protocol::Tcp {
             metrics::tcp_listener(&l.name, &pools[l.pool].name);
         }
+        let tls = l.tls.as_ref().map(|t| {
+            for cert in &t.certificates {
+                metrics::tls_certificate_expiry(&l.name, &cert.name, cert.not_after_unix);
+            }
+            Arc::new(crate::tls::handshake::Terminator::new(
+                &l.name,
+                Arc::clone(&t.server_config),
+                t.handshake_timeout,
+            ))
+        });
         let connections = Arc::new(Connections {
             config: Arc::clone(&conf),
             proxy,
+            tls,
             drain: drain.watch(),
             stats: Arc::clone(&stats),
             metrics: metrics::listener(&l.name),

@@ -43,6 +43,7 @@ pub const PROCESS_OPEN_FDS: &str = "baton_process_open_fds";
 pub const PROCESS_RESIDENT: &str = "baton_process_resident_memory_bytes";
 pub const PROCESS_CPU: &str = "baton_process_cpu_seconds";
 pub const TLS_HANDSHAKES: &str = "baton_tls_handshakes_total";
+pub const TLS_CERTIFICATE_EXPIRY: &str = "baton_tls_certificate_expiry_timestamp_seconds";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -84,6 +85,10 @@ fn describe() {
     describe_counter!(
         CONNECTIONS_ACCEPTED,
         "Client connections accepted, by listener."
+    );
+    describe_gauge!(
+        TLS_CERTIFICATE_EXPIRY,
+        "When a listener's certificate expires (notAfter), in Unix seconds, by listener and name."
     );
     describe_counter!(
         TLS_HANDSHAKES,
@@ -232,6 +237,12 @@ impl TlsMetrics {
             self.full.increment(1);
         }
     }
+}
+
+/// Publishes when a listener's certificate expires, for the alert rule.
+pub fn tls_certificate_expiry(listener: &str, name: &str, not_after_unix: i64) {
+    metrics::gauge!(TLS_CERTIFICATE_EXPIRY, "listener" => listener.to_string(), "name" => name.to_string())
+        .set(not_after_unix as f64);
 }
 
 pub fn tls(listener: &str) -> TlsMetrics {

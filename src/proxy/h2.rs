@@ -172,7 +172,7 @@ impl HttpProxy {
         let (mut parts, incoming) = req.into_parts();
         headers::host_from_target(&mut parts.headers, &parts.uri);
         headers::strip_hop_by_hop(&mut parts.headers);
-        headers::add_forwarding(&mut parts.headers, client_ip, self.forwarded);
+        headers::add_forwarding(&mut parts.headers, client_ip, self.forwarded, self.proto);
         let outgoing = self.client_body(incoming).await?;
         // An empty body can be sent again, so a failed connect may retry.
         let replayable = outgoing.progress.is_none();

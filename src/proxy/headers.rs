@@ -95,9 +95,14 @@ pub fn ip_value(ip: IpAddr) -> HeaderValue {
     HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"))
 }
 
-/// Sets `X-Forwarded-For` and `X-Forwarded-Proto` as `mode` says, and
-/// adds `Via`.
-pub fn add_forwarding(headers: &mut HeaderMap, client: &HeaderValue, mode: Forwarded) {
+/// Sets `X-Forwarded-For` and `X-Forwarded-Proto` (`proto`: http or
+/// https) as `mode` says, and adds `Via`.
+pub fn add_forwarding(
+    headers: &mut HeaderMap,
+    client: &HeaderValue,
+    mode: Forwarded,
+    proto: &'static str,
+) {
     let xff = HeaderName::from_static("x-forwarded-for");
     match mode {
         Forwarded::Off => {}
@@ -124,7 +129,7 @@ pub fn add_forwarding(headers: &mut HeaderMap, client: &HeaderValue, mode: Forwa
     if mode != Forwarded::Off {
         headers.insert(
             HeaderName::from_static("x-forwarded-proto"),
-            HeaderValue::from_static("http"),
+            HeaderValue::from_static(proto),
         );
     }
     add_via(headers);
@@ -162,7 +167,7 @@ mod tests {
             "x-forwarded-for",
             HeaderValue::from_static("10.0.0.2, 10.0.0.3"),
         );
-        add_forwarding(&mut h, &peer(), Forwarded::Append);
+        add_forwarding(&mut h, &peer(), Forwarded::Append, "http");
         assert_eq!(
             h.get("x-forwarded-for").map(|v| v.as_bytes()),
             Some(&b"10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"[..])
@@ -175,7 +180,7 @@ mod tests {
         for name in FORWARDING {
             h.insert(*name, HeaderValue::from_static("6.6.6.6"));
         }
-        add_forwarding(&mut h, &peer(), Forwarded::Replace);
+        add_forwarding(&mut h, &peer(), Forwarded::Replace, "http");
         assert_eq!(h.get("x-forwarded-for"), Some(&peer()));
         assert_eq!(
             h.get("x-forwarded-proto").map(|v| v.as_bytes()),

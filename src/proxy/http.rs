@@ -95,6 +95,8 @@ pub struct HttpProxy {
     pub(super) idle_timeout: Duration,
     pub(super) tunnel_timeout: Duration,
     pub(super) forwarded: Forwarded,
+    /// What `X-Forwarded-Proto` says: `https` on a TLS listener.
+    pub(super) proto: &'static str,
 }
 
 impl HttpProxy {
@@ -136,6 +138,11 @@ impl HttpProxy {
             idle_timeout: config.idle_timeout,
             tunnel_timeout: config.tunnel_timeout,
             forwarded: config.forwarded,
+            proto: if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
         }
     }
 

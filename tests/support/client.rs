@@ -22,11 +22,42 @@ pub async fn connect(addr: SocketAddr) -> Result<SendRequest<Empty<Bytes>>, Stri
     let stream = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
+    http1_over(stream).await
+}
+
+/// An HTTP/1.1 client connection over an open stream (plain or TLS).
+pub async fn http1_over<S>(stream: S) -> Result<SendRequest<Empty<Bytes>>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (sender, conn) = http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| format!("handshake: {e}"))?;
     tokio::spawn(conn);
     Ok(sender)
+}
+
+/// `GET https://{authority}{path}` as h2 over an open stream (TLS with
+/// ALPN h2).
+pub async fn h2_get_over<S>(stream: S, authority: &str, path: &str) -> Result<Answer, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .map_err(|e| format!("h2 handshake: {e}"))?;
+    tokio::spawn(conn);
+    let req = Request::get(format!("https://{authority}{path}"))
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    answer(resp).await
 }
 
 /// One request on an existing connection.
@@ -61,6 +92,11 @@ async fn exchange(
         .send_request(req)
         .await
         .map_err(|e| format!("request: {e}"))?;
+    answer(resp).await
+}
+
+/// Reads a whole response.
+async fn answer(resp: hyper::Response<hyper::body::Incoming>) -> Result<Answer, String> {
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = resp

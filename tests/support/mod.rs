@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod load;
 pub mod raw;
 pub mod sandbox;
+pub mod tls;
 
 use std::time::Duration;
 

@@ -278,6 +278,7 @@ async fn attempt<S: ClientStream>(
     let to = Outbound {
         client_ip: &client.ip,
         forwarded: proxy.forwarded,
+        proto: proxy.proto,
         backend_authority: backend.authority.as_str(),
     };
     rewrite::request(head, &to, &mut out);

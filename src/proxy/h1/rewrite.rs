@@ -23,6 +23,8 @@ pub struct Outbound<'a> {
     /// The client's address as text, written once per connection.
     pub client_ip: &'a str,
     pub forwarded: Forwarded,
+    /// `http`, or `https` behind TLS: `X-Forwarded-Proto`.
+    pub proto: &'static str,
     /// The backend's `host:port`, for a request that named no host (1.0).
     pub backend_authority: &'a str,
 }
@@ -125,7 +127,9 @@ fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
         out.put_slice(b", ");
     }
     out.put_slice(to.client_ip.as_bytes());
-    out.put_slice(b"\r\nx-forwarded-proto: http\r\n");
+    out.put_slice(b"\r\nx-forwarded-proto: ");
+    out.put_slice(to.proto.as_bytes());
+    out.put_slice(b"\r\n");
 }
 
 /// How a response's body goes to the client.

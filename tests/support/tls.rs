@@ -1,0 +1,166 @@
+//! TLS for the tests: a throwaway CA and certificates made with rcgen,
+//! written as PEM files, and a rustls client that trusts that CA only,
+//! with the SNI and ALPN a test asks for.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+/// A CA and the folder its certificates are written to.
+pub struct Authority {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+    pub dir: tempfile::TempDir,
+}
+
+/// A certificate and its key, as files.
+pub struct Issued {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub der: CertificateDer<'static>,
+}
+
+impl Issued {
+    /// The listener key that serves it (and the others after it).
+    pub fn listener_tls(certs: &[&Issued], more: &str) -> String {
+        let list: Vec<String> = certs
+            .iter()
+            .map(|c| {
+                format!(
+                    "{{ cert = \"{}\", key = \"{}\" }}",
+                    c.cert.display(),
+                    c.key.display()
+                )
+            })
+            .collect();
+        format!("tls = {{ certificates = [{}]{more} }}", list.join(", "))
+    }
+}
+
+impl Authority {
+    pub fn new() -> Authority {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "baton test CA");
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let key = KeyPair::generate().expect("ca key");
+        let issuer = CertifiedIssuer::self_signed(params, key).expect("ca certificate");
+        let dir = tempfile::tempdir().expect("cert dir");
+        std::fs::write(dir.path().join("ca.pem"), issuer.pem()).expect("write ca");
+        Authority { issuer, dir }
+    }
+
+    pub fn ca_pem(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// A certificate for `names`, written as `<file>.pem` and `<file>.key`.
+    pub fn issue(&self, file: &str, names: &[&str]) -> Issued {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let params = CertificateParams::new(names).expect("leaf params");
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("leaf certificate");
+        let (cert_path, key_path) = (
+            self.path(&format!("{file}.pem")),
+            self.path(&format!("{file}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).expect("write cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        Issued {
+            cert: cert_path,
+            key: key_path,
+            der: cert.der().clone(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A client trusting this CA only, offering `alpn`.
+    pub fn client(&self, alpn: &[&str]) -> Client {
+        self.client_as(alpn, None)
+    }
+
+    /// A client trusting this CA only, offering `alpn`, and presenting
+    /// `identity` (a certificate this CA issued) when the server asks.
+    pub fn client_as(&self, alpn: &[&str], identity: Option<&Issued>) -> Client {
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(self.issuer.der().clone())
+            .expect("trust the test CA");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(roots);
+        let mut config = match identity {
+            None => builder.with_no_client_auth(),
+            Some(me) => {
+                let key = PrivateKeyDer::from_pem_file(&me.key).expect("client key");
+                builder
+                    .with_client_auth_cert(vec![me.der.clone()], key)
+                    .expect("client identity")
+            }
+        };
+        config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        Client {
+            connector: TlsConnector::from(Arc::new(config)),
+        }
+    }
+}
+
+/// A TLS client for the tests; it keeps rustls' in-memory session cache,
+/// so a second connection to the same name offers resumption.
+#[derive(Clone)]
+pub struct Client {
+    connector: TlsConnector,
+}
+
+impl Client {
+    /// Connects to `addr` and handshakes, sending `sni` (an IP address
+    /// sends no SNI, as rustls does for IP names).
+    pub async fn connect(
+        &self,
+        addr: SocketAddr,
+        sni: &str,
+    ) -> std::io::Result<TlsStream<TcpStream>> {
+        let tcp = TcpStream::connect(addr).await?;
+        let name = ServerName::try_from(sni.to_string())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        self.connector.connect(name, tcp).await
+    }
+}
+
+/// The negotiated ALPN protocol and whether the session was resumed.
+pub fn negotiated(stream: &TlsStream<TcpStream>) -> (Option<String>, bool) {
+    let session = stream.get_ref().1;
+    let alpn = session
+        .alpn_protocol()
+        .map(|p| String::from_utf8_lossy(p).into_owned());
+    let resumed = session.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+    (alpn, resumed)
+}
+
+/// The certificate the server presented.
+pub fn presented(stream: &TlsStream<TcpStream>) -> Option<CertificateDer<'static>> {
+    stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.clone().into_owned())
+}

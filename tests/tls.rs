@@ -1,0 +1,331 @@
+//! TLS termination against the real binary: certificates by SNI, ALPN h2
+//! and http/1.1 to the same backends, `X-Forwarded-Proto: https`, TCP
+//! listeners terminating TLS, the handshake timeout, a broken certificate
+//! refused by a reload while the old one keeps serving, and TLS keep-alive
+//! clients across reloads losing nothing. Clients: rustls (in the tests)
+//! and curl. Certificates: a throwaway CA made by rcgen.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+
+use support::backend::HttpBackend;
+use support::client;
+use support::daemon::{Baton, Spec};
+use support::tls::{negotiated, presented, Authority, Issued};
+
+/// An HTTP listener `web` terminating TLS with `certs` (the first is the
+/// default), in front of one backend.
+async fn tls_baton(backend: &HttpBackend, certs: &[&Issued], more: &str) -> Baton {
+    let spec = Spec::new()
+        .listener("web", "http", "app", &Issued::listener_tls(certs, more))
+        .pool("app", &[backend.addr]);
+    Baton::start(spec).await
+}
+
+/// `tls_baton` with one certificate, for `a.test`, from a fresh CA.
+async fn one_certificate(more: &str) -> (HttpBackend, Authority, Issued, Baton) {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let baton = tls_baton(&backend, &[&a], more).await;
+    (backend, ca, a, baton)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_certificate_follows_sni_and_the_first_is_the_default() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test", "*.a.test", "127.0.0.1"]);
+    let b = ca.issue("b", &["b.test"]);
+    let baton = tls_baton(&backend, &[&a, &b], "").await;
+    let web = baton.addr("web");
+    let tls = ca.client(&["http/1.1"]);
+    for (sni, expected, which) in [
+        ("a.test", &a, "a"),
+        ("www.a.test", &a, "a by its wildcard"),
+        ("b.test", &b, "b"),
+        // An IP address sends no SNI: the first certificate answers.
+        ("127.0.0.1", &a, "the default"),
+    ] {
+        let stream = tls.connect(web, sni).await.expect("handshake");
+        assert_eq!(
+            presented(&stream).as_ref(),
+            Some(&expected.der),
+            "{sni} must get {which}"
+        );
+    }
+    let scrape = client::metrics(baton.admin).await;
+    for name in ["a.test", "b.test"] {
+        let series = format!(
+            "baton_tls_certificate_expiry_timestamp_seconds{{listener=\"web\",name=\"{name}\"}}"
+        );
+        assert!(scrape.contains(&series), "{series} in:\n{scrape}");
+    }
+}
+
+/// One request over a fresh TLS connection with `tls`.
+async fn one_request(tls: &support::tls::Client, web: SocketAddr) -> Result<u16, String> {
+    let stream = tls
+        .connect(web, "a.test")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut sender = client::http1_over(stream).await?;
+    Ok(client::send_with_host(&mut sender, "a.test", "/mtls")
+        .await?
+        .status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_are_checked_when_required_and_when_optional() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let me = ca.issue("me", &["client.test"]);
+    let ca_key = format!(", client_ca = \"{}\"", ca.ca_pem().display());
+    let required = tls_baton(&backend, &[&a], &ca_key).await;
+    let web = required.addr("web");
+    assert_eq!(
+        one_request(&ca.client_as(&["http/1.1"], Some(&me)), web).await,
+        Ok(200)
+    );
+    assert!(
+        one_request(&ca.client(&["http/1.1"]), web).await.is_err(),
+        "no client certificate, no answer"
+    );
+    let optional = tls_baton(
+        &backend,
+        &[&a],
+        &format!("{ca_key}, client_auth = \"optional\""),
+    )
+    .await;
+    let web = optional.addr("web");
+    assert_eq!(one_request(&ca.client(&["http/1.1"]), web).await, Ok(200));
+    assert_eq!(
+        one_request(&ca.client_as(&["http/1.1"], Some(&me)), web).await,
+        Ok(200)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alpn_h2_and_http1_reach_the_backend_as_https() {
+    let (_backend, ca, _a, baton) = one_certificate("").await;
+    let web = baton.addr("web");
+
+    let stream = ca
+        .client(&["h2", "http/1.1"])
+        .connect(web, "a.test")
+        .await
+        .expect("h2 handshake");
+    assert_eq!(negotiated(&stream).0.as_deref(), Some("h2"));
+    let answer = client::h2_get_over(stream, "a.test", "/headers")
+        .await
+        .expect("h2 request");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(
+        answer.body.contains("x-forwarded-proto: https"),
+        "{}",
+        answer.body
+    );
+
+    let stream = ca
+        .client(&["http/1.1"])
+        .connect(web, "a.test")
+        .await
+        .expect("h1 handshake");
+    assert_eq!(negotiated(&stream).0.as_deref(), Some("http/1.1"));
+    let mut sender = client::http1_over(stream).await.expect("h1 connection");
+    for _ in 0..3 {
+        let answer = client::send_with_host(&mut sender, "a.test", "/headers")
+            .await
+            .expect("h1 request");
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert!(
+            answer.body.contains("x-forwarded-proto: https"),
+            "{}",
+            answer.body
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_gets_https_over_http1_and_h2() {
+    let (_backend, ca, _a, baton) = one_certificate("").await;
+    let web = baton.addr("web");
+    for version in ["--http1.1", "--http2"] {
+        let out = tokio::process::Command::new("curl")
+            .args(["-sS", "--max-time", "10", version, "--cacert"])
+            .arg(ca.ca_pem())
+            .arg("--resolve")
+            .arg(format!("a.test:{}:127.0.0.1", web.port()))
+            .arg(format!("https://a.test:{}/by-curl", web.port()))
+            .output()
+            .await
+            .expect("curl runs");
+        assert!(
+            out.status.success(),
+            "curl {version}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            HttpBackend::body_for("a", "/by-curl"),
+            "curl {version}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_listener_terminates_tls_too() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let spec = Spec::new()
+        .listener("db", "tcp", "app", &Issued::listener_tls(&[&a], ""))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let stream = ca
+        .client(&[])
+        .connect(baton.addr("db"), "a.test")
+        .await
+        .expect("handshake");
+    let mut sender = client::http1_over(stream).await.expect("connection");
+    let answer = client::send_with_host(&mut sender, "a.test", "/through-tcp")
+        .await
+        .expect("request");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/through-tcp"));
+}
+
+/// The failed-handshake count `/metrics` shows for listener `web`.
+async fn failed_handshakes(admin: SocketAddr) -> String {
+    client::metrics(admin)
+        .await
+        .lines()
+        .find(|l| l.starts_with("baton_tls_handshakes_total") && l.contains("result=\"failed\""))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_handshakes_is_cut_at_handshake_timeout() {
+    let (_backend, _ca, _a, baton) = one_certificate(", handshake_timeout = \"500ms\"").await;
+    let mut silent = tokio::net::TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let started = tokio::time::Instant::now();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(support::TIMEOUT, silent.read(&mut byte))
+        .await
+        .expect("baton closes a silent TLS client");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed, not answered: {read:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(450),
+        "not before handshake_timeout: {:?}",
+        started.elapsed()
+    );
+    support::eventually("the failed handshake is counted", || async {
+        failed_handshakes(baton.admin).await.ends_with(" 1")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_that_does_not_load_fails_the_reload_and_the_old_one_serves_on() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let b = ca.issue("b", &["b.test"]);
+    let baton = tls_baton(&backend, &[&a], "").await;
+    let serving = baton.serving_pid().await;
+    let good = baton.config_text();
+    let a_key = a.key.display().to_string();
+    baton.write_config(&good.replace(&a_key, &b.key.display().to_string()));
+    let r = baton.reload().await;
+    assert_eq!(r.code, 78, "{r:?}");
+    assert!(
+        r.stderr.contains("listeners[0].tls.certificates[0].key"),
+        "the key is named: {}",
+        r.stderr
+    );
+    assert_eq!(baton.serving_pid().await, serving);
+    let stream = ca
+        .client(&["http/1.1"])
+        .connect(baton.addr("web"), "a.test")
+        .await
+        .expect("still serving TLS");
+    assert_eq!(presented(&stream).as_ref(), Some(&a.der));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_keep_alive_clients_lose_nothing_across_reloads() {
+    let (_backend, ca, _a, baton) = one_certificate("").await;
+    let web = baton.addr("web");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let (tls, stop) = (ca.client(&["http/1.1"]), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let (mut ok, mut failures) = (0u64, Vec::new());
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+            'connections: while !stop.is_cancelled() && tokio::time::Instant::now() < deadline {
+                let stream = match tls.connect(web, "a.test").await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        failures.push(format!("handshake: {e}"));
+                        continue;
+                    }
+                };
+                let mut sender = match client::http1_over(stream).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        failures.push(e);
+                        continue;
+                    }
+                };
+                for _ in 0..10_000 {
+                    // A connection the proxy announced it closes (a response
+                    // with `Connection: close`) is not reused.
+                    if stop.is_cancelled() || sender.ready().await.is_err() {
+                        continue 'connections;
+                    }
+                    match client::send_with_host(&mut sender, "a.test", "/k").await {
+                        Ok(a) if a.status == 200 => ok += 1,
+                        Ok(a) => failures.push(format!("status {}", a.status)),
+                        Err(e) => {
+                            failures.push(e);
+                            continue 'connections;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            (ok, failures)
+        }));
+    }
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        baton.reload_ok().await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.cancel();
+    let (mut ok, mut failures) = (0, Vec::new());
+    for c in clients {
+        let (n, f) = c.await.expect("client task");
+        ok += n;
+        failures.extend(f);
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed of {}: {:?}",
+        failures.len(),
+        ok + failures.len() as u64,
+        &failures[..failures.len().min(5)]
+    );
+    assert!(ok > 100, "the clients made progress: {ok}");
+}
