@@ -153,6 +153,7 @@ fn check(args: CheckArgs) -> i32 {
         display(c.reload.drain_timeout)
     );
     println!("reload.max_draining     {}", c.reload.max_draining);
+    println!("tls.ticket_rotation     {}", display(c.ticket_rotation));
     for l in &c.listeners {
         let pool = &c.pools[l.pool].name;
         println!(

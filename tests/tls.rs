@@ -329,3 +329,79 @@ async fn tls_keep_alive_clients_lose_nothing_across_reloads() {
     );
     assert!(ok > 100, "the clients made progress: {ok}");
 }
+
+/// Connects with `tls`, makes one request (which reads the session
+/// tickets the server sends after a TLS 1.3 handshake), and says whether
+/// the handshake resumed a session.
+async fn resumed(tls: &support::tls::Client, web: SocketAddr) -> bool {
+    let stream = tls.connect(web, "a.test").await.expect("handshake");
+    let resumed = negotiated(&stream).1;
+    let mut sender = client::http1_over(stream).await.expect("connection");
+    let answer = client::send_with_host(&mut sender, "a.test", "/resume")
+        .await
+        .expect("request");
+    assert_eq!(answer.status, 200);
+    resumed
+}
+
+/// The `result` count of `baton_tls_handshakes_total` for listener `web`.
+async fn handshakes(admin: SocketAddr, result: &str) -> u64 {
+    let label = format!("result=\"{result}\"");
+    client::metrics(admin)
+        .await
+        .lines()
+        .find(|l| l.starts_with("baton_tls_handshakes_total") && l.contains(&label))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_resumes_its_session_after_one_reload_and_after_four() {
+    let (_backend, ca, _a, baton) = one_certificate("").await;
+    let web = baton.addr("web");
+    let tls = ca.client(&["http/1.1"]);
+    assert!(
+        !resumed(&tls, web).await,
+        "the first handshake is a full one"
+    );
+    assert!(resumed(&tls, web).await, "the second resumes");
+    baton.reload_ok().await;
+    assert!(
+        resumed(&tls, web).await,
+        "a ticket from before the reload opens after it"
+    );
+    for _ in 0..4 {
+        baton.reload_ok().await;
+    }
+    assert!(resumed(&tls, web).await, "and after four reloads in a row");
+    assert_eq!(
+        handshakes(baton.admin, "full").await,
+        1,
+        "one full handshake in all"
+    );
+    assert_eq!(handshakes(baton.admin, "resumed").await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openssl_tls12_session_is_reused_after_a_reload() {
+    let (_backend, ca, _a, baton) = one_certificate("").await;
+    let web = baton.addr("web");
+    let session = ca.dir.path().join("session.pem");
+    let s_client = |session_arg: &str| {
+        let mut cmd = std::process::Command::new("openssl");
+        cmd.args(["s_client", "-tls1_2", "-servername", "a.test", "-connect"])
+            .arg(web.to_string())
+            .arg("-CAfile")
+            .arg(ca.ca_pem())
+            .arg(session_arg)
+            .arg(&session)
+            .stdin(std::process::Stdio::null());
+        let out = cmd.output().expect("openssl runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = s_client("-sess_out");
+    assert!(first.contains("New, TLSv1.2"), "{first}");
+    baton.reload_ok().await;
+    let again = s_client("-sess_in");
+    assert!(again.contains("Reused, TLSv1.2"), "{again}");
+}

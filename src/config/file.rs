@@ -27,9 +27,18 @@ pub struct FileConfig {
     #[serde(default)]
     pub reload: ReloadFile,
     #[serde(default)]
+    pub tls: TlsGlobalFile,
+    #[serde(default)]
     pub listeners: Vec<ListenerFile>,
     #[serde(default)]
     pub pools: Vec<PoolFile>,
+}
+
+/// `[tls]`: what every TLS listener shares.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsGlobalFile {
+    pub ticket_rotation: Option<DurationValue>,
 }
 
 #[derive(Debug, Default, Deserialize)]

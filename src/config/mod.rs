@@ -37,6 +37,9 @@ pub struct Config {
     pub control: ControlConfig,
     pub shutdown: ShutdownConfig,
     pub reload: ReloadConfig,
+    /// How often the session-ticket keys rotate (`[tls] ticket_rotation`);
+    /// a ticket opens for two periods at most.
+    pub ticket_rotation: Duration,
     pub listeners: Vec<ListenerConfig>,
     pub pools: Vec<PoolConfig>,
     /// Not wrong yet, but soon to be (a certificate expiring within two

@@ -5,7 +5,7 @@ use super::*;
 
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn start(
-    carried: (Vec<BackendCarry>, Report),
+    carried: Inherited,
     config: Config,
     exec: Exec,
     mut inventory: Inventory,
@@ -65,7 +65,7 @@ pub(super) async fn start(
         inherited: Default::default(),
         configured: configured(&config),
     });
-    admin.set_inherited(carried.1);
+    admin.set_inherited(carried.report);
     let admin_stop = CancellationToken::new();
     let admin_listener =
         tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Admin {
@@ -93,7 +93,11 @@ pub(super) async fn start(
 
     let workers = crate::workers::Workers::start(config.workers).map_err(StartError::Workers)?;
     let pools = Pool::all(&config.pools, workers.count());
-    carry_over(&pools, &carried.0);
+    carry_over(&pools, &carried.backends);
+    let ticketer = Arc::new(crate::tls::tickets::Ticketer::new(
+        carried.tickets,
+        config.ticket_rotation,
+    )?);
     let drain = Drain::new();
     let mut pending = Vec::new();
     let mut views = Vec::new();
@@ -116,9 +120,11 @@ pub(super) async fn start(
             for cert in &t.certificates {
                 metrics::tls_certificate_expiry(&l.name, &cert.name, cert.not_after_unix);
             }
+            let mut server = (*t.server_config).clone();
+            server.ticketer = ticketer.clone();
             Arc::new(crate::tls::handshake::Terminator::new(
                 &l.name,
-                Arc::clone(&t.server_config),
+                Arc::new(server),
                 t.handshake_timeout,
             ))
         });
@@ -246,6 +252,7 @@ pub(super) async fn start(
         successor: None,
         drain,
         adopted,
+        ticketer,
     })
 }
 

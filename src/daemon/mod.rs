@@ -74,6 +74,17 @@ pub enum StartError {
     Adopt(#[from] crate::lifecycle::inventory::AdoptError),
     #[error("handoff: {0}")]
     Handoff(#[from] HandoverError),
+    #[error("TLS session tickets: {0}")]
+    Tickets(#[from] crate::tls::tickets::TicketError),
+}
+
+/// What an older generation handed over beside its sockets (nothing for
+/// a first start).
+#[derive(Default)]
+struct Inherited {
+    backends: Vec<BackendCarry>,
+    report: Report,
+    tickets: Option<crate::tls::tickets::TicketKeys>,
 }
 
 /// The inputs of one generation's run.
@@ -97,7 +108,11 @@ pub async fn run(setup: Setup) -> i32 {
     let number = parent.as_ref().map_or(1, |p| p.generation);
     let carried = parent
         .as_ref()
-        .map(|p| (p.backends.clone(), p.report.clone()))
+        .map(|p| Inherited {
+            backends: p.backends.clone(),
+            report: p.report.clone(),
+            tickets: p.tickets.clone(),
+        })
         .unwrap_or_default();
     let built = build::start(
         carried,
@@ -207,6 +222,9 @@ struct Generation {
     adopted: Vec<String>,
     /// Older generations still draining, oldest first.
     draining: Vec<Process>,
+    /// Seals every TLS listener's session tickets; its keys go to the
+    /// next generation.
+    ticketer: Arc<crate::tls::tickets::Ticketer>,
 }
 
 enum Ending {
@@ -299,6 +317,7 @@ impl Generation {
         let backends_now: Box<dyn Fn() -> Vec<BackendCarry> + Send> =
             Box::new(move || build::carry_out(&pools));
         let report = self.admin.report();
+        let tickets = self.ticketer.keys();
         let exec = self.exec.clone();
         let ready_timeout = self.config.reload.ready_timeout;
         let generation = self.number + 1;
@@ -314,6 +333,7 @@ impl Generation {
                         draining,
                         backends,
                         report,
+                        tickets,
                         backends_now,
                     },
                     ready_timeout,

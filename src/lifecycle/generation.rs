@@ -19,6 +19,7 @@ use super::handoff::{BackendCarry, Channel, HandoffError, Message, Report, Socke
 use super::inventory::Inventory;
 use super::process::{self, Process};
 use super::systemd;
+use crate::tls::tickets::TicketKeys;
 
 /// How to start the next generation: the path and arguments this one was
 /// started with (the path is read at start, so an upgrade's new file runs).
@@ -106,6 +107,7 @@ pub struct Offer {
     pub draining: Vec<u32>,
     pub backends: Vec<BackendCarry>,
     pub report: Report,
+    pub tickets: TicketKeys,
     /// Backend states as they are when N+1 is told to go ahead.
     pub backends_now: Box<dyn Fn() -> Vec<BackendCarry> + Send>,
 }
@@ -201,6 +203,7 @@ async fn converse(
         draining: offer.draining,
         backends: offer.backends,
         report: Some(offer.report),
+        tickets: Some(Box::new(offer.tickets)),
     };
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
     send_offer(channel, child, &limits, &message, &borrowed).await?;
@@ -316,6 +319,8 @@ pub struct Parent {
     pub backends: Vec<BackendCarry>,
     /// The old generation's counters and live generations at the offer.
     pub report: Report,
+    /// Its session-ticket keys (none from a release without them).
+    pub tickets: Option<TicketKeys>,
 }
 
 impl Parent {
@@ -332,6 +337,7 @@ impl Parent {
             draining,
             backends,
             report,
+            tickets,
         } = message
         else {
             return Err(HandoverError::OutOfTurn(format!("{message:?}")));
@@ -352,6 +358,7 @@ impl Parent {
                 draining,
                 backends,
                 report: report.unwrap_or_default(),
+                tickets: tickets.map(|keys| *keys),
             },
             inventory,
         ))

@@ -95,6 +95,10 @@ pub enum Message {
         backends: Vec<BackendCarry>,
         #[serde(default)]
         report: Option<Report>,
+        /// The TLS session-ticket keys, so tickets issued before the reload
+        /// open after it (absent from an older release: new keys then).
+        #[serde(default)]
+        tickets: Option<Box<crate::tls::tickets::TicketKeys>>,
     },
     /// N+1 is ready; `adopted` names the sockets it took over (N serves
     /// the accept queue of any other before closing it).
@@ -393,6 +397,9 @@ mod tests {
             draining: vec![1],
             backends: Vec::new(),
             report: None,
+            tickets: Some(Box::new(
+                crate::tls::tickets::TicketKeys::generate().expect("keys"),
+            )),
         };
         a.send(&offer, &[listener.as_fd()]).await.expect("send");
         let (got, fds) = b.recv().await.expect("recv");
@@ -431,6 +438,7 @@ mod tests {
             }],
             draining: vec![1],
             backends: Vec::new(),
+            tickets: None,
             report: Some(Report {
                 baseline,
                 generations: Vec::new(),

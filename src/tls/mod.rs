@@ -10,6 +10,7 @@ pub mod handshake;
 pub mod sni;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod tickets;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

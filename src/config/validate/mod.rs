@@ -37,6 +37,11 @@ pub fn from_file(
     let control = ControlConfig {
         socket: v.path(raw.control.socket.as_deref(), "/run/baton/control.sock"),
     };
+    let ticket_rotation = v.timeout(
+        "tls.ticket_rotation",
+        raw.tls.ticket_rotation.as_ref(),
+        Duration::from_secs(12 * 3600),
+    );
     let pools = v.pools(&raw.pools);
     let listeners = v.listeners(&raw.listeners, &pools, admin.listen);
     if v.problems.is_empty() {
@@ -47,6 +52,7 @@ pub fn from_file(
             control,
             shutdown,
             reload,
+            ticket_rotation,
             listeners,
             pools,
             warnings: v.warnings,

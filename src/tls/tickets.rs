@@ -1,0 +1,320 @@
+//! Session-ticket keys that outlive a reload. rustls' own ticketer makes
+//! its keys at random in each process, so every reload would send every
+//! returning client through a full handshake (the complaint users of
+//! Envoy, Traefik and Apache have had for years). baton makes the keys
+//! itself, keeps them in memory only, rotates them, and hands them to the
+//! next generation over the handoff channel: a client that resumed before
+//! a reload resumes after it.
+//!
+//! Three keys live at once: the *current* one seals new tickets; the
+//! *previous* one still opens tickets sealed before the last rotation; the
+//! *next* one is made a period ahead, so a ticket from a generation that
+//! already rotated opens here too. A ticket therefore lives two periods at
+//! most. A ticket is `key name (16) | nonce (12) | AES-256-GCM(state)`;
+//! the key name is public, the secrets never leave memory and the
+//! handoff (not in logs, `/status` or metrics: `Debug` prints no secret).
+
+use std::sync::RwLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+
+const NAME_LEN: usize = 16;
+const SECRET_LEN: usize = 32;
+
+/// One key: the name every ticket it sealed carries, and its secret.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TicketKey {
+    name: [u8; NAME_LEN],
+    secret: [u8; SECRET_LEN],
+}
+
+impl std::fmt::Debug for TicketKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TicketKey(..)")
+    }
+}
+
+impl TicketKey {
+    fn generate(rng: &SystemRandom) -> Result<TicketKey, TicketError> {
+        let mut key = TicketKey {
+            name: [0; NAME_LEN],
+            secret: [0; SECRET_LEN],
+        };
+        rng.fill(&mut key.name).map_err(|_| TicketError::Random)?;
+        rng.fill(&mut key.secret).map_err(|_| TicketError::Random)?;
+        Ok(key)
+    }
+
+    fn sealing(&self) -> Result<LessSafeKey, TicketError> {
+        UnboundKey::new(&AES_256_GCM, &self.secret)
+            .map(LessSafeKey::new)
+            .map_err(|_| TicketError::Key)
+    }
+}
+
+/// The key set, as the handoff carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TicketKeys {
+    previous: TicketKey,
+    current: TicketKey,
+    next: TicketKey,
+    /// When `current` became current, in Unix seconds: the rotation
+    /// schedule goes on across generations instead of restarting.
+    current_since: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TicketError {
+    #[error("the system random source failed")]
+    Random,
+    #[error("a ticket key was refused by the cipher")]
+    Key,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl TicketKeys {
+    /// A fresh set (a first start, or a predecessor that sent none).
+    pub fn generate() -> Result<TicketKeys, TicketError> {
+        let rng = SystemRandom::new();
+        Ok(TicketKeys {
+            previous: TicketKey::generate(&rng)?,
+            current: TicketKey::generate(&rng)?,
+            next: TicketKey::generate(&rng)?,
+            current_since: unix_now(),
+        })
+    }
+
+    /// Rotated as many times as whole `period`s passed since `current`
+    /// began (three or more: a whole new set, since no old ticket may
+    /// open any more).
+    fn brought_up_to(mut self, now: u64, period: Duration) -> Result<TicketKeys, TicketError> {
+        let period = period.as_secs().max(1);
+        let due = now.saturating_sub(self.current_since) / period;
+        let rng = SystemRandom::new();
+        for _ in 0..due.min(3) {
+            self.previous = std::mem::replace(&mut self.current, self.next.clone());
+            self.next = TicketKey::generate(&rng)?;
+        }
+        self.current_since += due * period;
+        Ok(self)
+    }
+
+    fn keys(&self) -> [&TicketKey; 3] {
+        [&self.current, &self.previous, &self.next]
+    }
+}
+
+/// The ciphers of a key set, made once per rotation.
+struct Sealing {
+    keys: TicketKeys,
+    ciphers: [LessSafeKey; 3],
+}
+
+impl Sealing {
+    fn new(keys: TicketKeys) -> Result<Sealing, TicketError> {
+        let [c, p, n] = keys.keys();
+        let ciphers = [c.sealing()?, p.sealing()?, n.sealing()?];
+        Ok(Sealing { keys, ciphers })
+    }
+}
+
+/// rustls' ticketer over baton's key set; one per generation, shared by
+/// every TLS listener and worker.
+pub struct Ticketer {
+    sealing: RwLock<Sealing>,
+    period: Duration,
+    rng: SystemRandom,
+}
+
+impl std::fmt::Debug for Ticketer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticketer")
+            .field("period", &self.period)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ticketer {
+    /// A ticketer over the `inherited` keys (brought up to date), or over
+    /// new ones.
+    pub fn new(inherited: Option<TicketKeys>, period: Duration) -> Result<Ticketer, TicketError> {
+        let keys = match inherited {
+            Some(keys) => keys.brought_up_to(unix_now(), period)?,
+            None => TicketKeys::generate()?,
+        };
+        Ok(Ticketer {
+            sealing: RwLock::new(Sealing::new(keys)?),
+            period,
+            rng: SystemRandom::new(),
+        })
+    }
+
+    /// The key set as it is now, for the next generation.
+    pub fn keys(&self) -> TicketKeys {
+        self.rotate_if_due();
+        self.read().keys.clone()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Sealing> {
+        self.sealing
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn rotate_if_due(&self) {
+        let now = unix_now();
+        if now.saturating_sub(self.read().keys.current_since) < self.period.as_secs().max(1) {
+            return;
+        }
+        let mut sealing = self
+            .sealing
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let rotated = sealing
+            .keys
+            .clone()
+            .brought_up_to(now, self.period)
+            .and_then(Sealing::new);
+        match rotated {
+            Ok(next) => *sealing = next,
+            Err(err) => {
+                tracing::warn!(cause = %err, "cannot rotate session-ticket keys; keeping the current ones")
+            }
+        }
+    }
+}
+
+impl rustls::server::ProducesTickets for Ticketer {
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    /// The most a ticket lives: its key is current for one period, then
+    /// previous for one more.
+    fn lifetime(&self) -> u32 {
+        u32::try_from(self.period.as_secs().saturating_mul(2)).unwrap_or(u32::MAX)
+    }
+
+    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+        self.rotate_if_due();
+        let sealing = self.read();
+        let mut nonce = [0u8; NONCE_LEN];
+        self.rng.fill(&mut nonce).ok()?;
+        let mut out = Vec::with_capacity(NAME_LEN + NONCE_LEN + plain.len() + 16);
+        out.extend_from_slice(&sealing.keys.current.name);
+        out.extend_from_slice(&nonce);
+        let mut sealed = plain.to_vec();
+        sealing.ciphers[0]
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(&sealing.keys.current.name),
+                &mut sealed,
+            )
+            .ok()?;
+        out.extend_from_slice(&sealed);
+        Some(out)
+    }
+
+    fn decrypt(&self, ticket: &[u8]) -> Option<Vec<u8>> {
+        self.rotate_if_due();
+        let name = ticket.get(..NAME_LEN)?;
+        let nonce = ticket.get(NAME_LEN..NAME_LEN + NONCE_LEN)?;
+        let sealing = self.read();
+        let index = sealing.keys.keys().iter().position(|k| k.name == name)?;
+        let mut opened = ticket.get(NAME_LEN + NONCE_LEN..)?.to_vec();
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let plain = sealing.ciphers[index]
+            .open_in_place(nonce, Aad::from(name), &mut opened)
+            .ok()?;
+        Some(plain.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::server::ProducesTickets;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn a_ticket_opens_in_the_next_generation() {
+        let first = Ticketer::new(None, HOUR).expect("ticketer");
+        let ticket = first.encrypt(b"session state").expect("sealed");
+        let next = Ticketer::new(Some(first.keys()), HOUR).expect("inherited");
+        assert_eq!(
+            next.decrypt(&ticket).as_deref(),
+            Some(&b"session state"[..])
+        );
+    }
+
+    #[test]
+    fn a_ticket_from_elsewhere_or_tampered_with_does_not_open() {
+        let ours = Ticketer::new(None, HOUR).expect("ticketer");
+        let theirs = Ticketer::new(None, HOUR).expect("ticketer");
+        let mut ticket = ours.encrypt(b"state").expect("sealed");
+        assert_eq!(theirs.decrypt(&ticket), None);
+        let last = ticket.len() - 1;
+        ticket[last] ^= 1;
+        assert_eq!(ours.decrypt(&ticket), None);
+        assert_eq!(ours.decrypt(&ticket[..10]), None);
+    }
+
+    #[test]
+    fn a_ticket_lives_one_rotation_and_not_two() {
+        let keys = TicketKeys::generate().expect("keys");
+        let start = keys.current_since;
+        let ticketer = Ticketer::new(Some(keys.clone()), HOUR).expect("ticketer");
+        let ticket = ticketer.encrypt(b"state").expect("sealed");
+        let once = keys
+            .clone()
+            .brought_up_to(start + 3600, HOUR)
+            .expect("rotated");
+        let after_one = Ticketer::new(Some(once.clone()), HOUR).expect("ticketer");
+        assert!(
+            after_one.decrypt(&ticket).is_some(),
+            "previous key still opens"
+        );
+        assert_eq!(once.current_since, start + 3600);
+        let twice = keys.brought_up_to(start + 7200, HOUR).expect("rotated");
+        let after_two = Ticketer::new(Some(twice), HOUR).expect("ticketer");
+        assert_eq!(
+            after_two.decrypt(&ticket),
+            None,
+            "two rotations later it is gone"
+        );
+    }
+
+    #[test]
+    fn a_generation_that_rotated_opens_tickets_of_one_that_did_not() {
+        let keys = TicketKeys::generate().expect("keys");
+        let start = keys.current_since;
+        let behind = Ticketer::new(Some(keys.clone()), HOUR).expect("ticketer");
+        let ahead = Ticketer::new(
+            Some(keys.brought_up_to(start + 3600, HOUR).expect("rotated")),
+            HOUR,
+        )
+        .expect("ticketer");
+        let ticket = ahead.encrypt(b"state").expect("sealed by the rotated set");
+        assert!(behind.decrypt(&ticket).is_some(), "its next key opens it");
+    }
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let keys = TicketKeys::generate().expect("keys");
+        let shown = format!("{keys:?}");
+        assert!(
+            !shown.contains(&format!("{:?}", keys.current.secret)),
+            "{shown}"
+        );
+        assert!(shown.contains("TicketKey(..)"), "{shown}");
+    }
+}
