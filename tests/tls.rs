@@ -28,10 +28,26 @@ async fn tls_baton(backend: &HttpBackend, certs: &[&Issued], more: &str) -> Bato
 
 /// `tls_baton` with one certificate, for `a.test`, from a fresh CA.
 async fn one_certificate(more: &str) -> (HttpBackend, Authority, Issued, Baton) {
+    one_certificate_on("web", "http", more, "").await
+}
+
+/// A listener `name` of `protocol` terminating TLS with one certificate,
+/// for `a.test`, from a fresh CA; `more` goes in its `tls` key, `keys`
+/// after it.
+async fn one_certificate_on(
+    name: &str,
+    protocol: &str,
+    more: &str,
+    keys: &str,
+) -> (HttpBackend, Authority, Issued, Baton) {
     let backend = HttpBackend::start("a").await;
     let ca = Authority::new();
     let a = ca.issue("a", &["a.test"]);
-    let baton = tls_baton(&backend, &[&a], more).await;
+    let tls = Issued::listener_tls(&[&a], more);
+    let spec = Spec::new()
+        .listener(name, protocol, "app", &format!("{tls}\n{keys}"))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
     (backend, ca, a, baton)
 }
 
@@ -180,13 +196,7 @@ async fn curl_gets_https_over_http1_and_h2() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_listener_terminates_tls_too() {
-    let backend = HttpBackend::start("a").await;
-    let ca = Authority::new();
-    let a = ca.issue("a", &["a.test"]);
-    let spec = Spec::new()
-        .listener("db", "tcp", "app", &Issued::listener_tls(&[&a], ""))
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let (_backend, ca, _a, baton) = one_certificate_on("db", "tcp", "", "").await;
     let stream = ca
         .client(&[])
         .connect(baton.addr("db"), "a.test")
@@ -262,63 +272,86 @@ async fn a_certificate_that_does_not_load_fails_the_reload_and_the_old_one_serve
     assert_eq!(presented(&stream).as_ref(), Some(&a.der));
 }
 
+/// What a load client saw: requests answered 200, and every failure.
+#[derive(Default)]
+struct Tally {
+    ok: u64,
+    failures: Vec<String>,
+}
+
+/// A TLS client looping until `stop` (two minutes at most): with
+/// `keep_alive`, it keeps each connection while the proxy keeps it (a
+/// response with `Connection: close` ends it); without, it makes one
+/// request per connection (a full or resumed handshake each).
+async fn tls_client(
+    tls: support::tls::Client,
+    web: SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+    keep_alive: bool,
+) -> Tally {
+    let mut tally = Tally::default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !stop.is_cancelled() && tokio::time::Instant::now() < deadline {
+        if keep_alive {
+            keep_alive_connection(&tls, web, &stop, &mut tally).await;
+            continue;
+        }
+        match one_request(&tls, web).await {
+            Ok(200) => tally.ok += 1,
+            Ok(status) => tally.failures.push(format!("status {status}")),
+            Err(e) => tally.failures.push(format!("new connection: {e}")),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tally
+}
+
+/// Requests on one connection until the proxy ends it or `stop`.
+async fn keep_alive_connection(
+    tls: &support::tls::Client,
+    web: SocketAddr,
+    stop: &tokio_util::sync::CancellationToken,
+    tally: &mut Tally,
+) {
+    let sender = match tls.connect(web, "a.test").await {
+        Ok(stream) => client::http1_over(stream).await,
+        Err(e) => Err(format!("handshake: {e}")),
+    };
+    let mut sender = match sender {
+        Ok(s) => s,
+        Err(e) => return tally.failures.push(e),
+    };
+    while !stop.is_cancelled() && sender.ready().await.is_ok() {
+        match client::send_with_host(&mut sender, "a.test", "/k").await {
+            Ok(a) if a.status == 200 => tally.ok += 1,
+            Ok(a) => tally.failures.push(format!("status {}", a.status)),
+            Err(e) => return tally.failures.push(format!("keep-alive: {e}")),
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_keep_alive_clients_lose_nothing_across_reloads() {
+async fn tls_clients_lose_nothing_across_twenty_reloads() {
     let (_backend, ca, _a, baton) = one_certificate("").await;
     let web = baton.addr("web");
     let stop = tokio_util::sync::CancellationToken::new();
     let mut clients = Vec::new();
-    for _ in 0..4 {
-        let (tls, stop) = (ca.client(&["http/1.1"]), stop.clone());
-        clients.push(tokio::spawn(async move {
-            let (mut ok, mut failures) = (0u64, Vec::new());
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-            'connections: while !stop.is_cancelled() && tokio::time::Instant::now() < deadline {
-                let stream = match tls.connect(web, "a.test").await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        failures.push(format!("handshake: {e}"));
-                        continue;
-                    }
-                };
-                let mut sender = match client::http1_over(stream).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        failures.push(e);
-                        continue;
-                    }
-                };
-                for _ in 0..10_000 {
-                    // A connection the proxy announced it closes (a response
-                    // with `Connection: close`) is not reused.
-                    if stop.is_cancelled() || sender.ready().await.is_err() {
-                        continue 'connections;
-                    }
-                    match client::send_with_host(&mut sender, "a.test", "/k").await {
-                        Ok(a) if a.status == 200 => ok += 1,
-                        Ok(a) => failures.push(format!("status {}", a.status)),
-                        Err(e) => {
-                            failures.push(e);
-                            continue 'connections;
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-            }
-            (ok, failures)
-        }));
+    for keep_alive in [true, true, true, true, false, false] {
+        let task = tls_client(ca.client(&["http/1.1"]), web, stop.clone(), keep_alive);
+        clients.push(tokio::spawn(task));
     }
-    for _ in 0..5 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
         baton.reload_ok().await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.cancel();
     let (mut ok, mut failures) = (0, Vec::new());
     for c in clients {
-        let (n, f) = c.await.expect("client task");
-        ok += n;
-        failures.extend(f);
+        let tally = c.await.expect("client task");
+        ok += tally.ok;
+        failures.extend(tally.failures);
     }
     assert!(
         failures.is_empty(),
@@ -327,7 +360,82 @@ async fn tls_keep_alive_clients_lose_nothing_across_reloads() {
         ok + failures.len() as u64,
         &failures[..failures.len().min(5)]
     );
-    assert!(ok > 100, "the clients made progress: {ok}");
+    assert!(ok > 200, "the clients made progress: {ok}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_under_way_when_the_drain_starts_is_finished_and_answered_with_close() {
+    let (_backend, ca, _a, baton) = one_certificate("").await;
+    let web = baton.addr("web");
+    let old = baton.serving_pid().await;
+    // Accepted by the old generation, which waits for its ClientHello.
+    let tcp = tokio::net::TcpStream::connect(web).await.expect("connect");
+    support::eventually("the old generation holds the connection", || async {
+        support::daemon::client_connections(old, web.port()) == 1
+    })
+    .await;
+    let new = baton.reload_ok().await;
+    assert_ne!(new, old);
+    let stream = ca
+        .client(&["http/1.1"])
+        .handshake(tcp, "a.test")
+        .await
+        .expect("the draining generation finishes the handshake");
+    let mut sender = client::http1_over(stream).await.expect("connection");
+    let answer = client::send_with_host(&mut sender, "a.test", "/late")
+        .await
+        .expect("answered");
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.headers.get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..]),
+        "a draining generation ends the connection after its answer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_holds_its_place_in_max_connections() {
+    let (_backend, ca, _a, baton) = one_certificate_on(
+        "web",
+        "http",
+        ", handshake_timeout = \"1s\"",
+        "max_connections = 2",
+    )
+    .await;
+    let web = baton.addr("web");
+    let pid = baton.serving_pid().await;
+    // Before the silent clients connect: their handshake clocks start later.
+    let started = tokio::time::Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(tokio::net::TcpStream::connect(web).await.expect("connect"));
+    }
+    support::eventually("baton accepted both silent connections", || async {
+        support::daemon::client_connections(pid, web.port()) == 2
+    })
+    .await;
+    assert_eq!(one_request(&ca.client(&["http/1.1"]), web).await, Ok(200));
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "two silent handshakes held both places until handshake_timeout cut them: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_silent_handshakes_starves_neither_the_admin_server_nor_other_clients() {
+    let (_backend, ca, _a, baton) = one_certificate("").await;
+    let web = baton.addr("web");
+    let mut silent = Vec::new();
+    for _ in 0..300 {
+        silent.push(tokio::net::TcpStream::connect(web).await.expect("connect"));
+    }
+    let ready = client::get(baton.admin, "/readyz")
+        .await
+        .expect("admin answers");
+    assert_eq!(ready.status, 200);
+    assert_eq!(one_request(&ca.client(&["http/1.1"]), web).await, Ok(200));
+    assert_eq!(silent.len(), 300, "all still held open meanwhile");
 }
 
 /// Connects with `tls`, makes one request (which reads the session

@@ -138,7 +138,15 @@ impl Client {
         addr: SocketAddr,
         sni: &str,
     ) -> std::io::Result<TlsStream<TcpStream>> {
-        let tcp = TcpStream::connect(addr).await?;
+        self.handshake(TcpStream::connect(addr).await?, sni).await
+    }
+
+    /// Handshakes over a TCP connection already open.
+    pub async fn handshake(
+        &self,
+        tcp: TcpStream,
+        sni: &str,
+    ) -> std::io::Result<TlsStream<TcpStream>> {
         let name = ServerName::try_from(sni.to_string())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         self.connector.connect(name, tcp).await
