@@ -14,7 +14,7 @@ use crate::config::ListenerConfig;
 use crate::lifecycle::drain::DrainWatch;
 use crate::listener::Accept;
 use crate::metrics::ListenerMetrics;
-use crate::proxy::stream::ClientStream;
+use crate::proxy::stream::ByteStream;
 use crate::proxy::{http::HttpProxy, tcp::TcpProxy};
 use crate::tls::handshake::Terminator;
 
@@ -94,7 +94,7 @@ impl Accept for Connections {
 }
 
 impl Proxy {
-    async fn serve<S: ClientStream>(self, stream: S, peer: SocketAddr, drain: DrainWatch) {
+    async fn serve<S: ByteStream>(self, stream: S, peer: SocketAddr, drain: DrainWatch) {
         match self {
             Proxy::Http(p) => p.serve(stream, peer, drain).await,
             Proxy::Tcp(p) => p.serve(stream, peer).await,

@@ -15,7 +15,7 @@ use tokio::io::AsyncReadExt;
 use support::backend::HttpBackend;
 use support::client;
 use support::daemon::{Baton, Spec};
-use support::tls::{negotiated, presented, Authority, Issued};
+use support::tls::{negotiated, presented, Authority, Issued, TlsBackend};
 
 /// An HTTP listener `web` terminating TLS with `certs` (the first is the
 /// default), in front of one backend.
@@ -512,4 +512,100 @@ async fn an_openssl_tls12_session_is_reused_after_a_reload() {
     baton.reload_ok().await;
     let again = s_client("-sess_in");
     assert!(again.contains("Reused, TLSv1.2"), "{again}");
+}
+
+/// A plain HTTP listener `web` (and a TCP listener `db`) in front of a
+/// pool of one TLS backend, its pool's `tls` key set to `pool_tls`; with
+/// `checked`, an HTTP health check (over TLS too).
+async fn to_a_tls_backend(backend: &TlsBackend, pool_tls: &str, checked: bool) -> Baton {
+    let health = if checked {
+        "health = { kind = \"http\", path = \"/health\", interval = \"200ms\" }\n"
+    } else {
+        ""
+    };
+    let spec = Spec::new().http("web", "app").tcp("db", "app").pool_with(
+        "app",
+        &format!("{health}tls = {{ {pool_tls} }}"),
+        &[(backend.addr, 1)],
+    );
+    Baton::start(spec).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_reaches_its_backends_over_tls_from_every_path() {
+    let ca = Authority::new();
+    let identity = ca.issue("backend", &["backend.test"]);
+    let backend = TlsBackend::start("secure", &identity).await;
+    let pool_tls = format!(
+        "server_name = \"backend.test\", ca = \"{}\"",
+        ca.ca_pem().display()
+    );
+    let baton = to_a_tls_backend(&backend, &pool_tls, true).await;
+    let web = baton.addr("web");
+    // HTTP/1 clients, on baton's own path.
+    let answer = client::get(web, "/h1").await.expect("h1 request");
+    assert_eq!((answer.status, answer.body.as_str()), (200, "secure /h1\n"));
+    // h2 clients, through hyper's client.
+    let tcp = tokio::net::TcpStream::connect(web).await.expect("connect");
+    let answer = client::h2_get_over(tcp, &web.to_string(), "/h2")
+        .await
+        .expect("h2c request");
+    assert_eq!((answer.status, answer.body.as_str()), (200, "secure /h2\n"));
+    // TCP mode: the bytes go into the TLS session.
+    let tcp = tokio::net::TcpStream::connect(baton.addr("db"))
+        .await
+        .expect("connect");
+    let mut sender = client::http1_over(tcp).await.expect("connection");
+    let answer = client::send_with_host(&mut sender, "x", "/tcp")
+        .await
+        .expect("request");
+    assert_eq!(answer.body, "secure /tcp\n");
+    // The health checks are TLS too: the backend is up, checked.
+    let status = client::get(baton.admin, "/status")
+        .await
+        .expect("status")
+        .body;
+    assert!(status.contains("\"state\":\"up\""), "{status}");
+    assert!(
+        backend
+            .handshakes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 3,
+        "every path handshook with the backend"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_certificate_that_does_not_verify_is_a_502_unless_verify_is_off() {
+    let ca = Authority::new();
+    let other = Authority::new();
+    let identity = other.issue("backend", &["backend.test"]);
+    let backend = TlsBackend::start("secure", &identity).await;
+    let pool_tls = format!(
+        "server_name = \"backend.test\", ca = \"{}\"",
+        ca.ca_pem().display()
+    );
+    let baton = to_a_tls_backend(&backend, &pool_tls, false).await;
+    let answer = client::get(baton.addr("web"), "/checked")
+        .await
+        .expect("answered");
+    assert_eq!(
+        answer.status, 502,
+        "a certificate from another CA is refused"
+    );
+    assert!(
+        baton
+            .log()
+            .contains("TLS handshake: invalid peer certificate"),
+        "{}",
+        baton.log()
+    );
+    let unchecked = to_a_tls_backend(&backend, "verify = false", true).await;
+    let answer = client::get(unchecked.addr("web"), "/unchecked")
+        .await
+        .expect("answered");
+    assert_eq!(
+        (answer.status, answer.body.as_str()),
+        (200, "secure /unchecked\n")
+    );
 }

@@ -146,6 +146,7 @@ mod tests {
                 backends,
                 max_connections_per_backend: 0,
                 queue_timeout: std::time::Duration::from_secs(1),
+                tls: None,
             },
             0,
             1,

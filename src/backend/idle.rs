@@ -9,7 +9,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
+use super::stream::BackendStream;
+use crate::proxy::stream::ByteStream;
 use tokio::time::Instant;
 
 /// Idle time after which a connection is closed rather than reused.
@@ -20,7 +21,7 @@ const MAX_IDLE: usize = 512;
 
 /// One worker's idle connections with when each went idle, oldest first:
 /// taken from the back, expired from the front.
-type IdleList = Mutex<Vec<(TcpStream, Instant)>>;
+type IdleList = Mutex<Vec<(BackendStream, Instant)>>;
 
 /// One list per worker: a connection is registered with its worker's
 /// reactor and stays with that worker's requests.
@@ -42,12 +43,12 @@ impl IdleConnections {
 
     /// The freshest connection still open, if any; closes those found
     /// closed, expired or holding stray bytes on the way.
-    pub fn take(&self) -> Option<TcpStream> {
+    pub fn take(&self) -> Option<BackendStream> {
         let Ok(mut conns) = self.mine().lock() else {
             return None;
         };
         while let Some((stream, since)) = conns.pop() {
-            if since.elapsed() < IDLE_LIMIT && still_open(&stream) {
+            if since.elapsed() < IDLE_LIMIT && still_open(stream.tcp()) {
                 return Some(stream);
             }
         }
@@ -55,7 +56,7 @@ impl IdleConnections {
     }
 
     /// Keeps `stream` for reuse, dropping connections that expired.
-    pub fn put(&self, stream: TcpStream) {
+    pub fn put(&self, stream: BackendStream) {
         let Ok(mut conns) = self.mine().lock() else {
             return;
         };
@@ -80,12 +81,13 @@ impl IdleConnections {
     }
 }
 
-/// An idle connection is usable only if nothing is readable on it: EOF
-/// means the backend closed it, and bytes would be a response to nothing.
+/// An idle connection is usable only if nothing is readable on its
+/// socket: EOF means the backend closed it, and bytes would be a response
+/// to nothing (or, under TLS, the backend's close_notify).
 /// The reactor's readiness answers without a syscall when the socket has
 /// shown nothing since its last read; only a socket marked readable is
 /// read (and then given up, whatever the read says, unless it was stale).
-fn still_open(stream: &TcpStream) -> bool {
+fn still_open(stream: &tokio::net::TcpStream) -> bool {
     let mut probe = [0u8; 1];
     matches!(stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }

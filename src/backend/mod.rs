@@ -6,9 +6,11 @@
 //! a draining backend turns `out` when its last lease ends.
 
 pub mod balance;
+pub mod connector;
 pub mod health;
 pub mod idle;
 pub mod probe;
+pub mod stream;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
@@ -120,6 +122,8 @@ pub struct Backend {
     freed: Option<Arc<tokio::sync::Notify>>,
     /// HTTP/1 connections to it, idle between requests.
     pub idle: idle::IdleConnections,
+    /// The pool's TLS to its backends (see `stream`), if any.
+    tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
 }
 
 impl Backend {
@@ -294,6 +298,8 @@ impl Backend {
 pub struct Pool {
     pub name: String,
     pub backends: Vec<Arc<Backend>>,
+    /// TLS to its backends (each backend holds it too), for hyper's client.
+    pub tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
     pub health: Option<HealthConfig>,
     balance: Balance,
     picks: balance::PickState,
@@ -342,6 +348,7 @@ impl Pool {
                     metrics: metrics::backend(&config.name, &b.name),
                     freed: freed.clone(),
                     idle: idle::IdleConnections::new(workers),
+                    tls: config.tls.clone(),
                 };
                 backend.publish();
                 Arc::new(backend)
@@ -349,6 +356,7 @@ impl Pool {
             .collect();
         Pool {
             name: config.name.clone(),
+            tls: config.tls.clone(),
             picks: balance::PickState::new(backends.len()),
             backends,
             health: config.health.clone(),

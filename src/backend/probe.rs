@@ -4,28 +4,28 @@
 //! at teardown. An `http` check GETs `path` (2xx/3xx is healthy); a `tcp`
 //! check connects.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::{AdminState, Backend, Pool};
 use crate::config::{HealthConfig, HealthKind};
 
 /// One check; `Err` says why it failed.
-pub async fn check(config: &HealthConfig, address: SocketAddr) -> Result<(), String> {
-    match tokio::time::timeout(config.timeout, attempt(config, address)).await {
+pub async fn check(config: &HealthConfig, backend: &Backend) -> Result<(), String> {
+    match tokio::time::timeout(config.timeout, attempt(config, backend)).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {:?}", config.timeout)),
     }
 }
 
-async fn attempt(config: &HealthConfig, address: SocketAddr) -> Result<(), String> {
-    let mut stream = TcpStream::connect(address)
+async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), String> {
+    let address = backend.address;
+    let mut stream = backend
+        .connect(config.timeout)
         .await
         .map_err(|e| format!("connect: {e}"))?;
     if config.kind == HealthKind::Tcp {
@@ -68,7 +68,7 @@ pub async fn first_round(pools: &[Arc<Pool>]) {
             }
             let (backend, config) = (Arc::clone(backend), config.clone());
             checks.spawn(async move {
-                let result = check(&config, backend.address).await;
+                let result = check(&config, &backend).await;
                 record(&backend, result);
             });
         }
@@ -116,7 +116,7 @@ async fn run(backend: Arc<Backend>, config: HealthConfig, stop: CancellationToke
         }
         let result = tokio::select! {
             () = stop.cancelled() => return,
-            r = check(&config, backend.address) => r,
+            r = check(&config, &backend) => r,
         };
         record(&backend, result);
     }

@@ -134,6 +134,16 @@ pub struct PoolFile {
     pub backends: Vec<BackendFile>,
     pub max_connections_per_backend: Option<i64>,
     pub queue_timeout: Option<DurationValue>,
+    pub tls: Option<UpstreamTlsFile>,
+}
+
+/// A pool's `tls`: how its backends are reached over TLS.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsFile {
+    pub server_name: Option<String>,
+    pub ca: Option<String>,
+    pub verify: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

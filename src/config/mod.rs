@@ -158,6 +158,8 @@ pub struct PoolConfig {
     /// How long work waits, first come first served, for a backend under
     /// its cap, before a 503.
     pub queue_timeout: Duration,
+    /// TLS to the backends (their traffic and health checks), if set.
+    pub tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,6 +17,7 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
@@ -24,13 +25,14 @@ use super::activity::ConnState;
 use super::body::{self, BodyGuard, ClientBody, Guarded, Progress, ProxyBody};
 use super::head::Watched;
 use super::headers;
-use super::http::HttpProxy;
+use super::http::{HttpProxy, Target};
 use super::longlived;
 use super::ProxyError;
-use crate::backend::{Lease, Pool};
+use crate::backend::connector::Connector;
+use crate::backend::Lease;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics;
-use crate::proxy::stream::ClientStream;
+use crate::proxy::stream::ByteStream;
 
 /// How often an h2 connection is PINGed, and how long the answer may take,
 /// at most.
@@ -65,7 +67,7 @@ impl Outgoing {
 }
 
 impl HttpProxy {
-    pub(super) async fn serve_h2<S: ClientStream>(
+    pub(super) async fn serve_h2<S: ByteStream>(
         self: Arc<Self>,
         stream: S,
         seen: Vec<u8>,
@@ -143,7 +145,7 @@ impl HttpProxy {
         let refused = ambiguity(&req);
         let checked = match refused {
             Some(why) => Err(ProxyError::Client { why }),
-            None => self.forward(req, &client_ip, &target.pool, &drain).await,
+            None => self.forward(req, &client_ip, target, &drain).await,
         };
         let response = match checked {
             Ok(r) => r,
@@ -166,7 +168,7 @@ impl HttpProxy {
         &self,
         req: Request<Incoming>,
         client_ip: &HeaderValue,
-        pool: &Pool,
+        target: &Target,
         drain: &DrainWatch,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let (mut parts, incoming) = req.into_parts();
@@ -178,6 +180,7 @@ impl HttpProxy {
         let replayable = outgoing.progress.is_none();
         let mut body = Some(outgoing.body);
         let mut failed: Option<(usize, ProxyError)> = None;
+        let pool = &target.pool;
         loop {
             let lease = match pool.lease(failed.as_ref().map(|f| f.0)).await {
                 Ok(lease) => lease,
@@ -191,7 +194,12 @@ impl HttpProxy {
             let sent = body.take().unwrap_or_else(body::empty);
             let outbound = outbound_request(&parts, sent, &lease)?;
             match self
-                .send(outbound, &lease, outgoing.progress.as_deref())
+                .send(
+                    &target.client,
+                    outbound,
+                    &lease,
+                    outgoing.progress.as_deref(),
+                )
                 .await
             {
                 Ok(response) => return Ok(self.respond(response, lease, drain)),
@@ -239,6 +247,7 @@ impl HttpProxy {
     /// only once the whole request was sent.
     async fn send(
         &self,
+        client: &Client<Connector, ProxyBody>,
         outbound: Request<ProxyBody>,
         lease: &Lease,
         progress: Option<&Progress>,
@@ -246,7 +255,7 @@ impl HttpProxy {
         let backend = lease.backend();
         let watch = self.watch_exchange(progress, &backend.name);
         let outcome = tokio::select! {
-            result = self.client.request(outbound) => Ok(result),
+            result = client.request(outbound) => Ok(result),
             stalled = watch => Err(stalled),
         };
         let err = match outcome {

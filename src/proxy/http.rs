@@ -9,14 +9,15 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hyper::server::conn::http2;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
 use super::body::ProxyBody;
 use super::h1::io::{read_now, read_some, release_if_empty, write_all};
 use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
-use super::stream::ClientStream;
+use super::stream::ByteStream;
+use crate::backend::connector::Connector;
 use crate::backend::Pool;
 use crate::config::{Forwarded, ListenerConfig, RouteConfig};
 use crate::lifecycle::drain::DrainWatch;
@@ -44,7 +45,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// match the h2 preface or cannot (every HTTP/1 method differs from `PRI`
 /// by its second byte at the latest). Bytes already waiting are taken
 /// without arming a clock: the usual case for a new connection.
-async fn opening<S: ClientStream>(stream: &mut S, deadline: Instant) -> Opening {
+async fn opening<S: ByteStream>(stream: &mut S, deadline: Instant) -> Opening {
     let mut seen = BytesMut::new();
     loop {
         let read = match read_now(stream, &mut seen).await {
@@ -76,6 +77,9 @@ async fn opening<S: ClientStream>(stream: &mut S, deadline: Instant) -> Opening 
 pub(super) struct Target {
     pub(super) pool: Arc<Pool>,
     pub(super) metrics: RequestMetrics,
+    /// hyper's pooled client to the pool's backends, for h2 clients'
+    /// streams (HTTP/1 clients use baton's own path).
+    pub(super) client: Client<Connector, ProxyBody>,
 }
 
 pub struct HttpProxy {
@@ -84,7 +88,6 @@ pub struct HttpProxy {
     /// Indexed like the config's pools.
     targets: Vec<Target>,
     default_target: usize,
-    pub(super) client: Client<HttpConnector, ProxyBody>,
     pub(super) server: http2::Builder<TokioExecutor>,
     pub(super) connect_timeout: Duration,
     pub(super) response_timeout: Duration,
@@ -101,13 +104,6 @@ pub struct HttpProxy {
 
 impl HttpProxy {
     pub fn new(config: &ListenerConfig, pools: &[Arc<Pool>]) -> HttpProxy {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(10))
-            .pool_timer(TokioTimer::new())
-            .build(connector);
         let mut server = http2::Builder::new(TokioExecutor::new());
         server
             .timer(TokioTimer::new())
@@ -126,10 +122,16 @@ impl HttpProxy {
                 .map(|p| Target {
                     pool: Arc::clone(p),
                     metrics: metrics::requests(&config.name, &p.name),
+                    client: Client::builder(TokioExecutor::new())
+                        .pool_idle_timeout(Duration::from_secs(10))
+                        .pool_timer(TokioTimer::new())
+                        .build(Connector {
+                            tls: p.tls.clone(),
+                            timeout: config.connect_timeout,
+                        }),
                 })
                 .collect(),
             default_target: config.pool,
-            client,
             server,
             connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
@@ -149,7 +151,7 @@ impl HttpProxy {
     /// Serves one client connection until it ends, the drain closes it, or
     /// the drain is forced (the task is then dropped by `DrainWatch`):
     /// HTTP/1 on baton's own path, h2c (prior knowledge) on hyper's.
-    pub async fn serve<S: ClientStream>(
+    pub async fn serve<S: ByteStream>(
         self: Arc<Self>,
         stream: S,
         peer: SocketAddr,

@@ -11,7 +11,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+pub trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     type Reader<'a>: AsyncRead + Unpin + Send
     where
         Self: 'a;
@@ -35,7 +35,7 @@ pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn plain(&mut self) -> Option<&mut TcpStream>;
 }
 
-impl ClientStream for TcpStream {
+impl ByteStream for TcpStream {
     type Reader<'a> = ReadHalf<'a>;
     type Writer<'a> = WriteHalf<'a>;
 
@@ -56,9 +56,25 @@ impl ClientStream for TcpStream {
     }
 }
 
+/// Resolves once a TLS session has something to read: decrypted bytes
+/// rustls already holds (or the peer's close) at once, else the socket's
+/// readiness.
+pub async fn session_readable<D>(
+    tcp: &TcpStream,
+    session: &mut rustls::ConnectionCommon<D>,
+) -> io::Result<()> {
+    let pending = session
+        .process_new_packets()
+        .map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))?;
+    if pending.plaintext_bytes_to_read() > 0 || pending.peer_has_closed() {
+        return Ok(());
+    }
+    tcp.readable().await
+}
+
 /// A TLS session shares one state for both directions, so its halves are
 /// tokio's locked split (uncontended: one task drives both).
-impl ClientStream for TlsStream<TcpStream> {
+impl ByteStream for TlsStream<TcpStream> {
     type Reader<'a> = tokio::io::ReadHalf<&'a mut TlsStream<TcpStream>>;
     type Writer<'a> = tokio::io::WriteHalf<&'a mut TlsStream<TcpStream>>;
 
@@ -70,13 +86,7 @@ impl ClientStream for TlsStream<TcpStream> {
     /// socket must have some.
     async fn readable(&mut self) -> io::Result<()> {
         let (tcp, session) = self.get_mut();
-        let pending = session
-            .process_new_packets()
-            .map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))?;
-        if pending.plaintext_bytes_to_read() > 0 || pending.peer_has_closed() {
-            return Ok(());
-        }
-        tcp.readable().await
+        session_readable(tcp, session).await
     }
 
     fn tcp(&self) -> &TcpStream {

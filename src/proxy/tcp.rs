@@ -20,7 +20,8 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use super::idle::{Activity, Observed};
-use super::stream::ClientStream;
+use super::stream::ByteStream;
+use crate::backend::stream::{BackendStream, ConnectFault};
 use crate::backend::{Lease, Pool};
 use crate::metrics::{self, UpstreamErrorKind};
 
@@ -32,7 +33,7 @@ pub struct TcpProxy {
 }
 
 impl TcpProxy {
-    pub async fn serve<S: ClientStream>(&self, mut client: S, peer: SocketAddr) {
+    pub async fn serve<S: ByteStream>(&self, mut client: S, peer: SocketAddr) {
         let Some((mut upstream, lease)) = self.connect().await else {
             if self.pool.healthy_count() == 0 {
                 metrics::no_backend(&self.listener, &self.pool.name);
@@ -41,12 +42,12 @@ impl TcpProxy {
             return;
         };
         keep_alive(client.tcp());
-        keep_alive(&upstream);
+        keep_alive(upstream.tcp());
         let activity = Arc::new(Activity::default());
         let copying = async {
-            match client.plain() {
-                Some(plain) => copy_both_ways(plain, &mut upstream, &activity).await,
-                None => copy_through(&mut client, &mut upstream, &activity).await,
+            match (client.plain(), upstream.plain()) {
+                (Some(client), Some(backend)) => copy_both_ways(client, backend, &activity).await,
+                _ => copy_through(&mut client, &mut upstream, &activity).await,
             }
         };
         let copied = tokio::select! {
@@ -66,27 +67,24 @@ impl TcpProxy {
         }
     }
 
-    async fn connect(&self) -> Option<(TcpStream, Lease)> {
+    async fn connect(&self) -> Option<(BackendStream, Lease)> {
         let mut failed = None;
         for _ in 0..2 {
             // No backend up, or none under its cap within queue_timeout:
             // the connection is closed.
             let lease = self.pool.lease(failed).await.ok()?;
             let backend = lease.backend();
-            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(backend.address))
-                .await
-            {
-                Ok(Ok(stream)) => {
-                    let _ = stream.set_nodelay(true);
-                    return Some((stream, lease));
-                }
-                Ok(Err(err)) => {
-                    tracing::warn!(backend = %backend.name, address = %backend.address, cause = %err, "backend connect failed");
-                    backend.upstream_failed(UpstreamErrorKind::Connect, &err.to_string(), true);
-                }
-                Err(_) => {
-                    tracing::warn!(backend = %backend.name, address = %backend.address, "backend connect timed out");
-                    backend.upstream_failed(UpstreamErrorKind::Timeout, "connect timed out", true);
+            match backend.connect(self.connect_timeout).await {
+                Ok(stream) => return Some((stream, lease)),
+                Err(fault) => {
+                    let kind = match fault {
+                        ConnectFault::Timeout(_) => UpstreamErrorKind::Timeout,
+                        ConnectFault::Refused(_) | ConnectFault::Handshake(_) => {
+                            UpstreamErrorKind::Connect
+                        }
+                    };
+                    tracing::warn!(backend = %backend.name, address = %backend.address, cause = %fault, "backend connect failed");
+                    backend.upstream_failed(kind, &fault.to_string(), true);
                 }
             }
             failed = Some(backend.index);
@@ -113,15 +111,15 @@ async fn copy_both_ways(
     )
 }
 
-/// Copies both ways between a client session (TLS) and the backend, as
+/// Copies both ways when either side is a TLS session, as
 /// `copy_both_ways` does, with a buffer each way.
-async fn copy_through<S: ClientStream>(
+async fn copy_through<S: ByteStream, B: ByteStream>(
     client: &mut S,
-    backend: &mut TcpStream,
+    backend: &mut B,
     activity: &Arc<Activity>,
 ) -> std::io::Result<(u64, u64)> {
     let (client_read, mut client_write) = client.halves();
-    let (backend_read, backend_write) = backend.split();
+    let (backend_read, backend_write) = backend.halves();
     let mut client_read = Observed::new(client_read, Arc::clone(activity));
     let mut backend_read = Observed::new(backend_read, Arc::clone(activity));
     tokio::try_join!(

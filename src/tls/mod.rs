@@ -11,6 +11,7 @@ pub mod sni;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod tickets;
+pub mod upstream;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

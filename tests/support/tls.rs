@@ -172,3 +172,56 @@ pub fn presented(stream: &TlsStream<TcpStream>) -> Option<CertificateDer<'static
         .and_then(|c| c.first())
         .map(|c| c.clone().into_owned())
 }
+
+/// An HTTP/1.1 backend behind TLS, answering `{name} {path}\n` like
+/// `HttpBackend`, with the certificate `identity` (keys from its files).
+pub struct TlsBackend {
+    pub addr: SocketAddr,
+    /// Connections whose handshake completed.
+    pub handshakes: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl TlsBackend {
+    pub async fn start(name: &'static str, identity: &Issued) -> TlsBackend {
+        let key = PrivateKeyDer::from_pem_file(&identity.key).expect("backend key");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![identity.der.clone()], key)
+            .expect("backend certificate");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let handshakes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = Arc::clone(&handshakes);
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, counted) = (acceptor.clone(), Arc::clone(&counted));
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let service = hyper::service::service_fn(
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            let body = format!("{name} {}\n", req.uri().path());
+                            async move {
+                                Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                    http_body_util::Full::new(bytes::Bytes::from(body)),
+                                ))
+                            }
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        TlsBackend { addr, handshakes }
+    }
+}

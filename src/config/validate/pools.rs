@@ -47,7 +47,9 @@ impl Validator {
                 }
                 backends.push(backend);
             }
+            let tls = self.upstream_tls(&format!("{key}.tls"), p.tls.as_ref());
             pools.push(PoolConfig {
+                tls,
                 name,
                 balance,
                 health,

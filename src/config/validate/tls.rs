@@ -8,7 +8,13 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::*;
+use crate::tls::upstream::UpstreamTls;
 use crate::tls::{certs, ClientAuth, ClientCa, MinVersion, Spec, TlsSettings};
+use rustls::pki_types::ServerName;
+
+/// The roots a verified backend is checked against without `ca`: the
+/// system's bundle (Debian's path; `ca` names another).
+const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// The ALPN protocols an HTTP listener speaks (and its default list).
 const HTTP_ALPN: &[&str] = &["h2", "http/1.1"];
@@ -40,6 +46,48 @@ impl Validator {
         }
         match TlsSettings::build(spec) {
             Ok(settings) => Some(Arc::new(settings)),
+            Err(err) => {
+                self.problem(key, err);
+                None
+            }
+        }
+    }
+
+    /// A pool's `tls` (`key` is `pools[0].tls`): the roots are `ca`, else
+    /// the system bundle, read now; none are needed with `verify = false`.
+    pub(super) fn upstream_tls(
+        &mut self,
+        key: &str,
+        raw: Option<&file::UpstreamTlsFile>,
+    ) -> Option<Arc<UpstreamTls>> {
+        let raw = raw?;
+        let verify = raw.verify.unwrap_or(true);
+        let server_name = match raw.server_name.as_deref().map(ServerName::try_from) {
+            None => None,
+            Some(Ok(name)) => Some(name.to_owned()),
+            Some(Err(_)) => {
+                self.problem(
+                    &format!("{key}.server_name"),
+                    "is not a DNS name or an IP address",
+                );
+                return None;
+            }
+        };
+        let roots = match (verify, raw.ca.as_deref()) {
+            (false, None) => None,
+            (_, written) => {
+                let path = self.path(written, SYSTEM_ROOTS);
+                match certs::load_roots(&path) {
+                    Ok(roots) => Some(roots),
+                    Err(p) => {
+                        self.problem(&format!("{key}.ca"), p);
+                        return None;
+                    }
+                }
+            }
+        };
+        match UpstreamTls::new(server_name, roots, verify) {
+            Ok(tls) => Some(Arc::new(tls)),
             Err(err) => {
                 self.problem(key, err);
                 None
@@ -339,5 +387,54 @@ mod tests {
             &format!("{{ certificates = [{A}], ciphers = [] }}"),
         );
         assert!(matches!(err, Err(ConfigError::Syntax { .. })), "{err:?}");
+    }
+
+    /// A config in the folder with a plain listener and a pool whose
+    /// `tls` is `tls`.
+    fn load_pool(pki: &Pki, tls: &str) -> Result<Config, ConfigError> {
+        let text = format!(
+            "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\ntls = {tls}\nbackends = [{{ address = \"127.0.0.1:9001\" }}]\n"
+        );
+        parse(
+            &text,
+            &pki.dir.path().join("baton.toml"),
+            &Overrides::default(),
+        )
+    }
+
+    #[test]
+    fn a_pool_tls_key_is_read_and_its_problems_named() {
+        let pki = pki();
+        let c = load_pool(
+            &pki,
+            r#"{ server_name = "backend.example.org", ca = "ca.pem" }"#,
+        )
+        .expect("valid");
+        assert!(c.pools[0].tls.as_ref().expect("tls").verify);
+        let c = load_pool(&pki, "{ verify = false }").expect("valid without roots");
+        assert!(!c.pools[0].tls.as_ref().expect("tls").verify);
+        let problems = match load_pool(
+            &pki,
+            r#"{ ca = "missing.pem", server_name = "not a name!" }"#,
+        ) {
+            Err(ConfigError::Invalid { problems, .. }) => problems,
+            other => panic!("expected invalid, got {other:?}"),
+        };
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("pools[0].tls.server_name:")),
+            "{problems:?}"
+        );
+        let problems = match load_pool(&pki, r#"{ ca = "missing.pem" }"#) {
+            Err(ConfigError::Invalid { problems, .. }) => problems,
+            other => panic!("expected invalid, got {other:?}"),
+        };
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("pools[0].tls.ca:") && p.contains("missing.pem")),
+            "{problems:?}"
+        );
     }
 }

@@ -22,7 +22,7 @@ use super::io::{linger_close, read_now, release_if_empty, write_all};
 use super::rewrite;
 use crate::lifecycle::drain::DrainWatch;
 use crate::proxy::http::HttpProxy;
-use crate::proxy::stream::ClientStream;
+use crate::proxy::stream::ByteStream;
 
 /// What a client is answered when its head is too slow.
 pub const TIMEOUT_RESPONSE: &[u8] =
@@ -51,7 +51,7 @@ enum Ending {
 /// Serves `stream` until either side ends it, then closes it gracefully.
 /// `opened` starts the first head's clock; `opening` holds the bytes read
 /// to tell HTTP/1 from h2 (the connection's read buffer from then on).
-pub async fn serve<S: ClientStream>(
+pub async fn serve<S: ByteStream>(
     proxy: &HttpProxy,
     stream: S,
     opening: BytesMut,
@@ -83,7 +83,7 @@ fn nothing_unread(stream: &tokio::net::TcpStream) -> bool {
     }
 }
 
-async fn serve_requests<S: ClientStream>(
+async fn serve_requests<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     peer: SocketAddr,
@@ -120,7 +120,7 @@ async fn serve_requests<S: ClientStream>(
     }
 }
 
-async fn next_head<S: ClientStream>(
+async fn next_head<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     drain: &DrainWatch,
@@ -177,7 +177,7 @@ async fn drain_grace(drain: &DrainWatch, grace: std::time::Duration) {
 }
 
 /// Answers a head baton will not serve, and closes.
-async fn refuse<S: ClientStream>(
+async fn refuse<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     refusal: &Refusal,

@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::head::{Framing, RequestHead};
@@ -20,11 +19,12 @@ use super::transfer::{
     download, upload, watch_client, Delivered, Down, DownFault, Progress, RequestBody, UpFault,
     UpLimits,
 };
+use crate::backend::stream::BackendStream;
 use crate::backend::{Backend, Lease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
 use crate::proxy::http::HttpProxy;
-use crate::proxy::stream::ClientStream;
+use crate::proxy::stream::ByteStream;
 use crate::proxy::{longlived, ProxyError};
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -47,7 +47,7 @@ pub enum After {
 
 /// A backend connection for one exchange.
 struct Upstream {
-    stream: TcpStream,
+    stream: BackendStream,
     buf: BytesMut,
     /// Taken from the idle list: it may have been closed under us.
     reused: bool,
@@ -73,7 +73,7 @@ enum Attempt {
 }
 
 /// Serves one request and says whether its connection carries another.
-pub async fn exchange<S: ClientStream>(
+pub async fn exchange<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     head: RequestHead,
@@ -113,7 +113,7 @@ pub async fn exchange<S: ClientStream>(
     after
 }
 
-async fn forward<S: ClientStream>(
+async fn forward<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     head: &RequestHead,
@@ -173,7 +173,7 @@ async fn forward<S: ClientStream>(
 
 /// Waits until the body's first bytes are in and framed well (a 100
 /// Continue first, if the client waits for one).
-async fn first_body_bytes<S: ClientStream>(
+async fn first_body_bytes<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     head: &RequestHead,
@@ -229,16 +229,14 @@ async fn connection(
             });
         }
     }
-    let refused = |cause: String| ProxyError::Connect {
-        backend: backend.name.clone(),
-        address: backend.address,
-        cause,
-    };
-    let stream = tokio::time::timeout(proxy.connect_timeout, TcpStream::connect(backend.address))
+    let stream = backend
+        .connect(proxy.connect_timeout)
         .await
-        .map_err(|_| refused(format!("no connection within {:?}", proxy.connect_timeout)))?
-        .map_err(|e| refused(e.to_string()))?;
-    let _ = stream.set_nodelay(true);
+        .map_err(|fault| ProxyError::Connect {
+            backend: backend.name.clone(),
+            address: backend.address,
+            cause: fault.to_string(),
+        })?;
     Ok(Upstream {
         stream,
         buf: BytesMut::new(),
@@ -264,7 +262,7 @@ enum Pumped {
     ClientGone,
 }
 
-async fn attempt<S: ClientStream>(
+async fn attempt<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     head: &RequestHead,
@@ -355,7 +353,7 @@ async fn attempt<S: ClientStream>(
 /// Runs the upload (while the body lasts) and the download side by side;
 /// once the request is all sent, the response head must come within
 /// `response_timeout`, and a client that goes away ends the exchange.
-async fn pump<S: ClientStream>(
+async fn pump<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     up: &mut Upstream,
@@ -363,7 +361,7 @@ async fn pump<S: ClientStream>(
     down: &Down<'_>,
 ) -> Pumped {
     let (mut client_r, mut client_w) = client.stream.halves();
-    let (mut backend_r, mut backend_w) = up.stream.split();
+    let (mut backend_r, mut backend_w) = up.stream.halves();
     let downloading = download(&mut backend_r, &mut up.buf, &mut client_w, down);
     tokio::pin!(downloading);
     if !body.is_done() {
@@ -466,7 +464,7 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
 
 /// After a 101: what either side sent past the switch goes first, then the
 /// two connections are joined until one ends (the lease is held meanwhile).
-async fn tunnel<S: ClientStream>(
+async fn tunnel<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     mut up: Upstream,

@@ -1,0 +1,160 @@
+//! A connection to a backend: plain TCP, or TLS over it when the pool has
+//! `tls`. Every way to a backend (HTTP/1 exchanges, TCP mode, h2 streams
+//! through hyper's client, health checks) connects here, so a pool's TLS
+//! is one setting, not four.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use std::net::SocketAddr;
+
+use super::Backend;
+use crate::proxy::stream::{session_readable, ByteStream};
+use crate::tls::upstream::UpstreamTls;
+
+/// A backend connection: plain TCP, or a TLS session over it.
+pub type BackendStream = Link<TcpStream, Box<TlsStream<TcpStream>>>;
+
+/// Why a connection to a backend was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectFault {
+    #[error("no connection within {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Refused(io::Error),
+    #[error("TLS handshake: {0}")]
+    Handshake(io::Error),
+}
+
+impl Backend {
+    /// Connects (and handshakes, for a TLS pool) within `limit`.
+    pub async fn connect(&self, limit: Duration) -> Result<BackendStream, ConnectFault> {
+        connect(self.address, self.tls.as_deref(), limit).await
+    }
+}
+
+/// Connects to `address` (and handshakes, with `tls`) within `limit`.
+pub async fn connect(
+    address: SocketAddr,
+    tls: Option<&UpstreamTls>,
+    limit: Duration,
+) -> Result<BackendStream, ConnectFault> {
+    let connecting = async {
+        let tcp = TcpStream::connect(address)
+            .await
+            .map_err(ConnectFault::Refused)?;
+        let _ = tcp.set_nodelay(true);
+        match tls {
+            None => Ok(Link::Plain(tcp)),
+            Some(tls) => tls
+                .connect(tcp, address)
+                .await
+                .map(|s| Link::Tls(Box::new(s)))
+                .map_err(ConnectFault::Handshake),
+        }
+    };
+    tokio::time::timeout(limit, connecting)
+        .await
+        .map_err(|_| ConnectFault::Timeout(limit))?
+}
+
+/// Plain or TLS: a backend stream, or one half of it split for an
+/// exchange's two directions (TCP's own halves, or tokio's locked split
+/// of a TLS session).
+pub enum Link<P, T> {
+    Plain(P),
+    Tls(T),
+}
+
+type TlsRead<'a> = tokio::io::ReadHalf<&'a mut TlsStream<TcpStream>>;
+type TlsWrite<'a> = tokio::io::WriteHalf<&'a mut TlsStream<TcpStream>>;
+
+impl<P: AsyncRead + Unpin, T: AsyncRead + Unpin> AsyncRead for Link<P, T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Link::Plain(h) => Pin::new(h).poll_read(cx, buf),
+            Link::Tls(h) => Pin::new(h).poll_read(cx, buf),
+        }
+    }
+}
+
+impl<P: AsyncWrite + Unpin, T: AsyncWrite + Unpin> AsyncWrite for Link<P, T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Link::Plain(h) => Pin::new(h).poll_write(cx, data),
+            Link::Tls(h) => Pin::new(h).poll_write(cx, data),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Link::Plain(h) => Pin::new(h).poll_flush(cx),
+            Link::Tls(h) => Pin::new(h).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Link::Plain(h) => Pin::new(h).poll_shutdown(cx),
+            Link::Tls(h) => Pin::new(h).poll_shutdown(cx),
+        }
+    }
+}
+
+impl ByteStream for BackendStream {
+    type Reader<'a> = Link<tokio::net::tcp::ReadHalf<'a>, TlsRead<'a>>;
+    type Writer<'a> = Link<tokio::net::tcp::WriteHalf<'a>, TlsWrite<'a>>;
+
+    fn halves(&mut self) -> (Self::Reader<'_>, Self::Writer<'_>) {
+        match self {
+            Link::Plain(s) => {
+                let (r, w) = s.split();
+                (Link::Plain(r), Link::Plain(w))
+            }
+            Link::Tls(s) => {
+                let (r, w) = tokio::io::split(s.as_mut());
+                (Link::Tls(r), Link::Tls(w))
+            }
+        }
+    }
+
+    /// Decrypted bytes rustls already holds are ready now; otherwise the
+    /// socket must have some.
+    async fn readable(&mut self) -> io::Result<()> {
+        match self {
+            Link::Plain(s) => s.readable().await,
+            Link::Tls(s) => {
+                let (tcp, session) = s.get_mut();
+                session_readable(tcp, session).await
+            }
+        }
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Link::Plain(s) => s,
+            Link::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    fn plain(&mut self) -> Option<&mut TcpStream> {
+        match self {
+            Link::Plain(s) => Some(s),
+            Link::Tls(_) => None,
+        }
+    }
+}

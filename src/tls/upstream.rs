@@ -1,0 +1,130 @@
+//! TLS from baton to a pool's backends (`[[pools]] tls`): the client side
+//! of a handshake to a backend, with the name it checks the backend's
+//! certificate against (`server_name`, else the backend's IP address) and
+//! the roots it trusts (`ca`, else the system bundle). `verify = false`
+//! skips the certificate check (HAProxy's `verify none`), for backends
+//! with self-signed certificates on a trusted network; signatures are
+//! still checked, so the session is still encrypted to whoever holds the
+//! presented key.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+/// How a pool's backends are reached over TLS.
+pub struct UpstreamTls {
+    connector: TlsConnector,
+    /// The name sent as SNI and checked; None: the backend's IP address.
+    server_name: Option<ServerName<'static>>,
+    /// For `baton check` and `/status`.
+    pub verify: bool,
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("server_name", &self.server_name)
+            .field("verify", &self.verify)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamTls {
+    /// `roots` is required when `verify` (it is what is trusted).
+    pub fn new(
+        server_name: Option<ServerName<'static>>,
+        roots: Option<RootCertStore>,
+        verify: bool,
+    ) -> Result<UpstreamTls, rustls::Error> {
+        let provider = super::provider();
+        let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()?;
+        let config = match (verify, roots) {
+            (true, Some(roots)) => builder.with_root_certificates(roots).with_no_client_auth(),
+            (true, None) => {
+                return Err(rustls::Error::General(
+                    "a verified backend needs roots to trust".into(),
+                ))
+            }
+            (false, _) => builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                .with_no_client_auth(),
+        };
+        Ok(UpstreamTls {
+            connector: TlsConnector::from(Arc::new(config)),
+            server_name,
+            verify,
+        })
+    }
+
+    /// Handshakes with the backend at `address` over `tcp`.
+    pub async fn connect(
+        &self,
+        tcp: TcpStream,
+        address: SocketAddr,
+    ) -> std::io::Result<TlsStream<TcpStream>> {
+        let name = self
+            .server_name
+            .clone()
+            .unwrap_or_else(|| ServerName::IpAddress(address.ip().into()));
+        self.connector.connect(name, tcp).await
+    }
+}
+
+/// `verify = false`: any certificate is taken; the handshake's signatures
+/// are still checked against it.
+#[derive(Debug)]
+struct AnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
