@@ -19,19 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use support::client::Conn;
+use support::measure::rss_kib;
 use support::proxies::{Kind, Mode, Proxy};
-
-fn rss_kib(pids: &[i32]) -> u64 {
-    pids.iter()
-        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
-        .filter_map(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
-}
 
 /// A TCP echo server in a child process (this bench binary, re-run with
 /// `--echo-server`), killed on drop.
@@ -86,6 +75,8 @@ async fn open_one(addr: SocketAddr, mode: Mode) -> Option<Held> {
             s.read_exact(&mut echo).await.ok()?;
             Some(Held::Tcp(s))
         }
+        // benches/tls.rs measures idle TLS connections.
+        Mode::Https => None,
         Mode::Http | Mode::H2c => {
             let mut c = Conn::open(addr).await.ok()?;
             c.get("/").await.ok()?.then_some(Held::Http(c))

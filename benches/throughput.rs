@@ -19,66 +19,8 @@ mod support;
 
 use std::process::Command;
 
+use support::measure::{with_cpu, wrk, Run};
 use support::proxies::{Kind, Mode, Proxy};
-
-/// One measurement: requests/s and the latency figures the tool gives.
-struct Run {
-    rps: f64,
-    /// Requests completed in the run.
-    requests: f64,
-    latency: String,
-}
-
-/// A run, with the proxy's CPU seconds (user, kernel) spent during it.
-fn cell(run: Option<Run>, cpu: Option<(f64, f64)>) -> String {
-    let Some(r) = run else {
-        return "failed".into();
-    };
-    let per_request = match cpu {
-        Some((user, sys)) if r.requests > 0.0 => format!(
-            "; CPU/req {:.1} µs user + {:.1} kernel",
-            user * 1e6 / r.requests,
-            sys * 1e6 / r.requests
-        ),
-        _ => String::new(),
-    };
-    format!("{:.0} ({}{per_request})", r.rps, r.latency)
-}
-
-/// User and kernel CPU seconds used so far by `pids` (utime, stime in
-/// /proc/PID/stat, in clock ticks of 1/100 s).
-fn cpu_seconds(pids: &[i32]) -> (f64, f64) {
-    let mut total = (0.0, 0.0);
-    for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        let ticks = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        total.0 += ticks(11) / 100.0;
-        total.1 += ticks(12) / 100.0;
-    }
-    total
-}
-
-/// Runs `load` and says what the proxy's processes spent meanwhile (none
-/// for the direct runs: the backend shares this process).
-fn with_cpu(proxy: &Proxy, load: impl FnOnce() -> Option<Run>) -> String {
-    let pids = proxy.pids();
-    let before = (!pids.is_empty()).then(|| cpu_seconds(&pids));
-    let run = load();
-    let cpu = before.map(|(u, s)| {
-        let (u2, s2) = cpu_seconds(&pids);
-        (u2 - u, s2 - s)
-    });
-    cell(run, cpu)
-}
 
 /// Where the proxy and the load run: one worker pinned to core 0 with the
 /// load on core 1, or (`--threads N`, N > 1) N workers and the load both
@@ -124,45 +66,6 @@ impl Layout {
             ),
         }
     }
-}
-
-fn wrk(url: &str, seconds: u32, close: bool, cpus: &str) -> Option<Run> {
-    let mut cmd = Command::new("taskset");
-    cmd.args([
-        "-c",
-        cpus,
-        "wrk",
-        "-t2",
-        "-c64",
-        &format!("-d{seconds}s"),
-        "--latency",
-    ]);
-    if close {
-        cmd.args(["-H", "Connection: close"]);
-    }
-    let out = cmd.arg(url).output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let rps = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Requests/sec:"))
-        .and_then(|v| v.trim().parse().ok())?;
-    let latency = |p: &str| {
-        text.lines()
-            .find(|l| l.trim_start().starts_with(p))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .unwrap_or("-")
-            .to_string()
-    };
-    let requests = text
-        .lines()
-        .find_map(|l| l.trim().split_once(" requests in "))
-        .and_then(|(n, _)| n.parse().ok())
-        .unwrap_or(0.0);
-    Some(Run {
-        rps,
-        requests,
-        latency: format!("p50 {}, p99 {}", latency("50%"), latency("99%")),
-    })
 }
 
 /// h2load prints no percentiles: they come from its per-request log
@@ -220,6 +123,8 @@ fn measure(
         Mode::Http => true,
         Mode::H2c => true,
         Mode::Tcp => kind != Kind::Nginx,
+        // benches/tls.rs measures HTTPS.
+        Mode::Https => false,
     };
     if !supported {
         return "n/a".into();
@@ -241,7 +146,7 @@ fn measure(
             with_cpu(&proxy, || wrk(&url, seconds, true, cpus))
         ),
         Mode::H2c => with_cpu(&proxy, || h2load(&url, seconds, cpus)),
-        Mode::Tcp => with_cpu(&proxy, || wrk(&url, seconds, false, cpus)),
+        Mode::Tcp | Mode::Https => with_cpu(&proxy, || wrk(&url, seconds, false, cpus)),
     }
 }
 

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Why one request failed.
@@ -25,8 +25,10 @@ pub enum Failure {
 /// One request's outcome: the latency, or why it failed.
 pub type Outcome = Result<Duration, Failure>;
 
-pub struct Conn {
-    stream: TcpStream,
+/// An HTTP/1.1 client connection over TCP, or over any byte stream (a TLS
+/// session).
+pub struct Conn<S = TcpStream> {
+    stream: S,
     buf: Vec<u8>,
 }
 
@@ -47,15 +49,33 @@ impl Conn {
             .map_err(|_| Failure::Timeout)?
             .map_err(|e| classify(&e))?;
         let _ = stream.set_nodelay(true);
-        Ok(Conn {
+        Ok(Conn::over(stream))
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    /// A client on an open stream.
+    pub fn over(stream: S) -> Conn<S> {
+        Conn {
             stream,
             buf: Vec::with_capacity(4096),
-        })
+        }
+    }
+
+    /// The stream under the client.
+    pub fn stream(&self) -> &S {
+        &self.stream
     }
 
     /// One GET; `Ok(keep)` says whether the connection may be reused.
     pub async fn get(&mut self, path: &str) -> Result<bool, Failure> {
-        let req = format!("GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n");
+        self.request(path, false).await
+    }
+
+    /// One GET, asking the server to close after it with `close`.
+    pub async fn request(&mut self, path: &str, close: bool) -> Result<bool, Failure> {
+        let connection = if close { "Connection: close\r\n" } else { "" };
+        let req = format!("GET {path} HTTP/1.1\r\nHost: bench\r\n{connection}\r\n");
         self.stream
             .write_all(req.as_bytes())
             .await

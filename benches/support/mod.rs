@@ -1,10 +1,15 @@
 //! Shared pieces of the benchmarks: an in-process backend, the proxies under
 //! test (baton, HAProxy, nginx) started and reloaded the way their users do,
-//! and a raw HTTP/1.1 client that classifies every failure precisely.
+//! a raw HTTP/1.1 client that classifies every failure precisely, what the
+//! benches read off wrk and /proc, and the tests' throwaway CA and rustls
+//! client (one source for both).
 #![allow(dead_code)]
 
 pub mod client;
+pub mod measure;
 pub mod proxies;
+#[path = "../../tests/support/tls.rs"]
+pub mod tls;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -91,7 +96,7 @@ pub fn start_backend(worker_threads: usize, cpus: &[usize]) -> SocketAddr {
 
 /// Runs the calling thread (and threads it starts) only on `cpus`; empty:
 /// anywhere.
-fn pin_this_thread(cpus: &[usize]) {
+pub fn pin_this_thread(cpus: &[usize]) {
     if cpus.is_empty() {
         return;
     }

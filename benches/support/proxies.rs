@@ -23,6 +23,10 @@ pub enum Mode {
     /// Plain TCP (nginx would need its stream module, which Debian's nginx
     /// package does not carry).
     Tcp,
+    /// HTTP/1.1 over TLS (1.2 and 1.3, ALPN http/1.1), with the certificate
+    /// given to `Proxy::start_tls`; session tickets on with each proxy's
+    /// default keys (HAProxy and nginx make theirs at start).
+    Https,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,42 +122,82 @@ impl Proxy {
         pin: Option<usize>,
         mode: Mode,
     ) -> Proxy {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut proxy = Proxy {
+        assert!(mode != Mode::Https, "HTTPS needs a certificate: start_tls");
+        Proxy::unstarted(kind, port, backend).launch(backend, threads, pin, mode)
+    }
+
+    /// One worker on a free port, over TLS with `certificate` (and its
+    /// key), copied into the proxy's folder as `cert.pem` and `key.pem`,
+    /// and as `both.pem` for HAProxy, which wants them in one file.
+    pub fn start_tls(
+        kind: Kind,
+        backend: SocketAddr,
+        pin: Option<usize>,
+        (cert, key): (&Path, &Path),
+    ) -> Proxy {
+        let proxy = Proxy::unstarted(kind, super::free_port(), backend);
+        let (cert, key) = (
+            std::fs::read(cert).expect("read certificate"),
+            std::fs::read(key).expect("read key"),
+        );
+        let dir = proxy.dir.path();
+        std::fs::write(dir.join("cert.pem"), &cert).expect("write certificate");
+        std::fs::write(dir.join("key.pem"), &key).expect("write key");
+        std::fs::write(dir.join("both.pem"), [cert, key].concat()).expect("write pem");
+        proxy.launch(backend, 1, pin, Mode::Https)
+    }
+
+    /// A proxy not started yet: its folder and address.
+    fn unstarted(kind: Kind, port: u16, backend: SocketAddr) -> Proxy {
+        Proxy {
             kind,
-            addr: if kind == Kind::Direct { backend } else { addr },
-            dir,
+            addr: match kind {
+                Kind::Direct => backend,
+                _ => SocketAddr::from(([127, 0, 0, 1], port)),
+            },
+            dir: tempfile::tempdir().expect("tempdir"),
             child: None,
-        };
-        if kind == Kind::Direct {
-            return proxy;
         }
+    }
+
+    /// Writes its configuration, starts it and waits until it answers.
+    fn launch(
+        mut self,
+        backend: SocketAddr,
+        threads: usize,
+        pin: Option<usize>,
+        mode: Mode,
+    ) -> Proxy {
+        if self.kind == Kind::Direct {
+            return self;
+        }
+        let port = self.addr.port();
         let config = match mode {
-            Mode::Http => proxy.config(port, backend, threads),
-            Mode::H2c => proxy.h2c_config(port, backend, threads),
-            Mode::Tcp => proxy.tcp_config(port, backend, threads),
+            Mode::Http => self.config(port, backend, threads),
+            Mode::H2c => self.h2c_config(port, backend, threads),
+            Mode::Tcp => self.tcp_config(port, backend, threads),
+            Mode::Https => self.https_config(port, backend, threads),
         };
-        std::fs::write(proxy.config_path(), config).expect("write config");
+        std::fs::write(self.config_path(), config).expect("write config");
         let mut cmd = match pin {
             Some(core) => {
                 let mut c = Command::new("taskset");
                 c.args(["-c", &core.to_string()]);
-                c.arg(proxy.program());
+                c.arg(self.program());
                 c
             }
-            None => Command::new(proxy.program()),
+            None => Command::new(self.program()),
         };
-        cmd.args(proxy.args())
+        cmd.args(self.args())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if kind == Kind::Baton {
+        if self.kind == Kind::Baton {
             cmd.env("BATON_LOG", "warn");
         }
-        proxy.child = Some(cmd.spawn().expect("start proxy"));
-        proxy.wait_serving();
-        proxy
+        self.child = Some(cmd.spawn().expect("start proxy"));
+        self.wait_serving();
+        self
     }
 
     fn config_path(&self) -> PathBuf {
@@ -227,6 +271,31 @@ impl Proxy {
                 .replace("  timeout http-keep-alive 60s\n", "")
                 .replace("  http-reuse always\n", ""),
             Kind::Nginx | Kind::Direct => http,
+        }
+    }
+
+    fn https_config(&self, port: u16, backend: SocketAddr, threads: usize) -> String {
+        let http = self.config(port, backend, threads);
+        let dir = self.dir.path().display();
+        match self.kind {
+            Kind::Baton => http.replace(
+                "max_connections = 30000\n",
+                &format!(
+                    "max_connections = 30000\ntls = {{ certificates = [{{ cert = \"{dir}/cert.pem\", key = \"{dir}/key.pem\" }}], alpn = [\"http/1.1\"] }}\n"
+                ),
+            ),
+            Kind::Haproxy => http.replace(
+                &format!("bind 127.0.0.1:{port}\n"),
+                &format!("bind 127.0.0.1:{port} ssl crt {dir}/both.pem alpn http/1.1\n"),
+            ),
+            // nginx 1.22's default protocols stop at TLS 1.2 (1.23.4 added
+            // 1.3); tickets and the session cache stay at their defaults.
+            Kind::Nginx | Kind::Direct => http.replace(
+                &format!("listen 127.0.0.1:{port};"),
+                &format!(
+                    "listen 127.0.0.1:{port} ssl;\n    ssl_certificate {dir}/cert.pem;\n    ssl_certificate_key {dir}/key.pem;\n    ssl_protocols TLSv1.2 TLSv1.3;"
+                ),
+            ),
         }
     }
 
