@@ -609,3 +609,27 @@ async fn a_backend_certificate_that_does_not_verify_is_a_502_unless_verify_is_of
         (200, "secure /unchecked\n")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_asks_for_the_close_gets_close_notify() {
+    use tokio::io::AsyncWriteExt;
+    let (_backend, ca, _a, baton) = one_certificate("").await;
+    let mut stream = ca
+        .client(&["http/1.1"])
+        .connect(baton.addr("web"), "a.test")
+        .await
+        .expect("handshake");
+    stream
+        .write_all(b"GET /bye HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("send");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(support::TIMEOUT, stream.read_to_end(&mut answer))
+        .await
+        .expect("baton closes");
+    assert!(
+        read.is_ok(),
+        "a clean TLS close (close_notify), not a bare FIN: {read:?}"
+    );
+    assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+}

@@ -65,9 +65,13 @@ pub async fn serve<S: ByteStream>(
         ip: peer.ip().to_string(),
     };
     let ending = serve_requests(proxy, &mut client, peer, drain, opened).await;
-    if ending == Ending::ClientAsked && client.buf.is_empty() && nothing_unread(client.stream.tcp())
+    // A plain close sends FIN; there is nothing a reset could destroy. (A
+    // TLS session still gets its close_notify, from the graceful close.)
+    if ending == Ending::ClientAsked
+        && client.buf.is_empty()
+        && client.stream.plain().is_some()
+        && nothing_unread(client.stream.tcp())
     {
-        // A plain close sends FIN; there is nothing a reset could destroy.
         return;
     }
     linger_close(&mut client.stream).await;
