@@ -74,12 +74,16 @@ pub async fn session_readable<D>(
 
 /// A TLS session shares one state for both directions, so its halves are
 /// tokio's locked split (uncontended: one task drives both).
-impl ByteStream for TlsStream<TcpStream> {
+///
+/// Boxed: a session is over a kilobyte, and a connection's task would
+/// otherwise carry it inline in each of the nested futures it passes
+/// through (measured: 17.8 KiB per idle TLS connection's task unboxed).
+impl ByteStream for Box<TlsStream<TcpStream>> {
     type Reader<'a> = tokio::io::ReadHalf<&'a mut TlsStream<TcpStream>>;
     type Writer<'a> = tokio::io::WriteHalf<&'a mut TlsStream<TcpStream>>;
 
     fn halves(&mut self) -> (Self::Reader<'_>, Self::Writer<'_>) {
-        tokio::io::split(self)
+        tokio::io::split(self.as_mut())
     }
 
     /// Decrypted bytes rustls already holds are ready now; otherwise the

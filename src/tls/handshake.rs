@@ -31,18 +31,19 @@ impl Terminator {
         }
     }
 
-    /// The client's decrypted stream, or None (logged and counted) if the
-    /// handshake failed or took longer than `handshake_timeout`.
+    /// The client's decrypted stream (boxed: see its `ByteStream` impl),
+    /// or None (logged and counted) if the handshake failed or took longer
+    /// than `handshake_timeout`.
     pub async fn handshake(
         &self,
         stream: TcpStream,
         peer: SocketAddr,
-    ) -> Option<TlsStream<TcpStream>> {
+    ) -> Option<Box<TlsStream<TcpStream>>> {
         let cause = match tokio::time::timeout(self.timeout, self.acceptor.accept(stream)).await {
             Ok(Ok(tls)) => {
                 let resumed = tls.get_ref().1.handshake_kind() == Some(HandshakeKind::Resumed);
                 self.metrics.completed(resumed);
-                return Some(tls);
+                return Some(Box::new(tls));
             }
             Ok(Err(err)) => err.to_string(),
             Err(_) => format!("no handshake within {:?}", self.timeout),
