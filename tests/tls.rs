@@ -246,6 +246,43 @@ async fn a_client_that_never_handshakes_is_cut_at_handshake_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_certificate_is_refused_by_check_and_by_a_reload() {
+    let (_backend, ca, a, baton) = one_certificate("").await;
+    let expired = ca.issue_expired("old", &["a.test"]);
+    let serving = baton.serving_pid().await;
+    let good = baton.config_text();
+    let a_cert = a.cert.display().to_string();
+    baton.write_config(
+        &good
+            .replace(&a_cert, &expired.cert.display().to_string())
+            .replace(
+                &a.key.display().to_string(),
+                &expired.key.display().to_string(),
+            ),
+    );
+    let named = "listeners[0].tls.certificates[0].cert";
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["check", "-c"])
+        .arg(&baton.config)
+        .output()
+        .expect("baton check runs");
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(check.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains(named) && stderr.contains("expired"),
+        "{stderr}"
+    );
+    let r = baton.reload().await;
+    assert_eq!(r.code, 78, "{r:?}");
+    assert!(r.stderr.contains(named), "{}", r.stderr);
+    assert_eq!(
+        baton.serving_pid().await,
+        serving,
+        "the old generation serves on"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_that_does_not_load_fails_the_reload_and_the_old_one_serves_on() {
     let backend = HttpBackend::start("a").await;
     let ca = Authority::new();

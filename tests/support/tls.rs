@@ -68,7 +68,19 @@ impl Authority {
     /// A certificate for `names`, written as `<file>.pem` and `<file>.key`.
     pub fn issue(&self, file: &str, names: &[&str]) -> Issued {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let params = CertificateParams::new(names).expect("leaf params");
+        self.sign(file, CertificateParams::new(names).expect("leaf params"))
+    }
+
+    /// A certificate for `names` that expired in 2021.
+    pub fn issue_expired(&self, file: &str, names: &[&str]) -> Issued {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names).expect("leaf params");
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        self.sign(file, params)
+    }
+
+    fn sign(&self, file: &str, params: CertificateParams) -> Issued {
         let key = KeyPair::generate().expect("leaf key");
         let cert = params
             .signed_by(&key, &self.issuer)
