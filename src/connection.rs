@@ -94,10 +94,13 @@ impl Accept for Connections {
 }
 
 impl Proxy {
+    /// Each protocol's future is boxed: a task carries only the size of
+    /// its own protocol's state, not the larger of the two (an idle HTTP
+    /// connection would otherwise hold TCP mode's copy state, and back).
     async fn serve<S: ByteStream>(self, stream: S, peer: SocketAddr, drain: DrainWatch) {
         match self {
-            Proxy::Http(p) => p.serve(stream, peer, drain).await,
-            Proxy::Tcp(p) => p.serve(stream, peer).await,
+            Proxy::Http(p) => Box::pin(p.serve(stream, peer, drain)).await,
+            Proxy::Tcp(p) => Box::pin(p.serve(stream, peer)).await,
         }
     }
 }

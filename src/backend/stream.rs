@@ -52,8 +52,9 @@ pub async fn connect(
         let _ = tcp.set_nodelay(true);
         match tls {
             None => Ok(Link::Plain(tcp)),
-            Some(tls) => tls
-                .connect(tcp, address)
+            // Boxed: a plain connect's callers do not carry a handshake's
+            // state (a rustls session) in their own futures.
+            Some(tls) => Box::pin(tls.connect(tcp, address))
                 .await
                 .map(|s| Link::Tls(Box::new(s)))
                 .map_err(ConnectFault::Handshake),

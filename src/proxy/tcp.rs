@@ -47,7 +47,8 @@ impl TcpProxy {
         let copying = async {
             match (client.plain(), upstream.plain()) {
                 (Some(client), Some(backend)) => copy_both_ways(client, backend, &activity).await,
-                _ => copy_through(&mut client, &mut upstream, &activity).await,
+                // Boxed: only TLS connections carry its larger state.
+                _ => Box::pin(copy_through(&mut client, &mut upstream, &activity)).await,
             }
         };
         let copied = tokio::select! {
