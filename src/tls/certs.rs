@@ -55,6 +55,10 @@ pub struct Problem {
 pub enum Reason {
     #[error("cannot read: {0}")]
     Read(std::io::Error),
+    #[error("is not a regular file")]
+    NotAFile,
+    #[error("is larger than {} MiB: not a certificate or key file", MAX_FILE >> 20)]
+    TooLarge,
     #[error("is not valid PEM: {0}")]
     Pem(pem::Error),
     #[error("holds no PEM certificate")]
@@ -143,9 +147,32 @@ fn problem(part: Part, path: &Path, reason: Reason) -> Problem {
     }
 }
 
+/// The largest certificate, key or CA bundle file read (a system bundle
+/// is a few hundred KiB).
+const MAX_FILE: u64 = 8 << 20;
+
+/// A regular file's bytes, at most `MAX_FILE`: a config naming a device
+/// or a FIFO (`/dev/zero`) gets an error, not a load that never ends.
+fn read_file(path: &Path) -> Result<Vec<u8>, Reason> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(Reason::Read)?;
+    if !file.metadata().map_err(Reason::Read)?.is_file() {
+        return Err(Reason::NotAFile);
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(Reason::Read)?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(Reason::TooLarge);
+    }
+    Ok(bytes)
+}
+
 /// Every PEM certificate in the file, in order; at least one.
 fn read_chain(path: &Path, part: Part) -> Result<Vec<CertificateDer<'static>>, Problem> {
-    let chain: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path).and_then(Iterator::collect);
+    let bytes = read_file(path).map_err(|reason| problem(part, path, reason))?;
+    let chain: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&bytes).collect();
     match chain {
         Ok(chain) if !chain.is_empty() => Ok(chain),
         Ok(_) => Err(problem(part, path, Reason::NoCertificate)),
@@ -155,7 +182,9 @@ fn read_chain(path: &Path, part: Part) -> Result<Vec<CertificateDer<'static>>, P
 
 /// The first private key in the file (PKCS#8, PKCS#1 RSA or SEC1 EC).
 fn read_key(path: &Path) -> Result<Arc<dyn SigningKey>, Problem> {
-    let der = PrivateKeyDer::from_pem_file(path).map_err(|err| pem_reason(err, Reason::NoKey));
+    let der = read_file(path).and_then(|bytes| {
+        PrivateKeyDer::from_pem_slice(&bytes).map_err(|err| pem_reason(err, Reason::NoKey))
+    });
     der.and_then(|der| {
         provider()
             .key_provider
@@ -399,6 +428,25 @@ mod tests {
         assert!(
             text.ends_with(&format!("(file {})", cert.display())),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_device_or_a_huge_file_is_refused_not_read_forever() {
+        let pki = Pki::new();
+        let huge = pki.dir.path().join("huge.pem");
+        std::fs::write(&huge, vec![b'A'; (super::MAX_FILE + 1) as usize]).expect("write");
+        let zero = std::path::Path::new("/dev/zero");
+        let problems = load(&huge, zero, SystemTime::now()).expect_err("refused");
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0].to_string().starts_with("is larger than 8 MiB"),
+            "{problems:?}"
+        );
+        assert_eq!(problems[1].part, Part::Key);
+        assert!(
+            problems[1].to_string().starts_with("is not a regular file"),
+            "{problems:?}"
         );
     }
 
