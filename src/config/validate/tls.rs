@@ -234,21 +234,31 @@ mod tests {
 
     /// A config in the folder with one listener whose `tls` is `tls`.
     fn load(pki: &Pki, protocol: &str, tls: &str) -> Result<Config, ConfigError> {
-        let text = format!(
+        parse_in(pki, &format!(
             "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8443\"\nprotocol = \"{protocol}\"\npool = \"app\"\ntls = {tls}\n\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:9001\" }}]\n"
-        );
+        ))
+    }
+
+    /// `text` loaded as a config file in the folder (relative paths in it
+    /// name the folder's files).
+    fn parse_in(pki: &Pki, text: &str) -> Result<Config, ConfigError> {
         parse(
-            &text,
+            text,
             &pki.dir.path().join("baton.toml"),
             &Overrides::default(),
         )
     }
 
-    fn problems(pki: &Pki, protocol: &str, tls: &str) -> Vec<String> {
-        match load(pki, protocol, tls) {
+    /// The problems of a config that must be invalid.
+    fn invalid(loaded: Result<Config, ConfigError>) -> Vec<String> {
+        match loaded {
             Err(ConfigError::Invalid { problems, .. }) => problems,
             other => panic!("expected invalid, got {other:?}"),
         }
+    }
+
+    fn problems(pki: &Pki, protocol: &str, tls: &str) -> Vec<String> {
+        invalid(load(pki, protocol, tls))
     }
 
     const A: &str = r#"{ cert = "a.pem", key = "a.key" }"#;
@@ -392,14 +402,9 @@ mod tests {
     /// A config in the folder with a plain listener and a pool whose
     /// `tls` is `tls`.
     fn load_pool(pki: &Pki, tls: &str) -> Result<Config, ConfigError> {
-        let text = format!(
+        parse_in(pki, &format!(
             "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\ntls = {tls}\nbackends = [{{ address = \"127.0.0.1:9001\" }}]\n"
-        );
-        parse(
-            &text,
-            &pki.dir.path().join("baton.toml"),
-            &Overrides::default(),
-        )
+        ))
     }
 
     #[test]
@@ -413,23 +418,17 @@ mod tests {
         assert!(c.pools[0].tls.as_ref().expect("tls").verify);
         let c = load_pool(&pki, "{ verify = false }").expect("valid without roots");
         assert!(!c.pools[0].tls.as_ref().expect("tls").verify);
-        let problems = match load_pool(
+        let problems = invalid(load_pool(
             &pki,
             r#"{ ca = "missing.pem", server_name = "not a name!" }"#,
-        ) {
-            Err(ConfigError::Invalid { problems, .. }) => problems,
-            other => panic!("expected invalid, got {other:?}"),
-        };
+        ));
         assert!(
             problems
                 .iter()
                 .any(|p| p.starts_with("pools[0].tls.server_name:")),
             "{problems:?}"
         );
-        let problems = match load_pool(&pki, r#"{ ca = "missing.pem" }"#) {
-            Err(ConfigError::Invalid { problems, .. }) => problems,
-            other => panic!("expected invalid, got {other:?}"),
-        };
+        let problems = invalid(load_pool(&pki, r#"{ ca = "missing.pem" }"#));
         assert!(
             problems
                 .iter()
