@@ -7,7 +7,7 @@
 //! The data plane runs left to right; the lifecycle and admin sit beside it.
 //! - [`workers`]: the data plane's threads, one runtime each.
 //! - [`listener`]: bind or adopt a listening socket; the accept loop.
-//! - [`connection`]: one client connection's bookkeeping; TLS termination ([`tls`]); dispatch by protocol.
+//! - [`connection`]: one client connection's bookkeeping; a PROXY header ([`proxy_protocol`]), TLS termination ([`tls`]); dispatch by protocol.
 //! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::http`] tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`]).
 //! - [`backend`]: pools, backends, leases, and [`backend::balance`] picking.
 //! - [`lifecycle`]: generations, fd handoff, drain, signals, systemd, control socket.
@@ -31,6 +31,7 @@ pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod status;
 pub mod telemetry;
 pub mod tls;

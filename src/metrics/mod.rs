@@ -44,6 +44,7 @@ pub const PROCESS_RESIDENT: &str = "baton_process_resident_memory_bytes";
 pub const PROCESS_CPU: &str = "baton_process_cpu_seconds";
 pub const TLS_HANDSHAKES: &str = "baton_tls_handshakes_total";
 pub const TLS_CERTIFICATE_EXPIRY: &str = "baton_tls_certificate_expiry_timestamp_seconds";
+pub const PROXY_PROTOCOL_ERRORS: &str = "baton_proxy_protocol_errors_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -199,6 +200,10 @@ fn describe_more() {
         PROCESS_RESIDENT,
         Unit::Bytes,
         "Resident memory: the serving generation, and the draining ones summed."
+    );
+    describe_counter!(
+        PROXY_PROTOCOL_ERRORS,
+        "Connections closed over their PROXY header (untrusted, malformed, missing, timeout, version, closed)."
     );
     describe_gauge!(PROCESS_CPU, Unit::Seconds, "CPU seconds used: the serving generation, and the draining ones summed (a gauge: an exit lowers the sum).");
 }
@@ -378,6 +383,12 @@ pub fn client_abort(listener: &str, reason: AbortReason) {
 
 pub fn no_backend(listener: &str, pool: &str) {
     metrics::counter!(NO_BACKEND, "listener" => listener.to_string(), "pool" => pool.to_string())
+        .increment(1);
+}
+
+/// A connection closed over its PROXY header, by `reason`.
+pub fn proxy_protocol_error(listener: &str, reason: &'static str) {
+    metrics::counter!(PROXY_PROTOCOL_ERRORS, "listener" => listener.to_string(), "reason" => reason)
         .increment(1);
 }
 

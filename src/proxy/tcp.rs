@@ -11,7 +11,6 @@
 //! client's bytes are copied through its session instead, with a buffer
 //! each way for the connection's life (a TLS session holds its own too).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use super::stream::ByteStream;
 use crate::backend::stream::{BackendStream, ConnectFault};
 use crate::backend::{Lease, Pool};
 use crate::metrics::{self, UpstreamErrorKind};
+use crate::proxy_protocol::{send::Speaker, Origin};
 
 pub struct TcpProxy {
     pub listener: Arc<str>,
@@ -33,8 +33,13 @@ pub struct TcpProxy {
 }
 
 impl TcpProxy {
-    pub async fn serve<S: ByteStream>(&self, mut client: S, peer: SocketAddr) {
-        let Some((mut upstream, lease)) = self.connect().await else {
+    pub async fn serve<S: ByteStream>(&self, mut client: S, origin: Origin) {
+        let peer = origin.client;
+        let header = self
+            .pool
+            .send_proxy
+            .map(|version| Speaker::of(&client, origin).header(version, &super::request_id()));
+        let Some((mut upstream, lease)) = self.connect(header.as_deref()).await else {
             if self.pool.healthy_count() == 0 {
                 metrics::no_backend(&self.listener, &self.pool.name);
             }
@@ -68,14 +73,15 @@ impl TcpProxy {
         }
     }
 
-    async fn connect(&self) -> Option<(BackendStream, Lease)> {
+    /// A backend connection, `proxy_header` first on it (`send_proxy`).
+    async fn connect(&self, proxy_header: Option<&[u8]>) -> Option<(BackendStream, Lease)> {
         let mut failed = None;
         for _ in 0..2 {
             // No backend up, or none under its cap within queue_timeout:
             // the connection is closed.
             let lease = self.pool.lease(failed).await.ok()?;
             let backend = lease.backend();
-            match backend.connect(self.connect_timeout).await {
+            match backend.connect(self.connect_timeout, proxy_header).await {
                 Ok(stream) => return Some((stream, lease)),
                 Err(fault) => {
                     let kind = match fault {

@@ -116,6 +116,8 @@ impl Validator {
                     Duration::from_secs(3600),
                 ),
                 tls: self.tls(&format!("{key}.tls"), l.tls.as_ref(), protocol),
+                proxy_protocol: self
+                    .proxy_protocol(&format!("{key}.proxy_protocol"), l.proxy_protocol.as_ref()),
             });
         }
         out

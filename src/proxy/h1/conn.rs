@@ -12,6 +12,8 @@
 
 use std::net::SocketAddr;
 
+use crate::proxy_protocol::Origin;
+
 use bytes::{Buf, BytesMut};
 use http::StatusCode;
 use tokio::time::Instant;
@@ -55,16 +57,12 @@ pub async fn serve<S: ByteStream>(
     proxy: &HttpProxy,
     stream: S,
     opening: BytesMut,
-    peer: SocketAddr,
+    origin: Origin,
     drain: &DrainWatch,
     opened: Instant,
 ) {
-    let mut client = Client {
-        stream,
-        buf: opening,
-        ip: peer.ip().to_string(),
-    };
-    let ending = serve_requests(proxy, &mut client, peer, drain, opened).await;
+    let mut client = Client::new(stream, opening, origin);
+    let ending = serve_requests(proxy, &mut client, origin.client, drain, opened).await;
     // A plain close sends FIN; there is nothing a reset could destroy. (A
     // TLS session still gets its close_notify, from the graceful close.)
     if ending == Ending::ClientAsked

@@ -19,13 +19,14 @@ use super::transfer::{
     download, upload, watch_client, Delivered, Down, DownFault, Progress, RequestBody, UpFault,
     UpLimits,
 };
-use crate::backend::stream::BackendStream;
+use super::upstream::{connection, keep, Kept, Upstream};
 use crate::backend::{Backend, Lease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
 use crate::proxy::http::HttpProxy;
 use crate::proxy::stream::ByteStream;
 use crate::proxy::{longlived, ProxyError};
+use crate::proxy_protocol::Origin;
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
@@ -34,8 +35,25 @@ const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 pub struct Client<S> {
     pub stream: S,
     pub buf: BytesMut,
+    /// Who it is from and to (a PROXY header's word, where one was taken).
+    pub origin: Origin,
     /// Its address as forwarding headers write it.
     pub ip: String,
+    /// A backend connection that carried its PROXY header, kept for its
+    /// next request (`send_proxy`).
+    pub kept: Option<Kept>,
+}
+
+impl<S> Client<S> {
+    pub fn new(stream: S, buf: BytesMut, origin: Origin) -> Client<S> {
+        Client {
+            stream,
+            buf,
+            origin,
+            ip: origin.client.ip().to_string(),
+            kept: None,
+        }
+    }
 }
 
 /// Whether the client connection carries another request.
@@ -43,14 +61,6 @@ pub struct Client<S> {
 pub enum After {
     KeepAlive,
     Close,
-}
-
-/// A backend connection for one exchange.
-struct Upstream {
-    stream: BackendStream,
-    buf: BytesMut,
-    /// Taken from the idle list: it may have been closed under us.
-    reused: bool,
 }
 
 /// How a request ended that got no answer of its own.
@@ -82,7 +92,18 @@ pub async fn exchange<S: ByteStream>(
     let started = Instant::now();
     let target = proxy.target_for(head.host(), head.path());
     let mut body = RequestBody::new(head.framing);
-    let outcome = match forward(proxy, client, &head, &mut body, &target.pool, drain).await {
+    let request_id = super::super::request_id();
+    let outcome = match forward(
+        proxy,
+        client,
+        &head,
+        &mut body,
+        &target.pool,
+        drain,
+        &request_id,
+    )
+    .await
+    {
         Ok((status, after)) => Some((status, after)),
         Err(Failure::Abort) => None,
         Err(Failure::Answer(err)) => {
@@ -120,6 +141,7 @@ async fn forward<S: ByteStream>(
     body: &mut RequestBody,
     pool: &Pool,
     drain: &DrainWatch,
+    request_id: &str,
 ) -> Result<(u16, After), Failure> {
     if !body.is_done() {
         first_body_bytes(proxy, client, head, body).await?;
@@ -137,7 +159,15 @@ async fn forward<S: ByteStream>(
                 ))
             }
         };
-        let upstream = match connection(proxy, lease.backend(), fresh_only).await {
+        let upstream = match connection(
+            client,
+            lease.backend(),
+            fresh_only,
+            proxy.connect_timeout,
+            request_id,
+        )
+        .await
+        {
             Ok(upstream) => upstream,
             // Nothing was sent: another backend may take it.
             Err(err) if failed.is_none() => {
@@ -214,36 +244,6 @@ fn client_timeout(limit: Duration) -> ProxyError {
     }
 }
 
-/// An idle connection the backend kept, else a new one.
-async fn connection(
-    proxy: &HttpProxy,
-    backend: &Backend,
-    fresh_only: bool,
-) -> Result<Upstream, ProxyError> {
-    if !fresh_only {
-        if let Some(stream) = backend.idle.take() {
-            return Ok(Upstream {
-                stream,
-                buf: BytesMut::new(),
-                reused: true,
-            });
-        }
-    }
-    let stream = backend
-        .connect(proxy.connect_timeout)
-        .await
-        .map_err(|fault| ProxyError::Connect {
-            backend: backend.name.clone(),
-            address: backend.address,
-            cause: fault.to_string(),
-        })?;
-    Ok(Upstream {
-        stream,
-        buf: BytesMut::new(),
-        reused: false,
-    })
-}
-
 /// Counts a failure against the backend it happened at.
 fn blame(backend: &Backend, err: &ProxyError) {
     if let Some(kind) = err.upstream_kind() {
@@ -310,7 +310,7 @@ async fn attempt<S: ByteStream>(
             let upload_done = progress.upload_done.load(Ordering::Relaxed);
             if backend_reusable && upload_done {
                 release_if_empty(&mut up.buf);
-                backend.idle.put(up.stream);
+                keep(client, backend, up.stream);
             }
             let after = if client_reusable && upload_done {
                 After::KeepAlive

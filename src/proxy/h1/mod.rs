@@ -13,3 +13,4 @@ pub mod head;
 pub mod io;
 pub mod rewrite;
 pub mod transfer;
+pub mod upstream;
