@@ -169,6 +169,14 @@ fn check(args: CheckArgs) -> i32 {
         if let Some(tls) = &l.tls {
             print_tls(&l.name, tls);
         }
+        if let Some(log) = &l.access_log {
+            println!(
+                "listener {} access_log {} ({})",
+                l.name,
+                log.destination,
+                log.format.as_str()
+            );
+        }
         if let Some(pp) = &l.proxy_protocol {
             let trusted: Vec<String> = pp.trusted.iter().map(ToString::to_string).collect();
             println!(

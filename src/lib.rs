@@ -15,10 +15,11 @@
 //! - [`admin`]: probes, `/status`, `/metrics` over their own listener.
 //! - [`config`]: the TOML file, validated into typed settings.
 //! - [`tls`]: listener certificates, loaded and checked at config load; SNI; the rustls config.
-//! - [`metrics`], [`telemetry`]: Prometheus names and handles; logging.
+//! - [`metrics`], [`telemetry`], [`access_log`]: Prometheus names and handles; logging; one line per request.
 //! - [`cli`], [`commands`], [`status`], [`demo`]: the command line and what each command does.
 #![deny(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod backend;
 pub mod cli;

@@ -483,6 +483,11 @@ impl Lease {
     pub fn backend(&self) -> &Backend {
         &self.backend
     }
+
+    /// The backend, to keep beyond the lease (an access-log line names it).
+    pub fn shared(&self) -> &Arc<Backend> {
+        &self.backend
+    }
 }
 
 impl Drop for Lease {

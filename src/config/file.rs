@@ -95,6 +95,15 @@ pub struct ListenerFile {
     pub h2_max_concurrent_streams: Option<i64>,
     pub tls: Option<TlsFile>,
     pub proxy_protocol: Option<ProxyProtocolFile>,
+    pub access_log: Option<AccessLogFile>,
+}
+
+/// A listener's `access_log`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogFile {
+    pub path: Option<String>,
+    pub format: Option<String>,
 }
 
 /// A listener's `proxy_protocol`: PROXY headers from a balancer in front.

@@ -131,6 +131,8 @@ pub struct ListenerConfig {
     pub tls: Option<Arc<TlsSettings>>,
     /// PROXY headers taken from a balancer in front (`proxy_protocol`).
     pub proxy_protocol: Option<Arc<crate::proxy_protocol::ReceiveSettings>>,
+    /// Where its requests are logged (`access_log`).
+    pub access_log: Option<crate::access_log::Settings>,
 }
 
 #[derive(Debug, Clone)]

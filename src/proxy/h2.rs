@@ -22,19 +22,23 @@ use tokio::time::Instant;
 
 use super::activity::ConnState;
 use super::body::{self, BodyGuard, ClientBody, Guarded, Progress, ProxyBody};
+use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
 use super::headers;
 use super::http::{HttpProxy, Target};
 use super::longlived;
 use super::request_id;
 use super::ProxyError;
+use crate::access_log::Termination;
 use crate::backend::connector::Connector;
 use crate::backend::{Backend, Lease};
+use crate::config::Forwarded;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics;
 use crate::proxy::stream::ByteStream;
 use crate::proxy_protocol::send::Speaker;
 use crate::proxy_protocol::Origin;
+use std::net::SocketAddr;
 
 /// How often an h2 connection is PINGed, and how long the answer may take,
 /// at most.
@@ -80,6 +84,7 @@ impl HttpProxy {
         let state = Arc::new(ConnState::new());
         // Formatted once per connection: every request forwards it.
         let client = Arc::new(H2Client {
+            peer,
             ip: headers::ip_value(peer.ip()),
             speaker: self.sends_proxy.then(|| Speaker::of(&stream, origin)),
         });
@@ -141,7 +146,9 @@ impl HttpProxy {
         drain: DrainWatch,
     ) -> Response<ProxyBody> {
         let busy = state.begin();
-        let started = Instant::now();
+        let mut noted = Noted::default();
+        let request_id = self.request_id_of(req.headers());
+        let asked = self.access_log.as_ref().map(|_| Asked::of(&req));
         let host = req
             .uri()
             .host()
@@ -151,37 +158,85 @@ impl HttpProxy {
         let refused = ambiguity(&req);
         let checked = match refused {
             Some(why) => Err(ProxyError::Client { why }),
-            None => self.forward(req, client, target, &drain).await,
+            None => {
+                let stream = Stream {
+                    client,
+                    request_id: &request_id,
+                    noted: &mut noted,
+                };
+                self.forward(req, stream, target, &drain).await
+            }
         };
-        let response = match checked {
-            Ok(r) => r,
+        let (response, on_end) = match checked {
+            Ok(r) => (r, Termination::Completed),
             Err(err) => {
                 if matches!(err, ProxyError::NoBackend { .. }) {
                     metrics::no_backend(&self.listener, &target.pool.name);
                 }
-                error_response(&target.pool.name, &err)
+                let termination = err.termination(&noted.marks);
+                (
+                    error_response(&target.pool.name, &err, &request_id),
+                    termination,
+                )
             }
         };
-        target.metrics.count(response.status().as_u16());
+        let status = response.status().as_u16();
+        target.metrics.count(status);
         target
             .metrics
             .duration
-            .record(started.elapsed().as_secs_f64());
-        response.map(|b| Guarded::wrap(b, busy))
+            .record(noted.marks.started.elapsed().as_secs_f64());
+        let record = match (&self.access_log, asked) {
+            (Some(log), Some(asked)) => Some(StreamRecord::new(
+                log.clone(),
+                asked,
+                request_id,
+                client.peer,
+                &target.pool.name,
+                noted,
+                (status, on_end),
+            )),
+            _ => None,
+        };
+        response.map(|b| {
+            let b = Guarded::wrap(b, busy);
+            match record {
+                Some(record) => Guarded::wrap(b, record),
+                None => b,
+            }
+        })
+    }
+
+    /// The client's `X-Request-Id` where the listener believes what its
+    /// clients say (`forwarded` other than `replace`), else a new one.
+    fn request_id_of(&self, headers: &::http::HeaderMap) -> String {
+        let sent = headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()));
+        match sent {
+            Some(id) if self.forwarded != Forwarded::Replace => id.to_string(),
+            _ => request_id(),
+        }
     }
 
     async fn forward(
         &self,
         req: Request<Incoming>,
-        client: &H2Client,
+        stream: Stream<'_>,
         target: &Target,
         drain: &DrainWatch,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        let client = stream.client;
         let (mut parts, incoming) = req.into_parts();
         headers::host_from_target(&mut parts.headers, &parts.uri);
         headers::strip_hop_by_hop(&mut parts.headers);
         headers::add_forwarding(&mut parts.headers, &client.ip, self.forwarded, self.proto);
+        if let Ok(id) = HeaderValue::from_str(stream.request_id) {
+            parts.headers.insert("x-request-id", id);
+        }
         let outgoing = self.client_body(incoming).await?;
+        stream.noted.upload = outgoing.progress.clone();
         // An empty body can be sent again, so a failed connect may retry.
         let replayable = outgoing.progress.is_none();
         let mut body = Some(outgoing.body);
@@ -197,17 +252,24 @@ impl HttpProxy {
                     )
                 }
             };
+            stream.noted.marks.leased = Some(Instant::now());
+            stream.noted.backend = Some(Arc::clone(lease.shared()));
             let sent = body.take().unwrap_or_else(body::empty);
             let outbound = outbound_request(&parts, sent, &lease)?;
             let way = match (&client.speaker, lease.backend().send_proxy) {
-                (Some(speaker), Some(version)) => Way::Own(speaker.header(version, &request_id())),
+                (Some(speaker), Some(version)) => {
+                    Way::Own(speaker.header(version, stream.request_id))
+                }
                 _ => Way::Pooled(&target.client),
             };
             match self
                 .send(way, outbound, &lease, outgoing.progress.as_deref())
                 .await
             {
-                Ok(response) => return Ok(self.respond(response, lease, drain)),
+                Ok(response) => {
+                    stream.noted.marks.head = Some(Instant::now());
+                    return Ok(self.respond(response, lease, drain));
+                }
                 Err(err @ ProxyError::Connect { .. }) if replayable && failed.is_none() => {
                     tracing::warn!(cause = %err, "retrying on another backend");
                     failed = Some((lease.backend().index, err));
@@ -362,11 +424,21 @@ impl HttpProxy {
 
 /// What one h2 client connection's streams share.
 struct H2Client {
+    /// Who it is (a PROXY header's word, where one was taken).
+    peer: SocketAddr,
     /// Its address as X-Forwarded-For writes it, formatted once.
     ip: HeaderValue,
     /// Whom its backend connections speak for, when a pool sends PROXY
     /// headers (`None` when none of the listener's pools does).
     speaker: Option<Speaker>,
+}
+
+/// One stream as `forward` carries it: its connection's client, its id,
+/// and what it notes for the access log.
+struct Stream<'a> {
+    client: &'a H2Client,
+    request_id: &'a str,
+    noted: &'a mut Noted,
 }
 
 /// How a stream reaches its backend.
@@ -459,8 +531,8 @@ fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
 /// The client learns the status and a request id, never a backend's name,
 /// address or OS error: those go to the log under the same id (and the
 /// backend's `last_error` in `/status`).
-fn error_response(pool: &str, err: &ProxyError) -> Response<ProxyBody> {
-    let mut response = Response::new(body::text(super::error_page(pool, err)));
+fn error_response(pool: &str, err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
+    let mut response = Response::new(body::text(super::error_page(pool, err, request_id)));
     *response.status_mut() = err.status();
     response.headers_mut().insert(
         CONTENT_TYPE,

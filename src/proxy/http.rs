@@ -16,6 +16,7 @@ use super::body::ProxyBody;
 use super::h1::io::{read_now, read_some, release_if_empty, write_all};
 use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
 use super::stream::ByteStream;
+use crate::access_log::AccessLog;
 use crate::backend::connector::Connector;
 use crate::backend::Pool;
 use crate::config::{Forwarded, ListenerConfig, RouteConfig};
@@ -103,10 +104,16 @@ pub struct HttpProxy {
     /// One of its pools sends PROXY headers (`send_proxy`): h2 connections
     /// then note whom their streams speak for.
     pub(super) sends_proxy: bool,
+    /// Where each request is logged, if anywhere (`access_log`).
+    pub(super) access_log: Option<AccessLog>,
 }
 
 impl HttpProxy {
-    pub fn new(config: &ListenerConfig, pools: &[Arc<Pool>]) -> HttpProxy {
+    pub fn new(
+        config: &ListenerConfig,
+        pools: &[Arc<Pool>],
+        access_log: Option<AccessLog>,
+    ) -> HttpProxy {
         let mut server = http2::Builder::new(TokioExecutor::new());
         server
             .timer(TokioTimer::new())
@@ -136,6 +143,7 @@ impl HttpProxy {
                 .collect(),
             default_target: config.pool,
             sends_proxy: pools.iter().any(|p| p.send_proxy.is_some()),
+            access_log,
             server,
             connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
