@@ -16,7 +16,7 @@ use crate::lifecycle::drain::DrainWatch;
 use crate::listener::Accept;
 use crate::metrics::ListenerMetrics;
 use crate::proxy::stream::ByteStream;
-use crate::proxy::{http::HttpProxy, tcp::TcpProxy};
+use crate::proxy::{tcp::TcpProxy, web::HttpProxy};
 use crate::proxy_protocol::{self, Origin, ReceiveSettings};
 use crate::tls::handshake::Terminator;
 

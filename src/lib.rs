@@ -8,7 +8,7 @@
 //! - [`workers`]: the data plane's threads, one runtime each.
 //! - [`listener`]: bind or adopt a listening socket; the accept loop.
 //! - [`connection`]: one client connection's bookkeeping; a PROXY header ([`proxy_protocol`]), TLS termination ([`tls`]); dispatch by protocol.
-//! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::http`] tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`]).
+//! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::web`] (an HTTP listener's connections) tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`]).
 //! - [`backend`]: pools, backends, leases, and [`backend::balance`] picking.
 //! - [`lifecycle`]: generations, fd handoff, drain, signals, systemd, control socket.
 //! - [`daemon`]: the supervisor of one generation (the only writer of its phase).
@@ -16,7 +16,7 @@
 //! - [`config`]: the TOML file, validated into typed settings.
 //! - [`tls`]: listener certificates, loaded and checked at config load; SNI; the rustls config.
 //! - [`metrics`], [`telemetry`], [`access_log`]: Prometheus names and handles; logging; one line per request.
-//! - [`cli`], [`commands`], [`status`], [`demo`]: the command line and what each command does.
+//! - [`cli`], [`commands`], [`demo`], [`exit`]: the command line, what each command does (a file each), and how it ends.
 #![deny(unsafe_code)]
 
 pub mod access_log;
@@ -28,12 +28,12 @@ pub mod config;
 pub mod connection;
 pub mod daemon;
 pub mod demo;
+pub mod exit;
 pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
 pub mod proxy;
 pub mod proxy_protocol;
-pub mod status;
 pub mod telemetry;
 pub mod tls;
 pub mod workers;

@@ -10,7 +10,7 @@ impl Generation {
         mut self,
         successor: Successor,
         waiter: Option<tokio::sync::oneshot::Sender<Reply>>,
-    ) -> i32 {
+    ) -> Exit {
         let successor_pid = successor.process.pid();
         tracing::info!(successor = successor_pid, "handed over; draining");
         self.successor = Some(successor_pid);
@@ -87,7 +87,7 @@ impl Generation {
 
     /// The ordered stop: readiness flips, pre-stop pause, doors close (queue
     /// served), in-flight work drains, admin closes last.
-    pub(super) async fn stop(mut self) -> i32 {
+    pub(super) async fn stop(mut self) -> Exit {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
         let _ = self.phase.send(Phase::Stopping);
         systemd::stopping();
@@ -187,9 +187,9 @@ impl Generation {
                 format!("generation {} (pid {pid}) is serving", self.number + 1),
             ),
             (Request::Reload, Some(_)) => {
-                Reply::err(75, "a reload just completed; retry to reload again")
+                Reply::err(Exit::Busy, "a reload just completed; retry to reload again")
             }
-            (_, None) => Reply::err(exit::FAILURE, "the daemon is stopping"),
+            (_, None) => Reply::err(Exit::Failure, "the daemon is stopping"),
         };
         let _ = incoming.reply.send(reply);
     }
@@ -215,7 +215,7 @@ impl Generation {
         }
     }
 
-    fn exit_code(&self, outcome: DrainOutcome) -> i32 {
+    fn exit_code(&self, outcome: DrainOutcome) -> Exit {
         match outcome {
             DrainOutcome::Drained => {
                 tracing::info!(
@@ -223,9 +223,9 @@ impl Generation {
                     expected = true,
                     "drained; exiting"
                 );
-                exit::OK
+                Exit::Clean
             }
-            DrainOutcome::Forced { open: 0 } => exit::OK,
+            DrainOutcome::Forced { open: 0 } => Exit::Clean,
             DrainOutcome::Forced { open } => {
                 let listeners: Vec<&str> = self
                     .config
@@ -239,7 +239,7 @@ impl Generation {
                     ?listeners,
                     "drain deadline passed; connections force-closed"
                 );
-                exit::FORCED
+                Exit::Forced
             }
         }
     }

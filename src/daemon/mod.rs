@@ -29,6 +29,7 @@ use crate::admin::{self, AdminShared, GenerationInfo, ListenerView, Topology};
 use crate::backend::{probe, AdminState, Pool};
 use crate::config::{Config, Protocol};
 use crate::connection::{Connections, ListenerStats, Proxy};
+use crate::exit::Exit;
 use crate::lifecycle::control::{self, Reply, Request};
 use crate::lifecycle::drain::{Drain, DrainOutcome};
 use crate::lifecycle::generation::{self, Exec, HandoverError, Offer, Parent, Successor};
@@ -39,15 +40,7 @@ use crate::lifecycle::signals::{Command, Signals};
 use crate::lifecycle::{systemd, Check, Phase};
 use crate::listener::{self, Closing, Listener};
 use crate::metrics::{self, DrainReason};
-use crate::proxy::{http::HttpProxy, tcp::TcpProxy};
-
-/// Exit codes from DESIGN.md.
-pub mod exit {
-    pub const OK: i32 = 0;
-    pub const FAILURE: i32 = 1;
-    pub const FORCED: i32 = 3;
-    pub const CONFIG: i32 = 78;
-}
+use crate::proxy::{tcp::TcpProxy, web::HttpProxy};
 
 /// A start-up failure, with the exit code it maps to.
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +98,7 @@ pub struct Setup {
 }
 
 /// Runs one generation to its end and returns the process exit code.
-pub async fn run(setup: Setup) -> i32 {
+pub async fn run(setup: Setup) -> Exit {
     let signals = setup.signals;
     let (parent, inventory) = match setup.parent {
         Some((p, i)) => (Some(p), i),
@@ -171,10 +164,10 @@ fn systemd_inventory() -> Inventory {
     }
 }
 
-async fn fail(parent: Option<&Parent>, err: StartError) -> i32 {
+async fn fail(parent: Option<&Parent>, err: StartError) -> Exit {
     let code = match &err {
         StartError::Handoff(h) => h.exit_code(),
-        _ => exit::FAILURE,
+        _ => Exit::Failure,
     };
     tracing::error!(cause = %err, "start-up failed");
     if let Some(parent) = parent {
@@ -258,7 +251,7 @@ impl Generation {
                         if let Some(under_way) = reload.take() {
                             let said = under_way.settle_for_stop().await;
                             if let Some(w) = waiter.take() {
-                                let _ = w.send(Reply::err(exit::FAILURE, said));
+                                let _ = w.send(Reply::err(Exit::Failure, said));
                             }
                         }
                         return Ending::Stop;
@@ -273,7 +266,7 @@ impl Generation {
                         waiter = Some(incoming.reply);
                     }
                     Request::Reload => {
-                        let _ = incoming.reply.send(Reply::err(75, "a reload is already under way; retry when it has finished"));
+                        let _ = incoming.reply.send(Reply::err(Exit::Busy, "a reload is already under way; retry when it has finished"));
                     }
                     Request::Status => {
                         let pid = std::process::id();

@@ -16,13 +16,13 @@ const FIRST_REPORT_WAIT: Duration = Duration::from_secs(2);
 impl Generation {
     /// Ready → serving; `Err` carries the exit code when the old
     /// generation did not let us take over.
-    pub(super) async fn take_over(&mut self, mut parent: Parent) -> Result<(), i32> {
+    pub(super) async fn take_over(&mut self, mut parent: Parent) -> Result<(), Exit> {
         self.draining = std::mem::take(&mut parent.draining);
         match parent.ready(self.adopted.clone()).await {
             Ok(backends_now) => build::carry_over(&self.pools, &backends_now),
             Err(e) => {
                 tracing::error!(cause = %e, "old generation did not let us take over");
-                return Err(exit::FAILURE);
+                return Err(Exit::Failure);
             }
         }
         self.open_doors();

@@ -16,6 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use crate::cli::DemoArgs;
+use crate::exit::Exit;
 use crate::lifecycle::control::{self, Request};
 use traffic::{Backend, Tally};
 
@@ -27,23 +28,18 @@ enum DemoError {
     NotReady(PathBuf),
 }
 
-pub fn main(args: &DemoArgs) -> i32 {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+pub fn main(args: &DemoArgs) -> Exit {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let rt = match crate::commands::runtime(threads) {
         Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("baton demo: cannot start the runtime: {err}");
-            return 1;
-        }
+        Err(exit) => return exit,
     };
     match rt.block_on(run(args)) {
-        Ok(true) => 0,
-        Ok(false) => 1,
+        Ok(true) => Exit::Clean,
+        Ok(false) => Exit::Failure,
         Err(err) => {
             eprintln!("baton demo: {err}");
-            1
+            Exit::Failure
         }
     }
 }
@@ -145,16 +141,17 @@ async fn run(args: &DemoArgs) -> Result<bool, DemoError> {
     let summary = tally.summary();
     println!("{summary}");
     println!(
-        "reloads: {reloads_ok}/{} succeeded; baton exited with code {exit} ({})",
+        "reloads: {reloads_ok}/{} succeeded; baton exited with code {} ({})",
         args.reloads,
-        if exit == 0 {
+        exit.code(),
+        if exit == Exit::Clean {
             "drained cleanly"
         } else {
             "see its log"
         }
     );
     println!("baton's log: {}", log.display());
-    Ok(tally.failed() == 0 && reloads_ok == args.reloads && exit == 0)
+    Ok(tally.failed() == 0 && reloads_ok == args.reloads && exit == Exit::Clean)
 }
 
 /// Prints a line a second and reloads at even intervals; returns how many
@@ -193,9 +190,9 @@ async fn drive(args: &DemoArgs, setup: &Setup, tally: &Tally) -> u32 {
 }
 
 /// SIGTERM to whichever generation now serves (asked over the control
-/// socket), then its exit code. The demo is a child subreaper, so every
+/// socket), then how it ended. The demo is a child subreaper, so every
 /// generation, re-parented when its parent exits, is ours to wait for.
-async fn stop_baton(setup: &Setup) -> i32 {
+async fn stop_baton(setup: &Setup) -> Exit {
     let socket = setup.dir.join("control.sock");
     let pid = match control::call(&socket, Request::Status, Duration::from_secs(5)).await {
         Ok(reply) => reply.pid.and_then(|p| i32::try_from(p).ok()),
@@ -205,7 +202,7 @@ async fn stop_baton(setup: &Setup) -> i32 {
         }
     };
     let Some(pid) = pid.map(nix::unistd::Pid::from_raw) else {
-        return 1;
+        return Exit::Failure;
     };
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
     let waited = tokio::time::timeout(
@@ -214,10 +211,10 @@ async fn stop_baton(setup: &Setup) -> i32 {
     )
     .await;
     match waited {
-        Ok(Ok(Ok(nix::sys::wait::WaitStatus::Exited(_, code)))) => code,
+        Ok(Ok(Ok(nix::sys::wait::WaitStatus::Exited(_, code)))) => Exit::from_code(code),
         _ => {
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            1
+            Exit::Failure
         }
     }
 }

@@ -8,6 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::exit::Exit;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
@@ -39,16 +41,16 @@ impl Reply {
     pub fn serving(pid: u32, message: impl Into<String>) -> Reply {
         Reply {
             ok: true,
-            exit_code: 0,
+            exit_code: Exit::Clean.code(),
             message: message.into(),
             pid: Some(pid),
         }
     }
 
-    pub fn err(exit_code: i32, message: impl Into<String>) -> Reply {
+    pub fn err(exit: Exit, message: impl Into<String>) -> Reply {
         Reply {
             ok: false,
-            exit_code,
+            exit_code: exit.code(),
             message: message.into(),
             pid: None,
         }
@@ -154,10 +156,11 @@ async fn handle(stream: UnixStream, requests: mpsc::Sender<Incoming>) -> std::io
                     .await
                     .is_err()
                 {
-                    Reply::err(1, "the daemon is shutting down")
+                    Reply::err(Exit::Failure, "the daemon is shutting down")
                 } else {
-                    rx.await
-                        .unwrap_or_else(|_| Reply::err(1, "the daemon dropped the request"))
+                    rx.await.unwrap_or_else(|_| {
+                        Reply::err(Exit::Failure, "the daemon dropped the request")
+                    })
                 }
             }
         },
@@ -170,13 +173,13 @@ async fn handle(stream: UnixStream, requests: mpsc::Sender<Incoming>) -> std::io
 fn authorize(stream: &UnixStream) -> Result<(), Reply> {
     let cred = stream
         .peer_cred()
-        .map_err(|e| Reply::err(1, format!("SO_PEERCRED: {e}")))?;
+        .map_err(|e| Reply::err(Exit::Failure, format!("SO_PEERCRED: {e}")))?;
     let ours = nix::unistd::geteuid().as_raw();
     if cred.uid() == 0 || cred.uid() == ours {
         Ok(())
     } else {
         Err(Reply::err(
-            1,
+            Exit::Failure,
             format!("uid {} may not control this daemon", cred.uid()),
         ))
     }
@@ -186,8 +189,8 @@ async fn read_request(read: tokio::net::unix::OwnedReadHalf) -> Result<Request, 
     let mut line = Vec::new();
     let mut limited = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
     match tokio::time::timeout(READ_TIMEOUT, limited.read_until(b'\n', &mut line)).await {
-        Err(_) => return Err(Reply::err(2, "no request within 5s")),
-        Ok(Err(e)) => return Err(Reply::err(2, format!("read: {e}"))),
+        Err(_) => return Err(Reply::err(Exit::Usage, "no request within 5s")),
+        Ok(Err(e)) => return Err(Reply::err(Exit::Usage, format!("read: {e}"))),
         Ok(Ok(_)) => {}
     }
     decode_request(&line)
@@ -197,7 +200,7 @@ async fn read_request(read: tokio::net::unix::OwnedReadHalf) -> Result<Request, 
 pub fn decode_request(line: &[u8]) -> Result<Request, Reply> {
     serde_json::from_slice::<Envelope>(line)
         .map(|e| e.command)
-        .map_err(|e| Reply::err(2, format!("malformed request: {e}")))
+        .map_err(|e| Reply::err(Exit::Usage, format!("malformed request: {e}")))
 }
 
 /// Client side: sends one request and waits up to `timeout` for the reply.

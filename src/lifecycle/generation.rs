@@ -19,6 +19,7 @@ use super::handoff::{BackendCarry, Channel, HandoffError, Message, Report, Socke
 use super::inventory::Inventory;
 use super::process::{self, Process};
 use super::systemd;
+use crate::exit::Exit;
 use crate::tls::tickets::TicketKeys;
 
 /// How to start the next generation: the path and arguments this one was
@@ -89,11 +90,15 @@ pub enum HandoverError {
 }
 
 impl HandoverError {
-    /// The exit code `baton reload` reports (78 for an invalid config).
-    pub fn exit_code(&self) -> i32 {
+    /// How `baton reload` ends (an invalid config is 78 still).
+    pub fn exit_code(&self) -> Exit {
         match self {
-            HandoverError::Failed { exit_code: 78, .. } => 78,
-            _ => 1,
+            HandoverError::Failed { exit_code, .. }
+                if Exit::from_code(*exit_code) == Exit::Config =>
+            {
+                Exit::Config
+            }
+            _ => Exit::Failure,
         }
     }
 }
@@ -383,10 +388,10 @@ impl Parent {
         Ok(self.channel)
     }
 
-    /// Tells N why we cannot take over, before we exit with `exit_code`.
-    pub async fn fail(&self, exit_code: i32, reason: &str) {
+    /// Tells N why we cannot take over, before we exit with `exit`.
+    pub async fn fail(&self, exit: Exit, reason: &str) {
         let message = Message::Failed {
-            exit_code,
+            exit_code: exit.code(),
             reason: reason.to_string(),
         };
         if let Err(err) = self.channel.send(&message, &[]).await {

@@ -9,9 +9,9 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::http::header::{HeaderValue, CONTENT_TYPE, HOST};
-use ::http::uri::{PathAndQuery, Scheme};
-use ::http::{Request, Response, Uri, Version};
+use http::header::{HeaderValue, CONTENT_TYPE, HOST};
+use http::uri::{PathAndQuery, Scheme};
+use http::{Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -25,9 +25,9 @@ use super::body::{self, BodyGuard, ClientBody, Guarded, Progress, ProxyBody};
 use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
 use super::headers;
-use super::http::{HttpProxy, Target};
 use super::longlived;
 use super::request_id;
+use super::web::{HttpProxy, Target};
 use super::ProxyError;
 use crate::access_log::Termination;
 use crate::backend::connector::Connector;
@@ -171,7 +171,7 @@ impl HttpProxy {
             Ok(r) => (r, Termination::Completed),
             Err(err) => {
                 if matches!(err, ProxyError::NoBackend { .. }) {
-                    metrics::no_backend(&self.listener, &target.pool.name);
+                    super::no_backend(&self.listener, &target.pool.name);
                 }
                 let termination = err.termination(&noted.marks);
                 (
@@ -209,7 +209,7 @@ impl HttpProxy {
 
     /// The client's `X-Request-Id` where the listener believes what its
     /// clients say (`forwarded` other than `replace`), else a new one.
-    fn request_id_of(&self, headers: &::http::HeaderMap) -> String {
+    fn request_id_of(&self, headers: &http::HeaderMap) -> String {
         let sent = headers
             .get("x-request-id")
             .and_then(|v| v.to_str().ok())
@@ -361,12 +361,7 @@ impl HttpProxy {
             },
             Err(err) => err,
         };
-        if let Some(kind) = err.upstream_kind() {
-            let blames_backend =
-                matches!(err, ProxyError::Connect { .. } | ProxyError::Timeout { .. });
-            backend.upstream_failed(kind, &err.to_string(), blames_backend);
-        }
-        tracing::warn!(cause = %err, "backend request failed");
+        err.blame(backend);
         Err(err)
     }
 
@@ -488,7 +483,7 @@ async fn own_connection(
 }
 
 fn outbound_request(
-    parts: &::http::request::Parts,
+    parts: &http::request::Parts,
     body: ProxyBody,
     lease: &Lease,
 ) -> Result<Request<ProxyBody>, ProxyError> {
@@ -521,7 +516,7 @@ fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
         return Some("more than one Host header");
     }
     let uri = req.uri();
-    let asterisk = req.method() == ::http::Method::OPTIONS && uri.path() == "*";
+    let asterisk = req.method() == http::Method::OPTIONS && uri.path() == "*";
     if uri.scheme().is_none() && !uri.path().starts_with('/') && !asterisk {
         return Some("invalid request target");
     }

@@ -6,8 +6,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use ::http::header::{HeaderMap, REFERER, USER_AGENT};
-use ::http::Request;
+use http::header::{HeaderMap, REFERER, USER_AGENT};
+use http::Request;
 
 use super::body::{BodyGuard, Progress};
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
@@ -53,7 +53,7 @@ impl Asked {
         let header = |headers: &HeaderMap, name| {
             headers
                 .get(name)
-                .and_then(|v: &::http::HeaderValue| v.to_str().ok())
+                .and_then(|v: &http::HeaderValue| v.to_str().ok())
                 .map(String::from)
         };
         Asked {

@@ -10,16 +10,17 @@ pub mod h2;
 pub mod h2_record;
 pub mod head;
 pub mod headers;
-pub mod http;
 pub mod idle;
 pub mod longlived;
 pub mod stream;
 pub mod tcp;
+pub mod web;
 
-use ::http::StatusCode;
+use http::StatusCode;
 
 use crate::access_log::{Marks, Phase, Termination};
-use crate::backend::NoLease;
+use crate::backend::stream::ConnectFault;
+use crate::backend::{Backend, NoLease};
 use crate::metrics::UpstreamErrorKind;
 
 /// A request id unique on this host for a long while: this process's pid
@@ -30,15 +31,19 @@ pub fn request_id() -> String {
     format!("{:x}-{n:x}", std::process::id())
 }
 
+/// Work a listener could give to no backend of `pool`: counted and
+/// logged, the same for every protocol.
+pub fn no_backend(listener: &str, pool: &str) {
+    crate::metrics::no_backend(listener, pool);
+    tracing::warn!(listener, pool, "no backend available");
+}
+
 /// The body of baton's answer to a failed request: the status and a
 /// request id, never a backend's name, address or OS error: those go to
 /// the log under the same id (and the backend's `last_error` in `/status`).
 pub fn error_page(pool: &str, err: &ProxyError, id: &str) -> String {
     let status = err.status();
     tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
-    if matches!(err, ProxyError::NoBackend { .. }) {
-        tracing::warn!(pool, "no backend available");
-    }
     let reason = status.canonical_reason().unwrap_or("Error");
     format!("{} {reason}\nrequest id: {id}\n", status.as_u16())
 }
@@ -66,6 +71,30 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// A connection to `backend` that was not made.
+    pub fn connect(backend: &Backend, fault: &ConnectFault) -> ProxyError {
+        ProxyError::Connect {
+            backend: backend.name.clone(),
+            address: backend.address,
+            cause: fault.to_string(),
+        }
+    }
+
+    /// Charges this failure to `backend`, once, whatever the protocol: the
+    /// error counter by kind, the passive health verdict (a connect
+    /// failure or a timeout counts against it; a broken response does
+    /// not, its connection may have been the only bad one), and the log.
+    pub fn blame(&self, backend: &Backend) {
+        if let Some(kind) = self.upstream_kind() {
+            let blames_backend = matches!(
+                self,
+                ProxyError::Connect { .. } | ProxyError::Timeout { .. }
+            );
+            backend.upstream_failed(kind, &self.to_string(), blames_backend);
+        }
+        tracing::warn!(backend = %backend.name, cause = %self, "backend request failed");
+    }
+
     /// A pool that gave no lease.
     pub fn refused(pool: &str, why: NoLease) -> ProxyError {
         let pool = pool.to_string();

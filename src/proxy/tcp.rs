@@ -21,10 +21,11 @@ use tokio::net::TcpStream;
 use super::idle::{Activity, Observed};
 use super::stream::ByteStream;
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
-use crate::backend::stream::{BackendStream, ConnectFault};
+use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
 use crate::backend::{Lease, Pool};
-use crate::metrics::{self, UpstreamErrorKind};
+use crate::metrics;
+use crate::proxy::ProxyError;
 use crate::proxy_protocol::{send::Speaker, Origin};
 use std::net::SocketAddr;
 use tokio::time::Instant;
@@ -58,7 +59,7 @@ impl TcpProxy {
             .map(|version| Speaker::of(&client, origin).header(version, &id));
         let Some((mut upstream, lease)) = self.connect(header.as_deref()).await else {
             if self.pool.healthy_count() == 0 {
-                metrics::no_backend(&self.listener, &self.pool.name);
+                super::no_backend(&self.listener, &self.pool.name);
             }
             tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, "no backend reachable; closing");
             if let Some(line) = line.as_mut() {
@@ -119,16 +120,7 @@ impl TcpProxy {
             let backend = lease.backend();
             match backend.connect(self.connect_timeout, proxy_header).await {
                 Ok(stream) => return Some((stream, lease)),
-                Err(fault) => {
-                    let kind = match fault {
-                        ConnectFault::Timeout(_) => UpstreamErrorKind::Timeout,
-                        ConnectFault::Refused(_) | ConnectFault::Handshake(_) => {
-                            UpstreamErrorKind::Connect
-                        }
-                    };
-                    tracing::warn!(backend = %backend.name, address = %backend.address, cause = %fault, "backend connect failed");
-                    backend.upstream_failed(kind, &fault.to_string(), true);
-                }
+                Err(fault) => ProxyError::connect(backend, &fault).blame(backend),
             }
             failed = Some(backend.index);
         }

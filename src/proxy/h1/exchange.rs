@@ -27,8 +27,8 @@ use crate::backend::{Backend, Lease, Pool};
 use crate::config::Forwarded;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
-use crate::proxy::http::HttpProxy;
 use crate::proxy::stream::ByteStream;
+use crate::proxy::web::HttpProxy;
 use crate::proxy::{longlived, ProxyError};
 use crate::proxy_protocol::Origin;
 
@@ -114,7 +114,7 @@ pub async fn exchange<S: ByteStream>(
         Err(Failure::Abort(termination)) => Err(termination),
         Err(Failure::Answer(err)) => {
             if matches!(err, ProxyError::NoBackend { .. }) {
-                metrics::no_backend(&proxy.listener, &target.pool.name);
+                super::super::no_backend(&proxy.listener, &target.pool.name);
             }
             let closes =
                 err.is_client_fault() || drain.is_draining() || !head.keep_alive || !body.is_done();
@@ -223,13 +223,13 @@ async fn forward<S: ByteStream>(
             }
             // Nothing was sent: another backend may take it.
             Err(err) if failed.is_none() => {
-                blame(lease.backend(), &err);
+                err.blame(lease.backend());
                 tracing::warn!(cause = %err, "retrying on another backend");
                 failed = Some((lease.backend().index, err));
                 continue;
             }
             Err(err) => {
-                blame(lease.backend(), &err);
+                err.blame(lease.backend());
                 return Err(Failure::Answer(err));
             }
         };
@@ -245,7 +245,7 @@ async fn forward<S: ByteStream>(
                     backend: lease.backend().name.clone(),
                     cause: "connection closed before a response".into(),
                 };
-                blame(lease.backend(), &err);
+                err.blame(lease.backend());
                 return Err(Failure::Answer(err));
             }
             Attempt::Failed(failure) => return Err(failure),
@@ -296,15 +296,6 @@ fn client_timeout(limit: Duration) -> ProxyError {
     ProxyError::ClientTimeout {
         seconds: limit.as_secs_f64(),
     }
-}
-
-/// Counts a failure against the backend it happened at.
-fn blame(backend: &Backend, err: &ProxyError) {
-    if let Some(kind) = err.upstream_kind() {
-        let blames_backend = matches!(err, ProxyError::Connect { .. } | ProxyError::Timeout { .. });
-        backend.upstream_failed(kind, &err.to_string(), blames_backend);
-    }
-    tracing::warn!(cause = %err, "backend request failed");
 }
 
 /// How the two directions of one try ended.
@@ -399,7 +390,7 @@ async fn attempt<S: ByteStream>(
                 backend: backend.name.clone(),
                 seconds: proxy.response_timeout.as_secs_f64(),
             };
-            blame(backend, &err);
+            err.blame(backend);
             Attempt::Failed(Failure::Answer(err))
         }
         Pumped::ClientGone => {
@@ -497,7 +488,7 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
         backend: backend.name.clone(),
         cause,
     };
-    blame(backend, &err);
+    err.blame(backend);
     if written {
         Failure::Abort(Termination::BackendFailed(Phase::Data))
     } else {

@@ -64,11 +64,7 @@ pub async fn connection<S: ByteStream>(
     let stream = backend
         .connect(connect_timeout, header.as_deref())
         .await
-        .map_err(|fault| ProxyError::Connect {
-            backend: backend.name.clone(),
-            address: backend.address,
-            cause: fault.to_string(),
-        })?;
+        .map_err(|fault| ProxyError::connect(backend, &fault))?;
     Ok(Upstream {
         stream,
         buf: BytesMut::new(),

@@ -3,67 +3,60 @@
 use serde_json::Value;
 
 use crate::admin::client::{self, AdminCallError};
-use crate::cli::{BackendAction, BackendArgs, StatusArgs};
-use crate::commands::UNREACHABLE;
-use crate::config::{self, Overrides};
-use crate::daemon::exit;
+use crate::cli::StatusArgs;
+use crate::config::{Config, Overrides};
+use crate::exit::Exit;
 
-fn admin_call(config: &config::Config, method: &str, path: &str) -> Result<(u16, String), i32> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("baton: cannot start the runtime: {e}");
-            exit::FAILURE
-        })?;
+/// One admin API call (`baton status`, `baton backend`): its status and
+/// body, or how the command ends.
+pub(super) fn admin_call(config: &Config, method: &str, path: &str) -> Result<(u16, String), Exit> {
+    let rt = super::runtime(1)?;
     let token = config.admin.token.as_deref();
     rt.block_on(client::call(config.admin.listen, method, path, token))
         .map_err(|e| {
             eprintln!("baton: {e}");
             match e {
-                AdminCallError::Unreachable { .. } => UNREACHABLE,
-                AdminCallError::Failed { .. } => exit::FAILURE,
+                AdminCallError::Unreachable { .. } => Exit::Unreachable,
+                AdminCallError::Failed { .. } => Exit::Failure,
             }
         })
 }
 
-fn load(path: &std::path::Path) -> Result<config::Config, i32> {
-    config::load(path, &Overrides::default()).map_err(|e| {
-        eprintln!("baton: config invalid: {e}");
-        exit::CONFIG
-    })
+/// The config a command reads only to find the daemon.
+pub(super) fn load(path: &std::path::Path) -> Result<Config, Exit> {
+    super::load_config(path, &Overrides::default()).map_err(|_| Exit::Config)
 }
 
-pub fn status(args: &StatusArgs) -> i32 {
+pub fn status(args: &StatusArgs) -> Exit {
     let c = match load(&args.config.config) {
         Ok(c) => c,
-        Err(code) => return code,
+        Err(exit) => return exit,
     };
     let (code, body) = match admin_call(&c, "GET", "/status") {
         Ok(r) => r,
-        Err(code) => return code,
+        Err(exit) => return exit,
     };
     if code != 200 {
         eprintln!("baton: /status answered {code}: {body}");
-        return exit::FAILURE;
+        return Exit::Failure;
     }
     if args.json {
         print!("{body}");
-        return exit::OK;
+        return Exit::Clean;
     }
     match serde_json::from_str::<Value>(&body) {
         Ok(v) => {
             print!("{}", render(&v));
-            exit::OK
+            Exit::Clean
         }
         Err(e) => {
             eprintln!("baton: malformed /status: {e}");
-            exit::FAILURE
+            Exit::Failure
         }
     }
 }
 
-fn s(v: &Value) -> String {
+pub(super) fn s(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Null => "-".into(),
@@ -143,34 +136,4 @@ pub fn render(v: &Value) -> String {
         }
     }
     out
-}
-
-pub fn backend(args: &BackendArgs) -> i32 {
-    let c = match load(&args.config.config) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let action = match args.action {
-        BackendAction::Drain => "drain",
-        BackendAction::Restore => "restore",
-    };
-    let (code, body) = match admin_call(&c, "POST", &format!("/backends/{}/{action}", args.id)) {
-        Ok(r) => r,
-        Err(code) => return code,
-    };
-    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    if code == 200 {
-        let b = &v["backend"];
-        println!(
-            "backend {} ({}) in pool {} is now {}",
-            s(&b["name"]),
-            s(&b["index"]),
-            s(&b["pool"]),
-            s(&b["state"])
-        );
-        exit::OK
-    } else {
-        eprintln!("baton: {} ({code})", s(&v["error"]));
-        exit::FAILURE
-    }
 }

@@ -1,0 +1,153 @@
+//! `baton check`: the config validated, and what it means printed: every
+//! listener and pool, TLS certificates, what `TimeoutStopSec` must be.
+
+use std::time::Duration;
+
+use crate::cli::CheckArgs;
+use crate::config::duration::display;
+use crate::exit::Exit;
+use crate::tls::{ClientAuth, TlsSettings};
+
+pub fn check(args: CheckArgs) -> Exit {
+    let Ok(c) = super::load_config(&args.config.config, &super::run::overrides(args.budgets))
+    else {
+        return Exit::Config;
+    };
+    for warning in &c.warnings {
+        eprintln!("baton: warning: {warning}");
+    }
+    println!("config {} is valid", c.source.display());
+    println!("workers                 {}", c.workers);
+    println!("admin.listen            {}", c.admin.listen);
+    println!("control.socket          {}", c.control.socket.display());
+    println!(
+        "shutdown.pre_stop_delay {}",
+        display(c.shutdown.pre_stop_delay)
+    );
+    println!(
+        "shutdown.drain_timeout  {}",
+        display(c.shutdown.drain_timeout)
+    );
+    println!(
+        "reload.ready_timeout    {}",
+        display(c.reload.ready_timeout)
+    );
+    println!(
+        "reload.drain_timeout    {}",
+        display(c.reload.drain_timeout)
+    );
+    println!("reload.max_draining     {}", c.reload.max_draining);
+    println!("tls.ticket_rotation     {}", display(c.ticket_rotation));
+    for l in &c.listeners {
+        let pool = &c.pools[l.pool].name;
+        println!(
+            "listener {} {} {} -> pool {} (reuseport {}, backlog {}, max_connections {})",
+            l.name,
+            l.protocol.as_str(),
+            l.bind,
+            pool,
+            l.reuseport.max(c.workers),
+            l.backlog,
+            l.max_connections
+        );
+        if let Some(tls) = &l.tls {
+            print_tls(&l.name, tls);
+        }
+        if let Some(log) = &l.access_log {
+            println!(
+                "listener {} access_log {} ({})",
+                l.name,
+                log.destination,
+                log.format.as_str()
+            );
+        }
+        if let Some(pp) = &l.proxy_protocol {
+            let trusted: Vec<String> = pp.trusted.iter().map(ToString::to_string).collect();
+            println!(
+                "listener {} proxy_protocol accept {}, trusted [{}], {}, timeout {}",
+                l.name,
+                pp.accept.as_str(),
+                trusted.join(", "),
+                if pp.required { "required" } else { "optional" },
+                display(pp.timeout),
+            );
+        }
+    }
+    for p in &c.pools {
+        let sends = p
+            .send_proxy
+            .map_or(String::new(), |v| format!(", send_proxy {}", v.as_str()));
+        println!("pool {}: {} backend(s){sends}", p.name, p.backends.len());
+    }
+    println!("TimeoutStopSec={}", c.timeout_stop().as_secs());
+    warn_about_unit(args.unit.as_deref(), c.timeout_stop());
+    Exit::Clean
+}
+
+/// A TLS listener's settings, then one line per certificate, in the order
+/// SNI falls back through (the first is the default).
+fn print_tls(listener: &str, tls: &TlsSettings) {
+    println!(
+        "listener {listener} tls alpn [{}], min_version {}, handshake_timeout {}, client_auth {}",
+        tls.alpn.join(", "),
+        tls.min_version.as_str(),
+        display(tls.handshake_timeout),
+        tls.client_auth.map_or("off", ClientAuth::as_str),
+    );
+    for cert in &tls.certificates {
+        println!(
+            "listener {listener} tls certificate {} (names {}; expires {})",
+            cert.name,
+            cert.names.join(", "),
+            crate::tls::format_time(cert.not_after_unix),
+        );
+    }
+}
+
+/// Unit files systemd would load for `baton.service`, most specific first.
+const UNIT_PATHS: &[&str] = &[
+    "/etc/systemd/system/baton.service",
+    "/usr/lib/systemd/system/baton.service",
+    "/lib/systemd/system/baton.service",
+];
+
+/// Warns when the unit's `TimeoutStopSec` would SIGKILL baton mid-drain.
+fn warn_about_unit(explicit: Option<&std::path::Path>, needed: Duration) {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => match UNIT_PATHS
+            .iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.exists())
+        {
+            Some(p) => p,
+            None => return,
+        },
+    };
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        eprintln!("baton: warning: cannot read unit {}", path.display());
+        return;
+    };
+    let Some(value) = text
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("TimeoutStopSec="))
+    else {
+        return;
+    };
+    let value = value.trim();
+    let configured = match value.parse::<u64>() {
+        Ok(secs) => Some(Duration::from_secs(secs)),
+        Err(_) => humantime::parse_duration(value).ok(),
+    };
+    match configured {
+        Some(d) if d < needed => eprintln!(
+            "baton: warning: TimeoutStopSec={value} in {} is shorter than pre_stop_delay + drain_timeout + 5s = {}s: systemd would kill baton mid-drain",
+            path.display(),
+            needed.as_secs()
+        ),
+        Some(_) => {}
+        None if value == "infinity" => {}
+        None => eprintln!("baton: warning: cannot read TimeoutStopSec={value} in {}", path.display()),
+    }
+}

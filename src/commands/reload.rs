@@ -1,0 +1,38 @@
+//! `baton reload`: asks the running daemon over its control socket and
+//! waits until the new generation serves (or the reload failed, and why).
+
+use std::time::Duration;
+
+use crate::cli::ConfigArg;
+use crate::config::Overrides;
+use crate::exit::Exit;
+use crate::lifecycle::control::{self, CallError, Request};
+
+pub fn reload(args: &ConfigArg) -> Exit {
+    let Ok(c) = super::load_config(&args.config, &Overrides::default()) else {
+        return Exit::Config;
+    };
+    let rt = match super::runtime(1) {
+        Ok(rt) => rt,
+        Err(exit) => return exit,
+    };
+    let wait = c.reload.ready_timeout + Duration::from_secs(10);
+    match rt.block_on(control::call(&c.control.socket, Request::Reload, wait)) {
+        Ok(reply) if reply.ok => {
+            println!("{}", reply.message);
+            Exit::Clean
+        }
+        Ok(reply) => {
+            eprintln!("baton: {}", reply.message);
+            Exit::from_code(reply.exit_code)
+        }
+        Err(err @ CallError::Unreachable { .. }) => {
+            eprintln!("baton: {err}");
+            Exit::Unreachable
+        }
+        Err(err) => {
+            eprintln!("baton: {err}");
+            Exit::Failure
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! `baton run`: one generation, from its config (or its parent's
+//! handoff) to its exit code.
+
+use std::time::Duration;
+
+use crate::cli::{BudgetArgs, RunArgs};
+use crate::config::Overrides;
+use crate::daemon::{self, Setup};
+use crate::exit::Exit;
+use crate::lifecycle::generation::{Exec, Parent};
+use crate::lifecycle::handoff::Channel;
+use crate::lifecycle::signals::Signals;
+
+pub fn run(args: RunArgs) -> Exit {
+    crate::telemetry::init();
+    let rt = match super::runtime(1) {
+        Ok(rt) => rt,
+        Err(exit) => return exit,
+    };
+    let code = rt.block_on(run_async(args));
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
+}
+
+async fn run_async(args: RunArgs) -> Exit {
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::error!(cause = %err, "cannot install signal handlers");
+            return Exit::Failure;
+        }
+    };
+    let parent = match Channel::from_env() {
+        Ok(None) => None,
+        Ok(Some(channel)) => match Parent::receive(channel).await {
+            Ok(p) => Some(p),
+            Err(err) => {
+                tracing::error!(cause = %err, "no handoff from the old generation");
+                return Exit::Failure;
+            }
+        },
+        Err(err) => {
+            tracing::error!(cause = %err, "bad handoff environment");
+            return Exit::Failure;
+        }
+    };
+    let config = match super::load_config(&args.config.config, &overrides(args.budgets)) {
+        Ok(c) => c,
+        Err(err) => {
+            if let Some((parent, _)) = &parent {
+                parent
+                    .fail(Exit::Config, &format!("config invalid: {err}"))
+                    .await;
+            }
+            return Exit::Config;
+        }
+    };
+    for warning in &config.warnings {
+        tracing::warn!(%warning, "config");
+    }
+    let exec = match Exec::of_this_process() {
+        Ok(e) => e,
+        Err(err) => {
+            tracing::error!(cause = %err, "cannot find our own executable");
+            return Exit::Failure;
+        }
+    };
+    let metrics = match crate::metrics::install() {
+        Ok(h) => Some(h),
+        Err(err) => {
+            tracing::warn!(cause = %err, "metrics disabled");
+            None
+        }
+    };
+    daemon::run(Setup {
+        config,
+        exec,
+        parent,
+        metrics,
+        signals,
+    })
+    .await
+}
+
+pub(super) fn overrides(budgets: BudgetArgs) -> Overrides {
+    Overrides {
+        drain_timeout: budgets.drain_timeout,
+        pre_stop_delay: budgets.pre_stop_delay,
+    }
+}
