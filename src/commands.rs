@@ -169,9 +169,31 @@ fn check(args: CheckArgs) -> i32 {
         if let Some(tls) = &l.tls {
             print_tls(&l.name, tls);
         }
+        if let Some(log) = &l.access_log {
+            println!(
+                "listener {} access_log {} ({})",
+                l.name,
+                log.destination,
+                log.format.as_str()
+            );
+        }
+        if let Some(pp) = &l.proxy_protocol {
+            let trusted: Vec<String> = pp.trusted.iter().map(ToString::to_string).collect();
+            println!(
+                "listener {} proxy_protocol accept {}, trusted [{}], {}, timeout {}",
+                l.name,
+                pp.accept.as_str(),
+                trusted.join(", "),
+                if pp.required { "required" } else { "optional" },
+                display(pp.timeout),
+            );
+        }
     }
     for p in &c.pools {
-        println!("pool {}: {} backend(s)", p.name, p.backends.len());
+        let sends = p
+            .send_proxy
+            .map_or(String::new(), |v| format!(", send_proxy {}", v.as_str()));
+        println!("pool {}: {} backend(s){sends}", p.name, p.backends.len());
     }
     println!("TimeoutStopSec={}", c.timeout_stop().as_secs());
     warn_about_unit(args.unit.as_deref(), c.timeout_stop());

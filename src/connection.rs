@@ -1,7 +1,8 @@
 //! One client connection's frame: counted by the drain and in metrics while
 //! it lives, then handed to the proxy for its protocol. What a connection
-//! *does* lives in `proxy`; this only owns its bookkeeping (and, on a TLS
-//! listener, runs the handshake first).
+//! *does* lives in `proxy`; this only owns its bookkeeping and what comes
+//! before the protocol: a PROXY header from a balancer in front, then, on
+//! a TLS listener, the handshake.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,6 +17,7 @@ use crate::listener::Accept;
 use crate::metrics::ListenerMetrics;
 use crate::proxy::stream::ByteStream;
 use crate::proxy::{http::HttpProxy, tcp::TcpProxy};
+use crate::proxy_protocol::{self, Origin, ReceiveSettings};
 use crate::tls::handshake::Terminator;
 
 /// Open-connection count of one listener, read by `/status`.
@@ -75,16 +77,34 @@ impl Accept for Connections {
         };
         let drain = self.drain.clone();
         let proxy = self.proxy.clone();
-        match &self.tls {
-            None => self.drain.spawn(async move {
-                proxy.serve(stream, peer, drain).await;
+        let origin = Origin {
+            client: peer,
+            local: None,
+        };
+        match (&self.config.proxy_protocol, &self.tls) {
+            (None, None) => self.drain.spawn(async move {
+                proxy.serve(stream, origin, drain).await;
                 drop(open);
             }),
-            Some(tls) => {
-                let tls = Arc::clone(tls);
+            (receive, tls) => {
+                let (receive, tls) = (receive.clone(), tls.clone());
+                let listener = Arc::clone(&self.config);
                 self.drain.spawn(async move {
-                    if let Some(stream) = tls.handshake(stream, peer).await {
-                        proxy.serve(stream, peer, drain).await;
+                    let admitted = match receive {
+                        None => Some((stream, origin)),
+                        Some(settings) => {
+                            Box::pin(admit(stream, origin, &settings, &listener.name)).await
+                        }
+                    };
+                    if let Some((stream, origin)) = admitted {
+                        match tls {
+                            None => proxy.serve(stream, origin, drain).await,
+                            Some(tls) => {
+                                if let Some(stream) = tls.handshake(stream, origin.client).await {
+                                    proxy.serve(stream, origin, drain).await;
+                                }
+                            }
+                        }
                     }
                     drop(open);
                 });
@@ -93,14 +113,32 @@ impl Accept for Connections {
     }
 }
 
+/// Reads a PROXY header; a connection whose header is refused is closed
+/// here, counted and logged, and never reaches TLS or a backend.
+async fn admit(
+    mut stream: TcpStream,
+    socket: Origin,
+    settings: &ReceiveSettings,
+    listener: &str,
+) -> Option<(TcpStream, Origin)> {
+    match proxy_protocol::receive::receive(&mut stream, socket, settings).await {
+        Ok(origin) => Some((stream, origin)),
+        Err(refusal) => {
+            crate::metrics::proxy_protocol_error(listener, refusal.label());
+            tracing::info!(listener, peer = %socket.client, cause = %refusal, "closed before serving");
+            None
+        }
+    }
+}
+
 impl Proxy {
     /// Each protocol's future is boxed: a task carries only the size of
     /// its own protocol's state, not the larger of the two (an idle HTTP
     /// connection would otherwise hold TCP mode's copy state, and back).
-    async fn serve<S: ByteStream>(self, stream: S, peer: SocketAddr, drain: DrainWatch) {
+    async fn serve<S: ByteStream>(self, stream: S, origin: Origin, drain: DrainWatch) {
         match self {
-            Proxy::Http(p) => Box::pin(p.serve(stream, peer, drain)).await,
-            Proxy::Tcp(p) => Box::pin(p.serve(stream, peer)).await,
+            Proxy::Http(p) => Box::pin(p.serve(stream, origin, drain)).await,
+            Proxy::Tcp(p) => Box::pin(p.serve(stream, origin)).await,
         }
     }
 }

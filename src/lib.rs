@@ -7,7 +7,7 @@
 //! The data plane runs left to right; the lifecycle and admin sit beside it.
 //! - [`workers`]: the data plane's threads, one runtime each.
 //! - [`listener`]: bind or adopt a listening socket; the accept loop.
-//! - [`connection`]: one client connection's bookkeeping; TLS termination ([`tls`]); dispatch by protocol.
+//! - [`connection`]: one client connection's bookkeeping; a PROXY header ([`proxy_protocol`]), TLS termination ([`tls`]); dispatch by protocol.
 //! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::http`] tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`]).
 //! - [`backend`]: pools, backends, leases, and [`backend::balance`] picking.
 //! - [`lifecycle`]: generations, fd handoff, drain, signals, systemd, control socket.
@@ -15,10 +15,11 @@
 //! - [`admin`]: probes, `/status`, `/metrics` over their own listener.
 //! - [`config`]: the TOML file, validated into typed settings.
 //! - [`tls`]: listener certificates, loaded and checked at config load; SNI; the rustls config.
-//! - [`metrics`], [`telemetry`]: Prometheus names and handles; logging.
+//! - [`metrics`], [`telemetry`], [`access_log`]: Prometheus names and handles; logging; one line per request.
 //! - [`cli`], [`commands`], [`status`], [`demo`]: the command line and what each command does.
 #![deny(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod backend;
 pub mod cli;
@@ -31,6 +32,7 @@ pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod status;
 pub mod telemetry;
 pub mod tls;

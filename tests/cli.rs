@@ -304,3 +304,24 @@ fn the_control_socket_is_0600_whatever_the_umask() {
     assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
     assert_eq!(end, Some(0), "{stderr}");
 }
+
+#[test]
+fn check_shows_whom_a_listener_believes_and_what_a_pool_sends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("pp.toml");
+    std::fs::write(
+        &path,
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\nproxy_protocol = { accept = \"v2\", trusted = [\"10.0.0.0/8\", \"::1\"], timeout = \"2s\" }\n\n[[pools]]\nname = \"app\"\nsend_proxy = \"v1\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+    )
+    .expect("write");
+    let (code, stdout, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("listener web proxy_protocol accept v2, trusted [10.0.0.0/8, ::1/128], required, timeout 2s"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("pool app: 1 backend(s), send_proxy v1"),
+        "{stdout}"
+    );
+}

@@ -10,6 +10,8 @@ use baton::config::{parse, Overrides};
 use baton::lifecycle::{control, framing, handoff};
 use baton::proxy::h1::chunked::{Decoder, Piece};
 use baton::proxy::h1::head::{parse_request, parse_response, Framing, Parsed};
+use baton::proxy_protocol::receive::{decode, frame, Framed};
+use baton::proxy_protocol::Accept;
 
 fn inputs(dir: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -143,5 +145,20 @@ fn hostile_h1_requests_do_not_panic() {
     assert!(!cases.is_empty());
     for (_, bytes) in cases {
         take_request(&bytes);
+    }
+}
+
+/// Each seed is a whole PROXY header (v1 and v2, addresses, LOCAL,
+/// UNKNOWN, TLVs), framed short of the client's bytes after it.
+#[test]
+fn every_proxy_header_seed_frames_and_decodes() {
+    let seeds = inputs("seeds/proxy_header");
+    assert!(seeds.len() >= 6);
+    for (path, bytes) in seeds {
+        let Framed::Header(length) = frame(&bytes) else {
+            panic!("{}: not framed as a header", path.display());
+        };
+        let told = decode(&bytes[..length], Accept::Any);
+        assert!(told.is_ok(), "{}: {told:?}", path.display());
     }
 }

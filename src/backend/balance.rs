@@ -147,6 +147,7 @@ mod tests {
                 max_connections_per_backend: 0,
                 queue_timeout: std::time::Duration::from_secs(1),
                 tls: None,
+                send_proxy: None,
             },
             0,
             1,

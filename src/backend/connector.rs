@@ -45,7 +45,7 @@ impl tower_service::Service<Uri> for Connector {
                 .ok_or_else(|| {
                     io::Error::new(io::ErrorKind::InvalidInput, "not a backend address")
                 })?;
-            stream::connect(address, this.tls.as_deref(), this.timeout)
+            stream::connect(address, this.tls.as_deref(), this.timeout, None)
                 .await
                 .map(|s| Connecting(TokioIo::new(s)))
                 .map_err(|fault| io::Error::other(fault.to_string()))

@@ -87,7 +87,7 @@ impl IdleConnections {
 /// The reactor's readiness answers without a syscall when the socket has
 /// shown nothing since its last read; only a socket marked readable is
 /// read (and then given up, whatever the read says, unless it was stale).
-fn still_open(stream: &tokio::net::TcpStream) -> bool {
+pub fn still_open(stream: &tokio::net::TcpStream) -> bool {
     let mut probe = [0u8; 1];
     matches!(stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }

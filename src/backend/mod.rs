@@ -124,6 +124,9 @@ pub struct Backend {
     pub idle: idle::IdleConnections,
     /// The pool's TLS to its backends (see `stream`), if any.
     tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
+    /// The pool's `send_proxy`: its connections carry a client's PROXY
+    /// header, so each serves that one client only.
+    pub send_proxy: Option<crate::proxy_protocol::Version>,
 }
 
 impl Backend {
@@ -300,6 +303,8 @@ pub struct Pool {
     pub backends: Vec<Arc<Backend>>,
     /// TLS to its backends (each backend holds it too), for hyper's client.
     pub tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
+    /// `send_proxy` (each backend holds it too).
+    pub send_proxy: Option<crate::proxy_protocol::Version>,
     pub health: Option<HealthConfig>,
     balance: Balance,
     picks: balance::PickState,
@@ -349,6 +354,7 @@ impl Pool {
                     freed: freed.clone(),
                     idle: idle::IdleConnections::new(workers),
                     tls: config.tls.clone(),
+                    send_proxy: config.send_proxy,
                 };
                 backend.publish();
                 Arc::new(backend)
@@ -357,6 +363,7 @@ impl Pool {
         Pool {
             name: config.name.clone(),
             tls: config.tls.clone(),
+            send_proxy: config.send_proxy,
             picks: balance::PickState::new(backends.len()),
             backends,
             health: config.health.clone(),
@@ -474,6 +481,11 @@ impl Lease {
     }
 
     pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The backend, to keep beyond the lease (an access-log line names it).
+    pub fn shared(&self) -> &Arc<Backend> {
         &self.backend
     }
 }

@@ -25,7 +25,7 @@ pub async fn check(config: &HealthConfig, backend: &Backend) -> Result<(), Strin
 async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), String> {
     let address = backend.address;
     let mut stream = backend
-        .connect(config.timeout)
+        .connect_own(config.timeout)
         .await
         .map_err(|e| format!("connect: {e}"))?;
     if config.kind == HealthKind::Tcp {

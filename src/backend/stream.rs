@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -33,23 +33,41 @@ pub enum ConnectFault {
 }
 
 impl Backend {
-    /// Connects (and handshakes, for a TLS pool) within `limit`.
-    pub async fn connect(&self, limit: Duration) -> Result<BackendStream, ConnectFault> {
-        connect(self.address, self.tls.as_deref(), limit).await
+    /// Connects (and handshakes, for a TLS pool) within `limit`, for a
+    /// client: `proxy_header` is its PROXY header when the pool sends one.
+    pub async fn connect(
+        &self,
+        limit: Duration,
+        proxy_header: Option<&[u8]>,
+    ) -> Result<BackendStream, ConnectFault> {
+        connect(self.address, self.tls.as_deref(), limit, proxy_header).await
+    }
+
+    /// Connects on baton's own behalf (a health check): a pool that sends
+    /// PROXY headers gets one that names no client.
+    pub async fn connect_own(&self, limit: Duration) -> Result<BackendStream, ConnectFault> {
+        let header = self.send_proxy.map(crate::proxy_protocol::send::local);
+        self.connect(limit, header.as_deref()).await
     }
 }
 
-/// Connects to `address` (and handshakes, with `tls`) within `limit`.
+/// Connects to `address` (and handshakes, with `tls`) within `limit`. A
+/// PROXY header goes first, before any TLS: it is for the backend's TCP
+/// layer, as the one baton receives is for its own.
 pub async fn connect(
     address: SocketAddr,
     tls: Option<&UpstreamTls>,
     limit: Duration,
+    proxy_header: Option<&[u8]>,
 ) -> Result<BackendStream, ConnectFault> {
     let connecting = async {
-        let tcp = TcpStream::connect(address)
+        let mut tcp = TcpStream::connect(address)
             .await
             .map_err(ConnectFault::Refused)?;
         let _ = tcp.set_nodelay(true);
+        if let Some(header) = proxy_header {
+            tcp.write_all(header).await.map_err(ConnectFault::Refused)?;
+        }
         match tls {
             None => Ok(Link::Plain(tcp)),
             // Boxed: a plain connect's callers do not carry a handshake's

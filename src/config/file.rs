@@ -94,6 +94,26 @@ pub struct ListenerFile {
     pub forwarded: Option<String>,
     pub h2_max_concurrent_streams: Option<i64>,
     pub tls: Option<TlsFile>,
+    pub proxy_protocol: Option<ProxyProtocolFile>,
+    pub access_log: Option<AccessLogFile>,
+}
+
+/// A listener's `access_log`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogFile {
+    pub path: Option<String>,
+    pub format: Option<String>,
+}
+
+/// A listener's `proxy_protocol`: PROXY headers from a balancer in front.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyProtocolFile {
+    pub accept: Option<String>,
+    pub trusted: Option<Vec<String>>,
+    pub required: Option<bool>,
+    pub timeout: Option<DurationValue>,
 }
 
 /// A listener's `tls` key: an inline table or `[listeners.tls]`.
@@ -135,6 +155,7 @@ pub struct PoolFile {
     pub max_connections_per_backend: Option<i64>,
     pub queue_timeout: Option<DurationValue>,
     pub tls: Option<UpstreamTlsFile>,
+    pub send_proxy: Option<String>,
 }
 
 /// A pool's `tls`: how its backends are reached over TLS.

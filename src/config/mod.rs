@@ -129,6 +129,10 @@ pub struct ListenerConfig {
     pub h2_max_concurrent_streams: u32,
     /// TLS termination (`tls`); `None` serves plain TCP.
     pub tls: Option<Arc<TlsSettings>>,
+    /// PROXY headers taken from a balancer in front (`proxy_protocol`).
+    pub proxy_protocol: Option<Arc<crate::proxy_protocol::ReceiveSettings>>,
+    /// Where its requests are logged (`access_log`).
+    pub access_log: Option<crate::access_log::Settings>,
 }
 
 #[derive(Debug, Clone)]
@@ -160,6 +164,8 @@ pub struct PoolConfig {
     pub queue_timeout: Duration,
     /// TLS to the backends (their traffic and health checks), if set.
     pub tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
+    /// A PROXY header first on every backend connection (`send_proxy`).
+    pub send_proxy: Option<crate::proxy_protocol::Version>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -99,18 +99,24 @@ pub(super) async fn start(
         config.ticket_rotation,
     )?);
     let drain = Drain::new();
+    let access_logs = Arc::new(crate::access_log::sink::Sinks::default());
+    let mut signals = signals;
+    let reopening = Arc::clone(&access_logs);
+    signals.on_reopen(move || reopening.reopen());
     let mut pending = Vec::new();
     let mut views = Vec::new();
     for (i, l) in config.listeners.iter().enumerate() {
         let stats = Arc::new(ListenerStats::default());
         let conf = Arc::new(l.clone());
+        let log = access_log(l, &access_logs, number)?;
         let proxy = match l.protocol {
-            Protocol::Http => Proxy::Http(Arc::new(HttpProxy::new(l, &pools))),
+            Protocol::Http => Proxy::Http(Arc::new(HttpProxy::new(l, &pools, log))),
             Protocol::Tcp => Proxy::Tcp(Arc::new(TcpProxy {
                 listener: Arc::from(l.name.as_str()),
                 pool: Arc::clone(&pools[l.pool]),
                 connect_timeout: l.connect_timeout,
                 tunnel_timeout: l.tunnel_timeout,
+                access_log: log,
             })),
         };
         if l.protocol == Protocol::Tcp {
@@ -253,7 +259,33 @@ pub(super) async fn start(
         drain,
         adopted,
         ticketer,
+        access_logs,
     })
+}
+
+/// Listener `l`'s access log, its destination opened (shared with every
+/// other listener that logs there).
+fn access_log(
+    l: &crate::config::ListenerConfig,
+    sinks: &crate::access_log::sink::Sinks,
+    generation: u64,
+) -> Result<Option<crate::access_log::AccessLog>, StartError> {
+    let Some(settings) = &l.access_log else {
+        return Ok(None);
+    };
+    let sink = sinks
+        .open(&settings.destination)
+        .map_err(|source| StartError::AccessLog {
+            listener: l.name.clone(),
+            destination: settings.destination.to_string(),
+            source,
+        })?;
+    Ok(Some(crate::access_log::AccessLog::new(
+        sink,
+        settings.format,
+        &l.name,
+        generation,
+    )))
 }
 
 /// Applies backend states an older generation carried over, matched by

@@ -45,6 +45,7 @@ impl Generation {
             reporting.clone(),
         ));
         let outcome = self.drain_for(budget, DrainReason::Reload).await;
+        self.write_out_access_logs().await;
         self.outlive_predecessor().await;
         reporting.cancel();
         // A periodic report still being sent must land before the last one,
@@ -112,9 +113,18 @@ impl Generation {
             self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
                 .await
         };
+        self.write_out_access_logs().await;
         self.background.cancel();
         self.admin_stop.cancel();
         self.exit_code(outcome)
+    }
+
+    /// Every access-log line of this generation reaches its file before
+    /// the generation exits (the drain is over: no connection is left to
+    /// add one).
+    async fn write_out_access_logs(&self) {
+        let sinks = Arc::clone(&self.access_logs);
+        let _ = tokio::task::spawn_blocking(move || sinks.close()).await;
     }
 
     /// Stops every accept loop and waits until each has closed its socket.

@@ -76,6 +76,12 @@ pub enum StartError {
     Handoff(#[from] HandoverError),
     #[error("TLS session tickets: {0}")]
     Tickets(#[from] crate::tls::tickets::TicketError),
+    #[error("listener \"{listener}\" access log {destination}: {source}")]
+    AccessLog {
+        listener: String,
+        destination: String,
+        source: std::io::Error,
+    },
 }
 
 /// What an older generation handed over beside its sockets (nothing for
@@ -225,6 +231,8 @@ struct Generation {
     /// Seals every TLS listener's session tickets; its keys go to the
     /// next generation.
     ticketer: Arc<crate::tls::tickets::Ticketer>,
+    /// The access logs' writers: written out before the generation exits.
+    access_logs: Arc<crate::access_log::sink::Sinks>,
 }
 
 enum Ending {

@@ -21,6 +21,9 @@ pub struct Signals {
     int: Signal,
     usr1: Signal,
     usr2: Signal,
+    /// What SIGUSR1 does (reopen the access logs), in whatever phase the
+    /// generation is: logrotate's signal must never wait for a phase.
+    reopen: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Signals {
@@ -33,7 +36,13 @@ impl Signals {
             int: signal(SignalKind::interrupt())?,
             usr1: signal(SignalKind::user_defined1())?,
             usr2: signal(SignalKind::user_defined2())?,
+            reopen: None,
         })
+    }
+
+    /// Runs `hook` at every SIGUSR1 from now on.
+    pub fn on_reopen(&mut self, hook: impl Fn() + Send + Sync + 'static) {
+        self.reopen = Some(Box::new(hook));
     }
 
     /// The next signal that means something; stray ones are logged here.
@@ -43,7 +52,13 @@ impl Signals {
                 _ = self.hup.recv() => return Command::Reload,
                 _ = self.term.recv() => return Command::Stop,
                 _ = self.int.recv() => return Command::Stop,
-                _ = self.usr1.recv() => tracing::info!(signal = "SIGUSR1", "ignored signal"),
+                _ = self.usr1.recv() => match &self.reopen {
+                    Some(reopen) => {
+                        tracing::info!(signal = "SIGUSR1", "reopening the access logs");
+                        reopen();
+                    }
+                    None => tracing::info!(signal = "SIGUSR1", "ignored signal"),
+                },
                 _ = self.usr2.recv() => return Command::ForceDrain,
             }
         }

@@ -44,6 +44,8 @@ pub const PROCESS_RESIDENT: &str = "baton_process_resident_memory_bytes";
 pub const PROCESS_CPU: &str = "baton_process_cpu_seconds";
 pub const TLS_HANDSHAKES: &str = "baton_tls_handshakes_total";
 pub const TLS_CERTIFICATE_EXPIRY: &str = "baton_tls_certificate_expiry_timestamp_seconds";
+pub const PROXY_PROTOCOL_ERRORS: &str = "baton_proxy_protocol_errors_total";
+pub const ACCESS_LOG_DROPPED: &str = "baton_access_log_dropped_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -199,6 +201,14 @@ fn describe_more() {
         PROCESS_RESIDENT,
         Unit::Bytes,
         "Resident memory: the serving generation, and the draining ones summed."
+    );
+    describe_counter!(
+        ACCESS_LOG_DROPPED,
+        "Access-log lines dropped because the writer fell behind."
+    );
+    describe_counter!(
+        PROXY_PROTOCOL_ERRORS,
+        "Connections closed over their PROXY header (untrusted, malformed, missing, timeout, version, closed)."
     );
     describe_gauge!(PROCESS_CPU, Unit::Seconds, "CPU seconds used: the serving generation, and the draining ones summed (a gauge: an exit lowers the sum).");
 }
@@ -378,6 +388,19 @@ pub fn client_abort(listener: &str, reason: AbortReason) {
 
 pub fn no_backend(listener: &str, pool: &str) {
     metrics::counter!(NO_BACKEND, "listener" => listener.to_string(), "pool" => pool.to_string())
+        .increment(1);
+}
+
+/// A listener's dropped access-log lines (published at 0 from the start).
+pub fn access_log_dropped(listener: &str) -> Counter {
+    let counter = metrics::counter!(ACCESS_LOG_DROPPED, "listener" => listener.to_string());
+    counter.increment(0);
+    counter
+}
+
+/// A connection closed over its PROXY header, by `reason`.
+pub fn proxy_protocol_error(listener: &str, reason: &'static str) {
+    metrics::counter!(PROXY_PROTOCOL_ERRORS, "listener" => listener.to_string(), "reason" => reason)
         .increment(1);
 }
 

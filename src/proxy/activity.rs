@@ -54,7 +54,7 @@ impl BodyGuard for Busy {
         self.waiting(false);
     }
 
-    fn handed(&mut self) {
+    fn handed(&mut self, _bytes: usize) {
         self.waiting(true);
     }
 }

@@ -34,11 +34,14 @@ pub fn empty() -> ProxyBody {
 pub trait BodyGuard: Send + Unpin + 'static {
     fn body_failed(&mut self, _cause: &hyper::Error) {}
     fn asked(&mut self) {}
-    fn handed(&mut self) {}
+    /// A frame went to hyper, `bytes` of data in it.
+    fn handed(&mut self, _bytes: usize) {}
+    /// The body ended as it should (the guard is dropped next).
+    fn ended(&mut self) {}
 }
 
 /// `inner`, holding `guard` until the body ends or is dropped.
-pub struct Guarded<G> {
+pub struct Guarded<G: BodyGuard> {
     inner: ProxyBody,
     guard: Option<G>,
 }
@@ -50,6 +53,18 @@ impl<G: BodyGuard> Guarded<G> {
             guard: Some(guard),
         }
         .boxed_unsync()
+    }
+}
+
+/// hyper stops polling a body that says it is at its end (the last data
+/// frame carries END_STREAM), so such a body's end is seen here.
+impl<G: BodyGuard> Drop for Guarded<G> {
+    fn drop(&mut self) {
+        if let Some(mut guard) = self.guard.take() {
+            if self.inner.is_end_stream() {
+                guard.ended();
+            }
+        }
     }
 }
 
@@ -71,12 +86,17 @@ impl<G: BodyGuard> Body for Guarded<G> {
                     guard.body_failed(cause);
                 }
             }
-            Poll::Ready(Some(Ok(_))) => {
+            Poll::Ready(Some(Ok(frame))) => {
+                let bytes = frame.data_ref().map_or(0, Bytes::len);
                 if let Some(guard) = self.guard.as_mut() {
-                    guard.handed();
+                    guard.handed(bytes);
                 }
             }
-            Poll::Ready(None) => self.guard = None,
+            Poll::Ready(None) => {
+                if let Some(mut guard) = self.guard.take() {
+                    guard.ended();
+                }
+            }
             Poll::Pending => {}
         }
         polled
@@ -102,6 +122,8 @@ pub struct Progress {
     complete: AtomicBool,
     /// Nanoseconds since `origin`: the last frame, then the end.
     last_nanos: AtomicU64,
+    /// Data bytes received so far (the access log's bytes in).
+    received: AtomicU64,
 }
 
 impl Progress {
@@ -111,7 +133,17 @@ impl Progress {
             failed: AtomicBool::new(false),
             complete: AtomicBool::new(false),
             last_nanos: AtomicU64::new(0),
+            received: AtomicU64::new(0),
         }
+    }
+
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    fn took(&self, frame: &Frame<Bytes>) {
+        let bytes = frame.data_ref().map_or(0, Bytes::len) as u64;
+        self.received.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub fn failed(&self) -> bool {
@@ -147,6 +179,7 @@ impl ClientBody {
     pub fn wrap(first: Frame<Bytes>, rest: Incoming) -> (ProxyBody, Arc<Progress>) {
         let progress = Arc::new(Progress::new());
         progress.moved();
+        progress.took(&first);
         let body = ClientBody {
             first: Some(first),
             rest,
@@ -177,7 +210,8 @@ impl Body for ClientBody {
         }
         let polled = Pin::new(&mut self.rest).poll_frame(cx);
         match &polled {
-            Poll::Ready(Some(Ok(_))) => {
+            Poll::Ready(Some(Ok(frame))) => {
+                self.progress.took(frame);
                 self.progress.moved();
                 self.note_end();
             }

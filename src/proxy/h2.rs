@@ -6,7 +6,6 @@
 //! Draining an h2 connection, per DESIGN.md: GOAWAY at once.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,16 +22,23 @@ use tokio::time::Instant;
 
 use super::activity::ConnState;
 use super::body::{self, BodyGuard, ClientBody, Guarded, Progress, ProxyBody};
+use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
 use super::headers;
 use super::http::{HttpProxy, Target};
 use super::longlived;
+use super::request_id;
 use super::ProxyError;
+use crate::access_log::Termination;
 use crate::backend::connector::Connector;
-use crate::backend::Lease;
+use crate::backend::{Backend, Lease};
+use crate::config::Forwarded;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics;
 use crate::proxy::stream::ByteStream;
+use crate::proxy_protocol::send::Speaker;
+use crate::proxy_protocol::Origin;
+use std::net::SocketAddr;
 
 /// How often an h2 connection is PINGed, and how long the answer may take,
 /// at most.
@@ -71,18 +77,23 @@ impl HttpProxy {
         self: Arc<Self>,
         stream: S,
         seen: Vec<u8>,
-        peer: SocketAddr,
+        origin: Origin,
         drain: DrainWatch,
     ) {
+        let peer = origin.client;
         let state = Arc::new(ConnState::new());
         // Formatted once per connection: every request forwards it.
-        let client_ip = headers::ip_value(peer.ip());
+        let client = Arc::new(H2Client {
+            peer,
+            ip: headers::ip_value(peer.ip()),
+            speaker: self.sends_proxy.then(|| Speaker::of(&stream, origin)),
+        });
         let service = {
             let (proxy, state, drain) = (Arc::clone(&self), Arc::clone(&state), drain.clone());
             service_fn(move |req| {
                 let (proxy, state, drain) = (Arc::clone(&proxy), Arc::clone(&state), drain.clone());
-                let client_ip = client_ip.clone();
-                async move { Ok::<_, Infallible>(proxy.handle(req, client_ip, state, drain).await) }
+                let client = Arc::clone(&client);
+                async move { Ok::<_, Infallible>(proxy.handle(req, &client, state, drain).await) }
             })
         };
         let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state.opening)));
@@ -130,12 +141,14 @@ impl HttpProxy {
     async fn handle(
         &self,
         req: Request<Incoming>,
-        client_ip: HeaderValue,
+        client: &H2Client,
         state: Arc<ConnState>,
         drain: DrainWatch,
     ) -> Response<ProxyBody> {
         let busy = state.begin();
-        let started = Instant::now();
+        let mut noted = Noted::default();
+        let request_id = self.request_id_of(req.headers());
+        let asked = self.access_log.as_ref().map(|_| Asked::of(&req));
         let host = req
             .uri()
             .host()
@@ -145,37 +158,85 @@ impl HttpProxy {
         let refused = ambiguity(&req);
         let checked = match refused {
             Some(why) => Err(ProxyError::Client { why }),
-            None => self.forward(req, &client_ip, target, &drain).await,
+            None => {
+                let stream = Stream {
+                    client,
+                    request_id: &request_id,
+                    noted: &mut noted,
+                };
+                self.forward(req, stream, target, &drain).await
+            }
         };
-        let response = match checked {
-            Ok(r) => r,
+        let (response, on_end) = match checked {
+            Ok(r) => (r, Termination::Completed),
             Err(err) => {
                 if matches!(err, ProxyError::NoBackend { .. }) {
                     metrics::no_backend(&self.listener, &target.pool.name);
                 }
-                error_response(&target.pool.name, &err)
+                let termination = err.termination(&noted.marks);
+                (
+                    error_response(&target.pool.name, &err, &request_id),
+                    termination,
+                )
             }
         };
-        target.metrics.count(response.status().as_u16());
+        let status = response.status().as_u16();
+        target.metrics.count(status);
         target
             .metrics
             .duration
-            .record(started.elapsed().as_secs_f64());
-        response.map(|b| Guarded::wrap(b, busy))
+            .record(noted.marks.started.elapsed().as_secs_f64());
+        let record = match (&self.access_log, asked) {
+            (Some(log), Some(asked)) => Some(StreamRecord::new(
+                log.clone(),
+                asked,
+                request_id,
+                client.peer,
+                &target.pool.name,
+                noted,
+                (status, on_end),
+            )),
+            _ => None,
+        };
+        response.map(|b| {
+            let b = Guarded::wrap(b, busy);
+            match record {
+                Some(record) => Guarded::wrap(b, record),
+                None => b,
+            }
+        })
+    }
+
+    /// The client's `X-Request-Id` where the listener believes what its
+    /// clients say (`forwarded` other than `replace`), else a new one.
+    fn request_id_of(&self, headers: &::http::HeaderMap) -> String {
+        let sent = headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()));
+        match sent {
+            Some(id) if self.forwarded != Forwarded::Replace => id.to_string(),
+            _ => request_id(),
+        }
     }
 
     async fn forward(
         &self,
         req: Request<Incoming>,
-        client_ip: &HeaderValue,
+        stream: Stream<'_>,
         target: &Target,
         drain: &DrainWatch,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        let client = stream.client;
         let (mut parts, incoming) = req.into_parts();
         headers::host_from_target(&mut parts.headers, &parts.uri);
         headers::strip_hop_by_hop(&mut parts.headers);
-        headers::add_forwarding(&mut parts.headers, client_ip, self.forwarded, self.proto);
+        headers::add_forwarding(&mut parts.headers, &client.ip, self.forwarded, self.proto);
+        if let Ok(id) = HeaderValue::from_str(stream.request_id) {
+            parts.headers.insert("x-request-id", id);
+        }
         let outgoing = self.client_body(incoming).await?;
+        stream.noted.upload = outgoing.progress.clone();
         // An empty body can be sent again, so a failed connect may retry.
         let replayable = outgoing.progress.is_none();
         let mut body = Some(outgoing.body);
@@ -191,18 +252,24 @@ impl HttpProxy {
                     )
                 }
             };
+            stream.noted.marks.leased = Some(Instant::now());
+            stream.noted.backend = Some(Arc::clone(lease.shared()));
             let sent = body.take().unwrap_or_else(body::empty);
             let outbound = outbound_request(&parts, sent, &lease)?;
+            let way = match (&client.speaker, lease.backend().send_proxy) {
+                (Some(speaker), Some(version)) => {
+                    Way::Own(speaker.header(version, stream.request_id))
+                }
+                _ => Way::Pooled(&target.client),
+            };
             match self
-                .send(
-                    &target.client,
-                    outbound,
-                    &lease,
-                    outgoing.progress.as_deref(),
-                )
+                .send(way, outbound, &lease, outgoing.progress.as_deref())
                 .await
             {
-                Ok(response) => return Ok(self.respond(response, lease, drain)),
+                Ok(response) => {
+                    stream.noted.marks.head = Some(Instant::now());
+                    return Ok(self.respond(response, lease, drain));
+                }
                 Err(err @ ProxyError::Connect { .. }) if replayable && failed.is_none() => {
                     tracing::warn!(cause = %err, "retrying on another backend");
                     failed = Some((lease.backend().index, err));
@@ -247,15 +314,26 @@ impl HttpProxy {
     /// only once the whole request was sent.
     async fn send(
         &self,
-        client: &Client<Connector, ProxyBody>,
+        way: Way<'_>,
         outbound: Request<ProxyBody>,
         lease: &Lease,
         progress: Option<&Progress>,
     ) -> Result<Response<Incoming>, ProxyError> {
         let backend = lease.backend();
         let watch = self.watch_exchange(progress, &backend.name);
+        let exchange = async {
+            match way {
+                Way::Pooled(client) => client.request(outbound).await.map_err(|e| SendFault {
+                    connect: e.is_connect(),
+                    cause: root_cause(&e),
+                }),
+                Way::Own(header) => {
+                    own_connection(backend, &header, outbound, self.connect_timeout).await
+                }
+            }
+        };
         let outcome = tokio::select! {
-            result = client.request(outbound) => Ok(result),
+            result = exchange => Ok(result),
             stalled = watch => Err(stalled),
         };
         let err = match outcome {
@@ -269,14 +347,17 @@ impl HttpProxy {
                 tracing::info!(backend = %backend.name, "request body stopped arriving; 408");
                 return Err(err);
             }
-            Ok(Err(e)) if e.is_connect() => ProxyError::Connect {
+            Ok(Err(SendFault {
+                connect: true,
+                cause,
+            })) => ProxyError::Connect {
                 backend: backend.name.clone(),
                 address: backend.address,
-                cause: root_cause(&e),
+                cause,
             },
-            Ok(Err(e)) => ProxyError::Upstream {
+            Ok(Err(SendFault { cause, .. })) => ProxyError::Upstream {
                 backend: backend.name.clone(),
-                cause: root_cause(&e),
+                cause,
             },
             Err(err) => err,
         };
@@ -341,6 +422,71 @@ impl HttpProxy {
     }
 }
 
+/// What one h2 client connection's streams share.
+struct H2Client {
+    /// Who it is (a PROXY header's word, where one was taken).
+    peer: SocketAddr,
+    /// Its address as X-Forwarded-For writes it, formatted once.
+    ip: HeaderValue,
+    /// Whom its backend connections speak for, when a pool sends PROXY
+    /// headers (`None` when none of the listener's pools does).
+    speaker: Option<Speaker>,
+}
+
+/// One stream as `forward` carries it: its connection's client, its id,
+/// and what it notes for the access log.
+struct Stream<'a> {
+    client: &'a H2Client,
+    request_id: &'a str,
+    noted: &'a mut Noted,
+}
+
+/// How a stream reaches its backend.
+enum Way<'a> {
+    /// Over hyper's pooled client: connections any client's stream reuses.
+    Pooled(&'a Client<Connector, ProxyBody>),
+    /// Over a connection of its own that begins with this PROXY header
+    /// (`send_proxy`): it names one client, so no other stream may use it.
+    Own(Vec<u8>),
+}
+
+/// Why a stream's exchange with a backend failed.
+struct SendFault {
+    /// No connection was made (so nothing was sent).
+    connect: bool,
+    cause: String,
+}
+
+/// Sends `outbound` on a new connection of its own, which closes once the
+/// response is read.
+async fn own_connection(
+    backend: &Backend,
+    header: &[u8],
+    mut outbound: Request<ProxyBody>,
+    connect_timeout: Duration,
+) -> Result<Response<Incoming>, SendFault> {
+    let stream = backend
+        .connect(connect_timeout, Some(header))
+        .await
+        .map_err(|fault| SendFault {
+            connect: true,
+            cause: fault.to_string(),
+        })?;
+    let failed = |e: hyper::Error| SendFault {
+        connect: false,
+        cause: root_cause(&e),
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(failed)?;
+    tokio::spawn(conn);
+    // Origin-form on the wire: the authority only said where to connect.
+    if let Some(path) = outbound.uri().path_and_query().cloned() {
+        *outbound.uri_mut() = Uri::from(path);
+    }
+    sender.send_request(outbound).await.map_err(failed)
+}
+
 fn outbound_request(
     parts: &::http::request::Parts,
     body: ProxyBody,
@@ -385,8 +531,8 @@ fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
 /// The client learns the status and a request id, never a backend's name,
 /// address or OS error: those go to the log under the same id (and the
 /// backend's `last_error` in `/status`).
-fn error_response(pool: &str, err: &ProxyError) -> Response<ProxyBody> {
-    let mut response = Response::new(body::text(super::error_page(pool, err)));
+fn error_response(pool: &str, err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
+    let mut response = Response::new(body::text(super::error_page(pool, err, request_id)));
     *response.status_mut() = err.status();
     response.headers_mut().insert(
         CONTENT_TYPE,

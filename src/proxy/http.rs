@@ -3,7 +3,6 @@
 //! hyper's (`h2`). This holds what both share: the listener's settings,
 //! its routes and the pools they lead to.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,11 +16,13 @@ use super::body::ProxyBody;
 use super::h1::io::{read_now, read_some, release_if_empty, write_all};
 use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
 use super::stream::ByteStream;
+use crate::access_log::AccessLog;
 use crate::backend::connector::Connector;
 use crate::backend::Pool;
 use crate::config::{Forwarded, ListenerConfig, RouteConfig};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, RequestMetrics};
+use crate::proxy_protocol::Origin;
 
 /// What a connection's first bytes say it speaks (they are read, and go
 /// to that protocol's reader first).
@@ -100,10 +101,19 @@ pub struct HttpProxy {
     pub(super) forwarded: Forwarded,
     /// What `X-Forwarded-Proto` says: `https` on a TLS listener.
     pub(super) proto: &'static str,
+    /// One of its pools sends PROXY headers (`send_proxy`): h2 connections
+    /// then note whom their streams speak for.
+    pub(super) sends_proxy: bool,
+    /// Where each request is logged, if anywhere (`access_log`).
+    pub(super) access_log: Option<AccessLog>,
 }
 
 impl HttpProxy {
-    pub fn new(config: &ListenerConfig, pools: &[Arc<Pool>]) -> HttpProxy {
+    pub fn new(
+        config: &ListenerConfig,
+        pools: &[Arc<Pool>],
+        access_log: Option<AccessLog>,
+    ) -> HttpProxy {
         let mut server = http2::Builder::new(TokioExecutor::new());
         server
             .timer(TokioTimer::new())
@@ -132,6 +142,8 @@ impl HttpProxy {
                 })
                 .collect(),
             default_target: config.pool,
+            sends_proxy: pools.iter().any(|p| p.send_proxy.is_some()),
+            access_log,
             server,
             connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
@@ -154,17 +166,18 @@ impl HttpProxy {
     pub async fn serve<S: ByteStream>(
         self: Arc<Self>,
         stream: S,
-        peer: SocketAddr,
+        origin: Origin,
         drain: DrainWatch,
     ) {
+        let peer = origin.client;
         let opened = Instant::now();
         let mut stream = stream;
         match opening(&mut stream, opened + self.header_timeout).await {
             // Boxed: an HTTP/1 connection's task does not carry the size
             // of an h2 connection's state (RSS per idle connection).
-            Opening::H2(seen) => Box::pin(self.serve_h2(stream, seen, peer, drain)).await,
+            Opening::H2(seen) => Box::pin(self.serve_h2(stream, seen, origin, drain)).await,
             Opening::Http1(seen) => {
-                super::h1::conn::serve(&self, stream, seen, peer, &drain, opened).await;
+                super::h1::conn::serve(&self, stream, seen, origin, &drain, opened).await;
             }
             Opening::Silent => {
                 tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");

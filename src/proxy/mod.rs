@@ -7,6 +7,7 @@ pub mod activity;
 pub mod body;
 pub mod h1;
 pub mod h2;
+pub mod h2_record;
 pub mod head;
 pub mod headers;
 pub mod http;
@@ -17,6 +18,7 @@ pub mod tcp;
 
 use ::http::StatusCode;
 
+use crate::access_log::{Marks, Phase, Termination};
 use crate::backend::NoLease;
 use crate::metrics::UpstreamErrorKind;
 
@@ -31,8 +33,7 @@ pub fn request_id() -> String {
 /// The body of baton's answer to a failed request: the status and a
 /// request id, never a backend's name, address or OS error: those go to
 /// the log under the same id (and the backend's `last_error` in `/status`).
-pub fn error_page(pool: &str, err: &ProxyError) -> String {
-    let id = request_id();
+pub fn error_page(pool: &str, err: &ProxyError, id: &str) -> String {
     let status = err.status();
     tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
     if matches!(err, ProxyError::NoBackend { .. }) {
@@ -93,6 +94,20 @@ impl ProxyError {
             self,
             ProxyError::Client { .. } | ProxyError::ClientTimeout { .. }
         )
+    }
+
+    /// Who an exchange answered with this error blames, and when (the
+    /// access log's termination state).
+    pub fn termination(&self, marks: &Marks) -> Termination {
+        match self {
+            ProxyError::Client { .. } => Termination::Refused,
+            ProxyError::ClientTimeout { .. } => Termination::ClientTimeout(Phase::Request),
+            ProxyError::NoBackend { .. } => Termination::BackendFailed(Phase::Queue),
+            ProxyError::QueueTimeout { .. } => Termination::QueueTimeout,
+            ProxyError::Connect { .. } => Termination::BackendFailed(Phase::Connect),
+            ProxyError::Timeout { .. } => Termination::BackendTimeout(Phase::Head),
+            ProxyError::Upstream { .. } => Termination::BackendFailed(marks.phase()),
+        }
     }
 
     /// The `kind` label of `baton_upstream_errors_total`, if it counts there.

@@ -33,6 +33,16 @@ pub trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// and the client's: TCP mode then copies with the kernel's readiness
     /// and no buffer held while idle.
     fn plain(&mut self) -> Option<&mut TcpStream>;
+
+    /// The protocol the client's TLS handshake agreed on (ALPN), if any.
+    fn alpn(&self) -> Option<&[u8]> {
+        None
+    }
+
+    /// The name the client's TLS handshake asked for (SNI), if any.
+    fn server_name(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl ByteStream for TcpStream {
@@ -99,5 +109,13 @@ impl ByteStream for Box<TlsStream<TcpStream>> {
 
     fn plain(&mut self) -> Option<&mut TcpStream> {
         None
+    }
+
+    fn alpn(&self) -> Option<&[u8]> {
+        self.get_ref().1.alpn_protocol()
+    }
+
+    fn server_name(&self) -> Option<&str> {
+        self.get_ref().1.server_name()
     }
 }

@@ -11,7 +11,6 @@
 //! client's bytes are copied through its session instead, with a buffer
 //! each way for the connection's life (a TLS session holds its own too).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,26 +20,57 @@ use tokio::net::TcpStream;
 
 use super::idle::{Activity, Observed};
 use super::stream::ByteStream;
+use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::stream::{BackendStream, ConnectFault};
+use crate::backend::Backend;
 use crate::backend::{Lease, Pool};
 use crate::metrics::{self, UpstreamErrorKind};
+use crate::proxy_protocol::{send::Speaker, Origin};
+use std::net::SocketAddr;
+use tokio::time::Instant;
 
 pub struct TcpProxy {
     pub listener: Arc<str>,
     pub pool: Arc<Pool>,
     pub connect_timeout: Duration,
     pub tunnel_timeout: Duration,
+    /// One line per connection, if set (`access_log`).
+    pub access_log: Option<AccessLog>,
 }
 
 impl TcpProxy {
-    pub async fn serve<S: ByteStream>(&self, mut client: S, peer: SocketAddr) {
-        let Some((mut upstream, lease)) = self.connect().await else {
+    pub async fn serve<S: ByteStream>(&self, mut client: S, origin: Origin) {
+        let peer = origin.client;
+        let id = super::request_id();
+        let mut line = self.access_log.as_ref().map(|log| Line {
+            log,
+            id: id.clone(),
+            client: peer,
+            pool: &self.pool.name,
+            backend: None,
+            marks: Marks::new(),
+            bytes: (0, 0),
+            termination: Termination::Drained(Phase::Data),
+        });
+        let header = self
+            .pool
+            .send_proxy
+            .map(|version| Speaker::of(&client, origin).header(version, &id));
+        let Some((mut upstream, lease)) = self.connect(header.as_deref()).await else {
             if self.pool.healthy_count() == 0 {
                 metrics::no_backend(&self.listener, &self.pool.name);
             }
             tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, "no backend reachable; closing");
+            if let Some(line) = line.as_mut() {
+                line.termination = Termination::BackendFailed(Phase::Connect);
+            }
             return;
         };
+        if let Some(line) = line.as_mut() {
+            let now = Instant::now();
+            (line.marks.leased, line.marks.connected) = (Some(now), Some(now));
+            line.backend = Some(Arc::clone(lease.shared()));
+        }
         keep_alive(client.tcp());
         keep_alive(upstream.tcp());
         let activity = Arc::new(Activity::default());
@@ -55,27 +85,39 @@ impl TcpProxy {
             copied = copying => copied,
             () = activity.idle_for(self.tunnel_timeout) => {
                 tracing::info!(listener = %self.listener, client = %peer, backend = %lease.backend().name, "no traffic either way within tunnel_timeout; closing");
+                if let Some(line) = line.as_mut() {
+                    line.termination = Termination::ClientTimeout(Phase::Data);
+                }
                 return;
             }
         };
-        match copied {
+        let ended = match copied {
             Ok((to_backend, to_client)) => {
-                metrics::tcp_bytes(&self.listener, to_backend, to_client)
+                metrics::tcp_bytes(&self.listener, to_backend, to_client);
+                if let Some(line) = line.as_mut() {
+                    line.bytes = (to_backend, to_client);
+                }
+                Termination::Completed
             }
             Err(err) => {
-                tracing::debug!(listener = %self.listener, backend = %lease.backend().name, cause = %err, "tcp stream ended with an error")
+                tracing::debug!(listener = %self.listener, backend = %lease.backend().name, cause = %err, "tcp stream ended with an error");
+                Termination::ClientAborted(Phase::Data)
             }
+        };
+        if let Some(line) = line.as_mut() {
+            line.termination = ended;
         }
     }
 
-    async fn connect(&self) -> Option<(BackendStream, Lease)> {
+    /// A backend connection, `proxy_header` first on it (`send_proxy`).
+    async fn connect(&self, proxy_header: Option<&[u8]>) -> Option<(BackendStream, Lease)> {
         let mut failed = None;
         for _ in 0..2 {
             // No backend up, or none under its cap within queue_timeout:
             // the connection is closed.
             let lease = self.pool.lease(failed).await.ok()?;
             let backend = lease.backend();
-            match backend.connect(self.connect_timeout).await {
+            match backend.connect(self.connect_timeout, proxy_header).await {
                 Ok(stream) => return Some((stream, lease)),
                 Err(fault) => {
                     let kind = match fault {
@@ -91,6 +133,41 @@ impl TcpProxy {
             failed = Some(backend.index);
         }
         None
+    }
+}
+
+/// A TCP connection's access-log line, written when its task ends,
+/// however it ends (the drain deadline's cut included: `KD`).
+struct Line<'a> {
+    log: &'a AccessLog,
+    id: String,
+    client: SocketAddr,
+    pool: &'a str,
+    backend: Option<Arc<Backend>>,
+    marks: Marks,
+    /// To the backend, to the client.
+    bytes: (u64, u64),
+    termination: Termination,
+}
+
+impl Drop for Line<'_> {
+    fn drop(&mut self) {
+        self.log.write(&Entry {
+            request_id: &self.id,
+            client: self.client,
+            pool: self.pool,
+            backend: self.backend.as_deref().map(|b| b.name.as_str()),
+            method: "-",
+            target: "-",
+            protocol: "TCP",
+            status: None,
+            bytes_in: self.bytes.0,
+            bytes_out: self.bytes.1,
+            marks: self.marks,
+            termination: self.termination,
+            referer: None,
+            user_agent: None,
+        });
     }
 }
 

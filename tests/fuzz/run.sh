@@ -22,11 +22,12 @@ export RUSTC_BOOTSTRAP=1
 log="$(mktemp)"
 corpus="$(mktemp -d)"
 trap 'rm -rf "$log" "$corpus"' EXIT
-for target in config messages h1_request h1_response; do
+for target in config messages h1_request h1_response proxy_header; do
   echo "fuzzing $target for ${seconds}s"
   rm -rf "${corpus:?}"/*
   # Seeds: the shipped example config; sample messages of each kind;
-  # real request and response heads (with bodies).
+  # real request and response heads (with bodies); PROXY headers of
+  # each version and kind.
   seeds="seeds/$target"
   [ "$target" = config ] && seeds=../../config
   dirs=("$corpus" "$seeds")

@@ -75,12 +75,8 @@ impl HttpBackend {
         let killed = kill.clone();
         tokio::spawn(async move {
             loop {
-                let stream = tokio::select! {
-                    () = killed.cancelled() => return,
-                    accepted = listener.accept() => match accepted {
-                        Ok((s, _)) => s,
-                        Err(_) => return,
-                    },
+                let Some(stream) = super::accept_until(&listener, &killed).await else {
+                    return;
                 };
                 let (counter, busy) = (Arc::clone(&counter), Arc::clone(&busy));
                 let tally = Arc::clone(&tally);

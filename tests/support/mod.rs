@@ -7,6 +7,7 @@ pub mod backend;
 pub mod client;
 pub mod daemon;
 pub mod load;
+pub mod proxied;
 pub mod raw;
 pub mod sandbox;
 pub mod tls;
@@ -15,6 +16,18 @@ use std::time::Duration;
 
 /// The bound on every wait in the tests: generous, since CI machines are noisy.
 pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The next connection `listener` accepts; `None` once `stop` is
+/// cancelled or accepting fails (a test backend's accept loop).
+pub async fn accept_until(
+    listener: &tokio::net::TcpListener,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Option<tokio::net::TcpStream> {
+    tokio::select! {
+        () = stop.cancelled() => None,
+        accepted = listener.accept() => accepted.ok().map(|(s, _)| s),
+    }
+}
 
 /// Polls `check` every 20 ms until it holds or `TIMEOUT` passes.
 pub async fn eventually<F, Fut>(what: &str, mut check: F)

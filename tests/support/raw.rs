@@ -57,12 +57,8 @@ impl RawBackend {
         let (count, seen, stopped) = (Arc::clone(&accepted), Arc::clone(&heads), stop.clone());
         tokio::spawn(async move {
             loop {
-                let stream = tokio::select! {
-                    () = stopped.cancelled() => return,
-                    accepted = listener.accept() => match accepted {
-                        Ok((s, _)) => s,
-                        Err(_) => return,
-                    },
+                let Some(stream) = super::accept_until(&listener, &stopped).await else {
+                    return;
                 };
                 count.fetch_add(1, Ordering::Relaxed);
                 let (script, seen, stopped) =

@@ -116,9 +116,56 @@ impl Validator {
                     Duration::from_secs(3600),
                 ),
                 tls: self.tls(&format!("{key}.tls"), l.tls.as_ref(), protocol),
+                proxy_protocol: self
+                    .proxy_protocol(&format!("{key}.proxy_protocol"), l.proxy_protocol.as_ref()),
+                access_log: self.access_log(&format!("{key}.access_log"), l.access_log.as_ref()),
             });
         }
         out
+    }
+
+    /// `path` is required: `"stdout"`, or a file (relative to the config's
+    /// folder) in a folder that exists; it is opened when the generation
+    /// starts, so a file baton may not write fails that start, naming it.
+    fn access_log(
+        &mut self,
+        key: &str,
+        raw: Option<&file::AccessLogFile>,
+    ) -> Option<crate::access_log::Settings> {
+        use crate::access_log::{sink::Destination, Format, Settings};
+        let raw = raw?;
+        let format = match raw.format.as_deref() {
+            None | Some("json") => Format::Json,
+            Some("combined") => Format::Combined,
+            Some(other) => {
+                self.problem(
+                    &format!("{key}.format"),
+                    format!("\"{other}\" is not one of json, combined"),
+                );
+                Format::Json
+            }
+        };
+        let destination = match raw.path.as_deref() {
+            None | Some("") => {
+                self.problem(&format!("{key}.path"), "is required: a file, or \"stdout\"");
+                return None;
+            }
+            Some("stdout") => Destination::Stdout,
+            Some(written) => {
+                let path = self.path(Some(written), written);
+                if !path.parent().is_some_and(Path::is_dir) {
+                    self.problem(
+                        &format!("{key}.path"),
+                        format!("the folder of {} does not exist", path.display()),
+                    );
+                }
+                Destination::File(path)
+            }
+        };
+        Some(Settings {
+            destination,
+            format,
+        })
     }
 
     fn routes(

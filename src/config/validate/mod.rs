@@ -14,6 +14,7 @@ use super::*;
 
 mod listeners;
 mod pools;
+mod proxy_protocol;
 mod tls;
 
 /// Builds a validated config, or every problem found.
@@ -347,7 +348,8 @@ name = "app"
 backends = [{ name = "a", address = "127.0.0.1:9001" }]
 "#;
 
-    fn problems(text: &str) -> Vec<String> {
+    /// Every problem `text` has (it must have some).
+    pub(super) fn problems(text: &str) -> Vec<String> {
         match parse(
             text,
             Path::new("/etc/baton/baton.toml"),

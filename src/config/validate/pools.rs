@@ -48,8 +48,10 @@ impl Validator {
                 backends.push(backend);
             }
             let tls = self.upstream_tls(&format!("{key}.tls"), p.tls.as_ref());
+            let send_proxy = self.send_proxy(&format!("{key}.send_proxy"), p.send_proxy.as_deref());
             pools.push(PoolConfig {
                 tls,
+                send_proxy,
                 name,
                 balance,
                 health,

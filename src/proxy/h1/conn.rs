@@ -12,6 +12,10 @@
 
 use std::net::SocketAddr;
 
+use super::record;
+use crate::access_log::{Phase, Termination};
+use crate::proxy_protocol::Origin;
+
 use bytes::{Buf, BytesMut};
 use http::StatusCode;
 use tokio::time::Instant;
@@ -55,16 +59,12 @@ pub async fn serve<S: ByteStream>(
     proxy: &HttpProxy,
     stream: S,
     opening: BytesMut,
-    peer: SocketAddr,
+    origin: Origin,
     drain: &DrainWatch,
     opened: Instant,
 ) {
-    let mut client = Client {
-        stream,
-        buf: opening,
-        ip: peer.ip().to_string(),
-    };
-    let ending = serve_requests(proxy, &mut client, peer, drain, opened).await;
+    let mut client = Client::new(stream, opening, origin);
+    let ending = serve_requests(proxy, &mut client, origin.client, drain, opened).await;
     // A plain close sends FIN; there is nothing a reset could destroy. (A
     // TLS session still gets its close_notify, from the graceful close.)
     if ending == Ending::ClientAsked
@@ -105,6 +105,13 @@ async fn serve_requests<S: ByteStream>(
             Next::Slow => {
                 tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
                 let _ = write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
+                record::refused(
+                    proxy.access_log.as_ref(),
+                    &crate::proxy::request_id(),
+                    peer,
+                    408,
+                    Termination::ClientTimeout(Phase::Request),
+                );
                 return Ending::Other;
             }
             Next::Done => return Ending::Other,
@@ -199,4 +206,11 @@ async fn refuse<S: ByteStream>(
     rewrite::own_answer(status, &page, None, true, &mut out);
     let _ = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
     release_if_empty(&mut client.buf);
+    record::refused(
+        proxy.access_log.as_ref(),
+        &id,
+        peer,
+        status.as_u16(),
+        Termination::Refused,
+    );
 }

@@ -7,25 +7,30 @@
 //! response byte has gone out, and end the connection after.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use tokio::time::Instant;
 
 use super::head::{Framing, RequestHead};
-use super::io::{read_some, release_if_empty, write_all, WriteFault};
+use super::io::{read_some, release_if_empty, write_all, Counting, WriteFault};
+use super::record::{Record, Trace};
 use super::rewrite::{self, Outbound};
 use super::transfer::{
     download, upload, watch_client, Delivered, Down, DownFault, Progress, RequestBody, UpFault,
     UpLimits,
 };
-use crate::backend::stream::BackendStream;
+use super::upstream::{connection, keep, Kept, Upstream};
+use crate::access_log::{Phase, Termination};
 use crate::backend::{Backend, Lease, Pool};
+use crate::config::Forwarded;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
 use crate::proxy::http::HttpProxy;
 use crate::proxy::stream::ByteStream;
 use crate::proxy::{longlived, ProxyError};
+use crate::proxy_protocol::Origin;
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
@@ -34,8 +39,25 @@ const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 pub struct Client<S> {
     pub stream: S,
     pub buf: BytesMut,
+    /// Who it is from and to (a PROXY header's word, where one was taken).
+    pub origin: Origin,
     /// Its address as forwarding headers write it.
     pub ip: String,
+    /// A backend connection that carried its PROXY header, kept for its
+    /// next request (`send_proxy`).
+    pub kept: Option<Kept>,
+}
+
+impl<S> Client<S> {
+    pub fn new(stream: S, buf: BytesMut, origin: Origin) -> Client<S> {
+        Client {
+            stream,
+            buf,
+            origin,
+            ip: origin.client.ip().to_string(),
+            kept: None,
+        }
+    }
 }
 
 /// Whether the client connection carries another request.
@@ -45,20 +67,13 @@ pub enum After {
     Close,
 }
 
-/// A backend connection for one exchange.
-struct Upstream {
-    stream: BackendStream,
-    buf: BytesMut,
-    /// Taken from the idle list: it may have been closed under us.
-    reused: bool,
-}
-
 /// How a request ended that got no answer of its own.
 enum Failure {
     /// baton answers with an error page (no response byte went out yet).
     Answer(ProxyError),
-    /// Nothing more can be said on this connection: it closes.
-    Abort,
+    /// Nothing more can be said on this connection: it closes (who
+    /// ended it, for the access log).
+    Abort(Termination),
 }
 
 /// How one try at a backend went.
@@ -79,12 +94,24 @@ pub async fn exchange<S: ByteStream>(
     head: RequestHead,
     drain: &DrainWatch,
 ) -> After {
-    let started = Instant::now();
     let target = proxy.target_for(head.host(), head.path());
     let mut body = RequestBody::new(head.framing);
-    let outcome = match forward(proxy, client, &head, &mut body, &target.pool, drain).await {
-        Ok((status, after)) => Some((status, after)),
-        Err(Failure::Abort) => None,
+    let id = request_id_for(proxy, &head);
+    let mut record = Record::new(
+        proxy.access_log.as_ref(),
+        &head,
+        &target.pool.name,
+        client.origin.client,
+        id,
+    );
+    let request = InFlight {
+        head: &head,
+        body: &mut body,
+        trace: &mut record.trace,
+    };
+    let outcome = match forward(proxy, client, request, &target.pool, drain).await {
+        Ok((status, after)) => Ok((status, after, Termination::Completed)),
+        Err(Failure::Abort(termination)) => Err(termination),
         Err(Failure::Answer(err)) => {
             if matches!(err, ProxyError::NoBackend { .. }) {
                 metrics::no_backend(&proxy.listener, &target.pool.name);
@@ -92,37 +119,78 @@ pub async fn exchange<S: ByteStream>(
             let closes =
                 err.is_client_fault() || drain.is_draining() || !head.keep_alive || !body.is_done();
             let status = err.status();
-            let page = super::super::error_page(&target.pool.name, &err);
+            let trace = &mut record.trace;
+            let page = super::super::error_page(&target.pool.name, &err, &trace.request_id);
             let mut out = BytesMut::new();
             rewrite::own_answer(status, &page, Some(&head), closes, &mut out);
-            match write_all(&mut client.stream, &out, proxy.idle_timeout).await {
-                Ok(()) if !closes => Some((status.as_u16(), After::KeepAlive)),
-                _ => Some((status.as_u16(), After::Close)),
-            }
+            let written = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
+            trace.status = Some(status.as_u16());
+            let after = match written {
+                Ok(()) => {
+                    trace.bytes_out += out.len() as u64;
+                    if closes {
+                        After::Close
+                    } else {
+                        After::KeepAlive
+                    }
+                }
+                Err(_) => After::Close,
+            };
+            Ok((status.as_u16(), after, err.termination(&trace.marks)))
         }
     };
     release_if_empty(&mut client.buf);
-    let Some((status, after)) = outcome else {
-        return After::Close;
+    let body_bytes = body.received();
+    let (status, after, termination) = match outcome {
+        Ok(answered) => answered,
+        Err(termination) => {
+            record.end(termination, body_bytes);
+            return After::Close;
+        }
     };
+    record.end(termination, body_bytes);
     target.metrics.count(status);
     target
         .metrics
         .duration
-        .record(started.elapsed().as_secs_f64());
+        .record(record.trace.marks.started.elapsed().as_secs_f64());
     after
+}
+
+/// The request an exchange carries, and what it notes on the way.
+struct InFlight<'a> {
+    head: &'a RequestHead,
+    body: &'a mut RequestBody,
+    trace: &'a mut Trace,
+}
+
+/// The client's own `X-Request-Id` where the listener believes what its
+/// clients say of themselves (`forwarded` other than `replace`), else a
+/// new one. Only a short printable one is kept (it also goes into a
+/// PROXY v2 header, at most 128 bytes).
+fn request_id_for(proxy: &HttpProxy, head: &RequestHead) -> String {
+    if proxy.forwarded != Forwarded::Replace {
+        let sent = head
+            .values("x-request-id")
+            .next()
+            .filter(|v| !v.is_empty() && v.len() <= 128 && v.iter().all(|b| b.is_ascii_graphic()));
+        if let Some(id) = sent {
+            return String::from_utf8_lossy(id).into_owned();
+        }
+    }
+    super::super::request_id()
 }
 
 async fn forward<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
-    head: &RequestHead,
-    body: &mut RequestBody,
+    mut request: InFlight<'_>,
     pool: &Pool,
     drain: &DrainWatch,
 ) -> Result<(u16, After), Failure> {
-    if !body.is_done() {
-        first_body_bytes(proxy, client, head, body).await?;
+    let head = request.head;
+    if !request.body.is_done() {
+        first_body_bytes(proxy, client, head, request.body).await?;
     }
     // Sent again only with nothing to resend: no body, a safe method.
     let replayable = head.framing == Framing::Empty && head.method.is_idempotent();
@@ -137,8 +205,22 @@ async fn forward<S: ByteStream>(
                 ))
             }
         };
-        let upstream = match connection(proxy, lease.backend(), fresh_only).await {
-            Ok(upstream) => upstream,
+        let trace = &mut *request.trace;
+        trace.marks.leased = Some(Instant::now());
+        trace.backend = Some(Arc::clone(lease.shared()));
+        let upstream = match connection(
+            client,
+            lease.backend(),
+            fresh_only,
+            proxy.connect_timeout,
+            &trace.request_id,
+        )
+        .await
+        {
+            Ok(upstream) => {
+                trace.marks.connected = Some(Instant::now());
+                upstream
+            }
             // Nothing was sent: another backend may take it.
             Err(err) if failed.is_none() => {
                 blame(lease.backend(), &err);
@@ -152,7 +234,7 @@ async fn forward<S: ByteStream>(
             }
         };
         let reused = upstream.reused;
-        match attempt(proxy, client, head, body, &lease, upstream, drain).await {
+        match attempt(proxy, client, &mut request, &lease, upstream, drain).await {
             Attempt::Answered { status, after } => return Ok((status, after)),
             Attempt::Stale if reused && replayable && !fresh_only => {
                 tracing::debug!(backend = %lease.backend().name, "a kept connection was closed under the request; sending it again on a new one");
@@ -182,7 +264,7 @@ async fn first_body_bytes<S: ByteStream>(
     if head.expect_continue && client.buf.is_empty() {
         write_all(&mut client.stream, CONTINUE, proxy.idle_timeout)
             .await
-            .map_err(|_| Failure::Abort)?;
+            .map_err(|_| Failure::Abort(Termination::ClientAborted(Phase::Request)))?;
     }
     loop {
         body.take(&mut client.buf).map_err(|_| malformed_body())?;
@@ -196,7 +278,9 @@ async fn first_body_bytes<S: ByteStream>(
         .await
         {
             Err(_) => return Err(Failure::Answer(client_timeout(proxy.idle_timeout))),
-            Ok(Ok(0) | Err(_)) => return Err(Failure::Abort),
+            Ok(Ok(0) | Err(_)) => {
+                return Err(Failure::Abort(Termination::ClientAborted(Phase::Request)))
+            }
             Ok(Ok(_)) => {}
         }
     }
@@ -212,36 +296,6 @@ fn client_timeout(limit: Duration) -> ProxyError {
     ProxyError::ClientTimeout {
         seconds: limit.as_secs_f64(),
     }
-}
-
-/// An idle connection the backend kept, else a new one.
-async fn connection(
-    proxy: &HttpProxy,
-    backend: &Backend,
-    fresh_only: bool,
-) -> Result<Upstream, ProxyError> {
-    if !fresh_only {
-        if let Some(stream) = backend.idle.take() {
-            return Ok(Upstream {
-                stream,
-                buf: BytesMut::new(),
-                reused: true,
-            });
-        }
-    }
-    let stream = backend
-        .connect(proxy.connect_timeout)
-        .await
-        .map_err(|fault| ProxyError::Connect {
-            backend: backend.name.clone(),
-            address: backend.address,
-            cause: fault.to_string(),
-        })?;
-    Ok(Upstream {
-        stream,
-        buf: BytesMut::new(),
-        reused: false,
-    })
 }
 
 /// Counts a failure against the backend it happened at.
@@ -265,12 +319,12 @@ enum Pumped {
 async fn attempt<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
-    head: &RequestHead,
-    body: &mut RequestBody,
+    request: &mut InFlight<'_>,
     lease: &Lease,
     mut up: Upstream,
     drain: &DrainWatch,
 ) -> Attempt {
+    let (head, body) = (request.head, &mut *request.body);
     let backend = lease.backend();
     let mut out = BytesMut::with_capacity(head.bytes.len() + 256 + body.framed.len());
     let to = Outbound {
@@ -278,6 +332,7 @@ async fn attempt<S: ByteStream>(
         forwarded: proxy.forwarded,
         proto: proxy.proto,
         backend_authority: backend.authority.as_str(),
+        request_id: &request.trace.request_id,
     };
     rewrite::request(head, &to, &mut out);
     out.put_slice(&body.framed);
@@ -300,6 +355,7 @@ async fn attempt<S: ByteStream>(
         progress: &progress,
     };
     let pumped = pump(proxy, client, &mut up, body, &down).await;
+    request.trace.note(&progress);
     let written = progress.client_written.load(Ordering::Relaxed);
     match pumped {
         Pumped::Delivered(Delivered::Done {
@@ -310,7 +366,7 @@ async fn attempt<S: ByteStream>(
             let upload_done = progress.upload_done.load(Ordering::Relaxed);
             if backend_reusable && upload_done {
                 release_if_empty(&mut up.buf);
-                backend.idle.put(up.stream);
+                keep(client, backend, up.stream);
             }
             let after = if client_reusable && upload_done {
                 After::KeepAlive
@@ -323,7 +379,7 @@ async fn attempt<S: ByteStream>(
         Pumped::Delivered(Delivered::Upgraded { .. })
             if !progress.upload_done.load(Ordering::Relaxed) =>
         {
-            Attempt::Failed(Failure::Abort)
+            Attempt::Failed(Failure::Abort(Termination::BackendFailed(Phase::Data)))
         }
         Pumped::Delivered(Delivered::Upgraded { websocket }) => {
             tunnel(proxy, client, up, websocket, drain).await;
@@ -346,7 +402,9 @@ async fn attempt<S: ByteStream>(
             blame(backend, &err);
             Attempt::Failed(Failure::Answer(err))
         }
-        Pumped::ClientGone => Attempt::Failed(Failure::Abort),
+        Pumped::ClientGone => {
+            Attempt::Failed(Failure::Abort(Termination::ClientAborted(Phase::Head)))
+        }
     }
 }
 
@@ -360,7 +418,8 @@ async fn pump<S: ByteStream>(
     body: &mut RequestBody,
     down: &Down<'_>,
 ) -> Pumped {
-    let (mut client_r, mut client_w) = client.stream.halves();
+    let (mut client_r, client_w) = client.stream.halves();
+    let mut client_w = Counting::new(client_w, &down.progress.bytes_out);
     let (mut backend_r, mut backend_w) = up.stream.halves();
     let downloading = download(&mut backend_r, &mut up.buf, &mut client_w, down);
     tokio::pin!(downloading);
@@ -396,7 +455,7 @@ async fn pump<S: ByteStream>(
             got = &mut downloading => return delivered(got),
             () = &mut gone => return Pumped::ClientGone,
             () = tokio::time::sleep_until(sent_at + proxy.response_timeout), if clock => {
-                if !down.progress.head_seen.load(Ordering::Relaxed) {
+                if down.progress.head_at.get().is_none() {
                     return Pumped::ResponseTimeout;
                 }
                 clock = false;
@@ -417,9 +476,11 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
         DownFault::Client(WriteFault::Stalled) => {
             tracing::info!(listener = %proxy.listener, "client took no response bytes within idle_timeout; closing");
             metrics::client_abort(&proxy.listener, metrics::AbortReason::StalledReader);
-            return Failure::Abort;
+            return Failure::Abort(Termination::ClientTimeout(Phase::Data));
         }
-        DownFault::Client(WriteFault::Failed(_)) => return Failure::Abort,
+        DownFault::Client(WriteFault::Failed(_)) => {
+            return Failure::Abort(Termination::ClientAborted(Phase::Data))
+        }
         DownFault::BrokeOff(cause) => {
             backend.upstream_failed(
                 UpstreamErrorKind::Protocol,
@@ -427,7 +488,7 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
                 false,
             );
             tracing::warn!(backend = %backend.name, %cause, "backend response broke off; aborting the client connection");
-            return Failure::Abort;
+            return Failure::Abort(Termination::BackendFailed(Phase::Data));
         }
         DownFault::Backend { cause, .. } => cause,
         DownFault::BadHead(bad) => bad.to_string(),
@@ -438,7 +499,7 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
     };
     blame(backend, &err);
     if written {
-        Failure::Abort
+        Failure::Abort(Termination::BackendFailed(Phase::Data))
     } else {
         Failure::Answer(err)
     }
@@ -453,10 +514,13 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
             tracing::info!(backend = %backend.name, "request body stopped arriving; 408");
             client_timeout(proxy.idle_timeout)
         }
-        UpFault::ClientGone | UpFault::BackendGone(_) => return Failure::Abort,
+        UpFault::ClientGone => return Failure::Abort(Termination::ClientAborted(Phase::Request)),
+        UpFault::BackendGone(_) => {
+            return Failure::Abort(Termination::BackendFailed(Phase::Request))
+        }
     };
     if written {
-        Failure::Abort
+        Failure::Abort(Termination::ClientAborted(Phase::Data))
     } else {
         Failure::Answer(err)
     }

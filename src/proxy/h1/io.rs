@@ -147,3 +147,45 @@ pub async fn write_all<W: AsyncWrite + Unpin>(
     }
     Ok(())
 }
+
+/// A writer that adds what it writes to `count` (the access log's bytes
+/// out), whatever writes through it.
+pub struct Counting<'a, W> {
+    inner: W,
+    count: &'a std::sync::atomic::AtomicU64,
+}
+
+impl<'a, W> Counting<'a, W> {
+    pub fn new(inner: W, count: &'a std::sync::atomic::AtomicU64) -> Self {
+        Counting { inner, count }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Counting<'_, W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        if let Poll::Ready(Ok(n)) = &polled {
+            self.count
+                .fetch_add(*n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -11,5 +11,7 @@ pub mod conn;
 pub mod exchange;
 pub mod head;
 pub mod io;
+pub mod record;
 pub mod rewrite;
 pub mod transfer;
+pub mod upstream;

@@ -27,6 +27,9 @@ pub struct Outbound<'a> {
     pub proto: &'static str,
     /// The backend's `host:port`, for a request that named no host (1.0).
     pub backend_authority: &'a str,
+    /// The exchange's id, sent as `X-Request-Id` (the client's own where
+    /// the listener kept it).
+    pub request_id: &'a str,
 }
 
 /// The request a backend gets: origin-form target, HTTP/1.1, the client's
@@ -42,7 +45,8 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
     for f in &head.fields {
         let (name, value) = (head.field_name(f), head.field_value(f));
         let keep = match f.role {
-            Role::EndToEnd => true,
+            // Written below, once, with the exchange's id.
+            Role::EndToEnd => !name.eq_ignore_ascii_case(b"x-request-id"),
             // An empty Host (allowed in 1.0) is no Host for the backend.
             Role::Host if value.is_empty() => false,
             Role::Host => {
@@ -73,6 +77,7 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
         None => {}
     }
     put_forwarding(to, &forwarded_for, out);
+    put_field(b"x-request-id", to.request_id.as_bytes(), out);
     out.put_slice(via(head.version));
     match head.framing {
         Framing::Length(n) => put_length(n, out),

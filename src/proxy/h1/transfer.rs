@@ -5,11 +5,13 @@
 //! reaches the other as bytes to be read another way.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
 
 use super::chunked::{self, ChunkError, Decoder, Piece};
 use super::head::{self, BadResponse, Framing, Parsed, RequestHead, ResponseHead, Version};
@@ -23,10 +25,15 @@ use crate::metrics::{self, LongLivedKind};
 pub struct Progress {
     /// The whole request body went to the backend.
     pub upload_done: AtomicBool,
-    /// A final response head came from the backend (the response clock stops).
-    pub head_seen: AtomicBool,
+    /// When a final response head came from the backend (the response
+    /// clock stops then).
+    pub head_at: OnceLock<Instant>,
+    /// That head's status (0 before it).
+    pub status: AtomicU16,
     /// Response bytes went to the client: an error can no longer be answered.
     pub client_written: AtomicBool,
+    /// How many, for the access log.
+    pub bytes_out: AtomicU64,
 }
 
 /// A request body on its way up: how much is left, and what is framed for
@@ -36,6 +43,8 @@ pub struct RequestBody {
     decoder: Option<Decoder>,
     done: bool,
     pub framed: BytesMut,
+    /// Body bytes taken from the client so far, as it framed them.
+    received: u64,
 }
 
 impl RequestBody {
@@ -48,7 +57,12 @@ impl RequestBody {
             decoder: (framing == Framing::Chunked).then(Decoder::new),
             done: matches!(framing, Framing::Empty | Framing::UntilClose),
             framed: BytesMut::new(),
+            received: 0,
         }
+    }
+
+    pub fn received(&self) -> u64 {
+        self.received
     }
 
     pub fn is_done(&self) -> bool {
@@ -60,6 +74,7 @@ impl RequestBody {
     fn count_length_part(&mut self, available: usize) -> usize {
         let n = available.min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
         self.remaining -= n as u64;
+        self.received += n as u64;
         self.done = self.remaining == 0;
         n
     }
@@ -75,7 +90,9 @@ impl RequestBody {
                 input.advance(n);
             }
             Some(decoder) => {
+                let before = input.len();
                 self.done = decode_into(decoder, input, &mut self.framed, true, &mut |_| {})?;
+                self.received += (before - input.len()) as u64;
             }
         }
         Ok(())
@@ -263,7 +280,8 @@ where
         }
         break head;
     };
-    down.progress.head_seen.store(true, Ordering::Relaxed);
+    let _ = down.progress.head_at.set(Instant::now());
+    down.progress.status.store(head.status, Ordering::Relaxed);
     if head.status == 101 {
         return switch(head, client, down).await;
     }

@@ -1,0 +1,337 @@
+//! A listener's access log (`access_log`): one line per HTTP request, one
+//! per TCP connection, as JSON or in Apache's combined format. A line is
+//! built where the exchange ends and handed to its destination's writer
+//! ([`sink`]); the proxy never waits on the disk.
+//!
+//! Who ended an exchange and why is a two-letter termination state after
+//! HAProxy's: the first letter says who (`-` nobody: it completed; `C` the
+//! client, `c` its timeout; `S` the backend, `s` its timeout; `P` baton
+//! refused it; `R` a limit: the queue; `K` the drain deadline cut it), the
+//! second when (`R` reading the request, `Q` queued for a backend, `C`
+//! connecting, `H` waiting for the response head, `D` sending the response,
+//! `-` after it).
+
+pub mod sink;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use sink::{Destination, Sink};
+
+/// A line's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    /// Apache's combined format, which most log tools read.
+    Combined,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Combined => "combined",
+        }
+    }
+}
+
+/// A listener's `access_log`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub destination: Destination,
+    pub format: Format,
+}
+
+/// Who ended an exchange and when (see the module's doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Termination {
+    Completed,
+    ClientAborted(Phase),
+    ClientTimeout(Phase),
+    BackendFailed(Phase),
+    BackendTimeout(Phase),
+    Refused,
+    QueueTimeout,
+    Drained(Phase),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Request,
+    Queue,
+    Connect,
+    Head,
+    Data,
+}
+
+impl Termination {
+    pub fn code(self) -> String {
+        let (who, phase) = match self {
+            Termination::Completed => return "--".into(),
+            Termination::Refused => ('P', Phase::Request),
+            Termination::QueueTimeout => ('R', Phase::Queue),
+            Termination::ClientAborted(p) => ('C', p),
+            Termination::ClientTimeout(p) => ('c', p),
+            Termination::BackendFailed(p) => ('S', p),
+            Termination::BackendTimeout(p) => ('s', p),
+            Termination::Drained(p) => ('K', p),
+        };
+        let when = match phase {
+            Phase::Request => 'R',
+            Phase::Queue => 'Q',
+            Phase::Connect => 'C',
+            Phase::Head => 'H',
+            Phase::Data => 'D',
+        };
+        format!("{who}{when}")
+    }
+}
+
+/// When an exchange reached each step (`None`: it never did).
+#[derive(Debug, Clone, Copy)]
+pub struct Marks {
+    pub started: Instant,
+    /// A backend was picked (the queue is behind it).
+    pub leased: Option<Instant>,
+    /// A backend connection was in hand.
+    pub connected: Option<Instant>,
+    /// The backend's response head came.
+    pub head: Option<Instant>,
+}
+
+impl Marks {
+    pub fn new() -> Marks {
+        Marks {
+            started: Instant::now(),
+            leased: None,
+            connected: None,
+            head: None,
+        }
+    }
+
+    /// The step the exchange was in at the end: where a failure happened.
+    pub fn phase(&self) -> Phase {
+        match (self.leased, self.connected, self.head) {
+            (None, _, _) => Phase::Queue,
+            (Some(_), None, _) => Phase::Connect,
+            (Some(_), Some(_), None) => Phase::Head,
+            (_, _, Some(_)) => Phase::Data,
+        }
+    }
+}
+
+impl Default for Marks {
+    fn default() -> Self {
+        Marks::new()
+    }
+}
+
+/// One line's facts, borrowed from the exchange that ends.
+pub struct Entry<'a> {
+    pub request_id: &'a str,
+    pub client: SocketAddr,
+    pub pool: &'a str,
+    pub backend: Option<&'a str>,
+    pub method: &'a str,
+    pub target: &'a str,
+    /// `HTTP/1.1`, `HTTP/2.0`, or `TCP`.
+    pub protocol: &'a str,
+    pub status: Option<u16>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub marks: Marks,
+    pub termination: Termination,
+    pub referer: Option<&'a str>,
+    pub user_agent: Option<&'a str>,
+}
+
+/// A listener's handle on its log.
+#[derive(Clone)]
+pub struct AccessLog {
+    sink: Arc<Sink>,
+    format: Format,
+    listener: Arc<str>,
+    generation: u64,
+    dropped: metrics::Counter,
+}
+
+impl AccessLog {
+    pub fn new(sink: Arc<Sink>, format: Format, listener: &str, generation: u64) -> AccessLog {
+        AccessLog {
+            sink,
+            format,
+            listener: Arc::from(listener),
+            generation,
+            dropped: crate::metrics::access_log_dropped(listener),
+        }
+    }
+
+    /// Queues `entry`'s line; one the writer cannot take now is dropped
+    /// and counted.
+    pub fn write(&self, entry: &Entry<'_>) {
+        let now = SystemTime::now();
+        let line = match self.format {
+            Format::Json => self.json(entry, now),
+            Format::Combined => combined(entry, now),
+        };
+        if !self.sink.send(line) {
+            self.dropped.increment(1);
+        }
+    }
+
+    fn json(&self, e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
+        let ended = Instant::now();
+        let since = |from: Option<Instant>, to: Option<Instant>| match (from, to) {
+            (Some(a), Some(b)) => Some(millis(b.saturating_duration_since(a))),
+            _ => None,
+        };
+        let line = JsonLine {
+            time: humantime::format_rfc3339_millis(now).to_string(),
+            generation: self.generation,
+            request_id: e.request_id,
+            client: e.client,
+            listener: &self.listener,
+            pool: e.pool,
+            backend: e.backend,
+            method: e.method,
+            target: e.target,
+            protocol: e.protocol,
+            status: e.status,
+            bytes_in: e.bytes_in,
+            bytes_out: e.bytes_out,
+            queue_ms: since(Some(e.marks.started), e.marks.leased),
+            connect_ms: since(e.marks.leased, e.marks.connected),
+            response_ms: since(e.marks.connected, e.marks.head),
+            total_ms: millis(ended.saturating_duration_since(e.marks.started)),
+            termination: e.termination.code(),
+        };
+        let mut out = serde_json::to_vec(&line).unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+}
+
+#[derive(Serialize)]
+struct JsonLine<'a> {
+    time: String,
+    generation: u64,
+    request_id: &'a str,
+    client: SocketAddr,
+    listener: &'a str,
+    pool: &'a str,
+    backend: Option<&'a str>,
+    method: &'a str,
+    target: &'a str,
+    protocol: &'a str,
+    status: Option<u16>,
+    bytes_in: u64,
+    bytes_out: u64,
+    queue_ms: Option<f64>,
+    connect_ms: Option<f64>,
+    response_ms: Option<f64>,
+    total_ms: f64,
+    termination: String,
+}
+
+/// Milliseconds to the microsecond.
+fn millis(d: Duration) -> f64 {
+    (d.as_micros() as f64) / 1000.0
+}
+
+/// `client - - [time] "request" status bytes "referer" "user-agent"`.
+fn combined(e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
+    let status = e.status.map_or("-".to_string(), |s| s.to_string());
+    let line = format!(
+        "{} - - [{}] \"{} {} {}\" {status} {} \"{}\" \"{}\"\n",
+        e.client.ip(),
+        clf_time(now),
+        escape(e.method),
+        escape(e.target),
+        escape(e.protocol),
+        e.bytes_out,
+        escape(e.referer.unwrap_or("-")),
+        escape(e.user_agent.unwrap_or("-")),
+    );
+    line.into_bytes()
+}
+
+/// Quotes, backslashes and control bytes as `\xHH` (nginx's escaping): a
+/// client cannot forge a field or a line.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => out.push_str(&format!("\\x{:02X}", c as u32)),
+            c if c.is_control() => out.push_str(&format!("\\x{:02X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `10/Oct/2000:13:55:36 +0000`: the common log format's time, in UTC.
+fn clf_time(now: SystemTime) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (year, month, day) = civil_date(secs / 86_400);
+    let rest = secs % 86_400;
+    format!(
+        "{day:02}/{}/{year}:{:02}:{:02}:{:02} +0000",
+        MONTHS[(month - 1) as usize],
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// The (year, month 1-12, day) of a day count since 1970-01-01 (Howard
+/// Hinnant's days-to-civil).
+fn civil_date(days: u64) -> (i64, u64, u64) {
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097) as u64;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe as i64 + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_the_calendar_s() {
+        assert_eq!(civil_date(0), (1970, 1, 1));
+        assert_eq!(civil_date(11_016), (2000, 2, 29));
+        assert_eq!(civil_date(20_788), (2026, 12, 1));
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(971_186_136);
+        assert_eq!(clf_time(t), "10/Oct/2000:13:55:36 +0000");
+    }
+
+    #[test]
+    fn a_client_cannot_forge_a_field() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\x22b\\x5Cc\\x0Ad");
+    }
+
+    #[test]
+    fn termination_codes_say_who_and_when() {
+        assert_eq!(Termination::Completed.code(), "--");
+        assert_eq!(Termination::ClientAborted(Phase::Data).code(), "CD");
+        assert_eq!(Termination::BackendTimeout(Phase::Head).code(), "sH");
+        assert_eq!(Termination::Refused.code(), "PR");
+        assert_eq!(Termination::Drained(Phase::Head).code(), "KH");
+        assert_eq!(Termination::QueueTimeout.code(), "RQ");
+    }
+}

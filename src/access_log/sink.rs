@@ -1,0 +1,261 @@
+//! Where access-log lines go: a file opened `O_APPEND` (or standard output),
+//! written by a thread of its own so a slow disk never holds a connection
+//! up. Each line is one `write(2)`: generations writing the same file at
+//! once (an old one draining beside the new one) never tear or interleave
+//! lines. The queue in front of the thread is bounded; a line that finds it
+//! full is dropped and counted, never waited for. SIGUSR1 makes every
+//! writer reopen its path (after logrotate renamed the file); at teardown
+//! the queue is written out before the generation exits.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Lines queued per destination before new ones are dropped.
+const QUEUE: usize = 16 * 1024;
+/// How often an idle writer looks for a reopen request.
+const REOPEN_CHECK: Duration = Duration::from_millis(100);
+/// How long teardown waits for a writer to finish its queue (a disk that
+/// hangs must not keep a stopped generation alive forever).
+const FLUSH_LIMIT: Duration = Duration::from_secs(5);
+
+/// The access log's destination as configured.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Destination {
+    Stdout,
+    File(PathBuf),
+}
+
+impl std::fmt::Display for Destination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Destination::Stdout => f.write_str("stdout"),
+            Destination::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+enum Message {
+    Line(Vec<u8>),
+    /// Everything before this is written; the writer exits.
+    Close,
+}
+
+/// One destination's queue and writer thread.
+pub struct Sink {
+    queue: SyncSender<Message>,
+    reopen: Arc<AtomicBool>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    destination: Destination,
+}
+
+impl Sink {
+    /// Queues `line` (a whole line, newline included); false when the
+    /// queue is full or the writer is gone, and the line is dropped.
+    pub fn send(&self, line: Vec<u8>) -> bool {
+        match self.queue.try_send(Message::Line(line)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        }
+    }
+}
+
+/// Every destination a generation writes to, one writer per path however
+/// many listeners share it.
+#[derive(Default)]
+pub struct Sinks {
+    open: Mutex<HashMap<Destination, Arc<Sink>>>,
+}
+
+impl Sinks {
+    /// The sink for `destination`, opening it (the file is created, mode
+    /// 0640) the first time it is asked for.
+    pub fn open(&self, destination: &Destination) -> std::io::Result<Arc<Sink>> {
+        let mut open = self
+            .open
+            .lock()
+            .map_err(|_| std::io::Error::other("access log registry poisoned"))?;
+        if let Some(sink) = open.get(destination) {
+            return Ok(Arc::clone(sink));
+        }
+        let file = open_destination(destination)?;
+        let (queue, lines) = mpsc::sync_channel(QUEUE);
+        let reopen = Arc::new(AtomicBool::new(false));
+        let writer = Writer {
+            destination: destination.clone(),
+            file,
+            reopen: Arc::clone(&reopen),
+        };
+        let handle = std::thread::Builder::new()
+            .name("baton-access-log".into())
+            .spawn(move || writer.run(&lines))?;
+        let sink = Arc::new(Sink {
+            queue,
+            reopen,
+            writer: Mutex::new(Some(handle)),
+            destination: destination.clone(),
+        });
+        open.insert(destination.clone(), Arc::clone(&sink));
+        Ok(sink)
+    }
+
+    /// SIGUSR1: every writer reopens its path before its next line.
+    pub fn reopen(&self) {
+        if let Ok(open) = self.open.lock() {
+            for sink in open.values() {
+                sink.reopen.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Writes out every queued line and stops the writers (teardown, once
+    /// no connection is left to log).
+    pub fn close(&self) {
+        let sinks: Vec<Arc<Sink>> = match self.open.lock() {
+            Ok(mut open) => open.drain().map(|(_, s)| s).collect(),
+            Err(_) => return,
+        };
+        for sink in sinks {
+            let _ = sink.queue.send(Message::Close);
+            let handle = sink.writer.lock().ok().and_then(|mut w| w.take());
+            if let Some(handle) = handle {
+                join_within(handle, FLUSH_LIMIT, &sink.destination);
+            }
+        }
+    }
+}
+
+/// Waits for a writer thread, at most `limit`.
+fn join_within(handle: JoinHandle<()>, limit: Duration, destination: &Destination) {
+    let deadline = std::time::Instant::now() + limit;
+    while !handle.is_finished() {
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(%destination, "access log not written out within {limit:?}; lines may be lost");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = handle.join();
+}
+
+fn open_destination(destination: &Destination) -> std::io::Result<File> {
+    match destination {
+        Destination::Stdout => {
+            let fd = std::os::fd::AsFd::as_fd(&std::io::stdout()).try_clone_to_owned()?;
+            Ok(File::from(fd))
+        }
+        Destination::File(path) => open_file(path),
+    }
+}
+
+fn open_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .open(path)
+}
+
+struct Writer {
+    destination: Destination,
+    file: File,
+    reopen: Arc<AtomicBool>,
+}
+
+impl Writer {
+    fn run(mut self, lines: &mpsc::Receiver<Message>) {
+        loop {
+            if self.reopen.swap(false, Ordering::Relaxed) {
+                self.reopen_file();
+            }
+            match lines.recv_timeout(REOPEN_CHECK) {
+                Ok(Message::Line(line)) => self.write(&line),
+                Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+
+    /// One `write(2)` per line: with `O_APPEND` the kernel puts it whole at
+    /// the end of the file, whoever else appends.
+    fn write(&mut self, line: &[u8]) {
+        if let Err(err) = self.file.write_all(line) {
+            tracing::warn!(destination = %self.destination, cause = %err, "access log line not written");
+        }
+    }
+
+    fn reopen_file(&mut self) {
+        let Destination::File(path) = &self.destination else {
+            return;
+        };
+        match open_file(path) {
+            Ok(file) => {
+                self.file = file;
+                tracing::info!(path = %path.display(), "access log reopened");
+            }
+            Err(err) => {
+                tracing::warn!(path = %path.display(), cause = %err, "access log not reopened; writing to the old file")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_reach_the_file_whole_and_survive_a_rename_and_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("access.log");
+        let sinks = Sinks::default();
+        let sink = sinks.open(&Destination::File(path.clone())).expect("open");
+        assert!(sink.send(b"one\n".to_vec()));
+        // The same path is one writer, however many listeners ask.
+        let again = sinks.open(&Destination::File(path.clone())).expect("open");
+        assert!(Arc::ptr_eq(&sink, &again));
+        let rotated = dir.path().join("access.log.1");
+        // Written before the rename: wait for it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&path).unwrap_or_default() != "one\n" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "first line never written"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::rename(&path, &rotated).expect("rename");
+        sinks.reopen();
+        std::thread::sleep(REOPEN_CHECK * 3);
+        assert!(sink.send(b"two\n".to_vec()));
+        sinks.close();
+        assert_eq!(std::fs::read_to_string(&rotated).expect("rotated"), "one\n");
+        assert_eq!(std::fs::read_to_string(&path).expect("reopened"), "two\n");
+    }
+
+    #[test]
+    fn a_writer_that_cannot_keep_up_drops_lines_and_never_blocks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        // A reader that never reads: the pipe fills, the writer blocks.
+        let _reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(&fifo)
+            .expect("reader");
+        let sinks = Sinks::default();
+        let sink = sinks.open(&Destination::File(fifo)).expect("open");
+        let line = vec![b'x'; 511];
+        let refused = (0..QUEUE * 4).find(|_| !sink.send([line.clone(), b"\n".to_vec()].concat()));
+        assert!(refused.is_some(), "a full queue refuses lines");
+    }
+}

@@ -1,0 +1,151 @@
+//! What one HTTP/1 exchange leaves in the access log: gathered as the
+//! exchange goes ([`Trace`]), written once when it ends, however it ends.
+//! The line is written by [`Record`]'s drop, so a task the drain deadline
+//! cuts off mid-exchange still leaves its line (termination `K`).
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::access_log::{AccessLog, Entry, Marks, Termination};
+use crate::backend::Backend;
+
+use super::head::{RequestHead, Version};
+use super::transfer::Progress;
+
+/// One exchange's facts as they come in.
+pub struct Trace {
+    /// Sent to the backend as `X-Request-Id`, named on error pages and in
+    /// the log line.
+    pub request_id: String,
+    pub marks: Marks,
+    pub backend: Option<Arc<Backend>>,
+    /// The status that went to the client, once one did.
+    pub status: Option<u16>,
+    pub bytes_out: u64,
+}
+
+impl Trace {
+    /// What an attempt at a backend saw: when the response head came, the
+    /// status and the bytes that went to the client.
+    pub fn note(&mut self, progress: &Progress) {
+        if let Some(at) = progress.head_at.get() {
+            self.marks.head = Some(*at);
+        }
+        let status = progress.status.load(Ordering::Relaxed);
+        if status != 0 {
+            self.status = Some(status);
+        }
+        self.bytes_out += progress.bytes_out.load(Ordering::Relaxed);
+    }
+}
+
+/// An exchange's log line, written when it is dropped.
+pub struct Record<'a> {
+    log: Option<&'a AccessLog>,
+    head: &'a RequestHead,
+    pool: &'a str,
+    client: SocketAddr,
+    pub trace: Trace,
+    bytes_in: u64,
+    termination: Option<Termination>,
+}
+
+impl<'a> Record<'a> {
+    pub fn new(
+        log: Option<&'a AccessLog>,
+        head: &'a RequestHead,
+        pool: &'a str,
+        client: SocketAddr,
+        request_id: String,
+    ) -> Record<'a> {
+        Record {
+            log,
+            head,
+            pool,
+            client,
+            trace: Trace {
+                request_id,
+                marks: Marks::new(),
+                backend: None,
+                status: None,
+                bytes_out: 0,
+            },
+            bytes_in: head.bytes.len() as u64,
+            termination: None,
+        }
+    }
+
+    /// How the exchange ended; `body_bytes` of the request were read.
+    pub fn end(&mut self, termination: Termination, body_bytes: u64) {
+        self.termination = Some(termination);
+        self.bytes_in += body_bytes;
+    }
+}
+
+impl Drop for Record<'_> {
+    fn drop(&mut self) {
+        let Some(log) = self.log else {
+            return;
+        };
+        let head = self.head;
+        let t = &self.trace;
+        log.write(&Entry {
+            request_id: &t.request_id,
+            client: self.client,
+            pool: self.pool,
+            backend: t.backend.as_deref().map(|b| b.name.as_str()),
+            method: head.method.as_str(),
+            target: text(head.target()),
+            protocol: match head.version {
+                Version::Http10 => "HTTP/1.0",
+                Version::Http11 => "HTTP/1.1",
+            },
+            status: t.status,
+            bytes_in: self.bytes_in,
+            bytes_out: t.bytes_out,
+            marks: t.marks,
+            termination: self
+                .termination
+                .unwrap_or(Termination::Drained(t.marks.phase())),
+            referer: head.values("referer").next().map(text),
+            user_agent: head.values("user-agent").next().map(text),
+        });
+    }
+}
+
+/// Request bytes as log text (a parsed head's are ASCII).
+fn text(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or("-")
+}
+
+/// The line of a request baton refused before it had a head it would
+/// serve (`400`/`431`: `PR`; no whole head within `header_timeout`, `408`:
+/// `cR`): no pool, no backend, and nothing of the request worth logging.
+pub fn refused(
+    log: Option<&AccessLog>,
+    request_id: &str,
+    client: SocketAddr,
+    status: u16,
+    termination: Termination,
+) {
+    let Some(log) = log else {
+        return;
+    };
+    log.write(&Entry {
+        request_id,
+        client,
+        pool: "-",
+        backend: None,
+        method: "-",
+        target: "-",
+        protocol: "HTTP/1.1",
+        status: Some(status),
+        bytes_in: 0,
+        bytes_out: 0,
+        marks: Marks::new(),
+        termination,
+        referer: None,
+        user_agent: None,
+    });
+}

@@ -1,0 +1,97 @@
+//! The backend connection an exchange goes out on, and where it goes back
+//! after a clean end. Most go to the backend's idle list, for any client's
+//! next request. One that began with a client's PROXY header (`send_proxy`)
+//! names that client, so it is kept by that client's connection alone, for
+//! its next request to the same backend, and closes with it.
+
+use bytes::BytesMut;
+use tokio::time::Instant;
+
+use crate::backend::idle::{still_open, IDLE_LIMIT};
+use crate::backend::stream::BackendStream;
+use crate::backend::Backend;
+use crate::proxy::stream::ByteStream;
+use crate::proxy::ProxyError;
+use crate::proxy_protocol::send::Speaker;
+
+use super::exchange::Client;
+
+/// A backend connection for one exchange.
+pub struct Upstream {
+    pub stream: BackendStream,
+    pub buf: BytesMut,
+    /// Kept from an earlier exchange: it may have been closed under us.
+    pub reused: bool,
+}
+
+/// A backend connection that speaks for one client (it carried its PROXY
+/// header), kept between that client's requests.
+pub struct Kept {
+    backend: usize,
+    stream: BackendStream,
+    since: Instant,
+}
+
+/// A kept connection to `backend` (the client's own, under `send_proxy`;
+/// else one from the backend's idle list), or a new one. `request_id`
+/// names the exchange in a new connection's PROXY header.
+pub async fn connection<S: ByteStream>(
+    client: &mut Client<S>,
+    backend: &Backend,
+    fresh_only: bool,
+    connect_timeout: std::time::Duration,
+    request_id: &str,
+) -> Result<Upstream, ProxyError> {
+    let kept = match (fresh_only, backend.send_proxy) {
+        (true, _) => None,
+        (false, None) => backend.idle.take(),
+        (false, Some(_)) => client
+            .kept
+            .take()
+            .filter(|k| k.backend == backend.index && usable(k))
+            .map(|k| k.stream),
+    };
+    if let Some(stream) = kept {
+        return Ok(Upstream {
+            stream,
+            buf: BytesMut::new(),
+            reused: true,
+        });
+    }
+    let header = backend
+        .send_proxy
+        .map(|version| Speaker::of(&client.stream, client.origin).header(version, request_id));
+    let stream = backend
+        .connect(connect_timeout, header.as_deref())
+        .await
+        .map_err(|fault| ProxyError::Connect {
+            backend: backend.name.clone(),
+            address: backend.address,
+            cause: fault.to_string(),
+        })?;
+    Ok(Upstream {
+        stream,
+        buf: BytesMut::new(),
+        reused: false,
+    })
+}
+
+/// Keeps a connection that ended cleanly with keep-alive on both sides:
+/// the client's own under `send_proxy`, else the backend's idle list.
+pub fn keep<S>(client: &mut Client<S>, backend: &Backend, stream: BackendStream) {
+    match backend.send_proxy {
+        None => backend.idle.put(stream),
+        Some(_) => {
+            client.kept = Some(Kept {
+                backend: backend.index,
+                stream,
+                since: Instant::now(),
+            })
+        }
+    }
+}
+
+/// Within the idle limit the backend lists use, and not closed meanwhile.
+fn usable(kept: &Kept) -> bool {
+    kept.since.elapsed() < IDLE_LIMIT && still_open(kept.stream.tcp())
+}

@@ -1,0 +1,136 @@
+//! What one h2 stream leaves in the access log. Its response body carries
+//! the record (a body guard), so the line is written when the body ends,
+//! breaks off, or is dropped unfinished (the client reset the stream or
+//! went away), with the bytes that went out by then.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ::http::header::{HeaderMap, REFERER, USER_AGENT};
+use ::http::Request;
+
+use super::body::{BodyGuard, Progress};
+use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
+use crate::backend::Backend;
+
+/// Where a stream got to, filled in as it goes.
+#[derive(Default)]
+pub struct Noted {
+    pub marks: Marks,
+    pub backend: Option<Arc<Backend>>,
+    /// The client's request body, once one started.
+    pub upload: Option<Arc<Progress>>,
+}
+
+/// A stream's log line, written when its response body is done with.
+pub struct StreamRecord {
+    log: AccessLog,
+    request_id: String,
+    client: SocketAddr,
+    pool: String,
+    method: String,
+    target: String,
+    referer: Option<String>,
+    user_agent: Option<String>,
+    noted: Noted,
+    status: u16,
+    bytes_out: u64,
+    /// What the line says once the body ended as it should.
+    on_end: Termination,
+    termination: Termination,
+}
+
+/// What a request says of itself, taken before it is sent on.
+pub struct Asked {
+    method: String,
+    target: String,
+    referer: Option<String>,
+    user_agent: Option<String>,
+}
+
+impl Asked {
+    pub fn of<B>(req: &Request<B>) -> Asked {
+        let header = |headers: &HeaderMap, name| {
+            headers
+                .get(name)
+                .and_then(|v: &::http::HeaderValue| v.to_str().ok())
+                .map(String::from)
+        };
+        Asked {
+            method: req.method().to_string(),
+            target: req
+                .uri()
+                .path_and_query()
+                .map_or_else(|| req.uri().to_string(), ToString::to_string),
+            referer: header(req.headers(), REFERER),
+            user_agent: header(req.headers(), USER_AGENT),
+        }
+    }
+}
+
+impl StreamRecord {
+    pub fn new(
+        log: AccessLog,
+        asked: Asked,
+        request_id: String,
+        client: SocketAddr,
+        pool: &str,
+        noted: Noted,
+        answered: (u16, Termination),
+    ) -> StreamRecord {
+        let (status, on_end) = answered;
+        StreamRecord {
+            log,
+            request_id,
+            client,
+            pool: pool.to_string(),
+            method: asked.method,
+            target: asked.target,
+            referer: asked.referer,
+            user_agent: asked.user_agent,
+            noted,
+            status,
+            bytes_out: 0,
+            on_end,
+            // Until the body ends or breaks: dropped unfinished, the
+            // client left (a reset stream, a closed connection).
+            termination: Termination::ClientAborted(Phase::Data),
+        }
+    }
+}
+
+impl BodyGuard for StreamRecord {
+    fn body_failed(&mut self, _cause: &hyper::Error) {
+        self.termination = Termination::BackendFailed(Phase::Data);
+    }
+
+    fn handed(&mut self, bytes: usize) {
+        self.bytes_out += bytes as u64;
+    }
+
+    fn ended(&mut self) {
+        self.termination = self.on_end;
+    }
+}
+
+impl Drop for StreamRecord {
+    fn drop(&mut self) {
+        let noted = &self.noted;
+        self.log.write(&Entry {
+            request_id: &self.request_id,
+            client: self.client,
+            pool: &self.pool,
+            backend: noted.backend.as_deref().map(|b| b.name.as_str()),
+            method: &self.method,
+            target: &self.target,
+            protocol: "HTTP/2.0",
+            status: Some(self.status),
+            bytes_in: noted.upload.as_deref().map_or(0, Progress::received),
+            bytes_out: self.bytes_out,
+            marks: noted.marks,
+            termination: self.termination,
+            referer: self.referer.as_deref(),
+            user_agent: self.user_agent.as_deref(),
+        });
+    }
+}

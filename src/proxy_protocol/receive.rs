@@ -1,0 +1,332 @@
+//! A listener's side: the header is read off the socket before anything
+//! else (before a TLS handshake too), and never a byte past it, so what
+//! follows reaches TLS or HTTP untouched. The socket is peeked to find the
+//! header's end; only bytes known to be header are consumed.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ppp::v1;
+use ppp::v2;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use super::{Accept, Origin, ReceiveSettings};
+
+/// The v2 header's first 12 bytes.
+const V2_SIGNATURE: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
+/// A v2 header's fixed part: signature, version and command, family, length.
+const V2_FIXED: usize = 16;
+/// The largest v2 header baton takes, TLVs included (senders' TLVs run to
+/// a few hundred bytes; the format allows 64 KiB).
+const V2_MAX: usize = 4096;
+const V1_PREFIX: &[u8] = b"PROXY ";
+/// The spec's limit on a v1 line, CRLF included.
+const V1_MAX: usize = 107;
+/// How long to wait before looking again at a few bytes that might yet
+/// become a header: they cannot be consumed (they may be the client's own).
+const RECHECK: Duration = Duration::from_millis(10);
+
+/// Why a connection was closed before it was served: the `reason` label
+/// of `baton_proxy_protocol_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("a PROXY header from a peer not in `trusted`")]
+    Untrusted,
+    #[error("a malformed PROXY header")]
+    Malformed,
+    #[error("no PROXY header, and the listener requires one")]
+    Missing,
+    #[error("no whole PROXY header within the timeout")]
+    Timeout,
+    #[error("a PROXY header of a version the listener does not accept")]
+    Version,
+    #[error("the peer closed before a whole PROXY header")]
+    Closed,
+}
+
+impl Refusal {
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Untrusted => "untrusted",
+            Refusal::Malformed => "malformed",
+            Refusal::Missing => "missing",
+            Refusal::Timeout => "timeout",
+            Refusal::Version => "version",
+            Refusal::Closed => "closed",
+        }
+    }
+}
+
+/// What the first bytes of a connection are.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Framed {
+    /// They could still become a header: more are needed.
+    Incomplete,
+    /// Not a PROXY header: the client's own bytes.
+    Absent,
+    /// A whole header, this many bytes long.
+    Header(usize),
+    /// A header that can never be whole (too long).
+    Malformed,
+}
+
+/// Finds where a header starting at `bytes` ends, without judging it.
+pub fn frame(bytes: &[u8]) -> Framed {
+    if begins_as(bytes, V2_SIGNATURE) {
+        if bytes.len() < V2_FIXED {
+            return Framed::Incomplete;
+        }
+        let total = V2_FIXED + usize::from(u16::from_be_bytes([bytes[14], bytes[15]]));
+        return match total {
+            t if t > V2_MAX => Framed::Malformed,
+            t if bytes.len() < t => Framed::Incomplete,
+            t => Framed::Header(t),
+        };
+    }
+    if begins_as(bytes, V1_PREFIX) {
+        let window = &bytes[..bytes.len().min(V1_MAX)];
+        return match window.windows(2).position(|w| w == b"\r\n") {
+            Some(end) => Framed::Header(end + 2),
+            None if bytes.len() >= V1_MAX => Framed::Malformed,
+            None => Framed::Incomplete,
+        };
+    }
+    Framed::Absent
+}
+
+/// `bytes` and `signature` agree as far as both go.
+fn begins_as(bytes: &[u8], signature: &[u8]) -> bool {
+    let n = bytes.len().min(signature.len());
+    bytes[..n] == signature[..n]
+}
+
+/// Enough bytes are in to know they are a header's, so consuming them
+/// takes nothing from the client.
+fn surely_header(bytes: &[u8]) -> bool {
+    (bytes.len() >= V2_SIGNATURE.len() && bytes.starts_with(V2_SIGNATURE))
+        || bytes.starts_with(V1_PREFIX)
+}
+
+/// The addresses a whole header tells, `None` for "the socket's own"
+/// (v2 `LOCAL`, the balancer's own health check; v1 `UNKNOWN`; a family
+/// other than IPv4/IPv6).
+pub fn decode(header: &[u8], accept: Accept) -> Result<Option<(SocketAddr, SocketAddr)>, Refusal> {
+    if header.starts_with(V2_SIGNATURE) {
+        if accept == Accept::V1 {
+            return Err(Refusal::Version);
+        }
+        let parsed = v2::Header::try_from(header).map_err(|_| Refusal::Malformed)?;
+        if parsed.header.len() != header.len() {
+            return Err(Refusal::Malformed);
+        }
+        if parsed.command == v2::Command::Local {
+            return Ok(None);
+        }
+        return match (parsed.protocol, parsed.addresses) {
+            (v2::Protocol::Stream, v2::Addresses::IPv4(a)) => Ok(Some((
+                (a.source_address, a.source_port).into(),
+                (a.destination_address, a.destination_port).into(),
+            ))),
+            (v2::Protocol::Stream, v2::Addresses::IPv6(a)) => Ok(Some((
+                (a.source_address, a.source_port).into(),
+                (a.destination_address, a.destination_port).into(),
+            ))),
+            (v2::Protocol::Datagram, _) => Err(Refusal::Malformed),
+            _ => Ok(None),
+        };
+    }
+    if accept == Accept::V2 {
+        return Err(Refusal::Version);
+    }
+    let text = std::str::from_utf8(header).map_err(|_| Refusal::Malformed)?;
+    let parsed = v1::Header::try_from(text).map_err(|_| Refusal::Malformed)?;
+    match parsed.addresses {
+        v1::Addresses::Tcp4(a) => Ok(Some((
+            (a.source_address, a.source_port).into(),
+            (a.destination_address, a.destination_port).into(),
+        ))),
+        v1::Addresses::Tcp6(a) => Ok(Some((
+            (a.source_address, a.source_port).into(),
+            (a.destination_address, a.destination_port).into(),
+        ))),
+        v1::Addresses::Unknown => Ok(None),
+    }
+}
+
+/// Reads the header, if any, off `stream` within `settings.timeout`, and
+/// says who the connection is from.
+pub async fn receive(
+    stream: &mut TcpStream,
+    socket: Origin,
+    settings: &ReceiveSettings,
+) -> Result<Origin, Refusal> {
+    let trusted = settings.trusts(socket.client.ip());
+    if !trusted && settings.required {
+        // Nothing it could send would be believed.
+        return Err(Refusal::Untrusted);
+    }
+    let mut consumed = Vec::new();
+    let read = tokio::time::timeout(settings.timeout, read_header(stream, &mut consumed)).await;
+    let header = match read {
+        Ok(header) => header?,
+        // A client that sends nothing first (a server-speaks-first
+        // protocol) is served once the wait is over, where allowed.
+        Err(_) if consumed.is_empty() && !settings.required => None,
+        Err(_) => return Err(Refusal::Timeout),
+    };
+    match header {
+        None if settings.required => Err(Refusal::Missing),
+        None => Ok(socket),
+        Some(_) if !trusted => Err(Refusal::Untrusted),
+        Some(header) => Ok(match decode(&header, settings.accept)? {
+            Some((client, local)) => Origin {
+                client,
+                local: Some(local),
+            },
+            None => socket,
+        }),
+    }
+}
+
+/// The whole header (`None` when the first bytes are not one). Bytes are
+/// consumed into `consumed` only once they are surely header.
+async fn read_header(
+    stream: &mut TcpStream,
+    consumed: &mut Vec<u8>,
+) -> Result<Option<Vec<u8>>, Refusal> {
+    let mut peeked = vec![0u8; V2_MAX];
+    loop {
+        let n = stream
+            .peek(&mut peeked)
+            .await
+            .map_err(|_| Refusal::Closed)?;
+        if n == 0 {
+            return Err(Refusal::Closed);
+        }
+        let mut seen = consumed.clone();
+        seen.extend_from_slice(&peeked[..n]);
+        match frame(&seen) {
+            Framed::Absent if consumed.is_empty() => return Ok(None),
+            Framed::Absent | Framed::Malformed => return Err(Refusal::Malformed),
+            Framed::Header(total) => {
+                take(stream, consumed, total - consumed.len()).await?;
+                return Ok(Some(std::mem::take(consumed)));
+            }
+            Framed::Incomplete if surely_header(&seen) => take(stream, consumed, n).await?,
+            Framed::Incomplete => tokio::time::sleep(RECHECK).await,
+        }
+    }
+}
+
+/// Moves `count` bytes already peeked from the socket into `consumed`.
+async fn take(stream: &mut TcpStream, consumed: &mut Vec<u8>, count: usize) -> Result<(), Refusal> {
+    let start = consumed.len();
+    consumed.resize(start + count, 0);
+    stream
+        .read_exact(&mut consumed[start..])
+        .await
+        .map_err(|_| Refusal::Closed)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v2(command: u8, family: u8, body: &[u8]) -> Vec<u8> {
+        let mut h = V2_SIGNATURE.to_vec();
+        h.push(0x20 | command);
+        h.push(family);
+        h.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        h.extend_from_slice(body);
+        h
+    }
+
+    const V4_BODY: &[u8] = &[192, 0, 2, 7, 10, 0, 0, 1, 0x30, 0x39, 0x1f, 0x90];
+
+    #[test]
+    fn headers_are_framed_by_their_own_length() {
+        let line = b"PROXY TCP4 192.0.2.7 10.0.0.1 12345 8080\r\nGET / HTTP/1.1\r\n";
+        assert_eq!(frame(line), Framed::Header(42));
+        assert_eq!(frame(&line[..20]), Framed::Incomplete);
+        assert_eq!(frame(b"PRO"), Framed::Incomplete);
+        assert_eq!(frame(b"GET / HTTP/1.1\r\n"), Framed::Absent);
+        assert_eq!(frame(b"\x16\x03\x01"), Framed::Absent);
+        assert_eq!(frame(&[b'P'; 200]), Framed::Absent);
+        let long = [b"PROXY ".as_slice(), &[b'1'; 120]].concat();
+        assert_eq!(frame(&long), Framed::Malformed);
+        let mut binary = v2(1, 0x11, V4_BODY);
+        assert_eq!(frame(&binary), Framed::Header(28));
+        assert_eq!(frame(&binary[..15]), Framed::Incomplete);
+        assert_eq!(frame(&binary[..20]), Framed::Incomplete);
+        binary[14..16].copy_from_slice(&5000u16.to_be_bytes());
+        assert_eq!(frame(&binary), Framed::Malformed);
+    }
+
+    #[test]
+    fn headers_tell_the_client_and_the_address_it_reached() {
+        let told = decode(b"PROXY TCP4 192.0.2.7 10.0.0.1 12345 8080\r\n", Accept::Any);
+        let expect = Some((
+            "192.0.2.7:12345".parse().expect("addr"),
+            "10.0.0.1:8080".parse().expect("addr"),
+        ));
+        assert_eq!(told, Ok(expect));
+        assert_eq!(decode(&v2(1, 0x11, V4_BODY), Accept::Any), Ok(expect));
+        assert_eq!(decode(&v2(1, 0x11, V4_BODY), Accept::V2), Ok(expect));
+        let six = decode(b"PROXY TCP6 2001:db8::7 ::1 1 2\r\n", Accept::V1);
+        assert_eq!(
+            six,
+            Ok(Some((
+                "[2001:db8::7]:1".parse().expect("addr"),
+                "[::1]:2".parse().expect("addr")
+            )))
+        );
+    }
+
+    #[test]
+    fn local_and_unknown_keep_the_socket_addresses() {
+        assert_eq!(decode(&v2(0, 0x00, &[]), Accept::Any), Ok(None));
+        assert_eq!(decode(&v2(0, 0x11, V4_BODY), Accept::Any), Ok(None));
+        assert_eq!(decode(b"PROXY UNKNOWN\r\n", Accept::Any), Ok(None));
+    }
+
+    #[test]
+    fn wrong_versions_and_broken_headers_are_refused() {
+        assert_eq!(
+            decode(&v2(1, 0x11, V4_BODY), Accept::V1),
+            Err(Refusal::Version)
+        );
+        assert_eq!(
+            decode(b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\n", Accept::V2),
+            Err(Refusal::Version)
+        );
+        for bad in [
+            b"PROXY TCP4 1.2.3.4 5.6.7.8 1\r\n".as_slice(),
+            b"PROXY TCP4 1.2.3.999 5.6.7.8 1 2\r\n",
+            b"PROXY TCP4 ::1 ::1 1 2\r\n",
+            b"PROXY UDP4 1.2.3.4 5.6.7.8 1 2\r\n",
+            b"PROXY TCP4 1.2.3.4 5.6.7.8 1 99999\r\n",
+        ] {
+            assert_eq!(
+                decode(bad, Accept::Any),
+                Err(Refusal::Malformed),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // Too short for its family, a datagram, an unknown command.
+        assert_eq!(
+            decode(&v2(1, 0x11, &V4_BODY[..8]), Accept::Any),
+            Err(Refusal::Malformed)
+        );
+        assert_eq!(
+            decode(&v2(1, 0x12, V4_BODY), Accept::Any),
+            Err(Refusal::Malformed)
+        );
+        assert_eq!(
+            decode(&v2(7, 0x11, V4_BODY), Accept::Any),
+            Err(Refusal::Malformed)
+        );
+    }
+}

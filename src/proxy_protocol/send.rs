@@ -1,0 +1,217 @@
+//! A pool's side (`send_proxy`): the header baton writes first on a new
+//! backend connection. A connection that carried one speaks for one client
+//! only, so callers never pool it for another (nghttp2 #604: a shared
+//! connection with one client's header misattributes every other client).
+//! Health checks send `LOCAL` (v2) or `UNKNOWN` (v1): no client to name.
+
+use std::net::{IpAddr, SocketAddr};
+
+use ppp::v2;
+
+use super::{Origin, Version};
+use crate::proxy::stream::ByteStream;
+
+/// Whom a backend connection speaks for: what its PROXY header says,
+/// taken from the client's connection once.
+#[derive(Debug, Clone)]
+pub struct Speaker {
+    client: SocketAddr,
+    local: SocketAddr,
+    alpn: Option<Box<[u8]>>,
+    authority: Option<Box<str>>,
+}
+
+impl Speaker {
+    /// The client of `stream`, as `origin` has it. The address it reached
+    /// is the socket's own unless a PROXY header said otherwise.
+    pub fn of<S: ByteStream>(stream: &S, origin: Origin) -> Speaker {
+        let local = origin
+            .local
+            .or_else(|| stream.tcp().local_addr().ok())
+            .unwrap_or(origin.client);
+        Speaker {
+            client: origin.client,
+            local,
+            alpn: stream.alpn().map(Box::from),
+            authority: stream.server_name().map(Box::from),
+        }
+    }
+
+    /// The header for one backend connection; `unique_id` is the request
+    /// id baton logs for the exchange (or connection) that opened it.
+    pub fn header(&self, version: Version, unique_id: &str) -> Vec<u8> {
+        header(
+            version,
+            self.client,
+            self.local,
+            Extras {
+                alpn: self.alpn.as_deref(),
+                authority: self.authority.as_deref(),
+                unique_id: Some(unique_id),
+            },
+        )
+    }
+}
+
+/// What a v2 header carries beyond the addresses (v1 has no room for it).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Extras<'a> {
+    /// The protocol the client's TLS handshake agreed on.
+    pub alpn: Option<&'a [u8]>,
+    /// The name the client asked for in its TLS handshake (SNI).
+    pub authority: Option<&'a str>,
+    /// The request id baton logs for this exchange (at most 128 bytes).
+    pub unique_id: Option<&'a str>,
+}
+
+/// The header for a connection from `client` that reached `local`.
+pub fn header(version: Version, client: SocketAddr, local: SocketAddr, extras: Extras) -> Vec<u8> {
+    let (client, local) = same_family(client, local);
+    match version {
+        Version::V1 => {
+            let family = if client.is_ipv4() { "TCP4" } else { "TCP6" };
+            format!(
+                "PROXY {family} {} {} {} {}\r\n",
+                client.ip(),
+                local.ip(),
+                client.port(),
+                local.port()
+            )
+            .into_bytes()
+        }
+        Version::V2 => {
+            let mut tlvs: Vec<(v2::Type, &[u8])> = Vec::new();
+            if let Some(alpn) = extras.alpn {
+                tlvs.push((v2::Type::ALPN, alpn));
+            }
+            if let Some(name) = extras.authority {
+                tlvs.push((v2::Type::Authority, name.as_bytes()));
+            }
+            if let Some(id) = extras.unique_id.filter(|id| id.len() <= 128) {
+                tlvs.push((v2::Type::UniqueId, id.as_bytes()));
+            }
+            binary(
+                v2::Builder::with_addresses(
+                    v2::Version::Two | v2::Command::Proxy,
+                    v2::Protocol::Stream,
+                    (client, local),
+                ),
+                &tlvs,
+            )
+        }
+    }
+}
+
+/// The header of a connection on baton's own behalf (a health check).
+pub fn local(version: Version) -> Vec<u8> {
+    match version {
+        Version::V1 => b"PROXY UNKNOWN\r\n".to_vec(),
+        Version::V2 => binary(
+            v2::Builder::new(
+                v2::Version::Two | v2::Command::Local,
+                v2::AddressFamily::Unspecified | v2::Protocol::Unspecified,
+            ),
+            &[],
+        ),
+    }
+}
+
+/// Writes the TLVs and the length. Each TLV is far below the format's
+/// 64 KiB (a name, an ALPN id, 128 bytes of id), so none can fail; one
+/// that somehow did is left out rather than the connection.
+fn binary(mut builder: v2::Builder, tlvs: &[(v2::Type, &[u8])]) -> Vec<u8> {
+    for (kind, value) in tlvs {
+        builder = match builder.write_tlv(*kind, value) {
+            Ok(b) => b,
+            Err(_) => return Vec::new(),
+        };
+    }
+    builder.build().unwrap_or_default()
+}
+
+/// Both ends in one family, as the header needs: an IPv4 end beside an
+/// IPv6 one is written as IPv4-mapped IPv6.
+fn same_family(a: SocketAddr, b: SocketAddr) -> (SocketAddr, SocketAddr) {
+    let six = |s: SocketAddr| match s.ip() {
+        IpAddr::V4(v4) => SocketAddr::new(IpAddr::V6(v4.to_ipv6_mapped()), s.port()),
+        IpAddr::V6(_) => s,
+    };
+    if a.is_ipv4() == b.is_ipv4() {
+        (a, b)
+    } else {
+        (six(a), six(b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::receive::{decode, frame, Framed};
+    use super::super::Accept;
+    use super::*;
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().expect("addr")
+    }
+
+    #[test]
+    fn what_is_sent_reads_back_the_same() {
+        let (client, local) = (addr("192.0.2.7:40000"), addr("10.0.0.1:443"));
+        let extras = Extras {
+            alpn: Some(b"h2"),
+            authority: Some("app.example.com"),
+            unique_id: Some("1f-2a"),
+        };
+        for version in [Version::V1, Version::V2] {
+            let bytes = header(version, client, local, extras);
+            assert_eq!(frame(&bytes), Framed::Header(bytes.len()));
+            assert_eq!(decode(&bytes, Accept::Any), Ok(Some((client, local))));
+        }
+        let v1 = header(Version::V1, client, local, extras);
+        assert_eq!(v1, b"PROXY TCP4 192.0.2.7 10.0.0.1 40000 443\r\n");
+    }
+
+    #[test]
+    fn v2_carries_alpn_authority_and_the_request_id() {
+        let bytes = header(
+            Version::V2,
+            addr("192.0.2.7:1"),
+            addr("10.0.0.1:2"),
+            Extras {
+                alpn: Some(b"http/1.1"),
+                authority: Some("a.example"),
+                unique_id: Some("abc-1"),
+            },
+        );
+        let parsed = v2::Header::try_from(bytes.as_slice()).expect("parses");
+        let tlvs: Vec<(u8, Vec<u8>)> = parsed
+            .tlvs()
+            .map(|t| t.expect("tlv"))
+            .map(|t| (t.kind, t.value.to_vec()))
+            .collect();
+        assert_eq!(
+            tlvs,
+            vec![
+                (0x01, b"http/1.1".to_vec()),
+                (0x02, b"a.example".to_vec()),
+                (0x05, b"abc-1".to_vec())
+            ]
+        );
+    }
+
+    #[test]
+    fn mixed_families_are_written_as_ipv6() {
+        let bytes = header(
+            Version::V1,
+            addr("192.0.2.7:1"),
+            addr("[2001:db8::1]:2"),
+            Extras::default(),
+        );
+        assert_eq!(bytes, b"PROXY TCP6 ::ffff:192.0.2.7 2001:db8::1 1 2\r\n");
+    }
+
+    #[test]
+    fn health_checks_say_local() {
+        assert_eq!(decode(&local(Version::V2), Accept::Any), Ok(None));
+        assert_eq!(decode(&local(Version::V1), Accept::Any), Ok(None));
+    }
+}

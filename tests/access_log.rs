@@ -1,0 +1,291 @@
+//! The access log against the real binary: one well-formed line per
+//! request across 20 reloads under load and a logrotate-style rename with
+//! SIGUSR1 in the middle; the request id the backend got is the one logged
+//! (and a trusted client's own is kept); termination states say who ended
+//! an exchange; TCP listeners log a line per connection; combined format.
+
+mod support;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use support::backend::{HttpBackend, TcpEcho};
+use support::client;
+use support::daemon::{processes_for, signal, wait_exit, Baton, Spec};
+use support::load::{Load, Targets};
+
+/// Every line of the files, each parsed as JSON (a line that is not is a
+/// failure naming it).
+fn json_lines(files: &[PathBuf]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for line in text.lines() {
+            let value: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{}: not JSON ({e}): {line:?}", file.display()));
+            out.push(value);
+        }
+    }
+    out
+}
+
+fn log_key(path: &Path, format: &str) -> String {
+    format!(
+        "access_log = {{ path = \"{}\", format = \"{format}\" }}",
+        path.display()
+    )
+}
+
+async fn stop_and_wait(baton: &Baton) {
+    for pid in processes_for(&baton.config) {
+        signal(pid, Signal::SIGTERM);
+        assert_eq!(wait_exit(pid).await, Some(0), "a clean stop");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_line_per_request_across_reloads_and_a_rotation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", &log_key(&log, "json"))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let load = Load::start(Targets {
+        http: Some(baton.addr("web")),
+        tcp: None,
+        names: vec!["a"],
+    });
+    load.progress(50).await;
+    let rotated = dir.path().join("access.log.1");
+    for i in 0..20 {
+        baton.reload_ok().await;
+        load.progress(20).await;
+        if i == 9 {
+            // logrotate: rename, then SIGUSR1 to every generation.
+            std::fs::rename(&log, &rotated).expect("rename");
+            for pid in processes_for(&baton.config) {
+                signal(pid, Signal::SIGUSR1);
+            }
+            load.progress(20).await;
+        }
+    }
+    let report = load.stop().await;
+    report.assert_clean();
+    baton.settled().await;
+    stop_and_wait(&baton).await;
+
+    let lines = json_lines(&[rotated.clone(), log.clone()]);
+    assert!(
+        std::fs::metadata(&rotated).expect("rotated").len() > 0
+            && std::fs::metadata(&log).expect("reopened").len() > 0,
+        "lines before and after the rotation"
+    );
+    // Every request that reached baton left exactly one line (each was
+    // served by the one backend); those the load counted as answered
+    // completed, and a loop stopped mid-request left at most one other.
+    assert_eq!(lines.len() as u64, backend.hits(), "one line per request");
+    let completed = lines.iter().filter(|l| l["termination"] == "--").count() as u64;
+    assert!(completed >= report.ok, "{completed} < {}", report.ok);
+    assert!(
+        lines.len() as u64 - completed <= 5,
+        "only stopped loops left others"
+    );
+    let ids: HashSet<&str> = lines
+        .iter()
+        .map(|l| l["request_id"].as_str().expect("request_id"))
+        .collect();
+    assert_eq!(ids.len(), lines.len(), "request ids are unique");
+    let generations: HashSet<u64> = lines
+        .iter()
+        .map(|l| l["generation"].as_u64().expect("generation"))
+        .collect();
+    assert!(
+        generations.len() >= 15,
+        "lines from many generations: {generations:?}"
+    );
+    for l in &lines {
+        for key in [
+            "time", "client", "listener", "pool", "method", "target", "protocol",
+        ] {
+            assert!(l[key].is_string(), "{key} in {l}");
+        }
+        assert_eq!(l["listener"], "web");
+        assert!(l["total_ms"].is_number(), "{l}");
+        if l["termination"] == "--" {
+            assert_eq!(l["status"], 200, "{l}");
+            assert_eq!(l["backend"], "app-0", "{l}");
+            assert!(l["bytes_out"].as_u64().is_some_and(|b| b > 0), "{l}");
+        }
+    }
+}
+
+/// The `X-Request-Id` the backend received, from its `/headers` echo.
+fn sent_id(echo: &str) -> String {
+    echo.lines()
+        .find_map(|l| l.strip_prefix("x-request-id: "))
+        .unwrap_or_else(|| panic!("no x-request-id in {echo}"))
+        .to_string()
+}
+
+async fn raw(addr: SocketAddr, request: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request.as_bytes()).await.expect("write");
+    client::read_until_closed(&mut s).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_gets_the_request_id_that_is_logged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", &log_key(&log, "json"))
+        .listener(
+            "trusting",
+            "http",
+            "app",
+            &format!("forwarded = \"append\"\n{}", log_key(&log, "json")),
+        )
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let ask = "GET /headers HTTP/1.1\r\nHost: a\r\nX-Request-Id: from-the-client\r\nConnection: close\r\n\r\n";
+    let replaced = sent_id(&raw(baton.addr("web"), ask).await);
+    assert_ne!(
+        replaced, "from-the-client",
+        "a listener that trusts nothing makes its own"
+    );
+    let kept = sent_id(&raw(baton.addr("trusting"), ask).await);
+    assert_eq!(kept, "from-the-client");
+    // An h2 stream: its line is written once its response body is done.
+    let web = baton.addr("web");
+    let tcp = TcpStream::connect(web).await.expect("connect");
+    let h2 = client::h2_get_over(tcp, &web.to_string(), "/headers")
+        .await
+        .expect("h2c");
+    let over_h2 = sent_id(&h2.body);
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[log]);
+    let logged: Vec<&str> = lines
+        .iter()
+        .map(|l| l["request_id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(
+        logged,
+        [replaced.as_str(), "from-the-client", over_h2.as_str()]
+    );
+    let h2_line = &lines[2];
+    assert_eq!(h2_line["protocol"], "HTTP/2.0");
+    assert_eq!(h2_line["status"], 200);
+    assert_eq!(h2_line["termination"], "--");
+    assert_eq!(h2_line["bytes_out"].as_u64(), Some(h2.body.len() as u64));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn termination_states_say_who_ended_the_exchange() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = HttpBackend::start("a").await;
+    let echo = TcpEcho::start().await;
+    let dead = support::daemon::free_addr();
+    let keys = format!("response_timeout = \"300ms\"\n{}", log_key(&log, "json"));
+    let spec = Spec::new()
+        .listener("web", "http", "app", &keys)
+        .listener("gone", "http", "dead", &log_key(&log, "json"))
+        .listener("raw", "tcp", "echo", &log_key(&log, "json"))
+        .pool("app", &[backend.addr])
+        .pool("dead", &[dead])
+        .pool("echo", &[echo.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    assert_eq!(client::get(web, "/ok").await.expect("ok").status, 200);
+    assert_eq!(
+        client::get(web, "/slow/2000").await.expect("504").status,
+        504
+    );
+    let bad = raw(
+        web,
+        "GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    )
+    .await;
+    assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+    let down = client::get(baton.addr("gone"), "/").await.expect("502");
+    assert_eq!(down.status, 502);
+    let mut tcp = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    tcp.write_all(b"ping").await.expect("write");
+    tcp.shutdown().await.expect("shutdown");
+    assert_eq!(client::read_until_closed(&mut tcp).await, "ping");
+    stop_and_wait(&baton).await;
+
+    let lines = json_lines(&[log]);
+    let seen: Vec<(String, Value, String)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["listener"].as_str().unwrap_or("").to_string(),
+                l["status"].clone(),
+                l["termination"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let expect = [
+        ("web", Value::from(200), "--"),
+        ("web", Value::from(504), "sH"),
+        ("web", Value::from(400), "PR"),
+        ("gone", Value::from(502), "SC"),
+        ("raw", Value::Null, "--"),
+    ];
+    for (listener, status, termination) in &expect {
+        assert!(
+            seen.iter()
+                .any(|(l, s, t)| l == listener && s == status && t == termination),
+            "{listener} {status} {termination} in {seen:?}"
+        );
+    }
+    assert_eq!(lines.len(), expect.len(), "{seen:?}");
+    let tcp_line = lines
+        .iter()
+        .find(|l| l["listener"] == "raw")
+        .expect("tcp line");
+    assert_eq!(tcp_line["protocol"], "TCP");
+    assert_eq!(
+        (
+            tcp_line["bytes_in"].as_u64(),
+            tcp_line["bytes_out"].as_u64()
+        ),
+        (Some(4), Some(4))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn combined_format_is_what_log_tools_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", &log_key(&log, "combined"))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let request = "GET /page?q=1 HTTP/1.1\r\nHost: a\r\nReferer: http://r.example/\r\nUser-Agent: test \"agent\"\r\nConnection: close\r\n\r\n";
+    let answer = raw(baton.addr("web"), request).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    stop_and_wait(&baton).await;
+    let text = std::fs::read_to_string(&log).expect("log");
+    let line = text.lines().next().expect("a line");
+    assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
+    assert!(line.contains("] \"GET /page?q=1 HTTP/1.1\" 200 "), "{line}");
+    assert!(
+        line.ends_with(" \"http://r.example/\" \"test \\x22agent\\x22\""),
+        "{line}"
+    );
+    assert_eq!(text.lines().count(), 1);
+}

@@ -1,0 +1,372 @@
+//! PROXY protocol both ways, against the real binary: a listener believes
+//! a header from a trusted peer (X-Forwarded-For, the header it sends on),
+//! refuses the rest and counts why; a pool with `send_proxy` opens every
+//! backend connection with the client's header, never shares one between
+//! clients, and health checks say LOCAL.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use support::backend::HttpBackend;
+use support::client;
+use support::daemon::{Baton, Spec};
+use support::proxied::{ProxiedBackend, Told};
+use support::tls::{Authority, Issued};
+
+const V2_SIGNATURE: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
+
+/// A v2 header for TCP over IPv4.
+fn v2_header(source: SocketAddr, destination: SocketAddr) -> Vec<u8> {
+    let (SocketAddr::V4(s), SocketAddr::V4(d)) = (source, destination) else {
+        panic!("IPv4 only");
+    };
+    let mut h = V2_SIGNATURE.to_vec();
+    h.extend_from_slice(&[0x21, 0x11, 0, 12]);
+    h.extend_from_slice(&s.ip().octets());
+    h.extend_from_slice(&d.ip().octets());
+    h.extend_from_slice(&s.port().to_be_bytes());
+    h.extend_from_slice(&d.port().to_be_bytes());
+    h
+}
+
+fn v2_local() -> Vec<u8> {
+    let mut h = V2_SIGNATURE.to_vec();
+    h.extend_from_slice(&[0x20, 0x00, 0, 0]);
+    h
+}
+
+const ASK_HEADERS: &[u8] = b"GET /headers HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n";
+
+/// Sends `first` then `request` on one connection; everything answered.
+async fn exchange(addr: SocketAddr, first: &[u8], request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(first).await.expect("write header");
+    s.write_all(request).await.expect("write request");
+    client::read_until_closed(&mut s).await
+}
+
+fn counted(metrics: &str, listener: &str, reason: &str) -> u64 {
+    let key = format!(
+        "baton_proxy_protocol_errors_total{{listener=\"{listener}\",reason=\"{reason}\"}} "
+    );
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn spec_receiving(receive: &str, backend: SocketAddr) -> Spec {
+    Spec::new()
+        .listener(
+            "web",
+            "http",
+            "app",
+            &format!("proxy_protocol = {{ {receive} }}"),
+        )
+        .pool("app", &[backend])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_header_names_the_client() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec_receiving("trusted = [\"127.0.0.0/8\"]", backend.addr)).await;
+    let web = baton.addr("web");
+    let told: SocketAddr = "203.0.113.7:40000".parse().expect("addr");
+    let v1 = format!(
+        "PROXY TCP4 203.0.113.7 {} 40000 {}\r\n",
+        web.ip(),
+        web.port()
+    );
+    for first in [v1.into_bytes(), v2_header(told, web)] {
+        let seen = exchange(web, &first, ASK_HEADERS).await;
+        assert!(seen.contains("x-forwarded-for: 203.0.113.7\n"), "{seen}");
+    }
+    // LOCAL (the balancer's own health check): the socket's own address.
+    let seen = exchange(web, &v2_local(), ASK_HEADERS).await;
+    assert!(seen.contains("x-forwarded-for: 127.0.0.1\n"), "{seen}");
+    // A header split across segments is waited for, not misread.
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    let header = v2_header(told, web);
+    s.write_all(&header[..5]).await.expect("write");
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    s.write_all(&header[5..]).await.expect("write");
+    s.write_all(ASK_HEADERS).await.expect("write");
+    let seen = client::read_until_closed(&mut s).await;
+    assert!(seen.contains("x-forwarded-for: 203.0.113.7\n"), "{seen}");
+    assert_eq!(backend.hits(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_headers_close_the_connection_and_are_counted() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec_receiving(
+        "accept = \"v1\", trusted = [\"127.0.0.1\"], timeout = \"300ms\"",
+        backend.addr,
+    ))
+    .await;
+    let web = baton.addr("web");
+    let cases: [(&str, Vec<u8>); 4] = [
+        (
+            "malformed",
+            b"PROXY TCP4 203.0.113.999 1.2.3.4 1 2\r\n".to_vec(),
+        ),
+        ("missing", Vec::new()),
+        (
+            "version",
+            v2_header("203.0.113.7:1".parse().expect("a"), web),
+        ),
+        ("timeout", b"PROXY TCP4 203.0.1".to_vec()),
+    ];
+    for (reason, first) in &cases {
+        let request: &[u8] = if *reason == "timeout" {
+            b""
+        } else {
+            ASK_HEADERS
+        };
+        let answer = exchange(web, first, request).await;
+        assert_eq!(answer, "", "{reason}: closed without an answer");
+    }
+    // Gone before a whole header.
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"PROXY TCP4").await.expect("write");
+    drop(s);
+    let metrics_have_all = || async {
+        let m = client::metrics(baton.admin).await;
+        ["malformed", "missing", "version", "timeout", "closed"]
+            .iter()
+            .all(|r| counted(&m, "web", r) == 1)
+    };
+    support::eventually("each refusal counted once", metrics_have_all).await;
+    assert_eq!(backend.hits(), 0, "nothing refused reached the backend");
+    assert!(baton.log().contains("PROXY header"), "{}", baton.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_trusted_peers_may_send_a_header() {
+    let backend = HttpBackend::start("a").await;
+    // 127.0.0.1 is not trusted here; headers are optional.
+    let baton = Baton::start(spec_receiving(
+        "trusted = [\"10.0.0.0/8\"], required = false",
+        backend.addr,
+    ))
+    .await;
+    let web = baton.addr("web");
+    let plain = exchange(web, b"", ASK_HEADERS).await;
+    assert!(plain.contains("x-forwarded-for: 127.0.0.1\n"), "{plain}");
+    let spoofed = exchange(
+        web,
+        &v2_header("6.6.6.6:1".parse().expect("a"), web),
+        ASK_HEADERS,
+    )
+    .await;
+    assert_eq!(
+        spoofed, "",
+        "an untrusted peer's header closes the connection"
+    );
+    let m = client::metrics(baton.admin).await;
+    assert_eq!(counted(&m, "web", "untrusted"), 1, "{m}");
+    assert_eq!(backend.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_header_comes_before_tls() {
+    let ca = Authority::new();
+    let cert = ca.issue("a", &["a.example.com"]);
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener(
+            "web",
+            "http",
+            "app",
+            &format!(
+                "proxy_protocol = {{ trusted = [\"127.0.0.1\"] }}\n{}",
+                Issued::listener_tls(&[&cert], "")
+            ),
+        )
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let mut tcp = TcpStream::connect(web).await.expect("connect");
+    tcp.write_all(&v2_header("198.51.100.4:5".parse().expect("a"), web))
+        .await
+        .expect("header");
+    let tls = ca
+        .client(&["http/1.1"])
+        .handshake(tcp, "a.example.com")
+        .await
+        .expect("handshake after the header");
+    let mut sender = client::http1_over(tls).await.expect("http1");
+    let answer = client::send(&mut sender, web, "/headers")
+        .await
+        .expect("served");
+    assert!(
+        answer.body.contains("x-forwarded-for: 198.51.100.4\n"),
+        "{}",
+        answer.body
+    );
+}
+
+/// A pool sending `version` headers to `backend`, behind an HTTP listener
+/// and a TCP one.
+fn spec_sending(version: &str, backend: SocketAddr, listener_keys: &str) -> Spec {
+    Spec::new()
+        .listener("web", "http", "app", listener_keys)
+        .listener("raw", "tcp", "app", listener_keys)
+        .pool_with(
+            "app",
+            &format!("send_proxy = \"{version}\""),
+            &[(backend, 1)],
+        )
+}
+
+async fn two_requests_on_one_connection(addr: SocketAddr) -> (SocketAddr, Vec<String>) {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let me = stream.local_addr().expect("local");
+    let mut sender = client::http1_over(stream).await.expect("http1");
+    let mut bodies = Vec::new();
+    for _ in 0..2 {
+        bodies.push(
+            client::send(&mut sender, addr, "/")
+                .await
+                .expect("served")
+                .body,
+        );
+    }
+    (me, bodies)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_client_gets_backend_connections_of_its_own() {
+    let backend = ProxiedBackend::start().await;
+    let baton = Baton::start(spec_sending("v2", backend.addr, "")).await;
+    let web = baton.addr("web");
+    let (a, a_bodies) = two_requests_on_one_connection(web).await;
+    let (b, b_bodies) = two_requests_on_one_connection(web).await;
+    // One backend connection per client, reused for its second request.
+    assert_eq!(a_bodies, ["connection 0", "connection 0"]);
+    assert_eq!(b_bodies, ["connection 1", "connection 1"]);
+    let told = backend.clients();
+    assert_eq!(told.len(), 2, "{told:?}");
+    for (t, client) in told.iter().zip([a, b]) {
+        let Told::Client {
+            source,
+            destination,
+            tlvs,
+        } = t
+        else {
+            panic!("{t:?}");
+        };
+        assert_eq!(*source, client);
+        assert_eq!(*destination, web);
+        assert!(
+            tlvs.iter().any(|(kind, _)| *kind == 0x05),
+            "a unique id: {tlvs:?}"
+        );
+    }
+    // A client's backend connection ends with the client's.
+    support::eventually("private connections closed", || async {
+        backend.open() == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_mode_and_a_received_header_are_passed_on() {
+    let backend = ProxiedBackend::start().await;
+    let baton = Baton::start(spec_sending(
+        "v1",
+        backend.addr,
+        "proxy_protocol = { trusted = [\"127.0.0.1\"] }",
+    ))
+    .await;
+    let raw = baton.addr("raw");
+    let told: SocketAddr = "203.0.113.9:4321".parse().expect("addr");
+    let reached: SocketAddr = "192.0.2.1:443".parse().expect("addr");
+    let answer = exchange(
+        raw,
+        &v2_header(told, reached),
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.ends_with("connection 0"), "{answer}");
+    assert_eq!(
+        backend.clients(),
+        [Told::Client {
+            source: told,
+            destination: reached,
+            tlvs: Vec::new()
+        }],
+        "v1 names what the balancer in front said"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_and_health_checks_speak_for_whom_they_should() {
+    let backend = ProxiedBackend::start().await;
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        "send_proxy = \"v2\"\nhealth = { kind = \"http\", path = \"/health\", interval = \"200ms\", timeout = \"1s\", rise = 1, fall = 1 }",
+        &[(backend.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    assert!(
+        backend.told().contains(&Told::Local),
+        "health checks send LOCAL: {:?}",
+        backend.told()
+    );
+    let stream = TcpStream::connect(web).await.expect("connect");
+    let me = stream.local_addr().expect("local");
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    for _ in 0..3 {
+        let req = hyper::Request::get(format!("http://{web}/"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("stream served");
+        assert_eq!(resp.status(), 200);
+    }
+    let clients = backend.clients();
+    assert_eq!(clients.len(), 3, "a connection per stream: {clients:?}");
+    assert!(clients
+        .iter()
+        .all(|t| matches!(t, Told::Client { source, .. } if *source == me)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v2_tells_the_backend_the_client_alpn_and_sni() {
+    let ca = Authority::new();
+    let cert = ca.issue("a", &["a.example.com"]);
+    let backend = ProxiedBackend::start().await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", &Issued::listener_tls(&[&cert], ""))
+        .pool_with("app", "send_proxy = \"v2\"", &[(backend.addr, 1)]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let tls = ca
+        .client(&["http/1.1"])
+        .connect(web, "a.example.com")
+        .await
+        .expect("handshake");
+    let mut sender = client::http1_over(tls).await.expect("http1");
+    client::send(&mut sender, web, "/").await.expect("served");
+    let clients = backend.clients();
+    let [Told::Client { tlvs, .. }] = clients.as_slice() else {
+        panic!("{:?}", backend.told());
+    };
+    assert!(tlvs.contains(&(0x01, b"http/1.1".to_vec())), "{tlvs:?}");
+    assert!(
+        tlvs.contains(&(0x02, b"a.example.com".to_vec())),
+        "{tlvs:?}"
+    );
+}
