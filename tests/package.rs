@@ -161,11 +161,13 @@ fn lintian_is_clean(deb: &Path) {
     }
 }
 
-/// A first install: the user exists, the unit is enabled and not started
-/// (its config is to be edited first), and the shipped config passes
-/// `baton check` as ExecStartPre= runs it.
+/// A first install: the user and its log folder exist, the unit is enabled
+/// and not started (its config is to be edited first), and the shipped
+/// config passes `baton check` as ExecStartPre= runs it.
 fn first_install_enables_without_starting(sbx: &Sandbox) {
     assert!(holds(sbx, "getent passwd baton"), "the baton user");
+    let logs = text(&sbx.exec(&["stat", "-c", "%U:%G %a", "/var/log/baton"]));
+    assert_eq!(logs.trim(), "baton:baton 750", "as LogsDirectory= makes it");
     assert_eq!(
         text(&sbx.exec(&["systemctl", "is-enabled", "baton"])).trim(),
         "enabled"
@@ -207,13 +209,21 @@ fn shipped_config_on(
     })
 }
 
-/// logrotate's run, forced: the log is rotated and the postrotate's
-/// `systemctl kill --signal=USR1` succeeds, whether or not baton runs.
-fn logrotate_rotates(sbx: &Sandbox) {
-    sbx.write("/var/log/baton/access.log", "GET / 200\n");
+/// logrotate's run, forced: the access log is renamed, and the
+/// postrotate's `systemctl kill --signal=USR1` succeeds, whether or not
+/// baton runs.
+fn logrotate_forced(sbx: &Sandbox) {
     let out = sbx.exec(&["logrotate", "-f", "/etc/logrotate.d/baton"]);
     assert!(out.status.success(), "logrotate: {}", text(&out));
-    assert!(holds(sbx, "test -e /var/log/baton/access.log.1"));
+    assert!(holds(sbx, "test -s /var/log/baton/access.log.1"), "rotated");
+}
+
+/// Waits until the access log (`/var/log/baton/access.log`) has lines.
+async fn access_log_written(sbx: &Sandbox, what: &str) {
+    support::eventually(what, || async {
+        holds(sbx, "test -s /var/log/baton/access.log")
+    })
+    .await;
 }
 
 /// After the upgrade: the new binary serves as a new main process, and
@@ -354,7 +364,9 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
     sbx.progressed(&load, 50).await;
     let main = sbx.show("baton", "MainPID");
     let invocation = sbx.show("baton", "InvocationID");
-    logrotate_rotates(&sbx);
+    access_log_written(&sbx, "the access log has lines").await;
+    logrotate_forced(&sbx);
+    access_log_written(&sbx, "baton reopened a new access log (SIGUSR1)").await;
     assert_eq!(sbx.show("baton", "MainPID"), main, "SIGUSR1 cost nothing");
     sbx.progressed(&load, 30).await;
 
@@ -371,7 +383,7 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
 
     remove_drains(&sbx, admin, web, &backend).await;
     assert!(!holds(&sbx, "test -e /usr/bin/baton"));
-    logrotate_rotates(&sbx);
+    logrotate_forced(&sbx);
 
     apt_ok(&sbx, &["purge", "baton"]);
     purged(&sbx);
