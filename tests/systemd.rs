@@ -6,7 +6,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use support::backend::{HttpBackend, TcpEcho};
@@ -14,7 +13,7 @@ use support::client;
 use support::daemon::free_addrs;
 use support::listening_inodes;
 use support::load::{Load, Targets};
-use support::sandbox::{text, Sandbox};
+use support::sandbox::{text, upgrade_binary, Sandbox, UPGRADE_VERSION};
 
 struct Ports {
     admin: SocketAddr,
@@ -53,41 +52,6 @@ fn config(p: &Ports, backends: &[SocketAddr], echo: SocketAddr, extra: &str) -> 
     )
 }
 
-/// Load progress under systemd; when it stalls, what systemd saw is shown.
-async fn progressed(sbx: &Sandbox, load: &Load, more: u64) {
-    if !load.advanced(more).await {
-        panic!(
-            "no load progress; failures: {:#?}\nstatus:\n{}\njournal:\n{}",
-            load.failures_so_far(),
-            text(&sbx.exec(&["systemctl", "status", "baton", "--no-pager"])),
-            sbx.journal()
-        );
-    }
-}
-
-async fn status_json(admin: SocketAddr) -> serde_json::Value {
-    let a = client::get(admin, "/status").await.expect("status");
-    serde_json::from_str(&a.body).expect("status json")
-}
-
-/// A second build of baton that reports another version, for the upgrade.
-fn upgrade_binary() -> PathBuf {
-    let target = concat!(env!("CARGO_MANIFEST_DIR"), "/target/upgrade");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .args(["build", "--bin", "baton", "--target-dir", target])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("BATON_BUILD_VERSION", "9.9.9-upgrade")
-        .output()
-        .expect("cargo build");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(target).join("debug/baton")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn systemctl_start_reload_upgrade_restart_and_stop() {
     let upgrade = tokio::task::spawn_blocking(upgrade_binary);
@@ -124,10 +88,10 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
         tcp: Some(p.raw),
         names: vec!["a", "b"],
     });
-    progressed(&sbx, &load, 50).await;
+    sbx.progressed(&load, 50).await;
     for i in 0..10 {
         sbx.systemctl_ok(&["reload", "baton"]);
-        let s = status_json(p.admin).await;
+        let s = client::status(p.admin).await;
         assert_eq!(s["generations"][0]["number"], i + 2);
         assert_eq!(
             sbx.show("baton", "MainPID"),
@@ -135,7 +99,7 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
             "systemd follows the new generation"
         );
         assert_eq!(sbx.show("baton", "ActiveState"), "active");
-        progressed(&sbx, &load, 30).await;
+        sbx.progressed(&load, 30).await;
     }
 
     // A broken config: the reload fails with the reason in the journal, the
@@ -151,14 +115,14 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
     assert_eq!(sbx.show("baton", "MainPID"), main);
     sbx.write("/etc/baton/baton.toml", &good);
-    progressed(&sbx, &load, 30).await;
+    sbx.progressed(&load, 30).await;
 
     // Binary upgrade: a new file renamed over /usr/bin/baton, then reload.
     let upgrade = upgrade.await.expect("build the upgrade binary");
     sbx.install_binary(&upgrade);
     sbx.systemctl_ok(&["reload", "baton"]);
-    assert_eq!(status_json(p.admin).await["version"], "9.9.9-upgrade");
-    progressed(&sbx, &load, 30).await;
+    assert_eq!(client::status(p.admin).await["version"], UPGRADE_VERSION);
+    sbx.progressed(&load, 30).await;
 
     // A listener added by a reload goes to the fd store: a restart keeps
     // its very sockets.
@@ -171,7 +135,7 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     let before = listening_inodes(p.extra.port());
     assert!(!before.is_empty(), "the added listener listens");
     support::eventually("the old generation has exited", || async {
-        status_json(p.admin).await["generations"]
+        client::status(p.admin).await["generations"]
             .as_array()
             .is_some_and(|g| g.len() == 1)
     })
@@ -187,7 +151,7 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
         before,
         "the added listener's sockets survived the restart"
     );
-    progressed(&sbx, &load, 50).await;
+    sbx.progressed(&load, 50).await;
     load.stop().await.assert_clean();
 
     // start → reload → failed reload → stop: the stop is the ordered one
@@ -304,7 +268,7 @@ async fn the_watchdog_never_kills_a_healthy_baton_across_reloads() {
         "{}",
         sbx.journal()
     );
-    assert_eq!(status_json(p.admin).await["generations"][0]["number"], 4);
+    assert_eq!(client::status(p.admin).await["generations"][0]["number"], 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

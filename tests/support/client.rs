@@ -141,10 +141,16 @@ pub async fn metrics(admin: SocketAddr) -> String {
     get(admin, "/metrics").await.expect("metrics").body
 }
 
+/// `/status` as JSON.
+pub async fn status(admin: SocketAddr) -> serde_json::Value {
+    let status = get(admin, "/status").await.expect("status");
+    serde_json::from_str(&status.body)
+        .unwrap_or_else(|e| panic!("status json: {e}: {}", status.body))
+}
+
 /// What `/status` reports for backend `name`.
 pub async fn backend_status(admin: SocketAddr, name: &str) -> serde_json::Value {
-    let status = get(admin, "/status").await.expect("status");
-    let v: serde_json::Value = serde_json::from_str(&status.body).expect("status json");
+    let v = status(admin).await;
     v["pools"]
         .as_array()
         .into_iter()
@@ -152,7 +158,7 @@ pub async fn backend_status(admin: SocketAddr, name: &str) -> serde_json::Value 
         .flat_map(|p| p["backends"].as_array().into_iter().flatten())
         .find(|b| b["name"] == name)
         .cloned()
-        .unwrap_or_else(|| panic!("no backend {name} in {}", status.body))
+        .unwrap_or_else(|| panic!("no backend {name} in {v}"))
 }
 
 /// The state `/status` reports for backend `name`.

@@ -2,8 +2,34 @@
 //! PID 1 of private namespaces; this drives it (`systemctl`, files in) and
 //! installs the freshly built binary and the shipped units into it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+use super::load::Load;
+
+/// The version a second build of baton reports (`baton --version`,
+/// `/status`), to tell an upgrade's new generation from the old.
+pub const UPGRADE_VERSION: &str = "9.9.9-upgrade";
+
+/// A second build of baton that reports [`UPGRADE_VERSION`], for upgrade
+/// tests. Its own target dir, shared by every test that upgrades, so cargo
+/// builds it once.
+pub fn upgrade_binary() -> PathBuf {
+    let target = concat!(env!("CARGO_MANIFEST_DIR"), "/target/upgrade");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--bin", "baton", "--target-dir", target])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("BATON_BUILD_VERSION", UPGRADE_VERSION)
+        .output()
+        .expect("cargo build");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(target).join("debug/baton")
+}
 
 const SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -56,23 +82,31 @@ impl Sandbox {
         Some(Sandbox { dir })
     }
 
+    /// The command that runs `args` inside, to run as the caller likes
+    /// (say, as a tokio process while the test does something else).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(SCRIPT);
+        cmd.arg("exec").arg(self.dir.path()).args(args);
+        cmd
+    }
+
     pub fn exec(&self, args: &[&str]) -> Output {
-        Command::new(SCRIPT)
-            .arg("exec")
-            .arg(self.dir.path())
-            .args(args)
-            .output()
-            .expect("exec in sandbox")
+        self.command(args).output().expect("exec in sandbox")
     }
 
     /// `systemctl ARGS`, asserting it succeeded.
     pub fn systemctl_ok(&self, args: &[&str]) -> String {
         let mut all = vec!["systemctl"];
         all.extend_from_slice(args);
-        let out = self.exec(&all);
+        self.succeeded(&format!("systemctl {args:?}"), self.exec(&all))
+    }
+
+    /// Asserts that `what`, run inside, succeeded (else shows what it said
+    /// and baton's journal); what it printed.
+    pub fn succeeded(&self, what: &str, out: Output) -> String {
         assert!(
             out.status.success(),
-            "systemctl {args:?} failed: {}\njournal:\n{}",
+            "{what} failed: {}\njournal:\n{}",
             text(&out),
             self.journal()
         );
@@ -91,10 +125,8 @@ impl Sandbox {
 
     /// Writes `contents` to `path` inside.
     pub fn write(&self, path: &str, contents: &str) {
-        let mut child = Command::new(SCRIPT)
-            .arg("exec")
-            .arg(self.dir.path())
-            .args([
+        let mut child = self
+            .command(&[
                 "sh",
                 "-c",
                 &format!("mkdir -p \"$(dirname {path})\" && cat > {path}"),
@@ -111,21 +143,45 @@ impl Sandbox {
         );
     }
 
-    /// Installs a binary as /usr/bin/baton the way a package upgrade does
-    /// (a new file renamed over the old one).
-    /// The binary is streamed in: the sandbox has its own /tmp, where a CI
-    /// checkout (and so the build) may live.
-    pub fn install_binary(&self, binary: &Path) {
-        let script = "cat > /usr/bin/baton.new && chmod 755 /usr/bin/baton.new && mv -f /usr/bin/baton.new /usr/bin/baton";
-        let file = std::fs::File::open(binary).expect("open the built binary");
-        let out = Command::new(SCRIPT)
-            .arg("exec")
-            .arg(self.dir.path())
-            .args(["sh", "-c", script])
+    /// Runs `script` (sh) inside with the host file `from` as its stdin.
+    /// Files are streamed in, never named by host path: the sandbox has its
+    /// own /tmp, where a CI checkout (and so the build) may live.
+    fn stream_in(&self, from: &Path, script: &str) {
+        let file =
+            std::fs::File::open(from).unwrap_or_else(|e| panic!("open {}: {e}", from.display()));
+        let out = self
+            .command(&["sh", "-c", script])
             .stdin(file)
             .output()
-            .expect("install binary");
-        assert!(out.status.success(), "{}", text(&out));
+            .expect("stream a file in");
+        assert!(out.status.success(), "{script}: {}", text(&out));
+    }
+
+    /// Copies the host file `from` to `to` inside.
+    pub fn copy_in(&self, from: &Path, to: &str) {
+        self.stream_in(from, &format!("cat > {to}"));
+    }
+
+    /// Installs a binary as /usr/bin/baton the way a package upgrade does
+    /// (a new file renamed over the old one).
+    pub fn install_binary(&self, binary: &Path) {
+        self.stream_in(
+            binary,
+            "cat > /usr/bin/baton.new && chmod 755 /usr/bin/baton.new && mv -f /usr/bin/baton.new /usr/bin/baton",
+        );
+    }
+
+    /// Waits for `more` further successes of `load`; when it stalls, fails
+    /// showing what systemd saw.
+    pub async fn progressed(&self, load: &Load, more: u64) {
+        if !load.advanced(more).await {
+            panic!(
+                "no load progress; failures: {:#?}\nstatus:\n{}\njournal:\n{}",
+                load.failures_so_far(),
+                text(&self.exec(&["systemctl", "status", "baton", "--no-pager"])),
+                self.journal()
+            );
+        }
     }
 
     /// The shipped units, user and config; then `daemon-reload`.
