@@ -3,6 +3,7 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
+    baton::lifecycle::signals::hold_sigusr1();
     let cli = baton::cli::Cli::parse();
     baton::commands::dispatch(cli.command).into()
 }

@@ -44,11 +44,17 @@ async fn stray_signals_do_not_kill_baton() {
 /// Whether `pid` has a handler installed for `sig` (`SigCgt` in
 /// `/proc/PID/status`).
 fn catches(pid: u32, sig: Signal) -> bool {
+    signal_mask(pid, "SigCgt:", sig)
+}
+
+/// Whether `sig` is in `pid`'s signal mask `field` of `/proc/PID/status`
+/// (`SigCgt:` caught, `SigBlk:` blocked).
+fn signal_mask(pid: u32, field: &str, sig: Signal) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .find_map(|l| l.strip_prefix(field))
                 .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
         })
         .is_some_and(|mask| mask & (1 << (sig as u64 - 1)) != 0)
@@ -456,4 +462,36 @@ async fn a_client_that_asked_for_the_close_costs_no_socket_after_its_answer() {
         after.saturating_sub(before) < 10,
         "{before} fds before, {after} after 50 answered connections the clients keep open"
     );
+}
+
+/// logrotate's `systemctl kill --signal=USR1 baton` reaches every process
+/// of the unit, `baton check` (ExecStartPre) and `baton reload`
+/// (ExecReload) among them: SIGUSR1 must not kill a baton process that
+/// reopens no logs. Here `check` is held reading its config from a FIFO.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr1_kills_no_baton_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("baton.toml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let mut check = std::process::Command::new(support::daemon::BIN)
+        .args(["check", "-c"])
+        .arg(&fifo)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn check");
+    let pid = check.id();
+    support::eventually("check holds SIGUSR1", || async {
+        signal_mask(pid, "SigBlk:", Signal::SIGUSR1)
+    })
+    .await;
+    for _ in 0..3 {
+        signal(pid, Signal::SIGUSR1);
+    }
+    std::fs::write(
+        &fifo,
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+    )
+    .expect("feed the config");
+    let status = check.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "{status:?}");
 }

@@ -15,6 +15,24 @@ pub enum Command {
     ForceDrain,
 }
 
+/// SIGUSR1 (logrotate's `systemctl kill --signal=USR1 baton`, which reaches
+/// every process of the unit) must never kill a baton process, and its
+/// default action is to: a `baton reload` run by `ExecReload`, a `baton
+/// check` run by `ExecStartPre`, a new generation before its handlers are
+/// in place. So every baton process blocks it first thing (a blocked
+/// signal waits, and the mask survives `exec`, so a new generation is
+/// covered from its first instruction); only a generation that reopens
+/// logs on it lets it through, once its handler is installed.
+pub fn hold_sigusr1() {
+    let _ = usr1().thread_block();
+}
+
+fn usr1() -> nix::sys::signal::SigSet {
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGUSR1);
+    set
+}
+
 pub struct Signals {
     hup: Signal,
     term: Signal,
@@ -37,6 +55,12 @@ impl Signals {
             usr1: signal(SignalKind::user_defined1())?,
             usr2: signal(SignalKind::user_defined2())?,
             reopen: None,
+        })
+        .inspect(|_| {
+            // The handler is in place: this thread may take SIGUSR1 now
+            // (the process's other threads keep it blocked, so it comes
+            // here).
+            let _ = usr1().thread_unblock();
         })
     }
 
