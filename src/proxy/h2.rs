@@ -26,13 +26,11 @@ use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
 use super::headers;
 use super::longlived;
-use super::request_id;
 use super::web::{HttpProxy, Target};
 use super::ProxyError;
 use crate::access_log::Termination;
 use crate::backend::connector::Connector;
 use crate::backend::{Backend, Lease};
-use crate::config::Forwarded;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics;
 use crate::proxy::stream::ByteStream;
@@ -147,7 +145,8 @@ impl HttpProxy {
     ) -> Response<ProxyBody> {
         let busy = state.begin();
         let mut noted = Noted::default();
-        let request_id = self.request_id_of(req.headers());
+        let sent = req.headers().get("x-request-id").map(HeaderValue::as_bytes);
+        let request_id = super::request_id_from(sent, self.forwarded);
         let asked = self.access_log.as_ref().map(|_| Asked::of(&req));
         let host = req
             .uri()
@@ -205,19 +204,6 @@ impl HttpProxy {
                 None => b,
             }
         })
-    }
-
-    /// The client's `X-Request-Id` where the listener believes what its
-    /// clients say (`forwarded` other than `replace`), else a new one.
-    fn request_id_of(&self, headers: &http::HeaderMap) -> String {
-        let sent = headers
-            .get("x-request-id")
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()));
-        match sent {
-            Some(id) if self.forwarded != Forwarded::Replace => id.to_string(),
-            _ => request_id(),
-        }
     }
 
     async fn forward(

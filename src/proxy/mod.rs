@@ -31,6 +31,20 @@ pub fn request_id() -> String {
     format!("{:x}-{n:x}", std::process::id())
 }
 
+/// An exchange's id: the client's own `X-Request-Id` (`sent`) where the
+/// listener believes what its clients say of themselves (`forwarded`
+/// other than `replace`), else a new one. Only a short printable one is
+/// kept: it also goes into a PROXY v2 header, at most 128 bytes.
+pub fn request_id_from(sent: Option<&[u8]>, forwarded: crate::config::Forwarded) -> String {
+    let kept = sent
+        .filter(|_| forwarded != crate::config::Forwarded::Replace)
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.iter().all(u8::is_ascii_graphic));
+    match kept {
+        Some(id) => String::from_utf8_lossy(id).into_owned(),
+        None => request_id(),
+    }
+}
+
 /// Work a listener could give to no backend of `pool`: counted and
 /// logged, the same for every protocol.
 pub fn no_backend(listener: &str, pool: &str) {

@@ -24,7 +24,6 @@ use super::transfer::{
 use super::upstream::{connection, keep, Kept, Upstream};
 use crate::access_log::{Phase, Termination};
 use crate::backend::{Backend, Lease, Pool};
-use crate::config::Forwarded;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
 use crate::proxy::stream::ByteStream;
@@ -96,7 +95,8 @@ pub async fn exchange<S: ByteStream>(
 ) -> After {
     let target = proxy.target_for(head.host(), head.path());
     let mut body = RequestBody::new(head.framing);
-    let id = request_id_for(proxy, &head);
+    let sent = head.values("x-request-id").next();
+    let id = super::super::request_id_from(sent, proxy.forwarded);
     let mut record = Record::new(
         proxy.access_log.as_ref(),
         &head,
@@ -162,23 +162,6 @@ struct InFlight<'a> {
     head: &'a RequestHead,
     body: &'a mut RequestBody,
     trace: &'a mut Trace,
-}
-
-/// The client's own `X-Request-Id` where the listener believes what its
-/// clients say of themselves (`forwarded` other than `replace`), else a
-/// new one. Only a short printable one is kept (it also goes into a
-/// PROXY v2 header, at most 128 bytes).
-fn request_id_for(proxy: &HttpProxy, head: &RequestHead) -> String {
-    if proxy.forwarded != Forwarded::Replace {
-        let sent = head
-            .values("x-request-id")
-            .next()
-            .filter(|v| !v.is_empty() && v.len() <= 128 && v.iter().all(|b| b.is_ascii_graphic()));
-        if let Some(id) = sent {
-            return String::from_utf8_lossy(id).into_owned();
-        }
-    }
-    super::super::request_id()
 }
 
 async fn forward<S: ByteStream>(
