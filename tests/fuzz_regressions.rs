@@ -162,3 +162,17 @@ fn every_proxy_header_seed_frames_and_decodes() {
         assert!(told.is_ok(), "{}: {told:?}", path.display());
     }
 }
+
+/// What a fuzzer once crashed on (a v1 line with non-ASCII UTF-8 panicked
+/// `ppp`'s parser): framed, then refused, never a panic.
+#[test]
+fn hostile_proxy_headers_are_refused() {
+    let cases = inputs("regressions/proxy_header");
+    assert!(!cases.is_empty());
+    for (path, bytes) in cases {
+        if let Framed::Header(length) = frame(&bytes) {
+            let told = decode(&bytes[..length], Accept::Any);
+            assert!(told.is_err(), "{}: {told:?}", path.display());
+        }
+    }
+}

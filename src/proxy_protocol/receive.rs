@@ -139,6 +139,11 @@ pub fn decode(header: &[u8], accept: Accept) -> Result<Option<(SocketAddr, Socke
     if accept == Accept::V2 {
         return Err(Refusal::Version);
     }
+    // The v1 line is US-ASCII; other UTF-8 would also panic `ppp`'s
+    // parser (it slices inside a character: found by the fuzzer).
+    if !header.is_ascii() {
+        return Err(Refusal::Malformed);
+    }
     let text = std::str::from_utf8(header).map_err(|_| Refusal::Malformed)?;
     let parsed = v1::Header::try_from(text).map_err(|_| Refusal::Malformed)?;
     match parsed.addresses {
@@ -307,6 +312,7 @@ mod tests {
             b"PROXY TCP4 ::1 ::1 1 2\r\n",
             b"PROXY UDP4 1.2.3.4 5.6.7.8 1 2\r\n",
             b"PROXY TCP4 1.2.3.4 5.6.7.8 1 99999\r\n",
+            "PROXY TCP4 ɱŔ 1.2.3.4 1 2\r\n".as_bytes(),
         ] {
             assert_eq!(
                 decode(bad, Accept::Any),

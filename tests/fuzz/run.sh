@@ -4,13 +4,15 @@
 #   messages  the handoff message and control-socket request decoders
 #   h1_request   the HTTP/1 request head parser and chunked body decoder
 #   h1_response  the HTTP/1 response head parser and chunked body decoder
-# Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET]   (default 60)
+#   proxy_header the PROXY protocol header framing and decoding
+# Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET]   (default 30: CI's share;
+# a longer hunt: tests/fuzz/run.sh 600)
 # A crash leaves its input under tests/fuzz/artifacts/TARGET/ and fails the
 # run; fixed crashes become cases in tests/fuzz/regressions/, which
 # `cargo test` replays (tests/fuzz_regressions.rs).
 set -euo pipefail
 cd "$(dirname "$0")"
-seconds="${1:-60}"
+seconds="${1:-30}"
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked
