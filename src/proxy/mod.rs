@@ -25,10 +25,27 @@ use crate::metrics::UpstreamErrorKind;
 
 /// A request id unique on this host for a long while: this process's pid
 /// and a per-process count, in hex. Ties what a client was told to the log.
+/// Made for every request, so written by hand: `format!` and a `getpid`
+/// each time cost 4 % of an exchange's instructions (callgrind).
 pub fn request_id() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    static PID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{:x}-{n:x}", std::process::id())
+    let pid = *PID.get_or_init(|| u64::from(std::process::id()));
+    let mut id = String::with_capacity(24);
+    push_hex(&mut id, pid);
+    id.push('-');
+    push_hex(&mut id, n);
+    id
+}
+
+/// `value` in lower-case hex, without leading zeros.
+fn push_hex(out: &mut String, value: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let nibbles = (64 - value.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..nibbles).rev() {
+        out.push(char::from(DIGITS[((value >> (i * 4)) & 0xf) as usize]));
+    }
 }
 
 /// An exchange's id: the client's own `X-Request-Id` (`sent`) where the
@@ -164,5 +181,24 @@ impl ProxyError {
             ProxyError::Timeout { .. } => Some(UpstreamErrorKind::Timeout),
             ProxyError::Upstream { .. } => Some(UpstreamErrorKind::Protocol),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn request_ids_are_pid_and_count_in_hex() {
+        let (a, b) = (super::request_id(), super::request_id());
+        let pid = format!("{:x}", std::process::id());
+        let count = |id: &str| {
+            let (p, n) = id.split_once('-').expect("pid-count");
+            assert_eq!(p, pid);
+            u64::from_str_radix(n, 16).expect("hex")
+        };
+        assert_eq!(count(&b), count(&a) + 1);
+        let mut hex = String::new();
+        super::push_hex(&mut hex, 0);
+        super::push_hex(&mut hex, 0xabc0_0001);
+        assert_eq!(hex, "0abc00001");
     }
 }
