@@ -9,7 +9,8 @@
 //! - [`listener`]: bind or adopt a listening socket; the accept loop.
 //! - [`connection`]: one client connection's bookkeeping; a PROXY header ([`proxy_protocol`]), TLS termination ([`tls`]); dispatch by protocol.
 //! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::web`] (an HTTP listener's connections) tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`]).
-//! - [`backend`]: pools, backends, leases, and [`backend::balance`] picking.
+//! - [`backend`]: pools, backends, leases, and [`backend::balance`] picking; members swapped whole when DNS changes ([`backend::members`]).
+//! - [`resolve`]: backends named by DNS (host names, SRV), looked up at start and kept current while serving.
 //! - [`lifecycle`]: generations, fd handoff, drain, signals, systemd, control socket.
 //! - [`daemon`]: the supervisor of one generation (the only writer of its phase).
 //! - [`admin`]: probes, `/status`, `/metrics` over their own listener.
@@ -34,6 +35,7 @@ pub mod listener;
 pub mod metrics;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod resolve;
 pub mod telemetry;
 pub mod tls;
 pub mod workers;

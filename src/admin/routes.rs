@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 
 use super::generations::unix;
 use super::{AdminShared, Topology};
-use crate::backend::{Backend, Pool};
+use crate::backend::named::Named;
+use crate::backend::{AdminState, Backend, Pool};
 use crate::lifecycle::{Check, Phase};
 use crate::metrics::kernel;
 
@@ -53,10 +54,16 @@ fn pool_checks(topology: &Topology) -> Vec<Check> {
         .iter()
         .map(|p| {
             let up = p.healthy_count();
+            let waiting = p.waiting_for_dns();
+            let detail = if !waiting.is_empty() {
+                Some(format!("waiting for DNS: {}", waiting.join(", ")))
+            } else {
+                (up == 0).then(|| format!("{up}/{} backends healthy", p.backends().backends.len()))
+            };
             Check {
                 name: format!("pool {}", p.name),
-                ok: up > 0,
-                detail: (up == 0).then(|| format!("{up}/{} backends healthy", p.backends.len())),
+                ok: up > 0 && waiting.is_empty(),
+                detail,
             }
         })
         .collect()
@@ -105,7 +112,8 @@ fn backend_json(b: &Backend) -> Value {
         "name": b.name,
         "pool": b.pool,
         "address": b.address.to_string(),
-        "weight": b.weight,
+        "resolved_from": b.resolved_from,
+        "weight": b.weight(),
         "state": b.state().as_str(),
         "in_flight": b.in_flight(),
         "last_check": last,
@@ -115,8 +123,25 @@ fn backend_json(b: &Backend) -> Value {
 }
 
 fn pool_json(p: &Pool) -> Value {
-    let backends: Vec<Value> = p.backends.iter().map(|b| backend_json(b)).collect();
-    json!({"name": p.name, "healthy": p.healthy_count(), "backends": backends})
+    let backends: Vec<Value> = p
+        .backends()
+        .backends
+        .iter()
+        .map(|b| backend_json(b))
+        .collect();
+    let named: Vec<Value> = p
+        .named
+        .iter()
+        .map(|n| {
+            json!({
+                "name": n.name,
+                "query": n.query.to_string(),
+                "answered": n.answered(),
+                "admin": n.admin().as_str(),
+            })
+        })
+        .collect();
+    json!({"name": p.name, "healthy": p.healthy_count(), "backends": backends, "named": named})
 }
 
 fn status(state: &AdminShared) -> Reply {
@@ -203,21 +228,54 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
         }
     }
     let topology = state.topology();
-    let backend = match find_backend(&topology, id) {
-        Ok(b) => b,
+    let found = match find_backends(&topology, id) {
+        Ok(found) => found,
         Err((status, message)) => return error(status, message),
     };
-    let new_state = if action == "drain" {
-        backend.drain()
+    let drain = action == "drain";
+    let word = if drain {
+        AdminState::Draining
     } else {
-        backend.restore()
+        AdminState::Enabled
     };
-    tracing::info!(backend = %backend.name, action, state = new_state.as_str(), "admin backend action");
-    json_reply(StatusCode::OK, json!({"backend": backend_json(&backend)}))
+    if let Some(named) = &found.named {
+        named.set_admin(word);
+    }
+    for backend in &found.backends {
+        let new_state = if drain {
+            backend.drain()
+        } else {
+            backend.restore()
+        };
+        tracing::info!(backend = %backend.label, action, state = new_state.as_str(), "admin backend action");
+    }
+    let members: Vec<Value> = found.backends.iter().map(|b| backend_json(b)).collect();
+    // A name DNS has given no address yet: the word is kept for its members.
+    let first = members.first().cloned().unwrap_or_else(
+        || json!({"name": id, "pool": found.pool, "index": null, "state": word.as_str()}),
+    );
+    let mut body = json!({"backend": first});
+    if found.named.is_some() {
+        body["members"] = Value::Array(members);
+    }
+    json_reply(StatusCode::OK, body)
 }
 
-fn find_backend(topology: &Topology, id: &str) -> Result<Arc<Backend>, (StatusCode, String)> {
-    let all = || topology.pools.iter().flat_map(|p| p.backends.iter());
+/// The backends an admin `{id}` names: one by index, or every backend of
+/// a name (a name DNS resolves names each member, and those to come).
+struct Found {
+    pool: String,
+    backends: Vec<Arc<Backend>>,
+    named: Option<Arc<Named>>,
+}
+
+fn find_backends(topology: &Topology, id: &str) -> Result<Found, (StatusCode, String)> {
+    let all = || {
+        topology
+            .pools
+            .iter()
+            .flat_map(|p| p.backends().backends.clone())
+    };
     if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) {
         if id.len() > 1 && id.starts_with('0') {
             return Err((
@@ -230,12 +288,37 @@ fn find_backend(topology: &Topology, id: &str) -> Result<Arc<Backend>, (StatusCo
             .ok()
             .and_then(|i| all().find(|b| b.index == i));
         return found
-            .cloned()
+            .map(|b| Found {
+                pool: b.pool.clone(),
+                backends: vec![b],
+                named: None,
+            })
             .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no backend with index {id}")));
+    }
+    let named = topology
+        .pools
+        .iter()
+        .find_map(|p| p.named.iter().find(|n| n.name == id).map(|n| (p, n)));
+    if let Some((pool, named)) = named {
+        return Ok(Found {
+            pool: pool.name.clone(),
+            backends: pool
+                .backends()
+                .backends
+                .iter()
+                .filter(|b| b.name == id)
+                .cloned()
+                .collect(),
+            named: Some(Arc::clone(named)),
+        });
     }
     all()
         .find(|b| b.name == id)
-        .cloned()
+        .map(|b| Found {
+            pool: b.pool.clone(),
+            backends: vec![b],
+            named: None,
+        })
         .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no backend named \"{id}\"")))
 }
 

@@ -68,7 +68,7 @@ fn smooth_weighted(
     let mut total = 0i64;
     let mut best: Option<usize> = None;
     for i in candidates {
-        let w = i64::from(backends[i].weight);
+        let w = i64::from(backends[i].weight());
         current[i] += w;
         total += w;
         if best.is_none_or(|b| current[i] > current[b]) {
@@ -85,7 +85,7 @@ fn smooth_weighted(
 /// the first in `order`.
 fn least_loaded(backends: &[Arc<Backend>], order: impl Iterator<Item = usize>) -> Option<usize> {
     let load = |i: usize| {
-        backends[i].in_flight() as u64 * 1_000_000 / u64::from(backends[i].weight.max(1))
+        backends[i].in_flight() as u64 * 1_000_000 / u64::from(backends[i].weight().max(1))
     };
     order.min_by_key(|&i| load(i))
 }
@@ -98,13 +98,13 @@ fn weighted_sample(
 ) -> Option<usize> {
     let total: u64 = candidates
         .clone()
-        .map(|i| u64::from(backends[i].weight))
+        .map(|i| u64::from(backends[i].weight()))
         .sum();
     let mut r = random % total.max(1);
     let mut first = None;
     for i in candidates {
         first.get_or_insert(i);
-        let w = u64::from(backends[i].weight);
+        let w = u64::from(backends[i].weight());
         if r < w {
             return Some(i);
         }
@@ -148,14 +148,17 @@ mod tests {
                 queue_timeout: std::time::Duration::from_secs(1),
                 tls: None,
                 send_proxy: None,
+                named: Vec::new(),
+                resolve_interval: std::time::Duration::from_secs(30),
             },
             0,
+            Arc::new(std::sync::atomic::AtomicUsize::new(weights.len())),
             1,
         )
     }
 
     fn shares(p: &Pool, n: usize) -> Vec<f64> {
-        let mut counts = vec![0usize; p.backends.len()];
+        let mut counts = vec![0usize; p.backends().backends.len()];
         for _ in 0..n {
             let lease = p.pick(None).expect("a backend");
             counts[lease.backend().index] += 1;
@@ -204,14 +207,14 @@ mod tests {
         let p = pool(Balance::RoundRobin, &[1, 1]);
         let held = p.pick(Some(1)).expect("pick");
         assert_eq!(held.backend().index, 0);
-        assert_eq!(p.backends[0].drain().as_str(), "draining");
+        assert_eq!(p.backends().backends[0].drain().as_str(), "draining");
         for _ in 0..10 {
             assert_eq!(p.pick(None).expect("pick").backend().index, 1);
         }
         drop(held);
-        assert_eq!(p.backends[0].state().as_str(), "out");
+        assert_eq!(p.backends().backends[0].state().as_str(), "out");
         assert_eq!(
-            p.backends[0].restore().as_str(),
+            p.backends().backends[0].restore().as_str(),
             "up",
             "without health checks it is back at once"
         );

@@ -4,22 +4,33 @@
 //! verdict (from probes and passive failures). Pickers see only backends
 //! that are enabled and healthy. A [`Lease`] is one unit of in-flight work;
 //! a draining backend turns `out` when its last lease ends.
+//!
+//! A pool's backends are a [`members::Members`] snapshot, swapped whole
+//! when DNS changes who a named backend is (see [`named`]): a pick loads
+//! it once, lock-free, and a lease keeps its backend alive past a swap.
 
 pub mod balance;
 pub mod connector;
 pub mod health;
 pub mod idle;
+pub mod members;
+pub mod named;
 pub mod probe;
 pub mod stream;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Balance, HealthConfig, PoolConfig};
 use crate::metrics::{self, BackendMetrics, UpstreamErrorKind};
 use health::{Flip, Health};
+use members::{Members, Recipe};
+use named::Named;
 
 /// What `/status` and `baton_backend_state` show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,13 +109,21 @@ fn authority_of(address: SocketAddr) -> ::http::uri::Authority {
 }
 
 pub struct Backend {
-    /// Global index in config order (the admin API's `{id}`).
+    /// Global index (the admin API's `{id}`): IP backends in config order,
+    /// then members resolved from DNS as they come.
     pub index: usize,
     pub name: String,
+    /// What its metrics carry as `backend`: the name, or `name@address`
+    /// for a member resolved from DNS (its name is shared).
+    pub label: String,
+    /// For a member resolved from DNS, what it was resolved from
+    /// (`app1.internal:8080`, or an SRV record's target).
+    pub resolved_from: Option<String>,
     pub address: SocketAddr,
     /// `address` as a URI authority, built once rather than per request.
     pub authority: ::http::uri::Authority,
-    pub weight: u32,
+    /// Its share (an SRV record's weight may change it).
+    weight: AtomicU32,
     pub pool: String,
     /// Active checks exist: only then may passive failures mark it down
     /// (nothing would ever bring it back up otherwise).
@@ -127,9 +146,23 @@ pub struct Backend {
     /// The pool's `send_proxy`: its connections carry a client's PROXY
     /// header, so each serves that one client only.
     pub send_proxy: Option<crate::proxy_protocol::Version>,
+    /// DNS no longer gives its address; it is retired once another member
+    /// of its name can take its work (make before break: a move whose new
+    /// address enters through `rise` loses nothing).
+    vanished: AtomicBool,
+    /// No new work; it leaves the pool once its in-flight work ends. Apart
+    /// from the operator's admin state, which a returning address finds as
+    /// it was.
+    retired: AtomicBool,
+    /// Cancelled when it leaves its pool: its health checks stop.
+    gone: CancellationToken,
 }
 
 impl Backend {
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -148,6 +181,13 @@ impl Backend {
     }
 
     pub fn state(&self) -> BackendState {
+        if self.retired.load(Ordering::SeqCst) {
+            return if self.in_flight() > 0 {
+                BackendState::Draining
+            } else {
+                BackendState::Out
+            };
+        }
         match self.admin() {
             AdminState::Draining => BackendState::Draining,
             AdminState::Out => BackendState::Out,
@@ -158,7 +198,9 @@ impl Backend {
 
     /// Pickers may send it work.
     pub fn available(&self) -> bool {
-        self.admin() == AdminState::Enabled && self.is_healthy()
+        self.admin() == AdminState::Enabled
+            && self.is_healthy()
+            && !self.retired.load(Ordering::Relaxed)
     }
 
     pub fn consecutive_failures(&self) -> u32 {
@@ -192,7 +234,7 @@ impl Backend {
     /// A request or connection to it failed: counted by `kind`, kept for
     /// `/status`, and a passive health failure when `blames_backend`.
     pub fn upstream_failed(&self, kind: UpstreamErrorKind, detail: &str, blames_backend: bool) {
-        metrics::upstream_error(&self.pool, &self.name, kind);
+        metrics::upstream_error(&self.pool, &self.label, kind);
         if let Ok(mut e) = self.last_error.lock() {
             *e = Some(CheckRecord {
                 at: SystemTime::now(),
@@ -264,6 +306,10 @@ impl Backend {
 
     /// Draining with nothing in flight is out.
     fn settle(&self) {
+        if self.retired.load(Ordering::SeqCst) {
+            self.publish();
+            return;
+        }
         if self.in_flight() == 0
             && self
                 .admin
@@ -300,14 +346,23 @@ impl Backend {
 
 pub struct Pool {
     pub name: String,
-    pub backends: Vec<Arc<Backend>>,
+    /// Its backends now; replaced whole, never edited in place.
+    members: ArcSwap<Members>,
+    /// Held while a new snapshot is made and stored, so two changes never
+    /// race (the last would drop the first's).
+    changing: Mutex<()>,
+    /// How its backends are made, for members that come later.
+    recipe: Recipe,
+    /// Its backends named by DNS, in config order.
+    pub named: Vec<Arc<Named>>,
+    /// How often `named` are resolved again (a shorter TTL comes first).
+    pub resolve_interval: std::time::Duration,
     /// TLS to its backends (each backend holds it too), for hyper's client.
     pub tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
     /// `send_proxy` (each backend holds it too).
     pub send_proxy: Option<crate::proxy_protocol::Version>,
     pub health: Option<HealthConfig>,
     balance: Balance,
-    picks: balance::PickState,
     /// Per-backend cap (0: none) and how long work waits for a place.
     cap: usize,
     queue_timeout: std::time::Duration,
@@ -317,55 +372,41 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Builds pool `config`, numbering its backends from `first_index`,
-    /// with idle connections kept per worker.
-    pub fn new(config: &PoolConfig, first_index: usize, workers: usize) -> Pool {
-        let checked = config.health.is_some();
-        let (rise, fall) = config.health.as_ref().map_or((1, 1), |h| (h.rise, h.fall));
+    /// Builds pool `config`, numbering its IP backends from `first_index`
+    /// and members resolved later from `next_index`, with idle connections
+    /// kept per worker.
+    pub fn new(
+        config: &PoolConfig,
+        first_index: usize,
+        next_index: Arc<AtomicUsize>,
+        workers: usize,
+    ) -> Pool {
         let freed =
             (config.max_connections_per_backend > 0).then(|| Arc::new(tokio::sync::Notify::new()));
         metrics::queue_timeouts(&config.name);
+        if !config.named.is_empty() {
+            metrics::dns_resolutions(&config.name);
+        }
+        let recipe = Recipe::new(config, freed.clone(), workers, next_index);
         let backends: Vec<Arc<Backend>> = config
             .backends
             .iter()
             .enumerate()
-            .map(|(i, b)| {
-                let backend = Backend {
-                    index: first_index + i,
-                    name: b.name.clone(),
-                    address: b.address,
-                    authority: authority_of(b.address),
-                    weight: b.weight,
-                    pool: config.name.clone(),
-                    checked,
-                    in_flight: AtomicUsize::new(0),
-                    admin: AtomicU8::new(AdminState::Enabled as u8),
-                    // Unchecked backends are taken as healthy; checked ones
-                    // wait for their first check.
-                    healthy: AtomicBool::new(!checked),
-                    health: Mutex::new(if checked {
-                        Health::new(rise, fall)
-                    } else {
-                        Health::with_verdict(rise, fall, true)
-                    }),
-                    last_check: Mutex::new(None),
-                    last_error: Mutex::new(None),
-                    metrics: metrics::backend(&config.name, &b.name),
-                    freed: freed.clone(),
-                    idle: idle::IdleConnections::new(workers),
-                    tls: config.tls.clone(),
-                    send_proxy: config.send_proxy,
-                };
-                backend.publish();
-                Arc::new(backend)
-            })
+            .map(|(i, b)| Arc::new(recipe.ip_backend(first_index + i, b)))
             .collect();
         Pool {
             name: config.name.clone(),
+            members: ArcSwap::from_pointee(Members::new(backends)),
+            changing: Mutex::new(()),
+            recipe,
+            named: config
+                .named
+                .iter()
+                .map(|n| Arc::new(Named::new(n)))
+                .collect(),
+            resolve_interval: config.resolve_interval,
             tls: config.tls.clone(),
             send_proxy: config.send_proxy,
-            picks: balance::PickState::new(backends.len()),
-            backends,
             health: config.health.clone(),
             balance: config.balance,
             cap: config.max_connections_per_backend,
@@ -374,29 +415,38 @@ impl Pool {
         }
     }
 
-    /// Builds every pool of a config, with global backend indices.
+    /// Builds every pool of a config, with global backend indices: IP
+    /// backends in config order, members resolved from DNS after them.
     pub fn all(configs: &[PoolConfig], workers: usize) -> Vec<Arc<Pool>> {
-        let mut next = 0;
+        let total = configs.iter().map(|c| c.backends.len()).sum();
+        let next_index = Arc::new(AtomicUsize::new(total));
+        let mut first = 0;
         configs
             .iter()
             .map(|c| {
-                let pool = Pool::new(c, next, workers);
-                next += c.backends.len();
+                let pool = Pool::new(c, first, Arc::clone(&next_index), workers);
+                first += c.backends.len();
                 Arc::new(pool)
             })
             .collect()
     }
 
+    /// Its backends now: a snapshot, for anything off the request path.
+    pub fn backends(&self) -> Arc<Members> {
+        self.members.load_full()
+    }
+
     /// Picks a backend for one unit of work, skipping `exclude` (a backend
     /// that just failed) and those at their cap, or `None` when no backend
-    /// can take it now.
+    /// can take it now. One lock-free load of the members per pick.
     pub fn pick(&self, exclude: Option<usize>) -> Option<Lease> {
+        let members = self.members.load();
         loop {
-            let chosen = balance::choose(self.balance, &self.backends, &self.picks, |b| {
+            let chosen = balance::choose(self.balance, &members.backends, &members.picks, |b| {
                 b.available() && Some(b.index) != exclude && self.below_cap(b)
             })?;
             // Another pick may have taken the last place meanwhile.
-            if let Some(lease) = Lease::within(&self.backends[chosen], self.cap) {
+            if let Some(lease) = Lease::within(&members.backends[chosen], self.cap) {
                 return Some(lease);
             }
         }
@@ -423,6 +473,8 @@ impl Pool {
                 return Ok(lease);
             }
             let capped = self
+                .members
+                .load()
                 .backends
                 .iter()
                 .any(|b| b.available() && Some(b.index) != exclude);
@@ -441,13 +493,31 @@ impl Pool {
     }
 
     pub fn healthy_count(&self) -> usize {
-        self.backends.iter().filter(|b| b.available()).count()
+        self.members
+            .load()
+            .backends
+            .iter()
+            .filter(|b| b.available())
+            .count()
     }
 
     /// Every checked backend has a verdict: the first health round ran
     /// (a check that times out counts, as a failure).
     pub fn first_round_done(&self) -> bool {
-        self.backends.iter().all(|b| !b.checked || b.has_verdict())
+        self.members
+            .load()
+            .backends
+            .iter()
+            .all(|b| !b.checked || b.has_verdict())
+    }
+
+    /// Its named backends DNS has not answered for yet.
+    pub fn waiting_for_dns(&self) -> Vec<&str> {
+        self.named
+            .iter()
+            .filter(|n| !n.answered())
+            .map(|n| n.name.as_str())
+            .collect()
     }
 }
 

@@ -1,7 +1,7 @@
 //! Active health checks: the I/O at the edge of the health state machine.
 //! One task per checked backend, jittered so checks to many backends do not
 //! fire in lockstep, paused while the operator drains the backend, stopped
-//! at teardown. An `http` check GETs `path` (2xx/3xx is healthy); a `tcp`
+//! at teardown or when a member resolved from DNS leaves its pool. An `http` check GETs `path` (2xx/3xx is healthy); a `tcp`
 //! check connects.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,7 +62,7 @@ pub async fn first_round(pools: &[Arc<Pool>]) {
         let Some(config) = pool.health.clone() else {
             continue;
         };
-        for backend in &pool.backends {
+        for backend in &pool.backends().backends {
             if backend.admin() != AdminState::Enabled {
                 continue;
             }
@@ -84,9 +84,17 @@ pub fn spawn_all(pools: &[Arc<Pool>], stop: &CancellationToken) {
         let Some(config) = pool.health.clone() else {
             continue;
         };
-        for backend in &pool.backends {
+        for backend in &pool.backends().backends {
             tokio::spawn(run(Arc::clone(backend), config.clone(), stop.clone()));
         }
+    }
+}
+
+/// Starts the periodic checks of a member that joined a pool while
+/// serving; they end when `stop` is cancelled or the member leaves.
+pub fn spawn_member(pool: &Pool, backend: &Arc<Backend>, stop: &CancellationToken) {
+    if let Some(config) = pool.health.clone() {
+        tokio::spawn(run(Arc::clone(backend), config, stop.clone()));
     }
 }
 
@@ -99,16 +107,20 @@ async fn sweep_idle(pools: Vec<Arc<Pool>>, stop: CancellationToken) {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(super::idle::IDLE_LIMIT) => {}
         }
-        for backend in pools.iter().flat_map(|p| &p.backends) {
-            backend.idle.sweep();
+        for pool in &pools {
+            for backend in &pool.backends().backends {
+                backend.idle.sweep();
+            }
         }
     }
 }
 
 async fn run(backend: Arc<Backend>, config: HealthConfig, stop: CancellationToken) {
+    let gone = backend.gone().clone();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
+            () = gone.cancelled() => return,
             () = tokio::time::sleep(jittered(config.interval)) => {}
         }
         if backend.admin() != AdminState::Enabled {
@@ -116,6 +128,7 @@ async fn run(backend: Arc<Backend>, config: HealthConfig, stop: CancellationToke
         }
         let result = tokio::select! {
             () = stop.cancelled() => return,
+            () = gone.cancelled() => return,
             r = check(&config, &backend) => r,
         };
         record(&backend, result);

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::cli::CheckArgs;
 use crate::config::duration::display;
+use crate::config::DnsQuery;
 use crate::exit::Exit;
 use crate::tls::{ClientAuth, TlsSettings};
 
@@ -78,6 +79,36 @@ pub fn check(args: CheckArgs) -> Exit {
             .send_proxy
             .map_or(String::new(), |v| format!(", send_proxy {}", v.as_str()));
         println!("pool {}: {} backend(s){sends}", p.name, p.backends.len());
+        for n in &p.named {
+            let (kind, weight) = match n.query {
+                DnsQuery::Host { .. } => ("A/AAAA", format!(", weight {}", n.weight)),
+                DnsQuery::Srv(_) => ("SRV", String::new()),
+            };
+            println!(
+                "pool {} backend {} from DNS {kind} {}{weight}, resolved every {} or the TTL",
+                p.name,
+                n.name,
+                n.query,
+                display(p.resolve_interval)
+            );
+        }
+    }
+    if c.pools.iter().any(|p| !p.named.is_empty()) {
+        let servers: Vec<String> = c
+            .resolver
+            .nameservers
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        println!(
+            "resolver nameservers {}, timeout {}",
+            if servers.is_empty() {
+                "from /etc/resolv.conf".to_string()
+            } else {
+                servers.join(", ")
+            },
+            display(c.resolver.timeout)
+        );
     }
     println!("TimeoutStopSec={}", c.timeout_stop().as_secs());
     warn_about_unit(args.unit.as_deref(), c.timeout_stop());

@@ -29,9 +29,19 @@ pub struct FileConfig {
     #[serde(default)]
     pub tls: TlsGlobalFile,
     #[serde(default)]
+    pub resolver: ResolverFile,
+    #[serde(default)]
     pub listeners: Vec<ListenerFile>,
     #[serde(default)]
     pub pools: Vec<PoolFile>,
+}
+
+/// `[resolver]`: the name servers named backends are looked up on.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolverFile {
+    pub nameservers: Option<Vec<String>>,
+    pub timeout: Option<DurationValue>,
 }
 
 /// `[tls]`: what every TLS listener shares.
@@ -156,6 +166,8 @@ pub struct PoolFile {
     pub queue_timeout: Option<DurationValue>,
     pub tls: Option<UpstreamTlsFile>,
     pub send_proxy: Option<String>,
+    pub srv: Option<String>,
+    pub resolve_interval: Option<DurationValue>,
 }
 
 /// A pool's `tls`: how its backends are reached over TLS.

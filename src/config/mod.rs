@@ -42,6 +42,8 @@ pub struct Config {
     pub ticket_rotation: Duration,
     pub listeners: Vec<ListenerConfig>,
     pub pools: Vec<PoolConfig>,
+    /// How backends named by DNS are resolved (`[resolver]`).
+    pub resolver: ResolverConfig,
     /// Not wrong yet, but soon to be (a certificate expiring within two
     /// weeks), each naming its key: `check` prints them and `run` logs
     /// them, and neither fails for them.
@@ -166,6 +168,51 @@ pub struct PoolConfig {
     pub tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
     /// A PROXY header first on every backend connection (`send_proxy`).
     pub send_proxy: Option<crate::proxy_protocol::Version>,
+    /// Backends named by DNS (a host name `address`, or `srv`), resolved
+    /// while the generation runs; `backends` holds the IP ones alone.
+    pub named: Vec<NamedConfig>,
+    /// How often named backends are resolved again (`resolve_interval`);
+    /// a record's shorter TTL comes first.
+    pub resolve_interval: Duration,
+}
+
+/// What a named backend asks DNS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DnsQuery {
+    /// `app1.internal:8080`: every address of the name (A, else AAAA), at that port.
+    Host { host: String, port: u16 },
+    /// `_http._tcp.app.internal`: one backend per SRV record, its port and
+    /// weight from the record.
+    Srv(String),
+}
+
+impl std::fmt::Display for DnsQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DnsQuery::Host { host, port } => write!(f, "{host}:{port}"),
+            DnsQuery::Srv(name) => f.write_str(name),
+        }
+    }
+}
+
+/// A backend named by DNS: one member backend per address it resolves to.
+#[derive(Debug, Clone)]
+pub struct NamedConfig {
+    /// The backend's name (a `srv` entry is named by its record name);
+    /// every member shares it.
+    pub name: String,
+    pub query: DnsQuery,
+    /// Each member's weight (a host name's; SRV members take the record's).
+    pub weight: u32,
+}
+
+/// `[resolver]`: where named backends are looked up.
+#[derive(Debug, Clone, Default)]
+pub struct ResolverConfig {
+    /// `ip:port` of each name server; empty means /etc/resolv.conf's.
+    pub nameservers: Vec<SocketAddr>,
+    /// How long one query waits for an answer.
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

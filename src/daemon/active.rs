@@ -9,6 +9,9 @@ impl Generation {
     /// Starts every accept loop: from here on this generation takes work.
     pub(super) fn open_doors(&mut self) {
         probe::spawn_all(&self.pools, &self.background);
+        if let Some(resolver) = &self.resolver {
+            crate::resolve::refresh::spawn_all(&self.pools, resolver, &self.background);
+        }
         for (listener, shard, connections, handed_over) in self.pending.drain(..) {
             let stop = self.accept_stop.clone();
             let closing = move || {
@@ -114,7 +117,7 @@ async fn status_lines(admin: Arc<AdminShared>, pools: Vec<Arc<Pool>>, stop: Canc
         let generations = admin.generations();
         let connections: u64 = generations.first().map_or(0, |g| g.in_flight);
         let up: usize = pools.iter().map(|p| p.healthy_count()).sum();
-        let total: usize = pools.iter().map(|p| p.backends.len()).sum();
+        let total: usize = pools.iter().map(|p| p.backends().backends.len()).sum();
         let line = format!(
             "generation {}: {connections} connection(s), {up}/{total} backends up, {} generation(s) draining",
             admin.generation.number,

@@ -1,5 +1,6 @@
 //! Building one generation: sockets adopted or bound (admin first), pools
-//! with carried-over backend states, the first health round.
+//! with their first members from DNS and carried-over backend states, the
+//! first health round.
 
 use super::*;
 
@@ -93,6 +94,10 @@ pub(super) async fn start(
 
     let workers = crate::workers::Workers::start(config.workers).map_err(StartError::Workers)?;
     let pools = Pool::all(&config.pools, workers.count());
+    let resolver = crate::resolve::refresh::resolver_for(&config)?;
+    if let Some(resolver) = &resolver {
+        crate::resolve::refresh::first_members(&pools, resolver, &carried.resolved).await;
+    }
     carry_over(&pools, &carried.backends);
     let ticketer = Arc::new(crate::tls::tickets::Ticketer::new(
         carried.tickets,
@@ -233,6 +238,7 @@ pub(super) async fn start(
     let (control_tx, control_rx) = mpsc::channel(16);
     Ok(Generation {
         pools,
+        resolver,
         background: CancellationToken::new(),
         unclaimed,
         draining: Vec::new(),
@@ -290,24 +296,48 @@ fn access_log(
 
 /// Applies backend states an older generation carried over, matched by
 /// pool, name and address (a backend whose address changed starts afresh).
+/// A name resolved from DNS carries the operator's word on the name itself
+/// with its query as the address (members that join later take it).
 pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
     for c in carried {
-        let found = pools
-            .iter()
-            .filter(|p| p.name == c.pool)
-            .flat_map(|p| p.backends.iter())
-            .find(|b| b.name == c.name && b.address.to_string() == c.address);
-        if let (Some(backend), Some(admin)) = (found, AdminState::parse(&c.admin)) {
-            backend.adopt(admin, c.healthy);
+        let Some(admin) = AdminState::parse(&c.admin) else {
+            continue;
+        };
+        for p in pools.iter().filter(|p| p.name == c.pool) {
+            let named = p.named.iter().find(|n| n.name == c.name);
+            if let Some(named) = named.filter(|n| n.query.to_string() == c.address) {
+                named.set_admin(admin);
+            }
+            let members = p.backends();
+            let backend = members
+                .backends
+                .iter()
+                .find(|b| b.name == c.name && b.address.to_string() == c.address);
+            if let Some(backend) = backend {
+                backend.adopt(admin, c.healthy);
+            }
         }
     }
 }
 
-/// What this generation carries to the next about its backends.
+/// What this generation carries to the next about its backends (and the
+/// names resolved from DNS that the operator drained).
 pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
+    let names = pools.iter().flat_map(|p| {
+        p.named
+            .iter()
+            .filter(|n| n.admin() != AdminState::Enabled)
+            .map(|n| BackendCarry {
+                pool: p.name.clone(),
+                name: n.name.clone(),
+                address: n.query.to_string(),
+                admin: n.admin().as_str().to_string(),
+                healthy: None,
+            })
+    });
     pools
         .iter()
-        .flat_map(|p| p.backends.iter())
+        .flat_map(|p| p.backends().backends.clone())
         .map(|b| BackendCarry {
             pool: b.pool.clone(),
             name: b.name.clone(),
@@ -315,6 +345,7 @@ pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
             admin: b.admin().as_str().to_string(),
             healthy: b.has_verdict().then(|| b.is_healthy()),
         })
+        .chain(names)
         .collect()
 }
 
@@ -327,7 +358,8 @@ fn configured(config: &Config) -> crate::metrics::exposition::Configured {
             .pools
             .iter()
             .map(|p| {
-                let backends = p.backends.iter().map(|b| b.name.clone()).collect();
+                let ip = p.backends.iter().map(|b| b.name.clone());
+                let backends = ip.chain(p.named.iter().map(|n| n.name.clone())).collect();
                 (p.name.clone(), backends)
             })
             .collect(),

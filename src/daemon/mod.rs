@@ -69,6 +69,8 @@ pub enum StartError {
     Handoff(#[from] HandoverError),
     #[error("TLS session tickets: {0}")]
     Tickets(#[from] crate::tls::tickets::TicketError),
+    #[error("DNS: {0}")]
+    Resolver(#[from] crate::resolve::SetupError),
     #[error("listener \"{listener}\" access log {destination}: {source}")]
     AccessLog {
         listener: String,
@@ -84,6 +86,7 @@ struct Inherited {
     backends: Vec<BackendCarry>,
     report: Report,
     tickets: Option<crate::tls::tickets::TicketKeys>,
+    resolved: Vec<crate::lifecycle::handoff::ResolvedCarry>,
 }
 
 /// The inputs of one generation's run.
@@ -111,6 +114,7 @@ pub async fn run(setup: Setup) -> Exit {
             backends: p.backends.clone(),
             report: p.report.clone(),
             tickets: p.tickets.clone(),
+            resolved: p.resolved.clone(),
         })
         .unwrap_or_default();
     let built = build::start(
@@ -180,8 +184,10 @@ async fn fail(parent: Option<&Parent>, err: StartError) -> Exit {
 struct Generation {
     config: Config,
     pools: Vec<Arc<Pool>>,
-    /// Stops background work: health checks, watchdog pings, status lines
-    /// (at handoff, or at teardown).
+    /// Looks up backends named by DNS (none when the config names none).
+    resolver: Option<crate::resolve::Resolver>,
+    /// Stops background work: health checks, DNS re-resolution, watchdog
+    /// pings, status lines (at handoff, or at teardown).
     background: CancellationToken,
     exec: Exec,
     number: u64,
@@ -319,6 +325,7 @@ impl Generation {
             Box::new(move || build::carry_out(&pools));
         let report = self.admin.report();
         let tickets = self.ticketer.keys();
+        let resolved = crate::resolve::refresh::carry_out(&self.pools);
         let exec = self.exec.clone();
         let ready_timeout = self.config.reload.ready_timeout;
         let generation = self.number + 1;
@@ -335,6 +342,7 @@ impl Generation {
                         backends,
                         report,
                         tickets,
+                        resolved,
                         backends_now,
                     },
                     ready_timeout,

@@ -15,7 +15,9 @@ use rustix::process::Signal;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::handoff::{BackendCarry, Channel, HandoffError, Message, Report, SocketEntry, ENV_FD};
+use super::handoff::{
+    BackendCarry, Channel, HandoffError, Message, Report, ResolvedCarry, SocketEntry, ENV_FD,
+};
 use super::inventory::Inventory;
 use super::process::{self, Process};
 use super::systemd;
@@ -113,6 +115,8 @@ pub struct Offer {
     pub backends: Vec<BackendCarry>,
     pub report: Report,
     pub tickets: TicketKeys,
+    /// The last good DNS answers of named backends.
+    pub resolved: Vec<ResolvedCarry>,
     /// Backend states as they are when N+1 is told to go ahead.
     pub backends_now: Box<dyn Fn() -> Vec<BackendCarry> + Send>,
 }
@@ -209,6 +213,7 @@ async fn converse(
         backends: offer.backends,
         report: Some(offer.report),
         tickets: Some(Box::new(offer.tickets)),
+        resolved: offer.resolved,
     };
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
     send_offer(channel, child, &limits, &message, &borrowed).await?;
@@ -326,6 +331,8 @@ pub struct Parent {
     pub report: Report,
     /// Its session-ticket keys (none from a release without them).
     pub tickets: Option<TicketKeys>,
+    /// Its last good DNS answers (none from a release without them).
+    pub resolved: Vec<ResolvedCarry>,
 }
 
 impl Parent {
@@ -343,6 +350,7 @@ impl Parent {
             backends,
             report,
             tickets,
+            resolved,
         } = message
         else {
             return Err(HandoverError::OutOfTurn(format!("{message:?}")));
@@ -364,6 +372,7 @@ impl Parent {
                 backends,
                 report: report.unwrap_or_default(),
                 tickets: tickets.map(|keys| *keys),
+                resolved,
             },
             inventory,
         ))

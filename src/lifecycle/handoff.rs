@@ -5,7 +5,8 @@
 //!
 //! The conversation, driven by `generation`:
 //! ```text
-//! N → N+1  Offer { generation, sockets, draining } + fds (same order)
+//! N → N+1  Offer { generation, sockets, draining, backends, report,
+//!                 tickets, resolved } + fds (same order)
 //! N+1 → N  Ready | Failed { exit_code, reason }
 //! N → N+1  Commit { backends }  (backend states as of now: an admin drain
 //!                                 posted while N+1 was starting is not lost)
@@ -59,6 +60,17 @@ pub struct BackendCarry {
     pub healthy: Option<bool>,
 }
 
+/// The last good DNS answer for a named backend, so the next generation
+/// starts from it even when DNS is down at the reload. Matched by pool,
+/// name and query (a changed query starts afresh).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ResolvedCarry {
+    pub pool: String,
+    pub name: String,
+    pub query: String,
+    pub resolved: Vec<crate::backend::members::Resolved>,
+}
+
 /// One live generation, as the newest one's `/status` and `/metrics` show it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct GenerationEntry {
@@ -99,6 +111,10 @@ pub enum Message {
         /// open after it (absent from an older release: new keys then).
         #[serde(default)]
         tickets: Option<Box<crate::tls::tickets::TicketKeys>>,
+        /// The last good answer of each named backend (absent from an
+        /// older release: the new generation resolves at start then).
+        #[serde(default)]
+        resolved: Vec<ResolvedCarry>,
     },
     /// N+1 is ready; `adopted` names the sockets it took over (N serves
     /// the accept queue of any other before closing it).
@@ -400,6 +416,16 @@ mod tests {
             tickets: Some(Box::new(
                 crate::tls::tickets::TicketKeys::generate().expect("keys"),
             )),
+            resolved: vec![ResolvedCarry {
+                pool: "app".into(),
+                name: "app1".into(),
+                query: "app1.internal:8080".into(),
+                resolved: vec![crate::backend::members::Resolved {
+                    address: ([10, 0, 0, 5], 8080).into(),
+                    weight: 1,
+                    from: "app1.internal:8080".into(),
+                }],
+            }],
         };
         a.send(&offer, &[listener.as_fd()]).await.expect("send");
         let (got, fds) = b.recv().await.expect("recv");
@@ -439,6 +465,7 @@ mod tests {
             draining: vec![1],
             backends: Vec::new(),
             tickets: None,
+            resolved: Vec::new(),
             report: Some(Report {
                 baseline,
                 generations: Vec::new(),

@@ -42,7 +42,9 @@ pub struct Configured {
 
 impl Configured {
     /// Whether every listener, pool and backend label `key` has is one the
-    /// config names (a key with none of them always is).
+    /// config names (a key with none of them always is). A member resolved
+    /// from DNS (`app1@10.0.0.5:8080`) counts as its name's: config names
+    /// never hold an '@'.
     pub fn names(&self, key: &str) -> bool {
         let labels = labels(key);
         let label = |name: &str| {
@@ -54,8 +56,10 @@ impl Configured {
         let backends = label("pool").map(|p| self.pools.get(p));
         label("listener").is_none_or(|l| self.listeners.contains(l))
             && backends.is_none_or(|b| b.is_some())
-            && label("backend")
-                .is_none_or(|b| backends.flatten().is_some_and(|names| names.contains(b)))
+            && label("backend").is_none_or(|b| {
+                let name = b.rsplit_once('@').map_or(b, |(name, _)| name);
+                backends.flatten().is_some_and(|names| names.contains(name))
+            })
     }
 }
 
@@ -303,6 +307,14 @@ mod tests {
             ),
             (
                 "baton_upstream_errors_total{pool=\"gone\",backend=\"a-0\",kind=\"connect\"}",
+                false,
+            ),
+            (
+                "baton_health_checks_total{pool=\"app\",backend=\"a-0@10.0.0.5:80\",result=\"ok\"}",
+                true,
+            ),
+            (
+                "baton_health_checks_total{pool=\"app\",backend=\"a-1@10.0.0.5:80\",result=\"ok\"}",
                 false,
             ),
             ("baton_d_seconds_bucket{listener=\"web\",le=\"+Inf\"}", true),

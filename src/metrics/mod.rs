@@ -46,6 +46,7 @@ pub const TLS_HANDSHAKES: &str = "baton_tls_handshakes_total";
 pub const TLS_CERTIFICATE_EXPIRY: &str = "baton_tls_certificate_expiry_timestamp_seconds";
 pub const PROXY_PROTOCOL_ERRORS: &str = "baton_proxy_protocol_errors_total";
 pub const ACCESS_LOG_DROPPED: &str = "baton_access_log_dropped_total";
+pub const DNS_RESOLUTIONS: &str = "baton_dns_resolutions_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -110,6 +111,10 @@ fn describe() {
         "Time from request head to response head."
     );
     describe_counter!(UPSTREAM_ERRORS, "Failures talking to a backend, by kind.");
+    describe_counter!(
+        DNS_RESOLUTIONS,
+        "Resolutions of backends named by DNS, by pool and result: ok, empty, timeout, error."
+    );
     describe_gauge!(
         BACKEND_IN_FLIGHT,
         "Requests or connections a backend holds now."
@@ -313,6 +318,15 @@ impl BackendMetrics {
         }
     }
 
+    /// A backend that left its pool: its gauges say nothing any more
+    /// (the recorder cannot drop a series).
+    pub fn clear(&self) {
+        self.in_flight.set(0.0);
+        for (_, gauge) in &self.states {
+            gauge.set(0.0);
+        }
+    }
+
     pub fn check(&self, ok: bool) {
         if ok {
             self.checks_ok.increment(1);
@@ -320,6 +334,21 @@ impl BackendMetrics {
             self.checks_failed.increment(1);
         }
     }
+}
+
+/// The results a resolution of a pool's named backends can have.
+const DNS_RESULTS: [&str; 4] = ["ok", "empty", "timeout", "error"];
+
+/// Creates a pool's resolution series at 0 (a pool with named backends).
+pub fn dns_resolutions(pool: &str) {
+    for result in DNS_RESULTS {
+        metrics::counter!(DNS_RESOLUTIONS, "pool" => pool.to_string(), "result" => result)
+            .absolute(0);
+    }
+}
+
+pub fn dns_resolution(pool: &str, result: &'static str) {
+    metrics::counter!(DNS_RESOLUTIONS, "pool" => pool.to_string(), "result" => result).increment(1);
 }
 
 pub fn backend(pool: &str, backend: &str) -> BackendMetrics {

@@ -120,7 +120,7 @@ impl Drop for StreamRecord {
             request_id: &self.request_id,
             client: self.client,
             pool: &self.pool,
-            backend: noted.backend.as_deref().map(|b| b.name.as_str()),
+            backend: noted.backend.as_deref().map(|b| b.label.as_str()),
             method: &self.method,
             target: &self.target,
             protocol: "HTTP/2.0",

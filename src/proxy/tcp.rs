@@ -148,7 +148,7 @@ impl Drop for Line<'_> {
             request_id: &self.id,
             client: self.client,
             pool: self.pool,
-            backend: self.backend.as_deref().map(|b| b.name.as_str()),
+            backend: self.backend.as_deref().map(|b| b.label.as_str()),
             method: "-",
             target: "-",
             protocol: "TCP",

@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod client;
 pub mod daemon;
+pub mod dns;
 pub mod load;
 pub mod proxied;
 pub mod raw;

@@ -1,10 +1,10 @@
 //! `FileConfig` → `Config`. Every check pushes a problem naming its key path
 //! (`listeners[1].pool: ...`) and carries on, so one `baton check` lists
 //! every mistake at once instead of one per run. The sections with the
-//! most checks have files of their own: `pools`, `listeners` and `tls`.
+//! most checks have files of their own: `pools`, `dns`, `listeners` and `tls`.
 
 use std::collections::HashSet;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use super::duration::{self, Written};
 use super::file::{self, DurationValue, FileConfig};
 use super::*;
 
+mod dns;
 mod listeners;
 mod pools;
 mod proxy_protocol;
@@ -43,6 +44,7 @@ pub fn from_file(
         raw.tls.ticket_rotation.as_ref(),
         Duration::from_secs(12 * 3600),
     );
+    let resolver = v.resolver(&raw.resolver);
     let pools = v.pools(&raw.pools);
     let listeners = v.listeners(&raw.listeners, &pools, admin.listen);
     if v.problems.is_empty() {
@@ -56,6 +58,7 @@ pub fn from_file(
             ticket_rotation,
             listeners,
             pools,
+            resolver,
             warnings: v.warnings,
         })
     } else {
@@ -272,24 +275,6 @@ impl Validator {
                     key,
                     format!("\"{text}\" is not an address like \"0.0.0.0:8080\" or \"[::]:8080\""),
                 );
-                SocketAddr::from(([127, 0, 0, 1], 0))
-            }
-        }
-    }
-
-    /// Backends may be named by host name; it is resolved once, at load.
-    fn backend_addr(&mut self, key: &str, text: &str) -> SocketAddr {
-        if let Ok(addr) = text.parse::<SocketAddr>() {
-            return addr;
-        }
-        match text.to_socket_addrs().map(|mut it| it.next()) {
-            Ok(Some(addr)) => addr,
-            Ok(None) => {
-                self.problem(key, format!("\"{text}\" resolves to no address"));
-                SocketAddr::from(([127, 0, 0, 1], 0))
-            }
-            Err(err) => {
-                self.problem(key, format!("\"{text}\" is not a host:port ({err})"));
                 SocketAddr::from(([127, 0, 0, 1], 0))
             }
         }

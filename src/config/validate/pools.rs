@@ -1,6 +1,13 @@
 //! `[[pools]]`: names, balance, health checks and backends.
 
+use super::dns::Target;
 use super::*;
+
+/// A `backends` entry, validated.
+enum Entry {
+    Ip(BackendConfig),
+    Named(NamedConfig),
+}
 
 impl Validator {
     pub(super) fn pools(&mut self, raw: &[file::PoolFile]) -> Vec<PoolConfig> {
@@ -32,20 +39,39 @@ impl Validator {
                 .health
                 .as_ref()
                 .map(|h| self.health(&format!("{key}.health"), h));
-            if p.backends.is_empty() {
-                self.problem(&format!("{key}.backends"), "needs at least one backend");
+            let mut named = Vec::new();
+            if let Some(text) = p.srv.as_deref() {
+                let query = self.srv(&format!("{key}.srv"), text);
+                self.unique_backend(&mut backend_names, &format!("{key}.srv"), text);
+                named.push(NamedConfig {
+                    name: text.to_string(),
+                    query,
+                    weight: 1,
+                });
+            }
+            let resolve_interval = self.resolve_interval(
+                &format!("{key}.resolve_interval"),
+                p.resolve_interval.as_ref(),
+            );
+            if p.backends.is_empty() && p.srv.is_none() {
+                self.problem(
+                    &format!("{key}.backends"),
+                    "needs at least one backend (or srv)",
+                );
             }
             let mut backends = Vec::new();
             for (j, b) in p.backends.iter().enumerate() {
                 let bkey = format!("{key}.backends[{j}]");
-                let backend = self.backend(&bkey, b);
-                if !backend_names.insert(backend.name.clone()) {
-                    self.problem(
-                        &format!("{bkey}.name"),
-                        format!("backend \"{}\" is defined twice (names are global: the admin API uses them)", backend.name),
-                    );
+                let entry = self.backend(&bkey, b);
+                let name = match &entry {
+                    Entry::Ip(b) => &b.name,
+                    Entry::Named(n) => &n.name,
+                };
+                self.unique_backend(&mut backend_names, &format!("{bkey}.name"), name);
+                match entry {
+                    Entry::Ip(b) => backends.push(b),
+                    Entry::Named(n) => named.push(n),
                 }
-                backends.push(backend);
             }
             let tls = self.upstream_tls(&format!("{key}.tls"), p.tls.as_ref());
             let send_proxy = self.send_proxy(&format!("{key}.send_proxy"), p.send_proxy.as_deref());
@@ -56,6 +82,8 @@ impl Validator {
                 balance,
                 health,
                 backends,
+                named,
+                resolve_interval,
                 max_connections_per_backend: self.count(
                     &format!("{key}.max_connections_per_backend"),
                     p.max_connections_per_backend,
@@ -73,23 +101,45 @@ impl Validator {
         pools
     }
 
-    fn backend(&mut self, key: &str, raw: &file::BackendFile) -> BackendConfig {
-        let address = match raw.address.as_deref() {
-            Some(text) => self.backend_addr(&format!("{key}.address"), text),
+    /// Backend names are global (the admin API uses them).
+    fn unique_backend(&mut self, names: &mut HashSet<String>, key: &str, name: &str) {
+        if !names.insert(name.to_string()) {
+            self.problem(
+                key,
+                format!("backend \"{name}\" is defined twice (names are global: the admin API uses them)"),
+            );
+        }
+    }
+
+    /// One `backends` entry: an IP backend, or one named by DNS.
+    fn backend(&mut self, key: &str, raw: &file::BackendFile) -> Entry {
+        let target = match raw.address.as_deref() {
+            Some(text) => self.backend_target(&format!("{key}.address"), text),
             None => {
                 self.problem(&format!("{key}.address"), "is required");
-                SocketAddr::from(([127, 0, 0, 1], 0))
+                Target::Ip(SocketAddr::from(([127, 0, 0, 1], 0)))
             }
         };
         let name = match raw.name.as_deref() {
             Some(n) => self.name(&format!("{key}.name"), Some(n)),
-            None => address.to_string(),
+            None => raw.address.clone().unwrap_or_default(),
         };
         let weight = self.count(&format!("{key}.weight"), raw.weight, 1, 1, 1000) as u32;
-        BackendConfig {
-            name,
-            address,
-            weight,
+        match target {
+            Target::Ip(address) => Entry::Ip(BackendConfig {
+                name: if raw.name.is_some() {
+                    name
+                } else {
+                    address.to_string()
+                },
+                address,
+                weight,
+            }),
+            Target::Host { host, port } => Entry::Named(NamedConfig {
+                name,
+                query: DnsQuery::Host { host, port },
+                weight,
+            }),
         }
     }
 

@@ -94,7 +94,7 @@ impl Drop for Record<'_> {
             request_id: &t.request_id,
             client: self.client,
             pool: self.pool,
-            backend: t.backend.as_deref().map(|b| b.name.as_str()),
+            backend: t.backend.as_deref().map(|b| b.label.as_str()),
             method: head.method.as_str(),
             target: text(head.target()),
             protocol: match head.version {

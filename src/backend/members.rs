@@ -1,0 +1,418 @@
+//! A pool's members: the snapshot pickers load, how a backend is made, and
+//! the changes DNS answers make. A change builds a new snapshot (with a new
+//! pick state: positions move) and swaps it in whole, so a pick never sees
+//! half a change and never takes a lock. A member whose address DNS no
+//! longer gives is retired (no new work, shown `draining`) once another
+//! member of its name is up, and leaves at the next sweep after its
+//! in-flight work ends.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::health::Health;
+use super::named::Named;
+use super::{authority_of, balance, idle, AdminState, Backend, Pool};
+use crate::config::{BackendConfig, PoolConfig};
+use crate::metrics;
+
+/// The backends of a pool at one moment, with the pick state that goes
+/// with their positions.
+pub struct Members {
+    pub backends: Vec<Arc<Backend>>,
+    pub(super) picks: balance::PickState,
+}
+
+impl Members {
+    pub(super) fn new(backends: Vec<Arc<Backend>>) -> Members {
+        Members {
+            picks: balance::PickState::new(backends.len()),
+            backends,
+        }
+    }
+}
+
+/// One address DNS gave a named backend: a member's address, its weight,
+/// and what it was resolved from (the host name and port, or the SRV
+/// record's target). Carried to the next generation as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resolved {
+    pub address: std::net::SocketAddr,
+    pub weight: u32,
+    pub from: String,
+}
+
+/// How a member that joins starts its health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Joining {
+    /// Before the generation serves: its first check decides at once, as
+    /// for every backend at start.
+    AtStart,
+    /// While serving: down until `rise` checks pass (up at once in a pool
+    /// without checks).
+    Serving,
+}
+
+/// How a pool makes its backends, kept for members that join later.
+pub(super) struct Recipe {
+    pool: String,
+    checked: bool,
+    rise: u32,
+    fall: u32,
+    freed: Option<Arc<tokio::sync::Notify>>,
+    workers: usize,
+    tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
+    send_proxy: Option<crate::proxy_protocol::Version>,
+    /// The generation's next free backend index.
+    next_index: Arc<AtomicUsize>,
+}
+
+/// What one backend is: the parts an IP backend and a member differ in.
+struct Identity {
+    index: usize,
+    name: String,
+    label: String,
+    resolved_from: Option<String>,
+    address: std::net::SocketAddr,
+    weight: u32,
+}
+
+impl Recipe {
+    pub(super) fn new(
+        config: &PoolConfig,
+        freed: Option<Arc<tokio::sync::Notify>>,
+        workers: usize,
+        next_index: Arc<AtomicUsize>,
+    ) -> Recipe {
+        let (rise, fall) = config.health.as_ref().map_or((1, 1), |h| (h.rise, h.fall));
+        Recipe {
+            pool: config.name.clone(),
+            checked: config.health.is_some(),
+            rise,
+            fall,
+            freed,
+            workers,
+            tls: config.tls.clone(),
+            send_proxy: config.send_proxy,
+            next_index,
+        }
+    }
+
+    /// A backend the config gives by IP address.
+    pub(super) fn ip_backend(&self, index: usize, config: &BackendConfig) -> Backend {
+        let identity = Identity {
+            index,
+            name: config.name.clone(),
+            label: config.name.clone(),
+            resolved_from: None,
+            address: config.address,
+            weight: config.weight,
+        };
+        self.make(identity, Joining::AtStart, AdminState::Enabled)
+    }
+
+    /// A member of `named` at `resolved`, with the operator's last word on
+    /// the name.
+    fn member(&self, named: &Named, resolved: &Resolved, joining: Joining) -> Backend {
+        let identity = Identity {
+            index: self.next_index.fetch_add(1, Ordering::Relaxed),
+            name: named.name.clone(),
+            label: format!("{}@{}", named.name, resolved.address),
+            resolved_from: Some(resolved.from.clone()),
+            address: resolved.address,
+            weight: resolved.weight,
+        };
+        let backend = self.make(identity, joining, named.admin());
+        backend.settle();
+        backend
+    }
+
+    fn make(&self, id: Identity, joining: Joining, admin: AdminState) -> Backend {
+        // Unchecked backends are taken as healthy; checked ones wait for
+        // their first check at start, and for `rise` of them later.
+        let health = match (self.checked, joining) {
+            (false, _) => Health::with_verdict(self.rise, self.fall, true),
+            (true, Joining::AtStart) => Health::new(self.rise, self.fall),
+            (true, Joining::Serving) => Health::with_verdict(self.rise, self.fall, false),
+        };
+        let backend = Backend {
+            index: id.index,
+            metrics: metrics::backend(&self.pool, &id.label),
+            name: id.name,
+            label: id.label,
+            resolved_from: id.resolved_from,
+            address: id.address,
+            authority: authority_of(id.address),
+            weight: AtomicU32::new(id.weight),
+            pool: self.pool.clone(),
+            checked: self.checked,
+            in_flight: AtomicUsize::new(0),
+            admin: AtomicU8::new(admin as u8),
+            healthy: AtomicBool::new(health.is_healthy()),
+            health: Mutex::new(health),
+            last_check: Mutex::new(None),
+            last_error: Mutex::new(None),
+            freed: self.freed.clone(),
+            idle: idle::IdleConnections::new(self.workers),
+            tls: self.tls.clone(),
+            send_proxy: self.send_proxy,
+            vanished: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
+            gone: CancellationToken::new(),
+        };
+        backend.publish();
+        backend
+    }
+}
+
+impl Backend {
+    /// Retired with nothing in flight: the next sweep removes it.
+    fn leaving(&self) -> bool {
+        self.retired.load(Ordering::SeqCst) && self.in_flight() == 0
+    }
+
+    /// Cancelled once it has left its pool (its health checks stop on it).
+    pub fn gone(&self) -> &CancellationToken {
+        &self.gone
+    }
+
+    fn member_of(&self, named: &Named) -> bool {
+        self.resolved_from.is_some() && self.name == named.name
+    }
+}
+
+impl Pool {
+    /// Makes the members of `named` those at `resolved`: new addresses
+    /// join (their health per `joining`), vanished ones retire, returning
+    /// ones come back, weights follow the answer. Returns the members that
+    /// joined: starting their health checks is the caller's part.
+    pub fn apply(
+        &self,
+        named: &Named,
+        resolved: &[Resolved],
+        joining: Joining,
+    ) -> Vec<Arc<Backend>> {
+        let Ok(_changing) = self.changing.lock() else {
+            return Vec::new();
+        };
+        let current = self.members.load_full();
+        for b in current.backends.iter().filter(|b| b.member_of(named)) {
+            match resolved.iter().find(|r| r.address == b.address) {
+                Some(r) => {
+                    b.weight.store(r.weight, Ordering::Relaxed);
+                    b.vanished.store(false, Ordering::SeqCst);
+                    if b.retired.swap(false, Ordering::SeqCst) {
+                        tracing::info!(pool = %self.name, backend = %b.label, "address is back in DNS; the member stays");
+                        b.settle();
+                        b.publish();
+                    }
+                }
+                None if !b.vanished.swap(true, Ordering::SeqCst) => {
+                    tracing::info!(pool = %self.name, backend = %b.label, "address gone from DNS; the member drains once another can take its work");
+                }
+                None => {}
+            }
+        }
+        let joined: Vec<Arc<Backend>> = resolved
+            .iter()
+            .filter(|r| {
+                !current
+                    .backends
+                    .iter()
+                    .any(|b| b.member_of(named) && b.address == r.address)
+            })
+            .map(|r| Arc::new(self.recipe.member(named, r, joining)))
+            .collect();
+        for b in &joined {
+            tracing::info!(pool = %self.name, backend = %b.label, from = b.resolved_from.as_deref().unwrap_or(""), "member joins from DNS");
+        }
+        if !joined.is_empty() {
+            let mut backends = current.backends.clone();
+            backends.extend(joined.iter().cloned());
+            self.members.store(Arc::new(Members::new(backends)));
+        }
+        self.retire_vanished();
+        joined
+    }
+
+    /// Retires members whose address vanished from DNS once another member
+    /// of their name can take work.
+    fn retire_vanished(&self) {
+        let members = self.members.load();
+        let vanished = |b: &Backend| b.vanished.load(Ordering::SeqCst);
+        for b in members.backends.iter().filter(|b| vanished(b)) {
+            let replaced = members
+                .backends
+                .iter()
+                .any(|m| m.name == b.name && !vanished(m) && m.available());
+            if replaced && !b.retired.swap(true, Ordering::SeqCst) {
+                tracing::info!(pool = %self.name, backend = %b.label, in_flight = b.in_flight(), "address gone from DNS; draining the member");
+                b.publish();
+            }
+        }
+    }
+
+    /// Retires vanished members that have a replacement, and removes
+    /// retired ones whose in-flight work has ended.
+    pub fn sweep(&self) {
+        self.retire_vanished();
+        if !self.members.load().backends.iter().any(|b| b.leaving()) {
+            return;
+        }
+        let Ok(_changing) = self.changing.lock() else {
+            return;
+        };
+        let current = self.members.load_full();
+        let (left, kept): (Vec<_>, Vec<_>) =
+            current.backends.iter().cloned().partition(|b| b.leaving());
+        self.members.store(Arc::new(Members::new(kept)));
+        for b in left {
+            b.gone.cancel();
+            b.metrics.clear();
+            tracing::info!(pool = %self.name, backend = %b.label, "member drained and removed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Lease;
+    use super::*;
+    use crate::config::{Balance, DnsQuery, NamedConfig};
+
+    fn pool() -> Pool {
+        pool_checked(None)
+    }
+
+    fn pool_checked(health: Option<crate::config::HealthConfig>) -> Pool {
+        let config = PoolConfig {
+            name: "p".into(),
+            balance: Balance::RoundRobin,
+            health,
+            backends: vec![BackendConfig {
+                name: "ip".into(),
+                address: ([127, 0, 0, 1], 9000).into(),
+                weight: 1,
+            }],
+            named: vec![NamedConfig {
+                name: "app".into(),
+                query: DnsQuery::Host {
+                    host: "app.internal".into(),
+                    port: 80,
+                },
+                weight: 1,
+            }],
+            resolve_interval: std::time::Duration::from_secs(1),
+            max_connections_per_backend: 0,
+            queue_timeout: std::time::Duration::from_secs(1),
+            tls: None,
+            send_proxy: None,
+        };
+        Pool::new(&config, 0, Arc::new(AtomicUsize::new(1)), 1)
+    }
+
+    fn at(last: u8, weight: u32) -> Resolved {
+        Resolved {
+            address: ([10, 0, 0, last], 80).into(),
+            weight,
+            from: "app.internal:80".into(),
+        }
+    }
+
+    #[test]
+    fn members_join_retire_and_leave_once_idle() {
+        let p = pool();
+        let named = Arc::clone(&p.named[0]);
+        let joined = p.apply(&named, &[at(1, 1), at(2, 1)], Joining::Serving);
+        assert_eq!(joined.len(), 2);
+        let labels: Vec<String> = p
+            .backends()
+            .backends
+            .iter()
+            .map(|b| b.label.clone())
+            .collect();
+        assert_eq!(labels, ["ip", "app@10.0.0.1:80", "app@10.0.0.2:80"]);
+        assert_eq!(
+            joined[0].index, 1,
+            "members are numbered after the IP backends"
+        );
+        assert_eq!(joined[1].index, 2);
+        assert_eq!(joined[0].state().as_str(), "up", "no checks: up at once");
+
+        let held = Lease::within(&joined[0], 0).expect("a lease");
+        assert!(p.apply(&named, &[at(2, 3)], Joining::Serving).is_empty());
+        assert_eq!(joined[0].state().as_str(), "draining");
+        assert_eq!(joined[1].weight(), 3, "the weight follows the answer");
+        for _ in 0..10 {
+            assert_ne!(p.pick(None).expect("pick").backend().index, 1);
+        }
+        p.sweep();
+        assert_eq!(p.backends().backends.len(), 3, "kept while it has work");
+        drop(held);
+        assert_eq!(joined[0].state().as_str(), "out");
+        p.sweep();
+        assert_eq!(p.backends().backends.len(), 2);
+        assert!(joined[0].gone().is_cancelled());
+    }
+
+    #[test]
+    fn a_returning_address_keeps_its_member() {
+        let p = pool();
+        let named = Arc::clone(&p.named[0]);
+        let joined = p.apply(&named, &[at(1, 1)], Joining::Serving);
+        let held = Lease::within(&joined[0], 0).expect("a lease");
+        let other = p.apply(&named, &[at(2, 1)], Joining::Serving);
+        assert_eq!(joined[0].state().as_str(), "draining");
+        assert!(p.apply(&named, &[at(1, 1)], Joining::Serving).is_empty());
+        assert_eq!(joined[0].state().as_str(), "up");
+        assert_eq!(other[0].state().as_str(), "out");
+        drop(held);
+    }
+
+    #[test]
+    fn a_vanished_member_serves_until_a_new_one_is_up() {
+        let p = pool_checked(Some(crate::config::HealthConfig {
+            kind: crate::config::HealthKind::Tcp,
+            path: "/".into(),
+            interval: std::time::Duration::from_secs(1),
+            timeout: std::time::Duration::from_secs(1),
+            rise: 2,
+            fall: 1,
+        }));
+        let named = Arc::clone(&p.named[0]);
+        let old = p.apply(&named, &[at(1, 1)], Joining::Serving);
+        old[0].observe_check(true, "ok".into());
+        old[0].observe_check(true, "ok".into());
+        let new = p.apply(&named, &[at(2, 1)], Joining::Serving);
+        assert_eq!(
+            new[0].state().as_str(),
+            "down",
+            "a new member waits for `rise`"
+        );
+        assert_eq!(
+            old[0].state().as_str(),
+            "up",
+            "so the old one keeps serving"
+        );
+        let lease = p.pick(None).expect("the old member takes work");
+        assert_eq!(lease.backend().index, old[0].index);
+        drop(lease);
+        new[0].observe_check(true, "ok".into());
+        new[0].observe_check(true, "ok".into());
+        p.sweep();
+        assert_eq!(old[0].state().as_str(), "out");
+        let left: Vec<usize> = p.backends().backends.iter().map(|b| b.index).collect();
+        assert_eq!(left, [0, new[0].index]);
+    }
+
+    #[test]
+    fn a_drained_name_drains_members_that_join_later() {
+        let p = pool();
+        let named = Arc::clone(&p.named[0]);
+        named.set_admin(AdminState::Draining);
+        let joined = p.apply(&named, &[at(1, 1)], Joining::Serving);
+        assert_eq!(joined[0].state().as_str(), "out");
+    }
+}

@@ -1,0 +1,240 @@
+//! Looking up backends named by DNS. hickory-resolver rather than the
+//! system resolver on a blocking thread: `getaddrinfo` gives neither TTLs
+//! (re-resolution follows them) nor SRV records, takes a thread per
+//! lookup, and cannot be pointed at another name server (the tests run
+//! their own). Its cache is off: baton re-resolves on its own clock and
+//! keeps the last good answer itself, and a cached failure or answer would
+//! only hide what the name server says now.
+
+pub mod refresh;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig as Servers};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::net::{DnsError, NetError};
+use hickory_resolver::proto::op::ResponseCode;
+use hickory_resolver::proto::rr::{RData, Record};
+use hickory_resolver::TokioResolver;
+
+use crate::backend::members::Resolved;
+use crate::backend::named::Named;
+use crate::config::{DnsQuery, ResolverConfig};
+
+/// The resolver could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("cannot use the system's resolver configuration (/etc/resolv.conf): {0}")]
+    System(NetError),
+    #[error("cannot build the resolver: {0}")]
+    Build(NetError),
+}
+
+/// Why a resolution gave no set (the last good one stays).
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("no records ({0})")]
+    Empty(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Failure {
+    /// The `result` label of `baton_dns_resolutions_total`.
+    pub fn result(&self) -> &'static str {
+        match self {
+            Failure::Timeout(_) => "timeout",
+            Failure::Empty(_) => "empty",
+            Failure::Failed(_) => "error",
+        }
+    }
+}
+
+/// A good answer: every address, and how long the records hold.
+#[derive(Debug)]
+pub struct Answer {
+    pub resolved: Vec<Resolved>,
+    pub valid_for: Duration,
+}
+
+/// Cheap to clone: clones share the name server connections.
+#[derive(Clone)]
+pub struct Resolver {
+    inner: TokioResolver,
+    /// How long one query waits.
+    pub timeout: Duration,
+}
+
+impl Resolver {
+    /// A resolver on `config`'s name servers, or /etc/resolv.conf's.
+    pub fn new(config: &ResolverConfig) -> Result<Resolver, SetupError> {
+        let provider = TokioRuntimeProvider::default();
+        let mut builder = if config.nameservers.is_empty() {
+            TokioResolver::builder_tokio().map_err(SetupError::System)?
+        } else {
+            let servers = config.nameservers.iter().map(|addr| {
+                let mut udp = ConnectionConfig::udp();
+                udp.port = addr.port();
+                let mut tcp = ConnectionConfig::tcp();
+                tcp.port = addr.port();
+                NameServerConfig::new(addr.ip(), true, vec![udp, tcp])
+            });
+            TokioResolver::builder_with_config(
+                Servers::from_name_servers(servers.collect()),
+                provider,
+            )
+        };
+        let options = builder.options_mut();
+        options.timeout = config.timeout;
+        options.attempts = 1;
+        options.cache_size = 0;
+        Ok(Resolver {
+            inner: builder.build().map_err(SetupError::Build)?,
+            timeout: config.timeout,
+        })
+    }
+
+    /// Every address `named` stands for now.
+    pub async fn resolve(&self, named: &Named) -> Result<Answer, Failure> {
+        match &named.query {
+            DnsQuery::Host { host, port } => {
+                let from = named.query.to_string();
+                self.host(host, *port, named.weight, &from).await
+            }
+            DnsQuery::Srv(name) => self.srv(name).await,
+        }
+    }
+
+    async fn host(
+        &self,
+        host: &str,
+        port: u16,
+        weight: u32,
+        from: &str,
+    ) -> Result<Answer, Failure> {
+        let lookup = self
+            .inner
+            .lookup_ip(host)
+            .await
+            .map_err(|e| self.failure(e))?;
+        let mut resolved: Vec<Resolved> = Vec::new();
+        for ip in lookup.iter() {
+            let address = SocketAddr::new(ip, port);
+            if !resolved.iter().any(|r| r.address == address) {
+                resolved.push(Resolved {
+                    address,
+                    weight,
+                    from: from.to_string(),
+                });
+            }
+        }
+        if resolved.is_empty() {
+            return Err(Failure::Empty(format!("no address for {host}")));
+        }
+        Ok(Answer {
+            resolved,
+            valid_for: until(lookup.valid_until()),
+        })
+    }
+
+    /// One member per address of each target of the SRV records of the
+    /// lowest priority (higher ones are fallbacks baton does not use).
+    async fn srv(&self, name: &str) -> Result<Answer, Failure> {
+        let lookup = self
+            .inner
+            .srv_lookup(name)
+            .await
+            .map_err(|e| self.failure(e))?;
+        let records: Vec<_> = lookup
+            .answers()
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::SRV(srv) => Some(srv.clone()),
+                _ => None,
+            })
+            .collect();
+        let Some(lowest) = records.iter().map(|s| s.priority).min() else {
+            return Err(Failure::Empty(format!("no SRV records for {name}")));
+        };
+        let mut valid_for = until(lookup.valid_until());
+        let mut resolved: Vec<Resolved> = Vec::new();
+        for srv in records.iter().filter(|s| s.priority == lowest) {
+            let target = srv.target.to_string();
+            let from = format!("{}:{}", target.trim_end_matches('.'), srv.port);
+            let (ips, held) = self.target(&target, lookup.additionals()).await?;
+            valid_for = valid_for.min(held);
+            for ip in ips {
+                let address = SocketAddr::new(ip, srv.port);
+                if !resolved.iter().any(|r| r.address == address) {
+                    resolved.push(Resolved {
+                        address,
+                        weight: u32::from(srv.weight).max(1),
+                        from: from.clone(),
+                    });
+                }
+            }
+        }
+        if resolved.is_empty() {
+            return Err(Failure::Empty(format!(
+                "no address for the targets of {name}"
+            )));
+        }
+        Ok(Answer {
+            resolved,
+            valid_for,
+        })
+    }
+
+    /// An SRV target's addresses: from the answer's additional records when
+    /// the server sent them, else looked up. A target without addresses
+    /// adds none; any other failure fails the whole answer (half an answer
+    /// would drain the other half's members).
+    async fn target(
+        &self,
+        target: &str,
+        additionals: &[Record],
+    ) -> Result<(Vec<std::net::IpAddr>, Duration), Failure> {
+        let given: Vec<std::net::IpAddr> = additionals
+            .iter()
+            .filter(|r| r.name.to_string() == target)
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(std::net::IpAddr::V4(a.0)),
+                RData::AAAA(a) => Some(std::net::IpAddr::V6(a.0)),
+                _ => None,
+            })
+            .collect();
+        if !given.is_empty() {
+            return Ok((given, Duration::MAX));
+        }
+        match self.inner.lookup_ip(target).await {
+            Ok(lookup) => Ok((lookup.iter().collect(), until(lookup.valid_until()))),
+            Err(e) => match self.failure(e) {
+                Failure::Empty(_) => Ok((Vec::new(), Duration::MAX)),
+                other => Err(other),
+            },
+        }
+    }
+
+    fn failure(&self, err: NetError) -> Failure {
+        match &err {
+            NetError::Timeout => Failure::Timeout(self.timeout),
+            NetError::Dns(DnsError::NoRecordsFound(none))
+                if matches!(
+                    none.response_code,
+                    ResponseCode::NoError | ResponseCode::NXDomain
+                ) =>
+            {
+                Failure::Empty(err.to_string())
+            }
+            _ => Failure::Failed(err.to_string()),
+        }
+    }
+}
+
+/// Time left until `deadline` (zero once past).
+fn until(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}

@@ -1,0 +1,151 @@
+//! Keeping named backends current while a generation runs: one task per
+//! named backend resolves, makes the pool's members match the answer, and
+//! sleeps until the records expire, clamped to [1 s, `resolve_interval`]
+//! (a shorter interval is its own floor), sweeping drained members out
+//! meanwhile. A failure or an empty answer keeps the last good set. The
+//! tasks stop with the generation's other background work.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Resolver;
+use crate::backend::members::Joining;
+use crate::backend::named::Named;
+use crate::backend::{probe, Pool};
+use crate::lifecycle::handoff::ResolvedCarry;
+use crate::metrics;
+
+/// How often drained members are looked for between resolutions.
+const SWEEP: Duration = Duration::from_millis(250);
+
+/// The resolver a config needs (none when no backend is named by DNS).
+pub fn resolver_for(config: &crate::config::Config) -> Result<Option<Resolver>, super::SetupError> {
+    if config.pools.iter().all(|p| p.named.is_empty()) {
+        return Ok(None);
+    }
+    Resolver::new(&config.resolver).map(Some)
+}
+
+/// Gives each named backend its first members before the generation
+/// serves: the set an older generation carried over (so a reload while DNS
+/// is down starts full), else one resolution now, bounded by the
+/// resolver's timeout (DNS down at a first start leaves the name empty,
+/// and the rest of the config serves).
+pub async fn first_members(pools: &[Arc<Pool>], resolver: &Resolver, carried: &[ResolvedCarry]) {
+    let mut lookups = tokio::task::JoinSet::new();
+    for pool in pools {
+        for named in &pool.named {
+            let query = named.query.to_string();
+            let kept = carried
+                .iter()
+                .find(|c| c.pool == pool.name && c.name == named.name && c.query == query);
+            match kept {
+                Some(c) => {
+                    named.answer(c.resolved.clone());
+                    pool.apply(named, &c.resolved, Joining::AtStart);
+                }
+                None => {
+                    let (pool, named) = (Arc::clone(pool), Arc::clone(named));
+                    let resolver = resolver.clone();
+                    lookups.spawn(async move {
+                        let bound = resolver.timeout;
+                        let first = once(&pool, &named, &resolver, Joining::AtStart, None);
+                        if tokio::time::timeout(bound, first).await.is_err() {
+                            tracing::warn!(pool = %pool.name, backend = %named.name, "no DNS answer at start; the name has no backends until one comes");
+                        }
+                    });
+                }
+            }
+        }
+    }
+    while lookups.join_next().await.is_some() {}
+}
+
+/// Starts re-resolving every named backend; stops when `stop` is cancelled.
+pub fn spawn_all(pools: &[Arc<Pool>], resolver: &Resolver, stop: &CancellationToken) {
+    for pool in pools {
+        for named in &pool.named {
+            tokio::spawn(run(
+                Arc::clone(pool),
+                Arc::clone(named),
+                resolver.clone(),
+                stop.clone(),
+            ));
+        }
+    }
+}
+
+/// The last good answers, for the next generation.
+pub fn carry_out(pools: &[Arc<Pool>]) -> Vec<ResolvedCarry> {
+    pools
+        .iter()
+        .flat_map(|p| p.named.iter().map(move |n| (p, n)))
+        .filter_map(|(p, n)| {
+            n.last().map(|resolved| ResolvedCarry {
+                pool: p.name.clone(),
+                name: n.name.clone(),
+                query: n.query.to_string(),
+                resolved,
+            })
+        })
+        .collect()
+}
+
+async fn run(pool: Arc<Pool>, named: Arc<Named>, resolver: Resolver, stop: CancellationToken) {
+    loop {
+        let next = tokio::select! {
+            () = stop.cancelled() => return,
+            next = once(&pool, &named, &resolver, Joining::Serving, Some(&stop)) => next,
+        };
+        let due = Instant::now() + next;
+        while Instant::now() < due {
+            let pause = SWEEP.min(due - Instant::now());
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pool.sweep();
+        }
+    }
+}
+
+/// Resolves `named` once and applies the answer to its pool, starting
+/// health checks of members that join (with `checks`, while serving).
+/// Returns when to resolve again.
+async fn once(
+    pool: &Pool,
+    named: &Named,
+    resolver: &Resolver,
+    joining: Joining,
+    checks: Option<&CancellationToken>,
+) -> Duration {
+    let interval = pool.resolve_interval;
+    match resolver.resolve(named).await {
+        Ok(answer) => {
+            metrics::dns_resolution(&pool.name, "ok");
+            if named.answer(answer.resolved.clone()) {
+                tracing::info!(pool = %pool.name, backend = %named.name, "DNS answers again");
+            }
+            let joined = pool.apply(named, &answer.resolved, joining);
+            if let Some(stop) = checks {
+                for member in &joined {
+                    probe::spawn_member(pool, member, stop);
+                }
+            }
+            answer
+                .valid_for
+                .clamp(interval.min(Duration::from_secs(1)), interval)
+        }
+        Err(failure) => {
+            metrics::dns_resolution(&pool.name, failure.result());
+            if named.failed() {
+                let kept = named.last().map_or(0, |l| l.len());
+                tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, kept, "DNS resolution failed; keeping the last good set");
+            }
+            interval
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! Backends named by DNS through the real binary, answered by the tests'
+//! own DNS server on loopback while load runs: an address that moves, a
+//! name server that fails or goes silent, SRV weights, a reload with DNS
+//! down, what `/status` and `/metrics` show, and `baton check`.
+
+mod support;
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use serde_json::Value;
+use support::backend::HttpBackend;
+use support::client;
+use support::daemon::{Baton, Spec};
+use support::dns::{DnsServer, Mode};
+use support::load::{Load, Targets};
+
+const HOST: &str = "app.baton.test";
+const CHECKS: &str = "health = { kind = \"http\", path = \"/health\", interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 3 }";
+
+/// Backends on one port of two loopback addresses (an A record gives an
+/// address, not a port): 127.0.0.2 and 127.0.0.3.
+async fn two_hosts() -> (HttpBackend, HttpBackend) {
+    let first = HttpBackend::start_on("a", "127.0.0.2:0".parse().expect("addr")).await;
+    let port = first.addr.port();
+    let second = HttpBackend::start_on("b", SocketAddr::from(([127, 0, 0, 3], port))).await;
+    (first, second)
+}
+
+/// Everything a test of a host name needs: the DNS server, two backends
+/// (`a` on 127.0.0.2, `b` on 127.0.0.3), and baton started on
+/// [`named_spec`] once `HOST` resolves to the addresses ending in `last`.
+struct Named {
+    dns: DnsServer,
+    first: HttpBackend,
+    second: HttpBackend,
+    baton: Baton,
+}
+
+async fn named(last: &[u8], extra: &str) -> Named {
+    let dns = DnsServer::start().await;
+    let (first, second) = two_hosts().await;
+    let ips: Vec<Ipv4Addr> = last.iter().map(|&l| Ipv4Addr::new(127, 0, 0, l)).collect();
+    dns.set_a(HOST, &ips);
+    let baton = Baton::start(named_spec(&dns, first.addr.port(), extra)).await;
+    Named {
+        dns,
+        first,
+        second,
+        baton,
+    }
+}
+
+/// A pool "app" whose one backend is `HOST` at `port`, resolved on `dns`
+/// every 200 ms, behind an http listener "web".
+fn named_spec(dns: &DnsServer, port: u16, extra: &str) -> Spec {
+    Spec::new()
+        .section(&format!(
+            "[resolver]\nnameservers = [\"{}\"]\ntimeout = \"300ms\"\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\n{extra}\nbackends = [{{ name = \"app\", address = \"{HOST}:{port}\" }}]\n",
+            dns.addr
+        ))
+        .http("web", "app")
+}
+
+async fn status(admin: SocketAddr) -> Value {
+    let a = client::get(admin, "/status").await.expect("status");
+    serde_json::from_str(&a.body).expect("status json")
+}
+
+/// `/status`'s backends of pool "app", by address: (address, state).
+async fn members(admin: SocketAddr) -> Vec<(String, String)> {
+    let v = status(admin).await;
+    v["pools"][0]["backends"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| {
+            let s = |k: &str| b[k].as_str().unwrap_or("").to_string();
+            (s("address"), s("state"))
+        })
+        .collect()
+}
+
+async fn wait_members(admin: SocketAddr, want: &[(String, &str)]) {
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, s)| (a.clone(), s.to_string()))
+        .collect();
+    let what = format!("members {want:?}");
+    support::eventually(&what, || {
+        let want = want.clone();
+        async move { members(admin).await == want }
+    })
+    .await;
+}
+
+/// The value of one series in `/metrics` (0 when absent).
+async fn sample(admin: SocketAddr, series: &str) -> f64 {
+    client::metrics(admin)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+fn load_on(baton: &Baton) -> Load {
+    Load::start(Targets {
+        http: Some(baton.addr("web")),
+        tcp: None,
+        names: vec!["a", "b"],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_that_moves_drains_the_old_member_and_fails_nothing() {
+    let Named {
+        dns,
+        first,
+        second,
+        baton,
+    } = named(&[2], CHECKS).await;
+    let (old, new) = (first.addr.to_string(), second.addr.to_string());
+    wait_members(baton.admin, &[(old.clone(), "up")]).await;
+    let load = load_on(&baton);
+    load.progress(50).await;
+    let web = baton.addr("web");
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the gated request reached the first backend", || async {
+        first.held() == 1
+    })
+    .await;
+
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 3)]);
+    // The new member comes in through `rise`; the old one drains meanwhile.
+    wait_members(
+        baton.admin,
+        &[(old.clone(), "draining"), (new.clone(), "up")],
+    )
+    .await;
+    support::eventually("traffic reaches the second backend", || async {
+        second.hits() > 20
+    })
+    .await;
+    first.release();
+    let answer = held.await.expect("join").expect("gated answer");
+    assert_eq!(answer.status, 200);
+    wait_members(baton.admin, &[(new.clone(), "up")]).await;
+    let first_hits = first.hits();
+    load.progress(100).await;
+    assert_eq!(
+        first.hits(),
+        first_hits,
+        "nothing reaches the removed member"
+    );
+    load.stop().await.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servfail_silence_and_empty_answers_keep_the_last_set() {
+    let Named {
+        dns, first, baton, ..
+    } = named(&[2], "").await;
+    wait_members(baton.admin, &[(first.addr.to_string(), "up")]).await;
+    let load = load_on(&baton);
+    load.progress(20).await;
+    for (mode, result) in [
+        (Mode::ServFail, "error"),
+        (Mode::Silent, "timeout"),
+        (Mode::Empty, "empty"),
+    ] {
+        dns.set_mode(mode);
+        // A few resolutions' worth (one query each, A then AAAA when empty).
+        dns.more_queries(4).await;
+        let series = format!("baton_dns_resolutions_total{{pool=\"app\",result=\"{result}\"}}");
+        support::eventually(&format!("{result} counted"), || async {
+            sample(baton.admin, &series).await > 0.0
+        })
+        .await;
+        assert_eq!(
+            members(baton.admin).await,
+            [(first.addr.to_string(), "up".to_string())]
+        );
+        load.progress(20).await;
+    }
+    dns.set_mode(Mode::Answer);
+    let ok = "baton_dns_resolutions_total{pool=\"app\",result=\"ok\"}";
+    let before = sample(baton.admin, ok).await;
+    support::eventually("DNS answers again", || async {
+        sample(baton.admin, ok).await > before
+    })
+    .await;
+    assert!(baton.log().contains("keeping the last good set"));
+    load.stop().await.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn srv_records_give_one_member_each_weighted_by_the_record() {
+    let dns = DnsServer::start().await;
+    let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
+    dns.set_a("a.baton.test", &[Ipv4Addr::LOCALHOST]);
+    dns.set_a("b.baton.test", &[Ipv4Addr::LOCALHOST]);
+    dns.set_srv(
+        "_http._tcp.app.baton.test",
+        &[
+            (10, 1, a.addr.port(), "a.baton.test"),
+            (10, 3, b.addr.port(), "b.baton.test"),
+            (20, 5, 1, "fallback.baton.test"),
+        ],
+    );
+    let spec = Spec::new()
+        .section(&format!(
+            "[resolver]\nnameservers = [\"{}\"]\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nsrv = \"_http._tcp.app.baton.test\"\n",
+            dns.addr
+        ))
+        .http("web", "app");
+    let baton = Baton::start(spec).await;
+    wait_members(
+        baton.admin,
+        &[(a.addr.to_string(), "up"), (b.addr.to_string(), "up")],
+    )
+    .await;
+    let v = status(baton.admin).await;
+    let weights: Vec<&Value> = v["pools"][0]["backends"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| &b["weight"])
+        .collect();
+    assert_eq!(weights, [1, 3]);
+    let web = baton.addr("web");
+    let mut conn = client::connect(web).await.expect("connect");
+    for i in 0..400 {
+        let answer = client::send(&mut conn, web, &format!("/r/{i}"))
+            .await
+            .expect("request");
+        assert_eq!(answer.status, 200);
+    }
+    assert_eq!(
+        (a.hits(), b.hits()),
+        (100, 300),
+        "smooth round robin is exact per weight"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_while_dns_is_silent_serves_the_carried_set() {
+    let Named {
+        dns, first, baton, ..
+    } = named(&[2], CHECKS).await;
+    wait_members(baton.admin, &[(first.addr.to_string(), "up")]).await;
+    dns.set_mode(Mode::Silent);
+    let load = load_on(&baton);
+    load.progress(20).await;
+    let old = baton.serving_pid().await;
+    let new = baton.reload_ok().await;
+    assert_ne!(old, new);
+    baton.settled().await;
+    load.progress(50).await;
+    assert_eq!(
+        members(baton.admin).await,
+        [(first.addr.to_string(), "up".to_string())]
+    );
+    let ready = client::get(baton.admin, "/readyz").await.expect("readyz");
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    load.stop().await.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_metrics_show_each_address_under_the_name() {
+    let Named {
+        first,
+        second,
+        baton,
+        ..
+    } = named(&[2, 3], "").await;
+    let (a, b) = (first.addr.to_string(), second.addr.to_string());
+    wait_members(baton.admin, &[(a.clone(), "up"), (b.clone(), "up")]).await;
+    let v = status(baton.admin).await;
+    let from = format!("{HOST}:{}", first.addr.port());
+    for m in v["pools"][0]["backends"].as_array().into_iter().flatten() {
+        assert_eq!(m["name"], "app", "{m}");
+        assert_eq!(m["resolved_from"], from.as_str(), "{m}");
+    }
+    assert_eq!(v["pools"][0]["named"][0]["query"], from.as_str());
+    let text = client::metrics(baton.admin).await;
+    for address in [&a, &b] {
+        let series =
+            format!("baton_backend_state{{pool=\"app\",backend=\"app@{address}\",state=\"up\"}} 1");
+        assert!(text.contains(&series), "{series} in\n{text}");
+    }
+    // The name reaches every member.
+    let drained = client::call(baton.admin, "POST", "/backends/app/drain", None)
+        .await
+        .expect("drain");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+    wait_members(baton.admin, &[(a.clone(), "out"), (b.clone(), "out")]).await;
+    // And stays so across a reload, for the name as for its members.
+    baton.reload_ok().await;
+    baton.settled().await;
+    wait_members(baton.admin, &[(a.clone(), "out"), (b.clone(), "out")]).await;
+    assert_eq!(
+        status(baton.admin).await["pools"][0]["named"][0]["admin"],
+        "draining"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_down_at_first_start_leaves_the_name_waiting_and_the_rest_serving() {
+    let dns = DnsServer::start().await;
+    dns.set_mode(Mode::ServFail);
+    let (first, _second) = two_hosts().await;
+    let other = HttpBackend::start("b").await;
+    let spec = named_spec(&dns, first.addr.port(), "")
+        .pool("other", &[other.addr])
+        .http("side", "other");
+    let baton = Baton::spawn(spec, &[]);
+    support::eventually("readyz names the pool waiting for DNS", || async {
+        client::get(baton.admin, "/readyz")
+            .await
+            .is_ok_and(|a| a.status == 503 && a.body.contains("waiting for DNS: app"))
+    })
+    .await;
+    let side = client::get(baton.addr("side"), "/x")
+        .await
+        .expect("other pool");
+    assert_eq!(side.status, 200);
+    let app = client::get(baton.addr("web"), "/x").await.expect("app");
+    assert_eq!(app.status, 503, "no member yet");
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    dns.set_mode(Mode::Answer);
+    baton.wait_ready().await;
+    let app = client::get(baton.addr("web"), "/x").await.expect("app");
+    assert_eq!((app.status, app.body.as_str()), (200, "a /x\n"));
+}
+
+#[test]
+fn check_refuses_bad_names_naming_the_key_and_prints_good_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("dns.toml");
+    let listener = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\n";
+    let run = |text: String| {
+        std::fs::write(&path, text).expect("write");
+        let out = std::process::Command::new(support::daemon::BIN)
+            .args(["check", "-c"])
+            .arg(&path)
+            .output()
+            .expect("run baton check");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, _, stderr) = run(format!(
+        "{listener}srv = \"_http.tcp.app.internal\"\nbackends = [{{ name = \"a\", address = \"app1..internal:8080\" }}, {{ name = \"b\", address = \"app2.internal\" }}]\n"
+    ));
+    assert_eq!(code, Some(78), "{stderr}");
+    assert!(
+        stderr.contains("pools[0].srv: \"_http.tcp.app.internal\""),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("pools[0].backends[0].address: \"app1..internal:8080\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("pools[0].backends[1].address: \"app2.internal\" is not an ip:port or host:port: the port is missing"), "{stderr}");
+    let (code, stdout, stderr) = run(format!(
+        "[resolver]\nnameservers = [\"127.0.0.1:5353\"]\n\n{listener}srv = \"_http._tcp.app.internal\"\nresolve_interval = \"10s\"\nbackends = [{{ name = \"a\", address = \"app1.internal:8080\", weight = 2 }}]\n"
+    ));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("pool app backend _http._tcp.app.internal from DNS SRV _http._tcp.app.internal, resolved every 10s"), "{stdout}");
+    assert!(
+        stdout.contains("pool app backend a from DNS A/AAAA app1.internal:8080, weight 2"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("resolver nameservers 127.0.0.1:5353, timeout 2s"),
+        "{stdout}"
+    );
+}

@@ -1,0 +1,200 @@
+//! A small DNS server on 127.0.0.1 (UDP) whose answers a test changes
+//! while baton runs: A records, SRV records (with their targets' A records
+//! as additionals), SERVFAIL, silence (the resolver times out) and empty
+//! NOERROR answers. Messages are built and parsed with hickory-proto.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::rdata::{A, SRV};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+
+/// How the server answers every query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// From its records (NOERROR, empty when it has none of that type).
+    Answer,
+    /// SERVFAIL to everything.
+    ServFail,
+    /// No answer at all.
+    Silent,
+    /// NOERROR with no records, whatever it holds.
+    Empty,
+}
+
+/// One SRV record: priority, weight, port, target.
+pub type SrvRecord = (u16, u16, u16, &'static str);
+
+struct Zone {
+    mode: Mode,
+    ttl: u32,
+    a: HashMap<String, Vec<Ipv4Addr>>,
+    srv: HashMap<String, Vec<SrvRecord>>,
+}
+
+pub struct DnsServer {
+    pub addr: SocketAddr,
+    zone: Arc<Mutex<Zone>>,
+    /// Queries received, answered or not.
+    queries: Arc<AtomicU64>,
+    stop: CancellationToken,
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// `App1.Test.` → `app1.test`: how names are keyed here.
+fn key(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+impl DnsServer {
+    pub async fn start() -> DnsServer {
+        let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind dns");
+        let addr = socket.local_addr().expect("dns addr");
+        let zone = Arc::new(Mutex::new(Zone {
+            mode: Mode::Answer,
+            ttl: 1,
+            a: HashMap::new(),
+            srv: HashMap::new(),
+        }));
+        let queries = Arc::new(AtomicU64::new(0));
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(
+            socket,
+            Arc::clone(&zone),
+            Arc::clone(&queries),
+            stop.clone(),
+        ));
+        DnsServer {
+            addr,
+            zone,
+            queries,
+            stop,
+        }
+    }
+
+    fn edit(&self, change: impl FnOnce(&mut Zone)) {
+        change(&mut self.zone.lock().expect("zone"));
+    }
+
+    pub fn set_a(&self, name: &str, ips: &[Ipv4Addr]) {
+        self.edit(|z| {
+            z.a.insert(key(name), ips.to_vec());
+        });
+    }
+
+    pub fn set_srv(&self, name: &str, records: &[SrvRecord]) {
+        self.edit(|z| {
+            z.srv.insert(key(name), records.to_vec());
+        });
+    }
+
+    pub fn set_mode(&self, mode: Mode) {
+        self.edit(|z| z.mode = mode);
+    }
+
+    pub fn queries(&self) -> u64 {
+        self.queries.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` more queries have come in (the resolver tried `n`
+    /// more times), bounded like every wait.
+    pub async fn more_queries(&self, n: u64) {
+        let target = self.queries() + n;
+        super::eventually(&format!("{n} more DNS queries"), || async move {
+            self.queries() >= target
+        })
+        .await;
+    }
+}
+
+async fn serve(
+    socket: UdpSocket,
+    zone: Arc<Mutex<Zone>>,
+    queries: Arc<AtomicU64>,
+    stop: CancellationToken,
+) {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, peer) = tokio::select! {
+            () = stop.cancelled() => return,
+            r = socket.recv_from(&mut buf) => match r {
+                Ok(r) => r,
+                Err(_) => return,
+            },
+        };
+        queries.fetch_add(1, Ordering::Relaxed);
+        let Ok(query) = Message::from_vec(&buf[..n]) else {
+            continue;
+        };
+        let reply = match zone.lock() {
+            Ok(z) => answer(&z, &query),
+            Err(_) => None,
+        };
+        if let Some(bytes) = reply.and_then(|m| m.to_vec().ok()) {
+            let _ = socket.send_to(&bytes, peer).await;
+        }
+    }
+}
+
+/// The reply to `query` as the zone stands, or `None` to stay silent.
+fn answer(zone: &Zone, query: &Message) -> Option<Message> {
+    let mut reply = Message::response(query.metadata.id, query.metadata.op_code);
+    reply.metadata.recursion_desired = query.metadata.recursion_desired;
+    reply.metadata.recursion_available = true;
+    reply.add_queries(query.queries.iter().cloned());
+    match zone.mode {
+        Mode::Silent => return None,
+        Mode::ServFail => {
+            reply.metadata.response_code = ResponseCode::ServFail;
+            return Some(reply);
+        }
+        Mode::Empty => return Some(reply),
+        Mode::Answer => {}
+    }
+    let Some(q) = query.queries.first() else {
+        return Some(reply);
+    };
+    let name = key(&q.name().to_string());
+    match q.query_type() {
+        RecordType::A => {
+            for ip in zone.a.get(&name).into_iter().flatten() {
+                reply.add_answer(Record::from_rdata(
+                    q.name().clone(),
+                    zone.ttl,
+                    RData::A(A(*ip)),
+                ));
+            }
+        }
+        RecordType::SRV => {
+            for &(priority, weight, port, target) in zone.srv.get(&name).into_iter().flatten() {
+                let target_name = Name::from_str(&format!("{target}.")).expect("target name");
+                let srv = SRV::new(priority, weight, port, target_name.clone());
+                reply.add_answer(Record::from_rdata(
+                    q.name().clone(),
+                    zone.ttl,
+                    RData::SRV(srv),
+                ));
+                for ip in zone.a.get(&key(target)).into_iter().flatten() {
+                    reply.add_additional(Record::from_rdata(
+                        target_name.clone(),
+                        zone.ttl,
+                        RData::A(A(*ip)),
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+    Some(reply)
+}
