@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod resolve;
+pub mod splitmix;
 pub mod telemetry;
 pub mod tls;
 pub mod workers;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::Backend;
 use crate::config::Balance;
+use crate::splitmix::mix;
 
 /// Per-pool state the strategies keep between picks.
 pub struct PickState {
@@ -112,14 +113,6 @@ fn weighted_sample(
     }
     // A backend turned unavailable mid-pick: take the first still there.
     first
-}
-
-/// splitmix64: a cheap, well-spread hash for the random choices.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 #[cfg(test)]

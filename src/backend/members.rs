@@ -16,7 +16,6 @@ use super::health::Health;
 use super::named::Named;
 use super::{authority_of, balance, idle, AdminState, Backend, Pool};
 use crate::config::{BackendConfig, PoolConfig};
-use crate::metrics;
 
 /// The backends of a pool at one moment, with the pick state that goes
 /// with their positions.
@@ -139,7 +138,7 @@ impl Recipe {
         };
         let backend = Backend {
             index: id.index,
-            metrics: metrics::backend(&self.pool, &id.label),
+            metrics: super::metrics::register(&self.pool, &id.label),
             name: id.name,
             label: id.label,
             resolved_from: id.resolved_from,

@@ -14,6 +14,7 @@ pub mod connector;
 pub mod health;
 pub mod idle;
 pub mod members;
+pub mod metrics;
 pub mod named;
 pub mod probe;
 pub mod stream;
@@ -26,8 +27,9 @@ use std::time::SystemTime;
 use arc_swap::ArcSwap;
 use tokio_util::sync::CancellationToken;
 
+use self::metrics::BackendMetrics;
 use crate::config::{Balance, HealthConfig, PoolConfig};
-use crate::metrics::{self, BackendMetrics, UpstreamErrorKind};
+use crate::metrics::UpstreamErrorKind;
 use health::{Flip, Health};
 use members::{Members, Recipe};
 use named::Named;
@@ -234,7 +236,7 @@ impl Backend {
     /// A request or connection to it failed: counted by `kind`, kept for
     /// `/status`, and a passive health failure when `blames_backend`.
     pub fn upstream_failed(&self, kind: UpstreamErrorKind, detail: &str, blames_backend: bool) {
-        metrics::upstream_error(&self.pool, &self.label, kind);
+        crate::metrics::upstream_error(&self.pool, &self.label, kind);
         if let Ok(mut e) = self.last_error.lock() {
             *e = Some(CheckRecord {
                 at: SystemTime::now(),
@@ -383,9 +385,9 @@ impl Pool {
     ) -> Pool {
         let freed =
             (config.max_connections_per_backend > 0).then(|| Arc::new(tokio::sync::Notify::new()));
-        metrics::queue_timeouts(&config.name);
+        crate::metrics::queue_timeouts(&config.name);
         if !config.named.is_empty() {
-            metrics::dns_resolutions(&config.name);
+            crate::metrics::dns_resolutions(&config.name);
         }
         let recipe = Recipe::new(config, freed.clone(), workers, next_index);
         let backends: Vec<Arc<Backend>> = config
@@ -482,7 +484,7 @@ impl Pool {
                 return Err(NoLease::NoBackend);
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
-                metrics::queue_timeout(&self.name);
+                crate::metrics::queue_timeout(&self.name);
                 return Err(NoLease::QueueTimeout);
             }
         }

@@ -4,7 +4,7 @@
 //! at teardown or when a member resolved from DNS leaves its pool. An `http` check GETs `path` (2xx/3xx is healthy); a `tcp`
 //! check connects.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,8 +145,6 @@ fn record(backend: &Backend, result: Result<(), String>) {
 /// `interval` ± 10 %, so many backends' checks spread out over time.
 fn jittered(interval: Duration) -> Duration {
     static NEXT: AtomicU64 = AtomicU64::new(0x853c_49e6_748f_ea9b);
-    let mut x = NEXT.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
-    x = (x ^ (x >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    let unit = (x >> 11) as f64 / (1u64 << 53) as f64;
+    let unit = crate::splitmix::unit(crate::splitmix::next(&NEXT));
     interval.mul_f64(0.9 + 0.2 * unit)
 }

@@ -136,10 +136,7 @@ impl DrainWatch {
 /// to place streams across the spread window, no RNG dependency.
 fn jitter() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0x2545_f491_4f6c_dd1d);
-    let mut x = NEXT.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+    crate::splitmix::next(&NEXT)
 }
 
 #[cfg(test)]

@@ -303,39 +303,6 @@ pub fn requests(listener: &str, pool: &str) -> RequestMetrics {
     }
 }
 
-/// Per-backend handles: in-flight gauge, state gauges, check counters.
-pub struct BackendMetrics {
-    pub in_flight: Gauge,
-    states: Vec<(crate::backend::BackendState, Gauge)>,
-    checks_ok: Counter,
-    checks_failed: Counter,
-}
-
-impl BackendMetrics {
-    pub fn state(&self, current: crate::backend::BackendState) {
-        for (state, gauge) in &self.states {
-            gauge.set(if *state == current { 1.0 } else { 0.0 });
-        }
-    }
-
-    /// A backend that left its pool: its gauges say nothing any more
-    /// (the recorder cannot drop a series).
-    pub fn clear(&self) {
-        self.in_flight.set(0.0);
-        for (_, gauge) in &self.states {
-            gauge.set(0.0);
-        }
-    }
-
-    pub fn check(&self, ok: bool) {
-        if ok {
-            self.checks_ok.increment(1);
-        } else {
-            self.checks_failed.increment(1);
-        }
-    }
-}
-
 /// The results a resolution of a pool's named backends can have.
 const DNS_RESULTS: [&str; 4] = ["ok", "empty", "timeout", "error"];
 
@@ -349,34 +316,6 @@ pub fn dns_resolutions(pool: &str) {
 
 pub fn dns_resolution(pool: &str, result: &'static str) {
     metrics::counter!(DNS_RESOLUTIONS, "pool" => pool.to_string(), "result" => result).increment(1);
-}
-
-pub fn backend(pool: &str, backend: &str) -> BackendMetrics {
-    for kind in ["connect", "timeout", "protocol"] {
-        metrics::counter!(UPSTREAM_ERRORS, "pool" => pool.to_string(), "backend" => backend.to_string(), "kind" => kind)
-            .absolute(0);
-    }
-    let labels = |extra: (&'static str, &'static str)| {
-        vec![
-            metrics::Label::new("pool", pool.to_string()),
-            metrics::Label::new("backend", backend.to_string()),
-            metrics::Label::new(extra.0, extra.1),
-        ]
-    };
-    BackendMetrics {
-        in_flight: metrics::gauge!(BACKEND_IN_FLIGHT, "pool" => pool.to_string(), "backend" => backend.to_string()),
-        states: crate::backend::BackendState::ALL
-            .iter()
-            .map(|s| {
-                (
-                    *s,
-                    metrics::gauge!(BACKEND_STATE, labels(("state", s.as_str()))),
-                )
-            })
-            .collect(),
-        checks_ok: metrics::counter!(HEALTH_CHECKS, labels(("result", "ok"))),
-        checks_failed: metrics::counter!(HEALTH_CHECKS, labels(("result", "failed"))),
-    }
 }
 
 /// Why a client connection was cut on the client's account.
