@@ -85,15 +85,6 @@ impl AdminState {
             AdminState::Out => "out",
         }
     }
-
-    pub fn parse(s: &str) -> Option<AdminState> {
-        match s {
-            "enabled" => Some(AdminState::Enabled),
-            "draining" => Some(AdminState::Draining),
-            "out" => Some(AdminState::Out),
-            _ => None,
-        }
-    }
 }
 
 /// The last active check or upstream failure, for `/status`.

@@ -3,6 +3,7 @@
 //! first health round.
 
 use super::*;
+use crate::lifecycle::handoff::CarriedAdmin;
 
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn start(
@@ -300,8 +301,11 @@ fn access_log(
 /// with its query as the address (members that join later take it).
 pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
     for c in carried {
-        let Some(admin) = AdminState::parse(&c.admin) else {
-            continue;
+        let admin = match c.admin {
+            CarriedAdmin::Enabled => AdminState::Enabled,
+            CarriedAdmin::Draining => AdminState::Draining,
+            CarriedAdmin::Out => AdminState::Out,
+            CarriedAdmin::Unknown => continue,
         };
         for p in pools.iter().filter(|p| p.name == c.pool) {
             let named = p.named.iter().find(|n| n.name == c.name);
@@ -320,6 +324,14 @@ pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
     }
 }
 
+fn carried(admin: AdminState) -> CarriedAdmin {
+    match admin {
+        AdminState::Enabled => CarriedAdmin::Enabled,
+        AdminState::Draining => CarriedAdmin::Draining,
+        AdminState::Out => CarriedAdmin::Out,
+    }
+}
+
 /// What this generation carries to the next about its backends (and the
 /// names resolved from DNS that the operator drained).
 pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
@@ -331,7 +343,7 @@ pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
                 pool: p.name.clone(),
                 name: n.name.clone(),
                 address: n.query.to_string(),
-                admin: n.admin().as_str().to_string(),
+                admin: carried(n.admin()),
                 healthy: None,
             })
     });
@@ -342,7 +354,7 @@ pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
             pool: b.pool.clone(),
             name: b.name.clone(),
             address: b.address.to_string(),
-            admin: b.admin().as_str().to_string(),
+            admin: carried(b.admin()),
             healthy: b.has_verdict().then(|| b.is_healthy()),
         })
         .chain(names)

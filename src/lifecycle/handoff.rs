@@ -56,8 +56,22 @@ pub struct BackendCarry {
     pub pool: String,
     pub name: String,
     pub address: String,
-    pub admin: String,
+    pub admin: CarriedAdmin,
     pub healthy: Option<bool>,
+}
+
+/// A backend's admin state as it crosses to the next generation (the same
+/// words as before it was typed, so older releases read it). A state a
+/// newer release knows and this one does not is left behind, not a
+/// failed handoff.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CarriedAdmin {
+    Enabled,
+    Draining,
+    Out,
+    #[serde(other)]
+    Unknown,
 }
 
 /// The last good DNS answer for a named backend, so the next generation
@@ -535,5 +549,20 @@ mod tests {
             decode(br#"{"version":1,"type":"ready"}"#).is_err(),
             "ready must name its sockets"
         );
+    }
+
+    #[test]
+    fn admin_states_cross_as_words_and_an_unknown_one_is_left_behind() {
+        let carry = |admin: &str| {
+            let text = format!(
+                r#"{{"pool":"p","name":"a","address":"127.0.0.1:1","admin":"{admin}","healthy":null}}"#
+            );
+            serde_json::from_str::<BackendCarry>(&text).map(|c| c.admin)
+        };
+        assert_eq!(carry("draining").ok(), Some(CarriedAdmin::Draining));
+        assert_eq!(carry("out").ok(), Some(CarriedAdmin::Out));
+        assert_eq!(carry("quarantined").ok(), Some(CarriedAdmin::Unknown));
+        let written = serde_json::to_string(&CarriedAdmin::Enabled).expect("json");
+        assert_eq!(written, r#""enabled""#, "the words older releases read");
     }
 }
