@@ -289,3 +289,43 @@ async fn combined_format_is_what_log_tools_read() {
     );
     assert_eq!(text.lines().count(), 1);
 }
+
+/// An h2 stream the client gives up on while baton waits for the backend
+/// (hyper drops the stream's future) still leaves its line: `CH`, no status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_h2_stream_is_logged_as_the_client_s_abort() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", &log_key(&log, "json"))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let tcp = TcpStream::connect(web).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    let req = hyper::Request::get(format!("http://{web}/slow/3000"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let asked = sender.send_request(req);
+    support::eventually("the request reached the backend", || async {
+        backend.active() == 1
+    })
+    .await;
+    drop(asked);
+    drop(sender);
+    conn.abort();
+    support::eventually("the backend let go", || async { backend.active() == 0 }).await;
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[log]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["protocol"], "HTTP/2.0");
+    assert_eq!(lines[0]["termination"], "CH", "{}", lines[0]);
+    assert!(lines[0]["status"].is_null(), "{}", lines[0]);
+}

@@ -256,7 +256,11 @@ impl Pool {
     /// Retires vanished members that have a replacement, and removes
     /// retired ones whose in-flight work has ended.
     pub fn sweep(&self) {
-        self.retire_vanished();
+        // Under the change lock: an answer applied meanwhile (which may
+        // bring a vanished address back) is not undone by a stale look.
+        if let Ok(_changing) = self.changing.lock() {
+            self.retire_vanished();
+        }
         if !self.members.load().backends.iter().any(|b| b.leaving()) {
             return;
         }

@@ -537,6 +537,14 @@ impl Lease {
                 (cap == 0 || n < cap).then_some(n + 1)
             })
             .ok()?;
+        // A member retired between the pick and now may be swept out as
+        // soon as its count reads 0: the count is up first, then retirement
+        // is looked at again (both SeqCst), so either the sweep sees this
+        // lease or this lease sees the retirement and lets go.
+        if backend.retired.load(Ordering::SeqCst) {
+            backend.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
         backend.metrics.in_flight.increment(1.0);
         Some(Lease {
             backend: Arc::clone(backend),

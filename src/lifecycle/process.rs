@@ -106,9 +106,15 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
     }
     // std's spawn returns once the grandchild has exec'd (its error pipe
     // closes on exec) or reports the exec's failure: blocking, but brief.
-    let middle = tokio::task::spawn_blocking(move || command.spawn()?.wait())
-        .await
-        .map_err(std::io::Error::other)??;
+    let middle = tokio::task::spawn_blocking(move || {
+        // The new generation inherits this thread's signal mask: SIGUSR1
+        // blocked, so it cannot die of logrotate's signal before its own
+        // handler is in place, whichever thread this is.
+        super::signals::hold_sigusr1();
+        command.spawn()?.wait()
+    })
+    .await
+    .map_err(std::io::Error::other)??;
     if !middle.success() {
         return Err(std::io::Error::other(format!(
             "the spawn helper failed ({middle})"

@@ -58,8 +58,8 @@ impl Signals {
         })
         .inspect(|_| {
             // The handler is in place: this thread may take SIGUSR1 now
-            // (the process's other threads keep it blocked, so it comes
-            // here).
+            // (threads created later inherit that and may take it too; the
+            // thread that spawns a new generation blocks it again first).
             let _ = usr1().thread_unblock();
         })
     }

@@ -144,16 +144,27 @@ impl HttpProxy {
         drain: DrainWatch,
     ) -> Response<ProxyBody> {
         let busy = state.begin();
-        let mut noted = Noted::default();
         let sent = req.headers().get("x-request-id").map(HeaderValue::as_bytes);
         let request_id = super::request_id_from(sent, self.forwarded);
-        let asked = self.access_log.as_ref().map(|_| Asked::of(&req));
         let host = req
             .uri()
             .host()
             .map(str::as_bytes)
             .or_else(|| req.headers().get(HOST).map(HeaderValue::as_bytes));
         let target = self.target_for(host, req.uri().path().as_bytes());
+        // Made first: a stream the client resets while baton waits for the
+        // backend (hyper then drops this future) still leaves its line.
+        let mut record = self.access_log.as_ref().map(|log| {
+            let asked = Asked::of(&req);
+            StreamRecord::new(
+                log.clone(),
+                asked,
+                request_id.clone(),
+                client.peer,
+                &target.pool.name,
+            )
+        });
+        let mut spare = Noted::default();
         let refused = ambiguity(&req);
         let checked = match refused {
             Some(why) => Err(ProxyError::Client { why }),
@@ -161,18 +172,19 @@ impl HttpProxy {
                 let stream = Stream {
                     client,
                     request_id: &request_id,
-                    noted: &mut noted,
+                    noted: record.as_mut().map_or(&mut spare, StreamRecord::noted),
                 };
                 self.forward(req, stream, target, &drain).await
             }
         };
+        let marks = record.as_ref().map_or(spare.marks, StreamRecord::marks);
         let (response, on_end) = match checked {
             Ok(r) => (r, Termination::Completed),
             Err(err) => {
                 if matches!(err, ProxyError::NoBackend { .. }) {
                     super::no_backend(&self.listener, &target.pool.name);
                 }
-                let termination = err.termination(&noted.marks);
+                let termination = err.termination(&marks);
                 (
                     error_response(&target.pool.name, &err, &request_id),
                     termination,
@@ -184,19 +196,10 @@ impl HttpProxy {
         target
             .metrics
             .duration
-            .record(noted.marks.started.elapsed().as_secs_f64());
-        let record = match (&self.access_log, asked) {
-            (Some(log), Some(asked)) => Some(StreamRecord::new(
-                log.clone(),
-                asked,
-                request_id,
-                client.peer,
-                &target.pool.name,
-                noted,
-                (status, on_end),
-            )),
-            _ => None,
-        };
+            .record(marks.started.elapsed().as_secs_f64());
+        if let Some(record) = record.as_mut() {
+            record.answered(status, on_end);
+        }
         response.map(|b| {
             let b = Guarded::wrap(b, busy);
             match record {
@@ -239,6 +242,9 @@ impl HttpProxy {
                 }
             };
             stream.noted.marks.leased = Some(Instant::now());
+            // The connect happens inside the send (hyper's pool, or our own
+            // connection): it is counted in `response_ms`.
+            stream.noted.marks.connected = stream.noted.marks.leased;
             stream.noted.backend = Some(Arc::clone(lease.shared()));
             let sent = body.take().unwrap_or_else(body::empty);
             let outbound = outbound_request(&parts, sent, &lease)?;

@@ -33,11 +33,13 @@ pub struct StreamRecord {
     referer: Option<String>,
     user_agent: Option<String>,
     noted: Noted,
-    status: u16,
+    /// The response's status, once there is a response.
+    status: Option<u16>,
     bytes_out: u64,
     /// What the line says once the body ended as it should.
     on_end: Termination,
-    termination: Termination,
+    /// Set when the body ended or broke; unset, the client left.
+    termination: Option<Termination>,
 }
 
 /// What a request says of itself, taken before it is sent on.
@@ -75,10 +77,7 @@ impl StreamRecord {
         request_id: String,
         client: SocketAddr,
         pool: &str,
-        noted: Noted,
-        answered: (u16, Termination),
     ) -> StreamRecord {
-        let (status, on_end) = answered;
         StreamRecord {
             log,
             request_id,
@@ -88,20 +87,34 @@ impl StreamRecord {
             target: asked.target,
             referer: asked.referer,
             user_agent: asked.user_agent,
-            noted,
-            status,
+            noted: Noted::default(),
+            status: None,
             bytes_out: 0,
-            on_end,
-            // Until the body ends or breaks: dropped unfinished, the
-            // client left (a reset stream, a closed connection).
-            termination: Termination::ClientAborted(Phase::Data),
+            on_end: Termination::Completed,
+            termination: None,
         }
+    }
+
+    /// What `forward` notes as the stream goes.
+    pub fn noted(&mut self) -> &mut Noted {
+        &mut self.noted
+    }
+
+    pub fn marks(&self) -> Marks {
+        self.noted.marks
+    }
+
+    /// The response is ready: its status, and what the line says if its
+    /// body then ends as it should.
+    pub fn answered(&mut self, status: u16, on_end: Termination) {
+        self.status = Some(status);
+        self.on_end = on_end;
     }
 }
 
 impl BodyGuard for StreamRecord {
     fn body_failed(&mut self, _cause: &hyper::Error) {
-        self.termination = Termination::BackendFailed(Phase::Data);
+        self.termination = Some(Termination::BackendFailed(Phase::Data));
     }
 
     fn handed(&mut self, bytes: usize) {
@@ -109,7 +122,7 @@ impl BodyGuard for StreamRecord {
     }
 
     fn ended(&mut self) {
-        self.termination = self.on_end;
+        self.termination = Some(self.on_end);
     }
 }
 
@@ -124,11 +137,19 @@ impl Drop for StreamRecord {
             method: &self.method,
             target: &self.target,
             protocol: "HTTP/2.0",
-            status: Some(self.status),
+            status: self.status,
             bytes_in: noted.upload.as_deref().map_or(0, Progress::received),
             bytes_out: self.bytes_out,
             marks: noted.marks,
-            termination: self.termination,
+            // Dropped unfinished: the client left (a reset stream, a
+            // closed connection), waiting for the response or taking it.
+            termination: self.termination.unwrap_or(Termination::ClientAborted(
+                if self.status.is_some() {
+                    Phase::Data
+                } else {
+                    noted.marks.phase()
+                },
+            )),
             referer: self.referer.as_deref(),
             user_agent: self.user_agent.as_deref(),
         });

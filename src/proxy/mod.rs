@@ -166,7 +166,12 @@ impl ProxyError {
             ProxyError::QueueTimeout { .. } => Termination::QueueTimeout,
             ProxyError::Connect { .. } => Termination::BackendFailed(Phase::Connect),
             ProxyError::Timeout { .. } => Termination::BackendTimeout(Phase::Head),
-            ProxyError::Upstream { .. } => Termination::BackendFailed(marks.phase()),
+            // It had a connection: it failed before its head, or after.
+            ProxyError::Upstream { .. } => Termination::BackendFailed(if marks.head.is_some() {
+                Phase::Data
+            } else {
+                Phase::Head
+            }),
         }
     }
 
