@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::config::ListenerConfig;
+use crate::config::{ListenerConfig, Protocol};
 use crate::lifecycle::drain::DrainWatch;
 use crate::listener::Accept;
 use crate::metrics::ListenerMetrics;
@@ -132,6 +132,27 @@ async fn admit(
 }
 
 impl Proxy {
+    /// The proxy of listener `l` over the generation's `pools`.
+    pub fn for_listener(
+        l: &ListenerConfig,
+        pools: &[Arc<crate::backend::Pool>],
+        access_log: Option<crate::access_log::AccessLog>,
+    ) -> Proxy {
+        match l.protocol {
+            Protocol::Http => Proxy::Http(Arc::new(HttpProxy::new(l, pools, access_log))),
+            Protocol::Tcp => {
+                crate::metrics::tcp_listener(&l.name, &pools[l.pool].name);
+                Proxy::Tcp(Arc::new(TcpProxy {
+                    listener: Arc::from(l.name.as_str()),
+                    pool: Arc::clone(&pools[l.pool]),
+                    connect_timeout: l.connect_timeout,
+                    tunnel_timeout: l.tunnel_timeout,
+                    access_log,
+                }))
+            }
+        }
+    }
+
     /// Each protocol's future is boxed: a task carries only the size of
     /// its own protocol's state, not the larger of the two (an idle HTTP
     /// connection would otherwise hold TCP mode's copy state, and back).

@@ -5,16 +5,28 @@
 use super::*;
 use crate::lifecycle::handoff::CarriedAdmin;
 
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn start(
-    carried: Inherited,
-    config: Config,
-    exec: Exec,
-    mut inventory: Inventory,
-    number: u64,
-    metrics: Option<PrometheusHandle>,
-    signals: Signals,
-) -> Result<Generation, StartError> {
+/// What a generation is built from: its config, what an older generation
+/// (or systemd) handed over, and the process's own parts.
+pub(super) struct Inputs {
+    pub carried: Inherited,
+    pub config: Config,
+    pub exec: Exec,
+    pub inventory: Inventory,
+    pub number: u64,
+    pub metrics: Option<PrometheusHandle>,
+    pub signals: Signals,
+}
+
+pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
+    let Inputs {
+        carried,
+        config,
+        exec,
+        mut inventory,
+        number,
+        metrics,
+        signals,
+    } = inputs;
     metrics::start(number);
     let mut waiting: Vec<Check> = config
         .listeners
@@ -115,19 +127,7 @@ pub(super) async fn start(
         let stats = Arc::new(ListenerStats::default());
         let conf = Arc::new(l.clone());
         let log = access_log(l, &access_logs, number)?;
-        let proxy = match l.protocol {
-            Protocol::Http => Proxy::Http(Arc::new(HttpProxy::new(l, &pools, log))),
-            Protocol::Tcp => Proxy::Tcp(Arc::new(TcpProxy {
-                listener: Arc::from(l.name.as_str()),
-                pool: Arc::clone(&pools[l.pool]),
-                connect_timeout: l.connect_timeout,
-                tunnel_timeout: l.tunnel_timeout,
-                access_log: log,
-            })),
-        };
-        if l.protocol == Protocol::Tcp {
-            metrics::tcp_listener(&l.name, &pools[l.pool].name);
-        }
+        let proxy = Proxy::for_listener(l, &pools, log);
         let tls = l.tls.as_ref().map(|t| {
             for cert in &t.certificates {
                 metrics::tls_certificate_expiry(&l.name, &cert.name, cert.not_after_unix);

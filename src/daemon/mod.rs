@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminShared, GenerationInfo, ListenerView, Topology};
 use crate::backend::{probe, AdminState, Pool};
-use crate::config::{Config, Protocol};
+use crate::config::Config;
 use crate::connection::{Connections, ListenerStats, Proxy};
 use crate::exit::Exit;
 use crate::lifecycle::control::{self, Reply, Request};
@@ -40,7 +40,6 @@ use crate::lifecycle::signals::{Command, Signals};
 use crate::lifecycle::{systemd, Check, Phase};
 use crate::listener::{self, Closing, Listener};
 use crate::metrics::{self, DrainReason};
-use crate::proxy::{tcp::TcpProxy, web::HttpProxy};
 
 /// A start-up failure, with the exit code it maps to.
 #[derive(Debug, thiserror::Error)]
@@ -117,15 +116,15 @@ pub async fn run(setup: Setup) -> Exit {
             resolved: p.resolved.clone(),
         })
         .unwrap_or_default();
-    let built = build::start(
+    let built = build::start(build::Inputs {
         carried,
-        setup.config,
-        setup.exec,
+        config: setup.config,
+        exec: setup.exec,
         inventory,
         number,
-        setup.metrics,
+        metrics: setup.metrics,
         signals,
-    )
+    })
     .await;
     let mut gen = match built {
         Ok(g) => g,
