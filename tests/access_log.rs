@@ -200,6 +200,12 @@ async fn termination_states_say_who_ended_the_exchange() {
         .listener("web", "http", "app", &keys)
         .listener("gone", "http", "dead", &log_key(&log, "json"))
         .listener("raw", "tcp", "echo", &log_key(&log, "json"))
+        .listener(
+            "idle",
+            "tcp",
+            "echo",
+            &format!("tunnel_timeout = \"300ms\"\n{}", log_key(&log, "json")),
+        )
         .pool("app", &[backend.addr])
         .pool("dead", &[dead])
         .pool("echo", &[echo.addr]);
@@ -224,6 +230,12 @@ async fn termination_states_say_who_ended_the_exchange() {
     tcp.write_all(b"ping").await.expect("write");
     tcp.shutdown().await.expect("shutdown");
     assert_eq!(client::read_until_closed(&mut tcp).await, "ping");
+    // Quiet past tunnel_timeout: cut, and the line still counts its bytes.
+    let mut quiet = TcpStream::connect(baton.addr("idle"))
+        .await
+        .expect("connect");
+    quiet.write_all(b"hello").await.expect("write");
+    assert_eq!(client::read_until_closed(&mut quiet).await, "hello");
     stop_and_wait(&baton).await;
 
     let lines = json_lines(&[log]);
@@ -243,6 +255,7 @@ async fn termination_states_say_who_ended_the_exchange() {
         ("web", Value::from(400), "PR"),
         ("gone", Value::from(502), "SC"),
         ("raw", Value::Null, "--"),
+        ("idle", Value::Null, "cD"),
     ];
     for (listener, status, termination) in &expect {
         assert!(
@@ -264,6 +277,12 @@ async fn termination_states_say_who_ended_the_exchange() {
         ),
         (Some(4), Some(4))
     );
+    let cut = lines
+        .iter()
+        .find(|l| l["listener"] == "idle")
+        .expect("cut line");
+    let cut_bytes = (cut["bytes_in"].as_u64(), cut["bytes_out"].as_u64());
+    assert_eq!(cut_bytes, (Some(5), Some(5)), "{cut}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

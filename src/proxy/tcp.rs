@@ -25,9 +25,11 @@ use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
 use crate::backend::{Lease, Pool};
 use crate::metrics;
+use crate::proxy::h1::io::Counting;
 use crate::proxy::ProxyError;
 use crate::proxy_protocol::{send::Speaker, Origin};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::time::Instant;
 
 pub struct TcpProxy {
@@ -43,6 +45,8 @@ impl TcpProxy {
     pub async fn serve<S: ByteStream>(&self, mut client: S, origin: Origin) {
         let peer = origin.client;
         let id = super::request_id();
+        // Before the line: it reads the counts when it is written.
+        let moved = Moved::default();
         let mut line = self.access_log.as_ref().map(|log| Line {
             log,
             id: id.clone(),
@@ -50,8 +54,8 @@ impl TcpProxy {
             pool: &self.pool.name,
             backend: None,
             marks: Marks::new(),
-            bytes: (0, 0),
-            termination: Termination::Drained(Phase::Data),
+            moved: &moved,
+            termination: Termination::Drained(Phase::Connect),
         });
         let header = self
             .pool
@@ -71,40 +75,35 @@ impl TcpProxy {
             let now = Instant::now();
             (line.marks.leased, line.marks.connected) = (Some(now), Some(now));
             line.backend = Some(Arc::clone(lease.shared()));
+            line.termination = Termination::Drained(Phase::Data);
         }
         keep_alive(client.tcp());
         keep_alive(upstream.tcp());
         let activity = Arc::new(Activity::default());
         let copying = async {
             match (client.plain(), upstream.plain()) {
-                (Some(client), Some(backend)) => copy_both_ways(client, backend, &activity).await,
+                (Some(client), Some(backend)) => {
+                    copy_both_ways(client, backend, &activity, &moved).await
+                }
                 // Boxed: only TLS connections carry its larger state.
-                _ => Box::pin(copy_through(&mut client, &mut upstream, &activity)).await,
+                _ => Box::pin(copy_through(&mut client, &mut upstream, &activity, &moved)).await,
             }
         };
-        let copied = tokio::select! {
-            copied = copying => copied,
+        let ended = tokio::select! {
+            copied = copying => match copied {
+                Ok(()) => Termination::Completed,
+                Err(err) => {
+                    tracing::debug!(listener = %self.listener, backend = %lease.backend().name, cause = %err, "tcp stream ended with an error");
+                    Termination::ClientAborted(Phase::Data)
+                }
+            },
             () = activity.idle_for(self.tunnel_timeout) => {
                 tracing::info!(listener = %self.listener, client = %peer, backend = %lease.backend().name, "no traffic either way within tunnel_timeout; closing");
-                if let Some(line) = line.as_mut() {
-                    line.termination = Termination::ClientTimeout(Phase::Data);
-                }
-                return;
+                Termination::ClientTimeout(Phase::Data)
             }
         };
-        let ended = match copied {
-            Ok((to_backend, to_client)) => {
-                metrics::tcp_bytes(&self.listener, to_backend, to_client);
-                if let Some(line) = line.as_mut() {
-                    line.bytes = (to_backend, to_client);
-                }
-                Termination::Completed
-            }
-            Err(err) => {
-                tracing::debug!(listener = %self.listener, backend = %lease.backend().name, cause = %err, "tcp stream ended with an error");
-                Termination::ClientAborted(Phase::Data)
-            }
-        };
+        let bytes = moved.taken();
+        metrics::tcp_bytes(&self.listener, bytes.0, bytes.1);
         if let Some(line) = line.as_mut() {
             line.termination = ended;
         }
@@ -137,13 +136,13 @@ struct Line<'a> {
     pool: &'a str,
     backend: Option<Arc<Backend>>,
     marks: Marks,
-    /// To the backend, to the client.
-    bytes: (u64, u64),
+    moved: &'a Moved,
     termination: Termination,
 }
 
 impl Drop for Line<'_> {
     fn drop(&mut self) {
+        let (to_backend, to_client) = self.moved.taken();
         self.log.write(&Entry {
             request_id: &self.id,
             client: self.client,
@@ -153,8 +152,8 @@ impl Drop for Line<'_> {
             target: "-",
             protocol: "TCP",
             status: None,
-            bytes_in: self.bytes.0,
-            bytes_out: self.bytes.1,
+            bytes_in: to_backend,
+            bytes_out: to_client,
             marks: self.marks,
             termination: self.termination,
             referer: None,
@@ -166,19 +165,39 @@ impl Drop for Line<'_> {
 /// Bytes read at most per burst.
 const BURST: usize = 16 * 1024;
 
-/// Copies both ways until both directions ended; an error in either ends
-/// both. Returns the bytes sent to `b` and to `a`.
+/// Bytes copied each way so far, counted as they go: a connection cut by
+/// `tunnel_timeout`, an error or the drain still says how much it moved.
+#[derive(Default)]
+struct Moved {
+    to_backend: AtomicU64,
+    to_client: AtomicU64,
+}
+
+impl Moved {
+    /// To the backend, to the client.
+    fn taken(&self) -> (u64, u64) {
+        (
+            self.to_backend.load(Ordering::Relaxed),
+            self.to_client.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Copies both ways (client `a`, backend `b`) until both directions
+/// ended; an error in either ends both.
 async fn copy_both_ways(
     a: &mut TcpStream,
     b: &mut TcpStream,
     activity: &Activity,
-) -> std::io::Result<(u64, u64)> {
+    moved: &Moved,
+) -> std::io::Result<()> {
     let (a_read, a_write) = a.split();
     let (b_read, b_write) = b.split();
     tokio::try_join!(
-        one_way(a_read, b_write, activity),
-        one_way(b_read, a_write, activity)
-    )
+        one_way(a_read, b_write, activity, &moved.to_backend),
+        one_way(b_read, a_write, activity, &moved.to_client)
+    )?;
+    Ok(())
 }
 
 /// Copies both ways when either side is a TLS session, as
@@ -187,24 +206,25 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
     client: &mut S,
     backend: &mut B,
     activity: &Arc<Activity>,
-) -> std::io::Result<(u64, u64)> {
-    let (client_read, mut client_write) = client.halves();
+    moved: &Moved,
+) -> std::io::Result<()> {
+    let (client_read, client_write) = client.halves();
     let (backend_read, backend_write) = backend.halves();
     let mut client_read = Observed::new(client_read, Arc::clone(activity));
     let mut backend_read = Observed::new(backend_read, Arc::clone(activity));
+    let mut backend_write = Counting::new(backend_write, &moved.to_backend);
+    let mut client_write = Counting::new(client_write, &moved.to_client);
     tokio::try_join!(
         async {
-            let mut backend_write = backend_write;
-            let n = tokio::io::copy(&mut client_read, &mut backend_write).await?;
-            backend_write.shutdown().await?;
-            Ok::<u64, std::io::Error>(n)
+            tokio::io::copy(&mut client_read, &mut backend_write).await?;
+            backend_write.shutdown().await
         },
         async {
-            let n = tokio::io::copy(&mut backend_read, &mut client_write).await?;
-            client_write.shutdown().await?;
-            Ok(n)
+            tokio::io::copy(&mut backend_read, &mut client_write).await?;
+            client_write.shutdown().await
         }
-    )
+    )?;
+    Ok(())
 }
 
 /// Copies until `from` ends, then shuts down `to`'s write side.
@@ -212,8 +232,8 @@ async fn one_way(
     from: ReadHalf<'_>,
     mut to: WriteHalf<'_>,
     activity: &Activity,
-) -> std::io::Result<u64> {
-    let mut total = 0;
+    moved: &AtomicU64,
+) -> std::io::Result<()> {
     loop {
         from.readable().await?;
         // Allocated when there is something to read, freed once drained.
@@ -221,14 +241,11 @@ async fn one_way(
         loop {
             buf.clear();
             match from.try_read_buf(&mut buf) {
-                Ok(0) => {
-                    to.shutdown().await?;
-                    return Ok(total);
-                }
+                Ok(0) => return to.shutdown().await,
                 Ok(n) => {
                     activity.touch();
                     to.write_all(&buf).await?;
-                    total += n as u64;
+                    moved.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e),
