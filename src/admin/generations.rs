@@ -6,7 +6,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::AdminShared;
-use crate::lifecycle::handoff::{GenerationEntry, Report};
+use crate::lifecycle::handoff::{GenerationEntry, GenerationState, Report};
 use crate::metrics::{self, exposition, kernel, process, Sampled};
 
 pub fn unix(t: SystemTime) -> f64 {
@@ -58,7 +58,7 @@ impl AdminShared {
         GenerationEntry {
             number: self.generation.number,
             pid: self.generation.pid,
-            state: self.phase.borrow().as_str().to_string(),
+            state: self.phase.borrow().state(),
             started_at: unix(self.generation.started_at),
             in_flight,
             drain_deadline: self.drain_deadline.read().ok().and_then(|d| *d).map(unix),
@@ -73,7 +73,7 @@ impl AdminShared {
         // Older generations are draining once we serve, whatever their last
         // report (sent before the takeover) said.
         all.extend(self.inherited().generations.into_iter().map(|mut g| {
-            g.state = "draining".to_string();
+            g.state = GenerationState::Draining;
             g
         }));
         all

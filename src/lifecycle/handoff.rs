@@ -60,6 +60,20 @@ pub struct BackendCarry {
     pub healthy: Option<bool>,
 }
 
+/// A generation's state as `/status` shows it and a report carries it (the
+/// same words as before it was typed; a word a newer release sends and
+/// this one does not know reads as `unknown`, not a failed report).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GenerationState {
+    Starting,
+    Active,
+    Draining,
+    #[serde(other)]
+    #[default]
+    Unknown,
+}
+
 /// A backend's admin state as it crosses to the next generation (the same
 /// words as before it was typed, so older releases read it). A state a
 /// newer release knows and this one does not is left behind, not a
@@ -90,7 +104,7 @@ pub struct ResolvedCarry {
 pub struct GenerationEntry {
     pub number: u64,
     pub pid: u32,
-    pub state: String,
+    pub state: GenerationState,
     pub started_at: f64,
     pub in_flight: u64,
     pub drain_deadline: Option<f64>,
@@ -552,7 +566,7 @@ mod tests {
     }
 
     #[test]
-    fn admin_states_cross_as_words_and_an_unknown_one_is_left_behind() {
+    fn states_cross_as_words_and_unknown_ones_are_not_failures() {
         let carry = |admin: &str| {
             let text = format!(
                 r#"{{"pool":"p","name":"a","address":"127.0.0.1:1","admin":"{admin}","healthy":null}}"#
@@ -564,5 +578,10 @@ mod tests {
         assert_eq!(carry("quarantined").ok(), Some(CarriedAdmin::Unknown));
         let written = serde_json::to_string(&CarriedAdmin::Enabled).expect("json");
         assert_eq!(written, r#""enabled""#, "the words older releases read");
+        let state = |word: &str| serde_json::from_str::<GenerationState>(&format!("\"{word}\""));
+        assert_eq!(state("draining").ok(), Some(GenerationState::Draining));
+        assert_eq!(state("retiring").ok(), Some(GenerationState::Unknown));
+        let shown = serde_json::to_string(&GenerationState::Active).expect("json");
+        assert_eq!(shown, r#""active""#, "/status shows the same word");
     }
 }

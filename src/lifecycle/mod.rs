@@ -46,11 +46,12 @@ pub struct Check {
 }
 
 impl Phase {
-    pub fn as_str(&self) -> &'static str {
+    /// The generation's state as `/status` and its reports show it.
+    pub fn state(&self) -> handoff::GenerationState {
         match self {
-            Phase::Starting { .. } => "starting",
-            Phase::Active => "active",
-            Phase::Stopping | Phase::Draining => "draining",
+            Phase::Starting { .. } => handoff::GenerationState::Starting,
+            Phase::Active => handoff::GenerationState::Active,
+            Phase::Stopping | Phase::Draining => handoff::GenerationState::Draining,
         }
     }
 }
