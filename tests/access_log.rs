@@ -42,6 +42,30 @@ fn log_key(path: &Path, format: &str) -> String {
     )
 }
 
+/// Backend "a" behind listener "web", which logs in `format` to `log`.
+struct Logged {
+    dir: tempfile::TempDir,
+    log: PathBuf,
+    backend: HttpBackend,
+    baton: Baton,
+}
+
+async fn logging(format: &str) -> Logged {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", &log_key(&log, format))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    Logged {
+        dir,
+        log,
+        backend,
+        baton,
+    }
+}
+
 async fn stop_and_wait(baton: &Baton) {
     for pid in processes_for(&baton.config) {
         signal(pid, Signal::SIGTERM);
@@ -51,13 +75,12 @@ async fn stop_and_wait(baton: &Baton) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_line_per_request_across_reloads_and_a_rotation() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("access.log");
-    let backend = HttpBackend::start("a").await;
-    let spec = Spec::new()
-        .listener("web", "http", "app", &log_key(&log, "json"))
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let Logged {
+        dir,
+        log,
+        backend,
+        baton,
+    } = logging("json").await;
     let load = Load::start(Targets {
         http: Some(baton.addr("web")),
         tcp: None,
@@ -287,13 +310,12 @@ async fn termination_states_say_who_ended_the_exchange() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn combined_format_is_what_log_tools_read() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("access.log");
-    let backend = HttpBackend::start("a").await;
-    let spec = Spec::new()
-        .listener("web", "http", "app", &log_key(&log, "combined"))
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let Logged {
+        dir: _dir,
+        log,
+        backend: _backend,
+        baton,
+    } = logging("combined").await;
     let request = "GET /page?q=1 HTTP/1.1\r\nHost: a\r\nReferer: http://r.example/\r\nUser-Agent: test \"agent\"\r\nConnection: close\r\n\r\n";
     let answer = raw(baton.addr("web"), request).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -313,13 +335,12 @@ async fn combined_format_is_what_log_tools_read() {
 /// (hyper drops the stream's future) still leaves its line: `CH`, no status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_h2_stream_is_logged_as_the_client_s_abort() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("access.log");
-    let backend = HttpBackend::start("a").await;
-    let spec = Spec::new()
-        .listener("web", "http", "app", &log_key(&log, "json"))
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let Logged {
+        dir: _dir,
+        log,
+        backend,
+        baton,
+    } = logging("json").await;
     let web = baton.addr("web");
     let tcp = TcpStream::connect(web).await.expect("connect");
     let (mut sender, conn) = hyper::client::conn::http2::handshake(

@@ -273,38 +273,17 @@ fn escape(text: &str) -> String {
     out
 }
 
-/// `10/Oct/2000:13:55:36 +0000`: the common log format's time, in UTC.
+/// `10/Oct/2000:13:55:36 +0000`: the common log format's time, in UTC,
+/// rearranged from humantime's RFC 3339 (`2000-10-10T13:55:36Z`).
 fn clf_time(now: SystemTime) -> String {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
-    let secs = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (year, month, day) = civil_date(secs / 86_400);
-    let rest = secs % 86_400;
-    format!(
-        "{day:02}/{}/{year}:{:02}:{:02}:{:02} +0000",
-        MONTHS[(month - 1) as usize],
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
-}
-
-/// The (year, month 1-12, day) of a day count since 1970-01-01 (Howard
-/// Hinnant's days-to-civil).
-fn civil_date(days: u64) -> (i64, u64, u64) {
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097) as u64;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe as i64 + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+    let t = humantime::format_rfc3339_seconds(now).to_string();
+    let month = t[5..7]
+        .parse::<usize>()
+        .map_or("Jan", |m| MONTHS[(m - 1) % 12]);
+    format!("{}/{month}/{}:{} +0000", &t[8..10], &t[0..4], &t[11..19])
 }
 
 #[cfg(test)]
@@ -312,10 +291,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dates_are_the_calendar_s() {
-        assert_eq!(civil_date(0), (1970, 1, 1));
-        assert_eq!(civil_date(11_016), (2000, 2, 29));
-        assert_eq!(civil_date(20_788), (2026, 12, 1));
+    fn times_are_the_common_log_format_s() {
+        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(clf_time(leap), "29/Feb/2000:00:00:00 +0000");
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(971_186_136);
         assert_eq!(clf_time(t), "10/Oct/2000:13:55:36 +0000");
     }

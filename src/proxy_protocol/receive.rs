@@ -124,14 +124,8 @@ pub fn decode(header: &[u8], accept: Accept) -> Result<Option<(SocketAddr, Socke
             return Ok(None);
         }
         return match (parsed.protocol, parsed.addresses) {
-            (v2::Protocol::Stream, v2::Addresses::IPv4(a)) => Ok(Some((
-                (a.source_address, a.source_port).into(),
-                (a.destination_address, a.destination_port).into(),
-            ))),
-            (v2::Protocol::Stream, v2::Addresses::IPv6(a)) => Ok(Some((
-                (a.source_address, a.source_port).into(),
-                (a.destination_address, a.destination_port).into(),
-            ))),
+            (v2::Protocol::Stream, v2::Addresses::IPv4(a)) => Ok(Some(four(a))),
+            (v2::Protocol::Stream, v2::Addresses::IPv6(a)) => Ok(Some(six(a))),
             (v2::Protocol::Datagram, _) => Err(Refusal::Malformed),
             _ => Ok(None),
         };
@@ -147,16 +141,27 @@ pub fn decode(header: &[u8], accept: Accept) -> Result<Option<(SocketAddr, Socke
     let text = std::str::from_utf8(header).map_err(|_| Refusal::Malformed)?;
     let parsed = v1::Header::try_from(text).map_err(|_| Refusal::Malformed)?;
     match parsed.addresses {
-        v1::Addresses::Tcp4(a) => Ok(Some((
-            (a.source_address, a.source_port).into(),
-            (a.destination_address, a.destination_port).into(),
-        ))),
-        v1::Addresses::Tcp6(a) => Ok(Some((
-            (a.source_address, a.source_port).into(),
-            (a.destination_address, a.destination_port).into(),
-        ))),
+        v1::Addresses::Tcp4(a) => Ok(Some(four(a))),
+        v1::Addresses::Tcp6(a) => Ok(Some(six(a))),
         v1::Addresses::Unknown => Ok(None),
     }
+}
+
+/// The (client, reached) ends a header's IPv4 block tells (`ppp` uses
+/// one type for both versions).
+fn four(a: v1::IPv4) -> (SocketAddr, SocketAddr) {
+    (
+        (a.source_address, a.source_port).into(),
+        (a.destination_address, a.destination_port).into(),
+    )
+}
+
+/// The same for an IPv6 block.
+fn six(a: v1::IPv6) -> (SocketAddr, SocketAddr) {
+    (
+        (a.source_address, a.source_port).into(),
+        (a.destination_address, a.destination_port).into(),
+    )
 }
 
 /// Reads the header, if any, off `stream` within `settings.timeout`, and
