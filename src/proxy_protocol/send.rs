@@ -116,9 +116,11 @@ pub fn local(version: Version) -> Vec<u8> {
     }
 }
 
-/// Writes the TLVs and the length. Each TLV is far below the format's
-/// 64 KiB (a name, an ALPN id, 128 bytes of id), so none can fail; one
-/// that somehow did is left out rather than the connection.
+/// Writes the TLVs and the length. `ppp` refuses only a payload over the
+/// format's 64 KiB and these are far below it (a name, an ALPN id, 128
+/// bytes of id); were it to refuse, no header at all would be written,
+/// and a backend that requires one refuses the connection rather than
+/// take it for another client's.
 fn binary(mut builder: v2::Builder, tlvs: &[(v2::Type, &[u8])]) -> Vec<u8> {
     for (kind, value) in tlvs {
         builder = match builder.write_tlv(*kind, value) {
