@@ -10,7 +10,6 @@
 //! it once, lock-free, and a lease keeps its backend alive past a swap.
 
 pub mod balance;
-pub mod connector;
 pub mod health;
 pub mod idle;
 pub mod members;
@@ -350,8 +349,6 @@ pub struct Pool {
     pub named: Vec<Arc<Named>>,
     /// How often `named` are resolved again (a shorter TTL comes first).
     pub resolve_interval: std::time::Duration,
-    /// TLS to its backends (each backend holds it too), for hyper's client.
-    pub tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
     /// `send_proxy` (each backend holds it too).
     pub send_proxy: Option<crate::proxy_protocol::Version>,
     pub health: Option<HealthConfig>,
@@ -398,7 +395,6 @@ impl Pool {
                 .map(|n| Arc::new(Named::new(n)))
                 .collect(),
             resolve_interval: config.resolve_interval,
-            tls: config.tls.clone(),
             send_proxy: config.send_proxy,
             health: config.health.clone(),
             balance: config.balance,

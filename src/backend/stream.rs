@@ -1,6 +1,6 @@
 //! A connection to a backend: plain TCP, or TLS over it when the pool has
-//! `tls`. Every way to a backend (HTTP/1 exchanges, TCP mode, h2 streams
-//! through hyper's client, health checks) connects here, so a pool's TLS
+//! `tls`. Every way to a backend (HTTP/1 exchanges and h2 streams on the
+//! same upstream, TCP mode, health checks) connects here, so a pool's TLS
 //! is one setting, not four.
 
 use std::io;

@@ -14,7 +14,11 @@ use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-pub type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
+/// Why a body broke off: hyper's error for a client's body, baton's own
+/// for a backend's response read on its HTTP/1 upstream.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+pub type ProxyBody = UnsyncBoxBody<Bytes, BodyError>;
 
 /// A short text body (error pages).
 pub fn text(s: String) -> ProxyBody {
@@ -32,7 +36,7 @@ pub fn empty() -> ProxyBody {
 /// What a [`Guarded`] body's guard hears: the body breaking off midway,
 /// hyper asking for the next frame, a frame handed to hyper.
 pub trait BodyGuard: Send + Unpin + 'static {
-    fn body_failed(&mut self, _cause: &hyper::Error) {}
+    fn body_failed(&mut self, _cause: &BodyError) {}
     fn asked(&mut self) {}
     /// A frame went to hyper, `bytes` of data in it.
     fn handed(&mut self, _bytes: usize) {}
@@ -70,12 +74,12 @@ impl<G: BodyGuard> Drop for Guarded<G> {
 
 impl<G: BodyGuard> Body for Guarded<G> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         if let Some(guard) = self.guard.as_mut() {
             guard.asked();
         }
@@ -199,12 +203,12 @@ impl ClientBody {
 
 impl Body for ClientBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         if let Some(first) = self.first.take() {
             return Poll::Ready(Some(Ok(first)));
         }
@@ -222,7 +226,7 @@ impl Body for ClientBody {
             }
             Poll::Pending => {}
         }
-        polled
+        polled.map_err(BodyError::from)
     }
 
     fn is_end_stream(&self) -> bool {

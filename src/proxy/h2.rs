@@ -1,27 +1,30 @@
-//! h2c (prior knowledge) clients: a hyper h2 server connection, with a
-//! pooled hyper client to backends (the same leases, caps, queue, timeouts
-//! and passive health as HTTP/1). Bodies stream in both directions;
+//! h2c (prior knowledge) clients: a hyper h2 server connection whose
+//! streams go to backends on baton's own HTTP/1 upstream (`h1::relay`),
+//! with the same leases, caps, queue, kept connections, timeouts and
+//! passive health as HTTP/1 clients. Bodies stream in both directions;
 //! nothing is buffered whole.
 //!
 //! Draining an h2 connection, per DESIGN.md: GOAWAY at once.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderValue, CONTENT_TYPE, HOST};
-use http::uri::{PathAndQuery, Scheme};
-use http::{Request, Response, Uri, Version};
+use http::{Request, Response};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use super::activity::ConnState;
-use super::body::{self, BodyGuard, ClientBody, Guarded, Progress, ProxyBody};
+use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
+use super::h1::head::ResponseHead;
+use super::h1::relay::{HeadFault, Relay};
+use super::h1::upstream;
 use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
 use super::headers;
@@ -29,14 +32,12 @@ use super::longlived;
 use super::web::{HttpProxy, Target};
 use super::ProxyError;
 use crate::access_log::Termination;
-use crate::backend::connector::Connector;
 use crate::backend::{Backend, Lease};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics;
 use crate::proxy::stream::ByteStream;
 use crate::proxy_protocol::send::Speaker;
 use crate::proxy_protocol::Origin;
-use std::net::SocketAddr;
 
 /// How often an h2 connection is PINGed, and how long the answer may take,
 /// at most.
@@ -226,10 +227,12 @@ impl HttpProxy {
         }
         let outgoing = self.client_body(incoming).await?;
         stream.noted.upload = outgoing.progress.clone();
-        // An empty body can be sent again, so a failed connect may retry.
+        // An empty body can be sent again: after a failed connect, or on a
+        // new connection when a kept one was closed under it.
         let replayable = outgoing.progress.is_none();
         let mut body = Some(outgoing.body);
         let mut failed: Option<(usize, ProxyError)> = None;
+        let mut fresh_only = false;
         let pool = &target.pool;
         loop {
             let lease = match pool.lease(failed.as_ref().map(|f| f.0)).await {
@@ -242,32 +245,54 @@ impl HttpProxy {
                 }
             };
             stream.noted.marks.leased = Some(Instant::now());
-            // The connect happens inside the send (hyper's pool, or our own
-            // connection): it is counted in `response_ms`.
-            stream.noted.marks.connected = stream.noted.marks.leased;
             stream.noted.backend = Some(Arc::clone(lease.shared()));
-            let sent = body.take().unwrap_or_else(body::empty);
-            let outbound = outbound_request(&parts, sent, &lease)?;
-            let way = match (&client.speaker, lease.backend().send_proxy) {
-                (Some(speaker), Some(version)) => {
-                    Way::Own(speaker.header(version, stream.request_id))
-                }
-                _ => Way::Pooled(&target.client),
+            let backend = lease.backend();
+            // A connection that speaks for one client is never shared.
+            let header = match (&client.speaker, backend.send_proxy) {
+                (Some(speaker), Some(version)) => Some(speaker.header(version, stream.request_id)),
+                _ => None,
             };
+            let up =
+                match upstream::open(backend, header.as_deref(), fresh_only, self.connect_timeout)
+                    .await
+                {
+                    Ok(up) => up,
+                    Err(err) => {
+                        err.blame(backend);
+                        if replayable && failed.is_none() {
+                            tracing::warn!(cause = %err, "retrying on another backend");
+                            failed = Some((backend.index, err));
+                            body = Some(body::empty());
+                            continue;
+                        }
+                        return Err(err);
+                    }
+                };
+            stream.noted.marks.connected = Some(Instant::now());
+            let sent = body.take().unwrap_or_else(body::empty);
+            let relay = Relay::new(up, &parts, sent, header.is_none());
             match self
-                .send(way, outbound, &lease, outgoing.progress.as_deref())
+                .send(relay, &parts.method, backend, outgoing.progress.as_deref())
                 .await
             {
-                Ok(response) => {
+                Ok((head, relay)) => {
                     stream.noted.marks.head = Some(Instant::now());
-                    return Ok(self.respond(response, lease, drain));
+                    return self.respond(&head, relay, lease, drain);
                 }
-                Err(err @ ProxyError::Connect { .. }) if replayable && failed.is_none() => {
-                    tracing::warn!(cause = %err, "retrying on another backend");
-                    failed = Some((lease.backend().index, err));
+                Err(Sent::Stale) if replayable && !fresh_only => {
+                    tracing::debug!(backend = %backend.name, "a kept connection was closed under the request; sending it again on a new one");
+                    fresh_only = true;
                     body = Some(body::empty());
                 }
-                Err(err) => return Err(err),
+                Err(Sent::Stale) => {
+                    let err = ProxyError::Upstream {
+                        backend: backend.name.clone(),
+                        cause: "connection closed before a response".into(),
+                    };
+                    err.blame(backend);
+                    return Err(err);
+                }
+                Err(Sent::Failed(err)) => return Err(err),
             }
         }
     }
@@ -300,61 +325,55 @@ impl HttpProxy {
         }
     }
 
-    /// One try at one backend. The client's body `progress` tells a
-    /// request that died of its own body (400), or of a body that stopped
-    /// coming (408), from one the backend broke; `response_timeout` runs
-    /// only once the whole request was sent.
+    /// One try at one backend: the request goes up while the response
+    /// head is awaited. The client's body `progress` tells a request that
+    /// died of its own body (400), or of a body that stopped coming (408),
+    /// from one the backend broke; `response_timeout` runs only once the
+    /// whole request was sent.
     async fn send(
         &self,
-        way: Way<'_>,
-        outbound: Request<ProxyBody>,
-        lease: &Lease,
+        mut relay: Relay,
+        method: &http::Method,
+        backend: &Backend,
         progress: Option<&Progress>,
-    ) -> Result<Response<Incoming>, ProxyError> {
-        let backend = lease.backend();
+    ) -> Result<(ResponseHead, Relay), Sent> {
         let watch = self.watch_exchange(progress, &backend.name);
-        let exchange = async {
-            match way {
-                Way::Pooled(client) => client.request(outbound).await.map_err(|e| SendFault {
-                    connect: e.is_connect(),
-                    cause: root_cause(&e),
-                }),
-                Way::Own(header) => {
-                    own_connection(backend, &header, outbound, self.connect_timeout).await
-                }
-            }
-        };
         let outcome = tokio::select! {
-            result = exchange => Ok(result),
+            head = relay.response_head(method) => Ok(head),
             stalled = watch => Err(stalled),
         };
         let err = match outcome {
-            Ok(Ok(response)) => return Ok(response),
-            Ok(Err(_)) if progress.is_some_and(Progress::failed) => {
-                return Err(ProxyError::Client {
+            Ok(Ok(head)) => return Ok((head, relay)),
+            Ok(Err(HeadFault::ClientBody)) => {
+                return Err(Sent::Failed(ProxyError::Client {
                     why: "malformed or cut-off request body",
-                })
+                }))
+            }
+            Ok(Err(_)) if progress.is_some_and(Progress::failed) => {
+                return Err(Sent::Failed(ProxyError::Client {
+                    why: "malformed or cut-off request body",
+                }))
             }
             Err(err @ ProxyError::ClientTimeout { .. }) => {
                 tracing::info!(backend = %backend.name, "request body stopped arriving; 408");
-                return Err(err);
+                return Err(Sent::Failed(err));
             }
-            Ok(Err(SendFault {
-                connect: true,
-                cause,
-            })) => ProxyError::Connect {
+            Ok(Err(HeadFault::Backend {
+                nothing_received: true,
+                ..
+            })) if relay.reused() => return Err(Sent::Stale),
+            Ok(Err(HeadFault::Backend { cause, .. })) => ProxyError::Upstream {
                 backend: backend.name.clone(),
-                address: backend.address,
                 cause,
             },
-            Ok(Err(SendFault { cause, .. })) => ProxyError::Upstream {
+            Ok(Err(HeadFault::BadHead(bad))) => ProxyError::Upstream {
                 backend: backend.name.clone(),
-                cause,
+                cause: bad.to_string(),
             },
             Err(err) => err,
         };
         err.blame(backend);
-        Err(err)
+        Err(Sent::Failed(err))
     }
 
     /// Resolves with the exchange's failure if the client's body stops for
@@ -384,28 +403,37 @@ impl HttpProxy {
         }
     }
 
-    /// Turns the backend's response into the client's.
+    /// Turns the backend's response into the client's; its body holds the
+    /// lease until it ends.
     fn respond(
         &self,
-        mut response: Response<Incoming>,
+        head: &ResponseHead,
+        relay: Relay,
         lease: Lease,
         drain: &DrainWatch,
-    ) -> Response<ProxyBody> {
-        headers::strip_hop_by_hop(response.headers_mut());
-        headers::add_via(response.headers_mut());
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let backend = Arc::clone(lease.shared());
+        let response = relay.respond(head, lease).map_err(|bad| {
+            let err = ProxyError::Upstream {
+                backend: backend.name.clone(),
+                cause: bad.to_string(),
+            };
+            err.blame(&backend);
+            err
+        })?;
         let event_stream = response
             .headers()
             .get(CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let (drain, listener) = (drain.clone(), Arc::clone(&self.listener));
-        response.map(|b| {
-            let body = Guarded::wrap(b.boxed_unsync(), lease);
+        Ok(response.map(|b| {
+            let body = b.boxed_unsync();
             if event_stream {
                 longlived::SseBody::wrap(body, drain, listener)
             } else {
                 body
             }
-        })
+        }))
     }
 }
 
@@ -428,77 +456,12 @@ struct Stream<'a> {
     noted: &'a mut Noted,
 }
 
-/// How a stream reaches its backend.
-enum Way<'a> {
-    /// Over hyper's pooled client: connections any client's stream reuses.
-    Pooled(&'a Client<Connector, ProxyBody>),
-    /// Over a connection of its own that begins with this PROXY header
-    /// (`send_proxy`): it names one client, so no other stream may use it.
-    Own(Vec<u8>),
-}
-
-/// Why a stream's exchange with a backend failed.
-struct SendFault {
-    /// No connection was made (so nothing was sent).
-    connect: bool,
-    cause: String,
-}
-
-/// Sends `outbound` on a new connection of its own, which closes once the
-/// response is read.
-async fn own_connection(
-    backend: &Backend,
-    header: &[u8],
-    mut outbound: Request<ProxyBody>,
-    connect_timeout: Duration,
-) -> Result<Response<Incoming>, SendFault> {
-    let stream = backend
-        .connect(connect_timeout, Some(header))
-        .await
-        .map_err(|fault| SendFault {
-            connect: true,
-            cause: fault.to_string(),
-        })?;
-    let failed = |e: hyper::Error| SendFault {
-        connect: false,
-        cause: root_cause(&e),
-    };
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(failed)?;
-    tokio::spawn(conn);
-    // Origin-form on the wire: the authority only said where to connect.
-    if let Some(path) = outbound.uri().path_and_query().cloned() {
-        *outbound.uri_mut() = Uri::from(path);
-    }
-    sender.send_request(outbound).await.map_err(failed)
-}
-
-fn outbound_request(
-    parts: &http::request::Parts,
-    body: ProxyBody,
-    lease: &Lease,
-) -> Result<Request<ProxyBody>, ProxyError> {
-    let path = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let uri = Uri::builder()
-        .scheme(Scheme::HTTP)
-        .authority(lease.backend().authority.clone())
-        .path_and_query(path)
-        .build()
-        .map_err(|e| ProxyError::Upstream {
-            backend: lease.backend().name.clone(),
-            cause: e.to_string(),
-        })?;
-    let mut outbound = Request::new(body);
-    *outbound.method_mut() = parts.method.clone();
-    *outbound.uri_mut() = uri;
-    *outbound.version_mut() = Version::HTTP_11;
-    *outbound.headers_mut() = parts.headers.clone();
-    Ok(outbound)
+/// Why a try at a backend got no response.
+enum Sent {
+    /// A kept connection was closed under the request before a byte came
+    /// back: a new connection may take it, when that is safe.
+    Stale,
+    Failed(ProxyError),
 }
 
 /// A request two parties could read two ways (the stuff of request
@@ -527,28 +490,4 @@ fn error_response(pool: &str, err: &ProxyError, request_id: &str) -> Response<Pr
     );
     headers::add_via(response.headers_mut());
     response
-}
-
-/// The innermost error's text: hyper's outer layers say little.
-fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur = err;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    cur.to_string()
-}
-
-/// A backend's response body that breaks off is the backend's failure:
-/// hyper then aborts the client connection (its status was sent) and
-/// never reuses the backend connection.
-impl BodyGuard for Lease {
-    fn body_failed(&mut self, cause: &hyper::Error) {
-        let backend = self.backend();
-        backend.upstream_failed(
-            metrics::UpstreamErrorKind::Protocol,
-            &format!("response broke off: {}", root_cause(cause)),
-            false,
-        );
-        tracing::warn!(backend = %backend.name, cause = %root_cause(cause), "backend response broke off; aborting the client connection");
-    }
 }

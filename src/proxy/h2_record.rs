@@ -9,7 +9,7 @@ use std::sync::Arc;
 use http::header::{HeaderMap, REFERER, USER_AGENT};
 use http::Request;
 
-use super::body::{BodyGuard, Progress};
+use super::body::{BodyError, BodyGuard, Progress};
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::Backend;
 
@@ -113,7 +113,7 @@ impl StreamRecord {
 }
 
 impl BodyGuard for StreamRecord {
-    fn body_failed(&mut self, _cause: &hyper::Error) {
+    fn body_failed(&mut self, _cause: &BodyError) {
         self.termination = Some(Termination::BackendFailed(Phase::Data));
     }
 

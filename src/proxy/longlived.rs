@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::body::ProxyBody;
+use super::body::{BodyError, ProxyBody};
 use super::idle::{Activity, Observed};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, LongLivedKind};
@@ -255,7 +255,7 @@ impl SseBody {
         self.at_boundary = self.tail == *b"\n\n";
     }
 
-    fn finish(&mut self) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn finish(&mut self) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         metrics::long_lived_drained(LongLivedKind::Sse);
         tracing::info!(listener = %self.listener, kind = "sse", expected = true, "ended event stream for drain");
         Poll::Ready(None)
@@ -264,12 +264,12 @@ impl SseBody {
 
 impl Body for SseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         if !self.ending_fired && self.ending.as_mut().poll(cx).is_ready() {
             self.ending_fired = true;
         }

@@ -8,16 +8,13 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hyper::server::conn::http2;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
-use super::body::ProxyBody;
 use super::h1::io::{read_now, read_some, release_if_empty, write_all};
 use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
 use super::stream::ByteStream;
 use crate::access_log::AccessLog;
-use crate::backend::connector::Connector;
 use crate::backend::Pool;
 use crate::config::{Forwarded, ListenerConfig, RouteConfig};
 use crate::lifecycle::drain::DrainWatch;
@@ -78,9 +75,6 @@ async fn opening<S: ByteStream>(stream: &mut S, deadline: Instant) -> Opening {
 pub(super) struct Target {
     pub(super) pool: Arc<Pool>,
     pub(super) metrics: RequestMetrics,
-    /// hyper's pooled client to the pool's backends, for h2 clients'
-    /// streams (HTTP/1 clients use baton's own path).
-    pub(super) client: Client<Connector, ProxyBody>,
 }
 
 pub struct HttpProxy {
@@ -132,13 +126,6 @@ impl HttpProxy {
                 .map(|p| Target {
                     pool: Arc::clone(p),
                     metrics: metrics::requests(&config.name, &p.name),
-                    client: Client::builder(TokioExecutor::new())
-                        .pool_idle_timeout(Duration::from_secs(10))
-                        .pool_timer(TokioTimer::new())
-                        .build(Connector {
-                            tls: p.tls.clone(),
-                            timeout: config.connect_timeout,
-                        }),
                 })
                 .collect(),
             default_target: config.pool,

@@ -47,6 +47,16 @@ pub async fn read_some<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> i
     r.read_buf(buf).await
 }
 
+/// `read_some` for a reader polled by hand (an h2 stream's response body).
+pub fn poll_read_some<R: AsyncRead + Unpin>(
+    r: &mut R,
+    cx: &mut std::task::Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    room(buf);
+    tokio_util::io::poll_read_buf(Pin::new(r), cx, buf)
+}
+
 /// Reads what `stream` has now, without waiting: `None` if nothing (its
 /// readiness was stale), `Some(0)` at EOF.
 pub async fn read_now<S: AsyncRead + Unpin>(

@@ -12,6 +12,7 @@ pub mod exchange;
 pub mod head;
 pub mod io;
 pub mod record;
+pub mod relay;
 pub mod rewrite;
 pub mod transfer;
 pub mod upstream;

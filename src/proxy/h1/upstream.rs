@@ -42,27 +42,37 @@ pub async fn connection<S: ByteStream>(
     connect_timeout: std::time::Duration,
     request_id: &str,
 ) -> Result<Upstream, ProxyError> {
-    let kept = match (fresh_only, backend.send_proxy) {
-        (true, _) => None,
-        (false, None) => backend.idle.take(),
-        (false, Some(_)) => client
+    if let (false, Some(_)) = (fresh_only, backend.send_proxy) {
+        let kept = client
             .kept
             .take()
-            .filter(|k| k.backend == backend.index && usable(k))
-            .map(|k| k.stream),
-    };
-    if let Some(stream) = kept {
-        return Ok(Upstream {
-            stream,
-            buf: BytesMut::new(),
-            reused: true,
-        });
+            .filter(|k| k.backend == backend.index && usable(k));
+        if let Some(kept) = kept {
+            return Ok(Upstream::kept(kept.stream));
+        }
     }
     let header = backend
         .send_proxy
         .map(|version| Speaker::of(&client.stream, client.origin).header(version, request_id));
+    open(backend, header.as_deref(), fresh_only, connect_timeout).await
+}
+
+/// A connection from the backend's idle list (unless `fresh_only`, or
+/// when it begins with a client's PROXY `header`: such a one is never
+/// shared), or a new one.
+pub async fn open(
+    backend: &Backend,
+    header: Option<&[u8]>,
+    fresh_only: bool,
+    connect_timeout: std::time::Duration,
+) -> Result<Upstream, ProxyError> {
+    if header.is_none() && !fresh_only {
+        if let Some(stream) = backend.idle.take() {
+            return Ok(Upstream::kept(stream));
+        }
+    }
     let stream = backend
-        .connect(connect_timeout, header.as_deref())
+        .connect(connect_timeout, header)
         .await
         .map_err(|fault| ProxyError::connect(backend, &fault))?;
     Ok(Upstream {
@@ -70,6 +80,16 @@ pub async fn connection<S: ByteStream>(
         buf: BytesMut::new(),
         reused: false,
     })
+}
+
+impl Upstream {
+    fn kept(stream: BackendStream) -> Upstream {
+        Upstream {
+            stream,
+            buf: BytesMut::new(),
+            reused: true,
+        }
+    }
 }
 
 /// Keeps a connection that ended cleanly with keep-alive on both sides:

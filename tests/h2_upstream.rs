@@ -1,0 +1,331 @@
+//! h2 clients' streams on baton's own HTTP/1 upstream, the one HTTP/1
+//! clients use: the same kept backend connections, the same check before
+//! reuse and the same safe resend, request bodies framed for HTTP/1 as they
+//! stream (chunked when no length was said), responses of every framing
+//! turned into h2 frames (trailers too), both directions at once, and a
+//! response that breaks off resetting the stream and blamed on the backend.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::Frame;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use support::backend::HttpBackend;
+use support::client;
+use support::daemon::{Baton, Spec};
+use support::raw::{ok, RawBackend, Seen, Then};
+
+/// One worker: every stream meets the same idle backend connections.
+async fn baton_for(backend: SocketAddr) -> Baton {
+    let spec = Spec::new()
+        .top("workers = 1")
+        .http("web", "app")
+        .pool("app", &[backend]);
+    Baton::start(spec).await
+}
+
+/// A request body the test feeds frame by frame.
+struct Fed(mpsc::Receiver<Frame<Bytes>>);
+
+impl http_body::Body for Fed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|f| f.map(Ok))
+    }
+}
+
+type Boxed = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn h2(addr: SocketAddr) -> SendRequest<Boxed> {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    sender
+}
+
+fn request(method: &str, addr: SocketAddr, path: &str, body: Boxed) -> hyper::Request<Boxed> {
+    hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .body(body)
+        .expect("request")
+}
+
+fn empty() -> Boxed {
+    Empty::new().boxed()
+}
+
+/// Status, body and trailers of one answer.
+async fn send(
+    sender: &mut SendRequest<Boxed>,
+    req: hyper::Request<Boxed>,
+) -> (u16, String, Option<hyper::HeaderMap>) {
+    let resp = tokio::time::timeout(support::TIMEOUT, sender.send_request(req))
+        .await
+        .expect("an answer in time")
+        .expect("h2 response");
+    let status = resp.status().as_u16();
+    let collected = resp.into_body().collect().await.expect("whole body");
+    let trailers = collected.trailers().cloned();
+    let body = String::from_utf8_lossy(&collected.to_bytes()).into_owned();
+    (status, body, trailers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_and_http1_clients_share_kept_backend_connections() {
+    let backend =
+        RawBackend::start(|seen: &Seen| (ok(&seen.on_connection.to_string()), Then::KeepAlive))
+            .await;
+    let baton = baton_for(backend.addr).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    for i in 0..10 {
+        let (status, body, _) = send(&mut sender, request("GET", web, "/", empty())).await;
+        assert_eq!((status, body), (200, i.to_string()), "stream {i}");
+    }
+    let answer = client::get(web, "/").await.expect("an HTTP/1 answer");
+    assert_eq!(
+        answer.body, "10",
+        "the HTTP/1 client got the same connection"
+    );
+    assert_eq!(backend.accepted(), 1);
+}
+
+/// As for HTTP/1 clients: a GET a backend's close raced is sent again on a
+/// new connection; a POST, which may have had effects, is a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_a_backend_close_raced_is_sent_again_only_when_safe() {
+    let backend = RawBackend::start(|seen: &Seen| match seen.on_connection {
+        0 => (ok("first"), Then::KeepAlive),
+        _ => (Vec::new(), Then::Close),
+    })
+    .await;
+    let baton = baton_for(backend.addr).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (_, first, _) = send(&mut sender, request("GET", web, "/a", empty())).await;
+    assert_eq!(first, "first");
+    let again = send(&mut sender, request("GET", web, "/b", empty())).await;
+    assert_eq!((again.0, again.1.as_str()), (200, "first"));
+    assert_eq!(backend.accepted(), 2);
+
+    let post = request(
+        "POST",
+        web,
+        "/c",
+        Full::new(Bytes::from_static(b"hi")).boxed(),
+    );
+    let (status, _, _) = send(&mut sender, post).await;
+    assert_eq!(status, 502);
+    let posts = backend
+        .heads()
+        .iter()
+        .filter(|h| h.starts_with("POST"))
+        .count();
+    assert_eq!(posts, 1, "the POST reached the backend once");
+}
+
+/// A body of unknown length goes up chunked, one with a length says it,
+/// an empty POST says `content-length: 0`, and a GET says nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_are_framed_for_http_1() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_for(backend.addr).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+
+    let (tx, rx) = mpsc::channel(4);
+    let streamed = send(
+        &mut sender,
+        request("POST", web, "/headers", Fed(rx).boxed()),
+    );
+    let feeding = async move {
+        for part in ["hello ", "world"] {
+            tx.send(Frame::data(Bytes::from(part))).await.expect("fed");
+        }
+    };
+    let ((_, seen, _), ()) = tokio::join!(streamed, feeding);
+    assert!(seen.contains("transfer-encoding: chunked"), "{seen}");
+    assert!(!seen.contains("content-length"), "{seen}");
+
+    let sized = hyper::Request::post(format!("http://{web}/upload"))
+        .header("content-length", "11")
+        .body(Full::new(Bytes::from_static(b"hello world")).boxed())
+        .expect("request");
+    let (_, said, _) = send(&mut sender, sized).await;
+    assert_eq!(said, "received 11\n");
+
+    let (_, seen, _) = send(&mut sender, request("POST", web, "/headers", empty())).await;
+    assert!(seen.contains("content-length: 0"), "{seen}");
+    let (_, seen, _) = send(&mut sender, request("GET", web, "/headers", empty())).await;
+    assert!(
+        !seen.contains("content-length") && !seen.contains("transfer-encoding"),
+        "{seen}"
+    );
+}
+
+/// Chunked with trailers, close-delimited, after an interim 103, and a
+/// HEAD's length: each reaches the h2 client as the backend meant it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_response_framing_reaches_an_h2_client() {
+    let backend = RawBackend::start(|seen: &Seen| {
+        let path = seen.head.split(' ').nth(1).unwrap_or("");
+        match path {
+            "/chunked" => (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 7\r\n\r\n".to_vec(),
+                Then::KeepAlive,
+            ),
+            "/until-close" => (b"HTTP/1.1 200 OK\r\n\r\nall of it".to_vec(), Then::Close),
+            "/hints" => {
+                let mut bytes = b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n".to_vec();
+                bytes.extend(ok("after hints"));
+                (bytes, Then::KeepAlive)
+            }
+            _ => (b"HTTP/1.1 200 OK\r\ncontent-length: 42\r\n\r\n".to_vec(), Then::KeepAlive),
+        }
+    })
+    .await;
+    let baton = baton_for(backend.addr).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (status, body, trailers) =
+        send(&mut sender, request("GET", web, "/chunked", empty())).await;
+    assert_eq!((status, body.as_str()), (200, "hello world"));
+    let trailers = trailers.expect("trailers");
+    assert_eq!(trailers.get("x-sum").map(|v| v.as_bytes()), Some(&b"7"[..]));
+    let (_, body, _) = send(&mut sender, request("GET", web, "/until-close", empty())).await;
+    assert_eq!(body, "all of it");
+    let (status, body, _) = send(&mut sender, request("GET", web, "/hints", empty())).await;
+    assert_eq!((status, body.as_str()), (200, "after hints"));
+    let resp = sender
+        .send_request(request("HEAD", web, "/head", empty()))
+        .await
+        .expect("HEAD answered");
+    assert_eq!(
+        resp.headers().get("content-length").map(|v| v.as_bytes()),
+        Some(&b"42"[..])
+    );
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert!(body.is_empty());
+}
+
+/// A backend that answers as it reads (an echo): the upload goes on while
+/// the response streams down, each part echoed before the next is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_may_answer_while_the_request_still_streams_up() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let echo = hyper::service::service_fn(
+                |req: hyper::Request<hyper::body::Incoming>| async move {
+                    Ok::<_, Infallible>(hyper::Response::new(req.into_body()))
+                },
+            );
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), echo),
+            );
+        }
+    });
+    let baton = baton_for(addr).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(Frame::data(Bytes::from_static(b"one")))
+        .await
+        .expect("fed");
+    let resp = tokio::time::timeout(
+        support::TIMEOUT,
+        sender.send_request(request("POST", web, "/echo", Fed(rx).boxed())),
+    )
+    .await
+    .expect("the head before the body ends")
+    .expect("h2 response");
+    let mut body = resp.into_body();
+    for (part, next) in [("one", Some("two")), ("two", None)] {
+        let mut got = Vec::new();
+        while got.len() < part.len() {
+            let frame = tokio::time::timeout(support::TIMEOUT, body.frame())
+                .await
+                .expect("an echo in time")
+                .expect("a frame")
+                .expect("no error");
+            got.extend_from_slice(frame.data_ref().map_or(&[][..], |d| d.as_ref()));
+        }
+        assert_eq!(got, part.as_bytes());
+        match next {
+            Some(next) => tx.send(Frame::data(Bytes::from(next))).await.expect("fed"),
+            None => break,
+        }
+    }
+    drop(tx);
+    let rest = tokio::time::timeout(support::TIMEOUT, body.collect())
+        .await
+        .expect("the end in time")
+        .expect("whole");
+    assert!(rest.to_bytes().is_empty());
+}
+
+/// The body broke off after the head: the stream is reset (the
+/// client must not take a short body for a whole one) and the backend is
+/// charged with a protocol error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_that_breaks_off_resets_the_stream_and_blames_the_backend() {
+    let served = std::sync::atomic::AtomicU64::new(0);
+    let backend = RawBackend::start(move |_: &Seen| {
+        match served.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+            0 => (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly ten..".to_vec(),
+                Then::Close,
+            ),
+            _ => (ok("whole"), Then::KeepAlive),
+        }
+    })
+    .await;
+    let baton = baton_for(backend.addr).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    // The head and the short body come at once, so h2 may drop the
+    // queued head with the reset: either way the answer must fail.
+    let answer = tokio::time::timeout(support::TIMEOUT, async {
+        let resp = sender
+            .send_request(request("GET", web, "/", empty()))
+            .await?;
+        resp.into_body().collect().await.map(|_| ())
+    })
+    .await
+    .expect("the end in time");
+    assert!(answer.is_err(), "a short body must not look whole");
+    support::eventually("the backend blamed", || async {
+        client::metrics(baton.admin).await.lines().any(|l| {
+            l.starts_with("baton_upstream_errors_total")
+                && l.contains("kind=\"protocol\"")
+                && l.ends_with(" 1")
+        })
+    })
+    .await;
+    // The connection is still good for the next stream.
+    let (status, _, _) = send(&mut sender, request("GET", web, "/", empty())).await;
+    assert_eq!(status, 200);
+}
