@@ -53,7 +53,7 @@ impl<S> Client<S> {
             stream,
             buf,
             origin,
-            ip: origin.client.ip().to_string(),
+            ip: crate::proxy::headers::ip_text(origin.client.ip()),
             kept: None,
         }
     }
@@ -356,7 +356,9 @@ async fn attempt<S: ByteStream>(
             Attempt::Failed(Failure::Abort(Termination::BackendFailed(Phase::Data)))
         }
         Pumped::Delivered(Delivered::Upgraded { websocket }) => {
-            tunnel(proxy, client, up, websocket, drain).await;
+            // Boxed: a tunnel's state is most of an exchange's size, and
+            // every exchange's future is made (and moved) whole.
+            Box::pin(tunnel(proxy, client, up, websocket, drain)).await;
             Attempt::Answered {
                 status: 101,
                 after: After::Close,

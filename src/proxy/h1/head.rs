@@ -210,7 +210,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Parsed<RequestHead>, Refusal> {
     let parts = Parts::new(src, req.headers);
     let request = RequestHead {
         framing: request_framing(&head, &parts.fields, version)?,
-        keep_alive: keep_alive(version, &parts.connection),
+        keep_alive: keep_alive(version, &parts),
         expect_continue: expect_continue(&head, &parts.fields, version)?,
         upgrade: upgrade(&head, &parts, version),
         takes_trailers: takes_trailers(&head, &parts.fields),
@@ -257,7 +257,7 @@ pub fn parse_response(
     let parts = Parts::new(src, res.headers);
     let framing = response_framing(&head, &parts.fields, version, status, request_method)?;
     Ok(Parsed::Complete(ResponseHead {
-        keep_alive: framing != Framing::UntilClose && keep_alive(version, &parts.connection),
+        keep_alive: framing != Framing::UntilClose && keep_alive(version, &parts),
         consumed: len,
         status,
         version,
@@ -343,44 +343,54 @@ impl ResponseHead {
 }
 
 /// The fields of a head with their roles, and the `Connection` tokens that
-/// decided them (kept for keep-alive and upgrade).
-struct Parts {
+/// decided them (kept for keep-alive and upgrade), read in place: no token
+/// is copied (an nginx response says `Connection: keep-alive` every time).
+struct Parts<'h> {
     fields: Vec<Field>,
-    connection: Vec<Vec<u8>>,
+    headers: &'h [httparse::Header<'h>],
 }
 
-impl Parts {
+impl<'h> Parts<'h> {
     /// `src` is the head's bytes as httparse saw them (its slices point there).
-    fn new(src: &[u8], headers: &[httparse::Header<'_>]) -> Parts {
-        let connection: Vec<Vec<u8>> = headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-            .flat_map(|h| list(h.value))
-            .map(|t| t.to_ascii_lowercase())
-            .collect();
+    fn new(src: &[u8], headers: &'h [httparse::Header<'h>]) -> Parts<'h> {
+        let tokens = headers.iter().any(is_connection);
         let fields = headers
             .iter()
             .map(|h| Field {
                 name: offset(src, h.name.as_bytes()),
                 value: offset(src, h.value),
-                role: role(h.name, &connection),
+                role: role(h.name, tokens.then_some(headers)),
             })
             .collect();
-        Parts { fields, connection }
+        Parts { fields, headers }
     }
 
+    /// Whether a `Connection` field lists `token` (any case).
     fn has_token(&self, token: &[u8]) -> bool {
-        self.connection.iter().any(|t| t == token)
+        connection_tokens(self.headers).any(|t| t.eq_ignore_ascii_case(token))
     }
+}
+
+fn is_connection(h: &httparse::Header<'_>) -> bool {
+    h.name.eq_ignore_ascii_case("connection")
+}
+
+fn connection_tokens<'a>(headers: &'a [httparse::Header<'a>]) -> impl Iterator<Item = &'a [u8]> {
+    headers
+        .iter()
+        .filter(|h| is_connection(h))
+        .flat_map(|h| list(h.value))
 }
 
 /// A field's role: its fixed one, else hop-by-hop when a Connection token
 /// names it (and it is not one a token cannot strip), else end-to-end.
 /// Called for every field of every head: it compares in place, without
-/// a lowercased copy, against the lists the h2 path uses too.
-fn role(name: &str, connection: &[Vec<u8>]) -> Role {
+/// a lowercased copy, against the lists the h2 path uses too, and only
+/// names of the same length (`headers` only when a Connection field is
+/// there to name others).
+fn role(name: &str, headers: Option<&[httparse::Header<'_>]>) -> Role {
     use crate::proxy::headers::{FORWARDING, HOP_BY_HOP, NOT_STRIPPABLE};
-    let is = |n: &str| name.eq_ignore_ascii_case(n);
+    let is = |n: &str| n.len() == name.len() && name.eq_ignore_ascii_case(n);
     let fixed = if is("host") {
         Role::Host
     } else if is("content-length") || is("transfer-encoding") {
@@ -394,10 +404,11 @@ fn role(name: &str, connection: &[Vec<u8>]) -> Role {
     } else {
         Role::EndToEnd
     };
-    let named = connection
-        .iter()
-        .any(|t| t.eq_ignore_ascii_case(name.as_bytes()));
-    if fixed == Role::EndToEnd && named && !NOT_STRIPPABLE.iter().any(|n| is(n)) {
+    let named = || {
+        headers
+            .is_some_and(|h| connection_tokens(h).any(|t| t.eq_ignore_ascii_case(name.as_bytes())))
+    };
+    if fixed == Role::EndToEnd && named() && !NOT_STRIPPABLE.iter().any(|n| is(n)) {
         Role::HopByHop
     } else {
         fixed
@@ -551,11 +562,10 @@ fn response_framing(
     }
 }
 
-fn keep_alive(version: Version, connection: &[Vec<u8>]) -> bool {
-    let has = |t: &[u8]| connection.iter().any(|c| c == t);
+fn keep_alive(version: Version, parts: &Parts<'_>) -> bool {
     match version {
-        Version::Http11 => !has(b"close"),
-        Version::Http10 => has(b"keep-alive") && !has(b"close"),
+        Version::Http11 => !parts.has_token(b"close"),
+        Version::Http10 => parts.has_token(b"keep-alive") && !parts.has_token(b"close"),
     }
 }
 
@@ -573,7 +583,7 @@ fn expect_continue(head: &[u8], fields: &[Field], version: Version) -> Result<bo
 /// The Upgrade field's range for a 1.1 upgrade request, unless `h2c` is
 /// offered (never tunnelled: h2c smuggling) or the field is repeated
 /// (one list, one meaning).
-fn upgrade(head: &[u8], parts: &Parts, version: Version) -> Option<Range<usize>> {
+fn upgrade(head: &[u8], parts: &Parts<'_>, version: Version) -> Option<Range<usize>> {
     if version != Version::Http11 || !parts.has_token(b"upgrade") {
         return None;
     }
