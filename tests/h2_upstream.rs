@@ -329,3 +329,45 @@ async fn a_response_that_breaks_off_resets_the_stream_and_blames_the_backend() {
     let (status, _, _) = send(&mut sender, request("GET", web, "/", empty())).await;
     assert_eq!(status, 200);
 }
+
+/// A length an HTTP/1 backend could read another way (two of them, or not
+/// a plain number) and CONNECT are refused; no backend sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_an_http_1_backend_could_misread_are_refused() {
+    let backend = RawBackend::start(|_: &Seen| (ok("seen"), Then::KeepAlive)).await;
+    let baton = baton_for(backend.addr).await;
+    let web = baton.addr("web");
+    for lengths in [&["2", "2"][..], &["+2"], &["0x2"]] {
+        let mut sender = h2(web).await;
+        let mut req = request(
+            "POST",
+            web,
+            "/",
+            Full::new(Bytes::from_static(b"hi")).boxed(),
+        );
+        for length in lengths {
+            req.headers_mut()
+                .append("content-length", length.parse().expect("value"));
+        }
+        // h2 itself may reset such a stream first; either way, no 2xx.
+        let answer = tokio::time::timeout(support::TIMEOUT, sender.send_request(req))
+            .await
+            .expect("an answer in time");
+        if let Ok(resp) = answer {
+            assert_eq!(resp.status(), 400, "{lengths:?}");
+        }
+    }
+    let mut sender = h2(web).await;
+    let connect = hyper::Request::builder()
+        .method("CONNECT")
+        .uri(format!("{web}"))
+        .body(empty())
+        .expect("request");
+    let answer = tokio::time::timeout(support::TIMEOUT, sender.send_request(connect))
+        .await
+        .expect("an answer in time");
+    if let Ok(resp) = answer {
+        assert_eq!(resp.status(), 400);
+    }
+    assert!(backend.heads().is_empty(), "{:?}", backend.heads());
+}

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{HeaderValue, CONTENT_TYPE, HOST};
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use http::{Request, Response};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -469,6 +469,18 @@ enum Sent {
 fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
     if req.headers().get_all(HOST).iter().count() > 1 {
         return Some("more than one Host header");
+    }
+    if req.method() == http::Method::CONNECT {
+        return Some("CONNECT: baton is no forward proxy");
+    }
+    // The length goes to an HTTP/1 backend as written: it must have one
+    // meaning there too.
+    let mut lengths = req.headers().get_all(CONTENT_LENGTH).iter();
+    if let Some(length) = lengths.next() {
+        let digits = length.as_bytes();
+        if lengths.next().is_some() || digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Some("invalid or repeated Content-Length");
+        }
     }
     let uri = req.uri();
     let asterisk = req.method() == http::Method::OPTIONS && uri.path() == "*";
