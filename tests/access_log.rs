@@ -217,7 +217,7 @@ async fn termination_states_say_who_ended_the_exchange() {
     let log = dir.path().join("access.log");
     let backend = HttpBackend::start("a").await;
     let echo = TcpEcho::start().await;
-    let dead = support::daemon::free_addr();
+    let (dead, _reserved) = support::daemon::dead_addr();
     let keys = format!("response_timeout = \"300ms\"\n{}", log_key(&log, "json"));
     let spec = Spec::new()
         .listener("web", "http", "app", &keys)

@@ -273,7 +273,7 @@ async fn an_empty_body_keeps_its_length_and_the_connection() {
 /// response on the connection starts where the client expects it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_answer_to_head_has_no_body() {
-    let dead = support::daemon::free_addr();
+    let (dead, _reserved) = support::daemon::dead_addr();
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[dead])).await;
     let mut s = TcpStream::connect(baton.addr("web"))
         .await

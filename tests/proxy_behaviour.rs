@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 
 use support::backend::{HttpBackend, TcpEcho};
 use support::client::{self, read_until_closed};
-use support::daemon::{free_addr, Baton, Spec};
+use support::daemon::{Baton, Spec};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_half_close_still_gets_the_reply() {
@@ -215,7 +215,7 @@ async fn h2c_clients_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_backend_is_a_502_that_tells_the_client_nothing_inside() {
-    let dead = free_addr();
+    let (dead, _reserved) = support::daemon::dead_addr();
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[dead])).await;
     let answer = client::get(baton.addr("web"), "/")
         .await

@@ -145,7 +145,10 @@ impl HttpProxy {
         drain: DrainWatch,
     ) -> Response<ProxyBody> {
         let busy = state.begin();
-        let sent = req.headers().get("x-request-id").map(HeaderValue::as_bytes);
+        let sent = req
+            .headers()
+            .get(headers::X_REQUEST_ID)
+            .map(HeaderValue::as_bytes);
         let request_id = super::request_id_from(sent, self.forwarded);
         let host = req
             .uri()
@@ -223,13 +226,14 @@ impl HttpProxy {
         headers::strip_hop_by_hop(&mut parts.headers);
         headers::add_forwarding(&mut parts.headers, &client.ip, self.forwarded, self.proto);
         if let Ok(id) = HeaderValue::from_str(stream.request_id) {
-            parts.headers.insert("x-request-id", id);
+            parts.headers.insert(headers::X_REQUEST_ID, id);
         }
         let outgoing = self.client_body(incoming).await?;
         stream.noted.upload = outgoing.progress.clone();
-        // An empty body can be sent again: after a failed connect, or on a
-        // new connection when a kept one was closed under it.
-        let replayable = outgoing.progress.is_none();
+        // Sent again on a new connection when a kept one was closed under
+        // it only if that is safe, as for HTTP/1: no body, a safe method.
+        // (A failed connect sent nothing: another backend may always take it.)
+        let replayable = outgoing.progress.is_none() && parts.method.is_idempotent();
         let mut body = Some(outgoing.body);
         let mut failed: Option<(usize, ProxyError)> = None;
         let mut fresh_only = false;
@@ -259,10 +263,9 @@ impl HttpProxy {
                     Ok(up) => up,
                     Err(err) => {
                         err.blame(backend);
-                        if replayable && failed.is_none() {
+                        if failed.is_none() {
                             tracing::warn!(cause = %err, "retrying on another backend");
                             failed = Some((backend.index, err));
-                            body = Some(body::empty());
                             continue;
                         }
                         return Err(err);
@@ -270,7 +273,13 @@ impl HttpProxy {
                 };
             stream.noted.marks.connected = Some(Instant::now());
             let sent = body.take().unwrap_or_else(body::empty);
-            let relay = Relay::new(up, &parts, sent, header.is_none());
+            let relay = Relay::new(
+                up,
+                &parts,
+                sent,
+                backend.authority.as_str(),
+                header.is_none(),
+            );
             match self
                 .send(relay, &parts.method, backend, outgoing.progress.as_deref())
                 .await
@@ -482,9 +491,10 @@ fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
             return Some("invalid or repeated Content-Length");
         }
     }
-    let uri = req.uri();
-    let asterisk = req.method() == http::Method::OPTIONS && uri.path() == "*";
-    if uri.scheme().is_none() && !uri.path().starts_with('/') && !asterisk {
+    // Written as the HTTP/1 request target: origin-form, or `*` for OPTIONS.
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let asterisk = req.method() == http::Method::OPTIONS && target == "*";
+    if !target.starts_with('/') && !asterisk {
         return Some("invalid request target");
     }
     None

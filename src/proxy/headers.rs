@@ -46,10 +46,12 @@ pub const FORWARDING: &[&str] = &[
 /// The `Host` a backend gets: an absolute-form target's authority wins over
 /// whatever `Host` the client sent (RFC 9112 §3.2.2), since routing used it.
 pub fn host_from_target(headers: &mut HeaderMap, uri: &http::Uri) {
-    if let Some(authority) = uri
-        .authority()
-        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    {
+    // Without user information: routing looked at the host alone.
+    let host = |a: &http::uri::Authority| {
+        let text = a.as_str();
+        HeaderValue::from_str(text.rsplit('@').next().unwrap_or(text)).ok()
+    };
+    if let Some(authority) = uri.authority().and_then(host) {
         headers.insert(HOST, authority);
     }
 }
@@ -82,11 +84,26 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
-        headers.remove(*name);
-    }
+    remove_any(headers, HOP_BY_HOP);
     if takes_trailers {
         headers.insert(TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Names set on every request, made once: a name given as a string is
+/// parsed and checked each time it is used.
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Removes the fields `names` lists. Most requests carry none of them, and
+/// a `remove` parses and hashes its name each time, so the names present
+/// are looked for first, in one pass.
+fn remove_any(headers: &mut HeaderMap, names: &[&str]) {
+    if headers.keys().any(|k| names.contains(&k.as_str())) {
+        for name in names {
+            headers.remove(*name);
+        }
     }
 }
 
@@ -126,13 +143,11 @@ pub fn add_forwarding(
     mode: Forwarded,
     proto: &'static str,
 ) {
-    let xff = HeaderName::from_static("x-forwarded-for");
+    let xff = X_FORWARDED_FOR;
     match mode {
         Forwarded::Off => {}
         Forwarded::Replace => {
-            for name in FORWARDING {
-                headers.remove(*name);
-            }
+            remove_any(headers, FORWARDING);
             headers.insert(xff, client.clone());
         }
         Forwarded::Append => {
@@ -150,10 +165,7 @@ pub fn add_forwarding(
         }
     }
     if mode != Forwarded::Off {
-        headers.insert(
-            HeaderName::from_static("x-forwarded-proto"),
-            HeaderValue::from_static(proto),
-        );
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
     add_via(headers);
 }

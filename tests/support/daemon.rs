@@ -137,6 +137,23 @@ pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
     held.iter().map(|l| l.local_addr().expect("addr")).collect()
 }
 
+/// An address where nothing answers, kept so for as long as the returned
+/// socket lives: it is bound (so no other test's listener can take the
+/// port, as one could take a port `free_addr` let go of) but never
+/// listens, so every connect to it is refused.
+pub fn dead_addr() -> (SocketAddr, socket2::Socket) {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
+    socket.bind(&any.into()).expect("bind");
+    let addr = socket
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .expect("bound address");
+    (addr, socket)
+}
+
 pub fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, COOKIE, EXPECT, HOST};
 use http::request::Parts;
 use http::{Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -56,10 +56,16 @@ pub enum HeadFault {
 impl Relay {
     /// Starts an exchange: the head of `parts` (already rewritten for the
     /// backend) is queued with the body's framing.
-    pub fn new(up: Upstream, parts: &Parts, body: ProxyBody, keepable: bool) -> Relay {
+    pub fn new(
+        up: Upstream,
+        parts: &Parts,
+        body: ProxyBody,
+        backend_authority: &str,
+        keepable: bool,
+    ) -> Relay {
         let framing = request_framing(parts, &body);
         let mut out = BytesMut::with_capacity(512);
-        request_head(parts, framing, &mut out);
+        request_head(parts, backend_authority, framing, &mut out);
         Relay {
             up,
             upload: Upload {
@@ -180,12 +186,18 @@ impl Relay {
 /// HEAD's or a 304's would-be length).
 fn copy_fields(head: &ResponseHead, to: &mut HeaderMap) -> Result<(), BadResponse> {
     to.reserve(head.fields.len());
+    // Repeats of one length are allowed in HTTP/1; h2 clients take one.
+    let mut length_copied = false;
     for field in &head.fields {
         let name = head.field_name(field);
         let keep = match field.role {
             Role::HopByHop => false,
             Role::Framing => {
-                name.eq_ignore_ascii_case(b"content-length") && head.framing != Framing::Chunked
+                let length = name.eq_ignore_ascii_case(b"content-length")
+                    && head.framing != Framing::Chunked
+                    && !length_copied;
+                length_copied |= length;
+                length
             }
             _ => true,
         };
@@ -214,7 +226,7 @@ enum UpFraming {
 }
 
 fn request_framing(parts: &Parts, body: &ProxyBody) -> UpFraming {
-    let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
+    let has_length = parts.headers.contains_key(CONTENT_LENGTH);
     if has_length {
         return UpFraming::Length;
     }
@@ -231,17 +243,40 @@ fn request_framing(parts: &Parts, body: &ProxyBody) -> UpFraming {
     }
 }
 
-/// `METHOD origin-form HTTP/1.1`, the fields, and the framing.
-fn request_head(parts: &Parts, framing: UpFraming, out: &mut BytesMut) {
+/// `METHOD origin-form HTTP/1.1`, the fields, and the framing. h2 may
+/// split `Cookie` into many fields: HTTP/1 gets them joined in one line
+/// (RFC 9113 §8.2.3). A request without `:authority` or `Host` names the
+/// backend, as HTTP/1.1 needs a Host. `Expect` stays here: the body was
+/// asked for already (hyper answers 100-continue when it is read).
+fn request_head(parts: &Parts, backend_authority: &str, framing: UpFraming, out: &mut BytesMut) {
     out.put_slice(parts.method.as_str().as_bytes());
     out.put_u8(b' ');
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     out.put_slice(target.as_bytes());
     out.put_slice(b" HTTP/1.1\r\n");
-    put_fields(&parts.headers, out);
+    let mut cookies = parts.headers.get_all(COOKIE).iter().peekable();
+    let has_cookies = cookies.peek().is_some();
+    for (name, value) in &parts.headers {
+        if name != COOKIE && name != EXPECT {
+            put_field(name.as_str().as_bytes(), value.as_bytes(), out);
+        }
+    }
+    if has_cookies {
+        out.put_slice(b"cookie: ");
+        for (i, cookie) in cookies.enumerate() {
+            if i > 0 {
+                out.put_slice(b"; ");
+            }
+            out.put_slice(cookie.as_bytes());
+        }
+        out.put_slice(b"\r\n");
+    }
+    if !parts.headers.contains_key(HOST) {
+        put_field(b"host", backend_authority.as_bytes(), out);
+    }
     match framing {
         UpFraming::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
-        UpFraming::Length if !parts.headers.contains_key(http::header::CONTENT_LENGTH) => {
+        UpFraming::Length if !parts.headers.contains_key(CONTENT_LENGTH) => {
             out.put_slice(b"content-length: 0\r\n");
         }
         UpFraming::Length | UpFraming::None => {}
@@ -249,13 +284,17 @@ fn request_head(parts: &Parts, framing: UpFraming, out: &mut BytesMut) {
     out.put_slice(b"\r\n");
 }
 
+fn put_field(name: &[u8], value: &[u8], out: &mut BytesMut) {
+    out.put_slice(name);
+    out.put_slice(b": ");
+    out.put_slice(value);
+    out.put_slice(b"\r\n");
+}
+
 /// Each field as an HTTP/1 line (the names are lower-case, as h2 has them).
 fn put_fields(fields: &HeaderMap, out: &mut BytesMut) {
     for (name, value) in fields {
-        out.put_slice(name.as_str().as_bytes());
-        out.put_slice(b": ");
-        out.put_slice(value.as_bytes());
-        out.put_slice(b"\r\n");
+        put_field(name.as_str().as_bytes(), value.as_bytes(), out);
     }
 }
 
@@ -495,7 +534,14 @@ fn trailer_frame(lines: &[u8]) -> Option<Frame<Bytes>> {
         return None;
     };
     let mut map = HeaderMap::with_capacity(fields.len());
-    for field in fields {
+    // h2 refuses a connection-specific field anywhere, trailers included:
+    // one would reset a stream whose body came whole.
+    let hop_by_hop = |name: &str| {
+        headers::HOP_BY_HOP
+            .iter()
+            .any(|h| name.eq_ignore_ascii_case(h))
+    };
+    for field in fields.iter().filter(|f| !hop_by_hop(f.name)) {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(field.name.as_bytes()),
             HeaderValue::from_bytes(field.value),
