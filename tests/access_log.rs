@@ -369,3 +369,44 @@ async fn a_reset_h2_stream_is_logged_as_the_client_s_abort() {
     assert_eq!(lines[0]["termination"], "CH", "{}", lines[0]);
     assert!(lines[0]["status"].is_null(), "{}", lines[0]);
 }
+
+/// An h2 stream the drain cuts at its deadline is the drain's doing, and
+/// its line is written before the generation exits: stream tasks are the
+/// drain's own (waited for, then dropped when forced), not tokio's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_cut_by_a_forced_drain_is_logged_as_drained() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::default()
+        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"1s\"\n")
+        .listener("web", "http", "app", &log_key(&log, "json"))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let tcp = TcpStream::connect(web).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = hyper::Request::get(format!("http://{web}/slow/10000"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let asked = tokio::spawn(sender.send_request(req));
+    support::eventually("the request reached the backend", || async {
+        backend.active() == 1
+    })
+    .await;
+    for pid in processes_for(&baton.config) {
+        signal(pid, Signal::SIGTERM);
+        assert_eq!(wait_exit(pid).await, Some(3), "a forced stop");
+    }
+    assert!(asked.await.expect("join").is_err(), "the stream was cut");
+    let lines = json_lines(&[log]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["protocol"], "HTTP/2.0");
+    assert_eq!(lines[0]["termination"], "KH", "{}", lines[0]);
+}

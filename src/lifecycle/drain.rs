@@ -115,6 +115,11 @@ impl DrainWatch {
         self.graceful.is_cancelled()
     }
 
+    /// The drain was forced: tasks dropped now were cut by it.
+    pub fn is_forced(&self) -> bool {
+        self.force.is_cancelled()
+    }
+
     /// Resolves when the drain begins.
     pub async fn draining(&self) {
         self.graceful.cancelled().await;

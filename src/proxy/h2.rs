@@ -16,8 +16,9 @@ use http::{Request, Response};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::time::Instant;
 
 use super::activity::ConnState;
@@ -96,7 +97,7 @@ impl HttpProxy {
             })
         };
         let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state.opening)));
-        let conn = self.server.serve_connection(io, service);
+        let conn = self.h2_server(&drain).serve_connection(io, service);
         tokio::pin!(conn);
         let mut closing = false;
         let mut cut_at: Option<Instant> = None;
@@ -137,6 +138,18 @@ impl HttpProxy {
         }
     }
 
+    /// hyper's h2 server for one connection, whose streams run as the
+    /// drain's tasks (see [`StreamTasks`]).
+    fn h2_server(&self, drain: &DrainWatch) -> http2::Builder<StreamTasks> {
+        let mut server = http2::Builder::new(StreamTasks(drain.clone()));
+        server
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(self.h2.max_streams)
+            .keep_alive_interval(self.h2.ping_interval)
+            .keep_alive_timeout(self.h2.ping_timeout);
+        server
+    }
+
     async fn handle(
         &self,
         req: Request<Incoming>,
@@ -166,6 +179,7 @@ impl HttpProxy {
                 request_id.clone(),
                 client.peer,
                 &target.pool.name,
+                drain.clone(),
             )
         });
         let mut spare = Noted::default();
@@ -463,6 +477,21 @@ struct Stream<'a> {
     client: &'a H2Client,
     request_id: &'a str,
     noted: &'a mut Noted,
+}
+
+/// Runs hyper's h2 stream tasks as the drain's own: a stopping generation
+/// waits for them (and so for their access-log lines) as for connections,
+/// and a forced drain drops them, which their lines say (`K?`).
+#[derive(Clone)]
+struct StreamTasks(DrainWatch);
+
+impl<F> hyper::rt::Executor<F> for StreamTasks
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, task: F) {
+        self.0.spawn(task);
+    }
 }
 
 /// Why a try at a backend got no response.

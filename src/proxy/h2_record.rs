@@ -12,6 +12,7 @@ use http::Request;
 use super::body::{BodyError, BodyGuard, Progress};
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::Backend;
+use crate::lifecycle::drain::DrainWatch;
 
 /// Where a stream got to, filled in as it goes.
 #[derive(Default)]
@@ -25,6 +26,8 @@ pub struct Noted {
 /// A stream's log line, written when its response body is done with.
 pub struct StreamRecord {
     log: AccessLog,
+    /// Tells a stream cut by a forced drain from one the client left.
+    drain: DrainWatch,
     request_id: String,
     client: SocketAddr,
     pool: String,
@@ -77,9 +80,11 @@ impl StreamRecord {
         request_id: String,
         client: SocketAddr,
         pool: &str,
+        drain: DrainWatch,
     ) -> StreamRecord {
         StreamRecord {
             log,
+            drain,
             request_id,
             client,
             pool: pool.to_string(),
@@ -141,15 +146,21 @@ impl Drop for StreamRecord {
             bytes_in: noted.upload.as_deref().map_or(0, Progress::received),
             bytes_out: self.bytes_out,
             marks: noted.marks,
-            // Dropped unfinished: the client left (a reset stream, a
-            // closed connection), waiting for the response or taking it.
-            termination: self.termination.unwrap_or(Termination::ClientAborted(
-                if self.status.is_some() {
+            // Dropped unfinished: cut by a forced drain, or else the
+            // client left (a reset stream, a closed connection), waiting
+            // for the response or taking it.
+            termination: self.termination.unwrap_or_else(|| {
+                let phase = if self.status.is_some() {
                     Phase::Data
                 } else {
                     noted.marks.phase()
-                },
-            )),
+                };
+                if self.drain.is_forced() {
+                    Termination::Drained(phase)
+                } else {
+                    Termination::ClientAborted(phase)
+                }
+            }),
             referer: self.referer.as_deref(),
             user_agent: self.user_agent.as_deref(),
         });

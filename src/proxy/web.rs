@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use hyper::server::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
 use super::h1::io::{read_now, read_some, release_if_empty, write_all};
@@ -77,13 +75,20 @@ pub(super) struct Target {
     pub(super) metrics: RequestMetrics,
 }
 
+/// What every h2 connection of a listener is served with.
+pub(super) struct H2Settings {
+    pub(super) max_streams: u32,
+    pub(super) ping_interval: Duration,
+    pub(super) ping_timeout: Duration,
+}
+
 pub struct HttpProxy {
     pub(super) listener: Arc<str>,
     routes: Vec<RouteConfig>,
     /// Indexed like the config's pools.
     targets: Vec<Target>,
     default_target: usize,
-    pub(super) server: http2::Builder<TokioExecutor>,
+    pub(super) h2: H2Settings,
     pub(super) connect_timeout: Duration,
     pub(super) response_timeout: Duration,
     pub(super) keepalive_drain_grace: Duration,
@@ -108,15 +113,14 @@ impl HttpProxy {
         pools: &[Arc<Pool>],
         access_log: Option<AccessLog>,
     ) -> HttpProxy {
-        let mut server = http2::Builder::new(TokioExecutor::new());
-        server
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(config.h2_max_concurrent_streams)
+        let h2 = H2Settings {
+            max_streams: config.h2_max_concurrent_streams,
             // A dead peer (no PING answer) is found within idle_timeout
             // (at most 50 s), even with a stream open; a live one answers
             // and costs a frame.
-            .keep_alive_interval((config.idle_timeout / 2).min(H2_PING_INTERVAL))
-            .keep_alive_timeout((config.idle_timeout / 2).min(H2_PING_TIMEOUT));
+            ping_interval: (config.idle_timeout / 2).min(H2_PING_INTERVAL),
+            ping_timeout: (config.idle_timeout / 2).min(H2_PING_TIMEOUT),
+        };
         metrics::client_aborts(&config.name);
         HttpProxy {
             listener: Arc::from(config.name.as_str()),
@@ -131,7 +135,7 @@ impl HttpProxy {
             default_target: config.pool,
             sends_proxy: pools.iter().any(|p| p.send_proxy.is_some()),
             access_log,
-            server,
+            h2,
             connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
             keepalive_drain_grace: config.keepalive_drain_grace,
