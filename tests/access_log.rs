@@ -384,14 +384,7 @@ async fn an_h2_stream_cut_by_a_forced_drain_is_logged_as_drained() {
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
-    let tcp = TcpStream::connect(web).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut sender = support::client::h2(web).await;
     let req = hyper::Request::get(format!("http://{web}/slow/10000"))
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .expect("request");

@@ -16,8 +16,7 @@ use bytes::Bytes;
 use http_body::Frame;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpStream;
+use hyper_util::rt::TokioIo;
 use tokio::sync::mpsc;
 
 use support::backend::HttpBackend;
@@ -52,13 +51,7 @@ impl http_body::Body for Fed {
 type Boxed = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 async fn h2(addr: SocketAddr) -> SendRequest<Boxed> {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
-    sender
+    client::h2(addr).await
 }
 
 fn request(method: &str, addr: SocketAddr, path: &str, body: Boxed) -> hyper::Request<Boxed> {

@@ -37,6 +37,25 @@ where
     Ok(sender)
 }
 
+/// An h2 (prior knowledge) client connection to `addr`, sending bodies of
+/// type `B`; its connection task runs on its own.
+pub async fn h2<B>(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    sender
+}
+
 /// `GET https://{authority}{path}` as h2 over an open stream (TLS with
 /// ALPN h2).
 pub async fn h2_get_over<S>(stream: S, authority: &str, path: &str) -> Result<Answer, String>
