@@ -75,7 +75,6 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         phase: phase_rx,
         topology: Default::default(),
         metrics,
-        drain_deadline: Default::default(),
         inherited: Default::default(),
         configured: configured(&config),
     });

@@ -19,7 +19,7 @@ impl Generation {
         if systemd::enabled() {
             tokio::spawn(keep_naming(successor_pid, naming.clone()));
         }
-        let _ = self.phase.send(Phase::Draining);
+        let _ = self.phase.send(Phase::Draining { deadline: None });
         self.holdings.handed_over(&successor.adopted);
         self.close_doors().await;
         self.admin_stop.cancel();
@@ -89,7 +89,7 @@ impl Generation {
     /// served), in-flight work drains, admin closes last.
     pub(super) async fn stop(mut self) -> Exit {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
-        let _ = self.phase.send(Phase::Stopping);
+        let _ = self.phase.send(Phase::Stopping { deadline: None });
         systemd::stopping();
         let forced_early = tokio::select! {
             () = tokio::time::sleep(self.config.shutdown.pre_stop_delay) => false,
@@ -208,11 +208,12 @@ impl Generation {
         .await;
     }
 
+    /// Publishes the drain deadline in the phase, as wall-clock time (what
+    /// `/status` and the reports to a successor show).
     fn publish_deadline(&self, deadline: Instant) {
         let wall = SystemTime::now() + deadline.saturating_duration_since(Instant::now());
-        if let Ok(mut d) = self.admin.drain_deadline.write() {
-            *d = Some(wall);
-        }
+        self.phase
+            .send_modify(|phase| phase.set_drain_deadline(wall));
     }
 
     fn exit_code(&self, outcome: DrainOutcome) -> Exit {
