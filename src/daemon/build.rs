@@ -3,6 +3,7 @@
 //! first health round.
 
 use super::*;
+use crate::lifecycle::endpoint::{self, Endpoint, ListenError};
 use crate::lifecycle::handoff::CarriedAdmin;
 
 /// What a generation is built from: its config, what an older generation
@@ -42,29 +43,21 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
     });
     let mut holdings = Holdings::default();
 
-    let admin_std = match inventory.take_tcp("admin", config.admin.listen)? {
-        Some(l) => l,
-        None => listener::bind_tcp(config.admin.listen, 128, false).map_err(|source| {
-            StartError::Admin {
-                addr: config.admin.listen.to_string(),
-                source,
-            }
-        })?,
-    };
-    let admin_addr = admin_std.local_addr().map_err(|source| StartError::Admin {
+    let admin_err = |source| StartError::Admin {
         addr: config.admin.listen.to_string(),
         source,
-    })?;
-    holdings
-        .hold(
-            "admin",
-            admin_addr.to_string(),
-            std::os::fd::AsFd::as_fd(&admin_std),
-        )
-        .map_err(|source| StartError::Admin {
-            addr: admin_addr.to_string(),
-            source,
-        })?;
+    };
+    let admin_endpoint = Endpoint::Tcp {
+        addr: config.admin.listen,
+        backlog: 128,
+        reuseport: false,
+    };
+    let admin_std: std::net::TcpListener =
+        endpoint::listen("admin", &admin_endpoint, &mut inventory, &mut holdings)
+            .map_err(|e| start_error(e, admin_err))?
+            .socket
+            .into();
+    let admin_addr = admin_std.local_addr().map_err(admin_err)?;
     let admin = Arc::new(AdminShared {
         config: config.admin.clone(),
         generation: GenerationInfo {
@@ -159,42 +152,33 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
             } else {
                 format!("{}#{shard}", l.name)
             };
-            let std = match inventory.take_tcp(&name, l.bind)? {
-                Some(s) => s,
-                None => match listener::bind_tcp(l.bind, l.backlog, true) {
-                    Ok(s) => s,
-                    // A shard only there to give every worker one may not
-                    // be possible (a socket systemd bound as another user
-                    // cannot be shared): fewer workers take this listener.
-                    Err(err) if shard > 0 && shard >= l.reuseport => {
-                        tracing::warn!(listener = %l.name, shards = shard, cause = %err, "cannot add a shard for every worker; fewer workers accept on this listener");
-                        break;
-                    }
-                    Err(source) => {
-                        return Err(StartError::Bind {
-                            name: l.name.clone(),
-                            addr: l.bind.to_string(),
-                            source,
-                        })
-                    }
-                },
+            let endpoint = Endpoint::Tcp {
+                addr: l.bind,
+                backlog: l.backlog,
+                reuseport: true,
             };
-            let local = std.local_addr().map_err(|source| StartError::Bind {
+            let bind_err = |source| StartError::Bind {
                 name: l.name.clone(),
                 addr: l.bind.to_string(),
                 source,
-            })?;
-            bound = local;
+            };
+            let listening = match endpoint::listen(&name, &endpoint, &mut inventory, &mut holdings)
+            {
+                Ok(listening) => listening,
+                // A shard only there to give every worker one may not
+                // be possible (a socket systemd bound as another user
+                // cannot be shared): fewer workers take this listener.
+                Err(ListenError::Bind(err)) if shard > 0 && shard >= l.reuseport => {
+                    tracing::warn!(listener = %l.name, shards = shard, cause = %err, "cannot add a shard for every worker; fewer workers accept on this listener");
+                    break;
+                }
+                Err(e) => return Err(start_error(e, bind_err)),
+            };
+            let std: std::net::TcpListener = listening.socket.into();
+            bound = std.local_addr().map_err(bind_err)?;
             inodes.extend(crate::metrics::kernel::socket_inode(
                 std::os::fd::AsFd::as_fd(&std),
             ));
-            let flag = holdings
-                .hold(&name, local.to_string(), std::os::fd::AsFd::as_fd(&std))
-                .map_err(|source| StartError::Bind {
-                    name: l.name.clone(),
-                    addr: local.to_string(),
-                    source,
-                })?;
             pending.push((
                 Listener {
                     name: Arc::from(l.name.as_str()),
@@ -203,7 +187,7 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
                 },
                 shard,
                 Arc::clone(&connections),
-                flag,
+                listening.handed_over,
             ));
         }
         waiting[i] = Check {
@@ -392,16 +376,16 @@ fn take_control(
         path: path.display().to_string(),
         source,
     };
-    let std = match inventory.take_unix("control", path)? {
-        Some(l) => l,
-        None => control::bind(path).map_err(err)?,
-    };
-    holdings
-        .hold(
-            "control",
-            path.display().to_string(),
-            std::os::fd::AsFd::as_fd(&std),
-        )
-        .map_err(err)?;
-    tokio::net::UnixListener::from_std(std).map_err(err)
+    let listening = endpoint::listen("control", &Endpoint::Unix(path), inventory, holdings)
+        .map_err(|e| start_error(e, err))?;
+    tokio::net::UnixListener::from_std(listening.socket.into()).map_err(err)
+}
+
+/// A socket that could not be had, in the words of `context` (the socket
+/// it is); an inherited one that failed its check says so itself.
+fn start_error(err: ListenError, context: impl FnOnce(std::io::Error) -> StartError) -> StartError {
+    match err {
+        ListenError::Adopt(e) => StartError::Adopt(e),
+        ListenError::Bind(e) | ListenError::Hold(e) => context(e),
+    }
 }

@@ -38,7 +38,7 @@ use crate::lifecycle::inventory::{Holdings, Inventory};
 use crate::lifecycle::process::Process;
 use crate::lifecycle::signals::{Command, Signals};
 use crate::lifecycle::{systemd, Check, Phase};
-use crate::listener::{self, Closing, Listener};
+use crate::listener::{Closing, Listener};
 use crate::metrics::{self, DrainReason};
 
 /// A start-up failure, with the exit code it maps to.

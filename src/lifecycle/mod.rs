@@ -4,8 +4,9 @@
 //! A reload, by function: the supervisor (`daemon`) gets `Reload` from
 //! [`signals::Signals::recv`] or a [`control`] request, lists its sockets and
 //! calls [`generation::hand_over`], which spawns N+1 with a [`handoff::Channel`]
-//! end. N+1 reads the offer with [`generation::Parent::receive`], claims
-//! sockets by name from the [`inventory::Inventory`], builds everything, then
+//! end. N+1 reads the offer with [`generation::Parent::receive`], gets every
+//! socket from [`endpoint::listen`] (claimed by name from the
+//! [`inventory::Inventory`], else bound), builds everything, then
 //! [`generation::Parent::ready`] waits for N's commit and
 //! [`generation::Parent::accepting`] confirms. N then names N+1 to systemd
 //! ([`systemd::main_pid`]), stops accepting and runs the [`drain::Drain`]
@@ -14,6 +15,7 @@
 
 pub mod control;
 pub mod drain;
+pub mod endpoint;
 pub mod framing;
 pub mod generation;
 pub mod handoff;
