@@ -7,7 +7,7 @@ use crate::cli::{BudgetArgs, RunArgs};
 use crate::config::Overrides;
 use crate::daemon::{self, Setup};
 use crate::exit::Exit;
-use crate::lifecycle::generation::{Exec, Parent};
+use crate::lifecycle::generation::{Exec, Inheritance, Parent};
 use crate::lifecycle::handoff::Channel;
 use crate::lifecycle::signals::Signals;
 
@@ -72,10 +72,15 @@ async fn run_async(args: RunArgs) -> Exit {
             None
         }
     };
+    let (parent, inheritance) = match parent {
+        Some((parent, inheritance)) => (Some(parent), inheritance),
+        None => (None, Inheritance::from_systemd()),
+    };
     daemon::run(Setup {
         config,
         exec,
         parent,
+        inheritance,
         metrics,
         signals,
     })

@@ -5,29 +5,35 @@
 use super::*;
 use crate::lifecycle::endpoint::{self, Endpoint, ListenError};
 use crate::lifecycle::handoff::CarriedAdmin;
+use crate::lifecycle::inventory::Inventory;
 
 /// What a generation is built from: its config, what an older generation
 /// (or systemd) handed over, and the process's own parts.
 pub(super) struct Inputs {
-    pub carried: Inherited,
+    pub inheritance: Inheritance,
     pub config: Config,
     pub exec: Exec,
-    pub inventory: Inventory,
-    pub number: u64,
     pub metrics: Option<PrometheusHandle>,
     pub signals: Signals,
 }
 
 pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
     let Inputs {
-        carried,
+        inheritance,
         config,
         exec,
-        mut inventory,
-        number,
         metrics,
         signals,
     } = inputs;
+    let Inheritance {
+        generation: number,
+        sockets: mut inventory,
+        draining,
+        backends: carried_backends,
+        report,
+        tickets,
+        resolved,
+    } = inheritance;
     metrics::start(number);
     let mut waiting: Vec<Check> = config
         .listeners
@@ -71,7 +77,7 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         inherited: Default::default(),
         configured: configured(&config),
     });
-    admin.set_inherited(carried.report);
+    admin.set_inherited(report);
     let admin_stop = CancellationToken::new();
     let admin_listener =
         tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Admin {
@@ -101,11 +107,11 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
     let pools = Pool::all(&config.pools, workers.count());
     let resolver = crate::resolve::refresh::resolver_for(&config)?;
     if let Some(resolver) = &resolver {
-        crate::resolve::refresh::first_members(&pools, resolver, &carried.resolved).await;
+        crate::resolve::refresh::first_members(&pools, resolver, &resolved).await;
     }
-    carry_over(&pools, &carried.backends);
+    carry_over(&pools, &carried_backends);
     let ticketer = Arc::new(crate::tls::tickets::Ticketer::new(
-        carried.tickets,
+        tickets,
         config.ticket_rotation,
     )?);
     let drain = Drain::new();
@@ -225,7 +231,7 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         resolver,
         background: CancellationToken::new(),
         unclaimed,
-        draining: Vec::new(),
+        draining,
         config,
         exec,
         number,

@@ -32,9 +32,11 @@ use crate::connection::{Connections, ListenerStats, Proxy};
 use crate::exit::Exit;
 use crate::lifecycle::control::{self, Reply, Request};
 use crate::lifecycle::drain::{Drain, DrainOutcome};
-use crate::lifecycle::generation::{self, Exec, HandoverError, Offer, Parent, Successor};
-use crate::lifecycle::handoff::{BackendCarry, Channel, Message, Report};
-use crate::lifecycle::inventory::{Holdings, Inventory};
+use crate::lifecycle::generation::{
+    self, Exec, HandoverError, Inheritance, Offer, Parent, Successor,
+};
+use crate::lifecycle::handoff::{BackendCarry, Channel, Message};
+use crate::lifecycle::inventory::Holdings;
 use crate::lifecycle::process::Process;
 use crate::lifecycle::signals::{Command, Signals};
 use crate::lifecycle::{systemd, Check, Phase};
@@ -78,21 +80,14 @@ pub enum StartError {
     },
 }
 
-/// What an older generation handed over beside its sockets (nothing for
-/// a first start).
-#[derive(Default)]
-struct Inherited {
-    backends: Vec<BackendCarry>,
-    report: Report,
-    tickets: Option<crate::tls::tickets::TicketKeys>,
-    resolved: Vec<crate::lifecycle::handoff::ResolvedCarry>,
-}
-
 /// The inputs of one generation's run.
 pub struct Setup {
     pub config: Config,
     pub exec: Exec,
-    pub parent: Option<(Parent, Inventory)>,
+    /// The older generation we take over from, for the conversation.
+    pub parent: Option<Parent>,
+    /// What it (or systemd) handed over: nothing for a first start.
+    pub inheritance: Inheritance,
     pub metrics: Option<PrometheusHandle>,
     /// Installed first thing in the process, so a signal during start-up
     /// (a SIGHUP while the config loads) is never its default action.
@@ -101,29 +96,13 @@ pub struct Setup {
 
 /// Runs one generation to its end and returns the process exit code.
 pub async fn run(setup: Setup) -> Exit {
-    let signals = setup.signals;
-    let (parent, inventory) = match setup.parent {
-        Some((p, i)) => (Some(p), i),
-        None => (None, systemd_inventory()),
-    };
-    let number = parent.as_ref().map_or(1, |p| p.generation);
-    let carried = parent
-        .as_ref()
-        .map(|p| Inherited {
-            backends: p.backends.clone(),
-            report: p.report.clone(),
-            tickets: p.tickets.clone(),
-            resolved: p.resolved.clone(),
-        })
-        .unwrap_or_default();
+    let parent = setup.parent;
     let built = build::start(build::Inputs {
-        carried,
+        inheritance: setup.inheritance,
         config: setup.config,
         exec: setup.exec,
-        inventory,
-        number,
         metrics: setup.metrics,
-        signals,
+        signals: setup.signals,
     })
     .await;
     let mut gen = match built {
@@ -146,24 +125,6 @@ pub async fn run(setup: Setup) -> Exit {
     match gen.serve().await {
         Ending::HandedOver(successor, waiter) => gen.retire(*successor, waiter).await,
         Ending::Stop => gen.stop().await,
-    }
-}
-
-/// Sockets systemd passed us (socket activation or its fd store), if any.
-fn systemd_inventory() -> Inventory {
-    let passed = crate::lifecycle::handoff::from_systemd()
-        .and_then(|(entries, fds)| Inventory::new(entries, fds).map_err(std::io::Error::other));
-    match passed {
-        Ok(inventory) => {
-            if !inventory.is_empty() {
-                tracing::info!(sockets = inventory.len(), "adopting sockets from systemd");
-            }
-            inventory
-        }
-        Err(err) => {
-            tracing::warn!(cause = %err, "ignoring sockets passed by systemd");
-            Inventory::default()
-        }
     }
 }
 
