@@ -14,7 +14,7 @@ pub(super) struct Inputs {
     pub config: Config,
     pub exec: Exec,
     pub metrics: Option<PrometheusHandle>,
-    pub signals: Signals,
+    pub commands: Commands,
 }
 
 pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
@@ -23,7 +23,7 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         config,
         exec,
         metrics,
-        signals,
+        commands,
     } = inputs;
     let Inheritance {
         generation: number,
@@ -116,9 +116,8 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
     )?);
     let drain = Drain::new();
     let access_logs = Arc::new(crate::access_log::sink::Sinks::default());
-    let mut signals = signals;
     let reopening = Arc::clone(&access_logs);
-    signals.on_reopen(move || reopening.reopen());
+    commands.on_reopen(move || reopening.reopen());
     let mut pending = Vec::new();
     let mut views = Vec::new();
     for (i, l) in config.listeners.iter().enumerate() {
@@ -235,7 +234,7 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         config,
         exec,
         number,
-        signals,
+        commands,
         phase,
         admin,
         admin_stop,

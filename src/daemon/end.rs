@@ -81,7 +81,7 @@ impl Generation {
         tokio::select! {
             () = self.predecessor_gone.cancelled() => {}
             () = bound => tracing::warn!("the older generation outlived our wait; its last counts may be lost"),
-            command = self.signals.recv() => tracing::info!(?command, "no longer waiting for the older generation"),
+            command = self.commands.recv() => tracing::info!(?command, "no longer waiting for the older generation"),
         }
     }
 
@@ -93,7 +93,7 @@ impl Generation {
         systemd::stopping();
         let forced_early = tokio::select! {
             () = tokio::time::sleep(self.config.shutdown.pre_stop_delay) => false,
-            command = self.signals.recv() => command == Command::Stop,
+            command = self.commands.recv() => command == Command::Stop,
         };
         self.holdings.handed_over(&[]);
         self.close_doors().await;
@@ -151,7 +151,7 @@ impl Generation {
             tokio::select! {
                 () = self.drain.idle() => break DrainOutcome::Drained,
                 () = tokio::time::sleep_until(deadline) => break DrainOutcome::Forced { open: self.drain.force().await },
-                command = self.signals.recv() => match command {
+                command = self.commands.recv() => match command {
                     Command::Stop if stops == 0 && matches!(reason, DrainReason::Reload) => {
                         stops += 1;
                         deadline = deadline.min(Instant::now() + self.config.shutdown.drain_timeout);
@@ -159,7 +159,7 @@ impl Generation {
                         tracing::info!("stop signal while draining: keeping the earlier deadline");
                     }
                     Command::Stop | Command::ForceDrain => break DrainOutcome::Forced { open: self.drain.force().await },
-                                        Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
+                    Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
                 },
                 Some(incoming) = self.control_rx.recv() => self.answer_late(incoming),
             }

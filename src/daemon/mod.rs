@@ -1,8 +1,9 @@
 //! The supervisor of one generation: builds it (`build::start`), owns its
-//! `Phase`, and runs the one `select!` over signals, control requests and
-//! a reload under way (`Generation::serve`). It then ends in one of two
-//! ways: handed over to a newer generation (`end`: `retire`) or
-//! stopped (`end`: `stop`). Exit codes are DESIGN.md's.
+//! `Phase`, and runs the one `select!` over commands (signals, or a test's
+//! channel), control requests and a reload under way
+//! (`Generation::serve`). It then ends in one of two ways: handed over to
+//! a newer generation (`end`: `retire`) or stopped (`end`: `stop`). Exit
+//! codes are DESIGN.md's.
 //!
 //! Split by phase: `build` makes a generation, `active` opens it and keeps
 //! systemd informed, this file serves, `end` retires or stops it.
@@ -38,7 +39,7 @@ use crate::lifecycle::generation::{
 use crate::lifecycle::handoff::{BackendCarry, Channel, Message};
 use crate::lifecycle::inventory::Holdings;
 use crate::lifecycle::process::Process;
-use crate::lifecycle::signals::{Command, Signals};
+use crate::lifecycle::signals::{Command, Commands};
 use crate::lifecycle::{systemd, Check, Phase};
 use crate::listener::{Closing, Listener};
 use crate::metrics::{self, DrainReason};
@@ -89,12 +90,17 @@ pub struct Setup {
     /// What it (or systemd) handed over: nothing for a first start.
     pub inheritance: Inheritance,
     pub metrics: Option<PrometheusHandle>,
-    /// Installed first thing in the process, so a signal during start-up
-    /// (a SIGHUP while the config loads) is never its default action.
-    pub signals: Signals,
+    /// Stop, reload and force: the binary's from its signals (installed
+    /// first thing in the process, so a signal during start-up, a SIGHUP
+    /// while the config loads, is never its default action); a test's
+    /// from a channel.
+    pub commands: Commands,
 }
 
 /// Runs one generation to its end and returns the process exit code.
+/// All it hears from outside comes in `setup`, so a test can run it inside
+/// its own process with a command channel (`tests/support/in_process.rs`);
+/// a reload, which execs the next generation, needs the binary.
 pub async fn run(setup: Setup) -> Exit {
     let parent = setup.parent;
     let built = build::start(build::Inputs {
@@ -102,7 +108,7 @@ pub async fn run(setup: Setup) -> Exit {
         config: setup.config,
         exec: setup.exec,
         metrics: setup.metrics,
-        signals: setup.signals,
+        commands: setup.commands,
     })
     .await;
     let mut gen = match built {
@@ -151,7 +157,7 @@ struct Generation {
     background: CancellationToken,
     exec: Exec,
     number: u64,
-    signals: Signals,
+    commands: Commands,
     phase: watch::Sender<Phase>,
     admin: Arc<AdminShared>,
     /// Stops the admin accept loop: at handoff, or last of all at a stop.
@@ -208,11 +214,11 @@ impl Generation {
         let mut waiter: Option<tokio::sync::oneshot::Sender<Reply>> = None;
         loop {
             tokio::select! {
-                // Signals first: a stop that came while a handoff finished
+                // Commands first: a stop that came while a handoff finished
                 // is a stop of the service, which stops the successor too
                 // (seen after the handoff, it would stop this one alone).
                 biased;
-                command = self.signals.recv() => match command {
+                command = self.commands.recv() => match command {
                     Command::Stop => {
                         if let Some(under_way) = reload.take() {
                             let said = under_way.settle_for_stop().await;

@@ -2,7 +2,7 @@
 //! It knows about fds, generations and signals, and nothing about proxying.
 //!
 //! A reload, by function: the supervisor (`daemon`) gets `Reload` from
-//! [`signals::Signals::recv`] or a [`control`] request, lists its sockets and
+//! [`signals::Commands::recv`] or a [`control`] request, lists its sockets and
 //! calls [`generation::hand_over`], which spawns N+1 with a [`handoff::Channel`]
 //! end. N+1 reads the offer with [`generation::Parent::receive`], gets every
 //! socket from [`endpoint::listen`] (claimed by name from the
