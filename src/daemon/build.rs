@@ -49,57 +49,17 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
     });
     let mut holdings = Holdings::default();
 
-    let admin_err = |source| StartError::Admin {
-        addr: config.admin.listen.to_string(),
-        source,
-    };
-    let admin_endpoint = Endpoint::Tcp {
-        addr: config.admin.listen,
-        backlog: 128,
-        reuseport: false,
-    };
-    let admin_std: std::net::TcpListener =
-        endpoint::listen("admin", &admin_endpoint, &mut inventory, &mut holdings)
-            .map_err(|e| start_error(e, admin_err))?
-            .socket
-            .into();
-    let admin_addr = admin_std.local_addr().map_err(admin_err)?;
-    let admin = Arc::new(AdminShared {
-        config: config.admin.clone(),
-        generation: GenerationInfo {
+    let admin = open_admin(
+        &config,
+        AdminStart {
             number,
-            pid: std::process::id(),
-            started_at: SystemTime::now(),
+            phase: phase_rx,
+            metrics,
+            report,
         },
-        phase: phase_rx,
-        topology: Default::default(),
-        metrics,
-        inherited: Default::default(),
-        configured: configured(&config),
-    });
-    admin.set_inherited(report);
-    let admin_stop = CancellationToken::new();
-    let admin_listener =
-        tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Admin {
-            addr: admin_addr.to_string(),
-            source,
-        })?;
-    // A first start answers probes at once (503 `starting`); a new
-    // generation of a reload only once told to go ahead: until then the old
-    // one, still serving, answers on the shared socket.
-    let admin_go = CancellationToken::new();
-    let (go, shared) = (admin_go.clone(), Arc::clone(&admin));
-    let stop = admin_stop.clone();
-    let admin_closed = CancellationToken::new();
-    let closed = admin_closed.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            () = go.cancelled() => admin::serve(admin_listener, shared, stop).await,
-            () = stop.cancelled() => {}
-        }
-        closed.cancel();
-    });
-    tracing::info!(generation = number, admin = %admin_addr, "admin bound");
+        &mut inventory,
+        &mut holdings,
+    )?;
 
     let control = take_control(&config, &mut inventory, &mut holdings)?;
 
@@ -121,80 +81,23 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
     let mut pending = Vec::new();
     let mut views = Vec::new();
     for (i, l) in config.listeners.iter().enumerate() {
-        let stats = Arc::new(ListenerStats::default());
-        let conf = Arc::new(l.clone());
         let log = access_log(l, &access_logs, number)?;
-        let proxy = Proxy::for_listener(l, &pools, log);
-        let tls = l.tls.as_ref().map(|t| {
-            for cert in &t.certificates {
-                metrics::tls_certificate_expiry(&l.name, &cert.name, cert.not_after_unix);
-            }
-            let mut server = (*t.server_config).clone();
-            server.ticketer = ticketer.clone();
-            Arc::new(crate::tls::handshake::Terminator::new(
-                &l.name,
-                Arc::new(server),
-                t.handshake_timeout,
-            ))
-        });
         let connections = Arc::new(Connections {
-            config: Arc::clone(&conf),
-            proxy,
-            tls,
+            config: Arc::new(l.clone()),
+            proxy: Proxy::for_listener(l, &pools, log),
+            tls: terminator(l, &ticketer),
             drain: drain.watch(),
-            stats: Arc::clone(&stats),
+            stats: Arc::new(ListenerStats::default()),
             metrics: metrics::listener(&l.name),
         });
-        let shared = crate::listener::Shared::new(l.max_connections);
-        let mut bound = l.bind;
-        let mut inodes = Vec::new();
-        // Every worker gets a shard of every listener.
-        for shard in 0..l.reuseport.max(workers.count()) {
-            // Shard 0 is the listener's own name, so a socket unit's
-            // `FileDescriptorName=web` matches listener "web".
-            let name = if shard == 0 {
-                l.name.clone()
-            } else {
-                format!("{}#{shard}", l.name)
-            };
-            let endpoint = Endpoint::Tcp {
-                addr: l.bind,
-                backlog: l.backlog,
-                reuseport: true,
-            };
-            let bind_err = |source| StartError::Bind {
-                name: l.name.clone(),
-                addr: l.bind.to_string(),
-                source,
-            };
-            let listening = match endpoint::listen(&name, &endpoint, &mut inventory, &mut holdings)
-            {
-                Ok(listening) => listening,
-                // A shard only there to give every worker one may not
-                // be possible (a socket systemd bound as another user
-                // cannot be shared): fewer workers take this listener.
-                Err(ListenError::Bind(err)) if shard > 0 && shard >= l.reuseport => {
-                    tracing::warn!(listener = %l.name, shards = shard, cause = %err, "cannot add a shard for every worker; fewer workers accept on this listener");
-                    break;
-                }
-                Err(e) => return Err(start_error(e, bind_err)),
-            };
-            let std: std::net::TcpListener = listening.socket.into();
-            bound = std.local_addr().map_err(bind_err)?;
-            inodes.extend(crate::metrics::kernel::socket_inode(
-                std::os::fd::AsFd::as_fd(&std),
-            ));
-            pending.push((
-                Listener {
-                    name: Arc::from(l.name.as_str()),
-                    socket: std,
-                    shared: Arc::clone(&shared),
-                },
-                shard,
-                Arc::clone(&connections),
-                listening.handed_over,
-            ));
-        }
+        let shards = shards(
+            l,
+            workers.count(),
+            &connections,
+            &mut inventory,
+            &mut holdings,
+        )?;
+        pending.extend(shards.pending);
         waiting[i] = Check {
             name: format!("listener {}", l.name),
             ok: true,
@@ -202,16 +105,16 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         };
         views.push(ListenerView {
             name: l.name.clone(),
-            bind: bound,
+            bind: shards.bound,
             protocol: l.protocol,
-            stats,
-            inodes,
+            stats: Arc::clone(&connections.stats),
+            inodes: shards.inodes,
         });
     }
     let _ = phase.send(Phase::Starting {
         waiting_on: waiting,
     });
-    admin.set_topology(Topology {
+    admin.shared.set_topology(Topology {
         listeners: views,
         pools: pools.clone(),
     });
@@ -236,10 +139,10 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         number,
         commands,
         phase,
-        admin,
-        admin_stop,
-        admin_closed,
-        admin_go,
+        admin: admin.shared,
+        admin_stop: admin.stop,
+        admin_closed: admin.closed,
+        admin_go: admin.go,
         predecessor_gone: CancellationToken::new(),
         accept_stop: CancellationToken::new(),
         holdings,
@@ -256,6 +159,183 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         ticketer,
         access_logs,
     })
+}
+
+/// What the admin server starts from beside the config.
+struct AdminStart {
+    number: u64,
+    phase: watch::Receiver<Phase>,
+    metrics: Option<PrometheusHandle>,
+    /// What the older generation reported with its offer.
+    report: crate::lifecycle::handoff::Report,
+}
+
+/// The admin server: what it reads, and the tokens that start and stop
+/// its accept loop (see [`Generation`]'s fields of the same names).
+struct AdminParts {
+    shared: Arc<AdminShared>,
+    stop: CancellationToken,
+    closed: CancellationToken,
+    go: CancellationToken,
+}
+
+/// Binds (or adopts) the admin listener, first of all sockets, and spawns
+/// its accept loop, which waits for `go`.
+fn open_admin(
+    config: &Config,
+    start: AdminStart,
+    inventory: &mut Inventory,
+    holdings: &mut Holdings,
+) -> Result<AdminParts, StartError> {
+    let admin_err = |source| StartError::Admin {
+        addr: config.admin.listen.to_string(),
+        source,
+    };
+    let admin_endpoint = Endpoint::Tcp {
+        addr: config.admin.listen,
+        backlog: 128,
+        reuseport: false,
+    };
+    let admin_std: std::net::TcpListener =
+        endpoint::listen("admin", &admin_endpoint, inventory, holdings)
+            .map_err(|e| start_error(e, admin_err))?
+            .socket
+            .into();
+    let admin_addr = admin_std.local_addr().map_err(admin_err)?;
+    let admin = Arc::new(AdminShared {
+        config: config.admin.clone(),
+        generation: GenerationInfo {
+            number: start.number,
+            pid: std::process::id(),
+            started_at: SystemTime::now(),
+        },
+        phase: start.phase,
+        topology: Default::default(),
+        metrics: start.metrics,
+        inherited: Default::default(),
+        configured: configured(config),
+    });
+    admin.set_inherited(start.report);
+    let admin_listener =
+        tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Admin {
+            addr: admin_addr.to_string(),
+            source,
+        })?;
+    // A first start answers probes at once (503 `starting`); a new
+    // generation of a reload only once told to go ahead: until then the old
+    // one, still serving, answers on the shared socket.
+    let parts = AdminParts {
+        shared: Arc::clone(&admin),
+        stop: CancellationToken::new(),
+        closed: CancellationToken::new(),
+        go: CancellationToken::new(),
+    };
+    let (go, stop, closed) = (parts.go.clone(), parts.stop.clone(), parts.closed.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            () = go.cancelled() => admin::serve(admin_listener, admin, stop).await,
+            () = stop.cancelled() => {}
+        }
+        closed.cancel();
+    });
+    tracing::info!(generation = start.number, admin = %admin_addr, "admin bound");
+    Ok(parts)
+}
+
+/// Listener `l`'s TLS termination, if it has any, sealing session
+/// tickets with the generation's `ticketer`.
+fn terminator(
+    l: &crate::config::ListenerConfig,
+    ticketer: &Arc<crate::tls::tickets::Ticketer>,
+) -> Option<Arc<crate::tls::handshake::Terminator>> {
+    let t = l.tls.as_ref()?;
+    for cert in &t.certificates {
+        metrics::tls_certificate_expiry(&l.name, &cert.name, cert.not_after_unix);
+    }
+    let mut server = (*t.server_config).clone();
+    server.ticketer = ticketer.clone();
+    Some(Arc::new(crate::tls::handshake::Terminator::new(
+        &l.name,
+        Arc::new(server),
+        t.handshake_timeout,
+    )))
+}
+
+/// An accept loop not started yet: its socket, its shard number (which
+/// picks its worker), what it hands connections to, and the flag that
+/// says whether a successor adopted its socket.
+pub(super) type Pending = (Listener, usize, Arc<Connections>, Arc<AtomicBool>);
+
+/// A listener's shards, and what `/status` shows of them.
+struct Shards {
+    pending: Vec<Pending>,
+    /// The address really bound (a port 0 in the config made concrete).
+    bound: std::net::SocketAddr,
+    /// Their sockets' inodes, to find their accept queues.
+    inodes: Vec<u64>,
+}
+
+/// Every shard of listener `l`: one per worker, and at least `reuseport`.
+fn shards(
+    l: &crate::config::ListenerConfig,
+    workers: usize,
+    connections: &Arc<Connections>,
+    inventory: &mut Inventory,
+    holdings: &mut Holdings,
+) -> Result<Shards, StartError> {
+    let shared = crate::listener::Shared::new(l.max_connections);
+    let endpoint = Endpoint::Tcp {
+        addr: l.bind,
+        backlog: l.backlog,
+        reuseport: true,
+    };
+    let bind_err = |source| StartError::Bind {
+        name: l.name.clone(),
+        addr: l.bind.to_string(),
+        source,
+    };
+    let mut shards = Shards {
+        pending: Vec::new(),
+        bound: l.bind,
+        inodes: Vec::new(),
+    };
+    for shard in 0..l.reuseport.max(workers) {
+        // Shard 0 is the listener's own name, so a socket unit's
+        // `FileDescriptorName=web` matches listener "web".
+        let name = if shard == 0 {
+            l.name.clone()
+        } else {
+            format!("{}#{shard}", l.name)
+        };
+        let listening = match endpoint::listen(&name, &endpoint, inventory, holdings) {
+            Ok(listening) => listening,
+            // A shard only there to give every worker one may not be
+            // possible (a socket systemd bound as another user cannot be
+            // shared): fewer workers take this listener.
+            Err(ListenError::Bind(err)) if shard > 0 && shard >= l.reuseport => {
+                tracing::warn!(listener = %l.name, shards = shard, cause = %err, "cannot add a shard for every worker; fewer workers accept on this listener");
+                break;
+            }
+            Err(e) => return Err(start_error(e, bind_err)),
+        };
+        let socket: std::net::TcpListener = listening.socket.into();
+        shards.bound = socket.local_addr().map_err(bind_err)?;
+        shards.inodes.extend(crate::metrics::kernel::socket_inode(
+            std::os::fd::AsFd::as_fd(&socket),
+        ));
+        let listener = Listener {
+            name: Arc::from(l.name.as_str()),
+            socket,
+            shared: Arc::clone(&shared),
+        };
+        shards.pending.push((
+            listener,
+            shard,
+            Arc::clone(connections),
+            listening.handed_over,
+        ));
+    }
+    Ok(shards)
 }
 
 /// Listener `l`'s access log, its destination opened (shared with every

@@ -173,9 +173,8 @@ struct Generation {
     /// Stops data-plane and control accept loops.
     accept_stop: CancellationToken,
     holdings: Holdings,
-    /// Accept loops not yet started (they start at [`Self::open_doors`]),
-    /// each with its shard number (which picks its worker).
-    pending: Vec<(Listener, usize, Arc<Connections>, Arc<AtomicBool>)>,
+    /// Accept loops not yet started (they start at [`Self::open_doors`]).
+    pending: Vec<build::Pending>,
     /// The threads connections live on.
     workers: crate::workers::Workers,
     accept_tasks: JoinSet<()>,
