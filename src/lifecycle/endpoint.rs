@@ -132,3 +132,84 @@ fn bind_tcp(addr: SocketAddr, backlog: i32, reuseport: bool) -> std::io::Result<
     socket.listen(backlog)?;
     Ok(socket)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::handoff::SocketEntry;
+
+    fn tcp(addr: SocketAddr) -> Endpoint<'static> {
+        Endpoint::Tcp {
+            addr,
+            backlog: 16,
+            reuseport: false,
+        }
+    }
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().expect("address")
+    }
+
+    /// An inventory holding one listening socket on loopback, as `name`.
+    fn inherited(name: &str) -> (Inventory, SocketAddr) {
+        let socket = bind_tcp(addr("127.0.0.1:0"), 16, false).expect("bind");
+        let at = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .expect("inet");
+        let entry = SocketEntry {
+            name: name.into(),
+            addr: at.to_string(),
+        };
+        let inventory = Inventory::new(vec![entry], vec![socket.into()]).expect("inventory");
+        (inventory, at)
+    }
+
+    fn bound_at(listening: &Listening) -> SocketAddr {
+        listening
+            .socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .expect("inet")
+    }
+
+    #[test]
+    fn a_wanted_port_0_is_any_port_on_the_same_address() {
+        let at = SockAddr::from(addr("127.0.0.1:8080"));
+        assert_eq!(tcp(addr("127.0.0.1:8080")).is_at(&at), Ok(true));
+        assert_eq!(tcp(addr("127.0.0.1:0")).is_at(&at), Ok(true));
+        assert_eq!(tcp(addr("127.0.0.1:8081")).is_at(&at), Ok(false));
+        assert_eq!(tcp(addr("127.0.0.2:0")).is_at(&at), Ok(false));
+        assert_eq!(Endpoint::Unix(Path::new("/run/x")).is_at(&at), Ok(false));
+    }
+
+    #[test]
+    fn a_socket_inherited_where_the_config_has_it_is_adopted_and_held() {
+        let (mut inventory, at) = inherited("web");
+        let mut holdings = Holdings::default();
+        let listening = listen("web", &tcp(at), &mut inventory, &mut holdings).expect("listen");
+        assert_eq!(bound_at(&listening), at);
+        assert_eq!(inventory.taken(), ["web"]);
+        assert!(inventory.unclaimed().is_empty());
+        let offered: Vec<(String, String)> = holdings
+            .offer()
+            .expect("offer")
+            .into_iter()
+            .map(|(e, _)| (e.name, e.addr))
+            .collect();
+        assert_eq!(offered, [("web".to_string(), at.to_string())]);
+    }
+
+    #[test]
+    fn a_socket_the_config_moved_is_left_to_close_and_a_new_one_bound() {
+        let (mut inventory, at) = inherited("web");
+        let mut holdings = Holdings::default();
+        let moved = tcp(addr("127.0.0.2:0"));
+        let listening = listen("web", &moved, &mut inventory, &mut holdings).expect("listen");
+        assert_eq!(bound_at(&listening).ip(), addr("127.0.0.2:0").ip());
+        assert_ne!(bound_at(&listening), at);
+        assert_eq!(inventory.unclaimed(), ["web"]);
+    }
+}

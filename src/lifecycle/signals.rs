@@ -144,3 +144,21 @@ impl Commands {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn commands_come_in_order_and_a_dropped_sender_is_no_stop() {
+        let (tx, mut commands) = Commands::channel();
+        for command in [Command::Reload, Command::Stop] {
+            tx.send(command).await.expect("send");
+        }
+        drop(tx);
+        assert_eq!(commands.recv().await, Command::Reload);
+        assert_eq!(commands.recv().await, Command::Stop);
+        let after = tokio::time::timeout(std::time::Duration::from_secs(60), commands.recv());
+        assert!(after.await.is_err(), "no command once the sender is gone");
+    }
+}
