@@ -6,13 +6,13 @@
 //! # Layout
 //! The data plane runs left to right; the lifecycle and admin sit beside it.
 //! - [`workers`]: the data plane's threads, one runtime each.
-//! - [`listener`]: bind or adopt a listening socket; the accept loop.
+//! - [`listener`]: a listening socket's accept loop.
 //! - [`connection`]: one client connection's bookkeeping; a PROXY header ([`proxy_protocol`]), TLS termination ([`tls`]); dispatch by protocol.
 //! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::web`] (an HTTP listener's connections) tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`]).
 //! - [`backend`]: pools, backends, leases, and [`backend::balance`] picking; members swapped whole when DNS changes ([`backend::members`]).
 //! - [`resolve`]: backends named by DNS (host names, SRV), looked up at start and kept current while serving.
-//! - [`lifecycle`]: generations, fd handoff, drain, signals, systemd, control socket.
-//! - [`daemon`]: the supervisor of one generation (the only writer of its phase).
+//! - [`lifecycle`]: generations (what an older one hands a new one: [`lifecycle::generation::Inheritance`]), fd handoff, every listening socket adopted or bound ([`lifecycle::endpoint::listen`]), drain, signals, systemd, control socket.
+//! - [`daemon`]: the supervisor of one generation (the only writer of its phase), told to stop or reload by its [`lifecycle::signals::Commands`]: the process's signals, or a channel for a test that runs it in-process.
 //! - [`admin`]: probes, `/status`, `/metrics` over their own listener.
 //! - [`config`]: the TOML file, validated into typed settings.
 //! - [`tls`]: listener certificates, loaded and checked at config load; SNI; the rustls config.

@@ -1,43 +1,19 @@
-//! Listening sockets: bind a fresh one (or wrap one the lifecycle adopted)
-//! and run its accept loop. The loop stops at `max_connections` (the kernel
-//! backlog holds the rest), backs off on EMFILE/ENFILE instead of spinning,
-//! and on a real stop accepts what is already queued before closing, since
-//! closing a listener with a non-empty queue resets those clients.
+//! A listening socket's accept loop (the socket itself, bound or adopted,
+//! comes from `lifecycle::endpoint`). The loop stops at `max_connections`
+//! (the kernel backlog holds the rest), backs off on EMFILE/ENFILE instead
+//! of spinning, and on a real stop accepts what is already queued before
+//! closing, since closing a listener with a non-empty queue resets those
+//! clients.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// Binds a non-blocking, CLOEXEC listening socket with SO_REUSEADDR (and
-/// SO_REUSEPORT when sharding); IPv6 sockets are explicitly v6-only.
-pub fn bind_tcp(
-    addr: SocketAddr,
-    backlog: i32,
-    reuseport: bool,
-) -> std::io::Result<std::net::TcpListener> {
-    let socket = Socket::new(
-        Domain::for_address(addr),
-        Type::STREAM.nonblocking().cloexec(),
-        Some(Protocol::TCP),
-    )?;
-    socket.set_reuse_address(true)?;
-    if reuseport {
-        socket.set_reuse_port(true)?;
-    }
-    if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
-    }
-    socket.bind(&addr.into())?;
-    socket.listen(backlog)?;
-    Ok(socket.into())
-}
 
 /// What to do with an accepted connection.
 pub trait Accept: Send + Sync + 'static {

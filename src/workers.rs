@@ -8,6 +8,7 @@
 use std::cell::Cell;
 
 use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
 
 thread_local! {
     /// This thread's worker number (0 off the workers).
@@ -21,25 +22,37 @@ pub fn current() -> usize {
 
 pub struct Workers {
     handles: Vec<Handle>,
+    /// Ends every worker thread (and drops what its runtime still runs).
+    stop: CancellationToken,
+}
+
+impl Drop for Workers {
+    /// The generation is over: its threads go with it, so a daemon run
+    /// inside another process (a test's) leaves none behind.
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 impl Workers {
-    /// Starts `count` worker threads; they run until the process exits.
+    /// Starts `count` worker threads; they run until the `Workers` drops.
     pub fn start(count: usize) -> std::io::Result<Workers> {
         let mut handles = Vec::with_capacity(count);
+        let stop = CancellationToken::new();
         for index in 0..count.max(1) {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             handles.push(runtime.handle().clone());
+            let stopped = stop.clone();
             std::thread::Builder::new()
                 .name(format!("baton-worker-{index}"))
                 .spawn(move || {
                     WORKER.set(index);
-                    runtime.block_on(std::future::pending::<()>());
+                    runtime.block_on(stopped.cancelled());
                 })?;
         }
-        Ok(Workers { handles })
+        Ok(Workers { handles, stop })
     }
 
     /// The worker that runs shard number `shard` of a listener.

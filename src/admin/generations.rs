@@ -61,7 +61,7 @@ impl AdminShared {
             state: self.phase.borrow().state(),
             started_at: unix(self.generation.started_at),
             in_flight,
-            drain_deadline: self.drain_deadline.read().ok().and_then(|d| *d).map(unix),
+            drain_deadline: self.phase.borrow().drain_deadline().map(unix),
             active,
             process: process::read(),
         }

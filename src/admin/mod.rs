@@ -63,8 +63,6 @@ pub struct AdminShared {
     pub phase: watch::Receiver<Phase>,
     pub topology: RwLock<Arc<Topology>>,
     pub metrics: Option<PrometheusHandle>,
-    /// Drain deadline as Unix seconds, once a drain has one.
-    pub drain_deadline: RwLock<Option<SystemTime>>,
     /// What older generations reported (see `generations`).
     pub inherited: RwLock<crate::lifecycle::handoff::Report>,
     /// The listeners, pools and backends of our config: an inherited

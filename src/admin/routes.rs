@@ -82,11 +82,11 @@ fn readiness(state: &AdminShared) -> Reply {
         ),
         // An old generation handed over: the host is still ready (the new
         // generation serves), and a probe answered here says so.
-        Phase::Draining => json_reply(
+        Phase::Draining { .. } => json_reply(
             StatusCode::OK,
             json!({"status": "ready", "generation": "draining"}),
         ),
-        Phase::Stopping => json_reply(
+        Phase::Stopping { .. } => json_reply(
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "draining"}),
         ),

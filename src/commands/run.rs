@@ -7,9 +7,9 @@ use crate::cli::{BudgetArgs, RunArgs};
 use crate::config::Overrides;
 use crate::daemon::{self, Setup};
 use crate::exit::Exit;
-use crate::lifecycle::generation::{Exec, Parent};
+use crate::lifecycle::generation::{Exec, Inheritance, Parent};
 use crate::lifecycle::handoff::Channel;
-use crate::lifecycle::signals::Signals;
+use crate::lifecycle::signals::{Commands, Signals};
 
 pub fn run(args: RunArgs) -> Exit {
     crate::telemetry::init();
@@ -23,8 +23,8 @@ pub fn run(args: RunArgs) -> Exit {
 }
 
 async fn run_async(args: RunArgs) -> Exit {
-    let signals = match Signals::install() {
-        Ok(s) => s,
+    let commands = match Signals::install() {
+        Ok(signals) => Commands::from_signals(signals),
         Err(err) => {
             tracing::error!(cause = %err, "cannot install signal handlers");
             return Exit::Failure;
@@ -72,12 +72,17 @@ async fn run_async(args: RunArgs) -> Exit {
             None
         }
     };
+    let (parent, inheritance) = match parent {
+        Some((parent, inheritance)) => (Some(parent), inheritance),
+        None => (None, Inheritance::from_systemd()),
+    };
     daemon::run(Setup {
         config,
         exec,
         parent,
+        inheritance,
         metrics,
-        signals,
+        commands,
     })
     .await
 }

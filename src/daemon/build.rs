@@ -3,30 +3,37 @@
 //! first health round.
 
 use super::*;
+use crate::lifecycle::endpoint::{self, Endpoint, ListenError};
 use crate::lifecycle::handoff::CarriedAdmin;
+use crate::lifecycle::inventory::Inventory;
 
 /// What a generation is built from: its config, what an older generation
 /// (or systemd) handed over, and the process's own parts.
 pub(super) struct Inputs {
-    pub carried: Inherited,
+    pub inheritance: Inheritance,
     pub config: Config,
     pub exec: Exec,
-    pub inventory: Inventory,
-    pub number: u64,
     pub metrics: Option<PrometheusHandle>,
-    pub signals: Signals,
+    pub commands: Commands,
 }
 
 pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
     let Inputs {
-        carried,
+        inheritance,
         config,
         exec,
-        mut inventory,
-        number,
         metrics,
-        signals,
+        commands,
     } = inputs;
+    let Inheritance {
+        generation: number,
+        sockets: mut inventory,
+        draining,
+        backends: carried_backends,
+        report,
+        tickets,
+        resolved,
+    } = inheritance;
     metrics::start(number);
     let mut waiting: Vec<Check> = config
         .listeners
@@ -42,66 +49,17 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
     });
     let mut holdings = Holdings::default();
 
-    let admin_std = match inventory.take_tcp("admin", config.admin.listen)? {
-        Some(l) => l,
-        None => listener::bind_tcp(config.admin.listen, 128, false).map_err(|source| {
-            StartError::Admin {
-                addr: config.admin.listen.to_string(),
-                source,
-            }
-        })?,
-    };
-    let admin_addr = admin_std.local_addr().map_err(|source| StartError::Admin {
-        addr: config.admin.listen.to_string(),
-        source,
-    })?;
-    holdings
-        .hold(
-            "admin",
-            admin_addr.to_string(),
-            std::os::fd::AsFd::as_fd(&admin_std),
-        )
-        .map_err(|source| StartError::Admin {
-            addr: admin_addr.to_string(),
-            source,
-        })?;
-    let admin = Arc::new(AdminShared {
-        config: config.admin.clone(),
-        generation: GenerationInfo {
+    let admin = open_admin(
+        &config,
+        AdminStart {
             number,
-            pid: std::process::id(),
-            started_at: SystemTime::now(),
+            phase: phase_rx,
+            metrics,
+            report,
         },
-        phase: phase_rx,
-        topology: Default::default(),
-        metrics,
-        drain_deadline: Default::default(),
-        inherited: Default::default(),
-        configured: configured(&config),
-    });
-    admin.set_inherited(carried.report);
-    let admin_stop = CancellationToken::new();
-    let admin_listener =
-        tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Admin {
-            addr: admin_addr.to_string(),
-            source,
-        })?;
-    // A first start answers probes at once (503 `starting`); a new
-    // generation of a reload only once told to go ahead: until then the old
-    // one, still serving, answers on the shared socket.
-    let admin_go = CancellationToken::new();
-    let (go, shared) = (admin_go.clone(), Arc::clone(&admin));
-    let stop = admin_stop.clone();
-    let admin_closed = CancellationToken::new();
-    let closed = admin_closed.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            () = go.cancelled() => admin::serve(admin_listener, shared, stop).await,
-            () = stop.cancelled() => {}
-        }
-        closed.cancel();
-    });
-    tracing::info!(generation = number, admin = %admin_addr, "admin bound");
+        &mut inventory,
+        &mut holdings,
+    )?;
 
     let control = take_control(&config, &mut inventory, &mut holdings)?;
 
@@ -109,104 +67,37 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
     let pools = Pool::all(&config.pools, workers.count());
     let resolver = crate::resolve::refresh::resolver_for(&config)?;
     if let Some(resolver) = &resolver {
-        crate::resolve::refresh::first_members(&pools, resolver, &carried.resolved).await;
+        crate::resolve::refresh::first_members(&pools, resolver, &resolved).await;
     }
-    carry_over(&pools, &carried.backends);
+    carry_over(&pools, &carried_backends);
     let ticketer = Arc::new(crate::tls::tickets::Ticketer::new(
-        carried.tickets,
+        tickets,
         config.ticket_rotation,
     )?);
     let drain = Drain::new();
     let access_logs = Arc::new(crate::access_log::sink::Sinks::default());
-    let mut signals = signals;
     let reopening = Arc::clone(&access_logs);
-    signals.on_reopen(move || reopening.reopen());
+    commands.on_reopen(move || reopening.reopen());
     let mut pending = Vec::new();
     let mut views = Vec::new();
     for (i, l) in config.listeners.iter().enumerate() {
-        let stats = Arc::new(ListenerStats::default());
-        let conf = Arc::new(l.clone());
         let log = access_log(l, &access_logs, number)?;
-        let proxy = Proxy::for_listener(l, &pools, log);
-        let tls = l.tls.as_ref().map(|t| {
-            for cert in &t.certificates {
-                metrics::tls_certificate_expiry(&l.name, &cert.name, cert.not_after_unix);
-            }
-            let mut server = (*t.server_config).clone();
-            server.ticketer = ticketer.clone();
-            Arc::new(crate::tls::handshake::Terminator::new(
-                &l.name,
-                Arc::new(server),
-                t.handshake_timeout,
-            ))
-        });
         let connections = Arc::new(Connections {
-            config: Arc::clone(&conf),
-            proxy,
-            tls,
+            config: Arc::new(l.clone()),
+            proxy: Proxy::for_listener(l, &pools, log),
+            tls: terminator(l, &ticketer),
             drain: drain.watch(),
-            stats: Arc::clone(&stats),
+            stats: Arc::new(ListenerStats::default()),
             metrics: metrics::listener(&l.name),
         });
-        let shared = crate::listener::Shared::new(l.max_connections);
-        let mut bound = l.bind;
-        let mut inodes = Vec::new();
-        // Every worker gets a shard of every listener.
-        for shard in 0..l.reuseport.max(workers.count()) {
-            // Shard 0 is the listener's own name, so a socket unit's
-            // `FileDescriptorName=web` matches listener "web".
-            let name = if shard == 0 {
-                l.name.clone()
-            } else {
-                format!("{}#{shard}", l.name)
-            };
-            let std = match inventory.take_tcp(&name, l.bind)? {
-                Some(s) => s,
-                None => match listener::bind_tcp(l.bind, l.backlog, true) {
-                    Ok(s) => s,
-                    // A shard only there to give every worker one may not
-                    // be possible (a socket systemd bound as another user
-                    // cannot be shared): fewer workers take this listener.
-                    Err(err) if shard > 0 && shard >= l.reuseport => {
-                        tracing::warn!(listener = %l.name, shards = shard, cause = %err, "cannot add a shard for every worker; fewer workers accept on this listener");
-                        break;
-                    }
-                    Err(source) => {
-                        return Err(StartError::Bind {
-                            name: l.name.clone(),
-                            addr: l.bind.to_string(),
-                            source,
-                        })
-                    }
-                },
-            };
-            let local = std.local_addr().map_err(|source| StartError::Bind {
-                name: l.name.clone(),
-                addr: l.bind.to_string(),
-                source,
-            })?;
-            bound = local;
-            inodes.extend(crate::metrics::kernel::socket_inode(
-                std::os::fd::AsFd::as_fd(&std),
-            ));
-            let flag = holdings
-                .hold(&name, local.to_string(), std::os::fd::AsFd::as_fd(&std))
-                .map_err(|source| StartError::Bind {
-                    name: l.name.clone(),
-                    addr: local.to_string(),
-                    source,
-                })?;
-            pending.push((
-                Listener {
-                    name: Arc::from(l.name.as_str()),
-                    socket: std,
-                    shared: Arc::clone(&shared),
-                },
-                shard,
-                Arc::clone(&connections),
-                flag,
-            ));
-        }
+        let shards = shards(
+            l,
+            workers.count(),
+            &connections,
+            &mut inventory,
+            &mut holdings,
+        )?;
+        pending.extend(shards.pending);
         waiting[i] = Check {
             name: format!("listener {}", l.name),
             ok: true,
@@ -214,16 +105,16 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         };
         views.push(ListenerView {
             name: l.name.clone(),
-            bind: bound,
+            bind: shards.bound,
             protocol: l.protocol,
-            stats,
-            inodes,
+            stats: Arc::clone(&connections.stats),
+            inodes: shards.inodes,
         });
     }
     let _ = phase.send(Phase::Starting {
         waiting_on: waiting,
     });
-    admin.set_topology(Topology {
+    admin.shared.set_topology(Topology {
         listeners: views,
         pools: pools.clone(),
     });
@@ -242,16 +133,16 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         resolver,
         background: CancellationToken::new(),
         unclaimed,
-        draining: Vec::new(),
+        draining,
         config,
         exec,
         number,
-        signals,
+        commands,
         phase,
-        admin,
-        admin_stop,
-        admin_closed,
-        admin_go,
+        admin: admin.shared,
+        admin_stop: admin.stop,
+        admin_closed: admin.closed,
+        admin_go: admin.go,
         predecessor_gone: CancellationToken::new(),
         accept_stop: CancellationToken::new(),
         holdings,
@@ -268,6 +159,183 @@ pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
         ticketer,
         access_logs,
     })
+}
+
+/// What the admin server starts from beside the config.
+struct AdminStart {
+    number: u64,
+    phase: watch::Receiver<Phase>,
+    metrics: Option<PrometheusHandle>,
+    /// What the older generation reported with its offer.
+    report: crate::lifecycle::handoff::Report,
+}
+
+/// The admin server: what it reads, and the tokens that start and stop
+/// its accept loop (see [`Generation`]'s fields of the same names).
+struct AdminParts {
+    shared: Arc<AdminShared>,
+    stop: CancellationToken,
+    closed: CancellationToken,
+    go: CancellationToken,
+}
+
+/// Binds (or adopts) the admin listener, first of all sockets, and spawns
+/// its accept loop, which waits for `go`.
+fn open_admin(
+    config: &Config,
+    start: AdminStart,
+    inventory: &mut Inventory,
+    holdings: &mut Holdings,
+) -> Result<AdminParts, StartError> {
+    let admin_err = |source| StartError::Admin {
+        addr: config.admin.listen.to_string(),
+        source,
+    };
+    let admin_endpoint = Endpoint::Tcp {
+        addr: config.admin.listen,
+        backlog: 128,
+        reuseport: false,
+    };
+    let admin_std: std::net::TcpListener =
+        endpoint::listen("admin", &admin_endpoint, inventory, holdings)
+            .map_err(|e| start_error(e, admin_err))?
+            .socket
+            .into();
+    let admin_addr = admin_std.local_addr().map_err(admin_err)?;
+    let admin = Arc::new(AdminShared {
+        config: config.admin.clone(),
+        generation: GenerationInfo {
+            number: start.number,
+            pid: std::process::id(),
+            started_at: SystemTime::now(),
+        },
+        phase: start.phase,
+        topology: Default::default(),
+        metrics: start.metrics,
+        inherited: Default::default(),
+        configured: configured(config),
+    });
+    admin.set_inherited(start.report);
+    let admin_listener =
+        tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Admin {
+            addr: admin_addr.to_string(),
+            source,
+        })?;
+    // A first start answers probes at once (503 `starting`); a new
+    // generation of a reload only once told to go ahead: until then the old
+    // one, still serving, answers on the shared socket.
+    let parts = AdminParts {
+        shared: Arc::clone(&admin),
+        stop: CancellationToken::new(),
+        closed: CancellationToken::new(),
+        go: CancellationToken::new(),
+    };
+    let (go, stop, closed) = (parts.go.clone(), parts.stop.clone(), parts.closed.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            () = go.cancelled() => admin::serve(admin_listener, admin, stop).await,
+            () = stop.cancelled() => {}
+        }
+        closed.cancel();
+    });
+    tracing::info!(generation = start.number, admin = %admin_addr, "admin bound");
+    Ok(parts)
+}
+
+/// Listener `l`'s TLS termination, if it has any, sealing session
+/// tickets with the generation's `ticketer`.
+fn terminator(
+    l: &crate::config::ListenerConfig,
+    ticketer: &Arc<crate::tls::tickets::Ticketer>,
+) -> Option<Arc<crate::tls::handshake::Terminator>> {
+    let t = l.tls.as_ref()?;
+    for cert in &t.certificates {
+        metrics::tls_certificate_expiry(&l.name, &cert.name, cert.not_after_unix);
+    }
+    let mut server = (*t.server_config).clone();
+    server.ticketer = ticketer.clone();
+    Some(Arc::new(crate::tls::handshake::Terminator::new(
+        &l.name,
+        Arc::new(server),
+        t.handshake_timeout,
+    )))
+}
+
+/// An accept loop not started yet: its socket, its shard number (which
+/// picks its worker), what it hands connections to, and the flag that
+/// says whether a successor adopted its socket.
+pub(super) type Pending = (Listener, usize, Arc<Connections>, Arc<AtomicBool>);
+
+/// A listener's shards, and what `/status` shows of them.
+struct Shards {
+    pending: Vec<Pending>,
+    /// The address really bound (a port 0 in the config made concrete).
+    bound: std::net::SocketAddr,
+    /// Their sockets' inodes, to find their accept queues.
+    inodes: Vec<u64>,
+}
+
+/// Every shard of listener `l`: one per worker, and at least `reuseport`.
+fn shards(
+    l: &crate::config::ListenerConfig,
+    workers: usize,
+    connections: &Arc<Connections>,
+    inventory: &mut Inventory,
+    holdings: &mut Holdings,
+) -> Result<Shards, StartError> {
+    let shared = crate::listener::Shared::new(l.max_connections);
+    let endpoint = Endpoint::Tcp {
+        addr: l.bind,
+        backlog: l.backlog,
+        reuseport: true,
+    };
+    let bind_err = |source| StartError::Bind {
+        name: l.name.clone(),
+        addr: l.bind.to_string(),
+        source,
+    };
+    let mut shards = Shards {
+        pending: Vec::new(),
+        bound: l.bind,
+        inodes: Vec::new(),
+    };
+    for shard in 0..l.reuseport.max(workers) {
+        // Shard 0 is the listener's own name, so a socket unit's
+        // `FileDescriptorName=web` matches listener "web".
+        let name = if shard == 0 {
+            l.name.clone()
+        } else {
+            format!("{}#{shard}", l.name)
+        };
+        let listening = match endpoint::listen(&name, &endpoint, inventory, holdings) {
+            Ok(listening) => listening,
+            // A shard only there to give every worker one may not be
+            // possible (a socket systemd bound as another user cannot be
+            // shared): fewer workers take this listener.
+            Err(ListenError::Bind(err)) if shard > 0 && shard >= l.reuseport => {
+                tracing::warn!(listener = %l.name, shards = shard, cause = %err, "cannot add a shard for every worker; fewer workers accept on this listener");
+                break;
+            }
+            Err(e) => return Err(start_error(e, bind_err)),
+        };
+        let socket: std::net::TcpListener = listening.socket.into();
+        shards.bound = socket.local_addr().map_err(bind_err)?;
+        shards.inodes.extend(crate::metrics::kernel::socket_inode(
+            std::os::fd::AsFd::as_fd(&socket),
+        ));
+        let listener = Listener {
+            name: Arc::from(l.name.as_str()),
+            socket,
+            shared: Arc::clone(&shared),
+        };
+        shards.pending.push((
+            listener,
+            shard,
+            Arc::clone(connections),
+            listening.handed_over,
+        ));
+    }
+    Ok(shards)
 }
 
 /// Listener `l`'s access log, its destination opened (shared with every
@@ -393,16 +461,16 @@ fn take_control(
         path: path.display().to_string(),
         source,
     };
-    let std = match inventory.take_unix("control", path)? {
-        Some(l) => l,
-        None => control::bind(path).map_err(err)?,
-    };
-    holdings
-        .hold(
-            "control",
-            path.display().to_string(),
-            std::os::fd::AsFd::as_fd(&std),
-        )
-        .map_err(err)?;
-    tokio::net::UnixListener::from_std(std).map_err(err)
+    let listening = endpoint::listen("control", &Endpoint::Unix(path), inventory, holdings)
+        .map_err(|e| start_error(e, err))?;
+    tokio::net::UnixListener::from_std(listening.socket.into()).map_err(err)
+}
+
+/// A socket that could not be had, in the words of `context` (the socket
+/// it is); an inherited one that failed its check says so itself.
+fn start_error(err: ListenError, context: impl FnOnce(std::io::Error) -> StartError) -> StartError {
+    match err {
+        ListenError::Adopt(e) => StartError::Adopt(e),
+        ListenError::Bind(e) | ListenError::Hold(e) => context(e),
+    }
 }

@@ -19,7 +19,7 @@ impl Generation {
         if systemd::enabled() {
             tokio::spawn(keep_naming(successor_pid, naming.clone()));
         }
-        let _ = self.phase.send(Phase::Draining);
+        let _ = self.phase.send(Phase::Draining { deadline: None });
         self.holdings.handed_over(&successor.adopted);
         self.close_doors().await;
         self.admin_stop.cancel();
@@ -81,7 +81,7 @@ impl Generation {
         tokio::select! {
             () = self.predecessor_gone.cancelled() => {}
             () = bound => tracing::warn!("the older generation outlived our wait; its last counts may be lost"),
-            command = self.signals.recv() => tracing::info!(?command, "no longer waiting for the older generation"),
+            command = self.commands.recv() => tracing::info!(?command, "no longer waiting for the older generation"),
         }
     }
 
@@ -89,11 +89,11 @@ impl Generation {
     /// served), in-flight work drains, admin closes last.
     pub(super) async fn stop(mut self) -> Exit {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
-        let _ = self.phase.send(Phase::Stopping);
+        let _ = self.phase.send(Phase::Stopping { deadline: None });
         systemd::stopping();
         let forced_early = tokio::select! {
             () = tokio::time::sleep(self.config.shutdown.pre_stop_delay) => false,
-            command = self.signals.recv() => command == Command::Stop,
+            command = self.commands.recv() => command == Command::Stop,
         };
         self.holdings.handed_over(&[]);
         self.close_doors().await;
@@ -151,7 +151,7 @@ impl Generation {
             tokio::select! {
                 () = self.drain.idle() => break DrainOutcome::Drained,
                 () = tokio::time::sleep_until(deadline) => break DrainOutcome::Forced { open: self.drain.force().await },
-                command = self.signals.recv() => match command {
+                command = self.commands.recv() => match command {
                     Command::Stop if stops == 0 && matches!(reason, DrainReason::Reload) => {
                         stops += 1;
                         deadline = deadline.min(Instant::now() + self.config.shutdown.drain_timeout);
@@ -159,7 +159,7 @@ impl Generation {
                         tracing::info!("stop signal while draining: keeping the earlier deadline");
                     }
                     Command::Stop | Command::ForceDrain => break DrainOutcome::Forced { open: self.drain.force().await },
-                                        Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
+                    Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
                 },
                 Some(incoming) = self.control_rx.recv() => self.answer_late(incoming),
             }
@@ -208,11 +208,12 @@ impl Generation {
         .await;
     }
 
+    /// Publishes the drain deadline in the phase, as wall-clock time (what
+    /// `/status` and the reports to a successor show).
     fn publish_deadline(&self, deadline: Instant) {
         let wall = SystemTime::now() + deadline.saturating_duration_since(Instant::now());
-        if let Ok(mut d) = self.admin.drain_deadline.write() {
-            *d = Some(wall);
-        }
+        self.phase
+            .send_modify(|phase| phase.set_drain_deadline(wall));
     }
 
     fn exit_code(&self, outcome: DrainOutcome) -> Exit {

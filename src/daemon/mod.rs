@@ -1,8 +1,9 @@
 //! The supervisor of one generation: builds it (`build::start`), owns its
-//! `Phase`, and runs the one `select!` over signals, control requests and
-//! a reload under way (`Generation::serve`). It then ends in one of two
-//! ways: handed over to a newer generation (`end`: `retire`) or
-//! stopped (`end`: `stop`). Exit codes are DESIGN.md's.
+//! `Phase`, and runs the one `select!` over commands (signals, or a test's
+//! channel), control requests and a reload under way
+//! (`Generation::serve`). It then ends in one of two ways: handed over to
+//! a newer generation (`end`: `retire`) or stopped (`end`: `stop`). Exit
+//! codes are DESIGN.md's.
 //!
 //! Split by phase: `build` makes a generation, `active` opens it and keeps
 //! systemd informed, this file serves, `end` retires or stops it.
@@ -32,13 +33,15 @@ use crate::connection::{Connections, ListenerStats, Proxy};
 use crate::exit::Exit;
 use crate::lifecycle::control::{self, Reply, Request};
 use crate::lifecycle::drain::{Drain, DrainOutcome};
-use crate::lifecycle::generation::{self, Exec, HandoverError, Offer, Parent, Successor};
-use crate::lifecycle::handoff::{BackendCarry, Channel, Message, Report};
-use crate::lifecycle::inventory::{Holdings, Inventory};
+use crate::lifecycle::generation::{
+    self, Exec, HandoverError, Inheritance, Offer, Parent, Successor,
+};
+use crate::lifecycle::handoff::{BackendCarry, Channel, Message};
+use crate::lifecycle::inventory::Holdings;
 use crate::lifecycle::process::Process;
-use crate::lifecycle::signals::{Command, Signals};
+use crate::lifecycle::signals::{Command, Commands};
 use crate::lifecycle::{systemd, Check, Phase};
-use crate::listener::{self, Closing, Listener};
+use crate::listener::{Closing, Listener};
 use crate::metrics::{self, DrainReason};
 
 /// A start-up failure, with the exit code it maps to.
@@ -78,52 +81,34 @@ pub enum StartError {
     },
 }
 
-/// What an older generation handed over beside its sockets (nothing for
-/// a first start).
-#[derive(Default)]
-struct Inherited {
-    backends: Vec<BackendCarry>,
-    report: Report,
-    tickets: Option<crate::tls::tickets::TicketKeys>,
-    resolved: Vec<crate::lifecycle::handoff::ResolvedCarry>,
-}
-
 /// The inputs of one generation's run.
 pub struct Setup {
     pub config: Config,
     pub exec: Exec,
-    pub parent: Option<(Parent, Inventory)>,
+    /// The older generation we take over from, for the conversation.
+    pub parent: Option<Parent>,
+    /// What it (or systemd) handed over: nothing for a first start.
+    pub inheritance: Inheritance,
     pub metrics: Option<PrometheusHandle>,
-    /// Installed first thing in the process, so a signal during start-up
-    /// (a SIGHUP while the config loads) is never its default action.
-    pub signals: Signals,
+    /// Stop, reload and force: the binary's from its signals (installed
+    /// first thing in the process, so a signal during start-up, a SIGHUP
+    /// while the config loads, is never its default action); a test's
+    /// from a channel.
+    pub commands: Commands,
 }
 
 /// Runs one generation to its end and returns the process exit code.
+/// All it hears from outside comes in `setup`, so a test can run it inside
+/// its own process with a command channel (`tests/support/in_process.rs`);
+/// a reload, which execs the next generation, needs the binary.
 pub async fn run(setup: Setup) -> Exit {
-    let signals = setup.signals;
-    let (parent, inventory) = match setup.parent {
-        Some((p, i)) => (Some(p), i),
-        None => (None, systemd_inventory()),
-    };
-    let number = parent.as_ref().map_or(1, |p| p.generation);
-    let carried = parent
-        .as_ref()
-        .map(|p| Inherited {
-            backends: p.backends.clone(),
-            report: p.report.clone(),
-            tickets: p.tickets.clone(),
-            resolved: p.resolved.clone(),
-        })
-        .unwrap_or_default();
+    let parent = setup.parent;
     let built = build::start(build::Inputs {
-        carried,
+        inheritance: setup.inheritance,
         config: setup.config,
         exec: setup.exec,
-        inventory,
-        number,
         metrics: setup.metrics,
-        signals,
+        commands: setup.commands,
     })
     .await;
     let mut gen = match built {
@@ -146,24 +131,6 @@ pub async fn run(setup: Setup) -> Exit {
     match gen.serve().await {
         Ending::HandedOver(successor, waiter) => gen.retire(*successor, waiter).await,
         Ending::Stop => gen.stop().await,
-    }
-}
-
-/// Sockets systemd passed us (socket activation or its fd store), if any.
-fn systemd_inventory() -> Inventory {
-    let passed = crate::lifecycle::handoff::from_systemd()
-        .and_then(|(entries, fds)| Inventory::new(entries, fds).map_err(std::io::Error::other));
-    match passed {
-        Ok(inventory) => {
-            if !inventory.is_empty() {
-                tracing::info!(sockets = inventory.len(), "adopting sockets from systemd");
-            }
-            inventory
-        }
-        Err(err) => {
-            tracing::warn!(cause = %err, "ignoring sockets passed by systemd");
-            Inventory::default()
-        }
     }
 }
 
@@ -190,7 +157,7 @@ struct Generation {
     background: CancellationToken,
     exec: Exec,
     number: u64,
-    signals: Signals,
+    commands: Commands,
     phase: watch::Sender<Phase>,
     admin: Arc<AdminShared>,
     /// Stops the admin accept loop: at handoff, or last of all at a stop.
@@ -206,9 +173,8 @@ struct Generation {
     /// Stops data-plane and control accept loops.
     accept_stop: CancellationToken,
     holdings: Holdings,
-    /// Accept loops not yet started (they start at [`Self::open_doors`]),
-    /// each with its shard number (which picks its worker).
-    pending: Vec<(Listener, usize, Arc<Connections>, Arc<AtomicBool>)>,
+    /// Accept loops not yet started (they start at [`Self::open_doors`]).
+    pending: Vec<build::Pending>,
     /// The threads connections live on.
     workers: crate::workers::Workers,
     accept_tasks: JoinSet<()>,
@@ -247,11 +213,11 @@ impl Generation {
         let mut waiter: Option<tokio::sync::oneshot::Sender<Reply>> = None;
         loop {
             tokio::select! {
-                // Signals first: a stop that came while a handoff finished
+                // Commands first: a stop that came while a handoff finished
                 // is a stop of the service, which stops the successor too
                 // (seen after the handoff, it would stop this one alone).
                 biased;
-                command = self.signals.recv() => match command {
+                command = self.commands.recv() => match command {
                     Command::Stop => {
                         if let Some(under_way) = reload.take() {
                             let said = under_way.settle_for_stop().await;

@@ -16,8 +16,7 @@ const FIRST_REPORT_WAIT: Duration = Duration::from_secs(2);
 impl Generation {
     /// Ready → serving; `Err` carries the exit code when the old
     /// generation did not let us take over.
-    pub(super) async fn take_over(&mut self, mut parent: Parent) -> Result<(), Exit> {
-        self.draining = std::mem::take(&mut parent.draining);
+    pub(super) async fn take_over(&mut self, parent: Parent) -> Result<(), Exit> {
         match parent.ready(self.adopted.clone()).await {
             Ok(backends_now) => build::carry_over(&self.pools, &backends_now),
             Err(e) => {

@@ -319,10 +319,15 @@ async fn last_word(channel: &Channel, err: HandoverError) -> HandoverError {
     }
 }
 
-/// Generation N as seen from N+1, between the offer and `Accepting`.
-pub struct Parent {
-    channel: Channel,
+/// What a new generation starts from beside its config: its number, the
+/// sockets it may adopt, and what the older generation carried over. Taken
+/// from the offer once ([`Parent::receive`]), so nothing else reads the
+/// offer's parts; a first start has [`Inheritance::default`] or, under
+/// systemd, [`Inheritance::from_systemd`].
+pub struct Inheritance {
     pub generation: u64,
+    /// Listening sockets, claimed by name (see [`super::endpoint::listen`]).
+    pub sockets: Inventory,
     /// Generations draining now, the offering one last: held from the
     /// moment we learn of them, so a later signal reaches no other process.
     pub draining: Vec<Process>,
@@ -335,9 +340,56 @@ pub struct Parent {
     pub resolved: Vec<ResolvedCarry>,
 }
 
+impl Default for Inheritance {
+    /// A first start: generation 1, nothing handed over.
+    fn default() -> Self {
+        Inheritance {
+            generation: 1,
+            sockets: Inventory::default(),
+            draining: Vec::new(),
+            backends: Vec::new(),
+            report: Report::default(),
+            tickets: None,
+            resolved: Vec::new(),
+        }
+    }
+}
+
+impl Inheritance {
+    /// A first start with whatever sockets systemd passed (socket
+    /// activation or its fd store); passed sockets that cannot be taken
+    /// are ignored, and the config's are bound instead.
+    pub fn from_systemd() -> Inheritance {
+        let passed = super::handoff::from_systemd()
+            .and_then(|(entries, fds)| Inventory::new(entries, fds).map_err(std::io::Error::other));
+        let sockets = match passed {
+            Ok(inventory) => {
+                if !inventory.is_empty() {
+                    tracing::info!(sockets = inventory.len(), "adopting sockets from systemd");
+                }
+                inventory
+            }
+            Err(err) => {
+                tracing::warn!(cause = %err, "ignoring sockets passed by systemd");
+                Inventory::default()
+            }
+        };
+        Inheritance {
+            sockets,
+            ..Inheritance::default()
+        }
+    }
+}
+
+/// Generation N as seen from N+1, between the offer and `Accepting`: the
+/// conversation only (what N offered is the [`Inheritance`]).
+pub struct Parent {
+    channel: Channel,
+}
+
 impl Parent {
-    /// Reads the offer; the returned inventory holds the sockets.
-    pub async fn receive(channel: Channel) -> Result<(Parent, Inventory), HandoverError> {
+    /// Reads the offer.
+    pub async fn receive(channel: Channel) -> Result<(Parent, Inheritance), HandoverError> {
         let received = tokio::time::timeout(Duration::from_secs(10), channel.recv()).await;
         let (message, fds) = match received {
             Ok(r) => r?,
@@ -355,8 +407,8 @@ impl Parent {
         else {
             return Err(HandoverError::OutOfTurn(format!("{message:?}")));
         };
-        let inventory = Inventory::new(sockets, fds).map_err(|e| HandoverError::Failed {
-            exit_code: 1,
+        let sockets = Inventory::new(sockets, fds).map_err(|e| HandoverError::Failed {
+            exit_code: Exit::Failure.code(),
             reason: e.to_string(),
         })?;
         // One that already exited cannot be opened: nothing to hold.
@@ -364,18 +416,16 @@ impl Parent {
             .into_iter()
             .filter_map(|pid| Process::open(pid).ok())
             .collect();
-        Ok((
-            Parent {
-                channel,
-                generation,
-                draining,
-                backends,
-                report: report.unwrap_or_default(),
-                tickets: tickets.map(|keys| *keys),
-                resolved,
-            },
-            inventory,
-        ))
+        let inheritance = Inheritance {
+            generation,
+            sockets,
+            draining,
+            backends,
+            report: report.unwrap_or_default(),
+            tickets: tickets.map(|keys| *keys),
+            resolved,
+        };
+        Ok((Parent { channel }, inheritance))
     }
 
     /// Says we are ready and waits for the go-ahead to accept; returns the

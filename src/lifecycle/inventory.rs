@@ -3,10 +3,9 @@
 //! address, listening, the right type) before anyone accepts on it; sockets
 //! nobody claims are closed (never `shutdown()`) when the inventory drops.
 
-use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::path::Path;
 
+use super::endpoint::Endpoint;
 use super::handoff::SocketEntry;
 
 #[derive(Default)]
@@ -60,7 +59,7 @@ impl Inventory {
         self.taken.clone()
     }
 
-    fn take(&mut self, name: &str) -> Option<OwnedFd> {
+    fn claim(&mut self, name: &str) -> Option<OwnedFd> {
         self.taken.push(name.to_string());
         self.sockets
             .iter_mut()
@@ -68,45 +67,13 @@ impl Inventory {
             .and_then(|(_, fd)| fd.take())
     }
 
-    /// Claims the TCP listener `name` if it is bound to `want` (a wanted
-    /// port 0 matches any port on the same IP).
-    pub fn take_tcp(
+    /// Claims the listener `name` if it is bound at `endpoint`; a socket of
+    /// that name bound elsewhere is left to close (the config moved it).
+    pub fn take(
         &mut self,
         name: &str,
-        want: SocketAddr,
-    ) -> Result<Option<std::net::TcpListener>, AdoptError> {
-        let Some(index) = self.position(name) else {
-            return Ok(None);
-        };
-        let fail = |why: String| AdoptError {
-            name: name.to_string(),
-            why,
-        };
-        let sock = self.peek(index)?;
-        let local = sock
-            .local_addr()
-            .map_err(|e| fail(format!("getsockname: {e}")))?
-            .as_socket()
-            .ok_or_else(|| fail("not an inet socket".into()))?;
-        let matches = local == want || (want.port() == 0 && local.ip() == want.ip());
-        if !matches {
-            // The config moved this listener: leave the old socket to close.
-            return Ok(None);
-        }
-        check_listening(&sock, socket2::Type::STREAM).map_err(fail)?;
-        let fd = self.take(name).ok_or_else(|| fail("taken twice".into()))?;
-        let sock = socket2::Socket::from(fd);
-        sock.set_nonblocking(true)
-            .map_err(|e| fail(e.to_string()))?;
-        Ok(Some(sock.into()))
-    }
-
-    /// Claims the Unix listener `name` if it is bound to `want`.
-    pub fn take_unix(
-        &mut self,
-        name: &str,
-        want: &Path,
-    ) -> Result<Option<std::os::unix::net::UnixListener>, AdoptError> {
+        endpoint: &Endpoint<'_>,
+    ) -> Result<Option<socket2::Socket>, AdoptError> {
         let Some(index) = self.position(name) else {
             return Ok(None);
         };
@@ -118,15 +85,15 @@ impl Inventory {
         let local = sock
             .local_addr()
             .map_err(|e| fail(format!("getsockname: {e}")))?;
-        if local.as_pathname() != Some(want) {
+        if !endpoint.is_at(&local).map_err(fail)? {
             return Ok(None);
         }
         check_listening(&sock, socket2::Type::STREAM).map_err(fail)?;
-        let fd = self.take(name).ok_or_else(|| fail("taken twice".into()))?;
+        let fd = self.claim(name).ok_or_else(|| fail("taken twice".into()))?;
         let sock = socket2::Socket::from(fd);
         sock.set_nonblocking(true)
             .map_err(|e| fail(e.to_string()))?;
-        Ok(Some(sock.into()))
+        Ok(Some(sock))
     }
 
     fn position(&self, name: &str) -> Option<usize> {

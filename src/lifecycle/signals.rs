@@ -1,7 +1,14 @@
 //! Signals mapped to intent in one place. This module only translates; the
 //! supervisor in `daemon` decides what each command does in each phase.
+//! It hears them as [`Commands`], of which the process's signals are one
+//! source ([`Commands::from_signals`]) and a channel another
+//! ([`Commands::channel`]): a test drives a daemon inside its own process
+//! through the channel, as mini-redis's `run(listener, shutdown)` is.
+
+use std::sync::{Arc, OnceLock};
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::mpsc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
@@ -41,8 +48,11 @@ pub struct Signals {
     usr2: Signal,
     /// What SIGUSR1 does (reopen the access logs), in whatever phase the
     /// generation is: logrotate's signal must never wait for a phase.
-    reopen: Option<Box<dyn Fn() + Send + Sync>>,
+    reopen: Reopen,
 }
+
+/// What SIGUSR1 runs, set once the generation's access logs are open.
+type Reopen = Arc<OnceLock<Box<dyn Fn() + Send + Sync>>>;
 
 impl Signals {
     /// Installs every handler; called first thing, so a SIGHUP during
@@ -54,7 +64,7 @@ impl Signals {
             int: signal(SignalKind::interrupt())?,
             usr1: signal(SignalKind::user_defined1())?,
             usr2: signal(SignalKind::user_defined2())?,
-            reopen: None,
+            reopen: Reopen::default(),
         })
         .inspect(|_| {
             // The handler is in place: this thread may take SIGUSR1 now
@@ -64,19 +74,14 @@ impl Signals {
         })
     }
 
-    /// Runs `hook` at every SIGUSR1 from now on.
-    pub fn on_reopen(&mut self, hook: impl Fn() + Send + Sync + 'static) {
-        self.reopen = Some(Box::new(hook));
-    }
-
     /// The next signal that means something; stray ones are logged here.
-    pub async fn recv(&mut self) -> Command {
+    async fn recv(&mut self) -> Command {
         loop {
             tokio::select! {
                 _ = self.hup.recv() => return Command::Reload,
                 _ = self.term.recv() => return Command::Stop,
                 _ = self.int.recv() => return Command::Stop,
-                _ = self.usr1.recv() => match &self.reopen {
+                _ = self.usr1.recv() => match self.reopen.get() {
                     Some(reopen) => {
                         tracing::info!(signal = "SIGUSR1", "reopening the access logs");
                         reopen();
@@ -86,5 +91,74 @@ impl Signals {
                 _ = self.usr2.recv() => return Command::ForceDrain,
             }
         }
+    }
+}
+
+/// The commands one generation hears, whatever sends them.
+pub struct Commands {
+    rx: mpsc::Receiver<Command>,
+    reopen: Reopen,
+}
+
+impl Commands {
+    /// Commands sent by hand: what a test holds to stop a daemon it runs
+    /// in its own process.
+    pub fn channel() -> (mpsc::Sender<Command>, Commands) {
+        let (tx, rx) = mpsc::channel(16);
+        let commands = Commands {
+            rx,
+            reopen: Reopen::default(),
+        };
+        (tx, commands)
+    }
+
+    /// The process's signals, read by a task of their own from now on (so
+    /// SIGUSR1 reopens the logs whatever the generation is doing). Must be
+    /// called inside the runtime.
+    pub fn from_signals(mut signals: Signals) -> Commands {
+        let (tx, commands) = Commands::channel();
+        signals.reopen = Arc::clone(&commands.reopen);
+        tokio::spawn(async move {
+            loop {
+                let command = signals.recv().await;
+                if tx.send(command).await.is_err() {
+                    return;
+                }
+            }
+        });
+        commands
+    }
+
+    /// Runs `hook` at every SIGUSR1 from now on (the first hook set stays:
+    /// a generation opens its access logs once).
+    pub fn on_reopen(&self, hook: impl Fn() + Send + Sync + 'static) {
+        let _ = self.reopen.set(Box::new(hook));
+    }
+
+    /// The next command. Once every sender is gone none comes again: a
+    /// dropped channel is no stop (a stop is always said).
+    pub async fn recv(&mut self) -> Command {
+        match self.rx.recv().await {
+            Some(command) => command,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn commands_come_in_order_and_a_dropped_sender_is_no_stop() {
+        let (tx, mut commands) = Commands::channel();
+        for command in [Command::Reload, Command::Stop] {
+            tx.send(command).await.expect("send");
+        }
+        drop(tx);
+        assert_eq!(commands.recv().await, Command::Reload);
+        assert_eq!(commands.recv().await, Command::Stop);
+        let after = tokio::time::timeout(std::time::Duration::from_secs(60), commands.recv());
+        assert!(after.await.is_err(), "no command once the sender is gone");
     }
 }

@@ -90,6 +90,28 @@ impl Spec {
         self
     }
 
+    /// Free ports for the admin listener and every listener, and the
+    /// config text naming them, in a fresh temp dir (which holds the
+    /// control socket).
+    pub fn lay_out(&self) -> Layout {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut ports = free_addrs(1 + self.listeners.len()).into_iter();
+        let admin = ports.next().expect("admin port");
+        let addrs: HashMap<String, SocketAddr> = self
+            .listeners
+            .iter()
+            .map(|(name, ..)| name.clone())
+            .zip(ports)
+            .collect();
+        let text = self.render(dir.path(), admin, &addrs);
+        Layout {
+            dir,
+            admin,
+            addrs,
+            text,
+        }
+    }
+
     fn render(
         &self,
         dir: &std::path::Path,
@@ -128,6 +150,14 @@ impl Spec {
     }
 }
 
+/// A spec made concrete for one daemon (see [`Spec::lay_out`]).
+pub struct Layout {
+    pub dir: tempfile::TempDir,
+    pub admin: SocketAddr,
+    pub addrs: HashMap<String, SocketAddr>,
+    pub text: String,
+}
+
 /// `n` loopback addresses nobody listens on now, all different: each is
 /// held until all are found, so the kernel cannot hand one out twice.
 pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
@@ -161,6 +191,21 @@ pub fn free_addr() -> SocketAddr {
 }
 
 static SUBREAPER: Once = Once::new();
+
+/// Whether the daemon with admin listener `admin` says it is ready
+/// (`/readyz` 200) within `TIMEOUT`.
+pub async fn ready_in_time(admin: SocketAddr) -> bool {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(a) = super::client::get(admin, "/readyz").await {
+            if a.status == 200 {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
 
 /// What a CLI invocation printed and returned.
 #[derive(Debug)]
@@ -231,17 +276,13 @@ impl Baton {
         SUBREAPER.call_once(|| {
             nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
         });
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut ports = free_addrs(1 + spec.listeners.len()).into_iter();
-        let admin = ports.next().expect("admin port");
-        let addrs: HashMap<String, SocketAddr> = spec
-            .listeners
-            .iter()
-            .map(|(name, ..)| name.clone())
-            .zip(ports)
-            .collect();
+        let Layout {
+            dir,
+            admin,
+            addrs,
+            text,
+        } = spec.lay_out();
         let config = dir.path().join("baton.toml");
-        let text = spec.render(dir.path(), admin, &addrs);
         match fifo_for {
             Some(out) => {
                 nix::unistd::mkfifo(
@@ -298,21 +339,12 @@ impl Baton {
     }
 
     pub async fn wait_ready(&self) {
-        let admin = self.admin;
-        let log = self.log_path();
-        let deadline = tokio::time::Instant::now() + TIMEOUT;
-        while tokio::time::Instant::now() < deadline {
-            if let Ok(a) = super::client::get(admin, "/readyz").await {
-                if a.status == 200 {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if !ready_in_time(self.admin).await {
+            panic!(
+                "baton not ready; log:\n{}",
+                std::fs::read_to_string(self.log_path()).unwrap_or_default()
+            );
         }
-        panic!(
-            "baton not ready; log:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
     }
 
     /// Replaces the executable path the daemon was started from, as a

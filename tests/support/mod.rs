@@ -1,5 +1,6 @@
 //! Shared helpers for the integration tests: real backends on 127.0.0.1,
-//! the real `baton` binary, real clients. Each test binary uses a subset,
+//! the real `baton` binary (or a daemon inside the test process,
+//! `in_process`), real clients. Each test binary uses a subset,
 //! hence the `dead_code` allowance.
 #![allow(dead_code)]
 
@@ -7,6 +8,7 @@ pub mod backend;
 pub mod client;
 pub mod daemon;
 pub mod dns;
+pub mod in_process;
 pub mod load;
 pub mod proxied;
 pub mod raw;

@@ -1,0 +1,215 @@
+//! Every listening socket a generation has, whatever its kind, comes from
+//! one function, [`listen`] (pingora's `ListenerEndpointBuilder::listen` is
+//! the model): adopted by name from what an older generation or systemd
+//! passed, if that socket is bound where the config says, else bound
+//! afresh; then held, so a successor is offered it. The admin listener, each
+//! listener shard and the control socket take the same path, so none can
+//! skip the check an adopted fd gets or be left out of the next offer.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use super::inventory::{AdoptError, Holdings, Inventory};
+
+/// Where a listening socket is bound, and how to bind it afresh.
+#[derive(Debug, Clone, Copy)]
+pub enum Endpoint<'a> {
+    /// A TCP listener; `reuseport` lets shards of one listener share the
+    /// address.
+    Tcp {
+        addr: SocketAddr,
+        backlog: i32,
+        reuseport: bool,
+    },
+    /// A Unix listener (the control socket).
+    Unix(&'a Path),
+}
+
+impl Endpoint<'_> {
+    /// Whether a socket bound at `local` serves this endpoint (a wanted
+    /// port 0 matches any port on the same IP). One that does not is the
+    /// config having moved it: it is left to close. A socket of another
+    /// family under a TCP listener's name is not what the name says.
+    pub fn is_at(&self, local: &SockAddr) -> Result<bool, String> {
+        match self {
+            Endpoint::Tcp { addr, .. } => {
+                let local = local.as_socket().ok_or("not an inet socket")?;
+                Ok(local == *addr || (addr.port() == 0 && local.ip() == addr.ip()))
+            }
+            Endpoint::Unix(path) => Ok(local.as_pathname() == Some(*path)),
+        }
+    }
+
+    fn bind(&self) -> std::io::Result<Socket> {
+        match self {
+            Endpoint::Tcp {
+                addr,
+                backlog,
+                reuseport,
+            } => bind_tcp(*addr, *backlog, *reuseport),
+            Endpoint::Unix(path) => super::control::bind(path).map(Socket::from),
+        }
+    }
+
+    /// The address a held socket is offered under: the port a TCP socket
+    /// really got, a Unix socket's path.
+    fn address_of(&self, socket: &Socket) -> std::io::Result<String> {
+        match self {
+            Endpoint::Tcp { .. } => socket
+                .local_addr()?
+                .as_socket()
+                .map(|a| a.to_string())
+                .ok_or_else(|| std::io::Error::other("not an inet socket")),
+            Endpoint::Unix(path) => Ok(path.display().to_string()),
+        }
+    }
+}
+
+/// A listening socket, adopted or bound, and held for the next offer.
+pub struct Listening {
+    /// Non-blocking; made a `TcpListener` or `UnixListener` by its user.
+    pub socket: Socket,
+    /// Turns true if a successor adopts the socket (see [`Holdings::hold`]).
+    pub handed_over: Arc<AtomicBool>,
+}
+
+/// Why a socket could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    /// An inherited socket of that name failed its check.
+    #[error(transparent)]
+    Adopt(#[from] AdoptError),
+    /// Nothing to adopt, and binding afresh failed.
+    #[error("{0}")]
+    Bind(std::io::Error),
+    /// Bound or adopted, but it could not be held for the next offer.
+    #[error("{0}")]
+    Hold(std::io::Error),
+}
+
+/// The socket `name` at `endpoint`: adopted from `inventory` if it holds a
+/// matching one, else bound; either way recorded in `holdings`.
+pub fn listen(
+    name: &str,
+    endpoint: &Endpoint<'_>,
+    inventory: &mut Inventory,
+    holdings: &mut Holdings,
+) -> Result<Listening, ListenError> {
+    let socket = match inventory.take(name, endpoint)? {
+        Some(adopted) => adopted,
+        None => endpoint.bind().map_err(ListenError::Bind)?,
+    };
+    let address = endpoint.address_of(&socket).map_err(ListenError::Hold)?;
+    let handed_over = holdings
+        .hold(name, address, std::os::fd::AsFd::as_fd(&socket))
+        .map_err(ListenError::Hold)?;
+    Ok(Listening {
+        socket,
+        handed_over,
+    })
+}
+
+/// Binds a non-blocking, CLOEXEC listening socket with SO_REUSEADDR (and
+/// SO_REUSEPORT when sharding); IPv6 sockets are explicitly v6-only.
+fn bind_tcp(addr: SocketAddr, backlog: i32, reuseport: bool) -> std::io::Result<Socket> {
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking().cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    if reuseport {
+        socket.set_reuse_port(true)?;
+    }
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.listen(backlog)?;
+    Ok(socket)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::handoff::SocketEntry;
+
+    fn tcp(addr: SocketAddr) -> Endpoint<'static> {
+        Endpoint::Tcp {
+            addr,
+            backlog: 16,
+            reuseport: false,
+        }
+    }
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().expect("address")
+    }
+
+    /// An inventory holding one listening socket on loopback, as `name`.
+    fn inherited(name: &str) -> (Inventory, SocketAddr) {
+        let socket = bind_tcp(addr("127.0.0.1:0"), 16, false).expect("bind");
+        let at = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .expect("inet");
+        let entry = SocketEntry {
+            name: name.into(),
+            addr: at.to_string(),
+        };
+        let inventory = Inventory::new(vec![entry], vec![socket.into()]).expect("inventory");
+        (inventory, at)
+    }
+
+    fn bound_at(listening: &Listening) -> SocketAddr {
+        listening
+            .socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .expect("inet")
+    }
+
+    #[test]
+    fn a_wanted_port_0_is_any_port_on_the_same_address() {
+        let at = SockAddr::from(addr("127.0.0.1:8080"));
+        assert_eq!(tcp(addr("127.0.0.1:8080")).is_at(&at), Ok(true));
+        assert_eq!(tcp(addr("127.0.0.1:0")).is_at(&at), Ok(true));
+        assert_eq!(tcp(addr("127.0.0.1:8081")).is_at(&at), Ok(false));
+        assert_eq!(tcp(addr("127.0.0.2:0")).is_at(&at), Ok(false));
+        assert_eq!(Endpoint::Unix(Path::new("/run/x")).is_at(&at), Ok(false));
+    }
+
+    #[test]
+    fn a_socket_inherited_where_the_config_has_it_is_adopted_and_held() {
+        let (mut inventory, at) = inherited("web");
+        let mut holdings = Holdings::default();
+        let listening = listen("web", &tcp(at), &mut inventory, &mut holdings).expect("listen");
+        assert_eq!(bound_at(&listening), at);
+        assert_eq!(inventory.taken(), ["web"]);
+        assert!(inventory.unclaimed().is_empty());
+        let offered: Vec<(String, String)> = holdings
+            .offer()
+            .expect("offer")
+            .into_iter()
+            .map(|(e, _)| (e.name, e.addr))
+            .collect();
+        assert_eq!(offered, [("web".to_string(), at.to_string())]);
+    }
+
+    #[test]
+    fn a_socket_the_config_moved_is_left_to_close_and_a_new_one_bound() {
+        let (mut inventory, at) = inherited("web");
+        let mut holdings = Holdings::default();
+        let moved = tcp(addr("127.0.0.2:0"));
+        let listening = listen("web", &moved, &mut inventory, &mut holdings).expect("listen");
+        assert_eq!(bound_at(&listening).ip(), addr("127.0.0.2:0").ip());
+        assert_ne!(bound_at(&listening), at);
+        assert_eq!(inventory.unclaimed(), ["web"]);
+    }
+}
