@@ -15,9 +15,9 @@ use crate::config::{ListenerConfig, Protocol};
 use crate::lifecycle::drain::DrainWatch;
 use crate::listener::Accept;
 use crate::metrics::ListenerMetrics;
-use crate::proxy::stream::ByteStream;
 use crate::proxy::{tcp::TcpProxy, web::HttpProxy};
 use crate::proxy_protocol::{self, Origin, ReceiveSettings};
+use crate::stream::ByteStream;
 use crate::tls::handshake::Terminator;
 
 /// Open-connection count of one listener, read by `/status`.

@@ -8,8 +8,9 @@
 //! - [`workers`]: the data plane's threads, one runtime each.
 //! - [`listener`]: a listening socket's accept loop.
 //! - [`connection`]: one client connection's bookkeeping; a PROXY header ([`proxy_protocol`]), TLS termination ([`tls`]); dispatch by protocol.
-//! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::web`] (an HTTP listener's connections) tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`]).
+//! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::web`] (an HTTP listener's connections) tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`], whose streams reach backends on [`proxy::h1::relay`]).
 //! - [`backend`]: pools, backends, leases, and [`backend::balance`] picking; members swapped whole when DNS changes ([`backend::members`]).
+//! - [`stream`]: the byte stream (TCP, or TLS over it) both [`proxy`] and [`backend`] are written against.
 //! - [`resolve`]: backends named by DNS (host names, SRV), looked up at start and kept current while serving.
 //! - [`lifecycle`]: generations (what an older one hands a new one: [`lifecycle::generation::Inheritance`]), fd handoff, every listening socket adopted or bound ([`lifecycle::endpoint::listen`]), drain, signals, systemd, control socket.
 //! - [`daemon`]: the supervisor of one generation (the only writer of its phase), told to stop or reload by its [`lifecycle::signals::Commands`]: the process's signals, or a channel for a test that runs it in-process.
@@ -37,6 +38,7 @@ pub mod proxy;
 pub mod proxy_protocol;
 pub mod resolve;
 pub mod splitmix;
+pub mod stream;
 pub mod telemetry;
 pub mod tls;
 pub mod workers;

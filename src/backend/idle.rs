@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::stream::BackendStream;
-use crate::proxy::stream::ByteStream;
+use crate::stream::ByteStream;
 use tokio::time::Instant;
 
 /// Idle time after which a connection is closed rather than reused.

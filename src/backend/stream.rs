@@ -15,7 +15,7 @@ use tokio_rustls::client::TlsStream;
 use std::net::SocketAddr;
 
 use super::Backend;
-use crate::proxy::stream::{session_readable, ByteStream};
+use crate::stream::{session_readable, ByteStream};
 use crate::tls::upstream::UpstreamTls;
 
 /// A backend connection: plain TCP, or a TLS session over it.

@@ -21,7 +21,13 @@ pub fn dispatch(command: Command) -> Exit {
         Command::Reload(args) => reload::reload(&args),
         Command::Status(args) => status::status(&args),
         Command::Backend(args) => backend::backend(&args),
-        Command::Demo(args) => crate::demo::main(&args),
+        Command::Demo(args) => {
+            let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+            match runtime(threads) {
+                Ok(rt) => crate::demo::main(&args, &rt),
+                Err(exit) => exit,
+            }
+        }
     }
 }
 

@@ -28,12 +28,8 @@ enum DemoError {
     NotReady(PathBuf),
 }
 
-pub fn main(args: &DemoArgs) -> Exit {
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let rt = match crate::commands::runtime(threads) {
-        Ok(rt) => rt,
-        Err(exit) => return exit,
-    };
+/// Runs the demo on `rt` (the command line's runtime, one thread a CPU).
+pub fn main(args: &DemoArgs, rt: &tokio::runtime::Runtime) -> Exit {
     match rt.block_on(run(args)) {
         Ok(true) => Exit::Clean,
         Ok(false) => Exit::Failure,

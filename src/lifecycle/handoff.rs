@@ -96,7 +96,17 @@ pub struct ResolvedCarry {
     pub pool: String,
     pub name: String,
     pub query: String,
-    pub resolved: Vec<crate::backend::members::Resolved>,
+    pub resolved: Vec<CarriedAddress>,
+}
+
+/// One address of a carried answer, as `backend::members::Resolved` holds
+/// it (the same fields on the wire): the handoff speaks its own types, so
+/// `lifecycle` imports nothing of the data plane.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CarriedAddress {
+    pub address: std::net::SocketAddr,
+    pub weight: u32,
+    pub from: String,
 }
 
 /// One live generation, as the newest one's `/status` and `/metrics` show it.
@@ -448,7 +458,7 @@ mod tests {
                 pool: "app".into(),
                 name: "app1".into(),
                 query: "app1.internal:8080".into(),
-                resolved: vec![crate::backend::members::Resolved {
+                resolved: vec![CarriedAddress {
                     address: ([10, 0, 0, 5], 8080).into(),
                     weight: 1,
                     from: "app1.internal:8080".into(),

@@ -36,9 +36,9 @@ use crate::access_log::Termination;
 use crate::backend::{Backend, Lease};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics;
-use crate::proxy::stream::ByteStream;
 use crate::proxy_protocol::send::Speaker;
 use crate::proxy_protocol::Origin;
+use crate::stream::ByteStream;
 
 /// How often an h2 connection is PINGed, and how long the answer may take,
 /// at most.

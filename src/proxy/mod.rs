@@ -12,7 +12,6 @@ pub mod head;
 pub mod headers;
 pub mod idle;
 pub mod longlived;
-pub mod stream;
 pub mod tcp;
 pub mod web;
 

@@ -19,7 +19,6 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use super::idle::{Activity, Observed};
-use super::stream::ByteStream;
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
@@ -28,6 +27,7 @@ use crate::metrics;
 use crate::proxy::h1::io::Counting;
 use crate::proxy::ProxyError;
 use crate::proxy_protocol::{send::Speaker, Origin};
+use crate::stream::ByteStream;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::time::Instant;

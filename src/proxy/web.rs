@@ -11,13 +11,13 @@ use tokio::time::Instant;
 
 use super::h1::io::{read_now, read_some, release_if_empty, write_all};
 use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
-use super::stream::ByteStream;
 use crate::access_log::AccessLog;
 use crate::backend::Pool;
 use crate::config::{Forwarded, ListenerConfig, RouteConfig};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, RequestMetrics};
 use crate::proxy_protocol::Origin;
+use crate::stream::ByteStream;
 
 /// What a connection's first bytes say it speaks (they are read, and go
 /// to that protocol's reader first).

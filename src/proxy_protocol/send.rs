@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use ppp::v2;
 
 use super::{Origin, Version};
-use crate::proxy::stream::ByteStream;
+use crate::stream::ByteStream;
 
 /// Whom a backend connection speaks for: what its PROXY header says,
 /// taken from the client's connection once.

@@ -12,10 +12,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Resolver;
-use crate::backend::members::Joining;
+use crate::backend::members::{Joining, Resolved};
 use crate::backend::named::Named;
 use crate::backend::{probe, Pool};
-use crate::lifecycle::handoff::ResolvedCarry;
+use crate::lifecycle::handoff::{CarriedAddress, ResolvedCarry};
 use crate::metrics;
 
 /// How often drained members are looked for between resolutions.
@@ -44,8 +44,9 @@ pub async fn first_members(pools: &[Arc<Pool>], resolver: &Resolver, carried: &[
                 .find(|c| c.pool == pool.name && c.name == named.name && c.query == query);
             match kept {
                 Some(c) => {
-                    named.answer(c.resolved.clone());
-                    pool.apply(named, &c.resolved, Joining::AtStart);
+                    let resolved: Vec<Resolved> = c.resolved.iter().map(carried_in).collect();
+                    named.answer(resolved.clone());
+                    pool.apply(named, &resolved, Joining::AtStart);
                 }
                 None => {
                     let (pool, named) = (Arc::clone(pool), Arc::clone(named));
@@ -88,10 +89,26 @@ pub fn carry_out(pools: &[Arc<Pool>]) -> Vec<ResolvedCarry> {
                 pool: p.name.clone(),
                 name: n.name.clone(),
                 query: n.query.to_string(),
-                resolved,
+                resolved: resolved.into_iter().map(carried_out).collect(),
             })
         })
         .collect()
+}
+
+fn carried_in(a: &CarriedAddress) -> Resolved {
+    Resolved {
+        address: a.address,
+        weight: a.weight,
+        from: a.from.clone(),
+    }
+}
+
+fn carried_out(r: Resolved) -> CarriedAddress {
+    CarriedAddress {
+        address: r.address,
+        weight: r.weight,
+        from: r.from,
+    }
 }
 
 async fn run(pool: Arc<Pool>, named: Arc<Named>, resolver: Resolver, stop: CancellationToken) {

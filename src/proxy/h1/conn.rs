@@ -25,8 +25,8 @@ use super::head::{self, Framing, Parsed, Refusal, RequestHead};
 use super::io::{linger_close, read_now, release_if_empty, write_all};
 use super::rewrite;
 use crate::lifecycle::drain::DrainWatch;
-use crate::proxy::stream::ByteStream;
 use crate::proxy::web::HttpProxy;
+use crate::stream::ByteStream;
 
 /// What a client is answered when its head is too slow.
 pub const TIMEOUT_RESPONSE: &[u8] =

@@ -26,10 +26,10 @@ use crate::access_log::{Phase, Termination};
 use crate::backend::{Backend, Lease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
-use crate::proxy::stream::ByteStream;
 use crate::proxy::web::HttpProxy;
 use crate::proxy::{longlived, ProxyError};
 use crate::proxy_protocol::Origin;
+use crate::stream::ByteStream;
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 

@@ -10,9 +10,9 @@ use tokio::time::Instant;
 use crate::backend::idle::{still_open, IDLE_LIMIT};
 use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
-use crate::proxy::stream::ByteStream;
 use crate::proxy::ProxyError;
 use crate::proxy_protocol::send::Speaker;
+use crate::stream::ByteStream;
 
 use super::exchange::Client;
 

@@ -1,4 +1,7 @@
-//! What a client connection's bytes travel on: plain TCP, or TLS over it. The HTTP/1 path is written once against this trait; each
+//! What a connection's bytes travel on: plain TCP, or TLS over it, a
+//! client's or a backend's. The HTTP/1 path, h2, TCP mode and backend
+//! connections are written once against this trait (it sits below both
+//! `proxy` and `backend`, so neither imports the other); each
 //! kind of stream says how it is split for an exchange's upload and
 //! download side by side, how to wait for bytes without holding a read
 //! buffer, and which TCP socket lies under it.
