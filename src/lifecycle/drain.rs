@@ -111,6 +111,16 @@ impl DrainWatch {
         });
     }
 
+    /// Runs `task` counted by the drain but not dropped when it is forced:
+    /// for a task that ends by itself once what it serves is dropped
+    /// (an h2 stream, whose connection is a task of the drain's).
+    pub fn spawn_counted<F>(&self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        tokio::spawn(self.tracker.track_future(task));
+    }
+
     pub fn is_draining(&self) -> bool {
         self.graceful.is_cancelled()
     }

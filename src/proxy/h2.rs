@@ -479,9 +479,11 @@ struct Stream<'a> {
     noted: &'a mut Noted,
 }
 
-/// Runs hyper's h2 stream tasks as the drain's own: a stopping generation
-/// waits for them (and so for their access-log lines) as for connections,
-/// and a forced drain drops them, which their lines say (`K?`).
+/// Runs hyper's h2 stream tasks counted by the drain: a stopping generation
+/// waits for them (and so for their access-log lines) as for connections.
+/// A forced drain drops the connection, and hyper then drops its streams'
+/// futures at once, which their lines say (`K?`). (Each stream waiting on
+/// the force itself cost 9 % of an h2 request's instructions.)
 #[derive(Clone)]
 struct StreamTasks(DrainWatch);
 
@@ -490,7 +492,7 @@ where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, task: F) {
-        self.0.spawn(task);
+        self.0.spawn_counted(task);
     }
 }
 
