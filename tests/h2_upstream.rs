@@ -398,3 +398,63 @@ async fn requests_an_http_1_backend_could_misread_are_refused() {
     }
     assert!(backend.heads().is_empty(), "{:?}", backend.heads());
 }
+
+/// A backend that reads the head and then no more: the upload fills the
+/// sockets between them and baton stops reading the client's body. That
+/// stall is the backend's (504, a timeout charged to it), not the
+/// client's 408, though the client too has sent nothing since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_takes_no_upload_is_a_504_not_the_client_s_408() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match tokio::io::AsyncReadExt::read(&mut stream, &mut byte).await {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            held.push(stream);
+        }
+    });
+    let spec = Spec::new()
+        .top("workers = 1")
+        .listener(
+            "web",
+            "http",
+            "app",
+            "response_timeout = \"1s\"\nidle_timeout = \"1s\"",
+        )
+        .pool("app", &[addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (tx, rx) = mpsc::channel(1);
+    let feeding = tokio::spawn(async move {
+        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+        // 64 MiB at most: far more than loopback sockets hold.
+        for _ in 0..1024 {
+            if tx.send(Frame::data(chunk.clone())).await.is_err() {
+                return;
+            }
+        }
+    });
+    let (status, _, _) = send(&mut sender, request("POST", web, "/", Fed(rx).boxed())).await;
+    feeding.abort();
+    assert_eq!(status, 504);
+    let metrics = client::metrics(baton.admin).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("baton_upstream_errors_total")
+                && l.contains("kind=\"timeout\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+}

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::activity::ConnState;
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
 use super::h1::head::ResponseHead;
-use super::h1::relay::{HeadFault, Relay};
+use super::h1::relay::{BackendWait, HeadFault, Relay};
 use super::h1::upstream;
 use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
@@ -360,7 +360,8 @@ impl HttpProxy {
         backend: &Backend,
         progress: Option<&Progress>,
     ) -> Result<(ResponseHead, Relay), Sent> {
-        let watch = self.watch_exchange(progress, &backend.name);
+        let backend_wait = relay.backend_wait();
+        let watch = self.watch_exchange(progress, &backend_wait, &backend.name);
         let outcome = tokio::select! {
             head = relay.response_head(method) => Ok(head),
             stalled = watch => Err(stalled),
@@ -401,8 +402,21 @@ impl HttpProxy {
 
     /// Resolves with the exchange's failure if the client's body stops for
     /// `idle_timeout` (408), or once it is all sent, if the response head
-    /// does not follow within `response_timeout` (504).
-    async fn watch_exchange(&self, progress: Option<&Progress>, backend: &str) -> ProxyError {
+    /// does not follow within `response_timeout` (504). While the upload
+    /// waits on the backend the client's body is not read, so a backend
+    /// that takes no bytes for `response_timeout` is the one that failed
+    /// (504), and the client's pause counts only from its last bytes or the
+    /// backend's, whichever came later.
+    async fn watch_exchange(
+        &self,
+        progress: Option<&Progress>,
+        backend_wait: &BackendWait,
+        backend: &str,
+    ) -> ProxyError {
+        let timeout = || ProxyError::Timeout {
+            backend: backend.to_string(),
+            seconds: self.response_timeout.as_secs_f64(),
+        };
         let sent_at = loop {
             let Some((last, complete)) = progress.map(Progress::last) else {
                 break Instant::now();
@@ -410,20 +424,25 @@ impl HttpProxy {
             if complete {
                 break last;
             }
-            if last.elapsed() >= self.idle_timeout {
+            let waited = backend_wait.waiting_for();
+            if waited.is_some_and(|w| w >= self.response_timeout) {
+                tracing::info!(
+                    backend,
+                    "the backend took no request bytes within response_timeout; 504"
+                );
+                return timeout();
+            }
+            let paused_since = last.max(backend_wait.last_moved());
+            if waited.is_none() && paused_since.elapsed() >= self.idle_timeout {
                 return ProxyError::ClientTimeout {
                     seconds: self.idle_timeout.as_secs_f64(),
                 };
             }
             // Looked at again soon: the body may end, or stall, meanwhile.
-            let next = (last + self.idle_timeout).min(Instant::now() + Duration::from_millis(100));
-            tokio::time::sleep_until(next).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         };
         tokio::time::sleep_until(sent_at + self.response_timeout).await;
-        ProxyError::Timeout {
-            backend: backend.to_string(),
-            seconds: self.response_timeout.as_secs_f64(),
-        }
+        timeout()
     }
 
     /// Turns the backend's response into the client's; its body holds the

@@ -11,7 +11,10 @@
 //! request, so the upload goes on as the body is polled).
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, COOKIE, EXPECT, HOST};
@@ -19,6 +22,7 @@ use http::request::Parts;
 use http::{Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWrite;
+use tokio::time::Instant;
 
 use super::chunked::{self, Decoder, Piece};
 use super::head::{self, BadResponse, Framing, Parsed, ResponseHead, Role};
@@ -34,6 +38,8 @@ use crate::proxy::headers;
 pub struct Relay {
     up: Upstream,
     upload: Upload,
+    /// Whether the upload waits on the backend, for the exchange's watch.
+    backend_wait: Arc<BackendWait>,
     /// The connection may carry another exchange once this one ends well
     /// (false for one that began with a client's PROXY header).
     keepable: bool,
@@ -74,6 +80,7 @@ impl Relay {
                 chunked: framing == UpFraming::Chunked,
                 flushing: false,
             },
+            backend_wait: Arc::new(BackendWait::new()),
             keepable,
         }
     }
@@ -83,6 +90,11 @@ impl Relay {
         self.up.reused
     }
 
+    /// How the upload waits on the backend, as the exchange's watch reads it.
+    pub fn backend_wait(&self) -> Arc<BackendWait> {
+        Arc::clone(&self.backend_wait)
+    }
+
     /// Sends the request while it waits for the response head; interim
     /// responses (1xx) are read past.
     pub async fn response_head(&mut self, method: &Method) -> Result<ResponseHead, HeadFault> {
@@ -90,7 +102,10 @@ impl Relay {
         let mut upload_broken = false;
         std::future::poll_fn(|cx| {
             if !upload_broken && !self.upload.is_done() {
-                match self.upload.poll(&mut self.up.stream, cx) {
+                match self
+                    .upload
+                    .poll(&mut self.up.stream, &self.backend_wait, cx)
+                {
                     Poll::Ready(Err(UpFault::Client)) => {
                         return Poll::Ready(Err(HeadFault::ClientBody))
                     }
@@ -298,6 +313,67 @@ fn put_fields(fields: &HeaderMap, out: &mut BytesMut) {
     }
 }
 
+/// Whether the upload waits for the backend to take bytes, and since when;
+/// and when it last stopped waiting. While it waits, the client's body is
+/// not read (backpressure), so a client that sends nothing then is not the
+/// one stalling: the exchange's watch charges the backend instead, and
+/// counts the client's pause only from when the backend took bytes again.
+pub struct BackendWait {
+    origin: Instant,
+    /// Nanoseconds after `origin`: since when it waits (`NOT_WAITING` if it
+    /// does not), and when it last stopped waiting.
+    since: AtomicU64,
+    last_moved: AtomicU64,
+}
+
+const NOT_WAITING: u64 = u64::MAX;
+
+impl BackendWait {
+    fn new() -> BackendWait {
+        BackendWait {
+            origin: Instant::now(),
+            since: AtomicU64::new(NOT_WAITING),
+            last_moved: AtomicU64::new(0),
+        }
+    }
+
+    fn nanos(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(NOT_WAITING - 1)
+    }
+
+    /// Notes what a write or flush to the backend did, and passes it on.
+    fn note<T>(&self, polled: Poll<T>) -> Poll<T> {
+        match polled {
+            Poll::Pending => {
+                if self.since.load(Ordering::Relaxed) == NOT_WAITING {
+                    self.since.store(self.nanos(), Ordering::Relaxed);
+                }
+            }
+            Poll::Ready(_) => {
+                if self.since.swap(NOT_WAITING, Ordering::Relaxed) != NOT_WAITING {
+                    self.last_moved.store(self.nanos(), Ordering::Relaxed);
+                }
+            }
+        }
+        polled
+    }
+
+    /// How long the backend has taken no bytes, if it is being waited on.
+    pub fn waiting_for(&self) -> Option<Duration> {
+        let since = self.since.load(Ordering::Relaxed);
+        (since != NOT_WAITING).then(|| {
+            self.origin
+                .elapsed()
+                .saturating_sub(Duration::from_nanos(since))
+        })
+    }
+
+    /// When the backend last took bytes after a wait (the start if never).
+    pub fn last_moved(&self) -> Instant {
+        self.origin + Duration::from_nanos(self.last_moved.load(Ordering::Relaxed))
+    }
+}
+
 /// Why the upload stopped.
 enum UpFault {
     /// The client's body broke off.
@@ -328,11 +404,13 @@ impl Upload {
     fn poll(
         &mut self,
         stream: &mut BackendStream,
+        wait: &BackendWait,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), UpFault>> {
         loop {
             if !self.out.is_empty() {
-                match ready!(Pin::new(&mut *stream).poll_write(cx, &self.out)) {
+                let written = Pin::new(&mut *stream).poll_write(cx, &self.out);
+                match ready!(wait.note(written)) {
                     Ok(0) | Err(_) => return Poll::Ready(Err(UpFault::Backend)),
                     Ok(n) => self.out.advance(n),
                 }
@@ -340,7 +418,8 @@ impl Upload {
                 continue;
             }
             if self.flushing {
-                ready!(Pin::new(&mut *stream).poll_flush(cx)).map_err(|_| UpFault::Backend)?;
+                let flushed = Pin::new(&mut *stream).poll_flush(cx);
+                ready!(wait.note(flushed)).map_err(|_| UpFault::Backend)?;
                 self.flushing = false;
                 continue;
             }
@@ -500,7 +579,10 @@ impl ResponseBody {
         if relay.upload.is_done() {
             return Ok(());
         }
-        match relay.upload.poll(&mut relay.up.stream, cx) {
+        match relay
+            .upload
+            .poll(&mut relay.up.stream, &relay.backend_wait, cx)
+        {
             Poll::Ready(Err(UpFault::Client)) => {
                 self.decoding.done = true;
                 self.relay = None;
