@@ -4,7 +4,9 @@
 //! one request to a backend and back, with `transfer` moving the two
 //! bodies and `rewrite` writing the heads each side gets; `io` reads and
 //! writes the buffers. Backend connections kept between requests live
-//! with their backend (`backend::idle`).
+//! with their backend (`backend::idle`); `upstream` finds one for an
+//! exchange, and `relay` carries an h2 client's stream on it (the same
+//! upstream, HTTP/1 to the backend).
 
 pub mod chunked;
 pub mod conn;

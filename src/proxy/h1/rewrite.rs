@@ -296,7 +296,8 @@ fn put_status_line(status: u16, reason: &[u8], out: &mut BytesMut) {
     out.put_slice(b"\r\n");
 }
 
-fn put_field(name: &[u8], value: &[u8], out: &mut BytesMut) {
+/// One `name: value` line (the HTTP/1 heads baton writes, both paths).
+pub fn put_field(name: &[u8], value: &[u8], out: &mut BytesMut) {
     out.put_slice(name);
     out.put_slice(b": ");
     out.put_slice(value);

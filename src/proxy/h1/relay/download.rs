@@ -1,0 +1,295 @@
+//! The response direction of a relayed exchange: the backend's head as
+//! hyper's h2 server takes it, and its body decoded by its framing into h2
+//! frames (trailers too); at a clean end with keep-alive on both sides the
+//! connection goes back to the backend's idle list.
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http_body::{Body, Frame, SizeHint};
+
+use super::super::chunked::{Decoder, Piece};
+use super::super::head::{self, BadResponse, Framing, ResponseHead, Role};
+use super::super::io::poll_read_some;
+use super::upload::UpFault;
+use super::Relay;
+use crate::backend::Lease;
+use crate::metrics::UpstreamErrorKind;
+use crate::proxy::body::BodyError;
+use crate::proxy::headers;
+
+/// A response head's fields as hyper's h2 server sends them: hop-by-hop
+/// fields stay on their hop, `Transfer-Encoding` means nothing in h2, and a
+/// `Content-Length` goes on only where it states the body's length (or a
+/// HEAD's or a 304's would-be length).
+pub(super) fn copy_fields(head: &ResponseHead, to: &mut HeaderMap) -> Result<(), BadResponse> {
+    to.reserve(head.fields.len());
+    // Repeats of one length are allowed in HTTP/1; h2 clients take one.
+    let mut length_copied = false;
+    for field in &head.fields {
+        let name = head.field_name(field);
+        let keep = match field.role {
+            Role::HopByHop => false,
+            Role::Framing => {
+                let length = name.eq_ignore_ascii_case(b"content-length")
+                    && head.framing != Framing::Chunked
+                    && !length_copied;
+                length_copied |= length;
+                length
+            }
+            _ => true,
+        };
+        if !keep {
+            continue;
+        }
+        let name =
+            HeaderName::from_bytes(name).map_err(|_| BadResponse::Malformed("field name"))?;
+        let value = HeaderValue::from_bytes(head.field_value(field))
+            .map_err(|_| BadResponse::Malformed("field value"))?;
+        to.append(name, value);
+    }
+    Ok(())
+}
+
+/// A backend's response body, decoded by its framing into frames for the
+/// h2 client; the connection goes back to the idle list at a clean end.
+pub struct ResponseBody {
+    /// `None` once the body has ended.
+    relay: Option<Relay>,
+    decoding: Decoding,
+    /// The backend keeps the connection after this response.
+    keeps: bool,
+    lease: Option<Lease>,
+}
+
+/// Where a response body is in its framing.
+pub(super) struct Decoding {
+    framing: Framing,
+    /// Bytes to come of a `Content-Length` body.
+    remaining: u64,
+    decoder: Option<Decoder>,
+    done: bool,
+}
+
+impl Decoding {
+    pub(super) fn new(framing: Framing) -> Decoding {
+        Decoding {
+            remaining: match framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            },
+            decoder: (framing == Framing::Chunked).then(Decoder::new),
+            done: framing == Framing::Empty,
+            framing,
+        }
+    }
+
+    /// The next frame `buf` holds, if any; marks the end when it sees it.
+    fn take_frame(&mut self, buf: &mut BytesMut) -> Result<Option<Frame<Bytes>>, String> {
+        match self.framing {
+            Framing::Empty => {
+                self.done = true;
+                Ok(None)
+            }
+            Framing::Length(_) => {
+                let n = buf
+                    .len()
+                    .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+                self.remaining -= n as u64;
+                self.done = self.remaining == 0;
+                Ok((n > 0).then(|| Frame::data(buf.split_to(n).freeze())))
+            }
+            Framing::Chunked => self.take_chunk(buf),
+            Framing::UntilClose => Ok((!buf.is_empty()).then(|| Frame::data(buf.split().freeze()))),
+        }
+    }
+
+    fn take_chunk(&mut self, buf: &mut BytesMut) -> Result<Option<Frame<Bytes>>, String> {
+        let Some(decoder) = self.decoder.as_mut() else {
+            return Ok(None);
+        };
+        loop {
+            let (used, piece) = decoder
+                .decode(buf)
+                .map_err(|e| format!("bad chunked body: {e}"))?;
+            match piece {
+                Some(Piece::Data(range)) => {
+                    let data = buf.split_to(used).freeze().slice(range);
+                    return Ok(Some(Frame::data(data)));
+                }
+                Some(Piece::End { trailers }) => {
+                    buf.advance(used);
+                    self.done = true;
+                    return Ok(trailer_frame(&trailers));
+                }
+                None if used == 0 => return Ok(None),
+                None => buf.advance(used),
+            }
+        }
+    }
+}
+
+impl ResponseBody {
+    pub(super) fn new(relay: Relay, decoding: Decoding, keeps: bool, lease: Lease) -> ResponseBody {
+        let mut body = ResponseBody {
+            relay: Some(relay),
+            decoding,
+            keeps,
+            lease: Some(lease),
+        };
+        // A body-less response ends here: the connection goes back at once.
+        if body.decoding.done {
+            body.finish();
+        }
+        body
+    }
+
+    /// The body ended as its framing says: the connection goes back to the
+    /// idle list if both sides keep it and the request went up whole.
+    fn finish(&mut self) {
+        let (Some(relay), Some(lease)) = (self.relay.take(), self.lease.take()) else {
+            return;
+        };
+        if self.keeps && relay.upload.is_done() && relay.up.buf.is_empty() {
+            lease.backend().idle.put(relay.up.stream);
+        }
+    }
+
+    /// The body broke off: the backend's failure, charged once.
+    fn broke_off(&mut self, cause: String) -> BodyError {
+        self.decoding.done = true;
+        self.relay = None;
+        if let Some(lease) = self.lease.take() {
+            let backend = lease.backend();
+            backend.upstream_failed(
+                UpstreamErrorKind::Protocol,
+                &format!("response broke off: {cause}"),
+                false,
+            );
+            tracing::warn!(backend = %backend.name, %cause, "backend response broke off; resetting the stream");
+        }
+        cause.into()
+    }
+
+    /// Keeps the upload going (a backend may stream its answer while it
+    /// reads); the client's body breaking off ends the exchange.
+    fn poll_upload(&mut self, cx: &mut Context<'_>) -> Result<(), BodyError> {
+        let Some(relay) = self.relay.as_mut() else {
+            return Ok(());
+        };
+        if relay.upload.is_done() {
+            return Ok(());
+        }
+        match relay
+            .upload
+            .poll(&mut relay.up.stream, &relay.backend_wait, cx)
+        {
+            Poll::Ready(Err(UpFault::Client)) => {
+                self.decoding.done = true;
+                self.relay = None;
+                Err("the client's request body broke off".into())
+            }
+            Poll::Ready(Err(UpFault::Backend)) => {
+                // It stopped reading: this response may still end well,
+                // but the connection carries nothing more.
+                self.keeps = false;
+                relay.upload.source = None;
+                relay.upload.out.clear();
+                relay.upload.flushing = false;
+                Ok(())
+            }
+            Poll::Ready(Ok(())) | Poll::Pending => Ok(()),
+        }
+    }
+}
+
+/// Trailer lines (CRLF-terminated, validated by the decoder) as a frame.
+fn trailer_frame(lines: &[u8]) -> Option<Frame<Bytes>> {
+    if lines.is_empty() {
+        return None;
+    }
+    let mut section = Vec::with_capacity(lines.len() + 2);
+    section.extend_from_slice(lines);
+    section.extend_from_slice(b"\r\n");
+    let mut slots = [httparse::EMPTY_HEADER; head::MAX_FIELDS];
+    let Ok(httparse::Status::Complete((_, fields))) = httparse::parse_headers(&section, &mut slots)
+    else {
+        return None;
+    };
+    let mut map = HeaderMap::with_capacity(fields.len());
+    // h2 refuses a connection-specific field anywhere, trailers included:
+    // one would reset a stream whose body came whole.
+    let hop_by_hop = |name: &str| {
+        headers::HOP_BY_HOP
+            .iter()
+            .any(|h| name.eq_ignore_ascii_case(h))
+    };
+    for field in fields.iter().filter(|f| !hop_by_hop(f.name)) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(field.name.as_bytes()),
+            HeaderValue::from_bytes(field.value),
+        ) {
+            map.append(name, value);
+        }
+    }
+    Some(Frame::trailers(map))
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        if let Err(cause) = this.poll_upload(cx) {
+            return Poll::Ready(Some(Err(cause)));
+        }
+        loop {
+            let Some(up) = this.relay.as_mut().map(|r| &mut r.up) else {
+                return Poll::Ready(None);
+            };
+            match this.decoding.take_frame(&mut up.buf) {
+                Err(cause) => return Poll::Ready(Some(Err(this.broke_off(cause)))),
+                Ok(Some(frame)) => {
+                    if this.decoding.done {
+                        this.finish();
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Ok(None) if this.decoding.done => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Ok(None) => {}
+            }
+            match ready!(poll_read_some(&mut up.stream, cx, &mut up.buf)) {
+                Ok(0) if this.decoding.framing == Framing::UntilClose => {
+                    this.decoding.done = true;
+                    this.keeps = false;
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Ok(0) => return Poll::Ready(Some(Err(this.broke_off("closed mid-body".into())))),
+                Err(e) => return Poll::Ready(Some(Err(this.broke_off(e.to_string())))),
+                Ok(_) => {}
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.decoding.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.decoding.framing {
+            Framing::Length(_) => SizeHint::with_exact(self.decoding.remaining),
+            Framing::Empty => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! An h2 stream's exchange with a backend on the same HTTP/1 upstream as
+//! HTTP/1 clients: a connection from the backend's idle list (or a new
+//! one), the request head written from hyper's parts, the body framed for
+//! HTTP/1 as it streams, the response head parsed with `httparse`, and its
+//! body decoded into frames for hyper's h2 server. The connection goes back
+//! to the idle list after a clean end with keep-alive on both sides.
+//!
+//! Nothing is spawned and nothing crosses a channel: the stream's own
+//! future drives both directions until the response head is in, then the
+//! response body does (a backend may answer while it still reads the
+//! request, so the upload goes on as the body is polled).
+//!
+//! The data's way: `upload` writes the request (head, framed body, how long
+//! the backend has taken no bytes); `download` turns the response into h2
+//! frames and gives the connection back.
+
+mod download;
+mod upload;
+
+pub use download::ResponseBody;
+pub use upload::BackendWait;
+
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use http::request::Parts;
+use http::{Method, Response, StatusCode};
+use http_body::Body;
+
+use super::head::{self, BadResponse, Framing, Parsed, ResponseHead};
+use super::io::poll_read_some;
+use super::upstream::Upstream;
+use crate::backend::Lease;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::headers;
+use download::Decoding;
+use upload::{UpFault, UpFraming, Upload};
+
+/// One exchange on one backend connection.
+pub struct Relay {
+    up: Upstream,
+    upload: Upload,
+    /// Whether the upload waits on the backend, for the exchange's watch.
+    backend_wait: Arc<BackendWait>,
+    /// The connection may carry another exchange once this one ends well
+    /// (false for one that began with a client's PROXY header).
+    keepable: bool,
+}
+
+/// Why no usable response head came.
+#[derive(Debug)]
+pub enum HeadFault {
+    /// The backend closed or failed; `nothing_received` when not one byte
+    /// came back (a kept connection closed under the request).
+    Backend {
+        cause: String,
+        nothing_received: bool,
+    },
+    BadHead(BadResponse),
+    /// The client's body broke off (its fault, not the backend's).
+    ClientBody,
+}
+
+impl Relay {
+    /// Starts an exchange: the head of `parts` (already rewritten for the
+    /// backend) is queued with the body's framing.
+    pub fn new(
+        up: Upstream,
+        parts: &Parts,
+        body: ProxyBody,
+        backend_authority: &str,
+        keepable: bool,
+    ) -> Relay {
+        let framing = upload::request_framing(parts, &body);
+        let mut out = BytesMut::with_capacity(512);
+        upload::request_head(parts, backend_authority, framing, &mut out);
+        Relay {
+            up,
+            upload: Upload::new(
+                out,
+                (!body.is_end_stream()).then_some(body),
+                framing == UpFraming::Chunked,
+            ),
+            backend_wait: Arc::new(BackendWait::new()),
+            keepable,
+        }
+    }
+
+    /// Taken from the backend's idle list (it may have closed meanwhile).
+    pub fn reused(&self) -> bool {
+        self.up.reused
+    }
+
+    /// How the upload waits on the backend, as the exchange's watch reads it.
+    pub fn backend_wait(&self) -> Arc<BackendWait> {
+        Arc::clone(&self.backend_wait)
+    }
+
+    /// Sends the request while it waits for the response head; interim
+    /// responses (1xx) are read past.
+    pub async fn response_head(&mut self, method: &Method) -> Result<ResponseHead, HeadFault> {
+        let mut received = false;
+        let mut upload_broken = false;
+        std::future::poll_fn(|cx| {
+            if !upload_broken && !self.upload.is_done() {
+                match self
+                    .upload
+                    .poll(&mut self.up.stream, &self.backend_wait, cx)
+                {
+                    Poll::Ready(Err(UpFault::Client)) => {
+                        return Poll::Ready(Err(HeadFault::ClientBody))
+                    }
+                    // The backend may have answered before it stopped
+                    // reading: its answer, or its close, decides.
+                    Poll::Ready(Err(UpFault::Backend)) => upload_broken = true,
+                    Poll::Ready(Ok(())) | Poll::Pending => {}
+                }
+            }
+            self.poll_head(cx, method, &mut received)
+        })
+        .await
+    }
+
+    fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        method: &Method,
+        received: &mut bool,
+    ) -> Poll<Result<ResponseHead, HeadFault>> {
+        let buf = &mut self.up.buf;
+        loop {
+            if !buf.is_empty() {
+                match head::parse_response(buf, method) {
+                    Err(bad) => return Poll::Ready(Err(HeadFault::BadHead(bad))),
+                    Ok(Parsed::Complete(head)) => {
+                        buf.advance(head.consumed);
+                        if (100..200).contains(&head.status) && head.status != 101 {
+                            continue;
+                        }
+                        return Poll::Ready(Ok(head));
+                    }
+                    Ok(Parsed::Partial) => {}
+                }
+            }
+            let nothing_received = !*received;
+            match ready!(poll_read_some(&mut self.up.stream, cx, buf)) {
+                Ok(0) => {
+                    return Poll::Ready(Err(HeadFault::Backend {
+                        cause: "connection closed before a complete response head".into(),
+                        nothing_received,
+                    }))
+                }
+                Err(e) => {
+                    return Poll::Ready(Err(HeadFault::Backend {
+                        cause: e.to_string(),
+                        nothing_received,
+                    }))
+                }
+                Ok(_) => *received = true,
+            }
+        }
+    }
+
+    /// The client's response: `head` as hyper's h2 server takes it, with
+    /// a body read from this connection. The lease is held until the body
+    /// ends.
+    pub fn respond(
+        self,
+        head: &ResponseHead,
+        lease: Lease,
+    ) -> Result<Response<ResponseBody>, BadResponse> {
+        if head.status == 101 {
+            return Err(BadResponse::Malformed(
+                "101 Switching Protocols to a request that asked for no upgrade",
+            ));
+        }
+        let mut response = Response::new(());
+        *response.status_mut() =
+            StatusCode::from_u16(head.status).map_err(|_| BadResponse::Malformed("status code"))?;
+        download::copy_fields(head, response.headers_mut())?;
+        headers::add_via(response.headers_mut());
+        // Chunked with a Content-Length too: answered right (chunked wins),
+        // but a backend that says both is not trusted with another request.
+        let both_framings =
+            head.framing == Framing::Chunked && head.values("content-length").next().is_some();
+        let keeps = head.keep_alive && self.keepable && !both_framings;
+        let body = ResponseBody::new(self, Decoding::new(head.framing), keeps, lease);
+        Ok(response.map(|()| body))
+    }
+}
