@@ -60,13 +60,15 @@ impl IdleConnections {
         let Ok(mut conns) = self.mine().lock() else {
             return;
         };
+        // One clock read for both (it is a vDSO call a request).
+        let now = Instant::now();
         let expired = conns
             .iter()
-            .take_while(|(_, since)| since.elapsed() >= IDLE_LIMIT)
+            .take_while(|(_, since)| now.duration_since(*since) >= IDLE_LIMIT)
             .count();
         conns.drain(..expired);
         if conns.len() < MAX_IDLE {
-            conns.push((stream, Instant::now()));
+            conns.push((stream, now));
         }
     }
 

@@ -285,7 +285,11 @@ impl HttpProxy {
                         return Err(err);
                     }
                 };
-            stream.noted.marks.connected = Some(Instant::now());
+            stream.noted.marks.connected = if up.reused {
+                stream.noted.marks.leased
+            } else {
+                Some(Instant::now())
+            };
             let sent = body.take().unwrap_or_else(body::empty);
             let relay = Relay::new(
                 up,

@@ -201,7 +201,12 @@ async fn forward<S: ByteStream>(
         .await
         {
             Ok(upstream) => {
-                trace.marks.connected = Some(Instant::now());
+                // A kept connection is in hand when leased: no clock read.
+                trace.marks.connected = if upstream.reused {
+                    trace.marks.leased
+                } else {
+                    Some(Instant::now())
+                };
                 upstream
             }
             // Nothing was sent: another backend may take it.
