@@ -55,13 +55,20 @@ impl AdminShared {
             .iter()
             .map(|l| l.stats.active() as u64)
             .sum();
+        // One borrow, released at once: a second read guard taken while
+        // the supervisor waits to write the phase would deadlock (the watch
+        // is a writer-preferring lock).
+        let (state, drain_deadline) = {
+            let phase = self.phase.borrow();
+            (phase.state(), phase.drain_deadline())
+        };
         GenerationEntry {
             number: self.generation.number,
             pid: self.generation.pid,
-            state: self.phase.borrow().state(),
+            state,
             started_at: unix(self.generation.started_at),
             in_flight,
-            drain_deadline: self.phase.borrow().drain_deadline().map(unix),
+            drain_deadline: drain_deadline.map(unix),
             active,
             process: process::read(),
         }
