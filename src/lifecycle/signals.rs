@@ -5,6 +5,7 @@
 //! ([`Commands::channel`]): a test drives a daemon inside its own process
 //! through the channel, as mini-redis's `run(listener, shutdown)` is.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -98,6 +99,37 @@ impl Signals {
 pub struct Commands {
     rx: mpsc::Receiver<Command>,
     reopen: Reopen,
+    /// Signals queued and not yet heard, one bit per command: a signal
+    /// repeated before the generation heard the first is one command, as
+    /// the kernel merges a pending signal (two SIGTERMs during start-up are
+    /// one stop, not a stop and then a forced drain). It also bounds the
+    /// queue to one entry per command, so queuing never waits and SIGUSR1
+    /// is never held up behind it.
+    queued: Arc<AtomicU8>,
+}
+
+/// The signal forwarder's side of [`Commands`].
+struct Queue {
+    tx: mpsc::Sender<Command>,
+    queued: Arc<AtomicU8>,
+}
+
+impl Queue {
+    /// Queues `command` unless the same one waits unheard (then it is that
+    /// one); false once the generation is gone.
+    fn push(&self, command: Command) -> bool {
+        let already = self.queued.fetch_or(bit(command), Ordering::AcqRel) & bit(command) != 0;
+        // At most one entry per command waits: never short of room.
+        already || self.tx.try_send(command).is_ok()
+    }
+}
+
+fn bit(command: Command) -> u8 {
+    match command {
+        Command::Stop => 1,
+        Command::Reload => 2,
+        Command::ForceDrain => 4,
+    }
 }
 
 impl Commands {
@@ -108,6 +140,7 @@ impl Commands {
         let commands = Commands {
             rx,
             reopen: Reopen::default(),
+            queued: Arc::default(),
         };
         (tx, commands)
     }
@@ -118,14 +151,11 @@ impl Commands {
     pub fn from_signals(mut signals: Signals) -> Commands {
         let (tx, commands) = Commands::channel();
         signals.reopen = Arc::clone(&commands.reopen);
-        tokio::spawn(async move {
-            loop {
-                let command = signals.recv().await;
-                if tx.send(command).await.is_err() {
-                    return;
-                }
-            }
-        });
+        let queue = Queue {
+            tx,
+            queued: Arc::clone(&commands.queued),
+        };
+        tokio::spawn(async move { while queue.push(signals.recv().await) {} });
         commands
     }
 
@@ -139,7 +169,10 @@ impl Commands {
     /// dropped channel is no stop (a stop is always said).
     pub async fn recv(&mut self) -> Command {
         match self.rx.recv().await {
-            Some(command) => command,
+            Some(command) => {
+                self.queued.fetch_and(!bit(command), Ordering::AcqRel);
+                command
+            }
             None => std::future::pending().await,
         }
     }
@@ -148,6 +181,30 @@ impl Commands {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_repeated_before_it_was_heard_is_one_command() {
+        let (tx, mut commands) = Commands::channel();
+        let queue = Queue {
+            tx,
+            queued: Arc::clone(&commands.queued),
+        };
+        for command in [
+            Command::Stop,
+            Command::Reload,
+            Command::Stop,
+            Command::Reload,
+        ] {
+            assert!(queue.push(command));
+        }
+        assert_eq!(commands.recv().await, Command::Stop);
+        assert_eq!(commands.recv().await, Command::Reload);
+        let more = tokio::time::timeout(std::time::Duration::from_secs(60), commands.recv());
+        assert!(more.await.is_err(), "the repeats were merged");
+        // Heard, then said again: a second command (a second stop forces).
+        assert!(queue.push(Command::Stop));
+        assert_eq!(commands.recv().await, Command::Stop);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn commands_come_in_order_and_a_dropped_sender_is_no_stop() {
