@@ -45,10 +45,18 @@ async fn new_generation_holding_the_sockets(
     let sockets = socket_inodes(serving);
     let reply = baton.ask_reload();
     let mut child = None;
+    // Only once the old generation says it started the child: between fork
+    // and exec the child is still a copy of its parent, holding every fd
+    // (it failed once that way: the old one was frozen before it sent the
+    // offer, and the new one never got the sockets). After exec it holds
+    // the sockets only if the offer brought them.
     support::eventually("the new generation holds the listening sockets", || {
-        let found = processes_for(&baton.config)
-            .into_iter()
-            .find(|p| *p != serving && !socket_inodes(*p).is_disjoint(&sockets));
+        let log = baton.log();
+        let found = processes_for(&baton.config).into_iter().find(|p| {
+            *p != serving
+                && log.contains(&format!("started new generation pid={p} "))
+                && !socket_inodes(*p).is_disjoint(&sockets)
+        });
         child = child.or(found);
         async move { found.is_some() }
     })
