@@ -80,11 +80,7 @@ async fn signals_during_start_up_do_not_kill_baton_and_an_early_sighup_is_kept()
         signal(pid, sig);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let fifo = baton.config.clone();
-    tokio::task::spawn_blocking(move || std::fs::write(fifo, config))
-        .await
-        .expect("join")
-        .expect("feed the config");
+    support::daemon::feed_fifo(&baton.config, &config).await;
     baton.wait_ready().await;
     serving(&baton).await;
     assert!(baton.log().contains("ignored signal"), "{}", baton.log());

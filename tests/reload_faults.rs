@@ -69,12 +69,7 @@ async fn new_generation_holding_the_sockets(
 /// said it is ready: it then waits for a go-ahead that cannot come yet.
 async fn freeze_until_the_new_one_is_ready(baton: &Baton, serving: u32, config: &str) {
     signal(serving, Signal::SIGSTOP);
-    let fifo = baton.config.clone();
-    let text = config.to_string();
-    tokio::task::spawn_blocking(move || std::fs::write(fifo, text))
-        .await
-        .expect("join")
-        .expect("feed the config through the FIFO");
+    support::daemon::feed_fifo(&baton.config, config).await;
     support::eventually("the new generation says it is ready", || async {
         baton
             .log()

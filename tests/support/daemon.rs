@@ -592,3 +592,28 @@ pub fn client_connections(pid: u32, port: u16) -> usize {
         })
         .sum()
 }
+
+/// Writes `text` into the FIFO at `path` once a reader has it open, or
+/// fails after `TIMEOUT`: a plain write would wait forever for a reader
+/// that died, and hang the test instead of failing it.
+pub async fn feed_fifo(path: &std::path::Path, text: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let deadline = tokio::time::Instant::now() + super::TIMEOUT;
+    let mut fifo = loop {
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(path);
+        match opened {
+            Ok(f) => break f,
+            // ENXIO: nobody reads it yet.
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("no reader took {} in time: {e}", path.display()),
+        }
+    };
+    // A config is far smaller than a pipe's buffer: one write takes it.
+    fifo.write_all(text.as_bytes()).expect("feed the FIFO");
+}
