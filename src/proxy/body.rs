@@ -14,6 +14,8 @@ use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use super::clock::SharedInstant;
+
 /// Why a body broke off: hyper's error for a client's body, baton's own
 /// for a backend's response read on its HTTP/1 upstream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -121,11 +123,10 @@ impl<G: BodyGuard> Body for Guarded<G> {
 /// all sent (the backend's `response_timeout` runs from then, never while
 /// the client is still uploading).
 pub struct Progress {
-    origin: Instant,
     failed: AtomicBool,
     complete: AtomicBool,
-    /// Nanoseconds since `origin`: the last frame, then the end.
-    last_nanos: AtomicU64,
+    /// The last frame, then the end.
+    last: SharedInstant,
     /// Data bytes received so far (the access log's bytes in).
     received: AtomicU64,
 }
@@ -133,10 +134,9 @@ pub struct Progress {
 impl Progress {
     fn new() -> Progress {
         Progress {
-            origin: Instant::now(),
             failed: AtomicBool::new(false),
             complete: AtomicBool::new(false),
-            last_nanos: AtomicU64::new(0),
+            last: SharedInstant::at(Instant::now()),
             received: AtomicU64::new(0),
         }
     }
@@ -155,18 +155,15 @@ impl Progress {
     }
 
     fn moved(&self) {
-        let now = self.origin.elapsed().as_nanos() as u64;
-        self.last_nanos.store(now, Ordering::Relaxed);
+        self.last.set_now();
     }
 
     /// When the last bytes came (or the body ended), and whether it ended.
     pub fn last(&self) -> (Instant, bool) {
         let complete = self.complete.load(Ordering::Acquire);
-        let nanos = self.last_nanos.load(Ordering::Relaxed);
-        (
-            self.origin + std::time::Duration::from_nanos(nanos),
-            complete,
-        )
+        // Set from the start, so never unset.
+        let last = self.last.get().unwrap_or_else(Instant::now);
+        (last, complete)
     }
 }
 

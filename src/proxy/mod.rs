@@ -5,6 +5,7 @@
 
 pub mod activity;
 pub mod body;
+pub mod clock;
 pub mod h1;
 pub mod h2;
 pub mod h2_record;

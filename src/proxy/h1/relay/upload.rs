@@ -4,7 +4,6 @@
 //! the backend has taken no bytes.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use super::super::chunked;
 use super::super::rewrite::put_field;
 use crate::backend::stream::BackendStream;
 use crate::proxy::body::ProxyBody;
+use crate::proxy::clock::SharedInstant;
 
 /// How a request body goes up.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -110,39 +110,28 @@ fn put_fields(fields: &HeaderMap, out: &mut BytesMut) {
 /// one stalling: the exchange's watch charges the backend instead, and
 /// counts the client's pause only from when the backend took bytes again.
 pub struct BackendWait {
-    origin: Instant,
-    /// Nanoseconds after `origin`: since when it waits (`NOT_WAITING` if it
-    /// does not), and when it last stopped waiting.
-    since: AtomicU64,
-    last_moved: AtomicU64,
+    /// Since when it waits (unset while it does not).
+    since: SharedInstant,
+    /// When it last stopped waiting (the start if never).
+    last_moved: SharedInstant,
 }
-
-const NOT_WAITING: u64 = u64::MAX;
 
 impl BackendWait {
     pub(super) fn new() -> BackendWait {
+        let start = Instant::now();
         BackendWait {
-            origin: Instant::now(),
-            since: AtomicU64::new(NOT_WAITING),
-            last_moved: AtomicU64::new(0),
+            since: SharedInstant::unset(start),
+            last_moved: SharedInstant::at(start),
         }
-    }
-
-    fn nanos(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(NOT_WAITING - 1)
     }
 
     /// Notes what a write or flush to the backend did, and passes it on.
     fn note<T>(&self, polled: Poll<T>) -> Poll<T> {
         match polled {
-            Poll::Pending => {
-                if self.since.load(Ordering::Relaxed) == NOT_WAITING {
-                    self.since.store(self.nanos(), Ordering::Relaxed);
-                }
-            }
+            Poll::Pending => self.since.set_now_if_unset(),
             Poll::Ready(_) => {
-                if self.since.swap(NOT_WAITING, Ordering::Relaxed) != NOT_WAITING {
-                    self.last_moved.store(self.nanos(), Ordering::Relaxed);
+                if self.since.clear() {
+                    self.last_moved.set_now();
                 }
             }
         }
@@ -151,17 +140,12 @@ impl BackendWait {
 
     /// How long the backend has taken no bytes, if it is being waited on.
     pub fn waiting_for(&self) -> Option<Duration> {
-        let since = self.since.load(Ordering::Relaxed);
-        (since != NOT_WAITING).then(|| {
-            self.origin
-                .elapsed()
-                .saturating_sub(Duration::from_nanos(since))
-        })
+        self.since.get().map(|since| since.elapsed())
     }
 
     /// When the backend last took bytes after a wait (the start if never).
     pub fn last_moved(&self) -> Instant {
-        self.origin + Duration::from_nanos(self.last_moved.load(Ordering::Relaxed))
+        self.last_moved.get().unwrap_or_else(Instant::now)
     }
 }
 
