@@ -57,7 +57,7 @@ impl ByteStream for TcpStream {
     }
 
     fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send {
-        TcpStream::readable(self)
+        read_ready(self)
     }
 
     fn tcp(&self) -> &TcpStream {
@@ -82,7 +82,16 @@ pub async fn session_readable<D>(
     if pending.plaintext_bytes_to_read() > 0 || pending.peer_has_closed() {
         return Ok(());
     }
-    tcp.readable().await
+    read_ready(tcp).await
+}
+
+/// Resolves once `tcp` has bytes, EOF or an error for a read. Through
+/// `poll_read_ready`, which parks the task in the socket's one reader slot,
+/// as a read does; `TcpStream::readable` queues a waiter under a lock
+/// instead, a cost paid on every wait for the next request or burst (a
+/// task reads each socket in one place at a time, so one slot is enough).
+pub fn read_ready(tcp: &TcpStream) -> impl Future<Output = io::Result<()>> + Send + '_ {
+    std::future::poll_fn(|cx| tcp.poll_read_ready(cx))
 }
 
 /// A TLS session shares one state for both directions, so its halves are

@@ -155,7 +155,7 @@ impl ByteStream for BackendStream {
     /// socket must have some.
     async fn readable(&mut self) -> io::Result<()> {
         match self {
-            Link::Plain(s) => s.readable().await,
+            Link::Plain(s) => crate::stream::read_ready(s).await,
             Link::Tls(s) => {
                 let (tcp, session) = s.get_mut();
                 session_readable(tcp, session).await

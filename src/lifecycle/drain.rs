@@ -12,6 +12,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::wake_gate::first_of;
+
 /// How a drain ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainOutcome {
@@ -102,12 +104,11 @@ impl DrainWatch {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let force = self.force.clone();
+        // The force token is polled only once it fired, not at each of
+        // the task's wake-ups (`wake_gate`).
+        let forced = self.force.clone().cancelled_owned();
         self.tracker.spawn(async move {
-            tokio::select! {
-                () = task => {}
-                () = force.cancelled() => {}
-            }
+            first_of(task, forced).await;
         });
     }
 

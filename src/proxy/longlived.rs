@@ -19,6 +19,7 @@ use super::body::{BodyError, ProxyBody};
 use super::idle::{Activity, Observed};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, LongLivedKind};
+use crate::wake_gate::{first_of, First};
 
 /// How long we wait for a frame boundary, or for the client to close after
 /// our Close frame, before cutting anyway.
@@ -105,11 +106,9 @@ pub async fn tunnel<C, B>(
     B: AsyncRead + AsyncWrite + Unpin,
 {
     let activity = std::sync::Arc::new(Activity::default());
-    tokio::select! {
-        () = joined(client, backend, websocket, drain, listener, &activity) => {}
-        () = activity.idle_for(tunnel_timeout) => {
-            tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout; closing the tunnel");
-        }
+    let joined = joined(client, backend, websocket, drain, listener, &activity);
+    if let First::Rare(()) = first_of(joined, activity.idle_for(tunnel_timeout)).await {
+        tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout; closing the tunnel");
     }
 }
 

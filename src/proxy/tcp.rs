@@ -3,9 +3,10 @@
 //! copy both ways until both sides are done. A FIN is forwarded as a write
 //! shutdown, so a half-closed client still gets its reply.
 //!
-//! The copy holds a buffer only while bytes are on their way: an idle
-//! proxied connection costs its two sockets and a small task, not two
-//! 8 KiB buffers (`tokio::io::copy_bidirectional` keeps those for life).
+//! The copy holds a buffer only while bytes are on their way (a per-thread
+//! spare): an idle proxied connection costs its two sockets and a small
+//! task, not two 8 KiB buffers (`tokio::io::copy_bidirectional` keeps
+//! those for life).
 //! No traffic either way for `tunnel_timeout` closes both sides, and TCP
 //! keep-alive on both sockets finds a peer that vanished sooner. A TLS
 //! client's bytes are copied through its session instead, with a buffer
@@ -13,6 +14,8 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::BytesMut;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
@@ -24,10 +27,11 @@ use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
 use crate::backend::{Lease, Pool};
 use crate::metrics;
-use crate::proxy::h1::io::Counting;
+use crate::proxy::h1::io::{read_now, release_if_empty, Counting};
 use crate::proxy::ProxyError;
 use crate::proxy_protocol::{send::Speaker, Origin};
 use crate::stream::ByteStream;
+use crate::wake_gate::{first_of, First};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::time::Instant;
@@ -89,15 +93,13 @@ impl TcpProxy {
                 _ => Box::pin(copy_through(&mut client, &mut upstream, &activity, &moved)).await,
             }
         };
-        let ended = tokio::select! {
-            copied = copying => match copied {
-                Ok(()) => Termination::Completed,
-                Err(err) => {
-                    tracing::debug!(listener = %self.listener, backend = %lease.backend().name, cause = %err, "tcp stream ended with an error");
-                    Termination::ClientAborted(Phase::Data)
-                }
-            },
-            () = activity.idle_for(self.tunnel_timeout) => {
+        let ended = match first_of(copying, activity.idle_for(self.tunnel_timeout)).await {
+            First::Main(Ok(())) => Termination::Completed,
+            First::Main(Err(err)) => {
+                tracing::debug!(listener = %self.listener, backend = %lease.backend().name, cause = %err, "tcp stream ended with an error");
+                Termination::ClientAborted(Phase::Data)
+            }
+            First::Rare(()) => {
                 tracing::info!(listener = %self.listener, client = %peer, backend = %lease.backend().name, "no traffic either way within tunnel_timeout; closing");
                 Termination::ClientTimeout(Phase::Data)
             }
@@ -162,9 +164,6 @@ impl Drop for Line<'_> {
     }
 }
 
-/// Bytes read at most per burst.
-const BURST: usize = 16 * 1024;
-
 /// Bytes copied each way so far, counted as they go: a connection cut by
 /// `tunnel_timeout`, an error or the drain still says how much it moved.
 #[derive(Default)]
@@ -227,30 +226,31 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
     Ok(())
 }
 
-/// Copies until `from` ends, then shuts down `to`'s write side.
+/// Copies until `from` ends, then shuts down `to`'s write side. A read
+/// buffer is a spare taken when bytes arrive and given back once they are
+/// written. A short read marks the socket drained (tokio's `poll_read`),
+/// so the next turn waits in the reactor instead of reading only to hear
+/// EAGAIN: two reads a round trip, not four.
 async fn one_way(
-    from: ReadHalf<'_>,
+    mut from: ReadHalf<'_>,
     mut to: WriteHalf<'_>,
     activity: &Activity,
     moved: &AtomicU64,
 ) -> std::io::Result<()> {
+    let mut buf = BytesMut::new();
     loop {
-        from.readable().await?;
-        // Allocated when there is something to read, freed once drained.
-        let mut buf = Vec::with_capacity(BURST);
-        loop {
-            buf.clear();
-            match from.try_read_buf(&mut buf) {
-                Ok(0) => return to.shutdown().await,
-                Ok(n) => {
-                    activity.touch();
-                    to.write_all(&buf).await?;
-                    moved.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
-            }
-        }
+        crate::stream::read_ready(from.as_ref()).await?;
+        let n = match read_now(&mut from, &mut buf).await? {
+            None => continue,
+            Some(0) => return to.shutdown().await,
+            Some(n) => n,
+        };
+        activity.touch();
+        let written = to.write_all(&buf).await;
+        buf.clear();
+        release_if_empty(&mut buf);
+        written?;
+        moved.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
