@@ -30,6 +30,7 @@ use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
 use super::headers;
 use super::longlived;
+use super::request_id::RequestId;
 use super::web::{HttpProxy, Target};
 use super::ProxyError;
 use crate::access_log::Termination;
@@ -168,7 +169,7 @@ impl HttpProxy {
             .headers()
             .get(headers::X_REQUEST_ID)
             .map(HeaderValue::as_bytes);
-        let request_id = super::request_id_from(sent, self.forwarded);
+        let request_id = RequestId::from_client(sent, self.forwarded);
         let host = req
             .uri()
             .host()

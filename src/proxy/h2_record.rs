@@ -13,6 +13,7 @@ use super::body::{BodyError, BodyGuard, Progress};
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::Backend;
 use crate::lifecycle::drain::DrainWatch;
+use crate::proxy::request_id::RequestId;
 
 /// Where a stream got to, filled in as it goes.
 #[derive(Default)]
@@ -28,7 +29,7 @@ pub struct StreamRecord {
     log: AccessLog,
     /// Tells a stream cut by a forced drain from one the client left.
     drain: DrainWatch,
-    request_id: String,
+    request_id: RequestId,
     client: SocketAddr,
     pool: String,
     method: String,
@@ -77,7 +78,7 @@ impl StreamRecord {
     pub fn new(
         log: AccessLog,
         asked: Asked,
-        request_id: String,
+        request_id: RequestId,
         client: SocketAddr,
         pool: &str,
         drain: DrainWatch,

@@ -13,6 +13,7 @@ pub mod head;
 pub mod headers;
 pub mod idle;
 pub mod longlived;
+pub mod request_id;
 pub mod tcp;
 pub mod web;
 
@@ -22,45 +23,6 @@ use crate::access_log::{Marks, Phase, Termination};
 use crate::backend::stream::ConnectFault;
 use crate::backend::{Backend, NoLease};
 use crate::metrics::UpstreamErrorKind;
-
-/// A request id unique on this host for a long while: this process's pid
-/// and a per-process count, in hex. Ties what a client was told to the log.
-/// Made for every request, so written by hand: `format!` and a `getpid`
-/// each time cost 4 % of an exchange's instructions (callgrind).
-pub fn request_id() -> String {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    static PID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let pid = *PID.get_or_init(|| u64::from(std::process::id()));
-    let mut id = String::with_capacity(24);
-    push_hex(&mut id, pid);
-    id.push('-');
-    push_hex(&mut id, n);
-    id
-}
-
-/// `value` in lower-case hex, without leading zeros.
-fn push_hex(out: &mut String, value: u64) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let nibbles = (64 - value.leading_zeros()).div_ceil(4).max(1);
-    for i in (0..nibbles).rev() {
-        out.push(char::from(DIGITS[((value >> (i * 4)) & 0xf) as usize]));
-    }
-}
-
-/// An exchange's id: the client's own `X-Request-Id` (`sent`) where the
-/// listener believes what its clients say of themselves (`forwarded`
-/// other than `replace`), else a new one. Only a short printable one is
-/// kept: it also goes into a PROXY v2 header, at most 128 bytes.
-pub fn request_id_from(sent: Option<&[u8]>, forwarded: crate::config::Forwarded) -> String {
-    let kept = sent
-        .filter(|_| forwarded != crate::config::Forwarded::Replace)
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.iter().all(u8::is_ascii_graphic));
-    match kept {
-        Some(id) => String::from_utf8_lossy(id).into_owned(),
-        None => request_id(),
-    }
-}
 
 /// Work a listener could give to no backend of `pool`: counted and
 /// logged, the same for every protocol.
@@ -186,24 +148,5 @@ impl ProxyError {
             ProxyError::Timeout { .. } => Some(UpstreamErrorKind::Timeout),
             ProxyError::Upstream { .. } => Some(UpstreamErrorKind::Protocol),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn request_ids_are_pid_and_count_in_hex() {
-        let (a, b) = (super::request_id(), super::request_id());
-        let pid = format!("{:x}", std::process::id());
-        let count = |id: &str| {
-            let (p, n) = id.split_once('-').expect("pid-count");
-            assert_eq!(p, pid);
-            u64::from_str_radix(n, 16).expect("hex")
-        };
-        assert_eq!(count(&b), count(&a) + 1);
-        let mut hex = String::new();
-        super::push_hex(&mut hex, 0);
-        super::push_hex(&mut hex, 0xabc0_0001);
-        assert_eq!(hex, "0abc00001");
     }
 }

@@ -28,6 +28,7 @@ use crate::backend::Backend;
 use crate::backend::{Lease, Pool};
 use crate::metrics;
 use crate::proxy::h1::io::{read_now, release_if_empty, Counting};
+use crate::proxy::request_id::RequestId;
 use crate::proxy::ProxyError;
 use crate::proxy_protocol::{send::Speaker, Origin};
 use crate::stream::ByteStream;
@@ -48,7 +49,7 @@ pub struct TcpProxy {
 impl TcpProxy {
     pub async fn serve<S: ByteStream>(&self, mut client: S, origin: Origin) {
         let peer = origin.client;
-        let id = super::request_id();
+        let id = RequestId::new();
         // Before the line: it reads the counts when it is written.
         let moved = Moved::default();
         let mut line = self.access_log.as_ref().map(|log| Line {
@@ -133,7 +134,7 @@ impl TcpProxy {
 /// however it ends (the drain deadline's cut included: `KD`).
 struct Line<'a> {
     log: &'a AccessLog,
-    id: String,
+    id: RequestId,
     client: SocketAddr,
     pool: &'a str,
     backend: Option<Arc<Backend>>,

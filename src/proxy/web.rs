@@ -182,6 +182,9 @@ impl HttpProxy {
     /// The pool a request goes to: the first route matching its host and
     /// path, else the listener's.
     pub(super) fn target_for(&self, host: Option<&[u8]>, path: &[u8]) -> &Target {
+        if self.routes.is_empty() {
+            return &self.targets[self.default_target];
+        }
         // Compared in place: routing costs no allocation per request.
         let host = host
             .and_then(|h| std::str::from_utf8(h).ok())

@@ -25,6 +25,7 @@ use super::head::{self, Framing, Parsed, Refusal, RequestHead};
 use super::io::{linger_close, read_now, release_if_empty, write_all};
 use super::rewrite;
 use crate::lifecycle::drain::DrainWatch;
+use crate::proxy::request_id::RequestId;
 use crate::proxy::web::HttpProxy;
 use crate::stream::ByteStream;
 
@@ -107,7 +108,7 @@ async fn serve_requests<S: ByteStream>(
                 let _ = write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
                 record::refused(
                     proxy.access_log.as_ref(),
-                    &crate::proxy::request_id(),
+                    &RequestId::new(),
                     peer,
                     408,
                     Termination::ClientTimeout(Phase::Request),
@@ -195,7 +196,7 @@ async fn refuse<S: ByteStream>(
     peer: SocketAddr,
 ) {
     let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::BAD_REQUEST);
-    let id = crate::proxy::request_id();
+    let id = RequestId::new();
     tracing::info!(listener = %proxy.listener, client = %peer, request_id = %id, status = status.as_u16(), cause = %refusal, "refused a request head");
     let page = format!(
         "{} {}\nrequest id: {id}\n",

@@ -26,6 +26,7 @@ use crate::access_log::{Phase, Termination};
 use crate::backend::{Backend, Lease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
+use crate::proxy::request_id::RequestId;
 use crate::proxy::web::HttpProxy;
 use crate::proxy::{longlived, ProxyError};
 use crate::proxy_protocol::Origin;
@@ -96,7 +97,7 @@ pub async fn exchange<S: ByteStream>(
     let target = proxy.target_for(head.host(), head.path());
     let mut body = RequestBody::new(head.framing);
     let sent = head.values("x-request-id").next();
-    let id = super::super::request_id_from(sent, proxy.forwarded);
+    let id = RequestId::from_client(sent, proxy.forwarded);
     let mut record = Record::new(
         proxy.access_log.as_ref(),
         &head,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::access_log::{AccessLog, Entry, Marks, Termination};
 use crate::backend::Backend;
+use crate::proxy::request_id::RequestId;
 
 use super::head::{RequestHead, Version};
 use super::transfer::Progress;
@@ -17,7 +18,7 @@ use super::transfer::Progress;
 pub struct Trace {
     /// Sent to the backend as `X-Request-Id`, named on error pages and in
     /// the log line.
-    pub request_id: String,
+    pub request_id: RequestId,
     pub marks: Marks,
     pub backend: Option<Arc<Backend>>,
     /// The status that went to the client, once one did.
@@ -57,7 +58,7 @@ impl<'a> Record<'a> {
         head: &'a RequestHead,
         pool: &'a str,
         client: SocketAddr,
-        request_id: String,
+        request_id: RequestId,
     ) -> Record<'a> {
         Record {
             log,
