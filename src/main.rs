@@ -7,3 +7,8 @@ fn main() -> std::process::ExitCode {
     let cli = baton::cli::Cli::parse();
     baton::commands::dispatch(cli.command).into()
 }
+
+/// jemalloc, for its thread caches of large and over-aligned blocks (why:
+/// at `tikv-jemallocator` in Cargo.toml).
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
