@@ -16,14 +16,16 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Room made in a read buffer before each read.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Spare read buffers kept per thread, at most.
-const SPARES: usize = 32;
+/// Spare read buffers kept per thread, at most (2 MiB): each h2c stream
+/// waiting for its backend holds one, and a client may keep dozens of
+/// streams in flight on each connection.
+const SPARES: usize = 128;
 
 thread_local! {
     static SPARE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
@@ -121,6 +123,24 @@ pub fn release_if_empty(buf: &mut BytesMut) {
     }
 }
 
+/// Frames up to this size are copied out of a read buffer.
+const COPY_UNDER: usize = 4 * 1024;
+
+/// The first `n` bytes of `buf`, taken as `Bytes` for a frame: a copy when
+/// small, so the buffer stays whole and can go back to the spares (a split
+/// shares the buffer's block until the frame is dropped, and an h2c stream
+/// then took a new 16 KiB block for every response); a split when large,
+/// where a copy would cost more than a block.
+pub fn take_bytes(buf: &mut BytesMut, n: usize) -> bytes::Bytes {
+    if n < COPY_UNDER {
+        let taken = bytes::Bytes::copy_from_slice(&buf[..n]);
+        buf.advance(n);
+        taken
+    } else {
+        buf.split_to(n).freeze()
+    }
+}
+
 /// Why bytes did not go out.
 #[derive(Debug)]
 pub enum WriteFault {
@@ -197,5 +217,42 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Counting<'_, W> {
         cx: &mut std::task::Context<'_>,
     ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_frame_is_copied_and_leaves_the_buffer_reusable() {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        buf.extend_from_slice(b"hello, rest");
+        let start = buf.as_ptr();
+        let taken = take_bytes(&mut buf, 5);
+        assert_eq!(&taken[..], b"hello");
+        assert_ne!(taken.as_ptr(), start, "a copy");
+        assert_eq!(&buf[..], b", rest");
+        buf.clear();
+        release_if_empty(&mut buf);
+        assert_eq!(
+            buf.capacity(),
+            0,
+            "the emptied buffer went back to the spares"
+        );
+        let mut again = BytesMut::new();
+        room(&mut again);
+        assert!(again.capacity() >= READ_CHUNK / 2);
+    }
+
+    #[test]
+    fn a_large_frame_is_split_off_without_a_copy() {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        buf.extend_from_slice(&vec![7u8; COPY_UNDER + 10]);
+        let start = buf.as_ptr();
+        let taken = take_bytes(&mut buf, COPY_UNDER);
+        assert_eq!(taken.as_ptr(), start, "the frame is the buffer's own bytes");
+        assert_eq!(taken.len(), COPY_UNDER);
+        assert_eq!(buf.len(), 10);
     }
 }

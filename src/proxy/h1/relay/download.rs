@@ -12,7 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::super::chunked::{Decoder, Piece};
 use super::super::head::{self, BadResponse, Framing, ResponseHead, Role};
-use super::super::io::poll_read_some;
+use super::super::io::{poll_read_some, release_if_empty, take_bytes};
 use super::upload::UpFault;
 use super::Relay;
 use crate::backend::Lease;
@@ -99,10 +99,12 @@ impl Decoding {
                     .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
                 self.remaining -= n as u64;
                 self.done = self.remaining == 0;
-                Ok((n > 0).then(|| Frame::data(buf.split_to(n).freeze())))
+                Ok((n > 0).then(|| Frame::data(take_bytes(buf, n))))
             }
             Framing::Chunked => self.take_chunk(buf),
-            Framing::UntilClose => Ok((!buf.is_empty()).then(|| Frame::data(buf.split().freeze()))),
+            Framing::UntilClose => {
+                Ok((!buf.is_empty()).then(|| Frame::data(take_bytes(buf, buf.len()))))
+            }
         }
     }
 
@@ -116,7 +118,7 @@ impl Decoding {
                 .map_err(|e| format!("bad chunked body: {e}"))?;
             match piece {
                 Some(Piece::Data(range)) => {
-                    let data = buf.split_to(used).freeze().slice(range);
+                    let data = take_bytes(buf, used).slice(range);
                     return Ok(Some(Frame::data(data)));
                 }
                 Some(Piece::End { trailers }) => {
@@ -149,9 +151,10 @@ impl ResponseBody {
     /// The body ended as its framing says: the connection goes back to the
     /// idle list if both sides keep it and the request went up whole.
     fn finish(&mut self) {
-        let (Some(relay), Some(lease)) = (self.relay.take(), self.lease.take()) else {
+        let (Some(mut relay), Some(lease)) = (self.relay.take(), self.lease.take()) else {
             return;
         };
+        release_if_empty(&mut relay.up.buf);
         if self.keeps && relay.upload.is_done() && relay.up.buf.is_empty() {
             lease.backend().idle.put(relay.up.stream);
         }
