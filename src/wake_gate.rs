@@ -20,7 +20,9 @@ pub enum First<A, B> {
 
 /// Runs `main` until it or `rare` finishes; `main` is polled first at each
 /// wake-up (as a `biased` select), `rare` only on its first poll and after
-/// its own waker fired.
+/// its own waker fired. Meant for a future polled by one task: the task's
+/// waker is noted when `rare` is polled, so a future polled from varying
+/// wakers (a shared one) could be woken through a stale one.
 pub fn first_of<M: Future, R: Future>(main: M, rare: R) -> FirstOf<M, R> {
     FirstOf {
         main,

@@ -34,6 +34,20 @@ impl Drop for Workers {
     }
 }
 
+/// How often a worker's clock ticks with nothing else to do.
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Keeps a timer due within a second on the worker's clock. tokio wakes its
+/// driver through an eventfd write whenever a new timer is due before every
+/// other one; a connection's clocks (seconds away) are then never the
+/// earliest, and a connection per request stops paying that syscall each
+/// time (strace: 1.14 writes a request without it).
+async fn heartbeat() {
+    loop {
+        tokio::time::sleep(HEARTBEAT).await;
+    }
+}
+
 impl Workers {
     /// Starts `count` worker threads; they run until the `Workers` drops.
     pub fn start(count: usize) -> std::io::Result<Workers> {
@@ -49,7 +63,12 @@ impl Workers {
                 .name(format!("baton-worker-{index}"))
                 .spawn(move || {
                     WORKER.set(index);
-                    runtime.block_on(stopped.cancelled());
+                    runtime.block_on(async {
+                        tokio::select! {
+                            () = stopped.cancelled() => {}
+                            () = heartbeat() => {}
+                        }
+                    });
                 })?;
         }
         Ok(Workers { handles, stop })

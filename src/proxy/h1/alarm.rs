@@ -12,6 +12,9 @@ use std::pin::Pin;
 
 use tokio::time::{Instant, Sleep};
 
+/// Where a new alarm is set: later than any deadline it is asked for.
+const UNSET: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
 pub struct Alarm {
     /// Boxed: pinned once for the connection, and kept out of the
     /// connection task's state.
@@ -20,8 +23,11 @@ pub struct Alarm {
 
 impl Alarm {
     pub fn new() -> Alarm {
+        // Set far off, so the first wait moves it where it belongs: a
+        // timer set in the past would ring at once, and tokio wakes its
+        // driver through a syscall for a timer due before all others.
         Alarm {
-            sleep: Box::pin(tokio::time::sleep_until(Instant::now())),
+            sleep: Box::pin(tokio::time::sleep_until(Instant::now() + UNSET)),
         }
     }
 

@@ -22,7 +22,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// Room made in a read buffer before each read.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Spare read buffers kept per thread, at most (2 MiB): each h2c stream
+/// Spare read buffers kept per thread, at most (2 to 4 MiB: 16 KiB each,
+/// or up to 32 KiB for one a burst grew): each h2c stream
 /// waiting for its backend holds one, and a client may keep dozens of
 /// streams in flight on each connection.
 const SPARES: usize = 128;
