@@ -41,7 +41,7 @@ const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
 /// driver through an eventfd write whenever a new timer is due before every
 /// other one; a connection's clocks (seconds away) are then never the
 /// earliest, and a connection per request stops paying that syscall each
-/// time (strace: 1.14 writes a request without it).
+/// time (strace: 1.03 writes a request without it, 0.04 with it).
 async fn heartbeat() {
     loop {
         tokio::time::sleep(HEARTBEAT).await;
