@@ -46,7 +46,8 @@ pub(super) fn copy_fields(head: &ResponseHead, to: &mut HeaderMap) -> Result<(),
         }
         let name =
             HeaderName::from_bytes(name).map_err(|_| BadResponse::Malformed("field name"))?;
-        let value = HeaderValue::from_bytes(head.field_value(field))
+        // A view of the head's own bytes, not a copy: no allocation per field.
+        let value = HeaderValue::from_maybe_shared(head.bytes.slice_ref(head.field_value(field)))
             .map_err(|_| BadResponse::Malformed("field value"))?;
         to.append(name, value);
     }
