@@ -128,6 +128,32 @@ mod tests {
         assert_eq!(got, Ok(First::Rare(())));
     }
 
+    /// Counts its polls; never finishes.
+    struct Counted<'a>(&'a std::cell::Cell<u32>);
+
+    impl Future for Counted<'_> {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            self.0.set(self.0.get() + 1);
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rare_future_is_not_polled_at_the_main_futures_wake_ups() {
+        let polls = std::cell::Cell::new(0);
+        // Wakes its task a hundred times, then finishes.
+        let busy = async {
+            for _ in 0..100 {
+                tokio::task::yield_now().await;
+            }
+        };
+        let got = first_of(busy, Counted(&polls)).await;
+        assert_eq!(got, First::Main(()));
+        assert_eq!(polls.get(), 1, "polled on the first poll only");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_rare_future_that_fires_while_main_is_idle_wakes_the_task() {
         let got = tokio::time::timeout(
