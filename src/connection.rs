@@ -66,7 +66,6 @@ impl Drop for Open {
 
 impl Accept for Connections {
     fn accepted(&self, stream: TcpStream, peer: SocketAddr, permit: Option<OwnedSemaphorePermit>) {
-        let _ = stream.set_nodelay(true);
         self.metrics.accepted.increment(1);
         self.metrics.active.increment(1.0);
         self.stats.active.fetch_add(1, Ordering::Relaxed);

@@ -44,6 +44,17 @@ impl Endpoint<'_> {
         }
     }
 
+    /// Accepted sockets inherit TCP_NODELAY from their listener (Linux
+    /// copies it at accept), so it is set once here rather than by a
+    /// setsockopt per connection; on adopted sockets too, since an older
+    /// version or systemd may have made them without it.
+    fn prepare(&self, socket: &Socket) -> std::io::Result<()> {
+        match self {
+            Endpoint::Tcp { .. } => socket.set_tcp_nodelay(true),
+            Endpoint::Unix(_) => Ok(()),
+        }
+    }
+
     fn bind(&self) -> std::io::Result<Socket> {
         match self {
             Endpoint::Tcp {
@@ -103,6 +114,7 @@ pub fn listen(
         Some(adopted) => adopted,
         None => endpoint.bind().map_err(ListenError::Bind)?,
     };
+    endpoint.prepare(&socket).map_err(ListenError::Bind)?;
     let address = endpoint.address_of(&socket).map_err(ListenError::Hold)?;
     let handed_over = holdings
         .hold(name, address, std::os::fd::AsFd::as_fd(&socket))
@@ -211,5 +223,28 @@ mod tests {
         assert_eq!(bound_at(&listening).ip(), addr("127.0.0.2:0").ip());
         assert_ne!(bound_at(&listening), at);
         assert_eq!(inventory.unclaimed(), ["web"]);
+    }
+
+    /// The connection path no longer sets TCP_NODELAY per connection: each
+    /// accepted socket must have it from its listener, whether the listener
+    /// was bound here or adopted without it.
+    #[test]
+    fn connections_accepted_on_a_bound_or_adopted_socket_have_no_delay() {
+        let (mut inventory, at) = inherited("web");
+        let mut holdings = Holdings::default();
+        let adopted = listen("web", &tcp(at), &mut inventory, &mut holdings).expect("listen");
+        let bound = listen(
+            "api",
+            &tcp(addr("127.0.0.1:0")),
+            &mut inventory,
+            &mut holdings,
+        )
+        .expect("listen");
+        for listening in [adopted, bound] {
+            let _client = std::net::TcpStream::connect(bound_at(&listening)).expect("connect");
+            listening.socket.set_nonblocking(false).expect("blocking");
+            let (accepted, _) = listening.socket.accept().expect("accept");
+            assert!(accepted.tcp_nodelay().expect("getsockopt"));
+        }
     }
 }
