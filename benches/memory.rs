@@ -125,7 +125,7 @@ fn main() {
     }
     let connections: usize = support::arg("--connections", 10_000);
     let tcp_connections = connections.min(support::fd_limit().saturating_sub(200) / 2);
-    let backend = support::start_backend(1, &[]);
+    let backend = support::start_backend(1, &[]).addr;
     let echo = EchoProcess::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -244,7 +244,7 @@ fn main() {
     let backend = if tcp {
         support::start_echo_backend()
     } else {
-        support::start_backend(1, &[])
+        support::start_backend(1, &[]).addr
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -11,7 +11,10 @@
 //! proxy's). The backend runs with the load, so a pinned proxy has its
 //! core to itself. Each cell also gives the proxy's CPU time per request,
 //! user + kernel (all its processes, from /proc): the figure that says how
-//! much a core carries, whatever the noise in the rates.
+//! much a core carries, whatever the noise in the rates; and what each
+//! request cost the backend (its CPU time, connections it accepted, reads
+//! it made): a proxy should not make its backend work harder than its
+//! peers do.
 //! Prints a table; it asserts nothing.
 
 #[path = "support/mod.rs"]
@@ -19,7 +22,8 @@ mod support;
 
 use std::process::Command;
 
-use support::measure::{with_cpu, wrk, Run};
+use support::backend::Backend;
+use support::measure::{cell, cpu_during, wrk, Run};
 use support::proxies::{Kind, Mode, Proxy};
 
 /// Where the proxy and the load run: one worker pinned to core 0 with the
@@ -112,13 +116,17 @@ fn h2load(url: &str, seconds: u32, cpus: &str) -> Option<Run> {
     })
 }
 
-fn measure(
-    kind: Kind,
-    backend: std::net::SocketAddr,
-    mode: Mode,
-    seconds: u32,
-    layout: &Layout,
-) -> String {
+/// Runs `load` and gives its cell: the rate and latency, the proxy's CPU
+/// per request, and what each request cost the backend.
+fn observed(proxy: &Proxy, backend: &Backend, load: impl FnOnce() -> Option<Run>) -> String {
+    let before = backend.usage();
+    let (run, cpu) = cpu_during(proxy, load);
+    let requests = run.as_ref().map_or(0.0, |r| r.requests);
+    let spent = backend.usage().per_request(&before, requests);
+    format!("{}{spent}", cell(run, cpu))
+}
+
+fn measure(kind: Kind, backend: &Backend, mode: Mode, seconds: u32, layout: &Layout) -> String {
     let supported = match mode {
         Mode::Http => true,
         Mode::H2c => true,
@@ -132,7 +140,7 @@ fn measure(
     let proxy = Proxy::start_mode(
         kind,
         support::free_port(),
-        backend,
+        backend.addr,
         layout.threads,
         layout.proxy_core,
         mode,
@@ -142,11 +150,11 @@ fn measure(
     match mode {
         Mode::Http => format!(
             "{} | {}",
-            with_cpu(&proxy, || wrk(&url, seconds, false, cpus)),
-            with_cpu(&proxy, || wrk(&url, seconds, true, cpus))
+            observed(&proxy, backend, || wrk(&url, seconds, false, cpus)),
+            observed(&proxy, backend, || wrk(&url, seconds, true, cpus))
         ),
-        Mode::H2c => with_cpu(&proxy, || h2load(&url, seconds, cpus)),
-        Mode::Tcp | Mode::Https => with_cpu(&proxy, || wrk(&url, seconds, false, cpus)),
+        Mode::H2c => observed(&proxy, backend, || h2load(&url, seconds, cpus)),
+        Mode::Tcp | Mode::Https => observed(&proxy, backend, || wrk(&url, seconds, false, cpus)),
     }
 }
 
@@ -173,7 +181,7 @@ fn main() {
         }
         let cells: Vec<String> = [Mode::Http, Mode::H2c, Mode::Tcp]
             .into_iter()
-            .map(|mode| measure(kind, backend, mode, seconds, &layout))
+            .map(|mode| measure(kind, &backend, mode, seconds, &layout))
             .collect();
         println!("| {} | {} |", kind.name(), cells.join(" | "));
     }

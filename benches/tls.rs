@@ -452,7 +452,7 @@ fn main() {
         println!("tls bench needs /usr/bin/wrk: benches/peers/setup.sh");
         return;
     }
-    let backend = support::start_backend(1, &[LOAD_CORE]);
+    let backend = support::start_backend(1, &[LOAD_CORE]).addr;
     // The in-process clients run here, with the load.
     support::pin_this_thread(&[LOAD_CORE]);
     let rt = tokio::runtime::Builder::new_current_thread()

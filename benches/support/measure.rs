@@ -65,12 +65,6 @@ pub fn cpu_during<T>(proxy: &Proxy, load: impl FnOnce() -> T) -> (T, Option<(f64
     (out, cpu)
 }
 
-/// Runs `load` and prints its cell with the proxy's CPU per request.
-pub fn with_cpu(proxy: &Proxy, load: impl FnOnce() -> Option<Run>) -> String {
-    let (run, cpu) = cpu_during(proxy, load);
-    cell(run, cpu)
-}
-
 /// `wrk -t2 -c64` for `seconds` on `cpus` (`taskset -c` list), keep-alive
 /// or (`close`) a new connection per request.
 pub fn wrk(url: &str, seconds: u32, close: bool, cpus: &str) -> Option<Run> {

@@ -5,22 +5,17 @@
 //! client (one source for both).
 #![allow(dead_code)]
 
+pub mod backend;
 pub mod client;
 pub mod measure;
 pub mod proxies;
 #[path = "../../tests/support/tls.rs"]
 pub mod tls;
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::time::Duration;
+pub use backend::start_backend;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use std::net::SocketAddr;
+
 use tokio::net::TcpListener;
 
 /// This process's soft fd limit (the proxies it starts inherit it).
@@ -42,56 +37,6 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port")
-}
-
-/// Starts an HTTP/1.1 and h2c backend answering `ok\n` (3 bytes), or after `MS` ms on
-/// `/slow/MS`, on its own runtime thread so it does not share the load
-/// generator's scheduler. With `cpus`, its threads run only there (the
-/// runtime's threads inherit the pinning of the thread that builds it), so
-/// it cannot take time from a proxy pinned elsewhere.
-pub fn start_backend(worker_threads: usize, cpus: &[usize]) -> SocketAddr {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let cpus = cpus.to_vec();
-    std::thread::spawn(move || {
-        pin_this_thread(&cpus);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(worker_threads)
-            .enable_all()
-            .build()
-            .expect("backend runtime");
-        rt.block_on(async move {
-            let listener = TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind backend");
-            tx.send(listener.local_addr().expect("addr"))
-                .expect("report addr");
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(async move {
-                    let service = service_fn(|req: Request<hyper::body::Incoming>| async move {
-                        if let Some(ms) = req
-                            .uri()
-                            .path()
-                            .strip_prefix("/slow/")
-                            .and_then(|m| m.parse().ok())
-                        {
-                            tokio::time::sleep(Duration::from_millis(ms)).await;
-                        }
-                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok\n"))))
-                    });
-                    // HTTP/1.1 and h2c (prior knowledge), so h2c can be
-                    // measured straight to the backend too.
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-    });
-    rx.recv().expect("backend address")
 }
 
 /// Runs the calling thread (and threads it starts) only on `cpus`; empty:

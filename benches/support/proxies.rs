@@ -67,14 +67,15 @@ pub struct Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        // Found before any is killed: nginx's workers carry no config path
+        // in their command line (they are "nginx: worker process") and are
+        // known only as children of their master, which outlive it.
+        let all = self.pids();
         if let Some(mut child) = self.child.take() {
             let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
             let _ = child.wait();
         }
-        // baton's later generations and nginx/haproxy workers are not our
-        // children: find them by the config path in their command line.
-        let config = self.config_path();
-        for pid in pids_with_arg(&config) {
+        for pid in all {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
     }
