@@ -15,7 +15,10 @@
 //! request cost the backend (its CPU time, connections it accepted, reads
 //! it made): a proxy should not make its backend work harder than its
 //! peers do.
-//! Prints a table; it asserts nothing.
+//! Prints a table; it asserts nothing. With `--rounds N`, every system is
+//! measured N times, interleaved, and a last table gives the medians: a
+//! single run's p99 varies by half again on a shared machine (0.9 to 1.7
+//! ms for the same binary), which no one run can tell from a difference.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -108,6 +111,7 @@ fn h2load(url: &str, seconds: u32, cpus: &str) -> Option<Run> {
     Some(Run {
         rps,
         requests,
+        p99_ms: Some(support::pct(&micros, 0.99)),
         latency: format!(
             "p50 {:.2}ms, p99 {:.2}ms, {failed}",
             support::pct(&micros, 0.50),
@@ -116,17 +120,47 @@ fn h2load(url: &str, seconds: u32, cpus: &str) -> Option<Run> {
     })
 }
 
+/// What one cell measured, for the medians over rounds.
+#[derive(Clone, Copy)]
+struct Figures {
+    rps: f64,
+    p99_ms: f64,
+    /// The proxy's CPU per request, user + kernel (none straight to the
+    /// backend).
+    cpu_us: Option<f64>,
+}
+
+/// A cell as printed, and its figures if the run worked.
+struct Cell {
+    text: String,
+    figures: Option<Figures>,
+}
+
 /// Runs `load` and gives its cell: the rate and latency, the proxy's CPU
 /// per request, and what each request cost the backend.
-fn observed(proxy: &Proxy, backend: &Backend, load: impl FnOnce() -> Option<Run>) -> String {
+fn observed(proxy: &Proxy, backend: &Backend, load: impl FnOnce() -> Option<Run>) -> Cell {
     let before = backend.usage();
     let (run, cpu) = cpu_during(proxy, load);
     let requests = run.as_ref().map_or(0.0, |r| r.requests);
     let spent = backend.usage().per_request(&before, requests);
-    format!("{}{spent}", cell(run, cpu))
+    let figures = run.as_ref().and_then(|r| {
+        Some(Figures {
+            rps: r.rps,
+            p99_ms: r.p99_ms?,
+            cpu_us: cpu
+                .filter(|_| requests > 0.0)
+                .map(|(user, sys)| (user + sys) * 1e6 / requests),
+        })
+    });
+    Cell {
+        text: format!("{}{spent}", cell(run, cpu)),
+        figures,
+    }
 }
 
-fn measure(kind: Kind, backend: &Backend, mode: Mode, seconds: u32, layout: &Layout) -> String {
+/// The cells of one system in one mode (HTTP/1.1 gives two: keep-alive
+/// and a new connection per request).
+fn measure(kind: Kind, backend: &Backend, mode: Mode, seconds: u32, layout: &Layout) -> Vec<Cell> {
     let supported = match mode {
         Mode::Http => true,
         Mode::H2c => true,
@@ -135,7 +169,10 @@ fn measure(kind: Kind, backend: &Backend, mode: Mode, seconds: u32, layout: &Lay
         Mode::Https => false,
     };
     if !supported {
-        return "n/a".into();
+        return vec![Cell {
+            text: "n/a".into(),
+            figures: None,
+        }];
     }
     let proxy = Proxy::start_mode(
         kind,
@@ -148,18 +185,39 @@ fn measure(kind: Kind, backend: &Backend, mode: Mode, seconds: u32, layout: &Lay
     let url = format!("http://{}/", proxy.addr);
     let cpus = layout.load_cpus;
     match mode {
-        Mode::Http => format!(
-            "{} | {}",
+        Mode::Http => vec![
             observed(&proxy, backend, || wrk(&url, seconds, false, cpus)),
-            observed(&proxy, backend, || wrk(&url, seconds, true, cpus))
-        ),
-        Mode::H2c => observed(&proxy, backend, || h2load(&url, seconds, cpus)),
-        Mode::Tcp | Mode::Https => observed(&proxy, backend, || wrk(&url, seconds, false, cpus)),
+            observed(&proxy, backend, || wrk(&url, seconds, true, cpus)),
+        ],
+        Mode::H2c => vec![observed(&proxy, backend, || h2load(&url, seconds, cpus))],
+        Mode::Tcp | Mode::Https => vec![observed(&proxy, backend, || {
+            wrk(&url, seconds, false, cpus)
+        })],
     }
 }
 
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied()
+}
+
+/// One cell of the medians' table: rate (p99; CPU per request).
+fn median_cell(rounds: &[Figures]) -> String {
+    let of = |f: fn(&Figures) -> Option<f64>| median(rounds.iter().filter_map(f).collect());
+    match (of(|f| Some(f.rps)), of(|f| Some(f.p99_ms))) {
+        (Some(rps), Some(p99)) => match of(|f| f.cpu_us) {
+            Some(cpu) => format!("{rps:.0} (p99 {p99:.2} ms; CPU/req {cpu:.1} µs)"),
+            None => format!("{rps:.0} (p99 {p99:.2} ms)"),
+        },
+        _ => "n/a".into(),
+    }
+}
+
+const HEADER: &str = "| system | HTTP/1.1 keep-alive req/s | new connection req/s | h2c req/s | TCP mode (HTTP/1.1 keep-alive inside) req/s |\n| --- | ---: | ---: | ---: | ---: |";
+
 fn main() {
     let seconds: u32 = support::arg("--seconds", 5);
+    let rounds: usize = support::arg("--rounds", 1);
     let layout = Layout::for_threads(support::arg("--threads", 1));
     for tool in ["/usr/bin/wrk", "/usr/bin/h2load"] {
         if !std::path::Path::new(tool).exists() {
@@ -169,20 +227,38 @@ fn main() {
     }
     let backend = support::start_backend(1, layout.backend_cpus);
     println!(
-        "throughput bench: {seconds}s per cell; {}; 3-byte responses",
+        "throughput bench: {seconds}s per cell, {rounds} round(s); {}; 3-byte responses",
         layout.describe()
     );
-    println!("| system | HTTP/1.1 keep-alive req/s | new connection req/s | h2c req/s | TCP mode (HTTP/1.1 keep-alive inside) req/s |");
-    println!("| --- | ---: | ---: | ---: | ---: |");
-    for kind in [Kind::Direct, Kind::Baton, Kind::Haproxy, Kind::Nginx] {
-        if !kind.available() {
-            println!("| {} | not installed | | | |", kind.name());
-            continue;
-        }
-        let cells: Vec<String> = [Mode::Http, Mode::H2c, Mode::Tcp]
+    let (kinds, missing): (Vec<Kind>, Vec<Kind>) =
+        [Kind::Direct, Kind::Baton, Kind::Haproxy, Kind::Nginx]
             .into_iter()
-            .map(|mode| measure(kind, &backend, mode, seconds, &layout))
-            .collect();
-        println!("| {} | {} |", kind.name(), cells.join(" | "));
+            .partition(|k| k.available());
+    for kind in missing {
+        println!("{} is not installed: benches/peers/setup.sh", kind.name());
+    }
+    // Every round runs every system, so a noisy minute on a shared machine
+    // falls on all of them: [kind][cell] -> the figures of each round.
+    let mut seen: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); 4]; kinds.len()];
+    for round in 1..=rounds {
+        println!("\nround {round}\n{HEADER}");
+        for (k, &kind) in kinds.iter().enumerate() {
+            let cells: Vec<Cell> = [Mode::Http, Mode::H2c, Mode::Tcp]
+                .into_iter()
+                .flat_map(|mode| measure(kind, &backend, mode, seconds, &layout))
+                .collect();
+            for (c, cell) in cells.iter().enumerate() {
+                seen[k][c].extend(cell.figures);
+            }
+            let texts: Vec<&str> = cells.iter().map(|c| c.text.as_str()).collect();
+            println!("| {} | {} |", kind.name(), texts.join(" | "));
+        }
+    }
+    if rounds > 1 {
+        println!("\nmedians of {rounds} rounds: rate (p99; the proxy's CPU per request)\n{HEADER}");
+        for (k, kind) in kinds.iter().enumerate() {
+            let cells: Vec<String> = seen[k].iter().map(|r| median_cell(r)).collect();
+            println!("| {} | {} |", kind.name(), cells.join(" | "));
+        }
     }
 }

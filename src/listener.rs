@@ -121,21 +121,31 @@ impl Listener {
                 return;
             }
         };
-        loop {
+        // One wait on the stop token for the loop's whole life, polled only
+        // when the branch before it is pending (`biased`): making a wait
+        // per select registered and removed a waiter three times per
+        // connection. `is_cancelled` (a load) keeps a stop from going
+        // unseen while connections keep coming.
+        let stopped = stop.cancelled();
+        tokio::pin!(stopped);
+        while !stop.is_cancelled() {
             tokio::select! {
-                () = stop.cancelled() => break,
+                biased;
                 () = shared.room(&name) => {}
+                () = &mut stopped => break,
             }
             let accepted = tokio::select! {
-                () = stop.cancelled() => break,
+                biased;
                 a = socket.accept() => a,
+                () = &mut stopped => break,
             };
             match accepted {
                 Ok((stream, peer)) => {
                     let permit = tokio::select! {
-                        // Stopping: it is served like the queued ones.
-                        () = stop.cancelled() => None,
+                        biased;
                         p = shared.place(&name) => p,
+                        // Stopping: it is served like the queued ones.
+                        () = &mut stopped => None,
                     };
                     handler.accepted(stream, peer, permit);
                 }

@@ -11,6 +11,8 @@ pub struct Run {
     /// Requests completed in the run.
     pub requests: f64,
     pub latency: String,
+    /// The 99th percentile, for medians over rounds.
+    pub p99_ms: Option<f64>,
 }
 
 /// A run, with the proxy's CPU seconds (user, kernel) spent during it.
@@ -103,7 +105,20 @@ pub fn wrk(url: &str, seconds: u32, close: bool, cpus: &str) -> Option<Run> {
         rps,
         requests,
         latency: format!("p50 {}, p99 {}", latency("50%"), latency("99%")),
+        p99_ms: millis(&latency("99%")),
     })
+}
+
+/// wrk's way of writing a latency ("459.00us", "1.15ms", "1.02s"), in ms.
+fn millis(text: &str) -> Option<f64> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("us") {
+        (n, 1e-3)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1.0)
+    } else {
+        (text.strip_suffix('s')?, 1e3)
+    };
+    number.parse::<f64>().ok().map(|n| n * scale)
 }
 
 /// Resident memory of `pids`, KiB (VmRSS in /proc/PID/status).
