@@ -26,20 +26,24 @@ pub enum DrainOutcome {
 
 /// The supervisor's side. Deliberately not `Clone`: one owner decides.
 pub struct Drain {
-    graceful: CancellationToken,
-    force: CancellationToken,
-    tracker: TaskTracker,
-    spread_nanos: Arc<AtomicU64>,
+    signals: Arc<Signals>,
 }
 
 /// What connection tasks hold: they learn when to wind down and are counted.
+/// One `Arc` to clone per connection: cloning the two tokens themselves
+/// takes a lock each (and another to drop), at every accepted connection.
 #[derive(Clone)]
 pub struct DrainWatch {
+    signals: Arc<Signals>,
+}
+
+/// What the drain's two sides share.
+struct Signals {
     graceful: CancellationToken,
     force: CancellationToken,
     tracker: TaskTracker,
     /// Window over which long-lived streams are ended (`reload.close_spread`).
-    spread_nanos: Arc<AtomicU64>,
+    spread_nanos: AtomicU64,
 }
 
 impl Default for Drain {
@@ -51,19 +55,18 @@ impl Default for Drain {
 impl Drain {
     pub fn new() -> Self {
         Drain {
-            graceful: CancellationToken::new(),
-            force: CancellationToken::new(),
-            tracker: TaskTracker::new(),
-            spread_nanos: Arc::new(AtomicU64::new(0)),
+            signals: Arc::new(Signals {
+                graceful: CancellationToken::new(),
+                force: CancellationToken::new(),
+                tracker: TaskTracker::new(),
+                spread_nanos: AtomicU64::new(0),
+            }),
         }
     }
 
     pub fn watch(&self) -> DrainWatch {
         DrainWatch {
-            graceful: self.graceful.clone(),
-            force: self.force.clone(),
-            tracker: self.tracker.clone(),
-            spread_nanos: Arc::clone(&self.spread_nanos),
+            signals: Arc::clone(&self.signals),
         }
     }
 
@@ -72,28 +75,28 @@ impl Drain {
     /// Long-lived streams end spread over `spread` (zero: all at once).
     pub fn begin(&self, spread: Duration) {
         let nanos = u64::try_from(spread.as_nanos()).unwrap_or(u64::MAX);
-        self.spread_nanos.store(nanos, Ordering::SeqCst);
-        self.graceful.cancel();
-        self.tracker.close();
+        self.signals.spread_nanos.store(nanos, Ordering::SeqCst);
+        self.signals.graceful.cancel();
+        self.signals.tracker.close();
     }
 
     /// Tasks still running.
     pub fn in_flight(&self) -> usize {
-        self.tracker.len()
+        self.signals.tracker.len()
     }
 
     /// Resolves once every tracked task has finished (after [`Self::begin`]).
     pub async fn idle(&self) {
-        self.tracker.wait().await;
+        self.signals.tracker.wait().await;
     }
 
     /// Ends every remaining task now and returns how many there were.
     pub async fn force(&self) -> usize {
-        let open = self.tracker.len();
-        self.force.cancel();
+        let open = self.signals.tracker.len();
+        self.signals.force.cancel();
         // Forced tasks return at their next poll; this bound only guards
         // against one stuck in a blocking call.
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.signals.tracker.wait()).await;
         open
     }
 }
@@ -105,10 +108,11 @@ impl DrainWatch {
         F: Future<Output = ()> + Send + 'static,
     {
         // The force token is polled only once it fired, not at each of
-        // the task's wake-ups (`wake_gate`).
-        let forced = self.force.clone().cancelled_owned();
-        self.tracker.spawn(async move {
-            first_of(task, forced).await;
+        // the task's wake-ups (`wake_gate`); it is waited on through the
+        // shared signals, not a clone of its own.
+        let signals = Arc::clone(&self.signals);
+        self.signals.tracker.spawn(async move {
+            first_of(task, signals.force.cancelled()).await;
         });
     }
 
@@ -119,29 +123,29 @@ impl DrainWatch {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        tokio::spawn(self.tracker.track_future(task));
+        tokio::spawn(self.signals.tracker.track_future(task));
     }
 
     pub fn is_draining(&self) -> bool {
-        self.graceful.is_cancelled()
+        self.signals.graceful.is_cancelled()
     }
 
     /// The drain was forced: tasks dropped now were cut by it.
     pub fn is_forced(&self) -> bool {
-        self.force.is_cancelled()
+        self.signals.force.is_cancelled()
     }
 
     /// Resolves when the drain begins.
     pub async fn draining(&self) {
-        self.graceful.cancelled().await;
+        self.signals.graceful.cancelled().await;
     }
 
     /// Resolves when a long-lived stream (WebSocket, SSE, other upgrade)
     /// should end: at drain start, or at a point spread evenly over the
     /// close-spread window so their clients do not reconnect in one storm.
     pub async fn long_lived_ending(&self) {
-        self.graceful.cancelled().await;
-        let spread = self.spread_nanos.load(Ordering::SeqCst);
+        self.signals.graceful.cancelled().await;
+        let spread = self.signals.spread_nanos.load(Ordering::SeqCst);
         if spread > 0 {
             tokio::time::sleep(Duration::from_nanos(jitter() % spread)).await;
         }
