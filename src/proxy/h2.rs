@@ -521,8 +521,11 @@ impl<F> hyper::rt::Executor<F> for StreamTasks
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
+    /// Boxed: the task then holds a pointer, and tokio's moves of a
+    /// task's future (into its cell, and each time its stage is set) copy
+    /// a few words instead of hyper's whole stream state.
     fn execute(&self, task: F) {
-        self.0.spawn_counted(task);
+        self.0.spawn_counted(Box::pin(task));
     }
 }
 
