@@ -81,10 +81,19 @@ impl Accept for Connections {
             local: None,
         };
         match (&self.config.proxy_protocol, &self.tls) {
-            (None, None) => self.drain.spawn(async move {
-                proxy.serve(stream, origin, drain).await;
-                drop(open);
-            }),
+            // Each protocol's future boxed apart, as in `Proxy::serve`, and
+            // here at the spawn: tokio then moves a pointer into the task's
+            // cell and at each change of the task's stage, not the state.
+            (None, None) => match proxy {
+                Proxy::Http(p) => self.drain.spawn(Box::pin(async move {
+                    p.serve(stream, origin, drain).await;
+                    drop(open);
+                })),
+                Proxy::Tcp(p) => self.drain.spawn(Box::pin(async move {
+                    p.serve(stream, origin).await;
+                    drop(open);
+                })),
+            },
             (receive, tls) => {
                 let (receive, tls) = (receive.clone(), tls.clone());
                 let listener = Arc::clone(&self.config);
