@@ -82,8 +82,9 @@ impl Accept for Connections {
         };
         match (&self.config.proxy_protocol, &self.tls) {
             // Each protocol's future boxed apart, as in `Proxy::serve`, and
-            // here at the spawn: tokio then moves a pointer into the task's
-            // cell and at each change of the task's stage, not the state.
+            // here at the spawn (as every connection's task below): tokio
+            // then moves a pointer into the task's cell and at each change
+            // of the task's stage, not the state.
             (None, None) => match proxy {
                 Proxy::Http(p) => self.drain.spawn(Box::pin(async move {
                     p.serve(stream, origin, drain).await;
@@ -97,7 +98,7 @@ impl Accept for Connections {
             (receive, tls) => {
                 let (receive, tls) = (receive.clone(), tls.clone());
                 let listener = Arc::clone(&self.config);
-                self.drain.spawn(async move {
+                self.drain.spawn(Box::pin(async move {
                     let admitted = match receive {
                         None => Some((stream, origin)),
                         Some(settings) => {
@@ -115,7 +116,7 @@ impl Accept for Connections {
                         }
                     }
                     drop(open);
-                });
+                }));
             }
         }
     }
