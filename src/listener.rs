@@ -27,6 +27,10 @@ pub struct Listener {
     /// Made a tokio listener by the accept loop, on its worker.
     pub socket: std::net::TcpListener,
     pub shared: Arc<Shared>,
+    /// Set TCP_NODELAY on each connection: the socket came without it, so
+    /// connections queued on it before then do not inherit it (see
+    /// `lifecycle::endpoint::Listening::nodelay_each`).
+    pub nodelay_each: bool,
 }
 
 /// What all the shards of one listener share: its `max_connections` (one
@@ -111,6 +115,7 @@ impl Listener {
             name,
             socket,
             shared,
+            nodelay_each,
         } = self;
         // Registered here, with the reactor of the worker running this loop,
         // so the connections it accepts stay on that worker.
@@ -141,6 +146,9 @@ impl Listener {
             };
             match accepted {
                 Ok((stream, peer)) => {
+                    if nodelay_each {
+                        let _ = stream.set_nodelay(true);
+                    }
                     let permit = tokio::select! {
                         biased;
                         p = shared.place(&name) => p,
@@ -158,13 +166,19 @@ impl Listener {
             }
         }
         if closing() == Closing::Last {
-            accept_queued(&name, &shared.permits, socket, &*handler);
+            accept_queued(&name, &shared.permits, socket, &*handler, nodelay_each);
         }
     }
 }
 
 /// Accepts every connection already in the kernel's queue, without waiting.
-fn accept_queued(name: &str, limit: &Arc<Semaphore>, socket: TcpListener, handler: &dyn Accept) {
+fn accept_queued(
+    name: &str,
+    limit: &Arc<Semaphore>,
+    socket: TcpListener,
+    handler: &dyn Accept,
+    nodelay_each: bool,
+) {
     let std = match socket.into_std() {
         Ok(s) => s,
         Err(err) => {
@@ -183,6 +197,9 @@ fn accept_queued(name: &str, limit: &Arc<Semaphore>, socket: TcpListener, handle
                 {
                     Ok(stream) => {
                         served += 1;
+                        if nodelay_each {
+                            let _ = stream.set_nodelay(true);
+                        }
                         handler.accepted(stream, peer, permit);
                     }
                     Err(err) => {
@@ -259,5 +276,60 @@ impl Throttle {
                 Some(std::mem::take(&mut state.suppressed))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Notes whether each accepted connection has TCP_NODELAY.
+    struct Noting(Mutex<Vec<bool>>);
+
+    impl Accept for Noting {
+        fn accepted(&self, stream: TcpStream, _: SocketAddr, _: Option<OwnedSemaphorePermit>) {
+            let nodelay = stream.nodelay().unwrap_or(false);
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(nodelay);
+        }
+    }
+
+    /// A socket adopted without TCP_NODELAY (`nodelay_each`): a connection
+    /// queued on it before then still gets it, set by the accept loop.
+    #[tokio::test]
+    async fn a_loop_over_a_socket_without_no_delay_sets_it_on_each_connection() {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        socket.set_nonblocking(true).expect("non-blocking");
+        let _queued =
+            std::net::TcpStream::connect(socket.local_addr().expect("addr")).expect("connect");
+        let noting = Arc::new(Noting(Mutex::new(Vec::new())));
+        let stop = CancellationToken::new();
+        let listener = Listener {
+            name: Arc::from("web"),
+            socket,
+            shared: Shared::new(16),
+            nodelay_each: true,
+        };
+        let handler: Arc<dyn Accept> = Arc::clone(&noting) as Arc<dyn Accept>;
+        let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::Last));
+        for _ in 0..200 {
+            if !noting
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.cancel();
+        run.await.expect("the loop ends at the stop");
+        assert_eq!(
+            *noting.0.lock().unwrap_or_else(PoisonError::into_inner),
+            [true]
+        );
     }
 }

@@ -327,6 +327,7 @@ fn shards(
             name: Arc::from(l.name.as_str()),
             socket,
             shared: Arc::clone(&shared),
+            nodelay_each: listening.nodelay_each,
         };
         shards.pending.push((
             listener,

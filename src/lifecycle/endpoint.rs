@@ -44,14 +44,22 @@ impl Endpoint<'_> {
         }
     }
 
-    /// Accepted sockets inherit TCP_NODELAY from their listener (Linux
-    /// copies it at accept), so it is set once here rather than by a
-    /// setsockopt per connection; on adopted sockets too, since an older
-    /// version or systemd may have made them without it.
-    fn prepare(&self, socket: &Socket) -> std::io::Result<()> {
+    /// A connection takes TCP_NODELAY from its listener as its handshake
+    /// completes (Linux copies the listener's options then), so it is set
+    /// once here rather than by a setsockopt per connection; on adopted
+    /// sockets too, since an older version or systemd may have made them
+    /// without it. Says whether it lacked it: connections already queued
+    /// on it then lack it too.
+    fn prepare(&self, socket: &Socket) -> std::io::Result<bool> {
         match self {
-            Endpoint::Tcp { .. } => socket.set_tcp_nodelay(true),
-            Endpoint::Unix(_) => Ok(()),
+            Endpoint::Tcp { .. } => {
+                let lacked = !socket.tcp_nodelay()?;
+                if lacked {
+                    socket.set_tcp_nodelay(true)?;
+                }
+                Ok(lacked)
+            }
+            Endpoint::Unix(_) => Ok(false),
         }
     }
 
@@ -86,6 +94,10 @@ pub struct Listening {
     pub socket: Socket,
     /// Turns true if a successor adopts the socket (see [`Holdings::hold`]).
     pub handed_over: Arc<AtomicBool>,
+    /// Adopted without TCP_NODELAY: the connections queued before it was
+    /// set lack it, so this generation sets it on each one it accepts (a
+    /// successor adopts the socket with it, and pays nothing).
+    pub nodelay_each: bool,
 }
 
 /// Why a socket could not be had.
@@ -114,7 +126,7 @@ pub fn listen(
         Some(adopted) => adopted,
         None => endpoint.bind().map_err(ListenError::Bind)?,
     };
-    endpoint.prepare(&socket).map_err(ListenError::Bind)?;
+    let nodelay_each = endpoint.prepare(&socket).map_err(ListenError::Bind)?;
     let address = endpoint.address_of(&socket).map_err(ListenError::Hold)?;
     let handed_over = holdings
         .hold(name, address, std::os::fd::AsFd::as_fd(&socket))
@@ -122,11 +134,13 @@ pub fn listen(
     Ok(Listening {
         socket,
         handed_over,
+        nodelay_each,
     })
 }
 
 /// Binds a non-blocking, CLOEXEC listening socket with SO_REUSEADDR (and
-/// SO_REUSEPORT when sharding); IPv6 sockets are explicitly v6-only.
+/// SO_REUSEPORT when sharding) and TCP_NODELAY for its connections; IPv6
+/// sockets are explicitly v6-only.
 fn bind_tcp(addr: SocketAddr, backlog: i32, reuseport: bool) -> std::io::Result<Socket> {
     let socket = Socket::new(
         Domain::for_address(addr),
@@ -140,6 +154,8 @@ fn bind_tcp(addr: SocketAddr, backlog: i32, reuseport: bool) -> std::io::Result<
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
     }
+    // Before `listen`: no connection can arrive without it.
+    socket.set_tcp_nodelay(true)?;
     socket.bind(&addr.into())?;
     socket.listen(backlog)?;
     Ok(socket)
@@ -164,7 +180,21 @@ mod tests {
 
     /// An inventory holding one listening socket on loopback, as `name`.
     fn inherited(name: &str) -> (Inventory, SocketAddr) {
+        inventory_of(
+            name,
+            bind_tcp(addr("127.0.0.1:0"), 16, false).expect("bind"),
+        )
+    }
+
+    /// The same, made the way an older version or systemd (by default)
+    /// makes it: without TCP_NODELAY.
+    fn inherited_without_nodelay(name: &str) -> (Inventory, SocketAddr) {
         let socket = bind_tcp(addr("127.0.0.1:0"), 16, false).expect("bind");
+        socket.set_tcp_nodelay(false).expect("setsockopt");
+        inventory_of(name, socket)
+    }
+
+    fn inventory_of(name: &str, socket: Socket) -> (Inventory, SocketAddr) {
         let at = socket
             .local_addr()
             .ok()
@@ -225,14 +255,15 @@ mod tests {
         assert_eq!(inventory.unclaimed(), ["web"]);
     }
 
-    /// The connection path no longer sets TCP_NODELAY per connection: each
-    /// accepted socket must have it from its listener, whether the listener
-    /// was bound here or adopted without it.
+    /// The connection path sets TCP_NODELAY per connection only on a socket
+    /// adopted without it: every other accepted socket must have it from
+    /// its listener, whether bound here or adopted.
     #[test]
     fn connections_accepted_on_a_bound_or_adopted_socket_have_no_delay() {
-        let (mut inventory, at) = inherited("web");
+        let (mut inventory, at) = inherited_without_nodelay("web");
         let mut holdings = Holdings::default();
         let adopted = listen("web", &tcp(at), &mut inventory, &mut holdings).expect("listen");
+        assert!(adopted.nodelay_each, "adopted without TCP_NODELAY");
         let bound = listen(
             "api",
             &tcp(addr("127.0.0.1:0")),
@@ -240,11 +271,38 @@ mod tests {
             &mut holdings,
         )
         .expect("listen");
+        assert!(!bound.nodelay_each);
         for listening in [adopted, bound] {
             let _client = std::net::TcpStream::connect(bound_at(&listening)).expect("connect");
             listening.socket.set_nonblocking(false).expect("blocking");
             let (accepted, _) = listening.socket.accept().expect("accept");
             assert!(accepted.tcp_nodelay().expect("getsockopt"));
         }
+    }
+
+    /// Why a socket adopted without TCP_NODELAY makes its accept loop set
+    /// it on each connection: one already queued took the listener's
+    /// options as it was, and setting them now does not reach it. A socket
+    /// adopted with it asks for nothing more.
+    #[test]
+    fn a_connection_queued_before_adoption_keeps_the_old_options() {
+        let (mut inventory, at) = inherited_without_nodelay("web");
+        let _client = std::net::TcpStream::connect(at).expect("connect");
+        let mut holdings = Holdings::default();
+        let adopted = listen("web", &tcp(at), &mut inventory, &mut holdings).expect("listen");
+        assert!(adopted.nodelay_each);
+        adopted.socket.set_nonblocking(false).expect("blocking");
+        let (queued, _) = adopted.socket.accept().expect("accept");
+        assert!(!queued.tcp_nodelay().expect("getsockopt"));
+
+        let entry = SocketEntry {
+            name: "web".into(),
+            addr: at.to_string(),
+        };
+        let mut again =
+            Inventory::new(vec![entry], vec![adopted.socket.into()]).expect("inventory");
+        let readopted =
+            listen("web", &tcp(at), &mut again, &mut Holdings::default()).expect("listen");
+        assert!(!readopted.nodelay_each, "adopted with TCP_NODELAY");
     }
 }
