@@ -74,7 +74,6 @@ impl Accept for Connections {
             metrics: self.metrics.clone(),
             _permit: permit,
         };
-        let drain = self.drain.clone();
         let proxy = self.proxy.clone();
         let origin = Origin {
             client: peer,
@@ -86,10 +85,13 @@ impl Accept for Connections {
             // then moves a pointer into the task's cell and at each change
             // of the task's stage, not the state.
             (None, None) => match proxy {
-                Proxy::Http(p) => self.drain.spawn(Box::pin(async move {
-                    p.serve(stream, origin, drain).await;
-                    drop(open);
-                })),
+                Proxy::Http(p) => {
+                    let drain = self.drain.clone();
+                    self.drain.spawn(Box::pin(async move {
+                        p.serve(stream, origin, drain).await;
+                        drop(open);
+                    }));
+                }
                 Proxy::Tcp(p) => self.drain.spawn(Box::pin(async move {
                     p.serve(stream, origin).await;
                     drop(open);
@@ -98,6 +100,7 @@ impl Accept for Connections {
             (receive, tls) => {
                 let (receive, tls) = (receive.clone(), tls.clone());
                 let listener = Arc::clone(&self.config);
+                let drain = self.drain.clone();
                 self.drain.spawn(Box::pin(async move {
                     let admitted = match receive {
                         None => Some((stream, origin)),

@@ -82,11 +82,24 @@ pub async fn serve<S: ByteStream>(
 /// socket, as far as the reactor has seen: closing now cannot turn into a
 /// reset. tokio's cached readiness answers without a syscall (a peek would
 /// cost one per connection); a byte that came after the reactor last
-/// looked, a few microseconds ago, from a client that said it was done,
-/// is as unforeseeable as one that comes just after any check.
+/// looked, from a client that said it was done, is as unforeseeable as one
+/// that comes just after any check. A task out of its scheduling budget is
+/// told "pending" whatever the readiness: then the kernel is asked.
 fn nothing_unread(stream: &tokio::net::TcpStream) -> bool {
+    if !tokio::task::coop::has_budget_remaining() {
+        return kernel_holds_nothing(stream);
+    }
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     stream.poll_read_ready(&mut cx).is_pending()
+}
+
+/// One non-blocking peek: the kernel holds no byte baton has not read.
+fn kernel_holds_nothing(stream: &tokio::net::TcpStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+    match socket2::SockRef::from(stream).peek(&mut byte) {
+        Ok(n) => n == 0,
+        Err(err) => err.kind() == std::io::ErrorKind::WouldBlock,
+    }
 }
 
 async fn serve_requests<S: ByteStream>(
@@ -248,5 +261,33 @@ mod tests {
         client.shutdown().await.expect("FIN");
         settle().await;
         assert!(!nothing_unread(&served), "the client's FIN is news too");
+    }
+
+    /// Out of budget, tokio says "pending" however ready the socket is; the
+    /// check must then not take that for "nothing came".
+    #[tokio::test]
+    async fn a_task_out_of_budget_still_sees_an_unread_byte() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (served, _) = listener.accept().await.expect("accept");
+        client.write_all(b"x").await.expect("send");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let seen = std::future::poll_fn(|cx| {
+            // Each ready answer spends a unit of the task's budget.
+            for _ in 0..1000 {
+                if !tokio::task::coop::has_budget_remaining() {
+                    break;
+                }
+                let _ = served.poll_read_ready(cx);
+            }
+            let spent = !tokio::task::coop::has_budget_remaining();
+            std::task::Poll::Ready((spent, nothing_unread(&served)))
+        })
+        .await;
+        assert_eq!(seen, (true, false), "(budget spent, nothing unread)");
     }
 }
