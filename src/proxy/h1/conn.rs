@@ -234,19 +234,24 @@ async fn refuse<S: ByteStream>(
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// A client and the server's side of its connection, on loopback.
+    async fn connected() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (served, _) = listener.accept().await.expect("accept");
+        (client, served)
+    }
 
     /// The check costs no syscall, so it sees only what the reactor has
     /// seen: a byte is known once the runtime has polled for events (as it
     /// does at every wait), and a read that drained the socket forgets it.
     #[tokio::test]
     async fn a_byte_the_reactor_saw_is_unread_until_a_read_drains_it() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let mut client = tokio::net::TcpStream::connect(listener.local_addr().expect("addr"))
-            .await
-            .expect("connect");
-        let (mut served, _) = listener.accept().await.expect("accept");
+        let (mut client, mut served) = connected().await;
         let settle = || tokio::time::sleep(std::time::Duration::from_millis(50));
         client.write_all(b"GET").await.expect("send");
         settle().await;
@@ -267,13 +272,7 @@ mod tests {
     /// check must then not take that for "nothing came".
     #[tokio::test]
     async fn a_task_out_of_budget_still_sees_an_unread_byte() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let mut client = tokio::net::TcpStream::connect(listener.local_addr().expect("addr"))
-            .await
-            .expect("connect");
-        let (served, _) = listener.accept().await.expect("accept");
+        let (mut client, served) = connected().await;
         client.write_all(b"x").await.expect("send");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         let seen = std::future::poll_fn(|cx| {
