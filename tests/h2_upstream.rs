@@ -192,6 +192,41 @@ async fn request_bodies_are_framed_for_http_1() {
     );
 }
 
+/// An h2 client's request trailers reach the backend as HTTP/1 trailers,
+/// less those that would reframe or reroute the request were the backend
+/// to merge them into its head: the same rule as an HTTP/1 client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_trailers_go_on_without_framing_or_routing_fields() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_for(backend.addr).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (tx, rx) = mpsc::channel(4);
+    let sent = send(
+        &mut sender,
+        request("POST", web, "/trailers", Fed(rx).boxed()),
+    );
+    let feeding = async move {
+        tx.send(Frame::data(Bytes::from_static(b"hello")))
+            .await
+            .expect("fed");
+        let mut trailers = hyper::HeaderMap::new();
+        for (name, value) in [
+            ("x-sum", "7"),
+            ("content-length", "999"),
+            ("host", "elsewhere"),
+        ] {
+            trailers.insert(name, value.parse().expect("value"));
+        }
+        tx.send(Frame::trailers(trailers)).await.expect("fed");
+    };
+    let ((status, said, _), ()) = tokio::join!(sent, feeding);
+    assert_eq!(
+        (status, said.as_str()),
+        (200, "request trailers: x-sum=7 \n")
+    );
+}
+
 /// Chunked with trailers, close-delimited, after an interim 103, and a
 /// HEAD's length: each reaches the h2 client as the backend meant it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,8 +18,16 @@ const MAX_TRAILERS: usize = 16 * 1024;
 const MAX_SIZE_DIGITS: usize = 16;
 
 /// Trailer fields that would change framing or routing if a next hop
-/// merged them into the head: dropped, not forwarded (RFC 9110 §6.5.1).
+/// merged them into the head: dropped, not forwarded (RFC 9110 §6.5.1),
+/// whether the trailers came in HTTP/1 or in h2.
 const DROPPED_TRAILERS: [&str; 3] = ["content-length", "transfer-encoding", "host"];
+
+/// Whether a trailer field named `name` goes on (see `DROPPED_TRAILERS`).
+pub fn trailer_forwarded(name: &[u8]) -> bool {
+    !DROPPED_TRAILERS
+        .iter()
+        .any(|d| name.eq_ignore_ascii_case(d.as_bytes()))
+}
 
 /// Decodes a chunked body as its bytes arrive, validating every size line,
 /// extension and trailer, so what goes on is re-framed by baton (never
@@ -344,10 +352,7 @@ fn reserialise(section: &[u8]) -> Result<Bytes, ChunkError> {
     };
     let mut out = BytesMut::with_capacity(section.len());
     for field in fields {
-        if DROPPED_TRAILERS
-            .iter()
-            .any(|d| field.name.eq_ignore_ascii_case(d))
-        {
+        if !trailer_forwarded(field.name.as_bytes()) {
             continue;
         }
         out.put_slice(field.name.as_bytes());

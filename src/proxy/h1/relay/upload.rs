@@ -8,7 +8,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::{HeaderMap, CONTENT_LENGTH, COOKIE, EXPECT, HOST};
+use http::header::{CONTENT_LENGTH, COOKIE, EXPECT, HOST};
 use http::request::Parts;
 use http::Method;
 use http_body::{Body, Frame};
@@ -95,13 +95,6 @@ pub(super) fn request_head(
         UpFraming::Length | UpFraming::None => {}
     }
     out.put_slice(b"\r\n");
-}
-
-/// Each field as an HTTP/1 line (the names are lower-case, as h2 has them).
-fn put_fields(fields: &HeaderMap, out: &mut BytesMut) {
-    for (name, value) in fields {
-        put_field(name.as_str().as_bytes(), value.as_bytes(), out);
-    }
 }
 
 /// Whether the upload waits for the backend to take bytes, and since when;
@@ -239,7 +232,12 @@ impl Upload {
                 // Trailers end the body; only a chunked one can carry them.
                 if let (Ok(trailers), true) = (frame.into_trailers(), self.chunked) {
                     let mut lines = BytesMut::new();
-                    put_fields(&trailers, &mut lines);
+                    let kept = trailers
+                        .iter()
+                        .filter(|(name, _)| chunked::trailer_forwarded(name.as_str().as_bytes()));
+                    for (name, value) in kept {
+                        put_field(name.as_str().as_bytes(), value.as_bytes(), &mut lines);
+                    }
                     chunked::last_chunk(&lines, &mut self.out);
                     self.chunked = false;
                 }
