@@ -7,24 +7,18 @@ use crate::lifecycle::endpoint::{self, Endpoint, ListenError};
 use crate::lifecycle::handoff::CarriedAdmin;
 use crate::lifecycle::inventory::Inventory;
 
-/// What a generation is built from: its config, what an older generation
-/// (or systemd) handed over, and the process's own parts.
-pub(super) struct Inputs {
-    pub inheritance: Inheritance,
-    pub config: Config,
-    pub exec: Exec,
-    pub metrics: Option<PrometheusHandle>,
-    pub commands: Commands,
-}
-
-pub(super) async fn start(inputs: Inputs) -> Result<Generation, StartError> {
-    let Inputs {
+/// Builds a generation from its `Setup`: its config, what an older
+/// generation (or systemd) handed over, and the process's own parts. The
+/// parent is `run`'s to talk to once the generation is built.
+pub(super) async fn start(setup: Setup) -> Result<Generation, StartError> {
+    let Setup {
         inheritance,
         config,
         exec,
         metrics,
         commands,
-    } = inputs;
+        parent: _,
+    } = setup;
     let Inheritance {
         generation: number,
         sockets: mut inventory,

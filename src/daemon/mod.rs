@@ -101,16 +101,9 @@ pub struct Setup {
 /// All it hears from outside comes in `setup`, so a test can run it inside
 /// its own process with a command channel (`tests/support/in_process.rs`);
 /// a reload, which execs the next generation, needs the binary.
-pub async fn run(setup: Setup) -> Exit {
-    let parent = setup.parent;
-    let built = build::start(build::Inputs {
-        inheritance: setup.inheritance,
-        config: setup.config,
-        exec: setup.exec,
-        metrics: setup.metrics,
-        commands: setup.commands,
-    })
-    .await;
+pub async fn run(mut setup: Setup) -> Exit {
+    let parent = setup.parent.take();
+    let built = build::start(setup).await;
     let mut gen = match built {
         Ok(g) => g,
         Err(e) => return fail(parent.as_ref(), e).await,
