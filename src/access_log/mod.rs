@@ -113,6 +113,16 @@ impl Marks {
         }
     }
 
+    /// A backend connection is in hand: a kept one was in hand when the
+    /// backend was leased (no clock read), a new one now.
+    pub fn got_connection(&mut self, reused: bool) {
+        self.connected = if reused {
+            self.leased
+        } else {
+            Some(Instant::now())
+        };
+    }
+
     /// The step the exchange was in at the end: where a failure happened.
     pub fn phase(&self) -> Phase {
         match (self.leased, self.connected, self.head) {

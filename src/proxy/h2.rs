@@ -286,11 +286,7 @@ impl HttpProxy {
                         return Err(err);
                     }
                 };
-            stream.noted.marks.connected = if up.reused {
-                stream.noted.marks.leased
-            } else {
-                Some(Instant::now())
-            };
+            stream.noted.marks.got_connection(up.reused);
             let sent = body.take().unwrap_or_else(body::empty);
             let relay = Relay::new(
                 up,

@@ -206,12 +206,7 @@ async fn forward<S: ByteStream>(
         .await
         {
             Ok(upstream) => {
-                // A kept connection is in hand when leased: no clock read.
-                trace.marks.connected = if upstream.reused {
-                    trace.marks.leased
-                } else {
-                    Some(Instant::now())
-                };
+                trace.marks.got_connection(upstream.reused);
                 upstream
             }
             // Nothing was sent: another backend may take it.
