@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -123,6 +124,59 @@ async fn client_certificates_are_checked_when_required_and_when_optional() {
     assert_eq!(
         one_request(&ca.client_as(&["http/1.1"], Some(&me)), web).await,
         Ok(200)
+    );
+}
+
+/// rustls resumes a ticket with the client identity it recorded and asks
+/// for no certificate on a resumed handshake: a ticket from a listener
+/// that asks for none must not open on one that requires one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_from_a_listener_without_client_certificates_does_not_pass_one_that_requires_them()
+{
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let ca_key = format!(", client_ca = \"{}\"", ca.ca_pem().display());
+    let spec = Spec::new()
+        .listener("open", "http", "app", &Issued::listener_tls(&[&a], ""))
+        .listener("mtls", "http", "app", &Issued::listener_tls(&[&a], &ca_key))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let tls = ca.client(&["http/1.1"]);
+    assert_eq!(one_request(&tls, baton.addr("open")).await, Ok(200));
+    assert!(resumed(&tls, baton.addr("open")).await, "it holds a ticket");
+    assert!(
+        one_request(&tls, baton.addr("mtls")).await.is_err(),
+        "no client certificate, no answer, ticket or not"
+    );
+}
+
+/// Session-ticket keys outlive a reload, but a ticket sealed under the
+/// client CAs a reload replaced opens no more: the client shows a
+/// certificate the new CAs issued, or is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_client_cas_ends_the_tickets_sealed_under_the_old() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let other = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let me = ca.issue("me", &["client.test"]);
+    let spec = |clients: &Authority| {
+        let key = format!(", client_ca = \"{}\"", clients.ca_pem().display());
+        Spec::new()
+            .listener("web", "http", "app", &Issued::listener_tls(&[&a], &key))
+            .pool("app", &[backend.addr])
+    };
+    let baton = Baton::start(spec(&ca)).await;
+    let web = baton.addr("web");
+    let tls = ca.client_as(&["http/1.1"], Some(&me));
+    assert_eq!(one_request(&tls, web).await, Ok(200));
+    assert!(resumed(&tls, web).await, "it holds a ticket");
+    baton.write_spec(&spec(&other), &HashMap::new());
+    baton.reload_ok().await;
+    assert!(
+        one_request(&tls, web).await.is_err(),
+        "its certificate is not the new CA's, ticket or not"
     );
 }
 

@@ -237,7 +237,7 @@ fn open_admin(
 }
 
 /// Listener `l`'s TLS termination, if it has any, sealing session
-/// tickets with the generation's `ticketer`.
+/// tickets with the generation's `ticketer` in the listener's own scope.
 fn terminator(
     l: &crate::config::ListenerConfig,
     ticketer: &Arc<crate::tls::tickets::Ticketer>,
@@ -247,7 +247,11 @@ fn terminator(
         metrics::tls_certificate_expiry(&l.name, &cert.name, cert.not_after_unix);
     }
     let mut server = (*t.server_config).clone();
-    server.ticketer = ticketer.clone();
+    let scope = crate::tls::tickets::Scope::new(&l.name, &t.client_policy);
+    server.ticketer = Arc::new(crate::tls::tickets::ListenerTickets::new(
+        Arc::clone(ticketer),
+        scope,
+    ));
     Some(Arc::new(crate::tls::handshake::Terminator::new(
         &l.name,
         Arc::new(server),

@@ -113,6 +113,9 @@ pub struct TlsSettings {
     pub min_version: MinVersion,
     /// `None` when no client certificate is asked for.
     pub client_auth: Option<ClientAuth>,
+    /// `client_auth` and the client CAs, as bytes a session ticket is bound
+    /// to (see `tickets::Scope`).
+    pub client_policy: Vec<u8>,
     pub certificates: Vec<CertificateInfo>,
 }
 
@@ -129,21 +132,43 @@ impl TlsSettings {
     pub fn build(spec: Spec) -> Result<Self, TlsError> {
         let certificates = spec.certificates.iter().map(|c| c.info.clone()).collect();
         let server_config = server_config(&spec)?;
+        let client_policy = client_policy(spec.client_ca.as_ref());
         Ok(TlsSettings {
             server_config: Arc::new(server_config),
             handshake_timeout: spec.handshake_timeout,
             alpn: spec.alpn,
             min_version: spec.min_version,
             client_auth: spec.client_ca.map(|ca| ca.auth),
+            client_policy,
             certificates,
         })
     }
 }
 
-/// The rustls configuration for `spec`. Its session ticketer and session
-/// cache are rustls' defaults, so tickets do not survive a reload yet: the
-/// step that hands ticket keys across reloads sets `ticketer` here (or on a
-/// clone of the built config, which is `Clone`).
+/// Whether and against which CAs a client certificate is checked, as
+/// bytes: two listeners (or generations) that check alike give the same.
+fn client_policy(ca: Option<&ClientCa>) -> Vec<u8> {
+    let Some(ca) = ca else {
+        return b"none".to_vec();
+    };
+    let mut policy = ca.auth.as_str().as_bytes().to_vec();
+    for root in &ca.roots.roots {
+        let constraints = root.name_constraints.as_deref().unwrap_or_default();
+        for part in [
+            &root.subject[..],
+            &root.subject_public_key_info[..],
+            constraints,
+        ] {
+            policy.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            policy.extend_from_slice(part);
+        }
+    }
+    policy
+}
+
+/// The rustls configuration for `spec`. Its session cache is rustls'
+/// default (one per listener); its ticketer is set on a clone per
+/// generation (`daemon::build`), sealing with keys a reload hands over.
 fn server_config(spec: &Spec) -> Result<ServerConfig, TlsError> {
     let provider = provider();
     let builder = ServerConfig::builder_with_provider(provider.clone())

@@ -13,11 +13,20 @@
 //! most. A ticket is `key name (16) | nonce (12) | AES-256-GCM(state)`;
 //! the key name is public, the secrets never leave memory and the
 //! handoff (not in logs, `/status` or metrics: `Debug` prints no secret).
+//!
+//! Every ticket is bound to its listener's [`Scope`] (the listener's name
+//! and its client-certificate policy) as associated data. rustls resumes
+//! a ticket with the client identity it recorded, and asks for no
+//! certificate on a resumed handshake; so a ticket one listener sealed
+//! opens on no other, nor after a reload that changed the listener's
+//! client CAs or `client_auth` (HAProxy's keys are per `bind` for the
+//! same reason).
 
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
+use ring::digest::{Context as Digest, SHA256, SHA256_OUTPUT_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 
@@ -126,8 +135,8 @@ impl Sealing {
     }
 }
 
-/// rustls' ticketer over baton's key set; one per generation, shared by
-/// every TLS listener and worker.
+/// baton's key set and its ciphers; one per generation, shared by every
+/// TLS listener (each through its [`ListenerTickets`]) and worker.
 pub struct Ticketer {
     sealing: RwLock<Sealing>,
     period: Duration,
@@ -190,20 +199,9 @@ impl Ticketer {
             }
         }
     }
-}
 
-impl rustls::server::ProducesTickets for Ticketer {
-    fn enabled(&self) -> bool {
-        true
-    }
-
-    /// The most a ticket lives: its key is current for one period, then
-    /// previous for one more.
-    fn lifetime(&self) -> u32 {
-        u32::try_from(self.period.as_secs().saturating_mul(2)).unwrap_or(u32::MAX)
-    }
-
-    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+    /// `plain` sealed with the current key, bound to `scope`.
+    fn seal(&self, scope: &Scope, plain: &[u8]) -> Option<Vec<u8>> {
         self.rotate_if_due();
         let sealing = self.read();
         let mut nonce = [0u8; NONCE_LEN];
@@ -215,7 +213,7 @@ impl rustls::server::ProducesTickets for Ticketer {
         sealing.ciphers[0]
             .seal_in_place_append_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(&sealing.keys.current.name),
+                Aad::from(scope.associated(&sealing.keys.current.name)),
                 &mut sealed,
             )
             .ok()?;
@@ -223,7 +221,8 @@ impl rustls::server::ProducesTickets for Ticketer {
         Some(out)
     }
 
-    fn decrypt(&self, ticket: &[u8]) -> Option<Vec<u8>> {
+    /// The state in `ticket`, if one of the keys sealed it for `scope`.
+    fn open(&self, scope: &Scope, ticket: &[u8]) -> Option<Vec<u8>> {
         self.rotate_if_due();
         let name = ticket.get(..NAME_LEN)?;
         let nonce = ticket.get(NAME_LEN..NAME_LEN + NONCE_LEN)?;
@@ -232,9 +231,71 @@ impl rustls::server::ProducesTickets for Ticketer {
         let mut opened = ticket.get(NAME_LEN + NONCE_LEN..)?.to_vec();
         let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
         let plain = sealing.ciphers[index]
-            .open_in_place(nonce, Aad::from(name), &mut opened)
+            .open_in_place(nonce, Aad::from(scope.associated(name)), &mut opened)
             .ok()?;
         Some(plain.to_vec())
+    }
+}
+
+/// What a ticket is bound to: a listener's name and its client-certificate
+/// policy, as a digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scope([u8; SHA256_OUTPUT_LEN]);
+
+impl Scope {
+    /// The scope of listener `listener` whose client-certificate policy is
+    /// `policy` (see `TlsSettings::client_policy`).
+    pub fn new(listener: &str, policy: &[u8]) -> Scope {
+        let mut digest = Digest::new(&SHA256);
+        for part in [listener.as_bytes(), policy] {
+            digest.update(&(part.len() as u64).to_be_bytes());
+            digest.update(part);
+        }
+        let mut scope = [0; SHA256_OUTPUT_LEN];
+        scope.copy_from_slice(digest.finish().as_ref());
+        Scope(scope)
+    }
+
+    /// A ticket's associated data: its key's name, then this scope.
+    fn associated(&self, key_name: &[u8]) -> [u8; NAME_LEN + SHA256_OUTPUT_LEN] {
+        let mut data = [0; NAME_LEN + SHA256_OUTPUT_LEN];
+        data[..NAME_LEN].copy_from_slice(key_name);
+        data[NAME_LEN..].copy_from_slice(&self.0);
+        data
+    }
+}
+
+/// rustls' ticketer for one listener: the generation's keys, sealing in
+/// the listener's scope.
+#[derive(Debug)]
+pub struct ListenerTickets {
+    ticketer: Arc<Ticketer>,
+    scope: Scope,
+}
+
+impl ListenerTickets {
+    pub fn new(ticketer: Arc<Ticketer>, scope: Scope) -> ListenerTickets {
+        ListenerTickets { ticketer, scope }
+    }
+}
+
+impl rustls::server::ProducesTickets for ListenerTickets {
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    /// The most a ticket lives: its key is current for one period, then
+    /// previous for one more.
+    fn lifetime(&self) -> u32 {
+        u32::try_from(self.ticketer.period.as_secs().saturating_mul(2)).unwrap_or(u32::MAX)
+    }
+
+    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+        self.ticketer.seal(&self.scope, plain)
+    }
+
+    fn decrypt(&self, ticket: &[u8]) -> Option<Vec<u8>> {
+        self.ticketer.open(&self.scope, ticket)
     }
 }
 
@@ -245,13 +306,34 @@ mod tests {
 
     const HOUR: Duration = Duration::from_secs(3600);
 
+    fn web() -> Scope {
+        Scope::new("web", b"none")
+    }
+
+    #[test]
+    fn a_ticket_opens_only_on_its_listener_under_its_client_policy() {
+        let ticketer = Arc::new(Ticketer::new(None, HOUR).expect("ticketer"));
+        let tickets = |listener: &str, policy: &[u8]| {
+            ListenerTickets::new(Arc::clone(&ticketer), Scope::new(listener, policy))
+        };
+        let ticket = tickets("web", b"none").encrypt(b"state").expect("sealed");
+        assert_eq!(
+            tickets("web", b"none").decrypt(&ticket).as_deref(),
+            Some(&b"state"[..])
+        );
+        assert_eq!(tickets("mtls", b"none").decrypt(&ticket), None);
+        assert_eq!(tickets("web", b"required ca").decrypt(&ticket), None);
+        // Name and policy are told apart, not run together.
+        assert_ne!(Scope::new("ab", b"c"), Scope::new("a", b"bc"));
+    }
+
     #[test]
     fn a_ticket_opens_in_the_next_generation() {
         let first = Ticketer::new(None, HOUR).expect("ticketer");
-        let ticket = first.encrypt(b"session state").expect("sealed");
+        let ticket = first.seal(&web(), b"session state").expect("sealed");
         let next = Ticketer::new(Some(first.keys()), HOUR).expect("inherited");
         assert_eq!(
-            next.decrypt(&ticket).as_deref(),
+            next.open(&web(), &ticket).as_deref(),
             Some(&b"session state"[..])
         );
     }
@@ -260,12 +342,12 @@ mod tests {
     fn a_ticket_from_elsewhere_or_tampered_with_does_not_open() {
         let ours = Ticketer::new(None, HOUR).expect("ticketer");
         let theirs = Ticketer::new(None, HOUR).expect("ticketer");
-        let mut ticket = ours.encrypt(b"state").expect("sealed");
-        assert_eq!(theirs.decrypt(&ticket), None);
+        let mut ticket = ours.seal(&web(), b"state").expect("sealed");
+        assert_eq!(theirs.open(&web(), &ticket), None);
         let last = ticket.len() - 1;
         ticket[last] ^= 1;
-        assert_eq!(ours.decrypt(&ticket), None);
-        assert_eq!(ours.decrypt(&ticket[..10]), None);
+        assert_eq!(ours.open(&web(), &ticket), None);
+        assert_eq!(ours.open(&web(), &ticket[..10]), None);
     }
 
     #[test]
@@ -273,21 +355,21 @@ mod tests {
         let keys = TicketKeys::generate().expect("keys");
         let start = keys.current_since;
         let ticketer = Ticketer::new(Some(keys.clone()), HOUR).expect("ticketer");
-        let ticket = ticketer.encrypt(b"state").expect("sealed");
+        let ticket = ticketer.seal(&web(), b"state").expect("sealed");
         let once = keys
             .clone()
             .brought_up_to(start + 3600, HOUR)
             .expect("rotated");
         let after_one = Ticketer::new(Some(once.clone()), HOUR).expect("ticketer");
         assert!(
-            after_one.decrypt(&ticket).is_some(),
+            after_one.open(&web(), &ticket).is_some(),
             "previous key still opens"
         );
         assert_eq!(once.current_since, start + 3600);
         let twice = keys.brought_up_to(start + 7200, HOUR).expect("rotated");
         let after_two = Ticketer::new(Some(twice), HOUR).expect("ticketer");
         assert_eq!(
-            after_two.decrypt(&ticket),
+            after_two.open(&web(), &ticket),
             None,
             "two rotations later it is gone"
         );
@@ -303,8 +385,13 @@ mod tests {
             HOUR,
         )
         .expect("ticketer");
-        let ticket = ahead.encrypt(b"state").expect("sealed by the rotated set");
-        assert!(behind.decrypt(&ticket).is_some(), "its next key opens it");
+        let ticket = ahead
+            .seal(&web(), b"state")
+            .expect("sealed by the rotated set");
+        assert!(
+            behind.open(&web(), &ticket).is_some(),
+            "its next key opens it"
+        );
     }
 
     #[test]
