@@ -1,7 +1,9 @@
 //! h2c clients under the same limits as HTTP/1 ones: the preface and the
 //! first SETTINGS frame fall under `header_timeout`, a connection with no
 //! stream open is closed at `idle_timeout` with GOAWAY, and the number of
-//! streams a client may open at once is bounded (`h2_max_concurrent_streams`).
+//! streams a client may open at once is bounded (`h2_max_concurrent_streams`),
+//! and a `Host` field (what routes a request without `:authority`) must be
+//! a plain authority, as on HTTP/1.
 
 mod support;
 
@@ -147,4 +149,68 @@ async fn a_peer_that_never_answers_pings_is_cut_even_with_a_stream_open() {
         frames(&sent).iter().any(|(kind, _)| *kind == PING),
         "PINGed first: {sent:?}"
     );
+}
+
+/// A HEADERS frame (stream 1, END_STREAM | END_HEADERS) for `GET /` with
+/// a `host` field of `host` and no `:authority`.
+fn get_with_host(host: &[u8]) -> Vec<u8> {
+    let mut block = vec![0x82, 0x86, 0x84]; // GET, http, :path /
+    block.extend_from_slice(&[0x00, 4]); // a literal name, not indexed
+    block.extend_from_slice(b"host");
+    block.push(host.len() as u8);
+    block.extend_from_slice(host);
+    let len = block.len() as u32;
+    let mut frame = len.to_be_bytes()[1..].to_vec();
+    frame.extend_from_slice(&[1, 0x5, 0, 0, 0, 1]);
+    frame.extend_from_slice(&block);
+    frame
+}
+
+/// The first byte of the header block baton answers stream 1 with: the
+/// static-table index of its `:status` (0x88 200, 0x8c 400).
+async fn status_byte(s: &mut TcpStream) -> Option<u8> {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + support::TIMEOUT;
+    loop {
+        let answer = frames(&all)
+            .into_iter()
+            .find(|(kind, payload)| *kind == 1 && !payload.is_empty());
+        if let Some((_, payload)) = answer {
+            return payload.first().copied();
+        }
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => all.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
+    }
+}
+
+/// Without `:authority`, `Host` routes the request: one with whitespace,
+/// userinfo or a path in it is refused (400) and reaches no backend, where
+/// it would have missed its host route and reached the default pool, whose
+/// HTTP/1 parser trims it and reads another host than baton routed on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_is_no_plain_authority_is_refused() {
+    let (backend, baton) = baton_with("").await;
+    for (host, status) in [
+        (&b"app"[..], 0x88),
+        (b"app ", 0x8c),
+        (b"a@app", 0x8c),
+        (b"app/x", 0x8c),
+        (b"", 0x8c),
+    ] {
+        let mut s = TcpStream::connect(baton.addr("web"))
+            .await
+            .expect("connect");
+        let opening = [PREFACE, SETTINGS, &get_with_host(host)].concat();
+        s.write_all(&opening).await.expect("write");
+        assert_eq!(
+            status_byte(&mut s).await,
+            Some(status),
+            "{}",
+            String::from_utf8_lossy(host)
+        );
+    }
+    assert_eq!(backend.hits(), 1, "only the plain host reached it");
 }

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::activity::ConnState;
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
-use super::h1::head::ResponseHead;
+use super::h1::head::{valid_authority, ResponseHead};
 use super::h1::relay::{BackendWait, HeadFault, Relay};
 use super::h1::upstream;
 use super::h2_record::{Asked, Noted, StreamRecord};
@@ -532,8 +532,16 @@ enum Sent {
 /// A request two parties could read two ways (the stuff of request
 /// smuggling) that hyper lets through: refused, never forwarded.
 fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
-    if req.headers().get_all(HOST).iter().count() > 1 {
-        return Some("more than one Host header");
+    let mut hosts = req.headers().get_all(HOST).iter();
+    if let Some(host) = hosts.next() {
+        if hosts.next().is_some() {
+            return Some("more than one Host header");
+        }
+        // It routes a request without `:authority`, and an HTTP/1 backend
+        // would trim or read otherwise what a plain authority is not.
+        if !valid_authority(host.as_bytes()) {
+            return Some("invalid Host header");
+        }
     }
     if req.method() == http::Method::CONNECT {
         return Some("CONNECT: baton is no forward proxy");

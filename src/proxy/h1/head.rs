@@ -710,7 +710,7 @@ fn check_host(request: &RequestHead) -> Result<(), Refusal> {
 
 /// A non-empty `host[:port]` of RFC 3986 characters (reg-name, IP literal,
 /// port), without userinfo: `@`, `/`, whitespace and the like are refused.
-fn valid_authority(authority: &[u8]) -> bool {
+pub(crate) fn valid_authority(authority: &[u8]) -> bool {
     !authority.is_empty() && authority.iter().all(|&b| AUTHORITY[usize::from(b)])
 }
 
