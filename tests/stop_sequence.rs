@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use support::backend::HttpBackend;
 use support::client;
 use support::daemon::{signal, wait_exit, Baton, Spec};
+use support::raw::{self, RawBackend, Then};
 
 fn spec(shutdown: &str, backend: &HttpBackend, listener_extra: &str) -> Spec {
     Spec::default()
@@ -284,6 +285,37 @@ async fn a_websocket_is_closed_with_1001_at_drain_start() {
     );
     assert!(baton.log().contains("ended long-lived stream for drain"));
     assert_no_error_lines(&baton);
+}
+
+/// A client that stops reading its upgraded connection does not hold the
+/// drain: baton's pending write to it is given up a moment after the
+/// drain begins, and the stop is clean (exit 0, nothing forced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_connection_whose_client_stopped_reading_ends_at_drain_start() {
+    let backend = RawBackend::start(|_| {
+        let stream = vec![b'x'; 32 << 20];
+        (
+            raw::switched(&stream),
+            Then::CloseAfter(Duration::from_secs(60)),
+        )
+    })
+    .await;
+    let spec = Spec::default()
+        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"\n")
+        .listener("web", "http", "app", "")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let s = raw::upgrading(baton.addr("web")).await;
+    // Never read: baton's write to it waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    signal(baton.first_pid, Signal::SIGTERM);
+    assert_eq!(
+        wait_exit(baton.first_pid).await,
+        Some(0),
+        "exits well before its 60s budget, nothing forced"
+    );
+    assert!(baton.log().contains("ended long-lived stream for drain"));
+    drop(s);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

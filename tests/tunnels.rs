@@ -1,7 +1,8 @@
 //! Tunnels (TCP mode, and HTTP connections upgraded to another protocol)
 //! hold their client connection's place under `max_connections` for their
 //! whole life, and are closed after `tunnel_timeout` with no traffic either
-//! way; TCP mode sets keep-alive on both of its sockets.
+//! way; TCP mode sets keep-alive on both of its sockets. A client's
+//! half-close loses nothing of the backend's half.
 
 mod support;
 
@@ -13,6 +14,7 @@ use tokio::net::TcpStream;
 use support::backend::{HttpBackend, TcpEcho};
 use support::client;
 use support::daemon::{Baton, Spec};
+use support::raw::{self, RawBackend, Then};
 
 /// Echoes `msg` through an established tunnel.
 async fn echoes(s: &mut TcpStream, msg: &[u8]) {
@@ -124,4 +126,33 @@ async fn a_tcp_connection_idle_both_ways_closes_at_tunnel_timeout_and_has_keep_a
         "the idle connection was closed"
     );
     echoes(&mut busy, b"still open").await;
+}
+
+/// A client that half-closes an upgraded connection while baton waits to
+/// write to it (it reads slowly) still gets every byte the backend sent,
+/// in order: the backend's half goes on from where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_close_from_a_slow_reader_loses_nothing_of_the_backends_half() {
+    const LEN: usize = 32 << 20;
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    let sent = pattern.clone();
+    let backend = RawBackend::start(move |_| (raw::switched(&sent), Then::Close)).await;
+    let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let mut s = raw::upgrading(baton.addr("web")).await;
+    // Unread meanwhile: baton's writes to this client wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.shutdown().await.expect("half-close");
+    let mut got = Vec::new();
+    tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut got))
+        .await
+        .expect("the whole stream in time")
+        .expect("read");
+    let body = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|at| &got[at + 4..])
+        .expect("a response head");
+    assert_eq!(body.len(), LEN, "every byte");
+    assert!(body == &pattern[..], "in order");
 }

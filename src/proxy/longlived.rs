@@ -87,7 +87,13 @@ impl FrameTracker {
 /// How the backend-to-client half ended.
 enum DownEnd {
     BackendClosed,
+    /// At a frame boundary (or any byte, for other upgrades) once the
+    /// drain asked: a WebSocket may get its Close frame.
     Drain,
+    /// The drain asked and the stream did not reach a boundary, or the
+    /// client took no bytes, within `LINGER`: cut without a Close frame
+    /// (one written mid-frame would be garbage to the client).
+    Cut,
     Error,
 }
 
@@ -134,44 +140,55 @@ async fn joined<C, B>(
     };
     let ending = drain.long_lived_ending();
     tokio::pin!(ending);
-    let up = async {
-        let _ = tokio::io::copy(&mut client_read, &mut backend_write).await;
-        let _ = backend_write.shutdown().await;
-    };
-    let down = pump_down(
-        &mut backend_read,
-        &mut client_write,
-        websocket,
-        ending.as_mut(),
-    );
-    let end = tokio::select! {
-        end = down => end,
-        () = up => {
+    let end = {
+        let up = async {
+            let _ = tokio::io::copy(&mut client_read, &mut backend_write).await;
+            let _ = backend_write.shutdown().await;
+        };
+        // One copy for the half's whole life: bytes it holds while the
+        // client is slow to take them go on after the client's half-close.
+        let down = pump_down(
+            &mut backend_read,
+            &mut client_write,
+            websocket,
+            ending.as_mut(),
+        );
+        tokio::pin!(down);
+        tokio::select! {
+            end = &mut down => end,
             // The client closed its side: let the backend finish its answer.
-            pump_down(&mut backend_read, &mut client_write, websocket, ending.as_mut()).await
+            () = up => down.await,
         }
     };
-    if let DownEnd::Drain = end {
-        if websocket {
-            let _ = client_write.write_all(&CLOSE_GOING_AWAY).await;
+    match end {
+        DownEnd::Drain | DownEnd::Cut => {
+            // Bounded: a client that stops reading does not hold the drain.
+            let _ = tokio::time::timeout(LINGER, async {
+                if websocket && matches!(end, DownEnd::Drain) {
+                    let _ = client_write.write_all(&CLOSE_GOING_AWAY).await;
+                }
+                let _ = client_write.shutdown().await;
+            })
+            .await;
+            // Read what the client still sends (its Close reply) so closing
+            // the socket does not turn into a reset.
+            let mut sink = [0u8; 4096];
+            let _ = tokio::time::timeout(LINGER, async {
+                while matches!(client_read.read(&mut sink).await, Ok(n) if n > 0) {}
+            })
+            .await;
+            metrics::long_lived_drained(kind);
+            tracing::info!(listener = %listener, kind = kind.as_str(), expected = true, "ended long-lived stream for drain");
         }
-        let _ = client_write.shutdown().await;
-        // Read what the client still sends (its Close reply) so closing
-        // the socket does not turn into a reset.
-        let mut sink = [0u8; 4096];
-        let _ = tokio::time::timeout(LINGER, async {
-            while matches!(client_read.read(&mut sink).await, Ok(n) if n > 0) {}
-        })
-        .await;
-        metrics::long_lived_drained(kind);
-        tracing::info!(listener = %listener, kind = kind.as_str(), expected = true, "ended long-lived stream for drain");
-    } else {
-        let _ = client_write.shutdown().await;
+        DownEnd::BackendClosed | DownEnd::Error => {
+            let _ = client_write.shutdown().await;
+        }
     }
 }
 
 /// Copies backend → client; once `ending` fires, stops at the next frame
-/// boundary (WebSocket) or at once (other upgrades).
+/// boundary (WebSocket) or after the bytes in hand (other upgrades), and
+/// within `LINGER` whatever the client takes.
 async fn pump_down<R, W, E>(
     backend: &mut R,
     client: &mut W,
@@ -185,36 +202,51 @@ where
 {
     let mut tracker = FrameTracker::default();
     let mut buf = vec![0u8; 16 * 1024];
+    // Set when the drain asks: the stream ends by then.
     let mut deadline: Option<tokio::time::Instant> = None;
+    let linger = || Some(tokio::time::Instant::now() + LINGER);
     loop {
-        let cut = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            read = backend.read(&mut buf) => match read {
-                Ok(0) => return DownEnd::BackendClosed,
-                Ok(n) => {
-                    if client.write_all(&buf[..n]).await.is_err() {
-                        return DownEnd::Error;
-                    }
-                    tracker.feed(&buf[..n]);
-                    if deadline.is_some() && tracker.at_boundary() {
-                        return DownEnd::Drain;
-                    }
-                }
-                Err(_) => return DownEnd::Error,
-            },
+        let read = tokio::select! {
+            read = backend.read(&mut buf) => read,
             () = ending.as_mut(), if deadline.is_none() => {
                 if !websocket || tracker.at_boundary() {
                     return DownEnd::Drain;
                 }
-                deadline = Some(tokio::time::Instant::now() + LINGER);
+                deadline = linger();
+                continue;
             }
-            () = cut => return DownEnd::Drain,
+            () = until(deadline) => return DownEnd::Cut,
+        };
+        let n = match read {
+            Ok(0) => return DownEnd::BackendClosed,
+            Ok(n) => n,
+            Err(_) => return DownEnd::Error,
+        };
+        // Written piece by piece so the drain is heard while the client is
+        // slow to take them.
+        let mut sent = 0;
+        while sent < n {
+            tokio::select! {
+                written = client.write(&buf[sent..n]) => match written {
+                    Ok(0) | Err(_) => return DownEnd::Error,
+                    Ok(w) => sent += w,
+                },
+                () = ending.as_mut(), if deadline.is_none() => deadline = linger(),
+                () = until(deadline) => return DownEnd::Cut,
+            }
         }
+        tracker.feed(&buf[..n]);
+        if deadline.is_some() && (!websocket || tracker.at_boundary()) {
+            return DownEnd::Drain;
+        }
+    }
+}
+
+/// Sleeps until `deadline`, or for ever without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -159,3 +159,22 @@ pub fn ok(body: &str) -> Vec<u8> {
     )
     .into_bytes()
 }
+
+/// A 101 to protocol `foo`, then `stream`: the backend's side of an
+/// upgraded connection.
+pub fn switched(stream: &[u8]) -> Vec<u8> {
+    let mut bytes =
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: foo\r\nconnection: upgrade\r\n\r\n".to_vec();
+    bytes.extend_from_slice(stream);
+    bytes
+}
+
+/// A client connected to `addr` that asked to upgrade to `foo` and has
+/// read nothing yet.
+pub async fn upgrading(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nhost: app\r\nconnection: upgrade\r\nupgrade: foo\r\n\r\n")
+        .await
+        .expect("upgrade");
+    s
+}
