@@ -493,3 +493,48 @@ async fn a_backend_that_takes_no_upload_is_a_504_not_the_client_s_408() {
         "{metrics}"
     );
 }
+
+/// Once the response is under way no exchange watch runs any more, yet a
+/// request body that stops arriving for `idle_timeout` still ends the
+/// stream (as it ends an HTTP/1 exchange), instead of holding its backend
+/// connection for as long as the client keeps the connection alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
+    let backend = RawBackend::start(|_| {
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n".to_vec(),
+            Then::CloseAfter(std::time::Duration::from_secs(60)),
+        )
+    })
+    .await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", "idle_timeout = \"1s\"")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(Frame::data(Bytes::from_static(b"part")))
+        .await
+        .expect("fed");
+    let resp = tokio::time::timeout(
+        support::TIMEOUT,
+        sender.send_request(request("POST", web, "/", Fed(rx).boxed())),
+    )
+    .await
+    .expect("a head in time")
+    .expect("h2 response");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert_eq!(first.data_ref().map(|d| d.as_ref()), Some(&b"hello"[..]));
+    // The client says no more and keeps its body open (tx is held).
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame())
+        .await
+        .expect("the stream ends within a few idle_timeouts");
+    assert!(
+        matches!(ended, Some(Err(_))),
+        "reset, not a clean end: {ended:?}"
+    );
+    drop(tx);
+}

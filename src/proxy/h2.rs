@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::activity::ConnState;
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
 use super::h1::head::{valid_authority, ResponseHead};
-use super::h1::relay::{BackendWait, HeadFault, Relay};
+use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay};
 use super::h1::upstream;
 use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
@@ -301,7 +301,8 @@ impl HttpProxy {
             {
                 Ok((head, relay)) => {
                     stream.noted.marks.head = Some(Instant::now());
-                    return self.respond(&head, relay, lease, drain);
+                    let pause = outgoing.progress.clone();
+                    return self.respond(&head, relay, lease, drain, pause);
                 }
                 Err(Sent::Stale) if replayable && !fresh_only => {
                     tracing::debug!(backend = %backend.name, "a kept connection was closed under the request; sending it again on a new one");
@@ -447,16 +448,19 @@ impl HttpProxy {
     }
 
     /// Turns the backend's response into the client's; its body holds the
-    /// lease until it ends.
+    /// lease until it ends, and ends the stream if the client's `upload`
+    /// stops meanwhile.
     fn respond(
         &self,
         head: &ResponseHead,
         relay: Relay,
         lease: Lease,
         drain: &DrainWatch,
+        upload: Option<Arc<Progress>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let backend = Arc::clone(lease.shared());
-        let response = relay.respond(head, lease).map_err(|bad| {
+        let pause = upload.map(|progress| ClientPause::new(progress, self.idle_timeout));
+        let response = relay.respond(head, lease, pause).map_err(|bad| {
             let err = ProxyError::Upstream {
                 backend: backend.name.clone(),
                 cause: bad.to_string(),

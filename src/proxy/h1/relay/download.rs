@@ -3,8 +3,11 @@
 //! frames (trailers too); at a clean end with keep-alive on both sides the
 //! connection goes back to the backend's idle list.
 
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -13,11 +16,11 @@ use http_body::{Body, Frame, SizeHint};
 use super::super::chunked::{Decoder, Piece};
 use super::super::head::{self, BadResponse, Framing, ResponseHead, Role};
 use super::super::io::{poll_read_some, release_if_empty, take_bytes};
-use super::upload::UpFault;
+use super::upload::{BackendWait, UpFault};
 use super::Relay;
 use crate::backend::Lease;
 use crate::metrics::UpstreamErrorKind;
-use crate::proxy::body::BodyError;
+use crate::proxy::body::{BodyError, Progress};
 use crate::proxy::headers;
 
 /// A response head's fields as hyper's h2 server sends them: hop-by-hop
@@ -63,6 +66,53 @@ pub struct ResponseBody {
     /// The backend keeps the connection after this response.
     keeps: bool,
     lease: Option<Lease>,
+    /// The watch on a request body still coming up (`None` once it is in,
+    /// or for a body-less request).
+    pause: Option<ClientPause>,
+}
+
+/// How long the client's request body may pause while the response comes
+/// down: no exchange watch runs after the response head, and a client that
+/// keeps its connection alive (PINGs answered) but sends no more would
+/// hold the backend connection for good. The HTTP/1 path's `idle_timeout`
+/// holds here too.
+pub struct ClientPause {
+    progress: Arc<Progress>,
+    idle_timeout: Duration,
+    check: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl ClientPause {
+    pub fn new(progress: Arc<Progress>, idle_timeout: Duration) -> ClientPause {
+        let check = Box::pin(tokio::time::sleep(idle_timeout));
+        ClientPause {
+            progress,
+            idle_timeout,
+            check,
+        }
+    }
+
+    /// Whether the body has paused for `idle_timeout` (counted, as before
+    /// the head, from its last bytes or the backend's last taking, and not
+    /// while the backend is the one that takes nothing); else the next
+    /// look is set for when it would have.
+    fn stalled(&mut self, backend: &BackendWait, cx: &mut Context<'_>) -> bool {
+        let (last, complete) = self.progress.last();
+        if complete {
+            return false;
+        }
+        let now = tokio::time::Instant::now();
+        let due = match backend.waiting_for() {
+            Some(_) => now + self.idle_timeout,
+            None => last.max(backend.last_moved()) + self.idle_timeout,
+        };
+        if due <= now {
+            return true;
+        }
+        self.check.as_mut().reset(due);
+        let _ = self.check.as_mut().poll(cx);
+        false
+    }
 }
 
 /// Where a response body is in its framing.
@@ -135,12 +185,19 @@ impl Decoding {
 }
 
 impl ResponseBody {
-    pub(super) fn new(relay: Relay, decoding: Decoding, keeps: bool, lease: Lease) -> ResponseBody {
+    pub(super) fn new(
+        relay: Relay,
+        decoding: Decoding,
+        keeps: bool,
+        lease: Lease,
+        pause: Option<ClientPause>,
+    ) -> ResponseBody {
         let mut body = ResponseBody {
             relay: Some(relay),
             decoding,
             keeps,
             lease: Some(lease),
+            pause,
         };
         // A body-less response ends here: the connection goes back at once.
         if body.decoding.done {
@@ -185,6 +242,14 @@ impl ResponseBody {
         };
         if relay.upload.is_done() {
             return Ok(());
+        }
+        if let Some(pause) = self.pause.as_mut() {
+            if pause.stalled(&relay.backend_wait, cx) {
+                self.decoding.done = true;
+                self.relay = None;
+                tracing::info!("request body stopped arriving while the response came down; resetting the stream");
+                return Err("the client's request body stopped arriving".into());
+            }
         }
         match relay
             .upload

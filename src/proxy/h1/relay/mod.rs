@@ -17,7 +17,7 @@
 mod download;
 mod upload;
 
-pub use download::ResponseBody;
+pub use download::{ClientPause, ResponseBody};
 pub use upload::BackendWait;
 
 use std::sync::Arc;
@@ -164,11 +164,12 @@ impl Relay {
 
     /// The client's response: `head` as hyper's h2 server takes it, with
     /// a body read from this connection. The lease is held until the body
-    /// ends.
+    /// ends; `pause` watches a request body still coming up meanwhile.
     pub fn respond(
         self,
         head: &ResponseHead,
         lease: Lease,
+        pause: Option<ClientPause>,
     ) -> Result<Response<ResponseBody>, BadResponse> {
         if head.status == 101 {
             return Err(BadResponse::Malformed(
@@ -185,7 +186,7 @@ impl Relay {
         let both_framings =
             head.framing == Framing::Chunked && head.values("content-length").next().is_some();
         let keeps = head.keep_alive && self.keepable && !both_framings;
-        let body = ResponseBody::new(self, Decoding::new(head.framing), keeps, lease);
+        let body = ResponseBody::new(self, Decoding::new(head.framing), keeps, lease, pause);
         Ok(response.map(|()| body))
     }
 }
