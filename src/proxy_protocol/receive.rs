@@ -4,11 +4,10 @@
 //! header's end; only bytes known to be header are consumed.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use ppp::v1;
 use ppp::v2;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::TcpStream;
 
 use super::{Accept, Origin, ReceiveSettings};
@@ -23,9 +22,6 @@ const V2_MAX: usize = 4096;
 const V1_PREFIX: &[u8] = b"PROXY ";
 /// The spec's limit on a v1 line, CRLF included.
 const V1_MAX: usize = 107;
-/// How long to wait before looking again at a few bytes that might yet
-/// become a header: they cannot be consumed (they may be the client's own).
-const RECHECK: Duration = Duration::from_millis(10);
 
 /// Why a connection was closed before it was served: the `reason` label
 /// of `baton_proxy_protocol_errors_total`.
@@ -224,9 +220,22 @@ async fn read_header(
                 return Ok(Some(std::mem::take(consumed)));
             }
             Framed::Incomplete if surely_header(&seen) => take(stream, consumed, n).await?,
-            Framed::Incomplete => tokio::time::sleep(RECHECK).await,
+            Framed::Incomplete => more_bytes(stream).await?,
         }
     }
+}
+
+/// Waits for bytes beyond those peeked: a few that might yet become a
+/// header cannot be consumed (they may be the client's own), and looking
+/// again on a timer would let a client holding many such connections keep
+/// baton busy. The readiness the peek left is cleared, and tokio's reactor
+/// (edge-triggered: Linux signals every arrival) sets it again only when
+/// more bytes, a FIN or an error come.
+async fn more_bytes(stream: &TcpStream) -> Result<(), Refusal> {
+    let _ = stream.try_io(Interest::READABLE, || {
+        Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+    });
+    stream.readable().await.map_err(|_| Refusal::Closed)
 }
 
 /// Moves `count` bytes already peeked from the socket into `consumed`.
@@ -339,5 +348,52 @@ mod tests {
             decode(&v2(7, 0x11, V4_BODY), Accept::Any),
             Err(Refusal::Malformed)
         );
+    }
+
+    /// Counts its wake-ups.
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_partial_prefix_waits_for_more_bytes_not_on_a_timer() {
+        use std::future::Future;
+        use std::time::Duration;
+        use tokio::io::AsyncWriteExt;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let mut client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        let header = v2(1, 0x11, V4_BODY);
+        client.write_all(&header[..4]).await.expect("write");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+
+        let wakes = std::sync::Arc::new(Wakes(0.into()));
+        let waker = std::task::Waker::from(std::sync::Arc::clone(&wakes));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut consumed = Vec::new();
+        let mut reading = Box::pin(read_header(&mut server, &mut consumed));
+        assert!(reading.as_mut().poll(&mut cx).is_pending());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let count = || wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(count(), 0, "nothing came, nothing looked again");
+
+        client.write_all(&header[4..]).await.expect("write");
+        let read = loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if let std::task::Poll::Ready(read) = reading.as_mut().poll(&mut cx) {
+                break read;
+            }
+        };
+        assert!(count() >= 1, "woken by the bytes");
+        assert_eq!(read, Ok(Some(header)));
     }
 }
