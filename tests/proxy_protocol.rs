@@ -110,6 +110,22 @@ async fn refused_headers_close_the_connection_and_are_counted() {
     ))
     .await;
     let web = baton.addr("web");
+    let before = client::metrics(baton.admin).await;
+    for reason in [
+        "untrusted",
+        "malformed",
+        "missing",
+        "timeout",
+        "version",
+        "closed",
+    ] {
+        let series =
+            format!("baton_proxy_protocol_errors_total{{listener=\"web\",reason=\"{reason}\"}} 0");
+        assert!(
+            before.lines().any(|l| l == series),
+            "{series}, from the start:\n{before}"
+        );
+    }
     let cases: [(&str, Vec<u8>); 4] = [
         (
             "malformed",

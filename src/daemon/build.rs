@@ -76,6 +76,10 @@ pub(super) async fn start(setup: Setup) -> Result<Generation, StartError> {
     let mut views = Vec::new();
     for (i, l) in config.listeners.iter().enumerate() {
         let log = access_log(l, &access_logs, number)?;
+        if l.proxy_protocol.is_some() {
+            let reasons = crate::proxy_protocol::receive::Refusal::ALL.map(|r| r.label());
+            metrics::proxy_protocol_listener(&l.name, reasons);
+        }
         let connections = Arc::new(Connections {
             config: Arc::new(l.clone()),
             proxy: Proxy::for_listener(l, &pools, log),

@@ -366,6 +366,15 @@ pub fn access_log_dropped(listener: &str) -> Counter {
     counter
 }
 
+/// A PROXY-protocol listener's refusal series, one per `reasons`, at 0
+/// from the start (an alert on their increase sees the first refusal).
+pub fn proxy_protocol_listener(listener: &str, reasons: impl IntoIterator<Item = &'static str>) {
+    for reason in reasons {
+        metrics::counter!(PROXY_PROTOCOL_ERRORS, "listener" => listener.to_string(), "reason" => reason)
+            .increment(0);
+    }
+}
+
 /// A connection closed over its PROXY header, by `reason`.
 pub fn proxy_protocol_error(listener: &str, reason: &'static str) {
     metrics::counter!(PROXY_PROTOCOL_ERRORS, "listener" => listener.to_string(), "reason" => reason)

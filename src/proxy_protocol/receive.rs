@@ -42,6 +42,16 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every reason, for the series published at 0 from the start.
+    pub const ALL: [Refusal; 6] = [
+        Refusal::Untrusted,
+        Refusal::Malformed,
+        Refusal::Missing,
+        Refusal::Timeout,
+        Refusal::Version,
+        Refusal::Closed,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             Refusal::Untrusted => "untrusted",
