@@ -129,12 +129,18 @@ pub fn decode(header: &[u8], accept: Accept) -> Result<Option<(SocketAddr, Socke
         if parsed.command == v2::Command::Local {
             return Ok(None);
         }
-        return match (parsed.protocol, parsed.addresses) {
-            (v2::Protocol::Stream, v2::Addresses::IPv4(a)) => Ok(Some(four(a))),
-            (v2::Protocol::Stream, v2::Addresses::IPv6(a)) => Ok(Some(six(a))),
-            (v2::Protocol::Datagram, _) => Err(Refusal::Malformed),
-            _ => Ok(None),
+        let addresses = match (parsed.protocol, parsed.addresses) {
+            (v2::Protocol::Stream, v2::Addresses::IPv4(a)) => four(a),
+            (v2::Protocol::Stream, v2::Addresses::IPv6(a)) => six(a),
+            (v2::Protocol::Datagram, _) => return Err(Refusal::Malformed),
+            _ => return Ok(None),
         };
+        // ppp reads TLVs only when asked: one cut short or running past the
+        // header is refused here, as HAProxy refuses it.
+        if parsed.tlvs().any(|tlv| tlv.is_err()) {
+            return Err(Refusal::Malformed);
+        }
+        return Ok(Some(addresses));
     }
     if accept == Accept::V2 {
         return Err(Refusal::Version);
@@ -358,6 +364,23 @@ mod tests {
             decode(&v2(7, 0x11, V4_BODY), Accept::Any),
             Err(Refusal::Malformed)
         );
+    }
+
+    #[test]
+    fn tlvs_must_fit_the_header() {
+        let noop = [V4_BODY, &[0x04, 0, 2, 0, 0]].concat();
+        assert!(matches!(
+            decode(&v2(1, 0x11, &noop), Accept::Any),
+            Ok(Some(_))
+        ));
+        for tlvs in [&[0x04, 0, 10, 0, 0][..], &[0x04, 0][..]] {
+            let body = [V4_BODY, tlvs].concat();
+            assert_eq!(
+                decode(&v2(1, 0x11, &body), Accept::Any),
+                Err(Refusal::Malformed),
+                "{tlvs:?}"
+            );
+        }
     }
 
     /// Counts its wake-ups.
