@@ -354,6 +354,47 @@ async fn an_event_stream_ends_at_an_event_boundary() {
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
 }
 
+/// An h2 client's event stream whose events end in CRLF CRLF ends at the
+/// drain too, at an event boundary, as an HTTP/1 client's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_event_stream_with_crlf_events_ends_at_an_event_boundary() {
+    let backend = RawBackend::start(|_| {
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\nb\r\ndata: 1\r\n\r\n\r\n".to_vec(),
+            Then::CloseAfter(Duration::from_secs(60)),
+        )
+    })
+    .await;
+    let spec = Spec::default()
+        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"\n")
+        .listener("web", "http", "app", "")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let mut sender = client::h2::<Empty<Bytes>>(web).await;
+    let req = hyper::Request::get(format!("http://{web}/events"))
+        .body(Empty::new())
+        .expect("req");
+    let resp = sender.send_request(req).await.expect("h2 response");
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert_eq!(
+        first.data_ref().map(|d| d.as_ref()),
+        Some(&b"data: 1\r\n\r\n"[..])
+    );
+    signal(baton.first_pid, Signal::SIGTERM);
+    let rest = tokio::time::timeout(support::TIMEOUT, body.collect())
+        .await
+        .expect("ends in time")
+        .expect("a clean end, not a reset");
+    assert!(rest.to_bytes().is_empty());
+    assert_eq!(
+        wait_exit(baton.first_pid).await,
+        Some(0),
+        "exits well before its 60s budget"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_outliving_the_drain_is_forced_with_exit_3() {
     let backend = HttpBackend::start("a").await;

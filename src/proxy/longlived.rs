@@ -250,14 +250,39 @@ async fn until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
+/// The last bytes of an event stream: whether they end an event (a blank
+/// line, with any of the three line ends the format allows). Both paths'
+/// event streams end at such a boundary when the drain asks.
+#[derive(Debug, Clone, Copy)]
+pub struct EventTail([u8; 4]);
+
+impl Default for EventTail {
+    /// Before its first byte a stream is between events.
+    fn default() -> Self {
+        EventTail(*b"\r\n\r\n")
+    }
+}
+
+impl EventTail {
+    pub fn saw(&mut self, data: &[u8]) {
+        for b in data.iter().rev().take(4).rev() {
+            self.0 = [self.0[1], self.0[2], self.0[3], *b];
+        }
+    }
+
+    pub fn at_boundary(&self) -> bool {
+        let last2 = &self.0[2..];
+        last2 == b"\n\n" || last2 == b"\r\r" || self.0 == *b"\r\n\r\n"
+    }
+}
+
 /// An SSE response body that ends at the first event boundary after the
 /// drain asks long-lived streams to end.
 pub struct SseBody {
     inner: ProxyBody,
     ending: Pin<Box<dyn Future<Output = ()> + Send>>,
     ending_fired: bool,
-    at_boundary: bool,
-    tail: [u8; 2],
+    tail: EventTail,
     listener: std::sync::Arc<str>,
 }
 
@@ -268,22 +293,10 @@ impl SseBody {
             inner,
             ending: Box::pin(async move { drain.long_lived_ending().await }),
             ending_fired: false,
-            at_boundary: true,
-            tail: [0; 2],
+            tail: EventTail::default(),
             listener,
         }
         .boxed_unsync()
-    }
-
-    fn observe(&mut self, data: &[u8]) {
-        if data.is_empty() {
-            return;
-        }
-        let mut joined = self.tail.to_vec();
-        joined.extend_from_slice(&data[data.len().saturating_sub(2)..]);
-        let n = joined.len();
-        self.tail = [joined[n - 2], joined[n - 1]];
-        self.at_boundary = self.tail == *b"\n\n";
     }
 
     fn finish(&mut self) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
@@ -304,14 +317,14 @@ impl Body for SseBody {
         if !self.ending_fired && self.ending.as_mut().poll(cx).is_ready() {
             self.ending_fired = true;
         }
-        if self.ending_fired && self.at_boundary {
+        if self.ending_fired && self.tail.at_boundary() {
             return self.finish();
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(data) = frame.data_ref() {
                 let data = data.clone();
-                self.observe(&data);
+                self.tail.saw(&data);
             }
         }
         polled

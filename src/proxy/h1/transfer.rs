@@ -19,6 +19,7 @@ use super::io::{read_some, release_if_empty, write_all, WriteFault};
 use super::rewrite::{self, Delivery, Persistence};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, LongLivedKind};
+use crate::proxy::longlived::EventTail;
 
 /// What the two directions tell each other (and the exchange).
 #[derive(Default)]
@@ -382,35 +383,12 @@ async fn read_head<R: AsyncRead + Unpin>(
     }
 }
 
-/// An event stream's place: whether its bytes so far end an event (a
-/// blank line, with any of the three line ends the format allows), and
-/// whether the drain asked it to end.
+/// An event stream's place: its last bytes (`EventTail`), and whether the
+/// drain asked it to end.
+#[derive(Default)]
 struct Sse {
-    tail: [u8; 4],
+    tail: EventTail,
     ending: bool,
-}
-
-impl Default for Sse {
-    /// Before its first byte a stream is between events.
-    fn default() -> Self {
-        Sse {
-            tail: *b"\r\n\r\n",
-            ending: false,
-        }
-    }
-}
-
-impl Sse {
-    fn saw(&mut self, data: &[u8]) {
-        for b in data.iter().rev().take(4).rev() {
-            self.tail = [self.tail[1], self.tail[2], self.tail[3], *b];
-        }
-    }
-
-    fn at_boundary(&self) -> bool {
-        let last2 = &self.tail[2..];
-        last2 == b"\n\n" || last2 == b"\r\r" || self.tail == *b"\r\n\r\n"
-    }
 }
 
 /// A response body on its way down.
@@ -462,7 +440,7 @@ impl ResponseBody {
             if self
                 .sse
                 .as_ref()
-                .is_some_and(|s| s.ending && s.at_boundary())
+                .is_some_and(|s| s.ending && s.tail.at_boundary())
             {
                 self.end_for_drain(client, down).await;
                 return Ok(false);
@@ -508,7 +486,7 @@ impl ResponseBody {
             .min(usize::try_from(*remaining).unwrap_or(usize::MAX));
         if n > 0 {
             if let Some(sse) = self.sse.as_mut() {
-                sse.saw(&buf[..n]);
+                sse.tail.saw(&buf[..n]);
             }
             write_all(client, &buf[..n], down.client_stall)
                 .await
@@ -530,7 +508,7 @@ impl ResponseBody {
         let sse = &mut self.sse;
         let mut seen = |data: &[u8]| {
             if let Some(s) = sse.as_mut() {
-                s.saw(data);
+                s.tail.saw(data);
             }
         };
         match (self.framing, decoder) {
