@@ -27,6 +27,14 @@ fn spec(shutdown: &str, backend: &HttpBackend, listener_extra: &str) -> Spec {
         .pool("app", &[backend.addr])
 }
 
+/// No pre-stop pause and a drain budget no test waits out, before `backend`.
+fn sixty_seconds_to_drain(backend: &RawBackend) -> Spec {
+    Spec::default()
+        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"\n")
+        .listener("web", "http", "app", "")
+        .pool("app", &[backend.addr])
+}
+
 fn assert_no_error_lines(baton: &Baton) {
     let log = baton.log();
     assert!(
@@ -300,11 +308,7 @@ async fn an_upgraded_connection_whose_client_stopped_reading_ends_at_drain_start
         )
     })
     .await;
-    let spec = Spec::default()
-        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"\n")
-        .listener("web", "http", "app", "")
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(sixty_seconds_to_drain(&backend)).await;
     let s = raw::upgrading(baton.addr("web")).await;
     // Never read: baton's write to it waits.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -365,11 +369,7 @@ async fn an_h2_event_stream_with_crlf_events_ends_at_an_event_boundary() {
         )
     })
     .await;
-    let spec = Spec::default()
-        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"\n")
-        .listener("web", "http", "app", "")
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(sixty_seconds_to_drain(&backend)).await;
     let web = baton.addr("web");
     let mut sender = client::h2::<Empty<Bytes>>(web).await;
     let req = hyper::Request::get(format!("http://{web}/events"))
