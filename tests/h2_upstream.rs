@@ -193,8 +193,9 @@ async fn request_bodies_are_framed_for_http_1() {
 }
 
 /// An h2 client's request trailers reach the backend as HTTP/1 trailers,
-/// less those that would reframe or reroute the request were the backend
-/// to merge them into its head: the same rule as an HTTP/1 client's.
+/// less those that would reframe, reroute or misattribute the request were
+/// the backend to merge them into its head: the same rule as an HTTP/1
+/// client's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_trailers_go_on_without_framing_or_routing_fields() {
     let backend = HttpBackend::start("a").await;
@@ -215,6 +216,8 @@ async fn request_trailers_go_on_without_framing_or_routing_fields() {
             ("x-sum", "7"),
             ("content-length", "999"),
             ("host", "elsewhere"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-request-id", "forged"),
         ] {
             trailers.insert(name, value.parse().expect("value"));
         }

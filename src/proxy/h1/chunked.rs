@@ -8,6 +8,7 @@ use std::ops::Range;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::head::MAX_FIELDS;
+use crate::proxy::headers;
 
 /// Longest chunk size line, extensions and CRLF included: room for any
 /// legitimate extension, little for an attacker to park.
@@ -22,11 +23,15 @@ const MAX_SIZE_DIGITS: usize = 16;
 /// whether the trailers came in HTTP/1 or in h2.
 const DROPPED_TRAILERS: [&str; 3] = ["content-length", "transfer-encoding", "host"];
 
-/// Whether a trailer field named `name` goes on (see `DROPPED_TRAILERS`).
+/// Whether a trailer field named `name` goes on: not one of
+/// `DROPPED_TRAILERS`, nor one that says where a request came from or
+/// names it (`headers::FORWARDING`, `X-Request-Id`): baton sets those in
+/// the head, and a backend merging trailers would take a client's forgery.
 pub fn trailer_forwarded(name: &[u8]) -> bool {
-    !DROPPED_TRAILERS
-        .iter()
-        .any(|d| name.eq_ignore_ascii_case(d.as_bytes()))
+    let named = |list: &[&str]| list.iter().any(|d| name.eq_ignore_ascii_case(d.as_bytes()));
+    !named(&DROPPED_TRAILERS)
+        && !named(headers::FORWARDING)
+        && !name.eq_ignore_ascii_case(headers::X_REQUEST_ID.as_str().as_bytes())
 }
 
 /// Decodes a chunked body as its bytes arrive, validating every size line,
@@ -571,7 +576,7 @@ mod tests {
     #[test]
     fn trailers_are_validated_and_reserialised() {
         let (data, end) = decode(
-            b"3\r\nabc\r\n0\r\nX-T: 1\r\nContent-Length: 5\r\nhost: h\r\nTransfer-Encoding: x\r\nY:  2 \r\n\r\n",
+            b"3\r\nabc\r\n0\r\nX-T: 1\r\nContent-Length: 5\r\nhost: h\r\nTransfer-Encoding: x\r\nX-Forwarded-For: 6.6.6.6\r\nforwarded: for=6.6.6.6\r\nx-request-id: forged\r\nY:  2 \r\n\r\n",
         );
         assert_eq!(data, b"abc");
         assert_eq!(end, Ok(Some(Bytes::from_static(b"X-T: 1\r\nY: 2\r\n"))));
