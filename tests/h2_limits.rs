@@ -2,8 +2,9 @@
 //! first SETTINGS frame fall under `header_timeout`, a connection with no
 //! stream open is closed at `idle_timeout` with GOAWAY, and the number of
 //! streams a client may open at once is bounded (`h2_max_concurrent_streams`),
-//! and a `Host` field (what routes a request without `:authority`) must be
-//! a plain authority, as on HTTP/1.
+//! a `Host` field (what routes a request without `:authority`) must be a
+//! plain authority, and a request's fields are bounded as an HTTP/1 head's
+//! are (64 KiB, 128 fields), as on HTTP/1.
 
 mod support;
 
@@ -213,4 +214,40 @@ async fn a_host_that_is_no_plain_authority_is_refused() {
         );
     }
     assert_eq!(backend.hits(), 1, "only the plain host reached it");
+}
+
+/// The status of a GET with `fields` added, sent over h2c.
+async fn status_with(web: std::net::SocketAddr, fields: &[(String, String)]) -> u16 {
+    let mut sender = support::client::h2::<http_body_util::Empty<bytes::Bytes>>(web).await;
+    let mut req = hyper::Request::get(format!("http://{web}/"))
+        .body(http_body_util::Empty::new())
+        .expect("request");
+    for (name, value) in fields {
+        req.headers_mut().append(
+            hyper::header::HeaderName::from_bytes(name.as_bytes()).expect("name"),
+            value.parse().expect("value"),
+        );
+    }
+    let answer = tokio::time::timeout(support::TIMEOUT, sender.send_request(req))
+        .await
+        .expect("an answer in time")
+        .expect("h2 response");
+    answer.status().as_u16()
+}
+
+/// A 20 KB cookie passes, as on HTTP/1 (hyper's own bound is 16 KiB);
+/// 129 fields are a 431 that reaches no backend, as on HTTP/1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_fields_are_bounded_as_an_http1_heads() {
+    let (backend, baton) = baton_with("").await;
+    let web = baton.addr("web");
+    let cookie = [("cookie".to_string(), "c".repeat(20_000))];
+    assert_eq!(status_with(web, &cookie).await, 200);
+    let many: Vec<(String, String)> = (0..129).map(|i| (format!("x-f{i}"), "v".into())).collect();
+    // (The test backend, hyper's, takes at most 100 fields itself.)
+    assert_eq!(status_with(web, &many[..90]).await, 200);
+    assert_eq!(status_with(web, &many).await, 431);
+    let huge = [("x-huge".to_string(), "h".repeat(70_000))];
+    assert_eq!(status_with(web, &huge).await, 431);
+    assert_eq!(backend.hits(), 2, "only the heads within bounds reached it");
 }

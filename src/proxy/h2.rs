@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::activity::ConnState;
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
-use super::h1::head::{valid_authority, ResponseHead};
+use super::h1::head::{valid_authority, ResponseHead, MAX_FIELDS, MAX_HEAD};
 use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay};
 use super::h1::upstream;
 use super::h2_record::{Asked, Noted, StreamRecord};
@@ -146,6 +146,8 @@ impl HttpProxy {
         server
             .timer(TokioTimer::new())
             .max_concurrent_streams(self.h2.max_streams)
+            // An HTTP/1 head's bound (h2 counts 32 bytes more a field).
+            .max_header_list_size(MAX_HEAD as u32)
             .keep_alive_interval(self.h2.ping_interval)
             .keep_alive_timeout(self.h2.ping_timeout);
         server
@@ -184,9 +186,8 @@ impl HttpProxy {
             )
         });
         let mut spare = Noted::default();
-        let refused = ambiguity(&req);
-        let checked = match refused {
-            Some(why) => Err(ProxyError::Client { why }),
+        let checked = match refusal(&req) {
+            Some(refused) => Err(refused),
             None => {
                 let stream = Stream {
                     client,
@@ -531,6 +532,16 @@ enum Sent {
     /// back: a new connection may take it, when that is safe.
     Stale,
     Failed(ProxyError),
+}
+
+/// Why a request is refused before it goes anywhere: more fields than an
+/// HTTP/1 client may send (431; the header list's size is bounded as an
+/// HTTP/1 head's is, by `max_header_list_size`), or an `ambiguity` (400).
+fn refusal<B>(req: &Request<B>) -> Option<ProxyError> {
+    if req.headers().len() > MAX_FIELDS {
+        return Some(ProxyError::TooManyFields { max: MAX_FIELDS });
+    }
+    ambiguity(req).map(|why| ProxyError::Client { why })
 }
 
 /// A request two parties could read two ways (the stuff of request

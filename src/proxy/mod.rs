@@ -45,6 +45,9 @@ pub fn error_page(pool: &str, err: &ProxyError, id: &str) -> String {
 pub enum ProxyError {
     #[error("bad request: {why}")]
     Client { why: &'static str },
+    /// An h2 request with more fields than an HTTP/1 head may carry (431).
+    #[error("request head with more than {max} fields")]
+    TooManyFields { max: usize },
     #[error("no request body within {seconds}s")]
     ClientTimeout { seconds: f64 },
     #[error("no backend of pool \"{pool}\" can take the request")]
@@ -100,6 +103,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::Client { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::TooManyFields { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::ClientTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::NoBackend { .. } | ProxyError::QueueTimeout { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -114,7 +118,9 @@ impl ProxyError {
     pub fn is_client_fault(&self) -> bool {
         matches!(
             self,
-            ProxyError::Client { .. } | ProxyError::ClientTimeout { .. }
+            ProxyError::Client { .. }
+                | ProxyError::TooManyFields { .. }
+                | ProxyError::ClientTimeout { .. }
         )
     }
 
@@ -122,7 +128,7 @@ impl ProxyError {
     /// access log's termination state).
     pub fn termination(&self, marks: &Marks) -> Termination {
         match self {
-            ProxyError::Client { .. } => Termination::Refused,
+            ProxyError::Client { .. } | ProxyError::TooManyFields { .. } => Termination::Refused,
             ProxyError::ClientTimeout { .. } => Termination::ClientTimeout(Phase::Request),
             ProxyError::NoBackend { .. } => Termination::BackendFailed(Phase::Queue),
             ProxyError::QueueTimeout { .. } => Termination::QueueTimeout,
@@ -141,6 +147,7 @@ impl ProxyError {
     pub fn upstream_kind(&self) -> Option<UpstreamErrorKind> {
         match self {
             ProxyError::Client { .. }
+            | ProxyError::TooManyFields { .. }
             | ProxyError::ClientTimeout { .. }
             | ProxyError::NoBackend { .. }
             | ProxyError::QueueTimeout { .. } => None,
