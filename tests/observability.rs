@@ -571,3 +571,37 @@ async fn an_old_generation_outliving_newer_ones_is_still_counted() {
     // and (with nothing to drain) went.
     assert_eq!(requests_total(&client::metrics(admin).await), 1.0);
 }
+
+/// A request's duration runs from its head to its response head (DESIGN:
+/// "request head to response head"), not to the end of a body that may
+/// stream for minutes; and a response that broke off after its head was
+/// still answered, with its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_that_breaks_off_counts_with_its_time_to_the_head() {
+    let backend = support::raw::RawBackend::start(|_| {
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n".to_vec(),
+            support::raw::Then::CloseAfter(Duration::from_secs(3)),
+        )
+    })
+    .await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let mut s = tokio::net::TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut s, b"GET / HTTP/1.1\r\nhost: app\r\n\r\n")
+        .await
+        .expect("request");
+    let seen = client::read_until_closed(&mut s).await;
+    assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+    let scraped = counters(&client::metrics(baton.admin).await);
+    let series = |name: &str| {
+        scraped
+            .get(&format!("{name}{{listener=\"web\",pool=\"app\"}}"))
+            .copied()
+    };
+    assert_eq!(series("baton_request_duration_seconds_count"), Some(1.0));
+    let took = series("baton_request_duration_seconds_sum").unwrap_or(f64::NAN);
+    assert!(took < 2.0, "{took} s: to the head, not to the break 3 s on");
+    assert_eq!(requests_total(&client::metrics(baton.admin).await), 1.0);
+}

@@ -23,12 +23,12 @@ use super::transfer::{
     UpLimits,
 };
 use super::upstream::{connection, keep, Kept, Upstream};
-use crate::access_log::{Phase, Termination};
+use crate::access_log::{Marks, Phase, Termination};
 use crate::backend::{Backend, Lease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
 use crate::proxy::request_id::RequestId;
-use crate::proxy::web::HttpProxy;
+use crate::proxy::web::{HttpProxy, Target};
 use crate::proxy::{longlived, ProxyError};
 use crate::proxy_protocol::Origin;
 use crate::stream::ByteStream;
@@ -150,16 +150,28 @@ pub async fn exchange<S: ByteStream>(
         Ok(answered) => answered,
         Err(termination) => {
             record.end(termination, body_bytes);
+            // Its head went out before it broke off: it was answered.
+            if let Some(status) = record.trace.status {
+                answered(target, status, &record.trace.marks);
+            }
             return After::Close;
         }
     };
     record.end(termination, body_bytes);
+    answered(target, status, &record.trace.marks);
+    after
+}
+
+/// Counts a request answered with `status`, and its time from request head
+/// to response head (to now for an answer of baton's own), as the h2 path
+/// counts a stream's: a body that streams on is not the request's latency.
+fn answered(target: &Target, status: u16, marks: &Marks) {
     target.metrics.count(status);
+    let head = marks.head.unwrap_or_else(Instant::now);
     target
         .metrics
         .duration
-        .record(record.trace.marks.started.elapsed().as_secs_f64());
-    after
+        .record(head.saturating_duration_since(marks.started).as_secs_f64());
 }
 
 /// The request an exchange carries, and what it notes on the way.
