@@ -174,6 +174,8 @@ async fn request_bodies_are_framed_for_http_1() {
 
     let (_, seen, _) = send(&mut sender, request("POST", web, "/headers", empty())).await;
     assert!(seen.contains("content-length: 0"), "{seen}");
+    // Via names the protocol baton received the request in.
+    assert!(seen.contains("via: 2.0 baton"), "{seen}");
     // h2 may split cookies into fields of their own; HTTP/1 wants one line.
     let mut split = request("GET", web, "/headers", empty());
     split
@@ -247,6 +249,10 @@ async fn every_response_framing_reaches_an_h2_client() {
                 b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nconnection: x\r\nx-sum: 2\r\n\r\n".to_vec(),
                 Then::KeepAlive,
             ),
+            "/old" => (
+                b"HTTP/1.0 200 OK\r\ncontent-length: 3\r\n\r\nold".to_vec(),
+                Then::Close,
+            ),
             "/twice" => (
                 b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok".to_vec(),
                 Then::KeepAlive,
@@ -270,6 +276,16 @@ async fn every_response_framing_reaches_an_h2_client() {
     assert_eq!(trailers.get("x-sum").map(|v| v.as_bytes()), Some(&b"7"[..]));
     let (_, body, _) = send(&mut sender, request("GET", web, "/until-close", empty())).await;
     assert_eq!(body, "all of it");
+    let old = sender
+        .send_request(request("GET", web, "/old", empty()))
+        .await
+        .expect("h2 response");
+    let via = old.headers().get("via").map(|v| v.as_bytes().to_vec());
+    assert_eq!(
+        via.as_deref(),
+        Some(&b"1.0 baton"[..]),
+        "the backend's version"
+    );
     let (_, body, trailers) = send(&mut sender, request("GET", web, "/odd", empty())).await;
     let trailers = trailers.expect("trailers");
     assert_eq!((body.as_str(), trailers.len()), ("ok", 1), "{trailers:?}");

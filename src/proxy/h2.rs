@@ -589,6 +589,6 @@ fn error_response(pool: &str, err: &ProxyError, request_id: &str) -> Response<Pr
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    headers::add_via(response.headers_mut());
+    headers::add_via(response.headers_mut(), "1.1 baton");
     response
 }

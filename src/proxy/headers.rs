@@ -167,11 +167,14 @@ pub fn add_forwarding(
     if mode != Forwarded::Off {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
-    add_via(headers);
+    add_via(headers, "2.0 baton");
 }
 
-pub fn add_via(headers: &mut HeaderMap) {
-    headers.append(http::header::VIA, HeaderValue::from_static("1.1 baton"));
+/// Adds `Via`; `value` names the protocol of the message baton received
+/// (RFC 9110 §7.6.3): "2.0 baton" on an h2 client's request, the backend's
+/// version on its response.
+pub fn add_via(headers: &mut HeaderMap, value: &'static str) {
+    headers.append(http::header::VIA, HeaderValue::from_static(value));
 }
 
 #[cfg(test)]

@@ -180,7 +180,11 @@ impl Relay {
         *response.status_mut() =
             StatusCode::from_u16(head.status).map_err(|_| BadResponse::Malformed("status code"))?;
         download::copy_fields(head, response.headers_mut())?;
-        headers::add_via(response.headers_mut());
+        let via = match head.version {
+            head::Version::Http10 => "1.0 baton",
+            head::Version::Http11 => "1.1 baton",
+        };
+        headers::add_via(response.headers_mut(), via);
         // Chunked with a Content-Length too: answered right (chunked wins),
         // but a backend that says both is not trusted with another request.
         let both_framings =
