@@ -151,16 +151,20 @@ pub fn add_forwarding(
             headers.insert(xff, client.clone());
         }
         Forwarded::Append => {
-            let mut chain: Vec<&str> = headers
+            // Element by element, bytes as sent: as the HTTP/1 path joins.
+            let mut chain = Vec::new();
+            let hops = headers
                 .get_all(&xff)
                 .iter()
-                .filter_map(|v| v.to_str().ok())
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
-                .collect();
-            chain.push(client.to_str().unwrap_or("unknown"));
-            let joined =
-                HeaderValue::from_str(&chain.join(", ")).unwrap_or_else(|_| client.clone());
+                .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+                .map(<[u8]>::trim_ascii)
+                .filter(|v| !v.is_empty());
+            for hop in hops {
+                chain.extend_from_slice(hop);
+                chain.extend_from_slice(b", ");
+            }
+            chain.extend_from_slice(client.as_bytes());
+            let joined = HeaderValue::from_bytes(&chain).unwrap_or_else(|_| client.clone());
             headers.insert(xff, joined);
         }
     }
@@ -209,6 +213,21 @@ mod tests {
         assert_eq!(
             h.get("x-forwarded-for").map(|v| v.as_bytes()),
             Some(&b"10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"[..])
+        );
+    }
+
+    #[test]
+    fn append_drops_empty_elements_and_keeps_bytes_as_sent() {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("a,, b ,"));
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"c\xe9").expect("obs-text"),
+        );
+        add_forwarding(&mut h, &peer(), Forwarded::Append, "http");
+        assert_eq!(
+            h.get("x-forwarded-for").map(|v| v.as_bytes()),
+            Some(&b"a, b, c\xe9, 127.0.0.1"[..])
         );
     }
 
