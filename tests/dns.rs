@@ -154,6 +154,37 @@ async fn an_address_that_moves_drains_the_old_member_and_fails_nothing() {
     load.stop().await.assert_clean();
 }
 
+/// A reload while an address moves (the new one not up yet) keeps the
+/// member still serving: the new generation does not start with only the
+/// new address, which would leave the name nobody to take work (503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_in_the_middle_of_a_move_keeps_the_member_still_serving() {
+    let Named {
+        dns,
+        first,
+        second,
+        baton,
+    } = named(&[2], CHECKS).await;
+    let (old, new) = (first.addr.to_string(), second.addr.to_string());
+    wait_members(baton.admin, &[(old.clone(), "up")]).await;
+    // The new address answers no health check yet.
+    drop(second);
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 3)]);
+    wait_members(baton.admin, &[(old.clone(), "up"), (new.clone(), "down")]).await;
+    let web = baton.addr("web");
+    let before = client::get(web, "/x").await.expect("answer");
+    assert_eq!((before.status, before.body.as_str()), (200, "a /x\n"));
+    baton.reload_ok().await;
+    baton.settled().await;
+    let after = client::get(web, "/x").await.expect("answer");
+    assert_eq!(
+        (after.status, after.body.as_str()),
+        (200, "a /x\n"),
+        "the old member still serves after the reload"
+    );
+    wait_members(baton.admin, &[(old, "up"), (new, "down")]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servfail_silence_and_empty_answers_keep_the_last_set() {
     let Named {

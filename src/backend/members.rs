@@ -236,6 +236,23 @@ impl Pool {
         joined
     }
 
+    /// Members of `named` gone from its answer that still serve (no other
+    /// member of the name can take work yet), for the next generation.
+    pub fn still_serving(&self, named: &Named) -> Vec<Resolved> {
+        self.members
+            .load()
+            .backends
+            .iter()
+            .filter(|b| b.member_of(named) && b.vanished.load(Ordering::SeqCst))
+            .filter(|b| !b.retired.load(Ordering::SeqCst))
+            .map(|b| Resolved {
+                address: b.address,
+                weight: b.weight.load(Ordering::Relaxed),
+                from: b.resolved_from.clone().unwrap_or_default(),
+            })
+            .collect()
+    }
+
     /// Retires members whose address vanished from DNS once another member
     /// of their name can take work.
     fn retire_vanished(&self) {

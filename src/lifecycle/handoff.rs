@@ -97,6 +97,11 @@ pub struct ResolvedCarry {
     pub name: String,
     pub query: String,
     pub resolved: Vec<CarriedAddress>,
+    /// Members gone from the answer that still serve, since no other
+    /// member of the name can take work yet (a move in progress): the next
+    /// generation keeps them until one can. Absent from an older release.
+    #[serde(default)]
+    pub serving: Vec<CarriedAddress>,
 }
 
 /// One address of a carried answer, as `backend::members::Resolved` holds
@@ -460,6 +465,11 @@ mod tests {
                 query: "app1.internal:8080".into(),
                 resolved: vec![CarriedAddress {
                     address: ([10, 0, 0, 5], 8080).into(),
+                    weight: 1,
+                    from: "app1.internal:8080".into(),
+                }],
+                serving: vec![CarriedAddress {
+                    address: ([10, 0, 0, 4], 8080).into(),
                     weight: 1,
                     from: "app1.internal:8080".into(),
                 }],

@@ -46,6 +46,15 @@ pub async fn first_members(pools: &[Arc<Pool>], resolver: &Resolver, carried: &[
                 Some(c) => {
                     let resolved: Vec<Resolved> = c.resolved.iter().map(carried_in).collect();
                     named.answer(resolved.clone());
+                    if !c.serving.is_empty() {
+                        // A move in progress: the members still serving
+                        // join too (first, as they came first), then vanish
+                        // from the answer as they had, and retire once
+                        // another can take work.
+                        let mut all: Vec<Resolved> = c.serving.iter().map(carried_in).collect();
+                        all.extend(resolved.iter().cloned());
+                        pool.apply(named, &all, Joining::AtStart);
+                    }
                     pool.apply(named, &resolved, Joining::AtStart);
                 }
                 None => {
@@ -79,7 +88,8 @@ pub fn spawn_all(pools: &[Arc<Pool>], resolver: &Resolver, stop: &CancellationTo
     }
 }
 
-/// The last good answers, for the next generation.
+/// The last good answers, and the members still serving from earlier
+/// ones, for the next generation.
 pub fn carry_out(pools: &[Arc<Pool>]) -> Vec<ResolvedCarry> {
     pools
         .iter()
@@ -90,6 +100,7 @@ pub fn carry_out(pools: &[Arc<Pool>]) -> Vec<ResolvedCarry> {
                 name: n.name.clone(),
                 query: n.query.to_string(),
                 resolved: resolved.into_iter().map(carried_out).collect(),
+                serving: p.still_serving(n).into_iter().map(carried_out).collect(),
             })
         })
         .collect()
