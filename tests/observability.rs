@@ -605,3 +605,25 @@ async fn a_response_that_breaks_off_counts_with_its_time_to_the_head() {
     assert!(took < 2.0, "{took} s: to the head, not to the break 3 s on");
     assert_eq!(requests_total(&client::metrics(baton.admin).await), 1.0);
 }
+
+/// After a reload the serving generation says when the last one succeeded
+/// (DESIGN's `baton_last_reload_success_timestamp_seconds`): the older
+/// generation, whose gauge is not carried, cannot say it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serving_generation_says_when_the_last_reload_succeeded() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    baton.reload_ok().await;
+    baton.settled().await;
+    let scraped = client::metrics(baton.admin).await;
+    let at: f64 = scraped
+        .lines()
+        .find_map(|l| l.strip_prefix("baton_last_reload_success_timestamp_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no reload timestamp in:\n{scraped}"));
+    assert!(at >= before.floor(), "{at} is before the reload ({before})");
+}

@@ -44,6 +44,9 @@ impl Generation {
     /// takeover sends again once the old generation has exited.
     pub(super) fn became_active(&mut self, takeover: bool) -> Option<FdStoreUpdate> {
         let _ = self.phase.send(Phase::Active);
+        if takeover {
+            metrics::took_over();
+        }
         let status = self.status_line();
         tracing::info!(
             generation = self.number,

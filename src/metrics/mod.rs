@@ -478,18 +478,26 @@ pub fn start(generation: u64) {
     }
 }
 
+/// The older generation's side of a reload: the counters it reports on to
+/// the new one.
 pub fn reload_finished(ok: bool, seconds: f64) {
     if ok {
         metrics::counter!(RELOADS, "result" => "success").increment(1);
         metrics::histogram!(HANDOFF_DURATION).record(seconds);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
-        metrics::gauge!(LAST_RELOAD_SUCCESS).set(now);
     } else {
         metrics::counter!(RELOADS, "result" => "failed").increment(1);
     }
+}
+
+/// The new generation's side of a reload that succeeded: it took over now.
+/// Set here, since a gauge is not carried across generations (the older
+/// generation's would never reach `/metrics`).
+pub fn took_over() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    metrics::gauge!(LAST_RELOAD_SUCCESS).set(now);
 }
 
 /// Numbers read when `/metrics` renders rather than counted as they happen.
