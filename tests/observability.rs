@@ -627,3 +627,36 @@ async fn the_serving_generation_says_when_the_last_reload_succeeded() {
         .unwrap_or_else(|| panic!("no reload timestamp in:\n{scraped}"));
     assert!(at >= before.floor(), "{at} is before the reload ({before})");
 }
+
+/// A scraper's kept-alive admin connection does not stay on a draining
+/// generation: it is closed when the next generation takes the admin
+/// socket, so the scraper's next request reaches the serving one, not the
+/// draining one's metrics and `/status` for the whole drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_admin_connection_moves_to_the_serving_generation() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let (web, admin) = (baton.addr("web"), baton.admin);
+    // Generation 1 drains for as long as this request lasts.
+    let slow = tokio::spawn(async move { client::get(web, "/slow/5000").await });
+    support::eventually("the slow request is on generation 1", || async {
+        backend.active() == 1
+    })
+    .await;
+    let mut kept = client::connect(admin).await.expect("admin connection");
+    let first = client::send(&mut kept, admin, "/status")
+        .await
+        .expect("status");
+    assert!(first.body.contains("\"number\":1"), "{}", first.body);
+    baton.reload_ok().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if let Ok(again) = client::send(&mut kept, admin, "/status").await {
+        let status: serde_json::Value = serde_json::from_str(&again.body).expect("json");
+        assert_eq!(
+            status["generations"][0]["number"], 2,
+            "answered by the serving generation: {}",
+            again.body
+        );
+    }
+    drop(slow);
+}

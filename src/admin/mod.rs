@@ -102,18 +102,24 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: Cancell
                 }
             },
         };
-        answer(stream, Arc::clone(&state));
+        answer(stream, Arc::clone(&state), Some(stop.clone()));
     }
-    // What was queued before the stop is answered, not reset by the close.
+    // What was queued before the stop is answered, once, not reset by the
+    // close.
     while let Ok(Ok((stream, _))) =
         tokio::time::timeout(std::time::Duration::ZERO, listener.accept()).await
     {
-        answer(stream, Arc::clone(&state));
+        answer(stream, Arc::clone(&state), None);
     }
 }
 
-/// Serves one admin connection in a task of its own.
-fn answer(stream: tokio::net::TcpStream, state: Arc<AdminShared>) {
+/// Serves one admin connection in a task of its own. Once `stop` fires
+/// (the next generation answers from then on) a kept-alive connection
+/// finishes the request it is on and closes, an idle one closes at once:
+/// a scraper on it reconnects to the next generation, instead of reading
+/// this draining one's metrics and `/status` for the whole drain. Without
+/// `stop` the connection answers one request.
+fn answer(stream: tokio::net::TcpStream, state: Arc<AdminShared>, stop: Option<CancellationToken>) {
     tokio::spawn(async move {
         let service = service_fn(move |req| {
             let state = Arc::clone(&state);
@@ -122,8 +128,23 @@ fn answer(stream: tokio::net::TcpStream, state: Arc<AdminShared>) {
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(std::time::Duration::from_secs(10))
+            .keep_alive(stop.is_some())
             .serve_connection(TokioIo::new(stream), service);
-        if let Err(err) = conn.await {
+        tokio::pin!(conn);
+        let stopped = async {
+            match &stop {
+                Some(stop) => stop.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let ended = tokio::select! {
+            ended = conn.as_mut() => ended,
+            () = stopped => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(err) = ended {
             tracing::debug!(cause = %err, "admin connection ended with an error");
         }
     });
