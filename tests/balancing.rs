@@ -6,7 +6,7 @@ mod support;
 
 use support::backend::{HttpBackend, TcpEcho};
 use support::client::{self, backend_state};
-use support::daemon::{wait_exit, Baton, Spec};
+use support::daemon::{dead_addr, wait_exit, Baton, Spec};
 use support::load::{Load, Targets};
 
 const FAST_CHECKS: &str = "health = { kind = \"http\", path = \"/health\", interval = \"100ms\", timeout = \"500ms\", rise = 3, fall = 2 }";
@@ -538,4 +538,43 @@ async fn a_backend_at_its_cap_queues_work_then_refuses_it_at_queue_timeout() {
         "counted"
     );
     assert_eq!(slow.await.expect("join").expect("slow").status, 200);
+}
+
+/// Work waiting in line for a place is woken when a backend comes up, not
+/// only when a place frees up on the busy one: it goes to the newcomer at
+/// once instead of timing out behind the busy backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_in_line_goes_to_a_backend_that_comes_up() {
+    let a = HttpBackend::start("a").await;
+    let (b_addr, reserved) = dead_addr();
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        "max_connections_per_backend = 1\nqueue_timeout = \"10s\"\nhealth = { kind = \"tcp\", interval = \"100ms\", timeout = \"500ms\", rise = 1, fall = 1 }",
+        &[(a.addr, 1), (b_addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    support::eventually("b is down", || async {
+        backend_state(baton.admin, "app-1").await == "down"
+    })
+    .await;
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the first request holds a's only place", || async {
+        a.held() == 1
+    })
+    .await;
+    let queued = tokio::spawn(async move { client::get(web, "/queued").await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!queued.is_finished(), "it waits in line");
+    drop(reserved);
+    let b = HttpBackend::start_on("b", b_addr).await;
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(5), queued)
+        .await
+        .expect("answered once b is up, well before queue_timeout")
+        .expect("join")
+        .expect("queued");
+    assert_eq!(answer.body, HttpBackend::body_for("b", "/queued"));
+    assert_eq!(b.hits(), 1);
+    a.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
 }

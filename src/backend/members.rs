@@ -206,6 +206,7 @@ impl Pool {
                         tracing::info!(pool = %self.name, backend = %b.label, "address is back in DNS; the member stays");
                         b.settle();
                         b.publish();
+                        b.wake_queue();
                     }
                 }
                 None if !b.vanished.swap(true, Ordering::SeqCst) => {
@@ -231,6 +232,7 @@ impl Pool {
             let mut backends = current.backends.clone();
             backends.extend(joined.iter().cloned());
             self.members.store(Arc::new(Members::new(backends)));
+            joined.iter().for_each(|b| b.wake_queue());
         }
         self.retire_vanished();
         joined

@@ -257,7 +257,8 @@ impl Backend {
         };
         match flip {
             Some(Flip::Up) => {
-                tracing::info!(pool = %self.pool, backend = %self.name, "backend is up")
+                tracing::info!(pool = %self.pool, backend = %self.name, "backend is up");
+                self.wake_queue();
             }
             Some(Flip::Down) => {
                 tracing::warn!(pool = %self.pool, backend = %self.name, cause = detail, "backend is down")
@@ -291,9 +292,20 @@ impl Backend {
             self.admin
                 .store(AdminState::Enabled as u8, Ordering::SeqCst);
             tracing::info!(pool = %self.pool, backend = %self.name, "backend restored; it re-enters after passing checks");
+            // Unchecked, it takes work at once.
+            self.wake_queue();
         }
         self.publish();
         self.state()
+    }
+
+    /// Wakes the work waiting in line for a place (`lease`): this backend
+    /// may take it now. A freed place wakes one waiter (`Lease::drop`); a
+    /// backend that comes up, is restored or joins may take many.
+    pub(crate) fn wake_queue(&self) {
+        if let Some(queue) = &self.freed {
+            queue.notify_waiters();
+        }
     }
 
     /// Draining with nothing in flight is out.
