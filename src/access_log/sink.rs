@@ -2,8 +2,10 @@
 //! written by a thread of its own so a slow disk never holds a connection
 //! up. Each line is one `write(2)`: generations writing the same file at
 //! once (an old one draining beside the new one) never tear or interleave
-//! lines. The queue in front of the thread is bounded; a line that finds it
-//! full is dropped and counted, never waited for. SIGUSR1 makes every
+//! lines. The queue in front of the thread is bounded, in lines and in
+//! bytes (a client makes a line long: its target, its User-Agent); a line
+//! that finds it full is dropped and counted, never waited for. A line the
+//! destination refuses (a full disk) is lost, and said so once a minute. SIGUSR1 makes every
 //! writer reopen its path (after logrotate renamed the file); at teardown
 //! the queue is written out before the generation exits.
 
@@ -12,7 +14,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -20,6 +22,10 @@ use std::time::Duration;
 
 /// Lines queued per destination before new ones are dropped.
 const QUEUE: usize = 16 * 1024;
+/// Bytes queued per destination before new lines are dropped.
+const QUEUE_BYTES: usize = 16 * 1024 * 1024;
+/// How often a destination that refuses lines is said to.
+const FAILURE_REPORT: Duration = Duration::from_secs(60);
 /// How often an idle writer looks for a reopen request.
 const REOPEN_CHECK: Duration = Duration::from_millis(100);
 /// How long teardown waits for a writer to finish its queue (a disk that
@@ -51,6 +57,8 @@ enum Message {
 /// One destination's queue and writer thread.
 pub struct Sink {
     queue: SyncSender<Message>,
+    /// Bytes in `queue`, bounded by `QUEUE_BYTES`.
+    queued: Arc<AtomicUsize>,
     reopen: Arc<AtomicBool>,
     writer: Mutex<Option<JoinHandle<()>>>,
     destination: Destination,
@@ -58,11 +66,20 @@ pub struct Sink {
 
 impl Sink {
     /// Queues `line` (a whole line, newline included); false when the
-    /// queue is full or the writer is gone, and the line is dropped.
+    /// queue is full (in lines or bytes) or the writer is gone, and the
+    /// line is dropped.
     pub fn send(&self, line: Vec<u8>) -> bool {
+        let len = line.len();
+        if self.queued.fetch_add(len, Ordering::Relaxed) + len > QUEUE_BYTES {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return false;
+        }
         match self.queue.try_send(Message::Line(line)) {
             Ok(()) => true,
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.queued.fetch_sub(len, Ordering::Relaxed);
+                false
+            }
         }
     }
 }
@@ -88,16 +105,21 @@ impl Sinks {
         let file = open_destination(destination)?;
         let (queue, lines) = mpsc::sync_channel(QUEUE);
         let reopen = Arc::new(AtomicBool::new(false));
+        let queued = Arc::new(AtomicUsize::new(0));
         let writer = Writer {
             destination: destination.clone(),
             file,
             reopen: Arc::clone(&reopen),
+            queued: Arc::clone(&queued),
+            failures: Failures::default(),
+            torn: false,
         };
         let handle = std::thread::Builder::new()
             .name("baton-access-log".into())
             .spawn(move || writer.run(&lines))?;
         let sink = Arc::new(Sink {
             queue,
+            queued,
             reopen,
             writer: Mutex::new(Some(handle)),
             destination: destination.clone(),
@@ -184,6 +206,52 @@ struct Writer {
     destination: Destination,
     file: File,
     reopen: Arc<AtomicBool>,
+    queued: Arc<AtomicUsize>,
+    failures: Failures,
+    /// The last write failed part-way: the file ends inside a line.
+    torn: bool,
+}
+
+/// Writes all of `bytes`, saying how many went out before a failure.
+fn write_counting(file: &mut File, mut bytes: &[u8]) -> (usize, std::io::Result<()>) {
+    let mut written = 0;
+    while !bytes.is_empty() {
+        match file.write(bytes) {
+            Ok(0) => return (written, Err(std::io::ErrorKind::WriteZero.into())),
+            Ok(n) => {
+                written += n;
+                bytes = &bytes[n..];
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return (written, Err(err)),
+        }
+    }
+    (written, Ok(()))
+}
+
+/// Lines a destination refused since it was last said, so a full disk is
+/// one warning a minute (nginx's pace), not one per request flooding the
+/// journal.
+#[derive(Default)]
+struct Failures {
+    lost: u64,
+    said_at: Option<std::time::Instant>,
+}
+
+impl Failures {
+    /// Counts one lost line; the count to say now, if a minute passed
+    /// since the last time (or this is the first).
+    fn lost(&mut self, now: std::time::Instant) -> Option<u64> {
+        self.lost += 1;
+        if self
+            .said_at
+            .is_some_and(|at| now.duration_since(at) < FAILURE_REPORT)
+        {
+            return None;
+        }
+        self.said_at = Some(now);
+        Some(std::mem::take(&mut self.lost))
+    }
 }
 
 impl Writer {
@@ -193,7 +261,10 @@ impl Writer {
                 self.reopen_file();
             }
             match lines.recv_timeout(REOPEN_CHECK) {
-                Ok(Message::Line(line)) => self.write(&line),
+                Ok(Message::Line(line)) => {
+                    self.queued.fetch_sub(line.len(), Ordering::Relaxed);
+                    self.write(&line);
+                }
                 Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => return,
                 Err(RecvTimeoutError::Timeout) => {}
             }
@@ -203,8 +274,24 @@ impl Writer {
     /// One `write(2)` per line: with `O_APPEND` the kernel puts it whole at
     /// the end of the file, whoever else appends.
     fn write(&mut self, line: &[u8]) {
-        if let Err(err) = self.file.write_all(line) {
-            tracing::warn!(destination = %self.destination, cause = %err, "access log line not written");
+        // A line cut short by an earlier failure is ended first, so this
+        // one is not glued to it.
+        if self.torn {
+            match write_counting(&mut self.file, b"\n") {
+                (_, Ok(())) => self.torn = false,
+                (_, Err(err)) => return self.lost(&err),
+            }
+        }
+        let (written, result) = write_counting(&mut self.file, line);
+        if let Err(err) = result {
+            self.torn = written > 0;
+            self.lost(&err);
+        }
+    }
+
+    fn lost(&mut self, err: &std::io::Error) {
+        if let Some(lost) = self.failures.lost(std::time::Instant::now()) {
+            tracing::warn!(destination = %self.destination, cause = %err, lost, "access log lines not written (said at most once a minute)");
         }
     }
 
@@ -255,6 +342,68 @@ mod tests {
         sinks.close();
         assert_eq!(std::fs::read_to_string(&rotated).expect("rotated"), "one\n");
         assert_eq!(std::fs::read_to_string(&path).expect("reopened"), "two\n");
+    }
+
+    #[test]
+    fn the_queue_is_bounded_in_bytes_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let _reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(&fifo)
+            .expect("reader");
+        let sinks = Sinks::default();
+        let sink = sinks.open(&Destination::File(fifo)).expect("open");
+        // Lines of 256 KiB, as a client's long target makes them.
+        let line = vec![b'x'; 256 * 1024];
+        let taken = (0..200).filter(|_| sink.send(line.clone())).count();
+        let budget = QUEUE_BYTES / line.len();
+        assert!(
+            taken <= budget + 1,
+            "{taken} lines of 256 KiB queued, past {budget}"
+        );
+        assert!(taken >= budget / 2, "{taken}: the budget is used");
+        sinks.close();
+    }
+
+    #[test]
+    fn a_refusing_destination_is_said_once_a_minute_and_ends_no_line_glued() {
+        let mut failures = Failures::default();
+        let start = std::time::Instant::now();
+        assert_eq!(failures.lost(start), Some(1), "the first is said");
+        for i in 1..300 {
+            assert_eq!(failures.lost(start + Duration::from_millis(i)), None);
+        }
+        assert_eq!(
+            failures.lost(start + FAILURE_REPORT),
+            Some(300),
+            "a minute on, with the count since"
+        );
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("access.log");
+        let mut writer = Writer {
+            destination: Destination::File(path.clone()),
+            file: OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .expect("full"),
+            reopen: Arc::default(),
+            queued: Arc::default(),
+            failures: Failures::default(),
+            torn: true,
+        };
+        writer.write(b"lost\n");
+        writer.file = open_file(&path).expect("space again");
+        writer.write(b"next\n");
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("log"),
+            "\nnext\n",
+            "the torn line ended before the next"
+        );
     }
 
     #[test]
