@@ -578,3 +578,45 @@ async fn work_in_line_goes_to_a_backend_that_comes_up() {
     a.release();
     assert_eq!(held.await.expect("join").expect("held").status, 200);
 }
+
+/// A backend drained while the older generation still has work on it
+/// stays `draining` in the newer one until that work is done, not `out` at
+/// once: an operator waiting for `out` to redeploy it would cut the older
+/// generation's requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_carried_across_a_reload_is_out_only_once_the_older_generations_work_ends() {
+    let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
+    let spec = Spec::new()
+        .http("web", "app")
+        .pool("app", &[a.addr, b.addr]);
+    let baton = Baton::start(spec).await;
+    let (web, admin) = (baton.addr("web"), baton.admin);
+    let held: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(async move { client::get(web, "/gated").await }))
+        .collect();
+    support::eventually("a request held on each backend", || async {
+        a.held() == 1 && b.held() == 1
+    })
+    .await;
+    let drained = client::call(admin, "POST", "/backends/app-0/drain", None)
+        .await
+        .expect("drain");
+    assert_eq!(drained.status, 200);
+    assert_eq!(backend_state(admin, "app-0").await, "draining");
+    baton.reload_ok().await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        backend_state(admin, "app-0").await,
+        "draining",
+        "generation 1 still has a request on it"
+    );
+    a.release();
+    b.release();
+    for h in held {
+        assert_eq!(h.await.expect("join").expect("held").status, 200);
+    }
+    support::eventually("out once generation 1 is done", || async {
+        backend_state(admin, "app-0").await == "out"
+    })
+    .await;
+}

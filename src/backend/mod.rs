@@ -334,7 +334,10 @@ impl Backend {
         self.metrics.state(self.state());
     }
 
-    /// Takes a carried-over admin state and verdict from an older generation.
+    /// Takes a carried-over admin state and verdict from an older
+    /// generation. A drain stays a drain (not `out`, though nothing of
+    /// ours is in flight) until the older generation, which may still have
+    /// work on the backend, is gone: see `Pool::settle_drains`.
     pub fn adopt(&self, admin: AdminState, healthy: Option<bool>) {
         if let (true, Some(healthy)) = (self.checked, healthy) {
             if let Ok(mut h) = self.health.lock() {
@@ -343,7 +346,6 @@ impl Backend {
             }
         }
         self.admin.store(admin as u8, Ordering::SeqCst);
-        self.settle();
         self.publish();
     }
 }
@@ -486,6 +488,14 @@ impl Pool {
                 crate::metrics::queue_timeout(&self.name);
                 return Err(NoLease::QueueTimeout);
             }
+        }
+    }
+
+    /// Draining backends with nothing in flight go `out`: called once the
+    /// older generation is gone, whose work on them `adopt` waited for.
+    pub fn settle_drains(&self) {
+        for b in self.members.load().backends.iter() {
+            b.settle();
         }
     }
 

@@ -24,6 +24,13 @@ impl Generation {
                 return Err(Exit::Failure);
             }
         }
+        // A drain carried over ends (`out`) only once the old generation,
+        // which may still have work on the backend, is gone.
+        let (pools, gone) = (self.pools.clone(), self.predecessor_gone.clone());
+        tokio::spawn(async move {
+            gone.cancelled().await;
+            pools.iter().for_each(|p| p.settle_drains());
+        });
         self.open_doors();
         let accepting = parent.accepting().await;
         let fd_store = self.became_active(true);
