@@ -620,3 +620,41 @@ async fn a_drain_carried_across_a_reload_is_out_only_once_the_older_generations_
     })
     .await;
 }
+
+/// A client that goes away while its request waits in line loses its
+/// place, and its request reaches no backend (as nginx does not send a
+/// request whose client closed, and HAProxy's `abortonclose`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_left_while_in_line_reaches_no_backend() {
+    use tokio::io::AsyncWriteExt;
+    let a = HttpBackend::start("a").await;
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        "max_connections_per_backend = 1\nqueue_timeout = \"10s\"",
+        &[(a.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the first request holds the only place", || async {
+        a.held() == 1
+    })
+    .await;
+    let mut ghost = tokio::net::TcpStream::connect(web).await.expect("connect");
+    ghost
+        .write_all(b"GET /ghost HTTP/1.1\r\nhost: app\r\n\r\n")
+        .await
+        .expect("request");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    drop(ghost);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    a.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
+    let after = client::get(web, "/after").await.expect("answer");
+    assert_eq!(after.status, 200);
+    assert_eq!(
+        a.hits(),
+        2,
+        "the gated request and the one after, not the ghost"
+    );
+}

@@ -197,7 +197,22 @@ async fn forward<S: ByteStream>(
     let mut failed: Option<(usize, ProxyError)> = None;
     let mut fresh_only = false;
     loop {
-        let lease = match pool.lease(failed.as_ref().map(|f| f.0)).await {
+        let leasing = pool.lease(failed.as_ref().map(|f| f.0));
+        tokio::pin!(leasing);
+        // A client that goes away while its request waits in line for a
+        // place loses its place, and its request reaches no backend. Only
+        // once its body is all in: what it sends meanwhile is then its next
+        // request, kept as once the request is sent (unread body bytes are
+        // the upload's to read).
+        let watched = request.body.is_done();
+        let leased = tokio::select! {
+            biased;
+            leased = &mut leasing => leased,
+            () = watch_client(&mut client.stream, &mut client.buf), if watched => {
+                return Err(Failure::Abort(Termination::ClientAborted(Phase::Queue)));
+            }
+        };
+        let lease = match leased {
             Ok(lease) => lease,
             Err(refused) => {
                 return Err(Failure::Answer(
