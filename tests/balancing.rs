@@ -496,25 +496,38 @@ async fn routes_pick_pools_by_path_prefix_and_host() {
     assert_eq!(answer.body, HttpBackend::body_for("api", "/v1"));
 }
 
+/// A pool of `a` alone with one place (`max_connections_per_backend = 1`),
+/// where work waits in line up to `queue_timeout`.
+fn one_place(a: &HttpBackend, queue_timeout: &str) -> Spec {
+    Spec::new().http("web", "app").pool_with(
+        "app",
+        &format!("max_connections_per_backend = 1\nqueue_timeout = \"{queue_timeout}\""),
+        &[(a.addr, 1)],
+    )
+}
+
+/// A `/gated` request through `web` holding `a`'s only place.
+async fn hold_the_place(
+    a: &HttpBackend,
+    web: std::net::SocketAddr,
+) -> tokio::task::JoinHandle<Result<client::Answer, String>> {
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the first request holds the only place", || async {
+        a.held() == 1
+    })
+    .await;
+    held
+}
+
 /// `max_connections_per_backend` caps what one backend is given at once:
 /// further work waits in line and gets the first place that frees up, or a
 /// 503 after `queue_timeout` (counted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_at_its_cap_queues_work_then_refuses_it_at_queue_timeout() {
     let a = HttpBackend::start("a").await;
-    let spec = Spec::new().http("web", "app").pool_with(
-        "app",
-        "max_connections_per_backend = 1\nqueue_timeout = \"1s\"",
-        &[(a.addr, 1)],
-    );
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(one_place(&a, "1s")).await;
     let web = baton.addr("web");
-
-    let held = tokio::spawn(async move { client::get(web, "/gated").await });
-    support::eventually("the first request holds the only place", || async {
-        a.held() == 1
-    })
-    .await;
+    let held = hold_the_place(&a, web).await;
     let queued = tokio::spawn(async move { client::get(web, "/queued").await });
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(!queued.is_finished(), "the second request waits in line");
@@ -628,18 +641,9 @@ async fn a_drain_carried_across_a_reload_is_out_only_once_the_older_generations_
 async fn a_request_whose_client_left_while_in_line_reaches_no_backend() {
     use tokio::io::AsyncWriteExt;
     let a = HttpBackend::start("a").await;
-    let spec = Spec::new().http("web", "app").pool_with(
-        "app",
-        "max_connections_per_backend = 1\nqueue_timeout = \"10s\"",
-        &[(a.addr, 1)],
-    );
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(one_place(&a, "10s")).await;
     let web = baton.addr("web");
-    let held = tokio::spawn(async move { client::get(web, "/gated").await });
-    support::eventually("the first request holds the only place", || async {
-        a.held() == 1
-    })
-    .await;
+    let held = hold_the_place(&a, web).await;
     let mut ghost = tokio::net::TcpStream::connect(web).await.expect("connect");
     ghost
         .write_all(b"GET /ghost HTTP/1.1\r\nhost: app\r\n\r\n")
