@@ -53,9 +53,14 @@ async fn named(last: &[u8], extra: &str) -> Named {
 /// A pool "app" whose one backend is `HOST` at `port`, resolved on `dns`
 /// every 200 ms, behind an http listener "web".
 fn named_spec(dns: &DnsServer, port: u16, extra: &str) -> Spec {
+    named_spec_every("200ms", dns, port, extra)
+}
+
+/// [`named_spec`] resolved every `interval`.
+fn named_spec_every(interval: &str, dns: &DnsServer, port: u16, extra: &str) -> Spec {
     Spec::new()
         .section(&format!(
-            "[resolver]\nnameservers = [\"{}\"]\ntimeout = \"300ms\"\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\n{extra}\nbackends = [{{ name = \"app\", address = \"{HOST}:{port}\" }}]\n",
+            "[resolver]\nnameservers = [\"{}\"]\ntimeout = \"300ms\"\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"{interval}\"\n{extra}\nbackends = [{{ name = \"app\", address = \"{HOST}:{port}\" }}]\n",
             dns.addr
         ))
         .http("web", "app")
@@ -361,6 +366,33 @@ async fn dns_down_at_first_start_leaves_the_name_waiting_and_the_rest_serving() 
     baton.wait_ready().await;
     let app = client::get(baton.addr("web"), "/x").await.expect("app");
     assert_eq!((app.status, app.body.as_str()), (200, "a /x\n"));
+}
+
+/// A drain said of a name DNS had given no address yet holds for the
+/// members a reload's first lookup brings: they come drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_name_without_members_stays_drained_when_a_reload_finds_them() {
+    let dns = DnsServer::start().await;
+    dns.set_mode(Mode::ServFail);
+    let (first, _second) = two_hosts().await;
+    let baton = Baton::spawn(named_spec_every("10m", &dns, first.addr.port(), ""), &[]);
+    support::eventually("readyz names the pool waiting for DNS", || async {
+        client::get(baton.admin, "/readyz")
+            .await
+            .is_ok_and(|a| a.status == 503 && a.body.contains("waiting for DNS: app"))
+    })
+    .await;
+    let drained = client::call(baton.admin, "POST", "/backends/app/drain", None)
+        .await
+        .expect("drain");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    dns.set_mode(Mode::Answer);
+    baton.reload_ok().await;
+    wait_members(baton.admin, &[(first.addr.to_string(), "out")]).await;
+    let app = client::get(baton.addr("web"), "/x").await.expect("app");
+    assert_eq!(app.status, 503, "its only member is drained");
+    assert_eq!(first.hits(), 0);
 }
 
 #[test]

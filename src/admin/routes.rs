@@ -238,9 +238,15 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
     } else {
         AdminState::Enabled
     };
-    if let Some(named) = &found.named {
-        named.set_admin(word);
-    }
+    let found = match &found.named {
+        Some(named) => {
+            named.set_admin(word);
+            // Looked at again: a member that joined while the word was
+            // being said is in this look, one joining later takes the word.
+            find_backends(&state.topology(), id).unwrap_or(found)
+        }
+        None => found,
+    };
     for backend in &found.backends {
         let new_state = if drain {
             backend.drain()

@@ -60,6 +60,9 @@ pub(super) async fn start(setup: Setup) -> Result<Generation, StartError> {
     let workers = crate::workers::Workers::start(config.workers).map_err(StartError::Workers)?;
     let pools = Pool::all(&config.pools, workers.count());
     let resolver = crate::resolve::refresh::resolver_for(&config)?;
+    // A drain said of a DNS name holds before its first members come, so
+    // they come drained too.
+    carry_names(&pools, &carried_backends);
     if let Some(resolver) = &resolver {
         crate::resolve::refresh::first_members(&pools, resolver, &resolved).await;
     }
@@ -371,18 +374,12 @@ fn access_log(
 /// A name resolved from DNS carries the operator's word on the name itself
 /// with its query as the address (members that join later take it).
 pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
+    carry_names(pools, carried);
     for c in carried {
-        let admin = match c.admin {
-            CarriedAdmin::Enabled => AdminState::Enabled,
-            CarriedAdmin::Draining => AdminState::Draining,
-            CarriedAdmin::Out => AdminState::Out,
-            CarriedAdmin::Unknown => continue,
+        let Some(admin) = carried_admin(c.admin) else {
+            continue;
         };
         for p in pools.iter().filter(|p| p.name == c.pool) {
-            let named = p.named.iter().find(|n| n.name == c.name);
-            if let Some(named) = named.filter(|n| n.query.to_string() == c.address) {
-                named.set_admin(admin);
-            }
             let members = p.backends();
             let backend = members
                 .backends
@@ -392,6 +389,31 @@ pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
                 backend.adopt(admin, c.healthy);
             }
         }
+    }
+}
+
+/// The operator's word on each DNS name, carried over: members that join
+/// later start so.
+fn carry_names(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
+    for c in carried {
+        let Some(admin) = carried_admin(c.admin) else {
+            continue;
+        };
+        for p in pools.iter().filter(|p| p.name == c.pool) {
+            let named = p.named.iter().find(|n| n.name == c.name);
+            if let Some(named) = named.filter(|n| n.query.to_string() == c.address) {
+                named.set_admin(admin);
+            }
+        }
+    }
+}
+
+fn carried_admin(admin: CarriedAdmin) -> Option<AdminState> {
+    match admin {
+        CarriedAdmin::Enabled => Some(AdminState::Enabled),
+        CarriedAdmin::Draining => Some(AdminState::Draining),
+        CarriedAdmin::Out => Some(AdminState::Out),
+        CarriedAdmin::Unknown => None,
     }
 }
 
