@@ -24,7 +24,7 @@ use super::transfer::{
 };
 use super::upstream::{connection, keep, Kept, Upstream};
 use crate::access_log::{Marks, Phase, Termination};
-use crate::backend::{Backend, Lease, Pool};
+use crate::backend::{Backend, Lease, NoLease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
 use crate::proxy::request_id::RequestId;
@@ -181,6 +181,26 @@ struct InFlight<'a> {
     trace: &'a mut Trace,
 }
 
+/// Waits in line for a place (`Pool::lease`). A client that goes away
+/// meanwhile loses its place, and its request reaches no backend. Watched
+/// only once its body is all in (`watched`): what it sends meanwhile is
+/// then its next request, kept as once the request is sent (unread body
+/// bytes are the upload's to read).
+async fn in_line<S: ByteStream>(
+    pool: &Pool,
+    exclude: Option<usize>,
+    client: &mut Client<S>,
+    watched: bool,
+) -> Result<Result<Lease, NoLease>, Failure> {
+    tokio::select! {
+        biased;
+        leased = pool.lease(exclude) => Ok(leased),
+        () = watch_client(&mut client.stream, &mut client.buf), if watched => {
+            Err(Failure::Abort(Termination::ClientAborted(Phase::Queue)))
+        }
+    }
+}
+
 async fn forward<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
@@ -197,20 +217,10 @@ async fn forward<S: ByteStream>(
     let mut failed: Option<(usize, ProxyError)> = None;
     let mut fresh_only = false;
     loop {
-        let leasing = pool.lease(failed.as_ref().map(|f| f.0));
-        tokio::pin!(leasing);
-        // A client that goes away while its request waits in line for a
-        // place loses its place, and its request reaches no backend. Only
-        // once its body is all in: what it sends meanwhile is then its next
-        // request, kept as once the request is sent (unread body bytes are
-        // the upload's to read).
-        let watched = request.body.is_done();
-        let leased = tokio::select! {
-            biased;
-            leased = &mut leasing => leased,
-            () = watch_client(&mut client.stream, &mut client.buf), if watched => {
-                return Err(Failure::Abort(Termination::ClientAborted(Phase::Queue)));
-            }
+        let exclude = failed.as_ref().map(|f| f.0);
+        let leased = match pool.pick(exclude) {
+            Some(lease) => Ok(lease),
+            None => in_line(pool, exclude, client, request.body.is_done()).await?,
         };
         let lease = match leased {
             Ok(lease) => lease,
