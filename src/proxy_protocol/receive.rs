@@ -218,11 +218,10 @@ async fn read_header(
     consumed: &mut Vec<u8>,
 ) -> Result<Option<Vec<u8>>, Refusal> {
     let mut peeked = vec![0u8; V2_MAX];
+    // How many bytes the last look saw that might yet become a header.
+    let mut unsure = None;
     loop {
-        let n = stream
-            .peek(&mut peeked)
-            .await
-            .map_err(|_| Refusal::Closed)?;
+        let (n, closed) = next_look(stream, &mut peeked, unsure).await?;
         if n == 0 {
             return Err(Refusal::Closed);
         }
@@ -235,23 +234,57 @@ async fn read_header(
                 take(stream, consumed, total - consumed.len()).await?;
                 return Ok(Some(std::mem::take(consumed)));
             }
-            Framed::Incomplete if surely_header(&seen) => take(stream, consumed, n).await?,
-            Framed::Incomplete => more_bytes(stream).await?,
+            Framed::Incomplete if surely_header(&seen) => {
+                take(stream, consumed, n).await?;
+                unsure = None;
+            }
+            // Gone before a whole header: nothing more will come.
+            Framed::Incomplete if closed => return Err(Refusal::Closed),
+            Framed::Incomplete => unsure = Some(n),
         }
     }
 }
 
-/// Waits for bytes beyond those peeked: a few that might yet become a
-/// header cannot be consumed (they may be the client's own), and looking
-/// again on a timer would let a client holding many such connections keep
-/// baton busy. The readiness the peek left is cleared, and tokio's reactor
-/// (edge-triggered: Linux signals every arrival) sets it again only when
-/// more bytes, a FIN or an error come.
-async fn more_bytes(stream: &TcpStream) -> Result<(), Refusal> {
-    let _ = stream.try_io(Interest::READABLE, || {
-        Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
-    });
-    stream.readable().await.map_err(|_| Refusal::Closed)
+/// Peeks at what the socket holds, once it holds more than the `unsure`
+/// bytes of the last look (those cannot be consumed: they may be the
+/// client's own), or the client closed its side; returns the count and
+/// whether it closed. Looking again on a timer would let a client holding
+/// many such connections keep baton busy. The readiness is taken before the
+/// peek and cleared when the peek saw nothing new, so an arrival in
+/// between is never missed (tokio's reactor is edge-triggered, and Linux
+/// signals every arrival).
+async fn next_look(
+    stream: &TcpStream,
+    peeked: &mut [u8],
+    unsure: Option<usize>,
+) -> Result<(usize, bool), Refusal> {
+    loop {
+        let ready = stream
+            .ready(Interest::READABLE)
+            .await
+            .map_err(|_| Refusal::Closed)?;
+        let closed = ready.is_read_closed();
+        let look = stream.try_io(Interest::READABLE, || {
+            let n = peek(stream, peeked)?;
+            if Some(n) == unsure && !closed {
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        });
+        match look {
+            Ok(n) => return Ok((n, closed)),
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return Err(Refusal::Closed),
+        }
+    }
+}
+
+/// The bytes the socket holds, left in it; `WouldBlock` when none.
+fn peek(stream: &TcpStream, into: &mut [u8]) -> std::io::Result<usize> {
+    use nix::sys::socket::{recv, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+    recv(stream.as_raw_fd(), into, flags).map_err(std::io::Error::from)
 }
 
 /// Moves `count` bytes already peeked from the socket into `consumed`.
@@ -381,6 +414,31 @@ mod tests {
                 "{tlvs:?}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_partial_prefix_and_then_a_close_is_closed_at_once() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let mut client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        client.write_all(b"PRO").await.expect("write");
+        client.shutdown().await.expect("half-close");
+        let mut consumed = Vec::new();
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            read_header(&mut server, &mut consumed),
+        )
+        .await;
+        assert_eq!(
+            read,
+            Ok(Err(Refusal::Closed)),
+            "not looked at until the timeout"
+        );
     }
 
     /// Counts its wake-ups.
