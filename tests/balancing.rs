@@ -623,6 +623,14 @@ async fn a_drain_carried_across_a_reload_is_out_only_once_the_older_generations_
         "draining",
         "generation 1 still has a request on it"
     );
+    let again = client::call(admin, "POST", "/backends/app-0/drain", None)
+        .await
+        .expect("drain again");
+    assert!(
+        again.body.contains("\"draining\""),
+        "said again, still draining: {}",
+        again.body
+    );
     a.release();
     b.release();
     for h in held {

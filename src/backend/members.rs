@@ -159,6 +159,7 @@ impl Recipe {
             send_proxy: self.send_proxy,
             vanished: AtomicBool::new(false),
             retired: AtomicBool::new(false),
+            carried_drain: AtomicBool::new(false),
             gone: CancellationToken::new(),
         };
         backend.publish();

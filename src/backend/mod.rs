@@ -146,6 +146,10 @@ pub struct Backend {
     /// from the operator's admin state, which a returning address finds as
     /// it was.
     retired: AtomicBool,
+    /// A drain carried from an older generation that may still have work
+    /// on it: not `out` before that generation is gone, whatever is said
+    /// meanwhile (see `Pool::settle_drains`).
+    carried_drain: AtomicBool,
     /// Cancelled when it leaves its pool: its health checks stop.
     gone: CancellationToken,
 }
@@ -315,6 +319,7 @@ impl Backend {
             return;
         }
         if self.in_flight() == 0
+            && !self.carried_drain.load(Ordering::SeqCst)
             && self
                 .admin
                 .compare_exchange(
@@ -339,6 +344,8 @@ impl Backend {
     /// ours is in flight) until the older generation, which may still have
     /// work on the backend, is gone: see `Pool::settle_drains`.
     pub fn adopt(&self, admin: AdminState, healthy: Option<bool>) {
+        self.carried_drain
+            .store(admin == AdminState::Draining, Ordering::SeqCst);
         if let (true, Some(healthy)) = (self.checked, healthy) {
             if let Ok(mut h) = self.health.lock() {
                 *h = Health::with_verdict(h.rise(), h.fall(), healthy);
@@ -495,6 +502,7 @@ impl Pool {
     /// older generation is gone, whose work on them `adopt` waited for.
     pub fn settle_drains(&self) {
         for b in self.members.load().backends.iter() {
+            b.carried_drain.store(false, Ordering::SeqCst);
             b.settle();
         }
     }
