@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST};
 use http::{Request, Response};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -538,7 +538,11 @@ enum Sent {
 /// HTTP/1 client may send (431; the header list's size is bounded as an
 /// HTTP/1 head's is, by `max_header_list_size`), or an `ambiguity` (400).
 fn refusal<B>(req: &Request<B>) -> Option<ProxyError> {
-    if req.headers().len() > MAX_FIELDS {
+    // Browsers send each cookie as a field of its own (RFC 9113 §8.2.3);
+    // they go up joined, as one line, and count as one.
+    let headers = req.headers();
+    let crumbs = headers.get_all(COOKIE).iter().count();
+    if headers.len() - crumbs.saturating_sub(1) > MAX_FIELDS {
         return Some(ProxyError::TooManyFields { max: MAX_FIELDS });
     }
     ambiguity(req).map(|why| ProxyError::Client { why })
