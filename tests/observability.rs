@@ -660,3 +660,32 @@ async fn a_kept_alive_admin_connection_moves_to_the_serving_generation() {
     }
     drop(slow);
 }
+
+/// An admin connection taken before the handover that has not sent its
+/// request yet is still answered, once (`Connection: close`), not closed
+/// unanswered: a probe that connected just before a reload gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_connection_open_at_the_handover_gets_its_one_answer() {
+    use tokio::io::AsyncWriteExt;
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let (web, admin) = (baton.addr("web"), baton.admin);
+    let slow = tokio::spawn(async move { client::get(web, "/slow/5000").await });
+    support::eventually("the slow request is on generation 1", || async {
+        backend.active() == 1
+    })
+    .await;
+    let mut probe = tokio::net::TcpStream::connect(admin)
+        .await
+        .expect("connect");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    baton.reload_ok().await;
+    probe
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: admin\r\n\r\n")
+        .await
+        .expect("request");
+    let answer = client::read_until_closed(&mut probe).await.to_lowercase();
+    assert!(answer.starts_with("http/1.1 200"), "{answer:?}");
+    assert!(answer.contains("connection: close"), "{answer:?}");
+    drop(slow);
+}

@@ -8,9 +8,11 @@ mod generations;
 mod routes;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
+use http::header::{HeaderValue, CONNECTION};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -117,21 +119,33 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: Cancell
 /// (the next generation answers from then on) a kept-alive connection
 /// finishes the request it is on and closes, an idle one closes at once:
 /// a scraper on it reconnects to the next generation, instead of reading
-/// this draining one's metrics and `/status` for the whole drain. Without
-/// `stop` the connection answers one request.
+/// this draining one's metrics and `/status` for the whole drain. A
+/// connection that has not sent its first request yet is answered once,
+/// with `Connection: close`, as one taken after the stop is (no `stop`).
 fn answer(stream: tokio::net::TcpStream, state: Arc<AdminShared>, stop: Option<CancellationToken>) {
     tokio::spawn(async move {
+        let served = Arc::new(AtomicBool::new(false));
+        let (seen, stopped) = (Arc::clone(&served), stop.clone());
         let service = service_fn(move |req| {
             let state = Arc::clone(&state);
-            async move { Ok::<_, std::convert::Infallible>(routes::respond(&state, req)) }
+            seen.store(true, Ordering::Relaxed);
+            let last = stopped.as_ref().is_none_or(CancellationToken::is_cancelled);
+            async move {
+                let mut response = routes::respond(&state, req);
+                if last {
+                    response
+                        .headers_mut()
+                        .insert(CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok::<_, std::convert::Infallible>(response)
+            }
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(std::time::Duration::from_secs(10))
-            .keep_alive(stop.is_some())
             .serve_connection(TokioIo::new(stream), service);
         tokio::pin!(conn);
-        let stopped = async {
+        let stopping = async {
             match &stop {
                 Some(stop) => stop.cancelled().await,
                 None => std::future::pending().await,
@@ -139,8 +153,10 @@ fn answer(stream: tokio::net::TcpStream, state: Arc<AdminShared>, stop: Option<C
         };
         let ended = tokio::select! {
             ended = conn.as_mut() => ended,
-            () = stopped => {
-                conn.as_mut().graceful_shutdown();
+            () = stopping => {
+                if served.load(Ordering::Relaxed) {
+                    conn.as_mut().graceful_shutdown();
+                }
                 conn.await
             }
         };
