@@ -628,21 +628,32 @@ async fn the_serving_generation_says_when_the_last_reload_succeeded() {
     assert!(at >= before.floor(), "{at} is before the reload ({before})");
 }
 
+/// A baton whose generation 1 will drain for as long as the slow request
+/// returned (5 s) lasts.
+async fn with_a_slow_request() -> (
+    HttpBackend,
+    Baton,
+    tokio::task::JoinHandle<Result<client::Answer, String>>,
+) {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let web = baton.addr("web");
+    let slow = tokio::spawn(async move { client::get(web, "/slow/5000").await });
+    support::eventually("the slow request is on generation 1", || async {
+        backend.active() == 1
+    })
+    .await;
+    (backend, baton, slow)
+}
+
 /// A scraper's kept-alive admin connection does not stay on a draining
 /// generation: it is closed when the next generation takes the admin
 /// socket, so the scraper's next request reaches the serving one, not the
 /// draining one's metrics and `/status` for the whole drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_alive_admin_connection_moves_to_the_serving_generation() {
-    let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
-    let (web, admin) = (baton.addr("web"), baton.admin);
-    // Generation 1 drains for as long as this request lasts.
-    let slow = tokio::spawn(async move { client::get(web, "/slow/5000").await });
-    support::eventually("the slow request is on generation 1", || async {
-        backend.active() == 1
-    })
-    .await;
+    let (_backend, baton, slow) = with_a_slow_request().await;
+    let admin = baton.admin;
     let mut kept = client::connect(admin).await.expect("admin connection");
     let first = client::send(&mut kept, admin, "/status")
         .await
@@ -667,14 +678,8 @@ async fn a_kept_alive_admin_connection_moves_to_the_serving_generation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_connection_open_at_the_handover_gets_its_one_answer() {
     use tokio::io::AsyncWriteExt;
-    let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
-    let (web, admin) = (baton.addr("web"), baton.admin);
-    let slow = tokio::spawn(async move { client::get(web, "/slow/5000").await });
-    support::eventually("the slow request is on generation 1", || async {
-        backend.active() == 1
-    })
-    .await;
+    let (_backend, baton, slow) = with_a_slow_request().await;
+    let admin = baton.admin;
     let mut probe = tokio::net::TcpStream::connect(admin)
         .await
         .expect("connect");
