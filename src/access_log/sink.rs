@@ -350,7 +350,7 @@ mod tests {
         let fifo = dir.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .expect("mkfifo");
-        let _reader = OpenOptions::new()
+        let reader = OpenOptions::new()
             .read(true)
             .custom_flags(nix::libc::O_NONBLOCK)
             .open(&fifo)
@@ -366,6 +366,8 @@ mod tests {
             "{taken} lines of 256 KiB queued, past {budget}"
         );
         assert!(taken >= budget / 2, "{taken}: the budget is used");
+        // Unblocked (its writes fail now), the writer ends its queue at once.
+        drop(reader);
         sinks.close();
     }
 
