@@ -81,6 +81,30 @@ async fn readiness_flips_first_and_traffic_is_served_through_the_pre_stop_pause(
     assert_no_error_lines(&baton);
 }
 
+/// A SIGHUP (or SIGUSR2) during the pre-stop pause does not end it: the
+/// load balancer in front may still send traffic, and it is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_signal_does_not_cut_the_pre_stop_pause_short() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"3s\"\ndrain_timeout = \"10s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let web = baton.addr("web");
+    signal(baton.first_pid, Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    signal(baton.first_pid, Signal::SIGHUP);
+    signal(baton.first_pid, Signal::SIGUSR2);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let served = client::get(web, "/still-in-the-pause")
+        .await
+        .expect("served: the doors are still open");
+    assert_eq!(served.status, 200);
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_connections_are_served_before_the_listener_closes() {
     let backend = HttpBackend::start("a").await;

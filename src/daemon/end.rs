@@ -78,10 +78,23 @@ impl Generation {
             "drained; waiting for the older generation to exit so its counts reach the serving one"
         );
         let bound = tokio::time::sleep(self.config.reload.drain_timeout);
-        tokio::select! {
-            () = self.predecessor_gone.cancelled() => {}
-            () = bound => tracing::warn!("the older generation outlived our wait; its last counts may be lost"),
-            command = self.commands.recv() => tracing::info!(?command, "no longer waiting for the older generation"),
+        tokio::pin!(bound);
+        loop {
+            tokio::select! {
+                () = self.predecessor_gone.cancelled() => return,
+                () = &mut bound => {
+                    tracing::warn!("the older generation outlived our wait; its last counts may be lost");
+                    return;
+                }
+                command = self.commands.recv() => match command {
+                    // A reload is the serving generation's business.
+                    Command::Reload => tracing::info!("reload ignored: this generation is draining"),
+                    Command::Stop | Command::ForceDrain => {
+                        tracing::info!(?command, "no longer waiting for the older generation");
+                        return;
+                    }
+                },
+            }
         }
     }
 
@@ -91,10 +104,7 @@ impl Generation {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
         let _ = self.phase.send(Phase::Stopping { deadline: None });
         systemd::stopping();
-        let forced_early = tokio::select! {
-            () = tokio::time::sleep(self.config.shutdown.pre_stop_delay) => false,
-            command = self.commands.recv() => command == Command::Stop,
-        };
+        let forced_early = self.pre_stop_pause().await;
         self.holdings.handed_over(&[]);
         self.close_doors().await;
         // Under systemd the control socket lives on in the fd store for the
@@ -117,6 +127,23 @@ impl Generation {
         self.background.cancel();
         self.admin_stop.cancel();
         self.exit_code(outcome)
+    }
+
+    /// Waits out the pre-stop pause, during which the load balancer in
+    /// front may still send traffic; true when a second stop cut it short.
+    /// A reload or a force meant for a draining generation does not end it.
+    async fn pre_stop_pause(&mut self) -> bool {
+        let pause = tokio::time::sleep(self.config.shutdown.pre_stop_delay);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                () = &mut pause => return false,
+                command = self.commands.recv() => match command {
+                    Command::Stop => return true,
+                    other => tracing::info!(command = ?other, "ignored: this generation is stopping"),
+                },
+            }
+        }
     }
 
     /// Every access-log line of this generation reaches its file before
