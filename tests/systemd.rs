@@ -154,6 +154,27 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     sbx.progressed(&load, 50).await;
     load.stop().await.assert_clean();
 
+    // A listener a reload removes leaves the fd store at once, while the
+    // old generation still drains: nothing goes on listening on its port.
+    let web = p.web;
+    let slow = tokio::spawn(async move { client::get(web, "/slow/2500").await });
+    support::eventually("slow request in flight", || async {
+        a.active() + b.active() == 1
+    })
+    .await;
+    sbx.write("/etc/baton/baton.toml", &good);
+    sbx.systemctl_ok(&["reload", "baton"]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let generations = client::status(p.admin).await["generations"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(generations, 2, "the old generation still drains");
+    assert!(
+        listening_inodes(p.extra.port()).is_empty(),
+        "the removed listener's sockets are closed, systemd's copy too"
+    );
+    assert_eq!(slow.await.expect("join").expect("slow").status, 200);
+
     // start → reload → failed reload → stop: the stop is the ordered one
     // (a request in flight completes), not a SIGKILL.
     sbx.systemctl_ok(&["reload", "baton"]);
@@ -163,7 +184,6 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     );
     assert!(!sbx.exec(&["systemctl", "reload", "baton"]).status.success());
     sbx.write("/etc/baton/baton.toml", &good);
-    let web = p.web;
     let slow = tokio::spawn(async move { client::get(web, "/slow/1500").await });
     support::eventually("slow request in flight", || async {
         a.active() + b.active() == 1

@@ -205,6 +205,7 @@ async fn converse(
     limits: Limits,
 ) -> Result<Vec<String>, HandoverError> {
     let (entries, fds): (Vec<_>, Vec<OwnedFd>) = offer.sockets.into_iter().unzip();
+    let offered: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
     let offer_backends_now = offer.backends_now;
     let message = Message::Offer {
         generation: offer.generation,
@@ -235,6 +236,15 @@ async fn converse(
         Message::Accepting => {}
         other => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
     }
+    // Sockets N+1 did not adopt (a listener removed or moved, fewer
+    // shards) leave systemd's fd store now, while we are main and heard:
+    // left there until we exit, they would go on listening, taking
+    // connections nobody accepts (a share of a SO_REUSEPORT group's).
+    let dropped: Vec<String> = offered
+        .into_iter()
+        .filter(|name| !adopted.contains(name))
+        .collect();
+    systemd::FdStoreUpdate::new(dropped, Vec::new()).send();
     // Named only now that nothing can fail: under `NotifyAccess=main` no
     // rollback to our own pid would be heard once N+1 is main.
     systemd::main_pid(child.pid());
