@@ -187,10 +187,10 @@ async fn a_backend_connection_with_bytes_past_its_response_is_not_reused() {
     let baton = baton_for(&backend).await;
     let web = baton.addr("web");
     for _ in 0..3 {
-        assert_eq!(
-            client::get(web, "/").await.expect("answer").body,
-            "answer 0"
-        );
+        let answer = client::get(web, "/").await.expect("answer");
+        // Seen once in a full-suite run, a 502, not reproduced since: the
+        // log says which backend read failed, for whoever sees it next.
+        assert_eq!(answer.body, "answer 0", "baton's log:\n{}", baton.log());
     }
     assert_eq!(backend.accepted(), 3);
 }
