@@ -344,9 +344,10 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).expect("reopened"), "two\n");
     }
 
-    #[test]
-    fn the_queue_is_bounded_in_bytes_too() {
-        let dir = tempfile::tempdir().expect("tempdir");
+    /// A sink writing to a FIFO in `dir` whose reader (returned: the sink's
+    /// writes fail once it is dropped) never reads: the pipe fills, the
+    /// writer blocks.
+    fn unread_fifo(dir: &tempfile::TempDir) -> (Sinks, Arc<Sink>, File) {
         let fifo = dir.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .expect("mkfifo");
@@ -357,6 +358,13 @@ mod tests {
             .expect("reader");
         let sinks = Sinks::default();
         let sink = sinks.open(&Destination::File(fifo)).expect("open");
+        (sinks, sink, reader)
+    }
+
+    #[test]
+    fn the_queue_is_bounded_in_bytes_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sinks, sink, reader) = unread_fifo(&dir);
         // Lines of 256 KiB, as a client's long target makes them.
         let line = vec![b'x'; 256 * 1024];
         let taken = (0..200).filter(|_| sink.send(line.clone())).count();
@@ -411,17 +419,7 @@ mod tests {
     #[test]
     fn a_writer_that_cannot_keep_up_drops_lines_and_never_blocks() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let fifo = dir.path().join("fifo");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .expect("mkfifo");
-        // A reader that never reads: the pipe fills, the writer blocks.
-        let _reader = OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NONBLOCK)
-            .open(&fifo)
-            .expect("reader");
-        let sinks = Sinks::default();
-        let sink = sinks.open(&Destination::File(fifo)).expect("open");
+        let (sinks, sink, _reader) = unread_fifo(&dir);
         let line = vec![b'x'; 511];
         let refused = (0..QUEUE * 4).find(|_| !sink.send([line.clone(), b"\n".to_vec()].concat()));
         assert!(refused.is_some(), "a full queue refuses lines");

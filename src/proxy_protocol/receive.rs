@@ -416,16 +416,22 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_partial_prefix_and_then_a_close_is_closed_at_once() {
-        use tokio::io::AsyncWriteExt;
+    /// A client's end of a loopback connection, and baton's.
+    async fn connected() -> (TcpStream, TcpStream) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
-        let mut client = TcpStream::connect(listener.local_addr().expect("addr"))
+        let client = TcpStream::connect(listener.local_addr().expect("addr"))
             .await
             .expect("connect");
-        let (mut server, _) = listener.accept().await.expect("accept");
+        let (server, _) = listener.accept().await.expect("accept");
+        (client, server)
+    }
+
+    #[tokio::test]
+    async fn a_partial_prefix_and_then_a_close_is_closed_at_once() {
+        use tokio::io::AsyncWriteExt;
+        let (mut client, mut server) = connected().await;
         client.write_all(b"PRO").await.expect("write");
         client.shutdown().await.expect("half-close");
         let mut consumed = Vec::new();
@@ -456,13 +462,7 @@ mod tests {
         use std::time::Duration;
         use tokio::io::AsyncWriteExt;
 
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let mut client = TcpStream::connect(listener.local_addr().expect("addr"))
-            .await
-            .expect("connect");
-        let (mut server, _) = listener.accept().await.expect("accept");
+        let (mut client, mut server) = connected().await;
         let header = v2(1, 0x11, V4_BODY);
         client.write_all(&header[..4]).await.expect("write");
         tokio::time::sleep(Duration::from_millis(50)).await;
