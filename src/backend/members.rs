@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::health::Health;
+use super::line::Line;
 use super::named::Named;
 use super::{authority_of, balance, idle, AdminState, Backend, Pool};
 use crate::config::{BackendConfig, PoolConfig};
@@ -60,7 +61,7 @@ pub(super) struct Recipe {
     checked: bool,
     rise: u32,
     fall: u32,
-    freed: Option<Arc<tokio::sync::Notify>>,
+    line: Option<Arc<Line>>,
     workers: usize,
     tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
     send_proxy: Option<crate::proxy_protocol::Version>,
@@ -81,7 +82,7 @@ struct Identity {
 impl Recipe {
     pub(super) fn new(
         config: &PoolConfig,
-        freed: Option<Arc<tokio::sync::Notify>>,
+        line: Option<Arc<Line>>,
         workers: usize,
         next_index: Arc<AtomicUsize>,
     ) -> Recipe {
@@ -91,7 +92,7 @@ impl Recipe {
             checked: config.health.is_some(),
             rise,
             fall,
-            freed,
+            line,
             workers,
             tls: config.tls.clone(),
             send_proxy: config.send_proxy,
@@ -100,7 +101,7 @@ impl Recipe {
     }
 
     /// A backend the config gives by IP address.
-    pub(super) fn ip_backend(&self, index: usize, config: &BackendConfig) -> Backend {
+    pub(super) fn ip_backend(&self, index: usize, config: &BackendConfig) -> Arc<Backend> {
         let identity = Identity {
             index,
             name: config.name.clone(),
@@ -114,7 +115,7 @@ impl Recipe {
 
     /// A member of `named` at `resolved`, with the operator's last word on
     /// the name.
-    fn member(&self, named: &Named, resolved: &Resolved, joining: Joining) -> Backend {
+    fn member(&self, named: &Named, resolved: &Resolved, joining: Joining) -> Arc<Backend> {
         let identity = Identity {
             index: self.next_index.fetch_add(1, Ordering::Relaxed),
             name: named.name.clone(),
@@ -128,7 +129,7 @@ impl Recipe {
         backend
     }
 
-    fn make(&self, id: Identity, joining: Joining, admin: AdminState) -> Backend {
+    fn make(&self, id: Identity, joining: Joining, admin: AdminState) -> Arc<Backend> {
         // Unchecked backends are taken as healthy; checked ones wait for
         // their first check at start, and for `rise` of them later.
         let health = match (self.checked, joining) {
@@ -136,7 +137,8 @@ impl Recipe {
             (true, Joining::AtStart) => Health::new(self.rise, self.fall),
             (true, Joining::Serving) => Health::with_verdict(self.rise, self.fall, false),
         };
-        let backend = Backend {
+        let backend = Arc::new_cyclic(|me| Backend {
+            me: me.clone(),
             index: id.index,
             metrics: super::metrics::register(&self.pool, &id.label),
             name: id.name,
@@ -153,7 +155,7 @@ impl Recipe {
             health: Mutex::new(health),
             last_check: Mutex::new(None),
             last_error: Mutex::new(None),
-            freed: self.freed.clone(),
+            line: self.line.clone(),
             idle: idle::IdleConnections::new(self.workers),
             tls: self.tls.clone(),
             send_proxy: self.send_proxy,
@@ -161,7 +163,7 @@ impl Recipe {
             retired: AtomicBool::new(false),
             carried_drain: AtomicBool::new(false),
             gone: CancellationToken::new(),
-        };
+        });
         backend.publish();
         backend
     }
@@ -224,7 +226,7 @@ impl Pool {
                     .iter()
                     .any(|b| b.member_of(named) && b.address == r.address)
             })
-            .map(|r| Arc::new(self.recipe.member(named, r, joining)))
+            .map(|r| self.recipe.member(named, r, joining))
             .collect();
         for b in &joined {
             tracing::info!(pool = %self.name, backend = %b.label, from = b.resolved_from.as_deref().unwrap_or(""), "member joins from DNS");

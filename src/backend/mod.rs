@@ -12,6 +12,7 @@
 pub mod balance;
 pub mod health;
 pub mod idle;
+mod line;
 pub mod members;
 pub mod metrics;
 pub mod named;
@@ -20,7 +21,7 @@ pub mod stream;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
@@ -30,6 +31,7 @@ use self::metrics::BackendMetrics;
 use crate::config::{Balance, HealthConfig, PoolConfig};
 use crate::metrics::UpstreamErrorKind;
 use health::{Flip, Health};
+use line::Line;
 use members::{Members, Recipe};
 use named::Named;
 
@@ -101,6 +103,9 @@ fn authority_of(address: SocketAddr) -> ::http::uri::Authority {
 }
 
 pub struct Backend {
+    /// Itself, for the pool's line: a place it offers is handed on as the
+    /// backend the waiter then holds.
+    me: Weak<Backend>,
     /// Global index (the admin API's `{id}`): IP backends in config order,
     /// then members resolved from DNS as they come.
     pub index: usize,
@@ -129,8 +134,9 @@ pub struct Backend {
     /// The last request or connection it failed; clients see none of it.
     last_error: Mutex<Option<CheckRecord>>,
     metrics: BackendMetrics,
-    /// The pool's queue, told when a lease ends (only a capped pool has one).
-    freed: Option<Arc<tokio::sync::Notify>>,
+    /// The pool's line, which a place goes to first when a lease ends
+    /// (only a capped pool has one).
+    line: Option<Arc<Line>>,
     /// HTTP/1 connections to it, idle between requests.
     pub idle: idle::IdleConnections,
     /// The pool's TLS to its backends (see `stream`), if any.
@@ -303,13 +309,33 @@ impl Backend {
         self.state()
     }
 
-    /// Wakes the work waiting in line for a place (`lease`): this backend
-    /// may take it now. A freed place wakes one waiter (`Lease::drop`); a
-    /// backend that comes up, is restored or joins may take many.
+    /// Offers its free places to the work waiting in line (`lease`): it
+    /// came up, was restored or joined. A place freed by a lease's end is
+    /// handed on by `Lease::drop`.
     pub(crate) fn wake_queue(&self) {
-        if let Some(queue) = &self.freed {
-            queue.notify_waiters();
+        if let (Some(line), Some(me)) = (&self.line, self.me.upgrade()) {
+            line.offer(&me);
         }
+    }
+
+    /// Takes one of its places if it has fewer than `cap` in use (0: no cap).
+    fn take_place(&self, cap: usize) -> bool {
+        let taken = self
+            .in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (cap == 0 || n < cap).then_some(n + 1)
+            })
+            .is_ok();
+        if taken {
+            self.metrics.in_flight.increment(1.0);
+        }
+        taken
+    }
+
+    /// Gives one place back (see `take_place`).
+    fn give_back(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.metrics.in_flight.decrement(1.0);
     }
 
     /// Draining with nothing in flight is out.
@@ -377,9 +403,9 @@ pub struct Pool {
     /// Per-backend cap (0: none) and how long work waits for a place.
     cap: usize,
     queue_timeout: std::time::Duration,
-    /// Woken, one waiter at a time in arrival order, when a lease ends;
-    /// only with a cap (without one nobody ever waits).
-    freed: Option<Arc<tokio::sync::Notify>>,
+    /// Where work waits for a place, first come, first served; only with a
+    /// cap (without one nobody ever waits).
+    line: Option<Arc<Line>>,
 }
 
 impl Pool {
@@ -392,18 +418,18 @@ impl Pool {
         next_index: Arc<AtomicUsize>,
         workers: usize,
     ) -> Pool {
-        let freed =
-            (config.max_connections_per_backend > 0).then(|| Arc::new(tokio::sync::Notify::new()));
+        let cap = config.max_connections_per_backend;
+        let line = (cap > 0).then(|| Arc::new(Line::new(cap)));
         crate::metrics::queue_timeouts(&config.name);
         if !config.named.is_empty() {
             crate::metrics::dns_resolutions(&config.name);
         }
-        let recipe = Recipe::new(config, freed.clone(), workers, next_index);
+        let recipe = Recipe::new(config, line.clone(), workers, next_index);
         let backends: Vec<Arc<Backend>> = config
             .backends
             .iter()
             .enumerate()
-            .map(|(i, b)| Arc::new(recipe.ip_backend(first_index + i, b)))
+            .map(|(i, b)| recipe.ip_backend(first_index + i, b))
             .collect();
         Pool {
             name: config.name.clone(),
@@ -419,9 +445,9 @@ impl Pool {
             send_proxy: config.send_proxy,
             health: config.health.clone(),
             balance: config.balance,
-            cap: config.max_connections_per_backend,
+            cap,
             queue_timeout: config.queue_timeout,
-            freed,
+            line,
         }
     }
 
@@ -464,38 +490,31 @@ impl Pool {
 
     /// Like [`Self::pick`], but when every backend that could take the work
     /// is at its cap, waits in line (first come, first served) up to
-    /// `queue_timeout`.
+    /// `queue_timeout`. Work in line whose backends all go down waits on:
+    /// one that comes back up in time serves it.
     pub async fn lease(&self, exclude: Option<usize>) -> Result<Lease, NoLease> {
         if let Some(lease) = self.pick(exclude) {
             return Ok(lease);
         }
-        let Some(queue) = &self.freed else {
+        let Some(line) = &self.line else {
             return Err(NoLease::NoBackend);
         };
         let deadline = tokio::time::Instant::now() + self.queue_timeout;
-        loop {
-            // Registered before looking again, so a place freed meanwhile
-            // is not missed.
-            let freed = queue.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            if let Some(lease) = self.pick(exclude) {
-                return Ok(lease);
-            }
-            let capped = self
-                .members
+        let any_up = || {
+            self.members
                 .load()
                 .backends
                 .iter()
-                .any(|b| b.available() && Some(b.index) != exclude);
-            if !capped {
-                return Err(NoLease::NoBackend);
-            }
-            if tokio::time::timeout_at(deadline, freed).await.is_err() {
-                crate::metrics::queue_timeout(&self.name);
-                return Err(NoLease::QueueTimeout);
-            }
+                .any(|b| b.available() && Some(b.index) != exclude)
+        };
+        let outcome = match line.join(exclude, || self.pick(exclude), any_up)? {
+            Ok(lease) => Ok(lease),
+            Err(ticket) => ticket.served(deadline).await,
+        };
+        if outcome.as_ref().err() == Some(&NoLease::QueueTimeout) {
+            crate::metrics::queue_timeout(&self.name);
         }
+        outcome
     }
 
     /// Draining backends with nothing in flight go `out`: called once the
@@ -557,24 +576,23 @@ pub enum NoLease {
 impl Lease {
     /// A lease on `backend` if it has fewer than `cap` (0: any number).
     fn within(backend: &Arc<Backend>, cap: usize) -> Option<Lease> {
-        backend
-            .in_flight
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (cap == 0 || n < cap).then_some(n + 1)
-            })
-            .ok()?;
+        if !backend.take_place(cap) {
+            return None;
+        }
         // A member retired between the pick and now may be swept out as
         // soon as its count reads 0: the count is up first, then retirement
         // is looked at again (both SeqCst), so either the sweep sees this
         // lease or this lease sees the retirement and lets go.
         if backend.retired.load(Ordering::SeqCst) {
-            backend.in_flight.fetch_sub(1, Ordering::SeqCst);
+            backend.give_back();
             return None;
         }
-        backend.metrics.in_flight.increment(1.0);
-        Some(Lease {
-            backend: Arc::clone(backend),
-        })
+        Some(Lease::handed(Arc::clone(backend)))
+    }
+
+    /// The lease on a place already counted (one handed on in line).
+    fn handed(backend: Arc<Backend>) -> Lease {
+        Lease { backend }
     }
 
     pub fn backend(&self) -> &Backend {
@@ -588,12 +606,17 @@ impl Lease {
 }
 
 impl Drop for Lease {
+    /// In a capped pool the place goes on to the line first.
     fn drop(&mut self) {
-        self.backend.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.backend.metrics.in_flight.decrement(1.0);
-        self.backend.settle();
-        if let Some(queue) = &self.backend.freed {
-            queue.notify_one();
+        let given_back = match &self.backend.line {
+            Some(line) => line.pass_on(&self.backend),
+            None => {
+                self.backend.give_back();
+                true
+            }
+        };
+        if given_back {
+            self.backend.settle();
         }
     }
 }
