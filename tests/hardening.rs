@@ -294,8 +294,6 @@ async fn at_max_connections_baton_stops_accepting_and_resumes_below_it() {
     assert_eq!(answer.expect("third served").status, 200);
 }
 
-/// The fd limit is the real cap on connections: an HTTP client connection
-/// must cost one fd, not two.
 /// An HTTP listener `web` and its backend, with the serving pid and its
 /// settled fd count before the test's traffic.
 async fn counting_fds() -> (HttpBackend, Baton, u32, usize) {
@@ -306,6 +304,8 @@ async fn counting_fds() -> (HttpBackend, Baton, u32, usize) {
     (backend, baton, pid, before)
 }
 
+/// The fd limit is the real cap on connections: an HTTP client connection
+/// must cost one fd, not two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_client_connection_costs_one_fd() {
     let (_backend, baton, pid, before) = counting_fds().await;
@@ -490,4 +490,59 @@ async fn sigusr1_kills_no_baton_command() {
     .expect("feed the config");
     let status = check.wait().expect("wait");
     assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+/// The admin port takes at most 256 connections at once (the rest wait in
+/// the kernel's queue): its fds are the data plane's too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_connections_are_capped_and_a_probe_is_served_once_they_go() {
+    let (_backend, baton, pid, before) = counting_fds().await;
+    let mut flood = Vec::new();
+    for _ in 0..300 {
+        flood.push(
+            tokio::net::TcpStream::connect(baton.admin)
+                .await
+                .expect("connect"),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let during = support::daemon::fd_count(pid);
+    assert!(
+        during - before <= 256,
+        "{before} fds before, {during} with 300 admin connections"
+    );
+    drop(flood);
+    let probe = client::call(baton.admin, "GET", "/healthz", None)
+        .await
+        .expect("a probe once the flood is gone");
+    assert_eq!(probe.status, 200);
+}
+
+/// An admin client that pipelines `/metrics` and never reads is cut off
+/// once its responses have stopped moving for 10 s, rather than pinning
+/// its connection (an fd, a task, its buffers) for the process's life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_client_that_never_reads_is_cut_off() {
+    let (_backend, baton, pid, before) = counting_fds().await;
+    let mut stalled = tokio::net::TcpStream::connect(baton.admin)
+        .await
+        .expect("connect");
+    let requests = b"GET /metrics HTTP/1.1\r\nhost: admin\r\n\r\n".repeat(4000);
+    // As much as it takes before its own buffers fill (it is not reading).
+    let _ = tokio::time::timeout(Duration::from_secs(2), stalled.write_all(&requests)).await;
+    let mut first = [0u8; 5];
+    stalled.read_exact(&mut first).await.expect("answering");
+    assert_eq!(&first, b"HTTP/");
+    // 10 s once the kernel stops taking the trickle it still takes from a
+    // full receive buffer; within 30 s here every time.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    while support::daemon::fd_count(pid) > before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled admin connection is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    serving(&baton).await;
+    drop(stalled);
 }

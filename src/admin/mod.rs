@@ -3,6 +3,7 @@
 //! reload). It reads shared state through [`AdminShared`]'s narrow handles
 //! and never reaches into connections.
 
+mod bounded;
 pub mod client;
 mod generations;
 mod routes;
@@ -87,31 +88,55 @@ impl AdminShared {
     }
 }
 
+/// Admin connections served at once, at most: past it the next waits in
+/// the kernel's queue until one ends (each ends within `bounded::IDLE` of
+/// going quiet). The fds and memory a flood of them could take are the
+/// data plane's too.
+const MAX_CONNECTIONS: usize = 256;
+
 /// Serves admin requests until `stop`, then lets open ones finish briefly.
 pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: CancellationToken) {
+    let places = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let (stream, _) = tokio::select! {
+        let (place, (stream, _)) = tokio::select! {
             // Once stopped, not one more connection is taken from a free
             // choice (the next generation answers from now on).
             biased;
             () = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(err) => {
-                    tracing::warn!(cause = %err, "admin accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
+            taken = accept_within(&listener, &places) => match taken {
+                Some(taken) => taken,
+                None => break,
             },
         };
-        answer(stream, Arc::clone(&state), Some(stop.clone()));
+        answer(stream, Arc::clone(&state), Some(stop.clone()), Some(place));
     }
     // What was queued before the stop is answered, once, not reset by the
     // close.
     while let Ok(Ok((stream, _))) =
         tokio::time::timeout(std::time::Duration::ZERO, listener.accept()).await
     {
-        answer(stream, Arc::clone(&state), None);
+        answer(stream, Arc::clone(&state), None, None);
+    }
+}
+
+/// The next connection once there is a place for it; `None` if the places
+/// are gone (never: the semaphore is not closed).
+async fn accept_within(
+    listener: &TcpListener,
+    places: &Arc<tokio::sync::Semaphore>,
+) -> Option<(
+    tokio::sync::OwnedSemaphorePermit,
+    (tokio::net::TcpStream, SocketAddr),
+)> {
+    let place = Arc::clone(places).acquire_owned().await.ok()?;
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return Some((place, accepted)),
+            Err(err) => {
+                tracing::warn!(cause = %err, "admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
     }
 }
 
@@ -122,8 +147,15 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: Cancell
 /// this draining one's metrics and `/status` for the whole drain. A
 /// connection that has not sent its first request yet is answered once,
 /// with `Connection: close`, as one taken after the stop is (no `stop`).
-fn answer(stream: tokio::net::TcpStream, state: Arc<AdminShared>, stop: Option<CancellationToken>) {
+/// `place` is its share of `MAX_CONNECTIONS`, held until it closes.
+fn answer(
+    stream: tokio::net::TcpStream,
+    state: Arc<AdminShared>,
+    stop: Option<CancellationToken>,
+    place: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
     tokio::spawn(async move {
+        let _place = place;
         let served = Arc::new(AtomicBool::new(false));
         let (seen, stopped) = (Arc::clone(&served), stop.clone());
         let service = service_fn(move |req| {
@@ -143,7 +175,7 @@ fn answer(stream: tokio::net::TcpStream, state: Arc<AdminShared>, stop: Option<C
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(std::time::Duration::from_secs(10))
-            .serve_connection(TokioIo::new(stream), service);
+            .serve_connection(TokioIo::new(bounded::Bounded::new(stream)), service);
         tokio::pin!(conn);
         let stopping = async {
             match &stop {
