@@ -31,6 +31,8 @@ pub struct Listener {
     /// connections queued on it before then do not inherit it (see
     /// `lifecycle::endpoint::Listening::nodelay_each`).
     pub nodelay_each: bool,
+    /// Where the admin reads the socket's accept queue while it is open.
+    pub queue: Arc<crate::metrics::kernel::AcceptQueue>,
 }
 
 /// What all the shards of one listener share: its `max_connections` (one
@@ -116,6 +118,7 @@ impl Listener {
             socket,
             shared,
             nodelay_each,
+            queue,
         } = self;
         // Registered here, with the reactor of the worker running this loop,
         // so the connections it accepts stay on that worker.
@@ -133,6 +136,7 @@ impl Listener {
         // unseen while connections keep coming.
         let stopped = stop.cancelled();
         tokio::pin!(stopped);
+        queue.show(std::os::fd::AsFd::as_fd(&socket));
         while !stop.is_cancelled() {
             tokio::select! {
                 biased;
@@ -165,6 +169,8 @@ impl Listener {
                 }
             }
         }
+        // Before the socket closes, here or once its queue is served.
+        queue.hide();
         if closing() == Closing::Last {
             accept_queued(&name, &shared.permits, socket, &*handler, nodelay_each);
         }
@@ -309,6 +315,7 @@ mod tests {
         let listener = Listener {
             name: Arc::from("web"),
             socket,
+            queue: Default::default(),
             shared: Shared::new(16),
             nodelay_each: true,
         };

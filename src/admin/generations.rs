@@ -99,11 +99,10 @@ impl AdminShared {
 
     fn sample(&self, inherited: &Report) {
         let topology = self.topology();
-        let queues = kernel::listen_queues();
         let backlog = topology
             .listeners
             .iter()
-            .map(|l| (l.name.as_str(), l.backlog(&queues)))
+            .map(|l| (l.name.as_str(), l.backlog()))
             .collect();
         let mut draining_active = std::collections::BTreeMap::new();
         let mut draining = process::ProcessStats::default();

@@ -40,15 +40,14 @@ pub struct ListenerView {
     pub bind: SocketAddr,
     pub protocol: Protocol,
     pub stats: Arc<ListenerStats>,
-    /// Inodes of its listening sockets, to find their accept queues.
-    pub inodes: Vec<u64>,
+    /// The accept queues of its listening sockets.
+    pub queues: Vec<Arc<crate::metrics::kernel::AcceptQueue>>,
 }
 
 impl ListenerView {
-    /// Connections in the kernel accept queues of its sockets, given
-    /// `kernel::listen_queues()`.
-    pub fn backlog(&self, queues: &std::collections::HashMap<u64, u64>) -> u64 {
-        self.inodes.iter().filter_map(|i| queues.get(i)).sum()
+    /// Connections in the kernel accept queues of its sockets.
+    pub fn backlog(&self) -> u64 {
+        self.queues.iter().map(|q| q.waiting()).sum()
     }
 }
 

@@ -163,12 +163,11 @@ fn status(state: &AdminShared) -> Reply {
             })
         })
         .collect();
-    let queues = kernel::listen_queues();
     let listeners: Vec<Value> = topology
         .listeners
         .iter()
         .map(|l| {
-            json!({"name": l.name, "bind": l.bind.to_string(), "protocol": l.protocol.as_str(), "active": l.stats.active(), "backlog": l.backlog(&queues)})
+            json!({"name": l.name, "bind": l.bind.to_string(), "protocol": l.protocol.as_str(), "active": l.stats.active(), "backlog": l.backlog()})
         })
         .collect();
     let pools: Vec<Value> = topology.pools.iter().map(|p| pool_json(p)).collect();

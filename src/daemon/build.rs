@@ -109,7 +109,7 @@ pub(super) async fn start(setup: Setup) -> Result<Generation, StartError> {
             bind: shards.bound,
             protocol: l.protocol,
             stats: Arc::clone(&connections.stats),
-            inodes: shards.inodes,
+            queues: shards.queues,
         });
     }
     let _ = phase.send(Phase::Starting {
@@ -276,8 +276,8 @@ struct Shards {
     pending: Vec<Pending>,
     /// The address really bound (a port 0 in the config made concrete).
     bound: std::net::SocketAddr,
-    /// Their sockets' inodes, to find their accept queues.
-    inodes: Vec<u64>,
+    /// Their sockets' accept queues, as the admin reads them.
+    queues: Vec<Arc<crate::metrics::kernel::AcceptQueue>>,
 }
 
 /// Every shard of listener `l`: one per worker, and at least `reuseport`.
@@ -302,7 +302,7 @@ fn shards(
     let mut shards = Shards {
         pending: Vec::new(),
         bound: l.bind,
-        inodes: Vec::new(),
+        queues: Vec::new(),
     };
     for shard in 0..l.reuseport.max(workers) {
         // Shard 0 is the listener's own name, so a socket unit's
@@ -325,14 +325,14 @@ fn shards(
         };
         let socket: std::net::TcpListener = listening.socket.into();
         shards.bound = socket.local_addr().map_err(bind_err)?;
-        shards.inodes.extend(crate::metrics::kernel::socket_inode(
-            std::os::fd::AsFd::as_fd(&socket),
-        ));
+        let queue = Arc::new(crate::metrics::kernel::AcceptQueue::default());
+        shards.queues.push(Arc::clone(&queue));
         let listener = Listener {
             name: Arc::from(l.name.as_str()),
             socket,
             shared: Arc::clone(&shared),
             nodelay_each: listening.nodelay_each,
+            queue,
         };
         shards.pending.push((
             listener,
