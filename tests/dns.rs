@@ -157,6 +157,16 @@ async fn an_address_that_moves_drains_the_old_member_and_fails_nothing() {
         "nothing reaches the removed member"
     );
     load.stop().await.assert_clean();
+    // Its series leave `/metrics` with it, and stay out after a reload
+    // (addresses that churn would otherwise grow the exposition for good).
+    let gone = format!("backend=\"app@{old}\"");
+    let text = client::metrics(baton.admin).await;
+    assert!(text.contains(&format!("backend=\"app@{new}\"")), "{text}");
+    assert!(!text.contains(&gone), "{gone} in\n{text}");
+    baton.reload_ok().await;
+    baton.settled().await;
+    let text = client::metrics(baton.admin).await;
+    assert!(!text.contains(&gone), "{gone} after a reload, in\n{text}");
 }
 
 /// A reload while an address moves (the new one not up yet) keeps the

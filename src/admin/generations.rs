@@ -94,7 +94,22 @@ impl AdminShared {
         };
         let inherited = self.inherited();
         self.sample(&inherited);
-        exposition::merge(&handle.render(), &inherited.baseline)
+        let merged = exposition::merge(&handle.render(), &inherited.baseline);
+        exposition::without_gone_members(merged, &self.members())
+    }
+
+    /// The pools' members from DNS as they are now (see
+    /// [`exposition::Members`]).
+    fn members(&self) -> exposition::Members {
+        let mut members = exposition::Members::default();
+        for pool in &self.topology().pools {
+            for b in pool.backends().backends.iter() {
+                if b.resolved_from.is_some() {
+                    members.insert(&pool.name, &b.label);
+                }
+            }
+        }
+        members
     }
 
     fn sample(&self, inherited: &Report) {
@@ -135,8 +150,11 @@ impl AdminShared {
             .as_ref()
             .map(|h| h.render())
             .unwrap_or_default();
+        let members = self.members();
+        let mut baseline = exposition::baseline(&exposition::merge(&own, &inherited.baseline));
+        baseline.retain(|key, _| members.keeps(key));
         Report {
-            baseline: exposition::baseline(&exposition::merge(&own, &inherited.baseline)),
+            baseline,
             generations: self.generations(),
         }
     }

@@ -47,12 +47,7 @@ impl Configured {
     /// never hold an '@'.
     pub fn names(&self, key: &str) -> bool {
         let labels = labels(key);
-        let label = |name: &str| {
-            labels
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let label = |name: &str| label_value(&labels, name);
         let backends = label("pool").map(|p| self.pools.get(p));
         label("listener").is_none_or(|l| self.listeners.contains(l))
             && backends.is_none_or(|b| b.is_some())
@@ -66,6 +61,64 @@ impl Configured {
 /// Drops the series of listeners, pools and backends no longer configured.
 pub fn retain_configured(baseline: &mut Baseline, configured: &Configured) {
     baseline.retain(|key, _| configured.names(key));
+}
+
+/// The members DNS gave each pool (their `backend` label, `name@address`)
+/// that are in it now. The recorder cannot drop a series, so those of a
+/// member gone from its pool are left out of `/metrics` and of what a
+/// successor carries: with addresses that churn (autoscaling, a headless
+/// service) the exposition would otherwise grow for good. An address that
+/// comes back shows its series again.
+#[derive(Debug, Clone, Default)]
+pub struct Members(HashMap<String, HashSet<String>>);
+
+impl Members {
+    pub fn insert(&mut self, pool: &str, label: &str) {
+        self.0
+            .entry(pool.to_string())
+            .or_default()
+            .insert(label.to_string());
+    }
+
+    /// Whether `key` is no series of a member gone from its pool.
+    pub fn keeps(&self, key: &str) -> bool {
+        // Only a member's label holds an '@' (config names never do).
+        if !key.contains('@') {
+            return true;
+        }
+        let labels = labels(key);
+        let label = |name: &str| label_value(&labels, name);
+        match (label("pool"), label("backend")) {
+            (Some(pool), Some(backend)) if backend.contains('@') => {
+                self.0.get(pool).is_some_and(|m| m.contains(backend))
+            }
+            _ => true,
+        }
+    }
+}
+
+/// `text` without the samples of members gone from their pool.
+pub fn without_gone_members(text: String, members: &Members) -> String {
+    if !text.contains('@') {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let key = line.rsplit_once(' ').map_or(line, |(key, _)| key);
+        if line.starts_with('#') || members.keeps(key) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The value of label `name` among `labels`.
+fn label_value<'a>(labels: &'a [(&str, String)], name: &str) -> Option<&'a str> {
+    labels
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.as_str())
 }
 
 /// The labels of a sample key (`name{a="x",b="y"}`), values unescaped.
@@ -343,5 +396,17 @@ mod tests {
             third.contains("baton_requests_total{code=\"2xx\"} 12\n"),
             "{third}"
         );
+    }
+
+    #[test]
+    fn series_of_members_gone_from_their_pool_are_left_out() {
+        let text = "# TYPE baton_backend_in_flight gauge\nbaton_backend_in_flight{pool=\"app\",backend=\"app@10.0.0.1:80\"} 0\nbaton_backend_in_flight{pool=\"app\",backend=\"app@10.0.0.2:80\"} 1\nbaton_backend_in_flight{pool=\"app\",backend=\"ip\"} 2\n\n";
+        let mut members = Members::default();
+        members.insert("app", "app@10.0.0.2:80");
+        let kept = without_gone_members(text.to_string(), &members);
+        assert!(!kept.contains("10.0.0.1"), "{kept}");
+        assert!(kept.contains("backend=\"app@10.0.0.2:80\"} 1\n"), "{kept}");
+        assert!(kept.contains("backend=\"ip\"} 2\n"), "{kept}");
+        assert!(kept.starts_with("# TYPE baton_backend_in_flight gauge\n"));
     }
 }
