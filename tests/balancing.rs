@@ -281,6 +281,42 @@ async fn with_every_backend_down_http_is_503_and_readyz_names_the_pool() {
     assert!(read.is_ok() && buf.is_empty());
 }
 
+/// Probes are answered from the first instant of a first start, while the
+/// first health round still runs: `/healthz` 200, `/readyz` 503
+/// `starting`. A liveness probe with a short timeout must not restart a
+/// host whose checks are slow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_are_answered_while_the_first_health_round_runs() {
+    // Its queue takes the check's connection and nobody answers it: the
+    // first round lasts the check's whole timeout (20 s).
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = silent.local_addr().expect("addr");
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        "health = { kind = \"http\", path = \"/health\", interval = \"30s\", timeout = \"20s\", rise = 1, fall = 1 }",
+        &[(addr, 1)],
+    );
+    let baton = Baton::spawn(spec, &[]);
+    let admin = baton.admin;
+    support::eventually("the admin port is bound", || async {
+        tokio::net::TcpStream::connect(admin).await.is_ok()
+    })
+    .await;
+    let answered = |path: &'static str| async move {
+        tokio::time::timeout(std::time::Duration::from_secs(5), client::get(admin, path))
+            .await
+            .unwrap_or_else(|_| panic!("{path} unanswered while the first health round runs"))
+            .expect(path)
+    };
+    assert_eq!(answered("/healthz").await.status, 200);
+    let ready = answered("/readyz").await;
+    assert_eq!(ready.status, 503);
+    assert!(ready.body.contains("starting"), "{}", ready.body);
+    drop(silent);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_waits_on_an_unhealthy_pool() {
     // A bound, non-listening socket keeps the port ours (refusing

@@ -9,8 +9,9 @@ use crate::lifecycle::inventory::Inventory;
 
 /// Builds a generation from its `Setup`: its config, what an older
 /// generation (or systemd) handed over, and the process's own parts. The
-/// parent is `run`'s to talk to once the generation is built.
-pub(super) async fn start(setup: Setup) -> Result<Generation, StartError> {
+/// parent is `run`'s to talk to once the generation is built; `first` says
+/// there is none (a first start, not a reload's new generation).
+pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, StartError> {
     let Setup {
         inheritance,
         config,
@@ -50,6 +51,7 @@ pub(super) async fn start(setup: Setup) -> Result<Generation, StartError> {
             phase: phase_rx,
             metrics,
             report,
+            at_once: first,
         },
         &mut inventory,
         &mut holdings,
@@ -169,6 +171,8 @@ struct AdminStart {
     metrics: Option<PrometheusHandle>,
     /// What the older generation reported with its offer.
     report: crate::lifecycle::handoff::Report,
+    /// A first start: nobody else answers on the admin socket meanwhile.
+    at_once: bool,
 }
 
 /// The admin server: what it reads, and the tokens that start and stop
@@ -222,15 +226,19 @@ fn open_admin(
             addr: admin_addr.to_string(),
             source,
         })?;
-    // A first start answers probes at once (503 `starting`); a new
-    // generation of a reload only once told to go ahead: until then the old
-    // one, still serving, answers on the shared socket.
+    // A first start answers probes at once (503 `starting`) while DNS and
+    // the first health round run; a new generation of a reload only once
+    // told to go ahead: until then the old one, still serving, answers on
+    // the shared socket.
     let parts = AdminParts {
         shared: Arc::clone(&admin),
         stop: CancellationToken::new(),
         closed: CancellationToken::new(),
         go: CancellationToken::new(),
     };
+    if start.at_once {
+        parts.go.cancel();
+    }
     let (go, stop, closed) = (parts.go.clone(), parts.stop.clone(), parts.closed.clone());
     tokio::spawn(async move {
         tokio::select! {

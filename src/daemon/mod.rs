@@ -103,7 +103,7 @@ pub struct Setup {
 /// a reload, which execs the next generation, needs the binary.
 pub async fn run(mut setup: Setup) -> Exit {
     let parent = setup.parent.take();
-    let built = build::start(setup).await;
+    let built = build::start(setup, parent.is_none()).await;
     let mut gen = match built {
         Ok(g) => g,
         Err(e) => return fail(parent.as_ref(), e).await,
@@ -115,7 +115,6 @@ pub async fn run(mut setup: Setup) -> Exit {
             }
         }
         None => {
-            gen.admin_go.cancel();
             gen.predecessor_gone.cancel();
             gen.open_doors();
             gen.became_active(false);
