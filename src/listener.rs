@@ -136,7 +136,7 @@ impl Listener {
         // unseen while connections keep coming.
         let stopped = stop.cancelled();
         tokio::pin!(stopped);
-        queue.show(std::os::fd::AsFd::as_fd(&socket));
+        let shown = queue.show(std::os::fd::AsFd::as_fd(&socket));
         while !stop.is_cancelled() {
             tokio::select! {
                 biased;
@@ -169,8 +169,9 @@ impl Listener {
                 }
             }
         }
-        // Before the socket closes, here or once its queue is served.
-        queue.hide();
+        // Before the socket closes, here or once its queue is served (and
+        // before it, being declared after it, if this future is dropped).
+        drop(shown);
         if closing() == Closing::Last {
             accept_queued(&name, &shared.permits, socket, &*handler, nodelay_each);
         }

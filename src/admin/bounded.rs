@@ -24,8 +24,9 @@ pub const STALLED: Duration = Duration::from_secs(10);
 pub struct Bounded<S> {
     inner: S,
     last_progress: Instant,
-    /// A write returned `Pending` and has not moved since.
-    write_waiting: bool,
+    /// Since when a write has waited (it returned `Pending` and has not
+    /// moved since): its 10 s count from then, not from the last read.
+    write_waiting: Option<Instant>,
     clock: Pin<Box<Sleep>>,
 }
 
@@ -35,7 +36,7 @@ impl<S> Bounded<S> {
         Bounded {
             inner,
             last_progress: now,
-            write_waiting: false,
+            write_waiting: None,
             clock: Box::pin(tokio::time::sleep_until(now + IDLE)),
         }
     }
@@ -47,8 +48,10 @@ impl<S> Bounded<S> {
     /// Called when the stream waits: an error once it has waited too long
     /// (the wake-up is registered otherwise).
     fn check(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        let bound = if self.write_waiting { STALLED } else { IDLE };
-        let deadline = self.last_progress + bound;
+        let (bound, deadline) = match self.write_waiting {
+            Some(since) => (STALLED, since.max(self.last_progress) + STALLED),
+            None => (IDLE, self.last_progress + IDLE),
+        };
         if self.clock.deadline() != deadline {
             self.clock.as_mut().reset(deadline);
         }
@@ -67,11 +70,11 @@ impl<S> Bounded<S> {
     ) -> Poll<io::Result<usize>> {
         match polled {
             Poll::Pending => {
-                self.write_waiting = true;
+                self.write_waiting.get_or_insert_with(Instant::now);
                 self.check(cx).map(Err)
             }
             Poll::Ready(result) => {
-                self.write_waiting = false;
+                self.write_waiting = None;
                 if matches!(result, Ok(n) if n > 0) {
                     self.progressed();
                 }
@@ -154,12 +157,14 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_write_nobody_takes_times_out_sooner() {
+    async fn a_write_nobody_takes_times_out_sooner_counted_from_its_wait() {
         let (ours, _theirs) = tokio::io::duplex(64);
         let mut bounded = Bounded::new(ours);
+        bounded.write_all(&[0u8; 64]).await.expect("room for these");
+        tokio::time::advance(STALLED + Duration::from_secs(5)).await;
         let started = Instant::now();
         let err = bounded
-            .write_all(&[0u8; 4096])
+            .write_all(&[0u8; 1])
             .await
             .expect_err("stalled too long");
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);

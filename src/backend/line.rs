@@ -12,6 +12,7 @@
 //! that joins never misses one freed meanwhile.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
@@ -46,6 +47,8 @@ pub(crate) struct Ticket<'a> {
     line: &'a Line,
     id: u64,
     place: oneshot::Receiver<Arc<Backend>>,
+    /// Served: it left the line when it was handed its place.
+    served: bool,
 }
 
 impl Line {
@@ -90,6 +93,7 @@ impl Line {
             line: self,
             id,
             place: rx,
+            served: false,
         }))
     }
 
@@ -98,7 +102,10 @@ impl Line {
     /// True when it was given back.
     pub fn pass_on(&self, backend: &Arc<Backend>) -> bool {
         let mut waiters = self.lock();
-        if backend.available() && waiters.hand(backend) {
+        // `available` reads retirement relaxed: a member just retired gets
+        // no new work through the line either.
+        let open = backend.available() && !backend.retired.load(Ordering::SeqCst);
+        if open && waiters.hand(backend) {
             return false;
         }
         backend.give_back();
@@ -155,7 +162,10 @@ impl Ticket<'_> {
     /// Waits for a place until `deadline`.
     pub async fn served(mut self, deadline: Instant) -> Result<Lease, NoLease> {
         match tokio::time::timeout_at(deadline, &mut self.place).await {
-            Ok(Ok(backend)) => Ok(Lease::handed(backend)),
+            Ok(Ok(backend)) => {
+                self.served = true;
+                Ok(Lease::handed(backend))
+            }
             Ok(Err(_)) => Err(NoLease::NoBackend),
             Err(_) => Err(NoLease::QueueTimeout),
         }
@@ -164,6 +174,9 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
+        if self.served {
+            return;
+        }
         self.line.leave(self.id);
         // Handed a place as we left: it goes on down the line (the lease's
         // end passes it on, outside the line's lock).

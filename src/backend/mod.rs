@@ -313,12 +313,19 @@ impl Backend {
     /// came up, was restored or joined. A place freed by a lease's end is
     /// handed on by `Lease::drop`.
     pub(crate) fn wake_queue(&self) {
-        if let (Some(line), Some(me)) = (&self.line, self.me.upgrade()) {
-            line.offer(&me);
+        if let Some(line) = &self.line {
+            if let Some(me) = self.me.upgrade() {
+                line.offer(&me);
+            }
         }
     }
 
-    /// Takes one of its places if it has fewer than `cap` in use (0: no cap).
+    /// Takes one of its places if it has fewer than `cap` in use (0: no
+    /// cap) and it is not retired. A member retired meanwhile may be swept
+    /// out as soon as its count reads 0: the count is up first, then
+    /// retirement is looked at again (both SeqCst), so either the sweep sees
+    /// this place or this place sees the retirement and lets go. The gauge
+    /// moves only for a place kept (the sweep zeroes a removed one's).
     fn take_place(&self, cap: usize) -> bool {
         let taken = self
             .in_flight
@@ -326,10 +333,15 @@ impl Backend {
                 (cap == 0 || n < cap).then_some(n + 1)
             })
             .is_ok();
-        if taken {
-            self.metrics.in_flight.increment(1.0);
+        if !taken {
+            return false;
         }
-        taken
+        if self.retired.load(Ordering::SeqCst) {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        self.metrics.in_flight.increment(1.0);
+        true
     }
 
     /// Gives one place back (see `take_place`).
@@ -576,18 +588,9 @@ pub enum NoLease {
 impl Lease {
     /// A lease on `backend` if it has fewer than `cap` (0: any number).
     fn within(backend: &Arc<Backend>, cap: usize) -> Option<Lease> {
-        if !backend.take_place(cap) {
-            return None;
-        }
-        // A member retired between the pick and now may be swept out as
-        // soon as its count reads 0: the count is up first, then retirement
-        // is looked at again (both SeqCst), so either the sweep sees this
-        // lease or this lease sees the retirement and lets go.
-        if backend.retired.load(Ordering::SeqCst) {
-            backend.give_back();
-            return None;
-        }
-        Some(Lease::handed(Arc::clone(backend)))
+        backend
+            .take_place(cap)
+            .then(|| Lease::handed(Arc::clone(backend)))
     }
 
     /// The lease on a place already counted (one handed on in line).

@@ -6,12 +6,12 @@
 //! `/proc/net/tcp` instead cost a scrape hundreds of milliseconds at tens
 //! of thousands of connections.
 //!
-//! `unsafe`: `getsockopt` into a `tcp_info`, on an fd known to be open.
+//! `unsafe`: `getsockopt` into a `tcp_info`.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::sync::RwLock;
+use std::sync::{PoisonError, RwLock};
 
 /// `TcpExt` counters this namespace has counted since boot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,35 +49,40 @@ pub fn netstat() -> Netstat {
 
 /// One listening socket's accept queue, as the admin reads it while the
 /// accept loop owns the socket. The loop shows its fd here for as long as
-/// the socket is open and takes it back before closing it; the write lock
-/// waits out a reading in progress, so a reading never meets a closed fd
-/// or one the number was reused for.
+/// the socket is open ([`Shown`], dropped before the socket); the write
+/// lock waits out a reading in progress, so a reading never meets a closed
+/// fd or one whose number went to another socket since.
 #[derive(Debug, Default)]
 pub struct AcceptQueue {
     fd: RwLock<Option<RawFd>>,
 }
 
+/// `socket` shown in an [`AcceptQueue`] until this is dropped: drop it
+/// before the socket closes (declared after it, or dropped by hand).
+#[must_use]
+pub struct Shown<'a>(&'a AcceptQueue);
+
+impl Drop for Shown<'_> {
+    fn drop(&mut self) {
+        self.0.set(None);
+    }
+}
+
 impl AcceptQueue {
-    /// The accept loop shows `socket`, which stays open until [`Self::hide`].
-    pub fn show(&self, socket: BorrowedFd<'_>) {
-        if let Ok(mut fd) = self.fd.write() {
-            *fd = Some(socket.as_raw_fd());
-        }
+    /// Shows `socket`, which must stay open while the guard lives.
+    pub fn show(&self, socket: BorrowedFd<'_>) -> Shown<'_> {
+        self.set(Some(socket.as_raw_fd()));
+        Shown(self)
     }
 
-    /// Called before the socket closes: no reading reaches it any more.
-    pub fn hide(&self) {
-        if let Ok(mut fd) = self.fd.write() {
-            *fd = None;
-        }
+    fn set(&self, fd: Option<RawFd>) {
+        *self.fd.write().unwrap_or_else(PoisonError::into_inner) = fd;
     }
 
-    /// Connections waiting in the kernel's queue (0 once the socket is
-    /// hidden, or before it is shown).
+    /// Connections waiting in the kernel's queue (0 while nothing is
+    /// shown).
     pub fn waiting(&self) -> u64 {
-        let Ok(fd) = self.fd.read() else {
-            return 0;
-        };
+        let fd = self.fd.read().unwrap_or_else(PoisonError::into_inner);
         fd.and_then(tcp_accept_queue).unwrap_or(0)
     }
 }
@@ -87,8 +92,9 @@ fn tcp_accept_queue(fd: RawFd) -> Option<u64> {
     // SAFETY: all-zero bytes are a valid `tcp_info` (plain integers).
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>()).ok()?;
-    // SAFETY: `fd` is open (see `AcceptQueue`), `info` is writable for
-    // `len` bytes, and the kernel writes at most `len` of them.
+    // SAFETY: `info` is writable for `len` bytes and the kernel writes at
+    // most `len` of them (on any fd; that `fd` is our listening socket is
+    // `AcceptQueue`'s care, for a right answer, not for soundness).
     let rc = unsafe {
         libc::getsockopt(
             fd,
@@ -106,7 +112,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_shown_listening_socket_reads_its_queue_and_a_hidden_one_nothing() {
+    fn a_shown_listening_socket_reads_its_queue_and_nothing_once_hidden() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let _queued: Vec<_> = (0..3)
@@ -114,9 +120,9 @@ mod tests {
             .collect();
         let queue = AcceptQueue::default();
         assert_eq!(queue.waiting(), 0, "not shown yet");
-        queue.show(std::os::fd::AsFd::as_fd(&listener));
+        let shown = queue.show(std::os::fd::AsFd::as_fd(&listener));
         assert_eq!(queue.waiting(), 3);
-        queue.hide();
+        drop(shown);
         assert_eq!(queue.waiting(), 0);
         let _ = netstat();
     }
