@@ -110,7 +110,7 @@ pub fn check(args: CheckArgs) -> Exit {
             display(c.resolver.timeout)
         );
     }
-    println!("TimeoutStopSec={}", c.timeout_stop().as_secs());
+    println!("TimeoutStopSec={}", seconds_up(c.timeout_stop()));
     warn_about_unit(args.unit.as_deref(), c.timeout_stop());
     Exit::Clean
 }
@@ -141,6 +141,12 @@ const UNIT_PATHS: &[&str] = &[
     "/usr/lib/systemd/system/baton.service",
     "/lib/systemd/system/baton.service",
 ];
+
+/// `d` in whole seconds, rounded up: a `TimeoutStopSec` rounded down would
+/// SIGKILL baton just before its drain deadline.
+fn seconds_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
 
 /// Warns when the unit's `TimeoutStopSec` would SIGKILL baton mid-drain.
 fn warn_about_unit(explicit: Option<&std::path::Path>, needed: Duration) {
@@ -175,7 +181,7 @@ fn warn_about_unit(explicit: Option<&std::path::Path>, needed: Duration) {
         Some(d) if d < needed => eprintln!(
             "baton: warning: TimeoutStopSec={value} in {} is shorter than pre_stop_delay + drain_timeout + 5s = {}s: systemd would kill baton mid-drain",
             path.display(),
-            needed.as_secs()
+            seconds_up(needed)
         ),
         Some(_) => {}
         None if value == "infinity" => {}
