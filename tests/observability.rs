@@ -147,6 +147,25 @@ async fn counters_never_go_backwards_and_add_up_across_ten_reloads() {
     );
 }
 
+/// Labelled series exist at 0 from the first scrape (DESIGN), the drain's
+/// histogram too: a dashboard or an alert on it has data before the first
+/// drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_series_exist_at_zero_from_the_start() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let text = scrape(baton.admin).await.expect("scrape");
+    for reason in ["reload", "shutdown"] {
+        for series in [
+            format!("baton_drain_duration_seconds_count{{reason=\"{reason}\"}} 0"),
+            format!("baton_drained_connections_total{{reason=\"{reason}\"}} 0"),
+        ] {
+            assert!(text.contains(&series), "{series} in\n{text}");
+        }
+    }
+    assert!(text.contains("baton_handoff_duration_seconds_count 0"), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_lists_a_draining_generation_with_its_connection() {
     let backend = HttpBackend::start("a").await;

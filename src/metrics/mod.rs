@@ -475,7 +475,10 @@ pub fn start(generation: u64) {
     for reason in [DrainReason::Reload, DrainReason::Shutdown] {
         metrics::counter!(DRAINED_CONNECTIONS, "reason" => reason.as_str()).absolute(0);
         metrics::counter!(DRAIN_FORCED, "reason" => reason.as_str()).absolute(0);
+        // A histogram shows, with every bucket at 0, once it has a handle.
+        let _ = metrics::histogram!(DRAIN_DURATION, "reason" => reason.as_str());
     }
+    let _ = metrics::histogram!(HANDOFF_DURATION);
 }
 
 /// The older generation's side of a reload: the counters it reports on to
