@@ -468,3 +468,23 @@ async fn a_second_sigterm_forces_at_once() {
     );
     assert!(slow.await.expect("join").is_err());
 }
+
+/// A second SIGTERM during the pre-stop pause cuts it short; with nothing
+/// open the exit is still 0 (3 means connections were forced closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_in_the_pause_with_nothing_open_exits_0() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"60s\"\ndrain_timeout = \"60s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    signal(baton.first_pid, Signal::SIGTERM);
+    support::eventually("the pre-stop pause began", || async {
+        baton.log().contains("stopping")
+    })
+    .await;
+    signal(baton.first_pid, Signal::SIGTERM);
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}

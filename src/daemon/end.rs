@@ -118,7 +118,7 @@ impl Generation {
             self.drain.begin(Duration::ZERO);
             let open = self.drain.force().await;
             tracing::info!(open, "second stop signal: forced");
-            DrainOutcome::Forced { open: open.max(1) }
+            DrainOutcome::Forced { open }
         } else {
             self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
                 .await
