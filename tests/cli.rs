@@ -152,7 +152,15 @@ fn budgets_follow_flag_over_env_over_file_with_0_default_and_negative_none() {
     // 250ms + 11s + 5s: a whole second more, not less (systemd would
     // SIGKILL at 16 s a drain that needs 16.25).
     let (_, out, _) = run_env(
-        &["check", "-c", p, "--drain-timeout", "11s", "--pre-stop-delay", "250ms"],
+        &[
+            "check",
+            "-c",
+            p,
+            "--drain-timeout",
+            "11s",
+            "--pre-stop-delay",
+            "250ms",
+        ],
         &[],
     );
     assert_eq!(line(&out, "TimeoutStopSec"), "TimeoutStopSec=17");

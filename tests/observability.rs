@@ -163,7 +163,10 @@ async fn the_drain_series_exist_at_zero_from_the_start() {
             assert!(text.contains(&series), "{series} in\n{text}");
         }
     }
-    assert!(text.contains("baton_handoff_duration_seconds_count 0"), "{text}");
+    assert!(
+        text.contains("baton_handoff_duration_seconds_count 0"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -488,3 +488,38 @@ async fn a_second_sigterm_in_the_pause_with_nothing_open_exits_0() {
     signal(baton.first_pid, Signal::SIGTERM);
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
 }
+
+/// Idle keep-alive connections a drain closes are said at INFO, once for
+/// the drain with their count (DESIGN: connections a drain ends are logged
+/// at INFO, `expected=true`), not a line each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_says_how_many_idle_connections_it_closed() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"10s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let web = baton.addr("web");
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        let mut c = client::connect(web).await.expect("connect");
+        assert_eq!(
+            client::send(&mut c, web, "/").await.expect("get").status,
+            200
+        );
+        idle.push(c);
+    }
+    signal(baton.first_pid, Signal::SIGTERM);
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+    let log = baton.log();
+    let said = log
+        .lines()
+        .find(|l| l.contains("closed idle keep-alive connections for the drain"))
+        .unwrap_or_else(|| panic!("no line for the idle closes in\n{log}"));
+    assert!(
+        said.contains("INFO") && said.contains("connections=3") && said.contains("expected=true"),
+        "{said}"
+    );
+}

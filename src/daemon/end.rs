@@ -192,6 +192,14 @@ impl Generation {
             }
         };
         self.finish_control_requests().await;
+        let idle_closed = self.drain.idle_closed();
+        if idle_closed > 0 {
+            tracing::info!(
+                connections = idle_closed,
+                expected = true,
+                "closed idle keep-alive connections for the drain"
+            );
+        }
         let forced = match outcome {
             DrainOutcome::Drained => 0,
             DrainOutcome::Forced { open } => open,

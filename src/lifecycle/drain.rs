@@ -44,6 +44,9 @@ struct Signals {
     tracker: TaskTracker,
     /// Window over which long-lived streams are ended (`reload.close_spread`).
     spread_nanos: AtomicU64,
+    /// Idle keep-alive connections closed by the drain: said once, at its
+    /// end, rather than a line each (thousands at a reload).
+    idle_closed: AtomicU64,
 }
 
 impl Default for Drain {
@@ -60,6 +63,7 @@ impl Drain {
                 force: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 spread_nanos: AtomicU64::new(0),
+                idle_closed: AtomicU64::new(0),
             }),
         }
     }
@@ -88,6 +92,11 @@ impl Drain {
     /// Resolves once every tracked task has finished (after [`Self::begin`]).
     pub async fn idle(&self) {
         self.signals.tracker.wait().await;
+    }
+
+    /// Idle keep-alive connections the drain has closed so far.
+    pub fn idle_closed(&self) -> u64 {
+        self.signals.idle_closed.load(Ordering::Relaxed)
     }
 
     /// Ends every remaining task now and returns how many there were.
@@ -128,6 +137,11 @@ impl DrainWatch {
 
     pub fn is_draining(&self) -> bool {
         self.signals.graceful.is_cancelled()
+    }
+
+    /// An idle keep-alive connection closes for the drain.
+    pub fn closed_idle(&self) {
+        self.signals.idle_closed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The drain was forced: tasks dropped now were cut by it.

@@ -188,6 +188,7 @@ async fn next_head<S: ByteStream>(
             }
             () = drain_grace(drain, proxy.keepalive_drain_grace), if idle => {
                 tracing::debug!(listener = %proxy.listener, expected = true, "closing idle keep-alive connection for drain");
+                drain.closed_idle();
                 return Next::Done;
             }
         }
