@@ -340,3 +340,15 @@ fn check_shows_whom_a_listener_believes_and_what_a_pool_sends() {
         "{stdout}"
     );
 }
+
+/// A log setting baton cannot use is said on stderr, not taken silently.
+#[test]
+fn bad_log_settings_are_said() {
+    let (code, _, stderr) = run_env(
+        &["run", "-c", "/nonexistent/baton.toml"],
+        &[("BATON_LOG", "info,=["), ("BATON_LOG_FORMAT", "xml")],
+    );
+    assert_eq!(code, 78, "{stderr}");
+    assert!(stderr.contains("BATON_LOG=\"info,=[\" is not a log filter"), "{stderr}");
+    assert!(stderr.contains("BATON_LOG_FORMAT=\"xml\" is not auto, text or json"), "{stderr}");
+}
