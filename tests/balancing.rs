@@ -485,6 +485,26 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
         .expect("baton status --json");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
     assert_eq!(v["generations"].as_array().map(Vec::len), Some(1));
+    // A config broken outside `[admin]` (an edit under way, a certificate
+    // gone) still finds the serving daemon: `status` and `backend` read
+    // only what reaches it.
+    let mut broken = baton.config_text();
+    broken.push_str("\nnot_a_key = 1\n");
+    baton.write_config(&broken);
+    for args in [&["status"][..], &["backend", "drain", "0"][..]] {
+        let out = tokio::process::Command::new(support::daemon::BIN)
+            .args(args)
+            .arg("-c")
+            .arg(&baton.config)
+            .output()
+            .await
+            .expect("baton");
+        assert!(
+            out.status.success(),
+            "{args:?} with a config broken elsewhere: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let before = a.hits();
     for i in 0..10 {
         assert_eq!(

@@ -349,6 +349,12 @@ fn bad_log_settings_are_said() {
         &[("BATON_LOG", "info,=["), ("BATON_LOG_FORMAT", "xml")],
     );
     assert_eq!(code, 78, "{stderr}");
-    assert!(stderr.contains("BATON_LOG=\"info,=[\" is not a log filter"), "{stderr}");
-    assert!(stderr.contains("BATON_LOG_FORMAT=\"xml\" is not auto, text or json"), "{stderr}");
+    assert!(
+        stderr.contains("BATON_LOG=\"info,=[\" is not a log filter"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("BATON_LOG_FORMAT=\"xml\" is not auto, text or json"),
+        "{stderr}"
+    );
 }

@@ -4,15 +4,19 @@ use serde_json::Value;
 
 use crate::admin::client::{self, AdminCallError};
 use crate::cli::StatusArgs;
-use crate::config::{Config, Overrides};
+use crate::config::AdminConfig;
 use crate::exit::Exit;
 
 /// One admin API call (`baton status`, `baton backend`): its status and
 /// body, or how the command ends.
-pub(super) fn admin_call(config: &Config, method: &str, path: &str) -> Result<(u16, String), Exit> {
+pub(super) fn admin_call(
+    admin: &AdminConfig,
+    method: &str,
+    path: &str,
+) -> Result<(u16, String), Exit> {
     let rt = super::runtime(1)?;
-    let token = config.admin.token.as_deref();
-    rt.block_on(client::call(config.admin.listen, method, path, token))
+    let token = admin.token.as_deref();
+    rt.block_on(client::call(admin.listen, method, path, token))
         .map_err(|e| {
             eprintln!("baton: {e}");
             match e {
@@ -22,9 +26,14 @@ pub(super) fn admin_call(config: &Config, method: &str, path: &str) -> Result<(u
         })
 }
 
-/// The config a command reads only to find the daemon.
-pub(super) fn load(path: &std::path::Path) -> Result<Config, Exit> {
-    super::load_config(path, &Overrides::default()).map_err(|_| Exit::Config)
+/// The part of the config a command reads only to find the daemon: its
+/// `[admin]` section, so the rest being broken (while the daemon serves)
+/// does not stop `status` or `backend`.
+pub(super) fn load(path: &std::path::Path) -> Result<AdminConfig, Exit> {
+    crate::config::load_admin(path).map_err(|err| {
+        eprintln!("baton: config invalid: {err}");
+        Exit::Config
+    })
 }
 
 pub fn status(args: &StatusArgs) -> Exit {

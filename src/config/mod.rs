@@ -271,6 +271,28 @@ fn render_invalid(path: &Path, problems: &[String]) -> String {
     out
 }
 
+/// The admin section of the config at `path`, read leniently: only its
+/// syntax and `[admin]` need to be right (see `validate::admin_only`).
+pub fn load_admin(path: &Path) -> Result<AdminConfig, ConfigError> {
+    #[derive(serde::Deserialize)]
+    struct AdminOnly {
+        #[serde(default)]
+        admin: file::AdminFile,
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let raw: AdminOnly = toml::from_str(&text).map_err(|err| ConfigError::Syntax {
+        path: path.to_path_buf(),
+        message: err.to_string().trim_end().to_string(),
+    })?;
+    validate::admin_only(&raw.admin, path).map_err(|problems| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        problems,
+    })
+}
+
 /// Reads, parses and validates the config at `path`, applying `overrides`.
 pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

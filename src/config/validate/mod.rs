@@ -18,6 +18,23 @@ mod pools;
 mod proxy_protocol;
 mod tls;
 
+/// The `[admin]` section alone, validated: what `baton status` and
+/// `baton backend` need to find the daemon, whatever else in the file is
+/// broken (an operator mid-edit, a certificate gone) while it serves.
+pub fn admin_only(raw: &file::AdminFile, path: &Path) -> Result<AdminConfig, Vec<String>> {
+    let mut v = Validator {
+        problems: Vec::new(),
+        warnings: Vec::new(),
+        base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+    };
+    let admin = v.admin(raw);
+    if v.problems.is_empty() {
+        Ok(admin)
+    } else {
+        Err(v.problems)
+    }
+}
+
 /// Builds a validated config, or every problem found.
 pub fn from_file(
     raw: FileConfig,
