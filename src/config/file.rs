@@ -1,5 +1,7 @@
-//! The serde mirror of `baton.toml`: exactly the shape an operator writes,
-//! with every section rejecting unknown keys. Nothing here is checked beyond
+//! The serde mirror of `baton.toml`: exactly the shape an operator writes.
+//! Keys it does not know are collected as it is read (`super::parse`, with
+//! `serde_ignored`), so every one is named, with the rest of the file's
+//! problems, rather than only the first. Nothing here is checked beyond
 //! types; `validate` turns this into a [`super::Config`] and names every
 //! problem by its key path.
 
@@ -15,7 +17,6 @@ pub enum DurationValue {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub workers: Option<i64>,
     #[serde(default)]
@@ -38,7 +39,6 @@ pub struct FileConfig {
 
 /// `[resolver]`: the name servers named backends are looked up on.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ResolverFile {
     pub nameservers: Option<Vec<String>>,
     pub timeout: Option<DurationValue>,
@@ -46,13 +46,11 @@ pub struct ResolverFile {
 
 /// `[tls]`: what every TLS listener shares.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TlsGlobalFile {
     pub ticket_rotation: Option<DurationValue>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AdminFile {
     pub listen: Option<String>,
     pub liveness_paths: Option<Vec<String>>,
@@ -62,20 +60,17 @@ pub struct AdminFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ControlFile {
     pub socket: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ShutdownFile {
     pub pre_stop_delay: Option<DurationValue>,
     pub drain_timeout: Option<DurationValue>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ReloadFile {
     pub ready_timeout: Option<DurationValue>,
     pub drain_timeout: Option<DurationValue>,
@@ -84,7 +79,6 @@ pub struct ReloadFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ListenerFile {
     pub name: Option<String>,
     pub bind: Option<String>,
@@ -110,7 +104,6 @@ pub struct ListenerFile {
 
 /// A listener's `access_log`.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AccessLogFile {
     pub path: Option<String>,
     pub format: Option<String>,
@@ -118,7 +111,6 @@ pub struct AccessLogFile {
 
 /// A listener's `proxy_protocol`: PROXY headers from a balancer in front.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ProxyProtocolFile {
     pub accept: Option<String>,
     pub trusted: Option<Vec<String>>,
@@ -128,7 +120,6 @@ pub struct ProxyProtocolFile {
 
 /// A listener's `tls` key: an inline table or `[listeners.tls]`.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TlsFile {
     #[serde(default)]
     pub certificates: Vec<CertificateFile>,
@@ -140,14 +131,12 @@ pub struct TlsFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct CertificateFile {
     pub cert: Option<String>,
     pub key: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RouteFile {
     pub path_prefix: Option<String>,
     pub host: Option<String>,
@@ -155,7 +144,6 @@ pub struct RouteFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PoolFile {
     pub name: Option<String>,
     pub balance: Option<String>,
@@ -172,7 +160,6 @@ pub struct PoolFile {
 
 /// A pool's `tls`: how its backends are reached over TLS.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct UpstreamTlsFile {
     pub server_name: Option<String>,
     pub ca: Option<String>,
@@ -180,7 +167,6 @@ pub struct UpstreamTlsFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct HealthFile {
     pub kind: Option<String>,
     pub path: Option<String>,
@@ -191,7 +177,6 @@ pub struct HealthFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct BackendFile {
     pub name: Option<String>,
     pub address: Option<String>,

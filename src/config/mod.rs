@@ -302,14 +302,44 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
     parse(&text, path, overrides)
 }
 
-/// Parses and validates config text as if read from `path`.
+/// Parses and validates config text as if read from `path`. Every unknown
+/// key is a problem, named by its path, beside whatever else is wrong.
 pub fn parse(text: &str, path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
-    let raw: file::FileConfig = toml::from_str(text).map_err(|err| ConfigError::Syntax {
+    let syntax = |err: toml::de::Error| ConfigError::Syntax {
         path: path.to_path_buf(),
         message: err.to_string().trim_end().to_string(),
-    })?;
-    from_file(raw, path, overrides).map_err(|problems| ConfigError::Invalid {
+    };
+    let mut unknown = Vec::new();
+    let reader = toml::Deserializer::parse(text).map_err(syntax)?;
+    let raw: file::FileConfig = serde_ignored::deserialize(reader, |key| {
+        unknown.push(format!("{}: unknown key", key_path(&key)));
+    })
+    .map_err(syntax)?;
+    let invalid = |problems| ConfigError::Invalid {
         path: path.to_path_buf(),
         problems,
-    })
+    };
+    match from_file(raw, path, overrides) {
+        Ok(config) if unknown.is_empty() => Ok(config),
+        Ok(_) => Err(invalid(unknown)),
+        Err(mut problems) => {
+            unknown.append(&mut problems);
+            Err(invalid(unknown))
+        }
+    }
+}
+
+/// `key` as the problems write a path: `listeners[0].bogus`.
+fn key_path(key: &serde_ignored::Path<'_>) -> String {
+    match key {
+        serde_ignored::Path::Root => String::new(),
+        serde_ignored::Path::Seq { parent, index } => format!("{}[{index}]", key_path(parent)),
+        serde_ignored::Path::Map { parent, key } => match key_path(parent) {
+            above if above.is_empty() => key.clone(),
+            above => format!("{above}.{key}"),
+        },
+        serde_ignored::Path::Some { parent }
+        | serde_ignored::Path::NewtypeStruct { parent }
+        | serde_ignored::Path::NewtypeVariant { parent } => key_path(parent),
+    }
 }

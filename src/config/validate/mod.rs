@@ -371,6 +371,25 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     }
 
     #[test]
+    fn every_unknown_key_is_named_by_its_path_with_the_other_problems() {
+        let text = format!(
+            "wrokers = 2\n[admin]\nlisen = \"x\"\n{}",
+            GOOD.replace("pool = \"app\"", "pool = \"ap\"\nbogus = 1")
+                .replace("address = \"127.0.0.1:9001\"", "address = \"127.0.0.1:9001\", wieght = 2")
+        );
+        assert_eq!(
+            problems(&text),
+            vec![
+                "admin.lisen: unknown key",
+                "listeners[0].bogus: unknown key",
+                "pools[0].backends[0].wieght: unknown key",
+                "wrokers: unknown key",
+                "listeners[0].pool: no pool named \"ap\"; did you mean \"app\"?",
+            ]
+        );
+    }
+
+    #[test]
     fn unknown_pool_is_named_with_a_suggestion() {
         let p = problems(&GOOD.replace("pool = \"app\"", "pool = \"ap\""));
         assert_eq!(

@@ -396,7 +396,7 @@ mod tests {
             "http",
             &format!("{{ certificates = [{A}], ciphers = [] }}"),
         );
-        assert!(matches!(err, Err(ConfigError::Syntax { .. })), "{err:?}");
+        assert_eq!(invalid(err), ["listeners[0].tls.ciphers: unknown key"]);
     }
 
     /// A config in the folder with a plain listener and a pool whose
