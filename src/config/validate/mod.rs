@@ -375,7 +375,10 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         let text = format!(
             "wrokers = 2\n[admin]\nlisen = \"x\"\n{}",
             GOOD.replace("pool = \"app\"", "pool = \"ap\"\nbogus = 1")
-                .replace("address = \"127.0.0.1:9001\"", "address = \"127.0.0.1:9001\", wieght = 2")
+                .replace(
+                    "address = \"127.0.0.1:9001\"",
+                    "address = \"127.0.0.1:9001\", wieght = 2"
+                )
         );
         assert_eq!(
             problems(&text),
