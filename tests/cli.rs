@@ -20,6 +20,20 @@ fn the_shipped_example_config_is_valid() {
     let (code, stdout, stderr) = run(&["check", "-c", path]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("TimeoutStopSec=20"), "{stdout}");
+    // The effective settings, defaults included, each said once.
+    for said in [
+        "reload.close_spread     none",
+        "listener db timeouts: connect 2s, tunnel 1h",
+        "admin.liveness_paths    /healthz",
+        "admin.token_file        none",
+        "listener web timeouts: header 10s, idle 1m, keepalive_drain_grace 1s, connect 2s, response 1m, tunnel 1h",
+        "listener web forwarded replace, h2_max_concurrent_streams 100",
+        "listener web route path_prefix /slow -> pool slowpool",
+        "pool slowpool balance least_conn, max_connections_per_backend none",
+        "pool pg health none (backends taken as up)",
+    ] {
+        assert!(stdout.contains(said), "{said:?} in\n{stdout}");
+    }
 }
 
 #[test]

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use crate::cli::CheckArgs;
 use crate::config::duration::display;
-use crate::config::DnsQuery;
+use crate::config::{
+    Balance, DnsQuery, Forwarded, HealthKind, ListenerConfig, PoolConfig, Protocol,
+};
 use crate::exit::Exit;
 use crate::tls::{ClientAuth, TlsSettings};
 
@@ -38,6 +40,23 @@ pub fn check(args: CheckArgs) -> Exit {
         display(c.reload.drain_timeout)
     );
     println!("reload.max_draining     {}", c.reload.max_draining);
+    println!("reload.close_spread     {}", display(c.reload.close_spread));
+    println!(
+        "admin.liveness_paths    {}",
+        c.admin.liveness_paths.join(", ")
+    );
+    println!(
+        "admin.readiness_paths   {}",
+        c.admin.readiness_paths.join(", ")
+    );
+    println!(
+        "admin.token_file        {}",
+        if c.admin.token.is_some() {
+            "set"
+        } else {
+            "none"
+        }
+    );
     println!("tls.ticket_rotation     {}", display(c.ticket_rotation));
     for l in &c.listeners {
         let pool = &c.pools[l.pool].name;
@@ -51,6 +70,7 @@ pub fn check(args: CheckArgs) -> Exit {
             l.backlog,
             l.max_connections
         );
+        print_listener_settings(l, &c.pools);
         if let Some(tls) = &l.tls {
             print_tls(&l.name, tls);
         }
@@ -79,6 +99,7 @@ pub fn check(args: CheckArgs) -> Exit {
             .send_proxy
             .map_or(String::new(), |v| format!(", send_proxy {}", v.as_str()));
         println!("pool {}: {} backend(s){sends}", p.name, p.backends.len());
+        print_pool_settings(p);
         for n in &p.named {
             let (kind, weight) = match n.query {
                 DnsQuery::Host { .. } => ("A/AAAA", format!(", weight {}", n.weight)),
@@ -141,6 +162,86 @@ const UNIT_PATHS: &[&str] = &[
     "/usr/lib/systemd/system/baton.service",
     "/lib/systemd/system/baton.service",
 ];
+
+/// A listener's timeouts, and for HTTP its forwarding, h2 and routes.
+fn print_listener_settings(l: &ListenerConfig, pools: &[PoolConfig]) {
+    if l.protocol != Protocol::Http {
+        println!(
+            "listener {} timeouts: connect {}, tunnel {}",
+            l.name,
+            display(l.connect_timeout),
+            display(l.tunnel_timeout),
+        );
+        return;
+    }
+    println!(
+        "listener {} timeouts: header {}, idle {}, keepalive_drain_grace {}, connect {}, response {}, tunnel {}",
+        l.name,
+        display(l.header_timeout),
+        display(l.idle_timeout),
+        display(l.keepalive_drain_grace),
+        display(l.connect_timeout),
+        display(l.response_timeout),
+        display(l.tunnel_timeout),
+    );
+    let forwarded = match l.forwarded {
+        Forwarded::Replace => "replace",
+        Forwarded::Append => "append",
+        Forwarded::Off => "off",
+    };
+    println!(
+        "listener {} forwarded {forwarded}, h2_max_concurrent_streams {}",
+        l.name, l.h2_max_concurrent_streams
+    );
+    for r in &l.routes {
+        let host = r.host.as_deref().map(|h| format!("host {h} "));
+        let prefix = r
+            .path_prefix
+            .as_deref()
+            .map(|p| format!("path_prefix {p} "));
+        println!(
+            "listener {} route {}{}-> pool {}",
+            l.name,
+            host.unwrap_or_default(),
+            prefix.unwrap_or_default(),
+            pools[r.pool].name
+        );
+    }
+}
+
+/// A pool's balancing, its cap and line, and its health checks.
+fn print_pool_settings(p: &PoolConfig) {
+    let balance = match p.balance {
+        Balance::RoundRobin => "round_robin",
+        Balance::LeastConn => "least_conn",
+        Balance::RandomTwo => "random_two",
+    };
+    let cap = match p.max_connections_per_backend {
+        0 => "none".to_string(),
+        n => format!("{n}, queue_timeout {}", display(p.queue_timeout)),
+    };
+    println!(
+        "pool {} balance {balance}, max_connections_per_backend {cap}",
+        p.name
+    );
+    match &p.health {
+        None => println!("pool {} health none (backends taken as up)", p.name),
+        Some(h) => {
+            let kind = match h.kind {
+                HealthKind::Http => format!("http {}", h.path),
+                HealthKind::Tcp => "tcp".to_string(),
+            };
+            println!(
+                "pool {} health {kind}, every {}, timeout {}, rise {}, fall {}",
+                p.name,
+                display(h.interval),
+                display(h.timeout),
+                h.rise,
+                h.fall
+            );
+        }
+    }
+}
 
 /// `d` in whole seconds, rounded up: a `TimeoutStopSec` rounded down would
 /// SIGKILL baton just before its drain deadline.
