@@ -6,6 +6,7 @@
 mod bounded;
 pub mod client;
 mod generations;
+mod places;
 mod routes;
 
 use std::net::SocketAddr;
@@ -87,80 +88,67 @@ impl AdminShared {
     }
 }
 
-/// Admin connections served at once, at most: past it the next waits in
-/// the kernel's queue until one ends (each ends within `bounded::IDLE` of
-/// going quiet). The fds and memory a flood of them could take are the
-/// data plane's too.
-const MAX_CONNECTIONS: usize = 256;
-
 /// Serves admin requests until `stop`, then lets open ones finish briefly.
+/// At most `places::MAX_CONNECTIONS` at once: a newcomer past it makes the
+/// oldest give its place up.
 pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: CancellationToken) {
-    let places = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let places = places::Places::new();
     loop {
-        let (place, (stream, _)) = tokio::select! {
+        let stream = tokio::select! {
             // Once stopped, not one more connection is taken from a free
             // choice (the next generation answers from now on).
             biased;
             () = stop.cancelled() => break,
-            taken = accept_within(&listener, &places) => match taken {
-                Some(taken) => taken,
-                None => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    tracing::warn!(cause = %err, "admin accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
             },
         };
-        answer(stream, Arc::clone(&state), Some(stop.clone()), Some(place));
+        let place = tokio::select! {
+            biased;
+            () = stop.cancelled() => None,
+            place = places.take(&stop) => place,
+        };
+        answer(stream, Arc::clone(&state), place, stop.clone());
     }
     // What was queued before the stop is answered, once, not reset by the
     // close.
     while let Ok(Ok((stream, _))) =
         tokio::time::timeout(std::time::Duration::ZERO, listener.accept()).await
     {
-        answer(stream, Arc::clone(&state), None, None);
+        answer(stream, Arc::clone(&state), None, stop.clone());
     }
 }
 
-/// The next connection once there is a place for it; `None` if the places
-/// are gone (never: the semaphore is not closed).
-async fn accept_within(
-    listener: &TcpListener,
-    places: &Arc<tokio::sync::Semaphore>,
-) -> Option<(
-    tokio::sync::OwnedSemaphorePermit,
-    (tokio::net::TcpStream, SocketAddr),
-)> {
-    let place = Arc::clone(places).acquire_owned().await.ok()?;
-    loop {
-        match listener.accept().await {
-            Ok(accepted) => return Some((place, accepted)),
-            Err(err) => {
-                tracing::warn!(cause = %err, "admin accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-/// Serves one admin connection in a task of its own. Once `stop` fires
-/// (the next generation answers from then on) a kept-alive connection
-/// finishes the request it is on and closes, an idle one closes at once:
-/// a scraper on it reconnects to the next generation, instead of reading
-/// this draining one's metrics and `/status` for the whole drain. A
-/// connection that has not sent its first request yet is answered once,
-/// with `Connection: close`, as one taken after the stop is (no `stop`).
-/// `place` is its share of `MAX_CONNECTIONS`, held until it closes.
+/// Serves one admin connection in a task of its own, holding `place` (none
+/// for one taken once `stop` fired). When its place's `ending` fires it
+/// ends: a kept-alive connection finishes the request it is on and closes,
+/// an idle one closes at once. At `stop` (the next generation answers from
+/// then on) a scraper so reconnects to the next generation, instead of
+/// reading this draining one's metrics and `/status` for the whole drain;
+/// a connection that has not sent its first request yet is answered once,
+/// with `Connection: close`. One that has sent nothing when a newcomer
+/// needs its place is closed.
 fn answer(
     stream: tokio::net::TcpStream,
     state: Arc<AdminShared>,
-    stop: Option<CancellationToken>,
-    place: Option<tokio::sync::OwnedSemaphorePermit>,
+    place: Option<places::Place>,
+    stop: CancellationToken,
 ) {
     tokio::spawn(async move {
-        let _place = place;
+        let ending = place
+            .as_ref()
+            .map_or_else(|| stop.clone(), |p| p.ending.clone());
         let served = Arc::new(AtomicBool::new(false));
-        let (seen, stopped) = (Arc::clone(&served), stop.clone());
+        let (seen, last) = (Arc::clone(&served), ending.clone());
         let service = service_fn(move |req| {
             let state = Arc::clone(&state);
             seen.store(true, Ordering::Relaxed);
-            let last = stopped.as_ref().is_none_or(CancellationToken::is_cancelled);
+            let last = last.is_cancelled();
             async move {
                 let mut response = routes::respond(&state, req);
                 if last {
@@ -176,21 +164,18 @@ fn answer(
             .header_read_timeout(std::time::Duration::from_secs(10))
             .serve_connection(TokioIo::new(bounded::Bounded::new(stream)), service);
         tokio::pin!(conn);
-        let stopping = async {
-            match &stop {
-                Some(stop) => stop.cancelled().await,
-                None => std::future::pending().await,
-            }
-        };
         let ended = tokio::select! {
             ended = conn.as_mut() => ended,
-            () = stopping => {
+            () = ending.cancelled() => {
                 if served.load(Ordering::Relaxed) {
                     conn.as_mut().graceful_shutdown();
+                } else if !stop.is_cancelled() {
+                    return;
                 }
                 conn.await
             }
         };
+        drop(place);
         if let Err(err) = ended {
             tracing::debug!(cause = %err, "admin connection ended with an error");
         }
