@@ -15,6 +15,10 @@ use tokio_util::sync::CancellationToken;
 /// Admin connections served at once, at most.
 pub const MAX_CONNECTIONS: usize = 256;
 
+/// How long a newcomer waits for the connection it asked to leave before
+/// it asks the next oldest.
+const ASK_AGAIN: std::time::Duration = std::time::Duration::from_millis(100);
+
 pub struct Places {
     free: Arc<Semaphore>,
     /// The connections holding a place, oldest first, with the token that
@@ -46,12 +50,18 @@ impl Places {
     /// A place for a connection just accepted, once one is free: when none
     /// is, the oldest connection is asked to give its place up first.
     /// `None` only if the places are gone (never: nothing closes them).
+    /// The oldest may be busy (a response its client reads slowly ends
+    /// only at `bounded::STALLED`): if no place frees up within
+    /// [`ASK_AGAIN`], the next oldest is asked too.
     pub async fn take(self: &Arc<Self>, stop: &CancellationToken) -> Option<Place> {
-        let permit = match Arc::clone(&self.free).try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
-                self.ask_oldest_to_go();
-                Arc::clone(&self.free).acquire_owned().await.ok()?
+        let permit = loop {
+            if let Ok(permit) = Arc::clone(&self.free).try_acquire_owned() {
+                break permit;
+            }
+            self.ask_oldest_to_go();
+            let freed = Arc::clone(&self.free).acquire_owned();
+            if let Ok(permit) = tokio::time::timeout(ASK_AGAIN, freed).await {
+                break permit.ok()?;
             }
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -86,8 +96,12 @@ impl Drop for Place {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_newcomer_at_the_cap_asks_the_oldest_to_go_and_gets_its_place() {
+    /// Every place held, and a newcomer asking for one (its place's id).
+    async fn full_then_a_newcomer() -> (
+        CancellationToken,
+        Vec<Place>,
+        tokio::task::JoinHandle<Option<u64>>,
+    ) {
         let places = Places::new();
         let stop = CancellationToken::new();
         let mut held = Vec::new();
@@ -98,6 +112,12 @@ mod tests {
             let (places, stop) = (Arc::clone(&places), stop.clone());
             async move { places.take(&stop).await.map(|p| p.id) }
         });
+        (stop, held, newcomer)
+    }
+
+    #[tokio::test]
+    async fn a_newcomer_at_the_cap_asks_the_oldest_to_go_and_gets_its_place() {
+        let (stop, mut held, newcomer) = full_then_a_newcomer().await;
         held[0].ending.cancelled().await;
         assert!(!held[1].ending.is_cancelled(), "only the oldest is asked");
         held.remove(0);
@@ -108,5 +128,16 @@ mod tests {
             held.iter().all(|p| p.ending.is_cancelled()),
             "a stop ends all"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn when_the_oldest_does_not_leave_the_next_oldest_is_asked() {
+        let (_stop, mut held, newcomer) = full_then_a_newcomer().await;
+        held[0].ending.cancelled().await;
+        // The oldest is busy and stays; the next is asked and leaves.
+        held[1].ending.cancelled().await;
+        assert!(!held[2].ending.is_cancelled());
+        held.remove(1);
+        assert!(newcomer.await.expect("join").is_some());
     }
 }

@@ -283,14 +283,33 @@ pub fn load_admin(path: &Path) -> Result<AdminConfig, ConfigError> {
         path: path.to_path_buf(),
         source,
     })?;
-    let raw: AdminOnly = toml::from_str(&text).map_err(|err| ConfigError::Syntax {
+    let syntax = |err: toml::de::Error| ConfigError::Syntax {
         path: path.to_path_buf(),
         message: err.to_string().trim_end().to_string(),
-    })?;
-    validate::admin_only(&raw.admin, path).map_err(|problems| ConfigError::Invalid {
+    };
+    // A typo in `[admin]` (`lisen`) would send the command to the default
+    // address, maybe another baton's: refused, as `check` refuses it.
+    let mut unknown = Vec::new();
+    let reader = toml::Deserializer::parse(&text).map_err(syntax)?;
+    let raw: AdminOnly = serde_ignored::deserialize(reader, |key| {
+        let key = key_path(&key);
+        if key.starts_with("admin.") {
+            unknown.push(format!("{key}: unknown key"));
+        }
+    })
+    .map_err(syntax)?;
+    let invalid = |problems| ConfigError::Invalid {
         path: path.to_path_buf(),
         problems,
-    })
+    };
+    match validate::admin_only(&raw.admin, path) {
+        Ok(admin) if unknown.is_empty() => Ok(admin),
+        Ok(_) => Err(invalid(unknown)),
+        Err(mut problems) => {
+            unknown.append(&mut problems);
+            Err(invalid(unknown))
+        }
+    }
 }
 
 /// Reads, parses and validates the config at `path`, applying `overrides`.

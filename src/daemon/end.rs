@@ -117,7 +117,8 @@ impl Generation {
         let outcome = if forced_early {
             self.drain.begin(Duration::ZERO);
             let open = self.drain.force().await;
-            tracing::info!(open, "second stop signal: forced");
+            tracing::info!(open, "second stop signal: forced whatever was open");
+            metrics::drain_finished(DrainReason::Shutdown, 0.0, 0, open);
             DrainOutcome::Forced { open }
         } else {
             self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)

@@ -392,6 +392,33 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         );
     }
 
+    /// `status` and `backend` read `[admin]` alone: the rest may be
+    /// broken, but a typo in `[admin]` would send them to another address.
+    #[test]
+    fn the_admin_section_alone_is_read_and_its_typos_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("baton.toml");
+        let broken_elsewhere = GOOD.replace("pool = \"app\"", "pool = \"ap\"\nbogus = 1");
+        std::fs::write(
+            &path,
+            format!("[admin]\nlisten = \"127.0.0.1:9911\"\n{broken_elsewhere}"),
+        )
+        .expect("write");
+        let admin = super::super::load_admin(&path).expect("admin alone is fine");
+        assert_eq!(admin.listen.port(), 9911);
+        std::fs::write(
+            &path,
+            format!("[admin]\nlisen = \"127.0.0.1:9911\"\n{GOOD}"),
+        )
+        .expect("write");
+        match super::super::load_admin(&path) {
+            Err(ConfigError::Invalid { problems, .. }) => {
+                assert_eq!(problems, ["admin.lisen: unknown key"]);
+            }
+            other => panic!("expected the typo refused, got {other:?}"),
+        }
+    }
+
     #[test]
     fn unknown_pool_is_named_with_a_suggestion() {
         let p = problems(&GOOD.replace("pool = \"app\"", "pool = \"ap\""));
