@@ -272,80 +272,79 @@ fn render_invalid(path: &Path, problems: &[String]) -> String {
 }
 
 /// The admin section of the config at `path`, read leniently: only its
-/// syntax and `[admin]` need to be right (see `validate::admin_only`).
+/// syntax and `[admin]` need to be right (see `validate::admin_only`). A
+/// typo in `[admin]` (`lisen`) would send the command to the default
+/// address, maybe another baton's: refused, as `check` refuses it.
 pub fn load_admin(path: &Path) -> Result<AdminConfig, ConfigError> {
     #[derive(serde::Deserialize)]
     struct AdminOnly {
         #[serde(default)]
         admin: file::AdminFile,
     }
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let syntax = |err: toml::de::Error| ConfigError::Syntax {
-        path: path.to_path_buf(),
-        message: err.to_string().trim_end().to_string(),
-    };
-    // A typo in `[admin]` (`lisen`) would send the command to the default
-    // address, maybe another baton's: refused, as `check` refuses it.
-    let mut unknown = Vec::new();
-    let reader = toml::Deserializer::parse(&text).map_err(syntax)?;
-    let raw: AdminOnly = serde_ignored::deserialize(reader, |key| {
-        let key = key_path(&key);
-        if key.starts_with("admin.") {
-            unknown.push(format!("{key}: unknown key"));
-        }
-    })
-    .map_err(syntax)?;
-    let invalid = |problems| ConfigError::Invalid {
-        path: path.to_path_buf(),
-        problems,
-    };
-    match validate::admin_only(&raw.admin, path) {
-        Ok(admin) if unknown.is_empty() => Ok(admin),
-        Ok(_) => Err(invalid(unknown)),
-        Err(mut problems) => {
-            unknown.append(&mut problems);
-            Err(invalid(unknown))
-        }
-    }
+    let text = read(path)?;
+    let (raw, unknown) =
+        read_noting_unknown::<AdminOnly>(&text, path, |key| key.starts_with("admin."))?;
+    checked(validate::admin_only(&raw.admin, path), unknown, path)
 }
 
 /// Reads, parses and validates the config at `path`, applying `overrides`.
 pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    parse(&read(path)?, path, overrides)
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
-    parse(&text, path, overrides)
+    })
 }
 
 /// Parses and validates config text as if read from `path`. Every unknown
 /// key is a problem, named by its path, beside whatever else is wrong.
 pub fn parse(text: &str, path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
+    let (raw, unknown) = read_noting_unknown::<file::FileConfig>(text, path, |_| true)?;
+    checked(from_file(raw, path, overrides), unknown, path)
+}
+
+/// `text` deserialized, with the unknown keys `counts` keeps, each as a
+/// problem (`listeners[0].bogus: unknown key`); serde ignores them, so all
+/// are found, not the first alone.
+fn read_noting_unknown<T: serde::de::DeserializeOwned>(
+    text: &str,
+    path: &Path,
+    counts: impl Fn(&str) -> bool,
+) -> Result<(T, Vec<String>), ConfigError> {
     let syntax = |err: toml::de::Error| ConfigError::Syntax {
         path: path.to_path_buf(),
         message: err.to_string().trim_end().to_string(),
     };
     let mut unknown = Vec::new();
     let reader = toml::Deserializer::parse(text).map_err(syntax)?;
-    let raw: file::FileConfig = serde_ignored::deserialize(reader, |key| {
-        unknown.push(format!("{}: unknown key", key_path(&key)));
+    let raw = serde_ignored::deserialize(reader, |key| {
+        let key = key_path(&key);
+        if counts(&key) {
+            unknown.push(format!("{key}: unknown key"));
+        }
     })
     .map_err(syntax)?;
-    let invalid = |problems| ConfigError::Invalid {
-        path: path.to_path_buf(),
-        problems,
-    };
-    match from_file(raw, path, overrides) {
-        Ok(config) if unknown.is_empty() => Ok(config),
-        Ok(_) => Err(invalid(unknown)),
-        Err(mut problems) => {
-            unknown.append(&mut problems);
-            Err(invalid(unknown))
-        }
+    Ok((raw, unknown))
+}
+
+/// What validation made of a file, with its unknown keys listed first.
+fn checked<T>(
+    validated: Result<T, Vec<String>>,
+    mut unknown: Vec<String>,
+    path: &Path,
+) -> Result<T, ConfigError> {
+    match validated {
+        Ok(config) if unknown.is_empty() => return Ok(config),
+        Ok(_) => {}
+        Err(mut problems) => unknown.append(&mut problems),
     }
+    Err(ConfigError::Invalid {
+        path: path.to_path_buf(),
+        problems: unknown,
+    })
 }
 
 /// `key` as the problems write a path: `listeners[0].bogus`.

@@ -22,11 +22,7 @@ mod tls;
 /// `baton backend` need to find the daemon, whatever else in the file is
 /// broken (an operator mid-edit, a certificate gone) while it serves.
 pub fn admin_only(raw: &file::AdminFile, path: &Path) -> Result<AdminConfig, Vec<String>> {
-    let mut v = Validator {
-        problems: Vec::new(),
-        warnings: Vec::new(),
-        base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
-    };
+    let mut v = Validator::new(path);
     let admin = v.admin(raw);
     if v.problems.is_empty() {
         Ok(admin)
@@ -41,11 +37,7 @@ pub fn from_file(
     path: &Path,
     overrides: &Overrides,
 ) -> Result<Config, Vec<String>> {
-    let mut v = Validator {
-        problems: Vec::new(),
-        warnings: Vec::new(),
-        base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
-    };
+    let mut v = Validator::new(path);
     let workers = match v.count("workers", raw.workers, 0, 0, 256) {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -92,6 +84,15 @@ struct Validator {
 }
 
 impl Validator {
+    /// For the file at `path` (its relative paths are relative to its folder).
+    fn new(path: &Path) -> Validator {
+        Validator {
+            problems: Vec::new(),
+            warnings: Vec::new(),
+            base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+        }
+    }
+
     fn problem(&mut self, key: &str, message: impl std::fmt::Display) {
         self.problems.push(format!("{key}: {message}"));
     }
