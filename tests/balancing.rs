@@ -122,12 +122,7 @@ async fn draining_a_backend_under_load_fails_nothing() {
             break handle;
         }
     };
-    let out = tokio::process::Command::new(support::daemon::BIN)
-        .args(["backend", "drain", "app-2", "-c"])
-        .arg(&baton.config)
-        .output()
-        .await
-        .expect("baton backend drain");
+    let out = baton_cli(&["backend", "drain", "app-2"], &baton.config).await;
     assert!(
         out.status.success(),
         "{}",
@@ -460,12 +455,7 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
     );
     // `baton status` prints the same as a table, and `--json` raw.
     baton.settled().await;
-    let out = tokio::process::Command::new(support::daemon::BIN)
-        .args(["status", "-c"])
-        .arg(&baton.config)
-        .output()
-        .await
-        .expect("baton status");
+    let out = baton_cli(&["status"], &baton.config).await;
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{table}");
     let row = table
@@ -477,12 +467,7 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
         table.contains("pool app (1/2 up)") && table.contains("kernel (this network namespace)"),
         "{table}"
     );
-    let out = tokio::process::Command::new(support::daemon::BIN)
-        .args(["status", "--json", "-c"])
-        .arg(&baton.config)
-        .output()
-        .await
-        .expect("baton status --json");
+    let out = baton_cli(&["status", "--json"], &baton.config).await;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
     assert_eq!(v["generations"].as_array().map(Vec::len), Some(1));
     // A config broken outside `[admin]` (an edit under way, a certificate
@@ -492,13 +477,7 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
     broken.push_str("\nnot_a_key = 1\n");
     baton.write_config(&broken);
     for args in [&["status"][..], &["backend", "drain", "0"][..]] {
-        let out = tokio::process::Command::new(support::daemon::BIN)
-            .args(args)
-            .arg("-c")
-            .arg(&baton.config)
-            .output()
-            .await
-            .expect("baton");
+        let out = baton_cli(args, &baton.config).await;
         assert!(
             out.status.success(),
             "{args:?} with a config broken elsewhere: {}",
@@ -550,6 +529,17 @@ async fn routes_pick_pools_by_path_prefix_and_host() {
         .await
         .expect("get");
     assert_eq!(answer.body, HttpBackend::body_for("api", "/v1"));
+}
+
+/// `baton ARGS -c CONFIG`, run to its end.
+async fn baton_cli(args: &[&str], config: &std::path::Path) -> std::process::Output {
+    tokio::process::Command::new(support::daemon::BIN)
+        .args(args)
+        .arg("-c")
+        .arg(config)
+        .output()
+        .await
+        .expect("run baton")
 }
 
 /// A pool of `a` alone with one place (`max_connections_per_backend = 1`),

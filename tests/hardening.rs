@@ -310,15 +310,7 @@ async fn counting_fds() -> (HttpBackend, Baton, u32, usize) {
 async fn an_http_client_connection_costs_one_fd() {
     let (_backend, baton, pid, before) = counting_fds().await;
     let web = baton.addr("web");
-    let mut held = Vec::new();
-    for _ in 0..50 {
-        let mut c = client::connect(web).await.expect("connect");
-        assert_eq!(
-            client::send(&mut c, web, "/").await.expect("get").status,
-            200
-        );
-        held.push(c);
-    }
+    let _held = client::kept_alive(web, "/", 50).await;
     let after = support::daemon::fd_count(pid);
     // 50 client sockets, plus the few pooled backend connections.
     assert!(
@@ -514,15 +506,7 @@ async fn admin_connections_are_capped_and_a_probe_still_gets_a_place() {
         "{before} fds before, {during} with 300 admin connections (256 and one waiting for a place)"
     );
     drop(flood);
-    let mut kept = Vec::new();
-    for _ in 0..256 {
-        let mut c = client::connect(baton.admin).await.expect("connect");
-        let answer = client::send(&mut c, baton.admin, "/healthz")
-            .await
-            .expect("healthz");
-        assert_eq!(answer.status, 200);
-        kept.push(c);
-    }
+    let _kept = client::kept_alive(baton.admin, "/healthz", 256).await;
     let probe = tokio::time::timeout(
         Duration::from_secs(5),
         client::call(baton.admin, "GET", "/readyz", None),

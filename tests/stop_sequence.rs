@@ -502,15 +502,7 @@ async fn a_drain_says_how_many_idle_connections_it_closed() {
     ))
     .await;
     let web = baton.addr("web");
-    let mut idle = Vec::new();
-    for _ in 0..3 {
-        let mut c = client::connect(web).await.expect("connect");
-        assert_eq!(
-            client::send(&mut c, web, "/").await.expect("get").status,
-            200
-        );
-        idle.push(c);
-    }
+    let _idle = client::kept_alive(web, "/", 3).await;
     signal(baton.first_pid, Signal::SIGTERM);
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
     let log = baton.log();

@@ -88,6 +88,18 @@ pub async fn send(
     send_with_host(sender, &addr.to_string(), path).await
 }
 
+/// `n` kept-alive connections to `addr`, each after one `GET path`
+/// answered 200: idle connections a test holds open.
+pub async fn kept_alive(addr: SocketAddr, path: &str, n: usize) -> Vec<SendRequest<Empty<Bytes>>> {
+    let mut kept = Vec::new();
+    for _ in 0..n {
+        let mut c = connect(addr).await.expect("connect");
+        assert_eq!(send(&mut c, addr, path).await.expect("get").status, 200);
+        kept.push(c);
+    }
+    kept
+}
+
 /// One request on an existing connection, with the `Host` header given.
 pub async fn send_with_host(
     sender: &mut SendRequest<Empty<Bytes>>,
