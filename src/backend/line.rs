@@ -66,8 +66,8 @@ impl Line {
 
     /// Takes a place now through `pick`, or joins the line when `pick`
     /// finds none (both under the line's lock, so a place freed between
-    /// them is handed to us). `None` when `any_up` says no backend it may
-    /// use is up: waiting would be for nothing.
+    /// them is handed to us). `NoBackend` when `any_up` says no backend it
+    /// may use is up: waiting would be for nothing.
     pub fn join(
         &self,
         exclude: Option<usize>,
