@@ -70,14 +70,19 @@ impl RequestBody {
         self.done
     }
 
-    /// How many of `available` bytes belong to a Content-Length body,
-    /// counted as sent.
-    fn count_length_part(&mut self, available: usize) -> usize {
-        let n = available.min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+    /// How many of `available` bytes belong to a Content-Length body.
+    fn length_part(&self, available: usize) -> usize {
+        available.min(usize::try_from(self.remaining).unwrap_or(usize::MAX))
+    }
+
+    /// Counts `n` bytes of a Content-Length body as gone from the
+    /// client's buffer: only then may the body be done, or a failure
+    /// before would leave its last bytes there to be read as the
+    /// connection's next request.
+    fn count_length_part(&mut self, n: usize) {
         self.remaining -= n as u64;
         self.received += n as u64;
         self.done = self.remaining == 0;
-        n
     }
 
     /// Moves what `input` holds of the body to `framed`, framed for the
@@ -86,9 +91,10 @@ impl RequestBody {
     pub fn take(&mut self, input: &mut BytesMut) -> Result<(), ChunkError> {
         match &mut self.decoder {
             None => {
-                let n = self.count_length_part(input.len());
+                let n = self.length_part(input.len());
                 self.framed.put_slice(&input[..n]);
                 input.advance(n);
+                self.count_length_part(n);
             }
             Some(decoder) => {
                 let before = input.len();
@@ -187,13 +193,15 @@ where
         match tokio::time::timeout(limits.client_pause, read_some(client, client_buf)).await {
             Err(_) => return Err(UpFault::Stalled),
             Ok(Ok(0) | Err(_)) => return Err(UpFault::ClientGone),
-            // A Content-Length body goes up as it was read, with no copy.
+            // A Content-Length body goes up as it was read, with no copy;
+            // counted once written and gone from the buffer.
             Ok(Ok(_)) if body.decoder.is_none() => {
-                let n = body.count_length_part(client_buf.len());
+                let n = body.length_part(client_buf.len());
                 write_all(backend, &client_buf[..n], limits.backend_stall)
                     .await
                     .map_err(gone)?;
                 client_buf.advance(n);
+                body.count_length_part(n);
             }
             Ok(Ok(_)) => body.take(client_buf).map_err(UpFault::Malformed)?,
         }
@@ -558,5 +566,61 @@ impl ResponseBody {
         }
         metrics::long_lived_drained(LongLivedKind::Sse);
         tracing::info!(listener = %down.listener, kind = "sse", expected = true, "ended event stream for drain");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use super::*;
+
+    /// A backend that takes nothing: every write fails.
+    struct Refusing;
+
+    impl AsyncWrite for Refusing {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The last bytes of a Content-Length body, read but not written when
+    /// the backend fails, are still in the client's buffer: the body is
+    /// not done, so the exchange closes the connection instead of reading
+    /// them as its next request (a smuggled one, here).
+    #[tokio::test]
+    async fn a_length_body_whose_last_write_fails_is_not_done() {
+        let rest = b"\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+        let mut body = RequestBody::new(Framing::Length(rest.len() as u64));
+        let mut client: &[u8] = rest;
+        let mut client_buf = BytesMut::new();
+        let limits = UpLimits {
+            client_pause: Duration::from_secs(5),
+            backend_stall: Duration::from_secs(5),
+        };
+        let sent = upload(
+            &mut client,
+            &mut client_buf,
+            &mut Refusing,
+            &mut body,
+            &limits,
+        )
+        .await;
+        assert!(matches!(sent, Err(UpFault::BackendGone(_))));
+        assert!(!body.is_done(), "the body's last bytes never left");
+        assert_eq!(&client_buf[..], rest);
     }
 }
