@@ -18,6 +18,7 @@
 //! - [`config`]: the TOML file, validated into typed settings.
 //! - [`tls`]: listener certificates, loaded and checked at config load; SNI; the rustls config.
 //! - [`metrics`], [`telemetry`], [`access_log`]: Prometheus names and handles; logging; one line per request.
+//! - [`shortage`]: errors that say baton itself ran short (fds, memory, ports), which no peer is blamed for.
 //! - [`wake_gate`]: racing a busy future against a rare one (a drain's force, an idle clock) without polling the rare one at every wake-up.
 //! - [`cli`], [`commands`], [`demo`], [`exit`]: the command line, what each command does (a file each), and how it ends.
 #![deny(unsafe_code)]
@@ -38,6 +39,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod resolve;
+pub mod shortage;
 pub mod splitmix;
 pub mod stream;
 pub mod telemetry;

@@ -236,12 +236,12 @@ fn is_per_connection(err: &std::io::Error) -> bool {
 }
 
 fn backoff(err: &std::io::Error) -> Duration {
-    match err.raw_os_error() {
-        Some(
-            libc_errno::EMFILE | libc_errno::ENFILE | libc_errno::ENOBUFS | libc_errno::ENOMEM,
-        ) => Duration::from_millis(100),
-        _ if is_per_connection(err) => Duration::ZERO,
-        _ => Duration::from_millis(10),
+    if crate::shortage::is_own(err) {
+        Duration::from_millis(100)
+    } else if is_per_connection(err) {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(10)
     }
 }
 
@@ -251,10 +251,6 @@ mod libc_errno {
     pub const ECONNABORTED: i32 = Errno::ECONNABORTED as i32;
     pub const EPROTO: i32 = Errno::EPROTO as i32;
     pub const EPERM: i32 = Errno::EPERM as i32;
-    pub const EMFILE: i32 = Errno::EMFILE as i32;
-    pub const ENFILE: i32 = Errno::ENFILE as i32;
-    pub const ENOBUFS: i32 = Errno::ENOBUFS as i32;
-    pub const ENOMEM: i32 = Errno::ENOMEM as i32;
 }
 
 /// Lets a repeated warning through once a second, saying how many times

@@ -545,3 +545,99 @@ async fn an_admin_client_that_never_reads_is_cut_off() {
     serving(&baton).await;
     drop(stalled);
 }
+
+/// Holds `pid`'s soft fd limit at 3 (below every fd it has open, which
+/// stay open), so it can open no new fd, until dropped (`prlimit`,
+/// util-linux's).
+struct NoFreeFd {
+    pid: u32,
+    soft: String,
+}
+
+impl NoFreeFd {
+    fn hold(pid: u32) -> NoFreeFd {
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+        let soft = limits
+            .lines()
+            .find_map(|l| l.strip_prefix("Max open files"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("Max open files")
+            .to_string();
+        set_soft_fd_limit(pid, "3");
+        NoFreeFd { pid, soft }
+    }
+}
+
+impl Drop for NoFreeFd {
+    fn drop(&mut self) {
+        set_soft_fd_limit(self.pid, &self.soft);
+    }
+}
+
+fn set_soft_fd_limit(pid: u32, soft: &str) {
+    let done = std::process::Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={soft}:"))
+        .status()
+        .expect("prlimit");
+    assert!(done.success(), "prlimit --nofile={soft}: failed");
+}
+
+/// A backend connect that fails because baton has no fd left is baton's
+/// own shortage: the client gets a 503 (`RC`), and the backend is not
+/// marked down for it, which `fall = 1` would do at one blamed failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_connect_without_a_free_fd_is_a_503_not_the_backends_fault() {
+    let backend = HttpBackend::start("a").await;
+    let checks = "health = { kind = \"http\", path = \"/\", interval = \"60s\", timeout = \"1s\", rise = 1, fall = 1 }";
+    let baton = Baton::start(Spec::new().top("workers = 1").http("web", "app").pool_with(
+        "app",
+        checks,
+        &[(backend.addr, 1)],
+    ))
+    .await;
+    let (pid, web) = (baton.first_pid, baton.addr("web"));
+    let settled = support::daemon::settled_fd_count(pid).await;
+    let mut s = tokio::net::TcpStream::connect(web).await.expect("connect");
+    support::eventually("baton accepted the client", || async {
+        support::daemon::fd_count(pid) > settled
+    })
+    .await;
+    let held = NoFreeFd::hold(pid);
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request");
+    let reply = client::read_until_closed(&mut s).await;
+    drop(held);
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    assert!(baton.log().contains("baton ran short"), "{}", baton.log());
+    assert_eq!(client::backend_state(baton.admin, "app-0").await, "up");
+    let after = client::get(web, "/after").await.expect("after");
+    assert_eq!(after.status, 200);
+}
+
+/// A health check baton cannot make for want of an fd says nothing of the
+/// backend: it keeps its state (with `fall = 1` and `rise = 50`, one
+/// blamed check would hold it down for five seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_check_without_a_free_fd_leaves_the_backend_up() {
+    let backend = HttpBackend::start("a").await;
+    let checks = "health = { kind = \"http\", path = \"/\", interval = \"100ms\", timeout = \"500ms\", rise = 50, fall = 1 }";
+    let baton = Baton::start(Spec::new().top("workers = 1").http("web", "app").pool_with(
+        "app",
+        checks,
+        &[(backend.addr, 1)],
+    ))
+    .await;
+    let held = NoFreeFd::hold(baton.first_pid);
+    support::eventually("a check meets the shortage", || async {
+        baton.log().contains("health check not made")
+    })
+    .await;
+    drop(held);
+    assert_eq!(client::backend_state(baton.admin, "app-0").await, "up");
+    let answer = client::get(baton.addr("web"), "/after")
+        .await
+        .expect("after");
+    assert_eq!(answer.status, 200);
+}

@@ -6,7 +6,7 @@
 //! Who ended an exchange and why is a two-letter termination state after
 //! HAProxy's: the first letter says who (`-` nobody: it completed; `C` the
 //! client, `c` its timeout; `S` the backend, `s` its timeout; `P` baton
-//! refused it; `R` a limit: the queue; `K` the drain deadline cut it), the
+//! refused it; `R` a limit: the queue, or baton's own shortage; `K` the drain deadline cut it), the
 //! second when (`R` reading the request, `Q` queued for a backend, `C`
 //! connecting, `H` waiting for the response head, `D` sending the response,
 //! `-` after it).
@@ -56,6 +56,8 @@ pub enum Termination {
     BackendTimeout(Phase),
     Refused,
     QueueTimeout,
+    /// baton ran short (fds, memory, ports) connecting to a backend.
+    Shortage,
     Drained(Phase),
 }
 
@@ -74,6 +76,7 @@ impl Termination {
             Termination::Completed => return "--".into(),
             Termination::Refused => ('P', Phase::Request),
             Termination::QueueTimeout => ('R', Phase::Queue),
+            Termination::Shortage => ('R', Phase::Connect),
             Termination::ClientAborted(p) => ('C', p),
             Termination::ClientTimeout(p) => ('c', p),
             Termination::BackendFailed(p) => ('S', p),

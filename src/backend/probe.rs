@@ -4,6 +4,7 @@
 //! at teardown or when a member resolved from DNS leaves its pool. An `http` check GETs `path` (2xx/3xx is healthy); a `tcp`
 //! check connects.
 
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,26 +12,50 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use super::stream::{BackendStream, ConnectFault};
 use super::{AdminState, Backend, Pool};
 use crate::config::{HealthConfig, HealthKind};
 
-/// One check; `Err` says why it failed.
-pub async fn check(config: &HealthConfig, backend: &Backend) -> Result<(), String> {
+/// Why a check did not pass.
+pub enum Fault {
+    /// The backend failed it.
+    Failed(String),
+    /// baton ran short (fds, ports) and could not make it: it says
+    /// nothing of the backend.
+    Shortage(String),
+}
+
+/// One check.
+pub async fn check(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> {
     match tokio::time::timeout(config.timeout, attempt(config, backend)).await {
         Ok(result) => result,
-        Err(_) => Err(format!("no answer within {:?}", config.timeout)),
+        Err(_) => Err(Fault::Failed(format!(
+            "no answer within {:?}",
+            config.timeout
+        ))),
     }
 }
 
-async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), String> {
-    let address = backend.address;
-    let mut stream = backend
-        .connect_own(config.timeout)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> {
+    let stream = match backend.connect_own(config.timeout).await {
+        Ok(stream) => stream,
+        Err(ConnectFault::Shortage(err)) => return Err(Fault::Shortage(err.to_string())),
+        Err(fault) => return Err(Fault::Failed(format!("connect: {fault}"))),
+    };
     if config.kind == HealthKind::Tcp {
         return Ok(());
     }
+    ask(config, backend.address, stream)
+        .await
+        .map_err(Fault::Failed)
+}
+
+/// An `http` check's GET on its connection.
+async fn ask(
+    config: &HealthConfig,
+    address: SocketAddr,
+    mut stream: BackendStream,
+) -> Result<(), String> {
     let request = format!(
         "GET {} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: baton-health\r\nConnection: close\r\n\r\n",
         config.path
@@ -135,10 +160,13 @@ async fn run(backend: Arc<Backend>, config: HealthConfig, stop: CancellationToke
     }
 }
 
-fn record(backend: &Backend, result: Result<(), String>) {
+fn record(backend: &Backend, result: Result<(), Fault>) {
     match result {
         Ok(()) => backend.observe_check(true, "ok".into()),
-        Err(why) => backend.observe_check(false, why),
+        Err(Fault::Failed(why)) => backend.observe_check(false, why),
+        Err(Fault::Shortage(why)) => {
+            tracing::warn!(pool = %backend.pool, backend = %backend.name, cause = why, "health check not made: baton ran short; the backend keeps its state");
+        }
     }
 }
 

@@ -28,6 +28,9 @@ pub enum ConnectFault {
     Timeout(Duration),
     #[error("{0}")]
     Refused(io::Error),
+    /// baton ran short itself (fds, memory, ports): not the backend's fault.
+    #[error("{0} (baton's own shortage)")]
+    Shortage(io::Error),
     #[error("TLS handshake: {0}")]
     Handshake(io::Error),
 }
@@ -61,9 +64,13 @@ pub async fn connect(
     proxy_header: Option<&[u8]>,
 ) -> Result<BackendStream, ConnectFault> {
     let connecting = async {
-        let mut tcp = TcpStream::connect(address)
-            .await
-            .map_err(ConnectFault::Refused)?;
+        let mut tcp = TcpStream::connect(address).await.map_err(|err| {
+            if crate::shortage::is_own(&err) {
+                ConnectFault::Shortage(err)
+            } else {
+                ConnectFault::Refused(err)
+            }
+        })?;
         let _ = tcp.set_nodelay(true);
         if let Some(header) = proxy_header {
             tcp.write_all(header).await.map_err(ConnectFault::Refused)?;

@@ -60,6 +60,13 @@ pub enum ProxyError {
         address: std::net::SocketAddr,
         cause: String,
     },
+    /// baton itself ran short (fds, memory, ports) connecting to it.
+    #[error("no connection to backend {backend} ({address}): baton ran short: {cause}")]
+    Shortage {
+        backend: String,
+        address: std::net::SocketAddr,
+        cause: String,
+    },
     #[error("backend {backend} did not answer within {seconds}s")]
     Timeout { backend: String, seconds: f64 },
     #[error("backend {backend} failed: {cause}")]
@@ -69,6 +76,13 @@ pub enum ProxyError {
 impl ProxyError {
     /// A connection to `backend` that was not made.
     pub fn connect(backend: &Backend, fault: &ConnectFault) -> ProxyError {
+        if let ConnectFault::Shortage(err) = fault {
+            return ProxyError::Shortage {
+                backend: backend.name.clone(),
+                address: backend.address,
+                cause: err.to_string(),
+            };
+        }
         ProxyError::Connect {
             backend: backend.name.clone(),
             address: backend.address,
@@ -105,9 +119,9 @@ impl ProxyError {
             ProxyError::Client { .. } => StatusCode::BAD_REQUEST,
             ProxyError::TooManyFields { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::ClientTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ProxyError::NoBackend { .. } | ProxyError::QueueTimeout { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ProxyError::NoBackend { .. }
+            | ProxyError::QueueTimeout { .. }
+            | ProxyError::Shortage { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -133,6 +147,7 @@ impl ProxyError {
             ProxyError::NoBackend { .. } => Termination::BackendFailed(Phase::Queue),
             ProxyError::QueueTimeout { .. } => Termination::QueueTimeout,
             ProxyError::Connect { .. } => Termination::BackendFailed(Phase::Connect),
+            ProxyError::Shortage { .. } => Termination::Shortage,
             ProxyError::Timeout { .. } => Termination::BackendTimeout(Phase::Head),
             // It had a connection: it failed before its head, or after.
             ProxyError::Upstream { .. } => Termination::BackendFailed(if marks.head.is_some() {
@@ -150,7 +165,8 @@ impl ProxyError {
             | ProxyError::TooManyFields { .. }
             | ProxyError::ClientTimeout { .. }
             | ProxyError::NoBackend { .. }
-            | ProxyError::QueueTimeout { .. } => None,
+            | ProxyError::QueueTimeout { .. }
+            | ProxyError::Shortage { .. } => None,
             ProxyError::Connect { .. } => Some(UpstreamErrorKind::Connect),
             ProxyError::Timeout { .. } => Some(UpstreamErrorKind::Timeout),
             ProxyError::Upstream { .. } => Some(UpstreamErrorKind::Protocol),
