@@ -244,6 +244,69 @@ async fn a_client_that_stops_reading_is_cut_and_frees_its_backend() {
     .await;
 }
 
+/// One h2 stream starved of its window while others on the same connection
+/// keep moving: the connection's own clock sees bytes move, but the
+/// starved stream is reset at `idle_timeout`, counted, and its backend
+/// connection let go, while the connection and its other streams go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_starved_of_window_is_reset_while_its_neighbours_move() {
+    use http_body_util::BodyExt;
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "idle_timeout = \"1s\"").await;
+    let web = baton.addr("web");
+    let stream = TcpStream::connect(web).await.expect("connect");
+    let (sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(65_535)
+            .initial_connection_window_size(16 << 20)
+            .adaptive_window(false)
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let get = |path: String| {
+        hyper::Request::get(format!("http://{web}{path}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .expect("request")
+    };
+    // Its body is never read, so its window closes after 64 KiB.
+    let starved = sender
+        .clone()
+        .send_request(get(format!("/bytes/{GIB}")))
+        .await
+        .expect("the starved stream's head");
+    assert_eq!(starved.status(), 200);
+    // A neighbour every 200 ms for 3 s, each read whole.
+    for i in 0..15 {
+        let answer = sender
+            .clone()
+            .send_request(get(format!("/neighbour/{i}")))
+            .await
+            .expect("a neighbour's head");
+        assert_eq!(answer.status(), 200);
+        answer
+            .into_body()
+            .collect()
+            .await
+            .expect("a neighbour's body");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let metrics = support::client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains("baton_client_aborts_total{listener=\"web\",reason=\"stalled_reader\"} 1"),
+        "the starved stream alone was cut, while its neighbours moved:\n{metrics}"
+    );
+    let cut = tokio::time::timeout(support::TIMEOUT, starved.into_body().collect())
+        .await
+        .expect("the starved stream ends");
+    assert!(cut.is_err(), "the starved stream was reset, not completed");
+    within_3s(
+        "its backend connection is let go (the neighbours' one stays)",
+        || backend.connections() == 1,
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gigabyte_streams_up_and_down_with_flat_memory() {
     let backend = HttpBackend::start("a").await;

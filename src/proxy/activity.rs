@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::body::BodyGuard;
+use super::delivery::Delivery;
 use super::head::OpeningClock;
 
 pub struct ConnState {
@@ -29,8 +30,9 @@ pub struct ConnState {
 }
 
 /// Marks a request in flight until the response body is done; the bool
-/// says whether it has a frame waiting (see `frames_waiting`).
-pub struct Busy(Arc<ConnState>, bool);
+/// says whether it has a frame waiting (see `frames_waiting`), and the
+/// stream's own [`Delivery`] hears the same.
+pub struct Busy(Arc<ConnState>, bool, Option<Arc<Delivery>>);
 
 impl Busy {
     fn waiting(&mut self, waiting: bool) {
@@ -38,12 +40,20 @@ impl Busy {
         state
             .delivery_moved_nanos
             .store(state.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if waiting != self.1 {
-            self.1 = waiting;
+        if waiting == self.1 {
+            return;
+        }
+        self.1 = waiting;
+        if waiting {
+            state.frames_waiting.fetch_add(1, Ordering::Relaxed);
+        } else {
+            state.frames_waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(delivery) = &self.2 {
             if waiting {
-                state.frames_waiting.fetch_add(1, Ordering::Relaxed);
+                delivery.handed();
             } else {
-                state.frames_waiting.fetch_sub(1, Ordering::Relaxed);
+                delivery.asked();
             }
         }
     }
@@ -90,9 +100,9 @@ impl ConnState {
         }
     }
 
-    pub fn begin(self: &Arc<Self>) -> Busy {
+    pub fn begin(self: &Arc<Self>, delivery: Option<Arc<Delivery>>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::Acquire);
-        Busy(Arc::clone(self), false)
+        Busy(Arc::clone(self), false, delivery)
     }
 
     /// Resolves once response frames have waited `limit` for the client

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use super::activity::ConnState;
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
+use super::delivery::{self, StreamTask};
 use super::h1::head::{valid_authority, ResponseHead, MAX_FIELDS, MAX_HEAD};
 use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay};
 use super::h1::upstream;
@@ -98,7 +99,7 @@ impl HttpProxy {
             })
         };
         let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state.opening)));
-        let conn = self.h2_server(&drain).serve_connection(io, service);
+        let conn = self.h2_server(&drain, peer).serve_connection(io, service);
         tokio::pin!(conn);
         let mut closing = false;
         let mut cut_at: Option<Instant> = None;
@@ -139,10 +140,20 @@ impl HttpProxy {
         }
     }
 
-    /// hyper's h2 server for one connection, whose streams run as the
-    /// drain's tasks (see [`StreamTasks`]).
-    fn h2_server(&self, drain: &DrainWatch) -> http2::Builder<StreamTasks> {
-        let mut server = http2::Builder::new(StreamTasks(drain.clone()));
+    /// hyper's h2 server for one connection (to `peer`), whose streams run
+    /// as the drain's tasks, each ended if its client takes none of its
+    /// response for `idle_timeout` (see [`StreamTasks`]).
+    fn h2_server(&self, drain: &DrainWatch, peer: SocketAddr) -> http2::Builder<StreamTasks> {
+        let listener = Arc::clone(&self.listener);
+        let on_stall = Arc::new(move || {
+            tracing::info!(listener = %listener, client = %peer, "client took none of a stream's response within idle_timeout; resetting the stream");
+            metrics::client_abort(&listener, metrics::AbortReason::StalledReader);
+        });
+        let mut server = http2::Builder::new(StreamTasks {
+            drain: drain.clone(),
+            stall_limit: self.idle_timeout,
+            on_stall,
+        });
         server
             .timer(TokioTimer::new())
             .max_concurrent_streams(self.h2.max_streams)
@@ -160,7 +171,8 @@ impl HttpProxy {
         state: Arc<ConnState>,
         drain: DrainWatch,
     ) -> Response<ProxyBody> {
-        let busy = state.begin();
+        let delivery = delivery::current();
+        let busy = state.begin(delivery.clone());
         let sent = req
             .headers()
             .get(headers::X_REQUEST_ID)
@@ -183,6 +195,7 @@ impl HttpProxy {
                 client.peer,
                 &target.pool.name,
                 drain.clone(),
+                delivery,
             )
         });
         let mut spare = Noted::default();
@@ -508,21 +521,29 @@ struct Stream<'a> {
 /// waits for them (and so for their access-log lines) as for connections.
 /// A forced drain drops the connection, and hyper then drops its streams'
 /// futures at once, which their lines say (`K?`). (Each stream waiting on
-/// the force itself cost 9 % of an h2 request's instructions.)
+/// the force itself cost 9 % of an h2 request's instructions.) Each task
+/// is a [`StreamTask`]: one whose client takes none of its response for
+/// `stall_limit` ends, and hyper resets the stream.
 #[derive(Clone)]
-struct StreamTasks(DrainWatch);
+struct StreamTasks {
+    drain: DrainWatch,
+    stall_limit: Duration,
+    on_stall: Arc<dyn Fn() + Send + Sync>,
+}
 
 impl<F> hyper::rt::Executor<F> for StreamTasks
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    /// Boxed (the stream's one box): the task then holds a pointer, and
+    /// Boxed (the stream's one box, inside `StreamTask`): the task then holds
+    /// a pointer and a few words, and
     /// tokio's moves of a task's future (into its cell, and each time its
     /// stage is set) copy a few words instead of hyper's whole stream
     /// state, the exchange's included (callgrind once saw a sixth of h2c's
     /// instructions in those copies).
     fn execute(&self, task: F) {
-        self.0.spawn_counted(Box::pin(task));
+        let task = StreamTask::new(task, self.stall_limit, Arc::clone(&self.on_stall));
+        self.drain.spawn_counted(task);
     }
 }
 

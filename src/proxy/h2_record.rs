@@ -1,7 +1,8 @@
 //! What one h2 stream leaves in the access log. Its response body carries
 //! the record (a body guard), so the line is written when the body ends,
 //! breaks off, or is dropped unfinished (the client reset the stream or
-//! went away), with the bytes that went out by then.
+//! went away, or took none of it for `idle_timeout`), with the bytes that
+//! went out by then.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use http::header::{HeaderMap, REFERER, USER_AGENT};
 use http::Request;
 
 use super::body::{BodyError, BodyGuard, Progress};
+use super::delivery::Delivery;
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::Backend;
 use crate::lifecycle::drain::DrainWatch;
@@ -44,6 +46,9 @@ pub struct StreamRecord {
     on_end: Termination,
     /// Set when the body ended or broke; unset, the client left.
     termination: Option<Termination>,
+    /// Whether the client took the response: a stream ended because it
+    /// took none for `idle_timeout` says so (`cD`).
+    delivery: Option<Arc<Delivery>>,
 }
 
 /// What a request says of itself, taken before it is sent on.
@@ -82,6 +87,7 @@ impl StreamRecord {
         client: SocketAddr,
         pool: &str,
         drain: DrainWatch,
+        delivery: Option<Arc<Delivery>>,
     ) -> StreamRecord {
         StreamRecord {
             log,
@@ -98,6 +104,7 @@ impl StreamRecord {
             bytes_out: 0,
             on_end: Termination::Completed,
             termination: None,
+            delivery,
         }
     }
 
@@ -147,9 +154,10 @@ impl Drop for StreamRecord {
             bytes_in: noted.upload.as_deref().map_or(0, Progress::received),
             bytes_out: self.bytes_out,
             marks: noted.marks,
-            // Dropped unfinished: cut by a forced drain, or else the
-            // client left (a reset stream, a closed connection), waiting
-            // for the response or taking it.
+            // Dropped unfinished: cut by a forced drain, ended because the
+            // client took none of the response, or else the client left
+            // (a reset stream, a closed connection), waiting for the
+            // response or taking it.
             termination: self.termination.unwrap_or_else(|| {
                 let phase = if self.status.is_some() {
                     Phase::Data
@@ -158,6 +166,8 @@ impl Drop for StreamRecord {
                 };
                 if self.drain.is_forced() {
                     Termination::Drained(phase)
+                } else if self.delivery.as_deref().is_some_and(Delivery::timed_out) {
+                    Termination::ClientTimeout(Phase::Data)
                 } else {
                     Termination::ClientAborted(phase)
                 }

@@ -6,6 +6,7 @@
 pub mod activity;
 pub mod body;
 pub mod clock;
+pub mod delivery;
 pub mod h1;
 pub mod h2;
 pub mod h2_record;
