@@ -403,3 +403,46 @@ async fn a_close_over_unread_bytes_does_not_destroy_the_answer() {
         .map_or(0, |i| i + 4);
     assert_eq!(got.len() - head_end, BODY, "the whole body arrived");
 }
+
+/// A body with a transfer coding other than chunked (`gzip, chunked`)
+/// keeps it named for an HTTP/1.1 client, which can take it; an HTTP/1.0
+/// or h2 client cannot (neither has transfer codings), and gets a 502
+/// rather than a coded body with nothing to say so, as from nginx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_coding_goes_only_to_a_client_that_can_take_it() {
+    let backend = RawBackend::start(|_: &Seen| {
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nzzzzz\r\n0\r\n\r\n"
+                .to_vec(),
+            Then::KeepAlive,
+        )
+    })
+    .await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"GET /11 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request");
+    let reply = client::read_until_closed(&mut s).await.to_ascii_lowercase();
+    assert!(reply.starts_with("http/1.1 200"), "{reply}");
+    assert!(
+        reply.contains("transfer-encoding: gzip, chunked\r\n"),
+        "{reply}"
+    );
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"GET /10 HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let reply = client::read_until_closed(&mut s).await;
+    assert!(reply.starts_with("HTTP/1.1 502"), "{reply}");
+    let mut h2 = client::h2::<http_body_util::Empty<bytes::Bytes>>(web).await;
+    let request = hyper::Request::get(format!("http://{web}/h2"))
+        .body(http_body_util::Empty::new())
+        .expect("request");
+    let answer = tokio::time::timeout(support::TIMEOUT, h2.send_request(request))
+        .await
+        .expect("an answer in time")
+        .expect("h2 response");
+    assert_eq!(answer.status(), 502);
+}

@@ -129,6 +129,9 @@ pub struct ResponseHead {
     pub fields: Vec<Field>,
     /// Where the body ends.
     pub framing: Framing,
+    /// The body carries a transfer coding other than chunked (`gzip,
+    /// chunked`): only a chunked delivery to an HTTP/1.1 client can name it.
+    pub coded: bool,
     /// The backend keeps the connection: 1.1 without `close`, 1.0 with `keep-alive`;
     /// always false for UntilClose framing.
     pub keep_alive: bool,
@@ -255,7 +258,7 @@ pub fn parse_response(
     let head = Bytes::copy_from_slice(src);
     let reason = offset(src, res.reason.unwrap_or_default().as_bytes());
     let parts = Parts::new(src, res.headers);
-    let framing = response_framing(&head, &parts.fields, version, status, request_method)?;
+    let (framing, coded) = response_framing(&head, &parts.fields, version, status, request_method)?;
     Ok(Parsed::Complete(ResponseHead {
         keep_alive: framing != Framing::UntilClose && keep_alive(version, &parts),
         consumed: len,
@@ -264,6 +267,7 @@ pub fn parse_response(
         reason,
         fields: parts.fields,
         framing,
+        coded,
         bytes: head,
     }))
 }
@@ -466,8 +470,13 @@ fn role(name: &str, tokens: &Tokens<'_>) -> Role {
 /// The range `part` (a sub-slice httparse gave of `src`) covers in `src`,
 /// which is also its range in the copy of `src` a head keeps.
 fn offset(src: &[u8], part: &[u8]) -> Range<usize> {
-    let start = (part.as_ptr() as usize).saturating_sub(src.as_ptr() as usize);
-    start..start + part.len()
+    let start = (part.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize);
+    match start.checked_add(part.len()) {
+        Some(end) if end <= src.len() => start..end,
+        // Not a part of `src`: httparse's static "" for a status line
+        // without a reason phrase.
+        _ => 0..0,
+    }
 }
 
 /// `bytes[range]`, or nothing for a range that is not in it.
@@ -577,33 +586,39 @@ fn request_framing(head: &[u8], fields: &[Field], version: Version) -> Result<Fr
 
 /// A response's body framing (RFC 9112 §6.3): none for HEAD, 1xx, 204 and
 /// 304; then Transfer-Encoding (chunked last, else until close); then
-/// Content-Length (repeats must agree); else until close.
+/// Content-Length (repeats must agree); else until close. And whether the
+/// body carries another transfer coding than chunked.
 fn response_framing(
     head: &[u8],
     fields: &[Field],
     version: Version,
     status: u16,
     method: &http::Method,
-) -> Result<Framing, BadResponse> {
+) -> Result<(Framing, bool), BadResponse> {
     if method == http::Method::HEAD || status < 200 || status == 204 || status == 304 {
-        return Ok(Framing::Empty);
+        return Ok((Framing::Empty, false));
     }
     let mut te = values(head, fields, "transfer-encoding").peekable();
     if te.peek().is_some() {
         if version == Version::Http10 {
             return Err(BadResponse::Malformed("transfer-encoding in HTTP/1.0"));
         }
-        let last = te.flat_map(list).last().unwrap_or_default();
-        return Ok(if last.eq_ignore_ascii_case(b"chunked") {
+        let (mut coded, mut last_chunked) = (false, false);
+        for coding in te.flat_map(list) {
+            last_chunked = coding.eq_ignore_ascii_case(b"chunked");
+            coded |= !last_chunked;
+        }
+        let framing = if last_chunked {
             Framing::Chunked
         } else {
             Framing::UntilClose
-        });
+        };
+        return Ok((framing, coded));
     }
     let mut lengths = values(head, fields, "content-length").map(content_length);
     match lengths.next() {
-        None => Ok(Framing::UntilClose),
-        Some(Some(n)) if lengths.all(|m| m == Some(n)) => Ok(length(n)),
+        None => Ok((Framing::UntilClose, false)),
+        Some(Some(n)) if lengths.all(|m| m == Some(n)) => Ok((length(n), false)),
         Some(_) => Err(BadResponse::Malformed("invalid content-length")),
     }
 }
@@ -1240,6 +1255,32 @@ x-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAuthorization: a\r\nContent-Encod
             &http::Method::GET
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_response_knows_a_transfer_coding_other_than_chunked() {
+        let coded = |raw: &[u8]| get(raw).coded;
+        assert!(coded(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+        ));
+        assert!(coded(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"));
+        assert!(coded(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ));
+        assert!(!coded(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n"
+        ));
+        assert!(!coded(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"));
+        // No body, so nothing coded.
+        assert!(!coded(
+            b"HTTP/1.1 204 No Content\r\nTransfer-Encoding: gzip\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn a_status_line_without_a_reason_has_an_empty_one() {
+        let head = get(b"HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n");
+        assert_eq!(head.reason, 0..0);
     }
 
     #[test]

@@ -23,11 +23,19 @@ use crate::metrics::UpstreamErrorKind;
 use crate::proxy::body::{BodyError, Progress};
 use crate::proxy::headers;
 
-/// A response head's fields as hyper's h2 server sends them: hop-by-hop
+/// A response head's fields as hyper's h2 server sends them (none for a
+/// body with a transfer coding other than chunked): hop-by-hop
 /// fields stay on their hop, `Transfer-Encoding` means nothing in h2, and a
 /// `Content-Length` goes on only where it states the body's length (or a
 /// HEAD's or a 304's would-be length).
 pub(super) fn copy_fields(head: &ResponseHead, to: &mut HeaderMap) -> Result<(), BadResponse> {
+    // h2 has no transfer codings: the body would go on coded with nothing
+    // to say so (nginx answers 502 too).
+    if head.coded {
+        return Err(BadResponse::Malformed(
+            "a transfer coding other than chunked",
+        ));
+    }
     to.reserve(head.fields.len());
     // Repeats of one length are allowed in HTTP/1; h2 clients take one.
     let mut length_copied = false;
