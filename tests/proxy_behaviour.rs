@@ -108,7 +108,9 @@ async fn headers_seen(listener_keys: &str, request: &str) -> String {
     raw(baton.addr("web"), request.as_bytes()).await
 }
 
-const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nConnection: close\r\n\r\n";
+/// With an underscore spelling of X-Forwarded-For, which a CGI-style
+/// backend reads as the same field.
+const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nConnection: close\r\n\r\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_headers_follow_the_listener_mode() {
@@ -118,7 +120,7 @@ async fn forwarding_headers_follow_the_listener_mode() {
         "{replaced}"
     );
     assert!(replaced.contains("x-forwarded-proto: http\n"), "{replaced}");
-    for spoof in ["6.6.6.6", "7.7.7.7", "x-real-ip", "forwarded: "] {
+    for spoof in ["6.6.6.6", "7.7.7.7", "8.8.8.8", "x-real-ip", "forwarded: "] {
         assert!(!replaced.contains(spoof), "{spoof} survived: {replaced}");
     }
     let appended = headers_seen("forwarded = \"append\"", SPOOFED).await;

@@ -43,6 +43,20 @@ pub const FORWARDING: &[&str] = &[
     "forwarded",
 ];
 
+/// Whether `name` is one of `FORWARDING`, also when spelled with `_` for
+/// `-` (`X_Forwarded_For`): a CGI-style backend reads both as
+/// `HTTP_X_FORWARDED_FOR`, so what drops one must drop the other (nginx
+/// drops every name with an underscore by default).
+pub fn is_forwarding(name: &[u8]) -> bool {
+    FORWARDING.iter().any(|known| {
+        known.len() == name.len()
+            && known
+                .bytes()
+                .zip(name)
+                .all(|(k, &n)| k == n.to_ascii_lowercase() || (k == b'-' && n == b'_'))
+    })
+}
+
 /// The `Host` a backend gets: an absolute-form target's authority wins over
 /// whatever `Host` the client sent (RFC 9112 §3.2.2), since routing used it.
 pub fn host_from_target(headers: &mut HeaderMap, uri: &http::Uri) {
@@ -99,6 +113,20 @@ pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Removes the fields `names` lists. Most requests carry none of them, and
 /// a `remove` parses and hashes its name each time, so the names present
 /// are looked for first, in one pass.
+/// Drops every `FORWARDING` field, underscore spellings included.
+fn remove_forwarding(headers: &mut HeaderMap) {
+    if headers.keys().any(|k| is_forwarding(k.as_str().as_bytes())) {
+        let named: Vec<HeaderName> = headers
+            .keys()
+            .filter(|k| is_forwarding(k.as_str().as_bytes()))
+            .cloned()
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+}
+
 fn remove_any(headers: &mut HeaderMap, names: &[&str]) {
     if headers.keys().any(|k| names.contains(&k.as_str())) {
         for name in names {
@@ -147,7 +175,7 @@ pub fn add_forwarding(
     match mode {
         Forwarded::Off => {}
         Forwarded::Replace => {
-            remove_any(headers, FORWARDING);
+            remove_forwarding(headers);
             headers.insert(xff, client.clone());
         }
         Forwarded::Append => {
@@ -246,6 +274,21 @@ mod tests {
         for name in ["x-forwarded-host", "x-real-ip", "forwarded"] {
             assert!(!h.contains_key(name), "{name}");
         }
+    }
+
+    #[test]
+    fn replace_drops_underscore_spellings_too() {
+        let mut h = HeaderMap::new();
+        for name in ["x_forwarded_for", "x_real_ip", "x-forwarded_proto"] {
+            h.insert(name, HeaderValue::from_static("6.6.6.6"));
+        }
+        h.insert("x_other", HeaderValue::from_static("kept"));
+        add_forwarding(&mut h, &peer(), Forwarded::Replace, "http");
+        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["via", "x-forwarded-for", "x-forwarded-proto", "x_other"]);
+        assert!(is_forwarding(b"X_Forwarded_For"));
+        assert!(!is_forwarding(b"x_forwarded_fox"));
     }
 
     #[test]

@@ -30,7 +30,7 @@ const DROPPED_TRAILERS: [&str; 3] = ["content-length", "transfer-encoding", "hos
 pub fn trailer_forwarded(name: &[u8]) -> bool {
     let named = |list: &[&str]| list.iter().any(|d| name.eq_ignore_ascii_case(d.as_bytes()));
     !named(&DROPPED_TRAILERS)
-        && !named(headers::FORWARDING)
+        && !headers::is_forwarding(name)
         && !name.eq_ignore_ascii_case(headers::X_REQUEST_ID.as_str().as_bytes())
 }
 

@@ -45,7 +45,8 @@ pub enum Role {
     /// content-type, content-encoding, authorization, cookie, which a
     /// Connection token cannot strip.
     HopByHop,
-    /// x-forwarded-for, x-forwarded-proto, x-forwarded-host, x-real-ip, forwarded.
+    /// x-forwarded-for, x-forwarded-proto, x-forwarded-host, x-real-ip,
+    /// forwarded, and their spellings with `_` (`headers::is_forwarding`).
     Forwarding,
     /// `Expect` (baton answers 100-continue itself).
     Expect,
@@ -441,7 +442,7 @@ fn connection_tokens<'a>(headers: &'a [httparse::Header<'a>]) -> impl Iterator<I
 /// a lowercased copy, against the lists the h2 path uses too, and only
 /// names of the same length (then the head's Connection tokens, if any).
 fn role(name: &str, tokens: &Tokens<'_>) -> Role {
-    use crate::proxy::headers::{FORWARDING, HOP_BY_HOP, NOT_STRIPPABLE};
+    use crate::proxy::headers::{is_forwarding, HOP_BY_HOP, NOT_STRIPPABLE};
     let is = |n: &str| n.len() == name.len() && name.eq_ignore_ascii_case(n);
     let fixed = if is("host") {
         Role::Host
@@ -449,7 +450,7 @@ fn role(name: &str, tokens: &Tokens<'_>) -> Role {
         Role::Framing
     } else if HOP_BY_HOP.iter().any(|n| is(n)) {
         Role::HopByHop
-    } else if FORWARDING.iter().any(|n| is(n)) {
+    } else if is_forwarding(name.as_bytes()) {
         Role::Forwarding
     } else if is("expect") {
         Role::Expect
