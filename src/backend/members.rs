@@ -259,7 +259,12 @@ impl Pool {
     }
 
     /// Retires members whose address vanished from DNS once another member
-    /// of their name can take work.
+    /// of their name can take work, or at once when they cannot take work
+    /// themselves (down by a health verdict, or drained by the operator):
+    /// kept, they would
+    /// serve nothing, and with addresses that churn during an outage or a
+    /// drain every address ever seen would pile up (and go on to the next
+    /// generation).
     fn retire_vanished(&self) {
         let members = self.members.load();
         let vanished = |b: &Backend| b.vanished.load(Ordering::SeqCst);
@@ -268,7 +273,11 @@ impl Pool {
                 .backends
                 .iter()
                 .any(|m| m.name == b.name && !vanished(m) && m.available());
-            if replaced && !b.retired.swap(true, Ordering::SeqCst) {
+            // Down by a verdict, not merely waiting for its first one (a
+            // member handed over at a reload, before the first round).
+            let down = b.has_verdict() && !b.is_healthy();
+            let useless = down || b.admin() != AdminState::Enabled;
+            if (replaced || useless) && !b.retired.swap(true, Ordering::SeqCst) {
                 tracing::info!(pool = %self.name, backend = %b.label, in_flight = b.in_flight(), "address gone from DNS; draining the member");
                 b.publish();
             }
@@ -439,5 +448,37 @@ mod tests {
         named.set_admin(AdminState::Draining);
         let joined = p.apply(&named, &[at(1, 1)], Joining::Serving);
         assert_eq!(joined[0].state().as_str(), "out");
+    }
+
+    /// Addresses that churn while no member can take work (drained here,
+    /// or all down) do not pile up: a vanished member that cannot serve
+    /// leaves at once.
+    #[test]
+    fn churn_while_drained_or_down_keeps_only_the_answer() {
+        let p = pool();
+        let named = Arc::clone(&p.named[0]);
+        named.set_admin(AdminState::Draining);
+        for last in 1..=5 {
+            p.apply(&named, &[at(last, 1)], Joining::Serving);
+            p.sweep();
+        }
+        let members = |p: &Pool| p.backends().backends.len() - 1;
+        assert_eq!(members(&p), 1, "the drained name holds its answer alone");
+
+        let p = pool_checked(Some(crate::config::HealthConfig {
+            kind: crate::config::HealthKind::Tcp,
+            path: "/".into(),
+            interval: std::time::Duration::from_secs(1),
+            timeout: std::time::Duration::from_secs(1),
+            rise: 2,
+            fall: 1,
+        }));
+        let named = Arc::clone(&p.named[0]);
+        for last in 1..=5 {
+            let joined = p.apply(&named, &[at(last, 1)], Joining::Serving);
+            joined[0].observe_check(false, "refused".into());
+            p.sweep();
+        }
+        assert_eq!(members(&p), 1, "a name all down holds its answer alone");
     }
 }
