@@ -178,7 +178,13 @@ impl Listener {
     }
 }
 
-/// Accepts every connection already in the kernel's queue, without waiting.
+/// Bounds `accept_queued` where the queue's length cannot be read: above
+/// any backlog the kernel allows by default (`somaxconn` 4096).
+const MOST_QUEUED: u64 = 65_536;
+
+/// Accepts every connection already in the kernel's queue, without waiting:
+/// as many as it held when this began, so a flood arriving meanwhile does
+/// not keep this synchronous loop, and its thread, going for good.
 fn accept_queued(
     name: &str,
     limit: &Arc<Semaphore>,
@@ -193,8 +199,10 @@ fn accept_queued(
             return;
         }
     };
+    let queued =
+        crate::metrics::kernel::accept_queue(std::os::fd::AsFd::as_fd(&std)).unwrap_or(MOST_QUEUED);
     let mut served = 0usize;
-    loop {
+    for _ in 0..queued {
         match std.accept() {
             Ok((stream, peer)) => {
                 let permit = Arc::clone(limit).try_acquire_owned().ok();
@@ -335,5 +343,49 @@ mod tests {
             *noting.0.lock().unwrap_or_else(PoisonError::into_inner),
             [true]
         );
+    }
+
+    /// Makes a new connection to `to` for each one accepted, 50 in all: a
+    /// flood that keeps the queue full.
+    struct Flooding {
+        to: SocketAddr,
+        made: Mutex<Vec<std::net::TcpStream>>,
+        accepted: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Accept for Flooding {
+        fn accepted(&self, _: TcpStream, _: SocketAddr, _: Option<OwnedSemaphorePermit>) {
+            self.accepted.fetch_add(1, Ordering::Relaxed);
+            let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
+            if made.len() < 50 {
+                made.extend(std::net::TcpStream::connect(self.to));
+            }
+        }
+    }
+
+    /// Serving the queue at the last close takes what it held then, not a
+    /// flood that keeps refilling it.
+    #[tokio::test]
+    async fn the_last_close_serves_the_queue_it_found_not_a_flood() {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        socket.set_nonblocking(true).expect("non-blocking");
+        let to = socket.local_addr().expect("addr");
+        let queued: Vec<_> = (0..3)
+            .map(|_| std::net::TcpStream::connect(to).expect("connect"))
+            .collect();
+        let flooding = Flooding {
+            to,
+            made: Mutex::new(Vec::new()),
+            accepted: Default::default(),
+        };
+        let socket = TcpListener::from_std(socket).expect("tokio listener");
+        accept_queued(
+            "web",
+            &Arc::new(Semaphore::new(16)),
+            socket,
+            &flooding,
+            false,
+        );
+        assert_eq!(flooding.accepted.load(Ordering::Relaxed), queued.len());
     }
 }

@@ -87,6 +87,11 @@ impl AcceptQueue {
     }
 }
 
+/// How many connections wait in a listening socket's accept queue now.
+pub fn accept_queue(socket: BorrowedFd<'_>) -> Option<u64> {
+    tcp_accept_queue(socket.as_raw_fd())
+}
+
 /// `TCP_INFO`'s `tcpi_unacked` for a listening socket `fd`.
 fn tcp_accept_queue(fd: RawFd) -> Option<u64> {
     // SAFETY: all-zero bytes are a valid `tcp_info` (plain integers).
