@@ -215,6 +215,40 @@ async fn status_lists_a_draining_generation_with_its_connection() {
     .await;
 }
 
+/// A listener a reload removed shows the old generation's connections on
+/// it while it drains, then 0 once it is gone, not its last count for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_listeners_draining_count_falls_to_zero_with_its_generation() {
+    let backend = HttpBackend::start("a").await;
+    let both = Spec::new()
+        .http("web", "app")
+        .http("old", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(both).await;
+    let old = baton.addr("old");
+    let slow = tokio::spawn(async move { client::get(old, "/slow/1500").await });
+    support::eventually("slow request arrived", || async { backend.active() == 1 }).await;
+    let old_pid = baton.serving_pid().await;
+    baton.write_spec(
+        &Spec::new().http("web", "app").pool("app", &[backend.addr]),
+        &HashMap::new(),
+    );
+    baton.reload_ok().await;
+    let draining = "baton_connections_active{listener=\"old\",state=\"draining\"}";
+    let metrics = scrape(baton.admin).await.expect("scrape");
+    assert!(metrics.contains(&format!("{draining} 1")), "{metrics}");
+    assert_eq!(slow.await.expect("join").expect("slow").status, 200);
+    assert_eq!(wait_exit(old_pid).await, Some(0));
+    support::eventually("the old generation leaves /status", || async {
+        let s = client::get(baton.admin, "/status").await.expect("status");
+        serde_json::from_str::<serde_json::Value>(&s.body)
+            .is_ok_and(|v| v["generations"].as_array().is_some_and(|g| g.len() == 1))
+    })
+    .await;
+    let metrics = scrape(baton.admin).await.expect("scrape");
+    assert!(metrics.contains(&format!("{draining} 0")), "{metrics}");
+}
+
 /// A tool from Debian's `prometheus` package; `.ci/run` installs it. Off
 /// CI, a machine without it skips the check and says so.
 fn tool(name: &str) -> Option<&'static str> {

@@ -130,6 +130,12 @@ impl AdminShared {
         for l in &topology.listeners {
             draining_active.entry(l.name.clone()).or_insert(0);
         }
+        if let Ok(mut shown) = self.draining_shown.lock() {
+            for name in shown.iter() {
+                draining_active.entry(name.clone()).or_insert(0);
+            }
+            shown.extend(draining_active.keys().cloned());
+        }
         metrics::record_sampled(&Sampled {
             backlog,
             draining_active,

@@ -71,6 +71,10 @@ pub struct AdminShared {
     /// The listeners, pools and backends of our config: an inherited
     /// series naming any other is dropped (see `set_inherited`).
     pub configured: crate::metrics::exposition::Configured,
+    /// Listeners whose draining connections `/metrics` has shown: one an
+    /// older generation held and ours lacks shows 0 once that generation
+    /// is gone, not its last count for good.
+    pub draining_shown: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl AdminShared {

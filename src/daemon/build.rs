@@ -219,6 +219,7 @@ fn open_admin(
         metrics: start.metrics,
         inherited: Default::default(),
         configured: configured(config),
+        draining_shown: Default::default(),
     });
     admin.set_inherited(start.report);
     let admin_listener =
