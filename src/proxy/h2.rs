@@ -260,7 +260,8 @@ impl HttpProxy {
         let outgoing = self.client_body(incoming).await?;
         stream.noted.upload = outgoing.progress.clone();
         // Sent again on a new connection when a kept one was closed under
-        // it only if that is safe, as for HTTP/1: no body, a safe method.
+        // it only if that is safe, as for HTTP/1: no body, an idempotent
+        // method.
         // (A failed connect sent nothing: another backend may always take it.)
         let replayable = outgoing.progress.is_none() && parts.method.is_idempotent();
         let mut body = Some(outgoing.body);

@@ -286,7 +286,10 @@ mod tests {
         add_forwarding(&mut h, &peer(), Forwarded::Replace, "http");
         let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         names.sort_unstable();
-        assert_eq!(names, ["via", "x-forwarded-for", "x-forwarded-proto", "x_other"]);
+        assert_eq!(
+            names,
+            ["via", "x-forwarded-for", "x-forwarded-proto", "x_other"]
+        );
         assert!(is_forwarding(b"X_Forwarded_For"));
         assert!(!is_forwarding(b"x_forwarded_fox"));
     }

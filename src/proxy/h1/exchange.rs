@@ -212,7 +212,8 @@ async fn forward<S: ByteStream>(
     if !request.body.is_done() {
         first_body_bytes(proxy, client, head, request.body).await?;
     }
-    // Sent again only with nothing to resend: no body, a safe method.
+    // Sent again only with nothing to resend: no body, an idempotent
+    // method (RFC 9110 §9.2.2: PUT and DELETE too, as nginx resends).
     let replayable = head.framing == Framing::Empty && head.method.is_idempotent();
     let mut failed: Option<(usize, ProxyError)> = None;
     let mut fresh_only = false;
