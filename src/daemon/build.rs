@@ -147,6 +147,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         admin_closed: admin.closed,
         admin_go: admin.go,
         predecessor_gone: CancellationToken::new(),
+        fd_store_again: Default::default(),
         accept_stop: CancellationToken::new(),
         holdings,
         pending,

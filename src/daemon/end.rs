@@ -158,6 +158,7 @@ impl Generation {
     /// Stops every accept loop and waits until each has closed its socket.
     async fn close_doors(&mut self) {
         self.holdings = Holdings::default();
+        self.fd_store_again.drop_unsent();
         self.accept_stop.cancel();
         while self.accept_tasks.join_next().await.is_some() {}
     }

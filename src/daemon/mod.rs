@@ -162,6 +162,9 @@ struct Generation {
     /// start): until then its reports reach the serving generation only
     /// through us, so we outlive it.
     predecessor_gone: CancellationToken,
+    /// A takeover's fd store update, sent again once the predecessor has
+    /// exited, unless our doors closed first.
+    fd_store_again: crate::lifecycle::systemd::PendingUpdate,
     /// Stops data-plane and control accept loops.
     accept_stop: CancellationToken,
     holdings: Holdings,

@@ -33,7 +33,9 @@ impl Generation {
         });
         self.open_doors();
         let accepting = parent.accepting().await;
-        let fd_store = self.became_active(true);
+        if let Some(update) = self.became_active(true) {
+            self.fd_store_again.hold(update);
+        }
         let channel = match accepting {
             Ok(channel) => channel,
             Err(e) => {
@@ -51,6 +53,7 @@ impl Generation {
         let (on_report, on_exit) = (Arc::clone(&self.admin), Arc::clone(&self.admin));
         let (go_on_report, go_on_exit) = (self.admin_go.clone(), self.admin_go.clone());
         let gone = self.predecessor_gone.clone();
+        let fd_store_again = self.fd_store_again.clone();
         tokio::spawn(generation::reports(
             channel,
             move |r| {
@@ -61,10 +64,9 @@ impl Generation {
                 on_exit.inherited_exited();
                 go_on_exit.cancel();
                 gone.cancel();
-                // We are surely systemd's main process by now.
-                if let Some(update) = fd_store {
-                    update.send();
-                }
+                // We are surely systemd's main process by now, if we
+                // still serve.
+                fd_store_again.send();
             },
         ));
         Ok(())

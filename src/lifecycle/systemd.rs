@@ -2,6 +2,8 @@
 //! when `NOTIFY_SOCKET` is unset (not under systemd), and a failure to
 //! notify is logged, never fatal: serving traffic matters more.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use sd_notify::NotifyState;
 
 fn notify(states: &[NotifyState]) {
@@ -79,6 +81,37 @@ impl FdStoreUpdate {
                 tracing::warn!(cause = %err, name, "cannot store fd with systemd");
             }
         }
+    }
+}
+
+/// A takeover's fd store update, to send again once the old generation
+/// has exited ([`FdStoreUpdate`]). It holds duplicates of the sockets, so
+/// it is dropped when this generation closes its doors: a later reload
+/// that removes a listener must not find its socket still open (and
+/// completing handshakes nobody accepts) in a copy kept for a repetition
+/// that no longer matters.
+#[derive(Clone, Default)]
+pub struct PendingUpdate(Arc<Mutex<Option<FdStoreUpdate>>>);
+
+impl PendingUpdate {
+    pub fn hold(&self, update: FdStoreUpdate) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(update);
+    }
+
+    /// Sends it, if it is still held, and lets it go.
+    pub fn send(&self) {
+        if let Some(update) = self.take() {
+            update.send();
+        }
+    }
+
+    /// Lets it go unsent (closing the duplicates).
+    pub fn drop_unsent(&self) {
+        drop(self.take());
+    }
+
+    fn take(&self) -> Option<FdStoreUpdate> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 }
 
