@@ -74,6 +74,26 @@ async fn a_preface_that_stops_short_is_closed_at_header_timeout() {
     }
 }
 
+/// The preface and the SETTINGS after it share one `header_timeout`,
+/// counted from the connection's start: a preface that came late does not
+/// win the SETTINGS a timeout of their own (3 s + 2.5 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_preface_leaves_settings_only_the_rest_of_header_timeout() {
+    let (_backend, baton) = baton_with("header_timeout = \"3s\"").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let started = tokio::time::Instant::now();
+    s.write_all(&PREFACE[..12]).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    s.write_all(&PREFACE[12..]).await.expect("write");
+    let left = Duration::from_millis(4500).saturating_sub(started.elapsed());
+    assert!(
+        until_closed(&mut s, left).await.is_some(),
+        "closed at header_timeout from the start, not 3 s after the preface"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_connection_without_a_stream_gets_goaway_at_idle_timeout() {
     let (_backend, baton) = baton_with("idle_timeout = \"1s\"").await;
@@ -90,6 +110,30 @@ async fn an_h2_connection_without_a_stream_gets_goaway_at_idle_timeout() {
         frames(&sent).iter().any(|(kind, _)| *kind == GOAWAY),
         "a GOAWAY before the close: {sent:?}"
     );
+}
+
+/// The idle clock starts again when the last stream ends: a connection
+/// that served a request is closed `idle_timeout` later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_connection_whose_last_stream_ended_gets_goaway_at_idle_timeout() {
+    let (_backend, baton) = baton_with("idle_timeout = \"1s\"").await;
+    let web = baton.addr("web");
+    let stream = TcpStream::connect(web).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    let request = hyper::Request::get(format!("http://{web}/slow/300"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let answer = sender.send_request(request).await.expect("answer");
+    assert_eq!(answer.status(), 200);
+    drop(answer);
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(ended.is_ok(), "closed after idle_timeout without a stream");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::body::BodyGuard;
@@ -16,6 +17,8 @@ pub struct ConnState {
     /// The slowloris clock of its opening (see `head`).
     pub opening: Arc<OpeningClock>,
     in_flight: AtomicUsize,
+    /// Told when the last request in flight ends.
+    emptied: Notify,
     /// When the connection last became idle, as nanoseconds since `origin`.
     idle_since_nanos: AtomicU64,
     origin: Instant,
@@ -78,21 +81,19 @@ impl Drop for Busy {
         state
             .idle_since_nanos
             .store(state.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        state.in_flight.fetch_sub(1, Ordering::Release);
-    }
-}
-
-impl Default for ConnState {
-    fn default() -> Self {
-        Self::new()
+        if state.in_flight.fetch_sub(1, Ordering::Release) == 1 {
+            state.emptied.notify_waiters();
+        }
     }
 }
 
 impl ConnState {
-    pub fn new() -> ConnState {
+    /// A connection accepted at `opened`.
+    pub fn new(opened: Instant) -> ConnState {
         ConnState {
-            opening: Arc::new(OpeningClock::default()),
+            opening: Arc::new(OpeningClock::since(opened)),
             in_flight: AtomicUsize::new(0),
+            emptied: Notify::new(),
             idle_since_nanos: AtomicU64::new(0),
             origin: Instant::now(),
             frames_waiting: AtomicUsize::new(0),
@@ -122,9 +123,14 @@ impl ConnState {
         }
     }
 
-    /// Resolves once no request has been in flight for `grace`.
+    /// Resolves once no request has been in flight for `grace`. Wakes when
+    /// the last stream in flight ends, not on a clock while streams run.
     pub async fn idle_for(&self, grace: Duration) {
         loop {
+            // Listening before looking: an end in between still wakes it.
+            let emptied = self.emptied.notified();
+            tokio::pin!(emptied);
+            emptied.as_mut().enable();
             if self.in_flight.load(Ordering::Acquire) == 0 {
                 let since = Duration::from_nanos(self.idle_since_nanos.load(Ordering::Relaxed));
                 let idle = self.origin.elapsed().saturating_sub(since);
@@ -133,10 +139,7 @@ impl ConnState {
                 }
                 tokio::time::sleep(grace - idle).await;
             } else {
-                tokio::time::sleep(
-                    grace.clamp(Duration::from_millis(10), Duration::from_millis(100)),
-                )
-                .await;
+                emptied.await;
             }
         }
     }

@@ -48,6 +48,10 @@ pub(super) const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 pub(super) const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long an idle h2 client has to close after GOAWAY.
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
+/// The lead each stream's own stall clock (`delivery`) has over the
+/// connection's: a stall ends the streams it holds (each counted once),
+/// and the whole connection only if frames still wait after that.
+const STREAMS_FIRST: Duration = Duration::from_secs(1);
 
 /// Sleeps until `at`, or forever if there is none.
 async fn sleep_until_some(at: Option<Instant>) {
@@ -81,9 +85,10 @@ impl HttpProxy {
         seen: Vec<u8>,
         origin: Origin,
         drain: DrainWatch,
+        opened: Instant,
     ) {
         let peer = origin.client;
-        let state = Arc::new(ConnState::new());
+        let state = Arc::new(ConnState::new(opened));
         // Formatted once per connection: every request forwards it.
         let client = Arc::new(H2Client {
             peer,
@@ -115,7 +120,7 @@ impl HttpProxy {
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
-                () = state.stalled_reader(self.idle_timeout) => {
+                () = state.stalled_reader(self.idle_timeout + STREAMS_FIRST) => {
                     tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout; closing");
                     metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
                     return;
@@ -455,8 +460,19 @@ impl HttpProxy {
                     seconds: self.idle_timeout.as_secs_f64(),
                 };
             }
-            // Looked at again soon: the body may end, or stall, meanwhile.
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Looked at again when something could be due, not before: the
+            // client's pause, or the backend's wait (which may end at once,
+            // and the client's pause count from then); the body's end, if
+            // it comes meanwhile, starts a response clock due later still
+            // (`response_timeout` from then), and so does a wait on the
+            // backend that begins meanwhile. Every one is after `now`.
+            let now = Instant::now();
+            let next = match waited {
+                Some(waited) => (now + self.response_timeout.saturating_sub(waited))
+                    .min(now + self.idle_timeout),
+                None => paused_since + self.idle_timeout,
+            };
+            tokio::time::sleep_until(next.min(now + self.response_timeout)).await;
         };
         tokio::time::sleep_until(sent_at + self.response_timeout).await;
         timeout()

@@ -18,16 +18,17 @@ pub struct OpeningClock {
     done: AtomicBool,
 }
 
-impl Default for OpeningClock {
-    fn default() -> Self {
+impl OpeningClock {
+    /// Runs from `started`, when the connection was accepted: the preface
+    /// read before hyper took over and the SETTINGS after it share one
+    /// `header_timeout`.
+    pub fn since(started: Instant) -> OpeningClock {
         OpeningClock {
-            started: Instant::now(),
+            started,
             done: AtomicBool::new(false),
         }
     }
-}
 
-impl OpeningClock {
     fn done(&self) {
         self.done.store(true, Ordering::Relaxed);
     }

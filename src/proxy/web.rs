@@ -166,7 +166,7 @@ impl HttpProxy {
         match opening(&mut stream, opened + self.header_timeout).await {
             // Boxed: an HTTP/1 connection's task does not carry the size
             // of an h2 connection's state (RSS per idle connection).
-            Opening::H2(seen) => Box::pin(self.serve_h2(stream, seen, origin, drain)).await,
+            Opening::H2(seen) => Box::pin(self.serve_h2(stream, seen, origin, drain, opened)).await,
             Opening::Http1(seen) => {
                 super::h1::conn::serve(&self, stream, seen, origin, &drain, opened).await;
             }
