@@ -18,7 +18,7 @@
 //! - [`config`]: the TOML file, validated into typed settings.
 //! - [`tls`]: listener certificates, loaded and checked at config load; SNI; the rustls config.
 //! - [`metrics`], [`telemetry`], [`access_log`]: Prometheus names and handles; logging; one line per request.
-//! - [`shortage`]: errors that say baton itself ran short (fds, memory, ports), which no peer is blamed for.
+//! - [`shortage`]: errors that say baton itself ran short (fds, memory), which no peer is blamed for.
 //! - [`wake_gate`]: racing a busy future against a rare one (a drain's force, an idle clock) without polling the rare one at every wake-up.
 //! - [`cli`], [`commands`], [`demo`], [`exit`]: the command line, what each command does (a file each), and how it ends.
 #![deny(unsafe_code)]

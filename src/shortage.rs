@@ -1,6 +1,8 @@
 //! baton's own shortages: the errors a socket call gives when this process
-//! or host ran out of something (descriptors, memory, socket buffers,
-//! local ports), not because a peer failed. The accept loop backs off on
+//! or host ran out of something (descriptors, memory, socket buffers), not
+//! because a peer failed. (Not EADDRNOTAVAIL: besides no local port left,
+//! it is also an IPv6 backend with no source address to reach it from, a
+//! fault of that backend's address that its health must show.) The accept loop backs off on
 //! them; a connect to a backend that meets one does not count against the
 //! backend, or a full fd table would mark every backend down.
 
@@ -11,16 +13,9 @@ use nix::errno::Errno;
 /// Whether `err` says baton ran short, rather than that the peer failed.
 pub fn is_own(err: &io::Error) -> bool {
     err.raw_os_error().is_some_and(|code| {
-        [
-            Errno::EMFILE,
-            Errno::ENFILE,
-            Errno::ENOBUFS,
-            Errno::ENOMEM,
-            // connect(2): no local port left for the address.
-            Errno::EADDRNOTAVAIL,
-        ]
-        .iter()
-        .any(|shortage| *shortage as i32 == code)
+        [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM]
+            .iter()
+            .any(|shortage| *shortage as i32 == code)
     })
 }
 
@@ -29,11 +24,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_fd_table_or_no_port_is_a_shortage_a_refusal_is_not() {
+    fn a_full_fd_table_is_a_shortage_a_refusal_is_not() {
         let shortage = |e: Errno| is_own(&io::Error::from_raw_os_error(e as i32));
         assert!(shortage(Errno::EMFILE));
         assert!(shortage(Errno::ENFILE));
-        assert!(shortage(Errno::EADDRNOTAVAIL));
+        assert!(!shortage(Errno::EADDRNOTAVAIL));
         assert!(!shortage(Errno::ECONNREFUSED));
         assert!(!shortage(Errno::ETIMEDOUT));
         assert!(!is_own(&io::Error::other("no errno")));

@@ -252,7 +252,13 @@ async fn a_client_that_stops_reading_is_cut_and_frees_its_backend() {
 async fn an_h2_stream_starved_of_window_is_reset_while_its_neighbours_move() {
     use http_body_util::BodyExt;
     let backend = HttpBackend::start("a").await;
-    let baton = baton_with(&backend, "idle_timeout = \"1s\"").await;
+    let logs = tempfile::tempdir().expect("tempdir");
+    let log = logs.path().join("access.log");
+    let keys = format!(
+        "idle_timeout = \"1s\"\naccess_log = {{ path = \"{}\", format = \"json\" }}",
+        log.display()
+    );
+    let baton = baton_with(&backend, &keys).await;
     let web = baton.addr("web");
     let stream = TcpStream::connect(web).await.expect("connect");
     let (sender, conn) =
@@ -304,6 +310,14 @@ async fn an_h2_stream_starved_of_window_is_reset_while_its_neighbours_move() {
         "its backend connection is let go (the neighbours' one stays)",
         || backend.connections() == 1,
     )
+    .await;
+    support::eventually("its access-log line says the client timed out", || async {
+        std::fs::read_to_string(&log).is_ok_and(|text| {
+            text.lines().any(|l| {
+                l.contains(&format!("\"/bytes/{GIB}\"")) && l.contains("\"termination\":\"cD\"")
+            })
+        })
+    })
     .await;
 }
 

@@ -56,7 +56,7 @@ pub enum Termination {
     BackendTimeout(Phase),
     Refused,
     QueueTimeout,
-    /// baton ran short (fds, memory, ports) connecting to a backend.
+    /// baton ran short (fds, memory) connecting to a backend.
     Shortage,
     Drained(Phase),
 }

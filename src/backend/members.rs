@@ -260,7 +260,7 @@ impl Pool {
 
     /// Retires members whose address vanished from DNS once another member
     /// of their name can take work, or at once when they cannot take work
-    /// themselves (down by a health verdict, or drained by the operator):
+    /// themselves (down and failing its checks, or drained by the operator):
     /// kept, they would
     /// serve nothing, and with addresses that churn during an outage or a
     /// drain every address ever seen would pile up (and go on to the next
@@ -273,9 +273,11 @@ impl Pool {
                 .backends
                 .iter()
                 .any(|m| m.name == b.name && !vanished(m) && m.available());
-            // Down by a verdict, not merely waiting for its first one (a
-            // member handed over at a reload, before the first round).
-            let down = b.has_verdict() && !b.is_healthy();
+            // Down, and its last check failed: not a member handed over at
+            // a reload before its first check, nor a new one still passing
+            // its way up to `rise` (with answers that rotate, it would
+            // never get there).
+            let down = !b.is_healthy() && b.consecutive_failures() > 0;
             let useless = down || b.admin() != AdminState::Enabled;
             if (replaced || useless) && !b.retired.swap(true, Ordering::SeqCst) {
                 tracing::info!(pool = %self.name, backend = %b.label, in_flight = b.in_flight(), "address gone from DNS; draining the member");
@@ -480,5 +482,15 @@ mod tests {
             p.sweep();
         }
         assert_eq!(members(&p), 1, "a name all down holds its answer alone");
+
+        // Answers that rotate: a member passing its way up to `rise` stays
+        // while it is out of the answer, and gets there.
+        let named = Arc::clone(&p.named[0]);
+        let rising = p.apply(&named, &[at(10, 1)], Joining::Serving);
+        rising[0].observe_check(true, "ok".into());
+        p.apply(&named, &[at(11, 1)], Joining::Serving);
+        p.sweep();
+        rising[0].observe_check(true, "ok".into());
+        assert_eq!(rising[0].state().as_str(), "up");
     }
 }

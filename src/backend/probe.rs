@@ -20,7 +20,7 @@ use crate::config::{HealthConfig, HealthKind};
 pub enum Fault {
     /// The backend failed it.
     Failed(String),
-    /// baton ran short (fds, ports) and could not make it: it says
+    /// baton ran short (fds, memory) and could not make it: it says
     /// nothing of the backend.
     Shortage(String),
 }

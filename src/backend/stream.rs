@@ -28,7 +28,7 @@ pub enum ConnectFault {
     Timeout(Duration),
     #[error("{0}")]
     Refused(io::Error),
-    /// baton ran short itself (fds, memory, ports): not the backend's fault.
+    /// baton ran short itself (fds, memory): not the backend's fault.
     #[error("{0} (baton's own shortage)")]
     Shortage(io::Error),
     #[error("TLS handshake: {0}")]

@@ -320,9 +320,14 @@ impl HttpProxy {
                 .await
             {
                 Ok((head, relay)) => {
-                    stream.noted.marks.head = Some(Instant::now());
+                    let came = Instant::now();
                     let pause = outgoing.progress.clone();
-                    return self.respond(&head, relay, lease, drain, pause);
+                    let response = self.respond(&head, relay, lease, drain, pause);
+                    // A head refused here never reached the client (`SH`).
+                    if response.is_ok() {
+                        stream.noted.marks.head = Some(came);
+                    }
+                    return response;
                 }
                 Err(Sent::Stale) if replayable && !fresh_only => {
                     tracing::debug!(backend = %backend.name, "a kept connection was closed under the request; sending it again on a new one");

@@ -123,6 +123,29 @@ impl StreamRecord {
         self.status = Some(status);
         self.on_end = on_end;
     }
+
+    /// Ended because the client took none of the response (its last frame,
+    /// which ended the body, may be the one that waited); else as the body
+    /// ended or broke; else dropped unfinished: cut by a forced drain, or
+    /// the client left (a reset stream, a closed connection), waiting for
+    /// the response or taking it.
+    fn termination(&self) -> Termination {
+        if self.delivery.as_deref().is_some_and(Delivery::timed_out) {
+            return Termination::ClientTimeout(Phase::Data);
+        }
+        self.termination.unwrap_or_else(|| {
+            let phase = if self.status.is_some() {
+                Phase::Data
+            } else {
+                self.noted.marks.phase()
+            };
+            if self.drain.is_forced() {
+                Termination::Drained(phase)
+            } else {
+                Termination::ClientAborted(phase)
+            }
+        })
+    }
 }
 
 impl BodyGuard for StreamRecord {
@@ -154,24 +177,7 @@ impl Drop for StreamRecord {
             bytes_in: noted.upload.as_deref().map_or(0, Progress::received),
             bytes_out: self.bytes_out,
             marks: noted.marks,
-            // Dropped unfinished: cut by a forced drain, ended because the
-            // client took none of the response, or else the client left
-            // (a reset stream, a closed connection), waiting for the
-            // response or taking it.
-            termination: self.termination.unwrap_or_else(|| {
-                let phase = if self.status.is_some() {
-                    Phase::Data
-                } else {
-                    noted.marks.phase()
-                };
-                if self.drain.is_forced() {
-                    Termination::Drained(phase)
-                } else if self.delivery.as_deref().is_some_and(Delivery::timed_out) {
-                    Termination::ClientTimeout(Phase::Data)
-                } else {
-                    Termination::ClientAborted(phase)
-                }
-            }),
+            termination: self.termination(),
             referer: self.referer.as_deref(),
             user_agent: self.user_agent.as_deref(),
         });

@@ -61,7 +61,7 @@ pub enum ProxyError {
         address: std::net::SocketAddr,
         cause: String,
     },
-    /// baton itself ran short (fds, memory, ports) connecting to it.
+    /// baton itself ran short (fds, memory) connecting to it.
     #[error("no connection to backend {backend} ({address}): baton ran short: {cause}")]
     Shortage {
         backend: String,

@@ -66,15 +66,18 @@ impl TcpProxy {
             .pool
             .send_proxy
             .map(|version| Speaker::of(&client, origin).header(version, &id));
-        let Some((mut upstream, lease)) = self.connect(header.as_deref()).await else {
-            if self.pool.healthy_count() == 0 {
-                super::no_backend(&self.listener, &self.pool.name);
+        let (mut upstream, lease) = match self.connect(header.as_deref()).await {
+            Ok(connected) => connected,
+            Err(err) => {
+                if self.pool.healthy_count() == 0 {
+                    super::no_backend(&self.listener, &self.pool.name);
+                }
+                tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, cause = %err, "no backend reachable; closing");
+                if let Some(line) = line.as_mut() {
+                    line.termination = err.termination(&line.marks);
+                }
+                return;
             }
-            tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, "no backend reachable; closing");
-            if let Some(line) = line.as_mut() {
-                line.termination = Termination::BackendFailed(Phase::Connect);
-            }
-            return;
         };
         if let Some(line) = line.as_mut() {
             let now = Instant::now();
@@ -112,21 +115,38 @@ impl TcpProxy {
         }
     }
 
-    /// A backend connection, `proxy_header` first on it (`send_proxy`).
-    async fn connect(&self, proxy_header: Option<&[u8]>) -> Option<(BackendStream, Lease)> {
-        let mut failed = None;
-        for _ in 0..2 {
-            // No backend up, or none under its cap within queue_timeout:
-            // the connection is closed.
-            let lease = self.pool.lease(failed).await.ok()?;
+    /// A backend connection, `proxy_header` first on it (`send_proxy`): a
+    /// second backend is tried if the first cannot be reached. The error
+    /// says why there is none (the access log's termination).
+    async fn connect(
+        &self,
+        proxy_header: Option<&[u8]>,
+    ) -> Result<(BackendStream, Lease), ProxyError> {
+        let mut failed: Option<(usize, ProxyError)> = None;
+        loop {
+            let lease = match self.pool.lease(failed.as_ref().map(|f| f.0)).await {
+                Ok(lease) => lease,
+                // None up, or none under its cap within queue_timeout; or
+                // nobody else to try: the first failure is the answer.
+                Err(why) => {
+                    return Err(
+                        failed.map_or_else(|| ProxyError::refused(&self.pool.name, why), |f| f.1)
+                    )
+                }
+            };
             let backend = lease.backend();
             match backend.connect(self.connect_timeout, proxy_header).await {
-                Ok(stream) => return Some((stream, lease)),
-                Err(fault) => ProxyError::connect(backend, &fault).blame(backend),
+                Ok(stream) => return Ok((stream, lease)),
+                Err(fault) => {
+                    let err = ProxyError::connect(backend, &fault);
+                    err.blame(backend);
+                    if failed.is_some() {
+                        return Err(err);
+                    }
+                    failed = Some((backend.index, err));
+                }
             }
-            failed = Some(backend.index);
         }
-        None
     }
 }
 

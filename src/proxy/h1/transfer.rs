@@ -289,20 +289,21 @@ where
         }
         break head;
     };
+    // An HTTP/1.0 client has no transfer codings: the body would reach it
+    // coded with nothing to say so (nginx answers 502 too). Refused before
+    // the head counts as taken: nothing of it reached the client (`SH`).
+    if head.coded && down.request.version == Version::Http10 {
+        return Err(DownFault::Backend {
+            cause: "a transfer coding other than chunked, for an HTTP/1.0 client".into(),
+            nothing_received: false,
+        });
+    }
     let _ = down.progress.head_at.set(Instant::now());
     down.progress.status.store(head.status, Ordering::Relaxed);
     if head.status == 101 {
         return switch(head, client, down).await;
     }
     let delivery = rewrite::delivery(head.framing, down.request.version);
-    // An HTTP/1.0 client has no transfer codings: the body would reach it
-    // coded with nothing to say so (nginx answers 502 too).
-    if head.coded && delivery != Delivery::Chunked {
-        return Err(DownFault::Backend {
-            cause: "a transfer coding other than chunked, for an HTTP/1.0 client".into(),
-            nothing_received: false,
-        });
-    }
     let client_keeps = down.request.keep_alive
         && !down.drain.is_draining()
         && down.progress.upload_done.load(Ordering::Relaxed)
