@@ -26,6 +26,8 @@ pub struct Listener {
     pub name: Arc<str>,
     /// Made a tokio listener by the accept loop, on its worker.
     pub socket: std::net::TcpListener,
+    /// The config's, for [`Listener::listen`].
+    pub backlog: i32,
     pub shared: Arc<Shared>,
     /// Set TCP_NODELAY on each connection: the socket came without it, so
     /// connections queued on it before then do not inherit it (see
@@ -107,6 +109,14 @@ pub enum Closing {
 }
 
 impl Listener {
+    /// Listens with the config's backlog, as the doors open: a socket a
+    /// reload's new generation bound takes connections only from then
+    /// (see `lifecycle::endpoint::Listening::listen`), and an adopted one
+    /// takes a changed backlog.
+    pub fn listen(&self) -> std::io::Result<()> {
+        socket2::SockRef::from(&self.socket).listen(self.backlog)
+    }
+
     pub async fn run(
         self,
         handler: Arc<dyn Accept>,
@@ -119,6 +129,7 @@ impl Listener {
             shared,
             nodelay_each,
             queue,
+            ..
         } = self;
         // Registered here, with the reactor of the worker running this loop,
         // so the connections it accepts stay on that worker.
@@ -320,6 +331,7 @@ mod tests {
         let listener = Listener {
             name: Arc::from("web"),
             socket,
+            backlog: 16,
             queue: Default::default(),
             shared: Shared::new(16),
             nodelay_each: true,

@@ -414,6 +414,40 @@ async fn listener_backlog_agrees_with_ss() {
     );
 }
 
+/// A `backlog` changed by a reload applies to the adopted socket (as `ss`
+/// shows a listening socket's backlog in Send-Q), not only after a stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_a_changed_backlog_to_the_adopted_socket() {
+    let backend = HttpBackend::start("a").await;
+    let spec = |backlog: u32| {
+        Spec::new()
+            .top("workers = 1")
+            .listener("web", "http", "app", &format!("backlog = {backlog}"))
+            .pool("app", &[backend.addr])
+    };
+    let baton = Baton::start(spec(16)).await;
+    let web = baton.addr("web");
+    let backlog = || {
+        let out = std::process::Command::new("ss")
+            .args(["-ltnH", &format!("sport = :{}", web.port())])
+            .output()
+            .expect("ss");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let send_q: Option<u64> = text.split_whitespace().nth(2).and_then(|q| q.parse().ok());
+        send_q.unwrap_or_else(|| panic!("ss: {text}"))
+    };
+    assert_eq!(backlog(), 16);
+    let inodes = support::listening_inodes(web.port());
+    baton.write_spec(&spec(64), &HashMap::new());
+    baton.reload_ok().await;
+    assert_eq!(
+        support::listening_inodes(web.port()),
+        inodes,
+        "the same socket"
+    );
+    assert_eq!(backlog(), 64);
+}
+
 async fn futures_join(addr: std::net::SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
     let mut out = Vec::new();
     for _ in 0..n {

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 
 use nix::sys::signal::Signal;
 use support::backend::HttpBackend;
-use support::daemon::{processes_for, signal, wait_exit};
-use support::load::baton_under_load;
+use support::daemon::{processes_for, signal, wait_exit, Baton, Spec};
+use support::load::{baton_under_load, Load, Targets};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_config_is_refused_with_78_naming_the_key() {
@@ -150,5 +150,38 @@ async fn a_hanging_generation_is_killed_at_ready_timeout() {
     let new = baton.reload_ok().await;
     assert_ne!(new, serving, "the next reload works");
     load.progress(10).await;
+    load.stop().await.assert_clean();
+}
+
+/// A reload whose new generation binds a new shard of a listener (here
+/// `workers` 1 → 2), then fails (its first health round outlasts
+/// `ready_timeout`) loses no connection: the fresh shard listens only once
+/// its generation accepts, so no connection waits in a queue that closes
+/// with the failed generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_fails_after_binding_a_new_shard_loses_no_connection() {
+    let backend = HttpBackend::start("a").await;
+    let spec = |workers: u32, pool_keys: &str| {
+        Spec::new()
+            .top(&format!("workers = {workers}"))
+            .section("[reload]\nready_timeout = \"2s\"")
+            .http("web", "app")
+            .pool_with("app", pool_keys, &[(backend.addr, 1)])
+    };
+    let baton = Baton::start(spec(1, "")).await;
+    let serving = baton.serving_pid().await;
+    let load = Load::start(Targets {
+        http: Some(baton.addr("web")),
+        tcp: None,
+        names: vec!["a"],
+    });
+    load.progress(20).await;
+    let hanging_check = "health = { kind = \"http\", path = \"/slow/10000\", interval = \"30s\", timeout = \"10s\", rise = 1, fall = 1 }";
+    baton.write_spec(&spec(2, hanging_check), &HashMap::new());
+    let r = baton.reload().await;
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("not ready within 2s"), "{}", r.stderr);
+    assert_eq!(baton.serving_pid().await, serving);
+    load.progress(20).await;
     load.stop().await.assert_clean();
 }

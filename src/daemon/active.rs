@@ -13,6 +13,12 @@ impl Generation {
             crate::resolve::refresh::spawn_all(&self.pools, resolver, &self.background);
         }
         for (listener, shard, connections, handed_over) in self.pending.drain(..) {
+            // Before `Accepting` goes to the old generation: from then on
+            // every connection must find a listening socket of ours.
+            if let Err(err) = listener.listen() {
+                tracing::error!(listener = %listener.name, cause = %err, "cannot listen; this shard takes no connections");
+                continue;
+            }
             let stop = self.accept_stop.clone();
             let closing = move || {
                 if handed_over.load(Ordering::SeqCst) {

@@ -96,6 +96,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         let shards = shards(
             l,
             workers.count(),
+            first,
             &connections,
             &mut inventory,
             &mut holdings,
@@ -202,11 +203,11 @@ fn open_admin(
         backlog: 128,
         reuseport: false,
     };
-    let admin_std: std::net::TcpListener =
-        endpoint::listen("admin", &admin_endpoint, inventory, holdings)
-            .map_err(|e| start_error(e, admin_err))?
-            .socket
-            .into();
+    let listening = endpoint::listen("admin", &admin_endpoint, inventory, holdings)
+        .map_err(|e| start_error(e, admin_err))?;
+    // At once: probes are answered from the first instant.
+    listening.listen().map_err(admin_err)?;
+    let admin_std: std::net::TcpListener = listening.socket.into();
     let admin_addr = admin_std.local_addr().map_err(admin_err)?;
     let admin = Arc::new(AdminShared {
         config: config.admin.clone(),
@@ -291,9 +292,13 @@ struct Shards {
 }
 
 /// Every shard of listener `l`: one per worker, and at least `reuseport`.
+/// A first start listens on the sockets it binds at once (connections
+/// wait in their queues while it starts); a reload's new generation only
+/// as its accept loops start (see `Listening::listen`).
 fn shards(
     l: &crate::config::ListenerConfig,
     workers: usize,
+    first: bool,
     connections: &Arc<Connections>,
     inventory: &mut Inventory,
     holdings: &mut Holdings,
@@ -333,6 +338,9 @@ fn shards(
             }
             Err(e) => return Err(start_error(e, bind_err)),
         };
+        if first {
+            listening.listen().map_err(bind_err)?;
+        }
         let socket: std::net::TcpListener = listening.socket.into();
         shards.bound = socket.local_addr().map_err(bind_err)?;
         let queue = Arc::new(crate::metrics::kernel::AcceptQueue::default());
@@ -340,6 +348,7 @@ fn shards(
         let listener = Listener {
             name: Arc::from(l.name.as_str()),
             socket,
+            backlog: l.backlog,
             shared: Arc::clone(&shared),
             nodelay_each: listening.nodelay_each,
             queue,

@@ -2,9 +2,10 @@
 //! one function, [`listen`] (pingora's `ListenerEndpointBuilder::listen` is
 //! the model): adopted by name from what an older generation or systemd
 //! passed, if that socket is bound where the config says, else bound
-//! afresh; then held, so a successor is offered it. The admin listener, each
-//! listener shard and the control socket take the same path, so none can
-//! skip the check an adopted fd gets or be left out of the next offer.
+//! afresh (to listen when its user says: [`Listening::listen`]); then held,
+//! so a successor is offered it. The admin listener, each listener shard
+//! and the control socket take the same path, so none can skip the check
+//! an adopted fd gets or be left out of the next offer.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -66,11 +67,16 @@ impl Endpoint<'_> {
     fn bind(&self) -> std::io::Result<Socket> {
         match self {
             Endpoint::Tcp {
-                addr,
-                backlog,
-                reuseport,
-            } => bind_tcp(*addr, *backlog, *reuseport),
+                addr, reuseport, ..
+            } => bind_tcp(*addr, *reuseport),
             Endpoint::Unix(path) => super::control::bind(path).map(Socket::from),
+        }
+    }
+
+    fn backlog(&self) -> Option<i32> {
+        match self {
+            Endpoint::Tcp { backlog, .. } => Some(*backlog),
+            Endpoint::Unix(_) => None,
         }
     }
 
@@ -88,10 +94,14 @@ impl Endpoint<'_> {
     }
 }
 
-/// A listening socket, adopted or bound, and held for the next offer.
+/// A socket, adopted or bound, and held for the next offer. One bound
+/// here for a TCP endpoint is not listening yet: it takes connections
+/// once its user calls [`Listening::listen`] (see there).
 pub struct Listening {
     /// Non-blocking; made a `TcpListener` or `UnixListener` by its user.
     pub socket: Socket,
+    /// The config's backlog, for a TCP endpoint.
+    pub backlog: Option<i32>,
     /// Turns true if a successor adopts the socket (see [`Holdings::hold`]).
     pub handed_over: Arc<AtomicBool>,
     /// Adopted without TCP_NODELAY: the connections queued before it was
@@ -133,15 +143,31 @@ pub fn listen(
         .map_err(ListenError::Hold)?;
     Ok(Listening {
         socket,
+        backlog: endpoint.backlog(),
         handed_over,
         nodelay_each,
     })
 }
 
-/// Binds a non-blocking, CLOEXEC listening socket with SO_REUSEADDR (and
-/// SO_REUSEPORT when sharding) and TCP_NODELAY for its connections; IPv6
-/// sockets are explicitly v6-only.
-fn bind_tcp(addr: SocketAddr, backlog: i32, reuseport: bool) -> std::io::Result<Socket> {
+impl Listening {
+    /// Listens, with the config's backlog. A socket bound here takes no
+    /// connection before this: a reload's new generation calls it only as
+    /// it starts accepting, so a fresh shard does not join the old
+    /// generation's `SO_REUSEPORT` group and queue connections that a
+    /// failed reload would then reset. On an adopted socket it applies a
+    /// changed backlog (Linux takes `listen` again on a listening socket).
+    pub fn listen(&self) -> std::io::Result<()> {
+        match self.backlog {
+            Some(backlog) => self.socket.listen(backlog),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Binds a non-blocking, CLOEXEC socket with SO_REUSEADDR (and SO_REUSEPORT
+/// when sharding) and TCP_NODELAY for its connections, to listen later
+/// ([`Listening::listen`]); IPv6 sockets are explicitly v6-only.
+fn bind_tcp(addr: SocketAddr, reuseport: bool) -> std::io::Result<Socket> {
     let socket = Socket::new(
         Domain::for_address(addr),
         Type::STREAM.nonblocking().cloexec(),
@@ -157,7 +183,6 @@ fn bind_tcp(addr: SocketAddr, backlog: i32, reuseport: bool) -> std::io::Result<
     // Before `listen`: no connection can arrive without it.
     socket.set_tcp_nodelay(true)?;
     socket.bind(&addr.into())?;
-    socket.listen(backlog)?;
     Ok(socket)
 }
 
@@ -178,18 +203,22 @@ mod tests {
         text.parse().expect("address")
     }
 
+    /// A socket listening on loopback, as an older generation hands it.
+    fn listening() -> Socket {
+        let socket = bind_tcp(addr("127.0.0.1:0"), false).expect("bind");
+        socket.listen(16).expect("listen");
+        socket
+    }
+
     /// An inventory holding one listening socket on loopback, as `name`.
     fn inherited(name: &str) -> (Inventory, SocketAddr) {
-        inventory_of(
-            name,
-            bind_tcp(addr("127.0.0.1:0"), 16, false).expect("bind"),
-        )
+        inventory_of(name, listening())
     }
 
     /// The same, made the way an older version or systemd (by default)
     /// makes it: without TCP_NODELAY.
     fn inherited_without_nodelay(name: &str) -> (Inventory, SocketAddr) {
-        let socket = bind_tcp(addr("127.0.0.1:0"), 16, false).expect("bind");
+        let socket = listening();
         socket.set_tcp_nodelay(false).expect("setsockopt");
         inventory_of(name, socket)
     }
@@ -255,6 +284,24 @@ mod tests {
         assert_eq!(inventory.unclaimed(), ["web"]);
     }
 
+    /// A socket bound here takes no connection until its user says: a
+    /// reload's new shard must not queue connections before it accepts.
+    #[test]
+    fn a_bound_socket_refuses_connections_until_it_listens() {
+        let mut holdings = Holdings::default();
+        let bound = listen(
+            "web",
+            &tcp(addr("127.0.0.1:0")),
+            &mut Inventory::default(),
+            &mut holdings,
+        )
+        .expect("bind");
+        let at = bound_at(&bound);
+        assert!(std::net::TcpStream::connect(at).is_err(), "refused");
+        bound.listen().expect("listen");
+        assert!(std::net::TcpStream::connect(at).is_ok());
+    }
+
     /// The connection path sets TCP_NODELAY per connection only on a socket
     /// adopted without it: every other accepted socket must have it from
     /// its listener, whether bound here or adopted.
@@ -273,6 +320,7 @@ mod tests {
         .expect("listen");
         assert!(!bound.nodelay_each);
         for listening in [adopted, bound] {
+            listening.listen().expect("listen");
             let _client = std::net::TcpStream::connect(bound_at(&listening)).expect("connect");
             listening.socket.set_nonblocking(false).expect("blocking");
             let (accepted, _) = listening.socket.accept().expect("accept");
