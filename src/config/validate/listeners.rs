@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// Names baton's own sockets go by at a handoff, beside the listeners'.
+const RESERVED_NAMES: [&str; 2] = ["admin", "control"];
+
 impl Validator {
     pub(super) fn listeners(
         &mut self,
@@ -22,6 +25,12 @@ impl Validator {
                 self.problem(
                     &format!("{key}.name"),
                     format!("listener \"{name}\" is defined twice"),
+                );
+            }
+            if RESERVED_NAMES.contains(&name.as_str()) {
+                self.problem(
+                    &format!("{key}.name"),
+                    format!("\"{name}\" names baton's own {name} socket (handed over by that name at a reload); choose another"),
                 );
             }
             let bind = match l.bind.as_deref() {

@@ -393,6 +393,19 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         );
     }
 
+    /// The admin and control sockets go to the next generation by these
+    /// names: a listener by either name would be taken for them.
+    #[test]
+    fn a_listener_may_not_take_the_name_of_batons_own_sockets() {
+        for reserved in ["admin", "control"] {
+            let text = GOOD.replace("name = \"web\"", &format!("name = \"{reserved}\""));
+            assert_eq!(
+                problems(&text),
+                [format!("listeners[0].name: \"{reserved}\" names baton's own {reserved} socket (handed over by that name at a reload); choose another")]
+            );
+        }
+    }
+
     /// `status` and `backend` read `[admin]` alone: the rest may be
     /// broken, but a typo in `[admin]` would send them to another address.
     #[test]
