@@ -356,6 +356,10 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
         env!("CARGO_PKG_VERSION")
     );
 
+    // The upgrade's package first: on a cold tree its build takes minutes,
+    // which the load would slow and could outlast the load's own limit
+    // (a CI run failed so: "the load itself ended (limit 600s)").
+    let b_deb = b_deb.await.expect("package the upgrade");
     let load = Load::start(Targets {
         http: Some(web),
         tcp: None,
@@ -371,7 +375,6 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
     sbx.progressed(&load, 30).await;
 
     // The upgrade, while the load runs.
-    let b_deb = b_deb.await.expect("package the upgrade");
     sbx.copy_in(&b_deb, "/root/baton_B.deb");
     let said = apt_ok(&sbx, &["install", "/root/baton_B.deb"]);
     assert!(!said.contains(RELOAD_FAILED), "{said}");

@@ -82,6 +82,10 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     let user = text(&sbx.exec(&["stat", "-c", "%U", &format!("/proc/{main}")]));
     assert_eq!(user.trim(), "baton", "the service runs as its own user");
 
+    // The upgrade build first: on a cold tree it takes minutes, which a
+    // load running meanwhile would slow and could outlast its own limit.
+    let upgrade = upgrade.await.expect("build the upgrade binary");
+
     // Ten reloads under load: each one's new generation is the MainPID.
     let load = Load::start(Targets {
         http: Some(p.web),
@@ -118,7 +122,6 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     sbx.progressed(&load, 30).await;
 
     // Binary upgrade: a new file renamed over /usr/bin/baton, then reload.
-    let upgrade = upgrade.await.expect("build the upgrade binary");
     sbx.install_binary(&upgrade);
     sbx.systemctl_ok(&["reload", "baton"]);
     assert_eq!(client::status(p.admin).await["version"], UPGRADE_VERSION);
