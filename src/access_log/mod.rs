@@ -6,10 +6,10 @@
 //! Who ended an exchange and why is a two-letter termination state after
 //! HAProxy's: the first letter says who (`-` nobody: it completed; `C` the
 //! client, `c` its timeout; `S` the backend, `s` its timeout; `P` baton
-//! refused it; `R` a limit: the queue, or baton's own shortage; `K` the drain deadline cut it), the
-//! second when (`R` reading the request, `Q` queued for a backend, `C`
-//! connecting, `H` waiting for the response head, `D` sending the response,
-//! `-` after it).
+//! refused it; `R` a limit: the queue, or baton's own shortage; `K` the
+//! drain deadline cut it), the second when (`R` reading the request, `Q`
+//! queued for a backend, `C` connecting, `H` waiting for the response head,
+//! `D` sending the response, `-` after it).
 
 pub mod sink;
 

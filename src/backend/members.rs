@@ -260,11 +260,10 @@ impl Pool {
 
     /// Retires members whose address vanished from DNS once another member
     /// of their name can take work, or at once when they cannot take work
-    /// themselves (down and failing its checks, or drained by the operator):
-    /// kept, they would
-    /// serve nothing, and with addresses that churn during an outage or a
-    /// drain every address ever seen would pile up (and go on to the next
-    /// generation).
+    /// themselves (down and failing their checks, or drained by the
+    /// operator): kept, they would serve nothing, and with addresses that
+    /// churn during an outage or a drain every address ever seen would pile
+    /// up (and go on to the next generation).
     fn retire_vanished(&self) {
         let members = self.members.load();
         let vanished = |b: &Backend| b.vanished.load(Ordering::SeqCst);

@@ -294,7 +294,7 @@ struct Shards {
 /// Every shard of listener `l`: one per worker, and at least `reuseport`.
 /// A first start listens on the sockets it binds at once (connections
 /// wait in their queues while it starts); a reload's new generation only
-/// as its accept loops start (see `Listening::listen`).
+/// as it opens its doors (see `Listening::listen`).
 fn shards(
     l: &crate::config::ListenerConfig,
     workers: usize,

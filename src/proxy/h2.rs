@@ -121,7 +121,7 @@ impl HttpProxy {
                     closing = true;
                 }
                 () = state.stalled_reader(self.idle_timeout + STREAMS_FIRST) => {
-                    tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout; closing");
+                    tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout (and a second for its streams' own clocks); closing");
                     metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
                     return;
                 }
@@ -557,11 +557,10 @@ impl<F> hyper::rt::Executor<F> for StreamTasks
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    /// Boxed (the stream's one box, inside `StreamTask`): the task then holds
-    /// a pointer and a few words, and
-    /// tokio's moves of a task's future (into its cell, and each time its
-    /// stage is set) copy a few words instead of hyper's whole stream
-    /// state, the exchange's included (callgrind once saw a sixth of h2c's
+    /// Boxed (the stream's one box, inside `StreamTask`): tokio's moves of
+    /// a task's future (into its cell, and each time its stage is set) then
+    /// copy a few words instead of hyper's whole stream state, the
+    /// exchange's included (callgrind once saw a sixth of h2c's
     /// instructions in those copies).
     fn execute(&self, task: F) {
         let task = StreamTask::new(task, self.stall_limit, Arc::clone(&self.on_stall));
