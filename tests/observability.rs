@@ -207,12 +207,7 @@ async fn status_lists_a_draining_generation_with_its_connection() {
     assert!(metrics.contains("baton_draining_generations 1"));
     assert_eq!(slow.await.expect("join").expect("slow").status, 200);
     assert_eq!(wait_exit(old).await, Some(0));
-    support::eventually("the old generation leaves /status", || async {
-        let s = client::get(baton.admin, "/status").await.expect("status");
-        serde_json::from_str::<serde_json::Value>(&s.body)
-            .is_ok_and(|v| v["generations"].as_array().is_some_and(|g| g.len() == 1))
-    })
-    .await;
+    old_generation_left_status(baton.admin).await;
 }
 
 /// A listener a reload removed shows the old generation's connections on
@@ -239,14 +234,19 @@ async fn a_removed_listeners_draining_count_falls_to_zero_with_its_generation() 
     assert!(metrics.contains(&format!("{draining} 1")), "{metrics}");
     assert_eq!(slow.await.expect("join").expect("slow").status, 200);
     assert_eq!(wait_exit(old_pid).await, Some(0));
+    old_generation_left_status(baton.admin).await;
+    let metrics = scrape(baton.admin).await.expect("scrape");
+    assert!(metrics.contains(&format!("{draining} 0")), "{metrics}");
+}
+
+/// Waits until `/status` lists the serving generation alone.
+async fn old_generation_left_status(admin: std::net::SocketAddr) {
     support::eventually("the old generation leaves /status", || async {
-        let s = client::get(baton.admin, "/status").await.expect("status");
+        let s = client::get(admin, "/status").await.expect("status");
         serde_json::from_str::<serde_json::Value>(&s.body)
             .is_ok_and(|v| v["generations"].as_array().is_some_and(|g| g.len() == 1))
     })
     .await;
-    let metrics = scrape(baton.admin).await.expect("scrape");
-    assert!(metrics.contains(&format!("{draining} 0")), "{metrics}");
 }
 
 /// A tool from Debian's `prometheus` package; `.ci/run` installs it. Off

@@ -348,6 +348,18 @@ mod tests {
         Pool::new(&config, 0, Arc::new(AtomicUsize::new(1)), 1)
     }
 
+    /// A pool whose members pass TCP checks up (`rise = 2`) and down (`fall = 1`).
+    fn pool_with_tcp_checks() -> Pool {
+        pool_checked(Some(crate::config::HealthConfig {
+            kind: crate::config::HealthKind::Tcp,
+            path: "/".into(),
+            interval: std::time::Duration::from_secs(1),
+            timeout: std::time::Duration::from_secs(1),
+            rise: 2,
+            fall: 1,
+        }))
+    }
+
     fn at(last: u8, weight: u32) -> Resolved {
         Resolved {
             address: ([10, 0, 0, last], 80).into(),
@@ -408,14 +420,7 @@ mod tests {
 
     #[test]
     fn a_vanished_member_serves_until_a_new_one_is_up() {
-        let p = pool_checked(Some(crate::config::HealthConfig {
-            kind: crate::config::HealthKind::Tcp,
-            path: "/".into(),
-            interval: std::time::Duration::from_secs(1),
-            timeout: std::time::Duration::from_secs(1),
-            rise: 2,
-            fall: 1,
-        }));
+        let p = pool_with_tcp_checks();
         let named = Arc::clone(&p.named[0]);
         let old = p.apply(&named, &[at(1, 1)], Joining::Serving);
         old[0].observe_check(true, "ok".into());
@@ -466,14 +471,7 @@ mod tests {
         let members = |p: &Pool| p.backends().backends.len() - 1;
         assert_eq!(members(&p), 1, "the drained name holds its answer alone");
 
-        let p = pool_checked(Some(crate::config::HealthConfig {
-            kind: crate::config::HealthKind::Tcp,
-            path: "/".into(),
-            interval: std::time::Duration::from_secs(1),
-            timeout: std::time::Duration::from_secs(1),
-            rise: 2,
-            fall: 1,
-        }));
+        let p = pool_with_tcp_checks();
         let named = Arc::clone(&p.named[0]);
         for last in 1..=5 {
             let joined = p.apply(&named, &[at(last, 1)], Joining::Serving);
