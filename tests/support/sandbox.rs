@@ -12,13 +12,17 @@ use super::load::Load;
 pub const UPGRADE_VERSION: &str = "9.9.9-upgrade";
 
 /// A second build of baton that reports [`UPGRADE_VERSION`], for upgrade
-/// tests. Its own target dir, shared by every test that upgrades, so cargo
-/// builds it once.
+/// tests. Its own target dir (the running test holds cargo's lock on the
+/// main one), shared by every test that upgrades, so cargo builds it once;
+/// seeded with the main build's dependencies, so only baton compiles: under
+/// a minute, where building every dependency again took five of CI's 25.
 pub fn upgrade_binary() -> PathBuf {
-    let target = concat!(env!("CARGO_MANIFEST_DIR"), "/target/upgrade");
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/upgrade");
+    seed(&target);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["build", "--bin", "baton", "--target-dir", target])
+        .args(["build", "--bin", "baton", "--target-dir"])
+        .arg(&target)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("BATON_BUILD_VERSION", UPGRADE_VERSION)
         .output()
@@ -28,7 +32,57 @@ pub fn upgrade_binary() -> PathBuf {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    PathBuf::from(target).join("debug/baton")
+    target.join("debug/baton")
+}
+
+/// Copies the main build's compiled dependencies and cargo's records of
+/// them into `target` when it does not exist yet: a target dir is
+/// relocatable, so cargo takes them as built. The copy is made beside it
+/// and renamed into place, so two test binaries seeding at once never
+/// build on half a copy.
+fn seed(target: &Path) {
+    if target.exists() {
+        return;
+    }
+    let main = Path::new(super::daemon::BIN)
+        .parent()
+        .expect("the binary's dir");
+    let scratch = target.with_extension(format!("seeding-{}", std::process::id()));
+    let deps = scratch.join("debug/deps");
+    std::fs::create_dir_all(&deps).expect("seed dir");
+    // Libraries and dep-info only: not the test executables beside them.
+    let libraries: Vec<PathBuf> = std::fs::read_dir(main.join("deps"))
+        .expect("the main build's deps")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            let extension = path.extension().and_then(|e| e.to_str());
+            matches!(extension, Some("rlib" | "rmeta" | "so" | "d"))
+        })
+        .collect();
+    let copy = |what: &[PathBuf], into: &Path| {
+        // -a keeps the files' times, which cargo compares with its records.
+        let out = Command::new("cp")
+            .arg("-a")
+            .args(what)
+            .arg(into)
+            .output()
+            .expect("cp");
+        assert!(
+            out.status.success(),
+            "seeding {}: {}",
+            into.display(),
+            text(&out)
+        );
+    };
+    copy(&libraries, &deps);
+    copy(
+        &[main.join("build"), main.join(".fingerprint")],
+        &scratch.join("debug"),
+    );
+    if std::fs::rename(&scratch, target).is_err() {
+        // Another test binary seeded it first.
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
 }
 
 const SCRIPT: &str = concat!(
