@@ -26,8 +26,13 @@ fuzz_target!(|bytes: &[u8]| {
             let again = header(version, client, local, Extras::default());
             let told = decode(&again, Accept::Any);
             let canonical = |a: std::net::SocketAddr| (a.ip().to_canonical(), a.port());
-            let (c, l) = told.expect("baton reads its own header").expect("addresses");
-            assert_eq!((canonical(c), canonical(l)), (canonical(client), canonical(local)));
+            let (c, l) = told
+                .expect("baton reads its own header")
+                .expect("addresses");
+            assert_eq!(
+                (canonical(c), canonical(l)),
+                (canonical(client), canonical(local))
+            );
         }
     }
 });
