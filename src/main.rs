@@ -10,5 +10,6 @@ fn main() -> std::process::ExitCode {
 
 /// jemalloc, for its thread caches of large and over-aligned blocks (why:
 /// at `tikv-jemallocator` in Cargo.toml).
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
