@@ -8,9 +8,10 @@ mod support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use support::backend::HttpBackend;
 use support::client;
-use support::daemon::{wait_exit, Baton, Spec};
+use support::daemon::{signal, wait_exit, Baton, Spec};
 
 async fn start(drain: &str) -> (HttpBackend, Baton) {
     let backend = HttpBackend::start("a").await;
@@ -199,4 +200,40 @@ async fn beyond_max_draining_the_oldest_generation_is_forced() {
         .expect("generation 2 keeps draining normally");
     assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/1500"));
     assert_eq!(wait_exit(second).await, Some(0));
+}
+
+/// SIGTERM to a draining old generation keeps its drain going to the end
+/// the stop itself would have: its pre-stop pause plus its drain budget
+/// (DESIGN: the earlier of its own deadline and the stop's), not the drain
+/// budget alone, which cut work off while a serving generation stopped at
+/// the same moment would still be in its pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_generation_that_is_stopped_keeps_the_stops_whole_deadline() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::default()
+        .section("[reload]\ndrain_timeout = \"30s\"\n")
+        .section("[shutdown]\npre_stop_delay = \"5s\"\ndrain_timeout = \"1s\"\n")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let old = baton.serving_pid().await;
+    let mut conn = client::connect(web).await.expect("connect");
+    let slow = tokio::spawn(async move { client::send(&mut conn, web, "/slow/4000").await });
+    support::eventually("backend saw the slow request", || async {
+        backend.hits.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    baton.reload_ok().await;
+    signal(old, Signal::SIGTERM);
+    let answer = slow
+        .await
+        .expect("join")
+        .expect("slow request must complete");
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        wait_exit(old).await,
+        Some(0),
+        "old generation drained cleanly"
+    );
 }

@@ -183,7 +183,9 @@ impl Generation {
                 command = self.commands.recv() => match command {
                     Command::Stop if stops == 0 && matches!(reason, DrainReason::Reload) => {
                         stops += 1;
-                        deadline = deadline.min(Instant::now() + self.config.shutdown.drain_timeout);
+                        // The stop's own end: its pre-stop pause, then its drain.
+                        let shutdown = &self.config.shutdown;
+                        deadline = deadline.min(Instant::now() + shutdown.pre_stop_delay + shutdown.drain_timeout);
                         self.publish_deadline(deadline);
                         tracing::info!("stop signal while draining: keeping the earlier deadline");
                     }
