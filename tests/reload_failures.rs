@@ -153,6 +153,61 @@ async fn a_hanging_generation_is_killed_at_ready_timeout() {
     load.stop().await.assert_clean();
 }
 
+/// A new generation that cannot listen on a socket it bound (another
+/// process took the port between its bind and the go-ahead) fails the
+/// reload while the old generation still accepts, naming the listener: it
+/// used to log that the listener took no connections and take over without
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_whose_new_listener_cannot_listen_fails_and_the_old_generation_serves_on() {
+    let backend = HttpBackend::start("a").await;
+    let spec = |extra_listener: bool| {
+        let base = Spec::new().http("web", "app");
+        if !extra_listener {
+            return base.pool("app", &[backend.addr]);
+        }
+        // Its first health check waits at /gated until the test says.
+        let gated = "health = { kind = \"http\", path = \"/gated\", interval = \"30s\", timeout = \"20s\", rise = 1, fall = 1 }";
+        base.http("extra", "app")
+            .pool_with("app", gated, &[(backend.addr, 1)])
+    };
+    let baton = Baton::start(spec(false)).await;
+    let serving = baton.serving_pid().await;
+    let load = Load::start(Targets {
+        http: Some(baton.addr("web")),
+        tcp: None,
+        names: vec!["a"],
+    });
+    load.progress(20).await;
+    let extra = support::daemon::free_addr();
+    baton.write_spec(&spec(true), &HashMap::from([("extra".to_string(), extra)]));
+    let (r, _taker) = tokio::join!(baton.reload(), async {
+        // The health round runs after every socket is bound.
+        support::eventually("the new generation's health check waits", || async {
+            backend.held() >= 1
+        })
+        .await;
+        let taker = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        taker.set_reuse_address(true).expect("SO_REUSEADDR");
+        taker
+            .bind(&extra.into())
+            .expect("bind beside the unlistening socket");
+        taker.listen(16).expect("listen first");
+        backend.release();
+        taker
+    });
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(
+        r.stderr.contains("listener extra: cannot listen"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(baton.serving_pid().await, serving);
+    load.progress(20).await;
+    load.stop().await.assert_clean();
+}
+
 /// A reload whose new generation binds a new shard of a listener (here
 /// `workers` 1 → 2), then fails (its first health round outlasts
 /// `ready_timeout`) loses no connection: the fresh shard listens only once

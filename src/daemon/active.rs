@@ -6,19 +6,28 @@ use super::*;
 use crate::lifecycle::systemd::FdStoreUpdate;
 
 impl Generation {
-    /// Starts every accept loop: from here on this generation takes work.
+    /// Listens on every socket whose accept loop is about to start. A
+    /// reload's new generation does it before `Accepting`, while the old
+    /// one still accepts: a socket that cannot listen fails the reload
+    /// (the old generation kills this one and serves on) instead of
+    /// leaving a listener that takes no connection.
+    pub(super) fn listen_all(&self) -> Result<(), String> {
+        for (listener, ..) in &self.pending {
+            if let Err(err) = listener.listen() {
+                return Err(format!("listener {}: cannot listen: {err}", listener.name));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts every accept loop (their sockets listen already): from here
+    /// on this generation takes work.
     pub(super) fn open_doors(&mut self) {
         probe::spawn_all(&self.pools, &self.background);
         if let Some(resolver) = &self.resolver {
             crate::resolve::refresh::spawn_all(&self.pools, resolver, &self.background);
         }
         for (listener, shard, connections, handed_over) in self.pending.drain(..) {
-            // Before `Accepting` goes to the old generation: from then on
-            // every connection must find a listening socket of ours.
-            if let Err(err) = listener.listen() {
-                tracing::error!(listener = %listener.name, cause = %err, "cannot listen; this shard takes no connections");
-                continue;
-            }
             let stop = self.accept_stop.clone();
             let closing = move || {
                 if handed_over.load(Ordering::SeqCst) {

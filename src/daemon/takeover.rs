@@ -24,6 +24,11 @@ impl Generation {
                 return Err(Exit::Failure);
             }
         }
+        if let Err(reason) = self.listen_all() {
+            tracing::error!(%reason, "cannot take over");
+            parent.fail(Exit::Failure, &reason).await;
+            return Err(Exit::Failure);
+        }
         // A drain carried over ends (`out`) only once the old generation,
         // which may still have work on the backend, is gone.
         let (pools, gone) = (self.pools.clone(), self.predecessor_gone.clone());

@@ -234,6 +234,10 @@ async fn converse(
     // From here N+1 accepts: a stop no longer abandons it.
     match next(channel, child, &limits, None).await? {
         Message::Accepting => {}
+        // It could not listen on a socket it bound: we still accept.
+        Message::Failed { exit_code, reason } => {
+            return Err(HandoverError::Failed { exit_code, reason })
+        }
         other => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
     }
     // Sockets N+1 did not adopt (a listener removed or moved, fewer
