@@ -120,3 +120,36 @@ async fn series_of_what_a_reload_removed_are_dropped() {
         baton.settled().await;
     }
 }
+
+/// More sockets than one datagram can carry (five listeners of 64 shards:
+/// 320, with admin and control) cross a reload in one offer: the new
+/// generation holds the very same listening sockets, and serves on each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_hands_over_more_sockets_than_a_datagram_carries() {
+    let backend = HttpBackend::start("a").await;
+    let names: Vec<String> = (0..5).map(|i| format!("web{i}")).collect();
+    let spec = names
+        .iter()
+        .fold(Spec::new().top("workers = 1"), |spec, name| {
+            spec.listener(name, "http", "app", "reuseport = 64")
+        })
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let ports: Vec<u16> = names.iter().map(|n| baton.addr(n).port()).collect();
+    let before: Vec<Vec<u64>> = ports
+        .iter()
+        .map(|p| support::listening_inodes(*p))
+        .collect();
+    assert!(before.iter().all(|shards| shards.len() == 64), "{before:?}");
+    let old = baton.serving_pid().await;
+    assert_ne!(baton.reload_ok().await, old);
+    let after: Vec<Vec<u64>> = ports
+        .iter()
+        .map(|p| support::listening_inodes(*p))
+        .collect();
+    assert_eq!(after, before, "the same kernel sockets listen");
+    for name in &names {
+        let answer = client::get(baton.addr(name), "/x").await.expect("served");
+        assert_eq!(answer.status, 200, "{name}");
+    }
+}

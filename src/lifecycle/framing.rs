@@ -23,13 +23,17 @@ const MORE: u8 = 0x02;
 const LAST: u8 = 0x03;
 
 /// The datagrams `body` (a JSON object) travels in, each as its mark (empty
-/// for a whole message) and its payload.
-pub fn frames(body: &[u8]) -> Vec<(&'static [u8], &[u8])> {
-    if body.len() <= PIECE {
+/// for a whole message) and its payload: at least `at_least` of them, for a
+/// message with more fds than one datagram carries (the pieces are then
+/// shorter, or empty).
+pub fn frames(body: &[u8], at_least: usize) -> Vec<(&'static [u8], &[u8])> {
+    let count = body.len().div_ceil(PIECE).max(at_least);
+    if count <= 1 {
         return vec![(&[], body)];
     }
-    let pieces: Vec<&[u8]> = body.chunks(PIECE).collect();
-    let last = pieces.len() - 1;
+    let mut pieces: Vec<&[u8]> = body.chunks(body.len().div_ceil(count).max(1)).collect();
+    pieces.resize(count, &[]);
+    let last = count - 1;
     pieces
         .into_iter()
         .enumerate()
@@ -113,7 +117,7 @@ mod tests {
     use super::*;
 
     fn reassemble(r: &mut Reassembly, body: &[u8]) -> Vec<Result<Option<Vec<u8>>, String>> {
-        frames(body)
+        frames(body, 1)
             .into_iter()
             .map(|(mark, piece)| {
                 let datagram = [mark, piece].concat();
@@ -125,7 +129,7 @@ mod tests {
     #[test]
     fn a_short_message_is_its_json_alone() {
         let body = br#"{"version":1,"type":"commit"}"#;
-        assert_eq!(frames(body), vec![(&[][..], &body[..])]);
+        assert_eq!(frames(body, 1), vec![(&[][..], &body[..])]);
         let mut r = Reassembly::default();
         assert_eq!(reassemble(&mut r, body), vec![Ok(Some(body.to_vec()))]);
     }
@@ -133,7 +137,7 @@ mod tests {
     #[test]
     fn a_long_message_goes_in_marked_pieces_and_comes_back_whole() {
         let body: Vec<u8> = (0..PIECE * 3 + 5).map(|i| (i % 251) as u8).collect();
-        let framed = frames(&body);
+        let framed = frames(&body, 1);
         let marks: Vec<&[u8]> = framed.iter().map(|(m, _)| *m).collect();
         assert_eq!(marks, [&[FIRST][..], &[MORE], &[MORE], &[LAST]]);
         let mut r = Reassembly::default();
@@ -142,6 +146,30 @@ mod tests {
         assert_eq!(results[3], Ok(Some(body.clone())));
         // And the next message starts afresh.
         assert_eq!(reassemble(&mut r, b"{}"), vec![Ok(Some(b"{}".to_vec()))]);
+    }
+
+    /// A message with more fds than a datagram carries goes in as many
+    /// pieces as they need, even a short one, and comes back whole.
+    #[test]
+    fn a_short_message_goes_in_as_many_pieces_as_asked() {
+        for body in [&br"{}"[..], br#"{"version":1,"type":"offer"}"#] {
+            let framed = frames(body, 3);
+            let marks: Vec<&[u8]> = framed.iter().map(|(m, _)| *m).collect();
+            assert_eq!(marks, [&[FIRST][..], &[MORE], &[LAST]]);
+            let mut r = Reassembly::default();
+            let results = reassemble_framed(&mut r, &framed);
+            assert_eq!(results, [Ok(None), Ok(None), Ok(Some(body.to_vec()))]);
+        }
+    }
+
+    fn reassemble_framed(
+        r: &mut Reassembly,
+        framed: &[(&[u8], &[u8])],
+    ) -> Vec<Result<Option<Vec<u8>>, String>> {
+        framed
+            .iter()
+            .map(|(mark, piece)| r.push(&[*mark, *piece].concat()).map_err(|e| e.to_string()))
+            .collect()
     }
 
     #[test]

@@ -36,7 +36,8 @@ use super::framing::{self, Reassembly, MAX_MESSAGE};
 pub const PROTOCOL_VERSION: u32 = 1;
 /// The environment variable naming the inherited socketpair end in N+1.
 pub const ENV_FD: &str = "BATON_HANDOFF_FD";
-/// At most this many fds travel in one offer (the kernel's SCM_MAX_FD is 253).
+/// At most this many fds travel in one datagram (the kernel's SCM_MAX_FD is
+/// 253); a message with more spreads them over its pieces (`framing`).
 pub const MAX_FDS: usize = 250;
 /// The longest datagram read: above any piece `framing` cuts, and above
 /// any whole message an earlier release could send in one datagram.
@@ -201,8 +202,6 @@ pub enum HandoffError {
     Malformed(String),
     #[error("{ENV_FD}={0} does not name an inherited handoff socket")]
     BadInherited(String),
-    #[error("too many sockets to hand over ({0}, at most {MAX_FDS})")]
-    TooManyFds(usize),
     #[error("handoff message longer than {limit} bytes")]
     TooLarge { limit: usize },
 }
@@ -275,7 +274,7 @@ impl Channel {
         })
     }
 
-    /// Sends one message, its fds with its first datagram. Not to be
+    /// Sends one message, its fds with its first datagrams. Not to be
     /// dropped part-way: a message cut short fails the peer's next receive
     /// (every caller that could drop one drops the channel with it).
     pub async fn send(
@@ -283,9 +282,6 @@ impl Channel {
         message: &Message,
         fds: &[BorrowedFd<'_>],
     ) -> Result<(), HandoffError> {
-        if fds.len() > MAX_FDS {
-            return Err(HandoffError::TooManyFds(fds.len()));
-        }
         let body = serde_json::to_vec(&EnvelopeOut {
             version: PROTOCOL_VERSION,
             message,
@@ -295,9 +291,11 @@ impl Channel {
             return Err(HandoffError::TooLarge { limit: MAX_MESSAGE });
         }
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let fd_lots: Vec<&[RawFd]> = raw.chunks(MAX_FDS).collect();
         let _sending = self.sending.lock().await;
-        for (i, (mark, piece)) in framing::frames(&body).into_iter().enumerate() {
-            let fds = if i == 0 { raw.as_slice() } else { &[] };
+        let pieces = framing::frames(&body, fd_lots.len());
+        for (i, (mark, piece)) in pieces.into_iter().enumerate() {
+            let fds = fd_lots.get(i).copied().unwrap_or_default();
             self.send_datagram(&[IoSlice::new(mark), IoSlice::new(piece)], fds)
                 .await?;
         }
@@ -536,6 +534,30 @@ mod tests {
         let commit = Message::Commit { backends: vec![] };
         a.send(&commit, &[]).await.expect("send");
         assert_eq!(b.recv().await.expect("recv").0, commit);
+    }
+
+    /// More sockets than one datagram carries (a listener with a shard for
+    /// each of 130 workers, twice) cross in one message, every one of them.
+    #[tokio::test]
+    async fn an_offer_with_more_fds_than_a_datagram_carries_crosses_whole() {
+        let (a, b_fd) = Channel::pair().expect("pair");
+        let b = Channel::new(b_fd).expect("wrap");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let offer = offer_of(1, listener.local_addr().expect("addr").to_string());
+        let fds = vec![listener.as_fd(); MAX_FDS + 50];
+        let crossing = async { tokio::join!(a.send(&offer, &fds), b.recv()) };
+        let (sent, received) = tokio::time::timeout(std::time::Duration::from_secs(10), crossing)
+            .await
+            .expect("a refused send leaves the receiver waiting");
+        sent.expect("send");
+        let (got, fds) = received.expect("recv");
+        assert_eq!(got, offer);
+        assert_eq!(fds.len(), MAX_FDS + 50);
+        let last = socket2::Socket::from(fds.into_iter().last().expect("fd"));
+        assert_eq!(
+            last.local_addr().expect("addr").as_socket(),
+            listener.local_addr().ok()
+        );
     }
 
     #[tokio::test]
