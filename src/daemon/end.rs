@@ -304,7 +304,7 @@ async fn keep_naming(successor: u32, stop: CancellationToken) {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
-        systemd::main_pid(successor);
+        systemd::handed_over(successor);
     }
 }
 

@@ -251,7 +251,7 @@ async fn converse(
     systemd::FdStoreUpdate::new(dropped, Vec::new()).send();
     // Named only now that nothing can fail: under `NotifyAccess=main` no
     // rollback to our own pid would be heard once N+1 is main.
-    systemd::main_pid(child.pid());
+    systemd::handed_over(child.pid());
     Ok(adopted)
 }
 

@@ -35,9 +35,14 @@ pub fn reloading() {
     }
 }
 
-/// Names the process systemd should treat as the service's main one.
-pub fn main_pid(pid: u32) {
-    notify(&[NotifyState::MainPid(pid)]);
+/// Names the successor as the service's main process and says the reload
+/// is complete (`READY=1`: it accepts). By the protocol, the `RELOADING=1`
+/// we sent ends at a `READY=1` from the main process; sent by us, still
+/// main, this one is heard, where the successor's own may come before its
+/// `MAINPID=` lands and be dropped (it repeats it only while every pool has
+/// a healthy backend, so with a pool down it might never land).
+pub fn handed_over(successor: u32) {
+    notify(&[NotifyState::MainPid(successor), NotifyState::Ready]);
 }
 
 /// Whether we run under systemd's notify protocol at all.
