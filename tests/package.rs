@@ -176,13 +176,31 @@ fn first_install_enables_without_starting(sbx: &Sandbox) {
     let check = sbx.exec(&["baton", "check", "-c", "/etc/baton/baton.toml"]);
     assert!(check.status.success(), "{}", text(&check));
     let conffiles = text(&sbx.exec(&["dpkg-query", "-W", "-f", "${Conffiles}", "baton"]));
-    for file in ["/etc/baton/baton.toml", "/etc/logrotate.d/baton"] {
+    for file in [
+        "/etc/baton/baton.toml",
+        "/etc/logrotate.d/baton",
+        NEEDRESTART,
+    ] {
         assert!(
             conffiles.contains(file),
             "{file} is a conffile: {conffiles}"
         );
     }
+    // needrestart (run after apt on Debian and Ubuntu) reads it as Perl and
+    // then leaves baton.service alone: the upgrade's reload is enough.
+    let leaves_baton = format!(
+        r#"our %nrconf; -r "{NEEDRESTART}" or die "unreadable"; do "{NEEDRESTART}"; die $@ if $@; my ($re) = keys %{{$nrconf{{override_rc}}}}; defined $re or die "no override_rc"; exit("baton.service" =~ $re && !$nrconf{{override_rc}}{{$re}} ? 0 : 1)"#
+    );
+    let out = sbx.exec(&["perl", "-e", &leaves_baton]);
+    assert!(
+        out.status.success(),
+        "needrestart would restart baton: {}",
+        text(&out)
+    );
 }
+
+/// Where the package tells needrestart not to restart baton.
+const NEEDRESTART: &str = "/etc/needrestart/conf.d/baton.conf";
 
 /// The config the package installed with its three addresses moved: the
 /// listener and admin to free ports, the placeholder backend to `backend`.
@@ -308,6 +326,7 @@ fn purged(sbx: &Sandbox) {
         "/etc/baton",
         "/var/log/baton",
         "/etc/logrotate.d/baton",
+        NEEDRESTART,
         "/etc/systemd/system/baton.service",
         "/etc/systemd/system/multi-user.target.wants/baton.service",
         "/usr/lib/sysusers.d/baton.conf",

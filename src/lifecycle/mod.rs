@@ -9,7 +9,7 @@
 //! [`inventory::Inventory`], else bound), builds everything, then
 //! [`generation::Parent::ready`] waits for N's commit and
 //! [`generation::Parent::accepting`] confirms. N then names N+1 to systemd
-//! ([`systemd::main_pid`]), stops accepting and runs the [`drain::Drain`]
+//! ([`systemd::handed_over`]), stops accepting and runs the [`drain::Drain`]
 //! under its budget. N+1 is started detached and held by pidfd
 //! ([`process`]).
 
