@@ -198,6 +198,58 @@ fn check_warns_when_the_unit_would_cut_a_drain_short() {
     assert!(!stderr.contains("warning"), "{stderr}");
 }
 
+/// Drop-ins count, applied after the unit file as systemd applies them
+/// (an admin's override lives there: an upgrade replaces the unit file);
+/// and a `TimeoutStartSec`, which bounds `ExecReload=`, shorter than what
+/// `baton reload` waits is said too.
+#[test]
+fn check_reads_the_units_drop_ins_and_its_reload_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unit = dir.path().join("baton.service");
+    std::fs::write(&unit, "[Service]\nTimeoutStopSec=8\nTimeoutStartSec=40\n").expect("unit");
+    let dropins = dir.path().join("baton.service.d");
+    std::fs::create_dir(&dropins).expect("drop-in folder");
+    std::fs::write(
+        dropins.join("10-stop.conf"),
+        "[Service]\nTimeoutStopSec=60\n",
+    )
+    .expect("drop-in");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/baton.toml");
+    let u = unit.to_str().expect("utf-8 path");
+    let (code, _, stderr) = run(&["check", "-c", example, "--unit", u]);
+    assert_eq!(code, 0);
+    assert!(
+        !stderr.contains("warning"),
+        "the drop-in raised it: {stderr}"
+    );
+    std::fs::write(dropins.join("20-both.conf"), "[Service]\nTimeoutSec=15\n").expect("drop-in");
+    let (_, _, stderr) = run(&["check", "-c", example, "--unit", u]);
+    assert!(
+        stderr.contains("TimeoutSec=15") && stderr.contains("would kill baton mid-drain"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("what `baton reload` waits") && stderr.contains("call failed a reload"),
+        "{stderr}"
+    );
+    // One listener on one worker: 3 sockets (its shard, admin, control).
+    let one = dir.path().join("one.toml");
+    let body = "workers = 1\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n";
+    std::fs::write(&one, body).expect("config");
+    std::fs::write(
+        dropins.join("30-store.conf"),
+        "[Service]\nFileDescriptorStoreMax=2\n",
+    )
+    .expect("drop-in");
+    let c = one.to_str().expect("utf-8 path");
+    let (_, _, stderr) = run(&["check", "-c", c, "--unit", u]);
+    assert!(
+        stderr.contains("FileDescriptorStoreMax=2")
+            && stderr.contains("below the 3 listening sockets"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_remote_admin_without_a_token_is_refused_by_check() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -1,5 +1,6 @@
 //! `baton check`: the config validated, and what it means printed: every
-//! listener and pool, TLS certificates, what `TimeoutStopSec` must be.
+//! listener and pool, TLS certificates, what `TimeoutStopSec` must be, and
+//! whether the installed unit's timeouts are enough (`super::unit`).
 
 use std::time::Duration;
 
@@ -132,7 +133,7 @@ pub fn check(args: CheckArgs) -> Exit {
         );
     }
     println!("TimeoutStopSec={}", seconds_up(c.timeout_stop()));
-    warn_about_unit(args.unit.as_deref(), c.timeout_stop());
+    super::unit::warn_about_timeouts(args.unit.as_deref(), &c);
     Exit::Clean
 }
 
@@ -155,13 +156,6 @@ fn print_tls(listener: &str, tls: &TlsSettings) {
         );
     }
 }
-
-/// Unit files systemd would load for `baton.service`, most specific first.
-const UNIT_PATHS: &[&str] = &[
-    "/etc/systemd/system/baton.service",
-    "/usr/lib/systemd/system/baton.service",
-    "/lib/systemd/system/baton.service",
-];
 
 /// A listener's timeouts, and for HTTP its forwarding, h2 and routes.
 fn print_listener_settings(l: &ListenerConfig, pools: &[PoolConfig]) {
@@ -245,47 +239,6 @@ fn print_pool_settings(p: &PoolConfig) {
 
 /// `d` in whole seconds, rounded up: a `TimeoutStopSec` rounded down would
 /// SIGKILL baton just before its drain deadline.
-fn seconds_up(d: Duration) -> u64 {
+pub(super) fn seconds_up(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
-/// Warns when the unit's `TimeoutStopSec` would SIGKILL baton mid-drain.
-fn warn_about_unit(explicit: Option<&std::path::Path>, needed: Duration) {
-    let path = match explicit {
-        Some(p) => p.to_path_buf(),
-        None => match UNIT_PATHS
-            .iter()
-            .map(std::path::PathBuf::from)
-            .find(|p| p.exists())
-        {
-            Some(p) => p,
-            None => return,
-        },
-    };
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        eprintln!("baton: warning: cannot read unit {}", path.display());
-        return;
-    };
-    let Some(value) = text
-        .lines()
-        .rev()
-        .find_map(|l| l.trim().strip_prefix("TimeoutStopSec="))
-    else {
-        return;
-    };
-    let value = value.trim();
-    let configured = match value.parse::<u64>() {
-        Ok(secs) => Some(Duration::from_secs(secs)),
-        Err(_) => humantime::parse_duration(value).ok(),
-    };
-    match configured {
-        Some(d) if d < needed => eprintln!(
-            "baton: warning: TimeoutStopSec={value} in {} is shorter than pre_stop_delay + drain_timeout + 5s = {}s: systemd would kill baton mid-drain",
-            path.display(),
-            seconds_up(needed)
-        ),
-        Some(_) => {}
-        None if value == "infinity" => {}
-        None => eprintln!("baton: warning: cannot read TimeoutStopSec={value} in {}", path.display()),
-    }
 }

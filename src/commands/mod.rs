@@ -7,6 +7,7 @@ mod check;
 mod reload;
 mod run;
 pub mod status;
+mod unit;
 
 use std::path::Path;
 

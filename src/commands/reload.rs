@@ -1,8 +1,6 @@
 //! `baton reload`: asks the running daemon over its control socket and
 //! waits until the new generation serves (or the reload failed, and why).
 
-use std::time::Duration;
-
 use crate::cli::ConfigArg;
 use crate::config::Overrides;
 use crate::exit::Exit;
@@ -16,7 +14,7 @@ pub fn reload(args: &ConfigArg) -> Exit {
         Ok(rt) => rt,
         Err(exit) => return exit,
     };
-    let wait = c.reload.ready_timeout + Duration::from_secs(10);
+    let wait = c.reload_wait();
     match rt.block_on(control::call(&c.control.socket, Request::Reload, wait)) {
         Ok(reply) if reply.ok => {
             println!("{}", reply.message);

@@ -243,6 +243,24 @@ impl Config {
     pub fn timeout_stop(&self) -> Duration {
         self.shutdown.pre_stop_delay + self.shutdown.drain_timeout + Duration::from_secs(5)
     }
+
+    /// The listening sockets a generation holds and hands over: a shard of
+    /// each listener for every worker (or `reuseport` of them, if more),
+    /// then admin and control.
+    pub fn listening_sockets(&self) -> usize {
+        let shards: usize = self
+            .listeners
+            .iter()
+            .map(|l| l.reuseport.max(self.workers))
+            .sum();
+        shards + 2
+    }
+
+    /// How long `baton reload` waits for the reload it asked for: the new
+    /// generation's `ready_timeout`, and 10 s for the rest of the handoff.
+    pub fn reload_wait(&self) -> Duration {
+        self.reload.ready_timeout + Duration::from_secs(10)
+    }
 }
 
 /// Everything wrong with a config file, each problem naming its key.

@@ -1,0 +1,182 @@
+//! What `baton check` reads of the installed `baton.service`: the timeouts
+//! systemd would hold baton to and the room in its fd store, from the unit
+//! file and then its drop-ins,
+//! the place an admin's override survives a package upgrade (the package
+//! replaces the unit file itself).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::Config;
+
+/// Where systemd looks for `baton.service` and its `.d` drop-ins, the one
+/// that wins first.
+const UNIT_DIRS: &[&str] = &[
+    "/etc/systemd/system",
+    "/run/systemd/system",
+    "/usr/lib/systemd/system",
+    "/lib/systemd/system",
+];
+
+/// Warns when the unit's `TimeoutStopSec` would SIGKILL baton mid-drain, or
+/// its `TimeoutStartSec` (which bounds `ExecReload=` too) would kill
+/// `baton reload` before the reload it waits for is over, so that systemd
+/// calls failed a reload that may well succeed. `explicit` is `--unit`.
+pub fn warn_about_timeouts(explicit: Option<&Path>, c: &Config) {
+    let files: Vec<(PathBuf, String)> = unit_files(explicit)
+        .into_iter()
+        .filter_map(|path| match std::fs::read_to_string(&path) {
+            Ok(text) => Some((path, text)),
+            Err(_) => {
+                eprintln!("baton: warning: cannot read unit {}", path.display());
+                None
+            }
+        })
+        .collect();
+    let stop = Bound {
+        needed: c.timeout_stop(),
+        what: "pre_stop_delay + drain_timeout + 5s",
+        harm: "systemd would kill baton mid-drain",
+    };
+    let start = Bound {
+        needed: c.reload_wait(),
+        what: "reload.ready_timeout + 10s, what `baton reload` waits",
+        harm: "systemd would kill ExecReload's `baton reload` and call failed a reload still under way",
+    };
+    for (keys, bound) in [
+        (["TimeoutSec", "TimeoutStopSec"], stop),
+        (["TimeoutSec", "TimeoutStartSec"], start),
+    ] {
+        if let Some(found) = last_setting(&files, &keys) {
+            bound.check(&found);
+        }
+    }
+    if let Some(store) = last_setting(&files, &["FileDescriptorStoreMax"]) {
+        warn_about_fd_store(&store, c.listening_sockets());
+    }
+}
+
+/// systemd refuses what goes past `FileDescriptorStoreMax`, so a restart
+/// would find only some of the sockets (the rest of each listener's shards
+/// closed, their queued connections reset).
+fn warn_about_fd_store(store: &Setting<'_>, sockets: usize) {
+    match store.value.parse::<usize>() {
+        Ok(max) if max < sockets => eprintln!(
+            "baton: warning: {}={} in {} is below the {sockets} listening sockets baton keeps there (a shard of each listener for every worker, admin and control): a restart would lose some",
+            store.key,
+            store.value,
+            store.file.display()
+        ),
+        Ok(_) => {}
+        Err(_) => eprintln!(
+            "baton: warning: cannot read {}={} in {}",
+            store.key,
+            store.value,
+            store.file.display()
+        ),
+    }
+}
+
+/// The unit file and its drop-ins, in the order systemd applies them: the
+/// unit, then every `*.conf` of its `.d` folders by file name, where a name
+/// in a folder that wins hides the same name in the others.
+fn unit_files(explicit: Option<&Path>) -> Vec<PathBuf> {
+    let (unit, folders): (Option<PathBuf>, Vec<PathBuf>) = match explicit {
+        Some(path) => {
+            let mut folder = path.as_os_str().to_owned();
+            folder.push(".d");
+            (Some(path.to_path_buf()), vec![folder.into()])
+        }
+        None => (
+            UNIT_DIRS
+                .iter()
+                .map(|d| Path::new(d).join("baton.service"))
+                .find(|p| p.exists()),
+            UNIT_DIRS
+                .iter()
+                .map(|d| Path::new(d).join("baton.service.d"))
+                .collect(),
+        ),
+    };
+    let Some(unit) = unit else {
+        return Vec::new();
+    };
+    let mut dropins: BTreeMap<OsString, PathBuf> = BTreeMap::new();
+    // The folder that wins last, so its files replace the others'.
+    for folder in folders.iter().rev() {
+        let Ok(entries) = std::fs::read_dir(folder) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.path().extension().is_some_and(|e| e == "conf") {
+                dropins.insert(entry.file_name(), entry.path());
+            }
+        }
+    }
+    std::iter::once(unit).chain(dropins.into_values()).collect()
+}
+
+/// A setting as systemd ends up with it: the last assignment of any of
+/// `keys` (`TimeoutSec=` sets both timeouts), with where it was made.
+struct Setting<'a> {
+    key: &'a str,
+    value: String,
+    file: &'a Path,
+}
+
+fn last_setting<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Option<Setting<'a>> {
+    let mut last = None;
+    for (file, text) in files {
+        for line in text.lines() {
+            let line = line.trim();
+            for key in keys {
+                if let Some(value) = line.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
+                    last = Some(Setting {
+                        key,
+                        value: value.trim().to_string(),
+                        file,
+                    });
+                }
+            }
+        }
+    }
+    last
+}
+
+/// The least a timeout must be, what that is, and what a shorter one does.
+struct Bound {
+    needed: Duration,
+    what: &'static str,
+    harm: &'static str,
+}
+
+impl Bound {
+    fn check(&self, s: &Setting<'_>) {
+        let configured = match s.value.parse::<u64>() {
+            Ok(secs) => Some(Duration::from_secs(secs)),
+            Err(_) => humantime::parse_duration(&s.value).ok(),
+        };
+        match configured {
+            Some(d) if d < self.needed => eprintln!(
+                "baton: warning: {}={} in {} is shorter than {} = {}s: {}",
+                s.key,
+                s.value,
+                s.file.display(),
+                self.what,
+                super::check::seconds_up(self.needed),
+                self.harm
+            ),
+            Some(_) => {}
+            // Empty: back to systemd's default (90 s), not checked here.
+            None if s.value == "infinity" || s.value.is_empty() => {}
+            None => eprintln!(
+                "baton: warning: cannot read {}={} in {}",
+                s.key,
+                s.value,
+                s.file.display()
+            ),
+        }
+    }
+}
