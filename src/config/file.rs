@@ -9,11 +9,43 @@ use serde::Deserialize;
 
 /// A duration as written in the file: `"250ms"`, `"5s"`, `"-1s"`, or a bare
 /// integer number of seconds (so `0` can be written without quotes).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum DurationValue {
     Text(String),
     Seconds(i64),
+}
+
+/// By hand, not `#[serde(untagged)]`: a value of another type is then
+/// refused saying what a duration looks like, where untagged said only
+/// that it "did not match any variant of untagged enum DurationValue".
+impl<'de> Deserialize<'de> for DurationValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(DurationVisitor)
+    }
+}
+
+struct DurationVisitor;
+
+impl serde::de::Visitor<'_> for DurationVisitor {
+    type Value = DurationValue;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(r#"a duration such as "250ms", "5s" or "2m", or a whole number of seconds"#)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<DurationValue, E> {
+        Ok(DurationValue::Text(text.to_string()))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, seconds: i64) -> Result<DurationValue, E> {
+        Ok(DurationValue::Seconds(seconds))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, seconds: u64) -> Result<DurationValue, E> {
+        i64::try_from(seconds)
+            .map(DurationValue::Seconds)
+            .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(seconds), &self))
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -371,6 +371,26 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         assert_eq!(c.timeout_stop().as_secs(), 20);
     }
 
+    /// A value of another type than a duration is refused at its line
+    /// saying what a duration looks like.
+    #[test]
+    fn a_duration_of_the_wrong_type_says_what_a_duration_is() {
+        let text = format!("[shutdown]\ndrain_timeout = true\n{GOOD}");
+        match parse(&text, Path::new("x.toml"), &Overrides::default()) {
+            Err(ConfigError::Syntax { message, .. }) => {
+                assert!(message.contains("drain_timeout = true"), "{message}");
+                assert!(
+                    message.contains(r#"a duration such as "250ms""#),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a type error, got {other:?}"),
+        }
+        let seconds = format!("[shutdown]\ndrain_timeout = 7\n{GOOD}");
+        let c = parse(&seconds, Path::new("x.toml"), &Overrides::default()).expect("valid");
+        assert_eq!(c.shutdown.drain_timeout.as_secs(), 7);
+    }
+
     #[test]
     fn every_unknown_key_is_named_by_its_path_with_the_other_problems() {
         let text = format!(
