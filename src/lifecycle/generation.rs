@@ -85,6 +85,8 @@ pub enum HandoverError {
     Exited,
     #[error("new generation was not ready within {0:?}; it was killed")]
     Timeout(Duration),
+    #[error("new generation did not say it accepts within {0:?} of the go-ahead; it was killed")]
+    NotAccepting(Duration),
     #[error("new generation sent {0} out of turn")]
     OutOfTurn(String),
     #[error("a stop began before the new generation was ready; it was killed")]
@@ -191,6 +193,9 @@ pub async fn hand_over(
     }
 }
 
+/// How long N+1 has, after the go-ahead, to say it accepts.
+const ACCEPTING_WAIT: Duration = Duration::from_secs(10);
+
 /// What ends a wait for N+1 early.
 struct Limits {
     deadline: Instant,
@@ -231,14 +236,24 @@ async fn converse(
         backends: (offer_backends_now)(),
     };
     channel.send(&commit, &[]).await?;
-    // From here N+1 accepts: a stop no longer abandons it.
-    match next(channel, child, &limits, None).await? {
-        Message::Accepting => {}
+    // From here N+1 accepts: a stop no longer abandons it, nor does the
+    // ready deadline, which may fall just after N+1 opened its doors (a
+    // kill then resets what it took). It has only to listen and start its
+    // accept loops: a bound of its own, from the go-ahead.
+    let accepting = Limits {
+        deadline: Instant::now() + ACCEPTING_WAIT,
+        ready_timeout: ACCEPTING_WAIT,
+        abandon: limits.abandon,
+    };
+    match next(channel, child, &accepting, None).await {
+        Ok(Message::Accepting) => {}
         // It could not listen on a socket it bound: we still accept.
-        Message::Failed { exit_code, reason } => {
+        Ok(Message::Failed { exit_code, reason }) => {
             return Err(HandoverError::Failed { exit_code, reason })
         }
-        other => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
+        Ok(other) => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
+        Err(HandoverError::Timeout(wait)) => return Err(HandoverError::NotAccepting(wait)),
+        Err(err) => return Err(err),
     }
     // Sockets N+1 did not adopt (a listener removed or moved, fewer
     // shards) leave systemd's fd store now, while we are main and heard:
