@@ -161,8 +161,15 @@ async fn a_hanging_generation_is_killed_at_ready_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_whose_new_listener_cannot_listen_fails_and_the_old_generation_serves_on() {
     let backend = HttpBackend::start("a").await;
+    // The reload also gives `web` a second shard (`workers` 1 → 2): a
+    // fresh socket in the old generation's SO_REUSEPORT group, which must
+    // not listen before `extra` fails, or it would take connections the
+    // failed generation resets.
     let spec = |extra_listener: bool| {
-        let base = Spec::new().http("web", "app");
+        let workers = if extra_listener { 2 } else { 1 };
+        let base = Spec::new()
+            .top(&format!("workers = {workers}"))
+            .http("web", "app");
         if !extra_listener {
             return base.pool("app", &[backend.addr]);
         }

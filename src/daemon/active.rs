@@ -10,7 +10,10 @@ impl Generation {
     /// reload's new generation does it before `Accepting`, while the old
     /// one still accepts: a socket that cannot listen fails the reload
     /// (the old generation kills this one and serves on) instead of
-    /// leaving a listener that takes no connection.
+    /// leaving a listener that takes no connection. Listeners the old
+    /// generation serves too come last (`build` orders them so): a fresh
+    /// shard of one joins the old generation's `SO_REUSEPORT` group, and
+    /// would take connections that the failed reload then resets.
     pub(super) fn listen_all(&self) -> Result<(), String> {
         for (listener, ..) in &self.pending {
             if let Err(err) = listener.listen() {

@@ -78,6 +78,9 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     let reopening = Arc::clone(&access_logs);
     commands.on_reopen(move || reopening.reopen());
     let mut pending = Vec::new();
+    // Shards of listeners the previous generation serves too: listening
+    // joins its SO_REUSEPORT group, so they come last (see `listen_all`).
+    let mut joining = Vec::new();
     let mut views = Vec::new();
     for (i, l) in config.listeners.iter().enumerate() {
         let log = access_log(l, &access_logs, number)?;
@@ -101,7 +104,11 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
             &mut inventory,
             &mut holdings,
         )?;
-        pending.extend(shards.pending);
+        if shards.any_adopted {
+            joining.extend(shards.pending);
+        } else {
+            pending.extend(shards.pending);
+        }
         waiting[i] = Check {
             name: format!("listener {}", l.name),
             ok: true,
@@ -115,6 +122,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
             queues: shards.queues,
         });
     }
+    pending.append(&mut joining);
     let _ = phase.send(Phase::Starting {
         waiting_on: waiting,
     });
@@ -285,6 +293,8 @@ pub(super) type Pending = (Listener, usize, Arc<Connections>, Arc<AtomicBool>);
 /// A listener's shards, and what `/status` shows of them.
 struct Shards {
     pending: Vec<Pending>,
+    /// One of them was adopted: the previous generation listens there too.
+    any_adopted: bool,
     /// The address really bound (a port 0 in the config made concrete).
     bound: std::net::SocketAddr,
     /// Their sockets' accept queues, as the admin reads them.
@@ -316,6 +326,7 @@ fn shards(
     };
     let mut shards = Shards {
         pending: Vec::new(),
+        any_adopted: false,
         bound: l.bind,
         queues: Vec::new(),
     };
@@ -341,6 +352,7 @@ fn shards(
         if first {
             listening.listen().map_err(bind_err)?;
         }
+        shards.any_adopted |= listening.adopted;
         let socket: std::net::TcpListener = listening.socket.into();
         shards.bound = socket.local_addr().map_err(bind_err)?;
         let queue = Arc::new(crate::metrics::kernel::AcceptQueue::default());

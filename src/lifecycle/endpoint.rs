@@ -108,6 +108,8 @@ pub struct Listening {
     /// set lack it, so this generation sets it on each one it accepts (a
     /// successor adopts the socket with it, and pays nothing).
     pub nodelay_each: bool,
+    /// Taken from the previous generation rather than bound here.
+    pub adopted: bool,
 }
 
 /// Why a socket could not be had.
@@ -132,9 +134,9 @@ pub fn listen(
     inventory: &mut Inventory,
     holdings: &mut Holdings,
 ) -> Result<Listening, ListenError> {
-    let socket = match inventory.take(name, endpoint)? {
-        Some(adopted) => adopted,
-        None => endpoint.bind().map_err(ListenError::Bind)?,
+    let (socket, adopted) = match inventory.take(name, endpoint)? {
+        Some(socket) => (socket, true),
+        None => (endpoint.bind().map_err(ListenError::Bind)?, false),
     };
     let nodelay_each = endpoint.prepare(&socket).map_err(ListenError::Bind)?;
     let address = endpoint.address_of(&socket).map_err(ListenError::Hold)?;
@@ -146,6 +148,7 @@ pub fn listen(
         backlog: endpoint.backlog(),
         handed_over,
         nodelay_each,
+        adopted,
     })
 }
 
