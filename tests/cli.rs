@@ -222,10 +222,10 @@ fn check_reads_the_units_drop_ins_and_its_reload_bound() {
         !stderr.contains("warning"),
         "the drop-in raised it: {stderr}"
     );
-    std::fs::write(dropins.join("20-both.conf"), "[Service]\nTimeoutSec=15\n").expect("drop-in");
+    std::fs::write(dropins.join("20-both.conf"), "[Service]\nTimeoutSec = 15\n").expect("drop-in");
     let (_, _, stderr) = run(&["check", "-c", example, "--unit", u]);
     assert!(
-        stderr.contains("TimeoutSec=15") && stderr.contains("would kill baton mid-drain"),
+        stderr.contains("TimeoutSec=15 in") && stderr.contains("would kill baton mid-drain"),
         "{stderr}"
     );
     assert!(

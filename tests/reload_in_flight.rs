@@ -212,14 +212,14 @@ async fn a_draining_generation_that_is_stopped_keeps_the_stops_whole_deadline() 
     let backend = HttpBackend::start("a").await;
     let spec = Spec::default()
         .section("[reload]\ndrain_timeout = \"30s\"\n")
-        .section("[shutdown]\npre_stop_delay = \"5s\"\ndrain_timeout = \"1s\"\n")
+        .section("[shutdown]\npre_stop_delay = \"8s\"\ndrain_timeout = \"1s\"\n")
         .http("web", "app")
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
     let old = baton.serving_pid().await;
     let mut conn = client::connect(web).await.expect("connect");
-    let slow = tokio::spawn(async move { client::send(&mut conn, web, "/slow/4000").await });
+    let slow = tokio::spawn(async move { client::send(&mut conn, web, "/slow/6000").await });
     support::eventually("backend saw the slow request", || async {
         backend.hits.load(Ordering::Relaxed) == 1
     })

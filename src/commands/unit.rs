@@ -14,8 +14,11 @@ use crate::config::Config;
 /// Where systemd looks for `baton.service` and its `.d` drop-ins, the one
 /// that wins first.
 const UNIT_DIRS: &[&str] = &[
+    "/etc/systemd/system.control",
+    "/run/systemd/system.control",
     "/etc/systemd/system",
     "/run/systemd/system",
+    "/usr/local/lib/systemd/system",
     "/usr/lib/systemd/system",
     "/lib/systemd/system",
 ];
@@ -130,15 +133,16 @@ fn last_setting<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Option<
     let mut last = None;
     for (file, text) in files {
         for line in text.lines() {
-            let line = line.trim();
-            for key in keys {
-                if let Some(value) = line.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
-                    last = Some(Setting {
-                        key,
-                        value: value.trim().to_string(),
-                        file,
-                    });
-                }
+            // systemd trims around the `=`.
+            let Some((name, value)) = line.split_once('=') else {
+                continue;
+            };
+            if let Some(key) = keys.iter().find(|k| **k == name.trim()) {
+                last = Some(Setting {
+                    key,
+                    value: value.trim().to_string(),
+                    file,
+                });
             }
         }
     }

@@ -20,8 +20,12 @@ pub fn upgrade_binary() -> PathBuf {
     let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/upgrade");
     seed(&target);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // With a test target, as `cargo test` builds: the dev-dependencies'
+    // features (tokio's test-util, ...) then join the dependencies' as in
+    // the main build, so the seeded ones match; a plain `cargo build` would
+    // build tokio, hyper, h2 and hickory again.
     let out = Command::new(cargo)
-        .args(["build", "--bin", "baton", "--target-dir"])
+        .args(["build", "--bin", "baton", "--test", "cli", "--target-dir"])
         .arg(&target)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("BATON_BUILD_VERSION", UPGRADE_VERSION)
