@@ -641,3 +641,40 @@ async fn a_health_check_without_a_free_fd_leaves_the_backend_up() {
         .expect("after");
     assert_eq!(answer.status, 200);
 }
+
+/// `Max open files` of `/proc/PID/limits`: (soft, hard).
+fn open_files_limits(pid: &str) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("open files line");
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    (fields[3].to_string(), fields[4].to_string())
+}
+
+/// A shell's soft open-file limit (often 1024) would refuse clients with
+/// EMFILE long before the host's: baton raises it to the hard limit as it
+/// starts, as HAProxy does, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_file_limit_is_raised_to_the_hard_one() {
+    let backend = HttpBackend::start("a").await;
+    let (_, hard) = open_files_limits("self");
+    let lowered = format!("--nofile=256:{hard}");
+    let baton = Baton::spawn_under(
+        Spec::new().http("web", "app").pool("app", &[backend.addr]),
+        &[],
+        &["prlimit", &lowered],
+    );
+    baton.wait_ready().await;
+    let (soft, its_hard) = open_files_limits(&baton.first_pid.to_string());
+    assert_eq!(
+        (soft.as_str(), its_hard.as_str()),
+        (hard.as_str(), hard.as_str())
+    );
+    assert!(
+        baton.log().contains("raised the open-file limit"),
+        "{}",
+        baton.log()
+    );
+}

@@ -30,6 +30,7 @@ async fn run_async(args: RunArgs) -> Exit {
             return Exit::Failure;
         }
     };
+    crate::lifecycle::fd_limit::raise();
     let parent = match Channel::from_env() {
         Ok(None) => None,
         Ok(Some(channel)) => match Parent::receive(channel).await {

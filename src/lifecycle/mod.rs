@@ -16,6 +16,7 @@
 pub mod control;
 pub mod drain;
 pub mod endpoint;
+pub mod fd_limit;
 pub mod framing;
 pub mod generation;
 pub mod handoff;
