@@ -735,3 +735,67 @@ async fn a_client_that_asks_for_the_close_gets_close_notify() {
     );
     assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
 }
+
+/// A TLS client that asks for a large body and never reads is let go once
+/// nothing moves for `idle_timeout`, as a plain one is: closing a TLS
+/// stream sends close_notify after every record still buffered, which such
+/// a client never takes, so that wait is bounded too (it held the
+/// connection, its fd and its `max_connections` place for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_that_never_reads_is_let_go() {
+    use tokio::io::AsyncWriteExt;
+    let (_backend, ca, _a, baton) =
+        one_certificate_on("web", "http", "", "idle_timeout = \"1s\"").await;
+    let web = baton.addr("web");
+    let mut stream = ca
+        .client(&["http/1.1"])
+        .connect(web, "a.test")
+        .await
+        .expect("handshake");
+    stream
+        .write_all(b"GET /bytes/50000000 HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .expect("send");
+    let pid = baton.serving_pid().await;
+    support::eventually("baton holds the connection", || async {
+        support::daemon::client_connections(pid, web.port()) == 1
+    })
+    .await;
+    support::eventually("baton lets the connection go", || async {
+        support::daemon::client_connections(pid, web.port()) == 0
+    })
+    .await;
+    drop(stream);
+}
+
+/// Over TLS, h2 is served only when the handshake agreed on it: a client
+/// that negotiated http/1.1, or nothing, and sends the h2 preface anyway
+/// meets the HTTP/1 path, which refuses it (a listener whose `alpn` leaves
+/// h2 out, to keep an h2 flaw away, served h2 to such a client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_over_tls_needs_alpn_to_agree_on_it() {
+    let (_backend, ca, _a, baton) = one_certificate("").await;
+    let web = baton.addr("web");
+    for offered in [&["http/1.1"][..], &[]] {
+        let stream = ca
+            .client(offered)
+            .connect(web, "a.test")
+            .await
+            .expect("handshake");
+        assert_ne!(negotiated(&stream).0.as_deref(), Some("h2"));
+        let answer = client::h2_get_over(stream, "a.test", "/headers").await;
+        assert!(
+            answer.is_err(),
+            "h2 without ALPN h2 ({offered:?}): {answer:?}"
+        );
+    }
+    let stream = ca
+        .client(&["h2"])
+        .connect(web, "a.test")
+        .await
+        .expect("handshake");
+    let answer = client::h2_get_over(stream, "a.test", "/headers")
+        .await
+        .expect("h2 when agreed");
+    assert_eq!(answer.status, 200);
+}

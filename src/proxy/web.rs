@@ -163,10 +163,22 @@ impl HttpProxy {
         let peer = origin.client;
         let opened = Instant::now();
         let mut stream = stream;
+        // Over TLS, h2 only when the handshake agreed on it (ALPN), as the
+        // listener's `alpn` allows: a listener without h2 must not serve it
+        // to a client that sends the preface anyway. In plain text, h2c
+        // with prior knowledge.
+        let h2_agreed = stream.plain().is_some() || stream.alpn() == Some(b"h2");
         match opening(&mut stream, opened + self.header_timeout).await {
             // Boxed: an HTTP/1 connection's task does not carry the size
             // of an h2 connection's state (RSS per idle connection).
-            Opening::H2(seen) => Box::pin(self.serve_h2(stream, seen, origin, drain, opened)).await,
+            Opening::H2(seen) if h2_agreed => {
+                Box::pin(self.serve_h2(stream, seen, origin, drain, opened)).await;
+            }
+            // The HTTP/1 path refuses the preface as a request.
+            Opening::H2(seen) => {
+                let seen = BytesMut::from(&seen[..]);
+                super::h1::conn::serve(&self, stream, seen, origin, &drain, opened).await;
+            }
             Opening::Http1(seen) => {
                 super::h1::conn::serve(&self, stream, seen, origin, &drain, opened).await;
             }

@@ -90,7 +90,13 @@ const LINGER_BYTES: usize = 256 * 1024;
 /// request during a drain, an upload answered early). nginx's
 /// `lingering_close` does the same.
 pub async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) {
-    if stream.shutdown().await.is_err() {
+    // Bounded too: a TLS stream's shutdown sends close_notify after every
+    // record still buffered, and waits for good on a client that stopped
+    // reading (a plain socket's returns at once).
+    if !matches!(
+        tokio::time::timeout(LINGER, stream.shutdown()).await,
+        Ok(Ok(()))
+    ) {
         return;
     }
     let mut sink = vec![0u8; 4096];
