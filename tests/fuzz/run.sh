@@ -8,7 +8,7 @@
 # Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET [release]]
 #   default: 30 s a target of an unoptimised build, CI's share: it builds in
 #   half the time of an optimised one (3.5 min cold on 2 cores, not 6.5),
-#   which costs a half to nine tenths of the executions a second;
+#   which runs a seventh to a twentieth of the executions in that time;
 #   a longer hunt: tests/fuzz/run.sh 600 release
 # A crash leaves its input under tests/fuzz/artifacts/TARGET/ and fails the
 # run; fixed crashes become cases in tests/fuzz/regressions/, which
