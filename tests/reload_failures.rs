@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use nix::sys::signal::Signal;
 use support::backend::HttpBackend;
 use support::daemon::{processes_for, signal, wait_exit, Baton, Spec};
-use support::load::{baton_under_load, Load, Targets};
+use support::load::{baton_under_load, flowing_to_a};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_config_is_refused_with_78_naming_the_key() {
@@ -180,12 +180,7 @@ async fn a_reload_whose_new_listener_cannot_listen_fails_and_the_old_generation_
     };
     let baton = Baton::start(spec(false)).await;
     let serving = baton.serving_pid().await;
-    let load = Load::start(Targets {
-        http: Some(baton.addr("web")),
-        tcp: None,
-        names: vec!["a"],
-    });
-    load.progress(20).await;
+    let load = flowing_to_a(baton.addr("web")).await;
     let extra = support::daemon::free_addr();
     baton.write_spec(&spec(true), &HashMap::from([("extra".to_string(), extra)]));
     let (r, _taker) = tokio::join!(baton.reload(), async {
@@ -232,12 +227,7 @@ async fn a_reload_that_fails_after_binding_a_new_shard_loses_no_connection() {
     };
     let baton = Baton::start(spec(1, "")).await;
     let serving = baton.serving_pid().await;
-    let load = Load::start(Targets {
-        http: Some(baton.addr("web")),
-        tcp: None,
-        names: vec!["a"],
-    });
-    load.progress(20).await;
+    let load = flowing_to_a(baton.addr("web")).await;
     let hanging_check = "health = { kind = \"http\", path = \"/slow/10000\", interval = \"30s\", timeout = \"10s\", rise = 1, fall = 1 }";
     baton.write_spec(&spec(2, hanging_check), &HashMap::new());
     let r = baton.reload().await;

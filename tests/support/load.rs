@@ -302,11 +302,18 @@ pub async fn baton_under_load(extra: &str) -> (HttpBackend, super::daemon::Baton
         .http("web", "app")
         .pool("app", &[backend.addr]);
     let baton = super::daemon::Baton::start(spec).await;
+    let load = flowing_to_a(baton.addr("web")).await;
+    (backend, baton, load)
+}
+
+/// HTTP load on `web`, whose answers must come from backend "a", already
+/// flowing (its first 20 successes in).
+pub async fn flowing_to_a(web: std::net::SocketAddr) -> Load {
     let load = Load::start(Targets {
-        http: Some(baton.addr("web")),
+        http: Some(web),
         tcp: None,
         names: vec!["a"],
     });
     load.progress(20).await;
-    (backend, baton, load)
+    load
 }
