@@ -158,13 +158,30 @@ pub struct Layout {
     pub text: String,
 }
 
-/// `n` loopback addresses nobody listens on now, all different: each is
-/// held until all are found, so the kernel cannot hand one out twice.
+/// Every port [`free_addrs`] and [`free_addr`] handed out in this test
+/// process. Tests in one binary run side by side, and a daemon binds its
+/// listeners with `SO_REUSEPORT`: two daemons given the same let-go port
+/// would both bind it and split its connections (a CI run saw a second
+/// test's shards join a listener whose sockets the first test counted).
+static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
+/// `n` loopback addresses nobody listens on now, all different and none
+/// handed out before in this process: each is held until all are found,
+/// so the kernel cannot hand one out twice.
 pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("free port"))
-        .collect();
-    held.iter().map(|l| l.local_addr().expect("addr")).collect()
+    let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut held = Vec::new();
+    let mut found = Vec::with_capacity(n);
+    while found.len() < n {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        let addr = listener.local_addr().expect("addr");
+        if !handed.contains(&addr.port()) {
+            handed.push(addr.port());
+            found.push(addr);
+        }
+        held.push(listener);
+    }
+    found
 }
 
 /// An address where nothing answers, kept so for as long as the returned
@@ -184,10 +201,9 @@ pub fn dead_addr() -> (SocketAddr, socket2::Socket) {
     (addr, socket)
 }
 
+/// One address as [`free_addrs`] finds them.
 pub fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
+    free_addrs(1)[0]
 }
 
 static SUBREAPER: Once = Once::new();
