@@ -48,11 +48,7 @@ pub fn from_file(
     let control = ControlConfig {
         socket: v.path(raw.control.socket.as_deref(), "/run/baton/control.sock"),
     };
-    let ticket_rotation = v.timeout(
-        "tls.ticket_rotation",
-        raw.tls.ticket_rotation.as_ref(),
-        Duration::from_secs(12 * 3600),
-    );
+    let ticket_rotation = v.ticket_rotation(raw.tls.ticket_rotation.as_ref());
     let resolver = v.resolver(&raw.resolver);
     let pools = v.pools(&raw.pools);
     let listeners = v.listeners(&raw.listeners, &pools, admin.listen);
@@ -136,6 +132,27 @@ impl Validator {
             }
             _ => self.phase(key, value, default),
         }
+    }
+
+    /// A ticket lives two periods, and says so in whole seconds: under a
+    /// second it would say 0 (clients keep no ticket), over three and a
+    /// half days more than the seven RFC 8446 §4.6.1 allows a server to
+    /// send (some clients then drop the ticket or the connection).
+    fn ticket_rotation(&mut self, value: Option<&DurationValue>) -> Duration {
+        const KEY: &str = "tls.ticket_rotation";
+        const MOST: Duration = Duration::from_secs(84 * 3600);
+        let period = self.timeout(KEY, value, Duration::from_secs(12 * 3600));
+        if period < Duration::from_secs(1) || period > MOST {
+            self.problem(
+                KEY,
+                format!(
+                    "{} is out of range: must be from 1s to 84h (a ticket lives two \
+                     periods, and TLS 1.3 lets it live 7 days at most)",
+                    humantime::format_duration(period)
+                ),
+            );
+        }
+        period
     }
 
     fn override_phase(&mut self, key: &str, value: &Option<String>) -> Option<Written> {
@@ -389,6 +406,26 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         let seconds = format!("[shutdown]\ndrain_timeout = 7\n{GOOD}");
         let c = parse(&seconds, Path::new("x.toml"), &Overrides::default()).expect("valid");
         assert_eq!(c.shutdown.drain_timeout.as_secs(), 7);
+    }
+
+    /// A ticket's lifetime (two periods, in whole seconds) must say more
+    /// than 0 and at most RFC 8446's 7 days.
+    #[test]
+    fn a_ticket_rotation_out_of_tls_range_is_refused() {
+        for (value, shown) in [("500ms", "500ms"), ("85h", "3days 13h")] {
+            let text = format!("[tls]\nticket_rotation = \"{value}\"\n{GOOD}");
+            let found = problems(&text);
+            assert_eq!(found.len(), 1, "{value}: {found:?}");
+            assert!(
+                found[0].starts_with("tls.ticket_rotation: ") && found[0].contains("1s to 84h"),
+                "{value}: {found:?}"
+            );
+            assert!(found[0].contains(shown), "{value}: {found:?}");
+        }
+        for value in ["1s", "84h", "0"] {
+            let text = format!("[tls]\nticket_rotation = \"{value}\"\n{GOOD}");
+            parse(&text, Path::new("x.toml"), &Overrides::default()).expect(value);
+        }
     }
 
     #[test]
