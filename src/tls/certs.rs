@@ -246,26 +246,40 @@ fn chain_order(parsed: &[X509Certificate<'_>]) -> Option<Reason> {
 
 /// Certificates not valid at `now` (errors), and those expiring within
 /// [`EXPIRY_WARNING_SECS`] (warnings).
+/// The chain's validity now: what refuses the entry, and what loads with a
+/// warning. Only the leaf's dates refuse it: a chain may carry an expired
+/// certificate for old clients (Let's Encrypt's chains carried ISRG Root
+/// X1 cross-signed by the expired DST Root CA X3 for years), which clients
+/// that trust the next one down never use; nginx and HAProxy serve such
+/// chains.
 fn validity(parsed: &[X509Certificate<'_>], now: i64) -> (Vec<Reason>, Vec<Reason>) {
     let mut invalid = Vec::new();
-    let mut soon = Vec::new();
+    let mut warned = Vec::new();
     for (index, cert) in parsed.iter().enumerate() {
         let not_before = cert.validity().not_before.timestamp();
         let at = cert.validity().not_after.timestamp();
-        if now > at {
-            invalid.push(Reason::Expired { index, at });
+        let wrong = if now > at {
+            Reason::Expired { index, at }
         } else if now < not_before {
-            invalid.push(Reason::NotYetValid {
+            Reason::NotYetValid {
                 index,
                 at: not_before,
-            });
+            }
         } else if at - now < EXPIRY_WARNING_SECS {
             // Rounded up: "in 0 day(s)" would read as "already".
             let days = (at - now + DAY - 1) / DAY;
-            soon.push(Reason::ExpiresSoon { index, at, days });
+            warned.push(Reason::ExpiresSoon { index, at, days });
+            continue;
+        } else {
+            continue;
+        };
+        if index == 0 {
+            invalid.push(wrong);
+        } else {
+            warned.push(wrong);
         }
     }
-    (invalid, soon)
+    (invalid, warned)
 }
 
 fn info(leaf: &X509Certificate<'_>) -> CertificateInfo {
@@ -379,6 +393,19 @@ mod tests {
                 .starts_with(&format!("expired on {date} (file ")),
             "{p}"
         );
+    }
+
+    /// An expired cross-sign after the issuer, as Let's Encrypt's chains
+    /// carried one, loads with a warning naming it.
+    #[test]
+    fn an_expired_certificate_further_up_the_chain_loads_with_a_warning() {
+        let pki = Pki::new();
+        let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..90);
+        let chain = format!("{}{}", leaf.chain(), pki.expired_cross_sign());
+        let loaded = load_texts(&pki, &chain, &leaf.key).expect("loads");
+        assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+        let warning = loaded.warnings[0].to_string();
+        assert!(warning.starts_with("chain[2] expired on "), "{warning}");
     }
 
     #[test]

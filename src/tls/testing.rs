@@ -56,6 +56,23 @@ impl Pki {
         }
     }
 
+    /// The CA's certificate as an older root once cross-signed it, expired
+    /// yesterday: same subject and key as the CA, so it issues the CA's
+    /// own certificate in a chain.
+    pub fn expired_cross_sign(&self) -> String {
+        let mut old = params("baton old root", &[], -3650..3650);
+        old.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let old_root =
+            CertifiedIssuer::self_signed(old, KeyPair::generate().expect("old root key"))
+                .expect("old root");
+        let mut cross = params("baton test CA", &[], -365..-1);
+        cross.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        cross
+            .signed_by(self.ca.key(), &old_root)
+            .expect("cross-sign")
+            .pem()
+    }
+
     /// A leaf serving `name` alone, valid over `days`, written to
     /// `<stem>.pem` and `<stem>.key`; returns the key's path.
     pub fn leaf_files(&self, stem: &str, name: &str, days: Range<i64>) -> PathBuf {
