@@ -208,26 +208,32 @@ pub fn unix_seconds(now: SystemTime) -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
     use std::sync::Arc;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConnection};
+    use rustls::crypto::WebPkiSupportedAlgorithms;
+    use rustls::{
+        ClientConfig, ClientConnection, RootCertStore, ServerConnection, SignatureScheme,
+    };
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::CertificateDer;
 
     use super::testing::Pki;
     use super::{certs, provider, MinVersion, Spec, TlsSettings};
 
-    /// Settings serving `a.example.com` (the default) and `*.example.org`,
-    /// and the CA's certificate.
-    fn settings(pki: &Pki) -> (TlsSettings, CertificateDer<'static>) {
-        let load = |stem: &str, name: &str| {
-            let key = pki.leaf_files(stem, name, -1..90);
+    /// Settings serving `certificates` (each a file stem and the key's
+    /// path, from `pki`), and the CA's certificate.
+    fn settings(
+        pki: &Pki,
+        certificates: &[(&str, PathBuf)],
+    ) -> (TlsSettings, CertificateDer<'static>) {
+        let load = |(stem, key): &(&str, PathBuf)| {
             let cert = pki.dir.path().join(format!("{stem}.pem"));
-            certs::load(&cert, &key, SystemTime::now()).expect("loads")
+            certs::load(&cert, key, SystemTime::now()).expect("loads")
         };
         let spec = Spec {
-            certificates: vec![load("a", "a.example.com"), load("b", "*.example.org")],
+            certificates: certificates.iter().map(load).collect(),
             alpn: vec!["h2".into(), "http/1.1".into()],
             min_version: MinVersion::Tls12,
             handshake_timeout: Duration::from_secs(10),
@@ -238,13 +244,29 @@ mod tests {
         (TlsSettings::build(spec).expect("builds"), ca)
     }
 
-    /// A whole handshake in memory: the client trusts the CA, offers only
-    /// http/1.1 and asks for `sni`.
-    fn handshake(pki: &Pki, sni: &'static str) -> ClientConnection {
-        let (settings, ca) = settings(pki);
+    /// A whole handshake in memory with `settings`: the client trusts the
+    /// CA, offers only http/1.1 and the signature schemes `offers` keeps,
+    /// and asks for `sni`. Returns the leaf served.
+    fn handshake(
+        (settings, ca): (TlsSettings, CertificateDer<'static>),
+        sni: &'static str,
+        offers: fn(SignatureScheme) -> bool,
+    ) -> ClientConnection {
         let mut roots = RootCertStore::empty();
         roots.add(ca).expect("root");
-        let mut config = ClientConfig::builder_with_provider(provider())
+        let mut client_provider = (*provider()).clone();
+        let algorithms = client_provider.signature_verification_algorithms;
+        let mapping: Vec<_> = algorithms
+            .mapping
+            .iter()
+            .filter(|(scheme, _)| offers(*scheme))
+            .copied()
+            .collect();
+        client_provider.signature_verification_algorithms = WebPkiSupportedAlgorithms {
+            all: algorithms.all,
+            mapping: Box::leak(mapping.into_boxed_slice()),
+        };
+        let mut config = ClientConfig::builder_with_provider(Arc::new(client_provider))
             .with_safe_default_protocol_versions()
             .expect("versions")
             .with_root_certificates(roots)
@@ -274,14 +296,54 @@ mod tests {
         client
     }
 
+    /// The leaf certificate in `pki`'s `<stem>.pem`.
+    fn leaf(pki: &Pki, stem: &str) -> CertificateDer<'static> {
+        let pem = std::fs::read(pki.dir.path().join(format!("{stem}.pem"))).expect("pem");
+        CertificateDer::from_pem_slice(&pem).expect("certificate")
+    }
+
+    fn any(_: SignatureScheme) -> bool {
+        true
+    }
+
     #[test]
     fn a_handshake_gets_the_certificate_its_sni_names_and_the_alpn() {
         let pki = Pki::new();
-        let client = handshake(&pki, "x.example.org");
+        let certificates = [
+            ("a", pki.leaf_files("a", "a.example.com", -1..90)),
+            ("b", pki.leaf_files("b", "*.example.org", -1..90)),
+        ];
+        let client = handshake(settings(&pki, &certificates), "x.example.org", any);
         let served = client.peer_certificates().expect("certificates");
-        let b = std::fs::read(pki.dir.path().join("b.pem")).expect("b.pem");
-        assert_eq!(served[0], CertificateDer::from_pem_slice(&b).expect("b"));
+        assert_eq!(served[0], leaf(&pki, "b"));
         assert_eq!(client.alpn_protocol(), Some(&b"http/1.1"[..]));
+    }
+
+    /// Two certificates for one name with keys of two kinds: a client that
+    /// verifies only the second kind gets the second; any other, the first.
+    #[test]
+    fn of_two_certificates_for_a_name_the_client_gets_one_it_can_verify() {
+        let pki = Pki::new();
+        let certificates = [
+            ("ecdsa", pki.leaf_files("ecdsa", "x.example.com", -1..90)),
+            (
+                "ed25519",
+                pki.ed25519_leaf_files("ed25519", "x.example.com"),
+            ),
+        ];
+        let only_ed25519 = |scheme| scheme == SignatureScheme::ED25519;
+        for (sni, offers, served) in [
+            (
+                "x.example.com",
+                only_ed25519 as fn(SignatureScheme) -> bool,
+                "ed25519",
+            ),
+            ("x.example.com", any, "ecdsa"),
+        ] {
+            let client = handshake(settings(&pki, &certificates), sni, offers);
+            let got = client.peer_certificates().expect("certificates");
+            assert_eq!(got[0], leaf(&pki, served), "{sni} expecting {served}");
+        }
     }
 
     #[test]

@@ -4,6 +4,11 @@
 //! `a.b.example.com`, as RFC 6125 and browsers have it), compared without
 //! regard to case. With no SNI or no match the first certificate serves:
 //! refusing the handshake would only turn a name warning into an outage.
+//!
+//! Several certificates may serve one name with keys of different kinds
+//! (ECDSA for today's clients, RSA for old ones, as nginx and HAProxy
+//! allow): the first listed whose key can sign with a scheme the client
+//! offers serves, else the first listed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,51 +18,72 @@ use rustls::sign::CertifiedKey;
 
 use super::certs::Loaded;
 
-/// Names to certificate indices, in config order.
+/// Names to certificate indices, each list in config order.
 #[derive(Debug, Default)]
 pub struct Names {
-    exact: HashMap<String, usize>,
+    exact: HashMap<String, Vec<usize>>,
     /// A wildcard's parent domain (`example.com` for `*.example.com`).
-    wildcard: HashMap<String, usize>,
+    wildcard: HashMap<String, Vec<usize>>,
+    /// For no SNI or no match: the first certificate, with every other
+    /// one serving its first name.
+    fallback: Vec<usize>,
 }
 
 impl Names {
-    /// From each certificate's served names (lower-cased); when two
-    /// certificates serve one name, the first listed keeps it.
+    /// From each certificate's served names (lower-cased).
     pub fn new<'a>(served: impl IntoIterator<Item = &'a [String]>) -> Self {
         let mut names = Names::default();
+        let mut first_name = None;
         for (index, list) in served.into_iter().enumerate() {
             for name in list {
-                let map = match name.strip_prefix("*.") {
+                first_name.get_or_insert_with(|| name.clone());
+                let entry = match name.strip_prefix("*.") {
                     Some(parent) => names.wildcard.entry(parent.to_string()),
                     None => names.exact.entry(name.clone()),
                 };
-                map.or_insert(index);
+                let indices = entry.or_default();
+                if indices.last() != Some(&index) {
+                    indices.push(index);
+                }
             }
         }
+        names.fallback = first_name
+            .and_then(|name| names.lookup(&name).map(<[usize]>::to_vec))
+            .filter(|list| list.first() == Some(&0))
+            .unwrap_or_else(|| vec![0]);
         names
     }
 
-    /// The index of the certificate to serve for `sni`; 0, the default,
-    /// when there is no SNI or no name matches.
-    pub fn pick(&self, sni: Option<&str>) -> usize {
+    fn lookup(&self, name: &str) -> Option<&[usize]> {
+        match name.strip_prefix("*.") {
+            Some(parent) => self.wildcard.get(parent),
+            None => self.exact.get(name),
+        }
+        .map(Vec::as_slice)
+    }
+
+    /// The certificates that may serve `sni`, in config order: those naming
+    /// it exactly, else the wildcard's, else the fallback.
+    pub fn pick(&self, sni: Option<&str>) -> &[usize] {
         let Some(sni) = sni else {
-            return 0;
+            return &self.fallback;
         };
         let sni = sni.trim_end_matches('.').to_ascii_lowercase();
-        if let Some(&index) = self.exact.get(&sni) {
-            return index;
+        if let Some(indices) = self.exact.get(&sni) {
+            return indices;
         }
         match sni.split_once('.') {
-            Some((label, parent)) if !label.is_empty() => {
-                self.wildcard.get(parent).copied().unwrap_or(0)
-            }
-            _ => 0,
+            Some((label, parent)) if !label.is_empty() => self
+                .wildcard
+                .get(parent)
+                .map_or(&self.fallback[..], Vec::as_slice),
+            _ => &self.fallback,
         }
     }
 }
 
-/// The listener's `ResolvesServerCert`: [`Names::pick`] over its certificates.
+/// The listener's `ResolvesServerCert`: [`Names::pick`] over its
+/// certificates, then the first whose key suits the client.
 #[derive(Debug)]
 pub struct SniResolver {
     names: Names,
@@ -76,7 +102,20 @@ impl SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.keys.get(self.names.pick(hello.server_name())).cloned()
+        let candidates = self.names.pick(hello.server_name());
+        let signs_for_client = |index: &&usize| {
+            self.keys
+                .get(**index)
+                .is_some_and(|k| k.key.choose_scheme(hello.signature_schemes()).is_some())
+        };
+        let chosen = match candidates {
+            [only] => Some(only),
+            _ => candidates
+                .iter()
+                .find(signs_for_client)
+                .or(candidates.first()),
+        };
+        chosen.and_then(|index| self.keys.get(*index)).cloned()
     }
 }
 
@@ -97,7 +136,7 @@ mod tests {
     fn assert_picks(cases: &[(Option<&str>, usize)]) {
         let names = names();
         for &(sni, index) in cases {
-            assert_eq!(names.pick(sni), index, "{sni:?}");
+            assert_eq!(names.pick(sni), [index], "{sni:?}");
         }
     }
 
@@ -126,12 +165,20 @@ mod tests {
         assert_picks(&[(Some("A.Example.COM"), 2), (Some("B.EXAMPLE.com"), 1)]);
     }
 
+    /// Both certificates of a shared name are candidates, in config order,
+    /// and with the first listed they are the fallback too.
     #[test]
-    fn the_first_certificate_listed_keeps_a_shared_name() {
-        let lists = [vec!["x.org".to_string()], vec!["x.org".to_string()]];
-        assert_eq!(
-            Names::new(lists.iter().map(Vec::as_slice)).pick(Some("x.org")),
-            0
-        );
+    fn certificates_sharing_a_name_are_all_candidates_in_order() {
+        let lists = [
+            vec!["x.org".to_string(), "*.x.org".to_string()],
+            vec!["y.org".to_string()],
+            vec!["x.org".to_string(), "*.x.org".to_string()],
+        ];
+        let names = Names::new(lists.iter().map(Vec::as_slice));
+        assert_eq!(names.pick(Some("x.org")), [0, 2]);
+        assert_eq!(names.pick(Some("a.x.org")), [0, 2]);
+        assert_eq!(names.pick(None), [0, 2]);
+        assert_eq!(names.pick(Some("other.net")), [0, 2]);
+        assert_eq!(names.pick(Some("y.org")), [1]);
     }
 }

@@ -45,7 +45,10 @@ impl Pki {
     /// A leaf with subject `cn` and DNS names `sans`, valid over `days`
     /// (counted from now), signed by the CA.
     pub fn leaf(&self, cn: &str, sans: &[&str], days: Range<i64>) -> Leaf {
-        let key = KeyPair::generate().expect("leaf key");
+        self.leaf_keyed(cn, sans, days, KeyPair::generate().expect("leaf key"))
+    }
+
+    fn leaf_keyed(&self, cn: &str, sans: &[&str], days: Range<i64>, key: KeyPair) -> Leaf {
         let cert = params(cn, sans, days)
             .signed_by(&key, &self.ca)
             .expect("leaf");
@@ -77,6 +80,15 @@ impl Pki {
     /// `<stem>.pem` and `<stem>.key`; returns the key's path.
     pub fn leaf_files(&self, stem: &str, name: &str, days: Range<i64>) -> PathBuf {
         let leaf = self.leaf(name, &[name], days);
+        self.write(&format!("{stem}.pem"), &leaf.cert);
+        self.write(&format!("{stem}.key"), &leaf.key)
+    }
+
+    /// As [`Pki::leaf_files`], with an Ed25519 key (the others are ECDSA
+    /// P-256): a second kind of key for one name.
+    pub fn ed25519_leaf_files(&self, stem: &str, name: &str) -> PathBuf {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("ed25519 key");
+        let leaf = self.leaf_keyed(name, &[name], -1..90, key);
         self.write(&format!("{stem}.pem"), &leaf.cert);
         self.write(&format!("{stem}.key"), &leaf.key)
     }
