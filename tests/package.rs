@@ -286,6 +286,35 @@ async fn a_failed_reload_keeps_serving(sbx: &Sandbox, config: &str, web: SocketA
     sbx.write("/etc/baton/baton.toml", config);
 }
 
+/// A remove that fails after its prerm stopped baton (dpkg then runs
+/// `postinst abort-remove`, as here by hand): baton runs again, and the
+/// socket unit, which did not run, still does not.
+async fn an_aborted_remove_starts_baton_again(sbx: &Sandbox, admin: SocketAddr) {
+    let main = sbx.show("baton", "MainPID");
+    let script = |name: &str, arg: &str| {
+        let path = format!("/var/lib/dpkg/info/baton.{name}");
+        sbx.succeeded(&format!("{name} {arg}"), sbx.exec(&[&path, arg]));
+    };
+    script("prerm", "remove");
+    assert_eq!(sbx.show("baton", "ActiveState"), "inactive");
+    script("postinst", "abort-remove");
+    assert_eq!(
+        sbx.show("baton", "ActiveState"),
+        "active",
+        "{}",
+        sbx.journal()
+    );
+    assert_ne!(sbx.show("baton", "MainPID"), main, "started anew");
+    assert_eq!(sbx.show("baton.socket", "ActiveState"), "inactive");
+    assert!(!holds(sbx, "test -e /run/baton.stopped-for-remove"));
+    support::eventually("ready again", || async {
+        client::get(admin, "/readyz")
+            .await
+            .is_ok_and(|r| r.status == 200)
+    })
+    .await;
+}
+
 /// Remove, with a request held in flight until baton's stop has reached
 /// its drain (`/status` shows a drain deadline): the request completes, and
 /// the unit's last main process, the upgraded one, exited 0 (drained, not
@@ -329,6 +358,8 @@ fn purged(sbx: &Sandbox) {
         NEEDRESTART,
         "/etc/systemd/system/baton.service",
         "/etc/systemd/system/multi-user.target.wants/baton.service",
+        "/etc/systemd/system/sockets.target.wants/baton.socket",
+        "/etc/systemd/system/baton.socket",
         "/usr/lib/sysusers.d/baton.conf",
     ] {
         assert!(
@@ -361,6 +392,8 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
     sbx.copy_in(a_deb, "/root/baton_A.deb");
     apt_ok(&sbx, &["install", "/root/baton_A.deb"]);
     first_install_enables_without_starting(&sbx);
+    // An admin's opt-in to socket activation, which the purge must undo.
+    sbx.systemctl_ok(&["enable", "baton.socket"]);
 
     let backend = HttpBackend::start("a").await;
     let p = free_addrs(2);
@@ -402,6 +435,7 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
     load.stop().await.assert_clean();
 
     a_failed_reload_keeps_serving(&sbx, &config, web).await;
+    an_aborted_remove_starts_baton_again(&sbx, admin).await;
 
     remove_drains(&sbx, admin, web, &backend).await;
     assert!(!holds(&sbx, "test -e /usr/bin/baton"));
