@@ -154,6 +154,12 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
         before,
         "the added listener's sockets survived the restart"
     );
+    // Told apart from a stop (which takes them out of the store).
+    let journal = sbx.journal();
+    assert!(
+        journal.contains("a restart: the listening sockets stay in systemd's fd store"),
+        "{journal}"
+    );
     sbx.progressed(&load, 50).await;
     load.stop().await.assert_clean();
 
@@ -297,6 +303,42 @@ async fn the_watchdog_never_kills_a_healthy_baton_across_reloads() {
         sbx.journal()
     );
     assert_eq!(client::status(p.admin).await["generations"][0]["number"], 4);
+}
+
+/// `systemctl stop` under the shipped unit: once the doors close, a new
+/// connection is refused at once, as with no fd store, instead of waiting
+/// in systemd's copy of the socket until the unit ends and then being
+/// reset. (A restart keeps the sockets in the store: the test above.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_refuses_new_connections_once_the_doors_close() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
+    sbx.systemctl_ok(&["start", "baton"]);
+    let web = p.web;
+    let slow = tokio::spawn(async move { client::get(web, "/slow/2500").await });
+    support::eventually("slow request in flight", || async { a.active() == 1 }).await;
+    let stop = tokio::task::spawn_blocking({
+        let mut stop = sbx.command(&["systemctl", "stop", "baton"]);
+        move || stop.output().expect("systemctl stop")
+    });
+    support::eventually("the doors closed and the drain began", || async {
+        client::status(p.admin).await["generations"][0]["drain_deadline"].is_number()
+    })
+    .await;
+    let late = tokio::net::TcpStream::connect(web).await;
+    assert_eq!(
+        late.as_ref().map_err(std::io::Error::kind).err(),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "a connection after the doors closed: {late:?}\n{}",
+        sbx.journal()
+    );
+    assert!(listening_inodes(web.port()).is_empty(), "nothing listens");
+    let answer = slow.await.expect("join").expect("the request in flight");
+    assert_eq!(answer.status, 200);
+    sbx.succeeded("systemctl stop", stop.await.expect("join"));
+    assert_eq!(sbx.show("baton", "Result"), "success", "{}", sbx.journal());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -104,7 +104,11 @@ impl Generation {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
         let _ = self.phase.send(Phase::Stopping { deadline: None });
         systemd::stopping();
-        let forced_early = self.pre_stop_pause().await;
+        let held = self.holdings.names();
+        let (forced_early, ()) = tokio::join!(
+            self.pre_stop_pause(),
+            release_fd_store_unless_restarting(held)
+        );
         self.holdings.handed_over(&[]);
         self.close_doors().await;
         // Under systemd the control socket lives on in the fd store for the
@@ -324,5 +328,34 @@ async fn report_while_draining(
             () = stop.cancelled() => return,
             () = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
+    }
+}
+
+/// How long systemd is given to close its copies of the sockets taken out
+/// of its fd store before ours close: the removal is a datagram it handles
+/// in its own time.
+const FD_STORE_RELEASE_SETTLE: Duration = Duration::from_millis(100);
+
+/// On a stop that is not a restart, takes this generation's sockets out of
+/// systemd's fd store, during the pre-stop pause, so that closing the doors
+/// closes them: a connection arriving after that is refused at once (and
+/// the queue is served first), where the store's copies kept it queued
+/// until the unit ended and then reset it. A restart leaves them there for
+/// the next start, which serves what queued meanwhile.
+async fn release_fd_store_unless_restarting(names: Vec<String>) {
+    if !systemd::enabled() || names.is_empty() {
+        return;
+    }
+    match systemd::restarting().await {
+        Some(true) => {
+            tracing::info!("a restart: the listening sockets stay in systemd's fd store for the next start");
+        }
+        Some(false) => {
+            systemd::release(&names);
+            tokio::time::sleep(FD_STORE_RELEASE_SETTLE).await;
+        }
+        None => tracing::warn!(
+            "could not ask systemd (busctl) whether this stop is a restart: the sockets stay in its fd store, where connections arriving after the doors close wait until the service ends"
+        ),
     }
 }

@@ -177,6 +177,11 @@ impl Holdings {
             .collect()
     }
 
+    /// The name of every held socket.
+    pub fn names(&self) -> Vec<String> {
+        self.items.iter().map(|h| h.entry.name.clone()).collect()
+    }
+
     /// Marks the sockets a successor adopted.
     pub fn handed_over(&self, adopted: &[String]) {
         for h in &self.items {

@@ -73,12 +73,7 @@ impl FdStoreUpdate {
 
     pub fn send(&self) {
         // Removed first: a stale entry may share a name we store now.
-        for name in &self.remove {
-            notify(&[
-                NotifyState::Custom("FDSTOREREMOVE=1"),
-                NotifyState::FdName(name),
-            ]);
-        }
+        release(&self.remove);
         for (name, fd) in &self.store {
             let states = [NotifyState::FdStore, NotifyState::FdName(name)];
             let fd = std::os::fd::AsFd::as_fd(fd);
@@ -86,6 +81,74 @@ impl FdStoreUpdate {
                 tracing::warn!(cause = %err, name, "cannot store fd with systemd");
             }
         }
+    }
+}
+
+/// How long a stop waits for systemd to say whether it is a restart.
+const JOB_QUERY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether the stop under way is a `systemctl restart` (systemd's job on
+/// this service is a restart), or None when that cannot be told. Only a
+/// restart has a next start to adopt the fd store's sockets; on any other
+/// stop their copies in the store keep them listening until the unit ends,
+/// and the connections that queue meanwhile are then reset instead of
+/// refused. systemd 252 tells a stop from a restart only over D-Bus
+/// (`RestartKillSignal=` came in 253): asked with `busctl`, which ships
+/// with systemd, once a stop, rather than with a D-Bus crate in baton.
+pub async fn restarting() -> Option<bool> {
+    let unit = own_unit()?;
+    let mut busctl = tokio::process::Command::new("busctl");
+    busctl
+        .args(["--json=short", "call", "org.freedesktop.systemd1"])
+        .args([
+            "/org/freedesktop/systemd1",
+            "org.freedesktop.systemd1.Manager",
+        ])
+        .arg("ListJobs")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(JOB_QUERY_WAIT, busctl.output())
+        .await
+        .ok()?
+        .ok()
+        .filter(|out| out.status.success())?;
+    restart_job(&out.stdout, &unit)
+}
+
+/// Whether `ListJobs`' answer (busctl's JSON: `{"type":"a(usssoo)",
+/// "data":[[[id, unit, type, state, job, unit path], ...]]}`) holds a
+/// restart of `unit`; None if it is not such an answer.
+fn restart_job(answer: &[u8], unit: &str) -> Option<bool> {
+    let answer: serde_json::Value = serde_json::from_slice(answer).ok()?;
+    let jobs = answer.get("data")?.get(0)?.as_array()?;
+    Some(jobs.iter().any(|job| {
+        job.get(1).and_then(|u| u.as_str()) == Some(unit)
+            && matches!(
+                job.get(2).and_then(|t| t.as_str()),
+                Some("restart" | "try-restart")
+            )
+    }))
+}
+
+/// This process's service, from its cgroup (`0::/system.slice/baton.service`).
+fn own_unit() -> Option<String> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroups.lines().find_map(|line| {
+        let path = line.rsplit(':').next()?;
+        let unit = path.rsplit('/').next()?;
+        unit.ends_with(".service").then(|| unit.to_string())
+    })
+}
+
+/// Takes `names` out of the fd store: systemd closes its copies, so once
+/// ours close too the sockets are gone and a connection is refused at once.
+pub fn release(names: &[String]) {
+    for name in names {
+        notify(&[
+            NotifyState::Custom("FDSTOREREMOVE=1"),
+            NotifyState::FdName(name),
+        ]);
     }
 }
 
@@ -149,5 +212,30 @@ fn watchdog_usec() -> Option<u64> {
     match std::env::var("WATCHDOG_PID") {
         Ok(pid) if pid.parse::<u32>().ok() != Some(std::process::id()) => None,
         _ => Some(usec),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::restart_job;
+
+    /// busctl's answer to ListJobs during `systemctl restart baton` and
+    /// during a stop, as systemd 252 gave it.
+    #[test]
+    fn only_a_restart_job_on_our_unit_is_a_restart() {
+        let job = |unit: &str, kind: &str| {
+            format!(
+                r#"{{"type":"a(usssoo)","data":[[[124,"{unit}","{kind}","running","/org/freedesktop/systemd1/job/124","/org/freedesktop/systemd1/unit/x"]]]}}"#
+            )
+        };
+        let restart = job("baton.service", "restart");
+        assert_eq!(restart_job(restart.as_bytes(), "baton.service"), Some(true));
+        let stop = job("baton.service", "stop");
+        assert_eq!(restart_job(stop.as_bytes(), "baton.service"), Some(false));
+        let other = job("nginx.service", "restart");
+        assert_eq!(restart_job(other.as_bytes(), "baton.service"), Some(false));
+        let none = r#"{"type":"a(usssoo)","data":[[]]}"#;
+        assert_eq!(restart_job(none.as_bytes(), "baton.service"), Some(false));
+        assert_eq!(restart_job(b"Failed to connect", "baton.service"), None);
     }
 }
