@@ -235,6 +235,18 @@ where
                 () = until(deadline) => return DownEnd::Cut,
             }
         }
+        // Over TLS the session holds back what the socket did not take:
+        // out now, not with the backend's next message.
+        loop {
+            tokio::select! {
+                flushed = client.flush() => match flushed {
+                    Ok(()) => break,
+                    Err(_) => return DownEnd::Error,
+                },
+                () = ending.as_mut(), if deadline.is_none() => deadline = linger(),
+                () = until(deadline) => return DownEnd::Cut,
+            }
+        }
         tracker.feed(&buf[..n]);
         if deadline.is_some() && (!websocket || tracker.at_boundary()) {
             return DownEnd::Drain;
@@ -342,6 +354,50 @@ impl Body for SseBody {
 #[cfg(test)]
 mod tests {
     use super::FrameTracker;
+
+    /// A message the backend sends reaches a TLS client whole while the
+    /// backend sends nothing more (over a pipe that holds 1 KiB, the TLS
+    /// session kept its end until the next message).
+    #[tokio::test]
+    async fn a_message_reaches_a_tls_client_whole_before_the_next() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const MESSAGE: usize = 200_000;
+        let (server_io, client_io) = tokio::io::duplex(1024);
+        let (mut to_client, mut client) =
+            crate::tls::testing::session_pair(server_io, client_io).await;
+        let (mut backend, mut from_backend) = tokio::io::duplex(64 * 1024);
+        let pump = tokio::spawn(async move {
+            let ending = std::future::pending::<()>();
+            tokio::pin!(ending);
+            super::pump_down(&mut from_backend, &mut to_client, false, ending).await;
+        });
+        // Sent while the client reads, and then the backend stays open.
+        let sender = tokio::spawn(async move {
+            backend
+                .write_all(&vec![7u8; MESSAGE])
+                .await
+                .expect("backend sends");
+            std::future::pending::<()>().await;
+            drop(backend);
+        });
+        let mut got = 0;
+        let mut piece = vec![0u8; 16 * 1024];
+        let read = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while got < MESSAGE {
+                match client.read(&mut piece).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+            }
+        })
+        .await;
+        pump.abort();
+        sender.abort();
+        assert!(
+            read.is_ok() && got == MESSAGE,
+            "{got} of {MESSAGE} bytes arrived"
+        );
+    }
 
     #[test]
     fn frame_boundaries_are_tracked_across_splits() {

@@ -118,3 +118,52 @@ fn from_now(days: i64) -> u64 {
     let now = super::unix_seconds(SystemTime::now());
     u64::try_from(now + days * DAY).expect("after 1970")
 }
+
+/// A TLS session over `server_io` and `client_io`, handshaken: baton's
+/// server side (a certificate for `a.test` from a fresh CA, as a listener
+/// builds it) and a client trusting that CA.
+pub(crate) async fn session_pair<S, C>(
+    server_io: S,
+    client_io: C,
+) -> (
+    tokio_rustls::server::TlsStream<S>,
+    tokio_rustls::client::TlsStream<C>,
+)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use std::sync::Arc;
+
+    use rustls_pki_types::pem::PemObject;
+
+    let pki = Pki::new();
+    let key = pki.leaf_files("a", "a.test", -1..90);
+    let cert = pki.dir.path().join("a.pem");
+    let loaded = super::certs::load(&cert, &key, SystemTime::now()).expect("loads");
+    let settings = super::TlsSettings::build(super::Spec {
+        certificates: vec![loaded],
+        alpn: vec!["http/1.1".into()],
+        min_version: super::MinVersion::Tls12,
+        handshake_timeout: Duration::from_secs(10),
+        client_ca: None,
+    })
+    .expect("builds");
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = rustls_pki_types::CertificateDer::from_pem_slice(pki.ca.as_ref().pem().as_bytes())
+        .expect("CA");
+    roots.add(ca).expect("root");
+    let client = rustls::ClientConfig::builder_with_provider(super::provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let acceptor = tokio_rustls::TlsAcceptor::from(settings.server_config);
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let name = rustls_pki_types::ServerName::try_from("a.test").expect("name");
+    let (server, client) = tokio::join!(
+        acceptor.accept(server_io),
+        connector.connect(name, client_io)
+    );
+    (server.expect("server side"), client.expect("client side"))
+}

@@ -159,9 +159,40 @@ pub enum WriteFault {
     Failed(io::Error),
 }
 
-/// Writes all of `data`; each write must make progress within `stall`.
-/// A write the socket takes at once arms no timer (the usual case).
+/// Writes all of `data` out; each write must make progress within
+/// `stall`, and the flush that ends it must be over within `stall`. A
+/// write the socket takes at once arms no timer (the usual case). The
+/// flush is what sends the end of it over TLS: a TLS stream's write takes
+/// the bytes into its session and returns, with up to 64 KiB of records
+/// still held there when the socket was full, which nothing would send
+/// until the next write (so the last bytes of a response to a client that
+/// reads slower than the backend sends waited for its next request, or
+/// for `idle_timeout`). A plain socket's flush does nothing.
 pub async fn write_all<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    data: &[u8],
+    stall: Duration,
+) -> Result<(), WriteFault> {
+    write_each(w, data, stall).await?;
+    let now = std::future::poll_fn(|cx| match Pin::new(&mut *w).poll_flush(cx) {
+        Poll::Ready(r) => Poll::Ready(Some(r)),
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await;
+    let flushed = match now {
+        Some(r) => Ok(r),
+        None => tokio::time::timeout(stall, w.flush()).await,
+    };
+    match flushed {
+        Err(_) => Err(WriteFault::Stalled),
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(WriteFault::Failed(e)),
+    }
+}
+
+/// Hands all of `data` to `w`; each write must make progress within
+/// `stall`.
+async fn write_each<W: AsyncWrite + Unpin>(
     w: &mut W,
     mut data: &[u8],
     stall: Duration,
@@ -256,6 +287,39 @@ mod tests {
             again.capacity() >= READ_CHUNK,
             "the spare is whole again, the bytes taken from its front reclaimed"
         );
+    }
+
+    /// Over TLS on a pipe that holds 1 KiB, what `write_all` wrote all
+    /// reaches the reader though the writer does nothing more: without
+    /// the flush, the session kept the end (up to 64 KiB) for good.
+    #[tokio::test]
+    async fn a_tls_write_leaves_nothing_in_the_session() {
+        use tokio::io::AsyncReadExt;
+        const SENT: usize = 300_000;
+        let (server_io, client_io) = tokio::io::duplex(1024);
+        let (mut server, mut client) =
+            crate::tls::testing::session_pair(server_io, client_io).await;
+        let writer = tokio::spawn(async move {
+            let data = vec![7u8; SENT];
+            let written = write_all(&mut server, &data, Duration::from_secs(10)).await;
+            assert!(written.is_ok(), "{written:?}");
+            // Held, never polled again: only what was sent gets out.
+            std::future::pending::<()>().await;
+            drop(server);
+        });
+        let mut got = 0;
+        let mut piece = vec![0u8; 16 * 1024];
+        let read = tokio::time::timeout(Duration::from_secs(10), async {
+            while got < SENT {
+                match client.read(&mut piece).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+            }
+        })
+        .await;
+        writer.abort();
+        assert!(read.is_ok() && got == SENT, "{got} of {SENT} bytes arrived");
     }
 
     #[test]
