@@ -408,6 +408,21 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         assert_eq!(c.shutdown.drain_timeout.as_secs(), 7);
     }
 
+    /// A backend named by digits alone would be taken for an index by the
+    /// backend API: refused, naming the key.
+    #[test]
+    fn a_backend_name_of_digits_alone_is_refused() {
+        let text = GOOD.replace("name = \"a\"", "name = \"1\"");
+        let found = problems(&text);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("pools[0].backends[0].name: \"1\" is all digits"),
+            "{found:?}"
+        );
+        let fine = GOOD.replace("name = \"a\"", "name = \"1a\"");
+        parse(&fine, Path::new("x.toml"), &Overrides::default()).expect("a letter makes a name");
+    }
+
     /// A ticket's lifetime (two periods, in whole seconds) must say more
     /// than 0 and at most RFC 8446's 7 days.
     #[test]

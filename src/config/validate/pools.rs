@@ -111,6 +111,24 @@ impl Validator {
         }
     }
 
+    /// A backend's own name. Not all digits: the backend API takes a
+    /// backend's index or its name in one place (`/backends/{id}`), and
+    /// reads digits as an index, so `drain 1` would drain whichever
+    /// backend is at index 1, not the one named "1".
+    fn backend_name(&mut self, key: &str, name: &str) -> String {
+        if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) {
+            self.problem(
+                key,
+                format!(
+                    "\"{name}\" is all digits, which the backend API reads as an index \
+                     (/backends/{{id}} takes an index or a name): add a letter"
+                ),
+            );
+            return name.to_string();
+        }
+        self.name(key, Some(name))
+    }
+
     /// One `backends` entry: an IP backend, or one named by DNS.
     fn backend(&mut self, key: &str, raw: &file::BackendFile) -> Entry {
         let target = match raw.address.as_deref() {
@@ -121,7 +139,7 @@ impl Validator {
             }
         };
         let name = match raw.name.as_deref() {
-            Some(n) => self.name(&format!("{key}.name"), Some(n)),
+            Some(n) => self.backend_name(&format!("{key}.name"), n),
             None => raw.address.clone().unwrap_or_default(),
         };
         let weight = self.count(&format!("{key}.weight"), raw.weight, 1, 1, 1000) as u32;
