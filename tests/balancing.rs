@@ -484,6 +484,18 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // `status` reads no token, so a user who cannot read the token file
+    // (a monitoring user; here, the file gone) still gets it; `backend`
+    // needs it.
+    std::fs::remove_file(&token_file).expect("remove the token");
+    let out = baton_cli(&["status"], &baton.config).await;
+    assert!(
+        out.status.success(),
+        "status without the token file: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = baton_cli(&["backend", "restore", "0"], &baton.config).await;
+    assert_eq!(out.status.code(), Some(78), "backend needs the token");
     let before = a.hits();
     for i in 0..10 {
         assert_eq!(

@@ -328,13 +328,16 @@ fn find_backends(topology: &Topology, id: &str) -> Result<Found, (StatusCode, St
 }
 
 /// Compares the bearer token in constant time (no early exit on the first
-/// differing byte), so timing does not reveal a prefix.
+/// differing byte), so timing does not reveal a prefix. The scheme's name
+/// is case-insensitive (RFC 9110 §11.1: `bearer x` is `Bearer x`).
 fn authorized<B>(req: &Request<B>, token: &str) -> bool {
     let Some(given) = req
         .headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, given)| given.trim_start_matches(' '))
     else {
         return false;
     };
@@ -363,4 +366,32 @@ fn json_reply(status: StatusCode, body: Value) -> Reply {
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::authorized;
+
+    fn with(authorization: &str) -> hyper::Request<()> {
+        hyper::Request::builder()
+            .header(hyper::header::AUTHORIZATION, authorization)
+            .body(())
+            .expect("request")
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_the_token_exact() {
+        for good in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret"] {
+            assert!(authorized(&with(good), "s3cret"), "{good}");
+        }
+        for bad in [
+            "Bearer s3cre",
+            "Bearer s3cret2",
+            "Basic s3cret",
+            "Bearers3cret",
+            "s3cret",
+        ] {
+            assert!(!authorized(&with(bad), "s3cret"), "{bad}");
+        }
+    }
 }

@@ -4,10 +4,11 @@ use serde_json::Value;
 
 use super::status::{admin_call, load, s};
 use crate::cli::{BackendAction, BackendArgs};
+use crate::config::Token;
 use crate::exit::Exit;
 
 pub fn backend(args: &BackendArgs) -> Exit {
-    let c = match load(&args.config.config) {
+    let c = match load(&args.config.config, Token::Read) {
         Ok(c) => c,
         Err(exit) => return exit,
     };

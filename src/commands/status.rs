@@ -4,7 +4,7 @@ use serde_json::Value;
 
 use crate::admin::client::{self, AdminCallError};
 use crate::cli::StatusArgs;
-use crate::config::AdminConfig;
+use crate::config::{AdminConfig, Token};
 use crate::exit::Exit;
 
 /// One admin API call (`baton status`, `baton backend`): its status and
@@ -28,16 +28,17 @@ pub(super) fn admin_call(
 
 /// The part of the config a command reads only to find the daemon: its
 /// `[admin]` section, so the rest being broken (while the daemon serves)
-/// does not stop `status` or `backend`.
-pub(super) fn load(path: &std::path::Path) -> Result<AdminConfig, Exit> {
-    crate::config::load_admin(path).map_err(|err| {
+/// does not stop `status` or `backend`; the token file only if `token`
+/// says it is needed.
+pub(super) fn load(path: &std::path::Path, token: Token) -> Result<AdminConfig, Exit> {
+    crate::config::load_admin(path, token).map_err(|err| {
         eprintln!("baton: config invalid: {err}");
         Exit::Config
     })
 }
 
 pub fn status(args: &StatusArgs) -> Exit {
-    let c = match load(&args.config.config) {
+    let c = match load(&args.config.config, Token::Unread) {
         Ok(c) => c,
         Err(exit) => return exit,
     };

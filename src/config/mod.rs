@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::tls::TlsSettings;
 
-pub use validate::{from_file, strip_port};
+pub use validate::{from_file, strip_port, Token};
 
 /// The default config path, as DESIGN.md's `baton run` says.
 pub const DEFAULT_PATH: &str = "/etc/baton/baton.toml";
@@ -293,7 +293,7 @@ fn render_invalid(path: &Path, problems: &[String]) -> String {
 /// syntax and `[admin]` need to be right (see `validate::admin_only`). A
 /// typo in `[admin]` (`lisen`) would send the command to the default
 /// address, maybe another baton's: refused, as `check` refuses it.
-pub fn load_admin(path: &Path) -> Result<AdminConfig, ConfigError> {
+pub fn load_admin(path: &Path, token: Token) -> Result<AdminConfig, ConfigError> {
     #[derive(serde::Deserialize)]
     struct AdminOnly {
         #[serde(default)]
@@ -302,7 +302,7 @@ pub fn load_admin(path: &Path) -> Result<AdminConfig, ConfigError> {
     let text = read(path)?;
     let (raw, unknown) =
         read_noting_unknown::<AdminOnly>(&text, path, |key| key.starts_with("admin."))?;
-    checked(validate::admin_only(&raw.admin, path), unknown, path)
+    checked(validate::admin_only(&raw.admin, path, token), unknown, path)
 }
 
 /// Reads, parses and validates the config at `path`, applying `overrides`.

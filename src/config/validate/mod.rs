@@ -21,14 +21,27 @@ mod tls;
 /// The `[admin]` section alone, validated: what `baton status` and
 /// `baton backend` need to find the daemon, whatever else in the file is
 /// broken (an operator mid-edit, a certificate gone) while it serves.
-pub fn admin_only(raw: &file::AdminFile, path: &Path) -> Result<AdminConfig, Vec<String>> {
+pub fn admin_only(
+    raw: &file::AdminFile,
+    path: &Path,
+    token: Token,
+) -> Result<AdminConfig, Vec<String>> {
     let mut v = Validator::new(path);
-    let admin = v.admin(raw);
+    let admin = v.admin(raw, token);
     if v.problems.is_empty() {
         Ok(admin)
     } else {
         Err(v.problems)
     }
+}
+
+/// Whether `admin.token_file` is read: a command that only reads
+/// (`baton status`: `/status` asks no token) runs where it may not be
+/// readable, as a monitoring user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Token {
+    Read,
+    Unread,
 }
 
 /// Builds a validated config, or every problem found.
@@ -44,7 +57,7 @@ pub fn from_file(
     };
     let shutdown = v.shutdown(&raw.shutdown, overrides);
     let reload = v.reload(&raw.reload, &shutdown);
-    let admin = v.admin(&raw.admin);
+    let admin = v.admin(&raw.admin, Token::Read);
     let control = ControlConfig {
         socket: v.path(raw.control.socket.as_deref(), "/run/baton/control.sock"),
     };
@@ -234,7 +247,7 @@ impl Validator {
         }
     }
 
-    fn admin(&mut self, raw: &file::AdminFile) -> AdminConfig {
+    fn admin(&mut self, raw: &file::AdminFile, token: Token) -> AdminConfig {
         let listen = match raw.listen.as_deref() {
             None => SocketAddr::from(([127, 0, 0, 1], 9901)),
             Some(text) if text.starts_with("unix:") => {
@@ -248,7 +261,10 @@ impl Validator {
         };
         let liveness_paths = self.paths("admin.liveness_paths", &raw.liveness_paths, "/healthz");
         let readiness_paths = self.paths("admin.readiness_paths", &raw.readiness_paths, "/readyz");
-        let token = raw.token_file.as_deref().and_then(|f| self.token(f));
+        let token = match token {
+            Token::Read => raw.token_file.as_deref().and_then(|f| self.token(f)),
+            Token::Unread => None,
+        };
         let open_to_all = raw.allow_remote_without_token.unwrap_or(false);
         if !listen.ip().is_loopback() && raw.token_file.is_none() && !open_to_all {
             self.problem(
@@ -490,14 +506,15 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             format!("[admin]\nlisten = \"127.0.0.1:9911\"\n{broken_elsewhere}"),
         )
         .expect("write");
-        let admin = super::super::load_admin(&path).expect("admin alone is fine");
+        let admin =
+            super::super::load_admin(&path, super::Token::Read).expect("admin alone is fine");
         assert_eq!(admin.listen.port(), 9911);
         std::fs::write(
             &path,
             format!("[admin]\nlisen = \"127.0.0.1:9911\"\n{GOOD}"),
         )
         .expect("write");
-        match super::super::load_admin(&path) {
+        match super::super::load_admin(&path, super::Token::Read) {
             Err(ConfigError::Invalid { problems, .. }) => {
                 assert_eq!(problems, ["admin.lisen: unknown key"]);
             }
