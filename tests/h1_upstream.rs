@@ -446,3 +446,38 @@ async fn a_transfer_coding_goes_only_to_a_client_that_can_take_it() {
         .expect("h2 response");
     assert_eq!(answer.status(), 502);
 }
+
+/// A backend that sends its head and the start of its body, then nothing
+/// (a stuck application, a host gone without a reset): after
+/// `response_timeout` of silence the client's connection is cut (`sD`)
+/// and a timeout counted, as nginx's `proxy_read_timeout` does, instead
+/// of holding it, its place and the backend connection for as long as
+/// the client waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_silent_mid_body_is_cut_after_response_timeout() {
+    let (_backend, spec) = support::raw::silent_mid_body().await;
+    let baton = Baton::start(spec).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let mut reply = Vec::new();
+    let closed = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(
+        closed.is_ok(),
+        "still open after {:?}: {reply:?}",
+        support::TIMEOUT
+    );
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    assert!(reply.ends_with("\r\n\r\nhello"), "{reply:?}");
+    let metrics = client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains(
+            "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 1"
+        ),
+        "{metrics}"
+    );
+}

@@ -557,3 +557,31 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
     );
     drop(tx);
 }
+
+/// A backend silent mid-body (head and five bytes of a hundred, then
+/// nothing): after `response_timeout` the h2 stream is reset and a
+/// timeout counted, as on the HTTP/1 path, instead of holding the stream,
+/// the backend connection and its place for as long as the client waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_silent_mid_body_resets_the_stream_after_response_timeout() {
+    let (_backend, spec) = support::raw::silent_mid_body().await;
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let response = sender
+        .send_request(request("GET", web, "/x", empty()))
+        .await
+        .expect("h2 response head");
+    assert_eq!(response.status(), 200);
+    let body = tokio::time::timeout(support::TIMEOUT, response.into_body().collect()).await;
+    let body =
+        body.unwrap_or_else(|_| panic!("the stream still open after {:?}", support::TIMEOUT));
+    assert!(body.is_err(), "the stream is reset, not ended: {body:?}");
+    let metrics = client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains(
+            "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 1"
+        ),
+        "{metrics}"
+    );
+}

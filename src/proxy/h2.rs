@@ -25,7 +25,7 @@ use super::activity::ConnState;
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
 use super::delivery::{self, StreamTask};
 use super::h1::head::{valid_authority, ResponseHead, MAX_FIELDS, MAX_HEAD};
-use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay};
+use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay, Silence};
 use super::h1::upstream;
 use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
@@ -496,7 +496,16 @@ impl HttpProxy {
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let backend = Arc::clone(lease.shared());
         let pause = upload.map(|progress| ClientPause::new(progress, self.idle_timeout));
-        let response = relay.respond(head, lease, pause).map_err(|bad| {
+        let event_stream = head
+            .values("content-type")
+            .next()
+            .is_some_and(|v| v.starts_with(b"text/event-stream"));
+        let silence = Silence::new(if event_stream {
+            self.tunnel_timeout
+        } else {
+            self.response_timeout
+        });
+        let response = relay.respond(head, lease, pause, silence).map_err(|bad| {
             let err = ProxyError::Upstream {
                 backend: backend.name.clone(),
                 cause: bad.to_string(),
@@ -504,10 +513,6 @@ impl HttpProxy {
             err.blame(&backend);
             err
         })?;
-        let event_stream = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let (drain, listener) = (drain.clone(), Arc::clone(&self.listener));
         Ok(response.map(|b| {
             let body = b.boxed_unsync();

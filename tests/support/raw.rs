@@ -178,3 +178,21 @@ pub async fn upgrading(addr: SocketAddr) -> TcpStream {
         .expect("upgrade");
     s
 }
+
+/// A backend that answers every request with a head promising 100 bytes
+/// and 5 of them, then sends nothing for a minute (a stuck application),
+/// and a spec serving it on "web" with a `response_timeout` of 1 s.
+pub async fn silent_mid_body() -> (RawBackend, super::daemon::Spec) {
+    let backend = RawBackend::start(|_: &Seen| {
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhello".to_vec(),
+            Then::CloseAfter(Duration::from_secs(60)),
+        )
+    })
+    .await;
+    let spec = super::daemon::Spec::new()
+        .top("workers = 1")
+        .listener("web", "http", "app", "response_timeout = \"1s\"")
+        .pool("app", &[backend.addr]);
+    (backend, spec)
+}

@@ -369,6 +369,8 @@ async fn attempt<S: ByteStream>(
         drain,
         listener: &proxy.listener,
         client_stall: proxy.idle_timeout,
+        backend_silence: proxy.response_timeout,
+        event_silence: proxy.tunnel_timeout,
         progress: &progress,
     };
     let pumped = pump(proxy, client, &mut up, body, &down).await;
@@ -508,6 +510,15 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
             );
             tracing::warn!(backend = %backend.name, %cause, "backend response broke off; aborting the client connection");
             return Failure::Abort(Termination::BackendFailed(Phase::Data));
+        }
+        DownFault::Silent(limit) => {
+            backend.upstream_failed(
+                UpstreamErrorKind::Timeout,
+                &format!("no response body bytes within {limit:?}"),
+                false,
+            );
+            tracing::warn!(backend = %backend.name, ?limit, "backend sent no body bytes within its limit; aborting the client connection");
+            return Failure::Abort(Termination::BackendTimeout(Phase::Data));
         }
         DownFault::Backend { cause, .. } => cause,
         DownFault::BadHead(bad) => bad.to_string(),

@@ -229,6 +229,12 @@ pub struct Down<'a> {
     pub listener: &'a str,
     /// How long the client may take no response bytes.
     pub client_stall: Duration,
+    /// How long the backend may send no body bytes while baton waits for
+    /// them (`response_timeout`, as nginx's `proxy_read_timeout` and
+    /// HAProxy's `timeout server` bound a silent server mid-body), and an
+    /// event stream, whose events may be far apart, `tunnel_timeout`.
+    pub backend_silence: Duration,
+    pub event_silence: Duration,
     pub progress: &'a Progress,
 }
 
@@ -258,6 +264,9 @@ pub enum DownFault {
     BadHead(BadResponse),
     /// The response body broke off (its head went to the client).
     BrokeOff(String),
+    /// The backend sent no body bytes for this long (its head went to the
+    /// client).
+    Silent(Duration),
     Client(WriteFault),
 }
 
@@ -438,6 +447,10 @@ impl ResponseBody {
         let mut decoder = (self.framing == Framing::Chunked).then(Decoder::new);
         let ending = down.drain.long_lived_ending();
         tokio::pin!(ending);
+        let silence = match self.sse {
+            Some(_) => down.event_silence,
+            None => down.backend_silence,
+        };
         loop {
             let complete = if self.out.is_empty() && matches!(self.framing, Framing::Length(_)) {
                 self.pass_through(buf, &mut remaining, client, down).await?
@@ -463,6 +476,9 @@ impl ResponseBody {
                 return Ok(false);
             }
             let read = tokio::select! {
+                // Bytes already there arm no timer (the sleep below is
+                // polled, and registered, only when the read waits).
+                biased;
                 read = read_some(backend, buf) => read,
                 () = ending.as_mut(), if self.sse.as_ref().is_some_and(|s| !s.ending) => {
                     if let Some(sse) = &mut self.sse {
@@ -470,6 +486,7 @@ impl ResponseBody {
                     }
                     continue;
                 }
+                () = tokio::time::sleep(silence) => return Err(DownFault::Silent(silence)),
             };
             match read {
                 Ok(0) if self.framing == Framing::UntilClose => {

@@ -77,6 +77,51 @@ pub struct ResponseBody {
     /// The watch on a request body still coming up (`None` once it is in,
     /// or for a body-less request).
     pause: Option<ClientPause>,
+    silence: Silence,
+}
+
+/// How long the backend may send no body bytes while the stream waits for
+/// them (`response_timeout`; an event stream's `tunnel_timeout`), as on
+/// the HTTP/1 path: a backend stuck mid-body would otherwise hold the
+/// stream, its backend connection and lease for as long as the client
+/// waits. The timer is armed only while a read waits, and kept to be
+/// reset, not made again, at the next wait.
+pub struct Silence {
+    limit: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    armed: bool,
+}
+
+impl Silence {
+    pub fn new(limit: Duration) -> Silence {
+        Silence {
+            limit,
+            timer: None,
+            armed: false,
+        }
+    }
+
+    /// Ready once the backend has been silent for the limit since the
+    /// read began waiting.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.armed {
+            let deadline = tokio::time::Instant::now() + self.limit;
+            match self.timer.as_mut() {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            self.armed = true;
+        }
+        match self.timer.as_mut() {
+            Some(timer) => timer.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Bytes (or the end) came: the next wait starts a new clock.
+    fn heard(&mut self) {
+        self.armed = false;
+    }
 }
 
 /// How long the client's request body may pause while the response comes
@@ -199,6 +244,7 @@ impl ResponseBody {
         keeps: bool,
         lease: Lease,
         pause: Option<ClientPause>,
+        silence: Silence,
     ) -> ResponseBody {
         let mut body = ResponseBody {
             relay: Some(relay),
@@ -206,6 +252,7 @@ impl ResponseBody {
             keeps,
             lease: Some(lease),
             pause,
+            silence,
         };
         // A body-less response ends here: the connection goes back at once.
         if body.decoding.done {
@@ -228,15 +275,15 @@ impl ResponseBody {
 
     /// The body broke off: the backend's failure, charged once.
     fn broke_off(&mut self, cause: String) -> BodyError {
+        self.failed(UpstreamErrorKind::Protocol, cause)
+    }
+
+    fn failed(&mut self, kind: UpstreamErrorKind, cause: String) -> BodyError {
         self.decoding.done = true;
         self.relay = None;
         if let Some(lease) = self.lease.take() {
             let backend = lease.backend();
-            backend.upstream_failed(
-                UpstreamErrorKind::Protocol,
-                &format!("response broke off: {cause}"),
-                false,
-            );
+            backend.upstream_failed(kind, &format!("response broke off: {cause}"), false);
             tracing::warn!(backend = %backend.name, %cause, "backend response broke off; resetting the stream");
         }
         cause.into()
@@ -344,7 +391,16 @@ impl Body for ResponseBody {
                 }
                 Ok(None) => {}
             }
-            match ready!(poll_read_some(&mut up.stream, cx, &mut up.buf)) {
+            let read = match poll_read_some(&mut up.stream, cx, &mut up.buf) {
+                Poll::Ready(read) => read,
+                Poll::Pending => {
+                    ready!(this.silence.poll_expired(cx));
+                    let cause = format!("no body bytes within {:?}", this.silence.limit);
+                    return Poll::Ready(Some(Err(this.failed(UpstreamErrorKind::Timeout, cause))));
+                }
+            };
+            this.silence.heard();
+            match read {
                 Ok(0) if this.decoding.framing == Framing::UntilClose => {
                     this.decoding.done = true;
                     this.keeps = false;

@@ -17,7 +17,7 @@
 mod download;
 mod upload;
 
-pub use download::{ClientPause, ResponseBody};
+pub use download::{ClientPause, ResponseBody, Silence};
 pub use upload::BackendWait;
 
 use std::sync::Arc;
@@ -170,6 +170,7 @@ impl Relay {
         head: &ResponseHead,
         lease: Lease,
         pause: Option<ClientPause>,
+        silence: Silence,
     ) -> Result<Response<ResponseBody>, BadResponse> {
         if head.status == 101 {
             return Err(BadResponse::Malformed(
@@ -190,7 +191,14 @@ impl Relay {
         let both_framings =
             head.framing == Framing::Chunked && head.values("content-length").next().is_some();
         let keeps = head.keep_alive && self.keepable && !both_framings;
-        let body = ResponseBody::new(self, Decoding::new(head.framing), keeps, lease, pause);
+        let body = ResponseBody::new(
+            self,
+            Decoding::new(head.framing),
+            keeps,
+            lease,
+            pause,
+            silence,
+        );
         Ok(response.map(|()| body))
     }
 }
