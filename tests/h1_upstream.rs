@@ -481,3 +481,37 @@ async fn a_backend_silent_mid_body_is_cut_after_response_timeout() {
         "{metrics}"
     );
 }
+
+/// A backend that takes none of an upload is answered 504 at
+/// `response_timeout` from when it stopped taking bytes, not after a
+/// second `response_timeout` spent waiting for a head it will not send.
+/// (The bound has room: 5 s is the fixed time, the old one 10 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_takes_no_upload_is_a_504_at_response_timeout() {
+    let deaf = support::raw::deaf_after_head().await;
+    let spec = Spec::new()
+        .top("workers = 1")
+        .listener("web", "http", "app", "response_timeout = \"5s\"")
+        .pool("app", &[deaf]);
+    let baton = Baton::start(spec).await;
+    let stream = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let (mut read, mut write) = stream.into_split();
+    let started = std::time::Instant::now();
+    let uploading = tokio::spawn(async move {
+        let head = "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n";
+        write.write_all(head.as_bytes()).await.expect("head");
+        let chunk = vec![b'x'; 64 * 1024];
+        while write.write_all(&chunk).await.is_ok() {}
+    });
+    let mut reply = vec![0u8; 12];
+    tokio::time::timeout(support::TIMEOUT, read.read_exact(&mut reply))
+        .await
+        .expect("an answer in time")
+        .expect("read");
+    let took = started.elapsed();
+    uploading.abort();
+    assert_eq!(&reply, b"HTTP/1.1 504");
+    assert!(took < Duration::from_secs(8), "504 after {took:?}");
+}

@@ -459,24 +459,7 @@ async fn requests_an_http_1_backend_could_misread_are_refused() {
 /// client's 408, though the client too has sent nothing since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_takes_no_upload_is_a_504_not_the_client_s_408() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                match tokio::io::AsyncReadExt::read(&mut stream, &mut byte).await {
-                    Ok(1) => head.push(byte[0]),
-                    _ => break,
-                }
-            }
-            held.push(stream);
-        }
-    });
+    let addr = support::raw::deaf_after_head().await;
     let spec = Spec::new()
         .top("workers = 1")
         .listener(

@@ -196,3 +196,25 @@ pub async fn silent_mid_body() -> (RawBackend, super::daemon::Spec) {
         .pool("app", &[backend.addr]);
     (backend, spec)
 }
+
+/// A backend that reads each request's head and then nothing more, holding
+/// the connection: an upload to it stalls once the sockets are full.
+pub async fn deaf_after_head() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match stream.read(&mut byte).await {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            held.push(stream);
+        }
+    });
+    addr
+}

@@ -444,6 +444,9 @@ async fn pump<S: ByteStream>(
     let (mut backend_r, mut backend_w) = up.stream.halves();
     let downloading = download(&mut backend_r, &mut up.buf, &mut client_w, down);
     tokio::pin!(downloading);
+    // When the response head is due: `response_timeout` after the request
+    // went up whole.
+    let mut head_due = Instant::now() + proxy.response_timeout;
     if !body.is_done() {
         let limits = UpLimits {
             client_pause: proxy.idle_timeout,
@@ -459,23 +462,33 @@ async fn pump<S: ByteStream>(
         tokio::pin!(uploading);
         tokio::select! {
             sent = &mut uploading => match sent {
-                Ok(()) => down.progress.upload_done.store(true, Ordering::Relaxed),
-                // It may have answered early: its answer decides.
-                Err(UpFault::BackendGone(_)) => {}
+                Ok(()) => {
+                    down.progress.upload_done.store(true, Ordering::Relaxed);
+                    head_due = Instant::now() + proxy.response_timeout;
+                }
+                // It may have answered early: its answer decides. One that
+                // took no bytes for `response_timeout` has had its time: a
+                // head not in by now is not waited for again (a 504 then,
+                // not after twice the timeout).
+                Err(UpFault::BackendGone(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    head_due = Instant::now();
+                }
+                Err(UpFault::BackendGone(_)) => head_due = Instant::now() + proxy.response_timeout,
                 Err(fault) => return Pumped::Up(fault),
             },
             got = &mut downloading => return delivered(got),
         }
     }
-    let sent_at = Instant::now();
     let gone = watch_client(&mut client_r, &mut client.buf);
     tokio::pin!(gone);
     let mut clock = true;
     loop {
         tokio::select! {
+            // A head already in wins over a clock that ran out with it.
+            biased;
             got = &mut downloading => return delivered(got),
             () = &mut gone => return Pumped::ClientGone,
-            () = client.alarm.until(sent_at + proxy.response_timeout), if clock => {
+            () = client.alarm.until(head_due), if clock => {
                 if down.progress.head_at.get().is_none() {
                     return Pumped::ResponseTimeout;
                 }
