@@ -104,11 +104,24 @@ impl Generation {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
         let _ = self.phase.send(Phase::Stopping { deadline: None });
         systemd::stopping();
-        let held = self.holdings.names();
-        let (forced_early, ()) = tokio::join!(
-            self.pre_stop_pause(),
-            release_fd_store_unless_restarting(held)
-        );
+        let release =
+            release_fd_store_unless_restarting(self.holdings.names(), self.fd_store_again.clone());
+        tokio::pin!(release);
+        let mut released = false;
+        // A second stop signal forces at once, without waiting for systemd.
+        let forced_early = {
+            let pause = self.pre_stop_pause();
+            tokio::pin!(pause);
+            loop {
+                tokio::select! {
+                    forced = &mut pause => break forced,
+                    () = &mut release, if !released => released = true,
+                }
+            }
+        };
+        if !forced_early && !released {
+            release.await;
+        }
         self.holdings.handed_over(&[]);
         self.close_doors().await;
         // Under systemd the control socket lives on in the fd store for the
@@ -342,7 +355,7 @@ const FD_STORE_RELEASE_SETTLE: Duration = Duration::from_millis(100);
 /// the queue is served first), where the store's copies kept it queued
 /// until the unit ended and then reset it. A restart leaves them there for
 /// the next start, which serves what queued meanwhile.
-async fn release_fd_store_unless_restarting(names: Vec<String>) {
+async fn release_fd_store_unless_restarting(names: Vec<String>, pending: systemd::PendingUpdate) {
     if !systemd::enabled() || names.is_empty() {
         return;
     }
@@ -351,7 +364,7 @@ async fn release_fd_store_unless_restarting(names: Vec<String>) {
             tracing::info!("a restart: the listening sockets stay in systemd's fd store for the next start");
         }
         Some(false) => {
-            systemd::release(&names);
+            pending.release(&names);
             tokio::time::sleep(FD_STORE_RELEASE_SETTLE).await;
         }
         None => tracing::warn!(

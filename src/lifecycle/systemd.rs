@@ -143,7 +143,7 @@ fn own_unit() -> Option<String> {
 
 /// Takes `names` out of the fd store: systemd closes its copies, so once
 /// ours close too the sockets are gone and a connection is refused at once.
-pub fn release(names: &[String]) {
+fn release(names: &[String]) {
     for name in names {
         notify(&[
             NotifyState::Custom("FDSTOREREMOVE=1"),
@@ -157,29 +157,38 @@ pub fn release(names: &[String]) {
 /// it is dropped when this generation closes its doors: a later reload
 /// that removes a listener must not find its socket still open (and
 /// completing handshakes nobody accepts) in a copy kept for a repetition
-/// that no longer matters.
+/// that no longer matters. Sent, dropped and released under its lock, so
+/// a stop's release is never followed by the repetition storing the
+/// sockets again (the old generation may exit during the stop's pause).
 #[derive(Clone, Default)]
 pub struct PendingUpdate(Arc<Mutex<Option<FdStoreUpdate>>>);
 
 impl PendingUpdate {
     pub fn hold(&self, update: FdStoreUpdate) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(update);
+        *self.lock() = Some(update);
     }
 
     /// Sends it, if it is still held, and lets it go.
     pub fn send(&self) {
-        if let Some(update) = self.take() {
+        if let Some(update) = self.lock().take() {
             update.send();
         }
     }
 
     /// Lets it go unsent (closing the duplicates).
     pub fn drop_unsent(&self) {
-        drop(self.take());
+        drop(self.lock().take());
     }
 
-    fn take(&self) -> Option<FdStoreUpdate> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    /// Lets it go unsent and takes `names` out of the store.
+    pub fn release(&self, names: &[String]) {
+        let mut pending = self.lock();
+        drop(pending.take());
+        release(names);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<FdStoreUpdate>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

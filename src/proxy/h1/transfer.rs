@@ -476,16 +476,18 @@ impl ResponseBody {
                 return Ok(false);
             }
             let read = tokio::select! {
-                // Bytes already there arm no timer (the sleep below is
-                // polled, and registered, only when the read waits).
+                // The drain's word first (an event stream's only: a busy
+                // stream whose reads are always ready would never hear
+                // it), then bytes already there, which arm no timer (the
+                // sleep is polled, and registered, only when the read waits).
                 biased;
-                read = read_some(backend, buf) => read,
                 () = ending.as_mut(), if self.sse.as_ref().is_some_and(|s| !s.ending) => {
                     if let Some(sse) = &mut self.sse {
                         sse.ending = true;
                     }
                     continue;
                 }
+                read = read_some(backend, buf) => read,
                 () = tokio::time::sleep(silence) => return Err(DownFault::Silent(silence)),
             };
             match read {
