@@ -247,11 +247,12 @@ fn chain_order(parsed: &[X509Certificate<'_>]) -> Option<Reason> {
 /// Certificates not valid at `now` (errors), and those expiring within
 /// [`EXPIRY_WARNING_SECS`] (warnings).
 /// The chain's validity now: what refuses the entry, and what loads with a
-/// warning. Only the leaf's dates refuse it: a chain may carry an expired
-/// certificate for old clients (Let's Encrypt's chains carried ISRG Root
-/// X1 cross-signed by the expired DST Root CA X3 for years), which clients
-/// that trust the next one down never use; nginx and HAProxy serve such
-/// chains.
+/// warning. The leaf's and its issuer's dates refuse it (every client
+/// builds its path through both); further up, a chain may carry an
+/// expired certificate for old clients (Let's Encrypt's chains carried
+/// ISRG Root X1 cross-signed by the expired DST Root CA X3 for years),
+/// which clients that trust the one below it never use; nginx and HAProxy
+/// serve such chains.
 fn validity(parsed: &[X509Certificate<'_>], now: i64) -> (Vec<Reason>, Vec<Reason>) {
     let mut invalid = Vec::new();
     let mut warned = Vec::new();
@@ -273,7 +274,7 @@ fn validity(parsed: &[X509Certificate<'_>], now: i64) -> (Vec<Reason>, Vec<Reaso
         } else {
             continue;
         };
-        if index == 0 {
+        if index <= 1 {
             invalid.push(wrong);
         } else {
             warned.push(wrong);
@@ -406,6 +407,16 @@ mod tests {
         assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
         let warning = loaded.warnings[0].to_string();
         assert!(warning.starts_with("chain[2] expired on "), "{warning}");
+    }
+
+    /// The leaf's own issuer expired: every client builds its path
+    /// through it, so that refuses the entry, naming chain[1].
+    #[test]
+    fn an_expired_issuer_is_refused() {
+        let pki = Pki::with_ca_valid(-30..-2);
+        let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..90);
+        let p = only_problem(load_texts(&pki, &leaf.chain(), &leaf.key));
+        assert!(p.to_string().starts_with("chain[1] expired on "), "{p}");
     }
 
     #[test]

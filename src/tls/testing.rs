@@ -32,7 +32,12 @@ impl Leaf {
 
 impl Pki {
     pub fn new() -> Self {
-        let mut params = params("baton test CA", &[], -1..3650);
+        Pki::with_ca_valid(-1..3650)
+    }
+
+    /// A CA valid over `days` (counted from now).
+    pub fn with_ca_valid(days: Range<i64>) -> Self {
+        let mut params = params("baton test CA", &[], days);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let key = KeyPair::generate().expect("CA key");
         let ca = CertifiedIssuer::self_signed(params, key).expect("CA");
