@@ -700,6 +700,36 @@ async fn a_drain_carried_across_a_reload_is_out_only_once_the_older_generations_
     .await;
 }
 
+/// A drain posted after a reload, while the older generation still has a
+/// request on the backend, stays `draining` until that generation's work
+/// ends, not `out` at once because the serving generation has nothing in
+/// flight there: an operator who stops the backend at `out` cuts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_posted_after_a_reload_waits_for_the_older_generations_work() {
+    let a = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[a.addr])).await;
+    let (web, admin) = (baton.addr("web"), baton.admin);
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("a request held on a", || async { a.held() == 1 }).await;
+    baton.reload_ok().await;
+    let drained = client::call(admin, "POST", "/backends/app-0/drain", None)
+        .await
+        .expect("drain");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        backend_state(admin, "app-0").await,
+        "draining",
+        "generation 1 still has a request on it"
+    );
+    a.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
+    support::eventually("out once generation 1 is done", || async {
+        backend_state(admin, "app-0").await == "out"
+    })
+    .await;
+}
+
 /// A client that goes away while its request waits in line loses its
 /// place, and its request reaches no backend (as nginx does not send a
 /// request whose client closed, and HAProxy's `abortonclose`).

@@ -739,6 +739,41 @@ async fn with_a_slow_request() -> (
     (backend, baton, slow)
 }
 
+/// A backend drain posted on an admin connection opened before a reload,
+/// and so answered by the old generation after the go-ahead, is refused
+/// (503, and the connection closed) rather than taken by a generation that
+/// no longer picks backends: its 200 said "draining" while the serving
+/// generation went on sending the backend traffic. Sent again, the
+/// serving generation takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_drain_posted_to_the_old_generation_after_the_handover_is_refused() {
+    use tokio::io::AsyncWriteExt;
+    let (_backend, baton, slow) = with_a_slow_request().await;
+    let admin = baton.admin;
+    let mut late = tokio::net::TcpStream::connect(admin)
+        .await
+        .expect("connect");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    baton.reload_ok().await;
+    late.write_all(
+        b"POST /backends/app-0/drain HTTP/1.1\r\nhost: admin\r\ncontent-length: 0\r\n\r\n",
+    )
+    .await
+    .expect("request");
+    let answer = client::read_until_closed(&mut late).await.to_lowercase();
+    assert!(answer.starts_with("http/1.1 503"), "{answer:?}");
+    assert!(answer.contains("connection: close"), "{answer:?}");
+    let state = |s: serde_json::Value| s["pools"][0]["backends"][0]["state"].clone();
+    assert_eq!(state(client::status(admin).await), "up", "nothing changed");
+    let again = client::call(admin, "POST", "/backends/app-0/drain", None)
+        .await
+        .expect("call");
+    assert_eq!(again.status, 200, "{}", again.body);
+    let now = state(client::status(admin).await);
+    assert!(now == "draining" || now == "out", "{now}");
+    drop(slow);
+}
+
 /// A scraper's kept-alive admin connection does not stay on a draining
 /// generation: it is closed when the next generation takes the admin
 /// socket, so the scraper's next request reaches the serving one, not the

@@ -11,7 +11,7 @@ mod routes;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::SystemTime;
 
 use http::header::{HeaderValue, CONNECTION};
@@ -75,6 +75,14 @@ pub struct AdminShared {
     /// older generation held and ours lacks shows 0 once that generation
     /// is gone, not its last count for good.
     pub draining_shown: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// True once a reload's new generation has taken our backends' states
+    /// (at the go-ahead; false again if that reload fails after all). A
+    /// drain or restore posted here after that would change only this
+    /// generation, which no longer picks backends: it is refused, to be
+    /// sent again to the serving one. Held across a post and across the
+    /// taking, so a post lands wholly before the states are taken, or is
+    /// refused.
+    pub handed_over: std::sync::Mutex<bool>,
 }
 
 impl AdminShared {
@@ -82,6 +90,26 @@ impl AdminShared {
         if let Ok(mut t) = self.topology.write() {
             *t = Arc::new(topology);
         }
+    }
+
+    /// Takes the backends' states for a newer generation (`take`), from
+    /// which point backend posts are refused.
+    pub fn hand_over_backends<T>(&self, take: impl FnOnce() -> T) -> T {
+        let mut handed = self
+            .handed_over
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *handed = true;
+        take()
+    }
+
+    /// The reload that took them failed: this generation serves on, and
+    /// takes backend posts again.
+    pub fn keep_backends(&self) {
+        *self
+            .handed_over
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = false;
     }
 
     fn topology(&self) -> Arc<Topology> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use http::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{json, Value};
@@ -225,6 +225,21 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
                 "missing or wrong bearer token".into(),
             );
         }
+    }
+    // Held until the change is made: see `AdminShared::handed_over`.
+    let handed_over = state
+        .handed_over
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if *handed_over {
+        let mut refused = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this generation has handed over to a newer one: send it again (a new connection reaches the serving generation)".into(),
+        );
+        refused
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        return refused;
     }
     let topology = state.topology();
     let found = match find_backends(&topology, id) {

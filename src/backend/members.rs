@@ -161,7 +161,7 @@ impl Recipe {
             send_proxy: self.send_proxy,
             vanished: AtomicBool::new(false),
             retired: AtomicBool::new(false),
-            carried_drain: AtomicBool::new(false),
+            elder_may_use: AtomicBool::new(false),
             gone: CancellationToken::new(),
         });
         backend.publish();

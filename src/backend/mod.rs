@@ -152,10 +152,11 @@ pub struct Backend {
     /// from the operator's admin state, which a returning address finds as
     /// it was.
     retired: AtomicBool,
-    /// A drain carried from an older generation that may still have work
-    /// on it: not `out` before that generation is gone, whatever is said
-    /// meanwhile (see `Pool::settle_drains`).
-    carried_drain: AtomicBool,
+    /// An older generation, still draining, may have work on it: a drain
+    /// (carried over, or posted to us since) is not `out` before that
+    /// generation is gone, whatever our own count says (see
+    /// `Pool::settle_drains`).
+    elder_may_use: AtomicBool,
     /// Cancelled when it leaves its pool: its health checks stop.
     gone: CancellationToken,
 }
@@ -357,7 +358,7 @@ impl Backend {
             return;
         }
         if self.in_flight() == 0
-            && !self.carried_drain.load(Ordering::SeqCst)
+            && !self.elder_may_use.load(Ordering::SeqCst)
             && self
                 .admin
                 .compare_exchange(
@@ -378,12 +379,13 @@ impl Backend {
     }
 
     /// Takes a carried-over admin state and verdict from an older
-    /// generation. A drain stays a drain (not `out`, though nothing of
-    /// ours is in flight) until the older generation, which may still have
-    /// work on the backend, is gone: see `Pool::settle_drains`.
+    /// generation. Until that generation, which may still have work on the
+    /// backend, is gone, a drain stays a drain (not `out`, though nothing
+    /// of ours is in flight): one carried over, and one posted to us
+    /// meanwhile (its tunnels and kept-alive connections go on using the
+    /// backend). See `Pool::settle_drains`.
     pub fn adopt(&self, admin: AdminState, healthy: Option<bool>) {
-        self.carried_drain
-            .store(admin == AdminState::Draining, Ordering::SeqCst);
+        self.elder_may_use.store(true, Ordering::SeqCst);
         if let (true, Some(healthy)) = (self.checked, healthy) {
             if let Ok(mut h) = self.health.lock() {
                 *h = Health::with_verdict(h.rise(), h.fall(), healthy);
@@ -533,7 +535,7 @@ impl Pool {
     /// older generation is gone, whose work on them `adopt` waited for.
     pub fn settle_drains(&self) {
         for b in self.members.load().backends.iter() {
-            b.carried_drain.store(false, Ordering::SeqCst);
+            b.elder_may_use.store(false, Ordering::SeqCst);
             b.settle();
         }
     }

@@ -230,6 +230,7 @@ fn open_admin(
         inherited: Default::default(),
         configured: configured(config),
         draining_shown: Default::default(),
+        handed_over: Default::default(),
     });
     admin.set_inherited(start.report);
     let admin_listener =

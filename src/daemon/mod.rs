@@ -216,6 +216,9 @@ impl Generation {
                     Command::Stop => {
                         if let Some(under_way) = reload.take() {
                             let said = under_way.settle_for_stop().await;
+                            // Handed over or not, this generation serves
+                            // its pre-stop pause: it takes backend posts.
+                            self.admin.keep_backends();
                             if let Some(w) = waiter.take() {
                                 let _ = w.send(Reply::err(Exit::Failure, said));
                             }
@@ -250,6 +253,7 @@ impl Generation {
                     match outcome {
                         Ok(successor) => return Ending::HandedOver(Box::new(successor), waiter.take()),
                         Err(err) => {
+                            self.admin.keep_backends();
                             tracing::error!(cause = %err, "reload failed; this generation keeps serving");
                             systemd::ready(&self.status_line());
                             if let Some(w) = waiter.take() {
@@ -280,9 +284,9 @@ impl Generation {
         draining.push(std::process::id());
         let sockets = self.holdings.offer();
         let backends = build::carry_out(&self.pools);
-        let pools = self.pools.clone();
+        let (pools, admin) = (self.pools.clone(), Arc::clone(&self.admin));
         let backends_now: Box<dyn Fn() -> Vec<BackendCarry> + Send> =
-            Box::new(move || build::carry_out(&pools));
+            Box::new(move || admin.hand_over_backends(|| build::carry_out(&pools)));
         let report = self.admin.report();
         let tickets = self.ticketer.keys();
         let resolved = crate::resolve::refresh::carry_out(&self.pools);
