@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::stream::BackendStream;
+use super::stream::{holds_nothing_back, BackendStream};
 use crate::stream::ByteStream;
 use tokio::time::Instant;
 
@@ -55,8 +55,12 @@ impl IdleConnections {
         None
     }
 
-    /// Keeps `stream` for reuse, dropping connections that expired.
-    pub fn put(&self, stream: BackendStream) {
+    /// Keeps `stream` for reuse, dropping connections that expired (and
+    /// `stream` itself if its TLS session holds bytes back).
+    pub fn put(&self, mut stream: BackendStream) {
+        if !holds_nothing_back(&mut stream) {
+            return;
+        }
         let Ok(mut conns) = self.mine().lock() else {
             return;
         };

@@ -98,6 +98,23 @@ pub enum Link<P, T> {
     Tls(T),
 }
 
+/// Whether a connection that ended its exchange holds nothing the backend
+/// sent past it, above the socket: a TLS session may hold decrypted bytes
+/// a read did not take (more than its buffer had room for), or a
+/// close_notify read with the last records, which a look at the socket
+/// (`idle::still_open`) cannot see. Such a connection must not serve
+/// another request: the bytes would be read as that request's response.
+pub fn holds_nothing_back(stream: &mut BackendStream) -> bool {
+    match stream {
+        Link::Plain(_) => true,
+        Link::Tls(s) => s
+            .get_mut()
+            .1
+            .process_new_packets()
+            .is_ok_and(|state| state.plaintext_bytes_to_read() == 0 && !state.peer_has_closed()),
+    }
+}
+
 type TlsRead<'a> = tokio::io::ReadHalf<&'a mut TlsStream<TcpStream>>;
 type TlsWrite<'a> = tokio::io::WriteHalf<&'a mut TlsStream<TcpStream>>;
 
@@ -182,5 +199,36 @@ impl ByteStream for BackendStream {
             Link::Plain(s) => Some(s),
             Link::Tls(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::{holds_nothing_back, Link};
+
+    /// Bytes a TLS backend sent past what a read took stay in the session,
+    /// where the socket shows nothing: the connection is not kept for them.
+    #[tokio::test]
+    async fn a_tls_session_holding_bytes_is_not_kept() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (accepted, connected) =
+            tokio::join!(listener.accept(), tokio::net::TcpStream::connect(addr));
+        let (server_io, client_io) = (accepted.expect("accept").0, connected.expect("connect"));
+        let (mut server, client) = crate::tls::testing::session_pair(server_io, client_io).await;
+        let mut stream = Link::Tls(Box::new(client));
+        assert!(holds_nothing_back(&mut stream), "a fresh session");
+        server.write_all(b"abc").await.expect("send");
+        server.flush().await.expect("flush");
+        let mut one = [0u8; 1];
+        stream.read_exact(&mut one).await.expect("read");
+        assert!(!holds_nothing_back(&mut stream), "two bytes held");
+        let mut two = [0u8; 2];
+        stream.read_exact(&mut two).await.expect("read the rest");
+        assert!(holds_nothing_back(&mut stream), "all taken");
     }
 }

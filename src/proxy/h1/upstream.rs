@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use tokio::time::Instant;
 
 use crate::backend::idle::{still_open, IDLE_LIMIT};
-use crate::backend::stream::BackendStream;
+use crate::backend::stream::{holds_nothing_back, BackendStream};
 use crate::backend::Backend;
 use crate::proxy::ProxyError;
 use crate::proxy_protocol::send::Speaker;
@@ -94,9 +94,10 @@ impl Upstream {
 
 /// Keeps a connection that ended cleanly with keep-alive on both sides:
 /// the client's own under `send_proxy`, else the backend's idle list.
-pub fn keep<S>(client: &mut Client<S>, backend: &Backend, stream: BackendStream) {
+pub fn keep<S>(client: &mut Client<S>, backend: &Backend, mut stream: BackendStream) {
     match backend.send_proxy {
         None => backend.idle.put(stream),
+        Some(_) if !holds_nothing_back(&mut stream) => {}
         Some(_) => {
             client.kept = Some(Kept {
                 backend: backend.index,
