@@ -273,6 +273,45 @@ async fn an_h2c_stream_completes_after_goaway() {
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
 }
 
+/// An idle h2c connection whose client answers nothing (gone, or not
+/// reading a pooled connection it does not use) is closed once it has
+/// stayed idle through `keepalive_drain_grace` of the drain, as an idle
+/// HTTP/1 one is: h2's own graceful close waits for an answer to its PING,
+/// which held the drain to its deadline and made the stop a forced one
+/// (exit 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_h2c_connection_that_answers_nothing_does_not_hold_the_drain() {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    const SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"5s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let mut silent = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    silent.write_all(PREFACE).await.expect("preface");
+    silent.write_all(SETTINGS).await.expect("settings");
+    // Served: the connection is an h2c one baton holds (it answers the
+    // SETTINGS), and from here on the client reads and answers nothing.
+    let mut first = [0u8; 9];
+    silent
+        .read_exact(&mut first)
+        .await
+        .expect("baton's SETTINGS");
+    assert_eq!(first[3], 4, "a SETTINGS frame");
+    signal(baton.first_pid, Signal::SIGTERM);
+    assert_eq!(
+        wait_exit(baton.first_pid).await,
+        Some(0),
+        "drained, not forced at the deadline"
+    );
+    drop(silent);
+}
+
 /// A masked client text frame.
 fn ws_frame(payload: &[u8]) -> Vec<u8> {
     let mask = [1u8, 2, 3, 4];

@@ -61,6 +61,19 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
+/// Resolves once, the drain under way, the connection has had no stream
+/// open for `grace`, counted from the drain's start at the earliest (as an
+/// idle HTTP/1 connection is closed: a client idle for long may be sending
+/// its next request right now). h2's own graceful close waits for the
+/// client's answer to its PING, and a client that gives none (gone, or
+/// not reading an idle pooled connection) held the drain to its deadline,
+/// which then counted a forced close.
+async fn idle_through_the_drain(drain: &DrainWatch, state: &ConnState, grace: Duration) {
+    drain.draining().await;
+    tokio::time::sleep(grace).await;
+    state.idle_for(grace).await;
+}
+
 /// A request body ready to go upstream.
 struct Outgoing {
     body: ProxyBody,
@@ -106,6 +119,8 @@ impl HttpProxy {
         let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state.opening)));
         let conn = self.h2_server(&drain, peer).serve_connection(io, service);
         tokio::pin!(conn);
+        let idle_in_drain = idle_through_the_drain(&drain, &state, self.keepalive_drain_grace);
+        tokio::pin!(idle_in_drain);
         let mut closing = false;
         let mut cut_at: Option<Instant> = None;
         loop {
@@ -139,6 +154,11 @@ impl HttpProxy {
                 }
                 () = sleep_until_some(cut_at) => {
                     tracing::debug!(listener = %self.listener, client = %peer, "h2 client did not close after GOAWAY; closing");
+                    return;
+                }
+                () = &mut idle_in_drain => {
+                    tracing::debug!(listener = %self.listener, client = %peer, expected = true, "h2 connection idle through the drain's grace; closing");
+                    drain.closed_idle();
                     return;
                 }
             }
