@@ -156,3 +156,33 @@ async fn a_half_close_from_a_slow_reader_loses_nothing_of_the_backends_half() {
     assert_eq!(body.len(), LEN, "every byte");
     assert!(body == &pattern[..], "in order");
 }
+
+/// A TCP tunnel that the reload's drain deadline forces closed counts its
+/// bytes in `baton_tcp_bytes_total` all the same (they were counted only
+/// when a tunnel ended by itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_tcp_tunnels_bytes_are_counted() {
+    let echo = TcpEcho::start().await;
+    let spec = Spec::new()
+        .section("[reload]\ndrain_timeout = \"1s\"\n")
+        .listener("raw", "tcp", "echo", "")
+        .pool("echo", &[echo.addr]);
+    let baton = Baton::start(spec).await;
+    let mut tunnel = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    echoes(&mut tunnel, b"0123456789").await;
+    let old = baton.serving_pid().await;
+    baton.reload_ok().await;
+    assert_eq!(
+        support::daemon::wait_exit(old).await,
+        Some(3),
+        "the tunnel outlived the drain"
+    );
+    let counted = "baton_tcp_bytes_total{listener=\"raw\",direction=\"to_backend\"} 10";
+    support::eventually("the forced tunnel's bytes counted", || async {
+        client::metrics(baton.admin).await.contains(counted)
+    })
+    .await;
+    drop(tunnel);
+}

@@ -79,6 +79,10 @@ impl TcpProxy {
                 return;
             }
         };
+        let _counted = CountedAtEnd {
+            listener: &self.listener,
+            moved: &moved,
+        };
         if let Some(line) = line.as_mut() {
             let now = Instant::now();
             (line.marks.leased, line.marks.connected) = (Some(now), Some(now));
@@ -108,8 +112,6 @@ impl TcpProxy {
                 Termination::ClientTimeout(Phase::Data)
             }
         };
-        let bytes = moved.taken();
-        metrics::tcp_bytes(&self.listener, bytes.0, bytes.1);
         if let Some(line) = line.as_mut() {
             line.termination = ended;
         }
@@ -200,6 +202,21 @@ impl Moved {
             self.to_backend.load(Ordering::Relaxed),
             self.to_client.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// Counts a connection's bytes in `baton_tcp_bytes_total` as it ends,
+/// however it ends: a tunnel the drain's deadline forces is dropped where
+/// it waits, and its bytes count all the same.
+struct CountedAtEnd<'a> {
+    listener: &'a str,
+    moved: &'a Moved,
+}
+
+impl Drop for CountedAtEnd<'_> {
+    fn drop(&mut self) {
+        let (to_backend, to_client) = self.moved.taken();
+        metrics::tcp_bytes(self.listener, to_backend, to_client);
     }
 }
 
