@@ -223,6 +223,7 @@ async fn termination_states_say_who_ended_the_exchange() {
         .listener("web", "http", "app", &keys)
         .listener("gone", "http", "dead", &log_key(&log, "json"))
         .listener("raw", "tcp", "echo", &log_key(&log, "json"))
+        .listener("deadtcp", "tcp", "dead", &log_key(&log, "json"))
         .listener(
             "idle",
             "tcp",
@@ -253,6 +254,10 @@ async fn termination_states_say_who_ended_the_exchange() {
     tcp.write_all(b"ping").await.expect("write");
     tcp.shutdown().await.expect("shutdown");
     assert_eq!(client::read_until_closed(&mut tcp).await, "ping");
+    let mut refused = TcpStream::connect(baton.addr("deadtcp"))
+        .await
+        .expect("connect");
+    assert_eq!(client::read_until_closed(&mut refused).await, "");
     // Quiet past tunnel_timeout: cut, and the line still counts its bytes.
     let mut quiet = TcpStream::connect(baton.addr("idle"))
         .await
@@ -278,6 +283,7 @@ async fn termination_states_say_who_ended_the_exchange() {
         ("web", Value::from(400), "PR"),
         ("gone", Value::from(502), "SC"),
         ("raw", Value::Null, "--"),
+        ("deadtcp", Value::Null, "SC"),
         ("idle", Value::Null, "cD"),
     ];
     for (listener, status, termination) in &expect {
@@ -300,6 +306,12 @@ async fn termination_states_say_who_ended_the_exchange() {
         ),
         (Some(4), Some(4))
     );
+    // A TCP connection to a backend that refused it names the backend.
+    let refused = lines
+        .iter()
+        .find(|l| l["listener"] == "deadtcp")
+        .expect("refused line");
+    assert_eq!(refused["backend"], "dead-0", "{refused}");
     let cut = lines
         .iter()
         .find(|l| l["listener"] == "idle")

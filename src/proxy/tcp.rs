@@ -60,13 +60,13 @@ impl TcpProxy {
             backend: None,
             marks: Marks::new(),
             moved: &moved,
-            termination: Termination::Drained(Phase::Connect),
+            termination: Termination::Drained(Phase::Queue),
         });
         let header = self
             .pool
             .send_proxy
             .map(|version| Speaker::of(&client, origin).header(version, &id));
-        let (mut upstream, lease) = match self.connect(header.as_deref()).await {
+        let (mut upstream, lease) = match self.connect(header.as_deref(), &mut line).await {
             Ok(connected) => connected,
             Err(err) => {
                 if self.pool.healthy_count() == 0 {
@@ -84,9 +84,6 @@ impl TcpProxy {
             moved: &moved,
         };
         if let Some(line) = line.as_mut() {
-            let now = Instant::now();
-            (line.marks.leased, line.marks.connected) = (Some(now), Some(now));
-            line.backend = Some(Arc::clone(lease.shared()));
             line.termination = Termination::Drained(Phase::Data);
         }
         keep_alive(client.tcp());
@@ -119,10 +116,13 @@ impl TcpProxy {
 
     /// A backend connection, `proxy_header` first on it (`send_proxy`): a
     /// second backend is tried if the first cannot be reached. The error
-    /// says why there is none (the access log's termination).
+    /// says why there is none (the access log's termination). The access
+    /// log's `line` is marked as it goes: when a backend was picked (and
+    /// which), when its connection was in hand.
     async fn connect(
         &self,
         proxy_header: Option<&[u8]>,
+        line: &mut Option<Line<'_>>,
     ) -> Result<(BackendStream, Lease), ProxyError> {
         let mut failed: Option<(usize, ProxyError)> = None;
         loop {
@@ -136,9 +136,19 @@ impl TcpProxy {
                     )
                 }
             };
+            if let Some(line) = line.as_mut() {
+                line.marks.leased = Some(Instant::now());
+                line.backend = Some(Arc::clone(lease.shared()));
+                line.termination = Termination::Drained(Phase::Connect);
+            }
             let backend = lease.backend();
             match backend.connect(self.connect_timeout, proxy_header).await {
-                Ok(stream) => return Ok((stream, lease)),
+                Ok(stream) => {
+                    if let Some(line) = line.as_mut() {
+                        line.marks.connected = Some(Instant::now());
+                    }
+                    return Ok((stream, lease));
+                }
                 Err(fault) => {
                     let err = ProxyError::connect(backend, &fault);
                     err.blame(backend);
