@@ -15,6 +15,15 @@ use support::backend::HttpBackend;
 use support::client::{self, read_until_closed};
 use support::daemon::{Baton, Spec};
 
+/// What a raw `GET /big` on `addr` gets until the connection closes.
+async fn get_big(addr: SocketAddr) -> String {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    read_until_closed(&mut s).await
+}
+
 /// Answers every request with a 200 promising 1000 bytes, sends 100, then
 /// resets the connection (SO_LINGER 0).
 async fn resetting_backend() -> SocketAddr {
@@ -55,13 +64,7 @@ async fn a_backend_reset_mid_response_aborts_the_client_connection_and_is_counte
             .pool("fine", &[healthy.addr]),
     )
     .await;
-    let mut s = TcpStream::connect(baton.addr("web"))
-        .await
-        .expect("connect");
-    s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("request");
-    let reply = read_until_closed(&mut s).await;
+    let reply = get_big(baton.addr("web")).await;
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
     let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     assert!(
@@ -123,4 +126,25 @@ async fn a_tcp_backend_that_closes_first_still_hears_the_client() {
         .expect("the backend hears the client's FIN")
         .expect("backend report");
     assert_eq!(heard, b"client speaks after the backend's FIN");
+}
+
+/// In TCP mode a backend that resets the tunnel is the backend's failure:
+/// counted against it (`baton_upstream_errors_total`), not taken for the
+/// client's abort.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_reset_in_tcp_mode_is_the_backends_failure() {
+    let resetting = resetting_backend().await;
+    let baton = Baton::start(
+        Spec::new()
+            .listener("raw", "tcp", "app", "")
+            .pool("app", &[resetting]),
+    )
+    .await;
+    let reply = get_big(baton.addr("raw")).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    let counted = "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"protocol\"} 1";
+    support::eventually("the reset counted against the backend", || async {
+        client::metrics(baton.admin).await.contains(counted)
+    })
+    .await;
 }

@@ -26,7 +26,7 @@ use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
 use crate::backend::{Lease, Pool};
-use crate::metrics;
+use crate::metrics::{self, UpstreamErrorKind};
 use crate::proxy::h1::io::{read_now, release_if_empty, Counting};
 use crate::proxy::request_id::RequestId;
 use crate::proxy::ProxyError;
@@ -100,6 +100,16 @@ impl TcpProxy {
         };
         let ended = match first_of(copying, activity.idle_for(self.tunnel_timeout)).await {
             First::Main(Ok(())) => Termination::Completed,
+            First::Main(Err(err)) if side_of(&err) == Some(Side::Backend) => {
+                let backend = lease.backend();
+                backend.upstream_failed(
+                    UpstreamErrorKind::Protocol,
+                    &format!("tunnel broke off: {err}"),
+                    false,
+                );
+                tracing::info!(listener = %self.listener, backend = %backend.name, cause = %err, "backend ended the tcp stream with an error");
+                Termination::BackendFailed(Phase::Data)
+            }
             First::Main(Err(err)) => {
                 tracing::debug!(listener = %self.listener, backend = %lease.backend().name, cause = %err, "tcp stream ended with an error");
                 Termination::ClientAborted(Phase::Data)
@@ -241,10 +251,101 @@ async fn copy_both_ways(
     let (a_read, a_write) = a.split();
     let (b_read, b_write) = b.split();
     tokio::try_join!(
-        one_way(a_read, b_write, activity, &moved.to_backend),
-        one_way(b_read, a_write, activity, &moved.to_client)
+        one_way(
+            (a_read, Side::Client),
+            (b_write, Side::Backend),
+            activity,
+            &moved.to_backend
+        ),
+        one_way(
+            (b_read, Side::Backend),
+            (a_write, Side::Client),
+            activity,
+            &moved.to_client
+        )
     )?;
     Ok(())
+}
+
+/// Which end of a tunnel an I/O error came from: a backend's reset is the
+/// backend's failure (`SD`, counted against it), a client's its own
+/// (`CD`). Carried inside the `io::Error`, so it passes through tokio's
+/// `copy` unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Client,
+    Backend,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+struct SideError {
+    side: Side,
+    source: std::io::Error,
+}
+
+/// Marks an error as `side`'s (once: the first mark stays).
+fn on(side: Side) -> impl Fn(std::io::Error) -> std::io::Error {
+    move |err| match side_of(&err) {
+        Some(_) => err,
+        None => std::io::Error::new(err.kind(), SideError { side, source: err }),
+    }
+}
+
+fn side_of(err: &std::io::Error) -> Option<Side> {
+    err.get_ref()?.downcast_ref::<SideError>().map(|e| e.side)
+}
+
+/// A half of a TLS tunnel whose errors are marked as its side's.
+struct Sided<T> {
+    inner: T,
+    side: Side,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Sided<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let side = self.side;
+        std::pin::Pin::new(&mut self.inner)
+            .poll_read(cx, buf)
+            .map_err(on(side))
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Sided<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let side = self.side;
+        std::pin::Pin::new(&mut self.inner)
+            .poll_write(cx, data)
+            .map_err(on(side))
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let side = self.side;
+        std::pin::Pin::new(&mut self.inner)
+            .poll_flush(cx)
+            .map_err(on(side))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let side = self.side;
+        std::pin::Pin::new(&mut self.inner)
+            .poll_shutdown(cx)
+            .map_err(on(side))
+    }
 }
 
 /// Copies both ways when either side is a TLS session, as
@@ -257,10 +358,34 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
 ) -> std::io::Result<()> {
     let (client_read, client_write) = client.halves();
     let (backend_read, backend_write) = backend.halves();
-    let mut client_read = Observed::new(client_read, Arc::clone(activity));
-    let mut backend_read = Observed::new(backend_read, Arc::clone(activity));
-    let mut backend_write = Counting::new(backend_write, &moved.to_backend);
-    let mut client_write = Counting::new(client_write, &moved.to_client);
+    let mut client_read = Observed::new(
+        Sided {
+            inner: client_read,
+            side: Side::Client,
+        },
+        Arc::clone(activity),
+    );
+    let mut backend_read = Observed::new(
+        Sided {
+            inner: backend_read,
+            side: Side::Backend,
+        },
+        Arc::clone(activity),
+    );
+    let mut backend_write = Counting::new(
+        Sided {
+            inner: backend_write,
+            side: Side::Backend,
+        },
+        &moved.to_backend,
+    );
+    let mut client_write = Counting::new(
+        Sided {
+            inner: client_write,
+            side: Side::Client,
+        },
+        &moved.to_client,
+    );
     tokio::try_join!(
         async {
             tokio::io::copy(&mut client_read, &mut backend_write).await?;
@@ -280,24 +405,26 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
 /// so the next turn waits in the reactor instead of reading only to hear
 /// EAGAIN: two reads a round trip, not four.
 async fn one_way(
-    mut from: ReadHalf<'_>,
-    mut to: WriteHalf<'_>,
+    (mut from, from_side): (ReadHalf<'_>, Side),
+    (mut to, to_side): (WriteHalf<'_>, Side),
     activity: &Activity,
     moved: &AtomicU64,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::new();
     loop {
-        crate::stream::read_ready(from.as_ref()).await?;
-        let n = match read_now(&mut from, &mut buf).await? {
+        crate::stream::read_ready(from.as_ref())
+            .await
+            .map_err(on(from_side))?;
+        let n = match read_now(&mut from, &mut buf).await.map_err(on(from_side))? {
             None => continue,
-            Some(0) => return to.shutdown().await,
+            Some(0) => return to.shutdown().await.map_err(on(to_side)),
             Some(n) => n,
         };
         activity.touch();
         let written = to.write_all(&buf).await;
         buf.clear();
         release_if_empty(&mut buf);
-        written?;
+        written.map_err(on(to_side))?;
         moved.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
