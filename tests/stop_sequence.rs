@@ -312,6 +312,47 @@ async fn an_idle_h2c_connection_that_answers_nothing_does_not_hold_the_drain() {
     drop(silent);
 }
 
+/// A connection's h2 streams are not connections: a reload that drains
+/// one h2c connection with three streams in flight counts one drained
+/// connection (it counted four).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_h2c_connection_counts_once_whatever_its_streams() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec("drain_timeout = \"10s\"", &backend, "")).await;
+    let web = baton.addr("web");
+    let stream = TcpStream::connect(web).await.expect("connect");
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2");
+    let conn = tokio::spawn(conn);
+    let slow: Vec<_> = (0..3)
+        .map(|_| {
+            let mut sender = sender.clone();
+            let req = hyper::Request::get(format!("http://{web}/slow/1500"))
+                .body(Empty::<Bytes>::new())
+                .expect("req");
+            tokio::spawn(async move { sender.send_request(req).await })
+        })
+        .collect();
+    support::eventually("three streams at the backend", || async {
+        backend.hits.load(Ordering::Relaxed) == 3
+    })
+    .await;
+    let old = baton.serving_pid().await;
+    baton.reload_ok().await;
+    for s in slow {
+        assert_eq!(s.await.expect("join").expect("answer").status(), 200);
+    }
+    assert_eq!(wait_exit(old).await, Some(0));
+    let counted = "baton_drained_connections_total{reason=\"reload\"} 1";
+    support::eventually("one drained connection counted", || async {
+        client::metrics(baton.admin).await.contains(counted)
+    })
+    .await;
+    conn.abort();
+}
+
 /// A masked client text frame.
 fn ws_frame(payload: &[u8]) -> Vec<u8> {
     let mask = [1u8, 2, 3, 4];

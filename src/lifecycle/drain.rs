@@ -5,7 +5,7 @@
 //! (finish what you have, take no more) and *force* (stop now).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +47,18 @@ struct Signals {
     /// Idle keep-alive connections closed by the drain: said once, at its
     /// end, rather than a line each (thousands at a reload).
     idle_closed: AtomicU64,
+    /// Of the tracker's tasks, those that are a connection's h2 streams
+    /// (`spawn_counted`): waited for, but not counted as connections.
+    streams: AtomicUsize,
+}
+
+/// One h2 stream's place in `Signals::streams`, given back as it ends.
+struct Stream(Arc<Signals>);
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Default for Drain {
@@ -64,6 +76,7 @@ impl Drain {
                 tracker: TaskTracker::new(),
                 spread_nanos: AtomicU64::new(0),
                 idle_closed: AtomicU64::new(0),
+                streams: AtomicUsize::new(0),
             }),
         }
     }
@@ -84,9 +97,15 @@ impl Drain {
         self.signals.tracker.close();
     }
 
-    /// Tasks still running.
+    /// Connections still open (their h2 streams, tasks of their own, not
+    /// counted).
     pub fn in_flight(&self) -> usize {
-        self.signals.tracker.len()
+        self.connections()
+    }
+
+    fn connections(&self) -> usize {
+        let streams = self.signals.streams.load(Ordering::SeqCst);
+        self.signals.tracker.len().saturating_sub(streams)
     }
 
     /// Resolves once every tracked task has finished (after [`Self::begin`]).
@@ -99,9 +118,10 @@ impl Drain {
         self.signals.idle_closed.load(Ordering::Relaxed)
     }
 
-    /// Ends every remaining task now and returns how many there were.
+    /// Ends every remaining task now and returns how many connections
+    /// were open.
     pub async fn force(&self) -> usize {
-        let open = self.signals.tracker.len();
+        let open = self.connections();
         self.signals.force.cancel();
         // Forced tasks return at their next poll; this bound only guards
         // against one stuck in a blocking call.
@@ -132,7 +152,12 @@ impl DrainWatch {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        tokio::spawn(self.signals.tracker.track_future(task));
+        self.signals.streams.fetch_add(1, Ordering::SeqCst);
+        let counted = Stream(Arc::clone(&self.signals));
+        tokio::spawn(self.signals.tracker.track_future(async move {
+            let _counted = counted;
+            task.await;
+        }));
     }
 
     pub fn is_draining(&self) -> bool {
