@@ -360,7 +360,7 @@ mod tests {
     /// session kept its end until the next message).
     #[tokio::test]
     async fn a_message_reaches_a_tls_client_whole_before_the_next() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         const MESSAGE: usize = 200_000;
         let (server_io, client_io) = tokio::io::duplex(1024);
         let (mut to_client, mut client) =
@@ -380,23 +380,10 @@ mod tests {
             std::future::pending::<()>().await;
             drop(backend);
         });
-        let mut got = 0;
-        let mut piece = vec![0u8; 16 * 1024];
-        let read = tokio::time::timeout(std::time::Duration::from_secs(10), async {
-            while got < MESSAGE {
-                match client.read(&mut piece).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got += n,
-                }
-            }
-        })
-        .await;
+        let got = crate::tls::testing::bytes_arriving(&mut client, MESSAGE).await;
         pump.abort();
         sender.abort();
-        assert!(
-            read.is_ok() && got == MESSAGE,
-            "{got} of {MESSAGE} bytes arrived"
-        );
+        assert_eq!(got, MESSAGE, "{got} of {MESSAGE} bytes arrived");
     }
 
     #[test]

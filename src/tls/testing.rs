@@ -172,3 +172,24 @@ where
     );
     (server.expect("server side"), client.expect("client side"))
 }
+
+/// How many bytes `reader` gives, up to `want`, within ten seconds (it
+/// stops early at EOF or an error).
+pub(crate) async fn bytes_arriving<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut R,
+    want: usize,
+) -> usize {
+    use tokio::io::AsyncReadExt;
+    let mut got = 0;
+    let mut piece = vec![0u8; 16 * 1024];
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while got < want {
+            match reader.read(&mut piece).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+    })
+    .await;
+    got
+}

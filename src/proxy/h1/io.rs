@@ -294,7 +294,6 @@ mod tests {
     /// the flush, the session kept the end (up to 64 KiB) for good.
     #[tokio::test]
     async fn a_tls_write_leaves_nothing_in_the_session() {
-        use tokio::io::AsyncReadExt;
         const SENT: usize = 300_000;
         let (server_io, client_io) = tokio::io::duplex(1024);
         let (mut server, mut client) =
@@ -307,19 +306,9 @@ mod tests {
             std::future::pending::<()>().await;
             drop(server);
         });
-        let mut got = 0;
-        let mut piece = vec![0u8; 16 * 1024];
-        let read = tokio::time::timeout(Duration::from_secs(10), async {
-            while got < SENT {
-                match client.read(&mut piece).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got += n,
-                }
-            }
-        })
-        .await;
+        let got = crate::tls::testing::bytes_arriving(&mut client, SENT).await;
         writer.abort();
-        assert!(read.is_ok() && got == SENT, "{got} of {SENT} bytes arrived");
+        assert_eq!(got, SENT, "{got} of {SENT} bytes arrived");
     }
 
     #[test]
