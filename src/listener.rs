@@ -15,6 +15,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::lifecycle::endpoint::{listen_tcp, Acks, PerConnection};
+
 /// What to do with an accepted connection.
 pub trait Accept: Send + Sync + 'static {
     fn accepted(&self, stream: TcpStream, peer: SocketAddr, permit: Option<OwnedSemaphorePermit>);
@@ -28,11 +30,12 @@ pub struct Listener {
     pub socket: std::net::TcpListener,
     /// The config's, for [`Listener::listen`].
     pub backlog: i32,
+    /// How its connections acknowledge (`lifecycle::endpoint::Acks`).
+    pub acks: Acks,
     pub shared: Arc<Shared>,
-    /// Set TCP_NODELAY on each connection: the socket came without it, so
-    /// connections queued on it before then do not inherit it (see
-    /// `lifecycle::endpoint::Listening::nodelay_each`).
-    pub nodelay_each: bool,
+    /// What each connection is given that the socket lacks (see
+    /// `lifecycle::endpoint::Listening::each`).
+    pub each: PerConnection,
     /// Where the admin reads the socket's accept queue while it is open.
     pub queue: Arc<crate::metrics::kernel::AcceptQueue>,
 }
@@ -114,7 +117,11 @@ impl Listener {
     /// (see `lifecycle::endpoint::Listening::listen`), and an adopted one
     /// takes a changed backlog.
     pub fn listen(&self) -> std::io::Result<()> {
-        socket2::SockRef::from(&self.socket).listen(self.backlog)
+        listen_tcp(
+            &socket2::SockRef::from(&self.socket),
+            self.backlog,
+            self.acks,
+        )
     }
 
     pub async fn run(
@@ -127,7 +134,7 @@ impl Listener {
             name,
             socket,
             shared,
-            nodelay_each,
+            each,
             queue,
             ..
         } = self;
@@ -161,9 +168,7 @@ impl Listener {
             };
             match accepted {
                 Ok((stream, peer)) => {
-                    if nodelay_each {
-                        let _ = stream.set_nodelay(true);
-                    }
+                    each.apply(&stream);
                     let permit = tokio::select! {
                         biased;
                         p = shared.place(&name) => p,
@@ -184,7 +189,7 @@ impl Listener {
         // before it, being declared after it, if this future is dropped).
         drop(shown);
         if closing() == Closing::Last {
-            accept_queued(&name, &shared.permits, socket, &*handler, nodelay_each);
+            accept_queued(&name, &shared.permits, socket, &*handler, each);
         }
     }
 }
@@ -201,7 +206,7 @@ fn accept_queued(
     limit: &Arc<Semaphore>,
     socket: TcpListener,
     handler: &dyn Accept,
-    nodelay_each: bool,
+    each: PerConnection,
 ) {
     let std = match socket.into_std() {
         Ok(s) => s,
@@ -223,9 +228,7 @@ fn accept_queued(
                 {
                     Ok(stream) => {
                         served += 1;
-                        if nodelay_each {
-                            let _ = stream.set_nodelay(true);
-                        }
+                        each.apply(&stream);
                         handler.accepted(stream, peer, permit);
                     }
                     Err(err) => {
@@ -305,24 +308,34 @@ impl Throttle {
 mod tests {
     use super::*;
 
-    /// Notes whether each accepted connection has TCP_NODELAY.
-    struct Noting(Mutex<Vec<bool>>);
+    /// Notes whether each accepted connection has TCP_NODELAY, and prompt
+    /// ACKs.
+    struct Noting(Mutex<Vec<(bool, bool)>>);
 
     impl Accept for Noting {
         fn accepted(&self, stream: TcpStream, _: SocketAddr, _: Option<OwnedSemaphorePermit>) {
             let nodelay = stream.nodelay().unwrap_or(false);
+            let prompt = socket2::SockRef::from(&stream)
+                .tcp_quickack()
+                .unwrap_or(false);
             self.0
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push(nodelay);
+                .push((nodelay, prompt));
         }
     }
 
-    /// A socket adopted without TCP_NODELAY (`nodelay_each`): a connection
-    /// queued on it before then still gets it, set by the accept loop.
+    /// A socket adopted without TCP_NODELAY and with delayed ACKs, for a
+    /// listener that wants neither (`PerConnection`): a connection queued
+    /// on it before then still gets both, set by the accept loop.
     #[tokio::test]
-    async fn a_loop_over_a_socket_without_no_delay_sets_it_on_each_connection() {
-        let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    async fn a_loop_over_a_socket_lacking_its_options_sets_them_on_each_connection() {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
+        socket.bind(&any.into()).expect("bind");
+        listen_tcp(&socket2::SockRef::from(&socket), 16, Acks::WithAnswer).expect("listen");
+        let socket = std::net::TcpListener::from(socket);
         socket.set_nonblocking(true).expect("non-blocking");
         let _queued =
             std::net::TcpStream::connect(socket.local_addr().expect("addr")).expect("connect");
@@ -333,8 +346,12 @@ mod tests {
             socket,
             backlog: 16,
             queue: Default::default(),
+            acks: Acks::Prompt,
             shared: Shared::new(16),
-            nodelay_each: true,
+            each: PerConnection {
+                nodelay: true,
+                prompt_acks: true,
+            },
         };
         let handler: Arc<dyn Accept> = Arc::clone(&noting) as Arc<dyn Accept>;
         let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::Last));
@@ -353,7 +370,7 @@ mod tests {
         run.await.expect("the loop ends at the stop");
         assert_eq!(
             *noting.0.lock().unwrap_or_else(PoisonError::into_inner),
-            [true]
+            [(true, true)]
         );
     }
 
@@ -396,7 +413,7 @@ mod tests {
             &Arc::new(Semaphore::new(16)),
             socket,
             &flooding,
-            false,
+            PerConnection::default(),
         );
         assert_eq!(flooding.accepted.load(Ordering::Relaxed), queued.len());
     }

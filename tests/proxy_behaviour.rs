@@ -342,3 +342,106 @@ async fn ambiguous_and_malformed_requests_are_refused_and_never_forwarded() {
         200
     );
 }
+
+/// A plain HTTP listener delays its ACKs until the answer (a new
+/// connection's request then costs no ACK of its own), so baton must ACK
+/// at once whenever it waits for more of a request: a client holding its
+/// next bytes until the last are acknowledged (Nagle, on by default) would
+/// otherwise wait for the kernel's delayed ACK, 40 ms, at every head or
+/// body it sends in two writes. Run in a network namespace of the test's
+/// own, whose TCP counters see only this test: of four requests sent in
+/// two writes each (a head split, a head and then its body), not every one
+/// may have waited for the delayed-ACK timer. Without the prompt ACKs each
+/// one does; with them, only one baton did not read within 40 ms, which a
+/// loaded machine may do now and then.
+#[test]
+fn a_request_sent_in_two_writes_is_acknowledged_without_delay() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: a network namespace needs root (CI runs as root)");
+        return;
+    }
+    let backend: std::net::SocketAddr = "127.0.0.1:1".parse().expect("address");
+    let spec = Spec::new().http("web", "app").pool("app", &[backend]);
+    let in_its_own_namespace = [
+        "unshare",
+        "-n",
+        "sh",
+        "-c",
+        "ip link set lo up && exec \"$0\" \"$@\"",
+    ];
+    let baton = Baton::spawn_under(spec, &[], &in_its_own_namespace);
+    let (at, pid) = (baton.addr("web"), baton.first_pid);
+    let requests: [&[&[u8]]; 4] = [
+        &[b"GET / HTTP/1.1\r\nHost: a\r\n", b"Connection: close\r\n\r\n"],
+        &[
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
+            b"hello",
+        ],
+        &[b"GET / HTTP/1.1\r\nHost: a\r\nConnec", b"tion: close\r\n\r\n"],
+        &[
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+            b"5\r\nhello\r\n0\r\n\r\n",
+        ],
+    ];
+    let delayed = std::thread::spawn(move || {
+        enter_network_namespace_of(pid);
+        wait_listening(at);
+        let before = delayed_acks(pid);
+        for writes in requests {
+            let mut client = std::net::TcpStream::connect(at).expect("connect");
+            for part in writes {
+                std::io::Write::write_all(&mut client, part).expect("send");
+            }
+            let mut answer = String::new();
+            std::io::Read::read_to_string(&mut client, &mut answer).expect("answer");
+            assert!(answer.starts_with("HTTP/1.1 50"), "{answer}");
+        }
+        delayed_acks(pid) - before
+    })
+    .join()
+    .expect("the client thread");
+    assert!(
+        delayed < 4,
+        "every request waited for a delayed ACK ({delayed} timers fired)"
+    );
+}
+
+/// Moves this thread into `pid`'s network namespace once it has one of
+/// its own (`unshare` makes it just after the process starts).
+fn enter_network_namespace_of(pid: u32) {
+    let ours = std::fs::read_link("/proc/self/ns/net").expect("our namespace");
+    let path = format!("/proc/{pid}/ns/net");
+    for _ in 0..500 {
+        if std::fs::read_link(&path).is_ok_and(|theirs| theirs != ours) {
+            let namespace = std::fs::File::open(&path).expect("its namespace");
+            nix::sched::setns(namespace, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("baton never had a network namespace of its own");
+}
+
+fn wait_listening(at: std::net::SocketAddr) {
+    for _ in 0..500 {
+        if std::net::TcpStream::connect(at).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("baton never listened on {at}");
+}
+
+/// ACKs the kernel sent because its delayed-ACK timer fired, in `pid`'s
+/// network namespace (`TcpExt: DelayedACKs`).
+fn delayed_acks(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/netstat")).expect("netstat");
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next().expect("names"), lines.next().expect("values"));
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(name, _)| *name == "DelayedACKs")
+        .and_then(|(_, value)| value.parse().ok())
+        .expect("DelayedACKs")
+}

@@ -3,7 +3,7 @@
 //! first health round.
 
 use super::*;
-use crate::lifecycle::endpoint::{self, Endpoint, ListenError};
+use crate::lifecycle::endpoint::{self, Acks, Endpoint, ListenError};
 use crate::lifecycle::handoff::CarriedAdmin;
 use crate::lifecycle::inventory::Inventory;
 
@@ -210,6 +210,7 @@ fn open_admin(
         addr: config.admin.listen,
         backlog: 128,
         reuseport: false,
+        acks: Acks::Prompt,
     };
     let listening = endpoint::listen("admin", &admin_endpoint, inventory, holdings)
         .map_err(|e| start_error(e, admin_err))?;
@@ -302,6 +303,23 @@ struct Shards {
     queues: Vec<Arc<crate::metrics::kernel::AcceptQueue>>,
 }
 
+/// Delayed ACKs for plain HTTP only, where the client's request comes
+/// whole and first (`Acks::WithAnswer`). Not behind TLS, whose first
+/// flight a client may send in two segments (a post-quantum key share
+/// passes one MSS) and hold the second for the ACK; not behind a PROXY
+/// header, which a balancer may send apart from the request; not in TCP
+/// mode, whose protocols baton does not know.
+fn acks_for(l: &crate::config::ListenerConfig) -> Acks {
+    let plain_http = l.protocol == crate::config::Protocol::Http
+        && l.tls.is_none()
+        && l.proxy_protocol.is_none();
+    if plain_http {
+        Acks::WithAnswer
+    } else {
+        Acks::Prompt
+    }
+}
+
 /// Every shard of listener `l`: one per worker, and at least `reuseport`.
 /// A first start listens on the sockets it binds at once (connections
 /// wait in their queues while it starts); a reload's new generation only
@@ -319,6 +337,7 @@ fn shards(
         addr: l.bind,
         backlog: l.backlog,
         reuseport: true,
+        acks: acks_for(l),
     };
     let bind_err = |source| StartError::Bind {
         name: l.name.clone(),
@@ -363,7 +382,8 @@ fn shards(
             socket,
             backlog: l.backlog,
             shared: Arc::clone(&shared),
-            nodelay_each: listening.nodelay_each,
+            acks: acks_for(l),
+            each: listening.each,
             queue,
         };
         shards.pending.push((

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use super::h1::io::{read_now, read_some, release_if_empty, write_all};
+use super::h1::io::{ack_promptly, read_now, read_some, release_if_empty, write_all};
 use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
 use crate::access_log::AccessLog;
 use crate::backend::Pool;
@@ -66,6 +66,8 @@ async fn opening<S: ByteStream>(stream: &mut S, deadline: Instant) -> Opening {
             release_if_empty(&mut seen);
             return Opening::H2(opening);
         }
+        // A preface begun: its rest may wait for the ACK (`ack_promptly`).
+        ack_promptly(stream);
     }
 }
 
@@ -172,6 +174,9 @@ impl HttpProxy {
             // Boxed: an HTTP/1 connection's task does not carry the size
             // of an h2 connection's state (RSS per idle connection).
             Opening::H2(seen) if h2_agreed => {
+                // Streams' bodies come while other streams' answers go: no
+                // request-then-answer rhythm for delayed ACKs to ride on.
+                ack_promptly(&stream);
                 Box::pin(self.serve_h2(stream, seen, origin, drain, opened)).await;
             }
             // The HTTP/1 path refuses the preface as a request.

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::exchange::{exchange, After, Client};
 use super::head::{self, Framing, Parsed, Refusal, RequestHead};
-use super::io::{linger_close, read_now, release_if_empty, write_all};
+use super::io::{ack_promptly, linger_close, read_now, release_if_empty, write_all};
 use super::rewrite;
 use crate::lifecycle::drain::DrainWatch;
 use crate::proxy::request_id::RequestId;
@@ -154,6 +154,7 @@ async fn next_head<S: ByteStream>(
 ) -> Next {
     let idle_since = Instant::now();
     let mut head_since = opened;
+    let mut prompted = false;
     loop {
         if !client.buf.is_empty() {
             head_since.get_or_insert_with(Instant::now);
@@ -161,6 +162,10 @@ async fn next_head<S: ByteStream>(
                 Ok(Parsed::Complete(head)) => {
                     client.buf.advance(head.consumed);
                     return Next::Head(head);
+                }
+                Ok(Parsed::Partial) if !prompted => {
+                    ack_promptly(&client.stream);
+                    prompted = true;
                 }
                 Ok(Parsed::Partial) => {}
                 Err(refusal) => return Next::Refused(refusal),

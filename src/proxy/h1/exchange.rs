@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::alarm::Alarm;
 use super::head::{Framing, RequestHead};
-use super::io::{read_some, release_if_empty, write_all, Counting, WriteFault};
+use super::io::{ack_promptly, read_some, release_if_empty, write_all, Counting, WriteFault};
 use super::record::{Record, Trace};
 use super::rewrite::{self, Outbound};
 use super::transfer::{
@@ -292,8 +292,11 @@ async fn first_body_bytes<S: ByteStream>(
             .await
             .map_err(|_| Failure::Abort(Termination::ClientAborted(Phase::Request)))?;
     }
+    body.take(&mut client.buf).map_err(|_| malformed_body())?;
+    if !body.is_done() {
+        ack_promptly(&client.stream);
+    }
     loop {
-        body.take(&mut client.buf).map_err(|_| malformed_body())?;
         if !body.framed.is_empty() || body.is_done() {
             return Ok(());
         }
@@ -309,6 +312,7 @@ async fn first_body_bytes<S: ByteStream>(
             }
             Ok(Ok(_)) => {}
         }
+        body.take(&mut client.buf).map_err(|_| malformed_body())?;
     }
 }
 

@@ -44,6 +44,16 @@ fn room(buf: &mut BytesMut) {
     }
 }
 
+/// Has the kernel acknowledge the client's bytes at once again, as baton
+/// waits for more of a request: a plain HTTP listener delays its ACKs
+/// until the answer (`lifecycle::endpoint::Acks::WithAnswer`), and a
+/// client holding its next bytes until the last are acknowledged (Nagle)
+/// would wait for the delayed ACK, 40 ms. The kernel itself turns back to
+/// delaying once the connection is an exchange of requests and answers.
+pub fn ack_promptly<S: crate::stream::ByteStream>(stream: &S) {
+    let _ = socket2::SockRef::from(stream.tcp()).set_tcp_quickack(true);
+}
+
 /// Reads what is there into `buf`; `Ok(0)` at EOF.
 pub async fn read_some<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> io::Result<usize> {
     room(buf);
