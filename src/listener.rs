@@ -15,8 +15,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::lifecycle::endpoint::{listen_tcp, Acks, PerConnection};
-
 /// What to do with an accepted connection.
 pub trait Accept: Send + Sync + 'static {
     fn accepted(&self, stream: TcpStream, peer: SocketAddr, permit: Option<OwnedSemaphorePermit>);
@@ -30,14 +28,44 @@ pub struct Listener {
     pub socket: std::net::TcpListener,
     /// The config's, for [`Listener::listen`].
     pub backlog: i32,
-    /// How its connections acknowledge (`lifecycle::endpoint::Acks`).
+    /// When its connections acknowledge their clients' bytes.
     pub acks: Acks,
     pub shared: Arc<Shared>,
-    /// What each connection is given that the socket lacks (see
-    /// `lifecycle::endpoint::Listening::each`).
-    pub each: PerConnection,
+    /// Set TCP_NODELAY on each connection: the socket came without it, so
+    /// connections queued on it before then do not inherit it (see
+    /// `lifecycle::endpoint::Listening::nodelay_each`).
+    pub nodelay_each: bool,
     /// Where the admin reads the socket's accept queue while it is open.
     pub queue: Arc<crate::metrics::kernel::AcceptQueue>,
+}
+
+/// When a listener's connections acknowledge the bytes their clients send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acks {
+    /// At once, for a connection's first segments (the kernel's default).
+    Prompt,
+    /// With the answer (`TCP_QUICKACK` off on the listening socket, which
+    /// connections take from it as their handshake completes): for plain
+    /// HTTP, where the client speaks first and the response soon follows,
+    /// so a new connection's request costs no ACK of its own, one packet of
+    /// ten (HAProxy does the same on its HTTP listeners). The HTTP path
+    /// asks for prompt ACKs again whenever it waits for more of a request
+    /// (`proxy::h1::io::ack_promptly`): a client holding its next bytes
+    /// until the last are acknowledged (Nagle) would wait for the delayed
+    /// ACK, 40 ms.
+    WithAnswer,
+}
+
+impl Acks {
+    /// Sets them on a listening socket. Done as its accept loop starts,
+    /// when this generation is the one taking its connections: a reload's
+    /// new generation may fail before then, and the old one, whose
+    /// listener may be TCP mode or TLS over the same socket, serves on as
+    /// it was. (Connections whose handshake completed before take the
+    /// socket's setting of then, whoever accepts them.)
+    fn set_on(self, socket: &TcpListener) -> std::io::Result<()> {
+        socket2::SockRef::from(socket).set_tcp_quickack(self == Acks::Prompt)
+    }
 }
 
 /// What all the shards of one listener share: its `max_connections` (one
@@ -117,11 +145,7 @@ impl Listener {
     /// (see `lifecycle::endpoint::Listening::listen`), and an adopted one
     /// takes a changed backlog.
     pub fn listen(&self) -> std::io::Result<()> {
-        listen_tcp(
-            &socket2::SockRef::from(&self.socket),
-            self.backlog,
-            self.acks,
-        )
+        socket2::SockRef::from(&self.socket).listen(self.backlog)
     }
 
     pub async fn run(
@@ -134,8 +158,9 @@ impl Listener {
             name,
             socket,
             shared,
-            each,
+            nodelay_each,
             queue,
+            acks,
             ..
         } = self;
         // Registered here, with the reactor of the worker running this loop,
@@ -147,6 +172,9 @@ impl Listener {
                 return;
             }
         };
+        if let Err(err) = acks.set_on(&socket) {
+            tracing::warn!(listener = %name, cause = %err, "cannot set when connections acknowledge");
+        }
         // One wait on the stop token for the loop's whole life, polled only
         // when the branch before it is pending (`biased`): making a wait
         // per select registered and removed a waiter three times per
@@ -168,7 +196,9 @@ impl Listener {
             };
             match accepted {
                 Ok((stream, peer)) => {
-                    each.apply(&stream);
+                    if nodelay_each {
+                        let _ = stream.set_nodelay(true);
+                    }
                     let permit = tokio::select! {
                         biased;
                         p = shared.place(&name) => p,
@@ -189,7 +219,7 @@ impl Listener {
         // before it, being declared after it, if this future is dropped).
         drop(shown);
         if closing() == Closing::Last {
-            accept_queued(&name, &shared.permits, socket, &*handler, each);
+            accept_queued(&name, &shared.permits, socket, &*handler, nodelay_each);
         }
     }
 }
@@ -206,7 +236,7 @@ fn accept_queued(
     limit: &Arc<Semaphore>,
     socket: TcpListener,
     handler: &dyn Accept,
-    each: PerConnection,
+    nodelay_each: bool,
 ) {
     let std = match socket.into_std() {
         Ok(s) => s,
@@ -228,7 +258,9 @@ fn accept_queued(
                 {
                     Ok(stream) => {
                         served += 1;
-                        each.apply(&stream);
+                        if nodelay_each {
+                            let _ = stream.set_nodelay(true);
+                        }
                         handler.accepted(stream, peer, permit);
                     }
                     Err(err) => {
@@ -309,7 +341,7 @@ mod tests {
     use super::*;
 
     /// Notes whether each accepted connection has TCP_NODELAY, and prompt
-    /// ACKs.
+    /// ACKs (Linux reads `TCP_QUICKACK` as "not delaying").
     struct Noting(Mutex<Vec<(bool, bool)>>);
 
     impl Accept for Noting {
@@ -325,17 +357,92 @@ mod tests {
         }
     }
 
-    /// A socket adopted without TCP_NODELAY and with delayed ACKs, for a
-    /// listener that wants neither (`PerConnection`): a connection queued
-    /// on it before then still gets both, set by the accept loop.
+    impl Noting {
+        fn seen(&self) -> Vec<(bool, bool)> {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        }
+    }
+
+    /// Runs an accept loop over `socket` with `acks` until it has handed
+    /// `count` connections to `noting`.
+    async fn accept_some(
+        socket: std::net::TcpListener,
+        acks: Acks,
+        noting: &Arc<Noting>,
+        count: usize,
+    ) {
+        let stop = CancellationToken::new();
+        let listener = Listener {
+            name: Arc::from("web"),
+            socket,
+            backlog: 16,
+            acks,
+            queue: Default::default(),
+            shared: Shared::new(16),
+            nodelay_each: false,
+        };
+        let handler: Arc<dyn Accept> = Arc::clone(noting) as Arc<dyn Accept>;
+        let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::HandedOver));
+        for _ in 0..200 {
+            if noting.seen().len() >= count {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.cancel();
+        run.await.expect("the loop ends at the stop");
+    }
+
+    /// A plain HTTP listener's connections start delaying their ACKs, from
+    /// the listening socket as its loop starts; a later generation taking
+    /// the same socket for another kind of listener turns them back.
     #[tokio::test]
-    async fn a_loop_over_a_socket_lacking_its_options_sets_them_on_each_connection() {
-        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-            .expect("socket");
-        let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
-        socket.bind(&any.into()).expect("bind");
-        listen_tcp(&socket2::SockRef::from(&socket), 16, Acks::WithAnswer).expect("listen");
-        let socket = std::net::TcpListener::from(socket);
+    async fn an_accept_loop_sets_when_its_connections_acknowledge() {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        socket.set_nonblocking(true).expect("non-blocking");
+        let at = socket.local_addr().expect("addr");
+        let watched = socket.try_clone().expect("dup");
+        // A connection takes the socket's setting as its handshake
+        // completes: made once the loop has set it.
+        let set_to = |prompt: bool| {
+            let watched = &watched;
+            async move {
+                for _ in 0..200 {
+                    if socket2::SockRef::from(watched).tcp_quickack().ok() == Some(prompt) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                panic!("the loop never set prompt ACKs to {prompt}");
+            }
+        };
+        let noting = Arc::new(Noting(Mutex::new(Vec::new())));
+        let first = tokio::spawn({
+            let (socket, noting) = (socket.try_clone().expect("dup"), Arc::clone(&noting));
+            async move { accept_some(socket, Acks::WithAnswer, &noting, 1).await }
+        });
+        set_to(false).await;
+        let _http = std::net::TcpStream::connect(at).expect("connect");
+        first.await.expect("first loop");
+        let second = tokio::spawn({
+            let noting = Arc::clone(&noting);
+            async move { accept_some(socket, Acks::Prompt, &noting, 2).await }
+        });
+        set_to(true).await;
+        let _tcp = std::net::TcpStream::connect(at).expect("connect");
+        second.await.expect("second loop");
+        let prompt: Vec<bool> = noting.seen().iter().map(|(_, p)| *p).collect();
+        assert_eq!(prompt, [false, true]);
+    }
+
+    /// A socket adopted without TCP_NODELAY (`nodelay_each`): a connection
+    /// queued on it before then still gets it, set by the accept loop.
+    #[tokio::test]
+    async fn a_loop_over_a_socket_without_no_delay_sets_it_on_each_connection() {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         socket.set_nonblocking(true).expect("non-blocking");
         let _queued =
             std::net::TcpStream::connect(socket.local_addr().expect("addr")).expect("connect");
@@ -345,13 +452,10 @@ mod tests {
             name: Arc::from("web"),
             socket,
             backlog: 16,
-            queue: Default::default(),
             acks: Acks::Prompt,
+            queue: Default::default(),
             shared: Shared::new(16),
-            each: PerConnection {
-                nodelay: true,
-                prompt_acks: true,
-            },
+            nodelay_each: true,
         };
         let handler: Arc<dyn Accept> = Arc::clone(&noting) as Arc<dyn Accept>;
         let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::Last));
@@ -368,10 +472,7 @@ mod tests {
         }
         stop.cancel();
         run.await.expect("the loop ends at the stop");
-        assert_eq!(
-            *noting.0.lock().unwrap_or_else(PoisonError::into_inner),
-            [(true, true)]
-        );
+        assert_eq!(noting.seen(), [(true, true)]);
     }
 
     /// Makes a new connection to `to` for each one accepted, 50 in all: a
@@ -413,7 +514,7 @@ mod tests {
             &Arc::new(Semaphore::new(16)),
             socket,
             &flooding,
-            PerConnection::default(),
+            false,
         );
         assert_eq!(flooding.accepted.load(Ordering::Relaxed), queued.len());
     }

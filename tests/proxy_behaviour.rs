@@ -349,15 +349,27 @@ async fn ambiguous_and_malformed_requests_are_refused_and_never_forwarded() {
 /// next bytes until the last are acknowledged (Nagle, on by default) would
 /// otherwise wait for the kernel's delayed ACK, 40 ms, at every head or
 /// body it sends in two writes. Run in a network namespace of the test's
-/// own, whose TCP counters see only this test: of four requests sent in
-/// two writes each (a head split, a head and then its body), not every one
-/// may have waited for the delayed-ACK timer. Without the prompt ACKs each
-/// one does; with them, only one baton did not read within 40 ms, which a
-/// loaded machine may do now and then.
+/// own, whose TCP counters see only this test: each request, sent in two
+/// writes (a head split in two places, a head and then its body of each
+/// framing), must go once in three tries without the delayed-ACK timer
+/// firing. Without the prompt ACKs every try fires it; a try may also
+/// fire it when baton was not scheduled within 40 ms on a loaded machine.
 #[test]
 fn a_request_sent_in_two_writes_is_acknowledged_without_delay() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: a network namespace needs root (CI runs as root)");
+        return;
+    }
+    let can_unshare = std::process::Command::new("unshare")
+        .args(["-n", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !can_unshare {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must be able to make a network namespace"
+        );
+        eprintln!("skipped: root here cannot make a network namespace");
         return;
     }
     let backend: std::net::SocketAddr = "127.0.0.1:1".parse().expect("address");
@@ -370,45 +382,48 @@ fn a_request_sent_in_two_writes_is_acknowledged_without_delay() {
         "ip link set lo up && exec \"$0\" \"$@\"",
     ];
     let baton = Baton::spawn_under(spec, &[], &in_its_own_namespace);
-    let (at, pid) = (baton.addr("web"), baton.first_pid);
-    let requests: [&[&[u8]]; 4] = [
-        &[b"GET / HTTP/1.1\r\nHost: a\r\n", b"Connection: close\r\n\r\n"],
-        &[
+    let (at, pid, log) = (baton.addr("web"), baton.first_pid, baton.log_path());
+    let requests: [[&[u8]; 2]; 4] = [
+        [b"GET / HTTP/1.1\r\nHost: a\r\n", b"Connection: close\r\n\r\n"],
+        [b"GET / HTTP/1.1\r\nHost: a\r\nConnec", b"tion: close\r\n\r\n"],
+        [
             b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
             b"hello",
         ],
-        &[b"GET / HTTP/1.1\r\nHost: a\r\nConnec", b"tion: close\r\n\r\n"],
-        &[
+        [
             b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
             b"5\r\nhello\r\n0\r\n\r\n",
         ],
     ];
-    let delayed = std::thread::spawn(move || {
-        enter_network_namespace_of(pid);
-        wait_listening(at);
-        let before = delayed_acks(pid);
-        for writes in requests {
-            let mut client = std::net::TcpStream::connect(at).expect("connect");
-            for part in writes {
-                std::io::Write::write_all(&mut client, part).expect("send");
-            }
-            let mut answer = String::new();
-            std::io::Read::read_to_string(&mut client, &mut answer).expect("answer");
-            assert!(answer.starts_with("HTTP/1.1 50"), "{answer}");
-        }
-        delayed_acks(pid) - before
+    let fired = std::thread::spawn(move || {
+        let said = || std::fs::read_to_string(&log).unwrap_or_default();
+        enter_network_namespace_of(pid, &said);
+        wait_listening(at, &said);
+        requests.map(|writes| {
+            (0..3)
+                .map(|_| {
+                    let before = delayed_acks(pid);
+                    let mut client = std::net::TcpStream::connect(at).expect("connect");
+                    for part in writes {
+                        std::io::Write::write_all(&mut client, part).expect("send");
+                    }
+                    let mut answer = String::new();
+                    std::io::Read::read_to_string(&mut client, &mut answer).expect("answer");
+                    assert!(answer.starts_with("HTTP/1.1 50"), "{answer}");
+                    delayed_acks(pid) - before
+                })
+                .min()
+                .unwrap_or(u64::MAX)
+        })
     })
     .join()
     .expect("the client thread");
-    assert!(
-        delayed < 4,
-        "every request waited for a delayed ACK ({delayed} timers fired)"
-    );
+    assert_eq!(fired, [0; 4], "delayed ACKs, fewest of three tries");
 }
 
 /// Moves this thread into `pid`'s network namespace once it has one of
 /// its own (`unshare` makes it just after the process starts).
-fn enter_network_namespace_of(pid: u32) {
+fn enter_network_namespace_of(pid: u32, log: &dyn Fn() -> String) {
     let ours = std::fs::read_link("/proc/self/ns/net").expect("our namespace");
     let path = format!("/proc/{pid}/ns/net");
     for _ in 0..500 {
@@ -419,17 +434,20 @@ fn enter_network_namespace_of(pid: u32) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    panic!("baton never had a network namespace of its own");
+    panic!(
+        "baton never had a network namespace of its own; log:\n{}",
+        log()
+    );
 }
 
-fn wait_listening(at: std::net::SocketAddr) {
+fn wait_listening(at: std::net::SocketAddr, log: &dyn Fn() -> String) {
     for _ in 0..500 {
         if std::net::TcpStream::connect(at).is_ok() {
             return;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    panic!("baton never listened on {at}");
+    panic!("baton never listened on {at}; log:\n{}", log());
 }
 
 /// ACKs the kernel sent because its delayed-ACK timer fired, in `pid`'s

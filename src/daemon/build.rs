@@ -3,9 +3,10 @@
 //! first health round.
 
 use super::*;
-use crate::lifecycle::endpoint::{self, Acks, Endpoint, ListenError};
+use crate::lifecycle::endpoint::{self, Endpoint, ListenError};
 use crate::lifecycle::handoff::CarriedAdmin;
 use crate::lifecycle::inventory::Inventory;
+use crate::listener::Acks;
 
 /// Builds a generation from its `Setup`: its config, what an older
 /// generation (or systemd) handed over, and the process's own parts. The
@@ -210,7 +211,6 @@ fn open_admin(
         addr: config.admin.listen,
         backlog: 128,
         reuseport: false,
-        acks: Acks::Prompt,
     };
     let listening = endpoint::listen("admin", &admin_endpoint, inventory, holdings)
         .map_err(|e| start_error(e, admin_err))?;
@@ -333,11 +333,11 @@ fn shards(
     holdings: &mut Holdings,
 ) -> Result<Shards, StartError> {
     let shared = crate::listener::Shared::new(l.max_connections);
+    let acks = acks_for(l);
     let endpoint = Endpoint::Tcp {
         addr: l.bind,
         backlog: l.backlog,
         reuseport: true,
-        acks: acks_for(l),
     };
     let bind_err = |source| StartError::Bind {
         name: l.name.clone(),
@@ -381,9 +381,9 @@ fn shards(
             name: Arc::from(l.name.as_str()),
             socket,
             backlog: l.backlog,
+            acks,
             shared: Arc::clone(&shared),
-            acks: acks_for(l),
-            each: listening.each,
+            nodelay_each: listening.nodelay_each,
             queue,
         };
         shards.pending.push((

@@ -25,66 +25,9 @@ pub enum Endpoint<'a> {
         addr: SocketAddr,
         backlog: i32,
         reuseport: bool,
-        acks: Acks,
     },
     /// A Unix listener (the control socket).
     Unix(&'a Path),
-}
-
-/// When a listener's connections acknowledge the bytes their clients send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Acks {
-    /// At once, for a connection's first segments (the kernel's default).
-    Prompt,
-    /// With the answer (`TCP_QUICKACK` off on the listening socket, which
-    /// its connections inherit): for plain HTTP, where the client speaks
-    /// first and the response soon follows, so a new connection's request
-    /// costs no ACK of its own, one packet of ten (HAProxy does the same
-    /// on its HTTP listeners). The HTTP path asks for prompt ACKs again
-    /// whenever it waits for more of a request
-    /// (`proxy::h1::io::ack_promptly`): a client holding its next bytes
-    /// until the last are acknowledged (Nagle) would wait for the delayed
-    /// ACK, 40 ms.
-    WithAnswer,
-}
-
-/// What an accept loop sets on each connection, because its listening
-/// socket came without it (adopted from a generation that set it
-/// otherwise): connections inherit these from the listener.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PerConnection {
-    /// Adopted without TCP_NODELAY: the connections queued before it was
-    /// set lack it (a successor adopts the socket with it, and pays
-    /// nothing).
-    pub nodelay: bool,
-    /// Adopted with delayed ACKs ([`Acks::WithAnswer`]) for a listener that
-    /// wants them prompt: a listening socket cannot be turned back (Linux
-    /// takes `TCP_QUICKACK` on only on a connected socket), so each
-    /// connection is.
-    pub prompt_acks: bool,
-}
-
-impl PerConnection {
-    pub fn apply(self, stream: &tokio::net::TcpStream) {
-        if self.nodelay {
-            let _ = stream.set_nodelay(true);
-        }
-        if self.prompt_acks {
-            let _ = socket2::SockRef::from(stream).set_tcp_quickack(true);
-        }
-    }
-}
-
-/// Listens on a TCP socket with `backlog`, its connections acknowledging
-/// as `acks` says. Again on a listening socket it only changes the
-/// backlog.
-pub fn listen_tcp(socket: &socket2::SockRef<'_>, backlog: i32, acks: Acks) -> std::io::Result<()> {
-    socket.listen(backlog)?;
-    // After `listen`, which clears a socket's ACK state as it starts.
-    if acks == Acks::WithAnswer {
-        socket.set_tcp_quickack(false)?;
-    }
-    Ok(())
 }
 
 impl Endpoint<'_> {
@@ -106,24 +49,18 @@ impl Endpoint<'_> {
     /// completes (Linux copies the listener's options then), so it is set
     /// once here rather than by a setsockopt per connection; on adopted
     /// sockets too, since an older version or systemd may have made them
-    /// without it. Says what each connection must be given that the socket
-    /// lacks: connections already queued on it lack TCP_NODELAY too, and
-    /// delayed ACKs a former generation set cannot be taken off it.
-    fn prepare(&self, socket: &Socket) -> std::io::Result<PerConnection> {
+    /// without it. Says whether it lacked it: connections already queued
+    /// on it then lack it too.
+    fn prepare(&self, socket: &Socket) -> std::io::Result<bool> {
         match self {
-            Endpoint::Tcp { acks, .. } => {
-                let nodelay = !socket.tcp_nodelay()?;
-                if nodelay {
+            Endpoint::Tcp { .. } => {
+                let lacked = !socket.tcp_nodelay()?;
+                if lacked {
                     socket.set_tcp_nodelay(true)?;
                 }
-                // Reads as on for any socket not set otherwise.
-                let prompt_acks = *acks == Acks::Prompt && !socket.tcp_quickack()?;
-                Ok(PerConnection {
-                    nodelay,
-                    prompt_acks,
-                })
+                Ok(lacked)
             }
-            Endpoint::Unix(_) => Ok(PerConnection::default()),
+            Endpoint::Unix(_) => Ok(false),
         }
     }
 
@@ -136,9 +73,9 @@ impl Endpoint<'_> {
         }
     }
 
-    fn backlog(&self) -> Option<(i32, Acks)> {
+    fn backlog(&self) -> Option<i32> {
         match self {
-            Endpoint::Tcp { backlog, acks, .. } => Some((*backlog, *acks)),
+            Endpoint::Tcp { backlog, .. } => Some(*backlog),
             Endpoint::Unix(_) => None,
         }
     }
@@ -163,12 +100,14 @@ impl Endpoint<'_> {
 pub struct Listening {
     /// Non-blocking; made a `TcpListener` or `UnixListener` by its user.
     pub socket: Socket,
-    /// The config's backlog and ACKs, for a TCP endpoint.
-    pub backlog: Option<(i32, Acks)>,
+    /// The config's backlog, for a TCP endpoint.
+    pub backlog: Option<i32>,
     /// Turns true if a successor adopts the socket (see [`Holdings::hold`]).
     pub handed_over: Arc<AtomicBool>,
-    /// What this generation sets on each connection it accepts.
-    pub each: PerConnection,
+    /// Adopted without TCP_NODELAY: the connections queued before it was
+    /// set lack it, so this generation sets it on each one it accepts (a
+    /// successor adopts the socket with it, and pays nothing).
+    pub nodelay_each: bool,
     /// Taken from the previous generation rather than bound here.
     pub adopted: bool,
 }
@@ -199,7 +138,7 @@ pub fn listen(
         Some(socket) => (socket, true),
         None => (endpoint.bind().map_err(ListenError::Bind)?, false),
     };
-    let each = endpoint.prepare(&socket).map_err(ListenError::Bind)?;
+    let nodelay_each = endpoint.prepare(&socket).map_err(ListenError::Bind)?;
     let address = endpoint.address_of(&socket).map_err(ListenError::Hold)?;
     let handed_over = holdings
         .hold(name, address, std::os::fd::AsFd::as_fd(&socket))
@@ -208,7 +147,7 @@ pub fn listen(
         socket,
         backlog: endpoint.backlog(),
         handed_over,
-        each,
+        nodelay_each,
         adopted,
     })
 }
@@ -222,9 +161,7 @@ impl Listening {
     /// changed backlog (Linux takes `listen` again on a listening socket).
     pub fn listen(&self) -> std::io::Result<()> {
         match self.backlog {
-            Some((backlog, acks)) => {
-                listen_tcp(&socket2::SockRef::from(&self.socket), backlog, acks)
-            }
+            Some(backlog) => self.socket.listen(backlog),
             None => Ok(()),
         }
     }
@@ -262,7 +199,6 @@ mod tests {
             addr,
             backlog: 16,
             reuseport: false,
-            acks: Acks::Prompt,
         }
     }
 
@@ -377,7 +313,7 @@ mod tests {
         let (mut inventory, at) = inherited_without_nodelay("web");
         let mut holdings = Holdings::default();
         let adopted = listen("web", &tcp(at), &mut inventory, &mut holdings).expect("listen");
-        assert!(adopted.each.nodelay, "adopted without TCP_NODELAY");
+        assert!(adopted.nodelay_each, "adopted without TCP_NODELAY");
         let bound = listen(
             "api",
             &tcp(addr("127.0.0.1:0")),
@@ -385,7 +321,7 @@ mod tests {
             &mut holdings,
         )
         .expect("listen");
-        assert!(!bound.each.nodelay);
+        assert!(!bound.nodelay_each);
         for listening in [adopted, bound] {
             listening.listen().expect("listen");
             let _client = std::net::TcpStream::connect(bound_at(&listening)).expect("connect");
@@ -393,64 +329,6 @@ mod tests {
             let (accepted, _) = listening.socket.accept().expect("accept");
             assert!(accepted.tcp_nodelay().expect("getsockopt"));
         }
-    }
-
-    /// Whether a connection accepted on `listening` starts with prompt ACKs
-    /// (Linux reads `TCP_QUICKACK` as "not delaying").
-    fn accepts_prompt(listening: &Listening) -> bool {
-        let _client = std::net::TcpStream::connect(bound_at(listening)).expect("connect");
-        listening.socket.set_nonblocking(false).expect("blocking");
-        let (accepted, _) = listening.socket.accept().expect("accept");
-        accepted.tcp_quickack().expect("getsockopt")
-    }
-
-    /// A plain HTTP listener's connections start delaying their ACKs, from
-    /// the listening socket (`listen` clears what was set before it). The
-    /// socket keeps that when a later generation adopts it as a TCP-mode
-    /// listener, which cannot take it off the socket: that generation asks
-    /// for prompt ACKs on each connection instead, and one adopting it as
-    /// HTTP again asks for nothing.
-    #[test]
-    fn delayed_acks_are_a_plain_http_listeners_and_undone_per_connection_after() {
-        let endpoint = |at, acks| Endpoint::Tcp {
-            addr: at,
-            backlog: 16,
-            reuseport: false,
-            acks,
-        };
-        let mut holdings = Holdings::default();
-        let any = addr("127.0.0.1:0");
-        let http = listen(
-            "web",
-            &endpoint(any, Acks::WithAnswer),
-            &mut Inventory::default(),
-            &mut holdings,
-        )
-        .expect("bind");
-        http.listen().expect("listen");
-        assert!(!accepts_prompt(&http), "delayed");
-        let prompt =
-            listen("tcp", &tcp(any), &mut Inventory::default(), &mut holdings).expect("bind");
-        prompt.listen().expect("listen");
-        assert!(accepts_prompt(&prompt));
-        assert!(!prompt.each.prompt_acks);
-
-        let at = bound_at(&http);
-        let (mut inventory, _) = inventory_of("web", http.socket);
-        let as_tcp =
-            listen("web", &tcp(at), &mut inventory, &mut Holdings::default()).expect("adopt");
-        as_tcp.listen().expect("listen");
-        assert!(as_tcp.each.prompt_acks, "set on each connection");
-        assert!(!accepts_prompt(&as_tcp), "the socket still delays");
-        let (mut inventory, _) = inventory_of("web", as_tcp.socket);
-        let as_http = listen(
-            "web",
-            &endpoint(at, Acks::WithAnswer),
-            &mut inventory,
-            &mut Holdings::default(),
-        )
-        .expect("adopt");
-        assert_eq!(as_http.each, PerConnection::default());
     }
 
     /// Why a socket adopted without TCP_NODELAY makes its accept loop set
@@ -463,7 +341,7 @@ mod tests {
         let _client = std::net::TcpStream::connect(at).expect("connect");
         let mut holdings = Holdings::default();
         let adopted = listen("web", &tcp(at), &mut inventory, &mut holdings).expect("listen");
-        assert!(adopted.each.nodelay);
+        assert!(adopted.nodelay_each);
         adopted.socket.set_nonblocking(false).expect("blocking");
         let (queued, _) = adopted.socket.accept().expect("accept");
         assert!(!queued.tcp_nodelay().expect("getsockopt"));
@@ -476,6 +354,6 @@ mod tests {
             Inventory::new(vec![entry], vec![adopted.socket.into()]).expect("inventory");
         let readopted =
             listen("web", &tcp(at), &mut again, &mut Holdings::default()).expect("listen");
-        assert!(!readopted.each.nodelay, "adopted with TCP_NODELAY");
+        assert!(!readopted.nodelay_each, "adopted with TCP_NODELAY");
     }
 }

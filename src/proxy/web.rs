@@ -174,9 +174,6 @@ impl HttpProxy {
             // Boxed: an HTTP/1 connection's task does not carry the size
             // of an h2 connection's state (RSS per idle connection).
             Opening::H2(seen) if h2_agreed => {
-                // Streams' bodies come while other streams' answers go: no
-                // request-then-answer rhythm for delayed ACKs to ride on.
-                ack_promptly(&stream);
                 Box::pin(self.serve_h2(stream, seen, origin, drain, opened)).await;
             }
             // The HTTP/1 path refuses the preface as a request.

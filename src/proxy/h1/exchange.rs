@@ -590,6 +590,8 @@ async fn tunnel<S: ByteStream>(
     if !up.buf.is_empty() && write_all(&mut client.stream, &up.buf, stall).await.is_err() {
         return;
     }
+    // A tunnel's bytes may come in any rhythm: as on a TCP-mode listener.
+    ack_promptly(&client.stream);
     longlived::tunnel(
         &mut client.stream,
         &mut up.stream,
