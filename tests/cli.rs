@@ -424,3 +424,25 @@ fn bad_log_settings_are_said() {
         "{stderr}"
     );
 }
+
+/// The shipped unit names no config file: baton's default is the same
+/// path, and a drop-in's `Environment=BATON_CONFIG=` then reaches the
+/// check, the daemon and the reload alike (a `-c` flag would win over it,
+/// silently). As DESIGN.md writes the commands.
+#[test]
+fn the_shipped_unit_leaves_the_config_path_to_baton_config() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/systemd/baton.service"
+    ))
+    .expect("the unit");
+    let commands: Vec<&str> = unit.lines().filter(|l| l.starts_with("Exec")).collect();
+    assert_eq!(
+        commands,
+        [
+            "ExecStartPre=/usr/bin/baton check",
+            "ExecStart=/usr/bin/baton run",
+            "ExecReload=/usr/bin/baton reload",
+        ]
+    );
+}
