@@ -379,13 +379,16 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
             .status,
         401
     );
-    assert_eq!(
-        client::call(admin, "GET", "/backends/app-0/drain", Some("s3cret"))
-            .await
-            .expect("call")
-            .status,
-        405
-    );
+    let wrong_method = client::call(admin, "GET", "/backends/app-0/drain", Some("s3cret"))
+        .await
+        .expect("call");
+    assert_eq!(wrong_method.status, 405);
+    assert_eq!(wrong_method.headers["allow"], "POST");
+    let on_status = client::call(admin, "POST", "/status", Some("s3cret"))
+        .await
+        .expect("call");
+    assert_eq!(on_status.status, 405);
+    assert_eq!(on_status.headers["allow"], "GET, HEAD");
     assert_eq!(
         client::call(admin, "POST", "/backends/nope/drain", Some("s3cret"))
             .await

@@ -26,14 +26,14 @@ pub fn respond<B>(state: &AdminShared, req: Request<B>) -> Reply {
         return if is_get {
             json_reply(StatusCode::OK, json!({"status": "alive"}))
         } else {
-            not_allowed()
+            not_allowed(READS)
         };
     }
     if state.config.readiness_paths.iter().any(|p| p == path) {
         return if is_get {
             readiness(state)
         } else {
-            not_allowed()
+            not_allowed(READS)
         };
     }
     if let Some(rest) = path.strip_prefix("/backends/") {
@@ -42,7 +42,7 @@ pub fn respond<B>(state: &AdminShared, req: Request<B>) -> Reply {
     match path {
         "/status" if is_get => status(state),
         "/metrics" if is_get => metrics(state),
-        "/status" | "/metrics" => not_allowed(),
+        "/status" | "/metrics" => not_allowed(READS),
         _ => error(StatusCode::NOT_FOUND, format!("no admin endpoint {path}")),
     }
 }
@@ -216,7 +216,7 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
         );
     }
     if req.method() != Method::POST {
-        return not_allowed();
+        return not_allowed("POST");
     }
     if let Some(token) = &state.config.token {
         if !authorized(req, token) {
@@ -364,8 +364,17 @@ fn authorized<B>(req: &Request<B>, token: &str) -> bool {
     diff == 0
 }
 
-fn not_allowed() -> Reply {
-    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed".into())
+/// The methods the probes, `/status` and `/metrics` take.
+const READS: &str = "GET, HEAD";
+
+/// 405, with the `Allow` field RFC 9110 §15.5.6 asks for: the methods
+/// the endpoint takes.
+fn not_allowed(allow: &'static str) -> Reply {
+    let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed".into());
+    reply
+        .headers_mut()
+        .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+    reply
 }
 
 fn error(status: StatusCode, message: String) -> Reply {
