@@ -701,23 +701,36 @@ async fn a_response_that_breaks_off_counts_with_its_time_to_the_head() {
 
 /// After a reload the serving generation says when the last one succeeded
 /// (DESIGN's `baton_last_reload_success_timestamp_seconds`): the older
-/// generation, whose gauge is not carried, cannot say it.
+/// generation, whose gauge is not carried, cannot say it. A first start
+/// says when it loaded its config, as Prometheus does of its own: an
+/// alert on the reload's age needs the series before any reload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_serving_generation_says_when_the_last_reload_succeeded() {
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs_f64()
+    };
+    let reloaded_at = |scraped: String| -> f64 {
+        scraped
+            .lines()
+            .find_map(|l| l.strip_prefix("baton_last_reload_success_timestamp_seconds "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no reload timestamp in:\n{scraped}"))
+    };
     let backend = HttpBackend::start("a").await;
+    let started = now();
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
-    let before = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs_f64();
+    let at = reloaded_at(client::metrics(baton.admin).await);
+    assert!(
+        at >= started.floor(),
+        "{at} is before the start ({started})"
+    );
+    let before = now();
     baton.reload_ok().await;
     baton.settled().await;
-    let scraped = client::metrics(baton.admin).await;
-    let at: f64 = scraped
-        .lines()
-        .find_map(|l| l.strip_prefix("baton_last_reload_success_timestamp_seconds "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no reload timestamp in:\n{scraped}"));
+    let at = reloaded_at(client::metrics(baton.admin).await);
     assert!(at >= before.floor(), "{at} is before the reload ({before})");
 }
 

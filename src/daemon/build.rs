@@ -30,7 +30,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         tickets,
         resolved,
     } = inheritance;
-    metrics::start(number);
+    metrics::start(number, first);
     let mut waiting: Vec<Check> = config
         .listeners
         .iter()

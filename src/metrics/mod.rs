@@ -459,8 +459,17 @@ pub fn drain_finished(reason: DrainReason, seconds: f64, drained: usize, forced:
 }
 
 /// Series that must exist from the start, before anything happens.
-pub fn start(generation: u64) {
+/// `first` marks a start that is not a reload's new generation: its
+/// config was read as a reload's would be, so the last good load is now
+/// (as Prometheus' own `prometheus_config_last_reload_success_timestamp_seconds`
+/// counts its start), where a takeover sets it as it takes over
+/// ([`took_over`]); without it an alert on the reload's age has no series
+/// until the first reload.
+pub fn start(generation: u64, first: bool) {
     metrics::gauge!(GENERATION).set(generation as f64);
+    if first {
+        took_over();
+    }
     metrics::gauge!(DRAINING_GENERATIONS).set(0.0);
     metrics::counter!(RELOADS, "result" => "success").absolute(0);
     metrics::counter!(RELOADS, "result" => "failed").absolute(0);
