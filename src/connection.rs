@@ -137,7 +137,9 @@ async fn admit(
         Ok(origin) => Some((stream, origin)),
         Err(refusal) => {
             crate::metrics::proxy_protocol_error(listener, refusal.label());
-            tracing::info!(listener, peer = %socket.client, cause = %refusal, "closed before serving");
+            if let Some(suppressed) = crate::telemetry::client_fault() {
+                tracing::info!(listener, peer = %socket.client, cause = %refusal, suppressed, "closed before serving");
+            }
             None
         }
     }

@@ -136,12 +136,16 @@ impl HttpProxy {
                     closing = true;
                 }
                 () = state.stalled_reader(self.idle_timeout + STREAMS_FIRST) => {
-                    tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout (and a second for its streams' own clocks); closing");
+                    if let Some(suppressed) = crate::telemetry::client_fault() {
+                        tracing::info!(listener = %self.listener, client = %peer, suppressed, "client took no response bytes within idle_timeout (and a second for its streams' own clocks); closing");
+                    }
                     metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
                     return;
                 }
                 () = state.opening.overdue(self.header_timeout) => {
-                    tracing::info!(listener = %self.listener, client = %peer, "no h2 preface and SETTINGS within header_timeout; closing");
+                    if let Some(suppressed) = crate::telemetry::client_fault() {
+                        tracing::info!(listener = %self.listener, client = %peer, suppressed, "no h2 preface and SETTINGS within header_timeout; closing");
+                    }
                     return;
                 }
                 () = state.idle_for(self.idle_timeout), if !closing => {
@@ -171,7 +175,9 @@ impl HttpProxy {
     fn h2_server(&self, drain: &DrainWatch, peer: SocketAddr) -> http2::Builder<StreamTasks> {
         let listener = Arc::clone(&self.listener);
         let on_stall = Arc::new(move || {
-            tracing::info!(listener = %listener, client = %peer, "client took none of a stream's response within idle_timeout; resetting the stream");
+            if let Some(suppressed) = crate::telemetry::client_fault() {
+                tracing::info!(listener = %listener, client = %peer, suppressed, "client took none of a stream's response within idle_timeout; resetting the stream");
+            }
             metrics::client_abort(&listener, metrics::AbortReason::StalledReader);
         });
         let mut server = http2::Builder::new(StreamTasks {
@@ -426,7 +432,9 @@ impl HttpProxy {
                 }))
             }
             Err(err @ ProxyError::ClientTimeout { .. }) => {
-                tracing::info!(backend = %backend.name, "request body stopped arriving; 408");
+                if let Some(suppressed) = crate::telemetry::client_fault() {
+                    tracing::info!(backend = %backend.name, suppressed, "request body stopped arriving; 408");
+                }
                 return Err(Sent::Failed(err));
             }
             Ok(Err(HeadFault::Backend {

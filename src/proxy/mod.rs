@@ -37,7 +37,11 @@ pub fn no_backend(listener: &str, pool: &str) {
 /// the log under the same id (and the backend's `last_error` in `/status`).
 pub fn error_page(pool: &str, err: &ProxyError, id: &str) -> String {
     let status = err.status();
-    tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
+    if !err.is_client_fault() {
+        tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
+    } else if let Some(suppressed) = crate::telemetry::client_fault() {
+        tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, suppressed, "answered with an error");
+    }
     let reason = status.canonical_reason().unwrap_or("Error");
     format!("{} {reason}\nrequest id: {id}\n", status.as_u16())
 }

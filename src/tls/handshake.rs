@@ -49,7 +49,9 @@ impl Terminator {
             Err(_) => format!("no handshake within {:?}", self.timeout),
         };
         self.metrics.failed.increment(1);
-        tracing::info!(listener = %self.listener, client = %peer, %cause, "TLS handshake failed");
+        if let Some(suppressed) = crate::telemetry::client_fault() {
+            tracing::info!(listener = %self.listener, client = %peer, %cause, suppressed, "TLS handshake failed");
+        }
         None
     }
 }
