@@ -360,14 +360,17 @@ async fn release_fd_store_unless_restarting(names: Vec<String>, pending: systemd
         return;
     }
     match systemd::restarting().await {
-        Some(true) => {
-            tracing::info!("a restart: the listening sockets stay in systemd's fd store for the next start");
+        Ok(true) => {
+            tracing::info!(
+                "a restart: the listening sockets stay in systemd's fd store for the next start"
+            );
         }
-        Some(false) => {
+        Ok(false) => {
             pending.release(&names);
             tokio::time::sleep(FD_STORE_RELEASE_SETTLE).await;
         }
-        None => tracing::warn!(
+        Err(cause) => tracing::warn!(
+            %cause,
             "could not ask systemd (busctl) whether this stop is a restart: the sockets stay in its fd store, where connections arriving after the doors close wait until the service ends"
         ),
     }
