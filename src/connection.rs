@@ -137,8 +137,8 @@ async fn admit(
         Ok(origin) => Some((stream, origin)),
         Err(refusal) => {
             crate::metrics::proxy_protocol_error(listener, refusal.label());
-            if let Some(suppressed) = crate::telemetry::client_fault() {
-                tracing::info!(listener, peer = %socket.client, cause = %refusal, suppressed, "closed before serving");
+            if crate::telemetry::client_fault() {
+                tracing::info!(listener, peer = %socket.client, cause = %refusal, "closed before serving");
             }
             None
         }

@@ -386,7 +386,7 @@ mod tests {
         };
         let handler: Arc<dyn Accept> = Arc::clone(noting) as Arc<dyn Accept>;
         let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::HandedOver));
-        for _ in 0..200 {
+        for _ in 0..1000 {
             if noting.seen().len() >= count {
                 break;
             }

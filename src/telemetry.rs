@@ -51,25 +51,64 @@ fn stderr_is_the_journal() -> bool {
 /// client can cause them as fast as it can connect, and unbounded they
 /// would cost more than refusing it and fill the journal, whose own rate
 /// limit then drops baton's other lines too. Each fault is still counted
-/// in the metrics and, for requests, logged in the access log.
+/// in the metrics and, for requests, logged in the access log. One budget
+/// for the process: a flood on one listener holds back the lines of
+/// another's faults too (their metrics still count them).
 const CLIENT_FAULT_LINES: u32 = 10;
 
 static CLIENT_FAULTS: std::sync::Mutex<Budget> = std::sync::Mutex::new(Budget::new());
 
-/// Whether a line about a client's fault may be logged now; if so, how
-/// many were held back since the last one (logged as `suppressed`).
-pub fn client_fault() -> Option<u64> {
+fn client_faults() -> std::sync::MutexGuard<'static, Budget> {
     CLIENT_FAULTS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .admit(std::time::Instant::now())
+}
+
+/// Whether a line about a client's fault may be logged now. The count of
+/// those held back is logged on a line of its own once their second is
+/// over ([`report_held_back`]), not on an unrelated client's line.
+pub fn client_fault() -> bool {
+    let now = std::time::Instant::now();
+    let (admitted, ended) = client_faults().admit(now);
+    if let Some(count) = ended {
+        report(count);
+    }
+    admitted
+}
+
+/// Logs how many lines about clients' faults were held back, once their
+/// second is over; `at_exit`, whatever is left. Called every second while
+/// the generation serves, and as it ends, so no count waits for a fault
+/// that may never come.
+pub fn report_held_back(at_exit: bool) {
+    let held = client_faults().held_back(std::time::Instant::now(), at_exit);
+    if let Some(count) = held {
+        report(count);
+    }
+}
+
+/// Reports held-back lines every second until `stop`.
+pub async fn held_back_reports(stop: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => report_held_back(false),
+        }
+    }
+}
+
+fn report(count: u64) {
+    tracing::info!(
+        held_back = count,
+        "lines about clients' faults held back: at most {CLIENT_FAULT_LINES} a second are logged"
+    );
 }
 
 /// At most [`CLIENT_FAULT_LINES`] a second, counting the rest.
 struct Budget {
     window: Option<std::time::Instant>,
     used: u32,
-    suppressed: u64,
+    held: u64,
 }
 
 impl Budget {
@@ -77,24 +116,42 @@ impl Budget {
         Budget {
             window: None,
             used: 0,
-            suppressed: 0,
+            held: 0,
         }
     }
 
-    fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
+    fn window_over(&self, now: std::time::Instant) -> bool {
         let second = std::time::Duration::from_secs(1);
-        if self
-            .window
+        self.window
             .is_none_or(|start| now.duration_since(start) >= second)
-        {
+    }
+
+    fn take_held(&mut self) -> Option<u64> {
+        Some(std::mem::take(&mut self.held)).filter(|n| *n > 0)
+    }
+
+    /// Whether a line may go now, and the count a window that just ended
+    /// held back.
+    fn admit(&mut self, now: std::time::Instant) -> (bool, Option<u64>) {
+        let mut ended = None;
+        if self.window_over(now) {
+            ended = self.take_held();
             self.window = Some(now);
             self.used = 0;
         }
         if self.used < CLIENT_FAULT_LINES {
             self.used += 1;
-            Some(std::mem::take(&mut self.suppressed))
+            (true, ended)
         } else {
-            self.suppressed += 1;
+            self.held += 1;
+            (false, ended)
+        }
+    }
+
+    fn held_back(&mut self, now: std::time::Instant, at_exit: bool) -> Option<u64> {
+        if at_exit || self.window_over(now) {
+            self.take_held()
+        } else {
             None
         }
     }
@@ -105,19 +162,30 @@ mod tests {
     use super::*;
     use std::time::{Duration, Instant};
 
-    /// Ten lines a second pass; the rest are counted, and the count goes
-    /// with the next line that passes, in a later second.
+    /// Ten lines a second pass; the rest are counted, and the count comes
+    /// out once their second is over: with the next fault, from the
+    /// reporter, or at exit, and only once.
     #[test]
     fn a_flood_of_client_faults_logs_ten_lines_a_second_and_counts_the_rest() {
         let mut budget = Budget::new();
         let start = Instant::now();
         let first: Vec<_> = (0..25).map(|_| budget.admit(start)).collect();
-        assert_eq!(first.iter().filter(|a| a.is_some()).count(), 10);
-        assert!(first[..10].iter().all(|a| *a == Some(0)));
+        assert_eq!(first.iter().filter(|(admitted, _)| *admitted).count(), 10);
+        assert!(first.iter().all(|(_, ended)| ended.is_none()));
         let later = start + Duration::from_millis(999);
-        assert_eq!(budget.admit(later), None, "still the same second");
+        assert_eq!(budget.held_back(later, false), None, "still its second");
         let next = start + Duration::from_secs(1);
-        assert_eq!(budget.admit(next), Some(16), "15 held back, and one more");
-        assert_eq!(budget.admit(next), Some(0));
+        assert_eq!(budget.admit(next), (true, Some(15)));
+        assert_eq!(budget.admit(next), (true, None));
+
+        let flood_at = next + Duration::from_secs(5);
+        for _ in 0..12 {
+            budget.admit(flood_at);
+        }
+        assert_eq!(budget.held_back(flood_at, true), Some(2), "at exit");
+        assert_eq!(
+            budget.held_back(flood_at + Duration::from_secs(2), false),
+            None
+        );
     }
 }

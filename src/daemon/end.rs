@@ -167,7 +167,10 @@ impl Generation {
     /// Every access-log line of this generation reaches its file before
     /// the generation exits (the drain is over: no connection is left to
     /// add one).
+    /// The telemetry's last words: the access logs written out, and the
+    /// count of client-fault lines still held back.
     async fn write_out_access_logs(&self) {
+        crate::telemetry::report_held_back(true);
         let sinks = Arc::clone(&self.access_logs);
         let _ = tokio::task::spawn_blocking(move || sinks.close()).await;
     }

@@ -136,15 +136,15 @@ impl HttpProxy {
                     closing = true;
                 }
                 () = state.stalled_reader(self.idle_timeout + STREAMS_FIRST) => {
-                    if let Some(suppressed) = crate::telemetry::client_fault() {
-                        tracing::info!(listener = %self.listener, client = %peer, suppressed, "client took no response bytes within idle_timeout (and a second for its streams' own clocks); closing");
+                    if crate::telemetry::client_fault() {
+                        tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout (and a second for its streams' own clocks); closing");
                     }
                     metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
                     return;
                 }
                 () = state.opening.overdue(self.header_timeout) => {
-                    if let Some(suppressed) = crate::telemetry::client_fault() {
-                        tracing::info!(listener = %self.listener, client = %peer, suppressed, "no h2 preface and SETTINGS within header_timeout; closing");
+                    if crate::telemetry::client_fault() {
+                        tracing::info!(listener = %self.listener, client = %peer, "no h2 preface and SETTINGS within header_timeout; closing");
                     }
                     return;
                 }
@@ -175,8 +175,8 @@ impl HttpProxy {
     fn h2_server(&self, drain: &DrainWatch, peer: SocketAddr) -> http2::Builder<StreamTasks> {
         let listener = Arc::clone(&self.listener);
         let on_stall = Arc::new(move || {
-            if let Some(suppressed) = crate::telemetry::client_fault() {
-                tracing::info!(listener = %listener, client = %peer, suppressed, "client took none of a stream's response within idle_timeout; resetting the stream");
+            if crate::telemetry::client_fault() {
+                tracing::info!(listener = %listener, client = %peer, "client took none of a stream's response within idle_timeout; resetting the stream");
             }
             metrics::client_abort(&listener, metrics::AbortReason::StalledReader);
         });
@@ -432,9 +432,6 @@ impl HttpProxy {
                 }))
             }
             Err(err @ ProxyError::ClientTimeout { .. }) => {
-                if let Some(suppressed) = crate::telemetry::client_fault() {
-                    tracing::info!(backend = %backend.name, suppressed, "request body stopped arriving; 408");
-                }
                 return Err(Sent::Failed(err));
             }
             Ok(Err(HeadFault::Backend {

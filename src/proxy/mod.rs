@@ -39,8 +39,8 @@ pub fn error_page(pool: &str, err: &ProxyError, id: &str) -> String {
     let status = err.status();
     if !err.is_client_fault() {
         tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
-    } else if let Some(suppressed) = crate::telemetry::client_fault() {
-        tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, suppressed, "answered with an error");
+    } else if crate::telemetry::client_fault() {
+        tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
     }
     let reason = status.canonical_reason().unwrap_or("Error");
     format!("{} {reason}\nrequest id: {id}\n", status.as_u16())

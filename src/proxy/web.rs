@@ -185,8 +185,8 @@ impl HttpProxy {
                 super::h1::conn::serve(&self, stream, seen, origin, &drain, opened).await;
             }
             Opening::Silent => {
-                if let Some(suppressed) = crate::telemetry::client_fault() {
-                    tracing::info!(listener = %self.listener, client = %peer, suppressed, "no request head within header_timeout; 408");
+                if crate::telemetry::client_fault() {
+                    tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
                 }
                 let _ =
                     write_all(&mut stream, super::h1::conn::TIMEOUT_RESPONSE, SILENT_STALL).await;

@@ -49,8 +49,8 @@ impl Terminator {
             Err(_) => format!("no handshake within {:?}", self.timeout),
         };
         self.metrics.failed.increment(1);
-        if let Some(suppressed) = crate::telemetry::client_fault() {
-            tracing::info!(listener = %self.listener, client = %peer, %cause, suppressed, "TLS handshake failed");
+        if crate::telemetry::client_fault() {
+            tracing::info!(listener = %self.listener, client = %peer, %cause, "TLS handshake failed");
         }
         None
     }

@@ -118,8 +118,8 @@ async fn serve_requests<S: ByteStream>(
                 return Ending::Other;
             }
             Next::Slow => {
-                if let Some(suppressed) = crate::telemetry::client_fault() {
-                    tracing::info!(listener = %proxy.listener, client = %peer, suppressed, "no request head within header_timeout; 408");
+                if crate::telemetry::client_fault() {
+                    tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
                 }
                 let _ = write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
                 record::refused(
@@ -219,8 +219,8 @@ async fn refuse<S: ByteStream>(
 ) {
     let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::BAD_REQUEST);
     let id = RequestId::new();
-    if let Some(suppressed) = crate::telemetry::client_fault() {
-        tracing::info!(listener = %proxy.listener, client = %peer, request_id = %id, status = status.as_u16(), cause = %refusal, suppressed, "refused a request head");
+    if crate::telemetry::client_fault() {
+        tracing::info!(listener = %proxy.listener, client = %peer, request_id = %id, status = status.as_u16(), cause = %refusal, "refused a request head");
     }
     let page = format!(
         "{} {}\nrequest id: {id}\n",

@@ -512,8 +512,8 @@ fn delivered(got: Result<Delivered, DownFault>) -> Pumped {
 fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written: bool) -> Failure {
     let cause = match fault {
         DownFault::Client(WriteFault::Stalled) => {
-            if let Some(suppressed) = crate::telemetry::client_fault() {
-                tracing::info!(listener = %proxy.listener, suppressed, "client took no response bytes within idle_timeout; closing");
+            if crate::telemetry::client_fault() {
+                tracing::info!(listener = %proxy.listener, "client took no response bytes within idle_timeout; closing");
             }
             metrics::client_abort(&proxy.listener, metrics::AbortReason::StalledReader);
             return Failure::Abort(Termination::ClientTimeout(Phase::Data));
@@ -560,8 +560,9 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
             why: "malformed or cut-off request body",
         },
         UpFault::Stalled => {
-            if let Some(suppressed) = crate::telemetry::client_fault() {
-                tracing::info!(backend = %backend.name, suppressed, "request body stopped arriving; 408");
+            // Unanswered, the error page logs it (`proxy::error_page`).
+            if written && crate::telemetry::client_fault() {
+                tracing::info!(listener = %proxy.listener, backend = %backend.name, "request body stopped arriving after the response began; closing");
             }
             client_timeout(proxy.idle_timeout)
         }

@@ -302,8 +302,8 @@ impl ResponseBody {
             if pause.stalled(&relay.backend_wait, cx) {
                 self.decoding.done = true;
                 self.relay = None;
-                if let Some(suppressed) = crate::telemetry::client_fault() {
-                    tracing::info!(suppressed, "request body stopped arriving while the response came down; resetting the stream");
+                if crate::telemetry::client_fault() {
+                    tracing::info!("request body stopped arriving while the response came down; resetting the stream");
                 }
                 return Err("the client's request body stopped arriving".into());
             }
