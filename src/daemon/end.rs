@@ -45,7 +45,7 @@ impl Generation {
             reporting.clone(),
         ));
         let outcome = self.drain_for(budget, DrainReason::Reload).await;
-        self.write_out_access_logs().await;
+        self.write_out_telemetry().await;
         self.outlive_predecessor().await;
         reporting.cancel();
         // A periodic report still being sent must land before the last one,
@@ -104,24 +104,19 @@ impl Generation {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
         let _ = self.phase.send(Phase::Stopping { deadline: None });
         systemd::stopping();
-        let release =
-            release_fd_store_unless_restarting(self.holdings.names(), self.fd_store_again.clone());
-        tokio::pin!(release);
-        let mut released = false;
-        // A second stop signal forces at once, without waiting for systemd.
-        let forced_early = {
-            let pause = self.pre_stop_pause();
-            tokio::pin!(pause);
-            loop {
-                tokio::select! {
-                    forced = &mut pause => break forced,
-                    () = &mut release, if !released => released = true,
-                }
-            }
-        };
-        if !forced_early && !released {
-            release.await;
-        }
+        let pause = self.config.shutdown.pre_stop_delay;
+        let release = release_fd_store_unless_restarting(
+            self.holdings.names(),
+            self.fd_store_again.clone(),
+            pause,
+        );
+        // The doors close once both are done; a second stop signal closes
+        // them at once, without waiting for either.
+        let forced_early = self
+            .unless_forced(async move {
+                tokio::join!(tokio::time::sleep(pause), release);
+            })
+            .await;
         self.holdings.handed_over(&[]);
         self.close_doors().await;
         // Under systemd the control socket lives on in the fd store for the
@@ -141,21 +136,21 @@ impl Generation {
             self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
                 .await
         };
-        self.write_out_access_logs().await;
+        self.write_out_telemetry().await;
         self.background.cancel();
         self.admin_stop.cancel();
         self.exit_code(outcome)
     }
 
-    /// Waits out the pre-stop pause, during which the load balancer in
-    /// front may still send traffic; true when a second stop cut it short.
-    /// A reload or a force meant for a draining generation does not end it.
-    async fn pre_stop_pause(&mut self) -> bool {
-        let pause = tokio::time::sleep(self.config.shutdown.pre_stop_delay);
-        tokio::pin!(pause);
+    /// Waits for `work` (the pre-stop pause, during which the load balancer
+    /// in front may still send traffic, and systemd's answer); true when a
+    /// second stop cut it short. A reload or a force meant for a draining
+    /// generation does not end it.
+    async fn unless_forced(&mut self, work: impl std::future::Future<Output = ()>) -> bool {
+        tokio::pin!(work);
         loop {
             tokio::select! {
-                () = &mut pause => return false,
+                () = &mut work => return false,
                 command = self.commands.recv() => match command {
                     Command::Stop => return true,
                     other => tracing::info!(command = ?other, "ignored: this generation is stopping"),
@@ -164,12 +159,11 @@ impl Generation {
         }
     }
 
-    /// Every access-log line of this generation reaches its file before
-    /// the generation exits (the drain is over: no connection is left to
-    /// add one).
-    /// The telemetry's last words: the access logs written out, and the
-    /// count of client-fault lines still held back.
-    async fn write_out_access_logs(&self) {
+    /// The telemetry's last words, once the drain is over (no connection
+    /// is left to add any): every access-log line of this generation
+    /// reaches its file, and the count of client-fault lines still held
+    /// back is logged.
+    async fn write_out_telemetry(&self) {
         crate::telemetry::report_held_back(true);
         let sinks = Arc::clone(&self.access_logs);
         let _ = tokio::task::spawn_blocking(move || sinks.close()).await;
@@ -358,11 +352,15 @@ const FD_STORE_RELEASE_SETTLE: Duration = Duration::from_millis(100);
 /// the queue is served first), where the store's copies kept it queued
 /// until the unit ended and then reset it. A restart leaves them there for
 /// the next start, which serves what queued meanwhile.
-async fn release_fd_store_unless_restarting(names: Vec<String>, pending: systemd::PendingUpdate) {
+async fn release_fd_store_unless_restarting(
+    names: Vec<String>,
+    pending: systemd::PendingUpdate,
+    pause: Duration,
+) {
     if !systemd::enabled() || names.is_empty() {
         return;
     }
-    match systemd::restarting().await {
+    match systemd::restarting(pause).await {
         Ok(true) => {
             tracing::info!(
                 "a restart: the listening sockets stay in systemd's fd store for the next start"

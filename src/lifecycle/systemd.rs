@@ -84,12 +84,14 @@ impl FdStoreUpdate {
     }
 }
 
-/// How long a stop waits for systemd to say whether it is a restart. It
-/// asks as the pre-stop pause begins, so only an answer slower than the
-/// pause holds the doors open longer. A bound of one second failed once in
-/// CI, under load on two cores (the cause was not logged then; it is now),
-/// and the sockets stayed in the store.
-const JOB_QUERY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a stop waits for systemd to say whether it is a restart, at
+/// most: as long as the pre-stop pause it runs alongside, at least a
+/// second (what the 5 s that `TimeoutStopSec` gives beyond the pause and
+/// the drain can spare), at most five.
+fn job_query_wait(pause: std::time::Duration) -> std::time::Duration {
+    let second = std::time::Duration::from_secs(1);
+    pause.clamp(second, 5 * second)
+}
 
 /// Whether the stop under way is a `systemctl restart` (systemd's job on
 /// this service is a restart), or why that cannot be told. Only a
@@ -99,10 +101,20 @@ const JOB_QUERY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// refused. systemd 252 tells a stop from a restart only over D-Bus
 /// (`RestartKillSignal=` came in 253): asked with `busctl`, which ships
 /// with systemd, once a stop, rather than with a D-Bus crate in baton.
-pub async fn restarting() -> Result<bool, String> {
+/// busctl must outlive the stop's SIGTERM: it runs in the unit's control
+/// group, which systemd signals (`KillMode=control-group`) and signals
+/// again for processes that appear while it does, so a busctl started
+/// just then was killed before it answered (CI saw it under load). It is
+/// started with SIGTERM blocked (the mask passes fork and exec, so no
+/// signal gets in before it is ready) and runs under coreutils'
+/// `env --ignore-signal=TERM`, which discards one pending and ignores the
+/// rest.
+pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
+    let wait = job_query_wait(pause);
     let unit = own_unit().ok_or("no service of ours in /proc/self/cgroup")?;
-    let mut busctl = tokio::process::Command::new("busctl");
+    let mut busctl = tokio::process::Command::new("env");
     busctl
+        .args(["--ignore-signal=TERM", "busctl"])
         .args(["--json=short", "call", "org.freedesktop.systemd1"])
         .args([
             "/org/freedesktop/systemd1",
@@ -110,16 +122,47 @@ pub async fn restarting() -> Result<bool, String> {
         ])
         .arg("ListJobs")
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let out = tokio::time::timeout(JOB_QUERY_WAIT, busctl.output())
+    let child = {
+        let _blocked = TermBlocked::here();
+        busctl.spawn()
+    }
+    .map_err(|err| format!("cannot run busctl: {err}"))?;
+    let out = tokio::time::timeout(wait, child.wait_with_output())
         .await
-        .map_err(|_| format!("no answer within {JOB_QUERY_WAIT:?}"))?
-        .map_err(|err| format!("cannot run busctl: {err}"))?;
+        .map_err(|_| format!("no answer within {wait:?}"))?
+        .map_err(|err| format!("busctl: {err}"))?;
     if !out.status.success() {
         let said = String::from_utf8_lossy(&out.stderr);
         return Err(format!("busctl: {}: {}", out.status, said.trim()));
     }
     restart_job(&out.stdout, &unit).ok_or_else(|| "busctl: not a list of jobs".to_string())
+}
+
+/// SIGTERM blocked in this thread while it lives (a process started
+/// meanwhile inherits the mask); the process's own SIGTERM goes to its
+/// other threads.
+struct TermBlocked(Option<nix::sys::signal::SigSet>);
+
+impl TermBlocked {
+    fn here() -> TermBlocked {
+        use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
+        let mut before = SigSet::empty();
+        let term = SigSet::from(Signal::SIGTERM);
+        let blocked = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&term), Some(&mut before));
+        TermBlocked(blocked.ok().map(|()| before))
+    }
+}
+
+impl Drop for TermBlocked {
+    fn drop(&mut self) {
+        if let Some(before) = &self.0 {
+            let how = nix::sys::signal::SigmaskHow::SIG_SETMASK;
+            let _ = nix::sys::signal::pthread_sigmask(how, Some(before), None);
+        }
+    }
 }
 
 /// Whether `ListJobs`' answer (busctl's JSON: `{"type":"a(usssoo)",
