@@ -87,13 +87,12 @@ pub fn report_held_back(at_exit: bool) {
     }
 }
 
-/// Reports held-back lines every second until `stop`.
-pub async fn held_back_reports(stop: tokio_util::sync::CancellationToken) {
+/// Reports held-back lines every second, for the process's life: a
+/// draining generation still meets faulty clients.
+pub async fn held_back_reports() {
     loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => report_held_back(false),
-        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        report_held_back(false);
     }
 }
 

@@ -27,7 +27,7 @@ impl Generation {
     /// on this generation takes work.
     pub(super) fn open_doors(&mut self) {
         probe::spawn_all(&self.pools, &self.background);
-        tokio::spawn(crate::telemetry::held_back_reports(self.background.clone()));
+        tokio::spawn(crate::telemetry::held_back_reports());
         if let Some(resolver) = &self.resolver {
             crate::resolve::refresh::spawn_all(&self.pools, resolver, &self.background);
         }
