@@ -104,17 +104,16 @@ fn job_query_wait(pause: std::time::Duration) -> std::time::Duration {
 /// busctl must outlive the stop's SIGTERM: it runs in the unit's control
 /// group, which systemd signals (`KillMode=control-group`) and signals
 /// again for processes that appear while it does, so a busctl started
-/// just then was killed before it answered (CI saw it under load). It is
-/// started with SIGTERM blocked (the mask passes fork and exec, so no
-/// signal gets in before it is ready) and runs under coreutils'
-/// `env --ignore-signal=TERM`, which discards one pending and ignores the
-/// rest.
+/// just then was killed before it answered (CI saw it under load). Its
+/// SIGTERM is set to be ignored in the child before exec (a setting exec
+/// keeps); before that, one runs baton's own handler in the child, which
+/// does nothing there. (Blocking it would not do: std's spawn clears the
+/// child's signal mask.)
 pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
     let wait = job_query_wait(pause);
     let unit = own_unit().ok_or("no service of ours in /proc/self/cgroup")?;
-    let mut busctl = tokio::process::Command::new("env");
+    let mut busctl = tokio::process::Command::new("busctl");
     busctl
-        .args(["--ignore-signal=TERM", "busctl"])
         .args(["--json=short", "call", "org.freedesktop.systemd1"])
         .args([
             "/org/freedesktop/systemd1",
@@ -125,11 +124,10 @@ pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let child = {
-        let _blocked = TermBlocked::here();
-        busctl.spawn()
-    }
-    .map_err(|err| format!("cannot run busctl: {err}"))?;
+    ignore_sigterm(busctl.as_std_mut());
+    let child = busctl
+        .spawn()
+        .map_err(|err| format!("cannot run busctl: {err}"))?;
     let out = tokio::time::timeout(wait, child.wait_with_output())
         .await
         .map_err(|_| format!("no answer within {wait:?}"))?
@@ -141,27 +139,21 @@ pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
     restart_job(&out.stdout, &unit).ok_or_else(|| "busctl: not a list of jobs".to_string())
 }
 
-/// SIGTERM blocked in this thread while it lives (a process started
-/// meanwhile inherits the mask); the process's own SIGTERM goes to its
-/// other threads.
-struct TermBlocked(Option<nix::sys::signal::SigSet>);
-
-impl TermBlocked {
-    fn here() -> TermBlocked {
-        use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
-        let mut before = SigSet::empty();
-        let term = SigSet::from(Signal::SIGTERM);
-        let blocked = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&term), Some(&mut before));
-        TermBlocked(blocked.ok().map(|()| before))
-    }
-}
-
-impl Drop for TermBlocked {
-    fn drop(&mut self) {
-        if let Some(before) = &self.0 {
-            let how = nix::sys::signal::SigmaskHow::SIG_SETMASK;
-            let _ = nix::sys::signal::pthread_sigmask(how, Some(before), None);
-        }
+/// Makes the program `command` runs ignore SIGTERM from its first
+/// instruction.
+#[allow(unsafe_code)]
+fn ignore_sigterm(command: &mut std::process::Command) {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the forked child before exec, where only
+    // async-signal-safe calls are allowed: `signal` (sigaction) is one. It
+    // touches no memory of the parent's.
+    unsafe {
+        command.pre_exec(|| {
+            signal(Signal::SIGTERM, SigHandler::SigIgn)
+                .map(|_| ())
+                .map_err(std::io::Error::from)
+        });
     }
 }
 
