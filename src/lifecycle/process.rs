@@ -85,36 +85,37 @@ impl Process {
 pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Result<Process> {
     let (mut read_end, write_end) = pid_pipe()?;
     // SAFETY: runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: fork, write and _exit are. The
-    // middle process reports the grandchild's pid and exits without
-    // returning into Rust code; the grandchild returns and execs. Both pipe
-    // ends are close-on-exec, so the grandchild keeps neither.
+    // async-signal-safe calls are allowed: sigprocmask, fork, write and
+    // _exit are. The middle process reports the grandchild's pid and exits
+    // without returning into Rust code; the grandchild returns and execs.
+    // Both pipe ends are close-on-exec, so the grandchild keeps neither.
+    // SIGUSR1 is blocked here, in the child (std's spawn clears the mask
+    // it inherits): the mask passes the second fork and exec, so the new
+    // generation cannot die of logrotate's signal before its own handler
+    // is in place.
     unsafe {
-        command.pre_exec(move || match nix::libc::fork() {
-            -1 => Err(std::io::Error::last_os_error()),
-            0 => Ok(()),
-            grandchild => {
-                let bytes = grandchild.to_ne_bytes();
-                let written = nix::libc::write(
-                    std::os::fd::AsRawFd::as_raw_fd(&write_end),
-                    bytes.as_ptr().cast(),
-                    bytes.len(),
-                );
-                nix::libc::_exit(if written == 4 { 0 } else { 1 })
+        command.pre_exec(move || {
+            super::signals::hold_sigusr1();
+            match nix::libc::fork() {
+                -1 => Err(std::io::Error::last_os_error()),
+                0 => Ok(()),
+                grandchild => {
+                    let bytes = grandchild.to_ne_bytes();
+                    let written = nix::libc::write(
+                        std::os::fd::AsRawFd::as_raw_fd(&write_end),
+                        bytes.as_ptr().cast(),
+                        bytes.len(),
+                    );
+                    nix::libc::_exit(if written == 4 { 0 } else { 1 })
+                }
             }
         });
     }
     // std's spawn returns once the grandchild has exec'd (its error pipe
     // closes on exec) or reports the exec's failure: blocking, but brief.
-    let middle = tokio::task::spawn_blocking(move || {
-        // The new generation inherits this thread's signal mask: SIGUSR1
-        // blocked, so it cannot die of logrotate's signal before its own
-        // handler is in place, whichever thread this is.
-        super::signals::hold_sigusr1();
-        command.spawn()?.wait()
-    })
-    .await
-    .map_err(std::io::Error::other)??;
+    let middle = tokio::task::spawn_blocking(move || command.spawn()?.wait())
+        .await
+        .map_err(std::io::Error::other)??;
     if !middle.success() {
         return Err(std::io::Error::other(format!(
             "the spawn helper failed ({middle})"

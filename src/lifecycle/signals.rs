@@ -28,9 +28,11 @@ pub enum Command {
 /// default action is to: a `baton reload` run by `ExecReload`, a `baton
 /// check` run by `ExecStartPre`, a new generation before its handlers are
 /// in place. So every baton process blocks it first thing (a blocked
-/// signal waits, and the mask survives `exec`, so a new generation is
-/// covered from its first instruction); only a generation that reopens
-/// logs on it lets it through, once its handler is installed.
+/// signal waits, and the mask survives `exec`: a new generation's spawn
+/// blocks it in the child, after std's spawn cleared the mask, so it is
+/// covered from its first instruction, see `process::spawn_detached`);
+/// only a generation that reopens logs on it lets it through, once its
+/// handler is installed.
 pub fn hold_sigusr1() {
     let _ = usr1().thread_block();
 }
