@@ -77,9 +77,9 @@ pub fn client_fault() -> bool {
 }
 
 /// Logs how many lines about clients' faults were held back, once their
-/// second is over; `at_exit`, whatever is left. Called every second while
-/// the generation serves, and as it ends, so no count waits for a fault
-/// that may never come.
+/// second is over; `at_exit`, whatever is left. Called every second for
+/// the process's life, and as the generation ends, so no count waits for
+/// a fault that may never come.
 pub fn report_held_back(at_exit: bool) {
     let held = client_faults().held_back(std::time::Instant::now(), at_exit);
     if let Some(count) = held {
