@@ -46,10 +46,10 @@ fn room(buf: &mut BytesMut) {
 
 /// Has the kernel acknowledge the client's bytes at once again, as baton
 /// waits for more of a request: a plain HTTP listener delays its ACKs
-/// until the answer (`listener::Acks::WithAnswer`), and a
-/// client holding its next bytes until the last are acknowledged (Nagle)
-/// would wait for the delayed ACK, 40 ms. The kernel itself turns back to
-/// delaying once the connection is an exchange of requests and answers.
+/// until the answer (`listener::Acks::WithAnswer`), and a client holding
+/// its next bytes until the last are acknowledged (Nagle) would wait for
+/// the delayed ACK, 40 ms. The kernel turns back to delaying by itself
+/// once baton answers.
 pub fn ack_promptly<S: crate::stream::ByteStream>(stream: &S) {
     let _ = socket2::SockRef::from(stream.tcp()).set_tcp_quickack(true);
 }
