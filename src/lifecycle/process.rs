@@ -85,14 +85,15 @@ impl Process {
 pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Result<Process> {
     let (mut read_end, write_end) = pid_pipe()?;
     // SAFETY: runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: sigprocmask, fork, write and
-    // _exit are. The middle process reports the grandchild's pid and exits
+    // async-signal-safe calls are allowed: pthread_sigmask, fork, write
+    // and _exit are. The middle process reports the grandchild's pid and exits
     // without returning into Rust code; the grandchild returns and execs.
     // Both pipe ends are close-on-exec, so the grandchild keeps neither.
-    // SIGUSR1 is blocked here, in the child (std's spawn clears the mask
-    // it inherits): the mask passes the second fork and exec, so the new
-    // generation cannot die of logrotate's signal before its own handler
-    // is in place.
+    // SIGUSR1 is blocked here, in the child, whatever the mask of the
+    // thread that spawns (std passes that on; the main thread, which
+    // takes SIGUSR1 for the reopen, may be the one): the mask passes the
+    // second fork and exec, so the new generation cannot die of
+    // logrotate's signal before its own handler is in place.
     unsafe {
         command.pre_exec(move || {
             super::signals::hold_sigusr1();

@@ -29,7 +29,7 @@ pub enum Command {
 /// check` run by `ExecStartPre`, a new generation before its handlers are
 /// in place. So every baton process blocks it first thing (a blocked
 /// signal waits, and the mask survives `exec`: a new generation's spawn
-/// blocks it in the child, after std's spawn cleared the mask, so it is
+/// blocks it in the child, whatever the spawning thread's mask, so it is
 /// covered from its first instruction, see `process::spawn_detached`);
 /// only a generation that reopens logs on it lets it through, once its
 /// handler is installed.
@@ -71,8 +71,8 @@ impl Signals {
         })
         .inspect(|_| {
             // The handler is in place: this thread may take SIGUSR1 now
-            // (threads created later inherit that and may take it too; the
-            // thread that spawns a new generation blocks it again first).
+            // (threads created later inherit that and may take it too; a
+            // new generation's spawn blocks it again in the child).
             let _ = usr1().thread_unblock();
         })
     }

@@ -104,11 +104,8 @@ fn job_query_wait(pause: std::time::Duration) -> std::time::Duration {
 /// busctl must outlive the stop's SIGTERM: it runs in the unit's control
 /// group, which systemd signals (`KillMode=control-group`) and signals
 /// again for processes that appear while it does, so a busctl started
-/// just then was killed before it answered (CI saw it under load). Its
-/// SIGTERM is set to be ignored in the child before exec (a setting exec
-/// keeps); before that, one runs baton's own handler in the child, which
-/// does nothing there. (Blocking it would not do: std's spawn clears the
-/// child's signal mask.)
+/// just then was killed before it answered (CI saw it under load). It
+/// ignores the signals sent to the whole unit ([`ignore_unit_signals`]).
 pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
     let wait = job_query_wait(pause);
     let unit = own_unit().ok_or("no service of ours in /proc/self/cgroup")?;
@@ -124,7 +121,7 @@ pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    ignore_sigterm(busctl.as_std_mut());
+    ignore_unit_signals(busctl.as_std_mut());
     let child = busctl
         .spawn()
         .map_err(|err| format!("cannot run busctl: {err}"))?;
@@ -139,20 +136,26 @@ pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
     restart_job(&out.stdout, &unit).ok_or_else(|| "busctl: not a list of jobs".to_string())
 }
 
-/// Makes the program `command` runs ignore SIGTERM from its first
-/// instruction.
+/// Makes the program `command` runs ignore, from its first instruction,
+/// the signals sent to every process of the unit: the stop's SIGTERM and
+/// logrotate's SIGUSR1 (whose default action kills). Set in the child
+/// before exec, a setting exec keeps, whatever the spawning thread's mask
+/// (std passes it on; the main thread, which takes SIGUSR1, may be the
+/// one). Before that, a signal runs baton's own handler in the child,
+/// which only wakes the parent's signal driver for nothing.
 #[allow(unsafe_code)]
-fn ignore_sigterm(command: &mut std::process::Command) {
+fn ignore_unit_signals(command: &mut std::process::Command) {
     use nix::sys::signal::{signal, SigHandler, Signal};
     use std::os::unix::process::CommandExt;
     // SAFETY: runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: `signal` (sigaction) is one. It
-    // touches no memory of the parent's.
+    // async-signal-safe calls are allowed: `signal` is one. It touches no
+    // memory of the parent's.
     unsafe {
         command.pre_exec(|| {
-            signal(Signal::SIGTERM, SigHandler::SigIgn)
-                .map(|_| ())
-                .map_err(std::io::Error::from)
+            for unit_wide in [Signal::SIGTERM, Signal::SIGUSR1] {
+                signal(unit_wide, SigHandler::SigIgn).map_err(std::io::Error::from)?;
+            }
+            Ok(())
         });
     }
 }
