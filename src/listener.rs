@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::telemetry::Budget;
 
 /// What to do with an accepted connection.
 pub trait Accept: Send + Sync + 'static {
@@ -310,29 +311,20 @@ mod libc_errno {
 /// Lets a repeated warning through once a second, saying how many times
 /// it was held back in between. Shared by a listener's shards, so locked;
 /// it is only touched when something is already going wrong.
-#[derive(Default)]
-struct Throttle(Mutex<ThrottleState>);
+struct Throttle(Mutex<Budget>);
 
-#[derive(Default)]
-struct ThrottleState {
-    last: Option<Instant>,
-    suppressed: u64,
+impl Default for Throttle {
+    fn default() -> Throttle {
+        Throttle(Mutex::new(Budget::new(1)))
+    }
 }
 
 impl Throttle {
     fn ready(&self) -> Option<u64> {
-        let now = Instant::now();
-        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        match state.last {
-            Some(t) if now.duration_since(t) < Duration::from_secs(1) => {
-                state.suppressed += 1;
-                None
-            }
-            _ => {
-                state.last = Some(now);
-                Some(std::mem::take(&mut state.suppressed))
-            }
-        }
+        let now = std::time::Instant::now();
+        let mut budget = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (admitted, held_back) = budget.admit(now);
+        admitted.then(|| held_back.unwrap_or(0))
     }
 }
 

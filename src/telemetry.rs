@@ -56,7 +56,8 @@ fn stderr_is_the_journal() -> bool {
 /// another's faults too (their metrics still count them).
 const CLIENT_FAULT_LINES: u32 = 10;
 
-static CLIENT_FAULTS: std::sync::Mutex<Budget> = std::sync::Mutex::new(Budget::new());
+static CLIENT_FAULTS: std::sync::Mutex<Budget> =
+    std::sync::Mutex::new(Budget::new(CLIENT_FAULT_LINES));
 
 fn client_faults() -> std::sync::MutexGuard<'static, Budget> {
     CLIENT_FAULTS
@@ -103,16 +104,20 @@ fn report(count: u64) {
     );
 }
 
-/// At most [`CLIENT_FAULT_LINES`] a second, counting the rest.
-struct Budget {
+/// Lets a repeated log line through `per_second` times a second at most,
+/// counting the rest: the client-fault lines here, and a listener's
+/// repeated warnings (`listener::Throttle`, one a second).
+pub struct Budget {
+    per_second: u32,
     window: Option<std::time::Instant>,
     used: u32,
     held: u64,
 }
 
 impl Budget {
-    const fn new() -> Budget {
+    pub const fn new(per_second: u32) -> Budget {
         Budget {
+            per_second,
             window: None,
             used: 0,
             held: 0,
@@ -131,14 +136,14 @@ impl Budget {
 
     /// Whether a line may go now, and the count a window that just ended
     /// held back.
-    fn admit(&mut self, now: std::time::Instant) -> (bool, Option<u64>) {
+    pub fn admit(&mut self, now: std::time::Instant) -> (bool, Option<u64>) {
         let mut ended = None;
         if self.window_over(now) {
             ended = self.take_held();
             self.window = Some(now);
             self.used = 0;
         }
-        if self.used < CLIENT_FAULT_LINES {
+        if self.used < self.per_second {
             self.used += 1;
             (true, ended)
         } else {
@@ -166,7 +171,7 @@ mod tests {
     /// reporter, or at exit, and only once.
     #[test]
     fn a_flood_of_client_faults_logs_ten_lines_a_second_and_counts_the_rest() {
-        let mut budget = Budget::new();
+        let mut budget = Budget::new(CLIENT_FAULT_LINES);
         let start = Instant::now();
         let first: Vec<_> = (0..25).map(|_| budget.admit(start)).collect();
         assert_eq!(first.iter().filter(|(admitted, _)| *admitted).count(), 10);
@@ -185,6 +190,24 @@ mod tests {
         assert_eq!(
             budget.held_back(flood_at + Duration::from_secs(2), false),
             None
+        );
+    }
+
+    /// A listener's warnings, one a second: the next one through carries
+    /// how many were held back since the last.
+    #[test]
+    fn a_budget_of_one_a_second_lets_the_first_through_and_counts_the_rest() {
+        let mut budget = Budget::new(1);
+        let start = Instant::now();
+        assert_eq!(budget.admit(start), (true, None));
+        assert_eq!(budget.admit(start), (false, None));
+        assert_eq!(
+            budget.admit(start + Duration::from_millis(500)),
+            (false, None)
+        );
+        assert_eq!(
+            budget.admit(start + Duration::from_secs(1)),
+            (true, Some(2))
         );
     }
 }
