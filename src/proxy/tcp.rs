@@ -302,6 +302,12 @@ struct Sided<T> {
     side: Side,
 }
 
+impl<T> Sided<T> {
+    fn new(inner: T, side: Side) -> Sided<T> {
+        Sided { inner, side }
+    }
+}
+
 impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Sided<T> {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
@@ -358,34 +364,15 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
 ) -> std::io::Result<()> {
     let (client_read, client_write) = client.halves();
     let (backend_read, backend_write) = backend.halves();
-    let mut client_read = Observed::new(
-        Sided {
-            inner: client_read,
-            side: Side::Client,
-        },
-        Arc::clone(activity),
-    );
+    let mut client_read =
+        Observed::new(Sided::new(client_read, Side::Client), Arc::clone(activity));
     let mut backend_read = Observed::new(
-        Sided {
-            inner: backend_read,
-            side: Side::Backend,
-        },
+        Sided::new(backend_read, Side::Backend),
         Arc::clone(activity),
     );
-    let mut backend_write = Counting::new(
-        Sided {
-            inner: backend_write,
-            side: Side::Backend,
-        },
-        &moved.to_backend,
-    );
-    let mut client_write = Counting::new(
-        Sided {
-            inner: client_write,
-            side: Side::Client,
-        },
-        &moved.to_client,
-    );
+    let mut backend_write =
+        Counting::new(Sided::new(backend_write, Side::Backend), &moved.to_backend);
+    let mut client_write = Counting::new(Sided::new(client_write, Side::Client), &moved.to_client);
     tokio::try_join!(
         async {
             tokio::io::copy(&mut client_read, &mut backend_write).await?;
