@@ -168,8 +168,17 @@ async fn a_request_outliving_the_drain_budget_is_forced_and_exits_3() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn beyond_max_draining_the_oldest_generation_is_forced() {
+/// With `max_draining = 1`: generation 1 drains a request for `path`
+/// after a reload, and generation 2 serves.
+struct OneDraining {
+    backend: HttpBackend,
+    baton: Baton,
+    first: u32,
+    second: u32,
+    on_first: tokio::task::JoinHandle<Result<client::Answer, String>>,
+}
+
+async fn one_draining(path: &'static str) -> OneDraining {
     let backend = HttpBackend::start("a").await;
     let spec = Spec::new()
         .section("[reload]\ndrain_timeout = \"60s\"\nmax_draining = 1\n")
@@ -178,12 +187,31 @@ async fn beyond_max_draining_the_oldest_generation_is_forced() {
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
     let first = baton.serving_pid().await;
-    let on_first = tokio::spawn(async move { client::get(web, "/slow/30000").await });
+    let on_first = tokio::spawn(async move { client::get(web, path).await });
     support::eventually("first slow request arrived", || async {
         backend.hits.load(Ordering::Relaxed) == 1
     })
     .await;
     let second = baton.reload_ok().await;
+    OneDraining {
+        backend,
+        baton,
+        first,
+        second,
+        on_first,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_max_draining_the_oldest_generation_is_forced() {
+    let OneDraining {
+        backend,
+        baton,
+        first,
+        second,
+        on_first,
+    } = one_draining("/slow/30000").await;
+    let web = baton.addr("web");
     let on_second = tokio::spawn(async move { client::get(web, "/slow/1500").await });
     support::eventually("second slow request arrived", || async {
         backend.hits.load(Ordering::Relaxed) == 2
@@ -200,6 +228,39 @@ async fn beyond_max_draining_the_oldest_generation_is_forced() {
         .expect("generation 2 keeps draining normally");
     assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/1500"));
     assert_eq!(wait_exit(second).await, Some(0));
+}
+
+/// The oldest draining generation is forced only by a reload that
+/// succeeds: a reload refused for a broken config adds no draining
+/// generation, and the old one's work carries on to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reload_beyond_max_draining_forces_nobody() {
+    let OneDraining {
+        backend: _serving,
+        baton,
+        first,
+        second,
+        on_first,
+    } = one_draining("/slow/3000").await;
+
+    // By SIGHUP: `baton reload` would refuse the file itself, and the
+    // daemon would never try.
+    let good = baton.config_text();
+    baton.write_config(&format!("{good}\nno_such_key = 1\n"));
+    signal(second, Signal::SIGHUP);
+    support::eventually("the reload failed", || async {
+        baton
+            .log()
+            .contains("reload failed; this generation keeps serving")
+    })
+    .await;
+    let answer = on_first
+        .await
+        .expect("join")
+        .expect("generation 1 drains on, not forced");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/3000"));
+    assert_eq!(wait_exit(first).await, Some(0), "drained, not forced");
+    assert_eq!(baton.serving_pid().await, second);
 }
 
 /// SIGTERM to a draining old generation keeps its drain going to the end

@@ -215,7 +215,7 @@ impl Generation {
                 command = self.commands.recv() => match command {
                     Command::Stop => {
                         if let Some(under_way) = reload.take() {
-                            let said = under_way.settle_for_stop().await;
+                            let said = under_way.settle_for_stop(&mut self.draining).await;
                             // Handed over or not, this generation serves
                             // its pre-stop pause: it takes backend posts.
                             self.admin.keep_backends();
@@ -248,11 +248,15 @@ impl Generation {
                         None => std::future::pending().await,
                     }
                 }, if reload.is_some() => {
-                    let started = reload.take().map_or_else(Instant::now, |r| r.started);
-                    metrics::reload_finished(outcome.is_ok(), started.elapsed().as_secs_f64());
+                    let Some(under_way) = reload.take() else { continue };
+                    metrics::reload_finished(outcome.is_ok(), under_way.started.elapsed().as_secs_f64());
                     match outcome {
-                        Ok(successor) => return Ending::HandedOver(Box::new(successor), waiter.take()),
+                        Ok(successor) => {
+                            under_way.force_beyond_max();
+                            return Ending::HandedOver(Box::new(successor), waiter.take());
+                        }
                         Err(err) => {
+                            under_way.give_back(&mut self.draining);
                             self.admin.keep_backends();
                             tracing::error!(cause = %err, "reload failed; this generation keeps serving");
                             systemd::ready(&self.status_line());
@@ -270,16 +274,13 @@ impl Generation {
     fn begin_reload(&mut self) -> Reloading {
         systemd::reloading();
         self.draining.retain(Process::is_alive);
-        let max = self.config.reload.max_draining;
-        while self.draining.len() >= max {
-            let oldest = self.draining.remove(0);
-            tracing::info!(
-                pid = oldest.pid(),
-                max_draining = max,
-                "too many generations draining; forcing the oldest to close"
-            );
-            let _ = oldest.signal(rustix::process::Signal::USR2);
-        }
+        // This one drains too once the reload succeeds: the oldest beyond
+        // the bound are forced then (see `Reloading`), and are not offered.
+        let beyond = self
+            .draining
+            .len()
+            .saturating_sub(self.config.reload.max_draining.saturating_sub(1));
+        let beyond_max: Vec<Process> = self.draining.drain(..beyond).collect();
         let mut draining: Vec<u32> = self.draining.iter().map(Process::pid).collect();
         draining.push(std::process::id());
         let sockets = self.holdings.offer();
@@ -294,26 +295,29 @@ impl Generation {
         let ready_timeout = self.config.reload.ready_timeout;
         let generation = self.number + 1;
         tracing::info!(generation, "reload: starting the next generation");
-        Reloading::begin(|abandon| {
-            tokio::spawn(async move {
-                let sockets = sockets.map_err(|e| HandoverError::Channel(e.into()))?;
-                generation::hand_over(
-                    &exec,
-                    Offer {
-                        generation,
-                        sockets,
-                        draining,
-                        backends,
-                        report,
-                        tickets,
-                        resolved,
-                        backends_now,
-                    },
-                    ready_timeout,
-                    abandon,
-                )
-                .await
-            })
-        })
+        Reloading::begin(
+            |abandon| {
+                tokio::spawn(async move {
+                    let sockets = sockets.map_err(|e| HandoverError::Channel(e.into()))?;
+                    generation::hand_over(
+                        &exec,
+                        Offer {
+                            generation,
+                            sockets,
+                            draining,
+                            backends,
+                            report,
+                            tickets,
+                            resolved,
+                            backends_now,
+                        },
+                        ready_timeout,
+                        abandon,
+                    )
+                    .await
+                })
+            },
+            beyond_max,
+        )
     }
 }

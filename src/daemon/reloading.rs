@@ -4,30 +4,58 @@
 //! explicitly: before N+1 is told to accept it is killed; after, the
 //! handoff completes and N+1 is stopped too. Either way no generation is
 //! left running that nobody reaches.
+//!
+//! It also holds the draining generations beyond `reload.max_draining`:
+//! forced only once the handoff succeeds, so a reload that fails (a typo
+//! in the config) cuts nobody's connections; given back otherwise.
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::lifecycle::generation::{HandoverError, Successor};
+use crate::lifecycle::process::Process;
 
 pub(super) struct Reloading {
     handle: JoinHandle<Result<Successor, HandoverError>>,
     pub started: Instant,
     abandon: CancellationToken,
+    /// The oldest draining generations, one too many once this succeeds.
+    beyond_max: Vec<Process>,
 }
 
 impl Reloading {
-    /// `start` gets the token that abandons the handoff.
+    /// `start` gets the token that abandons the handoff; `beyond_max` are
+    /// the draining generations to force once it has succeeded.
     pub fn begin(
         start: impl FnOnce(CancellationToken) -> JoinHandle<Result<Successor, HandoverError>>,
+        beyond_max: Vec<Process>,
     ) -> Reloading {
         let abandon = CancellationToken::new();
         Reloading {
             handle: start(abandon.clone()),
             started: Instant::now(),
             abandon,
+            beyond_max,
         }
+    }
+
+    /// The handoff succeeded: one generation more drains, so the oldest
+    /// beyond `max_draining` are forced to close.
+    pub fn force_beyond_max(self) {
+        for oldest in self.beyond_max {
+            tracing::info!(
+                pid = oldest.pid(),
+                "too many generations draining; forcing the oldest to close"
+            );
+            let _ = oldest.signal(rustix::process::Signal::USR2);
+        }
+    }
+
+    /// The handoff failed: the generations it would have forced drain on,
+    /// oldest first, as they were.
+    pub fn give_back(self, draining: &mut Vec<Process>) {
+        draining.splice(0..0, self.beyond_max);
     }
 
     /// The handoff's outcome, once it has one.
@@ -40,7 +68,7 @@ impl Reloading {
     /// For a stop: abandons the handoff, or waits for it to complete and
     /// asks the new generation to stop as well. Returns what the reload's
     /// requester is told.
-    pub async fn settle_for_stop(mut self) -> String {
+    pub async fn settle_for_stop(mut self, draining: &mut Vec<Process>) -> String {
         self.abandon.cancel();
         match self.finished().await {
             Ok(successor) => {
@@ -52,10 +80,12 @@ impl Reloading {
                 if let Err(err) = successor.process.signal(rustix::process::Signal::TERM) {
                     tracing::warn!(pid, cause = %err, "could not ask the new generation to stop");
                 }
+                self.force_beyond_max();
                 format!("reload completed as a stop began; generation pid {pid} is stopping too")
             }
             Err(err) => {
                 tracing::info!(cause = %err, "reload abandoned for the stop");
+                self.give_back(draining);
                 format!("reload abandoned: {err}")
             }
         }
