@@ -263,6 +263,44 @@ async fn a_failed_reload_beyond_max_draining_forces_nobody() {
     assert_eq!(baton.serving_pid().await, second);
 }
 
+/// A stop as systemd makes it (`KillMode=control-group`): SIGTERM to every
+/// generation at once, then, once the main process has exited, SIGTERM
+/// again to whatever is left. The serving generation exits only after the
+/// older ones have drained, so that second signal, which a draining
+/// generation takes as "force now", cuts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_of_every_generation_lets_the_old_ones_drain_before_the_main_exits() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::default()
+        .section("[reload]\ndrain_timeout = \"60s\"\n")
+        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"20s\"\n")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let old = baton.serving_pid().await;
+    let slow = tokio::spawn(async move { client::get(web, "/slow/2500").await });
+    support::eventually("backend saw the slow request", || async {
+        backend.hits.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    let main = baton.reload_ok().await;
+
+    signal(old, Signal::SIGTERM);
+    signal(main, Signal::SIGTERM);
+    assert_eq!(wait_exit(main).await, Some(0));
+    // systemd's final SIGTERM to what is left of the unit (the old
+    // generation may have exited and wait to be reaped: a signal to it is
+    // harmless then).
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), Signal::SIGTERM);
+    let answer = slow
+        .await
+        .expect("join")
+        .expect("the old generation's request completes");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/2500"));
+    assert_eq!(wait_exit(old).await, Some(0), "drained, not forced");
+}
+
 /// SIGTERM to a draining old generation keeps its drain going to the end
 /// the stop itself would have: its pre-stop pause plus its drain budget
 /// (DESIGN: the earlier of its own deadline and the stop's), not the drain

@@ -190,7 +190,15 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     assert_eq!(slow.await.expect("join").expect("slow").status, 200);
 
     // start → reload → failed reload → stop: the stop is the ordered one
-    // (a request in flight completes), not a SIGKILL.
+    // (a request in flight completes), not a SIGKILL. The request is the
+    // old generation's, still draining: the main one, with nothing open,
+    // exits only after it, or systemd's second SIGTERM to what is left of
+    // the unit would force it.
+    let slow = tokio::spawn(async move { client::get(web, "/slow/2500").await });
+    support::eventually("slow request in flight", || async {
+        a.active() + b.active() == 1
+    })
+    .await;
     sbx.systemctl_ok(&["reload", "baton"]);
     sbx.write(
         "/etc/baton/baton.toml",
@@ -198,11 +206,6 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     );
     assert!(!sbx.exec(&["systemctl", "reload", "baton"]).status.success());
     sbx.write("/etc/baton/baton.toml", &good);
-    let slow = tokio::spawn(async move { client::get(web, "/slow/1500").await });
-    support::eventually("slow request in flight", || async {
-        a.active() + b.active() == 1
-    })
-    .await;
     sbx.systemctl_ok(&["stop", "baton"]);
     assert_eq!(
         slow.await

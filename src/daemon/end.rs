@@ -102,6 +102,8 @@ impl Generation {
     /// served), in-flight work drains, admin closes last.
     pub(super) async fn stop(mut self) -> Exit {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
+        let shutdown = &self.config.shutdown;
+        let stop_ends = Instant::now() + shutdown.pre_stop_delay + shutdown.drain_timeout;
         let _ = self.phase.send(Phase::Stopping { deadline: None });
         systemd::stopping();
         let pause = self.config.shutdown.pre_stop_delay;
@@ -137,9 +139,69 @@ impl Generation {
                 .await
         };
         self.write_out_telemetry().await;
+        if forced_early {
+            self.force_older_generations();
+        } else {
+            self.outlive_older_generations(stop_ends + OLDER_GENERATIONS_SLACK)
+                .await;
+        }
         self.background.cancel();
         self.admin_stop.cancel();
         self.exit_code(outcome)
+    }
+
+    /// Waits, until `bound` at the latest, for the older generations still
+    /// draining to exit. Under systemd a stop signals the unit's whole
+    /// control group, so they drain to the stop's end too (or their own
+    /// earlier one); but once the main process exits, systemd signals
+    /// whatever is left in the group again, and a draining generation
+    /// takes a second stop signal as "force now". The main process goes
+    /// last, so that second signal finds nobody. A second stop signal
+    /// while we wait forces them at once.
+    async fn outlive_older_generations(&mut self, bound: Instant) {
+        self.draining.retain(Process::is_alive);
+        if self.draining.is_empty() {
+            return;
+        }
+        tracing::info!(
+            generations = self.draining.len(),
+            "drained; waiting for the older generations to finish theirs"
+        );
+        let draining = std::mem::take(&mut self.draining);
+        let forced = {
+            let all_exited = async {
+                for older in &draining {
+                    older.exited().await;
+                }
+            };
+            tokio::pin!(all_exited);
+            loop {
+                tokio::select! {
+                    () = &mut all_exited => break false,
+                    () = tokio::time::sleep_until(bound) => {
+                        tracing::warn!("older generations still draining at the stop's end; leaving them to the service manager");
+                        break false;
+                    }
+                    command = self.commands.recv() => match command {
+                        Command::Stop | Command::ForceDrain => break true,
+                        Command::Reload => tracing::info!("reload ignored: this generation is stopping"),
+                    },
+                }
+            }
+        };
+        if forced {
+            self.draining = draining;
+            self.force_older_generations();
+        }
+    }
+
+    /// A forced stop forces the older generations still draining too.
+    fn force_older_generations(&mut self) {
+        for older in self.draining.drain(..) {
+            if older.signal(rustix::process::Signal::USR2).is_ok() {
+                tracing::info!(pid = older.pid(), "forcing an older generation to close");
+            }
+        }
     }
 
     /// Waits for `work` (the pre-stop pause, during which the load balancer
@@ -302,6 +364,11 @@ impl Generation {
 /// How long an old generation keeps naming its successor to systemd (and
 /// so stays alive at least that long after a handoff).
 const NAMING_WINDOW: Duration = Duration::from_millis(1500);
+
+/// How long after the stop's own end the main process still waits for
+/// older generations: theirs is the same end (or earlier), then their
+/// access logs are written out.
+const OLDER_GENERATIONS_SLACK: Duration = Duration::from_secs(2);
 
 /// Repeats `MAINPID=<successor>` every 100 ms. systemd 252 ignores MAINPID=
 /// while the unit is in its reload state, which lasts as long as
