@@ -499,20 +499,48 @@ async fn an_h2_event_stream_with_crlf_events_ends_at_an_event_boundary() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_outliving_the_drain_is_forced_with_exit_3() {
+/// A baton with `shutdown` keys and a request for `path` (`/slow/MS`) in
+/// flight on it, arrived at the backend.
+async fn slow_request_in_flight(
+    shutdown: &str,
+    path: &'static str,
+) -> (
+    HttpBackend,
+    Baton,
+    tokio::task::JoinHandle<Result<client::Answer, String>>,
+) {
     let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(spec(
-        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"1s\"",
-        &backend,
-        "",
-    ))
-    .await;
+    let baton = Baton::start(spec(shutdown, &backend, "")).await;
     let web = baton.addr("web");
-    let slow = tokio::spawn(async move { client::get(web, "/slow/10000").await });
+    let slow = tokio::spawn(async move { client::get(web, path).await });
     support::eventually("slow request arrived", || async {
         backend.hits.load(Ordering::Relaxed) == 1
     })
+    .await;
+    (backend, baton, slow)
+}
+
+/// SIGQUIT, nginx's graceful stop, is the ordered stop too, not its default
+/// action (a core dump that resets every connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigquit_is_the_ordered_stop() {
+    let (_backend, baton, slow) = slow_request_in_flight(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"10s\"",
+        "/slow/1000",
+    )
+    .await;
+    signal(baton.first_pid, Signal::SIGQUIT);
+    let answer = slow.await.expect("join").expect("the request completes");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/1000"));
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_outliving_the_drain_is_forced_with_exit_3() {
+    let (_backend, baton, slow) = slow_request_in_flight(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"1s\"",
+        "/slow/10000",
+    )
     .await;
     signal(baton.first_pid, Signal::SIGTERM);
     assert_eq!(wait_exit(baton.first_pid).await, Some(3));
@@ -522,18 +550,10 @@ async fn a_request_outliving_the_drain_is_forced_with_exit_3() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_sigterm_forces_at_once() {
-    let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(spec(
+    let (_backend, baton, slow) = slow_request_in_flight(
         "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
-        &backend,
-        "",
-    ))
-    .await;
-    let web = baton.addr("web");
-    let slow = tokio::spawn(async move { client::get(web, "/slow/30000").await });
-    support::eventually("slow request arrived", || async {
-        backend.hits.load(Ordering::Relaxed) == 1
-    })
+        "/slow/30000",
+    )
     .await;
     signal(baton.first_pid, Signal::SIGTERM);
     support::eventually("drain started", || async {

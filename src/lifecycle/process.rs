@@ -89,14 +89,15 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
     // and _exit are. The middle process reports the grandchild's pid and exits
     // without returning into Rust code; the grandchild returns and execs.
     // Both pipe ends are close-on-exec, so the grandchild keeps neither.
-    // SIGUSR1 is blocked here, in the child, whatever the mask of the
-    // thread that spawns (std passes that on; the main thread, which
-    // takes SIGUSR1 for the reopen, may be the one): the mask passes the
-    // second fork and exec, so the new generation cannot die of
-    // logrotate's signal before its own handler is in place.
+    // The signals a generation handles are blocked here, in the child,
+    // whatever the mask of the thread that spawns (std passes that on;
+    // the main thread, which takes them, may be the one): the mask passes
+    // the second fork and exec, so the new generation cannot die of
+    // logrotate's SIGUSR1, a SIGHUP or a stop's SIGTERM sent to the whole
+    // unit before its own handlers are in place; they wait for them.
     unsafe {
         command.pre_exec(move || {
-            super::signals::hold_sigusr1();
+            super::signals::hold_all();
             match nix::libc::fork() {
                 -1 => Err(std::io::Error::last_os_error()),
                 0 => Ok(()),

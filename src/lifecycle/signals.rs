@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 pub enum Command {
     /// SIGHUP: start a new generation.
     Reload,
-    /// SIGTERM or SIGINT: the ordered stop (a second one forces).
+    /// SIGTERM, SIGINT or SIGQUIT (nginx's graceful stop, whose default
+    /// action would dump core): the ordered stop (a second one forces).
     Stop,
     /// SIGUSR2: a draining generation force-closes what it still holds now
     /// (a newer generation sends it when `reload.max_draining` is exceeded).
@@ -34,12 +35,29 @@ pub enum Command {
 /// only a generation that reopens logs on it lets it through, once its
 /// handler is installed.
 pub fn hold_sigusr1() {
-    let _ = usr1().thread_block();
+    let _ = signal_set(&[nix::sys::signal::Signal::SIGUSR1]).thread_block();
 }
 
-fn usr1() -> nix::sys::signal::SigSet {
+/// Every signal a generation handles, blocked in a new generation's spawn
+/// (in the child, before exec: see `process::spawn_detached`) until its
+/// handlers are in place: a signal that reaches every process of the unit
+/// (`systemctl kill -s HUP`, a stop's SIGTERM) in its first milliseconds
+/// waits for [`Signals::install`] and is then heard, never its default
+/// action.
+pub fn hold_all() {
+    let _ = handled().thread_block();
+}
+
+fn handled() -> nix::sys::signal::SigSet {
+    use nix::sys::signal::Signal::*;
+    signal_set(&[SIGHUP, SIGTERM, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2])
+}
+
+fn signal_set(signals: &[nix::sys::signal::Signal]) -> nix::sys::signal::SigSet {
     let mut set = nix::sys::signal::SigSet::empty();
-    set.add(nix::sys::signal::Signal::SIGUSR1);
+    for &signal in signals {
+        set.add(signal);
+    }
     set
 }
 
@@ -47,6 +65,7 @@ pub struct Signals {
     hup: Signal,
     term: Signal,
     int: Signal,
+    quit: Signal,
     usr1: Signal,
     usr2: Signal,
     /// What SIGUSR1 does (reopen the access logs), in whatever phase the
@@ -65,15 +84,17 @@ impl Signals {
             hup: signal(SignalKind::hangup())?,
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
+            quit: signal(SignalKind::quit())?,
             usr1: signal(SignalKind::user_defined1())?,
             usr2: signal(SignalKind::user_defined2())?,
             reopen: Reopen::default(),
         })
         .inspect(|_| {
-            // The handler is in place: this thread may take SIGUSR1 now
-            // (threads created later inherit that and may take it too; a
-            // new generation's spawn blocks it again in the child).
-            let _ = usr1().thread_unblock();
+            // The handlers are in place: this thread may take the signals
+            // now, and those held since the spawn are heard (threads
+            // created later inherit that and may take them too; a new
+            // generation's spawn blocks them again in the child).
+            let _ = handled().thread_unblock();
         })
     }
 
@@ -84,6 +105,7 @@ impl Signals {
                 _ = self.hup.recv() => return Command::Reload,
                 _ = self.term.recv() => return Command::Stop,
                 _ = self.int.recv() => return Command::Stop,
+                _ = self.quit.recv() => return Command::Stop,
                 _ = self.usr1.recv() => match self.reopen.get() {
                     Some(reopen) => {
                         tracing::info!(signal = "SIGUSR1", "reopening the access logs");
