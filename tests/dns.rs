@@ -333,6 +333,20 @@ async fn status_and_metrics_show_each_address_under_the_name() {
             format!("baton_backend_state{{pool=\"app\",backend=\"app@{address}\",state=\"up\"}} 1");
         assert!(text.contains(&series), "{series} in\n{text}");
     }
+    // One member by its label, which a reload keeps.
+    let path = format!("/backends/app@{a}/drain");
+    let one = client::call(baton.admin, "POST", &path, None)
+        .await
+        .expect("drain one member");
+    assert_eq!(one.status, 200, "{}", one.body);
+    wait_members(baton.admin, &[(a.clone(), "out"), (b.clone(), "up")]).await;
+    baton.reload_ok().await;
+    baton.settled().await;
+    wait_members(baton.admin, &[(a.clone(), "out"), (b.clone(), "up")]).await;
+    let gone = client::call(baton.admin, "POST", "/backends/app@127.0.0.9:1/drain", None)
+        .await
+        .expect("unknown member");
+    assert_eq!(gone.status, 404, "{}", gone.body);
     // The name reaches every member.
     let drained = client::call(baton.admin, "POST", "/backends/app/drain", None)
         .await

@@ -201,7 +201,8 @@ fn metrics(state: &AdminShared) -> Reply {
     reply
 }
 
-/// `POST /backends/{id}/drain|restore`, `{id}` the global index or the name.
+/// `POST /backends/{id}/drain|restore`, `{id}` the global index, the name,
+/// or a DNS member's `name@address`.
 fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply {
     let Some((id, action)) = rest.rsplit_once('/') else {
         return error(
@@ -281,12 +282,24 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
     json_reply(StatusCode::OK, body)
 }
 
-/// The backends an admin `{id}` names: one by index, or every backend of
-/// a name (a name DNS resolves names each member, and those to come).
+/// The backends an admin `{id}` names: one by index, one DNS member by
+/// `name@address` (its label, which stays from one generation to the next
+/// where its index may not), or every backend of a name (a name DNS
+/// resolves names each member, and those to come).
 struct Found {
     pool: String,
     backends: Vec<Arc<Backend>>,
     named: Option<Arc<Named>>,
+}
+
+impl Found {
+    fn one(backend: Arc<Backend>) -> Found {
+        Found {
+            pool: backend.pool.clone(),
+            backends: vec![backend],
+            named: None,
+        }
+    }
 }
 
 fn find_backends(topology: &Topology, id: &str) -> Result<Found, (StatusCode, String)> {
@@ -308,12 +321,14 @@ fn find_backends(topology: &Topology, id: &str) -> Result<Found, (StatusCode, St
             .ok()
             .and_then(|i| all().find(|b| b.index == i));
         return found
-            .map(|b| Found {
-                pool: b.pool.clone(),
-                backends: vec![b],
-                named: None,
-            })
+            .map(Found::one)
             .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no backend with index {id}")));
+    }
+    if id.contains('@') {
+        return all()
+            .find(|b| b.label == id)
+            .map(Found::one)
+            .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no backend member \"{id}\"")));
     }
     let named = topology
         .pools
@@ -334,11 +349,7 @@ fn find_backends(topology: &Topology, id: &str) -> Result<Found, (StatusCode, St
     }
     all()
         .find(|b| b.name == id)
-        .map(|b| Found {
-            pool: b.pool.clone(),
-            backends: vec![b],
-            named: None,
-        })
+        .map(Found::one)
         .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no backend named \"{id}\"")))
 }
 
