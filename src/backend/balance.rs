@@ -195,6 +195,20 @@ mod tests {
         }
     }
 
+    /// A pick that found the backend available just before an operator's
+    /// drain, which saw nothing in flight and said `out`, does not then
+    /// send it work.
+    #[test]
+    fn a_place_taken_after_a_drain_said_out_is_let_go() {
+        let p = pool(Balance::RoundRobin, &[1]);
+        let backend = Arc::clone(&p.backends().backends[0]);
+        assert!(backend.available(), "what the pick saw");
+        assert_eq!(backend.drain().as_str(), "out", "nothing was in flight");
+        assert!(crate::backend::Lease::within(&backend, 0).is_none());
+        assert_eq!(backend.in_flight(), 0);
+        assert_eq!(backend.state().as_str(), "out");
+    }
+
     #[test]
     fn a_drained_backend_gets_nothing_and_goes_out_when_idle() {
         let p = pool(Balance::RoundRobin, &[1, 1]);

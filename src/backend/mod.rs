@@ -322,10 +322,15 @@ impl Backend {
     }
 
     /// Takes one of its places if it has fewer than `cap` in use (0: no
-    /// cap) and it is not retired. A member retired meanwhile may be swept
-    /// out as soon as its count reads 0: the count is up first, then
-    /// retirement is looked at again (both SeqCst), so either the sweep sees
-    /// this place or this place sees the retirement and lets go. The gauge
+    /// cap) and it is neither retired nor drained by the operator. A member
+    /// retired meanwhile may be swept out as soon as its count reads 0, and
+    /// a drain turns a backend `out` as soon as its count reads 0: the
+    /// count is up first, then retirement and the operator's word are
+    /// looked at again (all SeqCst), so either the sweep or the drain sees
+    /// this place, or this place sees them and lets go (and settles the
+    /// drain its count may have held up). Without the second look a pick
+    /// that chose the backend just before a drain sent work to it after it
+    /// said `out`, which an operator takes as "safe to redeploy". The gauge
     /// moves only for a place kept (the sweep zeroes a removed one's).
     fn take_place(&self, cap: usize) -> bool {
         let taken = self
@@ -337,8 +342,9 @@ impl Backend {
         if !taken {
             return false;
         }
-        if self.retired.load(Ordering::SeqCst) {
+        if self.retired.load(Ordering::SeqCst) || self.admin() != AdminState::Enabled {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            self.settle();
             return false;
         }
         self.metrics.in_flight.increment(1.0);
@@ -357,7 +363,7 @@ impl Backend {
             self.publish();
             return;
         }
-        if self.in_flight() == 0
+        if self.in_flight.load(Ordering::SeqCst) == 0
             && !self.elder_may_use.load(Ordering::SeqCst)
             && self
                 .admin
