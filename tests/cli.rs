@@ -59,6 +59,30 @@ fn check_lists_every_problem_with_its_key_and_exits_78() {
     );
 }
 
+/// A token no Authorization header can carry (non-ASCII, a control
+/// character) would refuse every call: `check` says so, naming the key.
+#[test]
+fn check_refuses_a_token_no_header_can_carry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for token in ["pässwort\n", "a\u{7}b\n"] {
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, token).expect("token");
+        let path = dir.path().join("baton.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[admin]\ntoken_file = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:1\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"127.0.0.1:1\" }}]\n",
+                token_file.display()
+            ),
+        )
+        .expect("write");
+        let (code, _, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
+        assert_eq!(code, 78, "{token:?}: {stderr}");
+        assert!(stderr.contains("admin.token_file"), "{stderr}");
+        assert!(stderr.contains("printable ASCII"), "{stderr}");
+    }
+}
+
 #[test]
 fn a_missing_config_is_78_naming_the_file() {
     let (code, _, stderr) = run(&["check", "-c", "/nonexistent/baton.toml"]);

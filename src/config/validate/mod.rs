@@ -303,11 +303,28 @@ impl Validator {
     fn token(&mut self, file: &str) -> Option<String> {
         let path = self.path(Some(file), file);
         match std::fs::read_to_string(&path) {
-            Ok(text) if !text.trim().is_empty() => Some(text.trim().to_string()),
-            Ok(_) => {
+            Ok(text) if text.trim().is_empty() => {
                 self.problem("admin.token_file", format!("{} is empty", path.display()));
                 None
             }
+            // An HTTP header carries it: a token with any other byte
+            // never matches, and every call would be refused.
+            Ok(text)
+                if !text
+                    .trim()
+                    .bytes()
+                    .all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) =>
+            {
+                self.problem(
+                    "admin.token_file",
+                    format!(
+                        "{}: the token must be printable ASCII (an Authorization header carries it)",
+                        path.display()
+                    ),
+                );
+                None
+            }
+            Ok(text) => Some(text.trim().to_string()),
             Err(err) => {
                 self.problem(
                     "admin.token_file",
