@@ -1,5 +1,7 @@
 //! `baton backend ID drain|restore`: the admin API's backend calls.
 
+use std::time::{Duration, Instant};
+
 use serde_json::Value;
 
 use super::status::{admin_call, load, s};
@@ -16,7 +18,9 @@ pub fn backend(args: &BackendArgs) -> Exit {
         BackendAction::Drain => "drain",
         BackendAction::Restore => "restore",
     };
-    let (code, body) = match admin_call(&c, "POST", &format!("/backends/{}/{action}", args.id)) {
+    let path = format!("/backends/{}/{action}", args.id);
+    let call = || admin_call(&c, "POST", &path);
+    let (code, body) = match sent_again_while_handed_over(call, HANDED_OVER_BUDGET, PAUSE) {
         Ok(r) => r,
         Err(exit) => return exit,
     };
@@ -34,5 +38,91 @@ pub fn backend(args: &BackendArgs) -> Exit {
     } else {
         eprintln!("baton: {} ({code})", s(&v["error"]));
         Exit::Failure
+    }
+}
+
+/// How long a call answered 503 is sent again. A generation that has
+/// handed its backends' states to a reload's new one answers 503 "send it
+/// again" until the new one takes admin requests: a moment, at most the
+/// new one's wait for the old one's first report (2 s). A deploy script
+/// racing `systemctl reload` should not fail on it.
+const HANDED_OVER_BUDGET: Duration = Duration::from_secs(5);
+const PAUSE: Duration = Duration::from_millis(100);
+
+/// Makes `call` (a new connection each time), again after `pause` while it
+/// is answered 503, until `budget` has passed.
+fn sent_again_while_handed_over(
+    mut call: impl FnMut() -> Result<(u16, String), Exit>,
+    budget: Duration,
+    pause: Duration,
+) -> Result<(u16, String), Exit> {
+    let deadline = Instant::now() + budget;
+    loop {
+        let answer = call()?;
+        if answer.0 != 503 || Instant::now() + pause > deadline {
+            return Ok(answer);
+        }
+        std::thread::sleep(pause);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_503_is_sent_again_until_served_within_the_budget() {
+        let mut answers = vec![
+            (200, "ok".to_string()),
+            (503, String::new()),
+            (503, String::new()),
+        ];
+        let mut calls = 0;
+        let got = sent_again_while_handed_over(
+            || {
+                calls += 1;
+                Ok(answers.pop().expect("an answer"))
+            },
+            Duration::from_secs(5),
+            Duration::from_millis(1),
+        );
+        assert_eq!(got, Ok((200, "ok".to_string())));
+        assert_eq!(calls, 3);
+    }
+
+    #[test]
+    fn a_503_past_the_budget_is_the_answer() {
+        let mut calls = 0;
+        let got = sent_again_while_handed_over(
+            || {
+                calls += 1;
+                Ok((503, "handed over".to_string()))
+            },
+            Duration::from_millis(200),
+            Duration::from_millis(50),
+        );
+        assert_eq!(got, Ok((503, "handed over".to_string())));
+        assert!(calls <= 5, "at most one call a pause: {calls} calls");
+    }
+
+    #[test]
+    fn other_answers_and_failures_are_not_sent_again() {
+        let mut calls = 0;
+        let got = sent_again_while_handed_over(
+            || {
+                calls += 1;
+                Ok((404, String::new()))
+            },
+            Duration::from_secs(5),
+            Duration::from_millis(1),
+        );
+        assert_eq!(got, Ok((404, String::new())));
+        let unreachable = sent_again_while_handed_over(
+            || Err(Exit::Unreachable),
+            Duration::from_secs(5),
+            Duration::from_millis(1),
+        );
+        assert_eq!(unreachable, Err(Exit::Unreachable));
+        assert_eq!(calls, 1);
     }
 }
