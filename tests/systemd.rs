@@ -6,6 +6,7 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use support::backend::{HttpBackend, TcpEcho};
@@ -57,8 +58,8 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     let upgrade = tokio::task::spawn_blocking(upgrade_binary);
     let Some(sbx) = Sandbox::boot() else { return };
     let (a, b, echo) = (
-        HttpBackend::start("a").await,
-        HttpBackend::start("b").await,
+        Arc::new(HttpBackend::start("a").await),
+        Arc::new(HttpBackend::start("b").await),
         TcpEcho::start().await,
     );
     let p = Ports::reserve();
@@ -128,26 +129,51 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     sbx.progressed(&load, 30).await;
 
     // A listener added by a reload goes to the fd store: a restart keeps
-    // its very sockets.
+    // its very sockets, even while the older generation still drains (the
+    // new one's first update, sent before its MAINPID= landed, may have
+    // been dropped; it is sent again when that one exits, or at the
+    // restart, whichever comes first).
     let extra = format!(
         "{good}\n[[listeners]]\nname = \"extra\"\nbind = \"{}\"\npool = \"app\"\n",
         p.extra
     );
     sbx.write("/etc/baton/baton.toml", &extra);
-    sbx.systemctl_ok(&["reload", "baton"]);
-    let before = listening_inodes(p.extra.port());
-    assert!(!before.is_empty(), "the added listener listens");
-    support::eventually("the old generation has exited", || async {
+    support::eventually("the older generations have exited", || async {
         client::status(p.admin).await["generations"]
             .as_array()
             .is_some_and(|g| g.len() == 1)
     })
     .await;
+    let web = p.web;
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("a request held by the backend", || async {
+        a.held() + b.held() == 1
+    })
+    .await;
+    sbx.systemctl_ok(&["reload", "baton"]);
+    let before = listening_inodes(p.extra.port());
+    assert!(!before.is_empty(), "the added listener listens");
+    assert_eq!(
+        client::status(p.admin).await["generations"]
+            .as_array()
+            .map_or(0, Vec::len),
+        2,
+        "the older generation still drains"
+    );
 
     // Restart after reloads (the main process is one systemd did not fork):
     // the fd store keeps the sockets open across the gap; a connection made
     // while no baton runs waits and is served.
+    // Let go a second into the restart: the older generation is still
+    // draining when the stop decides what stays in the store.
+    let (gate_a, gate_b) = (Arc::clone(&a), Arc::clone(&b));
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        gate_a.release();
+        gate_b.release();
+    });
     sbx.systemctl_ok(&["restart", "baton"]);
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
     assert_eq!(
         listening_inodes(p.extra.port()),

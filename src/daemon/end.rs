@@ -427,19 +427,27 @@ async fn release_fd_store_unless_restarting(
     if !systemd::enabled() || names.is_empty() {
         return;
     }
+    // Kept, the store must hold every socket: a takeover's update waits to
+    // be sent again once the older generation exits (it may have come
+    // before our MAINPID= landed, and been dropped), and a restart while
+    // that one still drains would lose the sockets a reload added.
     match systemd::restarting(pause).await {
         Ok(true) => {
             tracing::info!(
                 "a restart: the listening sockets stay in systemd's fd store for the next start"
             );
+            pending.send();
         }
         Ok(false) => {
             pending.release(&names);
             tokio::time::sleep(FD_STORE_RELEASE_SETTLE).await;
         }
-        Err(cause) => tracing::warn!(
-            %cause,
-            "could not ask systemd (busctl) whether this stop is a restart: the sockets stay in its fd store, where connections arriving after the doors close wait until the service ends"
-        ),
+        Err(cause) => {
+            tracing::warn!(
+                %cause,
+                "could not ask systemd (busctl) whether this stop is a restart: the sockets stay in its fd store, where connections arriving after the doors close wait until the service ends"
+            );
+            pending.send();
+        }
     }
 }
