@@ -85,19 +85,15 @@ impl Process {
 pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Result<Process> {
     let (mut read_end, write_end) = pid_pipe()?;
     // SAFETY: runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: pthread_sigmask, fork, write
-    // and _exit are. The middle process reports the grandchild's pid and exits
+    // async-signal-safe calls are allowed: pthread_sigmask, sigaction,
+    // fork, write and _exit are. The middle process reports the grandchild's pid and exits
     // without returning into Rust code; the grandchild returns and execs.
     // Both pipe ends are close-on-exec, so the grandchild keeps neither.
-    // The signals a generation handles are blocked here, in the child,
-    // whatever the mask of the thread that spawns (std passes that on;
-    // the main thread, which takes them, may be the one): the mask passes
-    // the second fork and exec, so the new generation cannot die of
-    // logrotate's SIGUSR1, a SIGHUP or a stop's SIGTERM sent to the whole
-    // unit before its own handlers are in place; they wait for them.
+    // The new generation's signals are quieted here, in the child (see
+    // `quiet_until_handled`): what is set passes the second fork and exec.
     unsafe {
         command.pre_exec(move || {
-            super::signals::hold_all();
+            quiet_until_handled();
             match nix::libc::fork() {
                 -1 => Err(std::io::Error::last_os_error()),
                 0 => Ok(()),
@@ -130,6 +126,27 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
     // The new generation waits for our offer before it can exit on its own,
     // so the pid is still its own here.
     Process::open(pid)
+}
+
+/// For a new generation's spawn, in the child before exec: SIGUSR1 blocked
+/// (see `signals::hold_sigusr1`), and SIGHUP, SIGQUIT and SIGUSR2 ignored
+/// until its handlers are in place, so one sent to the whole unit
+/// (`systemctl kill -s HUP baton`) in its first milliseconds cannot end it
+/// by its default action. Ignored, not blocked: a handler installed later
+/// takes an ignored signal over, where a blocked one stays blocked in a
+/// generation that does not unblock it (an older release, which a
+/// rollback reloads into, unblocks SIGUSR1 alone). A SIGHUP in that
+/// instant is lost: a reload asked of a reload still starting. SIGTERM and
+/// SIGINT keep their default: a stop then ends a generation that holds
+/// nothing yet, and its reload fails, as the stop wants.
+/// Async-signal-safe: pthread_sigmask and sigaction only.
+fn quiet_until_handled() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    super::signals::hold_sigusr1();
+    for ignored in [Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR2] {
+        // SAFETY: SIG_IGN runs no code of ours.
+        let _ = unsafe { signal(ignored, SigHandler::SigIgn) };
+    }
 }
 
 fn pid_pipe() -> std::io::Result<(std::fs::File, OwnedFd)> {

@@ -35,29 +35,12 @@ pub enum Command {
 /// only a generation that reopens logs on it lets it through, once its
 /// handler is installed.
 pub fn hold_sigusr1() {
-    let _ = signal_set(&[nix::sys::signal::Signal::SIGUSR1]).thread_block();
+    let _ = usr1().thread_block();
 }
 
-/// Every signal a generation handles, blocked in a new generation's spawn
-/// (in the child, before exec: see `process::spawn_detached`) until its
-/// handlers are in place: a signal that reaches every process of the unit
-/// (`systemctl kill -s HUP`, a stop's SIGTERM) in its first milliseconds
-/// waits for [`Signals::install`] and is then heard, never its default
-/// action.
-pub fn hold_all() {
-    let _ = handled().thread_block();
-}
-
-fn handled() -> nix::sys::signal::SigSet {
-    use nix::sys::signal::Signal::*;
-    signal_set(&[SIGHUP, SIGTERM, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2])
-}
-
-fn signal_set(signals: &[nix::sys::signal::Signal]) -> nix::sys::signal::SigSet {
+fn usr1() -> nix::sys::signal::SigSet {
     let mut set = nix::sys::signal::SigSet::empty();
-    for &signal in signals {
-        set.add(signal);
-    }
+    set.add(nix::sys::signal::Signal::SIGUSR1);
     set
 }
 
@@ -90,11 +73,10 @@ impl Signals {
             reopen: Reopen::default(),
         })
         .inspect(|_| {
-            // The handlers are in place: this thread may take the signals
-            // now, and those held since the spawn are heard (threads
-            // created later inherit that and may take them too; a new
-            // generation's spawn blocks them again in the child).
-            let _ = handled().thread_unblock();
+            // The handler is in place: this thread may take SIGUSR1 now
+            // (threads created later inherit that and may take it too; a
+            // new generation's spawn blocks it again in the child).
+            let _ = usr1().thread_unblock();
         })
     }
 
