@@ -236,12 +236,12 @@ async fn beyond_max_draining_the_oldest_generation_is_forced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reload_beyond_max_draining_forces_nobody() {
     let OneDraining {
-        backend: _serving,
+        backend,
         baton,
         first,
         second,
         on_first,
-    } = one_draining("/slow/3000").await;
+    } = one_draining("/gated").await;
 
     // By SIGHUP: `baton reload` would refuse the file itself, and the
     // daemon would never try.
@@ -254,13 +254,44 @@ async fn a_failed_reload_beyond_max_draining_forces_nobody() {
             .contains("reload failed; this generation keeps serving")
     })
     .await;
+    // Held by the backend until now: a force would have cut it.
+    backend.release();
     let answer = on_first
         .await
         .expect("join")
         .expect("generation 1 drains on, not forced");
-    assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/3000"));
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/gated"));
     assert_eq!(wait_exit(first).await, Some(0), "drained, not forced");
     assert_eq!(baton.serving_pid().await, second);
+}
+
+/// Generation 1 with a `/gated` request the backend holds (released only
+/// by the test), a reload drain of 60 s and a stop's of `stop_drain`.
+async fn old_generation_holding_a_request(
+    stop_drain: &str,
+) -> (
+    HttpBackend,
+    Baton,
+    u32,
+    tokio::task::JoinHandle<Result<client::Answer, String>>,
+) {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::default()
+        .section("[reload]\ndrain_timeout = \"60s\"\n")
+        .section(&format!(
+            "[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"{stop_drain}\"\n"
+        ))
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let old = baton.serving_pid().await;
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the backend holds the request", || async {
+        backend.held() == 1
+    })
+    .await;
+    (backend, baton, old, held)
 }
 
 /// A stop as systemd makes it (`KillMode=control-group`): SIGTERM to every
@@ -270,35 +301,55 @@ async fn a_failed_reload_beyond_max_draining_forces_nobody() {
 /// generation takes as "force now", cuts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_of_every_generation_lets_the_old_ones_drain_before_the_main_exits() {
-    let backend = HttpBackend::start("a").await;
-    let spec = Spec::default()
-        .section("[reload]\ndrain_timeout = \"60s\"\n")
-        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"20s\"\n")
-        .http("web", "app")
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
-    let web = baton.addr("web");
-    let old = baton.serving_pid().await;
-    let slow = tokio::spawn(async move { client::get(web, "/slow/2500").await });
-    support::eventually("backend saw the slow request", || async {
-        backend.hits.load(Ordering::Relaxed) == 1
-    })
-    .await;
+    let (backend, baton, old, held) = old_generation_holding_a_request("20s").await;
     let main = baton.reload_ok().await;
 
     signal(old, Signal::SIGTERM);
     signal(main, Signal::SIGTERM);
-    assert_eq!(wait_exit(main).await, Some(0));
-    // systemd's final SIGTERM to what is left of the unit (the old
-    // generation may have exited and wait to be reaped: a signal to it is
-    // harmless then).
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), Signal::SIGTERM);
-    let answer = slow
+    // As systemd does: once the main process has exited, SIGTERM to what is
+    // left of the unit (the old generation may have exited and wait to be
+    // reaped: a signal to it is harmless then).
+    let final_sigterm = tokio::spawn(async move {
+        let code = wait_exit(main).await;
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), Signal::SIGTERM);
+        code
+    });
+    // The request ends a second into the stop: a main that did not wait
+    // would be gone by then, and its final SIGTERM would have cut it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    backend.release();
+    let answer = held
         .await
         .expect("join")
         .expect("the old generation's request completes");
-    assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/2500"));
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/gated"));
+    assert_eq!(final_sigterm.await.expect("join"), Some(0));
     assert_eq!(wait_exit(old).await, Some(0), "drained, not forced");
+}
+
+/// A second stop signal to the serving generation while it drains forces
+/// the older generations too, at once: it does not wait for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_stop_forces_the_older_generations_too() {
+    let (backend, baton, old, on_old) = old_generation_holding_a_request("60s").await;
+    let main = baton.reload_ok().await;
+    let web = baton.addr("web");
+    let on_main = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the backend holds the new generation's request", || async {
+        backend.held() == 2
+    })
+    .await;
+
+    signal(main, Signal::SIGTERM);
+    support::eventually("its drain started (the old one's was first)", || async {
+        baton.log().matches("drain started").count() == 2
+    })
+    .await;
+    signal(main, Signal::SIGTERM);
+    assert_eq!(wait_exit(main).await, Some(3), "forced, long before 60 s");
+    assert_eq!(wait_exit(old).await, Some(3), "forced too");
+    assert!(on_main.await.expect("join").is_err());
+    assert!(on_old.await.expect("join").is_err());
 }
 
 /// SIGTERM to a draining old generation keeps its drain going to the end

@@ -220,9 +220,11 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     // old generation's, still draining: the main one, with nothing open,
     // exits only after it, or systemd's second SIGTERM to what is left of
     // the unit would force it.
-    let slow = tokio::spawn(async move { client::get(web, "/slow/2500").await });
-    support::eventually("slow request in flight", || async {
-        a.active() + b.active() == 1
+    a.hold_again();
+    b.hold_again();
+    let slow = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("a request held by the backend", || async {
+        a.held() + b.held() == 1
     })
     .await;
     sbx.systemctl_ok(&["reload", "baton"]);
@@ -232,6 +234,12 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     );
     assert!(!sbx.exec(&["systemctl", "reload", "baton"]).status.success());
     sbx.write("/etc/baton/baton.toml", &good);
+    let (gate_a, gate_b) = (Arc::clone(&a), Arc::clone(&b));
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        gate_a.release();
+        gate_b.release();
+    });
     sbx.systemctl_ok(&["stop", "baton"]);
     assert_eq!(
         slow.await

@@ -44,7 +44,7 @@ impl Generation {
             Arc::clone(&self.admin),
             reporting.clone(),
         ));
-        let outcome = self.drain_for(budget, DrainReason::Reload).await;
+        let outcome = self.drain_for(budget, DrainReason::Reload).await.outcome;
         self.write_out_telemetry().await;
         self.outlive_predecessor().await;
         reporting.cancel();
@@ -100,10 +100,10 @@ impl Generation {
 
     /// The ordered stop: readiness flips, pre-stop pause, doors close (queue
     /// served), in-flight work drains, admin closes last.
-    pub(super) async fn stop(mut self) -> Exit {
+    pub(super) async fn stop(mut self, signalled: Instant) -> Exit {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
         let shutdown = &self.config.shutdown;
-        let stop_ends = Instant::now() + shutdown.pre_stop_delay + shutdown.drain_timeout;
+        let stop_ends = signalled + shutdown.pre_stop_delay + shutdown.drain_timeout;
         let _ = self.phase.send(Phase::Stopping { deadline: None });
         systemd::stopping();
         let pause = self.config.shutdown.pre_stop_delay;
@@ -128,26 +128,35 @@ impl Generation {
                 tracing::debug!(cause = %err, "control socket not removed");
             }
         }
-        let outcome = if forced_early {
+        let ended = if forced_early {
             self.drain.begin(Duration::ZERO);
             let open = self.drain.force().await;
             tracing::info!(open, "second stop signal: forced whatever was open");
             metrics::drain_finished(DrainReason::Shutdown, 0.0, 0, open);
-            DrainOutcome::Forced { open }
+            Ended {
+                outcome: DrainOutcome::Forced { open },
+                by_signal: true,
+            }
         } else {
             self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
                 .await
         };
         self.write_out_telemetry().await;
-        if forced_early {
-            self.force_older_generations();
+        let older_cut = if ended.by_signal {
+            self.force_older_generations()
         } else {
             self.outlive_older_generations(stop_ends + OLDER_GENERATIONS_SLACK)
-                .await;
-        }
+                .await
+        };
         self.background.cancel();
         self.admin_stop.cancel();
-        self.exit_code(outcome)
+        match self.exit_code(ended.outcome) {
+            Exit::Clean if older_cut => {
+                tracing::warn!("older generations still draining were forced by the stop");
+                Exit::Forced
+            }
+            exit => exit,
+        }
     }
 
     /// Waits, until `bound` at the latest, for the older generations still
@@ -157,18 +166,19 @@ impl Generation {
     /// whatever is left in the group again, and a draining generation
     /// takes a second stop signal as "force now". The main process goes
     /// last, so that second signal finds nobody. A second stop signal
-    /// while we wait forces them at once.
-    async fn outlive_older_generations(&mut self, bound: Instant) {
+    /// while we wait forces them at once. True when they were cut short:
+    /// forced so, or still running at `bound` under systemd.
+    async fn outlive_older_generations(&mut self, bound: Instant) -> bool {
         self.draining.retain(Process::is_alive);
         if self.draining.is_empty() {
-            return;
+            return false;
         }
         tracing::info!(
             generations = self.draining.len(),
             "drained; waiting for the older generations to finish theirs"
         );
         let draining = std::mem::take(&mut self.draining);
-        let forced = {
+        let waited = {
             let all_exited = async {
                 for older in &draining {
                     older.exited().await;
@@ -177,31 +187,47 @@ impl Generation {
             tokio::pin!(all_exited);
             loop {
                 tokio::select! {
-                    () = &mut all_exited => break false,
-                    () = tokio::time::sleep_until(bound) => {
-                        tracing::warn!("older generations still draining at the stop's end; leaving them to the service manager");
-                        break false;
-                    }
+                    () = &mut all_exited => break Waited::AllExited,
+                    () = tokio::time::sleep_until(bound) => break Waited::PastTheBound,
                     command = self.commands.recv() => match command {
-                        Command::Stop | Command::ForceDrain => break true,
+                        Command::Stop | Command::ForceDrain => break Waited::Forced,
                         Command::Reload => tracing::info!("reload ignored: this generation is stopping"),
                     },
                 }
             }
         };
-        if forced {
-            self.draining = draining;
-            self.force_older_generations();
+        match waited {
+            Waited::AllExited => false,
+            // Under systemd, its second SIGTERM to what is left forces
+            // them once we exit; elsewhere nothing does, and they drain on.
+            Waited::PastTheBound if systemd::enabled() => {
+                tracing::warn!("older generations still draining at the stop's end; systemd forces them as we exit");
+                true
+            }
+            Waited::PastTheBound => {
+                tracing::warn!(
+                    "older generations still draining at the stop's end; they drain on to their own deadline"
+                );
+                false
+            }
+            Waited::Forced => {
+                self.draining = draining;
+                self.force_older_generations()
+            }
         }
     }
 
-    /// A forced stop forces the older generations still draining too.
-    fn force_older_generations(&mut self) {
+    /// A forced stop forces the older generations still draining too; true
+    /// if one still ran.
+    fn force_older_generations(&mut self) -> bool {
+        let mut any = false;
         for older in self.draining.drain(..) {
             if older.signal(rustix::process::Signal::USR2).is_ok() {
                 tracing::info!(pid = older.pid(), "forcing an older generation to close");
+                any = true;
             }
         }
+        any
     }
 
     /// Waits for `work` (the pre-stop pause, during which the load balancer
@@ -240,7 +266,7 @@ impl Generation {
     }
 
     /// Runs the drain; stop signals shorten or force it.
-    async fn drain_for(&mut self, budget: Duration, reason: DrainReason) -> DrainOutcome {
+    async fn drain_for(&mut self, budget: Duration, reason: DrainReason) -> Ended {
         let started = Instant::now();
         let spread = match reason {
             DrainReason::Reload => self.config.reload.close_spread,
@@ -252,6 +278,7 @@ impl Generation {
         self.publish_deadline(deadline);
         tracing::info!(connections = at_start, budget = ?budget, reason = reason.as_str(), "drain started");
         let mut stops = 0;
+        let mut by_signal = false;
         let outcome = loop {
             tokio::select! {
                 () = self.drain.idle() => break DrainOutcome::Drained,
@@ -265,7 +292,10 @@ impl Generation {
                         self.publish_deadline(deadline);
                         tracing::info!("stop signal while draining: keeping the earlier deadline");
                     }
-                    Command::Stop | Command::ForceDrain => break DrainOutcome::Forced { open: self.drain.force().await },
+                    Command::Stop | Command::ForceDrain => {
+                        by_signal = true;
+                        break DrainOutcome::Forced { open: self.drain.force().await };
+                    }
                     Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
                 },
                 Some(incoming) = self.control_rx.recv() => self.answer_late(incoming),
@@ -290,7 +320,7 @@ impl Generation {
             at_start.saturating_sub(forced),
             forced,
         );
-        outcome
+        Ended { outcome, by_signal }
     }
 
     /// A control request this generation accepted just before it stopped
@@ -364,6 +394,20 @@ impl Generation {
 /// How long an old generation keeps naming its successor to systemd (and
 /// so stays alive at least that long after a handoff).
 const NAMING_WINDOW: Duration = Duration::from_millis(1500);
+
+/// How a drain ended, and whether a stop signal (not its deadline) cut it.
+struct Ended {
+    outcome: DrainOutcome,
+    by_signal: bool,
+}
+
+/// How the wait for the older generations ended.
+enum Waited {
+    AllExited,
+    PastTheBound,
+    /// A second stop signal came.
+    Forced,
+}
 
 /// How long after the stop's own end the main process still waits for
 /// older generations: theirs is the same end (or earlier), then their

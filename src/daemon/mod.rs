@@ -122,7 +122,7 @@ pub async fn run(mut setup: Setup) -> Exit {
     }
     match gen.serve().await {
         Ending::HandedOver(successor, waiter) => gen.retire(*successor, waiter).await,
-        Ending::Stop => gen.stop().await,
+        Ending::Stop(signalled) => gen.stop(signalled).await,
     }
 }
 
@@ -198,7 +198,9 @@ enum Ending {
     /// With whoever asked for the reload, answered once we stopped accepting.
     /// (Boxed: a successor holds its channel's receive state.)
     HandedOver(Box<Successor>, Option<tokio::sync::oneshot::Sender<Reply>>),
-    Stop,
+    /// A stop, signalled at this instant (settling a reload under way may
+    /// have taken a while since).
+    Stop(Instant),
 }
 
 impl Generation {
@@ -214,6 +216,7 @@ impl Generation {
                 biased;
                 command = self.commands.recv() => match command {
                     Command::Stop => {
+                        let signalled = Instant::now();
                         if let Some(under_way) = reload.take() {
                             let said = under_way.settle_for_stop(&mut self.draining).await;
                             // Handed over or not, this generation serves
@@ -223,7 +226,7 @@ impl Generation {
                                 let _ = w.send(Reply::err(Exit::Failure, said));
                             }
                         }
-                        return Ending::Stop;
+                        return Ending::Stop(signalled);
                     }
                     Command::Reload if reload.is_none() => reload = Some(self.begin_reload()),
                     Command::Reload => tracing::info!("SIGHUP ignored: a reload is already under way"),

@@ -7,7 +7,8 @@
 //!
 //! It also holds the draining generations beyond `reload.max_draining`:
 //! forced only once the handoff succeeds, so a reload that fails (a typo
-//! in the config) cuts nobody's connections; given back otherwise.
+//! in the config) cuts nobody's connections; given back otherwise, and to
+//! a stop (which waits for them).
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -73,14 +74,25 @@ impl Reloading {
         match self.finished().await {
             Ok(successor) => {
                 let pid = successor.process.pid();
-                tracing::info!(
-                    pid,
-                    "a stop began as the new generation took over; stopping it too"
-                );
-                if let Err(err) = successor.process.signal(rustix::process::Signal::TERM) {
-                    tracing::warn!(pid, cause = %err, "could not ask the new generation to stop");
+                // Under systemd the stop's signal reached every process of
+                // the unit, the new generation too: ours would be its second
+                // stop signal, "force now".
+                if crate::lifecycle::systemd::enabled() {
+                    tracing::info!(
+                        pid,
+                        "a stop began as the new generation took over; it stops too"
+                    );
+                } else {
+                    tracing::info!(
+                        pid,
+                        "a stop began as the new generation took over; stopping it too"
+                    );
+                    if let Err(err) = successor.process.signal(rustix::process::Signal::TERM) {
+                        tracing::warn!(pid, cause = %err, "could not ask the new generation to stop");
+                    }
                 }
-                self.force_beyond_max();
+                // Stopping, the oldest drain to the stop's end, not forced.
+                self.give_back(draining);
                 format!("reload completed as a stop began; generation pid {pid} is stopping too")
             }
             Err(err) => {

@@ -37,8 +37,9 @@ pub struct HttpBackend {
     connections: Arc<AtomicU64>,
     /// `/gated` requests waiting for [`Self::release`] now.
     held: Arc<AtomicU64>,
-    /// Lets every `/gated` request answer, now and from then on.
-    release: tokio_util::sync::CancellationToken,
+    /// Lets every `/gated` request answer, now and from then on (until
+    /// [`Self::hold_again`] puts a new one in its place).
+    release: Arc<std::sync::Mutex<tokio_util::sync::CancellationToken>>,
     /// Ends the accept loop and every open connection: a killed process.
     kill: tokio_util::sync::CancellationToken,
 }
@@ -68,9 +69,9 @@ impl HttpBackend {
         let open = Arc::clone(&connections);
         let gate = Gate {
             held: Arc::new(AtomicU64::new(0)),
-            release: tokio_util::sync::CancellationToken::new(),
+            release: Arc::default(),
         };
-        let (held, release) = (Arc::clone(&gate.held), gate.release.clone());
+        let (held, release) = (Arc::clone(&gate.held), Arc::clone(&gate.release));
         let kill = tokio_util::sync::CancellationToken::new();
         let killed = kill.clone();
         tokio::spawn(async move {
@@ -125,7 +126,17 @@ impl HttpBackend {
 
     /// Answers every held `/gated` request, and every later one at once.
     pub fn release(&self) {
-        self.release.cancel();
+        if let Ok(gate) = self.release.lock() {
+            gate.cancel();
+        }
+    }
+
+    /// From now on `/gated` requests are held again, until the next
+    /// [`Self::release`].
+    pub fn hold_again(&self) {
+        if let Ok(mut gate) = self.release.lock() {
+            *gate = tokio_util::sync::CancellationToken::new();
+        }
     }
 
     /// Connections open to this backend now.
@@ -166,7 +177,7 @@ pub struct Uploads {
 #[derive(Clone)]
 struct Gate {
     held: Arc<AtomicU64>,
-    release: tokio_util::sync::CancellationToken,
+    release: Arc<std::sync::Mutex<tokio_util::sync::CancellationToken>>,
 }
 
 /// Counts a request as active until dropped, however its future ends.
@@ -328,7 +339,8 @@ async fn answer(
     }
     if path == "/gated" {
         let held = Active::mark(&gate.held);
-        gate.release.cancelled().await;
+        let release = gate.release.lock().map(|g| g.clone()).unwrap_or_default();
+        release.cancelled().await;
         drop(held);
     }
     if path == "/upload" {
