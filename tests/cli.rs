@@ -60,9 +60,10 @@ fn check_lists_every_problem_with_its_key_and_exits_78() {
 }
 
 /// A token no Authorization header can carry (non-ASCII, a control
-/// character) would refuse every call: `check` says so, naming the key.
+/// character) would refuse every call: `check` warns, naming the key (a
+/// warning: such a config served before, and must still start).
 #[test]
-fn check_refuses_a_token_no_header_can_carry() {
+fn check_warns_of_a_token_no_header_can_carry() {
     let dir = tempfile::tempdir().expect("tempdir");
     for token in ["pässwort\n", "a\u{7}b\n"] {
         let token_file = dir.path().join("token");
@@ -76,11 +77,56 @@ fn check_refuses_a_token_no_header_can_carry() {
             ),
         )
         .expect("write");
-        let (code, _, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
-        assert_eq!(code, 78, "{token:?}: {stderr}");
-        assert!(stderr.contains("admin.token_file"), "{stderr}");
-        assert!(stderr.contains("printable ASCII"), "{stderr}");
+        let (code, stdout, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
+        assert_eq!(code, 0, "{token:?}: {stderr}");
+        let said = format!("{stdout}{stderr}");
+        assert!(said.contains("admin.token_file"), "{said}");
+        assert!(said.contains("not printable ASCII"), "{said}");
     }
+}
+
+/// An admin endpoint that sends a head and stalls mid-body does not hang
+/// `baton status`: the whole answer has one deadline (10 s).
+#[test]
+fn status_gives_up_on_an_answer_that_stalls_mid_body() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let admin = listener.local_addr().expect("addr");
+    let stalling = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().expect("accept");
+        let mut head = [0u8; 1024];
+        let _ = conn.read(&mut head);
+        conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"gen")
+            .expect("write");
+        // Held open, silent, until the client goes.
+        let _ = conn.read(&mut head);
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("baton.toml");
+    std::fs::write(&path, format!("[admin]\nlisten = \"{admin}\"\n")).expect("write");
+    let mut child = Command::new(BIN)
+        .args(["status", "-c", path.to_str().expect("utf-8 path")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run baton status");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("baton status still waits after 30 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no whole answer within 10s"), "{stderr}");
+    stalling.join().expect("join");
 }
 
 #[test]

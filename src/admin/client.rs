@@ -46,16 +46,19 @@ pub async fn call(
     let req = req
         .body(Empty::<Bytes>::new())
         .map_err(|e| failed(e.to_string()))?;
-    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+    // One deadline for the whole answer, body included: a daemon that
+    // stalls mid-body must not hang `baton status` for good.
+    let answer = async {
+        let resp = sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok::<_, hyper::Error>((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(ANSWER_WAIT, answer)
         .await
-        .map_err(|_| failed("no answer within 10s".into()))?
-        .map_err(|e| failed(e.to_string()))?;
-    let status = resp.status().as_u16();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| failed(e.to_string()))?
-        .to_bytes();
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+        .map_err(|_| failed(format!("no whole answer within {}s", ANSWER_WAIT.as_secs())))?
+        .map_err(|e| failed(e.to_string()))
 }
+
+/// How long a call waits for the whole answer.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);

@@ -307,24 +307,26 @@ impl Validator {
                 self.problem("admin.token_file", format!("{} is empty", path.display()));
                 None
             }
-            // An HTTP header carries it: a token with any other byte
-            // never matches, and every call would be refused.
-            Ok(text)
-                if !text
-                    .trim()
+            Ok(text) => {
+                let token = text.trim().to_string();
+                // An HTTP header carries it: a token with any other byte
+                // never matches, and every call is refused. A warning, not
+                // an error: such a config served before, and must not stop
+                // a restart after an upgrade.
+                if !token
                     .bytes()
-                    .all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) =>
-            {
-                self.problem(
-                    "admin.token_file",
-                    format!(
-                        "{}: the token must be printable ASCII (an Authorization header carries it)",
-                        path.display()
-                    ),
-                );
-                None
+                    .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+                {
+                    self.warning(
+                        "admin.token_file",
+                        format!(
+                            "{}: the token is not printable ASCII, which an Authorization header cannot carry: every backend call will be refused (401)",
+                            path.display()
+                        ),
+                    );
+                }
+                Some(token)
             }
-            Ok(text) => Some(text.trim().to_string()),
             Err(err) => {
                 self.problem(
                     "admin.token_file",
