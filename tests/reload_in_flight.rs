@@ -352,6 +352,40 @@ async fn a_second_stop_forces_the_older_generations_too() {
     assert!(on_old.await.expect("join").is_err());
 }
 
+/// A backend drained in the serving generation shows `out` only once every
+/// older generation is gone, not only the one it took over from: here the
+/// middle one's shorter drain budget lets it exit while the oldest still
+/// has a request on the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_waits_for_every_older_generation_not_only_the_last() {
+    let (backend, baton, oldest, held) = old_generation_holding_a_request("5s").await;
+    let shorter = baton
+        .config_text()
+        .replace("drain_timeout = \"60s\"", "drain_timeout = \"1s\"");
+    baton.write_config(&shorter);
+    let middle = baton.reload_ok().await;
+    baton.reload_ok().await;
+    assert_eq!(wait_exit(middle).await, Some(0), "gone after its 1 s wait");
+
+    let drained = client::call(baton.admin, "POST", "/backends/app-0/drain", None)
+        .await
+        .expect("drain");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+    let status = client::backend_status(baton.admin, "app-0").await;
+    assert_eq!(
+        status["state"], "draining",
+        "the oldest still uses it: {status}"
+    );
+
+    backend.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
+    assert_eq!(wait_exit(oldest).await, Some(0));
+    support::eventually("out once the oldest is gone", || async {
+        client::backend_status(baton.admin, "app-0").await["state"] == "out"
+    })
+    .await;
+}
+
 /// SIGTERM to a draining old generation keeps its drain going to the end
 /// the stop itself would have: its pre-stop pause plus its drain budget
 /// (DESIGN: the earlier of its own deadline and the stop's), not the drain

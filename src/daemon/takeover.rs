@@ -29,11 +29,21 @@ impl Generation {
             parent.fail(Exit::Failure, &reason).await;
             return Err(Exit::Failure);
         }
-        // A drain carried over ends (`out`) only once the old generation,
-        // which may still have work on the backend, is gone.
+        // A drain carried over ends (`out`) only once every older
+        // generation, which may still have work on the backend, is gone:
+        // the one we took over from, and those it took over from (which
+        // may outlive it when its own drain budget was shorter).
         let (pools, gone) = (self.pools.clone(), self.predecessor_gone.clone());
+        let older: Vec<Process> = self
+            .draining
+            .iter()
+            .filter_map(|p| p.try_clone().ok())
+            .collect();
         tokio::spawn(async move {
             gone.cancelled().await;
+            for generation in &older {
+                generation.exited().await;
+            }
             pools.iter().for_each(|p| p.settle_drains());
         });
         self.open_doors();

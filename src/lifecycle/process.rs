@@ -40,7 +40,16 @@ impl Process {
             .ok()
             .and_then(Pid::from_raw)
             .ok_or_else(|| std::io::Error::other(format!("not a pid: {pid}")))?;
-        let fd = pidfd_open(raw, PidfdFlags::NONBLOCK)?;
+        Process::held(pid, pidfd_open(raw, PidfdFlags::NONBLOCK)?)
+    }
+
+    /// A second hold of the same process (a duplicate of its pidfd), for a
+    /// task that waits for its exit apart from this one.
+    pub fn try_clone(&self) -> std::io::Result<Process> {
+        Process::held(self.pid, self.pidfd.get_ref().try_clone()?)
+    }
+
+    fn held(pid: u32, fd: OwnedFd) -> std::io::Result<Process> {
         // SAFETY: `OwnedFd` is a valid open fd that stays open, and always
         // returns the same number, for as long as the `AsyncFd` owns it.
         let pidfd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) };
