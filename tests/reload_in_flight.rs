@@ -327,6 +327,21 @@ async fn a_stop_of_every_generation_lets_the_old_ones_drain_before_the_main_exit
     assert_eq!(wait_exit(old).await, Some(0), "drained, not forced");
 }
 
+/// The stop's exit code counts what it cut in the older generations too:
+/// a request of the old one that outlives the stop's deadline is forced
+/// there, and the serving generation, with nothing of its own cut, still
+/// exits 3 (systemd records that, not the old one's code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_that_cuts_an_older_generations_request_exits_3() {
+    let (_backend, baton, old, held) = old_generation_holding_a_request("1s").await;
+    let main = baton.reload_ok().await;
+    signal(old, Signal::SIGTERM);
+    signal(main, Signal::SIGTERM);
+    assert_eq!(wait_exit(old).await, Some(3), "forced at the stop's end");
+    assert!(held.await.expect("join").is_err());
+    assert_eq!(wait_exit(main).await, Some(3), "the main says what was cut");
+}
+
 /// A second stop signal to the serving generation while it drains forces
 /// the older generations too, at once: it does not wait for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use support::backend::{HttpBackend, TcpEcho};
@@ -36,6 +35,29 @@ impl Ports {
     }
 }
 
+/// `systemctl VERB baton` (a stop or a restart) with requests of an older
+/// generation held by `backends`, let go only once the journal says the
+/// serving generation waits for the older ones: a main that did not wait
+/// would have exited first, and systemd's final SIGTERM to what is left of
+/// the unit would have cut them.
+fn stop_releasing_once_the_main_waits(sbx: &Sandbox, verb: &str, backends: &[&HttpBackend]) {
+    const WAITS: &str = "waiting for the older generations to finish theirs";
+    let before = sbx.journal().matches(WAITS).count();
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|s| {
+            let stopping = s.spawn(|| sbx.systemctl_ok(&[verb, "baton"]));
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while sbx.journal().matches(WAITS).count() == before
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            backends.iter().for_each(|b| b.release());
+            stopping.join().expect("systemctl")
+        });
+    });
+}
+
 fn config(p: &Ports, backends: &[SocketAddr], echo: SocketAddr, extra: &str) -> String {
     let list: Vec<String> = backends
         .iter()
@@ -58,8 +80,8 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     let upgrade = tokio::task::spawn_blocking(upgrade_binary);
     let Some(sbx) = Sandbox::boot() else { return };
     let (a, b, echo) = (
-        Arc::new(HttpBackend::start("a").await),
-        Arc::new(HttpBackend::start("b").await),
+        HttpBackend::start("a").await,
+        HttpBackend::start("b").await,
         TcpEcho::start().await,
     );
     let p = Ports::reserve();
@@ -164,15 +186,9 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     // Restart after reloads (the main process is one systemd did not fork):
     // the fd store keeps the sockets open across the gap; a connection made
     // while no baton runs waits and is served.
-    // Let go a second into the restart: the older generation is still
-    // draining when the stop decides what stays in the store.
-    let (gate_a, gate_b) = (Arc::clone(&a), Arc::clone(&b));
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        gate_a.release();
-        gate_b.release();
-    });
-    sbx.systemctl_ok(&["restart", "baton"]);
+    // The older generation still drains when the stop decides what stays
+    // in the store.
+    stop_releasing_once_the_main_waits(&sbx, "restart", &[&a, &b]);
     assert_eq!(held.await.expect("join").expect("held").status, 200);
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
     assert_eq!(
@@ -234,13 +250,7 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     );
     assert!(!sbx.exec(&["systemctl", "reload", "baton"]).status.success());
     sbx.write("/etc/baton/baton.toml", &good);
-    let (gate_a, gate_b) = (Arc::clone(&a), Arc::clone(&b));
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        gate_a.release();
-        gate_b.release();
-    });
-    sbx.systemctl_ok(&["stop", "baton"]);
+    stop_releasing_once_the_main_waits(&sbx, "stop", &[&a, &b]);
     assert_eq!(
         slow.await
             .expect("join")

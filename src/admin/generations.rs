@@ -38,6 +38,18 @@ impl AdminShared {
         }
     }
 
+    /// Connections the older generations have reported force-closed by
+    /// their drains, all told: a stop that waits for them compares it
+    /// before and after, for its exit code.
+    pub fn inherited_forced_connections(&self) -> f64 {
+        self.inherited()
+            .baseline
+            .values()
+            .filter(|s| s.family == metrics::DRAIN_FORCED)
+            .map(|s| s.value)
+            .sum()
+    }
+
     fn inherited(&self) -> Report {
         self.inherited.read().map(|r| r.clone()).unwrap_or_default()
     }

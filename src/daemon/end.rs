@@ -142,12 +142,9 @@ impl Generation {
                 .await
         };
         self.write_out_telemetry().await;
-        let older_cut = if ended.by_signal {
-            self.force_older_generations()
-        } else {
-            self.outlive_older_generations(stop_ends + OLDER_GENERATIONS_SLACK)
-                .await
-        };
+        let older_cut = self
+            .outlive_older_generations(stop_ends + OLDER_GENERATIONS_SLACK, ended.by_signal)
+            .await;
         self.background.cancel();
         self.admin_stop.cancel();
         match self.exit_code(ended.outcome) {
@@ -165,20 +162,31 @@ impl Generation {
     /// earlier one); but once the main process exits, systemd signals
     /// whatever is left in the group again, and a draining generation
     /// takes a second stop signal as "force now". The main process goes
-    /// last, so that second signal finds nobody. A second stop signal
-    /// while we wait forces them at once. True when they were cut short:
-    /// forced so, or still running at `bound` under systemd.
-    async fn outlive_older_generations(&mut self, bound: Instant) -> bool {
+    /// last, so that second signal finds nobody. A forced stop (`force`,
+    /// or a second stop signal while we wait) forces them at once, and
+    /// waits a moment for them to go.
+    ///
+    /// True when the stop cut their connections: their reports (the last
+    /// comes as each exits) count more force-closed connections than when
+    /// the stop began, or they still ran at `bound` under systemd, which
+    /// forces them as we exit (elsewhere nothing does: they drain on).
+    async fn outlive_older_generations(&mut self, bound: Instant, force: bool) -> bool {
         self.draining.retain(Process::is_alive);
         if self.draining.is_empty() {
             return false;
+        }
+        let forced_before = self.admin.inherited_forced_connections();
+        let mut bound = bound;
+        if force {
+            signal_each(&self.draining, rustix::process::Signal::USR2);
+            bound = bound.min(Instant::now() + OLDER_GENERATIONS_SLACK);
         }
         tracing::info!(
             generations = self.draining.len(),
             "drained; waiting for the older generations to finish theirs"
         );
         let draining = std::mem::take(&mut self.draining);
-        let waited = {
+        let exited = {
             let all_exited = async {
                 for older in &draining {
                     older.exited().await;
@@ -187,47 +195,34 @@ impl Generation {
             tokio::pin!(all_exited);
             loop {
                 tokio::select! {
-                    () = &mut all_exited => break Waited::AllExited,
-                    () = tokio::time::sleep_until(bound) => break Waited::PastTheBound,
+                    () = &mut all_exited => break true,
+                    () = tokio::time::sleep_until(bound) => break false,
                     command = self.commands.recv() => match command {
-                        Command::Stop | Command::ForceDrain => break Waited::Forced,
+                        Command::Stop | Command::ForceDrain => {
+                            signal_each(&draining, rustix::process::Signal::USR2);
+                            bound = bound.min(Instant::now() + OLDER_GENERATIONS_SLACK);
+                        }
                         Command::Reload => tracing::info!("reload ignored: this generation is stopping"),
                     },
                 }
             }
         };
-        match waited {
-            Waited::AllExited => false,
-            // Under systemd, its second SIGTERM to what is left forces
-            // them once we exit; elsewhere nothing does, and they drain on.
-            Waited::PastTheBound if systemd::enabled() => {
+        if !exited {
+            return if systemd::enabled() {
                 tracing::warn!("older generations still draining at the stop's end; systemd forces them as we exit");
                 true
-            }
-            Waited::PastTheBound => {
+            } else {
                 tracing::warn!(
                     "older generations still draining at the stop's end; they drain on to their own deadline"
                 );
                 false
-            }
-            Waited::Forced => {
-                self.draining = draining;
-                self.force_older_generations()
-            }
+            };
         }
-    }
-
-    /// A forced stop forces the older generations still draining too; true
-    /// if one still ran.
-    fn force_older_generations(&mut self) -> bool {
-        let mut any = false;
-        for older in self.draining.drain(..) {
-            if older.signal(rustix::process::Signal::USR2).is_ok() {
-                tracing::info!(pid = older.pid(), "forcing an older generation to close");
-                any = true;
-            }
-        }
-        any
+        // Their last reports come through the one we took over from, which
+        // exits last of them: in once its channel closes.
+        let _ =
+            tokio::time::timeout(OLDER_GENERATIONS_SLACK, self.predecessor_gone.cancelled()).await;
+        self.admin.inherited_forced_connections() > forced_before
     }
 
     /// Waits for `work` (the pre-stop pause, during which the load balancer
@@ -401,12 +396,13 @@ struct Ended {
     by_signal: bool,
 }
 
-/// How the wait for the older generations ended.
-enum Waited {
-    AllExited,
-    PastTheBound,
-    /// A second stop signal came.
-    Forced,
+/// Sends `signal` to each of `generations` still running.
+fn signal_each(generations: &[Process], signal: rustix::process::Signal) {
+    for older in generations {
+        if older.signal(signal).is_ok() {
+            tracing::info!(pid = older.pid(), ?signal, "signalled an older generation");
+        }
+    }
 }
 
 /// How long after the stop's own end the main process still waits for

@@ -74,22 +74,12 @@ impl Reloading {
         match self.finished().await {
             Ok(successor) => {
                 let pid = successor.process.pid();
-                // Under systemd the stop's signal reached every process of
-                // the unit, the new generation too: ours would be its second
-                // stop signal, "force now".
-                if crate::lifecycle::systemd::enabled() {
-                    tracing::info!(
-                        pid,
-                        "a stop began as the new generation took over; it stops too"
-                    );
-                } else {
-                    tracing::info!(
-                        pid,
-                        "a stop began as the new generation took over; stopping it too"
-                    );
-                    if let Err(err) = successor.process.signal(rustix::process::Signal::TERM) {
-                        tracing::warn!(pid, cause = %err, "could not ask the new generation to stop");
-                    }
+                tracing::info!(
+                    pid,
+                    "a stop began as the new generation took over; stopping it too"
+                );
+                if let Err(err) = successor.process.signal(rustix::process::Signal::TERM) {
+                    tracing::warn!(pid, cause = %err, "could not ask the new generation to stop");
                 }
                 // Stopping, the oldest drain to the stop's end, not forced.
                 self.give_back(draining);
