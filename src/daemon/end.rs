@@ -104,6 +104,7 @@ impl Generation {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
         let shutdown = &self.config.shutdown;
         let stop_ends = signalled + shutdown.pre_stop_delay + shutdown.drain_timeout;
+        let older_forced_before = self.admin.inherited_forced_connections();
         let _ = self.phase.send(Phase::Stopping { deadline: None });
         systemd::stopping();
         let pause = self.config.shutdown.pre_stop_delay;
@@ -144,7 +145,8 @@ impl Generation {
         self.write_out_telemetry().await;
         let older_cut = self
             .outlive_older_generations(stop_ends + OLDER_GENERATIONS_SLACK, ended.by_signal)
-            .await;
+            .await
+            || self.admin.inherited_forced_connections() > older_forced_before;
         self.background.cancel();
         self.admin_stop.cancel();
         match self.exit_code(ended.outcome) {
@@ -166,48 +168,14 @@ impl Generation {
     /// or a second stop signal while we wait) forces them at once, and
     /// waits a moment for them to go.
     ///
-    /// True when the stop cut their connections: their reports (the last
-    /// comes as each exits) count more force-closed connections than when
-    /// the stop began, or they still ran at `bound` under systemd, which
-    /// forces them as we exit (elsewhere nothing does: they drain on).
+    /// Once they are gone, their last reports are in (the last comes as
+    /// each exits, through the one we took over from, which exits last of
+    /// them), for the caller to count what the stop cut. True when they
+    /// still ran at `bound` under systemd, which forces them as we exit
+    /// (elsewhere nothing does: they drain on).
     async fn outlive_older_generations(&mut self, bound: Instant, force: bool) -> bool {
         self.draining.retain(Process::is_alive);
-        if self.draining.is_empty() {
-            return false;
-        }
-        let forced_before = self.admin.inherited_forced_connections();
-        let mut bound = bound;
-        if force {
-            signal_each(&self.draining, rustix::process::Signal::USR2);
-            bound = bound.min(Instant::now() + OLDER_GENERATIONS_SLACK);
-        }
-        tracing::info!(
-            generations = self.draining.len(),
-            "drained; waiting for the older generations to finish theirs"
-        );
-        let draining = std::mem::take(&mut self.draining);
-        let exited = {
-            let all_exited = async {
-                for older in &draining {
-                    older.exited().await;
-                }
-            };
-            tokio::pin!(all_exited);
-            loop {
-                tokio::select! {
-                    () = &mut all_exited => break true,
-                    () = tokio::time::sleep_until(bound) => break false,
-                    command = self.commands.recv() => match command {
-                        Command::Stop | Command::ForceDrain => {
-                            signal_each(&draining, rustix::process::Signal::USR2);
-                            bound = bound.min(Instant::now() + OLDER_GENERATIONS_SLACK);
-                        }
-                        Command::Reload => tracing::info!("reload ignored: this generation is stopping"),
-                    },
-                }
-            }
-        };
-        if !exited {
+        if !self.draining.is_empty() && !self.older_generations_exited(bound, force).await {
             return if systemd::enabled() {
                 tracing::warn!("older generations still draining at the stop's end; systemd forces them as we exit");
                 true
@@ -218,11 +186,44 @@ impl Generation {
                 false
             };
         }
-        // Their last reports come through the one we took over from, which
-        // exits last of them: in once its channel closes.
         let _ =
             tokio::time::timeout(OLDER_GENERATIONS_SLACK, self.predecessor_gone.cancelled()).await;
-        self.admin.inherited_forced_connections() > forced_before
+        false
+    }
+
+    /// Waits for `self.draining` to exit, until `bound`; false if they
+    /// did not.
+    async fn older_generations_exited(&mut self, bound: Instant, force: bool) -> bool {
+        let mut bound = bound;
+        if force {
+            signal_each(&self.draining, rustix::process::Signal::USR2);
+            bound = bound.min(Instant::now() + OLDER_GENERATIONS_SLACK);
+        }
+        tracing::info!(
+            generations = self.draining.len(),
+            "drained; waiting for the older generations to finish theirs"
+        );
+        // Taken: the commands are read meanwhile.
+        let draining = std::mem::take(&mut self.draining);
+        let all_exited = async {
+            for older in &draining {
+                older.exited().await;
+            }
+        };
+        tokio::pin!(all_exited);
+        loop {
+            tokio::select! {
+                () = &mut all_exited => return true,
+                () = tokio::time::sleep_until(bound) => return false,
+                command = self.commands.recv() => match command {
+                    Command::Stop | Command::ForceDrain => {
+                        signal_each(&draining, rustix::process::Signal::USR2);
+                        bound = bound.min(Instant::now() + OLDER_GENERATIONS_SLACK);
+                    }
+                    Command::Reload => tracing::info!("reload ignored: this generation is stopping"),
+                },
+            }
+        }
     }
 
     /// Waits for `work` (the pre-stop pause, during which the load balancer
