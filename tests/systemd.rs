@@ -393,6 +393,9 @@ async fn a_stop_refuses_new_connections_once_the_doors_close() {
         sbx.journal()
     );
     assert!(listening_inodes(web.port()).is_empty(), "nothing listens");
+    // Three seconds into the stop, past a tick of the periodic status
+    // line, which must no longer say "serving" nor send READY=1.
+    assert_eq!(sbx.show("baton", "StatusText"), "stopping: draining");
     let answer = slow.await.expect("join").expect("the request in flight");
     assert_eq!(answer.status, 200);
     sbx.succeeded("systemctl stop", stop.await.expect("join"));

@@ -88,6 +88,7 @@ impl Generation {
             tokio::spawn(status_lines(
                 Arc::clone(&self.admin),
                 self.pools.clone(),
+                self.phase.subscribe(),
                 self.background.clone(),
             ));
         }
@@ -127,13 +128,23 @@ impl Generation {
 /// after half a second, then every two seconds. Once every pool is ready
 /// the line carries `READY=1` too: systemd 252 drops what a new generation
 /// sends before its `MAINPID=` lands, so a takeover's first `READY=1` and
-/// `STATUS=` may be lost, and repeating them is harmless.
-async fn status_lines(admin: Arc<AdminShared>, pools: Vec<Arc<Pool>>, stop: CancellationToken) {
+/// `STATUS=` may be lost, and repeating them is harmless. Once a stop
+/// began it says nothing more: its `READY=1` and line would replace the
+/// stop's `STATUS=stopping: draining` in `systemctl status`.
+async fn status_lines(
+    admin: Arc<AdminShared>,
+    pools: Vec<Arc<Pool>>,
+    phase: watch::Receiver<Phase>,
+    stop: CancellationToken,
+) {
     let mut pause = Duration::from_millis(500);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(pause) => {}
+        }
+        if !matches!(*phase.borrow(), Phase::Active) {
+            return;
         }
         pause = Duration::from_secs(2);
         let generations = admin.generations();
