@@ -144,16 +144,24 @@ impl Sinks {
             Ok(mut open) => open.drain().map(|(_, s)| s).collect(),
             Err(_) => return,
         };
-        for sink in sinks {
-            let deadline = std::time::Instant::now() + FLUSH_LIMIT;
-            let handle = sink.writer.lock().ok().and_then(|mut w| w.take());
-            if let Some(handle) = handle {
+        // One deadline for all: each stuck destination (a hung mount, a
+        // pipe nobody reads) must not add its own to a stop's time, which
+        // TimeoutStopSec bounds. Every close is queued before any wait.
+        let deadline = std::time::Instant::now() + FLUSH_LIMIT;
+        let closing: Vec<(Arc<Sink>, JoinHandle<()>)> = sinks
+            .into_iter()
+            .filter_map(|sink| {
+                let handle = sink.writer.lock().ok().and_then(|mut w| w.take())?;
                 if close_by(&sink.queue, deadline) {
-                    join_by(handle, deadline, &sink.destination);
+                    Some((sink, handle))
                 } else {
                     tracing::warn!(destination = %sink.destination, "access log not written out within {FLUSH_LIMIT:?}; lines may be lost");
+                    None
                 }
-            }
+            })
+            .collect();
+        for (sink, handle) in closing {
+            join_by(handle, deadline, &sink.destination);
         }
     }
 }
@@ -348,7 +356,14 @@ mod tests {
     /// writes fail once it is dropped) never reads: the pipe fills, the
     /// writer blocks.
     fn unread_fifo(dir: &tempfile::TempDir) -> (Sinks, Arc<Sink>, File) {
-        let fifo = dir.path().join("fifo");
+        let sinks = Sinks::default();
+        let (sink, reader) = unread_fifo_in(&sinks, dir, "fifo");
+        (sinks, sink, reader)
+    }
+
+    /// A destination of `sinks`: a FIFO named `name` that nobody reads.
+    fn unread_fifo_in(sinks: &Sinks, dir: &tempfile::TempDir, name: &str) -> (Arc<Sink>, File) {
+        let fifo = dir.path().join(name);
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .expect("mkfifo");
         let reader = OpenOptions::new()
@@ -356,9 +371,8 @@ mod tests {
             .custom_flags(nix::libc::O_NONBLOCK)
             .open(&fifo)
             .expect("reader");
-        let sinks = Sinks::default();
         let sink = sinks.open(&Destination::File(fifo)).expect("open");
-        (sinks, sink, reader)
+        (sink, reader)
     }
 
     #[test]
@@ -427,5 +441,29 @@ mod tests {
         let closing = std::time::Instant::now();
         sinks.close();
         assert!(closing.elapsed() < FLUSH_LIMIT + Duration::from_secs(3));
+    }
+
+    /// Three stuck destinations share one flush limit at teardown, not one
+    /// each (a stop would pass TimeoutStopSec).
+    #[test]
+    fn stuck_destinations_share_one_flush_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sinks = Sinks::default();
+        let line = vec![b'x'; 511];
+        let _readers: Vec<File> = ["a", "b", "c"]
+            .iter()
+            .map(|name| {
+                let (sink, reader) = unread_fifo_in(&sinks, &dir, name);
+                while sink.send([line.clone(), b"\n".to_vec()].concat()) {}
+                reader
+            })
+            .collect();
+        let closing = std::time::Instant::now();
+        sinks.close();
+        assert!(
+            closing.elapsed() < FLUSH_LIMIT * 2,
+            "one limit for all, not one each: {:?}",
+            closing.elapsed()
+        );
     }
 }
