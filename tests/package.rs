@@ -423,6 +423,13 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
     access_log_written(&sbx, "the access log has lines").await;
     logrotate_forced(&sbx);
     access_log_written(&sbx, "baton reopened a new access log (SIGUSR1)").await;
+    assert!(
+        holds(
+            &sbx,
+            "test \"$(stat -c %a /var/log/baton/access.log)\" = 640"
+        ),
+        "the access log is group-readable (the unit's UMask)"
+    );
     assert_eq!(sbx.show("baton", "MainPID"), main, "SIGUSR1 cost nothing");
     sbx.progressed(&load, 30).await;
 
