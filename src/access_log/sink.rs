@@ -28,6 +28,9 @@ const QUEUE_BYTES: usize = 16 * 1024 * 1024;
 const FAILURE_REPORT: Duration = Duration::from_secs(60);
 /// How often an idle writer looks for a reopen request.
 const REOPEN_CHECK: Duration = Duration::from_millis(100);
+/// How soon a reopen that failed is tried again: logrotate signals once,
+/// and with `notifempty` never again for a log that stays empty.
+const REOPEN_RETRY: Duration = Duration::from_secs(1);
 /// How long teardown waits for a writer to finish its queue (a disk that
 /// hangs must not keep a stopped generation alive forever).
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
@@ -113,6 +116,8 @@ impl Sinks {
             queued: Arc::clone(&queued),
             failures: Failures::default(),
             torn: false,
+            reopen_retry: None,
+            reopen_failures: Failures::default(),
         };
         let handle = std::thread::Builder::new()
             .name("baton-access-log".into())
@@ -218,6 +223,10 @@ struct Writer {
     failures: Failures,
     /// The last write failed part-way: the file ends inside a line.
     torn: bool,
+    /// A reopen failed: when to try again (the writer stays on the old
+    /// file meanwhile), and its failures, said once a minute.
+    reopen_retry: Option<std::time::Instant>,
+    reopen_failures: Failures,
 }
 
 /// Writes all of `bytes`, saying how many went out before a failure.
@@ -265,7 +274,10 @@ impl Failures {
 impl Writer {
     fn run(mut self, lines: &mpsc::Receiver<Message>) {
         loop {
-            if self.reopen.swap(false, Ordering::Relaxed) {
+            let retry_due = self
+                .reopen_retry
+                .is_some_and(|at| std::time::Instant::now() >= at);
+            if self.reopen.swap(false, Ordering::Relaxed) || retry_due {
                 self.reopen_file();
             }
             match lines.recv_timeout(REOPEN_CHECK) {
@@ -310,10 +322,15 @@ impl Writer {
         match open_file(path) {
             Ok(file) => {
                 self.file = file;
+                self.reopen_retry = None;
                 tracing::info!(path = %path.display(), "access log reopened");
             }
             Err(err) => {
-                tracing::warn!(path = %path.display(), cause = %err, "access log not reopened; writing to the old file")
+                let now = std::time::Instant::now();
+                self.reopen_retry = Some(now + REOPEN_RETRY);
+                if let Some(attempts) = self.reopen_failures.lost(now) {
+                    tracing::warn!(path = %path.display(), cause = %err, attempts, "access log not reopened; writing to the old file and trying again every second (said at most once a minute)");
+                }
             }
         }
     }
@@ -419,6 +436,8 @@ mod tests {
             queued: Arc::default(),
             failures: Failures::default(),
             torn: true,
+            reopen_retry: None,
+            reopen_failures: Failures::default(),
         };
         writer.write(b"lost\n");
         writer.file = open_file(&path).expect("space again");
@@ -441,6 +460,41 @@ mod tests {
         let closing = std::time::Instant::now();
         sinks.close();
         assert!(closing.elapsed() < FLUSH_LIMIT + Duration::from_secs(3));
+    }
+
+    /// A reopen that fails (here the path is a directory for a while) is
+    /// tried again until it works: logrotate's signal comes once, and the
+    /// writer would otherwise stay on the rotated file for good.
+    #[test]
+    fn a_failed_reopen_is_tried_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("access.log");
+        let sinks = Sinks::default();
+        let sink = sinks.open(&Destination::File(path.clone())).expect("open");
+        std::fs::rename(&path, dir.path().join("access.log.1")).expect("rotate");
+        std::fs::create_dir(&path).expect("in the way");
+        sinks.reopen();
+        assert!(sink.send(b"on the old file\n".to_vec()));
+        let rotated = dir.path().join("access.log.1");
+        holds_in_time("the line reached the old file", || {
+            std::fs::read_to_string(&rotated).unwrap_or_default() == "on the old file\n"
+        });
+        std::fs::remove_dir(&path).expect("out of the way");
+        holds_in_time("reopened without a second signal", || path.is_file());
+        assert!(sink.send(b"on the new file\n".to_vec()));
+        holds_in_time("the line reached the new file", || {
+            std::fs::read_to_string(&path).unwrap_or_default() == "on the new file\n"
+        });
+        sinks.close();
+    }
+
+    /// Waits up to 10 s for `check`; panics saying `what` if it never holds.
+    fn holds_in_time(what: &str, check: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !check() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Three stuck destinations share one flush limit at teardown, not one
