@@ -191,7 +191,7 @@ impl AccessLog {
             Format::Json => self.json(entry, now),
             Format::Combined => combined(entry, now),
         };
-        if !self.sink.send(line) {
+        if !self.sink.send(line, &self.dropped) {
             self.dropped.increment(1);
         }
     }

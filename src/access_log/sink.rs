@@ -20,6 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use metrics::Counter;
+
 /// Lines queued per destination before new ones are dropped.
 const QUEUE: usize = 16 * 1024;
 /// Bytes queued per destination before new lines are dropped.
@@ -52,7 +54,8 @@ impl std::fmt::Display for Destination {
 }
 
 enum Message {
-    Line(Vec<u8>),
+    /// A line, with the counter of its listener's lost lines.
+    Line(Vec<u8>, Counter),
     /// Everything before this is written; the writer exits.
     Close,
 }
@@ -71,13 +74,15 @@ impl Sink {
     /// Queues `line` (a whole line, newline included); false when the
     /// queue is full (in lines or bytes) or the writer is gone, and the
     /// line is dropped.
-    pub fn send(&self, line: Vec<u8>) -> bool {
+    /// Queues `line`, unless the queue is full (false); a line the
+    /// destination then refuses (a full disk) is counted in `lost`.
+    pub fn send(&self, line: Vec<u8>, lost: &Counter) -> bool {
         let len = line.len();
         if self.queued.fetch_add(len, Ordering::Relaxed) + len > QUEUE_BYTES {
             self.queued.fetch_sub(len, Ordering::Relaxed);
             return false;
         }
-        match self.queue.try_send(Message::Line(line)) {
+        match self.queue.try_send(Message::Line(line, lost.clone())) {
             Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.queued.fetch_sub(len, Ordering::Relaxed);
@@ -281,9 +286,11 @@ impl Writer {
                 self.reopen_file();
             }
             match lines.recv_timeout(REOPEN_CHECK) {
-                Ok(Message::Line(line)) => {
+                Ok(Message::Line(line, lost)) => {
                     self.queued.fetch_sub(line.len(), Ordering::Relaxed);
-                    self.write(&line);
+                    if !self.write(&line) {
+                        lost.increment(1);
+                    }
                 }
                 Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => return,
                 Err(RecvTimeoutError::Timeout) => {}
@@ -292,20 +299,27 @@ impl Writer {
     }
 
     /// One `write(2)` per line: with `O_APPEND` the kernel puts it whole at
-    /// the end of the file, whoever else appends.
-    fn write(&mut self, line: &[u8]) {
+    /// the end of the file, whoever else appends. False if it was lost.
+    fn write(&mut self, line: &[u8]) -> bool {
         // A line cut short by an earlier failure is ended first, so this
         // one is not glued to it.
         if self.torn {
             match write_counting(&mut self.file, b"\n") {
                 (_, Ok(())) => self.torn = false,
-                (_, Err(err)) => return self.lost(&err),
+                (_, Err(err)) => {
+                    self.lost(&err);
+                    return false;
+                }
             }
         }
         let (written, result) = write_counting(&mut self.file, line);
-        if let Err(err) = result {
-            self.torn = written > 0;
-            self.lost(&err);
+        match result {
+            Ok(()) => true,
+            Err(err) => {
+                self.torn = written > 0;
+                self.lost(&err);
+                false
+            }
         }
     }
 
@@ -346,7 +360,7 @@ mod tests {
         let path = dir.path().join("access.log");
         let sinks = Sinks::default();
         let sink = sinks.open(&Destination::File(path.clone())).expect("open");
-        assert!(sink.send(b"one\n".to_vec()));
+        assert!(sink.send(b"one\n".to_vec(), &Counter::noop()));
         // The same path is one writer, however many listeners ask.
         let again = sinks.open(&Destination::File(path.clone())).expect("open");
         assert!(Arc::ptr_eq(&sink, &again));
@@ -363,7 +377,7 @@ mod tests {
         std::fs::rename(&path, &rotated).expect("rename");
         sinks.reopen();
         std::thread::sleep(REOPEN_CHECK * 3);
-        assert!(sink.send(b"two\n".to_vec()));
+        assert!(sink.send(b"two\n".to_vec(), &Counter::noop()));
         sinks.close();
         assert_eq!(std::fs::read_to_string(&rotated).expect("rotated"), "one\n");
         assert_eq!(std::fs::read_to_string(&path).expect("reopened"), "two\n");
@@ -398,7 +412,9 @@ mod tests {
         let (sinks, sink, reader) = unread_fifo(&dir);
         // Lines of 256 KiB, as a client's long target makes them.
         let line = vec![b'x'; 256 * 1024];
-        let taken = (0..200).filter(|_| sink.send(line.clone())).count();
+        let taken = (0..200)
+            .filter(|_| sink.send(line.clone(), &Counter::noop()))
+            .count();
         let budget = QUEUE_BYTES / line.len();
         assert!(
             taken <= budget + 1,
@@ -439,9 +455,9 @@ mod tests {
             reopen_retry: None,
             reopen_failures: Failures::default(),
         };
-        writer.write(b"lost\n");
+        assert!(!writer.write(b"lost\n"), "refused by a full disk");
         writer.file = open_file(&path).expect("space again");
-        writer.write(b"next\n");
+        assert!(writer.write(b"next\n"));
         assert_eq!(
             std::fs::read_to_string(&path).expect("log"),
             "\nnext\n",
@@ -454,7 +470,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (sinks, sink, _reader) = unread_fifo(&dir);
         let line = vec![b'x'; 511];
-        let refused = (0..QUEUE * 4).find(|_| !sink.send([line.clone(), b"\n".to_vec()].concat()));
+        let refused = (0..QUEUE * 4)
+            .find(|_| !sink.send([line.clone(), b"\n".to_vec()].concat(), &Counter::noop()));
         assert!(refused.is_some(), "a full queue refuses lines");
         // Teardown gives up at its limit instead of waiting on the writer.
         let closing = std::time::Instant::now();
@@ -474,14 +491,14 @@ mod tests {
         std::fs::rename(&path, dir.path().join("access.log.1")).expect("rotate");
         std::fs::create_dir(&path).expect("in the way");
         sinks.reopen();
-        assert!(sink.send(b"on the old file\n".to_vec()));
+        assert!(sink.send(b"on the old file\n".to_vec(), &Counter::noop()));
         let rotated = dir.path().join("access.log.1");
         holds_in_time("the line reached the old file", || {
             std::fs::read_to_string(&rotated).unwrap_or_default() == "on the old file\n"
         });
         std::fs::remove_dir(&path).expect("out of the way");
         holds_in_time("reopened without a second signal", || path.is_file());
-        assert!(sink.send(b"on the new file\n".to_vec()));
+        assert!(sink.send(b"on the new file\n".to_vec(), &Counter::noop()));
         holds_in_time("the line reached the new file", || {
             std::fs::read_to_string(&path).unwrap_or_default() == "on the new file\n"
         });
@@ -497,6 +514,20 @@ mod tests {
         }
     }
 
+    /// A line the destination refuses (a full disk) is counted as lost in
+    /// its listener's counter, as one the queue could not take is.
+    #[test]
+    fn a_line_the_destination_refuses_is_counted() {
+        let sinks = Sinks::default();
+        let full = PathBuf::from("/dev/full");
+        let sink = sinks.open(&Destination::File(full)).expect("open");
+        let lost = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = Counter::from_arc(Arc::clone(&lost));
+        assert!(sink.send(b"lost\n".to_vec(), &counter), "queued");
+        sinks.close();
+        assert_eq!(lost.load(Ordering::Relaxed), 1);
+    }
+
     /// Three stuck destinations share one flush limit at teardown, not one
     /// each (a stop would pass TimeoutStopSec).
     #[test]
@@ -508,7 +539,7 @@ mod tests {
             .iter()
             .map(|name| {
                 let (sink, reader) = unread_fifo_in(&sinks, &dir, name);
-                while sink.send([line.clone(), b"\n".to_vec()].concat()) {}
+                while sink.send([line.clone(), b"\n".to_vec()].concat(), &Counter::noop()) {}
                 reader
             })
             .collect();

@@ -209,7 +209,7 @@ fn describe_more() {
     );
     describe_counter!(
         ACCESS_LOG_DROPPED,
-        "Access-log lines dropped because the writer fell behind."
+        "Access-log lines lost: the writer fell behind, or the destination refused them (a full disk)."
     );
     describe_counter!(
         PROXY_PROTOCOL_ERRORS,
