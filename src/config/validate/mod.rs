@@ -320,7 +320,7 @@ impl Validator {
                     self.warning(
                         "admin.token_file",
                         format!(
-                            "{}: the token is not printable ASCII, which an Authorization header cannot carry: every backend call will be refused (401)",
+                            "{}: the token is not printable ASCII, which an Authorization header cannot carry: no backend call can authenticate",
                             path.display()
                         ),
                     );
