@@ -102,7 +102,7 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
     // `quiet_until_handled`): what is set passes the second fork and exec.
     unsafe {
         command.pre_exec(move || {
-            quiet_until_handled();
+            quiet_until_handled()?;
             match nix::libc::fork() {
                 -1 => Err(std::io::Error::last_os_error()),
                 0 => Ok(()),
@@ -149,13 +149,22 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
 /// SIGINT keep their default: a stop then ends a generation that holds
 /// nothing yet, and its reload fails, as the stop wants.
 /// Async-signal-safe: pthread_sigmask and sigaction only.
-fn quiet_until_handled() {
-    use nix::sys::signal::{signal, SigHandler, Signal};
+fn quiet_until_handled() -> std::io::Result<()> {
+    use nix::sys::signal::Signal;
     super::signals::hold_sigusr1();
-    for ignored in [Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR2] {
+    ignore_signals(&[Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR2])
+}
+
+/// Sets `signals` ignored in this process: for a child between fork and
+/// exec (exec keeps an ignored signal ignored), where only
+/// async-signal-safe calls are allowed; sigaction is one.
+pub(super) fn ignore_signals(signals: &[nix::sys::signal::Signal]) -> std::io::Result<()> {
+    use nix::sys::signal::{signal, SigHandler};
+    for &ignored in signals {
         // SAFETY: SIG_IGN runs no code of ours.
-        let _ = unsafe { signal(ignored, SigHandler::SigIgn) };
+        unsafe { signal(ignored, SigHandler::SigIgn) }?;
     }
+    Ok(())
 }
 
 fn pid_pipe() -> std::io::Result<(std::fs::File, OwnedFd)> {

@@ -145,18 +145,13 @@ pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
 /// which only wakes the parent's signal driver for nothing.
 #[allow(unsafe_code)]
 fn ignore_unit_signals(command: &mut std::process::Command) {
-    use nix::sys::signal::{signal, SigHandler, Signal};
+    use nix::sys::signal::Signal;
     use std::os::unix::process::CommandExt;
     // SAFETY: runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: `signal` is one. It touches no
-    // memory of the parent's.
+    // async-signal-safe calls are allowed: `ignore_signals` makes only
+    // sigaction calls. It touches no memory of the parent's.
     unsafe {
-        command.pre_exec(|| {
-            for unit_wide in [Signal::SIGTERM, Signal::SIGUSR1] {
-                signal(unit_wide, SigHandler::SigIgn).map_err(std::io::Error::from)?;
-            }
-            Ok(())
-        });
+        command.pre_exec(|| super::process::ignore_signals(&[Signal::SIGTERM, Signal::SIGUSR1]));
     }
 }
 
