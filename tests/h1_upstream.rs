@@ -118,6 +118,32 @@ async fn a_request_a_backend_close_raced_is_sent_again_only_when_safe() {
     assert_eq!(posts, 1, "the POST reached the backend once");
 }
 
+/// A request sent again on a new connection keeps the backend's place:
+/// given up, it went to the request waiting in line, and the retry queued
+/// behind it (a 503 at `queue_timeout` while `/slow` held the place).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_again_keeps_its_place_at_a_full_backend() {
+    let backend = RawBackend::start(support::raw::closes_under_b).await;
+    let baton = Baton::start(support::raw::one_place(backend.addr)).await;
+    let web = baton.addr("web");
+    let mut s = TcpStream::connect(web).await.expect("connect");
+    s.write_all(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    assert!(read_head(&mut s).await.starts_with("http/1.1 200"));
+    let mut first = [0u8; 5];
+    s.read_exact(&mut first).await.expect("body");
+    s.write_all(b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    support::raw::queued_behind_b(&backend, web).await;
+    let head = read_head(&mut s).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let mut again = [0u8; 5];
+    s.read_exact(&mut again).await.expect("body");
+    assert_eq!(&again, b"again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interim_responses_reach_an_http_1_1_client_only() {
     let backend = RawBackend::start(|_: &Seen| {

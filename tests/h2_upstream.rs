@@ -142,6 +142,23 @@ async fn a_stream_a_backend_close_raced_is_sent_again_only_when_safe() {
     }
 }
 
+/// As for HTTP/1 clients: a stream sent again on a new connection keeps
+/// the backend's place, instead of queueing behind the request it gave it to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_sent_again_keeps_its_place_at_a_full_backend() {
+    let backend = RawBackend::start(support::raw::closes_under_b).await;
+    let baton = Baton::start(support::raw::one_place(backend.addr)).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (_, first, _) = send(&mut sender, request("GET", web, "/a", empty())).await;
+    assert_eq!(first, "first");
+    let b =
+        tokio::spawn(async move { send(&mut sender, request("GET", web, "/b", empty())).await });
+    support::raw::queued_behind_b(&backend, web).await;
+    let (status, body, _) = b.await.expect("join");
+    assert_eq!((status, body.as_str()), (200, "again"));
+}
+
 /// A body of unknown length goes up chunked, one with a length says it,
 /// an empty POST says `content-length: 0`, and a GET says nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -299,8 +299,15 @@ impl HttpProxy {
         let mut failed: Option<(usize, ProxyError)> = None;
         let mut fresh_only = false;
         let pool = &target.pool;
+        // A request sent again on a new connection keeps its place (as on
+        // the HTTP/1 path).
+        let mut kept: Option<Lease> = None;
         loop {
-            let lease = match pool.lease(failed.as_ref().map(|f| f.0)).await {
+            let leased = match kept.take() {
+                Some(lease) => Ok(lease),
+                None => pool.lease(failed.as_ref().map(|f| f.0)).await,
+            };
+            let lease = match leased {
                 Ok(lease) => lease,
                 // Nobody else to try: the first failure is the answer.
                 Err(refused) => {
@@ -359,6 +366,7 @@ impl HttpProxy {
                     tracing::debug!(backend = %backend.name, "a kept connection was closed under the request; sending it again on a new one");
                     fresh_only = true;
                     body = Some(body::empty());
+                    kept = Some(lease);
                 }
                 Err(Sent::Stale) => {
                     let err = ProxyError::Upstream {

@@ -218,3 +218,43 @@ pub async fn deaf_after_head() -> SocketAddr {
     });
     addr
 }
+
+/// A backend of one place where a retried request must keep it: `/b` on a
+/// kept connection is read and the connection closed a second later with
+/// no answer (the keep-alive race); `/b` on a new connection is answered
+/// `again`; `/slow` holds its connection two seconds and closes unanswered;
+/// anything else is answered `first` and kept.
+pub fn closes_under_b(seen: &Seen) -> (Vec<u8>, Then) {
+    let path = seen.head.split(' ').nth(1).unwrap_or_default();
+    match (path, seen.on_connection) {
+        ("/slow", _) => (Vec::new(), Then::CloseAfter(Duration::from_secs(2))),
+        ("/b", 0) => (ok("again"), Then::KeepAlive),
+        ("/b", _) => (Vec::new(), Then::CloseAfter(Duration::from_secs(1))),
+        _ => (ok("first"), Then::KeepAlive),
+    }
+}
+
+/// `max_connections_per_backend = 1` and a one-second `queue_timeout`, one
+/// worker: the pool for [`closes_under_b`].
+pub fn one_place(backend: SocketAddr) -> super::daemon::Spec {
+    super::daemon::Spec::new()
+        .top("workers = 1")
+        .http("web", "app")
+        .pool_with(
+            "app",
+            "max_connections_per_backend = 1\nqueue_timeout = \"1s\"",
+            &[(backend, 1)],
+        )
+}
+
+/// Once the backend has read `/b`, a request for `/slow` that waits in
+/// line for the place `/b` holds.
+pub async fn queued_behind_b(backend: &RawBackend, web: SocketAddr) {
+    super::eventually("the backend read /b", || async {
+        backend.heads().iter().any(|h| h.starts_with("GET /b "))
+    })
+    .await;
+    tokio::spawn(async move {
+        let _ = super::client::get(web, "/slow").await;
+    });
+}

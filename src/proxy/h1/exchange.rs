@@ -217,9 +217,12 @@ async fn forward<S: ByteStream>(
     let replayable = head.framing == Framing::Empty && head.method.is_idempotent();
     let mut failed: Option<(usize, ProxyError)> = None;
     let mut fresh_only = false;
+    // A request sent again on a new connection keeps its place: given up,
+    // it would go to whoever waits in line, and the request behind them.
+    let mut kept: Option<Lease> = None;
     loop {
         let exclude = failed.as_ref().map(|f| f.0);
-        let leased = match pool.pick(exclude) {
+        let leased = match kept.take().or_else(|| pool.pick(exclude)) {
             Some(lease) => Ok(lease),
             None => in_line(pool, exclude, client, request.body.is_done()).await?,
         };
@@ -265,6 +268,7 @@ async fn forward<S: ByteStream>(
             Attempt::Stale if reused && replayable && !fresh_only => {
                 tracing::debug!(backend = %lease.backend().name, "a kept connection was closed under the request; sending it again on a new one");
                 fresh_only = true;
+                kept = Some(lease);
             }
             Attempt::Stale => {
                 let err = ProxyError::Upstream {
