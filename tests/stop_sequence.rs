@@ -399,6 +399,36 @@ async fn a_websocket_is_closed_with_1001_at_drain_start() {
     assert_no_error_lines(&baton);
 }
 
+/// A WebSocket frame the backend began in the same read as its 101 is
+/// followed to its end: the drain finds the stream mid-frame and cuts it
+/// after `LINGER` rather than write a Close frame into the frame's payload
+/// (which the client would read as payload bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_begun_with_the_101_gets_no_close_frame_inside_it() {
+    // A binary frame of 4000 bytes, 100 of them sent; the rest never comes.
+    let mut begun = vec![0x82, 0x7e, 0x0f, 0xa0];
+    begun.extend_from_slice(&[0x7f; 100]);
+    let sent = begun.clone();
+    let backend = RawBackend::start(move |_| {
+        let mut bytes = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n".to_vec();
+        bytes.extend_from_slice(&sent);
+        (bytes, Then::CloseAfter(Duration::from_secs(60)))
+    })
+    .await;
+    let baton = Baton::start(sixty_seconds_to_drain(&backend)).await;
+    let (mut s, head) = client::upgraded(baton.addr("web"), "websocket").await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    let mut first = vec![0u8; begun.len()];
+    s.read_exact(&mut first).await.expect("the frame's start");
+    signal(baton.first_pid, Signal::SIGTERM);
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut rest))
+        .await
+        .expect("closed in time");
+    assert_eq!(rest, b"", "nothing written into the unfinished frame");
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}
+
 /// A client that stops reading its upgraded connection does not hold the
 /// drain: baton's pending write to it is given up a moment after the
 /// drain begins, and the stop is clean (exit 0, nothing forced).

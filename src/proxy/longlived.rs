@@ -100,10 +100,14 @@ enum DownEnd {
 /// Joins a client's and a backend's upgraded connections until either side
 /// ends, the drain ends the stream, or nothing moves either way for
 /// `tunnel_timeout`. The caller holds the backend's lease meanwhile.
+/// `sent_down` is what the backend sent past its 101 that the caller wrote
+/// to the client already: a WebSocket frame it began must end before a
+/// Close frame may be written.
 pub async fn tunnel<C, B>(
     client: C,
     backend: B,
     websocket: bool,
+    sent_down: &[u8],
     drain: DrainWatch,
     listener: &str,
     tunnel_timeout: Duration,
@@ -112,7 +116,10 @@ pub async fn tunnel<C, B>(
     B: AsyncRead + AsyncWrite + Unpin,
 {
     let activity = std::sync::Arc::new(Activity::default());
-    let joined = joined(client, backend, websocket, drain, listener, &activity);
+    let mut frames = FrameTracker::default();
+    frames.feed(sent_down);
+    let frames = websocket.then_some(frames);
+    let joined = joined(client, backend, frames, drain, listener, &activity);
     if let First::Rare(()) = first_of(joined, activity.idle_for(tunnel_timeout)).await {
         tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout; closing the tunnel");
     }
@@ -121,7 +128,7 @@ pub async fn tunnel<C, B>(
 async fn joined<C, B>(
     client: C,
     backend: B,
-    websocket: bool,
+    frames: Option<FrameTracker>,
     drain: DrainWatch,
     listener: &str,
     activity: &std::sync::Arc<Activity>,
@@ -133,6 +140,7 @@ async fn joined<C, B>(
     let (backend_read, mut backend_write) = tokio::io::split(backend);
     let mut client_read = Observed::new(client_read, std::sync::Arc::clone(activity));
     let mut backend_read = Observed::new(backend_read, std::sync::Arc::clone(activity));
+    let websocket = frames.is_some();
     let kind = if websocket {
         LongLivedKind::WebSocket
     } else {
@@ -150,7 +158,7 @@ async fn joined<C, B>(
         let down = pump_down(
             &mut backend_read,
             &mut client_write,
-            websocket,
+            frames,
             ending.as_mut(),
         );
         tokio::pin!(down);
@@ -187,12 +195,12 @@ async fn joined<C, B>(
 }
 
 /// Copies backend → client; once `ending` fires, stops at the next frame
-/// boundary (WebSocket) or after the bytes in hand (other upgrades), and
-/// within `LINGER` whatever the client takes.
+/// boundary (a WebSocket's, followed by `frames`) or after the bytes in
+/// hand (other upgrades), and within `LINGER` whatever the client takes.
 async fn pump_down<R, W, E>(
     backend: &mut R,
     client: &mut W,
-    websocket: bool,
+    frames: Option<FrameTracker>,
     mut ending: Pin<&mut E>,
 ) -> DownEnd
 where
@@ -200,7 +208,8 @@ where
     W: AsyncWrite + Unpin,
     E: Future<Output = ()>,
 {
-    let mut tracker = FrameTracker::default();
+    let websocket = frames.is_some();
+    let mut tracker = frames.unwrap_or_default();
     let mut buf = vec![0u8; 16 * 1024];
     // Set when the drain asks: the stream ends by then.
     let mut deadline: Option<tokio::time::Instant> = None;
@@ -369,7 +378,7 @@ mod tests {
         let pump = tokio::spawn(async move {
             let ending = std::future::pending::<()>();
             tokio::pin!(ending);
-            super::pump_down(&mut from_backend, &mut to_client, false, ending).await;
+            super::pump_down(&mut from_backend, &mut to_client, None, ending).await;
         });
         // Sent while the client reads, and then the backend stays open.
         let sender = tokio::spawn(async move {

@@ -605,6 +605,7 @@ async fn tunnel<S: ByteStream>(
         &mut client.stream,
         &mut up.stream,
         websocket,
+        &up.buf,
         drain.clone(),
         &proxy.listener,
         proxy.tunnel_timeout,
