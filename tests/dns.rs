@@ -392,6 +392,59 @@ async fn dns_down_at_first_start_leaves_the_name_waiting_and_the_rest_serving() 
     assert_eq!((app.status, app.body.as_str()), (200, "a /x\n"));
 }
 
+/// A member the operator drained by its `name@address` stays drained when
+/// its address leaves DNS and comes back (a redeploy, rotating answers),
+/// in the same generation and across a reload, instead of rejoining
+/// enabled and taking traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_member_whose_address_leaves_and_returns_stays_drained() {
+    let Named {
+        dns,
+        first,
+        second,
+        baton,
+    } = named(&[2, 3], "").await;
+    let (kept, drained) = (first.addr.to_string(), second.addr.to_string());
+    wait_members(
+        baton.admin,
+        &[(kept.clone(), "up"), (drained.clone(), "up")],
+    )
+    .await;
+    let path = format!("/backends/app@{drained}/drain");
+    let answer = client::call(baton.admin, "POST", &path, None)
+        .await
+        .expect("drain");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let (only_first, both) = (
+        [Ipv4Addr::new(127, 0, 0, 2)],
+        [Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3)],
+    );
+    for reload in [false, true] {
+        dns.set_a(HOST, &only_first);
+        wait_members(baton.admin, &[(kept.clone(), "up")]).await;
+        if reload {
+            baton.reload_ok().await;
+            baton.settled().await;
+        }
+        dns.set_a(HOST, &both);
+        wait_members(
+            baton.admin,
+            &[(kept.clone(), "up"), (drained.clone(), "out")],
+        )
+        .await;
+        let hits = second.hits();
+        for _ in 0..20 {
+            let answer = client::get(baton.addr("web"), "/x").await.expect("app");
+            assert_eq!(answer.status, 200);
+        }
+        assert_eq!(
+            second.hits(),
+            hits,
+            "the drained member took no work (reload: {reload})"
+        );
+    }
+}
+
 /// A drain said of a name DNS had given no address yet holds for the
 /// members a reload's first lookup brings: they come drained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -124,7 +124,7 @@ impl Recipe {
             address: resolved.address,
             weight: resolved.weight,
         };
-        let backend = self.make(identity, joining, named.admin());
+        let backend = self.make(identity, joining, named.admin_at(resolved.address));
         backend.settle();
         backend
     }
@@ -304,6 +304,9 @@ impl Pool {
             current.backends.iter().cloned().partition(|b| b.leaving());
         self.members.store(Arc::new(Members::new(kept)));
         for b in left {
+            if let Some(named) = self.named.iter().find(|n| b.member_of(n)) {
+                named.remember(b.address, b.admin());
+            }
             b.gone.cancel();
             b.metrics.clear();
             tracing::info!(pool = %self.name, backend = %b.label, "member drained and removed");

@@ -1,9 +1,12 @@
 //! A backend named by DNS (a host name `address`, or a pool's `srv`): what
 //! it asks, the last good answer (kept through failures, carried to the
 //! next generation), and the operator's last word on the name, which
-//! members that join later take too. Its members live in the pool's
-//! snapshot like any backend (see `members`).
+//! members that join later take too, and on single members whose address
+//! left DNS, which they take when it comes back. Its members live in the
+//! pool's snapshot like any backend (see `members`).
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
 
@@ -17,6 +20,11 @@ pub struct Named {
     /// Each member's weight for a host name (SRV records bring their own).
     pub weight: u32,
     admin: AtomicU8,
+    /// The operator's word on members removed while it differed from the
+    /// name's (one drained by `name@address`): an address that comes back
+    /// (a redeploy, rotating answers) must not come back enabled. As many
+    /// as the operator named one by one.
+    said_of_gone: Mutex<HashMap<SocketAddr, AdminState>>,
     /// The last good answer; `None` until DNS first answered.
     last: Mutex<Option<Vec<Resolved>>>,
     /// The last resolution failed: its warning is logged once per outage.
@@ -30,6 +38,7 @@ impl Named {
             query: config.query.clone(),
             weight: config.weight,
             admin: AtomicU8::new(AdminState::Enabled as u8),
+            said_of_gone: Mutex::new(HashMap::new()),
             last: Mutex::new(None),
             failing: AtomicBool::new(false),
         }
@@ -50,9 +59,41 @@ impl Named {
     }
 
     /// The operator drained or restored the name: members that join later
-    /// start so too.
+    /// start so too, whatever was said of single ones before.
     pub fn set_admin(&self, admin: AdminState) {
         self.admin.store(admin as u8, Ordering::SeqCst);
+        if let Ok(mut said) = self.said_of_gone.lock() {
+            said.clear();
+        }
+    }
+
+    /// The state a member joining at `address` starts in: what the operator
+    /// said of it before it left, else the name's.
+    pub fn admin_at(&self, address: SocketAddr) -> AdminState {
+        let said = self
+            .said_of_gone
+            .lock()
+            .ok()
+            .and_then(|mut s| s.remove(&address));
+        said.unwrap_or_else(|| self.admin())
+    }
+
+    /// A member at `address` in state `admin` is removed: its state is
+    /// kept for its return when the operator set it apart from the name's.
+    pub fn remember(&self, address: SocketAddr, admin: AdminState) {
+        if admin == self.admin() {
+            return;
+        }
+        if let Ok(mut said) = self.said_of_gone.lock() {
+            said.insert(address, admin);
+        }
+    }
+
+    /// What [`Self::remember`] holds, for the next generation.
+    pub fn remembered(&self) -> Vec<(SocketAddr, AdminState)> {
+        let said = self.said_of_gone.lock();
+        said.map(|s| s.iter().map(|(a, s)| (*a, *s)).collect())
+            .unwrap_or_default()
     }
 
     /// Keeps a good answer; says whether it ends a run of failures.

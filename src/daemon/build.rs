@@ -437,8 +437,16 @@ pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
                 .backends
                 .iter()
                 .find(|b| b.name == c.name && b.address.to_string() == c.address);
-            if let Some(backend) = backend {
-                backend.adopt(admin, c.healthy);
+            match (backend, c.address.parse()) {
+                (Some(backend), _) => backend.adopt(admin, c.healthy),
+                // A DNS member whose address is not in the answer now:
+                // its state waits for the address.
+                (None, Ok(address)) => {
+                    if let Some(named) = p.named.iter().find(|n| n.name == c.name) {
+                        named.remember(address, admin);
+                    }
+                }
+                (None, Err(_)) => {}
             }
         }
     }
@@ -503,7 +511,26 @@ pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
             healthy: b.has_verdict().then(|| b.is_healthy()),
         })
         .chain(names)
+        .chain(remembered(pools))
         .collect()
+}
+
+/// What the operator said of DNS members whose address is gone (see
+/// `Named::remember`), carried as members are: by name and address.
+fn remembered(pools: &[Arc<Pool>]) -> impl Iterator<Item = BackendCarry> + '_ {
+    pools.iter().flat_map(|p| {
+        p.named.iter().flat_map(|n| {
+            n.remembered()
+                .into_iter()
+                .map(|(address, admin)| BackendCarry {
+                    pool: p.name.clone(),
+                    name: n.name.clone(),
+                    address: address.to_string(),
+                    admin: carried(admin),
+                    healthy: None,
+                })
+        })
+    })
 }
 
 /// The names `config` gives listeners, pools and backends, which inherited
