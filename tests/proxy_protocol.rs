@@ -33,9 +33,10 @@ fn v2_header(source: SocketAddr, destination: SocketAddr) -> Vec<u8> {
     h
 }
 
-fn v2_local() -> Vec<u8> {
+/// LOCAL naming `family` with no address block (the family is ignored).
+fn v2_local(family: u8) -> Vec<u8> {
     let mut h = V2_SIGNATURE.to_vec();
-    h.extend_from_slice(&[0x20, 0x00, 0, 0]);
+    h.extend_from_slice(&[0x20, family, 0, 0]);
     h
 }
 
@@ -86,9 +87,12 @@ async fn a_trusted_header_names_the_client() {
         let seen = exchange(web, &first, ASK_HEADERS).await;
         assert!(seen.contains("x-forwarded-for: 203.0.113.7\n"), "{seen}");
     }
-    // LOCAL (the balancer's own health check): the socket's own address.
-    let seen = exchange(web, &v2_local(), ASK_HEADERS).await;
-    assert!(seen.contains("x-forwarded-for: 127.0.0.1\n"), "{seen}");
+    // LOCAL (the balancer's own health check): the socket's own address,
+    // also when it names a family and sends no addresses.
+    for family in [0x00, 0x11] {
+        let seen = exchange(web, &v2_local(family), ASK_HEADERS).await;
+        assert!(seen.contains("x-forwarded-for: 127.0.0.1\n"), "{seen}");
+    }
     // A header split across segments is waited for, not misread.
     let mut s = TcpStream::connect(web).await.expect("connect");
     let header = v2_header(told, web);
@@ -98,7 +102,7 @@ async fn a_trusted_header_names_the_client() {
     s.write_all(ASK_HEADERS).await.expect("write");
     let seen = client::read_until_closed(&mut s).await;
     assert!(seen.contains("x-forwarded-for: 203.0.113.7\n"), "{seen}");
-    assert_eq!(backend.hits(), 4);
+    assert_eq!(backend.hits(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -132,7 +132,21 @@ impl std::str::FromStr for Cidr {
                 .filter(|p| *p <= width)
                 .ok_or_else(|| format!("\"{text}\": the prefix length must be 0 to {width}"))?,
         };
-        Ok(Cidr { network, prefix })
+        // An IPv4-mapped block (`::ffff:10.0.0.0/104`, as peers of a
+        // dual-stack socket print) is its IPv4 block: peers are matched in
+        // their IPv4 form, so kept as IPv6 it would never match.
+        match network.to_canonical() {
+            IpAddr::V4(v4) if network.is_ipv6() => match prefix.checked_sub(96) {
+                Some(prefix) => Ok(Cidr {
+                    network: IpAddr::V4(v4),
+                    prefix,
+                }),
+                None => Err(format!(
+                    "\"{text}\": an IPv4-mapped block needs a prefix of at least 96 (or write it as IPv4)"
+                )),
+            },
+            _ => Ok(Cidr { network, prefix }),
+        }
     }
 }
 
@@ -164,11 +178,23 @@ mod tests {
         assert!(cidr("::/0").contains(ip("2001:db8::1")));
         assert!(cidr("127.0.0.1").contains(ip("127.0.0.1")));
         assert!(!cidr("127.0.0.1").contains(ip("127.0.0.2")));
+        // IPv4-mapped blocks are their IPv4 blocks.
+        assert!(cidr("::ffff:10.0.0.0/104").contains(ip("10.9.8.7")));
+        assert!(cidr("::ffff:127.0.0.1").contains(ip("127.0.0.1")));
+        assert!(!cidr("::ffff:10.0.0.0/104").contains(ip("11.0.0.1")));
+        assert_eq!(cidr("::ffff:10.0.0.0/104").to_string(), "10.0.0.0/8");
     }
 
     #[test]
     fn bad_blocks_are_refused_with_the_reason() {
-        for bad in ["10.0.0.0/33", "::/129", "example.com/8", "10.0.0.0/x", ""] {
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "example.com/8",
+            "10.0.0.0/x",
+            "",
+            "::ffff:10.0.0.0/95",
+        ] {
             assert!(bad.parse::<Cidr>().is_err(), "{bad}");
         }
         assert_eq!(cidr("10.1.0.0/16").to_string(), "10.1.0.0/16");

@@ -16,6 +16,8 @@ use super::{Accept, Origin, ReceiveSettings};
 const V2_SIGNATURE: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
 /// A v2 header's fixed part: signature, version and command, family, length.
 const V2_FIXED: usize = 16;
+/// A v2 header's version-and-command byte for LOCAL.
+const V2_LOCAL: u8 = 0x20;
 /// The largest v2 header baton takes, TLVs included (senders' TLVs run to
 /// a few hundred bytes; the format allows 64 KiB).
 const V2_MAX: usize = 4096;
@@ -121,6 +123,12 @@ pub fn decode(header: &[u8], accept: Accept) -> Result<Option<(SocketAddr, Socke
     if header.starts_with(V2_SIGNATURE) {
         if accept == Accept::V1 {
             return Err(Refusal::Version);
+        }
+        // LOCAL (version 2, command 0): its address block is skipped
+        // whatever family it names, as the spec asks of receivers and
+        // HAProxy does; `ppp` refuses one shorter than the family's.
+        if header.get(V2_SIGNATURE.len()) == Some(&V2_LOCAL) {
+            return Ok(None);
         }
         let parsed = v2::Header::try_from(header).map_err(|_| Refusal::Malformed)?;
         if parsed.header.len() != header.len() {
@@ -356,6 +364,11 @@ mod tests {
     fn local_and_unknown_keep_the_socket_addresses() {
         assert_eq!(decode(&v2(0, 0x00, &[]), Accept::Any), Ok(None));
         assert_eq!(decode(&v2(0, 0x11, V4_BODY), Accept::Any), Ok(None));
+        // LOCAL's family is ignored, and its block may be shorter than the
+        // family's (or absent): HAProxy takes these as well.
+        assert_eq!(decode(&v2(0, 0x11, &[]), Accept::Any), Ok(None));
+        assert_eq!(decode(&v2(0, 0x21, &V4_BODY[..4]), Accept::Any), Ok(None));
+        assert_eq!(decode(&v2(0, 0x11, &[]), Accept::V1), Err(Refusal::Version));
         assert_eq!(decode(b"PROXY UNKNOWN\r\n", Accept::Any), Ok(None));
     }
 
