@@ -153,9 +153,16 @@ const MAX_FILE: u64 = 8 << 20;
 
 /// A regular file's bytes, at most `MAX_FILE`: a config naming a device
 /// or a FIFO (`/dev/zero`) gets an error, not a load that never ends.
+/// Opened without blocking: opening a FIFO no one writes to waits for a
+/// writer (a `baton check` or a reload that hangs) before any check.
 fn read_file(path: &Path) -> Result<Vec<u8>, Reason> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(Reason::Read)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(Reason::Read)?;
     if !file.metadata().map_err(Reason::Read)?.is_file() {
         return Err(Reason::NotAFile);
     }
@@ -485,6 +492,22 @@ mod tests {
         assert!(
             problems[1].to_string().starts_with("is not a regular file"),
             "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_fifo_nobody_writes_to_is_refused_at_once() {
+        let pki = Pki::new();
+        let fifo = pki.dir.path().join("a.key");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR).expect("mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(super::read_file(&fifo).map(|_| ()));
+        });
+        let read = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert!(
+            matches!(read, Ok(Err(super::Reason::NotAFile))),
+            "{read:?}"
         );
     }
 
