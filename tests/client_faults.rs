@@ -84,6 +84,34 @@ async fn a_slow_upload_outlives_the_header_timeout() {
     assert!(String::from_utf8_lossy(&body).contains("received 25") || body.is_empty());
 }
 
+/// A CRLF after a POST's body (some old clients send one; RFC 9112 §2.2
+/// has servers ignore it) does not start the header clock: the connection
+/// waits for its next request under `idle_timeout`, not a 408 at
+/// `header_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_line_between_requests_is_ignored() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "header_timeout = \"1s\"\nidle_timeout = \"10s\"").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi\r\n")
+        .await
+        .expect("request");
+    let (head, _) = read_head(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    s.write_all(b"GET /next HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("next request");
+    let reply = read_until_closed(&mut s).await;
+    assert!(!reply.contains("408"), "{reply}");
+    assert!(
+        reply.contains(&HttpBackend::body_for("a", "/next")),
+        "{reply}"
+    );
+}
+
 /// A client that waits for `100 Continue` before its body (curl does, for
 /// bodies over 1 MiB) gets it: baton reads the body's first chunk before it
 /// picks a backend, and reading is what makes the server say 100.

@@ -505,10 +505,7 @@ mod tests {
             let _ = tx.send(super::read_file(&fifo).map(|_| ()));
         });
         let read = rx.recv_timeout(std::time::Duration::from_secs(10));
-        assert!(
-            matches!(read, Ok(Err(super::Reason::NotAFile))),
-            "{read:?}"
-        );
+        assert!(matches!(read, Ok(Err(super::Reason::NotAFile))), "{read:?}");
     }
 
     #[test]

@@ -158,6 +158,7 @@ async fn next_head<S: ByteStream>(
     let mut head_since = opened;
     let mut prompted = false;
     loop {
+        drop_empty_lines(&mut client.buf);
         if !client.buf.is_empty() {
             head_since.get_or_insert_with(Instant::now);
             match head::parse_request(&client.buf) {
@@ -199,6 +200,27 @@ async fn next_head<S: ByteStream>(
                 return Next::Done;
             }
         }
+    }
+}
+
+/// Drops empty lines before a request line (RFC 9112 §2.2: a server
+/// ignores them; some clients send a CRLF after a POST's body). Left in,
+/// they started the header clock on a connection waiting for its next
+/// request (a 408 at `header_timeout` instead of a quiet close at
+/// `idle_timeout`) and kept it from counting as idle in a drain. A lone CR
+/// waits for its LF.
+fn drop_empty_lines(buf: &mut BytesMut) {
+    let mut empty = 0;
+    loop {
+        match buf.get(empty..) {
+            Some([b'\r', b'\n', ..]) => empty += 2,
+            Some([b'\n', ..]) => empty += 1,
+            _ => break,
+        }
+    }
+    if empty > 0 {
+        buf.advance(empty);
+        release_if_empty(buf);
     }
 }
 
