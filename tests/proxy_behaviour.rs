@@ -108,9 +108,12 @@ async fn headers_seen(listener_keys: &str, request: &str) -> String {
     raw(baton.addr("web"), request.as_bytes()).await
 }
 
-/// With an underscore spelling of X-Forwarded-For, which a CGI-style
-/// backend reads as the same field.
-const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nConnection: close\r\n\r\n";
+/// With underscore spellings of the fields baton writes, which a
+/// CGI-style backend reads as those fields.
+const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nX_Forwarded_Proto: gopher\r\nX_Request_Id: forged\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nConnection: close\r\n\r\n";
+
+/// What baton writes itself, spelled with `_`: never reaches a backend.
+const UNDERSCORED_OWN: [&str; 3] = ["forged", "content_length", "transfer_encoding"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_headers_follow_the_listener_mode() {
@@ -128,10 +131,45 @@ async fn forwarding_headers_follow_the_listener_mode() {
         appended.contains("x-forwarded-for: 6.6.6.6, 7.7.7.7, 127.0.0.1\n"),
         "{appended}"
     );
+    for spoof in ["8.8.8.8", "gopher"] {
+        assert!(!appended.contains(spoof), "{spoof} survived: {appended}");
+    }
     let off = headers_seen("forwarded = \"off\"", SPOOFED).await;
     assert!(off.contains("x-forwarded-for: 6.6.6.6\n"), "{off}");
     assert!(off.contains("x-forwarded-proto: https\n"), "{off}");
     assert!(!off.contains("127.0.0.1"), "{off}");
+    for seen in [&replaced, &appended, &off] {
+        for own in UNDERSCORED_OWN {
+            assert!(!seen.contains(own), "{own} survived: {seen}");
+        }
+    }
+}
+
+/// The same for an h2 client's request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn underscore_spellings_of_what_baton_writes_never_reach_a_backend_from_h2() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", "forwarded = \"append\"")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let mut sender = client::h2(baton.addr("web")).await;
+    let req = hyper::Request::get(format!("http://{}/headers", baton.addr("web")))
+        .header("x_forwarded_for", "8.8.8.8")
+        .header("x_forwarded_proto", "gopher")
+        .header("x_request_id", "forged")
+        .header("content_length", "99")
+        .header("transfer_encoding", "chunked")
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    let resp = sender.send_request(req).await.expect("h2 response");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    let seen = String::from_utf8_lossy(&body);
+    assert!(seen.contains("x-forwarded-for: 127.0.0.1\n"), "{seen}");
+    for spoof in UNDERSCORED_OWN.iter().chain(&["8.8.8.8", "gopher"]) {
+        assert!(!seen.contains(spoof), "{spoof} survived: {seen}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

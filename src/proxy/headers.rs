@@ -43,18 +43,31 @@ pub const FORWARDING: &[&str] = &[
     "forwarded",
 ];
 
-/// Whether `name` is one of `FORWARDING`, also when spelled with `_` for
+/// Fields baton frames or sets itself whose `_` spellings it drops (the
+/// dashed ones it rewrites): a CGI-style backend would read
+/// `X_Request_Id` as the request id baton set, a forged one.
+pub const SET_BY_BATON: &[&str] = &["content-length", "transfer-encoding", "x-request-id"];
+
+/// Whether `name` is `known` (lower case), also when spelled with `_` for
 /// `-` (`X_Forwarded_For`): a CGI-style backend reads both as
 /// `HTTP_X_FORWARDED_FOR`, so what drops one must drop the other (nginx
 /// drops every name with an underscore by default).
+pub fn names_alike(known: &str, name: &[u8]) -> bool {
+    known.len() == name.len()
+        && known
+            .bytes()
+            .zip(name)
+            .all(|(k, &n)| k == n.to_ascii_lowercase() || (k == b'-' && n == b'_'))
+}
+
+/// Whether `name` is one of `FORWARDING`, in either spelling.
 pub fn is_forwarding(name: &[u8]) -> bool {
-    FORWARDING.iter().any(|known| {
-        known.len() == name.len()
-            && known
-                .bytes()
-                .zip(name)
-                .all(|(k, &n)| k == n.to_ascii_lowercase() || (k == b'-' && n == b'_'))
-    })
+    FORWARDING.iter().any(|known| names_alike(known, name))
+}
+
+/// Whether `name` is the `_` spelling of one of `SET_BY_BATON`.
+pub fn is_underscored_set_by_baton(name: &[u8]) -> bool {
+    name.contains(&b'_') && SET_BY_BATON.iter().any(|known| names_alike(known, name))
 }
 
 /// The `Host` a backend gets: an absolute-form target's authority wins over
@@ -110,15 +123,12 @@ pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Removes the fields `names` lists. Most requests carry none of them, and
-/// a `remove` parses and hashes its name each time, so the names present
-/// are looked for first, in one pass.
-/// Drops every `FORWARDING` field, underscore spellings included.
-fn remove_forwarding(headers: &mut HeaderMap) {
-    if headers.keys().any(|k| is_forwarding(k.as_str().as_bytes())) {
+/// Drops every field `matches` names (a look first: most requests have none).
+fn remove_matching(headers: &mut HeaderMap, matches: impl Fn(&[u8]) -> bool) {
+    if headers.keys().any(|k| matches(k.as_str().as_bytes())) {
         let named: Vec<HeaderName> = headers
             .keys()
-            .filter(|k| is_forwarding(k.as_str().as_bytes()))
+            .filter(|k| matches(k.as_str().as_bytes()))
             .cloned()
             .collect();
         for name in named {
@@ -127,6 +137,9 @@ fn remove_forwarding(headers: &mut HeaderMap) {
     }
 }
 
+/// Removes the fields `names` lists. Most requests carry none of them, and
+/// a `remove` parses and hashes its name each time, so the names present
+/// are looked for first, in one pass.
 fn remove_any(headers: &mut HeaderMap, names: &[&str]) {
     if headers.keys().any(|k| names.contains(&k.as_str())) {
         for name in names {
@@ -172,13 +185,21 @@ pub fn add_forwarding(
     proto: &'static str,
 ) {
     let xff = X_FORWARDED_FOR;
+    remove_matching(headers, is_underscored_set_by_baton);
     match mode {
         Forwarded::Off => {}
         Forwarded::Replace => {
-            remove_forwarding(headers);
+            remove_matching(headers, is_forwarding);
             headers.insert(xff, client.clone());
         }
         Forwarded::Append => {
+            // `_` spellings of the two fields baton writes: not chained.
+            remove_matching(headers, |name| {
+                name.contains(&b'_')
+                    && ["x-forwarded-for", "x-forwarded-proto"]
+                        .iter()
+                        .any(|known| names_alike(known, name))
+            });
             // Element by element, bytes as sent: as the HTTP/1 path joins.
             let mut chain = Vec::new();
             let hops = headers

@@ -44,7 +44,8 @@ pub enum Role {
     /// upgrade, http2-settings (trailer is NOT one: it is end-to-end), and any
     /// field named in a `Connection` token — except host, content-length,
     /// content-type, content-encoding, authorization, cookie, which a
-    /// Connection token cannot strip.
+    /// Connection token cannot strip. Also dropped on the way: the `_`
+    /// spellings of the fields baton frames or sets (`headers::SET_BY_BATON`).
     HopByHop,
     /// x-forwarded-for, x-forwarded-proto, x-forwarded-host, x-real-ip,
     /// forwarded, and their spellings with `_` (`headers::is_forwarding`).
@@ -452,7 +453,9 @@ fn connection_tokens<'a>(headers: &'a [httparse::Header<'a>]) -> impl Iterator<I
 /// a lowercased copy, against the lists the h2 path uses too, and only
 /// names of the same length (then the head's Connection tokens, if any).
 fn role(name: &str, tokens: &Tokens<'_>) -> Role {
-    use crate::proxy::headers::{is_forwarding, HOP_BY_HOP, NOT_STRIPPABLE};
+    use crate::proxy::headers::{
+        is_forwarding, is_underscored_set_by_baton, HOP_BY_HOP, NOT_STRIPPABLE,
+    };
     let is = |n: &str| n.len() == name.len() && name.eq_ignore_ascii_case(n);
     let fixed = if is("host") {
         Role::Host
@@ -464,6 +467,8 @@ fn role(name: &str, tokens: &Tokens<'_>) -> Role {
         Role::Forwarding
     } else if is("expect") {
         Role::Expect
+    } else if is_underscored_set_by_baton(name.as_bytes()) {
+        Role::HopByHop
     } else {
         Role::EndToEnd
     };

@@ -7,6 +7,7 @@ use bytes::{BufMut, BytesMut};
 
 use super::head::{Framing, RequestHead, ResponseHead, Role, Version};
 use crate::config::Forwarded;
+use crate::proxy::headers::names_alike;
 
 /// `Via` names the protocol of the message baton received (RFC 9110 §7.6.3).
 fn via(received: Version) -> &'static [u8] {
@@ -55,12 +56,15 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
             Role::Forwarding => match to.forwarded {
                 Forwarded::Off => true,
                 Forwarded::Replace => false,
+                // The `_` spellings of the two fields baton writes are
+                // dropped, not chained.
                 Forwarded::Append => {
                     if name.eq_ignore_ascii_case(b"x-forwarded-for") {
                         forwarded_for.push(value);
                         false
                     } else {
-                        !name.eq_ignore_ascii_case(b"x-forwarded-proto")
+                        !names_alike("x-forwarded-for", name)
+                            && !names_alike("x-forwarded-proto", name)
                     }
                 }
             },
