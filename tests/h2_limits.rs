@@ -196,6 +196,84 @@ async fn a_peer_that_never_answers_pings_is_cut_even_with_a_stream_open() {
     );
 }
 
+/// A request that crossed the GOAWAY an idle connection got (h2's first
+/// GOAWAY lets streams in until the client answers its PING) is served:
+/// the connection was cut a second after its GOAWAY, whatever was in
+/// flight, and a request sent just then was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_crossed_the_idle_goaway_is_answered() {
+    const HEADERS: u8 = 1;
+    let (_backend, baton) = baton_with("idle_timeout = \"1s\"").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(&[PREFACE, SETTINGS].concat())
+        .await
+        .expect("write");
+    let mut client = PingAnswerer::default();
+    while !client.seen(GOAWAY) {
+        assert!(client.read(&mut s).await, "closed before a GOAWAY");
+    }
+    // Sent as if before the GOAWAY came: the PING after it is answered
+    // after the request.
+    s.write_all(&get_headers("/slow/1500"))
+        .await
+        .expect("write");
+    client.past_goaway = true;
+    client.answer(&mut s).await;
+    while client.read(&mut s).await {}
+    assert!(client.seen(HEADERS), "the request was answered");
+}
+
+/// A client that reads frames as they come and answers the PINGs, as real
+/// clients do (baton's keep-alive closes a connection that does not);
+/// those after a GOAWAY only once `past_goaway`.
+#[derive(Default)]
+struct PingAnswerer {
+    bytes: Vec<u8>,
+    answered: usize,
+    past_goaway: bool,
+}
+
+impl PingAnswerer {
+    /// Reads what came, answering the PINGs in it; false once closed.
+    async fn read(&mut self, s: &mut TcpStream) -> bool {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(support::TIMEOUT, s.read(&mut buf))
+            .await
+            .expect("a frame or a close in time")
+            .unwrap_or(0);
+        self.bytes.extend_from_slice(&buf[..n]);
+        self.answer(s).await;
+        n > 0
+    }
+
+    async fn answer(&mut self, s: &mut TcpStream) {
+        const PING: u8 = 6;
+        let all = frames(&self.bytes);
+        let goaway = all.iter().position(|(k, _)| *k == GOAWAY);
+        let answerable = match goaway {
+            Some(at) if !self.past_goaway => &all[..at],
+            _ => &all[..],
+        };
+        let pings: Vec<&Vec<u8>> = answerable
+            .iter()
+            .filter(|(kind, payload)| *kind == PING && payload.len() == 8)
+            .map(|(_, payload)| payload)
+            .collect();
+        for payload in pings.iter().skip(self.answered) {
+            let mut ack = vec![0, 0, 8, PING, 1, 0, 0, 0, 0];
+            ack.extend_from_slice(payload);
+            let _ = s.write_all(&ack).await;
+        }
+        self.answered = self.answered.max(pings.len());
+    }
+
+    fn seen(&self, kind: u8) -> bool {
+        frames(&self.bytes).iter().any(|(k, _)| *k == kind)
+    }
+}
+
 /// A HEADERS frame (stream 1, END_STREAM | END_HEADERS) for `GET /` with
 /// a `host` field of `host` and no `:authority`.
 fn get_with_host(host: &[u8]) -> Vec<u8> {

@@ -273,6 +273,36 @@ async fn an_h2c_stream_completes_after_goaway() {
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
 }
 
+/// A response an h2c client is still taking when its stream ends is whole
+/// after a drain: the connection closed once h2 had written everything to
+/// the kernel, and with the client's frames unread (a real client sends
+/// WINDOW_UPDATEs and PINGs as it reads) the close was a reset, which
+/// threw away what the kernel still held for the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_response_still_being_read_is_whole_after_a_drain() {
+    const SIZE: usize = 4 << 20;
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let mut s = support::h2_raw::small_window_reader(baton.addr("web")).await;
+    s.write_all(&support::h2_raw::get(&format!("/bytes/{SIZE}")))
+        .await
+        .expect("request");
+    let mut got = vec![0u8; 4096];
+    s.read_exact(&mut got)
+        .await
+        .expect("the server's first frames");
+    signal(baton.first_pid, Signal::SIGTERM);
+    let ended = support::h2_raw::read_while_pinging(&mut s, &mut got, SIZE).await;
+    assert!(ended.is_ok(), "a close, not a reset: {ended:?}");
+    assert_eq!(support::h2_raw::data_of_stream_1(&got), SIZE);
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}
+
 /// An idle h2c connection whose client answers nothing (gone, or not
 /// reading a pooled connection it does not use) is closed once it has
 /// stayed idle through `keepalive_drain_grace` of the drain, as an idle

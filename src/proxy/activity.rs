@@ -1,6 +1,6 @@
 //! One h2c client connection's activity: streams in flight, since when it
-//! is idle (GOAWAY at `idle_timeout`), its opening clock, and whether the
-//! client takes the responses it is sent.
+//! is idle (GOAWAY at `idle_timeout`), its opening clock, whether the
+//! client takes the responses it is sent, and when bytes last went out.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,6 +30,11 @@ pub struct ConnState {
     frames_waiting: AtomicUsize,
     /// Nanoseconds since `origin`.
     delivery_moved_nanos: AtomicU64,
+    /// When bytes last went to the client's socket, nanoseconds since
+    /// `origin`: a stream is over for baton when its last frame is handed
+    /// to hyper, but h2 may hold that frame until the client's window
+    /// opens (see [`ConnState::done_and_quiet`]).
+    wrote_nanos: AtomicU64,
 }
 
 /// Marks a request in flight until the response body is done; the bool
@@ -98,6 +103,30 @@ impl ConnState {
             origin: Instant::now(),
             frames_waiting: AtomicUsize::new(0),
             delivery_moved_nanos: AtomicU64::new(0),
+            wrote_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes went to the client's socket now.
+    pub fn wrote(&self) {
+        let now = self.origin.elapsed().as_nanos() as u64;
+        self.wrote_nanos.store(now, Ordering::Relaxed);
+    }
+
+    /// Resolves once no request has been in flight and no byte has gone
+    /// out for `grace`: what h2 still held of a finished response went out
+    /// (or the client stopped opening its window for it). Closing before
+    /// that cut the response's tail, at every reload, for a client reading
+    /// slowly.
+    pub async fn done_and_quiet(&self, grace: Duration) {
+        loop {
+            self.idle_for(grace).await;
+            let wrote = Duration::from_nanos(self.wrote_nanos.load(Ordering::Relaxed));
+            let quiet = self.origin.elapsed().saturating_sub(wrote);
+            if quiet >= grace {
+                return;
+            }
+            tokio::time::sleep(grace - quiet).await;
         }
     }
 

@@ -8,6 +8,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,32 +47,65 @@ use crate::stream::ByteStream;
 /// at most.
 pub(super) const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 pub(super) const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long an idle h2 client has to close after GOAWAY.
+/// How long an idle h2 client has to close after GOAWAY (counted from the
+/// last byte baton wrote, with no stream open).
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
 /// The lead each stream's own stall clock (`delivery`) has over the
 /// connection's: a stall ends the streams it holds (each counted once),
 /// and the whole connection only if frames still wait after that.
 const STREAMS_FIRST: Duration = Duration::from_secs(1);
 
-/// Sleeps until `at`, or forever if there is none.
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Resolves once, the drain under way, the connection has had no stream
-/// open for `grace`, counted from the drain's start at the earliest (as an
-/// idle HTTP/1 connection is closed: a client idle for long may be sending
-/// its next request right now). h2's own graceful close waits for the
-/// client's answer to its PING, and a client that gives none (gone, or
-/// not reading an idle pooled connection) held the drain to its deadline,
-/// which then counted a forced close.
+/// open and written nothing for `grace`, counted from the drain's start at
+/// the earliest (as an idle HTTP/1 connection is closed: a client idle for
+/// long may be sending its next request right now). h2's own graceful
+/// close waits for the client's answer to its PING, and a client that
+/// gives none (gone, or not reading an idle pooled connection) held the
+/// drain to its deadline, which then counted a forced close.
 async fn idle_through_the_drain(drain: &DrainWatch, state: &ConnState, grace: Duration) {
     drain.draining().await;
     tokio::time::sleep(grace).await;
-    state.idle_for(grace).await;
+    state.done_and_quiet(grace).await;
+}
+
+/// How an h2 connection ended: whether what the client still sends is
+/// read before the socket closes (see [`linger`]).
+enum Ended {
+    /// The client has had everything baton wrote, or stopped taking it.
+    Well,
+    /// Cut: a client that stopped reading, or never opened.
+    Cut,
+}
+
+/// How long a closed h2 connection's socket keeps reading what the client
+/// sends while it takes its last responses: until a second passes without
+/// a byte, five at most.
+const LINGER_SILENCE: Duration = Duration::from_secs(1);
+const LINGER_MAX: Duration = Duration::from_secs(5);
+
+/// Closes the socket of an h2 connection that ended well: its write side
+/// first (after all baton wrote), then what the client still sends
+/// (WINDOW_UPDATEs and PING answers while it reads its last responses) is
+/// read and dropped until it closes or falls silent. Closed with those
+/// bytes unread, the socket would make the kernel reset the connection,
+/// which discards what the client has not read yet: a response's tail, cut
+/// at a reload. (hyper keeps the stream it is given; `socket` is a
+/// duplicate of its descriptor.)
+async fn linger(socket: std::os::fd::OwnedFd) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut socket) = tokio::net::TcpStream::from_std(std::net::TcpStream::from(socket)) else {
+        return;
+    };
+    let _ = socket.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(LINGER_MAX, async {
+        while let Ok(Ok(n)) = tokio::time::timeout(LINGER_SILENCE, socket.read(&mut sink)).await {
+            if n == 0 {
+                return;
+            }
+        }
+    })
+    .await;
 }
 
 /// A request body ready to go upstream.
@@ -116,56 +150,67 @@ impl HttpProxy {
                 async move { Ok::<_, Infallible>(proxy.handle(req, &client, state, drain).await) }
             })
         };
-        let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state.opening)));
-        let conn = self.h2_server(&drain, peer).serve_connection(io, service);
-        tokio::pin!(conn);
-        let idle_in_drain = idle_through_the_drain(&drain, &state, self.keepalive_drain_grace);
-        tokio::pin!(idle_in_drain);
-        let mut closing = false;
-        let mut cut_at: Option<Instant> = None;
-        loop {
-            tokio::select! {
-                result = conn.as_mut() => {
-                    if let Err(err) = result {
-                        tracing::debug!(listener = %self.listener, client = %peer, cause = %err, "client connection ended with an error");
+        let socket = stream.tcp().as_fd().try_clone_to_owned();
+        let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state)));
+        let ended = {
+            let conn = self.h2_server(&drain, peer).serve_connection(io, service);
+            tokio::pin!(conn);
+            let idle_in_drain = idle_through_the_drain(&drain, &state, self.keepalive_drain_grace);
+            tokio::pin!(idle_in_drain);
+            let mut closing = false;
+            let mut idle_goaway = false;
+            loop {
+                tokio::select! {
+                    result = conn.as_mut() => {
+                        match result {
+                            Ok(()) => break Ended::Well,
+                            Err(err) => {
+                                tracing::debug!(listener = %self.listener, client = %peer, cause = %err, "client connection ended with an error");
+                                break Ended::Cut;
+                            }
+                        }
                     }
-                    return;
-                }
-                () = drain.draining(), if !closing => {
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
-                }
-                () = state.stalled_reader(self.idle_timeout + STREAMS_FIRST) => {
-                    if crate::telemetry::client_fault() {
-                        tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout (and a second for its streams' own clocks); closing");
+                    () = drain.draining(), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
                     }
-                    metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
-                    return;
-                }
-                () = state.opening.overdue(self.header_timeout) => {
-                    if crate::telemetry::client_fault() {
-                        tracing::info!(listener = %self.listener, client = %peer, "no h2 preface and SETTINGS within header_timeout; closing");
+                    () = state.stalled_reader(self.idle_timeout + STREAMS_FIRST) => {
+                        if crate::telemetry::client_fault() {
+                            tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout (and a second for its streams' own clocks); closing");
+                        }
+                        metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
+                        break Ended::Cut;
                     }
-                    return;
-                }
-                () = state.idle_for(self.idle_timeout), if !closing => {
-                    tracing::debug!(listener = %self.listener, client = %peer, "h2 connection without a stream for idle_timeout; GOAWAY");
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
-                    // h2's graceful close waits for the client's PING answer:
-                    // an idle client that gives none is cut.
-                    cut_at = Some(Instant::now() + H2_GOAWAY_GRACE);
-                }
-                () = sleep_until_some(cut_at) => {
-                    tracing::debug!(listener = %self.listener, client = %peer, "h2 client did not close after GOAWAY; closing");
-                    return;
-                }
-                () = &mut idle_in_drain => {
-                    tracing::debug!(listener = %self.listener, client = %peer, expected = true, "h2 connection idle through the drain's grace; closing");
-                    drain.closed_idle();
-                    return;
+                    () = state.opening.overdue(self.header_timeout) => {
+                        if crate::telemetry::client_fault() {
+                            tracing::info!(listener = %self.listener, client = %peer, "no h2 preface and SETTINGS within header_timeout; closing");
+                        }
+                        break Ended::Cut;
+                    }
+                    () = state.idle_for(self.idle_timeout), if !closing => {
+                        tracing::debug!(listener = %self.listener, client = %peer, "h2 connection without a stream for idle_timeout; GOAWAY");
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                        idle_goaway = true;
+                    }
+                    // h2's graceful close waits for the client's PING
+                    // answer: an idle client that gives none is closed, but
+                    // not under a request that crossed the GOAWAY, nor
+                    // before what was written for it went out.
+                    () = state.done_and_quiet(H2_GOAWAY_GRACE), if idle_goaway => {
+                        tracing::debug!(listener = %self.listener, client = %peer, "h2 client did not close after GOAWAY; closing");
+                        break Ended::Well;
+                    }
+                    () = &mut idle_in_drain => {
+                        tracing::debug!(listener = %self.listener, client = %peer, expected = true, "h2 connection idle through the drain's grace; closing");
+                        drain.closed_idle();
+                        break Ended::Well;
+                    }
                 }
             }
+        };
+        if let (Ended::Well, Ok(socket)) = (ended, socket) {
+            linger(socket).await;
         }
     }
 

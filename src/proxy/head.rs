@@ -1,7 +1,8 @@
 //! An h2c connection's opening clock (slowloris on h2): its preface and
 //! first SETTINGS frame must be in within `header_timeout`, else it is
 //! closed. After that its idleness is the proxy's business. (HTTP/1 heads
-//! have their own clocks in `h1::conn`.)
+//! have their own clocks in `h1::conn`.) The stream also tells the
+//! connection when it last wrote (see `activity`).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
+
+use super::activity::ConnState;
 
 /// Runs from the connection's start until its opening is in.
 pub struct OpeningClock {
@@ -46,13 +49,14 @@ impl OpeningClock {
     }
 }
 
-/// The client's stream, telling the clock when the opening is in.
+/// The client's stream, telling the connection's state when the opening
+/// is in and when bytes went out.
 pub struct Watched<S> {
     inner: S,
     /// Bytes read before hyper took over (to tell h2 from HTTP/1), given
     /// to hyper first.
     prefix: Vec<u8>,
-    clock: Arc<OpeningClock>,
+    state: Arc<ConnState>,
     opening: Opening,
 }
 
@@ -73,11 +77,11 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
 
 impl<S> Watched<S> {
-    pub fn new(inner: S, prefix: Vec<u8>, clock: Arc<OpeningClock>) -> Watched<S> {
+    pub fn new(inner: S, prefix: Vec<u8>, state: Arc<ConnState>) -> Watched<S> {
         Watched {
             inner,
             prefix,
-            clock,
+            state,
             opening: Opening::Sniffing(Vec::new()),
         }
     }
@@ -96,7 +100,7 @@ impl<S> Watched<S> {
                     let compared = seen.len().min(PREFACE.len());
                     if seen[..compared] != PREFACE[..compared] {
                         // Not h2 after all: hyper refuses it.
-                        self.clock.done();
+                        self.state.opening.done();
                         Opening::Known
                     } else if seen.len() < want {
                         return;
@@ -112,16 +116,26 @@ impl<S> Watched<S> {
                     if *left > 0 {
                         return;
                     }
-                    self.clock.done();
+                    self.state.opening.done();
                     Opening::Known
                 }
             };
             self.opening = next;
         }
         if let Opening::Settings(0) = self.opening {
-            self.clock.done();
+            self.state.opening.done();
             self.opening = Opening::Known;
         }
+    }
+}
+
+impl<S> Watched<S> {
+    /// Tells the connection's state that bytes went out.
+    fn noted(&self, written: Poll<std::io::Result<usize>>) -> Poll<std::io::Result<usize>> {
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.state.wrote();
+        }
+        written
     }
 }
 
@@ -157,7 +171,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, data)
+        let written = Pin::new(&mut self.inner).poll_write(cx, data);
+        self.noted(written)
     }
 
     fn poll_write_vectored(
@@ -165,7 +180,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.noted(written)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod client;
 pub mod daemon;
 pub mod dns;
+pub mod h2_raw;
 pub mod in_process;
 pub mod load;
 pub mod proxied;

@@ -1,0 +1,95 @@
+//! An h2c client written frame by frame, for what hyper's client does not
+//! let a test do: take a response at the TCP level slowly while sending
+//! frames of its own, as a real client on a slow link does.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0;
+const PING: u8 = 6;
+/// The largest flow-control window h2 allows.
+const MAX_WINDOW: u32 = (1 << 31) - 1;
+
+/// A frame of `kind` on `stream` with `flags` and `payload`.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.push(kind);
+    f.push(flags);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Connected to `addr` with a 16 KiB receive buffer, h2 opened with the
+/// largest windows: flow control never holds the server back, the socket
+/// does (the client's pace is the kernel's).
+pub async fn small_window_reader(addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(16 << 10).expect("SO_RCVBUF");
+    let mut s = socket.connect(addr).await.expect("connect");
+    let mut settings = 4u16.to_be_bytes().to_vec();
+    settings.extend_from_slice(&MAX_WINDOW.to_be_bytes());
+    let opening = [
+        PREFACE.to_vec(),
+        frame(4, 0, 0, &settings),
+        frame(8, 0, 0, &(MAX_WINDOW - 65_535).to_be_bytes()),
+    ]
+    .concat();
+    s.write_all(&opening).await.expect("opening");
+    s
+}
+
+/// HEADERS for `GET path` on stream 1 (END_STREAM | END_HEADERS),
+/// HPACK-coded with the static table and literals.
+pub fn get(path: &str) -> Vec<u8> {
+    let mut block = vec![0x82, 0x86, 0x44, path.len() as u8];
+    block.extend_from_slice(path.as_bytes());
+    block.extend_from_slice(&[0x41, 1, b'x']);
+    frame(1, 0x5, 1, &block)
+}
+
+/// Reads into `got` 16 KiB at a time, a little slower than loopback
+/// carries it, sending a PING after each read until `size` bytes of stream
+/// 1's data are in (the frames a client sends while it takes a response),
+/// until the server closes: `Ok` at its FIN, the error if the connection
+/// was reset.
+pub async fn read_while_pinging(
+    s: &mut TcpStream,
+    got: &mut Vec<u8>,
+    size: usize,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = tokio::time::timeout(super::TIMEOUT, s.read(&mut buf))
+            .await
+            .map_err(|_| std::io::Error::other("no byte and no close in time"))??;
+        if n == 0 {
+            return Ok(());
+        }
+        got.extend_from_slice(&buf[..n]);
+        if data_of_stream_1(got) < size {
+            s.write_all(&frame(PING, 0, 0, &[0; 8])).await?;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// The DATA payload bytes on stream 1 in `bytes` (a server's frames,
+/// from its SETTINGS on).
+pub fn data_of_stream_1(mut bytes: &[u8]) -> usize {
+    let mut total = 0;
+    while bytes.len() >= 9 {
+        let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
+        let stream = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & MAX_WINDOW;
+        let end = (9 + len).min(bytes.len());
+        if bytes[3] == DATA && stream == 1 {
+            total += end - 9;
+        }
+        bytes = &bytes[end..];
+    }
+    total
+}
