@@ -55,6 +55,15 @@ impl RequestId {
         }
     }
 
+    /// The id's bytes, without the UTF-8 check `as_str` makes: what goes
+    /// into a request head, once an exchange.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            RequestId::Made { text, len } => &text[..usize::from(*len)],
+            RequestId::Sent(id) => id.as_bytes(),
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         match self {
             // Hex digits and `-`: always UTF-8.

@@ -357,7 +357,7 @@ async fn attempt<S: ByteStream>(
         forwarded: proxy.forwarded,
         proto: proxy.proto,
         backend_authority: backend.authority.as_str(),
-        request_id: &request.trace.request_id,
+        request_id: request.trace.request_id.as_bytes(),
     };
     rewrite::request(head, &to, &mut out);
     out.put_slice(&body.framed);

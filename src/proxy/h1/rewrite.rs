@@ -28,7 +28,7 @@ pub struct Outbound<'a> {
     pub backend_authority: &'a str,
     /// The exchange's id, sent as `X-Request-Id` (the client's own where
     /// the listener kept it).
-    pub request_id: &'a str,
+    pub request_id: &'a [u8],
 }
 
 /// The request a backend gets: origin-form target, HTTP/1.1, the client's
@@ -79,7 +79,7 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
         None => {}
     }
     put_forwarding(to, &forwarded_for, out);
-    put_field(b"x-request-id", to.request_id.as_bytes(), out);
+    put_field(b"x-request-id", to.request_id, out);
     out.put_slice(via(head.version));
     match head.framing {
         Framing::Length(n) => put_length(n, out),

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::backend::idle::{still_open, IDLE_LIMIT};
 use crate::backend::stream::{holds_nothing_back, BackendStream};
 use crate::backend::Backend;
+use crate::proxy::request_id::RequestId;
 use crate::proxy::ProxyError;
 use crate::proxy_protocol::send::Speaker;
 use crate::stream::ByteStream;
@@ -40,7 +41,7 @@ pub async fn connection<S: ByteStream>(
     backend: &Backend,
     fresh_only: bool,
     connect_timeout: std::time::Duration,
-    request_id: &str,
+    request_id: &RequestId,
 ) -> Result<Upstream, ProxyError> {
     if let (false, Some(_)) = (fresh_only, backend.send_proxy) {
         let kept = client
@@ -51,9 +52,9 @@ pub async fn connection<S: ByteStream>(
             return Ok(Upstream::kept(kept.stream));
         }
     }
-    let header = backend
-        .send_proxy
-        .map(|version| Speaker::of(&client.stream, client.origin).header(version, request_id));
+    let header = backend.send_proxy.map(|version| {
+        Speaker::of(&client.stream, client.origin).header(version, request_id.as_str())
+    });
     open(backend, header.as_deref(), fresh_only, connect_timeout).await
 }
 
