@@ -63,6 +63,37 @@ async fn peak_rss_during<F: std::future::Future<Output = ()>>(pid: u32, work: F)
     peak.load(Ordering::Relaxed).max(rss_kib(pid))
 }
 
+/// An h2c client that opens its windows wide, asks for large responses on
+/// every stream it may open, and never reads does not make baton hold
+/// much for it: h2 buffers a stream's response only up to a small bound
+/// once the socket is full (hyper's default, 400 KiB a stream, let three
+/// such connections pin over 100 MiB until the stall clock ran out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_client_that_never_reads_pins_little_memory() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "").await;
+    let web = baton.addr("web");
+    let before = rss_kib(baton.first_pid);
+    let mut clients = Vec::new();
+    let peak = peak_rss_during(baton.first_pid, async {
+        for _ in 0..3 {
+            let mut s = support::h2_raw::small_window_reader(web).await;
+            let streams: Vec<u8> = (0..100)
+                .flat_map(|i| support::h2_raw::get_on(2 * i + 1, "/bytes/10000000"))
+                .collect();
+            s.write_all(&streams).await.expect("requests");
+            clients.push(s);
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    })
+    .await;
+    let grew_mib = peak.saturating_sub(before) / 1024;
+    assert!(
+        grew_mib < 48,
+        "RSS grew {grew_mib} MiB for 300 unread streams"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_upload_outlives_the_header_timeout() {
     let backend = HttpBackend::start("a").await;

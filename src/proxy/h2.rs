@@ -47,6 +47,9 @@ use crate::stream::ByteStream;
 /// at most.
 pub(super) const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 pub(super) const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+/// What h2 buffers of one stream's response beyond what the socket took:
+/// two of its largest frames (HAProxy holds one 16 KiB buffer a stream).
+const H2_SEND_BUFFER: usize = 32 * 1024;
 /// How long an idle h2 client has to close after GOAWAY (counted from the
 /// last byte baton wrote, with no stream open).
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
@@ -233,6 +236,10 @@ impl HttpProxy {
         server
             .timer(TokioTimer::new())
             .max_concurrent_streams(self.h2.max_streams)
+            // What h2 holds of a stream's response once the socket is full
+            // (hyper's default, 400 KiB, let a client that opens its
+            // windows and never reads pin 40 MiB a connection).
+            .max_send_buf_size(H2_SEND_BUFFER)
             // An HTTP/1 head's bound (h2 counts 32 bytes more a field).
             .max_header_list_size(MAX_HEAD as u32)
             .keep_alive_interval(self.h2.ping_interval)

@@ -46,10 +46,15 @@ pub async fn small_window_reader(addr: SocketAddr) -> TcpStream {
 /// HEADERS for `GET path` on stream 1 (END_STREAM | END_HEADERS),
 /// HPACK-coded with the static table and literals.
 pub fn get(path: &str) -> Vec<u8> {
+    get_on(1, path)
+}
+
+/// The same on `stream` (odd: a client's).
+pub fn get_on(stream: u32, path: &str) -> Vec<u8> {
     let mut block = vec![0x82, 0x86, 0x44, path.len() as u8];
     block.extend_from_slice(path.as_bytes());
     block.extend_from_slice(&[0x41, 1, b'x']);
-    frame(1, 0x5, 1, &block)
+    frame(1, 0x5, stream, &block)
 }
 
 /// Reads into `got` 16 KiB at a time, a little slower than loopback
