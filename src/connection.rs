@@ -161,6 +161,7 @@ impl Proxy {
                     pool: Arc::clone(&pools[l.pool]),
                     connect_timeout: l.connect_timeout,
                     tunnel_timeout: l.tunnel_timeout,
+                    half_closed_timeout: l.idle_timeout,
                     access_log,
                 }))
             }

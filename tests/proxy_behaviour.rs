@@ -30,6 +30,44 @@ async fn tcp_half_close_still_gets_the_reply() {
     assert_eq!(read_until_closed(&mut s).await, "ping before FIN");
 }
 
+/// A backend that says `hi` and closes.
+async fn greeter() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let serving = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.write_all(b"hi").await;
+        }
+    });
+    (addr, serving)
+}
+
+/// Once the backend closed, a client that keeps its half open (a pooled
+/// socket left in CLOSE_WAIT) has the listener's `idle_timeout` of silence,
+/// not `tunnel_timeout` (an hour): it held the backend's only place that
+/// long, and the next client waited in line for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_tcp_tunnel_gives_its_place_back_at_idle_timeout() {
+    let (greets, _serving) = greeter().await;
+    let spec = Spec::new()
+        .listener("raw", "tcp", "b", "idle_timeout = \"1s\"")
+        .pool_with(
+            "b",
+            "max_connections_per_backend = 1\nqueue_timeout = \"5s\"",
+            &[(greets, 1)],
+        );
+    let baton = Baton::start(spec).await;
+    let raw = baton.addr("raw");
+    let mut first = TcpStream::connect(raw).await.expect("connect");
+    assert_eq!(read_until_closed(&mut first).await, "hi");
+    // `first` stays open, its half never closed.
+    let mut second = TcpStream::connect(raw).await.expect("connect");
+    assert_eq!(read_until_closed(&mut second).await, "hi");
+    drop(first);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_stream_carries_megabytes_both_ways_intact() {
     let echo = TcpEcho::start().await;

@@ -2,6 +2,8 @@
 //! or an upgraded HTTP connection with no traffic either way for
 //! `tunnel_timeout` is closed, so a vanished peer (NAT expiry, a client
 //! that lost power) does not hold a connection slot and two fds forever.
+//! Once one side has closed its half, a shorter limit may apply (HAProxy's
+//! `timeout client-fin`/`server-fin`).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, ReadBuf};
+use tokio::sync::Notify;
 
 /// Checks per `tunnel_timeout`: a quiet connection is closed after between
 /// one and one and a quarter of it.
@@ -21,11 +24,40 @@ const CHECKS: u32 = 4;
 #[derive(Default)]
 pub struct Activity {
     moved: AtomicBool,
+    /// One side closed its half (its EOF was passed on).
+    half_closed: AtomicBool,
+    closed_half: Notify,
 }
 
 impl Activity {
     pub fn touch(&self) {
         self.moved.store(true, Ordering::Relaxed);
+    }
+
+    /// One side closed its half: from now on [`Self::idle_for_or`]'s
+    /// shorter limit applies.
+    pub fn close_half(&self) {
+        self.half_closed.store(true, Ordering::Relaxed);
+        self.closed_half.notify_waiters();
+    }
+
+    /// Resolves once nothing moved for `limit`, or for `half_limit` once a
+    /// side has closed its half (give or take a quarter): a backend that
+    /// closed leaves its client's half-open socket holding the backend's
+    /// place (`max_connections_per_backend`) and a drain, for `limit` (an
+    /// hour by default), when the client never closes its side (pooled
+    /// sockets left in CLOSE_WAIT).
+    pub async fn idle_for_or(&self, limit: Duration, half_limit: Duration) {
+        let closed_half = self.closed_half.notified();
+        tokio::pin!(closed_half);
+        closed_half.as_mut().enable();
+        if !self.half_closed.load(Ordering::Relaxed) {
+            tokio::select! {
+                () = self.idle_for(limit) => return,
+                () = closed_half => {}
+            }
+        }
+        self.idle_for(half_limit).await;
     }
 
     /// Resolves once nothing moved for `limit` (give or take a quarter).

@@ -7,8 +7,9 @@
 //! spare): an idle proxied connection costs its two sockets and a small
 //! task, not two 8 KiB buffers (`tokio::io::copy_bidirectional` keeps
 //! those for life).
-//! No traffic either way for `tunnel_timeout` closes both sides, and TCP
-//! keep-alive on both sockets finds a peer that vanished sooner. A TLS
+//! No traffic either way for `tunnel_timeout` closes both sides (for
+//! `idle_timeout` once one side has closed its half), and TCP keep-alive
+//! on both sockets finds a peer that vanished sooner. A TLS
 //! client's bytes are copied through its session instead, with a buffer
 //! each way for the connection's life (a TLS session holds its own too).
 
@@ -42,6 +43,9 @@ pub struct TcpProxy {
     pub pool: Arc<Pool>,
     pub connect_timeout: Duration,
     pub tunnel_timeout: Duration,
+    /// The listener's `idle_timeout`: a tunnel's limit once one side has
+    /// closed its half.
+    pub half_closed_timeout: Duration,
     /// One line per connection, if set (`access_log`).
     pub access_log: Option<AccessLog>,
 }
@@ -98,7 +102,8 @@ impl TcpProxy {
                 _ => Box::pin(copy_through(&mut client, &mut upstream, &activity, &moved)).await,
             }
         };
-        let ended = match first_of(copying, activity.idle_for(self.tunnel_timeout)).await {
+        let idle = activity.idle_for_or(self.tunnel_timeout, self.half_closed_timeout);
+        let ended = match first_of(copying, idle).await {
             First::Main(Ok(())) => Termination::Completed,
             First::Main(Err(err)) if side_of(&err) == Some(Side::Backend) => {
                 let backend = lease.backend();
@@ -115,7 +120,7 @@ impl TcpProxy {
                 Termination::ClientAborted(Phase::Data)
             }
             First::Rare(()) => {
-                tracing::info!(listener = %self.listener, client = %peer, backend = %lease.backend().name, "no traffic either way within tunnel_timeout; closing");
+                tracing::info!(listener = %self.listener, client = %peer, backend = %lease.backend().name, "no traffic either way within tunnel_timeout (idle_timeout once half-closed); closing");
                 Termination::ClientTimeout(Phase::Data)
             }
         };
@@ -376,10 +381,12 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
     tokio::try_join!(
         async {
             tokio::io::copy(&mut client_read, &mut backend_write).await?;
+            activity.close_half();
             backend_write.shutdown().await
         },
         async {
             tokio::io::copy(&mut backend_read, &mut client_write).await?;
+            activity.close_half();
             client_write.shutdown().await
         }
     )?;
@@ -404,7 +411,10 @@ async fn one_way(
             .map_err(on(from_side))?;
         let n = match read_now(&mut from, &mut buf).await.map_err(on(from_side))? {
             None => continue,
-            Some(0) => return to.shutdown().await.map_err(on(to_side)),
+            Some(0) => {
+                activity.close_half();
+                return to.shutdown().await.map_err(on(to_side));
+            }
             Some(n) => n,
         };
         activity.touch();
