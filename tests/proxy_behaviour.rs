@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -66,6 +68,72 @@ async fn a_half_closed_tcp_tunnel_gives_its_place_back_at_idle_timeout() {
     let mut second = TcpStream::connect(raw).await.expect("connect");
     assert_eq!(read_until_closed(&mut second).await, "hi");
     drop(first);
+}
+
+/// An echo backend that counts the connections it accepted.
+async fn counting_echo() -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n @ 1..) = s.read(&mut buf).await {
+                    if s.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// TCP clients that reset their connections while they wait in line for a
+/// backend's only place give it up and reach no backend (as HTTP clients
+/// do): they were served in turn, ahead of real clients, each an empty
+/// backend connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_clients_that_leave_while_in_line_reach_no_backend() {
+    let (echo, accepted) = counting_echo().await;
+    let spec = Spec::new().tcp("raw", "b").pool_with(
+        "b",
+        "max_connections_per_backend = 1\nqueue_timeout = \"10s\"",
+        &[(echo, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let raw = baton.addr("raw");
+    let mut holder = TcpStream::connect(raw).await.expect("connect");
+    holder.write_all(b"a").await.expect("write");
+    let mut byte = [0u8; 1];
+    holder.read_exact(&mut byte).await.expect("echo");
+    for _ in 0..5 {
+        let ghost = TcpStream::connect(raw).await.expect("connect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        socket2::SockRef::from(&ghost)
+            .set_linger(Some(Duration::ZERO))
+            .expect("SO_LINGER");
+        drop(ghost);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(holder);
+    let mut after = TcpStream::connect(raw).await.expect("connect");
+    after.write_all(b"c").await.expect("write");
+    tokio::time::timeout(support::TIMEOUT, after.read_exact(&mut byte))
+        .await
+        .expect("served in time")
+        .expect("echo");
+    assert_eq!(&byte, b"c");
+    assert_eq!(
+        accepted.load(Ordering::Relaxed),
+        2,
+        "the holder and the one after"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

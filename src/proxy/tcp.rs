@@ -70,7 +70,22 @@ impl TcpProxy {
             .pool
             .send_proxy
             .map(|version| Speaker::of(&client, origin).header(version, &id));
-        let (mut upstream, lease) = match self.connect(header.as_deref(), &mut line).await {
+        let connected = tokio::select! {
+            biased;
+            connected = self.connect(header.as_deref(), &mut line) => Some(connected),
+            () = gone_before_a_byte(client.tcp()) => None,
+        };
+        let Some(connected) = connected else {
+            if let Some(line) = line.as_mut() {
+                let phase = match line.marks.leased {
+                    Some(_) => Phase::Connect,
+                    None => Phase::Queue,
+                };
+                line.termination = Termination::ClientAborted(phase);
+            }
+            return;
+        };
+        let (mut upstream, lease) = match connected {
             Ok(connected) => connected,
             Err(err) => {
                 if self.pool.healthy_count() == 0 {
@@ -227,6 +242,19 @@ impl Moved {
             self.to_backend.load(Ordering::Relaxed),
             self.to_client.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// Resolves if the client closes or resets its connection before it sends
+/// a byte: one that leaves while it waits in line (or while its backend
+/// connection is made) gives up its place and reaches no backend, as an
+/// HTTP client does, so a flood of connections reset at once does not
+/// queue ahead of real clients and open empty backend connections. Pends
+/// for good once a byte came: it waits in the socket for the tunnel.
+async fn gone_before_a_byte(client: &TcpStream) {
+    let mut byte = [0u8; 1];
+    if let Ok(1..) = client.peek(&mut byte).await {
+        std::future::pending::<()>().await;
     }
 }
 
