@@ -526,8 +526,14 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
         )
     })
     .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let keys = format!(
+        "idle_timeout = \"1s\"\naccess_log = {{ path = \"{}\", format = \"json\" }}",
+        log.display()
+    );
     let spec = Spec::new()
-        .listener("web", "http", "app", "idle_timeout = \"1s\"")
+        .listener("web", "http", "app", &keys)
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
@@ -556,6 +562,13 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
         "reset, not a clean end: {ended:?}"
     );
     drop(tx);
+    // The client's pause, logged as such: not the backend's failure.
+    support::eventually("the stream's access-log line", || async {
+        std::fs::read_to_string(&log).is_ok_and(|t| !t.is_empty())
+    })
+    .await;
+    let line = std::fs::read_to_string(&log).expect("access log");
+    assert!(line.contains("\"termination\":\"cD\""), "{line}");
 }
 
 /// A backend silent mid-body (head and five bytes of a hundred, then

@@ -20,6 +20,17 @@ use super::clock::SharedInstant;
 /// for a backend's response read on its HTTP/1 upstream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A response body cut by its client's upload, which stopped arriving
+/// (`idle_timeout`) or broke off while the response came down: the
+/// client's fault, which the access log must not lay on the backend.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientUploadFault {
+    #[error("the client's request body stopped arriving")]
+    Stalled,
+    #[error("the client's request body broke off")]
+    BrokeOff,
+}
+
 pub type ProxyBody = UnsyncBoxBody<Bytes, BodyError>;
 
 /// A short text body (error pages).

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use http::header::{HeaderMap, REFERER, USER_AGENT};
 use http::Request;
 
-use super::body::{BodyError, BodyGuard, Progress};
+use super::body::{BodyError, BodyGuard, ClientUploadFault, Progress};
 use super::delivery::Delivery;
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::Backend;
@@ -149,8 +149,12 @@ impl StreamRecord {
 }
 
 impl BodyGuard for StreamRecord {
-    fn body_failed(&mut self, _cause: &BodyError) {
-        self.termination = Some(Termination::BackendFailed(Phase::Data));
+    fn body_failed(&mut self, cause: &BodyError) {
+        self.termination = Some(match cause.downcast_ref::<ClientUploadFault>() {
+            Some(ClientUploadFault::Stalled) => Termination::ClientTimeout(Phase::Data),
+            Some(ClientUploadFault::BrokeOff) => Termination::ClientAborted(Phase::Data),
+            None => Termination::BackendFailed(Phase::Data),
+        });
     }
 
     fn handed(&mut self, bytes: usize) {

@@ -20,7 +20,7 @@ use super::upload::{BackendWait, UpFault};
 use super::Relay;
 use crate::backend::Lease;
 use crate::metrics::UpstreamErrorKind;
-use crate::proxy::body::{BodyError, Progress};
+use crate::proxy::body::{BodyError, ClientUploadFault, Progress};
 use crate::proxy::headers;
 
 /// A response head's fields as hyper's h2 server sends them (none for a
@@ -305,7 +305,7 @@ impl ResponseBody {
                 if crate::telemetry::client_fault() {
                     tracing::info!("request body stopped arriving while the response came down; resetting the stream");
                 }
-                return Err("the client's request body stopped arriving".into());
+                return Err(ClientUploadFault::Stalled.into());
             }
         }
         match relay
@@ -315,7 +315,7 @@ impl ResponseBody {
             Poll::Ready(Err(UpFault::Client)) => {
                 self.decoding.done = true;
                 self.relay = None;
-                Err("the client's request body broke off".into())
+                Err(ClientUploadFault::BrokeOff.into())
             }
             Poll::Ready(Err(UpFault::Backend)) => {
                 // It stopped reading: this response may still end well,
