@@ -13,6 +13,7 @@ use support::client;
 use support::daemon::{Baton, Spec};
 use support::dns::{DnsServer, Mode};
 use support::load::{Load, Targets};
+use support::raw::{ok as raw_ok, RawBackend, Seen, Then};
 
 const HOST: &str = "app.baton.test";
 const CHECKS: &str = "health = { kind = \"http\", path = \"/health\", interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 3 }";
@@ -443,6 +444,32 @@ async fn a_drained_member_whose_address_leaves_and_returns_stays_drained() {
             "the drained member took no work (reload: {reload})"
         );
     }
+}
+
+/// An HTTP check of a member asks with the name the config gave (as a
+/// client of the application would), not the member's address: an
+/// application that checks Host (Django's ALLOWED_HOSTS) failed every
+/// check, and the pool went down while its traffic was served well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_check_asks_for_the_name() {
+    let backend = RawBackend::start(|seen: &Seen| {
+        let asked_by_name = seen
+            .head
+            .to_ascii_lowercase()
+            .contains(&format!("host: {HOST}:"));
+        match asked_by_name {
+            true => (raw_ok("up"), Then::Close),
+            false => (
+                b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n".to_vec(),
+                Then::Close,
+            ),
+        }
+    })
+    .await;
+    let dns = DnsServer::start().await;
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 1)]);
+    let baton = Baton::start(named_spec(&dns, backend.addr.port(), CHECKS)).await;
+    wait_members(baton.admin, &[(backend.addr.to_string(), "up")]).await;
 }
 
 /// A drain said of a name DNS had given no address yet holds for the

@@ -4,7 +4,6 @@
 //! at teardown or when a member resolved from DNS leaves its pool. An `http` check GETs `path` (2xx/3xx is healthy); a `tcp`
 //! check connects.
 
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,19 +44,31 @@ async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> 
     if config.kind == HealthKind::Tcp {
         return Ok(());
     }
-    ask(config, backend.address, stream)
+    ask(config, &host_of(backend), stream)
         .await
         .map_err(Fault::Failed)
 }
 
+/// The `Host` a check asks with: a member's DNS name and port, as the
+/// config gave it (an application that checks Host, as Django's
+/// `ALLOWED_HOSTS` or Rails' host authorization do, refuses its address
+/// and failed every check of a pool that served its traffic well), else
+/// the backend's address.
+fn host_of(backend: &Backend) -> String {
+    let named = backend
+        .resolved_from
+        .as_deref()
+        .filter(|name| ::http::uri::Authority::try_from(*name).is_ok());
+    match named {
+        Some(name) => name.to_string(),
+        None => backend.address.to_string(),
+    }
+}
+
 /// An `http` check's GET on its connection.
-async fn ask(
-    config: &HealthConfig,
-    address: SocketAddr,
-    mut stream: BackendStream,
-) -> Result<(), String> {
+async fn ask(config: &HealthConfig, host: &str, mut stream: BackendStream) -> Result<(), String> {
     let request = format!(
-        "GET {} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: baton-health\r\nConnection: close\r\n\r\n",
+        "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: baton-health\r\nConnection: close\r\n\r\n",
         config.path
     );
     stream
