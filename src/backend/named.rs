@@ -14,6 +14,10 @@ use super::members::Resolved;
 use super::AdminState;
 use crate::config::{DnsQuery, NamedConfig};
 
+/// Members' states a name keeps for addresses gone from DNS, at most: the
+/// operator names each one, so a few; bounded all the same.
+const REMEMBERED: usize = 1024;
+
 pub struct Named {
     pub name: String,
     pub query: DnsQuery,
@@ -79,13 +83,18 @@ impl Named {
     }
 
     /// A member at `address` in state `admin` is removed: its state is
-    /// kept for its return when the operator set it apart from the name's.
+    /// kept for its return when the operator set it apart from the name's
+    /// (enabled where the name is drained, or the other way round; a
+    /// drained member of a drained name is `out` where the name says
+    /// `draining`, and is not apart). At most `REMEMBERED` addresses.
     pub fn remember(&self, address: SocketAddr, admin: AdminState) {
-        if admin == self.admin() {
-            return;
-        }
+        let apart = (admin == AdminState::Enabled) != (self.admin() == AdminState::Enabled);
         if let Ok(mut said) = self.said_of_gone.lock() {
-            said.insert(address, admin);
+            if !apart {
+                said.remove(&address);
+            } else if said.len() < REMEMBERED || said.contains_key(&address) {
+                said.insert(address, admin);
+            }
         }
     }
 
@@ -107,5 +116,46 @@ impl Named {
     /// Notes a failed resolution; says whether it starts a run of them.
     pub fn failed(&self) -> bool {
         !self.failing.swap(true, Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named() -> Named {
+        Named::new(&NamedConfig {
+            name: "app".into(),
+            query: DnsQuery::Host {
+                host: "app.internal".into(),
+                port: 80,
+            },
+            weight: 1,
+        })
+    }
+
+    #[test]
+    fn only_a_word_apart_from_the_names_is_remembered() {
+        let n = named();
+        let at = |last: u8| SocketAddr::from(([10, 0, 0, last], 80));
+        n.remember(at(1), AdminState::Draining);
+        assert_eq!(n.remembered(), [(at(1), AdminState::Draining)]);
+        assert_eq!(n.admin_at(at(1)), AdminState::Draining);
+        assert!(n.remembered().is_empty(), "taken by the returning member");
+        // A drained name's members go out: not apart from it.
+        n.set_admin(AdminState::Draining);
+        n.remember(at(2), AdminState::Out);
+        assert!(n.remembered().is_empty());
+        n.remember(at(3), AdminState::Enabled);
+        assert_eq!(n.admin_at(at(3)), AdminState::Enabled);
+        for last in 0..=255u8 {
+            for port in 0..5u16 {
+                n.remember(
+                    SocketAddr::from(([10, 1, 0, last], port)),
+                    AdminState::Enabled,
+                );
+            }
+        }
+        assert_eq!(n.remembered().len(), REMEMBERED);
     }
 }
