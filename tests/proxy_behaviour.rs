@@ -46,6 +46,20 @@ async fn greeter() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     (addr, serving)
 }
 
+/// A TCP client may close its half at once and still read what a
+/// server-speaks-first backend says (`nc -N`): its FIN before any byte
+/// is not a client gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_client_that_closes_its_half_at_once_still_gets_the_greeting() {
+    let (greets, _serving) = greeter().await;
+    let baton = Baton::start(Spec::new().tcp("raw", "b").pool("b", &[greets])).await;
+    let mut s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    s.shutdown().await.expect("half-close");
+    assert_eq!(read_until_closed(&mut s).await, "hi");
+}
+
 /// Once the backend closed, a client that keeps its half open (a pooled
 /// socket left in CLOSE_WAIT) has the listener's `idle_timeout` of silence,
 /// not `tunnel_timeout` (an hour): it held the backend's only place that

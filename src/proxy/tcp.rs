@@ -245,15 +245,17 @@ impl Moved {
     }
 }
 
-/// Resolves if the client closes or resets its connection before it sends
-/// a byte: one that leaves while it waits in line (or while its backend
-/// connection is made) gives up its place and reaches no backend, as an
-/// HTTP client does, so a flood of connections reset at once does not
-/// queue ahead of real clients and open empty backend connections. Pends
-/// for good once a byte came: it waits in the socket for the tunnel.
+/// Resolves if the client resets its connection before it sends a byte:
+/// one that leaves while it waits in line (or while its backend connection
+/// is made) gives up its place and reaches no backend, so a flood of
+/// connections reset at once does not queue ahead of real clients and open
+/// empty backend connections. Pends for good once a byte or a FIN came:
+/// bytes wait in the socket for the tunnel, and a client may close its
+/// half at once and still read what a server-speaks-first backend says
+/// (`nc -N`), as HAProxy forwards it without `abortonclose`.
 async fn gone_before_a_byte(client: &TcpStream) {
     let mut byte = [0u8; 1];
-    if let Ok(1..) = client.peek(&mut byte).await {
+    if client.peek(&mut byte).await.is_ok() {
         std::future::pending::<()>().await;
     }
 }
