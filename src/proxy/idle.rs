@@ -57,7 +57,7 @@ impl Activity {
                 () = closed_half => {}
             }
         }
-        self.idle_for(half_limit).await;
+        self.idle_for(half_limit.min(limit)).await;
     }
 
     /// Resolves once nothing moved for `limit` (give or take a quarter).
