@@ -13,6 +13,10 @@ use super::body::BodyGuard;
 use super::delivery::Delivery;
 use super::head::OpeningClock;
 
+/// How many graces after its last stream ended a connection is closed
+/// however often it still writes (see `ConnState::done_and_quiet`).
+const QUIET_AT_MOST: u32 = 4;
+
 pub struct ConnState {
     /// The slowloris clock of its opening (see `head`).
     pub opening: Arc<OpeningClock>,
@@ -117,13 +121,18 @@ impl ConnState {
     /// out for `grace`: what h2 still held of a finished response went out
     /// (or the client stopped opening its window for it). Closing before
     /// that cut the response's tail, at every reload, for a client reading
-    /// slowly.
-    pub async fn done_and_quiet(&self, grace: Duration) {
+    /// slowly. Bounded: `QUIET_AT_MOST` graces after the later of `from`
+    /// (when the close was decided) and the last stream's end, it resolves
+    /// all the same (a client that PINGs often is answered every time, and
+    /// would hold the connection, and a drain, for good).
+    pub async fn done_and_quiet(&self, grace: Duration, from: Instant) {
         loop {
             self.idle_for(grace).await;
             let wrote = Duration::from_nanos(self.wrote_nanos.load(Ordering::Relaxed));
+            let ended = Duration::from_nanos(self.idle_since_nanos.load(Ordering::Relaxed));
             let quiet = self.origin.elapsed().saturating_sub(wrote);
-            if quiet >= grace {
+            let waited = from.max(self.origin + ended).elapsed();
+            if quiet >= grace || waited >= grace * QUIET_AT_MOST {
                 return;
             }
             tokio::time::sleep(grace - quiet).await;

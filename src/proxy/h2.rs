@@ -68,7 +68,7 @@ const STREAMS_FIRST: Duration = Duration::from_secs(1);
 async fn idle_through_the_drain(drain: &DrainWatch, state: &ConnState, grace: Duration) {
     drain.draining().await;
     tokio::time::sleep(grace).await;
-    state.done_and_quiet(grace).await;
+    state.done_and_quiet(grace, Instant::now()).await;
 }
 
 /// How an h2 connection ended: whether what the client still sends is
@@ -82,9 +82,10 @@ enum Ended {
 
 /// How long a closed h2 connection's socket keeps reading what the client
 /// sends while it takes its last responses: until a second passes without
-/// a byte, five at most.
+/// a byte, two at most (an HTTP/1 connection's close is bounded alike: the
+/// linger runs within the drain, whose deadline would count it forced).
 const LINGER_SILENCE: Duration = Duration::from_secs(1);
-const LINGER_MAX: Duration = Duration::from_secs(5);
+const LINGER_MAX: Duration = Duration::from_secs(2);
 
 /// Closes the socket of an h2 connection that ended well: its write side
 /// first (after all baton wrote), then what the client still sends
@@ -161,7 +162,7 @@ impl HttpProxy {
             let idle_in_drain = idle_through_the_drain(&drain, &state, self.keepalive_drain_grace);
             tokio::pin!(idle_in_drain);
             let mut closing = false;
-            let mut idle_goaway = false;
+            let mut idle_goaway: Option<Instant> = None;
             loop {
                 tokio::select! {
                     result = conn.as_mut() => {
@@ -194,13 +195,13 @@ impl HttpProxy {
                         tracing::debug!(listener = %self.listener, client = %peer, "h2 connection without a stream for idle_timeout; GOAWAY");
                         conn.as_mut().graceful_shutdown();
                         closing = true;
-                        idle_goaway = true;
+                        idle_goaway = Some(Instant::now());
                     }
                     // h2's graceful close waits for the client's PING
                     // answer: an idle client that gives none is closed, but
                     // not under a request that crossed the GOAWAY, nor
                     // before what was written for it went out.
-                    () = state.done_and_quiet(H2_GOAWAY_GRACE), if idle_goaway => {
+                    () = state.done_and_quiet(H2_GOAWAY_GRACE, idle_goaway.unwrap_or_else(Instant::now)), if idle_goaway.is_some() => {
                         tracing::debug!(listener = %self.listener, client = %peer, "h2 client did not close after GOAWAY; closing");
                         break Ended::Well;
                     }
