@@ -6,7 +6,7 @@
 #   h1_response  the HTTP/1 response head parser and chunked body decoder
 #   proxy_header the PROXY protocol header framing and decoding
 # Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET [release]]
-#   default: 30 s a target of an unoptimised build, CI's share: it builds in
+#   default: 20 s a target of an unoptimised build, CI's share: it builds in
 #   half the time of an optimised one (3.5 min cold on 2 cores, not 6.5),
 #   which runs a seventh to a twentieth of the executions in that time;
 #   a longer hunt: tests/fuzz/run.sh 600 release
@@ -15,7 +15,7 @@
 # `cargo test` replays (tests/fuzz_regressions.rs).
 set -euo pipefail
 cd "$(dirname "$0")"
-seconds="${1:-30}"
+seconds="${1:-20}"
 case "${2:-dev}" in
   dev) profile=--dev ;;
   release) profile=--release ;;
