@@ -162,21 +162,6 @@ async fn the_streams_a_client_may_open_are_bounded() {
     }
 }
 
-/// A HEADERS frame (stream 1, END_STREAM | END_HEADERS) for `GET path`,
-/// HPACK-coded with the static table and literals.
-fn get_headers(path: &str) -> Vec<u8> {
-    let mut block = vec![0x82, 0x86]; // :method GET, :scheme http
-    block.push(0x44); // :path, literal
-    block.push(path.len() as u8);
-    block.extend_from_slice(path.as_bytes());
-    block.extend_from_slice(&[0x41, 1, b'x']); // :authority x
-    let len = block.len() as u32;
-    let mut frame = len.to_be_bytes()[1..].to_vec();
-    frame.extend_from_slice(&[1, 0x5, 0, 0, 0, 1]);
-    frame.extend_from_slice(&block);
-    frame
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_never_answers_pings_is_cut_even_with_a_stream_open() {
     const PING: u8 = 6;
@@ -184,7 +169,7 @@ async fn a_peer_that_never_answers_pings_is_cut_even_with_a_stream_open() {
     let mut s = TcpStream::connect(baton.addr("web"))
         .await
         .expect("connect");
-    let opening = [PREFACE, SETTINGS, &get_headers("/slow/8000")].concat();
+    let opening = [PREFACE, SETTINGS, &support::h2_raw::get("/slow/8000")].concat();
     s.write_all(&opening).await.expect("write");
     // The stream stays open for 8 s; the dead peer is found long before.
     let sent = until_closed(&mut s, Duration::from_secs(5))
@@ -216,7 +201,7 @@ async fn a_request_that_crossed_the_idle_goaway_is_answered() {
     }
     // Sent as if before the GOAWAY came: the PING after it is answered
     // after the request.
-    s.write_all(&get_headers("/slow/1500"))
+    s.write_all(&support::h2_raw::get("/slow/1500"))
         .await
         .expect("write");
     client.past_goaway = true;
