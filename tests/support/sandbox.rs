@@ -44,6 +44,13 @@ pub fn upgrade_binary() -> PathBuf {
 /// relocatable, so cargo takes them as built. The copy is made beside it
 /// and renamed into place, so two test binaries seeding at once never
 /// build on half a copy.
+///
+/// The dependencies' libraries, most of the copy, are hard links: a CI
+/// run on a nearly full disk failed on this copy. Only baton's own build
+/// writes into the seeded dir, and rustc replaces an rlib or rmeta by
+/// renaming a new file over it, so a link never carries a write back into
+/// the main build; baton's own files, the proc-macro `.so`s the linker
+/// writes and the dep-info rustc rewrites in place are copied all the same.
 fn seed(target: &Path) {
     if target.exists() {
         return;
@@ -55,18 +62,18 @@ fn seed(target: &Path) {
     let deps = scratch.join("debug/deps");
     std::fs::create_dir_all(&deps).expect("seed dir");
     // Libraries and dep-info only: not the test executables beside them.
-    let libraries: Vec<PathBuf> = std::fs::read_dir(main.join("deps"))
+    let (linked, copied): (Vec<PathBuf>, Vec<PathBuf>) = std::fs::read_dir(main.join("deps"))
         .expect("the main build's deps")
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| {
             let extension = path.extension().and_then(|e| e.to_str());
             matches!(extension, Some("rlib" | "rmeta" | "so" | "d"))
         })
-        .collect();
-    let copy = |what: &[PathBuf], into: &Path| {
+        .partition(|path| is_a_dependency_library(path));
+    let copy = |how: &str, what: &[PathBuf], into: &Path| {
         // -a keeps the files' times, which cargo compares with its records.
         let out = Command::new("cp")
-            .arg("-a")
+            .arg(how)
             .args(what)
             .arg(into)
             .output()
@@ -78,8 +85,10 @@ fn seed(target: &Path) {
             text(&out)
         );
     };
-    copy(&libraries, &deps);
+    copy("-al", &linked, &deps);
+    copy("-a", &copied, &deps);
     copy(
+        "-a",
         &[main.join("build"), main.join(".fingerprint")],
         &scratch.join("debug"),
     );
@@ -87,6 +96,14 @@ fn seed(target: &Path) {
         // Another test binary seeded it first.
         let _ = std::fs::remove_dir_all(&scratch);
     }
+}
+
+/// An rlib or rmeta of a crate other than baton's: one the upgrade build
+/// reads and never writes.
+fn is_a_dependency_library(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let extension = path.extension().and_then(|e| e.to_str());
+    matches!(extension, Some("rlib" | "rmeta")) && !name.starts_with("libbaton-")
 }
 
 const SCRIPT: &str = concat!(
