@@ -4,7 +4,9 @@
 //! streams a client may open at once is bounded (`h2_max_concurrent_streams`),
 //! a `Host` field (what routes a request without `:authority`) must be a
 //! plain authority, and a request's fields are bounded as an HTTP/1 head's
-//! are (64 KiB, 128 fields), as on HTTP/1.
+//! are (64 KiB, 128 fields), as on HTTP/1, and a client that resets most
+//! of its streams before their responses (the "rapid reset" attack) is
+//! cut.
 
 mod support;
 
@@ -28,6 +30,17 @@ async fn baton_with(listener_keys: &str) -> (HttpBackend, Baton) {
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     (backend, baton)
+}
+
+/// A connection to `web` with h2's preface and SETTINGS sent.
+async fn opened(baton: &Baton) -> TcpStream {
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(&[PREFACE, SETTINGS].concat())
+        .await
+        .expect("write");
+    s
 }
 
 /// Everything baton sends until it closes, or `None` if it is still open
@@ -97,12 +110,7 @@ async fn a_late_preface_leaves_settings_only_the_rest_of_header_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_connection_without_a_stream_gets_goaway_at_idle_timeout() {
     let (_backend, baton) = baton_with("idle_timeout = \"1s\"").await;
-    let mut s = TcpStream::connect(baton.addr("web"))
-        .await
-        .expect("connect");
-    s.write_all(&[PREFACE, SETTINGS].concat())
-        .await
-        .expect("write");
+    let mut s = opened(&baton).await;
     let sent = until_closed(&mut s, Duration::from_secs(5))
         .await
         .expect("closed at idle_timeout");
@@ -140,12 +148,7 @@ async fn an_h2_connection_whose_last_stream_ended_gets_goaway_at_idle_timeout() 
 async fn the_streams_a_client_may_open_are_bounded() {
     for (keys, expected) in [("", 100u32), ("h2_max_concurrent_streams = 7", 7)] {
         let (_backend, baton) = baton_with(keys).await;
-        let mut s = TcpStream::connect(baton.addr("web"))
-            .await
-            .expect("connect");
-        s.write_all(&[PREFACE, SETTINGS].concat())
-            .await
-            .expect("write");
+        let mut s = opened(&baton).await;
         let mut first = [0u8; 9];
         s.read_exact(&mut first)
             .await
@@ -189,12 +192,7 @@ async fn a_peer_that_never_answers_pings_is_cut_even_with_a_stream_open() {
 async fn a_request_that_crossed_the_idle_goaway_is_answered() {
     const HEADERS: u8 = 1;
     let (_backend, baton) = baton_with("idle_timeout = \"1s\"").await;
-    let mut s = TcpStream::connect(baton.addr("web"))
-        .await
-        .expect("connect");
-    s.write_all(&[PREFACE, SETTINGS].concat())
-        .await
-        .expect("write");
+    let mut s = opened(&baton).await;
     let mut client = PingAnswerer::default();
     while !client.seen(GOAWAY) {
         assert!(client.read(&mut s).await, "closed before a GOAWAY");
@@ -362,4 +360,64 @@ async fn a_requests_fields_are_bounded_as_an_http1_heads() {
     let huge = [("x-huge".to_string(), "h".repeat(70_000))];
     assert_eq!(status_with(web, &huge).await, 431);
     assert_eq!(backend.hits(), 3, "only the heads within bounds reached it");
+}
+
+/// Whether baton closed `s`: looked at without waiting, what it sent
+/// meanwhile read and dropped.
+fn closed_now(s: &TcpStream) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.try_read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// The "rapid reset" attack (CVE-2023-44487), in the form h2's own bound
+/// (20 resets waiting for the server at once) does not see: each stream
+/// reset just after baton took it and sent it on, so each costs the
+/// backend a request. The connection is cut at the hundredth such stream,
+/// not served for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_resets_every_stream_it_opens_is_cut() {
+    const FLOOD: u64 = 100;
+    let (backend, baton) = baton_with("").await;
+    let mut s = opened(&baton).await;
+    let mut reset = 0;
+    let deadline = tokio::time::Instant::now() + support::TIMEOUT;
+    while !closed_now(&s) && reset < 2 * FLOOD {
+        let stream = 2 * reset as u32 + 1;
+        let before = backend.hits();
+        if s.write_all(&support::h2_raw::get_on(stream, "/slow/10000"))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        // Reset once the backend has it (or baton closed meanwhile).
+        while backend.hits() == before && !closed_now(&s) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "stream {stream} never reached the backend"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let _ = s.write_all(&support::h2_raw::reset(stream)).await;
+        reset += 1;
+    }
+    let open = until_closed(&mut s, Duration::from_secs(5)).await.is_none();
+    assert!(!open, "still open after {reset} streams reset");
+    // A stream or two more may cross the cut on their way.
+    assert!(
+        (FLOOD..=FLOOD + 2).contains(&reset),
+        "cut after {reset} streams reset, not {FLOOD}"
+    );
+    let metrics = support::client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains("baton_client_aborts_total{listener=\"web\",reason=\"reset_flood\"} 1"),
+        "{metrics}"
+    );
 }

@@ -323,12 +323,18 @@ pub fn dns_resolution(pool: &str, result: &'static str) {
 pub enum AbortReason {
     /// It stopped taking response bytes for `idle_timeout`.
     StalledReader,
+    /// An h2 client reset most of the streams it opened before their
+    /// responses (the "rapid reset" attack).
+    ResetFlood,
 }
 
 impl AbortReason {
+    const ALL: [AbortReason; 2] = [AbortReason::StalledReader, AbortReason::ResetFlood];
+
     pub fn as_str(self) -> &'static str {
         match self {
             AbortReason::StalledReader => "stalled_reader",
+            AbortReason::ResetFlood => "reset_flood",
         }
     }
 }
@@ -342,11 +348,12 @@ pub fn queue_timeout(pool: &str) {
     metrics::counter!(QUEUE_TIMEOUTS, "pool" => pool.to_string()).increment(1);
 }
 
-/// Creates a listener's client-abort series at 0.
+/// Creates a listener's client-abort series at 0, one a reason.
 pub fn client_aborts(listener: &str) {
-    let reason = AbortReason::StalledReader.as_str();
-    metrics::counter!(CLIENT_ABORTS, "listener" => listener.to_string(), "reason" => reason)
-        .absolute(0);
+    for reason in AbortReason::ALL {
+        metrics::counter!(CLIENT_ABORTS, "listener" => listener.to_string(), "reason" => reason.as_str())
+            .absolute(0);
+    }
 }
 
 pub fn client_abort(listener: &str, reason: AbortReason) {

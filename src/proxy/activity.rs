@@ -1,6 +1,7 @@
 //! One h2c client connection's activity: streams in flight, since when it
 //! is idle (GOAWAY at `idle_timeout`), its opening clock, whether the
-//! client takes the responses it is sent, and when bytes last went out.
+//! client takes the responses it is sent, when bytes last went out, and
+//! how many streams it reset before their responses.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,6 +17,20 @@ use super::head::OpeningClock;
 /// How many graces after its last stream ended a connection is closed
 /// however often it still writes (see `ConnState::done_and_quiet`).
 const QUIET_AT_MOST: u32 = 4;
+
+/// A client that reset this many streams before their responses, each
+/// within [`EARLY_RESET`] of its start, and more than half of the streams
+/// it opened, is flooding: the "rapid reset" attack (CVE-2023-44487), in
+/// which a stream costs the client two frames and baton, and its backend,
+/// a request. h2 itself closes the connection only when more than 20
+/// resets wait for hyper at once; a client that resets each stream just
+/// after hyper took it (a millisecond later) slips past that. Envoy's
+/// answer, with the same kind of bounds (500 streams, half of them reset
+/// within a second); a browser that cancels the rest of a page it left,
+/// or a gRPC client whose deadlines expire while a backend is slow, stays
+/// far below a hundred on one connection, or reconnects.
+const RESET_FLOOD: u64 = 100;
+const EARLY_RESET: Duration = Duration::from_secs(1);
 
 pub struct ConnState {
     /// The slowloris clock of its opening (see `head`).
@@ -39,29 +54,51 @@ pub struct ConnState {
     /// to hyper, but h2 may hold that frame until the client's window
     /// opens (see [`ConnState::done_and_quiet`]).
     wrote_nanos: AtomicU64,
+    /// Streams begun, and those of them the client reset early (see
+    /// [`RESET_FLOOD`]).
+    streams: AtomicU64,
+    early_resets: AtomicU64,
+    /// Told once the client is found flooding.
+    flooded: Notify,
 }
 
-/// Marks a request in flight until the response body is done; the bool
-/// says whether it has a frame waiting (see `frames_waiting`), and the
-/// stream's own [`Delivery`] hears the same.
-pub struct Busy(Arc<ConnState>, bool, Option<Arc<Delivery>>);
+/// Marks a request in flight until the response body is done.
+pub struct Busy {
+    state: Arc<ConnState>,
+    /// Whether it has a frame waiting (see `frames_waiting`); the stream's
+    /// own [`Delivery`] hears the same.
+    waiting: bool,
+    delivery: Option<Arc<Delivery>>,
+    /// When it began, nanoseconds since the state's `origin`.
+    begun_nanos: u64,
+    /// Whether its response was made: a `Busy` dropped before is a stream
+    /// the client reset first (hyper drops its future), or the
+    /// connection's end.
+    answered: bool,
+}
 
 impl Busy {
+    /// The stream's response is made: from now on, a reset is the
+    /// client's right (it stops a download it no longer wants).
+    pub fn answered(&mut self) {
+        self.answered = true;
+    }
+
     fn waiting(&mut self, waiting: bool) {
-        let state = &self.0;
+        let state = &self.state;
         state
             .delivery_moved_nanos
             .store(state.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if waiting == self.1 {
+        if waiting == self.waiting {
             return;
         }
-        self.1 = waiting;
+        self.waiting = waiting;
         if waiting {
             state.frames_waiting.fetch_add(1, Ordering::Relaxed);
         } else {
             state.frames_waiting.fetch_sub(1, Ordering::Relaxed);
         }
-        if let Some(delivery) = &self.2 {
+        if let Some(delivery) = &self.delivery {
             if waiting {
                 delivery.handed();
             } else {
@@ -83,13 +120,15 @@ impl BodyGuard for Busy {
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        if self.1 {
-            self.0.frames_waiting.fetch_sub(1, Ordering::Relaxed);
+        let state = &self.state;
+        if self.waiting {
+            state.frames_waiting.fetch_sub(1, Ordering::Relaxed);
         }
-        let state = &self.0;
-        state
-            .idle_since_nanos
-            .store(state.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let now = state.origin.elapsed().as_nanos() as u64;
+        if !self.answered && now - self.begun_nanos < EARLY_RESET.as_nanos() as u64 {
+            state.reset_early();
+        }
+        state.idle_since_nanos.store(now, Ordering::Relaxed);
         if state.in_flight.fetch_sub(1, Ordering::Release) == 1 {
             state.emptied.notify_waiters();
         }
@@ -108,7 +147,25 @@ impl ConnState {
             frames_waiting: AtomicUsize::new(0),
             delivery_moved_nanos: AtomicU64::new(0),
             wrote_nanos: AtomicU64::new(0),
+            streams: AtomicU64::new(0),
+            early_resets: AtomicU64::new(0),
+            flooded: Notify::new(),
         }
+    }
+
+    /// A stream ended before its response, soon after it began.
+    fn reset_early(&self) {
+        let resets = self.early_resets.fetch_add(1, Ordering::Relaxed) + 1;
+        let streams = self.streams.load(Ordering::Relaxed);
+        // A single permit, however often it is given.
+        if resets >= RESET_FLOOD && resets * 2 > streams {
+            self.flooded.notify_one();
+        }
+    }
+
+    /// Resolves once the client is found flooding (see [`RESET_FLOOD`]).
+    pub async fn flooded(&self) {
+        self.flooded.notified().await;
     }
 
     /// Bytes went to the client's socket now.
@@ -141,7 +198,14 @@ impl ConnState {
 
     pub fn begin(self: &Arc<Self>, delivery: Option<Arc<Delivery>>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::Acquire);
-        Busy(Arc::clone(self), false, delivery)
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        Busy {
+            state: Arc::clone(self),
+            waiting: false,
+            delivery,
+            begun_nanos: self.origin.elapsed().as_nanos() as u64,
+            answered: false,
+        }
     }
 
     /// Resolves once response frames have waited `limit` for the client
@@ -180,5 +244,58 @@ impl ConnState {
                 emptied.await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> Arc<ConnState> {
+        Arc::new(ConnState::new(Instant::now()))
+    }
+
+    /// `n` streams begun and ended at once: `answered`, or reset.
+    fn streams(state: &Arc<ConnState>, n: u64, answered: bool) {
+        for _ in 0..n {
+            let mut busy = state.begin(None);
+            if answered {
+                busy.answered();
+            }
+        }
+    }
+
+    async fn is_flooded(state: &ConnState) -> bool {
+        tokio::time::timeout(Duration::from_millis(1), state.flooded())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hundred_streams_reset_before_their_responses_are_a_flood() {
+        let (few, many) = (state(), state());
+        streams(&few, RESET_FLOOD - 1, false);
+        streams(&many, RESET_FLOOD, false);
+        assert!(!is_flooded(&few).await);
+        assert!(is_flooded(&many).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resets_are_a_flood_only_when_most_streams_end_so() {
+        let state = state();
+        streams(&state, RESET_FLOOD, true);
+        streams(&state, RESET_FLOOD, false);
+        assert!(!is_flooded(&state).await, "half reset");
+        streams(&state, 1, false);
+        assert!(is_flooded(&state).await, "more than half reset");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_reset_after_a_second_is_no_flood() {
+        let state = state();
+        let begun: Vec<Busy> = (0..RESET_FLOOD).map(|_| state.begin(None)).collect();
+        tokio::time::advance(EARLY_RESET).await;
+        drop(begun);
+        assert!(!is_flooded(&state).await);
     }
 }

@@ -185,6 +185,13 @@ impl HttpProxy {
                         metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
                         break Ended::Cut;
                     }
+                    () = state.flooded() => {
+                        if crate::telemetry::client_fault() {
+                            tracing::info!(listener = %self.listener, client = %peer, "client reset most of its streams before their responses (rapid reset); closing");
+                        }
+                        metrics::client_abort(&self.listener, metrics::AbortReason::ResetFlood);
+                        break Ended::Cut;
+                    }
                     () = state.opening.overdue(self.header_timeout) => {
                         if crate::telemetry::client_fault() {
                             tracing::info!(listener = %self.listener, client = %peer, "no h2 preface and SETTINGS within header_timeout; closing");
@@ -256,7 +263,7 @@ impl HttpProxy {
         drain: DrainWatch,
     ) -> Response<ProxyBody> {
         let delivery = delivery::current();
-        let busy = state.begin(delivery.clone());
+        let mut busy = state.begin(delivery.clone());
         let sent = req
             .headers()
             .get(headers::X_REQUEST_ID)
@@ -317,6 +324,7 @@ impl HttpProxy {
         if let Some(record) = record.as_mut() {
             record.answered(status, on_end);
         }
+        busy.answered();
         response.map(|b| {
             let b = Guarded::wrap(b, busy);
             match record {

@@ -10,7 +10,10 @@ use tokio::net::TcpStream;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0;
+const RST_STREAM: u8 = 3;
 const PING: u8 = 6;
+/// RST_STREAM's code for a stream the client no longer wants.
+const CANCEL: u32 = 8;
 /// The largest flow-control window h2 allows.
 const MAX_WINDOW: u32 = (1 << 31) - 1;
 
@@ -55,6 +58,11 @@ pub fn get_on(stream: u32, path: &str) -> Vec<u8> {
     block.extend_from_slice(path.as_bytes());
     block.extend_from_slice(&[0x41, 1, b'x']);
     frame(1, 0x5, stream, &block)
+}
+
+/// RST_STREAM on `stream`: the client cancels it.
+pub fn reset(stream: u32) -> Vec<u8> {
+    frame(RST_STREAM, 0, stream, &CANCEL.to_be_bytes())
 }
 
 /// Reads into `got` 16 KiB at a time, a little slower than loopback
