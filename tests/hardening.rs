@@ -319,6 +319,29 @@ async fn an_http_client_connection_costs_one_fd() {
     );
 }
 
+/// The same for h2c: a connection held a duplicate of its socket's fd, for
+/// the linger of its close, two fds a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_client_connection_costs_one_fd() {
+    let (_backend, baton, pid, before) = counting_fds().await;
+    let web = baton.addr("web");
+    let mut held = Vec::new();
+    for _ in 0..50 {
+        let mut h2 = client::h2::<http_body_util::Empty<bytes::Bytes>>(web).await;
+        let get = hyper::Request::get(format!("http://{web}/"))
+            .body(http_body_util::Empty::new())
+            .expect("request");
+        let answer = h2.send_request(get).await.expect("h2 response");
+        assert_eq!(answer.status(), 200);
+        held.push(h2);
+    }
+    let after = support::daemon::fd_count(pid);
+    assert!(
+        after - before < 60,
+        "{before} fds before, {after} with 50 h2c connections"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_backend_is_a_504_at_response_timeout() {
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0")

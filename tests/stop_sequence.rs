@@ -276,8 +276,9 @@ async fn an_h2c_stream_completes_after_goaway() {
 /// A response an h2c client is still taking when its stream ends is whole
 /// after a drain: the connection closed once h2 had written everything to
 /// the kernel, and with the client's frames unread (a real client sends
-/// WINDOW_UPDATEs and PINGs as it reads) the close was a reset, which
-/// threw away what the kernel still held for the client.
+/// WINDOW_UPDATEs and PINGs as it reads, and answers the server's, which
+/// lets h2's graceful close end at the last frame written) the close was
+/// a reset, which threw away what the kernel still held for the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2c_response_still_being_read_is_whole_after_a_drain() {
     const SIZE: usize = 4 << 20;

@@ -8,7 +8,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -93,19 +92,18 @@ const LINGER_MAX: Duration = Duration::from_secs(2);
 /// read and dropped until it closes or falls silent. Closed with those
 /// bytes unread, the socket would make the kernel reset the connection,
 /// which discards what the client has not read yet: a response's tail, cut
-/// at a reload. (hyper keeps the stream it is given; `socket` is a
-/// duplicate of its descriptor.)
-async fn linger(socket: std::os::fd::OwnedFd) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut socket) = tokio::net::TcpStream::from_std(std::net::TcpStream::from(socket)) else {
-        return;
-    };
-    let _ = socket.shutdown().await;
+/// at a reload. On the TCP socket itself, under TLS too: what comes now is
+/// dropped unread, record or not.
+async fn linger<S: ByteStream>(stream: S) {
+    let socket = stream.tcp();
+    let _ = socket2::SockRef::from(socket).shutdown(std::net::Shutdown::Write);
     let mut sink = [0u8; 4096];
     let _ = tokio::time::timeout(LINGER_MAX, async {
-        while let Ok(Ok(n)) = tokio::time::timeout(LINGER_SILENCE, socket.read(&mut sink)).await {
-            if n == 0 {
-                return;
+        while let Ok(Ok(())) = tokio::time::timeout(LINGER_SILENCE, socket.readable()).await {
+            match socket.try_read(&mut sink) {
+                Ok(0) => return,
+                Err(err) if err.kind() != std::io::ErrorKind::WouldBlock => return,
+                _ => {}
             }
         }
     })
@@ -154,8 +152,8 @@ impl HttpProxy {
                 async move { Ok::<_, Infallible>(proxy.handle(req, &client, state, drain).await) }
             })
         };
-        let socket = stream.tcp().as_fd().try_clone_to_owned();
-        let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state)));
+        let (back, handed_back) = tokio::sync::oneshot::channel();
+        let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state), back));
         let ended = {
             let conn = self.h2_server(&drain, peer).serve_connection(io, service);
             tokio::pin!(conn);
@@ -220,8 +218,9 @@ impl HttpProxy {
                 }
             }
         };
-        if let (Ended::Well, Ok(socket)) = (ended, socket) {
-            linger(socket).await;
+        // hyper's connection, dropped with the block above, handed it back.
+        if let (Ended::Well, Ok(stream)) = (ended, handed_back.await) {
+            linger(stream).await;
         }
     }
 

@@ -2,7 +2,8 @@
 //! first SETTINGS frame must be in within `header_timeout`, else it is
 //! closed. After that its idleness is the proxy's business. (HTTP/1 heads
 //! have their own clocks in `h1::conn`.) The stream also tells the
-//! connection when it last wrote (see `activity`).
+//! connection when it last wrote (see `activity`), and is handed back when
+//! hyper drops it, for the connection's closing linger.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::activity::ConnState;
@@ -52,7 +54,9 @@ impl OpeningClock {
 /// The client's stream, telling the connection's state when the opening
 /// is in and when bytes went out.
 pub struct Watched<S> {
-    inner: S,
+    /// `None` only once dropped: then it goes to `back`.
+    inner: Option<S>,
+    back: Option<oneshot::Sender<S>>,
     /// Bytes read before hyper took over (to tell h2 from HTTP/1), given
     /// to hyper first.
     prefix: Vec<u8>,
@@ -77,9 +81,17 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
 
 impl<S> Watched<S> {
-    pub fn new(inner: S, prefix: Vec<u8>, state: Arc<ConnState>) -> Watched<S> {
+    /// `inner`, sent to `back` when hyper is done with it: hyper keeps the
+    /// stream it is given, and closing it well needs the socket after.
+    pub fn new(
+        inner: S,
+        prefix: Vec<u8>,
+        state: Arc<ConnState>,
+        back: oneshot::Sender<S>,
+    ) -> Watched<S> {
         Watched {
-            inner,
+            inner: Some(inner),
+            back: Some(back),
             prefix,
             state,
             opening: Opening::Sniffing(Vec::new()),
@@ -129,6 +141,21 @@ impl<S> Watched<S> {
     }
 }
 
+impl<S> Drop for Watched<S> {
+    fn drop(&mut self) {
+        if let (Some(inner), Some(back)) = (self.inner.take(), self.back.take()) {
+            // Nobody waiting for it: it closes here.
+            let _ = back.send(inner);
+        }
+    }
+}
+
+/// What a poll on a stream already handed back meets (never: it is handed
+/// back only as `Watched` is dropped).
+fn gone<T>() -> Poll<std::io::Result<T>> {
+    Poll::Ready(Err(std::io::ErrorKind::NotConnected.into()))
+}
+
 impl<S> Watched<S> {
     /// Tells the connection's state that bytes went out.
     fn noted(&self, written: Poll<std::io::Result<usize>>) -> Poll<std::io::Result<usize>> {
@@ -147,7 +174,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let polled = if self.prefix.is_empty() {
-            Pin::new(&mut self.inner).poll_read(cx, buf)
+            match self.inner.as_mut() {
+                Some(inner) => Pin::new(inner).poll_read(cx, buf),
+                None => return gone(),
+            }
         } else {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
@@ -171,7 +201,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        let written = Pin::new(&mut self.inner).poll_write(cx, data);
+        let written = match self.inner.as_mut() {
+            Some(inner) => Pin::new(inner).poll_write(cx, data),
+            None => return gone(),
+        };
         self.noted(written)
     }
 
@@ -180,19 +213,28 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        let written = match self.inner.as_mut() {
+            Some(inner) => Pin::new(inner).poll_write_vectored(cx, bufs),
+            None => return gone(),
+        };
         self.noted(written)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.inner.as_ref().is_some_and(S::is_write_vectored)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        match self.inner.as_mut() {
+            Some(inner) => Pin::new(inner).poll_flush(cx),
+            None => gone(),
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        match self.inner.as_mut() {
+            Some(inner) => Pin::new(inner).poll_shutdown(cx),
+            None => gone(),
+        }
     }
 }

@@ -12,6 +12,8 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0;
 const RST_STREAM: u8 = 3;
 const PING: u8 = 6;
+/// A PING's flag for an answer.
+const ACK: u8 = 1;
 /// RST_STREAM's code for a stream the client no longer wants.
 const CANCEL: u32 = 8;
 /// The largest flow-control window h2 allows.
@@ -68,14 +70,17 @@ pub fn reset(stream: u32) -> Vec<u8> {
 /// Reads into `got` 16 KiB at a time, a little slower than loopback
 /// carries it, sending a PING after each read until `size` bytes of stream
 /// 1's data are in (the frames a client sends while it takes a response),
-/// until the server closes: `Ok` at its FIN, the error if the connection
-/// was reset.
+/// and answering the server's PINGs (so h2's graceful close can end as
+/// soon as the last frame is written), until the server closes: `Ok` at
+/// its FIN, the error if the connection was reset. `got` starts at a
+/// frame's start.
 pub async fn read_while_pinging(
     s: &mut TcpStream,
     got: &mut Vec<u8>,
     size: usize,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; 16 << 10];
+    let mut parsed = 0;
     loop {
         let n = tokio::time::timeout(super::TIMEOUT, s.read(&mut buf))
             .await
@@ -84,11 +89,26 @@ pub async fn read_while_pinging(
             return Ok(());
         }
         got.extend_from_slice(&buf[..n]);
+        while let Some((kind, flags, payload)) = frame_at(&got[parsed..]) {
+            if kind == PING && flags & ACK == 0 {
+                s.write_all(&frame(PING, ACK, 0, payload)).await?;
+            }
+            parsed += 9 + payload.len();
+        }
         if data_of_stream_1(got) < size {
             s.write_all(&frame(PING, 0, 0, &[0; 8])).await?;
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
+}
+
+/// The whole frame at the start of `bytes`, if it is in: its type, flags
+/// and payload.
+fn frame_at(bytes: &[u8]) -> Option<(u8, u8, &[u8])> {
+    let header = bytes.get(..9)?;
+    let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+    let payload = bytes.get(9..9 + len)?;
+    Some((header[3], header[4], payload))
 }
 
 /// The DATA payload bytes on stream 1 in `bytes` (a server's frames,
