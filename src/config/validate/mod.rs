@@ -261,6 +261,7 @@ impl Validator {
         };
         let liveness_paths = self.paths("admin.liveness_paths", &raw.liveness_paths, "/healthz");
         let readiness_paths = self.paths("admin.readiness_paths", &raw.readiness_paths, "/readyz");
+        self.probe_paths_apart(&liveness_paths, &readiness_paths);
         let token = match token {
             Token::Read => raw.token_file.as_deref().and_then(|f| self.token(f)),
             Token::Unread => None,
@@ -298,6 +299,37 @@ impl Validator {
             }
         }
         paths.clone()
+    }
+
+    /// A probe path that is also the other probe's, or one of the admin
+    /// port's own endpoints, would answer in their place: the liveness
+    /// probe is matched first, so `readiness_paths = ["/healthz"]` kept
+    /// readiness at 200 through a stop, and `/status` or `/metrics` among
+    /// them hid `baton status` or the scrape.
+    fn probe_paths_apart(&mut self, liveness: &[String], readiness: &[String]) {
+        let lists = [
+            ("admin.liveness_paths", liveness),
+            ("admin.readiness_paths", readiness),
+        ];
+        for (key, paths) in lists {
+            for (i, p) in paths.iter().enumerate() {
+                let taken = if p == "/status" || p == "/metrics" || p.starts_with("/backends/") {
+                    Some("an admin endpoint of baton's own".to_string())
+                } else if key == "admin.readiness_paths" && liveness.contains(p) {
+                    Some("also in admin.liveness_paths".to_string())
+                } else if p.contains(['?', '#']) {
+                    Some(
+                        "a path with a query or fragment, which no request path matches"
+                            .to_string(),
+                    )
+                } else {
+                    None
+                };
+                if let Some(taken) = taken {
+                    self.problem(&format!("{key}[{i}]"), format!("\"{p}\" is {taken}"));
+                }
+            }
+        }
     }
 
     fn token(&mut self, file: &str) -> Option<String> {
@@ -441,6 +473,45 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         let seconds = format!("[shutdown]\ndrain_timeout = 7\n{GOOD}");
         let c = parse(&seconds, Path::new("x.toml"), &Overrides::default()).expect("valid");
         assert_eq!(c.shutdown.drain_timeout.as_secs(), 7);
+    }
+
+    /// A probe path must answer for its probe alone: one in both lists, or
+    /// one of the admin port's own endpoints, is refused naming its key.
+    #[test]
+    fn probe_paths_that_would_answer_for_another_endpoint_are_refused() {
+        for (admin, key, said) in [
+            (
+                "readiness_paths = [\"/healthz\"]",
+                "admin.readiness_paths[0]",
+                "also in admin.liveness_paths",
+            ),
+            (
+                "liveness_paths = [\"/live\", \"/status\"]",
+                "admin.liveness_paths[1]",
+                "an admin endpoint of baton's own",
+            ),
+            (
+                "readiness_paths = [\"/backends/a\"]",
+                "admin.readiness_paths[0]",
+                "an admin endpoint of baton's own",
+            ),
+            (
+                "liveness_paths = [\"/live?x=1\"]",
+                "admin.liveness_paths[0]",
+                "a query or fragment",
+            ),
+        ] {
+            let found = problems(&format!("[admin]\n{admin}\n{GOOD}"));
+            assert_eq!(found.len(), 1, "{admin}: {found:?}");
+            assert!(
+                found[0].starts_with(key) && found[0].contains(said),
+                "{admin}: {found:?}"
+            );
+        }
+        let apart = format!(
+            "[admin]\nliveness_paths = [\"/live\"]\nreadiness_paths = [\"/healthz\"]\n{GOOD}"
+        );
+        parse(&apart, Path::new("x.toml"), &Overrides::default()).expect("paths apart");
     }
 
     /// A backend named by digits alone would be taken for an index by the
