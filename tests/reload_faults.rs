@@ -390,3 +390,46 @@ async fn admin_requests_follow_the_serving_generation_during_a_reload() {
     );
     assert_ne!(baton.serving_pid().await, serving);
 }
+
+/// A drained DNS name restored while the new generation starts (its offer
+/// carried the drain; the restore went to the serving one) is enabled
+/// after the reload: the go-ahead carried only names still set apart, so
+/// the name stayed drained in the new generation, and every member DNS
+/// brought it later joined drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dns_name_restored_while_the_new_generation_starts_is_enabled_after() {
+    const HOST: &str = "app.baton.test";
+    let dns = support::dns::DnsServer::start().await;
+    let backend = support::backend::HttpBackend::start("a").await;
+    dns.set_a(HOST, &[std::net::Ipv4Addr::LOCALHOST]);
+    let spec = support::daemon::Spec::new()
+        .section(&format!(
+            "[resolver]\nnameservers = [\"{}\"]\n\n[[pools]]\nname = \"app\"\nbackends = [{{ name = \"app\", address = \"{HOST}:{}\" }}]\n",
+            dns.addr,
+            backend.addr.port()
+        ))
+        .http("web", "app");
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    let drained = client::call(admin, "POST", "/backends/app/drain", None)
+        .await
+        .expect("drain");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+    let serving = baton.serving_pid().await;
+    let config = config_behind_a_fifo(&baton);
+    let (_, reply) = new_generation_holding_the_sockets(&baton, serving).await;
+    let restored = client::call(admin, "POST", "/backends/app/restore", None)
+        .await
+        .expect("restore");
+    assert_eq!(restored.status, 200, "{}", restored.body);
+    support::daemon::feed_fifo(&baton.config, &config).await;
+    let reply = reply.await.expect("join");
+    assert!(reply.contains("\"ok\":true"), "{reply}");
+    config_restored(&baton, &config);
+    assert_ne!(baton.serving_pid().await, serving);
+    let status = client::status(admin).await;
+    assert_eq!(
+        status["pools"][0]["named"][0]["admin"], "enabled",
+        "{status}"
+    );
+}

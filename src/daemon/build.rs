@@ -485,20 +485,19 @@ fn carried(admin: AdminState) -> CarriedAdmin {
     }
 }
 
-/// What this generation carries to the next about its backends (and the
-/// names resolved from DNS that the operator drained).
+/// What this generation carries to the next about its backends and the
+/// names resolved from DNS: every name, enabled ones too, as the go-ahead
+/// must undo a drain the offer carried when the operator restored the
+/// name while the next generation started.
 pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
     let names = pools.iter().flat_map(|p| {
-        p.named
-            .iter()
-            .filter(|n| n.admin() != AdminState::Enabled)
-            .map(|n| BackendCarry {
-                pool: p.name.clone(),
-                name: n.name.clone(),
-                address: n.query.to_string(),
-                admin: carried(n.admin()),
-                healthy: None,
-            })
+        p.named.iter().map(|n| BackendCarry {
+            pool: p.name.clone(),
+            name: n.name.clone(),
+            address: n.query.to_string(),
+            admin: carried(n.admin()),
+            healthy: None,
+        })
     });
     pools
         .iter()
