@@ -365,12 +365,13 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
         .pool("app", &[a.addr, b.addr]);
     let baton = Baton::start(spec).await;
     let admin = baton.admin;
+    let unsigned = client::call(admin, "POST", "/backends/app-0/drain", None)
+        .await
+        .expect("call");
+    assert_eq!(unsigned.status, 401);
     assert_eq!(
-        client::call(admin, "POST", "/backends/app-0/drain", None)
-            .await
-            .expect("call")
-            .status,
-        401
+        unsigned.headers["www-authenticate"], "Bearer",
+        "RFC 9110 §11.6.1"
     );
     assert_eq!(
         client::call(admin, "POST", "/backends/app-0/drain", Some("wrong"))

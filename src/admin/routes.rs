@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_TYPE};
+use http::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{json, Value};
@@ -221,10 +221,15 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
     }
     if let Some(token) = &state.config.token {
         if !authorized(req, token) {
-            return error(
+            let mut refused = error(
                 StatusCode::UNAUTHORIZED,
                 "missing or wrong bearer token".into(),
             );
+            // RFC 9110 §11.6.1: a 401 says which scheme it wants.
+            refused
+                .headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return refused;
         }
     }
     // Held until the change is made: see `AdminShared::handed_over`.
@@ -242,8 +247,16 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
             .insert(CONNECTION, HeaderValue::from_static("close"));
         return refused;
     }
+    // Clients encode a path segment's `@`, `[`, `]` and `:` (Go's
+    // `url.PathEscape`, Python's `quote(id, safe="")`); names hold no `%`.
+    let Ok(id) = percent_encoding::percent_decode_str(id).decode_utf8() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "the backend id is not UTF-8 once percent-decoded".into(),
+        );
+    };
     let topology = state.topology();
-    let found = match find_backends(&topology, id) {
+    let found = match find_backends(&topology, &id) {
         Ok(found) => found,
         Err((status, message)) => return error(status, message),
     };
@@ -258,7 +271,7 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
             named.set_admin(word);
             // Looked at again: a member that joined while the word was
             // being said is in this look, one joining later takes the word.
-            find_backends(&state.topology(), id).unwrap_or(found)
+            find_backends(&state.topology(), &id).unwrap_or(found)
         }
         None => found,
     };

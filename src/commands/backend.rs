@@ -2,12 +2,30 @@
 
 use std::time::{Duration, Instant};
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::Value;
 
 use super::status::{admin_call, load, s};
 use crate::cli::{BackendAction, BackendArgs};
 use crate::config::Token;
 use crate::exit::Exit;
+
+/// What an id keeps as it is in a path: a name's characters and a DNS
+/// member's `@`, `[`, `]` and `:`. Anything else is encoded, so a mistyped
+/// id with `?`, `#` or `/` reaches the API whole and is answered "no
+/// backend" by its name, not cut at that character.
+const KEPT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'@')
+    .remove(b'[')
+    .remove(b']')
+    .remove(b':');
+
+fn in_path(id: &str) -> String {
+    utf8_percent_encode(id, KEPT).to_string()
+}
 
 pub fn backend(args: &BackendArgs) -> Exit {
     let c = match load(&args.config.config, Token::Read) {
@@ -18,7 +36,7 @@ pub fn backend(args: &BackendArgs) -> Exit {
         BackendAction::Drain => "drain",
         BackendAction::Restore => "restore",
     };
-    let path = format!("/backends/{}/{action}", args.id);
+    let path = format!("/backends/{}/{action}", in_path(&args.id));
     let call = || admin_call(&c, "POST", &path);
     let (code, body) = match sent_again_while_handed_over(call, HANDED_OVER_BUDGET, PAUSE) {
         Ok(r) => r,
@@ -69,6 +87,15 @@ fn sent_again_while_handed_over(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An id goes whole into the path: a member's label as it is, and a
+    /// mistyped `?`, `#` or `/` encoded rather than ending the segment.
+    #[test]
+    fn an_id_reaches_the_path_whole() {
+        assert_eq!(in_path("app@[2001:db8::1]:8080"), "app@[2001:db8::1]:8080");
+        assert_eq!(in_path("web-1.a_b"), "web-1.a_b");
+        assert_eq!(in_path("a?b#c/d e"), "a%3Fb%23c%2Fd%20e");
+    }
 
     #[test]
     fn a_503_is_sent_again_until_served_within_the_budget() {
