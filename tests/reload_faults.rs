@@ -433,3 +433,37 @@ async fn a_dns_name_restored_while_the_new_generation_starts_is_enabled_after() 
         "{status}"
     );
 }
+
+/// A reload while a checked backend accepts and hangs, under a
+/// `health.timeout` longer than `reload.ready_timeout`, works (DESIGN: a
+/// reload during a backend outage still works): the new generation's
+/// first health round waited for that check, overran its ready budget and
+/// was killed, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_works_while_a_health_check_hangs_longer_than_ready_timeout() {
+    let up = support::backend::HttpBackend::start("a").await;
+    let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hanging_addr = hanging.local_addr().expect("addr");
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hanging.accept().await {
+            held.push(s);
+        }
+    });
+    let spec = support::daemon::Spec::new()
+        .section(&format!(
+            "[reload]\nready_timeout = \"2s\"\n\n[[pools]]\nname = \"app\"\nhealth = {{ kind = \"http\", path = \"/\", interval = \"10s\", timeout = \"3s\" }}\nbackends = [{{ name = \"a\", address = \"{}\" }}, {{ name = \"hangs\", address = \"{hanging_addr}\" }}]\n",
+            up.addr
+        ))
+        .http("web", "app");
+    let baton = Baton::start(spec).await;
+    let serving = baton.serving_pid().await;
+    let reload = baton.reload().await;
+    assert_eq!(reload.code, 0, "{reload:?}\n{}", baton.log());
+    assert_ne!(baton.serving_pid().await, serving);
+    let answer = client::get(baton.addr("web"), "/").await.expect("served");
+    assert_eq!(answer.status, 200);
+    holder.abort();
+}

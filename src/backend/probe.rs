@@ -91,8 +91,12 @@ async fn ask(config: &HealthConfig, host: &str, mut stream: BackendStream) -> Re
 }
 
 /// Runs one check of every checked backend at once, so a start-up or a
-/// takeover knows the health of each before it serves.
-pub async fn first_round(pools: &[Arc<Pool>]) {
+/// takeover knows the health of each before it serves; waits `within` at
+/// most. A check that takes longer (a backend that accepts and hangs,
+/// under a long `health.timeout`) goes on and records its result when it
+/// ends: waiting for it made a reload during such an outage overrun
+/// `reload.ready_timeout` and fail, where DESIGN says it must work.
+pub async fn first_round(pools: &[Arc<Pool>], within: Duration) {
     let mut checks = tokio::task::JoinSet::new();
     for pool in pools {
         let Some(config) = pool.health.clone() else {
@@ -109,7 +113,18 @@ pub async fn first_round(pools: &[Arc<Pool>]) {
             });
         }
     }
-    while checks.join_next().await.is_some() {}
+    let all_in = tokio::time::timeout(within, async {
+        while checks.join_next().await.is_some() {}
+    })
+    .await;
+    if all_in.is_err() {
+        tracing::warn!(
+            waited = ?within,
+            running = checks.len(),
+            "first health round not over within half of reload.ready_timeout: going on with the verdicts carried over; the checks still running record theirs when they end"
+        );
+        checks.detach_all();
+    }
 }
 
 /// Starts the periodic checks, and the sweep of idle backend connections;

@@ -132,8 +132,9 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         pools: pools.clone(),
     });
     // The first health round: a takeover needs only this (verdicts carried
-    // over), not healthy backends, so a reload during an outage works.
-    probe::first_round(&pools).await;
+    // over), not healthy backends, so a reload during an outage works; and
+    // only half its ready budget, which the lookups before took part of.
+    probe::first_round(&pools, config.reload.ready_timeout / 2).await;
     let adopted = inventory.taken();
     let unclaimed = inventory.unclaimed();
     if !unclaimed.is_empty() {
