@@ -43,6 +43,9 @@ impl Validator {
     /// A backend `address`: `ip:port`, or `host:port` to resolve.
     pub(super) fn backend_target(&mut self, key: &str, text: &str) -> Target {
         if let Ok(addr) = text.parse::<SocketAddr>() {
+            if addr.port() == 0 {
+                self.problem(key, format!("\"{text}\": 0 is not a port (1 to 65535)"));
+            }
             return Target::Ip(addr);
         }
         match host_port(text) {

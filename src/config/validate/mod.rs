@@ -221,6 +221,18 @@ impl Validator {
             raw.close_spread.as_ref(),
             Duration::ZERO,
         );
+        // Spread past the drain's deadline, the streams still open at it
+        // are cut together: the reconnect storm the spread exists to avoid.
+        if !drain_timeout.is_zero() && close_spread >= drain_timeout {
+            self.problem(
+                "reload.close_spread",
+                format!(
+                    "{} must be shorter than reload.drain_timeout ({}): the streams still open at the drain's deadline would all be cut at once",
+                    humantime::format_duration(close_spread),
+                    humantime::format_duration(drain_timeout)
+                ),
+            );
+        }
         ReloadConfig {
             ready_timeout,
             drain_timeout,
@@ -512,6 +524,42 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             "[admin]\nliveness_paths = [\"/live\"]\nreadiness_paths = [\"/healthz\"]\n{GOOD}"
         );
         parse(&apart, Path::new("x.toml"), &Overrides::default()).expect("paths apart");
+    }
+
+    /// Values that pass their own range but cannot work are refused,
+    /// naming the key: a close spread the drain's deadline cuts short, a
+    /// backend on port 0, and checks every millisecond.
+    #[test]
+    fn values_that_cannot_work_are_refused() {
+        for (text, key, said) in [
+            (
+                format!("[reload]\nclose_spread = \"5m\"\n{GOOD}"),
+                "reload.close_spread",
+                "shorter than reload.drain_timeout (10s)",
+            ),
+            (
+                GOOD.replace("127.0.0.1:9001", "127.0.0.1:0"),
+                "pools[0].backends[0].address",
+                "0 is not a port",
+            ),
+            (
+                GOOD.replace(
+                    "backends =",
+                    "health = { kind = \"tcp\", interval = \"1ms\" }\nbackends =",
+                ),
+                "pools[0].health.interval",
+                "at least 100ms",
+            ),
+        ] {
+            let found = problems(&text);
+            assert_eq!(found.len(), 1, "{text}: {found:?}");
+            assert!(
+                found[0].starts_with(key) && found[0].contains(said),
+                "{found:?}"
+            );
+        }
+        let spread = format!("[reload]\nclose_spread = \"5s\"\n{GOOD}");
+        parse(&spread, Path::new("x.toml"), &Overrides::default()).expect("5s within 10s");
     }
 
     /// A backend named by digits alone would be taken for an index by the

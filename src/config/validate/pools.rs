@@ -3,6 +3,9 @@
 use super::dns::Target;
 use super::*;
 
+/// The shortest `health.interval` taken.
+const MIN_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
 /// A `backends` entry, validated.
 enum Entry {
     Ip(BackendConfig),
@@ -180,14 +183,20 @@ impl Validator {
                 format!("\"{path}\" must start with '/'"),
             );
         }
+        let interval_key = format!("{key}.interval");
+        let interval = self.timeout(&interval_key, raw.interval.as_ref(), Duration::from_secs(2));
+        // Each check is a new connection to every backend, from every
+        // generation: "1ms" would be a thousand a second each.
+        if interval < MIN_CHECK_INTERVAL {
+            self.problem(
+                &interval_key,
+                format!("must be at least {MIN_CHECK_INTERVAL:?}"),
+            );
+        }
         HealthConfig {
             kind,
             path,
-            interval: self.timeout(
-                &format!("{key}.interval"),
-                raw.interval.as_ref(),
-                Duration::from_secs(2),
-            ),
+            interval,
             timeout: self.timeout(
                 &format!("{key}.timeout"),
                 raw.timeout.as_ref(),
