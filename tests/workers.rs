@@ -65,3 +65,35 @@ async fn each_worker_has_a_shard_of_every_listener_and_a_reload_hands_all_over()
         200
     );
 }
+
+/// A listener on port 0 is on one port, the one the kernel picked for its
+/// first shard, whatever the number of workers: each shard picked its
+/// own, so the listener was on as many ports as workers, each served by
+/// one worker, and `/status` showed the last. A reload keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_on_port_0_has_every_shard_on_one_port() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .top("workers = 3")
+        .section("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let status = client::status(baton.admin).await;
+    let bound: std::net::SocketAddr = status["listeners"][0]["bind"]
+        .as_str()
+        .and_then(|b| b.parse().ok())
+        .expect("/status names the bound address");
+    assert_ne!(bound.port(), 0);
+    assert_eq!(
+        listening_inodes(bound.port()).len(),
+        3,
+        "three shards listening on {bound}"
+    );
+    let answer = client::get(bound, "/").await.expect("served");
+    assert_eq!(answer.status, 200);
+    // And a reload adopts the very same three sockets.
+    let shards = listening_inodes(bound.port());
+    baton.reload_ok().await;
+    baton.settled().await;
+    assert_eq!(listening_inodes(bound.port()), shards);
+}

@@ -335,11 +335,12 @@ fn shards(
 ) -> Result<Shards, StartError> {
     let shared = crate::listener::Shared::new(l.max_connections);
     let acks = acks_for(l);
-    let endpoint = Endpoint::Tcp {
-        addr: l.bind,
+    let endpoint_at = |addr| Endpoint::Tcp {
+        addr,
         backlog: l.backlog,
         reuseport: true,
     };
+    let mut endpoint = endpoint_at(l.bind);
     let bind_err = |source| StartError::Bind {
         name: l.name.clone(),
         addr: l.bind.to_string(),
@@ -376,6 +377,12 @@ fn shards(
         shards.any_adopted |= listening.adopted;
         let socket: std::net::TcpListener = listening.socket.into();
         shards.bound = socket.local_addr().map_err(bind_err)?;
+        // Port 0: the kernel picks shard 0's port, and every other shard
+        // joins it (each picked one of its own: one listener on as many
+        // ports as workers, and `/status` showed the last).
+        if shard == 0 && l.bind.port() == 0 {
+            endpoint = endpoint_at(shards.bound);
+        }
         let queue = Arc::new(crate::metrics::kernel::AcceptQueue::default());
         shards.queues.push(Arc::clone(&queue));
         let listener = Listener {
