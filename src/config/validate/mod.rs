@@ -528,7 +528,9 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
 
     /// Values that pass their own range but cannot work are refused,
     /// naming the key: a close spread the drain's deadline cuts short, a
-    /// backend on port 0, and checks every millisecond.
+    /// backend on port 0, and checks every millisecond; and one address in
+    /// two pools without names is refused at the address, not at a `name`
+    /// key the operator never wrote.
     #[test]
     fn values_that_cannot_work_are_refused() {
         for (text, key, said) in [
@@ -558,6 +560,16 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "{found:?}"
             );
         }
+        let shared = format!(
+            "{GOOD}\n[[pools]]\nname = \"other\"\nbackends = [{{ address = \"127.0.0.1:9002\" }}]\n[[pools]]\nname = \"third\"\nbackends = [{{ address = \"127.0.0.1:9002\" }}]\n"
+        );
+        let found = problems(&shared);
+        assert!(
+            found.len() == 1
+                && found[0].starts_with("pools[2].backends[0].address")
+                && found[0].contains("give each of the two a name"),
+            "one address in two pools, unnamed: {found:?}"
+        );
         let spread = format!("[reload]\nclose_spread = \"5s\"\n{GOOD}");
         parse(&spread, Path::new("x.toml"), &Overrides::default()).expect("5s within 10s");
     }

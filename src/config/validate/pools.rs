@@ -70,7 +70,15 @@ impl Validator {
                     Entry::Ip(b) => &b.name,
                     Entry::Named(n) => &n.name,
                 };
-                self.unique_backend(&mut backend_names, &format!("{bkey}.name"), name);
+                if b.name.is_some() {
+                    self.unique_backend(&mut backend_names, &format!("{bkey}.name"), name);
+                } else if !backend_names.insert(name.clone()) {
+                    // Named after its address: the operator wrote no name.
+                    self.problem(
+                        &format!("{bkey}.address"),
+                        format!("\"{name}\" is also another backend's name or unnamed address: backend names are global (the admin API uses them), so give each of the two a name of its own"),
+                    );
+                }
                 match entry {
                     Entry::Ip(b) => backends.push(b),
                     Entry::Named(n) => named.push(n),
