@@ -59,9 +59,20 @@ fn named_spec(dns: &DnsServer, port: u16, extra: &str) -> Spec {
 
 /// [`named_spec`] resolved every `interval`.
 fn named_spec_every(interval: &str, dns: &DnsServer, port: u16, extra: &str) -> Spec {
+    named_spec_waiting(interval, "300ms", dns, port, extra)
+}
+
+/// [`named_spec_every`] with a lookup given up after `timeout`.
+fn named_spec_waiting(
+    interval: &str,
+    timeout: &str,
+    dns: &DnsServer,
+    port: u16,
+    extra: &str,
+) -> Spec {
     Spec::new()
         .section(&format!(
-            "[resolver]\nnameservers = [\"{}\"]\ntimeout = \"300ms\"\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"{interval}\"\n{extra}\nbackends = [{{ name = \"app\", address = \"{HOST}:{port}\" }}]\n",
+            "[resolver]\nnameservers = [\"{}\"]\ntimeout = \"{timeout}\"\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"{interval}\"\n{extra}\nbackends = [{{ name = \"app\", address = \"{HOST}:{port}\" }}]\n",
             dns.addr
         ))
         .http("web", "app")
@@ -541,4 +552,27 @@ fn check_refuses_bad_names_naming_the_key_and_prints_good_ones() {
         stdout.contains("resolver nameservers 127.0.0.1:5353, timeout 2s"),
         "{stdout}"
     );
+}
+
+/// A backend post while a first start still waits on DNS, its backends
+/// not built yet, is a 503 to send again (`baton backend` does), not a 404
+/// "no backend named app" for a name the config has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_post_before_the_first_lookup_ends_is_sent_again() {
+    let dns = DnsServer::start().await;
+    dns.set_mode(Mode::Silent);
+    let (first, _second) = two_hosts().await;
+    let spec = named_spec_waiting("10m", "5s", &dns, first.addr.port(), "");
+    let baton = Baton::spawn(spec, &[]);
+    support::eventually("the admin port answers", || async {
+        client::get(baton.admin, "/healthz")
+            .await
+            .is_ok_and(|a| a.status == 200)
+    })
+    .await;
+    let early = client::call(baton.admin, "POST", "/backends/app/drain", None)
+        .await
+        .expect("drain");
+    assert_eq!(early.status, 503, "{}", early.body);
+    assert!(early.body.contains("starting"), "{}", early.body);
 }

@@ -256,6 +256,14 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
         );
     };
     let topology = state.topology();
+    if topology.pools.is_empty() && !state.configured.pools.is_empty() {
+        // A first start still looking its backends up: the id may well be
+        // one the config names (`baton backend` sends a 503 again).
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting: the backends are not built yet (DNS lookups first); send it again in a moment".into(),
+        );
+    }
     let found = match find_backends(&topology, &id) {
         Ok(found) => found,
         Err((status, message)) => return error(status, message),
