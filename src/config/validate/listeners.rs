@@ -40,10 +40,10 @@ impl Validator {
                     SocketAddr::from(([127, 0, 0, 1], 0))
                 }
             };
-            if bind.port() != 0 && (!binds.insert(bind) || bind == admin) {
+            if bind.port() != 0 && (!binds.insert(bind) || overlaps(bind, admin)) {
                 self.problem(
                     &format!("{key}.bind"),
-                    format!("{bind} is already used by another listener or the admin server"),
+                    format!("{bind} is already used by another listener or the admin server ({admin}: the same port on the same or every address)"),
                 );
             }
             let protocol = match l.protocol.as_deref() {
@@ -210,4 +210,16 @@ impl Validator {
         }
         out
     }
+}
+
+/// Whether a listener at `bind` would take `admin`'s port: the admin socket
+/// is bound alone (no `SO_REUSEPORT`), so the kernel refuses a listener on
+/// its port at its address or at the wildcard, or one at any address when
+/// the admin's is the wildcard. Caught here, `baton check` says so; not,
+/// `run` failed to bind, and a reload moving the admin there failed each
+/// time. (IPv6 sockets are bound `IPV6_V6ONLY`: the families never meet.)
+fn overlaps(bind: SocketAddr, admin: SocketAddr) -> bool {
+    bind.port() == admin.port()
+        && bind.is_ipv4() == admin.is_ipv4()
+        && (bind.ip() == admin.ip() || bind.ip().is_unspecified() || admin.ip().is_unspecified())
 }

@@ -530,7 +530,8 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     /// naming the key: a close spread the drain's deadline cuts short, a
     /// backend on port 0, and checks every millisecond; and one address in
     /// two pools without names is refused at the address, not at a `name`
-    /// key the operator never wrote.
+    /// key the operator never wrote; and a listener on the admin's port at
+    /// the wildcard address, which `run` could not bind.
     #[test]
     fn values_that_cannot_work_are_refused() {
         for (text, key, said) in [
@@ -570,6 +571,17 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 && found[0].contains("give each of the two a name"),
             "one address in two pools, unnamed: {found:?}"
         );
+        let on_admin = GOOD.replace("127.0.0.1:8080", "0.0.0.0:9901");
+        let found = problems(&on_admin);
+        assert!(
+            found.len() == 1
+                && found[0].starts_with("listeners[0].bind")
+                && found[0].contains("admin server (127.0.0.1:9901"),
+            "the wildcard on the admin's port: {found:?}"
+        );
+        let other_family = GOOD.replace("127.0.0.1:8080", "[::]:9901");
+        parse(&other_family, Path::new("x.toml"), &Overrides::default())
+            .expect("IPv6's wildcard is apart from 127.0.0.1");
         let spread = format!("[reload]\nclose_spread = \"5s\"\n{GOOD}");
         parse(&spread, Path::new("x.toml"), &Overrides::default()).expect("5s within 10s");
     }
