@@ -216,8 +216,8 @@ impl Validator {
 /// is bound alone (no `SO_REUSEPORT`), so the kernel refuses a listener on
 /// its port at its address or at the wildcard, or one at any address when
 /// the admin's is the wildcard. Caught here, `baton check` says so; not,
-/// `run` failed to bind, and a reload moving the admin there failed each
-/// time. (IPv6 sockets are bound `IPV6_V6ONLY`: the families never meet.)
+/// `run` failed to bind (and so did every reload to such a config). (IPv6
+/// sockets are bound `IPV6_V6ONLY`: the families never meet.)
 fn overlaps(bind: SocketAddr, admin: SocketAddr) -> bool {
     bind.port() == admin.port()
         && bind.is_ipv4() == admin.is_ipv4()
