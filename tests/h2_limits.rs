@@ -362,15 +362,17 @@ async fn a_requests_fields_are_bounded_as_an_http1_heads() {
     assert_eq!(backend.hits(), 3, "only the heads within bounds reached it");
 }
 
-/// Whether baton closed `s`: looked at without waiting, what it sent
-/// meanwhile read and dropped.
-fn closed_now(s: &TcpStream) -> bool {
+/// Whether baton closed `s` or sent GOAWAY: looked at without waiting,
+/// what it sent meanwhile read into `seen` (its frames from the first).
+fn told_to_stop(s: &TcpStream, seen: &mut Vec<u8>) -> bool {
     let mut buf = [0u8; 4096];
     loop {
         match s.try_read(&mut buf) {
             Ok(0) => return true,
-            Ok(_) => continue,
-            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                return frames(seen).iter().any(|(kind, _)| *kind == GOAWAY)
+            }
             Err(_) => return true,
         }
     }
@@ -379,16 +381,16 @@ fn closed_now(s: &TcpStream) -> bool {
 /// The "rapid reset" attack (CVE-2023-44487), in the form h2's own bound
 /// (20 resets waiting for the server at once) does not see: each stream
 /// reset just after baton took it and sent it on, so each costs the
-/// backend a request. The connection is cut at the hundredth such stream,
-/// not served for good.
+/// backend a request. At the 500th such stream the connection gets GOAWAY
+/// and is closed a second later, not served for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_resets_every_stream_it_opens_is_cut() {
-    const FLOOD: u64 = 100;
+    const FLOOD: u64 = 500;
     let (backend, baton) = baton_with("").await;
     let mut s = opened(&baton).await;
-    let mut reset = 0;
+    let (mut reset, mut seen) = (0, Vec::new());
     let deadline = tokio::time::Instant::now() + support::TIMEOUT;
-    while !closed_now(&s) && reset < 2 * FLOOD {
+    while !told_to_stop(&s, &mut seen) && reset < 2 * FLOOD {
         let stream = 2 * reset as u32 + 1;
         let before = backend.hits();
         if s.write_all(&support::h2_raw::get_on(stream, "/slow/10000"))
@@ -397,8 +399,8 @@ async fn a_client_that_resets_every_stream_it_opens_is_cut() {
         {
             break;
         }
-        // Reset once the backend has it (or baton closed meanwhile).
-        while backend.hits() == before && !closed_now(&s) {
+        // Reset once the backend has it (or baton said stop meanwhile).
+        while backend.hits() == before && !told_to_stop(&s, &mut seen) {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "stream {stream} never reached the backend"
@@ -408,9 +410,13 @@ async fn a_client_that_resets_every_stream_it_opens_is_cut() {
         let _ = s.write_all(&support::h2_raw::reset(stream)).await;
         reset += 1;
     }
-    let open = until_closed(&mut s, Duration::from_secs(5)).await.is_none();
-    assert!(!open, "still open after {reset} streams reset");
-    // A stream or two more may cross the cut on their way.
+    let rest = until_closed(&mut s, Duration::from_secs(5)).await;
+    assert!(rest.is_some(), "still open after {reset} streams reset");
+    assert!(
+        frames(&seen).iter().any(|(kind, _)| *kind == GOAWAY),
+        "GOAWAY before the close"
+    );
+    // A stream or two more may cross the GOAWAY on their way.
     assert!(
         (FLOOD..=FLOOD + 2).contains(&reset),
         "cut after {reset} streams reset, not {FLOOD}"

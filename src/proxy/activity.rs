@@ -18,18 +18,20 @@ use super::head::OpeningClock;
 /// however often it still writes (see `ConnState::done_and_quiet`).
 const QUIET_AT_MOST: u32 = 4;
 
-/// A client that reset this many streams before their responses, each
-/// within [`EARLY_RESET`] of its start, and more than half of the streams
-/// it opened, is flooding: the "rapid reset" attack (CVE-2023-44487), in
-/// which a stream costs the client two frames and baton, and its backend,
-/// a request. h2 itself closes the connection only when more than 20
-/// resets wait for hyper at once; a client that resets each stream just
-/// after hyper took it (a millisecond later) slips past that. Envoy's
-/// answer, with the same kind of bounds (500 streams, half of them reset
-/// within a second); a browser that cancels the rest of a page it left,
-/// or a gRPC client whose deadlines expire while a backend is slow, stays
-/// far below a hundred on one connection, or reconnects.
-const RESET_FLOOD: u64 = 100;
+/// A client whose streams sent on to a backend reach this many, more than
+/// half of them reset before their responses, each within [`EARLY_RESET`]
+/// of its start, is flooding: the "rapid reset" attack (CVE-2023-44487),
+/// in which a stream costs the client two frames and baton, and its
+/// backend, a request. h2 itself closes the connection only when more
+/// than 20 resets wait for hyper at once; a client that resets each
+/// stream just after hyper took it (a millisecond later) slips past that.
+/// Envoy's bounds (`premature_reset_total_stream_count`: 500 streams,
+/// half of them reset within a second). Streams baton answers itself
+/// (refused: CONNECT, a bad Host) do not count: a client could otherwise
+/// send one between resets and stay at half. A browser that cancels the
+/// rest of a page it left stays far below; a gRPC client whose deadlines
+/// all expire against a slow backend may reach it, and reconnects.
+const RESET_FLOOD: u64 = 500;
 const EARLY_RESET: Duration = Duration::from_secs(1);
 
 pub struct ConnState {
@@ -54,9 +56,9 @@ pub struct ConnState {
     /// to hyper, but h2 may hold that frame until the client's window
     /// opens (see [`ConnState::done_and_quiet`]).
     wrote_nanos: AtomicU64,
-    /// Streams begun, and those of them the client reset early (see
-    /// [`RESET_FLOOD`]).
-    streams: AtomicU64,
+    /// Streams sent on to a backend, and those of them the client reset
+    /// early (see [`RESET_FLOOD`]).
+    sent_on: AtomicU64,
     early_resets: AtomicU64,
     /// Told once the client is found flooding.
     flooded: Notify,
@@ -71,6 +73,8 @@ pub struct Busy {
     delivery: Option<Arc<Delivery>>,
     /// When it began, nanoseconds since the state's `origin`.
     begun_nanos: u64,
+    /// Whether it was sent on to a backend.
+    sent_on: bool,
     /// Whether its response was made: a `Busy` dropped before is a stream
     /// the client reset first (hyper drops its future), or the
     /// connection's end.
@@ -78,6 +82,12 @@ pub struct Busy {
 }
 
 impl Busy {
+    /// The stream goes on to a backend: one the flood bound counts.
+    pub fn sent_on(&mut self) {
+        self.sent_on = true;
+        self.state.sent_on.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The stream's response is made: from now on, a reset is the
     /// client's right (it stops a download it no longer wants).
     pub fn answered(&mut self) {
@@ -125,7 +135,8 @@ impl Drop for Busy {
             state.frames_waiting.fetch_sub(1, Ordering::Relaxed);
         }
         let now = state.origin.elapsed().as_nanos() as u64;
-        if !self.answered && now - self.begun_nanos < EARLY_RESET.as_nanos() as u64 {
+        let early = now - self.begun_nanos < EARLY_RESET.as_nanos() as u64;
+        if self.sent_on && !self.answered && early {
             state.reset_early();
         }
         state.idle_since_nanos.store(now, Ordering::Relaxed);
@@ -147,18 +158,18 @@ impl ConnState {
             frames_waiting: AtomicUsize::new(0),
             delivery_moved_nanos: AtomicU64::new(0),
             wrote_nanos: AtomicU64::new(0),
-            streams: AtomicU64::new(0),
+            sent_on: AtomicU64::new(0),
             early_resets: AtomicU64::new(0),
             flooded: Notify::new(),
         }
     }
 
-    /// A stream ended before its response, soon after it began.
+    /// A stream sent on ended before its response, soon after it began.
     fn reset_early(&self) {
         let resets = self.early_resets.fetch_add(1, Ordering::Relaxed) + 1;
-        let streams = self.streams.load(Ordering::Relaxed);
+        let sent_on = self.sent_on.load(Ordering::Relaxed);
         // A single permit, however often it is given.
-        if resets >= RESET_FLOOD && resets * 2 > streams {
+        if sent_on >= RESET_FLOOD && resets * 2 > sent_on {
             self.flooded.notify_one();
         }
     }
@@ -198,12 +209,12 @@ impl ConnState {
 
     pub fn begin(self: &Arc<Self>, delivery: Option<Arc<Delivery>>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::Acquire);
-        self.streams.fetch_add(1, Ordering::Relaxed);
         Busy {
             state: Arc::clone(self),
             waiting: false,
             delivery,
             begun_nanos: self.origin.elapsed().as_nanos() as u64,
+            sent_on: false,
             answered: false,
         }
     }
@@ -255,10 +266,11 @@ mod tests {
         Arc::new(ConnState::new(Instant::now()))
     }
 
-    /// `n` streams begun and ended at once: `answered`, or reset.
+    /// `n` streams sent on and ended at once: `answered`, or reset.
     fn streams(state: &Arc<ConnState>, n: u64, answered: bool) {
         for _ in 0..n {
             let mut busy = state.begin(None);
+            busy.sent_on();
             if answered {
                 busy.answered();
             }
@@ -272,7 +284,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_hundred_streams_reset_before_their_responses_are_a_flood() {
+    async fn streams_all_reset_before_their_responses_are_a_flood_at_the_bound() {
         let (few, many) = (state(), state());
         streams(&few, RESET_FLOOD - 1, false);
         streams(&many, RESET_FLOOD, false);
@@ -290,10 +302,28 @@ mod tests {
         assert!(is_flooded(&state).await, "more than half reset");
     }
 
+    /// Streams baton answered itself make no room for resets: a client
+    /// sending one between resets stayed at half.
+    #[tokio::test(start_paused = true)]
+    async fn streams_refused_by_baton_do_not_count() {
+        let state = state();
+        for _ in 0..RESET_FLOOD {
+            state.begin(None).answered();
+        }
+        streams(&state, RESET_FLOOD, false);
+        assert!(is_flooded(&state).await);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_stream_reset_after_a_second_is_no_flood() {
         let state = state();
-        let begun: Vec<Busy> = (0..RESET_FLOOD).map(|_| state.begin(None)).collect();
+        let begun: Vec<Busy> = (0..RESET_FLOOD)
+            .map(|_| {
+                let mut busy = state.begin(None);
+                busy.sent_on();
+                busy
+            })
+            .collect();
         tokio::time::advance(EARLY_RESET).await;
         drop(begun);
         assert!(!is_flooded(&state).await);

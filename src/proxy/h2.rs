@@ -161,6 +161,7 @@ impl HttpProxy {
             tokio::pin!(idle_in_drain);
             let mut closing = false;
             let mut idle_goaway: Option<Instant> = None;
+            let mut flood_cut: Option<Instant> = None;
             loop {
                 tokio::select! {
                     result = conn.as_mut() => {
@@ -183,11 +184,20 @@ impl HttpProxy {
                         metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
                         break Ended::Cut;
                     }
-                    () = state.flooded() => {
+                    // GOAWAY, and a grace for the streams under way that
+                    // the client did not reset; then the cut.
+                    () = state.flooded(), if flood_cut.is_none() => {
                         if crate::telemetry::client_fault() {
-                            tracing::info!(listener = %self.listener, client = %peer, "client reset most of its streams before their responses (rapid reset); closing");
+                            tracing::info!(listener = %self.listener, client = %peer, "client reset most of its streams before their responses (rapid reset); GOAWAY, closing in a second");
                         }
                         metrics::client_abort(&self.listener, metrics::AbortReason::ResetFlood);
+                        if !closing {
+                            conn.as_mut().graceful_shutdown();
+                            closing = true;
+                        }
+                        flood_cut = Some(Instant::now() + H2_GOAWAY_GRACE);
+                    }
+                    () = tokio::time::sleep_until(flood_cut.unwrap_or_else(Instant::now)), if flood_cut.is_some() => {
                         break Ended::Cut;
                     }
                     () = state.opening.overdue(self.header_timeout) => {
@@ -292,6 +302,7 @@ impl HttpProxy {
         let checked = match refusal(&req) {
             Some(refused) => Err(refused),
             None => {
+                busy.sent_on();
                 let stream = Stream {
                     client,
                     request_id: &request_id,
