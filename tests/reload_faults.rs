@@ -454,7 +454,7 @@ async fn a_reload_works_while_a_health_check_hangs_longer_than_ready_timeout() {
     });
     let spec = support::daemon::Spec::new()
         .section(&format!(
-            "[reload]\nready_timeout = \"2s\"\n\n[[pools]]\nname = \"app\"\nhealth = {{ kind = \"http\", path = \"/\", interval = \"10s\", timeout = \"3s\" }}\nbackends = [{{ name = \"a\", address = \"{}\" }}, {{ name = \"hangs\", address = \"{hanging_addr}\" }}]\n",
+            "[reload]\nready_timeout = \"6s\"\n\n[[pools]]\nname = \"app\"\nhealth = {{ kind = \"http\", path = \"/\", interval = \"20s\", timeout = \"8s\" }}\nbackends = [{{ name = \"a\", address = \"{}\" }}, {{ name = \"hangs\", address = \"{hanging_addr}\" }}]\n",
             up.addr
         ))
         .http("web", "app");

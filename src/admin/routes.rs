@@ -247,14 +247,6 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
             .insert(CONNECTION, HeaderValue::from_static("close"));
         return refused;
     }
-    // Clients encode a path segment's `@`, `[`, `]` and `:` (Go's
-    // `url.PathEscape`, Python's `quote(id, safe="")`); names hold no `%`.
-    let Ok(id) = percent_encoding::percent_decode_str(id).decode_utf8() else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "the backend id is not UTF-8 once percent-decoded".into(),
-        );
-    };
     let topology = state.topology();
     if topology.pools.is_empty() && !state.configured.pools.is_empty() {
         // A first start still looking its backends up: the id may well be
@@ -264,7 +256,8 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
             "starting: the backends are not built yet (DNS lookups first); send it again in a moment".into(),
         );
     }
-    let found = match find_backends(&topology, &id) {
+    let lookup = |t: &Topology| find_backends(t, id).or_else(|e| decoded(t, id, e));
+    let found = match lookup(&topology) {
         Ok(found) => found,
         Err((status, message)) => return error(status, message),
     };
@@ -279,7 +272,7 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
             named.set_admin(word);
             // Looked at again: a member that joined while the word was
             // being said is in this look, one joining later takes the word.
-            find_backends(&state.topology(), &id).unwrap_or(found)
+            lookup(&state.topology()).unwrap_or(found)
         }
         None => found,
     };
@@ -320,6 +313,22 @@ impl Found {
             backends: vec![backend],
             named: None,
         }
+    }
+}
+
+/// The backends `id` names once percent-decoded, when it names none as it
+/// is: clients encode a path segment's `@`, `[`, `]` and `:` (Go's
+/// `url.PathEscape`, Python's `quote(id, safe="")`). As it is first: an
+/// unnamed backend at a link-local IPv6 address is named with its `%`
+/// scope (`[fe80::1%12]:8080`). `unfound` is the answer as it was.
+fn decoded(
+    topology: &Topology,
+    id: &str,
+    unfound: (StatusCode, String),
+) -> Result<Found, (StatusCode, String)> {
+    match percent_encoding::percent_decode_str(id).decode_utf8() {
+        Ok(plain) if plain != id => find_backends(topology, &plain),
+        _ => Err(unfound),
     }
 }
 

@@ -70,14 +70,17 @@ fn seed(target: &Path) {
             matches!(extension, Some("rlib" | "rmeta" | "so" | "d"))
         })
         .partition(|path| is_a_dependency_library(path));
-    let copy = |how: &str, what: &[PathBuf], into: &Path| {
+    let cp = |how: &str, what: &[PathBuf], into: &Path| {
         // -a keeps the files' times, which cargo compares with its records.
-        let out = Command::new("cp")
+        Command::new("cp")
             .arg(how)
             .args(what)
             .arg(into)
             .output()
-            .expect("cp");
+            .expect("cp")
+    };
+    let copy = |how: &str, what: &[PathBuf], into: &Path| {
+        let out = cp(how, what, into);
         assert!(
             out.status.success(),
             "seeding {}: {}",
@@ -85,7 +88,11 @@ fn seed(target: &Path) {
             text(&out)
         );
     };
-    copy("-al", &linked, &deps);
+    // Copied after all where no link can be made (a CARGO_TARGET_DIR on
+    // another filesystem).
+    if !cp("-al", &linked, &deps).status.success() {
+        copy("-af", &linked, &deps);
+    }
     copy("-a", &copied, &deps);
     copy(
         "-a",
