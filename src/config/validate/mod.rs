@@ -383,6 +383,17 @@ impl Validator {
 
     fn socket_addr(&mut self, key: &str, text: &str) -> SocketAddr {
         match text.parse::<SocketAddr>() {
+            // baton binds IPv6 sockets v6-only (`[::]` takes no IPv4
+            // client), where an IPv4-mapped address cannot be bound: `run`
+            // failed with EINVAL on what `check` took.
+            Ok(SocketAddr::V6(v6)) if v6.ip().to_ipv4_mapped().is_some() => {
+                let v4 = SocketAddr::from((v6.ip().to_canonical(), v6.port()));
+                self.problem(
+                    key,
+                    format!("\"{text}\" is an IPv4 address written as IPv6, which a v6-only socket cannot bind: write \"{v4}\""),
+                );
+                v4
+            }
             Ok(addr) => addr,
             Err(_) => {
                 self.problem(
@@ -531,7 +542,8 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     /// backend on port 0, and checks every millisecond; and one address in
     /// two pools without names is refused at the address, not at a `name`
     /// key the operator never wrote; and a listener on the admin's port at
-    /// the wildcard address, which `run` could not bind.
+    /// the wildcard address, or at an IPv4-mapped IPv6 one, which `run`
+    /// could not bind.
     #[test]
     fn values_that_cannot_work_are_refused() {
         for (text, key, said) in [
@@ -570,6 +582,14 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 && found[0].starts_with("pools[2].backends[0].address")
                 && found[0].contains("give each of the two a name"),
             "one address in two pools, unnamed: {found:?}"
+        );
+        let mapped = GOOD.replace("127.0.0.1:8080", "[::ffff:127.0.0.1]:8080");
+        let found = problems(&mapped);
+        assert!(
+            found.len() == 1
+                && found[0].starts_with("listeners[0].bind")
+                && found[0].contains("write \"127.0.0.1:8080\""),
+            "an IPv4-mapped bind: {found:?}"
         );
         let on_admin = GOOD.replace("127.0.0.1:8080", "0.0.0.0:9901");
         let found = problems(&on_admin);
