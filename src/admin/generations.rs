@@ -3,6 +3,7 @@
 //! counter ever goes backwards across a reload; their connections and
 //! process numbers show under `state="draining"`).
 
+use std::collections::HashSet;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::AdminShared;
@@ -107,7 +108,19 @@ impl AdminShared {
         let inherited = self.inherited();
         self.sample(&inherited);
         let merged = exposition::merge(&handle.render(), &inherited.baseline);
-        exposition::without_gone_members(merged, &self.members())
+        let merged = exposition::without_gone_members(merged, &self.members());
+        exposition::without_gone_listeners(merged, &self.listeners(&inherited))
+    }
+
+    /// The listeners with series to show: ours, and those an older
+    /// generation still drains connections on (a listener a reload
+    /// removed, whose draining count leaves with the last of them).
+    fn listeners(&self, inherited: &Report) -> HashSet<String> {
+        let mut names = self.configured.listeners.clone();
+        for g in &inherited.generations {
+            names.extend(g.active.keys().cloned());
+        }
+        names
     }
 
     /// The pools' members from DNS as they are now (see

@@ -71,9 +71,10 @@ pub struct AdminShared {
     /// The listeners, pools and backends of our config: an inherited
     /// series naming any other is dropped (see `set_inherited`).
     pub configured: crate::metrics::exposition::Configured,
-    /// Listeners whose draining connections `/metrics` has shown: one an
-    /// older generation held and ours lacks shows 0 once that generation
-    /// is gone, not its last count for good.
+    /// Listeners whose draining connections `/metrics` has shown: set to 0
+    /// once the older generation holding them is gone, not left at its
+    /// last count (one our config lacks then leaves `/metrics`, see
+    /// `exposition::without_gone_listeners`).
     pub draining_shown: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// True once a reload's new generation has taken our backends' states
     /// (at the go-ahead; false again if that reload fails after all). A

@@ -113,6 +113,26 @@ pub fn without_gone_members(text: String, members: &Members) -> String {
     out
 }
 
+/// `text` without the samples of listeners not in `listeners`: the
+/// draining count this generation keeps for a listener a reload removed,
+/// once no older generation has connections on it (the recorder cannot
+/// drop a series; shown at 0 for good, it contradicted "the series of a
+/// removed listener leave `/metrics`").
+pub fn without_gone_listeners(text: String, listeners: &HashSet<String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let key = line.rsplit_once(' ').map_or(line, |(key, _)| key);
+        let gone = !line.starts_with('#')
+            && key.contains("listener=\"")
+            && label_value(&labels(key), "listener").is_some_and(|l| !listeners.contains(l));
+        if !gone {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// The value of label `name` among `labels`.
 fn label_value<'a>(labels: &'a [(&str, String)], name: &str) -> Option<&'a str> {
     labels
