@@ -237,6 +237,69 @@ async fn a_stalled_upload_is_a_408_and_never_blames_the_backend() {
     );
 }
 
+/// A client that takes none of the interim responses (103 Early Hints)
+/// baton passes it holds the backend's final head back: `response_timeout`
+/// running out meanwhile is the client's doing, and its own stall clock
+/// (`idle_timeout`) cuts it. Counted against the backend, it was a timeout
+/// and a passive health failure: a client could mark backends down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_takes_no_interim_responses_never_blames_the_backend() {
+    let hint = format!(
+        "HTTP/1.1 103 Early Hints\r\n{}\r\n",
+        format!("link: <{}>\r\n", "x".repeat(8000)).repeat(6)
+    );
+    let answer = [
+        hint.repeat(128),
+        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".into(),
+    ]
+    .concat();
+    let backend = support::raw::RawBackend::start(move |seen| {
+        let bytes = if seen.head.contains("/health") {
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec()
+        } else {
+            answer.clone().into_bytes()
+        };
+        (bytes, support::raw::Then::KeepAlive)
+    })
+    .await;
+    let spec = Spec::new()
+        .listener(
+            "web",
+            "http",
+            "app",
+            "idle_timeout = \"3s\"\nresponse_timeout = \"1s\"",
+        )
+        .pool_with(
+            "app",
+            "health = { kind = \"http\", path = \"/health\", interval = \"200ms\", timeout = \"500ms\", rise = 1, fall = 1 }",
+            &[(backend.addr, 1)],
+        );
+    let baton = Baton::start(spec).await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut client = socket.connect(baton.addr("web")).await.expect("connect");
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    // Read nothing: the hints (6 MB, more than a loopback socket's send
+    // buffer grows to) fill both sockets' buffers.
+    support::eventually("the client is cut as a stalled reader", || async {
+        support::client::metrics(baton.admin)
+            .await
+            .contains("baton_client_aborts_total{listener=\"web\",reason=\"stalled_reader\"} 1")
+    })
+    .await;
+    let metrics = support::client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains(
+            "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 0"
+        ),
+        "{metrics}"
+    );
+    drop(client);
+}
+
 /// A client that stops taking response bytes (HTTP/1: a full socket; h2:
 /// a window at zero) is cut at `idle_timeout`, counted as a client abort,
 /// and its backend connection goes with it.

@@ -497,6 +497,14 @@ async fn pump<S: ByteStream>(
             got = &mut downloading => return delivered(got),
             () = &mut gone => return Pumped::ClientGone,
             () = client.alarm.until(head_due), if clock => {
+                if down.progress.interim_writing.load(Ordering::Relaxed) {
+                    // A client that takes no 1xx bytes holds the final
+                    // head back: its own stall clock, in that write,
+                    // judges it; counted against the backend, it let a
+                    // client mark backends down.
+                    head_due = Instant::now() + proxy.response_timeout;
+                    continue;
+                }
                 if down.progress.head_at.get().is_none() {
                     return Pumped::ResponseTimeout;
                 }

@@ -31,6 +31,10 @@ pub struct Progress {
     pub head_at: OnceLock<Instant>,
     /// That head's status (0 before it).
     pub status: AtomicU16,
+    /// An interim response (1xx) is being written to the client: until it
+    /// is, the final head cannot be read, and a response clock that runs
+    /// out meanwhile is the client's doing, not the backend's.
+    pub interim_writing: AtomicBool,
     /// Response bytes went to the client: an error can no longer be answered.
     pub client_written: AtomicBool,
     /// How many, for the access log.
@@ -290,9 +294,12 @@ where
             if down.request.version == Version::Http11 {
                 let mut out = BytesMut::new();
                 rewrite::interim(&head, &mut out);
-                write_all(client, &out, down.client_stall)
-                    .await
-                    .map_err(DownFault::Client)?;
+                down.progress.interim_writing.store(true, Ordering::Relaxed);
+                let written = write_all(client, &out, down.client_stall).await;
+                down.progress
+                    .interim_writing
+                    .store(false, Ordering::Relaxed);
+                written.map_err(DownFault::Client)?;
             }
             continue;
         }
