@@ -470,6 +470,15 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         }
     }
 
+    /// Asserts `text` has one problem, at `key`, saying `said`.
+    fn refused_once(text: &str, key: &str, said: &str) {
+        let found = problems(text);
+        assert!(
+            found.len() == 1 && found[0].starts_with(key) && found[0].contains(said),
+            "{text}: {found:?}"
+        );
+    }
+
     #[test]
     fn defaults_fill_a_minimal_file() {
         let c = parse(GOOD, Path::new("x.toml"), &Overrides::default()).expect("valid");
@@ -524,12 +533,7 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "a query or fragment",
             ),
         ] {
-            let found = problems(&format!("[admin]\n{admin}\n{GOOD}"));
-            assert_eq!(found.len(), 1, "{admin}: {found:?}");
-            assert!(
-                found[0].starts_with(key) && found[0].contains(said),
-                "{admin}: {found:?}"
-            );
+            refused_once(&format!("[admin]\n{admin}\n{GOOD}"), key, said);
         }
         let apart = format!(
             "[admin]\nliveness_paths = [\"/live\"]\nreadiness_paths = [\"/healthz\"]\n{GOOD}"
@@ -565,40 +569,26 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "pools[0].health.interval",
                 "at least 100ms",
             ),
+            (
+                format!(
+                    "{GOOD}\n[[pools]]\nname = \"other\"\nbackends = [{{ address = \"127.0.0.1:9002\" }}]\n[[pools]]\nname = \"third\"\nbackends = [{{ address = \"127.0.0.1:9002\" }}]\n"
+                ),
+                "pools[2].backends[0].address",
+                "give each of the two a name",
+            ),
+            (
+                GOOD.replace("127.0.0.1:8080", "[::ffff:127.0.0.1]:8080"),
+                "listeners[0].bind",
+                "write \"127.0.0.1:8080\"",
+            ),
+            (
+                GOOD.replace("127.0.0.1:8080", "0.0.0.0:9901"),
+                "listeners[0].bind",
+                "admin server (127.0.0.1:9901",
+            ),
         ] {
-            let found = problems(&text);
-            assert_eq!(found.len(), 1, "{text}: {found:?}");
-            assert!(
-                found[0].starts_with(key) && found[0].contains(said),
-                "{found:?}"
-            );
+            refused_once(&text, key, said);
         }
-        let shared = format!(
-            "{GOOD}\n[[pools]]\nname = \"other\"\nbackends = [{{ address = \"127.0.0.1:9002\" }}]\n[[pools]]\nname = \"third\"\nbackends = [{{ address = \"127.0.0.1:9002\" }}]\n"
-        );
-        let found = problems(&shared);
-        assert!(
-            found.len() == 1
-                && found[0].starts_with("pools[2].backends[0].address")
-                && found[0].contains("give each of the two a name"),
-            "one address in two pools, unnamed: {found:?}"
-        );
-        let mapped = GOOD.replace("127.0.0.1:8080", "[::ffff:127.0.0.1]:8080");
-        let found = problems(&mapped);
-        assert!(
-            found.len() == 1
-                && found[0].starts_with("listeners[0].bind")
-                && found[0].contains("write \"127.0.0.1:8080\""),
-            "an IPv4-mapped bind: {found:?}"
-        );
-        let on_admin = GOOD.replace("127.0.0.1:8080", "0.0.0.0:9901");
-        let found = problems(&on_admin);
-        assert!(
-            found.len() == 1
-                && found[0].starts_with("listeners[0].bind")
-                && found[0].contains("admin server (127.0.0.1:9901"),
-            "the wildcard on the admin's port: {found:?}"
-        );
         let other_family = GOOD.replace("127.0.0.1:8080", "[::]:9901");
         parse(&other_family, Path::new("x.toml"), &Overrides::default())
             .expect("IPv6's wildcard is apart from 127.0.0.1");
