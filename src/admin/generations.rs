@@ -108,8 +108,7 @@ impl AdminShared {
         let inherited = self.inherited();
         self.sample(&inherited);
         let merged = exposition::merge(&handle.render(), &inherited.baseline);
-        let merged = exposition::without_gone_members(merged, &self.members());
-        exposition::without_gone_listeners(merged, &self.listeners(&inherited))
+        exposition::without_gone(merged, &self.members(), &self.listeners(&inherited))
     }
 
     /// The listeners with series to show: ours, and those an older

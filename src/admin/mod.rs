@@ -74,7 +74,7 @@ pub struct AdminShared {
     /// Listeners whose draining connections `/metrics` has shown: set to 0
     /// once the older generation holding them is gone, not left at its
     /// last count (one our config lacks then leaves `/metrics`, see
-    /// `exposition::without_gone_listeners`).
+    /// `exposition::without_gone`).
     pub draining_shown: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// True once a reload's new generation has taken our backends' states
     /// (at the go-ahead; false again if that reload fails after all). A

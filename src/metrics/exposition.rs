@@ -97,15 +97,17 @@ impl Members {
     }
 }
 
-/// `text` without the samples of members gone from their pool.
-pub fn without_gone_members(text: String, members: &Members) -> String {
-    if !text.contains('@') {
-        return text;
-    }
+/// `text` without the samples of what is gone: members gone from their
+/// pool (see [`Members`]), and listeners not in `listeners`, such as the
+/// draining count this generation keeps for a listener a reload removed,
+/// once no older generation has connections on it (the recorder cannot
+/// drop a series; shown at 0 for good, it contradicted "the series of a
+/// removed listener leave `/metrics`"). One pass for both.
+pub fn without_gone(text: String, members: &Members, listeners: &HashSet<String>) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let key = line.rsplit_once(' ').map_or(line, |(key, _)| key);
-        if line.starts_with('#') || members.keeps(key) {
+        if line.starts_with('#') || (members.keeps(key) && listener_kept(key, listeners)) {
             out.push_str(line);
             out.push('\n');
         }
@@ -113,24 +115,10 @@ pub fn without_gone_members(text: String, members: &Members) -> String {
     out
 }
 
-/// `text` without the samples of listeners not in `listeners`: the
-/// draining count this generation keeps for a listener a reload removed,
-/// once no older generation has connections on it (the recorder cannot
-/// drop a series; shown at 0 for good, it contradicted "the series of a
-/// removed listener leave `/metrics`").
-pub fn without_gone_listeners(text: String, listeners: &HashSet<String>) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.lines() {
-        let key = line.rsplit_once(' ').map_or(line, |(key, _)| key);
-        let gone = !line.starts_with('#')
-            && key.contains("listener=\"")
-            && label_value(&labels(key), "listener").is_some_and(|l| !listeners.contains(l));
-        if !gone {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
+/// Whether `key` has no `listener` label, or one in `listeners`.
+fn listener_kept(key: &str, listeners: &HashSet<String>) -> bool {
+    !key.contains("listener=\"")
+        || label_value(&labels(key), "listener").is_none_or(|l| listeners.contains(l))
 }
 
 /// The value of label `name` among `labels`.
@@ -423,10 +411,21 @@ mod tests {
         let text = "# TYPE baton_backend_in_flight gauge\nbaton_backend_in_flight{pool=\"app\",backend=\"app@10.0.0.1:80\"} 0\nbaton_backend_in_flight{pool=\"app\",backend=\"app@10.0.0.2:80\"} 1\nbaton_backend_in_flight{pool=\"app\",backend=\"ip\"} 2\n\n";
         let mut members = Members::default();
         members.insert("app", "app@10.0.0.2:80");
-        let kept = without_gone_members(text.to_string(), &members);
+        let kept = without_gone(text.to_string(), &members, &HashSet::new());
         assert!(!kept.contains("10.0.0.1"), "{kept}");
         assert!(kept.contains("backend=\"app@10.0.0.2:80\"} 1\n"), "{kept}");
         assert!(kept.contains("backend=\"ip\"} 2\n"), "{kept}");
         assert!(kept.starts_with("# TYPE baton_backend_in_flight gauge\n"));
+    }
+
+    #[test]
+    fn series_of_listeners_not_kept_are_left_out() {
+        let text = "baton_connections_active{listener=\"web\",state=\"draining\"} 0\nbaton_connections_active{listener=\"old\",state=\"draining\"} 0\nbaton_generation 2\n";
+        let listeners = HashSet::from(["web".to_string()]);
+        let kept = without_gone(text.to_string(), &Members::default(), &listeners);
+        assert_eq!(
+            kept,
+            "baton_connections_active{listener=\"web\",state=\"draining\"} 0\nbaton_generation 2\n"
+        );
     }
 }
