@@ -344,6 +344,92 @@ async fn a_stop_when_the_new_generation_is_ready_leaves_no_process() {
     stop_during_a_handoff(Step::Ready).await;
 }
 
+/// How long strace holds each `listen` call of the new generation below.
+const LISTEN_HELD: Duration = Duration::from_secs(4);
+
+/// A stop that comes once the new generation was told to go ahead lets the
+/// handoff finish and stops the new generation too. Under systemd the
+/// stop's SIGTERM reaches every process of the unit, the new generation's
+/// included, so it must take the old generation's word as that same stop:
+/// passed on as a second SIGTERM, it forced the new generation at once,
+/// skipping its pre-stop pause, and traffic sent during the pause found
+/// nobody. The new generation listens on its sockets right after the
+/// go-ahead; strace holds each of its `listen` calls (no hook in baton),
+/// and the stop lands while it is held. The reload lengthens the pause, so
+/// the new generation's outlasts the old one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
+    let strace = std::process::Command::new("strace").arg("-V").output();
+    assert!(
+        strace.is_ok_and(|out| out.status.success()),
+        "this test needs strace (apt-get install strace; .ci/run installs it)"
+    );
+    let backend = support::backend::HttpBackend::start("a").await;
+    let spec = support::daemon::Spec::default()
+        .top("workers = 1")
+        .section("[shutdown]\npre_stop_delay = \"1s\"\ndrain_timeout = \"10s\"\n")
+        .section("[reload]\nready_timeout = \"60s\"\n")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let serving = baton.first_pid;
+    let longer_pause = baton
+        .config_text()
+        .replace("pre_stop_delay = \"1s\"", "pre_stop_delay = \"5s\"");
+    baton.write_config(&longer_pause);
+    baton.replace_executable(Some(&format!(
+        "#!/bin/sh\nexec strace -D -f -qq -o /dev/null -e trace=listen \
+         -e inject=listen:delay_enter={} {} \"$@\"\n",
+        LISTEN_HELD.as_micros(),
+        support::daemon::BIN
+    )));
+    let reply = baton.ask_reload();
+    support::eventually("the new generation says it is ready", || async {
+        baton
+            .log()
+            .contains("ready; waiting for the old generation's go-ahead")
+    })
+    .await;
+    let log = baton.log();
+    let taking_over = processes_for(&baton.config)
+        .into_iter()
+        .find(|p| log.contains(&format!("started new generation pid={p} ")))
+        .expect("the new generation");
+    // The go-ahead goes out at once; then the new generation's listen is
+    // held for LISTEN_HELD. The stop signals every generation, as
+    // systemd's does.
+    tokio::time::sleep(LISTEN_HELD / 4).await;
+    signal(serving, Signal::SIGTERM);
+    signal(taking_over, Signal::SIGTERM);
+    assert_eq!(
+        wait_exit(serving).await,
+        Some(0),
+        "the old generation's stop"
+    );
+    // The old generation has closed its doors; the new one is still in its
+    // longer pre-stop pause, and serves what the load balancer still sends.
+    let web = baton.addr("web");
+    let late = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the late request reached the backend", || async {
+        backend.held() == 1
+    })
+    .await;
+    backend.release();
+    let answer = late.await.expect("join").expect("served during the pause");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(wait_exit(taking_over).await, Some(0), "a clean stop");
+    assert!(
+        !baton.log().contains("second stop signal"),
+        "one stop for the new generation:\n{}",
+        baton.log()
+    );
+    let reply = reply.await.expect("join");
+    assert!(
+        reply.contains("reload completed as a stop began"),
+        "the stop came after the go-ahead: {reply}"
+    );
+}
+
 /// The new generation answers admin requests only once told to go ahead:
 /// until then the serving one does (no `/readyz` 503 `starting` in the
 /// middle of a reload), and a backend drain posted to it while the new one

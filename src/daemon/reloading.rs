@@ -78,7 +78,7 @@ impl Reloading {
                     pid,
                     "a stop began as the new generation took over; stopping it too"
                 );
-                if let Err(err) = successor.process.signal(rustix::process::Signal::TERM) {
+                if let Err(err) = successor.pass_on_stop().await {
                     tracing::warn!(pid, cause = %err, "could not ask the new generation to stop");
                 }
                 // Stopping, the oldest drain to the stop's end, not forced.

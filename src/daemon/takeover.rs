@@ -75,6 +75,7 @@ impl Generation {
                 on_report.set_inherited(r);
                 go_on_report.cancel();
             },
+            self.commands.stop_word(),
             move || {
                 on_exit.inherited_exited();
                 go_on_exit.cancel();

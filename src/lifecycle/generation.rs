@@ -54,6 +54,27 @@ pub struct Successor {
     pub adopted: Vec<String>,
     /// Still open: our drain reports its counters to the successor here.
     pub channel: Channel,
+    /// It takes the word to stop ([`Message::Stop`]); an earlier release
+    /// is sent SIGTERM.
+    hears_stop: bool,
+}
+
+impl Successor {
+    /// The service stops, and the stop caught us handing over: the
+    /// successor stops too. Under systemd the stop's SIGTERM reaches it as
+    /// well; a word it takes as that same stop, where a second SIGTERM
+    /// would force its connections closed.
+    pub async fn pass_on_stop(&self) -> std::io::Result<()> {
+        if self.hears_stop {
+            match self.channel.send(&Message::Stop, &[]).await {
+                Ok(()) => return Ok(()),
+                Err(err) => {
+                    tracing::warn!(cause = %err, "could not pass the stop on by word; signalling")
+                }
+            }
+        }
+        self.process.signal(Signal::TERM)
+    }
 }
 
 /// Kills the child unless disarmed: a handoff that fails, or is abandoned
@@ -171,13 +192,14 @@ pub async fn hand_over(
     )
     .await;
     match result {
-        Ok(adopted) => {
+        Ok((adopted, hears_stop)) => {
             guard.process = None;
             drop(guard);
             Ok(Successor {
                 process: child,
                 adopted,
                 channel,
+                hears_stop,
             })
         }
         Err(err) => {
@@ -208,7 +230,7 @@ async fn converse(
     child: &Process,
     offer: Offer,
     limits: Limits,
-) -> Result<Vec<String>, HandoverError> {
+) -> Result<(Vec<String>, bool), HandoverError> {
     let (entries, fds): (Vec<_>, Vec<OwnedFd>) = offer.sockets.into_iter().unzip();
     let offered: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
     let offer_backends_now = offer.backends_now;
@@ -225,8 +247,11 @@ async fn converse(
     send_offer(channel, child, &limits, &message, &borrowed).await?;
     drop(borrowed);
     drop(fds);
-    let adopted = match next(channel, child, &limits, Some(&limits.abandon)).await? {
-        Message::Ready { adopted } => adopted,
+    let (adopted, hears_stop) = match next(channel, child, &limits, Some(&limits.abandon)).await? {
+        Message::Ready {
+            adopted,
+            hears_stop,
+        } => (adopted, hears_stop),
         Message::Failed { exit_code, reason } => {
             return Err(HandoverError::Failed { exit_code, reason })
         }
@@ -267,7 +292,7 @@ async fn converse(
     // Named only now that nothing can fail: under `NotifyAccess=main` no
     // rollback to our own pid would be heard once N+1 is main.
     systemd::handed_over(child.pid());
-    Ok(adopted)
+    Ok((adopted, hears_stop))
 }
 
 /// Sends the offer. A long one is only sent as fast as N+1 reads it, so
@@ -460,7 +485,11 @@ impl Parent {
     /// Says we are ready and waits for the go-ahead to accept; returns the
     /// backend states as they are now.
     pub async fn ready(&self, adopted: Vec<String>) -> Result<Vec<BackendCarry>, HandoverError> {
-        self.channel.send(&Message::Ready { adopted }, &[]).await?;
+        let ready = Message::Ready {
+            adopted,
+            hears_stop: true,
+        };
+        self.channel.send(&ready, &[]).await?;
         // A handoff stuck here is the old generation's to finish: say so.
         tracing::info!("ready; waiting for the old generation's go-ahead");
         match self.channel.recv().await?.0 {
@@ -489,11 +518,21 @@ impl Parent {
 }
 
 /// Reads an old generation's reports until it exits (the channel closes),
-/// handing each to `on_report`; `on_exit` runs once it is gone.
-pub async fn reports(channel: Channel, on_report: impl Fn(Report), on_exit: impl FnOnce()) {
+/// handing each to `on_report`; `stop` hears its word that the service
+/// stops; `on_exit` runs once it is gone.
+pub async fn reports(
+    channel: Channel,
+    on_report: impl Fn(Report),
+    stop: CancellationToken,
+    on_exit: impl FnOnce(),
+) {
     loop {
         match channel.recv().await {
             Ok((Message::Report(report), _)) => on_report(report),
+            Ok((Message::Stop, _)) => {
+                tracing::info!("the older generation says the service stops");
+                stop.cancel();
+            }
             Ok((other, _)) => {
                 tracing::debug!(message = ?other, "unexpected message from the old generation")
             }

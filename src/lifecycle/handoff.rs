@@ -12,6 +12,8 @@
 //!                                 posted while N+1 was starting is not lost)
 //! N+1 → N  Accepting         (N tells systemd MAINPID=N+1, stops accepting
 //!                             and drains)
+//! N → N+1  Stop              (only when a stop caught N handing over: the
+//!                             service stops, N+1 with it)
 //! ```
 //!
 //! A message of any length travels: `framing` cuts a long one into pieces
@@ -164,6 +166,10 @@ pub enum Message {
     /// the accept queue of any other before closing it).
     Ready {
         adopted: Vec<String>,
+        /// N+1 takes [`Message::Stop`] (an earlier release does not, and
+        /// is sent SIGTERM instead).
+        #[serde(default)]
+        hears_stop: bool,
     },
     Failed {
         exit_code: i32,
@@ -179,6 +185,11 @@ pub enum Message {
     Accepting,
     /// From a draining generation to its successor (see [`Report`]).
     Report(Report),
+    /// The service stops, and a stop caught N handing over: N+1 stops too,
+    /// unless it already does. A word, not SIGTERM, because under systemd
+    /// N+1 gets the stop's own SIGTERM as well, and a second SIGTERM
+    /// forces (see `signals::StopsHeard`).
+    Stop,
 }
 
 #[derive(Serialize)]
@@ -604,6 +615,14 @@ mod tests {
         assert!(
             decode(br#"{"version":1,"type":"ready"}"#).is_err(),
             "ready must name its sockets"
+        );
+        assert_eq!(
+            decode(br#"{"version":1,"type":"ready","adopted":["web"]}"#).ok(),
+            Some(Message::Ready {
+                adopted: vec!["web".into()],
+                hears_stop: false
+            }),
+            "an earlier release's ready: it is sent SIGTERM to stop"
         );
     }
 

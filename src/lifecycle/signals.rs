@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
@@ -112,6 +113,42 @@ pub struct Commands {
     /// queue to one entry per command, so queuing never waits and SIGUSR1
     /// is never held up behind it.
     queued: Arc<AtomicU8>,
+    /// The older generation's word that the service stops (see
+    /// [`Commands::stop_word`]).
+    stop_word: CancellationToken,
+    stops: StopsHeard,
+}
+
+/// The stops heard so far. The older generation's word and the stop
+/// signal that usually comes with it are one stop, whichever comes first:
+/// under systemd a stop signals the unit's whole control group, so a new
+/// generation that the stop caught taking over hears both. Only a signal
+/// beyond that one forces.
+#[derive(Debug, Default)]
+struct StopsHeard {
+    word: bool,
+    signals: u32,
+}
+
+impl StopsHeard {
+    /// The word came: a stop, unless a signal already began one.
+    fn word(&mut self) -> Option<Command> {
+        self.word = true;
+        (self.signals == 0).then_some(Command::Stop)
+    }
+
+    /// A command came: a stop signal after the word is the word's stop.
+    fn command(&mut self, command: Command) -> Option<Command> {
+        if command != Command::Stop {
+            return Some(command);
+        }
+        self.signals += 1;
+        if self.word && self.signals == 1 {
+            tracing::info!("stop signal: already stopping at the older generation's word");
+            return None;
+        }
+        Some(command)
+    }
 }
 
 /// The signal forwarder's side of [`Commands`].
@@ -147,6 +184,8 @@ impl Commands {
             rx,
             reopen: Reopen::default(),
             queued: Arc::default(),
+            stop_word: CancellationToken::new(),
+            stops: StopsHeard::default(),
         };
         (tx, commands)
     }
@@ -171,22 +210,44 @@ impl Commands {
         let _ = self.reopen.set(Box::new(hook));
     }
 
+    /// What the older generation uses to say the service stops: it stops
+    /// with us when a stop caught it handing over to us. Said more than
+    /// once, it is one word.
+    pub fn stop_word(&self) -> CancellationToken {
+        self.stop_word.clone()
+    }
+
     /// The next command. Once every sender is gone none comes again: a
     /// dropped channel is no stop (a stop is always said).
     pub async fn recv(&mut self) -> Command {
-        match self.rx.recv().await {
-            Some(command) => {
-                self.queued.fetch_and(!bit(command), Ordering::AcqRel);
-                command
+        loop {
+            let heard = tokio::select! {
+                biased;
+                command = next_sent(&mut self.rx, &self.queued) => self.stops.command(command),
+                () = self.stop_word.cancelled(), if !self.stops.word => self.stops.word(),
+            };
+            if let Some(command) = heard {
+                return command;
             }
-            None => std::future::pending().await,
         }
+    }
+}
+
+/// The next command sent; pending for good once every sender is gone.
+async fn next_sent(rx: &mut mpsc::Receiver<Command>, queued: &AtomicU8) -> Command {
+    match rx.recv().await {
+        Some(command) => {
+            queued.fetch_and(!bit(command), Ordering::AcqRel);
+            command
+        }
+        None => std::future::pending().await,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
     async fn a_signal_repeated_before_it_was_heard_is_one_command() {
@@ -223,5 +284,66 @@ mod tests {
         assert_eq!(commands.recv().await, Command::Stop);
         let after = tokio::time::timeout(std::time::Duration::from_secs(60), commands.recv());
         assert!(after.await.is_err(), "no command once the sender is gone");
+    }
+
+    /// One step of a stop's story, as a generation sees it.
+    enum Step {
+        /// The older generation's word arrives.
+        Word,
+        /// A stop signal arrives.
+        Signal,
+        /// The generation hears a stop now.
+        HearsStop,
+        /// It hears nothing within a minute.
+        HearsNothing,
+    }
+
+    async fn replay(steps: &[Step]) {
+        let (tx, mut commands) = Commands::channel();
+        for step in steps {
+            match step {
+                Step::Word => commands.stop_word().cancel(),
+                Step::Signal => tx.send(Command::Stop).await.expect("send"),
+                Step::HearsStop => assert_eq!(commands.recv().await, Command::Stop),
+                Step::HearsNothing => {
+                    let more = tokio::time::timeout(Duration::from_secs(60), commands.recv());
+                    assert!(more.await.is_err(), "no further command");
+                }
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_older_generations_word_and_one_stop_signal_are_one_stop() {
+        use Step::*;
+        // The word first, then the signal systemd sent the whole unit (the
+        // word said again is still one); a second signal forces, as ever.
+        replay(&[
+            Word,
+            HearsStop,
+            Signal,
+            Word,
+            HearsNothing,
+            Signal,
+            HearsStop,
+        ])
+        .await;
+        // The signal first, then the word.
+        replay(&[Signal, HearsStop, Word, HearsNothing, Signal, HearsStop]).await;
+        // Both waiting at once.
+        replay(&[Signal, Word, HearsStop, HearsNothing]).await;
+        // The word alone (a stop that reached the older generation only).
+        replay(&[Word, HearsStop, HearsNothing]).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_commands_pass_the_word_unchanged() {
+        let (tx, mut commands) = Commands::channel();
+        tx.send(Command::Reload).await.expect("send");
+        commands.stop_word().cancel();
+        assert_eq!(commands.recv().await, Command::Reload);
+        assert_eq!(commands.recv().await, Command::Stop);
+        tx.send(Command::ForceDrain).await.expect("send");
+        assert_eq!(commands.recv().await, Command::ForceDrain);
     }
 }
