@@ -799,3 +799,69 @@ async fn h2_over_tls_needs_alpn_to_agree_on_it() {
         .expect("h2 when agreed");
     assert_eq!(answer.status, 200);
 }
+
+/// An idle h2 client over TLS that a reload's drain closes (no stream
+/// open through `keepalive_drain_grace`, and no answer to the GOAWAY's
+/// PING) gets `close_notify` before the FIN, as HTTP/1 clients do: without
+/// it, a client's TLS library reports the close as a truncation
+/// ("unexpected EOF"), and cannot tell the end of a response from a cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_h2_client_a_drain_closes_gets_close_notify() {
+    let (_backend, ca, _a, baton) = one_certificate_on("web", "http", "", "").await;
+    let mut stream = ca
+        .client(&["h2"])
+        .connect(baton.addr("web"), "a.test")
+        .await
+        .expect("handshake");
+    assert_eq!(negotiated(&stream).0.as_deref(), Some("h2"));
+    tokio::io::AsyncWriteExt::write_all(&mut stream, &support::h2_raw::opening())
+        .await
+        .expect("opening");
+    baton.reload_ok().await;
+    let (_, end) = read_to_the_end(&mut stream).await;
+    assert!(end.is_ok(), "a clean TLS close: {end:?}");
+}
+
+/// Everything a TLS stream gives until it ends, and how it ended: `Ok` at
+/// `close_notify`, an error otherwise ("unexpected EOF" at a bare FIN).
+async fn read_to_the_end(
+    stream: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+) -> (Vec<u8>, std::io::Result<()>) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(err) => return Err(err),
+            }
+        }
+    })
+    .await
+    .expect("closed in time");
+    (got, end)
+}
+
+/// A client that agreed on h2 by ALPN and then says nothing is closed at
+/// `header_timeout` with `close_notify` alone: no HTTP/1 408, which it
+/// would read as a broken h2 frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_h2_client_is_closed_without_an_http1_answer() {
+    let (_backend, ca, _a, baton) =
+        one_certificate_on("web", "http", "", "header_timeout = \"1s\"").await;
+    for (alpn, answer) in [("h2", ""), ("http/1.1", "HTTP/1.1 408")] {
+        let mut stream = ca
+            .client(&[alpn])
+            .connect(baton.addr("web"), "a.test")
+            .await
+            .expect("handshake");
+        let (got, end) = read_to_the_end(&mut stream).await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(
+            got.starts_with(answer) && (answer.is_empty() == got.is_empty()),
+            "{alpn}: {got:?}"
+        );
+        assert!(end.is_ok(), "{alpn}: a clean TLS close: {end:?}");
+    }
+}

@@ -272,8 +272,8 @@ fn terminator(
     ticketer: &Arc<crate::tls::tickets::Ticketer>,
 ) -> Option<Arc<crate::tls::handshake::Terminator>> {
     let t = l.tls.as_ref()?;
-    for cert in &t.certificates {
-        metrics::tls_certificate_expiry(&l.name, &cert.name, cert.not_after_unix);
+    for (name, not_after) in t.expiries() {
+        metrics::tls_certificate_expiry(&l.name, name, not_after);
     }
     let mut server = (*t.server_config).clone();
     let scope = crate::tls::tickets::Scope::new(&l.name, &t.client_policy);

@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 use super::activity::ConnState;
@@ -87,14 +88,19 @@ const LINGER_SILENCE: Duration = Duration::from_secs(1);
 const LINGER_MAX: Duration = Duration::from_secs(2);
 
 /// Closes the socket of an h2 connection that ended well: its write side
-/// first (after all baton wrote), then what the client still sends
-/// (WINDOW_UPDATEs and PING answers while it reads its last responses) is
-/// read and dropped until it closes or falls silent. Closed with those
-/// bytes unread, the socket would make the kernel reset the connection,
-/// which discards what the client has not read yet: a response's tail, cut
-/// at a reload. On the TCP socket itself, under TLS too: what comes now is
-/// dropped unread, record or not.
-async fn linger<S: ByteStream>(stream: S) {
+/// first (after all baton wrote; under TLS, `close_notify` after the last
+/// record, as hyper sends it when the connection ends by itself: without
+/// it a client's TLS library takes the close for a truncation), then what
+/// the client still sends (WINDOW_UPDATEs and PING answers while it reads
+/// its last responses) is read and dropped until it closes or falls
+/// silent. Closed with those bytes unread, the socket would make the kernel
+/// reset the connection, which discards what the client has not read yet:
+/// a response's tail, cut at a reload. On the TCP socket itself, under TLS
+/// too: what comes now is dropped unread, record or not.
+async fn linger<S: ByteStream>(mut stream: S) {
+    // Bounded: a TLS stream's shutdown waits for its buffered records to
+    // go out, for good on a client that stopped reading.
+    let _ = tokio::time::timeout(LINGER_SILENCE, stream.shutdown()).await;
     let socket = stream.tcp();
     let _ = socket2::SockRef::from(socket).shutdown(std::net::Shutdown::Write);
     let mut sink = [0u8; 4096];

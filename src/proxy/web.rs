@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 use super::h1::io::{ack_promptly, read_now, read_some, release_if_empty, write_all};
@@ -188,8 +189,14 @@ impl HttpProxy {
                 if crate::telemetry::client_fault() {
                     tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
                 }
-                let _ =
-                    write_all(&mut stream, super::h1::conn::TIMEOUT_RESPONSE, SILENT_STALL).await;
+                // A client that agreed on h2 by ALPN would read an HTTP/1
+                // answer as a broken frame: it gets the close alone.
+                if stream.alpn() != Some(b"h2") {
+                    let _ = write_all(&mut stream, super::h1::conn::TIMEOUT_RESPONSE, SILENT_STALL)
+                        .await;
+                }
+                // Under TLS, close_notify: the close is not a truncation.
+                let _ = tokio::time::timeout(SILENT_STALL, stream.shutdown()).await;
             }
             Opening::Closed => {}
         }

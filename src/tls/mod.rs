@@ -143,6 +143,21 @@ impl TlsSettings {
             certificates,
         })
     }
+
+    /// Each served name's expiry, as the metric shows it: the earliest of
+    /// the certificates that share it (an ECDSA and an RSA certificate for
+    /// one site, renewed apart), so the alert fires for whichever lapses
+    /// first, not for the last one listed.
+    pub fn expiries(&self) -> std::collections::BTreeMap<&str, i64> {
+        let mut earliest = std::collections::BTreeMap::new();
+        for cert in &self.certificates {
+            earliest
+                .entry(cert.name.as_str())
+                .and_modify(|at: &mut i64| *at = (*at).min(cert.not_after_unix))
+                .or_insert(cert.not_after_unix);
+        }
+        earliest
+    }
 }
 
 /// Whether and against which CAs a client certificate is checked, as
@@ -343,6 +358,35 @@ mod tests {
             let client = handshake(settings(&pki, &certificates), sni, offers);
             let got = client.peer_certificates().expect("certificates");
             assert_eq!(got[0], leaf(&pki, served), "{sni} expecting {served}");
+        }
+    }
+
+    /// Two certificates for one name (renewed apart) show the earlier
+    /// expiry, in either order; another name shows its own.
+    #[test]
+    fn a_name_served_by_two_certificates_shows_the_earlier_expiry() {
+        let pki = Pki::new();
+        let soon = pki.leaf_files("soon", "x.example.com", -1..10);
+        let late = pki.leaf_files("late", "x.example.com", -1..90);
+        let other = pki.leaf_files("other", "y.example.com", -1..50);
+        let day = 86_400;
+        for order in [
+            [("soon", soon.clone()), ("late", late.clone())],
+            [("late", late.clone()), ("soon", soon.clone())],
+        ] {
+            let certificates = [order[0].clone(), order[1].clone(), ("other", other.clone())];
+            let (settings, _) = settings(&pki, &certificates);
+            let expiries = settings.expiries();
+            let left = |name| expiries[name] - super::unix_seconds(SystemTime::now());
+            assert_eq!(expiries.len(), 2);
+            assert!(
+                (9 * day..=10 * day).contains(&left("x.example.com")),
+                "{expiries:?}"
+            );
+            assert!(
+                (49 * day..=50 * day).contains(&left("y.example.com")),
+                "{expiries:?}"
+            );
         }
     }
 

@@ -29,6 +29,11 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     f
 }
 
+/// A client's opening: the preface and an empty SETTINGS.
+pub fn opening() -> Vec<u8> {
+    [PREFACE.to_vec(), frame(4, 0, 0, &[])].concat()
+}
+
 /// Connected to `addr` with a 16 KiB receive buffer, h2 opened with the
 /// largest windows: flow control never holds the server back, the socket
 /// does (the client's pace is the kernel's).
