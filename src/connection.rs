@@ -155,9 +155,10 @@ impl Proxy {
         match l.protocol {
             Protocol::Http => Proxy::Http(Arc::new(HttpProxy::new(l, pools, access_log))),
             Protocol::Tcp => {
-                crate::metrics::tcp_listener(&l.name, &pools[l.pool].name);
+                let bytes = crate::metrics::tcp_listener(&l.name, &pools[l.pool].name);
                 Proxy::Tcp(Arc::new(TcpProxy {
                     listener: Arc::from(l.name.as_str()),
+                    bytes,
                     pool: Arc::clone(&pools[l.pool]),
                     connect_timeout: l.connect_timeout,
                     tunnel_timeout: l.tunnel_timeout,

@@ -148,3 +148,48 @@ async fn a_backend_reset_in_tcp_mode_is_the_backends_failure() {
     })
     .await;
 }
+
+/// A TCP connection whose backend refuses it is a connect failure, not "no
+/// backend", even when that failure takes the pool's last backend down
+/// (passive health, `fall = 1`); the next connection, which finds none
+/// up, is "no backend". Before, TCP counted by the pool's health after the
+/// failure and said "no backend" for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_connect_failure_that_takes_the_last_backend_down_is_not_no_backend() {
+    let echo = support::backend::TcpEcho::start().await;
+    let gone = echo.addr;
+    let checks =
+        "health = { kind = \"tcp\", interval = \"60s\", timeout = \"1s\", rise = 1, fall = 1 }";
+    let baton = Baton::start(Spec::new().listener("raw", "tcp", "app", "").pool_with(
+        "app",
+        checks,
+        &[(gone, 1)],
+    ))
+    .await;
+    drop(echo);
+    let refused = "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"connect\"} 1";
+    let no_backend = "baton_no_backend_total{listener=\"raw\",pool=\"app\"}";
+    let mut s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    assert_eq!(read_until_closed(&mut s).await, "", "closed, nothing said");
+    support::eventually("the refused connect counted", || async {
+        client::metrics(baton.admin).await.contains(refused)
+    })
+    .await;
+    let metrics = client::metrics(baton.admin).await;
+    assert!(
+        !metrics.contains(&format!("{no_backend} 1")),
+        "a connect failure is not \"no backend\":\n{metrics}"
+    );
+    let mut s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    assert_eq!(read_until_closed(&mut s).await, "");
+    support::eventually("the next connection found no backend", || async {
+        client::metrics(baton.admin)
+            .await
+            .contains(&format!("{no_backend} 1"))
+    })
+    .await;
+}

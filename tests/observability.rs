@@ -838,3 +838,30 @@ async fn an_admin_connection_open_at_the_handover_gets_its_one_answer() {
     assert!(answer.contains("connection: close"), "{answer:?}");
     drop(slow);
 }
+
+/// `baton_tcp_bytes_total` moves while a TCP session lasts, not only as
+/// it ends: a session of days would otherwise show no traffic all along,
+/// then all of it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_bytes_count_while_the_session_lasts() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let echo = support::backend::TcpEcho::start().await;
+    let baton = Baton::start(Spec::new().tcp("raw", "echo").pool("echo", &[echo.addr])).await;
+    let mut session = tokio::net::TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    session.write_all(&[7u8; 1000]).await.expect("write");
+    let mut back = [0u8; 1000];
+    session.read_exact(&mut back).await.expect("echoed");
+    for direction in ["to_backend", "to_client"] {
+        let series =
+            format!("baton_tcp_bytes_total{{listener=\"raw\",direction=\"{direction}\"}} 1000");
+        support::eventually("the bytes counted while the session is open", || async {
+            client::metrics(baton.admin).await.contains(&series)
+        })
+        .await;
+    }
+    // Still open: it echoes on.
+    session.write_all(b"x").await.expect("write");
+    session.read_exact(&mut back[..1]).await.expect("echoed");
+}

@@ -407,17 +407,21 @@ pub fn upstream_error(pool: &str, backend: &str, kind: UpstreamErrorKind) {
 }
 
 /// A TCP listener's series, at 0 from the start.
-pub fn tcp_listener(listener: &str, pool: &str) {
-    metrics::counter!(NO_BACKEND, "listener" => listener.to_string(), "pool" => pool.to_string())
-        .absolute(0);
-    tcp_bytes(listener, 0, 0);
+/// A TCP listener's `baton_tcp_bytes_total`, each way.
+pub struct TcpBytes {
+    pub to_backend: Counter,
+    pub to_client: Counter,
 }
 
-pub fn tcp_bytes(listener: &str, to_backend: u64, to_client: u64) {
-    metrics::counter!(TCP_BYTES, "listener" => listener.to_string(), "direction" => "to_backend")
-        .increment(to_backend);
-    metrics::counter!(TCP_BYTES, "listener" => listener.to_string(), "direction" => "to_client")
-        .increment(to_client);
+/// A TCP listener's series, there from its start; its byte counters.
+pub fn tcp_listener(listener: &str, pool: &str) -> TcpBytes {
+    metrics::counter!(NO_BACKEND, "listener" => listener.to_string(), "pool" => pool.to_string())
+        .absolute(0);
+    let bytes = |direction: &'static str| metrics::counter!(TCP_BYTES, "listener" => listener.to_string(), "direction" => direction);
+    TcpBytes {
+        to_backend: bytes("to_backend"),
+        to_client: bytes("to_client"),
+    }
 }
 
 /// Long-lived stream kinds, the `kind` label.

@@ -28,7 +28,7 @@ use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
 use crate::backend::{Lease, Pool};
 use crate::metrics::{self, UpstreamErrorKind};
-use crate::proxy::h1::io::{read_now, release_if_empty, Counting};
+use crate::proxy::h1::io::{read_now, release_if_empty, Counting, Tally};
 use crate::proxy::request_id::RequestId;
 use crate::proxy::ProxyError;
 use crate::proxy_protocol::{send::Speaker, Origin};
@@ -40,6 +40,8 @@ use tokio::time::Instant;
 
 pub struct TcpProxy {
     pub listener: Arc<str>,
+    /// `baton_tcp_bytes_total`, counted as bytes go.
+    pub bytes: metrics::TcpBytes,
     pub pool: Arc<Pool>,
     pub connect_timeout: Duration,
     pub tunnel_timeout: Duration,
@@ -55,7 +57,7 @@ impl TcpProxy {
         let peer = origin.client;
         let id = RequestId::new();
         // Before the line: it reads the counts when it is written.
-        let moved = Moved::default();
+        let moved = Moved::new(&self.bytes);
         let mut line = self.access_log.as_ref().map(|log| Line {
             log,
             id: id.clone(),
@@ -88,7 +90,10 @@ impl TcpProxy {
         let (mut upstream, lease) = match connected {
             Ok(connected) => connected,
             Err(err) => {
-                if self.pool.healthy_count() == 0 {
+                // Counted as HTTP counts it: by what failed, not by the
+                // pool's health after (a connect failure that took the
+                // last backend down is a connect failure).
+                if matches!(err, ProxyError::NoBackend { .. }) {
                     super::no_backend(&self.listener, &self.pool.name);
                 }
                 tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, cause = %err, "no backend reachable; closing");
@@ -97,10 +102,6 @@ impl TcpProxy {
                 }
                 return;
             }
-        };
-        let _counted = CountedAtEnd {
-            listener: &self.listener,
-            moved: &moved,
         };
         if let Some(line) = line.as_mut() {
             line.termination = Termination::Drained(Phase::Data);
@@ -201,7 +202,7 @@ struct Line<'a> {
     pool: &'a str,
     backend: Option<Arc<Backend>>,
     marks: Marks,
-    moved: &'a Moved,
+    moved: &'a Moved<'a>,
     termination: Termination,
 }
 
@@ -229,19 +230,45 @@ impl Drop for Line<'_> {
 
 /// Bytes copied each way so far, counted as they go: a connection cut by
 /// `tunnel_timeout`, an error or the drain still says how much it moved.
-#[derive(Default)]
-struct Moved {
-    to_backend: AtomicU64,
-    to_client: AtomicU64,
+struct Moved<'a> {
+    to_backend: Way<'a>,
+    to_client: Way<'a>,
 }
 
-impl Moved {
+impl<'a> Moved<'a> {
+    fn new(metric: &'a metrics::TcpBytes) -> Moved<'a> {
+        let way = |metric| Way {
+            bytes: AtomicU64::new(0),
+            metric,
+        };
+        Moved {
+            to_backend: way(&metric.to_backend),
+            to_client: way(&metric.to_client),
+        }
+    }
+
     /// To the backend, to the client.
     fn taken(&self) -> (u64, u64) {
         (
-            self.to_backend.load(Ordering::Relaxed),
-            self.to_client.load(Ordering::Relaxed),
+            self.to_backend.bytes.load(Ordering::Relaxed),
+            self.to_client.bytes.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// One way's bytes: this connection's, for its access-log line, and the
+/// listener's `baton_tcp_bytes_total`, which moves as the bytes do (a
+/// session of days shows its traffic while it lasts, not in one step as
+/// it ends).
+struct Way<'a> {
+    bytes: AtomicU64,
+    metric: &'a ::metrics::Counter,
+}
+
+impl Tally for Way<'_> {
+    fn add(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.metric.increment(bytes);
     }
 }
 
@@ -260,28 +287,13 @@ async fn gone_before_a_byte(client: &TcpStream) {
     }
 }
 
-/// Counts a connection's bytes in `baton_tcp_bytes_total` as it ends,
-/// however it ends: a tunnel the drain's deadline forces is dropped where
-/// it waits, and its bytes count all the same.
-struct CountedAtEnd<'a> {
-    listener: &'a str,
-    moved: &'a Moved,
-}
-
-impl Drop for CountedAtEnd<'_> {
-    fn drop(&mut self) {
-        let (to_backend, to_client) = self.moved.taken();
-        metrics::tcp_bytes(self.listener, to_backend, to_client);
-    }
-}
-
 /// Copies both ways (client `a`, backend `b`) until both directions
 /// ended; an error in either ends both.
 async fn copy_both_ways(
     a: &mut TcpStream,
     b: &mut TcpStream,
     activity: &Activity,
-    moved: &Moved,
+    moved: &Moved<'_>,
 ) -> std::io::Result<()> {
     let (a_read, a_write) = a.split();
     let (b_read, b_write) = b.split();
@@ -395,7 +407,7 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
     client: &mut S,
     backend: &mut B,
     activity: &Arc<Activity>,
-    moved: &Moved,
+    moved: &Moved<'_>,
 ) -> std::io::Result<()> {
     let (client_read, client_write) = client.halves();
     let (backend_read, backend_write) = backend.halves();
@@ -432,7 +444,7 @@ async fn one_way(
     (mut from, from_side): (ReadHalf<'_>, Side),
     (mut to, to_side): (WriteHalf<'_>, Side),
     activity: &Activity,
-    moved: &AtomicU64,
+    moved: &Way<'_>,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::new();
     loop {
@@ -452,7 +464,7 @@ async fn one_way(
         buf.clear();
         release_if_empty(&mut buf);
         written.map_err(on(to_side))?;
-        moved.fetch_add(n as u64, Ordering::Relaxed);
+        moved.add(n as u64);
     }
 }
 

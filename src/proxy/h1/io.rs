@@ -229,20 +229,31 @@ async fn write_each<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// A writer that adds what it writes to `count` (the access log's bytes
-/// out), whatever writes through it.
-pub struct Counting<'a, W> {
-    inner: W,
-    count: &'a std::sync::atomic::AtomicU64,
+/// Where a [`Counting`] writer adds what it wrote.
+pub trait Tally {
+    fn add(&self, bytes: u64);
 }
 
-impl<'a, W> Counting<'a, W> {
-    pub fn new(inner: W, count: &'a std::sync::atomic::AtomicU64) -> Self {
+impl Tally for std::sync::atomic::AtomicU64 {
+    fn add(&self, bytes: u64) {
+        self.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A writer that adds what it writes to `count` (the access log's bytes
+/// out), whatever writes through it.
+pub struct Counting<'a, W, T: ?Sized = std::sync::atomic::AtomicU64> {
+    inner: W,
+    count: &'a T,
+}
+
+impl<'a, W, T: Tally + ?Sized> Counting<'a, W, T> {
+    pub fn new(inner: W, count: &'a T) -> Self {
         Counting { inner, count }
     }
 }
 
-impl<W: AsyncWrite + Unpin> AsyncWrite for Counting<'_, W> {
+impl<W: AsyncWrite + Unpin, T: Tally + ?Sized> AsyncWrite for Counting<'_, W, T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -250,8 +261,7 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Counting<'_, W> {
     ) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, data);
         if let Poll::Ready(Ok(n)) = &polled {
-            self.count
-                .fetch_add(*n as u64, std::sync::atomic::Ordering::Relaxed);
+            self.count.add(*n as u64);
         }
         polled
     }
