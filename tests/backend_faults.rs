@@ -156,8 +156,10 @@ async fn a_backend_reset_in_tcp_mode_is_the_backends_failure() {
 /// failure and said "no backend" for both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_connect_failure_that_takes_the_last_backend_down_is_not_no_backend() {
-    let echo = support::backend::TcpEcho::start().await;
-    let gone = echo.addr;
+    // A listener the test holds and closes at once (the kernel completes
+    // the health check's handshakes for it): dropped, its port refuses.
+    let listening = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let gone = listening.local_addr().expect("addr");
     let checks =
         "health = { kind = \"tcp\", interval = \"60s\", timeout = \"1s\", rise = 1, fall = 1 }";
     let baton = Baton::start(Spec::new().listener("raw", "tcp", "app", "").pool_with(
@@ -166,7 +168,7 @@ async fn a_tcp_connect_failure_that_takes_the_last_backend_down_is_not_no_backen
         &[(gone, 1)],
     ))
     .await;
-    drop(echo);
+    drop(listening);
     let refused = "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"connect\"} 1";
     let no_backend = "baton_no_backend_total{listener=\"raw\",pool=\"app\"}";
     let mut s = TcpStream::connect(baton.addr("raw"))

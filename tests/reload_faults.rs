@@ -348,15 +348,23 @@ async fn a_stop_when_the_new_generation_is_ready_leaves_no_process() {
 const LISTEN_HELD: Duration = Duration::from_secs(4);
 
 /// A stop that comes once the new generation was told to go ahead lets the
-/// handoff finish and stops the new generation too. Under systemd the
-/// stop's SIGTERM reaches every process of the unit, the new generation's
-/// included, so it must take the old generation's word as that same stop:
-/// passed on as a second SIGTERM, it forced the new generation at once,
-/// skipping its pre-stop pause, and traffic sent during the pause found
-/// nobody. The new generation listens on its sockets right after the
-/// go-ahead; strace holds each of its `listen` calls (no hook in baton),
-/// and the stop lands while it is held. The reload lengthens the pause, so
-/// the new generation's outlasts the old one's.
+/// handoff finish and stops the new generation too, which must then run its
+/// whole stop, pause included, and keep what it serves to the end. Under
+/// systemd:
+/// - the stop's SIGTERM reaches every process of the unit, the new
+///   generation's included, so it must take the old generation's word as
+///   that same stop (passed on as a second SIGTERM, it forced the new
+///   generation at once, skipping its pre-stop pause);
+/// - systemd takes no `MAINPID=` once its stop began, so the old generation
+///   is still the main process, and when it exits systemd sends SIGTERM
+///   again to what is left: the old generation must exit last.
+///
+/// Here the test plays systemd's part: both signals at once, and SIGTERM
+/// again to the new generation if it outlives the old. The new generation
+/// listens on its sockets right after the go-ahead; strace holds each of
+/// its `listen` calls (no hook in baton), and the stop lands while it is
+/// held. The reload lengthens the pause, so the new generation's outlasts
+/// the old one's, and a request comes in once only it takes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
     let strace = std::process::Command::new("strace").arg("-V").output();
@@ -396,18 +404,26 @@ async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
         .find(|p| log.contains(&format!("started new generation pid={p} ")))
         .expect("the new generation");
     // The go-ahead goes out at once; then the new generation's listen is
-    // held for LISTEN_HELD. The stop signals every generation, as
-    // systemd's does.
+    // held for LISTEN_HELD.
     tokio::time::sleep(LISTEN_HELD / 4).await;
     signal(serving, Signal::SIGTERM);
     signal(taking_over, Signal::SIGTERM);
-    assert_eq!(
-        wait_exit(serving).await,
-        Some(0),
-        "the old generation's stop"
-    );
-    // The old generation has closed its doors; the new one is still in its
-    // longer pre-stop pause, and serves what the load balancer still sends.
+    let final_sigterm = tokio::spawn(async move {
+        while running(serving) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let outlived = running(taking_over);
+        if outlived {
+            signal(taking_over, Signal::SIGTERM);
+        }
+        outlived
+    });
+    // The old generation's doors close first (its pause is shorter); the
+    // new one still serves what the load balancer sends.
+    support::eventually("the old generation closed its doors", || async {
+        baton.log().contains("reason=\"shutdown\"")
+    })
+    .await;
     let web = baton.addr("web");
     let late = tokio::spawn(async move { client::get(web, "/gated").await });
     support::eventually("the late request reached the backend", || async {
@@ -417,17 +433,34 @@ async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
     backend.release();
     let answer = late.await.expect("join").expect("served during the pause");
     assert_eq!(answer.status, 200, "{answer:?}");
-    assert_eq!(wait_exit(taking_over).await, Some(0), "a clean stop");
     assert!(
-        !baton.log().contains("second stop signal"),
-        "one stop for the new generation:\n{}",
-        baton.log()
+        !final_sigterm.await.expect("join"),
+        "the old generation, systemd's main process, exits last"
+    );
+    assert_eq!(wait_exit(serving).await, Some(0), "the old generation");
+    assert_eq!(wait_exit(taking_over).await, Some(0), "the new generation");
+    let log = baton.log();
+    assert!(
+        !log.contains("second stop signal"),
+        "one stop for the new generation:\n{log}"
+    );
+    assert!(
+        !log.contains("still running at the stop's end"),
+        "the new generation did not wait for the old one, which waits for it:\n{log}"
     );
     let reply = reply.await.expect("join");
     assert!(
         reply.contains("reload completed as a stop began"),
         "the stop came after the go-ahead: {reply}"
     );
+}
+
+/// Whether `pid` still runs (not gone, not a zombie).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
 }
 
 /// The new generation answers admin requests only once told to go ahead:

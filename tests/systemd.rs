@@ -41,7 +41,7 @@ impl Ports {
 /// would have exited first, and systemd's final SIGTERM to what is left of
 /// the unit would have cut them.
 fn stop_releasing_once_the_main_waits(sbx: &Sandbox, verb: &str, backends: &[&HttpBackend]) {
-    const WAITS: &str = "waiting for the older generations to finish theirs";
+    const WAITS: &str = "waiting for the other generations to finish";
     let before = sbx.journal().matches(WAITS).count();
     tokio::task::block_in_place(|| {
         std::thread::scope(|s| {

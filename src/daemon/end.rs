@@ -144,7 +144,7 @@ impl Generation {
         };
         self.write_out_telemetry().await;
         let older_cut = self
-            .outlive_older_generations(stop_ends + OLDER_GENERATIONS_SLACK, ended.by_signal)
+            .outlive_other_generations(stop_ends + OLDER_GENERATIONS_SLACK, ended.by_signal)
             .await
             || self.admin.inherited_forced_connections() > older_forced_before;
         self.background.cancel();
@@ -158,42 +158,55 @@ impl Generation {
         }
     }
 
-    /// Waits, until `bound` at the latest, for the older generations still
-    /// draining to exit. Under systemd a stop signals the unit's whole
-    /// control group, so they drain to the stop's end too (or their own
-    /// earlier one); but once the main process exits, systemd signals
-    /// whatever is left in the group again, and a draining generation
-    /// takes a second stop signal as "force now". The main process goes
-    /// last, so that second signal finds nobody. A forced stop (`force`,
-    /// or a second stop signal while we wait) forces them at once, and
-    /// waits a moment for them to go.
+    /// Waits, until `bound` at the latest, for the other generations still
+    /// running to exit: the older ones draining, and a new one that a stop
+    /// caught taking over (see `Reloading::settle_for_stop`). Under systemd
+    /// a stop signals the unit's whole control group, so they drain to the
+    /// stop's end too (or their own earlier one); but once the main
+    /// process exits, systemd signals whatever is left in the group again,
+    /// and a stopping or draining generation takes a second stop signal as
+    /// "force now". The main process goes last, so that second signal
+    /// finds nobody. A forced stop (`force`, or a second stop signal while
+    /// we wait) forces them at once, and waits a moment for them to go.
+    ///
+    /// A generation the stop caught taking over, told to stop by the word
+    /// of the one it took over from, is not the main process (systemd
+    /// takes no `MAINPID=` once its stop began): it does not wait, its
+    /// predecessor outlives it.
     ///
     /// Once they are gone, their last reports are in (the last comes as
     /// each exits, through the one we took over from, which exits last of
     /// them), for the caller to count what the stop cut. True when they
     /// still ran at `bound` under systemd, which forces them as we exit
     /// (elsewhere nothing does: they drain on).
-    async fn outlive_older_generations(&mut self, bound: Instant, force: bool) -> bool {
+    async fn outlive_other_generations(&mut self, bound: Instant, force: bool) -> bool {
+        let outlived_by_main = self.commands.stop_word();
+        if outlived_by_main.is_cancelled() {
+            return false;
+        }
         self.draining.retain(Process::is_alive);
-        if !self.draining.is_empty() && !self.older_generations_exited(bound, force).await {
+        if !self.draining.is_empty() && !self.other_generations_exited(bound, force).await {
             return if systemd::enabled() {
-                tracing::warn!("older generations still draining at the stop's end; systemd forces them as we exit");
+                tracing::warn!("other generations still running at the stop's end; systemd forces them as we exit");
                 true
             } else {
                 tracing::warn!(
-                    "older generations still draining at the stop's end; they drain on to their own deadline"
+                    "other generations still running at the stop's end; they drain on to their own deadline"
                 );
                 false
             };
         }
-        let _ =
-            tokio::time::timeout(OLDER_GENERATIONS_SLACK, self.predecessor_gone.cancelled()).await;
+        tokio::select! {
+            _ = tokio::time::timeout(OLDER_GENERATIONS_SLACK, self.predecessor_gone.cancelled()) => {}
+            () = outlived_by_main.cancelled() => {}
+        }
         false
     }
 
     /// Waits for `self.draining` to exit, until `bound`; false if they
-    /// did not.
-    async fn older_generations_exited(&mut self, bound: Instant, force: bool) -> bool {
+    /// did not. True as well once the word of the generation we took over
+    /// from says it outlives us (see `outlive_other_generations`).
+    async fn other_generations_exited(&mut self, bound: Instant, force: bool) -> bool {
         let mut bound = bound;
         if force {
             signal_each(&self.draining, rustix::process::Signal::USR2);
@@ -201,8 +214,9 @@ impl Generation {
         }
         tracing::info!(
             generations = self.draining.len(),
-            "drained; waiting for the older generations to finish theirs"
+            "drained; waiting for the other generations to finish"
         );
+        let outlived_by_main = self.commands.stop_word();
         // Taken: the commands are read meanwhile.
         let draining = std::mem::take(&mut self.draining);
         let all_exited = async {
@@ -214,6 +228,10 @@ impl Generation {
         loop {
             tokio::select! {
                 () = &mut all_exited => return true,
+                () = outlived_by_main.cancelled() => {
+                    tracing::info!("the generation we took over from is systemd's main process and outlives us; not waiting");
+                    return true;
+                }
                 () = tokio::time::sleep_until(bound) => return false,
                 command = self.commands.recv() => match command {
                     Command::Stop | Command::ForceDrain => {

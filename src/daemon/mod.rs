@@ -185,7 +185,9 @@ struct Generation {
     successor: Option<u32>,
     drain: Drain,
     adopted: Vec<String>,
-    /// Older generations still draining, oldest first.
+    /// Older generations still draining, oldest first; once a stop caught
+    /// a reload, the new generation too, last (see
+    /// `Reloading::settle_for_stop`).
     draining: Vec<Process>,
     /// Seals every TLS listener's session tickets; its keys go to the
     /// next generation.

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::lifecycle::generation::{HandoverError, Successor};
+use crate::lifecycle::generation::{HandoverError, StopPassed, Successor};
 use crate::lifecycle::process::Process;
 
 pub(super) struct Reloading {
@@ -68,7 +68,11 @@ impl Reloading {
 
     /// For a stop: abandons the handoff, or waits for it to complete and
     /// asks the new generation to stop as well. Returns what the reload's
-    /// requester is told.
+    /// requester is told. A new generation told by word joins `draining`:
+    /// systemd took no `MAINPID=` once its stop began, so we are still its
+    /// main process, and must exit last (once the main process exits,
+    /// systemd signals what is left of the unit again, which a stopping
+    /// generation takes as "force now").
     pub async fn settle_for_stop(mut self, draining: &mut Vec<Process>) -> String {
         self.abandon.cancel();
         match self.finished().await {
@@ -78,11 +82,15 @@ impl Reloading {
                     pid,
                     "a stop began as the new generation took over; stopping it too"
                 );
-                if let Err(err) = successor.pass_on_stop().await {
+                let passed = successor.pass_on_stop().await;
+                if let Err(err) = &passed {
                     tracing::warn!(pid, cause = %err, "could not ask the new generation to stop");
                 }
                 // Stopping, the oldest drain to the stop's end, not forced.
                 self.give_back(draining);
+                if matches!(passed, Ok(StopPassed::Word)) {
+                    draining.push(successor.process);
+                }
                 format!("reload completed as a stop began; generation pid {pid} is stopping too")
             }
             Err(err) => {

@@ -59,21 +59,32 @@ pub struct Successor {
     hears_stop: bool,
 }
 
+/// How a successor heard that the service stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopPassed {
+    /// By [`Message::Stop`]: it leaves outliving the others to us.
+    Word,
+    /// By SIGTERM (a release that does not take the word).
+    Signal,
+}
+
 impl Successor {
     /// The service stops, and the stop caught us handing over: the
     /// successor stops too. Under systemd the stop's SIGTERM reaches it as
     /// well; a word it takes as that same stop, where a second SIGTERM
     /// would force its connections closed.
-    pub async fn pass_on_stop(&self) -> std::io::Result<()> {
+    pub async fn pass_on_stop(&self) -> std::io::Result<StopPassed> {
         if self.hears_stop {
             match self.channel.send(&Message::Stop, &[]).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(StopPassed::Word),
                 Err(err) => {
                     tracing::warn!(cause = %err, "could not pass the stop on by word; signalling")
                 }
             }
         }
-        self.process.signal(Signal::TERM)
+        self.process
+            .signal(Signal::TERM)
+            .map(|()| StopPassed::Signal)
     }
 }
 

@@ -188,7 +188,9 @@ pub enum Message {
     /// The service stops, and a stop caught N handing over: N+1 stops too,
     /// unless it already does. A word, not SIGTERM, because under systemd
     /// N+1 gets the stop's own SIGTERM as well, and a second SIGTERM
-    /// forces (see `signals::StopsHeard`).
+    /// forces (see `signals::StopsHeard`). N stays systemd's main process
+    /// (it takes no `MAINPID=` once a stop began), so N goes last: N+1
+    /// does not wait for the older generations, N waits for N+1.
     Stop,
 }
 
