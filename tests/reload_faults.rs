@@ -145,6 +145,78 @@ async fn a_sighup_before_the_new_generations_handlers_does_not_end_it() {
     load.stop().await.assert_clean();
 }
 
+/// The pids of the generations started so far, in order.
+fn started_pids(log: &str) -> Vec<u32> {
+    log.split("started new generation pid=")
+        .skip(1)
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// SIGHUP to the serving generation while its reload reads its config
+/// (held behind a FIFO), then `first` fed as that config and the real one
+/// put back; returns once a generation started after the second SIGHUP
+/// serves.
+async fn sighup_during_a_reload(baton: &Baton, first: &str) {
+    let serving = baton.first_pid;
+    let config = config_behind_a_fifo(baton);
+    signal(serving, Signal::SIGHUP);
+    support::eventually("the new generation started", || async {
+        started_pids(&baton.log()).len() == 1
+    })
+    .await;
+    signal(serving, Signal::SIGHUP);
+    support::eventually("the second SIGHUP heard", || async {
+        baton.log().contains("SIGHUP during a reload")
+    })
+    .await;
+    support::daemon::feed_fifo_then(&baton.config, first, Some(&config)).await;
+    support::eventually("a generation started after the second SIGHUP", || async {
+        started_pids(&baton.log()).len() == 2
+    })
+    .await;
+    let started = started_pids(&baton.log());
+    support::eventually("it serves", || async {
+        baton.serving_pid().await == started[1]
+    })
+    .await;
+}
+
+/// Two config changes in quick succession, each with its SIGHUP (a deploy
+/// tool, then a certificate hook): the second comes while the first reload
+/// is under way, after its new generation read the config. It is kept, and
+/// the new generation reloads once it serves, so the later change applies.
+/// Before, it was logged and dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_during_a_reload_is_a_reload_once_it_succeeded() {
+    let (_backend, baton, load) = baton_under_load("").await;
+    let config = baton.config_text();
+    sighup_during_a_reload(&baton, &config).await;
+    assert_eq!(
+        wait_exit(baton.first_pid).await,
+        Some(0),
+        "the first generation drained"
+    );
+    load.progress(20).await;
+    load.stop().await.assert_clean();
+}
+
+/// The same with a first reload that fails (its config, read before the
+/// second change, is broken): the reload that follows reads the config
+/// again, and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_during_a_failed_reload_is_a_reload_once_it_failed() {
+    let (_backend, baton, load) = baton_under_load("").await;
+    sighup_during_a_reload(&baton, "this is not TOML").await;
+    assert!(
+        baton.log().contains("reload failed"),
+        "the first reload failed: {}",
+        baton.log()
+    );
+    load.progress(20).await;
+    load.stop().await.assert_clean();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_generation_killed_after_it_received_the_sockets_is_a_failed_reload() {
     let (_backend, baton, load) = baton_under_load("").await;

@@ -210,6 +210,12 @@ impl Generation {
     async fn serve(&mut self) -> Ending {
         let mut reload: Option<Reloading> = None;
         let mut waiter: Option<tokio::sync::oneshot::Sender<Reply>> = None;
+        // A SIGHUP while a reload is under way: the config may have changed
+        // again since the new generation read it (two tools, each writing
+        // and signalling), so another reload follows this one, here if it
+        // fails, in the new generation if it succeeds. Dropped, the later
+        // change would never be applied, and nothing would say so.
+        let mut again = false;
         loop {
             tokio::select! {
                 // Commands first: a stop that came while a handoff finished
@@ -231,7 +237,10 @@ impl Generation {
                         return Ending::Stop(signalled);
                     }
                     Command::Reload if reload.is_none() => reload = Some(self.begin_reload()),
-                    Command::Reload => tracing::info!("SIGHUP ignored: a reload is already under way"),
+                    Command::Reload => {
+                        tracing::info!("SIGHUP during a reload: another follows once it ends");
+                        again = true;
+                    }
                     Command::ForceDrain => tracing::info!(signal = "SIGUSR2", "ignored signal: nothing is draining here"),
                 },
                 Some(incoming) = self.control_rx.recv() => match incoming.request {
@@ -258,6 +267,14 @@ impl Generation {
                     match outcome {
                         Ok(successor) => {
                             under_way.force_beyond_max();
+                            if again {
+                                // It serves already: its handlers are in
+                                // place, and a reload it is asked while it
+                                // finishes taking over waits until it serves.
+                                if let Err(err) = successor.process.signal(rustix::process::Signal::HUP) {
+                                    tracing::warn!(cause = %err, "could not pass the SIGHUP on to the new generation");
+                                }
+                            }
                             return Ending::HandedOver(Box::new(successor), waiter.take());
                         }
                         Err(err) => {
@@ -267,6 +284,9 @@ impl Generation {
                             systemd::ready(&self.status_line());
                             if let Some(w) = waiter.take() {
                                 let _ = w.send(Reply::err(err.exit_code(), format!("reload failed: {err}")));
+                            }
+                            if std::mem::take(&mut again) {
+                                reload = Some(self.begin_reload());
                             }
                         }
                     }

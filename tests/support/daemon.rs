@@ -613,6 +613,14 @@ pub fn client_connections(pid: u32, port: u16) -> usize {
 /// fails after `TIMEOUT`: a plain write would wait forever for a reader
 /// that died, and hang the test instead of failing it.
 pub async fn feed_fifo(path: &std::path::Path, text: &str) {
+    feed_fifo_then(path, text, None).await;
+}
+
+/// As [`feed_fifo`], but first, once the reader is there, a regular file
+/// holding `replacement` takes the FIFO's place: the reader reads `text`,
+/// whoever opens `path` next reads `replacement` (and never finds the
+/// FIFO with nobody to write it).
+pub async fn feed_fifo_then(path: &std::path::Path, text: &str, replacement: Option<&str>) {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let deadline = tokio::time::Instant::now() + super::TIMEOUT;
@@ -630,6 +638,11 @@ pub async fn feed_fifo(path: &std::path::Path, text: &str) {
             Err(e) => panic!("no reader took {} in time: {e}", path.display()),
         }
     };
+    if let Some(replacement) = replacement {
+        let staged = path.with_extension("replacement");
+        std::fs::write(&staged, replacement).expect("write the replacement");
+        std::fs::rename(&staged, path).expect("replace the FIFO");
+    }
     // A config is far smaller than a pipe's buffer: one write takes it.
     fifo.write_all(text.as_bytes()).expect("feed the FIFO");
 }
