@@ -112,6 +112,31 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_grace() {
     assert_eq!(wait_exit(old).await, Some(0));
 }
 
+/// A connection that has sent nothing yet (a browser's preconnect) is
+/// closed after the drain's grace, as an idle keep-alive one is, quietly
+/// (no 408): held to `header_timeout`, it kept the old generation to its
+/// drain budget and was counted forced (exit 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sent_nothing_is_closed_after_the_grace() {
+    use tokio::io::AsyncReadExt;
+    let (_backend, baton) = start("4s").await;
+    let web = baton.addr("web");
+    let old = baton.serving_pid().await;
+    let mut silent = tokio::net::TcpStream::connect(web).await.expect("connect");
+    support::eventually("the old generation holds it", || async {
+        support::daemon::client_connections(old, web.port()) == 1
+    })
+    .await;
+    baton.reload_ok().await;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), silent.read_to_end(&mut got)).await;
+    assert!(
+        matches!(read, Ok(Ok(0))),
+        "closed quietly, nothing said: {read:?} {got:?}"
+    );
+    assert_eq!(wait_exit(old).await, Some(0), "drained, nothing forced");
+}
+
 /// The grace counts from the drain's start, not from when the connection
 /// went idle: a client idle for long may be sending its next request just
 /// as the drain begins (the request HAProxy and nginx lose on a reload).

@@ -29,6 +29,8 @@ enum Opening {
     Http1(BytesMut),
     /// Nothing within `header_timeout`.
     Silent,
+    /// Nothing through `keepalive_drain_grace` of a drain.
+    Drained,
     Closed,
 }
 
@@ -41,12 +43,26 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Reads a connection's first bytes, as many as are there, until they
 /// match the h2 preface or cannot (every HTTP/1 method differs from `PRI`
 /// by its second byte at the latest). Bytes already waiting are taken
-/// without arming a clock: the usual case for a new connection.
-async fn opening<S: ByteStream>(stream: &mut S, deadline: Instant) -> Opening {
+/// without arming a clock: the usual case for a new connection. A
+/// connection that has sent nothing when `drained` resolves (a drain's
+/// grace) is closed as an idle keep-alive one is: held to `header_timeout`,
+/// a browser's preconnect would hold the drain to its deadline and count
+/// as forced.
+async fn opening<S: ByteStream>(
+    stream: &mut S,
+    deadline: Instant,
+    drained: impl std::future::Future<Output = ()>,
+) -> Opening {
     let mut seen = BytesMut::new();
+    tokio::pin!(drained);
     loop {
         let read = match read_now(stream, &mut seen).await {
             Ok(Some(n)) => Ok(Ok(n)),
+            Ok(None) if seen.is_empty() => tokio::select! {
+                biased;
+                read = tokio::time::timeout_at(deadline, read_some(stream, &mut seen)) => read,
+                () = &mut drained => return Opening::Drained,
+            },
             Ok(None) => tokio::time::timeout_at(deadline, read_some(stream, &mut seen)).await,
             Err(err) => Ok(Err(err)),
         };
@@ -171,7 +187,8 @@ impl HttpProxy {
         // to a client that sends the preface anyway. In plain text, h2c
         // with prior knowledge.
         let h2_agreed = stream.plain().is_some() || stream.alpn() == Some(b"h2");
-        match opening(&mut stream, opened + self.header_timeout).await {
+        let drained = super::h1::conn::drain_grace(&drain, self.keepalive_drain_grace);
+        match opening(&mut stream, opened + self.header_timeout, drained).await {
             // Boxed: an HTTP/1 connection's task does not carry the size
             // of an h2 connection's state (RSS per idle connection).
             Opening::H2(seen) if h2_agreed => {
@@ -196,6 +213,11 @@ impl HttpProxy {
                         .await;
                 }
                 // Under TLS, close_notify: the close is not a truncation.
+                let _ = tokio::time::timeout(SILENT_STALL, stream.shutdown()).await;
+            }
+            Opening::Drained => {
+                tracing::debug!(listener = %self.listener, client = %peer, expected = true, "closing a connection that sent nothing, for the drain");
+                drain.closed_idle();
                 let _ = tokio::time::timeout(SILENT_STALL, stream.shutdown()).await;
             }
             Opening::Closed => {}

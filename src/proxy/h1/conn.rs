@@ -227,7 +227,7 @@ fn drop_empty_lines(buf: &mut BytesMut) {
 /// Resolves once the connection stayed idle for `grace` of the drain
 /// (counted from the drain's start, not from when it turned idle: a
 /// client idle for long may be sending its next request right now).
-async fn drain_grace(drain: &DrainWatch, grace: std::time::Duration) {
+pub(in crate::proxy) async fn drain_grace(drain: &DrainWatch, grace: std::time::Duration) {
     drain.draining().await;
     tokio::time::sleep(grace).await;
 }
