@@ -435,8 +435,9 @@ const LISTEN_HELD: Duration = Duration::from_secs(4);
 /// again to the new generation if it outlives the old. The new generation
 /// listens on its sockets right after the go-ahead; strace holds each of
 /// its `listen` calls (no hook in baton), and the stop lands while it is
-/// held. The reload lengthens the pause, so the new generation's outlasts
-/// the old one's, and a request comes in once only it takes them.
+/// held. The reload lengthens the pause and the drain budget, so the new
+/// generation's stop outlasts the old one's whole budget, and a request
+/// comes in once only it takes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
     let strace = std::process::Command::new("strace").arg("-V").output();
@@ -447,16 +448,17 @@ async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
     let backend = support::backend::HttpBackend::start("a").await;
     let spec = support::daemon::Spec::default()
         .top("workers = 1")
-        .section("[shutdown]\npre_stop_delay = \"1s\"\ndrain_timeout = \"10s\"\n")
+        .section("[shutdown]\npre_stop_delay = \"1s\"\ndrain_timeout = \"1s\"\n")
         .section("[reload]\nready_timeout = \"60s\"\n")
         .http("web", "app")
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     let serving = baton.first_pid;
-    let longer_pause = baton
-        .config_text()
-        .replace("pre_stop_delay = \"1s\"", "pre_stop_delay = \"5s\"");
-    baton.write_config(&longer_pause);
+    let longer_stop = baton.config_text().replace(
+        "pre_stop_delay = \"1s\"\ndrain_timeout = \"1s\"",
+        "pre_stop_delay = \"5s\"\ndrain_timeout = \"10s\"",
+    );
+    baton.write_config(&longer_stop);
     baton.replace_executable(Some(&format!(
         "#!/bin/sh\nexec strace -D -f -qq -o /dev/null -e trace=listen \
          -e inject=listen:delay_enter={} {} \"$@\"\n",

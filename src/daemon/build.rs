@@ -148,6 +148,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         background: CancellationToken::new(),
         unclaimed,
         draining,
+        outlive_until: None,
         config,
         exec,
         number,

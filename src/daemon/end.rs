@@ -144,7 +144,10 @@ impl Generation {
         };
         self.write_out_telemetry().await;
         let older_cut = self
-            .outlive_other_generations(stop_ends + OLDER_GENERATIONS_SLACK, ended.by_signal)
+            .outlive_other_generations(
+                stop_ends.max(self.outlive_until.unwrap_or(stop_ends)) + OLDER_GENERATIONS_SLACK,
+                ended.by_signal,
+            )
             .await
             || self.admin.inherited_forced_connections() > older_forced_before;
         self.background.cancel();

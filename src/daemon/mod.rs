@@ -189,6 +189,9 @@ struct Generation {
     /// a reload, the new generation too, last (see
     /// `Reloading::settle_for_stop`).
     draining: Vec<Process>,
+    /// When the new generation's stop ends at the latest, if it is among
+    /// `draining`: our stop waits for it until then, not its own end.
+    outlive_until: Option<Instant>,
     /// Seals every TLS listener's session tickets; its keys go to the
     /// next generation.
     ticketer: Arc<crate::tls::tickets::Ticketer>,
@@ -226,7 +229,8 @@ impl Generation {
                     Command::Stop => {
                         let signalled = Instant::now();
                         if let Some(under_way) = reload.take() {
-                            let said = under_way.settle_for_stop(&mut self.draining).await;
+                            let (said, outlive_until) = under_way.settle_for_stop(&mut self.draining).await;
+                            self.outlive_until = outlive_until;
                             // Handed over or not, this generation serves
                             // its pre-stop pause: it takes backend posts.
                             self.admin.keep_backends();

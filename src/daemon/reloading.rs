@@ -68,12 +68,17 @@ impl Reloading {
 
     /// For a stop: abandons the handoff, or waits for it to complete and
     /// asks the new generation to stop as well. Returns what the reload's
-    /// requester is told. A new generation told by word joins `draining`:
-    /// systemd took no `MAINPID=` once its stop began, so we are still its
-    /// main process, and must exit last (once the main process exits,
-    /// systemd signals what is left of the unit again, which a stopping
-    /// generation takes as "force now").
-    pub async fn settle_for_stop(mut self, draining: &mut Vec<Process>) -> String {
+    /// requester is told, and until when to wait for the new generation.
+    /// A new generation told by word joins `draining`: systemd took no
+    /// `MAINPID=` once its stop began, so we are still its main process,
+    /// and must exit last (once the main process exits, systemd signals
+    /// what is left of the unit again, which a stopping generation takes
+    /// as "force now"). Its stop, by its own config, may end later than
+    /// ours: the wait lasts its budget, from now, when it begins.
+    pub async fn settle_for_stop(
+        mut self,
+        draining: &mut Vec<Process>,
+    ) -> (String, Option<Instant>) {
         self.abandon.cancel();
         match self.finished().await {
             Ok(successor) => {
@@ -88,15 +93,20 @@ impl Reloading {
                 }
                 // Stopping, the oldest drain to the stop's end, not forced.
                 self.give_back(draining);
+                let mut outlive_until = None;
                 if matches!(passed, Ok(StopPassed::Word)) {
+                    outlive_until = successor.stop_budget.map(|budget| Instant::now() + budget);
                     draining.push(successor.process);
                 }
-                format!("reload completed as a stop began; generation pid {pid} is stopping too")
+                let said = format!(
+                    "reload completed as a stop began; generation pid {pid} is stopping too"
+                );
+                (said, outlive_until)
             }
             Err(err) => {
                 tracing::info!(cause = %err, "reload abandoned for the stop");
                 self.give_back(draining);
-                format!("reload abandoned: {err}")
+                (format!("reload abandoned: {err}"), None)
             }
         }
     }

@@ -17,7 +17,9 @@ impl Generation {
     /// Ready → serving; `Err` carries the exit code when the old
     /// generation did not let us take over.
     pub(super) async fn take_over(&mut self, parent: Parent) -> Result<(), Exit> {
-        match parent.ready(self.adopted.clone()).await {
+        let shutdown = &self.config.shutdown;
+        let stop_budget = shutdown.pre_stop_delay + shutdown.drain_timeout;
+        match parent.ready(self.adopted.clone(), stop_budget).await {
             Ok(backends_now) => build::carry_over(&self.pools, &backends_now),
             Err(e) => {
                 tracing::error!(cause = %e, "old generation did not let us take over");

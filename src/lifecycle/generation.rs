@@ -57,6 +57,8 @@ pub struct Successor {
     /// It takes the word to stop ([`Message::Stop`]); an earlier release
     /// is sent SIGTERM.
     hears_stop: bool,
+    /// How long its ordered stop may take, if it said.
+    pub stop_budget: Option<Duration>,
 }
 
 /// How a successor heard that the service stops.
@@ -203,7 +205,11 @@ pub async fn hand_over(
     )
     .await;
     match result {
-        Ok((adopted, hears_stop)) => {
+        Ok(Takeover {
+            adopted,
+            hears_stop,
+            stop_budget,
+        }) => {
             guard.process = None;
             drop(guard);
             Ok(Successor {
@@ -211,6 +217,7 @@ pub async fn hand_over(
                 adopted,
                 channel,
                 hears_stop,
+                stop_budget,
             })
         }
         Err(err) => {
@@ -224,6 +231,13 @@ pub async fn hand_over(
             Err(if exited { HandoverError::Exited } else { err })
         }
     }
+}
+
+/// What N+1 said of itself when it was ready.
+struct Takeover {
+    adopted: Vec<String>,
+    hears_stop: bool,
+    stop_budget: Option<Duration>,
 }
 
 /// How long N+1 has, after the go-ahead, to say it accepts.
@@ -241,7 +255,7 @@ async fn converse(
     child: &Process,
     offer: Offer,
     limits: Limits,
-) -> Result<(Vec<String>, bool), HandoverError> {
+) -> Result<Takeover, HandoverError> {
     let (entries, fds): (Vec<_>, Vec<OwnedFd>) = offer.sockets.into_iter().unzip();
     let offered: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
     let offer_backends_now = offer.backends_now;
@@ -258,11 +272,16 @@ async fn converse(
     send_offer(channel, child, &limits, &message, &borrowed).await?;
     drop(borrowed);
     drop(fds);
-    let (adopted, hears_stop) = match next(channel, child, &limits, Some(&limits.abandon)).await? {
+    let takeover = match next(channel, child, &limits, Some(&limits.abandon)).await? {
         Message::Ready {
             adopted,
             hears_stop,
-        } => (adopted, hears_stop),
+            stop_budget_ms,
+        } => Takeover {
+            adopted,
+            hears_stop,
+            stop_budget: stop_budget_ms.map(Duration::from_millis),
+        },
         Message::Failed { exit_code, reason } => {
             return Err(HandoverError::Failed { exit_code, reason })
         }
@@ -297,13 +316,13 @@ async fn converse(
     // connections nobody accepts (a share of a SO_REUSEPORT group's).
     let dropped: Vec<String> = offered
         .into_iter()
-        .filter(|name| !adopted.contains(name))
+        .filter(|name| !takeover.adopted.contains(name))
         .collect();
     systemd::FdStoreUpdate::new(dropped, Vec::new()).send();
     // Named only now that nothing can fail: under `NotifyAccess=main` no
     // rollback to our own pid would be heard once N+1 is main.
     systemd::handed_over(child.pid());
-    Ok((adopted, hears_stop))
+    Ok(takeover)
 }
 
 /// Sends the offer. A long one is only sent as fast as N+1 reads it, so
@@ -493,12 +512,17 @@ impl Parent {
         Ok((Parent { channel }, inheritance))
     }
 
-    /// Says we are ready and waits for the go-ahead to accept; returns the
-    /// backend states as they are now.
-    pub async fn ready(&self, adopted: Vec<String>) -> Result<Vec<BackendCarry>, HandoverError> {
+    /// Says we are ready (and how long our stop may take) and waits for
+    /// the go-ahead to accept; returns the backend states as they are now.
+    pub async fn ready(
+        &self,
+        adopted: Vec<String>,
+        stop_budget: Duration,
+    ) -> Result<Vec<BackendCarry>, HandoverError> {
         let ready = Message::Ready {
             adopted,
             hears_stop: true,
+            stop_budget_ms: Some(u64::try_from(stop_budget.as_millis()).unwrap_or(u64::MAX)),
         };
         self.channel.send(&ready, &[]).await?;
         // A handoff stuck here is the old generation's to finish: say so.

@@ -170,6 +170,12 @@ pub enum Message {
         /// is sent SIGTERM instead).
         #[serde(default)]
         hears_stop: bool,
+        /// How long N+1's ordered stop may take (its `pre_stop_delay` plus
+        /// its `shutdown.drain_timeout`): N, outliving it after a word,
+        /// waits that long, not its own budget, which a reload may have
+        /// made shorter.
+        #[serde(default)]
+        stop_budget_ms: Option<u64>,
     },
     Failed {
         exit_code: i32,
@@ -622,7 +628,8 @@ mod tests {
             decode(br#"{"version":1,"type":"ready","adopted":["web"]}"#).ok(),
             Some(Message::Ready {
                 adopted: vec!["web".into()],
-                hears_stop: false
+                hears_stop: false,
+                stop_budget_ms: None,
             }),
             "an earlier release's ready: it is sent SIGTERM to stop"
         );
