@@ -839,9 +839,10 @@ async fn an_admin_connection_open_at_the_handover_gets_its_one_answer() {
     drop(slow);
 }
 
-/// `baton_tcp_bytes_total` moves while a TCP session lasts, not only as
-/// it ends: a session of days would otherwise show no traffic all along,
-/// then all of it at once.
+/// `baton_tcp_bytes_total` moves while a TCP session lasts (every 64 KiB
+/// a connection moves), not only as it ends: a session of days would
+/// otherwise show no traffic all along, then all of it at once. At the
+/// end it holds every byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_bytes_count_while_the_session_lasts() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -850,18 +851,46 @@ async fn tcp_bytes_count_while_the_session_lasts() {
     let mut session = tokio::net::TcpStream::connect(baton.addr("raw"))
         .await
         .expect("connect");
-    session.write_all(&[7u8; 1000]).await.expect("write");
-    let mut back = [0u8; 1000];
-    session.read_exact(&mut back).await.expect("echoed");
+    let sent = vec![7u8; 100_000];
+    let mut back = vec![0u8; sent.len()];
+    let (mut reader, mut writer) = session.split();
+    let (written, read) = tokio::join!(writer.write_all(&sent), async {
+        let mut got = 0;
+        while got < back.len() {
+            match reader.read(&mut back[got..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        got
+    });
+    written.expect("write");
+    assert_eq!(read, sent.len(), "echoed");
+    let counted = |direction: &'static str| {
+        let admin = baton.admin;
+        async move {
+            let series =
+                format!("baton_tcp_bytes_total{{listener=\"raw\",direction=\"{direction}\"}} ");
+            let text = client::metrics(admin).await;
+            text.lines()
+                .find_map(|l| l.strip_prefix(series.as_str())?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        }
+    };
     for direction in ["to_backend", "to_client"] {
-        let series =
-            format!("baton_tcp_bytes_total{{listener=\"raw\",direction=\"{direction}\"}} 1000");
-        support::eventually("the bytes counted while the session is open", || async {
-            client::metrics(baton.admin).await.contains(&series)
+        support::eventually("bytes counted while the session is open", || async {
+            counted(direction).await >= 65_536.0
         })
         .await;
     }
-    // Still open: it echoes on.
+    // Still open: it echoes on; closed, every byte is counted.
     session.write_all(b"x").await.expect("write");
     session.read_exact(&mut back[..1]).await.expect("echoed");
+    drop(session);
+    for direction in ["to_backend", "to_client"] {
+        support::eventually("every byte counted at the end", || async {
+            counted(direction).await == 100_001.0
+        })
+        .await;
+    }
 }

@@ -239,6 +239,7 @@ impl<'a> Moved<'a> {
     fn new(metric: &'a metrics::TcpBytes) -> Moved<'a> {
         let way = |metric| Way {
             bytes: AtomicU64::new(0),
+            counted: AtomicU64::new(0),
             metric,
         };
         Moved {
@@ -259,16 +260,39 @@ impl<'a> Moved<'a> {
 /// One way's bytes: this connection's, for its access-log line, and the
 /// listener's `baton_tcp_bytes_total`, which moves as the bytes do (a
 /// session of days shows its traffic while it lasts, not in one step as
-/// it ends).
+/// it ends), every [`COUNT_EVERY`] bytes and at the end: the counter is
+/// shared by every connection on every worker, so one update per copied
+/// chunk would make them all contend for it.
 struct Way<'a> {
     bytes: AtomicU64,
+    /// Of `bytes`, those the metric counts already.
+    counted: AtomicU64,
     metric: &'a ::metrics::Counter,
 }
 
+/// How many bytes a connection moves one way between updates of
+/// `baton_tcp_bytes_total`.
+const COUNT_EVERY: u64 = 64 << 10;
+
 impl Tally for Way<'_> {
     fn add(&self, bytes: u64) {
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.metric.increment(bytes);
+        let total = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let counted = self.counted.load(Ordering::Relaxed);
+        if total - counted >= COUNT_EVERY {
+            self.counted.store(total, Ordering::Relaxed);
+            self.metric.increment(total - counted);
+        }
+    }
+}
+
+impl Drop for Way<'_> {
+    /// The rest, however the connection ended (a tunnel the drain's
+    /// deadline forces is dropped where it waits).
+    fn drop(&mut self) {
+        let rest = *self.bytes.get_mut() - *self.counted.get_mut();
+        if rest > 0 {
+            self.metric.increment(rest);
+        }
     }
 }
 
