@@ -848,6 +848,11 @@ async fn tcp_bytes_count_while_the_session_lasts() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let echo = support::backend::TcpEcho::start().await;
     let baton = Baton::start(Spec::new().tcp("raw", "echo").pool("echo", &[echo.addr])).await;
+    let at_start = client::metrics(baton.admin).await;
+    assert!(
+        at_start.contains("baton_tcp_bytes_total{listener=\"raw\",direction=\"to_client\"} 0\n"),
+        "the series is there from the start, at 0:\n{at_start}"
+    );
     let mut session = tokio::net::TcpStream::connect(baton.addr("raw"))
         .await
         .expect("connect");

@@ -235,13 +235,7 @@ async fn a_reload_that_fails_after_binding_a_new_shard_loses_no_connection() {
             backend.held() >= 1
         })
         .await;
-        let log = baton.log();
-        let new = log
-            .split("started new generation pid=")
-            .nth(1)
-            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|pid| pid.parse().ok())
-            .expect("the new generation's pid in the log");
+        let new = baton.started_pids()[0];
         signal(new, Signal::SIGKILL);
     });
     assert_ne!(r.code, 0, "{r:?}");

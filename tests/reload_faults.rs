@@ -145,14 +145,6 @@ async fn a_sighup_before_the_new_generations_handlers_does_not_end_it() {
     load.stop().await.assert_clean();
 }
 
-/// The pids of the generations started so far, in order.
-fn started_pids(log: &str) -> Vec<u32> {
-    log.split("started new generation pid=")
-        .skip(1)
-        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
-        .collect()
-}
-
 /// SIGHUP to the serving generation while its reload reads its config
 /// (held behind a FIFO), then `first` fed as that config and the real one
 /// put back; returns once a generation started after the second SIGHUP
@@ -162,7 +154,7 @@ async fn sighup_during_a_reload(baton: &Baton, first: &str) {
     let config = config_behind_a_fifo(baton);
     signal(serving, Signal::SIGHUP);
     support::eventually("the new generation started", || async {
-        started_pids(&baton.log()).len() == 1
+        baton.started_pids().len() == 1
     })
     .await;
     signal(serving, Signal::SIGHUP);
@@ -172,10 +164,10 @@ async fn sighup_during_a_reload(baton: &Baton, first: &str) {
     .await;
     support::daemon::feed_fifo_then(&baton.config, first, Some(&config)).await;
     support::eventually("a generation started after the second SIGHUP", || async {
-        started_pids(&baton.log()).len() == 2
+        baton.started_pids().len() == 2
     })
     .await;
-    let started = started_pids(&baton.log());
+    let started = baton.started_pids();
     support::eventually("it serves", || async {
         baton.serving_pid().await == started[1]
     })
@@ -472,11 +464,7 @@ async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
             .contains("ready; waiting for the old generation's go-ahead")
     })
     .await;
-    let log = baton.log();
-    let taking_over = processes_for(&baton.config)
-        .into_iter()
-        .find(|p| log.contains(&format!("started new generation pid={p} ")))
-        .expect("the new generation");
+    let taking_over = baton.started_pids()[0];
     // The go-ahead goes out at once; then the new generation's listen is
     // held for LISTEN_HELD.
     tokio::time::sleep(LISTEN_HELD / 4).await;

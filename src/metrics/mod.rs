@@ -406,7 +406,6 @@ pub fn upstream_error(pool: &str, backend: &str, kind: UpstreamErrorKind) {
         .increment(1);
 }
 
-/// A TCP listener's series, at 0 from the start.
 /// A TCP listener's `baton_tcp_bytes_total`, each way.
 pub struct TcpBytes {
     pub to_backend: Counter,

@@ -389,6 +389,16 @@ impl Baton {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// The pids of the generations reloads started so far, in order (as
+    /// the log names them).
+    pub fn started_pids(&self) -> Vec<u32> {
+        self.log()
+            .split("started new generation pid=")
+            .skip(1)
+            .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+            .collect()
+    }
+
     /// Rewrites the config file with `text` (a broken one, say).
     pub fn write_config(&self, text: &str) {
         std::fs::write(&self.config, text).expect("rewrite config");
