@@ -128,11 +128,23 @@ async fn a_tcp_backend_that_closes_first_still_hears_the_client() {
     assert_eq!(heard, b"client speaks after the backend's FIN");
 }
 
+/// What a connection reads until it ends, and how it ended: `Ok` for a
+/// FIN, the error's kind for a reset.
+async fn read_to_the_end(s: &mut TcpStream) -> (Vec<u8>, Result<(), std::io::ErrorKind>) {
+    let mut got = Vec::new();
+    let ended = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut got))
+        .await
+        .expect("the connection ends");
+    (got, ended.map(drop).map_err(|e| e.kind()))
+}
+
 /// In TCP mode a backend that resets the tunnel is the backend's failure:
 /// counted against it (`baton_upstream_errors_total`), not taken for the
-/// client's abort.
+/// client's abort; and the client is reset too, after every byte the
+/// backend sent before its reset: a FIN would pass the cut stream off as
+/// a whole one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backend_reset_in_tcp_mode_is_the_backends_failure() {
+async fn a_backend_reset_in_tcp_mode_is_the_backends_failure_and_resets_the_client() {
     let resetting = resetting_backend().await;
     let baton = Baton::start(
         Spec::new()
@@ -140,13 +152,68 @@ async fn a_backend_reset_in_tcp_mode_is_the_backends_failure() {
             .pool("app", &[resetting]),
     )
     .await;
-    let reply = get_big(baton.addr("raw")).await;
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    let mut s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let (got, ended) = read_to_the_end(&mut s).await;
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    assert_eq!(
+        got.split_once("\r\n\r\n").map(|(_, body)| body.len()),
+        Some(100),
+        "every byte the backend sent before its reset: {got:?}"
+    );
+    assert_eq!(ended, Err(std::io::ErrorKind::ConnectionReset));
     let counted = "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"protocol\"} 1";
     support::eventually("the reset counted against the backend", || async {
         client::metrics(baton.admin).await.contains(counted)
     })
     .await;
+}
+
+/// A client that resets its TCP-mode connection resets the backend's too,
+/// once the backend has read what the client sent before: a FIN would
+/// tell the backend the client finished (a database would commit what it
+/// was sent), where the client aborted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reset_in_tcp_mode_resets_the_backend() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = listener.local_addr().expect("addr");
+    const SENT: &[u8] = b"BEGIN; half of a transaction";
+    let (read_tx, read) = tokio::sync::oneshot::channel();
+    let (heard_tx, heard) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let Ok((mut s, _)) = listener.accept().await else {
+            return;
+        };
+        let mut got = [0u8; SENT.len()];
+        let _ = read_tx.send(s.read_exact(&mut got).await.map(|_| got));
+        let _ = heard_tx.send(read_to_the_end(&mut s).await);
+    });
+    let baton = Baton::start(Spec::new().tcp("raw", "b").pool("b", &[backend])).await;
+    let mut s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    s.write_all(SENT).await.expect("write");
+    let read = tokio::time::timeout(support::TIMEOUT, read)
+        .await
+        .expect("the backend reads what the client sent")
+        .expect("backend report")
+        .expect("read");
+    assert_eq!(read, SENT);
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .expect("SO_LINGER 0");
+    drop(s);
+    let (more, ended) = tokio::time::timeout(support::TIMEOUT, heard)
+        .await
+        .expect("the backend's connection ends")
+        .expect("backend report");
+    assert_eq!(more, b"");
+    assert_eq!(ended, Err(std::io::ErrorKind::ConnectionReset));
 }
 
 /// A TCP connection whose backend refuses it is a connect failure, not "no

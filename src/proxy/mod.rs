@@ -15,6 +15,7 @@ pub mod headers;
 pub mod idle;
 pub mod longlived;
 pub mod request_id;
+pub mod reset;
 pub mod tcp;
 pub mod web;
 

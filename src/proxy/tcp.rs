@@ -1,7 +1,8 @@
 //! L4 proxying: pick a backend, connect within `connect_timeout` (one retry
 //! on another backend when the connect fails: nothing was sent yet), then
 //! copy both ways until both sides are done. A FIN is forwarded as a write
-//! shutdown, so a half-closed client still gets its reply.
+//! shutdown, so a half-closed client still gets its reply; a reset (or
+//! any failure) on one side resets the other (`reset`).
 //!
 //! The copy holds a buffer only while bytes are on their way (a per-thread
 //! spare): an idle proxied connection costs its two sockets and a small
@@ -23,6 +24,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use super::idle::{Activity, Observed};
+use super::reset;
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
@@ -129,10 +131,12 @@ impl TcpProxy {
                     false,
                 );
                 tracing::info!(listener = %self.listener, backend = %backend.name, cause = %err, "backend ended the tcp stream with an error");
+                reset::once_taken(client.tcp()).await;
                 Termination::BackendFailed(Phase::Data)
             }
             First::Main(Err(err)) => {
                 tracing::debug!(listener = %self.listener, backend = %lease.backend().name, cause = %err, "tcp stream ended with an error");
+                reset::once_taken(upstream.tcp()).await;
                 Termination::ClientAborted(Phase::Data)
             }
             First::Rare(()) => {
