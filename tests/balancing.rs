@@ -615,6 +615,32 @@ async fn a_backend_at_its_cap_queues_work_then_refuses_it_at_queue_timeout() {
     assert_eq!(slow.await.expect("join").expect("slow").status, 200);
 }
 
+/// A retry (its first backend could not be reached) that times out in
+/// line answers with the first failure, a 502: no queue timeout is
+/// counted for it, as no client was refused for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_that_times_out_in_line_is_answered_and_counted_as_its_first_failure() {
+    let a = HttpBackend::start("a").await;
+    let (dead, _reserved) = dead_addr();
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        "max_connections_per_backend = 1\nqueue_timeout = \"300ms\"",
+        &[(dead, 1), (a.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let held = hold_the_place(&a, web).await;
+    let answer = client::get(web, "/retried").await.expect("an answer");
+    assert_eq!(answer.status, 502, "{}", answer.body);
+    let metrics = client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains("baton_queue_timeouts_total{pool=\"app\"} 0"),
+        "{metrics}"
+    );
+    a.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
+}
+
 /// Work waiting in line for a place is woken when a backend comes up, not
 /// only when a place frees up on the busy one: it goes to the newcomer at
 /// once instead of timing out behind the busy backend.

@@ -527,14 +527,10 @@ impl Pool {
                 .iter()
                 .any(|b| b.available() && Some(b.index) != exclude)
         };
-        let outcome = match line.join(exclude, || self.pick(exclude), any_up)? {
+        match line.join(exclude, || self.pick(exclude), any_up)? {
             Ok(lease) => Ok(lease),
             Err(ticket) => ticket.served(deadline).await,
-        };
-        if outcome.as_ref().err() == Some(&NoLease::QueueTimeout) {
-            crate::metrics::queue_timeout(&self.name);
         }
-        outcome
     }
 
     /// Draining backends with nothing in flight go `out`: called once the

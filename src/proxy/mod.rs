@@ -111,12 +111,17 @@ impl ProxyError {
         tracing::warn!(backend = %backend.name, cause = %self, "backend request failed");
     }
 
-    /// A pool that gave no lease.
+    /// A pool that gave no lease, as the answer: a queue timeout is
+    /// counted here, not where the wait ended, as a retry that timed out
+    /// in line answers with its first attempt's failure instead.
     pub fn refused(pool: &str, why: NoLease) -> ProxyError {
         let pool = pool.to_string();
         match why {
             NoLease::NoBackend => ProxyError::NoBackend { pool },
-            NoLease::QueueTimeout => ProxyError::QueueTimeout { pool },
+            NoLease::QueueTimeout => {
+                crate::metrics::queue_timeout(&pool);
+                ProxyError::QueueTimeout { pool }
+            }
         }
     }
 

@@ -20,17 +20,21 @@ const MAX_SIZE_DIGITS: usize = 16;
 
 /// Trailer fields that would change framing or routing if a next hop
 /// merged them into the head: dropped, not forwarded (RFC 9110 §6.5.1),
-/// whether the trailers came in HTTP/1 or in h2.
-const DROPPED_TRAILERS: [&str; 3] = ["content-length", "transfer-encoding", "host"];
+/// whether the trailers came in HTTP/1 or in h2. `Trailer` itself only
+/// means something in a head.
+const DROPPED_TRAILERS: [&str; 4] = ["content-length", "transfer-encoding", "host", "trailer"];
 
 /// Whether a trailer field named `name` goes on: not one of
-/// `DROPPED_TRAILERS`, nor one that says where a request came from or
+/// `DROPPED_TRAILERS` nor a hop-by-hop one (`Connection: close` merged
+/// late would end a kept connection, h2 refuses them anywhere), nor one
+/// that says where a request came from or
 /// names it (`headers::FORWARDING`, `X-Request-Id`): baton sets those in
 /// the head, and a backend merging trailers would take a client's forgery.
 /// Their `_` spellings too, as in a head.
 pub fn trailer_forwarded(name: &[u8]) -> bool {
     let named = |list: &[&str]| list.iter().any(|d| name.eq_ignore_ascii_case(d.as_bytes()));
     !named(&DROPPED_TRAILERS)
+        && !named(headers::HOP_BY_HOP)
         && !headers::is_forwarding(name)
         && !name.eq_ignore_ascii_case(headers::X_REQUEST_ID.as_str().as_bytes())
         && !headers::is_underscored_set_by_baton(name)
@@ -578,7 +582,7 @@ mod tests {
     #[test]
     fn trailers_are_validated_and_reserialised() {
         let (data, end) = decode(
-            b"3\r\nabc\r\n0\r\nX-T: 1\r\nContent-Length: 5\r\nhost: h\r\nTransfer-Encoding: x\r\nX-Forwarded-For: 6.6.6.6\r\nforwarded: for=6.6.6.6\r\nx-request-id: forged\r\nX_Request_Id: forged\r\nY:  2 \r\n\r\n",
+            b"3\r\nabc\r\n0\r\nX-T: 1\r\nContent-Length: 5\r\nhost: h\r\nTransfer-Encoding: x\r\nConnection: close\r\nkeep-alive: 5\r\nUpgrade: h2c\r\nTE: trailers\r\nTrailer: X-T\r\nX-Forwarded-For: 6.6.6.6\r\nforwarded: for=6.6.6.6\r\nx-request-id: forged\r\nX_Request_Id: forged\r\nY:  2 \r\n\r\n",
         );
         assert_eq!(data, b"abc");
         assert_eq!(end, Ok(Some(Bytes::from_static(b"X-T: 1\r\nY: 2\r\n"))));

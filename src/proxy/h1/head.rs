@@ -611,7 +611,13 @@ fn response_framing(
     status: u16,
     method: &http::Method,
 ) -> Result<(Framing, bool), BadResponse> {
-    if method == http::Method::HEAD || status < 200 || status == 204 || status == 304 {
+    if method == http::Method::HEAD || status == 304 {
+        // No body, but the length goes on to the client (it describes
+        // the body a GET would get): it must be one valid length.
+        agreed_length(head, fields)?;
+        return Ok((Framing::Empty, false));
+    }
+    if status < 200 || status == 204 {
         return Ok((Framing::Empty, false));
     }
     let mut te = values(head, fields, "transfer-encoding").peekable();
@@ -619,10 +625,16 @@ fn response_framing(
         if version == Version::Http10 {
             return Err(BadResponse::Malformed("transfer-encoding in HTTP/1.0"));
         }
-        let (mut coded, mut last_chunked) = (false, false);
+        let (mut coded, mut last_chunked, mut chunked) = (false, false, 0);
         for coding in te.flat_map(list) {
             last_chunked = coding.eq_ignore_ascii_case(b"chunked");
+            chunked += usize::from(last_chunked);
             coded |= !last_chunked;
+        }
+        // Chunked applied twice, or under another coding, has no framing
+        // baton could pass on in HTTP/1.1 (RFC 9112 §6.1: once, and last).
+        if chunked > usize::from(last_chunked) {
+            return Err(BadResponse::Malformed("chunked twice or not last"));
         }
         let framing = if last_chunked {
             Framing::Chunked
@@ -631,10 +643,19 @@ fn response_framing(
         };
         return Ok((framing, coded));
     }
+    match agreed_length(head, fields)? {
+        None => Ok((Framing::UntilClose, false)),
+        Some(n) => Ok((length(n), false)),
+    }
+}
+
+/// A response's Content-Length, if it has one: every repeat valid and the
+/// same.
+fn agreed_length(head: &[u8], fields: &[Field]) -> Result<Option<u64>, BadResponse> {
     let mut lengths = values(head, fields, "content-length").map(content_length);
     match lengths.next() {
-        None => Ok((Framing::UntilClose, false)),
-        Some(Some(n)) if lengths.all(|m| m == Some(n)) => Ok((length(n), false)),
+        None => Ok(None),
+        Some(Some(n)) if lengths.all(|m| m == Some(n)) => Ok(Some(n)),
         Some(_) => Err(BadResponse::Malformed("invalid content-length")),
     }
 }
@@ -1232,6 +1253,16 @@ x-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAuthorization: a\r\nContent-Encod
         )
         .unwrap();
         assert_eq!(head_method.framing, Framing::Empty);
+        for bad in ["x", "1, 2", "10\r\nContent-Length: 11"] {
+            let raw = format!("HTTP/1.1 200 OK\r\nContent-Length: {bad}\r\n\r\n");
+            assert_eq!(
+                res(raw.as_bytes(), &http::Method::HEAD).unwrap_err(),
+                BadResponse::Malformed("invalid content-length"),
+                "a HEAD's length goes on, so it must be one: {bad}"
+            );
+            let raw = format!("HTTP/1.1 304 Not Modified\r\nContent-Length: {bad}\r\n\r\n");
+            assert!(res(raw.as_bytes(), &http::Method::GET).is_err(), "{bad}");
+        }
         for status in ["100", "101", "103", "204", "304"] {
             let raw = format!(
                 "HTTP/1.1 {status} X\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n"
@@ -1257,11 +1288,10 @@ x-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAuthorization: a\r\nContent-Encod
             .framing,
             Framing::Chunked
         );
-        let head = get(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\nContent-Length: 4\r\n\r\n",
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nContent-Length: 4\r\n\r\n").framing,
+            Framing::UntilClose
         );
-        assert_eq!(head.framing, Framing::UntilClose);
-        assert!(!head.keep_alive);
         assert_eq!(
             get(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\n").framing,
             Framing::UntilClose
@@ -1271,6 +1301,28 @@ x-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAuthorization: a\r\nContent-Encod
             &http::Method::GET
         )
         .is_err());
+    }
+
+    /// Chunked twice, or under another coding: HTTP/1.1 has no way to
+    /// pass it on (chunked once, last), so no framing is guessed.
+    #[test]
+    fn a_response_chunked_twice_or_not_last_is_malformed() {
+        for te in [
+            &b"chunked, chunked"[..],
+            b"chunked\r\nTransfer-Encoding: chunked",
+            b"chunked, gzip",
+            b"gzip, chunked, gzip",
+        ] {
+            let mut raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: ".to_vec();
+            raw.extend_from_slice(te);
+            raw.extend_from_slice(b"\r\n\r\n");
+            assert_eq!(
+                res(&raw, &http::Method::GET).unwrap_err(),
+                BadResponse::Malformed("chunked twice or not last"),
+                "{}",
+                String::from_utf8_lossy(te)
+            );
+        }
     }
 
     #[test]

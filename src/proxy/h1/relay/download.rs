@@ -21,7 +21,6 @@ use super::Relay;
 use crate::backend::Lease;
 use crate::metrics::UpstreamErrorKind;
 use crate::proxy::body::{BodyError, ClientUploadFault, Progress};
-use crate::proxy::headers;
 
 /// A response head's fields as hyper's h2 server sends them (none for a
 /// body with a transfer coding other than chunked): hop-by-hop
@@ -344,15 +343,11 @@ fn trailer_frame(lines: &[u8]) -> Option<Frame<Bytes>> {
     else {
         return None;
     };
+    // The decoder kept no hop-by-hop field: h2 refuses a
+    // connection-specific one anywhere, and it would reset a stream whose
+    // body came whole.
     let mut map = HeaderMap::with_capacity(fields.len());
-    // h2 refuses a connection-specific field anywhere, trailers included:
-    // one would reset a stream whose body came whole.
-    let hop_by_hop = |name: &str| {
-        headers::HOP_BY_HOP
-            .iter()
-            .any(|h| name.eq_ignore_ascii_case(h))
-    };
-    for field in fields.iter().filter(|f| !hop_by_hop(f.name)) {
+    for field in fields {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(field.name.as_bytes()),
             HeaderValue::from_bytes(field.value),
