@@ -89,11 +89,42 @@ impl IdleConnections {
 
 /// An idle connection is usable only if nothing is readable on its
 /// socket: EOF means the backend closed it, and bytes would be a response
-/// to nothing (or, under TLS, the backend's close_notify).
-/// The reactor's readiness answers without a syscall when the socket has
-/// shown nothing since its last read; only a socket marked readable is
-/// read (and then given up, whatever the read says, unless it was stale).
+/// to nothing (or, under TLS, the backend's close_notify) that the next
+/// request would read as its own, maybe another client's. The kernel is
+/// asked (one non-blocking peek): the reactor's cached readiness misses
+/// bytes that came since it last looked, and on a busy worker that can be
+/// just before the reuse (a body sent late to a HEAD, bytes past a
+/// response's length).
 pub fn still_open(stream: &tokio::net::TcpStream) -> bool {
-    let mut probe = [0u8; 1];
-    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    let mut probe = [std::mem::MaybeUninit::<u8>::uninit()];
+    matches!(socket2::SockRef::from(stream).peek(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::still_open;
+    use std::io::Write;
+    use tokio::io::AsyncReadExt;
+
+    /// Bytes the kernel holds but the reactor has not reported yet (the
+    /// test never yields between the write and the check, so the reactor
+    /// cannot turn) make a connection unusable.
+    #[tokio::test]
+    async fn bytes_the_reactor_has_not_seen_yet_make_a_connection_unusable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (mut backend, _) = listener.accept().expect("accept");
+        backend.write_all(b"answer").expect("answer");
+        let mut buf = [0u8; 64];
+        let n = stream.read(&mut buf).await.expect("read the answer");
+        assert_eq!(&buf[..n], b"answer");
+        assert!(still_open(&stream), "nothing more was sent");
+        backend.write_all(b"stray").expect("stray bytes");
+        // Loopback delivers within the write call; the pause (a blocking
+        // one, not a yield to the reactor) only makes sure.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!still_open(&stream), "the stray bytes went unseen");
+        drop(backend);
+    }
 }
