@@ -12,7 +12,7 @@
 //! that joins never misses one freed meanwhile.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
@@ -24,6 +24,10 @@ pub(crate) struct Line {
     /// `max_connections_per_backend`.
     cap: usize,
     waiting: Mutex<Waiters>,
+    /// Someone waits: read without the lock by `Pool::pick`, so work
+    /// that finds no one waiting takes a place lock-free; written under
+    /// the lock at every change of the queue.
+    occupied: AtomicBool,
 }
 
 #[derive(Default)]
@@ -56,6 +60,7 @@ impl Line {
         Line {
             cap,
             waiting: Mutex::default(),
+            occupied: AtomicBool::new(false),
         }
     }
 
@@ -64,18 +69,32 @@ impl Line {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes a place now through `pick`, or joins the line when `pick`
-    /// finds none (both under the line's lock, so a place freed between
-    /// them is handed to us). `NoBackend` when `any_up` says no backend it
-    /// may use is up: waiting would be for nothing.
+    /// Whether work waits in line now.
+    pub fn has_waiters(&self) -> bool {
+        self.occupied.load(Ordering::SeqCst)
+    }
+
+    /// Says whether anyone waits, after a change of `waiters` (under the lock).
+    fn note(&self, waiters: &Waiters) {
+        self.occupied
+            .store(!waiters.queue.is_empty(), Ordering::SeqCst);
+    }
+
+    /// Takes a place now through `pick`, among backends no waiter may use,
+    /// or joins the line when `pick` finds none (both under the line's
+    /// lock, so a place freed between them is handed to us). A place a
+    /// waiter may use is free only in the moment between a backend coming
+    /// up and its places being offered down the line (`offer`): it is the
+    /// waiter's. `NoBackend` when `any_up` says no backend it may use is
+    /// up: waiting would be for nothing.
     pub fn join(
         &self,
         exclude: Option<usize>,
-        pick: impl FnOnce() -> Option<Lease>,
+        pick: impl FnOnce(&dyn Fn(&Backend) -> bool) -> Option<Lease>,
         any_up: impl FnOnce() -> bool,
     ) -> Result<Result<Lease, Ticket<'_>>, NoLease> {
         let mut waiters = self.lock();
-        if let Some(lease) = pick() {
+        if let Some(lease) = pick(&|backend: &Backend| !waiters.wants(backend)) {
             return Ok(Ok(lease));
         }
         if !any_up() {
@@ -89,6 +108,7 @@ impl Line {
             exclude,
             place: tx,
         });
+        self.note(&waiters);
         Ok(Err(Ticket {
             line: self,
             id,
@@ -106,6 +126,7 @@ impl Line {
         // no new work through the line either.
         let open = backend.available() && !backend.retired.load(Ordering::SeqCst);
         if open && waiters.hand(backend) {
+            self.note(&waiters);
             return false;
         }
         backend.give_back();
@@ -119,13 +140,16 @@ impl Line {
         while backend.available() && waiters.wants(backend) && backend.take_place(self.cap) {
             if !waiters.hand(backend) {
                 backend.give_back();
-                return;
+                break;
             }
         }
+        self.note(&waiters);
     }
 
     fn leave(&self, id: u64) {
-        self.lock().queue.retain(|w| w.id != id);
+        let mut waiters = self.lock();
+        waiters.queue.retain(|w| w.id != id);
+        self.note(&waiters);
     }
 }
 
@@ -190,7 +214,9 @@ impl Drop for Ticket<'_> {
 mod tests {
     use std::time::Duration;
 
-    use super::super::{Lease, NoLease, Pool};
+    use std::sync::atomic::Ordering;
+
+    use super::super::{AdminState, Lease, NoLease, Pool};
     use crate::config::{BackendConfig, Balance, PoolConfig};
 
     /// A pool of `backends` backends, each with one place.
@@ -242,6 +268,46 @@ mod tests {
         drop(served);
         let last = second.await.expect("join").expect("then the next");
         assert_eq!(last.backend().in_flight(), 1, "one place, one holder");
+    }
+
+    /// Between a backend coming up and its places being offered down the
+    /// line, a newcomer does not take one: the work in line came first.
+    /// One no waiter may use is the newcomer's at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_backend_that_comes_up_serves_the_line_before_a_newcomer() {
+        let p = std::sync::Arc::new(pool(2));
+        let on_0 = p.pick(None).expect("b0");
+        let b1 = std::sync::Arc::clone(&p.backends().backends[1]);
+        b1.drain();
+        let waiting = in_line(&p, None).await;
+        // Up, not yet offered (what `restore` does next).
+        b1.admin.store(AdminState::Enabled as u8, Ordering::SeqCst);
+        assert!(
+            p.pick(None).is_none(),
+            "the newcomer took the waiter's place"
+        );
+        let newcomer = in_line(&p, None).await;
+        b1.wake_queue();
+        let served = waiting.await.expect("join").expect("served by b1");
+        assert_eq!(served.backend().index, 1);
+        tokio::task::yield_now().await;
+        assert!(!newcomer.is_finished(), "the newcomer waits its turn");
+        drop(on_0);
+        let next = newcomer.await.expect("join").expect("then the newcomer");
+        assert_eq!(next.backend().index, 0);
+        drop((served, next));
+
+        let on_0 = p.pick(Some(1)).expect("b0");
+        let retry = in_line(&p, Some(1)).await;
+        let newcomer = in_line(&p, None).await;
+        assert!(
+            newcomer.is_finished(),
+            "b1 is no waiter's: it is taken at once"
+        );
+        let took = newcomer.await.expect("join").expect("b1");
+        assert_eq!(took.backend().index, 1);
+        drop(on_0);
+        assert_eq!(retry.await.expect("join").expect("b0").backend().index, 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -494,12 +494,26 @@ impl Pool {
 
     /// Picks a backend for one unit of work, skipping `exclude` (a backend
     /// that just failed) and those at their cap, or `None` when no backend
-    /// can take it now. One lock-free load of the members per pick.
+    /// can take it now. One lock-free load of the members per pick. While
+    /// work waits in line, `None`: the caller goes through the line's lock
+    /// (`lease`), where a place a waiter may use is not a newcomer's.
     pub fn pick(&self, exclude: Option<usize>) -> Option<Lease> {
+        if self.line.as_ref().is_some_and(|line| line.has_waiters()) {
+            return None;
+        }
+        self.pick_where(exclude, |_| true)
+    }
+
+    /// `pick`, among the backends `allowed` says may be taken.
+    fn pick_where(
+        &self,
+        exclude: Option<usize>,
+        allowed: impl Fn(&Backend) -> bool,
+    ) -> Option<Lease> {
         let members = self.members.load();
         loop {
             let chosen = balance::choose(self.balance, &members.backends, &members.picks, |b| {
-                b.available() && Some(b.index) != exclude && self.below_cap(b)
+                b.available() && Some(b.index) != exclude && self.below_cap(b) && allowed(b)
             })?;
             // Another pick may have taken the last place meanwhile.
             if let Some(lease) = Lease::within(&members.backends[chosen], self.cap) {
@@ -527,7 +541,7 @@ impl Pool {
                 .iter()
                 .any(|b| b.available() && Some(b.index) != exclude)
         };
-        match line.join(exclude, || self.pick(exclude), any_up)? {
+        match line.join(exclude, |allowed| self.pick_where(exclude, allowed), any_up)? {
             Ok(lease) => Ok(lease),
             Err(ticket) => ticket.served(deadline).await,
         }
