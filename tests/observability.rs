@@ -668,6 +668,51 @@ async fn an_old_generation_outliving_newer_ones_is_still_counted() {
     assert_eq!(requests_total(&client::metrics(admin).await), 1.0);
 }
 
+/// Requests refused before they could be routed (a malformed head, one
+/// too large, one too slow) are answered, so counted, on the listener's
+/// pool, as h2's refusals are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_before_routing_are_counted_on_the_listeners_pool() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(
+        Spec::new()
+            .listener("web", "http", "app", "header_timeout = \"500ms\"")
+            .pool("app", &[backend.addr]),
+    )
+    .await;
+    let web = baton.addr("web");
+    let huge = format!(
+        "GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    for (sent, status) in [
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".to_string(),
+            "400",
+        ),
+        (huge, "431"),
+        ("GET / HTTP/1.1\r\nHost: a\r\n".to_string(), "408"),
+    ] {
+        let mut s = tokio::net::TcpStream::connect(web).await.expect("connect");
+        tokio::io::AsyncWriteExt::write_all(&mut s, sent.as_bytes())
+            .await
+            .expect("request");
+        let seen = client::read_until_closed(&mut s).await;
+        assert!(seen.starts_with(&format!("HTTP/1.1 {status}")), "{seen}");
+    }
+    let text = client::metrics(baton.admin).await;
+    assert_eq!(
+        counters(&text).get("baton_requests_total{listener=\"web\",pool=\"app\",code=\"4xx\"}"),
+        Some(&3.0),
+        "{}",
+        text.lines()
+            .filter(|l| l.starts_with("baton_requests_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(backend.hits(), 0);
+}
+
 /// A request's duration runs from its head to its response head (DESIGN:
 /// "request head to response head"), not to the end of a body that may
 /// stream for minutes; and a response that broke off after its head was

@@ -224,11 +224,17 @@ impl HttpProxy {
         }
     }
 
+    /// The listener's own pool: where a request refused before its head
+    /// could be routed is counted.
+    pub(super) fn own_target(&self) -> &Target {
+        &self.targets[self.default_target]
+    }
+
     /// The pool a request goes to: the first route matching its host and
     /// path, else the listener's.
     pub(super) fn target_for(&self, host: Option<&[u8]>, path: &[u8]) -> &Target {
         if self.routes.is_empty() {
-            return &self.targets[self.default_target];
+            return self.own_target();
         }
         // Compared in place: routing costs no allocation per request.
         let host = host

@@ -122,6 +122,7 @@ async fn serve_requests<S: ByteStream>(
                     tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
                 }
                 let _ = write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
+                proxy.own_target().metrics.count(408);
                 record::refused(
                     proxy.access_log.as_ref(),
                     &RequestId::new(),
@@ -253,6 +254,7 @@ async fn refuse<S: ByteStream>(
     rewrite::own_answer(status, &page, None, true, &mut out);
     let _ = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
     release_if_empty(&mut client.buf);
+    proxy.own_target().metrics.count(status.as_u16());
     record::refused(
         proxy.access_log.as_ref(),
         &id,
