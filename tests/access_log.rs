@@ -415,3 +415,68 @@ async fn an_h2_stream_cut_by_a_forced_drain_is_logged_as_drained() {
     assert_eq!(lines[0]["protocol"], "HTTP/2.0");
     assert_eq!(lines[0]["termination"], "KH", "{}", lines[0]);
 }
+
+/// An HTTP/1 response a reload's drain cuts at its deadline, mid-body, is
+/// logged with what went out (its status, its bytes, `KD`) and counted, as
+/// an h2 stream's is: its task is dropped before the exchange could note
+/// either, and the count reaches the next generation with the old one's
+/// last report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_response_cut_by_a_forced_drain_is_logged_and_counted_with_what_went_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = support::raw::RawBackend::start(|_| {
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n".to_vec(),
+            support::raw::Then::CloseAfter(std::time::Duration::from_secs(30)),
+        )
+    })
+    .await;
+    let spec = Spec::default()
+        .section("[reload]\ndrain_timeout = \"1s\"\n")
+        .listener("web", "http", "app", &log_key(&log, "json"))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET /long HTTP/1.1\r\nHost: app\r\n\r\n")
+        .await
+        .expect("request");
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("hello") {
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(
+            support::TIMEOUT,
+            tokio::io::AsyncReadExt::read(&mut s, &mut buf),
+        )
+        .await
+        .expect("in time")
+        .expect("read");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    baton.reload_ok().await;
+    client::read_until_closed(&mut s).await;
+    baton.settled().await;
+    let lines = json_lines(&[log]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    assert_eq!(line["termination"], "KD", "{line}");
+    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(
+        line["bytes_out"].as_u64(),
+        Some(seen.len() as u64),
+        "{line}"
+    );
+    let metrics = client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains("baton_requests_total{listener=\"web\",pool=\"app\",code=\"2xx\"} 1"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("baton_requests_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

@@ -19,16 +19,15 @@ use super::io::{ack_promptly, read_some, release_if_empty, write_all, Counting, 
 use super::record::{Record, Trace};
 use super::rewrite::{self, Outbound};
 use super::transfer::{
-    download, upload, watch_client, Delivered, Down, DownFault, Progress, RequestBody, UpFault,
-    UpLimits,
+    download, upload, watch_client, Delivered, Down, DownFault, RequestBody, UpFault, UpLimits,
 };
 use super::upstream::{connection, keep, Kept, Upstream};
-use crate::access_log::{Marks, Phase, Termination};
+use crate::access_log::{Phase, Termination};
 use crate::backend::{Backend, Lease, NoLease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
 use crate::proxy::request_id::RequestId;
-use crate::proxy::web::{HttpProxy, Target};
+use crate::proxy::web::HttpProxy;
 use crate::proxy::{longlived, ProxyError};
 use crate::proxy_protocol::Origin;
 use crate::stream::ByteStream;
@@ -105,7 +104,7 @@ pub async fn exchange<S: ByteStream>(
     let mut record = Record::new(
         proxy.access_log.as_ref(),
         &head,
-        &target.pool.name,
+        target,
         client.origin.client,
         id,
     );
@@ -149,29 +148,15 @@ pub async fn exchange<S: ByteStream>(
     let (status, after, termination) = match outcome {
         Ok(answered) => answered,
         Err(termination) => {
+            // Its head went out before it broke off: it was answered, and
+            // is counted.
             record.end(termination, body_bytes);
-            // Its head went out before it broke off: it was answered.
-            if let Some(status) = record.trace.status {
-                answered(target, status, &record.trace.marks);
-            }
             return After::Close;
         }
     };
+    record.trace.status = Some(status);
     record.end(termination, body_bytes);
-    answered(target, status, &record.trace.marks);
     after
-}
-
-/// Counts a request answered with `status`, and its time from request head
-/// to response head (to now for an answer of baton's own), as the h2 path
-/// counts a stream's: a body that streams on is not the request's latency.
-fn answered(target: &Target, status: u16, marks: &Marks) {
-    target.metrics.count(status);
-    let head = marks.head.unwrap_or_else(Instant::now);
-    target
-        .metrics
-        .duration
-        .record(head.saturating_duration_since(marks.started).as_secs_f64());
 }
 
 /// The request an exchange carries, and what it notes on the way.
@@ -368,7 +353,7 @@ async fn attempt<S: ByteStream>(
     {
         return Attempt::Stale;
     }
-    let progress = Progress::default();
+    let progress = &request.trace.attempt;
     progress
         .upload_done
         .store(body.is_done(), Ordering::Relaxed);
@@ -379,18 +364,18 @@ async fn attempt<S: ByteStream>(
         client_stall: proxy.idle_timeout,
         backend_silence: proxy.response_timeout,
         event_silence: proxy.tunnel_timeout,
-        progress: &progress,
+        progress,
     };
     let pumped = pump(proxy, client, &mut up, body, &down).await;
-    request.trace.note(&progress);
     let written = progress.client_written.load(Ordering::Relaxed);
+    let upload_done = progress.upload_done.load(Ordering::Relaxed);
+    request.trace.note();
     match pumped {
         Pumped::Delivered(Delivered::Done {
             status,
             backend_reusable,
             client_reusable,
         }) => {
-            let upload_done = progress.upload_done.load(Ordering::Relaxed);
             if backend_reusable && upload_done {
                 release_if_empty(&mut up.buf);
                 keep(client, backend, up.stream);
@@ -403,9 +388,7 @@ async fn attempt<S: ByteStream>(
             Attempt::Answered { status, after }
         }
         // The upload was cut short by the switch: bytes may be lost.
-        Pumped::Delivered(Delivered::Upgraded { .. })
-            if !progress.upload_done.load(Ordering::Relaxed) =>
-        {
+        Pumped::Delivered(Delivered::Upgraded { .. }) if !upload_done => {
             Attempt::Failed(Failure::Abort(Termination::BackendFailed(Phase::Data)))
         }
         Pumped::Delivered(Delivered::Upgraded { websocket }) => {

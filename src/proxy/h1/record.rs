@@ -7,12 +7,15 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 use crate::access_log::{AccessLog, Entry, Marks, Termination};
 use crate::backend::Backend;
 use crate::proxy::request_id::RequestId;
 
 use super::head::{RequestHead, Version};
 use super::transfer::Progress;
+use crate::proxy::web::Target;
 
 /// One exchange's facts as they come in.
 pub struct Trace {
@@ -24,12 +27,18 @@ pub struct Trace {
     /// The status that went to the client, once one did.
     pub status: Option<u16>,
     pub bytes_out: u64,
+    /// The attempt at a backend under way. Here, not in the attempt, so an
+    /// exchange the drain deadline cuts off mid-response (its task dropped,
+    /// `note` never reached) still logs and counts what went out.
+    pub attempt: Progress,
 }
 
 impl Trace {
-    /// What an attempt at a backend saw: when the response head came, the
-    /// status and the bytes that went to the client.
-    pub fn note(&mut self, progress: &Progress) {
+    /// Folds in what the attempt under way saw: when the response head
+    /// came, the status and the bytes that went to the client; the next
+    /// attempt starts afresh.
+    pub fn note(&mut self) {
+        let progress = std::mem::take(&mut self.attempt);
         if let Some(at) = progress.head_at.get() {
             self.marks.head = Some(*at);
         }
@@ -41,11 +50,11 @@ impl Trace {
     }
 }
 
-/// An exchange's log line, written when it is dropped.
+/// An exchange's log line, written when it is dropped, and its count.
 pub struct Record<'a> {
     log: Option<&'a AccessLog>,
     head: &'a RequestHead,
-    pool: &'a str,
+    target: &'a Target,
     client: SocketAddr,
     pub trace: Trace,
     bytes_in: u64,
@@ -53,17 +62,17 @@ pub struct Record<'a> {
 }
 
 impl<'a> Record<'a> {
-    pub fn new(
+    pub(in crate::proxy) fn new(
         log: Option<&'a AccessLog>,
         head: &'a RequestHead,
-        pool: &'a str,
+        target: &'a Target,
         client: SocketAddr,
         request_id: RequestId,
     ) -> Record<'a> {
         Record {
             log,
             head,
-            pool,
+            target,
             client,
             trace: Trace {
                 request_id,
@@ -71,6 +80,7 @@ impl<'a> Record<'a> {
                 backend: None,
                 status: None,
                 bytes_out: 0,
+                attempt: Progress::default(),
             },
             bytes_in: head.bytes.len() as u64,
             termination: None,
@@ -78,14 +88,40 @@ impl<'a> Record<'a> {
     }
 
     /// How the exchange ended; `body_bytes` of the request were read.
+    /// Counted when a status went to the client (a head that went out
+    /// before the exchange broke off too).
     pub fn end(&mut self, termination: Termination, body_bytes: u64) {
         self.termination = Some(termination);
         self.bytes_in += body_bytes;
+        self.count();
+    }
+
+    /// Counts the exchange by its status, and its time from request head
+    /// to response head (to now for an answer of baton's own), as the h2
+    /// path counts a stream's: a body that streams on is not the
+    /// request's latency.
+    fn count(&self) {
+        let Some(status) = self.trace.status else {
+            return;
+        };
+        let metrics = &self.target.metrics;
+        metrics.count(status);
+        let marks = &self.trace.marks;
+        let head = marks.head.unwrap_or_else(Instant::now);
+        metrics
+            .duration
+            .record(head.saturating_duration_since(marks.started).as_secs_f64());
     }
 }
 
 impl Drop for Record<'_> {
     fn drop(&mut self) {
+        if self.termination.is_none() {
+            // Cut off (a drain's deadline): what the attempt under way saw
+            // was never folded in, nor the exchange counted.
+            self.trace.note();
+            self.count();
+        }
         let Some(log) = self.log else {
             return;
         };
@@ -94,7 +130,7 @@ impl Drop for Record<'_> {
         log.write(&Entry {
             request_id: &t.request_id,
             client: self.client,
-            pool: self.pool,
+            pool: &self.target.pool.name,
             backend: t.backend.as_deref().map(|b| b.label.as_str()),
             method: head.method.as_str(),
             target: text(head.target()),
