@@ -8,8 +8,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::health::Health;
@@ -159,7 +161,7 @@ impl Recipe {
             idle: idle::IdleConnections::new(self.workers),
             tls: self.tls.clone(),
             send_proxy: self.send_proxy,
-            vanished: AtomicBool::new(false),
+            vanished: Mutex::new(None),
             retired: AtomicBool::new(false),
             elder_may_use: AtomicBool::new(false),
             gone: CancellationToken::new(),
@@ -170,6 +172,28 @@ impl Recipe {
 }
 
 impl Backend {
+    /// How long DNS has not given its address, if it does not.
+    fn vanished_for(&self) -> Option<Duration> {
+        self.vanished_since().map(|since| since.elapsed())
+    }
+
+    fn vanished_since(&self) -> Option<Instant> {
+        *self.vanished.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks its address given by DNS (`false`) or not (`true`); true
+    /// when it was given until now.
+    fn set_vanished(&self, vanished: bool) -> bool {
+        let mut since = self.vanished.lock().unwrap_or_else(|e| e.into_inner());
+        let was_given = since.is_none();
+        *since = match (vanished, *since) {
+            (false, _) => None,
+            (true, Some(at)) => Some(at),
+            (true, None) => Some(Instant::now()),
+        };
+        was_given
+    }
+
     /// Retired with nothing in flight: the next sweep removes it.
     fn leaving(&self) -> bool {
         self.retired.load(Ordering::SeqCst) && self.in_flight() == 0
@@ -204,7 +228,7 @@ impl Pool {
             match resolved.iter().find(|r| r.address == b.address) {
                 Some(r) => {
                     b.weight.store(r.weight, Ordering::Relaxed);
-                    b.vanished.store(false, Ordering::SeqCst);
+                    b.set_vanished(false);
                     if b.retired.swap(false, Ordering::SeqCst) {
                         tracing::info!(pool = %self.name, backend = %b.label, "address is back in DNS; the member stays");
                         b.settle();
@@ -212,8 +236,8 @@ impl Pool {
                         b.wake_queue();
                     }
                 }
-                None if !b.vanished.swap(true, Ordering::SeqCst) => {
-                    tracing::info!(pool = %self.name, backend = %b.label, "address gone from DNS; the member drains once another can take its work");
+                None if b.set_vanished(true) => {
+                    tracing::info!(pool = %self.name, backend = %b.label, hold_s = self.obsolete_hold().as_secs_f64(), "address gone from DNS; the member drains once gone for the hold and another can take its work");
                 }
                 None => {}
             }
@@ -248,7 +272,7 @@ impl Pool {
             .load()
             .backends
             .iter()
-            .filter(|b| b.member_of(named) && b.vanished.load(Ordering::SeqCst))
+            .filter(|b| b.member_of(named) && b.vanished_since().is_some())
             .filter(|b| !b.retired.load(Ordering::SeqCst))
             .map(|b| Resolved {
                 address: b.address,
@@ -258,20 +282,35 @@ impl Pool {
             .collect()
     }
 
-    /// Retires members whose address vanished from DNS once another member
-    /// of their name can take work, or at once when they cannot take work
-    /// themselves (down and failing their checks, or drained by the
-    /// operator): kept, they would serve nothing, and with addresses that
-    /// churn during an outage or a drain every address ever seen would pile
-    /// up (and go on to the next generation).
+    /// How long a member whose address left the answer keeps serving
+    /// (HAProxy's `hold obsolete`): two resolve intervals, so an answer
+    /// that rotates among more addresses than it holds, or is cut short
+    /// once, does not retire members that are still there (to come back
+    /// as new ones, down until `rise`), and the members of a name moved
+    /// whole are not all replaced by the first new one up.
+    fn obsolete_hold(&self) -> Duration {
+        self.resolve_interval * 2
+    }
+
+    /// Retires members whose address vanished from DNS once they have
+    /// been gone for `obsolete_hold` and another member of their name can
+    /// take work, or at once when they cannot take work themselves (down
+    /// and failing their checks, or drained by the operator): kept, they
+    /// would serve nothing, and with addresses that churn during an outage
+    /// or a drain every address ever seen would pile up (and go on to the
+    /// next generation).
     fn retire_vanished(&self) {
         let members = self.members.load();
-        let vanished = |b: &Backend| b.vanished.load(Ordering::SeqCst);
-        for b in members.backends.iter().filter(|b| vanished(b)) {
-            let replaced = members
-                .backends
-                .iter()
-                .any(|m| m.name == b.name && !vanished(m) && m.available());
+        let hold = self.obsolete_hold();
+        for b in members.backends.iter() {
+            let Some(gone_for) = b.vanished_for() else {
+                continue;
+            };
+            let replaced = gone_for >= hold
+                && members
+                    .backends
+                    .iter()
+                    .any(|m| m.name == b.name && m.vanished_since().is_none() && m.available());
             // Down, and its last check failed: not a member handed over at
             // a reload before its first check, nor a new one still passing
             // its way up to `rise` (with answers that rotate, it would
@@ -371,8 +410,14 @@ mod tests {
         }
     }
 
-    #[test]
-    fn members_join_retire_and_leave_once_idle() {
+    /// Past the pool's hold (two resolve intervals of 1 s), and a sweep.
+    async fn past_the_hold(p: &Pool) {
+        tokio::time::advance(std::time::Duration::from_secs(2)).await;
+        p.sweep();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn members_join_retire_and_leave_once_idle() {
         let p = pool();
         let named = Arc::clone(&p.named[0]);
         let joined = p.apply(&named, &[at(1, 1), at(2, 1)], Joining::Serving);
@@ -393,6 +438,8 @@ mod tests {
 
         let held = Lease::within(&joined[0], 0).expect("a lease");
         assert!(p.apply(&named, &[at(2, 3)], Joining::Serving).is_empty());
+        assert_eq!(joined[0].state().as_str(), "up", "held while gone a while");
+        past_the_hold(&p).await;
         assert_eq!(joined[0].state().as_str(), "draining");
         assert_eq!(joined[1].weight(), 3, "the weight follows the answer");
         for _ in 0..10 {
@@ -407,22 +454,25 @@ mod tests {
         assert!(joined[0].gone().is_cancelled());
     }
 
-    #[test]
-    fn a_returning_address_keeps_its_member() {
+    #[tokio::test(start_paused = true)]
+    async fn a_returning_address_keeps_its_member() {
         let p = pool();
         let named = Arc::clone(&p.named[0]);
         let joined = p.apply(&named, &[at(1, 1)], Joining::Serving);
         let held = Lease::within(&joined[0], 0).expect("a lease");
         let other = p.apply(&named, &[at(2, 1)], Joining::Serving);
+        past_the_hold(&p).await;
         assert_eq!(joined[0].state().as_str(), "draining");
         assert!(p.apply(&named, &[at(1, 1)], Joining::Serving).is_empty());
         assert_eq!(joined[0].state().as_str(), "up");
+        assert_eq!(other[0].state().as_str(), "up", "gone, within its hold");
+        past_the_hold(&p).await;
         assert_eq!(other[0].state().as_str(), "out");
         drop(held);
     }
 
-    #[test]
-    fn a_vanished_member_serves_until_a_new_one_is_up() {
+    #[tokio::test(start_paused = true)]
+    async fn a_vanished_member_serves_until_a_new_one_is_up() {
         let p = pool_with_tcp_checks();
         let named = Arc::clone(&p.named[0]);
         let old = p.apply(&named, &[at(1, 1)], Joining::Serving);
@@ -442,12 +492,41 @@ mod tests {
         let lease = p.pick(None).expect("the old member takes work");
         assert_eq!(lease.backend().index, old[0].index);
         drop(lease);
+        past_the_hold(&p).await;
+        assert_eq!(old[0].state().as_str(), "up", "no other member is up yet");
         new[0].observe_check(true, "ok".into());
         new[0].observe_check(true, "ok".into());
         p.sweep();
         assert_eq!(old[0].state().as_str(), "out");
         let left: Vec<usize> = p.backends().backends.iter().map(|b| b.index).collect();
         assert_eq!(left, [0, new[0].index]);
+    }
+
+    /// An answer that leaves an address out once (it rotates among more
+    /// addresses than it holds, or was cut short) does not retire its
+    /// member: back within the hold, it serves on as it was.
+    #[tokio::test(start_paused = true)]
+    async fn an_address_left_out_of_one_answer_keeps_serving() {
+        let p = pool_with_tcp_checks();
+        let named = Arc::clone(&p.named[0]);
+        let members = p.apply(&named, &[at(1, 1), at(2, 1)], Joining::Serving);
+        for m in &members {
+            m.observe_check(true, "ok".into());
+            m.observe_check(true, "ok".into());
+        }
+        p.apply(&named, &[at(2, 1)], Joining::Serving);
+        tokio::time::advance(std::time::Duration::from_secs(1)).await;
+        p.sweep();
+        assert_eq!(members[0].state().as_str(), "up", "within the hold");
+        p.apply(&named, &[at(1, 1)], Joining::Serving);
+        assert_eq!(members[0].state().as_str(), "up", "back in the answer");
+        past_the_hold(&p).await;
+        assert_eq!(
+            members[0].state().as_str(),
+            "up",
+            "its hold ended when it came back"
+        );
+        assert_eq!(members[1].state().as_str(), "out", "the other's did not");
     }
 
     #[test]

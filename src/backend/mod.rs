@@ -144,10 +144,12 @@ pub struct Backend {
     /// The pool's `send_proxy`: its connections carry a client's PROXY
     /// header, so each serves that one client only.
     pub send_proxy: Option<crate::proxy_protocol::Version>,
-    /// DNS no longer gives its address; it is retired once another member
-    /// of its name can take its work (make before break: a move whose new
-    /// address enters through `rise` loses nothing).
-    vanished: AtomicBool,
+    /// Since when DNS no longer gives its address; it is retired once it
+    /// has been gone for the pool's hold and another member of its name
+    /// can take its work (make before break: a move whose new address
+    /// enters through `rise` loses nothing; an answer that rotates or is
+    /// cut short does not churn the members).
+    vanished: Mutex<Option<tokio::time::Instant>>,
     /// No new work; it leaves the pool once its in-flight work ends. Apart
     /// from the operator's admin state, which a returning address finds as
     /// it was.
