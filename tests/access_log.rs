@@ -480,3 +480,40 @@ async fn an_http1_response_cut_by_a_forced_drain_is_logged_and_counted_with_what
             .join("\n")
     );
 }
+
+/// An upgraded connection's line counts what went to the client through
+/// the tunnel, not the 101's head alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_connection_logs_the_bytes_its_tunnel_carried() {
+    const SENT: usize = 10_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::default()
+        .listener("web", "http", "app", &log_key(&log, "json"))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let (mut s, head) = client::upgraded(baton.addr("web"), "echo").await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    s.write_all(&[b'x'; SENT]).await.expect("write upgraded");
+    let mut back = vec![0u8; SENT];
+    tokio::time::timeout(
+        support::TIMEOUT,
+        tokio::io::AsyncReadExt::read_exact(&mut s, &mut back),
+    )
+    .await
+    .expect("echo in time")
+    .expect("echoed");
+    drop(s);
+    support::eventually("the tunnel ended", || async { backend.active() == 0 }).await;
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[log]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["status"], 101, "{}", lines[0]);
+    assert_eq!(
+        lines[0]["bytes_out"].as_u64(),
+        Some((head.len() + SENT) as u64),
+        "{}",
+        lines[0]
+    );
+}

@@ -6,7 +6,7 @@
 //! Failures are answered here with baton's own short error page while no
 //! response byte has gone out, and end the connection after.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -394,7 +394,9 @@ async fn attempt<S: ByteStream>(
         Pumped::Delivered(Delivered::Upgraded { websocket }) => {
             // Boxed: a tunnel's state is most of an exchange's size, and
             // every exchange's future is made (and moved) whole.
-            Box::pin(tunnel(proxy, client, up, websocket, drain)).await;
+            let sent = &request.trace.attempt.bytes_out;
+            Box::pin(tunnel(proxy, client, up, websocket, drain, sent)).await;
+            request.trace.note();
             Attempt::Answered {
                 status: 101,
                 after: After::Close,
@@ -575,25 +577,28 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
 
 /// After a 101: what either side sent past the switch goes first, then the
 /// two connections are joined until one ends (the lease is held meanwhile).
+/// What goes to the client adds up in `sent` (the access log's bytes out).
 async fn tunnel<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     mut up: Upstream,
     websocket: bool,
     drain: &DrainWatch,
+    sent: &AtomicU64,
 ) {
     let stall = proxy.idle_timeout;
     if !client.buf.is_empty() && write_all(&mut up.stream, &client.buf, stall).await.is_err() {
         return;
     }
     client.buf.clear();
-    if !up.buf.is_empty() && write_all(&mut client.stream, &up.buf, stall).await.is_err() {
-        return;
-    }
     // A tunnel's bytes may come in any rhythm: as on a TCP-mode listener.
     ack_promptly(&client.stream);
+    let mut to_client = Counting::new(&mut client.stream, sent);
+    if !up.buf.is_empty() && write_all(&mut to_client, &up.buf, stall).await.is_err() {
+        return;
+    }
     longlived::tunnel(
-        &mut client.stream,
+        &mut to_client,
         &mut up.stream,
         websocket,
         &up.buf,

@@ -253,6 +253,18 @@ impl<'a, W, T: Tally + ?Sized> Counting<'a, W, T> {
     }
 }
 
+/// Reads pass through uncounted: a tunnel's client is both read and
+/// written through one `Counting`.
+impl<W: AsyncRead + Unpin, T: ?Sized> AsyncRead for Counting<'_, W, T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
 impl<W: AsyncWrite + Unpin, T: Tally + ?Sized> AsyncWrite for Counting<'_, W, T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
