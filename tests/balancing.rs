@@ -220,6 +220,27 @@ async fn a_killed_backend_costs_no_unsent_request_and_comes_back() {
     drop(a);
 }
 
+/// A pool whose backends the operator drained is not ready, and `/readyz`
+/// says why: healthy or not, a drained backend takes no work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_says_a_pool_was_drained_by_the_operator() {
+    let a = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[a.addr])).await;
+    let drained = client::call(baton.admin, "POST", "/backends/0/drain", None)
+        .await
+        .expect("call");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+    let ready = client::get(baton.admin, "/readyz").await.expect("readyz");
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert!(
+        ready.body.contains(
+            r#"{"detail":"0/1 backends healthy (1 drained by the operator)","name":"pool app","ok":false}"#
+        ),
+        "{}",
+        ready.body
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_backend_down_http_is_503_and_readyz_names_the_pool() {
     let a = HttpBackend::start("a").await;

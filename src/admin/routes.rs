@@ -47,6 +47,20 @@ pub fn respond<B>(state: &AdminShared, req: Request<B>) -> Reply {
     }
 }
 
+/// Why a pool has no backend that can take work: none healthy, and how
+/// many of them the operator drained (healthy or not, they take none).
+fn unavailable(backends: &[Arc<Backend>]) -> String {
+    let total = backends.len();
+    let drained = backends
+        .iter()
+        .filter(|b| b.admin() != AdminState::Enabled)
+        .count();
+    match drained {
+        0 => format!("0/{total} backends healthy"),
+        _ => format!("0/{total} backends healthy ({drained} drained by the operator)"),
+    }
+}
+
 /// One check per pool: does it have a backend that can take work?
 fn pool_checks(topology: &Topology) -> Vec<Check> {
     topology
@@ -58,7 +72,7 @@ fn pool_checks(topology: &Topology) -> Vec<Check> {
             let detail = if !waiting.is_empty() {
                 Some(format!("waiting for DNS: {}", waiting.join(", ")))
             } else {
-                (up == 0).then(|| format!("{up}/{} backends healthy", p.backends().backends.len()))
+                (up == 0).then(|| unavailable(&p.backends().backends))
             };
             Check {
                 name: format!("pool {}", p.name),
