@@ -482,15 +482,17 @@ async fn an_http1_response_cut_by_a_forced_drain_is_logged_and_counted_with_what
 }
 
 /// An upgraded connection's line counts what went to the client through
-/// the tunnel, not the 101's head alone.
+/// the tunnel, not the 101's head alone, and says when `tunnel_timeout`
+/// ended it (`cD`, as a TCP-mode connection's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgraded_connection_logs_the_bytes_its_tunnel_carried() {
+async fn an_upgraded_connection_logs_the_bytes_its_tunnel_carried_and_its_idle_end() {
     const SENT: usize = 10_000;
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("access.log");
     let backend = HttpBackend::start("a").await;
+    let keys = format!("{}\ntunnel_timeout = \"1s\"", log_key(&log, "json"));
     let spec = Spec::default()
-        .listener("web", "http", "app", &log_key(&log, "json"))
+        .listener("web", "http", "app", &keys)
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     let (mut s, head) = client::upgraded(baton.addr("web"), "echo").await;
@@ -504,12 +506,16 @@ async fn an_upgraded_connection_logs_the_bytes_its_tunnel_carried() {
     .await
     .expect("echo in time")
     .expect("echoed");
-    drop(s);
-    support::eventually("the tunnel ended", || async { backend.active() == 0 }).await;
+    assert_eq!(
+        client::read_until_closed(&mut s).await,
+        "",
+        "closed, idle, at tunnel_timeout"
+    );
     stop_and_wait(&baton).await;
     let lines = json_lines(&[log]);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["status"], 101, "{}", lines[0]);
+    assert_eq!(lines[0]["termination"], "cD", "{}", lines[0]);
     assert_eq!(
         lines[0]["bytes_out"].as_u64(),
         Some((head.len() + SENT) as u64),

@@ -99,7 +99,8 @@ enum DownEnd {
 
 /// Joins a client's and a backend's upgraded connections until either side
 /// ends, the drain ends the stream, or nothing moves either way for
-/// `tunnel_timeout`. The caller holds the backend's lease meanwhile.
+/// `tunnel_timeout` (then true: the access log says so). The caller holds
+/// the backend's lease meanwhile.
 /// `sent_down` is what the backend sent past its 101 that the caller wrote
 /// to the client already: a WebSocket frame it began must end before a
 /// Close frame may be written.
@@ -111,7 +112,8 @@ pub async fn tunnel<C, B>(
     drain: DrainWatch,
     listener: &str,
     tunnel_timeout: Duration,
-) where
+) -> bool
+where
     C: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
@@ -120,9 +122,14 @@ pub async fn tunnel<C, B>(
     frames.feed(sent_down);
     let frames = websocket.then_some(frames);
     let joined = joined(client, backend, frames, drain, listener, &activity);
-    if let First::Rare(()) = first_of(joined, activity.idle_for(tunnel_timeout)).await {
+    let idle = matches!(
+        first_of(joined, activity.idle_for(tunnel_timeout)).await,
+        First::Rare(())
+    );
+    if idle {
         tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout; closing the tunnel");
     }
+    idle
 }
 
 async fn joined<C, B>(

@@ -395,8 +395,12 @@ async fn attempt<S: ByteStream>(
             // Boxed: a tunnel's state is most of an exchange's size, and
             // every exchange's future is made (and moved) whole.
             let sent = &request.trace.attempt.bytes_out;
-            Box::pin(tunnel(proxy, client, up, websocket, drain, sent)).await;
+            let idle = Box::pin(tunnel(proxy, client, up, websocket, drain, sent)).await;
             request.trace.note();
+            if idle {
+                // As a TCP-mode connection's: `cD`.
+                return Attempt::Failed(Failure::Abort(Termination::ClientTimeout(Phase::Data)));
+            }
             Attempt::Answered {
                 status: 101,
                 after: After::Close,
@@ -577,7 +581,8 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
 
 /// After a 101: what either side sent past the switch goes first, then the
 /// two connections are joined until one ends (the lease is held meanwhile).
-/// What goes to the client adds up in `sent` (the access log's bytes out).
+/// What goes to the client adds up in `sent` (the access log's bytes out);
+/// true when it ended for `tunnel_timeout`.
 async fn tunnel<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
@@ -585,17 +590,17 @@ async fn tunnel<S: ByteStream>(
     websocket: bool,
     drain: &DrainWatch,
     sent: &AtomicU64,
-) {
+) -> bool {
     let stall = proxy.idle_timeout;
     if !client.buf.is_empty() && write_all(&mut up.stream, &client.buf, stall).await.is_err() {
-        return;
+        return false;
     }
     client.buf.clear();
     // A tunnel's bytes may come in any rhythm: as on a TCP-mode listener.
     ack_promptly(&client.stream);
     let mut to_client = Counting::new(&mut client.stream, sent);
     if !up.buf.is_empty() && write_all(&mut to_client, &up.buf, stall).await.is_err() {
-        return;
+        return false;
     }
     longlived::tunnel(
         &mut to_client,
@@ -606,5 +611,5 @@ async fn tunnel<S: ByteStream>(
         &proxy.listener,
         proxy.tunnel_timeout,
     )
-    .await;
+    .await
 }
