@@ -101,11 +101,28 @@ impl TicketKeys {
         })
     }
 
+    /// Whether a rotation is due at `now`: a whole `period` passed since
+    /// `current` began, or the clock went back by more than one (a start
+    /// with the clock ahead, then NTP stepped it back): waiting for the
+    /// clock to catch up would keep one key sealing for the whole skew.
+    fn rotation_due(&self, now: u64, period: Duration) -> bool {
+        let period = period.as_secs().max(1);
+        now.saturating_sub(self.current_since) >= period
+            || self.current_since > now.saturating_add(period)
+    }
+
     /// Rotated as many times as whole `period`s passed since `current`
     /// began (three or more: a whole new set, since no old ticket may
-    /// open any more).
+    /// open any more); a whole new set from `now` after the clock went
+    /// back by more than a period.
     fn brought_up_to(mut self, now: u64, period: Duration) -> Result<TicketKeys, TicketError> {
         let period = period.as_secs().max(1);
+        if self.current_since > now.saturating_add(period) {
+            return Ok(TicketKeys {
+                current_since: now,
+                ..TicketKeys::generate()?
+            });
+        }
         let due = now.saturating_sub(self.current_since) / period;
         let rng = SystemRandom::new();
         for _ in 0..due.min(3) {
@@ -180,7 +197,7 @@ impl Ticketer {
 
     fn rotate_if_due(&self) {
         let now = unix_now();
-        if now.saturating_sub(self.read().keys.current_since) < self.period.as_secs().max(1) {
+        if !self.read().keys.rotation_due(now, self.period) {
             return;
         }
         let mut sealing = self
@@ -373,6 +390,31 @@ mod tests {
             None,
             "two rotations later it is gone"
         );
+    }
+
+    /// Keys whose time lies ahead of the clock by more than a period (the
+    /// clock was stepped back) are replaced whole now, not kept sealing
+    /// until the clock catches up.
+    #[test]
+    fn keys_from_a_clock_that_went_back_are_replaced_at_once() {
+        let mut keys = TicketKeys::generate().expect("keys");
+        let now = keys.current_since;
+        let within = TicketKeys {
+            current_since: now + 1800,
+            ..keys.clone()
+        };
+        assert!(!within.rotation_due(now, HOUR), "within a period: kept");
+        keys.current_since = now + 10 * 3600;
+        assert!(keys.rotation_due(now, HOUR));
+        let sealed = Ticketer::new(Some(keys.clone()), HOUR)
+            .expect("ticketer")
+            .seal(&web(), b"state")
+            .expect("sealed");
+        let fresh = keys.brought_up_to(now, HOUR).expect("replaced");
+        assert_eq!(fresh.current_since, now);
+        assert!(!fresh.rotation_due(now, HOUR));
+        let after = Ticketer::new(Some(fresh), HOUR).expect("ticketer");
+        assert_eq!(after.open(&web(), &sealed), None, "a whole new set");
     }
 
     #[test]
