@@ -272,7 +272,9 @@ pub fn parse_response(
     let parts = Parts::new(src, res.headers);
     let (framing, coded) = response_framing(&head, &parts.fields, version, status, request_method)?;
     Ok(Parsed::Complete(ResponseHead {
-        keep_alive: framing != Framing::UntilClose && keep_alive(version, &parts),
+        keep_alive: framing != Framing::UntilClose
+            && !speaks_of_a_body(&head, &parts.fields, status)
+            && keep_alive(version, &parts),
         consumed: len,
         status,
         version,
@@ -647,6 +649,16 @@ fn response_framing(
         None => Ok((Framing::UntilClose, false)),
         Some(n) => Ok((length(n), false)),
     }
+}
+
+/// A 204 with a Transfer-Encoding or a Content-Length other than 0 (RFC
+/// 9110 §8.6: a server sends neither) comes from a backend that may send a
+/// body after all: its connection is not kept, so such bytes, late, cannot
+/// become the next request's answer.
+fn speaks_of_a_body(head: &[u8], fields: &[Field], status: u16) -> bool {
+    status == 204
+        && (values(head, fields, "transfer-encoding").next().is_some()
+            || values(head, fields, "content-length").any(|v| v != b"0"))
 }
 
 /// A response's Content-Length, if it has one: every repeat valid and the
@@ -1377,6 +1389,11 @@ x-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAuthorization: a\r\nContent-Encod
 
     #[test]
     fn response_keep_alive() {
+        assert!(get(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n").keep_alive);
+        for says in ["Content-Length: 5", "Transfer-Encoding: chunked"] {
+            let raw = format!("HTTP/1.1 204 No Content\r\n{says}\r\n\r\n");
+            assert!(!get(raw.as_bytes()).keep_alive, "a 204 with {says}");
+        }
         let head = get(b"HTTP/1.1 200 OK\r\n\r\n");
         assert_eq!(head.framing, Framing::UntilClose);
         assert!(!head.keep_alive);
