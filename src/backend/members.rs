@@ -265,21 +265,50 @@ impl Pool {
         joined
     }
 
-    /// Members of `named` gone from its answer that still serve (no other
-    /// member of the name can take work yet), for the next generation.
-    pub fn still_serving(&self, named: &Named) -> Vec<Resolved> {
+    /// Members of `named` gone from its answer that still serve (within
+    /// their hold, or no other member of the name can take work yet), with
+    /// how long they have been gone, for the next generation.
+    pub fn still_serving(&self, named: &Named) -> Vec<(Resolved, Duration)> {
         self.members
             .load()
             .backends
             .iter()
-            .filter(|b| b.member_of(named) && b.vanished_since().is_some())
-            .filter(|b| !b.retired.load(Ordering::SeqCst))
-            .map(|b| Resolved {
-                address: b.address,
-                weight: b.weight.load(Ordering::Relaxed),
-                from: b.resolved_from.clone().unwrap_or_default(),
+            .filter(|b| b.member_of(named) && !b.retired.load(Ordering::SeqCst))
+            .filter_map(|b| {
+                let gone_for = b.vanished_for()?;
+                let member = Resolved {
+                    address: b.address,
+                    weight: b.weight.load(Ordering::Relaxed),
+                    from: b.resolved_from.clone().unwrap_or_default(),
+                };
+                Some((member, gone_for))
             })
             .collect()
+    }
+
+    /// A member of `named` at `address` that an older generation saw gone
+    /// from the answer `gone_for` ago: its hold counts from then, not from
+    /// this generation's start (a reload every few minutes would otherwise
+    /// keep it serving for good).
+    pub fn gone_earlier(&self, named: &Named, address: std::net::SocketAddr, gone_for: Duration) {
+        let members = self.members.load();
+        let member = members
+            .backends
+            .iter()
+            .find(|b| b.member_of(named) && b.address == address);
+        if let Some(b) = member {
+            let since = Instant::now()
+                .checked_sub(gone_for)
+                .unwrap_or_else(Instant::now);
+            let mut vanished = b.vanished.lock().unwrap_or_else(|e| e.into_inner());
+            if vanished.is_some() {
+                *vanished = Some(since);
+            }
+        }
+        drop(members);
+        if let Ok(_changing) = self.changing.lock() {
+            self.retire_vanished();
+        }
     }
 
     /// How long a member whose address left the answer keeps serving
@@ -527,6 +556,29 @@ mod tests {
             "its hold ended when it came back"
         );
         assert_eq!(members[1].state().as_str(), "out", "the other's did not");
+    }
+
+    /// A member an older generation handed over as still serving keeps the
+    /// time it left the answer: its hold does not start again at the
+    /// reload (reloads more often than the hold would keep it for good).
+    #[tokio::test(start_paused = true)]
+    async fn a_member_handed_over_while_gone_keeps_its_hold_time() {
+        let p = pool();
+        let named = Arc::clone(&p.named[0]);
+        let members = p.apply(&named, &[at(1, 1), at(2, 1)], Joining::AtStart);
+        p.apply(&named, &[at(2, 1)], Joining::AtStart);
+        assert_eq!(members[0].state().as_str(), "up", "its hold starts now");
+        p.gone_earlier(
+            &named,
+            at(1, 1).address,
+            std::time::Duration::from_millis(1500),
+        );
+        assert_eq!(members[0].state().as_str(), "up", "1.5 s of its 2 s");
+        tokio::time::advance(std::time::Duration::from_millis(600)).await;
+        p.sweep();
+        assert_eq!(members[0].state().as_str(), "out");
+        let serving = p.still_serving(&named);
+        assert!(serving.is_empty(), "{:?}", serving.len());
     }
 
     #[test]

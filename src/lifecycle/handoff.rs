@@ -100,9 +100,10 @@ pub struct ResolvedCarry {
     pub name: String,
     pub query: String,
     pub resolved: Vec<CarriedAddress>,
-    /// Members gone from the answer that still serve, since no other
-    /// member of the name can take work yet (a move in progress): the next
-    /// generation keeps them until one can. Absent from an older release.
+    /// Members gone from the answer that still serve, within their hold or
+    /// since no other member of the name can take work yet (a move in
+    /// progress): the next generation keeps them as long. Absent from an
+    /// older release.
     #[serde(default)]
     pub serving: Vec<CarriedAddress>,
 }
@@ -115,6 +116,11 @@ pub struct CarriedAddress {
     pub address: std::net::SocketAddr,
     pub weight: u32,
     pub from: String,
+    /// A member still serving: how long ago it left the answer, in ms, so
+    /// its hold goes on counting in the next generation (0 for an address
+    /// in the answer; absent from an older release).
+    #[serde(default)]
+    pub gone_ms: u64,
 }
 
 /// One live generation, as the newest one's `/status` and `/metrics` show it.
@@ -484,11 +490,13 @@ mod tests {
                     address: ([10, 0, 0, 5], 8080).into(),
                     weight: 1,
                     from: "app1.internal:8080".into(),
+                    gone_ms: 0,
                 }],
                 serving: vec![CarriedAddress {
                     address: ([10, 0, 0, 4], 8080).into(),
                     weight: 1,
                     from: "app1.internal:8080".into(),
+                    gone_ms: 1500,
                 }],
             }],
         };

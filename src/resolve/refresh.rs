@@ -49,13 +49,18 @@ pub async fn first_members(pools: &[Arc<Pool>], resolver: &Resolver, carried: &[
                     if !c.serving.is_empty() {
                         // A move in progress: the members still serving
                         // join too (first, as they came first), then vanish
-                        // from the answer as they had, and retire once
-                        // another can take work.
+                        // from the answer as they had (their hold counted
+                        // from when they did), and retire once it is over
+                        // and another can take work.
                         let mut all: Vec<Resolved> = c.serving.iter().map(carried_in).collect();
                         all.extend(resolved.iter().cloned());
                         pool.apply(named, &all, Joining::AtStart);
                     }
                     pool.apply(named, &resolved, Joining::AtStart);
+                    for gone in &c.serving {
+                        let gone_for = Duration::from_millis(gone.gone_ms);
+                        pool.gone_earlier(named, gone.address, gone_for);
+                    }
                 }
                 None => {
                     let (pool, named) = (Arc::clone(pool), Arc::clone(named));
@@ -99,8 +104,15 @@ pub fn carry_out(pools: &[Arc<Pool>]) -> Vec<ResolvedCarry> {
                 pool: p.name.clone(),
                 name: n.name.clone(),
                 query: n.query.to_string(),
-                resolved: resolved.into_iter().map(carried_out).collect(),
-                serving: p.still_serving(n).into_iter().map(carried_out).collect(),
+                resolved: resolved
+                    .into_iter()
+                    .map(|r| carried_out(r, Duration::ZERO))
+                    .collect(),
+                serving: p
+                    .still_serving(n)
+                    .into_iter()
+                    .map(|(r, gone_for)| carried_out(r, gone_for))
+                    .collect(),
             })
         })
         .collect()
@@ -114,11 +126,12 @@ fn carried_in(a: &CarriedAddress) -> Resolved {
     }
 }
 
-fn carried_out(r: Resolved) -> CarriedAddress {
+fn carried_out(r: Resolved, gone_for: Duration) -> CarriedAddress {
     CarriedAddress {
         address: r.address,
         weight: r.weight,
         from: r.from,
+        gone_ms: u64::try_from(gone_for.as_millis()).unwrap_or(u64::MAX),
     }
 }
 
