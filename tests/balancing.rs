@@ -651,8 +651,13 @@ async fn a_retry_that_times_out_in_line_is_answered_and_counted_as_its_first_fai
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
     let held = hold_the_place(&a, web).await;
+    let asked = std::time::Instant::now();
     let answer = client::get(web, "/retried").await.expect("an answer");
     assert_eq!(answer.status, 502, "{}", answer.body);
+    assert!(
+        asked.elapsed() >= std::time::Duration::from_millis(300),
+        "the retry waited in line for queue_timeout"
+    );
     let metrics = client::metrics(baton.admin).await;
     assert!(
         metrics.contains("baton_queue_timeouts_total{pool=\"app\"} 0"),

@@ -125,8 +125,10 @@ impl Line {
         // `available` reads retirement relaxed: a member just retired gets
         // no new work through the line either.
         let open = backend.available() && !backend.retired.load(Ordering::SeqCst);
-        if open && waiters.hand(backend) {
-            self.note(&waiters);
+        let handed = open && waiters.hand(backend);
+        // `hand` may also have dropped waiters that were gone.
+        self.note(&waiters);
+        if handed {
             return false;
         }
         backend.give_back();

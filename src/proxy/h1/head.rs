@@ -613,13 +613,13 @@ fn response_framing(
     status: u16,
     method: &http::Method,
 ) -> Result<(Framing, bool), BadResponse> {
+    if status < 200 || status == 204 {
+        return Ok((Framing::Empty, false));
+    }
     if method == http::Method::HEAD || status == 304 {
         // No body, but the length goes on to the client (it describes
         // the body a GET would get): it must be one valid length.
         agreed_length(head, fields)?;
-        return Ok((Framing::Empty, false));
-    }
-    if status < 200 || status == 204 {
         return Ok((Framing::Empty, false));
     }
     let mut te = values(head, fields, "transfer-encoding").peekable();
@@ -1265,6 +1265,11 @@ x-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAuthorization: a\r\nContent-Encod
         )
         .unwrap();
         assert_eq!(head_method.framing, Framing::Empty);
+        let interim = res(
+            b"HTTP/1.1 103 Early Hints\r\nContent-Length: x\r\n\r\n",
+            &http::Method::HEAD,
+        );
+        assert!(interim.is_ok(), "an interim head's length goes nowhere");
         for bad in ["x", "1, 2", "10\r\nContent-Length: 11"] {
             let raw = format!("HTTP/1.1 200 OK\r\nContent-Length: {bad}\r\n\r\n");
             assert_eq!(

@@ -42,11 +42,15 @@ impl Trace {
         if let Some(at) = progress.head_at.get() {
             self.marks.head = Some(*at);
         }
+        // The status is the client's only once the head began to go out
+        // (a drain's deadline may cut a head still waiting to be written).
         let status = progress.status.load(Ordering::Relaxed);
-        if status != 0 {
+        let bytes_out = progress.bytes_out.load(Ordering::Relaxed);
+        let went_out = bytes_out > 0 || progress.client_written.load(Ordering::Relaxed);
+        if status != 0 && went_out {
             self.status = Some(status);
         }
-        self.bytes_out += progress.bytes_out.load(Ordering::Relaxed);
+        self.bytes_out += bytes_out;
     }
 }
 
@@ -185,4 +189,50 @@ pub fn refused(
         referer: None,
         user_agent: None,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace() -> Trace {
+        Trace {
+            request_id: RequestId::new(),
+            marks: Marks::new(),
+            backend: None,
+            status: None,
+            bytes_out: 0,
+            attempt: Progress::default(),
+        }
+    }
+
+    /// A backend's status is the exchange's only once its head began to go
+    /// out: one cut off (a drain's deadline) while the head waited to be
+    /// written is logged and counted without it.
+    #[test]
+    fn a_status_counts_once_its_head_began_to_go_out() {
+        let mut waiting = trace();
+        waiting.attempt.status.store(200, Ordering::Relaxed);
+        waiting.note();
+        assert_eq!(waiting.status, None);
+
+        let mut going = trace();
+        going.attempt.status.store(200, Ordering::Relaxed);
+        going.attempt.bytes_out.store(10, Ordering::Relaxed);
+        going.note();
+        assert_eq!((going.status, going.bytes_out), (Some(200), 10));
+
+        let mut went = trace();
+        went.attempt.status.store(101, Ordering::Relaxed);
+        went.attempt.client_written.store(true, Ordering::Relaxed);
+        went.note();
+        assert_eq!(went.status, Some(101));
+        went.attempt.bytes_out.store(5, Ordering::Relaxed);
+        went.note();
+        assert_eq!(
+            (went.status, went.bytes_out),
+            (Some(101), 5),
+            "kept across attempts"
+        );
+    }
 }
