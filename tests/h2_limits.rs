@@ -427,3 +427,53 @@ async fn a_client_that_resets_every_stream_it_opens_is_cut() {
         "{metrics}"
     );
 }
+
+/// What a client may send before baton reads it (while its stream waits
+/// in line, connects, or its backend is slow to take the body) is bounded
+/// as nginx and HAProxy bound it: 64 KiB a stream
+/// (SETTINGS_INITIAL_WINDOW_SIZE) and 256 KiB a connection (65,535 bytes
+/// plus what baton's WINDOW_UPDATEs open), not hyper's 1 MiB each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_client_may_send_unread_is_bounded() {
+    let (_backend, baton) = baton_with("").await;
+    let mut s = opened(&baton).await;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    while let Ok(Ok(n @ 1..)) = tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let frames = frames(&seen);
+    let settings: Vec<(u16, u32)> = frames
+        .iter()
+        .filter(|(kind, _)| *kind == 4)
+        .flat_map(|(_, payload)| {
+            payload
+                .chunks_exact(6)
+                .map(|e| {
+                    (
+                        u16::from_be_bytes([e[0], e[1]]),
+                        u32::from_be_bytes([e[2], e[3], e[4], e[5]]),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(!settings.is_empty(), "baton's SETTINGS: {frames:?}");
+    let stream_window = settings
+        .iter()
+        .rev()
+        .find(|(id, _)| *id == 4)
+        .map_or(65_535, |(_, value)| *value);
+    assert!(stream_window <= 64 * 1024, "stream window {stream_window}");
+    let opened_more: u32 = frames
+        .iter()
+        .filter(|(kind, _)| *kind == 8)
+        .map(|(_, p)| u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff)
+        .sum();
+    let connection_window = 65_535 + opened_more;
+    assert!(
+        connection_window <= 256 * 1024,
+        "connection window {connection_window}"
+    );
+}

@@ -50,6 +50,14 @@ pub(super) const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// What h2 buffers of one stream's response beyond what the socket took:
 /// two of its largest frames (HAProxy holds one 16 KiB buffer a stream).
 const H2_SEND_BUFFER: usize = 32 * 1024;
+/// What a client may send of one stream's request body before baton reads
+/// it (while the stream waits in line, connects, or its backend is slow to
+/// take it): nginx's and HAProxy's 64 KiB, not hyper's 1 MiB.
+const H2_STREAM_WINDOW: u32 = 64 * 1024;
+/// The same for all of a connection's streams together: hyper's 1 MiB a
+/// connection let 10,000 clients that send and are not read pin 10 GiB
+/// (an HTTP/1 client holds 16 KiB).
+const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// How long an idle h2 client has to close after GOAWAY (counted from the
 /// last byte baton wrote, with no stream open).
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
@@ -263,6 +271,8 @@ impl HttpProxy {
             // (hyper's default, 400 KiB, let a client that opens its
             // windows and never reads pin 40 MiB a connection).
             .max_send_buf_size(H2_SEND_BUFFER)
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
             // An HTTP/1 head's bound (h2 counts 32 bytes more a field).
             .max_header_list_size(MAX_HEAD as u32)
             .keep_alive_interval(self.h2.ping_interval)
