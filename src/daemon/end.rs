@@ -57,9 +57,9 @@ impl Generation {
         if let Err(err) = channel.send(&last, &[]).await {
             tracing::info!(cause = %err, "could not send the final report to the successor");
         }
-        // From root, systemd takes the first MAINPID= at once; an
-        // unprivileged main must outlive a repetition that lands.
-        if systemd::enabled() && !nix::unistd::geteuid().is_root() {
+        // A main must outlive a repetition of MAINPID= that lands: systemd
+        // ignores it in its reload state whoever sends it, root too.
+        if systemd::enabled() {
             tokio::time::sleep_until(named_until).await;
         }
         naming.cancel();
