@@ -454,3 +454,46 @@ async fn a_first_start_with_a_pool_down_is_active_but_not_ready() {
     })
     .await;
 }
+
+/// While a reload is under way the unit stays `reloading` until the new
+/// generation serves: the old generation's status lines (every 2 s) carry
+/// no `READY=1` then, which would end systemd's reload state early (and
+/// start the jobs queued behind the reload). The new generation here waits
+/// half its `ready_timeout` (4 s) for a health check that hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_under_way_keeps_the_unit_reloading_until_the_new_generation_serves() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    let first = config(
+        &p,
+        &[a.addr],
+        echo.addr,
+        "[reload]\nready_timeout = \"8s\"\n",
+    );
+    sbx.install_baton(&first);
+    sbx.systemctl_ok(&["start", "baton"]);
+    let main = sbx.show("baton", "MainPID");
+    // A backend that accepts (the kernel's backlog does) and never answers.
+    let hangs = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let slow = format!(
+        "{first}\n[[pools]]\nname = \"slow\"\nhealth = {{ kind = \"http\", interval = \"1s\", timeout = \"20s\" }}\nbackends = [{{ name = \"s0\", address = \"{}\" }}]\n",
+        hangs.local_addr().expect("addr")
+    );
+    sbx.write("/etc/baton/baton.toml", &slow);
+    sbx.systemctl_ok(&["kill", "--kill-whom=main", "-s", "HUP", "baton"]);
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            sbx.show("baton", "ActiveState"),
+            "reloading",
+            "{}",
+            sbx.journal()
+        );
+    }
+    support::eventually("the unit active under its new main process", || async {
+        sbx.show("baton", "ActiveState") == "active" && sbx.show("baton", "MainPID") != main
+    })
+    .await;
+    drop(hangs);
+}

@@ -89,6 +89,7 @@ impl Generation {
                 Arc::clone(&self.admin),
                 self.pools.clone(),
                 self.phase.subscribe(),
+                Arc::clone(&self.reloading),
                 self.background.clone(),
             ));
         }
@@ -128,13 +129,16 @@ impl Generation {
 /// after half a second, then every two seconds. Once every pool is ready
 /// the line carries `READY=1` too: systemd 252 drops what a new generation
 /// sends before its `MAINPID=` lands, so a takeover's first `READY=1` and
-/// `STATUS=` may be lost, and repeating them is harmless. Once a stop
+/// `STATUS=` may be lost, and repeating them is harmless. Not while a
+/// reload of ours is under way: a `READY=1` then would end systemd's
+/// reload state before the new generation serves. Once a stop
 /// began it says nothing more: its `READY=1` and line would replace the
 /// stop's `STATUS=stopping: draining` in `systemctl status`.
 async fn status_lines(
     admin: Arc<AdminShared>,
     pools: Vec<Arc<Pool>>,
     phase: watch::Receiver<Phase>,
+    reloading: Arc<std::sync::atomic::AtomicBool>,
     stop: CancellationToken,
 ) {
     let mut pause = Duration::from_millis(500);
@@ -156,7 +160,8 @@ async fn status_lines(
             admin.generation.number,
             generations.len() - 1
         );
-        if pools_ready(&pools) {
+        let reloading = reloading.load(std::sync::atomic::Ordering::SeqCst);
+        if pools_ready(&pools) && !reloading {
             systemd::ready(&line);
         } else {
             systemd::status(&line);

@@ -192,6 +192,10 @@ struct Generation {
     /// When the new generation's stop ends at the latest, if it is among
     /// `draining`: our stop waits for it until then, not its own end.
     outlive_until: Option<Instant>,
+    /// A reload is under way: our periodic status lines must not say
+    /// `READY=1`, which would end systemd's reload state (our
+    /// `RELOADING=1`) before the new generation serves.
+    reloading: Arc<std::sync::atomic::AtomicBool>,
     /// Seals every TLS listener's session tickets; its keys go to the
     /// next generation.
     ticketer: Arc<crate::tls::tickets::Ticketer>,
@@ -285,6 +289,8 @@ impl Generation {
                             under_way.give_back(&mut self.draining);
                             self.admin.keep_backends();
                             tracing::error!(cause = %err, "reload failed; this generation keeps serving");
+                            self.reloading
+                                .store(false, std::sync::atomic::Ordering::SeqCst);
                             systemd::ready(&self.status_line());
                             if let Some(w) = waiter.take() {
                                 let _ = w.send(Reply::err(err.exit_code(), format!("reload failed: {err}")));
@@ -301,6 +307,8 @@ impl Generation {
 
     /// Spawns the handoff as a task.
     fn begin_reload(&mut self) -> Reloading {
+        self.reloading
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         systemd::reloading();
         self.draining.retain(Process::is_alive);
         // This one drains too once the reload succeeds: the oldest beyond
