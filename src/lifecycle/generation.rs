@@ -298,7 +298,7 @@ async fn converse(
     let accepting = Limits {
         deadline: Instant::now() + ACCEPTING_WAIT,
         ready_timeout: ACCEPTING_WAIT,
-        abandon: limits.abandon,
+        abandon: limits.abandon.clone(),
     };
     match next(channel, child, &accepting, None).await {
         Ok(Message::Accepting) => {}
@@ -320,8 +320,13 @@ async fn converse(
         .collect();
     systemd::FdStoreUpdate::new(dropped, Vec::new()).send();
     // Named only now that nothing can fail: under `NotifyAccess=main` no
-    // rollback to our own pid would be heard once N+1 is main.
-    systemd::handed_over(child.pid());
+    // rollback to our own pid would be heard once N+1 is main. Not once a
+    // stop began: we stay main, pass the stop on to N+1 and outlive it
+    // (`Reloading::settle_for_stop`), which newer systemd, taking
+    // `MAINPID=` during a stop where 252 does not, would undo.
+    if !limits.abandon.is_cancelled() {
+        systemd::handed_over(child.pid());
+    }
     Ok(takeover)
 }
 
