@@ -220,6 +220,32 @@ async fn a_new_generation_killed_after_it_received_the_sockets_is_a_failed_reloa
     failed_then_recovered(&baton, serving, reply, &config, load).await;
 }
 
+/// A stop sent to the new generation alone while it starts (its handlers
+/// are in place: it holds the sockets, reading its config) fails the
+/// reload: the old generation serves on, and the new one goes without
+/// taking over, rather than stopping the service once it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_stopped_while_it_starts_is_a_failed_reload() {
+    let (_backend, baton, load) = baton_under_load("").await;
+    let serving = baton.serving_pid().await;
+    let config = config_behind_a_fifo(&baton);
+    let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
+    signal(child, Signal::SIGTERM);
+    support::daemon::feed_fifo_then(&baton.config, &config, None).await;
+    let reply = reply.await.expect("join");
+    assert!(
+        reply.contains("\"ok\":false") && reply.contains("stopped by a signal"),
+        "the reload reports failure and why: {reply}"
+    );
+    assert!(wait_exit(child).await.is_some(), "it is gone");
+    assert_eq!(baton.serving_pid().await, serving);
+    config_restored(&baton, &config);
+    load.progress(20).await;
+    assert_ne!(baton.reload_ok().await, serving, "the next reload works");
+    load.progress(20).await;
+    load.stop().await.assert_clean();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_generation_killed_after_it_said_ready_is_a_failed_reload() {
     let (_backend, baton, load) = baton_under_load("").await;

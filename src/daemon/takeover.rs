@@ -17,6 +17,12 @@ impl Generation {
     /// Ready → serving; `Err` carries the exit code when the old
     /// generation did not let us take over.
     pub(super) async fn take_over(&mut self, parent: Parent) -> Result<(), Exit> {
+        if self.commands.stop_queued() {
+            let reason = "stopped by a signal before it took over";
+            tracing::info!("{reason}; the reload fails and the old generation serves on");
+            parent.fail(Exit::Failure, reason).await;
+            return Err(Exit::Failure);
+        }
         let shutdown = &self.config.shutdown;
         let stop_budget = shutdown.pre_stop_delay + shutdown.drain_timeout;
         match parent.ready(self.adopted.clone(), stop_budget).await {

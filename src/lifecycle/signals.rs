@@ -210,6 +210,13 @@ impl Commands {
         let _ = self.reopen.set(Box::new(hook));
     }
 
+    /// A stop signal waits unheard: a new generation checks before it
+    /// says it is ready, so a stop sent to it alone fails the reload (the
+    /// older one serves on) instead of stopping the service once it serves.
+    pub fn stop_queued(&self) -> bool {
+        self.queued.load(Ordering::Acquire) & bit(Command::Stop) != 0
+    }
+
     /// What the older generation uses to say the service stops: it stops
     /// with us when a stop caught it handing over to us. Said more than
     /// once, it is one word.
