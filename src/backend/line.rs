@@ -214,9 +214,8 @@ impl Drop for Ticket<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use std::sync::atomic::Ordering;
+    use std::time::Duration;
 
     use super::super::{AdminState, Lease, NoLease, Pool};
     use crate::config::{BackendConfig, Balance, PoolConfig};

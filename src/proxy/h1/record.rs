@@ -12,10 +12,10 @@ use tokio::time::Instant;
 use crate::access_log::{AccessLog, Entry, Marks, Termination};
 use crate::backend::Backend;
 use crate::proxy::request_id::RequestId;
+use crate::proxy::web::Target;
 
 use super::head::{RequestHead, Version};
 use super::transfer::Progress;
-use crate::proxy::web::Target;
 
 /// One exchange's facts as they come in.
 pub struct Trace {
