@@ -481,9 +481,9 @@ async fn an_http1_response_cut_by_a_forced_drain_is_logged_and_counted_with_what
     );
 }
 
-/// An upgraded connection's line counts what went to the client through
-/// the tunnel, not the 101's head alone, and says when `tunnel_timeout`
-/// ended it (`cD`, as a TCP-mode connection's).
+/// An upgraded connection's line counts what went through the tunnel
+/// each way, not the heads alone, and says when `tunnel_timeout` ended it
+/// (`cD`, as a TCP-mode connection's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgraded_connection_logs_the_bytes_its_tunnel_carried_and_its_idle_end() {
     const SENT: usize = 10_000;
@@ -516,6 +516,14 @@ async fn an_upgraded_connection_logs_the_bytes_its_tunnel_carried_and_its_idle_e
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["status"], 101, "{}", lines[0]);
     assert_eq!(lines[0]["termination"], "cD", "{}", lines[0]);
+    // The head `client::upgraded` sends, then what went through the tunnel.
+    let asked = "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
+    assert_eq!(
+        lines[0]["bytes_in"].as_u64(),
+        Some((asked.len() + SENT) as u64),
+        "{}",
+        lines[0]
+    );
     assert_eq!(
         lines[0]["bytes_out"].as_u64(),
         Some((head.len() + SENT) as u64),

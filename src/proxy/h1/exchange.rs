@@ -394,8 +394,11 @@ async fn attempt<S: ByteStream>(
         Pumped::Delivered(Delivered::Upgraded { websocket }) => {
             // Boxed: a tunnel's state is most of an exchange's size, and
             // every exchange's future is made (and moved) whole.
-            let sent = &request.trace.attempt.bytes_out;
-            let idle = Box::pin(tunnel(proxy, client, up, websocket, drain, sent)).await;
+            let moved = Moved {
+                down: &request.trace.attempt.bytes_out,
+                up: &request.trace.attempt.tunnelled_in,
+            };
+            let idle = Box::pin(tunnel(proxy, client, up, websocket, drain, moved)).await;
             request.trace.note();
             if idle {
                 // As a TCP-mode connection's: `cD`.
@@ -579,32 +582,44 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
     }
 }
 
+/// Where a tunnel counts the bytes it moves, for the access log.
+struct Moved<'a> {
+    /// To the client.
+    down: &'a AtomicU64,
+    /// From the client to the backend.
+    up: &'a AtomicU64,
+}
+
 /// After a 101: what either side sent past the switch goes first, then the
 /// two connections are joined until one ends (the lease is held meanwhile).
-/// What goes to the client adds up in `sent` (the access log's bytes out);
-/// true when it ended for `tunnel_timeout`.
+/// True when it ended for `tunnel_timeout`.
 async fn tunnel<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     mut up: Upstream,
     websocket: bool,
     drain: &DrainWatch,
-    sent: &AtomicU64,
+    moved: Moved<'_>,
 ) -> bool {
     let stall = proxy.idle_timeout;
-    if !client.buf.is_empty() && write_all(&mut up.stream, &client.buf, stall).await.is_err() {
+    let mut to_backend = Counting::new(&mut up.stream, moved.up);
+    if !client.buf.is_empty()
+        && write_all(&mut to_backend, &client.buf, stall)
+            .await
+            .is_err()
+    {
         return false;
     }
     client.buf.clear();
     // A tunnel's bytes may come in any rhythm: as on a TCP-mode listener.
     ack_promptly(&client.stream);
-    let mut to_client = Counting::new(&mut client.stream, sent);
+    let mut to_client = Counting::new(&mut client.stream, moved.down);
     if !up.buf.is_empty() && write_all(&mut to_client, &up.buf, stall).await.is_err() {
         return false;
     }
     longlived::tunnel(
         &mut to_client,
-        &mut up.stream,
+        &mut to_backend,
         websocket,
         &up.buf,
         drain.clone(),

@@ -27,6 +27,8 @@ pub struct Trace {
     /// The status that went to the client, once one did.
     pub status: Option<u16>,
     pub bytes_out: u64,
+    /// Bytes the client sent through an upgraded connection's tunnel.
+    pub tunnelled_in: u64,
     /// The attempt at a backend under way. Here, not in the attempt, so an
     /// exchange the drain deadline cuts off mid-response (its task dropped,
     /// `note` never reached) still logs and counts what went out.
@@ -51,6 +53,7 @@ impl Trace {
             self.status = Some(status);
         }
         self.bytes_out += bytes_out;
+        self.tunnelled_in += progress.tunnelled_in.load(Ordering::Relaxed);
     }
 }
 
@@ -84,6 +87,7 @@ impl<'a> Record<'a> {
                 backend: None,
                 status: None,
                 bytes_out: 0,
+                tunnelled_in: 0,
                 attempt: Progress::default(),
             },
             bytes_in: head.bytes.len() as u64,
@@ -143,7 +147,7 @@ impl Drop for Record<'_> {
                 Version::Http11 => "HTTP/1.1",
             },
             status: t.status,
-            bytes_in: self.bytes_in,
+            bytes_in: self.bytes_in + t.tunnelled_in,
             bytes_out: t.bytes_out,
             marks: t.marks,
             termination: self
@@ -202,6 +206,7 @@ mod tests {
             backend: None,
             status: None,
             bytes_out: 0,
+            tunnelled_in: 0,
             attempt: Progress::default(),
         }
     }

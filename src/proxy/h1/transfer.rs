@@ -39,6 +39,9 @@ pub struct Progress {
     pub client_written: AtomicBool,
     /// How many, for the access log.
     pub bytes_out: AtomicU64,
+    /// What the client sent into an upgraded connection's tunnel, for the
+    /// access log's bytes in (a request body is counted as it is read).
+    pub tunnelled_in: AtomicU64,
 }
 
 /// A request body on its way up: how much is left, and what is framed for
