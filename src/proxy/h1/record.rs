@@ -36,6 +36,19 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// An exchange's facts before any came in: its clock starts now.
+    fn new(request_id: RequestId) -> Trace {
+        Trace {
+            request_id,
+            marks: Marks::new(),
+            backend: None,
+            status: None,
+            bytes_out: 0,
+            tunnelled_in: 0,
+            attempt: Progress::default(),
+        }
+    }
+
     /// Folds in what the attempt under way saw: when the response head
     /// came, the status and the bytes that went to the client; the next
     /// attempt starts afresh.
@@ -81,15 +94,7 @@ impl<'a> Record<'a> {
             head,
             target,
             client,
-            trace: Trace {
-                request_id,
-                marks: Marks::new(),
-                backend: None,
-                status: None,
-                bytes_out: 0,
-                tunnelled_in: 0,
-                attempt: Progress::default(),
-            },
+            trace: Trace::new(request_id),
             bytes_in: head.bytes.len() as u64,
             termination: None,
         }
@@ -200,15 +205,7 @@ mod tests {
     use super::*;
 
     fn trace() -> Trace {
-        Trace {
-            request_id: RequestId::new(),
-            marks: Marks::new(),
-            backend: None,
-            status: None,
-            bytes_out: 0,
-            tunnelled_in: 0,
-            attempt: Progress::default(),
-        }
+        Trace::new(RequestId::new())
     }
 
     /// A backend's status is the exchange's only once its head began to go
