@@ -290,6 +290,42 @@ async fn an_old_generation_killed_while_draining_troubles_nobody_else() {
     load.stop().await.assert_clean();
 }
 
+/// A new generation that dies after it took over, while the old one
+/// still drains (and may still be systemd's main process: systemd 252
+/// takes `MAINPID=` only once `ExecReload=` has returned), makes the old
+/// one's exit a failure: a clean exit of the main process would end the
+/// service for good, where a failure restarts it (`Restart=on-failure`).
+/// The old generation's own request still finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_killed_while_the_old_one_drains_makes_its_exit_a_failure() {
+    let backend = support::backend::HttpBackend::start("a").await;
+    let spec = support::daemon::Spec::default()
+        .section("[reload]\ndrain_timeout = \"30s\"\n")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let (web, old) = (baton.addr("web"), baton.first_pid);
+    let draining = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("a held request on the old generation", || async {
+        backend.held() == 1
+    })
+    .await;
+    let new = baton.reload_ok().await;
+    signal(new, Signal::SIGKILL);
+    assert_eq!(wait_exit(new).await, Some(128 + Signal::SIGKILL as i32));
+    backend.release();
+    let answer = draining.await.expect("join").expect("drained");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(wait_exit(old).await, Some(1), "{}", baton.log());
+    assert!(
+        baton
+            .log()
+            .contains("the new generation ended without a word"),
+        "{}",
+        baton.log()
+    );
+}
+
 /// Samples the processes running `config` every 50 ms; returns the longest
 /// run of samples with more processes than serving + starting +
 /// `max_draining` old ones (forcing the oldest takes a moment; an unforced
@@ -434,6 +470,86 @@ async fn a_stop_when_the_new_generation_is_ready_leaves_no_process() {
     stop_during_a_handoff(Step::Ready).await;
 }
 
+/// The old generation, the new one and the reload's reply, once a stop
+/// reached both just after the go-ahead (see below).
+struct CaughtStop {
+    baton: Baton,
+    backend: support::backend::HttpBackend,
+    serving: u32,
+    taking_over: u32,
+    reply: tokio::task::JoinHandle<String>,
+}
+
+/// Starts baton with a 1 s pre-stop pause and drain, reloads it into
+/// `new_stop` (the new generation's `[shutdown]` keys) and sends SIGTERM
+/// to both generations while the new one's `listen` is held, after the
+/// go-ahead.
+async fn stop_caught_after_the_go_ahead(new_stop: &str) -> CaughtStop {
+    let strace = std::process::Command::new("strace").arg("-V").output();
+    assert!(
+        strace.is_ok_and(|out| out.status.success()),
+        "this test needs strace (apt-get install strace; .ci/run installs it)"
+    );
+    let backend = support::backend::HttpBackend::start("a").await;
+    let spec = support::daemon::Spec::default()
+        .top("workers = 1")
+        .section("[shutdown]\npre_stop_delay = \"1s\"\ndrain_timeout = \"1s\"\n")
+        .section("[reload]\nready_timeout = \"60s\"\n")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let serving = baton.first_pid;
+    let new_config = baton
+        .config_text()
+        .replace("pre_stop_delay = \"1s\"\ndrain_timeout = \"1s\"", new_stop);
+    baton.write_config(&new_config);
+    baton.replace_executable(Some(&format!(
+        "#!/bin/sh\nexec strace -D -f -qq -o /dev/null -e trace=listen \
+         -e inject=listen:delay_enter={} {} \"$@\"\n",
+        LISTEN_HELD.as_micros(),
+        support::daemon::BIN
+    )));
+    let reply = baton.ask_reload();
+    support::eventually("the new generation says it is ready", || async {
+        baton
+            .log()
+            .contains("ready; waiting for the old generation's go-ahead")
+    })
+    .await;
+    let taking_over = baton.started_pids()[0];
+    // The go-ahead goes out at once; then the new generation's listen is
+    // held for LISTEN_HELD.
+    tokio::time::sleep(LISTEN_HELD / 4).await;
+    signal(serving, Signal::SIGTERM);
+    signal(taking_over, Signal::SIGTERM);
+    CaughtStop {
+        baton,
+        backend,
+        serving,
+        taking_over,
+        reply,
+    }
+}
+
+/// Once the old generation closed its doors, a request only the new one
+/// takes, returned once the backend holds it.
+async fn late_request_held(
+    baton: &Baton,
+    backend: &support::backend::HttpBackend,
+) -> tokio::task::JoinHandle<Result<client::Answer, String>> {
+    support::eventually("the old generation closed its doors", || async {
+        baton.log().contains("reason=\"shutdown\"")
+    })
+    .await;
+    let web = baton.addr("web");
+    let late = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the late request reached the backend", || async {
+        backend.held() == 1
+    })
+    .await;
+    late
+}
+
 /// How long strace holds each `listen` call of the new generation below.
 const LISTEN_HELD: Duration = Duration::from_secs(4);
 
@@ -458,44 +574,13 @@ const LISTEN_HELD: Duration = Duration::from_secs(4);
 /// comes in once only it takes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
-    let strace = std::process::Command::new("strace").arg("-V").output();
-    assert!(
-        strace.is_ok_and(|out| out.status.success()),
-        "this test needs strace (apt-get install strace; .ci/run installs it)"
-    );
-    let backend = support::backend::HttpBackend::start("a").await;
-    let spec = support::daemon::Spec::default()
-        .top("workers = 1")
-        .section("[shutdown]\npre_stop_delay = \"1s\"\ndrain_timeout = \"1s\"\n")
-        .section("[reload]\nready_timeout = \"60s\"\n")
-        .http("web", "app")
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
-    let serving = baton.first_pid;
-    let longer_stop = baton.config_text().replace(
-        "pre_stop_delay = \"1s\"\ndrain_timeout = \"1s\"",
-        "pre_stop_delay = \"5s\"\ndrain_timeout = \"10s\"",
-    );
-    baton.write_config(&longer_stop);
-    baton.replace_executable(Some(&format!(
-        "#!/bin/sh\nexec strace -D -f -qq -o /dev/null -e trace=listen \
-         -e inject=listen:delay_enter={} {} \"$@\"\n",
-        LISTEN_HELD.as_micros(),
-        support::daemon::BIN
-    )));
-    let reply = baton.ask_reload();
-    support::eventually("the new generation says it is ready", || async {
-        baton
-            .log()
-            .contains("ready; waiting for the old generation's go-ahead")
-    })
-    .await;
-    let taking_over = baton.started_pids()[0];
-    // The go-ahead goes out at once; then the new generation's listen is
-    // held for LISTEN_HELD.
-    tokio::time::sleep(LISTEN_HELD / 4).await;
-    signal(serving, Signal::SIGTERM);
-    signal(taking_over, Signal::SIGTERM);
+    let CaughtStop {
+        baton,
+        backend,
+        serving,
+        taking_over,
+        reply,
+    } = stop_caught_after_the_go_ahead("pre_stop_delay = \"5s\"\ndrain_timeout = \"10s\"").await;
     let final_sigterm = tokio::spawn(async move {
         while running(serving) {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -508,16 +593,7 @@ async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
     });
     // The old generation's doors close first (its pause is shorter); the
     // new one still serves what the load balancer sends.
-    support::eventually("the old generation closed its doors", || async {
-        baton.log().contains("reason=\"shutdown\"")
-    })
-    .await;
-    let web = baton.addr("web");
-    let late = tokio::spawn(async move { client::get(web, "/gated").await });
-    support::eventually("the late request reached the backend", || async {
-        backend.held() == 1
-    })
-    .await;
+    let late = late_request_held(&baton, &backend).await;
     backend.release();
     let answer = late.await.expect("join").expect("served during the pause");
     assert_eq!(answer.status, 200, "{answer:?}");
@@ -541,6 +617,32 @@ async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
         reply.contains("reload completed as a stop began"),
         "the stop came after the go-ahead: {reply}"
     );
+}
+
+/// The same stop, where the new generation's drain has to force a
+/// request it took: the old generation, systemd's main process and the
+/// last to exit, hears how the new one ended and exits 3 as well (it took
+/// the new one's end for clean before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_as_the_new_generation_takes_over_counts_what_its_drain_forced() {
+    let caught =
+        stop_caught_after_the_go_ahead("pre_stop_delay = \"2s\"\ndrain_timeout = \"1s\"").await;
+    let (baton, backend) = (&caught.baton, &caught.backend);
+    let late = late_request_held(baton, backend).await;
+    assert_eq!(
+        wait_exit(caught.taking_over).await,
+        Some(3),
+        "{}",
+        baton.log()
+    );
+    assert_eq!(wait_exit(caught.serving).await, Some(3), "{}", baton.log());
+    backend.release();
+    assert!(late.await.expect("join").is_err(), "forced closed");
+    assert!(caught
+        .reply
+        .await
+        .expect("join")
+        .contains("reload completed as a stop began"));
 }
 
 /// Whether `pid` still runs (not gone, not a zombie).

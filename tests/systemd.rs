@@ -1,7 +1,8 @@
 //! baton under a real systemd (PID 1 of a throwaway sandbox), driven only
 //! through `systemctl`: start, reloads under load, a broken reload, a binary
 //! upgrade, restart with the fd store, stop outcomes, socket activation and
-//! the watchdog. The shipped units are installed as they are.
+//! the watchdog, a new generation killed after it took over. The shipped
+//! units are installed as they are.
 
 mod support;
 
@@ -496,4 +497,53 @@ async fn a_reload_under_way_keeps_the_unit_reloading_until_the_new_generation_se
     })
     .await;
     drop(hangs);
+}
+
+/// A new generation killed right after it took over: systemd restarts the
+/// service (`Restart=on-failure`), which serves again on the sockets its
+/// fd store kept. Whether systemd already took the new generation as its
+/// main process (then its death is the main's) or not yet (the old one,
+/// still main, hears it died without a word and exits 1 instead of 0), the
+/// service must not end up stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_killed_after_it_took_over_restarts_the_service() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
+    sbx.systemctl_ok(&["start", "baton"]);
+    let main = sbx.show("baton", "MainPID");
+    let mut reload = sbx
+        .command(&["systemctl", "reload", "baton"])
+        .spawn()
+        .expect("systemctl reload");
+    let mut serving = main.clone();
+    support::eventually("the new generation serves", || {
+        serving = active_pid(&sbx).unwrap_or_else(|| main.clone());
+        let moved = serving != main;
+        async move { moved }
+    })
+    .await;
+    sbx.exec(&["kill", "-KILL", &serving]);
+    // The reload fails if systemd took the new main already (it died
+    // while `ExecReload=` ran), and succeeds if not: either is true.
+    tokio::task::block_in_place(|| reload.wait()).expect("reload");
+    support::eventually("the service restarted", || async {
+        sbx.show("baton", "NRestarts") == "1" && sbx.show("baton", "ActiveState") == "active"
+    })
+    .await;
+    assert_ne!(sbx.show("baton", "MainPID"), serving);
+    let answer = client::get(p.web, "/")
+        .await
+        .expect("served after the restart");
+    assert_eq!(answer.status, 200);
+}
+
+/// The pid of the generation `/status` shows active, if it answers.
+fn active_pid(sbx: &Sandbox) -> Option<String> {
+    let out = sbx.exec(&["baton", "status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let generations = status["generations"].as_array()?;
+    let active = generations.iter().find(|g| g["state"] == "active")?;
+    Some(active["pid"].to_string())
 }

@@ -149,6 +149,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         unclaimed,
         draining,
         outlive_until: None,
+        successor_departure: None,
         reloading: Arc::default(),
         config,
         exec,

@@ -13,6 +13,7 @@ impl Generation {
     ) -> Exit {
         let successor_pid = successor.process.pid();
         tracing::info!(successor = successor_pid, "handed over; draining");
+        let departure = listen_for_its_end(&successor);
         self.successor = Some(successor_pid);
         let naming = CancellationToken::new();
         let named_until = Instant::now() + NAMING_WINDOW;
@@ -37,7 +38,7 @@ impl Generation {
         self.background.cancel();
         let budget = self.config.reload.drain_timeout;
         self.publish_deadline(Instant::now() + budget);
-        let channel = Arc::new(successor.channel);
+        let channel = Arc::clone(&successor.channel);
         let reporting = CancellationToken::new();
         let reporter = tokio::spawn(report_while_draining(
             Arc::clone(&channel),
@@ -63,7 +64,11 @@ impl Generation {
             tokio::time::sleep_until(named_until).await;
         }
         naming.cancel();
-        self.exit_code(outcome)
+        let successor_end = match departure {
+            Some(d) => d.ended().await,
+            None => None,
+        };
+        departure::exit_with_successor(self.exit_code(outcome), successor_end)
     }
 
     /// Waits (bounded by our own drain budget, cut short by a stop or
@@ -152,13 +157,18 @@ impl Generation {
             || self.admin.inherited_forced_connections() > older_forced_before;
         self.background.cancel();
         self.admin_stop.cancel();
-        match self.exit_code(ended.outcome) {
+        let successor_end = match self.successor_departure.take() {
+            Some(d) => d.ended().await,
+            None => None,
+        };
+        let exit = match self.exit_code(ended.outcome) {
             Exit::Clean if older_cut => {
                 tracing::warn!("older generations still draining were forced by the stop");
                 Exit::Forced
             }
             exit => exit,
-        }
+        };
+        departure::exit_with_successor(exit, successor_end)
     }
 
     /// Waits, until `bound` at the latest, for the other generations still
@@ -406,6 +416,14 @@ impl Generation {
             }
         }
     }
+}
+
+/// Listens for how `successor` ends; `None` (logged) when it cannot be held.
+pub(super) fn listen_for_its_end(successor: &Successor) -> Option<Departure> {
+    successor
+        .listen_for_its_end()
+        .inspect_err(|err| tracing::warn!(cause = %err, "cannot follow the new generation's end"))
+        .ok()
 }
 
 /// How long an old generation keeps naming its successor to systemd (and

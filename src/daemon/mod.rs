@@ -32,6 +32,7 @@ use crate::config::Config;
 use crate::connection::{Connections, ListenerStats, Proxy};
 use crate::exit::Exit;
 use crate::lifecycle::control::{self, Reply, Request};
+use crate::lifecycle::departure::{self, Departure};
 use crate::lifecycle::drain::{Drain, DrainOutcome};
 use crate::lifecycle::generation::{
     self, Exec, HandoverError, Inheritance, Offer, Parent, Successor,
@@ -108,22 +109,26 @@ pub async fn run(mut setup: Setup) -> Exit {
         Ok(g) => g,
         Err(e) => return fail(parent.as_ref(), e).await,
     };
+    let mut predecessor = None;
     match parent {
-        Some(parent) => {
-            if let Err(code) = gen.take_over(parent).await {
-                return code;
-            }
-        }
+        Some(parent) => match gen.take_over(parent).await {
+            Ok(channel) => predecessor = channel,
+            Err(code) => return code,
+        },
         None => {
             gen.predecessor_gone.cancel();
             gen.open_doors();
             gen.became_active(false);
         }
     }
-    match gen.serve().await {
+    let exit = match gen.serve().await {
         Ending::HandedOver(successor, waiter) => gen.retire(*successor, waiter).await,
         Ending::Stop(signalled) => gen.stop(signalled).await,
+    };
+    if let Some(channel) = predecessor {
+        departure::leaving(&channel, exit).await;
     }
+    exit
 }
 
 async fn fail(parent: Option<&Parent>, err: StartError) -> Exit {
@@ -192,6 +197,8 @@ struct Generation {
     /// When the new generation's stop ends at the latest, if it is among
     /// `draining`: our stop waits for it until then, not its own end.
     outlive_until: Option<Instant>,
+    /// How that new generation ends, which our exit code tells too.
+    successor_departure: Option<Departure>,
     /// A reload is under way: our periodic status lines must not say
     /// `READY=1`, which would end systemd's reload state (our
     /// `RELOADING=1`) before the new generation serves.
@@ -233,8 +240,10 @@ impl Generation {
                     Command::Stop => {
                         let signalled = Instant::now();
                         if let Some(under_way) = reload.take() {
-                            let (said, outlive_until) = under_way.settle_for_stop(&mut self.draining).await;
-                            self.outlive_until = outlive_until;
+                            let settled = under_way.settle_for_stop(&mut self.draining).await;
+                            self.outlive_until = settled.outlive_until;
+                            self.successor_departure = settled.departure;
+                            let said = settled.said;
                             // Handed over or not, this generation serves
                             // its pre-stop pause: it takes backend posts.
                             self.admin.keep_backends();

@@ -14,8 +14,19 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::lifecycle::departure::Departure;
 use crate::lifecycle::generation::{HandoverError, StopPassed, Successor};
 use crate::lifecycle::process::Process;
+
+/// A reload settled for a stop (see [`Reloading::settle_for_stop`]).
+pub(super) struct Settled {
+    /// What the reload's requester is told.
+    pub said: String,
+    /// Until when our stop waits for the new generation, if it stops too.
+    pub outlive_until: Option<Instant>,
+    /// How the new generation ends, once it has, if it took over.
+    pub departure: Option<Departure>,
+}
 
 pub(super) struct Reloading {
     handle: JoinHandle<Result<Successor, HandoverError>>,
@@ -68,17 +79,15 @@ impl Reloading {
 
     /// For a stop: abandons the handoff, or waits for it to complete and
     /// asks the new generation to stop as well. Returns what the reload's
-    /// requester is told, and until when to wait for the new generation.
+    /// requester is told, until when to wait for the new generation, and
+    /// how to hear its end.
     /// A new generation told by word joins `draining`: systemd took no
     /// `MAINPID=` once its stop began, so we are still its main process,
     /// and must exit last (once the main process exits, systemd signals
     /// what is left of the unit again, which a stopping generation takes
     /// as "force now"). Its stop, by its own config, may end later than
     /// ours: the wait lasts its budget, from now, when it begins.
-    pub async fn settle_for_stop(
-        mut self,
-        draining: &mut Vec<Process>,
-    ) -> (String, Option<Instant>) {
+    pub async fn settle_for_stop(mut self, draining: &mut Vec<Process>) -> Settled {
         self.abandon.cancel();
         match self.finished().await {
             Ok(successor) => {
@@ -94,19 +103,27 @@ impl Reloading {
                 // Stopping, the oldest drain to the stop's end, not forced.
                 self.give_back(draining);
                 let mut outlive_until = None;
+                let departure = super::end::listen_for_its_end(&successor);
                 if matches!(passed, Ok(StopPassed::Word)) {
                     outlive_until = successor.stop_budget.map(|budget| Instant::now() + budget);
                     draining.push(successor.process);
                 }
-                let said = format!(
-                    "reload completed as a stop began; generation pid {pid} is stopping too"
-                );
-                (said, outlive_until)
+                Settled {
+                    said: format!(
+                        "reload completed as a stop began; generation pid {pid} is stopping too"
+                    ),
+                    outlive_until,
+                    departure,
+                }
             }
             Err(err) => {
                 tracing::info!(cause = %err, "reload abandoned for the stop");
                 self.give_back(draining);
-                (format!("reload abandoned: {err}"), None)
+                Settled {
+                    said: format!("reload abandoned: {err}"),
+                    outlive_until: None,
+                    departure: None,
+                }
             }
         }
     }

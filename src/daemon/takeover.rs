@@ -15,8 +15,9 @@ const FIRST_REPORT_WAIT: Duration = Duration::from_secs(2);
 
 impl Generation {
     /// Ready → serving; `Err` carries the exit code when the old
-    /// generation did not let us take over.
-    pub(super) async fn take_over(&mut self, parent: Parent) -> Result<(), Exit> {
+    /// generation did not let us take over. `Ok` holds the channel to it,
+    /// on which we tell it how we end, if we took over.
+    pub(super) async fn take_over(&mut self, parent: Parent) -> Result<Option<Arc<Channel>>, Exit> {
         if self.commands.stop_queued() {
             let reason = "stopped by a signal before it took over";
             tracing::info!("{reason}; the reload fails and the old generation serves on");
@@ -65,7 +66,7 @@ impl Generation {
                 tracing::warn!(cause = %e, "could not confirm the takeover to the old generation");
                 self.admin_go.cancel();
                 self.predecessor_gone.cancel();
-                return Ok(());
+                return Ok(None);
             }
         };
         let go = self.admin_go.clone();
@@ -78,7 +79,7 @@ impl Generation {
         let gone = self.predecessor_gone.clone();
         let fd_store_again = self.fd_store_again.clone();
         tokio::spawn(generation::reports(
-            channel,
+            Arc::clone(&channel),
             move |r| {
                 on_report.set_inherited(r);
                 go_on_report.cancel();
@@ -93,6 +94,6 @@ impl Generation {
                 fd_store_again.send();
             },
         ));
-        Ok(())
+        Ok(Some(channel))
     }
 }

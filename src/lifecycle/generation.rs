@@ -9,12 +9,14 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::process::Signal;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::departure::Departure;
 use super::handoff::{
     BackendCarry, Channel, HandoffError, Message, Report, ResolvedCarry, SocketEntry, ENV_FD,
 };
@@ -52,13 +54,16 @@ pub struct Successor {
     pub process: Process,
     /// Names of the sockets it took over; the others are ours to close.
     pub adopted: Vec<String>,
-    /// Still open: our drain reports its counters to the successor here.
-    pub channel: Channel,
+    /// Still open: our drain reports its counters to the successor here,
+    /// and it tells us how it ends.
+    pub channel: Arc<Channel>,
     /// It takes the word to stop ([`Message::Stop`]); an earlier release
     /// is sent SIGTERM.
     hears_stop: bool,
     /// How long its ordered stop may take, if it said.
     pub stop_budget: Option<Duration>,
+    /// It sends [`Message::Leaving`] as it exits.
+    tells_its_end: bool,
 }
 
 /// How a successor heard that the service stops.
@@ -87,6 +92,11 @@ impl Successor {
         self.process
             .signal(Signal::TERM)
             .map(|()| StopPassed::Signal)
+    }
+
+    /// Starts listening for how it ends, for as long as we outlive it.
+    pub fn listen_for_its_end(&self) -> std::io::Result<Departure> {
+        Departure::listen(&self.channel, &self.process, self.tells_its_end)
     }
 }
 
@@ -209,15 +219,17 @@ pub async fn hand_over(
             adopted,
             hears_stop,
             stop_budget,
+            tells_its_end,
         }) => {
             guard.process = None;
             drop(guard);
             Ok(Successor {
                 process: child,
                 adopted,
-                channel,
+                channel: Arc::new(channel),
                 hears_stop,
                 stop_budget,
+                tells_its_end,
             })
         }
         Err(err) => {
@@ -238,6 +250,7 @@ struct Takeover {
     adopted: Vec<String>,
     hears_stop: bool,
     stop_budget: Option<Duration>,
+    tells_its_end: bool,
 }
 
 /// How long N+1 has, after the go-ahead, to say it accepts.
@@ -277,10 +290,12 @@ async fn converse(
             adopted,
             hears_stop,
             stop_budget_ms,
+            tells_its_end,
         } => Takeover {
             adopted,
             hears_stop,
             stop_budget: stop_budget_ms.map(Duration::from_millis),
+            tells_its_end,
         },
         Message::Failed { exit_code, reason } => {
             return Err(HandoverError::Failed { exit_code, reason })
@@ -528,6 +543,7 @@ impl Parent {
             adopted,
             hears_stop: true,
             stop_budget_ms: Some(u64::try_from(stop_budget.as_millis()).unwrap_or(u64::MAX)),
+            tells_its_end: true,
         };
         self.channel.send(&ready, &[]).await?;
         // A handoff stuck here is the old generation's to finish: say so.
@@ -539,10 +555,11 @@ impl Parent {
     }
 
     /// Confirms we accept. The channel stays open: the old generation
-    /// reports its counters on it while it drains (see [`reports`]).
-    pub async fn accepting(self) -> Result<Channel, HandoverError> {
+    /// reports its counters on it while it drains (see [`reports`]), and
+    /// we tell it as we exit (see [`leaving`]).
+    pub async fn accepting(self) -> Result<Arc<Channel>, HandoverError> {
         self.channel.send(&Message::Accepting, &[]).await?;
-        Ok(self.channel)
+        Ok(Arc::new(self.channel))
     }
 
     /// Tells N why we cannot take over, before we exit with `exit`.
@@ -561,7 +578,7 @@ impl Parent {
 /// handing each to `on_report`; `stop` hears its word that the service
 /// stops; `on_exit` runs once it is gone.
 pub async fn reports(
-    channel: Channel,
+    channel: Arc<Channel>,
     on_report: impl Fn(Report),
     stop: CancellationToken,
     on_exit: impl FnOnce(),

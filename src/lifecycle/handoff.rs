@@ -14,6 +14,8 @@
 //!                             and drains)
 //! N → N+1  Stop              (only when a stop caught N handing over: the
 //!                             service stops, N+1 with it)
+//! N+1 → N  Leaving { exit_code }  (as N+1 exits, if N still runs: N's
+//!                             exit code tells what became of the service)
 //! ```
 //!
 //! A message of any length travels: `framing` cuts a long one into pieces
@@ -182,6 +184,11 @@ pub enum Message {
         /// made shorter.
         #[serde(default)]
         stop_budget_ms: Option<u64>,
+        /// N+1 sends [`Message::Leaving`] as it exits: one that goes
+        /// without it was killed or crashed (an earlier release never
+        /// sends it, and its silence means nothing).
+        #[serde(default)]
+        tells_its_end: bool,
     },
     Failed {
         exit_code: i32,
@@ -204,6 +211,14 @@ pub enum Message {
     /// (it takes no `MAINPID=` once a stop began), so N goes last: N+1
     /// does not wait for the older generations, N waits for N+1.
     Stop,
+    /// From a generation to the one it took over from, as it exits: its
+    /// exit code. An older generation that outlives it (draining, or the
+    /// main process of a stop that caught the reload) folds it into its
+    /// own: a crash of the new generation while the old one is still
+    /// systemd's main process must not end the service with success.
+    Leaving {
+        exit_code: i32,
+    },
 }
 
 #[derive(Serialize)]
@@ -638,8 +653,13 @@ mod tests {
                 adopted: vec!["web".into()],
                 hears_stop: false,
                 stop_budget_ms: None,
+                tells_its_end: false,
             }),
-            "an earlier release's ready: it is sent SIGTERM to stop"
+            "an earlier release's ready: it is sent SIGTERM to stop, and its silence as it exits means nothing"
+        );
+        assert_eq!(
+            decode(br#"{"version":1,"type":"leaving","exit_code":3}"#).ok(),
+            Some(Message::Leaving { exit_code: 3 })
         );
     }
 

@@ -14,6 +14,7 @@
 //! ([`process`]).
 
 pub mod control;
+pub mod departure;
 pub mod drain;
 pub mod endpoint;
 pub mod fd_limit;
