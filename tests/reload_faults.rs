@@ -311,6 +311,10 @@ async fn a_new_generation_killed_while_the_old_one_drains_makes_its_exit_a_failu
     })
     .await;
     let new = baton.reload_ok().await;
+    // Frozen first, so the old generation's reports (every 500 ms) pile up
+    // unread: the kernel then reports the close as a reset.
+    signal(new, Signal::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     signal(new, Signal::SIGKILL);
     assert_eq!(wait_exit(new).await, Some(128 + Signal::SIGKILL as i32));
     backend.release();
@@ -626,7 +630,7 @@ async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_as_the_new_generation_takes_over_counts_what_its_drain_forced() {
     let caught =
-        stop_caught_after_the_go_ahead("pre_stop_delay = \"2s\"\ndrain_timeout = \"1s\"").await;
+        stop_caught_after_the_go_ahead("pre_stop_delay = \"4s\"\ndrain_timeout = \"1s\"").await;
     let (baton, backend) = (&caught.baton, &caught.backend);
     let late = late_request_held(baton, backend).await;
     assert_eq!(

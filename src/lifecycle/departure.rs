@@ -48,6 +48,10 @@ impl Departure {
     /// earlier release); [`Exit::Failure`] when it promised one and was
     /// killed or crashed.
     pub async fn ended(self) -> Option<Exit> {
+        // Its word may be in while it still winds down its runtime.
+        if self.heard.is_finished() {
+            return self.heard.await.ok().flatten();
+        }
         if self.process.is_alive() {
             self.heard.abort();
             return None;

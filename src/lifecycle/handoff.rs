@@ -385,10 +385,16 @@ impl Channel {
         }
     }
 
+    /// One datagram. An `ECONNRESET` is read past: the kernel reports it
+    /// once, ahead of what is still queued, when the other end closed
+    /// with messages of ours unread (a generation killed while our
+    /// reports piled up); its own last messages, and then the close,
+    /// come next.
     async fn recv_datagram(&self, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), HandoffError> {
         loop {
             let mut guard = self.fd.readable().await?;
             match guard.try_io(|inner| recv_once(inner.get_ref().as_fd(), buf)) {
+                Ok(Ok(Err(HandoffError::Sys(nix::errno::Errno::ECONNRESET)))) => continue,
                 Ok(Ok(result)) => return result,
                 Ok(Err(e)) => return Err(HandoffError::Io(e)),
                 Err(_would_block) => continue,
@@ -627,6 +633,23 @@ mod tests {
         assert!(tries > 1, "the receive was never interrupted");
         assert_eq!(got, offer);
         drop(sender.await.expect("sender"));
+    }
+
+    /// The other end closed with a message of ours unread: the kernel
+    /// reports ECONNRESET first, and what it sent before closing must
+    /// still be read, then the close.
+    #[tokio::test]
+    async fn what_a_peer_said_before_it_closed_with_ours_unread_is_read() {
+        let (a, b_fd) = Channel::pair().expect("pair");
+        let b = Channel::new(b_fd).expect("wrap");
+        let leaving = Message::Leaving { exit_code: 3 };
+        b.send(&leaving, &[]).await.expect("send");
+        a.send(&Message::Report(Report::default()), &[])
+            .await
+            .expect("send");
+        drop(b);
+        assert_eq!(a.recv().await.expect("its last word").0, leaving);
+        assert!(matches!(a.recv().await, Err(HandoffError::Closed)));
     }
 
     #[test]
