@@ -165,13 +165,16 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: Cancell
 /// reading this draining one's metrics and `/status` for the whole drain;
 /// a connection that has not sent its first request yet is answered once,
 /// with `Connection: close`. One that has sent nothing when a newcomer
-/// needs its place is closed.
-fn answer(
-    stream: tokio::net::TcpStream,
+/// needs its place is closed; one on a request gets
+/// [`places::LEAVING_GRACE`] to finish it, then is cut.
+fn answer<S>(
+    stream: S,
     state: Arc<AdminShared>,
     place: Option<places::Place>,
     stop: CancellationToken,
-) {
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     tokio::spawn(async move {
         let ending = place
             .as_ref()
@@ -200,12 +203,20 @@ fn answer(
         let ended = tokio::select! {
             ended = conn.as_mut() => ended,
             () = ending.cancelled() => {
+                let for_a_newcomer = !stop.is_cancelled();
                 if served.load(Ordering::Relaxed) {
                     conn.as_mut().graceful_shutdown();
-                } else if !stop.is_cancelled() {
+                } else if for_a_newcomer {
                     return;
                 }
-                conn.await
+                if !for_a_newcomer {
+                    conn.await
+                } else if let Ok(ended) = tokio::time::timeout(places::LEAVING_GRACE, conn).await {
+                    ended
+                } else {
+                    tracing::debug!("admin connection cut: asked to give its place up, it did not finish its response");
+                    return;
+                }
             }
         };
         drop(place);
@@ -213,4 +224,66 @@ fn answer(
             tracing::debug!(cause = %err, "admin connection ended with an error");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    fn shared() -> Arc<AdminShared> {
+        let (_, phase) = watch::channel(Phase::Active);
+        Arc::new(AdminShared {
+            config: AdminConfig {
+                listen: ([127, 0, 0, 1], 0).into(),
+                liveness_paths: vec!["/healthz".into()],
+                readiness_paths: vec!["/readyz".into()],
+                token: None,
+            },
+            generation: GenerationInfo {
+                number: 1,
+                pid: 1,
+                started_at: SystemTime::now(),
+            },
+            phase,
+            topology: RwLock::default(),
+            metrics: None,
+            inherited: RwLock::default(),
+            configured: Default::default(),
+            draining_shown: Default::default(),
+            handed_over: std::sync::Mutex::new(false),
+        })
+    }
+
+    /// A connection asked to give its place up for a newcomer while its
+    /// client does not read the response it is on is cut after
+    /// `LEAVING_GRACE`, not once its write has stalled `bounded::STALLED`:
+    /// 256 of them would otherwise keep every probe waiting that long.
+    #[tokio::test(start_paused = true)]
+    async fn one_asked_to_leave_with_a_response_nobody_reads_is_cut_after_the_grace() {
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let places = places::Places::new();
+        let stop = CancellationToken::new();
+        let place = places.take(&stop).await.expect("a place");
+        let ending = place.ending.clone();
+        answer(ours, shared(), Some(place), stop);
+        let request = b"GET /status HTTP/1.1\r\nhost: admin\r\n\r\n";
+        theirs.write_all(request).await.expect("request");
+        // Its answer fills the 64 bytes the pipe holds, and waits.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ending.cancel();
+        tokio::time::sleep(places::LEAVING_GRACE - Duration::from_millis(10)).await;
+        theirs
+            .write_all(b"x")
+            .await
+            .expect("still open within the grace");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            theirs.write_all(b"x").await.is_err(),
+            "cut once the grace is over"
+        );
+    }
 }

@@ -19,6 +19,13 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// it asks the next oldest.
 const ASK_AGAIN: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How long a connection asked to give its place up may take to finish
+/// the response it is on (a scrape's takes milliseconds): one its client
+/// reads slowly, or not at all, is cut then. Without it, 256 clients that
+/// pipeline `/metrics` and read a trickle keep their places for good, and
+/// the accept loop, waiting for a place, keeps every probe waiting.
+pub const LEAVING_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 pub struct Places {
     free: Arc<Semaphore>,
     /// The connections holding a place, oldest first, with the token that
@@ -50,8 +57,8 @@ impl Places {
     /// A place for a connection just accepted, once one is free: when none
     /// is, the oldest connection is asked to give its place up first.
     /// `None` only if the places are gone (never: nothing closes them).
-    /// The oldest may be busy (a response its client reads slowly ends
-    /// only at `bounded::STALLED`): if no place frees up within
+    /// The oldest may be busy (a response its client reads slowly is cut
+    /// only after [`LEAVING_GRACE`]): if no place frees up within
     /// [`ASK_AGAIN`], the next oldest is asked too.
     pub async fn take(self: &Arc<Self>, stop: &CancellationToken) -> Option<Place> {
         let permit = loop {
