@@ -208,6 +208,68 @@ async fn a_request_that_crossed_the_idle_goaway_is_answered() {
     assert!(client.seen(HEADERS), "the request was answered");
 }
 
+/// A client that answers keep-alive PINGs but not the one its drain's
+/// GOAWAY sends, and goes on opening streams after it (RFC 9113 §6.8: it
+/// must not), does not hold the drain to its deadline: its streams opened
+/// past a second after GOAWAY are refused (REFUSED_STREAM), and the
+/// connection closes once those served are done. The stop exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_opening_streams_after_goaway_does_not_hold_the_drain() {
+    const HEADERS: u8 = 1;
+    const RST_STREAM: u8 = 3;
+    const REFUSED_STREAM: u32 = 7;
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::default()
+        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"20s\"\n")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let mut s = opened(&baton).await;
+    let mut client = PingAnswerer::default();
+    s.write_all(&support::h2_raw::get("/"))
+        .await
+        .expect("write");
+    while !client.seen(HEADERS) {
+        assert!(client.read(&mut s).await, "closed before an answer");
+    }
+    support::daemon::signal(baton.first_pid, nix::sys::signal::Signal::SIGTERM);
+    let (mut next_stream, mut last_sent) = (3, tokio::time::Instant::now());
+    let closed = tokio::time::timeout(Duration::from_secs(15), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => return,
+                Ok(Ok(n)) => {
+                    client.bytes.extend_from_slice(&buf[..n]);
+                    client.answer(&mut s).await;
+                }
+                Err(_) => {}
+            }
+            if client.seen(GOAWAY) && last_sent.elapsed() >= Duration::from_millis(100) {
+                let _ = s
+                    .write_all(&support::h2_raw::get_on(next_stream, "/"))
+                    .await;
+                (next_stream, last_sent) = (next_stream + 2, tokio::time::Instant::now());
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "closed well before the drain's deadline");
+    let refused = frames(&client.bytes)
+        .iter()
+        .filter(|(kind, payload)| {
+            *kind == RST_STREAM && payload[..] == REFUSED_STREAM.to_be_bytes()
+        })
+        .count();
+    assert!(refused > 0, "streams past GOAWAY refused");
+    assert_eq!(
+        support::daemon::wait_exit(baton.first_pid).await,
+        Some(0),
+        "{}",
+        baton.log()
+    );
+}
+
 /// A client that reads frames as they come and answers the PINGs, as real
 /// clients do (baton's keep-alive closes a connection that does not);
 /// those after a GOAWAY only once `past_goaway`.

@@ -1,7 +1,8 @@
 //! One h2c client connection's activity: streams in flight, since when it
 //! is idle (GOAWAY at `idle_timeout`), its opening clock, whether the
-//! client takes the responses it is sent, when bytes last went out, and
-//! how many streams it reset before their responses.
+//! client takes the responses it is sent, when bytes last went out, how
+//! many streams it reset before their responses, and when it was sent
+//! GOAWAY.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -62,6 +63,9 @@ pub struct ConnState {
     early_resets: AtomicU64,
     /// Told once the client is found flooding.
     flooded: Notify,
+    /// When GOAWAY went out, nanoseconds since `origin` (`u64::MAX`: not
+    /// yet).
+    goaway_nanos: AtomicU64,
 }
 
 /// Marks a request in flight until the response body is done.
@@ -161,7 +165,24 @@ impl ConnState {
             sent_on: AtomicU64::new(0),
             early_resets: AtomicU64::new(0),
             flooded: Notify::new(),
+            goaway_nanos: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// GOAWAY went out (the first time counts).
+    pub fn goaway_sent(&self) {
+        let now = self.origin.elapsed().as_nanos() as u64;
+        let _ =
+            self.goaway_nanos
+                .compare_exchange(u64::MAX, now, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Whether a stream opening now comes more than `crossing` after
+    /// GOAWAY went out: too late to have crossed it on the way.
+    pub fn past_goaway(&self, crossing: Duration) -> bool {
+        let sent = self.goaway_nanos.load(Ordering::Relaxed);
+        let now = self.origin.elapsed().as_nanos() as u64;
+        sent != u64::MAX && now > sent.saturating_add(crossing.as_nanos() as u64)
     }
 
     /// A stream sent on ended before its response, soon after it began.
@@ -304,6 +325,19 @@ mod tests {
 
     /// Streams baton answered itself make no room for resets: a client
     /// sending one between resets stayed at half.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_is_past_goaway_only_once_it_had_time_to_cross_it() {
+        let state = state();
+        let crossing = Duration::from_secs(1);
+        assert!(!state.past_goaway(crossing), "no GOAWAY yet");
+        state.goaway_sent();
+        tokio::time::advance(crossing).await;
+        assert!(!state.past_goaway(crossing), "may have crossed it");
+        state.goaway_sent();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(state.past_goaway(crossing), "the first GOAWAY counts");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn streams_refused_by_baton_do_not_count() {
         let state = state();

@@ -6,7 +6,6 @@
 //!
 //! Draining an h2 connection, per DESIGN.md: GOAWAY at once.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +60,14 @@ const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// How long an idle h2 client has to close after GOAWAY (counted from the
 /// last byte baton wrote, with no stream open).
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
+/// How long after GOAWAY a stream the client opened before GOAWAY
+/// reached it may still arrive. One later broke RFC 9113 §6.8 ("receivers
+/// of a GOAWAY frame MUST NOT open additional streams"): a client that
+/// answers keep-alive PINGs but not the GOAWAY's own, and goes on opening
+/// streams, would hold a drain to its deadline. Such streams are refused
+/// (REFUSED_STREAM: not processed, safe to retry elsewhere), and the
+/// connection closes once those it was serving are done.
+const GOAWAY_CROSSING: Duration = Duration::from_secs(1);
 /// The lead each stream's own stall clock (`delivery`) has over the
 /// connection's: a stall ends the streams it holds (each counted once),
 /// and the whole connection only if frames still wait after that.
@@ -163,7 +170,15 @@ impl HttpProxy {
             service_fn(move |req| {
                 let (proxy, state, drain) = (Arc::clone(&proxy), Arc::clone(&state), drain.clone());
                 let client = Arc::clone(&client);
-                async move { Ok::<_, Infallible>(proxy.handle(req, &client, state, drain).await) }
+                let refused = state
+                    .past_goaway(GOAWAY_CROSSING)
+                    .then(|| proxy.refused_past_goaway(peer));
+                async move {
+                    match refused {
+                        Some(refused) => Err(refused),
+                        None => Ok(proxy.handle(req, &client, state, drain).await),
+                    }
+                }
             })
         };
         let (back, handed_back) = tokio::sync::oneshot::channel();
@@ -189,6 +204,7 @@ impl HttpProxy {
                     }
                     () = drain.draining(), if !closing => {
                         conn.as_mut().graceful_shutdown();
+                        state.goaway_sent();
                         closing = true;
                     }
                     () = state.stalled_reader(self.idle_timeout + STREAMS_FIRST) => {
@@ -207,6 +223,7 @@ impl HttpProxy {
                         metrics::client_abort(&self.listener, metrics::AbortReason::ResetFlood);
                         if !closing {
                             conn.as_mut().graceful_shutdown();
+                            state.goaway_sent();
                             closing = true;
                         }
                         flood_cut = Some(Instant::now() + H2_GOAWAY_GRACE);
@@ -223,6 +240,7 @@ impl HttpProxy {
                     () = state.idle_for(self.idle_timeout), if !closing => {
                         tracing::debug!(listener = %self.listener, client = %peer, "h2 connection without a stream for idle_timeout; GOAWAY");
                         conn.as_mut().graceful_shutdown();
+                        state.goaway_sent();
                         closing = true;
                         idle_goaway = Some(Instant::now());
                     }
@@ -278,6 +296,15 @@ impl HttpProxy {
             .keep_alive_interval(self.h2.ping_interval)
             .keep_alive_timeout(self.h2.ping_timeout);
         server
+    }
+
+    /// A stream the client opened past GOAWAY (see [`GOAWAY_CROSSING`]):
+    /// hyper resets it with the reason this error carries.
+    fn refused_past_goaway(&self, peer: SocketAddr) -> h2::Error {
+        if crate::telemetry::client_fault() {
+            tracing::info!(listener = %self.listener, client = %peer, "h2 client opened a stream after GOAWAY; refused");
+        }
+        h2::Error::from(h2::Reason::REFUSED_STREAM)
     }
 
     async fn handle(
