@@ -1,9 +1,10 @@
 //! The admin port's connection places. At most [`MAX_CONNECTIONS`] are
 //! served at once: their fds and memory are the data plane's too. When
 //! all are taken, a newcomer makes the oldest connection give its place
-//! up (it finishes the request it is on and closes; an idle one closes at
-//! once), as nginx reuses keep-alive connections when it runs out: a probe
-//! is never kept waiting behind long-lived scrapers or a flood.
+//! up (it finishes the request it is on within [`LEAVING_GRACE`], or is
+//! cut, and closes; an idle one closes at once), as nginx reuses
+//! keep-alive connections when it runs out: a probe is never kept waiting
+//! behind long-lived scrapers or a flood.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

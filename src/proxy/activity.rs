@@ -33,6 +33,11 @@ const QUIET_AT_MOST: u32 = 4;
 /// rest of a page it left stays far below; a gRPC client whose deadlines
 /// all expire against a slow backend may reach it, and reconnects.
 const RESET_FLOOD: u64 = 500;
+
+/// `ConnState::goaway_nanos` before GOAWAY was asked for, and once it was
+/// but no byte has gone out since.
+const NO_GOAWAY: u64 = u64::MAX;
+const GOAWAY_ASKED: u64 = u64::MAX - 1;
 const EARLY_RESET: Duration = Duration::from_secs(1);
 
 pub struct ConnState {
@@ -63,8 +68,8 @@ pub struct ConnState {
     early_resets: AtomicU64,
     /// Told once the client is found flooding.
     flooded: Notify,
-    /// When GOAWAY went out, nanoseconds since `origin` (`u64::MAX`: not
-    /// yet).
+    /// When GOAWAY went out, nanoseconds since `origin`: the first write
+    /// after it was asked for ([`NO_GOAWAY`], [`GOAWAY_ASKED`] before).
     goaway_nanos: AtomicU64,
 }
 
@@ -165,16 +170,19 @@ impl ConnState {
             sent_on: AtomicU64::new(0),
             early_resets: AtomicU64::new(0),
             flooded: Notify::new(),
-            goaway_nanos: AtomicU64::new(u64::MAX),
+            goaway_nanos: AtomicU64::new(NO_GOAWAY),
         }
     }
 
-    /// GOAWAY went out (the first time counts).
+    /// GOAWAY was asked of h2 (the first time counts): it goes out with
+    /// the next bytes written, which start its clock.
     pub fn goaway_sent(&self) {
-        let now = self.origin.elapsed().as_nanos() as u64;
-        let _ =
-            self.goaway_nanos
-                .compare_exchange(u64::MAX, now, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self.goaway_nanos.compare_exchange(
+            NO_GOAWAY,
+            GOAWAY_ASKED,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     /// Whether a stream opening now comes more than `crossing` after
@@ -182,7 +190,7 @@ impl ConnState {
     pub fn past_goaway(&self, crossing: Duration) -> bool {
         let sent = self.goaway_nanos.load(Ordering::Relaxed);
         let now = self.origin.elapsed().as_nanos() as u64;
-        sent != u64::MAX && now > sent.saturating_add(crossing.as_nanos() as u64)
+        sent < GOAWAY_ASKED && now > sent.saturating_add(crossing.as_nanos() as u64)
     }
 
     /// A stream sent on ended before its response, soon after it began.
@@ -204,6 +212,14 @@ impl ConnState {
     pub fn wrote(&self) {
         let now = self.origin.elapsed().as_nanos() as u64;
         self.wrote_nanos.store(now, Ordering::Relaxed);
+        if self.goaway_nanos.load(Ordering::Relaxed) == GOAWAY_ASKED {
+            let _ = self.goaway_nanos.compare_exchange(
+                GOAWAY_ASKED,
+                now,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
     }
 
     /// Resolves once no request has been in flight and no byte has gone
@@ -323,21 +339,27 @@ mod tests {
         assert!(is_flooded(&state).await, "more than half reset");
     }
 
-    /// Streams baton answered itself make no room for resets: a client
-    /// sending one between resets stayed at half.
+    /// GOAWAY's clock starts once bytes go out after it was asked for (a
+    /// full socket holds it back), and the first GOAWAY counts.
     #[tokio::test(start_paused = true)]
     async fn a_stream_is_past_goaway_only_once_it_had_time_to_cross_it() {
         let state = state();
         let crossing = Duration::from_secs(1);
         assert!(!state.past_goaway(crossing), "no GOAWAY yet");
         state.goaway_sent();
+        tokio::time::advance(crossing * 5).await;
+        assert!(!state.past_goaway(crossing), "not written out yet");
+        state.wrote();
         tokio::time::advance(crossing).await;
         assert!(!state.past_goaway(crossing), "may have crossed it");
         state.goaway_sent();
+        state.wrote();
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(state.past_goaway(crossing), "the first GOAWAY counts");
     }
 
+    /// Streams baton answered itself make no room for resets: a client
+    /// sending one between resets stayed at half.
     #[tokio::test(start_paused = true)]
     async fn streams_refused_by_baton_do_not_count() {
         let state = state();

@@ -60,13 +60,15 @@ const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// How long an idle h2 client has to close after GOAWAY (counted from the
 /// last byte baton wrote, with no stream open).
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
-/// How long after GOAWAY a stream the client opened before GOAWAY
-/// reached it may still arrive. One later broke RFC 9113 §6.8 ("receivers
-/// of a GOAWAY frame MUST NOT open additional streams"): a client that
-/// answers keep-alive PINGs but not the GOAWAY's own, and goes on opening
-/// streams, would hold a drain to its deadline. Such streams are refused
+/// How long after GOAWAY went out (the first bytes written once it was
+/// asked for) a stream the client opened before GOAWAY reached it may
+/// still arrive. One later broke RFC 9113 §6.8 ("receivers of a GOAWAY
+/// frame MUST NOT open additional streams"): a client that answers
+/// keep-alive PINGs but not the GOAWAY's own, and goes on opening streams,
+/// would hold a drain to its deadline. Such streams are refused
 /// (REFUSED_STREAM: not processed, safe to retry elsewhere), and the
-/// connection closes once those it was serving are done.
+/// connection closes once those it was serving are done. HAProxy and nginx
+/// allow none: their GOAWAY names the last stream at once.
 const GOAWAY_CROSSING: Duration = Duration::from_secs(1);
 /// The lead each stream's own stall clock (`delivery`) has over the
 /// connection's: a stall ends the streams it holds (each counted once),
