@@ -9,12 +9,10 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::inventory::{AdoptError, Holdings, Inventory};
+use super::inventory::{AdoptError, Fate, Holdings, Inventory};
 
 /// Where a listening socket is bound, and how to bind it afresh.
 #[derive(Debug, Clone, Copy)]
@@ -102,8 +100,8 @@ pub struct Listening {
     pub socket: Socket,
     /// The config's backlog, for a TCP endpoint.
     pub backlog: Option<i32>,
-    /// Turns true if a successor adopts the socket (see [`Holdings::hold`]).
-    pub handed_over: Arc<AtomicBool>,
+    /// What becomes of it as the doors close (see [`Holdings::hold`]).
+    pub fate: Fate,
     /// Adopted without TCP_NODELAY: the connections queued before it was
     /// set lack it, so this generation sets it on each one it accepts (a
     /// successor adopts the socket with it, and pays nothing).
@@ -140,13 +138,13 @@ pub fn listen(
     };
     let nodelay_each = endpoint.prepare(&socket).map_err(ListenError::Bind)?;
     let address = endpoint.address_of(&socket).map_err(ListenError::Hold)?;
-    let handed_over = holdings
+    let fate = holdings
         .hold(name, address, std::os::fd::AsFd::as_fd(&socket))
         .map_err(ListenError::Hold)?;
     Ok(Listening {
         socket,
         backlog: endpoint.backlog(),
-        handed_over,
+        fate,
         nodelay_each,
         adopted,
     })
