@@ -138,11 +138,6 @@ pub enum Closing {
     HandedOver,
     /// We are the last holder: serve what is queued, then close.
     Last,
-    /// Nobody keeps it, though another process may hold a copy a moment
-    /// longer (systemd's fd store, letting it go): serve what is queued,
-    /// then shut it down, which stops the kernel giving it new connections
-    /// whoever holds it.
-    Dropped,
 }
 
 impl Listener {
@@ -224,19 +219,9 @@ impl Listener {
         // Before the socket closes, here or once its queue is served (and
         // before it, being declared after it, if this future is dropped).
         drop(shown);
-        let shut = match closing() {
-            Closing::HandedOver => return,
-            Closing::Last => false,
-            Closing::Dropped => true,
-        };
-        accept_queued(
-            &name,
-            &shared.permits,
-            socket,
-            &*handler,
-            nodelay_each,
-            shut,
-        );
+        if closing() == Closing::Last {
+            accept_queued(&name, &shared.permits, socket, &*handler, nodelay_each);
+        }
     }
 }
 
@@ -244,23 +229,15 @@ impl Listener {
 /// any backlog the kernel allows by default (`somaxconn` 4096).
 const MOST_QUEUED: u64 = 65_536;
 
-/// Connections `accept_queued` also takes that arrived while it ran, until
-/// the queue is empty: one arriving between its last accept and the close
-/// (or shutdown) is reset, so the emptier it leaves the queue, the fewer.
-const ARRIVING_MEANWHILE: u64 = 64;
-
-/// Accepts every connection in the kernel's queue, without waiting: as
-/// many as it held when this began and up to [`ARRIVING_MEANWHILE`] more,
-/// until it is empty, so a flood arriving meanwhile does not keep this
-/// synchronous loop, and its thread, going for good. Then, if `shut`,
-/// shuts the socket down (see [`Closing::Dropped`]).
+/// Accepts every connection already in the kernel's queue, without waiting:
+/// as many as it held when this began, so a flood arriving meanwhile does
+/// not keep this synchronous loop, and its thread, going for good.
 fn accept_queued(
     name: &str,
     limit: &Arc<Semaphore>,
     socket: TcpListener,
     handler: &dyn Accept,
     nodelay_each: bool,
-    shut: bool,
 ) {
     let std = match socket.into_std() {
         Ok(s) => s,
@@ -272,7 +249,7 @@ fn accept_queued(
     let queued =
         crate::metrics::kernel::accept_queue(std::os::fd::AsFd::as_fd(&std)).unwrap_or(MOST_QUEUED);
     let mut served = 0usize;
-    for _ in 0..queued.saturating_add(ARRIVING_MEANWHILE) {
+    for _ in 0..queued {
         match std.accept() {
             Ok((stream, peer)) => {
                 let permit = Arc::clone(limit).try_acquire_owned().ok();
@@ -302,11 +279,6 @@ fn accept_queued(
     }
     if served > 0 {
         tracing::info!(listener = %name, connections = served, expected = true, "served the accept queue before closing");
-    }
-    if shut {
-        if let Err(err) = socket2::SockRef::from(&std).shutdown(std::net::Shutdown::Both) {
-            tracing::debug!(listener = %name, cause = %err, "could not shut a dropped socket down");
-        }
     }
 }
 
@@ -495,7 +467,7 @@ mod tests {
         assert_eq!(noting.seen(), [(true, true)]);
     }
 
-    /// Makes a new connection to `to` for each one accepted, 200 in all: a
+    /// Makes a new connection to `to` for each one accepted, 50 in all: a
     /// flood that keeps the queue full.
     struct Flooding {
         to: SocketAddr,
@@ -507,14 +479,14 @@ mod tests {
         fn accepted(&self, _: TcpStream, _: SocketAddr, _: Option<OwnedSemaphorePermit>) {
             self.accepted.fetch_add(1, Ordering::Relaxed);
             let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
-            if made.len() < 200 {
+            if made.len() < 50 {
                 made.extend(std::net::TcpStream::connect(self.to));
             }
         }
     }
 
-    /// Serving the queue at the last close takes what it held then and a
-    /// few more that came meanwhile, not a flood that keeps refilling it.
+    /// Serving the queue at the last close takes what it held then, not a
+    /// flood that keeps refilling it.
     #[tokio::test]
     async fn the_last_close_serves_the_queue_it_found_not_a_flood() {
         let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -535,11 +507,7 @@ mod tests {
             socket,
             &flooding,
             false,
-            false,
         );
-        assert_eq!(
-            flooding.accepted.load(Ordering::Relaxed),
-            queued.len() + ARRIVING_MEANWHILE as usize
-        );
+        assert_eq!(flooding.accepted.load(Ordering::Relaxed), queued.len());
     }
 }

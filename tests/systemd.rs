@@ -547,35 +547,3 @@ fn active_pid(sbx: &Sandbox) -> Option<String> {
     let active = generations.iter().find(|g| g["state"] == "active")?;
     Some(active["pid"].to_string())
 }
-
-/// Reloads that halve the workers drop a shard of each listener: its
-/// socket leaves systemd's fd store, and the old generation keeps
-/// accepting on it until systemd has let its copy go. Closed at once, a
-/// socket systemd still held went on taking its share of new connections
-/// (the kernel spreads them over every socket of a `SO_REUSEPORT` group)
-/// with nobody to accept them, reset when systemd closed it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reloads_to_fewer_workers_lose_no_connection() {
-    let Some(sbx) = Sandbox::boot() else { return };
-    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
-    let p = Ports::reserve();
-    let with_workers =
-        |n: usize| format!("workers = {n}\n{}", config(&p, &[a.addr], echo.addr, ""));
-    sbx.install_baton(&with_workers(4));
-    sbx.systemctl_ok(&["start", "baton"]);
-    let load = Load::start(Targets {
-        http: Some(p.web),
-        tcp: Some(p.raw),
-        names: vec!["a"],
-    });
-    sbx.progressed(&load, 50).await;
-    // Each drop loses connections only now and then (systemd lets its
-    // copy go within a millisecond or so): sixteen of them caught it in
-    // most runs.
-    for workers in [2, 4].repeat(16) {
-        sbx.write("/etc/baton/baton.toml", &with_workers(workers));
-        sbx.systemctl_ok(&["reload", "baton"]);
-        sbx.progressed(&load, 30).await;
-    }
-    load.stop().await.assert_clean();
-}

@@ -31,12 +31,14 @@ impl Generation {
         if let Some(resolver) = &self.resolver {
             crate::resolve::refresh::spawn_all(&self.pools, resolver, &self.background);
         }
-        for (listener, shard, connections, fate) in self.pending.drain(..) {
+        for (listener, shard, connections, handed_over) in self.pending.drain(..) {
             let stop = self.accept_stop.clone();
-            let closing = move || match fate.get() {
-                SocketFate::Kept => Closing::Last,
-                SocketFate::Adopted => Closing::HandedOver,
-                SocketFate::Dropped => Closing::Dropped,
+            let closing = move || {
+                if handed_over.load(Ordering::SeqCst) {
+                    Closing::HandedOver
+                } else {
+                    Closing::Last
+                }
             };
             self.accept_tasks.spawn_on(
                 listener.run(connections, stop, closing),

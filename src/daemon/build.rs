@@ -294,7 +294,7 @@ fn terminator(
 /// An accept loop not started yet: its socket, its shard number (which
 /// picks its worker), what it hands connections to, and the flag that
 /// says whether a successor adopted its socket.
-pub(super) type Pending = (Listener, usize, Arc<Connections>, Fate);
+pub(super) type Pending = (Listener, usize, Arc<Connections>, Arc<AtomicBool>);
 
 /// A listener's shards, and what `/status` shows of them.
 struct Shards {
@@ -397,9 +397,12 @@ fn shards(
             nodelay_each: listening.nodelay_each,
             queue,
         };
-        shards
-            .pending
-            .push((listener, shard, Arc::clone(connections), listening.fate));
+        shards.pending.push((
+            listener,
+            shard,
+            Arc::clone(connections),
+            listening.handed_over,
+        ));
     }
     Ok(shards)
 }

@@ -16,6 +16,7 @@ mod takeover;
 
 use reloading::Reloading;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -37,7 +38,7 @@ use crate::lifecycle::generation::{
     self, Exec, HandoverError, Inheritance, Offer, Parent, Successor,
 };
 use crate::lifecycle::handoff::{BackendCarry, Channel, Message};
-use crate::lifecycle::inventory::{Fate, Holdings, SocketFate};
+use crate::lifecycle::inventory::Holdings;
 use crate::lifecycle::process::Process;
 use crate::lifecycle::signals::{Command, Commands};
 use crate::lifecycle::{systemd, Check, Phase};

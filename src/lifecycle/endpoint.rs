@@ -9,10 +9,12 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::inventory::{AdoptError, Fate, Holdings, Inventory};
+use super::inventory::{AdoptError, Holdings, Inventory};
 
 /// Where a listening socket is bound, and how to bind it afresh.
 #[derive(Debug, Clone, Copy)]
@@ -100,8 +102,8 @@ pub struct Listening {
     pub socket: Socket,
     /// The config's backlog, for a TCP endpoint.
     pub backlog: Option<i32>,
-    /// What becomes of it as the doors close (see [`Holdings::hold`]).
-    pub fate: Fate,
+    /// Turns true if a successor adopts the socket (see [`Holdings::hold`]).
+    pub handed_over: Arc<AtomicBool>,
     /// Adopted without TCP_NODELAY: the connections queued before it was
     /// set lack it, so this generation sets it on each one it accepts (a
     /// successor adopts the socket with it, and pays nothing).
@@ -138,13 +140,13 @@ pub fn listen(
     };
     let nodelay_each = endpoint.prepare(&socket).map_err(ListenError::Bind)?;
     let address = endpoint.address_of(&socket).map_err(ListenError::Hold)?;
-    let fate = holdings
+    let handed_over = holdings
         .hold(name, address, std::os::fd::AsFd::as_fd(&socket))
         .map_err(ListenError::Hold)?;
     Ok(Listening {
         socket,
         backlog: endpoint.backlog(),
-        fate,
+        handed_over,
         nodelay_each,
         adopted,
     })

@@ -127,8 +127,8 @@ fn check_listening(sock: &socket2::SockRef<'_>, want: socket2::Type) -> Result<(
 }
 
 /// The sockets this generation would offer a successor: a duplicate of each
-/// listening fd, with its [`Fate`], which its accept loop reads when it
-/// stops.
+/// listening fd, with a flag its accept loop reads when it stops (a socket a
+/// successor adopted is just closed; any other has its queue served first).
 #[derive(Default)]
 pub struct Holdings {
     items: Vec<Holding>,
@@ -137,66 +137,28 @@ pub struct Holdings {
 struct Holding {
     entry: SocketEntry,
     fd: OwnedFd,
-    fate: Fate,
-}
-
-/// What becomes of a held socket as this generation's doors close.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum SocketFate {
-    /// Ours to the last (a stop; under systemd its fd store may keep it
-    /// for a restart): its queue is served, then our fd closes.
-    Kept = 0,
-    /// A successor adopted it: our fd just closes.
-    Adopted = 1,
-    /// Nobody keeps it (a handoff took it out of the fd store: a listener
-    /// gone from the config, a shard past the new worker count): its queue
-    /// is served, then it is shut down, so the kernel stops giving it new
-    /// connections at once, while systemd may hold a copy a moment longer
-    /// (a `SO_REUSEPORT` group spreads new connections over every socket
-    /// still in it, one nobody accepts on included).
-    Dropped = 2,
-}
-
-/// A socket's fate, shared by the holdings (which set it at a handoff or
-/// a stop) and its accept loop (which reads it as it stops).
-#[derive(Clone, Default)]
-pub struct Fate(std::sync::Arc<std::sync::atomic::AtomicU8>);
-
-impl Fate {
-    pub fn get(&self) -> SocketFate {
-        match self.0.load(std::sync::atomic::Ordering::SeqCst) {
-            1 => SocketFate::Adopted,
-            2 => SocketFate::Dropped,
-            _ => SocketFate::Kept,
-        }
-    }
-
-    fn set(&self, fate: SocketFate) {
-        self.0
-            .store(fate as u8, std::sync::atomic::Ordering::SeqCst);
-    }
+    handed_over: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Holdings {
-    /// Keeps a duplicate of `fd` under `name`, with its fate (kept, until
-    /// a handoff says otherwise).
+    /// Keeps a duplicate of `fd` under `name`; the returned flag turns true
+    /// if a successor adopts it.
     pub fn hold(
         &mut self,
         name: &str,
         addr: String,
         fd: std::os::fd::BorrowedFd<'_>,
-    ) -> std::io::Result<Fate> {
-        let fate = Fate::default();
+    ) -> std::io::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         self.items.push(Holding {
             entry: SocketEntry {
                 name: name.to_string(),
                 addr,
             },
             fd: fd.try_clone_to_owned()?,
-            fate: fate.clone(),
+            handed_over: std::sync::Arc::clone(&flag),
         });
-        Ok(fate)
+        Ok(flag)
     }
 
     /// Fresh duplicates of every held socket, for one offer.
@@ -220,20 +182,12 @@ impl Holdings {
         self.items.iter().map(|h| h.entry.name.clone()).collect()
     }
 
-    /// A successor took over: the sockets it adopted are its, the others
-    /// nobody's.
+    /// Marks the sockets a successor adopted.
     pub fn handed_over(&self, adopted: &[String]) {
         for h in &self.items {
-            h.fate.set(if adopted.contains(&h.entry.name) {
-                SocketFate::Adopted
-            } else {
-                SocketFate::Dropped
-            });
+            let adopted = adopted.contains(&h.entry.name);
+            h.handed_over
+                .store(adopted, std::sync::atomic::Ordering::SeqCst);
         }
-    }
-
-    /// A stop: every socket is ours to the last.
-    pub fn kept(&self) {
-        self.items.iter().for_each(|h| h.fate.set(SocketFate::Kept));
     }
 }
