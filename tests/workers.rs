@@ -97,3 +97,31 @@ async fn a_listener_on_port_0_has_every_shard_on_one_port() {
     baton.settled().await;
     assert_eq!(listening_inodes(bound.port()), shards);
 }
+
+/// A reload to fewer workers drops a shard of each listener. Unless the
+/// kernel moves what still arrives at a closing socket to a shard that
+/// stays (`net.ipv4.tcp_migrate_req`), the old generation says so, naming
+/// the shards; with it set, it says nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_to_fewer_workers_warns_unless_the_kernel_moves_its_queues() {
+    const WARNING: &str = "tcp_migrate_req is 0";
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .top("workers = 2")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    baton.reload_ok().await;
+    assert!(!baton.log().contains(WARNING), "nothing dropped");
+    baton.write_config(&baton.config_text().replace("workers = 2", "workers = 1"));
+    baton.reload_ok().await;
+    let migrates = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req")
+        .expect("the sysctl")
+        .trim()
+        != "0";
+    let log = baton.log();
+    let warned = log
+        .lines()
+        .any(|l| l.contains(WARNING) && l.contains("web#1"));
+    assert_eq!(warned, !migrates, "{log}");
+}

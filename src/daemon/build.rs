@@ -296,6 +296,21 @@ fn terminator(
 /// says whether a successor adopted its socket.
 pub(super) type Pending = (Listener, usize, Arc<Connections>, Arc<AtomicBool>);
 
+/// The shards held (by socket name) that a successor did not adopt while
+/// it adopted another shard of the same listener: a lower `workers` or
+/// `reuseport`. Closing, each loses what still arrives at it, unless the
+/// kernel moves that to a shard that stays (see README,
+/// `tcp_migrate_req`). A listener dropped whole is not among them: nobody
+/// is meant to take its connections any more.
+pub(super) fn dropped_shards(held: &[String], adopted: &[String]) -> Vec<String> {
+    let listener = |name: &str| name.split_once('#').map_or(name, |(l, _)| l).to_string();
+    let kept: std::collections::HashSet<String> = adopted.iter().map(|a| listener(a)).collect();
+    held.iter()
+        .filter(|h| !adopted.contains(h) && kept.contains(&listener(h)))
+        .cloned()
+        .collect()
+}
+
 /// A listener's shards, and what `/status` shows of them.
 struct Shards {
     pending: Vec<Pending>,
@@ -586,5 +601,19 @@ fn start_error(err: ListenError, context: impl FnOnce(std::io::Error) -> StartEr
     match err {
         ListenError::Adopt(e) => StartError::Adopt(e),
         ListenError::Bind(e) | ListenError::Hold(e) => context(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dropped_shards;
+
+    #[test]
+    fn only_shards_of_a_listener_that_stays_are_dropped_shards() {
+        let held: Vec<String> = ["web", "web#1", "web#2", "old", "old#1", "admin"]
+            .map(String::from)
+            .into();
+        let adopted: Vec<String> = ["web", "admin"].map(String::from).into();
+        assert_eq!(dropped_shards(&held, &adopted), ["web#1", "web#2"]);
     }
 }
