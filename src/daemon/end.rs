@@ -65,11 +65,7 @@ impl Generation {
             tokio::time::sleep_until(named_until).await;
         }
         naming.cancel();
-        let successor_end = match departure {
-            Some(d) => d.ended().await,
-            None => None,
-        };
-        departure::exit_with_successor(self.exit_code(outcome), successor_end)
+        departure::exit_with_successor(self.exit_code(outcome), departure).await
     }
 
     /// Waits (bounded by our own drain budget, cut short by a stop or
@@ -158,10 +154,6 @@ impl Generation {
             || self.admin.inherited_forced_connections() > older_forced_before;
         self.background.cancel();
         self.admin_stop.cancel();
-        let successor_end = match self.successor_departure.take() {
-            Some(d) => d.ended().await,
-            None => None,
-        };
         let exit = match self.exit_code(ended.outcome) {
             Exit::Clean if older_cut => {
                 tracing::warn!("older generations still draining were forced by the stop");
@@ -169,7 +161,7 @@ impl Generation {
             }
             exit => exit,
         };
-        departure::exit_with_successor(exit, successor_end)
+        departure::exit_with_successor(exit, self.successor_departure.take()).await
     }
 
     /// Waits, until `bound` at the latest, for the other generations still

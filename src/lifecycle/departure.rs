@@ -94,7 +94,15 @@ async fn hear_the_end(channel: Arc<Channel>, pid: u32, tells_its_end: bool) -> O
 /// Our exit code once told how the generation we handed over to ended:
 /// the last of the two to exit speaks for the service, so its crash is a
 /// failure and its forced connections are forced ones.
-pub fn exit_with_successor(own: Exit, successor: Option<Exit>) -> Exit {
+pub async fn exit_with_successor(own: Exit, successor: Option<Departure>) -> Exit {
+    let ended = match successor {
+        Some(departure) => departure.ended().await,
+        None => None,
+    };
+    folded(own, ended)
+}
+
+fn folded(own: Exit, successor: Option<Exit>) -> Exit {
     match (own, successor) {
         (_, Some(Exit::Failure)) => Exit::Failure,
         (Exit::Clean, Some(Exit::Forced)) => Exit::Forced,
@@ -133,7 +141,7 @@ mod tests {
         ];
         for (own, successor, expected) in cases {
             assert_eq!(
-                exit_with_successor(own, successor),
+                folded(own, successor),
                 expected,
                 "{own:?} with {successor:?}"
             );

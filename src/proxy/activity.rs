@@ -188,9 +188,11 @@ impl ConnState {
     /// Whether a stream opening now comes more than `crossing` after
     /// GOAWAY went out: too late to have crossed it on the way.
     pub fn past_goaway(&self, crossing: Duration) -> bool {
+        // The clock is read only once GOAWAY went out: not per stream.
         let sent = self.goaway_nanos.load(Ordering::Relaxed);
-        let now = self.origin.elapsed().as_nanos() as u64;
-        sent < GOAWAY_ASKED && now > sent.saturating_add(crossing.as_nanos() as u64)
+        sent < GOAWAY_ASKED
+            && self.origin.elapsed().as_nanos() as u64
+                > sent.saturating_add(crossing.as_nanos() as u64)
     }
 
     /// A stream sent on ended before its response, soon after it began.

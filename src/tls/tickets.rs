@@ -106,9 +106,13 @@ impl TicketKeys {
     /// with the clock ahead, then NTP stepped it back): waiting for the
     /// clock to catch up would keep one key sealing for the whole skew.
     fn rotation_due(&self, now: u64, period: Duration) -> bool {
-        let period = period.as_secs().max(1);
-        now.saturating_sub(self.current_since) >= period
-            || self.current_since > now.saturating_add(period)
+        now.saturating_sub(self.current_since) >= period.as_secs().max(1)
+            || self.clock_went_back(now, period)
+    }
+
+    /// Whether `current` began more than a `period` after `now`.
+    fn clock_went_back(&self, now: u64, period: Duration) -> bool {
+        self.current_since > now.saturating_add(period.as_secs().max(1))
     }
 
     /// Rotated as many times as whole `period`s passed since `current`
@@ -116,13 +120,13 @@ impl TicketKeys {
     /// open any more); a whole new set from `now` after the clock went
     /// back by more than a period.
     fn brought_up_to(mut self, now: u64, period: Duration) -> Result<TicketKeys, TicketError> {
-        let period = period.as_secs().max(1);
-        if self.current_since > now.saturating_add(period) {
+        if self.clock_went_back(now, period) {
             return Ok(TicketKeys {
                 current_since: now,
                 ..TicketKeys::generate()?
             });
         }
+        let period = period.as_secs().max(1);
         let due = now.saturating_sub(self.current_since) / period;
         let rng = SystemRandom::new();
         for _ in 0..due.min(3) {
