@@ -296,21 +296,6 @@ fn terminator(
 /// says whether a successor adopted its socket.
 pub(super) type Pending = (Listener, usize, Arc<Connections>, Arc<AtomicBool>);
 
-/// The shards held (by socket name) that a successor did not adopt while
-/// it adopted another shard of the same listener: a lower `workers` or
-/// `reuseport`. Closing, each loses what still arrives at it, unless the
-/// kernel moves that to a shard that stays (see README,
-/// `tcp_migrate_req`). A listener dropped whole is not among them: nobody
-/// is meant to take its connections any more.
-pub(super) fn dropped_shards(held: &[String], adopted: &[String]) -> Vec<String> {
-    let listener = |name: &str| name.split_once('#').map_or(name, |(l, _)| l).to_string();
-    let kept: std::collections::HashSet<String> = adopted.iter().map(|a| listener(a)).collect();
-    held.iter()
-        .filter(|h| !adopted.contains(h) && kept.contains(&listener(h)))
-        .cloned()
-        .collect()
-}
-
 /// A listener's shards, and what `/status` shows of them.
 struct Shards {
     pending: Vec<Pending>,
@@ -339,7 +324,52 @@ fn acks_for(l: &crate::config::ListenerConfig) -> Acks {
     }
 }
 
-/// Every shard of listener `l`: one per worker, and at least `reuseport`.
+/// Shard `shard`'s name. Shard 0 is the listener's own name, so a socket
+/// unit's `FileDescriptorName=web` matches listener "web".
+fn shard_name(listener: &str, shard: usize) -> String {
+    if shard == 0 {
+        listener.to_string()
+    } else {
+        format!("{listener}#{shard}")
+    }
+}
+
+/// The shard number `name` stands for in `listener`, if it is one of its.
+fn shard_number(listener: &str, name: &str) -> Option<usize> {
+    match name.strip_prefix(listener)? {
+        "" => Some(0),
+        rest => rest.strip_prefix('#')?.parse().ok(),
+    }
+}
+
+/// How many shards listener `l` has: one per worker, at least `reuseport`,
+/// and every shard the previous generation had at that address. A reload
+/// never drops one: the kernel gives each socket of a `SO_REUSEPORT` group
+/// its share of new connections until its last copy closes (systemd's fd
+/// store let go of its copy a moment after the old generation closed its
+/// own), and what reached a closing shard was reset unless
+/// `net.ipv4.tcp_migrate_req` is set (measured under systemd: a few
+/// connections at every reload from 4 workers to 2 under load). A worker
+/// then serves several shards (`Workers::for_shard`); a restart sets the
+/// count afresh.
+fn shard_count(
+    l: &crate::config::ListenerConfig,
+    workers: usize,
+    inventory: &Inventory,
+    endpoint: &Endpoint<'_>,
+) -> usize {
+    let inherited = inventory
+        .held_at(endpoint)
+        .iter()
+        .filter_map(|name| shard_number(&l.name, name))
+        .map(|shard| shard + 1)
+        .max()
+        .unwrap_or(0);
+    l.reuseport.max(workers).max(inherited)
+}
+
+/// Every shard of listener `l`: one per worker, at least `reuseport`, and
+/// every one inherited (see [`shard_count`]).
 /// A first start listens on the sockets it binds at once (connections
 /// wait in their queues while it starts); a reload's new generation only
 /// as it opens its doors (see `Listening::listen`).
@@ -370,14 +400,8 @@ fn shards(
         bound: l.bind,
         queues: Vec::new(),
     };
-    for shard in 0..l.reuseport.max(workers) {
-        // Shard 0 is the listener's own name, so a socket unit's
-        // `FileDescriptorName=web` matches listener "web".
-        let name = if shard == 0 {
-            l.name.clone()
-        } else {
-            format!("{}#{shard}", l.name)
-        };
+    for shard in 0..shard_count(l, workers, inventory, &endpoint) {
+        let name = shard_name(&l.name, shard);
         let listening = match endpoint::listen(&name, &endpoint, inventory, holdings) {
             Ok(listening) => listening,
             // A shard only there to give every worker one may not be
@@ -606,14 +630,17 @@ fn start_error(err: ListenError, context: impl FnOnce(std::io::Error) -> StartEr
 
 #[cfg(test)]
 mod tests {
-    use super::dropped_shards;
+    use super::{shard_name, shard_number};
 
     #[test]
-    fn only_shards_of_a_listener_that_stays_are_dropped_shards() {
-        let held: Vec<String> = ["web", "web#1", "web#2", "old", "old#1", "admin"]
-            .map(String::from)
-            .into();
-        let adopted: Vec<String> = ["web", "admin"].map(String::from).into();
-        assert_eq!(dropped_shards(&held, &adopted), ["web#1", "web#2"]);
+    fn a_shard_name_reads_back_as_its_number_and_no_other_listener_s_does() {
+        for shard in [0, 1, 7, 12] {
+            assert_eq!(shard_number("web", &shard_name("web", shard)), Some(shard));
+        }
+        for other in [
+            "webx", "web2#1", "we", "web#", "web#x", "web#-1", "admin", "raw#1",
+        ] {
+            assert_eq!(shard_number("web", other), None, "{other}");
+        }
     }
 }

@@ -22,7 +22,6 @@ impl Generation {
         }
         let _ = self.phase.send(Phase::Draining { deadline: None });
         self.holdings.handed_over(&successor.adopted);
-        warn_of_dropped_shards(&self.holdings.names(), &successor.adopted);
         self.close_doors().await;
         self.admin_stop.cancel();
         self.admin_closed.cancelled().await;
@@ -408,19 +407,6 @@ impl Generation {
                 Exit::Forced
             }
         }
-    }
-}
-
-/// Says which shards a reload drops while the kernel would reset what
-/// still arrives at them (measured under systemd: a few connections at
-/// every such reload under load).
-fn warn_of_dropped_shards(held: &[String], adopted: &[String]) {
-    let dropped = build::dropped_shards(held, adopted);
-    if !dropped.is_empty() && crate::metrics::kernel::migrates_requests() == Some(false) {
-        tracing::warn!(
-            shards = ?dropped,
-            "these shards close with this reload while net.ipv4.tcp_migrate_req is 0: connections arriving at them meanwhile may be reset; set it to 1 (README: tcp_migrate_req)"
-        );
     }
 }
 

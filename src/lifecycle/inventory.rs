@@ -54,6 +54,21 @@ impl Inventory {
             .collect()
     }
 
+    /// Names of the sockets held (not claimed yet) that are bound at
+    /// `endpoint`.
+    pub fn held_at(&self, endpoint: &Endpoint<'_>) -> Vec<String> {
+        self.sockets
+            .iter()
+            .filter_map(|(e, fd)| {
+                let local = socket2::SockRef::from(fd.as_ref()?).local_addr().ok()?;
+                endpoint
+                    .is_at(&local)
+                    .unwrap_or(false)
+                    .then(|| e.name.clone())
+            })
+            .collect()
+    }
+
     /// Names of the sockets claimed so far.
     pub fn taken(&self) -> Vec<String> {
         self.taken.clone()

@@ -87,14 +87,6 @@ impl AcceptQueue {
     }
 }
 
-/// Whether the kernel moves what is still queued at a closing listening
-/// socket to another of its `SO_REUSEPORT` group
-/// (`net.ipv4.tcp_migrate_req`); `None` where it cannot be read.
-pub fn migrates_requests() -> Option<bool> {
-    let value = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req").ok()?;
-    Some(value.trim() != "0")
-}
-
 /// How many connections wait in a listening socket's accept queue now.
 pub fn accept_queue(socket: BorrowedFd<'_>) -> Option<u64> {
     tcp_accept_queue(socket.as_raw_fd())
