@@ -350,8 +350,9 @@ fn shard_number(listener: &str, name: &str) -> Option<usize> {
 /// own), and what reached a closing shard was reset unless
 /// `net.ipv4.tcp_migrate_req` is set (measured under systemd: a few
 /// connections at every reload from 4 workers to 2 under load). A worker
-/// then serves several shards (`Workers::for_shard`); a restart sets the
-/// count afresh.
+/// then serves several shards (`Workers::for_shard`). Only a start with
+/// no sockets handed over (not a restart that inherits systemd's fd
+/// store) sets the count afresh.
 fn shard_count(
     l: &crate::config::ListenerConfig,
     workers: usize,
