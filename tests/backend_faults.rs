@@ -128,16 +128,6 @@ async fn a_tcp_backend_that_closes_first_still_hears_the_client() {
     assert_eq!(heard, b"client speaks after the backend's FIN");
 }
 
-/// What a connection reads until it ends, and how it ended: `Ok` for a
-/// FIN, the error's kind for a reset.
-async fn read_to_the_end(s: &mut TcpStream) -> (Vec<u8>, Result<(), std::io::ErrorKind>) {
-    let mut got = Vec::new();
-    let ended = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut got))
-        .await
-        .expect("the connection ends");
-    (got, ended.map(drop).map_err(|e| e.kind()))
-}
-
 /// In TCP mode a backend that resets the tunnel is the backend's failure:
 /// counted against it (`baton_upstream_errors_total`), not taken for the
 /// client's abort; and the client is reset too, after every byte the
@@ -158,7 +148,7 @@ async fn a_backend_reset_in_tcp_mode_is_the_backends_failure_and_resets_the_clie
     s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .expect("request");
-    let (got, ended) = read_to_the_end(&mut s).await;
+    let (got, ended) = support::read_to_the_end(&mut s).await;
     let got = String::from_utf8_lossy(&got);
     assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
     assert_eq!(
@@ -191,7 +181,7 @@ async fn a_client_reset_in_tcp_mode_resets_the_backend() {
         };
         let mut got = [0u8; SENT.len()];
         let _ = read_tx.send(s.read_exact(&mut got).await.map(|_| got));
-        let _ = heard_tx.send(read_to_the_end(&mut s).await);
+        let _ = heard_tx.send(support::read_to_the_end(&mut s).await);
     });
     let baton = Baton::start(Spec::new().tcp("raw", "b").pool("b", &[backend])).await;
     let mut s = TcpStream::connect(baton.addr("raw"))
@@ -204,10 +194,7 @@ async fn a_client_reset_in_tcp_mode_resets_the_backend() {
         .expect("backend report")
         .expect("read");
     assert_eq!(read, SENT);
-    socket2::SockRef::from(&s)
-        .set_linger(Some(Duration::ZERO))
-        .expect("SO_LINGER 0");
-    drop(s);
+    support::reset(s);
     let (more, ended) = tokio::time::timeout(support::TIMEOUT, heard)
         .await
         .expect("the backend's connection ends")

@@ -2,14 +2,17 @@
 //! hold their client connection's place under `max_connections` for their
 //! whole life, and are closed after `tunnel_timeout` with no traffic either
 //! way; TCP mode sets keep-alive on both of its sockets. A client's
-//! half-close loses nothing of the backend's half.
+//! half-close loses nothing of the backend's half; a side's reset resets
+//! the other side of an upgraded connection, as in TCP mode.
 
 mod support;
 
+use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
 
 use support::backend::{HttpBackend, TcpEcho};
 use support::client;
@@ -185,4 +188,94 @@ async fn a_forced_tcp_tunnels_bytes_are_counted() {
     })
     .await;
     drop(tunnel);
+}
+
+/// A backend that switches its first connection to protocol `echo` and
+/// hands the raw connection to `after`.
+async fn switching_backend<F, Fut>(after: F) -> SocketAddr
+where
+    F: FnOnce(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let Ok((mut s, _)) = listener.accept().await else {
+            return;
+        };
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if s.read_exact(&mut byte).await.is_err() {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        let switched =
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
+        if s.write_all(switched).await.is_ok() {
+            after(s).await;
+        }
+    });
+    addr
+}
+
+/// A backend that resets an upgraded connection resets the client's too,
+/// after every byte it sent before, and the failure is counted against
+/// it: closed with a FIN, the client took the cut stream for a whole one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_reset_in_an_upgraded_tunnel_resets_the_client() {
+    const SENT: &[u8] = b"half of a message";
+    let backend = switching_backend(|mut s| async move {
+        if s.write_all(SENT).await.is_ok() {
+            // Taken by baton before the reset, which would discard it.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            support::reset(s);
+        }
+    })
+    .await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend])).await;
+    let (mut s, head) = client::upgraded(baton.addr("web"), "echo").await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    let (got, ended) = support::read_to_the_end(&mut s).await;
+    assert_eq!(got, SENT, "every byte sent before the reset");
+    assert_eq!(ended, Err(std::io::ErrorKind::ConnectionReset));
+    let counted = "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"protocol\"} 1";
+    support::eventually("the reset counted against the backend", || async {
+        client::metrics(baton.admin).await.contains(counted)
+    })
+    .await;
+}
+
+/// A client that resets an upgraded connection resets the backend's too,
+/// once the backend read what the client sent before: a FIN would tell
+/// the backend the client was done, where it aborted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reset_in_an_upgraded_tunnel_resets_the_backend() {
+    const SENT: &[u8] = b"half of a message";
+    let (read_tx, read) = tokio::sync::oneshot::channel();
+    let (heard_tx, heard) = tokio::sync::oneshot::channel();
+    let backend = switching_backend(|mut s| async move {
+        let mut got = [0u8; SENT.len()];
+        let _ = read_tx.send(s.read_exact(&mut got).await.map(|_| got));
+        let _ = heard_tx.send(support::read_to_the_end(&mut s).await);
+    })
+    .await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend])).await;
+    let (mut s, head) = client::upgraded(baton.addr("web"), "echo").await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    s.write_all(SENT).await.expect("write");
+    let read = tokio::time::timeout(support::TIMEOUT, read)
+        .await
+        .expect("the backend reads what the client sent")
+        .expect("backend report")
+        .expect("read");
+    assert_eq!(read, SENT);
+    support::reset(s);
+    let (more, ended) = tokio::time::timeout(support::TIMEOUT, heard)
+        .await
+        .expect("the backend's connection ends")
+        .expect("backend report");
+    assert_eq!(more, b"");
+    assert_eq!(ended, Err(std::io::ErrorKind::ConnectionReset));
 }

@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::body::{BodyError, ProxyBody};
 use super::idle::{Activity, Observed};
+use super::side::{side_of, Side, Sided};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, LongLivedKind};
 use crate::wake_gate::{first_of, First};
@@ -94,13 +95,29 @@ enum DownEnd {
     /// client took no bytes, within `LINGER`: cut without a Close frame
     /// (one written mid-frame would be garbage to the client).
     Cut,
-    Error,
+    /// A side's connection failed (reset, most often): the other side is
+    /// to be reset too, not closed with a FIN.
+    Failed(Side),
+}
+
+/// How a tunnel ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunnelEnd {
+    /// A side closed, or the drain ended it.
+    Closed,
+    /// Nothing moved either way for `tunnel_timeout`.
+    Idle,
+    /// This side's connection failed. Its peer is left for the caller to
+    /// reset ([`super::reset::once_taken`]): a FIN would pass the abort
+    /// off as a whole stream. The peer's write side is not shut, so no FIN
+    /// goes ahead of that reset.
+    Failed(Side),
 }
 
 /// Joins a client's and a backend's upgraded connections until either side
-/// ends, the drain ends the stream, or nothing moves either way for
-/// `tunnel_timeout` (then true: the access log says so). The caller holds
-/// the backend's lease meanwhile.
+/// ends or fails, the drain ends the stream, or nothing moves either way
+/// for `tunnel_timeout` (see [`TunnelEnd`]). The caller holds the
+/// backend's lease meanwhile.
 /// `sent_down` is what the backend sent past its 101 that the caller wrote
 /// to the client already: a WebSocket frame it began must end before a
 /// Close frame may be written.
@@ -112,7 +129,7 @@ pub async fn tunnel<C, B>(
     drain: DrainWatch,
     listener: &str,
     tunnel_timeout: Duration,
-) -> bool
+) -> TunnelEnd
 where
     C: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -122,14 +139,14 @@ where
     frames.feed(sent_down);
     let frames = websocket.then_some(frames);
     let joined = joined(client, backend, frames, drain, listener, &activity);
-    let idle = matches!(
-        first_of(joined, activity.idle_for(tunnel_timeout)).await,
-        First::Rare(())
-    );
-    if idle {
-        tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout; closing the tunnel");
+    match first_of(joined, activity.idle_for(tunnel_timeout)).await {
+        First::Main(None) => TunnelEnd::Closed,
+        First::Main(Some(side)) => TunnelEnd::Failed(side),
+        First::Rare(()) => {
+            tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout; closing the tunnel");
+            TunnelEnd::Idle
+        }
     }
-    idle
 }
 
 async fn joined<C, B>(
@@ -139,13 +156,18 @@ async fn joined<C, B>(
     drain: DrainWatch,
     listener: &str,
     activity: &std::sync::Arc<Activity>,
-) where
+) -> Option<Side>
+where
     C: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
     let (client_read, mut client_write) = tokio::io::split(client);
-    let (backend_read, mut backend_write) = tokio::io::split(backend);
-    let mut client_read = Observed::new(client_read, std::sync::Arc::clone(activity));
+    let (backend_read, backend_write) = tokio::io::split(backend);
+    let mut client_read = Observed::new(
+        Sided::new(client_read, Side::Client),
+        std::sync::Arc::clone(activity),
+    );
+    let mut backend_write = Sided::new(backend_write, Side::Backend);
     let mut backend_read = Observed::new(backend_read, std::sync::Arc::clone(activity));
     let websocket = frames.is_some();
     let kind = if websocket {
@@ -157,8 +179,11 @@ async fn joined<C, B>(
     tokio::pin!(ending);
     let end = {
         let up = async {
-            let _ = tokio::io::copy(&mut client_read, &mut backend_write).await;
+            if let Err(err) = tokio::io::copy(&mut client_read, &mut backend_write).await {
+                return Err(side_of(&err).unwrap_or(Side::Client));
+            }
             let _ = backend_write.shutdown().await;
+            Ok(())
         };
         // One copy for the half's whole life: bytes it holds while the
         // client is slow to take them go on after the client's half-close.
@@ -171,8 +196,12 @@ async fn joined<C, B>(
         tokio::pin!(down);
         tokio::select! {
             end = &mut down => end,
-            // The client closed its side: let the backend finish its answer.
-            () = up => down.await,
+            up_end = up => match up_end {
+                // The client closed its side: let the backend finish its
+                // answer.
+                Ok(()) => down.await,
+                Err(side) => DownEnd::Failed(side),
+            },
         }
     };
     match end {
@@ -195,10 +224,12 @@ async fn joined<C, B>(
             metrics::long_lived_drained(kind);
             tracing::info!(listener = %listener, kind = kind.as_str(), expected = true, "ended long-lived stream for drain");
         }
-        DownEnd::BackendClosed | DownEnd::Error => {
+        DownEnd::BackendClosed => {
             let _ = client_write.shutdown().await;
         }
+        DownEnd::Failed(side) => return Some(side),
     }
+    None
 }
 
 /// Copies backend → client; once `ending` fires, stops at the next frame
@@ -236,7 +267,7 @@ where
         let n = match read {
             Ok(0) => return DownEnd::BackendClosed,
             Ok(n) => n,
-            Err(_) => return DownEnd::Error,
+            Err(_) => return DownEnd::Failed(Side::Backend),
         };
         // Written piece by piece so the drain is heard while the client is
         // slow to take them.
@@ -244,7 +275,7 @@ where
         while sent < n {
             tokio::select! {
                 written = client.write(&buf[sent..n]) => match written {
-                    Ok(0) | Err(_) => return DownEnd::Error,
+                    Ok(0) | Err(_) => return DownEnd::Failed(Side::Client),
                     Ok(w) => sent += w,
                 },
                 () = ending.as_mut(), if deadline.is_none() => deadline = linger(),
@@ -257,7 +288,7 @@ where
             tokio::select! {
                 flushed = client.flush() => match flushed {
                     Ok(()) => break,
-                    Err(_) => return DownEnd::Error,
+                    Err(_) => return DownEnd::Failed(Side::Client),
                 },
                 () = ending.as_mut(), if deadline.is_none() => deadline = linger(),
                 () = until(deadline) => return DownEnd::Cut,

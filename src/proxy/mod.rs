@@ -16,6 +16,7 @@ pub mod idle;
 pub mod longlived;
 pub mod request_id;
 pub mod reset;
+pub mod side;
 pub mod tcp;
 pub mod web;
 

@@ -67,3 +67,24 @@ pub fn listening_inodes(port: u16) -> Vec<u64> {
     inodes.sort_unstable();
     inodes
 }
+
+/// What a connection reads until it ends, and how it ended: `Ok` for a
+/// FIN, the error's kind for a reset.
+pub async fn read_to_the_end(
+    s: &mut tokio::net::TcpStream,
+) -> (Vec<u8>, Result<(), std::io::ErrorKind>) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let ended = tokio::time::timeout(TIMEOUT, s.read_to_end(&mut got))
+        .await
+        .expect("the connection ends");
+    (got, ended.map(drop).map_err(|e| e.kind()))
+}
+
+/// Closes `s` with a reset (`SO_LINGER` 0).
+pub fn reset(s: tokio::net::TcpStream) {
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .expect("SO_LINGER 0");
+    drop(s);
+}

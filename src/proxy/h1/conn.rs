@@ -66,6 +66,9 @@ pub async fn serve<S: ByteStream>(
 ) {
     let mut client = Client::new(stream, opening, origin);
     let ending = serve_requests(proxy, &mut client, origin.client, drain, opened).await;
+    if client.reset {
+        return;
+    }
     // A plain close sends FIN; there is nothing a reset could destroy. (A
     // TLS session still gets its close_notify, from the graceful close.)
     if ending == Ending::ClientAsked

@@ -26,9 +26,11 @@ use crate::access_log::{Phase, Termination};
 use crate::backend::{Backend, Lease, NoLease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
+use crate::proxy::longlived::{self, TunnelEnd};
 use crate::proxy::request_id::RequestId;
+use crate::proxy::side::Side;
 use crate::proxy::web::HttpProxy;
-use crate::proxy::{longlived, ProxyError};
+use crate::proxy::{reset, ProxyError};
 use crate::proxy_protocol::Origin;
 use crate::stream::ByteStream;
 
@@ -48,6 +50,10 @@ pub struct Client<S> {
     pub kept: Option<Kept>,
     /// The connection's one timer: its idle, head and response clocks.
     pub alarm: Alarm,
+    /// Its socket is set to reset when closed (a tunnel's backend failed):
+    /// it is closed as it is, without the graceful close's FIN, which
+    /// would reach the client first and pass the abort off as an end.
+    pub reset: bool,
 }
 
 impl<S> Client<S> {
@@ -59,6 +65,7 @@ impl<S> Client<S> {
             ip: crate::proxy::headers::ip_text(origin.client.ip()),
             kept: None,
             alarm: Alarm::new(),
+            reset: false,
         }
     }
 }
@@ -398,16 +405,28 @@ async fn attempt<S: ByteStream>(
                 down: &request.trace.attempt.bytes_out,
                 up: &request.trace.attempt.tunnelled_in,
             };
-            let idle = Box::pin(tunnel(proxy, client, up, websocket, drain, moved)).await;
+            let end = Box::pin(tunnel(proxy, client, up, websocket, drain, moved)).await;
             request.trace.note();
-            if idle {
-                // As a TCP-mode connection's: `cD`.
-                return Attempt::Failed(Failure::Abort(Termination::ClientTimeout(Phase::Data)));
-            }
-            Attempt::Answered {
-                status: 101,
-                after: After::Close,
-            }
+            // As a TCP-mode connection's: `cD`, `SD`, `CD`.
+            let aborted = match end {
+                TunnelEnd::Closed => {
+                    return Attempt::Answered {
+                        status: 101,
+                        after: After::Close,
+                    }
+                }
+                TunnelEnd::Idle => Termination::ClientTimeout(Phase::Data),
+                TunnelEnd::Failed(Side::Backend) => {
+                    backend.upstream_failed(
+                        UpstreamErrorKind::Protocol,
+                        "upgraded tunnel broke off",
+                        false,
+                    );
+                    Termination::BackendFailed(Phase::Data)
+                }
+                TunnelEnd::Failed(Side::Client) => Termination::ClientAborted(Phase::Data),
+            };
+            Attempt::Failed(Failure::Abort(aborted))
         }
         Pumped::Down(DownFault::Backend {
             nothing_received: true,
@@ -592,7 +611,9 @@ struct Moved<'a> {
 
 /// After a 101: what either side sent past the switch goes first, then the
 /// two connections are joined until one ends (the lease is held meanwhile).
-/// True when it ended for `tunnel_timeout`.
+/// A side that fails has the other reset, once it took what it was sent,
+/// as in TCP mode; the client's is then closed with no FIN ahead of it
+/// (`Client::reset`).
 async fn tunnel<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
@@ -600,7 +621,29 @@ async fn tunnel<S: ByteStream>(
     websocket: bool,
     drain: &DrainWatch,
     moved: Moved<'_>,
-) -> bool {
+) -> TunnelEnd {
+    let end = joined(proxy, client, &mut up, websocket, drain, moved).await;
+    match end {
+        TunnelEnd::Failed(Side::Backend) => {
+            reset::once_taken(client.stream.tcp()).await;
+            client.reset = true;
+        }
+        TunnelEnd::Failed(Side::Client) => reset::once_taken(up.stream.tcp()).await,
+        TunnelEnd::Closed | TunnelEnd::Idle => {}
+    }
+    end
+}
+
+/// The tunnel's bytes: what each side sent past the switch, then both
+/// ways until it ends.
+async fn joined<S: ByteStream>(
+    proxy: &HttpProxy,
+    client: &mut Client<S>,
+    up: &mut Upstream,
+    websocket: bool,
+    drain: &DrainWatch,
+    moved: Moved<'_>,
+) -> TunnelEnd {
     let stall = proxy.idle_timeout;
     let mut to_backend = Counting::new(&mut up.stream, moved.up);
     if !client.buf.is_empty()
@@ -608,14 +651,14 @@ async fn tunnel<S: ByteStream>(
             .await
             .is_err()
     {
-        return false;
+        return TunnelEnd::Closed;
     }
     client.buf.clear();
     // A tunnel's bytes may come in any rhythm: as on a TCP-mode listener.
     ack_promptly(&client.stream);
     let mut to_client = Counting::new(&mut client.stream, moved.down);
     if !up.buf.is_empty() && write_all(&mut to_client, &up.buf, stall).await.is_err() {
-        return false;
+        return TunnelEnd::Closed;
     }
     longlived::tunnel(
         &mut to_client,

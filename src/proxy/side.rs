@@ -1,0 +1,91 @@
+//! Which end of a tunnel (TCP mode, or an upgraded HTTP connection) an
+//! I/O error came from, carried inside the `io::Error` so it passes
+//! through tokio's `copy` unchanged: the other end is then reset
+//! (`reset`), and a backend's failure is counted against it.
+
+/// Which end of a tunnel an I/O error came from: a backend's reset is the
+/// backend's failure (`SD`, counted against it), a client's its own
+/// (`CD`). Carried inside the `io::Error`, so it passes through tokio's
+/// `copy` unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Backend,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+struct SideError {
+    side: Side,
+    source: std::io::Error,
+}
+
+/// Marks an error as `side`'s (once: the first mark stays).
+pub fn on(side: Side) -> impl Fn(std::io::Error) -> std::io::Error {
+    move |err| match side_of(&err) {
+        Some(_) => err,
+        None => std::io::Error::new(err.kind(), SideError { side, source: err }),
+    }
+}
+
+pub fn side_of(err: &std::io::Error) -> Option<Side> {
+    err.get_ref()?.downcast_ref::<SideError>().map(|e| e.side)
+}
+
+/// A half of a TLS tunnel whose errors are marked as its side's.
+pub struct Sided<T> {
+    inner: T,
+    side: Side,
+}
+
+impl<T> Sided<T> {
+    pub fn new(inner: T, side: Side) -> Sided<T> {
+        Sided { inner, side }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Sided<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let side = self.side;
+        std::pin::Pin::new(&mut self.inner)
+            .poll_read(cx, buf)
+            .map_err(on(side))
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Sided<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let side = self.side;
+        std::pin::Pin::new(&mut self.inner)
+            .poll_write(cx, data)
+            .map_err(on(side))
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let side = self.side;
+        std::pin::Pin::new(&mut self.inner)
+            .poll_flush(cx)
+            .map_err(on(side))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let side = self.side;
+        std::pin::Pin::new(&mut self.inner)
+            .poll_shutdown(cx)
+            .map_err(on(side))
+    }
+}
