@@ -334,12 +334,14 @@ fn shard_name(listener: &str, shard: usize) -> String {
     }
 }
 
-/// The shard number `name` stands for in `listener`, if it is one of its.
+/// The shard number `name` stands for in `listener`, if it is one of its,
+/// written as [`shard_name`] writes it (`web#01` is not `web#1`).
 fn shard_number(listener: &str, name: &str) -> Option<usize> {
-    match name.strip_prefix(listener)? {
-        "" => Some(0),
-        rest => rest.strip_prefix('#')?.parse().ok(),
-    }
+    let shard = match name.strip_prefix(listener)? {
+        "" => 0,
+        rest => rest.strip_prefix('#')?.parse().ok()?,
+    };
+    (shard_name(listener, shard) == name).then_some(shard)
 }
 
 /// How many shards listener `l` has: one per worker, at least `reuseport`,
@@ -639,7 +641,8 @@ mod tests {
             assert_eq!(shard_number("web", &shard_name("web", shard)), Some(shard));
         }
         for other in [
-            "webx", "web2#1", "we", "web#", "web#x", "web#-1", "admin", "raw#1",
+            "webx", "web2#1", "we", "web#", "web#x", "web#-1", "web#+1", "web#01", "web#0",
+            "admin", "raw#1",
         ] {
             assert_eq!(shard_number("web", other), None, "{other}");
         }

@@ -168,6 +168,7 @@ where
         std::sync::Arc::clone(activity),
     );
     let mut backend_write = Sided::new(backend_write, Side::Backend);
+    let backend_read = Sided::new(backend_read, Side::Backend);
     let mut backend_read = Observed::new(backend_read, std::sync::Arc::clone(activity));
     let websocket = frames.is_some();
     let kind = if websocket {
@@ -200,7 +201,11 @@ where
                 // The client closed its side: let the backend finish its
                 // answer.
                 Ok(()) => down.await,
-                Err(side) => DownEnd::Failed(side),
+                // The backend would take no more (it closed, or reset):
+                // what it sent before is still owed to the client, and its
+                // end, FIN or reset, is passed on as it comes.
+                Err(Side::Backend) => down.await,
+                Err(Side::Client) => DownEnd::Failed(Side::Client),
             },
         }
     };
@@ -431,6 +436,39 @@ mod tests {
         pump.abort();
         sender.abort();
         assert_eq!(got, MESSAGE, "{got} of {MESSAGE} bytes arrived");
+    }
+
+    /// A backend that closed after sending still has all it sent reach the
+    /// client when a write to it then fails (the client sent more): the
+    /// failed write is the backend's, but what it sent before is owed, and
+    /// its end is a close, not a failure to pass on.
+    #[tokio::test]
+    async fn what_a_backend_sent_before_closing_reaches_the_client_after_a_write_to_it_failed() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const SENT: usize = 64 * 1024;
+        // The client's pipe holds 1 KiB: the rest waits in the tunnel.
+        let (client_side, mut client) = tokio::io::duplex(1024);
+        let (backend_side, mut backend) = tokio::io::duplex(2 * SENT);
+        backend
+            .write_all(&[7u8; SENT])
+            .await
+            .expect("backend sends");
+        drop(backend);
+        let drain = crate::lifecycle::drain::Drain::new();
+        let tunnel = tokio::spawn(super::tunnel(
+            client_side,
+            backend_side,
+            false,
+            &[],
+            drain.watch(),
+            "test",
+            std::time::Duration::from_secs(60),
+        ));
+        client.write_all(b"late").await.expect("client sends");
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.expect("read");
+        assert_eq!(got.len(), SENT, "every byte the backend sent");
+        assert_eq!(tunnel.await.expect("tunnel"), super::TunnelEnd::Closed);
     }
 
     #[test]

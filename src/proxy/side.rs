@@ -51,9 +51,16 @@ impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Sided<T> {
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         let side = self.side;
-        std::pin::Pin::new(&mut self.inner)
-            .poll_read(cx, buf)
-            .map_err(on(side))
+        match std::pin::Pin::new(&mut self.inner).poll_read(cx, buf) {
+            // A TLS peer that closed its TCP connection without
+            // close_notify (rustls says UnexpectedEof): in a tunnel that is
+            // an end, as a plain peer's FIN is, not a failure to pass on
+            // as a reset.
+            std::task::Poll::Ready(Err(err)) if err.kind() == std::io::ErrorKind::UnexpectedEof => {
+                std::task::Poll::Ready(Ok(()))
+            }
+            read => read.map_err(on(side)),
+        }
     }
 }
 
@@ -87,5 +94,38 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Sided<T> {
         std::pin::Pin::new(&mut self.inner)
             .poll_shutdown(cx)
             .map_err(on(side))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{side_of, Side, Sided};
+    use std::io::ErrorKind;
+    use tokio::io::AsyncReadExt;
+
+    /// A reader whose every read fails with `kind`.
+    struct Failing(ErrorKind);
+
+    impl tokio::io::AsyncRead for Failing {
+        fn poll_read(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            _: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Err(self.0.into()))
+        }
+    }
+
+    /// A TLS peer's close without close_notify is an end; a reset is its
+    /// side's failure.
+    #[tokio::test]
+    async fn an_unexpected_eof_is_an_end_and_a_reset_is_the_sides_failure() {
+        let mut buf = [0u8; 16];
+        let mut closed = Sided::new(Failing(ErrorKind::UnexpectedEof), Side::Client);
+        assert_eq!(closed.read(&mut buf).await.expect("an end"), 0);
+        let mut reset = Sided::new(Failing(ErrorKind::ConnectionReset), Side::Backend);
+        let err = reset.read(&mut buf).await.expect_err("a failure");
+        assert_eq!(err.kind(), ErrorKind::ConnectionReset);
+        assert_eq!(side_of(&err), Some(Side::Backend));
     }
 }

@@ -52,7 +52,10 @@ pub struct Client<S> {
     pub alarm: Alarm,
     /// Its socket is set to reset when closed (a tunnel's backend failed):
     /// it is closed as it is, without the graceful close's FIN, which
-    /// would reach the client first and pass the abort off as an end.
+    /// would reach the client first and pass the abort off as an end. Set
+    /// only with `SO_LINGER` 0 ([`reset::once_taken`]): without it the
+    /// close would be a FIN after all, and skip the graceful close's
+    /// reading of what the client still sends.
     pub reset: bool,
 }
 
@@ -651,14 +654,14 @@ async fn joined<S: ByteStream>(
             .await
             .is_err()
     {
-        return TunnelEnd::Closed;
+        return TunnelEnd::Failed(Side::Backend);
     }
     client.buf.clear();
     // A tunnel's bytes may come in any rhythm: as on a TCP-mode listener.
     ack_promptly(&client.stream);
     let mut to_client = Counting::new(&mut client.stream, moved.down);
     if !up.buf.is_empty() && write_all(&mut to_client, &up.buf, stall).await.is_err() {
-        return TunnelEnd::Closed;
+        return TunnelEnd::Failed(Side::Client);
     }
     longlived::tunnel(
         &mut to_client,
