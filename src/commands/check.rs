@@ -133,7 +133,7 @@ pub fn check(args: CheckArgs) -> Exit {
         );
     }
     println!("TimeoutStopSec={}", seconds_up(c.timeout_stop()));
-    super::unit::warn_about_timeouts(args.unit.as_deref(), &c);
+    super::unit::warn_about_the_unit(args.unit.as_deref(), &c);
     Exit::Clean
 }
 

@@ -1,6 +1,6 @@
 //! What `baton check` reads of the installed `baton.service`: the timeouts
-//! systemd would hold baton to and the room in its fd store, from the unit
-//! file and then its drop-ins,
+//! systemd would hold baton to, the room in its fd store and what
+//! `ExecReload=` runs, from the unit file and then its drop-ins,
 //! the place an admin's override survives a package upgrade (the package
 //! replaces the unit file itself).
 
@@ -26,8 +26,10 @@ const UNIT_DIRS: &[&str] = &[
 /// Warns when the unit's `TimeoutStopSec` would SIGKILL baton mid-drain, or
 /// its `TimeoutStartSec` (which bounds `ExecReload=` too) would kill
 /// `baton reload` before the reload it waits for is over, so that systemd
-/// calls failed a reload that may well succeed. `explicit` is `--unit`.
-pub fn warn_about_timeouts(explicit: Option<&Path>, c: &Config) {
+/// calls failed a reload that may well succeed; when its fd store is too
+/// small; and when `ExecReload=` runs more than `baton reload`.
+/// `explicit` is `--unit`.
+pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
     let files: Vec<(PathBuf, String)> = unit_files(explicit)
         .into_iter()
         .filter_map(|path| match std::fs::read_to_string(&path) {
@@ -59,6 +61,74 @@ pub fn warn_about_timeouts(explicit: Option<&Path>, c: &Config) {
     if let Some(store) = last_setting(&files, &["FileDescriptorStoreMax"]) {
         warn_about_fd_store(&store, c.listening_sockets());
     }
+    if !files.is_empty() {
+        warn_about_reload_commands(&reload_commands(&files));
+    }
+}
+
+/// The commands `ExecReload=` ends up with, as systemd builds the list:
+/// each assignment adds one, an empty one clears it.
+fn reload_commands(files: &[(PathBuf, String)]) -> Vec<Setting<'_>> {
+    let mut commands = Vec::new();
+    for (file, text) in files {
+        for line in text.lines() {
+            let Some((name, value)) = line.split_once('=') else {
+                continue;
+            };
+            if name.trim() != "ExecReload" {
+                continue;
+            }
+            let value = value.trim();
+            if value.is_empty() {
+                commands.clear();
+            } else {
+                commands.push(Setting {
+                    key: "ExecReload",
+                    value: value.to_string(),
+                    file,
+                });
+            }
+        }
+    }
+    commands
+}
+
+/// Whether `command` (an `ExecReload=` value) is `baton reload` alone, its
+/// own options aside: no shell, no second command after a lone `;`.
+fn is_baton_reload(command: &str) -> bool {
+    // systemd's prefixes: ignore failure, argv0, privileges.
+    let command = command.trim_start_matches(['-', '@', '+', '!', ':']);
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let program = words.first().and_then(|p| Path::new(p).file_name());
+    program.is_some_and(|p| p == "baton")
+        && words.get(1) == Some(&"reload")
+        && !words.contains(&";")
+}
+
+/// systemd takes the new generation's `MAINPID=` only once every
+/// `ExecReload=` command has ended, and the old generation names it for
+/// 1.5 s after `baton reload` returns: a command that runs longer after it
+/// (a notification, a sleep) makes systemd fail the reload and restart
+/// baton.
+fn warn_about_reload_commands(commands: &[Setting<'_>]) {
+    let harm = "systemd takes the new generation as the service's main process only once every ExecReload= command has ended, and one that runs on past `baton reload` (more than 1.5 s) makes systemd fail the reload and restart baton: keep `ExecReload=/usr/bin/baton reload` alone";
+    match commands {
+        // None: `systemctl reload` says itself that it cannot reload.
+        [] => {}
+        [only] if is_baton_reload(&only.value) => {}
+        _ => {
+            for c in commands
+                .iter()
+                .filter(|c| !is_baton_reload(&c.value) || commands.len() > 1)
+            {
+                eprintln!(
+                    "baton: warning: ExecReload={} in {} is not `baton reload` alone: {harm}",
+                    c.value,
+                    c.file.display()
+                );
+            }
+        }
+    }
 }
 
 /// systemd refuses what goes past `FileDescriptorStoreMax`, so a restart
@@ -67,7 +137,7 @@ pub fn warn_about_timeouts(explicit: Option<&Path>, c: &Config) {
 fn warn_about_fd_store(store: &Setting<'_>, sockets: usize) {
     match store.value.parse::<usize>() {
         Ok(max) if max < sockets => eprintln!(
-            "baton: warning: {}={} in {} is below the {sockets} listening sockets baton keeps there (a shard of each listener for every worker, admin and control): a restart would lose some",
+            "baton: warning: {}={} in {} is below the {sockets} listening sockets baton keeps there (a shard of each listener for every worker, admin and control; more once a reload lowered workers, as it keeps every shard): a restart would lose some",
             store.key,
             store.value,
             store.file.display()
@@ -181,6 +251,32 @@ impl Bound {
                 s.value,
                 s.file.display()
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_baton_reload;
+
+    #[test]
+    fn only_baton_reload_alone_is_baton_reload() {
+        for alone in [
+            "/usr/bin/baton reload",
+            "baton reload",
+            "-/usr/local/bin/baton reload --control /run/baton/control.sock",
+            "+/usr/bin/baton  reload",
+        ] {
+            assert!(is_baton_reload(alone), "{alone}");
+        }
+        for more in [
+            "/bin/sh -c 'baton reload && notify-team'",
+            "/usr/bin/baton reload ; /usr/bin/sleep 5",
+            "/usr/bin/kill -HUP $MAINPID",
+            "/usr/bin/baton check",
+            "/usr/bin/batonx reload",
+        ] {
+            assert!(!is_baton_reload(more), "{more}");
         }
     }
 }
