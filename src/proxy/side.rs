@@ -97,9 +97,38 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Sided<T> {
     }
 }
 
+/// Runs a tunnel's two ways, `up` (client to backend) and `down`, until
+/// both end or one fails. A failed write to the backend (`up` failing on
+/// the backend's side: it closed, or reset) leaves `down` running: what
+/// the backend sent before is still owed to the client, and its end, a
+/// FIN or the reset, comes down as it comes. (`tokio::try_join!` dropped
+/// `down` there, and with it what the tunnel held of the backend's last
+/// bytes: a server that closes after its answer while the client sends on
+/// cut that answer short.) Any other failure ends both at once.
+pub async fn both_ways<U, D>(up: U, down: D) -> std::io::Result<()>
+where
+    U: std::future::Future<Output = std::io::Result<()>>,
+    D: std::future::Future<Output = std::io::Result<()>>,
+{
+    tokio::pin!(up, down);
+    let mut up_ended = false;
+    loop {
+        tokio::select! {
+            ended = &mut up, if !up_ended => match ended {
+                Err(err) if side_of(&err) != Some(Side::Backend) => return Err(err),
+                _ => up_ended = true,
+            },
+            ended = &mut down => {
+                ended?;
+                return if up_ended { Ok(()) } else { up.await };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{side_of, Side, Sided};
+    use super::{both_ways, on, side_of, Side, Sided};
     use std::io::ErrorKind;
     use tokio::io::AsyncReadExt;
 
@@ -127,5 +156,25 @@ mod tests {
         let err = reset.read(&mut buf).await.expect_err("a failure");
         assert_eq!(err.kind(), ErrorKind::ConnectionReset);
         assert_eq!(side_of(&err), Some(Side::Backend));
+    }
+
+    /// A failed write to the backend leaves the way down running to its
+    /// end; a client's failure ends both at once.
+    #[tokio::test]
+    async fn a_failed_write_to_the_backend_leaves_the_way_down_running() {
+        let refused = || Err(on(Side::Backend)(ErrorKind::BrokenPipe.into()));
+        let came_down = std::cell::Cell::new(false);
+        let down = async {
+            tokio::task::yield_now().await;
+            came_down.set(true);
+            Ok(())
+        };
+        both_ways(async { refused() }, down).await.expect("an end");
+        assert!(came_down.get(), "the way down ran to its end");
+        let gone = || Err(on(Side::Client)(ErrorKind::ConnectionReset.into()));
+        let err = both_ways(async { gone() }, std::future::pending())
+            .await
+            .expect_err("the client's failure");
+        assert_eq!(side_of(&err), Some(Side::Client));
     }
 }

@@ -25,7 +25,7 @@ use tokio::net::TcpStream;
 
 use super::idle::{Activity, Observed};
 use super::reset;
-use super::side::{on, side_of, Side, Sided};
+use super::side::{both_ways, on, side_of, Side, Sided};
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
@@ -317,7 +317,8 @@ async fn gone_before_a_byte(client: &TcpStream) {
 }
 
 /// Copies both ways (client `a`, backend `b`) until both directions
-/// ended; an error in either ends both.
+/// ended; an error ends both, but a failed write to the backend (see
+/// [`both_ways`]).
 async fn copy_both_ways(
     a: &mut TcpStream,
     b: &mut TcpStream,
@@ -326,21 +327,21 @@ async fn copy_both_ways(
 ) -> std::io::Result<()> {
     let (a_read, a_write) = a.split();
     let (b_read, b_write) = b.split();
-    tokio::try_join!(
+    both_ways(
         one_way(
             (a_read, Side::Client),
             (b_write, Side::Backend),
             activity,
-            &moved.to_backend
+            &moved.to_backend,
         ),
         one_way(
             (b_read, Side::Backend),
             (a_write, Side::Client),
             activity,
-            &moved.to_client
-        )
-    )?;
-    Ok(())
+            &moved.to_client,
+        ),
+    )
+    .await
 }
 
 /// Copies both ways when either side is a TLS session, as
@@ -362,7 +363,7 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
     let mut backend_write =
         Counting::new(Sided::new(backend_write, Side::Backend), &moved.to_backend);
     let mut client_write = Counting::new(Sided::new(client_write, Side::Client), &moved.to_client);
-    tokio::try_join!(
+    both_ways(
         async {
             tokio::io::copy(&mut client_read, &mut backend_write).await?;
             activity.close_half();
@@ -372,9 +373,9 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
             tokio::io::copy(&mut backend_read, &mut client_write).await?;
             activity.close_half();
             client_write.shutdown().await
-        }
-    )?;
-    Ok(())
+        },
+    )
+    .await
 }
 
 /// Copies until `from` ends, then shuts down `to`'s write side. A read
