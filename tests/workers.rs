@@ -145,3 +145,41 @@ async fn a_reload_to_fewer_workers_keeps_and_serves_every_shard() {
     baton.reload_ok().await;
     assert_eq!(listening_inodes(web.port()), shards.0, "none added");
 }
+
+/// A listener renamed at the same address keeps its sockets, every shard:
+/// bound afresh beside them, the new ones joined their `SO_REUSEPORT`
+/// group while the old ones closed, resetting what the kernel had queued
+/// there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_renamed_at_the_same_address_keeps_its_sockets() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .top("workers = 2")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let shards = listening_inodes(web.port());
+    assert_eq!(shards.len(), 2);
+    let renamed = baton
+        .config_text()
+        .replace("name = \"web\"", "name = \"public\"");
+    assert_ne!(renamed, baton.config_text(), "the listener renamed");
+    baton.write_config(&renamed);
+    let next = baton.reload_ok().await;
+    baton.settled().await;
+    assert_eq!(
+        listening_inodes(web.port()),
+        shards,
+        "the very same sockets"
+    );
+    let held = socket_inodes(next);
+    assert!(
+        shards.iter().all(|s| held.contains(s)),
+        "held by the new generation"
+    );
+    let status = client::status(baton.admin).await;
+    assert_eq!(status["listeners"][0]["name"], "public");
+    let answer = client::get(web, "/").await.expect("served");
+    assert_eq!(answer.status, 200);
+}

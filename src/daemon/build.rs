@@ -60,6 +60,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
 
     let control = take_control(&config, &mut inventory, &mut holdings)?;
 
+    adopt_renamed_listeners(&config, &mut inventory);
     let workers = crate::workers::Workers::start(config.workers).map_err(StartError::Workers)?;
     let pools = Pool::all(&config.pools, workers.count());
     let resolver = crate::resolve::refresh::resolver_for(&config)?;
@@ -342,6 +343,41 @@ fn shard_number(listener: &str, name: &str) -> Option<usize> {
         rest => rest.strip_prefix('#')?.parse().ok()?,
     };
     (shard_name(listener, shard) == name).then_some(shard)
+}
+
+/// A listener the config renamed, at the same address, keeps its sockets:
+/// those held under an old name no listener has now, at the address of a
+/// listener that holds none under its own name, take that listener's name
+/// (shard by shard). Bound afresh instead, the new sockets would join the
+/// old ones' `SO_REUSEPORT` group while those closed, resetting what the
+/// kernel had queued on them. Not for port 0, where the address says
+/// nothing of which listener it was.
+fn adopt_renamed_listeners(config: &Config, inventory: &mut Inventory) {
+    let named: std::collections::HashSet<&str> =
+        config.listeners.iter().map(|l| l.name.as_str()).collect();
+    for l in config.listeners.iter().filter(|l| l.bind.port() != 0) {
+        let endpoint = Endpoint::Tcp {
+            addr: l.bind,
+            backlog: l.backlog,
+            reuseport: true,
+        };
+        let held = inventory.held_at(&endpoint);
+        if held
+            .iter()
+            .any(|name| shard_number(&l.name, name).is_some())
+        {
+            continue;
+        }
+        for old in held {
+            let owner = old.split_once('#').map_or(old.as_str(), |(owner, _)| owner);
+            let Some(shard) = shard_number(owner, &old).filter(|_| !named.contains(owner)) else {
+                continue;
+            };
+            let new = shard_name(&l.name, shard);
+            tracing::info!(from = %old, to = %new, "listener renamed at the same address: its socket is adopted under the new name");
+            inventory.rename(&old, &new);
+        }
+    }
 }
 
 /// How many shards listener `l` has: one per worker, at least `reuseport`,

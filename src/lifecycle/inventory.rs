@@ -69,6 +69,18 @@ impl Inventory {
             .collect()
     }
 
+    /// Gives the held socket `from` the name `to`, for a listener the
+    /// config renamed: the new name adopts it. The parent is told only the
+    /// new name, so the old one leaves systemd's fd store (where it would
+    /// keep the socket listening once the listener goes for good); the
+    /// parent serves what is queued on its copy before closing it, beside
+    /// us.
+    pub fn rename(&mut self, from: &str, to: &str) {
+        if let Some(index) = self.position(from) {
+            self.sockets[index].0.name = to.to_string();
+        }
+    }
+
     /// Names of the sockets claimed so far.
     pub fn taken(&self) -> Vec<String> {
         self.taken.clone()
