@@ -201,10 +201,15 @@ where
                 // The client closed its side: let the backend finish its
                 // answer.
                 Ok(()) => down.await,
-                // The backend would take no more (it closed, or reset):
-                // what it sent before is still owed to the client, and its
-                // end, FIN or reset, is passed on as it comes.
-                Err(Side::Backend) => down.await,
+                // The backend would take no more (it reset, crashed, or
+                // closed under what the client sent): what it sent before
+                // is still owed to the client, and then its failure, which
+                // the way down's reads would take for a FIN (see
+                // `side::both_ways`).
+                Err(Side::Backend) => match down.await {
+                    DownEnd::BackendClosed => DownEnd::Failed(Side::Backend),
+                    end => end,
+                },
                 Err(Side::Client) => DownEnd::Failed(Side::Client),
             },
         }
@@ -439,9 +444,8 @@ mod tests {
     }
 
     /// A backend that closed after sending still has all it sent reach the
-    /// client when a write to it then fails (the client sent more): the
-    /// failed write is the backend's, but what it sent before is owed, and
-    /// its end is a close, not a failure to pass on.
+    /// client when a write to it then fails (the client sent more), and
+    /// the failure after it.
     #[tokio::test]
     async fn what_a_backend_sent_before_closing_reaches_the_client_after_a_write_to_it_failed() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -468,7 +472,11 @@ mod tests {
         let mut got = Vec::new();
         client.read_to_end(&mut got).await.expect("read");
         assert_eq!(got.len(), SENT, "every byte the backend sent");
-        assert_eq!(tunnel.await.expect("tunnel"), super::TunnelEnd::Closed);
+        assert_eq!(
+            tunnel.await.expect("tunnel"),
+            super::TunnelEnd::Failed(super::Side::Backend),
+            "and then its failure, to pass on"
+        );
     }
 
     #[test]

@@ -99,28 +99,33 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Sided<T> {
 
 /// Runs a tunnel's two ways, `up` (client to backend) and `down`, until
 /// both end or one fails. A failed write to the backend (`up` failing on
-/// the backend's side: it closed, or reset) leaves `down` running: what
-/// the backend sent before is still owed to the client, and its end, a
-/// FIN or the reset, comes down as it comes. (`tokio::try_join!` dropped
-/// `down` there, and with it what the tunnel held of the backend's last
-/// bytes: a server that closes after its answer while the client sends on
-/// cut that answer short.) Any other failure ends both at once.
+/// the backend's side: it reset, crashed or closed under what the client
+/// sent) leaves `down` running: what the backend sent before is still owed
+/// to the client. That failure is still the answer once `down` ends: the
+/// kernel reports a reset once, to the write that met it, and `down`'s
+/// reads then end as if with a FIN, which would pass a crash off as a
+/// whole stream. (`tokio::try_join!` dropped `down` at once, and with it
+/// what the tunnel held of the backend's last bytes.) Any other failure
+/// ends both at once.
 pub async fn both_ways<U, D>(up: U, down: D) -> std::io::Result<()>
 where
     U: std::future::Future<Output = std::io::Result<()>>,
     D: std::future::Future<Output = std::io::Result<()>>,
 {
     tokio::pin!(up, down);
-    let mut up_ended = false;
+    let mut up_ended: Option<std::io::Result<()>> = None;
     loop {
         tokio::select! {
-            ended = &mut up, if !up_ended => match ended {
+            ended = &mut up, if up_ended.is_none() => match ended {
                 Err(err) if side_of(&err) != Some(Side::Backend) => return Err(err),
-                _ => up_ended = true,
+                ended => up_ended = Some(ended),
             },
             ended = &mut down => {
                 ended?;
-                return if up_ended { Ok(()) } else { up.await };
+                return match up_ended {
+                    Some(ended) => ended,
+                    None => up.await,
+                };
             }
         }
     }
@@ -159,7 +164,7 @@ mod tests {
     }
 
     /// A failed write to the backend leaves the way down running to its
-    /// end; a client's failure ends both at once.
+    /// end, and is the answer then; a client's failure ends both at once.
     #[tokio::test]
     async fn a_failed_write_to_the_backend_leaves_the_way_down_running() {
         let refused = || Err(on(Side::Backend)(ErrorKind::BrokenPipe.into()));
@@ -169,8 +174,11 @@ mod tests {
             came_down.set(true);
             Ok(())
         };
-        both_ways(async { refused() }, down).await.expect("an end");
+        let err = both_ways(async { refused() }, down)
+            .await
+            .expect_err("the backend's failure, once the way down ended");
         assert!(came_down.get(), "the way down ran to its end");
+        assert_eq!(side_of(&err), Some(Side::Backend));
         let gone = || Err(on(Side::Client)(ErrorKind::ConnectionReset.into()));
         let err = both_ways(async { gone() }, std::future::pending())
             .await

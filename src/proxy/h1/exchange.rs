@@ -648,6 +648,14 @@ async fn joined<S: ByteStream>(
     moved: Moved<'_>,
 ) -> TunnelEnd {
     let stall = proxy.idle_timeout;
+    // A tunnel's bytes may come in any rhythm: as on a TCP-mode listener.
+    ack_promptly(&client.stream);
+    // The backend's first: owed to the client even if the client's own
+    // early bytes then find the backend gone.
+    let mut to_client = Counting::new(&mut client.stream, moved.down);
+    if !up.buf.is_empty() && write_all(&mut to_client, &up.buf, stall).await.is_err() {
+        return TunnelEnd::Failed(Side::Client);
+    }
     let mut to_backend = Counting::new(&mut up.stream, moved.up);
     if !client.buf.is_empty()
         && write_all(&mut to_backend, &client.buf, stall)
@@ -657,12 +665,6 @@ async fn joined<S: ByteStream>(
         return TunnelEnd::Failed(Side::Backend);
     }
     client.buf.clear();
-    // A tunnel's bytes may come in any rhythm: as on a TCP-mode listener.
-    ack_promptly(&client.stream);
-    let mut to_client = Counting::new(&mut client.stream, moved.down);
-    if !up.buf.is_empty() && write_all(&mut to_client, &up.buf, stall).await.is_err() {
-        return TunnelEnd::Failed(Side::Client);
-    }
     longlived::tunnel(
         &mut to_client,
         &mut to_backend,
