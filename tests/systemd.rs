@@ -578,3 +578,40 @@ async fn reloads_to_fewer_workers_lose_no_connection() {
     load.stop().await.assert_clean();
     assert_eq!(listening_inodes(p.web.port()).len(), 4, "every shard kept");
 }
+
+/// A listener renamed across a restart keeps its sockets, and its old
+/// name leaves systemd's fd store: systemd keeps one entry a socket,
+/// under the name it first got, so left there the old entry held the
+/// sockets listening after the renamed listener was removed, taking
+/// connections nobody would accept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_renamed_across_a_restart_leaves_no_socket_behind() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    let original = config(&p, &[a.addr], echo.addr, "");
+    sbx.install_baton(&original);
+    sbx.systemctl_ok(&["start", "baton"]);
+    let shards = listening_inodes(p.raw.port());
+    assert!(!shards.is_empty());
+    let renamed = original.replace("name = \"raw\"", "name = \"wire\"");
+    assert_ne!(renamed, original);
+    sbx.write("/etc/baton/baton.toml", &renamed);
+    sbx.systemctl_ok(&["restart", "baton"]);
+    assert_eq!(
+        listening_inodes(p.raw.port()),
+        shards,
+        "the same sockets, kept across the restart under the new name"
+    );
+    let wire = format!(
+        "[[listeners]]\nname = \"wire\"\nbind = \"{}\"\nprotocol = \"tcp\"\npool = \"echo\"\n\n",
+        p.raw
+    );
+    assert!(renamed.contains(&wire), "{renamed}");
+    sbx.write("/etc/baton/baton.toml", &renamed.replace(&wire, ""));
+    sbx.systemctl_ok(&["reload", "baton"]);
+    support::eventually("nothing listens where the removed listener was", || async {
+        listening_inodes(p.raw.port()).is_empty()
+    })
+    .await;
+}

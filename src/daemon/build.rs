@@ -60,7 +60,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
 
     let control = take_control(&config, &mut inventory, &mut holdings)?;
 
-    adopt_renamed_listeners(&config, &mut inventory);
+    let renamed = adopt_renamed_listeners(&config, &mut inventory);
     let workers = crate::workers::Workers::start(config.workers).map_err(StartError::Workers)?;
     let pools = Pool::all(&config.pools, workers.count());
     let resolver = crate::resolve::refresh::resolver_for(&config)?;
@@ -137,10 +137,11 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     // only half its ready budget, which the lookups before took part of.
     probe::first_round(&pools, config.reload.ready_timeout / 2).await;
     let adopted = inventory.taken();
-    let unclaimed = inventory.unclaimed();
+    let mut unclaimed = inventory.unclaimed();
     if !unclaimed.is_empty() {
         tracing::info!(sockets = ?unclaimed, "closing inherited sockets the config no longer names");
     }
+    unclaimed.extend(renamed);
     drop(inventory);
     let (control_tx, control_rx) = mpsc::channel(16);
     Ok(Generation {
@@ -351,8 +352,12 @@ fn shard_number(listener: &str, name: &str) -> Option<usize> {
 /// (shard by shard). Bound afresh instead, the new sockets would join the
 /// old ones' `SO_REUSEPORT` group while those closed, resetting what the
 /// kernel had queued on them. Not for port 0, where the address says
-/// nothing of which listener it was.
-fn adopt_renamed_listeners(config: &Config, inventory: &mut Inventory) {
+/// nothing of which listener it was. Returns the old names: they leave
+/// systemd's fd store as we store ours, which it would otherwise keep
+/// under the old name (it keeps one entry a socket, and drops a second
+/// name for one it holds), for good once the listener goes.
+fn adopt_renamed_listeners(config: &Config, inventory: &mut Inventory) -> Vec<String> {
+    let mut renamed = Vec::new();
     let named: std::collections::HashSet<&str> =
         config.listeners.iter().map(|l| l.name.as_str()).collect();
     for l in config.listeners.iter().filter(|l| l.bind.port() != 0) {
@@ -370,14 +375,18 @@ fn adopt_renamed_listeners(config: &Config, inventory: &mut Inventory) {
         }
         for old in held {
             let owner = old.split_once('#').map_or(old.as_str(), |(owner, _)| owner);
-            let Some(shard) = shard_number(owner, &old).filter(|_| !named.contains(owner)) else {
+            // The admin and control sockets are never a listener's.
+            let mine = named.contains(owner) || ["admin", "control"].contains(&owner);
+            let Some(shard) = shard_number(owner, &old).filter(|_| !mine) else {
                 continue;
             };
             let new = shard_name(&l.name, shard);
             tracing::info!(from = %old, to = %new, "listener renamed at the same address: its socket is adopted under the new name");
             inventory.rename(&old, &new);
+            renamed.push(old);
         }
     }
+    renamed
 }
 
 /// How many shards listener `l` has: one per worker, at least `reuseport`,

@@ -181,8 +181,9 @@ struct Generation {
     control: Option<tokio::net::UnixListener>,
     control_rx: mpsc::Receiver<control::Incoming>,
     control_tx: mpsc::Sender<control::Incoming>,
-    /// Inherited socket names the config no longer has (dropped from
-    /// systemd's fd store once we serve).
+    /// Inherited socket names the config no longer has, or has under
+    /// another name (a renamed listener's): dropped from systemd's fd
+    /// store once we serve, before our own names are stored.
     unclaimed: Vec<String>,
     /// Control requests being read or answered (see `answer_late`).
     control_tasks: tokio_util::task::TaskTracker,

@@ -70,14 +70,14 @@ impl Inventory {
     }
 
     /// Gives the held socket `from` the name `to`, for a listener the
-    /// config renamed: the new name adopts it. The parent is told only the
-    /// new name, so the old one leaves systemd's fd store (where it would
-    /// keep the socket listening once the listener goes for good); the
-    /// parent serves what is queued on its copy before closing it, beside
-    /// us.
+    /// config renamed: the new name adopts it. The parent is told the old
+    /// name is taken too, so it closes its copy as one handed over rather
+    /// than accepting what is queued there; taking the old name out of
+    /// systemd's fd store is the caller's to do (see `daemon::build`).
     pub fn rename(&mut self, from: &str, to: &str) {
         if let Some(index) = self.position(from) {
             self.sockets[index].0.name = to.to_string();
+            self.taken.push(from.to_string());
         }
     }
 
