@@ -67,11 +67,12 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
 }
 
 /// The commands `ExecReload=` ends up with, as systemd builds the list:
-/// each assignment adds one, an empty one clears it.
+/// each assignment adds its commands (several on one line apart by a lone
+/// `;`), an empty one clears it.
 fn reload_commands(files: &[(PathBuf, String)]) -> Vec<Setting<'_>> {
     let mut commands = Vec::new();
     for (file, text) in files {
-        for line in text.lines() {
+        for line in logical_lines(text) {
             let Some((name, value)) = line.split_once('=') else {
                 continue;
             };
@@ -81,10 +82,12 @@ fn reload_commands(files: &[(PathBuf, String)]) -> Vec<Setting<'_>> {
             let value = value.trim();
             if value.is_empty() {
                 commands.clear();
-            } else {
+            }
+            let words: Vec<&str> = value.split_whitespace().collect();
+            for command in words.split(|w| *w == ";").filter(|c| !c.is_empty()) {
                 commands.push(Setting {
                     key: "ExecReload",
-                    value: value.to_string(),
+                    value: command.join(" "),
                     file,
                 });
             }
@@ -93,16 +96,54 @@ fn reload_commands(files: &[(PathBuf, String)]) -> Vec<Setting<'_>> {
     commands
 }
 
-/// Whether `command` (an `ExecReload=` value) is `baton reload` alone, its
-/// own options aside: no shell, no second command after a lone `;`.
+/// A unit file's lines as systemd reads them: one ending in a backslash
+/// goes on on the next.
+fn logical_lines(text: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut pending = String::new();
+    for line in text.lines() {
+        match line.strip_suffix('\\') {
+            Some(head) => {
+                pending.push_str(head);
+                pending.push(' ');
+            }
+            None => {
+                pending.push_str(line);
+                lines.push(std::mem::take(&mut pending));
+            }
+        }
+    }
+    if !pending.is_empty() {
+        lines.push(pending);
+    }
+    lines
+}
+
+/// Whether `command` (one `ExecReload=` command) runs `baton reload`, its
+/// own options aside.
 fn is_baton_reload(command: &str) -> bool {
-    // systemd's prefixes: ignore failure, argv0, privileges.
-    let command = command.trim_start_matches(['-', '@', '+', '!', ':']);
-    let words: Vec<&str> = command.split_whitespace().collect();
+    // systemd's prefixes: ignore failure, argv0, privileges, no variables.
+    let bare = command.trim_start_matches(['-', '@', '+', '!', ':', '|']);
+    let prefixes = &command[..command.len() - bare.len()];
+    let words: Vec<&str> = bare
+        .split_whitespace()
+        .map(|w| w.trim_matches(['"', '\'']))
+        .collect();
+    // With `@` the second word is the program's argv[0], not an argument.
+    let arguments = if prefixes.contains('@') { 2 } else { 1 };
     let program = words.first().and_then(|p| Path::new(p).file_name());
-    program.is_some_and(|p| p == "baton")
-        && words.get(1) == Some(&"reload")
-        && !words.contains(&";")
+    program.is_some_and(|p| p == "baton") && words.get(arguments) == Some(&"reload")
+}
+
+/// The commands after the last `baton reload`: they hold systemd's reload
+/// open after it returns. None without a `baton reload` (a `kill -HUP`
+/// returns at once), and none before it (they run before the reload
+/// begins).
+fn after_baton_reload<'a, 'b>(commands: &'a [Setting<'b>]) -> &'a [Setting<'b>] {
+    match commands.iter().rposition(|c| is_baton_reload(&c.value)) {
+        Some(last) => &commands[last + 1..],
+        None => &[],
+    }
 }
 
 /// systemd takes the new generation's `MAINPID=` only once every
@@ -111,23 +152,12 @@ fn is_baton_reload(command: &str) -> bool {
 /// (a notification, a sleep) makes systemd fail the reload and restart
 /// baton.
 fn warn_about_reload_commands(commands: &[Setting<'_>]) {
-    let harm = "systemd takes the new generation as the service's main process only once every ExecReload= command has ended, and one that runs on past `baton reload` (more than 1.5 s) makes systemd fail the reload and restart baton: keep `ExecReload=/usr/bin/baton reload` alone";
-    match commands {
-        // None: `systemctl reload` says itself that it cannot reload.
-        [] => {}
-        [only] if is_baton_reload(&only.value) => {}
-        _ => {
-            for c in commands
-                .iter()
-                .filter(|c| !is_baton_reload(&c.value) || commands.len() > 1)
-            {
-                eprintln!(
-                    "baton: warning: ExecReload={} in {} is not `baton reload` alone: {harm}",
-                    c.value,
-                    c.file.display()
-                );
-            }
-        }
+    for c in after_baton_reload(commands) {
+        eprintln!(
+            "baton: warning: ExecReload={} in {} runs after `baton reload`: systemd takes the new generation as the service's main process only once every ExecReload= command has ended, and one that runs on past `baton reload` (more than 1.5 s) makes systemd fail the reload and restart baton; run it elsewhere, after `systemctl reload`",
+            c.value,
+            c.file.display()
+        );
     }
 }
 
@@ -202,7 +232,7 @@ struct Setting<'a> {
 fn last_setting<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Option<Setting<'a>> {
     let mut last = None;
     for (file, text) in files {
-        for line in text.lines() {
+        for line in logical_lines(text) {
             // systemd trims around the `=`.
             let Some((name, value)) = line.split_once('=') else {
                 continue;
@@ -257,26 +287,60 @@ impl Bound {
 
 #[cfg(test)]
 mod tests {
-    use super::is_baton_reload;
+    use super::*;
 
     #[test]
-    fn only_baton_reload_alone_is_baton_reload() {
-        for alone in [
+    fn baton_reload_is_told_apart_from_other_commands() {
+        for reload in [
             "/usr/bin/baton reload",
             "baton reload",
             "-/usr/local/bin/baton reload --control /run/baton/control.sock",
             "+/usr/bin/baton  reload",
+            "\"/usr/bin/baton\" reload",
+            "@/usr/bin/baton baton reload",
         ] {
-            assert!(is_baton_reload(alone), "{alone}");
+            assert!(is_baton_reload(reload), "{reload}");
         }
-        for more in [
+        for other in [
             "/bin/sh -c 'baton reload && notify-team'",
-            "/usr/bin/baton reload ; /usr/bin/sleep 5",
             "/usr/bin/kill -HUP $MAINPID",
             "/usr/bin/baton check",
             "/usr/bin/batonx reload",
+            "@/usr/bin/baton reload now",
         ] {
-            assert!(!is_baton_reload(more), "{more}");
+            assert!(!is_baton_reload(other), "{other}");
         }
+    }
+
+    /// Only what runs after the last `baton reload` holds the reload
+    /// open: a check before it, or a `kill -HUP` instead of it, does not.
+    #[test]
+    fn only_commands_after_baton_reload_are_warned_of() {
+        let after = |unit: &str| {
+            let files = [(PathBuf::from("u"), unit.to_string())];
+            let commands = reload_commands(&files);
+            after_baton_reload(&commands)
+                .iter()
+                .map(|c| c.value.clone())
+                .collect::<Vec<_>>()
+        };
+        assert!(after("ExecReload=/usr/bin/baton reload\n").is_empty());
+        assert!(
+            after("ExecReload=/usr/bin/baton check\nExecReload=/usr/bin/baton reload\n").is_empty()
+        );
+        assert!(after("ExecReload=/bin/kill -HUP $MAINPID\n").is_empty());
+        assert_eq!(
+            after("ExecReload=/usr/bin/baton reload ; /usr/bin/sleep 5\n"),
+            ["/usr/bin/sleep 5"]
+        );
+        assert_eq!(
+            after("ExecReload=/usr/bin/baton \\\n  reload\nExecReload=/usr/bin/notify\n"),
+            ["/usr/bin/notify"]
+        );
+        assert!(
+            after("ExecReload=/usr/bin/notify\nExecReload=\nExecReload=/usr/bin/baton reload\n")
+                .is_empty(),
+            "an empty assignment clears the list"
+        );
     }
 }
