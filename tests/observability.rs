@@ -670,7 +670,8 @@ async fn an_old_generation_outliving_newer_ones_is_still_counted() {
 
 /// Requests refused before they could be routed (a malformed head, one
 /// too large, one too slow) are answered, so counted, on the listener's
-/// pool, as h2's refusals are.
+/// pool, as h2's refusals are, with their durations (the 408's at least
+/// its `header_timeout`): the histogram's count is the requests'.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_refused_before_routing_are_counted_on_the_listeners_pool() {
     let backend = HttpBackend::start("a").await;
@@ -709,6 +710,20 @@ async fn requests_refused_before_routing_are_counted_on_the_listeners_pool() {
             .filter(|l| l.starts_with("baton_requests_total"))
             .collect::<Vec<_>>()
             .join("\n")
+    );
+    let durations = counters(&text);
+    let of = |part: &str| {
+        durations
+            .get(&format!(
+                "baton_request_duration_seconds_{part}{{listener=\"web\",pool=\"app\"}}"
+            ))
+            .copied()
+    };
+    assert_eq!(of("count"), Some(3.0), "one duration a refusal");
+    assert!(
+        of("sum").is_some_and(|s| s >= 0.5),
+        "the 408 waited: {:?}",
+        of("sum")
     );
     assert_eq!(backend.hits(), 0);
 }

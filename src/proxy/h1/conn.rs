@@ -36,9 +36,10 @@ pub const TIMEOUT_RESPONSE: &[u8] =
 /// Where waiting for the next request head ended.
 enum Next {
     Head(RequestHead),
-    Refused(Refusal),
-    /// A head begun but not finished within `header_timeout`.
-    Slow,
+    /// Refused, its head begun then.
+    Refused(Refusal, Instant),
+    /// A head begun (then) but not finished within `header_timeout`.
+    Slow(Instant),
     /// Closed by the client, idle too long, or idle through the drain's grace.
     Done,
 }
@@ -116,22 +117,23 @@ async fn serve_requests<S: ByteStream>(
     loop {
         let head = match next_head(proxy, client, drain, first.take()).await {
             Next::Head(head) => head,
-            Next::Refused(refusal) => {
-                refuse(proxy, client, &refusal, peer).await;
+            Next::Refused(refusal, started) => {
+                refuse(proxy, client, &refusal, peer, started).await;
                 return Ending::Other;
             }
-            Next::Slow => {
+            Next::Slow(started) => {
                 if crate::telemetry::client_fault() {
                     tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
                 }
                 let _ = write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
-                proxy.own_target().metrics.count(408);
                 record::refused(
                     proxy.access_log.as_ref(),
+                    &proxy.own_target().metrics,
                     &RequestId::new(),
                     peer,
                     408,
                     Termination::ClientTimeout(Phase::Request),
+                    started,
                 );
                 return Ending::Other;
             }
@@ -164,7 +166,7 @@ async fn next_head<S: ByteStream>(
     loop {
         drop_empty_lines(&mut client.buf);
         if !client.buf.is_empty() {
-            head_since.get_or_insert_with(Instant::now);
+            let since = *head_since.get_or_insert_with(Instant::now);
             match head::parse_request(&client.buf) {
                 Ok(Parsed::Complete(head)) => {
                     client.buf.advance(head.consumed);
@@ -175,7 +177,7 @@ async fn next_head<S: ByteStream>(
                     prompted = true;
                 }
                 Ok(Parsed::Partial) => {}
-                Err(refusal) => return Next::Refused(refusal),
+                Err(refusal) => return Next::Refused(refusal, since),
             }
         }
         let deadline = match head_since {
@@ -196,7 +198,10 @@ async fn next_head<S: ByteStream>(
                 }
             }
             () = client.alarm.until(deadline) => {
-                return if idle { Next::Done } else { Next::Slow };
+                return match head_since {
+                    Some(since) => Next::Slow(since),
+                    None => Next::Done,
+                };
             }
             () = drain_grace(drain, proxy.keepalive_drain_grace), if idle => {
                 tracing::debug!(listener = %proxy.listener, expected = true, "closing idle keep-alive connection for drain");
@@ -242,6 +247,7 @@ async fn refuse<S: ByteStream>(
     client: &mut Client<S>,
     refusal: &Refusal,
     peer: SocketAddr,
+    started: Instant,
 ) {
     let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::BAD_REQUEST);
     let id = RequestId::new();
@@ -257,13 +263,14 @@ async fn refuse<S: ByteStream>(
     rewrite::own_answer(status, &page, None, true, &mut out);
     let _ = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
     release_if_empty(&mut client.buf);
-    proxy.own_target().metrics.count(status.as_u16());
     record::refused(
         proxy.access_log.as_ref(),
+        &proxy.own_target().metrics,
         &id,
         peer,
         status.as_u16(),
         Termination::Refused,
+        started,
     );
 }
 

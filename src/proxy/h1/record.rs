@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::access_log::{AccessLog, Entry, Marks, Termination};
 use crate::backend::Backend;
+use crate::metrics::RequestMetrics;
 use crate::proxy::request_id::RequestId;
 use crate::proxy::web::Target;
 
@@ -169,19 +170,27 @@ fn text(bytes: &[u8]) -> &str {
     std::str::from_utf8(bytes).unwrap_or("-")
 }
 
-/// The line of a request baton refused before it had a head it would
-/// serve (`400`/`431`: `PR`; no whole head within `header_timeout`, `408`:
-/// `cR`): no pool, no backend, and nothing of the request worth logging.
+/// A request baton refused before it had a head it would serve (`400`/
+/// `431`: `PR`; no whole head within `header_timeout`, `408`: `cR`),
+/// counted on its listener's own target with its time from the head's
+/// first byte (`started`) to the answer, as every request is; and its
+/// line: no pool, no backend, and nothing of the request worth logging.
 pub fn refused(
     log: Option<&AccessLog>,
+    metrics: &RequestMetrics,
     request_id: &str,
     client: SocketAddr,
     status: u16,
     termination: Termination,
+    started: Instant,
 ) {
+    metrics.count(status);
+    metrics.duration.record(started.elapsed().as_secs_f64());
     let Some(log) = log else {
         return;
     };
+    let mut marks = Marks::new();
+    marks.started = started;
     log.write(&Entry {
         request_id,
         client,
@@ -193,7 +202,7 @@ pub fn refused(
         status: Some(status),
         bytes_in: 0,
         bytes_out: 0,
-        marks: Marks::new(),
+        marks,
         termination,
         referer: None,
         user_agent: None,
