@@ -106,8 +106,9 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Sided<T> {
 /// reads then end as if with a FIN, which would pass a crash off as a
 /// whole stream. (`tokio::try_join!` dropped `down` at once, and with it
 /// what the tunnel held of the backend's last bytes.) Any other failure
-/// ends both at once.
-pub async fn both_ways<U, D>(up: U, down: D) -> std::io::Result<()>
+/// ends both at once. `up_failed` is set for the way down to see: it ends
+/// at the backend's end without a FIN then, as the tunnel ends in a reset.
+pub async fn both_ways<U, D>(up: U, down: D, up_failed: &UpFailed) -> std::io::Result<()>
 where
     U: std::future::Future<Output = std::io::Result<()>>,
     D: std::future::Future<Output = std::io::Result<()>>,
@@ -118,7 +119,12 @@ where
         tokio::select! {
             ended = &mut up, if up_ended.is_none() => match ended {
                 Err(err) if side_of(&err) != Some(Side::Backend) => return Err(err),
-                ended => up_ended = Some(ended),
+                ended => {
+                    if ended.is_err() {
+                        up_failed.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    up_ended = Some(ended);
+                }
             },
             ended = &mut down => {
                 ended?;
@@ -131,9 +137,22 @@ where
     }
 }
 
+/// Set once a tunnel's way up failed on the backend's side ([`both_ways`]):
+/// the way down then passes the backend's end on as no FIN, since a FIN
+/// reaching the client ahead of the reset would pass the abort off as a
+/// whole stream.
+#[derive(Default)]
+pub struct UpFailed(std::sync::atomic::AtomicBool);
+
+impl UpFailed {
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{both_ways, on, side_of, Side, Sided};
+    use super::{both_ways, on, side_of, Side, Sided, UpFailed};
     use std::io::ErrorKind;
     use tokio::io::AsyncReadExt;
 
@@ -174,15 +193,21 @@ mod tests {
             came_down.set(true);
             Ok(())
         };
-        let err = both_ways(async { refused() }, down)
+        let up_failed = UpFailed::default();
+        let err = both_ways(async { refused() }, down, &up_failed)
             .await
             .expect_err("the backend's failure, once the way down ended");
         assert!(came_down.get(), "the way down ran to its end");
+        assert!(up_failed.is_set(), "and was told, to hold its FIN back");
         assert_eq!(side_of(&err), Some(Side::Backend));
         let gone = || Err(on(Side::Client)(ErrorKind::ConnectionReset.into()));
-        let err = both_ways(async { gone() }, std::future::pending())
-            .await
-            .expect_err("the client's failure");
+        let err = both_ways(
+            async { gone() },
+            std::future::pending(),
+            &UpFailed::default(),
+        )
+        .await
+        .expect_err("the client's failure");
         assert_eq!(side_of(&err), Some(Side::Client));
     }
 }

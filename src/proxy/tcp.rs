@@ -25,7 +25,7 @@ use tokio::net::TcpStream;
 
 use super::idle::{Activity, Observed};
 use super::reset;
-use super::side::{both_ways, on, side_of, Side, Sided};
+use super::side::{both_ways, on, side_of, Side, Sided, UpFailed};
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
@@ -327,19 +327,23 @@ async fn copy_both_ways(
 ) -> std::io::Result<()> {
     let (a_read, a_write) = a.split();
     let (b_read, b_write) = b.split();
+    let up_failed = UpFailed::default();
     both_ways(
         one_way(
             (a_read, Side::Client),
             (b_write, Side::Backend),
             activity,
             &moved.to_backend,
+            None,
         ),
         one_way(
             (b_read, Side::Backend),
             (a_write, Side::Client),
             activity,
             &moved.to_client,
+            Some(&up_failed),
         ),
+        &up_failed,
     )
     .await
 }
@@ -363,6 +367,7 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
     let mut backend_write =
         Counting::new(Sided::new(backend_write, Side::Backend), &moved.to_backend);
     let mut client_write = Counting::new(Sided::new(client_write, Side::Client), &moved.to_client);
+    let up_failed = UpFailed::default();
     both_ways(
         async {
             tokio::io::copy(&mut client_read, &mut backend_write).await?;
@@ -372,13 +377,18 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
         async {
             tokio::io::copy(&mut backend_read, &mut client_write).await?;
             activity.close_half();
+            if up_failed.is_set() {
+                return Ok(());
+            }
             client_write.shutdown().await
         },
+        &up_failed,
     )
     .await
 }
 
-/// Copies until `from` ends, then shuts down `to`'s write side. A read
+/// Copies until `from` ends, then shuts down `to`'s write side (not once
+/// `hold_fin` is set: the tunnel ends in a reset, see `UpFailed`). A read
 /// buffer is a spare taken when bytes arrive and given back once they are
 /// written. A short read marks the socket drained (tokio's `poll_read`),
 /// so the next turn waits in the reactor instead of reading only to hear
@@ -388,6 +398,7 @@ async fn one_way(
     (mut to, to_side): (WriteHalf<'_>, Side),
     activity: &Activity,
     moved: &Way<'_>,
+    hold_fin: Option<&UpFailed>,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::new();
     loop {
@@ -398,6 +409,9 @@ async fn one_way(
             None => continue,
             Some(0) => {
                 activity.close_half();
+                if hold_fin.is_some_and(UpFailed::is_set) {
+                    return Ok(());
+                }
                 return to.shutdown().await.map_err(on(to_side));
             }
             Some(n) => n,
