@@ -60,7 +60,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
 
     let control = take_control(&config, &mut inventory, &mut holdings)?;
 
-    let renamed = adopt_renamed_listeners(&config, &mut inventory);
+    adopt_renamed_listeners(&config, &mut inventory);
     let workers = crate::workers::Workers::start(config.workers).map_err(StartError::Workers)?;
     let pools = Pool::all(&config.pools, workers.count());
     let resolver = crate::resolve::refresh::resolver_for(&config)?;
@@ -137,11 +137,14 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     // only half its ready budget, which the lookups before took part of.
     probe::first_round(&pools, config.reload.ready_timeout / 2).await;
     let adopted = inventory.taken();
+    let renamed = inventory.renamed();
     let mut unclaimed = inventory.unclaimed();
     if !unclaimed.is_empty() {
         tracing::info!(sockets = ?unclaimed, "closing inherited sockets the config no longer names");
     }
-    unclaimed.extend(renamed);
+    // Out of systemd's fd store before ours go in: it keeps one entry a
+    // socket, under its first name.
+    unclaimed.extend(renamed.iter().cloned());
     drop(inventory);
     let (control_tx, control_rx) = mpsc::channel(16);
     Ok(Generation {
@@ -176,6 +179,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         successor: None,
         drain,
         adopted,
+        renamed,
         ticketer,
         access_logs,
     })
@@ -352,12 +356,11 @@ fn shard_number(listener: &str, name: &str) -> Option<usize> {
 /// (shard by shard). Bound afresh instead, the new sockets would join the
 /// old ones' `SO_REUSEPORT` group while those closed, resetting what the
 /// kernel had queued on them. Not for port 0, where the address says
-/// nothing of which listener it was. Returns the old names: they leave
-/// systemd's fd store as we store ours, which it would otherwise keep
-/// under the old name (it keeps one entry a socket, and drops a second
-/// name for one it holds), for good once the listener goes.
-fn adopt_renamed_listeners(config: &Config, inventory: &mut Inventory) -> Vec<String> {
-    let mut renamed = Vec::new();
+/// nothing of which listener it was. The old names leave systemd's fd
+/// store (see [`Inventory::renamed`]): it keeps one entry a socket, and
+/// drops a second name for one it holds, so under the old name it would
+/// hold the socket listening for good once the listener goes.
+fn adopt_renamed_listeners(config: &Config, inventory: &mut Inventory) {
     let named: std::collections::HashSet<&str> =
         config.listeners.iter().map(|l| l.name.as_str()).collect();
     for l in config.listeners.iter().filter(|l| l.bind.port() != 0) {
@@ -381,12 +384,11 @@ fn adopt_renamed_listeners(config: &Config, inventory: &mut Inventory) -> Vec<St
                 continue;
             };
             let new = shard_name(&l.name, shard);
-            tracing::info!(from = %old, to = %new, "listener renamed at the same address: its socket is adopted under the new name");
-            inventory.rename(&old, &new);
-            renamed.push(old);
+            if inventory.rename(&old, &new) {
+                tracing::info!(from = %old, to = %new, "listener renamed at the same address: its socket is adopted under the new name");
+            }
         }
     }
-    renamed
 }
 
 /// How many shards listener `l` has: one per worker, at least `reuseport`,

@@ -191,6 +191,8 @@ struct Generation {
     successor: Option<u32>,
     drain: Drain,
     adopted: Vec<String>,
+    /// Old names of sockets adopted under new ones (renamed listeners).
+    renamed: Vec<String>,
     /// Older generations still draining, oldest first; once a stop caught
     /// a reload, the new generation too, last (see
     /// `Reloading::settle_for_stop`).

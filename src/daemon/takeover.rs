@@ -26,7 +26,10 @@ impl Generation {
         }
         let shutdown = &self.config.shutdown;
         let stop_budget = shutdown.pre_stop_delay + shutdown.drain_timeout;
-        match parent.ready(self.adopted.clone(), stop_budget).await {
+        match parent
+            .ready(self.adopted.clone(), self.renamed.clone(), stop_budget)
+            .await
+        {
             Ok(backends_now) => build::carry_over(&self.pools, &backends_now),
             Err(e) => {
                 tracing::error!(cause = %e, "old generation did not let us take over");

@@ -276,6 +276,22 @@ mod tests {
         assert_eq!(offered, [("web".to_string(), at.to_string())]);
     }
 
+    /// A renamed socket is claimed under its new name and reported apart
+    /// under its old one, once claimed; a name held already is not given.
+    #[test]
+    fn a_renamed_socket_is_adopted_under_its_new_name_and_its_old_one_reported() {
+        let (mut inventory, at) = inherited("web");
+        assert!(!inventory.rename("web", "web"), "held already");
+        assert!(inventory.rename("web", "www"));
+        assert!(inventory.renamed().is_empty(), "not claimed yet");
+        let mut holdings = Holdings::default();
+        let listening = listen("www", &tcp(at), &mut inventory, &mut holdings).expect("listen");
+        assert_eq!(bound_at(&listening), at);
+        assert_eq!(inventory.taken(), ["www"]);
+        assert_eq!(inventory.renamed(), ["web"]);
+        assert!(inventory.unclaimed().is_empty());
+    }
+
     #[test]
     fn a_socket_the_config_moved_is_left_to_close_and_a_new_one_bound() {
         let (mut inventory, at) = inherited("web");

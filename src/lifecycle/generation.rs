@@ -52,7 +52,8 @@ impl Exec {
 /// A new generation that has taken over accepting.
 pub struct Successor {
     pub process: Process,
-    /// Names of the sockets it took over; the others are ours to close.
+    /// Names of the sockets it took over (under these names or new ones);
+    /// the others are ours to close.
     pub adopted: Vec<String>,
     /// Still open: our drain reports its counters to the successor here,
     /// and it tells us how it ends.
@@ -217,6 +218,7 @@ pub async fn hand_over(
     match result {
         Ok(Takeover {
             adopted,
+            renamed,
             hears_stop,
             stop_budget,
             tells_its_end,
@@ -225,7 +227,7 @@ pub async fn hand_over(
             drop(guard);
             Ok(Successor {
                 process: child,
-                adopted,
+                adopted: [adopted, renamed].concat(),
                 channel: Arc::new(channel),
                 hears_stop,
                 stop_budget,
@@ -248,6 +250,8 @@ pub async fn hand_over(
 /// What N+1 said of itself when it was ready.
 struct Takeover {
     adopted: Vec<String>,
+    /// Adopted under new names: handed over, but out of the fd store.
+    renamed: Vec<String>,
     hears_stop: bool,
     stop_budget: Option<Duration>,
     tells_its_end: bool,
@@ -291,8 +295,10 @@ async fn converse(
             hears_stop,
             stop_budget_ms,
             tells_its_end,
+            renamed,
         } => Takeover {
             adopted,
+            renamed,
             hears_stop,
             stop_budget: stop_budget_ms.map(Duration::from_millis),
             tells_its_end,
@@ -325,8 +331,9 @@ async fn converse(
         Err(HandoverError::Timeout(wait)) => return Err(HandoverError::NotAccepting(wait)),
         Err(err) => return Err(err),
     }
-    // Sockets N+1 did not adopt (a listener removed or moved, fewer
-    // shards) leave systemd's fd store now, while we are main and heard:
+    // Sockets N+1 did not adopt (a listener removed or moved), or adopted
+    // under a new name, leave systemd's fd store now, while we are main
+    // and heard:
     // left there until we exit, they would go on listening, taking
     // connections nobody accepts (a share of a SO_REUSEPORT group's).
     let dropped: Vec<String> = offered
@@ -537,10 +544,12 @@ impl Parent {
     pub async fn ready(
         &self,
         adopted: Vec<String>,
+        renamed: Vec<String>,
         stop_budget: Duration,
     ) -> Result<Vec<BackendCarry>, HandoverError> {
         let ready = Message::Ready {
             adopted,
+            renamed,
             hears_stop: true,
             stop_budget_ms: Some(u64::try_from(stop_budget.as_millis()).unwrap_or(u64::MAX)),
             tells_its_end: true,

@@ -189,6 +189,14 @@ pub enum Message {
         /// sends it, and its silence means nothing).
         #[serde(default)]
         tells_its_end: bool,
+        /// Old names of sockets N+1 adopted under new ones (a listener
+        /// the config renamed at the same address): N closes its copies
+        /// as handed over, not serving their queues, and takes the old
+        /// names out of systemd's fd store, where it is heard (N+1 stores
+        /// the sockets under the new names). An earlier release sends
+        /// none: N serves those queues and drops the names as unadopted.
+        #[serde(default)]
+        renamed: Vec<String>,
     },
     Failed {
         exit_code: i32,
@@ -677,6 +685,7 @@ mod tests {
                 hears_stop: false,
                 stop_budget_ms: None,
                 tells_its_end: false,
+                renamed: vec![],
             }),
             "an earlier release's ready: it is sent SIGTERM to stop, and its silence as it exits means nothing"
         );

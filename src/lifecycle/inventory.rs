@@ -13,6 +13,10 @@ pub struct Inventory {
     sockets: Vec<(SocketEntry, Option<OwnedFd>)>,
     /// Names claimed so far, reported to the parent in `Ready`.
     taken: Vec<String>,
+    /// Sockets given a new name ([`Inventory::rename`]): new name to old.
+    former: Vec<(String, String)>,
+    /// Old names of renamed sockets claimed so far, reported apart.
+    renamed: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +37,7 @@ impl Inventory {
         }
         Ok(Inventory {
             sockets: entries.into_iter().zip(fds.into_iter().map(Some)).collect(),
-            taken: Vec::new(),
+            ..Inventory::default()
         })
     }
 
@@ -70,15 +74,25 @@ impl Inventory {
     }
 
     /// Gives the held socket `from` the name `to`, for a listener the
-    /// config renamed: the new name adopts it. The parent is told the old
-    /// name is taken too, so it closes its copy as one handed over rather
-    /// than accepting what is queued there; taking the old name out of
-    /// systemd's fd store is the caller's to do (see `daemon::build`).
-    pub fn rename(&mut self, from: &str, to: &str) {
-        if let Some(index) = self.position(from) {
-            self.sockets[index].0.name = to.to_string();
-            self.taken.push(from.to_string());
+    /// config renamed: the new name adopts it. Not when a socket is held
+    /// under `to` already (claims go by name). Says whether it did.
+    pub fn rename(&mut self, from: &str, to: &str) -> bool {
+        if self.position(to).is_some() {
+            return false;
         }
+        let Some(index) = self.position(from) else {
+            return false;
+        };
+        self.sockets[index].0.name = to.to_string();
+        self.former.push((to.to_string(), from.to_string()));
+        true
+    }
+
+    /// Old names of the renamed sockets claimed so far: the parent closes
+    /// its copies as handed over and takes the names out of systemd's fd
+    /// store, and so does a first start after a restart.
+    pub fn renamed(&self) -> Vec<String> {
+        self.renamed.clone()
     }
 
     /// Names of the sockets claimed so far.
@@ -88,6 +102,9 @@ impl Inventory {
 
     fn claim(&mut self, name: &str) -> Option<OwnedFd> {
         self.taken.push(name.to_string());
+        if let Some(at) = self.former.iter().position(|(new, _)| new == name) {
+            self.renamed.push(self.former.swap_remove(at).1);
+        }
         self.sockets
             .iter_mut()
             .find(|(e, fd)| e.name == name && fd.is_some())
