@@ -96,12 +96,16 @@ fn reload_commands(files: &[(PathBuf, String)]) -> Vec<Setting<'_>> {
     commands
 }
 
-/// A unit file's lines as systemd reads them: one ending in a backslash
+/// A unit file's lines as systemd reads them: comments (`#` or `;` first)
+/// dropped, within a continued line too, and one ending in a backslash
 /// goes on on the next.
 fn logical_lines(text: &str) -> Vec<String> {
     let mut lines = Vec::new();
     let mut pending = String::new();
     for line in text.lines() {
+        if line.trim_start().starts_with(['#', ';']) {
+            continue;
+        }
         match line.strip_suffix('\\') {
             Some(head) => {
                 pending.push_str(head);
@@ -125,14 +129,26 @@ fn is_baton_reload(command: &str) -> bool {
     // systemd's prefixes: ignore failure, argv0, privileges, no variables.
     let bare = command.trim_start_matches(['-', '@', '+', '!', ':', '|']);
     let prefixes = &command[..command.len() - bare.len()];
-    let words: Vec<&str> = bare
+    let mut words: Vec<&str> = bare
         .split_whitespace()
         .map(|w| w.trim_matches(['"', '\'']))
         .collect();
+    let named = |word: Option<&&str>, name: &str| {
+        word.and_then(|w| Path::new(w).file_name())
+            .is_some_and(|n| n == name)
+    };
+    if named(words.first(), "env") {
+        words.remove(0);
+    }
     // With `@` the second word is the program's argv[0], not an argument.
     let arguments = if prefixes.contains('@') { 2 } else { 1 };
-    let program = words.first().and_then(|p| Path::new(p).file_name());
-    program.is_some_and(|p| p == "baton") && words.get(arguments) == Some(&"reload")
+    named(words.first(), "baton") && words.get(arguments) == Some(&"reload")
+}
+
+/// Whether `command` runs `baton reload` inside another (a shell's
+/// `baton reload && notify`): what follows it holds the reload open too.
+fn wraps_baton_reload(command: &str) -> bool {
+    !is_baton_reload(command) && command.contains("baton") && command.contains("reload")
 }
 
 /// The commands after the last `baton reload`: they hold systemd's reload
@@ -152,7 +168,8 @@ fn after_baton_reload<'a, 'b>(commands: &'a [Setting<'b>]) -> &'a [Setting<'b>] 
 /// (a notification, a sleep) makes systemd fail the reload and restart
 /// baton.
 fn warn_about_reload_commands(commands: &[Setting<'_>]) {
-    for c in after_baton_reload(commands) {
+    let wrapping = commands.iter().filter(|c| wraps_baton_reload(&c.value));
+    for c in after_baton_reload(commands).iter().chain(wrapping) {
         eprintln!(
             "baton: warning: ExecReload={} in {} runs after `baton reload`: systemd takes the new generation as the service's main process only once every ExecReload= command has ended, and one that runs on past `baton reload` (more than 1.5 s) makes systemd fail the reload and restart baton; run it elsewhere, after `systemctl reload`",
             c.value,
@@ -298,6 +315,7 @@ mod tests {
             "+/usr/bin/baton  reload",
             "\"/usr/bin/baton\" reload",
             "@/usr/bin/baton baton reload",
+            "/usr/bin/env baton reload",
         ] {
             assert!(is_baton_reload(reload), "{reload}");
         }
@@ -329,6 +347,20 @@ mod tests {
             after("ExecReload=/usr/bin/baton check\nExecReload=/usr/bin/baton reload\n").is_empty()
         );
         assert!(after("ExecReload=/bin/kill -HUP $MAINPID\n").is_empty());
+        assert_eq!(
+            after("ExecReload=/usr/bin/baton reload\n# a note \\\nExecReload=/usr/bin/notify\n"),
+            ["/usr/bin/notify"],
+            "a comment does not continue"
+        );
+        assert!(wraps_baton_reload(
+            "/bin/sh -c 'baton reload && notify-team'"
+        ));
+        assert!(!wraps_baton_reload("/usr/bin/baton reload"));
+        assert_eq!(
+            after("ExecReload=/usr/bin/baton \\\n# a note\n  reload\nExecReload=/usr/bin/notify\n"),
+            ["/usr/bin/notify"],
+            "a comment inside a continued line is dropped"
+        );
         assert_eq!(
             after("ExecReload=/usr/bin/baton reload ; /usr/bin/sleep 5\n"),
             ["/usr/bin/sleep 5"]
