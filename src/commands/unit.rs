@@ -123,43 +123,54 @@ fn logical_lines(text: &str) -> Vec<String> {
     lines
 }
 
-/// Whether `command` (one `ExecReload=` command) runs `baton reload`, its
-/// own options aside.
-fn is_baton_reload(command: &str) -> bool {
+/// The words of `command` (one `ExecReload=` command), its prefixes and
+/// quotes taken off.
+fn words(command: &str) -> Vec<&str> {
     // systemd's prefixes: ignore failure, argv0, privileges, no variables.
-    let bare = command.trim_start_matches(['-', '@', '+', '!', ':', '|']);
-    let prefixes = &command[..command.len() - bare.len()];
-    let mut words: Vec<&str> = bare
+    command
+        .trim_start_matches(['-', '@', '+', '!', ':', '|'])
         .split_whitespace()
         .map(|w| w.trim_matches(['"', '\'']))
-        .collect();
-    let named = |word: Option<&&str>, name: &str| {
-        word.and_then(|w| Path::new(w).file_name())
-            .is_some_and(|n| n == name)
+        .collect()
+}
+
+/// Where `command` runs `baton reload`, alone or inside another (`env`,
+/// a shell): the place of its word `reload`, right after a word naming
+/// `baton`.
+fn reload_word(command: &str) -> Option<usize> {
+    let words = words(command);
+    let baton = |w: &str| Path::new(w).file_name().is_some_and(|n| n == "baton");
+    // A shell's `reload;` or `reload&&` ends the word too.
+    let reload = |w: &str| w.trim_end_matches([';', '&', '|']) == "reload";
+    (1..words.len()).find(|&i| reload(words[i]) && baton(words[i - 1]))
+}
+
+/// Whether `command` runs more after `baton reload` itself (a shell's
+/// `baton reload && notify-team`): a shell operator from its `reload` on.
+fn chains_after_reload(command: &str) -> bool {
+    let Some(at) = reload_word(command) else {
+        return false;
     };
-    if named(words.first(), "env") {
-        words.remove(0);
-    }
-    // With `@` the second word is the program's argv[0], not an argument.
-    let arguments = if prefixes.contains('@') { 2 } else { 1 };
-    named(words.first(), "baton") && words.get(arguments) == Some(&"reload")
+    words(command)[at..]
+        .iter()
+        .any(|w| ["&&", "||", ";", "|", "&"].iter().any(|op| w.contains(op)))
 }
 
-/// Whether `command` runs `baton reload` inside another (a shell's
-/// `baton reload && notify`): what follows it holds the reload open too.
-fn wraps_baton_reload(command: &str) -> bool {
-    !is_baton_reload(command) && command.contains("baton") && command.contains("reload")
-}
-
-/// The commands after the last `baton reload`: they hold systemd's reload
-/// open after it returns. None without a `baton reload` (a `kill -HUP`
-/// returns at once), and none before it (they run before the reload
-/// begins).
-fn after_baton_reload<'a, 'b>(commands: &'a [Setting<'b>]) -> &'a [Setting<'b>] {
-    match commands.iter().rposition(|c| is_baton_reload(&c.value)) {
-        Some(last) => &commands[last + 1..],
-        None => &[],
-    }
+/// The commands that run on after `baton reload` returns: those after the
+/// last command that runs it, and one that chains more after it in the
+/// same command. None without a `baton reload` (a `kill -HUP` returns at
+/// once), and none before it (they run before the reload begins).
+fn after_baton_reload<'a, 'b>(commands: &'a [Setting<'b>]) -> Vec<&'a Setting<'b>> {
+    let Some(last) = commands
+        .iter()
+        .rposition(|c| reload_word(&c.value).is_some())
+    else {
+        return Vec::new();
+    };
+    let chained = commands[..=last]
+        .iter()
+        .filter(|c| chains_after_reload(&c.value));
+    chained.chain(&commands[last + 1..]).collect()
 }
 
 /// systemd takes the new generation's `MAINPID=` only once every
@@ -168,8 +179,7 @@ fn after_baton_reload<'a, 'b>(commands: &'a [Setting<'b>]) -> &'a [Setting<'b>] 
 /// (a notification, a sleep) makes systemd fail the reload and restart
 /// baton.
 fn warn_about_reload_commands(commands: &[Setting<'_>]) {
-    let wrapping = commands.iter().filter(|c| wraps_baton_reload(&c.value));
-    for c in after_baton_reload(commands).iter().chain(wrapping) {
+    for c in after_baton_reload(commands) {
         eprintln!(
             "baton: warning: ExecReload={} in {} runs after `baton reload`: systemd takes the new generation as the service's main process only once every ExecReload= command has ended, and one that runs on past `baton reload` (more than 1.5 s) makes systemd fail the reload and restart baton; run it elsewhere, after `systemctl reload`",
             c.value,
@@ -307,7 +317,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn baton_reload_is_told_apart_from_other_commands() {
+    fn baton_reload_is_found_alone_or_inside_another_command() {
         for reload in [
             "/usr/bin/baton reload",
             "baton reload",
@@ -315,19 +325,23 @@ mod tests {
             "+/usr/bin/baton  reload",
             "\"/usr/bin/baton\" reload",
             "@/usr/bin/baton baton reload",
-            "/usr/bin/env baton reload",
+            "/usr/bin/env BATON_CONFIG=/etc/b.toml /usr/bin/baton reload",
+            "/bin/sh -c 'exec /usr/bin/baton reload'",
         ] {
-            assert!(is_baton_reload(reload), "{reload}");
+            assert!(reload_word(reload).is_some(), "{reload}");
+            assert!(!chains_after_reload(reload), "{reload}");
         }
         for other in [
-            "/bin/sh -c 'baton reload && notify-team'",
             "/usr/bin/kill -HUP $MAINPID",
-            "/usr/bin/baton check",
+            "/usr/bin/baton check -c /etc/baton/pre-reload.toml",
             "/usr/bin/batonx reload",
-            "@/usr/bin/baton reload now",
         ] {
-            assert!(!is_baton_reload(other), "{other}");
+            assert!(reload_word(other).is_none(), "{other}");
         }
+        assert!(chains_after_reload(
+            "/bin/sh -c 'baton reload && notify-team'"
+        ));
+        assert!(chains_after_reload("/bin/sh -c \"baton reload; sleep 5\""));
     }
 
     /// Only what runs after the last `baton reload` holds the reload
@@ -343,6 +357,16 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert!(after("ExecReload=/usr/bin/baton reload\n").is_empty());
+        assert_eq!(
+            after("ExecReload=/bin/sh -c '/usr/bin/baton reload'\nExecReload=/usr/bin/notify\n"),
+            ["/usr/bin/notify"],
+            "after a wrapped baton reload too"
+        );
+        assert_eq!(
+            after("ExecReload=/bin/sh -c 'baton reload && notify'\n"),
+            ["/bin/sh -c 'baton reload && notify'"],
+            "once, for the chain in it"
+        );
         assert!(
             after("ExecReload=/usr/bin/baton check\nExecReload=/usr/bin/baton reload\n").is_empty()
         );
@@ -352,10 +376,6 @@ mod tests {
             ["/usr/bin/notify"],
             "a comment does not continue"
         );
-        assert!(wraps_baton_reload(
-            "/bin/sh -c 'baton reload && notify-team'"
-        ));
-        assert!(!wraps_baton_reload("/usr/bin/baton reload"));
         assert_eq!(
             after("ExecReload=/usr/bin/baton \\\n# a note\n  reload\nExecReload=/usr/bin/notify\n"),
             ["/usr/bin/notify"],
