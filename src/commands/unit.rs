@@ -71,26 +71,16 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
 /// `;`), an empty one clears it.
 fn reload_commands(files: &[(PathBuf, String)]) -> Vec<Setting<'_>> {
     let mut commands = Vec::new();
-    for (file, text) in files {
-        for line in logical_lines(text) {
-            let Some((name, value)) = line.split_once('=') else {
-                continue;
-            };
-            if name.trim() != "ExecReload" {
-                continue;
-            }
-            let value = value.trim();
-            if value.is_empty() {
-                commands.clear();
-            }
-            let words: Vec<&str> = value.split_whitespace().collect();
-            for command in words.split(|w| *w == ";").filter(|c| !c.is_empty()) {
-                commands.push(Setting {
-                    key: "ExecReload",
-                    value: command.join(" "),
-                    file,
-                });
-            }
+    for assignment in assignments(files, &["ExecReload"]) {
+        if assignment.value.is_empty() {
+            commands.clear();
+        }
+        let words: Vec<&str> = assignment.value.split_whitespace().collect();
+        for command in words.split(|w| *w == ";").filter(|c| !c.is_empty()) {
+            commands.push(Setting {
+                value: command.join(" "),
+                ..assignment
+            });
         }
     }
     commands
@@ -137,8 +127,7 @@ fn words(command: &str) -> Vec<&str> {
 /// Where `command` runs `baton reload`, alone or inside another (`env`,
 /// a shell): the place of its word `reload`, right after a word naming
 /// `baton`.
-fn reload_word(command: &str) -> Option<usize> {
-    let words = words(command);
+fn reload_word(words: &[&str]) -> Option<usize> {
     let baton = |w: &str| Path::new(w).file_name().is_some_and(|n| n == "baton");
     // A shell's `reload;` or `reload&&` ends the word too.
     let reload = |w: &str| w.trim_end_matches([';', '&', '|']) == "reload";
@@ -148,10 +137,11 @@ fn reload_word(command: &str) -> Option<usize> {
 /// Whether `command` runs more after `baton reload` itself (a shell's
 /// `baton reload && notify-team`): a shell operator from its `reload` on.
 fn chains_after_reload(command: &str) -> bool {
-    let Some(at) = reload_word(command) else {
+    let words = words(command);
+    let Some(at) = reload_word(&words) else {
         return false;
     };
-    words(command)[at..]
+    words[at..]
         .iter()
         .any(|w| ["&&", "||", ";", "|", "&"].iter().any(|op| w.contains(op)))
 }
@@ -163,7 +153,7 @@ fn chains_after_reload(command: &str) -> bool {
 fn after_baton_reload<'a, 'b>(commands: &'a [Setting<'b>]) -> Vec<&'a Setting<'b>> {
     let Some(last) = commands
         .iter()
-        .rposition(|c| reload_word(&c.value).is_some())
+        .rposition(|c| reload_word(&words(&c.value)).is_some())
     else {
         return Vec::new();
     };
@@ -257,7 +247,12 @@ struct Setting<'a> {
 }
 
 fn last_setting<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Option<Setting<'a>> {
-    let mut last = None;
+    assignments(files, keys).pop()
+}
+
+/// Every assignment of any of `keys`, in the order systemd reads them.
+fn assignments<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Vec<Setting<'a>> {
+    let mut found = Vec::new();
     for (file, text) in files {
         for line in logical_lines(text) {
             // systemd trims around the `=`.
@@ -265,7 +260,7 @@ fn last_setting<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Option<
                 continue;
             };
             if let Some(key) = keys.iter().find(|k| **k == name.trim()) {
-                last = Some(Setting {
+                found.push(Setting {
                     key,
                     value: value.trim().to_string(),
                     file,
@@ -273,7 +268,7 @@ fn last_setting<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Option<
             }
         }
     }
-    last
+    found
 }
 
 /// The least a timeout must be, what that is, and what a shorter one does.
@@ -328,7 +323,7 @@ mod tests {
             "/usr/bin/env BATON_CONFIG=/etc/b.toml /usr/bin/baton reload",
             "/bin/sh -c 'exec /usr/bin/baton reload'",
         ] {
-            assert!(reload_word(reload).is_some(), "{reload}");
+            assert!(reload_word(&words(reload)).is_some(), "{reload}");
             assert!(!chains_after_reload(reload), "{reload}");
         }
         for other in [
@@ -336,7 +331,7 @@ mod tests {
             "/usr/bin/baton check -c /etc/baton/pre-reload.toml",
             "/usr/bin/batonx reload",
         ] {
-            assert!(reload_word(other).is_none(), "{other}");
+            assert!(reload_word(&words(other)).is_none(), "{other}");
         }
         assert!(chains_after_reload(
             "/bin/sh -c 'baton reload && notify-team'"
