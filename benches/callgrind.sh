@@ -10,7 +10,9 @@
 # a 3 s warm-up; counts are zeroed after the warm-up. Prints requests,
 # instructions and instructions a request, and leaves the profile in
 # target/callgrind/ for `callgrind_annotate` (add --inclusive=yes, or
-# --tree=caller to see who calls malloc). Needs valgrind, wrk, h2load,
+# --tree=caller to see who calls malloc). CALLGRIND_OPTS adds options:
+# CALLGRIND_OPTS=--cache-sim=yes counts simulated cache misses too
+# (callgrind_annotate --sort=D1mw). Needs valgrind, wrk, h2load,
 # nginx and haproxy (benches/peers/setup.sh, plus `apt-get install
 # valgrind`).
 set -euo pipefail
@@ -22,7 +24,7 @@ source "$root/benches/peers/one_proxy.sh"
 
 profile=$out/$proxy-$mode
 rm -f "$profile" "$profile".*
-valgrind --tool=callgrind --callgrind-out-file="$profile" "${command[@]}" >"$work/proxy.log" 2>&1 &
+valgrind --tool=callgrind ${CALLGRIND_OPTS:-} --callgrind-out-file="$profile" "${command[@]}" >"$work/proxy.log" 2>&1 &
 profiled=$!
 pids+=("$profiled")
 wait_until_up

@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::config::{ListenerConfig, Protocol};
+use crate::in_place;
 use crate::lifecycle::drain::DrainWatch;
 use crate::listener::Accept;
 use crate::metrics::ListenerMetrics;
@@ -87,12 +88,12 @@ impl Accept for Connections {
             (None, None) => match proxy {
                 Proxy::Http(p) => {
                     let drain = self.drain.clone();
-                    self.drain.spawn(Box::pin(async move {
+                    self.drain.spawn(in_place::boxed(move || async move {
                         p.serve(stream, origin, drain).await;
                         drop(open);
                     }));
                 }
-                Proxy::Tcp(p) => self.drain.spawn(Box::pin(async move {
+                Proxy::Tcp(p) => self.drain.spawn(in_place::boxed(move || async move {
                     p.serve(stream, origin).await;
                     drop(open);
                 })),
@@ -101,11 +102,12 @@ impl Accept for Connections {
                 let (receive, tls) = (receive.clone(), tls.clone());
                 let listener = Arc::clone(&self.config);
                 let drain = self.drain.clone();
-                self.drain.spawn(Box::pin(async move {
+                self.drain.spawn(in_place::boxed(move || async move {
                     let admitted = match receive {
                         None => Some((stream, origin)),
                         Some(settings) => {
-                            Box::pin(admit(stream, origin, &settings, &listener.name)).await
+                            in_place::boxed(|| admit(stream, origin, &settings, &listener.name))
+                                .await
                         }
                     };
                     if let Some((stream, origin)) = admitted {
@@ -174,8 +176,8 @@ impl Proxy {
     /// connection would otherwise hold TCP mode's copy state, and back).
     async fn serve<S: ByteStream>(self, stream: S, origin: Origin, drain: DrainWatch) {
         match self {
-            Proxy::Http(p) => Box::pin(p.serve(stream, origin, drain)).await,
-            Proxy::Tcp(p) => Box::pin(p.serve(stream, origin)).await,
+            Proxy::Http(p) => in_place::boxed(|| p.serve(stream, origin, drain)).await,
+            Proxy::Tcp(p) => in_place::boxed(|| p.serve(stream, origin)).await,
         }
     }
 }

@@ -118,7 +118,12 @@ impl TcpProxy {
                     copy_both_ways(client, backend, &activity, &moved).await
                 }
                 // Boxed: only TLS connections carry its larger state.
-                _ => Box::pin(copy_through(&mut client, &mut upstream, &activity, &moved)).await,
+                _ => {
+                    crate::in_place::boxed(|| {
+                        copy_through(&mut client, &mut upstream, &activity, &moved)
+                    })
+                    .await
+                }
             }
         };
         let idle = activity.idle_for_or(self.tunnel_timeout, self.half_closed_timeout);

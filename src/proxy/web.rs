@@ -192,7 +192,7 @@ impl HttpProxy {
             // Boxed: an HTTP/1 connection's task does not carry the size
             // of an h2 connection's state (RSS per idle connection).
             Opening::H2(seen) if h2_agreed => {
-                Box::pin(self.serve_h2(stream, seen, origin, drain, opened)).await;
+                crate::in_place::boxed(|| self.serve_h2(stream, seen, origin, drain, opened)).await;
             }
             // The HTTP/1 path refuses the preface as a request.
             Opening::H2(seen) => {

@@ -144,7 +144,7 @@ async fn serve_requests<S: ByteStream>(
         let client_closes = !head.keep_alive && head.framing == Framing::Empty;
         // Boxed: an idle connection's task keeps only this loop's state,
         // not the largest state an exchange ever needs.
-        if Box::pin(exchange(proxy, client, head, drain)).await == After::Close {
+        if crate::in_place::boxed(|| exchange(proxy, client, head, drain)).await == After::Close {
             return if client_closes {
                 Ending::ClientAsked
             } else {

@@ -408,7 +408,8 @@ async fn attempt<S: ByteStream>(
                 down: &request.trace.attempt.bytes_out,
                 up: &request.trace.attempt.tunnelled_in,
             };
-            let end = Box::pin(tunnel(proxy, client, up, websocket, drain, moved)).await;
+            let end =
+                crate::in_place::boxed(|| tunnel(proxy, client, up, websocket, drain, moved)).await;
             request.trace.note();
             // As a TCP-mode connection's: `cD`, `SD`, `CD`.
             let aborted = match end {
