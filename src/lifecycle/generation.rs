@@ -260,6 +260,14 @@ struct Takeover {
 /// How long N+1 has, after the go-ahead, to say it accepts.
 const ACCEPTING_WAIT: Duration = Duration::from_secs(10);
 
+/// A successor's stop budget as it said it, bounded by what a config can
+/// give (a pre-stop pause and a drain, each at most `LONGEST`): a larger
+/// figure, from another release or a corrupt message, would overflow the
+/// deadline an older generation makes of it, and panic there.
+fn stop_budget(ms: u64) -> Duration {
+    Duration::from_millis(ms).min(crate::config::duration::LONGEST * 2)
+}
+
 /// What ends a wait for N+1 early.
 struct Limits {
     deadline: Instant,
@@ -300,7 +308,7 @@ async fn converse(
             adopted,
             renamed,
             hears_stop,
-            stop_budget: stop_budget_ms.map(Duration::from_millis),
+            stop_budget: stop_budget_ms.map(stop_budget),
             tells_its_end,
         },
         Message::Failed { exit_code, reason } => {
@@ -611,4 +619,16 @@ pub async fn reports(
     }
     drop(channel);
     on_exit();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_successors_stop_budget_never_overflows_a_deadline() {
+        assert_eq!(stop_budget(5_500), Duration::from_millis(5_500));
+        let most = stop_budget(u64::MAX);
+        assert!(Instant::now().checked_add(most).is_some(), "{most:?}");
+    }
 }
