@@ -326,40 +326,6 @@ fn check_reads_the_units_drop_ins_and_its_reload_bound() {
 /// `baton check` says so; the shipped unit's `baton reload` alone, or a
 /// drop-in that clears the list and sets it again, passes.
 #[test]
-fn check_warns_when_exec_reload_runs_more_than_baton_reload() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let unit = dir.path().join("baton.service");
-    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.service");
-    std::fs::copy(shipped, &unit).expect("unit");
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/baton.toml");
-    let u = unit.to_str().expect("utf-8 path");
-    let (code, _, stderr) = run(&["check", "-c", example, "--unit", u]);
-    assert_eq!(code, 0);
-    assert!(!stderr.contains("ExecReload"), "{stderr}");
-    let dropins = dir.path().join("baton.service.d");
-    std::fs::create_dir(&dropins).expect("drop-in folder");
-    let notify = dropins.join("50-notify.conf");
-    std::fs::write(
-        &notify,
-        "[Service]\nExecReload=/usr/bin/curl -s https://chat.example/hook\n",
-    )
-    .expect("drop-in");
-    let (code, _, stderr) = run(&["check", "-c", example, "--unit", u]);
-    assert_eq!(code, 0, "a warning, not a refusal");
-    assert!(
-        stderr.contains("ExecReload=/usr/bin/curl") && stderr.contains("fail the reload"),
-        "{stderr}"
-    );
-    std::fs::write(
-        &notify,
-        "[Service]\nExecReload=\nExecReload=/usr/bin/baton reload\n",
-    )
-    .expect("drop-in");
-    let (_, _, stderr) = run(&["check", "-c", example, "--unit", u]);
-    assert!(!stderr.contains("ExecReload"), "{stderr}");
-}
-
-#[test]
 fn a_remote_admin_without_a_token_is_refused_by_check() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("b.toml");

@@ -291,8 +291,8 @@ async fn an_old_generation_killed_while_draining_troubles_nobody_else() {
 }
 
 /// A new generation that dies after it took over, while the old one
-/// still drains (and may still be systemd's main process: systemd 252
-/// takes `MAINPID=` only once `ExecReload=` has returned), makes the old
+/// still drains (and may still be systemd's main process, for a systemd
+/// that takes `MAINPID=` only once `ExecReload=` has returned), makes the old
 /// one's exit a failure: a clean exit of the main process would end the
 /// service for good, where a failure restarts it (`Restart=on-failure`).
 /// The old generation's own request still finishes.

@@ -1,6 +1,6 @@
 //! What `baton check` reads of the installed `baton.service`: the timeouts
-//! systemd would hold baton to, the room in its fd store and what
-//! `ExecReload=` runs, from the unit file and then its drop-ins,
+//! systemd would hold baton to and the room in its fd store, from the
+//! unit file and then its drop-ins,
 //! the place an admin's override survives a package upgrade (the package
 //! replaces the unit file itself).
 
@@ -27,8 +27,7 @@ const UNIT_DIRS: &[&str] = &[
 /// its `TimeoutStartSec` (which bounds `ExecReload=` too) would kill
 /// `baton reload` before the reload it waits for is over, so that systemd
 /// calls failed a reload that may well succeed; when its fd store is too
-/// small; and when `ExecReload=` runs more than `baton reload`.
-/// `explicit` is `--unit`.
+/// small. `explicit` is `--unit`.
 pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
     let files: Vec<(PathBuf, String)> = unit_files(explicit)
         .into_iter()
@@ -61,29 +60,6 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
     if let Some(store) = last_setting(&files, &["FileDescriptorStoreMax"]) {
         warn_about_fd_store(&store, c.listening_sockets());
     }
-    if !files.is_empty() {
-        warn_about_reload_commands(&reload_commands(&files));
-    }
-}
-
-/// The commands `ExecReload=` ends up with, as systemd builds the list:
-/// each assignment adds its commands (several on one line apart by a lone
-/// `;`), an empty one clears it.
-fn reload_commands(files: &[(PathBuf, String)]) -> Vec<Setting<'_>> {
-    let mut commands = Vec::new();
-    for assignment in assignments(files, &["ExecReload"]) {
-        if assignment.value.is_empty() {
-            commands.clear();
-        }
-        let words: Vec<&str> = assignment.value.split_whitespace().collect();
-        for command in words.split(|w| *w == ";").filter(|c| !c.is_empty()) {
-            commands.push(Setting {
-                value: command.join(" "),
-                ..assignment
-            });
-        }
-    }
-    commands
 }
 
 /// A unit file's lines as systemd reads them: comments (`#` or `;` first)
@@ -111,71 +87,6 @@ fn logical_lines(text: &str) -> Vec<String> {
         lines.push(pending);
     }
     lines
-}
-
-/// The words of `command` (one `ExecReload=` command), its prefixes and
-/// quotes taken off.
-fn words(command: &str) -> Vec<&str> {
-    // systemd's prefixes: ignore failure, argv0, privileges, no variables.
-    command
-        .trim_start_matches(['-', '@', '+', '!', ':', '|'])
-        .split_whitespace()
-        .map(|w| w.trim_matches(['"', '\'']))
-        .collect()
-}
-
-/// Where `command` runs `baton reload`, alone or inside another (`env`,
-/// a shell): the place of its word `reload`, right after a word naming
-/// `baton`.
-fn reload_word(words: &[&str]) -> Option<usize> {
-    let baton = |w: &str| Path::new(w).file_name().is_some_and(|n| n == "baton");
-    // A shell's `reload;` or `reload&&` ends the word too.
-    let reload = |w: &str| w.trim_end_matches([';', '&', '|']) == "reload";
-    (1..words.len()).find(|&i| reload(words[i]) && baton(words[i - 1]))
-}
-
-/// Whether `command` runs more after `baton reload` itself (a shell's
-/// `baton reload && notify-team`): a shell operator from its `reload` on.
-fn chains_after_reload(command: &str) -> bool {
-    let words = words(command);
-    let Some(at) = reload_word(&words) else {
-        return false;
-    };
-    words[at..]
-        .iter()
-        .any(|w| ["&&", "||", ";", "|", "&"].iter().any(|op| w.contains(op)))
-}
-
-/// The commands that run on after `baton reload` returns: those after the
-/// last command that runs it, and one that chains more after it in the
-/// same command. None without a `baton reload` (a `kill -HUP` returns at
-/// once), and none before it (they run before the reload begins).
-fn after_baton_reload<'a, 'b>(commands: &'a [Setting<'b>]) -> Vec<&'a Setting<'b>> {
-    let Some(last) = commands
-        .iter()
-        .rposition(|c| reload_word(&words(&c.value)).is_some())
-    else {
-        return Vec::new();
-    };
-    let chained = commands[..=last]
-        .iter()
-        .filter(|c| chains_after_reload(&c.value));
-    chained.chain(&commands[last + 1..]).collect()
-}
-
-/// systemd takes the new generation's `MAINPID=` only once every
-/// `ExecReload=` command has ended, and the old generation names it for
-/// 1.5 s after `baton reload` returns: a command that runs longer after it
-/// (a notification, a sleep) makes systemd fail the reload and restart
-/// baton.
-fn warn_about_reload_commands(commands: &[Setting<'_>]) {
-    for c in after_baton_reload(commands) {
-        eprintln!(
-            "baton: warning: ExecReload={} in {} runs after `baton reload`: systemd takes the new generation as the service's main process only once every ExecReload= command has ended, and one that runs on past `baton reload` (more than 1.5 s) makes systemd fail the reload and restart baton; run it elsewhere, after `systemctl reload`",
-            c.value,
-            c.file.display()
-        );
-    }
 }
 
 /// systemd refuses what goes past `FileDescriptorStoreMax`, so a restart
@@ -311,83 +222,52 @@ impl Bound {
 mod tests {
     use super::*;
 
+    /// Comments are dropped, inside continued lines too, and never
+    /// continue; a trailing backslash continues; the last assignment wins.
     #[test]
-    fn baton_reload_is_found_alone_or_inside_another_command() {
-        for reload in [
-            "/usr/bin/baton reload",
-            "baton reload",
-            "-/usr/local/bin/baton reload --control /run/baton/control.sock",
-            "+/usr/bin/baton  reload",
-            "\"/usr/bin/baton\" reload",
-            "@/usr/bin/baton baton reload",
-            "/usr/bin/env BATON_CONFIG=/etc/b.toml /usr/bin/baton reload",
-            "/bin/sh -c 'exec /usr/bin/baton reload'",
-        ] {
-            assert!(reload_word(&words(reload)).is_some(), "{reload}");
-            assert!(!chains_after_reload(reload), "{reload}");
-        }
-        for other in [
-            "/usr/bin/kill -HUP $MAINPID",
-            "/usr/bin/baton check -c /etc/baton/pre-reload.toml",
-            "/usr/bin/batonx reload",
-        ] {
-            assert!(reload_word(&words(other)).is_none(), "{other}");
-        }
-        assert!(chains_after_reload(
-            "/bin/sh -c 'baton reload && notify-team'"
-        ));
-        assert!(chains_after_reload("/bin/sh -c \"baton reload; sleep 5\""));
-    }
-
-    /// Only what runs after the last `baton reload` holds the reload
-    /// open: a check before it, or a `kill -HUP` instead of it, does not.
-    #[test]
-    fn only_commands_after_baton_reload_are_warned_of() {
-        let after = |unit: &str| {
+    fn settings_are_read_as_systemd_reads_the_lines() {
+        let last = |unit: &str| {
             let files = [(PathBuf::from("u"), unit.to_string())];
-            let commands = reload_commands(&files);
-            after_baton_reload(&commands)
-                .iter()
-                .map(|c| c.value.clone())
-                .collect::<Vec<_>>()
+            last_setting(&files, &["TimeoutStopSec"]).map(|s| s.value)
         };
-        assert!(after("ExecReload=/usr/bin/baton reload\n").is_empty());
         assert_eq!(
-            after("ExecReload=/bin/sh -c '/usr/bin/baton reload'\nExecReload=/usr/bin/notify\n"),
-            ["/usr/bin/notify"],
-            "after a wrapped baton reload too"
+            last(
+                "TimeoutStopSec=20
+TimeoutStopSec=30
+"
+            )
+            .as_deref(),
+            Some("30")
         );
         assert_eq!(
-            after("ExecReload=/bin/sh -c 'baton reload && notify'\n"),
-            ["/bin/sh -c 'baton reload && notify'"],
-            "once, for the chain in it"
-        );
-        assert!(
-            after("ExecReload=/usr/bin/baton check\nExecReload=/usr/bin/baton reload\n").is_empty()
-        );
-        assert!(after("ExecReload=/bin/kill -HUP $MAINPID\n").is_empty());
-        assert_eq!(
-            after("ExecReload=/usr/bin/baton reload\n# a note \\\nExecReload=/usr/bin/notify\n"),
-            ["/usr/bin/notify"],
+            last(
+                "TimeoutStopSec=20
+# a note \\
+TimeoutStopSec=30
+"
+            )
+            .as_deref(),
+            Some("30"),
             "a comment does not continue"
         );
         assert_eq!(
-            after("ExecReload=/usr/bin/baton \\\n# a note\n  reload\nExecReload=/usr/bin/notify\n"),
-            ["/usr/bin/notify"],
+            last(
+                "TimeoutStopSec=\\
+# a note
+  45s
+"
+            )
+            .as_deref(),
+            Some("45s"),
             "a comment inside a continued line is dropped"
         );
         assert_eq!(
-            after("ExecReload=/usr/bin/baton reload ; /usr/bin/sleep 5\n"),
-            ["/usr/bin/sleep 5"]
-        );
-        assert_eq!(
-            after("ExecReload=/usr/bin/baton \\\n  reload\nExecReload=/usr/bin/notify\n"),
-            ["/usr/bin/notify"]
-        );
-        assert!(
-            after("ExecReload=/usr/bin/notify\nExecReload=\nExecReload=/usr/bin/baton reload\n")
-                .is_empty(),
-            "an empty assignment clears the list"
+            last(
+                "; TimeoutStopSec=5
+# TimeoutStopSec=6
+"
+            ),
+            None
         );
     }
 }

@@ -58,8 +58,8 @@ impl Generation {
         if let Err(err) = channel.send(&last, &[]).await {
             tracing::info!(cause = %err, "could not send the final report to the successor");
         }
-        // A main must outlive a repetition of MAINPID= that lands: systemd
-        // ignores it in its reload state whoever sends it, root too.
+        // A main must outlive a repetition of MAINPID= that lands, for a
+        // systemd that ignores the first (see `keep_naming`).
         if systemd::enabled() {
             tokio::time::sleep_until(named_until).await;
         }
@@ -442,15 +442,15 @@ fn signal_each(generations: &[Process], signal: rustix::process::Signal) {
 /// access logs are written out.
 const OLDER_GENERATIONS_SLACK: Duration = Duration::from_secs(2);
 
-/// Repeats `MAINPID=<successor>` every 100 ms. systemd 252 ignores MAINPID=
-/// while the unit is in its reload state, which lasts as long as
-/// `ExecReload=` (our `baton reload`, which waits for this very handoff)
-/// runs; once it has exited, the next repetition lands. The first one was
-/// sent before we stopped accepting, which is what newer systemd and a
-/// SIGHUP reload take. Once the successor is main, systemd drops our
-/// messages, so repeating is harmless. The old generation must not exit
-/// before a repetition landed, or systemd would take the unit for dead:
-/// hence `NAMING_WINDOW`.
+/// Repeats `MAINPID=<successor>` every 100 ms. The first one, sent before
+/// we stopped accepting, is the one systemd 252 takes on cgroup v2, as a
+/// host runs it: at once, while `ExecReload=` still runs (the sandbox test
+/// `a_command_after_baton_reload_in_exec_reload_fails_nothing`). An older
+/// sandbox showed it ignored in the unit's reload state, until
+/// `ExecReload=` ended; the repetitions are for such a systemd. Once the
+/// successor is main, systemd drops our messages, so repeating is
+/// harmless. The old generation must not exit before a repetition landed,
+/// or such a systemd would take the unit for dead: hence `NAMING_WINDOW`.
 async fn keep_naming(successor: u32, stop: CancellationToken) {
     loop {
         tokio::select! {

@@ -1,8 +1,9 @@
 //! A new generation's end, told to the one it took over from: N+1 sends
 //! [`Message::Leaving`] with its exit code as it exits, and N, if it
 //! still runs, folds it into its own. Why: until systemd takes N's
-//! `MAINPID=` (systemd 252 may take it only once `ExecReload=` has
-//! returned), N is the unit's main process; an N+1 that crashes then would otherwise be
+//! `MAINPID=` (at once on systemd 252 with cgroup v2; a systemd that
+//! ignores it during `ExecReload=` takes a repetition after), N is the
+//! unit's main process; an N+1 that crashes then would otherwise be
 //! followed by N's clean exit, and systemd would take the service for
 //! stopped on purpose, with no restart. Likewise a stop that caught a
 //! reload: N, still main, exits last, and N+1's forced connections must
