@@ -163,9 +163,14 @@ async fn next_head<S: ByteStream>(
     let idle_since = Instant::now();
     let mut head_since = opened;
     let mut prompted = false;
+    // How much of the head the last parse saw.
+    let mut parsed = 0;
     loop {
-        drop_empty_lines(&mut client.buf);
-        if !client.buf.is_empty() {
+        if drop_empty_lines(&mut client.buf) {
+            parsed = 0;
+        }
+        if !client.buf.is_empty() && head::worth_parsing(&client.buf, parsed) {
+            parsed = client.buf.len();
             let since = *head_since.get_or_insert_with(Instant::now);
             match head::parse_request(&client.buf) {
                 Ok(Parsed::Complete(head)) => {
@@ -217,8 +222,8 @@ async fn next_head<S: ByteStream>(
 /// they started the header clock on a connection waiting for its next
 /// request (a 408 at `header_timeout` instead of a quiet close at
 /// `idle_timeout`) and kept it from counting as idle in a drain. A lone CR
-/// waits for its LF.
-fn drop_empty_lines(buf: &mut BytesMut) {
+/// waits for its LF. True if it dropped any.
+fn drop_empty_lines(buf: &mut BytesMut) -> bool {
     let mut empty = 0;
     loop {
         match buf.get(empty..) {
@@ -231,6 +236,7 @@ fn drop_empty_lines(buf: &mut BytesMut) {
         buf.advance(empty);
         release_if_empty(buf);
     }
+    empty > 0
 }
 
 /// Resolves once the connection stayed idle for `grace` of the drain
