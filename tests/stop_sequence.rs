@@ -676,3 +676,72 @@ async fn a_drain_says_how_many_idle_connections_it_closed() {
         "{said}"
     );
 }
+
+/// A stop during a first start, while the first health round still runs,
+/// tells systemd nothing more once it said `STOPPING=1`: the round, ending
+/// during the pre-stop pause, sent `READY=1`, which moves a unit still
+/// starting to running while baton shuts down (found by review). The
+/// notifications go to a socket of the test's own, as systemd's would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_before_the_first_health_round_ends_is_never_followed_by_ready() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&path).expect("notify socket");
+    notify
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("read timeout");
+    // Its queue takes the check's connection and nobody answers: the first
+    // round lasts the check's timeout (3 s), past the 1 s a start waits for
+    // it (half of `ready_timeout`) and into the pre-stop pause (4 s).
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let spec = Spec::default()
+        .section("[shutdown]\npre_stop_delay = \"4s\"\ndrain_timeout = \"2s\"\n")
+        .section("[reload]\nready_timeout = \"2s\"\n")
+        .http("web", "app")
+        .pool_with(
+            "app",
+            "health = { kind = \"http\", path = \"/health\", interval = \"30s\", timeout = \"3s\", rise = 1, fall = 1 }",
+            &[(silent.local_addr().expect("addr"), 1)],
+        );
+    let socket = format!("NOTIFY_SOCKET={}", path.display());
+    let baton = Baton::spawn_under(spec, &[], &["env", &socket]);
+    support::eventually("serving, the first health round still running", || async {
+        baton.log().contains("waiting for the first health round")
+    })
+    .await;
+    // Read as they come (a datagram queue holds only a few).
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reading = std::sync::Arc::clone(&done);
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut said = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match notify.recv(&mut buf) {
+                Ok(n) => said.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(_) if reading.load(Ordering::SeqCst) => return said,
+                Err(_) => {}
+            }
+        }
+    });
+    signal(baton.first_pid, Signal::SIGTERM);
+    let code = wait_exit(baton.first_pid).await;
+    done.store(true, Ordering::SeqCst);
+    let said = reader.await.expect("join");
+    assert_eq!(code, Some(0), "log:\n{}", baton.log());
+    let stopping = said
+        .iter()
+        .position(|s| s.contains("STOPPING=1"))
+        .unwrap_or_else(|| panic!("no STOPPING=1 in {said:?}"));
+    assert!(
+        said[stopping..].iter().all(|s| !s.contains("READY=1")),
+        "READY=1 after STOPPING=1: {said:?}"
+    );
+    assert!(
+        baton.log().contains("backend is down"),
+        "the round ended during the stop: {}",
+        baton.log()
+    );
+    drop(silent);
+}

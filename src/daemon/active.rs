@@ -103,6 +103,7 @@ impl Generation {
             return None;
         }
         let (pools, stop) = (self.pools.clone(), self.background.clone());
+        let (phase, reloading) = (self.phase.subscribe(), Arc::clone(&self.reloading));
         tokio::spawn(async move {
             tracing::info!("waiting for the first health round before READY=1");
             while !first_round_done(&pools) {
@@ -111,7 +112,14 @@ impl Generation {
                     () = tokio::time::sleep(Duration::from_millis(100)) => {}
                 }
             }
-            systemd::ready(&status);
+            // Not once a stop began (its STOPPING=1 is the last word: a
+            // READY=1 after it moved a unit still starting to running as
+            // baton shut down), nor during a reload of ours (see
+            // `status_lines`, which says it later).
+            let active = matches!(*phase.borrow(), Phase::Active);
+            if active && !reloading.load(std::sync::atomic::Ordering::SeqCst) {
+                systemd::ready(&status);
+            }
         });
         None
     }
