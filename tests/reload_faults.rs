@@ -747,13 +747,14 @@ async fn a_dns_name_restored_while_the_new_generation_starts_is_enabled_after() 
     );
 }
 
-/// A reload while a checked backend accepts and hangs, under a
-/// `health.timeout` longer than `reload.ready_timeout`, works (DESIGN: a
-/// reload during a backend outage still works): the new generation's
-/// first health round waited for that check, overran its ready budget and
-/// was killed, every time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_works_while_a_health_check_hangs_longer_than_ready_timeout() {
+/// baton with `reload.ready_timeout` 6 s over a pool of a backend that
+/// answers and one that accepts and never answers its 8 s check (held by
+/// the task returned).
+async fn with_a_check_that_hangs() -> (
+    Baton,
+    support::backend::HttpBackend,
+    tokio::task::JoinHandle<()>,
+) {
     let up = support::backend::HttpBackend::start("a").await;
     let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -771,12 +772,43 @@ async fn a_reload_works_while_a_health_check_hangs_longer_than_ready_timeout() {
             up.addr
         ))
         .http("web", "app");
-    let baton = Baton::start(spec).await;
+    (Baton::start(spec).await, up, holder)
+}
+
+/// A reload while a checked backend accepts and hangs, under a
+/// `health.timeout` longer than `reload.ready_timeout`, works (DESIGN: a
+/// reload during a backend outage still works): the new generation's
+/// first health round waited for that check, overran its ready budget and
+/// was killed, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_works_while_a_health_check_hangs_longer_than_ready_timeout() {
+    let (baton, _up, holder) = with_a_check_that_hangs().await;
+    reload_and_serve(&baton).await;
+    holder.abort();
+}
+
+/// A reload that raises `reload.ready_timeout`, while a checked backend
+/// hangs, works: the old generation waits by its own value (the new one
+/// takes effect from the next reload), and the new generation's first
+/// round now keeps within that wait. By its own, raised value it waited
+/// 8 s for the check and was killed at 6 (found by review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_raises_ready_timeout_works_while_a_check_hangs() {
+    let (baton, _up, holder) = with_a_check_that_hangs().await;
+    let raised = baton
+        .config_text()
+        .replace("ready_timeout = \"6s\"", "ready_timeout = \"30s\"");
+    baton.write_config(&raised);
+    reload_and_serve(&baton).await;
+    holder.abort();
+}
+
+/// A reload succeeds, and the new generation serves.
+async fn reload_and_serve(baton: &Baton) {
     let serving = baton.serving_pid().await;
     let reload = baton.reload().await;
     assert_eq!(reload.code, 0, "{reload:?}\n{}", baton.log());
     assert_ne!(baton.serving_pid().await, serving);
     let answer = client::get(baton.addr("web"), "/").await.expect("served");
     assert_eq!(answer.status, 200);
-    holder.abort();
 }

@@ -29,6 +29,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         report,
         tickets,
         resolved,
+        ready_by,
     } = inheritance;
     metrics::start(number, first);
     let mut waiting: Vec<Check> = config
@@ -135,7 +136,17 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     // The first health round: a takeover needs only this (verdicts carried
     // over), not healthy backends, so a reload during an outage works; and
     // only half its ready budget, which the lookups before took part of.
-    probe::first_round(&pools, config.reload.ready_timeout / 2).await;
+    // A takeover's budget is the old generation's wait, which its own
+    // `ready_timeout` set (a raised one only applies from the next reload:
+    // waiting by ours, we were killed mid-round).
+    let budget = match ready_by {
+        Some(by) => config
+            .reload
+            .ready_timeout
+            .min(by.saturating_duration_since(tokio::time::Instant::now())),
+        None => config.reload.ready_timeout,
+    };
+    probe::first_round(&pools, budget / 2).await;
     let adopted = inventory.taken();
     let renamed = inventory.renamed();
     let mut unclaimed = inventory.unclaimed();

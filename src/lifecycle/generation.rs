@@ -292,6 +292,15 @@ async fn converse(
         report: Some(offer.report),
         tickets: Some(Box::new(offer.tickets)),
         resolved: offer.resolved,
+        ready_ms: Some(
+            u64::try_from(
+                limits
+                    .deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis(),
+            )
+            .unwrap_or(u64::MAX),
+        ),
     };
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
     send_offer(channel, child, &limits, &message, &borrowed).await?;
@@ -457,6 +466,11 @@ pub struct Inheritance {
     pub tickets: Option<TicketKeys>,
     /// Its last good DNS answers (none from a release without them).
     pub resolved: Vec<ResolvedCarry>,
+    /// When the old generation stops waiting for us to be ready, by its
+    /// own `ready_timeout`: a reload that raises it takes effect from the
+    /// next reload, not this one (none on a first start, or from a
+    /// release that does not say).
+    pub ready_by: Option<Instant>,
 }
 
 impl Default for Inheritance {
@@ -470,6 +484,7 @@ impl Default for Inheritance {
             report: Report::default(),
             tickets: None,
             resolved: Vec::new(),
+            ready_by: None,
         }
     }
 }
@@ -522,6 +537,7 @@ impl Parent {
             report,
             tickets,
             resolved,
+            ready_ms,
         } = message
         else {
             return Err(HandoverError::OutOfTurn(format!("{message:?}")));
@@ -543,6 +559,7 @@ impl Parent {
             report: report.unwrap_or_default(),
             tickets: tickets.map(|keys| *keys),
             resolved,
+            ready_by: ready_ms.and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms))),
         };
         Ok((Parent { channel }, inheritance))
     }

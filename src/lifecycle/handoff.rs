@@ -169,6 +169,10 @@ pub enum Message {
         /// older release: the new generation resolves at start then).
         #[serde(default)]
         resolved: Vec<ResolvedCarry>,
+        /// How long the old generation still waits for `Ready`, in ms, as
+        /// its own `ready_timeout` says (absent from an older release).
+        #[serde(default)]
+        ready_ms: Option<u64>,
     },
     /// N+1 is ready; `adopted` names the sockets it took over (N serves
     /// the accept queue of any other before closing it).
@@ -507,6 +511,7 @@ mod tests {
             }],
             draining: vec![1],
             backends: Vec::new(),
+            ready_ms: Some(6_000),
             report: None,
             tickets: Some(Box::new(
                 crate::tls::tickets::TicketKeys::generate().expect("keys"),
@@ -568,6 +573,7 @@ mod tests {
             backends: Vec::new(),
             tickets: None,
             resolved: Vec::new(),
+            ready_ms: None,
             report: Some(Report {
                 baseline,
                 generations: Vec::new(),
