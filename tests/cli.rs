@@ -320,11 +320,6 @@ fn check_reads_the_units_drop_ins_and_its_reload_bound() {
     );
 }
 
-/// systemd takes the new generation as main process only once every
-/// `ExecReload=` command has ended: one that runs on past `baton reload`
-/// (added by a drop-in) makes it fail the reload and restart baton, so
-/// `baton check` says so; the shipped unit's `baton reload` alone, or a
-/// drop-in that clears the list and sets it again, passes.
 #[test]
 fn a_remote_admin_without_a_token_is_refused_by_check() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -121,7 +121,7 @@ pub async fn first_round(pools: &[Arc<Pool>], within: Duration) {
         tracing::warn!(
             waited = ?within,
             running = checks.len(),
-            "first health round not over within half of reload.ready_timeout: going on with the verdicts carried over; the checks still running record theirs when they end"
+            "first health round not over within its budget (half of reload.ready_timeout, less in a reload that raised it): going on with the verdicts carried over; the checks still running record theirs when they end"
         );
         checks.detach_all();
     }

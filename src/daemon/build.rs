@@ -136,17 +136,19 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     // The first health round: a takeover needs only this (verdicts carried
     // over), not healthy backends, so a reload during an outage works; and
     // only half its ready budget, which the lookups before took part of.
-    // A takeover's budget is the old generation's wait, which its own
-    // `ready_timeout` set (a raised one only applies from the next reload:
-    // waiting by ours, we were killed mid-round).
-    let budget = match ready_by {
-        Some(by) => config
-            .reload
-            .ready_timeout
-            .min(by.saturating_duration_since(tokio::time::Instant::now())),
-        None => config.reload.ready_timeout,
+    // A takeover's round also ends before the old generation's wait does,
+    // with a quarter of what is left of it to spare: that wait is set by
+    // the old generation's own `ready_timeout` (a raised one only applies
+    // from the next reload: by ours, we were killed mid-round).
+    let half = config.reload.ready_timeout / 2;
+    let round = match ready_by {
+        Some(by) => {
+            let left = by.saturating_duration_since(tokio::time::Instant::now());
+            half.min(left.saturating_sub(left / 4))
+        }
+        None => half,
     };
-    probe::first_round(&pools, budget / 2).await;
+    probe::first_round(&pools, round).await;
     let adopted = inventory.taken();
     let renamed = inventory.renamed();
     let mut unclaimed = inventory.unclaimed();

@@ -245,11 +245,15 @@ pub fn parse_request(buf: &[u8]) -> Result<Parsed<RequestHead>, Refusal> {
 /// cost the square of its size (a 60 KiB head, 60,000 parses of up to 60
 /// KiB). Parsed again only once a line has ended among the new bytes (a
 /// head ends with one, and a malformed line is refused once it is whole),
-/// or at the size limit, so a head costs at most a parse a line (at most
-/// `MAX_FIELDS` and two); its first bytes always (a client speaking
-/// another protocol is refused at once).
+/// once it has doubled since (so bytes no line ends are still refused
+/// soon, not at `header_timeout`), or at the size limit: at most a parse a
+/// line (`MAX_FIELDS` and two) and one for each doubling; its first bytes
+/// always (a client speaking another protocol is refused at once).
 pub fn worth_parsing(buf: &[u8], parsed: usize) -> bool {
-    parsed == 0 || buf.len() >= MAX_HEAD || buf.get(parsed..).is_none_or(|new| new.contains(&b'\n'))
+    parsed == 0
+        || buf.len() >= MAX_HEAD
+        || buf.len() >= 2 * parsed
+        || buf.get(parsed..).is_none_or(|new| new.contains(&b'\n'))
 }
 
 /// Parses a response head from the start of `buf`, as `parse_request` does
@@ -1207,28 +1211,45 @@ mod tests {
         assert!(!head.keep_alive, "close, the last token, is heard");
     }
 
-    /// A head trickled a byte at a time is parsed once at its first byte,
-    /// then once a line, not once a byte; its end is never missed.
-    #[test]
-    fn a_trickled_head_is_parsed_once_a_line() {
-        let text = b"GET / HTTP/1.1\r\nHost: a\r\nX-Long: 0123456789abcdefghij\r\n\r\n";
+    /// Feeds `text` a byte at a time as `next_head` reads it: the parses
+    /// made, and the length at which the first one ended (complete or
+    /// refused).
+    fn trickled(text: &[u8]) -> (usize, Option<usize>) {
         let mut parsed = 0;
         let mut parses = 0;
-        let mut complete = None;
         for end in 1..=text.len() {
             let buf = &text[..end];
             if worth_parsing(buf, parsed) {
                 parsed = end;
                 parses += 1;
-                if let Ok(Parsed::Complete(head)) = parse_request(buf) {
-                    complete.get_or_insert(head.consumed);
+                if !matches!(parse_request(buf), Ok(Parsed::Partial)) {
+                    return (parses, Some(end));
                 }
             }
         }
-        assert_eq!(parses, 5, "the first byte and each of 4 line ends");
-        assert_eq!(complete, Some(text.len()));
+        (parses, None)
+    }
+
+    /// A head trickled a byte at a time is parsed at its first byte, at
+    /// each line's end and each doubling, not at every byte; its end is
+    /// never missed, and a malformed line no `\n` ends is refused once the
+    /// head has doubled past it.
+    #[test]
+    fn a_trickled_head_is_parsed_once_a_line_or_a_doubling() {
+        let text = b"GET / HTTP/1.1\r\nHost: a\r\nX-Long: 0123456789abcdefghij0123456789\r\n\r\n";
+        let (parses, ended) = trickled(text);
+        assert_eq!(ended, Some(text.len()), "complete at its last byte");
+        // At bytes 1, 2, 4, 8, 16 (a line's end too), 25, 50 (a doubling),
+        // 65 and 67 (lines' ends).
+        assert_eq!(parses, 9);
+        let bad = b"GET / HTTP/1.1\r\nBad Header: 0123456789abcdefghij";
+        assert_eq!(
+            trickled(bad),
+            (6, Some(32)),
+            "refused at the doubling after it"
+        );
         assert!(
-            worth_parsing(&vec![b'a'; MAX_HEAD], 100),
+            worth_parsing(&vec![b'a'; MAX_HEAD], MAX_HEAD - 1),
             "the limit is parsed"
         );
     }
