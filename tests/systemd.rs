@@ -59,6 +59,18 @@ fn stop_releasing_once_the_main_waits(sbx: &Sandbox, verb: &str, backends: &[&Ht
     });
 }
 
+/// Installs baton with `config` and a drop-in adding `service` (a line
+/// of `[Service]` keys) to the shipped unit, and starts it.
+fn start_with_drop_in(sbx: &Sandbox, config: &str, service: &str) {
+    sbx.install_baton(config);
+    sbx.write(
+        "/etc/systemd/system/baton.service.d/test.conf",
+        &format!("[Service]\n{service}\n"),
+    );
+    sbx.systemctl_ok(&["daemon-reload"]);
+    sbx.systemctl_ok(&["start", "baton"]);
+}
+
 fn config(p: &Ports, backends: &[SocketAddr], echo: SocketAddr, extra: &str) -> String {
     let list: Vec<String> = backends
         .iter()
@@ -328,13 +340,11 @@ async fn the_watchdog_never_kills_a_healthy_baton_across_reloads() {
     let Some(sbx) = Sandbox::boot() else { return };
     let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
     let p = Ports::reserve();
-    sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
-    sbx.write(
-        "/etc/systemd/system/baton.service.d/watchdog.conf",
-        "[Service]\nWatchdogSec=2s\n",
+    start_with_drop_in(
+        &sbx,
+        &config(&p, &[a.addr], echo.addr, ""),
+        "WatchdogSec=2s",
     );
-    sbx.systemctl_ok(&["daemon-reload"]);
-    sbx.systemctl_ok(&["start", "baton"]);
     let started = std::time::Instant::now();
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -550,13 +560,8 @@ async fn a_command_after_baton_reload_in_exec_reload_fails_nothing() {
     let Some(sbx) = Sandbox::boot() else { return };
     let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
     let p = Ports::reserve();
-    sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
-    sbx.write(
-        "/etc/systemd/system/baton.service.d/notify.conf",
-        "[Service]\nExecReload=/usr/bin/sleep 4\n",
-    );
-    sbx.systemctl_ok(&["daemon-reload"]);
-    sbx.systemctl_ok(&["start", "baton"]);
+    let config = config(&p, &[a.addr], echo.addr, "");
+    start_with_drop_in(&sbx, &config, "ExecReload=/usr/bin/sleep 4");
     let old = sbx.show("baton", "MainPID");
     let mut reload = sbx
         .command(&["systemctl", "reload", "baton"])

@@ -1,6 +1,6 @@
 //! What `baton check` reads of the installed `baton.service`: the timeouts
-//! systemd would hold baton to and the room in its fd store, from the
-//! unit file and then its drop-ins,
+//! systemd would hold baton to and the room in its fd store, from the unit
+//! file and then its drop-ins,
 //! the place an admin's override survives a package upgrade (the package
 //! replaces the unit file itself).
 
@@ -230,44 +230,26 @@ mod tests {
             let files = [(PathBuf::from("u"), unit.to_string())];
             last_setting(&files, &["TimeoutStopSec"]).map(|s| s.value)
         };
-        assert_eq!(
-            last(
-                "TimeoutStopSec=20
-TimeoutStopSec=30
-"
-            )
-            .as_deref(),
-            Some("30")
-        );
-        assert_eq!(
-            last(
-                "TimeoutStopSec=20
-# a note \\
-TimeoutStopSec=30
-"
-            )
-            .as_deref(),
-            Some("30"),
-            "a comment does not continue"
-        );
-        assert_eq!(
-            last(
-                "TimeoutStopSec=\\
-# a note
-  45s
-"
-            )
-            .as_deref(),
-            Some("45s"),
-            "a comment inside a continued line is dropped"
-        );
-        assert_eq!(
-            last(
-                "; TimeoutStopSec=5
-# TimeoutStopSec=6
-"
+        let cases = [
+            (
+                "TimeoutStopSec=20\nTimeoutStopSec=30\n",
+                Some("30"),
+                "the last wins",
             ),
-            None
-        );
+            (
+                "TimeoutStopSec=20\n# a note \\\nTimeoutStopSec=30\n",
+                Some("30"),
+                "a comment does not continue",
+            ),
+            (
+                "TimeoutStopSec=\\\n# a note\n  45s\n",
+                Some("45s"),
+                "a comment inside a continued line is dropped",
+            ),
+            ("; TimeoutStopSec=5\n# TimeoutStopSec=6\n", None, "comments"),
+        ];
+        for (unit, expected, why) in cases {
+            assert_eq!(last(unit).as_deref(), expected, "{why}: {unit:?}");
+        }
     }
 }
