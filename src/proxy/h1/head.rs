@@ -345,7 +345,7 @@ impl RequestHead {
     /// neither is there or the Host field is empty (HTTP/1.0 only).
     pub fn host(&self) -> Option<&[u8]> {
         self.target_authority()
-            .or_else(|| self.values("host").next())
+            .or_else(|| values_in_role(&self.bytes, &self.fields, Role::Host, "host").next())
             .filter(|h| !h.is_empty())
     }
 
@@ -377,17 +377,17 @@ impl ResponseHead {
     }
 }
 
-/// The fields of a head with their roles, and the `Connection` tokens that
-/// decided them (kept for keep-alive and upgrade), read in place: no token
-/// is copied (an nginx response says `Connection: keep-alive` every time).
-struct Parts<'h> {
+/// The fields of a head with their roles, and what its `Connection` tokens
+/// say of the connection, read in place: no token is copied (an nginx
+/// response says `Connection: keep-alive` every time).
+struct Parts {
     fields: Vec<Field>,
-    tokens: Tokens<'h>,
+    said: Said,
 }
 
-impl<'h> Parts<'h> {
+impl Parts {
     /// `src` is the head's bytes as httparse saw them (its slices point there).
-    fn new(src: &[u8], headers: &'h [httparse::Header<'h>]) -> Parts<'h> {
+    fn new(src: &[u8], headers: &[httparse::Header<'_>]) -> Parts {
         let tokens = Tokens::new(headers);
         let fields = headers
             .iter()
@@ -398,12 +398,26 @@ impl<'h> Parts<'h> {
                 role: role(h.name, || tokens.names(index, h.name.as_bytes())),
             })
             .collect();
-        Parts { fields, tokens }
+        Parts {
+            fields,
+            said: tokens.said,
+        }
     }
+}
 
-    /// Whether a `Connection` field lists `token` (any case).
-    fn has_token(&self, token: &[u8]) -> bool {
-        self.tokens.has(token)
+/// The `Connection` tokens a head's meaning asks about (any case).
+#[derive(Clone, Copy, Default)]
+struct Said {
+    close: bool,
+    keep_alive: bool,
+    upgrade: bool,
+}
+
+impl Said {
+    fn hear(&mut self, token: &[u8]) {
+        self.close |= token.eq_ignore_ascii_case(b"close");
+        self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+        self.upgrade |= token.eq_ignore_ascii_case(b"upgrade");
     }
 }
 
@@ -416,18 +430,12 @@ const GATHERED_TOKENS: usize = 8;
 struct Tokens<'h> {
     gathered: [&'h [u8]; GATHERED_TOKENS],
     count: usize,
-    /// More than `GATHERED_TOKENS`.
-    many: Option<ManyTokens<'h>>,
-}
-
-/// The tokens of a head with more than `GATHERED_TOKENS`: which fields
-/// they name is found once, in one pass over them. Asking each field of
-/// every token instead cost fields × tokens: a 64 KiB head of 30,000
-/// one-letter tokens and 127 fields took tens of milliseconds to read.
-struct ManyTokens<'h> {
-    headers: &'h [httparse::Header<'h>],
-    /// By field index: a token names it.
-    named: Vec<bool>,
+    /// With more than `GATHERED_TOKENS`, by field index: a token names it.
+    /// Found once, in one pass over the tokens: asking each field of every
+    /// token instead cost fields × tokens (a 64 KiB head of 30,000
+    /// one-letter tokens and 127 fields took tens of milliseconds to read).
+    many: Option<Vec<bool>>,
+    said: Said,
 }
 
 impl<'h> Tokens<'h> {
@@ -436,21 +444,25 @@ impl<'h> Tokens<'h> {
             gathered: [&[]; GATHERED_TOKENS],
             count: 0,
             many: None,
+            said: Said::default(),
         };
-        for token in connection_tokens(headers) {
-            match tokens.gathered.get_mut(tokens.count) {
-                Some(slot) => {
-                    *slot = token;
-                    tokens.count += 1;
-                }
-                None => {
-                    tokens.many = Some(ManyTokens {
-                        headers,
-                        named: named_by_tokens(headers),
-                    });
-                    break;
+        let mut overflow = false;
+        // Loops, not `connection_tokens`: its flattened iterator cost more
+        // than all of a five-field head's roles.
+        for field in headers.iter().filter(|h| is_connection(h)) {
+            for token in list(field.value) {
+                tokens.said.hear(token);
+                match tokens.gathered.get_mut(tokens.count) {
+                    Some(slot) => {
+                        *slot = token;
+                        tokens.count += 1;
+                    }
+                    None => overflow = true,
                 }
             }
+        }
+        if overflow {
+            tokens.many = Some(named_by_tokens(headers));
         }
         tokens
     }
@@ -458,21 +470,10 @@ impl<'h> Tokens<'h> {
     /// Whether a token names field `index`, called `name`.
     fn names(&self, index: usize, name: &[u8]) -> bool {
         match &self.many {
-            Some(many) => many.named.get(index).copied().unwrap_or(false),
+            Some(named) => named.get(index).copied().unwrap_or(false),
             None => self.gathered[..self.count]
                 .iter()
                 .any(|t| t.eq_ignore_ascii_case(name)),
-        }
-    }
-
-    /// Whether `token` is among them (asked of a few words: close,
-    /// keep-alive, upgrade).
-    fn has(&self, token: &[u8]) -> bool {
-        match &self.many {
-            Some(many) => connection_tokens(many.headers).any(|t| t.eq_ignore_ascii_case(token)),
-            None => self.gathered[..self.count]
-                .iter()
-                .any(|t| t.eq_ignore_ascii_case(token)),
         }
     }
 }
@@ -523,33 +524,83 @@ fn connection_tokens<'a>(headers: &'a [httparse::Header<'a>]) -> impl Iterator<I
 
 /// A field's role: its fixed one, else hop-by-hop when a Connection token
 /// names it (and it is not one a token cannot strip), else end-to-end.
-/// Called for every field of every head: it compares in place, without
-/// a lowercased copy, against the lists the h2 path uses too, and only
-/// names of the same length (then the head's Connection tokens, if any).
+/// Called for every field of every head.
 fn role(name: &str, named_by_token: impl FnOnce() -> bool) -> Role {
-    use crate::proxy::headers::{
-        is_forwarding, is_underscored_set_by_baton, HOP_BY_HOP, NOT_STRIPPABLE,
-    };
-    let is = |n: &str| n.len() == name.len() && name.eq_ignore_ascii_case(n);
-    let fixed = if is("host") {
-        Role::Host
-    } else if is("content-length") || is("transfer-encoding") {
-        Role::Framing
-    } else if HOP_BY_HOP.iter().any(|n| is(n)) {
-        Role::HopByHop
-    } else if is_forwarding(name.as_bytes()) {
-        Role::Forwarding
-    } else if is("expect") {
-        Role::Expect
-    } else if is_underscored_set_by_baton(name.as_bytes()) {
-        Role::HopByHop
-    } else {
-        Role::EndToEnd
-    };
-    if fixed == Role::EndToEnd && named_by_token() && !NOT_STRIPPABLE.iter().any(|n| is(n)) {
+    use crate::proxy::headers::NOT_STRIPPABLE;
+    let fixed = fixed_role(name.as_bytes());
+    if fixed == Role::EndToEnd
+        && named_by_token()
+        && !NOT_STRIPPABLE.iter().any(|n| name.eq_ignore_ascii_case(n))
+    {
         Role::HopByHop
     } else {
         fixed
+    }
+}
+
+/// The longest name with a role of its own (`transfer-encoding`,
+/// `x-forwarded-proto`).
+const LONGEST_KNOWN: usize = 17;
+
+/// Whether `name` has the length and the first letter of one of the names
+/// `fixed_role` knows: most names (`Date`, `Server`, `Content-Type`,
+/// `User-Agent`, `Accept`) are ruled out by those alone, before any fold.
+fn may_be_known(name: &[u8]) -> bool {
+    matches!(
+        (name.len(), name.first().map(u8::to_ascii_lowercase)),
+        (2, Some(b't'))
+            | (4, Some(b'h'))
+            | (6, Some(b'e'))
+            | (7, Some(b'u'))
+            | (9, Some(b'f' | b'x'))
+            | (10, Some(b'c' | b'k'))
+            | (12, Some(b'x'))
+            | (14, Some(b'c' | b'h'))
+            | (15, Some(b'x'))
+            | (16, Some(b'p' | b'x'))
+            | (17, Some(b't' | b'x'))
+    )
+}
+
+/// The role a field's name alone gives it, from `headers`' lists
+/// (`HOP_BY_HOP`, `FORWARDING`, `SET_BY_BATON`; a unit test holds the two
+/// to each other) written as one `match` on the name folded once: lower
+/// case, `_` as `-`. Asking each list in turn, the fold done again for
+/// every name compared, cost a response head of five fields more than
+/// httparse's parse of it.
+fn fixed_role(name: &[u8]) -> Role {
+    if !may_be_known(name) {
+        return Role::EndToEnd;
+    }
+    let mut buf = [0u8; LONGEST_KNOWN];
+    let mut underscored = false;
+    for (slot, &b) in buf.iter_mut().zip(name) {
+        underscored |= b == b'_';
+        *slot = if b == b'_' {
+            b'-'
+        } else {
+            b.to_ascii_lowercase()
+        };
+    }
+    let folded = buf.get(..name.len()).unwrap_or_default();
+    // Only forwarding names and the ones baton sets count in both
+    // spellings; `keep_alive` is some other field.
+    match (folded, underscored) {
+        (b"host", false) => Role::Host,
+        (b"content-length" | b"transfer-encoding", false) => Role::Framing,
+        (
+            b"connection" | b"keep-alive" | b"proxy-connection" | b"te" | b"upgrade"
+            | b"http2-settings",
+            false,
+        ) => Role::HopByHop,
+        (
+            b"x-forwarded-for" | b"x-forwarded-proto" | b"x-forwarded-host" | b"x-real-ip"
+            | b"forwarded",
+            _,
+        ) => Role::Forwarding,
+        (b"expect", false) => Role::Expect,
+        (b"content-length" | b"transfer-encoding" | b"x-request-id", true) => Role::HopByHop,
+        _ => Role::EndToEnd,
     }
 }
 
@@ -578,6 +629,23 @@ fn values<'a>(
     fields
         .iter()
         .filter(move |f| slice(bytes, &f.name).eq_ignore_ascii_case(name.as_bytes()))
+        .map(move |f| slice(bytes, &f.value))
+}
+
+/// Values of every field with this (lowercase) name, which has `role`
+/// (the one `role` gives that name): one byte compared rules out most
+/// fields before their names are.
+fn values_in_role<'a>(
+    bytes: &'a [u8],
+    fields: &'a [Field],
+    role: Role,
+    name: &'a str,
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    fields
+        .iter()
+        .filter(move |f| {
+            f.role == role && slice(bytes, &f.name).eq_ignore_ascii_case(name.as_bytes())
+        })
         .map(move |f| slice(bytes, &f.value))
 }
 
@@ -646,8 +714,9 @@ fn length(n: u64) -> Framing {
     }
 }
 
+/// The values of a framing field (`content-length`, `transfer-encoding`).
 fn named<'a>(head: &'a [u8], fields: &'a [Field], name: &'a str) -> Vec<&'a [u8]> {
-    values(head, fields, name).collect()
+    values_in_role(head, fields, Role::Framing, name).collect()
 }
 
 /// A request's body framing: one `Transfer-Encoding: chunked` (1.1 only)
@@ -690,7 +759,7 @@ fn response_framing(
         agreed_length(head, fields)?;
         return Ok((Framing::Empty, false));
     }
-    let mut te = values(head, fields, "transfer-encoding").peekable();
+    let mut te = values_in_role(head, fields, Role::Framing, "transfer-encoding").peekable();
     if te.peek().is_some() {
         if version == Version::Http10 {
             return Err(BadResponse::Malformed("transfer-encoding in HTTP/1.0"));
@@ -725,14 +794,17 @@ fn response_framing(
 /// become the next request's answer.
 fn speaks_of_a_body(head: &[u8], fields: &[Field], status: u16) -> bool {
     status == 204
-        && (values(head, fields, "transfer-encoding").next().is_some()
-            || values(head, fields, "content-length").any(|v| v != b"0"))
+        && (values_in_role(head, fields, Role::Framing, "transfer-encoding")
+            .next()
+            .is_some()
+            || values_in_role(head, fields, Role::Framing, "content-length").any(|v| v != b"0"))
 }
 
 /// A response's Content-Length, if it has one: every repeat valid and the
 /// same.
 fn agreed_length(head: &[u8], fields: &[Field]) -> Result<Option<u64>, BadResponse> {
-    let mut lengths = values(head, fields, "content-length").map(content_length);
+    let mut lengths =
+        values_in_role(head, fields, Role::Framing, "content-length").map(content_length);
     match lengths.next() {
         None => Ok(None),
         Some(Some(n)) if lengths.all(|m| m == Some(n)) => Ok(Some(n)),
@@ -740,17 +812,17 @@ fn agreed_length(head: &[u8], fields: &[Field]) -> Result<Option<u64>, BadRespon
     }
 }
 
-fn keep_alive(version: Version, parts: &Parts<'_>) -> bool {
+fn keep_alive(version: Version, parts: &Parts) -> bool {
     match version {
-        Version::Http11 => !parts.has_token(b"close"),
-        Version::Http10 => parts.has_token(b"keep-alive") && !parts.has_token(b"close"),
+        Version::Http11 => !parts.said.close,
+        Version::Http10 => parts.said.keep_alive && !parts.said.close,
     }
 }
 
 /// `Expect: 100-continue` on 1.1; ignored on 1.0 (RFC 9110 §10.1.1); any
 /// other expectation is refused rather than silently dropped.
 fn expect_continue(head: &[u8], fields: &[Field], version: Version) -> Result<bool, Refusal> {
-    let mut expect = values(head, fields, "expect").peekable();
+    let mut expect = values_in_role(head, fields, Role::Expect, "expect").peekable();
     let any = expect.peek().is_some();
     if !expect.all(|v| v.eq_ignore_ascii_case(b"100-continue")) {
         return Err(Refusal::BadRequest("unsupported Expect"));
@@ -761,8 +833,8 @@ fn expect_continue(head: &[u8], fields: &[Field], version: Version) -> Result<bo
 /// The Upgrade field's range for a 1.1 upgrade request, unless `h2c` is
 /// offered (never tunnelled: h2c smuggling) or the field is repeated
 /// (one list, one meaning).
-fn upgrade(head: &[u8], parts: &Parts<'_>, version: Version) -> Option<Range<usize>> {
-    if version != Version::Http11 || !parts.has_token(b"upgrade") {
+fn upgrade(head: &[u8], parts: &Parts, version: Version) -> Option<Range<usize>> {
+    if version != Version::Http11 || !parts.said.upgrade {
         return None;
     }
     let mut fields = parts
@@ -780,10 +852,12 @@ fn upgrade(head: &[u8], parts: &Parts<'_>, version: Version) -> Option<Range<usi
 
 /// A `TE` element `trailers` (parameters after `;` ignored).
 fn takes_trailers(head: &[u8], fields: &[Field]) -> bool {
-    values(head, fields, "te").flat_map(list).any(|t| {
-        let name = t.split(|b| *b == b';').next().unwrap_or_default();
-        trim(name).eq_ignore_ascii_case(b"trailers")
-    })
+    values_in_role(head, fields, Role::HopByHop, "te")
+        .flat_map(list)
+        .any(|t| {
+            let name = t.split(|b| *b == b';').next().unwrap_or_default();
+            trim(name).eq_ignore_ascii_case(b"trailers")
+        })
 }
 
 /// An absolute-form target's authority and the rest after it (path and
@@ -824,7 +898,7 @@ fn check_target(request: &RequestHead) -> Result<(), Refusal> {
 /// One Host field, required on 1.1 and non-empty there; any Host holds
 /// authority characters only (no whitespace, `/`, `@`, ...).
 fn check_host(request: &RequestHead) -> Result<(), Refusal> {
-    let mut hosts = request.values("host");
+    let mut hosts = values_in_role(&request.bytes, &request.fields, Role::Host, "host");
     let (first, second) = (hosts.next(), hosts.next());
     if second.is_some() {
         return Err(Refusal::BadRequest("more than one Host"));
@@ -1308,6 +1382,70 @@ x-u39: 1\r\nx-u0: 1\r\ncookie: c\r\nx-a: 1\r\nx-abc: 1\r\nx-u: 1\r\nx-u400: 1\r\
             .filter(|f| head.field_name(f) == b"b")
             .all(|f| f.role == Role::EndToEnd));
         assert!(!head.keep_alive, "close, the last token, is heard");
+    }
+
+    /// The roles by `headers`' lists, asked in turn (what `fixed_role`
+    /// folds into one match).
+    fn role_by_lists(name: &str) -> Role {
+        use crate::proxy::headers::{is_forwarding, is_underscored_set_by_baton, HOP_BY_HOP};
+        let is = |n: &str| name.eq_ignore_ascii_case(n);
+        if is("host") {
+            Role::Host
+        } else if is("content-length") || is("transfer-encoding") {
+            Role::Framing
+        } else if HOP_BY_HOP.iter().any(|n| is(n)) {
+            Role::HopByHop
+        } else if is_forwarding(name.as_bytes()) {
+            Role::Forwarding
+        } else if is("expect") {
+            Role::Expect
+        } else if is_underscored_set_by_baton(name.as_bytes()) {
+            Role::HopByHop
+        } else {
+            Role::EndToEnd
+        }
+    }
+
+    #[test]
+    fn a_names_fixed_role_is_the_one_the_lists_give() {
+        use crate::proxy::headers::{FORWARDING, HOP_BY_HOP, NOT_STRIPPABLE, SET_BY_BATON};
+        let known = ["host", "expect", "x-request-id", "date", "server", "accept"];
+        let all = HOP_BY_HOP
+            .iter()
+            .chain(FORWARDING)
+            .chain(SET_BY_BATON)
+            .chain(NOT_STRIPPABLE)
+            .chain(&known);
+        let mut asked = 0;
+        for name in all {
+            let upper = name.to_ascii_uppercase();
+            let underscored = name.replace('-', "_");
+            let one_underscore = name.replacen('-', "_", 1);
+            let longer = format!("{name}s");
+            let shorter = &name[..name.len() - 1];
+            let other_letter = format!("{}q", shorter);
+            for spelling in [
+                *name,
+                &upper,
+                &underscored,
+                &one_underscore,
+                &longer,
+                shorter,
+                &other_letter,
+            ] {
+                assert_eq!(
+                    fixed_role(spelling.as_bytes()),
+                    role_by_lists(spelling),
+                    "{spelling}"
+                );
+                asked += 1;
+            }
+        }
+        assert!(asked > 100);
+        assert_eq!(fixed_role(b"Keep_Alive"), Role::EndToEnd);
+        assert_eq!(fixed_role(b"X_Forwarded_For"), Role::Forwarding);
+        assert_eq!(fixed_role(b"Transfer_Encoding"), Role::HopByHop);
+        assert_eq!(fixed_role(b"x-forwarded-proto-and-more"), Role::EndToEnd);
     }
 
     #[test]
