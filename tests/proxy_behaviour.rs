@@ -373,6 +373,54 @@ async fn h2c_clients_are_served() {
     }
 }
 
+/// An HTTP/1.0 client that asked to keep its connection hears baton's
+/// own answer (a 502: the backend refuses) say it is kept, as a proxied
+/// answer says it, and the connection serves its next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_own_answer_tells_a_1_0_keep_alive_client_its_connection_is_kept() {
+    let (dead, _reserved) = support::daemon::dead_addr();
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[dead])).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    for turn in 0..2 {
+        s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+            .await
+            .expect("write");
+        let mut reply = Vec::new();
+        let mut chunk = [0u8; 1024];
+        // The whole answer: its head, then as many bytes as it says.
+        let whole = |reply: &[u8]| {
+            let text = String::from_utf8_lossy(reply).to_ascii_lowercase();
+            let (head, body) = text.split_once("\r\n\r\n")?;
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))?
+                .parse()
+                .ok()?;
+            (body.len() >= length).then(|| head.to_string())
+        };
+        let head = loop {
+            if let Some(head) = whole(&reply) {
+                break head;
+            }
+            let n = tokio::time::timeout(support::TIMEOUT, s.read(&mut chunk))
+                .await
+                .expect("an answer in time")
+                .expect("read");
+            assert_ne!(
+                n,
+                0,
+                "turn {turn}: closed after {:?}",
+                String::from_utf8_lossy(&reply)
+            );
+            reply.extend_from_slice(&chunk[..n]);
+        };
+        assert!(head.starts_with("http/1.1 502"), "{head}");
+        assert!(head.contains("\r\nconnection: keep-alive"), "{head}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_backend_is_a_502_that_tells_the_client_nothing_inside() {
     let (dead, _reserved) = support::daemon::dead_addr();

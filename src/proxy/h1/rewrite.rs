@@ -285,6 +285,11 @@ pub fn own_answer(
     put_length(body.len() as u64, out);
     if closes {
         out.put_slice(b"connection: close\r\n");
+    } else if request.is_some_and(|r| r.version == Version::Http10) {
+        // Kept, so it asked for that: a 1.0 client takes a connection
+        // for closed unless the answer says otherwise, as a proxied
+        // answer's head does (`Persistence::KeepAlive`).
+        out.put_slice(b"connection: keep-alive\r\n");
     }
     out.put_slice(b"\r\n");
     if request.is_none_or(|r| r.method != http::Method::HEAD) {
