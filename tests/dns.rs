@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use serde_json::Value;
 use support::backend::HttpBackend;
@@ -94,6 +94,17 @@ async fn members(admin: SocketAddr) -> Vec<(String, String)> {
             let s = |k: &str| b[k].as_str().unwrap_or("").to_string();
             (s("address"), s("state"))
         })
+        .collect()
+}
+
+/// `/status`'s weights of pool "app"'s backends, in order.
+async fn weights(admin: SocketAddr) -> Vec<u64> {
+    let v = status(admin).await;
+    v["pools"][0]["backends"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["weight"].as_u64())
         .collect()
 }
 
@@ -250,6 +261,54 @@ async fn servfail_silence_and_empty_answers_keep_the_last_set() {
     load.stop().await.assert_clean();
 }
 
+/// A name with A and AAAA records stands for its A addresses: its AAAA
+/// ones would be members on a host that may not route IPv6. Without A
+/// records, it stands for its AAAA ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_stands_for_its_a_addresses_else_its_aaaa_ones() {
+    let dns = DnsServer::start().await;
+    let (first, _second) = two_hosts().await;
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    dns.set_aaaa(HOST, &[Ipv6Addr::LOCALHOST]);
+    let baton = Baton::start(named_spec(&dns, first.addr.port(), "")).await;
+    let v4 = first.addr.to_string();
+    wait_members(baton.admin, &[(v4.clone(), "up")]).await;
+    // A few resolutions more (A queries and AAAA ones).
+    dns.more_queries(6).await;
+    assert_eq!(members(baton.admin).await, [(v4, "up".to_string())]);
+    dns.set_a(HOST, &[]);
+    let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, first.addr.port())).to_string();
+    support::eventually("the AAAA address joins", || async {
+        members(baton.admin)
+            .await
+            .iter()
+            .any(|(address, _)| *address == v6)
+    })
+    .await;
+}
+
+/// An A query that fails is a failed lookup even when AAAA answers: the
+/// last good set stays (the IPv4 members were not replaced by the IPv6
+/// addresses), and the failure is counted as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_a_query_keeps_the_last_set_though_aaaa_answers() {
+    let Named {
+        dns, first, baton, ..
+    } = named(&[2], "").await;
+    let v4 = first.addr.to_string();
+    wait_members(baton.admin, &[(v4.clone(), "up")]).await;
+    dns.set_aaaa(HOST, &[Ipv6Addr::LOCALHOST]);
+    dns.set_mode(Mode::ServFailA);
+    let failed = "baton_dns_resolutions_total{pool=\"app\",result=\"error\"}";
+    support::eventually("the failed A query counted", || async {
+        sample(baton.admin, failed).await > 0.0
+    })
+    .await;
+    // Past the hold a replaced member would have had (two intervals).
+    dns.more_queries(6).await;
+    assert_eq!(members(baton.admin).await, [(v4, "up".to_string())]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn srv_records_give_one_member_each_weighted_by_the_record() {
     let dns = DnsServer::start().await;
@@ -276,14 +335,7 @@ async fn srv_records_give_one_member_each_weighted_by_the_record() {
         &[(a.addr.to_string(), "up"), (b.addr.to_string(), "up")],
     )
     .await;
-    let v = status(baton.admin).await;
-    let weights: Vec<&Value> = v["pools"][0]["backends"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|b| &b["weight"])
-        .collect();
-    assert_eq!(weights, [1, 3]);
+    assert_eq!(weights(baton.admin).await, [1, 3]);
     let web = baton.addr("web");
     let mut conn = client::connect(web).await.expect("connect");
     for i in 0..400 {
@@ -320,6 +372,27 @@ async fn a_reload_while_dns_is_silent_serves_the_carried_set() {
     let ready = client::get(baton.admin, "/readyz").await.expect("readyz");
     assert_eq!(ready.status, 200, "{}", ready.body);
     load.stop().await.assert_clean();
+}
+
+/// A reload that changes a named backend's weight while DNS is silent:
+/// the members the old generation handed over take the new weight at
+/// once, not at DNS's next answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weight_changed_by_a_reload_while_dns_is_silent_holds_at_once() {
+    let Named {
+        dns, first, baton, ..
+    } = named(&[2], "").await;
+    wait_members(baton.admin, &[(first.addr.to_string(), "up")]).await;
+    dns.set_mode(Mode::Silent);
+    let port = first.addr.port();
+    let before = format!("address = \"{HOST}:{port}\" }}");
+    let after = format!("address = \"{HOST}:{port}\", weight = 5 }}");
+    let text = baton.config_text();
+    assert!(text.contains(&before), "{text}");
+    baton.write_config(&text.replace(&before, &after));
+    baton.reload_ok().await;
+    baton.settled().await;
+    assert_eq!(weights(baton.admin).await, [5]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,14 +8,14 @@
 
 pub mod refresh;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig as Servers};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::ResponseCode;
-use hickory_resolver::proto::rr::{RData, Record};
+use hickory_resolver::proto::rr::{RData, Record, RecordType};
 use hickory_resolver::TokioResolver;
 
 use crate::backend::members::Resolved;
@@ -115,13 +115,9 @@ impl Resolver {
         weight: u32,
         from: &str,
     ) -> Result<Answer, Failure> {
-        let lookup = self
-            .inner
-            .lookup_ip(host)
-            .await
-            .map_err(|e| self.failure(e))?;
+        let (ips, valid_for) = self.addresses(host).await?;
         let mut resolved: Vec<Resolved> = Vec::new();
-        for ip in lookup.iter() {
+        for ip in ips {
             let address = SocketAddr::new(ip, port);
             if !resolved.iter().any(|r| r.address == address) {
                 resolved.push(Resolved {
@@ -136,8 +132,46 @@ impl Resolver {
         }
         Ok(Answer {
             resolved,
-            valid_for: until(lookup.valid_until()),
+            valid_for,
         })
+    }
+
+    /// `host`'s A addresses, else (when it has none) its AAAA addresses,
+    /// and how long they hold. Asked in turn, not both at once (hickory's
+    /// default): a dual-stack name would make its IPv6 addresses members
+    /// on a host that may not route them, and an A query that failed while
+    /// AAAA answered would have replaced the IPv4 members, where a failure
+    /// keeps the last good set. Only an empty A answer moves on to AAAA.
+    async fn addresses(&self, host: &str) -> Result<(Vec<IpAddr>, Duration), Failure> {
+        match self.family(host, RecordType::A).await {
+            Ok((ips, held)) if !ips.is_empty() => Ok((ips, held)),
+            Ok(_) | Err(Failure::Empty(_)) => self.family(host, RecordType::AAAA).await,
+            Err(failed) => Err(failed),
+        }
+    }
+
+    /// `host`'s addresses of one family (`kind`: A or AAAA), and how long
+    /// they hold.
+    async fn family(
+        &self,
+        host: &str,
+        kind: RecordType,
+    ) -> Result<(Vec<IpAddr>, Duration), Failure> {
+        let lookup = self
+            .inner
+            .lookup(host, kind)
+            .await
+            .map_err(|e| self.failure(e))?;
+        let ips = lookup
+            .answers()
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(IpAddr::V4(a.0)),
+                RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+                _ => None,
+            })
+            .collect();
+        Ok((ips, until(lookup.valid_until())))
     }
 
     /// One member per address of each target of the SRV records of the
@@ -196,25 +230,22 @@ impl Resolver {
         &self,
         target: &str,
         additionals: &[Record],
-    ) -> Result<(Vec<std::net::IpAddr>, Duration), Failure> {
-        let given: Vec<std::net::IpAddr> = additionals
+    ) -> Result<(Vec<IpAddr>, Duration), Failure> {
+        let given: Vec<IpAddr> = additionals
             .iter()
             .filter(|r| r.name.to_string() == target)
             .filter_map(|r| match &r.data {
-                RData::A(a) => Some(std::net::IpAddr::V4(a.0)),
-                RData::AAAA(a) => Some(std::net::IpAddr::V6(a.0)),
+                RData::A(a) => Some(IpAddr::V4(a.0)),
+                RData::AAAA(a) => Some(IpAddr::V6(a.0)),
                 _ => None,
             })
             .collect();
         if !given.is_empty() {
             return Ok((given, Duration::MAX));
         }
-        match self.inner.lookup_ip(target).await {
-            Ok(lookup) => Ok((lookup.iter().collect(), until(lookup.valid_until()))),
-            Err(e) => match self.failure(e) {
-                Failure::Empty(_) => Ok((Vec::new(), Duration::MAX)),
-                other => Err(other),
-            },
+        match self.addresses(target).await {
+            Err(Failure::Empty(_)) => Ok((Vec::new(), Duration::MAX)),
+            other => other,
         }
     }
 

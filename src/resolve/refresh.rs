@@ -15,6 +15,7 @@ use super::Resolver;
 use crate::backend::members::{Joining, Resolved};
 use crate::backend::named::Named;
 use crate::backend::{probe, Pool};
+use crate::config::DnsQuery;
 use crate::lifecycle::handoff::{CarriedAddress, ResolvedCarry};
 use crate::metrics;
 
@@ -44,20 +45,23 @@ pub async fn first_members(pools: &[Arc<Pool>], resolver: &Resolver, carried: &[
                 .find(|c| c.pool == pool.name && c.name == named.name && c.query == query);
             match kept {
                 Some(c) => {
-                    let resolved: Vec<Resolved> = c.resolved.iter().map(carried_in).collect();
+                    let resolved: Vec<Resolved> =
+                        c.resolved.iter().map(|a| carried_in(a, named)).collect();
                     named.answer(resolved.clone());
-                    if !c.serving.is_empty() {
+                    let gone = still_gone(&c.serving, &resolved);
+                    if !gone.is_empty() {
                         // A move in progress: the members still serving
                         // join too (first, as they came first), then vanish
                         // from the answer as they had (their hold counted
                         // from when they did), and retire once it is over
                         // and another can take work.
-                        let mut all: Vec<Resolved> = c.serving.iter().map(carried_in).collect();
+                        let mut all: Vec<Resolved> =
+                            gone.iter().map(|a| carried_in(a, named)).collect();
                         all.extend(resolved.iter().cloned());
                         pool.apply(named, &all, Joining::AtStart);
                     }
                     pool.apply(named, &resolved, Joining::AtStart);
-                    for gone in &c.serving {
+                    for gone in gone {
                         let gone_for = Duration::from_millis(gone.gone_ms);
                         pool.gone_earlier(named, gone.address, gone_for);
                     }
@@ -118,10 +122,29 @@ pub fn carry_out(pools: &[Arc<Pool>]) -> Vec<ResolvedCarry> {
         .collect()
 }
 
-fn carried_in(a: &CarriedAddress) -> Resolved {
+/// The members still serving from earlier answers that the last answer
+/// does not hold. One it holds again (it came back just as the old
+/// generation handed over) is a member once, as the answer has it, not
+/// twice (twice the weight, and one of them retired as gone).
+fn still_gone<'a>(serving: &'a [CarriedAddress], resolved: &[Resolved]) -> Vec<&'a CarriedAddress> {
+    serving
+        .iter()
+        .filter(|s| !resolved.iter().any(|r| r.address == s.address))
+        .collect()
+}
+
+/// An address the old generation handed over, for `named` as this
+/// generation's config has it: a host name's members take the weight
+/// configured now (a reload that changed it while DNS is down must not
+/// keep the old one until DNS answers); an SRV record's stays its own.
+fn carried_in(a: &CarriedAddress, named: &Named) -> Resolved {
+    let weight = match named.query {
+        DnsQuery::Host { .. } => named.weight,
+        DnsQuery::Srv(_) => a.weight,
+    };
     Resolved {
         address: a.address,
-        weight: a.weight,
+        weight,
         from: a.from.clone(),
     }
 }
@@ -188,5 +211,34 @@ async fn once(
             }
             interval
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn carried(address: &str, gone_ms: u64) -> CarriedAddress {
+        CarriedAddress {
+            address: address.parse().expect("address"),
+            weight: 1,
+            from: "app.test:80".into(),
+            gone_ms,
+        }
+    }
+
+    #[test]
+    fn a_serving_address_back_in_the_answer_is_not_carried_as_gone() {
+        let serving = [carried("10.0.0.1:80", 300), carried("10.0.0.2:80", 100)];
+        let resolved = [Resolved {
+            address: "10.0.0.2:80".parse().expect("address"),
+            weight: 1,
+            from: "app.test:80".into(),
+        }];
+        let gone: Vec<_> = still_gone(&serving, &resolved)
+            .iter()
+            .map(|a| a.address.to_string())
+            .collect();
+        assert_eq!(gone, ["10.0.0.1:80"]);
     }
 }

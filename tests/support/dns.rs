@@ -1,16 +1,16 @@
 //! A small DNS server on 127.0.0.1 (UDP) whose answers a test changes
-//! while baton runs: A records, SRV records (with their targets' A records
-//! as additionals), SERVFAIL, silence (the resolver times out) and empty
-//! NOERROR answers. Messages are built and parsed with hickory-proto.
+//! while baton runs: A and AAAA records, SRV records (with their targets'
+//! A records as additionals), SERVFAIL (to every query or to A queries
+//! only), silence (the resolver times out) and empty NOERROR answers. Messages are built and parsed with hickory-proto.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hickory_proto::op::{Message, ResponseCode};
-use hickory_proto::rr::rdata::{A, SRV};
+use hickory_proto::rr::rdata::{A, AAAA, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +22,8 @@ pub enum Mode {
     Answer,
     /// SERVFAIL to everything.
     ServFail,
+    /// SERVFAIL to A queries, the rest answered from the records.
+    ServFailA,
     /// No answer at all.
     Silent,
     /// NOERROR with no records, whatever it holds.
@@ -35,6 +37,7 @@ struct Zone {
     mode: Mode,
     ttl: u32,
     a: HashMap<String, Vec<Ipv4Addr>>,
+    aaaa: HashMap<String, Vec<Ipv6Addr>>,
     srv: HashMap<String, Vec<SrvRecord>>,
 }
 
@@ -65,6 +68,7 @@ impl DnsServer {
             mode: Mode::Answer,
             ttl: 1,
             a: HashMap::new(),
+            aaaa: HashMap::new(),
             srv: HashMap::new(),
         }));
         let queries = Arc::new(AtomicU64::new(0));
@@ -90,6 +94,12 @@ impl DnsServer {
     pub fn set_a(&self, name: &str, ips: &[Ipv4Addr]) {
         self.edit(|z| {
             z.a.insert(key(name), ips.to_vec());
+        });
+    }
+
+    pub fn set_aaaa(&self, name: &str, ips: &[Ipv6Addr]) {
+        self.edit(|z| {
+            z.aaaa.insert(key(name), ips.to_vec());
         });
     }
 
@@ -160,11 +170,15 @@ fn answer(zone: &Zone, query: &Message) -> Option<Message> {
             return Some(reply);
         }
         Mode::Empty => return Some(reply),
-        Mode::Answer => {}
+        Mode::Answer | Mode::ServFailA => {}
     }
     let Some(q) = query.queries.first() else {
         return Some(reply);
     };
+    if zone.mode == Mode::ServFailA && q.query_type() == RecordType::A {
+        reply.metadata.response_code = ResponseCode::ServFail;
+        return Some(reply);
+    }
     let name = key(&q.name().to_string());
     match q.query_type() {
         RecordType::A => {
@@ -173,6 +187,15 @@ fn answer(zone: &Zone, query: &Message) -> Option<Message> {
                     q.name().clone(),
                     zone.ttl,
                     RData::A(A(*ip)),
+                ));
+            }
+        }
+        RecordType::AAAA => {
+            for ip in zone.aaaa.get(&name).into_iter().flatten() {
+                reply.add_answer(Record::from_rdata(
+                    q.name().clone(),
+                    zone.ttl,
+                    RData::AAAA(AAAA(*ip)),
                 ));
             }
         }
