@@ -240,11 +240,9 @@ async fn termination_states_say_who_ended_the_exchange() {
         client::get(web, "/slow/2000").await.expect("504").status,
         504
     );
-    let bad = raw(
-        web,
-        "GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
-    )
-    .await;
+    let refused_head =
+        "GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
+    let bad = raw(web, refused_head).await;
     assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
     let down = client::get(baton.addr("gone"), "/").await.expect("502");
     assert_eq!(down.status, 502);
@@ -294,6 +292,19 @@ async fn termination_states_say_who_ended_the_exchange() {
         );
     }
     assert_eq!(lines.len(), expect.len(), "{seen:?}");
+    // A refused head's line counts the head as read and the answer.
+    let refused_line = lines
+        .iter()
+        .find(|l| l["termination"] == "PR")
+        .expect("refused line");
+    assert_eq!(
+        (
+            refused_line["bytes_in"].as_u64(),
+            refused_line["bytes_out"].as_u64()
+        ),
+        (Some(refused_head.len() as u64), Some(bad.len() as u64)),
+        "{refused_line}"
+    );
     let tcp_line = lines
         .iter()
         .find(|l| l["listener"] == "raw")

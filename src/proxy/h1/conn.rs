@@ -125,14 +125,20 @@ async fn serve_requests<S: ByteStream>(
                 if crate::telemetry::client_fault() {
                     tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
                 }
-                let _ = write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
+                let bytes_in = client.buf.len() as u64;
+                let written =
+                    write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
                 record::refused(
                     proxy.access_log.as_ref(),
                     &proxy.own_target().metrics,
                     &RequestId::new(),
                     peer,
-                    408,
-                    Termination::ClientTimeout(Phase::Request),
+                    record::Refusal {
+                        status: 408,
+                        termination: Termination::ClientTimeout(Phase::Request),
+                        bytes_in,
+                        bytes_out: written.map_or(0, |()| TIMEOUT_RESPONSE.len() as u64),
+                    },
                     started,
                 );
                 return Ending::Other;
@@ -267,15 +273,20 @@ async fn refuse<S: ByteStream>(
     );
     let mut out = BytesMut::new();
     rewrite::own_answer(status, &page, None, true, &mut out);
-    let _ = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
+    let bytes_in = client.buf.len() as u64;
+    let written = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
     release_if_empty(&mut client.buf);
     record::refused(
         proxy.access_log.as_ref(),
         &proxy.own_target().metrics,
         &id,
         peer,
-        status.as_u16(),
-        Termination::Refused,
+        record::Refusal {
+            status: status.as_u16(),
+            termination: Termination::Refused,
+            bytes_in,
+            bytes_out: written.map_or(0, |()| out.len() as u64),
+        },
         started,
     );
 }

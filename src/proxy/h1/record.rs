@@ -170,20 +170,36 @@ fn text(bytes: &[u8]) -> &str {
     std::str::from_utf8(bytes).unwrap_or("-")
 }
 
+/// How baton answered a request it refused, for its line.
+pub struct Refusal {
+    pub status: u16,
+    pub termination: Termination,
+    /// The bytes read of the request (all of its head that came).
+    pub bytes_in: u64,
+    /// The answer's bytes, if they were written.
+    pub bytes_out: u64,
+}
+
 /// A request baton refused before it had a head it would serve (`400`/
 /// `431`: `PR`; no whole head within `header_timeout`, `408`: `cR`),
 /// counted on its listener's own target with its time from the head's
 /// first byte (`started`) to the answer, as every request is; and its
-/// line: no pool, no backend, and nothing of the request worth logging.
+/// line: no pool, no backend, and nothing of the request worth logging
+/// but its size.
 pub fn refused(
     log: Option<&AccessLog>,
     metrics: &RequestMetrics,
     request_id: &str,
     client: SocketAddr,
-    status: u16,
-    termination: Termination,
+    refusal: Refusal,
     started: Instant,
 ) {
+    let Refusal {
+        status,
+        termination,
+        bytes_in,
+        bytes_out,
+    } = refusal;
     metrics.count(status);
     metrics.duration.record(started.elapsed().as_secs_f64());
     let Some(log) = log else {
@@ -200,8 +216,8 @@ pub fn refused(
         target: "-",
         protocol: "HTTP/1.1",
         status: Some(status),
-        bytes_in: 0,
-        bytes_out: 0,
+        bytes_in,
+        bytes_out,
         marks,
         termination,
         referer: None,
