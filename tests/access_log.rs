@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use support::backend::{HttpBackend, TcpEcho};
 use support::client;
 use support::daemon::{processes_for, signal, wait_exit, Baton, Spec};
+use support::h2_raw;
 use support::load::{Load, Targets};
 
 /// Every line of the files, each parsed as JSON (a line that is not is a
@@ -391,6 +392,54 @@ async fn a_reset_h2_stream_is_logged_as_the_client_s_abort() {
     assert_eq!(lines[0]["protocol"], "HTTP/2.0");
     assert_eq!(lines[0]["termination"], "CH", "{}", lines[0]);
     assert!(lines[0]["status"].is_null(), "{}", lines[0]);
+}
+
+/// An h2 stream whose client resets it, or closes its connection, while
+/// its body is still coming is the client's abort while sending (`CR`,
+/// no status), as on HTTP/1: not a malformed body's 400 that nobody got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_reset_during_its_upload_is_logged_as_cut_while_sending() {
+    let Logged {
+        dir: _dir,
+        log,
+        backend,
+        baton,
+    } = logging("json").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let opening = [
+        h2_raw::opening(),
+        h2_raw::post_on(1, "/upload"),
+        h2_raw::data_on(1, b"the first part"),
+    ]
+    .concat();
+    s.write_all(&opening).await.expect("write");
+    support::eventually("the request reached the backend", || async {
+        backend.active() == 1
+    })
+    .await;
+    s.write_all(&h2_raw::reset(1)).await.expect("reset");
+    support::eventually("the backend let go", || async { backend.active() == 0 }).await;
+    // The same, the client closing its connection instead.
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(&opening).await.expect("write");
+    support::eventually("the request reached the backend", || async {
+        backend.active() == 1
+    })
+    .await;
+    drop(s);
+    support::eventually("the backend let go", || async { backend.active() == 0 }).await;
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[log]);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for line in &lines {
+        assert_eq!(line["termination"], "CR", "{line}");
+        assert!(line["status"].is_null(), "nothing was answered: {line}");
+        assert_eq!(line["bytes_in"], 14, "{line}");
+    }
 }
 
 /// An h2 stream the drain cuts at its deadline is the drain's doing, and

@@ -135,6 +135,9 @@ impl<G: BodyGuard> Body for Guarded<G> {
 /// the client is still uploading).
 pub struct Progress {
     failed: AtomicBool,
+    /// The client went away while the body was coming (h2: it reset the
+    /// stream, or its connection broke): no answer reaches it.
+    client_left: AtomicBool,
     complete: AtomicBool,
     /// The last frame, then the end.
     last: SharedInstant,
@@ -146,6 +149,7 @@ impl Progress {
     fn new() -> Progress {
         Progress {
             failed: AtomicBool::new(false),
+            client_left: AtomicBool::new(false),
             complete: AtomicBool::new(false),
             last: SharedInstant::at(Instant::now()),
             received: AtomicU64::new(0),
@@ -165,6 +169,10 @@ impl Progress {
         self.failed.load(Ordering::Relaxed)
     }
 
+    pub fn client_left(&self) -> bool {
+        self.client_left.load(Ordering::Relaxed)
+    }
+
     fn moved(&self) {
         self.last.set_now();
     }
@@ -176,6 +184,15 @@ impl Progress {
         let last = self.last.get().unwrap_or_else(Instant::now);
         (last, complete)
     }
+}
+
+/// An h2 body error that says the client went away, not that it sent
+/// something malformed: its RST_STREAM (whatever the code), or its
+/// connection broken (closed or reset under the stream).
+fn is_client_gone(err: &hyper::Error) -> bool {
+    std::error::Error::source(err)
+        .and_then(|cause| cause.downcast_ref::<h2::Error>())
+        .is_some_and(|h2| (h2.is_reset() && h2.is_remote()) || h2.is_io())
 }
 
 /// A client's request body on its way to a backend: the frame read before
@@ -227,7 +244,12 @@ impl Body for ClientBody {
                 self.progress.moved();
                 self.note_end();
             }
-            Poll::Ready(Some(Err(_))) => self.progress.failed.store(true, Ordering::Relaxed),
+            Poll::Ready(Some(Err(err))) => {
+                self.progress.failed.store(true, Ordering::Relaxed);
+                if is_client_gone(err) {
+                    self.progress.client_left.store(true, Ordering::Relaxed);
+                }
+            }
             Poll::Ready(None) => {
                 self.progress.moved();
                 self.progress.complete.store(true, Ordering::Release);

@@ -357,6 +357,16 @@ impl HttpProxy {
             }
         };
         let marks = record.as_ref().map_or(spare.marks, StreamRecord::marks);
+        let upload = record
+            .as_mut()
+            .map_or(spare.upload.clone(), |r| r.noted().upload.clone());
+        if checked.is_err() && upload.as_deref().is_some_and(Progress::client_left) {
+            // Nothing to answer, nor to count: the stream is gone.
+            if let Some(record) = record.as_mut() {
+                record.left_while_sending();
+            }
+            return Response::new(body::empty());
+        }
         let (response, on_end) = match checked {
             Ok(r) => (r, Termination::Completed),
             Err(err) => {

@@ -117,6 +117,12 @@ impl StreamRecord {
         self.noted.marks
     }
 
+    /// The client went away while its body was coming: no answer reaches
+    /// it, and the line says it left while sending (`CR`).
+    pub fn left_while_sending(&mut self) {
+        self.termination = Some(Termination::ClientAborted(Phase::Request));
+    }
+
     /// The response is ready: its status, and what the line says if its
     /// body then ends as it should.
     pub fn answered(&mut self, status: u16, on_end: Termination) {

@@ -67,6 +67,19 @@ pub fn get_on(stream: u32, path: &str) -> Vec<u8> {
     frame(1, 0x5, stream, &block)
 }
 
+/// HEADERS for `POST path` on `stream` (END_HEADERS only: a body follows).
+pub fn post_on(stream: u32, path: &str) -> Vec<u8> {
+    let mut block = vec![0x83, 0x86, 0x44, path.len() as u8];
+    block.extend_from_slice(path.as_bytes());
+    block.extend_from_slice(&[0x41, 1, b'x']);
+    frame(1, 0x4, stream, &block)
+}
+
+/// DATA on `stream`, the body going on after it.
+pub fn data_on(stream: u32, bytes: &[u8]) -> Vec<u8> {
+    frame(DATA, 0, stream, bytes)
+}
+
 /// RST_STREAM on `stream`: the client cancels it.
 pub fn reset(stream: u32) -> Vec<u8> {
     frame(RST_STREAM, 0, stream, &CANCEL.to_be_bytes())
