@@ -315,6 +315,8 @@ async fn srv_records_give_one_member_each_weighted_by_the_record() {
     let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
     dns.set_a("a.baton.test", &[Ipv4Addr::LOCALHOST]);
     dns.set_a("b.baton.test", &[Ipv4Addr::LOCALHOST]);
+    // Given as additionals too (as Consul does): not a member, A wins.
+    dns.set_aaaa("a.baton.test", &[Ipv6Addr::LOCALHOST]);
     dns.set_srv(
         "_http._tcp.app.baton.test",
         &[

@@ -11,11 +11,13 @@ pub mod refresh;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig as Servers};
+use hickory_resolver::config::{
+    ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolverConfig as Servers,
+};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::ResponseCode;
-use hickory_resolver::proto::rr::{RData, Record, RecordType};
+use hickory_resolver::proto::rr::{RData, Record};
 use hickory_resolver::TokioResolver;
 
 use crate::backend::members::Resolved;
@@ -63,7 +65,13 @@ pub struct Answer {
 /// Cheap to clone: clones share the name server connections.
 #[derive(Clone)]
 pub struct Resolver {
+    /// A records (and SRV).
     inner: TokioResolver,
+    /// AAAA records, asked only of names without an A address: a
+    /// resolver of its own, as hickory's address family is a resolver's
+    /// option (its `lookup_ip` is what reads /etc/hosts for every name of
+    /// the search list, and an IP literal).
+    ipv6: TokioResolver,
     /// How long one query waits.
     pub timeout: Duration,
 }
@@ -71,6 +79,18 @@ pub struct Resolver {
 impl Resolver {
     /// A resolver on `config`'s name servers, or /etc/resolv.conf's.
     pub fn new(config: &ResolverConfig) -> Result<Resolver, SetupError> {
+        Ok(Resolver {
+            inner: Resolver::asking(config, LookupIpStrategy::Ipv4Only)?,
+            ipv6: Resolver::asking(config, LookupIpStrategy::Ipv6Only)?,
+            timeout: config.timeout,
+        })
+    }
+
+    /// A hickory resolver for one address family (`strategy`).
+    fn asking(
+        config: &ResolverConfig,
+        strategy: LookupIpStrategy,
+    ) -> Result<TokioResolver, SetupError> {
         let provider = TokioRuntimeProvider::default();
         let mut builder = if config.nameservers.is_empty() {
             TokioResolver::builder_tokio().map_err(SetupError::System)?
@@ -91,10 +111,8 @@ impl Resolver {
         options.timeout = config.timeout;
         options.attempts = 1;
         options.cache_size = 0;
-        Ok(Resolver {
-            inner: builder.build().map_err(SetupError::Build)?,
-            timeout: config.timeout,
-        })
+        options.ip_strategy = strategy;
+        builder.build().map_err(SetupError::Build)
     }
 
     /// Every address `named` stands for now.
@@ -143,35 +161,25 @@ impl Resolver {
     /// AAAA answered would have replaced the IPv4 members, where a failure
     /// keeps the last good set. Only an empty A answer moves on to AAAA.
     async fn addresses(&self, host: &str) -> Result<(Vec<IpAddr>, Duration), Failure> {
-        match self.family(host, RecordType::A).await {
+        match self.family(host, &self.inner).await {
             Ok((ips, held)) if !ips.is_empty() => Ok((ips, held)),
-            Ok(_) | Err(Failure::Empty(_)) => self.family(host, RecordType::AAAA).await,
+            Ok(_) | Err(Failure::Empty(_)) => self.family(host, &self.ipv6).await,
             Err(failed) => Err(failed),
         }
     }
 
-    /// `host`'s addresses of one family (`kind`: A or AAAA), and how long
-    /// they hold.
+    /// `host`'s addresses of one family (its resolver), and how long they
+    /// hold.
     async fn family(
         &self,
         host: &str,
-        kind: RecordType,
+        resolver: &TokioResolver,
     ) -> Result<(Vec<IpAddr>, Duration), Failure> {
-        let lookup = self
-            .inner
-            .lookup(host, kind)
+        let lookup = resolver
+            .lookup_ip(host)
             .await
             .map_err(|e| self.failure(e))?;
-        let ips = lookup
-            .answers()
-            .iter()
-            .filter_map(|r| match &r.data {
-                RData::A(a) => Some(IpAddr::V4(a.0)),
-                RData::AAAA(a) => Some(IpAddr::V6(a.0)),
-                _ => None,
-            })
-            .collect();
-        Ok((ips, until(lookup.valid_until())))
+        Ok((lookup.iter().collect(), until(lookup.valid_until())))
     }
 
     /// One member per address of each target of the SRV records of the
@@ -240,7 +248,9 @@ impl Resolver {
                 _ => None,
             })
             .collect();
-        if !given.is_empty() {
+        // A, else AAAA, as for a looked-up name (Consul sends both).
+        let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = given.into_iter().partition(IpAddr::is_ipv4);
+        if let Some(given) = [v4, v6].into_iter().find(|ips| !ips.is_empty()) {
             return Ok((given, Duration::MAX));
         }
         match self.addresses(target).await {

@@ -1,6 +1,6 @@
 //! A small DNS server on 127.0.0.1 (UDP) whose answers a test changes
 //! while baton runs: A and AAAA records, SRV records (with their targets'
-//! A records as additionals), SERVFAIL (to every query or to A queries
+//! A and AAAA records as additionals), SERVFAIL (to every query or to A queries
 //! only), silence (the resolver times out) and empty NOERROR answers. Messages are built and parsed with hickory-proto.
 
 use std::collections::HashMap;
@@ -213,6 +213,13 @@ fn answer(zone: &Zone, query: &Message) -> Option<Message> {
                         target_name.clone(),
                         zone.ttl,
                         RData::A(A(*ip)),
+                    ));
+                }
+                for ip in zone.aaaa.get(&key(target)).into_iter().flatten() {
+                    reply.add_additional(Record::from_rdata(
+                        target_name.clone(),
+                        zone.ttl,
+                        RData::AAAA(AAAA(*ip)),
                     ));
                 }
             }
