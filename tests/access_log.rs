@@ -394,20 +394,10 @@ async fn a_reset_h2_stream_is_logged_as_the_client_s_abort() {
     assert!(lines[0]["status"].is_null(), "{}", lines[0]);
 }
 
-/// An h2 stream whose client resets it, or closes its connection, while
-/// its body is still coming is the client's abort while sending (`CR`,
-/// no status), as on HTTP/1: not a malformed body's 400 that nobody got.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_h2_stream_reset_during_its_upload_is_logged_as_cut_while_sending() {
-    let Logged {
-        dir: _dir,
-        log,
-        backend,
-        baton,
-    } = logging("json").await;
-    let mut s = TcpStream::connect(baton.addr("web"))
-        .await
-        .expect("connect");
+/// An h2c connection to `web` whose stream 1 is a POST with its body's
+/// first 14 bytes sent and the rest still to come, once `backend` has it.
+async fn uploading(web: SocketAddr, backend: &HttpBackend) -> TcpStream {
+    let mut s = TcpStream::connect(web).await.expect("connect");
     let opening = [
         h2_raw::opening(),
         h2_raw::post_on(1, "/upload"),
@@ -419,27 +409,55 @@ async fn an_h2_stream_reset_during_its_upload_is_logged_as_cut_while_sending() {
         backend.active() == 1
     })
     .await;
+    s
+}
+
+/// An h2 stream whose client resets it, or closes its connection, while
+/// its body is still coming (or before its first byte) is the client's
+/// abort while sending (`CR`, no status), as on HTTP/1: not a malformed
+/// body's 400 that nobody got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_reset_during_its_upload_is_logged_as_cut_while_sending() {
+    let Logged {
+        dir: _dir,
+        log,
+        backend,
+        baton,
+    } = logging("json").await;
+    let mut s = uploading(baton.addr("web"), &backend).await;
     s.write_all(&h2_raw::reset(1)).await.expect("reset");
     support::eventually("the backend let go", || async { backend.active() == 0 }).await;
     // The same, the client closing its connection instead.
+    drop(uploading(baton.addr("web"), &backend).await);
+    support::eventually("the backend let go", || async { backend.active() == 0 }).await;
+    // And reset before its first DATA frame (no backend was picked yet).
     let mut s = TcpStream::connect(baton.addr("web"))
         .await
         .expect("connect");
-    s.write_all(&opening).await.expect("write");
-    support::eventually("the request reached the backend", || async {
-        backend.active() == 1
-    })
-    .await;
-    drop(s);
-    support::eventually("the backend let go", || async { backend.active() == 0 }).await;
+    s.write_all(&[h2_raw::opening(), h2_raw::post_on(1, "/upload")].concat())
+        .await
+        .expect("write");
+    h2_raw::round_trip(&mut s).await;
+    s.write_all(&h2_raw::reset(1)).await.expect("reset");
+    h2_raw::round_trip(&mut s).await;
     stop_and_wait(&baton).await;
     let lines = json_lines(&[log]);
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let first_frame_cut = lines.iter().filter(|l| l["bytes_in"] == 0).count();
+    assert_eq!(first_frame_cut, 1, "{lines:?}");
     for line in &lines {
         assert_eq!(line["termination"], "CR", "{line}");
         assert!(line["status"].is_null(), "nothing was answered: {line}");
-        assert_eq!(line["bytes_in"], 14, "{line}");
     }
+}
+
+/// One http listener "web" logging to `log` in JSON, before `backend`,
+/// whose stop forces what is left a second after it begins.
+fn drained_in_a_second(log: &Path, backend: &HttpBackend) -> Spec {
+    Spec::default()
+        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"1s\"\n")
+        .listener("web", "http", "app", &log_key(log, "json"))
+        .pool("app", &[backend.addr])
 }
 
 /// An h2 stream the drain cuts at its deadline is the drain's doing, and
@@ -450,11 +468,7 @@ async fn an_h2_stream_cut_by_a_forced_drain_is_logged_as_drained() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("access.log");
     let backend = HttpBackend::start("a").await;
-    let spec = Spec::default()
-        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"1s\"\n")
-        .listener("web", "http", "app", &log_key(&log, "json"))
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(drained_in_a_second(&log, &backend)).await;
     let web = baton.addr("web");
     let mut sender = support::client::h2(web).await;
     let req = hyper::Request::get(format!("http://{web}/slow/10000"))
@@ -474,6 +488,26 @@ async fn an_h2_stream_cut_by_a_forced_drain_is_logged_as_drained() {
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["protocol"], "HTTP/2.0");
     assert_eq!(lines[0]["termination"], "KH", "{}", lines[0]);
+}
+
+/// An h2 upload the drain cuts at its deadline is the drain's doing
+/// (`KR`), not the client's, though its body broke the way a client's
+/// leaving breaks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_upload_cut_by_a_forced_drain_is_logged_as_drained() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(drained_in_a_second(&log, &backend)).await;
+    let _uploading = uploading(baton.addr("web"), &backend).await;
+    for pid in processes_for(&baton.config) {
+        signal(pid, Signal::SIGTERM);
+        assert_eq!(wait_exit(pid).await, Some(3), "a forced stop");
+    }
+    let lines = json_lines(&[log]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["termination"], "KR", "{}", lines[0]);
+    assert!(lines[0]["status"].is_null(), "{}", lines[0]);
 }
 
 /// An HTTP/1 response a reload's drain cuts at its deadline, mid-body, is

@@ -189,7 +189,7 @@ impl Progress {
 /// An h2 body error that says the client went away, not that it sent
 /// something malformed: its RST_STREAM (whatever the code), or its
 /// connection broken (closed or reset under the stream).
-fn is_client_gone(err: &hyper::Error) -> bool {
+pub fn is_client_gone(err: &hyper::Error) -> bool {
     std::error::Error::source(err)
         .and_then(|cause| cause.downcast_ref::<h2::Error>())
         .is_some_and(|h2| (h2.is_reset() && h2.is_remote()) || h2.is_io())

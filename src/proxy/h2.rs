@@ -357,10 +357,7 @@ impl HttpProxy {
             }
         };
         let marks = record.as_ref().map_or(spare.marks, StreamRecord::marks);
-        let upload = record
-            .as_mut()
-            .map_or(spare.upload.clone(), |r| r.noted().upload.clone());
-        if checked.is_err() && upload.as_deref().is_some_and(Progress::client_left) {
+        if let Err(ProxyError::ClientLeft) = checked {
             // Nothing to answer, nor to count: the stream is gone.
             if let Some(record) = record.as_mut() {
                 record.left_while_sending();
@@ -522,6 +519,7 @@ impl HttpProxy {
             })?;
         match first {
             None => Ok(Outgoing::empty()),
+            Some(Err(err)) if body::is_client_gone(&err) => Err(ProxyError::ClientLeft),
             Some(Err(_)) => Err(ProxyError::Client {
                 why: "malformed request body",
             }),
@@ -555,6 +553,9 @@ impl HttpProxy {
         };
         let err = match outcome {
             Ok(Ok(head)) => return Ok((head, relay)),
+            Ok(Err(_)) if progress.is_some_and(Progress::client_left) => {
+                return Err(Sent::Failed(ProxyError::ClientLeft))
+            }
             Ok(Err(HeadFault::ClientBody)) => {
                 return Err(Sent::Failed(ProxyError::Client {
                     why: "malformed or cut-off request body",

@@ -118,9 +118,14 @@ impl StreamRecord {
     }
 
     /// The client went away while its body was coming: no answer reaches
-    /// it, and the line says it left while sending (`CR`).
+    /// it, and the line says it left while sending (`CR`), unless a forced
+    /// drain broke its connection (`KR`).
     pub fn left_while_sending(&mut self) {
-        self.termination = Some(Termination::ClientAborted(Phase::Request));
+        self.termination = Some(if self.drain.is_forced() {
+            Termination::Drained(Phase::Request)
+        } else {
+            Termination::ClientAborted(Phase::Request)
+        });
     }
 
     /// The response is ready: its status, and what the line says if its

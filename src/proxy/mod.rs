@@ -57,6 +57,10 @@ pub enum ProxyError {
     TooManyFields { max: usize },
     #[error("no request body within {seconds}s")]
     ClientTimeout { seconds: f64 },
+    /// The client went away while its body was coming (h2: it reset the
+    /// stream, or its connection broke): nobody is there to answer.
+    #[error("the client went away while sending its request")]
+    ClientLeft,
     #[error("no backend of pool \"{pool}\" can take the request")]
     NoBackend { pool: String },
     #[error("every backend of pool \"{pool}\" stayed at its cap for queue_timeout")]
@@ -128,7 +132,7 @@ impl ProxyError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::Client { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::Client { .. } | ProxyError::ClientLeft => StatusCode::BAD_REQUEST,
             ProxyError::TooManyFields { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::ClientTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::NoBackend { .. }
@@ -147,6 +151,7 @@ impl ProxyError {
             ProxyError::Client { .. }
                 | ProxyError::TooManyFields { .. }
                 | ProxyError::ClientTimeout { .. }
+                | ProxyError::ClientLeft
         )
     }
 
@@ -156,6 +161,7 @@ impl ProxyError {
         match self {
             ProxyError::Client { .. } | ProxyError::TooManyFields { .. } => Termination::Refused,
             ProxyError::ClientTimeout { .. } => Termination::ClientTimeout(Phase::Request),
+            ProxyError::ClientLeft => Termination::ClientAborted(Phase::Request),
             ProxyError::NoBackend { .. } => Termination::BackendFailed(Phase::Queue),
             ProxyError::QueueTimeout { .. } => Termination::QueueTimeout,
             ProxyError::Connect { .. } => Termination::BackendFailed(Phase::Connect),
@@ -176,6 +182,7 @@ impl ProxyError {
             ProxyError::Client { .. }
             | ProxyError::TooManyFields { .. }
             | ProxyError::ClientTimeout { .. }
+            | ProxyError::ClientLeft
             | ProxyError::NoBackend { .. }
             | ProxyError::QueueTimeout { .. }
             | ProxyError::Shortage { .. } => None,

@@ -120,6 +120,30 @@ pub async fn read_while_pinging(
     }
 }
 
+/// Sends a PING and reads until its answer: the server has read every
+/// frame sent before it (h2 takes them in order).
+pub async fn round_trip(s: &mut TcpStream) {
+    const MARK: [u8; 8] = *b"rndtrip!";
+    s.write_all(&frame(PING, 0, 0, &MARK)).await.expect("ping");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let mut parsed = 0;
+    loop {
+        let n = tokio::time::timeout(super::TIMEOUT, s.read(&mut buf))
+            .await
+            .expect("the PING answered in time")
+            .expect("read");
+        assert_ne!(n, 0, "closed before the PING's answer");
+        got.extend_from_slice(&buf[..n]);
+        while let Some((kind, flags, payload)) = frame_at(&got[parsed..]) {
+            if kind == PING && flags & ACK != 0 && payload == MARK {
+                return;
+            }
+            parsed += 9 + payload.len();
+        }
+    }
+}
+
 /// The whole frame at the start of `bytes`, if it is in: its type, flags
 /// and payload.
 fn frame_at(bytes: &[u8]) -> Option<(u8, u8, &[u8])> {

@@ -174,7 +174,8 @@ fn text(bytes: &[u8]) -> &str {
 pub struct Refusal {
     pub status: u16,
     pub termination: Termination,
-    /// The bytes read of the request (all of its head that came).
+    /// The bytes read with the refused head (all of it that came, and
+    /// whatever followed it in the same reads).
     pub bytes_in: u64,
     /// The answer's bytes, if they were written.
     pub bytes_out: u64,
