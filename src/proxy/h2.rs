@@ -535,9 +535,10 @@ impl HttpProxy {
 
     /// One try at one backend: the request goes up while the response
     /// head is awaited. The client's body `progress` tells a request that
-    /// died of its own body (400), or of a body that stopped coming (408),
-    /// from one the backend broke; `response_timeout` runs only once the
-    /// whole request was sent.
+    /// died of its own body (400), of a body that stopped coming (408), or
+    /// of a client that left while sending it (no answer), from one the
+    /// backend broke; `response_timeout` runs only once the whole request
+    /// was sent.
     async fn send(
         &self,
         mut relay: Relay,
