@@ -125,20 +125,14 @@ async fn serve_requests<S: ByteStream>(
                 if crate::telemetry::client_fault() {
                     tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
                 }
-                let bytes_in = client.buf.len() as u64;
-                let written =
-                    write_all(&mut client.stream, TIMEOUT_RESPONSE, proxy.idle_timeout).await;
+                let timeout = Termination::ClientTimeout(Phase::Request);
+                let answered = answer_refused(proxy, client, TIMEOUT_RESPONSE, 408, timeout).await;
                 record::refused(
                     proxy.access_log.as_ref(),
                     &proxy.own_target().metrics,
                     &RequestId::new(),
                     peer,
-                    record::Refusal {
-                        status: 408,
-                        termination: Termination::ClientTimeout(Phase::Request),
-                        bytes_in,
-                        bytes_out: written.map_or(0, |()| TIMEOUT_RESPONSE.len() as u64),
-                    },
+                    answered,
                     started,
                 );
                 return Ending::Other;
@@ -273,22 +267,35 @@ async fn refuse<S: ByteStream>(
     );
     let mut out = BytesMut::new();
     rewrite::own_answer(status, &page, None, true, &mut out);
-    let bytes_in = client.buf.len() as u64;
-    let written = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
+    let answered = answer_refused(proxy, client, &out, status.as_u16(), Termination::Refused).await;
     release_if_empty(&mut client.buf);
     record::refused(
         proxy.access_log.as_ref(),
         &proxy.own_target().metrics,
         &id,
         peer,
-        record::Refusal {
-            status: status.as_u16(),
-            termination: Termination::Refused,
-            bytes_in,
-            bytes_out: written.map_or(0, |()| out.len() as u64),
-        },
+        answered,
         started,
     );
+}
+
+/// Writes `answer` to a head baton refused, and what went each way for
+/// its line: the bytes read with the head, the answer's if written.
+async fn answer_refused<S: ByteStream>(
+    proxy: &HttpProxy,
+    client: &mut Client<S>,
+    answer: &[u8],
+    status: u16,
+    termination: Termination,
+) -> record::Answered {
+    let bytes_in = client.buf.len() as u64;
+    let written = write_all(&mut client.stream, answer, proxy.idle_timeout).await;
+    record::Answered {
+        status,
+        termination,
+        bytes_in,
+        bytes_out: written.map_or(0, |()| answer.len() as u64),
+    }
 }
 
 #[cfg(test)]

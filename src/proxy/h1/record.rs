@@ -171,7 +171,7 @@ fn text(bytes: &[u8]) -> &str {
 }
 
 /// How baton answered a request it refused, for its line.
-pub struct Refusal {
+pub struct Answered {
     pub status: u16,
     pub termination: Termination,
     /// The bytes read with the refused head (all of it that came, and
@@ -192,15 +192,15 @@ pub fn refused(
     metrics: &RequestMetrics,
     request_id: &str,
     client: SocketAddr,
-    refusal: Refusal,
+    answered: Answered,
     started: Instant,
 ) {
-    let Refusal {
+    let Answered {
         status,
         termination,
         bytes_in,
         bytes_out,
-    } = refusal;
+    } = answered;
     metrics.count(status);
     metrics.duration.record(started.elapsed().as_secs_f64());
     let Some(log) = log else {
