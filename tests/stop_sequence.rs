@@ -745,3 +745,54 @@ async fn a_stop_before_the_first_health_round_ends_is_never_followed_by_ready() 
     );
     drop(silent);
 }
+
+/// A stop whose access log cannot be written out (a FIFO nobody reads, as
+/// a hung disk) after a forced drain still exits before systemd's
+/// `TimeoutStopSec` (`baton check` prints it: pre-stop pause, drain, and
+/// 5 s), with a margin, so that its SIGKILL never takes the exit code: the
+/// flush gets what is left of the stop, not a fixed 5 s of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_access_log_never_takes_a_stop_past_timeout_stop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("access.log");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    // Opened first, so baton's open for writing does not wait for a reader;
+    // held and never read.
+    use std::os::unix::fs::OpenOptionsExt;
+    let _reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(&fifo)
+        .expect("reader");
+    let backend = HttpBackend::start("a").await;
+    let access_log = format!("access_log = {{ path = \"{}\" }}", fifo.display());
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"1s\"",
+        &backend,
+        &access_log,
+    ))
+    .await;
+    let web = baton.addr("web");
+    // 64 lines of over 4 KiB: four times what the pipe holds.
+    let long_path = format!("/{}", "x".repeat(4096));
+    for _ in 0..64 {
+        let answer = client::get(web, &long_path).await.expect("logged request");
+        assert_eq!(answer.status, 200);
+    }
+    let slow = tokio::spawn(async move { client::get(web, "/slow/30000").await });
+    support::eventually("slow request arrived", || async {
+        backend.hits.load(Ordering::Relaxed) == 65
+    })
+    .await;
+    let timeout_stop = Duration::from_secs(1 + 5);
+    let signalled = std::time::Instant::now();
+    signal(baton.first_pid, Signal::SIGTERM);
+    assert_eq!(wait_exit(baton.first_pid).await, Some(3), "forced");
+    let took = signalled.elapsed();
+    assert!(
+        took < timeout_stop - Duration::from_secs(1),
+        "exited {took:?} after SIGTERM; systemd kills at {timeout_stop:?}"
+    );
+    assert!(slow.await.expect("join").is_err());
+    assert!(baton.log().contains("access log not written out"));
+}

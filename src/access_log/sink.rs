@@ -148,8 +148,10 @@ impl Sinks {
     }
 
     /// Writes out every queued line and stops the writers (teardown, once
-    /// no connection is left to log).
-    pub fn close(&self) {
+    /// no connection is left to log), giving up after `within` or
+    /// `FLUSH_LIMIT`, whichever is sooner: a stop passes only what is left
+    /// before systemd's `TimeoutStopSec`.
+    pub fn close(&self, within: Duration) {
         let sinks: Vec<Arc<Sink>> = match self.open.lock() {
             Ok(mut open) => open.drain().map(|(_, s)| s).collect(),
             Err(_) => return,
@@ -157,7 +159,8 @@ impl Sinks {
         // One deadline for all: each stuck destination (a hung mount, a
         // pipe nobody reads) must not add its own to a stop's time, which
         // TimeoutStopSec bounds. Every close is queued before any wait.
-        let deadline = std::time::Instant::now() + FLUSH_LIMIT;
+        let limit = within.min(FLUSH_LIMIT);
+        let deadline = std::time::Instant::now() + limit;
         let closing: Vec<(Arc<Sink>, JoinHandle<()>)> = sinks
             .into_iter()
             .filter_map(|sink| {
@@ -165,13 +168,13 @@ impl Sinks {
                 if close_by(&sink.queue, deadline) {
                     Some((sink, handle))
                 } else {
-                    tracing::warn!(destination = %sink.destination, "access log not written out within {FLUSH_LIMIT:?}; lines may be lost");
+                    tracing::warn!(destination = %sink.destination, "access log not written out within {limit:?}; lines may be lost");
                     None
                 }
             })
             .collect();
         for (sink, handle) in closing {
-            join_by(handle, deadline, &sink.destination);
+            join_by(handle, deadline, limit, &sink.destination);
         }
     }
 }
@@ -189,9 +192,13 @@ fn close_by(queue: &SyncSender<Message>, deadline: std::time::Instant) -> bool {
     }
 }
 
-/// Waits for a writer thread until `deadline`.
-fn join_by(handle: JoinHandle<()>, deadline: std::time::Instant, destination: &Destination) {
-    let limit = FLUSH_LIMIT;
+/// Waits for a writer thread until `deadline` (`limit` from the start).
+fn join_by(
+    handle: JoinHandle<()>,
+    deadline: std::time::Instant,
+    limit: Duration,
+    destination: &Destination,
+) {
     while !handle.is_finished() {
         if std::time::Instant::now() >= deadline {
             tracing::warn!(%destination, "access log not written out within {limit:?}; lines may be lost");
@@ -378,7 +385,7 @@ mod tests {
         sinks.reopen();
         std::thread::sleep(REOPEN_CHECK * 3);
         assert!(sink.send(b"two\n".to_vec(), &Counter::noop()));
-        sinks.close();
+        sinks.close(FLUSH_LIMIT);
         assert_eq!(std::fs::read_to_string(&rotated).expect("rotated"), "one\n");
         assert_eq!(std::fs::read_to_string(&path).expect("reopened"), "two\n");
     }
@@ -423,7 +430,7 @@ mod tests {
         assert!(taken >= budget / 2, "{taken}: the budget is used");
         // Unblocked (its writes fail now), the writer ends its queue at once.
         drop(reader);
-        sinks.close();
+        sinks.close(FLUSH_LIMIT);
     }
 
     #[test]
@@ -475,8 +482,25 @@ mod tests {
         assert!(refused.is_some(), "a full queue refuses lines");
         // Teardown gives up at its limit instead of waiting on the writer.
         let closing = std::time::Instant::now();
-        sinks.close();
+        sinks.close(FLUSH_LIMIT);
         assert!(closing.elapsed() < FLUSH_LIMIT + Duration::from_secs(3));
+    }
+
+    /// A stop gives teardown only what is left before systemd's
+    /// `TimeoutStopSec`: a stuck destination is given up on by then.
+    #[test]
+    fn teardown_gives_up_within_the_time_it_is_given() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sinks, sink, _reader) = unread_fifo(&dir);
+        let line = vec![b'x'; 511];
+        while sink.send([line.clone(), b"\n".to_vec()].concat(), &Counter::noop()) {}
+        let closing = std::time::Instant::now();
+        sinks.close(Duration::from_millis(300));
+        assert!(
+            closing.elapsed() < Duration::from_secs(2),
+            "given 300 ms, took {:?}",
+            closing.elapsed()
+        );
     }
 
     /// A reopen that fails (here the path is a directory for a while) is
@@ -502,7 +526,7 @@ mod tests {
         holds_in_time("the line reached the new file", || {
             std::fs::read_to_string(&path).unwrap_or_default() == "on the new file\n"
         });
-        sinks.close();
+        sinks.close(FLUSH_LIMIT);
     }
 
     /// Waits up to 10 s for `check`; panics saying `what` if it never holds.
@@ -524,7 +548,7 @@ mod tests {
         let lost = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = Counter::from_arc(Arc::clone(&lost));
         assert!(sink.send(b"lost\n".to_vec(), &counter), "queued");
-        sinks.close();
+        sinks.close(FLUSH_LIMIT);
         assert_eq!(lost.load(Ordering::Relaxed), 1);
     }
 
@@ -544,7 +568,7 @@ mod tests {
             })
             .collect();
         let closing = std::time::Instant::now();
-        sinks.close();
+        sinks.close(FLUSH_LIMIT);
         assert!(
             closing.elapsed() < FLUSH_LIMIT * 2,
             "one limit for all, not one each: {:?}",

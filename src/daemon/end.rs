@@ -46,7 +46,8 @@ impl Generation {
             reporting.clone(),
         ));
         let outcome = self.drain_for(budget, DrainReason::Reload).await.outcome;
-        self.write_out_telemetry().await;
+        // No stop's clock runs here: the sinks' own limit bounds the flush.
+        self.write_out_telemetry(Duration::MAX).await;
         self.outlive_predecessor().await;
         reporting.cancel();
         // A periodic report still being sent must land before the last one,
@@ -105,6 +106,10 @@ impl Generation {
         tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
         let shutdown = &self.config.shutdown;
         let stop_ends = signalled + shutdown.pre_stop_delay + shutdown.drain_timeout;
+        // systemd kills what still runs at `TimeoutStopSec`, the exit code
+        // and the last reports with it: what follows the drain keeps to
+        // what is left before then.
+        let exit_by = signalled + self.config.timeout_stop() - EXIT_MARGIN;
         let older_forced_before = self.admin.inherited_forced_connections();
         let _ = self.phase.send(Phase::Stopping { deadline: None });
         systemd::stopping();
@@ -143,10 +148,13 @@ impl Generation {
             self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
                 .await
         };
-        self.write_out_telemetry().await;
+        let flush_by = exit_by.checked_sub(AFTER_FLUSH).unwrap_or(exit_by);
+        self.write_out_telemetry(flush_by.saturating_duration_since(Instant::now()))
+            .await;
         let older_cut = self
             .outlive_other_generations(
                 stop_ends.max(self.outlive_until.unwrap_or(stop_ends)) + OLDER_GENERATIONS_SLACK,
+                exit_by,
                 ended.by_signal,
             )
             .await
@@ -183,8 +191,14 @@ impl Generation {
     /// each exits, through the one we took over from, which exits last of
     /// them), for the caller to count what the stop cut. True when they
     /// still ran at `bound` under systemd, which forces them as we exit
-    /// (elsewhere nothing does: they drain on).
-    async fn outlive_other_generations(&mut self, bound: Instant, force: bool) -> bool {
+    /// (elsewhere nothing does: they drain on). Their last reports are
+    /// waited for until `exit_by` at the latest.
+    async fn outlive_other_generations(
+        &mut self,
+        bound: Instant,
+        exit_by: Instant,
+        force: bool,
+    ) -> bool {
         let outlived_by_main = self.commands.stop_word();
         if outlived_by_main.is_cancelled() {
             return false;
@@ -202,7 +216,10 @@ impl Generation {
             };
         }
         tokio::select! {
-            _ = tokio::time::timeout(OLDER_GENERATIONS_SLACK, self.predecessor_gone.cancelled()) => {}
+            _ = tokio::time::timeout_at(
+                exit_by.min(Instant::now() + OLDER_GENERATIONS_SLACK),
+                self.predecessor_gone.cancelled(),
+            ) => {}
             () = outlived_by_main.cancelled() => {}
         }
         false
@@ -268,12 +285,12 @@ impl Generation {
 
     /// The telemetry's last words, once the drain is over (no connection
     /// is left to add any): every access-log line of this generation
-    /// reaches its file, and the count of client-fault lines still held
-    /// back is logged.
-    async fn write_out_telemetry(&self) {
+    /// reaches its file within `within`, and the count of client-fault
+    /// lines still held back is logged.
+    async fn write_out_telemetry(&self, within: Duration) {
         crate::telemetry::report_held_back(true);
         let sinks = Arc::clone(&self.access_logs);
-        let _ = tokio::task::spawn_blocking(move || sinks.close()).await;
+        let _ = tokio::task::spawn_blocking(move || sinks.close(within)).await;
     }
 
     /// Stops every accept loop and waits until each has closed its socket.
@@ -436,6 +453,14 @@ fn signal_each(generations: &[Process], signal: rustix::process::Signal) {
         }
     }
 }
+
+/// How long before systemd's `TimeoutStopSec` (`Config::timeout_stop`) a
+/// stop means to have exited, whatever is left undone.
+const EXIT_MARGIN: Duration = Duration::from_secs(1);
+
+/// What a stop keeps back from the access log's flush for the rest of its
+/// teardown: the older generations' last reports and the exit itself.
+const AFTER_FLUSH: Duration = Duration::from_secs(1);
 
 /// How long after the stop's own end the main process still waits for
 /// older generations: theirs is the same end (or earlier), then their
