@@ -282,12 +282,10 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
         AdminState::Enabled
     };
     let found = match &found.named {
-        Some(named) => {
-            named.set_admin(word);
-            // Looked at again: a member that joined while the word was
-            // being said is in this look, one joining later takes the word.
-            lookup(&state.topology()).unwrap_or(found)
-        }
+        Some((pool, named)) => Found {
+            backends: pool.say_of_name(named, word),
+            ..found
+        },
         None => found,
     };
     for backend in &found.backends {
@@ -317,7 +315,8 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
 struct Found {
     pool: String,
     backends: Vec<Arc<Backend>>,
-    named: Option<Arc<Named>>,
+    /// The name and its pool, when `id` names a name.
+    named: Option<(Arc<Pool>, Arc<Named>)>,
 }
 
 impl Found {
@@ -388,7 +387,7 @@ fn find_backends(topology: &Topology, id: &str) -> Result<Found, (StatusCode, St
                 .filter(|b| b.name == id)
                 .cloned()
                 .collect(),
-            named: Some(Arc::clone(named)),
+            named: Some((Arc::clone(pool), Arc::clone(named))),
         });
     }
     all()

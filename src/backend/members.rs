@@ -265,6 +265,22 @@ impl Pool {
         joined
     }
 
+    /// The operator's word on `named`, for its members now and to come,
+    /// said under the lock `apply` holds while members join: none joins
+    /// with the word from before once this has looked at who is there.
+    /// Returns the members there now, for the caller to drain or restore.
+    pub fn say_of_name(&self, named: &Named, word: AdminState) -> Vec<Arc<Backend>> {
+        let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        named.set_admin(word);
+        let members = self.members.load();
+        members
+            .backends
+            .iter()
+            .filter(|b| b.member_of(named))
+            .cloned()
+            .collect()
+    }
+
     /// Members of `named` gone from its answer that still serve (within
     /// their hold, or no other member of the name can take work yet), with
     /// how long they have been gone, for the next generation.
@@ -579,6 +595,67 @@ mod tests {
         assert_eq!(members[0].state().as_str(), "out");
         let serving = p.still_serving(&named);
         assert!(serving.is_empty(), "{:?}", serving.len());
+    }
+
+    /// The operator's word on a name while members join from DNS: each
+    /// takes it, whether it joined before the word (the caller tells those
+    /// `say_of_name` returns) or after (it takes the name's). One that read
+    /// the name's word before it changed, and joined after the look at who
+    /// is there, would keep the old word.
+    #[test]
+    fn a_word_on_a_name_reaches_members_joining_meanwhile() {
+        use std::sync::atomic::AtomicBool;
+        let p = Arc::new(pool());
+        let named = Arc::clone(&p.named[0]);
+        let applied = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let joiner = {
+            let (p, named) = (Arc::clone(&p), Arc::clone(&named));
+            let (applied, done) = (Arc::clone(&applied), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let mut port = 0u16;
+                while !done.load(Ordering::SeqCst) {
+                    port = port % 60_000 + 1;
+                    let fresh = Resolved {
+                        address: ([10, 0, 0, 1], port).into(),
+                        weight: 1,
+                        from: "app.internal:80".into(),
+                    };
+                    p.apply(&named, &[fresh], Joining::Serving);
+                    p.sweep();
+                    applied.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        for round in 0..4000 {
+            let drain = round % 2 == 0;
+            let word = if drain {
+                AdminState::Draining
+            } else {
+                AdminState::Enabled
+            };
+            for b in p.say_of_name(&named, word) {
+                if drain {
+                    b.drain();
+                } else {
+                    b.restore();
+                }
+            }
+            // Two answers on: the one under way, if any, has joined.
+            let seen = applied.load(Ordering::SeqCst);
+            while applied.load(Ordering::SeqCst) < seen + 2 {
+                std::thread::yield_now();
+            }
+            let members = p.backends();
+            let apart = members
+                .backends
+                .iter()
+                .filter(|b| b.member_of(&named) && (b.admin() == AdminState::Enabled) == drain)
+                .count();
+            assert_eq!(apart, 0, "round {round}: members without the word {word:?}");
+        }
+        done.store(true, Ordering::SeqCst);
+        joiner.join().expect("joiner");
     }
 
     #[test]
