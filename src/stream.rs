@@ -46,6 +46,12 @@ pub trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn server_name(&self) -> Option<&str> {
         None
     }
+
+    /// The certificate (DER) the client's TLS handshake presented, which
+    /// the listener's `client_ca` verified, if any.
+    fn client_certificate(&self) -> Option<&[u8]> {
+        None
+    }
 }
 
 impl ByteStream for TcpStream {
@@ -129,5 +135,12 @@ impl ByteStream for Box<TlsStream<TcpStream>> {
 
     fn server_name(&self) -> Option<&str> {
         self.get_ref().1.server_name()
+    }
+
+    /// The leaf of the chain the client presented (rustls keeps it through
+    /// a resumption, sealed in the ticket).
+    fn client_certificate(&self) -> Option<&[u8]> {
+        let chain = self.get_ref().1.peer_certificates()?;
+        chain.first().map(|leaf| leaf.as_ref())
     }
 }

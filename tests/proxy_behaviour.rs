@@ -230,7 +230,7 @@ async fn headers_seen(listener_keys: &str, request: &str) -> String {
 
 /// With underscore spellings of the fields baton writes, which a
 /// CGI-style backend reads as those fields.
-const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nX_Forwarded_Proto: gopher\r\nX_Request_Id: forged\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nConnection: close\r\n\r\n";
+const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nX_Forwarded_Proto: gopher\r\nX_Request_Id: forged\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nX-Forwarded-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Forwarded_Client_Cert: Hash=01\r\nConnection: close\r\n\r\n";
 
 /// What baton writes itself, spelled with `_`: never reaches a backend.
 const UNDERSCORED_OWN: [&str; 3] = ["forged", "content_length", "transfer_encoding"];
@@ -243,7 +243,14 @@ async fn forwarding_headers_follow_the_listener_mode() {
         "{replaced}"
     );
     assert!(replaced.contains("x-forwarded-proto: http\n"), "{replaced}");
-    for spoof in ["6.6.6.6", "7.7.7.7", "8.8.8.8", "x-real-ip", "forwarded: "] {
+    for spoof in [
+        "6.6.6.6",
+        "7.7.7.7",
+        "8.8.8.8",
+        "x-real-ip",
+        "forwarded: ",
+        "Hash=0",
+    ] {
         assert!(!replaced.contains(spoof), "{spoof} survived: {replaced}");
     }
     let appended = headers_seen("forwarded = \"append\"", SPOOFED).await;
@@ -251,13 +258,19 @@ async fn forwarding_headers_follow_the_listener_mode() {
         appended.contains("x-forwarded-for: 6.6.6.6, 7.7.7.7, 127.0.0.1\n"),
         "{appended}"
     );
-    for spoof in ["8.8.8.8", "gopher"] {
+    // A certificate's identity comes from the listener's handshake alone:
+    // no client can chain one in.
+    for spoof in ["8.8.8.8", "gopher", "Hash=0"] {
         assert!(!appended.contains(spoof), "{spoof} survived: {appended}");
     }
     let off = headers_seen("forwarded = \"off\"", SPOOFED).await;
     assert!(off.contains("x-forwarded-for: 6.6.6.6\n"), "{off}");
     assert!(off.contains("x-forwarded-proto: https\n"), "{off}");
     assert!(!off.contains("127.0.0.1"), "{off}");
+    assert!(
+        off.contains("x-forwarded-client-cert: Hash=00;Subject=\"CN=admin\"\n"),
+        "{off}"
+    );
     for seen in [&replaced, &appended, &off] {
         for own in UNDERSCORED_OWN {
             assert!(!seen.contains(own), "{own} survived: {seen}");
@@ -280,6 +293,8 @@ async fn underscore_spellings_of_what_baton_writes_never_reach_a_backend_from_h2
         .header("x_request_id", "forged")
         .header("content_length", "99")
         .header("transfer_encoding", "chunked")
+        .header("x-forwarded-client-cert", "Hash=00")
+        .header("x_forwarded_client_cert", "Hash=01")
         .body(Empty::<Bytes>::new())
         .expect("request");
     let resp = sender.send_request(req).await.expect("h2 response");
@@ -287,7 +302,10 @@ async fn underscore_spellings_of_what_baton_writes_never_reach_a_backend_from_h2
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     let seen = String::from_utf8_lossy(&body);
     assert!(seen.contains("x-forwarded-for: 127.0.0.1\n"), "{seen}");
-    for spoof in UNDERSCORED_OWN.iter().chain(&["8.8.8.8", "gopher"]) {
+    for spoof in UNDERSCORED_OWN
+        .iter()
+        .chain(&["8.8.8.8", "gopher", "Hash=0"])
+    {
         assert!(!seen.contains(spoof), "{spoof} survived: {seen}");
     }
 }

@@ -127,6 +127,122 @@ async fn client_certificates_are_checked_when_required_and_when_optional() {
     );
 }
 
+/// The `x-forwarded-client-cert` lines (either spelling) the backend saw
+/// for a request that sent forged ones, over HTTP/1.1 and over h2, from a
+/// client of `ca` presenting `identity`, on a fresh connection each.
+async fn client_cert_seen(
+    ca: &Authority,
+    web: SocketAddr,
+    identity: Option<&Issued>,
+) -> [Vec<String>; 2] {
+    let lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| {
+                let l = l.to_ascii_lowercase();
+                l.starts_with("x-forwarded-client-cert:")
+                    || l.starts_with("x_forwarded_client_cert:")
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    let mut http1 = ca
+        .client_as(&["http/1.1"], identity)
+        .connect(web, "a.test")
+        .await
+        .expect("handshake");
+    tokio::io::AsyncWriteExt::write_all(
+        &mut http1,
+        b"GET /headers HTTP/1.1\r\nHost: a.test\r\nX-Forwarded-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Forwarded_Client_Cert: Hash=01\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("request");
+    let mut answer = Vec::new();
+    let _ = http1.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let h2 = ca
+        .client_as(&["h2"], identity)
+        .connect(web, "a.test")
+        .await
+        .expect("handshake");
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(h2),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = hyper::Request::get("https://a.test/headers")
+        .header("x-forwarded-client-cert", "Hash=00")
+        .header("x_forwarded_client_cert", "Hash=01")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let resp = sender.send_request(req).await.expect("h2 response");
+    assert_eq!(resp.status(), 200);
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    [lines(&answer), lines(&String::from_utf8_lossy(&body))]
+}
+
+/// A backend learns who the client proved to be, as Envoy tells it
+/// (`x-forwarded-client-cert`: the certificate's SHA-256, subject and
+/// names), on HTTP/1.1 and h2 alike; a client that proved nothing, or
+/// forges the field in either spelling, gets none through, whether the
+/// listener replaces or appends forwarding fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_client_certificate_reaches_the_backend_and_a_forged_one_never_does() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let me = ca.issue("me", &["client.test"]);
+    let tls = Issued::listener_tls(
+        &[&a],
+        &format!(
+            ", alpn = [\"h2\", \"http/1.1\"], client_ca = \"{}\", client_auth = \"optional\"",
+            ca.ca_pem().display()
+        ),
+    );
+    let spec = Spec::new()
+        .listener("web", "http", "app", &tls)
+        .listener(
+            "chain",
+            "http",
+            "app",
+            &format!("{tls}\nforwarded = \"append\""),
+        )
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let hash: String = ring::digest::digest(&ring::digest::SHA256, &me.der)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let proved = format!(
+        "x-forwarded-client-cert: Hash={hash};Subject=\"CN=rcgen self signed cert\";DNS=client.test"
+    );
+    for listener in ["web", "chain"] {
+        let web = baton.addr(listener);
+        for (protocol, seen) in ["HTTP/1.1", "h2"]
+            .iter()
+            .zip(client_cert_seen(&ca, web, Some(&me)).await)
+        {
+            assert_eq!(
+                seen,
+                std::slice::from_ref(&proved),
+                "{listener}, {protocol}"
+            );
+        }
+        for (protocol, seen) in ["HTTP/1.1", "h2"]
+            .iter()
+            .zip(client_cert_seen(&ca, web, None).await)
+        {
+            assert!(seen.is_empty(), "{listener}, {protocol}: {seen:?}");
+        }
+    }
+}
+
 /// rustls resumes a ticket with the client identity it recorded and asks
 /// for no certificate on a resumed handshake: a ticket from a listener
 /// that asks for none must not open on one that requires one.

@@ -166,6 +166,9 @@ impl HttpProxy {
             peer,
             ip: headers::ip_value(peer.ip()),
             speaker: self.sends_proxy.then(|| Speaker::of(&stream, origin)),
+            certificate: self
+                .client_identity(&stream)
+                .and_then(|identity| HeaderValue::try_from(identity).ok()),
         });
         let service = {
             let (proxy, state, drain) = (Arc::clone(&self), Arc::clone(&state), drain.clone());
@@ -407,7 +410,13 @@ impl HttpProxy {
         let (mut parts, incoming) = req.into_parts();
         headers::host_from_target(&mut parts.headers, &parts.uri);
         headers::strip_hop_by_hop(&mut parts.headers);
-        headers::add_forwarding(&mut parts.headers, &client.ip, self.forwarded, self.proto);
+        headers::add_forwarding(
+            &mut parts.headers,
+            &client.ip,
+            client.certificate.as_ref(),
+            self.forwarded,
+            self.proto,
+        );
         if let Ok(id) = HeaderValue::from_str(stream.request_id) {
             parts.headers.insert(headers::X_REQUEST_ID, id);
         }
@@ -695,6 +704,9 @@ struct H2Client {
     /// Whom its backend connections speak for, when a pool sends PROXY
     /// headers (`None` when none of the listener's pools does).
     speaker: Option<Speaker>,
+    /// The identity its certificate proved, as `X-Forwarded-Client-Cert`
+    /// writes it, made once.
+    certificate: Option<HeaderValue>,
 }
 
 /// One stream as `forward` carries it: its connection's client, its id,

@@ -41,6 +41,7 @@ pub const FORWARDING: &[&str] = &[
     "x-forwarded-host",
     "x-real-ip",
     "forwarded",
+    "x-forwarded-client-cert",
 ];
 
 /// Fields baton frames or sets itself whose `_` spellings it drops (the
@@ -121,6 +122,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// parsed and checked each time it is used.
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub const X_FORWARDED_CLIENT_CERT: HeaderName = HeaderName::from_static("x-forwarded-client-cert");
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Drops every field `matches` names (a look first: most requests have none).
@@ -177,10 +179,13 @@ pub fn ip_text(ip: IpAddr) -> String {
 }
 
 /// Sets `X-Forwarded-For` and `X-Forwarded-Proto` (`proto`: http or
-/// https) as `mode` says, and adds `Via`.
+/// https) as `mode` says, and `X-Forwarded-Client-Cert` to `client_cert`
+/// (the identity the client's certificate proved, if any) unless `off`,
+/// and adds `Via`.
 pub fn add_forwarding(
     headers: &mut HeaderMap,
     client: &HeaderValue,
+    client_cert: Option<&HeaderValue>,
     mode: Forwarded,
     proto: &'static str,
 ) {
@@ -194,11 +199,14 @@ pub fn add_forwarding(
         }
         Forwarded::Append => {
             // `_` spellings of the two fields baton writes: not chained.
+            // Nor is a client's certificate identity: only the listener's
+            // handshake can prove one.
             remove_matching(headers, |name| {
-                name.contains(&b'_')
-                    && ["x-forwarded-for", "x-forwarded-proto"]
-                        .iter()
-                        .any(|known| names_alike(known, name))
+                names_alike(X_FORWARDED_CLIENT_CERT.as_str(), name)
+                    || (name.contains(&b'_')
+                        && ["x-forwarded-for", "x-forwarded-proto"]
+                            .iter()
+                            .any(|known| names_alike(known, name)))
             });
             // Element by element, bytes as sent: as the HTTP/1 path joins.
             let mut chain = Vec::new();
@@ -219,6 +227,9 @@ pub fn add_forwarding(
     }
     if mode != Forwarded::Off {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+        if let Some(identity) = client_cert {
+            headers.insert(X_FORWARDED_CLIENT_CERT, identity.clone());
+        }
     }
     add_via(headers, "2.0 baton");
 }
@@ -258,7 +269,7 @@ mod tests {
             "x-forwarded-for",
             HeaderValue::from_static("10.0.0.2, 10.0.0.3"),
         );
-        add_forwarding(&mut h, &peer(), Forwarded::Append, "http");
+        add_forwarding(&mut h, &peer(), None, Forwarded::Append, "http");
         assert_eq!(
             h.get("x-forwarded-for").map(|v| v.as_bytes()),
             Some(&b"10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"[..])
@@ -273,7 +284,7 @@ mod tests {
             "x-forwarded-for",
             HeaderValue::from_bytes(b"c\xe9").expect("obs-text"),
         );
-        add_forwarding(&mut h, &peer(), Forwarded::Append, "http");
+        add_forwarding(&mut h, &peer(), None, Forwarded::Append, "http");
         assert_eq!(
             h.get("x-forwarded-for").map(|v| v.as_bytes()),
             Some(&b"a, b, c\xe9, 127.0.0.1"[..])
@@ -286,7 +297,7 @@ mod tests {
         for name in FORWARDING {
             h.insert(*name, HeaderValue::from_static("6.6.6.6"));
         }
-        add_forwarding(&mut h, &peer(), Forwarded::Replace, "http");
+        add_forwarding(&mut h, &peer(), None, Forwarded::Replace, "http");
         assert_eq!(h.get("x-forwarded-for"), Some(&peer()));
         assert_eq!(
             h.get("x-forwarded-proto").map(|v| v.as_bytes()),
@@ -304,7 +315,7 @@ mod tests {
             h.insert(name, HeaderValue::from_static("6.6.6.6"));
         }
         h.insert("x_other", HeaderValue::from_static("kept"));
-        add_forwarding(&mut h, &peer(), Forwarded::Replace, "http");
+        add_forwarding(&mut h, &peer(), None, Forwarded::Replace, "http");
         let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         names.sort_unstable();
         assert_eq!(

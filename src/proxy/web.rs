@@ -224,6 +224,19 @@ impl HttpProxy {
         }
     }
 
+    /// The identity `stream`'s client certificate proved, as
+    /// `X-Forwarded-Client-Cert` writes it: made once per connection, for
+    /// every request on it. None where the listener forwards nothing
+    /// (`forwarded = "off"`).
+    pub(super) fn client_identity<S: ByteStream>(&self, stream: &S) -> Option<String> {
+        if self.forwarded == Forwarded::Off {
+            return None;
+        }
+        stream
+            .client_certificate()
+            .map(crate::tls::identity::forwarded_client_cert)
+    }
+
     /// The listener's own pool: where a request refused before its head
     /// could be routed is counted.
     pub(super) fn own_target(&self) -> &Target {

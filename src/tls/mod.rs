@@ -7,6 +7,7 @@
 
 pub mod certs;
 pub mod handshake;
+pub mod identity;
 pub mod sni;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -65,7 +65,8 @@ pub async fn serve<S: ByteStream>(
     drain: &DrainWatch,
     opened: Instant,
 ) {
-    let mut client = Client::new(stream, opening, origin);
+    let certificate = proxy.client_identity(&stream).map(String::into_boxed_str);
+    let mut client = Client::new(stream, opening, origin, certificate);
     let ending = serve_requests(proxy, &mut client, origin.client, drain, opened).await;
     if client.reset {
         return;

@@ -45,6 +45,9 @@ pub struct Client<S> {
     pub origin: Origin,
     /// Its address as forwarding headers write it.
     pub ip: String,
+    /// The identity its TLS certificate proved, as
+    /// `X-Forwarded-Client-Cert` writes it.
+    pub certificate: Option<Box<str>>,
     /// A backend connection that carried its PROXY header, kept for its
     /// next request (`send_proxy`).
     pub kept: Option<Kept>,
@@ -60,12 +63,18 @@ pub struct Client<S> {
 }
 
 impl<S> Client<S> {
-    pub fn new(stream: S, buf: BytesMut, origin: Origin) -> Client<S> {
+    pub fn new(
+        stream: S,
+        buf: BytesMut,
+        origin: Origin,
+        certificate: Option<Box<str>>,
+    ) -> Client<S> {
         Client {
             stream,
             buf,
             origin,
             ip: crate::proxy::headers::ip_text(origin.client.ip()),
+            certificate,
             kept: None,
             alarm: Alarm::new(),
             reset: false,
@@ -349,6 +358,7 @@ async fn attempt<S: ByteStream>(
     let mut out = BytesMut::with_capacity(head.bytes.len() + 256 + body.framed.len());
     let to = Outbound {
         client_ip: &client.ip,
+        client_cert: client.certificate.as_deref(),
         forwarded: proxy.forwarded,
         proto: proxy.proto,
         backend_authority: backend.authority.as_str(),

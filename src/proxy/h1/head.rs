@@ -48,7 +48,8 @@ pub enum Role {
     /// spellings of the fields baton frames or sets (`headers::SET_BY_BATON`).
     HopByHop,
     /// x-forwarded-for, x-forwarded-proto, x-forwarded-host, x-real-ip,
-    /// forwarded, and their spellings with `_` (`headers::is_forwarding`).
+    /// forwarded, x-forwarded-client-cert, and their spellings with `_`
+    /// (`headers::is_forwarding`).
     Forwarding,
     /// `Expect` (baton answers 100-continue itself).
     Expect,
@@ -538,9 +539,8 @@ fn role(name: &str, named_by_token: impl FnOnce() -> bool) -> Role {
     }
 }
 
-/// The longest name with a role of its own (`transfer-encoding`,
-/// `x-forwarded-proto`).
-const LONGEST_KNOWN: usize = 17;
+/// The longest name with a role of its own (`x-forwarded-client-cert`).
+const LONGEST_KNOWN: usize = 23;
 
 /// Whether `name` has the length and the first letter of one of the names
 /// `fixed_role` knows: most names (`Date`, `Server`, `Content-Type`,
@@ -559,6 +559,7 @@ fn may_be_known(name: &[u8]) -> bool {
             | (15, Some(b'x'))
             | (16, Some(b'p' | b'x'))
             | (17, Some(b't' | b'x'))
+            | (23, Some(b'x'))
     )
 }
 
@@ -594,8 +595,12 @@ fn fixed_role(name: &[u8]) -> Role {
             false,
         ) => Role::HopByHop,
         (
-            b"x-forwarded-for" | b"x-forwarded-proto" | b"x-forwarded-host" | b"x-real-ip"
-            | b"forwarded",
+            b"x-forwarded-for"
+            | b"x-forwarded-proto"
+            | b"x-forwarded-host"
+            | b"x-real-ip"
+            | b"forwarded"
+            | b"x-forwarded-client-cert",
             _,
         ) => Role::Forwarding,
         (b"expect", false) => Role::Expect,
@@ -1453,7 +1458,7 @@ x-u39: 1\r\nx-u0: 1\r\ncookie: c\r\nx-a: 1\r\nx-abc: 1\r\nx-u: 1\r\nx-u400: 1\r\
         let head = ok(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: X-Secret , cookie, content-type, Authorization, content-encoding\r\n\
 Keep-Alive: 5\r\nProxy-Connection: x\r\nTE: trailers\r\nUpgrade: y\r\nHTTP2-Settings: z\r\nTrailer: t\r\n\
 X-Forwarded-For: 1\r\nX-Forwarded-Proto: 2\r\nX-Forwarded-Host: 3\r\nX-Real-IP: 4\r\nForwarded: 5\r\n\
-x-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAuthorization: a\r\nContent-Encoding: e\r\nAccept: a\r\n\r\n");
+X-Forwarded-Client-Cert: 6\r\nx-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAuthorization: a\r\nContent-Encoding: e\r\nAccept: a\r\n\r\n");
         for name in [
             "connection",
             "keep-alive",
@@ -1471,6 +1476,7 @@ x-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAuthorization: a\r\nContent-Encod
             "x-forwarded-host",
             "x-real-ip",
             "forwarded",
+            "x-forwarded-client-cert",
         ] {
             assert_eq!(role_of(&head, name), Role::Forwarding, "{name}");
         }

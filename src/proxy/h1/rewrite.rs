@@ -21,6 +21,8 @@ fn via(received: Version) -> &'static [u8] {
 pub struct Outbound<'a> {
     /// The client's address as text, written once per connection.
     pub client_ip: &'a str,
+    /// The identity the client's TLS certificate proved, if any.
+    pub client_cert: Option<&'a str>,
     pub forwarded: Forwarded,
     /// `http`, or `https` behind TLS: `X-Forwarded-Proto`.
     pub proto: &'static str,
@@ -65,6 +67,7 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
                     } else {
                         !names_alike("x-forwarded-for", name)
                             && !names_alike("x-forwarded-proto", name)
+                            && !names_alike("x-forwarded-client-cert", name)
                     }
                 }
             },
@@ -137,6 +140,9 @@ fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
     out.put_slice(b"\r\nx-forwarded-proto: ");
     out.put_slice(to.proto.as_bytes());
     out.put_slice(b"\r\n");
+    if let Some(identity) = to.client_cert {
+        put_field(b"x-forwarded-client-cert", identity.as_bytes(), out);
+    }
 }
 
 /// How a response's body goes to the client.
