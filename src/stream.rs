@@ -52,6 +52,17 @@ pub trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn client_certificate(&self) -> Option<&[u8]> {
         None
     }
+
+    /// The TLS version the client's handshake agreed on (`TLSv1.3`, as
+    /// OpenSSL names it), if the client speaks TLS.
+    fn tls_version(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The client's TLS handshake resumed an earlier session.
+    fn resumed(&self) -> bool {
+        false
+    }
 }
 
 impl ByteStream for TcpStream {
@@ -142,5 +153,17 @@ impl ByteStream for Box<TlsStream<TcpStream>> {
     fn client_certificate(&self) -> Option<&[u8]> {
         let chain = self.get_ref().1.peer_certificates()?;
         chain.first().map(|leaf| leaf.as_ref())
+    }
+
+    fn tls_version(&self) -> Option<&'static str> {
+        match self.get_ref().1.protocol_version()? {
+            rustls::ProtocolVersion::TLSv1_3 => Some("TLSv1.3"),
+            rustls::ProtocolVersion::TLSv1_2 => Some("TLSv1.2"),
+            _ => None,
+        }
+    }
+
+    fn resumed(&self) -> bool {
+        self.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
     }
 }

@@ -390,3 +390,72 @@ async fn v2_tells_the_backend_the_client_alpn_and_sni() {
         "{tlvs:?}"
     );
 }
+
+/// `PP2_TYPE_SSL` of a v2 header: what the client's TLS session says.
+fn ssl_tlv(told: &Told) -> Option<Vec<u8>> {
+    let Told::Client { tlvs, .. } = told else {
+        return None;
+    };
+    tlvs.iter()
+        .find(|(kind, _)| *kind == 0x20)
+        .map(|(_, value)| value.clone())
+}
+
+/// `PP2_TYPE_SSL`'s value: `flags`, verify 0, the version, and `cn`.
+fn ssl_value(flags: u8, cn: Option<&str>) -> Vec<u8> {
+    let mut value = vec![flags, 0, 0, 0, 0, 0x21, 0, 7];
+    value.extend_from_slice(b"TLSv1.3");
+    if let Some(cn) = cn {
+        value.push(0x22);
+        value.extend_from_slice(&u16::try_from(cn.len()).expect("short").to_be_bytes());
+        value.extend_from_slice(cn.as_bytes());
+    }
+    value
+}
+
+/// v2 tells a backend what HAProxy's `send-proxy-v2-ssl-cn` does: the
+/// client spoke TLS, which version, and whether it presented a
+/// certificate (verified, as `client_ca` requires) on this connection or
+/// only in the session it resumed, with the certificate's common name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v2_tells_the_backend_the_clients_tls_and_certificate() {
+    let ca = Authority::new();
+    let cert = ca.issue("a", &["a.example.com"]);
+    let me = ca.issue("me", &["client.example.com"]);
+    let backend = ProxiedBackend::start().await;
+    let tls = Issued::listener_tls(
+        &[&cert],
+        &format!(
+            ", client_ca = \"{}\", client_auth = \"optional\"",
+            ca.ca_pem().display()
+        ),
+    );
+    let spec = Spec::new().listener("web", "http", "app", &tls).pool_with(
+        "app",
+        "send_proxy = \"v2\"",
+        &[(backend.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    // The same client twice (it resumes its session the second time),
+    // then one without a certificate.
+    let with_cert = ca.client_as(&["http/1.1"], Some(&me));
+    for client in [&with_cert, &with_cert, &ca.client(&["http/1.1"])] {
+        let tls = client
+            .connect(web, "a.example.com")
+            .await
+            .expect("handshake");
+        let mut sender = client::http1_over(tls).await.expect("http1");
+        client::send(&mut sender, web, "/").await.expect("served");
+    }
+    let seen: Vec<Option<Vec<u8>>> = backend.clients().iter().map(ssl_tlv).collect();
+    let cn = Some("rcgen self signed cert");
+    assert_eq!(
+        seen,
+        [
+            Some(ssl_value(0x01 | 0x02 | 0x04, cn)),
+            Some(ssl_value(0x01 | 0x04, cn)),
+            Some(ssl_value(0x01, None)),
+        ]
+    );
+}

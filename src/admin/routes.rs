@@ -289,10 +289,11 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
         None => found,
     };
     for backend in &found.backends {
-        let new_state = if drain {
-            backend.drain()
-        } else {
-            backend.restore()
+        // A name's members were told under its pool's lock.
+        let new_state = match (&found.named, drain) {
+            (Some(_), _) => backend.state(),
+            (None, true) => backend.drain(),
+            (None, false) => backend.restore(),
         };
         tracing::info!(backend = %backend.label, action, state = new_state.as_str(), "admin backend action");
     }

@@ -265,20 +265,30 @@ impl Pool {
         joined
     }
 
-    /// The operator's word on `named`, for its members now and to come,
-    /// said under the lock `apply` holds while members join: none joins
-    /// with the word from before once this has looked at who is there.
-    /// Returns the members there now, for the caller to drain or restore.
+    /// The operator's word on `named` (`Draining` or `Enabled`), for its
+    /// members now and to come, said under the lock `apply` and `sweep`
+    /// hold while members join and leave: none joins with the word from
+    /// before once this has looked at who is there, and none leaves (to
+    /// be remembered with its word for its return) before it was told.
+    /// Returns the members it told.
     pub fn say_of_name(&self, named: &Named, word: AdminState) -> Vec<Arc<Backend>> {
         let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
         named.set_admin(word);
         let members = self.members.load();
-        members
+        let told: Vec<Arc<Backend>> = members
             .backends
             .iter()
             .filter(|b| b.member_of(named))
             .cloned()
-            .collect()
+            .collect();
+        for member in &told {
+            if word == AdminState::Enabled {
+                member.restore();
+            } else {
+                member.drain();
+            }
+        }
+        told
     }
 
     /// Members of `named` gone from its answer that still serve (within
@@ -598,8 +608,8 @@ mod tests {
     }
 
     /// The operator's word on a name while members join from DNS: each
-    /// takes it, whether it joined before the word (the caller tells those
-    /// `say_of_name` returns) or after (it takes the name's). One that read
+    /// takes it, whether it joined before the word (`say_of_name` tells
+    /// it) or after (it takes the name's). One that read
     /// the name's word before it changed, and joined after the look at who
     /// is there, would keep the old word.
     #[test]
@@ -634,16 +644,12 @@ mod tests {
             } else {
                 AdminState::Enabled
             };
-            for b in p.say_of_name(&named, word) {
-                if drain {
-                    b.drain();
-                } else {
-                    b.restore();
-                }
-            }
+            p.say_of_name(&named, word);
             // Two answers on: the one under way, if any, has joined.
             let seen = applied.load(Ordering::SeqCst);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
             while applied.load(Ordering::SeqCst) < seen + 2 {
+                assert!(std::time::Instant::now() < deadline, "the joiner stopped");
                 std::thread::yield_now();
             }
             let members = p.backends();

@@ -454,9 +454,12 @@ fn signal_each(generations: &[Process], signal: rustix::process::Signal) {
     }
 }
 
-/// How long before systemd's `TimeoutStopSec` (`Config::timeout_stop`) a
-/// stop means to have exited, whatever is left undone.
-const EXIT_MARGIN: Duration = Duration::from_secs(1);
+/// How long before systemd's `TimeoutStopSec` (`Config::timeout_stop`; a
+/// container's stop timeout the same) a stop means to be done, whatever
+/// is left undone: what still runs after it (a last word to the
+/// generation we took over from, the runtime's own shutdown) takes up to
+/// a second each.
+const EXIT_MARGIN: Duration = Duration::from_secs(2);
 
 /// What a stop keeps back from the access log's flush for the rest of its
 /// teardown: the older generations' last reports and the exit itself.

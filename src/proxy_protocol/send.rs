@@ -19,6 +19,8 @@ pub struct Speaker {
     local: SocketAddr,
     alpn: Option<Box<[u8]>>,
     authority: Option<Box<str>>,
+    /// `PP2_TYPE_SSL`'s value, for a client over TLS.
+    ssl: Option<Box<[u8]>>,
 }
 
 impl Speaker {
@@ -34,6 +36,7 @@ impl Speaker {
             local,
             alpn: stream.alpn().map(Box::from),
             authority: stream.server_name().map(Box::from),
+            ssl: ssl_value(stream).map(Vec::into_boxed_slice),
         }
     }
 
@@ -48,6 +51,7 @@ impl Speaker {
                 alpn: self.alpn.as_deref(),
                 authority: self.authority.as_deref(),
                 unique_id: Some(unique_id),
+                ssl: self.ssl.as_deref(),
             },
         )
     }
@@ -62,6 +66,50 @@ pub struct Extras<'a> {
     pub authority: Option<&'a str>,
     /// The request id baton logs for this exchange (at most 128 bytes).
     pub unique_id: Option<&'a str>,
+    /// `PP2_TYPE_SSL`'s value (see [`ssl_value`]), for a client over TLS.
+    pub ssl: Option<&'a [u8]>,
+}
+
+/// `PP2_TYPE_SSL`'s client flags and sub-types (the PROXY protocol's
+/// spec, 2.2.5).
+const PP2_CLIENT_SSL: u8 = 0x01;
+const PP2_CLIENT_CERT_CONN: u8 = 0x02;
+const PP2_CLIENT_CERT_SESS: u8 = 0x04;
+const PP2_SUBTYPE_SSL_VERSION: u8 = 0x21;
+const PP2_SUBTYPE_SSL_CN: u8 = 0x22;
+
+/// What a client's TLS session tells a backend, as HAProxy's
+/// `send-proxy-v2-ssl-cn` does: the client spoke TLS; whether it presented
+/// a certificate on this connection (a full handshake) and in its session
+/// (a resumed one carries the certificate it was sealed with); `verify`
+/// 0, since rustls admits no certificate that failed `client_ca`; the TLS
+/// version; and the certificate's common name, if any. None in plain text.
+fn ssl_value<S: ByteStream>(stream: &S) -> Option<Vec<u8>> {
+    let version = stream.tls_version()?;
+    let certificate = stream.client_certificate();
+    let mut flags = PP2_CLIENT_SSL;
+    if certificate.is_some() {
+        flags |= PP2_CLIENT_CERT_SESS;
+        if !stream.resumed() {
+            flags |= PP2_CLIENT_CERT_CONN;
+        }
+    }
+    let mut value = vec![flags, 0, 0, 0, 0];
+    put_sub_tlv(PP2_SUBTYPE_SSL_VERSION, version.as_bytes(), &mut value);
+    if let Some(cn) = certificate.and_then(crate::tls::identity::common_name) {
+        put_sub_tlv(PP2_SUBTYPE_SSL_CN, cn.as_bytes(), &mut value);
+    }
+    Some(value)
+}
+
+/// One TLV inside `PP2_TYPE_SSL`: its type, its length (two bytes, big
+/// endian) and its value. A certificate's CN is far below 64 KiB, but one
+/// that were not is cut rather than let its length wrap.
+fn put_sub_tlv(kind: u8, value: &[u8], out: &mut Vec<u8>) {
+    let value = &value[..value.len().min(usize::from(u16::MAX))];
+    out.push(kind);
+    out.extend_from_slice(&u16::try_from(value.len()).unwrap_or(u16::MAX).to_be_bytes());
+    out.extend_from_slice(value);
 }
 
 /// The header for a connection from `client` that reached `local`.
@@ -89,6 +137,9 @@ pub fn header(version: Version, client: SocketAddr, local: SocketAddr, extras: E
             }
             if let Some(id) = extras.unique_id.filter(|id| id.len() <= 128) {
                 tlvs.push((v2::Type::UniqueId, id.as_bytes()));
+            }
+            if let Some(ssl) = extras.ssl {
+                tlvs.push((v2::Type::SSL, ssl));
             }
             binary(
                 v2::Builder::with_addresses(
@@ -162,6 +213,7 @@ mod tests {
             alpn: Some(b"h2"),
             authority: Some("app.example.com"),
             unique_id: Some("1f-2a"),
+            ssl: Some(&[PP2_CLIENT_SSL, 0, 0, 0, 0]),
         };
         for version in [Version::V1, Version::V2] {
             let bytes = header(version, client, local, extras);
@@ -173,7 +225,7 @@ mod tests {
     }
 
     #[test]
-    fn v2_carries_alpn_authority_and_the_request_id() {
+    fn v2_carries_alpn_authority_the_request_id_and_tls() {
         let bytes = header(
             Version::V2,
             addr("192.0.2.7:1"),
@@ -182,6 +234,7 @@ mod tests {
                 alpn: Some(b"http/1.1"),
                 authority: Some("a.example"),
                 unique_id: Some("abc-1"),
+                ssl: Some(b"\x01\0\0\0\0"),
             },
         );
         let parsed = v2::Header::try_from(bytes.as_slice()).expect("parses");
@@ -195,7 +248,8 @@ mod tests {
             vec![
                 (0x01, b"http/1.1".to_vec()),
                 (0x02, b"a.example".to_vec()),
-                (0x05, b"abc-1".to_vec())
+                (0x05, b"abc-1".to_vec()),
+                (0x20, b"\x01\0\0\0\0".to_vec())
             ]
         );
     }
