@@ -687,3 +687,67 @@ fn delayed_acks(pid: u32) -> u64 {
         .and_then(|(_, value)| value.parse().ok())
         .expect("DelayedACKs")
 }
+
+/// A backend that writes its response head a byte at a time, each in a
+/// segment of its own, then `ok`.
+async fn trickling_backend(head: String) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let head = head.clone();
+            tokio::spawn(async move {
+                let _ = stream.set_nodelay(true);
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                for byte in head.as_bytes() {
+                    if stream.write_all(&[*byte]).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+                let _ = stream.write_all(b"ok").await;
+            });
+        }
+    });
+    addr
+}
+
+/// A response head that arrives a byte at a time (a backend that writes
+/// it so) is read whole, fields and all, by the HTTP/1 path and the h2
+/// one: it is parsed again only once a line has ended or it has doubled,
+/// not after every byte, and never missed at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_trickled_a_byte_at_a_time_is_read_whole() {
+    let fields: String = (0..20).map(|i| format!("X-Field-{i}: {i}\r\n")).collect();
+    let head = format!("HTTP/1.1 200 OK\r\n{fields}Content-Length: 2\r\n\r\n");
+    let backend = trickling_backend(head).await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend])).await;
+    let web = baton.addr("web");
+    let answer = client::get(web, "/").await.expect("HTTP/1.1");
+    assert_eq!((answer.status, answer.body.as_str()), (200, "ok"));
+    assert_eq!(
+        answer.headers.get("x-field-19").map(|v| v.as_bytes()),
+        Some(&b"19"[..])
+    );
+    let mut h2 = client::h2(web).await;
+    let req = hyper::Request::get(format!("http://{web}/"))
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    let resp = h2.send_request(req).await.expect("h2 response");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers().get("x-field-19").map(|v| v.as_bytes()),
+        Some(&b"19"[..])
+    );
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"ok");
+}

@@ -391,8 +391,12 @@ async fn read_head<R: AsyncRead + Unpin>(
     method: &http::Method,
     first: bool,
 ) -> Result<ResponseHead, DownFault> {
+    // How much of the head the last parse saw: a head trickled in is
+    // parsed again only as `head::worth_parsing` says, as a client's is.
+    let mut parsed = 0;
     loop {
-        if !buf.is_empty() {
+        if !buf.is_empty() && head::worth_parsing(buf, parsed) {
+            parsed = buf.len();
             if let Parsed::Complete(head) =
                 head::parse_response(buf, method).map_err(DownFault::BadHead)?
             {

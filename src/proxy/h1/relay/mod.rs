@@ -37,6 +37,17 @@ use crate::proxy::headers;
 use download::Decoding;
 use upload::{UpFault, UpFraming, Upload};
 
+/// Where the reading of a response head stands across polls.
+#[derive(Default)]
+struct HeadReading {
+    /// Some byte of the response came back (a failure before any did is
+    /// one a request may be sent again after).
+    received: bool,
+    /// How much of the head the last parse saw: one trickled in is parsed
+    /// again only as `head::worth_parsing` says, as a client's is.
+    parsed: usize,
+}
+
 /// One exchange on one backend connection.
 pub struct Relay {
     up: Upstream,
@@ -100,7 +111,7 @@ impl Relay {
     /// Sends the request while it waits for the response head; interim
     /// responses (1xx) are read past.
     pub async fn response_head(&mut self, method: &Method) -> Result<ResponseHead, HeadFault> {
-        let mut received = false;
+        let mut reading = HeadReading::default();
         let mut upload_broken = false;
         std::future::poll_fn(|cx| {
             if !upload_broken && !self.upload.is_done() {
@@ -117,7 +128,7 @@ impl Relay {
                     Poll::Ready(Ok(())) | Poll::Pending => {}
                 }
             }
-            self.poll_head(cx, method, &mut received)
+            self.poll_head(cx, method, &mut reading)
         })
         .await
     }
@@ -126,15 +137,17 @@ impl Relay {
         &mut self,
         cx: &mut Context<'_>,
         method: &Method,
-        received: &mut bool,
+        reading: &mut HeadReading,
     ) -> Poll<Result<ResponseHead, HeadFault>> {
         let buf = &mut self.up.buf;
         loop {
-            if !buf.is_empty() {
+            if !buf.is_empty() && head::worth_parsing(buf, reading.parsed) {
+                reading.parsed = buf.len();
                 match head::parse_response(buf, method) {
                     Err(bad) => return Poll::Ready(Err(HeadFault::BadHead(bad))),
                     Ok(Parsed::Complete(head)) => {
                         buf.advance(head.consumed);
+                        reading.parsed = 0;
                         if (100..200).contains(&head.status) && head.status != 101 {
                             continue;
                         }
@@ -143,7 +156,7 @@ impl Relay {
                     Ok(Parsed::Partial) => {}
                 }
             }
-            let nothing_received = !*received;
+            let nothing_received = !reading.received;
             match ready!(poll_read_some(&mut self.up.stream, cx, buf)) {
                 Ok(0) => {
                     return Poll::Ready(Err(HeadFault::Backend {
@@ -157,7 +170,7 @@ impl Relay {
                         nothing_received,
                     }))
                 }
-                Ok(_) => *received = true,
+                Ok(_) => reading.received = true,
             }
         }
     }
