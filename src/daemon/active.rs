@@ -89,7 +89,7 @@ impl Generation {
                 Arc::clone(&self.admin),
                 self.pools.clone(),
                 self.phase.subscribe(),
-                Arc::clone(&self.reloading),
+                Arc::clone(&self.standing),
                 self.background.clone(),
             ));
         }
@@ -103,7 +103,7 @@ impl Generation {
             return None;
         }
         let (pools, stop) = (self.pools.clone(), self.background.clone());
-        let (phase, reloading) = (self.phase.subscribe(), Arc::clone(&self.reloading));
+        let (phase, standing) = (self.phase.subscribe(), Arc::clone(&self.standing));
         tokio::spawn(async move {
             tracing::info!("waiting for the first health round before READY=1");
             while !first_round_done(&pools) {
@@ -112,13 +112,11 @@ impl Generation {
                     () = tokio::time::sleep(Duration::from_millis(100)) => {}
                 }
             }
-            // Not once a stop began (its STOPPING=1 is the last word: a
-            // READY=1 after it moved a unit still starting to running as
-            // baton shut down), nor during a reload of ours (see
-            // `status_lines`, which says it later).
-            let active = matches!(*phase.borrow(), Phase::Active);
-            if active && !reloading.load(std::sync::atomic::Ordering::SeqCst) {
-                systemd::ready(&status);
+            // Not once a stop began (its STOPPING=1 is the last word), nor
+            // during a reload of ours (`status_lines` says it later); not at
+            // all once we handed over (the successor's lines are systemd's).
+            if matches!(*phase.borrow(), Phase::Active) {
+                standing.report(&status, true);
             }
         });
         None
@@ -137,16 +135,16 @@ impl Generation {
 /// after half a second, then every two seconds. Once every pool is ready
 /// the line carries `READY=1` too: systemd 252 drops what a new generation
 /// sends before its `MAINPID=` lands, so a takeover's first `READY=1` and
-/// `STATUS=` may be lost, and repeating them is harmless. Not while a
-/// reload of ours is under way: a `READY=1` then would end systemd's
-/// reload state before the new generation serves. Once a stop
-/// began it says nothing more: its `READY=1` and line would replace the
-/// stop's `STATUS=stopping: draining` in `systemctl status`.
+/// `STATUS=` may be lost, and repeating them is harmless. `standing`
+/// decides under its lock: not `READY=1` while a reload of ours is under
+/// way (it would end systemd's reload state before the new generation
+/// serves), and nothing once a stop began (its `READY=1` and line would
+/// replace the stop's `STATUS=stopping: draining` in `systemctl status`).
 async fn status_lines(
     admin: Arc<AdminShared>,
     pools: Vec<Arc<Pool>>,
     phase: watch::Receiver<Phase>,
-    reloading: Arc<std::sync::atomic::AtomicBool>,
+    standing: Arc<systemd::Standing>,
     stop: CancellationToken,
 ) {
     let mut pause = Duration::from_millis(500);
@@ -168,11 +166,6 @@ async fn status_lines(
             admin.generation.number,
             generations.len() - 1
         );
-        let reloading = reloading.load(std::sync::atomic::Ordering::SeqCst);
-        if pools_ready(&pools) && !reloading {
-            systemd::ready(&line);
-        } else {
-            systemd::status(&line);
-        }
+        standing.report(&line, pools_ready(&pools));
     }
 }

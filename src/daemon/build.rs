@@ -168,7 +168,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         draining,
         outlive_until: None,
         successor_departure: None,
-        reloading: Arc::default(),
+        standing: Arc::default(),
         config,
         exec,
         number,

@@ -112,7 +112,7 @@ impl Generation {
         let exit_by = signalled + self.config.timeout_stop() - EXIT_MARGIN;
         let older_forced_before = self.admin.inherited_forced_connections();
         let _ = self.phase.send(Phase::Stopping { deadline: None });
-        systemd::stopping();
+        self.standing.stopping();
         let pause = self.config.shutdown.pre_stop_delay;
         let release = release_fd_store_unless_restarting(
             self.holdings.names(),

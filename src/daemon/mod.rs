@@ -202,10 +202,9 @@ struct Generation {
     outlive_until: Option<Instant>,
     /// How that new generation ends, which our exit code tells too.
     successor_departure: Option<Departure>,
-    /// A reload is under way: our periodic status lines must not say
-    /// `READY=1`, which would end systemd's reload state (our
-    /// `RELOADING=1`) before the new generation serves.
-    reloading: Arc<std::sync::atomic::AtomicBool>,
+    /// What we last told systemd of where we stand (serving, reloading,
+    /// stopping), which our tasks' reports keep to.
+    standing: Arc<systemd::Standing>,
     /// Seals every TLS listener's session tickets; its keys go to the
     /// next generation.
     ticketer: Arc<crate::tls::tickets::Ticketer>,
@@ -301,9 +300,7 @@ impl Generation {
                             under_way.give_back(&mut self.draining);
                             self.admin.keep_backends();
                             tracing::error!(cause = %err, "reload failed; this generation keeps serving");
-                            self.reloading
-                                .store(false, std::sync::atomic::Ordering::SeqCst);
-                            systemd::ready(&self.status_line());
+                            self.standing.serving(&self.status_line());
                             if let Some(w) = waiter.take() {
                                 let _ = w.send(Reply::err(err.exit_code(), format!("reload failed: {err}")));
                             }
@@ -319,9 +316,7 @@ impl Generation {
 
     /// Spawns the handoff as a task.
     fn begin_reload(&mut self) -> Reloading {
-        self.reloading
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        systemd::reloading();
+        self.standing.reloading();
         self.draining.retain(Process::is_alive);
         // This one drains too once the reload succeeds: the oldest beyond
         // the bound are forced then (see `Reloading`), and are not offered.

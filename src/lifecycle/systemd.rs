@@ -21,17 +21,95 @@ pub fn status(status: &str) {
 }
 
 /// A real stop; never sent by an old generation draining after a reload.
-pub fn stopping() {
+fn stopping() {
     notify(&[
         NotifyState::Stopping,
         NotifyState::Status("stopping: draining"),
     ]);
 }
 
-pub fn reloading() {
+fn reloading() {
     match NotifyState::monotonic_usec_now() {
         Ok(now) => notify(&[NotifyState::Reloading, now]),
         Err(_) => notify(&[NotifyState::Reloading]),
+    }
+}
+
+/// What this generation last told systemd of where it stands, kept with
+/// the telling under one lock. A task that decided to say `READY=1` (the
+/// first health round done, a periodic status line) could otherwise say it
+/// just after a stop's `STOPPING=1`, which moved a unit still starting to
+/// running as baton shut down, or after a reload's `RELOADING=1`, which it
+/// ends before the new generation serves.
+#[derive(Default)]
+pub struct Standing(Mutex<Stand>);
+
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+enum Stand {
+    #[default]
+    Serving,
+    Reloading,
+    Stopping,
+}
+
+/// What a task's report says, where this generation stands.
+#[derive(Debug, PartialEq, Eq)]
+enum Said {
+    ReadyAndStatus,
+    Status,
+    Nothing,
+}
+
+impl Stand {
+    fn report(self, ready: bool) -> Said {
+        match self {
+            Stand::Serving if ready => Said::ReadyAndStatus,
+            Stand::Serving | Stand::Reloading => Said::Status,
+            // Its `STATUS=stopping: draining` stays what `systemctl
+            // status` shows.
+            Stand::Stopping => Said::Nothing,
+        }
+    }
+}
+
+impl Standing {
+    fn stand(&self) -> std::sync::MutexGuard<'_, Stand> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A reload of ours began: `RELOADING=1`.
+    pub fn reloading(&self) {
+        let mut stand = self.stand();
+        *stand = Stand::Reloading;
+        reloading();
+    }
+
+    /// Serving again after a reload that failed: `READY=1` ends systemd's
+    /// reload state. Nothing once a stop began.
+    pub fn serving(&self, status: &str) {
+        let mut stand = self.stand();
+        if *stand != Stand::Stopping {
+            *stand = Stand::Serving;
+            ready(status);
+        }
+    }
+
+    /// A real stop began: `STOPPING=1`, the last word.
+    pub fn stopping(&self) {
+        let mut stand = self.stand();
+        *stand = Stand::Stopping;
+        stopping();
+    }
+
+    /// A task's report: `READY=1` with `status` when `ready` and serving,
+    /// `status` alone during a reload, nothing once a stop began.
+    pub fn report(&self, status: &str, ready_now: bool) {
+        let stand = self.stand();
+        match stand.report(ready_now) {
+            Said::ReadyAndStatus => ready(status),
+            Said::Status => self::status(status),
+            Said::Nothing => {}
+        }
     }
 }
 
@@ -265,7 +343,30 @@ fn watchdog_usec() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::restart_job;
+    use super::{restart_job, Said, Stand, Standing};
+
+    /// A task's report says `READY=1` only while serving, its line alone
+    /// during a reload, and nothing once a stop began, which no later
+    /// word undoes.
+    #[test]
+    fn a_report_says_ready_only_while_serving_and_nothing_once_stopping() {
+        assert_eq!(Stand::Serving.report(true), Said::ReadyAndStatus);
+        assert_eq!(Stand::Serving.report(false), Said::Status);
+        assert_eq!(Stand::Reloading.report(true), Said::Status);
+        assert_eq!(Stand::Stopping.report(true), Said::Nothing);
+        let standing = Standing::default();
+        standing.reloading();
+        assert_eq!(*standing.stand(), Stand::Reloading);
+        standing.serving("the reload failed");
+        assert_eq!(*standing.stand(), Stand::Serving);
+        standing.stopping();
+        standing.serving("a reload that failed as the stop began");
+        assert_eq!(
+            *standing.stand(),
+            Stand::Stopping,
+            "a stop is the last word"
+        );
+    }
 
     /// busctl's answer to ListJobs during `systemctl restart baton` and
     /// during a stop, as systemd 252 gave it.
