@@ -790,7 +790,7 @@ async fn a_stuck_access_log_never_takes_a_stop_past_timeout_stop() {
     assert_eq!(wait_exit(baton.first_pid).await, Some(3), "forced");
     let took = signalled.elapsed();
     assert!(
-        took < timeout_stop - Duration::from_millis(500),
+        took < timeout_stop - Duration::from_secs(1),
         "exited {took:?} after SIGTERM; systemd kills at {timeout_stop:?}"
     );
     assert!(slow.await.expect("join").is_err());

@@ -77,11 +77,13 @@ impl Standing {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A reload of ours began: `RELOADING=1`.
+    /// A reload of ours began: `RELOADING=1`. Nothing once a stop began.
     pub fn reloading(&self) {
         let mut stand = self.stand();
-        *stand = Stand::Reloading;
-        reloading();
+        if *stand != Stand::Stopping {
+            *stand = Stand::Reloading;
+            reloading();
+        }
     }
 
     /// Serving again after a reload that failed: `READY=1` ends systemd's
@@ -361,6 +363,7 @@ mod tests {
         assert_eq!(*standing.stand(), Stand::Serving);
         standing.stopping();
         standing.serving("a reload that failed as the stop began");
+        standing.reloading();
         assert_eq!(
             *standing.stand(),
             Stand::Stopping,

@@ -96,17 +96,25 @@ fn ssl_value<S: ByteStream>(stream: &S) -> Option<Vec<u8>> {
     }
     let mut value = vec![flags, 0, 0, 0, 0];
     put_sub_tlv(PP2_SUBTYPE_SSL_VERSION, version.as_bytes(), &mut value);
-    if let Some(cn) = certificate.and_then(crate::tls::identity::common_name) {
+    let cn = certificate
+        .and_then(crate::tls::identity::common_name)
+        .filter(|cn| cn.len() <= LONGEST_CN);
+    if let Some(cn) = cn {
         put_sub_tlv(PP2_SUBTYPE_SSL_CN, cn.as_bytes(), &mut value);
     }
     Some(value)
 }
 
+/// The longest common name a header tells (X.509's bound is 64
+/// characters). One longer is left out, not cut to a name it is not: the
+/// whole header shares one 64 KiB length, and a header that did not fit
+/// would not be written at all.
+const LONGEST_CN: usize = 1024;
+
 /// One TLV inside `PP2_TYPE_SSL`: its type, its length (two bytes, big
-/// endian) and its value. A certificate's CN is far below 64 KiB, but one
-/// that were not is cut rather than let its length wrap.
+/// endian) and its value (a version name, or a CN of at most
+/// `LONGEST_CN`).
 fn put_sub_tlv(kind: u8, value: &[u8], out: &mut Vec<u8>) {
-    let value = &value[..value.len().min(usize::from(u16::MAX))];
     out.push(kind);
     out.extend_from_slice(&u16::try_from(value.len()).unwrap_or(u16::MAX).to_be_bytes());
     out.extend_from_slice(value);

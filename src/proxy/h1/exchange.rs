@@ -51,6 +51,9 @@ pub struct Client<S> {
     /// A backend connection that carried its PROXY header, kept for its
     /// next request (`send_proxy`).
     pub kept: Option<Kept>,
+    /// Whom its PROXY headers speak for, once one was sent (boxed: most
+    /// connections send none, and an idle one holds only the pointer).
+    pub speaker: Option<Box<crate::proxy_protocol::send::Speaker>>,
     /// The connection's one timer: its idle, head and response clocks.
     pub alarm: Alarm,
     /// Its socket is set to reset when closed (a tunnel's backend failed):
@@ -76,6 +79,7 @@ impl<S> Client<S> {
             ip: crate::proxy::headers::ip_text(origin.client.ip()),
             certificate,
             kept: None,
+            speaker: None,
             alarm: Alarm::new(),
             reset: false,
         }

@@ -53,7 +53,12 @@ pub async fn connection<S: ByteStream>(
         }
     }
     let header = backend.send_proxy.map(|version| {
-        Speaker::of(&client.stream, client.origin).header(version, request_id.as_str())
+        // Made once per client connection: its TLS facts take a parse of
+        // the client's certificate.
+        let speaker = client
+            .speaker
+            .get_or_insert_with(|| Box::new(Speaker::of(&client.stream, client.origin)));
+        speaker.header(version, request_id.as_str())
     });
     open(backend, header.as_deref(), fresh_only, connect_timeout).await
 }
