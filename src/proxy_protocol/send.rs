@@ -36,7 +36,10 @@ impl Speaker {
             local,
             alpn: stream.alpn().map(Box::from),
             authority: stream.server_name().map(Box::from),
-            ssl: ssl_value(stream).map(Vec::into_boxed_slice),
+            ssl: stream
+                .tls_version()
+                .map(|version| ssl_value(version, stream.client_certificate(), stream.resumed()))
+                .map(Vec::into_boxed_slice),
         }
     }
 
@@ -83,14 +86,12 @@ const PP2_SUBTYPE_SSL_CN: u8 = 0x22;
 /// a certificate on this connection (a full handshake) and in its session
 /// (a resumed one carries the certificate it was sealed with); `verify`
 /// 0, since rustls admits no certificate that failed `client_ca`; the TLS
-/// version; and the certificate's common name, if any. None in plain text.
-fn ssl_value<S: ByteStream>(stream: &S) -> Option<Vec<u8>> {
-    let version = stream.tls_version()?;
-    let certificate = stream.client_certificate();
+/// `version`; and the `certificate`'s common name, if any.
+fn ssl_value(version: &str, certificate: Option<&[u8]>, resumed: bool) -> Vec<u8> {
     let mut flags = PP2_CLIENT_SSL;
     if certificate.is_some() {
         flags |= PP2_CLIENT_CERT_SESS;
-        if !stream.resumed() {
+        if !resumed {
             flags |= PP2_CLIENT_CERT_CONN;
         }
     }
@@ -102,7 +103,7 @@ fn ssl_value<S: ByteStream>(stream: &S) -> Option<Vec<u8>> {
     if let Some(cn) = cn {
         put_sub_tlv(PP2_SUBTYPE_SSL_CN, cn.as_bytes(), &mut value);
     }
-    Some(value)
+    value
 }
 
 /// The longest common name a header tells (X.509's bound is 64
@@ -260,6 +261,32 @@ mod tests {
                 (0x20, b"\x01\0\0\0\0".to_vec())
             ]
         );
+    }
+
+    /// A certificate's CN goes in up to `LONGEST_CN` bytes; a longer one
+    /// is left out whole (cut, it would name someone else; kept, it could
+    /// take the header past its 64 KiB and leave the connection without
+    /// one).
+    #[test]
+    fn a_common_name_too_long_is_left_out_whole() {
+        let with_cn = |cn: &str| {
+            let mut params = rcgen::CertificateParams::default();
+            let mut name = rcgen::DistinguishedName::new();
+            name.push(rcgen::DnType::CommonName, cn);
+            params.distinguished_name = name;
+            let key = rcgen::KeyPair::generate().expect("key");
+            let der = params
+                .self_signed(&key)
+                .expect("certificate")
+                .der()
+                .to_vec();
+            ssl_value("TLSv1.3", Some(&der), false)
+        };
+        let short = with_cn("client");
+        assert_eq!(short.first(), Some(&0x07));
+        assert!(short.ends_with(b"\x22\0\x06client"), "{short:?}");
+        let long = with_cn(&"x".repeat(LONGEST_CN + 1));
+        assert_eq!(long, b"\x07\0\0\0\0\x21\0\x07TLSv1.3");
     }
 
     #[test]
