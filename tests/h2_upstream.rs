@@ -237,6 +237,7 @@ async fn request_trailers_go_on_without_framing_or_routing_fields() {
             ("host", "elsewhere"),
             ("x-forwarded-for", "6.6.6.6"),
             ("x-request-id", "forged"),
+            ("x-forwarded-client-cert", "Hash=00"),
         ] {
             trailers.insert(name, value.parse().expect("value"));
         }

@@ -582,7 +582,7 @@ mod tests {
     #[test]
     fn trailers_are_validated_and_reserialised() {
         let (data, end) = decode(
-            b"3\r\nabc\r\n0\r\nX-T: 1\r\nContent-Length: 5\r\nhost: h\r\nTransfer-Encoding: x\r\nConnection: close\r\nkeep-alive: 5\r\nUpgrade: h2c\r\nTE: trailers\r\nTrailer: X-T\r\nX-Forwarded-For: 6.6.6.6\r\nforwarded: for=6.6.6.6\r\nx-request-id: forged\r\nX_Request_Id: forged\r\nY:  2 \r\n\r\n",
+            b"3\r\nabc\r\n0\r\nX-T: 1\r\nContent-Length: 5\r\nhost: h\r\nTransfer-Encoding: x\r\nConnection: close\r\nkeep-alive: 5\r\nUpgrade: h2c\r\nTE: trailers\r\nTrailer: X-T\r\nX-Forwarded-For: 6.6.6.6\r\nforwarded: for=6.6.6.6\r\nx-request-id: forged\r\nX_Request_Id: forged\r\nX-Forwarded-Client-Cert: Hash=00\r\nX_Forwarded_Client_Cert: Hash=01\r\nY:  2 \r\n\r\n",
         );
         assert_eq!(data, b"abc");
         assert_eq!(end, Ok(Some(Bytes::from_static(b"X-T: 1\r\nY: 2\r\n"))));
