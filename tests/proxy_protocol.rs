@@ -342,13 +342,7 @@ async fn h2_streams_and_health_checks_speak_for_whom_they_should() {
     );
     let stream = TcpStream::connect(web).await.expect("connect");
     let me = stream.local_addr().expect("local");
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut sender = client::h2_over(stream).await.expect("h2 handshake");
     for _ in 0..3 {
         let req = hyper::Request::get(format!("http://{web}/"))
             .body(http_body_util::Empty::<bytes::Bytes>::new())

@@ -165,13 +165,7 @@ async fn client_cert_seen(
         .connect(web, "a.test")
         .await
         .expect("handshake");
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(h2),
-    )
-    .await
-    .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut sender = client::h2_over(h2).await.expect("h2 handshake");
     let req = hyper::Request::get("https://a.test/headers")
         .header("x-forwarded-client-cert", "Hash=00")
         .header("x_forwarded_client_cert", "Hash=01")

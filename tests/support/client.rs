@@ -46,14 +46,26 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let stream = TcpStream::connect(addr).await.expect("connect");
+    h2_over(stream).await.expect("h2 handshake")
+}
+
+/// An h2 client connection over an open `stream` (plain TCP with prior
+/// knowledge, or TLS with ALPN h2); its connection task runs on its own.
+pub async fn h2_over<S, B>(stream: S) -> Result<hyper::client::conn::http2::SendRequest<B>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    B: hyper::body::Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let (sender, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         TokioIo::new(stream),
     )
     .await
-    .expect("h2 handshake");
+    .map_err(|e| format!("h2 handshake: {e}"))?;
     tokio::spawn(conn);
-    sender
+    Ok(sender)
 }
 
 /// `GET https://{authority}{path}` as h2 over an open stream (TLS with
@@ -62,13 +74,7 @@ pub async fn h2_get_over<S>(stream: S, authority: &str, path: &str) -> Result<An
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        TokioIo::new(stream),
-    )
-    .await
-    .map_err(|e| format!("h2 handshake: {e}"))?;
-    tokio::spawn(conn);
+    let mut sender = h2_over(stream).await?;
     let req = Request::get(format!("https://{authority}{path}"))
         .body(Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
