@@ -393,24 +393,21 @@ fn ws_frame(payload: &[u8]) -> Vec<u8> {
     f
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_websocket_is_closed_with_1001_at_drain_start() {
-    let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(spec(
-        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
-        &backend,
-        "",
-    ))
-    .await;
-    let (mut s, head) = client::upgraded(baton.addr("web"), "websocket").await;
+/// A WebSocket through baton to the echoing backend, which has echoed a
+/// frame.
+async fn echoing_websocket(web: std::net::SocketAddr) -> TcpStream {
+    let (mut s, head) = client::upgraded(web, "websocket").await;
     assert!(head.starts_with("http/1.1 101"), "{head}");
     let frame = ws_frame(b"hello");
     s.write_all(&frame).await.expect("frame");
     let mut echoed = vec![0u8; frame.len()];
     s.read_exact(&mut echoed).await.expect("echo");
     assert_eq!(echoed, frame);
+    s
+}
 
-    signal(baton.first_pid, Signal::SIGTERM);
+/// What `s` gets next is a Close frame (1001, Going Away), then a clean end.
+async fn closed_with_1001(mut s: TcpStream) {
     let mut rest = Vec::new();
     let read = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut rest))
         .await
@@ -421,6 +418,21 @@ async fn a_websocket_is_closed_with_1001_at_drain_start() {
         [0x88, 0x02, 0x03, 0xe9],
         "a Close frame, 1001 Going Away"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_is_closed_with_1001_at_drain_start() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let s = echoing_websocket(baton.addr("web")).await;
+
+    signal(baton.first_pid, Signal::SIGTERM);
+    closed_with_1001(s).await;
     assert_eq!(
         wait_exit(baton.first_pid).await,
         Some(0),
@@ -428,6 +440,37 @@ async fn a_websocket_is_closed_with_1001_at_drain_start() {
     );
     assert!(baton.log().contains("ended long-lived stream for drain"));
     assert_no_error_lines(&baton);
+}
+
+/// A stop that reaches a generation still spreading its WebSockets' ends
+/// over `reload.close_spread` ends the rest once its pre-stop pause is
+/// over, each with its Close frame, and the stop is clean. Left to their
+/// places in the spread (most past the stop's deadline here), they were cut
+/// together at that deadline, unannounced, and the stop exited 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_ends_the_websockets_a_reload_was_spreading_each_with_1001() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"1s\"\ndrain_timeout = \"3s\"\n[reload]\ndrain_timeout = \"120s\"\nclose_spread = \"100s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let old = baton.serving_pid().await;
+    let mut sockets = Vec::new();
+    for _ in 0..6 {
+        sockets.push(echoing_websocket(baton.addr("web")).await);
+    }
+    let main = baton.reload_ok().await;
+
+    // As systemd stops the unit: SIGTERM to every generation at once.
+    signal(old, Signal::SIGTERM);
+    signal(main, Signal::SIGTERM);
+    for s in sockets {
+        closed_with_1001(s).await;
+    }
+    assert_eq!(wait_exit(old).await, Some(0), "nothing forced");
+    assert_eq!(wait_exit(main).await, Some(0), "nothing cut anywhere");
 }
 
 /// A WebSocket frame the backend began in the same read as its 101 is

@@ -509,6 +509,44 @@ async fn a_reload_under_way_keeps_the_unit_reloading_until_the_new_generation_se
     drop(hangs);
 }
 
+/// An old generation names its successor (`MAINPID=`) for a moment after
+/// the reload, not for its whole drain: once the successor is main,
+/// systemd logs each such message from the old one as a warning, and a
+/// drain held by a slow request wrote ten a second to the journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_generation_stops_naming_its_successor() {
+    const REFUSED: &str = "reception only permitted for main PID";
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    // systemd's own lines about the unit, which the sandbox keeps on its
+    // console, into the journal as a host has them.
+    sbx.systemctl_ok(&["log-target", "journal"]);
+    let long_drain = "[reload]\ndrain_timeout = \"30s\"\n";
+    sbx.install_baton(&config(&p, &[a.addr], echo.addr, long_drain));
+    sbx.systemctl_ok(&["start", "baton"]);
+    let web = p.web;
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("a request held by the backend", || async { a.held() == 1 }).await;
+    sbx.systemctl_ok(&["reload", "baton"]);
+    // Past the naming window (1.5 s from the reload's answer).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let named = sbx.journal().matches(REFUSED).count();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let journal = sbx.journal();
+    assert_eq!(
+        journal.matches(REFUSED).count(),
+        named,
+        "no MAINPID= from the old generation while it drains:\n{journal}"
+    );
+    let generations = client::status(p.admin).await["generations"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(generations, 2, "the old generation still drains");
+    a.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
+}
+
 /// A new generation killed right after it took over: systemd restarts the
 /// service (`Restart=on-failure`), which serves again on the sockets its
 /// fd store kept. Whether systemd already took the new generation as its

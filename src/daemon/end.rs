@@ -15,10 +15,9 @@ impl Generation {
         tracing::info!(successor = successor_pid, "handed over; draining");
         let departure = listen_for_its_end(&successor);
         self.successor = Some(successor_pid);
-        let naming = CancellationToken::new();
-        let named_until = Instant::now() + NAMING_WINDOW;
+        let (window_from, naming_window) = tokio::sync::oneshot::channel();
         if systemd::enabled() {
-            tokio::spawn(keep_naming(successor_pid, naming.clone()));
+            tokio::spawn(keep_naming(successor_pid, naming_window));
         }
         let _ = self.phase.send(Phase::Draining { deadline: None });
         self.holdings.handed_over(&successor.adopted);
@@ -35,6 +34,9 @@ impl Generation {
             );
             let _ = w.send(Reply::serving(successor_pid, message));
         }
+        // `ExecReload=` ends with that answer: the window runs from here.
+        let named_until = Instant::now() + NAMING_WINDOW;
+        let _ = window_from.send(named_until);
         self.background.cancel();
         let budget = self.config.reload.drain_timeout;
         self.publish_deadline(Instant::now() + budget);
@@ -64,7 +66,6 @@ impl Generation {
         if systemd::enabled() {
             tokio::time::sleep_until(named_until).await;
         }
-        naming.cancel();
         departure::exit_with_successor(self.exit_code(outcome), departure).await
     }
 
@@ -315,9 +316,15 @@ impl Generation {
         tracing::info!(connections = at_start, budget = ?budget, reason = reason.as_str(), "drain started");
         let mut stops = 0;
         let mut by_signal = false;
+        // When a stop's cut ends the long-lived streams the spread still holds.
+        let mut spread_cut: Option<Instant> = None;
         let outcome = loop {
             tokio::select! {
                 () = self.drain.idle() => break DrainOutcome::Drained,
+                () = tokio::time::sleep_until(spread_cut.unwrap_or(deadline)), if spread_cut.is_some() => {
+                    self.drain.end_spread();
+                    spread_cut = None;
+                }
                 () = tokio::time::sleep_until(deadline) => break DrainOutcome::Forced { open: self.drain.force().await },
                 command = self.commands.recv() => match command {
                     Command::Stop if stops == 0 && matches!(reason, DrainReason::Reload) => {
@@ -326,6 +333,9 @@ impl Generation {
                         let shutdown = &self.config.shutdown;
                         deadline = deadline.min(Instant::now() + shutdown.pre_stop_delay + shutdown.drain_timeout);
                         self.publish_deadline(deadline);
+                        // Ended as the serving generation ends its own:
+                        // when its pre-stop pause is over.
+                        spread_cut = Some(Instant::now() + shutdown.pre_stop_delay);
                         tracing::info!("stop signal while draining: keeping the earlier deadline");
                     }
                     Command::Stop | Command::ForceDrain => {
@@ -435,9 +445,12 @@ pub(super) fn listen_for_its_end(successor: &Successor) -> Option<Departure> {
         .ok()
 }
 
-/// How long an old generation keeps naming its successor to systemd (and
-/// so stays alive at least that long after a handoff).
+/// How long an old generation keeps naming its successor to systemd after
+/// the reload's answer (and so stays alive at least that long).
 const NAMING_WINDOW: Duration = Duration::from_millis(1500);
+/// How often `keep_naming` repeats itself within that window: three times
+/// after `ExecReload=` ended.
+const NAMING_EVERY: Duration = Duration::from_millis(500);
 
 /// How a drain ended, and whether a stop signal (not its deadline) cut it.
 struct Ended {
@@ -470,20 +483,32 @@ const AFTER_FLUSH: Duration = Duration::from_secs(1);
 /// access logs are written out.
 const OLDER_GENERATIONS_SLACK: Duration = Duration::from_secs(2);
 
-/// Repeats `MAINPID=<successor>` every 100 ms. The first one, sent before
-/// we stopped accepting, is the one systemd 252 takes on cgroup v2, as a
-/// host runs it: at once, while `ExecReload=` still runs (the sandbox test
+/// Repeats `MAINPID=<successor>` every `NAMING_EVERY` until the naming window
+/// (`NAMING_WINDOW` from the reload's answer, which `window` brings) is
+/// over. The first one, sent before we stopped accepting, is the one
+/// systemd 252 takes on cgroup v2, as a host runs it: at once, while
+/// `ExecReload=` still runs (the sandbox test
 /// `a_command_after_baton_reload_in_exec_reload_fails_nothing`). An older
 /// sandbox showed it ignored in the unit's reload state, until
-/// `ExecReload=` ended; the repetitions are for such a systemd. Once the
-/// successor is main, systemd drops our messages, so repeating is
-/// harmless. The old generation must not exit before a repetition landed,
-/// or such a systemd would take the unit for dead: hence `NAMING_WINDOW`.
-async fn keep_naming(successor: u32, stop: CancellationToken) {
+/// `ExecReload=` ended; the repetitions are for such a systemd. The old
+/// generation must not exit before a repetition landed, or such a systemd
+/// would take the unit for dead: hence the window. Not for the whole
+/// drain, nor often: once the successor is main, systemd logs each of our
+/// messages as a warning (a long drain wrote ten a second to the journal;
+/// now a reload writes about three).
+async fn keep_naming(successor: u32, window: tokio::sync::oneshot::Receiver<Instant>) {
+    tokio::pin!(window);
+    let mut until: Option<Instant> = None;
     loop {
         tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            end = &mut window, if until.is_none() => {
+                // Never sent: the retirement ended before its answer.
+                until = Some(end.unwrap_or_else(|_| Instant::now()));
+            }
+            () = tokio::time::sleep(NAMING_EVERY) => {}
+        }
+        if until.is_some_and(|until| Instant::now() >= until) {
+            return;
         }
         systemd::handed_over(successor);
     }

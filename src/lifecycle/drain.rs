@@ -44,6 +44,9 @@ struct Signals {
     tracker: TaskTracker,
     /// Window over which long-lived streams are ended (`reload.close_spread`).
     spread_nanos: AtomicU64,
+    /// Ends what is left of that window: every long-lived stream still
+    /// waiting for its place in it ends now.
+    spread_cut: CancellationToken,
     /// Idle keep-alive connections closed by the drain: said once, at its
     /// end, rather than a line each (thousands at a reload).
     idle_closed: AtomicU64,
@@ -75,6 +78,7 @@ impl Drain {
                 force: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 spread_nanos: AtomicU64::new(0),
+                spread_cut: CancellationToken::new(),
                 idle_closed: AtomicU64::new(0),
                 streams: AtomicUsize::new(0),
             }),
@@ -95,6 +99,15 @@ impl Drain {
         self.signals.spread_nanos.store(nanos, Ordering::SeqCst);
         self.signals.graceful.cancel();
         self.signals.tracker.close();
+    }
+
+    /// A stop reached this reload's drain: the long-lived streams still
+    /// waiting for their place in the close spread end now, as a stop ends
+    /// them (DESIGN). Left to their places, those placed past the stop's
+    /// deadline would be cut there together, unannounced, and the stop
+    /// counted as forced.
+    pub fn end_spread(&self) {
+        self.signals.spread_cut.cancel();
     }
 
     /// Connections still open (their h2 streams, tasks of their own, not
@@ -186,7 +199,10 @@ impl DrainWatch {
         self.signals.graceful.cancelled().await;
         let spread = self.signals.spread_nanos.load(Ordering::SeqCst);
         if spread > 0 {
-            tokio::time::sleep(Duration::from_nanos(jitter() % spread)).await;
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_nanos(jitter() % spread)) => {}
+                () = self.signals.spread_cut.cancelled() => {}
+            }
         }
     }
 }
@@ -217,5 +233,32 @@ mod tests {
         assert!(waited.is_err(), "a stuck task must hold the drain");
         assert_eq!(drain.force().await, 1);
         assert_eq!(drain.in_flight(), 0);
+    }
+
+    /// Long-lived streams end at places spread over the window, and a
+    /// stop's cut ends every one still waiting at once.
+    #[tokio::test(start_paused = true)]
+    async fn long_lived_streams_end_spread_until_the_spread_is_cut() {
+        let drain = Drain::new();
+        let ended = Arc::new(AtomicUsize::new(0));
+        for _ in 0..32 {
+            let (watch, ended) = (drain.watch(), Arc::clone(&ended));
+            watch.clone().spawn(async move {
+                watch.long_lived_ending().await;
+                ended.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        let spread = Duration::from_secs(100);
+        drain.begin(spread);
+        tokio::time::sleep(spread / 2).await;
+        let early = ended.load(Ordering::SeqCst);
+        assert!(
+            (1..32).contains(&early),
+            "halfway through the window, some but not all have ended: {early}"
+        );
+        drain.end_spread();
+        let waited = tokio::time::timeout(Duration::from_millis(1), drain.idle()).await;
+        assert!(waited.is_ok(), "the cut ends every stream still waiting");
+        assert_eq!(ended.load(Ordering::SeqCst), 32);
     }
 }
