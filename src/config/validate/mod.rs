@@ -547,7 +547,7 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     /// two pools without names is refused at the address, not at a `name`
     /// key the operator never wrote; and a listener on the admin's port at
     /// the wildcard address, or at an IPv4-mapped IPv6 one, which `run`
-    /// could not bind.
+    /// could not bind; and a health check's path no request line can carry.
     #[test]
     fn values_that_cannot_work_are_refused() {
         for (text, key, said) in [
@@ -577,6 +577,22 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "give each of the two a name",
             ),
             (
+                GOOD.replace(
+                    "backends =",
+                    "health = { path = \"/health check\" }\nbackends =",
+                ),
+                "pools[0].health.path",
+                "a request target",
+            ),
+            (
+                GOOD.replace(
+                    "backends =",
+                    "health = { path = \"/h\\r\\nHost: x\" }\nbackends =",
+                ),
+                "pools[0].health.path",
+                "percent-encode",
+            ),
+            (
                 GOOD.replace("127.0.0.1:8080", "[::ffff:127.0.0.1]:8080"),
                 "listeners[0].bind",
                 "write \"127.0.0.1:8080\"",
@@ -592,6 +608,11 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         let other_family = GOOD.replace("127.0.0.1:8080", "[::]:9901");
         parse(&other_family, Path::new("x.toml"), &Overrides::default())
             .expect("IPv6's wildcard is apart from 127.0.0.1");
+        let encoded = GOOD.replace(
+            "backends =",
+            "health = { path = \"/health%20check?probe=1\" }\nbackends =",
+        );
+        parse(&encoded, Path::new("x.toml"), &Overrides::default()).expect("an encoded path");
         let spread = format!("[reload]\nclose_spread = \"5s\"\n{GOOD}");
         parse(&spread, Path::new("x.toml"), &Overrides::default()).expect("5s within 10s");
     }

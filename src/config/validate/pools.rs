@@ -190,6 +190,14 @@ impl Validator {
                 &format!("{key}.path"),
                 format!("\"{path}\" must start with '/'"),
             );
+        } else if !path.bytes().all(in_request_target) {
+            // Written into the check's request line as it is: a space
+            // breaks the line, a CR LF adds fields, and every backend then
+            // answers 400 and is taken for down.
+            self.problem(
+                &format!("{key}.path"),
+                format!("{path:?} must be a request target: visible ASCII without '#' (percent-encode the rest, a space as %20)"),
+            );
         }
         let interval_key = format!("{key}.interval");
         let interval = self.timeout(&interval_key, raw.interval.as_ref(), Duration::from_secs(2));
@@ -238,4 +246,10 @@ impl Validator {
         self.problem(key, format!("no pool named \"{name}\"{hint}"));
         0
     }
+}
+
+/// A byte an origin-form request target may hold as written (RFC 9112
+/// §3.2.1: no space, no control, no fragment).
+fn in_request_target(byte: u8) -> bool {
+    byte.is_ascii_graphic() && byte != b'#'
 }
