@@ -14,6 +14,7 @@ use support::daemon::{Baton, Spec};
 use support::dns::{DnsServer, Mode};
 use support::load::{Load, Targets};
 use support::raw::{ok as raw_ok, RawBackend, Seen, Then};
+use support::tls::{Authority, TlsBackend};
 
 const HOST: &str = "app.baton.test";
 const CHECKS: &str = "health = { kind = \"http\", path = \"/health\", interval = \"100ms\", timeout = \"500ms\", rise = 2, fall = 3 }";
@@ -650,4 +651,29 @@ async fn a_backend_post_before_the_first_lookup_ends_is_sent_again() {
         .expect("drain");
     assert_eq!(early.status, 503, "{}", early.body);
     assert!(early.body.contains("starting"), "{}", early.body);
+}
+
+/// A TLS pool whose backend is a DNS name, with no `server_name`, checks
+/// the backend's certificate against that name, and its health checks
+/// too: its address is in no certificate of a host that has a name, and
+/// every handshake failed (as nginx's `proxy_ssl_name`, the proxied host).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_backend_given_by_name_is_verified_against_that_name() {
+    let dns = DnsServer::start().await;
+    let ca = Authority::new();
+    let identity = ca.issue("backend", &[HOST]);
+    let backend = TlsBackend::start("secure", &identity).await;
+    dns.set_a(HOST, &[Ipv4Addr::LOCALHOST]);
+    let tls = format!("{CHECKS}\ntls = {{ ca = \"{}\" }}", ca.ca_pem().display());
+    let baton = Baton::start(named_spec(&dns, backend.addr.port(), &tls)).await;
+    wait_members(baton.admin, &[(backend.addr.to_string(), "up")]).await;
+    let answer = client::get(baton.addr("web"), "/named")
+        .await
+        .expect("answered");
+    assert_eq!(
+        (answer.status, answer.body.as_str()),
+        (200, "secure /named\n"),
+        "{}",
+        baton.log()
+    );
 }

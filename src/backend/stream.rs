@@ -43,7 +43,19 @@ impl Backend {
         limit: Duration,
         proxy_header: Option<&[u8]>,
     ) -> Result<BackendStream, ConnectFault> {
-        connect(self.address, self.tls.as_deref(), limit, proxy_header).await
+        let tls = self.tls.as_deref().map(|tls| (tls, self.tls_host()));
+        connect(self.address, tls, limit, proxy_header).await
+    }
+
+    /// The name a TLS member given by DNS is verified against, and tells
+    /// by SNI, where its pool names none: the host it was resolved from,
+    /// as nginx's `proxy_ssl_name` is the proxied host. Its address would
+    /// be in no certificate of a host that has a name, and an SRV record's
+    /// targets are hosts no one `server_name` could name.
+    fn tls_host(&self) -> Option<&str> {
+        let from = self.resolved_from.as_deref()?;
+        let host = from.rsplit_once(':').map_or(from, |(host, _port)| host);
+        Some(host.trim_end_matches('.'))
     }
 
     /// Connects on baton's own behalf (a health check): a pool that sends
@@ -54,12 +66,13 @@ impl Backend {
     }
 }
 
-/// Connects to `address` (and handshakes, with `tls`) within `limit`. A
+/// Connects to `address` (and handshakes, with `tls`: its settings and the
+/// host DNS gave the address for, if it did) within `limit`. A
 /// PROXY header goes first, before any TLS: it is for the backend's TCP
 /// layer, as the one baton receives is for its own.
 pub async fn connect(
     address: SocketAddr,
-    tls: Option<&UpstreamTls>,
+    tls: Option<(&UpstreamTls, Option<&str>)>,
     limit: Duration,
     proxy_header: Option<&[u8]>,
 ) -> Result<BackendStream, ConnectFault> {
@@ -79,7 +92,7 @@ pub async fn connect(
             None => Ok(Link::Plain(tcp)),
             // Boxed: a plain connect's callers do not carry a handshake's
             // state (a rustls session) in their own futures.
-            Some(tls) => Box::pin(tls.connect(tcp, address))
+            Some((tls, host)) => Box::pin(tls.connect(tcp, address, host))
                 .await
                 .map(|s| Link::Tls(Box::new(s)))
                 .map_err(ConnectFault::Handshake),

@@ -65,15 +65,20 @@ impl UpstreamTls {
         })
     }
 
-    /// Handshakes with the backend at `address` over `tcp`.
+    /// Handshakes with the backend at `address` over `tcp`, which DNS may
+    /// have given for `host`. The name checked (and sent by SNI) is the
+    /// pool's `server_name`, else `host`, else the address.
     pub async fn connect(
         &self,
         tcp: TcpStream,
         address: SocketAddr,
+        host: Option<&str>,
     ) -> std::io::Result<TlsStream<TcpStream>> {
+        let named = || host.and_then(|host| ServerName::try_from(host.to_owned()).ok());
         let name = self
             .server_name
             .clone()
+            .or_else(named)
             .unwrap_or_else(|| ServerName::IpAddress(address.ip().into()));
         self.connector.connect(name, tcp).await
     }
