@@ -4,9 +4,12 @@
 //! before the protocol: a PROXY header from a balancer in front, then, on
 //! a TLS listener, the handshake.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
@@ -65,6 +68,26 @@ impl Drop for Open {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// A connection's future beside its place among the open ones, which
+    /// goes back as the task ends and drops both. Not an async block that
+    /// awaits the future and then drops the place: such a block keeps the
+    /// future's arguments a second time (112 bytes a connection).
+    struct Holding<F> {
+        #[pin]
+        serving: F,
+        _open: Open,
+    }
+}
+
+impl<F: Future<Output = ()>> Future for Holding<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.project().serving.poll(cx)
+    }
+}
+
 impl Accept for Connections {
     fn accepted(&self, stream: TcpStream, peer: SocketAddr, permit: Option<OwnedSemaphorePermit>) {
         self.metrics.accepted.increment(1);
@@ -88,14 +111,14 @@ impl Accept for Connections {
             (None, None) => match proxy {
                 Proxy::Http(p) => {
                     let drain = self.drain.clone();
-                    self.drain.spawn(in_place::boxed(move || async move {
-                        p.serve(stream, origin, drain).await;
-                        drop(open);
+                    self.drain.spawn(in_place::boxed(move || Holding {
+                        serving: p.serve(stream, origin, drain),
+                        _open: open,
                     }));
                 }
-                Proxy::Tcp(p) => self.drain.spawn(in_place::boxed(move || async move {
-                    p.serve(stream, origin).await;
-                    drop(open);
+                Proxy::Tcp(p) => self.drain.spawn(in_place::boxed(move || Holding {
+                    serving: p.serve(stream, origin),
+                    _open: open,
                 })),
             },
             (receive, tls) => {

@@ -3,6 +3,12 @@
 //! through tokio's `copy` unchanged: the other end is then reset
 //! (`reset`), and a backend's failure is counted against it.
 
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
 /// Which end of a tunnel an I/O error came from: a backend's reset is the
 /// backend's failure (`SD`, counted against it), a client's its own
 /// (`CD`). Carried inside the `io::Error`, so it passes through tokio's
@@ -108,31 +114,66 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Sided<T> {
 /// what the tunnel held of the backend's last bytes.) Any other failure
 /// ends both at once. `up_failed` is set for the way down to see: it ends
 /// at the backend's end without a FIN then, as the tunnel ends in a reset.
-pub async fn both_ways<U, D>(up: U, down: D, up_failed: &UpFailed) -> std::io::Result<()>
+pub fn both_ways<U, D>(up: U, down: D, up_failed: &UpFailed) -> BothWays<'_, U, D>
 where
-    U: std::future::Future<Output = std::io::Result<()>>,
-    D: std::future::Future<Output = std::io::Result<()>>,
+    U: Future<Output = io::Result<()>>,
+    D: Future<Output = io::Result<()>>,
 {
-    tokio::pin!(up, down);
-    let mut up_ended: Option<std::io::Result<()>> = None;
-    loop {
-        tokio::select! {
-            ended = &mut up, if up_ended.is_none() => match ended {
-                Err(err) if side_of(&err) != Some(Side::Backend) => return Err(err),
-                ended => {
-                    if ended.is_err() {
-                        up_failed.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    BothWays {
+        up,
+        down,
+        up_ended: None,
+        down_done: false,
+        up_failed,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future [`both_ways`] returns. A struct, not an async fn: one
+    /// kept each way's future twice, as its argument and as its pinned
+    /// local (400 bytes more in every TCP-mode connection's task).
+    pub struct BothWays<'f, U, D> {
+        #[pin]
+        up: U,
+        #[pin]
+        down: D,
+        up_ended: Option<io::Result<()>>,
+        down_done: bool,
+        up_failed: &'f UpFailed,
+    }
+}
+
+impl<U, D> Future for BothWays<'_, U, D>
+where
+    U: Future<Output = io::Result<()>>,
+    D: Future<Output = io::Result<()>>,
+{
+    type Output = io::Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.project();
+        if this.up_ended.is_none() {
+            if let Poll::Ready(ended) = this.up.poll(cx) {
+                if let Err(err) = &ended {
+                    if side_of(err) != Some(Side::Backend) {
+                        return Poll::Ready(ended);
                     }
-                    up_ended = Some(ended);
+                    this.up_failed.0.store(true, Ordering::Relaxed);
                 }
-            },
-            ended = &mut down => {
-                ended?;
-                return match up_ended {
-                    Some(ended) => ended,
-                    None => up.await,
-                };
+                *this.up_ended = Some(ended);
             }
+        }
+        if !*this.down_done {
+            match this.down.poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
+                Poll::Ready(Ok(())) => *this.down_done = true,
+            }
+        }
+        // Once down ended, up alone (its waker is set by the poll above).
+        match this.up_ended.take() {
+            Some(ended) => Poll::Ready(ended),
+            None => Poll::Pending,
         }
     }
 }

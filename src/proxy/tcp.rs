@@ -56,7 +56,10 @@ pub struct TcpProxy {
 }
 
 impl TcpProxy {
-    pub async fn serve<S: ByteStream>(&self, mut client: S, origin: Origin) {
+    /// Serves one client connection: connects it to a backend and carries
+    /// its bytes both ways until both ends are done, one fails, or it falls
+    /// idle. The task owns its proxy's `Arc`.
+    pub async fn serve<S: ByteStream>(self: Arc<Self>, mut client: S, origin: Origin) {
         let peer = origin.client;
         let id = RequestId::new();
         // Before the line: it reads the counts when it is written.
