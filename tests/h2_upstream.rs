@@ -280,6 +280,12 @@ async fn every_response_framing_reaches_an_h2_client() {
                 bytes.extend(ok("after hints"));
                 (bytes, Then::KeepAlive)
             }
+            // A length a 204 must not carry (RFC 9110 §8.6): an h2 client
+            // takes it for a body still owed, and resets the stream.
+            "/no-content" => (
+                b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n".to_vec(),
+                Then::Close,
+            ),
             _ => (b"HTTP/1.1 200 OK\r\ncontent-length: 42\r\n\r\n".to_vec(), Then::KeepAlive),
         }
     })
@@ -323,6 +329,19 @@ async fn every_response_framing_reaches_an_h2_client() {
         Some(&b"42"[..])
     );
     let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert!(body.is_empty());
+    let resp = sender
+        .send_request(request("GET", web, "/no-content", empty()))
+        .await
+        .expect("204 answered");
+    assert_eq!(resp.status(), 204);
+    assert_eq!(resp.headers().get("content-length"), None);
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("no body")
+        .to_bytes();
     assert!(body.is_empty());
 }
 

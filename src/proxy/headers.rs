@@ -34,7 +34,9 @@ pub const NOT_STRIPPABLE: &[&str] = &[
 ];
 
 /// What a client may say about where a request came from; `replace` drops
-/// all of it (both paths).
+/// all of it (both paths): these, and every other `X-Forwarded-` field
+/// ([`FORWARDED_PREFIX`]: `-Port`, `-Prefix`, `-Ssl`, `-Scheme`, which
+/// Rack and Spring take to say https, or where the app is mounted).
 pub const FORWARDING: &[&str] = &[
     "x-forwarded-for",
     "x-forwarded-proto",
@@ -42,7 +44,11 @@ pub const FORWARDING: &[&str] = &[
     "x-real-ip",
     "forwarded",
     "x-forwarded-client-cert",
+    "front-end-https",
 ];
+
+/// The start of every `X-Forwarded-` field's name.
+pub const FORWARDED_PREFIX: &str = "x-forwarded-";
 
 /// Fields baton frames or sets itself whose `_` spellings it drops (the
 /// dashed ones it rewrites): a CGI-style backend would read
@@ -61,9 +67,18 @@ pub fn names_alike(known: &str, name: &[u8]) -> bool {
             .all(|(k, &n)| k == n.to_ascii_lowercase() || (k == b'-' && n == b'_'))
 }
 
-/// Whether `name` is one of `FORWARDING`, in either spelling.
+/// Whether `name` is one of `FORWARDING` or an `X-Forwarded-` field, in
+/// either spelling.
 pub fn is_forwarding(name: &[u8]) -> bool {
-    FORWARDING.iter().any(|known| names_alike(known, name))
+    has_forwarded_prefix(name) || FORWARDING.iter().any(|known| names_alike(known, name))
+}
+
+/// Whether `name` is `X-Forwarded-` and more, in either spelling.
+pub fn has_forwarded_prefix(name: &[u8]) -> bool {
+    name.len() > FORWARDED_PREFIX.len()
+        && name
+            .get(..FORWARDED_PREFIX.len())
+            .is_some_and(|start| names_alike(FORWARDED_PREFIX, start))
 }
 
 /// Whether `name` is the `_` spelling of one of `SET_BY_BATON`.
@@ -306,6 +321,12 @@ mod tests {
         for name in ["x-forwarded-host", "x-real-ip", "forwarded"] {
             assert!(!h.contains_key(name), "{name}");
         }
+        let mut h = HeaderMap::new();
+        for name in ["x-forwarded-port", "x-forwarded-ssl", "x_forwarded_prefix"] {
+            h.insert(name, HeaderValue::from_static("443"));
+        }
+        add_forwarding(&mut h, &peer(), None, Forwarded::Replace, "http");
+        assert_eq!(h.len(), 3, "only baton's own: {h:?}");
     }
 
     #[test]
@@ -323,7 +344,10 @@ mod tests {
             ["via", "x-forwarded-for", "x-forwarded-proto", "x_other"]
         );
         assert!(is_forwarding(b"X_Forwarded_For"));
-        assert!(!is_forwarding(b"x_forwarded_fox"));
+        assert!(is_forwarding(b"X-Forwarded-Scheme"));
+        assert!(!is_forwarding(b"x-forwarded-"));
+        assert!(!is_forwarding(b"x_forwarded"));
+        assert!(!is_forwarding(b"x-forwardedfor"));
     }
 
     #[test]

@@ -13,6 +13,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
+use crate::proxy::headers;
+
 /// Longest head accepted (request line/status line + fields + blank line).
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most fields in one head.
@@ -47,9 +49,8 @@ pub enum Role {
     /// Connection token cannot strip. Also dropped on the way: the `_`
     /// spellings of the fields baton frames or sets (`headers::SET_BY_BATON`).
     HopByHop,
-    /// x-forwarded-for, x-forwarded-proto, x-forwarded-host, x-real-ip,
-    /// forwarded, x-forwarded-client-cert, and their spellings with `_`
-    /// (`headers::is_forwarding`).
+    /// Every x-forwarded-* field, x-real-ip, forwarded, front-end-https,
+    /// and their spellings with `_` (`headers::is_forwarding`).
     Forwarding,
     /// `Expect` (baton answers 100-continue itself).
     Expect,
@@ -539,8 +540,8 @@ fn role(name: &str, named_by_token: impl FnOnce() -> bool) -> Role {
     }
 }
 
-/// The longest name with a role of its own (`x-forwarded-client-cert`).
-const LONGEST_KNOWN: usize = 23;
+/// The longest name `fixed_role`'s `match` knows (`transfer-encoding`).
+const LONGEST_KNOWN: usize = 17;
 
 /// Whether `name` has the length and the first letter of one of the names
 /// `fixed_role` knows: most names (`Date`, `Server`, `Content-Type`,
@@ -556,10 +557,9 @@ fn may_be_known(name: &[u8]) -> bool {
             | (10, Some(b'c' | b'k'))
             | (12, Some(b'x'))
             | (14, Some(b'c' | b'h'))
-            | (15, Some(b'x'))
-            | (16, Some(b'p' | b'x'))
-            | (17, Some(b't' | b'x'))
-            | (23, Some(b'x'))
+            | (15, Some(b'f'))
+            | (16, Some(b'p'))
+            | (17, Some(b't'))
     )
 }
 
@@ -570,6 +570,10 @@ fn may_be_known(name: &[u8]) -> bool {
 /// every name compared, cost a response head of five fields more than
 /// httparse's parse of it.
 fn fixed_role(name: &[u8]) -> Role {
+    // Of any length: `X-Forwarded-` names are open-ended.
+    if headers::has_forwarded_prefix(name) {
+        return Role::Forwarding;
+    }
     if !may_be_known(name) {
         return Role::EndToEnd;
     }
@@ -594,15 +598,7 @@ fn fixed_role(name: &[u8]) -> Role {
             | b"http2-settings",
             false,
         ) => Role::HopByHop,
-        (
-            b"x-forwarded-for"
-            | b"x-forwarded-proto"
-            | b"x-forwarded-host"
-            | b"x-real-ip"
-            | b"forwarded"
-            | b"x-forwarded-client-cert",
-            _,
-        ) => Role::Forwarding,
+        (b"x-real-ip" | b"forwarded" | b"front-end-https", _) => Role::Forwarding,
         (b"expect", false) => Role::Expect,
         (b"content-length" | b"transfer-encoding" | b"x-request-id", true) => Role::HopByHop,
         _ => Role::EndToEnd,
@@ -1414,7 +1410,16 @@ x-u39: 1\r\nx-u0: 1\r\ncookie: c\r\nx-a: 1\r\nx-abc: 1\r\nx-u: 1\r\nx-u400: 1\r\
     #[test]
     fn a_names_fixed_role_is_the_one_the_lists_give() {
         use crate::proxy::headers::{FORWARDING, HOP_BY_HOP, NOT_STRIPPABLE, SET_BY_BATON};
-        let known = ["host", "expect", "x-request-id", "date", "server", "accept"];
+        let known = [
+            "host",
+            "expect",
+            "x-request-id",
+            "date",
+            "server",
+            "accept",
+            "x-forwarded-port",
+            "x-forwarded-ssl",
+        ];
         let all = HOP_BY_HOP
             .iter()
             .chain(FORWARDING)
@@ -1450,7 +1455,10 @@ x-u39: 1\r\nx-u0: 1\r\ncookie: c\r\nx-a: 1\r\nx-abc: 1\r\nx-u: 1\r\nx-u400: 1\r\
         assert_eq!(fixed_role(b"Keep_Alive"), Role::EndToEnd);
         assert_eq!(fixed_role(b"X_Forwarded_For"), Role::Forwarding);
         assert_eq!(fixed_role(b"Transfer_Encoding"), Role::HopByHop);
-        assert_eq!(fixed_role(b"x-forwarded-proto-and-more"), Role::EndToEnd);
+        assert_eq!(fixed_role(b"x-forwarded-proto-and-more"), Role::Forwarding);
+        assert_eq!(fixed_role(b"X_Forwarded_Prefix"), Role::Forwarding);
+        assert_eq!(fixed_role(b"x-forwarded-"), Role::EndToEnd);
+        assert_eq!(fixed_role(b"x-forwardedport"), Role::EndToEnd);
     }
 
     #[test]

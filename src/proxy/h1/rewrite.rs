@@ -200,9 +200,18 @@ pub fn response(
                 length_written |= kept;
                 kept
             }
+            // Codings split over several fields apply in their order.
             Role::Framing => {
-                if delivery == Delivery::Chunked && codings.is_none() {
-                    codings = other_codings(value);
+                if delivery == Delivery::Chunked {
+                    if let Some(more) = other_codings(value) {
+                        match codings.as_mut() {
+                            Some(gathered) => {
+                                gathered.extend_from_slice(b", ");
+                                gathered.extend_from_slice(&more);
+                            }
+                            None => codings = Some(more),
+                        }
+                    }
                 }
                 false
             }
@@ -403,6 +412,14 @@ mod tests {
         assert!(
             both.contains("transfer-encoding: gzip, chunked\r\n"),
             "{both}"
+        );
+        let split = client_head(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: br, chunked\r\n\r\n",
+            get,
+        );
+        assert!(
+            split.contains("transfer-encoding: gzip, br, chunked\r\n"),
+            "every field's codings, in order: {split}"
         );
         let plain = client_head("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", get);
         assert_eq!(plain.matches("transfer-encoding").count(), 1, "{plain}");

@@ -26,7 +26,8 @@ use crate::proxy::body::{BodyError, ClientUploadFault, Progress};
 /// body with a transfer coding other than chunked): hop-by-hop
 /// fields stay on their hop, `Transfer-Encoding` means nothing in h2, and a
 /// `Content-Length` goes on only where it states the body's length (or a
-/// HEAD's or a 304's would-be length).
+/// HEAD's or a 304's would-be length): never on a 204 (RFC 9110 §8.6),
+/// where an h2 client takes it for a body still owed.
 pub(super) fn copy_fields(head: &ResponseHead, to: &mut HeaderMap) -> Result<(), BadResponse> {
     // h2 has no transfer codings: the body would go on coded with nothing
     // to say so (nginx answers 502 too).
@@ -45,6 +46,7 @@ pub(super) fn copy_fields(head: &ResponseHead, to: &mut HeaderMap) -> Result<(),
             Role::Framing => {
                 let length = name.eq_ignore_ascii_case(b"content-length")
                     && head.framing != Framing::Chunked
+                    && head.status != 204
                     && !length_copied;
                 length_copied |= length;
                 length
