@@ -27,12 +27,13 @@ fn spec(shutdown: &str, backend: &HttpBackend, listener_extra: &str) -> Spec {
         .pool("app", &[backend.addr])
 }
 
-/// No pre-stop pause and a drain budget no test waits out, before `backend`.
-fn sixty_seconds_to_drain(backend: &RawBackend) -> Spec {
+/// No pre-stop pause and a drain budget no test waits out, before the
+/// backend at `backend`.
+fn sixty_seconds_to_drain(backend: std::net::SocketAddr) -> Spec {
     Spec::default()
         .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"\n")
         .listener("web", "http", "app", "")
-        .pool("app", &[backend.addr])
+        .pool("app", &[backend])
 }
 
 fn assert_no_error_lines(baton: &Baton) {
@@ -283,12 +284,7 @@ async fn an_h2c_stream_completes_after_goaway() {
 async fn an_h2c_response_still_being_read_is_whole_after_a_drain() {
     const SIZE: usize = 4 << 20;
     let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(spec(
-        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
-        &backend,
-        "",
-    ))
-    .await;
+    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
     let mut s = support::h2_raw::small_window_reader(baton.addr("web")).await;
     s.write_all(&support::h2_raw::get(&format!("/bytes/{SIZE}")))
         .await
@@ -423,12 +419,7 @@ async fn closed_with_1001(mut s: TcpStream) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_is_closed_with_1001_at_drain_start() {
     let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(spec(
-        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
-        &backend,
-        "",
-    ))
-    .await;
+    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
     let s = echoing_websocket(baton.addr("web")).await;
 
     signal(baton.first_pid, Signal::SIGTERM);
@@ -489,7 +480,7 @@ async fn a_frame_begun_with_the_101_gets_no_close_frame_inside_it() {
         (bytes, Then::CloseAfter(Duration::from_secs(60)))
     })
     .await;
-    let baton = Baton::start(sixty_seconds_to_drain(&backend)).await;
+    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
     let (mut s, head) = client::upgraded(baton.addr("web"), "websocket").await;
     assert!(head.starts_with("http/1.1 101"), "{head}");
     let mut first = vec![0u8; begun.len()];
@@ -516,7 +507,7 @@ async fn an_upgraded_connection_whose_client_stopped_reading_ends_at_drain_start
         )
     })
     .await;
-    let baton = Baton::start(sixty_seconds_to_drain(&backend)).await;
+    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
     let s = raw::upgrading(baton.addr("web")).await;
     // Never read: baton's write to it waits.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -533,12 +524,7 @@ async fn an_upgraded_connection_whose_client_stopped_reading_ends_at_drain_start
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_stream_ends_at_an_event_boundary() {
     let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(spec(
-        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
-        &backend,
-        "",
-    ))
-    .await;
+    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
     let mut s = TcpStream::connect(baton.addr("web"))
         .await
         .expect("connect");
@@ -577,7 +563,7 @@ async fn an_h2_event_stream_with_crlf_events_ends_at_an_event_boundary() {
         )
     })
     .await;
-    let baton = Baton::start(sixty_seconds_to_drain(&backend)).await;
+    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
     let web = baton.addr("web");
     let mut sender = client::h2::<Empty<Bytes>>(web).await;
     let req = hyper::Request::get(format!("http://{web}/events"))

@@ -496,8 +496,7 @@ const OLDER_GENERATIONS_SLACK: Duration = Duration::from_secs(2);
 /// drain, nor often: once the successor is main, systemd logs each of our
 /// messages as a warning (a long drain wrote ten a second to the journal;
 /// now a reload writes about three).
-async fn keep_naming(successor: u32, window: tokio::sync::oneshot::Receiver<Instant>) {
-    tokio::pin!(window);
+async fn keep_naming(successor: u32, mut window: tokio::sync::oneshot::Receiver<Instant>) {
     let mut until: Option<Instant> = None;
     loop {
         tokio::select! {
