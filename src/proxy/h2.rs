@@ -26,6 +26,7 @@ use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
 use super::delivery::{self, StreamTask};
 use super::h1::head::{valid_authority, ResponseHead, MAX_FIELDS, MAX_HEAD};
 use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay, Silence};
+use super::h1::rewrite::Outbound;
 use super::h1::upstream;
 use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
@@ -164,11 +165,9 @@ impl HttpProxy {
         // Formatted once per connection: every request forwards it.
         let client = Arc::new(H2Client {
             peer,
-            ip: headers::ip_value(peer.ip()),
+            ip: headers::ip_text(peer.ip()),
             speaker: self.sends_proxy.then(|| Speaker::of(&stream, origin)),
-            certificate: self
-                .client_identity(&stream)
-                .and_then(|identity| HeaderValue::try_from(identity).ok()),
+            certificate: self.client_identity(&stream),
         });
         let service = {
             let (proxy, state, drain) = (Arc::clone(&self), Arc::clone(&state), drain.clone());
@@ -407,19 +406,7 @@ impl HttpProxy {
         drain: &DrainWatch,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let client = stream.client;
-        let (mut parts, incoming) = req.into_parts();
-        headers::host_from_target(&mut parts.headers, &parts.uri);
-        headers::strip_hop_by_hop(&mut parts.headers);
-        headers::add_forwarding(
-            &mut parts.headers,
-            &client.ip,
-            client.certificate.as_ref(),
-            self.forwarded,
-            self.proto,
-        );
-        if let Ok(id) = HeaderValue::from_str(stream.request_id) {
-            parts.headers.insert(headers::X_REQUEST_ID, id);
-        }
+        let (parts, incoming) = req.into_parts();
         let outgoing = self.client_body(incoming).await?;
         stream.noted.upload = outgoing.progress.clone();
         // Sent again on a new connection when a kept one was closed under
@@ -473,13 +460,15 @@ impl HttpProxy {
                 };
             stream.noted.marks.got_connection(up.reused);
             let sent = body.take().unwrap_or_else(body::empty);
-            let relay = Relay::new(
-                up,
-                &parts,
-                sent,
-                backend.authority.as_str(),
-                header.is_none(),
-            );
+            let to = Outbound {
+                client_ip: &client.ip,
+                client_cert: client.certificate.as_deref(),
+                forwarded: self.forwarded,
+                proto: self.proto,
+                backend_authority: backend.authority.as_str(),
+                request_id: stream.request_id.as_bytes(),
+            };
+            let relay = Relay::new(up, &parts, sent, &to, header.is_none());
             match self
                 .send(relay, &parts.method, backend, outgoing.progress.as_deref())
                 .await
@@ -700,13 +689,13 @@ struct H2Client {
     /// Who it is (a PROXY header's word, where one was taken).
     peer: SocketAddr,
     /// Its address as X-Forwarded-For writes it, formatted once.
-    ip: HeaderValue,
+    ip: String,
     /// Whom its backend connections speak for, when a pool sends PROXY
     /// headers (`None` when none of the listener's pools does).
     speaker: Option<Speaker>,
     /// The identity its certificate proved, as `X-Forwarded-Client-Cert`
     /// writes it, made once.
-    certificate: Option<HeaderValue>,
+    certificate: Option<String>,
 }
 
 /// One stream as `forward` carries it: its connection's client, its id,

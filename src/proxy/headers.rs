@@ -1,13 +1,12 @@
-//! Header rewriting between an h2 client and a backend (hyper's path; the
-//! HTTP/1 path rewrites its heads in `h1::rewrite`): hop-by-hop headers
-//! stay on their hop (RFC 9110 §7.6.1), forwarding headers say where a
-//! request came from (per the listener's `forwarded`).
+//! The names both paths rewrite heads by (`h1::rewrite` writes HTTP/1
+//! clients' requests and h2 clients' alike, from each field's role):
+//! hop-by-hop headers stay on their hop (RFC 9110 §7.6.1), forwarding
+//! headers say where a request came from (per the listener's
+//! `forwarded`); and `Via` on an h2 client's response.
 
 use std::net::IpAddr;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, TE};
-
-use crate::config::Forwarded;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// Fields that belong to one hop (RFC 9110 §7.6.1), for both paths.
 pub const HOP_BY_HOP: &[&str] = &[
@@ -86,89 +85,9 @@ pub fn is_underscored_set_by_baton(name: &[u8]) -> bool {
     name.contains(&b'_') && SET_BY_BATON.iter().any(|known| names_alike(known, name))
 }
 
-/// The `Host` a backend gets: an absolute-form target's authority wins over
-/// whatever `Host` the client sent (RFC 9112 §3.2.2), since routing used it.
-pub fn host_from_target(headers: &mut HeaderMap, uri: &http::Uri) {
-    // Without user information: routing looked at the host alone.
-    let host = |a: &http::uri::Authority| {
-        let text = a.as_str();
-        HeaderValue::from_str(text.rsplit('@').next().unwrap_or(text)).ok()
-    };
-    if let Some(authority) = uri.authority().and_then(host) {
-        headers.insert(HOST, authority);
-    }
-}
-
-fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
-    headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-}
-
-/// Removes hop-by-hop headers, those named in `Connection` included. `Trailer` is
-/// end-to-end (RFC 9110 §6.6.2), and a peer that takes trailers says so to
-/// the next hop too (`TE: trailers`, the one TE a proxy passes on), so
-/// trailers travel both ways.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let takes_trailers = headers
-        .get_all(TE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
-    let named: Vec<HeaderName> = connection_tokens(headers)
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .filter(|n| !NOT_STRIPPABLE.contains(&n.as_str()))
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    remove_any(headers, HOP_BY_HOP);
-    if takes_trailers {
-        headers.insert(TE, HeaderValue::from_static("trailers"));
-    }
-}
-
-/// Names set on every request, made once: a name given as a string is
-/// parsed and checked each time it is used.
-pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-pub const X_FORWARDED_CLIENT_CERT: HeaderName = HeaderName::from_static("x-forwarded-client-cert");
+/// The name an h2 client's id is looked for under, made once: a name
+/// given as a string is parsed and checked each time it is used.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
-/// Drops every field `matches` names (a look first: most requests have none).
-fn remove_matching(headers: &mut HeaderMap, matches: impl Fn(&[u8]) -> bool) {
-    if headers.keys().any(|k| matches(k.as_str().as_bytes())) {
-        let named: Vec<HeaderName> = headers
-            .keys()
-            .filter(|k| matches(k.as_str().as_bytes()))
-            .cloned()
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-    }
-}
-
-/// Removes the fields `names` lists. Most requests carry none of them, and
-/// a `remove` parses and hashes its name each time, so the names present
-/// are looked for first, in one pass.
-fn remove_any(headers: &mut HeaderMap, names: &[&str]) {
-    if headers.keys().any(|k| names.contains(&k.as_str())) {
-        for name in names {
-            headers.remove(*name);
-        }
-    }
-}
-
-/// A client address as a header value.
-pub fn ip_value(ip: IpAddr) -> HeaderValue {
-    HeaderValue::from_str(&ip_text(ip)).unwrap_or(HeaderValue::from_static("unknown"))
-}
 
 /// A client address as forwarding headers write it. An IPv4 address is
 /// written digit by digit: through `fmt` it cost more than the rest of
@@ -193,62 +112,6 @@ pub fn ip_text(ip: IpAddr) -> String {
     text
 }
 
-/// Sets `X-Forwarded-For` and `X-Forwarded-Proto` (`proto`: http or
-/// https) as `mode` says, and `X-Forwarded-Client-Cert` to `client_cert`
-/// (the identity the client's certificate proved, if any) unless `off`,
-/// and adds `Via`.
-pub fn add_forwarding(
-    headers: &mut HeaderMap,
-    client: &HeaderValue,
-    client_cert: Option<&HeaderValue>,
-    mode: Forwarded,
-    proto: &'static str,
-) {
-    let xff = X_FORWARDED_FOR;
-    remove_matching(headers, is_underscored_set_by_baton);
-    match mode {
-        Forwarded::Off => {}
-        Forwarded::Replace => {
-            remove_matching(headers, is_forwarding);
-            headers.insert(xff, client.clone());
-        }
-        Forwarded::Append => {
-            // `_` spellings of the two fields baton writes: not chained.
-            // Nor is a client's certificate identity: only the listener's
-            // handshake can prove one.
-            remove_matching(headers, |name| {
-                names_alike(X_FORWARDED_CLIENT_CERT.as_str(), name)
-                    || (name.contains(&b'_')
-                        && ["x-forwarded-for", "x-forwarded-proto"]
-                            .iter()
-                            .any(|known| names_alike(known, name)))
-            });
-            // Element by element, bytes as sent: as the HTTP/1 path joins.
-            let mut chain = Vec::new();
-            let hops = headers
-                .get_all(&xff)
-                .iter()
-                .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-                .map(<[u8]>::trim_ascii)
-                .filter(|v| !v.is_empty());
-            for hop in hops {
-                chain.extend_from_slice(hop);
-                chain.extend_from_slice(b", ");
-            }
-            chain.extend_from_slice(client.as_bytes());
-            let joined = HeaderValue::from_bytes(&chain).unwrap_or_else(|_| client.clone());
-            headers.insert(xff, joined);
-        }
-    }
-    if mode != Forwarded::Off {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
-        if let Some(identity) = client_cert {
-            headers.insert(X_FORWARDED_CLIENT_CERT, identity.clone());
-        }
-    }
-    add_via(headers, "2.0 baton");
-}
-
 /// Adds `Via`; `value` names the protocol of the message baton received
 /// (RFC 9110 §7.6.3): "2.0 baton" on an h2 client's request, the backend's
 /// version on its response.
@@ -258,107 +121,16 @@ pub fn add_via(headers: &mut HeaderMap, value: &'static str) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::is_forwarding;
 
     #[test]
-    fn hop_by_hop_and_connection_named_headers_go() {
-        let mut h = HeaderMap::new();
-        h.insert(CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
-        h.insert("x-secret", HeaderValue::from_static("1"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("x-kept", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key("x-kept"));
-    }
-
-    fn peer() -> HeaderValue {
-        ip_value("127.0.0.1".parse().expect("ip"))
-    }
-
-    #[test]
-    fn append_joins_every_line_then_the_peer() {
-        let mut h = HeaderMap::new();
-        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        h.append(
-            "x-forwarded-for",
-            HeaderValue::from_static("10.0.0.2, 10.0.0.3"),
-        );
-        add_forwarding(&mut h, &peer(), None, Forwarded::Append, "http");
-        assert_eq!(
-            h.get("x-forwarded-for").map(|v| v.as_bytes()),
-            Some(&b"10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"[..])
-        );
-    }
-
-    #[test]
-    fn append_drops_empty_elements_and_keeps_bytes_as_sent() {
-        let mut h = HeaderMap::new();
-        h.append("x-forwarded-for", HeaderValue::from_static("a,, b ,"));
-        h.append(
-            "x-forwarded-for",
-            HeaderValue::from_bytes(b"c\xe9").expect("obs-text"),
-        );
-        add_forwarding(&mut h, &peer(), None, Forwarded::Append, "http");
-        assert_eq!(
-            h.get("x-forwarded-for").map(|v| v.as_bytes()),
-            Some(&b"a, b, c\xe9, 127.0.0.1"[..])
-        );
-    }
-
-    #[test]
-    fn replace_trusts_nothing_the_client_sent() {
-        let mut h = HeaderMap::new();
-        for name in FORWARDING {
-            h.insert(*name, HeaderValue::from_static("6.6.6.6"));
-        }
-        add_forwarding(&mut h, &peer(), None, Forwarded::Replace, "http");
-        assert_eq!(h.get("x-forwarded-for"), Some(&peer()));
-        assert_eq!(
-            h.get("x-forwarded-proto").map(|v| v.as_bytes()),
-            Some(&b"http"[..])
-        );
-        for name in ["x-forwarded-host", "x-real-ip", "forwarded"] {
-            assert!(!h.contains_key(name), "{name}");
-        }
-        let mut h = HeaderMap::new();
-        for name in ["x-forwarded-port", "x-forwarded-ssl", "x_forwarded_prefix"] {
-            h.insert(name, HeaderValue::from_static("443"));
-        }
-        add_forwarding(&mut h, &peer(), None, Forwarded::Replace, "http");
-        assert_eq!(h.len(), 3, "only baton's own: {h:?}");
-    }
-
-    #[test]
-    fn replace_drops_underscore_spellings_too() {
-        let mut h = HeaderMap::new();
-        for name in ["x_forwarded_for", "x_real_ip", "x-forwarded_proto"] {
-            h.insert(name, HeaderValue::from_static("6.6.6.6"));
-        }
-        h.insert("x_other", HeaderValue::from_static("kept"));
-        add_forwarding(&mut h, &peer(), None, Forwarded::Replace, "http");
-        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
-        names.sort_unstable();
-        assert_eq!(
-            names,
-            ["via", "x-forwarded-for", "x-forwarded-proto", "x_other"]
-        );
+    fn forwarding_names_count_in_either_spelling_and_only_whole() {
         assert!(is_forwarding(b"X_Forwarded_For"));
         assert!(is_forwarding(b"X-Forwarded-Scheme"));
+        assert!(is_forwarding(b"x_real_ip"));
         assert!(!is_forwarding(b"x-forwarded-"));
         assert!(!is_forwarding(b"x_forwarded"));
         assert!(!is_forwarding(b"x-forwardedfor"));
-    }
-
-    #[test]
-    fn connection_cannot_strip_host() {
-        let mut h = HeaderMap::new();
-        h.insert(CONNECTION, HeaderValue::from_static("host, x-gone"));
-        h.insert(HOST, HeaderValue::from_static("app"));
-        h.insert("x-gone", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h);
-        assert!(h.contains_key(HOST));
-        assert!(!h.contains_key("x-gone"));
     }
 
     #[test]

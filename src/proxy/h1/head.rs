@@ -569,7 +569,7 @@ fn may_be_known(name: &[u8]) -> bool {
 /// case, `_` as `-`. Asking each list in turn, the fold done again for
 /// every name compared, cost a response head of five fields more than
 /// httparse's parse of it.
-fn fixed_role(name: &[u8]) -> Role {
+pub(in crate::proxy::h1) fn fixed_role(name: &[u8]) -> Role {
     // Of any length: `X-Forwarded-` names are open-ended.
     if headers::has_forwarded_prefix(name) {
         return Role::Forwarding;

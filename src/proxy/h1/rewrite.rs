@@ -55,22 +55,7 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
                 authority.is_none()
             }
             Role::Framing | Role::HopByHop | Role::Expect => false,
-            Role::Forwarding => match to.forwarded {
-                Forwarded::Off => true,
-                Forwarded::Replace => false,
-                // The `_` spellings of the two fields baton writes are
-                // dropped, not chained.
-                Forwarded::Append => {
-                    if name.eq_ignore_ascii_case(b"x-forwarded-for") {
-                        forwarded_for.push(value);
-                        false
-                    } else {
-                        !names_alike("x-forwarded-for", name)
-                            && !names_alike("x-forwarded-proto", name)
-                            && !names_alike("x-forwarded-client-cert", name)
-                    }
-                }
-            },
+            Role::Forwarding => forwarding_kept(to.forwarded, name, value, &mut forwarded_for),
         };
         if keep {
             put_field(name, value, out);
@@ -101,6 +86,36 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
     out.put_slice(b"\r\n");
 }
 
+/// Whether a client's forwarding field (`Role::Forwarding`) goes on to the
+/// backend as it came, per the listener's `forwarded`: all under `off`,
+/// none under `replace`; under `append` the client's `X-Forwarded-For`
+/// values are gathered in `chain` (baton writes them as one line, its
+/// own hop last), and the `_` spellings of the fields baton writes, with
+/// the certificate identity only its own handshake can prove, are dropped,
+/// not chained. One rule for both paths: h2 clients' fields go through it
+/// too (`relay::upload`).
+pub fn forwarding_kept<'a>(
+    mode: Forwarded,
+    name: &[u8],
+    value: &'a [u8],
+    chain: &mut Vec<&'a [u8]>,
+) -> bool {
+    match mode {
+        Forwarded::Off => true,
+        Forwarded::Replace => false,
+        Forwarded::Append => {
+            if name.eq_ignore_ascii_case(b"x-forwarded-for") {
+                chain.push(value);
+                false
+            } else {
+                !names_alike("x-forwarded-for", name)
+                    && !names_alike("x-forwarded-proto", name)
+                    && !names_alike("x-forwarded-client-cert", name)
+            }
+        }
+    }
+}
+
 /// The target as a backend takes it: an absolute-form target loses its
 /// scheme and authority (they went to `Host`).
 fn put_origin_form(target: &[u8], out: &mut BytesMut) {
@@ -122,7 +137,9 @@ fn put_origin_form(target: &[u8], out: &mut BytesMut) {
     out.put_slice(rest);
 }
 
-fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
+/// `X-Forwarded-For` (the `earlier` hops, then the client), `-Proto` and
+/// `-Client-Cert`, unless the listener's `forwarded` is `off`.
+pub fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
     if to.forwarded == Forwarded::Off {
         return;
     }

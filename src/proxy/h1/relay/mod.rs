@@ -30,6 +30,7 @@ use http_body::Body;
 
 use super::head::{self, BadResponse, Framing, Parsed, ResponseHead};
 use super::io::poll_read_some;
+use super::rewrite::Outbound;
 use super::upstream::Upstream;
 use crate::backend::Lease;
 use crate::proxy::body::ProxyBody;
@@ -74,18 +75,18 @@ pub enum HeadFault {
 }
 
 impl Relay {
-    /// Starts an exchange: the head of `parts` (already rewritten for the
-    /// backend) is queued with the body's framing.
+    /// Starts an exchange: the head of `parts`, rewritten for the backend
+    /// as `to` says, is queued with the body's framing.
     pub fn new(
         up: Upstream,
         parts: &Parts,
         body: ProxyBody,
-        backend_authority: &str,
+        to: &Outbound<'_>,
         keepable: bool,
     ) -> Relay {
         let framing = upload::request_framing(parts, &body);
         let mut out = BytesMut::with_capacity(512);
-        upload::request_head(parts, backend_authority, framing, &mut out);
+        upload::request_head(parts, to, framing, &mut out);
         Relay {
             up,
             upload: Upload::new(

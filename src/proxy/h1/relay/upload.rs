@@ -8,7 +8,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::{CONTENT_LENGTH, COOKIE, EXPECT, HOST};
+use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::Method;
 use http_body::{Body, Frame};
@@ -16,7 +16,8 @@ use tokio::io::AsyncWrite;
 use tokio::time::Instant;
 
 use super::super::chunked;
-use super::super::rewrite::put_field;
+use super::super::head::{self, Role};
+use super::super::rewrite::{self, put_field, Outbound};
 use crate::backend::stream::BackendStream;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::clock::SharedInstant;
@@ -51,14 +52,24 @@ pub(super) fn request_framing(parts: &Parts, body: &ProxyBody) -> UpFraming {
     }
 }
 
-/// `METHOD origin-form HTTP/1.1`, the fields, and the framing. h2 may
-/// split `Cookie` into many fields: HTTP/1 gets them joined in one line
-/// (RFC 9113 §8.2.3). A request without `:authority` or `Host` names the
-/// backend, as HTTP/1.1 needs a Host. `Expect` stays here: the body was
-/// asked for already (hyper answers 100-continue when it is read).
+/// `METHOD origin-form HTTP/1.1`, the client's fields, baton's, and the
+/// framing: the fields keep or lose the same roles (`head::fixed_role`)
+/// as an HTTP/1 client's do in `rewrite::request`, and baton adds the same
+/// ones, written straight from hyper's parts (rewriting its `HeaderMap`
+/// first hashed each name inserted, removed or looked for: a twentieth of
+/// an h2 request's instructions). No field is named by a `Connection`
+/// token: h2 carries no connection-specific field (the h2 crate refuses a
+/// request with one, and `TE` other than `trailers`; RFC 9113 §8.2.2).
+///
+/// h2 may split `Cookie` into many fields: HTTP/1 gets them joined in one
+/// line (RFC 9113 §8.2.3). `Host` is the request's `:authority` where it
+/// has one (without user information: routing looked at the host alone),
+/// else its `Host`, else the backend's, as HTTP/1.1 needs one. `Expect`
+/// stays here: the body was asked for already (hyper answers 100-continue
+/// when it is read).
 pub(super) fn request_head(
     parts: &Parts,
-    backend_authority: &str,
+    to: &Outbound<'_>,
     framing: UpFraming,
     out: &mut BytesMut,
 ) {
@@ -67,32 +78,73 @@ pub(super) fn request_head(
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     out.put_slice(target.as_bytes());
     out.put_slice(b" HTTP/1.1\r\n");
-    let mut cookies = parts.headers.get_all(COOKIE).iter().peekable();
-    let has_cookies = cookies.peek().is_some();
+    let authority = parts.uri.authority().map(|a| {
+        let text = a.as_str();
+        text.rsplit('@').next().unwrap_or(text)
+    });
+    let mut forwarded_for: Vec<&[u8]> = Vec::new();
+    let mut cookies: Vec<&[u8]> = Vec::new();
+    let (mut has_host, mut has_length, mut takes_trailers) = (false, false, false);
     for (name, value) in &parts.headers {
-        if name != COOKIE && name != EXPECT {
-            put_field(name.as_str().as_bytes(), value.as_bytes(), out);
+        // h2's names are lower case.
+        let (name, value) = (name.as_str().as_bytes(), value.as_bytes());
+        let keep = match head::fixed_role(name) {
+            Role::EndToEnd if name == b"cookie" => {
+                cookies.push(value);
+                false
+            }
+            // Written below, once, with the exchange's id.
+            Role::EndToEnd => name != b"x-request-id",
+            Role::Host => {
+                has_host = true;
+                authority.is_none()
+            }
+            // The client's own length, which h2 holds it to.
+            Role::Framing => {
+                let length = name == b"content-length";
+                has_length |= length;
+                length
+            }
+            Role::HopByHop => {
+                takes_trailers |= name == b"te";
+                false
+            }
+            Role::Expect => false,
+            Role::Forwarding => {
+                rewrite::forwarding_kept(to.forwarded, name, value, &mut forwarded_for)
+            }
+        };
+        if keep {
+            put_field(name, value, out);
         }
     }
-    if has_cookies {
+    if !cookies.is_empty() {
         out.put_slice(b"cookie: ");
-        for (i, cookie) in cookies.enumerate() {
+        for (i, cookie) in cookies.iter().enumerate() {
             if i > 0 {
                 out.put_slice(b"; ");
             }
-            out.put_slice(cookie.as_bytes());
+            out.put_slice(cookie);
         }
         out.put_slice(b"\r\n");
     }
-    if !parts.headers.contains_key(HOST) {
-        put_field(b"host", backend_authority.as_bytes(), out);
+    match authority {
+        Some(a) => put_field(b"host", a.as_bytes(), out),
+        None if !has_host => put_field(b"host", to.backend_authority.as_bytes(), out),
+        None => {}
     }
+    rewrite::put_forwarding(to, &forwarded_for, out);
+    put_field(b"x-request-id", to.request_id, out);
+    out.put_slice(b"via: 2.0 baton\r\n");
     match framing {
         UpFraming::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
-        UpFraming::Length if !parts.headers.contains_key(CONTENT_LENGTH) => {
-            out.put_slice(b"content-length: 0\r\n");
-        }
+        UpFraming::Length if !has_length => out.put_slice(b"content-length: 0\r\n"),
         UpFraming::Length | UpFraming::None => {}
+    }
+    // A peer that takes trailers says so to the next hop too: trailers
+    // travel both ways (`TE: trailers`, the one TE a proxy passes on).
+    if takes_trailers {
+        out.put_slice(b"te: trailers\r\n");
     }
     out.put_slice(b"\r\n");
 }
@@ -243,5 +295,145 @@ impl Upload {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Forwarded;
+
+    fn outbound(forwarded: Forwarded) -> Outbound<'static> {
+        Outbound {
+            client_ip: "127.0.0.1",
+            client_cert: Some("Subject=\"CN=alice\""),
+            forwarded,
+            proto: "https",
+            backend_authority: "10.0.0.9:8080",
+            request_id: b"id-1",
+        }
+    }
+
+    /// The HTTP/1 head an h2 request with these fields goes up as.
+    fn written(uri: &str, fields: &[(&str, &str)], to: &Outbound<'_>) -> String {
+        let mut request = http::Request::builder().method("GET").uri(uri);
+        for (name, value) in fields {
+            request = request.header(*name, *value);
+        }
+        let (parts, ()) = request.body(()).expect("request").into_parts();
+        let mut out = BytesMut::new();
+        request_head(&parts, to, UpFraming::None, &mut out);
+        String::from_utf8(out.to_vec()).expect("text")
+    }
+
+    fn lines(head: &str) -> Vec<&str> {
+        head.split("\r\n").filter(|l| !l.is_empty()).collect()
+    }
+
+    #[test]
+    fn replace_trusts_nothing_the_client_sent() {
+        let forged = [
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-proto", "http"),
+            ("x-forwarded-host", "evil"),
+            ("x-forwarded-port", "1"),
+            ("x_forwarded_prefix", "/evil"),
+            ("x-real-ip", "6.6.6.6"),
+            ("forwarded", "for=6.6.6.6"),
+            ("front-end-https", "on"),
+            ("x-forwarded-client-cert", "forged"),
+            ("x-request-id", "forged"),
+            ("x_request_id", "forged"),
+            ("via", "1.1 edge"),
+            ("accept", "*/*"),
+        ];
+        let head = written("http://app/p?q", &forged, &outbound(Forwarded::Replace));
+        assert_eq!(
+            lines(&head),
+            [
+                "GET /p?q HTTP/1.1",
+                "via: 1.1 edge",
+                "accept: */*",
+                "host: app",
+                "x-forwarded-for: 127.0.0.1",
+                "x-forwarded-proto: https",
+                "x-forwarded-client-cert: Subject=\"CN=alice\"",
+                "x-request-id: id-1",
+                "via: 2.0 baton",
+            ]
+        );
+    }
+
+    #[test]
+    fn append_chains_every_hop_as_sent_then_the_client() {
+        let fields = [
+            ("x-forwarded-for", "a,, b ,"),
+            ("x-forwarded-for", "10.0.0.2"),
+            ("x_forwarded_for", "6.6.6.6"),
+            ("x-forwarded-proto", "http"),
+            ("x_forwarded_client_cert", "forged"),
+            ("x-forwarded-host", "kept"),
+        ];
+        let head = written("/p", &fields, &outbound(Forwarded::Append));
+        assert_eq!(
+            lines(&head),
+            [
+                "GET /p HTTP/1.1",
+                "x-forwarded-host: kept",
+                "host: 10.0.0.9:8080",
+                "x-forwarded-for: a, b, 10.0.0.2, 127.0.0.1",
+                "x-forwarded-proto: https",
+                "x-forwarded-client-cert: Subject=\"CN=alice\"",
+                "x-request-id: id-1",
+                "via: 2.0 baton",
+            ]
+        );
+    }
+
+    #[test]
+    fn off_passes_what_the_client_said_and_adds_none() {
+        let fields = [("x-forwarded-for", "6.6.6.6"), ("x-real-ip", "6.6.6.6")];
+        let mut to = outbound(Forwarded::Off);
+        to.client_cert = None;
+        let head = written("http://app/", &fields, &to);
+        assert_eq!(
+            lines(&head),
+            [
+                "GET / HTTP/1.1",
+                "x-forwarded-for: 6.6.6.6",
+                "x-real-ip: 6.6.6.6",
+                "host: app",
+                "x-request-id: id-1",
+                "via: 2.0 baton",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_authority_names_the_host_cookies_join_and_hop_fields_stay() {
+        let fields = [
+            ("host", "other"),
+            ("cookie", "a=1"),
+            ("te", "trailers"),
+            ("http2-settings", "AAA"),
+            ("expect", "100-continue"),
+            ("content_length", "5"),
+            ("cookie", "b=2"),
+        ];
+        let head = written("http://user@app:8080/", &fields, &outbound(Forwarded::Off));
+        assert_eq!(
+            lines(&head),
+            [
+                "GET / HTTP/1.1",
+                "cookie: a=1; b=2",
+                "host: app:8080",
+                "x-request-id: id-1",
+                "via: 2.0 baton",
+                "te: trailers",
+            ]
+        );
+        let head = written("/", &[("host", "given")], &outbound(Forwarded::Off));
+        assert!(head.contains("\r\nhost: given\r\n"), "{head}");
+        assert_eq!(head.matches("host:").count(), 1, "{head}");
     }
 }
