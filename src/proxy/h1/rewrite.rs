@@ -26,7 +26,8 @@ pub struct Outbound<'a> {
     pub forwarded: Forwarded,
     /// `http`, or `https` behind TLS: `X-Forwarded-Proto`.
     pub proto: &'static str,
-    /// The backend's `host:port`, for a request that named no host (1.0).
+    /// The backend's `host:port`, for a request that named no host (an
+    /// HTTP/1.0 one, or an h2 one with neither `:authority` nor `Host`).
     pub backend_authority: &'a str,
     /// The exchange's id, sent as `X-Request-Id` (the client's own where
     /// the listener kept it).

@@ -314,16 +314,34 @@ mod tests {
         }
     }
 
-    /// The HTTP/1 head an h2 request with these fields goes up as.
-    fn written(uri: &str, fields: &[(&str, &str)], to: &Outbound<'_>) -> String {
-        let mut request = http::Request::builder().method("GET").uri(uri);
+    /// The HTTP/1 head an h2 request with these fields goes up as, framed.
+    fn framed(
+        method: &str,
+        uri: &str,
+        fields: &[(&str, &[u8])],
+        to: &Outbound<'_>,
+        framing: UpFraming,
+    ) -> String {
+        let mut request = http::Request::builder().method(method).uri(uri);
         for (name, value) in fields {
             request = request.header(*name, *value);
         }
         let (parts, ()) = request.body(()).expect("request").into_parts();
         let mut out = BytesMut::new();
-        request_head(&parts, to, UpFraming::None, &mut out);
-        String::from_utf8(out.to_vec()).expect("text")
+        request_head(&parts, to, framing, &mut out);
+        // Bytes past ASCII shown as `\xNN`: obs-text goes up as sent.
+        out.iter()
+            .map(|&b| match b {
+                0x80.. => format!("\\x{b:02x}"),
+                _ => char::from(b).to_string(),
+            })
+            .collect()
+    }
+
+    /// The same for a GET without a body.
+    fn written(uri: &str, fields: &[(&str, &str)], to: &Outbound<'_>) -> String {
+        let fields: Vec<(&str, &[u8])> = fields.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+        framed("GET", uri, &fields, to, UpFraming::None)
     }
 
     fn lines(head: &str) -> Vec<&str> {
@@ -366,22 +384,25 @@ mod tests {
 
     #[test]
     fn append_chains_every_hop_as_sent_then_the_client() {
-        let fields = [
-            ("x-forwarded-for", "a,, b ,"),
-            ("x-forwarded-for", "10.0.0.2"),
-            ("x_forwarded_for", "6.6.6.6"),
-            ("x-forwarded-proto", "http"),
-            ("x_forwarded_client_cert", "forged"),
-            ("x-forwarded-host", "kept"),
+        let fields: [(&str, &[u8]); 8] = [
+            ("x-forwarded-for", b"a,, b ,"),
+            ("x-forwarded-for", b"10.0.0.2, c\xe9"),
+            ("x_forwarded_for", b"6.6.6.6"),
+            ("x-forwarded-proto", b"http"),
+            ("x_forwarded_client_cert", b"forged"),
+            ("x-forwarded-client-cert", b"forged"),
+            ("x-request-id", b"forged"),
+            ("x-forwarded-host", b"kept"),
         ];
-        let head = written("/p", &fields, &outbound(Forwarded::Append));
+        let to = outbound(Forwarded::Append);
+        let head = framed("GET", "/p", &fields, &to, UpFraming::None);
         assert_eq!(
             lines(&head),
             [
                 "GET /p HTTP/1.1",
                 "x-forwarded-host: kept",
                 "host: 10.0.0.9:8080",
-                "x-forwarded-for: a, b, 10.0.0.2, 127.0.0.1",
+                "x-forwarded-for: a, b, 10.0.0.2, c\\xe9, 127.0.0.1",
                 "x-forwarded-proto: https",
                 "x-forwarded-client-cert: Subject=\"CN=alice\"",
                 "x-request-id: id-1",
@@ -392,10 +413,13 @@ mod tests {
 
     #[test]
     fn off_passes_what_the_client_said_and_adds_none() {
-        let fields = [("x-forwarded-for", "6.6.6.6"), ("x-real-ip", "6.6.6.6")];
-        let mut to = outbound(Forwarded::Off);
-        to.client_cert = None;
-        let head = written("http://app/", &fields, &to);
+        let fields = [
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-real-ip", "6.6.6.6"),
+            ("x-request-id", "a"),
+            ("x-request-id", "b"),
+        ];
+        let head = written("http://app/", &fields, &outbound(Forwarded::Off));
         assert_eq!(
             lines(&head),
             [
@@ -435,5 +459,28 @@ mod tests {
         let head = written("/", &[("host", "given")], &outbound(Forwarded::Off));
         assert!(head.contains("\r\nhost: given\r\n"), "{head}");
         assert_eq!(head.matches("host:").count(), 1, "{head}");
+    }
+
+    #[test]
+    fn a_body_goes_up_with_the_clients_length_or_chunked() {
+        let to = outbound(Forwarded::Off);
+        let sized: [(&str, &[u8]); 2] = [("content-length", b"5"), ("content_length", b"9")];
+        let head = framed("POST", "/", &sized, &to, UpFraming::Length);
+        assert_eq!(head.matches("content-length").count(), 1, "{head}");
+        assert!(head.contains("\r\ncontent-length: 5\r\n"), "{head}");
+        let head = framed("POST", "/", &[], &to, UpFraming::Length);
+        assert!(head.contains("\r\ncontent-length: 0\r\n"), "{head}");
+        let coded: [(&str, &[u8]); 1] = [("transfer_encoding", b"gzip")];
+        let head = framed("PUT", "/", &coded, &to, UpFraming::Chunked);
+        assert_eq!(
+            lines(&head),
+            [
+                "PUT / HTTP/1.1",
+                "host: 10.0.0.9:8080",
+                "x-request-id: id-1",
+                "via: 2.0 baton",
+                "transfer-encoding: chunked",
+            ]
+        );
     }
 }
