@@ -5,7 +5,7 @@
 //! ([`Commands::channel`]): a test drives a daemon inside its own process
 //! through the channel, as mini-redis's `run(listener, shutdown)` is.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -55,6 +55,9 @@ pub struct Signals {
     /// What SIGUSR1 does (reopen the access logs), in whatever phase the
     /// generation is: logrotate's signal must never wait for a phase.
     reopen: Reopen,
+    /// Set by the stop signals' handler itself, as it runs (see
+    /// [`Commands::stop_queued`]).
+    stop_arrived: Arc<AtomicBool>,
 }
 
 /// What SIGUSR1 runs, set once the generation's access logs are open.
@@ -64,6 +67,14 @@ impl Signals {
     /// Installs every handler; called first thing, so a SIGHUP during
     /// start-up is never the default "terminate".
     pub fn install() -> std::io::Result<Signals> {
+        let stop_arrived = Arc::new(AtomicBool::new(false));
+        for stop in [
+            SignalKind::terminate(),
+            SignalKind::interrupt(),
+            SignalKind::quit(),
+        ] {
+            signal_hook::flag::register(stop.as_raw_value(), Arc::clone(&stop_arrived))?;
+        }
         Ok(Signals {
             hup: signal(SignalKind::hangup())?,
             term: signal(SignalKind::terminate())?,
@@ -72,6 +83,7 @@ impl Signals {
             usr1: signal(SignalKind::user_defined1())?,
             usr2: signal(SignalKind::user_defined2())?,
             reopen: Reopen::default(),
+            stop_arrived,
         })
         .inspect(|_| {
             // The handler is in place: this thread may take SIGUSR1 now
@@ -117,6 +129,9 @@ pub struct Commands {
     /// [`Commands::stop_word`]).
     stop_word: CancellationToken,
     stops: StopsHeard,
+    /// A stop signal arrived, set by its handler (false for commands sent
+    /// by hand).
+    stop_arrived: Arc<AtomicBool>,
 }
 
 /// The stops heard so far. The older generation's word and the stop
@@ -186,6 +201,7 @@ impl Commands {
             queued: Arc::default(),
             stop_word: CancellationToken::new(),
             stops: StopsHeard::default(),
+            stop_arrived: Arc::default(),
         };
         (tx, commands)
     }
@@ -194,8 +210,9 @@ impl Commands {
     /// SIGUSR1 reopens the logs whatever the generation is doing). Must be
     /// called inside the runtime.
     pub fn from_signals(mut signals: Signals) -> Commands {
-        let (tx, commands) = Commands::channel();
+        let (tx, mut commands) = Commands::channel();
         signals.reopen = Arc::clone(&commands.reopen);
+        commands.stop_arrived = Arc::clone(&signals.stop_arrived);
         let queue = Queue {
             tx,
             queued: Arc::clone(&commands.queued),
@@ -213,8 +230,15 @@ impl Commands {
     /// A stop signal waits unheard: a new generation checks before it
     /// says it is ready, so a stop sent to it alone fails the reload (the
     /// older one serves on) instead of stopping the service once it serves.
+    /// Its handler's own mark counts too: the queue has it only once tokio's
+    /// driver turned and the forwarding task ran, and a start-up that never
+    /// waited since the signal came (its config read through a FIFO the
+    /// signal interrupted, then its checks answered at once) gave them no
+    /// turn before this is asked. (Commands are heard only from serving on,
+    /// so until then a stop that arrived is one that waits.)
     pub fn stop_queued(&self) -> bool {
-        self.queued.load(Ordering::Acquire) & bit(Command::Stop) != 0
+        self.stop_arrived.load(Ordering::Acquire)
+            || self.queued.load(Ordering::Acquire) & bit(Command::Stop) != 0
     }
 
     /// What the older generation uses to say the service stops: it stops
