@@ -557,6 +557,83 @@ async fn a_client_that_gives_up_releases_its_backend_connection() {
     assert_eq!(backend.uploads.completed.load(Ordering::Relaxed), 0);
 }
 
+/// An h2 upload of no stated length that its client resets midway with
+/// NO_ERROR never reaches the backend as a whole request. hyper ends such
+/// a request body as if it were complete (RFC 9113 §8.1 lets a server
+/// stop a client's upload that way once it has answered), and the last
+/// chunk went up, making the backend take the first part for all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_upload_reset_with_no_error_is_cut_at_the_backend_not_ended() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let opening = [
+        support::h2_raw::opening(),
+        support::h2_raw::post_on(1, "/upload"),
+        support::h2_raw::data_on(1, b"the first part"),
+    ]
+    .concat();
+    s.write_all(&opening).await.expect("write");
+    support::eventually("the backend reads the upload", || async {
+        backend.active() == 1
+    })
+    .await;
+    s.write_all(&support::h2_raw::reset_with(1, 0))
+        .await
+        .expect("reset");
+    within_3s("the upload is cut at the backend", || backend.active() == 0).await;
+    assert_eq!(backend.uploads.failed.load(Ordering::Relaxed), 1);
+    assert_eq!(backend.uploads.completed.load(Ordering::Relaxed), 0);
+    // The connection serves on.
+    support::h2_raw::round_trip(&mut s).await;
+}
+
+/// The same reset before any DATA: no backend gets the request. hyper's
+/// end of the body made it a whole one with an empty body, sent at once on
+/// a kept backend connection (a `PUT` that empties a file), before hyper
+/// looked for the reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_request_reset_with_no_error_before_its_body_reaches_no_backend() {
+    use support::h2_raw;
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    // A request first, so a kept backend connection waits idle.
+    s.write_all(&[h2_raw::opening(), h2_raw::get_on(1, "/")].concat())
+        .await
+        .expect("write");
+    support::eventually(
+        "the backend answered and its connection is kept",
+        || async { backend.hits() == 1 && backend.active() == 0 && backend.connections() == 1 },
+    )
+    .await;
+    s.write_all(&[h2_raw::post_on(3, "/upload"), h2_raw::reset_with(3, 0)].concat())
+        .await
+        .expect("write");
+    h2_raw::round_trip(&mut s).await;
+    // A whole upload after it, on the same connection, comes through.
+    s.write_all(
+        &[
+            h2_raw::post_on(5, "/upload"),
+            h2_raw::last_data_on(5, b"12345"),
+        ]
+        .concat(),
+    )
+    .await
+    .expect("write");
+    support::eventually("the whole upload reached the backend", || async {
+        backend.uploads.completed.load(Ordering::Relaxed) > 0
+    })
+    .await;
+    h2_raw::round_trip(&mut s).await;
+    assert_eq!(backend.uploads.completed.load(Ordering::Relaxed), 1);
+    assert_eq!(backend.uploads.last_bytes.load(Ordering::Relaxed), 5);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_chunk_size_is_a_400_and_no_backend_gets_the_request_whole() {
     let backend = HttpBackend::start("a").await;

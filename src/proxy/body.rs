@@ -201,6 +201,9 @@ pub struct ClientBody {
     first: Option<Frame<Bytes>>,
     rest: Incoming,
     progress: Arc<Progress>,
+    /// hyper said the body ended, and that end waits one poll (see
+    /// [`ClientBody::hold_the_end`]).
+    end_held: bool,
 }
 
 impl ClientBody {
@@ -213,6 +216,7 @@ impl ClientBody {
             first: Some(first),
             rest,
             progress: Arc::clone(&progress),
+            end_held: false,
         };
         body.note_end();
         (body.boxed_unsync(), progress)
@@ -220,9 +224,31 @@ impl ClientBody {
 
     fn note_end(&self) {
         if self.rest.is_end_stream() {
-            self.progress.moved();
-            self.progress.complete.store(true, Ordering::Release);
+            self.ended();
         }
+    }
+
+    fn ended(&self) {
+        self.progress.moved();
+        self.progress.complete.store(true, Ordering::Release);
+    }
+
+    /// hyper ends a body whose stream the client reset with NO_ERROR as if
+    /// the client had sent all of it (RFC 9113 §8.1: how a server that has
+    /// answered stops an upload), and nothing it hands on tells the two
+    /// apart: the last chunk would go up and the backend take the part
+    /// that came for the whole request. So the end waits one poll: the
+    /// stream's task, woken at once, asks h2 for a reset as soon as this
+    /// poll returns (before the response, and before each frame of a body
+    /// it sends) and drops the exchange, and its backend connection with
+    /// it, if there was one.
+    fn hold_the_end(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.end_held = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
@@ -237,6 +263,10 @@ impl Body for ClientBody {
         if let Some(first) = self.first.take() {
             return Poll::Ready(Some(Ok(first)));
         }
+        if self.end_held {
+            self.ended();
+            return Poll::Ready(None);
+        }
         let polled = Pin::new(&mut self.rest).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
@@ -250,10 +280,7 @@ impl Body for ClientBody {
                     self.progress.client_left.store(true, Ordering::Relaxed);
                 }
             }
-            Poll::Ready(None) => {
-                self.progress.moved();
-                self.progress.complete.store(true, Ordering::Release);
-            }
+            Poll::Ready(None) => return self.hold_the_end(cx),
             Poll::Pending => {}
         }
         polled.map_err(BodyError::from)

@@ -516,7 +516,17 @@ impl HttpProxy {
                 seconds: self.idle_timeout.as_secs_f64(),
             })?;
         match first {
-            None => Ok(Outgoing::empty()),
+            // The head did not end the stream, yet no DATA came: a reset
+            // the client sent with NO_ERROR, which hyper reads as the end
+            // (see `ClientBody::hold_the_end`), not a body that ended
+            // empty (an empty DATA frame with END_STREAM is a frame). One
+            // turn first, for hyper to see the reset and drop the stream:
+            // a kept backend connection would have the request, whole and
+            // empty, at once (a `PUT` that empties the file).
+            None => {
+                tokio::task::yield_now().await;
+                Ok(Outgoing::empty())
+            }
             Some(Err(err)) if body::is_client_gone(&err) => Err(ProxyError::ClientLeft),
             Some(Err(_)) => Err(ProxyError::Client {
                 why: "malformed request body",

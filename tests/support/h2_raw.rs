@@ -80,9 +80,19 @@ pub fn data_on(stream: u32, bytes: &[u8]) -> Vec<u8> {
     frame(DATA, 0, stream, bytes)
 }
 
+/// The last DATA on `stream` (END_STREAM): the body ends with it.
+pub fn last_data_on(stream: u32, bytes: &[u8]) -> Vec<u8> {
+    frame(DATA, 0x1, stream, bytes)
+}
+
 /// RST_STREAM on `stream`: the client cancels it.
 pub fn reset(stream: u32) -> Vec<u8> {
-    frame(RST_STREAM, 0, stream, &CANCEL.to_be_bytes())
+    reset_with(stream, CANCEL)
+}
+
+/// RST_STREAM on `stream` with the error `code` (0: NO_ERROR).
+pub fn reset_with(stream: u32, code: u32) -> Vec<u8> {
+    frame(RST_STREAM, 0, stream, &code.to_be_bytes())
 }
 
 /// Reads into `got` 16 KiB at a time, a little slower than loopback
