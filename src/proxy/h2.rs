@@ -668,7 +668,7 @@ impl HttpProxy {
         let event_stream = head
             .values("content-type")
             .next()
-            .is_some_and(|v| v.starts_with(b"text/event-stream"));
+            .is_some_and(longlived::is_event_stream);
         let silence = Silence::new(if event_stream {
             self.tunnel_timeout
         } else {

@@ -345,6 +345,15 @@ impl EventTail {
     }
 }
 
+/// Whether a `Content-Type` value names an event stream (SSE): the media
+/// type in any case (RFC 9110 §8.3.1), with or without parameters.
+pub fn is_event_stream(content_type: &[u8]) -> bool {
+    const EVENT_STREAM: &[u8] = b"text/event-stream";
+    content_type
+        .get(..EVENT_STREAM.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(EVENT_STREAM))
+}
+
 /// An SSE response body that ends at the first event boundary after the
 /// drain asks long-lived streams to end.
 pub struct SseBody {
@@ -410,7 +419,7 @@ impl Body for SseBody {
 
 #[cfg(test)]
 mod tests {
-    use super::FrameTracker;
+    use super::{is_event_stream, FrameTracker};
 
     /// A message the backend sends reaches a TLS client whole while the
     /// backend sends nothing more (over a pipe that holds 1 KiB, the TLS
@@ -498,5 +507,13 @@ mod tests {
         assert!(!t.at_boundary());
         t.feed(&frame[100..]);
         assert!(t.at_boundary());
+    }
+
+    #[test]
+    fn an_event_stream_is_known_in_any_case_and_with_parameters() {
+        assert!(is_event_stream(b"text/event-stream"));
+        assert!(is_event_stream(b"Text/Event-Stream; charset=utf-8"));
+        assert!(!is_event_stream(b"text/event"));
+        assert!(!is_event_stream(b"text/html"));
     }
 }

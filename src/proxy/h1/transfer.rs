@@ -338,7 +338,7 @@ where
     let event_stream = head
         .values("content-type")
         .next()
-        .is_some_and(|v| v.starts_with(b"text/event-stream"));
+        .is_some_and(crate::proxy::longlived::is_event_stream);
     let mut body = ResponseBody {
         framing: head.framing,
         delivery,

@@ -65,8 +65,8 @@ pub(super) fn request_framing(parts: &Parts, body: &ProxyBody) -> UpFraming {
 /// line (RFC 9113 §8.2.3). `Host` is the request's `:authority` where it
 /// has one (without user information: routing looked at the host alone),
 /// else its `Host`, else the backend's, as HTTP/1.1 needs one. `Expect`
-/// stays here: the body was asked for already (hyper answers 100-continue
-/// when it is read).
+/// stays here: the body was asked for already (hyper's h2 server sends no
+/// 100 (Continue); the client sends its body after its own wait).
 pub(super) fn request_head(
     parts: &Parts,
     to: &Outbound<'_>,
