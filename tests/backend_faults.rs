@@ -32,13 +32,11 @@ async fn resetting_backend() -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
+                if support::raw::read_request(&mut s, &mut Vec::new())
+                    .await
+                    .is_none()
+                {
+                    return;
                 }
                 let _ = s
                     .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")

@@ -589,6 +589,93 @@ async fn an_h2_event_stream_with_crlf_events_ends_at_an_event_boundary() {
     );
 }
 
+/// A backend whose every answer is an event stream of stated length (two
+/// 9-byte events): the first event at once, the second once `rest` says.
+async fn event_stream_of_stated_length(
+    rest: tokio::sync::watch::Receiver<bool>,
+) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut rest = rest.clone();
+            tokio::spawn(async move {
+                if raw::read_request(&mut s, &mut Vec::new()).await.is_none() {
+                    return;
+                }
+                let first = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 18\r\n\r\ndata: 1\n\n";
+                s.write_all(first).await.expect("head and first event");
+                let _ = rest.wait_for(|go| *go).await;
+                s.write_all(b"data: 2\n\n").await.expect("second event");
+                let _ = s.read(&mut [0u8; 64]).await;
+            });
+        }
+    });
+    addr
+}
+
+/// An event stream whose backend stated its length is a finite response:
+/// a drain serves it to its end, to HTTP/1 and h2 clients alike, where
+/// ending it at an event boundary left the client short of that length
+/// (an HTTP/1 client took the close for a cut; an h2 client's library
+/// takes a body short of its Content-Length for a malformed response).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_of_stated_length_is_served_whole_through_a_drain() {
+    let (go, rest) = tokio::sync::watch::channel(false);
+    let backend = event_stream_of_stated_length(rest).await;
+    let baton = Baton::start(sixty_seconds_to_drain(backend)).await;
+    let web = baton.addr("web");
+    let mut h1 = TcpStream::connect(web).await.expect("connect");
+    h1.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).contains("data: 1") {
+        let n = h1.read(&mut buf).await.expect("read the first event");
+        assert!(n > 0, "ended before the first event");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let mut sender = client::h2::<Empty<Bytes>>(web).await;
+    let req = hyper::Request::get(format!("http://{web}/events"))
+        .body(Empty::new())
+        .expect("req");
+    let mut h2 = sender
+        .send_request(req)
+        .await
+        .expect("h2 response")
+        .into_body();
+    let first = h2.frame().await.expect("a frame").expect("data");
+    assert_eq!(
+        first.data_ref().map(|d| d.as_ref()),
+        Some(&b"data: 1\n\n"[..])
+    );
+    signal(baton.first_pid, Signal::SIGTERM);
+    support::eventually("the drain began", || async {
+        baton.log().contains("drain started")
+    })
+    .await;
+    // Long enough for a stream the drain ends to have ended.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    go.send_replace(true);
+    let mut rest = Vec::new();
+    tokio::time::timeout(support::TIMEOUT, h1.read_to_end(&mut rest))
+        .await
+        .expect("ends in time")
+        .expect("read to the end");
+    seen.extend_from_slice(&rest);
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.ends_with("\r\n\r\ndata: 1\n\ndata: 2\n\n"), "{text:?}");
+    let rest = tokio::time::timeout(support::TIMEOUT, h2.collect())
+        .await
+        .expect("ends in time")
+        .expect("a whole body, not a malformed one");
+    assert_eq!(rest.to_bytes(), &b"data: 2\n\n"[..]);
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}
+
 /// A baton with `shutdown` keys and a request for `path` (`/slow/MS`) in
 /// flight on it, arrived at the backend.
 async fn slow_request_in_flight(

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::activity::ConnState;
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
 use super::delivery::{self, StreamTask};
-use super::h1::head::{valid_authority, ResponseHead, MAX_FIELDS, MAX_HEAD};
+use super::h1::head::{valid_authority, Framing, ResponseHead, MAX_FIELDS, MAX_HEAD};
 use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay, Silence};
 use super::h1::rewrite::Outbound;
 use super::h1::upstream;
@@ -682,10 +682,14 @@ impl HttpProxy {
             err.blame(&backend);
             err
         })?;
+        // One of stated length runs to its end, as on the HTTP/1 path: an
+        // h2 client takes a body short of its Content-Length for a
+        // malformed response (RFC 9113 §8.1.1).
+        let ends_for_drain = event_stream && !matches!(head.framing, Framing::Length(_));
         let (drain, listener) = (drain.clone(), Arc::clone(&self.listener));
         Ok(response.map(|b| {
             let body = b.boxed_unsync();
-            if event_stream {
+            if ends_for_drain {
                 longlived::SseBody::wrap(body, drain, listener)
             } else {
                 body

@@ -3,7 +3,8 @@
 //! ended when the drain begins (spread over `reload.close_spread` after a
 //! reload), cleanly: a WebSocket gets a Close frame (1001 Going Away) at a
 //! frame boundary of the server's stream, then a FIN; an SSE body ends at
-//! an event boundary. The ending is logged at INFO with `expected=true` and
+//! an event boundary (one of stated length is a finite response, and runs
+//! to its end). The ending is logged at INFO with `expected=true` and
 //! counted in `baton_long_lived_drained_total{kind}`.
 
 use std::future::Future;

@@ -120,7 +120,7 @@ async fn serve(mut stream: TcpStream, script: Arc<Script>, seen: Arc<Mutex<Vec<S
 }
 
 /// Reads one request head and its `Content-Length` body; `None` at EOF.
-async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+pub async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
     let end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             break i + 4;

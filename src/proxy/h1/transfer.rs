@@ -342,7 +342,7 @@ where
     let mut body = ResponseBody {
         framing: head.framing,
         delivery,
-        sse: event_stream.then(Sse::default),
+        sse: event_stream.then(|| Sse::framed(head.framing)),
         out,
     };
     let complete = body.stream(backend, backend_buf, client, down).await?;
@@ -425,10 +425,23 @@ async fn read_head<R: AsyncRead + Unpin>(
 
 /// An event stream's place: its last bytes (`EventTail`), and whether the
 /// drain asked it to end.
-#[derive(Default)]
 struct Sse {
     tail: EventTail,
     ending: bool,
+    /// Whether a drain ends it: not one whose backend stated its length,
+    /// which is a finite response, and which a client would take for cut
+    /// short if it ended at an event boundary before that length.
+    ends_for_drain: bool,
+}
+
+impl Sse {
+    fn framed(framing: Framing) -> Sse {
+        Sse {
+            tail: EventTail::default(),
+            ending: false,
+            ends_for_drain: !matches!(framing, Framing::Length(_)),
+        }
+    }
 }
 
 /// A response body on its way down.
@@ -495,7 +508,7 @@ impl ResponseBody {
                 // it), then bytes already there, which arm no timer (the
                 // sleep is polled, and registered, only when the read waits).
                 biased;
-                () = ending.as_mut(), if self.sse.as_ref().is_some_and(|s| !s.ending) => {
+                () = ending.as_mut(), if self.sse.as_ref().is_some_and(|s| s.ends_for_drain && !s.ending) => {
                     if let Some(sse) = &mut self.sse {
                         sse.ending = true;
                     }
