@@ -146,8 +146,13 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
 /// generation that does not unblock it (an older release, which a
 /// rollback reloads into, unblocks SIGUSR1 alone). A SIGHUP in that
 /// instant is lost: a reload asked of a reload still starting. SIGTERM and
-/// SIGINT keep their default: a stop then ends a generation that holds
-/// nothing yet, and its reload fails, as the stop wants.
+/// SIGINT keep their default once it has exec'd: a stop then ends a
+/// generation that holds nothing yet, and its reload fails, as the stop
+/// wants. (Before its exec the child still has the older generation's
+/// handlers: a stop in that instant marks only the child's copy of their
+/// memory, which exec discards, and wakes the older one's signal driver
+/// for nothing; a stop sent to the whole unit reaches the older one too,
+/// which passes it on by word.)
 /// Async-signal-safe: pthread_sigmask and sigaction only.
 fn quiet_until_handled() -> std::io::Result<()> {
     use nix::sys::signal::Signal;

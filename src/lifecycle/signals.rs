@@ -232,9 +232,9 @@ impl Commands {
     /// older one serves on) instead of stopping the service once it serves.
     /// Its handler's own mark counts too: the queue has it only once tokio's
     /// driver turned and the forwarding task ran, and a start-up that never
-    /// waited since the signal came (its config read through a FIFO the
-    /// signal interrupted, then its checks answered at once) gave them no
-    /// turn before this is asked. (Commands are heard only from serving on,
+    /// waited since the signal came (its config read through a FIFO, which
+    /// held the runtime's one thread while the signal came, then its checks
+    /// answered at once) gave them no turn before this is asked. (Commands are heard only from serving on,
     /// so until then a stop that arrived is one that waits.)
     pub fn stop_queued(&self) -> bool {
         self.stop_arrived.load(Ordering::Acquire)
