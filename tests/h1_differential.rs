@@ -121,8 +121,8 @@ const KNOWN_DIFFERENCES: &[&str] = &[
     // accepts it. baton is right.
     "asterisk_with_get",
     // An Expect other than 100-continue: hyper ignores it; RFC 9110 §10.1.1
-    // lets a server answer 417. baton refuses (with 400, simpler) rather
-    // than forwarding an expectation nobody will meet. Both allowed.
+    // lets a server answer 417, which baton does, rather than forwarding an
+    // expectation nobody will meet. Both allowed.
     "expect_other",
     // A chunk extension that is not `token[=value]`: hyper skips extensions
     // unread; baton validates them (RFC 9112 §7.1.1), because a next hop

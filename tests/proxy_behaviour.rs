@@ -552,6 +552,16 @@ async fn ambiguous_and_malformed_requests_are_refused_and_never_forwarded() {
             String::from_utf8_lossy(case)
         );
     }
+    // An expectation no one on the way meets (RFC 9110 §10.1.1).
+    let reply = raw(
+        web,
+        b"POST / HTTP/1.1\r\nHost: x\r\nExpect: foo\r\nContent-Length: 2\r\n\r\nhi",
+    )
+    .await;
+    assert!(
+        reply.starts_with("HTTP/1.1 417 Expectation Failed\r\n"),
+        "{reply:?}"
+    );
     assert_eq!(backend.hits(), 0, "nothing ambiguous reached the backend");
     let huge_header = format!(
         "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",

@@ -164,6 +164,10 @@ pub enum Refusal {
     /// CONNECT: baton is no forward proxy (405).
     #[error("method not allowed: {0}")]
     MethodNotAllowed(&'static str),
+    /// An `Expect` other than `100-continue`, which no one on the way will
+    /// meet (417, RFC 9110 §10.1.1), rather than dropped or passed on.
+    #[error("expectation failed: {0}")]
+    ExpectationFailed(&'static str),
 }
 
 impl Refusal {
@@ -173,6 +177,7 @@ impl Refusal {
             Refusal::BadRequest(_) => 400,
             Refusal::TooLarge => 431,
             Refusal::MethodNotAllowed(_) => 405,
+            Refusal::ExpectationFailed(_) => 417,
         }
     }
 }
@@ -821,12 +826,15 @@ fn keep_alive(version: Version, parts: &Parts) -> bool {
 }
 
 /// `Expect: 100-continue` on 1.1; ignored on 1.0 (RFC 9110 §10.1.1); any
-/// other expectation is refused rather than silently dropped.
+/// other expectation (an empty one too) is refused with 417 rather than
+/// silently dropped.
 fn expect_continue(head: &[u8], fields: &[Field], version: Version) -> Result<bool, Refusal> {
     let mut expect = values_in_role(head, fields, Role::Expect, "expect").peekable();
     let any = expect.peek().is_some();
     if !expect.all(|v| v.eq_ignore_ascii_case(b"100-continue")) {
-        return Err(Refusal::BadRequest("unsupported Expect"));
+        return Err(Refusal::ExpectationFailed(
+            "an Expect other than 100-continue",
+        ));
     }
     Ok(any && version == Version::Http11)
 }
@@ -1249,9 +1257,12 @@ mod tests {
         assert_eq!(role_of(&head, "expect"), Role::Expect);
         assert_eq!(
             bad(b"POST / HTTP/1.1\r\nHost: a\r\nExpect: foo\r\n\r\n"),
-            Refusal::BadRequest("unsupported Expect")
+            Refusal::ExpectationFailed("an Expect other than 100-continue")
         );
-        assert!(is_400(b"POST / HTTP/1.1\r\nHost: a\r\nExpect:\r\n\r\n"));
+        assert_eq!(
+            bad(b"POST / HTTP/1.1\r\nHost: a\r\nExpect:\r\n\r\n").status(),
+            417
+        );
         assert!(!ok(b"POST / HTTP/1.0\r\nExpect: 100-continue\r\n\r\n").expect_continue);
     }
 
