@@ -455,18 +455,25 @@ async fn requests_an_http_1_backend_could_misread_are_refused() {
     let backend = RawBackend::start(|_: &Seen| (ok("seen"), Then::KeepAlive)).await;
     let baton = baton_for(backend.addr).await;
     let web = baton.addr("web");
-    for lengths in [&["2", "2"][..], &["+2"], &["0x2"]] {
-        let mut sender = h2(web).await;
+    // A POST of "hi" with these fields.
+    let post = |fields: &[(&'static str, &str)]| {
         let mut req = request(
             "POST",
             web,
             "/",
             Full::new(Bytes::from_static(b"hi")).boxed(),
         );
-        for length in lengths {
+        for (name, value) in fields {
             req.headers_mut()
-                .append("content-length", length.parse().expect("value"));
+                .append(*name, value.parse().expect("value"));
         }
+        req
+    };
+    for lengths in [&["2", "2"][..], &["+2"], &["0x2"]] {
+        let mut sender = h2(web).await;
+        let fields: Vec<(&'static str, &str)> =
+            lengths.iter().map(|l| ("content-length", *l)).collect();
+        let req = post(&fields);
         // h2 itself may reset such a stream first; either way, no 2xx.
         let answer = tokio::time::timeout(support::TIMEOUT, sender.send_request(req))
             .await
@@ -487,6 +494,13 @@ async fn requests_an_http_1_backend_could_misread_are_refused() {
     if let Ok(resp) = answer {
         assert_eq!(resp.status(), 400);
     }
+    // An expectation no one on the way meets: 417, as on the HTTP/1 path.
+    let mut sender = h2(web).await;
+    let resp = sender
+        .send_request(post(&[("expect", "foo")]))
+        .await
+        .expect("an answer");
+    assert_eq!(resp.status(), 417);
     assert!(backend.heads().is_empty(), "{:?}", backend.heads());
 }
 

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST};
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, EXPECT, HOST};
 use http::{Request, Response};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -759,7 +759,8 @@ enum Sent {
 
 /// Why a request is refused before it goes anywhere: more fields than an
 /// HTTP/1 client may send (431; the header list's size is bounded as an
-/// HTTP/1 head's is, by `max_header_list_size`), or an `ambiguity` (400).
+/// HTTP/1 head's is, by `max_header_list_size`), an `Expect` other than
+/// `100-continue` (417), or an `ambiguity` (400).
 fn refusal<B>(req: &Request<B>) -> Option<ProxyError> {
     // Browsers send each cookie as a field of its own (RFC 9113 §8.2.3);
     // they go up joined, as one line, and count as one.
@@ -768,6 +769,12 @@ fn refusal<B>(req: &Request<B>) -> Option<ProxyError> {
     let crumbs = || headers.get_all(COOKIE).iter().count().saturating_sub(1);
     if headers.len() > MAX_FIELDS && headers.len() - crumbs() > MAX_FIELDS {
         return Some(ProxyError::TooManyFields { max: MAX_FIELDS });
+    }
+    // An expectation no one on the way will meet: 417, as on the HTTP/1
+    // path (`100-continue` is all a proxy's next hop can be asked).
+    let unmet = |v: &HeaderValue| !v.as_bytes().eq_ignore_ascii_case(b"100-continue");
+    if headers.get_all(EXPECT).iter().any(unmet) {
+        return Some(ProxyError::ExpectationFailed);
     }
     ambiguity(req).map(|why| ProxyError::Client { why })
 }

@@ -55,6 +55,10 @@ pub enum ProxyError {
     /// An h2 request with more fields than an HTTP/1 head may carry (431).
     #[error("request head with more than {max} fields")]
     TooManyFields { max: usize },
+    /// An h2 request with an `Expect` other than `100-continue`, which no
+    /// one on the way will meet (417, as on the HTTP/1 path).
+    #[error("an Expect other than 100-continue")]
+    ExpectationFailed,
     #[error("no request body within {seconds}s")]
     ClientTimeout { seconds: f64 },
     /// The client went away while its body was coming (h2: it reset the
@@ -134,6 +138,7 @@ impl ProxyError {
         match self {
             ProxyError::Client { .. } | ProxyError::ClientLeft => StatusCode::BAD_REQUEST,
             ProxyError::TooManyFields { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProxyError::ExpectationFailed => StatusCode::EXPECTATION_FAILED,
             ProxyError::ClientTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::NoBackend { .. }
             | ProxyError::QueueTimeout { .. }
@@ -150,6 +155,7 @@ impl ProxyError {
             self,
             ProxyError::Client { .. }
                 | ProxyError::TooManyFields { .. }
+                | ProxyError::ExpectationFailed
                 | ProxyError::ClientTimeout { .. }
                 | ProxyError::ClientLeft
         )
@@ -159,7 +165,9 @@ impl ProxyError {
     /// access log's termination state).
     pub fn termination(&self, marks: &Marks) -> Termination {
         match self {
-            ProxyError::Client { .. } | ProxyError::TooManyFields { .. } => Termination::Refused,
+            ProxyError::Client { .. }
+            | ProxyError::TooManyFields { .. }
+            | ProxyError::ExpectationFailed => Termination::Refused,
             ProxyError::ClientTimeout { .. } => Termination::ClientTimeout(Phase::Request),
             ProxyError::ClientLeft => Termination::ClientAborted(Phase::Request),
             ProxyError::NoBackend { .. } => Termination::BackendFailed(Phase::Queue),
@@ -181,6 +189,7 @@ impl ProxyError {
         match self {
             ProxyError::Client { .. }
             | ProxyError::TooManyFields { .. }
+            | ProxyError::ExpectationFailed
             | ProxyError::ClientTimeout { .. }
             | ProxyError::ClientLeft
             | ProxyError::NoBackend { .. }
