@@ -347,12 +347,15 @@ impl EventTail {
 }
 
 /// Whether a `Content-Type` value names an event stream (SSE): the media
-/// type in any case (RFC 9110 §8.3.1), with or without parameters.
+/// type in any case (RFC 9110 §8.3.1), alone or before its parameters
+/// (`;`, after optional whitespace), not a longer type that starts alike.
 pub fn is_event_stream(content_type: &[u8]) -> bool {
     const EVENT_STREAM: &[u8] = b"text/event-stream";
-    content_type
-        .get(..EVENT_STREAM.len())
-        .is_some_and(|start| start.eq_ignore_ascii_case(EVENT_STREAM))
+    let Some((start, rest)) = content_type.split_at_checked(EVENT_STREAM.len()) else {
+        return false;
+    };
+    start.eq_ignore_ascii_case(EVENT_STREAM)
+        && matches!(rest.trim_ascii_start().first(), None | Some(b';'))
 }
 
 /// An SSE response body that ends at the first event boundary after the
@@ -514,6 +517,8 @@ mod tests {
     fn an_event_stream_is_known_in_any_case_and_with_parameters() {
         assert!(is_event_stream(b"text/event-stream"));
         assert!(is_event_stream(b"Text/Event-Stream; charset=utf-8"));
+        assert!(is_event_stream(b"text/event-stream ;charset=utf-8"));
+        assert!(!is_event_stream(b"text/event-streams"));
         assert!(!is_event_stream(b"text/event"));
         assert!(!is_event_stream(b"text/html"));
     }
