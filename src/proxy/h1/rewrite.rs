@@ -62,14 +62,14 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
             put_field(name, value, out);
         }
     }
-    match authority {
-        Some(a) => put_field(b"host", a, out),
-        None if !has_host => put_field(b"host", to.backend_authority.as_bytes(), out),
-        None => {}
-    }
-    put_forwarding(to, &forwarded_for, out);
-    put_field(b"x-request-id", to.request_id, out);
-    out.put_slice(via(head.version));
+    put_own_fields(
+        authority,
+        has_host,
+        to,
+        &forwarded_for,
+        via(head.version),
+        out,
+    );
     match head.framing {
         Framing::Length(n) => put_length(n, out),
         Framing::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
@@ -138,9 +138,32 @@ fn put_origin_form(target: &[u8], out: &mut BytesMut) {
     out.put_slice(rest);
 }
 
+/// What baton writes into every request it sends a backend, after the
+/// client's own fields, whichever protocol the client spoke: `Host` (the
+/// target's `authority` where it named one, else the backend's unless the
+/// client's was kept), the forwarding fields (`earlier` the client's own
+/// X-Forwarded-For hops), `X-Request-Id` and `via`.
+pub fn put_own_fields(
+    authority: Option<&[u8]>,
+    has_host: bool,
+    to: &Outbound<'_>,
+    earlier: &[&[u8]],
+    via: &[u8],
+    out: &mut BytesMut,
+) {
+    match authority {
+        Some(a) => put_field(b"host", a, out),
+        None if !has_host => put_field(b"host", to.backend_authority.as_bytes(), out),
+        None => {}
+    }
+    put_forwarding(to, earlier, out);
+    put_field(b"x-request-id", to.request_id, out);
+    out.put_slice(via);
+}
+
 /// `X-Forwarded-For` (the `earlier` hops, then the client), `-Proto` and
 /// `-Client-Cert`, unless the listener's `forwarded` is `off`.
-pub fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
+fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
     if to.forwarded == Forwarded::Off {
         return;
     }

@@ -55,9 +55,9 @@ pub(super) fn request_framing(parts: &Parts, body: &ProxyBody) -> UpFraming {
 /// `METHOD origin-form HTTP/1.1`, the client's fields, baton's, and the
 /// framing: the fields keep or lose the same roles (`head::fixed_role`)
 /// as an HTTP/1 client's do in `rewrite::request`, and baton adds the same
-/// ones, written straight from hyper's parts (rewriting its `HeaderMap`
-/// first hashed each name inserted, removed or looked for: a twentieth of
-/// an h2 request's instructions). No field is named by a `Connection`
+/// ones (`rewrite::put_own_fields`), all written straight from hyper's
+/// parts (rewriting its `HeaderMap` first hashed each name inserted,
+/// removed or looked for: a twentieth of an h2 request's instructions). No field is named by a `Connection`
 /// token: h2 carries no connection-specific field (the h2 crate refuses a
 /// request with one, and `TE` other than `trailers`; RFC 9113 §8.2.2).
 ///
@@ -128,14 +128,15 @@ pub(super) fn request_head(
         }
         out.put_slice(b"\r\n");
     }
-    match authority {
-        Some(a) => put_field(b"host", a.as_bytes(), out),
-        None if !has_host => put_field(b"host", to.backend_authority.as_bytes(), out),
-        None => {}
-    }
-    rewrite::put_forwarding(to, &forwarded_for, out);
-    put_field(b"x-request-id", to.request_id, out);
-    out.put_slice(b"via: 2.0 baton\r\n");
+    let authority = authority.map(str::as_bytes);
+    rewrite::put_own_fields(
+        authority,
+        has_host,
+        to,
+        &forwarded_for,
+        b"via: 2.0 baton\r\n",
+        out,
+    );
     match framing {
         UpFraming::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
         UpFraming::Length if !has_length => out.put_slice(b"content-length: 0\r\n"),
