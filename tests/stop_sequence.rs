@@ -521,6 +521,18 @@ async fn an_upgraded_connection_whose_client_stopped_reading_ends_at_drain_start
     drop(s);
 }
 
+/// Reads an HTTP/1 event stream until `event` is in; returns all it read.
+async fn read_until_event(s: &mut TcpStream, event: &str) -> Vec<u8> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).contains(event) {
+        let n = s.read(&mut buf).await.expect("read events");
+        assert!(n > 0, "the stream ended before {event:?}");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_stream_ends_at_an_event_boundary() {
     let backend = HttpBackend::start("a").await;
@@ -531,13 +543,7 @@ async fn an_event_stream_ends_at_an_event_boundary() {
     s.write_all(b"GET /sse HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .expect("write");
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&seen).contains("data: 3") {
-        let n = s.read(&mut buf).await.expect("read events");
-        assert!(n > 0, "stream ended early");
-        seen.extend_from_slice(&buf[..n]);
-    }
+    let mut seen = read_until_event(&mut s, "data: 3").await;
     signal(baton.first_pid, Signal::SIGTERM);
     let mut rest = Vec::new();
     let read = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut rest))
@@ -558,7 +564,7 @@ async fn an_event_stream_ends_at_an_event_boundary() {
 async fn an_h2_event_stream_with_crlf_events_ends_at_an_event_boundary() {
     let backend = RawBackend::start(|_| {
         (
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\nb\r\ndata: 1\r\n\r\n\r\n".to_vec(),
+            b"HTTP/1.1 200 OK\r\ncontent-type: TEXT/EVENT-STREAM\r\ntransfer-encoding: chunked\r\n\r\nb\r\ndata: 1\r\n\r\n\r\n".to_vec(),
             Then::CloseAfter(Duration::from_secs(60)),
         )
     })
@@ -631,13 +637,7 @@ async fn an_event_stream_of_stated_length_is_served_whole_through_a_drain() {
     h1.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .expect("write");
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&seen).contains("data: 1") {
-        let n = h1.read(&mut buf).await.expect("read the first event");
-        assert!(n > 0, "ended before the first event");
-        seen.extend_from_slice(&buf[..n]);
-    }
+    let mut seen = read_until_event(&mut h1, "data: 1").await;
     let mut sender = client::h2::<Empty<Bytes>>(web).await;
     let req = hyper::Request::get(format!("http://{web}/events"))
         .body(Empty::new())

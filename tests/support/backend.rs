@@ -359,7 +359,11 @@ async fn answer(
         };
         let mut resp = Response::new(ticker.boxed());
         resp.headers_mut()
-            .insert("content-type", "text/event-stream".parse().expect("header"));
+            // Not in lower case: a media type matches in any case.
+            .insert(
+                "content-type",
+                "Text/Event-Stream; charset=utf-8".parse().expect("header"),
+            );
         return Ok(resp);
     }
     if path == "/ws" {
