@@ -332,6 +332,13 @@ async fn termination_states_say_who_ended_the_exchange() {
     assert_eq!(cut_bytes, (Some(5), Some(5)), "{cut}");
 }
 
+/// The body of a whole HTTP/1 answer: what follows its head.
+fn body_of(answer: &str) -> &str {
+    answer
+        .split_once("\r\n\r\n")
+        .map_or_else(|| panic!("no head in {answer:?}"), |(_, body)| body)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn combined_format_is_what_log_tools_read() {
     let Logged {
@@ -343,16 +350,35 @@ async fn combined_format_is_what_log_tools_read() {
     let request = "GET /page?q=1 HTTP/1.1\r\nHost: a\r\nReferer: http://r.example/\r\nUser-Agent: test \"agent\"\r\nConnection: close\r\n\r\n";
     let answer = raw(baton.addr("web"), request).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let refused = raw(
+        baton.addr("web"),
+        "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n",
+    )
+    .await;
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
     stop_and_wait(&baton).await;
     let text = std::fs::read_to_string(&log).expect("log");
-    let line = text.lines().next().expect("a line");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    let line = lines[0];
     assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
-    assert!(line.contains("] \"GET /page?q=1 HTTP/1.1\" 200 "), "{line}");
+    // The size is the body's alone, as Apache's `%b` and nginx's
+    // `$body_bytes_sent` count it: log tools sum it as content served.
+    let served = format!(
+        "] \"GET /page?q=1 HTTP/1.1\" 200 {} ",
+        body_of(&answer).len()
+    );
+    assert!(line.contains(&served), "{line} (answer {answer:?})");
     assert!(
         line.ends_with(" \"http://r.example/\" \"test \\x22agent\\x22\""),
         "{line}"
     );
-    assert_eq!(text.lines().count(), 1);
+    let refusal = format!("] \"- - HTTP/1.1\" 400 {} ", body_of(&refused).len());
+    assert!(
+        lines[1].contains(&refusal),
+        "{} (answer {refused:?})",
+        lines[1]
+    );
 }
 
 /// An h2 stream the client gives up on while baton waits for the backend

@@ -156,6 +156,10 @@ pub struct Entry<'a> {
     pub status: Option<u16>,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// What of `bytes_out` was body (a tunnel's bytes too), without
+    /// response heads: the combined format's size, as Apache's `%b` and
+    /// nginx's `$body_bytes_sent` count it.
+    pub body_out: u64,
     pub marks: Marks,
     pub termination: Termination,
     pub referer: Option<&'a str>,
@@ -265,7 +269,7 @@ fn combined(e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
         escape(e.method),
         escape(e.target),
         escape(e.protocol),
-        e.bytes_out,
+        e.body_out,
         escape(e.referer.unwrap_or("-")),
         escape(e.user_agent.unwrap_or("-")),
     );

@@ -191,6 +191,7 @@ impl Drop for StreamRecord {
             status: self.status,
             bytes_in: noted.upload.as_deref().map_or(0, Progress::received),
             bytes_out: self.bytes_out,
+            body_out: self.bytes_out,
             marks: noted.marks,
             termination: self.termination(),
             referer: self.referer.as_deref(),

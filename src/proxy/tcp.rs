@@ -233,6 +233,7 @@ impl Drop for Line<'_> {
             status: None,
             bytes_in: to_backend,
             bytes_out: to_client,
+            body_out: to_client,
             marks: self.marks,
             termination: self.termination,
             referer: None,

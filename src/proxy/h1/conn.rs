@@ -127,7 +127,11 @@ async fn serve_requests<S: ByteStream>(
                     tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
                 }
                 let timeout = Termination::ClientTimeout(Phase::Request);
-                let answered = answer_refused(proxy, client, TIMEOUT_RESPONSE, 408, timeout).await;
+                let answer = Answer {
+                    bytes: TIMEOUT_RESPONSE,
+                    head: TIMEOUT_RESPONSE.len(),
+                };
+                let answered = answer_refused(proxy, client, answer, 408, timeout).await;
                 record::refused(
                     proxy.access_log.as_ref(),
                     &proxy.own_target().metrics,
@@ -267,8 +271,10 @@ async fn refuse<S: ByteStream>(
         status.canonical_reason().unwrap_or("Error")
     );
     let mut out = BytesMut::new();
-    rewrite::own_answer(status, &page, None, true, &mut out);
-    let answered = answer_refused(proxy, client, &out, status.as_u16(), Termination::Refused).await;
+    let head = rewrite::own_answer(status, &page, None, true, &mut out);
+    let answer = Answer { bytes: &out, head };
+    let answered =
+        answer_refused(proxy, client, answer, status.as_u16(), Termination::Refused).await;
     release_if_empty(&mut client.buf);
     record::refused(
         proxy.access_log.as_ref(),
@@ -280,22 +286,33 @@ async fn refuse<S: ByteStream>(
     );
 }
 
+/// An answer of baton's own, whole, and how much of it is its head.
+struct Answer<'a> {
+    bytes: &'a [u8],
+    head: usize,
+}
+
 /// Writes `answer` to a head baton refused, and what went each way for
 /// its line: the bytes read with the head, the answer's if written.
 async fn answer_refused<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
-    answer: &[u8],
+    answer: Answer<'_>,
     status: u16,
     termination: Termination,
 ) -> record::Answered {
     let bytes_in = client.buf.len() as u64;
-    let written = write_all(&mut client.stream, answer, proxy.idle_timeout).await;
+    let written = write_all(&mut client.stream, answer.bytes, proxy.idle_timeout).await;
+    let (bytes_out, body_out) = match written {
+        Ok(()) => (answer.bytes.len(), answer.bytes.len() - answer.head),
+        Err(_) => (0, 0),
+    };
     record::Answered {
         status,
         termination,
         bytes_in,
-        bytes_out: written.map_or(0, |()| answer.len() as u64),
+        bytes_out: bytes_out as u64,
+        body_out: body_out as u64,
     }
 }
 

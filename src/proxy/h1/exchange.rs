@@ -149,12 +149,13 @@ pub async fn exchange<S: ByteStream>(
             let trace = &mut record.trace;
             let page = super::super::error_page(&target.pool.name, &err, &trace.request_id);
             let mut out = BytesMut::new();
-            rewrite::own_answer(status, &page, Some(&head), closes, &mut out);
+            let head_len = rewrite::own_answer(status, &page, Some(&head), closes, &mut out);
             let written = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
             trace.status = Some(status.as_u16());
             let after = match written {
                 Ok(()) => {
                     trace.bytes_out += out.len() as u64;
+                    trace.head_out += head_len as u64;
                     if closes {
                         After::Close
                     } else {

@@ -28,6 +28,9 @@ pub struct Trace {
     /// The status that went to the client, once one did.
     pub status: Option<u16>,
     pub bytes_out: u64,
+    /// How many of `bytes_out` were response heads (1xx, final, baton's
+    /// own): the combined format's size is the rest.
+    pub head_out: u64,
     /// Bytes the client sent through an upgraded connection's tunnel.
     pub tunnelled_in: u64,
     /// The attempt at a backend under way. Here, not in the attempt, so an
@@ -45,6 +48,7 @@ impl Trace {
             backend: None,
             status: None,
             bytes_out: 0,
+            head_out: 0,
             tunnelled_in: 0,
             attempt: Progress::default(),
         }
@@ -67,6 +71,7 @@ impl Trace {
             self.status = Some(status);
         }
         self.bytes_out += bytes_out;
+        self.head_out += progress.head_out.load(Ordering::Relaxed);
         self.tunnelled_in += progress.tunnelled_in.load(Ordering::Relaxed);
     }
 }
@@ -155,6 +160,7 @@ impl Drop for Record<'_> {
             status: t.status,
             bytes_in: self.bytes_in + t.tunnelled_in,
             bytes_out: t.bytes_out,
+            body_out: t.bytes_out.saturating_sub(t.head_out),
             marks: t.marks,
             termination: self
                 .termination
@@ -179,6 +185,8 @@ pub struct Answered {
     pub bytes_in: u64,
     /// The answer's bytes, if they were written.
     pub bytes_out: u64,
+    /// Of those, its body's.
+    pub body_out: u64,
 }
 
 /// A request baton refused before it had a head it would serve (`400`/
@@ -200,6 +208,7 @@ pub fn refused(
         termination,
         bytes_in,
         bytes_out,
+        body_out,
     } = answered;
     metrics.count(status);
     metrics.duration.record(started.elapsed().as_secs_f64());
@@ -219,6 +228,7 @@ pub fn refused(
         status: Some(status),
         bytes_in,
         bytes_out,
+        body_out,
         marks,
         termination,
         referer: None,

@@ -326,14 +326,16 @@ pub fn interim(head: &ResponseHead, out: &mut BytesMut) {
 
 /// An answer of baton's own: a short text body saying the status and, for
 /// an error, the request id (never a backend's name or address). A HEAD
-/// request gets the head alone.
+/// request gets the head alone. Returns the head's length (the access
+/// log's combined format counts the body alone).
 pub fn own_answer(
     status: http::StatusCode,
     body: &str,
     request: Option<&RequestHead>,
     closes: bool,
     out: &mut BytesMut,
-) {
+) -> usize {
+    let start = out.len();
     let reason = status.canonical_reason().unwrap_or("Error");
     put_status_line(status.as_u16(), reason.as_bytes(), out);
     out.put_slice(b"content-type: text/plain; charset=utf-8\r\n");
@@ -348,9 +350,11 @@ pub fn own_answer(
         out.put_slice(b"connection: keep-alive\r\n");
     }
     out.put_slice(b"\r\n");
+    let head = out.len() - start;
     if request.is_none_or(|r| r.method != http::Method::HEAD) {
         out.put_slice(body.as_bytes());
     }
+    head
 }
 
 fn put_status_line(status: u16, reason: &[u8], out: &mut BytesMut) {

@@ -39,6 +39,9 @@ pub struct Progress {
     pub client_written: AtomicBool,
     /// How many, for the access log.
     pub bytes_out: AtomicU64,
+    /// How many of those were meant as response heads (interim and
+    /// final), whether or not they all went.
+    pub head_out: AtomicU64,
     /// What the client sent into an upgraded connection's tunnel, for the
     /// access log's bytes in (a request body is counted as it is read).
     pub tunnelled_in: AtomicU64,
@@ -297,6 +300,9 @@ where
             if down.request.version == Version::Http11 {
                 let mut out = BytesMut::new();
                 rewrite::interim(&head, &mut out);
+                down.progress
+                    .head_out
+                    .fetch_add(out.len() as u64, Ordering::Relaxed);
                 down.progress.interim_writing.store(true, Ordering::Relaxed);
                 let written = write_all(client, &out, down.client_stall).await;
                 down.progress
@@ -335,6 +341,9 @@ where
     // The head goes out with the body bytes already here, in one write.
     let mut out = BytesMut::with_capacity(head.bytes.len() + 128 + backend_buf.len());
     rewrite::response(&head, down.request, delivery, persistence, &mut out);
+    down.progress
+        .head_out
+        .fetch_add(out.len() as u64, Ordering::Relaxed);
     let event_stream = head
         .values("content-type")
         .next()
@@ -378,6 +387,9 @@ async fn switch<W: AsyncWrite + Unpin>(
         Persistence::Stays,
         &mut out,
     );
+    down.progress
+        .head_out
+        .fetch_add(out.len() as u64, Ordering::Relaxed);
     write_all(client, &out, down.client_stall)
         .await
         .map_err(DownFault::Client)?;
