@@ -18,9 +18,11 @@ const V2_SIGNATURE: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
 const V2_FIXED: usize = 16;
 /// A v2 header's version-and-command byte for LOCAL.
 const V2_LOCAL: u8 = 0x20;
-/// The largest v2 header baton takes, TLVs included (senders' TLVs run to
-/// a few hundred bytes; the format allows 64 KiB).
-const V2_MAX: usize = 4096;
+/// The largest v2 header baton takes, TLVs included: HAProxy's default
+/// buffer (`tune.bufsize`), the most a sender tested against it can
+/// count on (senders' TLVs run to a few hundred bytes; the format allows
+/// 64 KiB). Peeked into a buffer of this size while the header comes.
+const V2_MAX: usize = 16 * 1024;
 const V1_PREFIX: &[u8] = b"PROXY ";
 /// The spec's limit on a v1 line, CRLF included.
 const V1_MAX: usize = 107;
@@ -336,8 +338,12 @@ mod tests {
         assert_eq!(frame(&binary), Framed::Header(28));
         assert_eq!(frame(&binary[..15]), Framed::Incomplete);
         assert_eq!(frame(&binary[..20]), Framed::Incomplete);
-        binary[14..16].copy_from_slice(&5000u16.to_be_bytes());
+        binary[14..16].copy_from_slice(&((V2_MAX - V2_FIXED) as u16 + 1).to_be_bytes());
         assert_eq!(frame(&binary), Framed::Malformed);
+        let mut largest = v2(1, 0x11, &[0; V2_MAX - V2_FIXED]);
+        assert_eq!(frame(&largest), Framed::Header(V2_MAX));
+        largest.push(0);
+        assert_eq!(frame(&largest), Framed::Header(V2_MAX));
     }
 
     #[test]
