@@ -814,3 +814,38 @@ async fn a_request_whose_client_left_while_in_line_reaches_no_backend() {
         "the gated request and the one after, not the ghost"
     );
 }
+
+/// A backend's failures in a row go on counting across a reload (and so
+/// its passes while down, the same carried streak): reset at each
+/// reload, a backend failing its checks would never reach `fall` under
+/// reloads closer together than `fall` intervals, nor a recovered one
+/// `rise`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_carries_a_backends_health_streak() {
+    let b = HttpBackend::start("b").await;
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        "health = { kind = \"http\", path = \"/health\", interval = \"2s\", timeout = \"1s\", rise = 2, fall = 5 }",
+        &[(b.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    assert_eq!(backend_state(admin, "app-0").await, "up");
+    b.kill();
+    let failures = || async {
+        client::backend_status(admin, "app-0").await["consecutive_failures"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    support::eventually("two failed checks", || async { failures().await >= 2 }).await;
+    baton.reload_ok().await;
+    // The new generation's own first check may have failed too (3), and
+    // the old one's third before it took over (3, or 4 with both); a
+    // streak reset by the reload reads 0, or 1 once a check came since.
+    let carried = failures().await;
+    assert!(
+        (2..5).contains(&carried),
+        "failures in a row after the reload: {carried}"
+    );
+    assert_eq!(backend_state(admin, "app-0").await, "up", "not yet at fall");
+}

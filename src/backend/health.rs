@@ -39,6 +39,29 @@ impl Health {
         }
     }
 
+    /// Starts from a verdict and its streak (see [`Health::streak`])
+    /// carried over from an older generation: a backend `rise` checks
+    /// from up there is as far from it here.
+    pub fn carried(rise: u32, fall: u32, healthy: bool, streak: u32) -> Health {
+        let mut health = Health::with_verdict(rise, fall, healthy);
+        if healthy {
+            health.failures = streak;
+        } else {
+            health.passes = streak;
+        }
+        health
+    }
+
+    /// The results in a row against the verdict: passes while down,
+    /// failures while up (the other count is 0 then).
+    pub fn streak(&self) -> u32 {
+        if self.is_healthy() {
+            self.failures
+        } else {
+            self.passes
+        }
+    }
+
     pub fn rise(&self) -> u32 {
         self.rise
     }
@@ -119,6 +142,32 @@ mod tests {
         assert_eq!(h.observe(false), Some(Flip::Down));
         assert_eq!(h.observe(true), None);
         assert_eq!(h.observe(true), Some(Flip::Up));
+    }
+
+    #[test]
+    fn a_carried_streak_goes_on_where_it_was() {
+        let mut down = Health::with_verdict(3, 3, false);
+        assert_eq!(down.observe(true), None);
+        assert_eq!(down.observe(true), None);
+        let mut next = Health::carried(3, 3, false, down.streak());
+        assert_eq!(
+            next.observe(true),
+            Some(Flip::Up),
+            "the third pass in a row"
+        );
+        let mut up = Health::with_verdict(3, 2, true);
+        assert_eq!(up.observe(false), None);
+        let mut next = Health::carried(3, 2, true, up.streak());
+        assert_eq!(
+            next.observe(false),
+            Some(Flip::Down),
+            "the second failure in a row"
+        );
+        // A streak the new thresholds already meet flips at the next
+        // result that continues it, not before.
+        let mut lowered = Health::carried(1, 3, false, 2);
+        assert!(!lowered.is_healthy());
+        assert_eq!(lowered.observe(true), Some(Flip::Up));
     }
 
     #[test]

@@ -208,6 +208,11 @@ impl Backend {
             && !self.retired.load(Ordering::Relaxed)
     }
 
+    /// The checks in a row against its verdict, for the next generation.
+    pub fn health_streak(&self) -> u32 {
+        self.health.lock().map(|h| h.streak()).unwrap_or(0)
+    }
+
     pub fn consecutive_failures(&self) -> u32 {
         self.health
             .lock()
@@ -386,17 +391,17 @@ impl Backend {
         self.metrics.state(self.state());
     }
 
-    /// Takes a carried-over admin state and verdict from an older
+    /// Takes a carried-over admin state, verdict and streak from an older
     /// generation. Until that generation, which may still have work on the
     /// backend, is gone, a drain stays a drain (not `out`, though nothing
     /// of ours is in flight): one carried over, and one posted to us
     /// meanwhile (its tunnels and kept-alive connections go on using the
     /// backend). See `Pool::settle_drains`.
-    pub fn adopt(&self, admin: AdminState, healthy: Option<bool>) {
+    pub fn adopt(&self, admin: AdminState, healthy: Option<bool>, streak: u32) {
         self.elder_may_use.store(true, Ordering::SeqCst);
         if let (true, Some(healthy)) = (self.checked, healthy) {
             if let Ok(mut h) = self.health.lock() {
-                *h = Health::with_verdict(h.rise(), h.fall(), healthy);
+                *h = Health::carried(h.rise(), h.fall(), healthy, streak);
                 self.healthy.store(healthy, Ordering::SeqCst);
             }
         }

@@ -551,7 +551,7 @@ pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
                 .iter()
                 .find(|b| b.name == c.name && b.address.to_string() == c.address);
             match (backend, c.address.parse()) {
-                (Some(backend), _) => backend.adopt(admin, c.healthy),
+                (Some(backend), _) => backend.adopt(admin, c.healthy, c.streak),
                 // A DNS member whose address is not in the answer now:
                 // its state waits for the address.
                 (None, Ok(address)) => {
@@ -610,6 +610,7 @@ pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
             address: n.query.to_string(),
             admin: carried(n.admin()),
             healthy: None,
+            streak: 0,
         })
     });
     pools
@@ -621,6 +622,7 @@ pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
             address: b.address.to_string(),
             admin: carried(b.admin()),
             healthy: b.has_verdict().then(|| b.is_healthy()),
+            streak: b.health_streak(),
         })
         .chain(names)
         .chain(remembered(pools))
@@ -640,6 +642,7 @@ fn remembered(pools: &[Arc<Pool>]) -> impl Iterator<Item = BackendCarry> + '_ {
                     address: address.to_string(),
                     admin: carried(admin),
                     healthy: None,
+                    streak: 0,
                 })
         })
     })

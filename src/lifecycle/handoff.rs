@@ -63,6 +63,13 @@ pub struct BackendCarry {
     pub address: String,
     pub admin: CarriedAdmin,
     pub healthy: Option<bool>,
+    /// The checks in a row against that verdict (passes while down,
+    /// failures while up): carried too, or a reload would send a backend
+    /// rising or falling back to zero, and reloads closer together than
+    /// `rise` intervals would keep a recovered backend down for good.
+    /// Absent (0) from a release before it.
+    #[serde(default)]
+    pub streak: u32,
 }
 
 /// A generation's state as `/status` shows it and a report carries it (the
@@ -712,6 +719,10 @@ mod tests {
         assert_eq!(carry("draining").ok(), Some(CarriedAdmin::Draining));
         assert_eq!(carry("out").ok(), Some(CarriedAdmin::Out));
         assert_eq!(carry("quarantined").ok(), Some(CarriedAdmin::Unknown));
+        let older =
+            r#"{"pool":"p","name":"a","address":"127.0.0.1:1","admin":"out","healthy":false}"#;
+        let streak = serde_json::from_str::<BackendCarry>(older).map(|c| c.streak);
+        assert_eq!(streak.ok(), Some(0), "an earlier release carries no streak");
         let written = serde_json::to_string(&CarriedAdmin::Enabled).expect("json");
         assert_eq!(written, r#""enabled""#, "the words older releases read");
         let state = |word: &str| serde_json::from_str::<GenerationState>(&format!("\"{word}\""));
