@@ -668,6 +668,50 @@ async fn an_old_generation_outliving_newer_ones_is_still_counted() {
     assert_eq!(requests_total(&client::metrics(admin).await), 1.0);
 }
 
+/// An older generation still draining when the one between gave up
+/// waiting for it (that one's own `reload.drain_timeout`) and exited stays
+/// in `/status` and the draining gauges until it exits too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_outliving_the_one_between_stays_in_status() {
+    let backend = HttpBackend::start("a").await;
+    let spec = |drain: &str| {
+        Spec::new()
+            .section(&format!("[reload]\ndrain_timeout = \"{drain}\"\n"))
+            .http("web", "app")
+            .pool("app", &[backend.addr])
+    };
+    let baton = Baton::start(spec("20s")).await;
+    let (web, admin) = (baton.addr("web"), baton.admin);
+    let first = baton.serving_pid().await;
+    let slow = tokio::spawn(async move { client::get(web, "/slow/4000").await });
+    support::eventually("the slow request is on generation 1", || async {
+        backend.active() == 1
+    })
+    .await;
+    baton.write_spec(&spec("1s"), &HashMap::new());
+    let between = baton.reload_ok().await;
+    baton.reload_ok().await;
+    assert_eq!(wait_exit(between).await, Some(0));
+    let v = client::status(admin).await;
+    let pids: Vec<&serde_json::Value> = v["generations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| &g["pid"])
+        .collect();
+    assert_eq!(pids.len(), 2, "{v}");
+    assert_eq!(pids[1], first, "{v}");
+    assert_eq!(v["generations"][1]["state"], "draining", "{v}");
+    let metrics = scrape(admin).await.expect("scrape");
+    assert!(
+        metrics.contains("baton_draining_generations 1"),
+        "{metrics}"
+    );
+    assert_eq!(slow.await.expect("join").expect("slow").status, 200);
+    assert_eq!(wait_exit(first).await, Some(0));
+    old_generation_left_status(admin).await;
+}
+
 /// Requests refused before they could be routed (a malformed head, one
 /// too large, one too slow) are answered, so counted, on the listener's
 /// pool, as h2's refusals are, with their durations (the 408's at least

@@ -32,10 +32,22 @@ impl AdminShared {
         }
     }
 
-    /// The older generation exited: its last counters stay, its entries go.
-    pub fn inherited_exited(&self) {
+    /// The older generation we took over from exited: its last counters
+    /// stay, and its entries go but for those of generations older still
+    /// that run on (`running`): one whose drain outlasted the wait of the
+    /// one between (its own `reload.drain_timeout`) still holds
+    /// connections, shown as its last report had them (they can only have
+    /// fallen since), until it exits too ([`Self::inherited_gone`]).
+    pub fn inherited_exited(&self, running: &[u32]) {
         if let Ok(mut r) = self.inherited.write() {
-            r.generations.clear();
+            r.generations.retain(|g| running.contains(&g.pid));
+        }
+    }
+
+    /// An older generation exited: its entry goes.
+    pub fn inherited_gone(&self, pid: u32) {
+        if let Ok(mut r) = self.inherited.write() {
+            r.generations.retain(|g| g.pid != pid);
         }
     }
 

@@ -77,6 +77,7 @@ impl Generation {
             tokio::time::sleep(FIRST_REPORT_WAIT).await;
             go.cancel();
         });
+        let older_running = self.follow_older_exits();
         let (on_report, on_exit) = (Arc::clone(&self.admin), Arc::clone(&self.admin));
         let (go_on_report, go_on_exit) = (self.admin_go.clone(), self.admin_go.clone());
         let gone = self.predecessor_gone.clone();
@@ -89,7 +90,12 @@ impl Generation {
             },
             self.commands.stop_word(),
             move || {
-                on_exit.inherited_exited();
+                let running: Vec<u32> = older_running
+                    .iter()
+                    .filter(|p| p.is_alive())
+                    .map(Process::pid)
+                    .collect();
+                on_exit.inherited_exited(&running);
                 go_on_exit.cancel();
                 gone.cancel();
                 // We are surely systemd's main process by now, if we
@@ -98,5 +104,25 @@ impl Generation {
             },
         ));
         Ok(Some(channel))
+    }
+
+    /// Takes each older generation's entry out of `/status` as it exits,
+    /// and returns holds on them all: the one we took over from reports
+    /// their entries, but one it stopped waiting for outlives it, with no
+    /// one left to say when it goes.
+    fn follow_older_exits(&self) -> Vec<Process> {
+        let held: Vec<Process> = self
+            .draining
+            .iter()
+            .filter_map(|p| p.try_clone().ok())
+            .collect();
+        for process in held.iter().filter_map(|p| p.try_clone().ok()) {
+            let admin = Arc::clone(&self.admin);
+            tokio::spawn(async move {
+                process.exited().await;
+                admin.inherited_gone(process.pid());
+            });
+        }
+        held
     }
 }
