@@ -205,9 +205,18 @@ async fn status_lists_a_draining_generation_with_its_connection() {
         "{metrics}"
     );
     assert!(metrics.contains("baton_draining_generations 1"));
+    // Its request is on the backend: the backend's count shows it.
+    assert!(
+        metrics.contains("baton_backend_in_flight{pool=\"app\",backend=\"app-0\"} 1"),
+        "{metrics}"
+    );
+    let backend_in_flight =
+        || async { client::backend_status(baton.admin, "app-0").await["in_flight"].as_u64() };
+    assert_eq!(backend_in_flight().await, Some(1));
     assert_eq!(slow.await.expect("join").expect("slow").status, 200);
     assert_eq!(wait_exit(old).await, Some(0));
     old_generation_left_status(baton.admin).await;
+    assert_eq!(backend_in_flight().await, Some(0));
 }
 
 /// A listener a reload removed shows the old generation's connections on

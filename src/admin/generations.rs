@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::AdminShared;
 use crate::lifecycle::handoff::{GenerationEntry, GenerationState, Report};
+use crate::metrics::exposition::InFlightOnBackends;
 use crate::metrics::{self, exposition, kernel, process, Sampled};
 
 pub fn unix(t: SystemTime) -> f64 {
@@ -87,6 +88,18 @@ impl AdminShared {
             let phase = self.phase.borrow();
             (phase.state(), phase.drain_deadline())
         };
+        let mut backends_in_flight = InFlightOnBackends::new();
+        for pool in &topology.pools {
+            for b in pool.backends().backends.iter() {
+                let n = b.in_flight() as u64;
+                if n > 0 {
+                    backends_in_flight
+                        .entry(pool.name.clone())
+                        .or_default()
+                        .insert(b.label.clone(), n);
+                }
+            }
+        }
         GenerationEntry {
             number: self.generation.number,
             pid: self.generation.pid,
@@ -96,7 +109,23 @@ impl AdminShared {
             drain_deadline: drain_deadline.map(unix),
             active,
             process: process::read(),
+            backends_in_flight,
         }
+    }
+
+    /// What the older generations still draining have in flight on each
+    /// backend, all told.
+    pub fn in_flight_of_older(&self) -> InFlightOnBackends {
+        let mut all = InFlightOnBackends::new();
+        for g in self.inherited().generations {
+            for (pool, backends) in g.backends_in_flight {
+                let into = all.entry(pool).or_default();
+                for (backend, n) in backends {
+                    *into.entry(backend).or_insert(0) += n;
+                }
+            }
+        }
+        all
     }
 
     /// Every live generation, newest (this one) first.
@@ -120,6 +149,7 @@ impl AdminShared {
         let inherited = self.inherited();
         self.sample(&inherited);
         let merged = exposition::merge(&handle.render(), &inherited.baseline);
+        let merged = exposition::with_older_in_flight(merged, &self.in_flight_of_older());
         exposition::without_gone(merged, &self.members(), &self.listeners(&inherited))
     }
 

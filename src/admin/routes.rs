@@ -15,6 +15,7 @@ use super::{AdminShared, Topology};
 use crate::backend::named::Named;
 use crate::backend::{AdminState, Backend, Pool};
 use crate::lifecycle::{Check, Phase};
+use crate::metrics::exposition::InFlightOnBackends;
 use crate::metrics::kernel;
 
 type Reply = Response<Full<Bytes>>;
@@ -114,7 +115,14 @@ fn readiness(state: &AdminShared) -> Reply {
     }
 }
 
-fn backend_json(b: &Backend) -> Value {
+/// A backend as `/status` shows it; `older` is what older generations
+/// still draining have in flight (its `in_flight` counts theirs too).
+fn backend_json(b: &Backend, older: &InFlightOnBackends) -> Value {
+    let older_in_flight = older
+        .get(&b.pool)
+        .and_then(|backends| backends.get(&b.label))
+        .copied()
+        .unwrap_or(0);
     let last = b
         .last_check()
         .map(|c| json!({"at": unix(c.at), "ok": c.ok, "detail": c.detail}));
@@ -129,19 +137,19 @@ fn backend_json(b: &Backend) -> Value {
         "resolved_from": b.resolved_from,
         "weight": b.weight(),
         "state": b.state().as_str(),
-        "in_flight": b.in_flight(),
+        "in_flight": b.in_flight() as u64 + older_in_flight,
         "last_check": last,
         "last_error": error,
         "consecutive_failures": b.consecutive_failures(),
     })
 }
 
-fn pool_json(p: &Pool) -> Value {
+fn pool_json(p: &Pool, older: &InFlightOnBackends) -> Value {
     let backends: Vec<Value> = p
         .backends()
         .backends
         .iter()
-        .map(|b| backend_json(b))
+        .map(|b| backend_json(b, older))
         .collect();
     let named: Vec<Value> = p
         .named
@@ -184,7 +192,12 @@ fn status(state: &AdminShared) -> Reply {
             json!({"name": l.name, "bind": l.bind.to_string(), "protocol": l.protocol.as_str(), "active": l.stats.active(), "backlog": l.backlog()})
         })
         .collect();
-    let pools: Vec<Value> = topology.pools.iter().map(|p| pool_json(p)).collect();
+    let older = state.in_flight_of_older();
+    let pools: Vec<Value> = topology
+        .pools
+        .iter()
+        .map(|p| pool_json(p, &older))
+        .collect();
     let n = kernel::netstat();
     let kernel = json!({
         "listen_overflows": n.listen_overflows,
@@ -297,7 +310,12 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
         };
         tracing::info!(backend = %backend.label, action, state = new_state.as_str(), "admin backend action");
     }
-    let members: Vec<Value> = found.backends.iter().map(|b| backend_json(b)).collect();
+    let older = state.in_flight_of_older();
+    let members: Vec<Value> = found
+        .backends
+        .iter()
+        .map(|b| backend_json(b, &older))
+        .collect();
     // A name DNS has given no address yet: the word is kept for its members.
     let first = members.first().cloned().unwrap_or_else(
         || json!({"name": id, "pool": found.pool, "index": null, "state": word.as_str()}),

@@ -144,6 +144,11 @@ pub struct GenerationEntry {
     /// Open connections by listener name.
     pub active: std::collections::BTreeMap<String, u64>,
     pub process: crate::metrics::process::ProcessStats,
+    /// Its work in flight on each backend (see
+    /// [`crate::metrics::exposition::InFlightOnBackends`]). Absent from an
+    /// older release.
+    #[serde(default)]
+    pub backends_in_flight: crate::metrics::exposition::InFlightOnBackends,
 }
 
 /// What an older generation tells the next: its cumulative counter series

@@ -12,6 +12,8 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use super::BACKEND_IN_FLIGHT;
+
 /// One carried series: its family, kind and value.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Series {
@@ -25,6 +27,13 @@ pub struct Series {
 
 /// Series by their full sample key (`name{labels}`).
 pub type Baseline = BTreeMap<String, Series>;
+
+/// Requests and connections in flight on backends, by pool name, then
+/// backend label (as metrics name it), for those with any: what an older
+/// generation still has on each, which the serving one adds to its own in
+/// `/status` and `baton_backend_in_flight`, as `baton_connections_active`
+/// shows theirs under `state="draining"`.
+pub type InFlightOnBackends = BTreeMap<String, BTreeMap<String, u64>>;
 
 /// Families whose values are the kernel's absolute numbers, already the
 /// same in every generation: never added up.
@@ -281,6 +290,30 @@ pub fn merge(own: &str, baseline: &Baseline) -> String {
     render(&families)
 }
 
+/// `text` with what older generations still have in flight on each
+/// backend added to that backend's `baton_backend_in_flight`, for the
+/// backends this generation has too (a gauge is ours alone otherwise: it
+/// is never carried). A backend a reload removed shows no older work.
+pub fn with_older_in_flight(text: String, older: &InFlightOnBackends) -> String {
+    if older.is_empty() {
+        return text;
+    }
+    let mut families = parse(&text);
+    for f in families.iter_mut().filter(|f| f.name == BACKEND_IN_FLIGHT) {
+        for (key, value) in &mut f.samples {
+            let labels = labels(key);
+            let held = label_value(&labels, "pool")
+                .and_then(|pool| older.get(pool))
+                .zip(label_value(&labels, "backend"))
+                .and_then(|(backends, backend)| backends.get(backend));
+            if let Some(n) = held {
+                *value += *n as f64;
+            }
+        }
+    }
+    render(&families)
+}
+
 fn render(families: &[Family]) -> String {
     let mut out = String::new();
     for f in families {
@@ -416,6 +449,33 @@ mod tests {
         assert!(kept.contains("backend=\"app@10.0.0.2:80\"} 1\n"), "{kept}");
         assert!(kept.contains("backend=\"ip\"} 2\n"), "{kept}");
         assert!(kept.starts_with("# TYPE baton_backend_in_flight gauge\n"));
+    }
+
+    #[test]
+    fn older_generations_work_in_flight_adds_to_the_backends_we_have() {
+        let text = "# TYPE baton_backend_in_flight gauge\nbaton_backend_in_flight{pool=\"app\",backend=\"a\"} 1\nbaton_backend_in_flight{pool=\"app\",backend=\"b\"} 0\n\n# TYPE baton_generation gauge\nbaton_generation 2\n\n";
+        let older = InFlightOnBackends::from([
+            (
+                "app".to_string(),
+                BTreeMap::from([("a".to_string(), 2), ("gone".to_string(), 5)]),
+            ),
+            ("other".to_string(), BTreeMap::from([("b".to_string(), 7)])),
+        ]);
+        let shown = with_older_in_flight(text.to_string(), &older);
+        assert!(
+            shown.contains("baton_backend_in_flight{pool=\"app\",backend=\"a\"} 3\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("baton_backend_in_flight{pool=\"app\",backend=\"b\"} 0\n"),
+            "{shown}"
+        );
+        assert!(!shown.contains("gone"), "{shown}");
+        assert!(shown.contains("baton_generation 2\n"), "{shown}");
+        assert_eq!(
+            with_older_in_flight(text.to_string(), &InFlightOnBackends::new()),
+            text
+        );
     }
 
     #[test]
