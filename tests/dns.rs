@@ -6,12 +6,13 @@
 mod support;
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
 
 use serde_json::Value;
 use support::backend::HttpBackend;
 use support::client;
 use support::daemon::{Baton, Spec};
-use support::dns::{DnsServer, Mode};
+use support::dns::{DnsServer, Mode, SrvRecord};
 use support::load::{Load, Targets};
 use support::raw::{ok as raw_ok, RawBackend, Seen, Then};
 use support::tls::{Authority, TlsBackend};
@@ -351,6 +352,51 @@ async fn srv_records_give_one_member_each_weighted_by_the_record() {
         (a.hits(), b.hits()),
         (100, 300),
         "smooth round robin is exact per weight"
+    );
+}
+
+/// A first start waits for a whole SRV answer as long as its queries in
+/// turn may take, and asks its targets at once. Here the server gives no
+/// addresses with the records (as many recursive resolvers answer), each
+/// target has AAAA addresses alone (an A query, then an AAAA one), and
+/// each query takes 0.4 s with `timeout = "1s"`: the answer takes 1.2 s
+/// with its four targets asked at once, where the first start waited 1 s,
+/// and asked one after another they took 3.6 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_waits_for_an_srv_answer_whose_targets_are_asked_apart() {
+    let dns = DnsServer::start().await;
+    let records: Vec<SrvRecord> = [
+        "a.baton.test",
+        "b.baton.test",
+        "c.baton.test",
+        "d.baton.test",
+    ]
+    .into_iter()
+    .zip(8001..)
+    .map(|(target, port)| (10, 1, port, target))
+    .collect();
+    for record in &records {
+        dns.set_aaaa(record.3, &[Ipv6Addr::LOCALHOST]);
+    }
+    dns.set_srv("_http._tcp.app.baton.test", &records);
+    dns.leave_out_additionals();
+    dns.set_delay(Duration::from_millis(400));
+    let spec = Spec::new()
+        .section(&format!(
+            "[resolver]\nnameservers = [\"{}\"]\ntimeout = \"1s\"\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"60s\"\nsrv = \"_http._tcp.app.baton.test\"\n",
+            dns.addr
+        ))
+        .http("web", "app");
+    let baton = Baton::start(spec).await;
+    let want: Vec<(String, String)> = records
+        .iter()
+        .map(|r| (format!("[::1]:{}", r.2), "up".to_string()))
+        .collect();
+    assert_eq!(members(baton.admin).await, want, "{}", baton.log());
+    assert!(
+        !baton.log().contains("no DNS answer at start"),
+        "{}",
+        baton.log()
     );
 }
 

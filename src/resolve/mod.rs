@@ -17,6 +17,7 @@ use hickory_resolver::config::{
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::ResponseCode;
+use hickory_resolver::proto::rr::rdata::SRV;
 use hickory_resolver::proto::rr::{RData, Record};
 use hickory_resolver::TokioResolver;
 
@@ -115,6 +116,18 @@ impl Resolver {
         builder.build().map_err(SetupError::Build)
     }
 
+    /// How long a whole answer for `query` may take when every query in
+    /// it answers within `timeout`: a name's A query, then AAAA when it
+    /// has no A address; SRV's query first, then its targets' (at once).
+    /// A server that answers nothing fails at its first query's timeout.
+    pub fn answer_within(&self, query: &DnsQuery) -> Duration {
+        let queries_in_turn = match query {
+            DnsQuery::Host { .. } => 2,
+            DnsQuery::Srv(_) => 3,
+        };
+        self.timeout * queries_in_turn
+    }
+
     /// Every address `named` stands for now.
     pub async fn resolve(&self, named: &Named) -> Result<Answer, Failure> {
         match &named.query {
@@ -201,12 +214,13 @@ impl Resolver {
         let Some(lowest) = records.iter().map(|s| s.priority).min() else {
             return Err(Failure::Empty(format!("no SRV records for {name}")));
         };
+        let lowest: Vec<&SRV> = records.iter().filter(|s| s.priority == lowest).collect();
+        let addresses = self.targets(&lowest, lookup.additionals()).await?;
         let mut valid_for = until(lookup.valid_until());
         let mut resolved: Vec<Resolved> = Vec::new();
-        for srv in records.iter().filter(|s| s.priority == lowest) {
+        for (srv, (ips, held)) in lowest.iter().zip(addresses) {
             let target = srv.target.to_string();
             let from = format!("{}:{}", target.trim_end_matches('.'), srv.port);
-            let (ips, held) = self.target(&target, lookup.additionals()).await?;
             valid_for = valid_for.min(held);
             for ip in ips {
                 let address = SocketAddr::new(ip, srv.port);
@@ -228,6 +242,31 @@ impl Resolver {
             resolved,
             valid_for,
         })
+    }
+
+    /// The addresses of `records`' targets, in their order, all asked at
+    /// once: one after another, targets the answer gave no addresses for
+    /// would take a query's time each (two for a name with AAAA alone),
+    /// more than a first start waits. One failure fails them all (see
+    /// [`Resolver::target`]); the others' lookups are dropped with it.
+    async fn targets(
+        &self,
+        records: &[&SRV],
+        additionals: &[Record],
+    ) -> Result<Vec<(Vec<IpAddr>, Duration)>, Failure> {
+        let mut asked = tokio::task::JoinSet::new();
+        for (i, srv) in records.iter().enumerate() {
+            let (resolver, target) = (self.clone(), srv.target.to_string());
+            let additionals = additionals.to_vec();
+            asked.spawn(async move { (i, resolver.target(&target, &additionals).await) });
+        }
+        let mut found = vec![(Vec::new(), Duration::MAX); records.len()];
+        while let Some(joined) = asked.join_next().await {
+            let (i, addresses) =
+                joined.map_err(|e| Failure::Failed(format!("an SRV target's lookup: {e}")))?;
+            found[i] = addresses?;
+        }
+        Ok(found)
     }
 
     /// An SRV target's addresses: from the answer's additional records when

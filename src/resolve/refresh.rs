@@ -32,9 +32,9 @@ pub fn resolver_for(config: &crate::config::Config) -> Result<Option<Resolver>, 
 
 /// Gives each named backend its first members before the generation
 /// serves: the set an older generation carried over (so a reload while DNS
-/// is down starts full), else one resolution now, bounded by the
-/// resolver's timeout (DNS down at a first start leaves the name empty,
-/// and the rest of the config serves).
+/// is down starts full), else one resolution now, bounded by the time its
+/// queries in turn may take (`Resolver::answer_within`; DNS down at a
+/// first start leaves the name empty, and the rest of the config serves).
 pub async fn first_members(pools: &[Arc<Pool>], resolver: &Resolver, carried: &[ResolvedCarry]) {
     let mut lookups = tokio::task::JoinSet::new();
     for pool in pools {
@@ -70,7 +70,7 @@ pub async fn first_members(pools: &[Arc<Pool>], resolver: &Resolver, carried: &[
                     let (pool, named) = (Arc::clone(pool), Arc::clone(named));
                     let resolver = resolver.clone();
                     lookups.spawn(async move {
-                        let bound = resolver.timeout;
+                        let bound = resolver.answer_within(&named.query);
                         let first = once(&pool, &named, &resolver, Joining::AtStart, None);
                         if tokio::time::timeout(bound, first).await.is_err() {
                             tracing::warn!(pool = %pool.name, backend = %named.name, "no DNS answer at start; the name has no backends until one comes");

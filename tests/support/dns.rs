@@ -1,13 +1,16 @@
 //! A small DNS server on 127.0.0.1 (UDP) whose answers a test changes
 //! while baton runs: A and AAAA records, SRV records (with their targets'
-//! A and AAAA records as additionals), SERVFAIL (to every query or to A queries
-//! only), silence (the resolver times out) and empty NOERROR answers. Messages are built and parsed with hickory-proto.
+//! A and AAAA records as additionals, or without, as many recursive
+//! resolvers answer), SERVFAIL (to every query or to A queries only),
+//! silence (the resolver times out), empty NOERROR answers, and answers
+//! that take a while. Messages are built and parsed with hickory-proto.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, SRV};
@@ -36,6 +39,11 @@ pub type SrvRecord = (u16, u16, u16, &'static str);
 struct Zone {
     mode: Mode,
     ttl: u32,
+    /// How long each answer takes (each on its own: queries at once are
+    /// answered at once).
+    delay: Duration,
+    /// Whether an SRV answer carries its targets' addresses.
+    additionals: bool,
     a: HashMap<String, Vec<Ipv4Addr>>,
     aaaa: HashMap<String, Vec<Ipv6Addr>>,
     srv: HashMap<String, Vec<SrvRecord>>,
@@ -67,6 +75,8 @@ impl DnsServer {
         let zone = Arc::new(Mutex::new(Zone {
             mode: Mode::Answer,
             ttl: 1,
+            delay: Duration::ZERO,
+            additionals: true,
             a: HashMap::new(),
             aaaa: HashMap::new(),
             srv: HashMap::new(),
@@ -74,7 +84,7 @@ impl DnsServer {
         let queries = Arc::new(AtomicU64::new(0));
         let stop = CancellationToken::new();
         tokio::spawn(serve(
-            socket,
+            Arc::new(socket),
             Arc::clone(&zone),
             Arc::clone(&queries),
             stop.clone(),
@@ -113,6 +123,17 @@ impl DnsServer {
         self.edit(|z| z.mode = mode);
     }
 
+    /// Every answer from now on comes `delay` after its query.
+    pub fn set_delay(&self, delay: Duration) {
+        self.edit(|z| z.delay = delay);
+    }
+
+    /// SRV answers from now on leave their targets' addresses out: the
+    /// resolver asks for each target.
+    pub fn leave_out_additionals(&self) {
+        self.edit(|z| z.additionals = false);
+    }
+
     pub fn queries(&self) -> u64 {
         self.queries.load(Ordering::Relaxed)
     }
@@ -129,7 +150,7 @@ impl DnsServer {
 }
 
 async fn serve(
-    socket: UdpSocket,
+    socket: Arc<UdpSocket>,
     zone: Arc<Mutex<Zone>>,
     queries: Arc<AtomicU64>,
     stop: CancellationToken,
@@ -147,12 +168,21 @@ async fn serve(
         let Ok(query) = Message::from_vec(&buf[..n]) else {
             continue;
         };
-        let reply = match zone.lock() {
-            Ok(z) => answer(&z, &query),
-            Err(_) => None,
+        let (reply, delay) = match zone.lock() {
+            Ok(z) => (answer(&z, &query), z.delay),
+            Err(_) => (None, Duration::ZERO),
         };
-        if let Some(bytes) = reply.and_then(|m| m.to_vec().ok()) {
+        let Some(bytes) = reply.and_then(|m| m.to_vec().ok()) else {
+            continue;
+        };
+        if delay.is_zero() {
             let _ = socket.send_to(&bytes, peer).await;
+        } else {
+            let socket = Arc::clone(&socket);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = socket.send_to(&bytes, peer).await;
+            });
         }
     }
 }
@@ -208,6 +238,9 @@ fn answer(zone: &Zone, query: &Message) -> Option<Message> {
                     zone.ttl,
                     RData::SRV(srv),
                 ));
+                if !zone.additionals {
+                    continue;
+                }
                 for ip in zone.a.get(&key(target)).into_iter().flatten() {
                     reply.add_additional(Record::from_rdata(
                         target_name.clone(),
