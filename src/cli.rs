@@ -18,7 +18,7 @@ pub enum Command {
     /// Validate the config and print the effective settings.
     Check(CheckArgs),
     /// Ask the running daemon for a new generation; wait for the outcome.
-    Reload(ConfigArg),
+    Reload(ReloadArgs),
     /// Show generations, listeners, pools and backends (from the admin API).
     Status(StatusArgs),
     /// Drain or restore one backend (by global index or name).
@@ -62,6 +62,18 @@ pub struct ConfigArg {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    #[command(flatten)]
+    pub budgets: BudgetArgs,
+}
+
+/// The budgets too, though a reload changes none of the running daemon's:
+/// the config is checked here as the daemon reads it (`reload.drain_timeout`
+/// defaults to the stop's, which `BATON_DRAIN_TIMEOUT` may set), or a
+/// config the daemon takes would be refused before it is asked.
+#[derive(Debug, Args)]
+pub struct ReloadArgs {
     #[command(flatten)]
     pub config: ConfigArg,
     #[command(flatten)]

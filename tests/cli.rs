@@ -185,6 +185,36 @@ fn line<'a>(stdout: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key} in {stdout}"))
 }
 
+/// `baton reload` checks the config with the budgets the daemon reads
+/// (flag, then `BATON_DRAIN_TIMEOUT`): `reload.close_spread` must be
+/// shorter than `reload.drain_timeout`, which defaults to the stop's, so a
+/// drop-in's environment that the daemon and `check` take it with made
+/// `systemctl reload` refuse the config (78) before asking the daemon.
+/// With no daemon here, a reload that gets as far as asking says it cannot
+/// reach it (69).
+#[test]
+fn reload_checks_the_config_with_the_budgets_the_daemon_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("b.toml");
+    let socket = dir.path().join("control.sock");
+    std::fs::write(
+        &path,
+        format!("[control]\nsocket = \"{}\"\n[reload]\nclose_spread = \"30s\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n", socket.display()),
+    )
+    .expect("write");
+    let p = path.to_str().expect("utf-8 path");
+    let env = [("BATON_DRAIN_TIMEOUT", "2m")];
+    let (code, _, err) = run_env(&["check", "-c", p], &env);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run_env(&["reload", "-c", p], &env);
+    assert_eq!(code, 69, "asked the daemon: {err}");
+    let (code, _, err) = run_env(&["reload", "-c", p, "--drain-timeout", "1m"], &[]);
+    assert_eq!(code, 69, "asked the daemon: {err}");
+    let (code, _, err) = run_env(&["reload", "-c", p], &[]);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("reload.close_spread"), "{err}");
+}
+
 #[test]
 fn budgets_follow_flag_over_env_over_file_with_0_default_and_negative_none() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -19,7 +19,7 @@ pub fn dispatch(command: Command) -> Exit {
     match command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => check::check(args),
-        Command::Reload(args) => reload::reload(&args),
+        Command::Reload(args) => reload::reload(args),
         Command::Status(args) => status::status(&args),
         Command::Backend(args) => backend::backend(&args),
         Command::Demo(args) => {

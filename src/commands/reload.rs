@@ -1,13 +1,13 @@
 //! `baton reload`: asks the running daemon over its control socket and
 //! waits until the new generation serves (or the reload failed, and why).
 
-use crate::cli::ConfigArg;
-use crate::config::Overrides;
+use crate::cli::ReloadArgs;
 use crate::exit::Exit;
 use crate::lifecycle::control::{self, CallError, Request};
 
-pub fn reload(args: &ConfigArg) -> Exit {
-    let Ok(c) = super::load_config(&args.config, &Overrides::default()) else {
+pub fn reload(args: ReloadArgs) -> Exit {
+    let overrides = super::run::overrides(args.budgets);
+    let Ok(c) = super::load_config(&args.config.config, &overrides) else {
         return Exit::Config;
     };
     let rt = match super::runtime(1) {
