@@ -527,7 +527,7 @@ fn bad_log_settings_are_said() {
 
 /// The shipped unit names no config file: baton's default is the same
 /// path, and a drop-in's `Environment=BATON_CONFIG=` then reaches the
-/// check, the daemon and the reload alike (a `-c` flag would win over it,
+/// daemon and the reload alike (a `-c` flag would win over it,
 /// silently). As DESIGN.md writes the commands.
 #[test]
 fn the_shipped_unit_leaves_the_config_path_to_baton_config() {
@@ -540,7 +540,6 @@ fn the_shipped_unit_leaves_the_config_path_to_baton_config() {
     assert_eq!(
         commands,
         [
-            "ExecStartPre=/usr/bin/baton check",
             "ExecStart=/usr/bin/baton run",
             "ExecReload=/usr/bin/baton reload",
         ]

@@ -476,8 +476,8 @@ async fn a_client_that_asked_for_the_close_costs_no_socket_after_its_answer() {
 }
 
 /// logrotate's `systemctl kill --signal=USR1 baton` reaches every process
-/// of the unit, `baton check` (ExecStartPre) and `baton reload`
-/// (ExecReload) among them: SIGUSR1 must not kill a baton process that
+/// of the unit, `baton check` (run by hand or a deploy script) and
+/// `baton reload` (ExecReload) among them: SIGUSR1 must not kill a baton process that
 /// reopens no logs. Here `check` is held reading its config from a FIFO.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr1_kills_no_baton_command() {

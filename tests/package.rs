@@ -163,7 +163,7 @@ fn lintian_is_clean(deb: &Path) {
 
 /// A first install: the user and its log folder exist, the unit is enabled
 /// and not started (its config is to be edited first), and the shipped
-/// config passes `baton check` as ExecStartPre= runs it.
+/// config passes `baton check`.
 fn first_install_enables_without_starting(sbx: &Sandbox) {
     assert!(holds(sbx, "getent passwd baton"), "the baton user");
     let logs = text(&sbx.exec(&["stat", "-c", "%U:%G %a", "/var/log/baton"]));

@@ -699,3 +699,46 @@ async fn a_listener_renamed_across_a_restart_leaves_no_socket_behind() {
     })
     .await;
 }
+
+/// An invalid config fails the start with 78 from the main process, which
+/// `RestartPreventExitStatus=78` keeps from a restart loop (systemd
+/// weighs only the main process's status there: an `ExecStartPre=` check
+/// that failed was restarted every 100 ms until the start limit, which
+/// then refused a start of the mended config too); once mended, the
+/// service starts at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_config_fails_the_start_once_without_a_restart_loop() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    let good = config(&p, &[a.addr], echo.addr, "");
+    sbx.install_baton(&good.replace("pool = \"app\"", "pool = \"ap\""));
+    let start = sbx.exec(&["systemctl", "start", "baton"]);
+    assert!(!start.status.success(), "{}", text(&start));
+    let state: Vec<String> = [
+        "ActiveState",
+        "SubState",
+        "Result",
+        "ExecMainStatus",
+        "NRestarts",
+    ]
+    .iter()
+    .map(|property| sbx.show("baton", property))
+    .collect();
+    assert_eq!(
+        state,
+        ["failed", "failed", "exit-code", "78", "0"],
+        "no restart is due\njournal:\n{}",
+        sbx.journal()
+    );
+    assert!(
+        sbx.journal()
+            .contains("listeners[0].pool: no pool named \"ap\""),
+        "the cause, named:\n{}",
+        sbx.journal()
+    );
+    sbx.write("/etc/baton/baton.toml", &good);
+    sbx.systemctl_ok(&["start", "baton"]);
+    let answer = client::get(p.web, "/up").await.expect("served");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/up"));
+}

@@ -28,7 +28,7 @@ pub enum Command {
 /// SIGUSR1 (logrotate's `systemctl kill --signal=USR1 baton`, which reaches
 /// every process of the unit) must never kill a baton process, and its
 /// default action is to: a `baton reload` run by `ExecReload`, a `baton
-/// check` run by `ExecStartPre`, a new generation before its handlers are
+/// check` an operator runs, a new generation before its handlers are
 /// in place. So every baton process blocks it first thing (a blocked
 /// signal waits, and the mask survives `exec`: a new generation's spawn
 /// blocks it in the child, whatever the spawning thread's mask, so it is
