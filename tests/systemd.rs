@@ -512,7 +512,8 @@ async fn a_reload_under_way_keeps_the_unit_reloading_until_the_new_generation_se
 /// An old generation names its successor (`MAINPID=`) for a moment after
 /// the reload, not for its whole drain: once the successor is main,
 /// systemd logs each such message from the old one as a warning, and a
-/// drain held by a slow request wrote ten a second to the journal.
+/// drain held by a slow request wrote ten a second to the journal. Its
+/// watchdog pings end then too (they wrote one every half `WatchdogSec`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_generation_stops_naming_its_successor() {
     const REFUSED: &str = "reception only permitted for main PID";
@@ -523,8 +524,13 @@ async fn a_draining_generation_stops_naming_its_successor() {
     // console, into the journal as a host has them.
     sbx.systemctl_ok(&["log-target", "journal"]);
     let long_drain = "[reload]\ndrain_timeout = \"30s\"\n";
-    sbx.install_baton(&config(&p, &[a.addr], echo.addr, long_drain));
-    sbx.systemctl_ok(&["start", "baton"]);
+    // With the watchdog's pings (every second), which end with the naming
+    // window too.
+    start_with_drop_in(
+        &sbx,
+        &config(&p, &[a.addr], echo.addr, long_drain),
+        "WatchdogSec=2s",
+    );
     let web = p.web;
     let held = tokio::spawn(async move { client::get(web, "/gated").await });
     support::eventually("a request held by the backend", || async { a.held() == 1 }).await;
@@ -537,7 +543,7 @@ async fn a_draining_generation_stops_naming_its_successor() {
     assert_eq!(
         journal.matches(REFUSED).count(),
         named,
-        "no MAINPID= from the old generation while it drains:\n{journal}"
+        "no MAINPID= nor WATCHDOG=1 from the old generation while it drains:\n{journal}"
     );
     let generations = client::status(p.admin).await["generations"]
         .as_array()

@@ -82,9 +82,10 @@ impl Generation {
                 }
                 Err(err) => tracing::warn!(cause = %err, "cannot update systemd's fd store"),
             }
-            // Pinged until the process ends: an old generation stays main
-            // (and watched) until its MAINPID= for the successor lands.
-            tokio::spawn(systemd::watchdog(CancellationToken::new()));
+            // Pinged until the process ends, or a retirement's naming
+            // window does: an old generation stays main (and watched)
+            // until its MAINPID= for the successor lands.
+            tokio::spawn(systemd::watchdog(self.watchdog.clone()));
             tokio::spawn(status_lines(
                 Arc::clone(&self.admin),
                 self.pools.clone(),

@@ -164,6 +164,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         pools,
         resolver,
         background: CancellationToken::new(),
+        watchdog: CancellationToken::new(),
         unclaimed,
         draining,
         outlive_until: None,

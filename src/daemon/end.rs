@@ -17,7 +17,11 @@ impl Generation {
         self.successor = Some(successor_pid);
         let (window_from, naming_window) = tokio::sync::oneshot::channel();
         if systemd::enabled() {
-            tokio::spawn(keep_naming(successor_pid, naming_window));
+            tokio::spawn(keep_naming(
+                successor_pid,
+                naming_window,
+                self.watchdog.clone(),
+            ));
         }
         let _ = self.phase.send(Phase::Draining { deadline: None });
         self.holdings.handed_over(&successor.adopted);
@@ -495,8 +499,14 @@ const OLDER_GENERATIONS_SLACK: Duration = Duration::from_secs(2);
 /// would take the unit for dead: hence the window. Not for the whole
 /// drain, nor often: once the successor is main, systemd logs each of our
 /// messages as a warning (a long drain wrote ten a second to the journal;
-/// now a reload writes about three).
-async fn keep_naming(successor: u32, mut window: tokio::sync::oneshot::Receiver<Instant>) {
+/// now a reload writes about three). The watchdog's pings (`watchdog`)
+/// end with the window, for the same reason.
+async fn keep_naming(
+    successor: u32,
+    mut window: tokio::sync::oneshot::Receiver<Instant>,
+    watchdog: CancellationToken,
+) {
+    let _pings_end = watchdog.drop_guard();
     let mut until: Option<Instant> = None;
     loop {
         tokio::select! {

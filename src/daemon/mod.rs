@@ -149,9 +149,13 @@ struct Generation {
     pools: Vec<Arc<Pool>>,
     /// Looks up backends named by DNS (none when the config names none).
     resolver: Option<crate::resolve::Resolver>,
-    /// Stops background work: health checks, DNS re-resolution, watchdog
-    /// pings, status lines (at handoff, or at teardown).
+    /// Stops background work: health checks, DNS re-resolution, status
+    /// lines (at handoff, or at teardown).
     background: CancellationToken,
+    /// Stops the watchdog's pings: once a successor is surely systemd's
+    /// main process (the naming window's end), systemd would log each of
+    /// ours as a warning for the rest of the drain.
+    watchdog: CancellationToken,
     exec: Exec,
     number: u64,
     commands: Commands,
