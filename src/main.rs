@@ -3,7 +3,7 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    baton::lifecycle::signals::hold_sigusr1();
+    baton::lifecycle::signals::hold_unit_signals();
     let cli = baton::cli::Cli::parse();
     baton::commands::dispatch(cli.command).into()
 }

@@ -475,35 +475,40 @@ async fn a_client_that_asked_for_the_close_costs_no_socket_after_its_answer() {
     );
 }
 
-/// logrotate's `systemctl kill --signal=USR1 baton` reaches every process
-/// of the unit, `baton check` (run by hand or a deploy script) and
-/// `baton reload` (ExecReload) among them: SIGUSR1 must not kill a baton process that
-/// reopens no logs. Here `check` is held reading its config from a FIFO.
+/// logrotate's `systemctl kill --signal=USR1 baton`, and a reload's
+/// `systemctl kill -s HUP baton`, reach every process of the unit, `baton
+/// check` (run by hand or a deploy script) and `baton reload`
+/// (ExecReload) among them: neither signal may kill a baton process that
+/// does not handle it. Here `check` is held reading its config from a FIFO.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigusr1_kills_no_baton_command() {
+async fn unit_signals_kill_no_baton_command() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fifo = dir.path().join("baton.toml");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
-    let mut check = std::process::Command::new(support::daemon::BIN)
+    // Killed if the test fails first: blocked on its FIFO, it would
+    // outlive the test, holding the harness's output open.
+    let mut check = tokio::process::Command::new(support::daemon::BIN)
         .args(["check", "-c"])
         .arg(&fifo)
         .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
         .spawn()
         .expect("spawn check");
-    let pid = check.id();
-    support::eventually("check holds SIGUSR1", || async {
-        signal_mask(pid, "SigBlk:", Signal::SIGUSR1)
+    let pid = check.id().expect("check's pid");
+    support::eventually("check holds SIGUSR1 and SIGHUP", || async {
+        signal_mask(pid, "SigBlk:", Signal::SIGUSR1) && signal_mask(pid, "SigBlk:", Signal::SIGHUP)
     })
     .await;
     for _ in 0..3 {
         signal(pid, Signal::SIGUSR1);
+        signal(pid, Signal::SIGHUP);
     }
     std::fs::write(
         &fifo,
         "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
     )
     .expect("feed the config");
-    let status = check.wait().expect("wait");
+    let status = check.wait().await.expect("wait");
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
 

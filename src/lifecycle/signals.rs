@@ -25,23 +25,35 @@ pub enum Command {
     ForceDrain,
 }
 
-/// SIGUSR1 (logrotate's `systemctl kill --signal=USR1 baton`, which reaches
-/// every process of the unit) must never kill a baton process, and its
-/// default action is to: a `baton reload` run by `ExecReload`, a `baton
-/// check` an operator runs, a new generation before its handlers are
-/// in place. So every baton process blocks it first thing (a blocked
+/// SIGUSR1 (logrotate's `systemctl kill --signal=USR1 baton`) and SIGHUP
+/// (`systemctl kill -s HUP baton`, a reload by signal), which reach every
+/// process of the unit, must never kill a baton process, and their
+/// default action is to: a `baton reload` run by `ExecReload` (its
+/// `systemctl reload` would fail while the reload goes on), a `baton
+/// check` an operator runs, a new generation before its handlers are in
+/// place. So every baton process blocks both first thing (a blocked
 /// signal waits, and the mask survives `exec`: a new generation's spawn
-/// blocks it in the child, whatever the spawning thread's mask, so it is
-/// covered from its first instruction, see `process::spawn_detached`);
-/// only a generation that reopens logs on it lets it through, once its
-/// handler is installed.
-pub fn hold_sigusr1() {
-    let _ = usr1().thread_block();
+/// blocks them in the child, whatever the spawning thread's mask, so it
+/// is covered from its first instruction, see `process::spawn_detached`);
+/// only a generation lets them through, once its handlers are installed.
+pub fn hold_unit_signals() {
+    let _ = unit_signals().thread_block();
 }
 
-fn usr1() -> nix::sys::signal::SigSet {
+/// SIGUSR1 alone blocked: for a new generation's spawn, in the child
+/// before exec, where SIGHUP is ignored instead (see
+/// `process::spawn_detached`: an older release, which a rollback reloads
+/// into, never unblocks SIGHUP).
+pub fn hold_sigusr1() {
     let mut set = nix::sys::signal::SigSet::empty();
     set.add(nix::sys::signal::Signal::SIGUSR1);
+    let _ = set.thread_block();
+}
+
+fn unit_signals() -> nix::sys::signal::SigSet {
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGUSR1);
+    set.add(nix::sys::signal::Signal::SIGHUP);
     set
 }
 
@@ -86,10 +98,11 @@ impl Signals {
             stop_arrived,
         })
         .inspect(|_| {
-            // The handler is in place: this thread may take SIGUSR1 now
-            // (threads created later inherit that and may take it too; a
-            // new generation's spawn blocks it again in the child).
-            let _ = usr1().thread_unblock();
+            // The handlers are in place: this thread may take SIGUSR1 and
+            // SIGHUP now (threads created later inherit that and may take
+            // them too; a new generation's spawn blocks them again in the
+            // child). One that came meanwhile runs its handler now.
+            let _ = unit_signals().thread_unblock();
         })
     }
 

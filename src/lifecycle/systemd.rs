@@ -217,8 +217,8 @@ pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
 }
 
 /// Makes the program `command` runs ignore, from its first instruction,
-/// the signals sent to every process of the unit: the stop's SIGTERM and
-/// logrotate's SIGUSR1 (whose default action kills). Set in the child
+/// the signals sent to every process of the unit: the stop's SIGTERM,
+/// logrotate's SIGUSR1 and a reload's SIGHUP (whose default actions kill). Set in the child
 /// before exec, a setting exec keeps, whatever the spawning thread's mask
 /// (std passes it on; the main thread, which takes SIGUSR1, may be the
 /// one). Before that, a signal runs baton's own handler in the child,
@@ -231,7 +231,9 @@ fn ignore_unit_signals(command: &mut std::process::Command) {
     // async-signal-safe calls are allowed: `ignore_signals` makes only
     // sigaction calls. It touches no memory of the parent's.
     unsafe {
-        command.pre_exec(|| super::process::ignore_signals(&[Signal::SIGTERM, Signal::SIGUSR1]));
+        command.pre_exec(|| {
+            super::process::ignore_signals(&[Signal::SIGTERM, Signal::SIGUSR1, Signal::SIGHUP])
+        });
     }
 }
 
