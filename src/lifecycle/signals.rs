@@ -43,11 +43,22 @@ pub fn hold_unit_signals() {
 /// SIGUSR1 alone blocked: for a new generation's spawn, in the child
 /// before exec, where SIGHUP is ignored instead (see
 /// `process::spawn_detached`: an older release, which a rollback reloads
-/// into, never unblocks SIGHUP).
-pub fn hold_sigusr1() {
+/// into, never unblocks SIGHUP). A child inherits its spawning thread's
+/// mask, where SIGHUP may be held (a thread made before the handlers
+/// were in place), and a blocked signal is kept pending though ignored:
+/// so it is let through here, to be ignored, not kept for later.
+/// Async-signal-safe: pthread_sigmask only.
+pub fn hold_sigusr1_alone() {
+    let _ = usr1().thread_block();
+    let mut hup = nix::sys::signal::SigSet::empty();
+    hup.add(nix::sys::signal::Signal::SIGHUP);
+    let _ = hup.thread_unblock();
+}
+
+fn usr1() -> nix::sys::signal::SigSet {
     let mut set = nix::sys::signal::SigSet::empty();
     set.add(nix::sys::signal::Signal::SIGUSR1);
-    let _ = set.thread_block();
+    set
 }
 
 fn unit_signals() -> nix::sys::signal::SigSet {
