@@ -160,11 +160,13 @@ async fn a_half_close_from_a_slow_reader_loses_nothing_of_the_backends_half() {
     assert!(body == &pattern[..], "in order");
 }
 
-/// A TCP tunnel that the reload's drain deadline forces closed counts its
-/// bytes in `baton_tcp_bytes_total` all the same (they were counted only
-/// when a tunnel ended by itself).
+/// A TCP tunnel that the reload's drain deadline forces closed is reset,
+/// not ended with a FIN, which would pass the cut stream off as whole to
+/// a protocol with no framing of its own; and its bytes are counted in
+/// `baton_tcp_bytes_total` all the same (they were counted only when a
+/// tunnel ended by itself).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forced_tcp_tunnels_bytes_are_counted() {
+async fn a_forced_tcp_tunnel_is_reset_and_its_bytes_counted() {
     let echo = TcpEcho::start().await;
     let spec = Spec::new()
         .section("[reload]\ndrain_timeout = \"1s\"\n")
@@ -181,6 +183,13 @@ async fn a_forced_tcp_tunnels_bytes_are_counted() {
         support::daemon::wait_exit(old).await,
         Some(3),
         "the tunnel outlived the drain"
+    );
+    let mut byte = [0u8; 1];
+    let read = tunnel.read(&mut byte).await;
+    assert_eq!(
+        read.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "the cut tunnel reset, not closed as if it had ended"
     );
     let counted = "baton_tcp_bytes_total{listener=\"raw\",direction=\"to_backend\"} 10";
     support::eventually("the forced tunnel's bytes counted", || async {

@@ -13,7 +13,7 @@
 //! `unsafe`: the `ioctl` that reads the send queue.
 #![allow(unsafe_code)]
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -37,6 +37,41 @@ pub async fn once_taken(socket: &TcpStream) {
     .await;
     if let Err(err) = socket2::SockRef::from(socket).set_linger(Some(Duration::ZERO)) {
         tracing::debug!(cause = %err, "cannot set SO_LINGER 0; the close sends a FIN");
+    }
+}
+
+/// Resets both ends of a tunnel if it is cut off, its task dropped
+/// mid-copy (the drain's deadline forced it, or the process ends): closed
+/// as they are, both would send a FIN, and a client of a protocol with
+/// no framing of its own would take the cut stream for a whole one, a
+/// backend the client's last write for its end. Holds its own handle on
+/// each socket (a duplicate fd: `SO_LINGER` is the socket's, whichever fd
+/// sets it), so it neither borrows the streams the copy is using nor
+/// cares which is dropped first. A duplicate that could not be made (no
+/// fd left) leaves that end to its FIN.
+pub struct ResetIfCut {
+    sockets: [Option<std::os::fd::OwnedFd>; 2],
+}
+
+impl ResetIfCut {
+    pub fn arm(client: &TcpStream, backend: &TcpStream) -> ResetIfCut {
+        let held = |socket: &TcpStream| socket.as_fd().try_clone_to_owned().ok();
+        ResetIfCut {
+            sockets: [held(client), held(backend)],
+        }
+    }
+
+    /// The tunnel ended by itself: its ends close as it decided.
+    pub fn disarm(mut self) {
+        self.sockets = [None, None];
+    }
+}
+
+impl Drop for ResetIfCut {
+    fn drop(&mut self) {
+        for socket in self.sockets.iter().flatten() {
+            let _ = socket2::SockRef::from(socket).set_linger(Some(Duration::ZERO));
+        }
     }
 }
 

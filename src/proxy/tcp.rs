@@ -114,6 +114,7 @@ impl TcpProxy {
         }
         keep_alive(client.tcp());
         keep_alive(upstream.tcp());
+        let cut = reset::ResetIfCut::arm(client.tcp(), upstream.tcp());
         let activity = Arc::new(Activity::default());
         let copying = async {
             match (client.plain(), upstream.plain()) {
@@ -130,7 +131,9 @@ impl TcpProxy {
             }
         };
         let idle = activity.idle_for_or(self.tunnel_timeout, self.half_closed_timeout);
-        let ended = match first_of(copying, idle).await {
+        let copied = first_of(copying, idle).await;
+        cut.disarm();
+        let ended = match copied {
             First::Main(Ok(())) => Termination::Completed,
             First::Main(Err(err)) if side_of(&err) == Some(Side::Backend) => {
                 let backend = lease.backend();
