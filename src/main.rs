@@ -3,8 +3,11 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    baton::lifecycle::signals::hold_unit_signals();
+    baton::lifecycle::signals::hold_sigusr1();
     let cli = baton::cli::Cli::parse();
+    if !matches!(cli.command, baton::cli::Command::Run(_)) {
+        baton::lifecycle::signals::hold_sighup();
+    }
     baton::commands::dispatch(cli.command).into()
 }
 

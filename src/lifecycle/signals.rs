@@ -25,34 +25,45 @@ pub enum Command {
     ForceDrain,
 }
 
-/// SIGUSR1 (logrotate's `systemctl kill --signal=USR1 baton`) and SIGHUP
-/// (`systemctl kill -s HUP baton`, a reload by signal), which reach every
-/// process of the unit, must never kill a baton process, and their
-/// default action is to: a `baton reload` run by `ExecReload` (its
-/// `systemctl reload` would fail while the reload goes on), a `baton
-/// check` an operator runs, a new generation before its handlers are in
-/// place. So every baton process blocks both first thing (a blocked
+/// SIGUSR1 (logrotate's `systemctl kill --signal=USR1 baton`, which reaches
+/// every process of the unit) must never kill a baton process, and its
+/// default action is to: a `baton reload` run by `ExecReload`, a `baton
+/// check` an operator runs, a new generation before its handlers are
+/// in place. So every baton process blocks it first thing (a blocked
 /// signal waits, and the mask survives `exec`: a new generation's spawn
-/// blocks them in the child, whatever the spawning thread's mask, so it
-/// is covered from its first instruction, see `process::spawn_detached`);
-/// only a generation lets them through, once its handlers are installed.
-pub fn hold_unit_signals() {
-    let _ = unit_signals().thread_block();
+/// blocks it in the child, whatever the spawning thread's mask, so it is
+/// covered from its first instruction, see `process::spawn_detached`);
+/// only a generation that reopens logs on it lets it through, once its
+/// handler is installed.
+pub fn hold_sigusr1() {
+    let _ = usr1().thread_block();
+}
+
+/// SIGHUP (`systemctl kill -s HUP baton`, a reload by signal, reaches
+/// every process of the unit too) must not kill a `baton reload` run by
+/// `ExecReload` (its `systemctl reload` would fail while the reload goes
+/// on), nor a `baton check`: every command but the daemon holds it, once
+/// its arguments are read. Not the daemon, whose handler is in place
+/// first thing: a new generation's spawn has it ignored until then (see
+/// `process::spawn_detached`), and a blocked signal would be kept
+/// pending though ignored, a reload asked of a reload still starting
+/// turned into a second one.
+pub fn hold_sighup() {
+    let _ = hup().thread_block();
 }
 
 /// SIGUSR1 alone blocked: for a new generation's spawn, in the child
 /// before exec, where SIGHUP is ignored instead (see
 /// `process::spawn_detached`: an older release, which a rollback reloads
 /// into, never unblocks SIGHUP). A child inherits its spawning thread's
-/// mask, where SIGHUP may be held (a thread made before the handlers
-/// were in place), and a blocked signal is kept pending though ignored:
-/// so it is let through here, to be ignored, not kept for later.
-/// Async-signal-safe: pthread_sigmask only.
+/// mask, where SIGHUP may be held (in a daemon a baton command started,
+/// `demo`, one made before the handlers were in place), and a blocked
+/// signal is kept pending though ignored: so it is let through here, to
+/// be ignored, not kept for later. Async-signal-safe: pthread_sigmask
+/// only.
 pub fn hold_sigusr1_alone() {
     let _ = usr1().thread_block();
-    let mut hup = nix::sys::signal::SigSet::empty();
-    hup.add(nix::sys::signal::Signal::SIGHUP);
-    let _ = hup.thread_unblock();
+    let _ = hup().thread_unblock();
 }
 
 fn usr1() -> nix::sys::signal::SigSet {
@@ -61,11 +72,15 @@ fn usr1() -> nix::sys::signal::SigSet {
     set
 }
 
-fn unit_signals() -> nix::sys::signal::SigSet {
+fn hup() -> nix::sys::signal::SigSet {
     let mut set = nix::sys::signal::SigSet::empty();
-    set.add(nix::sys::signal::Signal::SIGUSR1);
     set.add(nix::sys::signal::Signal::SIGHUP);
     set
+}
+
+/// Both, let through once the daemon's handlers are in place.
+fn unit_signals() -> nix::sys::signal::SigSet {
+    usr1().iter().chain(hup().iter()).collect()
 }
 
 pub struct Signals {
@@ -109,10 +124,11 @@ impl Signals {
             stop_arrived,
         })
         .inspect(|_| {
-            // The handlers are in place: this thread may take SIGUSR1 and
-            // SIGHUP now (threads created later inherit that and may take
-            // them too; a new generation's spawn blocks them again in the
-            // child). One that came meanwhile runs its handler now.
+            // The handlers are in place: this thread may take SIGUSR1 now
+            // (threads created later inherit that and may take it too; a
+            // new generation's spawn blocks it again in the child), and
+            // SIGHUP, which a daemon started by a baton command (`demo`)
+            // inherits held.
             let _ = unit_signals().thread_unblock();
         })
     }
