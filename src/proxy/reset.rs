@@ -13,10 +13,12 @@
 //! `unsafe`: the `ioctl` that reads the send queue.
 #![allow(unsafe_code)]
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+
+use crate::stream::ByteStream;
 
 /// How long the peer has to take what is queued for it before the reset
 /// goes regardless (one that stopped reading would hold the task).
@@ -35,43 +37,50 @@ pub async fn once_taken(socket: &TcpStream) {
         }
     })
     .await;
-    if let Err(err) = socket2::SockRef::from(socket).set_linger(Some(Duration::ZERO)) {
-        tracing::debug!(cause = %err, "cannot set SO_LINGER 0; the close sends a FIN");
-    }
+    at_close(socket);
 }
 
-/// Resets both ends of a tunnel if it is cut off, its task dropped
-/// mid-copy (the drain's deadline forced it, or the process ends): closed
-/// as they are, both would send a FIN, and a client of a protocol with
-/// no framing of its own would take the cut stream for a whole one, a
-/// backend the client's last write for its end. Holds its own handle on
-/// each socket (a duplicate fd: `SO_LINGER` is the socket's, whichever fd
-/// sets it), so it neither borrows the streams the copy is using nor
-/// cares which is dropped first. A duplicate that could not be made (no
-/// fd left) leaves that end to its FIN.
-pub struct ResetIfCut {
-    sockets: [Option<std::os::fd::OwnedFd>; 2],
+/// A tunnel's two ends, both reset if it is cut off: its task dropped
+/// mid-copy (the drain's deadline forced it, or the process ends) would
+/// close them with a FIN, and a client of a protocol with no framing of
+/// its own would take the cut stream for a whole one, a backend the
+/// client's last write for its end. The ends are owned here, and
+/// `Drop::drop` runs before they are dropped: `SO_LINGER` 0 is set while
+/// both sockets are still open.
+pub struct Ends<C: ByteStream, B: ByteStream> {
+    pub client: C,
+    pub backend: B,
+    cut: bool,
 }
 
-impl ResetIfCut {
-    pub fn arm(client: &TcpStream, backend: &TcpStream) -> ResetIfCut {
-        let held = |socket: &TcpStream| socket.as_fd().try_clone_to_owned().ok();
-        ResetIfCut {
-            sockets: [held(client), held(backend)],
+impl<C: ByteStream, B: ByteStream> Ends<C, B> {
+    pub fn new(client: C, backend: B) -> Ends<C, B> {
+        Ends {
+            client,
+            backend,
+            cut: true,
         }
     }
 
     /// The tunnel ended by itself: its ends close as it decided.
-    pub fn disarm(mut self) {
-        self.sockets = [None, None];
+    pub fn ended(&mut self) {
+        self.cut = false;
     }
 }
 
-impl Drop for ResetIfCut {
+impl<C: ByteStream, B: ByteStream> Drop for Ends<C, B> {
     fn drop(&mut self) {
-        for socket in self.sockets.iter().flatten() {
-            let _ = socket2::SockRef::from(socket).set_linger(Some(Duration::ZERO));
+        if self.cut {
+            at_close(self.client.tcp());
+            at_close(self.backend.tcp());
         }
+    }
+}
+
+/// `socket`'s close sends a reset: `SO_LINGER` 0.
+fn at_close(socket: &TcpStream) {
+    if let Err(err) = socket2::SockRef::from(socket).set_linger(Some(Duration::ZERO)) {
+        tracing::debug!(cause = %err, "cannot set SO_LINGER 0; the close sends a FIN");
     }
 }
 

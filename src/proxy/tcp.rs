@@ -59,7 +59,7 @@ impl TcpProxy {
     /// Serves one client connection: connects it to a backend and carries
     /// its bytes both ways until both ends are done, one fails, or it falls
     /// idle. The task owns its proxy's `Arc`.
-    pub async fn serve<S: ByteStream>(self: Arc<Self>, mut client: S, origin: Origin) {
+    pub async fn serve<S: ByteStream>(self: Arc<Self>, client: S, origin: Origin) {
         let peer = origin.client;
         let id = RequestId::new();
         // Before the line: it reads the counts when it is written.
@@ -93,7 +93,7 @@ impl TcpProxy {
             }
             return;
         };
-        let (mut upstream, lease) = match connected {
+        let (upstream, lease) = match connected {
             Ok(connected) => connected,
             Err(err) => {
                 // Counted as HTTP counts it: by what failed, not by the
@@ -114,26 +114,24 @@ impl TcpProxy {
         }
         keep_alive(client.tcp());
         keep_alive(upstream.tcp());
-        let cut = reset::ResetIfCut::arm(client.tcp(), upstream.tcp());
+        let mut ends = reset::Ends::new(client, upstream);
         let activity = Arc::new(Activity::default());
         let copying = async {
-            match (client.plain(), upstream.plain()) {
+            match (ends.client.plain(), ends.backend.plain()) {
                 (Some(client), Some(backend)) => {
                     copy_both_ways(client, backend, &activity, &moved).await
                 }
                 // Boxed: only TLS connections carry its larger state.
                 _ => {
                     crate::in_place::boxed(|| {
-                        copy_through(&mut client, &mut upstream, &activity, &moved)
+                        copy_through(&mut ends.client, &mut ends.backend, &activity, &moved)
                     })
                     .await
                 }
             }
         };
         let idle = activity.idle_for_or(self.tunnel_timeout, self.half_closed_timeout);
-        let copied = first_of(copying, idle).await;
-        cut.disarm();
-        let ended = match copied {
+        let ended = match first_of(copying, idle).await {
             First::Main(Ok(())) => Termination::Completed,
             First::Main(Err(err)) if side_of(&err) == Some(Side::Backend) => {
                 let backend = lease.backend();
@@ -143,12 +141,12 @@ impl TcpProxy {
                     false,
                 );
                 tracing::info!(listener = %self.listener, backend = %backend.name, cause = %err, "backend ended the tcp stream with an error");
-                reset::once_taken(client.tcp()).await;
+                reset::once_taken(ends.client.tcp()).await;
                 Termination::BackendFailed(Phase::Data)
             }
             First::Main(Err(err)) => {
                 tracing::debug!(listener = %self.listener, backend = %lease.backend().name, cause = %err, "tcp stream ended with an error");
-                reset::once_taken(upstream.tcp()).await;
+                reset::once_taken(ends.backend.tcp()).await;
                 Termination::ClientAborted(Phase::Data)
             }
             First::Rare(()) => {
@@ -156,6 +154,9 @@ impl TcpProxy {
                 Termination::ClientTimeout(Phase::Data)
             }
         };
+        // Only now: a force while a reset waited for its peer to take
+        // what was sent (`once_taken`) still resets both.
+        ends.ended();
         if let Some(line) = line.as_mut() {
             line.termination = ended;
         }
