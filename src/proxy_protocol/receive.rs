@@ -21,8 +21,13 @@ const V2_LOCAL: u8 = 0x20;
 /// The largest v2 header baton takes, TLVs included: HAProxy's default
 /// buffer (`tune.bufsize`), the most a sender tested against it can
 /// count on (senders' TLVs run to a few hundred bytes; the format allows
-/// 64 KiB). Peeked into a buffer of this size while the header comes.
+/// 64 KiB).
 const V2_MAX: usize = 16 * 1024;
+/// How much one look at the socket sees: a v1 line or a usual v2 header
+/// whole. A longer header is taken in as many looks (each look's bytes
+/// are consumed once they are surely the header's), so a connection
+/// does not fill a buffer of `V2_MAX` for every header.
+const LOOK: usize = 1024;
 const V1_PREFIX: &[u8] = b"PROXY ";
 /// The spec's limit on a v1 line, CRLF included.
 const V1_MAX: usize = 107;
@@ -227,7 +232,7 @@ async fn read_header(
     stream: &mut TcpStream,
     consumed: &mut Vec<u8>,
 ) -> Result<Option<Vec<u8>>, Refusal> {
-    let mut peeked = vec![0u8; V2_MAX];
+    let mut peeked = vec![0u8; LOOK];
     // How many bytes the last look saw that might yet become a header.
     let mut unsure = None;
     loop {
@@ -235,16 +240,21 @@ async fn read_header(
         if n == 0 {
             return Err(Refusal::Closed);
         }
-        let mut seen = consumed.clone();
-        seen.extend_from_slice(&peeked[..n]);
-        match frame(&seen) {
+        // What was consumed and what this look saw, judged together; the
+        // look's bytes are taken back off (a copy of all seen at each look
+        // would cost a header trickled in a byte at a time its square).
+        let before = consumed.len();
+        consumed.extend_from_slice(&peeked[..n]);
+        let (framed, sure) = (frame(consumed), surely_header(consumed));
+        consumed.truncate(before);
+        match framed {
             Framed::Absent if consumed.is_empty() => return Ok(None),
             Framed::Absent | Framed::Malformed => return Err(Refusal::Malformed),
             Framed::Header(total) => {
                 take(stream, consumed, total - consumed.len()).await?;
                 return Ok(Some(std::mem::take(consumed)));
             }
-            Framed::Incomplete if surely_header(&seen) => {
+            Framed::Incomplete if sure => {
                 take(stream, consumed, n).await?;
                 unsure = None;
             }
