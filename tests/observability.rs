@@ -701,16 +701,24 @@ async fn a_generation_outliving_the_one_between_stays_in_status() {
     let between = baton.reload_ok().await;
     baton.reload_ok().await;
     assert_eq!(wait_exit(between).await, Some(0));
-    let v = client::status(admin).await;
-    let pids: Vec<&serde_json::Value> = v["generations"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|g| &g["pid"])
-        .collect();
-    assert_eq!(pids.len(), 2, "{v}");
-    assert_eq!(pids[1], first, "{v}");
-    assert_eq!(v["generations"][1]["state"], "draining", "{v}");
+    // The one between leaves `/status` as its exit is seen (its channel
+    // closes a moment before); the first stays, draining.
+    let pids = || async {
+        let v = client::status(admin).await;
+        let generations = v["generations"].as_array().cloned().unwrap_or_default();
+        generations
+            .iter()
+            .map(|g| (g["pid"].as_u64(), g["state"].as_str().map(str::to_string)))
+            .collect::<Vec<_>>()
+    };
+    support::eventually("the one between gone from /status", || async {
+        pids().await.len() == 2
+    })
+    .await;
+    assert_eq!(
+        pids().await[1],
+        (Some(u64::from(first)), Some("draining".to_string()))
+    );
     let metrics = scrape(admin).await.expect("scrape");
     assert!(
         metrics.contains("baton_draining_generations 1"),
