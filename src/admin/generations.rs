@@ -114,18 +114,13 @@ impl AdminShared {
     }
 
     /// What the older generations still draining have in flight on each
-    /// backend, all told.
+    /// backend, all told (read in place: the report also holds every
+    /// carried series).
     pub fn in_flight_of_older(&self) -> InFlightOnBackends {
-        let mut all = InFlightOnBackends::new();
-        for g in self.inherited().generations {
-            for (pool, backends) in g.backends_in_flight {
-                let into = all.entry(pool).or_default();
-                for (backend, n) in backends {
-                    *into.entry(backend).or_insert(0) += n;
-                }
-            }
-        }
-        all
+        self.inherited
+            .read()
+            .map(|r| in_flight_of(&r.generations))
+            .unwrap_or_default()
     }
 
     /// Every live generation, newest (this one) first.
@@ -149,7 +144,8 @@ impl AdminShared {
         let inherited = self.inherited();
         self.sample(&inherited);
         let merged = exposition::merge(&handle.render(), &inherited.baseline);
-        let merged = exposition::with_older_in_flight(merged, &self.in_flight_of_older());
+        let merged =
+            exposition::with_older_in_flight(merged, &in_flight_of(&inherited.generations));
         exposition::without_gone(merged, &self.members(), &self.listeners(&inherited))
     }
 
@@ -230,4 +226,18 @@ impl AdminShared {
             generations: self.generations(),
         }
     }
+}
+
+/// What `generations` have in flight on each backend, all told.
+fn in_flight_of(generations: &[GenerationEntry]) -> InFlightOnBackends {
+    let mut all = InFlightOnBackends::new();
+    for g in generations {
+        for (pool, backends) in &g.backends_in_flight {
+            let into = all.entry(pool.clone()).or_default();
+            for (backend, n) in backends {
+                *into.entry(backend.clone()).or_insert(0) += n;
+            }
+        }
+    }
+    all
 }
