@@ -244,58 +244,39 @@ impl Resolver {
         })
     }
 
-    /// The addresses of `records`' targets, in their order, all asked at
-    /// once: one after another, targets the answer gave no addresses for
-    /// would take a query's time each (two for a name with AAAA alone),
-    /// more than a first start waits. One failure fails them all (see
-    /// [`Resolver::target`]); the others' lookups are dropped with it.
+    /// The addresses of `records`' targets, in their order: those the
+    /// answer's additional records give, the others looked up all at once
+    /// (one after another, they would take a query's time each, two for a
+    /// name with AAAA alone: more than a first start waits). A target
+    /// without addresses adds none; any other failure fails the whole
+    /// answer (half an answer would drain the other half's members), and
+    /// the other lookups are dropped with it.
     async fn targets(
         &self,
         records: &[&SRV],
         additionals: &[Record],
     ) -> Result<Vec<(Vec<IpAddr>, Duration)>, Failure> {
+        let mut found = Vec::with_capacity(records.len());
         let mut asked = tokio::task::JoinSet::new();
         for (i, srv) in records.iter().enumerate() {
-            let (resolver, target) = (self.clone(), srv.target.to_string());
-            let additionals = additionals.to_vec();
-            asked.spawn(async move { (i, resolver.target(&target, &additionals).await) });
+            let target = srv.target.to_string();
+            let given = given(&target, additionals);
+            if given.is_empty() {
+                let resolver = self.clone();
+                asked.spawn(async move { (i, resolver.addresses(&target).await) });
+            }
+            found.push((given, Duration::MAX));
         }
-        let mut found = vec![(Vec::new(), Duration::MAX); records.len()];
         while let Some(joined) = asked.join_next().await {
-            let (i, addresses) =
+            let (i, looked_up) =
                 joined.map_err(|e| Failure::Failed(format!("an SRV target's lookup: {e}")))?;
-            found[i] = addresses?;
+            match looked_up {
+                Ok(addresses) => found[i] = addresses,
+                Err(Failure::Empty(_)) => {}
+                Err(failed) => return Err(failed),
+            }
         }
         Ok(found)
-    }
-
-    /// An SRV target's addresses: from the answer's additional records when
-    /// the server sent them, else looked up. A target without addresses
-    /// adds none; any other failure fails the whole answer (half an answer
-    /// would drain the other half's members).
-    async fn target(
-        &self,
-        target: &str,
-        additionals: &[Record],
-    ) -> Result<(Vec<IpAddr>, Duration), Failure> {
-        let given: Vec<IpAddr> = additionals
-            .iter()
-            .filter(|r| r.name.to_string() == target)
-            .filter_map(|r| match &r.data {
-                RData::A(a) => Some(IpAddr::V4(a.0)),
-                RData::AAAA(a) => Some(IpAddr::V6(a.0)),
-                _ => None,
-            })
-            .collect();
-        // A, else AAAA, as for a looked-up name (Consul sends both).
-        let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = given.into_iter().partition(IpAddr::is_ipv4);
-        if let Some(given) = [v4, v6].into_iter().find(|ips| !ips.is_empty()) {
-            return Ok((given, Duration::MAX));
-        }
-        match self.addresses(target).await {
-            Err(Failure::Empty(_)) => Ok((Vec::new(), Duration::MAX)),
-            other => other,
-        }
     }
 
     fn failure(&self, err: NetError) -> Failure {
@@ -311,6 +292,25 @@ impl Resolver {
             }
             _ => Failure::Failed(err.to_string()),
         }
+    }
+}
+
+/// `target`'s addresses among an SRV answer's additional records: its A
+/// ones, else its AAAA ones, as for a looked-up name (Consul sends both).
+fn given(target: &str, additionals: &[Record]) -> Vec<IpAddr> {
+    let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = additionals
+        .iter()
+        .filter(|r| r.name.to_string() == target)
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(IpAddr::V4(a.0)),
+            RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+            _ => None,
+        })
+        .partition(IpAddr::is_ipv4);
+    if v4.is_empty() {
+        v6
+    } else {
+        v4
     }
 }
 
