@@ -52,8 +52,8 @@ pub fn hold_sighup() {
     let _ = hup().thread_block();
 }
 
-/// SIGUSR1 alone blocked: for a new generation's spawn, in the child
-/// before exec, where SIGHUP is ignored instead (see
+/// The mask a new generation starts with: SIGUSR1 blocked, SIGHUP not. In
+/// the child before exec, where SIGHUP is ignored instead (see
 /// `process::spawn_detached`: an older release, which a rollback reloads
 /// into, never unblocks SIGHUP). A child inherits its spawning thread's
 /// mask, where SIGHUP may be held (in a daemon a baton command started,
@@ -61,7 +61,7 @@ pub fn hold_sighup() {
 /// signal is kept pending though ignored: so it is let through here, to
 /// be ignored, not kept for later. Async-signal-safe: pthread_sigmask
 /// only.
-pub fn hold_sigusr1_alone() {
+pub fn mask_for_a_spawn() {
     let _ = usr1().thread_block();
     let _ = hup().thread_unblock();
 }
