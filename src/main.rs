@@ -5,7 +5,10 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     baton::lifecycle::signals::hold_sigusr1();
     let cli = baton::cli::Cli::parse();
-    if !matches!(cli.command, baton::cli::Command::Run(_)) {
+    if matches!(
+        cli.command,
+        baton::cli::Command::Reload(_) | baton::cli::Command::Check(_)
+    ) {
         baton::lifecycle::signals::hold_sighup();
     }
     baton::commands::dispatch(cli.command).into()

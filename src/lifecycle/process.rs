@@ -138,7 +138,7 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
 }
 
 /// For a new generation's spawn, in the child before exec: SIGUSR1 blocked
-/// (see `signals::mask_for_a_spawn`), and SIGHUP, SIGQUIT and SIGUSR2 ignored
+/// (see `signals::hold_sigusr1`), and SIGHUP, SIGQUIT and SIGUSR2 ignored
 /// until its handlers are in place, so one sent to the whole unit
 /// (`systemctl kill -s HUP baton`) in its first milliseconds cannot end it
 /// by its default action. Ignored, not blocked: a handler installed later
@@ -156,7 +156,7 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
 /// Async-signal-safe: pthread_sigmask and sigaction only.
 fn quiet_until_handled() -> std::io::Result<()> {
     use nix::sys::signal::Signal;
-    super::signals::mask_for_a_spawn();
+    super::signals::hold_sigusr1();
     ignore_signals(&[Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR2])
 }
 

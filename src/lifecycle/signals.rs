@@ -42,45 +42,22 @@ pub fn hold_sigusr1() {
 /// SIGHUP (`systemctl kill -s HUP baton`, a reload by signal, reaches
 /// every process of the unit too) must not kill a `baton reload` run by
 /// `ExecReload` (its `systemctl reload` would fail while the reload goes
-/// on), nor a `baton check`: every command but the daemon holds it, once
-/// its arguments are read. Not the daemon, whose handler is in place
-/// first thing: a new generation's spawn has it ignored until then (see
-/// `process::spawn_detached`), and a blocked signal would be kept
-/// pending though ignored, a reload asked of a reload still starting
-/// turned into a second one.
+/// on), nor a `baton check`: those two hold it, once their arguments are
+/// read. Not the daemon, whose handler is in place first thing (a new
+/// generation's spawn has it ignored until then, see
+/// `process::spawn_detached`, and a blocked signal would be kept pending
+/// though ignored, a reload asked of a reload still starting turned into
+/// a second one), nor `demo`, whose daemon would inherit it held.
 pub fn hold_sighup() {
-    let _ = hup().thread_block();
-}
-
-/// The mask a new generation starts with: SIGUSR1 blocked, SIGHUP not. In
-/// the child before exec, where SIGHUP is ignored instead (see
-/// `process::spawn_detached`: an older release, which a rollback reloads
-/// into, never unblocks SIGHUP). A child inherits its spawning thread's
-/// mask, where SIGHUP may be held (in a daemon a baton command started,
-/// `demo`, one made before the handlers were in place), and a blocked
-/// signal is kept pending though ignored: so it is let through here, to
-/// be ignored, not kept for later. Async-signal-safe: pthread_sigmask
-/// only.
-pub fn mask_for_a_spawn() {
-    let _ = usr1().thread_block();
-    let _ = hup().thread_unblock();
+    let mut hup = nix::sys::signal::SigSet::empty();
+    hup.add(nix::sys::signal::Signal::SIGHUP);
+    let _ = hup.thread_block();
 }
 
 fn usr1() -> nix::sys::signal::SigSet {
     let mut set = nix::sys::signal::SigSet::empty();
     set.add(nix::sys::signal::Signal::SIGUSR1);
     set
-}
-
-fn hup() -> nix::sys::signal::SigSet {
-    let mut set = nix::sys::signal::SigSet::empty();
-    set.add(nix::sys::signal::Signal::SIGHUP);
-    set
-}
-
-/// Both, let through once the daemon's handlers are in place.
-fn unit_signals() -> nix::sys::signal::SigSet {
-    usr1().iter().chain(hup().iter()).collect()
 }
 
 pub struct Signals {
@@ -124,12 +101,10 @@ impl Signals {
             stop_arrived,
         })
         .inspect(|_| {
-            // The handlers are in place: this thread may take SIGUSR1 now
+            // The handler is in place: this thread may take SIGUSR1 now
             // (threads created later inherit that and may take it too; a
-            // new generation's spawn blocks it again in the child), and
-            // SIGHUP, which a daemon started by a baton command (`demo`)
-            // inherits held.
-            let _ = unit_signals().thread_unblock();
+            // new generation's spawn blocks it again in the child).
+            let _ = usr1().thread_unblock();
         })
     }
 
