@@ -24,7 +24,9 @@ use tokio::time::Instant;
 use super::activity::ConnState;
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
 use super::delivery::{self, StreamTask};
-use super::h1::head::{valid_authority, Framing, ResponseHead, MAX_FIELDS, MAX_HEAD};
+use super::h1::head::{
+    expectation_met, valid_authority, Framing, ResponseHead, MAX_FIELDS, MAX_HEAD,
+};
 use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay, Silence};
 use super::h1::rewrite::Outbound;
 use super::h1::upstream;
@@ -772,7 +774,7 @@ fn refusal<B>(req: &Request<B>) -> Option<ProxyError> {
     }
     // An expectation no one on the way will meet: 417, as on the HTTP/1
     // path (`100-continue` is all a proxy's next hop can be asked).
-    let unmet = |v: &HeaderValue| !v.as_bytes().eq_ignore_ascii_case(b"100-continue");
+    let unmet = |v: &HeaderValue| !expectation_met(v.as_bytes());
     if headers.get_all(EXPECT).iter().any(unmet) {
         return Some(ProxyError::ExpectationFailed);
     }

@@ -831,12 +831,19 @@ fn keep_alive(version: Version, parts: &Parts) -> bool {
 fn expect_continue(head: &[u8], fields: &[Field], version: Version) -> Result<bool, Refusal> {
     let mut expect = values_in_role(head, fields, Role::Expect, "expect").peekable();
     let any = expect.peek().is_some();
-    if !expect.all(|v| v.eq_ignore_ascii_case(b"100-continue")) {
+    if !expect.all(expectation_met) {
         return Err(Refusal::ExpectationFailed(
             "an Expect other than 100-continue",
         ));
     }
     Ok(any && version == Version::Http11)
+}
+
+/// Whether an `Expect` value is one a proxy's next hop can meet:
+/// `100-continue` alone (RFC 9110 §10.1.1; any other, an empty one too,
+/// is 417 on both paths).
+pub(crate) fn expectation_met(value: &[u8]) -> bool {
+    value.eq_ignore_ascii_case(b"100-continue")
 }
 
 /// The Upgrade field's range for a 1.1 upgrade request, unless `h2c` is
