@@ -167,11 +167,24 @@ async fn a_half_close_from_a_slow_reader_loses_nothing_of_the_backends_half() {
 /// tunnel ended by itself).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_tcp_tunnel_is_reset_and_its_bytes_counted() {
-    let echo = TcpEcho::start().await;
+    // An echo that says how its one connection ended: a reset, or a FIN.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let echo = listener.local_addr().expect("addr");
+    let backend_end = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut buf = [0u8; 64];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => s.write_all(&buf[..n]).await.expect("echo"),
+                Err(err) => return Err(err.kind()),
+            }
+        }
+    });
     let spec = Spec::new()
         .section("[reload]\ndrain_timeout = \"1s\"\n")
         .listener("raw", "tcp", "echo", "")
-        .pool("echo", &[echo.addr]);
+        .pool("echo", &[echo]);
     let baton = Baton::start(spec).await;
     let mut tunnel = TcpStream::connect(baton.addr("raw"))
         .await
@@ -190,6 +203,11 @@ async fn a_forced_tcp_tunnel_is_reset_and_its_bytes_counted() {
         read.map_err(|e| e.kind()),
         Err(std::io::ErrorKind::ConnectionReset),
         "the cut tunnel reset, not closed as if it had ended"
+    );
+    assert_eq!(
+        backend_end.await.expect("join"),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "the backend's end reset too"
     );
     let counted = "baton_tcp_bytes_total{listener=\"raw\",direction=\"to_backend\"} 10";
     support::eventually("the forced tunnel's bytes counted", || async {
