@@ -5,6 +5,12 @@
 //! nothing is buffered whole.
 //!
 //! Draining an h2 connection, per DESIGN.md: GOAWAY at once.
+//!
+//! baton's own h2 server takes hyper's place in steps; its layers so far:
+//! the frames (`frame`) and their header compression (`hpack`).
+
+pub mod frame;
+pub mod hpack;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

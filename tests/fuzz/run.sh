@@ -5,6 +5,7 @@
 #   h1_request   the HTTP/1 request head parser and chunked body decoder
 #   h1_response  the HTTP/1 response head parser and chunked body decoder
 #   proxy_header the PROXY protocol header framing and decoding
+#   h2_frames    h2 frames, header block assembly and HPACK decoding
 # Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET [release]]
 #   default: 20 s a target of an unoptimised build, CI's share: it builds in
 #   half the time of an optimised one (3.5 min cold on 2 cores, not 6.5),
@@ -32,12 +33,12 @@ export RUSTC_BOOTSTRAP=1
 log="$(mktemp)"
 corpus="$(mktemp -d)"
 trap 'rm -rf "$log" "$corpus"' EXIT
-for target in config messages h1_request h1_response proxy_header; do
+for target in config messages h1_request h1_response proxy_header h2_frames; do
   echo "fuzzing $target for ${seconds}s"
   rm -rf "${corpus:?}"/*
   # Seeds: the shipped example config; sample messages of each kind;
   # real request and response heads (with bodies); PROXY headers of
-  # each version and kind.
+  # each version and kind; h2 frame sequences of each type.
   seeds="seeds/$target"
   [ "$target" = config ] && seeds=../../config
   dirs=("$corpus" "$seeds")

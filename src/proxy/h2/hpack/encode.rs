@@ -1,0 +1,145 @@
+//! Response heads encoded (RFC 7541 §6.2.2): each field a literal without
+//! indexing, its name by its static table index where it has one, values
+//! as written. No dynamic table and no Huffman coding, as HAProxy's
+//! encoder: a response head costs a few bytes more on the wire and no
+//! table lookups or inserts (the `h2` crate's encoder hashed every field
+//! twice, 9 % of an h2 request's instructions), and nothing the client's
+//! SETTINGS_HEADER_TABLE_SIZE says can affect it.
+
+use super::table::STATIC;
+
+/// The longest name in the static table (`access-control-allow-origin`).
+const LONGEST_STATIC_NAME: usize = 27;
+
+/// `:status`, indexed where the static table has the code.
+pub fn status(code: u16, out: &mut Vec<u8>) {
+    let index = match code {
+        200 => 8,
+        204 => 9,
+        206 => 10,
+        304 => 11,
+        400 => 12,
+        404 => 13,
+        500 => 14,
+        _ => 0,
+    };
+    if index != 0 {
+        out.push(0x80 | index);
+        return;
+    }
+    // Literal without indexing, name 8 (`:status`); codes are 3 digits.
+    let code = code.min(999);
+    out.extend_from_slice(&[
+        0x08,
+        3,
+        b'0' + (code / 100) as u8,
+        b'0' + (code / 10 % 10) as u8,
+        b'0' + (code % 10) as u8,
+    ]);
+}
+
+/// One field, its name lowercased on the way (h2 names are lowercase,
+/// RFC 9113 §8.2.1; an HTTP/1 backend writes them as it likes).
+pub fn field(name: &[u8], value: &[u8], out: &mut Vec<u8>) {
+    match static_name(name) {
+        Some(index) => integer(index, 4, 0x00, out),
+        None => {
+            out.push(0x00);
+            integer(name.len(), 7, 0x00, out);
+            out.extend(name.iter().map(u8::to_ascii_lowercase));
+        }
+    }
+    integer(value.len(), 7, 0x00, out);
+    out.extend_from_slice(value);
+}
+
+/// An integer after a `prefix`-bit prefix (§5.1), the byte's other bits
+/// being `flags`.
+fn integer(mut value: usize, prefix: u32, flags: u8, out: &mut Vec<u8>) {
+    let mask = (1usize << prefix) - 1;
+    if value < mask {
+        out.push(flags | value as u8);
+        return;
+    }
+    out.push(flags | mask as u8);
+    value -= mask;
+    while value >= 0x80 {
+        out.push(0x80 | (value & 0x7f) as u8);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// The static table's first index for `name`, in any case.
+fn static_name(name: &[u8]) -> Option<usize> {
+    if name.len() > LONGEST_STATIC_NAME || name.first() == Some(&b':') {
+        return None;
+    }
+    let mut folded = [0u8; LONGEST_STATIC_NAME];
+    let folded = &mut folded[..name.len()];
+    for (to, from) in folded.iter_mut().zip(name) {
+        *to = from.to_ascii_lowercase();
+    }
+    // Regular names start at 15 and each appears once.
+    STATIC[14..]
+        .iter()
+        .position(|(known, _)| *known == &*folded)
+        .map(|at| at + 15)
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::super::decode::{Decoder, Listed};
+    use super::*;
+
+    #[test]
+    fn a_response_head_decodes_to_itself_lowercased() {
+        let mut block = Vec::new();
+        status(200, &mut block);
+        status(302, &mut block);
+        field(b"Content-Type", b"text/plain", &mut block);
+        field(b"X-Custom-Field", b"a value", &mut block);
+        field(b"access-control-allow-origin", b"*", &mut block);
+        let long = vec![b'v'; 300];
+        field(b"Set-Cookie", &long, &mut block);
+        let mut fields = Vec::new();
+        let listed = Decoder::new(4096).decode(&Bytes::from(block), 65536, &mut fields);
+        assert_eq!(listed, Ok(Listed::Whole));
+        let got: Vec<(&[u8], &[u8])> = fields.iter().map(|f| (&f.name[..], &f.value[..])).collect();
+        let want: Vec<(&[u8], &[u8])> = vec![
+            (b":status", b"200"),
+            (b":status", b"302"),
+            (b"content-type", b"text/plain"),
+            (b"x-custom-field", b"a value"),
+            (b"access-control-allow-origin", b"*"),
+            (b"set-cookie", &long),
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn known_names_and_statuses_are_indexed() {
+        let mut block = Vec::new();
+        status(404, &mut block);
+        field(b"Via", b"1.1 baton", &mut block);
+        assert_eq!(&block[..2], [0x8d, 0x0f]);
+        // Index 60 takes the 4-bit prefix and one more byte: 15 + 45.
+        assert_eq!(block[2], 45);
+        assert_eq!(static_name(b"WWW-Authenticate"), Some(61));
+        assert_eq!(static_name(b"Accept-Charset"), Some(15));
+        assert_eq!(static_name(b":status"), None);
+        assert_eq!(static_name(b"x-request-id"), None);
+    }
+
+    #[test]
+    fn integers_take_their_prefix_then_groups_of_seven() {
+        // RFC 7541 C.1: 10 and 1337 with a 5-bit prefix, 42 with 8 bits.
+        let mut out = Vec::new();
+        integer(10, 5, 0, &mut out);
+        integer(1337, 5, 0, &mut out);
+        integer(42, 7, 0, &mut out);
+        assert_eq!(out, [0x0a, 0x1f, 0x9a, 0x0a, 0x2a]);
+    }
+}
