@@ -7,10 +7,14 @@
 //! Draining an h2 connection, per DESIGN.md: GOAWAY at once.
 //!
 //! baton's own h2 server takes hyper's place in steps; its layers so far:
-//! the frames (`frame`) and their header compression (`hpack`).
+//! the frames (`frame`), their header compression (`hpack`), a request's
+//! head (`request`) and body (`recv`), and the connection (`conn`).
 
+pub mod conn;
 pub mod frame;
 pub mod hpack;
+pub mod recv;
+pub mod request;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,0 +1,887 @@
+//! One h2 client connection, served by one task: frames read and acted on,
+//! each stream's exchange polled in place (no task, channel or lock a
+//! stream), responses written as their bodies and the client's windows
+//! allow. HAProxy's h2 mux has the same shape; hyper's server spawned a
+//! task for each stream and piped its body to the connection through the
+//! `h2` crate's shared stream store.
+//!
+//! The exchange is the caller's: a function from a request to a future of
+//! its response. What the client sends of a request body waits in the
+//! stream's inbox until the exchange reads it; what it read is given back
+//! to the client's windows.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::future::{AbortHandle, Abortable};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use http::{HeaderMap, Request, Response};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::{Instant, Sleep};
+
+use super::frame::{self, write, Frame, FrameError, HeaderBlock, Inbound, Reader, Reason};
+use super::hpack::{self, Decoder, Listed};
+use super::recv::{self, Inbox, RecvBody, RecvError, SharedInbox};
+use super::request;
+
+/// What baton allows a client, announced in its SETTINGS.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_streams: u32,
+    /// What a client may send of one stream's body before it is read.
+    pub stream_window: u32,
+    /// The same for all streams together.
+    pub connection_window: u32,
+    /// A request head's fields, with 32 bytes more each (RFC 9113 §6.5.2).
+    pub max_header_list: u32,
+    /// How much baton holds written and not yet taken by the socket
+    /// before it stops polling response bodies (and reading frames).
+    pub send_buffer: usize,
+    /// A PING after this long without a frame from the client; the
+    /// connection ends if its answer does not come within `ping_timeout`.
+    pub ping_interval: Duration,
+    pub ping_timeout: Duration,
+}
+
+/// A stream's exchange: its response, once it has one.
+pub type Exchange<B> = Pin<Box<dyn Future<Output = Response<B>> + Send>>;
+
+/// How a connection ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("client connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Protocol(FrameError),
+    #[error("client preface missing or wrong")]
+    Preface,
+    #[error("client closed the connection inside a frame")]
+    Cut,
+    #[error("client did not answer a PING within its timeout")]
+    PingTimeout,
+}
+
+/// The payload of the PING that follows the first GOAWAY of a graceful
+/// close: its answer says the client has seen the GOAWAY, and every
+/// stream it opened before is in (RFC 9113 §6.8).
+const SHUTDOWN_PING: [u8; 8] = *b"goaway!!";
+const KEEPALIVE_PING: [u8; 8] = *b"alive?..";
+/// The largest stream id: the first GOAWAY of a graceful close names it,
+/// refusing nothing yet.
+const ANY_STREAM: u32 = frame::MAX_WINDOW;
+/// HPACK's table size baton keeps for a client's request heads.
+const HEADER_TABLE: usize = 4096;
+/// Read buffer growth: one frame of the default size and its head.
+const READ_CHUNK: usize = 16 * 1024 + frame::HEAD_LEN;
+
+/// One stream's state.
+struct Stream<B> {
+    /// The request body's inbox while the request is coming (`None` for
+    /// a request that ended with its head).
+    inbox: Option<SharedInbox>,
+    /// Whether the request's END_STREAM came.
+    request_ended: bool,
+    /// What the client may still send on the stream, and what was read of
+    /// it and not yet given back.
+    recv_window: i64,
+    recv_unacked: u32,
+    /// Content-Length, and the DATA that came.
+    expected: Option<u64>,
+    received: u64,
+    /// What the client's window for this stream still takes.
+    send_window: i64,
+    send: Sending<B>,
+}
+
+enum Sending<B> {
+    /// The exchange is under way (aborted with this if the stream ends).
+    Waiting(AbortHandle),
+    /// The head went out; the body follows, `pending` what it gave that
+    /// the windows did not take yet.
+    Body { body: B, pending: Option<Bytes> },
+}
+
+/// An exchange, tagged with its stream.
+struct Tagged<B> {
+    stream: u32,
+    exchange: Exchange<B>,
+}
+
+impl<B> Future for Tagged<B> {
+    type Output = (u32, Response<B>);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(u32, Response<B>)> {
+        let stream = self.stream;
+        self.exchange.as_mut().poll(cx).map(|r| (stream, r))
+    }
+}
+
+/// Where a graceful close stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    Open,
+    /// GOAWAY naming any stream and a PING went out.
+    Announced,
+    /// The second GOAWAY named the last stream served.
+    Final,
+}
+
+/// One client connection: a future that ends when the connection does.
+pub struct Connection<S, F, B> {
+    io: S,
+    service: F,
+    limits: Limits,
+    read: BytesMut,
+    reader: Reader,
+    decoder: Decoder,
+    preface: bool,
+    /// Whether the client's first SETTINGS came (it must come first).
+    settled: bool,
+    out: Vec<u8>,
+    /// How much of `out` the socket took.
+    sent: usize,
+    unflushed: bool,
+    /// A response head being encoded (kept for its capacity).
+    block: Vec<u8>,
+    streams: HashMap<u32, Stream<B>>,
+    exchanges: FuturesUnordered<Abortable<Tagged<B>>>,
+    /// Streams done this turn, removed after it.
+    done: Vec<u32>,
+    /// The highest stream the client opened.
+    highest: u32,
+    peer_max_frame: usize,
+    peer_initial_window: i64,
+    send_window: i64,
+    recv_window: i64,
+    recv_unacked: u32,
+    closing: Closing,
+    client_goaway: bool,
+    read_closed: bool,
+    last_read: Instant,
+    ping_sent: Option<Instant>,
+    alarm: Pin<Box<Sleep>>,
+}
+
+impl<S, F, B> Connection<S, F, B>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    F: FnMut(Request<RecvBody>) -> Exchange<B> + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+{
+    /// Serves `io`, whose first bytes (`seen`, read already to tell h2
+    /// from HTTP/1) are the client's preface.
+    pub fn new(io: S, seen: &[u8], limits: Limits, service: F) -> Connection<S, F, B> {
+        let mut out = Vec::with_capacity(128);
+        write::settings(
+            &mut out,
+            &[
+                (0x3, limits.max_streams),
+                (0x4, limits.stream_window),
+                (0x6, limits.max_header_list),
+            ],
+        );
+        let default_window = 65_535;
+        let grown = limits.connection_window.saturating_sub(default_window);
+        if grown > 0 {
+            write::window_update(&mut out, 0, grown);
+        }
+        let now = Instant::now();
+        Connection {
+            io,
+            service,
+            limits,
+            read: BytesMut::from(seen),
+            reader: Reader::new(
+                frame::DEFAULT_MAX_FRAME,
+                2 * limits.max_header_list as usize,
+            ),
+            decoder: Decoder::new(HEADER_TABLE),
+            preface: false,
+            settled: false,
+            out,
+            sent: 0,
+            unflushed: false,
+            block: Vec::with_capacity(256),
+            streams: HashMap::new(),
+            exchanges: FuturesUnordered::new(),
+            done: Vec::new(),
+            highest: 0,
+            peer_max_frame: frame::DEFAULT_MAX_FRAME as usize,
+            peer_initial_window: i64::from(default_window),
+            send_window: i64::from(default_window),
+            recv_window: i64::from(limits.connection_window.max(default_window)),
+            recv_unacked: 0,
+            closing: Closing::Open,
+            client_goaway: false,
+            read_closed: false,
+            last_read: now,
+            ping_sent: None,
+            alarm: Box::pin(tokio::time::sleep_until(now + limits.ping_interval)),
+        }
+    }
+
+    /// Starts a graceful close: GOAWAY at once, naming no last stream yet
+    /// (streams the client opened before it sees it are still served),
+    /// then the real last stream once the client answers the PING sent
+    /// with it. The connection ends when its streams are done.
+    pub fn graceful_shutdown(&mut self) {
+        if self.closing == Closing::Open {
+            write::goaway(&mut self.out, ANY_STREAM, Reason::NO_ERROR);
+            write::ping(&mut self.out, SHUTDOWN_PING, false);
+            self.closing = Closing::Announced;
+        }
+    }
+
+    /// Streams open now.
+    pub fn open_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// One pass over everything that can move; whether anything did.
+    fn turn(&mut self, cx: &mut Context<'_>) -> Result<bool, ConnError> {
+        let mut moved = self.read_frames(cx)?;
+        moved |= self.poll_exchanges(cx);
+        moved |= self.send_bodies(cx);
+        self.finish_streams();
+        self.grant_windows();
+        self.keep_alive(cx)?;
+        moved |= self.flush(cx)?;
+        Ok(moved)
+    }
+
+    fn finished(&self) -> bool {
+        let no_more = self.read_closed || self.client_goaway || self.closing == Closing::Final;
+        no_more && self.streams.is_empty() && self.sent == self.out.len() && !self.unflushed
+    }
+
+    fn read_frames(&mut self, cx: &mut Context<'_>) -> Result<bool, ConnError> {
+        let mut moved = false;
+        while !self.read_closed && self.out.len() - self.sent < self.limits.send_buffer {
+            if !self.preface {
+                if self.read.len() < frame::PREFACE.len() {
+                    if !frame::PREFACE.starts_with(&self.read) {
+                        return Err(ConnError::Preface);
+                    }
+                } else if &self.read[..frame::PREFACE.len()] != frame::PREFACE {
+                    return Err(ConnError::Preface);
+                } else {
+                    self.read.advance(frame::PREFACE.len());
+                    self.preface = true;
+                    continue;
+                }
+            } else {
+                match self.reader.next(&mut self.read) {
+                    Ok(Some(inbound)) => {
+                        self.on_inbound(inbound, cx)?;
+                        moved = true;
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(FrameError::Stream(stream, reason, _)) => {
+                        self.reset(stream, reason);
+                        moved = true;
+                        continue;
+                    }
+                    Err(err) => return Err(ConnError::Protocol(err)),
+                }
+            }
+            self.read.reserve(READ_CHUNK);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read) {
+                Poll::Ready(Ok(0)) => {
+                    self.read_closed = true;
+                    if !self.read.is_empty() || self.reader.inside_block() {
+                        return Err(ConnError::Cut);
+                    }
+                    return Ok(true);
+                }
+                Poll::Ready(Ok(_)) => {
+                    self.last_read = Instant::now();
+                    moved = true;
+                }
+                Poll::Ready(Err(err)) => return Err(err.into()),
+                Poll::Pending => return Ok(moved),
+            }
+        }
+        Ok(moved)
+    }
+
+    fn on_inbound(&mut self, inbound: Inbound, cx: &mut Context<'_>) -> Result<(), ConnError> {
+        let frame = match inbound {
+            Inbound::Frame(Frame::Settings(settings)) => {
+                self.settled = true;
+                return self.apply(settings);
+            }
+            _ if !self.settled => {
+                let why = "first frame not SETTINGS";
+                return Err(protocol(Reason::PROTOCOL_ERROR, why));
+            }
+            Inbound::Block(block) => return self.on_header_block(block, cx),
+            Inbound::Frame(frame) => frame,
+        };
+        match frame {
+            Frame::Data {
+                stream,
+                data,
+                flow,
+                end_stream,
+            } => self.on_data(stream, data, flow, end_stream)?,
+            Frame::Reset { stream, reason } => {
+                if stream > self.highest {
+                    return Err(protocol(
+                        Reason::PROTOCOL_ERROR,
+                        "RST_STREAM on an idle stream",
+                    ));
+                }
+                self.end_stream(stream, RecvError::Reset(reason));
+            }
+            Frame::WindowUpdate { stream, increment } => self.on_window(stream, increment)?,
+            Frame::Ping {
+                ack: false,
+                payload,
+            } => write::ping(&mut self.out, payload, true),
+            Frame::Ping { ack: true, payload } => self.on_ping_answer(payload),
+            Frame::GoAway { .. } => self.client_goaway = true,
+            Frame::Continuation { .. } => {
+                let why = "CONTINUATION without HEADERS";
+                return Err(protocol(Reason::PROTOCOL_ERROR, why));
+            }
+            Frame::Headers { .. } | Frame::Settings(_) => {
+                unreachable!("the reader hands header blocks and SETTINGS apart")
+            }
+            Frame::SettingsAck | Frame::Priority | Frame::Unknown { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, settings: frame::Settings) -> Result<(), ConnError> {
+        if let Some(size) = settings.max_frame_size {
+            self.peer_max_frame = size as usize;
+        }
+        if let Some(window) = settings.initial_window_size {
+            let delta = i64::from(window) - self.peer_initial_window;
+            self.peer_initial_window = i64::from(window);
+            for stream in self.streams.values_mut() {
+                stream.send_window += delta;
+                if stream.send_window > i64::from(frame::MAX_WINDOW) {
+                    let why = "SETTINGS_INITIAL_WINDOW_SIZE overflows a stream's window";
+                    return Err(protocol(Reason::FLOW_CONTROL_ERROR, why));
+                }
+            }
+        }
+        write::settings_ack(&mut self.out);
+        Ok(())
+    }
+
+    fn on_header_block(
+        &mut self,
+        block: HeaderBlock,
+        cx: &mut Context<'_>,
+    ) -> Result<(), ConnError> {
+        let mut fields = Vec::new();
+        let limit = self.limits.max_header_list as usize;
+        let listed = self
+            .decoder
+            .decode(&block.block, limit, &mut fields)
+            .map_err(|_| protocol(Reason::COMPRESSION_ERROR, "header block does not decode"))?;
+        let id = block.stream;
+        if self.streams.contains_key(&id) {
+            self.on_trailers(id, fields, block.end_stream);
+            return Ok(());
+        }
+        if id.is_multiple_of(2) {
+            let why = "HEADERS on a stream the client may not open";
+            return Err(protocol(Reason::PROTOCOL_ERROR, why));
+        }
+        if id <= self.highest {
+            // A stream closed already, maybe by baton's reset while these
+            // trailers were on their way: ignored (RFC 9113 §5.1), its
+            // block decoded above to keep the table in step.
+            return Ok(());
+        }
+        self.highest = id;
+        if self.closing == Closing::Final || self.streams.len() >= self.limits.max_streams as usize
+        {
+            write::reset(&mut self.out, id, Reason::REFUSED_STREAM);
+            return Ok(());
+        }
+        if listed == Listed::TooLarge {
+            self.answer_at_once(id, 431, block.end_stream);
+            return Ok(());
+        }
+        let head = match request::head(fields) {
+            Ok(head) if !(block.end_stream && head.content_length.is_some_and(|l| l > 0)) => head,
+            _ => {
+                write::reset(&mut self.out, id, Reason::PROTOCOL_ERROR);
+                return Ok(());
+            }
+        };
+        let inbox = (!block.end_stream).then(|| {
+            let inbox: SharedInbox = Arc::new(Mutex::new(Inbox::default()));
+            recv::lock(&inbox).watch_reads(cx.waker());
+            inbox
+        });
+        let body = RecvBody::new(inbox.clone(), head.content_length);
+        let exchange = (self.service)(Request::from_parts(head.parts, body));
+        let (abort, registration) = AbortHandle::new_pair();
+        let tagged = Tagged {
+            stream: id,
+            exchange,
+        };
+        self.exchanges.push(Abortable::new(tagged, registration));
+        self.streams.insert(
+            id,
+            Stream {
+                inbox,
+                request_ended: block.end_stream,
+                recv_window: i64::from(self.limits.stream_window),
+                recv_unacked: 0,
+                expected: head.content_length,
+                received: 0,
+                send_window: self.peer_initial_window,
+                send: Sending::Waiting(abort),
+            },
+        );
+        Ok(())
+    }
+
+    /// A header block on an open stream: its request's trailers, which end
+    /// it. Anything else there is a stream error.
+    fn on_trailers(&mut self, id: u32, fields: Vec<hpack::Field>, end_stream: bool) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let trailers = match (&stream.inbox, stream.request_ended, end_stream) {
+            (Some(_), false, true) => request::trailers(fields).ok(),
+            _ => None,
+        };
+        let Some(trailers) = trailers else {
+            self.reset(id, Reason::PROTOCOL_ERROR);
+            return;
+        };
+        if stream.expected.is_some_and(|e| e != stream.received) {
+            self.reset(id, Reason::PROTOCOL_ERROR);
+            return;
+        }
+        stream.request_ended = true;
+        if let Some(inbox) = &stream.inbox {
+            recv::lock(inbox).end(Some(trailers));
+        }
+    }
+
+    /// Answers a stream with `status` and no body, from baton itself (a
+    /// head too large to take: 431, as for HTTP/1).
+    fn answer_at_once(&mut self, id: u32, status: u16, request_ended: bool) {
+        self.block.clear();
+        hpack::encode::status(status, &mut self.block);
+        hpack::encode::field(b"content-length", b"0", &mut self.block);
+        write::headers(
+            &mut self.out,
+            id,
+            &self.block,
+            true,
+            self.peer_max_frame as u32,
+        );
+        if !request_ended {
+            write::reset(&mut self.out, id, Reason::NO_ERROR);
+        }
+    }
+
+    fn on_data(
+        &mut self,
+        id: u32,
+        data: Bytes,
+        flow: u32,
+        end_stream: bool,
+    ) -> Result<(), ConnError> {
+        let flow_i = i64::from(flow);
+        self.recv_window -= flow_i;
+        if self.recv_window < 0 {
+            let why = "DATA beyond the connection's window";
+            return Err(protocol(Reason::FLOW_CONTROL_ERROR, why));
+        }
+        let Some(stream) = self.streams.get_mut(&id) else {
+            if id > self.highest {
+                return Err(protocol(Reason::PROTOCOL_ERROR, "DATA on an idle stream"));
+            }
+            // A stream already closed: its bytes count, and go back.
+            self.recv_unacked += flow;
+            return Ok(());
+        };
+        // Padding is given back at once.
+        let padding = flow - data.len() as u32;
+        self.recv_unacked += padding;
+        stream.recv_window -= flow_i;
+        stream.recv_unacked += padding;
+        let fault = if stream.recv_window < 0 {
+            Some(Reason::FLOW_CONTROL_ERROR)
+        } else if stream.request_ended {
+            Some(Reason::STREAM_CLOSED)
+        } else {
+            stream.received += data.len() as u64;
+            let over = stream.expected.is_some_and(|e| stream.received > e);
+            let short = end_stream && stream.expected.is_some_and(|e| stream.received != e);
+            (over || short).then_some(Reason::PROTOCOL_ERROR)
+        };
+        if let Some(reason) = fault {
+            self.recv_unacked += data.len() as u32;
+            if reason == Reason::PROTOCOL_ERROR {
+                self.end_stream(id, RecvError::Length);
+            }
+            self.reset(id, reason);
+            return Ok(());
+        }
+        let Some(inbox) = &stream.inbox else {
+            return Ok(());
+        };
+        let mut held = recv::lock(inbox);
+        if Arc::strong_count(inbox) == 1 {
+            // Nobody reads it any more: given back at once.
+            self.recv_unacked += data.len() as u32;
+        } else if !data.is_empty() {
+            held.push(data);
+        }
+        if end_stream {
+            held.end(None);
+            drop(held);
+            stream.request_ended = true;
+        }
+        Ok(())
+    }
+
+    /// Ends a stream the client reset or broke: its exchange is dropped
+    /// (with whatever it held: a backend connection, a lease), its upload
+    /// fails with `why`.
+    fn end_stream(&mut self, id: u32, why: RecvError) {
+        let Some(stream) = self.streams.remove(&id) else {
+            return;
+        };
+        if let Sending::Waiting(abort) = &stream.send {
+            abort.abort();
+        }
+        if let Some(inbox) = &stream.inbox {
+            let mut inbox = recv::lock(inbox);
+            self.recv_unacked += inbox.take_released() + inbox.unread() as u32;
+            inbox.fail(why);
+        }
+    }
+
+    /// Resets a stream from baton's side.
+    fn reset(&mut self, id: u32, reason: Reason) {
+        write::reset(&mut self.out, id, reason);
+        self.end_stream(id, RecvError::Reset(reason));
+    }
+
+    fn on_window(&mut self, id: u32, increment: u32) -> Result<(), ConnError> {
+        let max = i64::from(frame::MAX_WINDOW);
+        if id == 0 {
+            self.send_window += i64::from(increment);
+            if self.send_window > max {
+                let why = "WINDOW_UPDATE overflows the connection's window";
+                return Err(protocol(Reason::FLOW_CONTROL_ERROR, why));
+            }
+            return Ok(());
+        }
+        if let Some(stream) = self.streams.get_mut(&id) {
+            stream.send_window += i64::from(increment);
+            if stream.send_window > max {
+                self.reset(id, Reason::FLOW_CONTROL_ERROR);
+            }
+        } else if id > self.highest {
+            return Err(protocol(
+                Reason::PROTOCOL_ERROR,
+                "WINDOW_UPDATE on an idle stream",
+            ));
+        }
+        Ok(())
+    }
+
+    fn on_ping_answer(&mut self, payload: [u8; 8]) {
+        if payload == SHUTDOWN_PING && self.closing == Closing::Announced {
+            write::goaway(&mut self.out, self.highest, Reason::NO_ERROR);
+            self.closing = Closing::Final;
+        } else if payload == KEEPALIVE_PING {
+            self.ping_sent = None;
+        }
+    }
+
+    /// Responses whose exchanges are done: their heads go out.
+    fn poll_exchanges(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut moved = false;
+        while let Poll::Ready(Some(done)) = self.exchanges.poll_next_unpin(cx) {
+            moved = true;
+            if let Ok((id, response)) = done {
+                self.start_response(id, response);
+            }
+        }
+        moved
+    }
+
+    fn start_response(&mut self, id: u32, response: Response<B>) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let (parts, body) = response.into_parts();
+        self.block.clear();
+        hpack::encode::status(parts.status.as_u16(), &mut self.block);
+        encode_fields(&parts.headers, &mut self.block);
+        let end = body.is_end_stream();
+        write::headers(
+            &mut self.out,
+            id,
+            &self.block,
+            end,
+            self.peer_max_frame as u32,
+        );
+        if end {
+            self.done.push(id);
+        }
+        stream.send = Sending::Body {
+            body,
+            pending: None,
+        };
+    }
+
+    /// Response bodies, as far as the windows and the send buffer allow.
+    fn send_bodies(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut moved = false;
+        for (&id, stream) in self.streams.iter_mut() {
+            let Sending::Body { body, pending } = &mut stream.send else {
+                continue;
+            };
+            if self.done.contains(&id) {
+                continue;
+            }
+            loop {
+                if self.out.len() - self.sent >= self.limits.send_buffer {
+                    return moved;
+                }
+                if let Some(data) = pending {
+                    let room = stream
+                        .send_window
+                        .min(self.send_window)
+                        .min(self.peer_max_frame as i64);
+                    if room <= 0 {
+                        break;
+                    }
+                    let n = (room as usize).min(data.len());
+                    let last = n == data.len() && body.is_end_stream();
+                    write::data_head(&mut self.out, id, n, last);
+                    self.out.extend_from_slice(&data[..n]);
+                    data.advance(n);
+                    stream.send_window -= n as i64;
+                    self.send_window -= n as i64;
+                    moved = true;
+                    if data.is_empty() {
+                        *pending = None;
+                    }
+                    if last {
+                        self.done.push(id);
+                        break;
+                    }
+                    continue;
+                }
+                match Pin::new(&mut *body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        moved = true;
+                        match frame.into_data() {
+                            Ok(data) if !data.is_empty() => *pending = Some(data),
+                            Ok(_) => {}
+                            Err(frame) => {
+                                let trailers = frame.into_trailers().unwrap_or_default();
+                                self.block.clear();
+                                encode_fields(&trailers, &mut self.block);
+                                let max = self.peer_max_frame as u32;
+                                write::headers(&mut self.out, id, &self.block, true, max);
+                                self.done.push(id);
+                                break;
+                            }
+                        }
+                    }
+                    Poll::Ready(None) => {
+                        write::data_head(&mut self.out, id, 0, true);
+                        self.done.push(id);
+                        moved = true;
+                        break;
+                    }
+                    Poll::Ready(Some(Err(_))) => {
+                        write::reset(&mut self.out, id, Reason::INTERNAL_ERROR);
+                        self.done.push(id);
+                        moved = true;
+                        break;
+                    }
+                    Poll::Pending => break,
+                }
+            }
+        }
+        moved
+    }
+
+    /// Streams whose responses ended: gone, and an upload still coming
+    /// stopped (RST_STREAM NO_ERROR, RFC 9113 §8.1).
+    fn finish_streams(&mut self) {
+        while let Some(id) = self.done.pop() {
+            let Some(stream) = self.streams.remove(&id) else {
+                continue;
+            };
+            if let Some(inbox) = &stream.inbox {
+                let mut inbox = recv::lock(inbox);
+                self.recv_unacked += inbox.take_released() + inbox.unread() as u32;
+                if !stream.request_ended {
+                    inbox.fail(RecvError::Reset(Reason::NO_ERROR));
+                }
+            }
+            if !stream.request_ended {
+                write::reset(&mut self.out, id, Reason::NO_ERROR);
+            }
+        }
+    }
+
+    /// WINDOW_UPDATEs for what exchanges read, once half a window is due.
+    fn grant_windows(&mut self) {
+        for (&id, stream) in self.streams.iter_mut() {
+            let Some(inbox) = &stream.inbox else {
+                continue;
+            };
+            let released = recv::lock(inbox).take_released();
+            self.recv_unacked += released;
+            stream.recv_unacked += released;
+            if !stream.request_ended && stream.recv_unacked >= self.limits.stream_window / 2 {
+                write::window_update(&mut self.out, id, stream.recv_unacked);
+                stream.recv_window += i64::from(stream.recv_unacked);
+                stream.recv_unacked = 0;
+            }
+        }
+        if self.recv_unacked >= self.limits.connection_window / 2 {
+            write::window_update(&mut self.out, 0, self.recv_unacked);
+            self.recv_window += i64::from(self.recv_unacked);
+            self.recv_unacked = 0;
+        }
+    }
+
+    /// A PING once the client has been silent for `ping_interval`; the
+    /// connection ends if no answer comes within `ping_timeout`. The alarm
+    /// is moved only when it fires (no timer work while frames come).
+    fn keep_alive(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
+        while self.alarm.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            let next = match self.ping_sent {
+                Some(sent) if now >= sent + self.limits.ping_timeout => {
+                    return Err(ConnError::PingTimeout);
+                }
+                Some(sent) => sent + self.limits.ping_timeout,
+                None if now >= self.last_read + self.limits.ping_interval => {
+                    write::ping(&mut self.out, KEEPALIVE_PING, false);
+                    self.ping_sent = Some(now);
+                    now + self.limits.ping_timeout
+                }
+                None => self.last_read + self.limits.ping_interval,
+            };
+            self.alarm.as_mut().reset(next);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, cx: &mut Context<'_>) -> Result<bool, ConnError> {
+        let mut moved = false;
+        while self.sent < self.out.len() {
+            match Pin::new(&mut self.io).poll_write(cx, &self.out[self.sent..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into())
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.sent += n;
+                    self.unflushed = true;
+                    moved = true;
+                }
+                Poll::Ready(Err(err)) => return Err(err.into()),
+                Poll::Pending => return Ok(moved),
+            }
+        }
+        self.out.clear();
+        self.sent = 0;
+        if self.unflushed {
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.unflushed = false,
+                Poll::Ready(Err(err)) => return Err(err.into()),
+                Poll::Pending => {}
+            }
+        }
+        Ok(moved)
+    }
+
+    /// A connection error: GOAWAY with its reason, written if the socket
+    /// takes it now.
+    fn fail(&mut self, err: &ConnError, cx: &mut Context<'_>) {
+        let reason = match err {
+            ConnError::Protocol(FrameError::Connection(reason, _)) => *reason,
+            ConnError::Protocol(FrameError::Stream(..)) | ConnError::Preface => {
+                Reason::PROTOCOL_ERROR
+            }
+            ConnError::Io(_) | ConnError::Cut | ConnError::PingTimeout => return,
+        };
+        write::goaway(&mut self.out, self.highest, reason);
+        let _ = self.flush(cx);
+        for id in self.streams.keys().copied().collect::<Vec<_>>() {
+            self.end_stream(id, RecvError::Reset(reason));
+        }
+    }
+}
+
+impl<S, F, B> Future for Connection<S, F, B>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    F: FnMut(Request<RecvBody>) -> Exchange<B> + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Output = Result<(), ConnError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            match this.turn(cx) {
+                Ok(true) => {}
+                Ok(false) if this.finished() => return Poll::Ready(Ok(())),
+                Ok(false) => return Poll::Pending,
+                Err(err) => {
+                    this.fail(&err, cx);
+                    return Poll::Ready(Err(err));
+                }
+            }
+        }
+    }
+}
+
+impl<S, F, B> Drop for Connection<S, F, B> {
+    /// Uploads still read by nothing learn the connection is gone.
+    fn drop(&mut self) {
+        for stream in self.streams.values() {
+            if let Some(inbox) = &stream.inbox {
+                recv::lock(inbox).fail(RecvError::Reset(Reason::CANCEL));
+            }
+        }
+    }
+}
+
+fn protocol(reason: Reason, why: &'static str) -> ConnError {
+    ConnError::Protocol(FrameError::Connection(reason, why))
+}
+
+/// A response's fields, without those that mean something to one HTTP/1
+/// connection only (RFC 9113 §8.2.2).
+fn encode_fields(headers: &HeaderMap, block: &mut Vec<u8>) {
+    for (name, value) in headers {
+        let connection_specific = matches!(
+            name.as_str(),
+            "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade"
+        );
+        if !connection_specific {
+            hpack::encode::field(name.as_str().as_bytes(), value.as_bytes(), block);
+        }
+    }
+}

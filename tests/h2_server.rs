@@ -1,0 +1,517 @@
+//! baton's own h2 server connection (`proxy::h2::conn`) serving real
+//! clients over loopback: hyper's h2 client (flow control both ways,
+//! trailers), the `h2` crate's (resets), curl, and raw frames for what no
+//! client library sends (malformed heads, too many streams, silence after
+//! a PING). The exchange behind it is a small function of the test's.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton::proxy::h2::conn::{ConnError, Connection, Exchange, Limits};
+use baton::proxy::h2::frame::{self, Frame, Inbound, Reader, Reason};
+use baton::proxy::h2::recv::RecvBody;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::Frame as BodyFrame;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Notify};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+type Reply = UnsyncBoxBody<Bytes, RecvErrorText>;
+type RecvErrorText = Box<dyn std::error::Error + Send + Sync>;
+
+fn limits() -> Limits {
+    Limits {
+        max_streams: 100,
+        stream_window: 64 * 1024,
+        connection_window: 256 * 1024,
+        max_header_list: 16 * 1024,
+        send_buffer: 32 * 1024,
+        ping_interval: Duration::from_secs(30),
+        ping_timeout: Duration::from_secs(20),
+    }
+}
+
+fn text(body: &'static str) -> Reply {
+    Full::new(Bytes::from_static(body.as_bytes()))
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+/// What the test's exchange saw and holds.
+#[derive(Default)]
+struct Seen {
+    /// Exchanges dropped before they ended (a reset stream's).
+    dropped: AtomicUsize,
+    /// Let `/slow` answer.
+    release: Notify,
+}
+
+/// Counts itself dropped unless disarmed.
+struct DropCount(Arc<Seen>, bool);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// `/hello`: a short answer; `/echo`: the request body back, streamed;
+/// `/trailers`: the body's length, and its trailers back as trailers;
+/// `/slow`: answers once the test releases it.
+fn exchange(seen: Arc<Seen>) -> impl FnMut(Request<RecvBody>) -> Exchange<Reply> + Unpin {
+    move |request: Request<RecvBody>| {
+        let seen = Arc::clone(&seen);
+        Box::pin(async move {
+            let path = request.uri().path().to_string();
+            let body = request.into_body();
+            match path.as_str() {
+                "/echo" => Response::new(body.map_err(RecvErrorText::from).boxed_unsync()),
+                "/trailers" => {
+                    let collected = body.collect().await.expect("whole body");
+                    let trailers = collected.trailers().cloned().unwrap_or_default();
+                    let length = collected.to_bytes().len();
+                    let frames = vec![
+                        Ok::<_, RecvErrorText>(BodyFrame::data(Bytes::from(length.to_string()))),
+                        Ok(BodyFrame::trailers(trailers)),
+                    ];
+                    let stream = futures_util::stream::iter(frames);
+                    Response::new(StreamBody::new(stream).boxed_unsync())
+                }
+                "/slow" => {
+                    let mut guard = DropCount(Arc::clone(&seen), true);
+                    seen.release.notified().await;
+                    guard.1 = false;
+                    Response::new(text("slow"))
+                }
+                _ => {
+                    let mut response = Response::new(text("hello"));
+                    response
+                        .headers_mut()
+                        .insert("x-served", "yes".parse().expect("value"));
+                    response
+                }
+            }
+        }) as Exchange<Reply>
+    }
+}
+
+/// Serves each connection to `listener` with baton's h2 server; every
+/// connection's outcome goes to the channel. `shutdown` starts a graceful
+/// close of every connection.
+fn serve(
+    listener: TcpListener,
+    limits: Limits,
+    seen: Arc<Seen>,
+    shutdown: Arc<Notify>,
+) -> mpsc::UnboundedReceiver<Result<(), ConnError>> {
+    let (ended, outcomes) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let (seen, shutdown, ended) = (Arc::clone(&seen), Arc::clone(&shutdown), ended.clone());
+            tokio::spawn(async move {
+                let mut conn = Connection::new(socket, &[], limits, exchange(seen));
+                let outcome = tokio::select! {
+                    outcome = &mut conn => outcome,
+                    () = shutdown.notified() => {
+                        conn.graceful_shutdown();
+                        (&mut conn).await
+                    }
+                };
+                // Its streams' exchanges with it, before the outcome is told.
+                drop(conn);
+                let _ = ended.send(outcome);
+            });
+        }
+    });
+    outcomes
+}
+
+struct Server {
+    addr: std::net::SocketAddr,
+    seen: Arc<Seen>,
+    shutdown: Arc<Notify>,
+    outcomes: mpsc::UnboundedReceiver<Result<(), ConnError>>,
+}
+
+async fn server(limits: Limits) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let seen = Arc::new(Seen::default());
+    let shutdown = Arc::new(Notify::new());
+    let outcomes = serve(listener, limits, Arc::clone(&seen), Arc::clone(&shutdown));
+    Server {
+        addr,
+        seen,
+        shutdown,
+        outcomes,
+    }
+}
+
+type Client = hyper::client::conn::http2::SendRequest<Reply>;
+
+/// hyper's h2 client, with the protocol's default windows (64 KiB), not
+/// hyper's (5 MiB), so that baton's sending runs out of them.
+async fn hyper_client(addr: std::net::SocketAddr) -> Client {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    client
+}
+
+fn get(addr: std::net::SocketAddr, path: &str) -> Request<Reply> {
+    Request::get(format!("http://{addr}{path}"))
+        .body(text(""))
+        .expect("request")
+}
+
+#[tokio::test]
+async fn many_streams_at_once_are_answered() {
+    let server = server(limits()).await;
+    let client = hyper_client(server.addr).await;
+    let mut answers = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let mut client = client.clone();
+        let request = get(server.addr, "/hello");
+        answers.spawn(async move {
+            let response = client.send_request(request).await.expect("response");
+            let served = response.headers().get("x-served").cloned();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            (served, body)
+        });
+    }
+    let answered = tokio::time::timeout(PATIENCE, answers.join_all())
+        .await
+        .expect("in time");
+    assert_eq!(answered.len(), 50);
+    for (served, body) in answered {
+        assert_eq!(served.as_ref().map(|v| v.as_bytes()), Some(&b"yes"[..]));
+        assert_eq!(body, "hello");
+    }
+}
+
+/// 4 MiB up and back down on four streams at once: far more than the
+/// windows baton grants (64 KiB a stream, 256 KiB the connection) and
+/// than the client's (64 KiB), so both directions run on WINDOW_UPDATEs.
+#[tokio::test]
+async fn large_uploads_are_echoed_within_both_sides_windows() {
+    let server = server(limits()).await;
+    let client = hyper_client(server.addr).await;
+    let mut echoes = tokio::task::JoinSet::new();
+    for n in 0..4u8 {
+        let mut client = client.clone();
+        let sent: Vec<u8> = (0..4 * 1024 * 1024u32)
+            .map(|i| (i % 251) as u8 ^ n)
+            .collect();
+        let chunks: Vec<Result<BodyFrame<Bytes>, RecvErrorText>> = sent
+            .chunks(100_000)
+            .map(|c| Ok(BodyFrame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        let body = StreamBody::new(futures_util::stream::iter(chunks)).boxed_unsync();
+        let request = Request::post(format!("http://{}/echo", server.addr))
+            .body(body)
+            .expect("request");
+        echoes.spawn(async move {
+            let response = client.send_request(request).await.expect("response");
+            let back = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            back == sent
+        });
+    }
+    let same = tokio::time::timeout(PATIENCE, echoes.join_all())
+        .await
+        .expect("in time");
+    assert_eq!(same, [true; 4]);
+}
+
+#[tokio::test]
+async fn trailers_go_both_ways() {
+    let server = server(limits()).await;
+    let mut client = hyper_client(server.addr).await;
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-checksum", "abc123".parse().expect("value"));
+    let frames = vec![
+        Ok::<_, RecvErrorText>(BodyFrame::data(Bytes::from_static(b"twelve bytes"))),
+        Ok(BodyFrame::trailers(trailers)),
+    ];
+    let body = StreamBody::new(futures_util::stream::iter(frames)).boxed_unsync();
+    let request = Request::post(format!("http://{}/trailers", server.addr))
+        .body(body)
+        .expect("request");
+    let response = tokio::time::timeout(PATIENCE, client.send_request(request))
+        .await
+        .expect("in time")
+        .expect("response");
+    let collected = response.into_body().collect().await.expect("body");
+    let back = collected.trailers().cloned().expect("trailers");
+    assert_eq!(
+        back.get("x-checksum").map(|v| v.as_bytes()),
+        Some(&b"abc123"[..])
+    );
+    assert_eq!(collected.to_bytes(), "12");
+}
+
+/// A stream the client resets drops its exchange at once; the connection
+/// serves the next.
+#[tokio::test]
+async fn a_reset_stream_drops_its_exchange_and_the_connection_goes_on() {
+    let server = server(limits()).await;
+    let tcp = TcpStream::connect(server.addr).await.expect("connect");
+    let (h2, connection) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(connection);
+    let mut h2 = h2.ready().await.expect("ready");
+    let slow = Request::get(format!("http://{}/slow", server.addr))
+        .body(())
+        .expect("request");
+    let (_response, mut stream) = h2.send_request(slow, false).expect("send");
+    // The exchange is under way once its drop would count.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(server.seen.dropped.load(Ordering::SeqCst), 0);
+    stream.send_reset(h2::Reason::CANCEL);
+    let dropped = async {
+        while server.seen.dropped.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, dropped)
+        .await
+        .expect("the exchange dropped");
+    let mut h2 = h2.ready().await.expect("ready");
+    let hello = Request::get(format!("http://{}/hello", server.addr))
+        .body(())
+        .expect("request");
+    let (response, _) = h2.send_request(hello, true).expect("send");
+    let response = tokio::time::timeout(PATIENCE, response)
+        .await
+        .expect("in time")
+        .expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+/// GOAWAY, then the stream under way is answered, a stream opened after
+/// the client saw it is refused, and the connection ends well.
+#[tokio::test]
+async fn a_graceful_close_answers_what_is_under_way() {
+    let mut server = server(limits()).await;
+    let mut client = hyper_client(server.addr).await;
+    let slow = tokio::spawn({
+        let request = get(server.addr, "/slow");
+        let mut client = client.clone();
+        async move { client.send_request(request).await.map(|r| r.status()) }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.shutdown.notify_waiters();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let late = client.send_request(get(server.addr, "/hello")).await;
+    assert!(late.is_err(), "a stream after GOAWAY is refused: {late:?}");
+    server.seen.release.notify_waiters();
+    let slow = tokio::time::timeout(PATIENCE, slow)
+        .await
+        .expect("in time")
+        .expect("task");
+    assert_eq!(slow.expect("answered"), StatusCode::OK);
+    let outcome = tokio::time::timeout(PATIENCE, server.outcomes.recv())
+        .await
+        .expect("ended");
+    assert!(matches!(outcome, Some(Ok(()))), "{outcome:?}");
+    assert_eq!(server.seen.dropped.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn curl_is_answered() {
+    let server = server(limits()).await;
+    let output = tokio::process::Command::new("curl")
+        .args(["-s", "-i", "--max-time", "10", "--http2-prior-knowledge"])
+        .arg(format!("http://{}/hello", server.addr))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("curl runs");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(out.starts_with("HTTP/2 200"), "{out}");
+    assert!(out.contains("x-served: yes"), "{out}");
+    assert!(out.ends_with("hello"), "{out}");
+}
+
+/// A raw client: the preface, an empty SETTINGS, then what the test writes.
+struct Raw {
+    socket: TcpStream,
+    read: BytesMut,
+    reader: Reader,
+}
+
+impl Raw {
+    async fn open(addr: std::net::SocketAddr) -> Raw {
+        let mut socket = TcpStream::connect(addr).await.expect("connect");
+        let mut hello = frame::PREFACE.to_vec();
+        frame::write::settings(&mut hello, &[]);
+        socket.write_all(&hello).await.expect("write");
+        Raw {
+            socket,
+            read: BytesMut::new(),
+            reader: Reader::new(1 << 20, 1 << 20),
+        }
+    }
+
+    /// HEADERS with END_HEADERS (and END_STREAM) on `stream`, its block
+    /// literal fields without indexing, names as given.
+    async fn request(&mut self, stream: u32, fields: &[(&[u8], &[u8])]) {
+        let mut block = Vec::new();
+        for (name, value) in fields {
+            block.push(0x00);
+            block.push(name.len() as u8);
+            block.extend_from_slice(name);
+            block.push(value.len() as u8);
+            block.extend_from_slice(value);
+        }
+        let mut out = Vec::new();
+        frame::write::headers(&mut out, stream, &block, true, 16_384);
+        self.socket.write_all(&out).await.expect("write");
+    }
+
+    /// The next frame from the server that is not SETTINGS, WINDOW_UPDATE
+    /// or a PING (answered when `answer_pings`); `None` once it closed.
+    async fn next(&mut self, answer_pings: bool) -> Option<Inbound> {
+        loop {
+            match self.reader.next(&mut self.read).expect("valid frames") {
+                Some(Inbound::Frame(
+                    Frame::Settings(_) | Frame::SettingsAck | Frame::WindowUpdate { .. },
+                )) => {}
+                Some(Inbound::Frame(Frame::Ping {
+                    ack: false,
+                    payload,
+                })) => {
+                    if answer_pings {
+                        let mut out = Vec::new();
+                        frame::write::ping(&mut out, payload, true);
+                        self.socket.write_all(&out).await.expect("write");
+                    }
+                }
+                Some(other) => return Some(other),
+                None => match self.socket.read_buf(&mut self.read).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) => {}
+                },
+            }
+        }
+    }
+}
+
+const GET_HELLO: [(&[u8], &[u8]); 4] = [
+    (b":method", b"GET"),
+    (b":scheme", b"http"),
+    (b":authority", b"example.test"),
+    (b":path", b"/hello"),
+];
+
+/// A malformed head resets its stream alone; a head past the list's
+/// bound is answered 431; streams past the bound are refused.
+#[tokio::test]
+async fn malformed_and_excess_streams_are_refused_one_by_one() {
+    let server = server(Limits {
+        max_streams: 1,
+        ..limits()
+    })
+    .await;
+    let mut raw = Raw::open(server.addr).await;
+    let mut upper = GET_HELLO.to_vec();
+    upper.push((b"X-Upper", b"v"));
+    raw.request(1, &upper).await;
+    let reset = tokio::time::timeout(PATIENCE, raw.next(true))
+        .await
+        .expect("in time");
+    assert_eq!(
+        reset,
+        Some(Inbound::Frame(Frame::Reset {
+            stream: 1,
+            reason: Reason::PROTOCOL_ERROR
+        }))
+    );
+    // 150 fields of 138 bytes each as h2 counts them: past 16 KiB.
+    let long = vec![b'v'; 100];
+    let mut large = GET_HELLO.to_vec();
+    for _ in 0..150 {
+        large.push((b"x-long", &long));
+    }
+    raw.request(3, &large).await;
+    let Some(Inbound::Block(block)) = tokio::time::timeout(PATIENCE, raw.next(true))
+        .await
+        .expect("in time")
+    else {
+        panic!("a response head");
+    };
+    assert_eq!(block.stream, 3);
+    assert_eq!(&block.block[..5], b"\x08\x03431", ":status 431, a literal");
+    // `/slow` holds the only stream the bound allows; the next is refused.
+    let mut slow = GET_HELLO.to_vec();
+    slow[3] = (b":path", b"/slow");
+    raw.request(5, &slow).await;
+    raw.request(7, &GET_HELLO).await;
+    let refused = tokio::time::timeout(PATIENCE, raw.next(true))
+        .await
+        .expect("in time");
+    assert_eq!(
+        refused,
+        Some(Inbound::Frame(Frame::Reset {
+            stream: 7,
+            reason: Reason::REFUSED_STREAM
+        }))
+    );
+}
+
+/// A client that answers no PING is cut once `ping_timeout` passes, even
+/// with a stream open.
+#[tokio::test]
+async fn a_client_that_answers_no_ping_is_cut() {
+    let mut server = server(Limits {
+        ping_interval: Duration::from_millis(200),
+        ping_timeout: Duration::from_millis(200),
+        ..limits()
+    })
+    .await;
+    let mut raw = Raw::open(server.addr).await;
+    let mut slow = GET_HELLO.to_vec();
+    slow[3] = (b":path", b"/slow");
+    raw.request(1, &slow).await;
+    let outcome = tokio::time::timeout(PATIENCE, server.outcomes.recv())
+        .await
+        .expect("ended");
+    assert!(
+        matches!(outcome, Some(Err(ConnError::PingTimeout))),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        server.seen.dropped.load(Ordering::SeqCst),
+        1,
+        "the stream's exchange dropped"
+    );
+    let mut answering = Raw::open(server.addr).await;
+    answering.request(1, &GET_HELLO).await;
+    let head = tokio::time::timeout(PATIENCE, answering.next(true))
+        .await
+        .expect("in time");
+    assert!(matches!(head, Some(Inbound::Block(_))), "{head:?}");
+}
