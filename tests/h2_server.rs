@@ -36,6 +36,8 @@ fn limits() -> Limits {
         send_buffer: 32 * 1024,
         ping_interval: Duration::from_secs(30),
         ping_timeout: Duration::from_secs(20),
+        stall_limit: Duration::from_secs(30),
+        goaway_crossing: Duration::from_secs(1),
     }
 }
 

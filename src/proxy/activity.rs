@@ -23,10 +23,7 @@ const QUIET_AT_MOST: u32 = 4;
 /// half of them reset before their responses, each within [`EARLY_RESET`]
 /// of its start, is flooding: the "rapid reset" attack (CVE-2023-44487),
 /// in which a stream costs the client two frames and baton, and its
-/// backend, a request. h2 itself closes the connection only when more
-/// than 20 resets wait for hyper at once; a client that resets each
-/// stream just after hyper took it (a millisecond later) slips past that.
-/// Envoy's bounds (`premature_reset_total_stream_count`: 500 streams,
+/// backend, a request. Envoy's bounds (`premature_reset_total_stream_count`: 500 streams,
 /// half of them reset within a second). Streams baton answers itself
 /// (refused: CONNECT, a bad Host) do not count: a client could otherwise
 /// send one between resets and stay at half. A browser that cancels the
@@ -34,10 +31,6 @@ const QUIET_AT_MOST: u32 = 4;
 /// all expire against a slow backend may reach it, and reconnects.
 const RESET_FLOOD: u64 = 500;
 
-/// `ConnState::goaway_nanos` before GOAWAY was asked for, and once it was
-/// but no byte has gone out since.
-const NO_GOAWAY: u64 = u64::MAX;
-const GOAWAY_ASKED: u64 = u64::MAX - 1;
 const EARLY_RESET: Duration = Duration::from_secs(1);
 
 pub struct ConnState {
@@ -50,8 +43,8 @@ pub struct ConnState {
     idle_since_nanos: AtomicU64,
     origin: Instant,
     /// Whether the client takes the responses' bytes: how many responses
-    /// have a frame handed to hyper that hyper has not asked past yet
-    /// (hyper asks for the next once a frame is written), and when any of
+    /// have a frame handed to the h2 connection that it has not asked past
+    /// yet (it asks for the next once a frame is written), and when any of
     /// them last moved. Frames waiting with nothing moving for long mean
     /// the client stopped reading (a full socket, or h2 windows at zero).
     frames_waiting: AtomicUsize,
@@ -59,8 +52,8 @@ pub struct ConnState {
     delivery_moved_nanos: AtomicU64,
     /// When bytes last went to the client's socket, nanoseconds since
     /// `origin`: a stream is over for baton when its last frame is handed
-    /// to hyper, but h2 may hold that frame until the client's window
-    /// opens (see [`ConnState::done_and_quiet`]).
+    /// to the connection, which may hold that frame until the client's
+    /// window opens (see [`ConnState::done_and_quiet`]).
     wrote_nanos: AtomicU64,
     /// Streams sent on to a backend, and those of them the client reset
     /// early (see [`RESET_FLOOD`]).
@@ -68,9 +61,6 @@ pub struct ConnState {
     early_resets: AtomicU64,
     /// Told once the client is found flooding.
     flooded: Notify,
-    /// When GOAWAY went out, nanoseconds since `origin`: the first write
-    /// after it was asked for ([`NO_GOAWAY`], [`GOAWAY_ASKED`] before).
-    goaway_nanos: AtomicU64,
 }
 
 /// Marks a request in flight until the response body is done.
@@ -85,7 +75,7 @@ pub struct Busy {
     /// Whether it was sent on to a backend.
     sent_on: bool,
     /// Whether its response was made: a `Busy` dropped before is a stream
-    /// the client reset first (hyper drops its future), or the
+    /// the client reset first (the connection drops its exchange), or the
     /// connection's end.
     answered: bool,
 }
@@ -170,29 +160,7 @@ impl ConnState {
             sent_on: AtomicU64::new(0),
             early_resets: AtomicU64::new(0),
             flooded: Notify::new(),
-            goaway_nanos: AtomicU64::new(NO_GOAWAY),
         }
-    }
-
-    /// GOAWAY was asked of h2 (the first time counts): it goes out with
-    /// the next bytes written, which start its clock.
-    pub fn goaway_sent(&self) {
-        let _ = self.goaway_nanos.compare_exchange(
-            NO_GOAWAY,
-            GOAWAY_ASKED,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Whether a stream opening now comes more than `crossing` after
-    /// GOAWAY went out: too late to have crossed it on the way.
-    pub fn past_goaway(&self, crossing: Duration) -> bool {
-        // The clock is read only once GOAWAY went out: not per stream.
-        let sent = self.goaway_nanos.load(Ordering::Relaxed);
-        sent < GOAWAY_ASKED
-            && self.origin.elapsed().as_nanos() as u64
-                > sent.saturating_add(crossing.as_nanos() as u64)
     }
 
     /// A stream sent on ended before its response, soon after it began.
@@ -214,14 +182,6 @@ impl ConnState {
     pub fn wrote(&self) {
         let now = self.origin.elapsed().as_nanos() as u64;
         self.wrote_nanos.store(now, Ordering::Relaxed);
-        if self.goaway_nanos.load(Ordering::Relaxed) == GOAWAY_ASKED {
-            let _ = self.goaway_nanos.compare_exchange(
-                GOAWAY_ASKED,
-                now,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-        }
     }
 
     /// Resolves once no request has been in flight and no byte has gone
@@ -339,25 +299,6 @@ mod tests {
         assert!(!is_flooded(&state).await, "half reset");
         streams(&state, 1, false);
         assert!(is_flooded(&state).await, "more than half reset");
-    }
-
-    /// GOAWAY's clock starts once bytes go out after it was asked for (a
-    /// full socket holds it back), and the first GOAWAY counts.
-    #[tokio::test(start_paused = true)]
-    async fn a_stream_is_past_goaway_only_once_it_had_time_to_cross_it() {
-        let state = state();
-        let crossing = Duration::from_secs(1);
-        assert!(!state.past_goaway(crossing), "no GOAWAY yet");
-        state.goaway_sent();
-        tokio::time::advance(crossing * 5).await;
-        assert!(!state.past_goaway(crossing), "not written out yet");
-        state.wrote();
-        tokio::time::advance(crossing).await;
-        assert!(!state.past_goaway(crossing), "may have crossed it");
-        state.goaway_sent();
-        state.wrote();
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(state.past_goaway(crossing), "the first GOAWAY counts");
     }
 
     /// Streams baton answered itself make no room for resets: a client

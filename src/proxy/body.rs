@@ -1,5 +1,5 @@
-//! Body plumbing for the HTTP proxy: one boxed type for every body we hand
-//! hyper, and a wrapper that keeps a guard alive until the body is done, so
+//! Body plumbing for the HTTP proxy: one boxed type for every body an h2
+//! stream answers with, and a wrapper that keeps a guard alive until the body is done, so
 //! "this connection is idle" means "its last response was fully written";
 //! and the client's request body as it goes upstream.
 
@@ -11,13 +11,13 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::clock::SharedInstant;
+use super::h2::recv::{RecvBody, RecvError};
 
-/// Why a body broke off: hyper's error for a client's body, baton's own
-/// for a backend's response read on its HTTP/1 upstream.
+/// Why a body broke off: the h2 connection's error for a client's body,
+/// baton's own for a backend's response read on its HTTP/1 upstream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A response body cut by its client's upload, which stopped arriving
@@ -47,11 +47,11 @@ pub fn empty() -> ProxyBody {
 }
 
 /// What a [`Guarded`] body's guard hears: the body breaking off midway,
-/// hyper asking for the next frame, a frame handed to hyper.
+/// the h2 connection asking for the next frame, a frame handed to it.
 pub trait BodyGuard: Send + Unpin + 'static {
     fn body_failed(&mut self, _cause: &BodyError) {}
     fn asked(&mut self) {}
-    /// A frame went to hyper, `bytes` of data in it.
+    /// A frame went to the connection, `bytes` of data in it.
     fn handed(&mut self, _bytes: usize) {}
     /// The body ended as it should (the guard is dropped next).
     fn ended(&mut self) {}
@@ -73,8 +73,8 @@ impl<G: BodyGuard> Guarded<G> {
     }
 }
 
-/// hyper stops polling a body that says it is at its end (the last data
-/// frame carries END_STREAM), so such a body's end is seen here.
+/// The h2 connection stops polling a body that says it is at its end (the
+/// last data frame carries END_STREAM), so such a body's end is seen here.
 impl<G: BodyGuard> Drop for Guarded<G> {
     fn drop(&mut self) {
         if let Some(mut guard) = self.guard.take() {
@@ -186,29 +186,17 @@ impl Progress {
     }
 }
 
-/// An h2 body error that says the client went away, not that it sent
-/// something malformed: its RST_STREAM (whatever the code), or its
-/// connection broken (closed or reset under the stream).
-pub fn is_client_gone(err: &hyper::Error) -> bool {
-    std::error::Error::source(err)
-        .and_then(|cause| cause.downcast_ref::<h2::Error>())
-        .is_some_and(|h2| (h2.is_reset() && h2.is_remote()) || h2.is_io())
-}
-
 /// A client's request body on its way to a backend: the frame read before
 /// a backend was chosen, then the rest as it arrives, telling [`Progress`].
 pub struct ClientBody {
     first: Option<Frame<Bytes>>,
-    rest: Incoming,
+    rest: RecvBody,
     progress: Arc<Progress>,
-    /// hyper said the body ended, and that end waits one poll (see
-    /// [`ClientBody::hold_the_end`]).
-    end_held: bool,
 }
 
 impl ClientBody {
     /// The body, and its progress.
-    pub fn wrap(first: Frame<Bytes>, rest: Incoming) -> (ProxyBody, Arc<Progress>) {
+    pub fn wrap(first: Frame<Bytes>, rest: RecvBody) -> (ProxyBody, Arc<Progress>) {
         let progress = Arc::new(Progress::new());
         progress.moved();
         progress.took(&first);
@@ -216,7 +204,6 @@ impl ClientBody {
             first: Some(first),
             rest,
             progress: Arc::clone(&progress),
-            end_held: false,
         };
         body.note_end();
         (body.boxed_unsync(), progress)
@@ -232,24 +219,6 @@ impl ClientBody {
         self.progress.moved();
         self.progress.complete.store(true, Ordering::Release);
     }
-
-    /// hyper ends a body whose stream the client reset with NO_ERROR as if
-    /// the client had sent all of it (RFC 9113 §8.1: how a server that has
-    /// answered stops an upload), and nothing it hands on tells the two
-    /// apart: the last chunk would go up and the backend take the part
-    /// that came for the whole request. So the end waits one poll: the
-    /// stream's task, woken at once, asks h2 for a reset as soon as this
-    /// poll returns (before the response, and before each frame of a body
-    /// it sends) and drops the exchange, and its backend connection with
-    /// it, if there was one.
-    fn hold_the_end(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        self.end_held = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    }
 }
 
 impl Body for ClientBody {
@@ -263,10 +232,6 @@ impl Body for ClientBody {
         if let Some(first) = self.first.take() {
             return Poll::Ready(Some(Ok(first)));
         }
-        if self.end_held {
-            self.ended();
-            return Poll::Ready(None);
-        }
         let polled = Pin::new(&mut self.rest).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
@@ -276,11 +241,13 @@ impl Body for ClientBody {
             }
             Poll::Ready(Some(Err(err))) => {
                 self.progress.failed.store(true, Ordering::Relaxed);
-                if is_client_gone(err) {
+                // Its RST_STREAM (whatever the code), or its connection
+                // gone: not a body it sent malformed.
+                if matches!(err, RecvError::Reset(_)) {
                     self.progress.client_left.store(true, Ordering::Relaxed);
                 }
             }
-            Poll::Ready(None) => return self.hold_the_end(cx),
+            Poll::Ready(None) => self.ended(),
             Poll::Pending => {}
         }
         polled.map_err(BodyError::from)

@@ -1,14 +1,16 @@
-//! h2c (prior knowledge) clients: a hyper h2 server connection whose
-//! streams go to backends on baton's own HTTP/1 upstream (`h1::relay`),
+//! h2c (prior knowledge) clients: baton's own h2 server connection
+//! (`conn`), whose streams go to backends on its HTTP/1 upstream
+//! (`h1::relay`),
 //! with the same leases, caps, queue, kept connections, timeouts and
 //! passive health as HTTP/1 clients. Bodies stream in both directions;
 //! nothing is buffered whole.
 //!
 //! Draining an h2 connection, per DESIGN.md: GOAWAY at once.
 //!
-//! baton's own h2 server takes hyper's place in steps; its layers so far:
-//! the frames (`frame`), their header compression (`hpack`), a request's
-//! head (`request`) and body (`recv`), and the connection (`conn`).
+//! The server's layers: the frames (`frame`), their header compression
+//! (`hpack`), a request's head (`request`) and body (`recv`), and the
+//! connection (`conn`), which polls each stream's exchange (`handle`) in
+//! its own task.
 
 pub mod conn;
 pub mod frame;
@@ -24,16 +26,12 @@ use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, EXPECT, HO
 use http::{Request, Response};
 use http_body::Body as _;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use hyper::server::conn::http2;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 use super::activity::ConnState;
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
-use super::delivery::{self, StreamTask};
+use super::delivery;
 use super::h1::head::{
     expectation_met, valid_authority, Framing, ResponseHead, MAX_FIELDS, MAX_HEAD,
 };
@@ -54,28 +52,30 @@ use crate::metrics;
 use crate::proxy_protocol::send::Speaker;
 use crate::proxy_protocol::Origin;
 use crate::stream::ByteStream;
+use conn::{Connection, Exchange, Limits};
+use recv::{RecvBody, RecvError};
 
 /// How often an h2 connection is PINGed, and how long the answer may take,
 /// at most.
 pub(super) const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 pub(super) const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
-/// What h2 buffers of one stream's response beyond what the socket took:
-/// two of its largest frames (HAProxy holds one 16 KiB buffer a stream).
+/// What a connection holds written and not yet taken by its socket before
+/// it stops polling response bodies (and reading frames): two of the
+/// largest frames baton sends (HAProxy holds one 16 KiB buffer a stream).
 const H2_SEND_BUFFER: usize = 32 * 1024;
 /// What a client may send of one stream's request body before baton reads
 /// it (while the stream waits in line, connects, or its backend is slow to
-/// take it): nginx's and HAProxy's 64 KiB, not hyper's 1 MiB.
+/// take it): nginx's and HAProxy's 64 KiB.
 const H2_STREAM_WINDOW: u32 = 64 * 1024;
-/// The same for all of a connection's streams together: hyper's 1 MiB a
-/// connection let 10,000 clients that send and are not read pin 10 GiB
+/// The same for all of a connection's streams together: 1 MiB a connection
+/// (hyper's, once) let 10,000 clients that send and are not read pin 10 GiB
 /// (an HTTP/1 client holds 16 KiB).
 const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// How long an idle h2 client has to close after GOAWAY (counted from the
 /// last byte baton wrote, with no stream open).
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
-/// How long after GOAWAY went out (the first bytes written once it was
-/// asked for) a stream the client opened before GOAWAY reached it may
-/// still arrive. One later broke RFC 9113 §6.8 ("receivers of a GOAWAY
+/// How long after GOAWAY was sent a stream the client opened before
+/// GOAWAY reached it may still arrive. One later broke RFC 9113 §6.8 ("receivers of a GOAWAY
 /// frame MUST NOT open additional streams"): a client that answers
 /// keep-alive PINGs but not the GOAWAY's own, and goes on opening streams,
 /// would hold a drain to its deadline. Such streams are refused
@@ -83,7 +83,7 @@ const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
 /// connection closes once those it was serving are done. HAProxy and nginx
 /// allow none: their GOAWAY names the last stream at once.
 const GOAWAY_CROSSING: Duration = Duration::from_secs(1);
-/// The lead each stream's own stall clock (`delivery`) has over the
+/// The lead each stream's own stall clock (`conn`) has over the
 /// connection's: a stall ends the streams it holds (each counted once),
 /// and the whole connection only if frames still wait after that.
 const STREAMS_FIRST: Duration = Duration::from_secs(1);
@@ -119,7 +119,7 @@ const LINGER_MAX: Duration = Duration::from_secs(2);
 
 /// Closes the socket of an h2 connection that ended well: its write side
 /// first (after all baton wrote; under TLS, `close_notify` after the last
-/// record, as hyper sends it when the connection ends by itself: without
+/// record: without
 /// it a client's TLS library takes the close for a truncation), then what
 /// the client still sends (WINDOW_UPDATEs and PING answers while it reads
 /// its last responses) is read and dropped until it closes or falls
@@ -183,24 +183,19 @@ impl HttpProxy {
         });
         let service = {
             let (proxy, state, drain) = (Arc::clone(&self), Arc::clone(&state), drain.clone());
-            service_fn(move |req| {
+            move |req: Request<RecvBody>| -> Exchange<ProxyBody> {
                 let (proxy, state, drain) = (Arc::clone(&proxy), Arc::clone(&state), drain.clone());
                 let client = Arc::clone(&client);
-                let refused = state
-                    .past_goaway(GOAWAY_CROSSING)
-                    .then(|| proxy.refused_past_goaway(peer));
-                async move {
-                    match refused {
-                        Some(refused) => Err(refused),
-                        None => Ok(proxy.handle(req, &client, state, drain).await),
-                    }
-                }
-            })
+                crate::in_place::boxed(
+                    || async move { proxy.handle(req, &client, state, drain).await },
+                )
+            }
         };
         let (back, handed_back) = tokio::sync::oneshot::channel();
-        let io = TokioIo::new(Watched::new(stream, seen, Arc::clone(&state), back));
+        let io = Watched::new(stream, seen, Arc::clone(&state), back);
         let ended = {
-            let conn = self.h2_server(&drain, peer).serve_connection(io, service);
+            let conn = Connection::new(io, &[], self.h2_limits(), service)
+                .on_stall(self.on_stream_stall(peer));
             tokio::pin!(conn);
             let idle_in_drain = idle_through_the_drain(&drain, &state, self.keepalive_drain_grace);
             tokio::pin!(idle_in_drain);
@@ -220,7 +215,6 @@ impl HttpProxy {
                     }
                     () = drain.draining(), if !closing => {
                         conn.as_mut().graceful_shutdown();
-                        state.goaway_sent();
                         closing = true;
                     }
                     () = state.stalled_reader(self.idle_timeout + STREAMS_FIRST) => {
@@ -239,7 +233,6 @@ impl HttpProxy {
                         metrics::client_abort(&self.listener, metrics::AbortReason::ResetFlood);
                         if !closing {
                             conn.as_mut().graceful_shutdown();
-                            state.goaway_sent();
                             closing = true;
                         }
                         flood_cut = Some(Instant::now() + H2_GOAWAY_GRACE);
@@ -256,7 +249,6 @@ impl HttpProxy {
                     () = state.idle_for(self.idle_timeout), if !closing => {
                         tracing::debug!(listener = %self.listener, client = %peer, "h2 connection without a stream for idle_timeout; GOAWAY");
                         conn.as_mut().graceful_shutdown();
-                        state.goaway_sent();
                         closing = true;
                         idle_goaway = Some(Instant::now());
                     }
@@ -276,56 +268,42 @@ impl HttpProxy {
                 }
             }
         };
-        // hyper's connection, dropped with the block above, handed it back.
+        // The connection, dropped with the block above, handed it back.
         if let (Ended::Well, Ok(stream)) = (ended, handed_back.await) {
             linger(stream).await;
         }
     }
 
-    /// hyper's h2 server for one connection (to `peer`), whose streams run
-    /// as the drain's tasks, each ended if its client takes none of its
-    /// response for `idle_timeout` (see [`StreamTasks`]).
-    fn h2_server(&self, drain: &DrainWatch, peer: SocketAddr) -> http2::Builder<StreamTasks> {
+    /// What an h2 client is allowed (see the constants above).
+    fn h2_limits(&self) -> Limits {
+        Limits {
+            max_streams: self.h2.max_streams,
+            stream_window: H2_STREAM_WINDOW,
+            connection_window: H2_CONNECTION_WINDOW,
+            // An HTTP/1 head's bound (h2 counts 32 bytes more a field).
+            max_header_list: MAX_HEAD as u32,
+            send_buffer: H2_SEND_BUFFER,
+            ping_interval: self.h2.ping_interval,
+            ping_timeout: self.h2.ping_timeout,
+            stall_limit: self.idle_timeout,
+            goaway_crossing: GOAWAY_CROSSING,
+        }
+    }
+
+    /// What a stream reset for its client's stall (to `peer`) tells.
+    fn on_stream_stall(&self, peer: SocketAddr) -> Arc<dyn Fn() + Send + Sync> {
         let listener = Arc::clone(&self.listener);
-        let on_stall = Arc::new(move || {
+        Arc::new(move || {
             if crate::telemetry::client_fault() {
                 tracing::info!(listener = %listener, client = %peer, "client took none of a stream's response within idle_timeout; resetting the stream");
             }
             metrics::client_abort(&listener, metrics::AbortReason::StalledReader);
-        });
-        let mut server = http2::Builder::new(StreamTasks {
-            drain: drain.clone(),
-            stall_limit: self.idle_timeout,
-            on_stall,
-        });
-        server
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(self.h2.max_streams)
-            // What h2 holds of a stream's response once the socket is full
-            // (hyper's default, 400 KiB, let a client that opens its
-            // windows and never reads pin 40 MiB a connection).
-            .max_send_buf_size(H2_SEND_BUFFER)
-            .initial_stream_window_size(H2_STREAM_WINDOW)
-            .initial_connection_window_size(H2_CONNECTION_WINDOW)
-            // An HTTP/1 head's bound (h2 counts 32 bytes more a field).
-            .max_header_list_size(MAX_HEAD as u32)
-            .keep_alive_interval(self.h2.ping_interval)
-            .keep_alive_timeout(self.h2.ping_timeout);
-        server
-    }
-
-    /// A stream the client opened past GOAWAY (see [`GOAWAY_CROSSING`]):
-    /// hyper resets it with the reason this error carries.
-    fn refused_past_goaway(&self, peer: SocketAddr) -> h2::Error {
-        if crate::telemetry::client_fault() {
-            tracing::info!(listener = %self.listener, client = %peer, "h2 client opened a stream after GOAWAY; refused");
-        }
-        h2::Error::from(h2::Reason::REFUSED_STREAM)
+        })
     }
 
     async fn handle(
         &self,
-        req: Request<Incoming>,
+        req: Request<RecvBody>,
         client: &H2Client,
         state: Arc<ConnState>,
         drain: DrainWatch,
@@ -344,7 +322,8 @@ impl HttpProxy {
             .or_else(|| req.headers().get(HOST).map(HeaderValue::as_bytes));
         let target = self.target_for(host, req.uri().path().as_bytes());
         // Made first: a stream the client resets while baton waits for the
-        // backend (hyper then drops this future) still leaves its line.
+        // backend (the connection then drops this future) still leaves its
+        // line.
         let mut record = self.access_log.as_ref().map(|log| {
             let asked = Asked::of(&req);
             StreamRecord::new(
@@ -412,15 +391,17 @@ impl HttpProxy {
 
     async fn forward(
         &self,
-        req: Request<Incoming>,
+        req: Request<RecvBody>,
         stream: Stream<'_>,
         target: &Target,
         drain: &DrainWatch,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let client = stream.client;
         let (parts, incoming) = req.into_parts();
+        stream.noted.body_expected = !incoming.is_end_stream();
         let outgoing = self.client_body(incoming).await?;
         stream.noted.upload = outgoing.progress.clone();
+        stream.noted.body_expected = outgoing.progress.is_some();
         // Sent again on a new connection when a kept one was closed under
         // it only if that is safe, as for HTTP/1: no body, an idempotent
         // method.
@@ -517,7 +498,7 @@ impl HttpProxy {
     /// The request body to send upstream. Its first frame is awaited before
     /// a backend is chosen, so a body malformed from its first byte (the
     /// usual smuggling attempt) reaches no backend at all.
-    async fn client_body(&self, incoming: Incoming) -> Result<Outgoing, ProxyError> {
+    async fn client_body(&self, incoming: RecvBody) -> Result<Outgoing, ProxyError> {
         if incoming.is_end_stream() {
             return Ok(Outgoing::empty());
         }
@@ -528,18 +509,9 @@ impl HttpProxy {
                 seconds: self.idle_timeout.as_secs_f64(),
             })?;
         match first {
-            // The head did not end the stream, yet no DATA came: a reset
-            // the client sent with NO_ERROR, which hyper reads as the end
-            // (see `ClientBody::hold_the_end`), not a body that ended
-            // empty (an empty DATA frame with END_STREAM is a frame). One
-            // turn first, for hyper to see the reset and drop the stream:
-            // a kept backend connection would have the request, whole and
-            // empty, at once (a `PUT` that empties the file).
-            None => {
-                tokio::task::yield_now().await;
-                Ok(Outgoing::empty())
-            }
-            Some(Err(err)) if body::is_client_gone(&err) => Err(ProxyError::ClientLeft),
+            // END_STREAM alone, in an empty DATA frame.
+            None => Ok(Outgoing::empty()),
+            Some(Err(RecvError::Reset(_))) => Err(ProxyError::ClientLeft),
             Some(Err(_)) => Err(ProxyError::Client {
                 why: "malformed request body",
             }),
@@ -732,35 +704,6 @@ struct Stream<'a> {
     noted: &'a mut Noted,
 }
 
-/// Runs hyper's h2 stream tasks counted by the drain: a stopping generation
-/// waits for them (and so for their access-log lines) as for connections.
-/// A forced drain drops the connection, and hyper then drops its streams'
-/// futures at once, which their lines say (`K?`). (Each stream waiting on
-/// the force itself cost 9 % of an h2 request's instructions.) Each task
-/// is a [`StreamTask`]: one whose client takes none of its response for
-/// `stall_limit` ends, and hyper resets the stream.
-#[derive(Clone)]
-struct StreamTasks {
-    drain: DrainWatch,
-    stall_limit: Duration,
-    on_stall: Arc<dyn Fn() + Send + Sync>,
-}
-
-impl<F> hyper::rt::Executor<F> for StreamTasks
-where
-    F: std::future::Future<Output = ()> + Send + 'static,
-{
-    /// Boxed (the stream's one box, inside `StreamTask`): tokio's moves of
-    /// a task's future (into its cell, and each time its stage is set) then
-    /// copy a few words instead of hyper's whole stream state, the
-    /// exchange's included (callgrind once saw a sixth of h2c's
-    /// instructions in those copies).
-    fn execute(&self, task: F) {
-        let task = StreamTask::new(task, self.stall_limit, Arc::clone(&self.on_stall));
-        self.drain.spawn_counted(task);
-    }
-}
-
 /// Why a try at a backend got no response.
 enum Sent {
     /// A kept connection was closed under the request before a byte came
@@ -792,7 +735,7 @@ fn refusal<B>(req: &Request<B>) -> Option<ProxyError> {
 }
 
 /// A request two parties could read two ways (the stuff of request
-/// smuggling) that hyper lets through: refused, never forwarded.
+/// smuggling) that the h2 layer lets through: refused, never forwarded.
 fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
     let mut hosts = req.headers().get_all(HOST).iter();
     if let Some(host) = hosts.next() {

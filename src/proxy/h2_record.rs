@@ -24,6 +24,21 @@ pub struct Noted {
     pub backend: Option<Arc<Backend>>,
     /// The client's request body, once one started.
     pub upload: Option<Arc<Progress>>,
+    /// The request's head did not end its stream: a body (maybe empty)
+    /// is to come.
+    pub body_expected: bool,
+}
+
+impl Noted {
+    /// Whether the request's body is still coming: then a stream dropped
+    /// without an answer (its client's reset, a forced drain) was cut
+    /// while the client sent (`R`), wherever the exchange had got to.
+    fn sending(&self) -> bool {
+        match &self.upload {
+            Some(progress) => !progress.last().1,
+            None => self.body_expected,
+        }
+    }
 }
 
 /// A stream's log line, written when its response body is done with.
@@ -147,6 +162,8 @@ impl StreamRecord {
         self.termination.unwrap_or_else(|| {
             let phase = if self.status.is_some() {
                 Phase::Data
+            } else if self.noted.sending() {
+                Phase::Request
             } else {
                 self.noted.marks.phase()
             };

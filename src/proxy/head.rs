@@ -3,7 +3,7 @@
 //! closed. After that its idleness is the proxy's business. (HTTP/1 heads
 //! have their own clocks in `h1::conn`.) The stream also tells the
 //! connection when it last wrote (see `activity`), and is handed back when
-//! hyper drops it, for the connection's closing linger.
+//! the h2 connection drops it, for its closing linger.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +25,8 @@ pub struct OpeningClock {
 
 impl OpeningClock {
     /// Runs from `started`, when the connection was accepted: the preface
-    /// read before hyper took over and the SETTINGS after it share one
+    /// read before the h2 connection took over and the SETTINGS after it
+    /// share one
     /// `header_timeout`.
     pub fn since(started: Instant) -> OpeningClock {
         OpeningClock {
@@ -57,8 +58,8 @@ pub struct Watched<S> {
     /// `None` only once dropped: then it goes to `back`.
     inner: Option<S>,
     back: Option<oneshot::Sender<S>>,
-    /// Bytes read before hyper took over (to tell h2 from HTTP/1), given
-    /// to hyper first.
+    /// Bytes read before the h2 connection took over (to tell h2 from
+    /// HTTP/1), given to it first.
     prefix: Vec<u8>,
     state: Arc<ConnState>,
     opening: Opening,
@@ -81,8 +82,9 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
 
 impl<S> Watched<S> {
-    /// `inner`, sent to `back` when hyper is done with it: hyper keeps the
-    /// stream it is given, and closing it well needs the socket after.
+    /// `inner`, sent to `back` when the h2 connection is done with it: it
+    /// keeps the stream it is given, and closing it well needs the socket
+    /// after.
     pub fn new(
         inner: S,
         prefix: Vec<u8>,
@@ -111,7 +113,7 @@ impl<S> Watched<S> {
                     fresh = &fresh[take..];
                     let compared = seen.len().min(PREFACE.len());
                     if seen[..compared] != PREFACE[..compared] {
-                        // Not h2 after all: hyper refuses it.
+                        // Not h2 after all: the connection refuses it.
                         self.state.opening.done();
                         Opening::Known
                     } else if seen.len() < want {

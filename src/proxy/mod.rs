@@ -1,5 +1,5 @@
 //! One connection's life, by protocol: `tcp` splices bytes, `http` tells
-//! HTTP/1 (`h1`, baton's own path) from h2c (`h2`, hyper's). Failures are
+//! HTTP/1 (`h1`, baton's own path) from h2c (`h2`, its own h2 server). Failures are
 //! classified here once, which decides the status a client sees, the log
 //! level and the metric label.
 

@@ -1,6 +1,6 @@
 //! An HTTP listener's connections: each one's opening says its protocol.
-//! HTTP/1 goes to baton's own path (`h1`); h2c (prior knowledge) to
-//! hyper's (`h2`). This holds what both share: the listener's settings,
+//! HTTP/1 goes to baton's own path (`h1`); h2c (prior knowledge) to its
+//! own h2 server (`h2`). This holds what both share: the listener's settings,
 //! its routes and the pools they lead to.
 
 use std::sync::Arc;
@@ -172,7 +172,7 @@ impl HttpProxy {
 
     /// Serves one client connection until it ends, the drain closes it, or
     /// the drain is forced (the task is then dropped by `DrainWatch`):
-    /// HTTP/1 on baton's own path, h2c (prior knowledge) on hyper's.
+    /// HTTP/1 on baton's own path, h2c (prior knowledge) on its h2 server.
     pub async fn serve<S: ByteStream>(
         self: Arc<Self>,
         stream: S,

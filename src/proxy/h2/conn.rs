@@ -25,6 +25,7 @@ use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
+use super::super::delivery::{self, Delivery};
 use super::frame::{self, write, Frame, FrameError, HeaderBlock, Inbound, Reader, Reason};
 use super::hpack::{self, Decoder, Listed};
 use super::recv::{self, Inbox, RecvBody, RecvError, SharedInbox};
@@ -47,6 +48,16 @@ pub struct Limits {
     /// connection ends if its answer does not come within `ping_timeout`.
     pub ping_interval: Duration,
     pub ping_timeout: Duration,
+    /// How long a stream's response may wait for the client to take any of
+    /// it (its window, or the socket) before the stream is reset: one
+    /// stream starved while others move would otherwise hold its backend
+    /// connection for good (nginx's `send_timeout` is per stream too).
+    pub stall_limit: Duration,
+    /// How long after a graceful close's GOAWAY a new stream may still
+    /// come (opened before the client saw it); later ones are refused,
+    /// whether or not the client answered the PING sent with the GOAWAY
+    /// (RFC 9113 §6.8: it must open none after seeing it).
+    pub goaway_crossing: Duration,
 }
 
 /// A stream's exchange: its response, once it has one.
@@ -97,6 +108,8 @@ struct Stream<B> {
     /// What the client's window for this stream still takes.
     send_window: i64,
     send: Sending<B>,
+    /// Whether a frame of its response waits for the client, since when.
+    delivery: Arc<Delivery>,
 }
 
 enum Sending<B> {
@@ -107,18 +120,22 @@ enum Sending<B> {
     Body { body: B, pending: Option<Bytes> },
 }
 
-/// An exchange, tagged with its stream.
+/// An exchange, tagged with its stream, polled with the stream's delivery
+/// lent to it.
 struct Tagged<B> {
     stream: u32,
     exchange: Exchange<B>,
+    delivery: Arc<Delivery>,
 }
 
 impl<B> Future for Tagged<B> {
     type Output = (u32, Response<B>);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(u32, Response<B>)> {
-        let stream = self.stream;
-        self.exchange.as_mut().poll(cx).map(|r| (stream, r))
+        let this = &mut *self;
+        let stream = this.stream;
+        let polled = delivery::lend(&this.delivery, || this.exchange.as_mut().poll(cx));
+        polled.map(|r| (stream, r))
     }
 }
 
@@ -126,8 +143,8 @@ impl<B> Future for Tagged<B> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Closing {
     Open,
-    /// GOAWAY naming any stream and a PING went out.
-    Announced,
+    /// GOAWAY naming any stream and a PING went out, then.
+    Announced(Instant),
     /// The second GOAWAY named the last stream served.
     Final,
 }
@@ -166,6 +183,11 @@ pub struct Connection<S, F, B> {
     last_read: Instant,
     ping_sent: Option<Instant>,
     alarm: Pin<Box<Sleep>>,
+    /// Whether a stream's response stopped with a frame unsent, and the
+    /// alarm for the first such frame's `stall_limit`.
+    blocked: bool,
+    stall_alarm: Option<Pin<Box<Sleep>>>,
+    on_stall: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl<S, F, B> Connection<S, F, B>
@@ -223,7 +245,16 @@ where
             last_read: now,
             ping_sent: None,
             alarm: Box::pin(tokio::time::sleep_until(now + limits.ping_interval)),
+            blocked: false,
+            stall_alarm: None,
+            on_stall: None,
         }
+    }
+
+    /// Told each time a stream is reset for its client's stall.
+    pub fn on_stall(mut self, told: Arc<dyn Fn() + Send + Sync>) -> Self {
+        self.on_stall = Some(told);
+        self
     }
 
     /// Starts a graceful close: GOAWAY at once, naming no last stream yet
@@ -234,7 +265,16 @@ where
         if self.closing == Closing::Open {
             write::goaway(&mut self.out, ANY_STREAM, Reason::NO_ERROR);
             write::ping(&mut self.out, SHUTDOWN_PING, false);
-            self.closing = Closing::Announced;
+            self.closing = Closing::Announced(Instant::now());
+        }
+    }
+
+    /// The second GOAWAY, naming the last stream served: any later one is
+    /// refused.
+    fn refuse_new_streams(&mut self) {
+        if self.closing != Closing::Final {
+            write::goaway(&mut self.out, self.highest, Reason::NO_ERROR);
+            self.closing = Closing::Final;
         }
     }
 
@@ -248,6 +288,7 @@ where
         let mut moved = self.read_frames(cx)?;
         moved |= self.poll_exchanges(cx);
         moved |= self.send_bodies(cx);
+        self.watch_stalls(cx);
         self.finish_streams();
         self.grant_windows();
         self.keep_alive(cx)?;
@@ -405,6 +446,11 @@ where
             return Ok(());
         }
         self.highest = id;
+        if let Closing::Announced(at) = self.closing {
+            if at.elapsed() > self.limits.goaway_crossing {
+                self.refuse_new_streams();
+            }
+        }
         if self.closing == Closing::Final || self.streams.len() >= self.limits.max_streams as usize
         {
             write::reset(&mut self.out, id, Reason::REFUSED_STREAM);
@@ -429,9 +475,11 @@ where
         let body = RecvBody::new(inbox.clone(), head.content_length);
         let exchange = (self.service)(Request::from_parts(head.parts, body));
         let (abort, registration) = AbortHandle::new_pair();
+        let delivery = Arc::new(Delivery::new());
         let tagged = Tagged {
             stream: id,
             exchange,
+            delivery: Arc::clone(&delivery),
         };
         self.exchanges.push(Abortable::new(tagged, registration));
         self.streams.insert(
@@ -445,6 +493,7 @@ where
                 received: 0,
                 send_window: self.peer_initial_window,
                 send: Sending::Waiting(abort),
+                delivery,
             },
         );
         Ok(())
@@ -602,9 +651,8 @@ where
     }
 
     fn on_ping_answer(&mut self, payload: [u8; 8]) {
-        if payload == SHUTDOWN_PING && self.closing == Closing::Announced {
-            write::goaway(&mut self.out, self.highest, Reason::NO_ERROR);
-            self.closing = Closing::Final;
+        if payload == SHUTDOWN_PING {
+            self.refuse_new_streams();
         } else if payload == KEEPALIVE_PING {
             self.ping_sent = None;
         }
@@ -659,6 +707,7 @@ where
             }
             loop {
                 if self.out.len() - self.sent >= self.limits.send_buffer {
+                    self.blocked = true;
                     return moved;
                 }
                 if let Some(data) = pending {
@@ -667,6 +716,7 @@ where
                         .min(self.send_window)
                         .min(self.peer_max_frame as i64);
                     if room <= 0 {
+                        self.blocked = true;
                         break;
                     }
                     let n = (room as usize).min(data.len());
@@ -720,6 +770,55 @@ where
             }
         }
         moved
+    }
+
+    /// Resets each stream whose response has had a frame waiting for the
+    /// client for `stall_limit` (see [`Limits::stall_limit`]). Looked at
+    /// only while some response is held up, and then on one alarm for the
+    /// first one due: nothing while bytes move.
+    fn watch_stalls(&mut self, cx: &mut Context<'_>) {
+        if !self.blocked && self.stall_alarm.is_none() {
+            return;
+        }
+        self.blocked = false;
+        let limit = self.limits.stall_limit;
+        loop {
+            let now = Instant::now();
+            let stalled: Vec<u32> = self
+                .streams
+                .iter()
+                .filter(|(_, s)| s.delivery.waiting_since().is_some_and(|t| t + limit <= now))
+                .map(|(&id, _)| id)
+                .collect();
+            for id in stalled {
+                if let Some(stream) = self.streams.get(&id) {
+                    stream.delivery.time_out();
+                }
+                if let Some(told) = &self.on_stall {
+                    told();
+                }
+                self.reset(id, Reason::CANCEL);
+            }
+            let first = self
+                .streams
+                .values()
+                .filter_map(|s| s.delivery.waiting_since())
+                .min();
+            let Some(first) = first else {
+                self.stall_alarm = None;
+                return;
+            };
+            let due = first + limit;
+            let alarm = self
+                .stall_alarm
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+            if alarm.deadline() != due {
+                alarm.as_mut().reset(due);
+            }
+            if alarm.as_mut().poll(cx).is_pending() {
+                return;
+            }
+        }
     }
 
     /// Streams whose responses ended: gone, and an upload still coming
