@@ -23,6 +23,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
 
 const PATIENCE: Duration = Duration::from_secs(10);
+/// `/big`'s body: this many 64 KiB chunks, each ready at once (64 GiB:
+/// no test reads it to its end).
+const BIG_CHUNKS: usize = 1 << 20;
 
 type Reply = UnsyncBoxBody<Bytes, RecvErrorText>;
 type RecvErrorText = Box<dyn std::error::Error + Send + Sync>;
@@ -88,6 +91,14 @@ fn exchange(seen: Arc<Seen>) -> impl FnMut(Request<RecvBody>) -> Exchange<Reply>
                     ];
                     let stream = futures_util::stream::iter(frames);
                     Response::new(StreamBody::new(stream).boxed_unsync())
+                }
+                "/big" => {
+                    let chunk = Bytes::from(vec![b'b'; 64 * 1024]);
+                    let chunks = (0..BIG_CHUNKS)
+                        .map(move |_| Ok::<_, RecvErrorText>(BodyFrame::data(chunk.clone())));
+                    Response::new(
+                        StreamBody::new(futures_util::stream::iter(chunks)).boxed_unsync(),
+                    )
                 }
                 "/slow" => {
                     let mut guard = DropCount(Arc::clone(&seen), true);
@@ -249,6 +260,58 @@ async fn large_uploads_are_echoed_within_both_sides_windows() {
     assert_eq!(same, [true; 4]);
 }
 
+/// Uploads nobody reads yet (their exchanges wait, as behind a full
+/// backend) hold most of the connection's window: what another stream's
+/// exchange reads still goes back to the client, so its upload goes on.
+#[tokio::test]
+async fn unread_uploads_do_not_stall_the_others() {
+    let server = server(limits()).await;
+    let client = hyper_client(server.addr).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut client = client.clone();
+        let body = Full::new(Bytes::from(vec![b'h'; 100_000]))
+            .map_err(|never: Infallible| match never {})
+            .boxed_unsync();
+        let request = Request::post(format!("http://{}/slow", server.addr))
+            .body(body)
+            .expect("request");
+        held.push(tokio::spawn(async move {
+            client.send_request(request).await.map(|r| r.status())
+        }));
+    }
+    // Their windows (64 KiB each, 192 KiB of the connection's 256) fill.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut client = client.clone();
+    let sent = vec![b'e'; 1024 * 1024];
+    let body = Full::new(Bytes::from(sent.clone()))
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync();
+    let request = Request::post(format!("http://{}/echo", server.addr))
+        .body(body)
+        .expect("request");
+    let echoed = tokio::time::timeout(PATIENCE, async {
+        let response = client.send_request(request).await.expect("response");
+        response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes()
+    })
+    .await
+    .expect("the echo goes on beside the held uploads");
+    assert!(echoed == sent);
+    server.seen.release.notify_waiters();
+    for held in held {
+        let status = tokio::time::timeout(PATIENCE, held)
+            .await
+            .expect("in time")
+            .expect("task");
+        assert_eq!(status.expect("answered"), StatusCode::OK);
+    }
+}
+
 #[tokio::test]
 async fn trailers_go_both_ways() {
     let server = server(limits()).await;
@@ -367,9 +430,18 @@ struct Raw {
 
 impl Raw {
     async fn open(addr: std::net::SocketAddr) -> Raw {
+        Raw::open_with(addr, &[]).await
+    }
+
+    /// With `settings`; a stream window among them is granted to the
+    /// connection too.
+    async fn open_with(addr: std::net::SocketAddr, settings: &[(u16, u32)]) -> Raw {
         let mut socket = TcpStream::connect(addr).await.expect("connect");
         let mut hello = frame::PREFACE.to_vec();
-        frame::write::settings(&mut hello, &[]);
+        frame::write::settings(&mut hello, settings);
+        if let Some((_, window)) = settings.iter().find(|(id, _)| *id == 4) {
+            frame::write::window_update(&mut hello, 0, window - 65_535);
+        }
         socket.write_all(&hello).await.expect("write");
         Raw {
             socket,
@@ -420,6 +492,49 @@ impl Raw {
             }
         }
     }
+}
+
+/// A download whose body is always ready, on windows that never close
+/// (2 GiB), does not keep another stream's response from going out: the
+/// streams take turns. Taking turns one after another, the second would
+/// wait for the first's window to run out.
+#[tokio::test]
+async fn a_fast_download_leaves_room_for_the_others() {
+    let server = server(limits()).await;
+    let mut raw = Raw::open_with(server.addr, &[(4, frame::MAX_WINDOW)]).await;
+    let mut big = GET_HELLO.to_vec();
+    big[3] = (b":path", b"/big");
+    raw.request(1, &big).await;
+    let mut downloaded = 0;
+    let mut asked = false;
+    while downloaded < 64 * 1024 * 1024 {
+        let next = tokio::time::timeout(PATIENCE, raw.next(true))
+            .await
+            .expect("in time");
+        match next {
+            Some(Inbound::Frame(Frame::Data {
+                stream: 1, data, ..
+            })) => {
+                downloaded += data.len();
+                if !asked && downloaded > 1024 * 1024 {
+                    raw.request(3, &GET_HELLO).await;
+                    asked = true;
+                }
+            }
+            Some(Inbound::Frame(Frame::Data {
+                stream: 3,
+                data,
+                end_stream: true,
+                ..
+            })) => {
+                assert_eq!(data, "hello");
+                return;
+            }
+            Some(Inbound::Block(_)) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("64 MiB of the download went out before a 5-byte answer");
 }
 
 const GET_HELLO: [(&[u8], &[u8]); 4] = [

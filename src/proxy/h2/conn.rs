@@ -10,7 +10,7 @@
 //! stream's inbox until the exchange reads it; what it read is given back
 //! to the client's windows.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -120,6 +120,18 @@ enum Sending<B> {
     Body { body: B, pending: Option<Bytes> },
 }
 
+/// What one stream's turn at sending did.
+enum Step {
+    /// A frame went out (or the body gave an empty one): it may have more.
+    Moved,
+    /// Nothing now: its body, or the client's window, is not ready.
+    Waiting,
+    /// Its response ended with this turn.
+    Ended,
+    /// It is no longer sending (reset, or ended before).
+    Gone,
+}
+
 /// An exchange, tagged with its stream, polled with the stream's delivery
 /// lent to it.
 struct Tagged<B> {
@@ -170,8 +182,12 @@ pub struct Connection<S, F, B> {
     exchanges: FuturesUnordered<Abortable<Tagged<B>>>,
     /// Streams done this turn, removed after it.
     done: Vec<u32>,
+    /// Streams whose response bodies are under way, in their turn.
+    sending: VecDeque<u32>,
     /// The highest stream the client opened.
     highest: u32,
+    /// Streams opened by this turn's reading (see `read_frames`).
+    opened_this_pass: u32,
     peer_max_frame: usize,
     peer_initial_window: i64,
     send_window: i64,
@@ -233,7 +249,9 @@ where
             streams: HashMap::new(),
             exchanges: FuturesUnordered::new(),
             done: Vec::new(),
+            sending: VecDeque::new(),
             highest: 0,
+            opened_this_pass: 0,
             peer_max_frame: frame::DEFAULT_MAX_FRAME as usize,
             peer_initial_window: i64::from(default_window),
             send_window: i64::from(default_window),
@@ -303,6 +321,7 @@ where
 
     fn read_frames(&mut self, cx: &mut Context<'_>) -> Result<bool, ConnError> {
         let mut moved = false;
+        self.opened_this_pass = 0;
         while !self.read_closed && self.out.len() - self.sent < self.limits.send_buffer {
             if !self.preface {
                 if self.read.len() < frame::PREFACE.len() {
@@ -317,6 +336,13 @@ where
                     continue;
                 }
             } else {
+                if self.opened_this_pass >= self.limits.max_streams {
+                    // The exchanges opened so far get their first poll
+                    // (and those reset since are dropped) before more
+                    // are read: a batch of HEADERS and RST_STREAMs, which
+                    // asks for no answer, cannot pile up exchanges.
+                    return Ok(moved);
+                }
                 match self.reader.next(&mut self.read) {
                     Ok(Some(inbound)) => {
                         self.on_inbound(inbound, cx)?;
@@ -338,6 +364,13 @@ where
                     self.read_closed = true;
                     if !self.read.is_empty() || self.reader.inside_block() {
                         return Err(ConnError::Cut);
+                    }
+                    // Nothing more comes: uploads under way are cut; the
+                    // responses of those whose requests came whole go on.
+                    for stream in self.streams.values_mut() {
+                        if let (Some(inbox), false) = (&stream.inbox, stream.request_ended) {
+                            recv::lock(inbox).fail(RecvError::Reset(Reason::CANCEL));
+                        }
                     }
                     return Ok(true);
                 }
@@ -424,7 +457,8 @@ where
         block: HeaderBlock,
         cx: &mut Context<'_>,
     ) -> Result<(), ConnError> {
-        let mut fields = Vec::new();
+        // Room for a usual request's fields without growing.
+        let mut fields = Vec::with_capacity(16);
         let limit = self.limits.max_header_list as usize;
         let listed = self
             .decoder
@@ -432,7 +466,11 @@ where
             .map_err(|_| protocol(Reason::COMPRESSION_ERROR, "header block does not decode"))?;
         let id = block.stream;
         if self.streams.contains_key(&id) {
-            self.on_trailers(id, fields, block.end_stream);
+            if listed == Listed::TooLarge {
+                self.reset(id, Reason::PROTOCOL_ERROR);
+            } else {
+                self.on_trailers(id, fields, block.end_stream);
+            }
             return Ok(());
         }
         if id.is_multiple_of(2) {
@@ -445,12 +483,13 @@ where
             // block decoded above to keep the table in step.
             return Ok(());
         }
-        self.highest = id;
         if let Closing::Announced(at) = self.closing {
             if at.elapsed() > self.limits.goaway_crossing {
+                // Naming the last stream served, not this one.
                 self.refuse_new_streams();
             }
         }
+        self.highest = id;
         if self.closing == Closing::Final || self.streams.len() >= self.limits.max_streams as usize
         {
             write::reset(&mut self.out, id, Reason::REFUSED_STREAM);
@@ -482,6 +521,7 @@ where
             delivery: Arc::clone(&delivery),
         };
         self.exchanges.push(Abortable::new(tagged, registration));
+        self.opened_this_pass += 1;
         self.streams.insert(
             id,
             Stream {
@@ -593,6 +633,14 @@ where
             // Nobody reads it any more: given back at once.
             self.recv_unacked += data.len() as u32;
         } else if !data.is_empty() {
+            // A view of the read buffer pins all of it: a byte of data
+            // padded to a whole frame would hold 16 KiB against a byte of
+            // window. Mostly padding, it is copied out.
+            let data = if data.len() * 2 < flow as usize {
+                Bytes::copy_from_slice(&data)
+            } else {
+                data
+            };
             held.push(data);
         }
         if end_stream {
@@ -686,90 +734,113 @@ where
             end,
             self.peer_max_frame as u32,
         );
-        if end {
-            self.done.push(id);
-        }
         stream.send = Sending::Body {
             body,
             pending: None,
         };
+        if end {
+            self.done.push(id);
+        } else {
+            self.sending.push_back(id);
+        }
     }
 
-    /// Response bodies, as far as the windows and the send buffer allow.
+    /// Response bodies, as far as the windows and the send buffer allow:
+    /// streams take turns, a frame each, so a fast download on a wide
+    /// window cannot fill the buffer at every turn while the others wait
+    /// (and their clocks run as if their client did not read). A turn cut
+    /// short by a full buffer resumes with the stream it stopped at.
     fn send_bodies(&mut self, cx: &mut Context<'_>) -> bool {
         let mut moved = false;
-        for (&id, stream) in self.streams.iter_mut() {
-            let Sending::Body { body, pending } = &mut stream.send else {
-                continue;
-            };
-            if self.done.contains(&id) {
-                continue;
-            }
-            loop {
+        loop {
+            let mut any = false;
+            for _ in 0..self.sending.len() {
                 if self.out.len() - self.sent >= self.limits.send_buffer {
                     self.blocked = true;
                     return moved;
                 }
-                if let Some(data) = pending {
-                    let room = stream
-                        .send_window
-                        .min(self.send_window)
-                        .min(self.peer_max_frame as i64);
-                    if room <= 0 {
-                        self.blocked = true;
-                        break;
+                let Some(id) = self.sending.pop_front() else {
+                    break;
+                };
+                match self.send_frame(id, cx) {
+                    Step::Moved => {
+                        any = true;
+                        self.sending.push_back(id);
                     }
-                    let n = (room as usize).min(data.len());
-                    let last = n == data.len() && body.is_end_stream();
-                    write::data_head(&mut self.out, id, n, last);
-                    self.out.extend_from_slice(&data[..n]);
-                    data.advance(n);
-                    stream.send_window -= n as i64;
-                    self.send_window -= n as i64;
-                    moved = true;
-                    if data.is_empty() {
-                        *pending = None;
-                    }
-                    if last {
-                        self.done.push(id);
-                        break;
-                    }
-                    continue;
-                }
-                match Pin::new(&mut *body).poll_frame(cx) {
-                    Poll::Ready(Some(Ok(frame))) => {
-                        moved = true;
-                        match frame.into_data() {
-                            Ok(data) if !data.is_empty() => *pending = Some(data),
-                            Ok(_) => {}
-                            Err(frame) => {
-                                let trailers = frame.into_trailers().unwrap_or_default();
-                                self.block.clear();
-                                encode_fields(&trailers, &mut self.block);
-                                let max = self.peer_max_frame as u32;
-                                write::headers(&mut self.out, id, &self.block, true, max);
-                                self.done.push(id);
-                                break;
-                            }
-                        }
-                    }
-                    Poll::Ready(None) => {
-                        write::data_head(&mut self.out, id, 0, true);
-                        self.done.push(id);
-                        moved = true;
-                        break;
-                    }
-                    Poll::Ready(Some(Err(_))) => {
-                        write::reset(&mut self.out, id, Reason::INTERNAL_ERROR);
-                        self.done.push(id);
-                        moved = true;
-                        break;
-                    }
-                    Poll::Pending => break,
+                    Step::Waiting => self.sending.push_back(id),
+                    Step::Ended => any = true,
+                    Step::Gone => {}
                 }
             }
+            if !any {
+                return moved;
+            }
+            moved = true;
         }
-        moved
+    }
+
+    /// One frame of stream `id`'s response, if it has one to send now.
+    fn send_frame(&mut self, id: u32, cx: &mut Context<'_>) -> Step {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return Step::Gone;
+        };
+        let Sending::Body { body, pending } = &mut stream.send else {
+            return Step::Gone;
+        };
+        if pending.is_none() {
+            match Pin::new(&mut *body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) if !data.is_empty() => *pending = Some(data),
+                    Ok(_) => return Step::Moved,
+                    Err(frame) => {
+                        let trailers = frame.into_trailers().unwrap_or_default();
+                        self.block.clear();
+                        encode_fields(&trailers, &mut self.block);
+                        let max = self.peer_max_frame as u32;
+                        write::headers(&mut self.out, id, &self.block, true, max);
+                        self.done.push(id);
+                        return Step::Ended;
+                    }
+                },
+                Poll::Ready(None) => {
+                    write::data_head(&mut self.out, id, 0, true);
+                    self.done.push(id);
+                    return Step::Ended;
+                }
+                Poll::Ready(Some(Err(_))) => {
+                    write::reset(&mut self.out, id, Reason::INTERNAL_ERROR);
+                    self.done.push(id);
+                    return Step::Ended;
+                }
+                Poll::Pending => return Step::Waiting,
+            }
+        }
+        let Some(data) = pending else {
+            return Step::Waiting;
+        };
+        let room = stream
+            .send_window
+            .min(self.send_window)
+            .min(self.peer_max_frame as i64);
+        if room <= 0 {
+            self.blocked = true;
+            return Step::Waiting;
+        }
+        let n = (room as usize).min(data.len());
+        let last = n == data.len() && body.is_end_stream();
+        write::data_head(&mut self.out, id, n, last);
+        self.out.extend_from_slice(&data[..n]);
+        data.advance(n);
+        stream.send_window -= n as i64;
+        self.send_window -= n as i64;
+        if data.is_empty() {
+            *pending = None;
+        }
+        if last {
+            self.done.push(id);
+            return Step::Ended;
+        }
+        Step::Moved
     }
 
     /// Resets each stream whose response has had a frame waiting for the
@@ -856,7 +927,13 @@ where
                 stream.recv_unacked = 0;
             }
         }
-        if self.recv_unacked >= self.limits.connection_window / 2 {
+        // Half the window read, or what the client may still send down to
+        // half: streams whose bodies wait unread (queued for a backend)
+        // can hold more than half of the window, and then what the others
+        // read must still go back, or their uploads stall behind them.
+        let half = self.limits.connection_window / 2;
+        let low = self.recv_window < i64::from(half);
+        if self.recv_unacked >= half || (self.recv_unacked > 0 && low) {
             write::window_update(&mut self.out, 0, self.recv_unacked);
             self.recv_window += i64::from(self.recv_unacked);
             self.recv_unacked = 0;
@@ -867,6 +944,10 @@ where
     /// connection ends if no answer comes within `ping_timeout`. The alarm
     /// is moved only when it fires (no timer work while frames come).
     fn keep_alive(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
+        // A client that closed its side can answer no PING.
+        if self.read_closed {
+            return Ok(());
+        }
         while self.alarm.as_mut().poll(cx).is_ready() {
             let now = Instant::now();
             let next = match self.ping_sent {
@@ -899,7 +980,15 @@ where
                     moved = true;
                 }
                 Poll::Ready(Err(err)) => return Err(err.into()),
-                Poll::Pending => return Ok(moved),
+                Poll::Pending => {
+                    // What went out is dropped once it is as much as the
+                    // bound on what waits: `out` stays within twice that.
+                    if self.sent >= self.limits.send_buffer {
+                        self.out.drain(..self.sent);
+                        self.sent = 0;
+                    }
+                    return Ok(moved);
+                }
             }
         }
         self.out.clear();

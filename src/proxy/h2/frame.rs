@@ -184,7 +184,13 @@ fn parse(kind: u8, flags: u8, stream: u32, payload: Bytes) -> Result<Frame, Fram
             on_stream("HEADERS on stream 0")?;
             let mut fragment = unpad(payload, flags)?;
             if flags & PRIORITY_FLAG != 0 {
-                take_priority(&mut fragment, stream)?;
+                // A stream error here would leave the header block
+                // undecoded, and the HPACK table out of step with the
+                // client's: the whole connection ends instead.
+                take_priority(&mut fragment, stream).map_err(|err| match err {
+                    FrameError::Stream(..) => protocol("HEADERS priority invalid"),
+                    cut => cut,
+                })?;
             }
             Ok(Frame::Headers {
                 stream,
@@ -627,8 +633,12 @@ mod tests {
         assert_eq!(reason(one(DATA, PADDED, 1, &[])), size);
         assert_eq!(reason(one(HEADERS, PRIORITY_FLAG, 1, &[0, 0])), size);
         assert_eq!(
-            one(HEADERS, PRIORITY_FLAG, 3, &[0, 0, 0, 3, 16]),
+            one(PRIORITY, 0, 3, &[0, 0, 0, 3, 16]),
             Err(FrameError::Stream(3, protocol, "stream depends on itself"))
+        );
+        assert_eq!(
+            one(HEADERS, PRIORITY_FLAG, 3, &[0, 0, 0, 3, 16]),
+            Err(FrameError::Connection(protocol, "HEADERS priority invalid"))
         );
         assert_eq!(reason(one(PRIORITY, 0, 1, &[0; 4])), size);
         assert_eq!(reason(one(RST_STREAM, 0, 1, &[0; 3])), size);

@@ -108,6 +108,12 @@ impl Dynamic {
     /// whole table empties it and is not kept (§4.4).
     pub(super) fn insert(&mut self, name: Bytes, value: Bytes) {
         let cost = name.len() + value.len() + ENTRY_OVERHEAD;
+        // Copied: a view of the read buffer would pin all of it for as
+        // long as the entry stays, the connection's life at most.
+        let (name, value) = (
+            Bytes::copy_from_slice(&name),
+            Bytes::copy_from_slice(&value),
+        );
         self.evict_to(self.max_size.saturating_sub(cost));
         if cost <= self.max_size {
             self.size += cost;
