@@ -15,6 +15,9 @@ use baton::proxy::h2::hpack;
 use baton::proxy_protocol::receive::{decode, frame, Framed};
 use baton::proxy_protocol::Accept;
 
+#[path = "fuzz/fuzz_targets/h2_drive.rs"]
+mod h2_drive;
+
 fn inputs(dir: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fuzz")
@@ -223,5 +226,20 @@ fn hostile_h2_frames_are_refused() {
     for (path, bytes) in cases {
         let read = read_h2(&bytes);
         assert!(read.is_err(), "{}: {read:?}", path.display());
+    }
+}
+
+/// Every h2 seed and hostile case, fed to a whole connection, ends it:
+/// no panic, no hang (what the `h2_conn` fuzz target checks of any input).
+#[tokio::test(start_paused = true)]
+async fn every_h2_input_ends_its_connection() {
+    let cases = [inputs("seeds/h2_frames"), inputs("regressions/h2_frames")].concat();
+    assert!(cases.len() >= 12);
+    for (path, bytes) in cases {
+        assert!(
+            h2_drive::connection_ends(&bytes).await,
+            "{}",
+            path.display()
+        );
     }
 }

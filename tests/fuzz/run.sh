@@ -6,6 +6,7 @@
 #   h1_response  the HTTP/1 response head parser and chunked body decoder
 #   proxy_header the PROXY protocol header framing and decoding
 #   h2_frames    h2 frames, header block assembly and HPACK decoding
+#   h2_conn      a whole h2 connection fed a client's frames
 # Usage: tests/fuzz/run.sh [SECONDS_PER_TARGET [release]]
 #   default: 20 s a target of an unoptimised build, CI's share: it builds in
 #   half the time of an optimised one (3.5 min cold on 2 cores, not 6.5),
@@ -33,7 +34,7 @@ export RUSTC_BOOTSTRAP=1
 log="$(mktemp)"
 corpus="$(mktemp -d)"
 trap 'rm -rf "$log" "$corpus"' EXIT
-for target in config messages h1_request h1_response proxy_header h2_frames; do
+for target in config messages h1_request h1_response proxy_header h2_frames h2_conn; do
   echo "fuzzing $target for ${seconds}s"
   rm -rf "${corpus:?}"/*
   # Seeds: the shipped example config; sample messages of each kind;
@@ -41,8 +42,11 @@ for target in config messages h1_request h1_response proxy_header h2_frames; do
   # each version and kind; h2 frame sequences of each type.
   seeds="seeds/$target"
   [ "$target" = config ] && seeds=../../config
+  # The connection reads the same frames (after the preface it adds).
+  [ "$target" = h2_conn ] && seeds=seeds/h2_frames
   dirs=("$corpus" "$seeds")
   [ -d "regressions/$target" ] && dirs+=("regressions/$target")
+  [ "$target" = h2_conn ] && dirs+=("regressions/h2_frames")
   # No sanitizer: the decoders are safe Rust, so what there is to find is a
   # panic or a runaway allocation, which libFuzzer reports without one.
   if ! cargo fuzz run "$profile" --sanitizer none --fuzz-dir . "$target" "${dirs[@]}" -- \
