@@ -1,5 +1,5 @@
 //! The response direction of a relayed exchange: the backend's head as
-//! hyper's h2 server takes it, and its body decoded by its framing into h2
+//! the h2 connection takes it, and its body decoded by its framing into h2
 //! frames (trailers too); at a clean end with keep-alive on both sides the
 //! connection goes back to the backend's idle list.
 
@@ -22,7 +22,7 @@ use crate::backend::Lease;
 use crate::metrics::UpstreamErrorKind;
 use crate::proxy::body::{BodyError, ClientUploadFault, Progress};
 
-/// A response head's fields as hyper's h2 server sends them (none for a
+/// A response head's fields as the h2 connection sends them (none for a
 /// body with a transfer coding other than chunked): hop-by-hop
 /// fields stay on their hop, `Transfer-Encoding` means nothing in h2, and a
 /// `Content-Length` goes on only where it states the body's length (or a

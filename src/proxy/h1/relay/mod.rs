@@ -1,8 +1,8 @@
 //! An h2 stream's exchange with a backend on the same HTTP/1 upstream as
 //! HTTP/1 clients: a connection from the backend's idle list (or a new
-//! one), the request head written from hyper's parts, the body framed for
-//! HTTP/1 as it streams, the response head parsed with `httparse`, and its
-//! body decoded into frames for hyper's h2 server. The connection goes back
+//! one), the request head written from the request's parts, the body
+//! framed for HTTP/1 as it streams, the response head parsed with
+//! `httparse`, and its body decoded into frames for the h2 connection. The connection goes back
 //! to the idle list after a clean end with keep-alive on both sides.
 //!
 //! Nothing is spawned and nothing crosses a channel: the stream's own
@@ -176,7 +176,7 @@ impl Relay {
         }
     }
 
-    /// The client's response: `head` as hyper's h2 server takes it, with
+    /// The client's response: `head` as the h2 connection takes it, with
     /// a body read from this connection. The lease is held until the body
     /// ends; `pause` watches a request body still coming up meanwhile.
     pub fn respond(

@@ -1,5 +1,5 @@
 //! The request direction of a relayed exchange: the HTTP/1 head written
-//! from hyper's parts, the client's body framed as it comes (its next frame
+//! from the request's parts, the client's body framed as it comes (its next frame
 //! asked for only once the last is written: backpressure), and how long
 //! the backend has taken no bytes.
 
@@ -55,18 +55,18 @@ pub(super) fn request_framing(parts: &Parts, body: &ProxyBody) -> UpFraming {
 /// `METHOD origin-form HTTP/1.1`, the client's fields, baton's, and the
 /// framing: the fields keep or lose the same roles (`head::fixed_role`)
 /// as an HTTP/1 client's do in `rewrite::request`, and baton adds the same
-/// ones (`rewrite::put_own_fields`), all written straight from hyper's
-/// parts (rewriting its `HeaderMap` first hashed each name inserted,
+/// ones (`rewrite::put_own_fields`), all written straight from the
+/// request's parts (rewriting its `HeaderMap` first hashed each name inserted,
 /// removed or looked for: a twentieth of an h2 request's instructions). No field is named by a `Connection`
-/// token: h2 carries no connection-specific field (the h2 crate refuses a
+/// token: h2 carries no connection-specific field (`h2::request` refuses a
 /// request with one, and `TE` other than `trailers`; RFC 9113 §8.2.2).
 ///
 /// h2 may split `Cookie` into many fields: HTTP/1 gets them joined in one
 /// line (RFC 9113 §8.2.3). `Host` is the request's `:authority` where it
 /// has one (without user information: routing looked at the host alone),
 /// else its `Host`, else the backend's, as HTTP/1.1 needs one. `Expect`
-/// stays here: the body was asked for already (hyper's h2 server sends no
-/// 100 (Continue); the client sends its body after its own wait).
+/// stays here: the body was asked for already (baton's h2 server sends no
+/// 100 (Continue) yet; the client sends its body after its own wait).
 pub(super) fn request_head(
     parts: &Parts,
     to: &Outbound<'_>,
