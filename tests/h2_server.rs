@@ -599,6 +599,40 @@ async fn malformed_and_excess_streams_are_refused_one_by_one() {
     );
 }
 
+/// A frame's fault on a stream it has opened resets that stream alone; on
+/// a stream it never opened (no RST_STREAM may name one) it ends the
+/// connection with GOAWAY.
+#[tokio::test]
+async fn a_faulty_frame_resets_its_stream_or_ends_the_connection() {
+    let server = server(limits()).await;
+    let mut raw = Raw::open(server.addr).await;
+    let mut slow = GET_HELLO.to_vec();
+    slow[3] = (b":path", b"/slow");
+    raw.request(1, &slow).await;
+    // WINDOW_UPDATE of 0 on stream 1, open: a stream error.
+    let zero = [0, 0, 4, 0x8, 0, 0, 0, 0, 1, 0, 0, 0, 0];
+    raw.socket.write_all(&zero).await.expect("write");
+    let reset = tokio::time::timeout(PATIENCE, raw.next(true))
+        .await
+        .expect("in time");
+    let want = Frame::Reset {
+        stream: 1,
+        reason: Reason::PROTOCOL_ERROR,
+    };
+    assert_eq!(reset, Some(Inbound::Frame(want)));
+    // PRIORITY making stream 9, never opened, depend on itself.
+    let priority = [0, 0, 5, 0x2, 0, 0, 0, 0, 9, 0, 0, 0, 9, 16];
+    raw.socket.write_all(&priority).await.expect("write");
+    let goaway = tokio::time::timeout(PATIENCE, raw.next(true))
+        .await
+        .expect("in time");
+    let want = Frame::GoAway {
+        last_stream: 1,
+        reason: Reason::PROTOCOL_ERROR,
+    };
+    assert_eq!(goaway, Some(Inbound::Frame(want)));
+}
+
 /// A client that answers no PING is cut once `ping_timeout` passes, even
 /// with a stream open.
 #[tokio::test]

@@ -350,6 +350,11 @@ where
                         continue;
                     }
                     Ok(None) => {}
+                    // No RST_STREAM names a stream never opened (RFC
+                    // 9113 §6.4): a fault on one is the connection's.
+                    Err(FrameError::Stream(stream, _, why)) if stream > self.highest => {
+                        return Err(protocol(Reason::PROTOCOL_ERROR, why));
+                    }
                     Err(FrameError::Stream(stream, reason, _)) => {
                         self.reset(stream, reason);
                         moved = true;
@@ -1003,15 +1008,18 @@ where
         Ok(moved)
     }
 
-    /// A connection error: GOAWAY with its reason, written if the socket
-    /// takes it now.
+    /// A connection error, or a PING unanswered: GOAWAY with its reason,
+    /// written if the socket takes it now.
     fn fail(&mut self, err: &ConnError, cx: &mut Context<'_>) {
         let reason = match err {
             ConnError::Protocol(FrameError::Connection(reason, _)) => *reason,
             ConnError::Protocol(FrameError::Stream(..)) | ConnError::Preface => {
                 Reason::PROTOCOL_ERROR
             }
-            ConnError::Io(_) | ConnError::Cut | ConnError::PingTimeout => return,
+            // A client silent past the PING's timeout may only be slow:
+            // it is told the connection ends, as an idle one is.
+            ConnError::PingTimeout => Reason::NO_ERROR,
+            ConnError::Io(_) | ConnError::Cut => return,
         };
         write::goaway(&mut self.out, self.highest, reason);
         let _ = self.flush(cx);
