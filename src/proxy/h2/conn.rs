@@ -795,7 +795,13 @@ where
         if pending.is_none() {
             match Pin::new(&mut *body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) if !data.is_empty() => *pending = Some(data),
+                    Ok(data) if !data.is_empty() => {
+                        // Held until the client's windows take it: its
+                        // wait is the stream's stall clock, whatever the
+                        // body (an exchange's guard tells the same).
+                        stream.delivery.handed();
+                        *pending = Some(data);
+                    }
                     Ok(_) => return Step::Moved,
                     Err(frame) => {
                         let trailers = frame.into_trailers().unwrap_or_default();
@@ -839,6 +845,7 @@ where
         stream.send_window -= n as i64;
         self.send_window -= n as i64;
         if data.is_empty() {
+            stream.delivery.asked();
             *pending = None;
         }
         if last {
