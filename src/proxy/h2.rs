@@ -398,10 +398,15 @@ impl HttpProxy {
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let client = stream.client;
         let (parts, incoming) = req.into_parts();
+        // While the body's first frame is awaited, a stream dropped was
+        // cut while its client sent; a body that turned out empty is not
+        // coming any more, and one that started is followed by `upload`.
         stream.noted.body_expected = !incoming.is_end_stream();
         let outgoing = self.client_body(incoming).await?;
         stream.noted.upload = outgoing.progress.clone();
-        stream.noted.body_expected = outgoing.progress.is_some();
+        if stream.noted.upload.is_none() {
+            stream.noted.body_expected = false;
+        }
         // Sent again on a new connection when a kept one was closed under
         // it only if that is safe, as for HTTP/1: no body, an idempotent
         // method.

@@ -345,7 +345,7 @@ where
                 }
                 match self.reader.next(&mut self.read) {
                     Ok(Some(inbound)) => {
-                        self.on_inbound(inbound, cx)?;
+                        self.on_inbound(inbound)?;
                         moved = true;
                         continue;
                     }
@@ -390,7 +390,7 @@ where
         Ok(moved)
     }
 
-    fn on_inbound(&mut self, inbound: Inbound, cx: &mut Context<'_>) -> Result<(), ConnError> {
+    fn on_inbound(&mut self, inbound: Inbound) -> Result<(), ConnError> {
         let frame = match inbound {
             Inbound::Frame(Frame::Settings(settings)) => {
                 self.settled = true;
@@ -400,7 +400,7 @@ where
                 let why = "first frame not SETTINGS";
                 return Err(protocol(Reason::PROTOCOL_ERROR, why));
             }
-            Inbound::Block(block) => return self.on_header_block(block, cx),
+            Inbound::Block(block) => return self.on_header_block(block),
             Inbound::Frame(frame) => frame,
         };
         match frame {
@@ -457,11 +457,7 @@ where
         Ok(())
     }
 
-    fn on_header_block(
-        &mut self,
-        block: HeaderBlock,
-        cx: &mut Context<'_>,
-    ) -> Result<(), ConnError> {
+    fn on_header_block(&mut self, block: HeaderBlock) -> Result<(), ConnError> {
         // Room for a usual request's fields without growing.
         let mut fields = Vec::with_capacity(16);
         let limit = self.limits.max_header_list as usize;
@@ -511,11 +507,7 @@ where
                 return Ok(());
             }
         };
-        let inbox = (!block.end_stream).then(|| {
-            let inbox: SharedInbox = Arc::new(Mutex::new(Inbox::default()));
-            recv::lock(&inbox).watch_reads(cx.waker());
-            inbox
-        });
+        let inbox = (!block.end_stream).then(|| Arc::new(Mutex::new(Inbox::default())));
         let body = RecvBody::new(inbox.clone(), head.content_length);
         let exchange = (self.service)(Request::from_parts(head.parts, body));
         let (abort, registration) = AbortHandle::new_pair();

@@ -3,7 +3,10 @@
 //! that ended it. What the exchange reads is given back to the client's
 //! flow-control windows by the connection (`released`), so a body that is
 //! not read stops the client once its window is spent: the backpressure
-//! an upload to a slow backend needs.
+//! an upload to a slow backend needs. Nothing wakes the connection when
+//! bytes are read: bodies are read only inside its own poll (an exchange,
+//! or the response body that carries the rest of an upload), and each of
+//! its turns looks at what was released after polling them.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -37,7 +40,6 @@ pub(super) struct Inbox {
     /// Bytes read and not yet given back to the windows.
     released: u32,
     reader: Option<Waker>,
-    connection: Option<Waker>,
 }
 
 pub(super) type SharedInbox = Arc<Mutex<Inbox>>;
@@ -114,9 +116,6 @@ impl Body for RecvBody {
         }
         if let Some(data) = inbox.chunks.pop_front() {
             inbox.released += data.len() as u32;
-            if let Some(connection) = inbox.connection.take() {
-                connection.wake();
-            }
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         if let Some(trailers) = inbox.trailers.take() {
@@ -144,19 +143,6 @@ impl Body for RecvBody {
             (_, None) => SizeHint::with_exact(0),
             (Some(length), _) => SizeHint::with_exact(length),
             (None, _) => SizeHint::default(),
-        }
-    }
-}
-
-impl Inbox {
-    /// Where to wake the connection when bytes are read.
-    pub(super) fn watch_reads(&mut self, connection: &Waker) {
-        if !self
-            .connection
-            .as_ref()
-            .is_some_and(|w| w.will_wake(connection))
-        {
-            self.connection = Some(connection.clone());
         }
     }
 }
