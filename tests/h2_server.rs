@@ -5,8 +5,11 @@
 //! a PING). The exchange behind it is a small function of the test's.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
 use baton::proxy::h2::conn::{ConnError, Connection, Exchange, Limits};
@@ -448,6 +451,62 @@ async fn curl_is_answered() {
     assert!(out.ends_with("hello"), "{out}");
 }
 
+/// HEADERS with END_HEADERS and END_STREAM on `stream`, its block literal
+/// fields without indexing, names as given.
+fn request_frame(out: &mut Vec<u8>, stream: u32, fields: &[(&[u8], &[u8])]) {
+    let mut block = Vec::new();
+    for (name, value) in fields {
+        block.push(0x00);
+        block.push(name.len() as u8);
+        block.extend_from_slice(name);
+        block.push(value.len() as u8);
+        block.extend_from_slice(value);
+    }
+    frame::write::headers(out, stream, &block, true, 16_384);
+}
+
+/// Counts the wake-ups of the task it stands for.
+#[derive(Default)]
+struct WakeCount(AtomicUsize);
+
+impl Wake for WakeCount {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A batch of new streams whose exchanges all wait leaves the connection
+/// asleep until one of them is woken: it does not wake itself to be
+/// polled again for nothing (as `FuturesUnordered` does once one call has
+/// polled every future it holds, which spread the streams of a busy
+/// connection over more and smaller polls).
+#[tokio::test]
+async fn streams_that_all_wait_do_not_wake_their_connection() {
+    let seen = Arc::new(Seen::default());
+    let (server_io, mut client_io) = tokio::io::duplex(64 * 1024);
+    let mut hello = frame::PREFACE.to_vec();
+    frame::write::settings(&mut hello, &[]);
+    let mut slow = GET_HELLO.to_vec();
+    slow[3] = (b":path", b"/slow");
+    for stream in [1, 3, 5] {
+        request_frame(&mut hello, stream, &slow);
+    }
+    client_io.write_all(&hello).await.expect("write");
+    let mut conn = Connection::new(server_io, &[], limits(), exchange(Arc::clone(&seen)));
+    let wakes = Arc::new(WakeCount::default());
+    let waker = Waker::from(Arc::clone(&wakes));
+    let polled = Pin::new(&mut conn).poll(&mut Context::from_waker(&waker));
+    assert!(polled.is_pending(), "{polled:?}");
+    assert_eq!(conn.open_streams(), 3);
+    assert_eq!(
+        wakes.0.load(Ordering::SeqCst),
+        0,
+        "woken with nothing to do"
+    );
+    seen.release.notify_waiters();
+    assert!(wakes.0.load(Ordering::SeqCst) > 0, "woken for its answers");
+}
+
 /// A raw client: the preface, an empty SETTINGS, then what the test writes.
 struct Raw {
     socket: TcpStream,
@@ -477,19 +536,10 @@ impl Raw {
         }
     }
 
-    /// HEADERS with END_HEADERS (and END_STREAM) on `stream`, its block
-    /// literal fields without indexing, names as given.
+    /// A request without a body on `stream` (`request_frame`).
     async fn request(&mut self, stream: u32, fields: &[(&[u8], &[u8])]) {
-        let mut block = Vec::new();
-        for (name, value) in fields {
-            block.push(0x00);
-            block.push(name.len() as u8);
-            block.extend_from_slice(name);
-            block.push(value.len() as u8);
-            block.extend_from_slice(value);
-        }
         let mut out = Vec::new();
-        frame::write::headers(&mut out, stream, &block, true, 16_384);
+        request_frame(&mut out, stream, fields);
         self.socket.write_all(&out).await.expect("write");
     }
 
