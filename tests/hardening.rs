@@ -707,6 +707,36 @@ async fn the_open_file_limit_is_raised_to_the_hard_one() {
     );
 }
 
+/// A generation grows its table of open files as it starts, to what its
+/// listeners may hold (a client's fd and a backend's for each of
+/// `max_connections`): grown by doubling under a burst of connections, each
+/// step would stall its worker for an RCU grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fd_table_is_grown_as_a_generation_starts() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(
+        Spec::new()
+            .listener("web", "http", "app", "max_connections = 3000")
+            .pool("app", &[backend.addr]),
+    )
+    .await;
+    let pid = baton.first_pid.to_string();
+    let (soft, _) = open_files_limits(&pid);
+    let soft: u64 = soft.parse().unwrap_or(u64::MAX);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let size: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("FDSize:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("FDSize");
+    let asked = 2 * 3000 + 1024;
+    assert!(size >= soft.min(asked), "FDSize {size}, soft limit {soft}");
+    assert!(
+        support::daemon::fd_count(baton.first_pid) < 100,
+        "the fd that grew it is given back"
+    );
+}
+
 /// A client that sends garbage as fast as it can connect does not write a
 /// log line each time: ten lines a second at most, and once the second is
 /// over a line of its own says how many were held back, so none goes

@@ -59,6 +59,10 @@ async fn run_async(args: RunArgs) -> Exit {
     for warning in &config.warnings {
         tracing::warn!(%warning, "config");
     }
+    // A client's connection and its backend's, and room for listeners,
+    // idle backend connections and the rest.
+    let connections: usize = config.listeners.iter().map(|l| l.max_connections).sum();
+    crate::lifecycle::fd_limit::reserve_table(2 * connections as u64 + 1024);
     let exec = match Exec::of_this_process() {
         Ok(e) => e,
         Err(err) => {
