@@ -723,12 +723,7 @@ async fn the_fd_table_is_grown_as_a_generation_starts() {
     let pid = baton.first_pid.to_string();
     let (soft, _) = open_files_limits(&pid);
     let soft: u64 = soft.parse().unwrap_or(u64::MAX);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let size: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("FDSize:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("FDSize");
+    let size = support::daemon::fd_table_size(baton.first_pid);
     let asked = 2 * 3000 + 1024;
     assert!(size >= soft.min(asked), "FDSize {size}, soft limit {soft}");
     assert!(

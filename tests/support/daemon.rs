@@ -524,10 +524,20 @@ pub async fn wait_exit(pid: u32) -> Option<i32> {
 
 /// `pid`'s resident memory in KiB, as `/proc/PID/status` says (0 if gone).
 pub fn rss_kib(pid: u32) -> u64 {
+    status_number(pid, "VmRSS")
+}
+
+/// How many fds `pid`'s table of open files holds now (0 if gone).
+pub fn fd_table_size(pid: u32) -> u64 {
+    status_number(pid, "FDSize")
+}
+
+/// A number `/proc/PID/status` gives under `field` (kB when a size).
+fn status_number(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
