@@ -5,8 +5,9 @@
 //! request (wrk), h2c with prior knowledge, 64 connections x 10 streams
 //! (h2load; the backend speaks h2c too), and TCP mode carrying HTTP/1.1
 //! keep-alive (wrk). Each proxy runs alone on core 0 with one worker; the
-//! load generator runs on core 1 (with `--threads N`, N > 1: N workers, and
-//! proxy and load free on every core). The direct-to-backend rate shows the
+//! load generator runs on core 1 (with `--threads N`, N > 1: N workers,
+//! each held to a core of its own as each proxy is configured to do, and
+//! the load free on every core). The direct-to-backend rate shows the
 //! load generator is not the bottleneck (it must be well above every
 //! proxy's). The backend runs with the load, so a pinned proxy has its
 //! core to itself. Each cell also gives the proxy's CPU time per request,
@@ -174,14 +175,24 @@ fn measure(kind: Kind, backend: &Backend, mode: Mode, seconds: u32, layout: &Lay
             figures: None,
         }];
     }
-    let proxy = Proxy::start_mode(
-        kind,
-        support::free_port(),
-        backend.addr,
-        layout.threads,
-        layout.proxy_core,
-        mode,
-    );
+    let proxy = if layout.threads > 1 {
+        Proxy::start_held(
+            kind,
+            support::free_port(),
+            backend.addr,
+            layout.threads,
+            mode,
+        )
+    } else {
+        Proxy::start_mode(
+            kind,
+            support::free_port(),
+            backend.addr,
+            layout.threads,
+            layout.proxy_core,
+            mode,
+        )
+    };
     let url = format!("http://{}/", proxy.addr);
     let cpus = layout.load_cpus;
     match mode {

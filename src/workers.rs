@@ -3,7 +3,8 @@
 //! connection lives its whole life on the worker whose shard accepted it,
 //! with that worker's idle backend connections: its data never crosses
 //! threads and its tasks never meet another thread's scheduler. The main
-//! runtime keeps the lifecycle, the admin server and the probes.
+//! runtime keeps the lifecycle, the admin server and the probes. With
+//! `pin_workers`, each worker is held to a CPU of its own.
 
 use std::cell::Cell;
 
@@ -48,12 +49,56 @@ async fn heartbeat() {
     }
 }
 
+/// The CPUs `count` workers are held to, one each, from those this
+/// process may run on (its affinity: `taskset`, systemd's `CPUAffinity=`,
+/// a cpuset): none when there are fewer than workers, as two workers held
+/// to one CPU could not move to another that is idle.
+fn cpus_for(count: usize) -> Vec<usize> {
+    let allowed = match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+        Ok(set) => set,
+        Err(err) => {
+            tracing::warn!(cause = %err, "cannot read this process's CPUs; workers not pinned");
+            return Vec::new();
+        }
+    };
+    let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&cpu| allowed.is_set(cpu).unwrap_or(false))
+        .collect();
+    if cpus.len() < count {
+        tracing::warn!(
+            workers = count,
+            cpus = cpus.len(),
+            "more workers than CPUs to run on; workers not pinned"
+        );
+        return Vec::new();
+    }
+    cpus.into_iter().take(count).collect()
+}
+
+/// Holds the calling thread to `cpu`.
+fn hold_to(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    let held = set
+        .set(cpu)
+        .and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
+    if let Err(err) = held {
+        tracing::warn!(cpu, cause = %err, "cannot pin a worker to its CPU");
+    }
+}
+
 impl Workers {
     /// Starts `count` worker threads; they run until the `Workers` drops.
-    pub fn start(count: usize) -> std::io::Result<Workers> {
+    /// With `pin`, worker N runs only on the Nth CPU this process may use.
+    pub fn start(count: usize, pin: bool) -> std::io::Result<Workers> {
         let mut handles = Vec::with_capacity(count);
         let stop = CancellationToken::new();
+        let cpus = if pin {
+            cpus_for(count.max(1))
+        } else {
+            Vec::new()
+        };
         for index in 0..count.max(1) {
+            let cpu = cpus.get(index).copied();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -62,6 +107,9 @@ impl Workers {
             std::thread::Builder::new()
                 .name(format!("baton-worker-{index}"))
                 .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        hold_to(cpu);
+                    }
                     WORKER.set(index);
                     runtime.block_on(async {
                         tokio::select! {

@@ -27,6 +27,109 @@ fn worker_threads(pid: u32) -> Vec<String> {
     names
 }
 
+/// Each worker thread's `Cpus_allowed_list` (as `/proc` writes it: `0-1`,
+/// `3`), by name.
+fn worker_cpus(pid: u32) -> Vec<(String, String)> {
+    let mut found: Vec<(String, String)> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| {
+                    let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+                    let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+                    let cpus = status
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+                    Some((name.trim().to_string(), cpus.trim().to_string()))
+                })
+                .filter(|(name, _)| name.starts_with("baton-worker"))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+/// The CPUs this test may run on, as `/proc` lists them, and how many.
+fn own_cpus() -> (String, usize) {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list")
+        .trim()
+        .to_string();
+    let count = list
+        .split(',')
+        .map(|part| match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().expect("cpu") - a.parse::<usize>().expect("cpu") + 1,
+            None => 1,
+        })
+        .sum();
+    (list, count)
+}
+
+/// `pin_workers`: as many workers as CPUs, each held to a CPU of its own;
+/// without it (the default) each may run on any, as the process may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_workers_each_hold_a_cpu_of_their_own() {
+    let backend = HttpBackend::start("a").await;
+    let (all, count) = own_cpus();
+    let spec = |pin: &str| {
+        Spec::new()
+            .top(&format!("workers = {count}"))
+            .top(pin)
+            .http("web", "app")
+            .pool("app", &[backend.addr])
+    };
+    let pinned = Baton::start(spec("pin_workers = true")).await;
+    let cpus = worker_cpus(pinned.serving_pid().await);
+    assert_eq!(cpus.len(), count, "{cpus:?}");
+    let held: std::collections::HashSet<&str> = cpus.iter().map(|(_, c)| c.as_str()).collect();
+    assert!(
+        held.iter().all(|c| c.parse::<usize>().is_ok()),
+        "one CPU each: {cpus:?}"
+    );
+    assert_eq!(held.len(), count, "a CPU of their own: {cpus:?}");
+    let answer = client::get(pinned.addr("web"), "/").await.expect("served");
+    assert_eq!(answer.status, 200);
+
+    let free = Baton::start(spec("pin_workers = false")).await;
+    let cpus = worker_cpus(free.serving_pid().await);
+    assert_eq!(cpus.len(), count);
+    assert!(
+        cpus.iter().all(|(_, c)| *c == all),
+        "{cpus:?} against {all}"
+    );
+}
+
+/// More workers than CPUs are not pinned (two held to one CPU could not
+/// move to one that is idle), and the log says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_workers_than_cpus_are_not_pinned() {
+    let backend = HttpBackend::start("a").await;
+    let (all, count) = own_cpus();
+    let baton = Baton::start(
+        Spec::new()
+            .top(&format!("workers = {}", count + 1))
+            .top("pin_workers = true")
+            .http("web", "app")
+            .pool("app", &[backend.addr]),
+    )
+    .await;
+    let cpus = worker_cpus(baton.serving_pid().await);
+    assert_eq!(cpus.len(), count + 1);
+    assert!(
+        cpus.iter().all(|(_, c)| *c == all),
+        "{cpus:?} against {all}"
+    );
+    assert!(
+        baton.log().contains("more workers than CPUs"),
+        "{}",
+        baton.log()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_worker_has_a_shard_of_every_listener_and_a_reload_hands_all_over() {
     let backend = HttpBackend::start("a").await;

@@ -63,6 +63,9 @@ pub struct Proxy {
     pub addr: SocketAddr,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// Each of several workers held to a core of its own (baton's
+    /// `pin_workers`, HAProxy's `cpu-map`, nginx's `worker_cpu_affinity`).
+    hold_workers: bool,
 }
 
 impl Drop for Proxy {
@@ -127,6 +130,20 @@ impl Proxy {
         Proxy::unstarted(kind, port, backend).launch(backend, threads, pin, mode)
     }
 
+    /// The same, with each of its `threads` workers held to a core of its
+    /// own, as each proxy is configured to do.
+    pub fn start_held(
+        kind: Kind,
+        port: u16,
+        backend: SocketAddr,
+        threads: usize,
+        mode: Mode,
+    ) -> Proxy {
+        let mut proxy = Proxy::unstarted(kind, port, backend);
+        proxy.hold_workers = true;
+        proxy.launch(backend, threads, None, mode)
+    }
+
     /// One worker on a free port, over TLS with `certificate` (and its
     /// key), copied into the proxy's folder as `cert.pem` and `key.pem`,
     /// and as `both.pem` for HAProxy, which wants them in one file.
@@ -158,6 +175,7 @@ impl Proxy {
             },
             dir: tempfile::tempdir().expect("tempdir"),
             child: None,
+            hold_workers: false,
         }
     }
 
@@ -231,20 +249,32 @@ impl Proxy {
         let dir = self.dir.path().display();
         // HAProxy refuses to start if maxconn needs more fds than allowed.
         let maxconn = super::fd_limit().saturating_sub(100) / 2;
+        let pinned = self.hold_workers && threads > 1;
+        let baton_pin = if pinned { "pin_workers = true\n" } else { "" };
+        let haproxy_pin = if pinned {
+            format!("  cpu-map auto:1/1-{threads} 0-{}\n", threads - 1)
+        } else {
+            String::new()
+        };
+        let nginx_pin = if pinned {
+            "worker_cpu_affinity auto;\n"
+        } else {
+            ""
+        };
         match self.kind {
             Kind::Baton => format!(
-                "workers = {threads}\n[admin]\nlisten = \"127.0.0.1:{}\"\n[control]\nsocket = \"{dir}/control.sock\"\n[shutdown]\npre_stop_delay = \"-1s\"\n\
+                "workers = {threads}\n{baton_pin}[admin]\nlisten = \"127.0.0.1:{}\"\n[control]\nsocket = \"{dir}/control.sock\"\n[shutdown]\npre_stop_delay = \"-1s\"\n\
                  [reload]\ndrain_timeout = \"30s\"\nmax_draining = 64\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:{port}\"\nmax_connections = 30000\npool = \"app\"\n\
                  [[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"{backend}\" }}]\n",
                 super::free_port()
             ),
             Kind::Haproxy => format!(
-                "global\n  master-worker\n  nbthread {threads}\n  maxconn {maxconn}\n  stats socket {dir}/haproxy.sock mode 600 level admin expose-fd listeners\n\
+                "global\n  master-worker\n  nbthread {threads}\n{haproxy_pin}  maxconn {maxconn}\n  stats socket {dir}/haproxy.sock mode 600 level admin expose-fd listeners\n\
                  defaults\n  mode http\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n  timeout http-keep-alive 60s\n\
                  frontend web\n  bind 127.0.0.1:{port}\n  default_backend app\nbackend app\n  http-reuse always\n  server a {backend}\n"
             ),
             Kind::Nginx | Kind::Direct => format!(
-                "worker_processes {threads};\ndaemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log;\nworker_rlimit_nofile 40000;\n\
+                "worker_processes {threads};\n{nginx_pin}daemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log;\nworker_rlimit_nofile 40000;\n\
                  events {{ worker_connections 20000; }}\nhttp {{\n  access_log off;\n  keepalive_requests 1000000;\n  keepalive_timeout 60s;\n\
                  upstream app {{ server {backend}; keepalive 128; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
                  proxy_pass http://app;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n"

@@ -51,6 +51,7 @@ impl serde::de::Visitor<'_> for DurationVisitor {
 #[derive(Debug, Default, Deserialize)]
 pub struct FileConfig {
     pub workers: Option<i64>,
+    pub pin_workers: Option<bool>,
     #[serde(default)]
     pub admin: AdminFile,
     #[serde(default)]

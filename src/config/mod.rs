@@ -33,6 +33,8 @@ pub struct Config {
     /// Worker threads carrying connections (`workers`; 0 in the file
     /// means one per CPU, resolved here).
     pub workers: usize,
+    /// Whether each worker is held to a CPU of its own (`pin_workers`).
+    pub pin_workers: bool,
     pub admin: AdminConfig,
     pub control: ControlConfig,
     pub shutdown: ShutdownConfig,

@@ -69,6 +69,7 @@ pub fn from_file(
         Ok(Config {
             source: path.to_path_buf(),
             workers,
+            pin_workers: raw.pin_workers.unwrap_or(false),
             admin,
             control,
             shutdown,
