@@ -405,9 +405,10 @@ async fn a_graceful_close_answers_what_is_under_way() {
             other => panic!("expected GOAWAY, got {other:?}"),
         }
     }
+    // The highest stream id, 2^31 - 1, names no stream in particular.
     assert_eq!(
         last_named,
-        [frame::MAX_WINDOW, 1],
+        [(1 << 31) - 1, 1],
         "first no stream, then the last served"
     );
     raw.request(3, &GET_HELLO).await;
