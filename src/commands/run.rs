@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::cli::{BudgetArgs, RunArgs};
-use crate::config::Overrides;
+use crate::config::{Overrides, DEFAULT_MAX_CONNECTIONS};
 use crate::daemon::{self, Setup};
 use crate::exit::Exit;
 use crate::lifecycle::generation::{Exec, Inheritance, Parent};
@@ -13,6 +13,14 @@ use crate::lifecycle::signals::{Commands, Signals};
 
 pub fn run(args: RunArgs) -> Exit {
     crate::telemetry::init();
+    crate::lifecycle::fd_limit::raise();
+    // While the process is one thread, the kernel grows its fd table
+    // without waiting for an RCU grace period (12 ms a reload, measured,
+    // once the runtime's threads exist): room for the default listener
+    // now, and more once the config asks for more. (The config is not
+    // read before the runtime: it may be a FIFO, read once, and signals
+    // are not handled yet.)
+    crate::lifecycle::fd_limit::reserve_table(fds_for(DEFAULT_MAX_CONNECTIONS));
     let rt = match super::runtime(1) {
         Ok(rt) => rt,
         Err(exit) => return exit,
@@ -30,7 +38,6 @@ async fn run_async(args: RunArgs) -> Exit {
             return Exit::Failure;
         }
     };
-    crate::lifecycle::fd_limit::raise();
     let parent = match Channel::from_env() {
         Ok(None) => None,
         Ok(Some(channel)) => match Parent::receive(channel).await {
@@ -59,10 +66,8 @@ async fn run_async(args: RunArgs) -> Exit {
     for warning in &config.warnings {
         tracing::warn!(%warning, "config");
     }
-    // A client's connection and its backend's, and room for listeners,
-    // idle backend connections and the rest.
-    let connections: usize = config.listeners.iter().map(|l| l.max_connections).sum();
-    crate::lifecycle::fd_limit::reserve_table(2 * connections as u64 + 1024);
+    let connections = config.listeners.iter().map(|l| l.max_connections).sum();
+    crate::lifecycle::fd_limit::reserve_table(fds_for(connections));
     let exec = match Exec::of_this_process() {
         Ok(e) => e,
         Err(err) => {
@@ -90,6 +95,13 @@ async fn run_async(args: RunArgs) -> Exit {
         commands,
     })
     .await
+}
+
+/// The fds listeners of `connections` in all may hold: a client's
+/// connection and its backend's each, and room for the listeners, idle
+/// backend connections and the rest.
+fn fds_for(connections: usize) -> u64 {
+    2 * connections as u64 + 1024
 }
 
 pub(super) fn overrides(budgets: BudgetArgs) -> Overrides {

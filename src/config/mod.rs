@@ -19,6 +19,9 @@ pub use validate::{from_file, strip_port, Token};
 /// The default config path, as DESIGN.md's `baton run` says.
 pub const DEFAULT_PATH: &str = "/etc/baton/baton.toml";
 
+/// A listener's `max_connections` when its config gives none.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
 /// Budgets given on the command line or in the environment; they beat the file.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {

@@ -34,17 +34,18 @@ pub fn raise() {
     }
 }
 
-/// Grows the process's table of open files, once and now, to hold `fds`
-/// (within the soft limit). The kernel grows it by doubling as fds are
-/// taken, and in a process of several threads each growth waits for an
-/// RCU grace period (6 to 16 ms here, at 256, 512, 1024, 2048 fds, and so
-/// on), during which the thread taking the fd stands still, and with it
-/// every connection of its worker: a generation that took a burst of new
-/// connections after a start or a reload stalled them all, several times
-/// (h2c, 480 new backend connections at once: 39 ms, where HAProxy, one
-/// thread, took 13.5). Grown here, it waits once, before any client.
-/// The table costs 8 bytes of kernel memory an fd (256 KiB for the
-/// default `max_connections`).
+/// Grows the process's table of open files now to hold `fds` (within the
+/// soft limit; a table that large already is left as it is). The kernel
+/// grows it by doubling as fds are taken, and in a process of several
+/// threads each growth waits for an RCU grace period (6 to 16 ms here, at
+/// 256, 512, 1024, 2048 fds, and so on), during which the thread taking
+/// the fd stands still, and with it every connection of its worker: a
+/// generation that took a burst of new connections after a start or a
+/// reload stalled them all, several times (h2c, 480 new backend
+/// connections at once: 39 ms, where HAProxy, one thread, took 13.5).
+/// Grown while the process is one thread, it waits for nothing. The table
+/// costs 8 bytes of kernel memory an fd (256 KiB for the default
+/// `max_connections`).
 pub fn reserve_table(fds: u64) {
     let soft = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
     let highest = fds.min(soft).min(i32::MAX as u64).saturating_sub(1) as i32;

@@ -82,7 +82,7 @@ impl Validator {
                 max_connections: self.count(
                     &format!("{key}.max_connections"),
                     l.max_connections,
-                    10_000,
+                    crate::config::DEFAULT_MAX_CONNECTIONS,
                     1,
                     10_000_000,
                 ),
