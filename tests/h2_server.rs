@@ -394,11 +394,11 @@ async fn a_graceful_close_answers_what_is_under_way() {
     server.shutdown.notify_waiters();
     let mut last_named = Vec::new();
     while last_named.len() < 2 {
-        match tokio::time::timeout(PATIENCE, raw.next(true)).await {
-            Ok(Some(Inbound::Frame(Frame::GoAway {
+        match raw.next_in_time().await {
+            Some(Inbound::Frame(Frame::GoAway {
                 last_stream,
                 reason,
-            }))) => {
+            })) => {
                 assert_eq!(reason, Reason::NO_ERROR);
                 last_named.push(last_stream);
             }
@@ -412,21 +412,19 @@ async fn a_graceful_close_answers_what_is_under_way() {
         "first no stream, then the last served"
     );
     raw.request(3, &GET_HELLO).await;
-    let refused = tokio::time::timeout(PATIENCE, raw.next(true)).await;
-    assert!(
-        matches!(
-            refused,
-            Ok(Some(Inbound::Frame(Frame::Reset {
-                stream: 3,
-                reason: Reason::REFUSED_STREAM
-            })))
-        ),
-        "a stream after GOAWAY is refused: {refused:?}"
+    let refused = raw.next_in_time().await;
+    assert_eq!(
+        refused,
+        Some(Inbound::Frame(Frame::Reset {
+            stream: 3,
+            reason: Reason::REFUSED_STREAM
+        })),
+        "a stream after GOAWAY is refused"
     );
     server.seen.release.notify_waiters();
-    let answered = tokio::time::timeout(PATIENCE, raw.next(true)).await;
+    let answered = raw.next_in_time().await;
     assert!(
-        matches!(&answered, Ok(Some(Inbound::Block(block))) if block.stream == 1),
+        matches!(&answered, Some(Inbound::Block(block)) if block.stream == 1),
         "the stream under way is answered: {answered:?}"
     );
     let outcome = tokio::time::timeout(PATIENCE, server.outcomes.recv())
@@ -544,6 +542,13 @@ impl Raw {
         self.socket.write_all(&out).await.expect("write");
     }
 
+    /// `next`, PINGs answered, within the test's patience.
+    async fn next_in_time(&mut self) -> Option<Inbound> {
+        tokio::time::timeout(PATIENCE, self.next(true))
+            .await
+            .expect("in time")
+    }
+
     /// The next frame from the server that is not SETTINGS, WINDOW_UPDATE
     /// or a PING (answered when `answer_pings`); `None` once it closed.
     async fn next(&mut self, answer_pings: bool) -> Option<Inbound> {
@@ -586,9 +591,7 @@ async fn a_fast_download_leaves_room_for_the_others() {
     let mut downloaded = 0;
     let mut asked = false;
     while downloaded < 64 * 1024 * 1024 {
-        let next = tokio::time::timeout(PATIENCE, raw.next(true))
-            .await
-            .expect("in time");
+        let next = raw.next_in_time().await;
         match next {
             Some(Inbound::Frame(Frame::Data {
                 stream: 1, data, ..
@@ -635,9 +638,7 @@ async fn malformed_and_excess_streams_are_refused_one_by_one() {
     let mut upper = GET_HELLO.to_vec();
     upper.push((b"X-Upper", b"v"));
     raw.request(1, &upper).await;
-    let reset = tokio::time::timeout(PATIENCE, raw.next(true))
-        .await
-        .expect("in time");
+    let reset = raw.next_in_time().await;
     assert_eq!(
         reset,
         Some(Inbound::Frame(Frame::Reset {
@@ -652,10 +653,7 @@ async fn malformed_and_excess_streams_are_refused_one_by_one() {
         large.push((b"x-long", &long));
     }
     raw.request(3, &large).await;
-    let Some(Inbound::Block(block)) = tokio::time::timeout(PATIENCE, raw.next(true))
-        .await
-        .expect("in time")
-    else {
+    let Some(Inbound::Block(block)) = raw.next_in_time().await else {
         panic!("a response head");
     };
     assert_eq!(block.stream, 3);
@@ -665,9 +663,7 @@ async fn malformed_and_excess_streams_are_refused_one_by_one() {
     slow[3] = (b":path", b"/slow");
     raw.request(5, &slow).await;
     raw.request(7, &GET_HELLO).await;
-    let refused = tokio::time::timeout(PATIENCE, raw.next(true))
-        .await
-        .expect("in time");
+    let refused = raw.next_in_time().await;
     assert_eq!(
         refused,
         Some(Inbound::Frame(Frame::Reset {
@@ -690,9 +686,7 @@ async fn a_faulty_frame_resets_its_stream_or_ends_the_connection() {
     // WINDOW_UPDATE of 0 on stream 1, open: a stream error.
     let zero = [0, 0, 4, 0x8, 0, 0, 0, 0, 1, 0, 0, 0, 0];
     raw.socket.write_all(&zero).await.expect("write");
-    let reset = tokio::time::timeout(PATIENCE, raw.next(true))
-        .await
-        .expect("in time");
+    let reset = raw.next_in_time().await;
     let want = Frame::Reset {
         stream: 1,
         reason: Reason::PROTOCOL_ERROR,
@@ -701,9 +695,7 @@ async fn a_faulty_frame_resets_its_stream_or_ends_the_connection() {
     // PRIORITY making stream 9, never opened, depend on itself.
     let priority = [0, 0, 5, 0x2, 0, 0, 0, 0, 9, 0, 0, 0, 9, 16];
     raw.socket.write_all(&priority).await.expect("write");
-    let goaway = tokio::time::timeout(PATIENCE, raw.next(true))
-        .await
-        .expect("in time");
+    let goaway = raw.next_in_time().await;
     let want = Frame::GoAway {
         last_stream: 1,
         reason: Reason::PROTOCOL_ERROR,

@@ -13,18 +13,7 @@ use support::listening_inodes;
 
 /// The names of a process's threads that carry connections.
 fn worker_threads(pid: u32) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|tasks| {
-            tasks
-                .flatten()
-                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
-                .map(|c| c.trim().to_string())
-                .filter(|c| c.starts_with("baton-worker"))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
+    worker_cpus(pid).into_iter().map(|(name, _)| name).collect()
 }
 
 /// Each worker thread's `Cpus_allowed_list` (as `/proc` writes it: `0-1`,

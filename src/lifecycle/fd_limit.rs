@@ -4,8 +4,8 @@
 //! what the host allows; the hard limit is what the admin granted (systemd's
 //! unit sets both with `LimitNOFILE=`). HAProxy raises its own the same way,
 //! and Go's runtime does for every program. A new generation inherits it.
-//! And the table of open files, grown once as a generation starts to what
-//! its config may use, not by doubling under a burst of connections.
+//! And the table of open files, grown as a generation starts to what its
+//! config may use, not by doubling under a burst of connections.
 
 use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 

@@ -2,8 +2,9 @@
 //! HTTP/1 clients: a connection from the backend's idle list (or a new
 //! one), the request head written from the request's parts, the body
 //! framed for HTTP/1 as it streams, the response head parsed with
-//! `httparse`, and its body decoded into frames for the h2 connection. The connection goes back
-//! to the idle list after a clean end with keep-alive on both sides.
+//! `httparse`, and its body decoded into frames for the h2 connection.
+//! The connection goes back to the idle list after a clean end with
+//! keep-alive on both sides.
 //!
 //! Nothing is spawned and nothing crosses a channel: the stream's own
 //! future drives both directions until the response head is in, then the

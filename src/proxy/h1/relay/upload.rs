@@ -1,7 +1,7 @@
 //! The request direction of a relayed exchange: the HTTP/1 head written
-//! from the request's parts, the client's body framed as it comes (its next frame
-//! asked for only once the last is written: backpressure), and how long
-//! the backend has taken no bytes.
+//! from the request's parts, the client's body framed as it comes (its
+//! next frame asked for only once the last is written: backpressure), and
+//! how long the backend has taken no bytes.
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
