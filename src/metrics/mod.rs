@@ -57,10 +57,13 @@ const PHASE_BUCKETS: &[f64] = &[
 ];
 
 /// How often histogram samples are folded into their buckets when nobody
-/// scrapes: the recorder keeps every sample until then. Every second: at
-/// 50,000 requests/s the samples waiting meanwhile are a few hundred KiB,
-/// and the allocator keeps their high-water mark as RSS.
-const UPKEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+/// scrapes: the recorder keeps every sample until then (8 bytes and more
+/// each), and the allocator keeps their high-water mark as RSS. Every
+/// 100 ms: at 130,000 requests/s a period's samples are about 100 KiB.
+/// Every second they were over a MiB, more than the memory test allows
+/// for 200,000 requests, once this machine served them in two seconds.
+/// The work is the same whatever the period (each sample is folded once).
+const UPKEEP_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Installs the process-wide recorder; `/metrics` renders the handle. Must
 /// run inside the runtime: it starts the recorder's upkeep, without which
