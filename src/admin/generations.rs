@@ -176,6 +176,12 @@ impl AdminShared {
 
     fn sample(&self, inherited: &Report) {
         let topology = self.topology();
+        for pool in &topology.pools {
+            pool.backends()
+                .backends
+                .iter()
+                .for_each(|b| b.publish_in_flight());
+        }
         let backlog = topology
             .listeners
             .iter()

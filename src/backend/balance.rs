@@ -6,12 +6,22 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crossbeam_utils::CachePadded;
+
 use super::Backend;
 use crate::config::Balance;
 use crate::splitmix::mix;
 
-/// Per-pool state the strategies keep between picks.
+/// Per-pool state the strategies keep between picks, one for each worker
+/// on a cache line of its own: each worker balances its own requests, as
+/// each nginx worker does (without a `zone`). One for every worker bounced
+/// its lock between their cores at every pick; a load spread over the
+/// workers is spread the same over the backends.
 pub struct PickState {
+    per_worker: Box<[CachePadded<WorkerPicks>]>,
+}
+
+struct WorkerPicks {
     /// Smooth round robin's current weights, by backend position.
     current: Mutex<Vec<i64>>,
     /// Drives rotation of ties and the random choices.
@@ -19,12 +29,42 @@ pub struct PickState {
 }
 
 impl PickState {
-    pub fn new(backends: usize) -> PickState {
+    /// Worker N starts where a shared state would be after N picks, so the
+    /// first requests of different workers go to different backends (two
+    /// at once on a fresh pool of two reach both; later, two workers'
+    /// picks may meet on one backend, each worker's own round still exact),
+    /// and its tickets start apart from every other worker's.
+    pub fn new(backends: &[Arc<Backend>], workers: usize) -> PickState {
         PickState {
-            current: Mutex::new(vec![0; backends]),
-            ticket: AtomicU64::new(0),
+            per_worker: (0..workers.max(1))
+                .map(|worker| {
+                    let picks = WorkerPicks {
+                        current: Mutex::new(weights_buffer(backends.len())),
+                        ticket: AtomicU64::new(worker as u64 * ((1 << 32) + 1)),
+                    };
+                    for _ in 0..worker {
+                        smooth_weighted(backends, 0..backends.len(), &picks);
+                    }
+                    CachePadded::new(picks)
+                })
+                .collect(),
         }
     }
+
+    /// The calling worker's (any other thread picks with worker 0's).
+    fn mine(&self) -> &WorkerPicks {
+        &self.per_worker[crate::workers::current() % self.per_worker.len()]
+    }
+}
+
+/// Smooth round robin's weights for `backends`, zero, in a buffer of a
+/// power-of-two size of at least 128 bytes: jemalloc aligns such a block
+/// to its size, so two workers' buffers (written at every pick) never
+/// share a cache line.
+fn weights_buffer(backends: usize) -> Vec<i64> {
+    let mut weights = Vec::with_capacity(backends.next_power_of_two().max(16));
+    weights.resize(backends, 0);
+    weights
 }
 
 /// Position in `backends` of the chosen one among those `eligible`. It runs
@@ -40,6 +80,7 @@ pub fn choose(
     if n == 0 {
         return None;
     }
+    let state = state.mine();
     let ticket = state.ticket.fetch_add(1, Ordering::Relaxed);
     match balance {
         Balance::RoundRobin => smooth_weighted(backends, candidates, state),
@@ -61,7 +102,7 @@ pub fn choose(
 fn smooth_weighted(
     backends: &[Arc<Backend>],
     mut candidates: impl Iterator<Item = usize> + Clone,
-    state: &PickState,
+    state: &WorkerPicks,
 ) -> Option<usize> {
     let Ok(mut current) = state.current.lock() else {
         return candidates.next();
@@ -122,6 +163,10 @@ mod tests {
     use crate::config::{BackendConfig, PoolConfig};
 
     fn pool(balance: Balance, weights: &[u32]) -> Pool {
+        pool_for(balance, weights, 1)
+    }
+
+    fn pool_for(balance: Balance, weights: &[u32], workers: usize) -> Pool {
         let backends = weights
             .iter()
             .enumerate()
@@ -146,7 +191,7 @@ mod tests {
             },
             0,
             Arc::new(std::sync::atomic::AtomicUsize::new(weights.len())),
-            1,
+            workers,
         )
     }
 
@@ -168,6 +213,31 @@ mod tests {
         assert_eq!(order, vec![2, 1, 0, 2, 1, 2], "nginx's sequence for 1:2:3");
         let s = shares(&p, 6000);
         assert_eq!(s, vec![1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0]);
+    }
+
+    /// Each worker keeps its own round robin, started where one shared
+    /// would be after as many picks as its number: the first request on
+    /// each of two workers goes to a backend of its own, and each worker's
+    /// picks are exact by weight.
+    #[tokio::test]
+    async fn each_worker_balances_its_own_picks_from_its_own_start() {
+        let p = Arc::new(pool_for(Balance::RoundRobin, &[1, 1, 2], 2));
+        let workers = crate::workers::Workers::start(2, false).expect("workers");
+        let mut firsts = Vec::new();
+        for worker in 0..2 {
+            let p = Arc::clone(&p);
+            let (first, shares) = workers
+                .for_shard(worker)
+                .spawn(async move {
+                    let first = p.pick(None).expect("pick").backend().index;
+                    (first, shares(&p, 4000))
+                })
+                .await
+                .expect("worker");
+            assert_eq!(shares, vec![0.25, 0.25, 0.5], "worker {worker}");
+            firsts.push(first);
+        }
+        assert_eq!(firsts, vec![2, 0], "nginx's sequence for 1:1:2 begins 2, 0");
     }
 
     #[test]

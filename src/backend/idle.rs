@@ -9,6 +9,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
+
 use super::stream::{holds_nothing_back, BackendStream};
 use crate::stream::ByteStream;
 use tokio::time::Instant;
@@ -27,8 +29,10 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(4);
 const MAX_IDLE: usize = 4096;
 
 /// One worker's idle connections with when each went idle, oldest first:
-/// taken from the back, expired from the front.
-type IdleList = Mutex<Vec<(BackendStream, Instant)>>;
+/// taken from the back, expired from the front. On a cache line of its
+/// own: two workers' locks side by side bounced that line between their
+/// cores at every request each took or gave back.
+type IdleList = CachePadded<Mutex<Vec<(BackendStream, Instant)>>>;
 
 /// One list per worker: a connection is registered with its worker's
 /// reactor and stays with that worker's requests.
@@ -39,7 +43,9 @@ pub struct IdleConnections {
 impl IdleConnections {
     pub fn new(workers: usize) -> IdleConnections {
         IdleConnections {
-            per_worker: (0..workers.max(1)).map(|_| Mutex::default()).collect(),
+            per_worker: (0..workers.max(1))
+                .map(|_| CachePadded::default())
+                .collect(),
         }
     }
 
@@ -138,6 +144,15 @@ mod tests {
         }
         let kept = std::iter::from_fn(|| idle.take()).count();
         assert_eq!(kept, BURST);
+    }
+
+    /// Two workers' lists never share a cache line: each takes its lock
+    /// at every request.
+    #[test]
+    fn each_workers_list_has_a_cache_line_of_its_own() {
+        let idle = IdleConnections::new(2);
+        let line = |i: usize| std::ptr::from_ref(&idle.per_worker[i]) as usize / 64;
+        assert!(line(1) > line(0), "lists 0 and 1 share a cache line");
     }
 
     /// Bytes the kernel holds but the reactor has not reported yet (the

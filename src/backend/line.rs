@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::in_flight::Place;
 use super::{Backend, Lease, NoLease};
 
 pub(crate) struct Line {
@@ -131,7 +132,7 @@ impl Line {
         if handed {
             return false;
         }
-        backend.give_back();
+        backend.give_back(Place::Capped);
         true
     }
 
@@ -139,9 +140,12 @@ impl Line {
     /// free goes down the line, oldest waiter first.
     pub fn offer(&self, backend: &Arc<Backend>) {
         let mut waiters = self.lock();
-        while backend.available() && waiters.wants(backend) && backend.take_place(self.cap) {
+        while backend.available()
+            && waiters.wants(backend)
+            && backend.take_place(self.cap).is_some()
+        {
             if !waiters.hand(backend) {
-                backend.give_back();
+                backend.give_back(Place::Capped);
                 break;
             }
         }

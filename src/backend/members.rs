@@ -28,9 +28,9 @@ pub struct Members {
 }
 
 impl Members {
-    pub(super) fn new(backends: Vec<Arc<Backend>>) -> Members {
+    pub(super) fn new(backends: Vec<Arc<Backend>>, workers: usize) -> Members {
         Members {
-            picks: balance::PickState::new(backends.len()),
+            picks: balance::PickState::new(&backends, workers),
             backends,
         }
     }
@@ -151,7 +151,7 @@ impl Recipe {
             weight: AtomicU32::new(id.weight),
             pool: self.pool.clone(),
             checked: self.checked,
-            in_flight: AtomicUsize::new(0),
+            in_flight: super::in_flight::InFlight::new(self.workers),
             admin: AtomicU8::new(admin as u8),
             healthy: AtomicBool::new(health.is_healthy()),
             health: Mutex::new(health),
@@ -258,7 +258,8 @@ impl Pool {
         if !joined.is_empty() {
             let mut backends = current.backends.clone();
             backends.extend(joined.iter().cloned());
-            self.members.store(Arc::new(Members::new(backends)));
+            self.members
+                .store(Arc::new(Members::new(backends, self.recipe.workers)));
             joined.iter().for_each(|b| b.wake_queue());
         }
         self.retire_vanished();
@@ -396,7 +397,8 @@ impl Pool {
         let current = self.members.load_full();
         let (left, kept): (Vec<_>, Vec<_>) =
             current.backends.iter().cloned().partition(|b| b.leaving());
-        self.members.store(Arc::new(Members::new(kept)));
+        self.members
+            .store(Arc::new(Members::new(kept, self.recipe.workers)));
         for b in left {
             if let Some(named) = self.named.iter().find(|n| b.member_of(n)) {
                 named.remember(b.address, b.admin());

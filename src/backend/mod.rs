@@ -12,6 +12,7 @@
 pub mod balance;
 pub mod health;
 pub mod idle;
+mod in_flight;
 mod line;
 pub mod members;
 pub mod metrics;
@@ -31,6 +32,7 @@ use self::metrics::BackendMetrics;
 use crate::config::{Balance, HealthConfig, PoolConfig};
 use crate::metrics::UpstreamErrorKind;
 use health::{Flip, Health};
+use in_flight::Place;
 use line::Line;
 use members::{Members, Recipe};
 use named::Named;
@@ -125,7 +127,7 @@ pub struct Backend {
     /// Active checks exist: only then may passive failures mark it down
     /// (nothing would ever bring it back up otherwise).
     checked: bool,
-    in_flight: AtomicUsize,
+    in_flight: in_flight::InFlight,
     admin: AtomicU8,
     /// The health verdict, cached for pickers (the `Health` lock is for writers).
     healthy: AtomicBool,
@@ -169,7 +171,14 @@ impl Backend {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
+        self.in_flight.total()
+    }
+
+    /// Sets its in-flight gauge from the count, as `/metrics` is rendered:
+    /// a gauge moved at every request was one more cache line every worker
+    /// wrote.
+    pub fn publish_in_flight(&self) {
+        self.metrics.in_flight.set(self.in_flight() as f64);
     }
 
     pub fn admin(&self) -> AdminState {
@@ -337,40 +346,33 @@ impl Backend {
     /// this place, or this place sees them and lets go (and settles the
     /// drain its count may have held up). Without the second look a pick
     /// that chose the backend just before a drain sent work to it after it
-    /// said `out`, which an operator takes as "safe to redeploy". The gauge
-    /// moves only for a place kept (the sweep zeroes a removed one's).
-    fn take_place(&self, cap: usize) -> bool {
-        let taken = self
-            .in_flight
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (cap == 0 || n < cap).then_some(n + 1)
-            })
-            .is_ok();
-        if !taken {
-            return false;
-        }
+    /// said `out`, which an operator takes as "safe to redeploy".
+    fn take_place(&self, cap: usize) -> Option<Place> {
+        let place = self.in_flight.take(cap)?;
         if self.retired.load(Ordering::SeqCst) || self.admin() != AdminState::Enabled {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            self.give_back(place);
             self.settle();
-            return false;
+            return None;
         }
-        self.metrics.in_flight.increment(1.0);
-        true
+        Some(place)
     }
 
-    /// Gives one place back (see `take_place`).
-    fn give_back(&self) {
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.metrics.in_flight.decrement(1.0);
+    /// Gives one place back where it was taken (see `take_place`).
+    fn give_back(&self, place: Place) {
+        self.in_flight.give_back(place);
     }
 
-    /// Draining with nothing in flight is out.
+    /// Draining with nothing in flight is out. The count (a sum over the
+    /// workers' lines) is read only while draining, not at every lease's
+    /// end; the drain sets `Draining` before it settles, and a giver gives
+    /// back before it looks (all SeqCst), so one of them sees the other.
     fn settle(&self) {
         if self.retired.load(Ordering::SeqCst) {
             self.publish();
             return;
         }
-        if self.in_flight.load(Ordering::SeqCst) == 0
+        if self.admin() == AdminState::Draining
+            && self.in_flight() == 0
             && !self.elder_may_use.load(Ordering::SeqCst)
             && self
                 .admin
@@ -460,7 +462,7 @@ impl Pool {
             .collect();
         Pool {
             name: config.name.clone(),
-            members: ArcSwap::from_pointee(Members::new(backends)),
+            members: ArcSwap::from_pointee(Members::new(backends, workers)),
             changing: Mutex::new(()),
             recipe,
             named: config
@@ -599,6 +601,7 @@ impl Pool {
 /// One request or connection on a backend; counted until dropped.
 pub struct Lease {
     backend: Arc<Backend>,
+    place: Place,
 }
 
 /// Why a pool gave no lease.
@@ -613,14 +616,20 @@ pub enum NoLease {
 impl Lease {
     /// A lease on `backend` if it has fewer than `cap` (0: any number).
     fn within(backend: &Arc<Backend>, cap: usize) -> Option<Lease> {
-        backend
-            .take_place(cap)
-            .then(|| Lease::handed(Arc::clone(backend)))
+        let place = backend.take_place(cap)?;
+        Some(Lease {
+            backend: Arc::clone(backend),
+            place,
+        })
     }
 
-    /// The lease on a place already counted (one handed on in line).
+    /// The lease on a place already counted (one handed on in a capped
+    /// pool's line).
     fn handed(backend: Arc<Backend>) -> Lease {
-        Lease { backend }
+        Lease {
+            backend,
+            place: Place::Capped,
+        }
     }
 
     pub fn backend(&self) -> &Backend {
@@ -639,7 +648,7 @@ impl Drop for Lease {
         let given_back = match &self.backend.line {
             Some(line) => line.pass_on(&self.backend),
             None => {
-                self.backend.give_back();
+                self.backend.give_back(self.place);
                 true
             }
         };

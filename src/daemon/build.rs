@@ -77,7 +77,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         tickets,
         config.ticket_rotation,
     )?);
-    let drain = Drain::new();
+    let drain = Drain::new(workers.count());
     let access_logs = Arc::new(crate::access_log::sink::Sinks::default());
     let reopening = Arc::clone(&access_logs);
     commands.on_reopen(move || reopening.reopen());

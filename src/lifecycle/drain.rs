@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::latch::Latch;
 use crate::wake_gate::first_of;
 
 /// How a drain ended.
@@ -39,8 +41,11 @@ pub struct DrainWatch {
 
 /// What the drain's two sides share.
 struct Signals {
-    graceful: CancellationToken,
-    force: CancellationToken,
+    /// Each worker's two signals, which its connections look at and wait
+    /// on, on a cache line of its own: one for every worker bounced that
+    /// line between their cores several times a request (a look, a waiter
+    /// taken and dropped).
+    per_worker: Box<[CachePadded<WorkerSignals>]>,
     tracker: TaskTracker,
     /// Window over which long-lived streams are ended (`reload.close_spread`).
     spread_nanos: AtomicU64,
@@ -55,6 +60,22 @@ struct Signals {
     streams: AtomicUsize,
 }
 
+/// One worker's signals: *graceful* (finish what you have, take no more)
+/// and *force* (stop now).
+#[derive(Default)]
+struct WorkerSignals {
+    graceful: Latch,
+    force: Latch,
+}
+
+impl Signals {
+    /// The calling worker's signals (any thread outside the workers shares
+    /// worker 0's, and is as well served).
+    fn local(&self) -> &WorkerSignals {
+        &self.per_worker[crate::workers::current() % self.per_worker.len()]
+    }
+}
+
 /// One h2 stream's place in `Signals::streams`, given back as it ends.
 struct Stream(Arc<Signals>);
 
@@ -64,18 +85,14 @@ impl Drop for Stream {
     }
 }
 
-impl Default for Drain {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Drain {
-    pub fn new() -> Self {
+    /// A drain for connections served by `workers` workers.
+    pub fn new(workers: usize) -> Self {
         Drain {
             signals: Arc::new(Signals {
-                graceful: CancellationToken::new(),
-                force: CancellationToken::new(),
+                per_worker: (0..workers.max(1))
+                    .map(|_| CachePadded::default())
+                    .collect(),
                 tracker: TaskTracker::new(),
                 spread_nanos: AtomicU64::new(0),
                 spread_cut: CancellationToken::new(),
@@ -97,7 +114,10 @@ impl Drain {
     pub fn begin(&self, spread: Duration) {
         let nanos = u64::try_from(spread.as_nanos()).unwrap_or(u64::MAX);
         self.signals.spread_nanos.store(nanos, Ordering::SeqCst);
-        self.signals.graceful.cancel();
+        self.signals
+            .per_worker
+            .iter()
+            .for_each(|w| w.graceful.set());
         self.signals.tracker.close();
     }
 
@@ -135,7 +155,7 @@ impl Drain {
     /// were open.
     pub async fn force(&self) -> usize {
         let open = self.connections();
-        self.signals.force.cancel();
+        self.signals.per_worker.iter().for_each(|w| w.force.set());
         // Forced tasks return at their next poll; this bound only guards
         // against one stuck in a blocking call.
         let _ = tokio::time::timeout(Duration::from_secs(2), self.signals.tracker.wait()).await;
@@ -154,7 +174,7 @@ impl DrainWatch {
         // shared signals, not a clone of its own.
         let signals = Arc::clone(&self.signals);
         self.signals.tracker.spawn(async move {
-            first_of(task, signals.force.cancelled()).await;
+            first_of(task, signals.local().force.wait()).await;
         });
     }
 
@@ -174,7 +194,7 @@ impl DrainWatch {
     }
 
     pub fn is_draining(&self) -> bool {
-        self.signals.graceful.is_cancelled()
+        self.signals.local().graceful.is_set()
     }
 
     /// An idle keep-alive connection closes for the drain.
@@ -184,19 +204,19 @@ impl DrainWatch {
 
     /// The drain was forced: tasks dropped now were cut by it.
     pub fn is_forced(&self) -> bool {
-        self.signals.force.is_cancelled()
+        self.signals.local().force.is_set()
     }
 
     /// Resolves when the drain begins.
     pub async fn draining(&self) {
-        self.signals.graceful.cancelled().await;
+        self.signals.local().graceful.wait().await;
     }
 
     /// Resolves when a long-lived stream (WebSocket, SSE, other upgrade)
     /// should end: at drain start, or at a point spread evenly over the
     /// close-spread window so their clients do not reconnect in one storm.
     pub async fn long_lived_ending(&self) {
-        self.signals.graceful.cancelled().await;
+        self.signals.local().graceful.wait().await;
         let spread = self.signals.spread_nanos.load(Ordering::SeqCst);
         if spread > 0 {
             tokio::select! {
@@ -220,7 +240,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn finished_tasks_drain_and_stuck_ones_are_forced() {
-        let drain = Drain::new();
+        let drain = Drain::new(1);
         let watch = drain.watch();
         watch.spawn(async {});
         let stuck = drain.watch();
@@ -235,11 +255,46 @@ mod tests {
         assert_eq!(drain.in_flight(), 0);
     }
 
+    /// Each worker's connections look at and wait on signals of their own
+    /// (on a cache line no other worker writes), and the drain reaches
+    /// them all.
+    #[tokio::test]
+    async fn each_worker_waits_on_signals_of_its_own_that_the_drain_reaches() {
+        let workers = crate::workers::Workers::start(2, false).expect("workers");
+        let drain = Drain::new(2);
+        let mut waits = Vec::new();
+        let mut started = Vec::new();
+        for worker in 0..2 {
+            let watch = drain.watch();
+            let (start, started_here) = tokio::sync::oneshot::channel();
+            started.push(started_here);
+            waits.push(workers.for_shard(worker).spawn(async move {
+                let line = std::ptr::from_ref(watch.signals.local()) as usize / 64;
+                let drained_before = watch.is_draining();
+                let _ = start.send(());
+                watch.draining().await;
+                (line, drained_before, watch.is_draining())
+            }));
+        }
+        for start in started {
+            start.await.expect("started");
+        }
+        drain.begin(Duration::ZERO);
+        let mut seen = Vec::new();
+        for wait in waits {
+            let waited = tokio::time::timeout(Duration::from_secs(5), wait).await;
+            let (line, before, after) = waited.expect("the drain reached it").expect("task");
+            assert!(!before && after, "draining only once the drain began");
+            seen.push(line);
+        }
+        assert_ne!(seen[0], seen[1], "both workers' signals on one cache line");
+    }
+
     /// Long-lived streams end at places spread over the window, and a
     /// stop's cut ends every one still waiting at once.
     #[tokio::test(start_paused = true)]
     async fn long_lived_streams_end_spread_until_the_spread_is_cut() {
-        let drain = Drain::new();
+        let drain = Drain::new(1);
         let ended = Arc::new(AtomicUsize::new(0));
         for _ in 0..32 {
             let (watch, ended) = (drain.watch(), Arc::clone(&ended));

@@ -471,7 +471,7 @@ mod tests {
             .await
             .expect("backend sends");
         drop(backend);
-        let drain = crate::lifecycle::drain::Drain::new();
+        let drain = crate::lifecycle::drain::Drain::new(1);
         let tunnel = tokio::spawn(super::tunnel(
             client_side,
             backend_side,
