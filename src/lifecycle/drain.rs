@@ -32,8 +32,8 @@ pub struct Drain {
 }
 
 /// What connection tasks hold: they learn when to wind down and are counted.
-/// One `Arc` to clone per connection: cloning the two tokens themselves
-/// takes a lock each (and another to drop), at every accepted connection.
+/// One `Arc` to clone per connection; each task looks at its own worker's
+/// signals through it.
 #[derive(Clone)]
 pub struct DrainWatch {
     signals: Arc<Signals>,
