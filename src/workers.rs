@@ -8,6 +8,7 @@
 
 use std::cell::Cell;
 
+use crossbeam_utils::CachePadded;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +20,44 @@ thread_local! {
 /// The worker the calling thread is (0 for any other thread).
 pub fn current() -> usize {
     WORKER.get()
+}
+
+/// One `T` for each worker, each on cache lines of its own: state a worker
+/// writes at every request, which one shared copy (or copies side by side)
+/// bounced between the workers' cores. Any thread outside the workers uses
+/// worker 0's.
+pub struct PerWorker<T> {
+    slots: Box<[CachePadded<T>]>,
+}
+
+impl<T> PerWorker<T> {
+    /// `make(n)` is worker n's (at least one).
+    pub fn new(workers: usize, make: impl FnMut(usize) -> T) -> PerWorker<T> {
+        PerWorker {
+            slots: (0..workers.max(1))
+                .map(make)
+                .map(CachePadded::new)
+                .collect(),
+        }
+    }
+
+    /// The calling worker's number among these.
+    pub fn index(&self) -> usize {
+        current() % self.slots.len()
+    }
+
+    /// The calling worker's.
+    pub fn mine(&self) -> &T {
+        self.get(self.index())
+    }
+
+    pub fn get(&self, worker: usize) -> &T {
+        &self.slots[worker]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().map(|slot| &**slot)
+    }
 }
 
 pub struct Workers {
@@ -129,5 +168,21 @@ impl Workers {
 
     pub fn count(&self) -> usize {
         self.handles.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PerWorker;
+
+    /// Two workers' slots never share a cache line (each is written at
+    /// every request), and off the workers a thread gets worker 0's.
+    #[test]
+    fn each_workers_slot_has_a_cache_line_of_its_own() {
+        let slots = PerWorker::new(2, |n| n);
+        let line = |i: usize| std::ptr::from_ref(slots.get(i)) as usize / 64;
+        assert!(line(1) > line(0), "slots 0 and 1 share a cache line");
+        assert_eq!((slots.index(), *slots.mine()), (0, 0));
+        assert_eq!(slots.iter().copied().collect::<Vec<_>>(), vec![0, 1]);
     }
 }

