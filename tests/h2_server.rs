@@ -412,15 +412,12 @@ async fn a_graceful_close_answers_what_is_under_way() {
         "first no stream, then the last served"
     );
     raw.request(3, &GET_HELLO).await;
-    let refused = raw.next_in_time().await;
-    assert_eq!(
-        refused,
-        Some(Inbound::Frame(Frame::Reset {
-            stream: 3,
-            reason: Reason::REFUSED_STREAM
-        })),
-        "a stream after GOAWAY is refused"
-    );
+    raw.expect_reset(
+        3,
+        Reason::REFUSED_STREAM,
+        "a stream after GOAWAY is refused",
+    )
+    .await;
     server.seen.release.notify_waiters();
     let answered = raw.next_in_time().await;
     assert!(
@@ -549,6 +546,16 @@ impl Raw {
             .expect("in time")
     }
 
+    /// The next frame resets `stream` for `reason`.
+    async fn expect_reset(&mut self, stream: u32, reason: Reason, what: &str) {
+        let next = self.next_in_time().await;
+        assert_eq!(
+            next,
+            Some(Inbound::Frame(Frame::Reset { stream, reason })),
+            "{what}"
+        );
+    }
+
     /// The next frame from the server that is not SETTINGS, WINDOW_UPDATE
     /// or a PING (answered when `answer_pings`); `None` once it closed.
     async fn next(&mut self, answer_pings: bool) -> Option<Inbound> {
@@ -638,14 +645,8 @@ async fn malformed_and_excess_streams_are_refused_one_by_one() {
     let mut upper = GET_HELLO.to_vec();
     upper.push((b"X-Upper", b"v"));
     raw.request(1, &upper).await;
-    let reset = raw.next_in_time().await;
-    assert_eq!(
-        reset,
-        Some(Inbound::Frame(Frame::Reset {
-            stream: 1,
-            reason: Reason::PROTOCOL_ERROR
-        }))
-    );
+    raw.expect_reset(1, Reason::PROTOCOL_ERROR, "an upper-case field name")
+        .await;
     // 150 fields of 138 bytes each as h2 counts them: past 16 KiB.
     let long = vec![b'v'; 100];
     let mut large = GET_HELLO.to_vec();
@@ -663,14 +664,8 @@ async fn malformed_and_excess_streams_are_refused_one_by_one() {
     slow[3] = (b":path", b"/slow");
     raw.request(5, &slow).await;
     raw.request(7, &GET_HELLO).await;
-    let refused = raw.next_in_time().await;
-    assert_eq!(
-        refused,
-        Some(Inbound::Frame(Frame::Reset {
-            stream: 7,
-            reason: Reason::REFUSED_STREAM
-        }))
-    );
+    raw.expect_reset(7, Reason::REFUSED_STREAM, "a stream past the bound")
+        .await;
 }
 
 /// A frame's fault on a stream it has opened resets that stream alone; on
