@@ -62,6 +62,12 @@ EOF
   command=("$root/target/release/baton" run --config "$work/baton.toml")
   ;;
 haproxy)
+  # The four fields baton adds by default, as throughput's peers add them.
+  haproxy_same_fields='  option forwardfor
+  http-request set-header X-Forwarded-Proto http
+  unique-id-format %{+X}o\ %pid-%rt
+  unique-id-header X-Request-Id
+  http-request add-header Via "1.1 haproxy"'
   haproxy_mode=http
   [ "$mode" = tcp ] && haproxy_mode=tcp
   cat >"$work/haproxy.cfg" <<EOF
@@ -74,6 +80,7 @@ defaults
   timeout server 60s
 frontend front
   bind 127.0.0.1:$front $([ "$mode" = h2c ] && echo "proto h2")
+$([ "$haproxy_mode" = http ] && printf '%s\n' "$haproxy_same_fields")
   default_backend app
 backend app
   $([ "$haproxy_mode" = http ] && echo "http-reuse always")
@@ -95,7 +102,11 @@ http {
   upstream app { server 127.0.0.1:$backend; keepalive 64; }
   server {
     listen 127.0.0.1:$front $([ "$mode" = h2c ] && echo "http2");
-    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }
+    location / {
+      proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$remote_addr; proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Request-Id \$request_id; proxy_set_header Via "1.1 nginx";
+    }
   }
 }
 EOF

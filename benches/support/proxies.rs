@@ -12,6 +12,19 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+/// HAProxy's frontend lines that add to every request the four fields
+/// baton adds by default (`x-forwarded-for`, `x-forwarded-proto`,
+/// `x-request-id`, `via`), so that each proxy does the same job and the
+/// backend reads the same size of head behind each. A production
+/// HAProxy has `option forwardfor` as a rule; baton cannot leave out its
+/// id and `via`.
+const HAPROXY_SAME_FIELDS: &str = "  option forwardfor\n  http-request set-header X-Forwarded-Proto http\n  \
+     unique-id-format %{+X}o\\ %pid-%rt\n  unique-id-header X-Request-Id\n  http-request add-header Via \"1.1 haproxy\"\n";
+
+/// nginx's `location` lines for the same four fields.
+const NGINX_SAME_FIELDS: &str = "      proxy_set_header X-Forwarded-For $remote_addr;\n      proxy_set_header X-Forwarded-Proto $scheme;\n      \
+     proxy_set_header X-Request-Id $request_id;\n      proxy_set_header Via \"1.1 nginx\";\n";
+
 /// What a proxy is set up to speak to its clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -271,13 +284,13 @@ impl Proxy {
             Kind::Haproxy => format!(
                 "global\n  master-worker\n  nbthread {threads}\n{haproxy_pin}  maxconn {maxconn}\n  stats socket {dir}/haproxy.sock mode 600 level admin expose-fd listeners\n\
                  defaults\n  mode http\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n  timeout http-keep-alive 60s\n\
-                 frontend web\n  bind 127.0.0.1:{port}\n  default_backend app\nbackend app\n  http-reuse always\n  server a {backend}\n"
+                 frontend web\n  bind 127.0.0.1:{port}\n{HAPROXY_SAME_FIELDS}  default_backend app\nbackend app\n  http-reuse always\n  server a {backend}\n"
             ),
             Kind::Nginx | Kind::Direct => format!(
                 "worker_processes {threads};\n{nginx_pin}daemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log;\nworker_rlimit_nofile 40000;\n\
                  events {{ worker_connections 20000; }}\nhttp {{\n  access_log off;\n  keepalive_requests 1000000;\n  keepalive_timeout 60s;\n\
                  upstream app {{ server {backend}; keepalive 128; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
-                 proxy_pass http://app;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n"
+                 proxy_pass http://app;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n{NGINX_SAME_FIELDS}    }}\n  }}\n}}\n"
             ),
         }
     }
@@ -298,6 +311,7 @@ impl Proxy {
         match self.kind {
             Kind::Baton => http.replace("pool = \"app\"\n", "protocol = \"tcp\"\npool = \"app\"\n"),
             Kind::Haproxy => http
+                .replace(HAPROXY_SAME_FIELDS, "")
                 .replace("mode http", "mode tcp")
                 .replace("  timeout http-keep-alive 60s\n", "")
                 .replace("  http-reuse always\n", ""),
