@@ -205,6 +205,12 @@ async fn the_backend_gets_the_request_id_that_is_logged() {
         logged,
         [replaced.as_str(), "from-the-client", over_h2.as_str()]
     );
+    for line in &lines {
+        assert_eq!(
+            line["backend"], "app-0",
+            "each line names its backend: {line}"
+        );
+    }
     let h2_line = &lines[2];
     assert_eq!(h2_line["protocol"], "HTTP/2.0");
     assert_eq!(h2_line["status"], 200);

@@ -434,7 +434,10 @@ impl HttpProxy {
                 }
             };
             stream.noted.marks.leased = Some(Instant::now());
-            stream.noted.backend = Some(Arc::clone(lease.shared()));
+            // Only a log line names it (see the HTTP/1 exchange).
+            if self.access_log.is_some() {
+                stream.noted.backend = Some(Arc::clone(lease.shared()));
+            }
             let backend = lease.backend();
             // A connection that speaks for one client is never shared.
             let header = match (&client.speaker, backend.send_proxy) {

@@ -245,7 +245,11 @@ async fn forward<S: ByteStream>(
         };
         let trace = &mut *request.trace;
         trace.marks.leased = Some(Instant::now());
-        trace.backend = Some(Arc::clone(lease.shared()));
+        // Only a log line names it: without one, no count of the
+        // backend's that every worker would write twice a request.
+        if proxy.access_log.is_some() {
+            trace.backend = Some(Arc::clone(lease.shared()));
+        }
         let upstream = match connection(
             client,
             lease.backend(),
