@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 /// `/big`'s body: this many 64 KiB chunks, each ready at once (64 GiB:
@@ -59,7 +59,30 @@ struct Seen {
     /// Exchanges dropped before they ended (a reset stream's).
     dropped: AtomicUsize,
     /// Let `/slow` answer.
-    release: Notify,
+    release: Gate,
+}
+
+/// Opens once and stays open: a waiter that comes after the opening goes
+/// through at once. (A `Notify`'s `notify_waiters` reaches only waiters
+/// already made, and on a loaded machine an exchange or a connection can
+/// make its own after the test's fixed sleep.)
+struct Gate(watch::Sender<bool>);
+
+impl Default for Gate {
+    fn default() -> Gate {
+        Gate(watch::Sender::new(false))
+    }
+}
+
+impl Gate {
+    fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn passed(&self) {
+        // The sender lives as long as the gate: the wait ends only open.
+        let _ = self.0.subscribe().wait_for(|open| *open).await;
+    }
 }
 
 /// Counts itself dropped unless disarmed.
@@ -105,7 +128,7 @@ fn exchange(seen: Arc<Seen>) -> impl FnMut(Request<RecvBody>) -> Exchange<Reply>
                 }
                 "/slow" => {
                     let mut guard = DropCount(Arc::clone(&seen), true);
-                    seen.release.notified().await;
+                    seen.release.passed().await;
                     guard.1 = false;
                     Response::new(text("slow"))
                 }
@@ -128,7 +151,7 @@ fn serve(
     listener: TcpListener,
     limits: Limits,
     seen: Arc<Seen>,
-    shutdown: Arc<Notify>,
+    shutdown: Arc<Gate>,
 ) -> mpsc::UnboundedReceiver<Result<(), ConnError>> {
     let (ended, outcomes) = mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -138,7 +161,7 @@ fn serve(
                 let mut conn = Connection::new(socket, &[], limits, exchange(seen));
                 let outcome = tokio::select! {
                     outcome = &mut conn => outcome,
-                    () = shutdown.notified() => {
+                    () = shutdown.passed() => {
                         conn.graceful_shutdown();
                         (&mut conn).await
                     }
@@ -155,7 +178,7 @@ fn serve(
 struct Server {
     addr: std::net::SocketAddr,
     seen: Arc<Seen>,
-    shutdown: Arc<Notify>,
+    shutdown: Arc<Gate>,
     outcomes: mpsc::UnboundedReceiver<Result<(), ConnError>>,
 }
 
@@ -163,7 +186,7 @@ async fn server(limits: Limits) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
     let seen = Arc::new(Seen::default());
-    let shutdown = Arc::new(Notify::new());
+    let shutdown = Arc::new(Gate::default());
     let outcomes = serve(listener, limits, Arc::clone(&seen), Arc::clone(&shutdown));
     Server {
         addr,
@@ -305,7 +328,7 @@ async fn unread_uploads_do_not_stall_the_others() {
     .await
     .expect("the echo goes on beside the held uploads");
     assert!(echoed == sent);
-    server.seen.release.notify_waiters();
+    server.seen.release.open();
     for held in held {
         let status = tokio::time::timeout(PATIENCE, held)
             .await
@@ -391,7 +414,7 @@ async fn a_graceful_close_answers_what_is_under_way() {
     slow[3] = (b":path", b"/slow");
     raw.request(1, &slow).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    server.shutdown.notify_waiters();
+    server.shutdown.open();
     let mut last_named = Vec::new();
     while last_named.len() < 2 {
         match raw.next_in_time().await {
@@ -418,7 +441,7 @@ async fn a_graceful_close_answers_what_is_under_way() {
         "a stream after GOAWAY is refused",
     )
     .await;
-    server.seen.release.notify_waiters();
+    server.seen.release.open();
     let answered = raw.next_in_time().await;
     assert!(
         matches!(&answered, Some(Inbound::Block(block)) if block.stream == 1),
@@ -499,7 +522,7 @@ async fn streams_that_all_wait_do_not_wake_their_connection() {
         0,
         "woken with nothing to do"
     );
-    seen.release.notify_waiters();
+    seen.release.open();
     assert!(wakes.0.load(Ordering::SeqCst) > 0, "woken for its answers");
 }
 
