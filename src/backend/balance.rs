@@ -22,7 +22,7 @@ pub struct PickState {
 
 struct WorkerPicks {
     /// Smooth round robin's current weights, by backend position.
-    current: Mutex<Vec<i64>>,
+    current: Mutex<Weights>,
     /// Drives rotation of ties and the random choices.
     ticket: AtomicU64,
 }
@@ -37,7 +37,7 @@ impl PickState {
         PickState {
             per_worker: PerWorker::new(workers, |worker| {
                 let picks = WorkerPicks {
-                    current: Mutex::new(weights_buffer(backends.len())),
+                    current: Mutex::new(Weights::zero(backends.len())),
                     ticket: AtomicU64::new(worker as u64 * ((1 << 32) + 1)),
                 };
                 for _ in 0..worker {
@@ -49,14 +49,34 @@ impl PickState {
     }
 }
 
-/// Smooth round robin's weights for `backends`, zero, in a buffer of a
-/// power-of-two size of at least 128 bytes: jemalloc aligns such a block
-/// to its size, so two workers' buffers (written at every pick) never
-/// share a cache line.
-fn weights_buffer(backends: usize) -> Vec<i64> {
-    let mut weights = Vec::with_capacity(backends.next_power_of_two().max(16));
-    weights.resize(backends, 0);
-    weights
+/// Smooth round robin's weights, by backend position, in whole cache
+/// lines of their own: every pick writes them, and two workers' sharing a
+/// line would send it from core to core (whatever the allocator).
+struct Weights(Vec<WeightLine>);
+
+/// The weights of eight backends: one cache line.
+#[derive(Clone, Copy, Default)]
+#[repr(align(64))]
+struct WeightLine([i64; 8]);
+
+impl Weights {
+    fn zero(backends: usize) -> Weights {
+        Weights(vec![WeightLine::default(); backends.div_ceil(8)])
+    }
+}
+
+impl std::ops::Index<usize> for Weights {
+    type Output = i64;
+
+    fn index(&self, backend: usize) -> &i64 {
+        &self.0[backend / 8].0[backend % 8]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Weights {
+    fn index_mut(&mut self, backend: usize) -> &mut i64 {
+        &mut self.0[backend / 8].0[backend % 8]
+    }
 }
 
 /// Position in `backends` of the chosen one among those `eligible`. It runs
@@ -205,6 +225,26 @@ mod tests {
         assert_eq!(order, vec![2, 1, 0, 2, 1, 2], "nginx's sequence for 1:2:3");
         let s = shares(&p, 6000);
         assert_eq!(s, vec![1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0]);
+    }
+
+    #[test]
+    fn smooth_round_robin_is_exact_past_eight_backends() {
+        let weights = [1, 1, 1, 1, 1, 1, 1, 1, 2, 3];
+        let p = pool(Balance::RoundRobin, &weights);
+        let expected: Vec<f64> = weights.iter().map(|&w| f64::from(w) / 13.0).collect();
+        assert_eq!(shares(&p, 1300), expected);
+    }
+
+    #[test]
+    fn weights_fill_whole_cache_lines_of_their_own() {
+        let mut weights = Weights::zero(9);
+        assert_eq!(weights.0.as_ptr() as usize % 64, 0, "starts a line");
+        assert_eq!(std::mem::size_of_val(weights.0.as_slice()), 128, "ends one");
+        for i in 0..9 {
+            weights[i] = i as i64 + 1;
+        }
+        assert_eq!(weights.0[0].0, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(weights.0[1].0[0], 9);
     }
 
     /// Each worker keeps its own round robin, started where one shared
