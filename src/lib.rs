@@ -5,7 +5,8 @@
 //!
 //! # Layout
 //! The data plane runs left to right; the lifecycle and admin sit beside it.
-//! - [`workers`]: the data plane's threads, one runtime each.
+//! - [`workers`]: the data plane's threads, one runtime each, and
+//!   [`workers::PerWorker`], the one way state is kept per worker.
 //! - [`listener`]: a listening socket's accept loop.
 //! - [`connection`]: one client connection's bookkeeping; a PROXY header ([`proxy_protocol`]), TLS termination ([`tls`]); dispatch by protocol.
 //! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::web`] (an HTTP listener's connections) tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`], whose streams reach backends on [`proxy::h1::relay`]).
