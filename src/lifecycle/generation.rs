@@ -590,7 +590,7 @@ impl Parent {
 
     /// Confirms we accept. The channel stays open: the old generation
     /// reports its counters on it while it drains (see [`reports`]), and
-    /// we tell it as we exit (see [`leaving`]).
+    /// we tell it as we exit (see [`leaving`](crate::lifecycle::departure::leaving)).
     pub async fn accepting(self) -> Result<Arc<Channel>, HandoverError> {
         self.channel.send(&Message::Accepting, &[]).await?;
         Ok(Arc::new(self.channel))

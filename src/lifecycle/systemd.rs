@@ -185,7 +185,7 @@ fn job_query_wait(pause: std::time::Duration) -> std::time::Duration {
 /// group, which systemd signals (`KillMode=control-group`) and signals
 /// again for processes that appear while it does, so a busctl started
 /// just then was killed before it answered (CI saw it under load). It
-/// ignores the signals sent to the whole unit ([`ignore_unit_signals`]).
+/// ignores the signals sent to the whole unit (`ignore_unit_signals`).
 pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
     let wait = job_query_wait(pause);
     let unit = own_unit().ok_or("no service of ours in /proc/self/cgroup")?;

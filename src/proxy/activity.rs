@@ -173,7 +173,7 @@ impl ConnState {
         }
     }
 
-    /// Resolves once the client is found flooding (see [`RESET_FLOOD`]).
+    /// Resolves once the client is found flooding (see `RESET_FLOOD`).
     pub async fn flooded(&self) {
         self.flooded.notified().await;
     }

@@ -28,7 +28,7 @@ const QUEUE_TAKEN_WITHIN: Duration = Duration::from_secs(1);
 const QUEUE_LOOK_EVERY: Duration = Duration::from_millis(10);
 
 /// Resets `socket`'s connection once its peer has everything written to
-/// it, or [`QUEUE_TAKEN_WITHIN`] from now; the reset goes out when the
+/// it, or `QUEUE_TAKEN_WITHIN` from now; the reset goes out when the
 /// socket is closed.
 pub async fn once_taken(socket: &TcpStream) {
     let _ = tokio::time::timeout(QUEUE_TAKEN_WITHIN, async {

@@ -69,7 +69,7 @@ pub struct Extras<'a> {
     pub authority: Option<&'a str>,
     /// The request id baton logs for this exchange (at most 128 bytes).
     pub unique_id: Option<&'a str>,
-    /// `PP2_TYPE_SSL`'s value (see [`ssl_value`]), for a client over TLS.
+    /// `PP2_TYPE_SSL`'s value (see `ssl_value`), for a client over TLS.
     pub ssl: Option<&'a [u8]>,
 }
 

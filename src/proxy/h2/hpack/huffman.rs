@@ -3,7 +3,7 @@
 //! The code is canonical: codes of one length are consecutive numbers in
 //! the order of their symbols, and each length's first code follows the
 //! last of the length before. So a string decodes bit by bit with three
-//! small tables (built at compile time from [`CODES`]), no tree: once the
+//! small tables (built at compile time from `CODES`), no tree: once the
 //! bits read so far, as a number, fall within their length's run of codes,
 //! they are a symbol.
 
