@@ -151,7 +151,8 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     );
     let out = sbx.exec(&["systemctl", "reload", "baton"]);
     assert!(!out.status.success(), "a broken reload must fail");
-    assert!(sbx.journal().contains("bogus_key"), "{}", sbx.journal());
+    let journal = sbx.journal_holding("bogus_key");
+    assert!(journal.contains("bogus_key"), "{journal}");
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
     assert_eq!(sbx.show("baton", "MainPID"), main);
     sbx.write("/etc/baton/baton.toml", &good);
@@ -210,11 +211,9 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
         "the added listener's sockets survived the restart"
     );
     // Told apart from a stop (which takes them out of the store).
-    let journal = sbx.journal();
-    assert!(
-        journal.contains("a restart: the listening sockets stay in systemd's fd store"),
-        "{journal}"
-    );
+    const RESTART: &str = "a restart: the listening sockets stay in systemd's fd store";
+    let journal = sbx.journal_holding(RESTART);
+    assert!(journal.contains(RESTART), "{journal}");
     sbx.progressed(&load, 50).await;
     load.stop().await.assert_clean();
 
@@ -328,10 +327,10 @@ async fn socket_activation_starts_baton_on_the_first_connection() {
         .expect("the first connection is served");
     assert_eq!(answer.body, HttpBackend::body_for("a", "/first"));
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
+    let journal = sbx.journal_holding("adopting sockets from systemd");
     assert!(
-        sbx.journal().contains("adopting sockets from systemd"),
-        "{}",
-        sbx.journal()
+        journal.contains("adopting sockets from systemd"),
+        "{journal}"
     );
 }
 
@@ -737,12 +736,9 @@ async fn an_invalid_config_fails_the_start_once_without_a_restart_loop() {
         "no restart is due\njournal:\n{}",
         sbx.journal()
     );
-    assert!(
-        sbx.journal()
-            .contains("listeners[0].pool: no pool named \"ap\""),
-        "the cause, named:\n{}",
-        sbx.journal()
-    );
+    const CAUSE: &str = "listeners[0].pool: no pool named \"ap\"";
+    let journal = sbx.journal_holding(CAUSE);
+    assert!(journal.contains(CAUSE), "the cause, named:\n{journal}");
     sbx.write("/etc/baton/baton.toml", &good);
     sbx.systemctl_ok(&["start", "baton"]);
     let answer = client::get(p.web, "/up").await.expect("served");

@@ -205,6 +205,22 @@ impl Sandbox {
         text(&self.exec(&["journalctl", "-u", "baton", "--no-pager", "-o", "cat"]))
     }
 
+    /// The journal once it holds `line`, or as it is after 10 s: journald
+    /// takes a unit's output in its own time, and on a loaded machine a
+    /// line written before the event a test waited on can still be on
+    /// its way (the journal was read empty just after a socket-activated
+    /// start, under `tests/stress.sh`'s busy core).
+    pub fn journal_holding(&self, line: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let journal = self.journal();
+            if journal.contains(line) || std::time::Instant::now() >= deadline {
+                return journal;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// Writes `contents` to `path` inside.
     pub fn write(&self, path: &str, contents: &str) {
         let mut child = self
