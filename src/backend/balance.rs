@@ -52,16 +52,20 @@ impl PickState {
 /// Smooth round robin's weights, by backend position, in whole cache
 /// lines of their own: every pick writes them, and two workers' sharing a
 /// line would send it from core to core (whatever the allocator).
-struct Weights(Vec<WeightLine>);
+struct Weights(Vec<WeightLines>);
 
-/// The weights of eight backends: one cache line.
+/// How many weights one [`WeightLines`] holds.
+const PER_LINES: usize = 16;
+
+/// The weights of sixteen backends: two cache lines, aligned as
+/// `CachePadded` aligns on x86-64 (its prefetcher pulls lines in pairs).
 #[derive(Clone, Copy, Default)]
-#[repr(align(64))]
-struct WeightLine([i64; 8]);
+#[repr(align(128))]
+struct WeightLines([i64; PER_LINES]);
 
 impl Weights {
     fn zero(backends: usize) -> Weights {
-        Weights(vec![WeightLine::default(); backends.div_ceil(8)])
+        Weights(vec![WeightLines::default(); backends.div_ceil(PER_LINES)])
     }
 }
 
@@ -69,13 +73,13 @@ impl std::ops::Index<usize> for Weights {
     type Output = i64;
 
     fn index(&self, backend: usize) -> &i64 {
-        &self.0[backend / 8].0[backend % 8]
+        &self.0[backend / PER_LINES].0[backend % PER_LINES]
     }
 }
 
 impl std::ops::IndexMut<usize> for Weights {
     fn index_mut(&mut self, backend: usize) -> &mut i64 {
-        &mut self.0[backend / 8].0[backend % 8]
+        &mut self.0[backend / PER_LINES].0[backend % PER_LINES]
     }
 }
 
@@ -228,23 +232,28 @@ mod tests {
     }
 
     #[test]
-    fn smooth_round_robin_is_exact_past_eight_backends() {
-        let weights = [1, 1, 1, 1, 1, 1, 1, 1, 2, 3];
+    fn smooth_round_robin_is_exact_past_sixteen_backends() {
+        let mut weights = vec![1; 16];
+        weights.extend([2, 3]);
         let p = pool(Balance::RoundRobin, &weights);
-        let expected: Vec<f64> = weights.iter().map(|&w| f64::from(w) / 13.0).collect();
-        assert_eq!(shares(&p, 1300), expected);
+        let expected: Vec<f64> = weights.iter().map(|&w| f64::from(w) / 21.0).collect();
+        assert_eq!(shares(&p, 2100), expected);
     }
 
     #[test]
     fn weights_fill_whole_cache_lines_of_their_own() {
-        let mut weights = Weights::zero(9);
-        assert_eq!(weights.0.as_ptr() as usize % 64, 0, "starts a line");
-        assert_eq!(std::mem::size_of_val(weights.0.as_slice()), 128, "ends one");
-        for i in 0..9 {
+        let mut weights = Weights::zero(17);
+        assert_eq!(
+            weights.0.as_ptr() as usize % 128,
+            0,
+            "starts a pair of lines"
+        );
+        assert_eq!(std::mem::size_of_val(weights.0.as_slice()), 256, "ends one");
+        for i in 0..17 {
             weights[i] = i as i64 + 1;
         }
-        assert_eq!(weights.0[0].0, [1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(weights.0[1].0[0], 9);
+        assert_eq!(weights.0[0].0[15], 16);
+        assert_eq!(weights.0[1].0[0], 17);
     }
 
     /// Each worker keeps its own round robin, started where one shared
