@@ -10,6 +10,7 @@ use super::Backend;
 use crate::config::Balance;
 use crate::splitmix::mix;
 use crate::workers::PerWorker;
+use crossbeam_utils::CachePadded;
 
 /// Per-pool state the strategies keep between picks, one for each worker
 /// on a cache line of its own: each worker balances its own requests, as
@@ -49,23 +50,22 @@ impl PickState {
     }
 }
 
-/// Smooth round robin's weights, by backend position, in whole cache
-/// lines of their own: every pick writes them, and two workers' sharing a
-/// line would send it from core to core (whatever the allocator).
-struct Weights(Vec<WeightLines>);
+/// Smooth round robin's weights, by backend position, in cache-padded
+/// blocks: every pick writes them, and two workers' weights on one line
+/// would send it from core to core (whatever the allocator).
+struct Weights(Vec<CachePadded<[i64; PER_BLOCK]>>);
 
-/// How many weights one [`WeightLines`] holds.
-const PER_LINES: usize = 16;
-
-/// The weights of sixteen backends: two cache lines, aligned as
-/// `CachePadded` aligns on x86-64 (its prefetcher pulls lines in pairs).
-#[derive(Clone, Copy, Default)]
-#[repr(align(128))]
-struct WeightLines([i64; PER_LINES]);
+/// How many weights one block holds (128 bytes: `CachePadded`'s size on
+/// x86-64).
+const PER_BLOCK: usize = 16;
 
 impl Weights {
     fn zero(backends: usize) -> Weights {
-        Weights(vec![WeightLines::default(); backends.div_ceil(PER_LINES)])
+        Weights(
+            (0..backends.div_ceil(PER_BLOCK))
+                .map(|_| CachePadded::new([0; PER_BLOCK]))
+                .collect(),
+        )
     }
 }
 
@@ -73,13 +73,13 @@ impl std::ops::Index<usize> for Weights {
     type Output = i64;
 
     fn index(&self, backend: usize) -> &i64 {
-        &self.0[backend / PER_LINES].0[backend % PER_LINES]
+        &self.0[backend / PER_BLOCK][backend % PER_BLOCK]
     }
 }
 
 impl std::ops::IndexMut<usize> for Weights {
     fn index_mut(&mut self, backend: usize) -> &mut i64 {
-        &mut self.0[backend / PER_LINES].0[backend % PER_LINES]
+        &mut self.0[backend / PER_BLOCK][backend % PER_BLOCK]
     }
 }
 
@@ -243,17 +243,19 @@ mod tests {
     #[test]
     fn weights_fill_whole_cache_lines_of_their_own() {
         let mut weights = Weights::zero(17);
+        let padding = std::mem::align_of::<CachePadded<[i64; PER_BLOCK]>>();
+        assert!(padding >= 64);
+        assert_eq!(weights.0.as_ptr() as usize % padding, 0, "starts a line");
         assert_eq!(
-            weights.0.as_ptr() as usize % 128,
+            std::mem::size_of_val(weights.0.as_slice()) % padding,
             0,
-            "starts a pair of lines"
+            "ends one"
         );
-        assert_eq!(std::mem::size_of_val(weights.0.as_slice()), 256, "ends one");
         for i in 0..17 {
             weights[i] = i as i64 + 1;
         }
-        assert_eq!(weights.0[0].0[15], 16);
-        assert_eq!(weights.0[1].0[0], 17);
+        assert_eq!(weights.0[0][15], 16);
+        assert_eq!(weights.0[1][0], 17);
     }
 
     /// Each worker keeps its own round robin, started where one shared
