@@ -1,4 +1,4 @@
-//! `cargo bench --bench throughput [-- --seconds S --threads N]`
+//! `cargo bench --bench throughput [-- --seconds S --threads N --rounds N --busy-poll US]`
 //!
 //! Requests per second and latency through baton, HAProxy and nginx, and
 //! straight to the backend: HTTP/1.1 keep-alive and a new connection per
@@ -20,6 +20,8 @@
 //! measured N times, interleaved, and a last table gives the medians: a
 //! single run's p99 varies by half again on a shared machine (0.9 to 1.7
 //! ms for the same binary), which no one run can tell from a difference.
+//! With `--busy-poll US`, baton runs with `busy_poll = "USus"` and HAProxy
+//! with `busy-polling`: each polls for events rather than sleeping.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -238,8 +240,12 @@ fn main() {
     }
     let backend = support::start_backend(1, layout.backend_cpus);
     println!(
-        "throughput bench: {seconds}s per cell, {rounds} round(s); {}; 3-byte responses",
-        layout.describe()
+        "throughput bench: {seconds}s per cell, {rounds} round(s); {}; 3-byte responses{}",
+        layout.describe(),
+        match support::arg("--busy-poll", 0u32) {
+            0 => String::new(),
+            us => format!("; busy polling (baton {us} µs, HAProxy's busy-polling)"),
+        }
     );
     let (kinds, missing): (Vec<Kind>, Vec<Kind>) =
         [Kind::Direct, Kind::Baton, Kind::Haproxy, Kind::Nginx]

@@ -6,7 +6,14 @@
 //! runtime keeps the lifecycle, the admin server and the probes. With
 //! `pin_workers`, each worker is held to a CPU of its own.
 
+mod busy_poll;
+
+pub use busy_poll::working;
+
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use tokio::runtime::Handle;
@@ -64,6 +71,9 @@ pub struct Workers {
     handles: Vec<Handle>,
     /// Ends every worker thread (and drops what its runtime still runs).
     stop: CancellationToken,
+    /// Set once the generation's doors closed: its workers stop busy
+    /// polling.
+    calm: Arc<AtomicBool>,
 }
 
 impl Drop for Workers {
@@ -75,7 +85,7 @@ impl Drop for Workers {
 }
 
 /// How often a worker's clock ticks with nothing else to do.
-const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
+const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// Keeps a timer due within a second on the worker's clock. tokio wakes its
 /// driver through an eventfd write whenever a new timer is due before every
@@ -127,10 +137,13 @@ fn hold_to(cpu: usize) {
 
 impl Workers {
     /// Starts `count` worker threads; they run until the `Workers` drops.
-    /// With `pin`, worker N runs only on the Nth CPU this process may use.
-    pub fn start(count: usize, pin: bool) -> std::io::Result<Workers> {
+    /// With `pin`, worker N runs only on the Nth CPU this process may use;
+    /// with a `busy_poll` window, each spins through gaps in dense traffic
+    /// (see the `busy_poll` module).
+    pub fn start(count: usize, pin: bool, busy_poll: Duration) -> std::io::Result<Workers> {
         let mut handles = Vec::with_capacity(count);
         let stop = CancellationToken::new();
+        let calm = Arc::new(AtomicBool::new(false));
         let cpus = if pin {
             cpus_for(count.max(1))
         } else {
@@ -138,11 +151,15 @@ impl Workers {
         };
         for index in 0..count.max(1) {
             let cpu = cpus.get(index).copied();
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
+            let mut builder = tokio::runtime::Builder::new_current_thread();
+            builder.enable_all();
+            if !busy_poll.is_zero() {
+                busy_poll::hook(&mut builder, busy_poll);
+            }
+            let runtime = builder.build()?;
             handles.push(runtime.handle().clone());
             let stopped = stop.clone();
+            let calm = Arc::clone(&calm);
             std::thread::Builder::new()
                 .name(format!("baton-worker-{index}"))
                 .spawn(move || {
@@ -151,6 +168,9 @@ impl Workers {
                     }
                     WORKER.set(index);
                     runtime.block_on(async {
+                        if !busy_poll.is_zero() {
+                            tokio::spawn(busy_poll::spin(busy_poll, calm));
+                        }
                         tokio::select! {
                             () = stopped.cancelled() => {}
                             () = heartbeat() => {}
@@ -158,7 +178,17 @@ impl Workers {
                     });
                 })?;
         }
-        Ok(Workers { handles, stop })
+        Ok(Workers {
+            handles,
+            stop,
+            calm,
+        })
+    }
+
+    /// Stops busy polling: the generation no longer accepts, and its
+    /// successor's workers should have the cores.
+    pub fn calm(&self) {
+        self.calm.store(true, Ordering::Relaxed);
     }
 
     /// The worker that runs shard number `shard` of a listener.

@@ -281,3 +281,86 @@ async fn a_listener_renamed_at_the_same_address_keeps_its_sockets() {
     let answer = client::get(web, "/").await.expect("served");
     assert_eq!(answer.status, 200);
 }
+
+/// A thread's voluntary context switches (each a sleep) and CPU time in
+/// clock ticks, found by its name among `pid`'s threads.
+fn thread_sleeps_and_ticks(pid: u32, name: &str) -> (u64, u64) {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks");
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).expect("status");
+        let sleeps = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("voluntary_ctxt_switches");
+        let stat = std::fs::read_to_string(task.path().join("stat")).expect("stat");
+        // After the name in parentheses: state is field 3, utime 14, stime 15.
+        let fields: Vec<u64> = stat[stat.rfind(')').expect("comm") + 2..]
+            .split(' ')
+            .map(|f| f.parse().unwrap_or(0))
+            .collect();
+        return (sleeps, fields[11] + fields[12]);
+    }
+    panic!("no thread {name} in {pid}");
+}
+
+/// Sleeps of the serving worker a request, over 200 back-to-back
+/// requests on one kept-alive connection.
+async fn sleeps_a_request(baton: &Baton) -> f64 {
+    let pid = baton.serving_pid().await;
+    let web = baton.addr("web");
+    let mut conn = client::connect(web).await.expect("connect");
+    assert_eq!(
+        client::send(&mut conn, web, "/").await.expect("get").status,
+        200
+    );
+    let (before, _) = thread_sleeps_and_ticks(pid, "baton-worker-0");
+    for _ in 0..200 {
+        assert_eq!(
+            client::send(&mut conn, web, "/").await.expect("get").status,
+            200
+        );
+    }
+    let (after, _) = thread_sleeps_and_ticks(pid, "baton-worker-0");
+    (after - before) as f64 / 200.0
+}
+
+/// `busy_poll`: a worker polls through the gaps between a client's
+/// back-to-back requests instead of sleeping in each (a sleeping worker
+/// must be woken across cores), and sleeps again once they stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_polling_worker_stays_awake_through_dense_traffic_and_sleeps_when_idle() {
+    let backend = HttpBackend::start("a").await;
+    let spec = |busy_poll: &str| {
+        Spec::new()
+            .top("workers = 1")
+            .top(busy_poll)
+            .http("web", "app")
+            .pool("app", &[backend.addr])
+    };
+    let polling = Baton::start(spec("busy_poll = \"20ms\"")).await;
+    let sleeping = Baton::start(spec("busy_poll = 0")).await;
+    let (polled, slept) = (
+        sleeps_a_request(&polling).await,
+        sleeps_a_request(&sleeping).await,
+    );
+    assert!(
+        polled < 0.25 && slept > 0.5,
+        "sleeps a request: {polled} busy polling, {slept} without"
+    );
+
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pid = polling.serving_pid().await;
+    let (_, before) = thread_sleeps_and_ticks(pid, "baton-worker-0");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, after) = thread_sleeps_and_ticks(pid, "baton-worker-0");
+    assert!(
+        after - before <= 10,
+        "the idle worker ran {} ticks of 50",
+        after - before
+    );
+}

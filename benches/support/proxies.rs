@@ -269,6 +269,19 @@ impl Proxy {
         } else {
             String::new()
         };
+        // `--busy-poll US`: baton's workers and HAProxy's threads both poll
+        // rather than sleep (nginx has no such setting).
+        let busy_poll: u32 = super::arg("--busy-poll", 0);
+        let baton_busy = if busy_poll > 0 {
+            format!("busy_poll = \"{busy_poll}us\"\n")
+        } else {
+            String::new()
+        };
+        let haproxy_busy = if busy_poll > 0 {
+            "  busy-polling\n"
+        } else {
+            ""
+        };
         let nginx_pin = if pinned {
             "worker_cpu_affinity auto;\n"
         } else {
@@ -276,13 +289,13 @@ impl Proxy {
         };
         match self.kind {
             Kind::Baton => format!(
-                "workers = {threads}\n{baton_pin}[admin]\nlisten = \"127.0.0.1:{}\"\n[control]\nsocket = \"{dir}/control.sock\"\n[shutdown]\npre_stop_delay = \"-1s\"\n\
+                "workers = {threads}\n{baton_pin}{baton_busy}[admin]\nlisten = \"127.0.0.1:{}\"\n[control]\nsocket = \"{dir}/control.sock\"\n[shutdown]\npre_stop_delay = \"-1s\"\n\
                  [reload]\ndrain_timeout = \"30s\"\nmax_draining = 64\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:{port}\"\nmax_connections = 30000\npool = \"app\"\n\
                  [[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"{backend}\" }}]\n",
                 super::free_port()
             ),
             Kind::Haproxy => format!(
-                "global\n  master-worker\n  nbthread {threads}\n{haproxy_pin}  maxconn {maxconn}\n  stats socket {dir}/haproxy.sock mode 600 level admin expose-fd listeners\n\
+                "global\n  master-worker\n  nbthread {threads}\n{haproxy_pin}{haproxy_busy}  maxconn {maxconn}\n  stats socket {dir}/haproxy.sock mode 600 level admin expose-fd listeners\n\
                  defaults\n  mode http\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n  timeout http-keep-alive 60s\n\
                  frontend web\n  bind 127.0.0.1:{port}\n{HAPROXY_SAME_FIELDS}  default_backend app\nbackend app\n  http-reuse always\n  server a {backend}\n"
             ),

@@ -265,7 +265,8 @@ mod tests {
     #[tokio::test]
     async fn each_worker_balances_its_own_picks_from_its_own_start() {
         let p = Arc::new(pool_for(Balance::RoundRobin, &[1, 1, 2], 2));
-        let workers = crate::workers::Workers::start(2, false).expect("workers");
+        let workers =
+            crate::workers::Workers::start(2, false, std::time::Duration::ZERO).expect("workers");
         let mut firsts = Vec::new();
         for worker in 0..2 {
             let p = Arc::clone(&p);

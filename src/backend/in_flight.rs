@@ -80,7 +80,8 @@ mod tests {
     #[tokio::test]
     async fn each_worker_counts_on_its_own_and_the_sum_holds() {
         let counts = std::sync::Arc::new(InFlight::new(2));
-        let workers = crate::workers::Workers::start(2, false).expect("workers");
+        let workers =
+            crate::workers::Workers::start(2, false, std::time::Duration::ZERO).expect("workers");
         let mut places = Vec::new();
         for worker in 0..2 {
             let counts = std::sync::Arc::clone(&counts);

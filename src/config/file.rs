@@ -52,6 +52,7 @@ impl serde::de::Visitor<'_> for DurationVisitor {
 pub struct FileConfig {
     pub workers: Option<i64>,
     pub pin_workers: Option<bool>,
+    pub busy_poll: Option<DurationValue>,
     #[serde(default)]
     pub admin: AdminFile,
     #[serde(default)]

@@ -38,6 +38,9 @@ pub struct Config {
     pub workers: usize,
     /// Whether each worker is held to a CPU of its own (`pin_workers`).
     pub pin_workers: bool,
+    /// How long a worker out of work keeps polling for events before it
+    /// sleeps, while traffic is dense (`busy_poll`; zero: never).
+    pub busy_poll: Duration,
     pub admin: AdminConfig,
     pub control: ControlConfig,
     pub shutdown: ShutdownConfig,

@@ -62,8 +62,9 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     let control = take_control(&config, &mut inventory, &mut holdings)?;
 
     adopt_renamed_listeners(&config, &mut inventory);
-    let workers = crate::workers::Workers::start(config.workers, config.pin_workers)
-        .map_err(StartError::Workers)?;
+    let workers =
+        crate::workers::Workers::start(config.workers, config.pin_workers, config.busy_poll)
+            .map_err(StartError::Workers)?;
     let pools = Pool::all(&config.pools, workers.count());
     let resolver = crate::resolve::refresh::resolver_for(&config)?;
     // A drain said of a DNS name holds before its first members come, so

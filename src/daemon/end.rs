@@ -303,6 +303,7 @@ impl Generation {
         self.holdings = Holdings::default();
         self.fd_store_again.drop_unsent();
         self.accept_stop.cancel();
+        self.workers.calm();
         while self.accept_tasks.join_next().await.is_some() {}
     }
 

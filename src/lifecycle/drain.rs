@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use super::latch::Latch;
 use crate::wake_gate::first_of;
-use crate::workers::PerWorker;
+use crate::workers::{working, PerWorker};
 
 /// How a drain ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,7 +172,7 @@ impl DrainWatch {
         // shared signals, not a clone of its own.
         let signals = Arc::clone(&self.signals);
         self.signals.tracker.spawn(async move {
-            first_of(task, signals.local().force.wait()).await;
+            first_of(working(task), signals.local().force.wait()).await;
         });
     }
 
@@ -187,7 +187,7 @@ impl DrainWatch {
         let counted = Stream(Arc::clone(&self.signals));
         tokio::spawn(self.signals.tracker.track_future(async move {
             let _counted = counted;
-            task.await;
+            working(task).await;
         }));
     }
 
@@ -258,7 +258,8 @@ mod tests {
     /// them all.
     #[tokio::test]
     async fn each_worker_waits_on_signals_of_its_own_that_the_drain_reaches() {
-        let workers = crate::workers::Workers::start(2, false).expect("workers");
+        let workers =
+            crate::workers::Workers::start(2, false, std::time::Duration::ZERO).expect("workers");
         let drain = Drain::new(2);
         let mut waits = Vec::new();
         let mut started = Vec::new();

@@ -55,6 +55,7 @@ pub fn from_file(
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
+    let busy_poll = v.busy_poll(raw.busy_poll.as_ref());
     let shutdown = v.shutdown(&raw.shutdown, overrides);
     let reload = v.reload(&raw.reload, &shutdown);
     let admin = v.admin(&raw.admin, Token::Read);
@@ -70,6 +71,7 @@ pub fn from_file(
             source: path.to_path_buf(),
             workers,
             pin_workers: raw.pin_workers.unwrap_or(false),
+            busy_poll,
             admin,
             control,
             shutdown,
@@ -146,6 +148,23 @@ impl Validator {
             }
             _ => self.phase(key, value, default),
         }
+    }
+
+    /// A spin longer than a tenth of a second would keep a core busy
+    /// through pauses that are not traffic's gaps (a typo of `ms` for
+    /// `us`, most likely).
+    fn busy_poll(&mut self, value: Option<&DurationValue>) -> Duration {
+        const KEY: &str = "busy_poll";
+        const MOST: Duration = Duration::from_millis(100);
+        let window = self.phase(KEY, value, Duration::ZERO);
+        if window > MOST {
+            self.problem(
+                KEY,
+                "must be at most 100ms (a worker spins this long before it sleeps)",
+            );
+            return Duration::ZERO;
+        }
+        window
     }
 
     /// A ticket lives two periods, and says so in whole seconds: under a
@@ -447,6 +466,7 @@ pub fn strip_port(host: &str) -> &str {
 mod tests {
     use super::super::{parse, ConfigError, Overrides};
     use std::path::Path;
+    use std::time::Duration;
 
     const GOOD: &str = r#"
 [[listeners]]
@@ -616,6 +636,26 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         parse(&encoded, Path::new("x.toml"), &Overrides::default()).expect("an encoded path");
         let spread = format!("[reload]\nclose_spread = \"5s\"\n{GOOD}");
         parse(&spread, Path::new("x.toml"), &Overrides::default()).expect("5s within 10s");
+    }
+
+    /// `busy_poll`: off unless given, a window as written, and a spin
+    /// past 100ms (likely `ms` meant for `us`) refused naming the key.
+    #[test]
+    fn busy_poll_is_off_unless_given_and_bounded() {
+        let parsed = |text: &str| parse(text, Path::new("x.toml"), &Overrides::default());
+        assert_eq!(parsed(GOOD).expect("valid").busy_poll, Duration::ZERO);
+        let set = parsed(&format!("busy_poll = \"50us\"\n{GOOD}")).expect("valid");
+        assert_eq!(set.busy_poll, Duration::from_micros(50));
+        refused_once(
+            &format!("busy_poll = \"soon\"\n{GOOD}"),
+            "busy_poll",
+            "invalid",
+        );
+        refused_once(
+            &format!("busy_poll = \"150ms\"\n{GOOD}"),
+            "busy_poll",
+            "at most 100ms",
+        );
     }
 
     /// A backend named by digits alone would be taken for an index by the
