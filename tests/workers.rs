@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::backend::HttpBackend;
+use support::backend::{HttpBackend, TcpEcho};
 use support::client;
 use support::daemon::{socket_inodes, Baton, Spec};
 use support::listening_inodes;
@@ -362,5 +362,56 @@ async fn a_busy_polling_worker_stays_awake_through_dense_traffic_and_sleeps_when
         after - before <= 10,
         "the idle worker ran {} ticks of 50",
         after - before
+    );
+}
+
+/// Sleeps of `pid`'s worker a round trip, over 200 back-to-back one-byte
+/// echoes on `conn` (a TCP listener's connection).
+async fn sleeps_an_echo(pid: u32, conn: &mut tokio::net::TcpStream) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (before, _) = thread_sleeps_and_ticks(pid, "baton-worker-0");
+    let mut byte = [0u8; 1];
+    for _ in 0..200 {
+        conn.write_all(b"x").await.expect("write");
+        conn.read_exact(&mut byte).await.expect("echoed");
+    }
+    let (after, _) = thread_sleeps_and_ticks(pid, "baton-worker-0");
+    (after - before) as f64 / 200.0
+}
+
+/// Once a reload closed its doors, a generation stops busy polling (its
+/// successor should have the cores), though a connection it still drains
+/// is as busy as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_generation_stops_busy_polling() {
+    let echo = TcpEcho::start().await;
+    let baton = Baton::start(
+        Spec::new()
+            .top("workers = 1")
+            .top("busy_poll = \"20ms\"")
+            .tcp("raw", "app")
+            .pool("app", &[echo.addr])
+            .section("[reload]\ndrain_timeout = \"60s\"\n"),
+    )
+    .await;
+    let old = baton.serving_pid().await;
+    let mut conn = tokio::net::TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    let serving = sleeps_an_echo(old, &mut conn).await;
+    assert_ne!(baton.reload_ok().await, old);
+    // The reload ends when the new generation serves; the old one closes
+    // its doors just after, and then says its drain started.
+    support::eventually("the old generation's drain", || async {
+        baton.log().contains("drain started")
+    })
+    .await;
+    let draining = sleeps_an_echo(old, &mut conn).await;
+    // A polling worker sleeps in no gap of 20 ms or less; one that sleeps
+    // sleeps in some (0.2 to 2 a round trip: the echo is often back
+    // before the worker looks again, so fewer than HTTP's two).
+    assert!(
+        serving < 0.05 && draining >= 0.05,
+        "sleeps a round trip: {serving} serving, {draining} draining"
     );
 }
