@@ -1,4 +1,4 @@
-//! `cargo bench --bench throughput [-- --seconds S --threads N --rounds N --busy-poll US]`
+//! `cargo bench --bench throughput [-- --seconds S --threads N --rounds N --busy-poll US --defer-accept 0|1]`
 //!
 //! Requests per second and latency through baton, HAProxy and nginx, and
 //! straight to the backend: HTTP/1.1 keep-alive and a new connection per
@@ -22,6 +22,9 @@
 //! ms for the same binary), which no one run can tell from a difference.
 //! With `--busy-poll US`, baton runs with `busy_poll = "USus"` and HAProxy
 //! with `busy-polling`: each polls for events rather than sleeping.
+//! With `--defer-accept 1`, HAProxy (`defer-accept`) and nginx (`deferred`)
+//! defer accepting a connection until its request comes, as baton does by
+//! default on HTTP listeners; with `0`, none does.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -240,11 +243,16 @@ fn main() {
     }
     let backend = support::start_backend(1, layout.backend_cpus);
     println!(
-        "throughput bench: {seconds}s per cell, {rounds} round(s); {}; 3-byte responses{}",
+        "throughput bench: {seconds}s per cell, {rounds} round(s); {}; 3-byte responses{}{}",
         layout.describe(),
         match support::arg("--busy-poll", 0u32) {
             0 => String::new(),
             us => format!("; busy polling (baton {us} µs, HAProxy's busy-polling)"),
+        },
+        match support::arg("--defer-accept", u8::MAX) {
+            0 => "; no proxy defers accepts",
+            1 => "; every proxy defers accepts",
+            _ => "; accepts deferred by baton only (the defaults)",
         }
     );
     let (kinds, missing): (Vec<Kind>, Vec<Kind>) =

@@ -7,7 +7,7 @@
 //! The data plane runs left to right; the lifecycle and admin sit beside it.
 //! - [`workers`]: the data plane's threads, one runtime each, and
 //!   [`workers::PerWorker`], the one way state is kept per worker.
-//! - [`listener`]: a listening socket's accept loop.
+//! - [`listener`]: a listening socket's accept loop; [`defer_accept`], the socket option the loop sets and a stop clears.
 //! - [`connection`]: one client connection's bookkeeping; a PROXY header ([`proxy_protocol`]), TLS termination ([`tls`]); dispatch by protocol.
 //! - [`proxy`]: one connection's life: [`proxy::tcp`] splices; [`proxy::web`] (an HTTP listener's connections) tells HTTP/1 ([`proxy::h1`], baton's own) from h2c ([`proxy::h2`], whose streams reach backends on [`proxy::h1::relay`]).
 //! - [`backend`]: pools, backends, leases, and [`backend::balance`] picking; members swapped whole when DNS changes ([`backend::members`]).
@@ -33,6 +33,7 @@ pub mod commands;
 pub mod config;
 pub mod connection;
 pub mod daemon;
+pub mod defer_accept;
 pub mod demo;
 pub mod exit;
 pub mod in_place;

@@ -14,6 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::defer_accept::set_defer_accept;
 use crate::telemetry::Budget;
 
 /// What to do with an accepted connection.
@@ -31,6 +32,9 @@ pub struct Listener {
     pub backlog: i32,
     /// When its connections acknowledge their clients' bytes.
     pub acks: Acks,
+    /// Whether the kernel queues a connection only once its first bytes
+    /// came (see [`set_defer_accept`]).
+    pub defer_accept: bool,
     pub shared: Arc<Shared>,
     /// Set TCP_NODELAY on each connection: the socket came without it, so
     /// connections queued on it before then do not inherit it (see
@@ -162,6 +166,7 @@ impl Listener {
             nodelay_each,
             queue,
             acks,
+            defer_accept,
             ..
         } = self;
         // Registered here, with the reactor of the worker running this loop,
@@ -175,6 +180,10 @@ impl Listener {
         };
         if let Err(err) = acks.set_on(&socket) {
             tracing::warn!(listener = %name, cause = %err, "cannot set when connections acknowledge");
+        }
+        // Set, like the ACKs, once this generation takes the connections.
+        if let Err(err) = set_defer_accept(std::os::fd::AsFd::as_fd(&socket), defer_accept) {
+            tracing::warn!(listener = %name, cause = %err, "cannot set defer_accept");
         }
         // One wait on the stop token for the loop's whole life, polled only
         // when the branch before it is pending (`biased`): making a wait
@@ -331,6 +340,8 @@ impl Throttle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::defer_accept::{defers_accept, stop_deferring};
+    use std::os::fd::AsFd;
 
     /// Notes whether each accepted connection has TCP_NODELAY, and prompt
     /// ACKs (Linux reads `TCP_QUICKACK` as "not delaying").
@@ -358,6 +369,25 @@ mod tests {
         }
     }
 
+    /// A listener named "web" over `socket`, with room for 16.
+    fn listener(
+        socket: std::net::TcpListener,
+        acks: Acks,
+        defer_accept: bool,
+        nodelay_each: bool,
+    ) -> Listener {
+        Listener {
+            name: Arc::from("web"),
+            socket,
+            backlog: 16,
+            acks,
+            defer_accept,
+            queue: Default::default(),
+            shared: Shared::new(16),
+            nodelay_each,
+        }
+    }
+
     /// Runs an accept loop over `socket` with `acks` until it has handed
     /// `count` connections to `noting`.
     async fn accept_some(
@@ -367,15 +397,7 @@ mod tests {
         count: usize,
     ) {
         let stop = CancellationToken::new();
-        let listener = Listener {
-            name: Arc::from("web"),
-            socket,
-            backlog: 16,
-            acks,
-            queue: Default::default(),
-            shared: Shared::new(16),
-            nodelay_each: false,
-        };
+        let listener = listener(socket, acks, false, false);
         let handler: Arc<dyn Accept> = Arc::clone(noting) as Arc<dyn Accept>;
         let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::HandedOver));
         for _ in 0..1000 {
@@ -430,6 +452,57 @@ mod tests {
         assert_eq!(prompt, [false, true]);
     }
 
+    /// With `TCP_DEFER_ACCEPT` a connection whose client says nothing is
+    /// not in the accept queue, and is once its first byte came; clearing
+    /// it reports it was set, once.
+    #[test]
+    fn a_deferring_socket_queues_a_connection_once_its_first_bytes_come() {
+        use std::io::Write;
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        socket.set_nonblocking(true).expect("non-blocking");
+        set_defer_accept(socket.as_fd(), true).expect("set");
+        let mut silent = std::net::TcpStream::connect(socket.local_addr().expect("addr"))
+            .expect("the handshake completes");
+        std::thread::sleep(Duration::from_millis(300));
+        let held = socket.accept().map(|_| ()).map_err(|e| e.kind());
+        assert_eq!(held, Err(std::io::ErrorKind::WouldBlock));
+        silent.write_all(b"G").expect("write");
+        let queued = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(5));
+            socket.accept().is_ok()
+        });
+        assert!(queued, "the connection was never queued once it spoke");
+        assert!(stop_deferring(socket.as_fd()));
+        assert!(!stop_deferring(socket.as_fd()), "cleared already");
+    }
+
+    /// The loop sets `TCP_DEFER_ACCEPT` as its listener says, whatever the
+    /// socket had (a generation before may have set it otherwise).
+    #[tokio::test]
+    async fn an_accept_loop_defers_accepting_as_configured() {
+        for defer in [true, false] {
+            let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            socket.set_nonblocking(true).expect("non-blocking");
+            let watched = socket.try_clone().expect("dup");
+            set_defer_accept(watched.as_fd(), !defer).expect("set");
+            let stop = CancellationToken::new();
+            let listener = listener(socket, Acks::Prompt, defer, false);
+            let handler: Arc<dyn Accept> = Arc::new(Noting(Mutex::new(Vec::new())));
+            let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::HandedOver));
+            let mut set = false;
+            for _ in 0..200 {
+                if defers_accept(watched.as_fd()) == defer {
+                    set = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            stop.cancel();
+            run.await.expect("the loop ends at the stop");
+            assert!(set, "the loop never set defer_accept to {defer}");
+        }
+    }
+
     /// A socket adopted without TCP_NODELAY (`nodelay_each`): a connection
     /// queued on it before then still gets it, set by the accept loop.
     #[tokio::test]
@@ -440,15 +513,7 @@ mod tests {
             std::net::TcpStream::connect(socket.local_addr().expect("addr")).expect("connect");
         let noting = Arc::new(Noting(Mutex::new(Vec::new())));
         let stop = CancellationToken::new();
-        let listener = Listener {
-            name: Arc::from("web"),
-            socket,
-            backlog: 16,
-            acks: Acks::Prompt,
-            queue: Default::default(),
-            shared: Shared::new(16),
-            nodelay_each: true,
-        };
+        let listener = listener(socket, Acks::Prompt, false, true);
         let handler: Arc<dyn Accept> = Arc::clone(&noting) as Arc<dyn Accept>;
         let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::Last));
         for _ in 0..200 {

@@ -404,7 +404,7 @@ async fn listener_backlog_agrees_with_ss() {
     let web = baton.addr("web");
     let mut holder = client::connect(web).await.expect("holder");
     client::send(&mut holder, web, "/hold").await.expect("hold");
-    let _queued: Vec<_> = futures_join(web, 4).await;
+    let _queued = queued_requests(web, 4).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let out = std::process::Command::new("ss")
         .args(["-ltnH", &format!("sport = :{}", web.port())])
@@ -460,14 +460,20 @@ async fn a_reload_applies_a_changed_backlog_to_the_adopted_socket() {
     assert_eq!(backlog(), 64);
 }
 
-async fn futures_join(addr: std::net::SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
+/// `n` connections to `addr`, each with its request sent: what a client
+/// leaves in the accept queue (one that says nothing the kernel holds out
+/// of it, `defer_accept`).
+async fn queued_requests(addr: std::net::SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
     let mut out = Vec::new();
     for _ in 0..n {
-        out.push(
-            tokio::net::TcpStream::connect(addr)
-                .await
-                .expect("queued connect"),
-        );
+        let mut s = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("queued connect");
+        s.write_all(b"GET /queued HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("queued request");
+        out.push(s);
     }
     out
 }

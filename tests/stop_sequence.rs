@@ -160,6 +160,78 @@ async fn queued_connections_are_served_before_the_listener_closes() {
     assert_no_error_lines(&baton);
 }
 
+/// Sends a request on `client`, a connection made earlier that said
+/// nothing yet, and asserts its whole response came (not a reset).
+async fn served_when_it_speaks(mut client: TcpStream) {
+    client
+        .write_all(b"GET /late HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut reply = String::new();
+    tokio::time::timeout(support::TIMEOUT, client.read_to_string(&mut reply))
+        .await
+        .expect("in time")
+        .expect("no reset");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    assert!(
+        reply.ends_with(&HttpBackend::body_for("a", "/late")),
+        "{reply:?}"
+    );
+}
+
+/// A client that connected but has yet to send its request as the stop
+/// begins is in no accept queue: the kernel holds it back until its first
+/// bytes (`defer_accept`, on by default for HTTP). With no pre-stop pause
+/// it is still served when it speaks: the stop ends the deferral and keeps
+/// the doors open until the kernel has queued every connection it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_yet_to_speak_as_the_stop_begins_is_served_when_it_does() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"10s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let quiet = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    signal(baton.first_pid, Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    served_when_it_speaks(quiet).await;
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+    assert_no_error_lines(&baton);
+}
+
+/// A client that connects during the pre-stop pause, in the last second
+/// before the doors close, and speaks only once they closed, is served:
+/// the stop ended the deferral as it began, so its connection was queued
+/// (and accepted) as its handshake completed, not held back past the
+/// close (the kernel queues a silent one at the first SYN-ACK
+/// retransmission, 1 s after its handshake).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_connecting_late_in_the_pause_is_served_after_the_doors_close() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"3s\"\ndrain_timeout = \"10s\"",
+        &backend,
+        "keepalive_drain_grace = \"5s\"",
+    ))
+    .await;
+    let signalled = tokio::time::Instant::now();
+    signal(baton.first_pid, Signal::SIGTERM);
+    tokio::time::sleep_until(signalled + Duration::from_millis(2400)).await;
+    let late = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect in the pause");
+    support::eventually("the doors closed and the drain started", || async {
+        baton.log().contains("drain started")
+    })
+    .await;
+    served_when_it_speaks(late).await;
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_connections_finish_cleanly() {
     let backend = HttpBackend::start("a").await;

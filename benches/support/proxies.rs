@@ -210,6 +210,7 @@ impl Proxy {
             Mode::Tcp => self.tcp_config(port, backend, threads),
             Mode::Https => self.https_config(port, backend, threads),
         };
+        let config = self.with_deferral(config, port);
         std::fs::write(self.config_path(), config).expect("write config");
         let mut cmd = match pin {
             Some(core) => {
@@ -305,6 +306,34 @@ impl Proxy {
                  upstream app {{ server {backend}; keepalive 128; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
                  proxy_pass http://app;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n{NGINX_SAME_FIELDS}    }}\n  }}\n}}\n"
             ),
+        }
+    }
+
+    /// `--defer-accept 1` (or `0`): every proxy's listener defers accepting
+    /// a connection until its first bytes come (or none does): baton's
+    /// `defer_accept`, HAProxy's `defer-accept`, nginx's `deferred`. Unset,
+    /// each keeps its default (baton defers on HTTP listeners, the peers
+    /// do not).
+    fn with_deferral(&self, config: String, port: u16) -> String {
+        let defer = match super::arg("--defer-accept", u8::MAX) {
+            0 => false,
+            1 => true,
+            _ => return config,
+        };
+        match self.kind {
+            Kind::Baton => config.replace(
+                "name = \"web\"\n",
+                &format!("name = \"web\"\ndefer_accept = {defer}\n"),
+            ),
+            Kind::Haproxy if defer => config.replace(
+                &format!("bind 127.0.0.1:{port}"),
+                &format!("bind 127.0.0.1:{port} defer-accept"),
+            ),
+            Kind::Nginx if defer => config.replace(
+                &format!("listen 127.0.0.1:{port}"),
+                &format!("listen 127.0.0.1:{port} deferred"),
+            ),
+            _ => config,
         }
     }
 

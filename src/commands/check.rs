@@ -63,14 +63,15 @@ pub fn check(args: CheckArgs) -> Exit {
     for l in &c.listeners {
         let pool = &c.pools[l.pool].name;
         println!(
-            "listener {} {} {} -> pool {} (reuseport {}, backlog {}, max_connections {})",
+            "listener {} {} {} -> pool {} (reuseport {}, backlog {}, max_connections {}, defer_accept {})",
             l.name,
             l.protocol.as_str(),
             l.bind,
             pool,
             l.reuseport.max(c.workers),
             l.backlog,
-            l.max_connections
+            l.max_connections,
+            l.defer_accept
         );
         print_listener_settings(l, &c.pools);
         if let Some(tls) = &l.tls {

@@ -122,6 +122,7 @@ pub struct ListenerFile {
     pub routes: Vec<RouteFile>,
     pub reuseport: Option<i64>,
     pub backlog: Option<i64>,
+    pub defer_accept: Option<bool>,
     pub max_connections: Option<i64>,
     pub header_timeout: Option<DurationValue>,
     pub idle_timeout: Option<DurationValue>,

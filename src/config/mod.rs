@@ -125,6 +125,10 @@ pub struct ListenerConfig {
     /// How many SO_REUSEPORT sockets share this address (accept sharding).
     pub reuseport: usize,
     pub backlog: i32,
+    /// The kernel queues a connection for accepting only once its first
+    /// bytes came (`TCP_DEFER_ACCEPT`): for protocols whose client speaks
+    /// first, it saves a wake-up and an empty read a connection.
+    pub defer_accept: bool,
     pub max_connections: usize,
     pub header_timeout: Duration,
     pub idle_timeout: Duration,

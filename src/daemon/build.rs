@@ -498,6 +498,7 @@ fn shards(
             socket,
             backlog: l.backlog,
             acks,
+            defer_accept: l.defer_accept,
             shared: Arc::clone(&shared),
             nodelay_each: listening.nodelay_each,
             queue,

@@ -124,11 +124,22 @@ impl Generation {
             self.fd_store_again.clone(),
             pause,
         );
-        // The doors close once both are done; a second stop signal closes
-        // them at once, without waiting for either.
+        // Connections held back for their first bytes (`defer_accept`)
+        // are queued by then; new ones are queued as they come.
+        let held_back = if self.holdings.stop_deferring() {
+            crate::defer_accept::DEFERRED_AT_MOST
+        } else {
+            Duration::ZERO
+        };
+        // The doors close once all are done; a second stop signal closes
+        // them at once, without waiting for any.
         let forced_early = self
             .unless_forced(async move {
-                tokio::join!(tokio::time::sleep(pause), release);
+                tokio::join!(
+                    tokio::time::sleep(pause),
+                    tokio::time::sleep(held_back),
+                    release
+                );
             })
             .await;
         self.holdings.handed_over(&[]);

@@ -3,7 +3,7 @@
 //! address, listening, the right type) before anyone accepts on it; sockets
 //! nobody claims are closed (never `shutdown()`) when the inventory drops.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use super::endpoint::Endpoint;
 use super::handoff::SocketEntry;
@@ -224,6 +224,19 @@ impl Holdings {
     /// The name of every held socket.
     pub fn names(&self) -> Vec<String> {
         self.items.iter().map(|h| h.entry.name.clone()).collect()
+    }
+
+    /// Stops every held listening socket deferring its connections'
+    /// accepts (`TCP_DEFER_ACCEPT`); true if any did. A connection the
+    /// kernel holds back until its client's first bytes is in no accept
+    /// queue: closing the socket then would reset it as its request comes.
+    pub fn stop_deferring(&self) -> bool {
+        // Every socket, not up to the first that deferred.
+        let mut any = false;
+        for h in &self.items {
+            any |= crate::defer_accept::stop_deferring(h.fd.as_fd());
+        }
+        any
     }
 
     /// Marks the sockets a successor adopted.

@@ -79,6 +79,9 @@ impl Validator {
                 routes,
                 reuseport: self.count(&format!("{key}.reuseport"), l.reuseport, 1, 1, 64),
                 backlog: self.count(&format!("{key}.backlog"), l.backlog, 1024, 1, 65535) as i32,
+                // Every protocol the HTTP path speaks has its client speak
+                // first; TCP mode's may not (SMTP's server greets first).
+                defer_accept: l.defer_accept.unwrap_or(protocol == Protocol::Http),
                 max_connections: self.count(
                     &format!("{key}.max_connections"),
                     l.max_connections,

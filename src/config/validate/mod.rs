@@ -504,8 +504,28 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     fn defaults_fill_a_minimal_file() {
         let c = parse(GOOD, Path::new("x.toml"), &Overrides::default()).expect("valid");
         assert_eq!(c.listeners[0].backlog, 1024);
+        assert!(c.listeners[0].defer_accept, "an HTTP listener defers");
         assert_eq!(c.reload.drain_timeout, c.shutdown.drain_timeout);
         assert_eq!(c.timeout_stop().as_secs(), 20);
+    }
+
+    /// `defer_accept` is on for HTTP, whose clients speak first, and off
+    /// for TCP mode, whose protocol may have its server speak first;
+    /// either may be set otherwise.
+    #[test]
+    fn defer_accept_follows_the_protocol_unless_given() {
+        let with = |line: &str, protocol: &str| {
+            let text = GOOD.replace(
+                "pool = \"app\"\n\n[[pools]]",
+                &format!("pool = \"app\"\nprotocol = \"{protocol}\"\n{line}\n[[pools]]"),
+            );
+            let c = parse(&text, Path::new("x.toml"), &Overrides::default()).expect("valid");
+            c.listeners[0].defer_accept
+        };
+        assert!(with("", "http"));
+        assert!(!with("", "tcp"));
+        assert!(!with("defer_accept = false", "http"));
+        assert!(with("defer_accept = true", "tcp"));
     }
 
     /// A value of another type than a duration is refused at its line
