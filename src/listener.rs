@@ -463,7 +463,8 @@ mod tests {
         set_defer_accept(socket.as_fd(), true).expect("set");
         let mut silent = std::net::TcpStream::connect(socket.local_addr().expect("addr"))
             .expect("the handshake completes");
-        std::thread::sleep(Duration::from_millis(300));
+        // Well within the SYN-ACK retransmission (1 s) that would queue it.
+        std::thread::sleep(Duration::from_millis(100));
         let held = socket.accept().map(|_| ()).map_err(|e| e.kind());
         assert_eq!(held, Err(std::io::ErrorKind::WouldBlock));
         silent.write_all(b"G").expect("write");
