@@ -1,4 +1,4 @@
-//! `cargo bench --bench throughput [-- --seconds S --threads N --rounds N --busy-poll US --defer-accept 0|1]`
+//! `cargo bench --bench throughput [-- --seconds S --threads N --rounds N --busy-poll US --defer-accept 0|1 --h2c-rps N]`
 //!
 //! Requests per second and latency through baton, HAProxy and nginx, and
 //! straight to the backend: HTTP/1.1 keep-alive and a new connection per
@@ -82,11 +82,22 @@ impl Layout {
 }
 
 /// h2load prints no percentiles: they come from its per-request log
-/// (tab-separated; the third column is the request's time in µs).
+/// (tab-separated; the third column is the request's time in µs). With
+/// `--h2c-rps N` each of the 64 clients sends N requests a second, not
+/// as many as it can: latency compared at one offered load, below every
+/// proxy's most (at its most, a faster proxy loads the load generator's
+/// core more, and that core's stalls are most of every p99 here).
 fn h2load(url: &str, seconds: u32, cpus: &str) -> Option<Run> {
     let log = tempfile::NamedTempFile::new().ok()?;
-    let out = Command::new("taskset")
-        .args(["-c", cpus, "h2load", "-t2", "-c64", "-m10"])
+    let mut h2load = Command::new("taskset");
+    h2load.args(["-c", cpus, "h2load", "-t2", "-c64", "-m10"]);
+    match support::arg("--h2c-rps", 0u32) {
+        0 => {}
+        rps => {
+            h2load.arg(format!("--rps={rps}"));
+        }
+    }
+    let out = h2load
         .arg(format!("-D{seconds}"))
         .arg(format!("--log-file={}", log.path().display()))
         .arg(url)
@@ -243,7 +254,7 @@ fn main() {
     }
     let backend = support::start_backend(1, layout.backend_cpus);
     println!(
-        "throughput bench: {seconds}s per cell, {rounds} round(s); {}; 3-byte responses{}{}",
+        "throughput bench: {seconds}s per cell, {rounds} round(s); {}; 3-byte responses{}{}{}",
         layout.describe(),
         match support::arg("--busy-poll", 0u32) {
             0 => String::new(),
@@ -253,6 +264,10 @@ fn main() {
             0 => "; no proxy defers accepts",
             1 => "; every proxy defers accepts",
             _ => "; accepts deferred by baton only (the defaults)",
+        },
+        match support::arg("--h2c-rps", 0u32) {
+            0 => String::new(),
+            rps => format!("; h2c offered {} req/s (64 clients x {rps})", 64 * rps),
         }
     );
     let (kinds, missing): (Vec<Kind>, Vec<Kind>) =
