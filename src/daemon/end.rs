@@ -135,11 +135,7 @@ impl Generation {
         // them at once, without waiting for any.
         let forced_early = self
             .unless_forced(async move {
-                tokio::join!(
-                    tokio::time::sleep(pause),
-                    tokio::time::sleep(held_back),
-                    release
-                );
+                tokio::join!(tokio::time::sleep(pause.max(held_back)), release);
             })
             .await;
         self.holdings.handed_over(&[]);
