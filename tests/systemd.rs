@@ -73,10 +73,8 @@ fn start_with_drop_in(sbx: &Sandbox, config: &str, service: &str) {
 
 /// `pre_stop_delay` 2 s: past the 1.5 s a stop keeps its doors open for
 /// connections the kernel held back (`defer_accept`), so the serving
-/// generation's doors close when its pause ends, and an older
-/// generation's drain (its deadline: pause plus `drain_timeout` from the
-/// signal) keeps the room it had after them (at 500ms a held request had
-/// 1.9 s, not 2.9 s, and a busy host once took it).
+/// generation's doors close when its pause ends. A test whose older
+/// generation must outlive that pause gives it a longer drain (the first).
 fn config(p: &Ports, backends: &[SocketAddr], echo: SocketAddr, extra: &str) -> String {
     let list: Vec<String> = backends
         .iter()
@@ -104,7 +102,19 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
         TcpEcho::start().await,
     );
     let p = Ports::reserve();
-    let good = config(&p, &[a.addr, b.addr], echo.addr, "");
+    // An older generation's held request must outlive the serving one's
+    // stop: its drain ends at the earlier of its reload's deadline and the
+    // stop's (pause plus drain_timeout from the signal), and the request is
+    // let go only after the serving generation's pause and drain. With the
+    // reload's deadline 3 s from a reload made just before a stop, the
+    // 2 s pause left it under a second, which a busy host took.
+    let good = config(
+        &p,
+        &[a.addr, b.addr],
+        echo.addr,
+        "[reload]\ndrain_timeout = \"10s\"\n",
+    )
+    .replace("drain_timeout = \"3s\"", "drain_timeout = \"5s\"");
     sbx.install_baton(&good);
 
     // Start: active only once ready, with a STATUS line.
@@ -228,7 +238,7 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     // generation that had it took over from one that still drains (its
     // fd store update, kept to send again when that one exits, must not
     // keep the socket open either).
-    // (2.9 s: within the 3 s drain_timeout of the first reload below.)
+    // (2.9 s: within the 10 s reload drain_timeout of the first reload below.)
     let web = p.web;
     let slow = tokio::spawn(async move { client::get(web, "/slow/2900").await });
     support::eventually("slow request in flight", || async {
