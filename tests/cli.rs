@@ -253,7 +253,9 @@ fn budgets_follow_flag_over_env_over_file_with_0_default_and_negative_none() {
         "shutdown.pre_stop_delay none",
         "negative is none"
     );
-    assert_eq!(line(&out, "TimeoutStopSec"), "TimeoutStopSec=14");
+    // No pre-stop pause, but the HTTP listener defers accepting, so the
+    // doors stay open 1.5 s: 1.5 + 9 + 5 s, rounded up.
+    assert_eq!(line(&out, "TimeoutStopSec"), "TimeoutStopSec=16");
     let (_, out, _) = run_env(
         &["check", "-c", p, "--drain-timeout", "11s"],
         &[("BATON_DRAIN_TIMEOUT", "9s")],
@@ -263,8 +265,9 @@ fn budgets_follow_flag_over_env_over_file_with_0_default_and_negative_none() {
         "shutdown.drain_timeout  11s",
         "flag beats env"
     );
-    // 250ms + 11s + 5s: a whole second more, not less (systemd would
-    // SIGKILL at 16 s a drain that needs 16.25).
+    // 250ms is under the 1.5 s the deferring listener's doors stay open:
+    // 1.5s + 11s + 5s, and a whole second more, not less (systemd would
+    // SIGKILL at 17 s a stop that needs 17.5).
     let (_, out, _) = run_env(
         &[
             "check",
@@ -277,7 +280,7 @@ fn budgets_follow_flag_over_env_over_file_with_0_default_and_negative_none() {
         ],
         &[],
     );
-    assert_eq!(line(&out, "TimeoutStopSec"), "TimeoutStopSec=17");
+    assert_eq!(line(&out, "TimeoutStopSec"), "TimeoutStopSec=18");
 }
 
 #[test]

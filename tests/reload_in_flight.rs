@@ -426,6 +426,48 @@ async fn a_drain_waits_for_every_older_generation_not_only_the_last() {
     .await;
 }
 
+/// With `pre_stop_delay` under 1.5 s, a stop keeps a deferring listener's
+/// doors open 1.5 s anyway (its held-back connections), and a draining
+/// generation that is stopped counts that pause too: its drain ends with
+/// the serving generation's, where it ended 1.5 s earlier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_draining_generation_counts_the_held_back_wait_as_its_pause() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::default()
+        .section("[reload]\ndrain_timeout = \"30s\"\n")
+        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"2s\"\n")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let (web, admin) = (baton.addr("web"), baton.admin);
+    let old = baton.serving_pid().await;
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the request held by the backend", || async {
+        backend.held() == 1
+    })
+    .await;
+    baton.reload_ok().await;
+    signal(old, Signal::SIGTERM);
+    let left = || async {
+        client::status(admin).await["generations"][1]["drain_seconds_left"]
+            .as_f64()
+            .unwrap_or(f64::MAX)
+    };
+    // The stop's deadline, not the reload's 30 s, once a report brings it.
+    support::eventually(
+        "the stop's deadline in the old generation's report",
+        || async { left().await < 10.0 },
+    )
+    .await;
+    let left = left().await;
+    // 1.5 s of pause and 2 s of drain from the signal (reports come every
+    // 500 ms); without the pause counted, at most 2 s.
+    assert!(left > 2.1, "{left} s left of the old generation's drain");
+    backend.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
+    assert_eq!(wait_exit(old).await, Some(0), "drained in time");
+}
+
 /// SIGTERM to a draining old generation keeps its drain going to the end
 /// the stop itself would have: its pre-stop pause plus its drain budget
 /// (DESIGN: the earlier of its own deadline and the stop's), not the drain

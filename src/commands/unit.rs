@@ -41,7 +41,7 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
         .collect();
     let stop = Bound {
         needed: c.timeout_stop(),
-        what: "pre_stop_delay + drain_timeout + 5s",
+        what: "the stop's pause (pre_stop_delay, at least 1.5s with defer_accept) + drain_timeout + 5s",
         harm: "systemd would kill baton mid-drain",
     };
     let start = Bound {

@@ -251,9 +251,30 @@ pub struct BackendConfig {
 }
 
 impl Config {
+    /// How long a stop keeps its doors open: `pre_stop_delay`, and never
+    /// less than [`DEFERRED_AT_MOST`] while a listener defers accepting
+    /// (the kernel may hold a connection back that long, and closing the
+    /// doors before would reset it).
+    ///
+    /// [`DEFERRED_AT_MOST`]: crate::defer_accept::DEFERRED_AT_MOST
+    pub fn stop_pause(&self) -> Duration {
+        if self.listeners.iter().any(|l| l.defer_accept) {
+            (self.shutdown.pre_stop_delay).max(crate::defer_accept::DEFERRED_AT_MOST)
+        } else {
+            self.shutdown.pre_stop_delay
+        }
+    }
+
+    /// From the stop signal to the drain's deadline: the pause, then
+    /// `drain_timeout`. What every generation's stop counts, an older one
+    /// still draining included, so that all of them end together.
+    pub fn stop_budget(&self) -> Duration {
+        self.stop_pause() + self.shutdown.drain_timeout
+    }
+
     /// `TimeoutStopSec` systemd needs so it never cuts a stop short.
     pub fn timeout_stop(&self) -> Duration {
-        self.shutdown.pre_stop_delay + self.shutdown.drain_timeout + Duration::from_secs(5)
+        self.stop_budget() + Duration::from_secs(5)
     }
 
     /// The listening sockets a generation holds and hands over: a shard of

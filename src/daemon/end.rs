@@ -108,9 +108,12 @@ impl Generation {
     /// The ordered stop: readiness flips, pre-stop pause, doors close (queue
     /// served), in-flight work drains, admin closes last.
     pub(super) async fn stop(mut self, signalled: Instant) -> Exit {
-        tracing::info!(pre_stop_delay = ?self.config.shutdown.pre_stop_delay, "stopping");
-        let shutdown = &self.config.shutdown;
-        let stop_ends = signalled + shutdown.pre_stop_delay + shutdown.drain_timeout;
+        tracing::info!(
+            pre_stop_delay = ?self.config.shutdown.pre_stop_delay,
+            pause = ?self.config.stop_pause(),
+            "stopping"
+        );
+        let stop_ends = signalled + self.config.stop_budget();
         // systemd kills what still runs at `TimeoutStopSec`, the exit code
         // and the last reports with it: what follows the drain keeps to
         // what is left before then.
@@ -118,24 +121,21 @@ impl Generation {
         let older_forced_before = self.admin.inherited_forced_connections();
         let _ = self.phase.send(Phase::Stopping { deadline: None });
         self.standing.stopping();
-        let pause = self.config.shutdown.pre_stop_delay;
+        let pause = self.config.stop_pause();
         let release = release_fd_store_unless_restarting(
             self.holdings.names(),
             self.fd_store_again.clone(),
             pause,
         );
         // Connections held back for their first bytes (`defer_accept`)
-        // are queued by then; new ones are queued as they come.
-        let held_back = if self.holdings.stop_deferring() {
-            crate::defer_accept::DEFERRED_AT_MOST
-        } else {
-            Duration::ZERO
-        };
-        // The doors close once all are done; a second stop signal closes
-        // them at once, without waiting for any.
+        // are queued within the pause (`Config::stop_pause`); new ones are
+        // queued as they come.
+        self.holdings.stop_deferring();
+        // The doors close once both are done; a second stop signal closes
+        // them at once, without waiting for either.
         let forced_early = self
             .unless_forced(async move {
-                tokio::join!(tokio::time::sleep(pause.max(held_back)), release);
+                tokio::join!(tokio::time::sleep(pause), release);
             })
             .await;
         self.holdings.handed_over(&[]);
@@ -341,13 +341,12 @@ impl Generation {
                 command = self.commands.recv() => match command {
                     Command::Stop if stops == 0 && matches!(reason, DrainReason::Reload) => {
                         stops += 1;
-                        // The stop's own end: its pre-stop pause, then its drain.
-                        let shutdown = &self.config.shutdown;
-                        deadline = deadline.min(Instant::now() + shutdown.pre_stop_delay + shutdown.drain_timeout);
+                        // The stop's own end: its pause, then its drain.
+                        deadline = deadline.min(Instant::now() + self.config.stop_budget());
                         self.publish_deadline(deadline);
                         // Ended as the serving generation ends its own:
-                        // when its pre-stop pause is over.
-                        spread_cut = Some(Instant::now() + shutdown.pre_stop_delay);
+                        // when its pause is over.
+                        spread_cut = Some(Instant::now() + self.config.stop_pause());
                         tracing::info!("stop signal while draining: keeping the earlier deadline");
                     }
                     Command::Stop | Command::ForceDrain => {

@@ -24,8 +24,7 @@ impl Generation {
             parent.fail(Exit::Failure, reason).await;
             return Err(Exit::Failure);
         }
-        let shutdown = &self.config.shutdown;
-        let stop_budget = shutdown.pre_stop_delay + shutdown.drain_timeout;
+        let stop_budget = self.config.stop_budget();
         match parent
             .ready(self.adopted.clone(), self.renamed.clone(), stop_budget)
             .await

@@ -194,7 +194,7 @@ pub enum Message {
         /// is sent SIGTERM instead).
         #[serde(default)]
         hears_stop: bool,
-        /// How long N+1's ordered stop may take (its `pre_stop_delay` plus
+        /// How long N+1's ordered stop may take (its pause, `stop_pause`, plus
         /// its `shutdown.drain_timeout`): N, outliving it after a word,
         /// waits that long, not its own budget, which a reload may have
         /// made shorter.

@@ -227,16 +227,13 @@ impl Holdings {
     }
 
     /// Stops every held listening socket deferring its connections'
-    /// accepts (`TCP_DEFER_ACCEPT`); true if any did. A connection the
-    /// kernel holds back until its client's first bytes is in no accept
-    /// queue: closing the socket then would reset it as its request comes.
-    pub fn stop_deferring(&self) -> bool {
-        // Every socket, not up to the first that deferred.
-        let mut any = false;
+    /// accepts (`TCP_DEFER_ACCEPT`). A connection the kernel holds back
+    /// until its client's first bytes is in no accept queue: closing the
+    /// socket then would reset it as its request comes.
+    pub fn stop_deferring(&self) {
         for h in &self.items {
-            any |= crate::defer_accept::stop_deferring(h.fd.as_fd());
+            crate::defer_accept::stop_deferring(h.fd.as_fd());
         }
-        any
     }
 
     /// Marks the sockets a successor adopted.

@@ -528,6 +528,30 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         assert!(with("defer_accept = true", "tcp"));
     }
 
+    /// A stop's pause is `pre_stop_delay`, but never under the 1.5 s a
+    /// deferring listener's held-back connections need, and the stop's
+    /// budgets (`TimeoutStopSec` here) count the pause, not the key.
+    #[test]
+    fn the_stop_pause_covers_held_back_connections_and_the_budgets_count_it() {
+        let with = |shutdown: &str, protocol: &str| {
+            let text = GOOD.replace(
+                "pool = \"app\"\n\n[[pools]]",
+                &format!("pool = \"app\"\nprotocol = \"{protocol}\"\n\n[[pools]]"),
+            );
+            let text = format!("[shutdown]\n{shutdown}\ndrain_timeout = \"2s\"\n{text}");
+            parse(&text, Path::new("x.toml"), &Overrides::default()).expect("valid")
+        };
+        let c = with("pre_stop_delay = \"-1s\"", "http");
+        assert_eq!(c.stop_pause(), Duration::from_millis(1500));
+        assert_eq!(c.stop_budget(), Duration::from_millis(3500));
+        assert_eq!(c.timeout_stop(), Duration::from_millis(8500));
+        let c = with("pre_stop_delay = \"-1s\"", "tcp");
+        assert_eq!(c.stop_pause(), Duration::ZERO, "nothing defers");
+        assert_eq!(c.timeout_stop(), Duration::from_secs(7));
+        let c = with("pre_stop_delay = \"3s\"", "http");
+        assert_eq!(c.stop_pause(), Duration::from_secs(3));
+    }
+
     /// A value of another type than a duration is refused at its line
     /// saying what a duration looks like.
     #[test]
