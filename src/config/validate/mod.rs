@@ -509,19 +509,28 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         assert_eq!(c.timeout_stop().as_secs(), 20);
     }
 
+    /// [`GOOD`] with `before` ahead of it and its listener of `protocol`
+    /// given `line` too.
+    fn good_with(before: &str, protocol: &str, line: &str) -> crate::config::Config {
+        let text = GOOD.replace(
+            "pool = \"app\"\n\n[[pools]]",
+            &format!("pool = \"app\"\nprotocol = \"{protocol}\"\n{line}\n[[pools]]"),
+        );
+        parse(
+            &format!("{before}{text}"),
+            Path::new("x.toml"),
+            &Overrides::default(),
+        )
+        .expect("valid")
+    }
+
     /// `defer_accept` is on for HTTP, whose clients speak first, and off
     /// for TCP mode, whose protocol may have its server speak first;
     /// either may be set otherwise.
     #[test]
     fn defer_accept_follows_the_protocol_unless_given() {
-        let with = |line: &str, protocol: &str| {
-            let text = GOOD.replace(
-                "pool = \"app\"\n\n[[pools]]",
-                &format!("pool = \"app\"\nprotocol = \"{protocol}\"\n{line}\n[[pools]]"),
-            );
-            let c = parse(&text, Path::new("x.toml"), &Overrides::default()).expect("valid");
-            c.listeners[0].defer_accept
-        };
+        let with =
+            |line: &str, protocol: &str| good_with("", protocol, line).listeners[0].defer_accept;
         assert!(with("", "http"));
         assert!(!with("", "tcp"));
         assert!(!with("defer_accept = false", "http"));
@@ -534,12 +543,11 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     #[test]
     fn the_stop_pause_covers_held_back_connections_and_the_budgets_count_it() {
         let with = |shutdown: &str, protocol: &str| {
-            let text = GOOD.replace(
-                "pool = \"app\"\n\n[[pools]]",
-                &format!("pool = \"app\"\nprotocol = \"{protocol}\"\n\n[[pools]]"),
-            );
-            let text = format!("[shutdown]\n{shutdown}\ndrain_timeout = \"2s\"\n{text}");
-            parse(&text, Path::new("x.toml"), &Overrides::default()).expect("valid")
+            good_with(
+                &format!("[shutdown]\n{shutdown}\ndrain_timeout = \"2s\"\n"),
+                protocol,
+                "",
+            )
         };
         let c = with("pre_stop_delay = \"-1s\"", "http");
         assert_eq!(c.stop_pause(), Duration::from_millis(1500));
