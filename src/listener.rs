@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::defer_accept::set_defer_accept;
+use crate::defer_accept::{set_defer_accept, stop_deferring, DEFERRED_AT_MOST};
 use crate::telemetry::Budget;
 
 /// What to do with an accepted connection.
@@ -229,6 +229,14 @@ impl Listener {
         // before it, being declared after it, if this future is dropped).
         drop(shown);
         if closing() == Closing::Last {
+            // A connection the kernel still holds back for its first bytes
+            // (`defer_accept`) is in no queue, and the close would reset it
+            // as its request comes. A stop ended the deferral as it began
+            // and kept the doors open since; a listener a reload removed
+            // ends it here and waits until the kernel has queued them.
+            if stop_deferring(std::os::fd::AsFd::as_fd(&socket)) {
+                tokio::time::sleep(DEFERRED_AT_MOST).await;
+            }
             accept_queued(&name, &shared.permits, socket, &*handler, nodelay_each);
         }
     }
@@ -340,7 +348,7 @@ impl Throttle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::defer_accept::{defers_accept, stop_deferring};
+    use crate::defer_accept::defers_accept;
     use std::os::fd::AsFd;
 
     /// Notes whether each accepted connection has TCP_NODELAY, and prompt

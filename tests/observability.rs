@@ -232,8 +232,13 @@ async fn a_removed_listeners_draining_count_leaves_with_its_generation() {
         .pool("app", &[backend.addr]);
     let baton = Baton::start(both).await;
     let old = baton.addr("old");
-    let slow = tokio::spawn(async move { client::get(old, "/slow/1500").await });
-    support::eventually("slow request arrived", || async { backend.active() == 1 }).await;
+    // Held, not timed: the reload's answer comes only once the removed
+    // listener waited for the connections its deferral held back (1.5 s).
+    let slow = tokio::spawn(async move { client::get(old, "/gated").await });
+    support::eventually("the request held by the backend", || async {
+        backend.held() == 1
+    })
+    .await;
     let old_pid = baton.serving_pid().await;
     baton.write_spec(
         &Spec::new().http("web", "app").pool("app", &[backend.addr]),
@@ -243,6 +248,7 @@ async fn a_removed_listeners_draining_count_leaves_with_its_generation() {
     let draining = "baton_connections_active{listener=\"old\",state=\"draining\"}";
     let metrics = scrape(baton.admin).await.expect("scrape");
     assert!(metrics.contains(&format!("{draining} 1")), "{metrics}");
+    backend.release();
     assert_eq!(slow.await.expect("join").expect("slow").status, 200);
     assert_eq!(wait_exit(old_pid).await, Some(0));
     old_generation_left_status(baton.admin).await;

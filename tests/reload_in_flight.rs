@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use nix::sys::signal::Signal;
 use support::backend::HttpBackend;
 use support::client;
 use support::daemon::{signal, wait_exit, Baton, Spec};
+use tokio::net::TcpStream;
 
 async fn start(drain: &str) -> (HttpBackend, Baton) {
     let backend = HttpBackend::start("a").await;
@@ -502,4 +504,29 @@ async fn a_draining_generation_that_is_stopped_keeps_the_stops_whole_deadline() 
         Some(0),
         "old generation drained cleanly"
     );
+}
+
+/// A client that connected to a listener a reload removes, and has yet to
+/// send its request, is in no accept queue: the kernel holds it back until
+/// its first bytes (`defer_accept`, on for HTTP). The old generation ends
+/// the deferral as it closes that listener and keeps the socket open until
+/// the kernel queued it, then serves it: answered when it speaks, where it
+/// was reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_yet_to_speak_on_a_listener_a_reload_removes_is_served_when_it_does() {
+    let backend = HttpBackend::start("a").await;
+    let both = Spec::new()
+        .http("web", "app")
+        .listener("old", "http", "app", "keepalive_drain_grace = \"5s\"")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(both).await;
+    let quiet = TcpStream::connect(baton.addr("old"))
+        .await
+        .expect("connect");
+    baton.write_spec(
+        &Spec::new().http("web", "app").pool("app", &[backend.addr]),
+        &HashMap::new(),
+    );
+    baton.reload_ok().await;
+    support::served_when_it_speaks(quiet).await;
 }

@@ -160,25 +160,6 @@ async fn queued_connections_are_served_before_the_listener_closes() {
     assert_no_error_lines(&baton);
 }
 
-/// Sends a request on `client`, a connection made earlier that said
-/// nothing yet, and asserts its whole response came (not a reset).
-async fn served_when_it_speaks(mut client: TcpStream) {
-    client
-        .write_all(b"GET /late HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("write");
-    let mut reply = String::new();
-    tokio::time::timeout(support::TIMEOUT, client.read_to_string(&mut reply))
-        .await
-        .expect("in time")
-        .expect("no reset");
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
-    assert!(
-        reply.ends_with(&HttpBackend::body_for("a", "/late")),
-        "{reply:?}"
-    );
-}
-
 /// A client that connected but has yet to send its request as the stop
 /// begins is in no accept queue: the kernel holds it back until its first
 /// bytes (`defer_accept`, on by default for HTTP). With no pre-stop pause
@@ -198,7 +179,7 @@ async fn a_client_yet_to_speak_as_the_stop_begins_is_served_when_it_does() {
         .expect("connect");
     signal(baton.first_pid, Signal::SIGTERM);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    served_when_it_speaks(quiet).await;
+    support::served_when_it_speaks(quiet).await;
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
     assert_no_error_lines(&baton);
 }
@@ -228,7 +209,7 @@ async fn a_client_connecting_late_in_the_pause_is_served_after_the_doors_close()
         baton.log().contains("drain started")
     })
     .await;
-    served_when_it_speaks(late).await;
+    support::served_when_it_speaks(late).await;
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
 }
 

@@ -88,3 +88,24 @@ pub fn reset(s: tokio::net::TcpStream) {
         .expect("SO_LINGER 0");
     drop(s);
 }
+
+/// Sends a request on `client`, a connection made earlier that said
+/// nothing yet (held back by `defer_accept`), and asserts its whole
+/// response from backend "a" came, not a reset.
+pub async fn served_when_it_speaks(mut client: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    client
+        .write_all(b"GET /late HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut reply = String::new();
+    tokio::time::timeout(TIMEOUT, client.read_to_string(&mut reply))
+        .await
+        .expect("in time")
+        .expect("no reset");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    assert!(
+        reply.ends_with(&backend::HttpBackend::body_for("a", "/late")),
+        "{reply:?}"
+    );
+}
