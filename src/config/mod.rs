@@ -259,7 +259,9 @@ impl Config {
     /// [`DEFERRED_AT_MOST`]: crate::defer_accept::DEFERRED_AT_MOST
     pub fn stop_pause(&self) -> Duration {
         if self.listeners.iter().any(|l| l.defer_accept) {
-            (self.shutdown.pre_stop_delay).max(crate::defer_accept::DEFERRED_AT_MOST)
+            self.shutdown
+                .pre_stop_delay
+                .max(crate::defer_accept::DEFERRED_AT_MOST)
         } else {
             self.shutdown.pre_stop_delay
         }
