@@ -245,3 +245,32 @@ impl Holdings {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::Holdings;
+    use crate::defer_accept::{defers_accept, set_defer_accept};
+
+    /// A stop ends the deferral on every held socket, not only the first:
+    /// a shard left deferring would reset the connections it held back.
+    #[test]
+    fn a_stop_ends_the_deferral_on_every_held_socket() {
+        let sockets: Vec<std::net::TcpListener> = (0..3)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+            .collect();
+        let mut holdings = Holdings::default();
+        for (i, socket) in sockets.iter().enumerate() {
+            set_defer_accept(socket.as_fd(), true).expect("set");
+            let addr = socket.local_addr().expect("addr").to_string();
+            holdings
+                .hold(&format!("web/{i}"), addr, socket.as_fd())
+                .expect("hold");
+        }
+        holdings.stop_deferring();
+        for socket in &sockets {
+            assert!(!defers_accept(socket.as_fd()), "{socket:?} still defers");
+        }
+    }
+}
