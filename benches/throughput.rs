@@ -91,11 +91,9 @@ fn h2load(url: &str, seconds: u32, cpus: &str) -> Option<Run> {
     let log = tempfile::NamedTempFile::new().ok()?;
     let mut h2load = Command::new("taskset");
     h2load.args(["-c", cpus, "h2load", "-t2", "-c64", "-m10"]);
-    match support::arg("--h2c-rps", 0u32) {
-        0 => {}
-        rps => {
-            h2load.arg(format!("--rps={rps}"));
-        }
+    let rps = support::arg("--h2c-rps", 0u32);
+    if rps > 0 {
+        h2load.arg(format!("--rps={rps}"));
     }
     let out = h2load
         .arg(format!("-D{seconds}"))

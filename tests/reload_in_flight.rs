@@ -428,6 +428,17 @@ async fn a_drain_waits_for_every_older_generation_not_only_the_last() {
     .await;
 }
 
+/// An HTTP listener to `backend` whose reload drains for 30 s, and
+/// `shutdown`'s keys: a draining generation that is then stopped ends at
+/// its stop's deadline, which is what these tests look at.
+fn stopped_while_draining(shutdown: &str, backend: &HttpBackend) -> Spec {
+    Spec::default()
+        .section("[reload]\ndrain_timeout = \"30s\"\n")
+        .section(&format!("[shutdown]\n{shutdown}\n"))
+        .http("web", "app")
+        .pool("app", &[backend.addr])
+}
+
 /// With `pre_stop_delay` under 1.5 s, a stop keeps a deferring listener's
 /// doors open 1.5 s anyway (its held-back connections), and a draining
 /// generation that is stopped counts that pause too: its drain ends with
@@ -435,12 +446,11 @@ async fn a_drain_waits_for_every_older_generation_not_only_the_last() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_draining_generation_counts_the_held_back_wait_as_its_pause() {
     let backend = HttpBackend::start("a").await;
-    let spec = Spec::default()
-        .section("[reload]\ndrain_timeout = \"30s\"\n")
-        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"2s\"\n")
-        .http("web", "app")
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(stopped_while_draining(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"2s\"",
+        &backend,
+    ))
+    .await;
     let (web, admin) = (baton.addr("web"), baton.admin);
     let old = baton.serving_pid().await;
     let held = tokio::spawn(async move { client::get(web, "/gated").await });
@@ -478,12 +488,11 @@ async fn a_stopped_draining_generation_counts_the_held_back_wait_as_its_pause() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_generation_that_is_stopped_keeps_the_stops_whole_deadline() {
     let backend = HttpBackend::start("a").await;
-    let spec = Spec::default()
-        .section("[reload]\ndrain_timeout = \"30s\"\n")
-        .section("[shutdown]\npre_stop_delay = \"8s\"\ndrain_timeout = \"1s\"\n")
-        .http("web", "app")
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(stopped_while_draining(
+        "pre_stop_delay = \"8s\"\ndrain_timeout = \"1s\"",
+        &backend,
+    ))
+    .await;
     let web = baton.addr("web");
     let old = baton.serving_pid().await;
     let mut conn = client::connect(web).await.expect("connect");

@@ -24,13 +24,11 @@ seconds="${1:-10}"
 build_only=false
 if [ "$seconds" = build ]; then
   build_only=true
-  shift
-  set -- 0 "$@"
 fi
 case "${2:-dev}" in
   dev) profile=--dev ;;
   release) profile=--release ;;
-  *) echo "usage: $0 [SECONDS_PER_TARGET [release]]" >&2; exit 2 ;;
+  *) echo "usage: $0 [SECONDS_PER_TARGET|build [release]]" >&2; exit 2 ;;
 esac
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
