@@ -25,7 +25,11 @@ use rustls::{RootCertStore, ServerConfig, SupportedProtocolVersion};
 /// rustls' default aws-lc-rs, because ring builds with the C compiler alone
 /// (aws-lc-rs needs cmake, and Go on some targets), which keeps a cold CI
 /// build short. It is passed explicitly wherever rustls needs one, so no
-/// process-wide default provider is ever installed.
+/// process-wide default provider is ever installed. ring has no
+/// post-quantum key exchange (X25519MLKEM768), and rustls 0.23.48 marks
+/// its provider deprecated for that reason; the `allow` keeps `cargo
+/// update` from failing the build on it while ring stays the choice.
+#[allow(deprecated)]
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
