@@ -915,6 +915,69 @@ async fn a_stop_before_the_first_health_round_ends_is_never_followed_by_ready() 
     drop(silent);
 }
 
+/// A stop signal during a first start that waits on a slow backend (the
+/// first health round may take half of `ready_timeout`) ends that wait:
+/// the generation was never ready, so it serves the connection that
+/// queued meanwhile (its sockets listen from the start) and exits 0
+/// without the pre-stop pause. It used to wait out the round and then
+/// the pause, 30 s each here: a minute, past this config's
+/// `TimeoutStopSec` (45 s), after which systemd kills it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_first_start_waits_for_neither_its_backends_nor_the_pause() {
+    let backend = HttpBackend::start("a").await;
+    // Its queue takes the check's connection and nobody answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let spec = Spec::default()
+        .section("[shutdown]\npre_stop_delay = \"30s\"\ndrain_timeout = \"10s\"\n")
+        .section("[reload]\nready_timeout = \"60s\"\n")
+        .http("web", "app")
+        .pool("app", &[backend.addr])
+        .pool_with(
+            "slow",
+            "health = { kind = \"http\", path = \"/health\", interval = \"30s\", timeout = \"30s\", rise = 1, fall = 1 }",
+            &[(silent.local_addr().expect("addr"), 1)],
+        );
+    let baton = Baton::spawn(spec, &[]);
+    let (_check, _) = tokio::time::timeout(support::TIMEOUT, silent.accept())
+        .await
+        .expect("the first health round began")
+        .expect("accept");
+    let mut queued = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("the listener listens during the start");
+    queued
+        .write_all(b"GET /queued HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    signal(baton.first_pid, Signal::SIGTERM);
+    let mut reply = String::new();
+    tokio::time::timeout(support::TIMEOUT, queued.read_to_string(&mut reply))
+        .await
+        .expect("in time")
+        .expect("no reset");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    assert!(
+        reply.ends_with(&HttpBackend::body_for("a", "/queued")),
+        "{reply:?}"
+    );
+    assert_eq!(
+        wait_exit(baton.first_pid).await,
+        Some(0),
+        "exited within {:?}; log:\n{}",
+        support::TIMEOUT,
+        baton.log()
+    );
+    assert!(
+        baton
+            .log()
+            .contains("stop signal during start-up: not waiting for the backends"),
+        "{}",
+        baton.log()
+    );
+}
+
 /// A stop whose access log cannot be written out (a FIFO nobody reads, as
 /// a hung disk) after a forced drain still exits before systemd's
 /// `TimeoutStopSec` (`baton check` prints it: pre-stop pause, drain, and

@@ -258,12 +258,20 @@ impl Config {
     ///
     /// [`DEFERRED_AT_MOST`]: crate::defer_accept::DEFERRED_AT_MOST
     pub fn stop_pause(&self) -> Duration {
+        self.shutdown.pre_stop_delay.max(self.held_back_wait())
+    }
+
+    /// How long a connection the kernel holds back for its first bytes
+    /// may stay held once the deferral ends: [`DEFERRED_AT_MOST`] while a
+    /// listener defers accepting, none otherwise. The least pause of any
+    /// stop, one that caught a first start included.
+    ///
+    /// [`DEFERRED_AT_MOST`]: crate::defer_accept::DEFERRED_AT_MOST
+    pub fn held_back_wait(&self) -> Duration {
         if self.listeners.iter().any(|l| l.defer_accept) {
-            self.shutdown
-                .pre_stop_delay
-                .max(crate::defer_accept::DEFERRED_AT_MOST)
+            crate::defer_accept::DEFERRED_AT_MOST
         } else {
-            self.shutdown.pre_stop_delay
+            Duration::ZERO
         }
     }
 

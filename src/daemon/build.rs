@@ -1,6 +1,6 @@
 //! Building one generation: sockets adopted or bound (admin first), pools
 //! with their first members from DNS and carried-over backend states, the
-//! first health round.
+//! first health round (which a stop signal cuts short on a first start).
 
 use super::*;
 use crate::lifecycle::endpoint::{self, Endpoint, ListenError};
@@ -32,6 +32,9 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         ready_by,
     } = inheritance;
     metrics::start(number, first);
+    // What cuts a first start's waits on its backends short (a stop
+    // during a reload's takeover fails it instead: `take_over`).
+    let stop = first.then(|| commands.stop_signal());
     let mut waiting: Vec<Check> = config
         .listeners
         .iter()
@@ -71,7 +74,8 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     // they come drained too.
     carry_names(&pools, &carried_backends);
     if let Some(resolver) = &resolver {
-        crate::resolve::refresh::first_members(&pools, resolver, &resolved).await;
+        let lookups = crate::resolve::refresh::first_members(&pools, resolver, &resolved);
+        unless_stopped(stop.as_ref(), "the first DNS answers", lookups).await;
     }
     carry_over(&pools, &carried_backends);
     let ticketer = Arc::new(crate::tls::tickets::Ticketer::new(
@@ -150,7 +154,8 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         }
         None => half,
     };
-    probe::first_round(&pools, round).await;
+    let first_round = probe::first_round(&pools, round);
+    unless_stopped(stop.as_ref(), "the first health round", first_round).await;
     let adopted = inventory.taken();
     let renamed = inventory.renamed();
     let mut unclaimed = inventory.unclaimed();
@@ -193,12 +198,33 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         control_tx,
         control_tasks: tokio_util::task::TaskTracker::new(),
         successor: None,
+        caught_starting: false,
         drain,
         adopted,
         renamed,
         ticketer,
         access_logs,
     })
+}
+
+/// Runs `step`, one of a start's waits on its backends, to its end, or
+/// until `stop` (a first start's: see `Commands::stop_signal`) is
+/// cancelled. A generation stopped before it was ever ready serves what
+/// queued meanwhile and exits; its backends' first answers would change
+/// nothing, and the wait would come out of the stop's time (systemd's
+/// `TimeoutStopSec` counts from the signal).
+async fn unless_stopped(
+    stop: Option<&CancellationToken>,
+    what: &'static str,
+    step: impl std::future::Future<Output = ()>,
+) {
+    let Some(stop) = stop else {
+        return step.await;
+    };
+    tokio::select! {
+        () = step => {}
+        () = stop.cancelled() => tracing::info!(skipped = what, "stop signal during start-up: not waiting for the backends"),
+    }
 }
 
 /// What the admin server starts from beside the config.

@@ -106,11 +106,18 @@ impl Generation {
     }
 
     /// The ordered stop: readiness flips, pre-stop pause, doors close (queue
-    /// served), in-flight work drains, admin closes last.
+    /// served), in-flight work drains, admin closes last. A first start
+    /// the stop caught pauses only as long as held-back connections need:
+    /// it was never ready, so nobody routing by readiness sent it work.
     pub(super) async fn stop(mut self, signalled: Instant) -> Exit {
+        let pause = if self.caught_starting {
+            self.config.held_back_wait()
+        } else {
+            self.config.stop_pause()
+        };
         tracing::info!(
             pre_stop_delay = ?self.config.shutdown.pre_stop_delay,
-            pause = ?self.config.stop_pause(),
+            ?pause,
             "stopping"
         );
         let stop_ends = signalled + self.config.stop_budget();
@@ -121,7 +128,6 @@ impl Generation {
         let older_forced_before = self.admin.inherited_forced_connections();
         let _ = self.phase.send(Phase::Stopping { deadline: None });
         self.standing.stopping();
-        let pause = self.config.stop_pause();
         let release = release_fd_store_unless_restarting(
             self.holdings.names(),
             self.fd_store_again.clone(),

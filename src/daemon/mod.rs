@@ -116,6 +116,7 @@ pub async fn run(mut setup: Setup) -> Exit {
             Err(code) => return code,
         },
         None => {
+            gen.caught_starting = gen.commands.stop_queued();
             gen.predecessor_gone.cancel();
             gen.open_doors();
             gen.became_active(false);
@@ -193,6 +194,10 @@ struct Generation {
     control_tasks: tokio_util::task::TaskTracker,
     /// The generation we handed over to, once we have.
     successor: Option<u32>,
+    /// A stop signal came during this first start, before it was ever
+    /// announced ready: nobody was told to send it work, so its stop has
+    /// no pre-stop pause (see `stop`).
+    caught_starting: bool,
     drain: Drain,
     adopted: Vec<String>,
     /// Old names of sockets adopted under new ones (renamed listeners).

@@ -147,6 +147,9 @@ pub struct Commands {
     /// A stop signal arrived, set by its handler (false for commands sent
     /// by hand).
     stop_arrived: Arc<AtomicBool>,
+    /// Cancelled as a stop signal is queued (never for commands sent by
+    /// hand): what a first start's slow steps are raced against.
+    stop_signal: CancellationToken,
 }
 
 /// The stops heard so far. The older generation's word and the stop
@@ -185,12 +188,25 @@ impl StopsHeard {
 struct Queue {
     tx: mpsc::Sender<Command>,
     queued: Arc<AtomicU8>,
+    stop_signal: CancellationToken,
 }
 
 impl Queue {
+    /// The forwarder's side of `commands`, whose channel `tx` sends on.
+    fn feeding(commands: &Commands, tx: mpsc::Sender<Command>) -> Queue {
+        Queue {
+            tx,
+            queued: Arc::clone(&commands.queued),
+            stop_signal: commands.stop_signal.clone(),
+        }
+    }
+
     /// Queues `command` unless the same one waits unheard (then it is that
     /// one); false once the generation is gone.
     fn push(&self, command: Command) -> bool {
+        if command == Command::Stop {
+            self.stop_signal.cancel();
+        }
         let already = self.queued.fetch_or(bit(command), Ordering::AcqRel) & bit(command) != 0;
         // At most one entry per command waits: never short of room.
         already || self.tx.try_send(command).is_ok()
@@ -217,6 +233,7 @@ impl Commands {
             stop_word: CancellationToken::new(),
             stops: StopsHeard::default(),
             stop_arrived: Arc::default(),
+            stop_signal: CancellationToken::new(),
         };
         (tx, commands)
     }
@@ -228,10 +245,7 @@ impl Commands {
         let (tx, mut commands) = Commands::channel();
         signals.reopen = Arc::clone(&commands.reopen);
         commands.stop_arrived = Arc::clone(&signals.stop_arrived);
-        let queue = Queue {
-            tx,
-            queued: Arc::clone(&commands.queued),
-        };
+        let queue = Queue::feeding(&commands, tx);
         tokio::spawn(async move { while queue.push(signals.recv().await) {} });
         commands
     }
@@ -254,6 +268,13 @@ impl Commands {
     pub fn stop_queued(&self) -> bool {
         self.stop_arrived.load(Ordering::Acquire)
             || self.queued.load(Ordering::Acquire) & bit(Command::Stop) != 0
+    }
+
+    /// Cancelled once a stop signal came, heard or not yet: a first start
+    /// stops waiting for its backends' first answers then (it is not heard
+    /// as a command before the generation serves).
+    pub fn stop_signal(&self) -> CancellationToken {
+        self.stop_signal.clone()
     }
 
     /// What the older generation uses to say the service stops: it stops
@@ -298,10 +319,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_signal_repeated_before_it_was_heard_is_one_command() {
         let (tx, mut commands) = Commands::channel();
-        let queue = Queue {
-            tx,
-            queued: Arc::clone(&commands.queued),
-        };
+        let queue = Queue::feeding(&commands, tx);
         for command in [
             Command::Stop,
             Command::Reload,
@@ -317,6 +335,18 @@ mod tests {
         // Heard, then said again: a second command (a second stop forces).
         assert!(queue.push(Command::Stop));
         assert_eq!(commands.recv().await, Command::Stop);
+    }
+
+    /// What a first start races its slow steps against: a stop signal,
+    /// queued, cancels it; no other command does.
+    #[test]
+    fn only_a_stop_signal_cancels_the_stop_signal_token() {
+        let (tx, commands) = Commands::channel();
+        let queue = Queue::feeding(&commands, tx);
+        assert!(queue.push(Command::Reload) && queue.push(Command::ForceDrain));
+        assert!(!commands.stop_signal().is_cancelled());
+        assert!(queue.push(Command::Stop));
+        assert!(commands.stop_signal().is_cancelled());
     }
 
     #[tokio::test(start_paused = true)]

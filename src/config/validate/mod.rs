@@ -538,8 +538,9 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     }
 
     /// A stop's pause is `pre_stop_delay`, but never under the 1.5 s a
-    /// deferring listener's held-back connections need, and the stop's
-    /// budgets (`TimeoutStopSec` here) count the pause, not the key.
+    /// deferring listener's held-back connections need (all a stop that
+    /// caught a first start waits), and the stop's budgets
+    /// (`TimeoutStopSec` here) count the pause, not the key.
     #[test]
     fn the_stop_pause_covers_held_back_connections_and_the_budgets_count_it() {
         let with = |shutdown: &str, protocol: &str| {
@@ -556,8 +557,10 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         let c = with("pre_stop_delay = \"-1s\"", "tcp");
         assert_eq!(c.stop_pause(), Duration::ZERO, "nothing defers");
         assert_eq!(c.timeout_stop(), Duration::from_secs(7));
+        assert_eq!(c.held_back_wait(), Duration::ZERO);
         let c = with("pre_stop_delay = \"3s\"", "http");
         assert_eq!(c.stop_pause(), Duration::from_secs(3));
+        assert_eq!(c.held_back_wait(), Duration::from_millis(1500));
     }
 
     /// A value of another type than a duration is refused at its line
