@@ -1,4 +1,4 @@
-//! `cargo bench --bench throughput [-- --seconds S --threads N --rounds N --busy-poll US --defer-accept 0|1 --h2c-rps N]`
+//! `cargo bench --bench throughput [-- --seconds S --threads N --rounds N --busy-poll US --defer-accept 0|1 --h2c-rps N --keepalive-rps N]`
 //!
 //! Requests per second and latency through baton, HAProxy and nginx, and
 //! straight to the backend: HTTP/1.1 keep-alive and a new connection per
@@ -25,6 +25,10 @@
 //! With `--defer-accept 1`, HAProxy (`defer-accept`) and nginx (`deferred`)
 //! defer accepting a connection until its request comes, as baton does by
 //! default on HTTP listeners; with `0`, none does.
+//! With `--keepalive-rps N`, the keep-alive cell is h2load speaking
+//! HTTP/1.1 (`--h1`, one request at a time on each of 64 connections), each
+//! connection sending N requests a second: keep-alive latency at one
+//! offered load, as `--h2c-rps` gives it for h2c.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -81,17 +85,36 @@ impl Layout {
     }
 }
 
+/// How h2load speaks: h2c with 10 streams a connection, or HTTP/1.1
+/// keep-alive one request at a time (only with an offered rate: wrk
+/// measures keep-alive at its most).
+#[derive(Clone, Copy)]
+enum Speech {
+    H2c,
+    Http1,
+}
+
 /// h2load prints no percentiles: they come from its per-request log
 /// (tab-separated; the third column is the request's time in µs). With
-/// `--h2c-rps N` each of the 64 clients sends N requests a second, not
-/// as many as it can: latency compared at one offered load, below every
-/// proxy's most (at its most, a faster proxy loads the load generator's
-/// core more, and that core's stalls are most of every p99 here).
-fn h2load(url: &str, seconds: u32, cpus: &str) -> Option<Run> {
+/// `--h2c-rps N` (`--keepalive-rps N` for HTTP/1.1) each of the 64
+/// clients sends N requests a second, not as many as it can: latency
+/// compared at one offered load, below every proxy's most (at its most, a
+/// faster proxy loads the load generator's core more, and that core's
+/// stalls are most of every p99 here).
+fn h2load(url: &str, seconds: u32, cpus: &str, speech: Speech) -> Option<Run> {
     let log = tempfile::NamedTempFile::new().ok()?;
     let mut h2load = Command::new("taskset");
-    h2load.args(["-c", cpus, "h2load", "-t2", "-c64", "-m10"]);
-    let rps = support::arg("--h2c-rps", 0u32);
+    h2load.args(["-c", cpus, "h2load", "-t2", "-c64"]);
+    let rps = match speech {
+        Speech::H2c => {
+            h2load.arg("-m10");
+            support::arg("--h2c-rps", 0u32)
+        }
+        Speech::Http1 => {
+            h2load.args(["--h1", "-m1"]);
+            support::arg("--keepalive-rps", 0u32)
+        }
+    };
     if rps > 0 {
         h2load.arg(format!("--rps={rps}"));
     }
@@ -209,12 +232,21 @@ fn measure(kind: Kind, backend: &Backend, mode: Mode, seconds: u32, layout: &Lay
     };
     let url = format!("http://{}/", proxy.addr);
     let cpus = layout.load_cpus;
+    let offered_keepalive = support::arg("--keepalive-rps", 0u32) > 0;
     match mode {
         Mode::Http => vec![
-            observed(&proxy, backend, || wrk(&url, seconds, false, cpus)),
+            observed(&proxy, backend, || {
+                if offered_keepalive {
+                    h2load(&url, seconds, cpus, Speech::Http1)
+                } else {
+                    wrk(&url, seconds, false, cpus)
+                }
+            }),
             observed(&proxy, backend, || wrk(&url, seconds, true, cpus)),
         ],
-        Mode::H2c => vec![observed(&proxy, backend, || h2load(&url, seconds, cpus))],
+        Mode::H2c => vec![observed(&proxy, backend, || {
+            h2load(&url, seconds, cpus, Speech::H2c)
+        })],
         Mode::Tcp | Mode::Https => vec![observed(&proxy, backend, || {
             wrk(&url, seconds, false, cpus)
         })],
@@ -252,7 +284,7 @@ fn main() {
     }
     let backend = support::start_backend(1, layout.backend_cpus);
     println!(
-        "throughput bench: {seconds}s per cell, {rounds} round(s); {}; 3-byte responses{}{}{}",
+        "throughput bench: {seconds}s per cell, {rounds} round(s); {}; 3-byte responses{}{}{}{}",
         layout.describe(),
         match support::arg("--busy-poll", 0u32) {
             0 => String::new(),
@@ -266,6 +298,13 @@ fn main() {
         match support::arg("--h2c-rps", 0u32) {
             0 => String::new(),
             rps => format!("; h2c offered {} req/s (64 clients x {rps})", 64 * rps),
+        },
+        match support::arg("--keepalive-rps", 0u32) {
+            0 => String::new(),
+            rps => format!(
+                "; keep-alive offered {} req/s (h2load --h1, 64 connections x {rps})",
+                64 * rps
+            ),
         }
     );
     let (kinds, missing): (Vec<Kind>, Vec<Kind>) =
