@@ -163,24 +163,53 @@ pub struct Layout {
 /// listeners with `SO_REUSEPORT`: two daemons given the same let-go port
 /// would both bind it and split its connections (a CI run saw a second
 /// test's shards join a listener whose sockets the first test counted).
+/// Also where the next search starts.
 static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
 
+/// Where the daemons' ports come from: below the kernel's ephemeral range
+/// (`ip_local_port_range`), which every bind to port 0 and every outgoing
+/// connection draws from. A port found there and let go until the daemon
+/// binds it could be taken meanwhile by another test's backend or client
+/// connection (a CI run: "cannot bind ...: Address already in use");
+/// below it, only a bind that names the port can take it.
+fn daemon_ports() -> std::ops::Range<u16> {
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    ephemeral_from.saturating_sub(10_000).max(1_024)..ephemeral_from
+}
+
 /// `n` loopback addresses nobody listens on now, all different and none
-/// handed out before in this process: each is held until all are found,
-/// so the kernel cannot hand one out twice.
+/// handed out before in this process, from [`daemon_ports`] (each test
+/// binary starts its search at a place of its own, by pid): each is held
+/// until all are found, so no other search here can take one meanwhile.
 pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
     let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let ports = daemon_ports();
+    let span = u32::from(ports.end - ports.start);
+    let first = match handed.last() {
+        Some(&last) => u32::from(last - ports.start) + 1,
+        None => std::process::id() % span,
+    };
     let mut held = Vec::new();
     let mut found = Vec::with_capacity(n);
-    while found.len() < n {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-        let addr = listener.local_addr().expect("addr");
-        if !handed.contains(&addr.port()) {
-            handed.push(addr.port());
-            found.push(addr);
+    for next in first..first + span {
+        if found.len() == n {
+            break;
         }
+        let port = ports.start + (next % span) as u16;
+        if handed.contains(&port) {
+            continue;
+        }
+        let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) else {
+            continue;
+        };
+        handed.push(port);
+        found.push(SocketAddr::from(([127, 0, 0, 1], port)));
         held.push(listener);
     }
+    assert_eq!(found.len(), n, "free ports in {ports:?}");
     found
 }
 
