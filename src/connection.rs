@@ -89,6 +89,10 @@ impl<F: Future<Output = ()>> Future for Holding<F> {
 }
 
 impl Accept for Connections {
+    fn alongside(&self, task: crate::listener::Alongside) {
+        self.drain.spawn(task);
+    }
+
     fn accepted(&self, stream: TcpStream, peer: SocketAddr, permit: Option<OwnedSemaphorePermit>) {
         self.metrics.accepted.increment(1);
         self.metrics.active.increment(1.0);

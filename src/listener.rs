@@ -17,9 +17,17 @@ use tokio_util::sync::CancellationToken;
 use crate::defer_accept::{set_defer_accept, stop_deferring, DEFERRED_AT_MOST};
 use crate::telemetry::Budget;
 
+/// A task handed to [`Accept::alongside`].
+pub type Alongside = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// What to do with an accepted connection.
 pub trait Accept: Send + Sync + 'static {
     fn accepted(&self, stream: TcpStream, peer: SocketAddr, permit: Option<OwnedSemaphorePermit>);
+
+    /// Runs `task` as the connections are run: waited for by their drain,
+    /// and ended with them if it is forced. What serves an accept queue
+    /// that must wait for fds (see `accept_queued`).
+    fn alongside(&self, task: Alongside);
 }
 
 /// One accept loop over one socket.
@@ -237,7 +245,7 @@ impl Listener {
             if stop_deferring(std::os::fd::AsFd::as_fd(&socket)) {
                 tokio::time::sleep(DEFERRED_AT_MOST).await;
             }
-            accept_queued(&name, &shared.permits, socket, &*handler, nodelay_each);
+            accept_queued(&name, &shared.permits, socket, &handler, nodelay_each);
         }
     }
 }
@@ -248,12 +256,16 @@ const MOST_QUEUED: u64 = 65_536;
 
 /// Accepts every connection already in the kernel's queue, without waiting:
 /// as many as it held when this began, so a flood arriving meanwhile does
-/// not keep this synchronous loop, and its thread, going for good.
+/// not keep this synchronous loop, and its thread, going for good. Out of
+/// fds (a full table at a stop), closing the socket would reset the rest:
+/// they are served as fds free up instead, by a task the drain waits for
+/// (the drain is what frees them, and it begins only once every accept
+/// loop has ended).
 fn accept_queued(
-    name: &str,
+    name: &Arc<str>,
     limit: &Arc<Semaphore>,
     socket: TcpListener,
-    handler: &dyn Accept,
+    handler: &Arc<dyn Accept>,
     nodelay_each: bool,
 ) {
     let std = match socket.into_std() {
@@ -265,8 +277,37 @@ fn accept_queued(
     };
     let queued =
         crate::metrics::kernel::accept_queue(std::os::fd::AsFd::as_fd(&std)).unwrap_or(MOST_QUEUED);
+    let Some(left) = accept_some(name, limit, &std, &**handler, nodelay_each, queued) else {
+        return;
+    };
+    tracing::warn!(listener = %name, left, "no fd free for the accept queue: serving it as the drain frees some");
+    let (name, limit, served_by) = (Arc::clone(name), Arc::clone(limit), Arc::clone(handler));
+    handler.alongside(Box::pin(async move {
+        let mut left = left;
+        loop {
+            tokio::time::sleep(SHORT_BACKOFF).await;
+            match accept_some(&name, &limit, &std, &*served_by, nodelay_each, left) {
+                Some(still) => left = still,
+                None => return,
+            }
+        }
+    }));
+}
+
+/// Accepts up to `count` queued connections from `std` (non-blocking) and
+/// hands them to `handler`; `Some(left)` when an fd ran short with `left`
+/// of them still to take.
+fn accept_some(
+    name: &str,
+    limit: &Arc<Semaphore>,
+    std: &std::net::TcpListener,
+    handler: &dyn Accept,
+    nodelay_each: bool,
+    count: u64,
+) -> Option<u64> {
     let mut served = 0usize;
-    for _ in 0..queued {
+    let mut short = None;
+    for taken in 0..count {
         match std.accept() {
             Ok((stream, peer)) => {
                 let permit = Arc::clone(limit).try_acquire_owned().ok();
@@ -288,6 +329,10 @@ fn accept_queued(
             }
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(err) if is_per_connection(&err) => continue,
+            Err(err) if crate::shortage::is_own(&err) => {
+                short = Some(count - taken);
+                break;
+            }
             Err(err) => {
                 tracing::warn!(listener = %name, cause = %err, "stopped draining accept queue");
                 break;
@@ -297,6 +342,7 @@ fn accept_queued(
     if served > 0 {
         tracing::info!(listener = %name, connections = served, expected = true, "served the accept queue before closing");
     }
+    short
 }
 
 /// Errors about one connection that died in the queue: just go on.
@@ -307,9 +353,14 @@ fn is_per_connection(err: &std::io::Error) -> bool {
     )
 }
 
+/// How long an accept waits after baton ran short (of fds, memory):
+/// long enough for connections to end meanwhile, short enough that a
+/// queue's clients barely notice.
+const SHORT_BACKOFF: Duration = Duration::from_millis(100);
+
 fn backoff(err: &std::io::Error) -> Duration {
     if crate::shortage::is_own(err) {
-        Duration::from_millis(100)
+        SHORT_BACKOFF
     } else if is_per_connection(err) {
         Duration::ZERO
     } else {
@@ -365,6 +416,10 @@ mod tests {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push((nodelay, prompt));
+        }
+
+        fn alongside(&self, task: Alongside) {
+            tokio::spawn(task);
         }
     }
 
@@ -557,6 +612,10 @@ mod tests {
                 made.extend(std::net::TcpStream::connect(self.to));
             }
         }
+
+        fn alongside(&self, task: Alongside) {
+            tokio::spawn(task);
+        }
     }
 
     /// Serving the queue at the last close takes what it held then, not a
@@ -569,17 +628,18 @@ mod tests {
         let queued: Vec<_> = (0..3)
             .map(|_| std::net::TcpStream::connect(to).expect("connect"))
             .collect();
-        let flooding = Flooding {
+        let flooding = Arc::new(Flooding {
             to,
             made: Mutex::new(Vec::new()),
             accepted: Default::default(),
-        };
+        });
         let socket = TcpListener::from_std(socket).expect("tokio listener");
+        let handler: Arc<dyn Accept> = flooding.clone();
         accept_queued(
-            "web",
+            &Arc::from("web"),
             &Arc::new(Semaphore::new(16)),
             socket,
-            &flooding,
+            &handler,
             false,
         );
         assert_eq!(flooding.accepted.load(Ordering::Relaxed), queued.len());

@@ -13,7 +13,7 @@ use tokio::net::UnixStream;
 
 use support::backend::HttpBackend;
 use support::client;
-use support::daemon::{signal, Baton, Spec};
+use support::daemon::{signal, Baton, NoFreeFd, Spec};
 
 async fn serving(baton: &Baton) {
     let a = client::get(baton.addr("web"), "/still")
@@ -572,43 +572,6 @@ async fn an_admin_client_that_never_reads_is_cut_off() {
     }
     serving(&baton).await;
     drop(stalled);
-}
-
-/// Holds `pid`'s soft fd limit at 3 (below every fd it has open, which
-/// stay open), so it can open no new fd, until dropped (`prlimit`,
-/// util-linux's).
-struct NoFreeFd {
-    pid: u32,
-    soft: String,
-}
-
-impl NoFreeFd {
-    fn hold(pid: u32) -> NoFreeFd {
-        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
-        let soft = limits
-            .lines()
-            .find_map(|l| l.strip_prefix("Max open files"))
-            .and_then(|rest| rest.split_whitespace().next())
-            .expect("Max open files")
-            .to_string();
-        set_soft_fd_limit(pid, "3");
-        NoFreeFd { pid, soft }
-    }
-}
-
-impl Drop for NoFreeFd {
-    fn drop(&mut self) {
-        set_soft_fd_limit(self.pid, &self.soft);
-    }
-}
-
-fn set_soft_fd_limit(pid: u32, soft: &str) {
-    let done = std::process::Command::new("prlimit")
-        .arg(format!("--pid={pid}"))
-        .arg(format!("--nofile={soft}:"))
-        .status()
-        .expect("prlimit");
-    assert!(done.success(), "prlimit --nofile={soft}: failed");
 }
 
 /// A backend connect that fails because baton has no fd left is baton's

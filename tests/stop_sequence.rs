@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 use support::backend::HttpBackend;
 use support::client;
-use support::daemon::{signal, wait_exit, Baton, Spec};
+use support::daemon::{signal, wait_exit, Baton, NoFreeFd, Spec};
 use support::raw::{self, RawBackend, Then};
 
 fn spec(shutdown: &str, backend: &HttpBackend, listener_extra: &str) -> Spec {
@@ -106,6 +106,38 @@ async fn a_reload_signal_does_not_cut_the_pre_stop_pause_short() {
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
 }
 
+/// `n` connections to `web`, each with its request (`/queued/I`) sent.
+async fn queue_requests(web: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut queued = Vec::new();
+    for i in 0..n {
+        let mut s = TcpStream::connect(web).await.expect("queued connect");
+        s.write_all(
+            format!("GET /queued/{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("write");
+        queued.push(s);
+    }
+    queued
+}
+
+/// Each of [`queue_requests`]' connections gets its whole answer from
+/// backend "a", none is reset.
+async fn each_served_whole(queued: Vec<TcpStream>) {
+    for (i, mut s) in queued.into_iter().enumerate() {
+        let mut reply = String::new();
+        tokio::time::timeout(support::TIMEOUT, s.read_to_string(&mut reply))
+            .await
+            .expect("in time")
+            .expect("no reset");
+        assert!(reply.starts_with("HTTP/1.1 200"), "queued {i}: {reply:?}");
+        assert!(
+            reply.ends_with(&HttpBackend::body_for("a", &format!("/queued/{i}"))),
+            "{reply:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_connections_are_served_before_the_listener_closes() {
     let backend = HttpBackend::start("a").await;
@@ -126,16 +158,7 @@ async fn queued_connections_are_served_before_the_listener_closes() {
             .status,
         200
     );
-    let mut queued = Vec::new();
-    for i in 0..10 {
-        let mut s = TcpStream::connect(web).await.expect("queued connect");
-        s.write_all(
-            format!("GET /queued/{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .expect("write");
-        queued.push(s);
-    }
+    let queued = queue_requests(web, 10).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         backend.hits.load(Ordering::Relaxed),
@@ -144,20 +167,42 @@ async fn queued_connections_are_served_before_the_listener_closes() {
     );
 
     signal(baton.first_pid, Signal::SIGTERM);
-    for (i, mut s) in queued.into_iter().enumerate() {
-        let mut reply = String::new();
-        tokio::time::timeout(support::TIMEOUT, s.read_to_string(&mut reply))
-            .await
-            .expect("in time")
-            .expect("no reset");
-        assert!(reply.starts_with("HTTP/1.1 200"), "queued {i}: {reply:?}");
-        assert!(
-            reply.ends_with(&HttpBackend::body_for("a", &format!("/queued/{i}"))),
-            "{reply:?}"
-        );
-    }
+    each_served_whole(queued).await;
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
     assert_no_error_lines(&baton);
+}
+
+/// A stop that finds no fd free for its accept queue (a full fd table)
+/// serves the queue as fds free up, within the drain, instead of closing
+/// the socket on it, which resets every client in it. Here the fds come
+/// free when the test lifts the limit, once the drain has begun.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_met_with_no_fd_free_at_the_stop_is_served_as_fds_free_up() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(
+        spec(
+            "pre_stop_delay = \"-1s\"\ndrain_timeout = \"10s\"",
+            &backend,
+            "",
+        )
+        .top("workers = 1"),
+    )
+    .await;
+    let (pid, web) = (baton.first_pid, baton.addr("web"));
+    let held = NoFreeFd::hold(pid);
+    let queued = queue_requests(web, 3).await;
+    support::eventually("the accept loop ran short of fds", || async {
+        baton.log().contains("accept failed; backing off")
+    })
+    .await;
+    signal(pid, Signal::SIGTERM);
+    support::eventually("the doors closed and the drain began", || async {
+        baton.log().contains("drain started")
+    })
+    .await;
+    drop(held);
+    each_served_whole(queued).await;
+    assert_eq!(wait_exit(pid).await, Some(0), "{}", baton.log());
 }
 
 /// A client that connected but has yet to send its request as the stop

@@ -551,6 +551,43 @@ pub async fn wait_exit(pid: u32) -> Option<i32> {
     None
 }
 
+/// Holds `pid`'s soft fd limit at 3 (below every fd it has open, which
+/// stay open), so it can open no new fd, until dropped (`prlimit`,
+/// util-linux's).
+pub struct NoFreeFd {
+    pid: u32,
+    soft: String,
+}
+
+impl NoFreeFd {
+    pub fn hold(pid: u32) -> NoFreeFd {
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+        let soft = limits
+            .lines()
+            .find_map(|l| l.strip_prefix("Max open files"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("Max open files")
+            .to_string();
+        set_soft_fd_limit(pid, "3");
+        NoFreeFd { pid, soft }
+    }
+}
+
+impl Drop for NoFreeFd {
+    fn drop(&mut self) {
+        set_soft_fd_limit(self.pid, &self.soft);
+    }
+}
+
+fn set_soft_fd_limit(pid: u32, soft: &str) {
+    let done = std::process::Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={soft}:"))
+        .status()
+        .expect("prlimit");
+    assert!(done.success(), "prlimit --nofile={soft}: failed");
+}
+
 /// `pid`'s resident memory in KiB, as `/proc/PID/status` says (0 if gone).
 pub fn rss_kib(pid: u32) -> u64 {
     status_number(pid, "VmRSS")
