@@ -26,7 +26,8 @@ pub trait Accept: Send + Sync + 'static {
 
     /// Runs `task` as the connections are run: waited for by their drain,
     /// and ended with them if it is forced. What serves an accept queue
-    /// that must wait for fds (see `accept_queued`).
+    /// that must wait for fds (see `accept_queued`), counted as one open
+    /// connection meanwhile (it stands for at least one).
     fn alongside(&self, task: Alongside);
 }
 
@@ -281,6 +282,14 @@ fn accept_queued(
         return;
     };
     tracing::warn!(listener = %name, left, "no fd free for the accept queue: serving it as the drain frees some");
+    // The socket stays open meanwhile, the other shards closed: new
+    // connections would join its queue, only to be reset when it closes
+    // past them. With the backlog at its least, the full queue takes no
+    // more (their SYNs go unanswered, and are refused once it closes),
+    // and what it holds stays.
+    if let Err(err) = socket2::SockRef::from(&std).listen(0) {
+        tracing::debug!(listener = %name, cause = %err, "cannot shrink the backlog of a queue waiting for fds");
+    }
     let (name, limit, served_by) = (Arc::clone(name), Arc::clone(limit), Arc::clone(handler));
     handler.alongside(Box::pin(async move {
         let mut left = left;

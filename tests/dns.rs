@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 use support::backend::HttpBackend;
 use support::client;
-use support::daemon::{Baton, Spec};
+use support::daemon::{signal, wait_exit, Baton, Notifications, Spec};
 use support::dns::{DnsServer, Mode, SrvRecord};
 use support::load::{Load, Targets};
 use support::raw::{ok as raw_ok, RawBackend, Seen, Then};
@@ -397,6 +397,43 @@ async fn a_first_start_waits_for_an_srv_answer_whose_targets_are_asked_apart() {
         !baton.log().contains("no DNS answer at start"),
         "{}",
         baton.log()
+    );
+}
+
+/// A stop signal while a first start waits for its first DNS answers (25 s
+/// away here, within the lookup's bound, past `wait_exit`'s) ends the
+/// wait: the generation stops at once, exits 0, and never tells systemd
+/// it is ready (its first health round had nothing to check, so it used
+/// to say `READY=1` just before `STOPPING=1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_the_first_dns_answers_are_awaited_ends_the_start_unready() {
+    let dns = DnsServer::start().await;
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    dns.set_delay(Duration::from_secs(25));
+    let spec = named_spec_waiting("60s", "30s", &dns, 8080, "");
+    let notifications = Notifications::listen();
+    let baton = Baton::spawn_under(spec, &[], &["env", &notifications.env]);
+    support::eventually("the first lookup is under way", || async {
+        dns.queries() > 0
+    })
+    .await;
+    signal(baton.first_pid, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0), "{}", baton.log());
+    assert!(
+        baton
+            .log()
+            .contains("stop signal during start-up: not waiting for the first DNS answers"),
+        "{}",
+        baton.log()
+    );
+    let said = notifications.said().await;
+    assert!(
+        said.iter().any(|s| s.contains("STOPPING=1")),
+        "no STOPPING=1 in {said:?}"
+    );
+    assert!(
+        said.iter().all(|s| !s.contains("READY=1")),
+        "never ready, never said so: {said:?}"
     );
 }
 

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 use support::backend::HttpBackend;
 use support::client;
-use support::daemon::{signal, wait_exit, Baton, NoFreeFd, Spec};
+use support::daemon::{signal, wait_exit, Baton, NoFreeFd, Notifications, Spec};
 use support::raw::{self, RawBackend, Then};
 
 fn spec(shutdown: &str, backend: &HttpBackend, listener_extra: &str) -> Spec {
@@ -175,7 +175,8 @@ async fn queued_connections_are_served_before_the_listener_closes() {
 /// A stop that finds no fd free for its accept queue (a full fd table)
 /// serves the queue as fds free up, within the drain, instead of closing
 /// the socket on it, which resets every client in it. Here the fds come
-/// free when the test lifts the limit, once the drain has begun.
+/// free when the test lifts the limit, once the drain has begun. A client
+/// that connects meanwhile is refused, as after any stop's doors close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_met_with_no_fd_free_at_the_stop_is_served_as_fds_free_up() {
     let backend = HttpBackend::start("a").await;
@@ -200,9 +201,23 @@ async fn a_queue_met_with_no_fd_free_at_the_stop_is_served_as_fds_free_up() {
         baton.log().contains("drain started")
     })
     .await;
+    // Arriving now, past the doors, it joins no queue (whose socket stays
+    // open for the wait): refused once the socket closes, where joining
+    // the queue beyond what is served would have it reset.
+    let late = tokio::spawn(TcpStream::connect(web));
+    tokio::time::sleep(Duration::from_millis(200)).await;
     drop(held);
     each_served_whole(queued).await;
     assert_eq!(wait_exit(pid).await, Some(0), "{}", baton.log());
+    let refused = tokio::time::timeout(support::TIMEOUT, late)
+        .await
+        .expect("in time")
+        .expect("join")
+        .map(|_| "connected");
+    assert_eq!(
+        refused.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionRefused)
+    );
 }
 
 /// A client that connected but has yet to send its request as the stop
@@ -898,12 +913,7 @@ async fn a_drain_says_how_many_idle_connections_it_closed() {
 /// notifications go to a socket of the test's own, as systemd's would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_before_the_first_health_round_ends_is_never_followed_by_ready() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("notify.sock");
-    let notify = std::os::unix::net::UnixDatagram::bind(&path).expect("notify socket");
-    notify
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .expect("read timeout");
+    let notifications = Notifications::listen();
     // Its queue takes the check's connection and nobody answers: the first
     // round lasts the check's timeout (3 s), past the 1 s a start waits for
     // it (half of `ready_timeout`) and into the pre-stop pause (4 s).
@@ -919,30 +929,14 @@ async fn a_stop_before_the_first_health_round_ends_is_never_followed_by_ready() 
             "health = { kind = \"http\", path = \"/health\", interval = \"30s\", timeout = \"3s\", rise = 1, fall = 1 }",
             &[(silent.local_addr().expect("addr"), 1)],
         );
-    let socket = format!("NOTIFY_SOCKET={}", path.display());
-    let baton = Baton::spawn_under(spec, &[], &["env", &socket]);
+    let baton = Baton::spawn_under(spec, &[], &["env", &notifications.env]);
     support::eventually("serving, the first health round still running", || async {
         baton.log().contains("waiting for the first health round")
     })
     .await;
-    // Read as they come (a datagram queue holds only a few).
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reading = std::sync::Arc::clone(&done);
-    let reader = tokio::task::spawn_blocking(move || {
-        let mut said = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            match notify.recv(&mut buf) {
-                Ok(n) => said.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
-                Err(_) if reading.load(Ordering::SeqCst) => return said,
-                Err(_) => {}
-            }
-        }
-    });
     signal(baton.first_pid, Signal::SIGTERM);
     let code = wait_exit(baton.first_pid).await;
-    done.store(true, Ordering::SeqCst);
-    let said = reader.await.expect("join");
+    let said = notifications.said().await;
     assert_eq!(code, Some(0), "log:\n{}", baton.log());
     let stopping = said
         .iter()
@@ -966,7 +960,8 @@ async fn a_stop_before_the_first_health_round_ends_is_never_followed_by_ready() 
 /// queued meanwhile (its sockets listen from the start) and exits 0
 /// without the pre-stop pause. It used to wait out the round and then
 /// the pause, 30 s each here: a minute, past this config's
-/// `TimeoutStopSec` (45 s), after which systemd kills it.
+/// `TimeoutStopSec` (45 s), after which systemd kills it. Nor does it say
+/// `READY=1` on its way out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_during_a_first_start_waits_for_neither_its_backends_nor_the_pause() {
     let backend = HttpBackend::start("a").await;
@@ -984,7 +979,8 @@ async fn a_stop_during_a_first_start_waits_for_neither_its_backends_nor_the_paus
             "health = { kind = \"http\", path = \"/health\", interval = \"30s\", timeout = \"30s\", rise = 1, fall = 1 }",
             &[(silent.local_addr().expect("addr"), 1)],
         );
-    let baton = Baton::spawn(spec, &[]);
+    let notifications = Notifications::listen();
+    let baton = Baton::spawn_under(spec, &[], &["env", &notifications.env]);
     let (_check, _) = tokio::time::timeout(support::TIMEOUT, silent.accept())
         .await
         .expect("the first health round began")
@@ -1017,9 +1013,18 @@ async fn a_stop_during_a_first_start_waits_for_neither_its_backends_nor_the_paus
     assert!(
         baton
             .log()
-            .contains("stop signal during start-up: not waiting for the backends"),
+            .contains("stop signal during start-up: not waiting for the first health round"),
         "{}",
         baton.log()
+    );
+    let said = notifications.said().await;
+    assert!(
+        said.iter().any(|s| s.contains("STOPPING=1")),
+        "no STOPPING=1 in {said:?}"
+    );
+    assert!(
+        said.iter().all(|s| !s.contains("READY=1")),
+        "never ready, never said so: {said:?}"
     );
 }
 

@@ -4,6 +4,7 @@
 //! at teardown or when a member resolved from DNS leaves its pool. An `http` check GETs `path` (2xx/3xx is healthy); a `tcp`
 //! check connects.
 
+use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,11 +93,14 @@ async fn ask(config: &HealthConfig, host: &str, mut stream: BackendStream) -> Re
 
 /// Runs one check of every checked backend at once, so a start-up or a
 /// takeover knows the health of each before it serves; waits `within` at
-/// most. A check that takes longer (a backend that accepts and hangs,
-/// under a long `health.timeout`) goes on and records its result when it
-/// ends: waiting for it made a reload during such an outage overrun
-/// `reload.ready_timeout` and fail, where DESIGN says it must work.
-pub async fn first_round(pools: &[Arc<Pool>], within: Duration) {
+/// most, and no longer once `cut` resolves (a stop during a first start).
+/// A check that takes longer (a backend that accepts and hangs, under a
+/// long `health.timeout`) goes on and records its result when it ends:
+/// waiting for it made a reload during such an outage overrun
+/// `reload.ready_timeout` and fail, where DESIGN says it must work; and a
+/// stop that ended the wait still serves what queued, with the verdicts
+/// of the checks that answer meanwhile.
+pub async fn first_round(pools: &[Arc<Pool>], within: Duration, cut: impl Future<Output = ()>) {
     let mut checks = tokio::task::JoinSet::new();
     for pool in pools {
         let Some(config) = pool.health.clone() else {
@@ -113,18 +117,30 @@ pub async fn first_round(pools: &[Arc<Pool>], within: Duration) {
             });
         }
     }
-    let all_in = tokio::time::timeout(within, async {
-        while checks.join_next().await.is_some() {}
-    })
-    .await;
-    if all_in.is_err() {
-        tracing::warn!(
+    let all_in = async { while checks.join_next().await.is_some() {} };
+    let ended = tokio::select! {
+        waited = tokio::time::timeout(within, all_in) => waited.map_err(|_| RoundCut::Budget),
+        () = cut => Err(RoundCut::Stop),
+    };
+    match ended {
+        Ok(()) => return,
+        Err(RoundCut::Budget) => tracing::warn!(
             waited = ?within,
             running = checks.len(),
             "first health round not over within its budget (half of reload.ready_timeout, less in a reload that raised it): going on with the verdicts carried over; the checks still running record theirs when they end"
-        );
-        checks.detach_all();
+        ),
+        Err(RoundCut::Stop) => tracing::info!(
+            running = checks.len(),
+            "stop signal during start-up: not waiting for the first health round; the checks still running record theirs when they end"
+        ),
     }
+    checks.detach_all();
+}
+
+/// Why the first round was not waited for to its end.
+enum RoundCut {
+    Budget,
+    Stop,
 }
 
 /// Starts the periodic checks, and the sweep of idle backend connections;

@@ -62,7 +62,11 @@ impl Generation {
     /// says whether pools are healthy). Returns the fd store update a
     /// takeover sends again once the old generation has exited.
     pub(super) fn became_active(&mut self, takeover: bool) -> Option<FdStoreUpdate> {
-        let _ = self.phase.send(Phase::Active);
+        // A first start a stop caught is never said to be ready (nor is
+        // `/readyz` 200 for a moment): it serves what queued and stops.
+        if !self.caught_starting {
+            let _ = self.phase.send(Phase::Active);
+        }
         if takeover {
             metrics::took_over();
         }
@@ -97,6 +101,9 @@ impl Generation {
         if takeover {
             systemd::ready(&status);
             return fd_store;
+        }
+        if self.caught_starting {
+            return None;
         }
         let first_round_done = |pools: &[Arc<Pool>]| pools.iter().all(|p| p.first_round_done());
         if first_round_done(&self.pools) {

@@ -74,8 +74,8 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     // they come drained too.
     carry_names(&pools, &carried_backends);
     if let Some(resolver) = &resolver {
-        let lookups = crate::resolve::refresh::first_members(&pools, resolver, &resolved);
-        unless_stopped(stop.as_ref(), "the first DNS answers", lookups).await;
+        let cut = stopped(stop.as_ref());
+        crate::resolve::refresh::first_members(&pools, resolver, &resolved, cut).await;
     }
     carry_over(&pools, &carried_backends);
     let ticketer = Arc::new(crate::tls::tickets::Ticketer::new(
@@ -154,8 +154,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         }
         None => half,
     };
-    let first_round = probe::first_round(&pools, round);
-    unless_stopped(stop.as_ref(), "the first health round", first_round).await;
+    probe::first_round(&pools, round, stopped(stop.as_ref())).await;
     let adopted = inventory.taken();
     let renamed = inventory.renamed();
     let mut unclaimed = inventory.unclaimed();
@@ -207,23 +206,15 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     })
 }
 
-/// Runs `step`, one of a start's waits on its backends, to its end, or
-/// until `stop` (a first start's: see `Commands::stop_signal`) is
-/// cancelled. A generation stopped before it was ever ready serves what
-/// queued meanwhile and exits; its backends' first answers would change
-/// nothing, and the wait would come out of the stop's time (systemd's
-/// `TimeoutStopSec` counts from the signal).
-async fn unless_stopped(
-    stop: Option<&CancellationToken>,
-    what: &'static str,
-    step: impl std::future::Future<Output = ()>,
-) {
-    let Some(stop) = stop else {
-        return step.await;
-    };
-    tokio::select! {
-        () = step => {}
-        () = stop.cancelled() => tracing::info!(skipped = what, "stop signal during start-up: not waiting for the backends"),
+/// Resolves once `stop` (a first start's: see `Commands::stop_signal`)
+/// is cancelled; never without one. What ends a start's waits on its
+/// backends early: a generation stopped before it was ever ready serves
+/// what queued meanwhile and exits, and the wait would come out of the
+/// stop's time (systemd's `TimeoutStopSec` counts from the signal).
+async fn stopped(stop: Option<&CancellationToken>) {
+    match stop {
+        Some(stop) => stop.cancelled().await,
+        None => std::future::pending().await,
     }
 }
 

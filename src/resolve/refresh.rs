@@ -35,7 +35,14 @@ pub fn resolver_for(config: &crate::config::Config) -> Result<Option<Resolver>, 
 /// is down starts full), else one resolution now, bounded by the time its
 /// queries in turn may take (`Resolver::answer_within`; DNS down at a
 /// first start leaves the name empty, and the rest of the config serves).
-pub async fn first_members(pools: &[Arc<Pool>], resolver: &Resolver, carried: &[ResolvedCarry]) {
+/// Not waited for past `cut` (a stop during a first start): the lookups
+/// go on, and their answers apply when they come.
+pub async fn first_members(
+    pools: &[Arc<Pool>],
+    resolver: &Resolver,
+    carried: &[ResolvedCarry],
+    cut: impl std::future::Future<Output = ()>,
+) {
     let mut lookups = tokio::task::JoinSet::new();
     for pool in pools {
         for named in &pool.named {
@@ -80,7 +87,18 @@ pub async fn first_members(pools: &[Arc<Pool>], resolver: &Resolver, carried: &[
             }
         }
     }
-    while lookups.join_next().await.is_some() {}
+    let all_in = async { while lookups.join_next().await.is_some() {} };
+    let stopped = tokio::select! {
+        () = all_in => false,
+        () = cut => true,
+    };
+    if stopped {
+        tracing::info!(
+            running = lookups.len(),
+            "stop signal during start-up: not waiting for the first DNS answers; those still to come apply when they do"
+        );
+        lookups.detach_all();
+    }
 }
 
 /// Starts re-resolving every named backend; stops when `stop` is cancelled.

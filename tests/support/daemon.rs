@@ -588,6 +588,67 @@ fn set_soft_fd_limit(pid: u32, soft: &str) {
     assert!(done.success(), "prlimit --nofile={soft}: failed");
 }
 
+/// What a daemon tells systemd, on a notify socket of the test's own, as
+/// systemd's would be.
+pub struct Notifications {
+    /// The daemon's `NOTIFY_SOCKET=...`.
+    pub env: String,
+    _dir: tempfile::TempDir,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    reader: Option<tokio::task::JoinHandle<Vec<String>>>,
+}
+
+impl Notifications {
+    /// Binds the socket and reads what comes as it comes (a datagram
+    /// queue holds only a few).
+    pub fn listen() -> Notifications {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("notify.sock");
+        let notify = std::os::unix::net::UnixDatagram::bind(&path).expect("notify socket");
+        notify
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("read timeout");
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reading = std::sync::Arc::clone(&done);
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut said = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                match notify.recv(&mut buf) {
+                    Ok(n) => said.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                    Err(_) if reading.load(std::sync::atomic::Ordering::SeqCst) => return said,
+                    Err(_) => {}
+                }
+            }
+        });
+        Notifications {
+            env: format!("NOTIFY_SOCKET={}", path.display()),
+            _dir: dir,
+            done,
+            reader: Some(reader),
+        }
+    }
+
+    /// Every message said, once the daemon is gone.
+    pub async fn said(mut self) -> Vec<String> {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        match self.reader.take() {
+            Some(reader) => reader.await.expect("join"),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// The reader ends with it, or a test that failed before [`said`] would
+/// hang in its runtime's shutdown, which waits for blocking tasks.
+///
+/// [`said`]: Notifications::said
+impl Drop for Notifications {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// `pid`'s resident memory in KiB, as `/proc/PID/status` says (0 if gone).
 pub fn rss_kib(pid: u32) -> u64 {
     status_number(pid, "VmRSS")
