@@ -1017,15 +1017,7 @@ async fn a_stop_during_a_first_start_waits_for_neither_its_backends_nor_the_paus
         "{}",
         baton.log()
     );
-    let said = notifications.said().await;
-    assert!(
-        said.iter().any(|s| s.contains("STOPPING=1")),
-        "no STOPPING=1 in {said:?}"
-    );
-    assert!(
-        said.iter().all(|s| !s.contains("READY=1")),
-        "never ready, never said so: {said:?}"
-    );
+    notifications.stopping_never_ready().await;
 }
 
 /// A stop whose access log cannot be written out (a FIFO nobody reads, as

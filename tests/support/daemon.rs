@@ -629,6 +629,20 @@ impl Notifications {
         }
     }
 
+    /// Asserts, once the daemon is gone, that it said it was stopping
+    /// and never that it was ready.
+    pub async fn stopping_never_ready(self) {
+        let said = self.said().await;
+        assert!(
+            said.iter().any(|s| s.contains("STOPPING=1")),
+            "no STOPPING=1 in {said:?}"
+        );
+        assert!(
+            said.iter().all(|s| !s.contains("READY=1")),
+            "never ready, never said so: {said:?}"
+        );
+    }
+
     /// Every message said, once the daemon is gone.
     pub async fn said(mut self) -> Vec<String> {
         self.done.store(true, std::sync::atomic::Ordering::SeqCst);
