@@ -118,7 +118,10 @@ pub async fn first_round(pools: &[Arc<Pool>], within: Duration, cut: impl Future
         }
     }
     let all_in = async { while checks.join_next().await.is_some() {} };
+    // In this order: a round with nothing (left) to wait for is over,
+    // whatever came meanwhile.
     let ended = tokio::select! {
+        biased;
         waited = tokio::time::timeout(within, all_in) => waited.map_err(|_| RoundCut::Budget),
         () = cut => Err(RoundCut::Stop),
     };

@@ -88,7 +88,9 @@ pub async fn first_members(
         }
     }
     let all_in = async { while lookups.join_next().await.is_some() {} };
+    // In this order: lookups all answered are waited for no longer.
     let stopped = tokio::select! {
+        biased;
         () = all_in => false,
         () = cut => true,
     };
