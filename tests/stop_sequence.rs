@@ -985,24 +985,10 @@ async fn a_stop_during_a_first_start_waits_for_neither_its_backends_nor_the_paus
         .await
         .expect("the first health round began")
         .expect("accept");
-    let mut queued = TcpStream::connect(baton.addr("web"))
-        .await
-        .expect("the listener listens during the start");
-    queued
-        .write_all(b"GET /queued HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("write");
+    // Its sockets listen from the start: the request waits in the queue.
+    let queued = queue_requests(baton.addr("web"), 1).await;
     signal(baton.first_pid, Signal::SIGTERM);
-    let mut reply = String::new();
-    tokio::time::timeout(support::TIMEOUT, queued.read_to_string(&mut reply))
-        .await
-        .expect("in time")
-        .expect("no reset");
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
-    assert!(
-        reply.ends_with(&HttpBackend::body_for("a", "/queued")),
-        "{reply:?}"
-    );
+    each_served_whole(queued).await;
     assert_eq!(
         wait_exit(baton.first_pid).await,
         Some(0),
