@@ -27,7 +27,7 @@ fn the_shipped_example_config_is_valid() {
         "admin.liveness_paths    /healthz",
         "admin.token_file        none",
         "listener web timeouts: header 10s, idle 1m, keepalive_drain_grace 1s, connect 2s, response 1m, tunnel 1h",
-        "listener web forwarded replace, h2_max_concurrent_streams 100",
+        "listener web forwarded replace, h2_max_concurrent_streams 100, body_min_rate none",
         "listener web route path_prefix /slow -> pool slowpool",
         "pool slowpool balance least_conn, max_connections_per_backend none",
         "pool pg health none (backends taken as up)",
@@ -42,7 +42,7 @@ fn check_lists_every_problem_with_its_key_and_exits_78() {
     let path = dir.path().join("bad.toml");
     std::fs::write(
         &path,
-        "workers = 300\n[[listeners]]\nname = \"web\"\nbind = \"nowhere\"\npool = \"ap\"\n\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+        "workers = 300\n[[listeners]]\nname = \"web\"\nbind = \"nowhere\"\npool = \"ap\"\n\n[[listeners]]\nname = \"db\"\nbind = \"127.0.0.1:1\"\nprotocol = \"tcp\"\npool = \"app\"\nbody_min_rate = -1\n\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
     )
     .expect("write");
     let (code, _, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
@@ -55,6 +55,14 @@ fn check_lists_every_problem_with_its_key_and_exits_78() {
     );
     assert!(
         stderr.contains("listeners[0].pool: no pool named \"ap\"; did you mean \"app\"?"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("listeners[1].body_min_rate: body_min_rate needs protocol = \"http\""),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("listeners[1].body_min_rate: -1 is out of range (0 to 1073741824)"),
         "{stderr}"
     );
 }

@@ -8,7 +8,7 @@ mod support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use support::backend::HttpBackend;
@@ -27,7 +27,7 @@ async fn baton_with(backend: &HttpBackend, listener_keys: &str) -> Baton {
 }
 
 /// Reads a response head; returns it and any body bytes read past it.
-async fn read_head(s: &mut TcpStream) -> (String, Vec<u8>) {
+async fn read_head<R: AsyncRead + Unpin>(s: &mut R) -> (String, Vec<u8>) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -113,6 +113,74 @@ async fn a_slow_upload_outlives_the_header_timeout() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(backend.uploads.last_bytes.load(Ordering::Relaxed), 25);
     assert!(String::from_utf8_lossy(&body).contains("received 25") || body.is_empty());
+}
+
+/// A body that trickles, never idle for long but below `body_min_rate`,
+/// is cut with a 408 once it falls behind (a second for every `rate` bytes
+/// after a first `header_timeout`), and its backend connection is let go:
+/// a slow POST holds no backend for as long as it likes. The same
+/// backend, at its cap of one connection, then serves a body that keeps
+/// the pace with time to spare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_behind_body_min_rate_is_a_408_that_frees_its_backend() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener(
+            "web",
+            "http",
+            "app",
+            "header_timeout = \"1s\"\nbody_min_rate = 100",
+        )
+        .pool_with(
+            "app",
+            "max_connections_per_backend = 1\nqueue_timeout = \"30s\"",
+            &[(backend.addr, 1)],
+        );
+    let baton = Baton::start(spec).await;
+    let (mut slow_r, mut slow_w) = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect")
+        .into_split();
+    slow_w
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        .await
+        .expect("head");
+    // 10 bytes every 200 ms, 50 a second: behind from about 2 s in
+    // (1 s + 50t/100 < t); the whole body would take 20 s.
+    let trickle = async {
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if slow_w.write_all(&[b'u'; 10]).await.is_err() {
+                break;
+            }
+        }
+        std::future::pending::<()>().await;
+    };
+    let head = tokio::select! {
+        (head, _) = read_head(&mut slow_r) => head,
+        () = trickle => unreachable!(),
+    };
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    support::eventually("the backend's upload cut", || async {
+        backend.uploads.failed.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    assert_eq!(backend.uploads.completed.load(Ordering::Relaxed), 0);
+    // 300 bytes at 500 a second: held to 1 s + 3 s, it takes 0.6 s.
+    let mut paced = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    paced
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 300\r\n\r\n")
+        .await
+        .expect("head");
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        paced.write_all(&[b'p'; 10]).await.expect("a body part");
+    }
+    let (head, _) = read_head(&mut paced).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(backend.uploads.last_bytes.load(Ordering::Relaxed), 300);
 }
 
 /// A CRLF after a POST's body (some old clients send one; RFC 9112 §2.2

@@ -541,3 +541,54 @@ async fn a_backend_that_takes_no_upload_is_a_504_at_response_timeout() {
     assert_eq!(&reply, b"HTTP/1.1 504");
     assert!(took < Duration::from_secs(8), "504 after {took:?}");
 }
+
+/// The time an upload waits on its backend is not the client's: a body
+/// sent at up to 30 MB/s whenever it can be (64 KiB, then a 2 ms pause), but
+/// held 3 s by a backend that took none of it at first, is not behind an
+/// 8 MB/s `body_min_rate` with a grace of 1 s (counted, that wait would
+/// put it behind at 1.25 s, and its next pause would end it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_time_an_upload_waits_on_its_backend_is_not_held_against_its_pace() {
+    let addr = support::raw::slow_to_read_the_body(Duration::from_secs(3)).await;
+    let spec = Spec::new()
+        .top("workers = 1")
+        .listener(
+            "web",
+            "http",
+            "app",
+            "header_timeout = \"1s\"\nbody_min_rate = 8388608",
+        )
+        .pool("app", &[addr]);
+    let baton = Baton::start(spec).await;
+    let stream = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    stream.set_nodelay(true).expect("TCP_NODELAY");
+    let (mut read, mut write) = stream.into_split();
+    let uploading = tokio::spawn(async move {
+        let head = "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 16777216\r\n\r\n";
+        write.write_all(head.as_bytes()).await.expect("head");
+        let chunk = vec![b'x'; 64 * 1024];
+        for _ in 0..256 {
+            write.write_all(&chunk).await.expect("a body part");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        write
+    });
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !reply.ends_with(b"\r\n\r\nok") {
+        let n = tokio::time::timeout(support::TIMEOUT, read.read(&mut buf))
+            .await
+            .expect("an answer in time")
+            .expect("read");
+        assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(&reply));
+        reply.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        reply.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    uploading.await.expect("the whole body went up");
+}

@@ -547,12 +547,16 @@ async fn a_backend_that_takes_no_upload_is_a_504_not_the_client_s_408() {
     );
 }
 
-/// Once the response is under way no exchange watch runs any more, yet a
-/// request body that stops arriving for `idle_timeout` still ends the
-/// stream (as it ends an HTTP/1 exchange), instead of holding its backend
-/// connection for as long as the client keeps the connection alive.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
+/// Baton (listener `keys`, and a JSON access log) in front of a backend
+/// that answers at once, a chunked `hello`, and then holds the connection:
+/// a POST whose body `rx` feeds gets that head and first chunk while it
+/// still uploads; then its stream must be reset within `within`, and the
+/// access log lay it on the client (`cD`), not the backend.
+async fn reset_after_the_response_began(
+    keys: &str,
+    rx: mpsc::Receiver<Frame<Bytes>>,
+    within: std::time::Duration,
+) {
     let backend = RawBackend::start(|_| {
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n".to_vec(),
@@ -563,7 +567,7 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("access.log");
     let keys = format!(
-        "idle_timeout = \"1s\"\naccess_log = {{ path = \"{}\", format = \"json\" }}",
+        "{keys}\naccess_log = {{ path = \"{}\", format = \"json\" }}",
         log.display()
     );
     let spec = Spec::new()
@@ -572,10 +576,6 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
     let mut sender = h2(web).await;
-    let (tx, rx) = mpsc::channel(4);
-    tx.send(Frame::data(Bytes::from_static(b"part")))
-        .await
-        .expect("fed");
     let resp = tokio::time::timeout(
         support::TIMEOUT,
         sender.send_request(request("POST", web, "/", Fed(rx).boxed())),
@@ -587,22 +587,36 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
     let mut body = resp.into_body();
     let first = body.frame().await.expect("a frame").expect("data");
     assert_eq!(first.data_ref().map(|d| d.as_ref()), Some(&b"hello"[..]));
-    // The client says no more and keeps its body open (tx is held).
-    let ended = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame())
+    let ended = tokio::time::timeout(within, body.frame())
         .await
-        .expect("the stream ends within a few idle_timeouts");
+        .expect("the stream ends in time");
     assert!(
         matches!(ended, Some(Err(_))),
         "reset, not a clean end: {ended:?}"
     );
-    drop(tx);
-    // The client's pause, logged as such: not the backend's failure.
     support::eventually("the stream's access-log line", || async {
         std::fs::read_to_string(&log).is_ok_and(|t| !t.is_empty())
     })
     .await;
     let line = std::fs::read_to_string(&log).expect("access log");
     assert!(line.contains("\"termination\":\"cD\""), "{line}");
+}
+
+/// Once the response is under way no exchange watch runs any more, yet a
+/// request body that stops arriving for `idle_timeout` still ends the
+/// stream (as it ends an HTTP/1 exchange), instead of holding its backend
+/// connection for as long as the client keeps the connection alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(Frame::data(Bytes::from_static(b"part")))
+        .await
+        .expect("fed");
+    // The client says no more and keeps its body open (tx is held): reset
+    // within a few idle_timeouts.
+    let within = std::time::Duration::from_secs(5);
+    reset_after_the_response_began("idle_timeout = \"1s\"", rx, within).await;
+    drop(tx);
 }
 
 /// A backend silent mid-body (head and five bytes of a hundred, then
@@ -631,4 +645,119 @@ async fn a_backend_silent_mid_body_resets_the_stream_after_response_timeout() {
         ),
         "{metrics}"
     );
+}
+
+/// Feeds `tx` 10 bytes every 200 ms (50 a second) until the stream ends.
+fn trickle(tx: mpsc::Sender<Frame<Bytes>>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for _ in 0..100 {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            if tx
+                .send(Frame::data(Bytes::from_static(b"uuuuuuuuuu")))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    })
+}
+
+/// An h2 body below `body_min_rate` (50 bytes a second against 100, after
+/// a first `header_timeout` of 1 s) gets a 408 once it falls behind,
+/// before any response head (the backend reads the whole body first),
+/// and the backend's upload is cut rather than held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_body_behind_body_min_rate_is_a_408() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener(
+            "web",
+            "http",
+            "app",
+            "header_timeout = \"1s\"\nbody_min_rate = 100",
+        )
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (tx, rx) = mpsc::channel(1);
+    let feeding = trickle(tx);
+    let (status, body, _) = send(
+        &mut sender,
+        request("POST", web, "/upload", Fed(rx).boxed()),
+    )
+    .await;
+    assert!(
+        !feeding.is_finished(),
+        "the whole body went up at 50 bytes a second"
+    );
+    feeding.abort();
+    assert_eq!(status, 408, "{body}");
+    assert!(body.contains("408"), "{body}");
+    support::eventually("the backend's upload cut", || async {
+        backend
+            .uploads
+            .failed
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
+    })
+    .await;
+}
+
+/// The same pace once the response is under way: the stream is reset,
+/// and the access log lays it on the client (`cD`), not the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_body_behind_body_min_rate_after_the_response_began_resets_the_stream() {
+    let (tx, rx) = mpsc::channel(1);
+    let feeding = trickle(tx);
+    let keys = "header_timeout = \"1s\"\nbody_min_rate = 100";
+    reset_after_the_response_began(keys, rx, support::TIMEOUT).await;
+    assert!(
+        !feeding.is_finished(),
+        "the whole body went up at 50 bytes a second"
+    );
+    feeding.abort();
+}
+
+/// The time an upload waits on its backend is not the client's: a body
+/// sent at full speed whenever it can be, but held 3 s by a backend that
+/// took none of it at first, is not behind an 8 MB/s `body_min_rate` with
+/// a grace of 1 s (counted, that wait would put it behind at 1.25 s). The
+/// client sends with `TCP_NODELAY`, as curl and browsers do: with Nagle's
+/// algorithm each of its 16 KiB frames waited for baton's delayed ACK, a
+/// pace of 1.6 MB/s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_time_an_h2_upload_waits_on_its_backend_is_not_held_against_its_pace() {
+    let addr = support::raw::slow_to_read_the_body(std::time::Duration::from_secs(3)).await;
+    let spec = Spec::new()
+        .top("workers = 1")
+        .listener(
+            "web",
+            "http",
+            "app",
+            "header_timeout = \"1s\"\nbody_min_rate = 8388608",
+        )
+        .pool("app", &[addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let stream = tokio::net::TcpStream::connect(web).await.expect("connect");
+    stream.set_nodelay(true).expect("TCP_NODELAY");
+    let mut sender = client::h2_over(stream).await.expect("h2 handshake");
+    let (tx, rx) = mpsc::channel(1);
+    let chunks = 256;
+    let feeding = tokio::spawn(async move {
+        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+        for _ in 0..chunks {
+            if tx.send(Frame::data(chunk.clone())).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut req = request("POST", web, "/", Fed(rx).boxed());
+    req.headers_mut()
+        .insert("content-length", (chunks * 64 * 1024).into());
+    let (status, body, _) = send(&mut sender, req).await;
+    feeding.abort();
+    assert_eq!((status, body.as_str()), (200, "ok"));
 }

@@ -185,8 +185,12 @@ fn print_listener_settings(l: &ListenerConfig, pools: &[PoolConfig]) {
         Forwarded::Append => "append",
         Forwarded::Off => "off",
     };
+    let body_min_rate = match l.body_min_rate {
+        0 => "none".to_string(),
+        rate => format!("{rate} B/s"),
+    };
     println!(
-        "listener {} forwarded {forwarded}, h2_max_concurrent_streams {}",
+        "listener {} forwarded {forwarded}, h2_max_concurrent_streams {}, body_min_rate {body_min_rate}",
         l.name, l.h2_max_concurrent_streams
     );
     for r in &l.routes {

@@ -130,6 +130,7 @@ pub struct ListenerFile {
     pub connect_timeout: Option<DurationValue>,
     pub response_timeout: Option<DurationValue>,
     pub tunnel_timeout: Option<DurationValue>,
+    pub body_min_rate: Option<i64>,
     pub forwarded: Option<String>,
     pub h2_max_concurrent_streams: Option<i64>,
     pub tls: Option<TlsFile>,

@@ -138,6 +138,10 @@ pub struct ListenerConfig {
     /// A TCP-mode or upgraded connection with no traffic either way for
     /// this long is closed.
     pub tunnel_timeout: Duration,
+    /// Bytes a second a request body must average, once past a first
+    /// `header_timeout`, while it holds a backend connection; 0 is no
+    /// minimum (`proxy::pace`).
+    pub body_min_rate: u64,
     pub forwarded: Forwarded,
     /// Streams one h2 client may have open at once.
     pub h2_max_concurrent_streams: u32,

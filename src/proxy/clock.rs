@@ -50,7 +50,13 @@ impl SharedInstant {
 
     /// Unsets it; says whether it was set.
     pub fn clear(&self) -> bool {
-        self.nanos.swap(UNSET, Ordering::Relaxed) != UNSET
+        self.take().is_some()
+    }
+
+    /// Unsets it, giving what it was.
+    pub fn take(&self) -> Option<Instant> {
+        let nanos = self.nanos.swap(UNSET, Ordering::Relaxed);
+        (nanos != UNSET).then(|| self.origin + Duration::from_nanos(nanos))
     }
 
     pub fn get(&self) -> Option<Instant> {

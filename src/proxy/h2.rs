@@ -42,6 +42,7 @@ use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
 use super::headers;
 use super::longlived;
+use super::pace;
 use super::request_id::RequestId;
 use super::web::{HttpProxy, Target};
 use super::ProxyError;
@@ -567,7 +568,7 @@ impl HttpProxy {
                     why: "malformed or cut-off request body",
                 }))
             }
-            Err(err @ ProxyError::ClientTimeout { .. }) => {
+            Err(err @ (ProxyError::ClientTimeout { .. } | ProxyError::BodyTooSlow { .. })) => {
                 return Err(Sent::Failed(err));
             }
             Ok(Err(HeadFault::Backend {
@@ -589,12 +590,13 @@ impl HttpProxy {
     }
 
     /// Resolves with the exchange's failure if the client's body stops for
-    /// `idle_timeout` (408), or once it is all sent, if the response head
-    /// does not follow within `response_timeout` (504). While the upload
-    /// waits on the backend the client's body is not read, so a backend
-    /// that takes no bytes for `response_timeout` is the one that failed
-    /// (504), and the client's pause counts only from its last bytes or the
-    /// backend's, whichever came later.
+    /// `idle_timeout` or falls behind `body_min_rate` (408), or once it is
+    /// all sent, if the response head does not follow within
+    /// `response_timeout` (504). While the upload waits on the backend the
+    /// client's body is not read, so a backend that takes no bytes for
+    /// `response_timeout` is the one that failed (504), the client's pause
+    /// counts only from its last bytes or the backend's, whichever came
+    /// later, and its pace only over the time it was not held back.
     async fn watch_exchange(
         &self,
         progress: Option<&Progress>,
@@ -626,6 +628,20 @@ impl HttpProxy {
                     seconds: self.idle_timeout.as_secs_f64(),
                 };
             }
+            // How long the body may still take at its least pace, counted
+            // (like its pauses) only while the backend is not waited on.
+            let pace_left = match (self.body_pace, progress) {
+                (Some(pace), Some(progress)) => {
+                    let left = pace.allowance(progress.received(), backend_wait.clients_time());
+                    if left.is_zero() && waited.is_none() {
+                        return ProxyError::BodyTooSlow {
+                            rate: pace.bytes_per_second(),
+                        };
+                    }
+                    Some(left.max(pace::LOOK_AGAIN))
+                }
+                _ => None,
+            };
             // Looked at again when something could be due, not before: the
             // client's pause, or the backend's wait (which may end at once,
             // and the client's pause count from then); the body's end, if
@@ -638,7 +654,8 @@ impl HttpProxy {
                     .min(now + self.idle_timeout),
                 None => paused_since + self.idle_timeout,
             };
-            tokio::time::sleep_until(next.min(now + self.response_timeout)).await;
+            let pace_due = pace_left.map_or(next, |left| now + left);
+            tokio::time::sleep_until(next.min(pace_due).min(now + self.response_timeout)).await;
         };
         tokio::time::sleep_until(sent_at + self.response_timeout).await;
         timeout()
@@ -656,7 +673,8 @@ impl HttpProxy {
         upload: Option<Arc<Progress>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let backend = Arc::clone(lease.shared());
-        let pause = upload.map(|progress| ClientPause::new(progress, self.idle_timeout));
+        let pause =
+            upload.map(|progress| ClientPause::new(progress, self.idle_timeout, self.body_pace));
         let event_stream = head
             .values("content-type")
             .next()

@@ -14,6 +14,7 @@ pub mod head;
 pub mod headers;
 pub mod idle;
 pub mod longlived;
+pub mod pace;
 pub mod request_id;
 pub mod reset;
 pub mod side;
@@ -61,6 +62,8 @@ pub enum ProxyError {
     ExpectationFailed,
     #[error("no request body within {seconds}s")]
     ClientTimeout { seconds: f64 },
+    #[error("request body slower than body_min_rate ({rate} bytes a second)")]
+    BodyTooSlow { rate: u64 },
     /// The client went away while its body was coming (h2: it reset the
     /// stream, or its connection broke): nobody is there to answer.
     #[error("the client went away while sending its request")]
@@ -139,7 +142,9 @@ impl ProxyError {
             ProxyError::Client { .. } | ProxyError::ClientLeft => StatusCode::BAD_REQUEST,
             ProxyError::TooManyFields { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::ExpectationFailed => StatusCode::EXPECTATION_FAILED,
-            ProxyError::ClientTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::ClientTimeout { .. } | ProxyError::BodyTooSlow { .. } => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             ProxyError::NoBackend { .. }
             | ProxyError::QueueTimeout { .. }
             | ProxyError::Shortage { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -157,6 +162,7 @@ impl ProxyError {
                 | ProxyError::TooManyFields { .. }
                 | ProxyError::ExpectationFailed
                 | ProxyError::ClientTimeout { .. }
+                | ProxyError::BodyTooSlow { .. }
                 | ProxyError::ClientLeft
         )
     }
@@ -168,7 +174,9 @@ impl ProxyError {
             ProxyError::Client { .. }
             | ProxyError::TooManyFields { .. }
             | ProxyError::ExpectationFailed => Termination::Refused,
-            ProxyError::ClientTimeout { .. } => Termination::ClientTimeout(Phase::Request),
+            ProxyError::ClientTimeout { .. } | ProxyError::BodyTooSlow { .. } => {
+                Termination::ClientTimeout(Phase::Request)
+            }
             ProxyError::ClientLeft => Termination::ClientAborted(Phase::Request),
             ProxyError::NoBackend { .. } => Termination::BackendFailed(Phase::Queue),
             ProxyError::QueueTimeout { .. } => Termination::QueueTimeout,
@@ -191,6 +199,7 @@ impl ProxyError {
             | ProxyError::TooManyFields { .. }
             | ProxyError::ExpectationFailed
             | ProxyError::ClientTimeout { .. }
+            | ProxyError::BodyTooSlow { .. }
             | ProxyError::ClientLeft
             | ProxyError::NoBackend { .. }
             | ProxyError::QueueTimeout { .. }

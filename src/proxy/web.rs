@@ -17,6 +17,7 @@ use crate::backend::Pool;
 use crate::config::{Forwarded, ListenerConfig, RouteConfig};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, RequestMetrics};
+use crate::proxy::pace::MinPace;
 use crate::proxy_protocol::Origin;
 use crate::stream::ByteStream;
 
@@ -116,6 +117,9 @@ pub struct HttpProxy {
     /// client may take no response bytes.
     pub(super) idle_timeout: Duration,
     pub(super) tunnel_timeout: Duration,
+    /// What a request body must keep up while it holds a backend
+    /// connection (`body_min_rate`), if anything.
+    pub(super) body_pace: Option<MinPace>,
     pub(super) forwarded: Forwarded,
     /// What `X-Forwarded-Proto` says: `https` on a TLS listener.
     pub(super) proto: &'static str,
@@ -161,6 +165,7 @@ impl HttpProxy {
             header_timeout: config.header_timeout,
             idle_timeout: config.idle_timeout,
             tunnel_timeout: config.tunnel_timeout,
+            body_pace: MinPace::new(config.header_timeout, config.body_min_rate),
             forwarded: config.forwarded,
             proto: if config.tls.is_some() {
                 "https"

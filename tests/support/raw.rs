@@ -219,6 +219,46 @@ pub async fn deaf_after_head() -> SocketAddr {
     addr
 }
 
+/// A backend that reads a request's head, takes none of its body for
+/// `pause` (the upload waits on it), then reads the `Content-Length` body
+/// whole and answers 200 `ok`.
+pub async fn slow_to_read_the_body(pause: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if stream.read(&mut byte).await.ok() != Some(1) {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let length = String::from_utf8_lossy(&head)
+                    .lines()
+                    .find_map(|l| {
+                        let (name, value) = l.split_once(':')?;
+                        name.eq_ignore_ascii_case("content-length")
+                            .then(|| value.trim().parse::<u64>().ok())?
+                    })
+                    .unwrap_or(0);
+                tokio::time::sleep(pause).await;
+                let mut body = (&mut stream).take(length);
+                if tokio::io::copy(&mut body, &mut tokio::io::sink())
+                    .await
+                    .ok()
+                    == Some(length)
+                {
+                    let _ = stream.write_all(&ok("ok")).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// A backend of one place where a retried request must keep it: `/b` on a
 /// kept connection is read and the connection closed a second later with
 /// no answer (the keep-alive race); `/b` on a new connection is answered

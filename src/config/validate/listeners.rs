@@ -127,6 +127,7 @@ impl Validator {
                     l.tunnel_timeout.as_ref(),
                     Duration::from_secs(3600),
                 ),
+                body_min_rate: self.body_min_rate(&key, l.body_min_rate, protocol),
                 tls: self.tls(&format!("{key}.tls"), l.tls.as_ref(), protocol),
                 proxy_protocol: self
                     .proxy_protocol(&format!("{key}.proxy_protocol"), l.proxy_protocol.as_ref()),
@@ -134,6 +135,15 @@ impl Validator {
             });
         }
         out
+    }
+
+    /// Off unless set; HTTP only (a TCP stream has no body to pace).
+    fn body_min_rate(&mut self, key: &str, raw: Option<i64>, protocol: Protocol) -> u64 {
+        let key = format!("{key}.body_min_rate");
+        if protocol == Protocol::Tcp && raw.is_some() {
+            self.problem(&key, "body_min_rate needs protocol = \"http\"");
+        }
+        self.count(&key, raw, 0, 0, 1 << 30) as u64
     }
 
     /// `path` is required: `"stdout"`, or a file (relative to the config's

@@ -493,6 +493,7 @@ async fn pump<S: ByteStream>(
         let limits = UpLimits {
             client_pause: proxy.idle_timeout,
             backend_stall: proxy.response_timeout,
+            pace: proxy.body_pace,
         };
         let uploading = upload(
             &mut client_r,
@@ -611,6 +612,13 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
                 tracing::info!(listener = %proxy.listener, backend = %backend.name, "request body stopped arriving after the response began; closing");
             }
             client_timeout(proxy.idle_timeout)
+        }
+        UpFault::TooSlow => {
+            let rate = proxy.body_pace.map_or(0, |p| p.bytes_per_second());
+            if written && crate::telemetry::client_fault() {
+                tracing::info!(listener = %proxy.listener, backend = %backend.name, rate, "request body fell behind body_min_rate after the response began; closing");
+            }
+            ProxyError::BodyTooSlow { rate }
         }
         UpFault::ClientGone => return Failure::Abort(Termination::ClientAborted(Phase::Request)),
         UpFault::BackendGone(_) => {

@@ -20,6 +20,7 @@ use super::rewrite::{self, Delivery, Persistence};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, LongLivedKind};
 use crate::proxy::longlived::EventTail;
+use crate::proxy::pace::MinPace;
 
 /// What the two directions tell each other (and the exchange).
 #[derive(Default)]
@@ -159,6 +160,8 @@ pub enum UpFault {
     Malformed(ChunkError),
     /// No body bytes for `idle_timeout`.
     Stalled,
+    /// The body fell behind `body_min_rate`.
+    TooSlow,
     ClientGone,
     /// The backend stopped taking the body (it may have answered early).
     BackendGone(io::Error),
@@ -170,6 +173,8 @@ pub struct UpLimits {
     pub client_pause: Duration,
     /// How long the backend may take no bytes.
     pub backend_stall: Duration,
+    /// What the body must keep up (`body_min_rate`), if anything.
+    pub pace: Option<MinPace>,
 }
 
 /// Sends the request body: what `body.framed` holds, then the rest as the
@@ -189,6 +194,9 @@ where
         WriteFault::Stalled => UpFault::BackendGone(io::ErrorKind::TimedOut.into()),
         WriteFault::Failed(e) => UpFault::BackendGone(e),
     };
+    // The pace counts bytes read here and the time spent waiting for them
+    // (not writing them: that is the backend's time).
+    let (mut received, mut waited) = (0u64, Duration::ZERO);
     loop {
         if !body.framed.is_empty() {
             write_all(backend, &body.framed, limits.backend_stall)
@@ -200,21 +208,30 @@ where
             release_if_empty(&mut body.framed);
             return Ok(());
         }
-        match tokio::time::timeout(limits.client_pause, read_some(client, client_buf)).await {
+        let allowance = limits.pace.map(|p| p.allowance(received, waited));
+        let limit = allowance.map_or(limits.client_pause, |a| a.min(limits.client_pause));
+        let began = allowance.map(|_| Instant::now());
+        let read = tokio::time::timeout(limit, read_some(client, client_buf)).await;
+        waited += began.map_or(Duration::ZERO, |b| b.elapsed());
+        let n = match read {
+            Err(_) if limit < limits.client_pause => return Err(UpFault::TooSlow),
             Err(_) => return Err(UpFault::Stalled),
             Ok(Ok(0) | Err(_)) => return Err(UpFault::ClientGone),
-            // A Content-Length body goes up as it was read, with no copy;
-            // counted once written and gone from the buffer.
-            Ok(Ok(_)) if body.decoder.is_none() => {
-                let n = body.length_part(client_buf.len());
-                write_all(backend, &client_buf[..n], limits.backend_stall)
-                    .await
-                    .map_err(gone)?;
-                client_buf.advance(n);
-                body.count_length_part(n);
-            }
-            Ok(Ok(_)) => body.take(client_buf).map_err(UpFault::Malformed)?,
+            Ok(Ok(n)) => n,
+        };
+        received += n as u64;
+        if body.decoder.is_some() {
+            body.take(client_buf).map_err(UpFault::Malformed)?;
+            continue;
         }
+        // A Content-Length body goes up as it was read, with no copy;
+        // counted once written and gone from the buffer.
+        let part = body.length_part(client_buf.len());
+        write_all(backend, &client_buf[..part], limits.backend_stall)
+            .await
+            .map_err(gone)?;
+        client_buf.advance(part);
+        body.count_length_part(part);
     }
 }
 
@@ -677,6 +694,7 @@ mod tests {
         let limits = UpLimits {
             client_pause: Duration::from_secs(5),
             backend_stall: Duration::from_secs(5),
+            pace: None,
         };
         let sent = upload(
             &mut client,

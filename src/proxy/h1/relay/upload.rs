@@ -4,6 +4,7 @@
 //! how long the backend has taken no bytes.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -154,20 +155,26 @@ pub(super) fn request_head(
 /// and when it last stopped waiting. While it waits, the client's body is
 /// not read (backpressure), so a client that sends nothing then is not the
 /// one stalling: the exchange's watch charges the backend instead, and
-/// counts the client's pause only from when the backend took bytes again.
+/// counts the client's pause only from when the backend took bytes again
+/// (and its pace, `body_min_rate`, over the time it was not waited on).
 pub struct BackendWait {
+    start: Instant,
     /// Since when it waits (unset while it does not).
     since: SharedInstant,
     /// When it last stopped waiting (the start if never).
     last_moved: SharedInstant,
+    /// Nanoseconds of the waits that ended.
+    waited: AtomicU64,
 }
 
 impl BackendWait {
     pub(super) fn new() -> BackendWait {
         let start = Instant::now();
         BackendWait {
+            start,
             since: SharedInstant::unset(start),
             last_moved: SharedInstant::at(start),
+            waited: AtomicU64::new(0),
         }
     }
 
@@ -176,8 +183,10 @@ impl BackendWait {
         match polled {
             Poll::Pending => self.since.set_now_if_unset(),
             Poll::Ready(_) => {
-                if self.since.clear() {
+                if let Some(since) = self.since.take() {
                     self.last_moved.set_now();
+                    let waited = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.waited.fetch_add(waited, Ordering::Relaxed);
                 }
             }
         }
@@ -192,6 +201,14 @@ impl BackendWait {
     /// When the backend last took bytes after a wait (the start if never).
     pub fn last_moved(&self) -> Instant {
         self.last_moved.get().unwrap_or_else(Instant::now)
+    }
+
+    /// The time since the upload began that it did not wait on the
+    /// backend: the client's own, which its pace is counted over.
+    pub fn clients_time(&self) -> Duration {
+        let ended = Duration::from_nanos(self.waited.load(Ordering::Relaxed));
+        let current = self.waiting_for().unwrap_or_default();
+        self.start.elapsed().saturating_sub(ended + current)
     }
 }
 
