@@ -761,3 +761,91 @@ async fn the_time_an_h2_upload_waits_on_its_backend_is_not_held_against_its_pace
     feeding.abort();
     assert_eq!((status, body.as_str()), (200, "ok"));
 }
+
+/// An h2 client of the `h2` crate, which shows interim responses (hyper's
+/// reads past them).
+async fn interim_aware(addr: SocketAddr) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (sender, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    sender.ready().await.expect("ready")
+}
+
+/// The next interim response of `response`, within the tests' timeout.
+async fn next_interim(response: &mut h2::client::ResponseFuture) -> hyper::Response<()> {
+    let polled = std::future::poll_fn(|cx| response.poll_informational(cx));
+    tokio::time::timeout(support::TIMEOUT, polled)
+        .await
+        .expect("an interim response in time")
+        .expect("an interim response before the final one")
+        .expect("h2")
+}
+
+/// A backend's interim responses reach an h2 client before the final one,
+/// as HEADERS of their own: 103 Early Hints with its `Link`, which
+/// browsers act on over h2 only, then the 200 and its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_hints_reach_an_h2_client_before_the_response() {
+    let backend = RawBackend::start(|_| {
+        let mut bytes = b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n".to_vec();
+        bytes.extend(ok("after hints"));
+        (bytes, Then::KeepAlive)
+    })
+    .await;
+    let baton = baton_for(backend.addr).await;
+    let web = baton.addr("web");
+    let mut sender = interim_aware(web).await;
+    let get = hyper::Request::get(format!("http://{web}/page"))
+        .body(())
+        .expect("request");
+    let (mut response, _) = sender.send_request(get, true).expect("sent");
+    let hints = next_interim(&mut response).await;
+    assert_eq!(hints.status(), 103);
+    assert_eq!(
+        hints.headers().get("link").map(|v| v.as_bytes()),
+        Some(&b"</a.css>; rel=preload"[..])
+    );
+    let response = tokio::time::timeout(support::TIMEOUT, response)
+        .await
+        .expect("a response in time")
+        .expect("h2 response");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut text = Vec::new();
+    while let Some(data) = body.data().await {
+        text.extend_from_slice(&data.expect("data"));
+    }
+    assert_eq!(text, b"after hints");
+}
+
+/// An h2 client that waits for `100 (Continue)` before its body gets it
+/// (curl waits a second for it otherwise), and its upload goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_client_expecting_100_continue_gets_it() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_for(backend.addr).await;
+    let web = baton.addr("web");
+    let mut sender = interim_aware(web).await;
+    let post = hyper::Request::post(format!("http://{web}/upload"))
+        .header("expect", "100-continue")
+        .body(())
+        .expect("request");
+    let (mut response, mut upload) = sender.send_request(post, false).expect("sent");
+    let go_on = next_interim(&mut response).await;
+    assert_eq!(go_on.status(), 100);
+    upload
+        .send_data(Bytes::from_static(b"hello"), true)
+        .expect("the body");
+    let response = tokio::time::timeout(support::TIMEOUT, response)
+        .await
+        .expect("a response in time")
+        .expect("h2 response");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        backend
+            .uploads
+            .last_bytes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        5
+    );
+}

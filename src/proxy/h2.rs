@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, EXPECT, HOST};
+use http::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, EXPECT, HOST};
 use http::{Request, Response};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::activity::ConnState;
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
-use super::delivery;
+use super::delivery::{self, Delivery};
 use super::h1::head::{
     expectation_met, valid_authority, Framing, ResponseHead, MAX_FIELDS, MAX_HEAD,
 };
@@ -334,7 +334,7 @@ impl HttpProxy {
                 client.peer,
                 &target.pool.name,
                 drain.clone(),
-                delivery,
+                delivery.clone(),
             )
         });
         let mut spare = Noted::default();
@@ -346,6 +346,7 @@ impl HttpProxy {
                     client,
                     request_id: &request_id,
                     noted: record.as_mut().map_or(&mut spare, StreamRecord::noted),
+                    delivery: delivery.as_deref(),
                 };
                 self.forward(req, stream, target, &drain).await
             }
@@ -403,6 +404,14 @@ impl HttpProxy {
         // cut while its client sent; a body that turned out empty is not
         // coming any more, and one that started is followed by `upload`.
         stream.noted.body_expected = !incoming.is_end_stream();
+        // A client that waits for 100 (Continue) before its body gets it
+        // as the body is asked for, as on the HTTP/1 path (`refusal` let
+        // no other expectation through).
+        if stream.noted.body_expected && parts.headers.contains_key(EXPECT) {
+            if let Some(delivery) = stream.delivery {
+                delivery.interim((100, HeaderMap::new()));
+            }
+        }
         let outgoing = self.client_body(incoming).await?;
         stream.noted.upload = outgoing.progress.clone();
         if stream.noted.upload.is_none() {
@@ -471,8 +480,9 @@ impl HttpProxy {
                 request_id: stream.request_id.as_bytes(),
             };
             let relay = Relay::new(up, &parts, sent, &to, header.is_none());
+            let progress = outgoing.progress.as_deref();
             match self
-                .send(relay, &parts.method, backend, outgoing.progress.as_deref())
+                .send(relay, &parts.method, backend, progress, stream.delivery)
                 .await
             {
                 Ok((head, relay)) => {
@@ -546,11 +556,17 @@ impl HttpProxy {
         method: &http::Method,
         backend: &Backend,
         progress: Option<&Progress>,
+        delivery: Option<&Delivery>,
     ) -> Result<(ResponseHead, Relay), Sent> {
         let backend_wait = relay.backend_wait();
         let watch = self.watch_exchange(progress, &backend_wait, &backend.name);
+        let mut interim = |head| {
+            if let Some(delivery) = delivery {
+                delivery.interim(head);
+            }
+        };
         let outcome = tokio::select! {
-            head = relay.response_head(method) => Ok(head),
+            head = relay.response_head(method, &mut interim) => Ok(head),
             stalled = watch => Err(stalled),
         };
         let err = match outcome {
@@ -723,11 +739,12 @@ struct H2Client {
 }
 
 /// One stream as `forward` carries it: its connection's client, its id,
-/// and what it notes for the access log.
+/// what it notes for the access log, and where its interim responses go.
 struct Stream<'a> {
     client: &'a H2Client,
     request_id: &'a str,
     noted: &'a mut Noted,
+    delivery: Option<&'a Delivery>,
 }
 
 /// Why a try at a backend got no response.

@@ -25,7 +25,7 @@ use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
-use super::super::delivery::{self, Delivery};
+use super::super::delivery::{self, Delivery, Interims};
 use super::frame::{self, write, Frame, FrameError, HeaderBlock, Inbound, Reader, Reason};
 use super::hpack::{self, Decoder, Listed};
 use super::recv::{self, Inbox, RecvBody, RecvError, SharedInbox};
@@ -237,6 +237,8 @@ pub struct Connection<S, F, B> {
     blocked: bool,
     stall_alarm: Option<Pin<Box<Sleep>>>,
     on_stall: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Interim (1xx) heads the exchanges handed over, to write.
+    interims: Arc<Interims>,
 }
 
 impl<S, F, B> Connection<S, F, B>
@@ -299,6 +301,7 @@ where
             blocked: false,
             stall_alarm: None,
             on_stall: None,
+            interims: Arc::default(),
         }
     }
 
@@ -544,7 +547,7 @@ where
         let body = RecvBody::new(inbox.clone(), head.content_length);
         let exchange = (self.service)(Request::from_parts(head.parts, body));
         let (abort, registration) = AbortHandle::new_pair();
-        let delivery = Arc::new(Delivery::new());
+        let delivery = Arc::new(Delivery::of_stream(id, Arc::clone(&self.interims)));
         let tagged = Tagged {
             stream: id,
             exchange: Some(exchange),
@@ -745,10 +748,37 @@ where
                 self.start_response(id, response);
             }
         }
-        moved
+        self.write_interims() || moved
     }
 
+    /// Writes the interim heads the exchanges handed over, each as a
+    /// HEADERS frame without END_STREAM, for streams still waiting for
+    /// their final head (one reset meanwhile takes none). Says whether any
+    /// went out.
+    fn write_interims(&mut self) -> bool {
+        let mut wrote = false;
+        for (id, (status, fields)) in self.interims.take() {
+            let waiting = self
+                .streams
+                .get(&id)
+                .is_some_and(|s| matches!(s.send, Sending::Waiting(_)));
+            if !waiting {
+                continue;
+            }
+            self.block.clear();
+            hpack::encode::status(status, &mut self.block);
+            encode_fields(&fields, &mut self.block);
+            let max_frame = self.peer_max_frame as u32;
+            write::headers(&mut self.out, id, &self.block, false, max_frame);
+            wrote = true;
+        }
+        wrote
+    }
+
+    /// The final head (after the interim ones handed over before it),
+    /// then the body in turn with the others.
     fn start_response(&mut self, id: u32, response: Response<B>) {
+        self.write_interims();
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };

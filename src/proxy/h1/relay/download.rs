@@ -14,7 +14,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 
 use super::super::chunked::{Decoder, Piece};
-use super::super::head::{self, BadResponse, Framing, ResponseHead, Role};
+use super::super::head::{self, BadResponse, Field, Framing, ResponseHead, Role};
 use super::super::io::{poll_read_some, release_if_empty, take_bytes};
 use super::upload::{BackendWait, UpFault};
 use super::Relay;
@@ -37,24 +37,41 @@ pub(super) fn copy_fields(head: &ResponseHead, to: &mut HeaderMap) -> Result<(),
             "a transfer coding other than chunked",
         ));
     }
-    to.reserve(head.fields.len());
     // Repeats of one length are allowed in HTTP/1; h2 clients take one.
     let mut length_copied = false;
+    copy_kept(head, to, |field, name| match field.role {
+        Role::HopByHop => false,
+        Role::Framing => {
+            let length = name.eq_ignore_ascii_case(b"content-length")
+                && head.framing != Framing::Chunked
+                && head.status != 204
+                && !length_copied;
+            length_copied |= length;
+            length
+        }
+        _ => true,
+    })
+}
+
+/// An interim (1xx) head's fields as the h2 connection sends them: as a
+/// final head's, without the framing ones (it has no body), as the
+/// HTTP/1 path passes it on.
+pub(super) fn interim_fields(head: &ResponseHead, to: &mut HeaderMap) -> Result<(), BadResponse> {
+    copy_kept(head, to, |field, _| {
+        !matches!(field.role, Role::HopByHop | Role::Framing)
+    })
+}
+
+/// The head's fields that `keep` keeps (given each with its name).
+fn copy_kept(
+    head: &ResponseHead,
+    to: &mut HeaderMap,
+    mut keep: impl FnMut(&Field, &[u8]) -> bool,
+) -> Result<(), BadResponse> {
+    to.reserve(head.fields.len());
     for field in &head.fields {
         let name = head.field_name(field);
-        let keep = match field.role {
-            Role::HopByHop => false,
-            Role::Framing => {
-                let length = name.eq_ignore_ascii_case(b"content-length")
-                    && head.framing != Framing::Chunked
-                    && head.status != 204
-                    && !length_copied;
-                length_copied |= length;
-                length
-            }
-            _ => true,
-        };
-        if !keep {
+        if !keep(field, name) {
             continue;
         }
         let name =

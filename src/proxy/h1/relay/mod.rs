@@ -26,7 +26,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use http::request::Parts;
-use http::{Method, Response, StatusCode};
+use http::{HeaderMap, Method, Response, StatusCode};
 use http_body::Body;
 
 use super::head::{self, BadResponse, Framing, Parsed, ResponseHead};
@@ -35,6 +35,7 @@ use super::rewrite::Outbound;
 use super::upstream::Upstream;
 use crate::backend::Lease;
 use crate::proxy::body::ProxyBody;
+use crate::proxy::delivery::InterimHead;
 use crate::proxy::headers;
 use download::Decoding;
 use upload::{UpFault, UpFraming, Upload};
@@ -111,8 +112,13 @@ impl Relay {
     }
 
     /// Sends the request while it waits for the response head; interim
-    /// responses (1xx) are read past.
-    pub async fn response_head(&mut self, method: &Method) -> Result<ResponseHead, HeadFault> {
+    /// responses (1xx) go to `interim` as the h2 connection takes them
+    /// (one whose fields h2 cannot carry is read past).
+    pub async fn response_head(
+        &mut self,
+        method: &Method,
+        interim: &mut (dyn FnMut(InterimHead) + Send),
+    ) -> Result<ResponseHead, HeadFault> {
         let mut reading = HeadReading::default();
         let mut upload_broken = false;
         std::future::poll_fn(|cx| {
@@ -130,7 +136,7 @@ impl Relay {
                     Poll::Ready(Ok(())) | Poll::Pending => {}
                 }
             }
-            self.poll_head(cx, method, &mut reading)
+            self.poll_head(cx, method, &mut reading, interim)
         })
         .await
     }
@@ -140,6 +146,7 @@ impl Relay {
         cx: &mut Context<'_>,
         method: &Method,
         reading: &mut HeadReading,
+        interim: &mut (dyn FnMut(InterimHead) + Send),
     ) -> Poll<Result<ResponseHead, HeadFault>> {
         let buf = &mut self.up.buf;
         loop {
@@ -151,6 +158,11 @@ impl Relay {
                         buf.advance(head.consumed);
                         reading.parsed = 0;
                         if (100..200).contains(&head.status) && head.status != 101 {
+                            let mut fields = HeaderMap::new();
+                            if download::interim_fields(&head, &mut fields).is_ok() {
+                                headers::add_via(&mut fields, via(head.version));
+                                interim((head.status, fields));
+                            }
                             continue;
                         }
                         return Poll::Ready(Ok(head));
@@ -196,11 +208,7 @@ impl Relay {
         *response.status_mut() =
             StatusCode::from_u16(head.status).map_err(|_| BadResponse::Malformed("status code"))?;
         download::copy_fields(head, response.headers_mut())?;
-        let via = match head.version {
-            head::Version::Http10 => "1.0 baton",
-            head::Version::Http11 => "1.1 baton",
-        };
-        headers::add_via(response.headers_mut(), via);
+        headers::add_via(response.headers_mut(), via(head.version));
         // Chunked with a Content-Length too: answered right (chunked wins),
         // but a backend that says both is not trusted with another request.
         let both_framings =
@@ -215,5 +223,13 @@ impl Relay {
             silence,
         );
         Ok(response.map(|()| body))
+    }
+}
+
+/// baton's `Via` on a response the backend sent in `version`.
+fn via(version: head::Version) -> &'static str {
+    match version {
+        head::Version::Http10 => "1.0 baton",
+        head::Version::Http11 => "1.1 baton",
     }
 }

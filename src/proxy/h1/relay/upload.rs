@@ -66,8 +66,8 @@ pub(super) fn request_framing(parts: &Parts, body: &ProxyBody) -> UpFraming {
 /// line (RFC 9113 §8.2.3). `Host` is the request's `:authority` where it
 /// has one (without user information: routing looked at the host alone),
 /// else its `Host`, else the backend's, as HTTP/1.1 needs one. `Expect`
-/// stays here: the body was asked for already (baton's h2 server sends no
-/// 100 (Continue) yet; the client sends its body after its own wait).
+/// stays here: the body was asked for already (baton sent the client its
+/// 100 (Continue) as it read the body's first frame).
 pub(super) fn request_head(
     parts: &Parts,
     to: &Outbound<'_>,
