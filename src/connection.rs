@@ -22,7 +22,7 @@ use crate::metrics::ListenerMetrics;
 use crate::proxy::{tcp::TcpProxy, web::HttpProxy};
 use crate::proxy_protocol::{self, Origin, ReceiveSettings};
 use crate::stream::ByteStream;
-use crate::tls::handshake::Terminator;
+use crate::tls::handshake::{Handshake, Terminator};
 
 /// Open-connection count of one listener, read by `/status`.
 #[derive(Default)]
@@ -140,11 +140,13 @@ impl Accept for Connections {
                     if let Some((stream, origin)) = admitted {
                         match tls {
                             None => proxy.serve(stream, origin, drain).await,
-                            Some(tls) => {
-                                if let Some(stream) = tls.handshake(stream, origin.client).await {
-                                    proxy.serve(stream, origin, drain).await;
+                            Some(tls) => match tls.handshake(stream, origin.client).await {
+                                Handshake::Done(stream) => proxy.serve(stream, origin, drain).await,
+                                Handshake::PlainHttp(stream) => {
+                                    proxy.refuse_plain_http(stream).await
                                 }
-                            }
+                                Handshake::Failed => {}
+                            },
                         }
                     }
                     drop(open);
@@ -195,6 +197,14 @@ impl Proxy {
                     access_log,
                 }))
             }
+        }
+    }
+
+    /// A plain HTTP request on a TLS listener: answered by an HTTP one
+    /// (only they ask for it, `Terminator::new`).
+    async fn refuse_plain_http(self, stream: TcpStream) {
+        if let Proxy::Http(p) = self {
+            p.refuse_plain_http(stream).await;
         }
     }
 

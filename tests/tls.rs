@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::backend::HttpBackend;
 use support::client;
@@ -381,6 +381,48 @@ async fn failed_handshakes(admin: SocketAddr) -> String {
         .find(|l| l.starts_with("baton_tls_handshakes_total") && l.contains("result=\"failed\""))
         .unwrap_or_default()
         .to_string()
+}
+
+/// What a plain HTTP client that sends a GET to `addr` reads until closed.
+async fn plain_get(addr: SocketAddr) -> String {
+    let mut plain = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    plain
+        .write_all(b"GET /plain HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .expect("request");
+    client::read_until_closed(&mut plain).await
+}
+
+/// Plain HTTP sent to a TLS listener (an `http://` URL with its port)
+/// gets a 400 it can read, saying why, as from nginx, where a TLS alert
+/// would reach it as garbage; counted as a failed handshake, and the
+/// backend never sees it. TLS clients go on being served. A TCP-mode TLS
+/// listener, whose protocol baton does not know, closes instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_to_a_tls_listener_is_told_so_in_plain_http() {
+    let (backend, ca, _a, baton) = one_certificate("").await;
+    let reply = plain_get(baton.addr("web")).await;
+    assert!(
+        reply.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+        "{reply:?}"
+    );
+    assert!(reply.contains("speaks HTTPS"), "{reply:?}");
+    support::eventually("the failed handshake is counted", || async {
+        failed_handshakes(baton.admin).await.ends_with(" 1")
+    })
+    .await;
+    assert_eq!(
+        one_request(&ca.client(&[]), baton.addr("web")).await,
+        Ok(200)
+    );
+    assert_eq!(
+        backend.hits(),
+        1,
+        "only the TLS request reached the backend"
+    );
+    let (_backend, _ca, _a, tcp) = one_certificate_on("db", "tcp", "", "").await;
+    let reply = plain_get(tcp.addr("db")).await;
+    assert!(!reply.contains("HTTP/1.1"), "{reply:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -327,6 +327,7 @@ fn terminator(
         &l.name,
         Arc::new(server),
         t.handshake_timeout,
+        l.protocol == crate::config::Protocol::Http,
     )))
 }
 

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::h1::io::{ack_promptly, read_now, read_some, release_if_empty, write_all};
+use super::h1::io::{ack_promptly, linger_close, read_now, read_some, release_if_empty, write_all};
 use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
 use crate::access_log::AccessLog;
 use crate::backend::Pool;
@@ -226,6 +227,23 @@ impl HttpProxy {
                 let _ = tokio::time::timeout(SILENT_STALL, stream.shutdown()).await;
             }
             Opening::Closed => {}
+        }
+    }
+
+    /// A client that sent plain HTTP to this TLS listener: a 400 it can
+    /// read, saying why, then a lingering close (its request is unread).
+    /// Counted as a failed handshake, not a request: it never became one.
+    pub async fn refuse_plain_http(&self, mut stream: TcpStream) {
+        let page = "400 Bad Request\nthis port speaks HTTPS: the request came as plain HTTP\n";
+        let answer = format!(
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+            page.len()
+        );
+        if write_all(&mut stream, answer.as_bytes(), SILENT_STALL)
+            .await
+            .is_ok()
+        {
+            linger_close(&mut stream).await;
         }
     }
 
