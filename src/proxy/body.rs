@@ -21,15 +21,12 @@ use super::h2::recv::{RecvBody, RecvError};
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A response body cut by its client's upload, which stopped arriving
-/// (`idle_timeout`), fell behind its least pace (`body_min_rate`) or broke
-/// off while the response came down: the client's fault, which the access
-/// log must not lay on the backend.
+/// (`idle_timeout`) or broke off while the response came down: the
+/// client's fault, which the access log must not lay on the backend.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientUploadFault {
     #[error("the client's request body stopped arriving")]
     Stalled,
-    #[error("the client's request body fell behind body_min_rate")]
-    TooSlow,
     #[error("the client's request body broke off")]
     BrokeOff,
 }

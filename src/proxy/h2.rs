@@ -566,6 +566,9 @@ impl HttpProxy {
             }
         };
         let outcome = tokio::select! {
+            // A head already in wins over a watch whose clock ran out with
+            // it.
+            biased;
             head = relay.response_head(method, &mut interim) => Ok(head),
             stalled = watch => Err(stalled),
         };
@@ -689,8 +692,7 @@ impl HttpProxy {
         upload: Option<Arc<Progress>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let backend = Arc::clone(lease.shared());
-        let pause =
-            upload.map(|progress| ClientPause::new(progress, self.idle_timeout, self.body_pace));
+        let pause = upload.map(|progress| ClientPause::new(progress, self.idle_timeout));
         let event_stream = head
             .values("content-type")
             .next()

@@ -179,9 +179,7 @@ impl StreamRecord {
 impl BodyGuard for StreamRecord {
     fn body_failed(&mut self, cause: &BodyError) {
         self.termination = Some(match cause.downcast_ref::<ClientUploadFault>() {
-            Some(ClientUploadFault::Stalled | ClientUploadFault::TooSlow) => {
-                Termination::ClientTimeout(Phase::Data)
-            }
+            Some(ClientUploadFault::Stalled) => Termination::ClientTimeout(Phase::Data),
             Some(ClientUploadFault::BrokeOff) => Termination::ClientAborted(Phase::Data),
             None => Termination::BackendFailed(Phase::Data),
         });

@@ -137,10 +137,11 @@ impl Validator {
         out
     }
 
-    /// Off unless set; HTTP only (a TCP stream has no body to pace).
+    /// Off unless set; HTTP only (a TCP stream has no body to pace), where
+    /// 0, off, is taken anywhere.
     fn body_min_rate(&mut self, key: &str, raw: Option<i64>, protocol: Protocol) -> u64 {
         let key = format!("{key}.body_min_rate");
-        if protocol == Protocol::Tcp && raw.is_some() {
+        if protocol == Protocol::Tcp && raw.is_some_and(|rate| rate != 0) {
             self.problem(&key, "body_min_rate needs protocol = \"http\"");
         }
         self.count(&key, raw, 0, 0, 1 << 30) as u64

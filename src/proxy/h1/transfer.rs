@@ -194,9 +194,10 @@ where
         WriteFault::Stalled => UpFault::BackendGone(io::ErrorKind::TimedOut.into()),
         WriteFault::Failed(e) => UpFault::BackendGone(e),
     };
-    // The pace counts bytes read here and the time spent waiting for them
-    // (not writing them: that is the backend's time).
-    let (mut received, mut waited) = (0u64, Duration::ZERO);
+    // The pace counts the body's bytes (those read before the backend was
+    // picked too) against the time spent waiting for the rest here (not
+    // writing them: that is the backend's time).
+    let mut waited = Duration::ZERO;
     loop {
         if !body.framed.is_empty() {
             write_all(backend, &body.framed, limits.backend_stall)
@@ -208,30 +209,27 @@ where
             release_if_empty(&mut body.framed);
             return Ok(());
         }
-        let allowance = limits.pace.map(|p| p.allowance(received, waited));
+        let allowance = limits.pace.map(|p| p.allowance(body.received, waited));
         let limit = allowance.map_or(limits.client_pause, |a| a.min(limits.client_pause));
         let began = allowance.map(|_| Instant::now());
         let read = tokio::time::timeout(limit, read_some(client, client_buf)).await;
         waited += began.map_or(Duration::ZERO, |b| b.elapsed());
-        let n = match read {
+        match read {
             Err(_) if limit < limits.client_pause => return Err(UpFault::TooSlow),
             Err(_) => return Err(UpFault::Stalled),
             Ok(Ok(0) | Err(_)) => return Err(UpFault::ClientGone),
-            Ok(Ok(n)) => n,
-        };
-        received += n as u64;
-        if body.decoder.is_some() {
-            body.take(client_buf).map_err(UpFault::Malformed)?;
-            continue;
+            // A Content-Length body goes up as it was read, with no copy;
+            // counted once written and gone from the buffer.
+            Ok(Ok(_)) if body.decoder.is_none() => {
+                let n = body.length_part(client_buf.len());
+                write_all(backend, &client_buf[..n], limits.backend_stall)
+                    .await
+                    .map_err(gone)?;
+                client_buf.advance(n);
+                body.count_length_part(n);
+            }
+            Ok(Ok(_)) => body.take(client_buf).map_err(UpFault::Malformed)?,
         }
-        // A Content-Length body goes up as it was read, with no copy;
-        // counted once written and gone from the buffer.
-        let part = body.length_part(client_buf.len());
-        write_all(backend, &client_buf[..part], limits.backend_stall)
-            .await
-            .map_err(gone)?;
-        client_buf.advance(part);
-        body.count_length_part(part);
     }
 }
 

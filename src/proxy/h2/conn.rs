@@ -753,8 +753,9 @@ where
 
     /// Writes the interim heads the exchanges handed over, each as a
     /// HEADERS frame without END_STREAM, for streams still waiting for
-    /// their final head (one reset meanwhile takes none). Says whether any
-    /// went out.
+    /// their final head (one reset meanwhile takes none). Dropped while the
+    /// send buffer is full: they are hints, and a client that reads nothing
+    /// must not make baton hold them. Says whether any went out.
     fn write_interims(&mut self) -> bool {
         let mut wrote = false;
         for (id, (status, fields)) in self.interims.take() {
@@ -762,7 +763,8 @@ where
                 .streams
                 .get(&id)
                 .is_some_and(|s| matches!(s.send, Sending::Waiting(_)));
-            if !waiting {
+            let room = self.out.len() - self.sent < self.limits.send_buffer;
+            if !(waiting && room) {
                 continue;
             }
             self.block.clear();

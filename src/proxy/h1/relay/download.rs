@@ -21,7 +21,6 @@ use super::Relay;
 use crate::backend::Lease;
 use crate::metrics::UpstreamErrorKind;
 use crate::proxy::body::{BodyError, ClientUploadFault, Progress};
-use crate::proxy::pace::{self, MinPace};
 
 /// A response head's fields as the h2 connection sends them (none for a
 /// body with a transfer coding other than chunked): hop-by-hop
@@ -151,62 +150,39 @@ impl Silence {
 pub struct ClientPause {
     progress: Arc<Progress>,
     idle_timeout: Duration,
-    pace: Option<MinPace>,
     check: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl ClientPause {
-    pub fn new(
-        progress: Arc<Progress>,
-        idle_timeout: Duration,
-        pace: Option<MinPace>,
-    ) -> ClientPause {
+    pub fn new(progress: Arc<Progress>, idle_timeout: Duration) -> ClientPause {
         let check = Box::pin(tokio::time::sleep(idle_timeout));
         ClientPause {
             progress,
             idle_timeout,
-            pace,
             check,
         }
     }
 
     /// Whether the body has paused for `idle_timeout` (counted, as before
     /// the head, from its last bytes or the backend's last taking, and not
-    /// while the backend is the one that takes nothing) or fell behind its
-    /// least pace (over the same time); else the next look is set for when
-    /// it would have.
-    fn stalled(
-        &mut self,
-        backend: &BackendWait,
-        cx: &mut Context<'_>,
-    ) -> Option<ClientUploadFault> {
+    /// while the backend is the one that takes nothing); else the next
+    /// look is set for when it would have.
+    fn stalled(&mut self, backend: &BackendWait, cx: &mut Context<'_>) -> bool {
         let (last, complete) = self.progress.last();
         if complete {
-            return None;
+            return false;
         }
         let now = tokio::time::Instant::now();
-        let waited_on = backend.waiting_for().is_some();
-        let due = if waited_on {
-            now + self.idle_timeout
-        } else {
-            last.max(backend.last_moved()) + self.idle_timeout
+        let due = match backend.waiting_for() {
+            Some(_) => now + self.idle_timeout,
+            None => last.max(backend.last_moved()) + self.idle_timeout,
         };
         if due <= now {
-            return Some(ClientUploadFault::Stalled);
+            return true;
         }
-        let pace_due = match self.pace {
-            Some(pace) => {
-                let left = pace.allowance(self.progress.received(), backend.clients_time());
-                if left.is_zero() && !waited_on {
-                    return Some(ClientUploadFault::TooSlow);
-                }
-                now + left.max(pace::LOOK_AGAIN)
-            }
-            None => due,
-        };
-        self.check.as_mut().reset(due.min(pace_due));
+        self.check.as_mut().reset(due);
         let _ = self.check.as_mut().poll(cx);
-        None
+        false
     }
 }
 
@@ -341,13 +317,13 @@ impl ResponseBody {
             return Ok(());
         }
         if let Some(pause) = self.pause.as_mut() {
-            if let Some(fault) = pause.stalled(&relay.backend_wait, cx) {
+            if pause.stalled(&relay.backend_wait, cx) {
                 self.decoding.done = true;
                 self.relay = None;
                 if crate::telemetry::client_fault() {
-                    tracing::info!(cause = %fault, "request body lagged while the response came down; resetting the stream");
+                    tracing::info!("request body stopped arriving while the response came down; resetting the stream");
                 }
-                return Err(fault.into());
+                return Err(ClientUploadFault::Stalled.into());
             }
         }
         match relay
