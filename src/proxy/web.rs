@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::h1::io::{ack_promptly, linger_close, read_now, read_some, release_if_empty, write_all};
+use super::h1::rewrite::own_answer;
 use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
 use crate::access_log::AccessLog;
 use crate::backend::Pool;
@@ -235,14 +237,9 @@ impl HttpProxy {
     /// Counted as a failed handshake, not a request: it never became one.
     pub async fn refuse_plain_http(&self, mut stream: TcpStream) {
         let page = "400 Bad Request\nthis port speaks HTTPS: the request came as plain HTTP\n";
-        let answer = format!(
-            "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
-            page.len()
-        );
-        if write_all(&mut stream, answer.as_bytes(), SILENT_STALL)
-            .await
-            .is_ok()
-        {
+        let mut answer = BytesMut::new();
+        own_answer(StatusCode::BAD_REQUEST, page, None, true, &mut answer);
+        if write_all(&mut stream, &answer, SILENT_STALL).await.is_ok() {
             linger_close(&mut stream).await;
         }
     }

@@ -56,6 +56,14 @@ pub enum Role {
     Expect,
 }
 
+impl Role {
+    /// Whether a field of an interim (1xx) response goes on to the client
+    /// (on either path): not hop-by-hop, and no framing (it has no body).
+    pub fn kept_in_interim(self) -> bool {
+        !matches!(self, Role::HopByHop | Role::Framing)
+    }
+}
+
 /// One field line: name and value as ranges into the head's bytes
 /// (value without surrounding whitespace), so a head costs one copy in all.
 #[derive(Clone, Debug, PartialEq, Eq)]

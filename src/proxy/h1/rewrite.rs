@@ -313,11 +313,7 @@ fn other_codings(value: &[u8]) -> Option<Vec<u8>> {
 /// and framing fields (it has no body).
 pub fn interim(head: &ResponseHead, out: &mut BytesMut) {
     put_status_line(head.status, &head.bytes[head.reason.clone()], out);
-    for f in head
-        .fields
-        .iter()
-        .filter(|f| !matches!(f.role, Role::HopByHop | Role::Framing))
-    {
+    for f in head.fields.iter().filter(|f| f.role.kept_in_interim()) {
         put_field(head.field_name(f), head.field_value(f), out);
     }
     out.put_slice(via(head.version));

@@ -52,13 +52,10 @@ pub(super) fn copy_fields(head: &ResponseHead, to: &mut HeaderMap) -> Result<(),
     })
 }
 
-/// An interim (1xx) head's fields as the h2 connection sends them: as a
-/// final head's, without the framing ones (it has no body), as the
-/// HTTP/1 path passes it on.
+/// An interim (1xx) head's fields as the h2 connection sends them: those
+/// the HTTP/1 path passes on too (`Role::kept_in_interim`).
 pub(super) fn interim_fields(head: &ResponseHead, to: &mut HeaderMap) -> Result<(), BadResponse> {
-    copy_kept(head, to, |field, _| {
-        !matches!(field.role, Role::HopByHop | Role::Framing)
-    })
+    copy_kept(head, to, |field, _| field.role.kept_in_interim())
 }
 
 /// The head's fields that `keep` keeps (given each with its name).
