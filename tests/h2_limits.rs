@@ -492,9 +492,11 @@ async fn a_client_that_resets_every_stream_it_opens_is_cut() {
 
 /// What a client may send before baton reads it (while its stream waits
 /// in line, connects, or its backend is slow to take the body) is bounded
-/// as nginx and HAProxy bound it: 64 KiB a stream
-/// (SETTINGS_INITIAL_WINDOW_SIZE) and 256 KiB a connection (65,535 bytes
-/// plus what baton's WINDOW_UPDATEs open), not hyper's 1 MiB each.
+/// as nginx bounds it: 64 KiB a stream (SETTINGS_INITIAL_WINDOW_SIZE, not
+/// hyper's 1 MiB) on each of its streams (at most 100 by default, tested
+/// above; nginx: 128), as the connection's window goes back as DATA
+/// arrives. The first grant of the connection's
+/// window stays at 256 KiB (65,535 bytes and a WINDOW_UPDATE).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_client_may_send_unread_is_bounded() {
     let (_backend, baton) = baton_with("").await;
@@ -537,5 +539,50 @@ async fn what_a_client_may_send_unread_is_bounded() {
     assert!(
         connection_window <= 256 * 1024,
         "connection window {connection_window}"
+    );
+}
+
+/// Uploads queued for a backend held at its cap, sent in one-byte DATA
+/// frames: what baton keeps of them is about what they carry (four streams
+/// of 60,000 bytes), not a slot and a view of its read buffer for every
+/// byte (which held over 10 MiB for the same 240,000 bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_in_one_byte_frames_hold_about_what_they_carry() {
+    const STREAMS: u32 = 4;
+    const BYTES: usize = 60_000;
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new().top("workers = 1").http("web", "app").pool_with(
+        "app",
+        "max_connections_per_backend = 1\nqueue_timeout = \"60s\"",
+        &[(backend.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let mut s = opened(&baton).await;
+    // Stream 1 holds the one backend connection; the uploads wait in line.
+    s.write_all(&support::h2_raw::get_on(1, "/gated"))
+        .await
+        .expect("write");
+    let deadline = tokio::time::Instant::now() + support::TIMEOUT;
+    while backend.held() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "/gated never came");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    support::h2_raw::round_trip(&mut s).await;
+    let before = support::daemon::rss_kib(baton.first_pid);
+    let mut frames = Vec::new();
+    for stream in (3..).step_by(2).take(STREAMS as usize) {
+        frames.extend(support::h2_raw::post_on(stream, "/upload"));
+        for _ in 0..BYTES {
+            frames.extend(support::h2_raw::data_on(stream, b"u"));
+        }
+    }
+    s.write_all(&frames).await.expect("write");
+    support::h2_raw::round_trip(&mut s).await;
+    let grown = support::daemon::rss_kib(baton.first_pid).saturating_sub(before);
+    backend.release();
+    assert!(
+        grown < 4 * 1024,
+        "{} bytes queued in one-byte frames grew baton by {grown} KiB",
+        STREAMS as usize * BYTES
     );
 }

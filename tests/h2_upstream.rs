@@ -821,3 +821,32 @@ async fn an_h2_client_expecting_100_continue_gets_it() {
         5
     );
 }
+
+/// Eight uploads of 200 KiB on one h2 connection to a backend capped at
+/// one connection: the seven in line keep what they were sent unread
+/// (64 KiB each, more than the connection's first window of 256 KiB in
+/// all), and the one the backend serves still gets its bytes, so each is
+/// answered in its turn, long before `queue_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_queued_for_a_capped_backend_do_not_stall_the_one_it_serves() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new().top("workers = 1").http("web", "app").pool_with(
+        "app",
+        "max_connections_per_backend = 1\nqueue_timeout = \"60s\"",
+        &[(backend.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let sender = h2(web).await;
+    let mut uploads = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let mut sender = sender.clone();
+        uploads.spawn(async move {
+            let body = Full::new(Bytes::from(vec![b'u'; 200 * 1024])).boxed();
+            send(&mut sender, request("POST", web, "/upload", body)).await
+        });
+    }
+    for (status, body, _) in uploads.join_all().await {
+        assert_eq!((status, body.as_str()), (200, "received 204800\n"));
+    }
+}

@@ -68,9 +68,9 @@ const H2_SEND_BUFFER: usize = 32 * 1024;
 /// it (while the stream waits in line, connects, or its backend is slow to
 /// take it): nginx's and HAProxy's 64 KiB.
 const H2_STREAM_WINDOW: u32 = 64 * 1024;
-/// The same for all of a connection's streams together: 1 MiB a connection
-/// (hyper's, once) let 10,000 clients that send and are not read pin 10 GiB
-/// (an HTTP/1 client holds 16 KiB).
+/// The connection's window: given back as DATA arrives (what waits unread
+/// is bounded by the streams' windows), it bounds only the bytes on their
+/// way, and its WINDOW_UPDATEs go out a half at a time.
 const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// How long an idle h2 client has to close after GOAWAY (counted from the
 /// last byte baton wrote, with no stream open).

@@ -37,7 +37,8 @@ pub struct Limits {
     pub max_streams: u32,
     /// What a client may send of one stream's body before it is read.
     pub stream_window: u32,
-    /// The same for all streams together.
+    /// The same for all streams together, of what is on its way: it goes
+    /// back as DATA arrives, read or not.
     pub connection_window: u32,
     /// A request head's fields, with 32 bytes more each (RFC 9113 §6.5.2).
     pub max_header_list: u32,
@@ -627,17 +628,19 @@ where
             let why = "DATA beyond the connection's window";
             return Err(protocol(Reason::FLOW_CONTROL_ERROR, why));
         }
+        // The connection's window goes back as DATA arrives, read or not
+        // (nginx's rule): what waits unread is bounded by each stream's
+        // window, and uploads queued for a backend, unread, must not hold
+        // the window the one being read needs (four would fill 256 KiB).
+        self.recv_unacked += flow;
         let Some(stream) = self.streams.get_mut(&id) else {
             if id > self.highest {
                 return Err(protocol(Reason::PROTOCOL_ERROR, "DATA on an idle stream"));
             }
-            // A stream already closed: its bytes count, and go back.
-            self.recv_unacked += flow;
             return Ok(());
         };
         // Padding is given back at once.
         let padding = flow - data.len() as u32;
-        self.recv_unacked += padding;
         stream.recv_window -= flow_i;
         stream.recv_unacked += padding;
         let fault = if stream.recv_window < 0 {
@@ -651,7 +654,6 @@ where
             (over || short).then_some(Reason::PROTOCOL_ERROR)
         };
         if let Some(reason) = fault {
-            self.recv_unacked += data.len() as u32;
             if reason == Reason::PROTOCOL_ERROR {
                 self.end_stream(id, RecvError::Length);
             }
@@ -662,18 +664,8 @@ where
             return Ok(());
         };
         let mut held = recv::lock(inbox);
-        if Arc::strong_count(inbox) == 1 {
-            // Nobody reads it any more: given back at once.
-            self.recv_unacked += data.len() as u32;
-        } else if !data.is_empty() {
-            // A view of the read buffer pins all of it: a byte of data
-            // padded to a whole frame would hold 16 KiB against a byte of
-            // window. Mostly padding, it is copied out.
-            let data = if data.len() * 2 < flow as usize {
-                Bytes::copy_from_slice(&data)
-            } else {
-                data
-            };
+        // Nobody reads it any more: dropped.
+        if Arc::strong_count(inbox) > 1 && !data.is_empty() {
             held.push(data);
         }
         if end_stream {
@@ -695,9 +687,7 @@ where
             abort.abort();
         }
         if let Some(inbox) = &stream.inbox {
-            let mut inbox = recv::lock(inbox);
-            self.recv_unacked += inbox.take_released() + inbox.unread() as u32;
-            inbox.fail(why);
+            recv::lock(inbox).fail(why);
         }
     }
 
@@ -969,10 +959,8 @@ where
                 continue;
             };
             if let Some(inbox) = &stream.inbox {
-                let mut inbox = recv::lock(inbox);
-                self.recv_unacked += inbox.take_released() + inbox.unread() as u32;
                 if !stream.request_ended {
-                    inbox.fail(RecvError::Reset(Reason::NO_ERROR));
+                    recv::lock(inbox).fail(RecvError::Reset(Reason::NO_ERROR));
                 }
             }
             if !stream.request_ended {
@@ -987,22 +975,15 @@ where
             let Some(inbox) = &stream.inbox else {
                 continue;
             };
-            let released = recv::lock(inbox).take_released();
-            self.recv_unacked += released;
-            stream.recv_unacked += released;
+            stream.recv_unacked += recv::lock(inbox).take_released();
             if !stream.request_ended && stream.recv_unacked >= self.limits.stream_window / 2 {
                 write::window_update(&mut self.out, id, stream.recv_unacked);
                 stream.recv_window += i64::from(stream.recv_unacked);
                 stream.recv_unacked = 0;
             }
         }
-        // Half the window read, or what the client may still send down to
-        // half: streams whose bodies wait unread (queued for a backend)
-        // can hold more than half of the window, and then what the others
-        // read must still go back, or their uploads stall behind them.
-        let half = self.limits.connection_window / 2;
-        let low = self.recv_window < i64::from(half);
-        if self.recv_unacked >= half || (self.recv_unacked > 0 && low) {
+        // Half the window arrived (`on_data`).
+        if self.recv_unacked >= self.limits.connection_window / 2 {
             write::window_update(&mut self.out, 0, self.recv_unacked);
             self.recv_window += i64::from(self.recv_unacked);
             self.recv_unacked = 0;

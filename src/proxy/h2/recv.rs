@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
@@ -30,10 +30,24 @@ pub enum RecvError {
     Length,
 }
 
+/// A DATA payload shorter than a whole frame (16 KiB: baton never allows
+/// larger) is copied into the inbox's `gathered` bytes; a whole one is
+/// kept as it came, a view of the connection's read buffer. A view pins
+/// the whole buffer it came from (16 to 64 KiB), and a payload of its own
+/// costs a slot and an allocation: a client that sent one-byte frames to
+/// streams nobody reads yet would hold hundreds of bytes of baton's
+/// memory for each byte of its window, not one.
+const GATHERED_BELOW: usize = 16 * 1024;
+/// How many gathered bytes make one chunk.
+const GATHERED_CHUNK: usize = 16 * 1024;
+
 /// What the connection and the body share of one stream's upload.
 #[derive(Debug, Default)]
 pub(super) struct Inbox {
+    /// What came, in order, but for the `gathered` bytes after it.
     chunks: VecDeque<Bytes>,
+    /// Short payloads, copied together since the last chunk.
+    gathered: BytesMut,
     trailers: Option<HeaderMap>,
     ended: bool,
     failed: Option<RecvError>,
@@ -53,8 +67,29 @@ pub(super) fn lock(inbox: &SharedInbox) -> MutexGuard<'_, Inbox> {
 
 impl Inbox {
     pub(super) fn push(&mut self, data: Bytes) {
-        self.chunks.push_back(data);
+        if data.len() < GATHERED_BELOW {
+            if self.gathered.len() + data.len() > GATHERED_CHUNK {
+                self.close_gathered();
+            }
+            self.gathered.extend_from_slice(&data);
+        } else {
+            self.close_gathered();
+            self.chunks.push_back(data);
+        }
         self.wake_reader();
+    }
+
+    /// The gathered bytes become a chunk, in their place in the order.
+    fn close_gathered(&mut self) {
+        if !self.gathered.is_empty() {
+            self.chunks.push_back(self.gathered.split().freeze());
+        }
+    }
+
+    /// The next bytes to read, if any came.
+    fn next_chunk(&mut self) -> Option<Bytes> {
+        self.close_gathered();
+        self.chunks.pop_front()
     }
 
     pub(super) fn end(&mut self, trailers: Option<HeaderMap>) {
@@ -66,17 +101,13 @@ impl Inbox {
     pub(super) fn fail(&mut self, why: RecvError) {
         self.failed.get_or_insert(why);
         self.chunks.clear();
+        self.gathered = BytesMut::new();
         self.wake_reader();
     }
 
     /// What was read since the last call, for WINDOW_UPDATEs.
     pub(super) fn take_released(&mut self) -> u32 {
         std::mem::take(&mut self.released)
-    }
-
-    /// Bytes taken and not yet read.
-    pub(super) fn unread(&self) -> usize {
-        self.chunks.iter().map(Bytes::len).sum()
     }
 
     fn wake_reader(&mut self) {
@@ -114,7 +145,7 @@ impl Body for RecvBody {
         if let Some(why) = inbox.failed {
             return Poll::Ready(Some(Err(why)));
         }
-        if let Some(data) = inbox.chunks.pop_front() {
+        if let Some(data) = inbox.next_chunk() {
             inbox.released += data.len() as u32;
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
@@ -133,6 +164,7 @@ impl Body for RecvBody {
             let inbox = lock(inbox);
             inbox.ended
                 && inbox.chunks.is_empty()
+                && inbox.gathered.is_empty()
                 && inbox.trailers.is_none()
                 && inbox.failed.is_none()
         })
@@ -144,5 +176,53 @@ impl Body for RecvBody {
             (Some(length), _) => SizeHint::with_exact(length),
             (None, _) => SizeHint::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One-byte payloads, each a view of a 16 KiB read buffer: the inbox
+    /// keeps copies, a few chunks of them, and no view of the buffer.
+    #[test]
+    fn short_payloads_are_gathered_not_kept_as_views() {
+        let read = Bytes::from((0..16_384u32).map(|i| i as u8).collect::<Vec<u8>>());
+        let mut inbox = Inbox::default();
+        for i in 0..read.len() {
+            inbox.push(read.slice(i..=i));
+        }
+        assert!(read.is_unique(), "a view of the read buffer was kept");
+        let whole = read.slice(..);
+        inbox.push(whole);
+        assert!(!read.is_unique(), "a long payload is kept as it came");
+        let mut out = Vec::new();
+        let mut chunks = 0;
+        while let Some(chunk) = inbox.next_chunk() {
+            out.extend_from_slice(&chunk);
+            chunks += 1;
+        }
+        assert_eq!(chunks, 2);
+        assert_eq!(out.len(), 2 * read.len());
+        assert_eq!(&out[..read.len()], &read[..]);
+        assert_eq!(&out[read.len()..], &read[..]);
+    }
+
+    /// Gathered bytes stay in their place among the chunks kept as they came.
+    #[test]
+    fn gathered_and_kept_payloads_are_read_in_order() {
+        let mut inbox = Inbox::default();
+        inbox.push(Bytes::from_static(b"ab"));
+        inbox.push(Bytes::from(vec![b'c'; GATHERED_BELOW]));
+        inbox.push(Bytes::from_static(b"d"));
+        inbox.push(Bytes::from_static(b"e"));
+        let mut out = Vec::new();
+        while let Some(chunk) = inbox.next_chunk() {
+            out.extend_from_slice(&chunk);
+        }
+        let mut want = b"ab".to_vec();
+        want.extend(vec![b'c'; GATHERED_BELOW]);
+        want.extend_from_slice(b"de");
+        assert_eq!(out, want);
     }
 }
