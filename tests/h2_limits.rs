@@ -58,16 +58,25 @@ async fn until_closed(s: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {
     }
 }
 
-/// The h2 frames in `bytes`: (type, payload).
-fn frames(mut bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+/// The h2 frames in `bytes`: (type, stream, payload).
+fn frames_of(mut bytes: &[u8]) -> Vec<(u8, u32, Vec<u8>)> {
     let mut out = Vec::new();
     while bytes.len() >= 9 {
         let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
+        let stream = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff;
         let end = (9 + len).min(bytes.len());
-        out.push((bytes[3], bytes[9..end].to_vec()));
+        out.push((bytes[3], stream, bytes[9..end].to_vec()));
         bytes = &bytes[end..];
     }
     out
+}
+
+/// The h2 frames in `bytes`: (type, payload).
+fn frames(bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    frames_of(bytes)
+        .into_iter()
+        .map(|(kind, _, payload)| (kind, payload))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,14 +551,10 @@ async fn what_a_client_may_send_unread_is_bounded() {
     );
 }
 
-/// Uploads queued for a backend held at its cap, sent in one-byte DATA
-/// frames: what baton keeps of them is about what they carry (four streams
-/// of 60,000 bytes), not a slot and a view of its read buffer for every
-/// byte (which held over 10 MiB for the same 240,000 bytes).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uploads_in_one_byte_frames_hold_about_what_they_carry() {
-    const STREAMS: u32 = 4;
-    const BYTES: usize = 60_000;
+/// A connection to `web`, h2 opened, whose stream 1 holds the one
+/// connection its backend may have (`/gated`, until `release`): uploads
+/// opened on it next wait in line, their bodies unread.
+async fn behind_a_held_backend() -> (HttpBackend, Baton, TcpStream) {
     let backend = HttpBackend::start("a").await;
     let spec = Spec::new().top("workers = 1").http("web", "app").pool_with(
         "app",
@@ -558,7 +563,6 @@ async fn uploads_in_one_byte_frames_hold_about_what_they_carry() {
     );
     let baton = Baton::start(spec).await;
     let mut s = opened(&baton).await;
-    // Stream 1 holds the one backend connection; the uploads wait in line.
     s.write_all(&support::h2_raw::get_on(1, "/gated"))
         .await
         .expect("write");
@@ -568,9 +572,21 @@ async fn uploads_in_one_byte_frames_hold_about_what_they_carry() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     support::h2_raw::round_trip(&mut s).await;
+    (backend, baton, s)
+}
+
+/// Uploads waiting in line for a backend, sent in one-byte DATA frames:
+/// what baton keeps of them is about what they carry (four streams of
+/// 60,000 bytes), not a slot and a view of its read buffer for every byte
+/// (which held over 10 MiB for the same 240,000 bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_in_one_byte_frames_hold_about_what_they_carry() {
+    const STREAMS: usize = 4;
+    const BYTES: usize = 60_000;
+    let (backend, baton, mut s) = behind_a_held_backend().await;
     let before = support::daemon::rss_kib(baton.first_pid);
     let mut frames = Vec::new();
-    for stream in (3..).step_by(2).take(STREAMS as usize) {
+    for stream in (3..).step_by(2).take(STREAMS) {
         frames.extend(support::h2_raw::post_on(stream, "/upload"));
         for _ in 0..BYTES {
             frames.extend(support::h2_raw::data_on(stream, b"u"));
@@ -583,6 +599,38 @@ async fn uploads_in_one_byte_frames_hold_about_what_they_carry() {
     assert!(
         grown < 4 * 1024,
         "{} bytes queued in one-byte frames grew baton by {grown} KiB",
-        STREAMS as usize * BYTES
+        STREAMS * BYTES
     );
+}
+
+/// The stream's window is what bounds an upload waiting in line, now that
+/// the connection's goes back as DATA arrives: a byte past its 64 KiB
+/// resets the stream (FLOW_CONTROL_ERROR), and the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_past_its_streams_window_is_reset() {
+    const RST_STREAM: u8 = 3;
+    const FLOW_CONTROL_ERROR: [u8; 4] = [0, 0, 0, 3];
+    let (backend, _baton, mut s) = behind_a_held_backend().await;
+    let mut frames = support::h2_raw::post_on(3, "/upload");
+    for _ in 0..4 {
+        frames.extend(support::h2_raw::data_on(3, &[b'u'; 16 * 1024]));
+    }
+    s.write_all(&frames).await.expect("write");
+    support::h2_raw::round_trip(&mut s).await;
+    s.write_all(&support::h2_raw::data_on(3, b"!"))
+        .await
+        .expect("write");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + support::TIMEOUT;
+    while !frames_of(&seen).contains(&(RST_STREAM, 3, FLOW_CONTROL_ERROR.to_vec())) {
+        let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
+            .await
+            .expect("RST_STREAM in time")
+            .expect("read");
+        assert_ne!(n, 0, "closed: {:?}", frames_of(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    support::h2_raw::round_trip(&mut s).await;
+    backend.release();
 }

@@ -8,7 +8,7 @@
 //! The exchange is the caller's: a function from a request to a future of
 //! its response. What the client sends of a request body waits in the
 //! stream's inbox until the exchange reads it; what it read is given back
-//! to the client's windows.
+//! to the stream's window (the connection's goes back as it arrives).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -666,7 +666,7 @@ where
         let mut held = recv::lock(inbox);
         // Nobody reads it any more: dropped.
         if Arc::strong_count(inbox) > 1 && !data.is_empty() {
-            held.push(data);
+            held.push(&data);
         }
         if end_stream {
             held.end(None);
@@ -969,7 +969,8 @@ where
         }
     }
 
-    /// WINDOW_UPDATEs for what exchanges read, once half a window is due.
+    /// WINDOW_UPDATEs, once half a window is due: a stream's for what its
+    /// exchange read, the connection's for what arrived.
     fn grant_windows(&mut self) {
         for (&id, stream) in self.streams.iter_mut() {
             let Some(inbox) = &stream.inbox else {

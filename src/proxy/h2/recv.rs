@@ -1,9 +1,10 @@
 //! A stream's request body as its exchange reads it: the DATA the
 //! connection has taken for it, then trailers or the end, or the reset
-//! that ended it. What the exchange reads is given back to the client's
-//! flow-control windows by the connection (`released`), so a body that is
+//! that ended it. What the exchange reads is given back to the stream's
+//! flow-control window by the connection (`released`), so a body that is
 //! not read stops the client once its window is spent: the backpressure
-//! an upload to a slow backend needs. Nothing wakes the connection when
+//! an upload to a slow backend needs (the connection's window goes back
+//! as DATA arrives, whoever reads it). Nothing wakes the connection when
 //! bytes are read: bodies are read only inside its own poll (an exchange,
 //! or the response body that carries the rest of an upload), and each of
 //! its turns looks at what was released after polling them.
@@ -30,14 +31,15 @@ pub enum RecvError {
     Length,
 }
 
-/// A DATA payload shorter than a whole frame (16 KiB: baton never allows
-/// larger) is copied into the inbox's `gathered` bytes; a whole one is
-/// kept as it came, a view of the connection's read buffer. A view pins
-/// the whole buffer it came from (16 to 64 KiB), and a payload of its own
-/// costs a slot and an allocation: a client that sent one-byte frames to
-/// streams nobody reads yet would hold hundreds of bytes of baton's
-/// memory for each byte of its window, not one.
-const GATHERED_BELOW: usize = 16 * 1024;
+/// Every DATA payload is copied into the inbox's `gathered` bytes, not
+/// kept as the view of the connection's read buffer it came as: a view
+/// pins the whole allocation it came from (16 to 64 KiB, however small its
+/// share), and a payload of its own costs a slot. A client could make
+/// each byte of its window hold hundreds of bytes of baton's memory with
+/// one-byte frames, or each 16 KiB frame hold 64 KiB with whole frames,
+/// each in a read of its own (the rest of the read filled with DATA for a
+/// closed stream). Copied, what an upload holds unread is about what it
+/// carries, at most twice that (the gathered buffer grows by doubling).
 /// How many gathered bytes make one chunk.
 const GATHERED_CHUNK: usize = 16 * 1024;
 
@@ -46,7 +48,7 @@ const GATHERED_CHUNK: usize = 16 * 1024;
 pub(super) struct Inbox {
     /// What came, in order, but for the `gathered` bytes after it.
     chunks: VecDeque<Bytes>,
-    /// Short payloads, copied together since the last chunk.
+    /// Payloads copied together since the last chunk.
     gathered: BytesMut,
     trailers: Option<HeaderMap>,
     ended: bool,
@@ -66,16 +68,11 @@ pub(super) fn lock(inbox: &SharedInbox) -> MutexGuard<'_, Inbox> {
 }
 
 impl Inbox {
-    pub(super) fn push(&mut self, data: Bytes) {
-        if data.len() < GATHERED_BELOW {
-            if self.gathered.len() + data.len() > GATHERED_CHUNK {
-                self.close_gathered();
-            }
-            self.gathered.extend_from_slice(&data);
-        } else {
+    pub(super) fn push(&mut self, data: &[u8]) {
+        if self.gathered.len() + data.len() > GATHERED_CHUNK {
             self.close_gathered();
-            self.chunks.push_back(data);
         }
+        self.gathered.extend_from_slice(data);
         self.wake_reader();
     }
 
@@ -183,46 +180,27 @@ impl Body for RecvBody {
 mod tests {
     use super::*;
 
-    /// One-byte payloads, each a view of a 16 KiB read buffer: the inbox
-    /// keeps copies, a few chunks of them, and no view of the buffer.
+    /// Payloads, each a view of a 16 KiB read buffer (one-byte ones, then
+    /// the whole buffer): the inbox keeps copies, in chunks of up to
+    /// 16 KiB, in order, and no view of the buffer.
     #[test]
-    fn short_payloads_are_gathered_not_kept_as_views() {
+    fn payloads_are_copied_together_not_kept_as_views() {
         let read = Bytes::from((0..16_384u32).map(|i| i as u8).collect::<Vec<u8>>());
         let mut inbox = Inbox::default();
         for i in 0..read.len() {
-            inbox.push(read.slice(i..=i));
+            inbox.push(&read.slice(i..=i));
         }
+        inbox.push(&read.slice(..));
+        inbox.push(b"end");
         assert!(read.is_unique(), "a view of the read buffer was kept");
-        let whole = read.slice(..);
-        inbox.push(whole);
-        assert!(!read.is_unique(), "a long payload is kept as it came");
-        let mut out = Vec::new();
-        let mut chunks = 0;
+        let mut chunks = Vec::new();
         while let Some(chunk) = inbox.next_chunk() {
-            out.extend_from_slice(&chunk);
-            chunks += 1;
+            chunks.push(chunk);
         }
-        assert_eq!(chunks, 2);
-        assert_eq!(out.len(), 2 * read.len());
-        assert_eq!(&out[..read.len()], &read[..]);
-        assert_eq!(&out[read.len()..], &read[..]);
-    }
-
-    /// Gathered bytes stay in their place among the chunks kept as they came.
-    #[test]
-    fn gathered_and_kept_payloads_are_read_in_order() {
-        let mut inbox = Inbox::default();
-        inbox.push(Bytes::from_static(b"ab"));
-        inbox.push(Bytes::from(vec![b'c'; GATHERED_BELOW]));
-        inbox.push(Bytes::from_static(b"d"));
-        inbox.push(Bytes::from_static(b"e"));
-        let mut out = Vec::new();
-        while let Some(chunk) = inbox.next_chunk() {
-            out.extend_from_slice(&chunk);
-        }
-        let mut want = b"ab".to_vec();
-        want.extend(vec![b'c'; GATHERED_BELOW]);
-        want.extend_from_slice(b"de");
-        assert_eq!(out, want);
+        let sizes: Vec<usize> = chunks.iter().map(Bytes::len).collect();
+        assert_eq!(sizes, [16_384, 16_384, 3]);
+        assert_eq!(chunks[0], read);
+        assert_eq!(chunks[1], read);
+        assert_eq!(&chunks[2][..], b"end");
     }
 }
