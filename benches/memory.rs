@@ -1,7 +1,8 @@
 //! `cargo bench --bench memory [-- --connections N]`
 //!
 //! Resident memory of baton, HAProxy and nginx: idle, holding N idle HTTP
-//! keep-alive client connections (each has answered one request), and, in
+//! keep-alive client connections (each has answered one request), as many
+//! idle h2c connections (the same), and, in
 //! TCP mode, N idle proxied connections (each has echoed one byte, so it
 //! has its backend connection too). Default N = 10,000. A TCP-mode
 //! connection costs a proxy two fds, so there N is capped to fit the fd
@@ -15,6 +16,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -52,10 +54,12 @@ impl Drop for EchoProcess {
     }
 }
 
-/// Something held open through the proxy: an HTTP keep-alive connection or
-/// a TCP stream.
+/// Something held open through the proxy: an HTTP keep-alive connection,
+/// an h2c connection (its client and the task that drives it) or a TCP
+/// stream.
 enum Held {
     Http(Conn),
+    H2c(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>),
     Tcp(TcpStream),
 }
 
@@ -77,11 +81,33 @@ async fn open_one(addr: SocketAddr, mode: Mode) -> Option<Held> {
         }
         // benches/tls.rs measures idle TLS connections.
         Mode::Https => None,
-        Mode::Http | Mode::H2c => {
+        Mode::Http => {
             let mut c = Conn::open(addr).await.ok()?;
             c.get("/").await.ok()?.then_some(Held::Http(c))
         }
+        Mode::H2c => h2c_answered(addr).await,
     }
+}
+
+/// An h2c connection (prior knowledge) that has answered one GET whole.
+async fn h2c_answered(addr: SocketAddr) -> Option<Held> {
+    let tcp = TcpStream::connect(addr).await.ok()?;
+    let (mut client, connection) = h2::client::handshake(tcp).await.ok()?;
+    let driver = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let request = hyper::Request::get(format!("http://{addr}/"))
+        .body(())
+        .ok()?;
+    let (response, _) = client.send_request(request, true).ok()?;
+    let response = response.await.ok()?;
+    let ok = response.status().is_success();
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.ok()?;
+        body.flow_control().release_capacity(chunk.len()).ok()?;
+    }
+    ok.then_some(Held::H2c(client, driver))
 }
 
 fn row(rt: &tokio::runtime::Runtime, kind: Kind, backend: SocketAddr, mode: Mode, n: usize) {
@@ -89,31 +115,42 @@ fn row(rt: &tokio::runtime::Runtime, kind: Kind, backend: SocketAddr, mode: Mode
     std::thread::sleep(Duration::from_millis(300));
     let idle = rss_kib(&proxy.pids());
     let addr = proxy.addr;
-    let (http, tcp) = rt.block_on(async move {
-        let (mut http, mut tcp) = (Vec::new(), Vec::new());
+    let held = rt.block_on(async move {
+        let mut held = Vec::new();
         for _ in 0..n {
             match open(addr, mode).await {
-                Some(Held::Http(c)) => http.push(c),
-                Some(Held::Tcp(s)) => tcp.push(s),
+                Some(one) => held.push(one),
                 None => break,
             }
         }
-        (http, tcp)
+        held
     });
-    let held = http.len() + tcp.len();
     std::thread::sleep(Duration::from_millis(500));
     let loaded = rss_kib(&proxy.pids());
-    let per = (loaded.saturating_sub(idle)) as f64 / held.max(1) as f64;
-    let what = if mode == Mode::Tcp { "TCP" } else { "HTTP" };
+    let per = (loaded.saturating_sub(idle)) as f64 / held.len().max(1) as f64;
+    let what = match mode {
+        Mode::Tcp => "TCP",
+        Mode::H2c => "h2c",
+        _ => "HTTP",
+    };
     println!(
         "| {} | {what} | {:.1} MiB | {:.1} MiB ({} held) | {:.1} KiB |",
         kind.name(),
         idle as f64 / 1024.0,
         loaded as f64 / 1024.0,
-        held,
+        held.len(),
         per
     );
-    drop((http, tcp));
+    for one in held {
+        match one {
+            Held::Http(c) => drop(c),
+            Held::H2c(client, driver) => {
+                drop(client);
+                driver.abort();
+            }
+            Held::Tcp(s) => drop(s),
+        }
+    }
 }
 
 fn main() {
@@ -132,7 +169,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    println!("memory bench: RSS (all processes of each proxy), idle and with {connections} idle HTTP connections ({tcp_connections} in TCP mode: the fd limit is {})", support::fd_limit());
+    println!("memory bench: RSS (all processes of each proxy), idle and with {connections} idle HTTP (or h2c) connections ({tcp_connections} in TCP mode: the fd limit is {})", support::fd_limit());
     println!("| system | mode | idle RSS | RSS with the connections | per connection |");
     println!("| --- | --- | ---: | ---: | ---: |");
     for kind in [Kind::Baton, Kind::Haproxy, Kind::Nginx] {
@@ -141,6 +178,7 @@ fn main() {
             continue;
         }
         row(&rt, kind, backend, Mode::Http, connections);
+        row(&rt, kind, backend, Mode::H2c, connections);
         if kind != Kind::Nginx {
             row(&rt, kind, echo.addr, Mode::Tcp, tcp_connections);
         }

@@ -91,6 +91,9 @@ const ANY_STREAM: u32 = frame::MAX_WINDOW;
 const HEADER_TABLE: usize = 4096;
 /// Read buffer growth: one frame of the default size and its head.
 const READ_CHUNK: usize = 16 * 1024 + frame::HEAD_LEN;
+/// The output buffer an idle connection keeps (more, and it is dropped):
+/// enough for a small response's frames, not what a download grew.
+const OUT_KEPT_IDLE: usize = 1024;
 
 /// One stream's state.
 struct Stream<B> {
@@ -349,6 +352,23 @@ where
         self.keep_alive(cx)?;
         moved |= self.flush(cx)?;
         Ok(moved)
+    }
+
+    /// A connection with no stream open and nothing held to read or to
+    /// write gives its buffers back as it waits: a client that keeps its
+    /// connection between page loads costs its socket and state, not a
+    /// 16 KiB read buffer and the room its last burst of streams took
+    /// (HTTP/1 connections hold no buffer while idle either).
+    fn release_when_idle(&mut self) {
+        if self.streams.is_empty() && self.read.is_empty() && self.out.is_empty() {
+            self.read = BytesMut::new();
+            if self.out.capacity() > OUT_KEPT_IDLE {
+                self.out = Vec::new();
+            }
+            self.streams = HashMap::new();
+            self.sending = VecDeque::new();
+            self.done = Vec::new();
+        }
     }
 
     fn finished(&self) -> bool {
@@ -1089,7 +1109,10 @@ where
             match this.turn(cx) {
                 Ok(true) => {}
                 Ok(false) if this.finished() => return Poll::Ready(Ok(())),
-                Ok(false) => return Poll::Pending,
+                Ok(false) => {
+                    this.release_when_idle();
+                    return Poll::Pending;
+                }
                 Err(err) => {
                     this.fail(&err, cx);
                     return Poll::Ready(Err(err));
