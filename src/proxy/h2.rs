@@ -135,7 +135,7 @@ async fn linger<S: ByteStream>(mut stream: S) {
     let socket = stream.tcp();
     let _ = socket2::SockRef::from(socket).shutdown(std::net::Shutdown::Write);
     // On the heap: inline, it would size every h2 connection's task for
-    // its last moments (4 KiB of each idle connection's 4.9).
+    // its last moments (4 KiB of the 4.9 its future took).
     let mut sink = vec![0u8; 4096];
     let _ = tokio::time::timeout(LINGER_MAX, async {
         while let Ok(Ok(())) = tokio::time::timeout(LINGER_SILENCE, socket.readable()).await {

@@ -94,6 +94,10 @@ const READ_CHUNK: usize = 16 * 1024 + frame::HEAD_LEN;
 /// The output buffer an idle connection keeps (more, and it is dropped):
 /// enough for a small response's frames, not what a download grew.
 const OUT_KEPT_IDLE: usize = 1024;
+/// The room for streams an idle connection keeps (more, and it is
+/// dropped): a client that sends a request at a time does not make baton
+/// allocate it again for each, one that sent a burst does not hold its room.
+const STREAMS_KEPT_IDLE: usize = 8;
 
 /// One stream's state.
 struct Stream<B> {
@@ -365,9 +369,11 @@ where
             if self.out.capacity() > OUT_KEPT_IDLE {
                 self.out = Vec::new();
             }
-            self.streams = HashMap::new();
-            self.sending = VecDeque::new();
-            self.done = Vec::new();
+            if self.streams.capacity() > STREAMS_KEPT_IDLE {
+                self.streams = HashMap::new();
+                self.sending = VecDeque::new();
+                self.done = Vec::new();
+            }
         }
     }
 

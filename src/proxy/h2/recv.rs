@@ -31,16 +31,7 @@ pub enum RecvError {
     Length,
 }
 
-/// Every DATA payload is copied into the inbox's `gathered` bytes, not
-/// kept as the view of the connection's read buffer it came as: a view
-/// pins the whole allocation it came from (16 to 64 KiB, however small its
-/// share), and a payload of its own costs a slot. A client could make
-/// each byte of its window hold hundreds of bytes of baton's memory with
-/// one-byte frames, or each 16 KiB frame hold 64 KiB with whole frames,
-/// each in a read of its own (the rest of the read filled with DATA for a
-/// closed stream). Copied, what an upload holds unread is about what it
-/// carries, at most twice that (the gathered buffer grows by doubling).
-/// How many gathered bytes make one chunk.
+/// How many gathered bytes make one chunk (`Inbox::push`).
 const GATHERED_CHUNK: usize = 16 * 1024;
 
 /// What the connection and the body share of one stream's upload.
@@ -68,6 +59,16 @@ pub(super) fn lock(inbox: &SharedInbox) -> MutexGuard<'_, Inbox> {
 }
 
 impl Inbox {
+    /// A DATA payload, copied into the `gathered` bytes rather than kept as
+    /// the view of the connection's read buffer it came as: a view pins the
+    /// whole allocation it came from (16 to 64 KiB, however small its
+    /// share), and a payload of its own costs a slot. A client could make
+    /// each byte of its window hold hundreds of bytes of baton's memory with
+    /// one-byte frames, or each 16 KiB frame hold 64 KiB with whole frames,
+    /// each in a read of its own (the rest of the read filled with DATA for
+    /// a closed stream). Copied, what an upload holds unread is about what
+    /// it carries, at most twice that (the gathered buffer grows by
+    /// doubling).
     pub(super) fn push(&mut self, data: &[u8]) {
         if self.gathered.len() + data.len() > GATHERED_CHUNK {
             self.close_gathered();
