@@ -556,12 +556,7 @@ async fn what_a_client_may_send_unread_is_bounded() {
 /// opened on it next wait in line, their bodies unread.
 async fn behind_a_held_backend() -> (HttpBackend, Baton, TcpStream) {
     let backend = HttpBackend::start("a").await;
-    let spec = Spec::new().top("workers = 1").http("web", "app").pool_with(
-        "app",
-        "max_connections_per_backend = 1\nqueue_timeout = \"60s\"",
-        &[(backend.addr, 1)],
-    );
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(support::raw::one_place_waiting(backend.addr, "60s")).await;
     let mut s = opened(&baton).await;
     s.write_all(&support::h2_raw::get_on(1, "/gated"))
         .await

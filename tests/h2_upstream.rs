@@ -830,12 +830,7 @@ async fn an_h2_client_expecting_100_continue_gets_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_queued_for_a_capped_backend_do_not_stall_the_one_it_serves() {
     let backend = HttpBackend::start("a").await;
-    let spec = Spec::new().top("workers = 1").http("web", "app").pool_with(
-        "app",
-        "max_connections_per_backend = 1\nqueue_timeout = \"60s\"",
-        &[(backend.addr, 1)],
-    );
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(support::raw::one_place_waiting(backend.addr, "60s")).await;
     let web = baton.addr("web");
     let sender = h2(web).await;
     let mut uploads = tokio::task::JoinSet::new();

@@ -277,12 +277,17 @@ pub fn closes_under_b(seen: &Seen) -> (Vec<u8>, Then) {
 /// `max_connections_per_backend = 1` and a one-second `queue_timeout`, one
 /// worker: the pool for [`closes_under_b`].
 pub fn one_place(backend: SocketAddr) -> super::daemon::Spec {
+    one_place_waiting(backend, "1s")
+}
+
+/// The same, with requests waiting in line up to `queue_timeout`.
+pub fn one_place_waiting(backend: SocketAddr, queue_timeout: &str) -> super::daemon::Spec {
     super::daemon::Spec::new()
         .top("workers = 1")
         .http("web", "app")
         .pool_with(
             "app",
-            "max_connections_per_backend = 1\nqueue_timeout = \"1s\"",
+            &format!("max_connections_per_backend = 1\nqueue_timeout = \"{queue_timeout}\""),
             &[(backend, 1)],
         )
 }
