@@ -129,6 +129,32 @@ async fn an_h2_connection_without_a_stream_gets_goaway_at_idle_timeout() {
     );
 }
 
+/// The GOAWAY goes out before the close, however long the connection was
+/// quiet before its idle GOAWAY (here 3 s, three times the grace an idle
+/// client has to close after it): the close waits for a grace after the
+/// GOAWAY, not after the last byte before it. It used to be put out and
+/// the connection closed in the same turn, most times before the GOAWAY
+/// was written, so a client that sent a request then met a bare close
+/// (most times, not always: four clients, so that one meets it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_quiet_for_long_gets_its_idle_goaway_before_the_close() {
+    let (_backend, baton) = baton_with("idle_timeout = \"3s\"").await;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(opened(&baton).await);
+    }
+    let closes = clients
+        .iter_mut()
+        .map(|s| until_closed(s, Duration::from_secs(8)));
+    for sent in futures_util::future::join_all(closes).await {
+        let sent = sent.expect("closed after idle_timeout");
+        assert!(
+            frames(&sent).iter().any(|(kind, _)| *kind == GOAWAY),
+            "a GOAWAY before the close: {sent:?}"
+        );
+    }
+}
+
 /// The idle clock starts again when the last stream ends: a connection
 /// that served a request is closed `idle_timeout` later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,14 @@
 //! One h2c client connection's activity: streams in flight, since when it
 //! is idle (GOAWAY at `idle_timeout`), its opening clock, whether the
-//! client takes the responses it is sent, when bytes last went out, how
-//! many streams it reset before their responses, and when it was sent
-//! GOAWAY.
+//! client takes the responses it is sent, when bytes last went out, and
+//! how many streams it reset before their responses. The connection's
+//! clocks (`h2_clocks`) are rules over it.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -16,7 +17,7 @@ use super::delivery::Delivery;
 use super::head::OpeningClock;
 
 /// How many graces after its last stream ended a connection is closed
-/// however often it still writes (see `ConnState::done_and_quiet`).
+/// however often it still writes (see `ConnState::quiet`).
 const QUIET_AT_MOST: u32 = 4;
 
 /// A client whose streams sent on to a backend reach this many, more than
@@ -37,8 +38,9 @@ pub struct ConnState {
     /// The slowloris clock of its opening (see `head`).
     pub opening: Arc<OpeningClock>,
     in_flight: AtomicUsize,
-    /// Told when the last request in flight ends.
-    emptied: Notify,
+    /// Told when the last request in flight ends, and when the client is
+    /// found flooding: what the connection's clocks cannot see coming.
+    changed: Notify,
     /// When the connection last became idle, as nanoseconds since `origin`.
     idle_since_nanos: AtomicU64,
     origin: Instant,
@@ -53,14 +55,37 @@ pub struct ConnState {
     /// When bytes last went to the client's socket, nanoseconds since
     /// `origin`: a stream is over for baton when its last frame is handed
     /// to the connection, which may hold that frame until the client's
-    /// window opens (see [`ConnState::done_and_quiet`]).
+    /// window opens (see [`ConnState::quiet`]).
     wrote_nanos: AtomicU64,
     /// Streams sent on to a backend, and those of them the client reset
     /// early (see [`RESET_FLOOD`]).
     sent_on: AtomicU64,
     early_resets: AtomicU64,
-    /// Told once the client is found flooding.
-    flooded: Notify,
+    /// Set once the client is found flooding.
+    flooded: AtomicBool,
+}
+
+/// What one of a connection's clocks says when looked at.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Due {
+    /// Its time has come.
+    Now,
+    /// Look again then.
+    At(Instant),
+    /// Look again when the last stream in flight ends (see
+    /// [`ConnState::changed`]).
+    WhenEmptied,
+}
+
+impl Due {
+    /// A clock due `at`, looked at `now`.
+    pub fn by(at: Instant, now: Instant) -> Due {
+        if now >= at {
+            Due::Now
+        } else {
+            Due::At(at)
+        }
+    }
 }
 
 /// Marks a request in flight until the response body is done.
@@ -140,7 +165,7 @@ impl Drop for Busy {
         }
         state.idle_since_nanos.store(now, Ordering::Relaxed);
         if state.in_flight.fetch_sub(1, Ordering::Release) == 1 {
-            state.emptied.notify_waiters();
+            state.changed.notify_waiters();
         }
     }
 }
@@ -151,7 +176,7 @@ impl ConnState {
         ConnState {
             opening: Arc::new(OpeningClock::since(opened)),
             in_flight: AtomicUsize::new(0),
-            emptied: Notify::new(),
+            changed: Notify::new(),
             idle_since_nanos: AtomicU64::new(0),
             origin: Instant::now(),
             frames_waiting: AtomicUsize::new(0),
@@ -159,7 +184,7 @@ impl ConnState {
             wrote_nanos: AtomicU64::new(0),
             sent_on: AtomicU64::new(0),
             early_resets: AtomicU64::new(0),
-            flooded: Notify::new(),
+            flooded: AtomicBool::new(false),
         }
     }
 
@@ -167,15 +192,30 @@ impl ConnState {
     fn reset_early(&self) {
         let resets = self.early_resets.fetch_add(1, Ordering::Relaxed) + 1;
         let sent_on = self.sent_on.load(Ordering::Relaxed);
-        // A single permit, however often it is given.
-        if sent_on >= RESET_FLOOD && resets * 2 > sent_on {
-            self.flooded.notify_one();
+        if sent_on >= RESET_FLOOD
+            && resets * 2 > sent_on
+            && !self.flooded.swap(true, Ordering::Relaxed)
+        {
+            self.changed.notify_waiters();
         }
     }
 
-    /// Resolves once the client is found flooding (see `RESET_FLOOD`).
-    pub async fn flooded(&self) {
-        self.flooded.notified().await;
+    /// Whether the client was found flooding (see `RESET_FLOOD`).
+    pub fn is_flooded(&self) -> bool {
+        self.flooded.load(Ordering::Relaxed)
+    }
+
+    /// Resolves on a change the clocks below cannot foresee: the last
+    /// stream in flight ended, or the client was found flooding. Heard
+    /// from its creation on, polled or not: made before the clocks are
+    /// looked at, it misses nothing that happens after.
+    pub fn changed(&self) -> Notified<'_> {
+        self.changed.notified()
+    }
+
+    /// When `nanos` after `origin` is.
+    fn at(&self, nanos: &AtomicU64) -> Instant {
+        self.origin + Duration::from_nanos(nanos.load(Ordering::Relaxed))
     }
 
     /// Bytes went to the client's socket now.
@@ -184,26 +224,23 @@ impl ConnState {
         self.wrote_nanos.store(now, Ordering::Relaxed);
     }
 
-    /// Resolves once no request has been in flight and no byte has gone
-    /// out for `grace`: what h2 still held of a finished response went out
-    /// (or the client stopped opening its window for it). Closing before
-    /// that cut the response's tail, at every reload, for a client reading
-    /// slowly. Bounded: `QUIET_AT_MOST` graces after the later of `from`
-    /// (when the close was decided) and the last stream's end, it resolves
-    /// all the same (a client that PINGs often is answered every time, and
-    /// would hold the connection, and a drain, for good).
-    pub async fn done_and_quiet(&self, grace: Duration, from: Instant) {
-        loop {
-            self.idle_for(grace).await;
-            let wrote = Duration::from_nanos(self.wrote_nanos.load(Ordering::Relaxed));
-            let ended = Duration::from_nanos(self.idle_since_nanos.load(Ordering::Relaxed));
-            let quiet = self.origin.elapsed().saturating_sub(wrote);
-            let waited = from.max(self.origin + ended).elapsed();
-            if quiet >= grace || waited >= grace * QUIET_AT_MOST {
-                return;
-            }
-            tokio::time::sleep(grace - quiet).await;
+    /// Whether no request has been in flight and no byte has gone out for
+    /// `grace`, nor since `said` (when the GOAWAY was put out: the
+    /// connection is polled to write it before it is closed): what h2 still held of a finished response
+    /// went out (or the client stopped opening its window for it). Closing
+    /// before that cut the response's tail, at every reload, for a client
+    /// reading slowly. Bounded: `QUIET_AT_MOST` graces after the later of
+    /// `from` (when the close was decided) and the last stream's end, it is
+    /// due all the same (a client that PINGs often is answered every time,
+    /// and would hold the connection, and a drain, for good).
+    pub fn quiet(&self, grace: Duration, said: Instant, from: Instant, now: Instant) -> Due {
+        if self.in_flight.load(Ordering::Acquire) != 0 {
+            return Due::WhenEmptied;
         }
+        let ended = self.at(&self.idle_since_nanos);
+        let quiet_at = self.at(&self.wrote_nanos).max(said) + grace;
+        let bound = from.max(ended) + grace * QUIET_AT_MOST;
+        Due::by((ended + grace).max(quiet_at.min(bound)), now)
     }
 
     pub fn begin(self: &Arc<Self>, delivery: Option<Arc<Delivery>>) -> Busy {
@@ -218,42 +255,24 @@ impl ConnState {
         }
     }
 
-    /// Resolves once response frames have waited `limit` for the client
-    /// with none of them moving. Wakes once per `limit` on an idle
-    /// connection, not more: cheap for many idle connections.
-    pub async fn stalled_reader(&self, limit: Duration) {
-        loop {
-            let moved = Duration::from_nanos(self.delivery_moved_nanos.load(Ordering::Relaxed));
-            let still = self.origin.elapsed().saturating_sub(moved);
-            if self.frames_waiting.load(Ordering::Relaxed) == 0 {
-                tokio::time::sleep(limit).await;
-            } else if still >= limit {
-                return;
-            } else {
-                tokio::time::sleep(limit - still).await;
-            }
+    /// When to look for a stalled reader again: `None` if response frames
+    /// have waited `limit` for the client with none of them moving. With
+    /// none waiting, `limit` from now: a stall is seen within two of them,
+    /// and an idle connection is looked at once per `limit`, not more.
+    pub fn next_stall_look(&self, limit: Duration, now: Instant) -> Option<Instant> {
+        if self.frames_waiting.load(Ordering::Relaxed) == 0 {
+            return Some(now + limit);
         }
+        let due = self.at(&self.delivery_moved_nanos) + limit;
+        (now < due).then_some(due)
     }
 
-    /// Resolves once no request has been in flight for `grace`. Wakes when
-    /// the last stream in flight ends, not on a clock while streams run.
-    pub async fn idle_for(&self, grace: Duration) {
-        loop {
-            // Listening before looking: an end in between still wakes it.
-            let emptied = self.emptied.notified();
-            tokio::pin!(emptied);
-            emptied.as_mut().enable();
-            if self.in_flight.load(Ordering::Acquire) == 0 {
-                let since = Duration::from_nanos(self.idle_since_nanos.load(Ordering::Relaxed));
-                let idle = self.origin.elapsed().saturating_sub(since);
-                if idle >= grace {
-                    return;
-                }
-                tokio::time::sleep(grace - idle).await;
-            } else {
-                emptied.await;
-            }
+    /// Whether no request has been in flight for `grace`.
+    pub fn idle(&self, grace: Duration, now: Instant) -> Due {
+        if self.in_flight.load(Ordering::Acquire) != 0 {
+            return Due::WhenEmptied;
         }
+        Due::by(self.at(&self.idle_since_nanos) + grace, now)
     }
 }
 
@@ -276,19 +295,13 @@ mod tests {
         }
     }
 
-    async fn is_flooded(state: &ConnState) -> bool {
-        tokio::time::timeout(Duration::from_millis(1), state.flooded())
-            .await
-            .is_ok()
-    }
-
     #[tokio::test(start_paused = true)]
     async fn streams_all_reset_before_their_responses_are_a_flood_at_the_bound() {
         let (few, many) = (state(), state());
         streams(&few, RESET_FLOOD - 1, false);
         streams(&many, RESET_FLOOD, false);
-        assert!(!is_flooded(&few).await);
-        assert!(is_flooded(&many).await);
+        assert!(!few.is_flooded());
+        assert!(many.is_flooded());
     }
 
     #[tokio::test(start_paused = true)]
@@ -296,9 +309,9 @@ mod tests {
         let state = state();
         streams(&state, RESET_FLOOD, true);
         streams(&state, RESET_FLOOD, false);
-        assert!(!is_flooded(&state).await, "half reset");
+        assert!(!state.is_flooded(), "half reset");
         streams(&state, 1, false);
-        assert!(is_flooded(&state).await, "more than half reset");
+        assert!(state.is_flooded(), "more than half reset");
     }
 
     /// Streams baton answered itself make no room for resets: a client
@@ -310,7 +323,27 @@ mod tests {
             state.begin(None).answered();
         }
         streams(&state, RESET_FLOOD, false);
-        assert!(is_flooded(&state).await);
+        assert!(state.is_flooded());
+    }
+
+    /// What the connection's clocks cannot foresee is told: the end of the
+    /// last stream in flight, and a flood (with a stream still open).
+    #[tokio::test(start_paused = true)]
+    async fn the_last_streams_end_and_a_flood_are_told() {
+        use futures_util::FutureExt;
+        let state = state();
+        let (first, second) = (state.begin(None), state.begin(None));
+        let changed = state.changed();
+        drop(first);
+        assert!(changed.now_or_never().is_none(), "a stream still in flight");
+        let changed = state.changed();
+        drop(second);
+        assert!(changed.now_or_never().is_some(), "the last one ended");
+        let _open = state.begin(None);
+        streams(&state, RESET_FLOOD - 1, false);
+        let changed = state.changed();
+        streams(&state, 1, false);
+        assert!(changed.now_or_never().is_some(), "found flooding");
     }
 
     #[tokio::test(start_paused = true)]
@@ -325,6 +358,6 @@ mod tests {
             .collect();
         tokio::time::advance(EARLY_RESET).await;
         drop(begun);
-        assert!(!is_flooded(&state).await);
+        assert!(!state.is_flooded());
     }
 }

@@ -38,6 +38,7 @@ use super::h1::head::{
 use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay, Silence};
 use super::h1::rewrite::Outbound;
 use super::h1::upstream;
+use super::h2_clocks::{Clocks, Limits as ClockLimits, Verdict};
 use super::h2_record::{Asked, Noted, StreamRecord};
 use super::head::Watched;
 use super::headers;
@@ -73,7 +74,7 @@ const H2_STREAM_WINDOW: u32 = 64 * 1024;
 /// way, and its WINDOW_UPDATEs go out a half at a time.
 const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// How long an idle h2 client has to close after GOAWAY (counted from the
-/// last byte baton wrote, with no stream open).
+/// later of the GOAWAY and the last byte baton wrote, with no stream open).
 const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
 /// How long after GOAWAY was sent a stream the client opened before
 /// GOAWAY reached it may still arrive. One later broke RFC 9113 §6.8 ("receivers of a GOAWAY
@@ -88,19 +89,6 @@ const GOAWAY_CROSSING: Duration = Duration::from_secs(1);
 /// connection's: a stall ends the streams it holds (each counted once),
 /// and the whole connection only if frames still wait after that.
 const STREAMS_FIRST: Duration = Duration::from_secs(1);
-
-/// Resolves once, the drain under way, the connection has had no stream
-/// open and written nothing for `grace`, counted from the drain's start at
-/// the earliest (as an idle HTTP/1 connection is closed: a client idle for
-/// long may be sending its next request right now). h2's own graceful
-/// close waits for the client's answer to its PING, and a client that
-/// gives none (gone, or not reading an idle pooled connection) held the
-/// drain to its deadline, which then counted a forced close.
-async fn idle_through_the_drain(drain: &DrainWatch, state: &ConnState, grace: Duration) {
-    drain.draining().await;
-    tokio::time::sleep(grace).await;
-    state.done_and_quiet(grace, Instant::now()).await;
-}
 
 /// How an h2 connection ended: whether what the client still sends is
 /// read before the socket closes (see [`linger`]).
@@ -200,12 +188,23 @@ impl HttpProxy {
             let conn = Connection::new(io, &[], self.h2_limits(), service)
                 .on_stall(self.on_stream_stall(peer));
             tokio::pin!(conn);
-            let idle_in_drain = idle_through_the_drain(&drain, &state, self.keepalive_drain_grace);
-            tokio::pin!(idle_in_drain);
-            let mut closing = false;
-            let mut idle_goaway: Option<Instant> = None;
-            let mut flood_cut: Option<Instant> = None;
+            let mut clocks = Clocks::new(self.clock_limits(), Instant::now());
+            let alarm = tokio::time::sleep_until(Instant::now());
+            tokio::pin!(alarm);
             loop {
+                // Made before the clocks are looked at: a change after is heard.
+                let changed = state.changed();
+                match clocks.look(&state, Instant::now()) {
+                    Ok(next) if next != alarm.deadline() => alarm.as_mut().reset(next),
+                    Ok(_) => {}
+                    Err(verdict) => match self.judge(verdict, peer, &drain) {
+                        Some(ended) => break ended,
+                        None => {
+                            conn.as_mut().graceful_shutdown();
+                            continue;
+                        }
+                    },
+                }
                 tokio::select! {
                     result = conn.as_mut() => {
                         match result {
@@ -216,64 +215,76 @@ impl HttpProxy {
                             }
                         }
                     }
-                    () = drain.draining(), if !closing => {
+                    () = drain.draining(), if !clocks.draining() => {
                         conn.as_mut().graceful_shutdown();
-                        closing = true;
+                        clocks.drain_began(Instant::now());
                     }
-                    () = state.stalled_reader(self.idle_timeout + STREAMS_FIRST) => {
-                        if crate::telemetry::client_fault() {
-                            tracing::info!(listener = %self.listener, client = %peer, "client took no response bytes within idle_timeout (and a second for its streams' own clocks); closing");
-                        }
-                        metrics::client_abort(&self.listener, metrics::AbortReason::StalledReader);
-                        break Ended::Cut;
-                    }
-                    // GOAWAY, and a grace for the streams under way that
-                    // the client did not reset; then the cut.
-                    () = state.flooded(), if flood_cut.is_none() => {
-                        if crate::telemetry::client_fault() {
-                            tracing::info!(listener = %self.listener, client = %peer, "client reset most of its streams before their responses (rapid reset); GOAWAY, closing in a second");
-                        }
-                        metrics::client_abort(&self.listener, metrics::AbortReason::ResetFlood);
-                        if !closing {
-                            conn.as_mut().graceful_shutdown();
-                            closing = true;
-                        }
-                        flood_cut = Some(Instant::now() + H2_GOAWAY_GRACE);
-                    }
-                    () = tokio::time::sleep_until(flood_cut.unwrap_or_else(Instant::now)), if flood_cut.is_some() => {
-                        break Ended::Cut;
-                    }
-                    () = state.opening.overdue(self.header_timeout) => {
-                        if crate::telemetry::client_fault() {
-                            tracing::info!(listener = %self.listener, client = %peer, "no h2 preface and SETTINGS within header_timeout; closing");
-                        }
-                        break Ended::Cut;
-                    }
-                    () = state.idle_for(self.idle_timeout), if !closing => {
-                        tracing::debug!(listener = %self.listener, client = %peer, "h2 connection without a stream for idle_timeout; GOAWAY");
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                        idle_goaway = Some(Instant::now());
-                    }
-                    // h2's graceful close waits for the client's PING
-                    // answer: an idle client that gives none is closed, but
-                    // not under a request that crossed the GOAWAY, nor
-                    // before what was written for it went out.
-                    () = state.done_and_quiet(H2_GOAWAY_GRACE, idle_goaway.unwrap_or_else(Instant::now)), if idle_goaway.is_some() => {
-                        tracing::debug!(listener = %self.listener, client = %peer, "h2 client did not close after GOAWAY; closing");
-                        break Ended::Well;
-                    }
-                    () = &mut idle_in_drain => {
-                        tracing::debug!(listener = %self.listener, client = %peer, expected = true, "h2 connection idle through the drain's grace; closing");
-                        drain.closed_idle();
-                        break Ended::Well;
-                    }
+                    () = changed => {}
+                    () = &mut alarm => {}
                 }
             }
         };
         // The connection, dropped with the block above, handed it back.
         if let (Ended::Well, Ok(stream)) = (ended, handed_back.await) {
             linger(stream).await;
+        }
+    }
+
+    /// What a clock's verdict does: the connection's end, or `None` for a
+    /// GOAWAY and the connection going on.
+    fn judge(&self, verdict: Verdict, peer: SocketAddr, drain: &DrainWatch) -> Option<Ended> {
+        let listener = &self.listener;
+        let fault = crate::telemetry::client_fault();
+        match verdict {
+            Verdict::Stalled => {
+                if fault {
+                    tracing::info!(%listener, client = %peer, "client took no response bytes within idle_timeout (and a second for its streams' own clocks); closing");
+                }
+                metrics::client_abort(listener, metrics::AbortReason::StalledReader);
+                Some(Ended::Cut)
+            }
+            Verdict::OpeningOverdue => {
+                if fault {
+                    tracing::info!(%listener, client = %peer, "no h2 preface and SETTINGS within header_timeout; closing");
+                }
+                Some(Ended::Cut)
+            }
+            // GOAWAY, and a grace for the streams under way that the
+            // client did not reset; then the cut.
+            Verdict::Flooded => {
+                if fault {
+                    tracing::info!(%listener, client = %peer, "client reset most of its streams before their responses (rapid reset); GOAWAY, closing in a second");
+                }
+                metrics::client_abort(listener, metrics::AbortReason::ResetFlood);
+                None
+            }
+            Verdict::FloodCut => Some(Ended::Cut),
+            Verdict::Idle => {
+                tracing::debug!(%listener, client = %peer, "h2 connection without a stream for idle_timeout; GOAWAY");
+                None
+            }
+            // Not under a request that crossed the GOAWAY, nor before what
+            // was written for it went out.
+            Verdict::GoneQuiet => {
+                tracing::debug!(%listener, client = %peer, "h2 client did not close after GOAWAY; closing");
+                Some(Ended::Well)
+            }
+            Verdict::IdleThroughDrain => {
+                tracing::debug!(%listener, client = %peer, expected = true, "h2 connection idle through the drain's grace; closing");
+                drain.closed_idle();
+                Some(Ended::Well)
+            }
+        }
+    }
+
+    /// The connection's own clocks (see the constants above).
+    fn clock_limits(&self) -> ClockLimits {
+        ClockLimits {
+            stall: self.idle_timeout + STREAMS_FIRST,
+            opening: self.header_timeout,
+            idle: self.idle_timeout,
+            goaway_grace: H2_GOAWAY_GRACE,
+            drain_grace: self.keepalive_drain_grace,
         }
     }
 

@@ -39,16 +39,9 @@ impl OpeningClock {
         self.done.store(true, Ordering::Relaxed);
     }
 
-    /// Resolves if the opening is not in within `limit` of the start;
-    /// pends for good once it is.
-    pub async fn overdue(&self, limit: Duration) {
-        if !self.done.load(Ordering::Relaxed) {
-            tokio::time::sleep_until(self.started + limit).await;
-            if !self.done.load(Ordering::Relaxed) {
-                return;
-            }
-        }
-        std::future::pending().await
+    /// When the opening is overdue, given `limit`: `None` once it is in.
+    pub fn due(&self, limit: Duration) -> Option<Instant> {
+        (!self.done.load(Ordering::Relaxed)).then_some(self.started + limit)
     }
 }
 

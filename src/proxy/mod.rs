@@ -9,6 +9,7 @@ pub mod clock;
 pub mod delivery;
 pub mod h1;
 pub mod h2;
+pub mod h2_clocks;
 pub mod h2_record;
 pub mod head;
 pub mod headers;
