@@ -38,9 +38,12 @@ pub struct ConnState {
     /// The slowloris clock of its opening (see `head`).
     pub opening: Arc<OpeningClock>,
     in_flight: AtomicUsize,
-    /// Told when the last request in flight ends, and when the client is
-    /// found flooding: what the connection's clocks cannot see coming.
+    /// Told when the last request in flight ends (once a look found some:
+    /// see `in_flight_heard`), and when the client is found flooding: what
+    /// the connection's clocks cannot see coming.
     changed: Notify,
+    /// Whether the end of the last request in flight is to be told.
+    tell_emptied: AtomicBool,
     /// When the connection last became idle, as nanoseconds since `origin`.
     idle_since_nanos: AtomicU64,
     origin: Instant,
@@ -164,7 +167,8 @@ impl Drop for Busy {
             state.reset_early();
         }
         state.idle_since_nanos.store(now, Ordering::Relaxed);
-        if state.in_flight.fetch_sub(1, Ordering::Release) == 1 {
+        let last = state.in_flight.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last && state.tell_emptied.swap(false, Ordering::SeqCst) {
             state.changed.notify_waiters();
         }
     }
@@ -177,6 +181,7 @@ impl ConnState {
             opening: Arc::new(OpeningClock::since(opened)),
             in_flight: AtomicUsize::new(0),
             changed: Notify::new(),
+            tell_emptied: AtomicBool::new(false),
             idle_since_nanos: AtomicU64::new(0),
             origin: Instant::now(),
             frames_waiting: AtomicUsize::new(0),
@@ -206,11 +211,27 @@ impl ConnState {
     }
 
     /// Resolves on a change the clocks below cannot foresee: the last
-    /// stream in flight ended, or the client was found flooding. Heard
-    /// from its creation on, polled or not: made before the clocks are
-    /// looked at, it misses nothing that happens after.
+    /// stream in flight ended (after a look that found it in flight), or
+    /// the client was found flooding. Heard from its creation on, polled
+    /// or not: made before the clocks are looked at, it misses nothing
+    /// that happens after.
     pub fn changed(&self) -> Notified<'_> {
         self.changed.notified()
+    }
+
+    /// Whether a request is in flight; if so, its end is told (`changed`).
+    /// Only then: a client that sends one request at a time would wake its
+    /// connection's task once more a request, for a clock that was looked
+    /// at when no request was in flight and is not due before its alarm.
+    /// The flag is set before the count is read, and read after the count
+    /// is lowered: an end that comes meanwhile is told, or seen here.
+    fn in_flight_heard(&self) -> bool {
+        self.tell_emptied.store(true, Ordering::SeqCst);
+        if self.in_flight.load(Ordering::SeqCst) != 0 {
+            return true;
+        }
+        self.tell_emptied.store(false, Ordering::Relaxed);
+        false
     }
 
     /// When `nanos` after `origin` is.
@@ -234,7 +255,7 @@ impl ConnState {
     /// due all the same (a client that PINGs often is answered every time,
     /// and would hold the connection, and a drain, for good).
     pub fn quiet(&self, grace: Duration, said: Instant, from: Instant, now: Instant) -> Due {
-        if self.in_flight.load(Ordering::Acquire) != 0 {
+        if self.in_flight_heard() {
             return Due::WhenEmptied;
         }
         let ended = self.at(&self.idle_since_nanos);
@@ -269,7 +290,7 @@ impl ConnState {
 
     /// Whether no request has been in flight for `grace`.
     pub fn idle(&self, grace: Duration, now: Instant) -> Due {
-        if self.in_flight.load(Ordering::Acquire) != 0 {
+        if self.in_flight_heard() {
             return Due::WhenEmptied;
         }
         Due::by(self.at(&self.idle_since_nanos) + grace, now)
@@ -327,18 +348,25 @@ mod tests {
     }
 
     /// What the connection's clocks cannot foresee is told: the end of the
-    /// last stream in flight, and a flood (with a stream still open).
+    /// last stream in flight a look found, and a flood (with a stream
+    /// still open).
     #[tokio::test(start_paused = true)]
     async fn the_last_streams_end_and_a_flood_are_told() {
         use futures_util::FutureExt;
         let state = state();
         let (first, second) = (state.begin(None), state.begin(None));
+        assert_eq!(state.idle(EARLY_RESET, Instant::now()), Due::WhenEmptied);
         let changed = state.changed();
         drop(first);
         assert!(changed.now_or_never().is_none(), "a stream still in flight");
         let changed = state.changed();
         drop(second);
         assert!(changed.now_or_never().is_some(), "the last one ended");
+        let unlooked = state.begin(None);
+        let changed = state.changed();
+        drop(unlooked);
+        let told = changed.now_or_never().is_some();
+        assert!(!told, "an end no look waits for is not told");
         let _open = state.begin(None);
         streams(&state, RESET_FLOOD - 1, false);
         let changed = state.changed();

@@ -206,6 +206,18 @@ impl HttpProxy {
                     },
                 }
                 tokio::select! {
+                    // The connection last: a change it made while polled
+                    // (its last stream ended) woke this task already, and
+                    // is heard first on the poll that follows, before the
+                    // connection is polled again (in any order it was
+                    // polled twice more, not once).
+                    biased;
+                    () = changed => {}
+                    () = &mut alarm => {}
+                    () = drain.draining(), if !clocks.draining() => {
+                        conn.as_mut().graceful_shutdown();
+                        clocks.drain_began(Instant::now());
+                    }
                     result = conn.as_mut() => {
                         match result {
                             Ok(()) => break Ended::Well,
@@ -215,12 +227,6 @@ impl HttpProxy {
                             }
                         }
                     }
-                    () = drain.draining(), if !clocks.draining() => {
-                        conn.as_mut().graceful_shutdown();
-                        clocks.drain_began(Instant::now());
-                    }
-                    () = changed => {}
-                    () = &mut alarm => {}
                 }
             }
         };
