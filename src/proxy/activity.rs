@@ -362,11 +362,24 @@ mod tests {
         let changed = state.changed();
         drop(second);
         assert!(changed.now_or_never().is_some(), "the last one ended");
+        assert_eq!(
+            state.idle(EARLY_RESET, Instant::now()),
+            Due::At(Instant::now() + EARLY_RESET)
+        );
         let unlooked = state.begin(None);
         let changed = state.changed();
         drop(unlooked);
         let told = changed.now_or_never().is_some();
         assert!(!told, "an end no look waits for is not told");
+        let looked = state.begin(None);
+        let quiet = state.quiet(EARLY_RESET, Instant::now(), Instant::now(), Instant::now());
+        assert_eq!(quiet, Due::WhenEmptied);
+        let changed = state.changed();
+        drop(looked);
+        assert!(
+            changed.now_or_never().is_some(),
+            "the end a close waits for"
+        );
         let _open = state.begin(None);
         streams(&state, RESET_FLOOD - 1, false);
         let changed = state.changed();
