@@ -556,3 +556,165 @@ fn the_shipped_unit_leaves_the_config_path_to_baton_config() {
         ]
     );
 }
+
+/// `GET path` on the admin Unix socket at `socket`: the status line's code
+/// and the body, or `None` if nothing answered.
+fn admin_over_unix(socket: &std::path::Path, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let code = answer.split(' ').nth(1)?.parse().ok()?;
+    let body = answer.split_once("\r\n\r\n")?.1.to_string();
+    Some((code, body))
+}
+
+/// Polls `socket`'s `path` until `wanted` holds of its answer (20 s at most).
+fn admin_until(
+    socket: &std::path::Path,
+    path: &str,
+    wanted: impl Fn(u16, &str) -> bool,
+) -> Option<(u16, String)> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        match admin_over_unix(socket, path) {
+            Some((code, body)) if wanted(code, &body) => return Some((code, body)),
+            _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+    None
+}
+
+/// DESIGN's `listen = "unix:/run/baton/admin.sock"`: probes, `/status` and
+/// `baton status` on a Unix socket, made 0600 whatever the umask (its
+/// file's mode is its access rule), the same socket across a reload (the
+/// next generation answers on it), and `baton check` says where it is.
+#[test]
+fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("admin.sock");
+    let config = dir.path().join("b.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[shutdown]\npre_stop_delay = \"-1s\"\n[admin]\nlisten = \"unix:{}\"\n[control]\nsocket = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
+            socket.display(),
+            dir.path().join("control.sock").display()
+        ),
+    )
+    .expect("write");
+    let c = config.to_str().expect("utf-8 path");
+    let (code, stdout, stderr) = run(&["check", "-c", c]);
+    assert_eq!(code, 0, "{stderr}");
+    let shown = format!("unix:{}", socket.display());
+    assert!(line(&stdout, "admin.listen").contains(&shown), "{stdout}");
+
+    // The reload's generation is a child of the first: it becomes this
+    // process's child when the first exits, to be waited for.
+    nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
+    let mut first_generation = Command::new("sh")
+        .arg("-c")
+        .arg(format!("umask 000; exec \"$0\" run -c {c}"))
+        .arg(BIN)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run baton");
+    let ready = admin_until(&socket, "/readyz", |code, _| code == 200);
+    let first = admin_over_unix(&socket, "/status");
+    let inode = std::fs::metadata(&socket).map(|m| m.ino()).ok();
+    let mode = std::fs::metadata(&socket)
+        .map(|m| m.permissions().mode() & 0o777)
+        .ok();
+    let _ = kill(Pid::from_raw(first_generation.id() as i32), Signal::SIGHUP);
+    let reloaded = admin_until(&socket, "/status", |_, body| body.contains("\"number\":2"));
+    let (status_code, status_out, status_err) = run(&["status", "--json", "-c", c]);
+    let inode_after = std::fs::metadata(&socket).map(|m| m.ino()).ok();
+    let second = reloaded.as_ref().and_then(|(_, body)| serving_pid(body));
+    let stopped = second.map(|pid| {
+        let _ = kill(pid, Signal::SIGTERM);
+        exit_code_within(pid, std::time::Duration::from_secs(20))
+    });
+    // Killed only if it still runs (then its exit code is none).
+    let _ = first_generation.kill();
+    let retired = first_generation.wait().ok().and_then(|s| s.code());
+
+    assert!(ready.is_some(), "no /readyz 200 on the Unix socket");
+    assert!(first.is_some_and(|(code, _)| code == 200), "/status");
+    assert_eq!(mode, Some(0o600), "the socket's mode");
+    assert!(reloaded.is_some(), "the reload's generation answers on it");
+    assert_eq!(inode_after, inode, "the same socket, handed over");
+    assert_eq!(status_code, 0, "baton status: {status_err}");
+    assert!(status_out.contains("\"number\":2"), "{status_out}");
+    assert_eq!(
+        retired,
+        Some(0),
+        "the first generation's exit code, retired"
+    );
+    assert_eq!(stopped, Some(Some(0)), "the second's, stopped");
+    assert!(!socket.exists(), "the socket's path goes with the stop");
+}
+
+/// The pid of generation 2 in a `/status` body.
+fn serving_pid(status: &str) -> Option<nix::unistd::Pid> {
+    let status: serde_json::Value = serde_json::from_str(status).ok()?;
+    let generations = status["generations"].as_array()?;
+    let second = generations.iter().find(|g| g["number"] == 2)?;
+    Some(nix::unistd::Pid::from_raw(second["pid"].as_i64()? as i32))
+}
+
+/// `pid`'s exit code (a child of this process's, as its subreaper, once
+/// its parent exits), or `None` if it is still running after `within`
+/// (then it is killed).
+fn exit_code_within(pid: nix::unistd::Pid, within: std::time::Duration) -> Option<i32> {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return Some(code),
+            // Not this process's child until the generation before exits.
+            Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD) => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            _ => return None,
+        }
+    }
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    let _ = waitpid(pid, None);
+    None
+}
+
+#[test]
+fn an_admin_unix_socket_needs_a_path_of_its_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let control = dir.path().join("control.sock");
+    let body = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n";
+    for (listen, problem) in [
+        (
+            "unix:".to_string(),
+            "admin.listen: \"unix:\" needs the socket's path",
+        ),
+        (
+            format!("unix:{}", control.display()),
+            "is control.socket's path too",
+        ),
+    ] {
+        let path = dir.path().join("b.toml");
+        let text = format!(
+            "[admin]\nlisten = \"{listen}\"\n[control]\nsocket = \"{}\"\n{body}",
+            control.display()
+        );
+        std::fs::write(&path, text).expect("write");
+        let (code, _, stderr) = run(&["check", "-c", path.to_str().expect("utf-8")]);
+        assert_eq!(code, 78, "{listen}: {stderr}");
+        assert!(stderr.contains(problem), "{listen}: {stderr}");
+    }
+}

@@ -1,63 +1,103 @@
 //! The CLI's side of the admin API (`baton status`, `baton backend`): one
 //! HTTP/1.1 request to the admin listener, the JSON answer back.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
+
+use crate::config::AdminListen;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminCallError {
-    #[error("cannot reach the admin endpoint {addr}: {cause}")]
-    Unreachable { addr: SocketAddr, cause: String },
-    #[error("admin endpoint {addr}: {cause}")]
-    Failed { addr: SocketAddr, cause: String },
+    #[error("cannot reach the admin endpoint {at}: {cause}")]
+    Unreachable { at: String, cause: String },
+    #[error("admin endpoint {at}: {cause}")]
+    Failed { at: String, cause: String },
 }
 
-/// Sends `method path` (with the bearer token, if any); returns the status
-/// and the body.
+/// Sends `method path` to the admin listener `at` (with the bearer token,
+/// if any); returns the status and the body.
 pub async fn call(
-    addr: SocketAddr,
+    at: &AdminListen,
     method: &str,
     path: &str,
     token: Option<&str>,
 ) -> Result<(u16, String), AdminCallError> {
-    let unreachable = |cause: String| AdminCallError::Unreachable { addr, cause };
-    let failed = |cause: String| AdminCallError::Failed { addr, cause };
-    let stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
-        .await
-        .map_err(|_| unreachable("connect timed out".into()))?
-        .map_err(|e| unreachable(e.to_string()))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    tokio::spawn(conn);
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string());
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let req = req
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| failed(e.to_string()))?;
-    // One deadline for the whole answer, body included: a daemon that
-    // stalls mid-body must not hang `baton status` for good.
-    let answer = async {
-        let resp = sender.send_request(req).await?;
-        let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await?.to_bytes();
-        Ok::<_, hyper::Error>((status, String::from_utf8_lossy(&body).into_owned()))
+    let unreachable = |cause: String| AdminCallError::Unreachable {
+        at: at.to_string(),
+        cause,
     };
-    tokio::time::timeout(ANSWER_WAIT, answer)
-        .await
-        .map_err(|_| failed(format!("no whole answer within {}s", ANSWER_WAIT.as_secs())))?
-        .map_err(|e| failed(e.to_string()))
+    let connect_wait = Duration::from_secs(5);
+    let asked = Asked {
+        method,
+        path,
+        token,
+    };
+    let answer = match at {
+        AdminListen::Tcp(addr) => {
+            let stream = tokio::time::timeout(connect_wait, TcpStream::connect(addr))
+                .await
+                .map_err(|_| unreachable("connect timed out".into()))?
+                .map_err(|e| unreachable(e.to_string()))?;
+            asked.on(stream, &addr.to_string()).await
+        }
+        AdminListen::Unix(socket) => {
+            let stream = tokio::time::timeout(connect_wait, UnixStream::connect(socket))
+                .await
+                .map_err(|_| unreachable("connect timed out".into()))?
+                .map_err(|e| unreachable(e.to_string()))?;
+            asked.on(stream, "localhost").await
+        }
+    };
+    answer.map_err(|cause| AdminCallError::Failed {
+        at: at.to_string(),
+        cause,
+    })
+}
+
+/// One request to the admin API.
+struct Asked<'a> {
+    method: &'a str,
+    path: &'a str,
+    token: Option<&'a str>,
+}
+
+impl Asked<'_> {
+    /// Sends it on `stream`, to `host`: the status and the body.
+    async fn on<S>(&self, stream: S, host: &str) -> Result<(u16, String), String>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let mut req = Request::builder()
+            .method(self.method)
+            .uri(self.path)
+            .header("host", host);
+        if let Some(t) = self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = req.body(Empty::<Bytes>::new()).map_err(|e| e.to_string())?;
+        // One deadline for the whole answer, body included: a daemon that
+        // stalls mid-body must not hang `baton status` for good.
+        let answer = async {
+            let resp = sender.send_request(req).await?;
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await?.to_bytes();
+            Ok::<_, hyper::Error>((status, String::from_utf8_lossy(&body).into_owned()))
+        };
+        tokio::time::timeout(ANSWER_WAIT, answer)
+            .await
+            .map_err(|_| format!("no whole answer within {}s", ANSWER_WAIT.as_secs()))?
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// How long a call waits for the whole answer.

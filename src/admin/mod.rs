@@ -18,7 +18,7 @@ use http::header::{HeaderValue, CONNECTION};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -121,10 +121,45 @@ impl AdminShared {
     }
 }
 
+/// The admin server's listening socket (`admin.listen`).
+pub enum AdminListener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// One admin connection, on either kind of socket.
+enum Accepted {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl AdminListener {
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            AdminListener::Tcp(l) => l.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+            AdminListener::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
+        }
+    }
+}
+
+impl Accepted {
+    fn answer(
+        self,
+        state: Arc<AdminShared>,
+        place: Option<places::Place>,
+        stop: CancellationToken,
+    ) {
+        match self {
+            Accepted::Tcp(stream) => answer(stream, state, place, stop),
+            Accepted::Unix(stream) => answer(stream, state, place, stop),
+        }
+    }
+}
+
 /// Serves admin requests until `stop`, then lets open ones finish briefly.
 /// At most `places::MAX_CONNECTIONS` at once: a newcomer past it makes the
 /// oldest give its place up.
-pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: CancellationToken) {
+pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: CancellationToken) {
     let places = places::Places::new();
     loop {
         let stream = tokio::select! {
@@ -133,7 +168,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: Cancell
             biased;
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(stream) => stream,
                 Err(err) => {
                     tracing::warn!(cause = %err, "admin accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -146,14 +181,14 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminShared>, stop: Cancell
             () = stop.cancelled() => None,
             place = places.take(&stop) => place,
         };
-        answer(stream, Arc::clone(&state), place, stop.clone());
+        stream.answer(Arc::clone(&state), place, stop.clone());
     }
     // What was queued before the stop is answered, once, not reset by the
     // close.
-    while let Ok(Ok((stream, _))) =
+    while let Ok(Ok(stream)) =
         tokio::time::timeout(std::time::Duration::ZERO, listener.accept()).await
     {
-        answer(stream, Arc::clone(&state), None, stop.clone());
+        stream.answer(Arc::clone(&state), None, stop.clone());
     }
 }
 
@@ -238,7 +273,7 @@ mod tests {
         let (_, phase) = watch::channel(Phase::Active);
         Arc::new(AdminShared {
             config: AdminConfig {
-                listen: ([127, 0, 0, 1], 0).into(),
+                listen: crate::config::AdminListen::Tcp(([127, 0, 0, 1], 0).into()),
                 liveness_paths: vec!["/healthz".into()],
                 readiness_paths: vec!["/readyz".into()],
                 token: None,

@@ -16,7 +16,7 @@ pub(super) fn admin_call(
 ) -> Result<(u16, String), Exit> {
     let rt = super::runtime(1)?;
     let token = admin.token.as_deref();
-    rt.block_on(client::call(admin.listen, method, path, token))
+    rt.block_on(client::call(&admin.listen, method, path, token))
         .map_err(|e| {
             eprintln!("baton: {e}");
             match e {

@@ -60,11 +60,42 @@ pub struct Config {
 
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
-    pub listen: SocketAddr,
+    pub listen: AdminListen,
     pub liveness_paths: Vec<String>,
     pub readiness_paths: Vec<String>,
     /// The bearer token mutating calls must carry, read from `token_file`.
     pub token: Option<String>,
+}
+
+/// Where the admin server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminListen {
+    Tcp(SocketAddr),
+    /// A Unix socket (`unix:/run/baton/admin.sock`), made mode 0600 as the
+    /// control socket is: who may call the API is who may open the file,
+    /// so no token is asked of a caller there.
+    Unix(PathBuf),
+}
+
+impl AdminListen {
+    /// Its TCP address, if it has one (the listeners' ports are checked
+    /// against it).
+    pub fn tcp(&self) -> Option<SocketAddr> {
+        match self {
+            AdminListen::Tcp(addr) => Some(*addr),
+            AdminListen::Unix(_) => None,
+        }
+    }
+}
+
+/// As the config writes it.
+impl std::fmt::Display for AdminListen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminListen::Tcp(addr) => write!(f, "{addr}"),
+            AdminListen::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

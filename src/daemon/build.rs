@@ -3,6 +3,8 @@
 //! first health round (which a stop signal cuts short on a first start).
 
 use super::*;
+use crate::admin::AdminListener;
+use crate::config::AdminListen;
 use crate::lifecycle::endpoint::{self, Endpoint, ListenError};
 use crate::lifecycle::handoff::CarriedAdmin;
 use crate::lifecycle::inventory::Inventory;
@@ -250,17 +252,19 @@ fn open_admin(
         addr: config.admin.listen.to_string(),
         source,
     };
-    let admin_endpoint = Endpoint::Tcp {
-        addr: config.admin.listen,
-        backlog: 128,
-        reuseport: false,
+    let admin_endpoint = match &config.admin.listen {
+        AdminListen::Tcp(addr) => Endpoint::Tcp {
+            addr: *addr,
+            backlog: 128,
+            reuseport: false,
+        },
+        AdminListen::Unix(path) => Endpoint::Unix(path),
     };
     let listening = endpoint::listen("admin", &admin_endpoint, inventory, holdings)
         .map_err(|e| start_error(e, admin_err))?;
     // At once: probes are answered from the first instant.
     listening.listen().map_err(admin_err)?;
-    let admin_std: std::net::TcpListener = listening.socket.into();
-    let admin_addr = admin_std.local_addr().map_err(admin_err)?;
+    let admin_socket = listening.socket;
     let admin = Arc::new(AdminShared {
         config: config.admin.clone(),
         generation: GenerationInfo {
@@ -277,11 +281,8 @@ fn open_admin(
         handed_over: Default::default(),
     });
     admin.set_inherited(start.report);
-    let admin_listener =
-        tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Admin {
-            addr: admin_addr.to_string(),
-            source,
-        })?;
+    let (admin_listener, admin_addr) =
+        admin_listener(admin_socket, &config.admin.listen).map_err(admin_err)?;
     // A first start answers probes at once (503 `starting`) while DNS and
     // the first health round run; a new generation of a reload only once
     // told to go ahead: until then the old one, still serving, answers on
@@ -305,6 +306,27 @@ fn open_admin(
     });
     tracing::info!(generation = start.number, admin = %admin_addr, "admin bound");
     Ok(parts)
+}
+
+/// The admin socket as its server takes it, and where it is (a TCP
+/// socket's own port: the config's `:0` takes any).
+fn admin_listener(
+    socket: socket2::Socket,
+    listen: &AdminListen,
+) -> std::io::Result<(AdminListener, String)> {
+    match listen {
+        AdminListen::Tcp(_) => {
+            let listener: std::net::TcpListener = socket.into();
+            let at = listener.local_addr()?.to_string();
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            Ok((AdminListener::Tcp(listener), at))
+        }
+        AdminListen::Unix(_) => {
+            let listener: std::os::unix::net::UnixListener = socket.into();
+            let listener = tokio::net::UnixListener::from_std(listener)?;
+            Ok((AdminListener::Unix(listener), listen.to_string()))
+        }
+    }
 }
 
 /// Listener `l`'s TLS termination, if it has any, sealing session

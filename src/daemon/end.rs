@@ -2,6 +2,7 @@
 //! both drain under a budget, and the exit code says how it went.
 
 use super::*;
+use crate::config::AdminListen;
 
 impl Generation {
     /// After a handoff: stop accepting (the sockets live on in the successor)
@@ -179,6 +180,12 @@ impl Generation {
             || self.admin.inherited_forced_connections() > older_forced_before;
         self.background.cancel();
         self.admin_stop.cancel();
+        // A Unix admin socket's path goes as the control socket's did.
+        if let (AdminListen::Unix(path), false) = (&self.config.admin.listen, systemd::enabled()) {
+            if let Err(err) = std::fs::remove_file(path) {
+                tracing::debug!(cause = %err, "admin socket not removed");
+            }
+        }
         let exit = match self.exit_code(ended.outcome) {
             Exit::Clean if older_cut => {
                 tracing::warn!("older generations still draining were forced by the stop");

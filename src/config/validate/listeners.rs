@@ -10,7 +10,7 @@ impl Validator {
         &mut self,
         raw: &[file::ListenerFile],
         pools: &[PoolConfig],
-        admin: SocketAddr,
+        admin: Option<SocketAddr>,
     ) -> Vec<ListenerConfig> {
         if raw.is_empty() {
             self.problem("listeners", "at least one [[listeners]] is needed");
@@ -40,10 +40,17 @@ impl Validator {
                     SocketAddr::from(([127, 0, 0, 1], 0))
                 }
             };
-            if bind.port() != 0 && (!binds.insert(bind) || overlaps(bind, admin)) {
+            let taken = |admin: &SocketAddr| bind.port() != 0 && overlaps(bind, *admin);
+            if bind.port() != 0 && !binds.insert(bind) {
                 self.problem(
                     &format!("{key}.bind"),
-                    format!("{bind} is already used by another listener or the admin server ({admin}: the same port on the same or every address)"),
+                    format!("{bind} is already used by another listener"),
+                );
+            }
+            if let Some(admin) = admin.filter(taken) {
+                self.problem(
+                    &format!("{key}.bind"),
+                    format!("{bind} is already used by the admin server ({admin}: the same port on the same or every address)"),
                 );
             }
             let protocol = match l.protocol.as_deref() {

@@ -65,7 +65,16 @@ pub fn from_file(
     let ticket_rotation = v.ticket_rotation(raw.tls.ticket_rotation.as_ref());
     let resolver = v.resolver(&raw.resolver);
     let pools = v.pools(&raw.pools);
-    let listeners = v.listeners(&raw.listeners, &pools, admin.listen);
+    if admin.listen == AdminListen::Unix(control.socket.clone()) {
+        v.problem(
+            "admin.listen",
+            format!(
+                "{} is control.socket's path too; give each its own",
+                admin.listen
+            ),
+        );
+    }
+    let listeners = v.listeners(&raw.listeners, &pools, admin.listen.tcp());
     if v.problems.is_empty() {
         Ok(Config {
             source: path.to_path_buf(),
@@ -280,17 +289,7 @@ impl Validator {
     }
 
     fn admin(&mut self, raw: &file::AdminFile, token: Token) -> AdminConfig {
-        let listen = match raw.listen.as_deref() {
-            None => SocketAddr::from(([127, 0, 0, 1], 9901)),
-            Some(text) if text.starts_with("unix:") => {
-                self.problem(
-                    "admin.listen",
-                    "unix admin sockets are not supported yet; use an address like \"127.0.0.1:9901\"",
-                );
-                SocketAddr::from(([127, 0, 0, 1], 9901))
-            }
-            Some(text) => self.socket_addr("admin.listen", text),
-        };
+        let listen = self.admin_listen(raw.listen.as_deref());
         let liveness_paths = self.paths("admin.liveness_paths", &raw.liveness_paths, "/healthz");
         let readiness_paths = self.paths("admin.readiness_paths", &raw.readiness_paths, "/readyz");
         self.probe_paths_apart(&liveness_paths, &readiness_paths);
@@ -299,7 +298,8 @@ impl Validator {
             Token::Unread => None,
         };
         let open_to_all = raw.allow_remote_without_token.unwrap_or(false);
-        if !listen.ip().is_loopback() && raw.token_file.is_none() && !open_to_all {
+        let remote = listen.tcp().filter(|addr| !addr.ip().is_loopback());
+        if remote.is_some() && raw.token_file.is_none() && !open_to_all {
             self.problem(
                 "admin.listen",
                 format!(
@@ -312,6 +312,24 @@ impl Validator {
             liveness_paths,
             readiness_paths,
             token,
+        }
+    }
+
+    /// `admin.listen`: an address, or `unix:` and a path (relative paths
+    /// are the config folder's, as `control.socket`'s).
+    fn admin_listen(&mut self, written: Option<&str>) -> AdminListen {
+        let default = AdminListen::Tcp(SocketAddr::from(([127, 0, 0, 1], 9901)));
+        match written.map(|text| (text, text.strip_prefix("unix:"))) {
+            None => default,
+            Some((_, Some(""))) => {
+                self.problem(
+                    "admin.listen",
+                    "\"unix:\" needs the socket's path, like \"unix:/run/baton/admin.sock\"",
+                );
+                default
+            }
+            Some((_, Some(path))) => AdminListen::Unix(self.path(Some(path), "")),
+            Some((text, None)) => AdminListen::Tcp(self.socket_addr("admin.listen", text)),
         }
     }
 
@@ -797,7 +815,10 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         .expect("write");
         let admin =
             super::super::load_admin(&path, super::Token::Read).expect("admin alone is fine");
-        assert_eq!(admin.listen.port(), 9911);
+        assert_eq!(
+            admin.listen,
+            super::AdminListen::Tcp(([127, 0, 0, 1], 9911).into())
+        );
         std::fs::write(
             &path,
             format!("[admin]\nlisen = \"127.0.0.1:9911\"\n{GOOD}"),
