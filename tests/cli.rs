@@ -591,9 +591,11 @@ fn admin_until(
 }
 
 /// DESIGN's `listen = "unix:/run/baton/admin.sock"`: probes, `/status` and
-/// `baton status` on a Unix socket, made 0600 whatever the umask (its
-/// file's mode is its access rule), the same socket across a reload (the
-/// next generation answers on it), and `baton check` says where it is.
+/// `baton status` on a Unix socket, made 0600 whatever the umask, the same
+/// socket across a reload (the next generation answers on it, after the
+/// first retired), gone after the stop, and `baton check` says where it
+/// is. Behind the mode, another uid is refused even with the socket open
+/// to all (as root only: acting as another uid needs it; CI runs as root).
 #[test]
 fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
     use nix::sys::signal::{kill, Signal};
@@ -624,6 +626,7 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
         .arg("-c")
         .arg(format!("umask 000; exec \"$0\" run -c {c}"))
         .arg(BIN)
+        .env_remove("NOTIFY_SOCKET")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -636,13 +639,23 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
         .ok();
     let _ = kill(Pid::from_raw(first_generation.id() as i32), Signal::SIGHUP);
     let reloaded = admin_until(&socket, "/status", |_, body| body.contains("\"number\":2"));
+    // The first generation retires at once (it has nothing to drain):
+    // what it does then must leave the socket to the second.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let after_retiring = admin_over_unix(&socket, "/readyz");
     let (status_code, status_out, status_err) = run(&["status", "--json", "-c", c]);
     let inode_after = std::fs::metadata(&socket).map(|m| m.ino()).ok();
+    let stranger = status_as_another_uid(dir.path(), &config, &socket);
     let second = reloaded.as_ref().and_then(|(_, body)| serving_pid(body));
     let stopped = second.map(|pid| {
         let _ = kill(pid, Signal::SIGTERM);
         exit_code_within(pid, std::time::Duration::from_secs(20))
     });
+    // It exits once the second has (it speaks for the service then).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while matches!(first_generation.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     // Killed only if it still runs (then its exit code is none).
     let _ = first_generation.kill();
     let retired = first_generation.wait().ok().and_then(|s| s.code());
@@ -651,16 +664,56 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
     assert!(first.is_some_and(|(code, _)| code == 200), "/status");
     assert_eq!(mode, Some(0o600), "the socket's mode");
     assert!(reloaded.is_some(), "the reload's generation answers on it");
+    let answered = after_retiring.map(|(code, _)| code);
+    assert_eq!(answered, Some(200), "after the first generation retired");
     assert_eq!(inode_after, inode, "the same socket, handed over");
     assert_eq!(status_code, 0, "baton status: {status_err}");
     assert!(status_out.contains("\"number\":2"), "{status_out}");
+    if let Some((code, stderr)) = stranger {
+        assert_ne!(code, Some(0), "uid 65534's baton status: {stderr}");
+    }
     assert_eq!(
-        retired,
-        Some(0),
-        "the first generation's exit code, retired"
+        stopped,
+        Some(Some(0)),
+        "the second generation's exit code, stopped"
     );
-    assert_eq!(stopped, Some(Some(0)), "the second's, stopped");
+    assert_eq!(retired, Some(0), "the first's, retired");
     assert!(!socket.exists(), "the socket's path goes with the stop");
+}
+
+/// `baton status` run as uid 65534 against the admin socket at `socket`,
+/// with every mode on its way loosened (as a careless operator, or
+/// systemd's `SocketMode=0666`, might): its exit code and stderr. `None`
+/// when not root.
+fn status_as_another_uid(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    socket: &std::path::Path,
+) -> Option<(Option<i32>, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
+        return None;
+    }
+    for (path, mode) in [(dir, 0o755), (config, 0o644), (socket, 0o666)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    // A copy nobody can run wherever the checkout lives.
+    let cli = dir.join("baton-cli");
+    std::fs::copy(BIN, &cli).expect("copy the binary");
+    std::fs::set_permissions(&cli, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = Command::new(&cli)
+        .args(["status", "-c"])
+        .arg(config)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run baton status as nobody");
+    Some((
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
 }
 
 /// The pid of generation 2 in a `/status` body.

@@ -32,7 +32,6 @@ pub async fn call(
         at: at.to_string(),
         cause,
     };
-    let connect_wait = Duration::from_secs(5);
     let asked = Asked {
         method,
         path,
@@ -40,24 +39,30 @@ pub async fn call(
     };
     let answer = match at {
         AdminListen::Tcp(addr) => {
-            let stream = tokio::time::timeout(connect_wait, TcpStream::connect(addr))
+            let stream = connected(TcpStream::connect(addr)).await;
+            asked
+                .on(stream.map_err(unreachable)?, &addr.to_string())
                 .await
-                .map_err(|_| unreachable("connect timed out".into()))?
-                .map_err(|e| unreachable(e.to_string()))?;
-            asked.on(stream, &addr.to_string()).await
         }
         AdminListen::Unix(socket) => {
-            let stream = tokio::time::timeout(connect_wait, UnixStream::connect(socket))
-                .await
-                .map_err(|_| unreachable("connect timed out".into()))?
-                .map_err(|e| unreachable(e.to_string()))?;
-            asked.on(stream, "localhost").await
+            let stream = connected(UnixStream::connect(socket)).await;
+            asked.on(stream.map_err(unreachable)?, "localhost").await
         }
     };
     answer.map_err(|cause| AdminCallError::Failed {
         at: at.to_string(),
         cause,
     })
+}
+
+/// The stream `connect` makes, within 5 s, or why not.
+async fn connected<S>(
+    connect: impl std::future::Future<Output = std::io::Result<S>>,
+) -> Result<S, String> {
+    tokio::time::timeout(Duration::from_secs(5), connect)
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| e.to_string())
 }
 
 /// One request to the admin API.

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::Pool;
 use crate::config::{AdminConfig, Protocol};
 use crate::connection::ListenerStats;
-use crate::lifecycle::Phase;
+use crate::lifecycle::{control, Phase};
 
 /// This generation, as `/status` reports it.
 #[derive(Debug, Clone)]
@@ -134,6 +134,7 @@ enum Accepted {
 }
 
 impl AdminListener {
+    /// The next connection, on whichever kind of socket this is.
     async fn accept(&self) -> std::io::Result<Accepted> {
         match self {
             AdminListener::Tcp(l) => l.accept().await.map(|(s, _)| Accepted::Tcp(s)),
@@ -143,6 +144,10 @@ impl AdminListener {
 }
 
 impl Accepted {
+    /// Serves it (see [`answer`]). On a Unix socket, only root and baton's
+    /// own user are answered, as on the control socket: the socket's 0600
+    /// is its access rule where baton made it, but one systemd made and
+    /// handed over keeps the mode systemd gave it (0666 by default).
     fn answer(
         self,
         state: Arc<AdminShared>,
@@ -151,7 +156,11 @@ impl Accepted {
     ) {
         match self {
             Accepted::Tcp(stream) => answer(stream, state, place, stop),
-            Accepted::Unix(stream) => answer(stream, state, place, stop),
+            Accepted::Unix(stream) => match control::refused_peer(&stream) {
+                Ok(None) => answer(stream, state, place, stop),
+                Ok(Some(uid)) => tracing::warn!(uid, "admin connection refused: only root and baton's own user may call the API on its Unix socket"),
+                Err(err) => tracing::warn!(cause = %err, "admin connection refused: SO_PEERCRED"),
+            },
         }
     }
 }

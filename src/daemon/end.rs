@@ -179,13 +179,8 @@ impl Generation {
             .await
             || self.admin.inherited_forced_connections() > older_forced_before;
         self.background.cancel();
+        self.forget_admin_path();
         self.admin_stop.cancel();
-        // A Unix admin socket's path goes as the control socket's did.
-        if let (AdminListen::Unix(path), false) = (&self.config.admin.listen, systemd::enabled()) {
-            if let Err(err) = std::fs::remove_file(path) {
-                tracing::debug!(cause = %err, "admin socket not removed");
-            }
-        }
         let exit = match self.exit_code(ended.outcome) {
             Exit::Clean if older_cut => {
                 tracing::warn!("older generations still draining were forced by the stop");
@@ -194,6 +189,22 @@ impl Generation {
             exit => exit,
         };
         departure::exit_with_successor(exit, self.successor_departure.take()).await
+    }
+
+    /// A Unix admin socket's path goes as the control socket's did (under
+    /// systemd both live on in the fd store for the next start, and their
+    /// paths with them): nothing will answer there. Before the server
+    /// stops, so a daemon started meanwhile, which replaces a socket nobody
+    /// answers on, does not lose its own to this.
+    fn forget_admin_path(&self) {
+        let AdminListen::Unix(path) = &self.config.admin.listen else {
+            return;
+        };
+        if !systemd::enabled() {
+            if let Err(err) = std::fs::remove_file(path) {
+                tracing::debug!(cause = %err, "admin socket not removed");
+            }
+        }
     }
 
     /// Waits, until `bound` at the latest, for the other generations still

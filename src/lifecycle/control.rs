@@ -171,18 +171,24 @@ async fn handle(stream: UnixStream, requests: mpsc::Sender<Incoming>) -> std::io
 }
 
 fn authorize(stream: &UnixStream) -> Result<(), Reply> {
-    let cred = stream
-        .peer_cred()
-        .map_err(|e| Reply::err(Exit::Failure, format!("SO_PEERCRED: {e}")))?;
-    let ours = nix::unistd::geteuid().as_raw();
-    if cred.uid() == 0 || cred.uid() == ours {
-        Ok(())
-    } else {
-        Err(Reply::err(
+    match refused_peer(stream) {
+        Ok(None) => Ok(()),
+        Ok(Some(uid)) => Err(Reply::err(
             Exit::Failure,
-            format!("uid {} may not control this daemon", cred.uid()),
-        ))
+            format!("uid {uid} may not control this daemon"),
+        )),
+        Err(e) => Err(Reply::err(Exit::Failure, format!("SO_PEERCRED: {e}"))),
     }
+}
+
+/// The uid of `stream`'s peer if it may not command this daemon: only
+/// root and baton's own user may (`SO_PEERCRED`), whatever the socket
+/// file's mode (a careless chmod, or a socket systemd made and handed over
+/// with a mode of its own).
+pub fn refused_peer(stream: &UnixStream) -> std::io::Result<Option<u32>> {
+    let uid = stream.peer_cred()?.uid();
+    let allowed = uid == 0 || uid == nix::unistd::geteuid().as_raw();
+    Ok((!allowed).then_some(uid))
 }
 
 async fn read_request(read: tokio::net::unix::OwnedReadHalf) -> Result<Request, Reply> {

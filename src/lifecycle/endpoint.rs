@@ -26,17 +26,20 @@ pub enum Endpoint<'a> {
         backlog: i32,
         reuseport: bool,
     },
-    /// A Unix listener (the control socket).
+    /// A Unix listener (the control socket, a Unix admin socket).
     Unix(&'a Path),
 }
 
 impl Endpoint<'_> {
     /// Whether a socket bound at `local` serves this endpoint (a wanted
     /// port 0 matches any port on the same IP). One that does not is the
-    /// config having moved it: it is left to close. A socket of another
-    /// family under a TCP listener's name is not what the name says.
+    /// config having moved it: it is left to close, a Unix socket where
+    /// an address is wanted too (the admin socket moved from `unix:` to an
+    /// address). A socket of any other family under a TCP listener's name
+    /// is not what the name says.
     pub fn is_at(&self, local: &SockAddr) -> Result<bool, String> {
         match self {
+            Endpoint::Tcp { .. } if local.domain() == Domain::UNIX => Ok(false),
             Endpoint::Tcp { addr, .. } => {
                 let local = local.as_socket().ok_or("not an inet socket")?;
                 Ok(local == *addr || (addr.port() == 0 && local.ip() == addr.ip()))
@@ -257,6 +260,8 @@ mod tests {
         assert_eq!(tcp(addr("127.0.0.1:8081")).is_at(&at), Ok(false));
         assert_eq!(tcp(addr("127.0.0.2:0")).is_at(&at), Ok(false));
         assert_eq!(Endpoint::Unix(Path::new("/run/x")).is_at(&at), Ok(false));
+        let unix = SockAddr::unix("/run/x").expect("a path");
+        assert_eq!(tcp(addr("127.0.0.1:9901")).is_at(&unix), Ok(false), "moved");
     }
 
     #[test]

@@ -40,18 +40,8 @@ impl Validator {
                     SocketAddr::from(([127, 0, 0, 1], 0))
                 }
             };
-            let taken = |admin: &SocketAddr| bind.port() != 0 && overlaps(bind, *admin);
-            if bind.port() != 0 && !binds.insert(bind) {
-                self.problem(
-                    &format!("{key}.bind"),
-                    format!("{bind} is already used by another listener"),
-                );
-            }
-            if let Some(admin) = admin.filter(taken) {
-                self.problem(
-                    &format!("{key}.bind"),
-                    format!("{bind} is already used by the admin server ({admin}: the same port on the same or every address)"),
-                );
+            if bind.port() != 0 {
+                self.bind_free(&key, bind, &mut binds, admin);
             }
             let protocol = match l.protocol.as_deref() {
                 None | Some("http") => Protocol::Http,
@@ -230,6 +220,31 @@ impl Validator {
             });
         }
         out
+    }
+}
+
+impl Validator {
+    /// A listener's `bind` (not port 0) must be no other listener's, nor
+    /// the admin server's.
+    fn bind_free(
+        &mut self,
+        key: &str,
+        bind: SocketAddr,
+        binds: &mut HashSet<SocketAddr>,
+        admin: Option<SocketAddr>,
+    ) {
+        if !binds.insert(bind) {
+            self.problem(
+                &format!("{key}.bind"),
+                format!("{bind} is already used by another listener"),
+            );
+        }
+        if let Some(admin) = admin.filter(|&admin| overlaps(bind, admin)) {
+            self.problem(
+                &format!("{key}.bind"),
+                format!("{bind} is already used by the admin server ({admin}: the same port on the same or every address)"),
+            );
+        }
     }
 }
 

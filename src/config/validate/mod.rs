@@ -328,7 +328,20 @@ impl Validator {
                 );
                 default
             }
-            Some((_, Some(path))) => AdminListen::Unix(self.path(Some(path), "")),
+            Some((_, Some(path))) => {
+                let path = self.path(Some(path), "");
+                // sockaddr_un's sun_path, with its closing NUL.
+                if path.as_os_str().len() >= 108 {
+                    self.problem(
+                        "admin.listen",
+                        format!(
+                            "{} is longer than a Unix socket's path may be (107 bytes)",
+                            path.display()
+                        ),
+                    );
+                }
+                AdminListen::Unix(path)
+            }
             Some((text, None)) => AdminListen::Tcp(self.socket_addr("admin.listen", text)),
         }
     }
