@@ -433,12 +433,18 @@ fn run_to_its_end(args: &[&str], umask: &str) -> (Option<i32>, String) {
     (None, "still running after 20 s".into())
 }
 
-fn config_with_control(dir: &std::path::Path, control: &std::path::Path) -> std::path::PathBuf {
+/// A config in `dir` with its admin API at `admin` (as `admin.listen`
+/// writes it) and its control socket at `control`.
+fn config_with(
+    dir: &std::path::Path,
+    admin: &str,
+    control: &std::path::Path,
+) -> std::path::PathBuf {
     let path = dir.join("b.toml");
     std::fs::write(
         &path,
         format!(
-            "[shutdown]\npre_stop_delay = \"-1s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[control]\nsocket = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
+            "[shutdown]\npre_stop_delay = \"-1s\"\n[admin]\nlisten = \"{admin}\"\n[control]\nsocket = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
             control.display()
         ),
     )
@@ -450,7 +456,7 @@ fn config_with_control(dir: &std::path::Path, control: &std::path::Path) -> std:
 fn a_control_path_that_is_not_a_socket_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let control = dir.path().join("control.sock");
-    let config = config_with_control(dir.path(), &control);
+    let config = config_with(dir.path(), "127.0.0.1:0", &control);
     let c = config.to_str().expect("utf-8 path");
 
     std::fs::write(&control, "precious").expect("write a file");
@@ -478,7 +484,7 @@ fn the_control_socket_is_0600_whatever_the_umask() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let control = dir.path().join("control.sock");
-    let config = config_with_control(dir.path(), &control);
+    let config = config_with(dir.path(), "127.0.0.1:0", &control);
     let c = config.to_str().expect("utf-8 path").to_string();
     let daemon = std::thread::spawn(move || run_to_its_end(&["run", "-c", &c], "000"));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -603,21 +609,12 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("admin.sock");
-    let config = dir.path().join("b.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[shutdown]\npre_stop_delay = \"-1s\"\n[admin]\nlisten = \"unix:{}\"\n[control]\nsocket = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
-            socket.display(),
-            dir.path().join("control.sock").display()
-        ),
-    )
-    .expect("write");
+    let admin = format!("unix:{}", socket.display());
+    let config = config_with(dir.path(), &admin, &dir.path().join("control.sock"));
     let c = config.to_str().expect("utf-8 path");
     let (code, stdout, stderr) = run(&["check", "-c", c]);
     assert_eq!(code, 0, "{stderr}");
-    let shown = format!("unix:{}", socket.display());
-    assert!(line(&stdout, "admin.listen").contains(&shown), "{stdout}");
+    assert!(line(&stdout, "admin.listen").contains(&admin), "{stdout}");
 
     // The reload's generation is a child of the first: it becomes this
     // process's child when the first exits, to be waited for.
