@@ -643,7 +643,9 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
     let (status_code, status_out, status_err) = run(&["status", "--json", "-c", c]);
     let inode_after = std::fs::metadata(&socket).map(|m| m.ino()).ok();
     let stranger = status_as_another_uid(dir.path(), &config, &socket);
-    let second = reloaded.as_ref().and_then(|(_, body)| serving_pid(body));
+    let second = reloaded
+        .as_ref()
+        .and_then(|(_, body)| generation_pid(body, 2));
     let stopped = second.map(|pid| {
         let _ = kill(pid, Signal::SIGTERM);
         exit_code_within(pid, std::time::Duration::from_secs(20))
@@ -666,8 +668,14 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
     assert_eq!(inode_after, inode, "the same socket, handed over");
     assert_eq!(status_code, 0, "baton status: {status_err}");
     assert!(status_out.contains("\"number\":2"), "{status_out}");
+    // Refused with a reason (exit 1: the daemon answered), not a bare
+    // close.
     if let Some((code, stderr)) = stranger {
-        assert_ne!(code, Some(0), "uid 65534's baton status: {stderr}");
+        assert_eq!(code, Some(1), "uid 65534's baton status: {stderr}");
+        assert!(
+            stderr.contains("403") && stderr.contains("uid 65534"),
+            "{stderr}"
+        );
     }
     assert_eq!(
         stopped,
@@ -713,12 +721,85 @@ fn status_as_another_uid(
     ))
 }
 
-/// The pid of generation 2 in a `/status` body.
-fn serving_pid(status: &str) -> Option<nix::unistd::Pid> {
+/// The pid of generation `number` in a `/status` body.
+fn generation_pid(status: &str, number: u64) -> Option<nix::unistd::Pid> {
     let status: serde_json::Value = serde_json::from_str(status).ok()?;
     let generations = status["generations"].as_array()?;
-    let second = generations.iter().find(|g| g["number"] == 2)?;
-    Some(nix::unistd::Pid::from_raw(second["pid"].as_i64()? as i32))
+    let found = generations.iter().find(|g| g["number"] == number)?;
+    Some(nix::unistd::Pid::from_raw(found["pid"].as_i64()? as i32))
+}
+
+/// A reload that moves the admin socket from one path to another serves
+/// it at the new one and removes the old one's file (nothing answers
+/// there once the old generation is gone, and `baton status` with an old
+/// config would meet a dead socket rather than no file); one that moves
+/// it to an address answers there, and removes the last path's file.
+#[test]
+fn a_reload_that_moves_the_admin_socket_removes_the_old_file() {
+    use nix::sys::signal::{kill, Signal};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let control = dir.path().join("control.sock");
+    let (first_path, second_path) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let config = config_with(
+        dir.path(),
+        &format!("unix:{}", first_path.display()),
+        &control,
+    );
+    let c = config.to_str().expect("utf-8 path");
+    nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
+    let mut first_generation = Command::new(BIN)
+        .args(["run", "-c", c])
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run baton");
+    let ready = admin_until(&first_path, "/readyz", |code, _| code == 200);
+
+    config_with(
+        dir.path(),
+        &format!("unix:{}", second_path.display()),
+        &control,
+    );
+    let (to_path, _, to_path_err) = run(&["reload", "-c", c]);
+    let first_left = first_path.exists();
+    let at_second = admin_until(&second_path, "/status", |_, body| {
+        body.contains("\"number\":2")
+    });
+
+    config_with(dir.path(), &address.to_string(), &control);
+    let (to_address, _, to_address_err) = run(&["reload", "-c", c]);
+    let second_left = second_path.exists();
+    let (status_code, status, status_err) = run(&["status", "--json", "-c", c]);
+    let third = generation_pid(&status, 3);
+    let stopped = third.map(|pid| {
+        let _ = kill(pid, Signal::SIGTERM);
+        exit_code_within(pid, std::time::Duration::from_secs(20))
+    });
+    let _ = first_generation.kill();
+    let _ = first_generation.wait();
+
+    assert!(
+        ready.is_some(),
+        "no /readyz 200 at {}",
+        first_path.display()
+    );
+    assert_eq!(to_path, 0, "the reload to another path: {to_path_err}");
+    assert!(at_second.is_some(), "generation 2 answers at the new path");
+    assert!(
+        !first_left,
+        "the first path's file is gone once generation 2 serves"
+    );
+    assert_eq!(to_address, 0, "the reload to an address: {to_address_err}");
+    assert!(
+        !second_left,
+        "the second path's file is gone once generation 3 serves"
+    );
+    assert_eq!(status_code, 0, "baton status over TCP: {status_err}");
+    assert_eq!(stopped, Some(Some(0)), "generation 3's exit code, stopped");
 }
 
 /// `pid`'s exit code (a child of this process's, as its subreaper, once
@@ -742,26 +823,40 @@ fn exit_code_within(pid: nix::unistd::Pid, within: std::time::Duration) -> Optio
     None
 }
 
+/// The admin socket's `unix:` needs a path, not the control socket's; and
+/// neither path may be longer than a Unix socket's address holds (the
+/// bind would fail only at the start, or at a reload).
 #[test]
-fn an_admin_unix_socket_needs_a_path_of_its_own() {
+fn unix_socket_paths_are_their_own_and_fit_a_socket_address() {
     let dir = tempfile::tempdir().expect("tempdir");
     let control = dir.path().join("control.sock");
+    let too_long = format!("/run/{}.sock", "b".repeat(100));
     let body = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n";
-    for (listen, problem) in [
+    for (listen, control, problem) in [
         (
             "unix:".to_string(),
+            control.display().to_string(),
             "admin.listen: \"unix:\" needs the socket's path",
         ),
         (
             format!("unix:{}", control.display()),
+            control.display().to_string(),
             "is control.socket's path too",
+        ),
+        (
+            format!("unix:{too_long}"),
+            control.display().to_string(),
+            "admin.listen: /run/bbb",
+        ),
+        (
+            "127.0.0.1:0".to_string(),
+            too_long.clone(),
+            "control.socket: /run/bbb",
         ),
     ] {
         let path = dir.path().join("b.toml");
-        let text = format!(
-            "[admin]\nlisten = \"{listen}\"\n[control]\nsocket = \"{}\"\n{body}",
-            control.display()
-        );
+        let text =
+            format!("[admin]\nlisten = \"{listen}\"\n[control]\nsocket = \"{control}\"\n{body}");
         std::fs::write(&path, text).expect("write");
         let (code, _, stderr) = run(&["check", "-c", path.to_str().expect("utf-8")]);
         assert_eq!(code, 78, "{listen}: {stderr}");

@@ -158,11 +158,32 @@ impl Accepted {
             Accepted::Tcp(stream) => answer(stream, state, place, stop),
             Accepted::Unix(stream) => match control::refused_peer(&stream) {
                 Ok(None) => answer(stream, state, place, stop),
-                Ok(Some(uid)) => tracing::warn!(uid, "admin connection refused: only root and baton's own user may call the API on its Unix socket"),
+                Ok(Some(uid)) => {
+                    tracing::warn!(uid, "admin connection refused: only root and baton's own user may call the API on its Unix socket");
+                    refuse(stream, uid, place);
+                }
                 Err(err) => tracing::warn!(cause = %err, "admin connection refused: SO_PEERCRED"),
             },
         }
     }
+}
+
+/// Answers a refused peer's request with a 403 that names why (as the
+/// control socket answers its refusal), rather than a bare close its
+/// `baton status` would show as a broken connection; then closes. Bounded
+/// by [`places::LEAVING_GRACE`] and holding its place meanwhile, so
+/// refused connections cost no more than the places allow.
+fn refuse(stream: UnixStream, uid: u32, place: Option<places::Place>) {
+    tokio::spawn(async move {
+        let service = service_fn(move |_req| async move {
+            Ok::<_, std::convert::Infallible>(routes::refused_peer(uid))
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .keep_alive(false)
+            .serve_connection(TokioIo::new(bounded::Bounded::new(stream)), service);
+        let _ = tokio::time::timeout(places::LEAVING_GRACE, conn).await;
+        drop(place);
+    });
 }
 
 /// Serves admin requests until `stop`, then lets open ones finish briefly.

@@ -450,6 +450,15 @@ fn not_allowed(allow: &'static str) -> Reply {
     reply
 }
 
+/// The answer to every request from a peer that may not call the API on
+/// its Unix socket (see `Accepted::answer`).
+pub fn refused_peer(uid: u32) -> Reply {
+    error(
+        StatusCode::FORBIDDEN,
+        format!("uid {uid} may not call baton's admin API: on its Unix socket only root and baton's own user may"),
+    )
+}
+
 fn error(status: StatusCode, message: String) -> Reply {
     json_reply(status, json!({"error": message}))
 }

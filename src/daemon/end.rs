@@ -26,6 +26,7 @@ impl Generation {
         }
         let _ = self.phase.send(Phase::Draining { deadline: None });
         self.holdings.handed_over(&successor.adopted);
+        self.holdings.remove_unadopted_files();
         self.close_doors().await;
         self.admin_stop.cancel();
         self.admin_closed.cancelled().await;

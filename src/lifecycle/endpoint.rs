@@ -48,6 +48,14 @@ impl Endpoint<'_> {
         }
     }
 
+    /// A Unix socket's path.
+    fn path(&self) -> Option<&Path> {
+        match self {
+            Endpoint::Tcp { .. } => None,
+            Endpoint::Unix(path) => Some(path),
+        }
+    }
+
     /// A connection takes TCP_NODELAY from its listener as its handshake
     /// completes (Linux copies the listener's options then), so it is set
     /// once here rather than by a setsockopt per connection; on adopted
@@ -144,7 +152,12 @@ pub fn listen(
     let nodelay_each = endpoint.prepare(&socket).map_err(ListenError::Bind)?;
     let address = endpoint.address_of(&socket).map_err(ListenError::Hold)?;
     let handed_over = holdings
-        .hold(name, address, std::os::fd::AsFd::as_fd(&socket))
+        .hold(
+            name,
+            address,
+            std::os::fd::AsFd::as_fd(&socket),
+            endpoint.path(),
+        )
         .map_err(ListenError::Hold)?;
     Ok(Listening {
         socket,

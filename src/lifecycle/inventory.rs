@@ -182,16 +182,46 @@ struct Holding {
     entry: SocketEntry,
     fd: OwnedFd,
     handed_over: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// A Unix socket's file, as it was when held.
+    file: Option<SocketFile>,
+}
+
+/// The file a Unix socket is bound at: its path, and which file was there
+/// (device and inode), so a path another socket was bound at since is
+/// never removed in its place.
+struct SocketFile {
+    path: std::path::PathBuf,
+    identity: (u64, u64),
+}
+
+impl SocketFile {
+    fn of(path: &std::path::Path) -> Option<SocketFile> {
+        Some(SocketFile {
+            path: path.to_path_buf(),
+            identity: socket_identity(path)?,
+        })
+    }
+}
+
+/// The device and inode of the socket file at `path` (not followed).
+fn socket_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    meta.file_type()
+        .is_socket()
+        .then(|| (meta.dev(), meta.ino()))
 }
 
 impl Holdings {
-    /// Keeps a duplicate of `fd` under `name`; the returned flag turns true
-    /// if a successor adopts it.
+    /// Keeps a duplicate of `fd` under `name`, and for a Unix socket which
+    /// file at `path` it is bound at; the returned flag turns true if a
+    /// successor adopts it.
     pub fn hold(
         &mut self,
         name: &str,
         addr: String,
         fd: std::os::fd::BorrowedFd<'_>,
+        path: Option<&std::path::Path>,
     ) -> std::io::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
         let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         self.items.push(Holding {
@@ -201,8 +231,35 @@ impl Holdings {
             },
             fd: fd.try_clone_to_owned()?,
             handed_over: std::sync::Arc::clone(&flag),
+            file: path.and_then(SocketFile::of),
         });
         Ok(flag)
+    }
+
+    /// Removes the file of each held Unix socket the successor did not
+    /// adopt (its config moved the admin or control socket elsewhere):
+    /// once this generation has gone nothing answers there, and the
+    /// successor took it out of systemd's fd store. Only while the path
+    /// is still the file this generation held; after
+    /// [`Holdings::handed_over`].
+    pub fn remove_unadopted_files(&self) {
+        let unadopted = self
+            .items
+            .iter()
+            .filter(|h| !h.handed_over.load(std::sync::atomic::Ordering::SeqCst));
+        for file in unadopted.filter_map(|h| h.file.as_ref()) {
+            if socket_identity(&file.path) != Some(file.identity) {
+                continue;
+            }
+            match std::fs::remove_file(&file.path) {
+                Ok(()) => {
+                    tracing::info!(path = %file.path.display(), "removed a socket the config moved elsewhere")
+                }
+                Err(err) => {
+                    tracing::debug!(path = %file.path.display(), cause = %err, "moved socket not removed")
+                }
+            }
+        }
     }
 
     /// Fresh duplicates of every held socket, for one offer.
@@ -253,6 +310,34 @@ mod tests {
     use super::Holdings;
     use crate::defer_accept::{defers_accept, set_defer_accept};
 
+    /// Of the held Unix sockets, only the file of one the successor did
+    /// not adopt goes, and only while it is still that socket's file: a
+    /// socket bound at the path since keeps it.
+    #[test]
+    fn only_an_unadopted_sockets_own_file_is_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = |name: &str| dir.path().join(name);
+        let bind = |name: &str| std::os::unix::net::UnixListener::bind(path(name)).expect("bind");
+        let (adopted, moved, rebound) = (bind("adopted"), bind("moved"), bind("rebound"));
+        let mut holdings = Holdings::default();
+        for (name, socket) in [
+            ("adopted", &adopted),
+            ("moved", &moved),
+            ("rebound", &rebound),
+        ] {
+            holdings
+                .hold(name, String::new(), socket.as_fd(), Some(&path(name)))
+                .expect("hold");
+        }
+        std::fs::remove_file(path("rebound")).expect("unlink");
+        let _since = bind("rebound");
+        holdings.handed_over(&["adopted".to_string()]);
+        holdings.remove_unadopted_files();
+        assert!(path("adopted").exists(), "the adopted socket's file");
+        assert!(!path("moved").exists(), "the moved socket's file");
+        assert!(path("rebound").exists(), "the file of a socket bound since");
+    }
+
     /// A stop ends the deferral on every held socket, not only the first:
     /// a shard left deferring would reset the connections it held back.
     #[test]
@@ -265,7 +350,7 @@ mod tests {
             set_defer_accept(socket.as_fd(), true).expect("set");
             let addr = socket.local_addr().expect("addr").to_string();
             holdings
-                .hold(&format!("web/{i}"), addr, socket.as_fd())
+                .hold(&format!("web/{i}"), addr, socket.as_fd(), None)
                 .expect("hold");
         }
         holdings.stop_deferring();

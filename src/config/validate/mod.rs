@@ -60,7 +60,11 @@ pub fn from_file(
     let reload = v.reload(&raw.reload, &shutdown);
     let admin = v.admin(&raw.admin, Token::Read);
     let control = ControlConfig {
-        socket: v.path(raw.control.socket.as_deref(), "/run/baton/control.sock"),
+        socket: v.socket_path(
+            "control.socket",
+            raw.control.socket.as_deref(),
+            "/run/baton/control.sock",
+        ),
     };
     let ticket_rotation = v.ticket_rotation(raw.tls.ticket_rotation.as_ref());
     let resolver = v.resolver(&raw.resolver);
@@ -120,6 +124,23 @@ impl Validator {
 
     fn warning(&mut self, key: &str, message: impl std::fmt::Display) {
         self.warnings.push(format!("{key}: {message}"));
+    }
+
+    /// A Unix socket's path (as [`Validator::path`]), refused when longer
+    /// than sockaddr_un's `sun_path` holds with its closing NUL: the bind
+    /// would fail only at start, or at a reload.
+    fn socket_path(&mut self, key: &str, written: Option<&str>, default: &str) -> PathBuf {
+        let path = self.path(written, default);
+        if path.as_os_str().len() >= 108 {
+            self.problem(
+                key,
+                format!(
+                    "{} is longer than a Unix socket's path may be (107 bytes)",
+                    path.display()
+                ),
+            );
+        }
+        path
     }
 
     fn path(&self, written: Option<&str>, default: &str) -> PathBuf {
@@ -329,18 +350,7 @@ impl Validator {
                 default
             }
             Some((_, Some(path))) => {
-                let path = self.path(Some(path), "");
-                // sockaddr_un's sun_path, with its closing NUL.
-                if path.as_os_str().len() >= 108 {
-                    self.problem(
-                        "admin.listen",
-                        format!(
-                            "{} is longer than a Unix socket's path may be (107 bytes)",
-                            path.display()
-                        ),
-                    );
-                }
-                AdminListen::Unix(path)
+                AdminListen::Unix(self.socket_path("admin.listen", Some(path), ""))
             }
             Some((text, None)) => AdminListen::Tcp(self.socket_addr("admin.listen", text)),
         }
