@@ -167,3 +167,38 @@ impl ByteStream for Box<TlsStream<TcpStream>> {
         self.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
     }
 }
+
+/// Whether the reactor has seen nothing come on `stream` since a read
+/// last drained it (a read that came up short clears tokio's readiness),
+/// asked without a syscall. `false` says only "ask the kernel": bytes or
+/// an EOF came, or the readiness a full read left standing may be stale,
+/// or the task is out of its scheduling budget (tokio then answers
+/// "pending" whatever the readiness, which must not pass for "nothing").
+/// What came since the reactor last looked is not seen: it looks at every
+/// wait, and on a busy worker every few dozen task polls.
+pub fn reactor_saw_nothing(stream: &TcpStream) -> bool {
+    if !tokio::task::coop::has_budget_remaining() {
+        return false;
+    }
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    stream.poll_read_ready(&mut cx).is_pending()
+}
+
+/// Runs `check` with the task's scheduling budget spent (by ready answers
+/// on `ready`, a socket with bytes waiting): whether it was spent, and
+/// what `check` said.
+#[cfg(test)]
+pub async fn out_of_budget<T>(ready: &TcpStream, check: impl Fn() -> T) -> (bool, T) {
+    std::future::poll_fn(|cx| {
+        // Each ready answer spends a unit of the task's budget.
+        for _ in 0..1000 {
+            if !tokio::task::coop::has_budget_remaining() {
+                break;
+            }
+            let _ = ready.poll_read_ready(cx);
+        }
+        let spent = !tokio::task::coop::has_budget_remaining();
+        std::task::Poll::Ready((spent, check()))
+    })
+    .await
+}

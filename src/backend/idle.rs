@@ -1,8 +1,8 @@
 //! A backend's idle HTTP/1 connections, kept for the next request. A
 //! connection comes back here only after a clean end of response with
 //! keep-alive on both sides; it leaves as the freshest one the backend has
-//! not closed meanwhile (checked with a non-blocking peek, so a connection
-//! the backend closed while idle is never written to). Connections idle
+//! not closed meanwhile, as far as the reactor has seen (and the kernel,
+//! when the reactor cannot say): see [`still_open`]. Connections idle
 //! longer than `IDLE_LIMIT`, below the usual backend keep-alive timeouts
 //! (nginx 75 s, Node 5 s, Go none), are closed rather than reused.
 
@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::stream::{holds_nothing_back, BackendStream};
-use crate::stream::ByteStream;
+use crate::stream::{reactor_saw_nothing, ByteStream};
 use crate::workers::PerWorker;
 use tokio::time::Instant;
 
@@ -98,12 +98,21 @@ impl IdleConnections {
 /// An idle connection is usable only if nothing is readable on its
 /// socket: EOF means the backend closed it, and bytes would be a response
 /// to nothing (or, under TLS, the backend's close_notify) that the next
-/// request would read as its own, maybe another client's. The kernel is
-/// asked (one non-blocking peek): the reactor's cached readiness misses
-/// bytes that came since it last looked, and on a busy worker that can be
-/// just before the reuse (a body sent late to a HEAD, bytes past a
-/// response's length).
+/// request would read as its own, maybe another client's. The reactor's
+/// cached readiness is asked first, as HAProxy and nginx ask their event
+/// loops: it costs no syscall, where a kernel peek at every reuse cost a
+/// tenth of a keep-alive request's CPU (README, "Performance").
+/// The kernel is asked only when the reactor cannot say (see
+/// [`reactor_saw_nothing`]: something came, a full read left stale
+/// readiness, or the task is out of budget). What came since the reactor
+/// last looked goes unseen; so would what comes just after any check, a
+/// peek's too, before the backend reads the request: a request that then
+/// fails before any byte of its response is retried on a fresh connection
+/// when that is safe.
 pub fn still_open(stream: &tokio::net::TcpStream) -> bool {
+    if reactor_saw_nothing(stream) {
+        return true;
+    }
     let mut probe = [std::mem::MaybeUninit::<u8>::uninit()];
     matches!(socket2::SockRef::from(stream).peek(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
@@ -141,11 +150,9 @@ mod tests {
         assert_eq!(kept, BURST);
     }
 
-    /// Bytes the kernel holds but the reactor has not reported yet (the
-    /// test never yields between the write and the check, so the reactor
-    /// cannot turn) make a connection unusable.
-    #[tokio::test]
-    async fn bytes_the_reactor_has_not_seen_yet_make_a_connection_unusable() {
+    /// A backend and baton's connection to it, after one short answer
+    /// read (which leaves the reactor knowing the socket drained).
+    async fn answered() -> (std::net::TcpStream, tokio::net::TcpStream) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -154,12 +161,58 @@ mod tests {
         let mut buf = [0u8; 64];
         let n = stream.read(&mut buf).await.expect("read the answer");
         assert_eq!(&buf[..n], b"answer");
+        (backend, stream)
+    }
+
+    /// Lets the reactor look (loopback delivers within the write call).
+    async fn settle() {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    /// Stray bytes or an EOF the reactor has seen make a connection
+    /// unusable; with nothing sent it stays usable.
+    #[tokio::test]
+    async fn bytes_or_a_close_the_reactor_saw_make_a_connection_unusable() {
+        let (mut backend, stream) = answered().await;
+        settle().await;
         assert!(still_open(&stream), "nothing more was sent");
         backend.write_all(b"stray").expect("stray bytes");
-        // Loopback delivers within the write call; the pause (a blocking
-        // one, not a yield to the reactor) only makes sure.
+        settle().await;
+        assert!(!still_open(&stream), "the stray bytes went unseen");
+        let (backend, stream) = answered().await;
+        drop(backend);
+        settle().await;
+        assert!(!still_open(&stream), "the close went unseen");
+    }
+
+    /// A read that filled its buffer leaves the readiness standing (it
+    /// cannot know the socket drained): the kernel says the connection is
+    /// still usable, rather than every such connection being closed.
+    #[tokio::test]
+    async fn a_read_that_filled_its_buffer_leaves_the_kernel_to_say() {
+        let (mut backend, mut stream) = answered().await;
+        backend
+            .write_all(&[b'x'; 64])
+            .expect("a full buffer's worth");
+        settle().await;
+        let mut buf = [0u8; 64];
+        assert_eq!(stream.read(&mut buf).await.expect("read"), 64);
+        assert!(still_open(&stream), "nothing is left unread");
+        backend.write_all(b"stray").expect("stray bytes");
+        // A blocking pause: the reactor does not look, the kernel holds
+        // the bytes.
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(!still_open(&stream), "the stray bytes went unseen");
-        drop(backend);
+    }
+
+    /// Out of its scheduling budget a task is told "pending" whatever the
+    /// readiness: the kernel is asked, and stray bytes are seen.
+    #[tokio::test]
+    async fn a_task_out_of_budget_still_sees_stray_bytes() {
+        let (mut backend, stream) = answered().await;
+        backend.write_all(b"stray").expect("stray bytes");
+        settle().await;
+        let seen = crate::stream::out_of_budget(&stream, || still_open(&stream)).await;
+        assert_eq!(seen, (true, false), "(budget spent, still open)");
     }
 }

@@ -94,8 +94,7 @@ fn nothing_unread(stream: &tokio::net::TcpStream) -> bool {
     if !tokio::task::coop::has_budget_remaining() {
         return kernel_holds_nothing(stream);
     }
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    stream.poll_read_ready(&mut cx).is_pending()
+    crate::stream::reactor_saw_nothing(stream)
 }
 
 /// One non-blocking peek: the kernel holds no byte baton has not read.
@@ -361,18 +360,7 @@ mod tests {
         let (mut client, served) = connected().await;
         client.write_all(b"x").await.expect("send");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        let seen = std::future::poll_fn(|cx| {
-            // Each ready answer spends a unit of the task's budget.
-            for _ in 0..1000 {
-                if !tokio::task::coop::has_budget_remaining() {
-                    break;
-                }
-                let _ = served.poll_read_ready(cx);
-            }
-            let spent = !tokio::task::coop::has_budget_remaining();
-            std::task::Poll::Ready((spent, nothing_unread(&served)))
-        })
-        .await;
+        let seen = crate::stream::out_of_budget(&served, || nothing_unread(&served)).await;
         assert_eq!(seen, (true, false), "(budget spent, nothing unread)");
     }
 }
