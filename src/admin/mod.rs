@@ -171,17 +171,24 @@ impl Accepted {
 /// Answers a refused peer's request with a 403 that names why (as the
 /// control socket answers its refusal), rather than a bare close its
 /// `baton status` would show as a broken connection; then closes. Bounded
-/// by [`places::LEAVING_GRACE`] and holding its place meanwhile, so
-/// refused connections cost no more than the places allow.
+/// by [`places::LEAVING_GRACE`], holding its place meanwhile and giving
+/// it up at once to a newcomer, so refused connections never keep an
+/// allowed caller waiting.
 fn refuse(stream: UnixStream, uid: u32, place: Option<places::Place>) {
     tokio::spawn(async move {
+        let ending = place
+            .as_ref()
+            .map_or_else(CancellationToken::new, |p| p.ending.clone());
         let service = service_fn(move |_req| async move {
             Ok::<_, std::convert::Infallible>(routes::refused_peer(uid))
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .keep_alive(false)
             .serve_connection(TokioIo::new(bounded::Bounded::new(stream)), service);
-        let _ = tokio::time::timeout(places::LEAVING_GRACE, conn).await;
+        tokio::select! {
+            _ = tokio::time::timeout(places::LEAVING_GRACE, conn) => {}
+            () = ending.cancelled() => {}
+        }
         drop(place);
     });
 }

@@ -1,10 +1,10 @@
 //! A backend's idle HTTP/1 connections, kept for the next request. A
 //! connection comes back here only after a clean end of response with
 //! keep-alive on both sides; it leaves as the freshest one the backend has
-//! not closed meanwhile, as far as the reactor has seen (and the kernel,
-//! when the reactor cannot say): see [`still_open`]. Connections idle
-//! longer than `IDLE_LIMIT`, below the usual backend keep-alive timeouts
-//! (nginx 75 s, Node 5 s, Go none), are closed rather than reused.
+//! not closed meanwhile, as surely as the request needs: see [`Check`].
+//! Connections idle longer than `IDLE_LIMIT`, below the usual backend
+//! keep-alive timeouts (nginx 75 s, Node 5 s, Go none), are closed rather
+//! than reused.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -27,9 +27,53 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(4);
 /// burst anyway, and an idle one is closed after `IDLE_LIMIT`.
 const MAX_IDLE: usize = 4096;
 
-/// One worker's idle connections with when each went idle, oldest first:
-/// taken from the back, expired from the front.
-type IdleList = Mutex<Vec<(BackendStream, Instant)>>;
+/// How a kept connection is found still usable before an exchange goes
+/// out on it: nothing may be readable on its socket. EOF means the backend
+/// closed it; bytes would be a response to nothing (or, under TLS, the
+/// backend's close_notify) that the next request would read as its own,
+/// maybe another client's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Check {
+    /// tokio's cached readiness, as HAProxy and nginx ask their event
+    /// loops, and the kernel only when that cannot say: no syscall, where
+    /// a kernel peek at every reuse cost a tenth of a keep-alive request's
+    /// CPU (README, "Performance"). What came since the reactor last looked
+    /// (at every wait on a quiet worker, every few dozen task polls on a
+    /// busy one) goes unseen. Enough for a request that can be sent again
+    /// (no body, an idempotent method), which is, on a fresh connection,
+    /// if the kept one fails before any byte of a response; and after a
+    /// response with a body, which a backend sends whole.
+    Reactor,
+    /// The kernel, with one non-blocking peek: a close or bytes that came
+    /// up to the moment of reuse are seen. For a request that cannot be
+    /// sent again, and after a response with no body by rule (to HEAD, or
+    /// a 1xx, 204 or 304): a backend that sends a body there anyway sends
+    /// it after the head, maybe just after the reactor last looked.
+    Kernel,
+}
+
+impl Check {
+    /// The check a connection needs after a response that had no body by
+    /// rule (`bodyless`) or one.
+    pub fn after_response(bodyless: bool) -> Check {
+        if bodyless {
+            Check::Kernel
+        } else {
+            Check::Reactor
+        }
+    }
+}
+
+/// A kept connection, since when, and the check its last response asks.
+struct Idle {
+    stream: BackendStream,
+    since: Instant,
+    check: Check,
+}
+
+/// One worker's idle connections, oldest first: taken from the back,
+/// expired from the front.
+type IdleList = Mutex<Vec<Idle>>;
 
 /// One list per worker: a connection is registered with its worker's
 /// reactor and stays with that worker's requests.
@@ -49,23 +93,27 @@ impl IdleConnections {
         self.per_worker.mine()
     }
 
-    /// The freshest connection still open, if any; closes those found
-    /// closed, expired or holding stray bytes on the way.
-    pub fn take(&self) -> Option<BackendStream> {
+    /// The freshest connection still open, checked at least as `check`
+    /// says (or as its last response asks, if that is stricter); closes
+    /// those found closed, expired or holding stray bytes on the way.
+    pub fn take(&self, check: Check) -> Option<BackendStream> {
         let Ok(mut conns) = self.mine().lock() else {
             return None;
         };
-        while let Some((stream, since)) = conns.pop() {
-            if since.elapsed() < IDLE_LIMIT && still_open(stream.tcp()) {
-                return Some(stream);
+        while let Some(idle) = conns.pop() {
+            if idle.since.elapsed() < IDLE_LIMIT
+                && still_open(idle.stream.tcp(), check.max(idle.check))
+            {
+                return Some(idle.stream);
             }
         }
         None
     }
 
-    /// Keeps `stream` for reuse, dropping connections that expired (and
-    /// `stream` itself if its TLS session holds bytes back).
-    pub fn put(&self, mut stream: BackendStream) {
+    /// Keeps `stream` for reuse, to be checked at least as `check` says
+    /// then; drops connections that expired (and `stream` itself if its
+    /// TLS session holds bytes back).
+    pub fn put(&self, mut stream: BackendStream, check: Check) {
         if !holds_nothing_back(&mut stream) {
             return;
         }
@@ -76,11 +124,15 @@ impl IdleConnections {
         let now = Instant::now();
         let expired = conns
             .iter()
-            .take_while(|(_, since)| now.duration_since(*since) >= IDLE_LIMIT)
+            .take_while(|idle| now.duration_since(idle.since) >= IDLE_LIMIT)
             .count();
         conns.drain(..expired);
         if conns.len() < MAX_IDLE {
-            conns.push((stream, now));
+            conns.push(Idle {
+                stream,
+                since: now,
+                check,
+            });
         }
     }
 
@@ -89,28 +141,17 @@ impl IdleConnections {
     pub fn sweep(&self) {
         for list in self.per_worker.iter() {
             if let Ok(mut conns) = list.lock() {
-                conns.retain(|(_, since)| since.elapsed() < IDLE_LIMIT);
+                conns.retain(|idle| idle.since.elapsed() < IDLE_LIMIT);
             }
         }
     }
 }
 
-/// An idle connection is usable only if nothing is readable on its
-/// socket: EOF means the backend closed it, and bytes would be a response
-/// to nothing (or, under TLS, the backend's close_notify) that the next
-/// request would read as its own, maybe another client's. The reactor's
-/// cached readiness is asked first, as HAProxy and nginx ask their event
-/// loops: it costs no syscall, where a kernel peek at every reuse cost a
-/// tenth of a keep-alive request's CPU (README, "Performance").
-/// The kernel is asked only when the reactor cannot say (see
-/// [`reactor_saw_nothing`]: something came, a full read left stale
-/// readiness, or the task is out of budget). What came since the reactor
-/// last looked goes unseen; so would what comes just after any check, a
-/// peek's too, before the backend reads the request: a request that then
-/// fails before any byte of its response is retried on a fresh connection
-/// when that is safe.
-pub fn still_open(stream: &tokio::net::TcpStream) -> bool {
-    if reactor_saw_nothing(stream) {
+/// Whether nothing is readable on a kept connection's socket, asked as
+/// `check` says (the kernel too when the reactor cannot say: see
+/// [`reactor_saw_nothing`]).
+pub fn still_open(stream: &tokio::net::TcpStream, check: Check) -> bool {
+    if check == Check::Reactor && reactor_saw_nothing(stream) {
         return true;
     }
     let mut probe = [std::mem::MaybeUninit::<u8>::uninit()];
@@ -119,7 +160,7 @@ pub fn still_open(stream: &tokio::net::TcpStream) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{still_open, IdleConnections};
+    use super::{still_open, Check, IdleConnections};
     use crate::backend::stream::Link;
     use std::io::Write;
     use tokio::io::AsyncReadExt;
@@ -144,9 +185,9 @@ mod tests {
         let idle = IdleConnections::new(1);
         for _ in 0..BURST {
             let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            idle.put(Link::Plain(stream));
+            idle.put(Link::Plain(stream), Check::Reactor);
         }
-        let kept = std::iter::from_fn(|| idle.take()).count();
+        let kept = std::iter::from_fn(|| idle.take(Check::Reactor)).count();
         assert_eq!(kept, BURST);
     }
 
@@ -169,20 +210,64 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 
+    /// A blocking pause, not a yield: the reactor does not look, the
+    /// kernel holds what came (loopback delivers within the write call;
+    /// the pause only makes sure).
+    fn unseen_by_the_reactor() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    /// Bytes the reactor has not seen yet are found by the kernel check,
+    /// asked by the request (one that cannot be sent again) or by the
+    /// connection's last response (one with no body by rule): the stricter
+    /// of the two wins.
+    #[tokio::test]
+    async fn the_kernel_check_sees_what_the_reactor_has_not() {
+        let (mut backend, stream) = answered().await;
+        settle().await;
+        assert!(still_open(&stream, Check::Kernel), "nothing more was sent");
+        backend.write_all(b"stray").expect("stray bytes");
+        unseen_by_the_reactor();
+        assert!(
+            !still_open(&stream, Check::Kernel),
+            "the stray bytes went unseen"
+        );
+        for (after_response, asked) in [
+            (Check::after_response(true), Check::Reactor),
+            (Check::after_response(false), Check::Kernel),
+        ] {
+            let (mut backend, stream) = answered().await;
+            let idle = IdleConnections::new(1);
+            idle.put(Link::Plain(stream), after_response);
+            backend.write_all(b"a body sent late").expect("stray bytes");
+            unseen_by_the_reactor();
+            assert!(
+                idle.take(asked).is_none(),
+                "kept after {after_response:?}, asked {asked:?}: the stray bytes went unseen"
+            );
+        }
+    }
+
     /// Stray bytes or an EOF the reactor has seen make a connection
     /// unusable; with nothing sent it stays usable.
     #[tokio::test]
     async fn bytes_or_a_close_the_reactor_saw_make_a_connection_unusable() {
         let (mut backend, stream) = answered().await;
         settle().await;
-        assert!(still_open(&stream), "nothing more was sent");
+        assert!(still_open(&stream, Check::Reactor), "nothing more was sent");
         backend.write_all(b"stray").expect("stray bytes");
         settle().await;
-        assert!(!still_open(&stream), "the stray bytes went unseen");
+        assert!(
+            !still_open(&stream, Check::Reactor),
+            "the stray bytes went unseen"
+        );
         let (backend, stream) = answered().await;
         drop(backend);
         settle().await;
-        assert!(!still_open(&stream), "the close went unseen");
+        assert!(
+            !still_open(&stream, Check::Reactor),
+            "the close went unseen"
+        );
     }
 
     /// A read that filled its buffer leaves the readiness standing (it
@@ -197,12 +282,16 @@ mod tests {
         settle().await;
         let mut buf = [0u8; 64];
         assert_eq!(stream.read(&mut buf).await.expect("read"), 64);
-        assert!(still_open(&stream), "nothing is left unread");
+        assert!(
+            still_open(&stream, Check::Reactor),
+            "nothing is left unread"
+        );
         backend.write_all(b"stray").expect("stray bytes");
-        // A blocking pause: the reactor does not look, the kernel holds
-        // the bytes.
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(!still_open(&stream), "the stray bytes went unseen");
+        unseen_by_the_reactor();
+        assert!(
+            !still_open(&stream, Check::Reactor),
+            "the stray bytes went unseen"
+        );
     }
 
     /// Out of its scheduling budget a task is told "pending" whatever the
@@ -212,7 +301,8 @@ mod tests {
         let (mut backend, stream) = answered().await;
         backend.write_all(b"stray").expect("stray bytes");
         settle().await;
-        let seen = crate::stream::out_of_budget(&stream, || still_open(&stream)).await;
+        let seen =
+            crate::stream::out_of_budget(&stream, || still_open(&stream, Check::Reactor)).await;
         assert_eq!(seen, (true, false), "(budget spent, still open)");
     }
 }

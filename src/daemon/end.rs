@@ -26,7 +26,11 @@ impl Generation {
         }
         let _ = self.phase.send(Phase::Draining { deadline: None });
         self.holdings.handed_over(&successor.adopted);
-        self.holdings.remove_unadopted_files();
+        // Under systemd a path may be a socket unit's (`ListenStream=`),
+        // which still listens there: it is left, as at a stop.
+        if !systemd::enabled() {
+            self.holdings.remove_unadopted_files();
+        }
         self.close_doors().await;
         self.admin_stop.cancel();
         self.admin_closed.cancelled().await;

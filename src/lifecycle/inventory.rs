@@ -238,10 +238,10 @@ impl Holdings {
 
     /// Removes the file of each held Unix socket the successor did not
     /// adopt (its config moved the admin or control socket elsewhere):
-    /// once this generation has gone nothing answers there, and the
-    /// successor took it out of systemd's fd store. Only while the path
-    /// is still the file this generation held; after
-    /// [`Holdings::handed_over`].
+    /// once this generation has gone nothing answers there. Only while
+    /// the path is still the file this generation held; after
+    /// [`Holdings::handed_over`]. Not under systemd, whose socket unit
+    /// may own the path (see `Generation::retire`).
     pub fn remove_unadopted_files(&self) {
         let unadopted = self
             .items

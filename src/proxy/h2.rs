@@ -48,6 +48,7 @@ use super::request_id::RequestId;
 use super::web::{HttpProxy, Target};
 use super::ProxyError;
 use crate::access_log::Termination;
+use crate::backend::idle::Check;
 use crate::backend::{Backend, Lease};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics;
@@ -441,6 +442,11 @@ impl HttpProxy {
         // method.
         // (A failed connect sent nothing: another backend may always take it.)
         let replayable = outgoing.progress.is_none() && parts.method.is_idempotent();
+        let check = if replayable {
+            Check::Reactor
+        } else {
+            Check::Kernel
+        };
         let mut body = Some(outgoing.body);
         let mut failed: Option<(usize, ProxyError)> = None;
         let mut fresh_only = false;
@@ -473,21 +479,21 @@ impl HttpProxy {
                 (Some(speaker), Some(version)) => Some(speaker.header(version, stream.request_id)),
                 _ => None,
             };
-            let up =
-                match upstream::open(backend, header.as_deref(), fresh_only, self.connect_timeout)
-                    .await
-                {
-                    Ok(up) => up,
-                    Err(err) => {
-                        err.blame(backend);
-                        if failed.is_none() {
-                            tracing::warn!(cause = %err, "retrying on another backend");
-                            failed = Some((backend.index, err));
-                            continue;
-                        }
-                        return Err(err);
+            let reuse = (!fresh_only).then_some(check);
+            let up = match upstream::open(backend, header.as_deref(), reuse, self.connect_timeout)
+                .await
+            {
+                Ok(up) => up,
+                Err(err) => {
+                    err.blame(backend);
+                    if failed.is_none() {
+                        tracing::warn!(cause = %err, "retrying on another backend");
+                        failed = Some((backend.index, err));
+                        continue;
                     }
-                };
+                    return Err(err);
+                }
+            };
             stream.noted.marks.got_connection(up.reused);
             let sent = body.take().unwrap_or_else(body::empty);
             let to = Outbound {

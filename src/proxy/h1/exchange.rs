@@ -23,6 +23,7 @@ use super::transfer::{
 };
 use super::upstream::{connection, keep, Kept, Upstream};
 use crate::access_log::{Phase, Termination};
+use crate::backend::idle::Check;
 use crate::backend::{Backend, Lease, NoLease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
@@ -224,6 +225,13 @@ async fn forward<S: ByteStream>(
     // Sent again only with nothing to resend: no body, an idempotent
     // method (RFC 9110 §9.2.2: PUT and DELETE too, as nginx resends).
     let replayable = head.framing == Framing::Empty && head.method.is_idempotent();
+    // One that can be, is if a kept connection fails under it: the
+    // reactor's word that the connection is open will do.
+    let check = if replayable {
+        Check::Reactor
+    } else {
+        Check::Kernel
+    };
     let mut failed: Option<(usize, ProxyError)> = None;
     let mut fresh_only = false;
     // A request sent again on a new connection keeps its place: given up,
@@ -253,7 +261,7 @@ async fn forward<S: ByteStream>(
         let upstream = match connection(
             client,
             lease.backend(),
-            fresh_only,
+            (!fresh_only).then_some(check),
             proxy.connect_timeout,
             &trace.request_id,
         )
@@ -402,12 +410,12 @@ async fn attempt<S: ByteStream>(
     match pumped {
         Pumped::Delivered(Delivered::Done {
             status,
-            backend_reusable,
+            backend_reuse,
             client_reusable,
         }) => {
-            if backend_reusable && upload_done {
+            if let (Some(check), true) = (backend_reuse, upload_done) {
                 release_if_empty(&mut up.buf);
-                keep(client, backend, up.stream);
+                keep(client, backend, up.stream, check);
             }
             let after = if client_reusable && upload_done {
                 After::KeepAlive

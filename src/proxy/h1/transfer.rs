@@ -17,6 +17,7 @@ use super::chunked::{self, ChunkError, Decoder, Piece};
 use super::head::{self, BadResponse, Framing, Parsed, RequestHead, ResponseHead, Version};
 use super::io::{read_some, release_if_empty, write_all, WriteFault};
 use super::rewrite::{self, Delivery, Persistence};
+use crate::backend::idle::Check;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, LongLivedKind};
 use crate::proxy::longlived::EventTail;
@@ -268,8 +269,9 @@ pub struct Down<'a> {
 pub enum Delivered {
     Done {
         status: u16,
-        /// The backend connection may serve another request.
-        backend_reusable: bool,
+        /// The backend connection may serve another request, after this
+        /// check (see [`Check::after_response`]).
+        backend_reuse: Option<Check>,
         /// The client connection may carry another request.
         client_reusable: bool,
     },
@@ -376,7 +378,8 @@ where
         head.framing == Framing::Chunked && head.values("content-length").next().is_some();
     Ok(Delivered::Done {
         status: head.status,
-        backend_reusable: complete && head.keep_alive && backend_buf.is_empty() && !both_framings,
+        backend_reuse: (complete && head.keep_alive && backend_buf.is_empty() && !both_framings)
+            .then(|| Check::after_response(head.framing == Framing::Empty)),
         client_reusable: complete && client_keeps,
     })
 }

@@ -7,7 +7,7 @@
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use crate::backend::idle::{still_open, IDLE_LIMIT};
+use crate::backend::idle::{still_open, Check, IDLE_LIMIT};
 use crate::backend::stream::{holds_nothing_back, BackendStream};
 use crate::backend::Backend;
 use crate::proxy::request_id::RequestId;
@@ -31,23 +31,26 @@ pub struct Kept {
     backend: usize,
     stream: BackendStream,
     since: Instant,
+    /// As its last response asks (see [`Check::after_response`]).
+    check: Check,
 }
 
 /// A kept connection to `backend` (the client's own, under `send_proxy`;
-/// else one from the backend's idle list), or a new one. `request_id`
-/// names the exchange in a new connection's PROXY header.
+/// else one from the backend's idle list) found usable by `reuse`'s check,
+/// or a new one (always, when `reuse` is `None`). `request_id` names the
+/// exchange in a new connection's PROXY header.
 pub async fn connection<S: ByteStream>(
     client: &mut Client<S>,
     backend: &Backend,
-    fresh_only: bool,
+    reuse: Option<Check>,
     connect_timeout: std::time::Duration,
     request_id: &RequestId,
 ) -> Result<Upstream, ProxyError> {
-    if let (false, Some(_)) = (fresh_only, backend.send_proxy) {
+    if let (Some(check), Some(_)) = (reuse, backend.send_proxy) {
         let kept = client
             .kept
             .take()
-            .filter(|k| k.backend == backend.index && usable(k));
+            .filter(|k| k.backend == backend.index && usable(k, check));
         if let Some(kept) = kept {
             return Ok(Upstream::kept(kept.stream));
         }
@@ -60,20 +63,20 @@ pub async fn connection<S: ByteStream>(
             .get_or_insert_with(|| Box::new(Speaker::of(&client.stream, client.origin)));
         speaker.header(version, request_id.as_str())
     });
-    open(backend, header.as_deref(), fresh_only, connect_timeout).await
+    open(backend, header.as_deref(), reuse, connect_timeout).await
 }
 
-/// A connection from the backend's idle list (unless `fresh_only`, or
-/// when it begins with a client's PROXY `header`: such a one is never
-/// shared), or a new one.
+/// A connection from the backend's idle list, found usable by `reuse`'s
+/// check (unless `reuse` is `None`, or a client's PROXY `header` begins
+/// the connection: such a one is never shared), or a new one.
 pub async fn open(
     backend: &Backend,
     header: Option<&[u8]>,
-    fresh_only: bool,
+    reuse: Option<Check>,
     connect_timeout: std::time::Duration,
 ) -> Result<Upstream, ProxyError> {
-    if header.is_none() && !fresh_only {
-        if let Some(stream) = backend.idle.take() {
+    if let (None, Some(check)) = (header, reuse) {
+        if let Some(stream) = backend.idle.take(check) {
             return Ok(Upstream::kept(stream));
         }
     }
@@ -98,23 +101,26 @@ impl Upstream {
     }
 }
 
-/// Keeps a connection that ended cleanly with keep-alive on both sides:
-/// the client's own under `send_proxy`, else the backend's idle list.
-pub fn keep<S>(client: &mut Client<S>, backend: &Backend, mut stream: BackendStream) {
+/// Keeps a connection that ended cleanly with keep-alive on both sides,
+/// to be checked at least as `check` says before its next exchange: the
+/// client's own under `send_proxy`, else the backend's idle list.
+pub fn keep<S>(client: &mut Client<S>, backend: &Backend, mut stream: BackendStream, check: Check) {
     match backend.send_proxy {
-        None => backend.idle.put(stream),
+        None => backend.idle.put(stream, check),
         Some(_) if !holds_nothing_back(&mut stream) => {}
         Some(_) => {
             client.kept = Some(Kept {
                 backend: backend.index,
                 stream,
                 since: Instant::now(),
+                check,
             })
         }
     }
 }
 
-/// Within the idle limit the backend lists use, and not closed meanwhile.
-fn usable(kept: &Kept) -> bool {
-    kept.since.elapsed() < IDLE_LIMIT && still_open(kept.stream.tcp())
+/// Within the idle limit the backend lists use, and not closed meanwhile
+/// (checked as the request's `check` or the kept one's, the stricter).
+fn usable(kept: &Kept, check: Check) -> bool {
+    kept.since.elapsed() < IDLE_LIMIT && still_open(kept.stream.tcp(), check.max(kept.check))
 }

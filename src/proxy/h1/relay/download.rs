@@ -18,6 +18,7 @@ use super::super::head::{self, BadResponse, Field, Framing, ResponseHead, Role};
 use super::super::io::{poll_read_some, release_if_empty, take_bytes};
 use super::upload::{BackendWait, UpFault};
 use super::Relay;
+use crate::backend::idle::Check;
 use crate::backend::Lease;
 use crate::metrics::UpstreamErrorKind;
 use crate::proxy::body::{BodyError, ClientUploadFault, Progress};
@@ -86,8 +87,9 @@ pub struct ResponseBody {
     /// `None` once the body has ended.
     relay: Option<Relay>,
     decoding: Decoding,
-    /// The backend keeps the connection after this response.
-    keeps: bool,
+    /// The backend keeps the connection after this response, to be
+    /// checked so before its next exchange (see [`Check::after_response`]).
+    keeps: Option<Check>,
     lease: Option<Lease>,
     /// The watch on a request body still coming up (`None` once it is in,
     /// or for a body-less request).
@@ -256,7 +258,7 @@ impl ResponseBody {
     pub(super) fn new(
         relay: Relay,
         decoding: Decoding,
-        keeps: bool,
+        keeps: Option<Check>,
         lease: Lease,
         pause: Option<ClientPause>,
         silence: Silence,
@@ -283,8 +285,11 @@ impl ResponseBody {
             return;
         };
         release_if_empty(&mut relay.up.buf);
-        if self.keeps && relay.upload.is_done() && relay.up.buf.is_empty() {
-            lease.backend().idle.put(relay.up.stream);
+        if let (Some(check), true) = (
+            self.keeps,
+            relay.upload.is_done() && relay.up.buf.is_empty(),
+        ) {
+            lease.backend().idle.put(relay.up.stream, check);
         }
     }
 
@@ -335,7 +340,7 @@ impl ResponseBody {
             Poll::Ready(Err(UpFault::Backend)) => {
                 // It stopped reading: this response may still end well,
                 // but the connection carries nothing more.
-                self.keeps = false;
+                self.keeps = None;
                 relay.upload.source = None;
                 relay.upload.out.clear();
                 relay.upload.flushing = false;
@@ -416,7 +421,7 @@ impl Body for ResponseBody {
             match read {
                 Ok(0) if this.decoding.framing == Framing::UntilClose => {
                     this.decoding.done = true;
-                    this.keeps = false;
+                    this.keeps = None;
                     this.finish();
                     return Poll::Ready(None);
                 }

@@ -33,6 +33,7 @@ use super::head::{self, BadResponse, Framing, Parsed, ResponseHead};
 use super::io::poll_read_some;
 use super::rewrite::Outbound;
 use super::upstream::Upstream;
+use crate::backend::idle::Check;
 use crate::backend::Lease;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::delivery::InterimHead;
@@ -213,7 +214,8 @@ impl Relay {
         // but a backend that says both is not trusted with another request.
         let both_framings =
             head.framing == Framing::Chunked && head.values("content-length").next().is_some();
-        let keeps = head.keep_alive && self.keepable && !both_framings;
+        let keeps = (head.keep_alive && self.keepable && !both_framings)
+            .then(|| Check::after_response(head.framing == Framing::Empty));
         let body = ResponseBody::new(
             self,
             Decoding::new(head.framing),
