@@ -172,8 +172,8 @@ impl Accepted {
 /// control socket answers its refusal), rather than a bare close its
 /// `baton status` would show as a broken connection; then closes. Bounded
 /// by [`places::LEAVING_GRACE`], holding its place meanwhile and giving
-/// it up at once to a newcomer, so refused connections never keep an
-/// allowed caller waiting.
+/// it up at once when asked to (with a bare close then), so a flood of
+/// refused connections holds places no longer than idle ones do.
 fn refuse(stream: UnixStream, uid: u32, place: Option<places::Place>) {
     tokio::spawn(async move {
         let ending = place

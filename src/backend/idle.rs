@@ -46,15 +46,15 @@ pub enum Check {
     Reactor,
     /// The kernel, with one non-blocking peek: a close or bytes that came
     /// up to the moment of reuse are seen. For a request that cannot be
-    /// sent again, and after a response with no body by rule (to HEAD, or
-    /// a 1xx, 204 or 304): a backend that sends a body there anyway sends
-    /// it after the head, maybe just after the reactor last looked.
+    /// sent again, and after a response with no body (to HEAD, a 204 or
+    /// 304, or a length of 0): a backend that sends a body there anyway
+    /// sends it after the head, maybe just after the reactor last looked.
     Kernel,
 }
 
 impl Check {
-    /// The check a connection needs after a response that had no body by
-    /// rule (`bodyless`) or one.
+    /// The check a connection needs after a response that had no body
+    /// (`bodyless`: its framing said none) or one.
     pub fn after_response(bodyless: bool) -> Check {
         if bodyless {
             Check::Kernel
@@ -219,7 +219,7 @@ mod tests {
 
     /// Bytes the reactor has not seen yet are found by the kernel check,
     /// asked by the request (one that cannot be sent again) or by the
-    /// connection's last response (one with no body by rule): the stricter
+    /// connection's last response (one with no body): the stricter
     /// of the two wins.
     #[tokio::test]
     async fn the_kernel_check_sees_what_the_reactor_has_not() {
