@@ -53,6 +53,17 @@ pub enum Check {
 }
 
 impl Check {
+    /// The check a request asks: the reactor's word will do for one that
+    /// can be sent again (`replayable`), since it is if a kept connection
+    /// fails under it.
+    pub fn before_request(replayable: bool) -> Check {
+        if replayable {
+            Check::Reactor
+        } else {
+            Check::Kernel
+        }
+    }
+
     /// The check a connection needs after a response that had no body
     /// (`bodyless`: its framing said none) or one.
     pub fn after_response(bodyless: bool) -> Check {

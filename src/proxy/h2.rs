@@ -442,11 +442,7 @@ impl HttpProxy {
         // method.
         // (A failed connect sent nothing: another backend may always take it.)
         let replayable = outgoing.progress.is_none() && parts.method.is_idempotent();
-        let check = if replayable {
-            Check::Reactor
-        } else {
-            Check::Kernel
-        };
+        let check = Check::before_request(replayable);
         let mut body = Some(outgoing.body);
         let mut failed: Option<(usize, ProxyError)> = None;
         let mut fresh_only = false;

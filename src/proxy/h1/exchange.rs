@@ -225,13 +225,7 @@ async fn forward<S: ByteStream>(
     // Sent again only with nothing to resend: no body, an idempotent
     // method (RFC 9110 §9.2.2: PUT and DELETE too, as nginx resends).
     let replayable = head.framing == Framing::Empty && head.method.is_idempotent();
-    // One that can be, is if a kept connection fails under it: the
-    // reactor's word that the connection is open will do.
-    let check = if replayable {
-        Check::Reactor
-    } else {
-        Check::Kernel
-    };
+    let check = Check::before_request(replayable);
     let mut failed: Option<(usize, ProxyError)> = None;
     let mut fresh_only = false;
     // A request sent again on a new connection keeps its place: given up,
