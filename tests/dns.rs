@@ -355,6 +355,37 @@ async fn srv_records_give_one_member_each_weighted_by_the_record() {
     );
 }
 
+/// RFC 2782: SRV records whose target is "." say the service is not
+/// available at that name. That is an empty answer, said as such (not a
+/// failed lookup of "."), and the last good set is kept, as for any
+/// empty answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_srv_target_of_dot_is_said_to_mean_not_available() {
+    let dns = DnsServer::start().await;
+    let a = HttpBackend::start("a").await;
+    dns.set_a("a.baton.test", &[Ipv4Addr::LOCALHOST]);
+    let name = "_http._tcp.app.baton.test";
+    dns.set_srv(name, &[(10, 1, a.addr.port(), "a.baton.test")]);
+    let spec = Spec::new()
+        .section(&format!(
+            "[resolver]\nnameservers = [\"{}\"]\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nsrv = \"{name}\"\n",
+            dns.addr
+        ))
+        .http("web", "app");
+    let baton = Baton::start(spec).await;
+    let up = [(a.addr.to_string(), "up")];
+    wait_members(baton.admin, &up).await;
+    dns.set_srv(name, &[(0, 0, 0, ".")]);
+    let said = "the service is not available there (target \".\")";
+    support::eventually("the answer said to mean not available", || async {
+        baton.log().contains(said)
+    })
+    .await;
+    let empty = "baton_dns_resolutions_total{pool=\"app\",result=\"empty\"}";
+    assert!(sample(baton.admin, empty).await > 0.0, "counted as empty");
+    wait_members(baton.admin, &up).await;
+}
+
 /// A first start waits for a whole SRV answer as long as its queries in
 /// turn may take, and asks its targets at once. Here the server gives no
 /// addresses with the records (as many recursive resolvers answer), each

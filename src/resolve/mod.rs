@@ -215,6 +215,13 @@ impl Resolver {
             return Err(Failure::Empty(format!("no SRV records for {name}")));
         };
         let lowest: Vec<&SRV> = records.iter().filter(|s| s.priority == lowest).collect();
+        // RFC 2782: a target of "." says the service is decidedly not
+        // available at this name; it has no address to look up.
+        if lowest.iter().all(|s| s.target.is_root()) {
+            return Err(Failure::Empty(format!(
+                "the SRV records of {name} say the service is not available there (target \".\")"
+            )));
+        }
         let addresses = self.targets(&lowest, lookup.additionals()).await?;
         let mut valid_for = until(lookup.valid_until());
         let mut resolved: Vec<Resolved> = Vec::new();
@@ -248,7 +255,8 @@ impl Resolver {
     /// answer's additional records give, the others looked up all at once
     /// (one after another, they would take a query's time each, two for a
     /// name with AAAA alone: more than a first start waits). A target
-    /// without addresses adds none; any other failure fails the whole
+    /// without addresses adds none (nor does ".", RFC 2782's "not
+    /// available", which is not looked up); any other failure fails the whole
     /// answer (half an answer would drain the other half's members), and
     /// the other lookups are dropped with it.
     async fn targets(
@@ -261,7 +269,7 @@ impl Resolver {
         for (i, srv) in records.iter().enumerate() {
             let target = srv.target.to_string();
             let given = given(&target, additionals);
-            if given.is_empty() {
+            if given.is_empty() && !srv.target.is_root() {
                 let resolver = self.clone();
                 asked.spawn(async move { (i, resolver.addresses(&target).await) });
             }

@@ -231,7 +231,12 @@ fn answer(zone: &Zone, query: &Message) -> Option<Message> {
         }
         RecordType::SRV => {
             for &(priority, weight, port, target) in zone.srv.get(&name).into_iter().flatten() {
-                let target_name = Name::from_str(&format!("{target}.")).expect("target name");
+                // Made fully qualified, but for a target of "." (the root).
+                let fqdn = match target {
+                    "." => ".".to_string(),
+                    name => format!("{name}."),
+                };
+                let target_name = Name::from_str(&fqdn).expect("target name");
                 let srv = SRV::new(priority, weight, port, target_name.clone());
                 reply.add_answer(Record::from_rdata(
                     q.name().clone(),
