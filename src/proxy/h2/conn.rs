@@ -26,6 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
 use super::super::delivery::{self, Delivery, Interims};
+use super::super::h1::io;
 use super::frame::{self, write, Frame, FrameError, HeaderBlock, Inbound, Reader, Reason};
 use super::hpack::{self, Decoder, Listed};
 use super::recv::{self, Inbox, RecvBody, RecvError, SharedInbox};
@@ -89,8 +90,6 @@ const KEEPALIVE_PING: [u8; 8] = *b"alive?..";
 const ANY_STREAM: u32 = frame::MAX_WINDOW;
 /// HPACK's table size baton keeps for a client's request heads.
 const HEADER_TABLE: usize = 4096;
-/// Read buffer growth: one frame of the default size and its head.
-const READ_CHUNK: usize = 16 * 1024 + frame::HEAD_LEN;
 /// The output buffer an idle connection keeps (more, and it is dropped):
 /// enough for a small response's frames, not what a download grew.
 const OUT_KEPT_IDLE: usize = 1024;
@@ -364,10 +363,12 @@ where
     /// write gives its buffers back as it waits: a client that keeps its
     /// connection between page loads costs its socket and state, not a
     /// 16 KiB read buffer and the room its last burst of streams took
-    /// (HTTP/1 connections hold no buffer while idle either).
+    /// (HTTP/1 connections hold no buffer while idle either). The read
+    /// buffer goes to the worker's stock of spares, which the next read
+    /// of any connection takes from (`h1::io`).
     fn release_when_idle(&mut self) {
         if self.streams.is_empty() && self.read.is_empty() && self.out.is_empty() {
-            self.read = BytesMut::new();
+            io::release_if_empty(&mut self.read);
             if self.out.capacity() > OUT_KEPT_IDLE {
                 self.out = Vec::new();
             }
@@ -428,8 +429,7 @@ where
                     Err(err) => return Err(ConnError::Protocol(err)),
                 }
             }
-            self.read.reserve(READ_CHUNK);
-            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read) {
+            match io::poll_read_some(&mut self.io, cx, &mut self.read) {
                 Poll::Ready(Ok(0)) => {
                     self.read_closed = true;
                     if !self.read.is_empty() || self.reader.inside_block() {
