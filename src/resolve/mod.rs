@@ -267,9 +267,13 @@ impl Resolver {
         let mut found = Vec::with_capacity(records.len());
         let mut asked = tokio::task::JoinSet::new();
         for (i, srv) in records.iter().enumerate() {
+            if srv.target.is_root() {
+                found.push((Vec::new(), Duration::MAX));
+                continue;
+            }
             let target = srv.target.to_string();
             let given = given(&target, additionals);
-            if given.is_empty() && !srv.target.is_root() {
+            if given.is_empty() {
                 let resolver = self.clone();
                 asked.spawn(async move { (i, resolver.addresses(&target).await) });
             }
