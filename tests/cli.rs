@@ -658,6 +658,7 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
     // Killed only if it still runs (then its exit code is none).
     let _ = first_generation.kill();
     let retired = first_generation.wait().ok().and_then(|s| s.code());
+    kill_daemons_of(&config);
 
     assert!(ready.is_some(), "no /readyz 200 on the Unix socket");
     assert!(first.is_some_and(|(code, _)| code == 200), "/status");
@@ -721,6 +722,25 @@ fn status_as_another_uid(
     ))
 }
 
+/// Kills whatever `baton run` of `config` a failed test left running (a
+/// generation it could not find to stop), so none outlives the test.
+fn kill_daemons_of(config: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let wanted = config.as_os_str().as_encoded_bytes();
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if cmdline.split(|&b| b == 0).any(|arg| arg == wanted) {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
 /// The pid of generation `number` in a `/status` body.
 fn generation_pid(status: &str, number: u64) -> Option<nix::unistd::Pid> {
     let status: serde_json::Value = serde_json::from_str(status).ok()?;
@@ -781,6 +801,7 @@ fn a_reload_that_moves_the_admin_socket_removes_the_old_file() {
     });
     let _ = first_generation.kill();
     let _ = first_generation.wait();
+    kill_daemons_of(&config);
 
     assert!(
         ready.is_some(),
