@@ -616,18 +616,7 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
     assert_eq!(code, 0, "{stderr}");
     assert!(line(&stdout, "admin.listen").contains(&admin), "{stdout}");
 
-    // The reload's generation is a child of the first: it becomes this
-    // process's child when the first exits, to be waited for.
-    nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
-    let mut first_generation = Command::new("sh")
-        .arg("-c")
-        .arg(format!("umask 000; exec \"$0\" run -c {c}"))
-        .arg(BIN)
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("run baton");
+    let mut first_generation = first_generation(c, "000");
     let ready = admin_until(&socket, "/readyz", |code, _| code == 200);
     let first = admin_over_unix(&socket, "/status");
     let inode = std::fs::metadata(&socket).map(|m| m.ino()).ok();
@@ -722,6 +711,23 @@ fn status_as_another_uid(
     ))
 }
 
+/// `baton run -c config` in the background under `umask`, outside
+/// systemd. The generations its reloads start are its children: this
+/// process becomes their subreaper, to wait for them once it exits.
+fn first_generation(config: &str, umask: &str) -> std::process::Child {
+    nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("umask {umask}; exec \"$0\" run -c \"$1\""))
+        .arg(BIN)
+        .arg(config)
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run baton")
+}
+
 /// Kills whatever `baton run` of `config` a failed test left running (a
 /// generation it could not find to stop), so none outlives the test.
 fn kill_daemons_of(config: &std::path::Path) {
@@ -769,14 +775,7 @@ fn a_reload_that_moves_the_admin_socket_removes_the_old_file() {
         &control,
     );
     let c = config.to_str().expect("utf-8 path");
-    nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
-    let mut first_generation = Command::new(BIN)
-        .args(["run", "-c", c])
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("run baton");
+    let mut first_generation = first_generation(c, "022");
     let ready = admin_until(&first_path, "/readyz", |code, _| code == 200);
 
     config_with(

@@ -311,6 +311,17 @@ async fn a_failed_a_query_keeps_the_last_set_though_aaaa_answers() {
     assert_eq!(members(baton.admin).await, [(v4, "up".to_string())]);
 }
 
+/// A pool "app" of the members the SRV records of `name` give, asked of
+/// `dns` every 200 ms, behind an http listener "web".
+fn srv_spec(dns: &DnsServer, name: &str) -> Spec {
+    Spec::new()
+        .section(&format!(
+            "[resolver]\nnameservers = [\"{}\"]\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nsrv = \"{name}\"\n",
+            dns.addr
+        ))
+        .http("web", "app")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn srv_records_give_one_member_each_weighted_by_the_record() {
     let dns = DnsServer::start().await;
@@ -327,13 +338,7 @@ async fn srv_records_give_one_member_each_weighted_by_the_record() {
             (20, 5, 1, "fallback.baton.test"),
         ],
     );
-    let spec = Spec::new()
-        .section(&format!(
-            "[resolver]\nnameservers = [\"{}\"]\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nsrv = \"_http._tcp.app.baton.test\"\n",
-            dns.addr
-        ))
-        .http("web", "app");
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(srv_spec(&dns, "_http._tcp.app.baton.test")).await;
     wait_members(
         baton.admin,
         &[(a.addr.to_string(), "up"), (b.addr.to_string(), "up")],
@@ -366,13 +371,7 @@ async fn an_srv_target_of_dot_is_said_to_mean_not_available() {
     dns.set_a("a.baton.test", &[Ipv4Addr::LOCALHOST]);
     let name = "_http._tcp.app.baton.test";
     dns.set_srv(name, &[(10, 1, a.addr.port(), "a.baton.test")]);
-    let spec = Spec::new()
-        .section(&format!(
-            "[resolver]\nnameservers = [\"{}\"]\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nsrv = \"{name}\"\n",
-            dns.addr
-        ))
-        .http("web", "app");
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(srv_spec(&dns, name)).await;
     let up = [(a.addr.to_string(), "up")];
     wait_members(baton.admin, &up).await;
     dns.set_srv(name, &[(0, 0, 0, ".")]);

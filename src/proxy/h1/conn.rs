@@ -91,10 +91,8 @@ pub async fn serve<S: ByteStream>(
 /// that comes just after any check. A task out of its scheduling budget is
 /// told "pending" whatever the readiness: then the kernel is asked.
 fn nothing_unread(stream: &tokio::net::TcpStream) -> bool {
-    if !tokio::task::coop::has_budget_remaining() {
-        return kernel_holds_nothing(stream);
-    }
     crate::stream::reactor_saw_nothing(stream)
+        || (!tokio::task::coop::has_budget_remaining() && kernel_holds_nothing(stream))
 }
 
 /// One non-blocking peek: the kernel holds no byte baton has not read.
