@@ -305,6 +305,20 @@ async fn a_stalled_upload_is_a_408_and_never_blames_the_backend() {
     );
 }
 
+/// 128 interim responses (103 Early Hints) of 48 KB each, 6 MB in all
+/// (more than a loopback socket's send buffer grows to), then a 200.
+fn hints_then_ok() -> String {
+    let hint = format!(
+        "HTTP/1.1 103 Early Hints\r\n{}\r\n",
+        format!("link: <{}>\r\n", "x".repeat(8000)).repeat(6)
+    );
+    [
+        hint.repeat(128),
+        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".into(),
+    ]
+    .concat()
+}
+
 /// A client that takes none of the interim responses (103 Early Hints)
 /// baton passes it holds the backend's final head back: `response_timeout`
 /// running out meanwhile is the client's doing, and its own stall clock
@@ -312,15 +326,7 @@ async fn a_stalled_upload_is_a_408_and_never_blames_the_backend() {
 /// and a passive health failure: a client could mark backends down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_takes_no_interim_responses_never_blames_the_backend() {
-    let hint = format!(
-        "HTTP/1.1 103 Early Hints\r\n{}\r\n",
-        format!("link: <{}>\r\n", "x".repeat(8000)).repeat(6)
-    );
-    let answer = [
-        hint.repeat(128),
-        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".into(),
-    ]
-    .concat();
+    let answer = hints_then_ok();
     let backend = support::raw::RawBackend::start(move |seen| {
         let bytes = if seen.head.contains("/health") {
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec()
@@ -350,8 +356,7 @@ async fn a_client_that_takes_no_interim_responses_never_blames_the_backend() {
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .expect("request");
-    // Read nothing: the hints (6 MB, more than a loopback socket's send
-    // buffer grows to) fill both sockets' buffers.
+    // Read nothing: the hints fill both sockets' buffers.
     support::eventually("the client is cut as a stalled reader", || async {
         support::client::metrics(baton.admin)
             .await
@@ -747,5 +752,56 @@ async fn a_bad_chunk_size_is_a_400_and_no_backend_gets_the_request_whole() {
     assert!(
         metrics.contains("kind=\"protocol\"} 0"),
         "no upstream error counted: {metrics}"
+    );
+}
+
+/// A request body that turns bad while a response head is half written
+/// (here a 103 the client is slow to take) closes the connection: a 400
+/// of baton's own after it would land inside that head, the client
+/// reading the start of one response and then another. HAProxy and nginx
+/// never start a status line after a partial one either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_turns_bad_mid_response_closes_instead_of_answering() {
+    let answer = hints_then_ok();
+    // It answers once it has the head, while the body still comes.
+    let backend = support::raw::RawBackend::start(move |_| {
+        (answer.clone().into_bytes(), support::raw::Then::KeepAlive)
+    })
+    .await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", "idle_timeout = \"10s\"")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut client = socket.connect(baton.addr("web")).await.expect("connect");
+    client
+        .write_all(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+        )
+        .await
+        .expect("request");
+    // The hints have begun to arrive; a moment on, baton's write of one
+    // waits for this client, which reads nothing yet.
+    tokio::time::timeout(support::TIMEOUT, client.peek(&mut [0u8; 1]))
+        .await
+        .expect("the first hint's bytes in time")
+        .expect("peek");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    client.write_all(b"zz\r\n").await.expect("a bad chunk size");
+    let mut reply = Vec::new();
+    let closed = tokio::time::timeout(support::TIMEOUT, client.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(closed.is_ok(), "the connection closes");
+    assert!(reply.starts_with("HTTP/1.1 103 Early Hints\r\n"));
+    // A status line may follow only a whole head (a 400 after whole 103s
+    // is sound HTTP: what comes had the write not waited yet).
+    let mid_head = reply
+        .match_indices("HTTP/1.1 ")
+        .find(|(at, _)| *at != 0 && !reply[..*at].ends_with("\r\n\r\n"));
+    assert!(
+        mid_head.is_none(),
+        "a status line inside a head: {}",
+        &reply[reply.len().saturating_sub(300)..]
     );
 }

@@ -399,6 +399,9 @@ async fn attempt<S: ByteStream>(
     };
     let pumped = pump(proxy, client, &mut up, body, &down).await;
     let written = progress.client_written.load(Ordering::Relaxed);
+    // The upload runs beside the download, so its fault can come while a
+    // head is half written: that counts as written too.
+    let begun = progress.response_begun();
     let upload_done = progress.upload_done.load(Ordering::Relaxed);
     request.trace.note();
     match pumped {
@@ -458,7 +461,7 @@ async fn attempt<S: ByteStream>(
             ..
         }) if up.reused && !written => Attempt::Stale,
         Pumped::Down(fault) => Attempt::Failed(down_failure(proxy, backend, fault, written)),
-        Pumped::Up(fault) => Attempt::Failed(up_failure(proxy, backend, fault, written)),
+        Pumped::Up(fault) => Attempt::Failed(up_failure(proxy, backend, fault, begun)),
         Pumped::ResponseTimeout => {
             let err = ProxyError::Timeout {
                 backend: backend.name.clone(),

@@ -49,6 +49,18 @@ pub struct Progress {
     pub tunnelled_in: AtomicU64,
 }
 
+impl Progress {
+    /// A response head began to go to the client: an interim one is being
+    /// written, or the final one came (and is written at once). An answer
+    /// of baton's own from now on would land inside it or after it, so a
+    /// fault of the upload's can only close the connection.
+    pub fn response_begun(&self) -> bool {
+        self.client_written.load(Ordering::Relaxed)
+            || self.interim_writing.load(Ordering::Relaxed)
+            || self.head_at.get().is_some()
+    }
+}
+
 /// A request body on its way up: how much is left, and what is framed for
 /// the backend but not written yet.
 pub struct RequestBody {
