@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use baton::proxy::h2::conn::{ConnError, Connection, Exchange, Limits};
 use baton::proxy::h2::frame::{self, Frame, Inbound, Reader, Reason};
+use baton::proxy::h2::hpack::{Decoder, Listed};
 use baton::proxy::h2::recv::RecvBody;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -755,4 +756,51 @@ async fn a_client_that_answers_no_ping_is_cut() {
         .await
         .expect("in time");
     assert!(matches!(head, Some(Inbound::Block(_))), "{head:?}");
+}
+
+/// `GET /hello` on stream 1, then on stream 3, each once the last was
+/// answered: their response heads' field blocks as written.
+async fn heads_of_1_and_3(raw: &mut Raw) -> Vec<(u32, Bytes)> {
+    let mut heads = Vec::new();
+    for stream in [1, 3] {
+        raw.request(stream, &GET_HELLO).await;
+        loop {
+            match raw.next_in_time().await {
+                Some(Inbound::Block(head)) if head.stream == stream => {
+                    heads.push((stream, head.block));
+                    break;
+                }
+                Some(_) => {}
+                None => return heads,
+            }
+        }
+    }
+    heads
+}
+
+/// A client that lowers SETTINGS_HEADER_TABLE_SIZE below the 4,096 a table
+/// starts with is told the table's new size at the start of the next field
+/// block, once (RFC 7541 §4.2): nghttp2's clients (`h2load
+/// --header-table-size 0`) end the connection with COMPRESSION_ERROR on a
+/// block without it. A client that keeps the default hears none.
+#[tokio::test]
+async fn a_lowered_header_table_size_is_answered_with_a_size_update() {
+    let server = server(limits()).await;
+    let is_update = |block: &[u8]| block.first().is_some_and(|b| b & 0xE0 == 0x20);
+    let mut lowered = Raw::open_with(server.addr, &[(1, 0)]).await;
+    let heads = heads_of_1_and_3(&mut lowered).await;
+    assert_eq!(heads.len(), 2, "both answered");
+    assert_eq!(heads[0].1.first(), Some(&0x20), "a size update to 0 first");
+    assert_eq!(heads[0].1.get(1), Some(&0x88), ":status 200 after it");
+    assert!(!is_update(&heads[1].1), "once: {:?}", heads[1].1);
+    for (stream, block) in &heads {
+        let mut fields = Vec::new();
+        let listed = Decoder::new(0).decode(block, 1 << 20, &mut fields);
+        assert_eq!(listed, Ok(Listed::Whole), "stream {stream}'s head decodes");
+    }
+
+    let mut default = Raw::open(server.addr).await;
+    let heads = heads_of_1_and_3(&mut default).await;
+    assert_eq!(heads.len(), 2, "both answered");
+    assert!(heads.iter().all(|(_, b)| !is_update(b)), "{heads:?}");
 }

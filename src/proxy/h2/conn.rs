@@ -88,7 +88,8 @@ const KEEPALIVE_PING: [u8; 8] = *b"alive?..";
 /// The largest stream id: the first GOAWAY of a graceful close names it,
 /// refusing nothing yet.
 const ANY_STREAM: u32 = frame::MAX_WINDOW;
-/// HPACK's table size baton keeps for a client's request heads.
+/// HPACK's table size baton keeps for a client's request heads, and the
+/// size a client's table for response heads starts with (RFC 9113 §6.5.2).
 const HEADER_TABLE: usize = 4096;
 /// The output buffer an idle connection keeps (more, and it is dropped):
 /// enough for a small response's frames, not what a download grew.
@@ -203,6 +204,22 @@ enum Closing {
     Final,
 }
 
+/// The size of the dynamic table response heads are encoded against, as
+/// the client knows it. baton's encoder uses no table, but a client that
+/// lowers SETTINGS_HEADER_TABLE_SIZE below the size a table starts with
+/// must be told of a size within it at the start of the next field block
+/// (RFC 7541 §4.2): nghttp2's clients answer a block without it with
+/// COMPRESSION_ERROR (`h2load --header-table-size 0` failed every request).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TableSize {
+    /// 4,096, what every table starts with.
+    Initial,
+    /// The client lowered it: the next block says 0 first.
+    UpdateDue,
+    /// Said to be 0, within any size the client may set later.
+    Zero,
+}
+
 /// One client connection: a future that ends when the connection does.
 pub struct Connection<S, F, B> {
     io: S,
@@ -220,6 +237,8 @@ pub struct Connection<S, F, B> {
     unflushed: bool,
     /// A response head being encoded (kept for its capacity).
     block: Vec<u8>,
+    /// Where the encoder's table size stands with the client's.
+    table_size: TableSize,
     streams: HashMap<u32, Stream<B>>,
     exchanges: FuturesUnordered<Abortable<Tagged<B>>>,
     /// Streams done this turn, removed after it.
@@ -290,6 +309,7 @@ where
             sent: 0,
             unflushed: false,
             block: Vec::with_capacity(256),
+            table_size: TableSize::Initial,
             streams: HashMap::new(),
             exchanges: anchored(),
             done: Vec::new(),
@@ -504,6 +524,12 @@ where
     }
 
     fn apply(&mut self, settings: frame::Settings) -> Result<(), ConnError> {
+        let lowered = settings
+            .header_table_size
+            .is_some_and(|size| (size as usize) < HEADER_TABLE);
+        if lowered && self.table_size == TableSize::Initial {
+            self.table_size = TableSize::UpdateDue;
+        }
         if let Some(size) = settings.max_frame_size {
             self.peer_max_frame = size as usize;
         }
@@ -628,7 +654,7 @@ where
     /// Answers a stream with `status` and no body, from baton itself (a
     /// head too large to take: 431, as for HTTP/1).
     fn answer_at_once(&mut self, id: u32, status: u16, request_ended: bool) {
-        self.block.clear();
+        begin_block(&mut self.block, &mut self.table_size);
         hpack::encode::status(status, &mut self.block);
         hpack::encode::field(b"content-length", b"0", &mut self.block);
         write::headers(
@@ -785,7 +811,7 @@ where
             if !(waiting && room) {
                 continue;
             }
-            self.block.clear();
+            begin_block(&mut self.block, &mut self.table_size);
             hpack::encode::status(status, &mut self.block);
             encode_fields(&fields, &mut self.block);
             let max_frame = self.peer_max_frame as u32;
@@ -803,7 +829,7 @@ where
             return;
         };
         let (parts, body) = response.into_parts();
-        self.block.clear();
+        begin_block(&mut self.block, &mut self.table_size);
         hpack::encode::status(parts.status.as_u16(), &mut self.block);
         encode_fields(&parts.headers, &mut self.block);
         let end = body.is_end_stream();
@@ -880,7 +906,7 @@ where
                     Ok(_) => return Step::Moved,
                     Err(frame) => {
                         let trailers = frame.into_trailers().unwrap_or_default();
-                        self.block.clear();
+                        begin_block(&mut self.block, &mut self.table_size);
                         encode_fields(&trailers, &mut self.block);
                         let max = self.peer_max_frame as u32;
                         write::headers(&mut self.out, id, &self.block, true, max);
@@ -1143,6 +1169,17 @@ impl<S, F, B> Drop for Connection<S, F, B> {
 
 fn protocol(reason: Reason, why: &'static str) -> ConnError {
     ConnError::Protocol(FrameError::Connection(reason, why))
+}
+
+/// Starts a field block: first, once, the table size update a lowered
+/// SETTINGS_HEADER_TABLE_SIZE calls for (every block is written after that
+/// SETTINGS' acknowledgement, which `apply` writes at once).
+fn begin_block(block: &mut Vec<u8>, table_size: &mut TableSize) {
+    block.clear();
+    if *table_size == TableSize::UpdateDue {
+        hpack::encode::table_size_zero(block);
+        *table_size = TableSize::Zero;
+    }
 }
 
 /// A response's fields, without those that mean something to one HTTP/1

@@ -3,11 +3,19 @@
 //! as written. No dynamic table and no Huffman coding, as HAProxy's
 //! encoder: a response head costs a few bytes more on the wire and no
 //! table lookups or inserts (the `h2` crate's encoder hashed every field
-//! twice, 9 % of an h2 request's instructions), and nothing the client's
-//! SETTINGS_HEADER_TABLE_SIZE says can affect it.
+//! twice, 9 % of an h2 request's instructions). A client that lowers
+//! SETTINGS_HEADER_TABLE_SIZE below the 4,096 a table starts with must
+//! still be told the table's new size (RFC 7541 §4.2): [`table_size_zero`],
+//! once, before the next block's fields.
 
 /// The longest name in the static table (`access-control-allow-origin`).
 const LONGEST_STATIC_NAME: usize = 27;
+
+/// A dynamic table size update to 0 (§6.3): the encoder's table, never
+/// used, is said to be empty, which any later table size allows.
+pub fn table_size_zero(out: &mut Vec<u8>) {
+    integer(0, 5, 0x20, out);
+}
 
 /// `:status`, indexed where the static table has the code.
 pub fn status(code: u16, out: &mut Vec<u8>) {
