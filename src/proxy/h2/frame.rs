@@ -459,7 +459,20 @@ impl Reader {
 
     /// The next frame or header block once all of it is in `buf`.
     pub fn next(&mut self, buf: &mut BytesMut) -> Result<Option<Inbound>, FrameError> {
-        while let Some(frame) = next(buf, self.max_frame)? {
+        loop {
+            let frame = match next(buf, self.max_frame) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return Ok(None),
+                // Inside a header block any frame but its CONTINUATION is
+                // a connection error (RFC 9113 §6.10), a faulty one too:
+                // resetting the stream it names would let the block go on.
+                Err(FrameError::Stream(..)) if self.pending.is_some() => {
+                    return Err(protocol(
+                        "a frame other than CONTINUATION inside a header block",
+                    ))
+                }
+                Err(err) => return Err(err),
+            };
             let assembled = match (self.pending.take(), frame) {
                 (Some(pending), frame) => pending.extend(frame, self.max_block)?,
                 (
@@ -478,7 +491,6 @@ impl Reader {
                 Assembled::Whole(block) => return Ok(Some(Inbound::Block(block))),
             }
         }
-        Ok(None)
     }
 
     /// Whether a header block has begun and not ended: bytes cut off
@@ -809,6 +821,37 @@ mod tests {
         assert!(matches!(
             pending().extend(continuation(1, 98), 100),
             Ok(Assembled::Partial(_))
+        ));
+    }
+
+    /// A faulty frame inside a header block (one that alone would reset
+    /// the stream it names) ends the connection: the block cannot go on.
+    #[test]
+    fn a_faulty_frame_inside_a_header_block_ends_the_connection() {
+        let faulty = [
+            raw(WINDOW_UPDATE, 0, 1, &[0; 4]),
+            raw(PRIORITY, 0, 1, &[0, 0, 0, 1, 16]),
+        ];
+        for frame in faulty {
+            let mut reader = Reader::new(DEFAULT_MAX_FRAME, 1 << 16);
+            let mut buf = BytesMut::from(&raw(HEADERS, 0, 3, b"ab")[..]);
+            assert_eq!(reader.next(&mut buf), Ok(None), "the block begun");
+            buf.extend_from_slice(&frame);
+            buf.extend_from_slice(&raw(CONTINUATION, END_HEADERS, 3, b"cd"));
+            assert!(
+                matches!(
+                    reader.next(&mut buf),
+                    Err(FrameError::Connection(Reason::PROTOCOL_ERROR, _))
+                ),
+                "{frame:?}"
+            );
+        }
+        // Outside a block, the same frame resets its stream alone.
+        let mut reader = Reader::new(DEFAULT_MAX_FRAME, 1 << 16);
+        let mut buf = BytesMut::from(&raw(WINDOW_UPDATE, 0, 1, &[0; 4])[..]);
+        assert!(matches!(
+            reader.next(&mut buf),
+            Err(FrameError::Stream(1, Reason::PROTOCOL_ERROR, _))
         ));
     }
 }
