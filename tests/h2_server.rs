@@ -61,6 +61,8 @@ struct Seen {
     dropped: AtomicUsize,
     /// Let `/slow` answer.
     release: Gate,
+    /// `/bighead` exchanges that gave their response.
+    big_heads: AtomicUsize,
 }
 
 /// Opens once and stays open: a waiter that comes after the opening goes
@@ -97,7 +99,8 @@ impl Drop for DropCount {
     }
 }
 
-/// `/hello`: a short answer; `/echo`: the request body back, streamed;
+/// `/hello`: a short answer; `/bighead`: one with a 16 KiB field and no
+/// body; `/echo`: the request body back, streamed;
 /// `/trailers`: the body's length, and its trailers back as trailers;
 /// `/slow`: answers once the test releases it.
 fn exchange(seen: Arc<Seen>) -> impl FnMut(Request<RecvBody>) -> Exchange<Reply> + Unpin {
@@ -126,6 +129,13 @@ fn exchange(seen: Arc<Seen>) -> impl FnMut(Request<RecvBody>) -> Exchange<Reply>
                     Response::new(
                         StreamBody::new(futures_util::stream::iter(chunks)).boxed_unsync(),
                     )
+                }
+                "/bighead" => {
+                    seen.big_heads.fetch_add(1, Ordering::SeqCst);
+                    let mut response = Response::new(text(""));
+                    let value = "h".repeat(16 * 1024).parse().expect("value");
+                    response.headers_mut().insert("x-big", value);
+                    response
                 }
                 "/slow" => {
                     let mut guard = DropCount(Arc::clone(&seen), true);
@@ -803,4 +813,60 @@ async fn a_lowered_header_table_size_is_answered_with_a_size_update() {
     let heads = heads_of_1_and_3(&mut default).await;
     assert_eq!(heads.len(), 2, "both answered");
     assert!(heads.iter().all(|(_, b)| !is_update(b)), "{heads:?}");
+}
+
+/// A client that reads nothing while its streams' responses come with
+/// large heads: baton holds the send buffer's bound and one head beyond
+/// what the socket took, the other exchanges waiting with their responses
+/// (HAProxy holds a buffer a stream); once the client reads, every one is
+/// answered. Before, each stream's head went into the buffer as its
+/// response came: 100 streams of 64 KiB heads held 6.4 MiB a connection.
+#[tokio::test]
+async fn a_client_that_reads_nothing_holds_back_response_heads() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let seen = Arc::new(Seen::default());
+    let serving = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.expect("accept");
+        // A fixed send buffer (no autotuning): what the kernel takes of
+        // the heads is small and known.
+        socket2::SockRef::from(&socket)
+            .set_send_buffer_size(16 * 1024)
+            .expect("SO_SNDBUF");
+        let _ = Connection::new(socket, &[], limits(), exchange(serving)).await;
+    });
+    let client = tokio::net::TcpSocket::new_v4().expect("socket");
+    client.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut raw = Raw {
+        socket: client.connect(addr).await.expect("connect"),
+        read: BytesMut::new(),
+        reader: Reader::new(1 << 20, 1 << 20),
+    };
+    // All in one write, so read in one pass: every stream opened before
+    // any response came.
+    let mut hello = frame::PREFACE.to_vec();
+    frame::write::settings(&mut hello, &[]);
+    let mut big = GET_HELLO.to_vec();
+    big[3] = (b":path", b"/bighead");
+    for stream in (1..200).step_by(2) {
+        request_frame(&mut hello, stream, &big);
+    }
+    raw.socket.write_all(&hello).await.expect("write");
+    // Its requests all read, the heads that fit went out; the rest wait.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answered_unread = seen.big_heads.load(Ordering::SeqCst);
+    let mut heads = 0;
+    while heads < 100 {
+        match raw.next_in_time().await {
+            Some(Inbound::Block(_)) => heads += 1,
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert!(
+        answered_unread < 20,
+        "{answered_unread} of 100 responses taken while the client read nothing"
+    );
+    assert_eq!(heads, 100, "every stream answered once the client reads");
 }

@@ -783,10 +783,17 @@ where
         }
     }
 
-    /// Responses whose exchanges are done: their heads go out.
+    /// Responses whose exchanges are done: their heads go out, while the
+    /// send buffer has room. Past it the exchanges wait (a flush that
+    /// makes room wakes the connection): a client that reads nothing
+    /// cannot make baton hold every stream's head (up to 64 KiB each)
+    /// beyond what the socket took, only the bound and one head.
     fn poll_exchanges(&mut self, cx: &mut Context<'_>) -> bool {
         let mut moved = false;
-        while let Poll::Ready(Some(done)) = self.exchanges.poll_next_unpin(cx) {
+        while self.out.len() - self.sent < self.limits.send_buffer {
+            let Poll::Ready(Some(done)) = self.exchanges.poll_next_unpin(cx) else {
+                break;
+            };
             moved = true;
             if let Ok((id, response)) = done {
                 self.start_response(id, response);
