@@ -80,17 +80,13 @@ type Reopen = Arc<OnceLock<Box<dyn Fn() + Send + Sync>>>;
 
 impl Signals {
     /// Installs every handler; called first thing, so a SIGHUP during
-    /// start-up is never the default "terminate".
+    /// start-up is never the default "terminate". The streams come before
+    /// the stop flag: a stop signal between the two is then heard, only
+    /// later than the flag would have told it, where the other way round
+    /// it set the flag and made no command (a first start never said it
+    /// was ready, and served until another signal).
     pub fn install() -> std::io::Result<Signals> {
-        let stop_arrived = Arc::new(AtomicBool::new(false));
-        for stop in [
-            SignalKind::terminate(),
-            SignalKind::interrupt(),
-            SignalKind::quit(),
-        ] {
-            signal_hook::flag::register(stop.as_raw_value(), Arc::clone(&stop_arrived))?;
-        }
-        Ok(Signals {
+        let signals = Signals {
             hup: signal(SignalKind::hangup())?,
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
@@ -98,14 +94,20 @@ impl Signals {
             usr1: signal(SignalKind::user_defined1())?,
             usr2: signal(SignalKind::user_defined2())?,
             reopen: Reopen::default(),
-            stop_arrived,
-        })
-        .inspect(|_| {
-            // The handler is in place: this thread may take SIGUSR1 now
-            // (threads created later inherit that and may take it too; a
-            // new generation's spawn blocks it again in the child).
-            let _ = usr1().thread_unblock();
-        })
+            stop_arrived: Arc::new(AtomicBool::new(false)),
+        };
+        for stop in [
+            SignalKind::terminate(),
+            SignalKind::interrupt(),
+            SignalKind::quit(),
+        ] {
+            signal_hook::flag::register(stop.as_raw_value(), Arc::clone(&signals.stop_arrived))?;
+        }
+        // The handler is in place: this thread may take SIGUSR1 now
+        // (threads created later inherit that and may take it too; a new
+        // generation's spawn blocks it again in the child).
+        let _ = usr1().thread_unblock();
+        Ok(signals)
     }
 
     /// The next signal that means something; stray ones are logged here.
