@@ -649,6 +649,38 @@ async fn a_stop_as_the_new_generation_takes_over_counts_what_its_drain_forced() 
         .contains("reload completed as a stop began"));
 }
 
+/// The same stop, then a second stop signal to the old generation alone
+/// (outside systemd, or `systemctl kill --kill-whom=main`) while the new
+/// one is in its pre-stop pause: that forces the new one as well, which
+/// ignored the old one's SIGUSR2 in its pause and served on for its whole
+/// pause and drain after the process the operator forced had exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_stop_to_the_old_generation_forces_the_new_one_in_its_pause() {
+    let caught =
+        stop_caught_after_the_go_ahead("pre_stop_delay = \"60s\"\ndrain_timeout = \"10s\"").await;
+    let baton = &caught.baton;
+    support::eventually("the new generation stops at the old one's word", || async {
+        baton
+            .log()
+            .contains("the older generation says the service stops")
+    })
+    .await;
+    signal(caught.serving, Signal::SIGTERM);
+    assert_eq!(wait_exit(caught.serving).await, Some(0), "{}", baton.log());
+    // Its pause had 60 s to run.
+    assert_eq!(
+        wait_exit(caught.taking_over).await,
+        Some(0),
+        "{}",
+        baton.log()
+    );
+    let log = baton.log();
+    assert!(
+        log.contains("the generation we took over from forces the stop"),
+        "{log}"
+    );
+}
+
 /// Whether `pid` still runs (not gone, not a zombie).
 fn running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {

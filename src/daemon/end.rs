@@ -310,14 +310,23 @@ impl Generation {
     /// Waits for `work` (the pre-stop pause, during which the load balancer
     /// in front may still send traffic, and systemd's answer); true when a
     /// second stop cut it short. A reload or a force meant for a draining
-    /// generation does not end it.
+    /// generation does not end it, but for a generation that stops at the
+    /// word of the one it took over from (a stop caught the handoff): that
+    /// one, forced by a second stop of its own, forces us with SIGUSR2 as
+    /// it does its draining elders, and a second stop signal cannot say
+    /// it (the first one after the word is the word's stop).
     async fn unless_forced(&mut self, work: impl std::future::Future<Output = ()>) -> bool {
         tokio::pin!(work);
+        let stopping_at_word = self.commands.stop_word();
         loop {
             tokio::select! {
                 () = &mut work => return false,
                 command = self.commands.recv() => match command {
                     Command::Stop => return true,
+                    Command::ForceDrain if stopping_at_word.is_cancelled() => {
+                        tracing::info!(signal = "SIGUSR2", "the generation we took over from forces the stop");
+                        return true;
+                    }
                     other => tracing::info!(command = ?other, "ignored: this generation is stopping"),
                 },
             }
