@@ -616,7 +616,8 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
     assert_eq!(code, 0, "{stderr}");
     assert!(line(&stdout, "admin.listen").contains(&admin), "{stdout}");
 
-    let mut first_generation = first_generation(c, "000");
+    let log = dir.path().join("baton.log");
+    let mut first_generation = first_generation(c, "000", &log);
     let ready = admin_until(&socket, "/readyz", |code, _| code == 200);
     let first = admin_over_unix(&socket, "/status");
     let inode = std::fs::metadata(&socket).map(|m| m.ino()).ok();
@@ -627,8 +628,12 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
     let reloaded = admin_until(&socket, "/status", |_, body| body.contains("\"number\":2"));
     // The first generation retires at once (it has nothing to drain):
     // what it does then must leave the socket to the second.
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    let after_retiring = admin_over_unix(&socket, "/readyz");
+    let retiring_deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let drained = || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("drained; exiting"));
+    while !drained() && std::time::Instant::now() < retiring_deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let after_retiring = drained().then(|| admin_over_unix(&socket, "/readyz"));
     let (status_code, status_out, status_err) = run(&["status", "--json", "-c", c]);
     let inode_after = std::fs::metadata(&socket).map(|m| m.ino()).ok();
     let stranger = status_as_another_uid(dir.path(), &config, &socket);
@@ -653,6 +658,7 @@ fn the_admin_api_answers_on_a_unix_socket_across_a_reload() {
     assert!(first.is_some_and(|(code, _)| code == 200), "/status");
     assert_eq!(mode, Some(0o600), "the socket's mode");
     assert!(reloaded.is_some(), "the reload's generation answers on it");
+    let after_retiring = after_retiring.expect("the first generation drained within 20 s");
     let answered = after_retiring.map(|(code, _)| code);
     assert_eq!(answered, Some(200), "after the first generation retired");
     assert_eq!(inode_after, inode, "the same socket, handed over");
@@ -712,9 +718,10 @@ fn status_as_another_uid(
 }
 
 /// `baton run -c config` in the background under `umask`, outside
-/// systemd. The generations its reloads start are its children: this
-/// process becomes their subreaper, to wait for them once it exits.
-fn first_generation(config: &str, umask: &str) -> std::process::Child {
+/// systemd, its log (every generation's) in `log`. The generations its
+/// reloads start are its children: this process becomes their subreaper,
+/// to wait for them once it exits.
+fn first_generation(config: &str, umask: &str, log: &std::path::Path) -> std::process::Child {
     nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
     Command::new("sh")
         .arg("-c")
@@ -723,7 +730,7 @@ fn first_generation(config: &str, umask: &str) -> std::process::Child {
         .arg(config)
         .env_remove("NOTIFY_SOCKET")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log file"))
         .spawn()
         .expect("run baton")
 }
@@ -775,7 +782,7 @@ fn a_reload_that_moves_the_admin_socket_removes_the_old_file() {
         &control,
     );
     let c = config.to_str().expect("utf-8 path");
-    let mut first_generation = first_generation(c, "022");
+    let mut first_generation = first_generation(c, "022", &dir.path().join("baton.log"));
     let ready = admin_until(&first_path, "/readyz", |code, _| code == 200);
 
     config_with(
