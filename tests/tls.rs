@@ -1017,3 +1017,79 @@ async fn a_silent_h2_client_is_closed_without_an_http1_answer() {
         assert!(end.is_ok(), "{alpn}: a clean TLS close: {end:?}");
     }
 }
+
+/// A backend that sends `size` bytes to whoever connects, waits until its
+/// peer's kernel has them all (its own send queue empty), then resets.
+async fn sends_then_resets(size: usize) -> SocketAddr {
+    use std::os::fd::AsRawFd;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let Ok((mut s, _)) = listener.accept().await else {
+            return;
+        };
+        if s.write_all(&vec![b'x'; size]).await.is_err() {
+            return;
+        }
+        let unacknowledged = |s: &tokio::net::TcpStream| {
+            let mut bytes: libc::c_int = 0;
+            // SAFETY: TIOCOUTQ writes one int through the pointer.
+            let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut bytes) };
+            if rc == 0 {
+                bytes
+            } else {
+                -1
+            }
+        };
+        let deadline = tokio::time::Instant::now() + support::TIMEOUT;
+        while unacknowledged(&s) != 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        support::reset(s);
+    });
+    addr
+}
+
+/// A TCP-mode TLS listener whose backend sends a lot and then resets,
+/// while the client reads slowly: the client still gets every byte the
+/// backend sent, then the reset, as on a plain listener. The copy through
+/// the TLS session read ahead while its write waited, and at the backend's
+/// reset dropped what it held and what the session had taken but not yet
+/// written (up to about 72 KiB), then reset the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_tunnel_delivers_what_the_backend_sent_before_its_reset() {
+    const SENT: usize = 1 << 20;
+    let backend = sends_then_resets(SENT).await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let spec = Spec::new()
+        .listener("db", "tcp", "app", &Issued::listener_tls(&[&a], ""))
+        .pool("app", &[backend]);
+    let baton = Baton::start(spec).await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let tcp = socket.connect(baton.addr("db")).await.expect("connect");
+    let mut tls = ca
+        .client(&[])
+        .handshake(tcp, "a.test")
+        .await
+        .expect("handshake");
+    let mut got = 0;
+    let mut chunk = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + support::TIMEOUT;
+    let ended = loop {
+        if tokio::time::Instant::now() > deadline {
+            break Err(std::io::ErrorKind::TimedOut);
+        }
+        match tls.read(&mut chunk).await {
+            Ok(0) => break Ok(()),
+            Ok(n) => got += n,
+            Err(err) => break Err(err.kind()),
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    assert_eq!(got, SENT, "every byte the backend sent before its reset");
+    assert_eq!(ended, Err(std::io::ErrorKind::ConnectionReset));
+}

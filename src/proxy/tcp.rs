@@ -383,12 +383,12 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
     let up_failed = UpFailed::default();
     both_ways(
         async {
-            tokio::io::copy(&mut client_read, &mut backend_write).await?;
+            relay(&mut client_read, &mut backend_write).await?;
             activity.close_half();
             backend_write.shutdown().await
         },
         async {
-            tokio::io::copy(&mut backend_read, &mut client_write).await?;
+            relay(&mut backend_read, &mut client_write).await?;
             activity.close_half();
             if up_failed.is_set() {
                 return Ok(());
@@ -398,6 +398,34 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
         &up_failed,
     )
     .await
+}
+
+/// A TLS tunnel's buffer each way.
+const RELAY_BUFFER: usize = 8 << 10;
+
+/// Copies `from` to `to` until `from` ends, as `one_way` does: a chunk
+/// read, then written and flushed whole before the next read. A read that
+/// fails (the side reset) so leaves nothing of what that side sent before
+/// it held here or in a TLS session (which takes a write before the socket
+/// does): the reset that follows (`reset::once_taken`, which sees only the
+/// socket's queue) lands after all of it. `tokio::io::copy` read ahead
+/// while a slow reader held its write, and dropped its buffer at the
+/// error, up to 8 KiB and what the session held.
+async fn relay<R, W>(from: &mut R, to: &mut W) -> std::io::Result<()>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; RELAY_BUFFER];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        to.write_all(&buf[..n]).await?;
+        to.flush().await?;
+    }
 }
 
 /// Copies until `from` ends, then shuts down `to`'s write side (not once
