@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::stream::{BackendStream, ConnectFault};
@@ -76,18 +76,61 @@ async fn ask(config: &HealthConfig, host: &str, mut stream: BackendStream) -> Re
         .write_all(request.as_bytes())
         .await
         .map_err(|e| format!("send: {e}"))?;
-    let mut head = [0u8; 12];
-    stream
-        .read_exact(&mut head)
-        .await
-        .map_err(|e| format!("read: {e}"))?;
-    let status = std::str::from_utf8(&head[9..12])
-        .ok()
-        .and_then(|s| s.parse::<u16>().ok());
-    match status {
-        Some(code) if head.starts_with(b"HTTP/1.") && (200..400).contains(&code) => Ok(()),
-        Some(code) => Err(format!("status {code}")),
-        None => Err("not an HTTP answer".into()),
+    match final_status(&mut stream).await? {
+        code if (200..400).contains(&code) => Ok(()),
+        code => Err(format!("status {code}")),
+    }
+}
+
+/// The most an answer's interim heads may take before its final one.
+const MOST_INTERIM: usize = 64 << 10;
+
+/// The status of the final response on `stream`: interim ones (1xx but
+/// 101; 103 Early Hints before a health page's 200) are read past, as a
+/// client must (RFC 9110 §15.2): taken for the answer, a 103 failed
+/// every check of a healthy backend. Only a head's status line is needed.
+async fn final_status<R: AsyncRead + Unpin>(stream: &mut R) -> Result<u16, String> {
+    let mut buf = Vec::with_capacity(64);
+    loop {
+        while buf.len() < STATUS_LINE_START {
+            read_more(stream, &mut buf).await?;
+        }
+        let head = &buf[..STATUS_LINE_START];
+        let code = std::str::from_utf8(&head[9..12])
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+            .filter(|_| head.starts_with(b"HTTP/1."))
+            .ok_or("not an HTTP answer")?;
+        if !(100..200).contains(&code) || code == 101 {
+            return Ok(code);
+        }
+        let end = loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            if buf.len() > MOST_INTERIM {
+                return Err(format!("interim responses past {} KiB", MOST_INTERIM >> 10));
+            }
+            read_more(stream, &mut buf).await?;
+        };
+        buf.drain(..end);
+    }
+}
+
+/// `HTTP/1.1 200`: what a status line must have for its code.
+const STATUS_LINE_START: usize = 12;
+
+/// Appends what `stream` has next to `buf`; the end of the answer is an
+/// error here (a whole head was still to come).
+async fn read_more<R: AsyncRead + Unpin>(stream: &mut R, buf: &mut Vec<u8>) -> Result<(), String> {
+    let mut chunk = [0u8; 1024];
+    match stream.read(&mut chunk).await {
+        Ok(0) => Err("read: the answer ended before its head".into()),
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            Ok(())
+        }
+        Err(e) => Err(format!("read: {e}")),
     }
 }
 
@@ -220,4 +263,44 @@ fn jittered(interval: Duration) -> Duration {
     static NEXT: AtomicU64 = AtomicU64::new(0x853c_49e6_748f_ea9b);
     let unit = crate::splitmix::unit(crate::splitmix::next(&NEXT));
     interval.mul_f64(0.9 + 0.2 * unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn status_of(answer: &[u8]) -> Result<u16, String> {
+        let mut reader = answer;
+        final_status(&mut reader).await
+    }
+
+    #[tokio::test]
+    async fn interim_answers_are_read_past_to_the_final_status() {
+        let hints = b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n";
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        assert_eq!(
+            status_of(&[&hints[..], &hints[..], ok].concat()).await,
+            Ok(200)
+        );
+        assert_eq!(status_of(ok).await, Ok(200));
+        assert_eq!(status_of(b"HTTP/1.0 503 Busy\r\n\r\n").await, Ok(503));
+        // A 101 to a GET that asked for no upgrade is its final answer.
+        assert_eq!(status_of(b"HTTP/1.1 101 Switching\r\n\r\n").await, Ok(101));
+    }
+
+    #[tokio::test]
+    async fn what_is_not_a_whole_answer_fails() {
+        assert!(status_of(b"SSH-2.0-OpenSSH_9.2\r\n").await.is_err());
+        assert!(status_of(b"HTTP/1.1 20").await.is_err());
+        assert!(status_of(b"HTTP/1.1 103 Early Hints\r\n\r\n")
+            .await
+            .is_err());
+        let endless = [
+            &b"HTTP/1.1 103 Early Hints\r\n"[..],
+            &vec![b'x'; MOST_INTERIM + 2048],
+        ]
+        .concat();
+        let refused = status_of(&endless).await;
+        assert_eq!(refused, Err("interim responses past 64 KiB".to_string()));
+    }
 }
