@@ -20,6 +20,7 @@
 //! - [`tls`]: listener certificates, loaded and checked at config load; SNI; the rustls config.
 //! - [`metrics`], [`telemetry`], [`access_log`]: Prometheus names and handles; logging; one line per request.
 //! - [`shortage`]: errors that say baton itself ran short (fds, memory), which no peer is blamed for.
+//! - [`named_file`]: a file the config names (certificates, keys, the admin token), read only if regular and small.
 //! - [`in_place`]: boxing a future by building it in its allocation, not copying it there whole.
 //! - [`wake_gate`]: racing a busy future against a rare one (a drain's force, an idle clock) without polling the rare one at every wake-up.
 //! - [`cli`], [`commands`], [`demo`], [`exit`]: the command line, what each command does (a file each), and how it ends.
@@ -40,6 +41,7 @@ pub mod in_place;
 pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
+pub mod named_file;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod resolve;

@@ -67,6 +67,21 @@ fn check_lists_every_problem_with_its_key_and_exits_78() {
     );
 }
 
+/// A config at `dir/baton.toml` whose admin token is read from
+/// `token_file`.
+fn config_with_token(dir: &std::path::Path, token_file: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("baton.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[admin]\ntoken_file = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:1\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"127.0.0.1:1\" }}]\n",
+            token_file.display()
+        ),
+    )
+    .expect("write");
+    path
+}
+
 /// A token no Authorization header can carry (non-ASCII, a control
 /// character) would refuse every call: `check` warns, naming the key (a
 /// warning: such a config served before, and must still start).
@@ -76,20 +91,32 @@ fn check_warns_of_a_token_no_header_can_carry() {
     for token in ["pässwort\n", "a\u{7}b\n"] {
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, token).expect("token");
-        let path = dir.path().join("baton.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "[admin]\ntoken_file = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:1\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"127.0.0.1:1\" }}]\n",
-                token_file.display()
-            ),
-        )
-        .expect("write");
+        let path = config_with_token(dir.path(), &token_file);
         let (code, stdout, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
         assert_eq!(code, 0, "{token:?}: {stderr}");
         let said = format!("{stdout}{stderr}");
         assert!(said.contains("admin.token_file"), "{said}");
         assert!(said.contains("not printable ASCII"), "{said}");
+    }
+}
+
+/// A token file that is a FIFO nobody writes to, or a device, is refused
+/// naming the key (exit 78), as a certificate path is: `check` waited for
+/// a writer for ever, and on `/dev/zero` read until memory ran out.
+#[test]
+fn a_token_file_that_is_not_a_regular_file_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("token");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    for token_file in [fifo.as_path(), std::path::Path::new("/dev/zero")] {
+        let path = config_with_token(dir.path(), token_file);
+        let (code, stderr) =
+            run_to_its_end(&["check", "-c", path.to_str().expect("utf-8 path")], "022");
+        assert_eq!(code, Some(78), "{token_file:?}: {stderr}");
+        assert!(
+            stderr.contains("admin.token_file") && stderr.contains("is not a regular file"),
+            "{stderr}"
+        );
     }
 }
 

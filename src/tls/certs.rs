@@ -16,6 +16,7 @@ use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 
 use super::{format_time, provider, unix_seconds, CertificateInfo};
+use crate::named_file::NamedFileError;
 
 /// A certificate expiring sooner than this loads with a warning: two weeks
 /// leaves room for a renewal that failed silently to be noticed and fixed.
@@ -151,29 +152,14 @@ fn problem(part: Part, path: &Path, reason: Reason) -> Problem {
 /// is a few hundred KiB).
 const MAX_FILE: u64 = 8 << 20;
 
-/// A regular file's bytes, at most `MAX_FILE`: a config naming a device
-/// or a FIFO (`/dev/zero`) gets an error, not a load that never ends.
-/// Opened without blocking: opening a FIFO no one writes to waits for a
-/// writer (a `baton check` or a reload that hangs) before any check.
+/// A regular file's bytes, at most `MAX_FILE` (`named_file`: a device or
+/// a FIFO is refused, not read for ever).
 fn read_file(path: &Path) -> Result<Vec<u8>, Reason> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(Reason::Read)?;
-    if !file.metadata().map_err(Reason::Read)?.is_file() {
-        return Err(Reason::NotAFile);
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(Reason::Read)?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(Reason::TooLarge);
-    }
-    Ok(bytes)
+    crate::named_file::read(path, MAX_FILE).map_err(|err| match err {
+        NamedFileError::Read(err) => Reason::Read(err),
+        NamedFileError::NotAFile => Reason::NotAFile,
+        NamedFileError::TooLarge(_) => Reason::TooLarge,
+    })
 }
 
 /// Every PEM certificate in the file, in order; at least one.

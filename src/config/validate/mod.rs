@@ -9,6 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::duration::{self, Written};
+
+/// The largest `admin.token_file`: a token is a line; a larger file is not
+/// one (a device, a log named by mistake).
+const MAX_TOKEN_FILE: u64 = 64 << 10;
 use super::file::{self, DurationValue, FileConfig};
 use super::*;
 
@@ -405,9 +409,17 @@ impl Validator {
         }
     }
 
+    /// `admin.token_file`'s token: a regular file of at most
+    /// `MAX_TOKEN_FILE` bytes (`named_file`).
     fn token(&mut self, file: &str) -> Option<String> {
         let path = self.path(Some(file), file);
-        match std::fs::read_to_string(&path) {
+        let read = crate::named_file::read(&path, MAX_TOKEN_FILE).and_then(|bytes| {
+            String::from_utf8(bytes).map_err(|_| {
+                let not_text = std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8");
+                crate::named_file::NamedFileError::Read(not_text)
+            })
+        });
+        match read {
             Ok(text) if text.trim().is_empty() => {
                 self.problem("admin.token_file", format!("{} is empty", path.display()));
                 None
@@ -433,10 +445,7 @@ impl Validator {
                 Some(token)
             }
             Err(err) => {
-                self.problem(
-                    "admin.token_file",
-                    format!("cannot read {}: {err}", path.display()),
-                );
+                self.problem("admin.token_file", format!("{} {err}", path.display()));
                 None
             }
         }
