@@ -219,12 +219,26 @@ fn open_destination(destination: &Destination) -> std::io::Result<File> {
     }
 }
 
+/// Opened without blocking, then made to block again: a FIFO that no
+/// process reads (a log shipper not running) fails the open at once, saying
+/// so, where the open waited for a reader: a start that never became ready
+/// (`check` took the path), a reopen at SIGUSR1 that held the writer for
+/// ever. Read, a FIFO takes lines as a file does.
 fn open_file(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let file = OpenOptions::new()
         .append(true)
         .create(true)
         .mode(0o640)
+        .custom_flags(libc::O_NONBLOCK)
         .open(path)
+        .map_err(|err| match err.raw_os_error() {
+            Some(libc::ENXIO) => std::io::Error::new(err.kind(), "a FIFO that no process reads"),
+            _ => err,
+        })?;
+    let flags = OFlag::from_bits_truncate(fcntl(&file, FcntlArg::F_GETFL)?);
+    fcntl(&file, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
+    Ok(file)
 }
 
 struct Writer {
@@ -360,6 +374,41 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A FIFO no process reads is refused at once, saying so (the open
+    /// waited for a reader); one that is read takes lines, its writes
+    /// blocking as a file's do.
+    #[test]
+    fn a_fifo_is_written_while_read_and_refused_while_not() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("access.pipe");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        let (opened, unread) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = opened.send(open_file(&path).map(drop));
+        });
+        let refused = unread
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the open returned");
+        let err = refused.expect_err("no reader");
+        assert!(err.to_string().contains("no process reads"), "{err}");
+
+        let mut reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .expect("reader");
+        let mut file = open_file(&fifo).expect("a reader is there");
+        let flags = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL).expect("flags");
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags);
+        assert!(!flags.contains(nix::fcntl::OFlag::O_NONBLOCK), "{flags:?}");
+        file.write_all(b"line\n").expect("write");
+        let mut got = [0u8; 5];
+        reader.read_exact(&mut got).expect("read");
+        assert_eq!(&got, b"line\n");
+    }
 
     #[test]
     fn lines_reach_the_file_whole_and_survive_a_rename_and_reopen() {
