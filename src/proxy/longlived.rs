@@ -106,7 +106,8 @@ enum DownEnd {
 pub enum TunnelEnd {
     /// A side closed, or the drain ended it.
     Closed,
-    /// Nothing moved either way for `tunnel_timeout`.
+    /// Nothing moved either way for `tunnel_timeout` (for the listener's
+    /// `idle_timeout` once the client closed its half).
     Idle,
     /// This side's connection failed. Its peer is left for the caller to
     /// reset ([`super::reset::once_taken`]): a FIN would pass the abort
@@ -117,8 +118,10 @@ pub enum TunnelEnd {
 
 /// Joins a client's and a backend's upgraded connections until either side
 /// ends or fails, the drain ends the stream, or nothing moves either way
-/// for `tunnel_timeout` (see [`TunnelEnd`]). The caller holds the
-/// backend's lease meanwhile.
+/// for `limits.tunnel` (for `limits.half_closed` once the client closed its
+/// half and the backend neither answers nor closes: as in TCP mode, and
+/// HAProxy's `timeout client-fin`, it would hold its places for the hour;
+/// see [`TunnelEnd`]). The caller holds the backend's lease meanwhile.
 /// `sent_down` is what the backend sent past its 101 that the caller wrote
 /// to the client already: a WebSocket frame it began must end before a
 /// Close frame may be written.
@@ -129,7 +132,7 @@ pub async fn tunnel<C, B>(
     sent_down: &[u8],
     drain: DrainWatch,
     listener: &str,
-    tunnel_timeout: Duration,
+    limits: TunnelLimits,
 ) -> TunnelEnd
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -140,14 +143,23 @@ where
     frames.feed(sent_down);
     let frames = websocket.then_some(frames);
     let joined = joined(client, backend, frames, drain, listener, &activity);
-    match first_of(joined, activity.idle_for(tunnel_timeout)).await {
+    let idle = activity.idle_for_or(limits.tunnel, limits.half_closed);
+    match first_of(joined, idle).await {
         First::Main(None) => TunnelEnd::Closed,
         First::Main(Some(side)) => TunnelEnd::Failed(side),
         First::Rare(()) => {
-            tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout; closing the tunnel");
+            tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout (idle_timeout once the client closed its half); closing the tunnel");
             TunnelEnd::Idle
         }
     }
+}
+
+/// How long a tunnel may go with nothing moving either way: `tunnel`, or
+/// `half_closed` once the client closed its half.
+#[derive(Debug, Clone, Copy)]
+pub struct TunnelLimits {
+    pub tunnel: Duration,
+    pub half_closed: Duration,
 }
 
 async fn joined<C, B>(
@@ -184,6 +196,7 @@ where
             if let Err(err) = tokio::io::copy(&mut client_read, &mut backend_write).await {
                 return Err(side_of(&err).unwrap_or(Side::Client));
             }
+            activity.close_half();
             let _ = backend_write.shutdown().await;
             Ok(())
         };
@@ -458,6 +471,25 @@ mod tests {
         assert_eq!(got, MESSAGE, "{got} of {MESSAGE} bytes arrived");
     }
 
+    /// A tunnel (not a WebSocket) between the two pipes, with a drain that
+    /// never begins, `tunnel` and `half_closed` seconds its limits.
+    fn plain_tunnel(
+        client_side: tokio::io::DuplexStream,
+        backend_side: tokio::io::DuplexStream,
+        tunnel: u64,
+        half_closed: u64,
+    ) -> tokio::task::JoinHandle<super::TunnelEnd> {
+        let drain = crate::lifecycle::drain::Drain::new(1);
+        let limits = super::TunnelLimits {
+            tunnel: std::time::Duration::from_secs(tunnel),
+            half_closed: std::time::Duration::from_secs(half_closed),
+        };
+        tokio::spawn(async move {
+            let watch = drain.watch();
+            super::tunnel(client_side, backend_side, false, &[], watch, "test", limits).await
+        })
+    }
+
     /// A backend that closed after sending still has all it sent reach the
     /// client when a write to it then fails (the client sent more), and
     /// the failure after it.
@@ -473,16 +505,7 @@ mod tests {
             .await
             .expect("backend sends");
         drop(backend);
-        let drain = crate::lifecycle::drain::Drain::new(1);
-        let tunnel = tokio::spawn(super::tunnel(
-            client_side,
-            backend_side,
-            false,
-            &[],
-            drain.watch(),
-            "test",
-            std::time::Duration::from_secs(60),
-        ));
+        let tunnel = plain_tunnel(client_side, backend_side, 60, 60);
         client.write_all(b"late").await.expect("client sends");
         let mut got = Vec::new();
         client.read_to_end(&mut got).await.expect("read");
@@ -492,6 +515,25 @@ mod tests {
             super::TunnelEnd::Failed(super::Side::Backend),
             "and then its failure, to pass on"
         );
+    }
+
+    /// A client that closed its half, with a backend that neither answers
+    /// nor closes, ends the tunnel after the half-closed limit, not the
+    /// tunnel's hour (its places held meanwhile).
+    #[tokio::test(start_paused = true)]
+    async fn a_tunnel_whose_client_closed_its_half_ends_after_the_shorter_limit() {
+        use tokio::io::AsyncWriteExt;
+        let (client_side, mut client) = tokio::io::duplex(1024);
+        let (backend_side, _backend) = tokio::io::duplex(1024);
+        let tunnel = plain_tunnel(client_side, backend_side, 3600, 2);
+        // Until the client's FIN, the tunnel's own limit holds.
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        assert!(!tunnel.is_finished(), "ended before the client's FIN");
+        let started = tokio::time::Instant::now();
+        client.shutdown().await.expect("the client's FIN");
+        assert_eq!(tunnel.await.expect("tunnel"), super::TunnelEnd::Idle);
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     }
 
     #[test]

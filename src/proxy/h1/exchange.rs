@@ -705,7 +705,10 @@ async fn joined<S: ByteStream>(
         &up.buf,
         drain.clone(),
         &proxy.listener,
-        proxy.tunnel_timeout,
+        longlived::TunnelLimits {
+            tunnel: proxy.tunnel_timeout,
+            half_closed: proxy.idle_timeout,
+        },
     )
     .await
 }
