@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
@@ -232,9 +232,14 @@ fn open_file(path: &Path) -> std::io::Result<File> {
         .mode(0o640)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .map_err(|err| match err.raw_os_error() {
-            Some(libc::ENXIO) => std::io::Error::new(err.kind(), "a FIFO that no process reads"),
-            _ => err,
+        .map_err(|err| {
+            let fifo = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo());
+            match err.raw_os_error() {
+                Some(libc::ENXIO) if fifo => {
+                    std::io::Error::new(err.kind(), "a FIFO that no process reads")
+                }
+                _ => err,
+            }
         })?;
     let flags = OFlag::from_bits_truncate(fcntl(&file, FcntlArg::F_GETFL)?);
     fcntl(&file, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;

@@ -91,6 +91,7 @@ const MOST_INTERIM: usize = 64 << 10;
 /// every check of a healthy backend. Only a head's status line is needed.
 async fn final_status<R: AsyncRead + Unpin>(stream: &mut R) -> Result<u16, String> {
     let mut buf = Vec::with_capacity(64);
+    let mut skipped = 0;
     loop {
         while buf.len() < STATUS_LINE_START {
             read_more(stream, &mut buf).await?;
@@ -108,12 +109,16 @@ async fn final_status<R: AsyncRead + Unpin>(stream: &mut R) -> Result<u16, Strin
             if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                 break end + 4;
             }
-            if buf.len() > MOST_INTERIM {
+            if skipped + buf.len() > MOST_INTERIM {
                 return Err(format!("interim responses past {} KiB", MOST_INTERIM >> 10));
             }
             read_more(stream, &mut buf).await?;
         };
         buf.drain(..end);
+        skipped += end;
+        if skipped > MOST_INTERIM {
+            return Err(format!("interim responses past {} KiB", MOST_INTERIM >> 10));
+        }
     }
 }
 
@@ -301,6 +306,15 @@ mod tests {
         ]
         .concat();
         let refused = status_of(&endless).await;
+        assert_eq!(refused, Err("interim responses past 64 KiB".to_string()));
+        // Many small ones count together.
+        let hint = b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n";
+        let many = [
+            hint.repeat(MOST_INTERIM / hint.len() + 1),
+            b"HTTP/1.1 200 OK\r\n\r\n".to_vec(),
+        ]
+        .concat();
+        let refused = status_of(&many).await;
         assert_eq!(refused, Err("interim responses past 64 KiB".to_string()));
     }
 }

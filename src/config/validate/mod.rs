@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::duration::{self, Written};
+use super::file::{self, DurationValue, FileConfig};
+use super::*;
 
 /// The largest `admin.token_file`: a token is a line; a larger file is not
 /// one (a device, a log named by mistake).
 const MAX_TOKEN_FILE: u64 = 64 << 10;
-use super::file::{self, DurationValue, FileConfig};
-use super::*;
 
 mod dns;
 mod listeners;
