@@ -477,3 +477,75 @@ fn keep_alive(stream: &TcpStream) {
         tracing::debug!(cause = %err, "cannot set TCP keep-alive");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+    /// A side that sends `chunks` then fails, as a backend that resets.
+    struct SendsThenFails(Vec<Vec<u8>>);
+
+    impl AsyncRead for SendsThenFails {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if self.0.is_empty() {
+                let reset = std::io::ErrorKind::ConnectionReset;
+                return Poll::Ready(Err(reset.into()));
+            }
+            let chunk = self.0.remove(0);
+            buf.put_slice(&chunk);
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A writer that takes bytes before its socket does, as a TLS session:
+    /// what it took goes on only when it is flushed.
+    #[derive(Default)]
+    struct Session {
+        taken: usize,
+        sent: usize,
+    }
+
+    impl AsyncWrite for Session {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.taken += buf.len();
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            self.sent = self.taken;
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            self.poll_flush(cx)
+        }
+    }
+
+    /// A side that fails after sending finds all it sent gone on through a
+    /// TLS session before the failure ends the copy (the reset after it
+    /// then lands behind every byte). `tokio::io::copy` flushed only when
+    /// a read waited, and a read that failed at once left the session's
+    /// bytes unsent.
+    #[tokio::test]
+    async fn what_a_side_sent_before_failing_leaves_the_session_first() {
+        let mut from = SendsThenFails(vec![vec![1; 1000], vec![2; 500]]);
+        let mut to = Session::default();
+        let ended = super::relay(&mut from, &mut to).await;
+        assert_eq!(
+            ended.map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::ConnectionReset)
+        );
+        assert_eq!((to.taken, to.sent), (1500, 1500));
+    }
+}
