@@ -350,11 +350,16 @@ impl Pool {
 
     /// Retires members whose address vanished from DNS once they have
     /// been gone for `obsolete_hold` and another member of their name can
-    /// take work, or at once when they cannot take work themselves (down
+    /// take work (one still in the answer, or one that left it after
+    /// them), or at once when they cannot take work themselves (down
     /// and failing their checks, or drained by the operator): kept, they
     /// would serve nothing, and with addresses that churn during an outage
     /// or a drain every address ever seen would pile up (and go on to the
-    /// next generation).
+    /// next generation). The later leaver counts too: with answers that
+    /// change faster than a new member passes its way up to `rise`, each
+    /// came up only once out of the answer, none in it was ever available,
+    /// and every address the name ever gave stayed a member, checked and
+    /// taking traffic.
     fn retire_vanished(&self) {
         let members = self.members.load();
         let hold = self.obsolete_hold();
@@ -362,11 +367,15 @@ impl Pool {
             let Some(gone_for) = b.vanished_for() else {
                 continue;
             };
+            let left_at = b.vanished_since();
             let replaced = gone_for >= hold
-                && members
-                    .backends
-                    .iter()
-                    .any(|m| m.name == b.name && m.vanished_since().is_none() && m.available());
+                && members.backends.iter().any(|m| {
+                    let left_later = match m.vanished_since() {
+                        None => true,
+                        since => since > left_at,
+                    };
+                    m.name == b.name && left_later && m.available()
+                });
             // Down, and its last check failed: not a member handed over at
             // a reload before its first check, nor a new one still passing
             // its way up to `rise` (with answers that rotate, it would
@@ -557,6 +566,30 @@ mod tests {
         assert_eq!(old[0].state().as_str(), "out");
         let left: Vec<usize> = p.backends().backends.iter().map(|b| b.index).collect();
         assert_eq!(left, [0, new[0].index]);
+    }
+
+    /// Answers that change faster than a new member passes its way up to
+    /// `rise` (each a new address): each member comes up only once out of
+    /// the answer. Those that left before the last one up are retired, so
+    /// the members stay few; every address ever given stayed before.
+    #[tokio::test(start_paused = true)]
+    async fn members_of_answers_that_churn_faster_than_rise_do_not_pile_up() {
+        let p = pool_with_tcp_checks();
+        let named = Arc::clone(&p.named[0]);
+        let mut previous: Option<Arc<Backend>> = None;
+        for last in 1..=30 {
+            let joined = p.apply(&named, &[at(last, 1)], Joining::Serving);
+            joined[0].observe_check(true, "ok".into());
+            if let Some(before) = &previous {
+                before.observe_check(true, "ok".into());
+            }
+            previous = joined.into_iter().next();
+            tokio::time::advance(std::time::Duration::from_secs(1)).await;
+            p.sweep();
+        }
+        let left = p.backends().backends.len();
+        assert!(left <= 5, "{left} members after 30 answers");
+        assert!(p.pick(None).is_some(), "one that is up still serves");
     }
 
     /// An answer that leaves an address out once (it rotates among more
