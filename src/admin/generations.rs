@@ -21,6 +21,8 @@ impl AdminShared {
     /// Takes a report from the older generation (with the offer, or while
     /// it drains), less the series of what our config no longer has: a
     /// removed listener, pool or backend is carried to no later generation.
+    /// A series an earlier report had and this one lacks keeps its value
+    /// (`exposition::keep_dropped`).
     pub fn set_inherited(&self, mut report: Report) {
         exposition::retain_configured(&mut report.baseline, &self.configured);
         tracing::debug!(
@@ -29,6 +31,8 @@ impl AdminShared {
             "report from the older generation"
         );
         if let Ok(mut r) = self.inherited.write() {
+            let previous = std::mem::take(&mut r.baseline);
+            exposition::keep_dropped(&mut report.baseline, previous);
             *r = report;
         }
     }

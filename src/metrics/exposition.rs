@@ -67,6 +67,18 @@ impl Configured {
     }
 }
 
+/// The older generation's newer report (`next`), with every series its
+/// earlier one (`previous`) had and this one lacks at its last value: a
+/// carried series is a counter's, which only grows, so one the older
+/// generation stops reporting (a DNS member it retired during the handoff,
+/// which ours still has) would otherwise go backwards by all of its count
+/// on a series `/metrics` still shows.
+pub fn keep_dropped(next: &mut Baseline, previous: Baseline) {
+    for (key, series) in previous {
+        next.entry(key).or_insert(series);
+    }
+}
+
 /// Drops the series of listeners, pools and backends no longer configured.
 pub fn retain_configured(baseline: &mut Baseline, configured: &Configured) {
     baseline.retain(|key, _| configured.names(key));
@@ -427,6 +439,26 @@ mod tests {
         let before = carried.len();
         retain_configured(&mut carried, &Configured::default());
         assert_eq!(carried.len(), before, "OLD has no such labels");
+    }
+
+    /// A series the older generation stops reporting keeps its last
+    /// value; one it reports again takes the new value.
+    #[test]
+    fn a_series_the_older_generation_stops_reporting_keeps_its_count() {
+        let earlier = "# TYPE baton_health_checks_total counter\nbaton_health_checks_total{pool=\"app\",backend=\"app@10.0.0.1:80\",result=\"ok\"} 100\nbaton_health_checks_total{pool=\"app\",backend=\"ip\",result=\"ok\"} 7\n\n";
+        let later = "# TYPE baton_health_checks_total counter\nbaton_health_checks_total{pool=\"app\",backend=\"ip\",result=\"ok\"} 9\n\n";
+        let mut next = baseline(later);
+        keep_dropped(&mut next, baseline(earlier));
+        let own = "# TYPE baton_health_checks_total counter\nbaton_health_checks_total{pool=\"app\",backend=\"app@10.0.0.1:80\",result=\"ok\"} 3\n\n";
+        let shown = merge(own, &next);
+        assert!(
+            shown.contains("backend=\"app@10.0.0.1:80\",result=\"ok\"} 103\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("backend=\"ip\",result=\"ok\"} 9\n"),
+            "{shown}"
+        );
     }
 
     #[test]
