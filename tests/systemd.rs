@@ -644,6 +644,38 @@ async fn a_command_after_baton_reload_in_exec_reload_fails_nothing() {
     assert_eq!(client::get(p.web, "/").await.map(|a| a.status), Ok(200));
 }
 
+/// `pin_workers` under the shipped unit: each worker held to a CPU of its
+/// own. The unit's `SystemCallFilter=~@resources` refused
+/// `sched_setaffinity` (EPERM): every worker logged "cannot pin" at every
+/// start and reload and ran on any CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_workers_are_pinned_under_the_shipped_unit() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    let config = format!(
+        "workers = 2\npin_workers = true\n{}",
+        config(&p, &[a.addr], echo.addr, "")
+    );
+    sbx.install_baton(&config);
+    sbx.systemctl_ok(&["start", "baton"]);
+    // Read inside the sandbox: its pids are its own namespace's.
+    let main = sbx.show("baton", "MainPID");
+    let script = format!(
+        "for t in /proc/{main}/task/*; do case $(cat $t/comm) in baton-worker*) \
+         sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' $t/status;; esac; done"
+    );
+    let listed = sbx.exec(&["sh", "-c", &script]);
+    let cpus: Vec<String> = text(&listed).lines().map(str::to_string).collect();
+    let journal = sbx.journal();
+    assert!(!journal.contains("cannot pin"), "{journal}");
+    assert_eq!(cpus.len(), 2, "{cpus:?}");
+    assert!(
+        cpus.iter().all(|c| c.parse::<usize>().is_ok()) && cpus[0] != cpus[1],
+        "each worker on a CPU of its own: {cpus:?}"
+    );
+}
+
 /// The pid of the generation `/status` shows active, if it answers.
 fn active_pid(sbx: &Sandbox) -> Option<String> {
     let out = sbx.exec(&["baton", "status", "--json"]);
