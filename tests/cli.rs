@@ -198,6 +198,9 @@ fn reload_without_a_daemon_exits_69() {
     let (code, _, stderr) = run(&["reload", "-c", path.to_str().expect("utf-8 path")]);
     assert_eq!(code, 69, "{stderr}");
     assert!(stderr.contains("cannot reach the daemon"), "{stderr}");
+    // A config that moved control.socket cannot reach the daemon that
+    // still listens at the old path: how to reload it is said.
+    assert!(stderr.contains("kill -s HUP"), "{stderr}");
 }
 
 fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {

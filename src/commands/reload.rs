@@ -5,6 +5,11 @@ use crate::cli::ReloadArgs;
 use crate::exit::Exit;
 use crate::lifecycle::control::{self, CallError, Request};
 
+/// Said when the daemon cannot be reached: the path is read from the config
+/// on disk, and a daemon whose config was changed to move `control.socket`
+/// still listens at the old one until a reload applies the change.
+const MOVED_SOCKET: &str = "if the config now names another control.socket than the running daemon's, reload it once by signal: systemctl kill -s HUP --kill-whom=main baton (or kill -HUP its pid)";
+
 pub fn reload(args: ReloadArgs) -> Exit {
     let overrides = super::run::overrides(args.budgets);
     let Ok(c) = super::load_config(&args.config.config, &overrides) else {
@@ -26,6 +31,7 @@ pub fn reload(args: ReloadArgs) -> Exit {
         }
         Err(err @ CallError::Unreachable { .. }) => {
             eprintln!("baton: {err}");
+            eprintln!("baton: {MOVED_SOCKET}");
             Exit::Unreachable
         }
         Err(err) => {
