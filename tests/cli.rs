@@ -183,6 +183,26 @@ fn usage_errors_exit_2() {
     assert_eq!(run(&["frobnicate"]).0, 2);
 }
 
+/// README's first command, shorter: `baton demo` serves its clients across
+/// live reloads with no failed request, every reload served, and baton
+/// drained cleanly at its end (exit 0, else 1). Nothing ran it before: the
+/// first thing a new user types could have broken unseen.
+#[test]
+fn the_demo_serves_across_its_reloads_without_a_failure() {
+    let out = Command::new("timeout")
+        .args(["120", BIN, "demo", "--duration", "4s", "--reloads", "2"])
+        .output()
+        .expect("run baton demo");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("reloads: 2/2 succeeded"), "{said}");
+    assert!(said.contains("drained cleanly"), "{said}");
+}
+
 #[test]
 fn reload_without_a_daemon_exits_69() {
     let dir = tempfile::tempdir().expect("tempdir");
