@@ -157,8 +157,15 @@ struct Setting<'a> {
     file: &'a Path,
 }
 
+/// An empty assignment is not one: systemd cannot parse it as a time or a
+/// count, logs "ignoring", and the one before stays in force (a drop-in's
+/// `TimeoutStopSec=` leaves the unit's 20 s, which `check` once took for
+/// systemd's 90 s default, and did not check).
 fn last_setting<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Option<Setting<'a>> {
-    assignments(files, keys).pop()
+    assignments(files, keys)
+        .into_iter()
+        .rev()
+        .find(|s| !s.value.is_empty())
 }
 
 /// Every assignment of any of `keys`, in the order systemd reads them.
@@ -189,49 +196,30 @@ struct Bound {
     harm: &'static str,
 }
 
-/// What an empty `TimeoutStopSec=` (or `TimeoutStartSec=`) goes back to:
-/// systemd's `DefaultTimeoutStopSec=`/`DefaultTimeoutStartSec=` as shipped.
-const SYSTEMD_DEFAULT_TIMEOUT: Duration = Duration::from_secs(90);
-
 impl Bound {
     fn check(&self, s: &Setting<'_>) {
-        if let Some(warning) = self.warning(s) {
-            eprintln!("baton: warning: {warning}");
-        }
-    }
-
-    /// What `check` warns of `s`, if anything.
-    fn warning(&self, s: &Setting<'_>) -> Option<String> {
         let configured = match s.value.parse::<u64>() {
             Ok(secs) => Some(Duration::from_secs(secs)),
-            // Empty: back to systemd's default, which a long drain outlasts
-            // as surely as a short setting.
-            Err(_) if s.value.is_empty() => Some(SYSTEMD_DEFAULT_TIMEOUT),
             Err(_) => humantime::parse_duration(&s.value).ok(),
         };
-        let value = if s.value.is_empty() {
-            "(systemd's default, 90s)"
-        } else {
-            &s.value
-        };
         match configured {
-            Some(d) if d < self.needed => Some(format!(
-                "{}={} in {} is shorter than {} = {}s: {}",
+            Some(d) if d < self.needed => eprintln!(
+                "baton: warning: {}={} in {} is shorter than {} = {}s: {}",
                 s.key,
-                value,
+                s.value,
                 s.file.display(),
                 self.what,
                 super::check::seconds_up(self.needed),
                 self.harm
-            )),
-            Some(_) => None,
-            None if s.value == "infinity" => None,
-            None => Some(format!(
-                "cannot read {}={} in {}",
+            ),
+            Some(_) => {}
+            None if s.value == "infinity" => {}
+            None => eprintln!(
+                "baton: warning: cannot read {}={} in {}",
                 s.key,
                 s.value,
                 s.file.display()
-            )),
+            ),
         }
     }
 }
@@ -239,33 +227,6 @@ impl Bound {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// An empty setting goes back to systemd's default (90 s): a budget
-    /// longer than that is warned of, as a short setting is.
-    #[test]
-    fn an_emptied_timeout_is_checked_as_systemds_default() {
-        let bound = Bound {
-            needed: Duration::from_secs(125),
-            what: "the stop's budget",
-            harm: "killed mid-drain",
-        };
-        let file = PathBuf::from("drop-in.conf");
-        let set = |value: &str| Setting {
-            key: "TimeoutStopSec",
-            value: value.to_string(),
-            file: &file,
-        };
-        let warned = bound.warning(&set("")).expect("a warning");
-        assert!(warned.contains("(systemd's default, 90s)"), "{warned}");
-        assert!(bound.warning(&set("200")).is_none());
-        assert!(bound.warning(&set("infinity")).is_none());
-        assert!(bound.warning(&set("20")).is_some());
-        let easy = Bound {
-            needed: Duration::from_secs(30),
-            ..bound
-        };
-        assert!(easy.warning(&set("")).is_none());
-    }
 
     /// Comments are dropped, inside continued lines too, and never
     /// continue; a trailing backslash continues; the last assignment wins.
@@ -292,6 +253,11 @@ mod tests {
                 "a comment inside a continued line is dropped",
             ),
             ("; TimeoutStopSec=5\n# TimeoutStopSec=6\n", None, "comments"),
+            (
+                "TimeoutStopSec=20\nTimeoutStopSec=\n",
+                Some("20"),
+                "an empty one is ignored, as systemd ignores it",
+            ),
         ];
         for (unit, expected, why) in cases {
             assert_eq!(last(unit).as_deref(), expected, "{why}: {unit:?}");
