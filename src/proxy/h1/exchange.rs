@@ -400,8 +400,9 @@ async fn attempt<S: ByteStream>(
     let pumped = pump(proxy, client, &mut up, body, &down).await;
     let written = progress.client_written.load(Ordering::Relaxed);
     // The upload runs beside the download, so its fault can come while a
-    // head is half written: that counts as written too.
-    let begun = progress.response_begun();
+    // head is half written: that counts as written too (looked at only
+    // when the upload failed).
+    let begun = matches!(pumped, Pumped::Up(_)) && progress.response_begun();
     let upload_done = progress.upload_done.load(Ordering::Relaxed);
     request.trace.note();
     match pumped {
