@@ -330,6 +330,30 @@ mod tests {
         })
     }
 
+    /// A series the older generation reported once and then no more (a
+    /// DNS member it retired during the handoff) keeps its count in what
+    /// this generation carries; one reported again takes the new count.
+    #[test]
+    fn an_inherited_series_no_longer_reported_keeps_its_count() {
+        use crate::lifecycle::handoff::Report;
+        let state = shared();
+        let report = |text: &str| Report {
+            baseline: crate::metrics::exposition::baseline(text),
+            generations: Vec::new(),
+        };
+        let family = "# TYPE baton_requests_total counter\n";
+        state.set_inherited(report(&format!(
+            "{family}baton_requests_total{{code=\"2xx\"}} 5\nbaton_requests_total{{code=\"5xx\"}} 3\n\n"
+        )));
+        state.set_inherited(report(&format!(
+            "{family}baton_requests_total{{code=\"5xx\"}} 4\n\n"
+        )));
+        let carried = state.inherited.read().expect("lock").baseline.clone();
+        let count = |key: &str| carried.get(key).map(|s| s.value);
+        assert_eq!(count("baton_requests_total{code=\"2xx\"}"), Some(5.0));
+        assert_eq!(count("baton_requests_total{code=\"5xx\"}"), Some(4.0));
+    }
+
     /// A connection asked to give its place up for a newcomer while its
     /// client does not read the response it is on is cut after
     /// `LEAVING_GRACE`, not once its write has stalled `bounded::STALLED`:
