@@ -309,12 +309,12 @@ impl Generation {
 
     /// Waits for `work` (the pre-stop pause, during which the load balancer
     /// in front may still send traffic, and systemd's answer); true when a
-    /// second stop cut it short. A reload or a force meant for a draining
-    /// generation does not end it, but for a generation that stops at the
-    /// word of the one it took over from (a stop caught the handoff): that
-    /// one, forced by a second stop of its own, forces us with SIGUSR2 as
-    /// it does its draining elders, and a second stop signal cannot say
-    /// it (the first one after the word is the word's stop).
+    /// second stop cut it short. A reload does not end it, nor does a
+    /// SIGUSR2 (a force meant for draining generations), except where this
+    /// generation stops at the word of the one it took over from (a stop
+    /// caught the handoff): a second stop of that one forces us with
+    /// SIGUSR2, as it forces every generation it waits for, since a stop
+    /// signal could not (the first after the word counts as the word's).
     async fn unless_forced(&mut self, work: impl std::future::Future<Output = ()>) -> bool {
         tokio::pin!(work);
         let stopping_at_word = self.commands.stop_word();
