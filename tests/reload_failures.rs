@@ -71,8 +71,10 @@ async fn a_broken_config_is_refused_with_78_naming_the_key() {
 async fn a_generation_that_cannot_bind_is_rolled_back() {
     let (backend, baton, load) = baton_under_load("").await;
     let serving = baton.serving_pid().await;
-    let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("bind squatter");
-    let taken = squatter.local_addr().expect("addr");
+    // From the daemons' ports: one let go of in the ephemeral range could
+    // be taken by another test's connection before the reload binds it.
+    let taken = support::daemon::free_addr();
+    let squatter = std::net::TcpListener::bind(taken).expect("bind squatter");
     let spec = baton.spec().http("extra", "app");
     baton.write_spec(&spec, &HashMap::from([("extra".to_string(), taken)]));
 
@@ -109,7 +111,9 @@ async fn client_get(addr: std::net::SocketAddr) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_generation_is_killed_at_ready_timeout() {
-    let (_backend, baton, load) = baton_under_load("[reload]\nready_timeout = \"2s\"\n").await;
+    // Long enough for the second reload to come while the first waits,
+    // however slowly this machine runs the CLI.
+    let (_backend, baton, load) = baton_under_load("[reload]\nready_timeout = \"10s\"\n").await;
     let serving = baton.serving_pid().await;
     // The next generation stops itself (SIGSTOP) the moment it appears,
     // before it can say ready: the test cannot lose a race to catch it.
@@ -130,7 +134,7 @@ async fn a_hanging_generation_is_killed_at_ready_timeout() {
         second.stderr
     );
     assert_ne!(r.code, 0, "{r:?}");
-    assert!(r.stderr.contains("not ready within 2s"), "{}", r.stderr);
+    assert!(r.stderr.contains("not ready within 10s"), "{}", r.stderr);
     let hung: u32 = std::fs::read_to_string(&marker)
         .expect("the new process ran")
         .trim()

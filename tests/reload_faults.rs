@@ -523,7 +523,10 @@ async fn stop_caught_after_the_go_ahead(new_stop: &str) -> CaughtStop {
     let taking_over = baton.started_pids()[0];
     // The go-ahead goes out at once; then the new generation's listen is
     // held for LISTEN_HELD.
-    tokio::time::sleep(LISTEN_HELD / 4).await;
+    support::eventually("the new generation held in its listen", || async {
+        in_listen(taking_over)
+    })
+    .await;
     signal(serving, Signal::SIGTERM);
     signal(taking_over, Signal::SIGTERM);
     CaughtStop {
@@ -533,6 +536,21 @@ async fn stop_caught_after_the_go_ahead(new_stop: &str) -> CaughtStop {
         taking_over,
         reply,
     }
+}
+
+/// One of `pid`'s threads is inside `listen(2)`: its number begins
+/// `/proc/PID/task/TID/syscall` while a thread is in a call or stopped at
+/// its entry by a tracer.
+fn in_listen(pid: u32) -> bool {
+    let listen = format!("{} ", nix::libc::SYS_listen);
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|task| {
+            std::fs::read_to_string(task.path().join("syscall"))
+                .is_ok_and(|call| call.starts_with(&listen))
+        })
 }
 
 /// Once the old generation closed its doors, a request only the new one

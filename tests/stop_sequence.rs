@@ -93,9 +93,15 @@ async fn a_reload_signal_does_not_cut_the_pre_stop_pause_short() {
         "",
     ))
     .await;
-    let web = baton.addr("web");
+    let (web, admin) = (baton.addr("web"), baton.admin);
     signal(baton.first_pid, Signal::SIGTERM);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The stop heard first: the pause began.
+    support::eventually("/readyz says draining", || async {
+        client::get(admin, "/readyz")
+            .await
+            .is_ok_and(|a| a.status == 503 && a.body.contains("\"draining\""))
+    })
+    .await;
     signal(baton.first_pid, Signal::SIGHUP);
     signal(baton.first_pid, Signal::SIGUSR2);
     tokio::time::sleep(Duration::from_millis(800)).await;

@@ -485,7 +485,8 @@ async fn a_first_start_with_a_pool_down_is_active_but_not_ready() {
 /// generation serves: the old generation's status lines (every 2 s) carry
 /// no `READY=1` then, which would end systemd's reload state early (and
 /// start the jobs queued behind the reload). The new generation here waits
-/// half its `ready_timeout` (4 s) for a health check that hangs.
+/// half its `ready_timeout` (10 s) for a health check that hangs: far
+/// longer than the two looks at the state take on a loaded machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_under_way_keeps_the_unit_reloading_until_the_new_generation_serves() {
     let Some(sbx) = Sandbox::boot() else { return };
@@ -495,7 +496,7 @@ async fn a_reload_under_way_keeps_the_unit_reloading_until_the_new_generation_se
         &p,
         &[a.addr],
         echo.addr,
-        "[reload]\nready_timeout = \"8s\"\n",
+        "[reload]\nready_timeout = \"20s\"\n",
     );
     sbx.install_baton(&first);
     sbx.systemctl_ok(&["start", "baton"]);

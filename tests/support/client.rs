@@ -115,8 +115,23 @@ pub async fn send_with_host(
     exchange(sender, Request::get(path).header("host", host)).await
 }
 
-/// Sends one built request on `sender` and reads the whole answer.
+/// The longest one exchange may take: a request lost in a handoff (what
+/// these tests hunt) fails its test instead of hanging it. Longer than any
+/// request a test holds on purpose.
+const EXCHANGE_BOUND: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Sends one built request on `sender` and reads the whole answer, within
+/// [`EXCHANGE_BOUND`].
 async fn exchange(
+    sender: &mut SendRequest<Empty<Bytes>>,
+    req: hyper::http::request::Builder,
+) -> Result<Answer, String> {
+    tokio::time::timeout(EXCHANGE_BOUND, exchange_unbounded(sender, req))
+        .await
+        .map_err(|_| format!("no answer within {EXCHANGE_BOUND:?}"))?
+}
+
+async fn exchange_unbounded(
     sender: &mut SendRequest<Empty<Bytes>>,
     req: hyper::http::request::Builder,
 ) -> Result<Answer, String> {

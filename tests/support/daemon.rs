@@ -701,7 +701,8 @@ pub async fn settled_fd_count(pid: u32) -> usize {
     fewest
 }
 
-/// Live (non-zombie) baton processes running this config.
+/// Live (non-zombie) baton daemons (`run`) of this config: not the CLI
+/// commands (`reload`, `status`) a test runs against it meanwhile.
 pub fn processes_for(config: &std::path::Path) -> Vec<u32> {
     let needle = config.as_os_str().as_encoded_bytes().to_vec();
     let mut out = Vec::new();
@@ -718,10 +719,10 @@ pub fn processes_for(config: &std::path::Path) -> Vec<u32> {
         let zombie = stat
             .rsplit_once(')')
             .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+        let mut args = cmdline.split(|b| *b == 0);
         if !zombie
-            && cmdline
-                .split(|b| *b == 0)
-                .any(|arg| arg == needle.as_slice())
+            && args.clone().any(|arg| arg == b"run")
+            && args.any(|arg| arg == needle.as_slice())
         {
             out.push(pid);
         }

@@ -202,6 +202,8 @@ async fn keep_alive(
                 Ok(s) => sender = Some(s),
                 Err(e) => {
                     tally.fail(format!("keep-alive connect: {e}"));
+                    // A refused connect returns at once: not a spin.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
                     continue;
                 }
             }

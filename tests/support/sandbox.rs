@@ -201,7 +201,10 @@ impl Sandbox {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// The unit's journal, with every line written before this call in it
+    /// (`--sync`: journald reads its sockets in its own time).
     pub fn journal(&self) -> String {
+        self.exec(&["journalctl", "--sync"]);
         text(&self.exec(&["journalctl", "-u", "baton", "--no-pager", "-o", "cat"]))
     }
 
