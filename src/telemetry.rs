@@ -2,7 +2,8 @@
 //! picks `text`, `json` or `auto` (plain text without colours or timestamps
 //! when stderr is the journal, which adds its own). A value that is not
 //! one of these is said on stderr, not taken silently. Lines about
-//! clients' faults are logged within a budget ([`client_fault`]).
+//! clients' and backends' faults are logged within a budget
+//! ([`client_fault`], [`backend_fault`]).
 
 pub fn init() {
     let filter = match std::env::var("BATON_LOG") {
@@ -46,50 +47,93 @@ fn stderr_is_the_journal() -> bool {
     stream.to_str() == Some(&format!("{}:{}", stat.st_dev, stat.st_ino))
 }
 
-/// Lines a second about clients' faults logged at most: a head refused, a
-/// client too slow or silent, a TLS handshake or PROXY header failed. Any
-/// client can cause them as fast as it can connect, and unbounded they
-/// would cost more than refusing it and fill the journal, whose own rate
-/// limit then drops baton's other lines too. Each fault is still counted
-/// in the metrics and, for requests, logged in the access log. One budget
-/// for the process: a flood on one listener holds back the lines of
-/// another's faults too (their metrics still count them).
-const CLIENT_FAULT_LINES: u32 = 10;
+/// Lines a second logged at most about one kind of fault. Each fault is
+/// still counted in the metrics and, for requests, logged in the access
+/// log; the lines held back are counted and the count logged once their
+/// second is over. One budget a kind for the process: a flood on one
+/// listener or pool holds back the lines of another's faults too (their
+/// metrics still count them).
+const FAULT_LINES: u32 = 10;
 
-static CLIENT_FAULTS: std::sync::Mutex<Budget> =
-    std::sync::Mutex::new(Budget::new(CLIENT_FAULT_LINES));
-
-fn client_faults() -> std::sync::MutexGuard<'static, Budget> {
-    CLIENT_FAULTS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// A kind of fault that can come as fast as requests do, whose lines are
+/// logged within a budget: unbounded they would cost more than the work
+/// they describe (stderr is written in the worker's thread) and fill the
+/// journal, whose own rate limit then drops baton's other lines too.
+struct FaultLines {
+    budget: std::sync::Mutex<Budget>,
+    /// What the held-back report calls them.
+    what: &'static str,
 }
 
-/// Whether a line about a client's fault may be logged now. The count of
-/// those held back is logged on a line of its own once their second is
-/// over ([`report_held_back`]), not on an unrelated client's line.
+impl FaultLines {
+    const fn new(what: &'static str) -> FaultLines {
+        FaultLines {
+            budget: std::sync::Mutex::new(Budget::new(FAULT_LINES)),
+            what,
+        }
+    }
+
+    fn budget(&self) -> std::sync::MutexGuard<'_, Budget> {
+        self.budget
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn admit(&self) -> bool {
+        let (admitted, ended) = self.budget().admit(std::time::Instant::now());
+        if let Some(count) = ended {
+            self.report(count);
+        }
+        admitted
+    }
+
+    fn report_held_back(&self, at_exit: bool) {
+        let held = self.budget().held_back(std::time::Instant::now(), at_exit);
+        if let Some(count) = held {
+            self.report(count);
+        }
+    }
+
+    fn report(&self, count: u64) {
+        tracing::info!(
+            held_back = count,
+            "lines about {} held back: at most {FAULT_LINES} a second are logged",
+            self.what
+        );
+    }
+}
+
+/// A head refused, a client too slow or silent, a TLS handshake or PROXY
+/// header failed: any client can cause them as fast as it can connect.
+static CLIENT_FAULTS: FaultLines = FaultLines::new("clients' faults");
+
+/// A backend refused, timed out or broke off, or a pool had none to give:
+/// every request to a dead backend of a pool without health checks, or to
+/// a pool with none up, meets one.
+static BACKEND_FAULTS: FaultLines = FaultLines::new("backends' faults");
+
+/// Whether a line about a client's fault may be logged now.
 pub fn client_fault() -> bool {
-    let now = std::time::Instant::now();
-    let (admitted, ended) = client_faults().admit(now);
-    if let Some(count) = ended {
-        report(count);
-    }
-    admitted
+    CLIENT_FAULTS.admit()
 }
 
-/// Logs how many lines about clients' faults were held back, once their
-/// second is over; `at_exit`, whatever is left. Called every second for
-/// the process's life, and as the generation ends, so no count waits for
-/// a fault that may never come.
+/// Whether a line about a backend's fault (or a pool's lack of one) may
+/// be logged now.
+pub fn backend_fault() -> bool {
+    BACKEND_FAULTS.admit()
+}
+
+/// Logs how many lines about faults were held back, once their second is
+/// over; `at_exit`, whatever is left. Called every second for the
+/// process's life, and as the generation ends, so no count waits for a
+/// fault that may never come.
 pub fn report_held_back(at_exit: bool) {
-    let held = client_faults().held_back(std::time::Instant::now(), at_exit);
-    if let Some(count) = held {
-        report(count);
-    }
+    CLIENT_FAULTS.report_held_back(at_exit);
+    BACKEND_FAULTS.report_held_back(at_exit);
 }
 
 /// Reports held-back lines every second, for the process's life: a
-/// draining generation still meets faulty clients.
+/// draining generation still meets faulty clients and backends.
 pub async fn held_back_reports() {
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -97,15 +141,8 @@ pub async fn held_back_reports() {
     }
 }
 
-fn report(count: u64) {
-    tracing::info!(
-        held_back = count,
-        "lines about clients' faults held back: at most {CLIENT_FAULT_LINES} a second are logged"
-    );
-}
-
 /// Lets a repeated log line through `per_second` times a second at most,
-/// counting the rest: the client-fault lines here, and a listener's
+/// counting the rest: the fault lines here, and a listener's
 /// repeated warnings (`listener::Throttle`, one a second).
 pub struct Budget {
     per_second: u32,
@@ -171,7 +208,7 @@ mod tests {
     /// reporter, or at exit, and only once.
     #[test]
     fn a_flood_of_client_faults_logs_ten_lines_a_second_and_counts_the_rest() {
-        let mut budget = Budget::new(CLIENT_FAULT_LINES);
+        let mut budget = Budget::new(FAULT_LINES);
         let start = Instant::now();
         let first: Vec<_> = (0..25).map(|_| budget.admit(start)).collect();
         assert_eq!(first.iter().filter(|(admitted, _)| *admitted).count(), 10);

@@ -247,3 +247,38 @@ async fn a_tcp_connect_failure_that_takes_the_last_backend_down_is_not_no_backen
     })
     .await;
 }
+
+/// Every request to a dead backend of a pool without health checks fails
+/// the same way: its lines are logged ten a second at most, and how many
+/// were held back is said once their second is over (unbounded, two lines
+/// a request filled the journal, whose own rate limit then dropped
+/// baton's other lines, and stderr is written in the worker's thread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_backends_failures_are_logged_within_a_budget() {
+    let (dead, _reserved) = support::daemon::dead_addr();
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[dead])).await;
+    let web = baton.addr("web");
+    const REQUESTS: usize = 200;
+    let started = std::time::Instant::now();
+    for i in 0..REQUESTS {
+        let answer = client::get(web, &format!("/{i}")).await.expect("answered");
+        assert_eq!(answer.status, 502, "{answer:?}");
+    }
+    let seconds = started.elapsed().as_secs() as usize + 1;
+    support::eventually("the held-back lines counted", || async {
+        baton
+            .log()
+            .contains("lines about backends' faults held back")
+    })
+    .await;
+    let log = baton.log();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("backend request failed") || l.contains("answered with an error"))
+        .count();
+    assert!(lines > 0, "some are logged:\n{log}");
+    assert!(
+        lines <= 10 * (seconds + 1),
+        "{lines} lines for {REQUESTS} failed requests in under {seconds} s:\n{log}"
+    );
+}

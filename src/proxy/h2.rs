@@ -483,7 +483,9 @@ impl HttpProxy {
                 Err(err) => {
                     err.blame(backend);
                     if failed.is_none() {
-                        tracing::warn!(cause = %err, "retrying on another backend");
+                        if crate::telemetry::backend_fault() {
+                            tracing::warn!(cause = %err, "retrying on another backend");
+                        }
                         failed = Some((backend.index, err));
                         continue;
                     }

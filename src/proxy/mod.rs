@@ -33,7 +33,9 @@ use crate::metrics::UpstreamErrorKind;
 /// logged, the same for every protocol.
 pub fn no_backend(listener: &str, pool: &str) {
     crate::metrics::no_backend(listener, pool);
-    tracing::warn!(listener, pool, "no backend available");
+    if crate::telemetry::backend_fault() {
+        tracing::warn!(listener, pool, "no backend available");
+    }
 }
 
 /// The body of baton's answer to a failed request: the status and a
@@ -41,9 +43,12 @@ pub fn no_backend(listener: &str, pool: &str) {
 /// the log under the same id (and the backend's `last_error` in `/status`).
 pub fn error_page(pool: &str, err: &ProxyError, id: &str) -> String {
     let status = err.status();
-    if !err.is_client_fault() {
-        tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
-    } else if crate::telemetry::client_fault() {
+    let within_budget = if err.is_client_fault() {
+        crate::telemetry::client_fault()
+    } else {
+        crate::telemetry::backend_fault()
+    };
+    if within_budget {
         tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
     }
     let reason = status.canonical_reason().unwrap_or("Error");
@@ -121,7 +126,9 @@ impl ProxyError {
             );
             backend.upstream_failed(kind, &self.to_string(), blames_backend);
         }
-        tracing::warn!(backend = %backend.name, cause = %self, "backend request failed");
+        if crate::telemetry::backend_fault() {
+            tracing::warn!(backend = %backend.name, cause = %self, "backend request failed");
+        }
     }
 
     /// A pool that gave no lease, as the answer: a queue timeout is

@@ -102,7 +102,9 @@ impl TcpProxy {
                 if matches!(err, ProxyError::NoBackend { .. }) {
                     super::no_backend(&self.listener, &self.pool.name);
                 }
-                tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, cause = %err, "no backend reachable; closing");
+                if crate::telemetry::backend_fault() {
+                    tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, cause = %err, "no backend reachable; closing");
+                }
                 if let Some(line) = line.as_mut() {
                     line.termination = err.termination(&line.marks);
                 }
@@ -140,7 +142,9 @@ impl TcpProxy {
                     &format!("tunnel broke off: {err}"),
                     false,
                 );
-                tracing::info!(listener = %self.listener, backend = %backend.name, cause = %err, "backend ended the tcp stream with an error");
+                if crate::telemetry::backend_fault() {
+                    tracing::info!(listener = %self.listener, backend = %backend.name, cause = %err, "backend ended the tcp stream with an error");
+                }
                 reset::once_taken(ends.client.tcp()).await;
                 Termination::BackendFailed(Phase::Data)
             }

@@ -268,7 +268,9 @@ async fn forward<S: ByteStream>(
             // Nothing was sent: another backend may take it.
             Err(err) if failed.is_none() => {
                 err.blame(lease.backend());
-                tracing::warn!(cause = %err, "retrying on another backend");
+                if crate::telemetry::backend_fault() {
+                    tracing::warn!(cause = %err, "retrying on another backend");
+                }
                 failed = Some((lease.backend().index, err));
                 continue;
             }
@@ -580,7 +582,9 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
                 &format!("response broke off: {cause}"),
                 false,
             );
-            tracing::warn!(backend = %backend.name, %cause, "backend response broke off; aborting the client connection");
+            if crate::telemetry::backend_fault() {
+                tracing::warn!(backend = %backend.name, %cause, "backend response broke off; aborting the client connection");
+            }
             return Failure::Abort(Termination::BackendFailed(Phase::Data));
         }
         DownFault::Silent(limit) => {
@@ -589,7 +593,9 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
                 &format!("no response body bytes within {limit:?}"),
                 false,
             );
-            tracing::warn!(backend = %backend.name, ?limit, "backend sent no body bytes within its limit; aborting the client connection");
+            if crate::telemetry::backend_fault() {
+                tracing::warn!(backend = %backend.name, ?limit, "backend sent no body bytes within its limit; aborting the client connection");
+            }
             return Failure::Abort(Termination::BackendTimeout(Phase::Data));
         }
         DownFault::Backend { cause, .. } => cause,

@@ -304,7 +304,9 @@ impl ResponseBody {
         if let Some(lease) = self.lease.take() {
             let backend = lease.backend();
             backend.upstream_failed(kind, &format!("response broke off: {cause}"), false);
-            tracing::warn!(backend = %backend.name, %cause, "backend response broke off; resetting the stream");
+            if crate::telemetry::backend_fault() {
+                tracing::warn!(backend = %backend.name, %cause, "backend response broke off; resetting the stream");
+            }
         }
         cause.into()
     }
