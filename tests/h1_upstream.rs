@@ -232,6 +232,32 @@ async fn a_101_to_a_request_that_asked_for_no_upgrade_is_a_502() {
     assert_eq!(answer.status, 502);
 }
 
+/// A 101 must name, in its own Upgrade field and from HTTP/1.1, a
+/// protocol the client offered (RFC 9110 §7.8): one that names none, or
+/// another, or comes from HTTP/1.0 is a 502, not a tunnel to an unknown
+/// protocol (whose frames baton would read as the client's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_101_to_no_protocol_the_client_offered_is_a_502() {
+    for head in [
+        "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n\r\n",
+        "HTTP/1.1 101 Switching Protocols\r\nupgrade: bar\r\nconnection: upgrade\r\n\r\n",
+        "HTTP/1.0 101 Switching Protocols\r\nupgrade: foo\r\nconnection: upgrade\r\n\r\n",
+    ] {
+        let backend =
+            RawBackend::start(move |_: &Seen| (head.as_bytes().to_vec(), Then::KeepAlive)).await;
+        let baton = baton_for(&backend).await;
+        let mut client = support::raw::upgrading(baton.addr("web")).await;
+        let answer = read_head(&mut client).await;
+        assert!(answer.starts_with("http/1.1 502"), "{head:?}: {answer}");
+    }
+    let backend =
+        RawBackend::start(|_: &Seen| (support::raw::switched(b"hi"), Then::KeepAlive)).await;
+    let baton = baton_for(&backend).await;
+    let mut client = support::raw::upgrading(baton.addr("web")).await;
+    let answer = read_head(&mut client).await;
+    assert!(answer.starts_with("http/1.1 101"), "{answer}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_are_answered_in_order_and_1_0_gets_a_host() {
     let backend = RawBackend::start(|seen: &Seen| {
@@ -594,4 +620,43 @@ async fn the_time_an_upload_waits_on_its_backend_is_not_held_against_its_pace() 
         String::from_utf8_lossy(&reply)
     );
     uploading.await.expect("the whole body went up");
+}
+
+/// A backend that answers before it read the request's body, and never
+/// reads it, takes what is left of it for its next request. A backend
+/// connection whose answer came before baton had sent the whole request is
+/// not kept, so a body shaped as a request never answers another client
+/// (here the upload ends while the answer's body is still coming, which
+/// once let the connection be kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_answered_before_the_whole_request_is_not_reused() {
+    let addr = support::raw::answers_before_the_body().await;
+    let spec = Spec::new()
+        .top("workers = 1")
+        .http("web", "app")
+        .pool("app", &[addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+
+    let smuggled = support::raw::SMUGGLED;
+    let mut a = TcpStream::connect(web).await.expect("connect");
+    a.write_all(
+        format!(
+            "POST /early HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\nxx",
+            2 + smuggled.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("head and the body's start");
+    let head = read_head(&mut a).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    // The rest of the body, while the answer's body is still coming.
+    a.write_all(smuggled.as_bytes()).await.expect("the rest");
+    let mut body = [0u8; 5];
+    a.read_exact(&mut body).await.expect("the answer's body");
+    assert_eq!(&body, b"early");
+
+    let b = client::get(web, "/b").await.expect("answered");
+    assert_eq!(b.body, "/b", "another client's answer: {b:?}");
 }

@@ -845,3 +845,42 @@ async fn uploads_queued_for_a_capped_backend_do_not_stall_the_one_it_serves() {
         assert_eq!((status, body.as_str()), (200, "received 204800\n"));
     }
 }
+
+/// As on the HTTP/1 path (`h1_upstream`): a backend connection whose
+/// answer came before the stream's whole body was sent is not kept, so a
+/// body shaped as a request never answers another client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_answered_before_the_whole_request_is_not_reused() {
+    let baton = baton_for(support::raw::answers_before_the_body().await).await;
+    let web = baton.addr("web");
+    let smuggled = support::raw::SMUGGLED;
+    let mut sender = h2(web).await;
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(Frame::data(Bytes::from_static(b"xx")))
+        .await
+        .expect("fed");
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri(format!("http://{web}/early"))
+        .header("content-length", 2 + smuggled.len())
+        .body(Fed(rx).boxed())
+        .expect("request");
+    let resp = tokio::time::timeout(support::TIMEOUT, sender.send_request(req))
+        .await
+        .expect("the head before the body ends")
+        .expect("h2 response");
+    assert_eq!(resp.status(), 200);
+    // The rest of the body, while the answer's body is still coming.
+    tx.send(Frame::data(Bytes::from_static(smuggled.as_bytes())))
+        .await
+        .expect("fed");
+    drop(tx);
+    let body = tokio::time::timeout(support::TIMEOUT, resp.into_body().collect())
+        .await
+        .expect("the end in time")
+        .expect("whole");
+    assert_eq!(&body.to_bytes()[..], b"early");
+
+    let b = client::get(web, "/b").await.expect("answered");
+    assert_eq!(b.body, "/b", "another client's answer: {b:?}");
+}

@@ -303,3 +303,54 @@ pub async fn queued_behind_b(backend: &RawBackend, web: SocketAddr) {
         let _ = super::client::get(web, "/slow").await;
     });
 }
+
+/// A request a client hides in a body: what a backend that never reads
+/// bodies takes for its next request.
+pub const SMUGGLED: &str = "GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n";
+
+/// A backend that answers each request head with its path and never reads
+/// a body (so a body's bytes are read as the next request); `/early` is
+/// answered at once, its body's last bytes 300 ms after the rest.
+pub async fn answers_before_the_body() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(answers_heads_never_bodies(s));
+        }
+    });
+    addr
+}
+
+async fn answers_heads_never_bodies(mut s: TcpStream) {
+    let mut buf = Vec::new();
+    loop {
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head: Vec<u8> = buf.drain(..end).collect();
+        let head = String::from_utf8_lossy(&head).into_owned();
+        let path = head.split(' ').nth(1).unwrap_or("?").to_string();
+        let written = if path == "/early" {
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nea")
+                .await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            s.write_all(b"rly").await
+        } else {
+            s.write_all(&ok(&path)).await
+        };
+        if written.is_err() {
+            return;
+        }
+    }
+}

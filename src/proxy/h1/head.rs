@@ -371,6 +371,20 @@ impl RequestHead {
 }
 
 impl ResponseHead {
+    /// The protocol a 101 switches to, if it is one `offered` (a request's
+    /// Upgrade value) lists: RFC 9110 §7.8 has the server name it in its
+    /// own Upgrade field, and only a protocol the client asked for. A 101
+    /// without one, or from HTTP/1.0, switches to nothing baton can relay.
+    pub fn switched_to<'a>(&'a self, offered: &[u8]) -> Option<&'a [u8]> {
+        if self.version != Version::Http11 {
+            return None;
+        }
+        let chosen = self.values("upgrade").flat_map(list).next()?;
+        list(offered)
+            .any(|p| p.eq_ignore_ascii_case(chosen))
+            .then_some(chosen)
+    }
+
     /// A field's name as sent.
     pub fn field_name(&self, f: &Field) -> &[u8] {
         slice(&self.bytes, &f.name)
@@ -778,11 +792,18 @@ fn response_framing(
         if version == Version::Http10 {
             return Err(BadResponse::Malformed("transfer-encoding in HTTP/1.0"));
         }
-        let (mut coded, mut last_chunked, mut chunked) = (false, false, 0);
+        let (mut coded, mut last_chunked, mut chunked, mut codings) = (false, false, 0, 0);
         for coding in te.flat_map(list) {
             last_chunked = coding.eq_ignore_ascii_case(b"chunked");
             chunked += usize::from(last_chunked);
             coded |= !last_chunked;
+            codings += 1;
+        }
+        // A Transfer-Encoding that names no coding (empty, or commas)
+        // frames nothing: read as close-delimited, a Content-Length beside
+        // it went on to h2 clients with more bytes than it said.
+        if codings == 0 {
+            return Err(BadResponse::Malformed("transfer-encoding without a coding"));
         }
         // Chunked applied twice, or under another coding, has no framing
         // baton could pass on in HTTP/1.1 (RFC 9112 §6.1: once, and last).
@@ -1681,6 +1702,24 @@ X-Forwarded-Client-Cert: 6\r\nx-secret: s\r\nCookie: c\r\nContent-Type: t\r\nAut
             assert_eq!(
                 res(&raw, &http::Method::GET).unwrap_err(),
                 BadResponse::Malformed("chunked twice or not last"),
+                "{}",
+                String::from_utf8_lossy(te)
+            );
+        }
+    }
+
+    /// A Transfer-Encoding that names no coding frames nothing: refused,
+    /// not read as close-delimited beside a Content-Length an h2 client
+    /// was given.
+    #[test]
+    fn a_response_transfer_encoding_without_a_coding_is_malformed() {
+        for te in [&b""[..], b",", b" , ,"] {
+            let mut raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding:".to_vec();
+            raw.extend_from_slice(te);
+            raw.extend_from_slice(b"\r\nContent-Length: 3\r\n\r\n");
+            assert_eq!(
+                res(&raw, &http::Method::GET).unwrap_err(),
+                BadResponse::Malformed("transfer-encoding without a coding"),
                 "{}",
                 String::from_utf8_lossy(te)
             );

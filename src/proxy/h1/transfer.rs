@@ -354,6 +354,7 @@ where
     }
     let _ = down.progress.head_at.set(Instant::now());
     down.progress.status.store(head.status, Ordering::Relaxed);
+    let answered_early = !down.progress.upload_done.load(Ordering::Relaxed);
     if head.status == 101 {
         return switch(head, client, down).await;
     }
@@ -386,11 +387,14 @@ where
     let complete = body.stream(backend, backend_buf, client, down).await?;
     // Chunked with a Content-Length too: answered right (chunked wins),
     // but a backend that says both is not trusted with another request.
+    // Nor one that answered before it had the whole request: it may not
+    // have read the rest, and would take it for the next request.
     let both_framings =
         head.framing == Framing::Chunked && head.values("content-length").next().is_some();
+    let trusted = !both_framings && !answered_early;
     Ok(Delivered::Done {
         status: head.status,
-        backend_reuse: (complete && head.keep_alive && backend_buf.is_empty() && !both_framings)
+        backend_reuse: (complete && head.keep_alive && backend_buf.is_empty() && trusted)
             .then(|| Check::after_response(head.framing == Framing::Empty)),
         client_reusable: complete && client_keeps,
     })
@@ -408,7 +412,13 @@ async fn switch<W: AsyncWrite + Unpin>(
             nothing_received: false,
         });
     };
-    let websocket = down.request.bytes[asked.clone()].eq_ignore_ascii_case(b"websocket");
+    let Some(protocol) = head.switched_to(&down.request.bytes[asked.clone()]) else {
+        return Err(DownFault::Backend {
+            cause: "101 Switching Protocols to no protocol the request offered".into(),
+            nothing_received: false,
+        });
+    };
+    let websocket = protocol.eq_ignore_ascii_case(b"websocket");
     let mut out = BytesMut::with_capacity(head.bytes.len() + 64);
     rewrite::response(
         &head,

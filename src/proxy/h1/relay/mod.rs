@@ -212,9 +212,12 @@ impl Relay {
         headers::add_via(response.headers_mut(), via(head.version));
         // Chunked with a Content-Length too: answered right (chunked wins),
         // but a backend that says both is not trusted with another request.
+        // Nor one that answered before it had the whole request: it may
+        // not have read the rest, and would take it for the next request.
         let both_framings =
             head.framing == Framing::Chunked && head.values("content-length").next().is_some();
-        let keeps = (head.keep_alive && self.keepable && !both_framings)
+        let answered_early = !self.upload.is_done();
+        let keeps = (head.keep_alive && self.keepable && !both_framings && !answered_early)
             .then(|| Check::after_response(head.framing == Framing::Empty));
         let body = ResponseBody::new(
             self,
