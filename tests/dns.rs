@@ -586,6 +586,36 @@ async fn dns_down_at_first_start_leaves_the_name_waiting_and_the_rest_serving() 
     assert_eq!((app.status, app.body.as_str()), (200, "a /x\n"));
 }
 
+/// A pool with a healthy backend is ready though a name of its own has no
+/// answer yet (DNS down, a mistyped host name): DESIGN's readiness is a
+/// healthy backend in every pool, and the name's wait shows in `/status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_with_a_healthy_backend_is_ready_while_its_name_waits_for_dns() {
+    let dns = DnsServer::start().await;
+    dns.set_mode(Mode::ServFail);
+    let other = HttpBackend::start("b").await;
+    let spec = Spec::new()
+        .section(&format!(
+            "[resolver]\nnameservers = [\"{}\"]\ntimeout = \"300ms\"\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nbackends = [{{ name = \"app\", address = \"{HOST}:1\" }}, {{ name = \"ip\", address = \"{}\" }}]\n",
+            dns.addr, other.addr
+        ))
+        .http("web", "app");
+    let baton = Baton::start(spec).await;
+    let ready = client::get(baton.admin, "/readyz").await.expect("readyz");
+    assert_eq!(
+        (ready.status, ready.body.trim()),
+        (200, "{\"status\":\"ready\"}")
+    );
+    let app = client::get(baton.addr("web"), "/x").await.expect("app");
+    assert_eq!((app.status, app.body.as_str()), (200, "b /x\n"));
+    assert_eq!(
+        status(baton.admin).await["pools"][0]["named"][0]["answered"],
+        false,
+        "{}",
+        status(baton.admin).await
+    );
+}
+
 /// A member the operator drained by its `name@address` stays drained when
 /// its address leaves DNS and comes back (a redeploy, rotating answers),
 /// in the same generation and across a reload, instead of rejoining
