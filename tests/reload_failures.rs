@@ -44,6 +44,10 @@ async fn a_broken_config_is_refused_with_78_naming_the_key() {
         );
         load.progress(10).await;
     }
+    // The two files TOML could read were sent to the daemon all the same,
+    // which counted their failures (the shipped alert watches that); the
+    // one whose control socket could not be read was not.
+    assert_eq!(failed_reloads(&baton).await, 2.0);
 
     // SIGHUP takes the daemon's own path: the new generation reads the
     // broken file, reports it, exits 78, and the old one carries on.
@@ -58,6 +62,10 @@ async fn a_broken_config_is_refused_with_78_naming_the_key() {
     })
     .await;
     assert_eq!(baton.serving_pid().await, serving);
+    support::eventually("the failed reload by signal counted", || async {
+        failed_reloads(&baton).await == 3.0
+    })
+    .await;
     load.progress(10).await;
 
     baton.write_config(&good);
@@ -65,6 +73,16 @@ async fn a_broken_config_is_refused_with_78_naming_the_key() {
     assert_ne!(new, serving);
     load.progress(10).await;
     load.stop().await.assert_clean();
+}
+
+/// `baton_reloads_total{result="failed"}` as the daemon reports it.
+async fn failed_reloads(baton: &support::daemon::Baton) -> f64 {
+    support::client::metrics(baton.admin)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix("baton_reloads_total{result=\"failed\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -171,6 +171,14 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     assert!(journal.contains("bogus_key"), "{journal}");
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
     assert_eq!(sbx.show("baton", "MainPID"), main);
+    // Counted by the daemon, which `ExecReload=` asked all the same.
+    let metrics = client::metrics(p.admin).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "baton_reloads_total{result=\"failed\"} 1"),
+        "{metrics}"
+    );
     sbx.write("/etc/baton/baton.toml", &good);
     sbx.progressed(&load, 30).await;
 

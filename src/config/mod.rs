@@ -383,6 +383,20 @@ pub fn load_admin(path: &Path, token: Token) -> Result<AdminConfig, ConfigError>
     checked(validate::admin_only(&raw.admin, path, token), unknown, path)
 }
 
+/// The control socket's path in the config at `path`, read leniently: only
+/// its syntax and `[control]` need to be right.
+pub fn load_control(path: &Path) -> Result<PathBuf, ConfigError> {
+    #[derive(serde::Deserialize)]
+    struct ControlOnly {
+        #[serde(default)]
+        control: file::ControlFile,
+    }
+    let text = read(path)?;
+    let (raw, unknown) =
+        read_noting_unknown::<ControlOnly>(&text, path, |key| key.starts_with("control."))?;
+    checked(validate::control_only(&raw.control, path), unknown, path)
+}
+
 /// Reads, parses and validates the config at `path`, applying `overrides`.
 pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
     parse(&read(path)?, path, overrides)

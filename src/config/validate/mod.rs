@@ -39,6 +39,19 @@ pub fn admin_only(
     }
 }
 
+/// `control.socket` alone, validated: where `baton reload` asks a daemon
+/// to reload a file that is broken elsewhere (so the daemon counts and
+/// reports the failure as its own).
+pub fn control_only(raw: &file::ControlFile, path: &Path) -> Result<PathBuf, Vec<String>> {
+    let mut v = Validator::new(path);
+    let socket = v.control_socket(raw);
+    if v.problems.is_empty() {
+        Ok(socket)
+    } else {
+        Err(v.problems)
+    }
+}
+
 /// Whether `admin.token_file` is read: a command that only reads
 /// (`baton status`: `/status` asks no token) runs where it may not be
 /// readable, as a monitoring user.
@@ -64,11 +77,7 @@ pub fn from_file(
     let reload = v.reload(&raw.reload, &shutdown);
     let admin = v.admin(&raw.admin, Token::Read);
     let control = ControlConfig {
-        socket: v.socket_path(
-            "control.socket",
-            raw.control.socket.as_deref(),
-            "/run/baton/control.sock",
-        ),
+        socket: v.control_socket(&raw.control),
     };
     let ticket_rotation = v.ticket_rotation(raw.tls.ticket_rotation.as_ref());
     let resolver = v.resolver(&raw.resolver);
@@ -133,6 +142,14 @@ impl Validator {
     /// A Unix socket's path (as [`Validator::path`]), refused when longer
     /// than sockaddr_un's `sun_path` holds with its closing NUL: the bind
     /// would fail only at start, or at a reload.
+    fn control_socket(&mut self, raw: &file::ControlFile) -> PathBuf {
+        self.socket_path(
+            "control.socket",
+            raw.socket.as_deref(),
+            "/run/baton/control.sock",
+        )
+    }
+
     fn socket_path(&mut self, key: &str, written: Option<&str>, default: &str) -> PathBuf {
         let path = self.path(written, default);
         if path.as_os_str().len() >= 108 {
