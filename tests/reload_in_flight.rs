@@ -354,9 +354,15 @@ async fn a_stop_of_every_generation_lets_the_old_ones_drain_before_the_main_exit
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), Signal::SIGTERM);
         code
     });
-    // The request ends a second into the stop: a main that did not wait
-    // would be gone by then, and its final SIGTERM would have cut it.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The request ends once the main has drained its own and waits: a main
+    // that did not wait would be gone by then, and its final SIGTERM would
+    // have cut it.
+    support::eventually("the main waits for the older generation", || async {
+        baton
+            .log()
+            .contains("drained; waiting for the other generations to finish")
+    })
+    .await;
     backend.release();
     let answer = held
         .await

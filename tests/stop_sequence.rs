@@ -244,7 +244,11 @@ async fn a_client_yet_to_speak_as_the_stop_begins_is_served_when_it_does() {
         .await
         .expect("connect");
     signal(baton.first_pid, Signal::SIGTERM);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // It speaks only once the doors closed: the hardest moment.
+    support::eventually("the doors closed and the drain started", || async {
+        baton.log().contains("drain started")
+    })
+    .await;
     support::served_when_it_speaks(quiet).await;
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
     assert_no_error_lines(&baton);
@@ -628,8 +632,13 @@ async fn an_upgraded_connection_whose_client_stopped_reading_ends_at_drain_start
     .await;
     let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
     let s = raw::upgrading(baton.addr("web")).await;
-    // Never read: baton's write to it waits.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Never read: once the tunnel's bytes fill its receive buffer,
+    // baton's write to it waits.
+    support::eventually("the tunnel's bytes pile up unread", || async {
+        let mut look = vec![0u8; 64 << 10];
+        s.peek(&mut look).await.is_ok_and(|n| n == look.len())
+    })
+    .await;
     signal(baton.first_pid, Signal::SIGTERM);
     assert_eq!(
         wait_exit(baton.first_pid).await,

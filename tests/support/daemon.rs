@@ -267,16 +267,14 @@ pub struct Baton {
     pub addrs: HashMap<String, SocketAddr>,
     pub first_pid: u32,
     spec: Spec,
-    pids: Mutex<Vec<u32>>,
 }
 
 impl Drop for Baton {
-    /// Kills every generation: those seen, and any other process running
-    /// this config (one started by a reload nobody asked about afterwards).
+    /// Kills every generation still running this config (one started by a
+    /// reload nobody asked about afterwards too), found now: a pid seen
+    /// earlier and reaped since may be another test's process by now.
     fn drop(&mut self) {
-        let mut pids = self.pids.lock().map(|p| p.clone()).unwrap_or_default();
-        pids.extend(processes_for(&self.config));
-        for pid in pids {
+        for pid in processes_for(&self.config) {
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
             let _ = waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG));
         }
@@ -371,7 +369,6 @@ impl Baton {
             addrs,
             first_pid,
             spec,
-            pids: Mutex::new(vec![first_pid]),
         }
     }
 
@@ -458,13 +455,11 @@ impl Baton {
             .output()
             .await
             .expect("run baton reload");
-        let result = CliResult {
+        CliResult {
             code: out.status.code().unwrap_or(-1),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        };
-        self.remember(self.serving_pid().await);
-        result
+        }
     }
 
     /// Asks for a reload on the control socket itself (not through the CLI,
@@ -506,14 +501,6 @@ impl Baton {
         self.serving_pid().await
     }
 
-    fn remember(&self, pid: u32) {
-        if let Ok(mut p) = self.pids.lock() {
-            if !p.contains(&pid) {
-                p.push(pid);
-            }
-        }
-    }
-
     /// The pid of the generation serving now, asked over the control socket.
     pub async fn serving_pid(&self) -> u32 {
         let socket = self.dir.path().join("control.sock");
@@ -524,9 +511,7 @@ impl Baton {
         )
         .await
         .expect("control status");
-        let pid = reply.pid.expect("status names a pid");
-        self.remember(pid);
-        pid
+        reply.pid.expect("status names a pid")
     }
 }
 
