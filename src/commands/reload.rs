@@ -1,8 +1,6 @@
 //! `baton reload`: asks the running daemon over its control socket and
 //! waits until the new generation serves (or the reload failed, and why).
 
-use std::time::Duration;
-
 use crate::cli::ReloadArgs;
 use crate::exit::Exit;
 use crate::lifecycle::control::{self, CallError, Request};
@@ -11,10 +9,6 @@ use crate::lifecycle::control::{self, CallError, Request};
 /// on disk, and a daemon whose config was changed to move `control.socket`
 /// still listens at the old one until a reload applies the change.
 const MOVED_SOCKET: &str = "if the config now names another control.socket than the running daemon's, reload it once by signal: systemctl kill -s HUP --kill-whom=main baton (or kill -HUP its pid)";
-
-/// How long a reload of a broken file is waited for: its new generation
-/// refuses the file as it reads it, long before any `ready_timeout`.
-const BROKEN_FILE_WAIT: Duration = Duration::from_secs(40);
 
 pub fn reload(args: ReloadArgs) -> Exit {
     let overrides = super::run::overrides(args.budgets);
@@ -27,8 +21,8 @@ pub fn reload(args: ReloadArgs) -> Exit {
     // made with its own rights (a key only it may read), is the answer.
     let (socket, wait, own_verdict) = match crate::config::load(path, &overrides) {
         Ok(c) => (c.control.socket.clone(), c.reload_wait(), None),
-        Err(err) => match crate::config::load_control(path) {
-            Ok(socket) => (socket, BROKEN_FILE_WAIT, Some(err)),
+        Err(err) => match crate::config::load_reload_target(path) {
+            Ok((socket, wait)) => (socket, wait, Some(err)),
             Err(_) => {
                 eprintln!("baton: config invalid: {err}");
                 return Exit::Config;
@@ -41,6 +35,14 @@ pub fn reload(args: ReloadArgs) -> Exit {
     };
     let asked = rt.block_on(control::call(&socket, Request::Reload, wait));
     match (asked, own_verdict) {
+        // The daemon's own file, read with its rights, was good: this one
+        // is not, as read here (another file, or one this user may not
+        // read all of).
+        (Ok(reply), Some(invalid)) if reply.ok => {
+            eprintln!("baton: warning: config invalid as read here: {invalid}");
+            println!("{}", reply.message);
+            Exit::Clean
+        }
         (Ok(reply), _) if reply.ok => {
             println!("{}", reply.message);
             Exit::Clean
@@ -51,7 +53,7 @@ pub fn reload(args: ReloadArgs) -> Exit {
         }
         // Not reached: the file's own fault is the answer, as before it
         // was sent.
-        (Err(_), Some(invalid)) => {
+        (Err(CallError::Unreachable { .. }), Some(invalid)) => {
             eprintln!("baton: config invalid: {invalid}");
             Exit::Config
         }
@@ -60,8 +62,11 @@ pub fn reload(args: ReloadArgs) -> Exit {
             eprintln!("baton: {MOVED_SOCKET}");
             Exit::Unreachable
         }
-        (Err(err), None) => {
+        (Err(err), invalid) => {
             eprintln!("baton: {err}");
+            if let Some(invalid) = invalid {
+                eprintln!("baton: config invalid as read here: {invalid}");
+            }
             Exit::Failure
         }
     }

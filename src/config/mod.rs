@@ -337,7 +337,7 @@ impl Config {
     /// How long `baton reload` waits for the reload it asked for: the new
     /// generation's `ready_timeout`, and 10 s for the rest of the handoff.
     pub fn reload_wait(&self) -> Duration {
-        self.reload.ready_timeout + Duration::from_secs(10)
+        reload_wait(self.reload.ready_timeout)
     }
 }
 
@@ -383,18 +383,32 @@ pub fn load_admin(path: &Path, token: Token) -> Result<AdminConfig, ConfigError>
     checked(validate::admin_only(&raw.admin, path, token), unknown, path)
 }
 
-/// The control socket's path in the config at `path`, read leniently: only
-/// its syntax and `[control]` need to be right.
-pub fn load_control(path: &Path) -> Result<PathBuf, ConfigError> {
+/// How long `baton reload` waits for a reload whose new generation has
+/// `ready_timeout`: that, and 10 s for the rest of the handoff.
+fn reload_wait(ready_timeout: Duration) -> Duration {
+    ready_timeout + Duration::from_secs(10)
+}
+
+/// Where `baton reload` asks for a reload of the config at `path` and how
+/// long it waits, read leniently: only its syntax and `[control]` need to
+/// be right (see `validate::reload_target`).
+pub fn load_reload_target(path: &Path) -> Result<(PathBuf, Duration), ConfigError> {
     #[derive(serde::Deserialize)]
     struct ControlOnly {
         #[serde(default)]
         control: file::ControlFile,
+        #[serde(default)]
+        reload: file::ReloadFile,
     }
     let text = read(path)?;
     let (raw, unknown) =
         read_noting_unknown::<ControlOnly>(&text, path, |key| key.starts_with("control."))?;
-    checked(validate::control_only(&raw.control, path), unknown, path)
+    let (socket, ready_timeout) = checked(
+        validate::reload_target(&raw.control, &raw.reload, path),
+        unknown,
+        path,
+    )?;
+    Ok((socket, reload_wait(ready_timeout)))
 }
 
 /// Reads, parses and validates the config at `path`, applying `overrides`.

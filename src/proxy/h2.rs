@@ -658,10 +658,12 @@ impl HttpProxy {
             }
             let waited = backend_wait.waiting_for();
             if waited.is_some_and(|w| w >= self.response_timeout) {
-                tracing::info!(
-                    backend,
-                    "the backend took no request bytes within response_timeout; 504"
-                );
+                if crate::telemetry::backend_fault() {
+                    tracing::info!(
+                        backend,
+                        "the backend took no request bytes within response_timeout; 504"
+                    );
+                }
                 return timeout();
             }
             let paused_since = last.max(backend_wait.last_moved());

@@ -40,7 +40,8 @@ pub fn no_backend(listener: &str, pool: &str) {
 
 /// The body of baton's answer to a failed request: the status and a
 /// request id, never a backend's name, address or OS error: those go to
-/// the log under the same id (and the backend's `last_error` in `/status`).
+/// the log under the same id, within the budget of fault lines (and to the
+/// backend's `last_error` in `/status`).
 pub fn error_page(pool: &str, err: &ProxyError, id: &str) -> String {
     let status = err.status();
     let within_budget = if err.is_client_fault() {

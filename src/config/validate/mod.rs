@@ -39,17 +39,23 @@ pub fn admin_only(
     }
 }
 
-/// `control.socket` alone, validated: where `baton reload` asks a daemon
-/// to reload a file that is broken elsewhere (so the daemon counts and
-/// reports the failure as its own).
-pub fn control_only(raw: &file::ControlFile, path: &Path) -> Result<PathBuf, Vec<String>> {
+/// `control.socket` alone, validated, and `reload.ready_timeout` (its
+/// default when it is itself what is wrong): where `baton reload` asks a
+/// daemon to reload a file that is broken elsewhere (so the daemon counts
+/// and reports the failure as its own), and how long the new generation
+/// may take to say it is ready.
+pub fn reload_target(
+    control: &file::ControlFile,
+    reload: &file::ReloadFile,
+    path: &Path,
+) -> Result<(PathBuf, Duration), Vec<String>> {
     let mut v = Validator::new(path);
-    let socket = v.control_socket(raw);
-    if v.problems.is_empty() {
-        Ok(socket)
-    } else {
-        Err(v.problems)
+    let socket = v.control_socket(control);
+    if !v.problems.is_empty() {
+        return Err(v.problems);
     }
+    let ready_timeout = v.ready_timeout(reload);
+    Ok((socket, ready_timeout))
 }
 
 /// Whether `admin.token_file` is read: a command that only reads
@@ -74,7 +80,15 @@ pub fn from_file(
     };
     let busy_poll = v.busy_poll(raw.busy_poll.as_ref());
     let shutdown = v.shutdown(&raw.shutdown, overrides);
-    let reload = v.reload(&raw.reload, &shutdown);
+    // Where the stop's drain budget came from, for a problem with the
+    // reload's, which defaults to it: a flag or the unit's environment is
+    // not in the file the problem names.
+    let stop_drain_from = if overrides.drain_timeout.is_some() {
+        "--drain-timeout (or BATON_DRAIN_TIMEOUT)"
+    } else {
+        "shutdown.drain_timeout"
+    };
+    let reload = v.reload(&raw.reload, &shutdown, stop_drain_from);
     let admin = v.admin(&raw.admin, Token::Read);
     let control = ControlConfig {
         socket: v.control_socket(&raw.control),
@@ -139,9 +153,15 @@ impl Validator {
         self.warnings.push(format!("{key}: {message}"));
     }
 
-    /// A Unix socket's path (as [`Validator::path`]), refused when longer
-    /// than sockaddr_un's `sun_path` holds with its closing NUL: the bind
-    /// would fail only at start, or at a reload.
+    fn ready_timeout(&mut self, raw: &file::ReloadFile) -> Duration {
+        self.timeout(
+            "reload.ready_timeout",
+            raw.ready_timeout.as_ref(),
+            Duration::from_secs(30),
+        )
+    }
+
+    /// `control.socket`, or its default.
     fn control_socket(&mut self, raw: &file::ControlFile) -> PathBuf {
         self.socket_path(
             "control.socket",
@@ -150,6 +170,9 @@ impl Validator {
         )
     }
 
+    /// A Unix socket's path (as [`Validator::path`]), refused when longer
+    /// than sockaddr_un's `sun_path` holds with its closing NUL: the bind
+    /// would fail only at start, or at a reload.
     fn socket_path(&mut self, key: &str, written: Option<&str>, default: &str) -> PathBuf {
         let path = self.path(written, default);
         if path.as_os_str().len() >= 108 {
@@ -275,12 +298,13 @@ impl Validator {
         }
     }
 
-    fn reload(&mut self, raw: &file::ReloadFile, shutdown: &ShutdownConfig) -> ReloadConfig {
-        let ready_timeout = self.timeout(
-            "reload.ready_timeout",
-            raw.ready_timeout.as_ref(),
-            Duration::from_secs(30),
-        );
+    fn reload(
+        &mut self,
+        raw: &file::ReloadFile,
+        shutdown: &ShutdownConfig,
+        stop_drain_from: &str,
+    ) -> ReloadConfig {
+        let ready_timeout = self.ready_timeout(raw);
         let drain_timeout = self.phase(
             "reload.drain_timeout",
             raw.drain_timeout.as_ref(),
@@ -295,10 +319,14 @@ impl Validator {
         // Spread past the drain's deadline, the streams still open at it
         // are cut together: the reconnect storm the spread exists to avoid.
         if !drain_timeout.is_zero() && close_spread >= drain_timeout {
+            let inherited = match raw.drain_timeout {
+                None => format!(", the stop's from {stop_drain_from}"),
+                Some(_) => String::new(),
+            };
             self.problem(
                 "reload.close_spread",
                 format!(
-                    "{} must be shorter than reload.drain_timeout ({}): the streams still open at the drain's deadline would all be cut at once",
+                    "{} must be shorter than reload.drain_timeout ({}{inherited}): the streams still open at the drain's deadline would all be cut at once",
                     humantime::format_duration(close_spread),
                     humantime::format_duration(drain_timeout)
                 ),
@@ -697,7 +725,7 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             (
                 format!("[reload]\nclose_spread = \"5m\"\n{GOOD}"),
                 "reload.close_spread",
-                "shorter than reload.drain_timeout (10s)",
+                "shorter than reload.drain_timeout (10s, the stop's from shutdown.drain_timeout)",
             ),
             (
                 GOOD.replace("127.0.0.1:9001", "127.0.0.1:0"),
@@ -911,6 +939,33 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         .unwrap_err()
         .to_string();
         assert!(err.contains("b.toml") && err.contains("drain"), "{err}");
+    }
+
+    /// `reload.drain_timeout` not written is the stop's: a spread too long
+    /// for it names where that came from (a flag or the unit's
+    /// environment is not in the file).
+    #[test]
+    fn a_spread_too_long_for_the_stops_budget_names_where_it_came_from() {
+        let text = format!(
+            "[reload]\nclose_spread = \"30s\"\n{GOOD}\n[shutdown]\ndrain_timeout = \"1m\"\n"
+        );
+        parse(&text, Path::new("x.toml"), &Overrides::default()).expect("30s within 1m");
+        let o = Overrides {
+            drain_timeout: Some("20s".into()),
+            pre_stop_delay: None,
+        };
+        let err = parse(&text, Path::new("x.toml"), &o)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("reload.close_spread: 30s must be shorter than reload.drain_timeout (20s, the stop's from --drain-timeout (or BATON_DRAIN_TIMEOUT))"),
+            "{err}"
+        );
+        let written = text.replace("close_spread", "drain_timeout = \"20s\"\nclose_spread");
+        let err = parse(&written, Path::new("x.toml"), &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("reload.drain_timeout (20s):"), "{err}");
     }
 
     #[test]
