@@ -654,7 +654,10 @@ async fn a_backend_that_answered_before_the_whole_request_is_not_reused() {
     // The rest of the body, while the answer's body is still coming.
     a.write_all(smuggled.as_bytes()).await.expect("the rest");
     let mut body = [0u8; 5];
-    a.read_exact(&mut body).await.expect("the answer's body");
+    tokio::time::timeout(support::TIMEOUT, a.read_exact(&mut body))
+        .await
+        .expect("the answer's body in time")
+        .expect("the answer's body");
     assert_eq!(&body, b"early");
 
     let b = client::get(web, "/b").await.expect("answered");

@@ -41,7 +41,8 @@ where
 {
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     while tokio::time::Instant::now() < deadline {
-        if check().await {
+        // A check that hangs (a request nobody answers) fails in time too.
+        if tokio::time::timeout_at(deadline, check()).await == Ok(true) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

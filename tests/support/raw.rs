@@ -310,7 +310,8 @@ pub const SMUGGLED: &str = "GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n";
 
 /// A backend that answers each request head with its path and never reads
 /// a body (so a body's bytes are read as the next request); `/early` is
-/// answered at once, its body's last bytes 300 ms after the rest.
+/// answered at once, its body's last bytes once [`SMUGGLED`] came (the
+/// request's upload ends while the answer is still coming).
 pub async fn answers_before_the_body() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -344,7 +345,16 @@ async fn answers_heads_never_bodies(mut s: TcpStream) {
             let _ = s
                 .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nea")
                 .await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            let came = tokio::time::timeout(super::TIMEOUT, async {
+                while !buf.ends_with(SMUGGLED.as_bytes()) {
+                    let mut chunk = [0u8; 4096];
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+            let _ = came.await;
             s.write_all(b"rly").await
         } else {
             s.write_all(&ok(&path)).await
