@@ -31,12 +31,12 @@ pub trait Accept: Send + Sync + 'static {
     fn alongside(&self, task: Alongside);
 }
 
-/// One accept loop over one socket.
-pub struct Listener {
+/// One accept loop over one socket: a plain socket until it is registered
+/// ([`Listener::register`]) with the reactor of the worker that runs it.
+pub struct Listener<S = std::net::TcpListener> {
     /// The listener's config name, for logs.
     pub name: Arc<str>,
-    /// Made a tokio listener by the accept loop, on its worker.
-    pub socket: std::net::TcpListener,
+    pub socket: S,
     /// The config's, for [`Listener::listen`].
     pub backlog: i32,
     /// When its connections acknowledge their clients' bytes.
@@ -153,7 +153,7 @@ pub enum Closing {
     Last,
 }
 
-impl Listener {
+impl<S: std::os::fd::AsFd> Listener<S> {
     /// Listens with the config's backlog, as the doors open: a socket a
     /// reload's new generation bound takes connections only from then
     /// (see `lifecycle::endpoint::Listening::listen`), and an adopted one
@@ -161,7 +161,50 @@ impl Listener {
     pub fn listen(&self) -> std::io::Result<()> {
         socket2::SockRef::from(&self.socket).listen(self.backlog)
     }
+}
 
+impl Listener {
+    /// Registers the socket with the reactor of `worker`, whose accept loop
+    /// runs it, so the connections it accepts stay on that worker. Done as
+    /// a generation builds, before it says it is ready: a registration can
+    /// fail (`epoll_ctl`: no memory, `fs.epoll.max_user_watches` used up),
+    /// and it then fails the start or the reload (the older generation
+    /// serves on), where the accept loop, left to find it out after the
+    /// generation said it accepts, logged it and left a socket that the
+    /// kernel still gave its share of connections, which nobody accepted.
+    /// (Readiness that comes before the loop runs is kept for it.)
+    pub fn register(
+        self,
+        worker: &tokio::runtime::Handle,
+    ) -> std::io::Result<Listener<TcpListener>> {
+        let Listener {
+            name,
+            socket,
+            backlog,
+            acks,
+            defer_accept,
+            shared,
+            nodelay_each,
+            queue,
+        } = self;
+        let socket = {
+            let _on = worker.enter();
+            TcpListener::from_std(socket)?
+        };
+        Ok(Listener {
+            name,
+            socket,
+            backlog,
+            acks,
+            defer_accept,
+            shared,
+            nodelay_each,
+            queue,
+        })
+    }
+}
+
+impl Listener<TcpListener> {
     pub async fn run(
         self,
         handler: Arc<dyn Accept>,
@@ -178,15 +221,6 @@ impl Listener {
             defer_accept,
             ..
         } = self;
-        // Registered here, with the reactor of the worker running this loop,
-        // so the connections it accepts stay on that worker.
-        let socket = match TcpListener::from_std(socket) {
-            Ok(s) => s,
-            Err(err) => {
-                tracing::error!(listener = %name, cause = %err, "cannot run the accept loop");
-                return;
-            }
-        };
         if let Err(err) = acks.set_on(&socket) {
             tracing::warn!(listener = %name, cause = %err, "cannot set when connections acknowledge");
         }
@@ -460,6 +494,13 @@ mod tests {
         }
     }
 
+    /// `listener` registered with the test's runtime.
+    fn registered(listener: Listener) -> Listener<TcpListener> {
+        listener
+            .register(&tokio::runtime::Handle::current())
+            .expect("registered")
+    }
+
     /// Runs an accept loop over `socket` with `acks` until it has handed
     /// `count` connections to `noting`.
     async fn accept_some(
@@ -471,7 +512,8 @@ mod tests {
         let stop = CancellationToken::new();
         let listener = listener(socket, acks, false, false);
         let handler: Arc<dyn Accept> = Arc::clone(noting) as Arc<dyn Accept>;
-        let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::HandedOver));
+        let run =
+            tokio::spawn(registered(listener).run(handler, stop.clone(), || Closing::HandedOver));
         for _ in 0..1000 {
             if noting.seen().len() >= count {
                 break;
@@ -561,7 +603,9 @@ mod tests {
             let stop = CancellationToken::new();
             let listener = listener(socket, Acks::Prompt, defer, false);
             let handler: Arc<dyn Accept> = Arc::new(Noting(Mutex::new(Vec::new())));
-            let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::HandedOver));
+            let run = tokio::spawn(
+                registered(listener).run(handler, stop.clone(), || Closing::HandedOver),
+            );
             let mut set = false;
             for _ in 0..200 {
                 if defers_accept(watched.as_fd()) == defer {
@@ -588,7 +632,7 @@ mod tests {
         let stop = CancellationToken::new();
         let listener = listener(socket, Acks::Prompt, false, true);
         let handler: Arc<dyn Accept> = Arc::clone(&noting) as Arc<dyn Accept>;
-        let run = tokio::spawn(listener.run(handler, stop.clone(), || Closing::Last));
+        let run = tokio::spawn(registered(listener).run(handler, stop.clone(), || Closing::Last));
         for _ in 0..200 {
             if !noting
                 .0

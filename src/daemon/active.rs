@@ -1,11 +1,29 @@
 //! A generation taking work: its accept loops open, systemd told (READY,
 //! fd store, watchdog, STATUS lines).
 
-use super::build::pools_ready;
+use super::build::{pools_ready, Door};
 use super::*;
 use crate::lifecycle::systemd::FdStoreUpdate;
 
 impl Generation {
+    /// Every accept loop's socket, watched by the reactor of the worker
+    /// that will run the loop (see `Listener::register`): before the doors
+    /// open, and at a reload before a fresh socket listens, so a socket
+    /// that cannot be watched fails the start or the reload with nothing
+    /// taken.
+    pub(super) fn watch_all(&mut self) -> Result<Vec<Door>, StartError> {
+        self.pending
+            .drain(..)
+            .map(|(listener, shard, connections, handed_over)| {
+                let name = listener.name.to_string();
+                let watched = listener
+                    .register(self.workers.for_shard(shard))
+                    .map_err(|source| StartError::Watch { name, source })?;
+                Ok((watched, shard, connections, handed_over))
+            })
+            .collect()
+    }
+
     /// Listens on every socket whose accept loop is about to start. A
     /// reload's new generation does it before `Accepting`, while the old
     /// one still accepts: a socket that cannot listen fails the reload
@@ -14,8 +32,8 @@ impl Generation {
     /// generation serves too come last (`build` orders them so): a fresh
     /// shard of one joins the old generation's `SO_REUSEPORT` group, and
     /// would take connections that the failed reload then resets.
-    pub(super) fn listen_all(&self) -> Result<(), String> {
-        for (listener, ..) in &self.pending {
+    pub(super) fn listen_all(doors: &[Door]) -> Result<(), String> {
+        for (listener, ..) in doors {
             if let Err(err) = listener.listen() {
                 return Err(format!("listener {}: cannot listen: {err}", listener.name));
             }
@@ -25,13 +43,13 @@ impl Generation {
 
     /// Starts every accept loop (their sockets listen already): from here
     /// on this generation takes work.
-    pub(super) fn open_doors(&mut self) {
+    pub(super) fn open_doors(&mut self, doors: Vec<Door>) {
         probe::spawn_all(&self.pools, &self.background);
         tokio::spawn(crate::telemetry::held_back_reports());
         if let Some(resolver) = &self.resolver {
             crate::resolve::refresh::spawn_all(&self.pools, resolver, &self.background);
         }
-        for (listener, shard, connections, handed_over) in self.pending.drain(..) {
+        for (listener, shard, connections, handed_over) in doors {
             let stop = self.accept_stop.clone();
             let closing = move || {
                 if handed_over.load(Ordering::SeqCst) {

@@ -353,10 +353,15 @@ fn terminator(
     )))
 }
 
-/// An accept loop not started yet: its socket, its shard number (which
-/// picks its worker), what it hands connections to, and the flag that
-/// says whether a successor adopted its socket.
-pub(super) type Pending = (Listener, usize, Arc<Connections>, Arc<AtomicBool>);
+/// An accept loop not started yet: its socket (plain, or once watched by
+/// its worker's reactor: [`Door`]), its shard number (which picks its
+/// worker), what it hands connections to, and the flag that says whether
+/// a successor adopted its socket.
+pub(super) type Pending<S = std::net::TcpListener> =
+    (Listener<S>, usize, Arc<Connections>, Arc<AtomicBool>);
+
+/// An accept loop ready to start: its socket watched by its worker.
+pub(super) type Door = Pending<tokio::net::TcpListener>;
 
 /// A listener's shards, and what `/status` shows of them.
 struct Shards {

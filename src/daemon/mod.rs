@@ -66,6 +66,13 @@ pub enum StartError {
     },
     #[error("cannot start the worker threads: {0}")]
     Workers(std::io::Error),
+    /// Its worker's reactor could not take the socket (see
+    /// `Listener::register`).
+    #[error("listener \"{name}\" cannot have its socket watched: {source}")]
+    Watch {
+        name: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Adopt(#[from] crate::lifecycle::inventory::AdoptError),
     #[error("handoff: {0}")]
@@ -118,7 +125,10 @@ pub async fn run(mut setup: Setup) -> Exit {
         None => {
             gen.caught_starting = gen.commands.stop_queued();
             gen.predecessor_gone.cancel();
-            gen.open_doors();
+            match gen.watch_all() {
+                Ok(doors) => gen.open_doors(doors),
+                Err(e) => return fail(None, e).await,
+            }
             gen.became_active(false);
         }
     }
@@ -178,7 +188,8 @@ struct Generation {
     /// Stops data-plane and control accept loops.
     accept_stop: CancellationToken,
     holdings: Holdings,
-    /// Accept loops not yet started (they start at [`Self::open_doors`]).
+    /// Accept loops not yet started (their sockets are watched at
+    /// [`Self::watch_all`], and the loops start at [`Self::open_doors`]).
     pending: Vec<build::Pending>,
     /// The threads connections live on.
     workers: crate::workers::Workers,

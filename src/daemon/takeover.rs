@@ -35,7 +35,15 @@ impl Generation {
                 return Err(Exit::Failure);
             }
         }
-        if let Err(reason) = self.listen_all() {
+        let doors = match self.watch_all() {
+            Ok(doors) => doors,
+            Err(err) => {
+                tracing::error!(cause = %err, "cannot take over");
+                parent.fail(Exit::Failure, &err.to_string()).await;
+                return Err(Exit::Failure);
+            }
+        };
+        if let Err(reason) = Self::listen_all(&doors) {
             tracing::error!(%reason, "cannot take over");
             parent.fail(Exit::Failure, &reason).await;
             return Err(Exit::Failure);
@@ -57,7 +65,7 @@ impl Generation {
             }
             pools.iter().for_each(|p| p.settle_drains());
         });
-        self.open_doors();
+        self.open_doors(doors);
         let accepting = parent.accepting().await;
         if let Some(update) = self.became_active(true) {
             self.fd_store_again.hold(update);
