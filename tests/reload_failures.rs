@@ -266,3 +266,27 @@ async fn a_reload_that_fails_after_binding_a_new_shard_loses_no_connection() {
     load.progress(20).await;
     load.stop().await.assert_clean();
 }
+
+/// A new generation whose fd limit cannot hold what the old one hands it
+/// (the kernel cuts the fd list short) says so: the reload fails naming
+/// the cause, where it said only that the new generation exited, and the
+/// old generation serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_that_cannot_take_the_offer_says_why() {
+    let (_backend, baton, load) = baton_under_load("").await;
+    let serving = baton.serving_pid().await;
+    baton.replace_executable(Some(&format!(
+        "#!/bin/sh\nexec prlimit --nofile=12 {} \"$@\"\n",
+        support::daemon::BIN
+    )));
+    let r = baton.reload().await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr.contains("cannot read the old generation's offer"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(baton.serving_pid().await, serving);
+    load.progress(10).await;
+    load.stop().await.assert_clean();
+}

@@ -522,8 +522,23 @@ pub struct Parent {
 }
 
 impl Parent {
-    /// Reads the offer.
+    /// Reads the offer. One that cannot be read (its fds cut short by our
+    /// fd limit, a malformed message) is said to the old generation, so
+    /// the reload it answers names the cause, not an exit.
     pub async fn receive(channel: Channel) -> Result<(Parent, Inheritance), HandoverError> {
+        let parent = Parent { channel };
+        match parent.read_offer().await {
+            Ok(inheritance) => Ok((parent, inheritance)),
+            Err(err) => {
+                let reason = format!("cannot read the old generation's offer: {err}");
+                parent.fail(err.exit_code(), &reason).await;
+                Err(err)
+            }
+        }
+    }
+
+    async fn read_offer(&self) -> Result<Inheritance, HandoverError> {
+        let channel = &self.channel;
         let received = tokio::time::timeout(Duration::from_secs(10), channel.recv()).await;
         let (message, fds) = match received {
             Ok(r) => r?,
@@ -561,7 +576,7 @@ impl Parent {
             resolved,
             ready_by: ready_ms.and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms))),
         };
-        Ok((Parent { channel }, inheritance))
+        Ok(inheritance)
     }
 
     /// Says we are ready (and how long our stop may take) and waits for
