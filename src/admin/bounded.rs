@@ -1,8 +1,7 @@
 //! An admin connection's stream, bounded in time. hyper's HTTP/1 server
-//! bounds the first request head only (`header_read_timeout`): a client
-//! that sent one request may keep its connection for good, and one that
-//! pipelines `/metrics` and never reads stalls the response's write for
-//! good. Each pins a task, its buffers and an fd, which the data plane
+//! bounds each request head's arrival (`header_read_timeout`), not a
+//! response's write: a client that pipelines `/metrics` and never reads
+//! stalls that write for good, and a request body may trickle. Each pins a task, its buffers and an fd, which the data plane
 //! shares. So the stream itself fails with `TimedOut` when it has made no
 //! progress either way for [`IDLE`], or for [`STALLED`] while a write
 //! waits (nginx's `keepalive_timeout` and `send_timeout`, shorter).
