@@ -1081,3 +1081,45 @@ async fn a_stuck_access_log_never_takes_a_stop_past_timeout_stop() {
     assert!(slow.await.expect("join").is_err());
     assert!(baton.log().contains("access log not written out"));
 }
+
+/// An idle keep-alive connection whose client sends an empty line now and
+/// then (ignored before a request line, RFC 9112 §2.2) still counts as
+/// idle and is closed once the drain's grace is over: the grace began
+/// again at every such line, and the connection held the drain to its
+/// budget (forced, exit 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_lines_do_not_stretch_an_idle_connections_drain_grace() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"8s\"",
+        &backend,
+        "keepalive_drain_grace = \"1s\"\nidle_timeout = \"1m\"",
+    ))
+    .await;
+    let mut kept = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    kept.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let mut answer = [0u8; 12];
+    kept.read_exact(&mut answer).await.expect("an answer");
+    signal(baton.first_pid, Signal::SIGTERM);
+    let started = tokio::time::Instant::now();
+    // An empty line every 300 ms until closed (a write fails), or past
+    // the drain's budget.
+    let mut closed = false;
+    while started.elapsed() < Duration::from_secs(12) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if kept.write_all(b"\r\n").await.is_err() {
+            closed = true;
+            break;
+        }
+    }
+    assert_eq!(
+        wait_exit(baton.first_pid).await,
+        Some(0),
+        "closed at its grace, nothing forced (closed by the client's side: {closed})"
+    );
+}

@@ -167,6 +167,12 @@ async fn next_head<S: ByteStream>(
     let mut prompted = false;
     // How much of the head the last parse saw.
     let mut parsed = 0;
+    // One grace for the whole wait: made afresh at every pass, it began
+    // again at every empty line (or read that gave no bytes), and a client
+    // sending a CRLF now and then held its idle connection in a drain to
+    // idle_timeout.
+    let grace = drain_grace(drain, proxy.keepalive_drain_grace);
+    tokio::pin!(grace);
     loop {
         if drop_empty_lines(&mut client.buf) {
             parsed = 0;
@@ -210,7 +216,7 @@ async fn next_head<S: ByteStream>(
                     None => Next::Done,
                 };
             }
-            () = drain_grace(drain, proxy.keepalive_drain_grace), if idle => {
+            () = &mut grace, if idle => {
                 tracing::debug!(listener = %proxy.listener, expected = true, "closing idle keep-alive connection for drain");
                 drain.closed_idle();
                 return Next::Done;
