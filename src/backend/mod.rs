@@ -390,7 +390,7 @@ impl Backend {
     }
 
     fn publish(&self) {
-        self.metrics.state(self.state());
+        self.metrics.state(|| self.state());
     }
 
     /// Takes a carried-over admin state, verdict and streak from an older
