@@ -261,6 +261,9 @@ impl Listener<TcpListener> {
                     handler.accepted(stream, peer, permit);
                 }
                 Err(err) => {
+                    if crate::shortage::is_own(&err) {
+                        crate::metrics::shortage(crate::metrics::Shortage::Accept);
+                    }
                     if let Some(suppressed) = shared.accept_errors.ready() {
                         tracing::warn!(listener = %name, cause = %err, suppressed, "accept failed; backing off");
                     }
@@ -373,6 +376,7 @@ fn accept_some(
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(err) if is_per_connection(&err) => continue,
             Err(err) if crate::shortage::is_own(&err) => {
+                crate::metrics::shortage(crate::metrics::Shortage::Accept);
                 short = Some(count - taken);
                 break;
             }

@@ -607,6 +607,54 @@ async fn a_backend_connect_without_a_free_fd_is_a_503_not_the_backends_fault() {
     assert_eq!(after.status, 200);
 }
 
+/// Baton's own shortages are counted where they happened
+/// (`baton_shortages_total{at}`), beside the throttled log lines: a
+/// backend connect and an accept that met a full fd table, on `/metrics`
+/// once fds free up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shortages_are_counted_where_they_happen() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(
+        Spec::new()
+            .top("workers = 1")
+            .http("web", "app")
+            .pool("app", &[backend.addr]),
+    )
+    .await;
+    let (pid, web) = (baton.first_pid, baton.addr("web"));
+    let settled = support::daemon::settled_fd_count(pid).await;
+    let mut first = tokio::net::TcpStream::connect(web).await.expect("connect");
+    support::eventually("baton accepted the client", || async {
+        support::daemon::fd_count(pid) > settled
+    })
+    .await;
+    let request = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let held = NoFreeFd::hold(pid);
+    first.write_all(request).await.expect("request");
+    let reply = client::read_until_closed(&mut first).await;
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    let mut second = tokio::net::TcpStream::connect(web).await.expect("connect");
+    second.write_all(request).await.expect("request");
+    support::eventually("an accept met the shortage", || async {
+        baton.log().contains("accept failed")
+    })
+    .await;
+    drop(held);
+    let reply = client::read_until_closed(&mut second).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let metrics = client::metrics(baton.admin).await;
+    for at in ["accept", "connect"] {
+        let counted = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("baton_shortages_total{{at=\"{at}\"}} ")))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        assert!(
+            counted.is_some_and(|n| n >= 1.0),
+            "at {at}: {counted:?}\n{metrics}"
+        );
+    }
+}
+
 /// A health check baton cannot make for want of an fd says nothing of the
 /// backend: it keeps its state (with `fall = 1` and `rise = 50`, one
 /// blamed check would hold it down for five seconds).

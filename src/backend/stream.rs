@@ -79,6 +79,7 @@ pub async fn connect(
     let connecting = async {
         let mut tcp = TcpStream::connect(address).await.map_err(|err| {
             if crate::shortage::is_own(&err) {
+                crate::metrics::shortage(crate::metrics::Shortage::Connect);
                 ConnectFault::Shortage(err)
             } else {
                 ConnectFault::Refused(err)

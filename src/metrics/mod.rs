@@ -47,6 +47,7 @@ pub const TLS_CERTIFICATE_EXPIRY: &str = "baton_tls_certificate_expiry_timestamp
 pub const PROXY_PROTOCOL_ERRORS: &str = "baton_proxy_protocol_errors_total";
 pub const ACCESS_LOG_DROPPED: &str = "baton_access_log_dropped_total";
 pub const DNS_RESOLUTIONS: &str = "baton_dns_resolutions_total";
+pub const SHORTAGES: &str = "baton_shortages_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -75,6 +76,9 @@ pub fn install() -> Result<PrometheusHandle, BuildError> {
         .set_buckets_for_metric(Matcher::Full(DRAIN_DURATION.into()), PHASE_BUCKETS)?
         .install_recorder()?;
     describe();
+    for at in Shortage::ALL {
+        metrics::counter!(SHORTAGES, "at" => at.as_str()).absolute(0);
+    }
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(UPKEEP_PERIOD);
@@ -117,6 +121,10 @@ fn describe() {
     describe_counter!(
         DNS_RESOLUTIONS,
         "Resolutions of backends named by DNS, by pool and result: ok, empty, timeout, error."
+    );
+    describe_counter!(
+        SHORTAGES,
+        "Times baton ran short of fds, memory or socket buffers, by where: accept (a client's connection), connect (to a backend)."
     );
     describe_gauge!(
         BACKEND_IN_FLIGHT,
@@ -345,6 +353,33 @@ impl AbortReason {
 /// Creates a pool's queue-timeout series at 0.
 pub fn queue_timeouts(pool: &str) {
     metrics::counter!(QUEUE_TIMEOUTS, "pool" => pool.to_string()).absolute(0);
+}
+
+/// Where baton ran short (of fds, memory, socket buffers: see
+/// `crate::shortage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shortage {
+    /// Accepting a client's connection.
+    Accept,
+    /// Connecting to a backend, for a request or a health check.
+    Connect,
+}
+
+impl Shortage {
+    pub const ALL: [Shortage; 2] = [Shortage::Accept, Shortage::Connect];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shortage::Accept => "accept",
+            Shortage::Connect => "connect",
+        }
+    }
+}
+
+/// Baton ran short at `at`: the log says so within a budget, this counts
+/// every time.
+pub fn shortage(at: Shortage) {
+    metrics::counter!(SHORTAGES, "at" => at.as_str()).increment(1);
 }
 
 pub fn queue_timeout(pool: &str) {
