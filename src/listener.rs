@@ -165,14 +165,16 @@ impl<S: std::os::fd::AsFd> Listener<S> {
 
 impl Listener {
     /// Registers the socket with the reactor of `worker`, whose accept loop
-    /// runs it, so the connections it accepts stay on that worker. Done as
-    /// a generation builds, before it says it is ready: a registration can
-    /// fail (`epoll_ctl`: no memory, `fs.epoll.max_user_watches` used up),
-    /// and it then fails the start or the reload (the older generation
-    /// serves on), where the accept loop, left to find it out after the
-    /// generation said it accepts, logged it and left a socket that the
-    /// kernel still gave its share of connections, which nobody accepted.
-    /// (Readiness that comes before the loop runs is kept for it.)
+    /// runs it, so the connections it accepts stay on that worker. Only
+    /// once it listens: epoll reads a socket that does not as hung up, a
+    /// state tokio keeps for good, and the loop would spin on `EAGAIN`.
+    /// Done before the generation says it accepts (see
+    /// `Generation::make_ready`): a registration can fail (`epoll_ctl`: no
+    /// memory, `fs.epoll.max_user_watches` used up), and it then fails the
+    /// start or the reload, where the accept loop, left to find it out
+    /// after the generation said it accepts, logged it and left a socket
+    /// the kernel still gave its share of connections, which nobody
+    /// accepted. (Readiness that comes before the loop runs is kept for it.)
     pub fn register(
         self,
         worker: &tokio::runtime::Handle,

@@ -415,3 +415,66 @@ async fn a_draining_generation_stops_busy_polling() {
         "sleeps a round trip: {serving} serving, {draining} draining"
     );
 }
+
+/// CPU time `pid` has used so far, in clock ticks (utime + stime of
+/// `/proc/PID/stat`).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // After the command's ')': state is field 3, utime 14 and stime 15.
+    let tick = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok());
+    tick(14).unwrap_or(0) + tick(15).unwrap_or(0)
+}
+
+/// Sockets a reload's new generation binds itself (a listener added, a
+/// worker's shard more) listen before its workers' reactors watch them: a
+/// socket watched before it listens reads to epoll as hung up, which
+/// tokio keeps for good, and its accept loop found it ready at every turn
+/// and spun on EAGAIN, a core's worth of CPU for the generation's life
+/// (with the race widened by a 5 ms pause, the added listener answered
+/// nothing at all). With no traffic, the new generation stays near idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_a_reload_binds_leave_their_workers_idle() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .top("workers = 1")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let extra = support::daemon::free_addr();
+    // A listener of each kind added, and a second shard for "web".
+    let more = Spec::new()
+        .top("workers = 2")
+        .http("web", "app")
+        .http("extra", "app")
+        .tcp("raw", "app")
+        .pool("app", &[backend.addr]);
+    baton.write_spec(
+        &more,
+        &std::collections::HashMap::from([
+            ("extra".to_string(), extra),
+            ("raw".to_string(), support::daemon::free_addr()),
+        ]),
+    );
+    let next = baton.reload_ok().await;
+    baton.settled().await;
+    let answer = tokio::time::timeout(support::TIMEOUT, client::get(extra, "/x"))
+        .await
+        .expect("the added listener answers in time")
+        .expect("the added listener serves");
+    assert_eq!(answer.status, 200);
+    let ticks_per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as u64;
+    let before = cpu_ticks(next);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let used = cpu_ticks(next) - before;
+    assert!(
+        used < ticks_per_second / 2,
+        "the new generation used {used} ticks (of {ticks_per_second} a second) in 2 s idle"
+    );
+}

@@ -6,39 +6,36 @@ use super::*;
 use crate::lifecycle::systemd::FdStoreUpdate;
 
 impl Generation {
-    /// Every accept loop's socket, watched by the reactor of the worker
-    /// that will run the loop (see `Listener::register`): before the doors
-    /// open, and at a reload before a fresh socket listens, so a socket
-    /// that cannot be watched fails the start or the reload with nothing
-    /// taken.
-    pub(super) fn watch_all(&mut self) -> Result<Vec<Door>, StartError> {
+    /// Every accept loop's socket made ready to take connections: at a
+    /// reload, listening (`listen`: a new generation's fresh sockets listen
+    /// only now, while the old one still accepts), then watched by the
+    /// reactor of the worker that will run its loop (see
+    /// `Listener::register`); in that order, as a socket that does not
+    /// listen yet reads as hung up to epoll, and its loop would find it
+    /// ready for good. Before `Accepting`: a socket that cannot listen or
+    /// be watched fails the reload (the old generation kills this one and
+    /// serves on) or the first start, instead of leaving a listener that
+    /// takes no connection. Listeners the old generation serves too come
+    /// last (`build` orders them so): a fresh shard of one joins the old
+    /// generation's `SO_REUSEPORT` group, and would take connections that
+    /// the failed reload then resets.
+    pub(super) fn make_ready(&mut self, listen: bool) -> Result<Vec<Door>, StartError> {
         self.pending
             .drain(..)
             .map(|(listener, shard, connections, handed_over)| {
                 let name = listener.name.to_string();
+                if listen {
+                    listener.listen().map_err(|source| StartError::Listen {
+                        name: name.clone(),
+                        source,
+                    })?;
+                }
                 let watched = listener
                     .register(self.workers.for_shard(shard))
                     .map_err(|source| StartError::Watch { name, source })?;
                 Ok((watched, shard, connections, handed_over))
             })
             .collect()
-    }
-
-    /// Listens on every socket whose accept loop is about to start. A
-    /// reload's new generation does it before `Accepting`, while the old
-    /// one still accepts: a socket that cannot listen fails the reload
-    /// (the old generation kills this one and serves on) instead of
-    /// leaving a listener that takes no connection. Listeners the old
-    /// generation serves too come last (`build` orders them so): a fresh
-    /// shard of one joins the old generation's `SO_REUSEPORT` group, and
-    /// would take connections that the failed reload then resets.
-    pub(super) fn listen_all(doors: &[Door]) -> Result<(), String> {
-        for (listener, ..) in doors {
-            if let Err(err) = listener.listen() {
-                return Err(format!("listener {}: cannot listen: {err}", listener.name));
-            }
-        }
-        Ok(())
     }
 
     /// Starts every accept loop (their sockets listen already): from here

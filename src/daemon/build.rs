@@ -90,7 +90,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     commands.on_reopen(move || reopening.reopen());
     let mut pending = Vec::new();
     // Shards of listeners the previous generation serves too: listening
-    // joins its SO_REUSEPORT group, so they come last (see `listen_all`).
+    // joins its SO_REUSEPORT group, so they come last (see `make_ready`).
     let mut joining = Vec::new();
     let mut views = Vec::new();
     for (i, l) in config.listeners.iter().enumerate() {

@@ -66,6 +66,11 @@ pub enum StartError {
     },
     #[error("cannot start the worker threads: {0}")]
     Workers(std::io::Error),
+    #[error("listener {name}: cannot listen: {source}")]
+    Listen {
+        name: String,
+        source: std::io::Error,
+    },
     /// Its worker's reactor could not take the socket (see
     /// `Listener::register`).
     #[error("listener \"{name}\" cannot have its socket watched: {source}")]
@@ -125,7 +130,8 @@ pub async fn run(mut setup: Setup) -> Exit {
         None => {
             gen.caught_starting = gen.commands.stop_queued();
             gen.predecessor_gone.cancel();
-            match gen.watch_all() {
+            // Its sockets listen since they were bound.
+            match gen.make_ready(false) {
                 Ok(doors) => gen.open_doors(doors),
                 Err(e) => return fail(None, e).await,
             }
@@ -188,8 +194,8 @@ struct Generation {
     /// Stops data-plane and control accept loops.
     accept_stop: CancellationToken,
     holdings: Holdings,
-    /// Accept loops not yet started (their sockets are watched at
-    /// [`Self::watch_all`], and the loops start at [`Self::open_doors`]).
+    /// Accept loops not yet started (their sockets are made ready at
+    /// [`Self::make_ready`], and the loops start at [`Self::open_doors`]).
     pending: Vec<build::Pending>,
     /// The threads connections live on.
     workers: crate::workers::Workers,

@@ -35,7 +35,7 @@ impl Generation {
                 return Err(Exit::Failure);
             }
         }
-        let doors = match self.watch_all() {
+        let doors = match self.make_ready(true) {
             Ok(doors) => doors,
             Err(err) => {
                 tracing::error!(cause = %err, "cannot take over");
@@ -43,11 +43,6 @@ impl Generation {
                 return Err(Exit::Failure);
             }
         };
-        if let Err(reason) = Self::listen_all(&doors) {
-            tracing::error!(%reason, "cannot take over");
-            parent.fail(Exit::Failure, &reason).await;
-            return Err(Exit::Failure);
-        }
         // A drain carried over ends (`out`) only once every older
         // generation, which may still have work on the backend, is gone:
         // the one we took over from, and those it took over from (which
