@@ -153,7 +153,7 @@ pub enum Closing {
     Last,
 }
 
-impl<S: std::os::fd::AsFd> Listener<S> {
+impl Listener {
     /// Listens with the config's backlog, as the doors open: a socket a
     /// reload's new generation bound takes connections only from then
     /// (see `lifecycle::endpoint::Listening::listen`), and an adopted one
@@ -161,9 +161,7 @@ impl<S: std::os::fd::AsFd> Listener<S> {
     pub fn listen(&self) -> std::io::Result<()> {
         socket2::SockRef::from(&self.socket).listen(self.backlog)
     }
-}
 
-impl Listener {
     /// Registers the socket with the reactor of `worker`, whose accept loop
     /// runs it, so the connections it accepts stay on that worker. Only
     /// once it listens: epoll reads a socket that does not as hung up, a
@@ -189,6 +187,12 @@ impl Listener {
             nodelay_each,
             queue,
         } = self;
+        debug_assert!(
+            socket2::SockRef::from(&socket)
+                .is_listener()
+                .unwrap_or(true),
+            "listener {name}: watched before it listens"
+        );
         let socket = {
             let _on = worker.enter();
             TcpListener::from_std(socket)?
@@ -369,6 +373,15 @@ fn accept_some(
                             let _ = stream.set_nodelay(true);
                         }
                         handler.accepted(stream, peer, permit);
+                    }
+                    // Taken from the queue, but the reactor could not watch
+                    // it (ENOSPC, ENOMEM): it is lost; the rest wait in the
+                    // queue for the retry.
+                    Err(err) if crate::shortage::is_own(&err) => {
+                        crate::metrics::shortage(crate::metrics::Shortage::Accept);
+                        tracing::warn!(listener = %name, cause = %err, "queued connection lost: baton ran short");
+                        short = Some(count - taken - 1);
+                        break;
                     }
                     Err(err) => {
                         tracing::warn!(listener = %name, cause = %err, "queued connection lost")

@@ -6,10 +6,11 @@ use super::*;
 use crate::lifecycle::systemd::FdStoreUpdate;
 
 impl Generation {
-    /// Every accept loop's socket made ready to take connections: at a
-    /// reload, listening (`listen`: a new generation's fresh sockets listen
-    /// only now, while the old one still accepts), then watched by the
-    /// reactor of the worker that will run its loop (see
+    /// Every accept loop's socket made ready to take connections:
+    /// listening with the config's backlog (a reload's new generation's
+    /// fresh sockets listen only now, while the old one still accepts; the
+    /// rest listen already, and take a changed backlog), then watched by
+    /// the reactor of the worker that will run its loop (see
     /// `Listener::register`); in that order, as a socket that does not
     /// listen yet reads as hung up to epoll, and its loop would find it
     /// ready for good. Before `Accepting`: a socket that cannot listen or
@@ -18,18 +19,18 @@ impl Generation {
     /// takes no connection. Listeners the old generation serves too come
     /// last (`build` orders them so): a fresh shard of one joins the old
     /// generation's `SO_REUSEPORT` group, and would take connections that
-    /// the failed reload then resets.
-    pub(super) fn make_ready(&mut self, listen: bool) -> Result<Vec<Door>, StartError> {
+    /// the failed reload then resets. (Those listening before a socket
+    /// that cannot be watched do take connections the failed reload
+    /// resets: listening must come first.)
+    pub(super) fn make_ready(&mut self) -> Result<Vec<Door>, StartError> {
         self.pending
             .drain(..)
             .map(|(listener, shard, connections, handed_over)| {
                 let name = listener.name.to_string();
-                if listen {
-                    listener.listen().map_err(|source| StartError::Listen {
-                        name: name.clone(),
-                        source,
-                    })?;
-                }
+                listener.listen().map_err(|source| StartError::Listen {
+                    name: name.clone(),
+                    source,
+                })?;
                 let watched = listener
                     .register(self.workers.for_shard(shard))
                     .map_err(|source| StartError::Watch { name, source })?;

@@ -73,7 +73,7 @@ pub enum StartError {
     },
     /// Its worker's reactor could not take the socket (see
     /// `Listener::register`).
-    #[error("listener \"{name}\" cannot have its socket watched: {source}")]
+    #[error("listener {name}: cannot have its socket watched: {source}")]
     Watch {
         name: String,
         source: std::io::Error,
@@ -130,8 +130,7 @@ pub async fn run(mut setup: Setup) -> Exit {
         None => {
             gen.caught_starting = gen.commands.stop_queued();
             gen.predecessor_gone.cancel();
-            // Its sockets listen since they were bound.
-            match gen.make_ready(false) {
+            match gen.make_ready() {
                 Ok(doors) => gen.open_doors(doors),
                 Err(e) => return fail(None, e).await,
             }

@@ -35,7 +35,7 @@ impl Generation {
                 return Err(Exit::Failure);
             }
         }
-        let doors = match self.make_ready(true) {
+        let doors = match self.make_ready() {
             Ok(doors) => doors,
             Err(err) => {
                 tracing::error!(cause = %err, "cannot take over");

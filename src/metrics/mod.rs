@@ -124,7 +124,7 @@ fn describe() {
     );
     describe_counter!(
         SHORTAGES,
-        "Times baton ran short of fds, memory or socket buffers, by where: accept (a client's connection), connect (to a backend)."
+        "Times baton ran short of fds, memory, socket buffers or epoll watches, by where: accept (a client's connection), connect (to a backend)."
     );
     describe_gauge!(
         BACKEND_IN_FLIGHT,
