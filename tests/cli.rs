@@ -223,6 +223,55 @@ fn reload_without_a_daemon_exits_69() {
     assert!(stderr.contains("kill -s HUP"), "{stderr}");
 }
 
+/// `baton reload` by a user the control socket (mode 0600) refuses says
+/// so, not that the config may have moved the socket (exit 69 still: the
+/// daemon was not reached).
+#[test]
+fn a_reload_the_control_socket_refuses_says_who_may() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("control.sock");
+    let _listening = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    let config = dir.path().join("b.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[control]\nsocket = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
+            socket.display()
+        ),
+    )
+    .expect("write");
+    let cli = dir.path().join("baton-cli");
+    std::fs::copy(BIN, &cli).expect("copy the binary");
+    for (path, mode) in [
+        (dir.path(), 0o755),
+        (config.as_path(), 0o644),
+        (socket.as_path(), 0o600),
+        (cli.as_path(), 0o755),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let out = Command::new(&cli)
+        .args(["reload", "-c"])
+        .arg(&config)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run baton reload as nobody");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.contains("admits root and the daemon's own user only")
+            && !stderr.contains("kill -s HUP"),
+        "{stderr}"
+    );
+}
+
 fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = Command::new(BIN)
         .args(args)

@@ -10,6 +10,9 @@ use crate::lifecycle::control::{self, CallError, Request};
 /// still listens at the old one until a reload applies the change.
 const MOVED_SOCKET: &str = "if the config now names another control.socket than the running daemon's, reload it once by signal: systemctl kill -s HUP --kill-whom=main baton (or kill -HUP its pid)";
 
+/// Said when the socket is there but refuses this user: not a moved one.
+const NOT_PERMITTED: &str = "the control socket (mode 0600) admits root and the daemon's own user only: run baton reload as one of them (systemctl reload baton does)";
+
 pub fn reload(args: ReloadArgs) -> Exit {
     let overrides = super::run::overrides(args.budgets);
     let path = &args.config.config;
@@ -59,7 +62,7 @@ pub fn reload(args: ReloadArgs) -> Exit {
         }
         (Err(err @ CallError::Unreachable { .. }), None) => {
             eprintln!("baton: {err}");
-            eprintln!("baton: {MOVED_SOCKET}");
+            eprintln!("baton: {}", hint_for(&err));
             Exit::Unreachable
         }
         (Err(err), invalid) => {
@@ -69,5 +72,18 @@ pub fn reload(args: ReloadArgs) -> Exit {
             }
             Exit::Failure
         }
+    }
+}
+
+/// What to do about a daemon not reached: a socket that refused this user
+/// is not one the config moved.
+fn hint_for(err: &CallError) -> &'static str {
+    match err {
+        CallError::Unreachable { source, .. }
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            NOT_PERMITTED
+        }
+        _ => MOVED_SOCKET,
     }
 }

@@ -529,6 +529,8 @@ impl Parent {
         let parent = Parent { channel };
         match parent.read_offer().await {
             Ok(inheritance) => Ok((parent, inheritance)),
+            // Gone: nobody to tell.
+            Err(err @ HandoverError::Channel(HandoffError::Closed)) => Err(err),
             Err(err) => {
                 let reason = format!("cannot read the old generation's offer: {err}");
                 parent.fail(err.exit_code(), &reason).await;
