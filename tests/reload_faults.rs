@@ -604,7 +604,10 @@ async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
         reply,
     } = stop_caught_after_the_go_ahead("pre_stop_delay = \"5s\"\ndrain_timeout = \"10s\"").await;
     let final_sigterm = tokio::spawn(async move {
-        while running(serving) {
+        // Bounded: an old generation that never exits fails the test at
+        // its own assertions below, not by hanging it.
+        let deadline = tokio::time::Instant::now() + support::TIMEOUT * 2;
+        while running(serving) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let outlived = running(taking_over);

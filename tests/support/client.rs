@@ -74,15 +74,20 @@ pub async fn h2_get_over<S>(stream: S, authority: &str, path: &str) -> Result<An
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let mut sender = h2_over(stream).await?;
-    let req = Request::get(format!("https://{authority}{path}"))
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| e.to_string())?;
-    let resp = sender
-        .send_request(req)
+    let exchange = async {
+        let mut sender = h2_over(stream).await?;
+        let req = Request::get(format!("https://{authority}{path}"))
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| format!("request: {e}"))?;
+        answer(resp).await
+    };
+    tokio::time::timeout(EXCHANGE_BOUND, exchange)
         .await
-        .map_err(|e| format!("request: {e}"))?;
-    answer(resp).await
+        .map_err(|_| format!("no answer within {EXCHANGE_BOUND:?}"))?
 }
 
 /// One request on an existing connection.
