@@ -250,10 +250,25 @@ async fn a_101_to_no_protocol_the_client_offered_is_a_502() {
         let answer = read_head(&mut client).await;
         assert!(answer.starts_with("http/1.1 502"), "{head:?}: {answer}");
     }
-    let backend =
-        RawBackend::start(|_: &Seen| (support::raw::switched(b"hi"), Then::KeepAlive)).await;
+    // Any protocol of the offer, in any case, is one.
+    let backend = RawBackend::start(|_: &Seen| {
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: FOO\r\nconnection: upgrade\r\n\r\nhi"
+                .to_vec(),
+            Then::KeepAlive,
+        )
+    })
+    .await;
     let baton = baton_for(&backend).await;
-    let mut client = support::raw::upgrading(baton.addr("web")).await;
+    let mut client = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    client
+        .write_all(
+            b"GET / HTTP/1.1\r\nhost: app\r\nconnection: upgrade\r\nupgrade: bar, foo\r\n\r\n",
+        )
+        .await
+        .expect("upgrade");
     let answer = read_head(&mut client).await;
     assert!(answer.starts_with("http/1.1 101"), "{answer}");
 }

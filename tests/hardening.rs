@@ -197,15 +197,7 @@ async fn another_uid_is_refused_even_with_the_socket_open_to_it() {
 
 /// CPU seconds `pid` has used (utime + stime).
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r.to_string())
-        .unwrap_or_default();
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    ticks / 100.0
+    support::daemon::cpu_ticks(pid) as f64 / support::daemon::ticks_per_second() as f64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -628,6 +620,12 @@ async fn shortages_are_counted_where_they_happen() {
         support::daemon::fd_count(pid) > settled
     })
     .await;
+    // Both series there from the start, at 0 (an alert on them needs them).
+    let metrics = client::metrics(baton.admin).await;
+    for at in ["accept", "connect"] {
+        let series = format!("baton_shortages_total{{at=\"{at}\"}}");
+        assert_eq!(client::series(&metrics, &series), Some(0.0), "{metrics}");
+    }
     let request = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     let held = NoFreeFd::hold(pid);
     first.write_all(request).await.expect("request");
@@ -644,10 +642,7 @@ async fn shortages_are_counted_where_they_happen() {
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     let metrics = client::metrics(baton.admin).await;
     for at in ["accept", "connect"] {
-        let counted = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("baton_shortages_total{{at=\"{at}\"}} ")))
-            .and_then(|v| v.trim().parse::<f64>().ok());
+        let counted = client::series(&metrics, &format!("baton_shortages_total{{at=\"{at}\"}}"));
         assert!(
             counted.is_some_and(|n| n >= 1.0),
             "at {at}: {counted:?}\n{metrics}"

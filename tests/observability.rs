@@ -849,10 +849,7 @@ async fn the_serving_generation_says_when_the_last_reload_succeeded() {
             .as_secs_f64()
     };
     let reloaded_at = |scraped: String| -> f64 {
-        scraped
-            .lines()
-            .find_map(|l| l.strip_prefix("baton_last_reload_success_timestamp_seconds "))
-            .and_then(|v| v.trim().parse().ok())
+        client::series(&scraped, "baton_last_reload_success_timestamp_seconds")
             .unwrap_or_else(|| panic!("no reload timestamp in:\n{scraped}"))
     };
     let backend = HttpBackend::start("a").await;

@@ -77,12 +77,8 @@ async fn a_broken_config_is_refused_with_78_naming_the_key() {
 
 /// `baton_reloads_total{result="failed"}` as the daemon reports it.
 async fn failed_reloads(baton: &support::daemon::Baton) -> f64 {
-    support::client::metrics(baton.admin)
-        .await
-        .lines()
-        .find_map(|l| l.strip_prefix("baton_reloads_total{result=\"failed\"} "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+    let metrics = support::client::metrics(baton.admin).await;
+    support::client::series(&metrics, "baton_reloads_total{result=\"failed\"}").unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

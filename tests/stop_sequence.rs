@@ -643,10 +643,16 @@ async fn an_upgraded_connection_whose_client_stopped_reading_ends_at_drain_start
     let s = raw::upgrading(baton.addr("web")).await;
     // Never read: once the tunnel's bytes fill its receive buffer,
     // baton's write to it waits.
-    support::eventually("the tunnel's bytes pile up unread", || async {
-        let mut look = vec![0u8; 16 << 10];
+    // Its receive buffer is full once what it holds stops growing.
+    let held = || async {
+        let mut look = vec![0u8; 4 << 20];
         let peeked = tokio::time::timeout(Duration::from_millis(100), s.peek(&mut look)).await;
-        matches!(peeked, Ok(Ok(n)) if n == look.len())
+        peeked.ok().and_then(Result::ok).unwrap_or(0)
+    };
+    support::eventually("the tunnel's bytes pile up unread", || async {
+        let before = held().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        before >= 16 << 10 && held().await == before
     })
     .await;
     signal(baton.first_pid, Signal::SIGTERM);
@@ -1104,7 +1110,10 @@ async fn empty_lines_do_not_stretch_an_idle_connections_drain_grace() {
         .await
         .expect("request");
     let mut answer = [0u8; 12];
-    kept.read_exact(&mut answer).await.expect("an answer");
+    tokio::time::timeout(support::TIMEOUT, kept.read_exact(&mut answer))
+        .await
+        .expect("an answer in time")
+        .expect("an answer");
     signal(baton.first_pid, Signal::SIGTERM);
     let started = tokio::time::Instant::now();
     // An empty line every 300 ms until closed (a write fails), or past

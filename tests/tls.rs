@@ -1057,7 +1057,10 @@ async fn sends_then_resets(size: usize) -> SocketAddr {
 /// backend sent, then the reset, as on a plain listener. The copy through
 /// the TLS session read ahead while its write waited, and at the backend's
 /// reset dropped what it held and what the session had taken but not yet
-/// written (up to about 72 KiB), then reset the client.
+/// written (up to about 72 KiB), then reset the client. (On this machine
+/// kind the socket's send buffer takes the whole MiB, and this passes with
+/// the old copy too: `proxy::tcp`'s unit test of `relay` guards that; this
+/// one guards the reset's passing on.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_tunnel_delivers_what_the_backend_sent_before_its_reset() {
     const SENT: usize = 1 << 20;
@@ -1071,22 +1074,19 @@ async fn a_tls_tunnel_delivers_what_the_backend_sent_before_its_reset() {
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
     let tcp = socket.connect(baton.addr("db")).await.expect("connect");
-    let mut tls = ca
-        .client(&[])
-        .handshake(tcp, "a.test")
+    let deadline = tokio::time::Instant::now() + support::TIMEOUT;
+    let mut tls = tokio::time::timeout_at(deadline, ca.client(&[]).handshake(tcp, "a.test"))
         .await
+        .expect("a handshake in time")
         .expect("handshake");
     let mut got = 0;
     let mut chunk = [0u8; 4096];
-    let deadline = tokio::time::Instant::now() + support::TIMEOUT;
     let ended = loop {
-        if tokio::time::Instant::now() > deadline {
-            break Err(std::io::ErrorKind::TimedOut);
-        }
-        match tls.read(&mut chunk).await {
-            Ok(0) => break Ok(()),
-            Ok(n) => got += n,
-            Err(err) => break Err(err.kind()),
+        match tokio::time::timeout_at(deadline, tls.read(&mut chunk)).await {
+            Err(_) => break Err(std::io::ErrorKind::TimedOut),
+            Ok(Ok(0)) => break Ok(()),
+            Ok(Ok(n)) => got += n,
+            Ok(Err(err)) => break Err(err.kind()),
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     };

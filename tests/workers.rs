@@ -298,12 +298,7 @@ fn thread_sleeps_and_ticks(pid: u32, name: &str) -> (u64, u64) {
             .and_then(|n| n.trim().parse().ok())
             .expect("voluntary_ctxt_switches");
         let stat = std::fs::read_to_string(task.path().join("stat")).expect("stat");
-        // After the name in parentheses: state is field 3, utime 14, stime 15.
-        let fields: Vec<u64> = stat[stat.rfind(')').expect("comm") + 2..]
-            .split(' ')
-            .map(|f| f.parse().unwrap_or(0))
-            .collect();
-        return (sleeps, fields[11] + fields[12]);
+        return (sleeps, support::daemon::stat_cpu_ticks(&stat));
     }
     panic!("no thread {name} in {pid}");
 }
@@ -416,19 +411,6 @@ async fn a_draining_generation_stops_busy_polling() {
     );
 }
 
-/// CPU time `pid` has used so far, in clock ticks (utime + stime of
-/// `/proc/PID/stat`).
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    // After the command's ')': state is field 3, utime 14 and stime 15.
-    let tick = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok());
-    tick(14).unwrap_or(0) + tick(15).unwrap_or(0)
-}
-
 /// Sockets a reload's new generation binds itself (a listener added, a
 /// worker's shard more) listen before its workers' reactors watch them: a
 /// socket watched before it listens reads to epoll as hung up, which
@@ -466,13 +448,10 @@ async fn sockets_a_reload_binds_leave_their_workers_idle() {
         .expect("the added listener answers in time")
         .expect("the added listener serves");
     assert_eq!(answer.status, 200);
-    let ticks_per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as u64;
-    let before = cpu_ticks(next);
+    let ticks_per_second = support::daemon::ticks_per_second();
+    let before = support::daemon::cpu_ticks(next);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let used = cpu_ticks(next) - before;
+    let used = support::daemon::cpu_ticks(next) - before;
     assert!(
         used < ticks_per_second / 2,
         "the new generation used {used} ticks (of {ticks_per_second} a second) in 2 s idle"

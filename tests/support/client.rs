@@ -198,6 +198,15 @@ pub async fn metrics(admin: SocketAddr) -> String {
     get(admin, "/metrics").await.expect("metrics").body
 }
 
+/// The value of one series (`name{labels}` as `/metrics` writes it) in
+/// `metrics`, if it is there.
+pub fn series(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// `/status` as JSON.
 pub async fn status(admin: SocketAddr) -> serde_json::Value {
     let status = get(admin, "/status").await.expect("status");

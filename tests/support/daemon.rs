@@ -668,6 +668,31 @@ fn status_number(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time a process or thread used so far, in clock ticks, from the
+/// text of its `/proc/.../stat` (utime + stime; 0 if unreadable).
+pub fn stat_cpu_ticks(stat: &str) -> u64 {
+    // After the name in parentheses: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok());
+    tick(14).unwrap_or(0) + tick(15).unwrap_or(0)
+}
+
+/// CPU time `pid` used so far, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    stat_cpu_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
+}
+
+/// Clock ticks a second (`CLK_TCK`), what [`cpu_ticks`] counts in.
+pub fn ticks_per_second() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100, |t| t as u64)
+}
+
 /// Open fds of `pid`, from `/proc/PID/fd`.
 pub fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
