@@ -946,27 +946,76 @@ async fn a_kept_alive_admin_connection_moves_to_the_serving_generation() {
     drop(slow);
 }
 
-/// An admin connection taken before the handover that has not sent its
-/// request yet is still answered, once (`Connection: close`), not closed
-/// unanswered: a probe that connected just before a reload gets its answer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_admin_connection_open_at_the_handover_gets_its_one_answer() {
+/// Connects to the admin socket, reloads, then asks `path` on that
+/// connection: the old generation took it, so the old generation answers.
+async fn asked_across_a_reload(baton: &Baton, path: &str) -> String {
     use tokio::io::AsyncWriteExt;
-    let (_backend, baton, slow) = with_a_slow_request().await;
-    let admin = baton.admin;
-    let mut probe = tokio::net::TcpStream::connect(admin)
+    let mut probe = tokio::net::TcpStream::connect(baton.admin)
         .await
         .expect("connect");
     tokio::time::sleep(Duration::from_millis(200)).await;
     baton.reload_ok().await;
     probe
-        .write_all(b"GET /healthz HTTP/1.1\r\nhost: admin\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.1\r\nhost: admin\r\n\r\n").as_bytes())
         .await
         .expect("request");
-    let answer = client::read_until_closed(&mut probe).await.to_lowercase();
+    client::read_until_closed(&mut probe).await
+}
+
+/// An admin connection taken before the handover that has not sent its
+/// request yet is still answered, once (`Connection: close`), not closed
+/// unanswered: a probe that connected just before a reload gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_connection_open_at_the_handover_gets_its_one_answer() {
+    let (_backend, baton, slow) = with_a_slow_request().await;
+    let answer = asked_across_a_reload(&baton, "/healthz")
+        .await
+        .to_lowercase();
     assert!(answer.starts_with("http/1.1 200"), "{answer:?}");
     assert!(answer.contains("connection: close"), "{answer:?}");
     drop(slow);
+}
+
+/// A readiness probe that reached the old generation (taken just before
+/// the handover, asked after) is answered from the pools, as the serving
+/// generation answers: a host with a pool down stays 503 across a reload
+/// (it was 200 "draining" whatever the pools, a flip into service for a
+/// moment at every reload), and a healthy one stays 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readiness_probe_the_old_generation_answers_says_what_its_pools_say() {
+    let (dead, _held) = support::daemon::dead_addr();
+    for (pool_down, expected) in [(false, 200), (true, 503)] {
+        let backend = HttpBackend::start("a").await;
+        let mut spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
+        if pool_down {
+            let checks = "health = { kind = \"tcp\", interval = \"100ms\", timeout = \"500ms\", rise = 1, fall = 1 }";
+            spec = spec
+                .http("other", "gone")
+                .pool_with("gone", checks, &[(dead, 1)]);
+        }
+        let baton = Baton::spawn(spec, &[]);
+        let admin = baton.admin;
+        support::eventually("/readyz settled", || async {
+            client::get(admin, "/readyz")
+                .await
+                .is_ok_and(|r| r.status == expected)
+        })
+        .await;
+        let web = baton.addr("web");
+        let held = tokio::spawn(async move { client::get(web, "/gated").await });
+        support::eventually("a request holds generation 1", || async {
+            backend.held() == 1
+        })
+        .await;
+        let answer = asked_across_a_reload(&baton, "/readyz").await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {expected} "))
+                && answer.contains(r#""generation":"draining""#),
+            "{answer:?}"
+        );
+        backend.release();
+        assert_eq!(held.await.expect("task").expect("answered").status, 200);
+    }
 }
 
 /// `baton_tcp_bytes_total` moves while a TCP session lasts (every 64 KiB

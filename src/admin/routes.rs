@@ -91,19 +91,24 @@ fn readiness(state: &AdminShared) -> Reply {
     let phase = state.phase.borrow().clone();
     let pools = pool_checks(&state.topology());
     match phase {
-        Phase::Active if pools.iter().all(|c| c.ok) => {
-            json_reply(StatusCode::OK, json!({"status": "ready"}))
+        // An old generation handed over answers a probe that reached it
+        // (one taken just before the handover) as the serving one would,
+        // from the pools it shares: a 200 whatever its pools would flip a
+        // host that is out of service in for a moment at every reload.
+        Phase::Active | Phase::Draining { .. } => {
+            let (status, mut body) = if pools.iter().all(|c| c.ok) {
+                (StatusCode::OK, json!({"status": "ready"}))
+            } else {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    json!({"status": "unhealthy", "waiting_on": pools}),
+                )
+            };
+            if matches!(phase, Phase::Draining { .. }) {
+                body["generation"] = json!("draining");
+            }
+            json_reply(status, body)
         }
-        Phase::Active => json_reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({"status": "unhealthy", "waiting_on": pools}),
-        ),
-        // An old generation handed over: the host is still ready (the new
-        // generation serves), and a probe answered here says so.
-        Phase::Draining { .. } => json_reply(
-            StatusCode::OK,
-            json!({"status": "ready", "generation": "draining"}),
-        ),
         Phase::Stopping { .. } => json_reply(
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "draining"}),
