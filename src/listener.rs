@@ -151,6 +151,11 @@ pub enum Closing {
     HandedOver,
     /// We are the last holder: serve what is queued, then close.
     Last,
+    /// A reload removed it: serve what is queued, then make it stop
+    /// listening for every holder (`shutdown`), not only close our fd: a
+    /// copy systemd's socket unit holds would go on queueing connections
+    /// that nobody accepts, which hang until their clients give up.
+    Removed,
 }
 
 impl Listener {
@@ -280,7 +285,8 @@ impl Listener<TcpListener> {
         // Before the socket closes, here or once its queue is served (and
         // before it, being declared after it, if this future is dropped).
         drop(shown);
-        if closing() == Closing::Last {
+        let closing = closing();
+        if closing != Closing::HandedOver {
             // A connection the kernel still holds back for its first bytes
             // (`defer_accept`) is in no queue, and the close would reset it
             // as its request comes. A stop ended the deferral as it began
@@ -289,7 +295,11 @@ impl Listener<TcpListener> {
             if stop_deferring(std::os::fd::AsFd::as_fd(&socket)) {
                 tokio::time::sleep(DEFERRED_AT_MOST).await;
             }
-            accept_queued(&name, &shared.permits, socket, &handler, nodelay_each);
+            let ending = Ending {
+                nodelay_each,
+                stop_listening: closing == Closing::Removed,
+            };
+            accept_queued(&name, &shared.permits, socket, &handler, ending);
         }
     }
 }
@@ -297,6 +307,26 @@ impl Listener<TcpListener> {
 /// Bounds `accept_queued` where the queue's length cannot be read: above
 /// any backlog the kernel allows by default (`somaxconn` 4096).
 const MOST_QUEUED: u64 = 65_536;
+
+/// How `accept_queued` treats what it takes, and the socket after.
+#[derive(Clone, Copy)]
+struct Ending {
+    /// Set TCP_NODELAY on each connection (see `Listener::nodelay_each`).
+    nodelay_each: bool,
+    /// Once the queue is served, stop the socket listening (`Closing::Removed`).
+    stop_listening: bool,
+}
+
+/// Stops `socket` listening for every process holding it: the kernel
+/// refuses new connections at once, as if it were closed for good.
+fn stop_listening(name: &str, socket: &std::net::TcpListener) {
+    match socket2::SockRef::from(socket).shutdown(std::net::Shutdown::Read) {
+        Ok(()) => tracing::info!(listener = %name, "removed listener stopped listening"),
+        Err(err) => {
+            tracing::warn!(listener = %name, cause = %err, "removed listener may still listen")
+        }
+    }
+}
 
 /// Accepts every connection already in the kernel's queue, without waiting:
 /// as many as it held when this began, so a flood arriving meanwhile does
@@ -310,7 +340,7 @@ fn accept_queued(
     limit: &Arc<Semaphore>,
     socket: TcpListener,
     handler: &Arc<dyn Accept>,
-    nodelay_each: bool,
+    ending: Ending,
 ) {
     let std = match socket.into_std() {
         Ok(s) => s,
@@ -321,7 +351,11 @@ fn accept_queued(
     };
     let queued =
         crate::metrics::kernel::accept_queue(std::os::fd::AsFd::as_fd(&std)).unwrap_or(MOST_QUEUED);
+    let nodelay_each = ending.nodelay_each;
     let Some(left) = accept_some(name, limit, &std, &**handler, nodelay_each, queued) else {
+        if ending.stop_listening {
+            stop_listening(name, &std);
+        }
         return;
     };
     tracing::warn!(listener = %name, left, "no fd free for the accept queue: serving it as the drain frees some");
@@ -340,8 +374,11 @@ fn accept_queued(
             tokio::time::sleep(SHORT_BACKOFF).await;
             match accept_some(&name, &limit, &std, &*served_by, nodelay_each, left) {
                 Some(still) => left = still,
-                None => return,
+                None => break,
             }
+        }
+        if ending.stop_listening {
+            stop_listening(&name, &std);
         }
     }));
 }
@@ -668,6 +705,33 @@ mod tests {
         assert_eq!(noting.seen(), [(true, true)]);
     }
 
+    /// A socket another process holds a copy of (systemd's socket unit,
+    /// here a dup): at a stop (`Last`) it goes on listening there for the
+    /// next start; removed by a reload (`Removed`) its queue is served,
+    /// then it refuses new connections, the copy open or not.
+    #[tokio::test]
+    async fn a_removed_listener_stops_listening_for_every_holder() {
+        for (closing, listens_after) in [(Closing::Last, true), (Closing::Removed, false)] {
+            let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            socket.set_nonblocking(true).expect("non-blocking");
+            let at = socket.local_addr().expect("addr");
+            let systemds = socket.try_clone().expect("dup");
+            let noting = Arc::new(Noting(Mutex::new(Vec::new())));
+            let stop = CancellationToken::new();
+            let listener = listener(socket, Acks::Prompt, false, false);
+            let handler: Arc<dyn Accept> = Arc::clone(&noting) as Arc<dyn Accept>;
+            stop.cancel();
+            let _queued = std::net::TcpStream::connect(at).expect("connect");
+            registered(listener)
+                .run(handler, stop, move || closing)
+                .await;
+            assert_eq!(noting.seen().len(), 1, "{closing:?}: the queue is served");
+            let later = std::net::TcpStream::connect(at).map_err(|e| e.kind());
+            assert_eq!(later.is_ok(), listens_after, "{closing:?}: {later:?}");
+            drop(systemds);
+        }
+    }
+
     /// Makes a new connection to `to` for each one accepted, 50 in all: a
     /// flood that keeps the queue full.
     struct Flooding {
@@ -712,7 +776,10 @@ mod tests {
             &Arc::new(Semaphore::new(16)),
             socket,
             &handler,
-            false,
+            Ending {
+                nodelay_each: false,
+                stop_listening: false,
+            },
         );
         assert_eq!(flooding.accepted.load(Ordering::Relaxed), queued.len());
     }

@@ -335,15 +335,7 @@ async fn socket_activation_starts_baton_on_the_first_connection() {
     let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
     let p = Ports::reserve();
     sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
-    let socket =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.socket"))
-            .expect("shipped socket unit")
-            .replace(
-                "ListenStream=0.0.0.0:8080",
-                &format!("ListenStream={}", p.web),
-            );
-    sbx.write("/etc/systemd/system/baton.socket", &socket);
-    sbx.systemctl_ok(&["daemon-reload"]);
+    install_socket_unit(&sbx, p.web);
     sbx.systemctl_ok(&["start", "baton.socket"]);
     assert_eq!(sbx.show("baton", "ActiveState"), "inactive");
     let answer = client::get(p.web, "/first")
@@ -356,6 +348,51 @@ async fn socket_activation_starts_baton_on_the_first_connection() {
         journal.contains("adopting sockets from systemd"),
         "{journal}"
     );
+}
+
+/// A listener from `baton.socket` that a reload removes stops listening:
+/// systemd's socket unit keeps its copy of the socket open, and connections
+/// queued there hung, nobody accepting them, until their clients gave up;
+/// now they are refused at once, as where baton held the only copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_units_listener_a_reload_removes_refuses_connections() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    let original = config(&p, &[a.addr], echo.addr, "");
+    sbx.install_baton(&original);
+    install_socket_unit(&sbx, p.web);
+    sbx.systemctl_ok(&["start", "baton.socket"]);
+    sbx.systemctl_ok(&["start", "baton"]);
+    let answer = client::get(p.web, "/before").await.expect("served");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/before"));
+    let web = format!(
+        "[[listeners]]\nname = \"web\"\nbind = \"{}\"\npool = \"app\"\n\n",
+        p.web
+    );
+    assert!(original.contains(&web), "{original}");
+    sbx.write("/etc/baton/baton.toml", &original.replace(&web, ""));
+    sbx.systemctl_ok(&["reload", "baton"]);
+    let refused = tokio::time::timeout(support::TIMEOUT, tokio::net::TcpStream::connect(p.web))
+        .await
+        .expect("connect answered")
+        .map_err(|e| e.kind());
+    assert_eq!(
+        refused.err(),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "{}",
+        sbx.journal()
+    );
+}
+
+/// Installs the shipped `baton.socket`, listening at `web`.
+fn install_socket_unit(sbx: &Sandbox, web: SocketAddr) {
+    let socket =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.socket"))
+            .expect("shipped socket unit")
+            .replace("ListenStream=0.0.0.0:8080", &format!("ListenStream={web}"));
+    sbx.write("/etc/systemd/system/baton.socket", &socket);
+    sbx.systemctl_ok(&["daemon-reload"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,7 +25,7 @@ impl Generation {
     pub(super) fn make_ready(&mut self) -> Result<Vec<Door>, StartError> {
         self.pending
             .drain(..)
-            .map(|(listener, shard, connections, handed_over)| {
+            .map(|(listener, shard, connections, fate)| {
                 let name = listener.name.to_string();
                 listener.listen().map_err(|source| StartError::Listen {
                     name: name.clone(),
@@ -34,7 +34,7 @@ impl Generation {
                 let watched = listener
                     .register(self.workers.for_shard(shard))
                     .map_err(|source| StartError::Watch { name, source })?;
-                Ok((watched, shard, connections, handed_over))
+                Ok((watched, shard, connections, fate))
             })
             .collect()
     }
@@ -47,14 +47,12 @@ impl Generation {
         if let Some(resolver) = &self.resolver {
             crate::resolve::refresh::spawn_all(&self.pools, resolver, &self.background);
         }
-        for (listener, shard, connections, handed_over) in doors {
+        for (listener, shard, connections, fate) in doors {
             let stop = self.accept_stop.clone();
-            let closing = move || {
-                if handed_over.load(Ordering::SeqCst) {
-                    Closing::HandedOver
-                } else {
-                    Closing::Last
-                }
+            let closing = move || match fate.get() {
+                Fate::Adopted => Closing::HandedOver,
+                Fate::Kept => Closing::Last,
+                Fate::Dropped => Closing::Removed,
             };
             self.accept_tasks.spawn_on(
                 listener.run(connections, stop, closing),

@@ -355,10 +355,10 @@ fn terminator(
 
 /// An accept loop not started yet: its socket (plain, or once watched by
 /// its worker's reactor: [`Door`]), its shard number (which picks its
-/// worker), what it hands connections to, and the flag that says whether
-/// a successor adopted its socket.
+/// worker), what it hands connections to, and what becomes of its socket
+/// when this generation ends.
 pub(super) type Pending<S = std::net::TcpListener> =
-    (Listener<S>, usize, Arc<Connections>, Arc<AtomicBool>);
+    (Listener<S>, usize, Arc<Connections>, Arc<FateCell>);
 
 /// An accept loop ready to start: its socket watched by its worker.
 pub(super) type Door = Pending<tokio::net::TcpListener>;
@@ -548,12 +548,9 @@ fn shards(
             nodelay_each: listening.nodelay_each,
             queue,
         };
-        shards.pending.push((
-            listener,
-            shard,
-            Arc::clone(connections),
-            listening.handed_over,
-        ));
+        shards
+            .pending
+            .push((listener, shard, Arc::clone(connections), listening.fate));
     }
     Ok(shards)
 }

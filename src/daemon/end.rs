@@ -150,7 +150,7 @@ impl Generation {
                 tokio::join!(tokio::time::sleep(pause), release);
             })
             .await;
-        self.holdings.handed_over(&[]);
+        self.holdings.kept();
         self.close_doors().await;
         // Under systemd the control socket lives on in the fd store for the
         // next start, and its path with it; otherwise nothing serves it now.

@@ -16,7 +16,6 @@ mod takeover;
 
 use reloading::Reloading;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -38,7 +37,7 @@ use crate::lifecycle::generation::{
     self, Exec, HandoverError, Inheritance, Offer, Parent, Successor,
 };
 use crate::lifecycle::handoff::{BackendCarry, Channel, Message};
-use crate::lifecycle::inventory::Holdings;
+use crate::lifecycle::inventory::{Fate, FateCell, Holdings};
 use crate::lifecycle::process::Process;
 use crate::lifecycle::signals::{Command, Commands};
 use crate::lifecycle::{systemd, Check, Phase};

@@ -9,12 +9,11 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::inventory::{AdoptError, Holdings, Inventory};
+use super::inventory::{AdoptError, FateCell, Holdings, Inventory};
 
 /// Where a listening socket is bound, and how to bind it afresh.
 #[derive(Debug, Clone, Copy)]
@@ -113,8 +112,8 @@ pub struct Listening {
     pub socket: Socket,
     /// The config's backlog, for a TCP endpoint.
     pub backlog: Option<i32>,
-    /// Turns true if a successor adopts the socket (see [`Holdings::hold`]).
-    pub handed_over: Arc<AtomicBool>,
+    /// What became of it at this generation's end (see [`Holdings::hold`]).
+    pub fate: Arc<FateCell>,
     /// Adopted without TCP_NODELAY: the connections queued before it was
     /// set lack it, so this generation sets it on each one it accepts (a
     /// successor adopts the socket with it, and pays nothing).
@@ -151,7 +150,7 @@ pub fn listen(
     };
     let nodelay_each = endpoint.prepare(&socket).map_err(ListenError::Bind)?;
     let address = endpoint.address_of(&socket).map_err(ListenError::Hold)?;
-    let handed_over = holdings
+    let fate = holdings
         .hold(
             name,
             address,
@@ -162,7 +161,7 @@ pub fn listen(
     Ok(Listening {
         socket,
         backlog: endpoint.backlog(),
-        handed_over,
+        fate,
         nodelay_each,
         adopted,
     })

@@ -171,8 +171,8 @@ fn check_listening(sock: &socket2::SockRef<'_>, want: socket2::Type) -> Result<(
 }
 
 /// The sockets this generation would offer a successor: a duplicate of each
-/// listening fd, with a flag its accept loop reads when it stops (a socket a
-/// successor adopted is just closed; any other has its queue served first).
+/// listening fd, with its [`Fate`], which its accept loop reads when it
+/// stops.
 #[derive(Default)]
 pub struct Holdings {
     items: Vec<Holding>,
@@ -181,7 +181,7 @@ pub struct Holdings {
 struct Holding {
     entry: SocketEntry,
     fd: OwnedFd,
-    handed_over: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    fate: std::sync::Arc<FateCell>,
     /// A Unix socket's file, as it was when held.
     file: Option<SocketFile>,
 }
@@ -212,28 +212,65 @@ fn socket_identity(path: &std::path::Path) -> Option<(u64, u64)> {
         .then(|| (meta.dev(), meta.ino()))
 }
 
+/// What becomes of a held socket when this generation closes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Fate {
+    /// No successor took over (a stop): this generation serves its queue
+    /// and closes it. It keeps listening if systemd holds it (a socket
+    /// unit, or the fd store across a restart): the next start serves it.
+    Kept = 0,
+    /// A successor adopted it: it lives on there.
+    Adopted = 1,
+    /// A reload's config no longer names it: its queue is served, then it
+    /// stops listening for every holder. A copy systemd holds (a socket
+    /// unit's, or the fd store's until the successor's removal lands) would
+    /// go on queueing connections nobody accepts.
+    Dropped = 2,
+}
+
+/// A socket's [`Fate`], set by the lifecycle at a handover or a stop and
+/// read by its accept loop as it ends.
+#[derive(Debug, Default)]
+pub struct FateCell(std::sync::atomic::AtomicU8);
+
+impl FateCell {
+    fn set(&self, fate: Fate) {
+        self.0
+            .store(fate as u8, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn get(&self) -> Fate {
+        match self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            1 => Fate::Adopted,
+            2 => Fate::Dropped,
+            _ => Fate::Kept,
+        }
+    }
+}
+
 impl Holdings {
     /// Keeps a duplicate of `fd` under `name`, and for a Unix socket which
-    /// file at `path` it is bound at; the returned flag turns true if a
-    /// successor adopts it.
+    /// file at `path` it is bound at; the returned cell says, once this
+    /// generation ends, what became of it.
     pub fn hold(
         &mut self,
         name: &str,
         addr: String,
         fd: std::os::fd::BorrowedFd<'_>,
         path: Option<&std::path::Path>,
-    ) -> std::io::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
-        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    ) -> std::io::Result<std::sync::Arc<FateCell>> {
+        let fate = std::sync::Arc::new(FateCell::default());
         self.items.push(Holding {
             entry: SocketEntry {
                 name: name.to_string(),
                 addr,
             },
             fd: fd.try_clone_to_owned()?,
-            handed_over: std::sync::Arc::clone(&flag),
+            fate: std::sync::Arc::clone(&fate),
             file: path.and_then(SocketFile::of),
         });
-        Ok(flag)
+        Ok(fate)
     }
 
     /// Removes the file of each held Unix socket the successor did not
@@ -243,10 +280,7 @@ impl Holdings {
     /// [`Holdings::handed_over`]. Not under systemd, whose socket unit
     /// may own the path (see `Generation::retire`).
     pub fn remove_unadopted_files(&self) {
-        let unadopted = self
-            .items
-            .iter()
-            .filter(|h| !h.handed_over.load(std::sync::atomic::Ordering::SeqCst));
+        let unadopted = self.items.iter().filter(|h| h.fate.get() != Fate::Adopted);
         for file in unadopted.filter_map(|h| h.file.as_ref()) {
             if socket_identity(&file.path) != Some(file.identity) {
                 continue;
@@ -293,12 +327,22 @@ impl Holdings {
         }
     }
 
-    /// Marks the sockets a successor adopted.
+    /// Marks the sockets a reload's successor adopted, and the others as
+    /// dropped by its config.
     pub fn handed_over(&self, adopted: &[String]) {
         for h in &self.items {
-            let adopted = adopted.contains(&h.entry.name);
-            h.handed_over
-                .store(adopted, std::sync::atomic::Ordering::SeqCst);
+            h.fate.set(if adopted.contains(&h.entry.name) {
+                Fate::Adopted
+            } else {
+                Fate::Dropped
+            });
+        }
+    }
+
+    /// Marks every socket as kept by this generation to its end (a stop).
+    pub fn kept(&self) {
+        for h in &self.items {
+            h.fate.set(Fate::Kept);
         }
     }
 }
