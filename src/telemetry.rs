@@ -63,13 +63,18 @@ struct FaultLines {
     budget: std::sync::Mutex<Budget>,
     /// What the held-back report calls them.
     what: &'static str,
+    /// Whether some of them are warnings: the report is one too, or a
+    /// log kept at WARN would show ten a second and never say that more
+    /// were held back.
+    warns: bool,
 }
 
 impl FaultLines {
-    const fn new(what: &'static str) -> FaultLines {
+    const fn new(what: &'static str, warns: bool) -> FaultLines {
         FaultLines {
             budget: std::sync::Mutex::new(Budget::new(FAULT_LINES)),
             what,
+            warns,
         }
     }
 
@@ -95,22 +100,30 @@ impl FaultLines {
     }
 
     fn report(&self, count: u64) {
-        tracing::info!(
-            held_back = count,
-            "lines about {} held back: at most {FAULT_LINES} a second are logged",
-            self.what
-        );
+        let what = self.what;
+        if self.warns {
+            tracing::warn!(
+                held_back = count,
+                "lines about {what} held back: at most {FAULT_LINES} a second are logged"
+            );
+        } else {
+            tracing::info!(
+                held_back = count,
+                "lines about {what} held back: at most {FAULT_LINES} a second are logged"
+            );
+        }
     }
 }
 
 /// A head refused, a client too slow or silent, a TLS handshake or PROXY
 /// header failed: any client can cause them as fast as it can connect.
-static CLIENT_FAULTS: FaultLines = FaultLines::new("clients' faults");
+/// Logged at INFO: a client's fault is no incident of the host's.
+static CLIENT_FAULTS: FaultLines = FaultLines::new("clients' faults", false);
 
 /// A backend refused, timed out or broke off, or a pool had none to give:
 /// every request to a dead backend of a pool without health checks, or to
 /// a pool with none up, meets one.
-static BACKEND_FAULTS: FaultLines = FaultLines::new("backends' faults");
+static BACKEND_FAULTS: FaultLines = FaultLines::new("backends' faults", true);
 
 /// Whether a line about a client's fault may be logged now.
 pub fn client_fault() -> bool {
