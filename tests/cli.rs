@@ -989,3 +989,23 @@ fn unix_socket_paths_are_their_own_and_fit_a_socket_address() {
         assert!(stderr.contains(problem), "{listen}: {stderr}");
     }
 }
+
+/// `status` and `backend` read only `[admin]` to find the daemon: one that
+/// does not load is a config error (78) naming its key, not "the daemon
+/// cannot be reached" (69), which would send an SRE looking for a daemon
+/// the command never looked for.
+#[test]
+fn status_and_backend_with_an_admin_section_that_does_not_load_exit_78() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("b.toml");
+    std::fs::write(&path, "[admin]\nlisten = \"nowhere\"\n").expect("write");
+    let p = path.to_str().expect("utf-8 path");
+    for args in [
+        &["status", "-c", p][..],
+        &["backend", "drain", "0", "-c", p][..],
+    ] {
+        let (code, _, stderr) = run(args);
+        assert_eq!(code, 78, "{args:?}: {stderr}");
+        assert!(stderr.contains("admin.listen"), "{args:?}: {stderr}");
+    }
+}
