@@ -317,13 +317,27 @@ struct Ending {
     stop_listening: bool,
 }
 
-/// Stops `socket` listening for every process holding it: the kernel
-/// refuses new connections at once, as if it were closed for good.
-fn stop_listening(name: &str, socket: &std::net::TcpListener) {
-    match socket2::SockRef::from(socket).shutdown(std::net::Shutdown::Read) {
-        Ok(()) => tracing::info!(listener = %name, "removed listener stopped listening"),
-        Err(err) => {
-            tracing::warn!(listener = %name, cause = %err, "removed listener may still listen")
+/// Our last copy of a listening socket whose queue is being served. With
+/// `stop_listening` it stops the socket listening for every process that
+/// holds it as it drops, however its serving ends: the queue served, or
+/// the task serving it as fds free up ended by a forced drain.
+struct LastCopy {
+    socket: std::net::TcpListener,
+    name: Arc<str>,
+    stop_listening: bool,
+}
+
+impl Drop for LastCopy {
+    fn drop(&mut self) {
+        if !self.stop_listening {
+            return;
+        }
+        let name = &self.name;
+        match socket2::SockRef::from(&self.socket).shutdown(std::net::Shutdown::Read) {
+            Ok(()) => tracing::info!(listener = %name, "removed listener stopped listening"),
+            Err(err) => {
+                tracing::warn!(listener = %name, cause = %err, "removed listener may still listen")
+            }
         }
     }
 }
@@ -343,19 +357,20 @@ fn accept_queued(
     ending: Ending,
 ) {
     let std = match socket.into_std() {
-        Ok(s) => s,
+        Ok(socket) => LastCopy {
+            socket,
+            name: Arc::clone(name),
+            stop_listening: ending.stop_listening,
+        },
         Err(err) => {
             tracing::warn!(listener = %name, cause = %err, "cannot drain accept queue");
             return;
         }
     };
-    let queued =
-        crate::metrics::kernel::accept_queue(std::os::fd::AsFd::as_fd(&std)).unwrap_or(MOST_QUEUED);
+    let queued = crate::metrics::kernel::accept_queue(std::os::fd::AsFd::as_fd(&std.socket))
+        .unwrap_or(MOST_QUEUED);
     let nodelay_each = ending.nodelay_each;
-    let Some(left) = accept_some(name, limit, &std, &**handler, nodelay_each, queued) else {
-        if ending.stop_listening {
-            stop_listening(name, &std);
-        }
+    let Some(left) = accept_some(name, limit, &std.socket, &**handler, nodelay_each, queued) else {
         return;
     };
     tracing::warn!(listener = %name, left, "no fd free for the accept queue: serving it as the drain frees some");
@@ -364,21 +379,25 @@ fn accept_queued(
     // past them. With the backlog at its least, the full queue takes no
     // more (their SYNs go unanswered, and are refused once it closes),
     // and what it holds stays.
-    if let Err(err) = socket2::SockRef::from(&std).listen(0) {
+    if let Err(err) = socket2::SockRef::from(&std.socket).listen(0) {
         tracing::debug!(listener = %name, cause = %err, "cannot shrink the backlog of a queue waiting for fds");
     }
-    let (name, limit, served_by) = (Arc::clone(name), Arc::clone(limit), Arc::clone(handler));
+    let (limit, served_by) = (Arc::clone(limit), Arc::clone(handler));
     handler.alongside(Box::pin(async move {
         let mut left = left;
         loop {
             tokio::time::sleep(SHORT_BACKOFF).await;
-            match accept_some(&name, &limit, &std, &*served_by, nodelay_each, left) {
+            match accept_some(
+                &std.name,
+                &limit,
+                &std.socket,
+                &*served_by,
+                nodelay_each,
+                left,
+            ) {
                 Some(still) => left = still,
-                None => break,
+                None => return,
             }
-        }
-        if ending.stop_listening {
-            stop_listening(&name, &std);
         }
     }));
 }

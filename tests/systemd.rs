@@ -335,7 +335,7 @@ async fn socket_activation_starts_baton_on_the_first_connection() {
     let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
     let p = Ports::reserve();
     sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
-    install_socket_unit(&sbx, p.web);
+    install_socket_unit(&sbx, p.web, "web");
     sbx.systemctl_ok(&["start", "baton.socket"]);
     assert_eq!(sbx.show("baton", "ActiveState"), "inactive");
     let answer = client::get(p.web, "/first")
@@ -361,7 +361,7 @@ async fn a_socket_units_listener_a_reload_removes_refuses_connections() {
     let p = Ports::reserve();
     let original = config(&p, &[a.addr], echo.addr, "");
     sbx.install_baton(&original);
-    install_socket_unit(&sbx, p.web);
+    install_socket_unit(&sbx, p.web, "web");
     sbx.systemctl_ok(&["start", "baton.socket"]);
     sbx.systemctl_ok(&["start", "baton"]);
     let answer = client::get(p.web, "/before").await.expect("served");
@@ -373,24 +373,62 @@ async fn a_socket_units_listener_a_reload_removes_refuses_connections() {
     assert!(original.contains(&web), "{original}");
     sbx.write("/etc/baton/baton.toml", &original.replace(&web, ""));
     sbx.systemctl_ok(&["reload", "baton"]);
-    let refused = tokio::time::timeout(support::TIMEOUT, tokio::net::TcpStream::connect(p.web))
-        .await
-        .expect("connect answered")
-        .map_err(|e| e.kind());
+    let refused = connect_error(p.web).await;
     assert_eq!(
-        refused.err(),
+        refused,
         Some(std::io::ErrorKind::ConnectionRefused),
         "{}",
         sbx.journal()
     );
 }
 
-/// Installs the shipped `baton.socket`, listening at `web`.
-fn install_socket_unit(sbx: &Sandbox, web: SocketAddr) {
-    let socket =
+/// A socket `baton.socket` passes that the config does not name stops
+/// listening at the start, with a warning naming it: baton closed its
+/// copy, and systemd's queued connections for nobody, which hung.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_units_socket_the_config_does_not_name_refuses_connections() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    sbx.install_baton(&config(&p, &[a.addr], echo.addr, ""));
+    install_socket_unit(&sbx, p.extra, "stray");
+    sbx.systemctl_ok(&["start", "baton.socket"]);
+    sbx.systemctl_ok(&["start", "baton"]);
+    let refused = connect_error(p.extra).await;
+    let journal = sbx.journal();
+    assert_eq!(
+        refused,
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "{journal}"
+    );
+    assert!(
+        journal.contains("sockets systemd passed that the config does not name"),
+        "{journal}"
+    );
+}
+
+/// How a connect to `at` failed (bounded), or `None` if it was taken.
+async fn connect_error(at: SocketAddr) -> Option<std::io::ErrorKind> {
+    tokio::time::timeout(support::TIMEOUT, tokio::net::TcpStream::connect(at))
+        .await
+        .expect("connect answered")
+        .err()
+        .map(|e| e.kind())
+}
+
+/// Installs the shipped `baton.socket`, listening at `at` and naming its
+/// socket `name`.
+fn install_socket_unit(sbx: &Sandbox, at: SocketAddr, name: &str) {
+    let shipped =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.socket"))
-            .expect("shipped socket unit")
-            .replace("ListenStream=0.0.0.0:8080", &format!("ListenStream={web}"));
+            .expect("shipped socket unit");
+    assert!(shipped.contains("FileDescriptorName=web\n"), "{shipped}");
+    let socket = shipped
+        .replace("ListenStream=0.0.0.0:8080", &format!("ListenStream={at}"))
+        .replace(
+            "FileDescriptorName=web\n",
+            &format!("FileDescriptorName={name}\n"),
+        );
     sbx.write("/etc/systemd/system/baton.socket", &socket);
     sbx.systemctl_ok(&["daemon-reload"]);
 }

@@ -92,9 +92,12 @@ fn readiness(state: &AdminShared) -> Reply {
     let pools = pool_checks(&state.topology());
     match phase {
         // An old generation handed over answers a probe that reached it
-        // (one taken just before the handover) as the serving one would,
-        // from the pools it shares: a 200 whatever its pools would flip a
-        // host that is out of service in for a moment at every reload.
+        // (on a connection taken before its admin stop) from its own
+        // pools, most often the serving one's too: a 200 whatever its
+        // pools would flip a host that is out of service in for a moment
+        // at every reload. (A reload that changed the pools can still
+        // differ there: this one's view is its config's, frozen once its
+        // checks stop.)
         Phase::Active | Phase::Draining { .. } => {
             let (status, mut body) = if pools.iter().all(|c| c.ok) {
                 (StatusCode::OK, json!({"status": "ready"}))

@@ -160,7 +160,13 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     let adopted = inventory.taken();
     let renamed = inventory.renamed();
     let mut unclaimed = inventory.unclaimed();
-    if !unclaimed.is_empty() {
+    if !unclaimed.is_empty() && first {
+        // From systemd: a socket unit's copy would go on listening for
+        // nobody (connections hang), as a store entry would until the
+        // store lets it go.
+        tracing::warn!(sockets = ?unclaimed, "sockets systemd passed that the config does not name: they stop listening (a socket unit should not name them)");
+        inventory.stop_listening_unclaimed();
+    } else if !unclaimed.is_empty() {
         tracing::info!(sockets = ?unclaimed, "closing inherited sockets the config no longer names");
     }
     // Out of systemd's fd store before ours go in: it keeps one entry a

@@ -25,7 +25,8 @@ impl Generation {
             ));
         }
         let _ = self.phase.send(Phase::Draining { deadline: None });
-        self.holdings.handed_over(&successor.adopted);
+        self.holdings
+            .handed_over(&successor.adopted, successor.names_every_socket);
         // Under systemd a path may be a socket unit's (`ListenStream=`),
         // which still listens there: it is left, as at a stop.
         if !systemd::enabled() {

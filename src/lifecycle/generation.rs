@@ -65,6 +65,8 @@ pub struct Successor {
     pub stop_budget: Option<Duration>,
     /// It sends [`Message::Leaving`] as it exits.
     tells_its_end: bool,
+    /// `adopted` names every socket it took (see [`Message::Ready`]).
+    pub names_every_socket: bool,
 }
 
 /// How a successor heard that the service stops.
@@ -222,6 +224,7 @@ pub async fn hand_over(
             hears_stop,
             stop_budget,
             tells_its_end,
+            names_every_socket,
         }) => {
             guard.process = None;
             drop(guard);
@@ -232,6 +235,7 @@ pub async fn hand_over(
                 hears_stop,
                 stop_budget,
                 tells_its_end,
+                names_every_socket,
             })
         }
         Err(err) => {
@@ -255,6 +259,7 @@ struct Takeover {
     hears_stop: bool,
     stop_budget: Option<Duration>,
     tells_its_end: bool,
+    names_every_socket: bool,
 }
 
 /// How long N+1 has, after the go-ahead, to say it accepts.
@@ -313,12 +318,14 @@ async fn converse(
             stop_budget_ms,
             tells_its_end,
             renamed,
+            names_every_socket,
         } => Takeover {
             adopted,
             renamed,
             hears_stop,
             stop_budget: stop_budget_ms.map(stop_budget),
             tells_its_end,
+            names_every_socket,
         },
         Message::Failed { exit_code, reason } => {
             return Err(HandoverError::Failed { exit_code, reason })
@@ -595,6 +602,7 @@ impl Parent {
             hears_stop: true,
             stop_budget_ms: Some(u64::try_from(stop_budget.as_millis()).unwrap_or(u64::MAX)),
             tells_its_end: true,
+            names_every_socket: true,
         };
         self.channel.send(&ready, &[]).await?;
         // A handoff stuck here is the old generation's to finish: say so.

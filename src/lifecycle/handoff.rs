@@ -213,6 +213,12 @@ pub enum Message {
         /// none: N serves those queues and drops the names as unadopted.
         #[serde(default)]
         renamed: Vec<String>,
+        /// `adopted` and `renamed` name every socket N+1 took: N may then
+        /// stop the others listening for every holder (a removed
+        /// listener). An earlier release may have taken a renamed socket
+        /// without naming it: N only closes its own copies then.
+        #[serde(default)]
+        names_every_socket: bool,
     },
     Failed {
         exit_code: i32,
@@ -704,8 +710,9 @@ mod tests {
                 stop_budget_ms: None,
                 tells_its_end: false,
                 renamed: vec![],
+                names_every_socket: false,
             }),
-            "an earlier release's ready: it is sent SIGTERM to stop, and its silence as it exits means nothing"
+            "an earlier release's ready: it is sent SIGTERM to stop, its silence as it exits means nothing, and no socket it did not name is stopped listening"
         );
         assert_eq!(
             decode(br#"{"version":1,"type":"leaving","exit_code":3}"#).ok(),

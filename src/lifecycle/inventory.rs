@@ -1,7 +1,9 @@
 //! Sockets received from a parent generation, waiting to be claimed by name.
 //! Each claim checks the fd is what the name says (bound to the expected
 //! address, listening, the right type) before anyone accepts on it; sockets
-//! nobody claims are closed (never `shutdown()`) when the inventory drops.
+//! nobody claims are closed when the inventory drops (`shutdown()` only
+//! at a first start, when systemd passed them: see
+//! [`Inventory::stop_listening_unclaimed`]).
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -47,6 +49,19 @@ impl Inventory {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Stops every socket nobody claimed listening, for every process
+    /// holding it: for a first start's, which systemd passed and holds
+    /// too. Never for a reload's: the old generation accepts on them
+    /// until the handover, and serves their queues after.
+    pub fn stop_listening_unclaimed(&self) {
+        for (entry, fd) in &self.sockets {
+            let Some(fd) = fd else { continue };
+            if let Err(err) = socket2::SockRef::from(fd).shutdown(std::net::Shutdown::Read) {
+                tracing::warn!(socket = %entry.name, cause = %err, "an unclaimed socket may still listen");
+            }
+        }
     }
 
     /// Names of the sockets nobody claimed (yet).
@@ -328,13 +343,17 @@ impl Holdings {
     }
 
     /// Marks the sockets a reload's successor adopted, and the others as
-    /// dropped by its config.
-    pub fn handed_over(&self, adopted: &[String]) {
+    /// dropped by its config when it `names_every_socket` (else as kept:
+    /// closed, not stopped listening, as one it took unnamed may be among
+    /// them).
+    pub fn handed_over(&self, adopted: &[String], names_every_socket: bool) {
         for h in &self.items {
             h.fate.set(if adopted.contains(&h.entry.name) {
                 Fate::Adopted
-            } else {
+            } else if names_every_socket {
                 Fate::Dropped
+            } else {
+                Fate::Kept
             });
         }
     }
@@ -375,7 +394,7 @@ mod tests {
         }
         std::fs::remove_file(path("rebound")).expect("unlink");
         let _since = bind("rebound");
-        holdings.handed_over(&["adopted".to_string()]);
+        holdings.handed_over(&["adopted".to_string()], true);
         holdings.remove_unadopted_files();
         assert!(path("adopted").exists(), "the adopted socket's file");
         assert!(!path("moved").exists(), "the moved socket's file");
