@@ -226,9 +226,40 @@ impl AccessLog {
             total_ms: millis(ended.saturating_duration_since(e.marks.started)),
             termination: e.termination.code(),
         };
-        let mut out = serde_json::to_vec(&line).unwrap_or_default();
+        let mut out = Vec::with_capacity(256);
+        let mut json = serde_json::Serializer::with_formatter(&mut out, AsciiOnly);
+        if line.serialize(&mut json).is_err() {
+            out.clear();
+        }
         out.push(b'\n');
         out
+    }
+}
+
+/// serde_json's compact output, with every character past ASCII written
+/// as `\uXXXX`: a target or user agent holding U+2028, U+2029 or U+0085
+/// (line breaks to `splitlines` and to JavaScript) or U+202E (which turns
+/// a terminal's text around) cannot split or disguise a line.
+struct AsciiOnly;
+
+impl serde_json::ser::Formatter for AsciiOnly {
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        let mut ascii_from = 0;
+        for (at, c) in fragment.char_indices() {
+            if c.is_ascii() {
+                continue;
+            }
+            writer.write_all(&fragment.as_bytes()[ascii_from..at])?;
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                write!(writer, "\\u{unit:04x}")?;
+            }
+            ascii_from = at + c.len_utf8();
+        }
+        writer.write_all(&fragment.as_bytes()[ascii_from..])
     }
 }
 
@@ -276,15 +307,19 @@ fn combined(e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
     line.into_bytes()
 }
 
-/// Quotes, backslashes and control bytes as `\xHH` (nginx's escaping): a
-/// client cannot forge a field or a line.
+/// Quotes, backslashes, control bytes and every byte past ASCII as
+/// `\xHH` (nginx's escaping): a client cannot forge a field or a line, nor
+/// split one for a reader that takes U+2028 or U+0085 for a line break,
+/// nor turn a terminal's text around (U+202E).
 fn escape(text: &str) -> String {
+    use std::fmt::Write;
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '"' | '\\' => out.push_str(&format!("\\x{:02X}", c as u32)),
-            c if c.is_control() => out.push_str(&format!("\\x{:02X}", c as u32)),
-            c => out.push(c),
+    for b in text.bytes() {
+        match b {
+            b'"' | b'\\' | 0..=0x1F | 0x7F.. => {
+                let _ = write!(out, "\\x{b:02X}");
+            }
+            b => out.push(char::from(b)),
         }
     }
     out
@@ -318,6 +353,34 @@ mod tests {
     #[test]
     fn a_client_cannot_forge_a_field() {
         assert_eq!(escape("a\"b\\c\nd"), "a\\x22b\\x5Cc\\x0Ad");
+        assert_eq!(
+            escape("/\u{2028}\u{85}\u{202E}é\u{7F}"),
+            "/\\xE2\\x80\\xA8\\xC2\\x85\\xE2\\x80\\xAE\\xC3\\xA9\\x7F"
+        );
+    }
+
+    /// A JSON line is ASCII whatever a client sent: what is past it is
+    /// `\uXXXX` (a surrogate pair past the BMP), and reads back the same.
+    #[test]
+    fn a_json_line_is_ascii_and_reads_back_the_same() {
+        let target = "/a\u{2028}b\u{85}\u{202E}é😀\"\n";
+        let line = AsciiLine { target };
+        let mut out = Vec::new();
+        let mut json = serde_json::Serializer::with_formatter(&mut out, AsciiOnly);
+        line.serialize(&mut json).expect("serialized");
+        assert!(out.is_ascii(), "{}", String::from_utf8_lossy(&out));
+        let text = String::from_utf8(out).expect("utf-8");
+        assert!(
+            text.contains(r"\u2028") && text.contains(r"\ud83d\ude00"),
+            "{text}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(back["target"], target);
+    }
+
+    #[derive(Serialize)]
+    struct AsciiLine<'a> {
+        target: &'a str,
     }
 
     #[test]
