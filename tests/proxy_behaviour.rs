@@ -262,10 +262,22 @@ async fn forwarding_headers_follow_the_listener_mode() {
         "{appended}"
     );
     // A certificate's identity comes from the listener's handshake alone:
-    // no client can chain one in.
-    for spoof in ["8.8.8.8", "gopher", "Hash=0"] {
+    // no client can chain one in; nor does one say the scheme beside
+    // baton's own `X-Forwarded-Proto`. What a trusted proxy before baton
+    // says of where the app is mounted goes on.
+    for spoof in [
+        "8.8.8.8",
+        "gopher",
+        "Hash=0",
+        "x-forwarded-ssl",
+        "front-end-https",
+    ] {
         assert!(!appended.contains(spoof), "{spoof} survived: {appended}");
     }
+    assert!(
+        appended.contains("x-forwarded-prefix: /admin\n"),
+        "{appended}"
+    );
     let off = headers_seen("forwarded = \"off\"", SPOOFED).await;
     assert!(off.contains("x-forwarded-for: 6.6.6.6\n"), "{off}");
     assert!(off.contains("x-forwarded-prefix: /admin\n"), "{off}");

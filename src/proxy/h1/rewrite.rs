@@ -93,8 +93,11 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
 /// values are gathered in `chain` (baton writes them as one line, its
 /// own hop last), and the `_` spellings of the fields baton writes, with
 /// the certificate identity only its own handshake can prove, are dropped,
-/// not chained. One rule for both paths: h2 clients' fields go through it
-/// too (`relay::upload`).
+/// not chained; so is every other field that says the scheme
+/// ([`SCHEME_FIELDS`]), which baton's own `X-Forwarded-Proto` says: left
+/// in, a client's `X-Forwarded-Ssl: on` beside it made Rack take a plain
+/// request for https. One rule for both paths: h2 clients' fields go
+/// through it too (`relay::upload`).
 pub fn forwarding_kept<'a>(
     mode: Forwarded,
     name: &[u8],
@@ -112,10 +115,15 @@ pub fn forwarding_kept<'a>(
                 !names_alike("x-forwarded-for", name)
                     && !names_alike("x-forwarded-proto", name)
                     && !names_alike("x-forwarded-client-cert", name)
+                    && !SCHEME_FIELDS.iter().any(|f| names_alike(f, name))
             }
         }
     }
 }
+
+/// Fields besides `X-Forwarded-Proto` that backends read the scheme from
+/// (Rack, Spring, IIS).
+const SCHEME_FIELDS: [&str; 3] = ["x-forwarded-ssl", "x-forwarded-scheme", "front-end-https"];
 
 /// The target as a backend takes it: an absolute-form target loses its
 /// scheme and authority (they went to `Host`).
