@@ -451,8 +451,12 @@ async fn a_client_that_never_handshakes_is_cut_at_handshake_timeout() {
     .await;
 }
 
+/// An expired certificate is a warning, not an error: `check` names it
+/// and passes, and a reload goes through (it used to fail, as did every
+/// reload and a start after a reboot while one entry of many had lapsed,
+/// taking plain listeners down with it); the new generation logs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_certificate_is_refused_by_check_and_by_a_reload() {
+async fn an_expired_certificate_is_a_warning_for_check_and_a_reload() {
     let (_backend, ca, a, baton) = one_certificate("").await;
     let expired = ca.issue_expired("old", &["a.test"]);
     let serving = baton.serving_pid().await;
@@ -473,18 +477,18 @@ async fn an_expired_certificate_is_refused_by_check_and_by_a_reload() {
         .output()
         .expect("baton check runs");
     let stderr = String::from_utf8_lossy(&check.stderr);
-    assert_eq!(check.status.code(), Some(78), "{stderr}");
+    assert_eq!(check.status.code(), Some(0), "{stderr}");
     assert!(
-        stderr.contains(named) && stderr.contains("expired"),
+        stderr.contains("warning") && stderr.contains(named) && stderr.contains("expired"),
         "{stderr}"
     );
-    let r = baton.reload().await;
-    assert_eq!(r.code, 78, "{r:?}");
-    assert!(r.stderr.contains(named), "{}", r.stderr);
-    assert_eq!(
-        baton.serving_pid().await,
-        serving,
-        "the old generation serves on"
+    let next = baton.reload_ok().await;
+    assert_ne!(next, serving, "the reload went through");
+    let log = baton.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(" WARN ") && l.contains(named) && l.contains("expired")),
+        "{log}"
     );
 }
 

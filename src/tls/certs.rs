@@ -72,8 +72,8 @@ pub enum Reason {
     Unusable { index: usize, error: rustls::Error },
     #[error("is not a private key rustls can sign with: {0}")]
     UnsupportedKey(rustls::Error),
-    #[error("does not match the certificate")]
-    KeyMismatch,
+    #[error("does not match the certificate in {}", cert.display())]
+    KeyMismatch { cert: std::path::PathBuf },
     #[error("is out of order: chain[{}] did not issue chain[{index}] (the leaf comes first, each certificate followed by its issuer)", index + 1)]
     ChainOrder { index: usize },
     #[error("{}expired on {}", chain(*.index), format_time(*.at))]
@@ -97,7 +97,8 @@ fn chain(index: usize) -> String {
 pub struct Loaded {
     pub key: Arc<CertifiedKey>,
     pub info: CertificateInfo,
-    /// Not fatal: a certificate of the chain expires within two weeks.
+    /// Not fatal: a certificate of the chain expired, is not valid yet, or
+    /// expires within two weeks.
     pub warnings: Vec<Problem>,
 }
 
@@ -111,9 +112,8 @@ pub fn load(cert: &Path, key: &Path, now: SystemTime) -> Result<Loaded, Vec<Prob
     let certified = CertifiedKey::new(chain, signing);
     let parsed = parse_chain(&certified.cert).map_err(|r| vec![problem(Part::Cert, cert, r)])?;
     let mut errors: Vec<Problem> = mismatch(&certified, cert, key).into_iter().collect();
-    let (invalid, soon) = validity(&parsed, unix_seconds(now));
-    let cert_problems = chain_order(&parsed).into_iter().chain(invalid);
-    errors.extend(cert_problems.map(|r| problem(Part::Cert, cert, r)));
+    let warned = validity(&parsed, unix_seconds(now));
+    errors.extend(chain_order(&parsed).map(|r| problem(Part::Cert, cert, r)));
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -122,7 +122,7 @@ pub fn load(cert: &Path, key: &Path, now: SystemTime) -> Result<Loaded, Vec<Prob
     Ok(Loaded {
         key: Arc::new(certified),
         info,
-        warnings: soon
+        warnings: warned
             .into_iter()
             .map(|r| problem(Part::Cert, cert, r))
             .collect(),
@@ -218,7 +218,8 @@ fn mismatch(certified: &CertifiedKey, cert: &Path, key: &Path) -> Option<Problem
     match certified.keys_match() {
         Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => None,
         Err(rustls::Error::InconsistentKeys(_)) => {
-            Some(problem(Part::Key, key, Reason::KeyMismatch))
+            let cert = cert.to_path_buf();
+            Some(problem(Part::Key, key, Reason::KeyMismatch { cert }))
         }
         Err(error) => Some(problem(
             Part::Cert,
@@ -237,43 +238,35 @@ fn chain_order(parsed: &[X509Certificate<'_>]) -> Option<Reason> {
         .map(|index| Reason::ChainOrder { index })
 }
 
-/// Certificates not valid at `now` (errors), and those expiring within
-/// [`EXPIRY_WARNING_SECS`] (warnings).
-/// The chain's validity now: what refuses the entry, and what loads with a
-/// warning. The leaf's and its issuer's dates refuse it (every client
-/// builds its path through both); further up, a chain may carry an
-/// expired certificate for old clients (Let's Encrypt's chains carried
-/// ISRG Root X1 cross-signed by the expired DST Root CA X3 for years),
-/// which clients that trust the one below it never use; nginx and HAProxy
-/// serve such chains.
-fn validity(parsed: &[X509Certificate<'_>], now: i64) -> (Vec<Reason>, Vec<Reason>) {
-    let mut invalid = Vec::new();
+/// The chain's validity now, as warnings: a certificate expired, not
+/// valid yet, or expiring within [`EXPIRY_WARNING_SECS`]. None refuses the
+/// entry: clients refuse an expired leaf or issuer themselves, but a
+/// refused entry failed the whole config, so one lapsed name of twenty
+/// failed every reload (a drained backend, another name's renewal) and,
+/// at the next reboot or crash, kept every listener down, plain ones too;
+/// nginx and HAProxy serve it. Further up, a chain may carry an expired
+/// certificate for old clients (Let's Encrypt's chains carried ISRG Root
+/// X1 cross-signed by the expired DST Root CA X3 for years), which
+/// clients that trust the one below it never use.
+fn validity(parsed: &[X509Certificate<'_>], now: i64) -> Vec<Reason> {
     let mut warned = Vec::new();
     for (index, cert) in parsed.iter().enumerate() {
         let not_before = cert.validity().not_before.timestamp();
         let at = cert.validity().not_after.timestamp();
-        let wrong = if now > at {
-            Reason::Expired { index, at }
+        if now > at {
+            warned.push(Reason::Expired { index, at });
         } else if now < not_before {
-            Reason::NotYetValid {
+            warned.push(Reason::NotYetValid {
                 index,
                 at: not_before,
-            }
+            });
         } else if at - now < EXPIRY_WARNING_SECS {
             // Rounded up: "in 0 day(s)" would read as "already".
             let days = (at - now + DAY - 1) / DAY;
             warned.push(Reason::ExpiresSoon { index, at, days });
-            continue;
-        } else {
-            continue;
-        };
-        if index <= 1 {
-            invalid.push(wrong);
-        } else {
-            warned.push(wrong);
         }
     }
-    (invalid, warned)
+    warned
 }
 
 fn info(leaf: &X509Certificate<'_>) -> CertificateInfo {
@@ -334,6 +327,13 @@ mod tests {
         problems.remove(0)
     }
 
+    /// The one warning an entry that loads comes with.
+    fn only_warning(result: Result<super::Loaded, Vec<Problem>>) -> String {
+        let loaded = result.expect("loads");
+        assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+        loaded.warnings[0].to_string()
+    }
+
     #[test]
     fn a_good_chain_and_key_load_with_their_names() {
         let pki = Pki::new();
@@ -364,17 +364,23 @@ mod tests {
         let b = pki.leaf("b.example.com", &["b.example.com"], -1..90);
         let p = only_problem(load_texts(&pki, &a.cert, &b.key));
         assert_eq!(p.part, Part::Key);
-        let expected = format!("does not match the certificate (file {})", p.path.display());
+        let cert = p.path.with_file_name("a.pem");
+        let expected = format!(
+            "does not match the certificate in {} (file {})",
+            cert.display(),
+            p.path.display()
+        );
         assert_eq!(p.to_string(), expected);
         assert!(p.path.ends_with("a.key"));
     }
 
+    /// An expired leaf loads, with a warning naming its date: clients
+    /// refuse it, but one lapsed entry must not fail the whole config.
     #[test]
-    fn an_expired_certificate_is_refused_with_its_date() {
+    fn an_expired_certificate_loads_with_a_warning_naming_its_date() {
         let pki = Pki::new();
         let leaf = pki.leaf("a.example.com", &["a.example.com"], -30..-2);
-        let p = only_problem(load_texts(&pki, &leaf.cert, &leaf.key));
-        assert_eq!(p.part, Part::Cert);
+        let warning = only_warning(load_texts(&pki, &leaf.cert, &leaf.key));
         let expires = x509_parser::parse_x509_certificate(&pem_der(&leaf.cert))
             .expect("x509")
             .1
@@ -383,9 +389,8 @@ mod tests {
             .timestamp();
         let date = crate::tls::format_time(expires);
         assert!(
-            p.to_string()
-                .starts_with(&format!("expired on {date} (file ")),
-            "{p}"
+            warning.starts_with(&format!("expired on {date} (file ")),
+            "{warning}"
         );
     }
 
@@ -396,37 +401,32 @@ mod tests {
         let pki = Pki::new();
         let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..90);
         let chain = format!("{}{}", leaf.chain(), pki.expired_cross_sign());
-        let loaded = load_texts(&pki, &chain, &leaf.key).expect("loads");
-        assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
-        let warning = loaded.warnings[0].to_string();
+        let warning = only_warning(load_texts(&pki, &chain, &leaf.key));
         assert!(warning.starts_with("chain[2] expired on "), "{warning}");
     }
 
-    /// The leaf's own issuer expired: every client builds its path
-    /// through it, so that refuses the entry, naming chain[1].
+    /// The leaf's own issuer expired: a warning naming chain[1].
     #[test]
-    fn an_expired_issuer_is_refused() {
+    fn an_expired_issuer_loads_with_a_warning() {
         let pki = Pki::with_ca_valid(-30..-2);
         let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..90);
-        let p = only_problem(load_texts(&pki, &leaf.chain(), &leaf.key));
-        assert!(p.to_string().starts_with("chain[1] expired on "), "{p}");
+        let warning = only_warning(load_texts(&pki, &leaf.chain(), &leaf.key));
+        assert!(warning.starts_with("chain[1] expired on "), "{warning}");
     }
 
     #[test]
-    fn a_certificate_not_yet_valid_is_refused() {
+    fn a_certificate_not_yet_valid_loads_with_a_warning() {
         let pki = Pki::new();
         let leaf = pki.leaf("a.example.com", &["a.example.com"], 2..90);
-        let p = only_problem(load_texts(&pki, &leaf.cert, &leaf.key));
-        assert!(p.to_string().starts_with("is not valid before "), "{p}");
+        let warning = only_warning(load_texts(&pki, &leaf.cert, &leaf.key));
+        assert!(warning.starts_with("is not valid before "), "{warning}");
     }
 
     #[test]
     fn a_certificate_expiring_within_two_weeks_loads_with_a_warning() {
         let pki = Pki::new();
         let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..5);
-        let loaded = load_texts(&pki, &leaf.cert, &leaf.key).expect("loads");
-        assert_eq!(loaded.warnings.len(), 1);
-        let warning = loaded.warnings[0].to_string();
+        let warning = only_warning(load_texts(&pki, &leaf.cert, &leaf.key));
         assert!(warning.contains(", in 5 day(s) (file "), "{warning}");
     }
 

@@ -348,27 +348,27 @@ mod tests {
         let tls = format!(r#"{{ certificates = [{A}, {{ cert = "a.pem", key = "b.key" }}] }}"#);
         let p = problems(&pki, "http", &tls);
         let expected = format!(
-            "listeners[0].tls.certificates[1].key: does not match the certificate (file {})",
+            "listeners[0].tls.certificates[1].key: does not match the certificate in {} (file {})",
+            key.with_file_name("a.pem").display(),
             key.display()
         );
         assert_eq!(p, [expected]);
     }
 
+    /// Loads, served: a warning names it with its date.
     #[test]
-    fn an_expired_certificate_is_named_with_its_date() {
+    fn an_expired_certificate_loads_with_a_warning_naming_its_date() {
         let pki = pki();
         pki.leaf_files("old", "old.example.com", -30..-2);
-        let p = problems(
-            &pki,
-            "tcp",
-            r#"{ certificates = [{ cert = "old.pem", key = "old.key" }] }"#,
-        );
-        assert_eq!(p.len(), 1, "{p:?}");
+        let tls = r#"{ certificates = [{ cert = "old.pem", key = "old.key" }] }"#;
+        let c = load(&pki, "tcp", tls).expect("valid");
+        let w = &c.warnings;
+        assert_eq!(w.len(), 1, "{w:?}");
         assert!(
-            p[0].starts_with("listeners[0].tls.certificates[0].cert: expired on 20"),
-            "{p:?}"
+            w[0].starts_with("listeners[0].tls.certificates[0].cert: expired on 20"),
+            "{w:?}"
         );
-        assert!(p[0].ends_with("old.pem)"), "{p:?}");
+        assert!(w[0].ends_with("old.pem)"), "{w:?}");
     }
 
     #[test]
