@@ -383,6 +383,38 @@ async fn failed_handshakes(admin: SocketAddr) -> String {
         .to_string()
 }
 
+/// A connection closed before its client sent a byte (a balancer's TCP
+/// check, a port scan) is an aborted handshake, not a failed one, and is
+/// not logged: counted as failures, such checks made a failure rate that
+/// climbed all day. One reset before a byte too. (On a listener that
+/// defers accepts, as HTTP ones do by default, the kernel never hands
+/// such a connection over at all.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_before_a_byte_is_an_aborted_handshake() {
+    let (_backend, _ca, _a, baton) =
+        one_certificate_on("web", "http", "", "defer_accept = false").await;
+    drop(
+        tokio::net::TcpStream::connect(baton.addr("web"))
+            .await
+            .expect("connect"),
+    );
+    support::reset(
+        tokio::net::TcpStream::connect(baton.addr("web"))
+            .await
+            .expect("connect"),
+    );
+    support::eventually("both counted as aborted", || async {
+        handshakes(baton.admin, "aborted").await == 2
+    })
+    .await;
+    assert_eq!(handshakes(baton.admin, "failed").await, 0);
+    assert!(
+        !baton.log().contains("TLS handshake failed"),
+        "{}",
+        baton.log()
+    );
+}
+
 /// What a plain HTTP client that sends a GET to `addr` reads until closed.
 async fn plain_get(addr: SocketAddr) -> String {
     let mut plain = tokio::net::TcpStream::connect(addr).await.expect("connect");

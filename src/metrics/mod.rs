@@ -102,7 +102,7 @@ fn describe() {
     );
     describe_counter!(
         TLS_HANDSHAKES,
-        "TLS handshakes on a listener, by result: full, resumed (a session ticket), failed."
+        "TLS handshakes on a listener, by result: full, resumed (a session ticket), failed, aborted (closed before a byte)."
     );
     describe_gauge!(
         CONNECTIONS_ACTIVE,
@@ -253,6 +253,8 @@ pub struct TlsMetrics {
     pub full: Counter,
     pub resumed: Counter,
     pub failed: Counter,
+    /// Closed before the client sent a byte (a TCP check, a port scan).
+    pub aborted: Counter,
 }
 
 impl TlsMetrics {
@@ -281,6 +283,7 @@ pub fn tls(listener: &str) -> TlsMetrics {
         full: counter("full"),
         resumed: counter("resumed"),
         failed: counter("failed"),
+        aborted: counter("aborted"),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The TLS handshake of an accepted connection: bounded by
 //! `handshake_timeout` (a client that never finishes holds its place in
-//! `max_connections` no longer), and counted as full, resumed or failed.
+//! `max_connections` no longer), and counted as full, resumed, failed, or
+//! aborted (closed before the client sent a byte).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,13 +34,17 @@ pub enum Handshake {
     /// would reach it as garbage (nginx's "The plain HTTP request was sent
     /// to HTTPS port").
     PlainHttp(TcpStream),
-    /// Failed or too slow (logged and counted).
+    /// Failed or too slow (logged and counted), or closed before a byte.
     Failed,
 }
 
 /// Why a handshake did not begin, or failed.
 enum Refused {
     PlainHttp(TcpStream),
+    /// Closed (or reset) before the client sent a byte: a balancer's TCP
+    /// check, a port scan. Counted apart, not logged: counted as failed
+    /// handshakes, they read as a failure rate that climbs all day.
+    Silent,
     Tls(std::io::Error),
 }
 
@@ -72,6 +77,10 @@ impl Terminator {
                 "a plain HTTP request".to_string(),
                 Handshake::PlainHttp(stream),
             ),
+            Ok(Err(Refused::Silent)) => {
+                self.metrics.aborted.increment(1);
+                return Handshake::Failed;
+            }
             Ok(Err(Refused::Tls(err))) => (err.to_string(), Handshake::Failed),
             Err(_) => (
                 format!("no handshake within {:?}", self.timeout),
@@ -86,19 +95,27 @@ impl Terminator {
     }
 
     async fn begin(&self, stream: TcpStream) -> Result<TlsStream<TcpStream>, Refused> {
-        if self.answers_plain_http && speaks_plain_text(&stream).await {
+        let Some(first) = first_byte(&stream).await else {
+            return Err(Refused::Silent);
+        };
+        // An ASCII capital begins an HTTP method; a TLS record never does
+        // (a handshake record begins 0x16, an SSLv2-style hello has its
+        // top bit set).
+        if self.answers_plain_http && first.is_ascii_uppercase() {
             return Err(Refused::PlainHttp(stream));
         }
         self.acceptor.accept(stream).await.map_err(Refused::Tls)
     }
 }
 
-/// Whether the client's first byte is an ASCII capital, as an HTTP
-/// method's is: a TLS record's never is (a handshake record begins 0x16,
-/// an SSLv2-style hello with its top bit set). Peeked, so the handshake
-/// reads it again: one more system call a TLS connection, against the
-/// handshake's hundreds of microseconds of CPU.
-async fn speaks_plain_text(stream: &TcpStream) -> bool {
+/// The client's first byte, once it came; none if the connection closed
+/// or was reset first. Peeked, so the handshake reads it again: one more
+/// system call a TLS connection, against the handshake's hundreds of
+/// microseconds of CPU.
+async fn first_byte(stream: &TcpStream) -> Option<u8> {
     let mut first = [0u8; 1];
-    matches!(stream.peek(&mut first).await, Ok(1)) && first[0].is_ascii_uppercase()
+    match stream.peek(&mut first).await {
+        Ok(1) => Some(first[0]),
+        _ => None,
+    }
 }
