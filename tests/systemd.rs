@@ -350,7 +350,8 @@ async fn socket_activation_starts_baton_on_the_first_connection() {
     );
 }
 
-/// A listener from `baton.socket` that a reload removes stops listening:
+/// A listener from `baton.socket` that a reload removes stops listening
+/// (and one a restart keeps goes on):
 /// systemd's socket unit keeps its copy of the socket open, and connections
 /// queued there hung, nobody accepting them, until their clients gave up;
 /// now they are refused at once, as where baton held the only copy.
@@ -366,6 +367,19 @@ async fn a_socket_units_listener_a_reload_removes_refuses_connections() {
     sbx.systemctl_ok(&["start", "baton"]);
     let answer = client::get(p.web, "/before").await.expect("served");
     assert_eq!(answer.body, HttpBackend::body_for("a", "/before"));
+    // A restart passes the socket twice (the socket unit's, and the fd
+    // store's copy under the same name): the copy left unclaimed is the
+    // claimed socket, and must not be stopped.
+    sbx.systemctl_ok(&["restart", "baton"]);
+    let answer = client::get(p.web, "/restarted")
+        .await
+        .expect("served after a restart");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/restarted"));
+    let journal = sbx.journal();
+    assert!(
+        !journal.contains("that the config does not name"),
+        "{journal}"
+    );
     let web = format!(
         "[[listeners]]\nname = \"web\"\nbind = \"{}\"\npool = \"app\"\n\n",
         p.web

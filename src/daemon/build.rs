@@ -159,12 +159,13 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     probe::first_round(&pools, round, stopped(stop.as_ref())).await;
     let adopted = inventory.taken();
     let renamed = inventory.renamed();
+    inventory.drop_copies_of(&holdings);
     let mut unclaimed = inventory.unclaimed();
     if !unclaimed.is_empty() && first {
         // From systemd: a socket unit's copy would go on listening for
         // nobody (connections hang), as a store entry would until the
         // store lets it go.
-        tracing::warn!(sockets = ?unclaimed, "sockets systemd passed that the config does not name: they stop listening (a socket unit should not name them)");
+        tracing::warn!(sockets = ?unclaimed, "sockets systemd passed that the config does not name stop listening (left in the fd store by a config since changed, or named by a socket unit)");
         inventory.stop_listening_unclaimed();
     } else if !unclaimed.is_empty() {
         tracing::info!(sockets = ?unclaimed, "closing inherited sockets the config no longer names");

@@ -51,6 +51,21 @@ impl Inventory {
         self.len() == 0
     }
 
+    /// Closes the unclaimed fds that are sockets `claimed` holds under
+    /// another fd: after a restart systemd passes a socket unit's socket
+    /// twice, its own and the fd store's copy, both under the listener's
+    /// name, and only one is claimed. Left, the copy read as a socket the
+    /// config does not name (and stopped listening at a first start, it
+    /// reset what queued during the restart).
+    pub fn drop_copies_of(&mut self, claimed: &Holdings) {
+        for (entry, fd) in &mut self.sockets {
+            if fd.as_ref().is_some_and(|fd| claimed.holds(fd.as_fd())) {
+                tracing::debug!(socket = %entry.name, "a second fd of a claimed socket");
+                *fd = None;
+            }
+        }
+    }
+
     /// Stops every socket nobody claimed listening, for every process
     /// holding it: for a first start's, which systemd passed and holds
     /// too. Never for a reload's: the old generation accepts on them
@@ -218,6 +233,13 @@ impl SocketFile {
     }
 }
 
+/// The device and inode an fd refers to: one socket's, through every fd
+/// that refers to it (dup'ed, or passed over a Unix socket).
+fn fd_identity(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u64, u64)> {
+    let stat = nix::sys::stat::fstat(fd).ok()?;
+    Some((stat.st_dev, stat.st_ino))
+}
+
 /// The device and inode of the socket file at `path` (not followed).
 fn socket_identity(path: &std::path::Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -309,6 +331,17 @@ impl Holdings {
                 }
             }
         }
+    }
+
+    /// Whether `fd` is one of the held sockets (the same kernel socket,
+    /// whichever fd refers to it).
+    pub fn holds(&self, fd: std::os::fd::BorrowedFd<'_>) -> bool {
+        let Some(wanted) = fd_identity(fd) else {
+            return false;
+        };
+        self.items
+            .iter()
+            .any(|h| fd_identity(h.fd.as_fd()) == Some(wanted))
     }
 
     /// Fresh duplicates of every held socket, for one offer.
