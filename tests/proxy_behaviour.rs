@@ -271,6 +271,7 @@ async fn forwarding_headers_follow_the_listener_mode() {
         "Hash=0",
         "x-forwarded-ssl",
         "front-end-https",
+        "forwarded: ",
     ] {
         assert!(!appended.contains(spoof), "{spoof} survived: {appended}");
     }

@@ -95,9 +95,11 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
 /// the certificate identity only its own handshake can prove, are dropped,
 /// not chained; so is every other field that says the scheme
 /// ([`SCHEME_FIELDS`]), which baton's own `X-Forwarded-Proto` says: left
-/// in, a client's `X-Forwarded-Ssl: on` beside it made Rack take a plain
-/// request for https. One rule for both paths: h2 clients' fields go
-/// through it too (`relay::upload`).
+/// in, a client's `X-Forwarded-Ssl: on` or `Forwarded: proto=https` beside
+/// it made Rack take a plain request for https (`Forwarded`, which baton
+/// does not extend with its own hop, would also give a chain without the
+/// peer baton saw). One rule for both paths: h2 clients' fields go through
+/// it too (`relay::upload`).
 pub fn forwarding_kept<'a>(
     mode: Forwarded,
     name: &[u8],
@@ -122,8 +124,14 @@ pub fn forwarding_kept<'a>(
 }
 
 /// Fields besides `X-Forwarded-Proto` that backends read the scheme from
-/// (Rack, Spring, IIS).
-const SCHEME_FIELDS: [&str; 3] = ["x-forwarded-ssl", "x-forwarded-scheme", "front-end-https"];
+/// (Rack, Spring, gunicorn, IIS).
+const SCHEME_FIELDS: [&str; 5] = [
+    "forwarded",
+    "x-forwarded-ssl",
+    "x-forwarded-scheme",
+    "x-forwarded-protocol",
+    "front-end-https",
+];
 
 /// The target as a backend takes it: an absolute-form target loses its
 /// scheme and authority (they went to `Host`).
