@@ -524,6 +524,24 @@ async fn an_expired_certificate_is_a_warning_for_check_and_a_reload() {
     );
 }
 
+/// A renewed certificate listed after the expired one it replaces serves
+/// its name: a client that checks dates completes its handshake, with
+/// the expired one first in the list or last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_certificate_serves_before_an_expired_one_for_its_name() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let expired = ca.issue_expired("old", &["a.test"]);
+    let renewed = ca.issue("new", &["a.test"]);
+    for certs in [[&expired, &renewed], [&renewed, &expired]] {
+        let baton = tls_baton(&backend, &certs, "").await;
+        assert_eq!(
+            one_request(&ca.client(&[]), baton.addr("web")).await,
+            Ok(200)
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_that_does_not_load_fails_the_reload_and_the_old_one_serves_on() {
     let backend = HttpBackend::start("a").await;

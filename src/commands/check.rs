@@ -149,9 +149,15 @@ fn print_tls(listener: &str, tls: &TlsSettings) {
         display(tls.handshake_timeout),
         tls.client_auth.map_or("off", ClientAuth::as_str),
     );
+    let now = crate::tls::unix_seconds(std::time::SystemTime::now());
     for cert in &tls.certificates {
+        let expires = if now > cert.not_after_unix {
+            "expired"
+        } else {
+            "expires"
+        };
         println!(
-            "listener {listener} tls certificate {} (names {}; expires {})",
+            "listener {listener} tls certificate {} (names {}; {expires} {})",
             cert.name,
             cert.names.join(", "),
             crate::tls::format_time(cert.not_after_unix),

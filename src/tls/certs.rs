@@ -1,8 +1,10 @@
 //! Loading and checking one `certificates` entry (and the `client_ca`
-//! bundle): both files are read and parsed, the key must match the leaf, the
-//! chain must run leaf first, and every certificate in it must be valid now.
-//! A certificate that would fail clients is refused at load, so a reload
-//! with a bad one fails and the running generation keeps serving.
+//! bundle): both files are read and parsed, the key must match the leaf and
+//! the chain must run leaf first, or the entry is refused (a reload with
+//! one fails and the running generation keeps serving). A certificate not
+//! valid now (expired, or not yet) loads with a warning: clients refuse
+//! it, but refusing the config would take every other entry and listener
+//! down with it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -277,6 +279,7 @@ fn info(leaf: &X509Certificate<'_>) -> CertificateInfo {
             .cloned()
             .unwrap_or_else(|| leaf.subject().to_string()),
         names,
+        not_before_unix: leaf.validity().not_before.timestamp(),
         not_after_unix: leaf.validity().not_after.timestamp(),
     }
 }

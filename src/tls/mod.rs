@@ -93,6 +93,8 @@ pub struct CertificateInfo {
     pub name: String,
     /// The DNS names it serves, lower-cased; `*.` wildcards included.
     pub names: Vec<String>,
+    /// The leaf's notBefore, in seconds since the epoch.
+    pub not_before_unix: i64,
     /// The leaf's notAfter, in seconds since the epoch.
     pub not_after_unix: i64,
 }

@@ -7,8 +7,11 @@
 //!
 //! Several certificates may serve one name with keys of different kinds
 //! (ECDSA for today's clients, RSA for old ones, as nginx and HAProxy
-//! allow): the first listed whose key can sign with a scheme the client
-//! offers serves, else the first listed.
+//! allow), or a renewed one beside the one it replaces: the first listed
+//! that is valid now and whose key can sign with a scheme the client
+//! offers serves, else the first whose key can, else the first listed (an
+//! expired certificate loads, with a warning, and is served only where
+//! nothing valid serves its name).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -89,6 +92,9 @@ pub struct SniResolver {
     names: Names,
     /// At least one: validation refuses a `tls` key without certificates.
     keys: Vec<Arc<CertifiedKey>>,
+    /// Each certificate's leaf's validity, as (notBefore, notAfter) in
+    /// seconds since the epoch.
+    valid: Vec<(i64, i64)>,
 }
 
 impl SniResolver {
@@ -96,32 +102,67 @@ impl SniResolver {
         SniResolver {
             names: Names::new(certificates.iter().map(|c| c.info.names.as_slice())),
             keys: certificates.iter().map(|c| c.key.clone()).collect(),
+            valid: certificates
+                .iter()
+                .map(|c| (c.info.not_before_unix, c.info.not_after_unix))
+                .collect(),
         }
+    }
+}
+
+/// Of `candidates` (config order), the first valid now that signs for
+/// the client, else the first that signs, else the first.
+fn choose(
+    candidates: &[usize],
+    valid_now: impl Fn(usize) -> bool,
+    signs: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    match candidates {
+        [only] => Some(*only),
+        _ => candidates
+            .iter()
+            .find(|&&i| valid_now(i) && signs(i))
+            .or_else(|| candidates.iter().find(|&&i| signs(i)))
+            .or(candidates.first())
+            .copied(),
     }
 }
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let candidates = self.names.pick(hello.server_name());
-        let signs_for_client = |index: &&usize| {
+        let signs = |index: usize| {
             self.keys
-                .get(**index)
+                .get(index)
                 .is_some_and(|k| k.key.choose_scheme(hello.signature_schemes()).is_some())
         };
-        let chosen = match candidates {
-            [only] => Some(only),
-            _ => candidates
-                .iter()
-                .find(signs_for_client)
-                .or(candidates.first()),
+        let now = super::unix_seconds(std::time::SystemTime::now());
+        let valid_now = |index: usize| {
+            self.valid
+                .get(index)
+                .is_some_and(|&(from, until)| (from..=until).contains(&now))
         };
-        chosen.and_then(|index| self.keys.get(*index)).cloned()
+        choose(candidates, valid_now, signs).and_then(|index| self.keys.get(index).cloned())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Names;
+    use super::{choose, Names};
+
+    /// A valid certificate wins over an expired one listed before it, if
+    /// it signs for the client; an expired one serves only where nothing
+    /// valid can.
+    #[test]
+    fn a_valid_certificate_serves_before_an_expired_one() {
+        let valid = |i: usize| i != 0;
+        assert_eq!(choose(&[0, 1], valid, |_| true), Some(1));
+        assert_eq!(choose(&[0, 1], valid, |i| i == 0), Some(0));
+        assert_eq!(choose(&[0, 1], |_| false, |_| true), Some(0));
+        assert_eq!(choose(&[0, 1], |_| false, |_| false), Some(0));
+        assert_eq!(choose(&[0], |_| false, |_| false), Some(0));
+        assert_eq!(choose(&[], |_| true, |_| true), None);
+    }
 
     fn names() -> Names {
         let lists = [
