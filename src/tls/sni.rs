@@ -4,6 +4,9 @@
 //! `a.b.example.com`, as RFC 6125 and browsers have it), compared without
 //! regard to case. With no SNI or no match the first certificate serves:
 //! refusing the handshake would only turn a name warning into an outage.
+//! (A name rustls cannot read as a DNS name, with a space or a byte past
+//! ASCII, ends the handshake with an `illegal_parameter` alert before any
+//! resolver is asked; an IP address as SNI reads as none.)
 //!
 //! Several certificates may serve one name with keys of different kinds
 //! (ECDSA for today's clients, RSA for old ones, as nginx and HAProxy
