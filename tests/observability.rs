@@ -1018,6 +1018,39 @@ async fn a_readiness_probe_the_old_generation_answers_says_what_its_pools_say() 
     }
 }
 
+/// A stop that reaches an old generation while it drains turns its
+/// readiness to 503, as the serving generation's: a probe it still
+/// answers (on a connection it took before the handover) read 200 while
+/// the serving one said the host was stopping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_reaching_a_draining_generation_turns_its_readiness_to_503() {
+    use tokio::io::AsyncWriteExt;
+    let (_backend, baton, slow) = with_a_slow_request().await;
+    let mut probe = tokio::net::TcpStream::connect(baton.admin)
+        .await
+        .expect("connect");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let serving = baton.reload_ok().await;
+    // As systemd's stop: SIGTERM to every process of the unit.
+    for pid in [serving, baton.first_pid] {
+        support::daemon::signal(pid, nix::sys::signal::Signal::SIGTERM);
+    }
+    support::eventually("the draining generation heard the stop", || async {
+        baton.log().contains("stop signal while draining")
+    })
+    .await;
+    probe
+        .write_all(b"GET /readyz HTTP/1.1\r\nhost: admin\r\n\r\n")
+        .await
+        .expect("request");
+    let answer = client::read_until_closed(&mut probe).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 503 ") && answer.contains(r#""status":"draining""#),
+        "{answer:?}"
+    );
+    drop(slow);
+}
+
 /// `baton_tcp_bytes_total` moves while a TCP session lasts (every 64 KiB
 /// a connection moves), not only as it ends: a session of days would
 /// otherwise show no traffic all along, then all of it at once. At the

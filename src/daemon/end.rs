@@ -382,6 +382,14 @@ impl Generation {
                         stops += 1;
                         // The stop's own end: its pause, then its drain.
                         deadline = deadline.min(Instant::now() + self.config.stop_budget());
+                        // A probe this generation still answers (one it
+                        // took before its admin stop) is told the host is
+                        // stopping, as the serving generation tells it.
+                        self.phase.send_modify(|phase| {
+                            *phase = Phase::Stopping {
+                                deadline: phase.drain_deadline(),
+                            };
+                        });
                         self.publish_deadline(deadline);
                         // Ended as the serving generation ends its own:
                         // when its pause is over.
