@@ -387,8 +387,8 @@ async fn failed_handshakes(admin: SocketAddr) -> String {
 /// check, a port scan) is an aborted handshake, not a failed one, and is
 /// not logged: counted as failures, such checks made a failure rate that
 /// climbed all day. One reset before a byte too. (On a listener that
-/// defers accepts, as HTTP ones do by default, the kernel never hands
-/// such a connection over at all.)
+/// defers accepts, as HTTP ones do by default, the kernel drops a reset
+/// one before it is accepted; a closed one it hands over.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_closed_before_a_byte_is_an_aborted_handshake() {
     let (_backend, _ca, _a, baton) =

@@ -95,7 +95,7 @@ impl Terminator {
     }
 
     async fn begin(&self, stream: TcpStream) -> Result<TlsStream<TcpStream>, Refused> {
-        let Some(first) = first_byte(&stream).await else {
+        let Some(first) = first_byte(&stream).await.map_err(Refused::Tls)? else {
             return Err(Refused::Silent);
         };
         // An ASCII capital begins an HTTP method; a TLS record never does
@@ -109,13 +109,16 @@ impl Terminator {
 }
 
 /// The client's first byte, once it came; none if the connection closed
-/// or was reset first. Peeked, so the handshake reads it again: one more
-/// system call a TLS connection, against the handshake's hundreds of
-/// microseconds of CPU.
-async fn first_byte(stream: &TcpStream) -> Option<u8> {
+/// or was reset first (any other error is the handshake's to report).
+/// Peeked, so the handshake reads it again: one more system call a TLS
+/// connection, against the handshake's hundreds of microseconds of CPU.
+async fn first_byte(stream: &TcpStream) -> Result<Option<u8>, std::io::Error> {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionReset};
     let mut first = [0u8; 1];
     match stream.peek(&mut first).await {
-        Ok(1) => Some(first[0]),
-        _ => None,
+        Ok(0) => Ok(None),
+        Ok(_) => Ok(Some(first[0])),
+        Err(err) if matches!(err.kind(), ConnectionReset | ConnectionAborted) => Ok(None),
+        Err(err) => Err(err),
     }
 }
