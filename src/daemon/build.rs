@@ -159,7 +159,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     probe::first_round(&pools, round, stopped(stop.as_ref())).await;
     let adopted = inventory.taken();
     let renamed = inventory.renamed();
-    inventory.drop_copies_of(&holdings);
+    let stale_copies = inventory.drop_copies_of(&holdings);
     let mut unclaimed = inventory.unclaimed();
     if !unclaimed.is_empty() && first {
         // From systemd: a socket unit's copy would go on listening for
@@ -173,6 +173,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     // Out of systemd's fd store before ours go in: it keeps one entry a
     // socket, under its first name.
     unclaimed.extend(renamed.iter().cloned());
+    unclaimed.extend(stale_copies);
     drop(inventory);
     let (control_tx, control_rx) = mpsc::channel(16);
     Ok(Generation {

@@ -56,14 +56,23 @@ impl Inventory {
     /// twice, its own and the fd store's copy, both under the listener's
     /// name, and only one is claimed. Left, the copy read as a socket the
     /// config does not name (and stopped listening at a first start, it
-    /// reset what queued during the restart).
-    pub fn drop_copies_of(&mut self, claimed: &Holdings) {
+    /// reset what queued during the restart). Returns the names such a
+    /// copy had that its holder does not (a socket unit's name changed):
+    /// the fd store keeps a socket under its first name, so that entry
+    /// must leave it.
+    pub fn drop_copies_of(&mut self, claimed: &Holdings) -> Vec<String> {
+        let mut stale = Vec::new();
         for (entry, fd) in &mut self.sockets {
-            if fd.as_ref().is_some_and(|fd| claimed.holds(fd.as_fd())) {
-                tracing::debug!(socket = %entry.name, "a second fd of a claimed socket");
-                *fd = None;
+            let Some(holder) = fd.as_ref().and_then(|fd| claimed.name_of(fd.as_fd())) else {
+                continue;
+            };
+            tracing::debug!(socket = %entry.name, holder, "a second fd of a claimed socket");
+            if holder != entry.name {
+                stale.push(entry.name.clone());
             }
+            *fd = None;
         }
+        stale
     }
 
     /// Stops every socket nobody claimed listening, for every process
@@ -333,15 +342,14 @@ impl Holdings {
         }
     }
 
-    /// Whether `fd` is one of the held sockets (the same kernel socket,
-    /// whichever fd refers to it).
-    pub fn holds(&self, fd: std::os::fd::BorrowedFd<'_>) -> bool {
-        let Some(wanted) = fd_identity(fd) else {
-            return false;
-        };
+    /// The name `fd` is held under, if it is one of the held sockets (the
+    /// same kernel socket, whichever fd refers to it).
+    pub fn name_of(&self, fd: std::os::fd::BorrowedFd<'_>) -> Option<&str> {
+        let wanted = fd_identity(fd)?;
         self.items
             .iter()
-            .any(|h| fd_identity(h.fd.as_fd()) == Some(wanted))
+            .find(|h| fd_identity(h.fd.as_fd()) == Some(wanted))
+            .map(|h| h.entry.name.as_str())
     }
 
     /// Fresh duplicates of every held socket, for one offer.
