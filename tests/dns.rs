@@ -812,3 +812,43 @@ async fn a_tls_backend_given_by_name_is_verified_against_that_name() {
         baton.log()
     );
 }
+
+/// A host with no name server configured (`/etc/resolv.conf` empty, as
+/// while a network manager brings the network up at boot; here bound over
+/// in a mount namespace of baton's own) starts: the named backend has no
+/// member and the rest of the pool serves, where the start used to fail
+/// and take every pool down. Root only (a mount namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_without_a_name_server_still_starts_and_serves_addresses() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let other = HttpBackend::start("b").await;
+    let spec = Spec::new()
+        .section(&format!(
+            "[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nbackends = [{{ name = \"app\", address = \"{HOST}:1\" }}, {{ name = \"ip\", address = \"{}\" }}]\n",
+            other.addr
+        ))
+        .http("web", "app");
+    let without_resolv_conf = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount --bind /dev/null /etc/resolv.conf && exec \"$@\"",
+        "sh",
+    ];
+    let baton = Baton::spawn_under(spec, &[], &without_resolv_conf);
+    support::eventually("the addresses' backend serves", || async {
+        client::get(baton.addr("web"), "/x")
+            .await
+            .is_ok_and(|a| (a.status, a.body.as_str()) == (200, "b /x\n"))
+    })
+    .await;
+    support::eventually("the name's failure is said", || async {
+        baton.log().contains("resolv.conf")
+    })
+    .await;
+}

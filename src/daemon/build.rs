@@ -71,7 +71,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         crate::workers::Workers::start(config.workers, config.pin_workers, config.busy_poll)
             .map_err(StartError::Workers)?;
     let pools = Pool::all(&config.pools, workers.count());
-    let resolver = crate::resolve::refresh::resolver_for(&config)?;
+    let resolver = crate::resolve::refresh::resolver_for(&config);
     // A drain said of a DNS name holds before its first members come, so
     // they come drained too.
     carry_names(&pools, &carried_backends);

@@ -83,8 +83,6 @@ pub enum StartError {
     Handoff(#[from] HandoverError),
     #[error("TLS session tickets: {0}")]
     Tickets(#[from] crate::tls::tickets::TicketError),
-    #[error("DNS: {0}")]
-    Resolver(#[from] crate::resolve::SetupError),
     #[error("listener \"{listener}\" access log {destination}: {source}")]
     AccessLog {
         listener: String,

@@ -66,25 +66,59 @@ pub struct Answer {
 /// Cheap to clone: clones share the name server connections.
 #[derive(Clone)]
 pub struct Resolver {
+    /// Set up at the first resolution that finds it missing: one that
+    /// cannot be (no /etc/resolv.conf, or none naming a server, as while a
+    /// network manager brings the network up at boot) fails that
+    /// resolution, as a name server that does not answer would, and the
+    /// next one tries again. Failing the start instead took every pool
+    /// down, those of addresses too, and a reload failed.
+    families: std::sync::Arc<std::sync::Mutex<Option<Families>>>,
+    config: ResolverConfig,
+    /// How long one query waits.
+    pub timeout: Duration,
+}
+
+/// One hickory resolver a family.
+#[derive(Clone)]
+struct Families {
     /// A records (and SRV).
-    inner: TokioResolver,
+    ipv4: TokioResolver,
     /// AAAA records, asked only of names without an A address: a
     /// resolver of its own, as hickory's address family is a resolver's
     /// option (its `lookup_ip` is what reads /etc/hosts for every name of
     /// the search list, and an IP literal).
     ipv6: TokioResolver,
-    /// How long one query waits.
-    pub timeout: Duration,
 }
 
 impl Resolver {
-    /// A resolver on `config`'s name servers, or /etc/resolv.conf's.
-    pub fn new(config: &ResolverConfig) -> Result<Resolver, SetupError> {
-        Ok(Resolver {
-            inner: Resolver::asking(config, LookupIpStrategy::Ipv4Only)?,
-            ipv6: Resolver::asking(config, LookupIpStrategy::Ipv6Only)?,
+    /// A resolver on `config`'s name servers, or /etc/resolv.conf's (read
+    /// when first needed, and again after it could not be).
+    pub fn new(config: &ResolverConfig) -> Resolver {
+        Resolver {
+            families: std::sync::Arc::default(),
+            config: config.clone(),
             timeout: config.timeout,
-        })
+        }
+    }
+
+    /// The resolvers, set up now if they are not yet.
+    fn families(&self) -> Result<Families, Failure> {
+        let mut families = self
+            .families
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(set_up) = families.as_ref() {
+            return Ok(set_up.clone());
+        }
+        let family = |strategy| {
+            Resolver::asking(&self.config, strategy).map_err(|e| Failure::Failed(e.to_string()))
+        };
+        let set_up = Families {
+            ipv4: family(LookupIpStrategy::Ipv4Only)?,
+            ipv6: family(LookupIpStrategy::Ipv6Only)?,
+        };
+        *families = Some(set_up.clone());
+        Ok(set_up)
     }
 
     /// A hickory resolver for one address family (`strategy`).
@@ -174,9 +208,10 @@ impl Resolver {
     /// AAAA answered would have replaced the IPv4 members, where a failure
     /// keeps the last good set. Only an empty A answer moves on to AAAA.
     async fn addresses(&self, host: &str) -> Result<(Vec<IpAddr>, Duration), Failure> {
-        match self.family(host, &self.inner).await {
+        let families = self.families()?;
+        match self.family(host, &families.ipv4).await {
             Ok((ips, held)) if !ips.is_empty() => Ok((ips, held)),
-            Ok(_) | Err(Failure::Empty(_)) => self.family(host, &self.ipv6).await,
+            Ok(_) | Err(Failure::Empty(_)) => self.family(host, &families.ipv6).await,
             Err(failed) => Err(failed),
         }
     }
@@ -199,7 +234,8 @@ impl Resolver {
     /// lowest priority (higher ones are fallbacks baton does not use).
     async fn srv(&self, name: &str) -> Result<Answer, Failure> {
         let lookup = self
-            .inner
+            .families()?
+            .ipv4
             .srv_lookup(name)
             .await
             .map_err(|e| self.failure(e))?;

@@ -23,11 +23,11 @@ use crate::metrics;
 const SWEEP: Duration = Duration::from_millis(250);
 
 /// The resolver a config needs (none when no backend is named by DNS).
-pub fn resolver_for(config: &crate::config::Config) -> Result<Option<Resolver>, super::SetupError> {
+pub fn resolver_for(config: &crate::config::Config) -> Option<Resolver> {
     if config.pools.iter().all(|p| p.named.is_empty()) {
-        return Ok(None);
+        return None;
     }
-    Resolver::new(&config.resolver).map(Some)
+    Some(Resolver::new(&config.resolver))
 }
 
 /// Gives each named backend its first members before the generation
