@@ -184,6 +184,7 @@ fn refuse(stream: UnixStream, uid: u32, place: Option<places::Place>) {
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .keep_alive(false)
+            .max_buf_size(ADMIN_READ_BUFFER)
             .serve_connection(TokioIo::new(bounded::Bounded::new(stream)), service);
         tokio::select! {
             _ = tokio::time::timeout(places::LEAVING_GRACE, conn) => {}
@@ -192,6 +193,12 @@ fn refuse(stream: UnixStream, uid: u32, place: Option<places::Place>) {
         drop(place);
     });
 }
+
+/// The most an admin connection buffers of a request head: the API's
+/// requests are a line and a few fields. hyper's default (about 400 KiB)
+/// let the 256 connections `places` allows hold ~100 MiB of memory the
+/// data plane shares.
+const ADMIN_READ_BUFFER: usize = 16 * 1024;
 
 /// Serves admin requests until `stop`, then lets open ones finish briefly.
 /// At most `places::MAX_CONNECTIONS` at once: a newcomer past it makes the
@@ -268,6 +275,7 @@ fn answer<S>(
             }
         });
         let conn = hyper::server::conn::http1::Builder::new()
+            .max_buf_size(ADMIN_READ_BUFFER)
             .timer(TokioTimer::new())
             .header_read_timeout(std::time::Duration::from_secs(10))
             .serve_connection(TokioIo::new(bounded::Bounded::new(stream)), service);

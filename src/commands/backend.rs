@@ -1,4 +1,4 @@
-//! `baton backend ID drain|restore`: the admin API's backend calls.
+//! `baton backend drain|restore ID`: the admin API's backend calls.
 
 use std::time::{Duration, Instant};
 
