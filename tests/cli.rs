@@ -1009,3 +1009,87 @@ fn status_and_backend_with_an_admin_section_that_does_not_load_exit_78() {
         assert!(stderr.contains("admin.listen"), "{args:?}: {stderr}");
     }
 }
+
+/// Another local user's flood of connections to the admin Unix socket
+/// (open to all, as systemd's `SocketMode=0666` leaves it) takes no admin
+/// place: each is refused before it would take one, so an allowed
+/// caller's kept-alive connection is not made to give its place up (300
+/// refused connections used to take all 256 and close it). Root only.
+#[test]
+fn refused_unix_peers_take_no_admin_place() {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("admin.sock");
+    let config = config_with(
+        dir.path(),
+        &format!("unix:{}", socket.display()),
+        &dir.path().join("control.sock"),
+    );
+    let log = dir.path().join("baton.log");
+    let mut daemon = first_generation(config.to_str().expect("utf-8 path"), "022", &log);
+    let ready = admin_until(&socket, "/healthz", |code, _| code == 200);
+    for (path, mode) in [(dir.path(), 0o755), (socket.as_path(), 0o666)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let ask = |kept: &mut std::os::unix::net::UnixStream| -> Option<String> {
+        kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .ok()?;
+        let mut answer = vec![0u8; 4096];
+        let n = kept.read(&mut answer).ok()?;
+        Some(String::from_utf8_lossy(&answer[..n]).into_owned())
+    };
+    let mut kept = std::os::unix::net::UnixStream::connect(&socket).expect("connect");
+    kept.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    let first = ask(&mut kept);
+    // 300 connections made as uid 65534, held while `sleep` runs.
+    let path = std::ffi::CString::new(socket.as_os_str().as_encoded_bytes()).expect("path");
+    let mut flood = Command::new("sleep");
+    flood.arg("3").uid(65534).gid(65534);
+    // SAFETY: runs in the forked child (as uid 65534) before exec: only
+    // socket(2) and connect(2), on memory prepared before the fork.
+    unsafe {
+        flood.pre_exec(move || {
+            let mut addr: nix::libc::sockaddr_un = std::mem::zeroed();
+            addr.sun_family = nix::libc::AF_UNIX as nix::libc::sa_family_t;
+            for (slot, &b) in addr.sun_path.iter_mut().zip(path.as_bytes()) {
+                *slot = b as nix::libc::c_char;
+            }
+            for _ in 0..300 {
+                let fd = nix::libc::socket(nix::libc::AF_UNIX, nix::libc::SOCK_STREAM, 0);
+                nix::libc::connect(
+                    fd,
+                    std::ptr::addr_of!(addr).cast(),
+                    std::mem::size_of::<nix::libc::sockaddr_un>() as nix::libc::socklen_t,
+                );
+            }
+            Ok(())
+        });
+    }
+    let mut flooding = flood.spawn().expect("flood as uid 65534");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let after = ask(&mut kept);
+    let _ = flooding.kill();
+    let _ = flooding.wait();
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    kill_daemons_of(&config);
+    assert!(ready.is_some(), "no /healthz on the Unix socket");
+    assert!(
+        first.is_some_and(|a| a.starts_with("HTTP/1.1 200")),
+        "the kept connection's first answer"
+    );
+    assert!(
+        after
+            .as_deref()
+            .is_some_and(|a| a.starts_with("HTTP/1.1 200")),
+        "the kept connection after the flood: {after:?}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}

@@ -19,7 +19,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Pool;
@@ -144,10 +144,35 @@ impl AdminListener {
 }
 
 impl Accepted {
-    /// Serves it (see [`answer`]). On a Unix socket, only root and baton's
-    /// own user are answered, as on the control socket: the socket's 0600
+    /// Itself if its peer may call the API. On a Unix socket only root and
+    /// baton's own user may, as on the control socket: the socket's 0600
     /// is its access rule where baton made it, but one systemd made and
     /// handed over keeps the mode systemd gave it (0666 by default).
+    /// Asked before the connection takes a place: a refused peer takes
+    /// none (answered by [`refuse`], `refusing` bounding how many at
+    /// once), so another local user's flood of connections cannot make
+    /// allowed callers give theirs up.
+    fn admitted(self, refusing: &Arc<Semaphore>) -> Option<Accepted> {
+        let Accepted::Unix(stream) = self else {
+            return Some(self);
+        };
+        match control::refused_peer(&stream) {
+            Ok(None) => Some(Accepted::Unix(stream)),
+            Ok(Some(uid)) => {
+                if crate::telemetry::client_fault() {
+                    tracing::warn!(uid, "admin connection refused: only root and baton's own user may call the API on its Unix socket");
+                }
+                refuse(stream, uid, Arc::clone(refusing).try_acquire_owned().ok());
+                None
+            }
+            Err(err) => {
+                tracing::warn!(cause = %err, "admin connection refused: SO_PEERCRED");
+                None
+            }
+        }
+    }
+
+    /// Serves it (see [`answer`]).
     fn answer(
         self,
         state: Arc<AdminShared>,
@@ -156,29 +181,24 @@ impl Accepted {
     ) {
         match self {
             Accepted::Tcp(stream) => answer(stream, state, place, stop),
-            Accepted::Unix(stream) => match control::refused_peer(&stream) {
-                Ok(None) => answer(stream, state, place, stop),
-                Ok(Some(uid)) => {
-                    tracing::warn!(uid, "admin connection refused: only root and baton's own user may call the API on its Unix socket");
-                    refuse(stream, uid, place);
-                }
-                Err(err) => tracing::warn!(cause = %err, "admin connection refused: SO_PEERCRED"),
-            },
+            Accepted::Unix(stream) => answer(stream, state, place, stop),
         }
     }
 }
 
+/// Refused peers answered at once, at most: past it one is just closed.
+const REFUSALS_AT_ONCE: usize = 8;
+
 /// Answers a refused peer's request with a 403 that names why (as the
 /// control socket answers its refusal), rather than a bare close its
 /// `baton status` would show as a broken connection; then closes. Bounded
-/// by [`places::LEAVING_GRACE`], holding its place meanwhile and giving
-/// it up at once when asked to (with a bare close then), so a flood of
-/// refused connections holds places no longer than idle ones do.
-fn refuse(stream: UnixStream, uid: u32, place: Option<places::Place>) {
+/// by [`places::LEAVING_GRACE`]; without a `permit` (as many are being
+/// answered as may be), closed at once.
+fn refuse(stream: UnixStream, uid: u32, permit: Option<OwnedSemaphorePermit>) {
+    let Some(permit) = permit else {
+        return;
+    };
     tokio::spawn(async move {
-        let ending = place
-            .as_ref()
-            .map_or_else(CancellationToken::new, |p| p.ending.clone());
         let service = service_fn(move |_req| async move {
             Ok::<_, std::convert::Infallible>(routes::refused_peer(uid))
         });
@@ -186,11 +206,8 @@ fn refuse(stream: UnixStream, uid: u32, place: Option<places::Place>) {
             .keep_alive(false)
             .max_buf_size(ADMIN_READ_BUFFER)
             .serve_connection(TokioIo::new(bounded::Bounded::new(stream)), service);
-        tokio::select! {
-            _ = tokio::time::timeout(places::LEAVING_GRACE, conn) => {}
-            () = ending.cancelled() => {}
-        }
-        drop(place);
+        let _ = tokio::time::timeout(places::LEAVING_GRACE, conn).await;
+        drop(permit);
     });
 }
 
@@ -205,6 +222,7 @@ const ADMIN_READ_BUFFER: usize = 16 * 1024;
 /// oldest give its place up.
 pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: CancellationToken) {
     let places = places::Places::new();
+    let refusing = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
     loop {
         let stream = tokio::select! {
             // Once stopped, not one more connection is taken from a free
@@ -220,6 +238,9 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
                 }
             },
         };
+        let Some(stream) = stream.admitted(&refusing) else {
+            continue;
+        };
         let place = tokio::select! {
             biased;
             () = stop.cancelled() => None,
@@ -232,7 +253,9 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
     while let Ok(Ok(stream)) =
         tokio::time::timeout(std::time::Duration::ZERO, listener.accept()).await
     {
-        stream.answer(Arc::clone(&state), None, stop.clone());
+        if let Some(stream) = stream.admitted(&refusing) {
+            stream.answer(Arc::clone(&state), None, stop.clone());
+        }
     }
 }
 
