@@ -1085,11 +1085,15 @@ fn refused_unix_peers_take_no_admin_place() {
         first.is_some_and(|a| a.starts_with("HTTP/1.1 200")),
         "the kept connection's first answer"
     );
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
         after
             .as_deref()
             .is_some_and(|a| a.starts_with("HTTP/1.1 200")),
-        "the kept connection after the flood: {after:?}\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        "the kept connection after the flood: {after:?}\n{logged}"
+    );
+    assert!(
+        logged.contains("admin connection refused"),
+        "the flood reached the socket, and was refused:\n{logged}"
     );
 }

@@ -820,7 +820,20 @@ async fn a_tls_backend_given_by_name_is_verified_against_that_name() {
 /// and take every pool down. Root only (a mount namespace).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_without_a_name_server_still_starts_and_serves_addresses() {
-    if !nix::unistd::geteuid().is_root() {
+    let can_bind_over = std::process::Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "mount",
+            "--bind",
+            "/dev/null",
+            "/etc/resolv.conf",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !can_bind_over {
+        eprintln!("skipped: needs root, a mount namespace and an /etc/resolv.conf to bind over (CI has them)");
         return;
     }
     let other = HttpBackend::start("b").await;

@@ -154,30 +154,16 @@ impl TlsSettings {
     /// Each served name's expiry, as the metric shows it: the earliest of
     /// the certificates that share it (an ECDSA and an RSA certificate for
     /// one site, renewed apart), so the alert fires for whichever lapses
-    /// first, not for the last one listed. Of those valid now, when one
-    /// is: a lapsed certificate kept beside its renewal serves nobody the
-    /// renewal can serve (`sni`), and would hold the alert on for good.
+    /// first, not for the last one listed.
     pub fn expiries(&self) -> std::collections::BTreeMap<&str, i64> {
-        let now = unix_seconds(SystemTime::now());
         let mut earliest = std::collections::BTreeMap::new();
         for cert in &self.certificates {
-            let valid = (cert.not_before_unix..=cert.not_after_unix).contains(&now);
             earliest
                 .entry(cert.name.as_str())
-                .and_modify(|(was_valid, at): &mut (bool, i64)| {
-                    if valid && !*was_valid {
-                        *at = cert.not_after_unix;
-                    } else if valid == *was_valid {
-                        *at = (*at).min(cert.not_after_unix);
-                    }
-                    *was_valid |= valid;
-                })
-                .or_insert((valid, cert.not_after_unix));
+                .and_modify(|at: &mut i64| *at = (*at).min(cert.not_after_unix))
+                .or_insert(cert.not_after_unix);
         }
         earliest
-            .into_iter()
-            .map(|(name, (_, at))| (name, at))
-            .collect()
     }
 }
 
@@ -409,28 +395,6 @@ mod tests {
                 "{expiries:?}"
             );
         }
-    }
-
-    /// A lapsed certificate kept beside its renewal does not hold the
-    /// name's expiry in the past; alone, it does.
-    #[test]
-    fn a_lapsed_certificate_beside_its_renewal_shows_the_renewals_expiry() {
-        let pki = Pki::new();
-        let lapsed = pki.leaf_files("lapsed", "x.example.com", -30..-2);
-        let renewed = pki.leaf_files("renewed", "x.example.com", -1..90);
-        let day = 86_400;
-        for order in [
-            [("lapsed", lapsed.clone()), ("renewed", renewed.clone())],
-            [("renewed", renewed.clone()), ("lapsed", lapsed.clone())],
-        ] {
-            let (settings, _) = settings(&pki, &order);
-            let expiries = settings.expiries();
-            let left = expiries["x.example.com"] - super::unix_seconds(SystemTime::now());
-            assert!((89 * day..=90 * day).contains(&left), "{expiries:?}");
-        }
-        let (alone, _) = settings(&pki, &[("lapsed", lapsed)]);
-        let left = alone.expiries()["x.example.com"] - super::unix_seconds(SystemTime::now());
-        assert!(left < 0, "{left}");
     }
 
     #[test]
