@@ -865,3 +865,33 @@ async fn a_host_without_a_name_server_still_starts_and_serves_addresses() {
     })
     .await;
 }
+
+/// A name that never answered is asked again within a second or so, not a
+/// whole `resolve_interval` on: DNS back (at boot, say) gives its pool
+/// members at once, where they came up to 30 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_that_never_answered_is_asked_again_soon() {
+    let dns = DnsServer::start().await;
+    dns.set_mode(Mode::ServFail);
+    let backend = HttpBackend::start("a").await;
+    dns.set_a(HOST, &[Ipv4Addr::LOCALHOST]);
+    let spec = Spec::new()
+        .section(&format!(
+            "[resolver]\nnameservers = [\"{}\"]\ntimeout = \"300ms\"\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"60s\"\nbackends = [{{ name = \"app\", address = \"{HOST}:{}\" }}]\n",
+            dns.addr,
+            backend.addr.port()
+        ))
+        .http("web", "app");
+    let baton = Baton::spawn(spec, &[]);
+    support::eventually("the name failed at the start", || async {
+        dns.queries() > 0 && client::get(baton.admin, "/healthz").await.is_ok()
+    })
+    .await;
+    dns.set_mode(Mode::Answer);
+    support::eventually("the pool serves once DNS answers", || async {
+        client::get(baton.addr("web"), "/x")
+            .await
+            .is_ok_and(|a| a.status == 200)
+    })
+    .await;
+}

@@ -22,6 +22,10 @@ use crate::metrics;
 /// How often drained members are looked for between resolutions.
 const SWEEP: Duration = Duration::from_millis(250);
 
+/// How soon a name that never answered is asked again (HAProxy's
+/// resolvers retry after `timeout retry`, 1 s by default).
+const NEVER_ANSWERED_RETRY: Duration = Duration::from_secs(1);
+
 /// The resolver a config needs (none when no backend is named by DNS).
 pub fn resolver_for(config: &crate::config::Config) -> Option<Resolver> {
     if config.pools.iter().all(|p| p.named.is_empty()) {
@@ -229,7 +233,14 @@ async fn once(
                 let kept = named.last().map_or(0, |l| l.len());
                 tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, kept, "DNS resolution failed; keeping the last good set");
             }
-            interval
+            // A name that never answered has no set to keep: asked again
+            // soon, not a whole interval on, so its backends serve seconds
+            // after DNS comes back (at boot, say), not up to 30 s later.
+            if named.answered() {
+                interval
+            } else {
+                interval.min(NEVER_ANSWERED_RETRY)
+            }
         }
     }
 }
