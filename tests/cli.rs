@@ -1024,7 +1024,8 @@ fn refused_unix_peers_take_no_admin_place() {
         eprintln!("skipped: acting as another uid needs root (CI runs as root)");
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
+    // Under /tmp, which uid 65534 may traverse whatever TMPDIR says.
+    let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
     let socket = dir.path().join("admin.sock");
     let config = config_with(
         dir.path(),
@@ -1073,7 +1074,9 @@ fn refused_unix_peers_take_no_admin_place() {
         });
     }
     let mut flooding = flood.spawn().expect("flood as uid 65534");
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    // Connections are taken in the order they came: one made after the
+    // flood's is answered only once all 300 were taken.
+    let behind = admin_over_unix(&socket, "/healthz");
     let after = ask(&mut kept);
     let _ = flooding.kill();
     let _ = flooding.wait();
@@ -1081,6 +1084,10 @@ fn refused_unix_peers_take_no_admin_place() {
     let _ = daemon.wait();
     kill_daemons_of(&config);
     assert!(ready.is_some(), "no /healthz on the Unix socket");
+    assert!(
+        behind.is_some_and(|(code, _)| code == 200),
+        "root's request behind the flood"
+    );
     assert!(
         first.is_some_and(|a| a.starts_with("HTTP/1.1 200")),
         "the kept connection's first answer"

@@ -946,20 +946,34 @@ async fn a_kept_alive_admin_connection_moves_to_the_serving_generation() {
     drop(slow);
 }
 
-/// Connects to the admin socket, reloads, then asks `path` on that
-/// connection: the old generation took it, so the old generation answers.
-async fn asked_across_a_reload(baton: &Baton, path: &str) -> String {
-    use tokio::io::AsyncWriteExt;
-    let mut probe = tokio::net::TcpStream::connect(baton.admin)
+/// A connection to the admin socket the serving generation took (a
+/// request on a second one is answered only once it did: the kernel
+/// hands connections over in the order they came), then a reload: the
+/// old generation holds the first one. Returns it and the new pid.
+async fn probe_across_a_reload(baton: &Baton) -> (tokio::net::TcpStream, u32) {
+    let probe = tokio::net::TcpStream::connect(baton.admin)
         .await
         .expect("connect");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    baton.reload_ok().await;
+    let after = client::get(baton.admin, "/healthz").await.expect("healthz");
+    assert_eq!(after.status, 200);
+    (probe, baton.reload_ok().await)
+}
+
+/// Asks `path` on `probe` and reads the answer to the close.
+async fn ask(mut probe: tokio::net::TcpStream, path: &str) -> String {
+    use tokio::io::AsyncWriteExt;
     probe
         .write_all(format!("GET {path} HTTP/1.1\r\nhost: admin\r\n\r\n").as_bytes())
         .await
         .expect("request");
     client::read_until_closed(&mut probe).await
+}
+
+/// Connects to the admin socket, reloads, then asks `path` on that
+/// connection: the old generation took it, so the old generation answers.
+async fn asked_across_a_reload(baton: &Baton, path: &str) -> String {
+    let (probe, _) = probe_across_a_reload(baton).await;
+    ask(probe, path).await
 }
 
 /// An admin connection taken before the handover that has not sent its
@@ -1024,13 +1038,15 @@ async fn a_readiness_probe_the_old_generation_answers_says_what_its_pools_say() 
 /// the serving one said the host was stopping.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_reaching_a_draining_generation_turns_its_readiness_to_503() {
-    use tokio::io::AsyncWriteExt;
-    let (_backend, baton, slow) = with_a_slow_request().await;
-    let mut probe = tokio::net::TcpStream::connect(baton.admin)
-        .await
-        .expect("connect");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let serving = baton.reload_ok().await;
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let web = baton.addr("web");
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("a request holds generation 1", || async {
+        backend.held() == 1
+    })
+    .await;
+    let (probe, serving) = probe_across_a_reload(&baton).await;
     // As systemd's stop: SIGTERM to every process of the unit.
     for pid in [serving, baton.first_pid] {
         support::daemon::signal(pid, nix::sys::signal::Signal::SIGTERM);
@@ -1039,16 +1055,13 @@ async fn a_stop_reaching_a_draining_generation_turns_its_readiness_to_503() {
         baton.log().contains("stop signal while draining")
     })
     .await;
-    probe
-        .write_all(b"GET /readyz HTTP/1.1\r\nhost: admin\r\n\r\n")
-        .await
-        .expect("request");
-    let answer = client::read_until_closed(&mut probe).await;
+    let answer = ask(probe, "/readyz").await;
     assert!(
         answer.starts_with("HTTP/1.1 503 ") && answer.contains(r#""status":"draining""#),
         "{answer:?}"
     );
-    drop(slow);
+    backend.release();
+    drop(held);
 }
 
 /// `baton_tcp_bytes_total` moves while a TCP session lasts (every 64 KiB
