@@ -868,6 +868,11 @@ async fn a_host_without_a_name_server_still_starts_and_serves_addresses() {
         baton.log().contains("resolv.conf")
     })
     .await;
+    assert_eq!(
+        members(baton.admin).await,
+        [(other.addr.to_string(), "up".to_string())],
+        "the name has no member"
+    );
 }
 
 /// A name that never answered is asked again within a second or so, not a

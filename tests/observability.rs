@@ -1027,6 +1027,8 @@ async fn a_readiness_probe_the_old_generation_answers_says_what_its_pools_say() 
                 && answer.contains(r#""generation":"draining""#),
             "{answer:?}"
         );
+        let serving = client::get(admin, "/readyz").await.expect("readyz");
+        assert_eq!(serving.status, expected, "the serving generation's");
         backend.release();
         assert_eq!(held.await.expect("task").expect("answered").status, 200);
     }
