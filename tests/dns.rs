@@ -820,26 +820,9 @@ async fn a_tls_backend_given_by_name_is_verified_against_that_name() {
 /// and take every pool down. Root only (a mount namespace).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_without_a_name_server_still_starts_and_serves_addresses() {
-    let can_bind_over = std::process::Command::new("unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "mount",
-            "--bind",
-            "/dev/null",
-            "/etc/resolv.conf",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !can_bind_over {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run this: root, a mount namespace and an /etc/resolv.conf to bind over"
-        );
-        eprintln!("skipped: needs root, a mount namespace and an /etc/resolv.conf to bind over (CI has them)");
+    let Some(bound_over) = resolv_conf_bound_over("/dev/null") else {
         return;
-    }
+    };
     let other = HttpBackend::start("b").await;
     let spec = Spec::new()
         .section(&format!(
@@ -847,16 +830,7 @@ async fn a_host_without_a_name_server_still_starts_and_serves_addresses() {
             other.addr
         ))
         .http("web", "app");
-    let without_resolv_conf = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        "mount --bind /dev/null /etc/resolv.conf && exec \"$@\"",
-        "sh",
-    ];
+    let without_resolv_conf: Vec<&str> = bound_over.iter().map(String::as_str).collect();
     let baton = Baton::spawn_under(spec, &[], &without_resolv_conf);
     support::eventually("the addresses' backend serves", || async {
         client::get(baton.addr("web"), "/x")
@@ -912,4 +886,76 @@ async fn a_name_that_never_answered_is_asked_again_soon() {
             .is_ok_and(|a| a.status == 200)
     })
     .await;
+}
+
+/// Under a search list (`/etc/resolv.conf`'s `search`, `ndots:1`), an A
+/// query that fails for the name itself (SERVFAIL here) keeps the last
+/// good set: hickory went on to the name's search forms, whose empty
+/// answer it reported, and baton took that for a name without an A
+/// address and put its AAAA address in the IPv4 member's place. Root
+/// only (a mount namespace binds a resolv.conf of the test's, naming a
+/// name server on port 53 of 127.0.0.88).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_a_query_failing_under_a_search_list_keeps_the_ipv4_members() {
+    let dns = DnsServer::start_on("127.0.0.88:53".parse().expect("address")).await;
+    let backend = HttpBackend::start_on("a", "127.0.0.2:0".parse().expect("addr")).await;
+    let port = backend.addr.port();
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    dns.set_aaaa(HOST, &[Ipv6Addr::LOCALHOST]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        "nameserver 127.0.0.88\nsearch example.test\noptions ndots:1\n",
+    )
+    .expect("write resolv.conf");
+    let Some(bound_over) = resolv_conf_bound_over(&resolv.display().to_string()) else {
+        return;
+    };
+    let spec = Spec::new()
+        .section(&format!(
+            "[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nbackends = [{{ name = \"app\", address = \"{HOST}:{port}\" }}]\n"
+        ))
+        .http("web", "app");
+    let wrapper: Vec<&str> = bound_over.iter().map(String::as_str).collect();
+    let baton = Baton::spawn_under(spec, &[], &wrapper);
+    let ipv4 = [(SocketAddr::from(([127, 0, 0, 2], port)).to_string(), "up")];
+    support::eventually("the admin port answers", || async {
+        client::get(baton.admin, "/healthz").await.is_ok()
+    })
+    .await;
+    wait_members(baton.admin, &ipv4).await;
+    dns.servfail_a_of(HOST);
+    dns.more_queries(12).await;
+    assert_eq!(
+        members(baton.admin).await,
+        [(ipv4[0].0.clone(), "up".to_string())],
+        "{}",
+        baton.log()
+    );
+}
+
+/// A wrapper command that runs baton with `file` bound over
+/// `/etc/resolv.conf` in a mount namespace of its own; `None` (the test
+/// skips) where that cannot be done: not root, no mount namespaces, no
+/// resolv.conf to bind over. Under `CI` it must be possible.
+fn resolv_conf_bound_over(file: &str) -> Option<Vec<String>> {
+    let namespace = ["unshare", "--mount", "--propagation", "private"];
+    let possible = std::process::Command::new(namespace[0])
+        .args(&namespace[1..])
+        .args(["mount", "--bind", file, "/etc/resolv.conf"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !possible {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run this: root, a mount namespace and an /etc/resolv.conf to bind over"
+        );
+        eprintln!("skipped: needs root, a mount namespace and an /etc/resolv.conf to bind over (CI has them)");
+        return None;
+    }
+    let bind = format!("mount --bind {file} /etc/resolv.conf && exec \"$@\"");
+    let mut wrapper: Vec<String> = namespace.iter().map(|s| s.to_string()).collect();
+    wrapper.extend(["sh".into(), "-c".into(), bind, "sh".into()]);
+    Some(wrapper)
 }

@@ -18,7 +18,7 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::ResponseCode;
 use hickory_resolver::proto::rr::rdata::SRV;
-use hickory_resolver::proto::rr::{RData, Record};
+use hickory_resolver::proto::rr::{RData, Record, RecordType};
 use hickory_resolver::TokioResolver;
 
 use crate::backend::members::Resolved;
@@ -211,8 +211,47 @@ impl Resolver {
         let families = self.families()?;
         match self.family(host, &families.ipv4).await {
             Ok((ips, held)) if !ips.is_empty() => Ok((ips, held)),
-            Ok(_) | Err(Failure::Empty(_)) => self.family(host, &families.ipv6).await,
+            Ok(_) | Err(Failure::Empty(_)) => {
+                match self.a_of_the_name_itself(host, &families.ipv4).await? {
+                    Some(found) => Ok(found),
+                    None => self.family(host, &families.ipv6).await,
+                }
+            }
             Err(failed) => Err(failed),
+        }
+    }
+
+    /// `host`'s A addresses asked of it alone, fully qualified: `None` when
+    /// it has none (no records, or no such name). Under a search list
+    /// hickory goes on to the name's other forms after any failure and
+    /// reports the last one, so an A query that failed for the name itself
+    /// (a timeout, SERVFAIL) read as an empty answer, and its AAAA
+    /// addresses replaced the IPv4 members. Asked only after an empty A
+    /// answer, and only of a name not written fully qualified already.
+    async fn a_of_the_name_itself(
+        &self,
+        host: &str,
+        resolver: &TokioResolver,
+    ) -> Result<Option<(Vec<IpAddr>, Duration)>, Failure> {
+        if host.ends_with('.') {
+            return Ok(None);
+        }
+        match resolver.lookup(format!("{host}."), RecordType::A).await {
+            Ok(lookup) => {
+                let ips: Vec<IpAddr> = lookup
+                    .answers()
+                    .iter()
+                    .filter_map(|r| match &r.data {
+                        RData::A(a) => Some(IpAddr::V4(a.0)),
+                        _ => None,
+                    })
+                    .collect();
+                Ok((!ips.is_empty()).then(|| (ips, until(lookup.valid_until()))))
+            }
+            Err(err) => match self.failure(err) {
+                Failure::Empty(_) => Ok(None),
+                failed => Err(failed),
+            },
         }
     }
 

@@ -44,6 +44,8 @@ struct Zone {
     delay: Duration,
     /// Whether an SRV answer carries its targets' addresses.
     additionals: bool,
+    /// A name whose A queries get SERVFAIL (the rest answered).
+    servfail_a_of: Option<String>,
     a: HashMap<String, Vec<Ipv4Addr>>,
     aaaa: HashMap<String, Vec<Ipv6Addr>>,
     srv: HashMap<String, Vec<SrvRecord>>,
@@ -70,13 +72,19 @@ fn key(name: &str) -> String {
 
 impl DnsServer {
     pub async fn start() -> DnsServer {
-        let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind dns");
+        DnsServer::start_on("127.0.0.1:0".parse().expect("address")).await
+    }
+
+    /// One at `addr` (port 53 of a loopback address, for a resolv.conf).
+    pub async fn start_on(addr: std::net::SocketAddr) -> DnsServer {
+        let socket = UdpSocket::bind(addr).await.expect("bind dns");
         let addr = socket.local_addr().expect("dns addr");
         let zone = Arc::new(Mutex::new(Zone {
             mode: Mode::Answer,
             ttl: 1,
             delay: Duration::ZERO,
             additionals: true,
+            servfail_a_of: None,
             a: HashMap::new(),
             aaaa: HashMap::new(),
             srv: HashMap::new(),
@@ -121,6 +129,12 @@ impl DnsServer {
 
     pub fn set_mode(&self, mode: Mode) {
         self.edit(|z| z.mode = mode);
+    }
+
+    /// A queries for `name` alone get SERVFAIL from now on (its other
+    /// forms, under a search list, are answered).
+    pub fn servfail_a_of(&self, name: &str) {
+        self.edit(|z| z.servfail_a_of = Some(key(name)));
     }
 
     /// Every answer from now on comes `delay` after its query.
@@ -205,11 +219,12 @@ fn answer(zone: &Zone, query: &Message) -> Option<Message> {
     let Some(q) = query.queries.first() else {
         return Some(reply);
     };
-    if zone.mode == Mode::ServFailA && q.query_type() == RecordType::A {
+    let name = key(&q.name().to_string());
+    let failing_a = zone.mode == Mode::ServFailA || zone.servfail_a_of.as_deref() == Some(&name);
+    if failing_a && q.query_type() == RecordType::A {
         reply.metadata.response_code = ResponseCode::ServFail;
         return Some(reply);
     }
-    let name = key(&q.name().to_string());
     match q.query_type() {
         RecordType::A => {
             for ip in zone.a.get(&name).into_iter().flatten() {
