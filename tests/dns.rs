@@ -897,11 +897,6 @@ async fn a_name_that_never_answered_is_asked_again_soon() {
 /// name server on port 53 of 127.0.0.88).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_a_query_failing_under_a_search_list_keeps_the_ipv4_members() {
-    let dns = DnsServer::start_on("127.0.0.88:53".parse().expect("address")).await;
-    let backend = HttpBackend::start_on("a", "127.0.0.2:0".parse().expect("addr")).await;
-    let port = backend.addr.port();
-    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
-    dns.set_aaaa(HOST, &[Ipv6Addr::LOCALHOST]);
     let dir = tempfile::tempdir().expect("tempdir");
     let resolv = dir.path().join("resolv.conf");
     std::fs::write(
@@ -912,6 +907,11 @@ async fn an_a_query_failing_under_a_search_list_keeps_the_ipv4_members() {
     let Some(bound_over) = resolv_conf_bound_over(&resolv.display().to_string()) else {
         return;
     };
+    let dns = DnsServer::start_on("127.0.0.88:53".parse().expect("address")).await;
+    let backend = HttpBackend::start_on("a", "127.0.0.2:0".parse().expect("addr")).await;
+    let port = backend.addr.port();
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    dns.set_aaaa(HOST, &[Ipv6Addr::LOCALHOST]);
     let spec = Spec::new()
         .section(&format!(
             "[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nbackends = [{{ name = \"app\", address = \"{HOST}:{port}\" }}]\n"
@@ -954,8 +954,9 @@ fn resolv_conf_bound_over(file: &str) -> Option<Vec<String>> {
         eprintln!("skipped: needs root, a mount namespace and an /etc/resolv.conf to bind over (CI has them)");
         return None;
     }
-    let bind = format!("mount --bind {file} /etc/resolv.conf && exec \"$@\"");
+    // The file is the script's `$0`; baton and its arguments, `$@`.
+    let bind = "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"".to_string();
     let mut wrapper: Vec<String> = namespace.iter().map(|s| s.to_string()).collect();
-    wrapper.extend(["sh".into(), "-c".into(), bind, "sh".into()]);
+    wrapper.extend(["sh".into(), "-c".into(), bind, file.to_string()]);
     Some(wrapper)
 }

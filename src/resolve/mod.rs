@@ -88,6 +88,10 @@ struct Families {
     /// option (its `lookup_ip` is what reads /etc/hosts for every name of
     /// the search list, and an IP literal).
     ipv6: TokioResolver,
+    /// The system's `ndots`, when /etc/resolv.conf gives a search list
+    /// (or a domain): a name with more dots is tried as written first,
+    /// then in its search forms (see [`Resolver::a_of_the_name_itself`]).
+    searched_past: Option<usize>,
 }
 
 impl Resolver {
@@ -116,9 +120,20 @@ impl Resolver {
         let set_up = Families {
             ipv4: family(LookupIpStrategy::Ipv4Only)?,
             ipv6: family(LookupIpStrategy::Ipv6Only)?,
+            searched_past: self.searched_past(),
         };
         *families = Some(set_up.clone());
         Ok(set_up)
+    }
+
+    /// The system's `ndots` when its resolv.conf searches (none with the
+    /// config's own `nameservers`, which search nothing).
+    fn searched_past(&self) -> Option<usize> {
+        if !self.config.nameservers.is_empty() {
+            return None;
+        }
+        let (servers, options) = hickory_resolver::system_conf::read_system_conf().ok()?;
+        (servers.domain().is_some() || !servers.search().is_empty()).then_some(options.ndots)
     }
 
     /// A hickory resolver for one address family (`strategy`).
@@ -151,13 +166,15 @@ impl Resolver {
     }
 
     /// How long a whole answer for `query` may take when every query in
-    /// it answers within `timeout`: a name's A query, then AAAA when it
-    /// has no A address; SRV's query first, then its targets' (at once).
+    /// it answers within `timeout`: a name's A query, then (under a search
+    /// list) A of the name alone, then AAAA when it has no A address;
+    /// SRV's query first, then its targets' (at once).
     /// A server that answers nothing fails at its first query's timeout.
     pub fn answer_within(&self, query: &DnsQuery) -> Duration {
+        // A host: A, A of the name alone (`a_of_the_name_itself`), AAAA;
+        // SRV: its query, then its targets' A and AAAA.
         let queries_in_turn = match query {
-            DnsQuery::Host { .. } => 2,
-            DnsQuery::Srv(_) => 3,
+            DnsQuery::Host { .. } | DnsQuery::Srv(_) => 3,
         };
         self.timeout * queries_in_turn
     }
@@ -212,7 +229,7 @@ impl Resolver {
         match self.family(host, &families.ipv4).await {
             Ok((ips, held)) if !ips.is_empty() => Ok((ips, held)),
             Ok(_) | Err(Failure::Empty(_)) => {
-                match self.a_of_the_name_itself(host, &families.ipv4).await? {
+                match self.a_of_the_name_itself(host, &families).await? {
                     Some(found) => Ok(found),
                     None => self.family(host, &families.ipv6).await,
                 }
@@ -223,20 +240,29 @@ impl Resolver {
 
     /// `host`'s A addresses asked of it alone, fully qualified: `None` when
     /// it has none (no records, or no such name). Under a search list
-    /// hickory goes on to the name's other forms after any failure and
-    /// reports the last one, so an A query that failed for the name itself
-    /// (a timeout, SERVFAIL) read as an empty answer, and its AAAA
-    /// addresses replaced the IPv4 members. Asked only after an empty A
-    /// answer, and only of a name not written fully qualified already.
+    /// hickory tries a name with more dots than `ndots` as written first,
+    /// then its search forms, after any failure, and reports the last one:
+    /// an A query that failed for the name itself (a timeout, SERVFAIL)
+    /// read as an empty answer, and its AAAA addresses replaced the IPv4
+    /// members. Asked only then (after an empty A answer, of such a name):
+    /// otherwise the name as written was the last form tried, or the only
+    /// one. (A failure of a search form before the last one, for a name
+    /// with fewer dots, is still hidden so.)
     async fn a_of_the_name_itself(
         &self,
         host: &str,
-        resolver: &TokioResolver,
+        families: &Families,
     ) -> Result<Option<(Vec<IpAddr>, Duration)>, Failure> {
-        if host.ends_with('.') {
+        let dots = host.matches('.').count();
+        let tried_first = families.searched_past.is_some_and(|ndots| dots + 1 > ndots);
+        if host.ends_with('.') || !tried_first {
             return Ok(None);
         }
-        match resolver.lookup(format!("{host}."), RecordType::A).await {
+        match families
+            .ipv4
+            .lookup(format!("{host}."), RecordType::A)
+            .await
+        {
             Ok(lookup) => {
                 let ips: Vec<IpAddr> = lookup
                     .answers()
