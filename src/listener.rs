@@ -34,9 +34,15 @@ pub trait Accept: Send + Sync + 'static {
 /// One accept loop over one socket: a plain socket until it is registered
 /// ([`Listener::register`]) with the reactor of the worker that runs it.
 pub struct Listener<S = std::net::TcpListener> {
+    pub socket: S,
+    /// Everything else, which registering carries over as it is.
+    pub settings: Settings,
+}
+
+/// A listener's own settings and shared state, beside its socket.
+pub struct Settings {
     /// The listener's config name, for logs.
     pub name: Arc<str>,
-    pub socket: S,
     /// The config's, for [`Listener::listen`].
     pub backlog: i32,
     /// When its connections acknowledge their clients' bytes.
@@ -164,7 +170,7 @@ impl Listener {
     /// (see `lifecycle::endpoint::Listening::listen`), and an adopted one
     /// takes a changed backlog.
     pub fn listen(&self) -> std::io::Result<()> {
-        socket2::SockRef::from(&self.socket).listen(self.backlog)
+        socket2::SockRef::from(&self.socket).listen(self.settings.backlog)
     }
 
     /// Registers the socket with the reactor of `worker`, whose accept loop
@@ -182,36 +188,19 @@ impl Listener {
         self,
         worker: &tokio::runtime::Handle,
     ) -> std::io::Result<Listener<TcpListener>> {
-        let Listener {
-            name,
-            socket,
-            backlog,
-            acks,
-            defer_accept,
-            shared,
-            nodelay_each,
-            queue,
-        } = self;
+        let Listener { socket, settings } = self;
         debug_assert!(
             socket2::SockRef::from(&socket)
                 .is_listener()
                 .unwrap_or(true),
-            "listener {name}: watched before it listens"
+            "listener {}: watched before it listens",
+            settings.name
         );
         let socket = {
             let _on = worker.enter();
             TcpListener::from_std(socket)?
         };
-        Ok(Listener {
-            name,
-            socket,
-            backlog,
-            acks,
-            defer_accept,
-            shared,
-            nodelay_each,
-            queue,
-        })
+        Ok(Listener { socket, settings })
     }
 }
 
@@ -223,14 +212,17 @@ impl Listener<TcpListener> {
         closing: impl FnOnce() -> Closing,
     ) {
         let Listener {
-            name,
             socket,
-            shared,
-            nodelay_each,
-            queue,
-            acks,
-            defer_accept,
-            ..
+            settings:
+                Settings {
+                    name,
+                    shared,
+                    nodelay_each,
+                    queue,
+                    acks,
+                    defer_accept,
+                    ..
+                },
         } = self;
         if let Err(err) = acks.set_on(&socket) {
             tracing::warn!(listener = %name, cause = %err, "cannot set when connections acknowledge");
@@ -558,14 +550,16 @@ mod tests {
         nodelay_each: bool,
     ) -> Listener {
         Listener {
-            name: Arc::from("web"),
             socket,
-            backlog: 16,
-            acks,
-            defer_accept,
-            queue: Default::default(),
-            shared: Shared::new(16),
-            nodelay_each,
+            settings: Settings {
+                name: Arc::from("web"),
+                backlog: 16,
+                acks,
+                defer_accept,
+                queue: Default::default(),
+                shared: Shared::new(16),
+                nodelay_each,
+            },
         }
     }
 

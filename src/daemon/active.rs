@@ -26,7 +26,7 @@ impl Generation {
         self.pending
             .drain(..)
             .map(|(listener, shard, connections, fate)| {
-                let name = listener.name.to_string();
+                let name = listener.settings.name.to_string();
                 listener.listen().map_err(|source| StartError::Listen {
                     name: name.clone(),
                     source,

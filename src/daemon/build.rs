@@ -547,14 +547,16 @@ fn shards(
         let queue = Arc::new(crate::metrics::kernel::AcceptQueue::default());
         shards.queues.push(Arc::clone(&queue));
         let listener = Listener {
-            name: Arc::from(l.name.as_str()),
             socket,
-            backlog: l.backlog,
-            acks,
-            defer_accept: l.defer_accept,
-            shared: Arc::clone(&shared),
-            nodelay_each: listening.nodelay_each,
-            queue,
+            settings: crate::listener::Settings {
+                name: Arc::from(l.name.as_str()),
+                backlog: l.backlog,
+                acks,
+                defer_accept: l.defer_accept,
+                shared: Arc::clone(&shared),
+                nodelay_each: listening.nodelay_each,
+                queue,
+            },
         };
         shards
             .pending
