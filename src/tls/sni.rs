@@ -139,8 +139,9 @@ impl ResolvesServerCert for SniResolver {
                 .get(index)
                 .is_some_and(|k| k.key.choose_scheme(hello.signature_schemes()).is_some())
         };
-        let now = super::unix_seconds(std::time::SystemTime::now());
+        // Read only when a name has several certificates to choose from.
         let valid_now = |index: usize| {
+            let now = super::unix_seconds(std::time::SystemTime::now());
             self.valid
                 .get(index)
                 .is_some_and(|&(from, until)| (from..=until).contains(&now))
