@@ -897,21 +897,70 @@ async fn a_name_that_never_answered_is_asked_again_soon() {
 /// name server on port 53 of 127.0.0.88).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_a_query_failing_under_a_search_list_keeps_the_ipv4_members() {
+    under_a_search_list([127, 0, 0, 88], 1, HOST, HOST, Kept).await;
+}
+
+/// The same for a name with no more dots than `ndots` (Kubernetes'
+/// `my-svc.my-ns` under `ndots:5`), asked in its search forms first: the
+/// form that holds its records failing (SERVFAIL) before the name as
+/// written answered empty read as an empty answer, and the AAAA address
+/// took the member's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_form_failing_before_an_empty_one_keeps_the_ipv4_members() {
+    let form = "app.baton.test.example.test";
+    under_a_search_list([127, 0, 0, 89], 3, form, form, Kept).await;
+}
+
+/// A search form whose name server fails (SERVFAIL) does not hide a
+/// later form's answer (glibc's `res_search` goes on too): a search
+/// domain that is broken for good does not keep a name from resolving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_search_form_does_not_hide_a_later_forms_answer() {
+    let form = "app.baton.test.example.test";
+    under_a_search_list([127, 0, 0, 90], 3, HOST, form, Answered).await;
+}
+
+/// What the members are once a name's form fails.
+#[derive(Clone, Copy, PartialEq)]
+enum AfterTheFailure {
+    /// The last good set, still there after a dozen queries.
+    Kept,
+    /// The answer of a form that answers, from the start.
+    Answered,
+}
+use AfterTheFailure::{Answered, Kept};
+
+/// Runs baton under a resolv.conf naming a name server on port 53 of
+/// `server` (one a test: they run at once), `search example.test` and
+/// `ndots`, with `HOST`'s A (127.0.0.2) and AAAA (::1) records held by
+/// `holder` (one of its forms); makes A queries for `failing` get
+/// SERVFAIL, and asserts the IPv4 member is there a dozen queries on.
+async fn under_a_search_list(
+    server: [u8; 4],
+    ndots: u8,
+    holder: &str,
+    failing: &str,
+    after: AfterTheFailure,
+) {
+    let server = SocketAddr::from((server, 53));
+    let resolv = format!(
+        "nameserver {}\nsearch example.test\noptions ndots:{ndots}\n",
+        server.ip()
+    );
     let dir = tempfile::tempdir().expect("tempdir");
-    let resolv = dir.path().join("resolv.conf");
-    std::fs::write(
-        &resolv,
-        "nameserver 127.0.0.88\nsearch example.test\noptions ndots:1\n",
-    )
-    .expect("write resolv.conf");
-    let Some(bound_over) = resolv_conf_bound_over(&resolv.display().to_string()) else {
+    let file = dir.path().join("resolv.conf");
+    std::fs::write(&file, resolv).expect("write resolv.conf");
+    let Some(bound_over) = resolv_conf_bound_over(&file.display().to_string()) else {
         return;
     };
-    let dns = DnsServer::start_on("127.0.0.88:53".parse().expect("address")).await;
+    let dns = DnsServer::start_on(server).await;
     let backend = HttpBackend::start_on("a", "127.0.0.2:0".parse().expect("addr")).await;
     let port = backend.addr.port();
-    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
-    dns.set_aaaa(HOST, &[Ipv6Addr::LOCALHOST]);
+    dns.set_a(holder, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    dns.set_aaaa(holder, &[Ipv6Addr::LOCALHOST]);
+    if after == Answered {
+        dns.servfail_a_of(failing);
+    }
     let spec = Spec::new()
         .section(&format!(
             "[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nbackends = [{{ name = \"app\", address = \"{HOST}:{port}\" }}]\n"
@@ -925,7 +974,7 @@ async fn an_a_query_failing_under_a_search_list_keeps_the_ipv4_members() {
     })
     .await;
     wait_members(baton.admin, &ipv4).await;
-    dns.servfail_a_of(HOST);
+    dns.servfail_a_of(failing);
     dns.more_queries(12).await;
     assert_eq!(
         members(baton.admin).await,

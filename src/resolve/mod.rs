@@ -7,23 +7,24 @@
 //! only hide what the name server says now.
 
 pub mod refresh;
+mod search;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use hickory_resolver::config::{
-    ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolverConfig as Servers,
-};
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig as Servers};
+use hickory_resolver::lookup::Lookup;
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::ResponseCode;
 use hickory_resolver::proto::rr::rdata::SRV;
-use hickory_resolver::proto::rr::{RData, Record, RecordType};
+use hickory_resolver::proto::rr::{Name, RData, Record, RecordType};
 use hickory_resolver::TokioResolver;
 
 use crate::backend::members::Resolved;
 use crate::backend::named::Named;
 use crate::config::{DnsQuery, ResolverConfig};
+use search::SearchList;
 
 /// The resolver could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -72,26 +73,18 @@ pub struct Resolver {
     /// resolution, as a name server that does not answer would, and the
     /// next one tries again. Failing the start instead took every pool
     /// down, those of addresses too, and a reload failed.
-    families: std::sync::Arc<std::sync::Mutex<Option<Families>>>,
+    asking: std::sync::Arc<std::sync::Mutex<Option<Asking>>>,
     config: ResolverConfig,
     /// How long one query waits.
     pub timeout: Duration,
 }
 
-/// One hickory resolver a family.
+/// Whom names are asked of, and in which forms.
 #[derive(Clone)]
-struct Families {
-    /// A records (and SRV).
-    ipv4: TokioResolver,
-    /// AAAA records, asked only of names without an A address: a
-    /// resolver of its own, as hickory's address family is a resolver's
-    /// option (its `lookup_ip` is what reads /etc/hosts for every name of
-    /// the search list, and an IP literal).
-    ipv6: TokioResolver,
-    /// The system's `ndots`, when /etc/resolv.conf gives a search list
-    /// (or a domain): a name with more dots is tried as written first,
-    /// then in its search forms (see [`Resolver::a_of_the_name_itself`]).
-    searched_past: Option<usize>,
+struct Asking {
+    /// Asked one fully qualified name and one record type at a time.
+    resolver: TokioResolver,
+    search: SearchList,
 }
 
 impl Resolver {
@@ -99,48 +92,33 @@ impl Resolver {
     /// when first needed, and again after it could not be).
     pub fn new(config: &ResolverConfig) -> Resolver {
         Resolver {
-            families: std::sync::Arc::default(),
+            asking: std::sync::Arc::default(),
             config: config.clone(),
             timeout: config.timeout,
         }
     }
 
-    /// The resolvers, set up now if they are not yet.
-    fn families(&self) -> Result<Families, Failure> {
-        let mut families = self
-            .families
+    /// The resolver and search list, set up now if they are not yet.
+    fn asking(&self) -> Result<Asking, Failure> {
+        let mut asking = self
+            .asking
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(set_up) = families.as_ref() {
+        if let Some(set_up) = asking.as_ref() {
             return Ok(set_up.clone());
         }
-        let family = |strategy| {
-            Resolver::asking(&self.config, strategy).map_err(|e| Failure::Failed(e.to_string()))
+        let resolver = Resolver::build(&self.config).map_err(|e| Failure::Failed(e.to_string()))?;
+        let search = if self.config.nameservers.is_empty() {
+            SearchList::system()
+        } else {
+            SearchList::default()
         };
-        let set_up = Families {
-            ipv4: family(LookupIpStrategy::Ipv4Only)?,
-            ipv6: family(LookupIpStrategy::Ipv6Only)?,
-            searched_past: self.searched_past(),
-        };
-        *families = Some(set_up.clone());
+        let set_up = Asking { resolver, search };
+        *asking = Some(set_up.clone());
         Ok(set_up)
     }
 
-    /// The system's `ndots` when its resolv.conf searches (none with the
-    /// config's own `nameservers`, which search nothing).
-    fn searched_past(&self) -> Option<usize> {
-        if !self.config.nameservers.is_empty() {
-            return None;
-        }
-        let (servers, options) = hickory_resolver::system_conf::read_system_conf().ok()?;
-        (servers.domain().is_some() || !servers.search().is_empty()).then_some(options.ndots)
-    }
-
-    /// A hickory resolver for one address family (`strategy`).
-    fn asking(
-        config: &ResolverConfig,
-        strategy: LookupIpStrategy,
-    ) -> Result<TokioResolver, SetupError> {
+    fn build(config: &ResolverConfig) -> Result<TokioResolver, SetupError> {
         let provider = TokioRuntimeProvider::default();
         let mut builder = if config.nameservers.is_empty() {
             TokioResolver::builder_tokio().map_err(SetupError::System)?
@@ -161,22 +139,26 @@ impl Resolver {
         options.timeout = config.timeout;
         options.attempts = 1;
         options.cache_size = 0;
-        options.ip_strategy = strategy;
         builder.build().map_err(SetupError::Build)
     }
 
     /// How long a whole answer for `query` may take when every query in
-    /// it answers within `timeout`: a name's A query, then (under a search
-    /// list) A of the name alone, then AAAA when it has no A address;
-    /// SRV's query first, then its targets' (at once).
+    /// it answers within `timeout`: a host name's A query in each of its
+    /// forms (the search list's), then its AAAA query in each; an SRV
+    /// name's query in each form, then its targets' A and AAAA (at once).
     /// A server that answers nothing fails at its first query's timeout.
     pub fn answer_within(&self, query: &DnsQuery) -> Duration {
-        // A host: A, A of the name alone (`a_of_the_name_itself`), AAAA;
-        // SRV: its query, then its targets' A and AAAA.
-        let queries_in_turn = match query {
-            DnsQuery::Host { .. } | DnsQuery::Srv(_) => 3,
+        let forms = |name: &str| {
+            self.asking()
+                .ok()
+                .and_then(|a| a.search.forms(name).ok())
+                .map_or(1, |forms| forms.len())
         };
-        self.timeout * queries_in_turn
+        let queries_in_turn = match query {
+            DnsQuery::Host { host, .. } => 2 * forms(host),
+            DnsQuery::Srv(name) => forms(name) + 2,
+        };
+        self.timeout * u32::try_from(queries_in_turn).unwrap_or(u32::MAX)
     }
 
     /// Every address `named` stands for now.
@@ -209,9 +191,6 @@ impl Resolver {
                 });
             }
         }
-        if resolved.is_empty() {
-            return Err(Failure::Empty(format!("no address for {host}")));
-        }
         Ok(Answer {
             resolved,
             valid_for,
@@ -225,85 +204,68 @@ impl Resolver {
     /// AAAA answered would have replaced the IPv4 members, where a failure
     /// keeps the last good set. Only an empty A answer moves on to AAAA.
     async fn addresses(&self, host: &str) -> Result<(Vec<IpAddr>, Duration), Failure> {
-        let families = self.families()?;
-        match self.family(host, &families.ipv4).await {
-            Ok((ips, held)) if !ips.is_empty() => Ok((ips, held)),
-            Ok(_) | Err(Failure::Empty(_)) => {
-                match self.a_of_the_name_itself(host, &families).await? {
-                    Some(found) => Ok(found),
-                    None => self.family(host, &families.ipv6).await,
+        let asking = self.asking()?;
+        let forms = asking.search.forms(host).map_err(Failure::Failed)?;
+        let lookup = match self.first_with(&asking, &forms, RecordType::A).await {
+            Err(Failure::Empty(_)) => self.first_with(&asking, &forms, RecordType::AAAA).await?,
+            found => found?,
+        };
+        let ips = lookup
+            .answers()
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(IpAddr::V4(a.0)),
+                RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+                _ => None,
+            })
+            .collect();
+        Ok((ips, until(lookup.valid_until())))
+    }
+
+    /// The answer of the first of `forms` that holds records of `kind`,
+    /// asked in turn as the system's resolver asks them (glibc's
+    /// `res_search`): an empty answer or no such name goes on to the next
+    /// form; so does a failure (SERVFAIL), remembered: when no form holds
+    /// records the result is that failure, not "no records" (a failure
+    /// keeps the last good set, an empty answer does not); a timeout ends
+    /// the walk (the name server is not answering).
+    async fn first_with(
+        &self,
+        asking: &Asking,
+        forms: &[Name],
+        kind: RecordType,
+    ) -> Result<Lookup, Failure> {
+        let mut failed = None;
+        for form in forms {
+            match asking.resolver.lookup(form.clone(), kind).await {
+                Ok(lookup)
+                    if lookup
+                        .answers()
+                        .iter()
+                        .any(|r| r.data.record_type() == kind) =>
+                {
+                    return Ok(lookup);
                 }
+                Ok(_) => {}
+                Err(err) => match self.failure(err) {
+                    Failure::Empty(_) => {}
+                    Failure::Timeout(waited) => return Err(Failure::Timeout(waited)),
+                    other => failed = failed.or(Some(other)),
+                },
             }
-            Err(failed) => Err(failed),
         }
-    }
-
-    /// `host`'s A addresses asked of it alone, fully qualified: `None` when
-    /// it has none (no records, or no such name). Under a search list
-    /// hickory tries a name with more dots than `ndots` as written first,
-    /// then its search forms, after any failure, and reports the last one:
-    /// an A query that failed for the name itself (a timeout, SERVFAIL)
-    /// read as an empty answer, and its AAAA addresses replaced the IPv4
-    /// members. Asked only then (after an empty A answer, of such a name):
-    /// otherwise the name as written was the last form tried, or the only
-    /// one. (A failure of a search form before the last one, for a name
-    /// with fewer dots, is still hidden so.)
-    async fn a_of_the_name_itself(
-        &self,
-        host: &str,
-        families: &Families,
-    ) -> Result<Option<(Vec<IpAddr>, Duration)>, Failure> {
-        let dots = host.matches('.').count();
-        let tried_first = families.searched_past.is_some_and(|ndots| dots + 1 > ndots);
-        if host.ends_with('.') || !tried_first {
-            return Ok(None);
-        }
-        match families
-            .ipv4
-            .lookup(format!("{host}."), RecordType::A)
-            .await
-        {
-            Ok(lookup) => {
-                let ips: Vec<IpAddr> = lookup
-                    .answers()
-                    .iter()
-                    .filter_map(|r| match &r.data {
-                        RData::A(a) => Some(IpAddr::V4(a.0)),
-                        _ => None,
-                    })
-                    .collect();
-                Ok((!ips.is_empty()).then(|| (ips, until(lookup.valid_until()))))
-            }
-            Err(err) => match self.failure(err) {
-                Failure::Empty(_) => Ok(None),
-                failed => Err(failed),
-            },
-        }
-    }
-
-    /// `host`'s addresses of one family (its resolver), and how long they
-    /// hold.
-    async fn family(
-        &self,
-        host: &str,
-        resolver: &TokioResolver,
-    ) -> Result<(Vec<IpAddr>, Duration), Failure> {
-        let lookup = resolver
-            .lookup_ip(host)
-            .await
-            .map_err(|e| self.failure(e))?;
-        Ok((lookup.iter().collect(), until(lookup.valid_until())))
+        let asked: Vec<String> = forms.iter().map(ToString::to_string).collect();
+        Err(failed.unwrap_or_else(|| {
+            Failure::Empty(format!("no {kind} records for {}", asked.join(", ")))
+        }))
     }
 
     /// One member per address of each target of the SRV records of the
     /// lowest priority (higher ones are fallbacks baton does not use).
     async fn srv(&self, name: &str) -> Result<Answer, Failure> {
-        let lookup = self
-            .families()?
-            .ipv4
-            .srv_lookup(name)
-            .await
-            .map_err(|e| self.failure(e))?;
+        let asking = self.asking()?;
+        let forms = asking.search.forms(name).map_err(Failure::Failed)?;
+        let lookup = self.first_with(&asking, &forms, RecordType::SRV).await?;
         let records: Vec<_> = lookup
             .answers()
             .iter()
