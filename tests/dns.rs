@@ -226,20 +226,16 @@ async fn a_reload_in_the_middle_of_a_move_keeps_the_member_still_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn servfail_silence_and_empty_answers_keep_the_last_set() {
+async fn servfail_and_silence_keep_the_last_set() {
     let Named {
         dns, first, baton, ..
     } = named(&[2], "").await;
     wait_members(baton.admin, &[(first.addr.to_string(), "up")]).await;
     let load = load_on(&baton);
     load.progress(20).await;
-    for (mode, result) in [
-        (Mode::ServFail, "error"),
-        (Mode::Silent, "timeout"),
-        (Mode::Empty, "empty"),
-    ] {
+    for (mode, result) in [(Mode::ServFail, "error"), (Mode::Silent, "timeout")] {
         dns.set_mode(mode);
-        // A few resolutions' worth (one query each, A then AAAA when empty).
+        // A few resolutions' worth (one query each).
         dns.more_queries(4).await;
         let series = format!("baton_dns_resolutions_total{{pool=\"app\",result=\"{result}\"}}");
         support::eventually(&format!("{result} counted"), || async {
@@ -261,6 +257,43 @@ async fn servfail_silence_and_empty_answers_keep_the_last_set() {
     .await;
     assert!(baton.log().contains("keeping the last good set"));
     load.stop().await.assert_clean();
+}
+
+/// An answer of no address (NOERROR without records here; NXDOMAIN the
+/// same) keeps the last good set for the hold (two resolve intervals: an
+/// answer cut short once churns nothing), then the name's members drain:
+/// kept for good, they took work for addresses the name no longer gives
+/// (a service scaled to zero, its addresses given to others). Addresses
+/// in an answer again bring members back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_of_no_address_drains_the_members_after_the_hold() {
+    let dns = DnsServer::start().await;
+    let (first, _second) = two_hosts().await;
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    let baton = Baton::start(named_spec_every("2s", &dns, first.addr.port(), "")).await;
+    let up = [(first.addr.to_string(), "up")];
+    wait_members(baton.admin, &up).await;
+    dns.set_mode(Mode::Empty);
+    let empty = "baton_dns_resolutions_total{pool=\"app\",result=\"empty\"}";
+    support::eventually("an empty answer counted", || async {
+        sample(baton.admin, empty).await > 0.0
+    })
+    .await;
+    assert_eq!(
+        members(baton.admin).await,
+        [(up[0].0.clone(), "up".to_string())],
+        "kept within the hold (4 s from the first empty answer)"
+    );
+    wait_members(baton.admin, &[]).await;
+    let answer = client::get(baton.addr("web"), "/x").await.expect("answer");
+    assert_eq!(answer.status, 503, "no backend left: {}", answer.body);
+    assert!(baton
+        .log()
+        .contains("DNS has said for the hold that the name has no address"));
+    dns.set_mode(Mode::Answer);
+    wait_members(baton.admin, &up).await;
+    let answer = client::get(baton.addr("web"), "/x").await.expect("answer");
+    assert_eq!(answer.status, 200);
 }
 
 /// A name with A and AAAA records stands for its A addresses: its AAAA
@@ -362,8 +395,8 @@ async fn srv_records_give_one_member_each_weighted_by_the_record() {
 
 /// RFC 2782: SRV records whose target is "." say the service is not
 /// available at that name. That is an empty answer, said as such (not a
-/// failed lookup of "."), and the last good set is kept, as for any
-/// empty answer.
+/// failed lookup of "."): the last good set is kept for the hold, then
+/// drains, as for any answer of no address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_srv_target_of_dot_is_said_to_mean_not_available() {
     let dns = DnsServer::start().await;
@@ -382,7 +415,7 @@ async fn an_srv_target_of_dot_is_said_to_mean_not_available() {
     .await;
     let empty = "baton_dns_resolutions_total{pool=\"app\",result=\"empty\"}";
     assert!(sample(baton.admin, empty).await > 0.0, "counted as empty");
-    wait_members(baton.admin, &up).await;
+    wait_members(baton.admin, &[]).await;
 }
 
 /// A first start waits for a whole SRV answer as long as its queries in

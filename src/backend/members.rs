@@ -344,8 +344,25 @@ impl Pool {
     /// once, does not retire members that are still there (to come back
     /// as new ones, down until `rise`), and the members of a name moved
     /// whole are not all replaced by the first new one up.
-    fn obsolete_hold(&self) -> Duration {
+    pub fn obsolete_hold(&self) -> Duration {
         self.resolve_interval * 2
+    }
+
+    /// Retires every member of `named` (DNS has said for the hold that the
+    /// name has no address: nothing will replace them); returns how many
+    /// it retired. They leave at a sweep once their in-flight work ends.
+    pub fn retire_all_of(&self, named: &Named) -> usize {
+        let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        let members = self.members.load();
+        let mut retired = 0;
+        for b in members.backends.iter().filter(|b| b.member_of(named)) {
+            b.set_vanished(true);
+            if !b.retired.swap(true, Ordering::SeqCst) {
+                b.publish();
+                retired += 1;
+            }
+        }
+        retired
     }
 
     /// Retires members whose address vanished from DNS once they have

@@ -9,6 +9,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::members::Resolved;
 use super::AdminState;
@@ -33,6 +36,9 @@ pub struct Named {
     last: Mutex<Option<Vec<Resolved>>>,
     /// The last resolution failed: its warning is logged once per outage.
     failing: AtomicBool,
+    /// Since when DNS says the name has no address (NXDOMAIN, no
+    /// records): a run that failures do not break and an answer ends.
+    empty_since: Mutex<Option<Instant>>,
 }
 
 impl Named {
@@ -45,6 +51,7 @@ impl Named {
             said_of_gone: Mutex::new(HashMap::new()),
             last: Mutex::new(None),
             failing: AtomicBool::new(false),
+            empty_since: Mutex::new(None),
         }
     }
 
@@ -110,7 +117,24 @@ impl Named {
         if let Ok(mut last) = self.last.lock() {
             *last = Some(resolved);
         }
+        *self.empty_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.failing.swap(false, Ordering::SeqCst)
+    }
+
+    /// Notes that DNS says the name has no address; returns how long it
+    /// has said so (zero at the first such answer).
+    pub fn answered_empty(&self) -> Duration {
+        let mut since = self.empty_since.lock().unwrap_or_else(|e| e.into_inner());
+        since.get_or_insert_with(Instant::now).elapsed()
+    }
+
+    /// DNS has said for the hold that the name has no address: that is
+    /// its last good answer now (carried so to the next generation),
+    /// and the run of empty answers goes on.
+    pub fn emptied(&self) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(Vec::new());
+        }
     }
 
     /// Notes a failed resolution; says whether it starts a run of them.

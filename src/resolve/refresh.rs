@@ -2,8 +2,9 @@
 //! named backend resolves, makes the pool's members match the answer, and
 //! sleeps until the records expire, clamped to [1 s, `resolve_interval`]
 //! (a shorter interval is its own floor), sweeping drained members out
-//! meanwhile. A failure or an empty answer keeps the last good set. The
-//! tasks stop with the generation's other background work.
+//! meanwhile. A failure keeps the last good set, an answer of no address
+//! for the pool's hold. The tasks stop with the generation's other
+//! background work.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Resolver;
+use super::{Failure, Resolver};
 use crate::backend::members::{Joining, Resolved};
 use crate::backend::named::Named;
 use crate::backend::{probe, Pool};
@@ -231,7 +232,14 @@ async fn once(
             metrics::dns_resolution(&pool.name, failure.result());
             if named.failed() {
                 let kept = named.last().map_or(0, |l| l.len());
-                tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, kept, "DNS resolution failed; keeping the last good set");
+                if let Failure::Empty(_) = failure {
+                    tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, kept, hold_s = pool.obsolete_hold().as_secs_f64(), "DNS says the name has no address; keeping the last good set for the hold, then its members drain");
+                } else {
+                    tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, kept, "DNS resolution failed; keeping the last good set");
+                }
+            }
+            if let Failure::Empty(_) = failure {
+                retire_once_empty_for_the_hold(pool, named);
             }
             // A name that never answered has no set to keep: asked again
             // soon, not a whole interval on, so its backends serve seconds
@@ -243,6 +251,24 @@ async fn once(
             }
         }
     }
+}
+
+/// DNS says `named` has no address (NXDOMAIN, no records, SRV's target
+/// "."): its last good set is kept for the pool's hold (an answer cut
+/// short once, a zone being reloaded), then its members retire. Kept for
+/// good, they sent work on to addresses the name no longer gives (a
+/// Kubernetes service scaled to zero, whose pods' addresses go to
+/// others); HAProxy's `hold nx` bounds it too. A failure (SERVFAIL, no
+/// answer) says nothing of the name and keeps the set.
+fn retire_once_empty_for_the_hold(pool: &Pool, named: &Named) {
+    let empty_for = named.answered_empty();
+    let has_members = named.last().is_some_and(|last| !last.is_empty());
+    if empty_for < pool.obsolete_hold() || !has_members {
+        return;
+    }
+    named.emptied();
+    let retired = pool.retire_all_of(named);
+    tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, empty_s = empty_for.as_secs_f64(), retired, "DNS has said for the hold that the name has no address; draining its members");
 }
 
 #[cfg(test)]
