@@ -278,20 +278,29 @@ pub fn merge(own: &str, baseline: &Baseline) -> String {
             }
         }
         if let Some(extra) = unmatched.remove(f.name.as_str()) {
-            f.samples
-                .extend(extra.into_iter().map(|(k, s)| (k.to_string(), s.value)));
+            let mut extra: Vec<(String, f64)> = extra
+                .into_iter()
+                .map(|(k, s)| (k.to_string(), s.value))
+                .collect();
+            in_exposition_order(&f.name, &mut extra);
+            f.samples.extend(extra);
         }
     }
+    // A family ours has with another kind (a later version changed it)
+    // is ours alone: a second `# TYPE` line for one name makes Prometheus
+    // refuse the whole scrape.
+    unmatched.retain(|family, _| !families.iter().any(|f| f.name == *family));
     for (family, extra) in unmatched {
         let kind = extra
             .first()
             .map_or("counter", |(_, s)| s.kind.as_str())
             .to_string();
         let help = extra.first().and_then(|(_, s)| s.help.clone());
-        let samples = extra
+        let mut samples: Vec<(String, f64)> = extra
             .into_iter()
             .map(|(k, s)| (k.to_string(), s.value))
             .collect();
+        in_exposition_order(family, &mut samples);
         families.push(Family {
             name: family.to_string(),
             kind,
@@ -300,6 +309,43 @@ pub fn merge(own: &str, baseline: &Baseline) -> String {
         });
     }
     render(&families)
+}
+
+/// `samples` of `family` in the order an exposition gives them: the
+/// baseline keeps them by key, which put a histogram's `+Inf` bucket
+/// first, `le="10"` before `le="2.5"`, and its `_count` before its
+/// `_sum`, interleaving label sets; parsers that build a histogram as its
+/// lines come (OpenMetrics' rule) took it for several broken ones. Each
+/// label set's buckets by bound, then `_sum`, then `_count`.
+fn in_exposition_order(family: &str, samples: &mut [(String, f64)]) {
+    samples.sort_by(|(a, _), (b, _)| {
+        let (a, b) = (exposition_rank(family, a), exposition_rank(family, b));
+        a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.total_cmp(&b.2))
+    });
+}
+
+/// A sample's place: its labels but `le`, its suffix's rank, its bound.
+fn exposition_rank(family: &str, key: &str) -> (Vec<(String, String)>, u8, f64) {
+    let name = sample_name(key);
+    let rank = match name.strip_prefix(family) {
+        Some("_bucket") => 0,
+        Some("_sum") => 1,
+        Some("_count") => 2,
+        _ => 0,
+    };
+    let mut bound = f64::NEG_INFINITY;
+    let mut others = Vec::new();
+    for (label, value) in labels(key) {
+        if label == "le" {
+            bound = match value.as_str() {
+                "+Inf" => f64::INFINITY,
+                v => v.parse().unwrap_or(f64::INFINITY),
+            };
+        } else {
+            others.push((label.to_string(), value));
+        }
+    }
+    (others, rank, bound)
 }
 
 /// `text` with what older generations still have in flight on each
@@ -376,12 +422,53 @@ mod tests {
         );
         assert!(
             merged.contains(
-                "# TYPE baton_d_seconds histogram\nbaton_d_seconds_bucket{le=\"+Inf\"} 4\n"
+                "# TYPE baton_d_seconds histogram\nbaton_d_seconds_bucket{le=\"0.1\"} 3\n\
+                 baton_d_seconds_bucket{le=\"+Inf\"} 4\nbaton_d_seconds_sum 0.5\n\
+                 baton_d_seconds_count 4\n"
             ),
             "{merged}"
         );
-        assert!(merged.contains("baton_d_seconds_sum 0.5\n"), "{merged}");
         assert!(merged.contains("# HELP baton_requests_total Requests.\n"));
+    }
+
+    /// One label set of histogram `baton_d_seconds`, in exposition order.
+    fn histogram(pool: &str, counts: [u32; 3], sum: u32) -> String {
+        let [a, b, all] = counts;
+        format!(
+            "baton_d_seconds_bucket{{pool=\"{pool}\",le=\"2.5\"}} {a}\n\
+             baton_d_seconds_bucket{{pool=\"{pool}\",le=\"10\"}} {b}\n\
+             baton_d_seconds_bucket{{pool=\"{pool}\",le=\"+Inf\"}} {all}\n\
+             baton_d_seconds_sum{{pool=\"{pool}\"}} {sum}\n\
+             baton_d_seconds_count{{pool=\"{pool}\"}} {all}\n"
+        )
+    }
+
+    #[test]
+    fn histogram_series_only_the_baseline_has_render_in_exposition_order() {
+        let kind = "# TYPE baton_d_seconds histogram\n";
+        let old = format!(
+            "{kind}{}{}",
+            histogram("a", [1, 2, 3], 9),
+            histogram("b", [4, 5, 6], 7)
+        );
+        let ours = format!("{kind}{}", histogram("a", [1, 1, 1], 1));
+        let merged = merge(&ours, &baseline(&old));
+        let want = format!(
+            "{kind}{}{}\n",
+            histogram("a", [2, 3, 4], 10),
+            histogram("b", [4, 5, 6], 7)
+        );
+        assert_eq!(merged, want);
+        let alone = merge("", &baseline(&old));
+        assert_eq!(alone, format!("{old}\n"));
+    }
+
+    #[test]
+    fn a_family_whose_kind_changed_is_typed_once() {
+        let old = "# TYPE baton_x counter\nbaton_x{a=\"1\"} 5\n";
+        let ours = "# TYPE baton_x gauge\nbaton_x 1\n";
+        let merged = merge(ours, &baseline(old));
+        assert_eq!(merged, format!("{ours}\n"));
     }
 
     #[test]
