@@ -933,7 +933,7 @@ async fn an_a_query_failing_under_a_search_list_keeps_the_ipv4_members() {
     under_a_search_list([127, 0, 0, 88], 1, HOST, HOST, Kept).await;
 }
 
-/// The same for a name with no more dots than `ndots` (Kubernetes'
+/// The same for a name with fewer dots than `ndots` (Kubernetes'
 /// `my-svc.my-ns` under `ndots:5`), asked in its search forms first: the
 /// form that holds its records failing (SERVFAIL) before the name as
 /// written answered empty read as an empty answer, and the AAAA address
@@ -963,11 +963,10 @@ enum AfterTheFailure {
 }
 use AfterTheFailure::{Answered, Kept};
 
-/// Runs baton under a resolv.conf naming a name server on port 53 of
-/// `server` (one a test: they run at once), `search example.test` and
-/// `ndots`, with `HOST`'s A (127.0.0.2) and AAAA (::1) records held by
-/// `holder` (one of its forms); makes A queries for `failing` get
-/// SERVFAIL, and asserts the IPv4 member is there a dozen queries on.
+/// Runs baton under [`search_listed`] with `HOST`'s A (127.0.0.2) and
+/// AAAA (::1) records held by `holder` (one of its forms); makes A
+/// queries for `failing` get SERVFAIL, and asserts the IPv4 member is
+/// there a dozen queries on.
 async fn under_a_search_list(
     server: [u8; 4],
     ndots: u8,
@@ -975,18 +974,10 @@ async fn under_a_search_list(
     failing: &str,
     after: AfterTheFailure,
 ) {
-    let server = SocketAddr::from((server, 53));
-    let resolv = format!(
-        "nameserver {}\nsearch example.test\noptions ndots:{ndots}\n",
-        server.ip()
-    );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("resolv.conf");
-    std::fs::write(&file, resolv).expect("write resolv.conf");
-    let Some(bound_over) = resolv_conf_bound_over(&file.display().to_string()) else {
+    let Some(listed) = search_listed(server, ndots).await else {
         return;
     };
-    let dns = DnsServer::start_on(server).await;
+    let dns = &listed.dns;
     let backend = HttpBackend::start_on("a", "127.0.0.2:0".parse().expect("addr")).await;
     let port = backend.addr.port();
     dns.set_a(holder, &[Ipv4Addr::new(127, 0, 0, 2)]);
@@ -994,18 +985,8 @@ async fn under_a_search_list(
     if after == Answered {
         dns.servfail_a_of(failing);
     }
-    let spec = Spec::new()
-        .section(&format!(
-            "[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nbackends = [{{ name = \"app\", address = \"{HOST}:{port}\" }}]\n"
-        ))
-        .http("web", "app");
-    let wrapper: Vec<&str> = bound_over.iter().map(String::as_str).collect();
-    let baton = Baton::spawn_under(spec, &[], &wrapper);
+    let baton = listed.baton(port).await;
     let ipv4 = [(SocketAddr::from(([127, 0, 0, 2], port)).to_string(), "up")];
-    support::eventually("the admin port answers", || async {
-        client::get(baton.admin, "/healthz").await.is_ok()
-    })
-    .await;
     wait_members(baton.admin, &ipv4).await;
     dns.servfail_a_of(failing);
     dns.more_queries(12).await;
@@ -1015,6 +996,86 @@ async fn under_a_search_list(
         "{}",
         baton.log()
     );
+}
+
+/// An IPv6-only name (no A record where it lives) beside a search form
+/// whose A query fails (SERVFAIL) stands for its AAAA addresses: AAAA is
+/// asked of the forms that exist without an A record. Asked of none, a
+/// search domain broken for good left the name without members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_only_name_beside_a_failing_search_form_has_its_aaaa_members() {
+    let Some(listed) = search_listed([127, 0, 0, 91], 3).await else {
+        return;
+    };
+    listed.dns.set_aaaa(HOST, &[Ipv6Addr::LOCALHOST]);
+    listed.dns.servfail_a_of("app.baton.test.example.test");
+    let baton = listed.baton(8080).await;
+    wait_members(baton.admin, &[("[::1]:8080".to_string(), "up")]).await;
+}
+
+/// A search form whose queries are never answered (a search domain
+/// forwarded to an upstream that is down) does not hide the name as
+/// written: the walk goes on past a timeout, as hickory's did (glibc
+/// asks the name as written after one too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_form_never_answered_does_not_hide_the_name_as_written() {
+    let Some(listed) = search_listed([127, 0, 0, 92], 3).await else {
+        return;
+    };
+    let backend = HttpBackend::start_on("a", "127.0.0.2:0".parse().expect("addr")).await;
+    let port = backend.addr.port();
+    listed.dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    listed.dns.silent_to("app.baton.test.example.test");
+    let baton = listed.baton(port).await;
+    let ipv4 = SocketAddr::from(([127, 0, 0, 2], port)).to_string();
+    wait_members(baton.admin, &[(ipv4, "up")]).await;
+}
+
+/// A resolv.conf naming a name server on port 53 of `server` (one a
+/// test: they run at once), `search example.test` and `ndots`, to bind
+/// over the system's for baton alone, and that name server.
+struct SearchListed {
+    dns: DnsServer,
+    wrapper: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+/// `None` (the test skips) where the file cannot be bound over the
+/// system's (see [`resolv_conf_bound_over`]).
+async fn search_listed(server: [u8; 4], ndots: u8) -> Option<SearchListed> {
+    let server = SocketAddr::from((server, 53));
+    let resolv = format!(
+        "nameserver {}\nsearch example.test\noptions ndots:{ndots}\n",
+        server.ip()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("resolv.conf");
+    std::fs::write(&file, resolv).expect("write resolv.conf");
+    let wrapper = resolv_conf_bound_over(&file.display().to_string())?;
+    Some(SearchListed {
+        dns: DnsServer::start_on(server).await,
+        wrapper,
+        _dir: dir,
+    })
+}
+
+impl SearchListed {
+    /// baton under the file, its pool "app" `HOST` at `port` (resolved
+    /// every 200 ms), once its admin port answers.
+    async fn baton(&self, port: u16) -> Baton {
+        let spec = Spec::new()
+            .section(&format!(
+                "[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nbackends = [{{ name = \"app\", address = \"{HOST}:{port}\" }}]\n"
+            ))
+            .http("web", "app");
+        let wrapper: Vec<&str> = self.wrapper.iter().map(String::as_str).collect();
+        let baton = Baton::spawn_under(spec, &[], &wrapper);
+        support::eventually("the admin port answers", || async {
+            client::get(baton.admin, "/healthz").await.is_ok()
+        })
+        .await;
+        baton
+    }
 }
 
 /// A wrapper command that runs baton with `file` bound over

@@ -57,6 +57,33 @@ impl Failure {
     }
 }
 
+/// What asking a name's forms for one record type found.
+enum Walked {
+    /// The answer of the first form holding such records.
+    Found(Lookup),
+    /// No form holds any: those that exist without them (NOERROR, no
+    /// records), and the first failure, if a form failed.
+    Missing {
+        existing: Vec<Name>,
+        failed: Option<Failure>,
+    },
+}
+
+impl Walked {
+    /// The answer found, else the failure, else no records (`none` says
+    /// of what).
+    fn found(self, none: impl FnOnce() -> String) -> Result<Lookup, Failure> {
+        match self {
+            Walked::Found(lookup) => Ok(lookup),
+            Walked::Missing {
+                failed: Some(failed),
+                ..
+            } => Err(failed),
+            Walked::Missing { failed: None, .. } => Err(Failure::Empty(none())),
+        }
+    }
+}
+
 /// A good answer: every address, and how long the records hold.
 #[derive(Debug)]
 pub struct Answer {
@@ -146,7 +173,7 @@ impl Resolver {
     /// it answers within `timeout`: a host name's A query in each of its
     /// forms (the search list's), then its AAAA query in each; an SRV
     /// name's query in each form, then its targets' A and AAAA (at once).
-    /// A server that answers nothing fails at its first query's timeout.
+    /// A server that answers nothing fails once each form timed out.
     pub fn answer_within(&self, query: &DnsQuery) -> Duration {
         let forms = |name: &str| {
             self.asking()
@@ -202,13 +229,26 @@ impl Resolver {
     /// default): a dual-stack name would make its IPv6 addresses members
     /// on a host that may not route them, and an A query that failed while
     /// AAAA answered would have replaced the IPv4 members, where a failure
-    /// keeps the last good set. Only an empty A answer moves on to AAAA.
+    /// keeps the last good set. Only an empty A answer moves on to AAAA,
+    /// of every form; after a form's failure, of the forms that exist
+    /// without an A record (an IPv6-only name beside a search domain
+    /// broken for good), and the failure stands if none has AAAA.
     async fn addresses(&self, host: &str) -> Result<(Vec<IpAddr>, Duration), Failure> {
         let asking = self.asking()?;
         let forms = asking.search.forms(host).map_err(Failure::Failed)?;
-        let lookup = match self.first_with(&asking, &forms, RecordType::A).await {
-            Err(Failure::Empty(_)) => self.first_with(&asking, &forms, RecordType::AAAA).await?,
-            found => found?,
+        let lookup = match self.walk(&asking, &forms, RecordType::A).await {
+            Walked::Found(lookup) => lookup,
+            Walked::Missing { failed: None, .. } => self
+                .walk(&asking, &forms, RecordType::AAAA)
+                .await
+                .found(|| format!("no A or AAAA records for {host}"))?,
+            Walked::Missing {
+                failed: Some(failed),
+                existing,
+            } => match self.walk(&asking, &existing, RecordType::AAAA).await {
+                Walked::Found(lookup) => lookup,
+                Walked::Missing { .. } => return Err(failed),
+            },
         };
         let ips = lookup
             .answers()
@@ -222,20 +262,17 @@ impl Resolver {
         Ok((ips, until(lookup.valid_until())))
     }
 
-    /// The answer of the first of `forms` that holds records of `kind`,
-    /// asked in turn as the system's resolver asks them (glibc's
-    /// `res_search`): an empty answer or no such name goes on to the next
-    /// form; so does a failure (SERVFAIL), remembered: when no form holds
-    /// records the result is that failure, not "no records" (a failure
-    /// keeps the last good set, an empty answer does not); a timeout ends
-    /// the walk (the name server is not answering).
-    async fn first_with(
-        &self,
-        asking: &Asking,
-        forms: &[Name],
-        kind: RecordType,
-    ) -> Result<Lookup, Failure> {
+    /// Asks `forms` in turn for records of `kind`, as the system's
+    /// resolver asks them, up to the first that holds some. An empty
+    /// answer or no such name goes on to the next form; so does a failure
+    /// (SERVFAIL, no answer: a search domain broken for good must not hide
+    /// the name as written, nor one in /etc/hosts), remembered: when no
+    /// form holds records, the name has failed, not answered empty (a
+    /// failure keeps the last good set; hickory's own walk reported the
+    /// last form's result).
+    async fn walk(&self, asking: &Asking, forms: &[Name], kind: RecordType) -> Walked {
         let mut failed = None;
+        let mut existing = Vec::new();
         for form in forms {
             match asking.resolver.lookup(form.clone(), kind).await {
                 Ok(lookup)
@@ -244,20 +281,24 @@ impl Resolver {
                         .iter()
                         .any(|r| r.data.record_type() == kind) =>
                 {
-                    return Ok(lookup);
+                    return Walked::Found(lookup);
                 }
-                Ok(_) => {}
-                Err(err) => match self.failure(err) {
-                    Failure::Empty(_) => {}
-                    Failure::Timeout(waited) => return Err(Failure::Timeout(waited)),
-                    other => failed = failed.or(Some(other)),
-                },
+                Ok(_) => existing.push(form.clone()),
+                Err(err) => {
+                    let exists = matches!(&err, NetError::Dns(DnsError::NoRecordsFound(none))
+                        if none.response_code == ResponseCode::NoError);
+                    match self.failure(err) {
+                        Failure::Empty(_) if exists => existing.push(form.clone()),
+                        Failure::Empty(_) => {}
+                        Failure::Failed(why) => {
+                            failed = failed.or(Some(Failure::Failed(format!("{form}: {why}"))));
+                        }
+                        timeout => failed = failed.or(Some(timeout)),
+                    }
+                }
             }
         }
-        let asked: Vec<String> = forms.iter().map(ToString::to_string).collect();
-        Err(failed.unwrap_or_else(|| {
-            Failure::Empty(format!("no {kind} records for {}", asked.join(", ")))
-        }))
+        Walked::Missing { existing, failed }
     }
 
     /// One member per address of each target of the SRV records of the
@@ -265,7 +306,10 @@ impl Resolver {
     async fn srv(&self, name: &str) -> Result<Answer, Failure> {
         let asking = self.asking()?;
         let forms = asking.search.forms(name).map_err(Failure::Failed)?;
-        let lookup = self.first_with(&asking, &forms, RecordType::SRV).await?;
+        let lookup = self
+            .walk(&asking, &forms, RecordType::SRV)
+            .await
+            .found(|| format!("no SRV records for {name}"))?;
         let records: Vec<_> = lookup
             .answers()
             .iter()

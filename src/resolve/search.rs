@@ -10,13 +10,14 @@ use std::sync::Arc;
 
 use hickory_resolver::proto::rr::Name;
 
-/// `/etc/resolv.conf`'s `ndots`, `domain` and `search`: none with the
+/// `/etc/resolv.conf`'s `ndots`, `domain` and `search` as hickory reads
+/// them (the domain falls back to the host name's): none with the
 /// config's own `nameservers`, which search nothing.
 #[derive(Debug, Clone, Default)]
 pub struct SearchList {
     ndots: usize,
-    /// The domain, then the search list, without repeats.
-    domains: Arc<[Name]>,
+    domain: Option<Name>,
+    search: Arc<[Name]>,
 }
 
 impl SearchList {
@@ -25,22 +26,19 @@ impl SearchList {
         let Ok((servers, options)) = hickory_resolver::system_conf::read_system_conf() else {
             return SearchList::default();
         };
-        let mut domains: Vec<Name> = Vec::new();
-        for domain in servers.domain().into_iter().chain(servers.search()) {
-            if !domains.contains(domain) {
-                domains.push(domain.clone());
-            }
-        }
         SearchList {
             ndots: options.ndots,
-            domains: domains.into(),
+            domain: servers.domain().cloned(),
+            search: servers.search().into(),
         }
     }
 
     /// The fully qualified names `host` is asked as, first first: a name
-    /// given with a final dot, as it is; one with more labels than
-    /// `ndots` (or `localhost`), as written and then in each domain; any
-    /// other in each domain and then as written.
+    /// given with a final dot, as it is; one of more labels than `ndots`
+    /// (at least `ndots` dots) or `localhost`, as written and then in each
+    /// domain; any other in each domain and then as written. The domains:
+    /// the domain when the search list does not hold it, then the list,
+    /// each once, in the order hickory's `build_names` gives.
     pub fn forms(&self, host: &str) -> Result<Vec<Name>, String> {
         let name = Name::from_utf8(host).map_err(|e| format!("{host}: {e}"))?;
         if name.is_fqdn() {
@@ -48,22 +46,26 @@ impl SearchList {
         }
         let mut as_written = name.clone();
         as_written.set_fqdn(true);
-        let mut forms = Vec::with_capacity(self.domains.len() + 1);
         let written_first = usize::from(name.num_labels()) > self.ndots || name.is_localhost();
-        if written_first {
-            forms.push(as_written.clone());
+        // Built last first, as hickory builds it: a repeated domain keeps
+        // the place of its last mention in the list, the domain its own
+        // only when the list does not name it.
+        let mut last_first = Vec::with_capacity(self.search.len() + 2);
+        if !written_first {
+            last_first.push(as_written.clone());
         }
-        for domain in self.domains.iter() {
+        for domain in self.search.iter().rev().chain(self.domain.as_ref()) {
             if let Ok(form) = name.clone().append_domain(domain) {
-                if !forms.contains(&form) {
-                    forms.push(form);
+                if !last_first.contains(&form) {
+                    last_first.push(form);
                 }
             }
         }
-        if !forms.contains(&as_written) {
-            forms.push(as_written);
+        if written_first {
+            last_first.push(as_written);
         }
-        Ok(forms)
+        last_first.reverse();
+        Ok(last_first)
     }
 }
 
@@ -71,13 +73,15 @@ impl SearchList {
 mod tests {
     use super::*;
 
-    fn list(ndots: usize, domains: &[&str]) -> SearchList {
+    fn name(domain: &str) -> Name {
+        Name::from_utf8(domain).expect("domain")
+    }
+
+    fn list(ndots: usize, search: &[&str]) -> SearchList {
         SearchList {
             ndots,
-            domains: domains
-                .iter()
-                .map(|d| Name::from_utf8(d).expect("domain"))
-                .collect(),
+            domain: None,
+            search: search.iter().map(|d| name(d)).collect(),
         }
     }
 
@@ -108,6 +112,31 @@ mod tests {
         assert_eq!(
             forms(&vm, "app.baton.test"),
             ["app.baton.test.", "app.baton.test.example.test."]
+        );
+        assert_eq!(
+            forms(&vm, "app.internal"),
+            ["app.internal.", "app.internal.example.test."],
+            "as many dots as ndots is past it"
+        );
+    }
+
+    #[test]
+    fn the_domain_comes_first_unless_the_search_list_names_it() {
+        let mut vm = list(1, &["corp.example.com", "example.com"]);
+        vm.domain = Some(name("example.com"));
+        assert_eq!(
+            forms(&vm, "api"),
+            ["api.corp.example.com.", "api.example.com.", "api."]
+        );
+        vm.domain = Some(name("lab.example.com"));
+        assert_eq!(
+            forms(&vm, "api"),
+            [
+                "api.lab.example.com.",
+                "api.corp.example.com.",
+                "api.example.com.",
+                "api."
+            ]
         );
     }
 

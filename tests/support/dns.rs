@@ -2,7 +2,7 @@
 //! while baton runs: A and AAAA records, SRV records (with their targets'
 //! A and AAAA records as additionals, or without, as many recursive
 //! resolvers answer), SERVFAIL (to every query or to A queries only),
-//! silence (the resolver times out), empty NOERROR answers, and answers
+//! silence (the resolver times out; to every query or one name's), empty NOERROR answers, and answers
 //! that take a while. Messages are built and parsed with hickory-proto.
 
 use std::collections::HashMap;
@@ -46,6 +46,8 @@ struct Zone {
     additionals: bool,
     /// A name whose A queries get SERVFAIL (the rest answered).
     servfail_a_of: Option<String>,
+    /// A name whose queries get no answer at all (the rest answered).
+    silent_to: Option<String>,
     a: HashMap<String, Vec<Ipv4Addr>>,
     aaaa: HashMap<String, Vec<Ipv6Addr>>,
     srv: HashMap<String, Vec<SrvRecord>>,
@@ -85,6 +87,7 @@ impl DnsServer {
             delay: Duration::ZERO,
             additionals: true,
             servfail_a_of: None,
+            silent_to: None,
             a: HashMap::new(),
             aaaa: HashMap::new(),
             srv: HashMap::new(),
@@ -135,6 +138,11 @@ impl DnsServer {
     /// forms, under a search list, are answered).
     pub fn servfail_a_of(&self, name: &str) {
         self.edit(|z| z.servfail_a_of = Some(key(name)));
+    }
+
+    /// Queries for `name` get no answer from now on (the others do).
+    pub fn silent_to(&self, name: &str) {
+        self.edit(|z| z.silent_to = Some(key(name)));
     }
 
     /// Every answer from now on comes `delay` after its query.
@@ -220,6 +228,9 @@ fn answer(zone: &Zone, query: &Message) -> Option<Message> {
         return Some(reply);
     };
     let name = key(&q.name().to_string());
+    if zone.silent_to.as_deref() == Some(&name) {
+        return None;
+    }
     let failing_a = zone.mode == Mode::ServFailA || zone.servfail_a_of.as_deref() == Some(&name);
     if failing_a && q.query_type() == RecordType::A {
         reply.metadata.response_code = ResponseCode::ServFail;
