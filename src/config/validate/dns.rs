@@ -23,6 +23,10 @@ impl Validator {
                 .parse::<std::net::IpAddr>()
                 .map(|ip| SocketAddr::new(ip, 53));
             match with_port.or_else(|_| text.parse::<SocketAddr>()) {
+                Ok(addr) if addr.port() == 0 => self.problem(
+                    &format!("resolver.nameservers[{i}]"),
+                    format!("\"{text}\" has port 0, where no name server listens (leave the port out for 53)"),
+                ),
                 Ok(addr) => nameservers.push(addr),
                 Err(_) => self.problem(
                     &format!("resolver.nameservers[{i}]"),

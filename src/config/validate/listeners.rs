@@ -173,7 +173,13 @@ impl Validator {
             Some("stdout") => Destination::Stdout,
             Some(written) => {
                 let path = self.path(Some(written), written);
-                if !path.parent().is_some_and(Path::is_dir) {
+                self.no_nul(&format!("{key}.path"), &path);
+                if written.ends_with('/') || path.is_dir() {
+                    self.problem(
+                        &format!("{key}.path"),
+                        format!("{} is a folder: name a file in it", path.display()),
+                    );
+                } else if !path.parent().is_some_and(Path::is_dir) {
                     self.problem(
                         &format!("{key}.path"),
                         format!("the folder of {} does not exist", path.display()),

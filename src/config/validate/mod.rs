@@ -175,6 +175,7 @@ impl Validator {
     /// would fail only at start, or at a reload.
     fn socket_path(&mut self, key: &str, written: Option<&str>, default: &str) -> PathBuf {
         let path = self.path(written, default);
+        self.no_nul(key, &path);
         if path.as_os_str().len() >= 108 {
             self.problem(
                 key,
@@ -185,6 +186,15 @@ impl Validator {
             );
         }
         path
+    }
+
+    /// A path with a NUL byte passes every check but fails its first use
+    /// (no system call takes it): at `run`, with exit 1, where `check`
+    /// said the config was good.
+    fn no_nul(&mut self, key: &str, path: &Path) {
+        if path.as_os_str().as_encoded_bytes().contains(&0) {
+            self.problem(key, "holds a NUL byte, which no path may");
+        }
     }
 
     fn path(&self, written: Option<&str>, default: &str) -> PathBuf {
@@ -401,7 +411,16 @@ impl Validator {
             Some((_, Some(path))) => {
                 AdminListen::Unix(self.socket_path("admin.listen", Some(path), ""))
             }
-            Some((text, None)) => AdminListen::Tcp(self.socket_addr("admin.listen", text)),
+            Some((text, None)) => {
+                let addr = self.socket_addr("admin.listen", text);
+                if addr.port() == 0 {
+                    self.problem(
+                        "admin.listen",
+                        format!("\"{text}\" has port 0: the kernel would pick one that `baton status`, `baton backend` and the probes could not know"),
+                    );
+                }
+                AdminListen::Tcp(addr)
+            }
         }
     }
 
@@ -772,6 +791,37 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 GOOD.replace("127.0.0.1:8080", "0.0.0.0:9901"),
                 "listeners[0].bind",
                 "admin server (127.0.0.1:9901",
+            ),
+            (
+                format!("[admin]\nlisten = \"127.0.0.1:0\"\n{GOOD}"),
+                "admin.listen",
+                "has port 0",
+            ),
+            (
+                format!("[resolver]\nnameservers = [\"10.0.0.2:0\"]\n{GOOD}"),
+                "resolver.nameservers[0]",
+                "has port 0",
+            ),
+            (
+                format!("[control]\nsocket = \"/run/baton/c\\u0000.sock\"\n{GOOD}"),
+                "control.socket",
+                "NUL byte",
+            ),
+            (
+                GOOD.replace(
+                    "pool = \"app\"\n",
+                    "pool = \"app\"\naccess_log = { path = \"/tmp/a\\u0000b\" }\n",
+                ),
+                "listeners[0].access_log.path",
+                "NUL byte",
+            ),
+            (
+                GOOD.replace(
+                    "pool = \"app\"\n",
+                    "pool = \"app\"\naccess_log = { path = \"/tmp/\" }\n",
+                ),
+                "listeners[0].access_log.path",
+                "is a folder",
             ),
         ] {
             refused_once(&text, key, said);
