@@ -25,6 +25,8 @@ const CARGO_DEB: &str = "3.8.0";
 
 /// What the postinst says when the reload onto a new version fails.
 const RELOAD_FAILED: &str = "the reload onto the new version failed";
+/// What the postinst says when an upgrade changed baton.service.
+const UNIT_CHANGED: &str = "this upgrade changed baton.service";
 
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
@@ -277,6 +279,7 @@ async fn a_failed_reload_keeps_serving(sbx: &Sandbox, config: &str, web: SocketA
     );
     let said = apt_ok(sbx, &["install", "--reinstall", "/root/baton_B.deb"]);
     assert!(said.contains(RELOAD_FAILED), "{said}");
+    assert!(!said.contains(UNIT_CHANGED), "the same unit file: {said}");
     assert_eq!(sbx.show("baton", "MainPID"), main);
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
     let answer = client::get(web, "/after-failed-reload")
@@ -433,10 +436,16 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
     assert_eq!(sbx.show("baton", "MainPID"), main, "SIGUSR1 cost nothing");
     sbx.progressed(&load, 30).await;
 
-    // The upgrade, while the load runs.
+    // The upgrade, while the load runs, over a unit file that differs
+    // from the one it brings (as a new version's would).
     sbx.copy_in(&b_deb, "/root/baton_B.deb");
+    assert!(holds(
+        &sbx,
+        "echo '# before the upgrade' >>/lib/systemd/system/baton.service && systemctl daemon-reload"
+    ));
     let said = apt_ok(&sbx, &["install", "/root/baton_B.deb"]);
     assert!(!said.contains(RELOAD_FAILED), "{said}");
+    assert!(said.contains(UNIT_CHANGED), "{said}");
     sbx.progressed(&load, 50).await;
     upgraded_in_place(&sbx, admin, &main, &invocation).await;
     load.stop().await.assert_clean();

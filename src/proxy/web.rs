@@ -270,9 +270,12 @@ impl HttpProxy {
             return self.own_target();
         }
         // Compared in place: routing costs no allocation per request.
+        // A final dot (`example.com.`, the fully qualified name) names the
+        // same host: nginx drops it too.
         let host = host
             .and_then(|h| std::str::from_utf8(h).ok())
-            .map(crate::config::strip_port);
+            .map(crate::config::strip_port)
+            .map(|h| h.strip_suffix('.').unwrap_or(h));
         let chosen = self
             .routes
             .iter()

@@ -126,7 +126,7 @@ fn srv_problem(text: &str) -> Option<String> {
 /// Why `name` is not a DNS name (labels of 1-63 letters, digits and
 /// '-', not at a label's ends; 253 characters at most; '_' only where
 /// SRV names use it), if it is not.
-fn name_problem(name: &str, underscores: bool) -> Option<String> {
+pub(super) fn name_problem(name: &str, underscores: bool) -> Option<String> {
     let bare = name.strip_suffix('.').unwrap_or(name);
     if bare.is_empty() || bare.len() > 253 {
         return Some("a name is 1 to 253 characters".into());

@@ -216,12 +216,20 @@ impl Validator {
                         &format!("{rkey}.path_prefix"),
                         format!("\"{p}\" must start with '/'"),
                     );
+                } else if !p.bytes().all(super::pools::in_request_target) || p.contains('?') {
+                    // Compared with the request's path as sent: a space, a
+                    // '?' or a byte no target holds never matches.
+                    self.problem(
+                        &format!("{rkey}.path_prefix"),
+                        format!("{p:?} must be a path as requests send it: visible ASCII without '?' or '#' (percent-encode the rest, a space as %20)"),
+                    );
                 }
             }
+            let host = r.host.as_deref().map(|h| self.route_host(&rkey, h));
             let pool = self.pool_ref(&format!("{rkey}.pool"), r.pool.as_deref(), pools);
             out.push(RouteConfig {
                 path_prefix: r.path_prefix.clone(),
-                host: r.host.as_ref().map(|h| strip_port(h).to_ascii_lowercase()),
+                host,
                 pool,
             });
         }
@@ -230,6 +238,29 @@ impl Validator {
 }
 
 impl Validator {
+    /// A route's `host` as requests are compared with it: without a port
+    /// or a final dot (a request's are dropped too), in lower case. One
+    /// that is neither a host name nor an IP address never matches a
+    /// request: refused.
+    fn route_host(&mut self, rkey: &str, written: &str) -> String {
+        let host = strip_port(written);
+        let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+        let ipv6 = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok());
+        let ipv4 = host.parse::<std::net::Ipv4Addr>().is_ok();
+        if !(ipv4 || ipv6) {
+            if let Some(why) = super::dns::name_problem(&host, false) {
+                self.problem(
+                    &format!("{rkey}.host"),
+                    format!("\"{written}\" is not a host name or an IP address ({why}): no request's Host would match it"),
+                );
+            }
+        }
+        host
+    }
+
     /// A listener's `bind` (not port 0) must be no other listener's, nor
     /// the admin server's.
     fn bind_free(

@@ -793,6 +793,30 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "admin server (127.0.0.1:9901",
             ),
             (
+                GOOD.replace(
+                    "pool = \"app\"\n",
+                    "pool = \"app\"\nroutes = [{ host = \"api.example.com/\", pool = \"app\" }]\n",
+                ),
+                "listeners[0].routes[0].host",
+                "no request's Host would match it",
+            ),
+            (
+                GOOD.replace(
+                    "pool = \"app\"\n",
+                    "pool = \"app\"\nroutes = [{ path_prefix = \"/a b\", pool = \"app\" }]\n",
+                ),
+                "listeners[0].routes[0].path_prefix",
+                "a path as requests send it",
+            ),
+            (
+                GOOD.replace(
+                    "pool = \"app\"\n",
+                    "pool = \"app\"\nroutes = [{ path_prefix = \"/x?y\", pool = \"app\" }]\n",
+                ),
+                "listeners[0].routes[0].path_prefix",
+                "without '?'",
+            ),
+            (
                 format!("[admin]\nlisten = \"127.0.0.1:0\"\n{GOOD}"),
                 "admin.listen",
                 "has port 0",
@@ -834,6 +858,18 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             "health = { path = \"/health%20check?probe=1\" }\nbackends =",
         );
         parse(&encoded, Path::new("x.toml"), &Overrides::default()).expect("an encoded path");
+        for host in [
+            "API.example.com.",
+            "10.0.0.1:8080",
+            "[::1]:8080",
+            "localhost",
+        ] {
+            let routed = GOOD.replace(
+                "pool = \"app\"\n",
+                &format!("pool = \"app\"\nroutes = [{{ host = \"{host}\", pool = \"app\" }}]\n"),
+            );
+            parse(&routed, Path::new("x.toml"), &Overrides::default()).expect(host);
+        }
         let spread = format!("[reload]\nclose_spread = \"5s\"\n{GOOD}");
         parse(&spread, Path::new("x.toml"), &Overrides::default()).expect("5s within 10s");
     }

@@ -250,6 +250,6 @@ impl Validator {
 
 /// A byte an origin-form request target may hold as written (RFC 9112
 /// §3.2.1: no space, no control, no fragment).
-fn in_request_target(byte: u8) -> bool {
+pub(super) fn in_request_target(byte: u8) -> bool {
     byte.is_ascii_graphic() && byte != b'#'
 }
