@@ -963,7 +963,8 @@ enum AfterTheFailure {
 }
 use AfterTheFailure::{Answered, Kept};
 
-/// Runs baton under [`search_listed`] with `HOST`'s A (127.0.0.2) and
+/// Runs baton under [`search_listed`] (`search example.test`) with
+/// `HOST`'s A (127.0.0.2) and
 /// AAAA (::1) records held by `holder` (one of its forms); makes A
 /// queries for `failing` get SERVFAIL, and asserts the IPv4 member is
 /// there a dozen queries on.
@@ -974,7 +975,7 @@ async fn under_a_search_list(
     failing: &str,
     after: AfterTheFailure,
 ) {
-    let Some(listed) = search_listed(server, ndots).await else {
+    let Some(listed) = search_listed(server, ndots, "example.test").await else {
         return;
     };
     let dns = &listed.dns;
@@ -1004,7 +1005,7 @@ async fn under_a_search_list(
 /// search domain broken for good left the name without members.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ipv6_only_name_beside_a_failing_search_form_has_its_aaaa_members() {
-    let Some(listed) = search_listed([127, 0, 0, 91], 3).await else {
+    let Some(listed) = search_listed([127, 0, 0, 91], 3, "example.test").await else {
         return;
     };
     listed.dns.set_aaaa(HOST, &[Ipv6Addr::LOCALHOST]);
@@ -1019,7 +1020,7 @@ async fn an_ipv6_only_name_beside_a_failing_search_form_has_its_aaaa_members() {
 /// asks the name as written after one too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_search_form_never_answered_does_not_hide_the_name_as_written() {
-    let Some(listed) = search_listed([127, 0, 0, 92], 3).await else {
+    let Some(listed) = search_listed([127, 0, 0, 92], 3, "example.test").await else {
         return;
     };
     let backend = HttpBackend::start_on("a", "127.0.0.2:0".parse().expect("addr")).await;
@@ -1031,9 +1032,38 @@ async fn a_search_form_never_answered_does_not_hide_the_name_as_written() {
     wait_members(baton.admin, &[(ipv4, "up")]).await;
 }
 
+/// A timeout of the form that holds the name's records (one lost
+/// packet) keeps the last good set: the walk goes on to the name as
+/// written alone, not to a form further down the search list, whose
+/// records (a wildcard, another service) would have taken the members'
+/// place for an interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_does_not_hand_the_name_to_a_later_search_form() {
+    let Some(listed) = search_listed([127, 0, 0, 93], 3, "one.test two.test").await else {
+        return;
+    };
+    let dns = &listed.dns;
+    let backend = HttpBackend::start_on("a", "127.0.0.2:0".parse().expect("addr")).await;
+    let port = backend.addr.port();
+    let holder = format!("{HOST}.one.test");
+    dns.set_a(&holder, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    let baton = listed.baton(port).await;
+    let kept = [(SocketAddr::from(([127, 0, 0, 2], port)).to_string(), "up")];
+    wait_members(baton.admin, &kept).await;
+    dns.set_a(&format!("{HOST}.two.test"), &[Ipv4Addr::new(127, 0, 0, 3)]);
+    dns.silent_to(&holder);
+    dns.more_queries(9).await;
+    assert_eq!(
+        members(baton.admin).await,
+        [(kept[0].0.clone(), "up".to_string())],
+        "{}",
+        baton.log()
+    );
+}
+
 /// A resolv.conf naming a name server on port 53 of `server` (one a
-/// test: they run at once), `search example.test` and `ndots`, to bind
-/// over the system's for baton alone, and that name server.
+/// test: they run at once), a `search` list and `ndots`, to bind over
+/// the system's for baton alone, and that name server.
 struct SearchListed {
     dns: DnsServer,
     wrapper: Vec<String>,
@@ -1042,10 +1072,10 @@ struct SearchListed {
 
 /// `None` (the test skips) where the file cannot be bound over the
 /// system's (see [`resolv_conf_bound_over`]).
-async fn search_listed(server: [u8; 4], ndots: u8) -> Option<SearchListed> {
+async fn search_listed(server: [u8; 4], ndots: u8, search: &str) -> Option<SearchListed> {
     let server = SocketAddr::from((server, 53));
     let resolv = format!(
-        "nameserver {}\nsearch example.test\noptions ndots:{ndots}\n",
+        "nameserver {}\nsearch {search}\noptions ndots:{ndots}\n",
         server.ip()
     );
     let dir = tempfile::tempdir().expect("tempdir");

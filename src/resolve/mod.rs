@@ -24,7 +24,7 @@ use hickory_resolver::TokioResolver;
 use crate::backend::members::Resolved;
 use crate::backend::named::Named;
 use crate::config::{DnsQuery, ResolverConfig};
-use search::SearchList;
+use search::{Forms, SearchList};
 
 /// The resolver could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -173,13 +173,14 @@ impl Resolver {
     /// it answers within `timeout`: a host name's A query in each of its
     /// forms (the search list's), then its AAAA query in each; an SRV
     /// name's query in each form, then its targets' A and AAAA (at once).
-    /// A server that answers nothing fails once each form timed out.
+    /// A server that answers nothing fails once the first form and the
+    /// name as written timed out.
     pub fn answer_within(&self, query: &DnsQuery) -> Duration {
         let forms = |name: &str| {
             self.asking()
                 .ok()
                 .and_then(|a| a.search.forms(name).ok())
-                .map_or(1, |forms| forms.len())
+                .map_or(1, |forms| forms.names.len())
         };
         let queries_in_turn = match query {
             DnsQuery::Host { host, .. } => 2 * forms(host),
@@ -245,7 +246,10 @@ impl Resolver {
             Walked::Missing {
                 failed: Some(failed),
                 existing,
-            } => match self.walk(&asking, &existing, RecordType::AAAA).await {
+            } => match self
+                .walk(&asking, &forms.within(existing), RecordType::AAAA)
+                .await
+            {
                 Walked::Found(lookup) => lookup,
                 Walked::Missing { .. } => return Err(failed),
             },
@@ -263,17 +267,23 @@ impl Resolver {
     }
 
     /// Asks `forms` in turn for records of `kind`, as the system's
-    /// resolver asks them, up to the first that holds some. An empty
-    /// answer or no such name goes on to the next form; so does a failure
-    /// (SERVFAIL, no answer: a search domain broken for good must not hide
-    /// the name as written, nor one in /etc/hosts), remembered: when no
-    /// form holds records, the name has failed, not answered empty (a
-    /// failure keeps the last good set; hickory's own walk reported the
-    /// last form's result).
-    async fn walk(&self, asking: &Asking, forms: &[Name], kind: RecordType) -> Walked {
+    /// resolver asks them (glibc's `res_search`), up to the first that
+    /// holds some. An empty answer or no such name goes on to the next
+    /// form; so does a SERVFAIL (a search domain broken for good must not
+    /// hide the name), and a timeout to the name as written alone (one in
+    /// /etc/hosts, say; a lost packet must not hand the name to a form
+    /// further down the list). Failures are remembered: when no form holds
+    /// records, the name has failed, not answered empty (a failure keeps
+    /// the last good set; hickory's own walk reported the last form's
+    /// result).
+    async fn walk(&self, asking: &Asking, forms: &Forms, kind: RecordType) -> Walked {
         let mut failed = None;
+        let mut timed_out = false;
         let mut existing = Vec::new();
-        for form in forms {
+        for form in &forms.names {
+            if timed_out && *form != forms.as_written {
+                continue;
+            }
             match asking.resolver.lookup(form.clone(), kind).await {
                 Ok(lookup)
                     if lookup
@@ -293,7 +303,10 @@ impl Resolver {
                         Failure::Failed(why) => {
                             failed = failed.or(Some(Failure::Failed(format!("{form}: {why}"))));
                         }
-                        timeout => failed = failed.or(Some(timeout)),
+                        timeout => {
+                            timed_out = true;
+                            failed = failed.or(Some(timeout));
+                        }
                     }
                 }
             }

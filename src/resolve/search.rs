@@ -39,13 +39,16 @@ impl SearchList {
     /// domain; any other in each domain and then as written. The domains:
     /// the domain when the search list does not hold it, then the list,
     /// each once, in the order hickory's `build_names` gives.
-    pub fn forms(&self, host: &str) -> Result<Vec<Name>, String> {
+    pub fn forms(&self, host: &str) -> Result<Forms, String> {
         let name = Name::from_utf8(host).map_err(|e| format!("{host}: {e}"))?;
-        if name.is_fqdn() {
-            return Ok(vec![name]);
-        }
         let mut as_written = name.clone();
         as_written.set_fqdn(true);
+        if name.is_fqdn() {
+            return Ok(Forms {
+                names: vec![name],
+                as_written,
+            });
+        }
         let written_first = usize::from(name.num_labels()) > self.ndots || name.is_localhost();
         // Built last first, as hickory builds it: a repeated domain keeps
         // the place of its last mention in the list, the domain its own
@@ -62,10 +65,31 @@ impl SearchList {
             }
         }
         if written_first {
-            last_first.push(as_written);
+            last_first.push(as_written.clone());
         }
         last_first.reverse();
-        Ok(last_first)
+        Ok(Forms {
+            names: last_first,
+            as_written,
+        })
+    }
+}
+
+/// The forms a name is asked in, first first, and which of them is the
+/// name as written (fully qualified).
+#[derive(Debug)]
+pub struct Forms {
+    pub names: Vec<Name>,
+    pub as_written: Name,
+}
+
+impl Forms {
+    /// `names`, some of these forms in their order, of the same name.
+    pub fn within(&self, names: Vec<Name>) -> Forms {
+        Forms {
+            names,
+            as_written: self.as_written.clone(),
+        }
     }
 }
 
@@ -88,6 +112,7 @@ mod tests {
     fn forms(list: &SearchList, host: &str) -> Vec<String> {
         list.forms(host)
             .expect("forms")
+            .names
             .iter()
             .map(ToString::to_string)
             .collect()
