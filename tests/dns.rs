@@ -284,6 +284,13 @@ async fn an_answer_of_no_address_drains_the_members_after_the_hold() {
         [(up[0].0.clone(), "up".to_string())],
         "kept within the hold (4 s from the first empty answer)"
     );
+    // The next resolution (A, then AAAA), 2 s on: still within it.
+    dns.more_queries(2).await;
+    assert_eq!(
+        members(baton.admin).await,
+        [(up[0].0.clone(), "up".to_string())],
+        "kept at the second empty answer"
+    );
     wait_members(baton.admin, &[]).await;
     let answer = client::get(baton.addr("web"), "/x").await.expect("answer");
     assert_eq!(answer.status, 503, "no backend left: {}", answer.body);
@@ -294,6 +301,34 @@ async fn an_answer_of_no_address_drains_the_members_after_the_hold() {
     wait_members(baton.admin, &up).await;
     let answer = client::get(baton.addr("web"), "/x").await.expect("answer");
     assert_eq!(answer.status, 200);
+}
+
+/// Reloads during the hold do not start it again: a new generation's
+/// hold counts from the first answer of no address the old one heard
+/// (reloads more often than the hold kept the members for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_during_the_hold_do_not_start_it_again() {
+    let dns = DnsServer::start().await;
+    let (first, _second) = two_hosts().await;
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    // A hold of 2 s; reloads every second or so, for 4 s at least.
+    let baton = Baton::start(named_spec_every("1s", &dns, first.addr.port(), "")).await;
+    wait_members(baton.admin, &[(first.addr.to_string(), "up")]).await;
+    dns.set_mode(Mode::Empty);
+    let empty = "baton_dns_resolutions_total{pool=\"app\",result=\"empty\"}";
+    support::eventually("an empty answer counted", || async {
+        sample(baton.admin, empty).await > 0.0
+    })
+    .await;
+    for _ in 0..6 {
+        baton.reload_ok().await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let left = members(baton.admin).await;
+    assert!(
+        left.iter().all(|(_, state)| state != "up"),
+        "past the hold: {left:?}"
+    );
 }
 
 /// A name with A and AAAA records stands for its A addresses: its AAAA

@@ -36,9 +36,19 @@ pub struct Named {
     last: Mutex<Option<Vec<Resolved>>>,
     /// The last resolution failed: its warning is logged once per outage.
     failing: AtomicBool,
-    /// Since when DNS says the name has no address (NXDOMAIN, no
-    /// records): a run that failures do not break and an answer ends.
-    empty_since: Mutex<Option<Instant>>,
+    /// DNS says the name has no address (NXDOMAIN, no records): since
+    /// when, and when it last said so.
+    empty: Mutex<Option<EmptyRun>>,
+}
+
+/// Answers of no address in a row: failures between do not end the run,
+/// an answer with addresses does, and so does a pause of more than the
+/// hold between two of them (one NXDOMAIN, an hour of timeouts, then
+/// another, is no hour of NXDOMAIN).
+#[derive(Clone, Copy)]
+struct EmptyRun {
+    since: Instant,
+    last: Instant,
 }
 
 impl Named {
@@ -51,7 +61,7 @@ impl Named {
             said_of_gone: Mutex::new(HashMap::new()),
             last: Mutex::new(None),
             failing: AtomicBool::new(false),
-            empty_since: Mutex::new(None),
+            empty: Mutex::new(None),
         }
     }
 
@@ -117,15 +127,38 @@ impl Named {
         if let Ok(mut last) = self.last.lock() {
             *last = Some(resolved);
         }
-        *self.empty_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.empty.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.failing.swap(false, Ordering::SeqCst)
     }
 
     /// Notes that DNS says the name has no address; returns how long it
-    /// has said so (zero at the first such answer).
-    pub fn answered_empty(&self) -> Duration {
-        let mut since = self.empty_since.lock().unwrap_or_else(|e| e.into_inner());
-        since.get_or_insert_with(Instant::now).elapsed()
+    /// has said so (zero at the first such answer, and after a pause of
+    /// more than `hold` since the last).
+    pub fn answered_empty(&self, hold: Duration) -> Duration {
+        let now = Instant::now();
+        let mut run = self.empty.lock().unwrap_or_else(|e| e.into_inner());
+        let since = match *run {
+            Some(r) if now.duration_since(r.last) <= hold => r.since,
+            _ => now,
+        };
+        *run = Some(EmptyRun { since, last: now });
+        now.duration_since(since)
+    }
+
+    /// How long DNS has said the name has no address, if it says so: for
+    /// the next generation, whose hold counts on from there.
+    pub fn empty_for(&self) -> Option<Duration> {
+        let run = self.empty.lock().unwrap_or_else(|e| e.into_inner());
+        run.map(|r| r.since.elapsed())
+    }
+
+    /// An older generation had heard "no address" for `empty_for`: the
+    /// run counts from then, not from this generation's start (a reload
+    /// every minute would otherwise keep the members for good).
+    pub fn empty_earlier(&self, empty_for: Duration) {
+        let now = Instant::now();
+        let since = now.checked_sub(empty_for).unwrap_or(now);
+        *self.empty.lock().unwrap_or_else(|e| e.into_inner()) = Some(EmptyRun { since, last: now });
     }
 
     /// DNS has said for the hold that the name has no address: that is
@@ -156,6 +189,26 @@ mod tests {
             },
             weight: 1,
         })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_of_no_address_run_on_until_a_pause_past_the_hold() {
+        let n = named();
+        let hold = Duration::from_secs(10);
+        let later = |secs| tokio::time::advance(Duration::from_secs(secs));
+        assert_eq!(n.answered_empty(hold), Duration::ZERO);
+        later(6).await;
+        assert_eq!(n.answered_empty(hold), Duration::from_secs(6));
+        later(11).await;
+        assert_eq!(
+            n.answered_empty(hold),
+            Duration::ZERO,
+            "11 s since the last"
+        );
+        n.empty_earlier(Duration::from_secs(30));
+        assert_eq!(n.answered_empty(hold), Duration::from_secs(30));
+        n.answer(Vec::new());
+        assert_eq!(n.empty_for(), None, "an answer ends the run");
     }
 
     #[test]

@@ -115,6 +115,11 @@ pub struct ResolvedCarry {
     /// older release.
     #[serde(default)]
     pub serving: Vec<CarriedAddress>,
+    /// How long DNS had answered that the name has no address, in ms,
+    /// when it still did: the next generation's hold counts on from there.
+    /// Absent from an older release.
+    #[serde(default)]
+    pub empty_ms: Option<u64>,
 }
 
 /// One address of a carried answer, as `backend::members::Resolved` holds
@@ -550,6 +555,7 @@ mod tests {
                     from: "app1.internal:8080".into(),
                     gone_ms: 1500,
                 }],
+                empty_ms: Some(2500),
             }],
         };
         a.send(&offer, &[listener.as_fd()]).await.expect("send");

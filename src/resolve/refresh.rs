@@ -60,6 +60,9 @@ pub async fn first_members(
                     let resolved: Vec<Resolved> =
                         c.resolved.iter().map(|a| carried_in(a, named)).collect();
                     named.answer(resolved.clone());
+                    if let Some(ms) = c.empty_ms {
+                        named.empty_earlier(Duration::from_millis(ms));
+                    }
                     let gone = still_gone(&c.serving, &resolved);
                     if !gone.is_empty() {
                         // A move in progress: the members still serving
@@ -142,6 +145,7 @@ pub fn carry_out(pools: &[Arc<Pool>]) -> Vec<ResolvedCarry> {
                     .into_iter()
                     .map(|(r, gone_for)| carried_out(r, gone_for))
                     .collect(),
+                empty_ms: n.empty_for().map(millis),
             })
         })
         .collect()
@@ -179,8 +183,12 @@ fn carried_out(r: Resolved, gone_for: Duration) -> CarriedAddress {
         address: r.address,
         weight: r.weight,
         from: r.from,
-        gone_ms: u64::try_from(gone_for.as_millis()).unwrap_or(u64::MAX),
+        gone_ms: millis(gone_for),
     }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 async fn run(pool: Arc<Pool>, named: Arc<Named>, resolver: Resolver, stop: CancellationToken) {
@@ -241,10 +249,11 @@ async fn once(
             if let Failure::Empty(_) = failure {
                 retire_once_empty_for_the_hold(pool, named);
             }
-            // A name that never answered has no set to keep: asked again
+            // A name without members (it never answered, or its answer
+            // was no address for the hold) has no set to keep: asked again
             // soon, not a whole interval on, so its backends serve seconds
-            // after DNS comes back (at boot, say), not up to 30 s later.
-            if named.answered() {
+            // after DNS gives them (at boot, say), not up to 30 s later.
+            if named.last().is_some_and(|last| !last.is_empty()) {
                 interval
             } else {
                 interval.min(NEVER_ANSWERED_RETRY)
@@ -261,7 +270,7 @@ async fn once(
 /// others); HAProxy's `hold nx` bounds it too. A failure (SERVFAIL, no
 /// answer) says nothing of the name and keeps the set.
 fn retire_once_empty_for_the_hold(pool: &Pool, named: &Named) {
-    let empty_for = named.answered_empty();
+    let empty_for = named.answered_empty(pool.obsolete_hold());
     let has_members = named.last().is_some_and(|last| !last.is_empty());
     if empty_for < pool.obsolete_hold() || !has_members {
         return;
