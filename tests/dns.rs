@@ -1067,6 +1067,25 @@ async fn a_search_form_never_answered_does_not_hide_the_name_as_written() {
     wait_members(baton.admin, &[(ipv4, "up")]).await;
 }
 
+/// A timeout of the name as written, asked first (it has at least
+/// `ndots` dots), goes on to the search forms, as glibc does: a
+/// top-level domain forwarded to a dead upstream does not hide a name
+/// that lives under a search domain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_of_the_name_as_written_goes_on_to_the_search_forms() {
+    let Some(listed) = search_listed([127, 0, 0, 94], 1, "example.test").await else {
+        return;
+    };
+    let backend = HttpBackend::start_on("a", "127.0.0.2:0".parse().expect("addr")).await;
+    let port = backend.addr.port();
+    listed.dns.silent_to(HOST);
+    let form = format!("{HOST}.example.test");
+    listed.dns.set_a(&form, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    let baton = listed.baton(port).await;
+    let ipv4 = SocketAddr::from(([127, 0, 0, 2], port)).to_string();
+    wait_members(baton.admin, &[(ipv4, "up")]).await;
+}
+
 /// A timeout of the form that holds the name's records (one lost
 /// packet) keeps the last good set: the walk goes on to the name as
 /// written alone, not to a form further down the search list, whose

@@ -42,9 +42,11 @@ pub struct Named {
 }
 
 /// Answers of no address in a row: failures between do not end the run,
-/// an answer with addresses does, and so does a pause of more than the
-/// hold between two of them (one NXDOMAIN, an hour of timeouts, then
-/// another, is no hour of NXDOMAIN).
+/// an answer with addresses does, and so does a pause of more than twice
+/// the hold between two of them (one NXDOMAIN, an hour of timeouts, then
+/// another, is no hour of NXDOMAIN; the hold itself would be too short a
+/// pause: after a failure a name with members is asked a whole interval
+/// on, and empty, failure, empty take more than two).
 #[derive(Clone, Copy)]
 struct EmptyRun {
     since: Instant,
@@ -133,23 +135,25 @@ impl Named {
 
     /// Notes that DNS says the name has no address; returns how long it
     /// has said so (zero at the first such answer, and after a pause of
-    /// more than `hold` since the last).
+    /// more than twice `hold` since the last).
     pub fn answered_empty(&self, hold: Duration) -> Duration {
         let now = Instant::now();
         let mut run = self.empty.lock().unwrap_or_else(|e| e.into_inner());
         let since = match *run {
-            Some(r) if now.duration_since(r.last) <= hold => r.since,
+            Some(r) if now.duration_since(r.last) <= hold * 2 => r.since,
             _ => now,
         };
         *run = Some(EmptyRun { since, last: now });
         now.duration_since(since)
     }
 
-    /// How long DNS has said the name has no address, if it says so: for
-    /// the next generation, whose hold counts on from there.
-    pub fn empty_for(&self) -> Option<Duration> {
+    /// How long DNS has said the name has no address, if it says so (its
+    /// last such answer within twice `hold`): for the next generation,
+    /// whose hold counts on from there.
+    pub fn empty_for(&self, hold: Duration) -> Option<Duration> {
         let run = self.empty.lock().unwrap_or_else(|e| e.into_inner());
-        run.map(|r| r.since.elapsed())
+        run.filter(|r| r.last.elapsed() <= hold * 2)
+            .map(|r| r.since.elapsed())
     }
 
     /// An older generation had heard "no address" for `empty_for`: the
@@ -192,23 +196,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn answers_of_no_address_run_on_until_a_pause_past_the_hold() {
+    async fn answers_of_no_address_run_on_until_a_pause_past_twice_the_hold() {
         let n = named();
         let hold = Duration::from_secs(10);
         let later = |secs| tokio::time::advance(Duration::from_secs(secs));
         assert_eq!(n.answered_empty(hold), Duration::ZERO);
         later(6).await;
         assert_eq!(n.answered_empty(hold), Duration::from_secs(6));
-        later(11).await;
-        assert_eq!(
-            n.answered_empty(hold),
-            Duration::ZERO,
-            "11 s since the last"
-        );
+        later(19).await;
+        assert_eq!(n.answered_empty(hold), Duration::from_secs(25), "19 s on");
+        later(21).await;
+        assert_eq!(n.empty_for(hold), None, "21 s since the last: not carried");
+        assert_eq!(n.answered_empty(hold), Duration::ZERO, "nor counted on");
         n.empty_earlier(Duration::from_secs(30));
+        assert_eq!(n.empty_for(hold), Some(Duration::from_secs(30)));
         assert_eq!(n.answered_empty(hold), Duration::from_secs(30));
         n.answer(Vec::new());
-        assert_eq!(n.empty_for(), None, "an answer ends the run");
+        assert_eq!(n.empty_for(hold), None, "an answer ends the run");
     }
 
     #[test]

@@ -270,9 +270,10 @@ impl Resolver {
     /// resolver asks them (glibc's `res_search`), up to the first that
     /// holds some. An empty answer or no such name goes on to the next
     /// form; so does a SERVFAIL (a search domain broken for good must not
-    /// hide the name), and a timeout to the name as written alone (one in
-    /// /etc/hosts, say; a lost packet must not hand the name to a form
-    /// further down the list). Failures are remembered: when no form holds
+    /// hide the name), and a timeout of a search form to the name as
+    /// written alone (one in /etc/hosts, say; a lost packet must not hand
+    /// the name to a form further down the list), while one of the name as
+    /// written goes on to the search forms. Failures are remembered: when no form holds
     /// records, the name has failed, not answered empty (a failure keeps
     /// the last good set; hickory's own walk reported the last form's
     /// result).
@@ -304,7 +305,10 @@ impl Resolver {
                             failed = failed.or(Some(Failure::Failed(format!("{form}: {why}"))));
                         }
                         timeout => {
-                            timed_out = true;
+                            // As glibc: a timeout in the search list ends
+                            // it; one of the name as written (asked first)
+                            // does not.
+                            timed_out |= *form != forms.as_written;
                             failed = failed.or(Some(timeout));
                         }
                     }

@@ -145,7 +145,7 @@ pub fn carry_out(pools: &[Arc<Pool>]) -> Vec<ResolvedCarry> {
                     .into_iter()
                     .map(|(r, gone_for)| carried_out(r, gone_for))
                     .collect(),
-                empty_ms: n.empty_for().map(millis),
+                empty_ms: n.empty_for(p.obsolete_hold()).map(millis),
             })
         })
         .collect()

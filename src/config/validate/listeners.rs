@@ -250,13 +250,19 @@ impl Validator {
             .and_then(|h| h.strip_suffix(']'))
             .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok());
         let ipv4 = host.parse::<std::net::Ipv4Addr>().is_ok();
-        if !(ipv4 || ipv6) {
-            if let Some(why) = super::dns::name_problem(&host, false) {
-                self.problem(
-                    &format!("{rkey}.host"),
-                    format!("\"{written}\" is not a host name or an IP address ({why}): no request's Host would match it"),
-                );
-            }
+        let why = if ipv4 || ipv6 {
+            None
+        } else if host.ends_with('.') || host.contains('*') {
+            Some("one final dot at most, and no wildcard: a route's host is matched whole".into())
+        } else {
+            // '_' as requests' Host may hold it (hosts named so exist).
+            super::dns::name_problem(&host, true)
+        };
+        if let Some(why) = why {
+            self.problem(
+                &format!("{rkey}.host"),
+                format!("\"{written}\" is not a host name or an IP address ({why}): no request's Host would match it"),
+            );
         }
         host
     }

@@ -411,16 +411,7 @@ impl Validator {
             Some((_, Some(path))) => {
                 AdminListen::Unix(self.socket_path("admin.listen", Some(path), ""))
             }
-            Some((text, None)) => {
-                let addr = self.socket_addr("admin.listen", text);
-                if addr.port() == 0 {
-                    self.problem(
-                        "admin.listen",
-                        format!("\"{text}\" has port 0: the kernel would pick one that `baton status`, `baton backend` and the probes could not know"),
-                    );
-                }
-                AdminListen::Tcp(addr)
-            }
+            Some((text, None)) => AdminListen::Tcp(self.socket_addr("admin.listen", text)),
         }
     }
 
@@ -817,11 +808,6 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "without '?'",
             ),
             (
-                format!("[admin]\nlisten = \"127.0.0.1:0\"\n{GOOD}"),
-                "admin.listen",
-                "has port 0",
-            ),
-            (
                 format!("[resolver]\nnameservers = [\"10.0.0.2:0\"]\n{GOOD}"),
                 "resolver.nameservers[0]",
                 "has port 0",
@@ -863,6 +849,8 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             "10.0.0.1:8080",
             "[::1]:8080",
             "localhost",
+            "my_app.internal",
+            "xn--bcher-kva.example",
         ] {
             let routed = GOOD.replace(
                 "pool = \"app\"\n",
