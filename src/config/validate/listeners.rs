@@ -66,6 +66,9 @@ impl Validator {
                     Forwarded::Replace
                 }
             };
+            if protocol == Protocol::Tcp {
+                self.http_only_keys_unused(&key, l);
+            }
             let pool = self.pool_ref(&format!("{key}.pool"), l.pool.as_deref(), pools);
             let routes = self.routes(&key, &l.routes, protocol, pools);
             out.push(ListenerConfig {
@@ -238,6 +241,29 @@ impl Validator {
 }
 
 impl Validator {
+    /// The HTTP keys a `protocol = "tcp"` listener was given: a warning
+    /// each, naming it (`check` printed only what a TCP listener uses, and
+    /// a key that does nothing looked applied). Not refused: a config that
+    /// ran must not fail its next reload over it.
+    fn http_only_keys_unused(&mut self, key: &str, l: &file::ListenerFile) {
+        let given = [
+            ("header_timeout", l.header_timeout.is_some()),
+            ("response_timeout", l.response_timeout.is_some()),
+            ("keepalive_drain_grace", l.keepalive_drain_grace.is_some()),
+            ("forwarded", l.forwarded.is_some()),
+            (
+                "h2_max_concurrent_streams",
+                l.h2_max_concurrent_streams.is_some(),
+            ),
+        ];
+        for (name, _) in given.iter().filter(|(_, given)| *given) {
+            self.warning(
+                &format!("{key}.{name}"),
+                "does nothing on a protocol = \"tcp\" listener (HTTP only)",
+            );
+        }
+    }
+
     /// A route's `host` as requests are compared with it: without a port
     /// or a final dot (a request's are dropped too), in lower case. One
     /// that is neither a host name nor an IP address never matches a

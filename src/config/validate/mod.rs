@@ -808,6 +808,14 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "without '?'",
             ),
             (
+                GOOD.replace(
+                    "backends = [{ name = \"a\", address = \"127.0.0.1:9001\" }]",
+                    "backends = [{ address = \"App.internal:80\" }, { address = \"app.internal:80\" }]",
+                ),
+                "pools[0].backends[1].address",
+                "\"app.internal:80\" is also another backend's name or unnamed address",
+            ),
+            (
                 format!("[resolver]\nnameservers = [\"10.0.0.2:0\"]\n{GOOD}"),
                 "resolver.nameservers[0]",
                 "has port 0",
@@ -860,6 +868,24 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         }
         let spread = format!("[reload]\nclose_spread = \"5s\"\n{GOOD}");
         parse(&spread, Path::new("x.toml"), &Overrides::default()).expect("5s within 10s");
+    }
+
+    #[test]
+    fn http_keys_on_a_tcp_listener_are_warned_of_by_name() {
+        let tcp = GOOD.replace(
+            "pool = \"app\"\n",
+            "pool = \"app\"\nprotocol = \"tcp\"\nforwarded = \"append\"\nheader_timeout = \"5s\"\n",
+        );
+        let config =
+            parse(&tcp, Path::new("x.toml"), &Overrides::default()).expect("warned, not refused");
+        let said = "does nothing on a protocol = \"tcp\" listener (HTTP only)";
+        assert_eq!(
+            config.warnings,
+            [
+                format!("listeners[0].header_timeout: {said}"),
+                format!("listeners[0].forwarded: {said}"),
+            ]
+        );
     }
 
     /// `busy_poll`: off unless given, a window as written, and a spin
