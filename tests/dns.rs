@@ -428,6 +428,53 @@ async fn srv_records_give_one_member_each_weighted_by_the_record() {
     );
 }
 
+/// An SRV target whose lookup fails keeps its last good addresses while
+/// the other targets are followed: the whole answer failed, so the pool
+/// followed none of them (and at a first start had no member at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_srv_target_keeps_its_addresses_and_the_others_are_followed() {
+    let dns = DnsServer::start().await;
+    let (a, b, c) = (
+        HttpBackend::start("a").await,
+        HttpBackend::start("b").await,
+        HttpBackend::start("c").await,
+    );
+    dns.leave_out_additionals();
+    dns.set_a("a.baton.test", &[Ipv4Addr::LOCALHOST]);
+    dns.set_a("b.baton.test", &[Ipv4Addr::LOCALHOST]);
+    let name = "_http._tcp.app.baton.test";
+    let port = |backend: &HttpBackend| backend.addr.port();
+    dns.set_srv(
+        name,
+        &[
+            (10, 1, port(&a), "a.baton.test"),
+            (10, 1, port(&b), "b.baton.test"),
+        ],
+    );
+    let baton = Baton::start(srv_spec(&dns, name)).await;
+    wait_members(
+        baton.admin,
+        &[(a.addr.to_string(), "up"), (b.addr.to_string(), "up")],
+    )
+    .await;
+    dns.servfail_a_of("b.baton.test");
+    dns.set_srv(
+        name,
+        &[
+            (10, 1, port(&c), "a.baton.test"),
+            (10, 1, port(&b), "b.baton.test"),
+        ],
+    );
+    wait_members(
+        baton.admin,
+        &[(b.addr.to_string(), "up"), (c.addr.to_string(), "up")],
+    )
+    .await;
+    let error = "baton_dns_resolutions_total{pool=\"app\",result=\"error\"}";
+    assert!(sample(baton.admin, error).await > 0.0, "counted as failed");
+    assert!(baton.log().contains("DNS failed for some SRV targets"));
+}
+
 /// RFC 2782: SRV records whose target is "." say the service is not
 /// available at that name. That is an empty answer, said as such (not a
 /// failed lookup of "."): the last good set is kept for the hold, then

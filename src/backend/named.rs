@@ -126,11 +126,18 @@ impl Named {
 
     /// Keeps a good answer; says whether it ends a run of failures.
     pub fn answer(&self, resolved: Vec<Resolved>) -> bool {
+        self.keep(resolved);
+        self.failing.swap(false, Ordering::SeqCst)
+    }
+
+    /// Keeps an answer, one some of whose lookups failed too (an SRV
+    /// target's, its part kept from the last good answer): it has
+    /// addresses, but a run of failures goes on.
+    pub fn keep(&self, resolved: Vec<Resolved>) {
         if let Ok(mut last) = self.last.lock() {
             *last = Some(resolved);
         }
         *self.empty.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.failing.swap(false, Ordering::SeqCst)
     }
 
     /// Notes that DNS says the name has no address; returns how long it

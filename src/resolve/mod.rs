@@ -89,6 +89,9 @@ impl Walked {
 pub struct Answer {
     pub resolved: Vec<Resolved>,
     pub valid_for: Duration,
+    /// Some of its lookups failed (an SRV target's): their part is the
+    /// last good answer's.
+    pub partly_failed: Option<Failure>,
 }
 
 /// Cheap to clone: clones share the name server connections.
@@ -196,7 +199,7 @@ impl Resolver {
                 let from = named.query.to_string();
                 self.host(host, *port, named.weight, &from).await
             }
-            DnsQuery::Srv(name) => self.srv(name).await,
+            DnsQuery::Srv(name) => self.srv(name, &named.last().unwrap_or_default()).await,
         }
     }
 
@@ -222,6 +225,7 @@ impl Resolver {
         Ok(Answer {
             resolved,
             valid_for,
+            partly_failed: None,
         })
     }
 
@@ -319,8 +323,12 @@ impl Resolver {
     }
 
     /// One member per address of each target of the SRV records of the
-    /// lowest priority (higher ones are fallbacks baton does not use).
-    async fn srv(&self, name: &str) -> Result<Answer, Failure> {
+    /// lowest priority (higher ones are fallbacks baton does not use). A
+    /// target whose lookup failed keeps its addresses of `last` (the last
+    /// good answer): the others are followed, where a whole answer failed
+    /// and none was (nor served at a first start); with every target
+    /// failed, the answer has.
+    async fn srv(&self, name: &str, last: &[Resolved]) -> Result<Answer, Failure> {
         let asking = self.asking()?;
         let forms = asking.search.forms(name).map_err(Failure::Failed)?;
         let lookup = self
@@ -349,10 +357,22 @@ impl Resolver {
         let addresses = self.targets(&lowest, lookup.additionals()).await?;
         let mut valid_for = until(lookup.valid_until());
         let mut resolved: Vec<Resolved> = Vec::new();
-        for (srv, (ips, held)) in lowest.iter().zip(addresses) {
+        let (mut failed, mut answered) = (None, false);
+        for (srv, looked_up) in lowest.iter().zip(addresses) {
             let target = srv.target.to_string();
             let from = format!("{}:{}", target.trim_end_matches('.'), srv.port);
-            valid_for = valid_for.min(held);
+            let ips = match looked_up {
+                Ok((ips, held)) => {
+                    answered = true;
+                    valid_for = valid_for.min(held);
+                    ips
+                }
+                Err(failure) => {
+                    failed = failed.or(Some(failure));
+                    let kept = last.iter().filter(|r| r.from == from);
+                    kept.map(|r| r.address.ip()).collect()
+                }
+            };
             for ip in ips {
                 let address = SocketAddr::new(ip, srv.port);
                 if !resolved.iter().any(|r| r.address == address) {
@@ -364,6 +384,9 @@ impl Resolver {
                 }
             }
         }
+        if let Some(failure) = failed.take_if(|_| !answered || resolved.is_empty()) {
+            return Err(failure);
+        }
         if resolved.is_empty() {
             return Err(Failure::Empty(format!(
                 "no address for the targets of {name}"
@@ -372,6 +395,7 @@ impl Resolver {
         Ok(Answer {
             resolved,
             valid_for,
+            partly_failed: failed,
         })
     }
 
@@ -380,19 +404,18 @@ impl Resolver {
     /// (one after another, they would take a query's time each, two for a
     /// name with AAAA alone: more than a first start waits). A target
     /// without addresses adds none (nor does ".", RFC 2782's "not
-    /// available", which is not looked up); any other failure fails the whole
-    /// answer (half an answer would drain the other half's members), and
-    /// the other lookups are dropped with it.
+    /// available", which is not looked up); any other failure is that
+    /// target's. Fails whole only when a lookup's task could not end.
     async fn targets(
         &self,
         records: &[&SRV],
         additionals: &[Record],
-    ) -> Result<Vec<(Vec<IpAddr>, Duration)>, Failure> {
+    ) -> Result<Vec<Result<(Vec<IpAddr>, Duration), Failure>>, Failure> {
         let mut found = Vec::with_capacity(records.len());
         let mut asked = tokio::task::JoinSet::new();
         for (i, srv) in records.iter().enumerate() {
             if srv.target.is_root() {
-                found.push((Vec::new(), Duration::MAX));
+                found.push(Ok((Vec::new(), Duration::MAX)));
                 continue;
             }
             let target = srv.target.to_string();
@@ -401,15 +424,14 @@ impl Resolver {
                 let resolver = self.clone();
                 asked.spawn(async move { (i, resolver.addresses(&target).await) });
             }
-            found.push((given, Duration::MAX));
+            found.push(Ok((given, Duration::MAX)));
         }
         while let Some(joined) = asked.join_next().await {
             let (i, looked_up) =
                 joined.map_err(|e| Failure::Failed(format!("an SRV target's lookup: {e}")))?;
             match looked_up {
-                Ok(addresses) => found[i] = addresses,
                 Err(Failure::Empty(_)) => {}
-                Err(failed) => return Err(failed),
+                looked_up => found[i] = looked_up,
             }
         }
         Ok(found)

@@ -222,9 +222,20 @@ async fn once(
     let interval = pool.resolve_interval;
     match resolver.resolve(named).await {
         Ok(answer) => {
-            metrics::dns_resolution(&pool.name, "ok");
-            if named.answer(answer.resolved.clone()) {
-                tracing::info!(pool = %pool.name, backend = %named.name, "DNS answers again");
+            match &answer.partly_failed {
+                None => {
+                    metrics::dns_resolution(&pool.name, "ok");
+                    if named.answer(answer.resolved.clone()) {
+                        tracing::info!(pool = %pool.name, backend = %named.name, "DNS answers again");
+                    }
+                }
+                Some(failure) => {
+                    metrics::dns_resolution(&pool.name, failure.result());
+                    named.keep(answer.resolved.clone());
+                    if named.failed() {
+                        tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, "DNS failed for some SRV targets; keeping their last good addresses and following the others");
+                    }
+                }
             }
             let joined = pool.apply(named, &answer.resolved, joining);
             if let Some(stop) = checks {
