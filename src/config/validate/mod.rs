@@ -871,6 +871,20 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     }
 
     #[test]
+    fn an_address_that_does_not_parse_is_one_problem() {
+        let text = GOOD.replace(
+            "backends = [{ name = \"a\", address = \"127.0.0.1:9001\" }]",
+            "backends = [{ address = \"nowhere\" }, { address = \"nowhere2\" }]",
+        );
+        let found = problems(&text);
+        assert_eq!(found.len(), 2, "one each: {found:?}");
+        assert!(
+            found.iter().all(|p| !p.contains("127.0.0.1:0")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
     fn http_keys_on_a_tcp_listener_are_warned_of_by_name() {
         let tcp = GOOD.replace(
             "pool = \"app\"\n",

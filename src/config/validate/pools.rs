@@ -70,9 +70,12 @@ impl Validator {
                     Entry::Ip(b) => &b.name,
                     Entry::Named(n) => &n.name,
                 };
+                // An address that did not parse stands as 127.0.0.1:0 (its
+                // own problem said): no name to hold against another's.
+                let unparsed = matches!(&entry, Entry::Ip(b) if b.address.port() == 0);
                 if b.name.is_some() {
                     self.unique_backend(&mut backend_names, &format!("{bkey}.name"), name);
-                } else if !backend_names.insert(name.clone()) {
+                } else if !unparsed && !backend_names.insert(name.clone()) {
                     // Named after its address: the operator wrote no name.
                     self.problem(
                         &format!("{bkey}.address"),

@@ -62,15 +62,16 @@ impl Validator {
     ) -> Option<Arc<UpstreamTls>> {
         let raw = raw?;
         let verify = raw.verify.unwrap_or(true);
+        // Every problem at once: a bad server_name does not hide the ca's.
         let server_name = match raw.server_name.as_deref().map(ServerName::try_from) {
-            None => None,
-            Some(Ok(name)) => Some(name.to_owned()),
+            None => Some(None),
+            Some(Ok(name)) => Some(Some(name.to_owned())),
             Some(Err(_)) => {
                 self.problem(
                     &format!("{key}.server_name"),
                     "is not a DNS name or an IP address",
                 );
-                return None;
+                None
             }
         };
         let roots = match (verify, raw.ca.as_deref()) {
@@ -86,7 +87,7 @@ impl Validator {
                 }
             }
         };
-        match UpstreamTls::new(server_name, roots, verify) {
+        match UpstreamTls::new(server_name?, roots, verify) {
             Ok(tls) => Some(Arc::new(tls)),
             Err(err) => {
                 self.problem(key, err);
@@ -427,6 +428,10 @@ mod tests {
                 .iter()
                 .any(|p| p.starts_with("pools[0].tls.server_name:")),
             "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.starts_with("pools[0].tls.ca:")),
+            "both at once: {problems:?}"
         );
         let problems = invalid(load_pool(&pki, r#"{ ca = "missing.pem" }"#));
         assert!(
