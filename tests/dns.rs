@@ -382,9 +382,14 @@ async fn a_failed_a_query_keeps_the_last_set_though_aaaa_answers() {
 /// A pool "app" of the members the SRV records of `name` give, asked of
 /// `dns` every 200 ms, behind an http listener "web".
 fn srv_spec(dns: &DnsServer, name: &str) -> Spec {
+    srv_spec_every("200ms", dns, name)
+}
+
+/// [`srv_spec`] resolved every `interval`.
+fn srv_spec_every(interval: &str, dns: &DnsServer, name: &str) -> Spec {
     Spec::new()
         .section(&format!(
-            "[resolver]\nnameservers = [\"{}\"]\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nsrv = \"{name}\"\n",
+            "[resolver]\nnameservers = [\"{}\"]\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"{interval}\"\nsrv = \"{name}\"\n",
             dns.addr
         ))
         .http("web", "app")
@@ -473,6 +478,37 @@ async fn a_failing_srv_target_keeps_its_addresses_and_the_others_are_followed() 
     let error = "baton_dns_resolutions_total{pool=\"app\",result=\"error\"}";
     assert!(sample(baton.admin, error).await > 0.0, "counted as failed");
     assert!(baton.log().contains("DNS failed for some SRV targets"));
+}
+
+/// An SRV target whose lookup failed with no address to keep (here at a
+/// first start) is asked again within a second, as a name that never
+/// answered is, not a whole `resolve_interval` on (a minute here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_srv_target_failing_at_a_first_start_is_asked_again_soon() {
+    let dns = DnsServer::start().await;
+    let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
+    dns.leave_out_additionals();
+    // Records that hold a minute: the TTL does not bring the next try.
+    dns.set_ttl(60);
+    dns.set_a("a.baton.test", &[Ipv4Addr::LOCALHOST]);
+    dns.set_a("b.baton.test", &[Ipv4Addr::LOCALHOST]);
+    dns.servfail_a_of("b.baton.test");
+    let name = "_http._tcp.app.baton.test";
+    dns.set_srv(
+        name,
+        &[
+            (10, 1, a.addr.port(), "a.baton.test"),
+            (10, 1, b.addr.port(), "b.baton.test"),
+        ],
+    );
+    let baton = Baton::start(srv_spec_every("60s", &dns, name)).await;
+    wait_members(baton.admin, &[(a.addr.to_string(), "up")]).await;
+    dns.servfail_a_of("nothing.baton.test");
+    wait_members(
+        baton.admin,
+        &[(a.addr.to_string(), "up"), (b.addr.to_string(), "up")],
+    )
+    .await;
 }
 
 /// RFC 2782: SRV records whose target is "." say the service is not

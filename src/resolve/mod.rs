@@ -57,6 +57,11 @@ impl Failure {
     }
 }
 
+/// How soon a name (or an SRV target) DNS has not yet answered for is
+/// asked again (HAProxy's resolvers retry after `timeout retry`, 1 s by
+/// default).
+pub const ASK_AGAIN_SOON: Duration = Duration::from_secs(1);
+
 /// What asking a name's forms for one record type found.
 enum Walked {
     /// The answer of the first form holding such records.
@@ -369,8 +374,18 @@ impl Resolver {
                 }
                 Err(failure) => {
                     failed = failed.or(Some(failure));
-                    let kept = last.iter().filter(|r| r.from == from);
-                    kept.map(|r| r.address.ip()).collect()
+                    let kept: Vec<IpAddr> = last
+                        .iter()
+                        .filter(|r| r.from == from)
+                        .map(|r| r.address.ip())
+                        .collect();
+                    if kept.is_empty() {
+                        // Nothing known of it (a first start, a new
+                        // target): asked again soon, as a name that
+                        // never answered is, not a whole interval on.
+                        valid_for = valid_for.min(ASK_AGAIN_SOON);
+                    }
+                    kept
                 }
             };
             for ip in ips {

@@ -23,10 +23,6 @@ use crate::metrics;
 /// How often drained members are looked for between resolutions.
 const SWEEP: Duration = Duration::from_millis(250);
 
-/// How soon a name that never answered is asked again (HAProxy's
-/// resolvers retry after `timeout retry`, 1 s by default).
-const NEVER_ANSWERED_RETRY: Duration = Duration::from_secs(1);
-
 /// The resolver a config needs (none when no backend is named by DNS).
 pub fn resolver_for(config: &crate::config::Config) -> Option<Resolver> {
     if config.pools.iter().all(|p| p.named.is_empty()) {
@@ -267,7 +263,7 @@ async fn once(
             if named.last().is_some_and(|last| !last.is_empty()) {
                 interval
             } else {
-                interval.min(NEVER_ANSWERED_RETRY)
+                interval.min(super::ASK_AGAIN_SOON)
             }
         }
     }

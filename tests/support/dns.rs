@@ -145,6 +145,11 @@ impl DnsServer {
         self.edit(|z| z.silent_to = Some(key(name)));
     }
 
+    /// Records answered from now on hold for `ttl` seconds (1 until set).
+    pub fn set_ttl(&self, ttl: u32) {
+        self.edit(|z| z.ttl = ttl);
+    }
+
     /// Every answer from now on comes `delay` after its query.
     pub fn set_delay(&self, delay: Duration) {
         self.edit(|z| z.delay = delay);

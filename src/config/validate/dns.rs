@@ -111,7 +111,7 @@ fn host_port(text: &str) -> Result<(String, u16), String> {
             "\"{host}\" is neither an IP address nor a host name"
         ));
     }
-    Ok((host.to_ascii_lowercase(), port))
+    Ok((host.to_string(), port))
 }
 
 /// Why `text` is not an SRV name (`_service._proto.name`), if it is not.

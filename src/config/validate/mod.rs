@@ -808,14 +808,6 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "without '?'",
             ),
             (
-                GOOD.replace(
-                    "backends = [{ name = \"a\", address = \"127.0.0.1:9001\" }]",
-                    "backends = [{ address = \"App.internal:80\" }, { address = \"app.internal:80\" }]",
-                ),
-                "pools[0].backends[1].address",
-                "\"app.internal:80\" is also another backend's name or unnamed address",
-            ),
-            (
                 format!("[resolver]\nnameservers = [\"10.0.0.2:0\"]\n{GOOD}"),
                 "resolver.nameservers[0]",
                 "has port 0",

@@ -152,13 +152,9 @@ impl Validator {
                 Target::Ip(SocketAddr::from(([127, 0, 0, 1], 0)))
             }
         };
-        let name = match (raw.name.as_deref(), &target) {
-            (Some(n), _) => self.backend_name(&format!("{key}.name"), n),
-            // Named after its address as DNS reads it: `App.internal:80`
-            // and `app.internal:80` are one backend, not two of the same
-            // members (twice the weight).
-            (None, Target::Host { host, port }) => format!("{host}:{port}"),
-            (None, Target::Ip(_)) => raw.address.clone().unwrap_or_default(),
+        let name = match raw.name.as_deref() {
+            Some(n) => self.backend_name(&format!("{key}.name"), n),
+            None => raw.address.clone().unwrap_or_default(),
         };
         let weight = self.count(&format!("{key}.weight"), raw.weight, 1, 1, 1000) as u32;
         match target {
