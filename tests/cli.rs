@@ -23,7 +23,7 @@ fn the_shipped_example_config_is_valid() {
     // The effective settings, defaults included, each said once.
     for said in [
         "reload.close_spread     none",
-        "listener db timeouts: connect 2s, tunnel 1h",
+        "listener db timeouts: connect 2s, tunnel 1h, idle 1m",
         "admin.liveness_paths    /healthz",
         "admin.token_file        none",
         "listener web timeouts: header 10s, idle 1m, keepalive_drain_grace 1s, connect 2s, response 1m, tunnel 1h",

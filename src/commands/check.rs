@@ -168,11 +168,13 @@ fn print_tls(listener: &str, tls: &TlsSettings) {
 /// A listener's timeouts, and for HTTP its forwarding, h2 and routes.
 fn print_listener_settings(l: &ListenerConfig, pools: &[PoolConfig]) {
     if l.protocol != Protocol::Http {
+        // idle: once a side has closed its half (HAProxy's client-fin).
         println!(
-            "listener {} timeouts: connect {}, tunnel {}",
+            "listener {} timeouts: connect {}, tunnel {}, idle {}",
             l.name,
             display(l.connect_timeout),
             display(l.tunnel_timeout),
+            display(l.idle_timeout),
         );
         return;
     }
