@@ -230,7 +230,7 @@ async fn headers_seen(listener_keys: &str, request: &str) -> String {
 
 /// With underscore spellings of the fields baton writes, which a
 /// CGI-style backend reads as those fields.
-const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nX_Forwarded_Proto: gopher\r\nX_Request_Id: forged\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nX-Forwarded-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Forwarded_Client_Cert: Hash=01\r\nX-Forwarded-Ssl: on\r\nX-Forwarded-Protocol: ssl\r\nX-Forwarded-Prefix: /admin\r\nFront-End-Https: on\r\nConnection: close\r\n\r\n";
+const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nX_Forwarded_Proto: gopher\r\nX_Request_Id: forged\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nX-Forwarded-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Forwarded_Client_Cert: Hash=01\r\nX-Forwarded-Ssl: on\r\nX-Forwarded-Protocol: ssl\r\nX-Forwarded-Prefix: /admin\r\nFront-End-Https: on\r\nTrue-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nX-Cluster-Client-IP: 6.6.6.6\r\nConnection: close\r\n\r\n";
 
 /// What baton writes itself, spelled with `_`: never reaches a backend.
 const UNDERSCORED_OWN: [&str; 3] = ["forged", "content_length", "transfer_encoding"];
@@ -254,6 +254,9 @@ async fn forwarding_headers_follow_the_listener_mode() {
         "x-forwarded-protocol",
         "/admin",
         "front-end-https",
+        "true-client-ip",
+        "cf-connecting-ip",
+        "x-cluster-client-ip",
     ] {
         assert!(!replaced.contains(spoof), "{spoof} survived: {replaced}");
     }

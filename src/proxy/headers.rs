@@ -44,6 +44,15 @@ pub const FORWARDING: &[&str] = &[
     "forwarded",
     "x-forwarded-client-cert",
     "front-end-https",
+    // The client address as CDNs and other proxies write it, which
+    // frameworks' "real IP" helpers read (Express's `trust proxy` list,
+    // Django's and Rails' remote-IP middleware).
+    "true-client-ip",
+    "x-client-ip",
+    "client-ip",
+    "x-cluster-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
 ];
 
 /// The start of every `X-Forwarded-` field's name.

@@ -567,8 +567,8 @@ fn role(name: &str, named_by_token: impl FnOnce() -> bool) -> Role {
     }
 }
 
-/// The longest name `fixed_role`'s `match` knows (`transfer-encoding`).
-const LONGEST_KNOWN: usize = 17;
+/// The longest name `fixed_role`'s `match` knows (`x-cluster-client-ip`).
+const LONGEST_KNOWN: usize = 19;
 
 /// Whether `name` has the length and the first letter of one of the names
 /// `fixed_role` knows: most names (`Date`, `Server`, `Content-Type`,
@@ -580,13 +580,15 @@ fn may_be_known(name: &[u8]) -> bool {
             | (4, Some(b'h'))
             | (6, Some(b'e'))
             | (7, Some(b'u'))
-            | (9, Some(b'f' | b'x'))
+            | (9, Some(b'c' | b'f' | b'x'))
             | (10, Some(b'c' | b'k'))
+            | (11, Some(b'x'))
             | (12, Some(b'x'))
-            | (14, Some(b'c' | b'h'))
+            | (14, Some(b'c' | b'h' | b't'))
             | (15, Some(b'f'))
-            | (16, Some(b'p'))
+            | (16, Some(b'c' | b'f' | b'p'))
             | (17, Some(b't'))
+            | (19, Some(b'x'))
     )
 }
 
@@ -625,7 +627,18 @@ pub(in crate::proxy::h1) fn fixed_role(name: &[u8]) -> Role {
             | b"http2-settings",
             false,
         ) => Role::HopByHop,
-        (b"x-real-ip" | b"forwarded" | b"front-end-https", _) => Role::Forwarding,
+        (
+            b"x-real-ip"
+            | b"forwarded"
+            | b"front-end-https"
+            | b"true-client-ip"
+            | b"x-client-ip"
+            | b"client-ip"
+            | b"x-cluster-client-ip"
+            | b"cf-connecting-ip"
+            | b"fastly-client-ip",
+            _,
+        ) => Role::Forwarding,
         (b"expect", false) => Role::Expect,
         (b"content-length" | b"transfer-encoding" | b"x-request-id", true) => Role::HopByHop,
         _ => Role::EndToEnd,
