@@ -14,15 +14,21 @@ use super::*;
 const FIRST_REPORT_WAIT: Duration = Duration::from_secs(2);
 
 impl Generation {
+    /// A stop signal came before we took over: the reload fails, and the
+    /// old generation serves on.
+    async fn stopped_before_taking_over(parent: Parent) -> Exit {
+        let reason = "stopped by a signal before it took over";
+        tracing::info!("{reason}; the reload fails and the old generation serves on");
+        parent.fail(Exit::Failure, reason).await;
+        Exit::Failure
+    }
+
     /// Ready → serving; `Err` carries the exit code when the old
     /// generation did not let us take over. `Ok` holds the channel to it,
     /// on which we tell it how we end, if we took over.
     pub(super) async fn take_over(&mut self, parent: Parent) -> Result<Option<Arc<Channel>>, Exit> {
         if self.commands.stop_queued() {
-            let reason = "stopped by a signal before it took over";
-            tracing::info!("{reason}; the reload fails and the old generation serves on");
-            parent.fail(Exit::Failure, reason).await;
-            return Err(Exit::Failure);
+            return Err(Generation::stopped_before_taking_over(parent).await);
         }
         let stop_budget = self.config.stop_budget();
         match parent
@@ -34,6 +40,13 @@ impl Generation {
                 tracing::error!(cause = %e, "old generation did not let us take over");
                 return Err(Exit::Failure);
             }
+        }
+        // Asked again after the go-ahead, before we accept: a stop aimed at
+        // us alone while the old generation weighed our ready (a service
+        // stop reaches it too, and it abandons) would otherwise have us
+        // take over only to stop at once, and nobody would serve.
+        if self.commands.stop_queued() {
+            return Err(Generation::stopped_before_taking_over(parent).await);
         }
         let doors = match self.make_ready() {
             Ok(doors) => doors,

@@ -365,14 +365,9 @@ async fn converse(
         .filter(|name| !takeover.adopted.contains(name))
         .collect();
     systemd::FdStoreUpdate::new(dropped, Vec::new()).send();
-    // Named only now that nothing can fail: under `NotifyAccess=main` no
-    // rollback to our own pid would be heard once N+1 is main. Not once a
-    // stop began: we stay main, pass the stop on to N+1 and outlive it
-    // (`Reloading::settle_for_stop`), which newer systemd, taking
-    // `MAINPID=` during a stop where 252 does not, would undo.
-    if !limits.abandon.is_cancelled() {
-        systemd::handed_over(child.pid());
-    }
+    // N+1 is named main by the serving loop that hears this outcome
+    // (`systemd::handed_over`), not here: a stop seen first there keeps
+    // us main, as `Reloading::settle_for_stop` assumes.
     Ok(takeover)
 }
 
