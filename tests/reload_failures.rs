@@ -286,3 +286,39 @@ async fn a_new_generation_that_cannot_take_the_offer_says_why() {
     load.progress(10).await;
     load.stop().await.assert_clean();
 }
+
+/// As PID 1 (a container without an init) a reload fails at once, saying
+/// why: the new generation, started detached, would be our child, and the
+/// kernel kills all of a PID namespace when its PID 1 exits, at the end of
+/// our drain. Root only (a PID namespace of the test's own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_as_pid_1_fails_saying_why_and_serves_on() {
+    let namespace = ["unshare", "--pid", "--fork", "--kill-child"];
+    let possible = std::process::Command::new(namespace[0])
+        .args(&namespace[1..])
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !possible {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run this: root, for a PID namespace"
+        );
+        eprintln!("skipped: needs root for a PID namespace (CI has it)");
+        return;
+    }
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
+    let baton = Baton::spawn_under(spec, &[], &namespace);
+    support::eventually("the admin port answers", || async {
+        support::client::get(baton.admin, "/healthz").await.is_ok()
+    })
+    .await;
+    let r = baton.reload().await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("runs as PID 1"), "{r:?}");
+    let answer = support::client::get(baton.addr("web"), "/after")
+        .await
+        .expect("still served");
+    assert_eq!(answer.status, 200);
+}

@@ -138,6 +138,8 @@ pub enum HandoverError {
     OutOfTurn(String),
     #[error("a stop began before the new generation was ready; it was killed")]
     Abandoned,
+    #[error("baton runs as PID 1 (a container without an init), where a new generation would be killed when this one exits; run it under an init (`docker run --init`, tini) to reload")]
+    Pid1,
 }
 
 impl HandoverError {
@@ -180,6 +182,12 @@ pub async fn hand_over(
     ready_timeout: Duration,
     abandon: CancellationToken,
 ) -> Result<Successor, HandoverError> {
+    // The new generation is started detached, so it is the reaper's child:
+    // ours, as PID 1, and the kernel kills all of a PID namespace when its
+    // PID 1 exits, at the end of our drain.
+    if std::process::id() == 1 {
+        return Err(HandoverError::Pid1);
+    }
     let deadline = Instant::now() + ready_timeout;
     let (channel, theirs) = Channel::pair()?;
     let mut command = Command::new(&exec.program);
