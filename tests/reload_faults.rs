@@ -78,18 +78,19 @@ async fn freeze_until_the_new_one_is_ready(baton: &Baton, serving: u32, config: 
     .await;
 }
 
-/// The reload failed, `serving` still serves, and the next reload works.
+/// The reload failed (saying `why`), `serving` still serves, and the
+/// next reload works.
 async fn failed_then_recovered(
     baton: &Baton,
     serving: u32,
-    reply: tokio::task::JoinHandle<String>,
+    (reply, why): (tokio::task::JoinHandle<String>, &str),
     config: &str,
     load: Load,
 ) {
     let reply = reply.await.expect("join");
     assert!(
-        reply.contains("\"ok\":false") && reply.contains("exited before it took over"),
-        "the reload reports failure and why: {reply}"
+        reply.contains("\"ok\":false") && reply.contains(why),
+        "the reload reports failure and why ({why}): {reply}"
     );
     assert_eq!(baton.serving_pid().await, serving);
     load.progress(20).await;
@@ -217,7 +218,8 @@ async fn a_new_generation_killed_after_it_received_the_sockets_is_a_failed_reloa
     let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
     assert!(!baton.log().contains("ready; waiting"), "not ready yet");
     signal(child, Signal::SIGKILL);
-    failed_then_recovered(&baton, serving, reply, &config, load).await;
+    let exited = "exited before it took over";
+    failed_then_recovered(&baton, serving, (reply, exited), &config, load).await;
 }
 
 /// A stop sent to the new generation alone while it starts (its handlers
@@ -257,7 +259,25 @@ async fn a_new_generation_killed_after_it_said_ready_is_a_failed_reload() {
     freeze_until_the_new_one_is_ready(&baton, serving, &config).await;
     signal(child, Signal::SIGKILL);
     signal(serving, Signal::SIGCONT);
-    failed_then_recovered(&baton, serving, reply, &config, load).await;
+    let exited = "exited before it took over";
+    failed_then_recovered(&baton, serving, (reply, exited), &config, load).await;
+}
+
+/// A stop aimed at the new generation alone once it said ready, while
+/// the old one weighs it, fails the reload: the new one took over only to
+/// stop at once, and nobody served. The old generation is frozen so that
+/// the signal lands before the go-ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_aimed_at_the_new_generation_after_its_ready_fails_the_reload() {
+    let (_backend, baton, load) = baton_under_load("").await;
+    let serving = baton.serving_pid().await;
+    let config = config_behind_a_fifo(&baton);
+    let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
+    freeze_until_the_new_one_is_ready(&baton, serving, &config).await;
+    signal(child, Signal::SIGTERM);
+    signal(serving, Signal::SIGCONT);
+    let stopped = "stopped by a signal before it took over";
+    failed_then_recovered(&baton, serving, (reply, stopped), &config, load).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

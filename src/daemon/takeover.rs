@@ -42,9 +42,10 @@ impl Generation {
             }
         }
         // Asked again after the go-ahead, before we accept: a stop aimed at
-        // us alone while the old generation weighed our ready (a service
-        // stop reaches it too, and it abandons) would otherwise have us
-        // take over only to stop at once, and nobody would serve.
+        // us alone while the old generation weighed our ready would
+        // otherwise have us take over only to stop at once, and nobody
+        // would serve. (A service stop reaches the old generation too: our
+        // failure ends its handoff, and it stops alone.)
         if self.commands.stop_queued() {
             return Err(Generation::stopped_before_taking_over(parent).await);
         }

@@ -259,8 +259,9 @@ impl Commands {
     }
 
     /// A stop signal waits unheard: a new generation checks before it
-    /// says it is ready, so a stop sent to it alone fails the reload (the
-    /// older one serves on) instead of stopping the service once it serves.
+    /// says it is ready and again once told to go ahead, so a stop sent to
+    /// it alone fails the reload (the older one serves on) instead of
+    /// stopping the service once it serves.
     /// Its handler's own mark counts too: the queue has it only once tokio's
     /// driver turned and the forwarding task ran, and a start-up that never
     /// waited since the signal came (its config read through a FIFO, which
