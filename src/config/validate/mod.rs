@@ -230,7 +230,16 @@ impl Validator {
                 );
                 default
             }
-            _ => self.phase(key, value, default),
+            _ => {
+                let timeout = self.phase(key, value, default);
+                // No wait baton bounds is met in less (a connect, a check,
+                // a new generation's start): a typo of `us` for `ms` or
+                // `s`, most likely. Warned, not refused: it runs, badly.
+                if timeout < Duration::from_millis(1) {
+                    self.warning(key, format!("{timeout:?} is shorter than a millisecond: nearly every wait it bounds will fail"));
+                }
+                timeout
+            }
         }
     }
 
@@ -874,6 +883,26 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             found.iter().all(|p| !p.contains("127.0.0.1:0")),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn a_timeout_under_a_millisecond_is_warned_of() {
+        let text = GOOD.replace(
+            "pool = \"app\"\n",
+            "pool = \"app\"\nconnect_timeout = \"5us\"\n",
+        );
+        let config =
+            parse(&text, Path::new("x.toml"), &Overrides::default()).expect("warned, not refused");
+        assert_eq!(
+            config.warnings,
+            ["listeners[0].connect_timeout: 5µs is shorter than a millisecond: nearly every wait it bounds will fail"]
+        );
+        let fine = GOOD.replace(
+            "pool = \"app\"\n",
+            "pool = \"app\"\nconnect_timeout = \"1ms\"\n",
+        );
+        let config = parse(&fine, Path::new("x.toml"), &Overrides::default()).expect("valid");
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
     }
 
     #[test]
