@@ -264,9 +264,10 @@ async fn a_new_generation_killed_after_it_said_ready_is_a_failed_reload() {
 }
 
 /// A stop aimed at the new generation alone once it said ready, while
-/// the old one weighs it, fails the reload: the new one took over only to
-/// stop at once, and nobody served. The old generation is frozen so that
-/// the signal lands before the go-ahead.
+/// the old one weighs it, fails the reload (without the second check
+/// after the go-ahead, the new one took over only to stop at once, and
+/// nobody served). The old generation is frozen so that the signal lands
+/// before the go-ahead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_aimed_at_the_new_generation_after_its_ready_fails_the_reload() {
     let (_backend, baton, load) = baton_under_load("").await;

@@ -343,7 +343,9 @@ impl Pool {
     /// that rotates among more addresses than it holds, or is cut short
     /// once, does not retire members that are still there (to come back
     /// as new ones, down until `rise`), and the members of a name moved
-    /// whole are not all replaced by the first new one up.
+    /// whole are not all replaced by the first new one up. Also how long
+    /// an answer of no address keeps the last good set
+    /// (`resolve::refresh`).
     pub fn obsolete_hold(&self) -> Duration {
         self.resolve_interval * 2
     }

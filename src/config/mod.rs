@@ -187,7 +187,8 @@ pub struct ListenerConfig {
 #[derive(Debug, Clone)]
 pub struct RouteConfig {
     pub path_prefix: Option<String>,
-    /// Lower-cased, without a port.
+    /// Lower-cased, without a port or a final dot (requests' are
+    /// compared without theirs).
     pub host: Option<String>,
     /// Index into [`Config::pools`].
     pub pool: usize,

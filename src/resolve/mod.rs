@@ -35,7 +35,8 @@ pub enum SetupError {
     Build(NetError),
 }
 
-/// Why a resolution gave no set (the last good one stays).
+/// Why a resolution gave no set (the last good one stays; for `Empty`,
+/// for the pool's hold).
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
     #[error("no answer within {0:?}")]

@@ -245,8 +245,14 @@ async fn once(
         }
         Err(failure) => {
             metrics::dns_resolution(&pool.name, failure.result());
-            if named.failed() {
-                let kept = named.last().map_or(0, |l| l.len());
+            // Once per outage; and of an answer of no address, not when
+            // it emptied the name already (carried empty by every reload,
+            // which would say it again each time). A name that never
+            // answered is said of (a typo must not be silent).
+            let kept = named.last().map_or(0, |l| l.len());
+            let emptied = named.answered() && kept == 0;
+            let worth_saying = !emptied || !matches!(failure, Failure::Empty(_));
+            if named.failed() && worth_saying {
                 if let Failure::Empty(_) = failure {
                     tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, kept, hold_s = pool.obsolete_hold().as_secs_f64(), "DNS says the name has no address; keeping the last good set for the hold, then its members drain");
                 } else {

@@ -80,7 +80,7 @@ impl Validator {
         key: &str,
         value: Option<&DurationValue>,
     ) -> Duration {
-        let interval = self.timeout(key, value, Duration::from_secs(30));
+        let interval = self.period(key, value, Duration::from_secs(30));
         if interval < MIN_RESOLVE_INTERVAL {
             self.problem(key, format!("must be at least {MIN_RESOLVE_INTERVAL:?}"));
             return MIN_RESOLVE_INTERVAL;
@@ -124,8 +124,9 @@ fn srv_problem(text: &str) -> Option<String> {
 }
 
 /// Why `name` is not a DNS name (labels of 1-63 letters, digits and
-/// '-', not at a label's ends; 253 characters at most; '_' only where
-/// SRV names use it), if it is not.
+/// '-', not at a label's ends; 253 characters at most; '_' only with
+/// `underscores`: SRV names, and route hosts, as requests' Host may hold
+/// it), if it is not.
 pub(super) fn name_problem(name: &str, underscores: bool) -> Option<String> {
     let bare = name.strip_suffix('.').unwrap_or(name);
     if bare.is_empty() || bare.len() > 253 {

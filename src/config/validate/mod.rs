@@ -219,9 +219,23 @@ impl Validator {
         }
     }
 
-    /// A timeout bounding a wait on someone else: "none" would fail every
-    /// wait at once, so a negative value is refused rather than obeyed.
+    /// A timeout bounding a wait on someone else: positive (see
+    /// [`Self::period`]), and warned of under a millisecond: no wait baton
+    /// bounds is met in less (a connect, a check, a new generation's
+    /// start), so it is a typo of `us` for `ms` or `s`, most likely.
+    /// Warned, not refused: it runs, badly.
     fn timeout(&mut self, key: &str, value: Option<&DurationValue>, default: Duration) -> Duration {
+        let timeout = self.period(key, value, default);
+        if timeout < Duration::from_millis(1) {
+            self.warning(key, format!("{timeout:?} is shorter than a millisecond: nearly every wait it bounds will fail"));
+        }
+        timeout
+    }
+
+    /// A positive span (a timeout, an interval): "none" would fail every
+    /// wait at once, or repeat at once, so a negative value is refused
+    /// rather than obeyed.
+    fn period(&mut self, key: &str, value: Option<&DurationValue>, default: Duration) -> Duration {
         match value.map(duration::parse) {
             Some(Ok(Written::None)) => {
                 self.problem(
@@ -230,16 +244,7 @@ impl Validator {
                 );
                 default
             }
-            _ => {
-                let timeout = self.phase(key, value, default);
-                // No wait baton bounds is met in less (a connect, a check,
-                // a new generation's start): a typo of `us` for `ms` or
-                // `s`, most likely. Warned, not refused: it runs, badly.
-                if timeout < Duration::from_millis(1) {
-                    self.warning(key, format!("{timeout:?} is shorter than a millisecond: nearly every wait it bounds will fail"));
-                }
-                timeout
-            }
+            _ => self.phase(key, value, default),
         }
     }
 
@@ -267,7 +272,7 @@ impl Validator {
     fn ticket_rotation(&mut self, value: Option<&DurationValue>) -> Duration {
         const KEY: &str = "tls.ticket_rotation";
         const MOST: Duration = Duration::from_secs(84 * 3600);
-        let period = self.timeout(KEY, value, Duration::from_secs(12 * 3600));
+        let period = self.period(KEY, value, Duration::from_secs(12 * 3600));
         if period < Duration::from_secs(1) || period > MOST {
             self.problem(
                 KEY,

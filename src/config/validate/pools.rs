@@ -203,7 +203,7 @@ impl Validator {
             );
         }
         let interval_key = format!("{key}.interval");
-        let interval = self.timeout(&interval_key, raw.interval.as_ref(), Duration::from_secs(2));
+        let interval = self.period(&interval_key, raw.interval.as_ref(), Duration::from_secs(2));
         // Each check is a new connection to every backend, from every
         // generation: "1ms" would be a thousand a second each.
         if interval < MIN_CHECK_INTERVAL {
