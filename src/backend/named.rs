@@ -69,7 +69,13 @@ impl Named {
 
     /// DNS has answered at least once (here or in an older generation).
     pub fn answered(&self) -> bool {
-        self.last.lock().map(|l| l.is_some()).unwrap_or(false)
+        self.kept().is_some()
+    }
+
+    /// How many addresses the last good answer holds; `None` until DNS
+    /// first answered. Counted in place: the answer is not copied.
+    pub fn kept(&self) -> Option<usize> {
+        self.last.lock().ok().and_then(|l| l.as_ref().map(Vec::len))
     }
 
     /// The last good answer, if any.

@@ -317,11 +317,15 @@ pub fn merge(own: &str, baseline: &Baseline) -> String {
 /// `_sum`, interleaving label sets; parsers that build a histogram as its
 /// lines come (OpenMetrics' rule) took it for several broken ones. Each
 /// label set's buckets by bound, then `_sum`, then `_count`.
-fn in_exposition_order(family: &str, samples: &mut [(String, f64)]) {
-    samples.sort_by(|(a, _), (b, _)| {
-        let (a, b) = (exposition_rank(family, a), exposition_rank(family, b));
-        a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.total_cmp(&b.2))
-    });
+/// Each sample's place is worked out once (it parses the labels), not at
+/// every comparison.
+fn in_exposition_order(family: &str, samples: &mut Vec<(String, f64)>) {
+    let mut placed: Vec<_> = samples
+        .drain(..)
+        .map(|sample| (exposition_rank(family, &sample.0), sample))
+        .collect();
+    placed.sort_by(|(a, _), (b, _)| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.total_cmp(&b.2)));
+    samples.extend(placed.into_iter().map(|(_, sample)| sample));
 }
 
 /// A sample's place: its labels but `le`, its suffix's rank, its bound.

@@ -282,11 +282,11 @@ impl Resolver {
     /// form; so does a SERVFAIL (a search domain broken for good must not
     /// hide the name), and a timeout of a search form to the name as
     /// written alone (one in /etc/hosts, say; a lost packet must not hand
-    /// the name to a form further down the list), while one of the name as
-    /// written goes on to the search forms. Failures are remembered: when no form holds
-    /// records, the name has failed, not answered empty (a failure keeps
-    /// the last good set; hickory's own walk reported the last form's
-    /// result).
+    /// the name to a form further down the list), while one of the name
+    /// as written goes on to the search forms. Failures are remembered:
+    /// when no form holds records, the name has failed, not answered
+    /// empty (a failure keeps the last good set; hickory's own walk
+    /// reported the last form's result).
     async fn walk(&self, asking: &Asking, forms: &Forms, kind: RecordType) -> Walked {
         let mut failed = None;
         let mut timed_out = false;

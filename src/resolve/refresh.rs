@@ -218,21 +218,7 @@ async fn once(
     let interval = pool.resolve_interval;
     match resolver.resolve(named).await {
         Ok(answer) => {
-            match &answer.partly_failed {
-                None => {
-                    metrics::dns_resolution(&pool.name, "ok");
-                    if named.answer(answer.resolved.clone()) {
-                        tracing::info!(pool = %pool.name, backend = %named.name, "DNS answers again");
-                    }
-                }
-                Some(failure) => {
-                    metrics::dns_resolution(&pool.name, failure.result());
-                    named.keep(answer.resolved.clone());
-                    if named.failed() {
-                        tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, "DNS failed for some SRV targets; keeping their last good addresses and following the others");
-                    }
-                }
-            }
+            taken(pool, named, &answer);
             let joined = pool.apply(named, &answer.resolved, joining);
             if let Some(stop) = checks {
                 for member in &joined {
@@ -243,35 +229,61 @@ async fn once(
                 .valid_for
                 .clamp(interval.min(Duration::from_secs(1)), interval)
         }
-        Err(failure) => {
-            metrics::dns_resolution(&pool.name, failure.result());
-            // Once per outage; and of an answer of no address, not when
-            // it emptied the name already (carried empty by every reload,
-            // which would say it again each time). A name that never
-            // answered is said of (a typo must not be silent).
-            let kept = named.last().map_or(0, |l| l.len());
-            let emptied = named.answered() && kept == 0;
-            let worth_saying = !emptied || !matches!(failure, Failure::Empty(_));
-            if named.failed() && worth_saying {
-                if let Failure::Empty(_) = failure {
-                    tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, kept, hold_s = pool.obsolete_hold().as_secs_f64(), "DNS says the name has no address; keeping the last good set for the hold, then its members drain");
-                } else {
-                    tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, kept, "DNS resolution failed; keeping the last good set");
-                }
-            }
-            if let Failure::Empty(_) = failure {
-                retire_once_empty_for_the_hold(pool, named);
-            }
-            // A name without members (it never answered, or its answer
-            // was no address for the hold) has no set to keep: asked again
-            // soon, not a whole interval on, so its backends serve seconds
-            // after DNS gives them (at boot, say), not up to 30 s later.
-            if named.last().is_some_and(|last| !last.is_empty()) {
-                interval
-            } else {
-                interval.min(super::ASK_AGAIN_SOON)
+        Err(failure) => after_failure(pool, named, &failure),
+    }
+}
+
+/// Keeps `answer` as the name's last good one, counted and said: whole,
+/// it ends a run of failures; with an SRV target's failure in it, it goes
+/// on (warned once).
+fn taken(pool: &Pool, named: &Named, answer: &super::Answer) {
+    match &answer.partly_failed {
+        None => {
+            metrics::dns_resolution(&pool.name, "ok");
+            if named.answer(answer.resolved.clone()) {
+                tracing::info!(pool = %pool.name, backend = %named.name, "DNS answers again");
             }
         }
+        Some(failure) => {
+            metrics::dns_resolution(&pool.name, failure.result());
+            named.keep(answer.resolved.clone());
+            if named.failed() {
+                tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, "DNS failed for some SRV targets; keeping their last good addresses and following the others");
+            }
+        }
+    }
+}
+
+/// Counts and says a resolution that gave no set (once per outage), holds
+/// or retires the members after an answer of no address, and returns when
+/// to ask again: a name without members (it never answered, or its answer
+/// was no address for the hold) has no set to keep, so it is asked again
+/// soon, not a whole interval on, and its backends serve seconds after DNS
+/// gives them (at boot, say), not up to 30 s later.
+fn after_failure(pool: &Pool, named: &Named, failure: &Failure) -> Duration {
+    metrics::dns_resolution(&pool.name, failure.result());
+    let no_address = matches!(failure, Failure::Empty(_));
+    // Of an answer of no address, not when it emptied the name already
+    // (carried empty by every reload, which would say it again each
+    // time). A name that never answered is said of (a typo must not be
+    // silent).
+    let kept = named.kept();
+    let emptied = kept == Some(0);
+    if named.failed() && !(emptied && no_address) {
+        let kept = kept.unwrap_or(0);
+        if no_address {
+            tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, kept, hold_s = pool.obsolete_hold().as_secs_f64(), "DNS says the name has no address; keeping the last good set for the hold, then its members drain");
+        } else {
+            tracing::warn!(pool = %pool.name, backend = %named.name, query = %named.query, cause = %failure, kept, "DNS resolution failed; keeping the last good set");
+        }
+    }
+    if no_address {
+        retire_once_empty_for_the_hold(pool, named);
+    }
+    if named.kept().unwrap_or(0) > 0 {
+        pool.resolve_interval
+    } else {
+        pool.resolve_interval.min(super::ASK_AGAIN_SOON)
     }
 }
 
@@ -284,8 +296,7 @@ async fn once(
 /// answer) says nothing of the name and keeps the set.
 fn retire_once_empty_for_the_hold(pool: &Pool, named: &Named) {
     let empty_for = named.answered_empty(pool.obsolete_hold());
-    let has_members = named.last().is_some_and(|last| !last.is_empty());
-    if empty_for < pool.obsolete_hold() || !has_members {
+    if empty_for < pool.obsolete_hold() || named.kept().unwrap_or(0) == 0 {
         return;
     }
     named.emptied();

@@ -63,17 +63,17 @@ impl Validator {
         let raw = raw?;
         let verify = raw.verify.unwrap_or(true);
         // Every problem at once: a bad server_name does not hide the ca's.
-        let server_name = match raw.server_name.as_deref().map(ServerName::try_from) {
-            None => Some(None),
-            Some(Ok(name)) => Some(Some(name.to_owned())),
-            Some(Err(_)) => {
-                self.problem(
-                    &format!("{key}.server_name"),
-                    "is not a DNS name or an IP address",
-                );
-                None
-            }
-        };
+        let server_name = raw
+            .server_name
+            .as_deref()
+            .map(ServerName::try_from)
+            .transpose();
+        if server_name.is_err() {
+            self.problem(
+                &format!("{key}.server_name"),
+                "is not a DNS name or an IP address",
+            );
+        }
         let roots = match (verify, raw.ca.as_deref()) {
             (false, None) => None,
             (_, written) => {
@@ -87,7 +87,8 @@ impl Validator {
                 }
             }
         };
-        match UpstreamTls::new(server_name?, roots, verify) {
+        let server_name = server_name.ok()?.map(|name| name.to_owned());
+        match UpstreamTls::new(server_name, roots, verify) {
             Ok(tls) => Some(Arc::new(tls)),
             Err(err) => {
                 self.problem(key, err);
