@@ -546,7 +546,7 @@ async fn routes_pick_pools_by_path_prefix_and_host() {
             "web",
             "http",
             "app",
-            "routes = [ { path_prefix = \"/slow\", pool = \"slowpool\" }, { host = \"API.example.com.\", pool = \"api\" } ]",
+            "routes = [ { path_prefix = \"/slow\", pool = \"slowpool\" }, { host = \"API.example.com\", pool = \"api\" }, { host = \"static.example.com.\", pool = \"slowpool\" } ]",
         )
         .pool("app", &[main.addr])
         .pool("slowpool", &[slow.addr])
@@ -566,11 +566,15 @@ async fn routes_pick_pools_by_path_prefix_and_host() {
         .await
         .expect("get");
     assert_eq!(answer.body, HttpBackend::body_for("api", "/v1"));
-    // A final dot names the same host, in the route and in the request.
+    // A final dot names the same host, in the request and in the route.
     let answer = client::send_with_host(&mut conn, "api.example.com.", "/v2")
         .await
         .expect("get");
     assert_eq!(answer.body, HttpBackend::body_for("api", "/v2"));
+    let answer = client::send_with_host(&mut conn, "Static.example.com", "/v3")
+        .await
+        .expect("get");
+    assert_eq!(answer.body, HttpBackend::body_for("slow", "/v3"));
 }
 
 /// `baton ARGS -c CONFIG`, run to its end.

@@ -294,17 +294,8 @@ async fn a_new_generation_that_cannot_take_the_offer_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_as_pid_1_fails_saying_why_and_serves_on() {
     let namespace = ["unshare", "--pid", "--fork", "--kill-child"];
-    let possible = std::process::Command::new(namespace[0])
-        .args(&namespace[1..])
-        .arg("true")
-        .status()
-        .is_ok_and(|s| s.success());
-    if !possible {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run this: root, for a PID namespace"
-        );
-        eprintln!("skipped: needs root for a PID namespace (CI has it)");
+    let probe = [&namespace[..], &["true"]].concat();
+    if !support::possible_or_skipped(&probe, "root, for a PID namespace") {
         return;
     }
     let backend = HttpBackend::start("a").await;

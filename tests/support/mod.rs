@@ -33,6 +33,28 @@ pub async fn accept_until(
     }
 }
 
+/// Whether `probe` (a command that needs what a test needs: root, a
+/// namespace) succeeds here. Where it does not, the test skips with a
+/// line saying it `needs`, except under `CI`, which has all of it: there
+/// the test fails instead of skipping unseen.
+pub fn possible_or_skipped(probe: &[&str], needs: &str) -> bool {
+    let Some((program, args)) = probe.split_first() else {
+        return false;
+    };
+    let possible = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !possible {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run this: it needs {needs}"
+        );
+        eprintln!("skipped: needs {needs} (CI has it)");
+    }
+    possible
+}
+
 /// Polls `check` every 20 ms until it holds or `TIMEOUT` passes.
 pub async fn eventually<F, Fut>(what: &str, mut check: F)
 where
