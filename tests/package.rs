@@ -364,6 +364,7 @@ fn purged(sbx: &Sandbox) {
         "/etc/systemd/system/sockets.target.wants/baton.socket",
         "/etc/systemd/system/baton.socket",
         "/usr/lib/sysusers.d/baton.conf",
+        "/var/lib/baton",
     ] {
         assert!(
             !holds(sbx, &format!("test -e {gone} || test -L {gone}")),
@@ -493,5 +494,26 @@ async fn without_systemd_running_an_install_enables_and_a_purge_cleans_up() {
     );
     assert_eq!(sbx.show("baton", "ActiveState"), "inactive");
     without_systemd(&sbx, "dpkg --purge baton");
+    purged(&sbx);
+
+    // A baton user an admin made before the install is theirs: the purge
+    // leaves it (and its group), and all else goes as before.
+    assert!(holds(&sbx, "useradd --system --user-group baton"));
+    without_systemd(
+        &sbx,
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y /root/baton_A.deb && dpkg --purge baton",
+    );
+    assert!(
+        holds(&sbx, "getent passwd baton"),
+        "the admin's user is kept"
+    );
+    assert!(
+        holds(&sbx, "getent group baton"),
+        "the admin's group is kept"
+    );
+    assert!(holds(
+        &sbx,
+        "userdel baton && { ! getent group baton || groupdel baton; }"
+    ));
     purged(&sbx);
 }
