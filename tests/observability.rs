@@ -896,11 +896,7 @@ async fn a_backend_drain_posted_to_the_old_generation_after_the_handover_is_refu
     use tokio::io::AsyncWriteExt;
     let (_backend, baton, slow) = with_a_slow_request().await;
     let admin = baton.admin;
-    let mut late = tokio::net::TcpStream::connect(admin)
-        .await
-        .expect("connect");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    baton.reload_ok().await;
+    let (mut late, _) = probe_across_a_reload(&baton).await;
     late.write_all(
         b"POST /backends/app-0/drain HTTP/1.1\r\nhost: admin\r\ncontent-length: 0\r\n\r\n",
     )
@@ -934,15 +930,13 @@ async fn a_kept_alive_admin_connection_moves_to_the_serving_generation() {
         .expect("status");
     assert!(first.body.contains("\"number\":1"), "{}", first.body);
     baton.reload_ok().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    if let Ok(again) = client::send(&mut kept, admin, "/status").await {
-        let status: serde_json::Value = serde_json::from_str(&again.body).expect("json");
-        assert_eq!(
-            status["generations"][0]["number"], 2,
-            "answered by the serving generation: {}",
-            again.body
-        );
-    }
+    support::eventually("the draining generation closed the kept connection", || {
+        let closed = kept.is_closed();
+        async move { closed }
+    })
+    .await;
+    let status = client::status(admin).await;
+    assert_eq!(status["generations"][0]["number"], 2, "{status}");
     drop(slow);
 }
 
