@@ -265,15 +265,7 @@ impl Generation {
                         let signalled = Instant::now();
                         if let Some(under_way) = reload.take() {
                             let settled = under_way.settle_for_stop(&mut self.draining).await;
-                            self.outlive_until = settled.outlive_until;
-                            self.successor_departure = settled.departure;
-                            let said = settled.said;
-                            // Handed over or not, this generation serves
-                            // its pre-stop pause: it takes backend posts.
-                            self.admin.keep_backends();
-                            if let Some(w) = waiter.take() {
-                                let _ = w.send(Reply::err(Exit::Failure, said));
-                            }
+                            self.settled_for_stop(settled, waiter.take());
                         }
                         return Ending::Stop(signalled);
                     }
@@ -304,13 +296,25 @@ impl Generation {
                     }
                 }, if reload.is_some() => {
                     let Some(under_way) = reload.take() else { continue };
-                    metrics::reload_finished(outcome.is_ok(), under_way.started.elapsed().as_secs_f64());
+                    let took = under_way.started.elapsed().as_secs_f64();
                     match outcome {
+                        Ok(successor) if self.commands.stop_queued() => {
+                            // A stop signal's handler ran before this
+                            // success was taken, its command not heard
+                            // yet: the stop came first, as above (which
+                            // counts no reload either).
+                            let signalled = self.commands.hear_the_stop().await;
+                            let settled = under_way.settle(Ok(successor), &mut self.draining).await;
+                            self.settled_for_stop(settled, waiter.take());
+                            return Ending::Stop(signalled);
+                        }
                         Ok(successor) => {
+                            metrics::reload_finished(true, took);
                             // Named main here, where nothing can fail any
                             // more (under `NotifyAccess=main` no rollback
                             // to our pid would be heard after) and no stop
-                            // came first: commands are polled first, and a
+                            // came first (commands are polled first, a
+                            // stop whose handler ran is asked of above), and a
                             // stop handled first keeps us main (we pass it
                             // on and outlive N+1, `settle_for_stop`). Named
                             // in the handoff's task, a stop seen a moment
@@ -331,6 +335,7 @@ impl Generation {
                             return Ending::HandedOver(Box::new(successor), waiter.take());
                         }
                         Err(err) => {
+                            metrics::reload_finished(false, took);
                             under_way.give_back(&mut self.draining);
                             self.admin.keep_backends();
                             tracing::error!(cause = %err, "reload failed; this generation keeps serving");
@@ -345,6 +350,23 @@ impl Generation {
                     }
                 }
             }
+        }
+    }
+
+    /// A reload settled for a stop: its requester hears how, and our stop
+    /// outlives the new generation if it stops too.
+    fn settled_for_stop(
+        &mut self,
+        settled: reloading::Settled,
+        waiter: Option<tokio::sync::oneshot::Sender<Reply>>,
+    ) {
+        self.outlive_until = settled.outlive_until;
+        self.successor_departure = settled.departure;
+        // Handed over or not, this generation serves its pre-stop pause: it
+        // takes backend posts.
+        self.admin.keep_backends();
+        if let Some(w) = waiter {
+            let _ = w.send(Reply::err(Exit::Failure, settled.said));
         }
     }
 

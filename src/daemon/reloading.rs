@@ -89,7 +89,19 @@ impl Reloading {
     /// ours: the wait lasts its budget, from now, when it begins.
     pub async fn settle_for_stop(mut self, draining: &mut Vec<Process>) -> Settled {
         self.abandon.cancel();
-        match self.finished().await {
+        let outcome = self.finished().await;
+        self.settle(outcome, draining).await
+    }
+
+    /// [`Self::settle_for_stop`] with the handoff's outcome in hand: the
+    /// serving loop's when a stop signal's handler had run by the time it
+    /// took a success, its command not yet queued.
+    pub async fn settle(
+        self,
+        outcome: Result<Successor, HandoverError>,
+        draining: &mut Vec<Process>,
+    ) -> Settled {
+        match outcome {
             Ok(successor) => {
                 let pid = successor.process.pid();
                 tracing::info!(

@@ -131,6 +131,10 @@ impl Signals {
     }
 }
 
+/// How long a stop whose handler ran may take to reach the queue (a turn
+/// of tokio's driver and of the forwarding task) before it is given up on.
+const STOP_ON_ITS_WAY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The commands one generation hears, whatever sends them.
 pub struct Commands {
     rx: mpsc::Receiver<Command>,
@@ -261,16 +265,40 @@ impl Commands {
     /// A stop signal waits unheard: a new generation checks before it
     /// says it is ready and again once told to go ahead, so a stop sent to
     /// it alone fails the reload (the older one serves on) instead of
-    /// stopping the service once it serves.
+    /// stopping the service once it serves; a serving generation checks as
+    /// a reload succeeds, so a stop that came first is handled first.
     /// Its handler's own mark counts too: the queue has it only once tokio's
     /// driver turned and the forwarding task ran, and a start-up that never
     /// waited since the signal came (its config read through a FIFO, which
     /// held the runtime's one thread while the signal came, then its checks
-    /// answered at once) gave them no turn before this is asked. (Commands are heard only from serving on,
-    /// so until then a stop that arrived is one that waits.)
+    /// answered at once) gave them no turn before this is asked. (Commands
+    /// are heard only from serving on, and every stop heard ends the
+    /// serving, so a stop that arrived is one that waits.)
     pub fn stop_queued(&self) -> bool {
         self.stop_arrived.load(Ordering::Acquire)
             || self.queued.load(Ordering::Acquire) & bit(Command::Stop) != 0
+    }
+
+    /// Hears the stop [`Self::stop_queued`] said waits, and returns when it
+    /// was asked. Its handler has run, so tokio's driver has it and the
+    /// forwarding task queues it once they next turn. Commands that came
+    /// between are ignored: the stop wins. Bounded all the same: should it
+    /// never come, the generation stops rather than sit in a reload with
+    /// no main process named.
+    pub async fn hear_the_stop(&mut self) -> tokio::time::Instant {
+        let asked = tokio::time::Instant::now();
+        let heard = async {
+            loop {
+                match self.recv().await {
+                    Command::Stop => return,
+                    other => tracing::info!(command = ?other, "ignored: a stop came first"),
+                }
+            }
+        };
+        if tokio::time::timeout(STOP_ON_ITS_WAY, heard).await.is_err() {
+            tracing::warn!("a stop signal's handler ran but its stop was never heard; stopping");
+        }
+        asked
     }
 
     /// Cancelled once a stop signal came, heard or not yet: a first start
@@ -413,6 +441,23 @@ mod tests {
         replay(&[Signal, Word, HearsStop, HearsNothing]).await;
         // The word alone (a stop that reached the older generation only).
         replay(&[Word, HearsStop, HearsNothing]).await;
+    }
+
+    /// A stop on its way is heard past the commands that came between,
+    /// which are not heard after it; one that never comes is not waited
+    /// for long.
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_on_its_way_is_heard_past_other_commands_and_waited_for_a_while() {
+        let (tx, mut commands) = Commands::channel();
+        for command in [Command::Reload, Command::ForceDrain, Command::Stop] {
+            tx.send(command).await.expect("send");
+        }
+        let asked = tokio::time::Instant::now();
+        assert_eq!(commands.hear_the_stop().await, asked);
+        let more = tokio::time::timeout(Duration::from_secs(60), commands.recv());
+        assert!(more.await.is_err(), "what came before the stop is gone");
+        let asked = commands.hear_the_stop().await;
+        assert_eq!(asked.elapsed(), STOP_ON_ITS_WAY);
     }
 
     #[tokio::test(start_paused = true)]
