@@ -162,8 +162,10 @@ pub struct Entry<'a> {
     pub body_out: u64,
     pub marks: Marks,
     pub termination: Termination,
-    pub referer: Option<&'a str>,
-    pub user_agent: Option<&'a str>,
+    /// As the client sent them: bytes past ASCII are allowed in a field's
+    /// value, and the line escapes them rather than hide the field.
+    pub referer: Option<&'a [u8]>,
+    pub user_agent: Option<&'a [u8]>,
 }
 
 /// A listener's handle on its log.
@@ -297,12 +299,12 @@ fn combined(e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
         "{} - - [{}] \"{} {} {}\" {status} {} \"{}\" \"{}\"\n",
         e.client.ip(),
         clf_time(now),
-        escape(e.method),
-        escape(e.target),
-        escape(e.protocol),
+        escape(e.method.as_bytes()),
+        escape(e.target.as_bytes()),
+        escape(e.protocol.as_bytes()),
         e.body_out,
-        escape(e.referer.unwrap_or("-")),
-        escape(e.user_agent.unwrap_or("-")),
+        escape(e.referer.unwrap_or(b"-")),
+        escape(e.user_agent.unwrap_or(b"-")),
     );
     line.into_bytes()
 }
@@ -311,10 +313,10 @@ fn combined(e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
 /// `\xHH` (nginx's escaping): a client cannot forge a field or a line, nor
 /// split one for a reader that takes U+2028 or U+0085 for a line break,
 /// nor turn a terminal's text around (U+202E).
-fn escape(text: &str) -> String {
+fn escape(text: &[u8]) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
+    for &b in text {
         match b {
             b'"' | b'\\' | 0..=0x1F | 0x7F.. => {
                 let _ = write!(out, "\\x{b:02X}");
@@ -352,11 +354,14 @@ mod tests {
 
     #[test]
     fn a_client_cannot_forge_a_field() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\x22b\\x5Cc\\x0Ad");
+        assert_eq!(escape(b"a\"b\\c\nd"), "a\\x22b\\x5Cc\\x0Ad");
         assert_eq!(
-            escape("/\u{2028}\u{85}\u{202E}é\u{7F}"),
+            escape("/\u{2028}\u{85}\u{202E}é\u{7F}".as_bytes()),
             "/\\xE2\\x80\\xA8\\xC2\\x85\\xE2\\x80\\xAE\\xC3\\xA9\\x7F"
         );
+        // Not UTF-8 (a header value may carry any byte past ASCII):
+        // escaped like the rest, not hidden.
+        assert_eq!(escape(b"curl\xFF\xC3"), "curl\\xFF\\xC3");
     }
 
     /// A JSON line is ASCII whatever a client sent: what is past it is

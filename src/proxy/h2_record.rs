@@ -51,8 +51,8 @@ pub struct StreamRecord {
     pool: String,
     method: String,
     target: String,
-    referer: Option<String>,
-    user_agent: Option<String>,
+    referer: Option<http::HeaderValue>,
+    user_agent: Option<http::HeaderValue>,
     noted: Noted,
     /// The response's status, once there is a response.
     status: Option<u16>,
@@ -70,18 +70,13 @@ pub struct StreamRecord {
 pub struct Asked {
     method: String,
     target: String,
-    referer: Option<String>,
-    user_agent: Option<String>,
+    referer: Option<http::HeaderValue>,
+    user_agent: Option<http::HeaderValue>,
 }
 
 impl Asked {
     pub fn of<B>(req: &Request<B>) -> Asked {
-        let header = |headers: &HeaderMap, name| {
-            headers
-                .get(name)
-                .and_then(|v: &http::HeaderValue| v.to_str().ok())
-                .map(String::from)
-        };
+        let header = |headers: &HeaderMap, name| headers.get(name).cloned();
         Asked {
             method: req.method().to_string(),
             target: req
@@ -211,8 +206,8 @@ impl Drop for StreamRecord {
             body_out: self.bytes_out,
             marks: noted.marks,
             termination: self.termination(),
-            referer: self.referer.as_deref(),
-            user_agent: self.user_agent.as_deref(),
+            referer: self.referer.as_ref().map(http::HeaderValue::as_bytes),
+            user_agent: self.user_agent.as_ref().map(http::HeaderValue::as_bytes),
         });
     }
 }

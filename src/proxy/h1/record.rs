@@ -165,8 +165,8 @@ impl Drop for Record<'_> {
             termination: self
                 .termination
                 .unwrap_or(Termination::Drained(t.marks.phase())),
-            referer: head.values("referer").next().map(text),
-            user_agent: head.values("user-agent").next().map(text),
+            referer: head.values("referer").next(),
+            user_agent: head.values("user-agent").next(),
         });
     }
 }
