@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use support::backend::{HttpBackend, TcpEcho};
+use support::backend::{greeter, HttpBackend, TcpEcho};
 use support::client::{self, read_until_closed};
 use support::daemon::{Baton, Spec};
 
@@ -30,20 +30,6 @@ async fn tcp_half_close_still_gets_the_reply() {
     // The backend only echoes; its reply and then its FIN must come back
     // through baton after our FIN went the other way.
     assert_eq!(read_until_closed(&mut s).await, "ping before FIN");
-}
-
-/// A backend that says `hi` and closes.
-async fn greeter() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let serving = tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let _ = s.write_all(b"hi").await;
-        }
-    });
-    (addr, serving)
 }
 
 /// A TCP client may close its half at once and still read what a

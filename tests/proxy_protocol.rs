@@ -207,6 +207,31 @@ async fn only_trusted_peers_may_send_a_header() {
     assert_eq!(backend.hits(), 1);
 }
 
+/// Where a header is optional, a client that closes its half having sent
+/// nothing (`nc -N` reading a server-speaks-first greeting) is served as
+/// it would be without `proxy_protocol`, not refused as a header cut
+/// short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_optional_header_lets_a_client_that_closed_its_half_read_the_greeting() {
+    let (greets, _serving) = support::backend::greeter().await;
+    let spec = Spec::new()
+        .listener(
+            "raw",
+            "tcp",
+            "b",
+            "proxy_protocol = { trusted = [\"127.0.0.0/8\"], required = false }",
+        )
+        .pool("b", &[greets]);
+    let baton = Baton::start(spec).await;
+    let mut s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    s.shutdown().await.expect("half-close");
+    assert_eq!(client::read_until_closed(&mut s).await, "hi");
+    let m = client::metrics(baton.admin).await;
+    assert_eq!(counted(&m, "raw", "closed"), 0, "{m}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_header_comes_before_tls() {
     let ca = Authority::new();

@@ -29,6 +29,7 @@ const V2_MAX: usize = 16 * 1024;
 /// does not fill a buffer of `V2_MAX` for every header.
 const LOOK: usize = 1024;
 const V1_PREFIX: &[u8] = b"PROXY ";
+const V1_UNKNOWN: &[u8] = b"PROXY UNKNOWN";
 /// The spec's limit on a v1 line, CRLF included.
 const V1_MAX: usize = 107;
 
@@ -155,6 +156,7 @@ pub fn decode(header: &[u8], accept: Accept) -> Result<Option<(SocketAddr, Socke
         if parsed.tlvs().any(|tlv| tlv.is_err()) {
             return Err(Refusal::Malformed);
         }
+        checksum_holds(header, parsed.tlv_bytes().len())?;
         return Ok(Some(addresses));
     }
     if accept == Accept::V2 {
@@ -165,6 +167,14 @@ pub fn decode(header: &[u8], accept: Accept) -> Result<Option<(SocketAddr, Socke
     if !header.is_ascii() {
         return Err(Refusal::Malformed);
     }
+    // `PROXY UNKNOWN`: whatever follows up to the CRLF is ignored, as the
+    // spec asks (`ppp` refuses more than four fields after it).
+    if let Some(b' ' | b'\r') = header
+        .strip_prefix(V1_UNKNOWN)
+        .and_then(|rest| rest.first())
+    {
+        return Ok(None);
+    }
     let text = std::str::from_utf8(header).map_err(|_| Refusal::Malformed)?;
     let parsed = v1::Header::try_from(text).map_err(|_| Refusal::Malformed)?;
     match parsed.addresses {
@@ -172,6 +182,44 @@ pub fn decode(header: &[u8], accept: Accept) -> Result<Option<(SocketAddr, Socke
         v1::Addresses::Tcp6(a) => Ok(Some(six(a))),
         v1::Addresses::Unknown => Ok(None),
     }
+}
+
+/// A v2 header's `PP2_TYPE_CRC32C`, where it has one, matches the header:
+/// the CRC32c of all of it with the checksum's own four bytes as zeros
+/// (the spec's check, which HAProxy makes). `tlv_len`: the bytes of TLVs
+/// ending the header, already found well formed.
+fn checksum_holds(header: &[u8], tlv_len: usize) -> Result<(), Refusal> {
+    const PP2_TYPE_CRC32C: u8 = 0x03;
+    let mut at = header.len() - tlv_len;
+    while let [kind, high, low, ..] = header[at..] {
+        let value = at + 3;
+        let end = value + usize::from(u16::from_be_bytes([high, low]));
+        if kind == PP2_TYPE_CRC32C {
+            let said: [u8; 4] = header[value..end]
+                .try_into()
+                .map_err(|_| Refusal::Malformed)?;
+            let mut zeroed = header.to_vec();
+            zeroed[value..end].fill(0);
+            if crc32c(&zeroed) != u32::from_be_bytes(said) {
+                return Err(Refusal::Malformed);
+            }
+        }
+        at = end;
+    }
+    Ok(())
+}
+
+/// CRC-32C (Castagnoli, reflected), bit by bit: a header is at most 16 KiB
+/// and rarely carries one.
+fn crc32c(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0x82F6_3B78 & (crc & 1).wrapping_neg());
+        }
+    }
+    !crc
 }
 
 /// The (client, reached) ends a header's IPv4 block tells (`ppp` uses
@@ -206,10 +254,12 @@ pub async fn receive(
     let mut consumed = Vec::new();
     let read = tokio::time::timeout(settings.timeout, read_header(stream, &mut consumed)).await;
     let header = match read {
-        Ok(header) => header?,
         // A client that sends nothing first (a server-speaks-first
-        // protocol) is served once the wait is over, where allowed.
-        Err(_) if consumed.is_empty() && !settings.required => None,
+        // protocol) is served once the wait is over, or once it closed its
+        // half having sent nothing (`nc -N` reading a greeting), where
+        // allowed: as it would be without `proxy_protocol`.
+        Err(_) | Ok(Err(Refusal::Closed)) if consumed.is_empty() && !settings.required => None,
+        Ok(header) => header?,
         Err(_) => return Err(Refusal::Timeout),
     };
     match header {
@@ -386,6 +436,11 @@ mod tests {
         assert_eq!(decode(&v2(0, 0x21, &V4_BODY[..4]), Accept::Any), Ok(None));
         assert_eq!(decode(&v2(0, 0x11, &[]), Accept::V1), Err(Refusal::Version));
         assert_eq!(decode(b"PROXY UNKNOWN\r\n", Accept::Any), Ok(None));
+        // Whatever follows UNKNOWN is ignored, however many fields.
+        let long = b"PROXY UNKNOWN ffff::1 ffff::2 65535 65535 and more\r\n";
+        assert_eq!(decode(long, Accept::Any), Ok(None));
+        let glued = b"PROXY UNKNOWNX 1.2.3.4 5.6.7.8 1 2\r\n";
+        assert_eq!(decode(glued, Accept::Any), Err(Refusal::Malformed));
     }
 
     #[test]
@@ -443,6 +498,28 @@ mod tests {
                 "{tlvs:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_crc32c_tlv_must_match_the_header() {
+        assert_eq!(
+            crc32c(b"123456789"),
+            0xE306_9283,
+            "the standard check value"
+        );
+        let noop = [0x04, 0, 1, 0x5A];
+        let with_crc = |crc: u32| {
+            let tlvs = [&noop[..], &[0x03, 0, 4], &crc.to_be_bytes()].concat();
+            v2(1, 0x11, &[V4_BODY, &tlvs].concat())
+        };
+        let right = crc32c(&with_crc(0));
+        assert!(matches!(decode(&with_crc(right), Accept::Any), Ok(Some(_))));
+        assert_eq!(
+            decode(&with_crc(right ^ 1), Accept::Any),
+            Err(Refusal::Malformed)
+        );
+        let short = v2(1, 0x11, &[V4_BODY, &[0x03, 0, 2, 0, 0]].concat());
+        assert_eq!(decode(&short, Accept::Any), Err(Refusal::Malformed));
     }
 
     /// A client's end of a loopback connection, and baton's.

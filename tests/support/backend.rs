@@ -441,3 +441,17 @@ impl TcpEcho {
         TcpEcho { addr, task }
     }
 }
+
+/// A backend that says `hi` and closes (a server-speaks-first protocol).
+pub async fn greeter() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let serving = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut s, b"hi").await;
+        }
+    });
+    (addr, serving)
+}
