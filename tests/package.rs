@@ -352,6 +352,33 @@ async fn remove_drains(sbx: &Sandbox, admin: SocketAddr, web: SocketAddr, backen
     assert_eq!(sbx.show("baton", "Result"), "success", "{}", sbx.journal());
 }
 
+/// The package made an admin token that the shipped config names: a
+/// backend call without it is refused (any local user reaches a loopback
+/// port), root's `baton backend` sends it, and only root and the baton
+/// group may read it.
+async fn the_backend_api_asks_the_installed_token(sbx: &Sandbox, admin: SocketAddr) {
+    assert!(
+        holds(
+            sbx,
+            "test \"$(stat -c '%a %U %G' /etc/baton/admin.token)\" = '640 root baton'"
+        ),
+        "the token's owner and mode"
+    );
+    let anonymous = client::call(admin, "POST", "/backends/placeholder/drain", None)
+        .await
+        .expect("call");
+    assert_eq!(anonymous.status, 401, "{}", anonymous.body);
+    for verb in ["drain", "restore"] {
+        let out = sbx.exec(&["baton", "backend", verb, "placeholder"]);
+        assert!(out.status.success(), "baton backend {verb}: {}", text(&out));
+    }
+    // Restored, it is up again once a health check passed.
+    support::eventually("the backend restored", || async {
+        client::status(admin).await["pools"][0]["backends"][0]["state"] == "up"
+    })
+    .await;
+}
+
 /// Purge: no config, no logs, no user or group, no unit links left.
 fn purged(sbx: &Sandbox) {
     for gone in [
@@ -411,6 +438,7 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
         client::status(admin).await["version"],
         env!("CARGO_PKG_VERSION")
     );
+    the_backend_api_asks_the_installed_token(&sbx, admin).await;
 
     // The upgrade's package first: on a cold tree its build takes minutes,
     // which the load would slow and could outlast the load's own limit
