@@ -219,7 +219,8 @@ async fn an_optional_header_lets_a_client_that_closed_its_half_read_the_greeting
             "raw",
             "tcp",
             "b",
-            "proxy_protocol = { trusted = [\"127.0.0.0/8\"], required = false }",
+            // Longer than the test waits: served at the close, not after.
+            "proxy_protocol = { trusted = [\"127.0.0.0/8\"], required = false, timeout = \"60s\" }",
         )
         .pool("b", &[greets]);
     let baton = Baton::start(spec).await;

@@ -51,8 +51,8 @@ pub struct StreamRecord {
     pool: String,
     method: String,
     target: String,
-    referer: Option<http::HeaderValue>,
-    user_agent: Option<http::HeaderValue>,
+    referer: Option<Box<[u8]>>,
+    user_agent: Option<Box<[u8]>>,
     noted: Noted,
     /// The response's status, once there is a response.
     status: Option<u16>,
@@ -70,13 +70,15 @@ pub struct StreamRecord {
 pub struct Asked {
     method: String,
     target: String,
-    referer: Option<http::HeaderValue>,
-    user_agent: Option<http::HeaderValue>,
+    referer: Option<Box<[u8]>>,
+    user_agent: Option<Box<[u8]>>,
 }
 
 impl Asked {
     pub fn of<B>(req: &Request<B>) -> Asked {
-        let header = |headers: &HeaderMap, name| headers.get(name).cloned();
+        // Copied: a value may be a view of the connection's read buffer,
+        // which a clone would hold for the stream's life.
+        let header = |headers: &HeaderMap, name| headers.get(name).map(|v| v.as_bytes().into());
         Asked {
             method: req.method().to_string(),
             target: req
@@ -206,8 +208,8 @@ impl Drop for StreamRecord {
             body_out: self.bytes_out,
             marks: noted.marks,
             termination: self.termination(),
-            referer: self.referer.as_ref().map(http::HeaderValue::as_bytes),
-            user_agent: self.user_agent.as_ref().map(http::HeaderValue::as_bytes),
+            referer: self.referer.as_deref(),
+            user_agent: self.user_agent.as_deref(),
         });
     }
 }

@@ -186,11 +186,14 @@ pub fn decode(header: &[u8], accept: Accept) -> Result<Option<(SocketAddr, Socke
 
 /// A v2 header's `PP2_TYPE_CRC32C`, where it has one, matches the header:
 /// the CRC32c of all of it with the checksum's own four bytes as zeros
-/// (the spec's check, which HAProxy makes). `tlv_len`: the bytes of TLVs
-/// ending the header, already found well formed.
+/// (the spec's check, which HAProxy makes). A second one is refused: one
+/// header has one checksum, and each would cost a pass over 16 KiB.
+/// `tlv_len`: the bytes of TLVs ending the header, already found well
+/// formed.
 fn checksum_holds(header: &[u8], tlv_len: usize) -> Result<(), Refusal> {
     const PP2_TYPE_CRC32C: u8 = 0x03;
     let mut at = header.len() - tlv_len;
+    let mut checked = false;
     while let [kind, high, low, ..] = header[at..] {
         let value = at + 3;
         let end = value + usize::from(u16::from_be_bytes([high, low]));
@@ -198,22 +201,22 @@ fn checksum_holds(header: &[u8], tlv_len: usize) -> Result<(), Refusal> {
             let said: [u8; 4] = header[value..end]
                 .try_into()
                 .map_err(|_| Refusal::Malformed)?;
-            let mut zeroed = header.to_vec();
-            zeroed[value..end].fill(0);
-            if crc32c(&zeroed) != u32::from_be_bytes(said) {
+            let crc = crc32c(&[&header[..value], &[0; 4], &header[end..]]);
+            if checked || crc != u32::from_be_bytes(said) {
                 return Err(Refusal::Malformed);
             }
+            checked = true;
         }
         at = end;
     }
     Ok(())
 }
 
-/// CRC-32C (Castagnoli, reflected), bit by bit: a header is at most 16 KiB
-/// and rarely carries one.
-fn crc32c(bytes: &[u8]) -> u32 {
+/// CRC-32C (Castagnoli, reflected) of `parts` one after the other, bit by
+/// bit: a header is at most 16 KiB and rarely carries one.
+fn crc32c(parts: &[&[u8]]) -> u32 {
     let mut crc = !0u32;
-    for &b in bytes {
+    for &b in parts.iter().flat_map(|part| part.iter()) {
         crc ^= u32::from(b);
         for _ in 0..8 {
             crc = (crc >> 1) ^ (0x82F6_3B78 & (crc & 1).wrapping_neg());
@@ -253,20 +256,21 @@ pub async fn receive(
     }
     let mut consumed = Vec::new();
     let read = tokio::time::timeout(settings.timeout, read_header(stream, &mut consumed)).await;
-    let header = match read {
+    let looked = match read {
+        Ok(looked) => looked?,
         // A client that sends nothing first (a server-speaks-first
-        // protocol) is served once the wait is over, or once it closed its
-        // half having sent nothing (`nc -N` reading a greeting), where
-        // allowed: as it would be without `proxy_protocol`.
-        Err(_) | Ok(Err(Refusal::Closed)) if consumed.is_empty() && !settings.required => None,
-        Ok(header) => header?,
+        // protocol) is served once the wait is over, where allowed.
+        Err(_) if consumed.is_empty() && !settings.required => Looked::Absent,
         Err(_) => return Err(Refusal::Timeout),
     };
-    match header {
-        None if settings.required => Err(Refusal::Missing),
-        None => Ok(socket),
-        Some(_) if !trusted => Err(Refusal::Untrusted),
-        Some(header) => Ok(match decode(&header, settings.accept)? {
+    match looked {
+        Looked::Silent if settings.required => Err(Refusal::Closed),
+        Looked::Absent if settings.required => Err(Refusal::Missing),
+        // One that closed its half having sent nothing (`nc -N` reading a
+        // greeting) is served too: as it would be without `proxy_protocol`.
+        Looked::Silent | Looked::Absent => Ok(socket),
+        Looked::Header(_) if !trusted => Err(Refusal::Untrusted),
+        Looked::Header(header) => Ok(match decode(&header, settings.accept)? {
             Some((client, local)) => Origin {
                 client,
                 local: Some(local),
@@ -276,17 +280,28 @@ pub async fn receive(
     }
 }
 
-/// The whole header (`None` when the first bytes are not one). Bytes are
-/// consumed into `consumed` only once they are surely header.
-async fn read_header(
-    stream: &mut TcpStream,
-    consumed: &mut Vec<u8>,
-) -> Result<Option<Vec<u8>>, Refusal> {
+/// What the first bytes of a connection are.
+#[derive(Debug, PartialEq)]
+enum Looked {
+    /// A whole header.
+    Header(Vec<u8>),
+    /// Not a header: the client's own bytes.
+    Absent,
+    /// None: the peer closed its half having sent nothing at all.
+    Silent,
+}
+
+/// The whole header, if the first bytes are one. Bytes are consumed into
+/// `consumed` only once they are surely header.
+async fn read_header(stream: &mut TcpStream, consumed: &mut Vec<u8>) -> Result<Looked, Refusal> {
     let mut peeked = vec![0u8; LOOK];
     // How many bytes the last look saw that might yet become a header.
     let mut unsure = None;
     loop {
         let (n, closed) = next_look(stream, &mut peeked, unsure).await?;
+        if n == 0 && unsure.is_none() && consumed.is_empty() {
+            return Ok(Looked::Silent);
+        }
         if n == 0 {
             return Err(Refusal::Closed);
         }
@@ -298,11 +313,11 @@ async fn read_header(
         let (framed, sure) = (frame(consumed), surely_header(consumed));
         consumed.truncate(before);
         match framed {
-            Framed::Absent if consumed.is_empty() => return Ok(None),
+            Framed::Absent if consumed.is_empty() => return Ok(Looked::Absent),
             Framed::Absent | Framed::Malformed => return Err(Refusal::Malformed),
             Framed::Header(total) => {
                 take(stream, consumed, total - consumed.len()).await?;
-                return Ok(Some(std::mem::take(consumed)));
+                return Ok(Looked::Header(std::mem::take(consumed)));
             }
             Framed::Incomplete if sure => {
                 take(stream, consumed, n).await?;
@@ -503,7 +518,7 @@ mod tests {
     #[test]
     fn a_crc32c_tlv_must_match_the_header() {
         assert_eq!(
-            crc32c(b"123456789"),
+            crc32c(&[b"1234", b"56789"]),
             0xE306_9283,
             "the standard check value"
         );
@@ -512,7 +527,7 @@ mod tests {
             let tlvs = [&noop[..], &[0x03, 0, 4], &crc.to_be_bytes()].concat();
             v2(1, 0x11, &[V4_BODY, &tlvs].concat())
         };
-        let right = crc32c(&with_crc(0));
+        let right = crc32c(&[&with_crc(0)]);
         assert!(matches!(decode(&with_crc(right), Accept::Any), Ok(Some(_))));
         assert_eq!(
             decode(&with_crc(right ^ 1), Accept::Any),
@@ -520,6 +535,18 @@ mod tests {
         );
         let short = v2(1, 0x11, &[V4_BODY, &[0x03, 0, 2, 0, 0]].concat());
         assert_eq!(decode(&short, Accept::Any), Err(Refusal::Malformed));
+        // Two, each right for the header with its own four bytes as zeros.
+        let crc = [0x03, 0, 4, 0, 0, 0, 0];
+        let mut twice = v2(1, 0x11, &[V4_BODY, &crc, &crc].concat());
+        let right = crc32c(&[&twice]).to_be_bytes();
+        let len = twice.len();
+        twice[len - 11..len - 7].copy_from_slice(&right);
+        twice[len - 4..].copy_from_slice(&right);
+        assert_eq!(
+            decode(&twice, Accept::Any),
+            Err(Refusal::Malformed),
+            "one checksum a header"
+        );
     }
 
     /// A client's end of a loopback connection, and baton's.
@@ -551,6 +578,12 @@ mod tests {
             Ok(Err(Refusal::Closed)),
             "not looked at until the timeout"
         );
+        // Nothing at all, then a close: told apart (an optional header's
+        // listener serves it).
+        let (mut client, mut server) = connected().await;
+        client.shutdown().await.expect("half-close");
+        let read = read_header(&mut server, &mut consumed).await;
+        assert_eq!(read, Ok(Looked::Silent));
     }
 
     /// Counts its wake-ups.
@@ -591,6 +624,6 @@ mod tests {
             }
         };
         assert!(count() >= 1, "woken by the bytes");
-        assert_eq!(read, Ok(Some(header)));
+        assert_eq!(read, Ok(Looked::Header(header)));
     }
 }
