@@ -354,13 +354,13 @@ async fn remove_drains(sbx: &Sandbox, admin: SocketAddr, web: SocketAddr, backen
 
 /// The package made an admin token that the shipped config names: a
 /// backend call without it is refused (any local user reaches a loopback
-/// port), root's `baton backend` sends it, and only root and the baton
-/// group may read it.
+/// port), root's `baton backend` sends it, and only root and the service's
+/// user may read it (the baton group reads the access logs).
 async fn the_backend_api_asks_the_installed_token(sbx: &Sandbox, admin: SocketAddr) {
     assert!(
         holds(
             sbx,
-            "test \"$(stat -c '%a %U %G' /etc/baton/admin.token)\" = '640 root baton'"
+            "test \"$(stat -c '%a %U %G' /etc/baton/admin.token)\" = '400 baton root'"
         ),
         "the token's owner and mode"
     );
@@ -525,12 +525,13 @@ async fn without_systemd_running_an_install_enables_and_a_purge_cleans_up() {
     purged(&sbx);
 
     // A baton user an admin made before the install is theirs: the purge
-    // leaves it (and its group), and all else goes as before.
-    assert!(holds(&sbx, "useradd --system --user-group baton"));
-    without_systemd(
+    // leaves it, its group and its home (where the package keeps its note
+    // of what it made), and all else goes as before.
+    assert!(holds(
         &sbx,
-        "DEBIAN_FRONTEND=noninteractive apt-get install -y /root/baton_A.deb && dpkg --purge baton",
-    );
+        "useradd --system --user-group --create-home --home-dir /var/lib/baton baton && touch /var/lib/baton/theirs"
+    ));
+    install_and_purge(&sbx);
     assert!(
         holds(&sbx, "getent passwd baton"),
         "the admin's user is kept"
@@ -539,9 +540,34 @@ async fn without_systemd_running_an_install_enables_and_a_purge_cleans_up() {
         holds(&sbx, "getent group baton"),
         "the admin's group is kept"
     );
+    assert!(holds(&sbx, "test -e /var/lib/baton/theirs"), "and its home");
     assert!(holds(
         &sbx,
-        "userdel baton && { ! getent group baton || groupdel baton; }"
+        "userdel --remove baton && ! getent group baton"
     ));
     purged(&sbx);
+
+    // An admin's own baton group alone: the package makes the user in it,
+    // and the purge deletes the user, not the group (which userdel took
+    // with it).
+    assert!(holds(&sbx, "groupadd --system --gid 990 baton"));
+    install_and_purge(&sbx);
+    assert!(
+        !holds(&sbx, "getent passwd baton"),
+        "the package's user goes"
+    );
+    assert!(
+        holds(&sbx, "test \"$(getent group baton | cut -d: -f3)\" = 990"),
+        "the admin's group is kept, with its gid"
+    );
+    assert!(holds(&sbx, "groupdel baton"));
+    purged(&sbx);
+}
+
+/// Installs package A and purges it, without systemd running.
+fn install_and_purge(sbx: &Sandbox) {
+    without_systemd(
+        sbx,
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y /root/baton_A.deb && dpkg --purge baton",
+    );
 }
