@@ -261,6 +261,45 @@ async fn a_ticket_from_a_listener_without_client_certificates_does_not_pass_one_
     );
 }
 
+/// A resumed session carries the client certificate its first handshake
+/// verified: once that certificate expired, its ticket opens no more and
+/// a full handshake refuses the certificate (rustls looked at it only
+/// once, and issues new tickets at every resumption, so the identity
+/// lived on for good; refused only after resuming, the client would have
+/// kept resuming, refused each time, on the tickets that resumption sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_session_whose_client_certificate_expired_is_refused() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let ca_key = format!(", client_ca = \"{}\"", ca.ca_pem().display());
+    let spec = Spec::new()
+        .listener("web", "http", "app", &Issued::listener_tls(&[&a], &ca_key))
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let lasting = Duration::from_secs(5);
+    let me = ca.issue_lasting("me", &["client.test"], lasting);
+    let issued = std::time::Instant::now();
+    let tls = ca.client_as(&["http/1.1"], Some(&me));
+    assert_eq!(one_request(&tls, web).await, Ok(200));
+    assert!(resumed(&tls, web).await, "it holds a ticket");
+    // Past its notAfter (whole seconds) by a second more.
+    tokio::time::sleep((lasting + Duration::from_secs(2)).saturating_sub(issued.elapsed())).await;
+    let failed = handshakes(baton.admin, "failed").await;
+    assert!(
+        one_request(&tls, web).await.is_err(),
+        "its certificate expired, ticket or not"
+    );
+    support::eventually("the handshake counted as failed", || async {
+        handshakes(baton.admin, "failed").await == failed + 1
+    })
+    .await;
+    let log = baton.log();
+    assert!(log.contains("invalid peer certificate"), "{log}");
+    assert!(!log.contains("a resumed session's"), "not resumed: {log}");
+}
+
 /// Session-ticket keys outlive a reload, but a ticket sealed under the
 /// client CAs a reload replaced opens no more: the client shows a
 /// certificate the new CAs issued, or is refused.

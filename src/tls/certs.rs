@@ -72,6 +72,8 @@ pub enum Reason {
     NotX509 { index: usize, message: String },
     #[error("{}cannot be used: {error}", chain(*.index))]
     Unusable { index: usize, error: rustls::Error },
+    #[error("holds no certificate usable as a root ({passed_over} passed over)")]
+    NoRoot { passed_over: usize },
     #[error("is not a private key rustls can sign with: {0}")]
     UnsupportedKey(rustls::Error),
     #[error("does not match the certificate in {}", cert.display())]
@@ -131,15 +133,47 @@ pub fn load(cert: &Path, key: &Path, now: SystemTime) -> Result<Loaded, Vec<Prob
     })
 }
 
-/// The trust anchors of a `client_ca` bundle.
+/// The trust anchors of a CA bundle the config names: a certificate
+/// webpki cannot take as a root is a problem.
 pub fn load_roots(path: &Path) -> Result<RootCertStore, Problem> {
-    let mut roots = RootCertStore::empty();
-    for (index, der) in read_chain(path, Part::ClientCa)?.into_iter().enumerate() {
-        roots
-            .add(der)
-            .map_err(|error| problem(Part::ClientCa, path, Reason::Unusable { index, error }))?;
+    let (roots, mut passed_over) = load_roots_passing_over(path)?;
+    match passed_over.is_empty() {
+        true => Ok(roots),
+        false => Err(passed_over.swap_remove(0)),
     }
-    Ok(roots)
+}
+
+/// The trust anchors of the system's bundle, which others write to (a
+/// local CA added with update-ca-certificates): a certificate webpki
+/// cannot take as a root is passed over, each returned as a warning, as
+/// OpenSSL-based proxies load such a bundle; one with no usable root at
+/// all is a problem.
+pub fn load_system_roots(path: &Path) -> Result<(RootCertStore, Vec<Problem>), Problem> {
+    let (roots, passed_over) = load_roots_passing_over(path)?;
+    if roots.is_empty() {
+        let passed_over = passed_over.len();
+        return Err(problem(
+            Part::ClientCa,
+            path,
+            Reason::NoRoot { passed_over },
+        ));
+    }
+    Ok((roots, passed_over))
+}
+
+fn load_roots_passing_over(path: &Path) -> Result<(RootCertStore, Vec<Problem>), Problem> {
+    let mut roots = RootCertStore::empty();
+    let mut passed_over = Vec::new();
+    for (index, der) in read_chain(path, Part::ClientCa)?.into_iter().enumerate() {
+        if let Err(error) = roots.add(der) {
+            passed_over.push(problem(
+                Part::ClientCa,
+                path,
+                Reason::Unusable { index, error },
+            ));
+        }
+    }
+    Ok((roots, passed_over))
 }
 
 fn problem(part: Part, path: &Path, reason: Reason) -> Problem {
@@ -314,7 +348,7 @@ fn served_names(cert: &X509Certificate<'_>) -> Vec<String> {
 mod tests {
     use std::time::SystemTime;
 
-    use super::{load, load_roots, Part, Problem};
+    use super::{load, load_roots, load_system_roots, Part, Problem};
     use crate::tls::testing::Pki;
 
     /// Loads `cert` and `key` text written to files of those names.
@@ -514,6 +548,35 @@ mod tests {
         assert_eq!(roots.len(), 1);
         let empty = load_roots(&pki.write("empty.pem", "")).expect_err("refused");
         assert_eq!(empty.part, Part::ClientCa);
+    }
+
+    /// A certificate webpki cannot take as a root: a problem in a bundle
+    /// the config names, passed over with a warning in the system's.
+    #[test]
+    fn an_unusable_root_is_refused_in_a_named_bundle_and_passed_over_in_the_systems() {
+        let pki = Pki::new();
+        let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..90);
+        let unusable = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let bundle = pki.write("bundle.pem", &format!("{}{unusable}", leaf.ca));
+        let refused = load_roots(&bundle).expect_err("refused");
+        assert!(
+            refused.to_string().starts_with("chain[1] cannot be used"),
+            "{refused}"
+        );
+        let (roots, warned) = load_system_roots(&bundle).expect("loads");
+        assert_eq!((roots.len(), warned.len()), (1, 1));
+        assert!(
+            warned[0].to_string().starts_with("chain[1] cannot be used"),
+            "{}",
+            warned[0]
+        );
+        let only = pki.write("only.pem", unusable);
+        let none = load_system_roots(&only).expect_err("no usable root at all");
+        assert!(
+            none.to_string()
+                .starts_with("holds no certificate usable as a root (1 passed over)"),
+            "{none}"
+        );
     }
 
     fn pem_der(pem: &str) -> Vec<u8> {

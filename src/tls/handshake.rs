@@ -70,8 +70,13 @@ impl Terminator {
         let (cause, ended) = match tokio::time::timeout(self.timeout, self.begin(stream)).await {
             Ok(Ok(tls)) => {
                 let resumed = tls.get_ref().1.handshake_kind() == Some(HandshakeKind::Resumed);
-                self.metrics.completed(resumed);
-                return Handshake::Done(Box::new(tls));
+                match resumed.then(|| lapsed_client_certificate(&tls)).flatten() {
+                    None => {
+                        self.metrics.completed(resumed);
+                        return Handshake::Done(Box::new(tls));
+                    }
+                    Some(lapsed) => (lapsed, Handshake::Failed),
+                }
             }
             Ok(Err(Refused::PlainHttp(stream))) => (
                 "a plain HTTP request".to_string(),
@@ -106,6 +111,16 @@ impl Terminator {
         }
         self.acceptor.accept(stream).await.map_err(Refused::Tls)
     }
+}
+
+/// Why a resumed session's client certificate holds no more, if it does
+/// not. Such a session is refused before it resumes (`tls::session`); this
+/// stands behind that, should rustls' encoding of a session ever change
+/// under it.
+fn lapsed_client_certificate(tls: &TlsStream<TcpStream>) -> Option<String> {
+    let leaf = tls.get_ref().1.peer_certificates()?.first()?;
+    let now = crate::tls::unix_seconds(std::time::SystemTime::now());
+    crate::tls::identity::lapsed(leaf, now).map(|why| format!("a resumed session's client {why}"))
 }
 
 /// The client's first byte, once it came; none if the connection closed

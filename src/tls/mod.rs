@@ -8,6 +8,7 @@
 pub mod certs;
 pub mod handshake;
 pub mod identity;
+pub mod session;
 pub mod sni;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -208,6 +209,7 @@ fn server_config(spec: &Spec) -> Result<ServerConfig, TlsError> {
     };
     let resolver = sni::SniResolver::new(&spec.certificates);
     let mut config = builder.with_cert_resolver(Arc::new(resolver));
+    config.session_storage = Arc::new(session::ResumableSessions(config.session_storage.clone()));
     config.alpn_protocols = spec.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     Ok(config)
 }

@@ -315,8 +315,11 @@ impl rustls::server::ProducesTickets for ListenerTickets {
         self.ticketer.seal(&self.scope, plain)
     }
 
+    /// A ticket whose client certificate lapsed opens no more: a full
+    /// handshake follows (see `tls::session`).
     fn decrypt(&self, ticket: &[u8]) -> Option<Vec<u8>> {
-        self.ticketer.open(&self.scope, ticket)
+        let session = self.ticketer.open(&self.scope, ticket)?;
+        crate::tls::session::resumable(&session).then_some(session)
     }
 }
 

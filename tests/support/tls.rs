@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
@@ -77,6 +78,15 @@ impl Authority {
         let mut params = CertificateParams::new(names).expect("leaf params");
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
         params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        self.sign(file, params)
+    }
+
+    /// A certificate for `names` that expires `lasting` from now.
+    pub fn issue_lasting(&self, file: &str, names: &[&str], lasting: Duration) -> Issued {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names).expect("leaf params");
+        params.not_before = (SystemTime::now() - Duration::from_secs(60)).into();
+        params.not_after = (SystemTime::now() + lasting).into();
         self.sign(file, params)
     }
 

@@ -133,6 +133,9 @@ struct Validator {
     warnings: Vec<String>,
     /// The config file's folder: relative paths in the file are relative to it.
     base: PathBuf,
+    /// The system's CA bundle, once a pool's `tls` read it (`None` inside
+    /// when it failed): read and warned of once, however many pools use it.
+    system_roots: Option<Option<rustls::RootCertStore>>,
 }
 
 impl Validator {
@@ -142,6 +145,7 @@ impl Validator {
             problems: Vec::new(),
             warnings: Vec::new(),
             base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+            system_roots: None,
         }
     }
 

@@ -76,16 +76,14 @@ impl Validator {
         }
         let roots = match (verify, raw.ca.as_deref()) {
             (false, None) => None,
-            (_, written) => {
-                let path = self.path(written, SYSTEM_ROOTS);
-                match certs::load_roots(&path) {
-                    Ok(roots) => Some(roots),
-                    Err(p) => {
-                        self.problem(&format!("{key}.ca"), p);
-                        return None;
-                    }
+            (_, None) => Some(self.system_roots(&format!("{key}.ca"))?),
+            (_, Some(written)) => match certs::load_roots(&self.path(Some(written), written)) {
+                Ok(roots) => Some(roots),
+                Err(p) => {
+                    self.problem(&format!("{key}.ca"), p);
+                    return None;
                 }
-            }
+            },
         };
         let server_name = server_name.ok()?.map(|name| name.to_owned());
         match UpstreamTls::new(server_name, roots, verify) {
@@ -95,6 +93,27 @@ impl Validator {
                 None
             }
         }
+    }
+
+    /// The system's CA bundle, the default `ca` of a pool's `tls`: read
+    /// once, its problem or warnings named after `key`, the first pool's.
+    fn system_roots(&mut self, key: &str) -> Option<rustls::RootCertStore> {
+        if self.system_roots.is_none() {
+            let loaded = match certs::load_system_roots(std::path::Path::new(SYSTEM_ROOTS)) {
+                Ok((roots, passed_over)) => {
+                    for p in passed_over {
+                        self.warning(key, format!("passed over in the system's bundle: {p}"));
+                    }
+                    Some(roots)
+                }
+                Err(p) => {
+                    self.problem(key, p);
+                    None
+                }
+            };
+            self.system_roots = Some(loaded);
+        }
+        self.system_roots.clone().flatten()
     }
 
     /// Each entry loaded and checked as of now; problems and warnings are
