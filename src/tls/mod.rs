@@ -299,24 +299,7 @@ mod tests {
         let name = sni.try_into().expect("name");
         let mut client = ClientConnection::new(Arc::new(config), name).expect("client");
         let mut server = ServerConnection::new(settings.server_config.clone()).expect("server");
-        for _ in 0..10 {
-            if !client.is_handshaking() && !server.is_handshaking() {
-                break;
-            }
-            let mut bytes = Vec::new();
-            client.write_tls(&mut bytes).expect("client writes");
-            server
-                .read_tls(&mut bytes.as_slice())
-                .expect("server reads");
-            server.process_new_packets().expect("server handshake");
-            bytes.clear();
-            server.write_tls(&mut bytes).expect("server writes");
-            client
-                .read_tls(&mut bytes.as_slice())
-                .expect("client reads");
-            client.process_new_packets().expect("client handshake");
-        }
-        assert!(!client.is_handshaking() && !server.is_handshaking());
+        super::testing::shake(&mut client, &mut server);
         client
     }
 

@@ -164,20 +164,7 @@ mod tests {
         let name = "a.test".try_into().expect("name");
         let mut client = ClientConnection::new(Arc::new(client_config), name).expect("client");
         let mut server = ServerConnection::new(Arc::new(server_config)).expect("server");
-        for _ in 0..10 {
-            let mut bytes = Vec::new();
-            client.write_tls(&mut bytes).expect("client writes");
-            server
-                .read_tls(&mut bytes.as_slice())
-                .expect("server reads");
-            server.process_new_packets().expect("server handshake");
-            bytes.clear();
-            server.write_tls(&mut bytes).expect("server writes");
-            client
-                .read_tls(&mut bytes.as_slice())
-                .expect("client reads");
-            client.process_new_packets().expect("client handshake");
-        }
+        crate::tls::testing::shake(&mut client, &mut server);
         let sessions = kept.0.lock().expect("kept").clone();
         assert!(!sessions.is_empty(), "the server sealed its sessions");
         sessions

@@ -193,3 +193,27 @@ pub(crate) async fn bytes_arriving<R: tokio::io::AsyncRead + Unpin>(
     .await;
     got
 }
+
+/// Passes a client's and a server's bytes to and fro in memory until both
+/// have finished their handshake (a server's session tickets are sealed
+/// by then).
+pub(crate) fn shake(client: &mut rustls::ClientConnection, server: &mut rustls::ServerConnection) {
+    for _ in 0..10 {
+        if !client.is_handshaking() && !server.is_handshaking() {
+            break;
+        }
+        let mut bytes = Vec::new();
+        client.write_tls(&mut bytes).expect("client writes");
+        server
+            .read_tls(&mut bytes.as_slice())
+            .expect("server reads");
+        server.process_new_packets().expect("server handshake");
+        bytes.clear();
+        server.write_tls(&mut bytes).expect("server writes");
+        client
+            .read_tls(&mut bytes.as_slice())
+            .expect("client reads");
+        client.process_new_packets().expect("client handshake");
+    }
+    assert!(!client.is_handshaking() && !server.is_handshaking());
+}
