@@ -313,6 +313,17 @@ mod tests {
         true
     }
 
+    /// rustls' cache of TLS 1.2 sessions by ID hands out only sessions
+    /// whose client certificate still holds (see `session`).
+    #[test]
+    fn the_session_cache_is_one_that_checks_client_certificates() {
+        let pki = Pki::new();
+        let key = pki.leaf_files("a", "a.example.com", -1..90);
+        let (settings, _) = settings(&pki, &[("a", key)]);
+        let storage = format!("{:?}", settings.server_config.session_storage);
+        assert!(storage.starts_with("ResumableSessions("), "{storage}");
+    }
+
     #[test]
     fn a_handshake_gets_the_certificate_its_sni_names_and_the_alpn() {
         let pki = Pki::new();

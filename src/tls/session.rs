@@ -128,9 +128,13 @@ mod tests {
         CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem")
     }
 
-    /// A whole TLS 1.3 handshake in memory, the client showing `identity`
-    /// when it has one; returns the sessions the server sealed.
-    fn sealed_sessions(server: &Leaf, identity: Option<&Leaf>) -> Vec<Vec<u8>> {
+    /// A whole handshake in memory at `version`, the client showing
+    /// `identity` when it has one; returns the sessions the server sealed.
+    fn sealed_sessions(
+        version: &'static rustls::SupportedProtocolVersion,
+        server: &Leaf,
+        identity: Option<&Leaf>,
+    ) -> Vec<Vec<u8>> {
         let provider = crate::tls::provider();
         let mut roots = RootCertStore::empty();
         roots.add(der(&server.ca)).expect("root");
@@ -141,7 +145,7 @@ mod tests {
             .expect("verifier");
         let key = PrivateKeyDer::from_pem_slice(server.key.as_bytes()).expect("key");
         let mut server_config = ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(&[version])
             .expect("versions")
             .with_client_cert_verifier(verifier)
             .with_single_cert(vec![der(&server.cert)], key)
@@ -149,7 +153,7 @@ mod tests {
         let kept = Arc::new(Kept::default());
         server_config.ticketer = kept.clone();
         let client_config = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(&[version])
             .expect("versions")
             .with_root_certificates(roots);
         let client_config = match identity {
@@ -170,21 +174,24 @@ mod tests {
         sessions
     }
 
-    /// Holds the reader to rustls' real encoding: a session sealed after a
-    /// client showed its certificate holds that certificate; one without
-    /// holds none. (Fails when a rustls upgrade changes the encoding.)
+    /// Holds the reader to rustls' real encoding, TLS 1.3's and 1.2's: a
+    /// session sealed after a client showed its certificate holds that
+    /// certificate; one without holds none. (Fails when a rustls upgrade
+    /// changes the encoding.)
     #[test]
     fn a_real_session_holds_the_leaf_the_client_showed() {
         let pki = Pki::new();
         let server = pki.leaf("a.test", &["a.test"], -1..30);
         let me = pki.leaf("client.test", &["client.test"], -1..30);
-        for session in sealed_sessions(&server, Some(&me)) {
-            assert_eq!(client_leaf(&session), Some(der(&me.cert).as_ref()));
-            assert!(resumable(&session));
-        }
-        for session in sealed_sessions(&server, None) {
-            assert_eq!(client_leaf(&session), None);
-            assert!(resumable(&session));
+        for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+            for session in sealed_sessions(version, &server, Some(&me)) {
+                assert_eq!(client_leaf(&session), Some(der(&me.cert).as_ref()));
+                assert!(resumable(&session));
+            }
+            for session in sealed_sessions(version, &server, None) {
+                assert_eq!(client_leaf(&session), None);
+                assert!(resumable(&session));
+            }
         }
     }
 
@@ -195,7 +202,7 @@ mod tests {
         let pki = Pki::new();
         let server = pki.leaf("a.test", &["a.test"], -1..30);
         let me = pki.leaf("client.test", &["client.test"], -1..30);
-        let session = sealed_sessions(&server, Some(&me)).remove(0);
+        let session = sealed_sessions(&rustls::version::TLS13, &server, Some(&me)).remove(0);
         let leaf = der(&me.cert);
         let at = session
             .windows(leaf.len())
@@ -216,6 +223,13 @@ mod tests {
             .concat();
             assert_eq!(client_leaf(&lapsed), Some(other.as_ref()));
             assert!(!resumable(&lapsed));
+            // Nor is it handed out by the cache of TLS 1.2 session IDs.
+            let cache = ResumableSessions(rustls::server::ServerSessionMemoryCache::new(8));
+            assert!(cache.put(b"lapsed".to_vec(), lapsed.clone()));
+            assert!(cache.put(b"good".to_vec(), session.clone()));
+            assert_eq!(cache.get(b"lapsed"), None);
+            assert_eq!(cache.take(b"lapsed"), None);
+            assert_eq!(cache.get(b"good"), Some(session.clone()));
         }
         assert_eq!(client_leaf(&session[..at]), None);
     }
