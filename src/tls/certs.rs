@@ -68,6 +68,8 @@ pub enum Reason {
     NoCertificate,
     #[error("holds no PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC)")]
     NoKey,
+    #[error("holds an encrypted private key, which baton cannot read without its passphrase: write it out unencrypted, readable by the service's user alone (openssl pkey -in KEY -out PLAIN)")]
+    EncryptedKey,
     #[error("{}is not an X.509 certificate: {message}", chain(*.index))]
     NotX509 { index: usize, message: String },
     #[error("{}cannot be used: {error}", chain(*.index))]
@@ -210,9 +212,15 @@ fn read_chain(path: &Path, part: Part) -> Result<Vec<CertificateDer<'static>>, P
 }
 
 /// The first private key in the file (PKCS#8, PKCS#1 RSA or SEC1 EC).
+/// An encrypted one is said to be one (rustls skips an `ENCRYPTED PRIVATE
+/// KEY` block, and a legacy `Proc-Type: 4,ENCRYPTED` one reads as bad
+/// base64: either would be reported as something else).
 fn read_key(path: &Path) -> Result<Arc<dyn SigningKey>, Problem> {
     let der = read_file(path).and_then(|bytes| {
-        PrivateKeyDer::from_pem_slice(&bytes).map_err(|err| pem_reason(err, Reason::NoKey))
+        PrivateKeyDer::from_pem_slice(&bytes).map_err(|err| match encrypted(&bytes) {
+            true => Reason::EncryptedKey,
+            false => pem_reason(err, Reason::NoKey),
+        })
     });
     der.and_then(|der| {
         provider()
@@ -221,6 +229,17 @@ fn read_key(path: &Path) -> Result<Arc<dyn SigningKey>, Problem> {
             .map_err(Reason::UnsupportedKey)
     })
     .map_err(|reason| problem(Part::Key, path, reason))
+}
+
+/// Whether a key file's PEM says it is encrypted (PKCS#8's label, or the
+/// legacy OpenSSL header).
+fn encrypted(pem: &[u8]) -> bool {
+    [
+        &b"-----BEGIN ENCRYPTED PRIVATE KEY-----"[..],
+        b"Proc-Type: 4,ENCRYPTED",
+    ]
+    .iter()
+    .any(|mark| pem.windows(mark.len()).any(|w| w == *mark))
 }
 
 fn pem_reason(err: pem::Error, none_found: Reason) -> Reason {
@@ -538,6 +557,22 @@ mod tests {
         let p = only_problem(load_texts(&pki, &leaf.cert, &leaf.cert));
         assert_eq!(p.part, Part::Key);
         assert!(p.to_string().starts_with("holds no PEM private key"), "{p}");
+    }
+
+    /// An encrypted key is said to be one, in PKCS#8's form and in
+    /// OpenSSL's legacy one (each read as something else before).
+    #[test]
+    fn an_encrypted_key_says_so() {
+        let pki = Pki::new();
+        let leaf = pki.leaf("a.example.com", &["a.example.com"], -1..90);
+        for key in [
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIBvTBXBgkqhkiG9w0BBQ0wSjAp\n-----END ENCRYPTED PRIVATE KEY-----\n",
+            "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00112233445566778899AABBCCDDEEFF\n\nMIIB\n-----END RSA PRIVATE KEY-----\n",
+        ] {
+            let p = only_problem(load_texts(&pki, &leaf.cert, key));
+            assert_eq!(p.part, Part::Key);
+            assert!(p.to_string().starts_with("holds an encrypted private key"), "{p}");
+        }
     }
 
     #[test]
