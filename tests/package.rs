@@ -368,15 +368,24 @@ async fn the_backend_api_asks_the_installed_token(sbx: &Sandbox, admin: SocketAd
         .await
         .expect("call");
     assert_eq!(anonymous.status, 401, "{}", anonymous.body);
-    for verb in ["drain", "restore"] {
-        let out = sbx.exec(&["baton", "backend", verb, "placeholder"]);
-        assert!(out.status.success(), "baton backend {verb}: {}", text(&out));
-    }
+    let state =
+        || async { client::status(admin).await["pools"][0]["backends"][0]["state"].clone() };
+    let drained = sbx.exec(&["baton", "backend", "drain", "placeholder"]);
+    assert!(
+        drained.status.success(),
+        "baton backend drain: {}",
+        text(&drained)
+    );
+    let now = state().await;
+    assert!(now == "draining" || now == "out", "{now}");
+    let restored = sbx.exec(&["baton", "backend", "restore", "placeholder"]);
+    assert!(
+        restored.status.success(),
+        "baton backend restore: {}",
+        text(&restored)
+    );
     // Restored, it is up again once a health check passed.
-    support::eventually("the backend restored", || async {
-        client::status(admin).await["pools"][0]["backends"][0]["state"] == "up"
-    })
-    .await;
+    support::eventually("the backend restored", || async { state().await == "up" }).await;
 }
 
 /// Purge: no config, no logs, no user or group, no unit links left.
@@ -472,7 +481,10 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
         &sbx,
         "echo '# before the upgrade' >>/lib/systemd/system/baton.service && systemctl daemon-reload"
     ));
+    let token = || sbx.exec(&["cat", "/etc/baton/admin.token"]).stdout;
+    let token_before = token();
     let said = apt_ok(&sbx, &["install", "/root/baton_B.deb"]);
+    assert_eq!(token(), token_before, "the upgrade keeps the admin token");
     assert!(!said.contains(RELOAD_FAILED), "{said}");
     assert!(said.contains(UNIT_CHANGED), "{said}");
     sbx.progressed(&load, 50).await;
@@ -550,14 +562,20 @@ async fn without_systemd_running_an_install_enables_and_a_purge_cleans_up() {
     // An admin's own baton group alone: the package makes the user in it,
     // and the purge deletes the user, not the group (which userdel took
     // with it).
-    assert!(holds(&sbx, "groupadd --system --gid 990 baton"));
+    assert!(holds(
+        &sbx,
+        "groupadd --system baton && getent group baton | cut -d: -f3 >/root/gid"
+    ));
     install_and_purge(&sbx);
     assert!(
         !holds(&sbx, "getent passwd baton"),
         "the package's user goes"
     );
     assert!(
-        holds(&sbx, "test \"$(getent group baton | cut -d: -f3)\" = 990"),
+        holds(
+            &sbx,
+            "test \"$(getent group baton | cut -d: -f3)\" = \"$(cat /root/gid)\""
+        ),
         "the admin's group is kept, with its gid"
     );
     assert!(holds(&sbx, "groupdel baton"));

@@ -278,7 +278,8 @@ async fn a_resumed_session_whose_client_certificate_expired_is_refused() {
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
-    let lasting = Duration::from_secs(5);
+    // Long enough for a full handshake and a resumption on a loaded CI.
+    let lasting = Duration::from_secs(10);
     let me = ca.issue_lasting("me", &["client.test"], lasting);
     let issued = std::time::Instant::now();
     let tls = ca.client_as(&["http/1.1"], Some(&me));

@@ -74,6 +74,8 @@ pub enum Reason {
     NotX509 { index: usize, message: String },
     #[error("{}cannot be used: {error}", chain(*.index))]
     Unusable { index: usize, error: rustls::Error },
+    #[error("certificate {} of the bundle cannot be used as a root: {error}", .index + 1)]
+    UnusableRoot { index: usize, error: rustls::Error },
     #[error("holds no certificate usable as a root ({passed_over} passed over)")]
     NoRoot { passed_over: usize },
     #[error("is not a private key rustls can sign with: {0}")]
@@ -171,7 +173,7 @@ fn load_roots_passing_over(path: &Path) -> Result<(RootCertStore, Vec<Problem>),
             passed_over.push(problem(
                 Part::ClientCa,
                 path,
-                Reason::Unusable { index, error },
+                Reason::UnusableRoot { index, error },
             ));
         }
     }
@@ -595,13 +597,17 @@ mod tests {
         let bundle = pki.write("bundle.pem", &format!("{}{unusable}", leaf.ca));
         let refused = load_roots(&bundle).expect_err("refused");
         assert!(
-            refused.to_string().starts_with("chain[1] cannot be used"),
+            refused
+                .to_string()
+                .starts_with("certificate 2 of the bundle cannot be used as a root"),
             "{refused}"
         );
         let (roots, warned) = load_system_roots(&bundle).expect("loads");
         assert_eq!((roots.len(), warned.len()), (1, 1));
         assert!(
-            warned[0].to_string().starts_with("chain[1] cannot be used"),
+            warned[0]
+                .to_string()
+                .starts_with("certificate 2 of the bundle cannot be used as a root"),
             "{}",
             warned[0]
         );

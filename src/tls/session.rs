@@ -20,8 +20,10 @@ use rustls::server::StoresServerSessions;
 /// Whether the encoded server session `session` may be resumed now: it
 /// holds no client certificate, or one within its validity.
 pub fn resumable(session: &[u8]) -> bool {
-    let now = crate::tls::unix_seconds(std::time::SystemTime::now());
-    client_leaf(session).is_none_or(|leaf| crate::tls::identity::lapsed(leaf, now).is_none())
+    client_leaf(session).is_none_or(|leaf| {
+        let now = crate::tls::unix_seconds(std::time::SystemTime::now());
+        crate::tls::identity::lapsed(leaf, now).is_none()
+    })
 }
 
 /// The client's leaf certificate (DER) in an encoded server session, if it
