@@ -926,6 +926,28 @@ async fn a_pool_reaches_its_backends_over_tls_from_every_path() {
     );
 }
 
+/// A kept TLS connection to a backend that baton gives up on (idle past
+/// its limit) ends with a `close_notify`, as nginx ends one: without it
+/// the backend sees a truncated session and logs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tls_backend_connection_is_closed_with_close_notify() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let ca = Authority::new();
+    let identity = ca.issue("backend", &["backend.test"]);
+    let backend = TlsBackend::start("secure", &identity).await;
+    let baton = to_a_tls_backend(&backend, &trusting(&ca), false).await;
+    let answer = client::get(baton.addr("web"), "/kept")
+        .await
+        .expect("request");
+    assert_eq!(answer.status, 200);
+    // Closed by the sweep once idle past its limit (4 s, swept every 4 s).
+    support::eventually("the idle connection closed", || async {
+        backend.ended.load(Relaxed) == 1
+    })
+    .await;
+    assert_eq!(backend.ended_cleanly.load(Relaxed), 1, "with close_notify");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_certificate_that_does_not_verify_is_a_502_unless_verify_is_off() {
     let ca = Authority::new();

@@ -117,6 +117,7 @@ impl IdleConnections {
             {
                 return Some(idle.stream);
             }
+            idle.stream.close_quietly();
         }
         None
     }
@@ -137,13 +138,17 @@ impl IdleConnections {
             .iter()
             .take_while(|idle| now.duration_since(idle.since) >= IDLE_LIMIT)
             .count();
-        conns.drain(..expired);
+        conns
+            .drain(..expired)
+            .for_each(|idle| idle.stream.close_quietly());
         if conns.len() < MAX_IDLE {
             conns.push(Idle {
                 stream,
                 since: now,
                 check,
             });
+        } else {
+            stream.close_quietly();
         }
     }
 
@@ -152,7 +157,13 @@ impl IdleConnections {
     pub fn sweep(&self) {
         for list in self.per_worker.iter() {
             if let Ok(mut conns) = list.lock() {
-                conns.retain(|idle| idle.since.elapsed() < IDLE_LIMIT);
+                let expired = conns
+                    .iter()
+                    .take_while(|idle| idle.since.elapsed() >= IDLE_LIMIT)
+                    .count();
+                conns
+                    .drain(..expired)
+                    .for_each(|idle| idle.stream.close_quietly());
             }
         }
     }

@@ -201,6 +201,10 @@ pub struct TlsBackend {
     pub addr: SocketAddr,
     /// Connections whose handshake completed.
     pub handshakes: Arc<std::sync::atomic::AtomicU64>,
+    /// Of those, the ones that have ended, and the ones that ended with
+    /// the peer's `close_notify` (without it, rustls reports a truncation).
+    pub ended: Arc<std::sync::atomic::AtomicU64>,
+    pub ended_cleanly: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl TlsBackend {
@@ -219,10 +223,21 @@ impl TlsBackend {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let handshakes = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let counted = Arc::clone(&handshakes);
+        let ended = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ended_cleanly = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counts = (
+            Arc::clone(&handshakes),
+            Arc::clone(&ended),
+            Arc::clone(&ended_cleanly),
+        );
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                let (acceptor, counted) = (acceptor.clone(), Arc::clone(&counted));
+                let acceptor = acceptor.clone();
+                let (counted, ended, ended_cleanly) = (
+                    Arc::clone(&counts.0),
+                    Arc::clone(&counts.1),
+                    Arc::clone(&counts.2),
+                );
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
@@ -240,12 +255,29 @@ impl TlsBackend {
                             }
                         },
                     );
-                    let _ = hyper::server::conn::http1::Builder::new()
+                    let served = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .without_shutdown()
                         .await;
+                    // tokio-rustls reads a close without close_notify as an
+                    // end too: rustls' own state tells them apart.
+                    let clean = served.is_ok_and(|parts| {
+                        let mut tls = parts.io.into_inner();
+                        let state = tls.get_mut().1.process_new_packets();
+                        state.is_ok_and(|s| s.peer_has_closed())
+                    });
+                    if clean {
+                        ended_cleanly.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    ended.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 });
             }
         });
-        TlsBackend { addr, handshakes }
+        TlsBackend {
+            addr,
+            handshakes,
+            ended,
+            ended_cleanly,
+        }
     }
 }
