@@ -931,7 +931,7 @@ async fn a_pool_reaches_its_backends_over_tls_from_every_path() {
 /// the backend sees a truncated session and logs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_tls_backend_connection_is_closed_with_close_notify() {
-    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
     let ca = Authority::new();
     let identity = ca.issue("backend", &["backend.test"]);
     let backend = TlsBackend::start("secure", &identity).await;
@@ -942,7 +942,7 @@ async fn an_idle_tls_backend_connection_is_closed_with_close_notify() {
     assert_eq!(answer.status, 200);
     // Closed by the sweep once idle past its limit (4 s, swept every 4 s).
     support::eventually("the idle connection closed", || async {
-        backend.ended.load(Relaxed) == 1
+        backend.ended.load(Acquire) == 1
     })
     .await;
     assert_eq!(backend.ended_cleanly.load(Relaxed), 1, "with close_notify");

@@ -127,6 +127,9 @@ impl IdleConnections {
     /// TLS session holds bytes back).
     pub fn put(&self, mut stream: BackendStream, check: Check) {
         if !holds_nothing_back(&mut stream) {
+            // A TLS backend's own close_notify may be what it holds: the
+            // reply it waits for.
+            stream.close_quietly();
             return;
         }
         let Ok(mut conns) = self.mine().lock() else {
@@ -156,15 +159,21 @@ impl IdleConnections {
     /// so a backend's closed connections do not linger after traffic stops).
     pub fn sweep(&self) {
         for list in self.per_worker.iter() {
-            if let Ok(mut conns) = list.lock() {
-                let expired = conns
-                    .iter()
-                    .take_while(|idle| idle.since.elapsed() >= IDLE_LIMIT)
-                    .count();
-                conns
-                    .drain(..expired)
-                    .for_each(|idle| idle.stream.close_quietly());
-            }
+            // Closed once the worker's list is unlocked: a TLS one's alert
+            // is sealed and sent, which its requests need not wait for.
+            let expired: Vec<Idle> = match list.lock() {
+                Ok(mut conns) => {
+                    let count = conns
+                        .iter()
+                        .take_while(|idle| idle.since.elapsed() >= IDLE_LIMIT)
+                        .count();
+                    conns.drain(..count).collect()
+                }
+                Err(_) => continue,
+            };
+            expired
+                .into_iter()
+                .for_each(|idle| idle.stream.close_quietly());
         }
     }
 }

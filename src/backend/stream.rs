@@ -221,14 +221,14 @@ impl BackendStream {
     /// `close_notify` first, as nginx does: a TLS backend logs a close
     /// without one as a truncation ("unexpected eof", Java's "inbound
     /// closed before receiving peer's close_notify"). Best effort, never
-    /// waiting: an idle socket's send buffer is empty, so the alert's few
-    /// bytes go at once, or not at all.
+    /// waiting: a kept connection's send buffer is empty, so the alert's
+    /// few bytes (after any rustls still held) go at once, or not at all.
     pub fn close_quietly(self) {
         if let Link::Tls(mut s) = self {
             let (tcp, session) = s.get_mut();
             session.send_close_notify();
             let mut alert = Vec::new();
-            if session.write_tls(&mut alert).is_ok() {
+            if session.write_tls(&mut alert).is_ok() && !alert.is_empty() {
                 let _ = tcp.try_write(&alert);
             }
         }

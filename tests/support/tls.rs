@@ -269,7 +269,8 @@ impl TlsBackend {
                     if clean {
                         ended_cleanly.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
-                    ended.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    // Release: who sees it ended sees how.
+                    ended.fetch_add(1, std::sync::atomic::Ordering::Release);
                 });
             }
         });
