@@ -313,15 +313,14 @@ impl Generation {
                             // Named main here, where nothing can fail any
                             // more (under `NotifyAccess=main` no rollback
                             // to our pid would be heard after) and no stop
-                            // came first (commands are polled first, a
-                            // stop whose handler ran is asked of above), and a
-                            // stop handled first keeps us main (we pass it
-                            // on and outlive N+1, `settle_for_stop`). Named
-                            // in the handoff's task, a stop seen a moment
-                            // later found N+1 main already, passed it the
-                            // word "I outlive you", and N+1 did not wait for
-                            // our drain: exiting first, its end made systemd
-                            // force ours, and its exit code hid it.
+                            // came first: a stop handled first keeps us
+                            // main (we pass it on and outlive N+1,
+                            // `settle_for_stop`). Named in the handoff's
+                            // task, a stop seen a moment later found N+1
+                            // main already, passed it the word "I outlive
+                            // you", and N+1 did not wait for our drain:
+                            // exiting first, its end made systemd force
+                            // ours, and its exit code hid it.
                             crate::lifecycle::systemd::handed_over(successor.process.pid());
                             under_way.force_beyond_max();
                             if again {

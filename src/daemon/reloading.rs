@@ -95,7 +95,7 @@ impl Reloading {
 
     /// [`Self::settle_for_stop`] with the handoff's outcome in hand: the
     /// serving loop's when a stop signal's handler had run by the time it
-    /// took a success, its command not yet queued.
+    /// took a success, its command not yet heard.
     pub async fn settle(
         self,
         outcome: Result<Successor, HandoverError>,

@@ -205,7 +205,7 @@ impl Resolver {
                 let from = named.query.to_string();
                 self.host(host, *port, named.weight, &from).await
             }
-            DnsQuery::Srv(name) => self.srv(name, &named.last().unwrap_or_default()).await,
+            DnsQuery::Srv(name) => self.srv(name, named).await,
         }
     }
 
@@ -330,11 +330,11 @@ impl Resolver {
 
     /// One member per address of each target of the SRV records of the
     /// lowest priority (higher ones are fallbacks baton does not use). A
-    /// target whose lookup failed keeps its addresses of `last` (the last
-    /// good answer): the others are followed, where a whole answer failed
-    /// and none was (nor served at a first start); with every target
-    /// failed, the answer has.
-    async fn srv(&self, name: &str, last: &[Resolved]) -> Result<Answer, Failure> {
+    /// target whose lookup failed keeps its addresses of `named`'s last
+    /// good answer (copied only then): the others are followed, where a
+    /// whole answer failed and none was (nor served at a first start);
+    /// with every target failed, the answer has.
+    async fn srv(&self, name: &str, named: &Named) -> Result<Answer, Failure> {
         let asking = self.asking()?;
         let forms = asking.search.forms(name).map_err(Failure::Failed)?;
         let lookup = self
@@ -364,6 +364,7 @@ impl Resolver {
         let mut valid_for = until(lookup.valid_until());
         let mut resolved: Vec<Resolved> = Vec::new();
         let (mut failed, mut answered) = (None, false);
+        let mut last: Option<Vec<Resolved>> = None;
         for (srv, looked_up) in lowest.iter().zip(addresses) {
             let target = srv.target.to_string();
             let from = format!("{}:{}", target.trim_end_matches('.'), srv.port);
@@ -376,6 +377,7 @@ impl Resolver {
                 Err(failure) => {
                     failed = failed.or(Some(failure));
                     let kept: Vec<IpAddr> = last
+                        .get_or_insert_with(|| named.last().unwrap_or_default())
                         .iter()
                         .filter(|r| r.from == from)
                         .map(|r| r.address.ip())

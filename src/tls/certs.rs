@@ -308,15 +308,9 @@ fn chain_order(parsed: &[X509Certificate<'_>]) -> Option<Reason> {
 fn validity(parsed: &[X509Certificate<'_>], now: i64) -> Vec<Reason> {
     let mut warned = Vec::new();
     for (index, cert) in parsed.iter().enumerate() {
-        let not_before = cert.validity().not_before.timestamp();
         let at = cert.validity().not_after.timestamp();
-        if now > at {
-            warned.push(Reason::Expired { index, at });
-        } else if now < not_before {
-            warned.push(Reason::NotYetValid {
-                index,
-                at: not_before,
-            });
+        if let Some(lapsed) = outside_validity(cert, index, now) {
+            warned.push(lapsed);
         } else if at - now < EXPIRY_WARNING_SECS {
             // Rounded up: "in 0 day(s)" would read as "already".
             let days = (at - now + DAY - 1) / DAY;
@@ -324,6 +318,33 @@ fn validity(parsed: &[X509Certificate<'_>], now: i64) -> Vec<Reason> {
         }
     }
     warned
+}
+
+/// Chain entry `index` is expired or not yet valid at `now` (seconds
+/// since the epoch), compared as webpki compares: to the second.
+fn outside_validity(cert: &X509Certificate<'_>, index: usize, now: i64) -> Option<Reason> {
+    let validity = cert.validity();
+    let (from, until) = (
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    );
+    if now > until {
+        Some(Reason::Expired { index, at: until })
+    } else if now < from {
+        Some(Reason::NotYetValid { index, at: from })
+    } else {
+        None
+    }
+}
+
+/// Why a client's leaf certificate `der` is outside its validity at `now`,
+/// if it is. The leaf alone, as Go's server checks a resumed session's: a
+/// chain may carry certificates no path used (an expired cross-sign, the
+/// root itself), whose dates a full handshake never looks at either. One
+/// that does not parse is passed over (rustls verified it).
+pub fn leaf_lapsed(der: &[u8], now: i64) -> Option<Reason> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    outside_validity(&cert, 0, now)
 }
 
 fn info(leaf: &X509Certificate<'_>) -> CertificateInfo {
@@ -550,6 +571,22 @@ mod tests {
         });
         let read = rx.recv_timeout(std::time::Duration::from_secs(10));
         assert!(matches!(read, Ok(Err(super::Reason::NotAFile))), "{read:?}");
+    }
+
+    /// A resumed session's leaf is looked at again: outside its validity
+    /// now, it is told when; its CA's dates are not its own.
+    #[test]
+    fn a_leaf_outside_its_validity_now_is_told() {
+        let now = crate::tls::unix_seconds(SystemTime::now());
+        let told = |pki: &Pki, days| {
+            let der = pem_der(&pki.leaf("c", &[], days).cert);
+            super::leaf_lapsed(&der, now).map_or_else(String::new, |r| r.to_string())
+        };
+        let pki = Pki::new();
+        assert_eq!(told(&pki, -1..1), "");
+        assert!(told(&pki, -3..-1).starts_with("expired on 20"));
+        assert!(told(&pki, 1..3).starts_with("is not valid before 20"));
+        assert_eq!(told(&Pki::with_ca_valid(-3..-1), -1..1), "");
     }
 
     #[test]

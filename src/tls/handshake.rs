@@ -120,7 +120,8 @@ impl Terminator {
 fn lapsed_client_certificate(tls: &TlsStream<TcpStream>) -> Option<String> {
     let leaf = tls.get_ref().1.peer_certificates()?.first()?;
     let now = crate::tls::unix_seconds(std::time::SystemTime::now());
-    crate::tls::identity::lapsed(leaf, now).map(|why| format!("a resumed session's client {why}"))
+    crate::tls::certs::leaf_lapsed(leaf, now)
+        .map(|why| format!("a resumed session's client certificate {why}"))
 }
 
 /// The client's first byte, once it came; none if the connection closed

@@ -47,34 +47,6 @@ pub fn forwarded_client_cert(der: &[u8]) -> String {
     element
 }
 
-/// Why a client's leaf certificate `der` is outside its validity at `now`
-/// (seconds since the epoch), if it is: compared as webpki compares, to
-/// the second. The leaf alone, as Go's server checks a resumed session's:
-/// a chain may carry certificates no path used (an expired cross-sign, the
-/// root itself), whose dates a full handshake never looks at either. One
-/// that does not parse is passed over (rustls verified it).
-pub fn lapsed(der: &[u8], now: i64) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let validity = cert.validity();
-    let (from, until) = (
-        validity.not_before.timestamp(),
-        validity.not_after.timestamp(),
-    );
-    if now > until {
-        Some(format!(
-            "certificate expired at {}",
-            crate::tls::format_time(until)
-        ))
-    } else if now < from {
-        Some(format!(
-            "certificate is not valid before {}",
-            crate::tls::format_time(from)
-        ))
-    } else {
-        None
-    }
-}
-
 /// The first common name (CN) of the client certificate `der`'s subject,
 /// if it has one as text: what HAProxy's `send-proxy-v2-ssl-cn` tells.
 pub fn common_name(der: &[u8]) -> Option<String> {
@@ -180,25 +152,6 @@ mod tests {
             .expect("certificate")
             .der()
             .to_vec()
-    }
-
-    /// A resumed session's leaf is looked at again: outside its validity
-    /// now, it is told when; its CA's dates are not its own.
-    #[test]
-    fn a_leaf_outside_its_validity_now_is_told() {
-        use crate::tls::testing::Pki;
-        use rustls_pki_types::{pem::PemObject, CertificateDer};
-        let now = crate::tls::unix_seconds(std::time::SystemTime::now());
-        let told = |pki: &Pki, days| {
-            let leaf = CertificateDer::from_pem_slice(pki.leaf("c", &[], days).cert.as_bytes())
-                .expect("pem");
-            lapsed(&leaf, now).unwrap_or_default()
-        };
-        let pki = Pki::new();
-        assert_eq!(told(&pki, -1..1), "");
-        assert!(told(&pki, -3..-1).starts_with("certificate expired at 20"));
-        assert!(told(&pki, 1..3).starts_with("certificate is not valid before 20"));
-        assert_eq!(told(&Pki::with_ca_valid(-3..-1), -1..1), "");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use rustls::server::StoresServerSessions;
 pub fn resumable(session: &[u8]) -> bool {
     client_leaf(session).is_none_or(|leaf| {
         let now = crate::tls::unix_seconds(std::time::SystemTime::now());
-        crate::tls::identity::lapsed(leaf, now).is_none()
+        crate::tls::certs::leaf_lapsed(leaf, now).is_none()
     })
 }
 

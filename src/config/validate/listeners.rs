@@ -269,8 +269,11 @@ impl Validator {
     /// that is neither a host name nor an IP address never matches a
     /// request: refused.
     fn route_host(&mut self, rkey: &str, written: &str) -> String {
-        let host = strip_port(written);
-        let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+        let port_less = strip_port(written);
+        let host = port_less
+            .strip_suffix('.')
+            .unwrap_or(port_less)
+            .to_ascii_lowercase();
         let ipv6 = host
             .strip_prefix('[')
             .and_then(|h| h.strip_suffix(']'))
@@ -278,11 +281,12 @@ impl Validator {
         let ipv4 = host.parse::<std::net::Ipv4Addr>().is_ok();
         let why = if ipv4 || ipv6 {
             None
-        } else if host.ends_with('.') || host.contains('*') {
-            Some("one final dot at most, and no wildcard: a route's host is matched whole".into())
         } else {
-            // '_' as requests' Host may hold it (hosts named so exist).
-            super::dns::name_problem(&host, true)
+            // One final dot at most, and no wildcard (a route's host is
+            // matched whole): a second dot or a '*' is a label the name
+            // cannot have. '_' as requests' Host may hold it (hosts named
+            // so exist).
+            super::dns::name_problem(port_less, true)
         };
         if let Some(why) = why {
             self.problem(

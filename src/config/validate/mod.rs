@@ -602,6 +602,11 @@ name = "app"
 backends = [{ name = "a", address = "127.0.0.1:9001" }]
 "#;
 
+    /// `GOOD` with `keys` added to its listener.
+    fn listener_keys(keys: &str) -> String {
+        GOOD.replace("pool = \"app\"\n", &format!("pool = \"app\"\n{keys}"))
+    }
+
     /// Every problem `text` has (it must have some).
     pub(super) fn problems(text: &str) -> Vec<String> {
         match parse(
@@ -802,26 +807,27 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "admin server (127.0.0.1:9901",
             ),
             (
-                GOOD.replace(
-                    "pool = \"app\"\n",
-                    "pool = \"app\"\nroutes = [{ host = \"api.example.com/\", pool = \"app\" }]\n",
-                ),
+                listener_keys("routes = [{ host = \"api.example.com/\", pool = \"app\" }]\n"),
                 "listeners[0].routes[0].host",
                 "no request's Host would match it",
             ),
             (
-                GOOD.replace(
-                    "pool = \"app\"\n",
-                    "pool = \"app\"\nroutes = [{ path_prefix = \"/a b\", pool = \"app\" }]\n",
-                ),
+                listener_keys("routes = [{ host = \"api.example.com..\", pool = \"app\" }]\n"),
+                "listeners[0].routes[0].host",
+                "no request's Host would match it",
+            ),
+            (
+                listener_keys("routes = [{ host = \"*.example.com\", pool = \"app\" }]\n"),
+                "listeners[0].routes[0].host",
+                "no request's Host would match it",
+            ),
+            (
+                listener_keys("routes = [{ path_prefix = \"/a b\", pool = \"app\" }]\n"),
                 "listeners[0].routes[0].path_prefix",
                 "a path as requests send it",
             ),
             (
-                GOOD.replace(
-                    "pool = \"app\"\n",
-                    "pool = \"app\"\nroutes = [{ path_prefix = \"/x?y\", pool = \"app\" }]\n",
-                ),
+                listener_keys("routes = [{ path_prefix = \"/x?y\", pool = \"app\" }]\n"),
                 "listeners[0].routes[0].path_prefix",
                 "without '?'",
             ),
@@ -836,18 +842,12 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "NUL byte",
             ),
             (
-                GOOD.replace(
-                    "pool = \"app\"\n",
-                    "pool = \"app\"\naccess_log = { path = \"/tmp/a\\u0000b\" }\n",
-                ),
+                listener_keys("access_log = { path = \"/tmp/a\\u0000b\" }\n"),
                 "listeners[0].access_log.path",
                 "NUL byte",
             ),
             (
-                GOOD.replace(
-                    "pool = \"app\"\n",
-                    "pool = \"app\"\naccess_log = { path = \"/tmp/\" }\n",
-                ),
+                listener_keys("access_log = { path = \"/tmp/\" }\n"),
                 "listeners[0].access_log.path",
                 "is a folder",
             ),
@@ -870,10 +870,9 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             "my_app.internal",
             "xn--bcher-kva.example",
         ] {
-            let routed = GOOD.replace(
-                "pool = \"app\"\n",
-                &format!("pool = \"app\"\nroutes = [{{ host = \"{host}\", pool = \"app\" }}]\n"),
-            );
+            let routed = listener_keys(&format!(
+                "routes = [{{ host = \"{host}\", pool = \"app\" }}]\n"
+            ));
             parse(&routed, Path::new("x.toml"), &Overrides::default()).expect(host);
         }
         let spread = format!("[reload]\nclose_spread = \"5s\"\n{GOOD}");
@@ -896,30 +895,22 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
 
     #[test]
     fn a_timeout_under_a_millisecond_is_warned_of() {
-        let text = GOOD.replace(
-            "pool = \"app\"\n",
-            "pool = \"app\"\nconnect_timeout = \"5us\"\n",
-        );
+        let text = listener_keys("connect_timeout = \"5us\"\n");
         let config =
             parse(&text, Path::new("x.toml"), &Overrides::default()).expect("warned, not refused");
         assert_eq!(
             config.warnings,
             ["listeners[0].connect_timeout: 5µs is shorter than a millisecond: nearly every wait it bounds will fail"]
         );
-        let fine = GOOD.replace(
-            "pool = \"app\"\n",
-            "pool = \"app\"\nconnect_timeout = \"1ms\"\n",
-        );
+        let fine = listener_keys("connect_timeout = \"1ms\"\n");
         let config = parse(&fine, Path::new("x.toml"), &Overrides::default()).expect("valid");
         assert!(config.warnings.is_empty(), "{:?}", config.warnings);
     }
 
     #[test]
     fn http_keys_on_a_tcp_listener_are_warned_of_by_name() {
-        let tcp = GOOD.replace(
-            "pool = \"app\"\n",
-            "pool = \"app\"\nprotocol = \"tcp\"\nforwarded = \"append\"\nheader_timeout = \"5s\"\n",
-        );
+        let tcp =
+            listener_keys("protocol = \"tcp\"\nforwarded = \"append\"\nheader_timeout = \"5s\"\n");
         let config =
             parse(&tcp, Path::new("x.toml"), &Overrides::default()).expect("warned, not refused");
         let said = "does nothing on a protocol = \"tcp\" listener (HTTP only)";

@@ -574,6 +574,11 @@ const LONGEST_KNOWN: usize = 19;
 /// `fixed_role` knows: most names (`Date`, `Server`, `Content-Type`,
 /// `User-Agent`, `Accept`) are ruled out by those alone, before any fold.
 fn may_be_known(name: &[u8]) -> bool {
+    // `CF-Connecting-IP`, where `Content-Encoding`, `-Language` and
+    // `-Location` (as long, and common) would pass on the first letter.
+    if name.len() == 16 && name[..2].eq_ignore_ascii_case(b"cf") {
+        return true;
+    }
     matches!(
         (name.len(), name.first().map(u8::to_ascii_lowercase)),
         (2, Some(b't'))
@@ -586,7 +591,7 @@ fn may_be_known(name: &[u8]) -> bool {
             | (12, Some(b'x'))
             | (14, Some(b'c' | b'h' | b't'))
             | (15, Some(b'f'))
-            | (16, Some(b'c' | b'f' | b'p'))
+            | (16, Some(b'f' | b'p'))
             | (17, Some(b't'))
             | (19, Some(b'x'))
     )
