@@ -83,7 +83,8 @@ async fn freeze_until_the_new_one_is_ready(baton: &Baton, serving: u32, config: 
 async fn failed_then_recovered(
     baton: &Baton,
     serving: u32,
-    (reply, why): (tokio::task::JoinHandle<String>, &str),
+    reply: tokio::task::JoinHandle<String>,
+    why: &str,
     config: &str,
     load: Load,
 ) {
@@ -219,7 +220,7 @@ async fn a_new_generation_killed_after_it_received_the_sockets_is_a_failed_reloa
     assert!(!baton.log().contains("ready; waiting"), "not ready yet");
     signal(child, Signal::SIGKILL);
     let exited = "exited before it took over";
-    failed_then_recovered(&baton, serving, (reply, exited), &config, load).await;
+    failed_then_recovered(&baton, serving, reply, exited, &config, load).await;
 }
 
 /// A stop sent to the new generation alone while it starts (its handlers
@@ -234,51 +235,39 @@ async fn a_new_generation_stopped_while_it_starts_is_a_failed_reload() {
     let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
     signal(child, Signal::SIGTERM);
     support::daemon::feed_fifo_then(&baton.config, &config, None).await;
-    let reply = reply.await.expect("join");
-    assert!(
-        reply.contains("\"ok\":false") && reply.contains("stopped by a signal"),
-        "the reload reports failure and why: {reply}"
-    );
+    let stopped = "stopped by a signal";
+    failed_then_recovered(&baton, serving, reply, stopped, &config, load).await;
     assert!(wait_exit(child).await.is_some(), "it is gone");
-    assert_eq!(baton.serving_pid().await, serving);
-    config_restored(&baton, &config);
-    load.progress(20).await;
-    assert_ne!(baton.reload_ok().await, serving, "the next reload works");
-    load.progress(20).await;
-    load.stop().await.assert_clean();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_generation_killed_after_it_said_ready_is_a_failed_reload() {
+/// The new generation sent `sig` once it said ready: the old one is
+/// frozen until then, so that it cannot act on `Ready` before the signal
+/// lands (it still accepts: the kernel queues for it). The reload fails,
+/// saying `why`, and the next one works.
+async fn signalled_once_ready(sig: Signal, why: &str) {
     let (_backend, baton, load) = baton_under_load("").await;
     let serving = baton.serving_pid().await;
     let config = config_behind_a_fifo(&baton);
     let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
-    // The old generation is frozen so that it cannot act on `Ready` before
-    // the new one dies: it still accepts (the kernel queues for it).
     freeze_until_the_new_one_is_ready(&baton, serving, &config).await;
-    signal(child, Signal::SIGKILL);
+    signal(child, sig);
     signal(serving, Signal::SIGCONT);
-    let exited = "exited before it took over";
-    failed_then_recovered(&baton, serving, (reply, exited), &config, load).await;
+    failed_then_recovered(&baton, serving, reply, why, &config, load).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_killed_after_it_said_ready_is_a_failed_reload() {
+    signalled_once_ready(Signal::SIGKILL, "exited before it took over").await;
 }
 
 /// A stop aimed at the new generation alone once it said ready, while
 /// the old one weighs it, fails the reload (without the second check
 /// after the go-ahead, the new one took over only to stop at once, and
-/// nobody served). The old generation is frozen so that the signal lands
-/// before the go-ahead.
+/// nobody served).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_aimed_at_the_new_generation_after_its_ready_fails_the_reload() {
-    let (_backend, baton, load) = baton_under_load("").await;
-    let serving = baton.serving_pid().await;
-    let config = config_behind_a_fifo(&baton);
-    let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
-    freeze_until_the_new_one_is_ready(&baton, serving, &config).await;
-    signal(child, Signal::SIGTERM);
-    signal(serving, Signal::SIGCONT);
     let stopped = "stopped by a signal before it took over";
-    failed_then_recovered(&baton, serving, (reply, stopped), &config, load).await;
+    signalled_once_ready(Signal::SIGTERM, stopped).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

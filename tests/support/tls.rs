@@ -74,19 +74,30 @@ impl Authority {
 
     /// A certificate for `names` that expired in 2021.
     pub fn issue_expired(&self, file: &str, names: &[&str]) -> Issued {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let mut params = CertificateParams::new(names).expect("leaf params");
-        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
-        self.sign(file, params)
+        let (from, until) = (
+            rcgen::date_time_ymd(2020, 1, 1),
+            rcgen::date_time_ymd(2021, 1, 1),
+        );
+        self.issue_valid(file, names, from.into(), until.into())
     }
 
     /// A certificate for `names` that expires `lasting` from now.
     pub fn issue_lasting(&self, file: &str, names: &[&str], lasting: Duration) -> Issued {
+        let now = SystemTime::now();
+        self.issue_valid(file, names, now - Duration::from_secs(60), now + lasting)
+    }
+
+    fn issue_valid(
+        &self,
+        file: &str,
+        names: &[&str],
+        from: SystemTime,
+        until: SystemTime,
+    ) -> Issued {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names).expect("leaf params");
-        params.not_before = (SystemTime::now() - Duration::from_secs(60)).into();
-        params.not_after = (SystemTime::now() + lasting).into();
+        params.not_before = from.into();
+        params.not_after = until.into();
         self.sign(file, params)
     }
 
