@@ -40,7 +40,7 @@ impl UpstreamTls {
     /// `roots` is required when `verify` (it is what is trusted).
     pub fn new(
         server_name: Option<ServerName<'static>>,
-        roots: Option<RootCertStore>,
+        roots: Option<Arc<RootCertStore>>,
         verify: bool,
     ) -> Result<UpstreamTls, rustls::Error> {
         let provider = super::provider();

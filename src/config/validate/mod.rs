@@ -135,7 +135,7 @@ struct Validator {
     base: PathBuf,
     /// The system's CA bundle, once a pool's `tls` read it (`None` inside
     /// when it failed): read and warned of once, however many pools use it.
-    system_roots: Option<Option<rustls::RootCertStore>>,
+    system_roots: Option<Option<Arc<rustls::RootCertStore>>>,
 }
 
 impl Validator {

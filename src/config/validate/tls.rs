@@ -78,7 +78,7 @@ impl Validator {
             (false, None) => None,
             (_, None) => Some(self.system_roots(&format!("{key}.ca"))?),
             (_, Some(written)) => match certs::load_roots(&self.path(Some(written), written)) {
-                Ok(roots) => Some(roots),
+                Ok(roots) => Some(Arc::new(roots)),
                 Err(p) => {
                     self.problem(&format!("{key}.ca"), p);
                     return None;
@@ -96,15 +96,16 @@ impl Validator {
     }
 
     /// The system's CA bundle, the default `ca` of a pool's `tls`: read
-    /// once, its problem or warnings named after `key`, the first pool's.
-    fn system_roots(&mut self, key: &str) -> Option<rustls::RootCertStore> {
+    /// once, its problem or warnings named after `key`, the first pool's,
+    /// and shared by every pool that uses it.
+    fn system_roots(&mut self, key: &str) -> Option<Arc<rustls::RootCertStore>> {
         if self.system_roots.is_none() {
             let loaded = match certs::load_system_roots(std::path::Path::new(SYSTEM_ROOTS)) {
                 Ok((roots, passed_over)) => {
                     for p in passed_over {
                         self.warning(key, format!("passed over in the system's bundle: {p}"));
                     }
-                    Some(roots)
+                    Some(Arc::new(roots))
                 }
                 Err(p) => {
                     self.problem(key, p);
