@@ -34,7 +34,7 @@ use crate::lifecycle::control::{self, Reply, Request};
 use crate::lifecycle::departure::{self, Departure};
 use crate::lifecycle::drain::{Drain, DrainOutcome};
 use crate::lifecycle::generation::{
-    self, Exec, HandoverError, Inheritance, Offer, Parent, Successor,
+    self, Exec, GoAhead, HandoverError, Inheritance, Offer, Parent, Successor,
 };
 use crate::lifecycle::handoff::{BackendCarry, Channel, Message};
 use crate::lifecycle::inventory::{Fate, FateCell, Holdings};
@@ -385,8 +385,10 @@ impl Generation {
         let sockets = self.holdings.offer();
         let backends = build::carry_out(&self.pools);
         let (pools, admin) = (self.pools.clone(), Arc::clone(&self.admin));
-        let backends_now: Box<dyn Fn() -> Vec<BackendCarry> + Send> =
-            Box::new(move || admin.hand_over_backends(|| build::carry_out(&pools)));
+        let at_go_ahead: Box<dyn Fn() -> GoAhead + Send> = Box::new(move || GoAhead {
+            backends: admin.hand_over_backends(|| build::carry_out(&pools)),
+            report: Some(admin.report()),
+        });
         let report = self.admin.report();
         let tickets = self.ticketer.keys();
         let resolved = crate::resolve::refresh::carry_out(&self.pools);
@@ -408,7 +410,7 @@ impl Generation {
                             report,
                             tickets,
                             resolved,
-                            backends_now,
+                            at_go_ahead,
                         },
                         ready_timeout,
                         abandon,

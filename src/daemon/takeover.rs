@@ -35,7 +35,14 @@ impl Generation {
             .ready(self.adopted.clone(), self.renamed.clone(), stop_budget)
             .await
         {
-            Ok(backends_now) => build::carry_over(&self.pools, &backends_now),
+            Ok(go_ahead) => {
+                build::carry_over(&self.pools, &go_ahead.backends);
+                // Counted up to now: what `/metrics` shows if the old
+                // generation's first report is late (see `FIRST_REPORT_WAIT`).
+                if let Some(report) = go_ahead.report {
+                    self.admin.set_inherited(report);
+                }
+            }
             Err(e) => {
                 tracing::error!(cause = %e, "old generation did not let us take over");
                 return Err(Exit::Failure);

@@ -168,8 +168,16 @@ pub struct Offer {
     pub tickets: TicketKeys,
     /// The last good DNS answers of named backends.
     pub resolved: Vec<ResolvedCarry>,
-    /// Backend states as they are when N+1 is told to go ahead.
-    pub backends_now: Box<dyn Fn() -> Vec<BackendCarry> + Send>,
+    /// What N+1 is told with the go-ahead, taken then.
+    pub at_go_ahead: Box<dyn Fn() -> GoAhead + Send>,
+}
+
+/// Backend states and counters as they are when N+1 is told to go ahead:
+/// the offer's are as old as N+1's start.
+pub struct GoAhead {
+    pub backends: Vec<BackendCarry>,
+    /// Absent from an older release: the offer's then stands.
+    pub report: Option<Report>,
 }
 
 /// Runs the whole handoff from N's side, bounded by `ready_timeout`.
@@ -296,7 +304,7 @@ async fn converse(
 ) -> Result<Takeover, HandoverError> {
     let (entries, fds): (Vec<_>, Vec<OwnedFd>) = offer.sockets.into_iter().unzip();
     let offered: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
-    let offer_backends_now = offer.backends_now;
+    let at_go_ahead = offer.at_go_ahead;
     let message = Message::Offer {
         generation: offer.generation,
         sockets: entries,
@@ -340,9 +348,8 @@ async fn converse(
         }
         other => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
     };
-    let commit = Message::Commit {
-        backends: (offer_backends_now)(),
-    };
+    let GoAhead { backends, report } = at_go_ahead();
+    let commit = Message::Commit { backends, report };
     channel.send(&commit, &[]).await?;
     // From here N+1 accepts: a stop no longer abandons it, nor does the
     // ready deadline, which may fall just after N+1 opened its doors (a
@@ -592,13 +599,14 @@ impl Parent {
     }
 
     /// Says we are ready (and how long our stop may take) and waits for
-    /// the go-ahead to accept; returns the backend states as they are now.
+    /// the go-ahead to accept; returns the backend states and counters as
+    /// they are now.
     pub async fn ready(
         &self,
         adopted: Vec<String>,
         renamed: Vec<String>,
         stop_budget: Duration,
-    ) -> Result<Vec<BackendCarry>, HandoverError> {
+    ) -> Result<GoAhead, HandoverError> {
         let ready = Message::Ready {
             adopted,
             renamed,
@@ -611,7 +619,7 @@ impl Parent {
         // A handoff stuck here is the old generation's to finish: say so.
         tracing::info!("ready; waiting for the old generation's go-ahead");
         match self.channel.recv().await?.0 {
-            Message::Commit { backends } => Ok(backends),
+            Message::Commit { backends, report } => Ok(GoAhead { backends, report }),
             other => Err(HandoverError::OutOfTurn(format!("{other:?}"))),
         }
     }
@@ -669,6 +677,78 @@ pub async fn reports(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts as exposition text would carry them.
+    fn counted(requests: u64) -> Report {
+        let text =
+            format!("# TYPE baton_requests_total counter\nbaton_requests_total {requests}\n");
+        Report {
+            baseline: crate::metrics::exposition::baseline(&text),
+            generations: Vec::new(),
+        }
+    }
+
+    /// N's counters go with the go-ahead as they are then, not as the
+    /// offer had them when N+1 started: N+1 answers `/metrics` from them
+    /// if N's first report after the takeover is late, and what N counted
+    /// meanwhile (and answered scrapes with) must not go back.
+    #[tokio::test]
+    async fn the_go_ahead_carries_the_counters_as_of_then() {
+        let (ours, theirs) = Channel::pair().expect("pair");
+        let theirs = Channel::new(theirs).expect("wrap");
+        let us = Process::open(std::process::id()).expect("a pidfd of our own");
+        let requests = Arc::new(std::sync::atomic::AtomicU64::new(1));
+        let now = Arc::clone(&requests);
+        let offer = Offer {
+            generation: 2,
+            sockets: Vec::new(),
+            draining: Vec::new(),
+            backends: Vec::new(),
+            report: counted(1),
+            tickets: TicketKeys::generate().expect("ticket keys"),
+            resolved: Vec::new(),
+            at_go_ahead: Box::new(move || GoAhead {
+                backends: Vec::new(),
+                report: Some(counted(now.load(std::sync::atomic::Ordering::SeqCst))),
+            }),
+        };
+        let limits = Limits {
+            deadline: Instant::now() + Duration::from_secs(10),
+            ready_timeout: Duration::from_secs(10),
+            abandon: CancellationToken::new(),
+        };
+        let successor = async {
+            let Message::Offer { report, .. } = theirs.recv().await.expect("offer").0 else {
+                panic!("an offer first");
+            };
+            assert_eq!(report, Some(counted(1)));
+            requests.store(5, std::sync::atomic::Ordering::SeqCst);
+            let ready = Message::Ready {
+                adopted: Vec::new(),
+                hears_stop: true,
+                stop_budget_ms: None,
+                tells_its_end: true,
+                renamed: Vec::new(),
+                names_every_socket: true,
+            };
+            theirs.send(&ready, &[]).await.expect("ready");
+            let commit = theirs.recv().await.expect("commit").0;
+            theirs
+                .send(&Message::Accepting, &[])
+                .await
+                .expect("accepting");
+            commit
+        };
+        let (conversed, commit) = tokio::join!(converse(&ours, &us, offer, limits), successor);
+        conversed.expect("the handoff completes");
+        assert_eq!(
+            commit,
+            Message::Commit {
+                backends: Vec::new(),
+                report: Some(counted(5)),
+            }
+        );
+    }
 
     #[test]
     fn a_successors_stop_budget_never_overflows_a_deadline() {

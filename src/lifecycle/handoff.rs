@@ -8,8 +8,9 @@
 //! N → N+1  Offer { generation, sockets, draining, backends, report,
 //!                 tickets, resolved } + fds (same order)
 //! N+1 → N  Ready | Failed { exit_code, reason }
-//! N → N+1  Commit { backends }  (backend states as of now: an admin drain
-//!                                 posted while N+1 was starting is not lost)
+//! N → N+1  Commit { backends, report }  (backend states and counters as
+//!                             of now: an admin drain posted while N+1 was
+//!                             starting is not lost, nor what N counted)
 //! N+1 → N  Accepting         (N tells systemd MAINPID=N+1, stops accepting
 //!                             and drains)
 //! N → N+1  Stop              (only when a stop caught N handing over: the
@@ -229,12 +230,17 @@ pub enum Message {
         exit_code: i32,
         reason: String,
     },
-    /// Go ahead. `backends` repeats the offer's with what changed since
-    /// (absent from a release that did not send it, and ignored by one that
-    /// does not read it: either way the conversation holds).
+    /// Go ahead. `backends` repeats the offer's with what changed since,
+    /// `report` the offer's with what N counted since: N+1 answers
+    /// `/metrics` from it if N's first report after the takeover is late,
+    /// where the offer's would show counters going back. (Each absent from
+    /// a release that did not send it, and ignored by one that does not
+    /// read it: either way the conversation holds.)
     Commit {
         #[serde(default)]
         backends: Vec<BackendCarry>,
+        #[serde(default)]
+        report: Option<Report>,
     },
     Accepting,
     /// From a draining generation to its successor (see [`Report`]).
@@ -337,7 +343,7 @@ impl Channel {
         Ok(Some(Self::new(sock.into())?))
     }
 
-    fn new(fd: OwnedFd) -> Result<Channel, HandoffError> {
+    pub(super) fn new(fd: OwnedFd) -> Result<Channel, HandoffError> {
         // SAFETY: `OwnedFd` is a valid open fd that stays open, and always
         // returns the same number, for as long as the `AsyncFd` owns it.
         let fd =
@@ -617,7 +623,10 @@ mod tests {
         let (got, fds) = received.expect("recv");
         assert_eq!(got, offer);
         assert_eq!(fds.len(), 1);
-        let commit = Message::Commit { backends: vec![] };
+        let commit = Message::Commit {
+            backends: vec![],
+            report: Some(Report::default()),
+        };
         a.send(&commit, &[]).await.expect("send");
         assert_eq!(b.recv().await.expect("recv").0, commit);
     }
@@ -701,7 +710,10 @@ mod tests {
         assert!(decode(b"\xff garbage").is_err());
         assert_eq!(
             decode(br#"{"version":1,"type":"commit"}"#).ok(),
-            Some(Message::Commit { backends: vec![] }),
+            Some(Message::Commit {
+                backends: vec![],
+                report: None
+            }),
             "an earlier release's commit"
         );
         assert!(
