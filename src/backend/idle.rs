@@ -2,8 +2,9 @@
 //! connection comes back here only after a clean end of response with
 //! keep-alive on both sides; it leaves as the freshest one the backend has
 //! not closed meanwhile, as surely as the request needs: see [`Check`].
-//! Connections idle longer than `IDLE_LIMIT`, below the usual backend
-//! keep-alive timeouts (nginx 75 s, Node 5 s, Go none), are closed rather
+//! Connections idle longer than `IDLE_LIMIT`, below most backends'
+//! keep-alive timeouts (nginx 75 s, Node 5 s, Go none; gunicorn's 2 s is
+//! shorter, and its closes are found by the check), are closed rather
 //! than reused.
 
 use std::sync::Mutex;

@@ -39,7 +39,7 @@ pub struct Outbound<'a> {
 pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
     out.put_slice(head.method.as_str().as_bytes());
     out.put_u8(b' ');
-    put_origin_form(head.target(), out);
+    put_origin_form(&head.method, head.target(), out);
     out.put_slice(b" HTTP/1.1\r\n");
     let authority = head.target_authority();
     let mut forwarded_for: Vec<&[u8]> = Vec::new();
@@ -134,8 +134,10 @@ const SCHEME_FIELDS: [&str; 5] = [
 ];
 
 /// The target as a backend takes it: an absolute-form target loses its
-/// scheme and authority (they went to `Host`).
-fn put_origin_form(target: &[u8], out: &mut BytesMut) {
+/// scheme and authority (they went to `Host`). With neither path nor query
+/// left, an OPTIONS asks about the server (RFC 9112 §3.2.4: the last proxy
+/// sends `*`), anything else about `/`.
+fn put_origin_form(method: &http::Method, target: &[u8], out: &mut BytesMut) {
     if target.starts_with(b"/") || target == b"*" {
         out.put_slice(target);
         return;
@@ -148,6 +150,10 @@ fn put_origin_form(target: &[u8], out: &mut BytesMut) {
         .iter()
         .position(|b| *b == b'/' || *b == b'?')
         .map_or(&b""[..], |i| &after_scheme[i..]);
+    if rest.is_empty() && method == http::Method::OPTIONS {
+        out.put_u8(b'*');
+        return;
+    }
     if !rest.starts_with(b"/") {
         out.put_u8(b'/');
     }
@@ -423,8 +429,12 @@ mod tests {
     }
 
     fn origin(target: &str) -> String {
+        origin_for(&http::Method::GET, target)
+    }
+
+    fn origin_for(method: &http::Method, target: &str) -> String {
         let mut out = BytesMut::new();
-        put_origin_form(target.as_bytes(), &mut out);
+        put_origin_form(method, target.as_bytes(), &mut out);
         String::from_utf8_lossy(&out).into_owned()
     }
 
@@ -435,6 +445,11 @@ mod tests {
         assert_eq!(origin("http://example.com/x/y?z=1"), "/x/y?z=1");
         assert_eq!(origin("http://example.com"), "/");
         assert_eq!(origin("http://example.com?q"), "/?q");
+        let options = http::Method::OPTIONS;
+        assert_eq!(origin_for(&options, "http://example.com:8001"), "*");
+        assert_eq!(origin_for(&options, "http://example.com?q"), "/?q");
+        assert_eq!(origin_for(&options, "http://example.com/"), "/");
+        assert_eq!(origin_for(&options, "*"), "*");
     }
 
     fn client_head(head: &str, request: &str) -> String {
