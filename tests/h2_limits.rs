@@ -478,11 +478,17 @@ fn told_to_stop(s: &TcpStream, seen: &mut Vec<u8>) -> bool {
 /// The "rapid reset" attack (CVE-2023-44487), in the form h2's own bound
 /// (20 resets waiting for the server at once) does not see: each stream
 /// reset just after baton took it and sent it on, so each costs the
-/// backend a request. At the 500th such stream the connection gets GOAWAY
-/// and is closed a second later, not served for good.
+/// backend a request. At the 500th such stream the connection gets its
+/// last GOAWAY (ENHANCE_YOUR_CALM, naming the last stream taken), a stream
+/// opened after it is not served, nor sent to the backend (a graceful
+/// close's second would have let the client go on), and the connection is
+/// closed a second later, not served for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_resets_every_stream_it_opens_is_cut() {
     const FLOOD: u64 = 500;
+    const RST_STREAM: u8 = 3;
+    const REFUSED_STREAM: [u8; 4] = [0, 0, 0, 7];
+    const ENHANCE_YOUR_CALM: [u8; 4] = [0, 0, 0, 11];
     let (backend, baton) = baton_with("").await;
     let mut s = opened(&baton).await;
     let (mut reset, mut seen) = (0, Vec::new());
@@ -507,11 +513,36 @@ async fn a_client_that_resets_every_stream_it_opens_is_cut() {
         let _ = s.write_all(&support::h2_raw::reset(stream)).await;
         reset += 1;
     }
+    let hits = backend.hits();
+    let after = 2 * reset as u32 + 1;
+    let _ = s
+        .write_all(&support::h2_raw::get_on(after, "/slow/10000"))
+        .await;
     let rest = until_closed(&mut s, Duration::from_secs(5)).await;
     assert!(rest.is_some(), "still open after {reset} streams reset");
+    seen.extend(rest.unwrap_or_default());
+    let told = frames_of(&seen);
+    let goaway = told
+        .iter()
+        .find(|(kind, _, _)| *kind == GOAWAY)
+        .expect("GOAWAY before the close");
+    let last_named = u32::from_be_bytes(goaway.2[..4].try_into().expect("an id"));
     assert!(
-        frames(&seen).iter().any(|(kind, _)| *kind == GOAWAY),
-        "GOAWAY before the close"
+        last_named < after && goaway.2[4..8] == ENHANCE_YOUR_CALM,
+        "the last GOAWAY at once, telling why: {goaway:?}"
+    );
+    // Refused, or read by no one: the connection ends once its last
+    // stream does.
+    assert!(
+        told.iter()
+            .filter(|(_, id, _)| *id == after)
+            .all(|frame| *frame == (RST_STREAM, after, REFUSED_STREAM.to_vec())),
+        "stream {after}, opened after the GOAWAY, answered: {told:?}"
+    );
+    assert_eq!(
+        backend.hits(),
+        hits,
+        "a stream after the GOAWAY reached the backend"
     );
     // A stream or two more may cross the GOAWAY on their way.
     assert!(
@@ -654,6 +685,48 @@ async fn an_upload_past_its_streams_window_is_reset() {
     }
     support::h2_raw::round_trip(&mut s).await;
     backend.release();
+}
+
+/// A client that closes its half with its upload unfinished (`shutdown`
+/// while it still reads, or TLS's close_notify) gets its stream reset
+/// (CANCEL): its request was never whole, and no response may say it was
+/// served (an empty 200 went out, followed by RST_STREAM(NO_ERROR), which
+/// a client takes as a whole answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_cut_by_the_clients_half_close_is_reset_not_answered() {
+    const HEADERS: u8 = 1;
+    const RST_STREAM: u8 = 3;
+    const CANCEL: [u8; 4] = [0, 0, 0, 8];
+    let (_backend, baton) = baton_with("").await;
+    let mut s = opened(&baton).await;
+    let mut frames = support::h2_raw::post_on(1, "/upload");
+    frames.extend(support::h2_raw::data_on(1, b"part of a body"));
+    s.write_all(&frames).await.expect("write");
+    s.shutdown().await.expect("half-close");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(support::TIMEOUT, s.read(&mut buf))
+            .await
+            .expect("closed in time")
+            .expect("read");
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let on_stream_1: Vec<_> = frames_of(&seen)
+        .into_iter()
+        .filter(|(_, stream, _)| *stream == 1)
+        .collect();
+    assert!(
+        !on_stream_1.iter().any(|(kind, _, _)| *kind == HEADERS),
+        "answered: {on_stream_1:?}"
+    );
+    assert!(
+        on_stream_1.contains(&(RST_STREAM, 1, CANCEL.to_vec())),
+        "{on_stream_1:?}"
+    );
 }
 
 /// An h2 connection with no stream open holds no buffer: a thousand, each

@@ -423,9 +423,7 @@ async fn a_reset_stream_drops_its_exchange_and_the_connection_goes_on() {
 async fn a_graceful_close_answers_what_is_under_way() {
     let mut server = server(limits()).await;
     let mut raw = Raw::open(server.addr).await;
-    let mut slow = GET_HELLO.to_vec();
-    slow[3] = (b":path", b"/slow");
-    raw.request(1, &slow).await;
+    raw.request(1, &slow()).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     server.shutdown.open();
     let mut last_named = Vec::new();
@@ -518,10 +516,8 @@ async fn streams_that_all_wait_do_not_wake_their_connection() {
     let (server_io, mut client_io) = tokio::io::duplex(64 * 1024);
     let mut hello = frame::PREFACE.to_vec();
     frame::write::settings(&mut hello, &[]);
-    let mut slow = GET_HELLO.to_vec();
-    slow[3] = (b":path", b"/slow");
     for stream in [1, 3, 5] {
-        request_frame(&mut hello, stream, &slow);
+        request_frame(&mut hello, stream, &slow());
     }
     client_io.write_all(&hello).await.expect("write");
     let mut conn = Connection::new(server_io, &[], limits(), exchange(Arc::clone(&seen)));
@@ -537,6 +533,39 @@ async fn streams_that_all_wait_do_not_wake_their_connection() {
     );
     seen.release.open();
     assert!(wakes.0.load(Ordering::SeqCst) > 0, "woken for its answers");
+}
+
+/// Once the last GOAWAY named a stream, a GOAWAY that follows (a
+/// connection error) names it again, not a stream refused since: the id
+/// never goes up (RFC 9113 §6.8), and a client would take the refused one
+/// for maybe served.
+#[tokio::test]
+async fn a_connection_error_after_the_last_goaway_names_the_same_last_stream() {
+    let server = server(limits()).await;
+    let mut raw = Raw::open(server.addr).await;
+    raw.request(1, &slow()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.shutdown.open();
+    let mut goaways = 0;
+    while goaways < 2 {
+        let next = raw.next_in_time().await;
+        assert!(
+            matches!(next, Some(Inbound::Frame(Frame::GoAway { .. }))),
+            "{next:?}"
+        );
+        goaways += 1;
+    }
+    raw.request(3, &GET_HELLO).await;
+    raw.expect_reset(3, Reason::REFUSED_STREAM, "a stream after GOAWAY")
+        .await;
+    raw.connection_fault_names_last(1).await;
+}
+
+/// `GET /slow`: its answer waits for `seen.release`.
+fn slow() -> Vec<(&'static [u8], &'static [u8])> {
+    let mut slow = GET_HELLO.to_vec();
+    slow[3] = (b":path", b"/slow");
+    slow
 }
 
 /// A raw client: the preface, an empty SETTINGS, then what the test writes.
@@ -590,6 +619,19 @@ impl Raw {
             Some(Inbound::Frame(Frame::Reset { stream, reason })),
             "{what}"
         );
+    }
+
+    /// Sends a fault of the connection's (PRIORITY making stream 9, never
+    /// opened, depend on itself): GOAWAY, PROTOCOL_ERROR, naming `last`.
+    async fn connection_fault_names_last(&mut self, last: u32) {
+        let priority = [0, 0, 5, 0x2, 0, 0, 0, 0, 9, 0, 0, 0, 9, 16];
+        self.socket.write_all(&priority).await.expect("write");
+        let goaway = self.next_in_time().await;
+        let want = Frame::GoAway {
+            last_stream: last,
+            reason: Reason::PROTOCOL_ERROR,
+        };
+        assert_eq!(goaway, Some(Inbound::Frame(want)));
     }
 
     /// The next frame from the server that is not SETTINGS, WINDOW_UPDATE
@@ -696,9 +738,7 @@ async fn malformed_and_excess_streams_are_refused_one_by_one() {
     assert_eq!(block.stream, 3);
     assert_eq!(&block.block[..5], b"\x08\x03431", ":status 431, a literal");
     // `/slow` holds the only stream the bound allows; the next is refused.
-    let mut slow = GET_HELLO.to_vec();
-    slow[3] = (b":path", b"/slow");
-    raw.request(5, &slow).await;
+    raw.request(5, &slow()).await;
     raw.request(7, &GET_HELLO).await;
     raw.expect_reset(7, Reason::REFUSED_STREAM, "a stream past the bound")
         .await;
@@ -711,9 +751,7 @@ async fn malformed_and_excess_streams_are_refused_one_by_one() {
 async fn a_faulty_frame_resets_its_stream_or_ends_the_connection() {
     let server = server(limits()).await;
     let mut raw = Raw::open(server.addr).await;
-    let mut slow = GET_HELLO.to_vec();
-    slow[3] = (b":path", b"/slow");
-    raw.request(1, &slow).await;
+    raw.request(1, &slow()).await;
     // WINDOW_UPDATE of 0 on stream 1, open: a stream error.
     let zero = [0, 0, 4, 0x8, 0, 0, 0, 0, 1, 0, 0, 0, 0];
     raw.socket.write_all(&zero).await.expect("write");
@@ -723,15 +761,7 @@ async fn a_faulty_frame_resets_its_stream_or_ends_the_connection() {
         reason: Reason::PROTOCOL_ERROR,
     };
     assert_eq!(reset, Some(Inbound::Frame(want)));
-    // PRIORITY making stream 9, never opened, depend on itself.
-    let priority = [0, 0, 5, 0x2, 0, 0, 0, 0, 9, 0, 0, 0, 9, 16];
-    raw.socket.write_all(&priority).await.expect("write");
-    let goaway = raw.next_in_time().await;
-    let want = Frame::GoAway {
-        last_stream: 1,
-        reason: Reason::PROTOCOL_ERROR,
-    };
-    assert_eq!(goaway, Some(Inbound::Frame(want)));
+    raw.connection_fault_names_last(1).await;
 }
 
 /// A client that answers no PING is cut once `ping_timeout` passes, even
@@ -745,9 +775,7 @@ async fn a_client_that_answers_no_ping_is_cut() {
     })
     .await;
     let mut raw = Raw::open(server.addr).await;
-    let mut slow = GET_HELLO.to_vec();
-    slow[3] = (b":path", b"/slow");
-    raw.request(1, &slow).await;
+    raw.request(1, &slow()).await;
     let outcome = tokio::time::timeout(PATIENCE, server.outcomes.recv())
         .await
         .expect("ended");

@@ -198,13 +198,15 @@ impl HttpProxy {
                 match clocks.look(&state, Instant::now()) {
                     Ok(next) if next != alarm.deadline() => alarm.as_mut().reset(next),
                     Ok(_) => {}
-                    Err(verdict) => match self.judge(verdict, peer, &drain) {
-                        Some(ended) => break ended,
-                        None => {
-                            conn.as_mut().graceful_shutdown();
-                            continue;
+                    Err(verdict) => {
+                        let flooded = verdict == Verdict::Flooded;
+                        match self.judge(verdict, peer, &drain) {
+                            Some(ended) => break ended,
+                            None if flooded => conn.as_mut().refuse_a_flood(),
+                            None => conn.as_mut().graceful_shutdown(),
                         }
-                    },
+                        continue;
+                    }
                 }
                 tokio::select! {
                     // The connection last: a change it made while polled
@@ -256,8 +258,9 @@ impl HttpProxy {
                 }
                 Some(Ended::Cut)
             }
-            // GOAWAY, and a grace for the streams under way that the
-            // client did not reset; then the cut.
+            // The last GOAWAY (new streams refused), and a grace for the
+            // streams under way that the client did not reset; then the
+            // cut.
             Verdict::Flooded => {
                 if fault {
                     tracing::info!(%listener, client = %peer, "client reset most of its streams before their responses (rapid reset); GOAWAY, closing in a second");

@@ -200,8 +200,11 @@ enum Closing {
     Open,
     /// GOAWAY naming any stream and a PING went out, then.
     Announced(Instant),
-    /// The second GOAWAY named the last stream served.
-    Final,
+    /// The second GOAWAY named the last stream served, this one: a later
+    /// GOAWAY names it again, never a stream refused since (RFC 9113
+    /// §6.8: the id never goes up), which counts as opened, so that its
+    /// late frames are a closed stream's.
+    Final(u32),
 }
 
 /// The size of the dynamic table response heads are encoded against, as
@@ -355,9 +358,22 @@ where
     /// The second GOAWAY, naming the last stream served: any later one is
     /// refused.
     fn refuse_new_streams(&mut self) {
-        if self.closing != Closing::Final {
-            write::goaway(&mut self.out, self.highest, Reason::NO_ERROR);
-            self.closing = Closing::Final;
+        self.last_goaway(Reason::NO_ERROR);
+    }
+
+    /// For a client found flooding (rapid reset): the last GOAWAY at once,
+    /// ENHANCE_YOUR_CALM, where a graceful close would give it a second
+    /// more of streams opened and reset, each sent on to a backend.
+    pub fn refuse_a_flood(&mut self) {
+        self.last_goaway(Reason::ENHANCE_YOUR_CALM);
+    }
+
+    /// GOAWAY naming the last stream served, once: streams opened later
+    /// are refused.
+    fn last_goaway(&mut self, reason: Reason) {
+        if !matches!(self.closing, Closing::Final(_)) {
+            write::goaway(&mut self.out, self.highest, reason);
+            self.closing = Closing::Final(self.highest);
         }
     }
 
@@ -401,7 +417,8 @@ where
     }
 
     fn finished(&self) -> bool {
-        let no_more = self.read_closed || self.client_goaway || self.closing == Closing::Final;
+        let no_more =
+            self.read_closed || self.client_goaway || matches!(self.closing, Closing::Final(_));
         no_more && self.streams.is_empty() && self.sent == self.out.len() && !self.unflushed
     }
 
@@ -455,10 +472,24 @@ where
                     if !self.read.is_empty() || self.reader.inside_block() {
                         return Err(ConnError::Cut);
                     }
-                    // Nothing more comes: uploads under way are cut; the
-                    // responses of those whose requests came whole go on.
-                    for stream in self.streams.values_mut() {
-                        if let (Some(inbox), false) = (&stream.inbox, stream.request_ended) {
+                    // Nothing more comes: the responses of streams whose
+                    // requests came whole go on. An upload under way is
+                    // cut; a stream not answered yet is reset (CANCEL:
+                    // its request was not whole), as no response can
+                    // answer it; one answered early (a 413 before the
+                    // body) keeps its answer.
+                    let cut: Vec<(u32, bool)> = self
+                        .streams
+                        .iter()
+                        .filter(|(_, stream)| stream.inbox.is_some() && !stream.request_ended)
+                        .map(|(id, stream)| (*id, matches!(stream.send, Sending::Waiting(_))))
+                        .collect();
+                    for (id, unanswered) in cut {
+                        if unanswered {
+                            self.reset(id, Reason::CANCEL);
+                        } else if let Some(inbox) =
+                            self.streams.get(&id).and_then(|s| s.inbox.as_ref())
+                        {
                             recv::lock(inbox).fail(RecvError::Reset(Reason::CANCEL));
                         }
                     }
@@ -582,7 +613,8 @@ where
             }
         }
         self.highest = id;
-        if self.closing == Closing::Final || self.streams.len() >= self.limits.max_streams as usize
+        if matches!(self.closing, Closing::Final(_))
+            || self.streams.len() >= self.limits.max_streams as usize
         {
             write::reset(&mut self.out, id, Reason::REFUSED_STREAM);
             return Ok(());
@@ -1128,7 +1160,11 @@ where
             ConnError::PingTimeout => Reason::NO_ERROR,
             ConnError::Io(_) | ConnError::Cut => return,
         };
-        write::goaway(&mut self.out, self.highest, reason);
+        let last = match self.closing {
+            Closing::Final(last) => last,
+            _ => self.highest,
+        };
+        write::goaway(&mut self.out, last, reason);
         let _ = self.flush(cx);
         for id in self.streams.keys().copied().collect::<Vec<_>>() {
             self.end_stream(id, RecvError::Reset(reason));
