@@ -926,12 +926,9 @@ async fn a_pool_reaches_its_backends_over_tls_from_every_path() {
     );
 }
 
-/// A kept TLS connection to a backend that baton gives up on (idle past
-/// its limit) ends with a `close_notify`, as nginx ends one: without it
-/// the backend sees a truncated session and logs it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_tls_backend_connection_is_closed_with_close_notify() {
-    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+/// baton before a TLS backend, after one request: its connection is kept
+/// (the authority holds the CA file the config names).
+async fn one_tls_connection_kept() -> (Authority, TlsBackend, Baton) {
     let ca = Authority::new();
     let identity = ca.issue("backend", &["backend.test"]);
     let backend = TlsBackend::start("secure", &identity).await;
@@ -940,8 +937,34 @@ async fn an_idle_tls_backend_connection_is_closed_with_close_notify() {
         .await
         .expect("request");
     assert_eq!(answer.status, 200);
+    (ca, backend, baton)
+}
+
+/// A kept TLS connection to a backend that baton gives up on (idle past
+/// its limit) ends with a `close_notify`, as nginx ends one: without it
+/// the backend sees a truncated session and logs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tls_backend_connection_is_closed_with_close_notify() {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    let (_ca, backend, _baton) = one_tls_connection_kept().await;
     // Closed by the sweep once idle past its limit (4 s, swept every 4 s).
     support::eventually("the idle connection closed", || async {
+        backend.ended.load(Acquire) == 1
+    })
+    .await;
+    assert_eq!(backend.ended_cleanly.load(Relaxed), 1, "with close_notify");
+}
+
+/// A generation that ends (here drained after a reload, at once: nothing
+/// is in flight) closes the TLS connections it kept with a `close_notify`
+/// too, not by the kernel's FIN at its exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_that_ends_closes_its_kept_tls_connections_with_close_notify() {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    let (_ca, backend, baton) = one_tls_connection_kept().await;
+    baton.reload_ok().await;
+    assert_eq!(support::daemon::wait_exit(baton.first_pid).await, Some(0));
+    support::eventually("the kept connection closed", || async {
         backend.ended.load(Acquire) == 1
     })
     .await;

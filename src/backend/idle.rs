@@ -7,7 +7,7 @@
 //! shorter, and its closes are found by the check), are closed rather
 //! than reused.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::stream::{holds_nothing_back, BackendStream};
@@ -174,6 +174,19 @@ impl IdleConnections {
             };
             expired
                 .into_iter()
+                .for_each(|idle| idle.stream.close_quietly());
+        }
+    }
+}
+
+impl Drop for IdleConnections {
+    /// Its backend is gone (a member that left its pool's DNS answer, a
+    /// generation's end): each kept connection is closed as the sweep
+    /// closes one, a TLS one with its `close_notify`.
+    fn drop(&mut self) {
+        for list in self.per_worker.iter() {
+            let kept = std::mem::take(&mut *list.lock().unwrap_or_else(PoisonError::into_inner));
+            kept.into_iter()
                 .for_each(|idle| idle.stream.close_quietly());
         }
     }
