@@ -513,7 +513,6 @@ async fn a_client_that_resets_every_stream_it_opens_is_cut() {
         let _ = s.write_all(&support::h2_raw::reset(stream)).await;
         reset += 1;
     }
-    let hits = backend.hits();
     let after = 2 * reset as u32 + 1;
     let _ = s
         .write_all(&support::h2_raw::get_on(after, "/slow/10000"))
@@ -539,10 +538,12 @@ async fn a_client_that_resets_every_stream_it_opens_is_cut() {
             .all(|frame| *frame == (RST_STREAM, after, REFUSED_STREAM.to_vec())),
         "stream {after}, opened after the GOAWAY, answered: {told:?}"
     );
-    assert_eq!(
-        backend.hits(),
-        hits,
-        "a stream after the GOAWAY reached the backend"
+    // Streams 1, 3, ... up to the last named may have reached it (one
+    // read with the 500th reset may have taken the next), none after.
+    assert!(
+        backend.hits() <= u64::from(last_named).div_ceil(2),
+        "{} streams reached the backend, the last named being {last_named}",
+        backend.hits()
     );
     // A stream or two more may cross the GOAWAY on their way.
     assert!(

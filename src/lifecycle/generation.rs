@@ -350,16 +350,26 @@ async fn converse(
     };
     let GoAhead { backends, report } = at_go_ahead();
     let commit = Message::Commit { backends, report };
-    channel.send(&commit, &[]).await?;
-    // From here N+1 accepts: a stop no longer abandons it, nor does the
-    // ready deadline, which may fall just after N+1 opened its doors (a
-    // kill then resets what it took). It has only to listen and start its
-    // accept loops: a bound of its own, from the go-ahead.
+    // From the go-ahead N+1 has a bound of its own, not the ready deadline,
+    // which may fall just after it opened its doors (a kill then resets
+    // what it took): to take the go-ahead (which carries every counter
+    // series: sent only as fast as N+1 reads it), listen and start its
+    // accept loops.
     let accepting = Limits {
         deadline: Instant::now() + ACCEPTING_WAIT,
         ready_timeout: ACCEPTING_WAIT,
         abandon: limits.abandon.clone(),
     };
+    // A stop while it goes still abandons N+1, which has not taken it.
+    bounded(
+        child,
+        &accepting,
+        Some(&limits.abandon),
+        channel.send(&commit, &[]),
+    )
+    .await
+    .map_err(not_accepting)?;
+    // From here N+1 accepts: a stop no longer abandons it.
     match next(channel, child, &accepting, None).await {
         Ok(Message::Accepting) => {}
         // It could not listen on a socket it bound: we still accept.
@@ -367,8 +377,7 @@ async fn converse(
             return Err(HandoverError::Failed { exit_code, reason })
         }
         Ok(other) => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
-        Err(HandoverError::Timeout(wait)) => return Err(HandoverError::NotAccepting(wait)),
-        Err(err) => return Err(err),
+        Err(err) => return Err(not_accepting(err)),
     }
     // Sockets N+1 did not adopt (a listener removed or moved), or adopted
     // under a new name, leave systemd's fd store now, while we are main
@@ -384,6 +393,15 @@ async fn converse(
     // (`systemd::handed_over`), not here: a stop seen first there keeps
     // us main, as `Reloading::settle_for_stop` assumes.
     Ok(takeover)
+}
+
+/// A wait after the go-ahead that ran out: N+1 did not take it, or did
+/// not say it accepts.
+fn not_accepting(err: HandoverError) -> HandoverError {
+    match err {
+        HandoverError::Timeout(wait) => HandoverError::NotAccepting(wait),
+        other => other,
+    }
 }
 
 /// Sends the offer. A long one is only sent as fast as N+1 reads it, so
@@ -688,58 +706,85 @@ mod tests {
         }
     }
 
+    /// A handoff with nothing to hand over but counters: the offer's
+    /// `offered`, and what `at_go_ahead` reports then; N+1 is ourselves,
+    /// the other end of `ours`, which the test plays.
+    struct Conversation {
+        ours: Channel,
+        theirs: Channel,
+        us: Process,
+        offer: Offer,
+        limits: Limits,
+    }
+
+    impl Conversation {
+        fn new(offered: Report, at_go_ahead: impl Fn() -> Report + Send + 'static) -> Conversation {
+            let (ours, theirs) = Channel::pair().expect("pair");
+            Conversation {
+                ours,
+                theirs: Channel::new(theirs).expect("wrap"),
+                us: Process::open(std::process::id()).expect("a pidfd of our own"),
+                offer: Offer {
+                    generation: 2,
+                    sockets: Vec::new(),
+                    draining: Vec::new(),
+                    backends: Vec::new(),
+                    report: offered,
+                    tickets: TicketKeys::generate().expect("ticket keys"),
+                    resolved: Vec::new(),
+                    at_go_ahead: Box::new(move || GoAhead {
+                        backends: Vec::new(),
+                        report: Some(at_go_ahead()),
+                    }),
+                },
+                limits: Limits {
+                    deadline: Instant::now() + Duration::from_secs(10),
+                    ready_timeout: Duration::from_secs(10),
+                    abandon: CancellationToken::new(),
+                },
+            }
+        }
+    }
+
+    /// N+1's word that it is ready.
+    fn ready() -> Message {
+        Message::Ready {
+            adopted: Vec::new(),
+            hears_stop: true,
+            stop_budget_ms: None,
+            tells_its_end: true,
+            renamed: Vec::new(),
+            names_every_socket: true,
+        }
+    }
+
     /// N's counters go with the go-ahead as they are then, not as the
     /// offer had them when N+1 started: N+1 answers `/metrics` from them
     /// if N's first report after the takeover is late, and what N counted
     /// meanwhile (and answered scrapes with) must not go back.
     #[tokio::test]
     async fn the_go_ahead_carries_the_counters_as_of_then() {
-        let (ours, theirs) = Channel::pair().expect("pair");
-        let theirs = Channel::new(theirs).expect("wrap");
-        let us = Process::open(std::process::id()).expect("a pidfd of our own");
         let requests = Arc::new(std::sync::atomic::AtomicU64::new(1));
         let now = Arc::clone(&requests);
-        let offer = Offer {
-            generation: 2,
-            sockets: Vec::new(),
-            draining: Vec::new(),
-            backends: Vec::new(),
-            report: counted(1),
-            tickets: TicketKeys::generate().expect("ticket keys"),
-            resolved: Vec::new(),
-            at_go_ahead: Box::new(move || GoAhead {
-                backends: Vec::new(),
-                report: Some(counted(now.load(std::sync::atomic::Ordering::SeqCst))),
-            }),
-        };
-        let limits = Limits {
-            deadline: Instant::now() + Duration::from_secs(10),
-            ready_timeout: Duration::from_secs(10),
-            abandon: CancellationToken::new(),
-        };
+        let c = Conversation::new(counted(1), move || {
+            counted(now.load(std::sync::atomic::Ordering::SeqCst))
+        });
         let successor = async {
-            let Message::Offer { report, .. } = theirs.recv().await.expect("offer").0 else {
+            let Message::Offer { report, .. } = c.theirs.recv().await.expect("offer").0 else {
                 panic!("an offer first");
             };
             assert_eq!(report, Some(counted(1)));
             requests.store(5, std::sync::atomic::Ordering::SeqCst);
-            let ready = Message::Ready {
-                adopted: Vec::new(),
-                hears_stop: true,
-                stop_budget_ms: None,
-                tells_its_end: true,
-                renamed: Vec::new(),
-                names_every_socket: true,
-            };
-            theirs.send(&ready, &[]).await.expect("ready");
-            let commit = theirs.recv().await.expect("commit").0;
-            theirs
+            c.theirs.send(&ready(), &[]).await.expect("ready");
+            let commit = c.theirs.recv().await.expect("commit").0;
+            c.theirs
                 .send(&Message::Accepting, &[])
                 .await
                 .expect("accepting");
             commit
         };
-        let (conversed, commit) = tokio::join!(converse(&ours, &us, offer, limits), successor);
+        let (conversed, commit) =
+            tokio::join!(converse(&c.ours, &c.us, c.offer, c.limits), successor);
         conversed.expect("the handoff completes");
         assert_eq!(
             commit,
@@ -747,6 +792,39 @@ mod tests {
                 backends: Vec::new(),
                 report: Some(counted(5)),
             }
+        );
+    }
+
+    /// A go-ahead past what the socket holds (a config with many
+    /// backends has as many counter series) is sent only as fast as N+1
+    /// reads it: one that stopped reading after its ready is given up on
+    /// after the go-ahead's own bound, not waited for without end.
+    #[tokio::test(start_paused = true)]
+    async fn a_go_ahead_that_is_not_taken_is_given_up_on() {
+        let text: String = (0..50_000)
+            .map(|i| format!("baton_requests_total{{pool=\"p{i}\"}} {i}\n"))
+            .collect();
+        let many = Report {
+            baseline: crate::metrics::exposition::baseline(&format!(
+                "# TYPE baton_requests_total counter\n{text}"
+            )),
+            generations: Vec::new(),
+        };
+        let c = Conversation::new(Report::default(), move || many.clone());
+        let successor = async {
+            c.theirs.recv().await.expect("offer");
+            c.theirs.send(&ready(), &[]).await.expect("ready");
+        };
+        // Time is paused: it runs on while everything waits, so an
+        // unbounded send fails here rather than hanging the test.
+        let both = async { tokio::join!(converse(&c.ours, &c.us, c.offer, c.limits), successor) };
+        let (conversed, ()) = tokio::time::timeout(Duration::from_secs(60), both)
+            .await
+            .expect("given up on within the go-ahead's bound");
+        assert!(
+            matches!(conversed, Err(HandoverError::NotAccepting(_))),
+            "{:?}",
+            conversed.err()
         );
     }
 
