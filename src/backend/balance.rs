@@ -24,7 +24,7 @@ pub struct PickState {
 struct WorkerPicks {
     /// Smooth round robin's current weights, by backend position.
     current: Mutex<Weights>,
-    /// Drives rotation of ties and the random choices.
+    /// Drives the random choices.
     ticket: AtomicU64,
 }
 
@@ -92,19 +92,22 @@ pub fn choose(
     eligible: impl Fn(&Backend) -> bool,
 ) -> Option<usize> {
     let candidates = (0..backends.len()).filter(|&i| eligible(&backends[i]));
-    let n = candidates.clone().count();
-    if n == 0 {
-        return None;
-    }
     let state = state.per_worker.mine();
-    let ticket = state.ticket.fetch_add(1, Ordering::Relaxed);
     match balance {
         Balance::RoundRobin => smooth_weighted(backends, candidates, state),
         Balance::LeastConn => {
-            let rotated = candidates.cycle().skip(ticket as usize % n).take(n);
-            least_loaded(backends, rotated)
+            // The least loaded; among several (idle backends, at low load
+            // most of all) weights decide, in smooth round robin as nginx
+            // does: in turn, a weight-1 canary beside a weight-99 backend
+            // took half of the work whenever both were idle. Loads read
+            // again may have moved: the first least loaded then.
+            let least = least_loaded(backends, candidates.clone())?;
+            let floor = load(&backends[least]);
+            let tied = candidates.filter(|&i| load(&backends[i]) == floor);
+            smooth_weighted(backends, tied, state).or(Some(least))
         }
         Balance::RandomTwo => {
+            let ticket = state.ticket.fetch_add(1, Ordering::Relaxed);
             let a = weighted_sample(backends, candidates.clone(), mix(ticket))?;
             let b = weighted_sample(backends, candidates, mix(ticket ^ 0xdead_beef_cafe_f00d))?;
             least_loaded(backends, [a, b].into_iter())
@@ -142,10 +145,12 @@ fn smooth_weighted(
 /// The candidate with the fewest in-flight per unit of weight; ties go to
 /// the first in `order`.
 fn least_loaded(backends: &[Arc<Backend>], order: impl Iterator<Item = usize>) -> Option<usize> {
-    let load = |i: usize| {
-        backends[i].in_flight() as u64 * 1_000_000 / u64::from(backends[i].weight().max(1))
-    };
-    order.min_by_key(|&i| load(i))
+    order.min_by_key(|&i| load(&backends[i]))
+}
+
+/// A backend's work in flight per unit of weight (in millionths).
+fn load(backend: &Backend) -> u64 {
+    backend.in_flight() as u64 * 1_000_000 / u64::from(backend.weight().max(1))
 }
 
 /// A candidate drawn with probability proportional to its weight.
@@ -294,6 +299,14 @@ mod tests {
                 "within 2 points of the weight share: {s:?}"
             );
         }
+    }
+
+    /// Idle backends (each pick here is let go at once) share the work
+    /// by weight, as round robin does, not in turn.
+    #[test]
+    fn least_conn_among_idle_backends_follows_weights() {
+        let p = pool(Balance::LeastConn, &[1, 3]);
+        assert_eq!(shares(&p, 4000), vec![0.25, 0.75]);
     }
 
     #[test]
