@@ -54,6 +54,15 @@ pub fn reload(args: ReloadArgs) -> Exit {
             eprintln!("baton: {}", reply.message);
             Exit::from_code(reply.exit_code)
         }
+        // There, but not for this user: the daemon's verdict could not be
+        // asked, and this file, as read here, may be good for the daemon
+        // (a key only it may read).
+        (Err(err @ CallError::Unreachable { .. }), Some(invalid)) if refused_us(&err) => {
+            eprintln!("baton: {err}");
+            eprintln!("baton: {NOT_PERMITTED}");
+            eprintln!("baton: warning: config invalid as read here: {invalid}");
+            Exit::Unreachable
+        }
         // Not reached: the file's own fault is the answer, as before it
         // was sent.
         (Err(CallError::Unreachable { .. }), Some(invalid)) => {
@@ -78,12 +87,14 @@ pub fn reload(args: ReloadArgs) -> Exit {
 /// What to do about a daemon not reached: a socket that refused this user
 /// is not one the config moved.
 fn hint_for(err: &CallError) -> &'static str {
-    match err {
-        CallError::Unreachable { source, .. }
-            if source.kind() == std::io::ErrorKind::PermissionDenied =>
-        {
-            NOT_PERMITTED
-        }
-        _ => MOVED_SOCKET,
+    if refused_us(err) {
+        NOT_PERMITTED
+    } else {
+        MOVED_SOCKET
     }
+}
+
+/// The control socket is there and refused this user.
+fn refused_us(err: &CallError) -> bool {
+    matches!(err, CallError::Unreachable { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied)
 }
