@@ -423,9 +423,27 @@ fn check_warns_when_the_unit_would_cut_a_drain_short() {
         stderr.contains("TimeoutStopSec=8") && stderr.contains("would kill baton mid-drain"),
         "{stderr}"
     );
-    std::fs::write(&unit, "[Service]\nTimeoutStopSec=25s\n").expect("write unit");
+    // systemd reads 0 as no timeout at all.
+    for enough in [
+        "TimeoutStopSec=25s",
+        "TimeoutStopSec=0",
+        "TimeoutSec=infinity",
+    ] {
+        std::fs::write(&unit, format!("[Service]\n{enough}\n")).expect("write unit");
+        let (_, _, stderr) = run(&["check", "-c", example, "--unit", u]);
+        assert!(!stderr.contains("warning"), "{enough}: {stderr}");
+    }
+    // None set: systemd's default, 90 s, is what a drain must fit.
+    std::fs::write(&unit, "[Service]\nExecStart=/usr/bin/baton run\n").expect("write unit");
     let (_, _, stderr) = run(&["check", "-c", example, "--unit", u]);
     assert!(!stderr.contains("warning"), "{stderr}");
+    let (_, _, stderr) = run(&["check", "-c", example, "--unit", u, "--drain-timeout", "2m"]);
+    assert!(
+        stderr.contains("the unit sets no TimeoutStopSec")
+            && stderr.contains("would kill baton mid-drain")
+            && !stderr.contains("TimeoutStartSec"),
+        "{stderr}"
+    );
 }
 
 /// Drop-ins count, applied after the unit file as systemd applies them

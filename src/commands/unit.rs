@@ -53,8 +53,10 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
         (["TimeoutSec", "TimeoutStopSec"], stop),
         (["TimeoutSec", "TimeoutStartSec"], start),
     ] {
-        if let Some(found) = last_setting(&files, &keys) {
-            bound.check(&found);
+        match last_setting(&files, &keys) {
+            Some(found) => bound.check(&found),
+            None if !files.is_empty() => bound.check_default(keys[1]),
+            None => {}
         }
     }
     if let Some(store) = last_setting(&files, &["FileDescriptorStoreMax"]) {
@@ -196,6 +198,11 @@ struct Bound {
     harm: &'static str,
 }
 
+/// What systemd holds a unit to that sets no timeout of its own
+/// (`DefaultTimeoutStopSec=` and `DefaultTimeoutStartSec=` in
+/// system.conf, unless an admin changed them there).
+const SYSTEMD_DEFAULT_TIMEOUT: Duration = Duration::from_secs(90);
+
 impl Bound {
     fn check(&self, s: &Setting<'_>) {
         let configured = match s.value.parse::<u64>() {
@@ -203,6 +210,8 @@ impl Bound {
             Err(_) => humantime::parse_duration(&s.value).ok(),
         };
         match configured {
+            // systemd reads 0 as no timeout, as `infinity`.
+            Some(Duration::ZERO) => {}
             Some(d) if d < self.needed => eprintln!(
                 "baton: warning: {}={} in {} is shorter than {} = {}s: {}",
                 s.key,
@@ -220,6 +229,19 @@ impl Bound {
                 s.value,
                 s.file.display()
             ),
+        }
+    }
+
+    /// The unit sets no `key`: systemd's default applies.
+    fn check_default(&self, key: &str) {
+        if SYSTEMD_DEFAULT_TIMEOUT < self.needed {
+            eprintln!(
+                "baton: warning: the unit sets no {key}, and systemd's default ({}s, Default{key} in system.conf) is shorter than {} = {}s: {}; set {key} in a drop-in",
+                SYSTEMD_DEFAULT_TIMEOUT.as_secs(),
+                self.what,
+                super::check::seconds_up(self.needed),
+                self.harm
+            );
         }
     }
 }
