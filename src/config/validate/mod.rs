@@ -158,11 +158,12 @@ impl Validator {
     }
 
     fn ready_timeout(&mut self, raw: &file::ReloadFile) -> Duration {
-        self.timeout(
-            "reload.ready_timeout",
-            raw.ready_timeout.as_ref(),
-            Duration::from_secs(30),
-        )
+        let key = "reload.ready_timeout";
+        let timeout = self.timeout(key, raw.ready_timeout.as_ref(), Duration::from_secs(30));
+        if (Duration::from_millis(1)..Duration::from_secs(1)).contains(&timeout) {
+            self.warning(key, format!("{timeout:?} is shorter than a second: a new generation reads its config, binds, starts its workers and checks its backends within it, and a reload it does not fit in fails"));
+        }
+        timeout
     }
 
     /// `control.socket`, or its default.
@@ -180,6 +181,16 @@ impl Validator {
     fn socket_path(&mut self, key: &str, written: Option<&str>, default: &str) -> PathBuf {
         let path = self.path(written, default);
         self.no_nul(key, &path);
+        if path.is_dir() || path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+            self.problem(
+                key,
+                format!(
+                    "{} is a folder: name the socket in it, like {}",
+                    path.display(),
+                    path.join("baton.sock").display()
+                ),
+            );
+        }
         if path.as_os_str().len() >= 108 {
             self.problem(
                 key,
@@ -429,7 +440,14 @@ impl Validator {
             Some((_, Some(path))) => {
                 AdminListen::Unix(self.socket_path("admin.listen", Some(path), ""))
             }
-            Some((text, None)) => AdminListen::Tcp(self.socket_addr("admin.listen", text)),
+            Some((text, None)) => {
+                let addr = self.socket_addr("admin.listen", text);
+                // (A stand-in for one that did not parse has port 0 too.)
+                if text.parse::<SocketAddr>().is_ok_and(|a| a.port() == 0) {
+                    self.warning("admin.listen", "port 0 takes whichever port is free, which baton status, baton backend and probes cannot know: name one");
+                }
+                AdminListen::Tcp(addr)
+            }
         }
     }
 
@@ -905,6 +923,55 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         let fine = listener_keys("connect_timeout = \"1ms\"\n");
         let config = parse(&fine, Path::new("x.toml"), &Overrides::default()).expect("valid");
         assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    }
+
+    /// What passed `check` and then failed at run, or did nothing: a
+    /// ready_timeout no generation fits in, an admin port nobody can know,
+    /// a tcp check's path; a socket path that is a folder is refused.
+    #[test]
+    fn settings_that_cannot_work_are_said() {
+        let warned = |before: &str| -> Vec<String> {
+            parse(
+                &format!("{before}{GOOD}"),
+                Path::new("x.toml"),
+                &Overrides::default(),
+            )
+            .expect("warned, not refused")
+            .warnings
+        };
+        let said = |warnings: Vec<String>, key: &str, part: &str| {
+            assert!(
+                warnings.len() == 1 && warnings[0].starts_with(key) && warnings[0].contains(part),
+                "{warnings:?}"
+            );
+        };
+        said(
+            warned("[reload]\nready_timeout = \"200ms\"\n"),
+            "reload.ready_timeout",
+            "shorter than a second",
+        );
+        assert!(warned("[reload]\nready_timeout = \"1s\"\n").is_empty());
+        said(
+            warned("[admin]\nlisten = \"127.0.0.1:0\"\n"),
+            "admin.listen",
+            "port 0",
+        );
+        let tcp_check = GOOD.replace(
+            "backends = [",
+            "health = { kind = \"tcp\", path = \"/x\" }\nbackends = [",
+        );
+        let config = parse(&tcp_check, Path::new("x.toml"), &Overrides::default()).expect("valid");
+        said(config.warnings, "pools[0].health.path", "does nothing");
+        refused_once(
+            &format!("[control]\nsocket = \"/tmp/\"\n{GOOD}"),
+            "control.socket",
+            "is a folder",
+        );
+        refused_once(
+            &format!("[admin]\nlisten = \"unix:/tmp\"\n{GOOD}"),
+            "admin.listen",
+            "is a folder",
+        );
     }
 
     #[test]

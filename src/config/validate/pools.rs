@@ -187,6 +187,13 @@ impl Validator {
                 HealthKind::Http
             }
         };
+        if kind == HealthKind::Tcp && raw.path.is_some() {
+            // Taken before: a config that ran must still reload.
+            self.warning(
+                &format!("{key}.path"),
+                "does nothing: a tcp check only connects (kind = \"http\" asks the path)",
+            );
+        }
         let path = raw.path.clone().unwrap_or_else(|| "/health".to_string());
         if !path.starts_with('/') {
             self.problem(
