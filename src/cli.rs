@@ -21,7 +21,7 @@ pub enum Command {
     Reload(ReloadArgs),
     /// Show generations, listeners, pools and backends (from the admin API).
     Status(StatusArgs),
-    /// Drain or restore one backend (by global index or name).
+    /// Drain or restore one backend (by global index, name, or a DNS member's name@address).
     Backend(BackendArgs),
     /// Demo: backends, a proxy, steady traffic and live reloads, no config needed.
     Demo(DemoArgs),
@@ -43,7 +43,8 @@ pub struct BackendArgs {
     /// What to do with the backend.
     #[arg(value_enum)]
     pub action: BackendAction,
-    /// The backend's global index (config order, from 0) or its name.
+    /// The backend's global index (config order, from 0), its name, or
+    /// one DNS member's `name@address` (`app1@10.0.0.5:8080`).
     pub id: String,
 }
 

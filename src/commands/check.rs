@@ -22,6 +22,7 @@ pub fn check(args: CheckArgs) -> Exit {
     }
     println!("config {} is valid", c.source.display());
     println!("workers                 {}", c.workers);
+    println!("pin_workers             {}", c.pin_workers);
     println!("busy_poll               {}", display(c.busy_poll));
     println!("admin.listen            {}", c.admin.listen);
     println!("control.socket          {}", c.control.socket.display());
