@@ -137,13 +137,13 @@ pub fn load(cert: &Path, key: &Path, now: SystemTime) -> Result<Loaded, Vec<Prob
     })
 }
 
-/// The trust anchors of a CA bundle the config names: a certificate
-/// webpki cannot take as a root is a problem.
-pub fn load_roots(path: &Path) -> Result<RootCertStore, Problem> {
-    let (roots, mut passed_over) = load_roots_passing_over(path)?;
+/// The trust anchors of a CA bundle the config names: each certificate
+/// webpki cannot take as a root is a problem, all said at once.
+pub fn load_roots(path: &Path) -> Result<RootCertStore, Vec<Problem>> {
+    let (roots, passed_over) = load_roots_passing_over(path).map_err(|p| vec![p])?;
     match passed_over.is_empty() {
         true => Ok(roots),
-        false => Err(passed_over.swap_remove(0)),
+        false => Err(passed_over),
     }
 }
 
@@ -621,7 +621,7 @@ mod tests {
         let roots = load_roots(&pki.write("ca.pem", &leaf.ca)).expect("roots");
         assert_eq!(roots.len(), 1);
         let empty = load_roots(&pki.write("empty.pem", "")).expect_err("refused");
-        assert_eq!(empty.part, Part::ClientCa);
+        assert_eq!(empty[0].part, Part::ClientCa);
     }
 
     /// A certificate webpki cannot take as a root: a problem in a bundle
@@ -634,10 +634,21 @@ mod tests {
         let bundle = pki.write("bundle.pem", &format!("{}{unusable}", leaf.ca));
         let refused = load_roots(&bundle).expect_err("refused");
         assert!(
-            refused
-                .to_string()
-                .starts_with("certificate 2 of the bundle cannot be used as a root"),
-            "{refused}"
+            refused.len() == 1
+                && refused[0]
+                    .to_string()
+                    .starts_with("certificate 2 of the bundle cannot be used as a root"),
+            "{refused:?}"
+        );
+        // Every one of them, not the first alone.
+        let twice = pki.write("twice.pem", &format!("{unusable}{}{unusable}", leaf.ca));
+        let refused = load_roots(&twice).expect_err("refused");
+        let said: Vec<String> = refused.iter().map(ToString::to_string).collect();
+        assert!(
+            said.len() == 2
+                && said[0].starts_with("certificate 1 ")
+                && said[1].starts_with("certificate 3 "),
+            "{said:?}"
         );
         let (roots, warned) = load_system_roots(&bundle).expect("loads");
         assert_eq!((roots.len(), warned.len()), (1, 1));

@@ -79,8 +79,10 @@ impl Validator {
             (_, None) => Some(self.system_roots(&format!("{key}.ca"))?),
             (_, Some(written)) => match certs::load_roots(&self.path(Some(written), written)) {
                 Ok(roots) => Some(Arc::new(roots)),
-                Err(p) => {
-                    self.problem(&format!("{key}.ca"), p);
+                Err(problems) => {
+                    for p in problems {
+                        self.problem(&format!("{key}.ca"), p);
+                    }
                     return None;
                 }
             },
@@ -223,8 +225,10 @@ impl Validator {
                 roots: Arc::new(roots),
                 auth,
             }),
-            Err(p) => {
-                self.problem(&format!("{key}.client_ca"), p);
+            Err(problems) => {
+                for p in problems {
+                    self.problem(&format!("{key}.client_ca"), p);
+                }
                 None
             }
         }
