@@ -824,6 +824,31 @@ async fn a_request_whose_client_left_while_in_line_reaches_no_backend() {
     );
 }
 
+/// A reload that adds health checks to a pool lets their first round
+/// decide: a backend that was taken for healthy unchecked, and is down,
+/// is out at once, not after `fall` more failures (the unchecked
+/// generation's "healthy" was carried over as a check's verdict).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_added_by_a_reload_decide_at_their_first_round() {
+    let a = HttpBackend::start("a").await;
+    let (dead, _held) = support::daemon::dead_addr();
+    let spec = Spec::new()
+        .http("web", "app")
+        .pool_with("app", "", &[(a.addr, 1), (dead, 1)]);
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    assert_eq!(backend_state(admin, "app-1").await, "up", "unchecked");
+    let checked = Spec::new().http("web", "app").pool_with(
+        "app",
+        "health = { kind = \"tcp\", interval = \"20s\", timeout = \"1s\", rise = 2, fall = 3 }",
+        &[(a.addr, 1), (dead, 1)],
+    );
+    baton.write_spec(&checked, &Default::default());
+    baton.reload_ok().await;
+    assert_eq!(backend_state(admin, "app-1").await, "down");
+    assert_eq!(backend_state(admin, "app-0").await, "up");
+}
+
 /// A backend's failures in a row go on counting across a reload (and so
 /// its passes while down, the same carried streak): reset at each
 /// reload, a backend failing its checks would never reach `fall` under

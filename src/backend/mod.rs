@@ -189,6 +189,11 @@ impl Backend {
         self.healthy.load(Ordering::SeqCst)
     }
 
+    /// Whether its pool checks it (`health`).
+    pub fn is_checked(&self) -> bool {
+        self.checked
+    }
+
     /// Whether the health verdict exists (a first check ran or carried over).
     pub fn has_verdict(&self) -> bool {
         self.health.lock().map(|h| h.has_verdict()).unwrap_or(true)

@@ -677,7 +677,9 @@ pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
             name: b.name.clone(),
             address: b.address.to_string(),
             admin: carried(b.admin()),
-            healthy: b.has_verdict().then(|| b.is_healthy()),
+            // An unchecked backend's "healthy" was never a check's: a
+            // reload that adds checks lets its first round decide.
+            healthy: (b.is_checked() && b.has_verdict()).then(|| b.is_healthy()),
             streak: b.health_streak(),
         })
         .chain(names)
