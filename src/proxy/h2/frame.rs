@@ -509,14 +509,23 @@ enum Assembled {
 }
 
 /// A header block being put back together (RFC 9113 §4.3): nothing else
-/// may come between its frames, and the whole is bounded (a client could
-/// otherwise send CONTINUATIONs for ever).
+/// may come between its frames, and the whole is bounded, in bytes and in
+/// frames (a client could otherwise send CONTINUATIONs for ever: empty
+/// ones cost it nine bytes each and baton a frame's work, the 2024
+/// "CONTINUATION flood").
 #[derive(Debug, PartialEq, Eq)]
 struct PendingBlock {
     stream: u32,
     end_stream: bool,
     block: BytesMut,
+    /// CONTINUATION frames taken so far.
+    continuations: usize,
 }
+
+/// CONTINUATIONs one header block may take: the largest block baton takes
+/// (`max_block`) in frames of 4 KiB, a quarter of the smallest frame size
+/// a peer may send (nghttp2 takes 8 by default).
+const MAX_CONTINUATIONS: usize = 32;
 
 impl PendingBlock {
     /// Starts a block with a HEADERS frame's fragment.
@@ -532,6 +541,7 @@ impl PendingBlock {
             stream,
             end_stream,
             block: BytesMut::from(&fragment[..]),
+            continuations: 0,
         })
     }
 
@@ -555,6 +565,11 @@ impl PendingBlock {
         }
         if self.block.len() + fragment.len() > max_block {
             let why = "header block larger than SETTINGS_MAX_HEADER_LIST_SIZE";
+            return Err(connection_error(Reason::ENHANCE_YOUR_CALM, why));
+        }
+        self.continuations += 1;
+        if self.continuations > MAX_CONTINUATIONS {
+            let why = "header block in more CONTINUATION frames than any client needs";
             return Err(connection_error(Reason::ENHANCE_YOUR_CALM, why));
         }
         self.block.extend_from_slice(&fragment);
@@ -822,6 +837,18 @@ mod tests {
             pending().extend(continuation(1, 98), 100),
             Ok(Assembled::Partial(_))
         ));
+        // Empty CONTINUATIONs, which the size bound never stops.
+        let mut block = pending();
+        for _ in 0..MAX_CONTINUATIONS {
+            block = match block.extend(continuation(1, 0), 100) {
+                Ok(Assembled::Partial(more)) => more,
+                other => panic!("{other:?}"),
+            };
+        }
+        assert_eq!(
+            refused(block.extend(continuation(1, 0), 100)),
+            Reason::ENHANCE_YOUR_CALM
+        );
     }
 
     /// A faulty frame inside a header block (one that alone would reset
