@@ -468,7 +468,32 @@ async fn an_idle_h2c_connection_that_answers_nothing_does_not_hold_the_drain() {
         Some(0),
         "drained, not forced at the deadline"
     );
-    drop(silent);
+    // Before the close, the last GOAWAY named the last stream served
+    // (none: 0), not only the first's "any" (2^31 - 1): a request the
+    // client sent meanwhile is known unserved, to send again.
+    let mut told = Vec::new();
+    let _ = silent.read_to_end(&mut told).await;
+    let settings_left = u32::from_be_bytes([0, first[0], first[1], first[2]]) as usize;
+    let last_named = goaways(&told[settings_left.min(told.len())..]);
+    assert_eq!(last_named, [(1 << 31) - 1, 0], "{told:?}");
+}
+
+/// The last stream each GOAWAY in `frames` (a server's, from a frame's
+/// start) names.
+fn goaways(mut frames: &[u8]) -> Vec<u32> {
+    const GOAWAY: u8 = 7;
+    let mut named = Vec::new();
+    while frames.len() >= 9 {
+        let len = u32::from_be_bytes([0, frames[0], frames[1], frames[2]]) as usize;
+        let end = (9 + len).min(frames.len());
+        if frames[3] == GOAWAY && end >= 13 {
+            named.push(
+                u32::from_be_bytes([frames[9], frames[10], frames[11], frames[12]]) & 0x7fff_ffff,
+            );
+        }
+        frames = &frames[end..];
+    }
+    named
 }
 
 /// A connection's h2 streams are not connections: a reload that drains

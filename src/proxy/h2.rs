@@ -91,6 +91,10 @@ const GOAWAY_CROSSING: Duration = Duration::from_secs(1);
 /// and the whole connection only if frames still wait after that.
 const STREAMS_FIRST: Duration = Duration::from_secs(1);
 
+/// How long a connection closed quiet (see `Verdict::GoneQuiet`,
+/// `Verdict::IdleThroughDrain`) has to write its last GOAWAY.
+const LAST_WORD: Duration = Duration::from_millis(100);
+
 /// How an h2 connection ended: whether what the client still sends is
 /// read before the socket closes (see [`linger`]).
 enum Ended {
@@ -201,6 +205,13 @@ impl HttpProxy {
                     Err(verdict) => {
                         let flooded = verdict == Verdict::Flooded;
                         match self.judge(verdict, peer, &drain) {
+                            // Closed quiet: the last GOAWAY first, as the
+                            // socket takes it.
+                            Some(Ended::Well) => {
+                                conn.as_mut().refuse_new_streams();
+                                let _ = tokio::time::timeout(LAST_WORD, conn.as_mut()).await;
+                                break Ended::Well;
+                            }
                             Some(ended) => break ended,
                             None if flooded => conn.as_mut().refuse_a_flood(),
                             None => conn.as_mut().graceful_shutdown(),

@@ -356,8 +356,10 @@ where
     }
 
     /// The second GOAWAY, naming the last stream served: any later one is
-    /// refused.
-    fn refuse_new_streams(&mut self) {
+    /// refused. Also written before a close baton decides on a client that
+    /// did not answer the first, so that a request on its way is known
+    /// unserved and may be sent again (RFC 9113 §6.8).
+    pub fn refuse_new_streams(&mut self) {
         self.last_goaway(Reason::NO_ERROR);
     }
 
