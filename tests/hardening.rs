@@ -187,9 +187,12 @@ async fn another_uid_is_refused_even_with_the_socket_open_to_it() {
         .await
         .expect("run baton reload as nobody");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    // Not reached (69), as behind a socket whose mode refused the user,
+    // and told who may.
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
     assert!(
-        stderr.contains("uid 65534 may not control this daemon"),
+        stderr.contains("uid 65534 may not control this daemon")
+            && stderr.contains("admits root and the daemon's own user only"),
         "{stderr}"
     );
     assert_eq!(baton.serving_pid().await, serving, "nothing was reloaded");

@@ -100,11 +100,11 @@ pub fn choose(
             // most of all) weights decide, in smooth round robin as nginx
             // does: in turn, a weight-1 canary beside a weight-99 backend
             // took half of the work whenever both were idle. Loads read
-            // again may have moved: the first least loaded then.
-            let least = least_loaded(backends, candidates.clone())?;
-            let floor = load(&backends[least]);
-            let tied = candidates.filter(|&i| load(&backends[i]) == floor);
-            smooth_weighted(backends, tied, state).or(Some(least))
+            // again may have moved (none left at the floor): the least
+            // loaded as they are now, among those still eligible.
+            let floor = load(&backends[least_loaded(backends, candidates.clone())?]);
+            let tied = candidates.clone().filter(|&i| load(&backends[i]) == floor);
+            smooth_weighted(backends, tied, state).or_else(|| least_loaded(backends, candidates))
         }
         Balance::RandomTwo => {
             let ticket = state.ticket.fetch_add(1, Ordering::Relaxed);

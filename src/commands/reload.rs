@@ -50,9 +50,18 @@ pub fn reload(args: ReloadArgs) -> Exit {
             println!("{}", reply.message);
             Exit::Clean
         }
-        (Ok(reply), _) => {
+        (Ok(reply), invalid) => {
             eprintln!("baton: {}", reply.message);
-            Exit::from_code(reply.exit_code)
+            let exit = Exit::from_code(reply.exit_code);
+            // The daemon refused this user (its own uid check, behind a
+            // socket mode that let the user in).
+            if exit == Exit::Unreachable {
+                eprintln!("baton: {NOT_PERMITTED}");
+                if let Some(invalid) = invalid {
+                    eprintln!("baton: warning: config invalid as read here: {invalid}");
+                }
+            }
+            exit
         }
         // There, but not for this user: the daemon's verdict could not be
         // asked, and this file, as read here, may be good for the daemon

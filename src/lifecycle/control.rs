@@ -173,8 +173,9 @@ async fn handle(stream: UnixStream, requests: mpsc::Sender<Incoming>) -> std::io
 fn authorize(stream: &UnixStream) -> Result<(), Reply> {
     match refused_peer(stream) {
         Ok(None) => Ok(()),
+        // As a socket whose mode refused the user: not reached (69).
         Ok(Some(uid)) => Err(Reply::err(
-            Exit::Failure,
+            Exit::Unreachable,
             format!("uid {uid} may not control this daemon"),
         )),
         Err(e) => Err(Reply::err(Exit::Failure, format!("SO_PEERCRED: {e}"))),

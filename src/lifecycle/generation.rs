@@ -361,14 +361,19 @@ async fn converse(
         abandon: limits.abandon.clone(),
     };
     // A stop while it goes still abandons N+1, which has not taken it.
-    bounded(
+    let sent = bounded(
         child,
         &accepting,
         Some(&limits.abandon),
         channel.send(&commit, &[]),
     )
-    .await
-    .map_err(not_accepting)?;
+    .await;
+    match sent {
+        Err(err @ (HandoverError::Channel(_) | HandoverError::Exited)) => {
+            return Err(last_word(channel, err).await)
+        }
+        other => other.map_err(not_accepting)?,
+    }
     // From here N+1 accepts: a stop no longer abandons it.
     match next(channel, child, &accepting, None).await {
         Ok(Message::Accepting) => {}

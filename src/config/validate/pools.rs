@@ -195,7 +195,9 @@ impl Validator {
             );
         }
         let path = raw.path.clone().unwrap_or_else(|| "/health".to_string());
-        if !path.starts_with('/') {
+        if kind == HealthKind::Tcp {
+            // Not used: said above.
+        } else if !path.starts_with('/') {
             self.problem(
                 &format!("{key}.path"),
                 format!("\"{path}\" must start with '/'"),
