@@ -568,6 +568,18 @@ fn slow() -> Vec<(&'static [u8], &'static [u8])> {
     slow
 }
 
+/// A second header block on a stream whose request already ended (the
+/// client half-closed it) resets it with STREAM_CLOSED (RFC 9113 §5.1).
+#[tokio::test]
+async fn a_header_block_after_the_request_ended_is_stream_closed() {
+    let server = server(limits()).await;
+    let mut raw = Raw::open(server.addr).await;
+    raw.request(1, &slow()).await;
+    raw.request(1, &GET_HELLO).await;
+    raw.expect_reset(1, Reason::STREAM_CLOSED, "a block after the end")
+        .await;
+}
+
 /// A raw client: the preface, an empty SETTINGS, then what the test writes.
 struct Raw {
     socket: TcpStream,

@@ -667,6 +667,12 @@ where
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
+        if stream.request_ended {
+            // Half-closed by the client: only WINDOW_UPDATE, PRIORITY and
+            // RST_STREAM may come (RFC 9113 §5.1).
+            self.reset(id, Reason::STREAM_CLOSED);
+            return;
+        }
         let trailers = match (&stream.inbox, stream.request_ended, end_stream) {
             (Some(_), false, true) => request::trailers(fields).ok(),
             _ => None,
