@@ -140,13 +140,19 @@ impl Accept for Connections {
                     if let Some((stream, origin)) = admitted {
                         match tls {
                             None => proxy.serve(stream, origin, drain).await,
-                            Some(tls) => match tls.handshake(stream, origin.client).await {
-                                Handshake::Done(stream) => proxy.serve(stream, origin, drain).await,
-                                Handshake::PlainHttp(stream) => {
-                                    proxy.refuse_plain_http(stream).await
+                            Some(tls) => {
+                                let idle = drain.grace_over(listener.keepalive_drain_grace);
+                                match tls.handshake(stream, origin.client, idle).await {
+                                    Handshake::Done(stream) => {
+                                        proxy.serve(stream, origin, drain).await
+                                    }
+                                    Handshake::PlainHttp(stream) => {
+                                        proxy.refuse_plain_http(stream).await
+                                    }
+                                    Handshake::Idle => drain.closed_idle(),
+                                    Handshake::Failed => {}
                                 }
-                                Handshake::Failed => {}
-                            },
+                            }
                         }
                     }
                     drop(open);

@@ -700,9 +700,12 @@ async fn tls_clients_lose_nothing_across_twenty_reloads() {
     assert!(ok > 200, "the clients made progress: {ok}");
 }
 
+/// (Its ClientHello comes within the drain's grace, here 10 s: a client
+/// silent through it is closed, as the next test shows.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handshake_under_way_when_the_drain_starts_is_finished_and_answered_with_close() {
-    let (_backend, ca, _a, baton) = one_certificate("").await;
+    let (_backend, ca, _a, baton) =
+        one_certificate_on("web", "http", "", "keepalive_drain_grace = \"10s\"").await;
     let web = baton.addr("web");
     let old = baton.serving_pid().await;
     // Accepted by the old generation, which waits for its ClientHello.
@@ -728,6 +731,32 @@ async fn a_handshake_under_way_when_the_drain_starts_is_finished_and_answered_wi
         Some(&b"close"[..]),
         "a draining generation ends the connection after its answer"
     );
+}
+
+/// A TLS client that has sent nothing (no ClientHello) through the
+/// drain's grace is closed quietly, as an idle keep-alive one is: held to
+/// `handshake_timeout` (10 s), it kept a 5 s drain to its deadline, and
+/// the stop was a forced one (exit 3), with no work in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_silent_through_the_drains_grace_does_not_hold_the_drain() {
+    // Spec's stop: no pause, a 5 s drain.
+    let (_backend, _ca, _a, baton) =
+        one_certificate_on("web", "http", "", "defer_accept = false").await;
+    let (web, pid) = (baton.addr("web"), baton.first_pid);
+    let mut silent = tokio::net::TcpStream::connect(web).await.expect("connect");
+    support::eventually("baton holds the connection", || async {
+        support::daemon::client_connections(pid, web.port()) == 1
+    })
+    .await;
+    support::daemon::signal(pid, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        support::daemon::wait_exit(pid).await,
+        Some(0),
+        "drained, not forced at the deadline"
+    );
+    let mut got = Vec::new();
+    let read = silent.read_to_end(&mut got).await;
+    assert!(matches!(read, Ok(0)), "closed quietly: {read:?} {got:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

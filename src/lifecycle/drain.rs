@@ -210,6 +210,15 @@ impl DrainWatch {
         self.signals.local().graceful.wait().await;
     }
 
+    /// Resolves once `grace` of the drain has passed (counted from the
+    /// drain's start, not from when a connection turned idle: a client
+    /// idle for long may be sending its next request right now): when a
+    /// connection that is idle then closes.
+    pub async fn grace_over(&self, grace: std::time::Duration) {
+        self.draining().await;
+        tokio::time::sleep(grace).await;
+    }
+
     /// Resolves when a long-lived stream (WebSocket, SSE, other upgrade)
     /// should end: at drain start, or at a point spread evenly over the
     /// close-spread window so their clients do not reconnect in one storm.

@@ -195,7 +195,7 @@ impl HttpProxy {
         // to a client that sends the preface anyway. In plain text, h2c
         // with prior knowledge.
         let h2_agreed = stream.plain().is_some() || stream.alpn() == Some(b"h2");
-        let drained = super::h1::conn::drain_grace(&drain, self.keepalive_drain_grace);
+        let drained = drain.grace_over(self.keepalive_drain_grace);
         match opening(&mut stream, opened + self.header_timeout, drained).await {
             // Boxed: an HTTP/1 connection's task does not carry the size
             // of an h2 connection's state (RSS per idle connection).

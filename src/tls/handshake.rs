@@ -36,6 +36,9 @@ pub enum Handshake {
     PlainHttp(TcpStream),
     /// Failed or too slow (logged and counted), or closed before a byte.
     Failed,
+    /// Silent until `idle_until` came (a drain's grace): closed quietly,
+    /// as an idle keep-alive connection is.
+    Idle,
 }
 
 /// Why a handshake did not begin, or failed.
@@ -45,6 +48,8 @@ enum Refused {
     /// check, a port scan. Counted apart, not logged: counted as failed
     /// handshakes, they read as a failure rate that climbs all day.
     Silent,
+    /// Nothing came before the caller's `idle_until`.
+    Idle,
     Tls(std::io::Error),
 }
 
@@ -65,9 +70,17 @@ impl Terminator {
     }
 
     /// The handshake, within `handshake_timeout`; a plain HTTP client
-    /// counts as a failed handshake too.
-    pub async fn handshake(&self, stream: TcpStream, peer: SocketAddr) -> Handshake {
-        let (cause, ended) = match tokio::time::timeout(self.timeout, self.begin(stream)).await {
+    /// counts as a failed handshake too. A client that has sent nothing
+    /// when `idle_until` resolves (a drain's grace: it would hold the
+    /// drain to `handshake_timeout`, or to its deadline) is closed as idle.
+    pub async fn handshake(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        idle_until: impl std::future::Future<Output = ()>,
+    ) -> Handshake {
+        let begun = self.begin(stream, idle_until);
+        let (cause, ended) = match tokio::time::timeout(self.timeout, begun).await {
             Ok(Ok(tls)) => {
                 let resumed = tls.get_ref().1.handshake_kind() == Some(HandshakeKind::Resumed);
                 match resumed.then(|| lapsed_client_certificate(&tls)).flatten() {
@@ -86,6 +99,7 @@ impl Terminator {
                 self.metrics.aborted.increment(1);
                 return Handshake::Failed;
             }
+            Ok(Err(Refused::Idle)) => return Handshake::Idle,
             Ok(Err(Refused::Tls(err))) => (err.to_string(), Handshake::Failed),
             Err(_) => (
                 format!("no handshake within {:?}", self.timeout),
@@ -99,8 +113,16 @@ impl Terminator {
         ended
     }
 
-    async fn begin(&self, stream: TcpStream) -> Result<TlsStream<TcpStream>, Refused> {
-        let Some(first) = first_byte(&stream).await.map_err(Refused::Tls)? else {
+    async fn begin(
+        &self,
+        stream: TcpStream,
+        idle_until: impl std::future::Future<Output = ()>,
+    ) -> Result<TlsStream<TcpStream>, Refused> {
+        let first = tokio::select! {
+            first = first_byte(&stream) => first.map_err(Refused::Tls)?,
+            () = idle_until => return Err(Refused::Idle),
+        };
+        let Some(first) = first else {
             return Err(Refused::Silent);
         };
         // An ASCII capital begins an HTTP method; a TLS record never does

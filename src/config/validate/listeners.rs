@@ -249,7 +249,11 @@ impl Validator {
         let given = [
             ("header_timeout", l.header_timeout.is_some()),
             ("response_timeout", l.response_timeout.is_some()),
-            ("keepalive_drain_grace", l.keepalive_drain_grace.is_some()),
+            // Over TLS it bounds, in a drain, the wait for a ClientHello.
+            (
+                "keepalive_drain_grace",
+                l.keepalive_drain_grace.is_some() && l.tls.is_none(),
+            ),
             ("forwarded", l.forwarded.is_some()),
             (
                 "h2_max_concurrent_streams",

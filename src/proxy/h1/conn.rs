@@ -171,7 +171,7 @@ async fn next_head<S: ByteStream>(
     // again at every empty line (or read that gave no bytes), and a client
     // sending a CRLF now and then held its idle connection in a drain to
     // idle_timeout.
-    let grace = drain_grace(drain, proxy.keepalive_drain_grace);
+    let grace = drain.grace_over(proxy.keepalive_drain_grace);
     tokio::pin!(grace);
     loop {
         if drop_empty_lines(&mut client.buf) {
@@ -245,14 +245,6 @@ fn drop_empty_lines(buf: &mut BytesMut) -> bool {
         release_if_empty(buf);
     }
     empty > 0
-}
-
-/// Resolves once the connection stayed idle for `grace` of the drain
-/// (counted from the drain's start, not from when it turned idle: a
-/// client idle for long may be sending its next request right now).
-pub(in crate::proxy) async fn drain_grace(drain: &DrainWatch, grace: std::time::Duration) {
-    drain.draining().await;
-    tokio::time::sleep(grace).await;
 }
 
 /// Answers a head baton will not serve, and closes.
