@@ -33,18 +33,26 @@ pub fn parse(value: &DurationValue) -> Result<Written, String> {
 
 fn parse_text(text: &str) -> Result<Written, String> {
     if let Some(rest) = text.strip_prefix('-') {
-        return match humantime::parse_duration(rest.trim()) {
+        return match span(rest.trim()) {
             Ok(_) => Ok(Written::None),
             Err(err) => Err(invalid(text, err)),
         };
     }
-    if text == "0" {
-        return Ok(Written::Default);
-    }
-    match humantime::parse_duration(text) {
+    match span(text) {
         Ok(d) if d.is_zero() => Ok(Written::Default),
         Ok(d) => bounded(text, d),
         Err(err) => Err(invalid(text, err)),
+    }
+}
+
+/// A span with its unit, or a bare number of seconds: the file's integer
+/// `30` means seconds, and so does `"30"` in a flag or the environment
+/// (`BATON_DRAIN_TIMEOUT=30` under systemd, whose own timeouts are
+/// written so), where it was refused for want of a unit.
+fn span(text: &str) -> Result<Duration, humantime::DurationError> {
+    match text.parse::<u64>() {
+        Ok(seconds) => Ok(Duration::from_secs(seconds)),
+        Err(_) => humantime::parse_duration(text),
     }
 }
 
@@ -100,6 +108,12 @@ mod tests {
             parse(&DurationValue::Seconds(7)),
             Ok(Written::Exactly(Duration::from_secs(7)))
         );
+        // A bare number is seconds as text too (a flag, the environment).
+        assert_eq!(
+            parse(&text("30")),
+            Ok(Written::Exactly(Duration::from_secs(30)))
+        );
+        assert_eq!(parse(&text("-30")), Ok(Written::None));
     }
 
     #[test]
