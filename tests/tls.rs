@@ -955,6 +955,37 @@ async fn a_pool_reaches_its_backends_over_tls_from_every_path() {
     );
 }
 
+/// A `tcp` health check over TLS ends its session with a `close_notify`,
+/// not a bare close, which the backend would log as a truncated session
+/// at every check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_health_check_over_tls_closes_with_close_notify() {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    let ca = Authority::new();
+    let identity = ca.issue("backend", &["backend.test"]);
+    let backend = TlsBackend::start("secure", &identity).await;
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        &format!(
+            "health = {{ kind = \"tcp\", interval = \"200ms\" }}\ntls = {{ {} }}",
+            trusting(&ca)
+        ),
+        &[(backend.addr, 1)],
+    );
+    let _baton = Baton::start(spec).await;
+    support::eventually("three checks ended", || async {
+        backend.ended.load(Acquire) >= 3
+    })
+    .await;
+    // Read in this order, a check ending meanwhile can only add to `clean`.
+    let ended = backend.ended.load(Acquire);
+    let clean = backend.ended_cleanly.load(Relaxed);
+    assert!(
+        clean >= ended,
+        "{clean} of {ended} checks with close_notify"
+    );
+}
+
 /// baton before a TLS backend, after one request: its connection is kept
 /// (the authority holds the CA file the config names).
 async fn one_tls_connection_kept() -> (Authority, TlsBackend, Baton) {

@@ -43,6 +43,9 @@ async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> 
         Err(fault) => return Err(Fault::Failed(format!("connect: {fault}"))),
     };
     if config.kind == HealthKind::Tcp {
+        // Over TLS, with a close_notify: a backend logs a close without
+        // one as a truncated session, at every check.
+        stream.close_quietly();
         return Ok(());
     }
     ask(config, &host_of(backend), stream)
@@ -76,7 +79,9 @@ async fn ask(config: &HealthConfig, host: &str, mut stream: BackendStream) -> Re
         .write_all(request.as_bytes())
         .await
         .map_err(|e| format!("send: {e}"))?;
-    match final_status(&mut stream).await? {
+    let code = final_status(&mut stream).await?;
+    stream.close_quietly();
+    match code {
         code if (200..400).contains(&code) => Ok(()),
         code => Err(format!("status {code}")),
     }
