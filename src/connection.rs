@@ -149,7 +149,10 @@ impl Accept for Connections {
                                     Handshake::PlainHttp(stream) => {
                                         proxy.refuse_plain_http(stream).await
                                     }
-                                    Handshake::Idle => drain.closed_idle(),
+                                    Handshake::Idle => {
+                                        tracing::debug!(listener = %listener.name, client = %origin.client, expected = true, "no ClientHello through the drain's grace; closing");
+                                        drain.closed_idle();
+                                    }
                                     Handshake::Failed => {}
                                 }
                             }

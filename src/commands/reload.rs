@@ -11,7 +11,7 @@ use crate::lifecycle::control::{self, CallError, Request};
 const MOVED_SOCKET: &str = "if the config now names another control.socket than the running daemon's, reload it once by signal: systemctl kill -s HUP --kill-whom=main baton (or kill -HUP its pid)";
 
 /// Said when the socket is there but refuses this user: not a moved one.
-const NOT_PERMITTED: &str = "the control socket (mode 0600) admits root and the daemon's own user only: run baton reload as one of them (systemctl reload baton does)";
+const NOT_PERMITTED: &str = "the control socket admits root and the daemon's own user only: run baton reload as one of them (systemctl reload baton does)";
 
 pub fn reload(args: ReloadArgs) -> Exit {
     let overrides = super::run::overrides(args.budgets);

@@ -210,10 +210,10 @@ impl DrainWatch {
         self.signals.local().graceful.wait().await;
     }
 
-    /// Resolves once `grace` of the drain has passed (counted from the
-    /// drain's start, not from when a connection turned idle: a client
-    /// idle for long may be sending its next request right now): when a
-    /// connection that is idle then closes.
+    /// Resolves once `grace` has passed since the drain began, or since
+    /// the first poll if that came later (not since a connection turned
+    /// idle: a client idle for long may be sending its next request right
+    /// now): when a connection still idle then closes.
     pub async fn grace_over(&self, grace: std::time::Duration) {
         self.draining().await;
         tokio::time::sleep(grace).await;

@@ -119,6 +119,8 @@ impl Terminator {
         idle_until: impl std::future::Future<Output = ()>,
     ) -> Result<TlsStream<TcpStream>, Refused> {
         let first = tokio::select! {
+            // A byte that came wins over a grace that ran out with it.
+            biased;
             first = first_byte(&stream) => first.map_err(Refused::Tls)?,
             () = idle_until => return Err(Refused::Idle),
         };
