@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 
 use support::backend::HttpBackend;
 use support::daemon::{Baton, Spec};
+use support::h2_raw::frames_of;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// An empty SETTINGS frame.
@@ -56,19 +57,6 @@ async fn until_closed(s: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {
             Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
         }
     }
-}
-
-/// The h2 frames in `bytes`: (type, stream, payload).
-fn frames_of(mut bytes: &[u8]) -> Vec<(u8, u32, Vec<u8>)> {
-    let mut out = Vec::new();
-    while bytes.len() >= 9 {
-        let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
-        let stream = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff;
-        let end = (9 + len).min(bytes.len());
-        out.push((bytes[3], stream, bytes[9..end].to_vec()));
-        bytes = &bytes[end..];
-    }
-    out
 }
 
 /// The h2 frames in `bytes`: (type, payload).
@@ -704,18 +692,9 @@ async fn an_upload_cut_by_the_clients_half_close_is_reset_not_answered() {
     frames.extend(support::h2_raw::data_on(1, b"part of a body"));
     s.write_all(&frames).await.expect("write");
     s.shutdown().await.expect("half-close");
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = tokio::time::timeout(support::TIMEOUT, s.read(&mut buf))
-            .await
-            .expect("closed in time")
-            .expect("read");
-        if n == 0 {
-            break;
-        }
-        seen.extend_from_slice(&buf[..n]);
-    }
+    let seen = until_closed(&mut s, support::TIMEOUT)
+        .await
+        .expect("closed in time");
     let on_stream_1: Vec<_> = frames_of(&seen)
         .into_iter()
         .filter(|(_, stream, _)| *stream == 1)

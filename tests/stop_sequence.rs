@@ -480,20 +480,13 @@ async fn an_idle_h2c_connection_that_answers_nothing_does_not_hold_the_drain() {
 
 /// The last stream each GOAWAY in `frames` (a server's, from a frame's
 /// start) names.
-fn goaways(mut frames: &[u8]) -> Vec<u32> {
+fn goaways(frames: &[u8]) -> Vec<u32> {
     const GOAWAY: u8 = 7;
-    let mut named = Vec::new();
-    while frames.len() >= 9 {
-        let len = u32::from_be_bytes([0, frames[0], frames[1], frames[2]]) as usize;
-        let end = (9 + len).min(frames.len());
-        if frames[3] == GOAWAY && end >= 13 {
-            named.push(
-                u32::from_be_bytes([frames[9], frames[10], frames[11], frames[12]]) & 0x7fff_ffff,
-            );
-        }
-        frames = &frames[end..];
-    }
-    named
+    support::h2_raw::frames_of(frames)
+        .into_iter()
+        .filter(|(kind, _, payload)| *kind == GOAWAY && payload.len() >= 4)
+        .map(|(_, _, p)| u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff)
+        .collect()
 }
 
 /// A connection's h2 streams are not connections: a reload that drains

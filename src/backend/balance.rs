@@ -99,12 +99,17 @@ pub fn choose(
             // The least loaded; among several (idle backends, at low load
             // most of all) weights decide, in smooth round robin as nginx
             // does: in turn, a weight-1 canary beside a weight-99 backend
-            // took half of the work whenever both were idle. Loads read
-            // again may have moved (none left at the floor): the least
-            // loaded as they are now, among those still eligible.
-            let floor = load(&backends[least_loaded(backends, candidates.clone())?]);
-            let tied = candidates.clone().filter(|&i| load(&backends[i]) == floor);
-            smooth_weighted(backends, tied, state).or_else(|| least_loaded(backends, candidates))
+            // took half of the work whenever both were idle. One alone at
+            // the floor (the rule under load) is taken at once.
+            let (least, floor, tied) = floor_of(backends, candidates.clone())?;
+            if tied == 1 {
+                return Some(least);
+            }
+            // Loads read again may have moved (none left at the floor):
+            // the least loaded as they are now, among those still eligible.
+            let at_floor = candidates.clone().filter(|&i| load(&backends[i]) == floor);
+            smooth_weighted(backends, at_floor, state)
+                .or_else(|| least_loaded(backends, candidates))
         }
         Balance::RandomTwo => {
             let ticket = state.ticket.fetch_add(1, Ordering::Relaxed);
@@ -146,6 +151,24 @@ fn smooth_weighted(
 /// the first in `order`.
 fn least_loaded(backends: &[Arc<Backend>], order: impl Iterator<Item = usize>) -> Option<usize> {
     order.min_by_key(|&i| load(&backends[i]))
+}
+
+/// The first least loaded candidate, its load, and how many share it.
+fn floor_of(
+    backends: &[Arc<Backend>],
+    candidates: impl Iterator<Item = usize>,
+) -> Option<(usize, u64, usize)> {
+    let mut best: Option<(usize, u64, usize)> = None;
+    for i in candidates {
+        let l = load(&backends[i]);
+        best = match best {
+            Some((_, floor, _)) if l < floor => Some((i, l, 1)),
+            Some((first, floor, tied)) if l == floor => Some((first, floor, tied + 1)),
+            Some(kept) => Some(kept),
+            None => Some((i, l, 1)),
+        };
+    }
+    best
 }
 
 /// A backend's work in flight per unit of weight (in millionths).

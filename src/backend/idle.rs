@@ -159,20 +159,26 @@ impl IdleConnections {
     /// Closes every connection idle past `IDLE_LIMIT` (run now and then,
     /// so a backend's closed connections do not linger after traffic stops).
     pub fn sweep(&self) {
+        self.close_oldest(|idle| idle.since.elapsed() >= IDLE_LIMIT);
+    }
+
+    /// Closes every kept connection: its generation's work is done (a
+    /// backend's FIN at the exit would read as a truncated session).
+    pub fn close_all(&self) {
+        self.close_oldest(|_| true);
+    }
+
+    /// Closes the connections of each worker's list, oldest first, while
+    /// `expired` says so; once the list is unlocked: a TLS one's alert is
+    /// sealed and sent, which that worker's requests need not wait for.
+    fn close_oldest(&self, expired: impl Fn(&Idle) -> bool) {
         for list in self.per_worker.iter() {
-            // Closed once the worker's list is unlocked: a TLS one's alert
-            // is sealed and sent, which its requests need not wait for.
-            let expired: Vec<Idle> = match list.lock() {
-                Ok(mut conns) => {
-                    let count = conns
-                        .iter()
-                        .take_while(|idle| idle.since.elapsed() >= IDLE_LIMIT)
-                        .count();
-                    conns.drain(..count).collect()
-                }
-                Err(_) => continue,
+            let closing: Vec<Idle> = {
+                let mut conns = list.lock().unwrap_or_else(PoisonError::into_inner);
+                let count = conns.iter().take_while(|idle| expired(idle)).count();
+                conns.drain(..count).collect()
             };
-            expired
+            closing
                 .into_iter()
                 .for_each(|idle| idle.stream.close_quietly());
         }
@@ -180,15 +186,10 @@ impl IdleConnections {
 }
 
 impl Drop for IdleConnections {
-    /// Its backend is gone (a member that left its pool's DNS answer, a
-    /// generation's end): each kept connection is closed as the sweep
-    /// closes one, a TLS one with its `close_notify`.
+    /// Its backend is gone (a member that left its pool's DNS answer):
+    /// each kept connection is closed as the sweep closes one.
     fn drop(&mut self) {
-        for list in self.per_worker.iter() {
-            let kept = std::mem::take(&mut *list.lock().unwrap_or_else(PoisonError::into_inner));
-            kept.into_iter()
-                .for_each(|idle| idle.stream.close_quietly());
-        }
+        self.close_all();
     }
 }
 

@@ -506,6 +506,13 @@ impl Pool {
         self.members.load_full()
     }
 
+    /// Closes every backend connection kept idle: the generation drained.
+    pub fn close_idle(&self) {
+        for backend in &self.backends().backends {
+            backend.idle.close_all();
+        }
+    }
+
     /// Picks a backend for one unit of work, skipping `exclude` (a backend
     /// that just failed) and those at their cap, or `None` when no backend
     /// can take it now. One lock-free load of the members per pick. While

@@ -37,16 +37,19 @@ pub fn reload(args: ReloadArgs) -> Exit {
         Err(exit) => return exit,
     };
     let asked = rt.block_on(control::call(&socket, Request::Reload, wait));
+    // This file's problems as read here, when the daemon's verdict (or a
+    // refusal) is the answer.
+    let as_read_here = |invalid: Option<crate::config::ConfigError>| {
+        if let Some(invalid) = invalid {
+            eprintln!("baton: warning: config invalid as read here: {invalid}");
+        }
+    };
     match (asked, own_verdict) {
         // The daemon's own file, read with its rights, was good: this one
         // is not, as read here (another file, or one this user may not
         // read all of).
-        (Ok(reply), Some(invalid)) if reply.ok => {
-            eprintln!("baton: warning: config invalid as read here: {invalid}");
-            println!("{}", reply.message);
-            Exit::Clean
-        }
-        (Ok(reply), _) if reply.ok => {
+        (Ok(reply), invalid) if reply.ok => {
+            as_read_here(invalid);
             println!("{}", reply.message);
             Exit::Clean
         }
@@ -57,19 +60,17 @@ pub fn reload(args: ReloadArgs) -> Exit {
             // socket mode that let the user in).
             if exit == Exit::Unreachable {
                 eprintln!("baton: {NOT_PERMITTED}");
-                if let Some(invalid) = invalid {
-                    eprintln!("baton: warning: config invalid as read here: {invalid}");
-                }
+                as_read_here(invalid);
             }
             exit
         }
         // There, but not for this user: the daemon's verdict could not be
         // asked, and this file, as read here, may be good for the daemon
         // (a key only it may read).
-        (Err(err @ CallError::Unreachable { .. }), Some(invalid)) if refused_us(&err) => {
+        (Err(err @ CallError::Unreachable { .. }), invalid @ Some(_)) if refused_us(&err) => {
             eprintln!("baton: {err}");
             eprintln!("baton: {NOT_PERMITTED}");
-            eprintln!("baton: warning: config invalid as read here: {invalid}");
+            as_read_here(invalid);
             Exit::Unreachable
         }
         // Not reached: the file's own fault is the answer, as before it
@@ -85,9 +86,7 @@ pub fn reload(args: ReloadArgs) -> Exit {
         }
         (Err(err), invalid) => {
             eprintln!("baton: {err}");
-            if let Some(invalid) = invalid {
-                eprintln!("baton: config invalid as read here: {invalid}");
-            }
+            as_read_here(invalid);
             Exit::Failure
         }
     }

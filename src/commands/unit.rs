@@ -205,10 +205,7 @@ const SYSTEMD_DEFAULT_TIMEOUT: Duration = Duration::from_secs(90);
 
 impl Bound {
     fn check(&self, s: &Setting<'_>) {
-        let configured = match s.value.parse::<u64>() {
-            Ok(secs) => Some(Duration::from_secs(secs)),
-            Err(_) => humantime::parse_duration(&s.value).ok(),
-        };
+        let configured = crate::config::duration::span(&s.value).ok();
         match configured {
             // systemd reads 0 as no timeout, as `infinity`.
             Some(Duration::ZERO) => {}

@@ -49,7 +49,7 @@ fn parse_text(text: &str) -> Result<Written, String> {
 /// `30` means seconds, and so does `"30"` in a flag or the environment
 /// (`BATON_DRAIN_TIMEOUT=30` under systemd, whose own timeouts are
 /// written so), where it was refused for want of a unit.
-fn span(text: &str) -> Result<Duration, humantime::DurationError> {
+pub(crate) fn span(text: &str) -> Result<Duration, humantime::DurationError> {
     match text.parse::<u64>() {
         Ok(seconds) => Ok(Duration::from_secs(seconds)),
         Err(_) => humantime::parse_duration(text),

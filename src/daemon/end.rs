@@ -406,6 +406,9 @@ impl Generation {
             }
         };
         self.finish_control_requests().await;
+        // Nothing is left to take them: closed now, with close_notify for
+        // TLS backends, not by the exit's FIN.
+        self.pools.iter().for_each(|p| p.close_idle());
         let idle_closed = self.drain.idle_closed();
         if idle_closed > 0 {
             tracing::info!(

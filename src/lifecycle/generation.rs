@@ -175,6 +175,7 @@ pub struct Offer {
 /// Backend states and counters as they are when N+1 is told to go ahead:
 /// the offer's are as old as N+1's start.
 pub struct GoAhead {
+    /// Each backend's admin state and health verdict.
     pub backends: Vec<BackendCarry>,
     /// Absent from an older release: the offer's then stands.
     pub report: Option<Report>,
@@ -278,7 +279,8 @@ struct Takeover {
     names_every_socket: bool,
 }
 
-/// How long N+1 has, after the go-ahead, to say it accepts.
+/// How long N+1 has, from the go-ahead, to take it (sent only as fast as
+/// it reads) and say it accepts.
 const ACCEPTING_WAIT: Duration = Duration::from_secs(10);
 
 /// A successor's stop budget as it said it, bounded by what a config can

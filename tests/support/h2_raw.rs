@@ -165,16 +165,24 @@ fn frame_at(bytes: &[u8]) -> Option<(u8, u8, &[u8])> {
 
 /// The DATA payload bytes on stream 1 in `bytes` (a server's frames,
 /// from its SETTINGS on).
-pub fn data_of_stream_1(mut bytes: &[u8]) -> usize {
-    let mut total = 0;
+pub fn data_of_stream_1(bytes: &[u8]) -> usize {
+    frames_of(bytes)
+        .iter()
+        .filter(|(kind, stream, _)| *kind == DATA && *stream == 1)
+        .map(|(_, _, payload)| payload.len())
+        .sum()
+}
+
+/// The h2 frames in `bytes`, from a frame's start: (type, stream,
+/// payload); a last frame not all in is cut where `bytes` end.
+pub fn frames_of(mut bytes: &[u8]) -> Vec<(u8, u32, Vec<u8>)> {
+    let mut out = Vec::new();
     while bytes.len() >= 9 {
         let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
         let stream = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & MAX_WINDOW;
         let end = (9 + len).min(bytes.len());
-        if bytes[3] == DATA && stream == 1 {
-            total += end - 9;
-        }
+        out.push((bytes[3], stream, bytes[9..end].to_vec()));
         bytes = &bytes[end..];
     }
-    total
+    out
 }

@@ -187,16 +187,15 @@ impl Validator {
                 HealthKind::Http
             }
         };
-        if kind == HealthKind::Tcp && raw.path.is_some() {
-            // Taken before: a config that ran must still reload.
-            self.warning(
-                &format!("{key}.path"),
-                "does nothing: a tcp check only connects (kind = \"http\" asks the path)",
-            );
-        }
         let path = raw.path.clone().unwrap_or_else(|| "/health".to_string());
         if kind == HealthKind::Tcp {
-            // Not used: said above.
+            if raw.path.is_some() {
+                // Taken before: a config that ran must still reload.
+                self.warning(
+                    &format!("{key}.path"),
+                    "does nothing: a tcp check only connects (kind = \"http\" asks the path)",
+                );
+            }
         } else if !path.starts_with('/') {
             self.problem(
                 &format!("{key}.path"),

@@ -985,26 +985,29 @@ fn check_host(request: &RequestHead) -> Result<(), Refusal> {
 /// cut in different places: nginx takes `a:1:2` as host `a`, where no
 /// route named `a` would see it.
 pub(crate) fn valid_authority(authority: &[u8]) -> bool {
-    let (host, literal, after) = match authority.strip_prefix(b"[") {
-        Some(bracketed) => match bracketed.iter().position(|&b| b == b']') {
-            Some(end) => (&bracketed[..end], true, &bracketed[end + 1..]),
-            None => return false,
+    // One pass over the host: the first byte it may not hold ends it, and
+    // must be its end (`]` for a literal, then `:` or the end).
+    let after = match authority.strip_prefix(b"[") {
+        Some(literal) => match literal.iter().position(|&b| !IP_LITERAL[usize::from(b)]) {
+            Some(end) if end > 0 && literal[end] == b']' => &literal[end + 1..],
+            _ => return false,
         },
         None => {
             let end = authority
                 .iter()
-                .position(|&b| b == b':')
+                .position(|&b| !REG_NAME[usize::from(b)])
                 .unwrap_or(authority.len());
-            (&authority[..end], false, &authority[end..])
+            if end == 0 {
+                return false;
+            }
+            &authority[end..]
         }
     };
-    let host_chars = if literal { &IP_LITERAL } else { &REG_NAME };
-    let port_ok = match after {
+    match after {
         [] => true,
         [b':', port @ ..] => port.iter().all(u8::is_ascii_digit),
         _ => false,
-    };
-    !host.is_empty() && port_ok && host.iter().all(|&b| host_chars[usize::from(b)])
+    }
 }
 
 /// The bytes of a reg-name or IPv4 address (unreserved, sub-delims and

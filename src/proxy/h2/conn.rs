@@ -200,10 +200,10 @@ enum Closing {
     Open,
     /// GOAWAY naming any stream and a PING went out, then.
     Announced(Instant),
-    /// The second GOAWAY named the last stream served, this one: a later
-    /// GOAWAY names it again, never a stream refused since (RFC 9113
-    /// §6.8: the id never goes up), which counts as opened, so that its
-    /// late frames are a closed stream's.
+    /// The second GOAWAY named the last stream served, this one, and any
+    /// later GOAWAY names it again (RFC 9113 §6.8: the id never goes up).
+    /// A stream refused since still raises `highest`, so that its late
+    /// frames are taken as a closed stream's, not an idle one's.
     Final(u32),
 }
 
@@ -673,8 +673,8 @@ where
             self.reset(id, Reason::STREAM_CLOSED);
             return;
         }
-        let trailers = match (&stream.inbox, stream.request_ended, end_stream) {
-            (Some(_), false, true) => request::trailers(fields).ok(),
+        let trailers = match (&stream.inbox, end_stream) {
+            (Some(_), true) => request::trailers(fields).ok(),
             _ => None,
         };
         let Some(trailers) = trailers else {

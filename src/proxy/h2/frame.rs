@@ -522,9 +522,9 @@ struct PendingBlock {
     continuations: usize,
 }
 
-/// CONTINUATIONs one header block may take: the largest block baton takes
-/// (`max_block`) in frames of 4 KiB, a quarter of the smallest frame size
-/// a peer may send (nghttp2 takes 8 by default).
+/// CONTINUATIONs one header block may take, fixed: the largest block baton
+/// takes today (`max_block`, 128 KiB) in frames of 4 KiB, a quarter of the
+/// smallest frame size a peer may send (nghttp2 takes 8 by default).
 const MAX_CONTINUATIONS: usize = 32;
 
 impl PendingBlock {
