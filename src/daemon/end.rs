@@ -72,6 +72,7 @@ impl Generation {
         if let Err(err) = channel.send(&last, &[]).await {
             tracing::info!(cause = %err, "could not send the final report to the successor");
         }
+        self.close_kept_connections();
         // A main must outlive a repetition of MAINPID= that lands, for a
         // systemd that ignores the first (see `keep_naming`).
         if systemd::enabled() {
@@ -194,7 +195,16 @@ impl Generation {
             }
             exit => exit,
         };
+        self.close_kept_connections();
         departure::exit_with_successor(exit, self.successor_departure.take()).await
+    }
+
+    /// Closes the backend connections kept idle, once the work is over
+    /// (drained, or forced: a task cut then may still have put one back
+    /// after its drain ended): with close_notify for TLS backends, not by
+    /// the exit's FIN, which a backend logs as a truncated session.
+    fn close_kept_connections(&self) {
+        self.pools.iter().for_each(|p| p.close_idle());
     }
 
     /// A Unix admin socket's path goes as the control socket's did (under
@@ -406,9 +416,6 @@ impl Generation {
             }
         };
         self.finish_control_requests().await;
-        // Nothing is left to take them: closed now, with close_notify for
-        // TLS backends, not by the exit's FIN.
-        self.pools.iter().for_each(|p| p.close_idle());
         let idle_closed = self.drain.idle_closed();
         if idle_closed > 0 {
             tracing::info!(
