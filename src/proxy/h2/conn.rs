@@ -252,13 +252,6 @@ pub struct Connection<S, F, B> {
     highest: u32,
     /// Streams opened by this turn's reading (see `read_frames`).
     opened_this_pass: u32,
-    /// The highest stream when this turn's reading began: those above it
-    /// were opened by this turn, their exchanges not yet polled.
-    highest_before_pass: u32,
-    /// Streams the connection took, and those the client reset in the
-    /// turn that opened them (see [`RESET_UNBEGUN`]).
-    opened: u64,
-    reset_unbegun: u64,
     peer_max_frame: usize,
     peer_initial_window: i64,
     send_window: i64,
@@ -326,9 +319,6 @@ where
             sending: VecDeque::new(),
             highest: 0,
             opened_this_pass: 0,
-            highest_before_pass: 0,
-            opened: 0,
-            reset_unbegun: 0,
             peer_max_frame: frame::DEFAULT_MAX_FRAME as usize,
             peer_initial_window: i64::from(default_window),
             send_window: i64::from(default_window),
@@ -437,7 +427,6 @@ where
     fn read_frames(&mut self, cx: &mut Context<'_>) -> Result<bool, ConnError> {
         let mut moved = false;
         self.opened_this_pass = 0;
-        self.highest_before_pass = self.highest;
         while !self.read_closed && self.out.len() - self.sent < self.limits.send_buffer {
             if !self.preface {
                 if self.read.len() < frame::PREFACE.len() {
@@ -546,14 +535,7 @@ where
                         "RST_STREAM on an idle stream",
                     ));
                 }
-                let unbegun =
-                    stream > self.highest_before_pass && self.streams.contains_key(&stream);
                 self.end_stream(stream, RecvError::Reset(reason));
-                self.reset_unbegun += u64::from(unbegun);
-                if self.opened >= RESET_UNBEGUN && self.reset_unbegun * 2 > self.opened {
-                    let why = "the client reset most of its streams before they began";
-                    return Err(protocol(Reason::ENHANCE_YOUR_CALM, why));
-                }
             }
             Frame::WindowUpdate { stream, increment } => self.on_window(stream, increment)?,
             Frame::Ping {
@@ -662,7 +644,6 @@ where
         };
         self.exchanges.push(Abortable::new(tagged, registration));
         self.opened_this_pass += 1;
-        self.opened += 1;
         self.streams.insert(
             id,
             Stream {
@@ -1236,15 +1217,6 @@ impl<S, F, B> Drop for Connection<S, F, B> {
         }
     }
 }
-
-/// Streams a connection takes before its client's resets are weighed:
-/// past it, a client that reset more than half of them in the very turn
-/// that read them ends the connection. The flood check of streams sent
-/// on to backends (`proxy::activity`, 500) sees only streams whose
-/// exchange began; a HEADERS and its RST_STREAM read together never
-/// begin, and cost an HPACK decode and a few allocations each, without
-/// end. No client cancels a request within the same read as it.
-const RESET_UNBEGUN: u64 = 1000;
 
 fn protocol(reason: Reason, why: &'static str) -> ConnError {
     ConnError::Protocol(FrameError::Connection(reason, why))
