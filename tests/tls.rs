@@ -960,7 +960,6 @@ async fn a_pool_reaches_its_backends_over_tls_from_every_path() {
 /// at every check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_health_check_over_tls_closes_with_close_notify() {
-    use std::sync::atomic::Ordering::{Acquire, Relaxed};
     let ca = Authority::new();
     let identity = ca.issue("backend", &["backend.test"]);
     let backend = TlsBackend::start("secure", &identity).await;
@@ -973,17 +972,21 @@ async fn a_tcp_health_check_over_tls_closes_with_close_notify() {
         &[(backend.addr, 1)],
     );
     let _baton = Baton::start(spec).await;
-    support::eventually("three checks ended", || async {
-        backend.ended.load(Acquire) >= 3
+    ended_with_close_notify(&backend, 3).await;
+}
+
+/// Waits until `at_least` of `backend`'s connections have ended, then
+/// asserts each ended with baton's `close_notify`: read in this order, a
+/// connection ending meanwhile can only add to the clean ones.
+async fn ended_with_close_notify(backend: &TlsBackend, at_least: u64) {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    support::eventually("the connections ended", || async {
+        backend.ended.load(Acquire) >= at_least
     })
     .await;
-    // Read in this order, a check ending meanwhile can only add to `clean`.
     let ended = backend.ended.load(Acquire);
     let clean = backend.ended_cleanly.load(Relaxed);
-    assert!(
-        clean >= ended,
-        "{clean} of {ended} checks with close_notify"
-    );
+    assert!(clean >= ended, "{clean} of {ended} ended with close_notify");
 }
 
 /// baton before a TLS backend, after one request: its connection is kept
@@ -1005,14 +1008,9 @@ async fn one_tls_connection_kept() -> (Authority, TlsBackend, Baton) {
 /// the backend sees a truncated session and logs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_tls_backend_connection_is_closed_with_close_notify() {
-    use std::sync::atomic::Ordering::{Acquire, Relaxed};
     let (_ca, backend, _baton) = one_tls_connection_kept().await;
     // Closed by the sweep once idle past its limit (4 s, swept every 4 s).
-    support::eventually("the idle connection closed", || async {
-        backend.ended.load(Acquire) == 1
-    })
-    .await;
-    assert_eq!(backend.ended_cleanly.load(Relaxed), 1, "with close_notify");
+    ended_with_close_notify(&backend, 1).await;
 }
 
 /// A generation that ends (here drained after a reload, at once: nothing
@@ -1020,15 +1018,10 @@ async fn an_idle_tls_backend_connection_is_closed_with_close_notify() {
 /// too, not by the kernel's FIN at its exit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_that_ends_closes_its_kept_tls_connections_with_close_notify() {
-    use std::sync::atomic::Ordering::{Acquire, Relaxed};
     let (_ca, backend, baton) = one_tls_connection_kept().await;
     baton.reload_ok().await;
     assert_eq!(support::daemon::wait_exit(baton.first_pid).await, Some(0));
-    support::eventually("the kept connection closed", || async {
-        backend.ended.load(Acquire) == 1
-    })
-    .await;
-    assert_eq!(backend.ended_cleanly.load(Relaxed), 1, "with close_notify");
+    ended_with_close_notify(&backend, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
