@@ -463,6 +463,25 @@ fn told_to_stop(s: &TcpStream, seen: &mut Vec<u8>) -> bool {
     }
 }
 
+/// What baton sends on `s` until it closes (within 5 s), after `seen`: its
+/// frames, and the first GOAWAY among them, which must come.
+async fn goaway_and_close(
+    s: &mut TcpStream,
+    mut seen: Vec<u8>,
+    reset: u64,
+) -> (Vec<(u8, u32, Vec<u8>)>, (u8, u32, Vec<u8>)) {
+    let rest = until_closed(s, Duration::from_secs(5)).await;
+    assert!(rest.is_some(), "still open after {reset} streams reset");
+    seen.extend(rest.unwrap_or_default());
+    let told = frames_of(&seen);
+    let goaway = told
+        .iter()
+        .find(|(kind, _, _)| *kind == GOAWAY)
+        .cloned()
+        .expect("GOAWAY before the close");
+    (told, goaway)
+}
+
 /// The "rapid reset" attack (CVE-2023-44487), in the form h2's own bound
 /// (20 resets waiting for the server at once) does not see: each stream
 /// reset just after baton took it and sent it on, so each costs the
@@ -505,14 +524,7 @@ async fn a_client_that_resets_every_stream_it_opens_is_cut() {
     let _ = s
         .write_all(&support::h2_raw::get_on(after, "/slow/10000"))
         .await;
-    let rest = until_closed(&mut s, Duration::from_secs(5)).await;
-    assert!(rest.is_some(), "still open after {reset} streams reset");
-    seen.extend(rest.unwrap_or_default());
-    let told = frames_of(&seen);
-    let goaway = told
-        .iter()
-        .find(|(kind, _, _)| *kind == GOAWAY)
-        .expect("GOAWAY before the close");
+    let (told, goaway) = goaway_and_close(&mut s, seen, reset).await;
     let last_named = u32::from_be_bytes(goaway.2[..4].try_into().expect("an id"));
     assert!(
         last_named < after && goaway.2[4..8] == ENHANCE_YOUR_CALM,
@@ -537,6 +549,56 @@ async fn a_client_that_resets_every_stream_it_opens_is_cut() {
     assert!(
         (FLOOD..=FLOOD + 2).contains(&reset),
         "cut after {reset} streams reset, not {FLOOD}"
+    );
+    let metrics = support::client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains("baton_client_aborts_total{listener=\"web\",reason=\"reset_flood\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// The same attack with each stream reset in the very write that opened
+/// it: its exchange never runs (nor reaches a backend: a read that splits
+/// a pair lets that one run), yet it cost baton a decode and a few
+/// allocations, and such streams went on without end. They count as
+/// streams sent on and reset: the last GOAWAY (ENHANCE_YOUR_CALM) comes,
+/// and the close a second later. Fifty pairs a write, under the hundred
+/// streams a read pass takes (whose last runs before its reset is read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_resets_each_stream_as_it_opens_it_is_cut() {
+    const ENHANCE_YOUR_CALM: [u8; 4] = [0, 0, 0, 11];
+    let (backend, baton) = baton_with("").await;
+    let mut s = opened(&baton).await;
+    let mut seen = Vec::new();
+    let mut streams = (1u32..).step_by(2);
+    // Up to twice the bound.
+    for _ in 0..20 {
+        if told_to_stop(&s, &mut seen) {
+            break;
+        }
+        let batch: Vec<u8> = streams
+            .by_ref()
+            .take(50)
+            .flat_map(|id| {
+                [
+                    support::h2_raw::get_on(id, "/slow/10000"),
+                    support::h2_raw::reset(id),
+                ]
+                .concat()
+            })
+            .collect();
+        if s.write_all(&batch).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = u64::from(streams.next().unwrap_or(1) / 2);
+    let (_, goaway) = goaway_and_close(&mut s, seen, sent).await;
+    assert_eq!(goaway.2[4..8], ENHANCE_YOUR_CALM, "{goaway:?}");
+    assert!(
+        backend.hits() < 10,
+        "{} streams reached the backend: the cut came from others",
+        backend.hits()
     );
     let metrics = support::client::metrics(baton.admin).await;
     assert!(

@@ -24,12 +24,18 @@ const QUIET_AT_MOST: u32 = 4;
 /// half of them reset before their responses, each within [`EARLY_RESET`]
 /// of its start, is flooding: the "rapid reset" attack (CVE-2023-44487),
 /// in which a stream costs the client two frames and baton, and its
-/// backend, a request. Envoy's bounds (`premature_reset_total_stream_count`: 500 streams,
-/// half of them reset within a second). Streams baton answers itself
-/// (refused: CONNECT, a bad Host) do not count: a client could otherwise
-/// send one between resets and stay at half. A browser that cancels the
-/// rest of a page it left stays far below; a gRPC client whose deadlines
-/// all expire against a slow backend may reach it, and reconnects.
+/// backend, a request. A stream reset before the connection first polled
+/// its exchange (its RST_STREAM came in the read that brought its HEADERS,
+/// or while the connection could not poll it; or baton reset it for the
+/// client's fault) counts as one sent on and reset: it cost an HPACK
+/// decode and a few allocations, and seen by no count, such streams went
+/// on without end. Envoy's bounds (`premature_reset_total_stream_count`:
+/// 500 streams, half of them reset within a second). Streams baton answers
+/// itself (refused: CONNECT, a bad Host) do not count: a client could
+/// otherwise send one between resets and stay at half (one reset before it
+/// ran counts, as any such stream does). A browser that cancels the rest
+/// of a page it left stays far below; a gRPC client whose deadlines all
+/// expire against a slow backend may reach it, and reconnects.
 const RESET_FLOOD: u64 = 500;
 
 const EARLY_RESET: Duration = Duration::from_secs(1);
@@ -104,11 +110,21 @@ pub struct Busy {
     sent_on: bool,
     /// Whether its response was made: a `Busy` dropped before is a stream
     /// the client reset first (the connection drops its exchange), or the
-    /// connection's end.
+    /// connection's end; or one that never ran (see `ran`).
     answered: bool,
+    /// Whether its exchange ran (see [`Busy::runs`]).
+    ran: bool,
 }
 
 impl Busy {
+    /// Its exchange runs, the stream's delivery lent to it (known only
+    /// then): from now on it counts for the flood bound only if it is
+    /// [`Self::sent_on`].
+    pub fn runs(&mut self, delivery: Option<Arc<Delivery>>) {
+        self.ran = true;
+        self.delivery = delivery;
+    }
+
     /// The stream goes on to a backend: one the flood bound counts.
     pub fn sent_on(&mut self) {
         self.sent_on = true;
@@ -163,7 +179,10 @@ impl Drop for Busy {
         }
         let now = state.origin.elapsed().as_nanos() as u64;
         let early = now - self.begun_nanos < EARLY_RESET.as_nanos() as u64;
-        if self.sent_on && !self.answered && early {
+        if !self.ran {
+            state.sent_on.fetch_add(1, Ordering::Relaxed);
+        }
+        if (self.sent_on || !self.ran) && !self.answered && early {
             state.reset_early();
         }
         state.idle_since_nanos.store(now, Ordering::Relaxed);
@@ -264,16 +283,28 @@ impl ConnState {
         Due::by((ended + grace).max(quiet_at.min(bound)), now)
     }
 
-    pub fn begin(self: &Arc<Self>, delivery: Option<Arc<Delivery>>) -> Busy {
+    /// A stream opened: in flight from now. Taken as the client opens it,
+    /// not when its exchange first runs, so that a stream reset before
+    /// that is counted too (see [`RESET_FLOOD`]).
+    pub fn open(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::Acquire);
         Busy {
             state: Arc::clone(self),
             waiting: false,
-            delivery,
+            delivery: None,
             begun_nanos: self.origin.elapsed().as_nanos() as u64,
             sent_on: false,
             answered: false,
+            ran: false,
         }
+    }
+
+    /// A stream whose exchange runs (for the clocks' tests).
+    #[cfg(test)]
+    pub fn running(self: &Arc<Self>) -> Busy {
+        let mut busy = self.open();
+        busy.runs(None);
+        busy
     }
 
     /// When to look for a stalled reader again: `None` if response frames
@@ -308,7 +339,7 @@ mod tests {
     /// `n` streams sent on and ended at once: `answered`, or reset.
     fn streams(state: &Arc<ConnState>, n: u64, answered: bool) {
         for _ in 0..n {
-            let mut busy = state.begin(None);
+            let mut busy = state.running();
             busy.sent_on();
             if answered {
                 busy.answered();
@@ -335,13 +366,25 @@ mod tests {
         assert!(state.is_flooded(), "more than half reset");
     }
 
+    /// Streams reset before their exchange ran count as sent on and
+    /// reset: a client that resets each stream in the write that opens it
+    /// reaches the bound as one that waits for baton to send it on.
+    #[tokio::test(start_paused = true)]
+    async fn streams_reset_before_their_exchange_ran_are_a_flood_too() {
+        let state = state();
+        for _ in 0..RESET_FLOOD {
+            drop(state.open());
+        }
+        assert!(state.is_flooded());
+    }
+
     /// Streams baton answered itself make no room for resets: a client
     /// sending one between resets stayed at half.
     #[tokio::test(start_paused = true)]
     async fn streams_refused_by_baton_do_not_count() {
         let state = state();
         for _ in 0..RESET_FLOOD {
-            state.begin(None).answered();
+            state.running().answered();
         }
         streams(&state, RESET_FLOOD, false);
         assert!(state.is_flooded());
@@ -354,7 +397,7 @@ mod tests {
     async fn the_last_streams_end_and_a_flood_are_told() {
         use futures_util::FutureExt;
         let state = state();
-        let (first, second) = (state.begin(None), state.begin(None));
+        let (first, second) = (state.running(), state.running());
         assert_eq!(state.idle(EARLY_RESET, Instant::now()), Due::WhenEmptied);
         let changed = state.changed();
         drop(first);
@@ -366,12 +409,12 @@ mod tests {
             state.idle(EARLY_RESET, Instant::now()),
             Due::At(Instant::now() + EARLY_RESET)
         );
-        let unlooked = state.begin(None);
+        let unlooked = state.running();
         let changed = state.changed();
         drop(unlooked);
         let told = changed.now_or_never().is_some();
         assert!(!told, "an end no look waits for is not told");
-        let looked = state.begin(None);
+        let looked = state.running();
         let quiet = state.quiet(EARLY_RESET, Instant::now(), Instant::now(), Instant::now());
         assert_eq!(quiet, Due::WhenEmptied);
         let changed = state.changed();
@@ -380,7 +423,7 @@ mod tests {
             changed.now_or_never().is_some(),
             "the end a close waits for"
         );
-        let _open = state.begin(None);
+        let _open = state.running();
         streams(&state, RESET_FLOOD - 1, false);
         let changed = state.changed();
         streams(&state, 1, false);
@@ -392,7 +435,7 @@ mod tests {
         let state = state();
         let begun: Vec<Busy> = (0..RESET_FLOOD)
             .map(|_| {
-                let mut busy = state.begin(None);
+                let mut busy = state.running();
                 busy.sent_on();
                 busy
             })

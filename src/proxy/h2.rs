@@ -29,7 +29,7 @@ use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
-use super::activity::ConnState;
+use super::activity::{Busy, ConnState};
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
 use super::delivery::{self, Delivery};
 use super::h1::head::{
@@ -180,10 +180,13 @@ impl HttpProxy {
         let service = {
             let (proxy, state, drain) = (Arc::clone(&self), Arc::clone(&state), drain.clone());
             move |req: Request<RecvBody>| -> Exchange<ProxyBody> {
-                let (proxy, state, drain) = (Arc::clone(&proxy), Arc::clone(&state), drain.clone());
+                // As the stream opens: one reset before its exchange runs
+                // is counted too.
+                let busy = state.open();
+                let (proxy, drain) = (Arc::clone(&proxy), drain.clone());
                 let client = Arc::clone(&client);
                 crate::in_place::boxed(
-                    || async move { proxy.handle(req, &client, state, drain).await },
+                    || async move { proxy.handle(req, &client, busy, drain).await },
                 )
             }
         };
@@ -340,11 +343,11 @@ impl HttpProxy {
         &self,
         req: Request<RecvBody>,
         client: &H2Client,
-        state: Arc<ConnState>,
+        mut busy: Busy,
         drain: DrainWatch,
     ) -> Response<ProxyBody> {
         let delivery = delivery::current();
-        let mut busy = state.begin(delivery.clone());
+        busy.runs(delivery.clone());
         let sent = req
             .headers()
             .get(headers::X_REQUEST_ID)

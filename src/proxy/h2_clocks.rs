@@ -262,7 +262,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stream_in_flight_holds_off_the_idle_clock_not_the_stall_look() {
         let (state, mut clocks, start) = accepted();
-        let _busy = state.begin(None);
+        let _busy = state.running();
         let looked = look_at(&mut clocks, &state, start, 60 * SECOND).await;
         assert_eq!(looked, Ok(start + 90 * SECOND));
     }
@@ -270,7 +270,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_reader_that_takes_none_of_a_frame_is_stalled() {
         let (state, mut clocks, start) = accepted();
-        let mut busy = state.begin(None);
+        let mut busy = state.running();
         busy.handed(100);
         assert_eq!(clocks.look(&state, start), Ok(start + 30 * SECOND));
         let looked = look_at(&mut clocks, &state, start, 30 * SECOND).await;
@@ -281,7 +281,7 @@ mod tests {
     async fn an_opening_that_does_not_come_is_overdue() {
         let (state, mut clocks, start) = accepted();
         assert_eq!(clocks.look(&state, start), Ok(start + 10 * SECOND));
-        let _busy = state.begin(None);
+        let _busy = state.running();
         let looked = look_at(&mut clocks, &state, start, 1000 * SECOND).await;
         assert_eq!(looked, Err(Verdict::OpeningOverdue));
     }
@@ -289,9 +289,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_flooding_client_is_told_goaway_then_cut_a_grace_later() {
         let (state, mut clocks, start) = accepted();
-        let _open = state.begin(None);
+        let _open = state.running();
         for _ in 0..1000 {
-            state.begin(None).sent_on();
+            state.running().sent_on();
         }
         let flooded = start + 5 * SECOND;
         assert_eq!(
