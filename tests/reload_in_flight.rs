@@ -388,6 +388,34 @@ async fn a_stop_that_cuts_an_older_generations_request_exits_3() {
     assert_eq!(wait_exit(main).await, Some(3), "the main says what was cut");
 }
 
+/// The same with a generation between them, drained already and waiting
+/// for the oldest to exit (its counts reach the serving one only through
+/// it): the stop keeps it waiting, so what the stop cuts in the oldest
+/// still reaches the main, whose exit says so (it said 0: the middle one
+/// left at the stop, and the oldest's count with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_that_cuts_the_oldest_of_three_generations_exits_3() {
+    let (_backend, baton, old, held) = old_generation_holding_a_request("1s").await;
+    let middle = baton.reload_ok().await;
+    let main = baton.reload_ok().await;
+    support::eventually(
+        "the middle one drained and waits for the oldest",
+        || async {
+            baton
+                .log()
+                .contains("drained; waiting for the older generation to exit")
+        },
+    )
+    .await;
+    for pid in [old, middle, main] {
+        signal(pid, Signal::SIGTERM);
+    }
+    assert_eq!(wait_exit(old).await, Some(3), "forced at the stop's end");
+    assert!(held.await.expect("join").is_err());
+    assert!(wait_exit(middle).await.is_some(), "the middle one exited");
+    assert_eq!(wait_exit(main).await, Some(3), "the main says what was cut");
+}
+
 /// A second stop signal to the serving generation while it drains forces
 /// the older generations too, at once: it does not wait for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

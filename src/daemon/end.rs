@@ -63,15 +63,7 @@ impl Generation {
         self.write_out_telemetry(Duration::MAX).await;
         self.outlive_predecessor().await;
         reporting.cancel();
-        // A periodic report still being sent must land before the last one,
-        // or the successor would end on older, smaller totals.
-        let _ = reporter.await;
-        // The last word: everything counted up to now, so the successor's
-        // totals are exact once we are gone.
-        let last = Message::Report(self.admin.report());
-        if let Err(err) = channel.send(&last, &[]).await {
-            tracing::info!(cause = %err, "could not send the final report to the successor");
-        }
+        end_reports(&channel, reporter, || Message::Report(self.admin.report())).await;
         self.close_kept_connections();
         // A main must outlive a repetition of MAINPID= that lands, for a
         // systemd that ignores the first (see `keep_naming`).
@@ -81,10 +73,13 @@ impl Generation {
         departure::exit_with_successor(self.exit_code(outcome), departure).await
     }
 
-    /// Waits (bounded by our own drain budget, cut short by a stop or
-    /// force signal) until the generation we took over from has exited:
-    /// its reports, which we keep forwarding, reach the serving generation
-    /// only through us.
+    /// Waits (bounded by our own drain budget, cut short by a second stop
+    /// signal or a force signal) until the generation we took over from has
+    /// exited: its reports, which we keep forwarding, reach the serving
+    /// generation only through us. A stop (systemd signals every
+    /// generation at once) bounds the wait by its own end but does not end
+    /// it: what the stop cuts in the older generation reaches the serving
+    /// one through us, and its exit code says so (it said 0 when we left).
     async fn outlive_predecessor(&mut self) {
         if self.predecessor_gone.is_cancelled() {
             return;
@@ -94,6 +89,7 @@ impl Generation {
         );
         let bound = tokio::time::sleep(self.config.reload.drain_timeout);
         tokio::pin!(bound);
+        let mut stopping = false;
         loop {
             tokio::select! {
                 () = self.predecessor_gone.cancelled() => return,
@@ -104,6 +100,17 @@ impl Generation {
                 command = self.commands.recv() => match command {
                     // A reload is the serving generation's business.
                     Command::Reload => tracing::info!("reload ignored: this generation is draining"),
+                    Command::Stop if !stopping => {
+                        stopping = true;
+                        // As long as the main waits for older generations.
+                        let waited = Instant::now()
+                            + self.config.stop_budget()
+                            + OLDER_GENERATIONS_SLACK;
+                        if waited < bound.deadline() {
+                            bound.as_mut().reset(waited);
+                        }
+                        tracing::info!("stop: still waiting for the older generation (until the stop's end, or a second stop signal), so what the stop cuts there is counted");
+                    }
                     Command::Stop | Command::ForceDrain => {
                         tracing::info!(?command, "no longer waiting for the older generation");
                         return;
@@ -587,6 +594,39 @@ async fn keep_naming(
     }
 }
 
+/// Ends the reports to the successor once `reporter` is told to stop: a
+/// periodic report still being sent lands first (or the successor would
+/// end on older, smaller totals), then the last word, everything counted
+/// up to now (`last`), so the successor's totals are exact once we are
+/// gone. Each within [`REPORT_WAIT`]: a successor alive but reading
+/// nothing (stopped, wedged) fills the socket, and a send waiting for room
+/// held this generation past its drain's deadline for good, deaf to
+/// signals. A report cut part-way leaves the channel mid-message: no last
+/// word follows it.
+async fn end_reports(
+    channel: &Channel,
+    reporter: tokio::task::JoinHandle<()>,
+    last: impl FnOnce() -> Message,
+) {
+    if tokio::time::timeout(REPORT_WAIT, reporter).await.is_err() {
+        tracing::warn!(waited = ?REPORT_WAIT, "the successor took no report; exiting without the last (its totals lack what we counted since)");
+        return;
+    }
+    match tokio::time::timeout(REPORT_WAIT, channel.send(&last(), &[])).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            tracing::info!(cause = %err, "could not send the final report to the successor");
+        }
+        Err(_) => {
+            tracing::warn!(waited = ?REPORT_WAIT, "the successor took no final report; exiting without it");
+        }
+    }
+}
+
+/// How long a report to the successor may wait for room on the channel
+/// as this generation exits.
+const REPORT_WAIT: Duration = Duration::from_secs(2);
+
 /// Sends our counters and live generations to the successor at once (our
 /// drain deadline is known by then), then every half second while we drain.
 async fn report_while_draining(
@@ -647,5 +687,36 @@ async fn release_fd_store_unless_restarting(
             );
             pending.send();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::handoff::Report;
+
+    /// A successor that reads nothing (the socket full, a report waiting
+    /// for room) does not hold an exiting generation for ever: the report
+    /// under way and the last one are each given `REPORT_WAIT`.
+    #[tokio::test(start_paused = true)]
+    async fn a_successor_that_reads_nothing_does_not_hold_the_exit() {
+        let (channel, _unread) = Channel::pair().expect("a pair");
+        let channel = Arc::new(channel);
+        let report = || Message::Report(Report::default());
+        let room = Duration::from_millis(1);
+        while tokio::time::timeout(room, channel.send(&report(), &[]))
+            .await
+            .is_ok()
+        {}
+        let reporter = tokio::spawn({
+            let channel = Arc::clone(&channel);
+            async move {
+                let _ = channel.send(&report(), &[]).await;
+            }
+        });
+        let began = Instant::now();
+        let ended =
+            tokio::time::timeout(4 * REPORT_WAIT, end_reports(&channel, reporter, report)).await;
+        assert!(ended.is_ok(), "still waiting after {:?}", began.elapsed());
     }
 }
