@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::{FusedFuture, FutureExt};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -89,6 +90,8 @@ impl FrameTracker {
 /// How the backend-to-client half ended.
 enum DownEnd {
     BackendClosed,
+    /// Both sides closed their halves, each passed on.
+    BothClosed,
     /// At a frame boundary (or any byte, for other upgrades) once the
     /// drain asked: a WebSocket may get its Close frame.
     Drain,
@@ -104,10 +107,11 @@ enum DownEnd {
 /// How a tunnel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TunnelEnd {
-    /// A side closed, or the drain ended it.
+    /// Both sides closed, each FIN passed on (or the backend closed after
+    /// the drain had asked), or the drain ended it.
     Closed,
     /// Nothing moved either way for `tunnel_timeout` (for the listener's
-    /// `idle_timeout` once the client closed its half).
+    /// `idle_timeout` once a side closed its half).
     Idle,
     /// This side's connection failed. Its peer is left for the caller to
     /// reset ([`super::reset::once_taken`]): a FIN would pass the abort
@@ -116,12 +120,13 @@ pub enum TunnelEnd {
     Failed(Side),
 }
 
-/// Joins a client's and a backend's upgraded connections until either side
-/// ends or fails, the drain ends the stream, or nothing moves either way
-/// for `limits.tunnel` (for `limits.half_closed` once the client closed its
-/// half and the backend neither answers nor closes: as in TCP mode, and
-/// HAProxy's `timeout client-fin`, it would hold its places for the hour;
-/// see [`TunnelEnd`]). The caller holds the backend's lease meanwhile.
+/// Joins a client's and a backend's upgraded connections until both sides
+/// closed (a FIN either way passed on, as in TCP mode) or one failed, the
+/// drain ends the stream, or nothing moves either way for `limits.tunnel`
+/// (for `limits.half_closed` once a side closed its half and the other
+/// neither answers nor closes: as in TCP mode, and HAProxy's
+/// `timeout client-fin`/`server-fin`, it would hold its places for the
+/// hour; see [`TunnelEnd`]). The caller holds the backend's lease meanwhile.
 /// `sent_down` is what the backend sent past its 101 that the caller wrote
 /// to the client already: a WebSocket frame it began must end before a
 /// Close frame may be written.
@@ -148,14 +153,14 @@ where
         First::Main(None) => TunnelEnd::Closed,
         First::Main(Some(side)) => TunnelEnd::Failed(side),
         First::Rare(()) => {
-            tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout (idle_timeout once the client closed its half); closing the tunnel");
+            tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout (idle_timeout once a side closed its half); closing the tunnel");
             TunnelEnd::Idle
         }
     }
 }
 
 /// How long a tunnel may go with nothing moving either way: `tunnel`, or
-/// `half_closed` once the client closed its half.
+/// `half_closed` once a side closed its half.
 #[derive(Debug, Clone, Copy)]
 pub struct TunnelLimits {
     pub tunnel: Duration,
@@ -189,7 +194,9 @@ where
     } else {
         LongLivedKind::Upgrade
     };
-    let ending = drain.long_lived_ending();
+    // Fused: the drain may have asked before the backend closed, and is
+    // looked at again after.
+    let ending = drain.long_lived_ending().fuse();
     tokio::pin!(ending);
     let end = {
         let up = async {
@@ -200,32 +207,51 @@ where
             let _ = backend_write.shutdown().await;
             Ok(())
         };
-        // One copy for the half's whole life: bytes it holds while the
-        // client is slow to take them go on after the client's half-close.
-        let down = pump_down(
-            &mut backend_read,
-            &mut client_write,
-            frames,
-            ending.as_mut(),
-        );
-        tokio::pin!(down);
-        tokio::select! {
-            end = &mut down => end,
-            up_end = up => match up_end {
-                // The client closed its side: let the backend finish its
-                // answer.
-                Ok(()) => down.await,
-                // The backend would take no more (it reset, crashed, or
-                // closed under what the client sent): what it sent before
-                // is still owed to the client, and then its failure, which
-                // the way down's reads would take for a FIN (see
-                // `side::both_ways`).
-                Err(Side::Backend) => match down.await {
-                    DownEnd::BackendClosed => DownEnd::Failed(Side::Backend),
-                    end => end,
-                },
-                Err(Side::Client) => DownEnd::Failed(Side::Client),
-            },
+        tokio::pin!(up);
+        let (end, up_running) = {
+            // One copy for the half's whole life: bytes it holds while the
+            // client is slow to take them go on after the client's half-close.
+            let down = pump_down(
+                &mut backend_read,
+                &mut client_write,
+                frames,
+                ending.as_mut(),
+            );
+            tokio::pin!(down);
+            tokio::select! {
+                end = &mut down => (end, true),
+                up_end = &mut up => (match up_end {
+                    // The client closed its side: let the backend finish its
+                    // answer.
+                    Ok(()) => down.await,
+                    // The backend would take no more (it reset, crashed, or
+                    // closed under what the client sent): what it sent before
+                    // is still owed to the client, and then its failure, which
+                    // the way down's reads would take for a FIN (see
+                    // `side::both_ways`).
+                    Err(Side::Backend) => match down.await {
+                        DownEnd::BackendClosed => DownEnd::Failed(Side::Backend),
+                        end => end,
+                    },
+                    Err(Side::Client) => DownEnd::Failed(Side::Client),
+                }, false),
+            }
+        };
+        match end {
+            DownEnd::BackendClosed if up_running && !ending.is_terminated() => {
+                activity.close_half();
+                // The FIN goes out beside the way up: over TLS it waits for
+                // room a client that does not read keeps from it.
+                let fin = async {
+                    let _ = client_write.shutdown().await;
+                    std::future::pending().await
+                };
+                tokio::select! {
+                    end = client_goes_on(up, ending.as_mut()) => end,
+                    never = fin => never,
+                }
+            }
+            end => end,
         }
     };
     match end {
@@ -253,9 +279,31 @@ where
         DownEnd::BackendClosed => {
             let _ = client_write.shutdown().await;
         }
+        DownEnd::BothClosed => {}
         DownEnd::Failed(side) => return Some(side),
     }
     None
+}
+
+/// The backend closed its half (its FIN passed on) and the client has not:
+/// what the client still sends goes to the backend until it closes too, as
+/// TCP mode and HAProxy pass a half-close on (a protocol whose server ends
+/// its output first and then reads the rest lost it), or until the drain
+/// asks (a cut: the client has its FIN already). A backend that takes no
+/// more (it closed whole, or crashed) fails the tunnel, as in TCP mode:
+/// the client is reset, not told its last bytes went through.
+async fn client_goes_on<U, E>(up: Pin<&mut U>, ending: Pin<&mut E>) -> DownEnd
+where
+    U: Future<Output = Result<(), Side>>,
+    E: Future<Output = ()>,
+{
+    tokio::select! {
+        up_end = up => match up_end {
+            Ok(()) => DownEnd::BothClosed,
+            Err(side) => DownEnd::Failed(side),
+        },
+        () = ending => DownEnd::Cut,
+    }
 }
 
 /// Copies backend → client; once `ending` fires, stops at the next frame
@@ -480,12 +528,28 @@ mod tests {
         half_closed: u64,
     ) -> tokio::task::JoinHandle<super::TunnelEnd> {
         let drain = crate::lifecycle::drain::Drain::new(1);
+        let tunnel = drained_tunnel(client_side, backend_side, &drain, tunnel, half_closed);
+        tokio::spawn(async move {
+            let end = tunnel.await;
+            drop(drain);
+            end.expect("tunnel")
+        })
+    }
+
+    /// The same under `drain`.
+    fn drained_tunnel(
+        client_side: tokio::io::DuplexStream,
+        backend_side: tokio::io::DuplexStream,
+        drain: &crate::lifecycle::drain::Drain,
+        tunnel: u64,
+        half_closed: u64,
+    ) -> tokio::task::JoinHandle<super::TunnelEnd> {
         let limits = super::TunnelLimits {
             tunnel: std::time::Duration::from_secs(tunnel),
             half_closed: std::time::Duration::from_secs(half_closed),
         };
+        let watch = drain.watch();
         tokio::spawn(async move {
-            let watch = drain.watch();
             super::tunnel(client_side, backend_side, false, &[], watch, "test", limits).await
         })
     }
@@ -515,6 +579,77 @@ mod tests {
             super::TunnelEnd::Failed(super::Side::Backend),
             "and then its failure, to pass on"
         );
+    }
+
+    /// A backend that ends its output first has its FIN passed on, and
+    /// still gets what the client sends after it, and the client's FIN: a
+    /// half-close is passed on as in TCP mode (the tunnel ended at the
+    /// backend's FIN, and dropped the rest).
+    #[tokio::test]
+    async fn a_backends_half_close_is_passed_on_and_the_client_still_sends() {
+        use tokio::io::AsyncWriteExt;
+        let (client_side, mut client) = tokio::io::duplex(1024);
+        let (backend_side, mut backend) = tokio::io::duplex(1024);
+        let tunnel = plain_tunnel(client_side, backend_side, 60, 60);
+        backend.write_all(b"answer").await.expect("backend sends");
+        backend.shutdown().await.expect("the backend's FIN");
+        let got = to_end(&mut client).await;
+        assert_eq!(got, b"answer", "the answer, then the backend's FIN");
+        client.write_all(b"the rest").await.expect("client sends");
+        client.shutdown().await.expect("the client's FIN");
+        let rest = to_end(&mut backend).await;
+        assert_eq!(rest, b"the rest", "what the client sent after it");
+        assert_eq!(tunnel.await.expect("tunnel"), super::TunnelEnd::Closed);
+    }
+
+    /// Everything `side` reads until its end, within a few seconds.
+    async fn to_end(side: &mut tokio::io::DuplexStream) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        let read = side.read_to_end(&mut got);
+        tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .expect("an end within 5 s")
+            .expect("read");
+        got
+    }
+
+    /// A backend that closed whole after its answer fails the tunnel once
+    /// a write of what the client still sends finds it gone, as in TCP
+    /// mode: the client is reset, not told those bytes went through.
+    #[tokio::test]
+    async fn a_backend_gone_after_its_fin_fails_the_tunnel_when_written_to() {
+        use tokio::io::AsyncWriteExt;
+        let (client_side, mut client) = tokio::io::duplex(1024);
+        let (backend_side, backend) = tokio::io::duplex(1024);
+        let tunnel = plain_tunnel(client_side, backend_side, 60, 60);
+        drop(backend);
+        assert!(to_end(&mut client).await.is_empty(), "the backend's FIN");
+        client.write_all(b"late").await.expect("client sends");
+        assert_eq!(
+            tunnel.await.expect("tunnel"),
+            super::TunnelEnd::Failed(super::Side::Backend)
+        );
+    }
+
+    /// Once the backend closed its half, the client's way up still ends
+    /// when the drain asks long-lived streams to end, not at its limits.
+    #[tokio::test(start_paused = true)]
+    async fn a_tunnel_whose_backend_closed_its_half_ends_at_the_drain() {
+        use tokio::io::AsyncWriteExt;
+        let (client_side, mut client) = tokio::io::duplex(1024);
+        let (backend_side, mut backend) = tokio::io::duplex(1024);
+        let drain = crate::lifecycle::drain::Drain::new(1);
+        let tunnel = drained_tunnel(client_side, backend_side, &drain, 3600, 3600);
+        backend.shutdown().await.expect("the backend's FIN");
+        to_end(&mut client).await;
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        assert!(!tunnel.is_finished(), "ended before the client's FIN");
+        drain.begin(std::time::Duration::ZERO);
+        let started = tokio::time::Instant::now();
+        assert_eq!(tunnel.await.expect("tunnel"), super::TunnelEnd::Closed);
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     }
 
     /// A client that closed its half, with a backend that neither answers

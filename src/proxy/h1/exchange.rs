@@ -653,7 +653,8 @@ struct Moved<'a> {
 }
 
 /// After a 101: what either side sent past the switch goes first, then the
-/// two connections are joined until one ends (the lease is held meanwhile).
+/// two connections are joined until both end, a FIN either way passed on
+/// (the lease is held meanwhile).
 /// A side that fails has the other reset, once it took what it was sent,
 /// as in TCP mode; the client's is then closed with no FIN ahead of it
 /// (`Client::reset`).
