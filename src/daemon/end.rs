@@ -58,10 +58,11 @@ impl Generation {
             Arc::clone(&self.admin),
             reporting.clone(),
         ));
-        let outcome = self.drain_for(budget, DrainReason::Reload).await.outcome;
+        let ended = self.drain_for(budget, DrainReason::Reload).await;
         // No stop's clock runs here: the sinks' own limit bounds the flush.
         self.write_out_telemetry(Duration::MAX).await;
-        self.outlive_predecessor().await;
+        self.outlive_predecessor(&ended).await;
+        let outcome = ended.outcome;
         reporting.cancel();
         end_reports(&channel, reporter, || Message::Report(self.admin.report())).await;
         self.close_kept_connections();
@@ -73,51 +74,78 @@ impl Generation {
         departure::exit_with_successor(self.exit_code(outcome), departure).await
     }
 
-    /// Waits (bounded by our own drain budget, cut short by a second stop
-    /// signal or a force signal) until the generation we took over from has
-    /// exited: its reports, which we keep forwarding, reach the serving
-    /// generation only through us. A stop (systemd signals every
-    /// generation at once) bounds the wait by its own end but does not end
-    /// it: what the stop cuts in the older generation reaches the serving
-    /// one through us, and its exit code says so (it said 0 when we left).
-    async fn outlive_predecessor(&mut self) {
+    /// Waits (bounded by our own drain budget) until the generation we
+    /// took over from has exited: its reports, which we keep forwarding,
+    /// reach the serving generation only through us. A stop (systemd
+    /// signals every generation at once), heard here or in our drain
+    /// (`drained`), bounds the wait by its own end, a second before the
+    /// main's wait for older generations ends: what the stop cuts in the
+    /// older generation reaches the main, and its exit code says so (it
+    /// said 0 when we left at the stop). A second stop signal, or SIGUSR2,
+    /// forces the older one as it forces us: a second then, for its count.
+    async fn outlive_predecessor(&mut self, drained: &Ended) {
         if self.predecessor_gone.is_cancelled() {
             return;
         }
+        let mut bound = Instant::now() + self.config.reload.drain_timeout;
+        if let Some(heard) = drained.stop_heard {
+            bound = bound.min(heard + self.stop_wait());
+        }
+        if drained.by_signal {
+            bound = bound.min(Instant::now() + FORCED_PREDECESSOR_WAIT);
+        }
+        let mut stopping = drained.stop_heard.is_some() || drained.by_signal;
         tracing::info!(
+            waiting_at_most = ?bound.saturating_duration_since(Instant::now()),
             "drained; waiting for the older generation to exit so its counts reach the serving one"
         );
-        let bound = tokio::time::sleep(self.config.reload.drain_timeout);
-        tokio::pin!(bound);
-        let mut stopping = false;
         loop {
             tokio::select! {
                 () = self.predecessor_gone.cancelled() => return,
-                () = &mut bound => {
+                () = tokio::time::sleep_until(bound) => {
                     tracing::warn!("the older generation outlived our wait; its last counts may be lost");
                     return;
                 }
-                command = self.commands.recv() => match command {
-                    // A reload is the serving generation's business.
-                    Command::Reload => tracing::info!("reload ignored: this generation is draining"),
-                    Command::Stop if !stopping => {
-                        stopping = true;
-                        // As long as the main waits for older generations.
-                        let waited = Instant::now()
-                            + self.config.stop_budget()
-                            + OLDER_GENERATIONS_SLACK;
-                        if waited < bound.deadline() {
-                            bound.as_mut().reset(waited);
+                command = self.commands.recv() => {
+                    let now = Instant::now();
+                    match command {
+                        // A reload is the serving generation's business.
+                        Command::Reload => tracing::info!("reload ignored: this generation is draining"),
+                        Command::Stop if !stopping => {
+                            stopping = true;
+                            self.show_stopping();
+                            bound = bound.min(now + self.stop_wait());
                         }
-                        tracing::info!("stop: still waiting for the older generation (until the stop's end, or a second stop signal), so what the stop cuts there is counted");
+                        Command::Stop | Command::ForceDrain => {
+                            bound = bound.min(now + FORCED_PREDECESSOR_WAIT);
+                        }
                     }
-                    Command::Stop | Command::ForceDrain => {
-                        tracing::info!(?command, "no longer waiting for the older generation");
-                        return;
-                    }
-                },
+                    tracing::info!(
+                        ?command,
+                        waiting_at_most = ?bound.saturating_duration_since(now),
+                        "still waiting for the older generation to exit"
+                    );
+                }
             }
         }
+    }
+
+    /// How long after a stop reached it a drained generation waits for the
+    /// older one: to the stop's end, and a second of the main's slack (it
+    /// must be gone, its last report sent, before the main stops waiting).
+    fn stop_wait(&self) -> Duration {
+        self.config.stop_budget() + OLDER_GENERATIONS_SLACK / 2
+    }
+
+    /// A probe this generation still answers (one it took before its admin
+    /// stop) is told the host is stopping, as the serving generation tells
+    /// it.
+    fn show_stopping(&self) {
+        self.phase.send_modify(|phase| {
+            *phase = Phase::Stopping {
+                deadline: phase.drain_deadline(),
+            };
+        });
     }
 
     /// The ordered stop: readiness flips, pre-stop pause, doors close (queue
@@ -176,6 +204,7 @@ impl Generation {
             Ended {
                 outcome: DrainOutcome::Forced { open },
                 by_signal: true,
+                stop_heard: None,
             }
         } else {
             self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
@@ -382,7 +411,7 @@ impl Generation {
         let mut deadline = started + budget;
         self.publish_deadline(deadline);
         tracing::info!(connections = at_start, budget = ?budget, reason = reason.as_str(), "drain started");
-        let mut stops = 0;
+        let mut stop_heard = None;
         let mut by_signal = false;
         // When a stop's cut ends the long-lived streams the spread still holds.
         let mut spread_cut: Option<Instant> = None;
@@ -395,18 +424,11 @@ impl Generation {
                 }
                 () = tokio::time::sleep_until(deadline) => break DrainOutcome::Forced { open: self.drain.force().await },
                 command = self.commands.recv() => match command {
-                    Command::Stop if stops == 0 && matches!(reason, DrainReason::Reload) => {
-                        stops += 1;
+                    Command::Stop if stop_heard.is_none() && matches!(reason, DrainReason::Reload) => {
+                        stop_heard = Some(Instant::now());
                         // The stop's own end: its pause, then its drain.
                         deadline = deadline.min(Instant::now() + self.config.stop_budget());
-                        // A probe this generation still answers (one it
-                        // took before its admin stop) is told the host is
-                        // stopping, as the serving generation tells it.
-                        self.phase.send_modify(|phase| {
-                            *phase = Phase::Stopping {
-                                deadline: phase.drain_deadline(),
-                            };
-                        });
+                        self.show_stopping();
                         self.publish_deadline(deadline);
                         // Ended as the serving generation ends its own:
                         // when its pause is over.
@@ -441,7 +463,11 @@ impl Generation {
             at_start.saturating_sub(forced),
             forced,
         );
-        Ended { outcome, by_signal }
+        Ended {
+            outcome,
+            by_signal,
+            stop_heard,
+        }
     }
 
     /// A control request this generation accepted just before it stopped
@@ -531,6 +557,9 @@ const NAMING_EVERY: Duration = Duration::from_millis(500);
 struct Ended {
     outcome: DrainOutcome,
     by_signal: bool,
+    /// When a stop reached a reload's drain (it keeps the drain's earlier
+    /// deadline, or brings the stop's own end).
+    stop_heard: Option<Instant>,
 }
 
 /// Sends `signal` to each of `generations` still running.
@@ -622,6 +651,11 @@ async fn end_reports(
         }
     }
 }
+
+/// How long a drained generation still waits for the older one once a
+/// second stop signal or SIGUSR2 forced both: the older one's forced count
+/// comes in its last report, within the main's `OLDER_GENERATIONS_SLACK`.
+const FORCED_PREDECESSOR_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a report to the successor may wait for room on the channel
 /// as this generation exits.
@@ -717,6 +751,12 @@ mod tests {
         let began = Instant::now();
         let ended =
             tokio::time::timeout(4 * REPORT_WAIT, end_reports(&channel, reporter, report)).await;
+        assert!(ended.is_ok(), "still waiting after {:?}", began.elapsed());
+        // The report under way landed; the last one finds no room.
+        let landed = tokio::spawn(async {});
+        let began = Instant::now();
+        let ended =
+            tokio::time::timeout(4 * REPORT_WAIT, end_reports(&channel, landed, report)).await;
         assert!(ended.is_ok(), "still waiting after {:?}", began.elapsed());
     }
 }

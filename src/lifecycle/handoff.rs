@@ -356,8 +356,10 @@ impl Channel {
     }
 
     /// Sends one message, its fds with its first datagrams. Not to be
-    /// dropped part-way: a message cut short fails the peer's next receive
-    /// (every caller that could drop one drops the channel with it).
+    /// dropped part-way unless nothing more is sent on the channel: a
+    /// message cut short fails the peer's next receive (every caller that
+    /// could drop one drops the channel with it, or, as an exiting
+    /// generation's last reports, sends nothing after).
     pub async fn send(
         &self,
         message: &Message,
