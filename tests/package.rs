@@ -177,6 +177,12 @@ fn first_install_enables_without_starting(sbx: &Sandbox) {
     assert_eq!(sbx.show("baton", "ActiveState"), "inactive");
     let check = sbx.exec(&["baton", "check", "-c", "/etc/baton/baton.toml"]);
     assert!(check.status.success(), "{}", text(&check));
+    // What it writes lies within the installed unit's sandbox.
+    assert!(
+        !text(&check).contains("out of the service's reach"),
+        "{}",
+        text(&check)
+    );
     let conffiles = text(&sbx.exec(&["dpkg-query", "-W", "-f", "${Conffiles}", "baton"]));
     for file in [
         "/etc/baton/baton.toml",

@@ -6,6 +6,7 @@ mod backend;
 mod check;
 mod reload;
 mod run;
+mod sandbox;
 pub mod status;
 mod unit;
 

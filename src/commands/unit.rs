@@ -1,5 +1,6 @@
 //! What `baton check` reads of the installed `baton.service`: the timeouts
-//! systemd would hold baton to and the room in its fd store, from the unit
+//! systemd would hold baton to, the room in its fd store and its sandbox
+//! (see `sandbox`), from the unit
 //! file and then its drop-ins,
 //! the place an admin's override survives a package upgrade (the package
 //! replaces the unit file itself).
@@ -9,6 +10,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::sandbox::{is_yes, Sandbox, OWN_FOLDERS};
 use crate::config::Config;
 
 /// Where systemd looks for `baton.service` and its `.d` drop-ins, the one
@@ -62,6 +64,47 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
     if let Some(store) = last_setting(&files, &["FileDescriptorStoreMax"]) {
         warn_about_fd_store(&store, c.listening_sockets());
     }
+    if let Some((unit, _)) = files.first() {
+        super::sandbox::warn_about_writes(&sandbox_of(&files), c, unit);
+    }
+}
+
+/// The unit's sandbox as systemd ends up with it.
+fn sandbox_of(files: &[(PathBuf, String)]) -> Sandbox {
+    let last = |key| last_setting(files, &[key]).map(|s| s.value);
+    let mut writable: Vec<PathBuf> = OWN_FOLDERS
+        .iter()
+        .flat_map(|(key, base)| {
+            // `name:link` (systemd 253) makes `name`.
+            list_of(files, key)
+                .into_iter()
+                .map(move |item| Path::new(base).join(item.split(':').next().unwrap_or_default()))
+        })
+        .collect();
+    writable.extend(
+        list_of(files, "ReadWritePaths")
+            .iter()
+            .map(|item| PathBuf::from(item.trim_start_matches(['-', '+']))),
+    );
+    Sandbox {
+        protect_system: last("ProtectSystem"),
+        protect_home: last("ProtectHome"),
+        private_tmp: last("PrivateTmp").is_some_and(|v| is_yes(&v)),
+        writable,
+    }
+}
+
+/// A list setting as systemd ends up with it: each assignment adds its
+/// items (space-separated), an empty one clears those before it.
+fn list_of(files: &[(PathBuf, String)], key: &str) -> Vec<String> {
+    let mut items = Vec::new();
+    for s in assignments(files, &[key]) {
+        if s.value.is_empty() {
+            items.clear();
+        }
+        items.extend(s.value.split_whitespace().map(str::to_string));
+    }
+    items
 }
 
 /// A unit file's lines as systemd reads them: comments (`#` or `;` first)
