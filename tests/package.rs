@@ -275,6 +275,54 @@ async fn upgraded_in_place(sbx: &Sandbox, admin: SocketAddr, old_main: &str, inv
     assert_eq!(installed, UPGRADE_VERSION);
 }
 
+/// An upgrade that lands while baton is still starting (its first health
+/// round waits on a backend that accepts and never answers) reloads it
+/// once started: the start runs the old binary, and a reload during it
+/// was merged into the start and did nothing (systemd 252), so the old
+/// version served on with no word said. Back on `config` after.
+async fn an_upgrade_during_a_start_reloads_once_started(
+    sbx: &Sandbox,
+    config: &str,
+    admin: SocketAddr,
+) {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let silent_addr = silent.local_addr().expect("addr");
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            held.push(conn);
+        }
+    });
+    sbx.systemctl_ok(&["stop", "baton"]);
+    apt_ok(sbx, &["install", "--allow-downgrades", "/root/baton_A.deb"]);
+    let hanging = config.replace(
+        "health = { kind = \"tcp\", interval = \"2s\", timeout = \"1s\" }",
+        "health = { kind = \"http\", path = \"/\", interval = \"2s\", timeout = \"8s\" }",
+    );
+    assert_ne!(hanging, config, "the shipped pool's check");
+    let backend = config
+        .split("address = \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the pool's backend");
+    sbx.write(
+        "/etc/baton/baton.toml",
+        &hanging.replace(backend, &silent_addr.to_string()),
+    );
+    sbx.systemctl_ok(&["start", "--no-block", "baton"]);
+    support::eventually("baton is starting", || async {
+        sbx.show("baton", "ActiveState") == "activating"
+    })
+    .await;
+    apt_ok(sbx, &["install", "/root/baton_B.deb"]);
+    assert_eq!(client::status(admin).await["version"], UPGRADE_VERSION);
+    holding.abort();
+    sbx.write("/etc/baton/baton.toml", config);
+    sbx.systemctl_ok(&["reload", "baton"]);
+}
+
 /// A reload that fails during the package step (a config the new binary
 /// refuses): the apt run succeeds and says so, the old generation serves on.
 async fn a_failed_reload_keeps_serving(sbx: &Sandbox, config: &str, web: SocketAddr) {
@@ -503,6 +551,7 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
     sbx.progressed(&load, 50).await;
     upgraded_in_place(&sbx, admin, &main, &invocation).await;
     load.stop().await.assert_clean();
+    an_upgrade_during_a_start_reloads_once_started(&sbx, &config, admin).await;
 
     a_failed_reload_keeps_serving(&sbx, &config, web).await;
     an_aborted_remove_starts_baton_again(&sbx, admin).await;
