@@ -339,16 +339,7 @@ async fn an_h2c_client_connection_costs_one_fd() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_backend_is_a_504_at_response_timeout() {
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = silent.local_addr().expect("addr");
-    let keep = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = silent.accept().await {
-            held.push(s);
-        }
-    });
+    let (addr, keep) = support::backend::silent().await;
     let spec = Spec::new()
         .listener("web", "http", "app", "response_timeout = \"1s\"")
         .pool("app", &[addr]);

@@ -285,16 +285,7 @@ async fn an_upgrade_during_a_start_reloads_once_started(
     config: &str,
     admin: SocketAddr,
 ) {
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let silent_addr = silent.local_addr().expect("addr");
-    let holding = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((conn, _)) = silent.accept().await {
-            held.push(conn);
-        }
-    });
+    let (silent_addr, holding) = support::backend::silent().await;
     sbx.systemctl_ok(&["stop", "baton"]);
     apt_ok(sbx, &["install", "--allow-downgrades", "/root/baton_A.deb"]);
     let hanging = config.replace(

@@ -819,16 +819,7 @@ async fn with_a_check_that_hangs() -> (
     tokio::task::JoinHandle<()>,
 ) {
     let up = support::backend::HttpBackend::start("a").await;
-    let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let hanging_addr = hanging.local_addr().expect("addr");
-    let holder = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = hanging.accept().await {
-            held.push(s);
-        }
-    });
+    let (hanging_addr, holder) = support::backend::silent().await;
     let spec = support::daemon::Spec::new()
         .section(&format!(
             "[reload]\nready_timeout = \"6s\"\n\n[[pools]]\nname = \"app\"\nhealth = {{ kind = \"http\", path = \"/\", interval = \"20s\", timeout = \"8s\" }}\nbackends = [{{ name = \"a\", address = \"{}\" }}, {{ name = \"hangs\", address = \"{hanging_addr}\" }}]\n",

@@ -455,3 +455,17 @@ pub async fn greeter() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     });
     (addr, serving)
 }
+
+/// A backend that accepts and never answers, nor closes: a hung server, to
+/// baton. Its connections are held until the task is aborted.
+pub async fn silent() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    (addr, holding)
+}
