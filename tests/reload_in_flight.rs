@@ -403,7 +403,7 @@ async fn a_stop_that_cuts_the_oldest_of_three_generations_exits_3() {
         || async {
             baton
                 .log()
-                .contains("drained; waiting for the older generation to exit")
+                .contains("drain over; waiting for the older generation to exit")
         },
     )
     .await;

@@ -58,10 +58,22 @@ impl Generation {
             Arc::clone(&self.admin),
             reporting.clone(),
         ));
+        // Ours, or our successor's if shorter: the main's, or nearer it.
+        let stop_budget = successor
+            .stop_budget
+            .map_or(self.config.stop_budget(), |theirs| {
+                theirs.min(self.config.stop_budget())
+            });
         let ended = self.drain_for(budget, DrainReason::Reload).await;
-        // No stop's clock runs here: the sinks' own limit bounds the flush.
-        self.write_out_telemetry(Duration::MAX).await;
-        self.outlive_predecessor(&ended).await;
+        let wait = PredecessorWait::after(&ended, stop_budget, budget);
+        // No stop's clock runs here, unless a stop or a force reached the
+        // drain: the sinks' own limit bounds the flush.
+        let flush_limit = match wait.stopping || wait.forced {
+            true => wait.bound.saturating_duration_since(Instant::now()),
+            false => Duration::MAX,
+        };
+        self.write_out_telemetry(flush_limit).await;
+        self.outlive_predecessor(wait).await;
         let outcome = ended.outcome;
         reporting.cancel();
         end_reports(&channel, reporter, || Message::Report(self.admin.report())).await;
@@ -77,64 +89,50 @@ impl Generation {
     /// Waits (bounded by our own drain budget) until the generation we
     /// took over from has exited: its reports, which we keep forwarding,
     /// reach the serving generation only through us. A stop (systemd
-    /// signals every generation at once), heard here or in our drain
-    /// (`drained`), bounds the wait by its own end, a second before the
-    /// main's wait for older generations ends: what the stop cuts in the
-    /// older generation reaches the main, and its exit code says so (it
-    /// said 0 when we left at the stop). A second stop signal, or SIGUSR2,
-    /// forces the older one as it forces us: a second then, for its count.
-    async fn outlive_predecessor(&mut self, drained: &Ended) {
+    /// signals every generation at once), heard here or in our drain,
+    /// bounds the wait by its own end, a second before the main's wait for
+    /// older generations ends: what the stop cuts in the older generation
+    /// reaches the main, and its exit code says so (it said 0 when we left
+    /// at the stop). A second stop signal, or SIGUSR2 (which the main sends
+    /// every draining generation as it forces them), leaves a second for
+    /// the older one's forced count.
+    async fn outlive_predecessor(&mut self, mut wait: PredecessorWait) {
         if self.predecessor_gone.is_cancelled() {
             return;
         }
-        let mut bound = Instant::now() + self.config.reload.drain_timeout;
-        if let Some(heard) = drained.stop_heard {
-            bound = bound.min(heard + self.stop_wait());
-        }
-        if drained.by_signal {
-            bound = bound.min(Instant::now() + FORCED_PREDECESSOR_WAIT);
-        }
-        let mut stopping = drained.stop_heard.is_some() || drained.by_signal;
         tracing::info!(
-            waiting_at_most = ?bound.saturating_duration_since(Instant::now()),
-            "drained; waiting for the older generation to exit so its counts reach the serving one"
+            waiting_at_most = ?wait.bound.saturating_duration_since(Instant::now()),
+            "drain over; waiting for the older generation to exit so its counts reach the serving one"
         );
         loop {
             tokio::select! {
                 () = self.predecessor_gone.cancelled() => return,
-                () = tokio::time::sleep_until(bound) => {
+                () = tokio::time::sleep_until(wait.bound) => {
                     tracing::warn!("the older generation outlived our wait; its last counts may be lost");
                     return;
                 }
                 command = self.commands.recv() => {
-                    let now = Instant::now();
                     match command {
                         // A reload is the serving generation's business.
-                        Command::Reload => tracing::info!("reload ignored: this generation is draining"),
-                        Command::Stop if !stopping => {
-                            stopping = true;
+                        Command::Reload => {
+                            tracing::info!("reload ignored: this generation is draining");
+                            continue;
+                        }
+                        Command::Stop if !wait.stopping => {
+                            wait.stop_heard(Instant::now());
                             self.show_stopping();
-                            bound = bound.min(now + self.stop_wait());
+                            self.publish_deadline(wait.bound);
                         }
-                        Command::Stop | Command::ForceDrain => {
-                            bound = bound.min(now + FORCED_PREDECESSOR_WAIT);
-                        }
+                        Command::Stop | Command::ForceDrain => wait.forced(Instant::now()),
                     }
                     tracing::info!(
                         ?command,
-                        waiting_at_most = ?bound.saturating_duration_since(now),
+                        waiting_at_most = ?wait.bound.saturating_duration_since(Instant::now()),
                         "still waiting for the older generation to exit"
                     );
                 }
             }
         }
-    }
-
-    /// How long after a stop reached it a drained generation waits for the
-    /// older one: to the stop's end, and a second of the main's slack (it
-    /// must be gone, its last report sent, before the main stops waiting).
-    fn stop_wait(&self) -> Duration {
-        self.config.stop_budget() + OLDER_GENERATIONS_SLACK / 2
     }
 
     /// A probe this generation still answers (one it took before its admin
@@ -433,7 +431,7 @@ impl Generation {
                         // Ended as the serving generation ends its own:
                         // when its pause is over.
                         spread_cut = Some(Instant::now() + self.config.stop_pause());
-                        tracing::info!("stop signal while draining: keeping the earlier deadline");
+                        tracing::info!("stop signal while draining: the drain ends by the stop's end at the latest");
                     }
                     Command::Stop | Command::ForceDrain => {
                         by_signal = true;
@@ -560,6 +558,51 @@ struct Ended {
     /// When a stop reached a reload's drain (it keeps the drain's earlier
     /// deadline, or brings the stop's own end).
     stop_heard: Option<Instant>,
+}
+
+/// How long a drained generation waits for the one it took over from
+/// (see `outlive_predecessor`).
+struct PredecessorWait {
+    bound: Instant,
+    /// The stop's budget (ours or the successor's, the shorter): a stop
+    /// heard bounds the wait by it, and half the main's slack.
+    stop_budget: Duration,
+    stopping: bool,
+    forced: bool,
+}
+
+impl PredecessorWait {
+    /// The wait after a reload's drain of `drain_timeout`, which may have
+    /// heard a stop or been forced.
+    fn after(drained: &Ended, stop_budget: Duration, drain_timeout: Duration) -> Self {
+        let mut wait = PredecessorWait {
+            bound: Instant::now() + drain_timeout,
+            stop_budget,
+            stopping: false,
+            forced: false,
+        };
+        if let Some(heard) = drained.stop_heard {
+            wait.stop_heard(heard);
+        }
+        if drained.by_signal {
+            wait.forced(Instant::now());
+        }
+        wait
+    }
+
+    /// To the stop's end, and a second of the main's slack: gone, the last
+    /// report sent, before the main stops waiting.
+    fn stop_heard(&mut self, at: Instant) {
+        self.stopping = true;
+        self.bound = self
+            .bound
+            .min(at + self.stop_budget + OLDER_GENERATIONS_SLACK / 2);
+    }
+
+    fn forced(&mut self, at: Instant) {
+        self.forced = true;
+        self.bound = self.bound.min(at + FORCED_PREDECESSOR_WAIT);
+    }
 }
 
 /// Sends `signal` to each of `generations` still running.
@@ -728,6 +771,36 @@ async fn release_fd_store_unless_restarting(
 mod tests {
     use super::*;
     use crate::lifecycle::handoff::Report;
+
+    /// A stop heard in the drain bounds the wait for the older generation
+    /// from when it was heard, a second short of the main's slack; a force
+    /// leaves a second; neither lengthens an earlier bound.
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_or_a_force_bounds_the_wait_for_the_older_generation() {
+        let second = Duration::from_secs(1);
+        let (budget, drain) = (10 * second, 60 * second);
+        let ended = |stop_heard, by_signal| Ended {
+            outcome: DrainOutcome::Drained,
+            by_signal,
+            stop_heard,
+        };
+        let start = Instant::now();
+        let plain = PredecessorWait::after(&ended(None, false), budget, drain);
+        assert_eq!(plain.bound, start + drain);
+        let heard = start - 3 * second;
+        let stopped = PredecessorWait::after(&ended(Some(heard), false), budget, drain);
+        assert_eq!(stopped.bound, heard + budget + second);
+        assert!(stopped.stopping && !stopped.forced);
+        let forced = PredecessorWait::after(&ended(Some(heard), true), budget, drain);
+        assert_eq!(forced.bound, start + FORCED_PREDECESSOR_WAIT);
+        let mut late = PredecessorWait::after(&ended(None, true), budget, drain);
+        late.stop_heard(start);
+        assert_eq!(
+            late.bound,
+            start + FORCED_PREDECESSOR_WAIT,
+            "not lengthened"
+        );
+    }
 
     /// A successor that reads nothing (the socket full, a report waiting
     /// for room) does not hold an exiting generation for ever: the report
