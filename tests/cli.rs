@@ -448,18 +448,18 @@ fn check_warns_when_the_unit_would_cut_a_drain_short() {
 
 /// `check`, run as root, sees a file system the service does not: it says
 /// which paths baton would write that the shipped unit's sandbox keeps it
-/// from (here a `/tmp` of the service's own, and `/etc` read-only), and
-/// is quiet once a drop-in's `ReadWritePaths=` names their folder.
+/// from (here a `/tmp` of the service's own, and `/etc` read-only), each
+/// with its reason, and is quiet once a drop-in opens them.
 #[test]
 fn check_warns_of_writes_the_units_sandbox_forbids() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
     let unit = dir.path().join("baton.service");
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.service");
     std::fs::copy(shipped, &unit).expect("the shipped unit");
     let config = dir.path().join("baton.toml");
+    let here = dir.path().display();
     let body = format!(
-        "workers = 1\n[control]\nsocket = \"{}/control.sock\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\naccess_log = {{ path = \"access.log\" }}\n[[listeners]]\nname = \"etc\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\naccess_log = {{ path = \"/etc/baton-test-access.log\" }}\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
-        dir.path().display()
+        "workers = 1\n[control]\nsocket = \"{here}/control.sock\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\naccess_log = {{ path = \"access.log\" }}\n[[listeners]]\nname = \"etc\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\naccess_log = {{ path = \"/etc/baton-test-access.log\" }}\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n"
     );
     std::fs::write(&config, body).expect("config");
     let (c, u) = (
@@ -468,20 +468,32 @@ fn check_warns_of_writes_the_units_sandbox_forbids() {
     );
     let (code, _, stderr) = run(&["check", "-c", c, "--unit", u]);
     assert_eq!(code, 0, "{stderr}");
-    for said in [
-        "the control socket",
-        "listener \"web\"'s access log",
-        "PrivateTmp=yes",
-        "listener \"etc\"'s access log /etc/baton-test-access.log",
-        "ProtectSystem=strict",
+    for (what, why) in [
+        (
+            format!("the control socket {here}/control.sock"),
+            "PrivateTmp=yes",
+        ),
+        (
+            format!("listener \"web\"'s access log {here}/access.log"),
+            "PrivateTmp=yes",
+        ),
+        (
+            "listener \"etc\"'s access log /etc/baton-test-access.log".to_string(),
+            "ProtectSystem=strict",
+        ),
     ] {
-        assert!(stderr.contains(said), "{said}: {stderr}");
+        let said = stderr.lines().find(|l| l.contains(&what));
+        assert!(
+            said.is_some_and(|l| l.contains(why)),
+            "{what}, {why}: {stderr}"
+        );
     }
     let dropins = dir.path().join("baton.service.d");
     std::fs::create_dir(&dropins).expect("drop-in folder");
-    let rw = format!("[Service]\nReadWritePaths=-{} /etc\n", dir.path().display());
-    std::fs::write(dropins.join("rw.conf"), rw).expect("drop-in");
-    let (_, _, stderr) = run(&["check", "-c", c, "--unit", u]);
+    let open = format!("[Service]\nPrivateTmp=no\nReadWritePaths=\"{here}\" -/etc\n");
+    std::fs::write(dropins.join("open.conf"), open).expect("drop-in");
+    let (code, _, stderr) = run(&["check", "-c", c, "--unit", u]);
+    assert_eq!(code, 0, "{stderr}");
     assert!(!stderr.contains("out of the service's reach"), "{stderr}");
 }
 

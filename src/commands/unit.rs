@@ -10,7 +10,6 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::sandbox::{is_yes, Sandbox, OWN_FOLDERS};
 use crate::config::Config;
 
 /// Where systemd looks for `baton.service` and its `.d` drop-ins, the one
@@ -65,46 +64,8 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
         warn_about_fd_store(&store, c.listening_sockets());
     }
     if let Some((unit, _)) = files.first() {
-        super::sandbox::warn_about_writes(&sandbox_of(&files), c, unit);
+        super::sandbox::warn_about_writes(&files, c, unit);
     }
-}
-
-/// The unit's sandbox as systemd ends up with it.
-fn sandbox_of(files: &[(PathBuf, String)]) -> Sandbox {
-    let last = |key| last_setting(files, &[key]).map(|s| s.value);
-    let mut writable: Vec<PathBuf> = OWN_FOLDERS
-        .iter()
-        .flat_map(|(key, base)| {
-            // `name:link` (systemd 253) makes `name`.
-            list_of(files, key)
-                .into_iter()
-                .map(move |item| Path::new(base).join(item.split(':').next().unwrap_or_default()))
-        })
-        .collect();
-    writable.extend(
-        list_of(files, "ReadWritePaths")
-            .iter()
-            .map(|item| PathBuf::from(item.trim_start_matches(['-', '+']))),
-    );
-    Sandbox {
-        protect_system: last("ProtectSystem"),
-        protect_home: last("ProtectHome"),
-        private_tmp: last("PrivateTmp").is_some_and(|v| is_yes(&v)),
-        writable,
-    }
-}
-
-/// A list setting as systemd ends up with it: each assignment adds its
-/// items (space-separated), an empty one clears those before it.
-fn list_of(files: &[(PathBuf, String)], key: &str) -> Vec<String> {
-    let mut items = Vec::new();
-    for s in assignments(files, &[key]) {
-        if s.value.is_empty() {
-            items.clear();
-        }
-        items.extend(s.value.split_whitespace().map(str::to_string));
-    }
-    items
 }
 
 /// A unit file's lines as systemd reads them: comments (`#` or `;` first)
@@ -196,17 +157,20 @@ fn unit_files(explicit: Option<&Path>) -> Vec<PathBuf> {
 
 /// A setting as systemd ends up with it: the last assignment of any of
 /// `keys` (`TimeoutSec=` sets both timeouts), with where it was made.
-struct Setting<'a> {
-    key: &'a str,
-    value: String,
-    file: &'a Path,
+pub(super) struct Setting<'a> {
+    pub(super) key: &'a str,
+    pub(super) value: String,
+    pub(super) file: &'a Path,
 }
 
 /// An empty assignment is not one: systemd cannot parse it as a time or a
 /// count, logs "ignoring", and the one before stays in force (a drop-in's
 /// `TimeoutStopSec=` leaves the unit's 20 s, which `check` once took for
 /// systemd's 90 s default, and did not check).
-fn last_setting<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Option<Setting<'a>> {
+pub(super) fn last_setting<'a>(
+    files: &'a [(PathBuf, String)],
+    keys: &[&'a str],
+) -> Option<Setting<'a>> {
     assignments(files, keys)
         .into_iter()
         .rev()
@@ -214,7 +178,10 @@ fn last_setting<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Option<
 }
 
 /// Every assignment of any of `keys`, in the order systemd reads them.
-fn assignments<'a>(files: &'a [(PathBuf, String)], keys: &[&'a str]) -> Vec<Setting<'a>> {
+pub(super) fn assignments<'a>(
+    files: &'a [(PathBuf, String)],
+    keys: &[&'a str],
+) -> Vec<Setting<'a>> {
     let mut found = Vec::new();
     for (file, text) in files {
         for line in logical_lines(text) {
