@@ -14,7 +14,8 @@ pub enum Exit {
     Usage,
     /// 3: stopped, but the drain deadline forced connections closed.
     Forced,
-    /// 69: `reload`/`status`: the daemon cannot be reached.
+    /// 69: `reload`/`status`/`backend`: the daemon cannot be reached (or,
+    /// for `reload`, its control socket refused the caller).
     Unreachable,
     /// 75: `reload` refused: one is already under way (retry).
     Busy,
