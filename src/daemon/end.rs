@@ -58,21 +58,18 @@ impl Generation {
             Arc::clone(&self.admin),
             reporting.clone(),
         ));
-        // Ours, or our successor's if shorter: the main's, or nearer it.
-        let stop_budget = successor
-            .stop_budget
-            .map_or(self.config.stop_budget(), |theirs| {
-                theirs.min(self.config.stop_budget())
-            });
-        let ended = self.drain_for(budget, DrainReason::Reload).await;
+        // A stop's end is the main's: our successor's budget is the main's,
+        // or nearer it than ours (an older release says none).
+        let stop_budget = successor.stop_budget.unwrap_or(self.config.stop_budget());
+        let ended = self
+            .drain_for(budget, DrainReason::Reload, stop_budget)
+            .await;
         let wait = PredecessorWait::after(&ended, stop_budget, budget);
-        // No stop's clock runs here, unless a stop or a force reached the
-        // drain: the sinks' own limit bounds the flush.
-        let flush_limit = match wait.stopping || wait.forced {
-            true => wait.bound.saturating_duration_since(Instant::now()),
-            false => Duration::MAX,
-        };
-        self.write_out_telemetry(flush_limit).await;
+        // No stop's clock runs here: the sinks' own limit bounds the flush
+        // (a stop's access-log lines are worth more than the older
+        // generation's last count, which a main still waiting takes as
+        // cut anyway).
+        self.write_out_telemetry(Duration::MAX).await;
         self.outlive_predecessor(wait).await;
         let outcome = ended.outcome;
         reporting.cancel();
@@ -205,8 +202,12 @@ impl Generation {
                 stop_heard: None,
             }
         } else {
-            self.drain_for(self.config.shutdown.drain_timeout, DrainReason::Shutdown)
-                .await
+            self.drain_for(
+                self.config.shutdown.drain_timeout,
+                DrainReason::Shutdown,
+                self.config.stop_budget(),
+            )
+            .await
         };
         let flush_by = exit_by.checked_sub(AFTER_FLUSH).unwrap_or(exit_by);
         self.write_out_telemetry(flush_by.saturating_duration_since(Instant::now()))
@@ -397,8 +398,15 @@ impl Generation {
         while self.accept_tasks.join_next().await.is_some() {}
     }
 
-    /// Runs the drain; stop signals shorten or force it.
-    async fn drain_for(&mut self, budget: Duration, reason: DrainReason) -> Ended {
+    /// Runs the drain; stop signals shorten or force it. A stop's end is
+    /// `stop_budget` from when it is heard (in a reload's drain, the main
+    /// generation's: its wait for older generations ends by it).
+    async fn drain_for(
+        &mut self,
+        budget: Duration,
+        reason: DrainReason,
+        stop_budget: Duration,
+    ) -> Ended {
         let started = Instant::now();
         let spread = match reason {
             DrainReason::Reload => self.config.reload.close_spread,
@@ -425,7 +433,7 @@ impl Generation {
                     Command::Stop if stop_heard.is_none() && matches!(reason, DrainReason::Reload) => {
                         stop_heard = Some(Instant::now());
                         // The stop's own end: its pause, then its drain.
-                        deadline = deadline.min(Instant::now() + self.config.stop_budget());
+                        deadline = deadline.min(Instant::now() + stop_budget);
                         self.show_stopping();
                         self.publish_deadline(deadline);
                         // Ended as the serving generation ends its own:
@@ -564,8 +572,8 @@ struct Ended {
 /// (see `outlive_predecessor`).
 struct PredecessorWait {
     bound: Instant,
-    /// The stop's budget (ours or the successor's, the shorter): a stop
-    /// heard bounds the wait by it, and half the main's slack.
+    /// The stop's budget (the successor's, as the main's): a stop heard
+    /// bounds the wait by it, and half the main's slack.
     stop_budget: Duration,
     stopping: bool,
     forced: bool,
