@@ -307,11 +307,18 @@ async fn an_upgrade_during_a_start_reloads_once_started(
         sbx.show("baton", "ActiveState") == "activating"
     })
     .await;
-    apt_ok(sbx, &["install", "/root/baton_B.deb"]);
+    let said = apt_ok(sbx, &["install", "/root/baton_B.deb"]);
+    assert!(said.contains("waiting for the start under way"), "{said}");
     assert_eq!(client::status(admin).await["version"], UPGRADE_VERSION);
     holding.abort();
     sbx.write("/etc/baton/baton.toml", config);
     sbx.systemctl_ok(&["reload", "baton"]);
+    support::eventually("ready again on the first config", || async {
+        client::get(admin, "/readyz")
+            .await
+            .is_ok_and(|answer| answer.status == 200)
+    })
+    .await;
 }
 
 /// A reload that fails during the package step (a config the new binary

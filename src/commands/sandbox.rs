@@ -28,9 +28,22 @@ struct Sandbox {
     /// absolute) and `ReadWritePaths=`: writable under `ProtectSystem=`
     /// and `ProtectHome=read-only`, not inside what is hidden.
     writable: Vec<PathBuf>,
-    /// Mounted in whatever is around them (`BindPaths=` targets,
-    /// `TemporaryFileSystem=`): writable wherever they are.
+    /// `BindPaths=` targets: writable wherever they are but in what
+    /// `ProtectHome=yes` hides (systemd drops mounts there).
     mounted: Vec<PathBuf>,
+    /// `TemporaryFileSystem=`: a tmpfs of the service's own, empty at
+    /// each start.
+    private: Vec<PathBuf>,
+}
+
+/// Why the service cannot write a path.
+#[derive(Debug, PartialEq)]
+enum Kept {
+    /// The service sees another file there, or none: the same file
+    /// reached by a symlink from the host's view is no way in.
+    Hidden(String),
+    /// It sees the file, read-only.
+    ReadOnly(String),
 }
 
 /// The folders systemd makes each `*Directory=` name under (for a system
@@ -42,83 +55,109 @@ const OWN_FOLDERS: &[(&str, &str)] = &[
     ("LogsDirectory", "/var/log"),
 ];
 
-/// The path specifiers a system service's settings may use, as systemd
-/// expands them (`%%` last, so that it makes no specifier).
-const SPECIFIERS: &[(&str, &str)] = &[
-    ("%t", "/run"),
-    ("%S", "/var/lib"),
-    ("%C", "/var/cache"),
-    ("%L", "/var/log"),
-    ("%E", "/etc"),
-    ("%T", "/tmp"),
-    ("%V", "/var/tmp"),
-    ("%n", "baton.service"),
-    ("%N", "baton"),
-    ("%p", "baton"),
-    ("%%", "%"),
-];
-
 const HOMES: &[&str] = &["/home", "/root", "/run/user"];
 const TMPS: &[&str] = &["/tmp", "/var/tmp"];
 
+/// The path specifiers a system service's settings may use, as systemd
+/// expands them, for the unit named `unit` (`baton.service`).
+fn specifiers(unit: &str) -> Vec<(&'static str, String)> {
+    let name = unit.strip_suffix(".service").unwrap_or(unit);
+    let prefix = name.split('@').next().unwrap_or(name);
+    let fixed = [
+        ("%t", "/run"),
+        ("%S", "/var/lib"),
+        ("%C", "/var/cache"),
+        ("%L", "/var/log"),
+        ("%E", "/etc"),
+        ("%T", "/tmp"),
+        ("%V", "/var/tmp"),
+        ("%%", "%"),
+    ];
+    let mut all: Vec<(&'static str, String)> =
+        fixed.iter().map(|(s, v)| (*s, v.to_string())).collect();
+    all.extend([
+        ("%n", unit.to_string()),
+        ("%N", name.to_string()),
+        ("%p", prefix.to_string()),
+    ]);
+    all
+}
+
 impl Sandbox {
-    /// The unit's sandbox as systemd ends up with it; `None` if a path in
-    /// it could not be read.
+    /// The unit's sandbox as systemd ends up with it (`files`: the unit
+    /// file, then its drop-ins); `None` if a path in it could not be read.
     fn of(files: &[(PathBuf, String)]) -> Option<Sandbox> {
+        let unit = files.first()?.0.file_name()?.to_str()?;
+        let specs = specifiers(unit);
+        let list = |key| list_of(files, key, &specs);
         let last = |key| last_setting(files, &[key]).map(|s| s.value);
         let mut writable = Vec::new();
         for (key, base) in OWN_FOLDERS {
-            for item in list_of(files, key)? {
+            for item in list(key)? {
                 // `name:link` (systemd 253) makes `name`, and `link` to it.
                 for name in item.split(':') {
                     writable.push(Path::new(base).join(name));
                 }
             }
         }
-        for item in list_of(files, "ReadWritePaths")? {
+        for item in list("ReadWritePaths")? {
             writable.push(PathBuf::from(item.trim_start_matches(['-', '+'])));
         }
         let mut mounted = Vec::new();
-        for item in list_of(files, "BindPaths")? {
+        for item in list("BindPaths")? {
             let item = item.trim_start_matches('-');
             let target = item.split(':').nth(1).unwrap_or(item);
             mounted.push(PathBuf::from(target));
         }
-        for item in list_of(files, "TemporaryFileSystem")? {
-            mounted.push(PathBuf::from(item.split(':').next().unwrap_or_default()));
-        }
+        let private = list("TemporaryFileSystem")?
+            .iter()
+            .map(|item| PathBuf::from(item.split(':').next().unwrap_or_default()))
+            .collect();
         Some(Sandbox {
             protect_system: last("ProtectSystem"),
             protect_home: last("ProtectHome"),
             private_tmp: last("PrivateTmp").is_some_and(|v| is_yes(&v)),
             writable,
             mounted,
+            private,
         })
     }
 
     /// Why the service could not write `path` as `check` sees it, if it
     /// could not.
-    fn keeps_from_writing(&self, path: &Path) -> Option<String> {
+    fn keeps_from_writing(&self, path: &Path) -> Option<Kept> {
         let under = |prefixes: &[&str]| prefixes.iter().any(|p| path.starts_with(p));
         let within = |folders: &[PathBuf]| folders.iter().any(|f| path.starts_with(f));
+        let home = self.protect_home.as_deref().unwrap_or_default();
+        if is_yes(home) && under(HOMES) {
+            return Some(Kept::Hidden(format!(
+                "ProtectHome={home}: the service sees none of it"
+            )));
+        }
         if within(&self.mounted) {
             return None;
         }
         if self.private_tmp && under(TMPS) {
-            return Some(
+            return Some(Kept::Hidden(
                 "PrivateTmp=yes: the service writes a /tmp of its own, gone at its stop".into(),
-            );
+            ));
         }
-        let home = self.protect_home.as_deref().unwrap_or_default();
-        let hides_home = is_yes(home) || home == "tmpfs";
-        if hides_home && under(HOMES) {
-            return Some(format!("ProtectHome={home}: the service sees none of it"));
+        if within(&self.private) {
+            return Some(Kept::Hidden(
+                "TemporaryFileSystem=: the service writes a tmpfs of its own, empty at each start"
+                    .into(),
+            ));
+        }
+        if home == "tmpfs" && under(HOMES) {
+            return Some(Kept::Hidden(
+                "ProtectHome=tmpfs: the service sees an empty, read-only tmpfs there".into(),
+            ));
         }
         if within(&self.writable) {
             return None;
         }
         if home == "read-only" && under(HOMES) {
-            return Some("ProtectHome=read-only".into());
+            return Some(Kept::ReadOnly("ProtectHome=read-only".into()));
         }
         let read_only: &[&str] = match self.protect_system.as_deref() {
             Some("strict") => &["/"],
@@ -129,8 +168,18 @@ impl Sandbox {
         let kept = under(read_only) && !under(&["/dev", "/proc", "/sys"]);
         kept.then(|| {
             let value = self.protect_system.as_deref().unwrap_or_default();
-            format!("ProtectSystem={value} makes it read-only")
+            Kept::ReadOnly(format!("ProtectSystem={value} makes it read-only"))
         })
+    }
+
+    /// The folders the service may write, as the sandbox leaves them.
+    fn open_folders(&self) -> Vec<String> {
+        self.writable
+            .iter()
+            .chain(&self.mounted)
+            .filter(|f| self.keeps_from_writing(f).is_none())
+            .map(|f| f.display().to_string())
+            .collect()
     }
 }
 
@@ -142,28 +191,35 @@ fn is_yes(value: &str) -> bool {
 
 /// A list setting as systemd ends up with it: each assignment adds its
 /// items, an empty one clears those before it. `None` if an item holds a
-/// specifier this does not know.
-fn list_of(files: &[(PathBuf, String)], key: &str) -> Option<Vec<String>> {
+/// specifier not in `specs`.
+fn list_of(
+    files: &[(PathBuf, String)],
+    key: &str,
+    specs: &[(&str, String)],
+) -> Option<Vec<String>> {
     let mut items = Vec::new();
     for s in assignments(files, &[key]) {
         if s.value.is_empty() {
             items.clear();
         }
         for word in words(&s.value) {
-            items.push(expanded(&word)?);
+            items.push(expanded(&word, specs)?);
         }
     }
     Some(items)
 }
 
 /// A setting's items as systemd splits them: at white space, but not
-/// inside double or single quotes, which go.
+/// inside double or single quotes, which go, nor where a backslash makes
+/// the next character plain.
 fn words(value: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut word = String::new();
     let mut quote = None;
-    for c in value.chars() {
+    let mut chars = value.chars();
+    while let Some(c) = chars.next() {
         match (quote, c) {
+            (_, '\\') => word.extend(chars.next()),
             (None, '"' | '\'') => quote = Some(c),
             (Some(q), c) if c == q => quote = None,
             (None, c) if c.is_whitespace() => {
@@ -181,13 +237,13 @@ fn words(value: &str) -> Vec<String> {
 }
 
 /// `item` with its specifiers expanded, or `None` for one not known.
-fn expanded(item: &str) -> Option<String> {
+fn expanded(item: &str, specs: &[(&str, String)]) -> Option<String> {
     let mut out = String::new();
     let mut rest = item;
     while let Some(at) = rest.find('%') {
         out.push_str(&rest[..at]);
         let spec = rest.get(at..at + 2)?;
-        let (_, value) = SPECIFIERS.iter().find(|(s, _)| *s == spec)?;
+        let (_, value) = specs.iter().find(|(s, _)| *s == spec)?;
         out.push_str(value);
         rest = &rest[at + 2..];
     }
@@ -197,12 +253,15 @@ fn expanded(item: &str) -> Option<String> {
 
 /// What baton makes or writes, by what it is, made absolute from the
 /// folder `check` runs in (a config named by a relative path leaves its
-/// relative paths so).
-fn written(c: &Config) -> Vec<(String, PathBuf)> {
-    let mut paths = vec![("the control socket".to_string(), c.control.socket.clone())];
+/// relative paths so). A socket path that the unit's socket unit listens
+/// on is systemd's to make, not baton's.
+fn written(c: &Config, systemds: &[PathBuf]) -> Vec<(String, PathBuf)> {
+    let mut sockets = vec![("the control socket".to_string(), c.control.socket.clone())];
     if let AdminListen::Unix(path) = &c.admin.listen {
-        paths.push(("the admin socket".into(), path.clone()));
+        sockets.push(("the admin socket".into(), path.clone()));
     }
+    sockets.retain(|(_, path)| !systemds.contains(path));
+    let mut paths = sockets;
     for l in &c.listeners {
         if let Some(Destination::File(path)) = l.access_log.as_ref().map(|s| &s.destination) {
             paths.push((
@@ -218,36 +277,60 @@ fn written(c: &Config) -> Vec<(String, PathBuf)> {
         .collect()
 }
 
-/// The same file reached without symlinks or `..` in its folder (which
-/// exists: the config's checks saw to it), if it can be.
+/// The paths the unit's socket unit (the same name, `.socket`, beside it)
+/// listens on.
+fn socket_unit_paths(unit: &Path) -> Vec<PathBuf> {
+    let socket = unit.with_extension("socket");
+    let Ok(text) = std::fs::read_to_string(&socket) else {
+        return Vec::new();
+    };
+    assignments(&[(socket, text)], &["ListenStream"])
+        .into_iter()
+        .filter(|s| s.value.starts_with('/'))
+        .map(|s| PathBuf::from(s.value))
+        .collect()
+}
+
+/// The same file reached without symlinks or `..` (the file itself if it
+/// exists, else its folder, which the config's checks saw to), if it can
+/// be.
 fn resolved(path: &Path) -> Option<PathBuf> {
+    if let Ok(real) = std::fs::canonicalize(path) {
+        return Some(real);
+    }
     let folder = std::fs::canonicalize(path.parent()?).ok()?;
     Some(folder.join(path.file_name()?))
 }
 
-/// Warns of each path baton writes that the unit's sandbox keeps it from,
-/// as written and as resolved (a symlink into a writable folder is fine).
+/// Warns of each path baton writes that the unit's sandbox keeps it from:
+/// a read-only one as written and as resolved (a symlink into a writable
+/// folder is fine), a hidden one as written (the link is not there for the
+/// service).
 pub fn warn_about_writes(files: &[(PathBuf, String)], c: &Config, unit: &Path) {
     let Some(sandbox) = Sandbox::of(files) else {
         return;
     };
-    for (what, path) in written(c) {
-        let Some(why) = sandbox.keeps_from_writing(&path) else {
-            continue;
+    for (what, path) in written(c, &socket_unit_paths(unit)) {
+        let why = match sandbox.keeps_from_writing(&path) {
+            None => continue,
+            Some(Kept::Hidden(why)) => why,
+            Some(Kept::ReadOnly(why)) => {
+                let real = resolved(&path);
+                if real.is_some_and(|real| sandbox.keeps_from_writing(&real).is_none()) {
+                    continue;
+                }
+                why
+            }
         };
-        if resolved(&path).is_some_and(|real| sandbox.keeps_from_writing(&real).is_none()) {
-            continue;
-        }
-        let writable: Vec<String> = sandbox
-            .writable
-            .iter()
-            .map(|f| f.display().to_string())
-            .collect();
+        let open = sandbox.open_folders();
+        let place = match open.is_empty() {
+            true => "a folder the service may write".to_string(),
+            false => format!("a folder the service may write ({})", open.join(", ")),
+        };
         eprintln!(
-            "baton: warning: {what} {} is out of the service's reach under {} ({why}): put it in a folder the service may write ({}), or name its folder in ReadWritePaths= in a drop-in",
+            "baton: warning: {what} {} is out of the service's reach under {} ({why}): put it in {place}, or name its folder in ReadWritePaths= in a drop-in",
             path.display(),
             unit.display(),
-            writable.join(", ")
         );
     }
 }
@@ -262,7 +345,14 @@ mod tests {
             protect_home: Some("yes".into()),
             private_tmp: true,
             writable: vec!["/run/baton".into(), "/var/log/baton".into()],
-            mounted: Vec::new(),
+            ..Sandbox::default()
+        }
+    }
+
+    fn reason(s: &Sandbox, path: &str) -> String {
+        match s.keeps_from_writing(Path::new(path)) {
+            Some(Kept::Hidden(why) | Kept::ReadOnly(why)) => why,
+            None => String::new(),
         }
     }
 
@@ -278,27 +368,32 @@ mod tests {
             ("/root/access.log", "ProtectHome=yes"),
             ("/tmp/control.sock", "PrivateTmp=yes"),
         ] {
-            let said = s.keeps_from_writing(Path::new(kept));
             assert!(
-                said.as_deref().is_some_and(|w| w.contains(why)),
-                "{kept}: {said:?}"
+                reason(&s, kept).contains(why),
+                "{kept}: {}",
+                reason(&s, kept)
             );
         }
+        assert_eq!(s.open_folders(), ["/run/baton", "/var/log/baton"]);
     }
 
     /// `ReadWritePaths=` opens what is read-only, not what is hidden (a
     /// private /tmp, a home under `ProtectHome=yes`); a bind mount opens
-    /// anything.
+    /// anything but a home `ProtectHome=yes` hides; a `TemporaryFileSystem=`
+    /// is the service's own.
     #[test]
-    fn read_write_paths_open_what_is_read_only_and_mounts_anything() {
+    fn read_write_paths_open_what_is_read_only_and_mounts_more() {
         let mut s = shipped();
         s.writable
             .extend(["/srv/logs".into(), "/tmp/x".into(), "/home/a".into()]);
         assert_eq!(s.keeps_from_writing(Path::new("/srv/logs/a.log")), None);
-        assert!(s.keeps_from_writing(Path::new("/tmp/x/a.log")).is_some());
-        assert!(s.keeps_from_writing(Path::new("/home/a/a.log")).is_some());
-        s.mounted.push("/home/a".into());
-        assert_eq!(s.keeps_from_writing(Path::new("/home/a/a.log")), None);
+        assert!(reason(&s, "/tmp/x/a.log").contains("PrivateTmp"));
+        assert!(reason(&s, "/home/a/a.log").contains("ProtectHome=yes"));
+        s.mounted.extend(["/home/a".into(), "/tmp/y".into()]);
+        assert!(reason(&s, "/home/a/a.log").contains("ProtectHome=yes"));
+        assert_eq!(s.keeps_from_writing(Path::new("/tmp/y/a.log")), None);
+        s.private.push("/var/scratch".into());
+        assert!(reason(&s, "/var/scratch/a.log").contains("TemporaryFileSystem"));
         let full = Sandbox {
             protect_system: Some("full".into()),
             ..Sandbox::default()
@@ -309,28 +404,30 @@ mod tests {
         assert_eq!(none.keeps_from_writing(Path::new("/etc/a.log")), None);
     }
 
-    /// Lists as systemd reads them: quotes, specifiers, `-`/`+`, links,
-    /// bind targets, and an empty assignment that clears; an unknown
-    /// specifier leaves nothing to say.
+    /// Lists as systemd reads them: quotes, backslashes, specifiers (of
+    /// the unit's own name), `-`/`+`, links, bind targets, and an empty
+    /// assignment that clears; an unknown specifier leaves nothing to say.
     #[test]
     fn the_units_settings_are_read_as_systemd_reads_them() {
-        let unit = "[Service]\nProtectSystem=strict\nReadWritePaths=/old\nReadWritePaths=\nReadWritePaths=\"/srv/my logs\" -%L/other +/opt/x\nStateDirectory=%N:baton-link\nBindPaths=-/data:/var/lib/mnt:rbind\nTemporaryFileSystem=/var/scratch:ro\n";
-        let files = vec![(PathBuf::from("baton.service"), unit.to_string())];
+        let unit = "[Service]\nProtectSystem=strict\nReadWritePaths=/old\nReadWritePaths=\nReadWritePaths=\"/srv/my logs\" -%L/other +/opt/x /srv/a\\ b\nStateDirectory=%N:%p-link\nBindPaths=-/data:/var/lib/mnt:rbind\nTemporaryFileSystem=/var/scratch:ro\n";
+        let files = vec![(PathBuf::from("/etc/x/edge@1.service"), unit.to_string())];
         let s = Sandbox::of(&files).expect("readable");
         let writable: Vec<&str> = s.writable.iter().filter_map(|p| p.to_str()).collect();
         assert_eq!(
             writable,
             [
-                "/var/lib/baton",
-                "/var/lib/baton-link",
+                "/var/lib/edge@1",
+                "/var/lib/edge-link",
                 "/srv/my logs",
                 "/var/log/other",
-                "/opt/x"
+                "/opt/x",
+                "/srv/a b"
             ]
         );
         let mounted: Vec<&str> = s.mounted.iter().filter_map(|p| p.to_str()).collect();
-        assert_eq!(mounted, ["/var/lib/mnt", "/var/scratch"]);
+        assert_eq!(mounted, ["/var/lib/mnt"]);
+        assert_eq!(s.private, [PathBuf::from("/var/scratch")]);
         let unknown = "[Service]\nReadWritePaths=%h/logs\n".to_string();
-        assert!(Sandbox::of(&[(PathBuf::from("u"), unknown)]).is_none());
+        assert!(Sandbox::of(&[(PathBuf::from("baton.service"), unknown)]).is_none());
     }
 }
