@@ -276,7 +276,8 @@ async fn upgraded_in_place(sbx: &Sandbox, admin: SocketAddr, old_main: &str, inv
 }
 
 /// An upgrade that lands while baton is still starting (its first health
-/// round waits on a backend that accepts and never answers) reloads it
+/// round waits 14 s, under half of `ready_timeout`, on a backend that
+/// accepts and never answers) reloads it
 /// once started: the start runs the old binary, and a reload during it
 /// was merged into the start and did nothing (systemd 252), so the old
 /// version served on with no word said. Back on `config` after.
@@ -290,7 +291,7 @@ async fn an_upgrade_during_a_start_reloads_once_started(
     apt_ok(sbx, &["install", "--allow-downgrades", "/root/baton_A.deb"]);
     let hanging = config.replace(
         "health = { kind = \"tcp\", interval = \"2s\", timeout = \"1s\" }",
-        "health = { kind = \"http\", path = \"/\", interval = \"2s\", timeout = \"8s\" }",
+        "health = { kind = \"http\", path = \"/\", interval = \"2s\", timeout = \"14s\" }",
     );
     assert_ne!(hanging, config, "the shipped pool's check");
     let backend = config

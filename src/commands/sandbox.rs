@@ -34,6 +34,8 @@ struct Sandbox {
     /// `TemporaryFileSystem=`: a tmpfs of the service's own, empty at
     /// each start.
     private: Vec<PathBuf>,
+    /// The unit's specifiers, for its socket unit's paths.
+    specs: Vec<(&'static str, String)>,
 }
 
 /// Why the service cannot write a path.
@@ -87,8 +89,8 @@ impl Sandbox {
     /// The unit's sandbox as systemd ends up with it (`files`: the unit
     /// file, then its drop-ins); `None` if a path in it could not be read.
     fn of(files: &[(PathBuf, String)]) -> Option<Sandbox> {
-        let unit = files.first()?.0.file_name()?.to_str()?;
-        let specs = specifiers(unit);
+        let unit = unit_name(&files.first()?.0)?;
+        let specs = specifiers(&unit);
         let list = |key| list_of(files, key, &specs);
         let last = |key| last_setting(files, &[key]).map(|s| s.value);
         let mut writable = Vec::new();
@@ -120,6 +122,7 @@ impl Sandbox {
             writable,
             mounted,
             private,
+            specs,
         })
     }
 
@@ -181,6 +184,21 @@ impl Sandbox {
             .map(|f| f.display().to_string())
             .collect()
     }
+}
+
+/// The name systemd knows the unit by: an alias (a symlink) names its
+/// target; `None` for a masked unit (a link to /dev/null), which has no
+/// sandbox to speak of.
+fn unit_name(unit: &Path) -> Option<String> {
+    let real = std::fs::canonicalize(unit).unwrap_or_else(|_| unit.to_path_buf());
+    if real == Path::new("/dev/null") {
+        return None;
+    }
+    let named = match real.extension().is_some_and(|e| e == "service") {
+        true => &real,
+        false => unit,
+    };
+    named.file_name()?.to_str().map(str::to_string)
 }
 
 /// A boolean unit setting's "yes" (systemd takes these, in any case).
@@ -277,27 +295,35 @@ fn written(c: &Config, systemds: &[PathBuf]) -> Vec<(String, PathBuf)> {
         .collect()
 }
 
-/// The paths the unit's socket unit (the same name, `.socket`, beside it)
-/// listens on.
-fn socket_unit_paths(unit: &Path) -> Vec<PathBuf> {
+/// The paths the unit's socket unit (the same name, `.socket`, in the
+/// same folder; not its drop-ins, nor another unit's `Sockets=`) listens
+/// on: a control socket made so is not warned of.
+fn socket_unit_paths(unit: &Path, specs: &[(&str, String)]) -> Vec<PathBuf> {
     let socket = unit.with_extension("socket");
     let Ok(text) = std::fs::read_to_string(&socket) else {
         return Vec::new();
     };
-    assignments(&[(socket, text)], &["ListenStream"])
+    let files = [(socket, text)];
+    list_of(&files, "ListenStream", specs)
+        .unwrap_or_default()
         .into_iter()
-        .filter(|s| s.value.starts_with('/'))
-        .map(|s| PathBuf::from(s.value))
+        .filter(|item| item.starts_with('/'))
+        .map(PathBuf::from)
         .collect()
 }
 
 /// The same file reached without symlinks or `..` (the file itself if it
-/// exists, else its folder, which the config's checks saw to), if it can
-/// be.
+/// exists; a link to a file not made yet, as an access log before its
+/// first line, by its target; else its folder, which the config's checks
+/// saw to), if it can be.
 fn resolved(path: &Path) -> Option<PathBuf> {
     if let Ok(real) = std::fs::canonicalize(path) {
         return Some(real);
     }
+    let path = match std::fs::read_link(path) {
+        Ok(target) => path.parent()?.join(target),
+        Err(_) => path.to_path_buf(),
+    };
     let folder = std::fs::canonicalize(path.parent()?).ok()?;
     Some(folder.join(path.file_name()?))
 }
@@ -307,28 +333,32 @@ fn resolved(path: &Path) -> Option<PathBuf> {
 /// folder is fine), a hidden one as written (the link is not there for the
 /// service).
 pub fn warn_about_writes(files: &[(PathBuf, String)], c: &Config, unit: &Path) {
+    // The unit file itself unread, its drop-ins alone say nothing of it.
+    if unit.extension().is_some_and(|e| e == "conf") {
+        return;
+    }
     let Some(sandbox) = Sandbox::of(files) else {
         return;
     };
-    for (what, path) in written(c, &socket_unit_paths(unit)) {
-        let why = match sandbox.keeps_from_writing(&path) {
+    let open = sandbox.open_folders();
+    let place = match open.is_empty() {
+        true => "a folder the service may write".to_string(),
+        false => format!("a folder the service may write ({})", open.join(", ")),
+    };
+    for (what, path) in written(c, &socket_unit_paths(unit, &sandbox.specs)) {
+        let (why, way_out) = match sandbox.keeps_from_writing(&path) {
             None => continue,
-            Some(Kept::Hidden(why)) => why,
+            Some(Kept::Hidden(why)) => (why, "or lift that setting in a drop-in"),
             Some(Kept::ReadOnly(why)) => {
                 let real = resolved(&path);
                 if real.is_some_and(|real| sandbox.keeps_from_writing(&real).is_none()) {
                     continue;
                 }
-                why
+                (why, "or name its folder in ReadWritePaths= in a drop-in")
             }
         };
-        let open = sandbox.open_folders();
-        let place = match open.is_empty() {
-            true => "a folder the service may write".to_string(),
-            false => format!("a folder the service may write ({})", open.join(", ")),
-        };
         eprintln!(
-            "baton: warning: {what} {} is out of the service's reach under {} ({why}): put it in {place}, or name its folder in ReadWritePaths= in a drop-in",
+            "baton: warning: {what} {} is out of the service's reach under {} ({why}): put it in {place}, {way_out}",
             path.display(),
             unit.display(),
         );

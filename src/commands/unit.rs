@@ -28,7 +28,8 @@ const UNIT_DIRS: &[&str] = &[
 /// its `TimeoutStartSec` (which bounds `ExecReload=` too) would kill
 /// `baton reload` before the reload it waits for is over, so that systemd
 /// calls failed a reload that may well succeed; when its fd store is too
-/// small. `explicit` is `--unit`.
+/// small; when its sandbox keeps baton from a file it writes (see
+/// `sandbox`). `explicit` is `--unit`.
 pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
     let files: Vec<(PathBuf, String)> = unit_files(explicit)
         .into_iter()
@@ -158,9 +159,9 @@ fn unit_files(explicit: Option<&Path>) -> Vec<PathBuf> {
 /// A setting as systemd ends up with it: the last assignment of any of
 /// `keys` (`TimeoutSec=` sets both timeouts), with where it was made.
 pub(super) struct Setting<'a> {
-    pub(super) key: &'a str,
+    key: &'a str,
     pub(super) value: String,
-    pub(super) file: &'a Path,
+    file: &'a Path,
 }
 
 /// An empty assignment is not one: systemd cannot parse it as a time or a

@@ -65,11 +65,18 @@ impl Generation {
             .drain_for(budget, DrainReason::Reload, stop_budget)
             .await;
         let wait = PredecessorWait::after(&ended, stop_budget, budget);
-        // No stop's clock runs here: the sinks' own limit bounds the flush
-        // (a stop's access-log lines are worth more than the older
-        // generation's last count, which a main still waiting takes as
-        // cut anyway).
-        self.write_out_telemetry(Duration::MAX).await;
+        // No stop's clock runs here, unless a stop or a force reached the
+        // drain: then what is left of the wait, a second at least (a stop's
+        // access-log lines are worth more than the older generation's last
+        // count, which a main still waiting takes as cut anyway).
+        let flush_limit = match wait.stopping || wait.forced {
+            true => wait
+                .bound
+                .saturating_duration_since(Instant::now())
+                .max(STOPPED_FLUSH_FLOOR),
+            false => Duration::MAX,
+        };
+        self.write_out_telemetry(flush_limit).await;
         self.outlive_predecessor(wait).await;
         let outcome = ended.outcome;
         reporting.cancel();
@@ -703,6 +710,10 @@ async fn end_reports(
     }
 }
 
+/// The least a stopped drained generation gives its access logs to be
+/// written out, whatever is left of its wait for the older one.
+const STOPPED_FLUSH_FLOOR: Duration = Duration::from_secs(1);
+
 /// How long a drained generation still waits for the older one once a
 /// second stop signal or SIGUSR2 forced both: the older one's forced count
 /// comes in its last report, within the main's `OLDER_GENERATIONS_SLACK`.
@@ -808,6 +819,17 @@ mod tests {
             start + FORCED_PREDECESSOR_WAIT,
             "not lengthened"
         );
+    }
+
+    /// The last word reaches a successor that reads, once the report
+    /// under way landed: everything counted up to the exit.
+    #[tokio::test]
+    async fn the_last_report_reaches_a_successor_that_reads() {
+        let (ours, theirs) = Channel::connected();
+        let landed = tokio::spawn(async {});
+        end_reports(&ours, landed, || Message::Report(Report::default())).await;
+        let (got, _) = theirs.recv().await.expect("a message");
+        assert_eq!(got, Message::Report(Report::default()));
     }
 
     /// A successor that reads nothing (the socket full, a report waiting

@@ -315,6 +315,13 @@ impl Channel {
         Ok((Self::new(ours)?, theirs_sock.into()))
     }
 
+    /// Both ends of a pair, for tests elsewhere in the crate.
+    #[cfg(test)]
+    pub fn connected() -> (Channel, Channel) {
+        let (ours, theirs) = Channel::pair().expect("a pair");
+        (ours, Channel::new(theirs).expect("its other end"))
+    }
+
     /// The end our parent left us, if we were started by a reload.
     pub fn from_env() -> Result<Option<Channel>, HandoffError> {
         let Ok(text) = std::env::var(ENV_FD) else {

@@ -66,8 +66,8 @@ pub struct ConnState {
     /// to the connection, which may hold that frame until the client's
     /// window opens (see [`ConnState::quiet`]).
     wrote_nanos: AtomicU64,
-    /// Streams sent on to a backend, and those of them the client reset
-    /// early (see [`RESET_FLOOD`]).
+    /// Streams sent on to a backend (or reset before their exchange ran),
+    /// and those of them the client reset early (see [`RESET_FLOOD`]).
     sent_on: AtomicU64,
     early_resets: AtomicU64,
     /// Set once the client is found flooding.
@@ -97,7 +97,8 @@ impl Due {
     }
 }
 
-/// Marks a request in flight until the response body is done.
+/// Marks a stream in flight from its opening until its response body is
+/// done (or it is reset).
 pub struct Busy {
     state: Arc<ConnState>,
     /// Whether it has a frame waiting (see `frames_waiting`); the stream's

@@ -240,16 +240,7 @@ where
         match end {
             DownEnd::BackendClosed if up_running && !ending.is_terminated() => {
                 activity.close_half();
-                // The FIN goes out beside the way up: over TLS it waits for
-                // room a client that does not read keeps from it.
-                let fin = async {
-                    let _ = client_write.shutdown().await;
-                    std::future::pending().await
-                };
-                tokio::select! {
-                    end = client_goes_on(up, ending.as_mut()) => end,
-                    never = fin => never,
-                }
+                client_goes_on(up, &mut client_write, ending.as_mut()).await
             }
             end => end,
         }
@@ -285,24 +276,33 @@ where
     None
 }
 
-/// The backend closed its half (its FIN passed on) and the client has not:
+/// The backend closed its half (its FIN passed on to `client` here) and the
+/// client has not:
 /// what the client still sends goes to the backend until it closes too, as
 /// TCP mode and HAProxy pass a half-close on (a protocol whose server ends
 /// its output first and then reads the rest lost it), or until the drain
 /// asks (a cut: the client has its FIN already). A backend that takes no
 /// more (it closed whole, or crashed) fails the tunnel, as in TCP mode:
 /// the client is reset, not told its last bytes went through.
-async fn client_goes_on<U, E>(up: Pin<&mut U>, ending: Pin<&mut E>) -> DownEnd
+async fn client_goes_on<U, W, E>(up: Pin<&mut U>, client: &mut W, ending: Pin<&mut E>) -> DownEnd
 where
     U: Future<Output = Result<(), Side>>,
+    W: AsyncWrite + Unpin,
     E: Future<Output = ()>,
 {
+    // The FIN goes out beside the way up: over TLS it waits for room a
+    // client that does not read keeps from it.
+    let fin = async {
+        let _ = client.shutdown().await;
+        std::future::pending().await
+    };
     tokio::select! {
         up_end = up => match up_end {
             Ok(()) => DownEnd::BothClosed,
             Err(side) => DownEnd::Failed(side),
         },
         () = ending => DownEnd::Cut,
+        never = fin => never,
     }
 }
 
@@ -648,6 +648,22 @@ mod tests {
         drain.begin(std::time::Duration::ZERO);
         let started = tokio::time::Instant::now();
         assert_eq!(tunnel.await.expect("tunnel"), super::TunnelEnd::Closed);
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    }
+
+    /// A backend that closed its half, with a client that neither sends
+    /// nor closes, ends the tunnel after the half-closed limit too.
+    #[tokio::test(start_paused = true)]
+    async fn a_tunnel_whose_backend_closed_its_half_ends_after_the_shorter_limit() {
+        use tokio::io::AsyncWriteExt;
+        let (client_side, mut client) = tokio::io::duplex(1024);
+        let (backend_side, mut backend) = tokio::io::duplex(1024);
+        let tunnel = plain_tunnel(client_side, backend_side, 3600, 2);
+        let started = tokio::time::Instant::now();
+        backend.shutdown().await.expect("the backend's FIN");
+        to_end(&mut client).await;
+        assert_eq!(tunnel.await.expect("tunnel"), super::TunnelEnd::Idle);
         let took = started.elapsed();
         assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     }
