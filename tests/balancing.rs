@@ -45,11 +45,12 @@ async fn least_conn_sends_new_work_away_from_a_busy_backend() {
     );
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
+    // Held until the fast ones are done, however long they take.
     let slow: Vec<_> = (0..3)
-        .map(|i| tokio::spawn(async move { client::get(web, &format!("/slow/2000?{i}")).await }))
+        .map(|i| tokio::spawn(async move { client::get(web, &format!("/gated?{i}")).await }))
         .collect();
-    support::eventually("slow requests arrived", || async {
-        a.hits() + b.hits() == 3
+    support::eventually("held requests arrived", || async {
+        a.held() + b.held() == 3
     })
     .await;
     let (busy, idle) = if a.hits() >= 2 { (&a, &b) } else { (&b, &a) };
@@ -74,6 +75,8 @@ async fn least_conn_sends_new_work_away_from_a_busy_backend() {
         "the backend holding slow requests got no new work"
     );
     assert!(idle.hits() >= 20);
+    a.release();
+    b.release();
     for s in slow {
         assert_eq!(s.await.expect("join").expect("slow").status, 200);
     }
@@ -617,7 +620,8 @@ async fn hold_the_place(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_at_its_cap_queues_work_then_refuses_it_at_queue_timeout() {
     let a = HttpBackend::start("a").await;
-    let baton = Baton::start(one_place(&a, "1s")).await;
+    // Well past the 300 ms the second request is watched waiting in line.
+    let baton = Baton::start(one_place(&a, "3s")).await;
     let web = baton.addr("web");
     let held = hold_the_place(&a, web).await;
     let queued = tokio::spawn(async move { client::get(web, "/queued").await });
@@ -629,11 +633,8 @@ async fn a_backend_at_its_cap_queues_work_then_refuses_it_at_queue_timeout() {
     let answer = queued.await.expect("join").expect("queued");
     assert_eq!(answer.body, HttpBackend::body_for("a", "/queued"));
 
-    let slow = tokio::spawn(async move { client::get(web, "/slow/4000").await });
-    support::eventually("the slow request holds the only place", || async {
-        a.active() == 1
-    })
-    .await;
+    a.hold_again();
+    let slow = hold_the_place(&a, web).await;
     let refused = client::get(web, "/refused").await.expect("an answer");
     assert_eq!(refused.status, 503);
     assert!(
@@ -642,6 +643,7 @@ async fn a_backend_at_its_cap_queues_work_then_refuses_it_at_queue_timeout() {
             .contains("baton_queue_timeouts_total{pool=\"app\"} 1"),
         "counted"
     );
+    a.release();
     assert_eq!(slow.await.expect("join").expect("slow").status, 200);
 }
 
@@ -812,7 +814,12 @@ async fn a_request_whose_client_left_while_in_line_reaches_no_backend() {
         .expect("request");
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     drop(ghost);
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Gone for baton too (its place in line left), however slow the turn.
+    let active = "baton_connections_active{listener=\"web\",state=\"serving\"}";
+    support::eventually("the ghost's connection closed", || async {
+        client::series(&client::metrics(baton.admin).await, active) == Some(1.0)
+    })
+    .await;
     a.release();
     assert_eq!(held.await.expect("join").expect("held").status, 200);
     let after = client::get(web, "/after").await.expect("answer");
@@ -859,7 +866,7 @@ async fn a_reload_carries_a_backends_health_streak() {
     let b = HttpBackend::start("b").await;
     let spec = Spec::new().http("web", "app").pool_with(
         "app",
-        "health = { kind = \"http\", path = \"/health\", interval = \"2s\", timeout = \"1s\", rise = 2, fall = 5 }",
+        "health = { kind = \"http\", path = \"/health\", interval = \"4s\", timeout = \"1s\", rise = 2, fall = 5 }",
         &[(b.addr, 1)],
     );
     let baton = Baton::start(spec).await;

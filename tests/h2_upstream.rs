@@ -693,9 +693,9 @@ async fn an_h2_body_behind_body_min_rate_is_a_408() {
 
 /// The time an upload waits on its backend is not the client's: a body
 /// sent at full speed whenever it can be, but held 3 s by a backend that
-/// took none of it at first, is not behind a 4 MiB/s `body_min_rate` with
+/// took none of it at first, is not behind a 2 MiB/s `body_min_rate` with
 /// a grace of 1 s (counted, that wait, with the 2 MB or so the sockets
-/// took before it, would put it behind at about 1.5 s). The
+/// took before it, would put it behind at about 1 s). The
 /// client sends with `TCP_NODELAY`, as curl and browsers do: with Nagle's
 /// algorithm each of its 16 KiB frames waited for baton's delayed ACK, a
 /// pace of 1.6 MB/s.
@@ -708,7 +708,7 @@ async fn the_time_an_h2_upload_waits_on_its_backend_is_not_held_against_its_pace
             "web",
             "http",
             "app",
-            "header_timeout = \"1s\"\nbody_min_rate = 4194304",
+            "header_timeout = \"1s\"\nbody_min_rate = 2097152",
         )
         .pool("app", &[addr]);
     let baton = Baton::start(spec).await;

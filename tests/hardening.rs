@@ -233,14 +233,18 @@ async fn running_out_of_fds_backs_off_without_spinning_and_recovers() {
     .await;
     let warnings = || baton.log().matches("accept failed; backing off").count();
     let (before, warned_before) = (cpu_seconds(pid), warnings());
+    let began = tokio::time::Instant::now();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let used = cpu_seconds(pid) - before;
     assert!(
         used < 0.5,
         "no busy loop while out of fds: {used:.2}s of CPU in 2s"
     );
+    // Once a second over the time that passed (a loaded machine's sleep
+    // may take longer than asked), one more at its edge.
+    let most = began.elapsed().as_secs_f64().ceil() as usize + 1;
     assert!(
-        warnings() - warned_before <= 3,
+        warnings() - warned_before <= most,
         "warned at most once a second for the whole listener:\n{}",
         baton.log()
     );
@@ -650,7 +654,7 @@ async fn shortages_are_counted_where_they_happen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_health_check_without_a_free_fd_leaves_the_backend_up() {
     let backend = HttpBackend::start("a").await;
-    let checks = "health = { kind = \"http\", path = \"/\", interval = \"100ms\", timeout = \"500ms\", rise = 50, fall = 1 }";
+    let checks = "health = { kind = \"http\", path = \"/\", interval = \"100ms\", timeout = \"5s\", rise = 50, fall = 1 }";
     let baton = Baton::start(Spec::new().top("workers = 1").http("web", "app").pool_with(
         "app",
         checks,

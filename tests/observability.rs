@@ -704,9 +704,10 @@ async fn a_generation_outliving_the_one_between_stays_in_status() {
     let baton = Baton::start(spec("20s")).await;
     let (web, admin) = (baton.addr("web"), baton.admin);
     let first = baton.serving_pid().await;
-    let slow = tokio::spawn(async move { client::get(web, "/slow/4000").await });
-    support::eventually("the slow request is on generation 1", || async {
-        backend.active() == 1
+    // Held until the asserts are made, however long the reloads take.
+    let slow = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the held request is on generation 1", || async {
+        backend.held() == 1
     })
     .await;
     baton.write_spec(&spec("1s"), &HashMap::new());
@@ -736,6 +737,7 @@ async fn a_generation_outliving_the_one_between_stays_in_status() {
         metrics.contains("baton_draining_generations 1"),
         "{metrics}"
     );
+    backend.release();
     assert_eq!(slow.await.expect("join").expect("slow").status, 200);
     assert_eq!(wait_exit(first).await, Some(0));
     old_generation_left_status(admin).await;

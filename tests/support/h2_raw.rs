@@ -131,8 +131,9 @@ pub async fn read_while_pinging(
 }
 
 /// Sends a PING and reads until its answer: the server has read every
-/// frame sent before it (h2 takes them in order).
-pub async fn round_trip(s: &mut TcpStream) {
+/// frame sent before it (h2 takes them in order), and what it sent before
+/// the answer is in what this returns.
+pub async fn round_trip(s: &mut TcpStream) -> Vec<u8> {
     const MARK: [u8; 8] = *b"rndtrip!";
     s.write_all(&frame(PING, 0, 0, &MARK)).await.expect("ping");
     let mut got = Vec::new();
@@ -147,7 +148,7 @@ pub async fn round_trip(s: &mut TcpStream) {
         got.extend_from_slice(&buf[..n]);
         while let Some((kind, flags, payload)) = frame_at(&got[parsed..]) {
             if kind == PING && flags & ACK != 0 && payload == MARK {
-                return;
+                return got;
             }
             parsed += 9 + payload.len();
         }
