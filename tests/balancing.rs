@@ -804,7 +804,8 @@ async fn a_drain_posted_after_a_reload_waits_for_the_older_generations_work() {
 async fn a_request_whose_client_left_while_in_line_reaches_no_backend() {
     use tokio::io::AsyncWriteExt;
     let a = HttpBackend::start("a").await;
-    let baton = Baton::start(one_place(&a, "10s")).await;
+    // Longer than any wait below: the ghost leaves its place, not timed out.
+    let baton = Baton::start(one_place(&a, "60s")).await;
     let web = baton.addr("web");
     let held = hold_the_place(&a, web).await;
     let mut ghost = tokio::net::TcpStream::connect(web).await.expect("connect");

@@ -477,28 +477,44 @@ async fn an_h2_stream_starved_of_window_is_reset_while_its_neighbours_move() {
         .await
         .expect("the starved stream's head");
     assert_eq!(starved.status(), 200);
-    // A neighbour every 200 ms for 3 s, each read whole.
-    for i in 0..15 {
-        let answer = sender
-            .clone()
-            .send_request(get(format!("/neighbour/{i}")))
-            .await
-            .expect("a neighbour's head");
-        assert_eq!(answer.status(), 200);
-        answer
-            .into_body()
-            .collect()
-            .await
-            .expect("a neighbour's body");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let neighbour = |i: usize| {
+        let (sender, request) = (sender.clone(), get(format!("/neighbour/{i}")));
+        async move {
+            let mut sender = sender;
+            let answer = sender
+                .send_request(request)
+                .await
+                .expect("a neighbour's head");
+            assert_eq!(answer.status(), 200);
+            answer
+                .into_body()
+                .collect()
+                .await
+                .expect("a neighbour's body");
+        }
+    };
+    // A neighbour every 200 ms, each read whole, at least 3 s and until
+    // the starved stream is counted cut: bytes keep moving on the
+    // connection throughout, so its own clock cannot be what cut it.
     let stalled = "baton_client_aborts_total{listener=\"web\",reason=\"stalled_reader\"} 1";
-    support::eventually("the starved stream cut", || async {
-        support::client::metrics(baton.admin)
-            .await
-            .contains(stalled)
-    })
-    .await;
+    let deadline = tokio::time::Instant::now() + support::TIMEOUT;
+    for i in 0.. {
+        neighbour(i).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if i >= 15
+            && support::client::metrics(baton.admin)
+                .await
+                .contains(stalled)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the starved stream was never counted cut"
+        );
+    }
+    // The connection goes on.
+    neighbour(usize::MAX).await;
     let cut = tokio::time::timeout(support::TIMEOUT, starved.into_body().collect())
         .await
         .expect("the starved stream ends");

@@ -584,15 +584,15 @@ async fn a_backend_that_takes_no_upload_is_a_504_at_response_timeout() {
 }
 
 /// The time an upload waits on its backend is not the client's: a body
-/// sent as fast as it can be but for a 2 ms pause every 256 KiB, held 3 s
+/// sent as fast as it can be but for a 2 ms pause every 256 KiB, held 5 s
 /// by a backend that took none of it at first, is not behind a 4 MiB/s
 /// `body_min_rate` with a grace of 1 s (counted, that wait would put it
-/// behind once the sockets' 8 MB or so are counted for, at about 2 s, and
+/// behind once the sockets' 8 MB or so are counted for, at about 3 s, and
 /// its next pause would end it; the rate is half what a loaded machine's
 /// debug build still sends).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_time_an_upload_waits_on_its_backend_is_not_held_against_its_pace() {
-    let addr = support::raw::slow_to_read_the_body(Duration::from_secs(3)).await;
+    let addr = support::raw::slow_to_read_the_body(Duration::from_secs(5)).await;
     let spec = Spec::new()
         .top("workers = 1")
         .listener(

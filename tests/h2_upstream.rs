@@ -695,7 +695,7 @@ async fn an_h2_body_behind_body_min_rate_is_a_408() {
 /// sent at full speed whenever it can be, but held 3 s by a backend that
 /// took none of it at first, is not behind a 2 MiB/s `body_min_rate` with
 /// a grace of 1 s (counted, that wait, with the 2 MB or so the sockets
-/// took before it, would put it behind at about 1 s). The
+/// took before it, would put it behind at about 2 s). The
 /// client sends with `TCP_NODELAY`, as curl and browsers do: with Nagle's
 /// algorithm each of its 16 KiB frames waited for baton's delayed ACK, a
 /// pace of 1.6 MB/s.

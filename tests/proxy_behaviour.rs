@@ -103,7 +103,7 @@ async fn tcp_clients_that_leave_while_in_line_reach_no_backend() {
     let (echo, accepted) = counting_echo().await;
     let spec = Spec::new().tcp("raw", "b").pool_with(
         "b",
-        "max_connections_per_backend = 1\nqueue_timeout = \"10s\"",
+        "max_connections_per_backend = 1\nqueue_timeout = \"60s\"",
         &[(echo, 1)],
     );
     let baton = Baton::start(spec).await;

@@ -91,7 +91,7 @@ async fn an_upgraded_connection_idle_both_ways_closes_at_tunnel_timeout() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(
-        closed_within(&mut idle, support::TIMEOUT).await,
+        closed_within(&mut idle, Duration::from_secs(3)).await,
         "the idle tunnel was closed"
     );
     echoes(&mut busy, b"still open").await;
@@ -126,7 +126,7 @@ async fn a_tcp_connection_idle_both_ways_closes_at_tunnel_timeout_and_has_keep_a
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(
-        closed_within(&mut idle, support::TIMEOUT).await,
+        closed_within(&mut idle, Duration::from_secs(3)).await,
         "the idle connection was closed"
     );
     echoes(&mut busy, b"still open").await;

@@ -420,7 +420,12 @@ async fn a_draining_generation_stops_busy_polling() {
         baton.log().contains("drain started")
     })
     .await;
-    let draining = sleeps_an_echo(old, &mut conn).await;
+    // The fewest of three here too: one try of a polling worker could
+    // reach the bound by chance.
+    let mut draining = f64::MAX;
+    for _ in 0..3 {
+        draining = draining.min(sleeps_an_echo(old, &mut conn).await);
+    }
     // A polling worker sleeps in no gap of 20 ms or less; one that sleeps
     // sleeps in some (0.2 to 2 a round trip: the echo is often back
     // before the worker looks again, so fewer than HTTP's two).
