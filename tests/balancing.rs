@@ -816,11 +816,7 @@ async fn a_request_whose_client_left_while_in_line_reaches_no_backend() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     drop(ghost);
     // Gone for baton too (its place in line left), however slow the turn.
-    let active = "baton_connections_active{listener=\"web\",state=\"serving\"}";
-    support::eventually("the ghost's connection closed", || async {
-        client::series(&client::metrics(baton.admin).await, active) == Some(1.0)
-    })
-    .await;
+    client::until_serving(baton.admin, "web", 1).await;
     a.release();
     assert_eq!(held.await.expect("join").expect("held").status, 200);
     let after = client::get(web, "/after").await.expect("answer");

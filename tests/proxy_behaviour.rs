@@ -122,11 +122,7 @@ async fn tcp_clients_that_leave_while_in_line_reach_no_backend() {
     }
     // Gone for baton too (their places in line left), however slow the
     // turn.
-    let active = "baton_connections_active{listener=\"raw\",state=\"serving\"}";
-    support::eventually("the ghosts' connections closed", || async {
-        support::client::series(&support::client::metrics(baton.admin).await, active) == Some(1.0)
-    })
-    .await;
+    support::client::until_serving(baton.admin, "raw", 1).await;
     drop(holder);
     let mut after = TcpStream::connect(raw).await.expect("connect");
     after.write_all(b"c").await.expect("write");
@@ -179,12 +175,7 @@ async fn an_upgrade_is_proxied_both_ways() {
     assert!(head.contains("upgrade: echo"), "{head}");
     for msg in [&b"first frame"[..], b"second frame"] {
         s.write_all(msg).await.expect("write upgraded");
-        let mut back = vec![0u8; msg.len()];
-        tokio::time::timeout(support::TIMEOUT, s.read_exact(&mut back))
-            .await
-            .expect("echo in time")
-            .expect("read upgraded");
-        assert_eq!(back, msg);
+        assert_eq!(support::read_exactly(&mut s, msg.len()).await, msg);
     }
 }
 

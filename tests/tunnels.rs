@@ -22,12 +22,7 @@ use support::raw::{self, RawBackend, Then};
 /// Echoes `msg` through an established tunnel.
 async fn echoes(s: &mut TcpStream, msg: &[u8]) {
     s.write_all(msg).await.expect("write through the tunnel");
-    let mut back = vec![0u8; msg.len()];
-    tokio::time::timeout(support::TIMEOUT, s.read_exact(&mut back))
-        .await
-        .expect("echo in time")
-        .expect("read through the tunnel");
-    assert_eq!(back, msg);
+    assert_eq!(support::read_exactly(s, msg.len()).await, msg);
 }
 
 /// Reads until the peer closes; true if it did within `within`.
@@ -267,12 +262,8 @@ async fn a_backend_reset_in_an_upgraded_tunnel_resets_the_client() {
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend])).await;
     let (mut s, head) = client::upgraded(baton.addr("web"), "echo").await;
     assert!(head.starts_with("http/1.1 101"), "{head}");
-    let mut got = vec![0u8; SENT.len()];
-    tokio::time::timeout(support::TIMEOUT, s.read_exact(&mut got))
-        .await
-        .expect("in time")
-        .expect("every byte sent before the reset");
-    assert_eq!(got, SENT);
+    let got = support::read_exactly(&mut s, SENT.len()).await;
+    assert_eq!(got, SENT, "every byte sent before the reset");
     let _ = reached_tx.send(());
     let (rest, ended) = support::read_to_the_end(&mut s).await;
     assert!(rest.is_empty(), "{rest:?}");

@@ -324,6 +324,22 @@ async fn sleeps_a_request(baton: &Baton) -> f64 {
     (after - before) as f64 / 200.0
 }
 
+/// The fewest of three measures (`$measure`, an expression evaluated each
+/// try), stopping early once one is under `$below`: on a loaded machine a
+/// try may be off by chance.
+macro_rules! fewest_of_three {
+    ($below:expr, $measure:expr) => {{
+        let mut fewest = f64::MAX;
+        for _ in 0..3 {
+            fewest = fewest.min($measure);
+            if fewest < $below {
+                break;
+            }
+        }
+        fewest
+    }};
+}
+
 /// Held by each busy-polling test: a busy-polling worker takes a core,
 /// and two at once leave the machine's two cores none for their clients.
 static BUSY_POLLING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -346,13 +362,7 @@ async fn a_busy_polling_worker_stays_awake_through_dense_traffic_and_sleeps_when
     let sleeping = Baton::start(spec("busy_poll = 0")).await;
     // The fewest of three tries: on a loaded machine the client itself may
     // be late by more than the poll's 20 ms now and then.
-    let mut polled = f64::MAX;
-    for _ in 0..3 {
-        polled = polled.min(sleeps_a_request(&polling).await);
-        if polled < 0.25 {
-            break;
-        }
-    }
+    let polled = fewest_of_three!(0.25, sleeps_a_request(&polling).await);
     let slept = sleeps_a_request(&sleeping).await;
     assert!(
         polled < 0.25 && slept > 0.5,
@@ -406,13 +416,7 @@ async fn a_draining_generation_stops_busy_polling() {
         .await
         .expect("connect");
     // The fewest of three tries, as above.
-    let mut serving = f64::MAX;
-    for _ in 0..3 {
-        serving = serving.min(sleeps_an_echo(old, &mut conn).await);
-        if serving < 0.1 {
-            break;
-        }
-    }
+    let serving = fewest_of_three!(0.1, sleeps_an_echo(old, &mut conn).await);
     assert_ne!(baton.reload_ok().await, old);
     // The reload ends when the new generation serves; the old one closes
     // its doors just after, and then says its drain started.
@@ -422,10 +426,7 @@ async fn a_draining_generation_stops_busy_polling() {
     .await;
     // The fewest of three here too: one try of a polling worker could
     // reach the bound by chance.
-    let mut draining = f64::MAX;
-    for _ in 0..3 {
-        draining = draining.min(sleeps_an_echo(old, &mut conn).await);
-    }
+    let draining = fewest_of_three!(0.0, sleeps_an_echo(old, &mut conn).await);
     // A polling worker sleeps in no gap of 20 ms or less; one that sleeps
     // sleeps in some (0.2 to 2 a round trip: the echo is often back
     // before the worker looks again, so fewer than HTTP's two).

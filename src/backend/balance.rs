@@ -106,10 +106,9 @@ pub fn choose(
                 return Some(least);
             }
             // Loads read again may have moved (none left at the floor):
-            // the least loaded as they are now, among those still eligible.
-            let at_floor = candidates.clone().filter(|&i| load(&backends[i]) == floor);
-            smooth_weighted(backends, at_floor, state)
-                .or_else(|| least_loaded(backends, candidates))
+            // the least loaded of the first reading.
+            let at_floor = candidates.filter(|&i| load(&backends[i]) == floor);
+            smooth_weighted(backends, at_floor, state).or(Some(least))
         }
         Balance::RandomTwo => {
             let ticket = state.ticket.fetch_add(1, Ordering::Relaxed);

@@ -261,3 +261,14 @@ pub async fn upgraded(addr: SocketAddr, protocol: &str) -> (TcpStream, String) {
     }
     (s, String::from_utf8_lossy(&head).to_ascii_lowercase())
 }
+
+/// Waits until `listener` has `open` client connections of the serving
+/// generation (`baton_connections_active`): a client that left is gone for
+/// baton too.
+pub async fn until_serving(admin: SocketAddr, listener: &str, open: u64) {
+    let series = format!("baton_connections_active{{listener=\"{listener}\",state=\"serving\"}}");
+    super::eventually(&format!("{open} open on {listener}"), || async {
+        self::series(&metrics(admin).await, &series) == Some(open as f64)
+    })
+    .await;
+}

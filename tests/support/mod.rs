@@ -104,6 +104,17 @@ pub async fn read_to_the_end(
     (got, ended.map(drop).map_err(|e| e.kind()))
 }
 
+/// The next `n` bytes `s` reads, within [`TIMEOUT`].
+pub async fn read_exactly(s: &mut tokio::net::TcpStream, n: usize) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = vec![0u8; n];
+    tokio::time::timeout(TIMEOUT, s.read_exact(&mut got))
+        .await
+        .expect("the bytes in time")
+        .expect("read");
+    got
+}
+
 /// Closes `s` with a reset (`SO_LINGER` 0).
 pub fn reset(s: tokio::net::TcpStream) {
     socket2::SockRef::from(&s)
