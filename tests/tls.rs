@@ -759,6 +759,60 @@ async fn a_tls_client_silent_through_the_drains_grace_does_not_hold_the_drain() 
     assert!(matches!(read, Ok(0)), "closed quietly: {read:?} {got:?}");
 }
 
+/// A handshake is not idleness: a connection whose handshake ends after
+/// the drain's grace gets a grace of its own for its first request, which
+/// is on its way (a TLS 1.2 client sends it a round trip after the
+/// server's Finished; this one, 1.6 s of uplink away, 0.3 s after its
+/// own). Closed at once as idle since its accept, that request was lost.
+/// (A client idle since then, its first bytes late, holds the drain for
+/// up to two graces and its handshake, within the drain's deadline.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_after_a_handshake_that_ended_past_the_grace_is_answered() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let tls = Issued::listener_tls(&[&a], "");
+    let spec = Spec::default()
+        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"10s\"\n")
+        .listener(
+            "web",
+            "http",
+            "app",
+            &format!("{tls}\ndefer_accept = false\nkeepalive_drain_grace = \"3s\""),
+        )
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let (web, pid) = (baton.addr("web"), baton.first_pid);
+    let uplink = client::slow_uplink(web, Duration::from_millis(1600)).await;
+    let tcp = tokio::net::TcpStream::connect(uplink)
+        .await
+        .expect("connect");
+    support::eventually("baton holds the connection", || async {
+        support::daemon::client_connections(pid, web.port()) == 1
+    })
+    .await;
+    support::daemon::signal(pid, nix::sys::signal::Signal::SIGTERM);
+    // The ClientHello reaches baton 2.2 s into the grace; the client's
+    // Finished 3.8 s, past it; the request 4.1 s.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let stream = ca
+        .client(&["http/1.1"])
+        .handshake(tcp, "a.test")
+        .await
+        .expect("the handshake begun within the grace");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut sender = client::http1_over(stream).await.expect("connection");
+    let answer = client::send_with_host(&mut sender, "a.test", "/late")
+        .await
+        .expect("answered, not closed as idle");
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.headers.get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..]),
+    );
+    assert_eq!(support::daemon::wait_exit(pid).await, Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handshake_holds_its_place_in_max_connections() {
     let (_backend, ca, _a, baton) = one_certificate_on(

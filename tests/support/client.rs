@@ -272,3 +272,46 @@ pub async fn until_serving(admin: SocketAddr, listener: &str, open: u64) {
     })
     .await;
 }
+
+/// A client's way to `target` whose uplink is slow: every chunk the client
+/// sends reaches `target` `latency` after it was read, in order; what comes
+/// back comes at once. One connection, made to `target` as the client's is
+/// accepted (a long round trip, as from across the world, on loopback).
+pub async fn slow_uplink(target: SocketAddr, latency: std::time::Duration) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let Ok((client, _)) = listener.accept().await else {
+            return;
+        };
+        let Ok(server) = TcpStream::connect(target).await else {
+            return;
+        };
+        let (mut from_client, mut to_client) = client.into_split();
+        let (mut from_server, mut to_server) = server.into_split();
+        let (chunks, mut due) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+                let at = tokio::time::Instant::now() + latency;
+                if chunks.send((at, buf[..n].to_vec())).is_err() {
+                    return;
+                }
+            }
+        });
+        tokio::spawn(async move {
+            while let Some((at, chunk)) = due.recv().await {
+                tokio::time::sleep_until(at).await;
+                if to_server.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+            let _ = to_server.shutdown().await;
+        });
+        let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+    });
+    addr
+}
