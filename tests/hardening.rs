@@ -273,9 +273,10 @@ async fn at_max_connections_baton_stops_accepting_and_resumes_below_it() {
             200
         );
     }
-    // The third waits in the kernel's backlog: not accepted, not refused.
+    // The third waits in the kernel's backlog (or in a shard's hands, for
+    // a place): not served, not refused.
     let third = tokio::spawn(async move { client::get(web, "/third").await });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    baton.until_connected("web", 3).await;
     assert!(
         !third.is_finished(),
         "a third connection must wait at the cap"

@@ -658,7 +658,8 @@ async fn memory_stays_flat_under_load_that_nobody_scrapes() {
 
 /// An older generation that outlives newer draining ones still gets its
 /// last counts to the serving generation: a request it finishes after five
-/// quick reloads is counted.
+/// quick reloads is counted (generations 2 to 5, drained, wait for it and
+/// pass its counts on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_generation_outliving_newer_ones_is_still_counted() {
     let backend = HttpBackend::start("a").await;
@@ -670,22 +671,24 @@ async fn an_old_generation_outliving_newer_ones_is_still_counted() {
     )
     .await;
     let (web, admin) = (baton.addr("web"), baton.admin);
-    let slow = tokio::spawn(async move { client::get(web, "/slow/3000").await });
-    support::eventually("the slow request is on generation 1", || async {
-        backend.active() == 1
+    // Held until the five reloads are done, however long they take.
+    let slow = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the held request is on generation 1", || async {
+        backend.held() == 1
     })
     .await;
     for _ in 0..5 {
         baton.reload_ok().await;
     }
+    assert_eq!(backend.held(), 1, "generation 1 still holds its request");
+    backend.release();
     let answer = slow
         .await
         .expect("join")
         .expect("the slow request completes");
     assert_eq!(answer.status, 200);
     baton.settled().await;
-    // One request, answered by generation 1 after generations 2 to 5 came
-    // and (with nothing to drain) went.
+    // One request, answered by generation 1 after generation 6 serves.
     assert_eq!(requests_total(&client::metrics(admin).await), 1.0);
 }
 

@@ -48,9 +48,9 @@ async fn upgraded_connections_count_against_max_connections_while_they_live() {
     echoes(&mut first, b"one").await;
     echoes(&mut second, b"two").await;
     // Both places are taken by live tunnels: a third client waits in the
-    // kernel's queue, unserved.
+    // kernel's queue (or in a shard's hands, for a place), unserved.
     let third = tokio::spawn(async move { client::get(web, "/third").await });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    baton.until_connected("web", 3).await;
     assert!(
         !third.is_finished(),
         "a third connection was served past the cap"

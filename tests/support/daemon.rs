@@ -501,6 +501,26 @@ impl Baton {
         self.serving_pid().await
     }
 
+    /// Waits until `n` client connections reached `listener` of the
+    /// serving generation: held by it (served, or taken by a shard to wait
+    /// for a place under `max_connections`) or in its listening sockets'
+    /// accept queues (`baton_listener_backlog`). A cap that did not hold
+    /// would serve one and let it go, and the count fall short.
+    pub async fn until_connected(&self, listener: &str, n: usize) {
+        let (pid, port) = (self.serving_pid().await, self.addr(listener).port());
+        let backlog = format!("baton_listener_backlog{{listener=\"{listener}\"}}");
+        let admin = self.admin;
+        super::eventually(&format!("{n} connected to {listener}"), || {
+            let backlog = backlog.clone();
+            async move {
+                let metrics = super::client::metrics(admin).await;
+                let queued = super::client::series(&metrics, &backlog).unwrap_or(0.0) as usize;
+                queued + client_connections(pid, port) == n
+            }
+        })
+        .await;
+    }
+
     /// The pid of the generation serving now, asked over the control socket.
     pub async fn serving_pid(&self) -> u32 {
         let socket = self.dir.path().join("control.sock");
