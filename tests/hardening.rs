@@ -518,7 +518,22 @@ async fn admin_connections_are_capped_and_a_probe_still_gets_a_place() {
                 .expect("connect"),
         );
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // All 300 taken: each past the 256th made the oldest give its place
+    // up (idle, it closes at once), which its client reads as an end.
+    support::eventually(
+        "the 44 oldest admin connections closed for newcomers",
+        || {
+            let ended = flood
+                .iter()
+                .filter(|s| match s.try_read(&mut [0u8; 256]) {
+                    Ok(n) => n == 0,
+                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                })
+                .count();
+            std::future::ready(ended >= 300 - 256)
+        },
+    )
+    .await;
     let during = support::daemon::fd_count(pid);
     assert!(
         during - before <= 257,

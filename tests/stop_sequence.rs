@@ -174,7 +174,9 @@ async fn queued_connections_are_served_before_the_listener_closes() {
         200
     );
     let queued = queue_requests(web, 10).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // All ten in, requests sent: in the accept queues (or one in a second
+    // shard's hands, waiting for the holder's place).
+    baton.until_connected("web", 11).await;
     assert_eq!(
         backend.hits.load(Ordering::Relaxed),
         1,

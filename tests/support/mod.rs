@@ -91,6 +91,27 @@ pub fn listening_inodes(port: u16) -> Vec<u64> {
     inodes
 }
 
+/// The send queue of the TCP connection from local port `local` to remote
+/// port `remote`, as `/proc/net/tcp` lists it (the tests share baton's
+/// network namespace): bytes written and not yet taken by the peer. `None`
+/// when no such connection is listed.
+pub fn send_queue(local: u16, remote: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let port = |address: &str| {
+        address
+            .rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+    };
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if port(f.get(1)?)? != local || port(f.get(2)?)? != remote {
+            return None;
+        }
+        let (tx, _) = f.get(4)?.split_once(':')?;
+        u64::from_str_radix(tx, 16).ok()
+    })
+}
+
 /// What a connection reads until it ends, and how it ended: `Ok` for a
 /// FIN, the error's kind for a reset.
 pub async fn read_to_the_end(
