@@ -244,6 +244,47 @@ async fn readyz_says_a_pool_was_drained_by_the_operator() {
     );
 }
 
+/// Health checks pause for a backend the operator drained (DESIGN): one
+/// taken out for its maintenance is not probed meanwhile; they go on once
+/// it is restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_pause_for_a_drained_backend() {
+    let a = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .http("web", "app")
+        .pool_with("app", FAST_CHECKS, &[(a.addr, 1)]);
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    let checks = || async move {
+        let metrics = client::metrics(admin).await;
+        let series = "baton_health_checks_total{pool=\"app\",backend=\"app-0\",result=\"ok\"}";
+        client::series(&metrics, series).unwrap_or(0.0)
+    };
+    let drained = client::call(admin, "POST", "/backends/0/drain", None)
+        .await
+        .expect("drain");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+    support::eventually("a is out", || async {
+        backend_state(admin, "app-0").await == "out"
+    })
+    .await;
+    // A check under way as the drain came has ended by then.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let (counted, probed) = (checks().await, a.hits());
+    // Ten intervals.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(checks().await, counted, "no check counted while drained");
+    assert_eq!(a.hits(), probed, "no check reached the drained backend");
+    let restored = client::call(admin, "POST", "/backends/0/restore", None)
+        .await
+        .expect("restore");
+    assert_eq!(restored.status, 200, "{}", restored.body);
+    support::eventually("checks resume once restored", || async {
+        checks().await > counted
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_backend_down_http_is_503_and_readyz_names_the_pool() {
     let a = HttpBackend::start("a").await;
@@ -266,6 +307,21 @@ async fn with_every_backend_down_http_is_503_and_readyz_names_the_pool() {
     .await;
     support::eventually("echo pool down", || async {
         backend_state(baton.admin, "echo-0").await == "down"
+    })
+    .await;
+    // The series the shipped alerts watch (BatonBackendDown,
+    // BatonPoolWithoutBackend), and the checks that made the verdicts:
+    // the first round's good one (it decides at once), two failed to fall.
+    support::eventually("the down backend in /metrics", || async {
+        let metrics = client::metrics(baton.admin).await;
+        let of_a = |name: &str, label: &str| {
+            let series = format!("{name}{{pool=\"app\",backend=\"app-0\",{label}}}");
+            client::series(&metrics, &series)
+        };
+        of_a("baton_backend_state", "state=\"down\"") == Some(1.0)
+            && of_a("baton_backend_state", "state=\"up\"") == Some(0.0)
+            && of_a("baton_health_checks_total", "result=\"ok\"").is_some_and(|n| n >= 1.0)
+            && of_a("baton_health_checks_total", "result=\"failed\"").is_some_and(|n| n >= 2.0)
     })
     .await;
     let answer = client::get(baton.addr("web"), "/")
@@ -481,6 +537,12 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
         "out",
         "an operator's drain survives a reload"
     );
+    let metrics = client::metrics(admin).await;
+    for (state, value) in [("out", 1.0), ("up", 0.0), ("draining", 0.0)] {
+        let series =
+            format!("baton_backend_state{{pool=\"app\",backend=\"app-0\",state=\"{state}\"}}");
+        assert_eq!(client::series(&metrics, &series), Some(value), "{series}");
+    }
     // `baton status` prints the same as a table, and `--json` raw.
     baton.settled().await;
     let out = baton_cli(&["status"], &baton.config).await;

@@ -159,14 +159,51 @@ async fn the_drain_series_exist_at_zero_from_the_start() {
         for series in [
             format!("baton_drain_duration_seconds_count{{reason=\"{reason}\"}} 0"),
             format!("baton_drained_connections_total{{reason=\"{reason}\"}} 0"),
+            format!("baton_drain_forced_connections_total{{reason=\"{reason}\"}} 0"),
         ] {
             assert!(text.contains(&series), "{series} in\n{text}");
         }
     }
-    assert!(
-        text.contains("baton_handoff_duration_seconds_count 0"),
-        "{text}"
-    );
+    for series in [
+        "baton_handoff_duration_seconds_count 0",
+        "baton_generation 1",
+        "baton_reloads_total{result=\"success\"} 0",
+        "baton_reloads_total{result=\"failed\"} 0",
+    ] {
+        assert!(text.contains(series), "{series} in\n{text}");
+    }
+}
+
+/// What a dashboard graphs of reloads, after two that worked: the serving
+/// generation's number, the reloads counted as successes, one handoff and
+/// one reload drain each, carried to the serving generation from those
+/// that did them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_show_in_the_generation_the_counts_and_the_histograms() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    baton.reload_ok().await;
+    baton.reload_ok().await;
+    baton.settled().await;
+    let expected = [
+        ("baton_generation", 3.0),
+        ("baton_reloads_total{result=\"success\"}", 2.0),
+        ("baton_reloads_total{result=\"failed\"}", 0.0),
+        ("baton_handoff_duration_seconds_count", 2.0),
+        ("baton_drain_duration_seconds_count{reason=\"reload\"}", 2.0),
+        (
+            "baton_drain_duration_seconds_count{reason=\"shutdown\"}",
+            0.0,
+        ),
+    ];
+    let admin = baton.admin;
+    support::eventually("the reloads counted", || async move {
+        let text = scrape(admin).await.unwrap_or_default();
+        expected
+            .iter()
+            .all(|(series, value)| client::series(&text, series) == Some(*value))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -206,6 +206,17 @@ async fn a_request_outliving_the_drain_budget_is_forced_and_exits_3() {
         baton.log().contains("force-closed"),
         "the log says connections were forced"
     );
+    // What the shipped alert (BatonDrainsForced) watches, carried to the
+    // serving generation.
+    let admin = baton.admin;
+    support::eventually("the forced connection counted", || async move {
+        let metrics = client::metrics(admin).await;
+        client::series(
+            &metrics,
+            "baton_drain_forced_connections_total{reason=\"reload\"}",
+        ) == Some(1.0)
+    })
+    .await;
 }
 
 /// With `max_draining = 1`: generation 1 drains a request for `path`
