@@ -223,6 +223,60 @@ fn reload_without_a_daemon_exits_69() {
     assert!(stderr.contains("kill -s HUP"), "{stderr}");
 }
 
+/// `baton status` and `baton backend` that reach no daemon at the admin
+/// address exit 69 (DESIGN), as `reload` does: a monitoring script tells
+/// "not running" from "broken". Over a unix socket and over TCP.
+#[test]
+fn status_and_backend_without_a_daemon_exit_69() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    for admin in [
+        format!("unix:{}/none.sock", dir.path().display()),
+        nobody.to_string(),
+    ] {
+        let config = config_with(dir.path(), &admin, &dir.path().join("control.sock"));
+        let c = config.to_str().expect("utf-8 path");
+        for args in [
+            &["status", "-c", c][..],
+            &["status", "--json", "-c", c][..],
+            &["backend", "drain", "0", "-c", c][..],
+        ] {
+            let (code, _, stderr) = run(args);
+            assert_eq!(code, 69, "{args:?}: {stderr}");
+            assert!(!stderr.is_empty(), "{args:?} says why");
+        }
+    }
+}
+
+/// A listener that cannot be bound at a first start is a runtime failure,
+/// exit 1 (DESIGN), which the shipped unit's `Restart=on-failure` retries
+/// (a port not yet free), not 78, which it does not; the cause is named.
+#[test]
+fn a_first_start_whose_listener_cannot_bind_exits_1_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Held without SO_REUSEPORT: baton's bind beside it fails.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = held.local_addr().expect("address").port();
+    let path = dir.path().join("b.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[shutdown]\npre_stop_delay = \"-1s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[control]\nsocket = \"{}/control.sock\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:{port}\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
+            dir.path().display()
+        ),
+    )
+    .expect("write");
+    let (code, stderr) = run_to_its_end(&["run", "-c", path.to_str().expect("utf-8")], "022");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("web") && stderr.contains(&port.to_string()),
+        "{stderr}"
+    );
+    drop(held);
+}
+
 /// `baton reload` by a user the control socket (mode 0600) refuses says
 /// so, not that the config may have moved the socket (exit 69 still: the
 /// daemon was not reached); also when this user cannot read all the config
@@ -408,6 +462,26 @@ fn budgets_follow_flag_over_env_over_file_with_0_default_and_negative_none() {
         &[],
     );
     assert_eq!(line(&out, "TimeoutStopSec"), "TimeoutStopSec=18");
+    // A value that is no duration is the config's error (78, naming the
+    // flag and its variable), not clap's usage error (2): a bad
+    // `Environment=` line meets `RestartPreventExitStatus=78` rather than
+    // a restart loop.
+    for (args, env, named) in [
+        (
+            &["check", "-c", p, "--drain-timeout", "soon"][..],
+            &[][..],
+            "BATON_DRAIN_TIMEOUT",
+        ),
+        (
+            &["check", "-c", p][..],
+            &[("BATON_PRE_STOP_DELAY", "soon")][..],
+            "BATON_PRE_STOP_DELAY",
+        ),
+    ] {
+        let (code, _, err) = run_env(args, env);
+        assert_eq!(code, 78, "{err}");
+        assert!(err.contains(named) && err.contains("soon"), "{err}");
+    }
 }
 
 #[test]

@@ -865,19 +865,22 @@ async fn slow_request_in_flight(
     (backend, baton, slow)
 }
 
-/// SIGQUIT, nginx's graceful stop, is the ordered stop too, not its default
-/// action (a core dump that resets every connection).
+/// SIGINT (Ctrl-C in a terminal, some container runtimes' stop) and
+/// SIGQUIT (nginx's graceful stop) are the ordered stop too, not their
+/// default action (an exit, a core dump, that resets every connection).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigquit_is_the_ordered_stop() {
-    let (_backend, baton, slow) = slow_request_in_flight(
-        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"10s\"",
-        "/slow/1000",
-    )
-    .await;
-    signal(baton.first_pid, Signal::SIGQUIT);
-    let answer = slow.await.expect("join").expect("the request completes");
-    assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/1000"));
-    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+async fn sigint_and_sigquit_are_the_ordered_stop() {
+    for stop in [Signal::SIGINT, Signal::SIGQUIT] {
+        let (_backend, baton, slow) = slow_request_in_flight(
+            "pre_stop_delay = \"-1s\"\ndrain_timeout = \"10s\"",
+            "/slow/1000",
+        )
+        .await;
+        signal(baton.first_pid, stop);
+        let answer = slow.await.expect("join").expect("the request completes");
+        assert_eq!(answer.body, HttpBackend::body_for("a", "/slow/1000"));
+        assert_eq!(wait_exit(baton.first_pid).await, Some(0), "{stop}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -893,25 +896,95 @@ async fn a_request_outliving_the_drain_is_forced_with_exit_3() {
     assert!(baton.log().contains("force-closed"));
 }
 
+/// A second stop signal forces at once, whichever of SIGTERM and SIGINT
+/// each is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_sigterm_forces_at_once() {
-    let (_backend, baton, slow) = slow_request_in_flight(
-        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
-        "/slow/30000",
+async fn a_second_stop_signal_forces_at_once() {
+    for second in [Signal::SIGTERM, Signal::SIGINT] {
+        let (_backend, baton, slow) = slow_request_in_flight(
+            "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"",
+            "/slow/30000",
+        )
+        .await;
+        signal(baton.first_pid, Signal::SIGTERM);
+        support::eventually("drain started", || async {
+            baton.log().contains("drain started")
+        })
+        .await;
+        signal(baton.first_pid, second);
+        assert_eq!(
+            wait_exit(baton.first_pid).await,
+            Some(3),
+            "forced by {second}, long before the 60s budget"
+        );
+        assert!(slow.await.expect("join").is_err());
+    }
+}
+
+/// Through a stop's drain the admin server still answers (it closes last,
+/// DESIGN): liveness 200, readiness 503 `draining`, metrics with the
+/// connection still open. Closed with the doors, a long drain's liveness
+/// probes would fail and an orchestrator kill the process mid-drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probes_and_metrics_answer_through_a_stops_drain() {
+    let (backend, baton, held) = slow_request_in_flight(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"30s\"",
+        "/gated",
     )
     .await;
+    let admin = baton.admin;
     signal(baton.first_pid, Signal::SIGTERM);
     support::eventually("drain started", || async {
         baton.log().contains("drain started")
     })
     .await;
-    signal(baton.first_pid, Signal::SIGTERM);
-    assert_eq!(
-        wait_exit(baton.first_pid).await,
-        Some(3),
-        "forced, long before the 60s budget"
-    );
-    assert!(slow.await.expect("join").is_err());
+    let live = client::get(admin, "/healthz").await.expect("healthz");
+    assert_eq!(live.status, 200);
+    let ready = client::get(admin, "/readyz").await.expect("readyz");
+    assert_eq!(ready.status, 503);
+    assert!(ready.body.contains("\"draining\""), "{}", ready.body);
+    let metrics = client::get(admin, "/metrics").await.expect("metrics");
+    assert_eq!(metrics.status, 200);
+    let open: f64 = metrics
+        .body
+        .lines()
+        .filter(|l| l.starts_with("baton_connections_active{listener=\"web\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(open, 1.0, "{}", metrics.body);
+    assert_eq!(backend.held(), 1, "the request still held");
+    backend.release();
+    assert_eq!(held.await.expect("join").expect("answered").status, 200);
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}
+
+/// `run --drain-timeout` and `BATON_DRAIN_TIMEOUT` (a unit's
+/// `Environment=`) override the file for the daemon, and for every
+/// generation a reload starts from the same command line and environment:
+/// with the file's 30 s, a 10 s request would be served and the exit 0;
+/// with the override's 1 s it is forced, exit 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_timeout_given_to_run_holds_for_the_generations_after_a_reload() {
+    let backend = HttpBackend::start("a").await;
+    let shutdown = "pre_stop_delay = \"-1s\"\ndrain_timeout = \"30s\"";
+    for (args, wrapper) in [
+        (&["--drain-timeout", "1s"][..], &[][..]),
+        (&[][..], &["env", "BATON_DRAIN_TIMEOUT=1s"][..]),
+    ] {
+        let baton = Baton::spawn_under(spec(shutdown, &backend, ""), args, wrapper);
+        baton.wait_ready().await;
+        let serving = baton.reload_ok().await;
+        let web = baton.addr("web");
+        let before = backend.hits.load(Ordering::Relaxed);
+        let slow = tokio::spawn(async move { client::get(web, "/slow/10000").await });
+        support::eventually("the slow request arrived", || async {
+            backend.hits.load(Ordering::Relaxed) > before
+        })
+        .await;
+        signal(serving, Signal::SIGTERM);
+        assert_eq!(wait_exit(serving).await, Some(3), "{args:?} {wrapper:?}");
+        assert!(slow.await.expect("join").is_err());
+    }
 }
 
 /// A second SIGTERM during the pre-stop pause cuts it short; with nothing
