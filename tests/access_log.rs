@@ -74,6 +74,36 @@ async fn stop_and_wait(baton: &Baton) {
     }
 }
 
+/// `path = "stdout"` writes the lines to the process's standard output (a
+/// container's log, journald's stream), one a request, the generation a
+/// reload starts too (it inherits the same stdout); baton's own log goes
+/// to stderr, so every line of stdout is an access line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_lines_go_to_stdout_when_it_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("stdout");
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener(
+            "web",
+            "http",
+            "app",
+            "access_log = { path = \"stdout\", format = \"json\" }",
+        )
+        .pool("app", &[backend.addr]);
+    let into_file = format!("exec \"$0\" \"$@\" > {}", out.display());
+    let baton = Baton::spawn_under(spec, &[], &["sh", "-c", &into_file]);
+    baton.wait_ready().await;
+    let web = baton.addr("web");
+    assert_eq!(client::get(web, "/before").await.expect("get").status, 200);
+    baton.reload_ok().await;
+    assert_eq!(client::get(web, "/after").await.expect("get").status, 200);
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[out]);
+    let statuses: Vec<&Value> = lines.iter().map(|l| &l["status"]).collect();
+    assert_eq!(statuses, [200, 200], "{lines:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_line_per_request_across_reloads_and_a_rotation() {
     let Logged {

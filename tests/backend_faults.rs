@@ -50,6 +50,48 @@ async fn resetting_backend() -> SocketAddr {
     addr
 }
 
+/// A backend that never answers the handshake (its SYNs dropped: here a
+/// listen queue of one, full) costs a request `connect_timeout`, not the
+/// kernel's two minutes of SYN retries: answered 502 as a refused connect
+/// is, and counted as a connect failure against that backend (README).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_never_answers_the_handshake_is_given_up_at_connect_timeout() {
+    let full =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
+    full.bind(&any.into()).expect("bind");
+    full.listen(0).expect("listen");
+    let addr = full
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .expect("address");
+    let _filler = TcpStream::connect(addr)
+        .await
+        .expect("the queue's one place");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr))
+            .await
+            .is_err(),
+        "the full queue drops a handshake"
+    );
+    let spec = Spec::new()
+        .listener("web", "http", "app", "connect_timeout = \"300ms\"")
+        .pool("app", &[addr]);
+    let baton = Baton::start(spec).await;
+    let answer = tokio::time::timeout(support::TIMEOUT, client::get(baton.addr("web"), "/"))
+        .await
+        .expect("answered at connect_timeout")
+        .expect("an answer");
+    assert_eq!(answer.status, 502, "{}", answer.body);
+    let metrics = client::metrics(baton.admin).await;
+    let series = "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"connect\"}";
+    assert!(
+        client::series(&metrics, series).is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_reset_mid_response_aborts_the_client_connection_and_is_counted() {
     let healthy = HttpBackend::start("ok").await;

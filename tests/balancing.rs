@@ -640,6 +640,11 @@ async fn routes_pick_pools_by_path_prefix_and_host() {
         .await
         .expect("get");
     assert_eq!(answer.body, HttpBackend::body_for("slow", "/v3"));
+    // Both the first route and the second match: the first wins.
+    let answer = client::send_with_host(&mut conn, "api.example.com", "/slow/4")
+        .await
+        .expect("get");
+    assert_eq!(answer.body, HttpBackend::body_for("slow", "/slow/4"));
 }
 
 /// `baton ARGS -c CONFIG`, run to its end.

@@ -206,6 +206,45 @@ async fn reloads_show_in_the_generation_the_counts_and_the_histograms() {
     .await;
 }
 
+/// `/status` says when each generation started and, for each backend, its
+/// index (the admin API's other name for it) and its last health check
+/// (DESIGN), which `baton status` and an operator's scripts read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_when_generations_started_and_each_backends_last_check() {
+    let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        "health = { kind = \"http\", path = \"/health\", interval = \"100ms\", timeout = \"2s\", rise = 1, fall = 1 }",
+        &[(a.addr, 1), (b.addr, 1)],
+    );
+    let before = unix_now();
+    let baton = Baton::start(spec).await;
+    let status = client::status(baton.admin).await;
+    let started = status["generations"][0]["started_at"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(
+        started >= before - 1.0 && started <= unix_now(),
+        "{started} {status}"
+    );
+    for (name, index) in [("app-0", 0), ("app-1", 1)] {
+        let backend = client::backend_status(baton.admin, name).await;
+        assert_eq!(backend["index"], index, "{backend}");
+        let check = &backend["last_check"];
+        assert_eq!(check["ok"], true, "{backend}");
+        assert!(
+            check["at"].as_f64().is_some_and(|at| at >= before - 1.0),
+            "{backend}"
+        );
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_lists_a_draining_generation_with_its_connection() {
     let backend = HttpBackend::start("a").await;

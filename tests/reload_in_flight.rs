@@ -12,7 +12,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use support::backend::HttpBackend;
 use support::client;
-use support::daemon::{signal, wait_exit, Baton, Spec};
+use support::daemon::{signal, wait_exit, Baton, Notifications, Spec};
 use tokio::net::TcpStream;
 
 async fn start(drain: &str) -> (HttpBackend, Baton) {
@@ -217,6 +217,37 @@ async fn a_request_outliving_the_drain_budget_is_forced_and_exits_3() {
         ) == Some(1.0)
     })
     .await;
+}
+
+/// What a reload tells systemd (DESIGN): `RELOADING=1`, then the new
+/// generation's pid as `MAINPID=`; the old generation, draining after it,
+/// never says `STOPPING=1` (systemd would take the service as stopping),
+/// which the stop alone says, once, after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_says_reloading_then_the_new_main_pid_and_only_a_stop_says_stopping() {
+    let notifications = Notifications::listen();
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
+    let baton = Baton::spawn_under(spec, &[], &["env", &notifications.env]);
+    baton.wait_ready().await;
+    let old = baton.first_pid;
+    let new = baton.reload_ok().await;
+    assert_eq!(wait_exit(old).await, Some(0));
+    signal(new, Signal::SIGTERM);
+    assert_eq!(wait_exit(new).await, Some(0));
+    let said = notifications.said().await;
+    let first = |what: &str| said.iter().position(|s| s.lines().any(|l| l == what));
+    let reloading = first("RELOADING=1").unwrap_or_else(|| panic!("{said:?}"));
+    let main = first(&format!("MAINPID={new}")).unwrap_or_else(|| panic!("{said:?}"));
+    assert!(reloading < main, "{said:?}");
+    let stopping: Vec<usize> = said
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.lines().any(|l| l == "STOPPING=1"))
+        .map(|(at, _)| at)
+        .collect();
+    assert_eq!(stopping.len(), 1, "{said:?}");
+    assert!(stopping[0] > main, "{said:?}");
 }
 
 /// With `max_draining = 1`: generation 1 drains a request for `path`

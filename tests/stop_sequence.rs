@@ -865,6 +865,94 @@ async fn slow_request_in_flight(
     (backend, baton, slow)
 }
 
+/// A reload ends a WebSocket as its drain starts, with a Close frame
+/// (`close_spread` none by default), as a stop does, and the drain is
+/// clean: counted as drained, nothing forced, and no error counted
+/// anywhere (DESIGN: what a drain ends is not an error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_ends_a_websocket_with_1001_and_counts_no_error() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(spec(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"\n[reload]\ndrain_timeout = \"60s\"",
+        &backend,
+        "",
+    ))
+    .await;
+    let old = baton.serving_pid().await;
+    let s = echoing_websocket(baton.addr("web")).await;
+    baton.reload_ok().await;
+    closed_with_1001(s).await;
+    assert_eq!(wait_exit(old).await, Some(0), "drained, long before 60 s");
+    baton.settled().await;
+    let admin = baton.admin;
+    support::eventually("the drain's counts carried", || async move {
+        let metrics = client::metrics(admin).await;
+        [
+            ("baton_long_lived_drained_total{kind=\"websocket\"}", 1.0),
+            (
+                "baton_drain_forced_connections_total{reason=\"reload\"}",
+                0.0,
+            ),
+            ("baton_drain_duration_seconds_count{reason=\"reload\"}", 1.0),
+        ]
+        .iter()
+        .all(|(series, value)| client::series(&metrics, series) == Some(*value))
+    })
+    .await;
+    let metrics = client::metrics(admin).await;
+    let errors: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("baton_upstream_errors_total")
+                || l.starts_with("baton_client_aborts_total")
+        })
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+/// The probes answer on the paths the config names (a load balancer's or
+/// Kubernetes' own), and only there, through a stop too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probes_answer_on_the_paths_the_config_names() {
+    let backend = HttpBackend::start("a").await;
+    let spec = spec(
+        "pre_stop_delay = \"4s\"\ndrain_timeout = \"5s\"",
+        &backend,
+        "",
+    )
+    .admin("liveness_paths = [\"/livez\", \"/ping\"]\nreadiness_paths = [\"/ready\"]");
+    let baton = Baton::spawn(spec, &[]);
+    let admin = baton.admin;
+    support::eventually("ready on /ready", || async {
+        client::get(admin, "/ready")
+            .await
+            .is_ok_and(|a| a.status == 200)
+    })
+    .await;
+    for (path, status) in [
+        ("/livez", 200),
+        ("/ping", 200),
+        ("/healthz", 404),
+        ("/readyz", 404),
+    ] {
+        let answer = client::get(admin, path).await.expect(path);
+        assert_eq!(answer.status, status, "{path}");
+    }
+    signal(baton.first_pid, Signal::SIGTERM);
+    support::eventually("/ready says draining", || async {
+        client::get(admin, "/ready")
+            .await
+            .is_ok_and(|a| a.status == 503 && a.body.contains("\"draining\""))
+    })
+    .await;
+    assert_eq!(
+        client::get(admin, "/livez").await.expect("livez").status,
+        200
+    );
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}
+
 /// SIGINT (Ctrl-C in a terminal, some container runtimes' stop) and
 /// SIGQUIT (nginx's graceful stop) are the ordered stop too, not their
 /// default action (an exit, a core dump, that resets every connection).

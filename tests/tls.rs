@@ -892,6 +892,31 @@ async fn handshakes(admin: SocketAddr, result: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// `min_version = "1.3"` refuses a client that offers TLS 1.2 alone (a
+/// failed handshake, counted) and serves one that offers 1.3; by default
+/// (1.2) the same client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_version_refuses_a_client_below_it() {
+    let (_backend, ca, _a, baton) = one_certificate(", min_version = \"1.3\"").await;
+    let web = baton.addr("web");
+    let refused = ca.client_tls12_only().connect(web, "a.test").await;
+    assert!(
+        refused.is_err(),
+        "a TLS 1.2 client served under min_version 1.3"
+    );
+    support::eventually("the refusal counted", || async {
+        handshakes(baton.admin, "failed").await == 1
+    })
+    .await;
+    assert_eq!(one_request(&ca.client(&["http/1.1"]), web).await, Ok(200));
+    let (_backend, ca, _a, baton) = one_certificate("").await;
+    assert_eq!(
+        one_request(&ca.client_tls12_only(), baton.addr("web")).await,
+        Ok(200),
+        "TLS 1.2 is served by default"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_resumes_its_session_after_one_reload_and_after_four() {
     let (_backend, ca, _a, baton) = one_certificate("").await;

@@ -131,13 +131,27 @@ impl Authority {
     /// A client trusting this CA only, offering `alpn`, and presenting
     /// `identity` (a certificate this CA issued) when the server asks.
     pub fn client_as(&self, alpn: &[&str], identity: Option<&Issued>) -> Client {
+        self.client_of(alpn, identity, rustls::DEFAULT_VERSIONS)
+    }
+
+    /// A client trusting this CA only that offers TLS 1.2 alone.
+    pub fn client_tls12_only(&self) -> Client {
+        self.client_of(&["http/1.1"], None, &[&rustls::version::TLS12])
+    }
+
+    fn client_of(
+        &self,
+        alpn: &[&str],
+        identity: Option<&Issued>,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> Client {
         let mut roots = RootCertStore::empty();
         roots
             .add(self.issuer.der().clone())
             .expect("trust the test CA");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .expect("protocol versions")
             .with_root_certificates(roots);
         let mut config = match identity {
