@@ -206,6 +206,35 @@ async fn reloads_show_in_the_generation_the_counts_and_the_histograms() {
     .await;
 }
 
+/// `BATON_LOG_FORMAT=json` makes every line baton logs one JSON object (a
+/// log shipper's input), the lines of the generation a reload starts too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_a_line_across_a_reload() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
+    let baton = Baton::spawn_under(spec, &[], &["env", "BATON_LOG_FORMAT=json"]);
+    baton.wait_ready().await;
+    let new = baton.reload_ok().await;
+    baton.settled().await;
+    let log = baton.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["level"].is_string() && l["fields"]["message"].is_string()),
+        "{log}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "serving" && l["fields"]["pid"] == new),
+        "the new generation's own lines: {log}"
+    );
+}
+
 /// `/status` says when each generation started and, for each backend, its
 /// index (the admin API's other name for it) and its last health check
 /// (DESIGN), which `baton status` and an operator's scripts read.
