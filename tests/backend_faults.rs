@@ -51,7 +51,7 @@ async fn resetting_backend() -> SocketAddr {
 }
 
 /// A backend that never answers the handshake (its SYNs dropped: here a
-/// listen queue of one, full) costs a request `connect_timeout`, not the
+/// listen queue of two, full) costs a request `connect_timeout`, not the
 /// kernel's two minutes of SYN retries: answered 502 as a refused connect
 /// is, and counted as a connect failure against that backend (README).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,15 +60,20 @@ async fn a_backend_that_never_answers_the_handshake_is_given_up_at_connect_timeo
         socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
     let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
     full.bind(&any.into()).expect("bind");
-    full.listen(0).expect("listen");
+    full.listen(1).expect("listen");
     let addr = full
         .local_addr()
         .ok()
         .and_then(|a| a.as_socket())
         .expect("address");
-    let _filler = TcpStream::connect(addr)
-        .await
-        .expect("the queue's one place");
+    let mut fillers = Vec::new();
+    for _ in 0..2 {
+        let filler = tokio::time::timeout(support::TIMEOUT, TcpStream::connect(addr))
+            .await
+            .expect("a place in the queue in time")
+            .expect("connect");
+        fillers.push(filler);
+    }
     assert!(
         tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr))
             .await

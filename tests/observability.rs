@@ -776,7 +776,8 @@ async fn an_old_generation_outliving_newer_ones_is_still_counted() {
     )
     .await;
     let (web, admin) = (baton.addr("web"), baton.admin);
-    // Held until the five reloads are done, however long they take.
+    // Held until the five reloads are done (within generation 1's 20 s
+    // drain).
     let slow = tokio::spawn(async move { client::get(web, "/gated").await });
     support::eventually("the held request is on generation 1", || async {
         backend.held() == 1

@@ -220,7 +220,7 @@ async fn a_request_outliving_the_drain_budget_is_forced_and_exits_3() {
 }
 
 /// What a reload tells systemd (DESIGN): `RELOADING=1`, then the new
-/// generation's pid as `MAINPID=`; the old generation, draining after it,
+/// generation's pid as `MAINPID=` and `READY=1`; the old generation, draining after it,
 /// never says `STOPPING=1` (systemd would take the service as stopping),
 /// which the stop alone says, once, after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,6 +240,13 @@ async fn a_reload_says_reloading_then_the_new_main_pid_and_only_a_stop_says_stop
     let reloading = first("RELOADING=1").unwrap_or_else(|| panic!("{said:?}"));
     let main = first(&format!("MAINPID={new}")).unwrap_or_else(|| panic!("{said:?}"));
     assert!(reloading < main, "{said:?}");
+    // READY=1 ends systemd's reloading state.
+    assert!(
+        said[main..]
+            .iter()
+            .any(|s| s.lines().any(|l| l == "READY=1")),
+        "{said:?}"
+    );
     let stopping: Vec<usize> = said
         .iter()
         .enumerate()

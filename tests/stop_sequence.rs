@@ -912,12 +912,12 @@ async fn a_reload_ends_a_websocket_with_1001_and_counts_no_error() {
 }
 
 /// The probes answer on the paths the config names (a load balancer's or
-/// Kubernetes' own), and only there, through a stop too.
+/// Kubernetes' own), and only there, through a stop's drain too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probes_answer_on_the_paths_the_config_names() {
     let backend = HttpBackend::start("a").await;
     let spec = spec(
-        "pre_stop_delay = \"4s\"\ndrain_timeout = \"5s\"",
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"30s\"",
         &backend,
         "",
     )
@@ -930,15 +930,20 @@ async fn the_probes_answer_on_the_paths_the_config_names() {
             .is_ok_and(|a| a.status == 200)
     })
     .await;
-    for (path, status) in [
+    let probes = [
         ("/livez", 200),
         ("/ping", 200),
         ("/healthz", 404),
         ("/readyz", 404),
-    ] {
+    ];
+    for (path, status) in probes {
         let answer = client::get(admin, path).await.expect(path);
         assert_eq!(answer.status, status, "{path}");
     }
+    // Held through the drain, however long the looks take.
+    let web = baton.addr("web");
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the request is held", || async { backend.held() == 1 }).await;
     signal(baton.first_pid, Signal::SIGTERM);
     support::eventually("/ready says draining", || async {
         client::get(admin, "/ready")
@@ -946,10 +951,12 @@ async fn the_probes_answer_on_the_paths_the_config_names() {
             .is_ok_and(|a| a.status == 503 && a.body.contains("\"draining\""))
     })
     .await;
-    assert_eq!(
-        client::get(admin, "/livez").await.expect("livez").status,
-        200
-    );
+    for (path, status) in probes {
+        let answer = client::get(admin, path).await.expect(path);
+        assert_eq!(answer.status, status, "{path} through the drain");
+    }
+    backend.release();
+    assert_eq!(held.await.expect("join").expect("answered").status, 200);
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
 }
 
@@ -984,8 +991,7 @@ async fn a_request_outliving_the_drain_is_forced_with_exit_3() {
     assert!(baton.log().contains("force-closed"));
 }
 
-/// A second stop signal forces at once, whichever of SIGTERM and SIGINT
-/// each is.
+/// A second stop signal forces at once, SIGINT as SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_stop_signal_forces_at_once() {
     for second in [Signal::SIGTERM, Signal::SIGINT] {

@@ -792,6 +792,10 @@ async fn a_request_after_a_handshake_that_ended_past_the_grace_is_answered() {
     })
     .await;
     support::daemon::signal(pid, nix::sys::signal::Signal::SIGTERM);
+    support::eventually("the drain began", || async {
+        baton.log().contains("drain started")
+    })
+    .await;
     // The ClientHello reaches baton 2.2 s into the grace; the client's
     // Finished 3.8 s, past it; the request 4.1 s.
     tokio::time::sleep(Duration::from_millis(600)).await;
