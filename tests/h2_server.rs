@@ -63,6 +63,8 @@ struct Seen {
     release: Gate,
     /// `/bighead` exchanges that gave their response.
     big_heads: AtomicUsize,
+    /// `/bighead` requests read: their exchanges made, polled or not.
+    bighead_requests: AtomicUsize,
 }
 
 /// Opens once and stays open: a waiter that comes after the opening goes
@@ -106,6 +108,9 @@ impl Drop for DropCount {
 fn exchange(seen: Arc<Seen>) -> impl FnMut(Request<RecvBody>) -> Exchange<Reply> + Unpin {
     move |request: Request<RecvBody>| {
         let seen = Arc::clone(&seen);
+        if request.uri().path() == "/bighead" {
+            seen.bighead_requests.fetch_add(1, Ordering::SeqCst);
+        }
         Box::pin(async move {
             let path = request.uri().path().to_string();
             let body = request.into_body();
@@ -893,7 +898,17 @@ async fn a_client_that_reads_nothing_holds_back_response_heads() {
         request_frame(&mut hello, stream, &big);
     }
     raw.socket.write_all(&hello).await.expect("write");
-    // Its requests all read, the heads that fit went out; the rest wait.
+    // Its requests all read (each one's exchange made as its HEADERS
+    // were): the pass that read them polled what the send buffer had room
+    // for, where a server without that bound polled every one.
+    tokio::time::timeout(PATIENCE, async {
+        while seen.bighead_requests.load(Ordering::SeqCst) < 100 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("every request read");
+    // The heads that fit went out meanwhile; the rest wait.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let answered_unread = seen.big_heads.load(Ordering::SeqCst);
     let mut heads = 0;
