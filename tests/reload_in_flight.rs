@@ -219,6 +219,85 @@ async fn a_request_outliving_the_drain_budget_is_forced_and_exits_3() {
     .await;
 }
 
+/// A backend on `[::1]` that answers every request `v6`, keeping the
+/// connection.
+async fn ipv6_backend() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("[::1]:0")
+        .await
+        .expect("bind [::1]");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = s.read(&mut buf).await {
+                    seen.extend_from_slice(&buf[..n]);
+                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        seen.drain(..end + 4);
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nv6";
+                        if s.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Listeners bound on IPv6 (`[::1]`, HTTP and TCP) before an IPv6 backend
+/// are handed over by a reload as IPv4 ones are: the same kernel sockets,
+/// serving all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_listeners_and_backends_serve_across_a_reload() {
+    let backend = ipv6_backend().await;
+    let port = |a: std::net::SocketAddr| a.port();
+    let (web, raw) = {
+        let free = support::daemon::free_addrs(2);
+        (
+            std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port(free[0]))),
+            std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port(free[1]))),
+        )
+    };
+    let spec = Spec::new()
+        .section(&format!(
+            "[[listeners]]\nname = \"web6\"\nbind = \"{web}\"\npool = \"v6\"\n\n[[listeners]]\nname = \"raw6\"\nbind = \"{raw}\"\nprotocol = \"tcp\"\npool = \"v6\"\n\n[[pools]]\nname = \"v6\"\nbackends = [{{ address = \"{backend}\" }}]\n"
+        ));
+    let baton = Baton::start(spec).await;
+    let sockets = (
+        support::listening_inodes(web.port()),
+        support::listening_inodes(raw.port()),
+    );
+    assert!(
+        !sockets.0.is_empty() && !sockets.1.is_empty(),
+        "{sockets:?}"
+    );
+    let served = |addr| async move {
+        let answer = client::get(addr, "/").await.expect("an answer");
+        assert_eq!((answer.status, answer.body.as_str()), (200, "v6"), "{addr}");
+    };
+    for addr in [web, raw] {
+        served(addr).await;
+    }
+    let old = baton.serving_pid().await;
+    baton.reload_ok().await;
+    assert_eq!(wait_exit(old).await, Some(0));
+    for addr in [web, raw] {
+        served(addr).await;
+    }
+    assert_eq!(
+        (
+            support::listening_inodes(web.port()),
+            support::listening_inodes(raw.port())
+        ),
+        sockets,
+        "the same sockets"
+    );
+}
+
 /// What a reload tells systemd (DESIGN): `RELOADING=1`, then the new
 /// generation's pid as `MAINPID=` and `READY=1`; the old generation, draining after it,
 /// never says `STOPPING=1` (systemd would take the service as stopping),

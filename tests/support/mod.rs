@@ -72,11 +72,13 @@ where
     panic!("timed out waiting for: {what}");
 }
 
-/// Inodes of the TCP sockets listening on `port` (`/proc/net/tcp`; the
-/// tests share baton's network namespace): the same inodes after a reload
-/// or restart mean the very same kernel sockets.
+/// Inodes of the TCP sockets listening on `port` (`/proc/net/tcp` and
+/// `tcp6`; the tests share baton's network namespace): the same inodes
+/// after a reload or restart mean the very same kernel sockets.
 pub fn listening_inodes(port: u16) -> Vec<u64> {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let table = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .map(|t| std::fs::read_to_string(t).unwrap_or_default())
+        .join("\n");
     let mut inodes: Vec<u64> = table
         .lines()
         .skip(1)
