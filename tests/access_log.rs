@@ -267,12 +267,35 @@ async fn termination_states_say_who_ended_the_exchange() {
             "echo",
             &format!("tunnel_timeout = \"300ms\"\n{}", log_key(&log, "json")),
         )
+        .listener(
+            "slowhead",
+            "http",
+            "app",
+            &format!("header_timeout = \"300ms\"\n{}", log_key(&log, "json")),
+        )
+        .listener("capped", "http", "one", &log_key(&log, "json"))
         .pool("app", &[backend.addr])
         .pool("dead", &[dead])
-        .pool("echo", &[echo.addr]);
+        .pool("echo", &[echo.addr])
+        .pool_with(
+            "one",
+            "max_connections_per_backend = 1\nqueue_timeout = \"300ms\"",
+            &[(backend.addr, 1)],
+        );
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
     assert_eq!(client::get(web, "/ok").await.expect("ok").status, 200);
+    // A head that does not come whole within header_timeout: 408.
+    let half = raw(baton.addr("slowhead"), "GET /half HTTP/1.1\r\nHost: a\r\n").await;
+    assert!(half.starts_with("HTTP/1.1 408"), "{half}");
+    // The capped pool's one place held: the next request times out in line.
+    let capped = baton.addr("capped");
+    let held = tokio::spawn(async move { client::get(capped, "/gated").await });
+    support::eventually("the place is held", || async { backend.held() == 1 }).await;
+    let in_line = client::get(capped, "/in-line").await.expect("503");
+    assert_eq!(in_line.status, 503);
+    backend.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
     assert_eq!(
         client::get(web, "/slow/2000").await.expect("504").status,
         504
@@ -320,6 +343,9 @@ async fn termination_states_say_who_ended_the_exchange() {
         ("raw", Value::Null, "--"),
         ("deadtcp", Value::Null, "SC"),
         ("idle", Value::Null, "cD"),
+        ("slowhead", Value::from(408), "cR"),
+        ("capped", Value::from(200), "--"),
+        ("capped", Value::from(503), "RQ"),
     ];
     for (listener, status, termination) in &expect {
         assert!(
@@ -329,6 +355,32 @@ async fn termination_states_say_who_ended_the_exchange() {
         );
     }
     assert_eq!(lines.len(), expect.len(), "{seen:?}");
+    // The timings count from the request's start, each step after the
+    // one before: a backend picked, a connection in hand, the response's
+    // head, the end. A request cut before its head has no head's mark.
+    let ms = |line: &Value, key: &str| line[key].as_f64();
+    let completed = lines
+        .iter()
+        .find(|l| l["listener"] == "web" && l["termination"] == "--")
+        .expect("the completed line");
+    let steps: Vec<Option<f64>> = ["queue_ms", "connect_ms", "response_ms", "total_ms"]
+        .iter()
+        .map(|key| ms(completed, key))
+        .collect();
+    assert!(
+        steps.iter().all(Option::is_some) && steps.windows(2).all(|w| w[0] <= w[1]),
+        "{completed}"
+    );
+    let timed_out = lines
+        .iter()
+        .find(|l| l["termination"] == "sH")
+        .expect("the timed-out line");
+    assert!(ms(timed_out, "connect_ms").is_some(), "{timed_out}");
+    assert!(timed_out["response_ms"].is_null(), "{timed_out}");
+    assert!(
+        ms(timed_out, "total_ms").is_some_and(|t| t >= 300.0),
+        "{timed_out}"
+    );
     // A refused head's line counts the head as read and the answer.
     let refused_line = lines
         .iter()

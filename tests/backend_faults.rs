@@ -50,6 +50,42 @@ async fn resetting_backend() -> SocketAddr {
     addr
 }
 
+/// Passive health (README): a response head later than `response_timeout`
+/// counts against the backend as a failed check would (here `fall = 1`:
+/// down at once, with the next active check a minute away); a response
+/// broken off midway does not (a reset may be a kept connection's end,
+/// or one request's trouble), so a backend that resets stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_timeout_marks_a_backend_down_and_a_reset_does_not() {
+    let checks =
+        "health = { kind = \"tcp\", interval = \"60s\", timeout = \"1s\", rise = 1, fall = 1 }";
+    let (silent, _holding) = support::backend::silent().await;
+    let resetting = resetting_backend().await;
+    let spec = Spec::new()
+        .listener("slow", "http", "quiet", "response_timeout = \"300ms\"")
+        .http("web", "resets")
+        .pool_with("quiet", checks, &[(silent, 1)])
+        .pool_with("resets", checks, &[(resetting, 1)]);
+    let baton = Baton::start(spec).await;
+    let answer = client::get(baton.addr("slow"), "/")
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status, 504);
+    support::eventually("the silent backend down", || async {
+        client::backend_state(baton.admin, "quiet-0").await == "down"
+    })
+    .await;
+    let cut = get_big(baton.addr("web")).await;
+    assert!(cut.starts_with("HTTP/1.1 200"), "{cut}");
+    // Time for a verdict that should not come.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        client::backend_state(baton.admin, "resets-0").await,
+        "up",
+        "a response broken off is no health verdict"
+    );
+}
+
 /// A backend that never answers the handshake (its SYNs dropped: here a
 /// listen queue of two, full) costs a request `connect_timeout`, not the
 /// kernel's two minutes of SYN retries: answered 502 as a refused connect

@@ -244,6 +244,36 @@ async fn readyz_says_a_pool_was_drained_by_the_operator() {
     );
 }
 
+/// An HTTP health check judges the final status: 2xx and 3xx healthy
+/// (a health path that redirects), anything else a failure (a 503 while
+/// the backend's database is down, a 404 where the path went away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_check_takes_2xx_and_3xx_as_healthy_and_anything_else_as_failed() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    let status = std::sync::Arc::new(AtomicU16::new(200));
+    let answering = std::sync::Arc::clone(&status);
+    let backend = support::raw::RawBackend::start(move |_| {
+        let code = answering.load(Ordering::SeqCst);
+        let head = format!(
+            "HTTP/1.1 {code} Whatever\r\nlocation: /elsewhere\r\ncontent-length: 0\r\n\r\n"
+        );
+        (head.into_bytes(), support::raw::Then::Close)
+    })
+    .await;
+    let spec = Spec::new()
+        .http("web", "app")
+        .pool_with("app", FAST_CHECKS, &[(backend.addr, 1)]);
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    for (code, state) in [(503, "down"), (302, "up"), (404, "down"), (204, "up")] {
+        status.store(code, Ordering::SeqCst);
+        support::eventually(&format!("{code}: {state}"), || async {
+            backend_state(admin, "app-0").await == state
+        })
+        .await;
+    }
+}
+
 /// Health checks pause for a backend the operator drained (DESIGN): one
 /// taken out for its maintenance is not probed meanwhile; they go on once
 /// it is restored.

@@ -140,6 +140,34 @@ fn load_on(baton: &Baton) -> Load {
     })
 }
 
+/// A name is asked again when its records' TTL runs out, before its
+/// `resolve_interval` (README; here 60 s): an address that came is
+/// followed within its TTL. And never more than about once a second
+/// however short the TTL: a TTL of 0 (Consul's default) is no query storm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ttl_brings_a_lookup_forward_but_never_under_a_second() {
+    let dns = DnsServer::start().await;
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 1)]);
+    let baton = Baton::start(named_spec_every("60s", &dns, 9, "")).await;
+    wait_members(baton.admin, &[("127.0.0.1:9".to_string(), "up")]).await;
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
+    // (The old one is held a while before it drains, in case the name
+    // flaps.)
+    support::eventually("the new address joins", || async {
+        members(baton.admin)
+            .await
+            .contains(&("127.0.0.2:9".to_string(), "up".to_string()))
+    })
+    .await;
+    dns.set_ttl(0);
+    // The last answer's TTL (1 s) runs out first.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let asked = dns.queries();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let more = dns.queries() - asked;
+    assert!(more <= 12, "{more} queries in 3 s at TTL 0");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_address_that_moves_drains_the_old_member_and_fails_nothing() {
     let Named {
@@ -399,42 +427,67 @@ fn srv_spec_every(interval: &str, dns: &DnsServer, name: &str) -> Spec {
         .http("web", "app")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn srv_records_give_one_member_each_weighted_by_the_record() {
+/// Backends a and b as the targets of two SRV records of `weights`, of
+/// priority 10 (`more` records after them), followed until both are
+/// members: `(dns, a, b, baton)`.
+async fn srv_pair(
+    weights: [u16; 2],
+    more: &[support::dns::SrvRecord],
+) -> (DnsServer, HttpBackend, HttpBackend, Baton) {
     let dns = DnsServer::start().await;
     let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
     dns.set_a("a.baton.test", &[Ipv4Addr::LOCALHOST]);
     dns.set_a("b.baton.test", &[Ipv4Addr::LOCALHOST]);
     // Given as additionals too (as Consul does): not a member, A wins.
     dns.set_aaaa("a.baton.test", &[Ipv6Addr::LOCALHOST]);
-    dns.set_srv(
-        "_http._tcp.app.baton.test",
-        &[
-            (10, 1, a.addr.port(), "a.baton.test"),
-            (10, 3, b.addr.port(), "b.baton.test"),
-            (20, 5, 1, "fallback.baton.test"),
-        ],
-    );
+    let mut records = vec![
+        (10, weights[0], a.addr.port(), "a.baton.test"),
+        (10, weights[1], b.addr.port(), "b.baton.test"),
+    ];
+    records.extend_from_slice(more);
+    dns.set_srv("_http._tcp.app.baton.test", &records);
     let baton = Baton::start(srv_spec(&dns, "_http._tcp.app.baton.test")).await;
     wait_members(
         baton.admin,
         &[(a.addr.to_string(), "up"), (b.addr.to_string(), "up")],
     )
     .await;
-    assert_eq!(weights(baton.admin).await, [1, 3]);
+    (dns, a, b, baton)
+}
+
+/// `n` requests on one connection to `baton`'s `web`, each answered 200.
+async fn requests_on_one_connection(baton: &Baton, n: usize) {
     let web = baton.addr("web");
     let mut conn = client::connect(web).await.expect("connect");
-    for i in 0..400 {
+    for i in 0..n {
         let answer = client::send(&mut conn, web, &format!("/r/{i}"))
             .await
             .expect("request");
         assert_eq!(answer.status, 200);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn srv_records_give_one_member_each_weighted_by_the_record() {
+    let (_dns, a, b, baton) = srv_pair([1, 3], &[(20, 5, 1, "fallback.baton.test")]).await;
+    assert_eq!(weights(baton.admin).await, [1, 3]);
+    requests_on_one_connection(&baton, 400).await;
     assert_eq!(
         (a.hits(), b.hits()),
         (100, 300),
         "smooth round robin is exact per weight"
     );
+}
+
+/// SRV records of weight 0 (a common way to write them: "no preference")
+/// count as 1 each (README): at weight 0, a weighted pick sent every
+/// request to the first member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn srv_records_of_weight_0_share_the_work_evenly() {
+    let (_dns, a, b, baton) = srv_pair([0, 0], &[]).await;
+    assert_eq!(weights(baton.admin).await, [1, 1]);
+    requests_on_one_connection(&baton, 200).await;
+    assert_eq!((a.hits(), b.hits()), (100, 100));
 }
 
 /// An SRV target whose lookup fails keeps its last good addresses while

@@ -559,6 +559,68 @@ async fn a_backend_silent_mid_body_is_cut_after_response_timeout() {
     );
 }
 
+/// An event stream's quiet spells are timed by `tunnel_timeout`, not
+/// `response_timeout` (README): events (or heartbeats) may come less often
+/// than a response's bytes would, and cutting the stream then counted a
+/// backend timeout for a backend doing its job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_is_quiet_up_to_tunnel_timeout_not_response_timeout() {
+    let backend = RawBackend::start(|_: &Seen| {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n";
+        (head.as_bytes().to_vec(), Then::CloseAfter(Duration::from_secs(60)))
+    })
+    .await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", "response_timeout = \"1s\"")
+        .listener(
+            "short",
+            "http",
+            "app",
+            "response_timeout = \"1s\"\ntunnel_timeout = \"2s\"",
+        )
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let first_event = |listener: &'static str| {
+        let addr = baton.addr(listener);
+        async move {
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            s.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .expect("request");
+            let head = read_head(&mut s).await;
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+            s
+        }
+    };
+    let mut quiet = first_event("web").await;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !got.ends_with(b"data: 1\n\n\r\n") {
+        let n = tokio::time::timeout(support::TIMEOUT, quiet.read(&mut buf))
+            .await
+            .expect("the first event in time")
+            .expect("read");
+        assert!(n > 0, "closed before its first event");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let more = tokio::time::timeout(Duration::from_secs(3), quiet.read(&mut buf)).await;
+    assert!(
+        more.is_err(),
+        "open and quiet past response_timeout: {more:?}"
+    );
+    let mut short = first_event("short").await;
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(support::TIMEOUT, short.read_to_end(&mut rest)).await;
+    assert!(ended.is_ok(), "cut at tunnel_timeout");
+    let metrics = client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains(
+            "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 1"
+        ),
+        "one timeout, the short listener's: {metrics}"
+    );
+}
+
 /// A backend that takes none of an upload is answered 504 at
 /// `response_timeout` from when it stopped taking bytes, not after a
 /// second `response_timeout` spent waiting for a head it will not send.

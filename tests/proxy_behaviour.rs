@@ -213,7 +213,7 @@ async fn headers_seen(listener_keys: &str, request: &str) -> String {
 
 /// With underscore spellings of the fields baton writes, which a
 /// CGI-style backend reads as those fields.
-const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nX_Forwarded_Proto: gopher\r\nX_Request_Id: forged\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nX-Forwarded-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Forwarded_Client_Cert: Hash=01\r\nX-Forwarded-Ssl: on\r\nX-Forwarded-Protocol: ssl\r\nX-Forwarded-Prefix: /admin\r\nFront-End-Https: on\r\nTrue-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nX-Cluster-Client-IP: 6.6.6.6\r\nX-Client-IP: 6.6.6.6\r\nClient-IP: 6.6.6.6\r\nFastly-Client-IP: 6.6.6.6\r\nConnection: close\r\n\r\n";
+const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nX_Forwarded_Proto: gopher\r\nX_Request_Id: forged\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nX-Forwarded-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Forwarded_Client_Cert: Hash=01\r\nX-Forwarded-Ssl: on\r\nX-Forwarded-Protocol: ssl\r\nX-Forwarded-Scheme: https\r\nX-Forwarded-Prefix: /admin\r\nFront-End-Https: on\r\nTrue-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nX-Cluster-Client-IP: 6.6.6.6\r\nX-Client-IP: 6.6.6.6\r\nClient-IP: 6.6.6.6\r\nFastly-Client-IP: 6.6.6.6\r\nConnection: close\r\n\r\n";
 
 /// What baton writes itself, spelled with `_`: never reaches a backend.
 const UNDERSCORED_OWN: [&str; 3] = ["forged", "content_length", "transfer_encoding"];
@@ -226,6 +226,7 @@ async fn forwarding_headers_follow_the_listener_mode() {
         "{replaced}"
     );
     assert!(replaced.contains("x-forwarded-proto: http\n"), "{replaced}");
+    assert!(replaced.contains("via: 1.1 baton\n"), "{replaced}");
     for spoof in [
         "6.6.6.6",
         "7.7.7.7",
@@ -235,6 +236,7 @@ async fn forwarding_headers_follow_the_listener_mode() {
         "Hash=0",
         "x-forwarded-ssl",
         "x-forwarded-protocol",
+        "x-forwarded-scheme",
         "/admin",
         "front-end-https",
         "true-client-ip",
@@ -260,11 +262,14 @@ async fn forwarding_headers_follow_the_listener_mode() {
         "Hash=0",
         "x-forwarded-ssl",
         "x-forwarded-protocol",
+        "x-forwarded-scheme",
         "front-end-https",
         "forwarded: ",
+        "x-forwarded-proto: https",
     ] {
         assert!(!appended.contains(spoof), "{spoof} survived: {appended}");
     }
+    assert!(appended.contains("x-forwarded-proto: http\n"), "{appended}");
     assert!(
         appended.contains("x-forwarded-prefix: /admin\n"),
         "{appended}"

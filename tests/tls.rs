@@ -978,6 +978,48 @@ async fn a_client_naming_an_ip_address_in_sni_is_served_without_a_line_each() {
     assert!(logged.len() < 10, "{logged:#?}");
 }
 
+/// Certificate renewal is a reload (README): the files rewritten at the
+/// same paths, as certbot and acme.sh do, are read afresh by the new
+/// generation, which serves the renewed certificate to every new
+/// connection, and says its new expiry; a connection of the old
+/// certificate goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_renewed_in_place_is_served_after_a_reload() {
+    let (_backend, ca, a, baton) = one_certificate("").await;
+    let web = baton.addr("web");
+    let tls = ca.client(&["http/1.1"]);
+    let before = tls.connect(web, "a.test").await.expect("handshake");
+    assert_eq!(presented(&before).as_ref(), Some(&a.der));
+    let mut kept = client::http1_over(before).await.expect("connection");
+    let renewed = ca.issue_lasting("renewed", &["a.test"], Duration::from_secs(90 * 86_400));
+    std::fs::copy(&renewed.cert, &a.cert).expect("renew the certificate");
+    std::fs::copy(&renewed.key, &a.key).expect("renew the key");
+    baton.reload_ok().await;
+    // A client of its own: resuming the session above, one would be shown
+    // the certificate of its first handshake again.
+    let after = ca
+        .client(&["http/1.1"])
+        .connect(web, "a.test")
+        .await
+        .expect("handshake");
+    assert_eq!(presented(&after).as_ref(), Some(&renewed.der));
+    let answer = client::send_with_host(&mut kept, "a.test", "/kept")
+        .await
+        .expect("the connection made before the renewal goes on");
+    assert_eq!(answer.status, 200);
+    let in_90_days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+        + 90.0 * 86_400.0;
+    let metrics = client::metrics(baton.admin).await;
+    let expiry = metrics
+        .lines()
+        .find(|l| l.starts_with("baton_tls_certificate_expiry_timestamp_seconds{listener=\"web\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!((expiry - in_90_days).abs() < 3_600.0, "{expiry} {metrics}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_openssl_tls12_session_is_reused_after_a_reload() {
     let (_backend, ca, _a, baton) = one_certificate("").await;

@@ -655,6 +655,55 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         assert_eq!(c.timeout_stop().as_secs(), 20);
     }
 
+    /// The defaults README's tables promise (a changed default changes
+    /// every installation that leaves the key out).
+    #[test]
+    fn the_defaults_are_the_ones_readme_gives() {
+        use crate::config::{Balance, Forwarded};
+        let c = parse(GOOD, Path::new("x.toml"), &Overrides::default()).expect("valid");
+        let secs = Duration::from_secs;
+        let l = &c.listeners[0];
+        assert_eq!(
+            (l.max_connections, l.reuseport, l.h2_max_concurrent_streams),
+            (10_000, 1, 100)
+        );
+        assert_eq!(
+            [
+                l.header_timeout,
+                l.idle_timeout,
+                l.keepalive_drain_grace,
+                l.connect_timeout,
+                l.response_timeout,
+                l.tunnel_timeout,
+            ],
+            [secs(10), secs(60), secs(1), secs(2), secs(60), secs(3600)]
+        );
+        assert_eq!((l.body_min_rate, l.forwarded), (0, Forwarded::Replace));
+        let p = &c.pools[0];
+        assert_eq!(
+            (p.balance, p.max_connections_per_backend, p.queue_timeout),
+            (Balance::RoundRobin, 0, secs(5))
+        );
+        assert_eq!(p.resolve_interval, secs(30));
+        assert_eq!(
+            (c.shutdown.pre_stop_delay, c.shutdown.drain_timeout),
+            (secs(5), secs(10))
+        );
+        assert_eq!(
+            (
+                c.reload.ready_timeout,
+                c.reload.max_draining,
+                c.reload.close_spread
+            ),
+            (secs(30), 4, Duration::ZERO)
+        );
+        assert_eq!(c.ticket_rotation, secs(12 * 3600));
+        assert_eq!(
+            (&c.admin.liveness_paths[..], &c.admin.readiness_paths[..]),
+            (&["/healthz".to_string()][..], &["/readyz".to_string()][..])
+        );
+    }
+
     /// [`GOOD`] with `before` ahead of it and its listener of `protocol`
     /// given `line` too.
     fn good_with(before: &str, protocol: &str, line: &str) -> crate::config::Config {
