@@ -119,6 +119,44 @@ async fn a_trusted_header_names_the_client() {
     assert_eq!(backend.hits(), 6);
 }
 
+/// The access log names the client a trusted header told of, not the
+/// balancer in front that sent it (README), in both formats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_names_the_client_a_header_told_of() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backend = HttpBackend::start("a").await;
+    let logged = |listener: &str, format: &str| {
+        let log = dir.path().join(format!("{format}.log"));
+        let keys = format!(
+            "proxy_protocol = {{ trusted = [\"127.0.0.0/8\"] }}\naccess_log = {{ path = \"{}\", format = \"{format}\" }}",
+            log.display()
+        );
+        (listener.to_string(), keys, log)
+    };
+    let (json, combined) = (logged("web", "json"), logged("other", "combined"));
+    let spec = Spec::new()
+        .listener(&json.0, "http", "app", &json.1)
+        .listener(&combined.0, "http", "app", &combined.1)
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let told: SocketAddr = "203.0.113.7:40000".parse().expect("addr");
+    for listener in ["web", "other"] {
+        let at = baton.addr(listener);
+        let seen = exchange(at, &v2_header(told, at), ASK_HEADERS).await;
+        assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+    }
+    support::daemon::signal(baton.first_pid, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(support::daemon::wait_exit(baton.first_pid).await, Some(0));
+    let json_line = std::fs::read_to_string(&json.2).expect("the JSON log");
+    let line: serde_json::Value = serde_json::from_str(json_line.trim()).expect("one JSON line");
+    assert_eq!(line["client"], "203.0.113.7:40000", "{line}");
+    let combined_line = std::fs::read_to_string(&combined.2).expect("the combined log");
+    assert!(
+        combined_line.starts_with("203.0.113.7 - - ["),
+        "{combined_line}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_headers_close_the_connection_and_are_counted() {
     let backend = HttpBackend::start("a").await;
