@@ -608,10 +608,16 @@ async fn an_event_stream_is_quiet_up_to_tunnel_timeout_not_response_timeout() {
         more.is_err(),
         "open and quiet past response_timeout: {more:?}"
     );
+    let asked = std::time::Instant::now();
     let mut short = first_event("short").await;
     let mut rest = Vec::new();
     let ended = tokio::time::timeout(support::TIMEOUT, short.read_to_end(&mut rest)).await;
     assert!(ended.is_ok(), "cut at tunnel_timeout");
+    assert!(
+        asked.elapsed() >= Duration::from_millis(1900),
+        "cut at tunnel_timeout (2 s), not response_timeout (1 s): {:?}",
+        asked.elapsed()
+    );
     let metrics = client::metrics(baton.admin).await;
     assert!(
         metrics.contains(

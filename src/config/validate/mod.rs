@@ -655,8 +655,9 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         assert_eq!(c.timeout_stop().as_secs(), 20);
     }
 
-    /// The defaults README's tables promise (a changed default changes
-    /// every installation that leaves the key out).
+    /// The defaults README's tables promise, and the balance its example
+    /// names (a changed default changes every installation that leaves
+    /// the key out).
     #[test]
     fn the_defaults_are_the_ones_readme_gives() {
         use crate::config::{Balance, Forwarded};
