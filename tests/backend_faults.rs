@@ -88,8 +88,9 @@ async fn a_response_timeout_marks_a_backend_down_and_a_reset_does_not() {
 
 /// A backend that never answers the handshake (its SYNs dropped: here a
 /// listen queue of two, full) costs a request `connect_timeout`, not the
-/// kernel's two minutes of SYN retries: answered 502 as a refused connect
-/// is, and counted as a connect failure against that backend (README).
+/// kernel's two minutes of SYN retries (and the listener's 3 s here, not
+/// the default 2 s): answered 502 as a refused connect is, and counted as
+/// a connect failure against that backend (README).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_never_answers_the_handshake_is_given_up_at_connect_timeout() {
     let full =
@@ -117,14 +118,20 @@ async fn a_backend_that_never_answers_the_handshake_is_given_up_at_connect_timeo
         "the full queue drops a handshake"
     );
     let spec = Spec::new()
-        .listener("web", "http", "app", "connect_timeout = \"300ms\"")
+        .listener("web", "http", "app", "connect_timeout = \"3s\"")
         .pool("app", &[addr]);
     let baton = Baton::start(spec).await;
+    let asked = std::time::Instant::now();
     let answer = tokio::time::timeout(support::TIMEOUT, client::get(baton.addr("web"), "/"))
         .await
         .expect("answered at connect_timeout")
         .expect("an answer");
     assert_eq!(answer.status, 502, "{}", answer.body);
+    assert!(
+        asked.elapsed() >= Duration::from_millis(2900),
+        "the listener's connect_timeout: {:?}",
+        asked.elapsed()
+    );
     let metrics = client::metrics(baton.admin).await;
     let series = "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"connect\"}";
     assert!(

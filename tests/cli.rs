@@ -256,16 +256,14 @@ fn a_first_start_whose_listener_cannot_bind_exits_1_naming_it() {
     // Held without SO_REUSEPORT: baton's bind beside it fails.
     let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = held.local_addr().expect("address").port();
-    let path = dir.path().join("b.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[shutdown]\npre_stop_delay = \"-1s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[control]\nsocket = \"{}/control.sock\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:{port}\"\npool = \"app\"\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
-            dir.path().display()
-        ),
-    )
-    .expect("write");
-    let (code, stderr) = run_to_its_end(&["run", "-c", path.to_str().expect("utf-8")], "022");
+    let config = config_with(dir.path(), "127.0.0.1:0", &dir.path().join("control.sock"));
+    let text = std::fs::read_to_string(&config).expect("read");
+    let bound = text.replace(
+        "bind = \"127.0.0.1:0\"",
+        &format!("bind = \"127.0.0.1:{port}\""),
+    );
+    std::fs::write(&config, bound).expect("write");
+    let (code, stderr) = run_to_its_end(&["run", "-c", config.to_str().expect("utf-8")], "022");
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("web") && stderr.contains(&port.to_string()),

@@ -246,14 +246,14 @@ async fn status_says_when_generations_started_and_each_backends_last_check() {
         "health = { kind = \"http\", path = \"/health\", interval = \"100ms\", timeout = \"2s\", rise = 1, fall = 1 }",
         &[(a.addr, 1), (b.addr, 1)],
     );
-    let before = unix_now();
+    let before = support::unix_now();
     let baton = Baton::start(spec).await;
     let status = client::status(baton.admin).await;
     let started = status["generations"][0]["started_at"]
         .as_f64()
         .unwrap_or_else(|| panic!("{status}"));
     assert!(
-        started >= before - 1.0 && started <= unix_now(),
+        started >= before - 1.0 && started <= support::unix_now(),
         "{started} {status}"
     );
     for (name, index) in [("app-0", 0), ("app-1", 1)] {
@@ -266,12 +266,6 @@ async fn status_says_when_generations_started_and_each_backends_last_check() {
             "{backend}"
         );
     }
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -953,12 +947,7 @@ async fn a_response_that_breaks_off_counts_with_its_time_to_the_head() {
 /// alert on the reload's age needs the series before any reload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_serving_generation_says_when_the_last_reload_succeeded() {
-    let now = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_secs_f64()
-    };
+    let now = support::unix_now;
     let reloaded_at = |scraped: String| -> f64 {
         client::series(&scraped, "baton_last_reload_success_timestamp_seconds")
             .unwrap_or_else(|| panic!("no reload timestamp in:\n{scraped}"))

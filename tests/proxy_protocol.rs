@@ -125,18 +125,19 @@ async fn a_trusted_header_names_the_client() {
 async fn the_access_log_names_the_client_a_header_told_of() {
     let dir = tempfile::tempdir().expect("tempdir");
     let backend = HttpBackend::start("a").await;
-    let logged = |listener: &str, format: &str| {
+    let logged = |format: &str| {
         let log = dir.path().join(format!("{format}.log"));
         let keys = format!(
             "proxy_protocol = {{ trusted = [\"127.0.0.0/8\"] }}\naccess_log = {{ path = \"{}\", format = \"{format}\" }}",
             log.display()
         );
-        (listener.to_string(), keys, log)
+        (keys, log)
     };
-    let (json, combined) = (logged("web", "json"), logged("other", "combined"));
+    let (json_keys, json_log) = logged("json");
+    let (combined_keys, combined_log) = logged("combined");
     let spec = Spec::new()
-        .listener(&json.0, "http", "app", &json.1)
-        .listener(&combined.0, "http", "app", &combined.1)
+        .listener("web", "http", "app", &json_keys)
+        .listener("other", "http", "app", &combined_keys)
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     let told: SocketAddr = "203.0.113.7:40000".parse().expect("addr");
@@ -147,10 +148,10 @@ async fn the_access_log_names_the_client_a_header_told_of() {
     }
     support::daemon::signal(baton.first_pid, nix::sys::signal::Signal::SIGTERM);
     assert_eq!(support::daemon::wait_exit(baton.first_pid).await, Some(0));
-    let json_line = std::fs::read_to_string(&json.2).expect("the JSON log");
+    let json_line = std::fs::read_to_string(&json_log).expect("the JSON log");
     let line: serde_json::Value = serde_json::from_str(json_line.trim()).expect("one JSON line");
     assert_eq!(line["client"], "203.0.113.7:40000", "{line}");
-    let combined_line = std::fs::read_to_string(&combined.2).expect("the combined log");
+    let combined_line = std::fs::read_to_string(&combined_log).expect("the combined log");
     assert!(
         combined_line.starts_with("203.0.113.7 - - ["),
         "{combined_line}"

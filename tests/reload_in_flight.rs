@@ -649,7 +649,7 @@ async fn a_stopped_draining_generation_counts_the_held_back_wait_as_its_pause() 
     })
     .await;
     baton.reload_ok().await;
-    let signalled = unix_now();
+    let signalled = support::unix_now();
     signal(old, Signal::SIGTERM);
     let deadline = || async {
         client::status(admin).await["generations"][1]["drain_deadline"]
@@ -737,11 +737,4 @@ async fn a_client_yet_to_speak_on_a_listener_a_reload_removes_is_served_when_it_
     );
     baton.reload_ok().await;
     support::served_when_it_speaks(quiet).await;
-}
-
-/// Now, in Unix seconds: what `/status` gives its deadlines in.
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }

@@ -844,8 +844,8 @@ async fn an_event_stream_of_stated_length_is_served_whole_through_a_drain() {
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
 }
 
-/// A baton with `shutdown` keys and a request for `path` (`/slow/MS`) in
-/// flight on it, arrived at the backend.
+/// A baton with `shutdown` keys and a request for `path` (`/slow/MS`, or
+/// `/gated` until released) in flight on it, arrived at the backend.
 async fn slow_request_in_flight(
     shutdown: &str,
     path: &'static str,
@@ -872,12 +872,8 @@ async fn slow_request_in_flight(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_ends_a_websocket_with_1001_and_counts_no_error() {
     let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(spec(
-        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"60s\"\n[reload]\ndrain_timeout = \"60s\"",
-        &backend,
-        "",
-    ))
-    .await;
+    // (A reload's drain has the stop's budget.)
+    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
     let old = baton.serving_pid().await;
     let s = echoing_websocket(baton.addr("web")).await;
     baton.reload_ok().await;
@@ -909,12 +905,17 @@ async fn a_reload_ends_a_websocket_with_1001_and_counts_no_error() {
         .filter(|l| !l.ends_with(" 0"))
         .collect();
     assert!(errors.is_empty(), "{errors:?}");
+    assert_no_error_lines(&baton);
 }
 
-/// The probes answer on the paths the config names (a load balancer's or
-/// Kubernetes' own), and only there, through a stop's drain too.
+/// Through a stop's drain the admin server still answers (it closes last,
+/// DESIGN): the probes on the paths the config names (a load balancer's
+/// or Kubernetes' own) and only there, liveness 200 and readiness 503
+/// `draining`, and the metrics with the connection still open. Closed
+/// with the doors, a long drain's liveness probes would fail and an
+/// orchestrator kill the process mid-drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_probes_answer_on_the_paths_the_config_names() {
+async fn the_probes_and_metrics_answer_through_a_stops_drain_on_the_configured_paths() {
     let backend = HttpBackend::start("a").await;
     let spec = spec(
         "pre_stop_delay = \"-1s\"\ndrain_timeout = \"30s\"",
@@ -945,16 +946,27 @@ async fn the_probes_answer_on_the_paths_the_config_names() {
     let held = tokio::spawn(async move { client::get(web, "/gated").await });
     support::eventually("the request is held", || async { backend.held() == 1 }).await;
     signal(baton.first_pid, Signal::SIGTERM);
-    support::eventually("/ready says draining", || async {
-        client::get(admin, "/ready")
-            .await
-            .is_ok_and(|a| a.status == 503 && a.body.contains("\"draining\""))
+    support::eventually("drain started", || async {
+        baton.log().contains("drain started")
     })
     .await;
+    let ready = client::get(admin, "/ready").await.expect("ready");
+    assert_eq!(ready.status, 503);
+    assert!(ready.body.contains("\"draining\""), "{}", ready.body);
     for (path, status) in probes {
         let answer = client::get(admin, path).await.expect(path);
         assert_eq!(answer.status, status, "{path} through the drain");
     }
+    let metrics = client::get(admin, "/metrics").await.expect("metrics");
+    assert_eq!(metrics.status, 200);
+    let open: f64 = metrics
+        .body
+        .lines()
+        .filter(|l| l.starts_with("baton_connections_active{listener=\"web\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(open, 1.0, "{}", metrics.body);
+    assert_eq!(backend.held(), 1, "the request still held");
     backend.release();
     assert_eq!(held.await.expect("join").expect("answered").status, 200);
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
@@ -1013,43 +1025,6 @@ async fn a_second_stop_signal_forces_at_once() {
         );
         assert!(slow.await.expect("join").is_err());
     }
-}
-
-/// Through a stop's drain the admin server still answers (it closes last,
-/// DESIGN): liveness 200, readiness 503 `draining`, metrics with the
-/// connection still open. Closed with the doors, a long drain's liveness
-/// probes would fail and an orchestrator kill the process mid-drain.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_probes_and_metrics_answer_through_a_stops_drain() {
-    let (backend, baton, held) = slow_request_in_flight(
-        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"30s\"",
-        "/gated",
-    )
-    .await;
-    let admin = baton.admin;
-    signal(baton.first_pid, Signal::SIGTERM);
-    support::eventually("drain started", || async {
-        baton.log().contains("drain started")
-    })
-    .await;
-    let live = client::get(admin, "/healthz").await.expect("healthz");
-    assert_eq!(live.status, 200);
-    let ready = client::get(admin, "/readyz").await.expect("readyz");
-    assert_eq!(ready.status, 503);
-    assert!(ready.body.contains("\"draining\""), "{}", ready.body);
-    let metrics = client::get(admin, "/metrics").await.expect("metrics");
-    assert_eq!(metrics.status, 200);
-    let open: f64 = metrics
-        .body
-        .lines()
-        .filter(|l| l.starts_with("baton_connections_active{listener=\"web\""))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum();
-    assert_eq!(open, 1.0, "{}", metrics.body);
-    assert_eq!(backend.held(), 1, "the request still held");
-    backend.release();
-    assert_eq!(held.await.expect("join").expect("answered").status, 200);
-    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
 }
 
 /// `run --drain-timeout` and `BATON_DRAIN_TIMEOUT` (a unit's

@@ -55,6 +55,13 @@ pub fn possible_or_skipped(probe: &[&str], needs: &str) -> bool {
     possible
 }
 
+/// Now, in Unix seconds: what `/status` and the metrics give times in.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Polls `check` every 20 ms until it holds or `TIMEOUT` passes.
 pub async fn eventually<F, Fut>(what: &str, mut check: F)
 where
