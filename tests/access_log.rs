@@ -255,6 +255,15 @@ async fn termination_states_say_who_ended_the_exchange() {
     let backend = HttpBackend::start("a").await;
     let echo = TcpEcho::start().await;
     let (dead, _reserved) = support::daemon::dead_addr();
+    let cut_off = |then| {
+        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\nhello".to_vec();
+        move |_: &support::raw::Seen| (answer.clone(), then)
+    };
+    let broken = support::raw::RawBackend::start(cut_off(support::raw::Then::Close)).await;
+    let stalls = support::raw::RawBackend::start(cut_off(support::raw::Then::CloseAfter(
+        std::time::Duration::from_secs(60),
+    )))
+    .await;
     let keys = format!("response_timeout = \"300ms\"\n{}", log_key(&log, "json"));
     let spec = Spec::new()
         .listener("web", "http", "app", &keys)
@@ -274,6 +283,8 @@ async fn termination_states_say_who_ended_the_exchange() {
             &format!("header_timeout = \"300ms\"\n{}", log_key(&log, "json")),
         )
         .listener("capped", "http", "one", &log_key(&log, "json"))
+        .listener("broken", "http", "broken", &log_key(&log, "json"))
+        .listener("stalls", "http", "stalls", &keys)
         .pool("app", &[backend.addr])
         .pool("dead", &[dead])
         .pool("echo", &[echo.addr])
@@ -281,10 +292,18 @@ async fn termination_states_say_who_ended_the_exchange() {
             "one",
             "max_connections_per_backend = 1\nqueue_timeout = \"300ms\"",
             &[(backend.addr, 1)],
-        );
+        )
+        .pool("broken", &[broken.addr])
+        .pool("stalls", &[stalls.addr]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
     assert_eq!(client::get(web, "/ok").await.expect("ok").status, 200);
+    // Backends that break a response off after its head: closing midway
+    // (`SD`), falling silent past response_timeout (`sD`).
+    for (listener, cut) in [("broken", "SD"), ("stalls", "sD")] {
+        let answer = raw(baton.addr(listener), "GET /cut HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{cut}: {answer}");
+    }
     // A head that does not come whole within header_timeout: 408.
     let half = raw(baton.addr("slowhead"), "GET /half HTTP/1.1\r\nHost: a\r\n").await;
     assert!(half.starts_with("HTTP/1.1 408"), "{half}");
@@ -346,6 +365,8 @@ async fn termination_states_say_who_ended_the_exchange() {
         ("slowhead", Value::from(408), "cR"),
         ("capped", Value::from(200), "--"),
         ("capped", Value::from(503), "RQ"),
+        ("broken", Value::from(200), "SD"),
+        ("stalls", Value::from(200), "sD"),
     ];
     for (listener, status, termination) in &expect {
         assert!(

@@ -246,7 +246,8 @@ async fn readyz_says_a_pool_was_drained_by_the_operator() {
 
 /// An HTTP health check judges the final status: 2xx and 3xx healthy
 /// (a health path that redirects), anything else a failure (a 503 while
-/// the backend's database is down, a 404 where the path went away).
+/// the backend's database is down, a 404 where the path went away). Its
+/// `Host` is the backend's address where no DNS name gave it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_check_takes_2xx_and_3xx_as_healthy_and_anything_else_as_failed() {
     use std::sync::atomic::{AtomicU16, Ordering};
@@ -265,6 +266,15 @@ async fn an_http_check_takes_2xx_and_3xx_as_healthy_and_anything_else_as_failed(
         .pool_with("app", FAST_CHECKS, &[(backend.addr, 1)]);
     let baton = Baton::start(spec).await;
     let admin = baton.admin;
+    // Asked of the backend by its address, as no DNS name is there.
+    let host = format!("Host: {}\r\n", backend.addr);
+    let heads = backend.heads();
+    assert!(
+        heads
+            .iter()
+            .any(|h| h.starts_with("GET /health HTTP/1.1\r\n") && h.contains(&host)),
+        "{heads:?}"
+    );
     for (code, state) in [(503, "down"), (302, "up"), (404, "down"), (204, "up")] {
         status.store(code, Ordering::SeqCst);
         support::eventually(&format!("{code}: {state}"), || async {
