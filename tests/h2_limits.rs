@@ -44,6 +44,31 @@ async fn opened(baton: &Baton) -> TcpStream {
     s
 }
 
+/// An h2 connection's verdicts that log nothing (idle for
+/// `idle_timeout`: a GOAWAY) take no place in the budget for lines about
+/// clients' faults: they took one each, so forty idle connections were
+/// said to have held back thirty lines that never were, and real lines in
+/// their second (a refused head) were held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_h2_connections_take_no_place_in_the_log_budget_for_faults() {
+    let (_backend, baton) = baton_with("idle_timeout = \"1s\"").await;
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(opened(&baton).await);
+    }
+    for s in &mut idle {
+        assert!(
+            until_closed(s, support::TIMEOUT).await.is_some(),
+            "closed once idle"
+        );
+    }
+    // What a second held back is said once that second is over, at the
+    // next of the reports a second apart.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = baton.log();
+    assert!(!log.contains("held back"), "{log}");
+}
+
 /// Everything baton sends until it closes, or `None` if it is still open
 /// after `within`.
 async fn until_closed(s: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {

@@ -257,17 +257,20 @@ impl HttpProxy {
     /// GOAWAY and the connection going on.
     fn judge(&self, verdict: Verdict, peer: SocketAddr, drain: &DrainWatch) -> Option<Ended> {
         let listener = &self.listener;
-        let fault = crate::telemetry::client_fault();
+        // A place in the budget only for a line that is logged: the
+        // verdicts that log nothing (an idle connection's end, each h2
+        // connection has one) used it up, and held real lines back.
+        let fault = crate::telemetry::client_fault;
         match verdict {
             Verdict::Stalled => {
-                if fault {
+                if fault() {
                     tracing::info!(%listener, client = %peer, "client took no response bytes within idle_timeout (and a second for its streams' own clocks); closing");
                 }
                 metrics::client_abort(listener, metrics::AbortReason::StalledReader);
                 Some(Ended::Cut)
             }
             Verdict::OpeningOverdue => {
-                if fault {
+                if fault() {
                     tracing::info!(%listener, client = %peer, "no h2 preface and SETTINGS within header_timeout; closing");
                 }
                 Some(Ended::Cut)
@@ -276,7 +279,7 @@ impl HttpProxy {
             // streams under way that the client did not reset; then the
             // cut.
             Verdict::Flooded => {
-                if fault {
+                if fault() {
                     tracing::info!(%listener, client = %peer, "client reset most of its streams before their responses (rapid reset); GOAWAY, closing in a second");
                 }
                 metrics::client_abort(listener, metrics::AbortReason::ResetFlood);
