@@ -31,11 +31,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_fd_table_is_a_shortage_a_refusal_is_not() {
+    fn running_short_is_a_shortage_a_refusal_is_not() {
         let shortage = |e: Errno| is_own(&io::Error::from_raw_os_error(e as i32));
         assert!(shortage(Errno::EMFILE));
         assert!(shortage(Errno::ENFILE));
         assert!(shortage(Errno::ENOSPC), "epoll's max_user_watches");
+        assert!(shortage(Errno::ENOBUFS), "socket buffers");
+        assert!(shortage(Errno::ENOMEM), "memory");
         assert!(!shortage(Errno::EADDRNOTAVAIL));
         assert!(!shortage(Errno::ECONNREFUSED));
         assert!(!shortage(Errno::ETIMEDOUT));
