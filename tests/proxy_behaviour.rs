@@ -94,6 +94,37 @@ async fn counting_echo() -> (std::net::SocketAddr, Arc<AtomicU64>) {
     (addr, accepted)
 }
 
+/// A TCP client that waits in line past `queue_timeout` (every backend at
+/// its `max_connections_per_backend`) is closed and counted, as an HTTP
+/// one is answered 503 (README); it never reaches the backend, and the
+/// client holding the place goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_client_in_line_past_queue_timeout_is_closed_and_counted() {
+    let (echo, accepted) = counting_echo().await;
+    let spec = Spec::new().tcp("raw", "b").pool_with(
+        "b",
+        "max_connections_per_backend = 1\nqueue_timeout = \"300ms\"",
+        &[(echo, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let raw = baton.addr("raw");
+    let mut holder = TcpStream::connect(raw).await.expect("connect");
+    holder.write_all(b"mine").await.expect("write");
+    assert_eq!(support::read_exactly(&mut holder, 4).await, b"mine");
+    let mut waiting = TcpStream::connect(raw).await.expect("connect");
+    waiting.write_all(b"never").await.expect("write");
+    let (echoed, _) = support::read_to_the_end(&mut waiting).await;
+    assert!(echoed.is_empty(), "{echoed:?}");
+    assert_eq!(accepted.load(Ordering::Relaxed), 1, "the backend saw one");
+    let metrics = client::metrics(baton.admin).await;
+    assert!(
+        metrics.contains("baton_queue_timeouts_total{pool=\"b\"} 1"),
+        "{metrics}"
+    );
+    holder.write_all(b"still").await.expect("write");
+    assert_eq!(support::read_exactly(&mut holder, 5).await, b"still");
+}
+
 /// TCP clients that reset their connections while they wait in line for a
 /// backend's only place give it up and reach no backend (as HTTP clients
 /// do): they were served in turn, ahead of real clients, each an empty
