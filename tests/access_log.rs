@@ -104,6 +104,42 @@ async fn access_lines_go_to_stdout_when_it_is_named() {
     assert_eq!(statuses, [200, 200], "{lines:?}");
 }
 
+/// An HTTP/1 upload that stops once the response has begun is cut at
+/// `idle_timeout` (no 408 of baton's own written into the response under
+/// way), logged as the client's timeout in the data's phase, `cD`, as on
+/// h2 (it said `CD`, a client that went away), and never blamed on the
+/// backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_that_stops_after_the_response_began_is_the_clients_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    // It answers the head at once and the rest of the body only once the
+    // upload is whole, which it never is.
+    let backend = support::raw::answers_before_the_body().await;
+    let keys = format!("idle_timeout = \"1s\"\n{}", log_key(&log, "json"));
+    let spec = Spec::new()
+        .listener("web", "http", "app", &keys)
+        .pool("app", &[backend]);
+    let baton = Baton::start(spec).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"POST /early HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nten bytes.")
+        .await
+        .expect("write");
+    let (answer, _) = support::read_to_the_end(&mut s).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(!answer.contains("408"), "{answer}");
+    let metrics = client::metrics(baton.admin).await;
+    let errors = "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 0";
+    assert!(metrics.contains(errors), "{metrics}");
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[log]);
+    let terminations: Vec<&Value> = lines.iter().map(|l| &l["termination"]).collect();
+    assert_eq!(terminations, ["cD"], "{lines:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_line_per_request_across_reloads_and_a_rotation() {
     let Logged {

@@ -637,11 +637,16 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
             return Failure::Abort(Termination::BackendFailed(Phase::Request))
         }
     };
-    if written {
-        Failure::Abort(Termination::ClientAborted(Phase::Data))
-    } else {
-        Failure::Answer(err)
+    if !written {
+        return Failure::Answer(err);
     }
+    // Too late to answer: the connection closes. A body that stopped or
+    // fell behind is the client's timeout (`cD`, as on h2), a bad one its
+    // fault in the data's phase.
+    Failure::Abort(match fault {
+        UpFault::Stalled | UpFault::TooSlow => Termination::ClientTimeout(Phase::Data),
+        _ => Termination::ClientAborted(Phase::Data),
+    })
 }
 
 /// Where a tunnel counts the bytes it moves, for the access log.
