@@ -338,6 +338,28 @@ async fn a_tcp_connect_failure_that_takes_the_last_backend_down_is_not_no_backen
     .await;
 }
 
+/// A failed connect is retried once, on another backend, not on each
+/// (README): with three dead backends a request costs two connects, not
+/// three `connect_timeout`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_connect_is_retried_once_not_on_every_backend() {
+    let dead: Vec<_> = (0..3).map(|_| support::daemon::dead_addr()).collect();
+    let addrs: Vec<SocketAddr> = dead.iter().map(|(a, _)| *a).collect();
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &addrs)).await;
+    let answer = client::get(baton.addr("web"), "/").await.expect("answered");
+    assert_eq!(answer.status, 502);
+    let metrics = client::metrics(baton.admin).await;
+    let connects: f64 = (0..3)
+        .filter_map(|i| {
+            let series = format!(
+                "baton_upstream_errors_total{{pool=\"app\",backend=\"app-{i}\",kind=\"connect\"}}"
+            );
+            client::series(&metrics, &series)
+        })
+        .sum();
+    assert_eq!(connects, 2.0, "{metrics}");
+}
+
 /// Every request to a dead backend of a pool without health checks fails
 /// the same way: its lines are logged ten a second at most, and how many
 /// were held back is said once their second is over (unbounded, two lines

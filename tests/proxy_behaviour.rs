@@ -611,6 +611,24 @@ async fn ambiguous_and_malformed_requests_are_refused_and_never_forwarded() {
         reply.starts_with("HTTP/1.1 431") || reply.starts_with("HTTP/1.1 400"),
         "{reply:?}"
     );
+    // Past the head's bounds (README: 64 KiB, 128 fields): 431.
+    let many_fields: String = (0..129).map(|i| format!("X-F{i}: v\r\n")).collect();
+    let past_bounds = [
+        format!("GET / HTTP/1.1\r\nHost: x\r\n{many_fields}\r\n"),
+        format!(
+            "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(65 * 1024)
+        ),
+    ];
+    for head in past_bounds {
+        let reply = raw(web, head.as_bytes()).await;
+        assert!(reply.starts_with("HTTP/1.1 431"), "{reply:?}");
+    }
+    assert_eq!(
+        backend.hits(),
+        0,
+        "no head past the bounds reached the backend"
+    );
     assert_eq!(
         client::get(web, "/fine")
             .await
