@@ -91,6 +91,46 @@ async fn signals_during_start_up_do_not_kill_baton_and_an_early_sighup_is_kept()
     .await;
 }
 
+/// The control socket reads one request line of 64 KiB at most, within
+/// 5 s (README): a client that writes more with no newline, its
+/// connection kept open, is refused at once (unbounded, the read went on
+/// until it stopped), and one that sends nothing is told so at 5 s, not
+/// held for the generation's life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_requests_are_bounded_to_64_kib_and_5_s() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let socket = baton.dir.path().join("control.sock");
+    let reply_within = |mut s: UnixStream, within: Duration| async move {
+        let mut reply = Vec::new();
+        let _ = tokio::time::timeout(within, s.read_to_end(&mut reply)).await;
+        String::from_utf8_lossy(&reply).into_owned()
+    };
+    let (mut reading, mut writing) = UnixStream::connect(&socket)
+        .await
+        .expect("connect")
+        .into_split();
+    // Its write half stays open while the answer is read.
+    let flood = tokio::spawn(async move {
+        let _ = writing.write_all(&vec![b'x'; 100 * 1024]).await;
+        writing
+    });
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(3), reading.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.contains("malformed request"), "{reply:?}");
+    drop(flood);
+    let asked = std::time::Instant::now();
+    let silent = UnixStream::connect(&socket).await.expect("connect");
+    let reply = reply_within(silent, support::TIMEOUT).await;
+    assert!(reply.contains("no request within 5s"), "{reply:?}");
+    assert!(
+        asked.elapsed() >= Duration::from_millis(4900),
+        "{:?}",
+        asked.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_control_socket_input_is_refused_and_nothing_blocks() {
     let backend = HttpBackend::start("a").await;
