@@ -116,7 +116,8 @@ impl FaultLines {
 }
 
 /// A head refused, a client too slow or silent, a TLS handshake or PROXY
-/// header failed: any client can cause them as fast as it can connect.
+/// header failed, an h2 client's rapid resets, a tunnel left idle: any
+/// client can cause them as fast as it can connect.
 /// Logged at INFO: a client's fault is no incident of the host's.
 static CLIENT_FAULTS: FaultLines = FaultLines::new("clients' faults", false);
 

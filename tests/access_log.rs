@@ -132,8 +132,12 @@ async fn an_upload_that_stops_after_the_response_began_is_the_clients_timeout() 
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(!answer.contains("408"), "{answer}");
     let metrics = client::metrics(baton.admin).await;
-    let errors = "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 0";
-    assert!(metrics.contains(errors), "{metrics}");
+    for kind in ["timeout", "protocol"] {
+        let none = format!(
+            "baton_upstream_errors_total{{pool=\"app\",backend=\"app-0\",kind=\"{kind}\"}} 0"
+        );
+        assert!(metrics.contains(&none), "{metrics}");
+    }
     stop_and_wait(&baton).await;
     let lines = json_lines(&[log]);
     let terminations: Vec<&Value> = lines.iter().map(|l| &l["termination"]).collect();

@@ -614,39 +614,50 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
 }
 
 fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: bool) -> Failure {
-    let err = match fault {
-        UpFault::Malformed(_) => ProxyError::Client {
-            why: "malformed or cut-off request body",
-        },
+    // What the client is answered, or, once the response has begun and it
+    // is too late to answer, how the closed connection is logged: a body
+    // that stopped or fell behind is the client's timeout (`cD`, as on
+    // h2), a bad one its fault in the data's phase.
+    let (err, too_late) = match fault {
+        UpFault::Malformed(_) => (
+            ProxyError::Client {
+                why: "malformed or cut-off request body",
+            },
+            Termination::ClientAborted(Phase::Data),
+        ),
         UpFault::Stalled => {
             // Unanswered, the error page logs it (`proxy::error_page`).
             if written && crate::telemetry::client_fault() {
                 tracing::info!(listener = %proxy.listener, backend = %backend.name, "request body stopped arriving after the response began; closing");
             }
-            client_timeout(proxy.idle_timeout)
+            (
+                client_timeout(proxy.idle_timeout),
+                Termination::ClientTimeout(Phase::Data),
+            )
         }
         UpFault::TooSlow => {
             let rate = proxy.body_pace.map_or(0, |p| p.bytes_per_second());
             if written && crate::telemetry::client_fault() {
                 tracing::info!(listener = %proxy.listener, backend = %backend.name, rate, "request body fell behind body_min_rate after the response began; closing");
             }
-            ProxyError::BodyTooSlow { rate }
+            (
+                ProxyError::BodyTooSlow { rate },
+                Termination::ClientTimeout(Phase::Data),
+            )
         }
-        UpFault::ClientGone => return Failure::Abort(Termination::ClientAborted(Phase::Request)),
+        UpFault::ClientGone => {
+            let phase = if written { Phase::Data } else { Phase::Request };
+            return Failure::Abort(Termination::ClientAborted(phase));
+        }
         UpFault::BackendGone(_) => {
             return Failure::Abort(Termination::BackendFailed(Phase::Request))
         }
     };
-    if !written {
-        return Failure::Answer(err);
+    if written {
+        Failure::Abort(too_late)
+    } else {
+        Failure::Answer(err)
     }
-    // Too late to answer: the connection closes. A body that stopped or
-    // fell behind is the client's timeout (`cD`, as on h2), a bad one its
-    // fault in the data's phase.
-    Failure::Abort(match fault {
-        UpFault::Stalled | UpFault::TooSlow => Termination::ClientTimeout(Phase::Data),
-        _ => Termination::ClientAborted(Phase::Data),
-    })
 }
 
 /// Where a tunnel counts the bytes it moves, for the access log.
