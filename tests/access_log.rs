@@ -305,6 +305,7 @@ async fn termination_states_say_who_ended_the_exchange() {
     )))
     .await;
     let keys = format!("response_timeout = \"300ms\"\n{}", log_key(&log, "json"));
+    let fading = HttpBackend::start("f").await;
     let spec = Spec::new()
         .listener("web", "http", "app", &keys)
         .listener("gone", "http", "dead", &log_key(&log, "json"))
@@ -324,6 +325,7 @@ async fn termination_states_say_who_ended_the_exchange() {
         )
         .listener("capped", "http", "one", &log_key(&log, "json"))
         .listener("broken", "http", "broken", &log_key(&log, "json"))
+        .listener("fading", "http", "fading", &log_key(&log, "json"))
         .listener("stalls", "http", "stalls", &keys)
         .pool("app", &[backend.addr])
         .pool("dead", &[dead])
@@ -334,6 +336,11 @@ async fn termination_states_say_who_ended_the_exchange() {
             &[(backend.addr, 1)],
         )
         .pool("broken", &[broken.addr])
+        .pool_with(
+            "fading",
+            "health = { kind = \"tcp\", interval = \"100ms\", timeout = \"500ms\", rise = 1, fall = 1 }",
+            &[(fading.addr, 1)],
+        )
         .pool("stalls", &[stalls.addr]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
@@ -344,6 +351,14 @@ async fn termination_states_say_who_ended_the_exchange() {
         let answer = raw(baton.addr(listener), "GET /cut HTTP/1.1\r\nHost: a\r\n\r\n").await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{cut}: {answer}");
     }
+    // A pool whose one backend went down: 503, no backend up.
+    fading.kill();
+    support::eventually("the fading backend down", || async {
+        client::backend_state(baton.admin, "fading-0").await == "down"
+    })
+    .await;
+    let none_up = client::get(baton.addr("fading"), "/").await.expect("503");
+    assert_eq!(none_up.status, 503);
     // A head that does not come whole within header_timeout: 408.
     let half = raw(baton.addr("slowhead"), "GET /half HTTP/1.1\r\nHost: a\r\n").await;
     assert!(half.starts_with("HTTP/1.1 408"), "{half}");
@@ -407,6 +422,7 @@ async fn termination_states_say_who_ended_the_exchange() {
         ("capped", Value::from(503), "RQ"),
         ("broken", Value::from(200), "SD"),
         ("stalls", Value::from(200), "sD"),
+        ("fading", Value::from(503), "SQ"),
     ];
     for (listener, status, termination) in &expect {
         assert!(

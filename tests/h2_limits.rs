@@ -69,6 +69,41 @@ async fn idle_h2_connections_take_no_place_in_the_log_budget_for_faults() {
     assert!(!log.contains("held back"), "{log}");
 }
 
+/// A request's header block past its bounds ends the connection with
+/// GOAWAY `ENHANCE_YOUR_CALM` (README): more than 32 CONTINUATION frames
+/// (the "CONTINUATION flood" kind of attack), or more than 128 KiB in
+/// all, however it is split; unbounded, one client could make baton hold
+/// and decode a block of any size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_block_past_its_bounds_ends_the_connection() {
+    use support::h2_raw::{continuation, headers_begun};
+    const ENHANCE_YOUR_CALM: [u8; 4] = [0, 0, 0, 11];
+    let (_backend, baton) = baton_with("").await;
+    let many = [headers_begun(1, b"a")]
+        .into_iter()
+        .chain((0..40).map(|_| continuation(1, b"a")))
+        .collect::<Vec<_>>()
+        .concat();
+    let large = [headers_begun(1, &[b'a'; 16_384])]
+        .into_iter()
+        .chain((0..8).map(|_| continuation(1, &[b'a'; 16_384])))
+        .collect::<Vec<_>>()
+        .concat();
+    for (what, block) in [("41 frames", many), ("144 KiB", large)] {
+        let mut s = opened(&baton).await;
+        // Cut off before it is all written, maybe.
+        let _ = s.write_all(&block).await;
+        let sent = until_closed(&mut s, support::TIMEOUT)
+            .await
+            .unwrap_or_else(|| panic!("{what}: still open"));
+        let goaway = frames(&sent)
+            .into_iter()
+            .find(|(kind, _)| *kind == GOAWAY)
+            .unwrap_or_else(|| panic!("{what}: no GOAWAY in {sent:?}"));
+        assert_eq!(goaway.1[4..8], ENHANCE_YOUR_CALM, "{what}");
+    }
+}
+
 /// Everything baton sends until it closes, or `None` if it is still open
 /// after `within`.
 async fn until_closed(s: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {

@@ -75,6 +75,18 @@ pub fn post_on(stream: u32, path: &str) -> Vec<u8> {
     frame(1, 0x4, stream, &block)
 }
 
+/// HEADERS on `stream` carrying `fragment`, its block going on in
+/// CONTINUATION frames (no END_HEADERS).
+pub fn headers_begun(stream: u32, fragment: &[u8]) -> Vec<u8> {
+    frame(1, 0, stream, fragment)
+}
+
+/// A CONTINUATION of a header block on `stream`, carrying `fragment`,
+/// and not its last (no END_HEADERS).
+pub fn continuation(stream: u32, fragment: &[u8]) -> Vec<u8> {
+    frame(9, 0, stream, fragment)
+}
+
 /// DATA on `stream`, the body going on after it.
 pub fn data_on(stream: u32, bytes: &[u8]) -> Vec<u8> {
     frame(DATA, 0, stream, bytes)
