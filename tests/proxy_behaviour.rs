@@ -94,23 +94,34 @@ async fn counting_echo() -> (std::net::SocketAddr, Arc<AtomicU64>) {
     (addr, accepted)
 }
 
+/// A TCP listener `raw` before a counting echo backend with one place
+/// (`max_connections_per_backend = 1`, work in line up to
+/// `queue_timeout`), and a client holding that place, echoed once:
+/// `(baton, connections the backend accepted, the holder)`.
+async fn one_place_held(queue_timeout: &str) -> (Baton, Arc<AtomicU64>, TcpStream) {
+    let (echo, accepted) = counting_echo().await;
+    let spec = Spec::new().tcp("raw", "b").pool_with(
+        "b",
+        &format!("max_connections_per_backend = 1\nqueue_timeout = \"{queue_timeout}\""),
+        &[(echo, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let mut holder = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    holder.write_all(b"mine").await.expect("write");
+    assert_eq!(support::read_exactly(&mut holder, 4).await, b"mine");
+    (baton, accepted, holder)
+}
+
 /// A TCP client that waits in line past `queue_timeout` (every backend at
 /// its `max_connections_per_backend`) is closed and counted, as an HTTP
 /// one is answered 503 (README); it never reaches the backend, and the
 /// client holding the place goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_client_in_line_past_queue_timeout_is_closed_and_counted() {
-    let (echo, accepted) = counting_echo().await;
-    let spec = Spec::new().tcp("raw", "b").pool_with(
-        "b",
-        "max_connections_per_backend = 1\nqueue_timeout = \"300ms\"",
-        &[(echo, 1)],
-    );
-    let baton = Baton::start(spec).await;
+    let (baton, accepted, mut holder) = one_place_held("300ms").await;
     let raw = baton.addr("raw");
-    let mut holder = TcpStream::connect(raw).await.expect("connect");
-    holder.write_all(b"mine").await.expect("write");
-    assert_eq!(support::read_exactly(&mut holder, 4).await, b"mine");
     let mut waiting = TcpStream::connect(raw).await.expect("connect");
     waiting.write_all(b"never").await.expect("write");
     let (echoed, _) = support::read_to_the_end(&mut waiting).await;
@@ -131,18 +142,9 @@ async fn a_tcp_client_in_line_past_queue_timeout_is_closed_and_counted() {
 /// backend connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_clients_that_leave_while_in_line_reach_no_backend() {
-    let (echo, accepted) = counting_echo().await;
-    let spec = Spec::new().tcp("raw", "b").pool_with(
-        "b",
-        "max_connections_per_backend = 1\nqueue_timeout = \"60s\"",
-        &[(echo, 1)],
-    );
-    let baton = Baton::start(spec).await;
+    let (baton, accepted, holder) = one_place_held("60s").await;
     let raw = baton.addr("raw");
-    let mut holder = TcpStream::connect(raw).await.expect("connect");
-    holder.write_all(b"a").await.expect("write");
     let mut byte = [0u8; 1];
-    holder.read_exact(&mut byte).await.expect("echo");
     for _ in 0..5 {
         let ghost = TcpStream::connect(raw).await.expect("connect");
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -219,35 +219,6 @@ async fn a_request_outliving_the_drain_budget_is_forced_and_exits_3() {
     .await;
 }
 
-/// A backend on `[::1]` that answers every request `v6`, keeping the
-/// connection.
-async fn ipv6_backend() -> std::net::SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("[::1]:0")
-        .await
-        .expect("bind [::1]");
-    let addr = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                while let Ok(n @ 1..) = s.read(&mut buf).await {
-                    seen.extend_from_slice(&buf[..n]);
-                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                        seen.drain(..end + 4);
-                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nv6";
-                        if s.write_all(answer).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
 /// A port on `[::1]` nobody listens on, from those handed out for
 /// daemons (free on 127.0.0.1 too).
 fn ipv6_free_addr() -> std::net::SocketAddr {
@@ -275,11 +246,15 @@ async fn ipv6_listeners_and_backends_serve_across_a_reload() {
     if !support::possible_or_skipped(&v6_loopback, "IPv6 on loopback (::1)") {
         return;
     }
-    let backend = ipv6_backend().await;
+    let backend = support::raw::RawBackend::start_on("[::1]:0", |_| {
+        (support::raw::ok("v6"), support::raw::Then::KeepAlive)
+    })
+    .await;
     let (web, raw) = (ipv6_free_addr(), ipv6_free_addr());
     let spec = Spec::new()
         .section(&format!(
-            "[[listeners]]\nname = \"web6\"\nbind = \"{web}\"\npool = \"v6\"\n\n[[listeners]]\nname = \"raw6\"\nbind = \"{raw}\"\nprotocol = \"tcp\"\npool = \"v6\"\n\n[[pools]]\nname = \"v6\"\nbackends = [{{ address = \"{backend}\" }}]\n"
+            "[[listeners]]\nname = \"web6\"\nbind = \"{web}\"\npool = \"v6\"\n\n[[listeners]]\nname = \"raw6\"\nbind = \"{raw}\"\nprotocol = \"tcp\"\npool = \"v6\"\n\n[[pools]]\nname = \"v6\"\nbackends = [{{ address = \"{}\" }}]\n",
+            backend.addr
         ));
     let baton = Baton::start(spec).await;
     let sockets = (

@@ -48,7 +48,15 @@ impl Drop for RawBackend {
 
 impl RawBackend {
     pub async fn start(script: impl Fn(&Seen) -> (Vec<u8>, Then) + Send + Sync + 'static) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        RawBackend::start_on("127.0.0.1:0", script).await
+    }
+
+    /// The same, listening on `bind` (`[::1]:0` for an IPv6 backend).
+    pub async fn start_on(
+        bind: &str,
+        script: impl Fn(&Seen) -> (Vec<u8>, Then) + Send + Sync + 'static,
+    ) -> Self {
+        let listener = TcpListener::bind(bind).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let accepted = Arc::new(AtomicU64::new(0));
         let heads = Arc::new(Mutex::new(Vec::new()));
