@@ -44,6 +44,30 @@ fn assert_no_error_lines(baton: &Baton) {
     );
 }
 
+/// The long-lived streams a drain ended are said once, at INFO, with
+/// their count by kind (`counts`, e.g. "websockets=3"), as the idle
+/// closes are: a line each would be 10,000 lines at a reload.
+fn said_long_lived_ended(baton: &Baton, counts: &str) {
+    let log = baton.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("ended long-lived stream") || l.contains("ended event stream"))
+        .collect();
+    assert_eq!(
+        said.len(),
+        1,
+        "one line for the drain's long-lived ends:\n{log}"
+    );
+    assert!(
+        said[0].contains("INFO")
+            && said[0].contains("ended long-lived streams for the drain")
+            && said[0].contains(counts)
+            && said[0].contains("expected=true"),
+        "{}",
+        said[0]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_flips_first_and_traffic_is_served_through_the_pre_stop_pause() {
     let backend = HttpBackend::start("a").await;
@@ -573,19 +597,24 @@ async fn closed_with_1001(mut s: TcpStream) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_websocket_is_closed_with_1001_at_drain_start() {
+async fn websockets_are_closed_with_1001_at_drain_start_and_said_once() {
     let backend = HttpBackend::start("a").await;
     let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
-    let s = echoing_websocket(baton.addr("web")).await;
+    let mut sockets = Vec::new();
+    for _ in 0..3 {
+        sockets.push(echoing_websocket(baton.addr("web")).await);
+    }
 
     signal(baton.first_pid, Signal::SIGTERM);
-    closed_with_1001(s).await;
+    for s in sockets {
+        closed_with_1001(s).await;
+    }
     assert_eq!(
         wait_exit(baton.first_pid).await,
         Some(0),
         "exits well before its 60s budget"
     );
-    assert!(baton.log().contains("ended long-lived stream for drain"));
+    said_long_lived_ended(&baton, "websockets=3 upgrades=0 event_streams=0");
     assert_no_error_lines(&baton);
 }
 
@@ -685,7 +714,7 @@ async fn an_upgraded_connection_whose_client_stopped_reading_ends_at_drain_start
         Some(0),
         "exits well before its 60s budget, nothing forced"
     );
-    assert!(baton.log().contains("ended long-lived stream for drain"));
+    said_long_lived_ended(&baton, "websockets=0 upgrades=1 event_streams=0");
     drop(s);
 }
 
@@ -724,6 +753,7 @@ async fn an_event_stream_ends_at_an_event_boundary() {
     // terminating zero-length chunk.
     assert!(text.ends_with("\n\n\r\n0\r\n\r\n"), "{text:?}");
     assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+    said_long_lived_ended(&baton, "websockets=0 upgrades=0 event_streams=1");
 }
 
 /// An h2 client's event stream whose events end in CRLF CRLF ends at the
@@ -761,6 +791,7 @@ async fn an_h2_event_stream_with_crlf_events_ends_at_an_event_boundary() {
         Some(0),
         "exits well before its 60s budget"
     );
+    said_long_lived_ended(&baton, "websockets=0 upgrades=0 event_streams=1");
 }
 
 /// A backend whose every answer is an event stream of stated length (two

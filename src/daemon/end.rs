@@ -466,6 +466,16 @@ impl Generation {
                 "closed idle keep-alive connections for the drain"
             );
         }
+        let long_lived = self.drain.long_lived_ended();
+        if long_lived.total() > 0 {
+            tracing::info!(
+                websockets = long_lived.websockets,
+                upgrades = long_lived.upgrades,
+                event_streams = long_lived.event_streams,
+                expected = true,
+                "ended long-lived streams for the drain"
+            );
+        }
         let forced = match outcome {
             DrainOutcome::Drained => 0,
             DrainOutcome::Forced { open } => open,

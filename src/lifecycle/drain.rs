@@ -13,8 +13,23 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::latch::Latch;
+use crate::metrics::{self, LongLivedKind};
 use crate::wake_gate::first_of;
 use crate::workers::{working, PerWorker};
+
+/// Long-lived streams a drain ended, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LongLivedEnded {
+    pub websockets: u64,
+    pub upgrades: u64,
+    pub event_streams: u64,
+}
+
+impl LongLivedEnded {
+    pub fn total(&self) -> u64 {
+        self.websockets + self.upgrades + self.event_streams
+    }
+}
 
 /// How a drain ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +70,10 @@ struct Signals {
     /// Idle keep-alive connections closed by the drain: said once, at its
     /// end, rather than a line each (thousands at a reload).
     idle_closed: AtomicU64,
+    /// Long-lived streams the drain ended, by kind (`LongLivedKind`'s
+    /// order): said once at its end too, as a reload with 10,000
+    /// WebSockets would otherwise write 10,000 lines.
+    long_lived_ended: [AtomicU64; 3],
     /// Of the tracker's tasks, those that are a connection's h2 streams
     /// (`spawn_counted`): waited for, but not counted as connections.
     streams: AtomicUsize,
@@ -95,6 +114,7 @@ impl Drain {
                 spread_nanos: AtomicU64::new(0),
                 spread_cut: CancellationToken::new(),
                 idle_closed: AtomicU64::new(0),
+                long_lived_ended: Default::default(),
                 streams: AtomicUsize::new(0),
             }),
         }
@@ -149,6 +169,16 @@ impl Drain {
         self.signals.idle_closed.load(Ordering::Relaxed)
     }
 
+    /// Long-lived streams the drain has ended so far, by kind.
+    pub fn long_lived_ended(&self) -> LongLivedEnded {
+        let [websocket, upgrade, sse] = &self.signals.long_lived_ended;
+        LongLivedEnded {
+            websockets: websocket.load(Ordering::Relaxed),
+            upgrades: upgrade.load(Ordering::Relaxed),
+            event_streams: sse.load(Ordering::Relaxed),
+        }
+    }
+
     /// Ends every remaining task now and returns how many connections
     /// were open.
     pub async fn force(&self) -> usize {
@@ -198,6 +228,18 @@ impl DrainWatch {
     /// An idle keep-alive connection closes for the drain.
     pub fn closed_idle(&self) {
         self.signals.idle_closed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A long-lived stream ended for the drain: counted in the metric at
+    /// once, and in the drain's summary line at its end.
+    pub fn ended_long_lived(&self, kind: LongLivedKind) {
+        metrics::long_lived_drained(kind);
+        let index = match kind {
+            LongLivedKind::WebSocket => 0,
+            LongLivedKind::Upgrade => 1,
+            LongLivedKind::Sse => 2,
+        };
+        self.signals.long_lived_ended[index].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The drain was forced: tasks dropped now were cut by it.

@@ -21,7 +21,7 @@ use super::body::{BodyError, ProxyBody};
 use super::idle::{Activity, Observed};
 use super::side::{side_of, Side, Sided};
 use crate::lifecycle::drain::DrainWatch;
-use crate::metrics::{self, LongLivedKind};
+use crate::metrics::LongLivedKind;
 use crate::wake_gate::{first_of, First};
 
 /// How long we wait for a frame boundary, or for the client to close after
@@ -268,8 +268,8 @@ where
                 while matches!(client_read.read(&mut sink).await, Ok(n) if n > 0) {}
             })
             .await;
-            metrics::long_lived_drained(kind);
-            tracing::info!(listener = %listener, kind = kind.as_str(), expected = true, "ended long-lived stream for drain");
+            drain.ended_long_lived(kind);
+            tracing::debug!(listener = %listener, kind = kind.as_str(), expected = true, "ended long-lived stream for drain");
         }
         DownEnd::BackendClosed => {
             let _ = client_write.shutdown().await;
@@ -433,24 +433,27 @@ pub struct SseBody {
     ending_fired: bool,
     tail: EventTail,
     listener: std::sync::Arc<str>,
+    drain: DrainWatch,
 }
 
 impl SseBody {
     pub fn wrap(inner: ProxyBody, drain: DrainWatch, listener: std::sync::Arc<str>) -> ProxyBody {
         use http_body_util::BodyExt;
+        let watch = drain.clone();
         SseBody {
             inner,
-            ending: Box::pin(async move { drain.long_lived_ending().await }),
+            ending: Box::pin(async move { watch.long_lived_ending().await }),
             ending_fired: false,
             tail: EventTail::default(),
             listener,
+            drain,
         }
         .boxed_unsync()
     }
 
     fn finish(&mut self) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        metrics::long_lived_drained(LongLivedKind::Sse);
-        tracing::info!(listener = %self.listener, kind = "sse", expected = true, "ended event stream for drain");
+        self.drain.ended_long_lived(LongLivedKind::Sse);
+        tracing::debug!(listener = %self.listener, kind = "sse", expected = true, "ended event stream for drain");
         Poll::Ready(None)
     }
 }

@@ -19,7 +19,7 @@ use super::io::{read_some, release_if_empty, write_all, WriteFault};
 use super::rewrite::{self, Delivery, Persistence};
 use crate::backend::idle::Check;
 use crate::lifecycle::drain::DrainWatch;
-use crate::metrics::{self, LongLivedKind};
+use crate::metrics::LongLivedKind;
 use crate::proxy::longlived::EventTail;
 use crate::proxy::pace::MinPace;
 
@@ -671,8 +671,8 @@ impl ResponseBody {
             chunked::last_chunk(&[], &mut self.out);
             let _ = write_all(client, &self.out, down.client_stall).await;
         }
-        metrics::long_lived_drained(LongLivedKind::Sse);
-        tracing::info!(listener = %down.listener, kind = "sse", expected = true, "ended event stream for drain");
+        down.drain.ended_long_lived(LongLivedKind::Sse);
+        tracing::debug!(listener = %down.listener, kind = "sse", expected = true, "ended event stream for drain");
     }
 }
 
