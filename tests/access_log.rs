@@ -304,6 +304,8 @@ async fn termination_states_say_who_ended_the_exchange() {
         std::time::Duration::from_secs(60),
     )))
     .await;
+    // Reads the request and closes without a byte of answer.
+    let mute = support::raw::RawBackend::start(|_| (Vec::new(), support::raw::Then::Close)).await;
     let keys = format!("response_timeout = \"300ms\"\n{}", log_key(&log, "json"));
     let fading = HttpBackend::start("f").await;
     let spec = Spec::new()
@@ -327,6 +329,7 @@ async fn termination_states_say_who_ended_the_exchange() {
         .listener("broken", "http", "broken", &log_key(&log, "json"))
         .listener("fading", "http", "fading", &log_key(&log, "json"))
         .listener("stalls", "http", "stalls", &keys)
+        .listener("mute", "http", "mute", &log_key(&log, "json"))
         .pool("app", &[backend.addr])
         .pool("dead", &[dead])
         .pool("echo", &[echo.addr])
@@ -341,7 +344,8 @@ async fn termination_states_say_who_ended_the_exchange() {
             "health = { kind = \"tcp\", interval = \"100ms\", timeout = \"500ms\", rise = 1, fall = 1 }",
             &[(fading.addr, 1)],
         )
-        .pool("stalls", &[stalls.addr]);
+        .pool("stalls", &[stalls.addr])
+        .pool("mute", &[mute.addr]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
     assert_eq!(client::get(web, "/ok").await.expect("ok").status, 200);
@@ -351,6 +355,9 @@ async fn termination_states_say_who_ended_the_exchange() {
         let answer = raw(baton.addr(listener), "GET /cut HTTP/1.1\r\nHost: a\r\n\r\n").await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{cut}: {answer}");
     }
+    // A backend that failed before its response head: 502.
+    let unanswered = raw(baton.addr("mute"), "GET /mute HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert!(unanswered.starts_with("HTTP/1.1 502"), "{unanswered}");
     // A pool whose one backend went down: 503, no backend up.
     fading.kill();
     support::eventually("the fading backend down", || async {
@@ -423,6 +430,7 @@ async fn termination_states_say_who_ended_the_exchange() {
         ("broken", Value::from(200), "SD"),
         ("stalls", Value::from(200), "sD"),
         ("fading", Value::from(503), "SQ"),
+        ("mute", Value::from(502), "SH"),
     ];
     for (listener, status, termination) in &expect {
         assert!(

@@ -622,16 +622,24 @@ async fn an_admin_client_that_never_reads_is_cut_off() {
 
 /// A backend connect that fails because baton has no fd left is baton's
 /// own shortage: the client gets a 503 (`RC`), and the backend is not
-/// marked down for it, which `fall = 1` would do at one blamed failure.
+/// marked down for it, which `fall = 1` would do at one blamed failure;
+/// the access log says `RC` (baton's shortage at the connect).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_connect_without_a_free_fd_is_a_503_not_the_backends_fault() {
     let backend = HttpBackend::start("a").await;
     let checks = "health = { kind = \"http\", path = \"/\", interval = \"60s\", timeout = \"1s\", rise = 1, fall = 1 }";
-    let baton = Baton::start(Spec::new().top("workers = 1").http("web", "app").pool_with(
-        "app",
-        checks,
-        &[(backend.addr, 1)],
-    ))
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let logged = format!(
+        "access_log = {{ path = \"{}\", format = \"json\" }}",
+        log.display()
+    );
+    let baton = Baton::start(
+        Spec::new()
+            .top("workers = 1")
+            .listener("web", "http", "app", &logged)
+            .pool_with("app", checks, &[(backend.addr, 1)]),
+    )
     .await;
     let (pid, web) = (baton.first_pid, baton.addr("web"));
     let settled = support::daemon::settled_fd_count(pid).await;
@@ -651,6 +659,18 @@ async fn a_backend_connect_without_a_free_fd_is_a_503_not_the_backends_fault() {
     assert_eq!(client::backend_state(baton.admin, "app-0").await, "up");
     let after = client::get(web, "/after").await.expect("after");
     assert_eq!(after.status, 200);
+    support::eventually("both requests logged", || async {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() == 2)
+    })
+    .await;
+    let text = std::fs::read_to_string(&log).expect("access log");
+    let short = text.lines().next().expect("the first line");
+    assert!(
+        short.contains("\"status\":503")
+            && short.contains("\"termination\":\"RC\"")
+            && short.contains("\"backend\":\"app-0\""),
+        "{short}"
+    );
 }
 
 /// Baton's own shortages are counted where they happened
