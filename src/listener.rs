@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -15,7 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::defer_accept::{set_defer_accept, stop_deferring, DEFERRED_AT_MOST};
-use crate::telemetry::Budget;
+use crate::telemetry::Throttle;
 
 /// A task handed to [`Accept::alongside`].
 pub type Alongside = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -106,8 +106,8 @@ impl Shared {
         Arc::new(Shared {
             permits: Arc::new(Semaphore::new(max_connections)),
             full: AtomicBool::new(false),
-            at_cap: Throttle::default(),
-            accept_errors: Throttle::default(),
+            at_cap: Throttle::new(),
+            accept_errors: Throttle::new(),
         })
     }
 
@@ -486,31 +486,12 @@ mod libc_errno {
     pub const EPERM: i32 = Errno::EPERM as i32;
 }
 
-/// Lets a repeated warning through once a second, saying how many times
-/// it was held back in between. Shared by a listener's shards, so locked;
-/// it is only touched when something is already going wrong.
-struct Throttle(Mutex<Budget>);
-
-impl Default for Throttle {
-    fn default() -> Throttle {
-        Throttle(Mutex::new(Budget::new(1)))
-    }
-}
-
-impl Throttle {
-    fn ready(&self) -> Option<u64> {
-        let now = std::time::Instant::now();
-        let mut budget = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let (admitted, held_back) = budget.admit(now);
-        admitted.then(|| held_back.unwrap_or(0))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::defer_accept::defers_accept;
     use std::os::fd::AsFd;
+    use std::sync::{Mutex, PoisonError};
 
     /// Notes whether each accepted connection has TCP_NODELAY, and prompt
     /// ACKs (Linux reads `TCP_QUICKACK` as "not delaying").

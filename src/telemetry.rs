@@ -155,9 +155,52 @@ pub async fn held_back_reports() {
     }
 }
 
+/// Lets a repeated warning through once a second, saying how many times
+/// it was held back in between: a listener's (shared by its shards, so
+/// locked), the admin and control sockets' accept errors, the health
+/// checks baton could not make. Only touched when something is already
+/// going wrong.
+pub struct Throttle(std::sync::Mutex<Budget>);
+
+impl Default for Throttle {
+    fn default() -> Throttle {
+        Throttle::new()
+    }
+}
+
+impl Throttle {
+    pub const fn new() -> Throttle {
+        Throttle(std::sync::Mutex::new(Budget::new(1)))
+    }
+
+    /// `Some(held back since the last line)` when a line may go now.
+    pub fn ready(&self) -> Option<u64> {
+        let now = std::time::Instant::now();
+        let mut budget = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (admitted, held_back) = budget.admit(now);
+        admitted.then(|| held_back.unwrap_or(0))
+    }
+}
+
+/// An accept on the admin or control socket failed: a shortage of
+/// baton's own is counted as the listeners' are (`at="accept"`), and the
+/// warning is throttled, as the loop retries every 100 ms while the
+/// connection waits in the queue.
+pub fn accept_failed(err: &std::io::Error, lines: &Throttle, what: &'static str) {
+    if crate::shortage::is_own(err) {
+        crate::metrics::shortage(crate::metrics::Shortage::Accept);
+    }
+    if let Some(suppressed) = lines.ready() {
+        tracing::warn!(cause = %err, suppressed, "{what}");
+    }
+}
+
 /// Lets a repeated log line through `per_second` times a second at most,
-/// counting the rest: the fault lines here, and a listener's
-/// repeated warnings (`listener::Throttle`, one a second).
+/// counting the rest: the fault lines here, and the repeated warnings of
+/// a [`Throttle`] (one a second).
 pub struct Budget {
     per_second: u32,
     window: Option<std::time::Instant>,

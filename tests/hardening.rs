@@ -297,6 +297,65 @@ async fn running_out_of_fds_backs_off_without_spinning_and_recovers() {
     .await;
 }
 
+/// The admin and control sockets meet a full fd table as the listeners
+/// do: their accept loops retry every 100 ms while the connection waits in
+/// the queue, warn once a second (they warned at each retry: ten lines a
+/// second each), count the shortage at `accept`, and answer once fds free
+/// up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_and_control_accepts_without_a_free_fd_warn_once_a_second_and_recover() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(
+        Spec::new()
+            .top("workers = 1")
+            .http("web", "app")
+            .pool("app", &[backend.addr]),
+    )
+    .await;
+    let held = NoFreeFd::hold(baton.first_pid);
+    let connected = std::time::Instant::now();
+    let mut admin = tokio::net::TcpStream::connect(baton.admin)
+        .await
+        .expect("the kernel completes the handshake");
+    let mut control = UnixStream::connect(baton.dir.path().join("control.sock"))
+        .await
+        .expect("connect");
+    support::eventually("both accepts meet the shortage", || async {
+        let log = baton.log();
+        log.contains("admin accept failed") && log.contains("control accept failed")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = baton.log();
+    // Once a second from the first, over the time that passed.
+    let most = connected.elapsed().as_secs() as usize + 1;
+    for what in ["admin accept failed", "control accept failed"] {
+        let lines = log.matches(what).count();
+        assert!(
+            lines <= most,
+            "{what}: {lines} lines, at most {most}:\n{log}"
+        );
+    }
+    drop(held);
+    admin
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request");
+    let answer = client::read_until_closed(&mut admin).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    control
+        .write_all(b"{\"command\":\"status\"}\n")
+        .await
+        .expect("request");
+    let mut reply = Vec::new();
+    control.read_to_end(&mut reply).await.expect("reply");
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.contains("\"ok\":true"), "{reply}");
+    let metrics = client::metrics(baton.admin).await;
+    let counted = client::series(&metrics, "baton_shortages_total{at=\"accept\"}");
+    assert!(counted.is_some_and(|n| n >= 2.0), "{counted:?}\n{metrics}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_max_connections_baton_stops_accepting_and_resumes_below_it() {
     let backend = HttpBackend::start("a").await;
@@ -725,8 +784,9 @@ async fn shortages_are_counted_where_they_happen() {
 }
 
 /// A health check baton cannot make for want of an fd says nothing of the
-/// backend: it keeps its state (with `fall = 1` and `rise = 50`, one
-/// blamed check would hold it down for five seconds).
+/// backend, and is said once a second at most: the backend keeps its
+/// state (with `fall = 1` and `rise = 50`, one blamed check would hold it
+/// down for five seconds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_health_check_without_a_free_fd_leaves_the_backend_up() {
     let backend = HttpBackend::start("a").await;
@@ -738,11 +798,20 @@ async fn a_health_check_without_a_free_fd_leaves_the_backend_up() {
     ))
     .await;
     let held = NoFreeFd::hold(baton.first_pid);
+    let began = std::time::Instant::now();
     support::eventually("a check meets the shortage", || async {
         baton.log().contains("health check not made")
     })
     .await;
+    // Ten checks a second meet it: said once a second.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = baton.log();
+    let (lines, most) = (
+        log.matches("health check not made").count(),
+        began.elapsed().as_secs() as usize + 1,
+    );
     drop(held);
+    assert!(lines <= most, "{lines} lines, at most {most}:\n{log}");
     assert_eq!(client::backend_state(baton.admin, "app-0").await, "up");
     let answer = client::get(baton.addr("web"), "/after")
         .await

@@ -26,6 +26,7 @@ use crate::backend::Pool;
 use crate::config::{AdminConfig, Protocol};
 use crate::connection::ListenerStats;
 use crate::lifecycle::{control, Phase};
+use crate::telemetry::{accept_failed, Throttle};
 
 /// This generation, as `/status` reports it.
 #[derive(Debug, Clone)]
@@ -223,6 +224,7 @@ const ADMIN_READ_BUFFER: usize = 16 * 1024;
 pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: CancellationToken) {
     let places = places::Places::new();
     let refusing = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
+    let accept_errors = Throttle::new();
     loop {
         let stream = tokio::select! {
             // Once stopped, not one more connection is taken from a free
@@ -232,7 +234,7 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
             accepted = listener.accept() => match accepted {
                 Ok(stream) => stream,
                 Err(err) => {
-                    tracing::warn!(cause = %err, "admin accept failed");
+                    accept_failed(&err, &accept_errors, "admin accept failed; backing off");
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::stream::{BackendStream, ConnectFault};
 use super::{AdminState, Backend, Pool};
 use crate::config::{HealthConfig, HealthKind};
+use crate::telemetry::Throttle;
 
 /// Why a check did not pass.
 pub enum Fault {
@@ -258,12 +259,19 @@ async fn run(backend: Arc<Backend>, config: HealthConfig, stop: CancellationToke
     }
 }
 
+/// One line a second for the checks a shortage kept baton from making:
+/// every backend's checks meet the same shortage, each `interval`
+/// (counted each in `baton_shortages_total{at="connect"}`).
+static SHORTAGE_LINES: Throttle = Throttle::new();
+
 fn record(backend: &Backend, result: Result<(), Fault>) {
     match result {
         Ok(()) => backend.observe_check(true, "ok".into()),
         Err(Fault::Failed(why)) => backend.observe_check(false, why),
         Err(Fault::Shortage(why)) => {
-            tracing::warn!(pool = %backend.pool, backend = %backend.name, cause = why, "health check not made: baton ran short; the backend keeps its state");
+            if let Some(suppressed) = SHORTAGE_LINES.ready() {
+                tracing::warn!(pool = %backend.pool, backend = %backend.name, cause = why, suppressed, "health check not made: baton ran short; the backend keeps its state");
+            }
         }
     }
 }

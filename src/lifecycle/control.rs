@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::exit::Exit;
+use crate::telemetry::{accept_failed, Throttle};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
@@ -121,6 +122,7 @@ pub async fn serve(
     stop: CancellationToken,
     tasks: tokio_util::task::TaskTracker,
 ) {
+    let accept_errors = Throttle::new();
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => return,
@@ -136,7 +138,7 @@ pub async fn serve(
                 });
             }
             Err(err) => {
-                tracing::warn!(cause = %err, "control accept failed");
+                accept_failed(&err, &accept_errors, "control accept failed; backing off");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
