@@ -118,6 +118,20 @@ async fn a_request_a_backend_close_raced_is_sent_again_only_when_safe() {
     assert_eq!(posts, 1, "the POST reached the backend once");
 }
 
+/// A kept connection that broke off in the middle of a response head did
+/// answer: the request is not sent again (the backend began answering
+/// it), it is a 502, and the backend is not connected to a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_broken_off_on_a_kept_connection_is_a_502_not_a_retry() {
+    let backend = RawBackend::start(support::raw::breaks_off_its_second_head).await;
+    let baton = baton_for(&backend).await;
+    let web = baton.addr("web");
+    assert_eq!(client::get(web, "/a").await.expect("first").body, "first");
+    let cut = client::get(web, "/b").await.expect("answered");
+    assert_eq!(cut.status, 502, "{cut:?}");
+    assert_eq!(backend.accepted(), 1);
+}
+
 /// A request sent again on a new connection keeps the backend's place:
 /// given up, it went to the request waiting in line, and the retry queued
 /// behind it (a 503 at `queue_timeout` while `/slow` held the place).
@@ -200,25 +214,28 @@ async fn a_close_delimited_body_is_chunked_for_the_client_who_keeps_its_connecti
     assert_eq!(backend.accepted(), 3);
 }
 
-/// Bytes after a complete response answer nothing: that connection is not
-/// kept, and the next request gets its own answer.
+/// Bytes after a complete response answer nothing, and a response that
+/// states both a length and chunked coding is read chunked: neither
+/// connection is kept, and each next request gets its own answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backend_connection_with_bytes_past_its_response_is_not_reused() {
-    let backend = RawBackend::start(|seen: &Seen| {
-        let mut bytes = ok(&format!("answer {}", seen.on_connection));
-        bytes.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray");
-        (bytes, Then::KeepAlive)
-    })
-    .await;
-    let baton = baton_for(&backend).await;
-    let web = baton.addr("web");
-    for _ in 0..3 {
-        let answer = client::get(web, "/").await.expect("answer");
-        // Seen once in a full-suite run, a 502, not reproduced since: the
-        // log says which backend read failed, for whoever sees it next.
-        assert_eq!(answer.body, "answer 0", "baton's log:\n{}", baton.log());
+async fn a_backend_connection_whose_framing_was_in_doubt_is_not_reused() {
+    for (case, answer) in support::raw::unkeepable_answers() {
+        let backend = RawBackend::start(move |seen: &Seen| (answer(seen), Then::KeepAlive)).await;
+        let baton = baton_for(&backend).await;
+        let web = baton.addr("web");
+        for _ in 0..3 {
+            let answer = client::get(web, "/").await.expect("answer");
+            // Seen once in a full-suite run, a 502, not reproduced since: the
+            // log says which backend read failed, for whoever sees it next.
+            assert_eq!(
+                answer.body,
+                "answer 0",
+                "{case}; baton's log:\n{}",
+                baton.log()
+            );
+        }
+        assert_eq!(backend.accepted(), 3, "{case}");
     }
-    assert_eq!(backend.accepted(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -102,6 +102,44 @@ async fn h2_streams_and_http1_clients_share_kept_backend_connections() {
     assert_eq!(backend.accepted(), 1);
 }
 
+/// As for HTTP/1 clients: a kept connection that broke off in the middle
+/// of a response head did answer, so the stream is not sent again: a 502,
+/// and no second connection to the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_broken_off_on_a_kept_connection_is_a_502_not_a_retry() {
+    let backend = RawBackend::start(support::raw::breaks_off_its_second_head).await;
+    let baton = baton_for(backend.addr).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (status, body, _) = send(&mut sender, request("GET", web, "/a", empty())).await;
+    assert_eq!((status, body.as_str()), (200, "first"));
+    let (status, _, _) = send(&mut sender, request("GET", web, "/b", empty())).await;
+    assert_eq!(status, 502);
+    assert_eq!(backend.accepted(), 1);
+}
+
+/// As for HTTP/1 clients: a backend connection whose framing was in doubt
+/// (bytes past the response, a length and chunked coding together) is not
+/// given to the next stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_connection_whose_framing_was_in_doubt_is_not_given_to_the_next_stream() {
+    for (case, answer) in support::raw::unkeepable_answers() {
+        let backend = RawBackend::start(move |seen: &Seen| (answer(seen), Then::KeepAlive)).await;
+        let baton = baton_for(backend.addr).await;
+        let web = baton.addr("web");
+        let mut sender = h2(web).await;
+        for i in 0..3 {
+            let (status, body, _) = send(&mut sender, request("GET", web, "/", empty())).await;
+            assert_eq!(
+                (status, body.as_str()),
+                (200, "answer 0"),
+                "{case}, stream {i}"
+            );
+        }
+        assert_eq!(backend.accepted(), 3, "{case}");
+    }
+}
+
 /// As for HTTP/1 clients: a GET a backend's close raced is sent again on a
 /// new connection; a POST, which may have had effects, is a 502.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

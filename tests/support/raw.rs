@@ -174,6 +174,44 @@ pub fn ok(body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// What a backend writes for the request it read.
+pub type Answer = fn(&Seen) -> Vec<u8>;
+
+/// A first answer on each connection, then a response head broken off
+/// in its middle and a close.
+pub fn breaks_off_its_second_head(seen: &Seen) -> (Vec<u8>, Then) {
+    match seen.on_connection {
+        0 => (ok("first"), Then::KeepAlive),
+        _ => (b"HTTP/1.1 20".to_vec(), Then::Close),
+    }
+}
+
+/// Answers that a kept backend connection must not outlive, each saying
+/// `answer {n}` for the `n`th request on its connection: bytes past the
+/// response's end (a second, unasked-for response), and a response that
+/// states both a length and chunked coding (read chunked, RFC 9112 §6.3,
+/// but a connection whose framing two parties may read two ways is not
+/// given to another request).
+pub fn unkeepable_answers() -> [(&'static str, Answer); 2] {
+    fn stray_bytes_after(seen: &Seen) -> Vec<u8> {
+        let mut bytes = ok(&format!("answer {}", seen.on_connection));
+        bytes.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray");
+        bytes
+    }
+    fn length_and_chunked(seen: &Seen) -> Vec<u8> {
+        let body = format!("answer {}", seen.on_connection);
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        )
+        .into_bytes()
+    }
+    [
+        ("bytes past the response", stray_bytes_after),
+        ("length and chunked", length_and_chunked),
+    ]
+}
+
 /// A 101 to protocol `foo`, then `stream`: the backend's side of an
 /// upgraded connection.
 pub fn switched(stream: &[u8]) -> Vec<u8> {
