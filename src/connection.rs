@@ -133,6 +133,14 @@ impl Accept for Connections {
                     let admitted = match receive {
                         None => Some((stream, origin)),
                         Some(settings) => {
+                            let idle = drain.grace_over(listener.keepalive_drain_grace);
+                            if silent_till_the_grace_is_over(&stream, &listener, &settings, idle)
+                                .await
+                            {
+                                tracing::debug!(listener = %listener.name, client = %origin.client, expected = true, "no PROXY header through the drain's grace; closing");
+                                drain.closed_idle();
+                                return;
+                            }
                             in_place::boxed(|| admit(stream, origin, &settings, &listener.name))
                                 .await
                         }
@@ -162,6 +170,33 @@ impl Accept for Connections {
                 }));
             }
         }
+    }
+}
+
+/// Whether a connection waiting for its PROXY header has sent nothing
+/// when `idle` resolves (a drain's grace), where silence means it is
+/// idle: it would hold the drain to `proxy_protocol.timeout`, as a
+/// silent client is closed after the grace on an HTTP listener or in a
+/// TLS handshake. A TCP listener whose header is optional may serve a
+/// protocol whose server speaks first: its silent client waits for the
+/// timeout and is served then, as without a drain.
+async fn silent_till_the_grace_is_over(
+    stream: &TcpStream,
+    listener: &ListenerConfig,
+    settings: &ReceiveSettings,
+    idle: impl std::future::Future<Output = ()>,
+) -> bool {
+    if listener.protocol == Protocol::Tcp && !settings.required {
+        return false;
+    }
+    // Peeked, not waited on for readability: that may come without a byte
+    // (tokio's readiness can be spurious), and the header is read after.
+    let mut first = [0u8; 1];
+    tokio::select! {
+        // A byte that came wins over a grace that ran out with it.
+        biased;
+        _ = stream.peek(&mut first) => false,
+        () = idle => true,
     }
 }
 

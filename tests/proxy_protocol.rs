@@ -7,13 +7,15 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use support::backend::HttpBackend;
 use support::client;
-use support::daemon::{Baton, Spec};
+use support::daemon::{signal, wait_exit, Baton, Spec};
 use support::proxied::{ProxiedBackend, Told};
 use support::tls::{Authority, Issued};
 
@@ -97,7 +99,7 @@ async fn a_trusted_header_names_the_client() {
     // A v2 header with 12 KiB of TLVs (a NOOP's padding here) is taken
     // whole, as HAProxy takes one up to its 16 KiB buffer.
     let padded = with_tlv(v2_header(told, web), 0x04, 12 * 1024);
-    for first in [v1.into_bytes(), v2_header(told, web), padded] {
+    for first in [v1.clone().into_bytes(), v2_header(told, web), padded] {
         let seen = exchange(web, &first, ASK_HEADERS).await;
         assert!(seen.contains("x-forwarded-for: 203.0.113.7\n"), "{seen}");
     }
@@ -116,7 +118,13 @@ async fn a_trusted_header_names_the_client() {
     s.write_all(ASK_HEADERS).await.expect("write");
     let seen = client::read_until_closed(&mut s).await;
     assert!(seen.contains("x-forwarded-for: 203.0.113.7\n"), "{seen}");
-    assert_eq!(backend.hits(), 6);
+    // The header and the request in one write (one segment): the request's
+    // bytes after the header are the request's, none taken with it.
+    for header in [v1.as_bytes(), &v2_header(told, web)] {
+        let seen = exchange(web, &[header, ASK_HEADERS].concat(), b"").await;
+        assert!(seen.contains("x-forwarded-for: 203.0.113.7\n"), "{seen}");
+    }
+    assert_eq!(backend.hits(), 8);
 }
 
 /// The access log names the client a trusted header told of, not the
@@ -270,6 +278,47 @@ async fn an_optional_header_lets_a_client_that_closed_its_half_read_the_greeting
     assert_eq!(client::read_until_closed(&mut s).await, "hi");
     let m = client::metrics(baton.admin).await;
     assert_eq!(counted(&m, "raw", "closed"), 0, "{m}");
+}
+
+/// During a stop's drain, a connection that has sent nothing of its
+/// PROXY header by `keepalive_drain_grace` is idle, as a silent client
+/// is on an HTTP listener without PROXY: it is closed, and the stop is
+/// prompt and clean (it was held to `proxy_protocol.timeout`, 60 s here,
+/// and forced at the drain's deadline with exit 3). One whose header and
+/// request come within the grace is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_through_the_drains_grace_is_closed_not_waited_for() {
+    let backend = HttpBackend::start("a").await;
+    let keys = "proxy_protocol = { trusted = [\"127.0.0.0/8\"], timeout = \"60s\" }\nkeepalive_drain_grace = \"1s\"";
+    let baton = Baton::start(
+        Spec::default()
+            .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"30s\"\n")
+            .listener("web", "http", "app", keys)
+            .pool("app", &[backend.addr]),
+    )
+    .await;
+    let web = baton.addr("web");
+    let mut silent = TcpStream::connect(web).await.expect("connect");
+    let mut late = TcpStream::connect(web).await.expect("connect");
+    baton.until_connected("web", 2).await;
+    let stopped = std::time::Instant::now();
+    signal(baton.first_pid, Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let header = v2_header(
+        "198.51.100.7:4000".parse().expect("addr"),
+        "203.0.113.1:443".parse().expect("addr"),
+    );
+    late.write_all(&header).await.expect("header");
+    late.write_all(ASK_HEADERS).await.expect("request");
+    let answer = client::read_until_closed(&mut late).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(client::read_until_closed(&mut silent).await, "");
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0), "nothing forced");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(20),
+        "not held to the drain's deadline: {:?}",
+        stopped.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
