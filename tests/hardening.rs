@@ -891,6 +891,79 @@ async fn the_fd_table_is_grown_as_a_generation_starts() {
 /// over a line of its own says how many were held back, so none goes
 /// uncounted: for 30 bad heads, lines and held-back counts add up to
 /// exactly 30, with fewer than 30 lines.
+/// A journal that stalls (its stream socket full: a slow disk, journald
+/// busy) stalls no request: a line logged meanwhile waits, and the worker
+/// that logged it goes on serving (a plain write blocked it, and every
+/// connection on it); the line reaches the journal once it reads again,
+/// after what was there before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_journal_stalls_no_request() {
+    use std::os::fd::AsRawFd;
+    let backend = HttpBackend::start("a").await;
+    let (stderr, journal) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    // The same socket as baton's stderr: what it sends fills the same room.
+    let filler = stderr.try_clone().expect("dup");
+    let baton = Baton::spawn_logging_to(
+        Spec::new()
+            .top("workers = 1")
+            .http("web", "app")
+            .pool("app", &[backend.addr]),
+        stderr.into(),
+    );
+    // Its start-up lines wait in the socket, unread, as the filler will.
+    baton.wait_ready().await;
+    let mut filled = 0;
+    let flags = nix::sys::socket::MsgFlags::MSG_DONTWAIT;
+    while let Ok(n) = nix::sys::socket::send(filler.as_raw_fd(), &[b'.'; 4096], flags) {
+        filled += n;
+        assert!(filled < 64 << 20, "the socket takes no more at some point");
+    }
+    let web = baton.addr("web");
+    let mut bad = tokio::net::TcpStream::connect(web).await.expect("connect");
+    bad.write_all(b"NOT HTTP AT ALL\r\n\r\n")
+        .await
+        .expect("send");
+    let refused = client::read_until_closed(&mut bad).await;
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    let served = tokio::time::timeout(Duration::from_secs(5), client::get(web, "/after")).await;
+    assert!(
+        served.is_ok_and(|a| a.is_ok_and(|a| a.status == 200)),
+        "the worker that logged serves on"
+    );
+    journal
+        .set_nonblocking(true)
+        .expect("the test's own end, not baton's");
+    let read = tokio::task::spawn_blocking(move || read_for(journal, support::TIMEOUT))
+        .await
+        .expect("reader");
+    let text = String::from_utf8_lossy(&read);
+    let line = text.find("refused a request head");
+    assert!(
+        line.is_some_and(|at| at >= filled),
+        "the held line comes after the {filled} bytes before it: {:?}",
+        text.trim_start_matches('.')
+    );
+}
+
+/// What `journal` reads within `within`, up to the line about a refused
+/// head.
+fn read_for(mut journal: std::os::unix::net::UnixStream, within: Duration) -> Vec<u8> {
+    use std::io::Read;
+    let until = std::time::Instant::now() + within;
+    let mut read = Vec::new();
+    let mut buf = [0u8; 65536];
+    while std::time::Instant::now() < until
+        && !String::from_utf8_lossy(&read).contains("refused a request head")
+    {
+        match journal.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => read.extend_from_slice(&buf[..n]),
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    read
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_bad_requests_is_logged_ten_lines_a_second_and_counted() {
     let backend = HttpBackend::start("a").await;

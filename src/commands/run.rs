@@ -11,8 +11,18 @@ use crate::lifecycle::generation::{Exec, Inheritance, Parent};
 use crate::lifecycle::handoff::Channel;
 use crate::lifecycle::signals::{Commands, Signals};
 
+/// How long an exiting generation waits for a stalled journal to take
+/// the log lines it holds (see `telemetry::stderr`).
+const LOG_FLUSH_AT_EXIT: Duration = Duration::from_secs(1);
+
 pub fn run(args: RunArgs) -> Exit {
     crate::telemetry::init();
+    let code = run_logged(args);
+    crate::telemetry::stderr::flush(LOG_FLUSH_AT_EXIT);
+    code
+}
+
+fn run_logged(args: RunArgs) -> Exit {
     crate::lifecycle::fd_limit::raise();
     // While the process is one thread, the kernel grows its fd table
     // without waiting for an RCU grace period (12 ms a reload, measured,

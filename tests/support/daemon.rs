@@ -296,14 +296,20 @@ impl Baton {
 
     /// Starts `baton run` under a wrapper command (`prlimit --nofile=64`).
     pub fn spawn_under(spec: Spec, extra_args: &[&str], wrapper: &[&str]) -> Baton {
-        Baton::launch(spec, extra_args, wrapper, None)
+        Baton::launch(spec, extra_args, wrapper, None, None)
+    }
+
+    /// Starts `baton run` with its stderr on `stderr` (a socket, as the
+    /// journal's stream is) instead of the log file, without waiting.
+    pub fn spawn_logging_to(spec: Spec, stderr: std::os::fd::OwnedFd) -> Baton {
+        Baton::launch(spec, &[], &[], None, Some(Stdio::from(stderr)))
     }
 
     /// Starts `baton run` with its config behind a FIFO: it blocks reading
     /// it (start-up held still) until the test writes the returned text.
     pub fn spawn_reading_a_fifo(spec: Spec) -> (Baton, String) {
         let mut text = String::new();
-        let baton = Baton::launch(spec, &[], &[], Some(&mut text));
+        let baton = Baton::launch(spec, &[], &[], Some(&mut text), None);
         (baton, text)
     }
 
@@ -315,6 +321,7 @@ impl Baton {
         extra_args: &[&str],
         wrapper: &[&str],
         fifo_for: Option<&mut String>,
+        stderr: Option<Stdio>,
     ) -> Baton {
         SUBREAPER.call_once(|| {
             nix::sys::prctl::set_child_subreaper(true).expect("subreaper");
@@ -338,6 +345,7 @@ impl Baton {
             None => std::fs::write(&config, text).expect("write config"),
         }
         let log = std::fs::File::create(dir.path().join("baton.log")).expect("log file");
+        let stderr = stderr.unwrap_or_else(|| Stdio::from(log));
         // Started through a link of its own, like /usr/bin/baton: a reload
         // runs whatever that path holds then (see `replace_executable`).
         let exe = dir.path().join("baton");
@@ -358,7 +366,7 @@ impl Baton {
             .env("BATON_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(stderr)
             .spawn()
             .expect("spawn baton");
         let first_pid = child.id();

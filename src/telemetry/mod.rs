@@ -3,7 +3,10 @@
 //! when stderr is the journal, which adds its own). A value that is not
 //! one of these is said on stderr, not taken silently. Lines about
 //! clients' and backends' faults are logged within a budget
-//! ([`client_fault`], [`backend_fault`]).
+//! ([`client_fault`], [`backend_fault`]), and a stalled journal never
+//! stalls the thread that logs ([`stderr`]).
+
+pub mod stderr;
 
 pub fn init() {
     let filter = match std::env::var("BATON_LOG") {
@@ -20,7 +23,7 @@ pub fn init() {
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(stderr::Stderr)
         .with_target(false);
     let installed = match format.as_str() {
         "json" => builder.json().try_init(),

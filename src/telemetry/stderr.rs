@@ -1,0 +1,234 @@
+//! baton's own log goes to stderr: under systemd, the journal's stream
+//! socket. A journal that stalls (a slow disk, journald busy or stopped)
+//! fills that socket, and a plain `write(2)` then blocks the worker
+//! thread that logged, and with it every connection that worker serves:
+//! one line about one slow client would stall them all. So on a socket a
+//! line is sent without waiting (`MSG_DONTWAIT`); what the socket cannot
+//! take now waits, in order, in a bounded queue that a thread of its own
+//! writes out as the journal takes it; lines past the bound are dropped,
+//! and how many is said once the queue is written out. (HAProxy logs over
+//! a datagram socket and drops lines for the same reason.) A stderr that
+//! is no socket (a file, a pipe, a terminal) is written as before.
+
+use std::collections::VecDeque;
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::socket::{send, MsgFlags};
+
+/// Bytes of lines held for a stalled journal, at most: some thousands of
+/// lines, minutes of a generation's usual logging.
+const QUEUE_BYTES: usize = 1 << 20;
+
+/// The log's writer for `tracing_subscriber::fmt`, which writes each
+/// event as one `write_all` of its whole line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stderr;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Stderr {
+    type Writer = Line;
+
+    fn make_writer(&'a self) -> Line {
+        Line
+    }
+}
+
+/// One event's line on its way to stderr.
+pub struct Line;
+
+impl Write for Line {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        outlet().take(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Waits, for `within` at most, until the lines held for a stalled
+/// journal are written out: a generation's last lines say why it exits.
+pub fn flush(within: Duration) {
+    let outlet = outlet();
+    if !outlet.socket {
+        return;
+    }
+    let deadline = Instant::now() + within;
+    let mut held = outlet.held();
+    while !held.idle() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        held = outlet
+            .changed
+            .wait_timeout(held, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}
+
+struct Outlet {
+    /// Whether stderr is a socket (sent to without waiting).
+    socket: bool,
+    held: Mutex<Held>,
+    /// A line came into the queue, or one was written out.
+    changed: Condvar,
+}
+
+fn outlet() -> &'static Outlet {
+    static OUTLET: OnceLock<Outlet> = OnceLock::new();
+    OUTLET.get_or_init(|| Outlet {
+        socket: stderr_is_a_socket(),
+        held: Mutex::new(Held::default()),
+        changed: Condvar::new(),
+    })
+}
+
+fn stderr_is_a_socket() -> bool {
+    nix::sys::stat::fstat(io::stderr()).is_ok_and(|stat| {
+        nix::sys::stat::SFlag::from_bits_truncate(stat.st_mode)
+            .contains(nix::sys::stat::SFlag::S_IFSOCK)
+    })
+}
+
+impl Outlet {
+    fn held(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take(&'static self, line: &[u8]) {
+        if !self.socket {
+            let _ = io::stderr().write_all(line);
+            return;
+        }
+        let mut held = self.held();
+        if held.idle() {
+            match send_now(line) {
+                Ok(sent) if sent == line.len() => return,
+                // The rest of the line waits, ahead of any other.
+                Ok(sent) => held.push(&line[sent..]),
+                Err(Errno::EAGAIN) => held.push(line),
+                // Nobody reads stderr any more: nothing to keep it for.
+                Err(_) => return,
+            }
+        } else {
+            held.push(line);
+        }
+        if !held.writer_started {
+            held.writer_started = std::thread::Builder::new()
+                .name("baton-log".into())
+                .spawn(move || self.write_out())
+                .is_ok();
+        }
+        self.changed.notify_all();
+    }
+
+    /// The queue's thread: writes the held lines out as stderr takes them
+    /// (waiting, as a plain write does), then says how many were dropped.
+    fn write_out(&self) {
+        let mut held = self.held();
+        loop {
+            let Some(line) = held.lines.pop_front() else {
+                let dropped = std::mem::take(&mut held.dropped);
+                drop(held);
+                if dropped > 0 {
+                    tracing::warn!(
+                        dropped,
+                        "log lines dropped: stderr (the journal) took none for a while"
+                    );
+                }
+                held = self.held();
+                if held.lines.is_empty() {
+                    held = self
+                        .changed
+                        .wait(held)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                continue;
+            };
+            held.bytes -= line.len();
+            held.writing = true;
+            drop(held);
+            let _ = io::stderr().write_all(&line);
+            held = self.held();
+            held.writing = false;
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// A send that does not wait, whatever the socket's own mode (which is
+/// shared with every process holding it: not ours to change).
+fn send_now(line: &[u8]) -> Result<usize, Errno> {
+    let fd = io::stderr().as_raw_fd();
+    loop {
+        match send(fd, line, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL) {
+            Err(Errno::EINTR) => continue,
+            sent => return sent,
+        }
+    }
+}
+
+/// The lines waiting for stderr to take them.
+#[derive(Debug, Default)]
+struct Held {
+    lines: VecDeque<Vec<u8>>,
+    bytes: usize,
+    /// The queue's thread is writing a line out.
+    writing: bool,
+    /// Lines dropped since the queue was last empty.
+    dropped: u64,
+    writer_started: bool,
+}
+
+impl Held {
+    /// Nothing held or being written: a line may be sent at once, in order.
+    fn idle(&self) -> bool {
+        self.lines.is_empty() && !self.writing
+    }
+
+    /// Holds `line`, or drops it past the bound (the rest of a line begun,
+    /// which comes first, always fits an empty queue).
+    fn push(&mut self, line: &[u8]) {
+        if self.bytes + line.len() > QUEUE_BYTES {
+            self.dropped += 1;
+            return;
+        }
+        self.bytes += line.len();
+        self.lines.push_back(line.to_vec());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_past_the_bound_are_dropped_and_counted() {
+        let mut held = Held::default();
+        let line = vec![b'x'; 1000];
+        for _ in 0..(QUEUE_BYTES / line.len() + 5) {
+            held.push(&line);
+        }
+        assert_eq!(held.lines.len(), QUEUE_BYTES / line.len());
+        assert_eq!(held.dropped, 5);
+        assert!(held.bytes <= QUEUE_BYTES);
+        assert!(!held.idle());
+    }
+
+    #[test]
+    fn a_queue_being_written_out_is_not_idle() {
+        let mut held = Held::default();
+        assert!(held.idle());
+        held.writing = true;
+        assert!(
+            !held.idle(),
+            "a line sent now would pass the one being written"
+        );
+    }
+}
