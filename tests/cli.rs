@@ -42,7 +42,7 @@ fn check_lists_every_problem_with_its_key_and_exits_78() {
     let path = dir.path().join("bad.toml");
     std::fs::write(
         &path,
-        "workers = 300\n[[listeners]]\nname = \"web\"\nbind = \"nowhere\"\npool = \"ap\"\n\n[[listeners]]\nname = \"db\"\nbind = \"127.0.0.1:1\"\nprotocol = \"tcp\"\npool = \"app\"\nbody_min_rate = -1\n\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+        "workers = 300\n[[listeners]]\nname = \"web\"\nbind = \"nowhere\"\npool = \"ap\"\n\n[[listeners]]\nname = \"db\"\nbind = \"127.0.0.1:2\"\nprotocol = \"tcp\"\npool = \"app\"\nbody_min_rate = -1\n\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
     )
     .expect("write");
     let (code, _, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
@@ -74,7 +74,7 @@ fn config_with_token(dir: &std::path::Path, token_file: &std::path::Path) -> std
     std::fs::write(
         &path,
         format!(
-            "[admin]\ntoken_file = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:1\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"127.0.0.1:1\" }}]\n",
+            "[admin]\ntoken_file = \"{}\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:2\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"127.0.0.1:1\" }}]\n",
             token_file.display()
         ),
     )
@@ -778,6 +778,55 @@ fn check_shows_whom_a_listener_believes_and_what_a_pool_sends() {
     assert!(
         stdout.contains("pool app: 1 backend(s), send_proxy v1"),
         "{stdout}"
+    );
+}
+
+/// `cd /etc/baton && baton check -c baton.toml`: a config named bare has
+/// its relative paths beside it (its folder was taken as "", which no
+/// access log's folder is).
+#[test]
+fn a_config_named_bare_finds_its_relative_paths() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("bare.toml"),
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\naccess_log = { path = \"access.log\" }\n\n[[pools]]\nname = \"app\"\nbackends = [{ address = \"127.0.0.1:1\" }]\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["check", "-c", "bare.toml"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run baton");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let logged = dir.path().join("access.log");
+    assert!(stdout.contains(&logged.display().to_string()), "{stdout}");
+}
+
+/// `baton check | head -1`, or `grep -q` under `pipefail`: a reader gone
+/// before the output ends leaves the exit code the check's, not a panic's
+/// 101 ("failed printing to stdout").
+#[test]
+fn check_into_a_closed_pipe_exits_with_its_outcome() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/baton.toml");
+    let (read, write) = nix::unistd::pipe().expect("pipe");
+    drop(read);
+    let out = Command::new(BIN)
+        .args(["check", "-c", path])
+        .stdout(std::process::Stdio::from(write))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("run baton");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 

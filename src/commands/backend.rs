@@ -45,7 +45,7 @@ pub fn backend(args: &BackendArgs) -> Exit {
     let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     if code == 200 {
         let b = &v["backend"];
-        println!(
+        say!(
             "backend {} ({}) in pool {} is now {}",
             s(&b["name"]),
             s(&b["index"]),

@@ -20,39 +20,39 @@ pub fn check(args: CheckArgs) -> Exit {
     for warning in &c.warnings {
         eprintln!("baton: warning: {warning}");
     }
-    println!("config {} is valid", c.source.display());
-    println!("workers                 {}", c.workers);
-    println!("pin_workers             {}", c.pin_workers);
-    println!("busy_poll               {}", display(c.busy_poll));
-    println!("admin.listen            {}", c.admin.listen);
-    println!("control.socket          {}", c.control.socket.display());
-    println!(
+    say!("config {} is valid", c.source.display());
+    say!("workers                 {}", c.workers);
+    say!("pin_workers             {}", c.pin_workers);
+    say!("busy_poll               {}", display(c.busy_poll));
+    say!("admin.listen            {}", c.admin.listen);
+    say!("control.socket          {}", c.control.socket.display());
+    say!(
         "shutdown.pre_stop_delay {}",
         display(c.shutdown.pre_stop_delay)
     );
-    println!(
+    say!(
         "shutdown.drain_timeout  {}",
         display(c.shutdown.drain_timeout)
     );
-    println!(
+    say!(
         "reload.ready_timeout    {}",
         display(c.reload.ready_timeout)
     );
-    println!(
+    say!(
         "reload.drain_timeout    {}",
         display(c.reload.drain_timeout)
     );
-    println!("reload.max_draining     {}", c.reload.max_draining);
-    println!("reload.close_spread     {}", display(c.reload.close_spread));
-    println!(
+    say!("reload.max_draining     {}", c.reload.max_draining);
+    say!("reload.close_spread     {}", display(c.reload.close_spread));
+    say!(
         "admin.liveness_paths    {}",
         c.admin.liveness_paths.join(", ")
     );
-    println!(
+    say!(
         "admin.readiness_paths   {}",
         c.admin.readiness_paths.join(", ")
     );
-    println!(
+    say!(
         "admin.token_file        {}",
         if c.admin.token.is_some() {
             "set"
@@ -60,10 +60,10 @@ pub fn check(args: CheckArgs) -> Exit {
             "none"
         }
     );
-    println!("tls.ticket_rotation     {}", display(c.ticket_rotation));
+    say!("tls.ticket_rotation     {}", display(c.ticket_rotation));
     for l in &c.listeners {
         let pool = &c.pools[l.pool].name;
-        println!(
+        say!(
             "listener {} {} {} -> pool {} (reuseport {}, backlog {}, max_connections {}, defer_accept {})",
             l.name,
             l.protocol.as_str(),
@@ -79,7 +79,7 @@ pub fn check(args: CheckArgs) -> Exit {
             print_tls(&l.name, tls);
         }
         if let Some(log) = &l.access_log {
-            println!(
+            say!(
                 "listener {} access_log {} ({})",
                 l.name,
                 log.destination,
@@ -88,7 +88,7 @@ pub fn check(args: CheckArgs) -> Exit {
         }
         if let Some(pp) = &l.proxy_protocol {
             let trusted: Vec<String> = pp.trusted.iter().map(ToString::to_string).collect();
-            println!(
+            say!(
                 "listener {} proxy_protocol accept {}, trusted [{}], {}, timeout {}",
                 l.name,
                 pp.accept.as_str(),
@@ -102,14 +102,14 @@ pub fn check(args: CheckArgs) -> Exit {
         let sends = p
             .send_proxy
             .map_or(String::new(), |v| format!(", send_proxy {}", v.as_str()));
-        println!("pool {}: {} backend(s){sends}", p.name, p.backends.len());
+        say!("pool {}: {} backend(s){sends}", p.name, p.backends.len());
         print_pool_settings(p);
         for n in &p.named {
             let (kind, weight) = match n.query {
                 DnsQuery::Host { .. } => ("A/AAAA", format!(", weight {}", n.weight)),
                 DnsQuery::Srv(_) => ("SRV", String::new()),
             };
-            println!(
+            say!(
                 "pool {} backend {} from DNS {kind} {}{weight}, resolved every {} or the TTL",
                 p.name,
                 n.name,
@@ -125,7 +125,7 @@ pub fn check(args: CheckArgs) -> Exit {
             .iter()
             .map(ToString::to_string)
             .collect();
-        println!(
+        say!(
             "resolver nameservers {}, timeout {}",
             if servers.is_empty() {
                 "from /etc/resolv.conf".to_string()
@@ -135,7 +135,7 @@ pub fn check(args: CheckArgs) -> Exit {
             display(c.resolver.timeout)
         );
     }
-    println!("TimeoutStopSec={}", seconds_up(c.timeout_stop()));
+    say!("TimeoutStopSec={}", seconds_up(c.timeout_stop()));
     super::unit::warn_about_the_unit(args.unit.as_deref(), &c);
     Exit::Clean
 }
@@ -143,7 +143,7 @@ pub fn check(args: CheckArgs) -> Exit {
 /// A TLS listener's settings, then one line per certificate, in the order
 /// SNI falls back through (the first is the default).
 fn print_tls(listener: &str, tls: &TlsSettings) {
-    println!(
+    say!(
         "listener {listener} tls alpn [{}], min_version {}, handshake_timeout {}, client_auth {}",
         tls.alpn.join(", "),
         tls.min_version.as_str(),
@@ -157,7 +157,7 @@ fn print_tls(listener: &str, tls: &TlsSettings) {
         } else {
             "expires"
         };
-        println!(
+        say!(
             "listener {listener} tls certificate {} (names {}; {expires} {})",
             cert.name,
             cert.names.join(", "),
@@ -170,7 +170,7 @@ fn print_tls(listener: &str, tls: &TlsSettings) {
 fn print_listener_settings(l: &ListenerConfig, pools: &[PoolConfig]) {
     if l.protocol != Protocol::Http {
         // idle: once a side has closed its half (HAProxy's client-fin).
-        println!(
+        say!(
             "listener {} timeouts: connect {}, tunnel {}, idle {}",
             l.name,
             display(l.connect_timeout),
@@ -179,7 +179,7 @@ fn print_listener_settings(l: &ListenerConfig, pools: &[PoolConfig]) {
         );
         return;
     }
-    println!(
+    say!(
         "listener {} timeouts: header {}, idle {}, keepalive_drain_grace {}, connect {}, response {}, tunnel {}",
         l.name,
         display(l.header_timeout),
@@ -198,7 +198,7 @@ fn print_listener_settings(l: &ListenerConfig, pools: &[PoolConfig]) {
         0 => "none".to_string(),
         rate => format!("{rate} B/s"),
     };
-    println!(
+    say!(
         "listener {} forwarded {forwarded}, h2_max_concurrent_streams {}, body_min_rate {body_min_rate}",
         l.name, l.h2_max_concurrent_streams
     );
@@ -208,7 +208,7 @@ fn print_listener_settings(l: &ListenerConfig, pools: &[PoolConfig]) {
             .path_prefix
             .as_deref()
             .map(|p| format!("path_prefix {p} "));
-        println!(
+        say!(
             "listener {} route {}{}-> pool {}",
             l.name,
             host.unwrap_or_default(),
@@ -229,18 +229,18 @@ fn print_pool_settings(p: &PoolConfig) {
         0 => "none".to_string(),
         n => format!("{n}, queue_timeout {}", display(p.queue_timeout)),
     };
-    println!(
+    say!(
         "pool {} balance {balance}, max_connections_per_backend {cap}",
         p.name
     );
     match &p.health {
-        None => println!("pool {} health none (backends taken as up)", p.name),
+        None => say!("pool {} health none (backends taken as up)", p.name),
         Some(h) => {
             let kind = match h.kind {
                 HealthKind::Http => format!("http {}", h.path),
                 HealthKind::Tcp => "tcp".to_string(),
             };
-            println!(
+            say!(
                 "pool {} health {kind}, every {}, timeout {}, rise {}, fall {}",
                 p.name,
                 display(h.interval),

@@ -50,7 +50,7 @@ pub fn reload(args: ReloadArgs) -> Exit {
         // read all of).
         (Ok(reply), invalid) if reply.ok => {
             as_read_here(invalid);
-            println!("{}", reply.message);
+            say!("{}", reply.message);
             Exit::Clean
         }
         (Ok(reply), invalid) => {

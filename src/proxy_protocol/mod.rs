@@ -86,6 +86,11 @@ pub struct Cidr {
 }
 
 impl Cidr {
+    /// Whether it holds every address of its family (`0.0.0.0/0`, `::/0`).
+    pub fn is_everything(&self) -> bool {
+        self.prefix == 0
+    }
+
     pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         match (self.network, ip) {

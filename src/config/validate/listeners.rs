@@ -177,6 +177,16 @@ impl Validator {
             Some(written) => {
                 let path = self.path(Some(written), written);
                 self.no_nul(&format!("{key}.path"), &path);
+                if written == "stderr" || written.starts_with("syslog:") {
+                    // Taken, as before: a config that ran must still reload.
+                    self.warning(
+                        &format!("{key}.path"),
+                        format!(
+                            "is the file {}: access lines go to a file or \"stdout\" (stderr is baton's own log)",
+                            path.display()
+                        ),
+                    );
+                }
                 if written.ends_with('/') || path.is_dir() {
                     self.problem(
                         &format!("{key}.path"),

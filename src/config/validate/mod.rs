@@ -16,6 +16,7 @@ use super::*;
 /// one (a device, a log named by mistake).
 const MAX_TOKEN_FILE: u64 = 64 << 10;
 
+mod cross;
 mod dns;
 mod listeners;
 mod pools;
@@ -95,7 +96,7 @@ pub fn from_file(
     };
     let ticket_rotation = v.ticket_rotation(raw.tls.ticket_rotation.as_ref());
     let resolver = v.resolver(&raw.resolver);
-    let pools = v.pools(&raw.pools);
+    let pools = v.pools(&raw.pools, &pools_only_tcp_uses(&raw.listeners));
     if admin.listen == AdminListen::Unix(control.socket.clone()) {
         v.problem(
             "admin.listen",
@@ -106,6 +107,14 @@ pub fn from_file(
         );
     }
     let listeners = v.listeners(&raw.listeners, &pools, admin.listen.tcp());
+    v.grace_within_drains(
+        &listeners,
+        [
+            (shutdown.drain_timeout, stop_drain_from),
+            (reload.drain_timeout, "reload.drain_timeout"),
+        ],
+    );
+    v.no_listener_is_its_own_backend(&listeners, &pools);
     if v.problems.is_empty() {
         Ok(Config {
             source: path.to_path_buf(),
@@ -127,6 +136,34 @@ pub fn from_file(
     }
 }
 
+/// The pools only TCP listeners use (each listener's `pool`; routes are
+/// HTTP's): their health check connects unless its `kind` says otherwise,
+/// as HAProxy's `check` does in `mode tcp`. An HTTP check's GET to a
+/// database's port fails every time, and would take the pool down.
+fn pools_only_tcp_uses(listeners: &[file::ListenerFile]) -> HashSet<String> {
+    let mut tcp = HashSet::new();
+    let mut http = HashSet::new();
+    for l in listeners {
+        if l.protocol.as_deref() == Some("tcp") {
+            tcp.extend(l.pool.clone());
+        } else {
+            http.extend(l.pool.clone());
+            http.extend(l.routes.iter().filter_map(|r| r.pool.clone()));
+        }
+    }
+    &tcp - &http
+}
+
+/// The folder `path` is in, absolute: a config named bare (`-c
+/// baton.toml`) has an empty parent, whose relative paths' folders would
+/// be looked for nowhere (`"".is_dir()` is false).
+fn config_folder(path: &Path) -> PathBuf {
+    std::path::absolute(path)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
 struct Validator {
     problems: Vec<String>,
     /// Found but not fatal; they reach `Config::warnings`.
@@ -144,7 +181,7 @@ impl Validator {
         Validator {
             problems: Vec::new(),
             warnings: Vec::new(),
-            base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+            base: config_folder(path),
             system_roots: None,
         }
     }
@@ -644,6 +681,68 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             found.len() == 1 && found[0].starts_with(key) && found[0].contains(said),
             "{text}: {found:?}"
         );
+    }
+
+    /// A health check that names no kind connects for a pool only TCP
+    /// listeners use (HAProxy's `check` in `mode tcp`): an HTTP GET to a
+    /// database's port failed every check and took the pool down. Any
+    /// HTTP listener or route on the pool keeps it HTTP.
+    #[test]
+    fn an_unnamed_check_kind_follows_the_listeners_of_its_pool() {
+        use crate::config::HealthKind;
+        let tcp = GOOD
+            .replace("pool = \"app\"\n", "pool = \"app\"\nprotocol = \"tcp\"\n")
+            .replace(
+                "backends = [",
+                "health = { interval = \"5s\" }\nbackends = [",
+            );
+        let kind_of = |text: &str| {
+            parse(text, Path::new("x.toml"), &Overrides::default())
+                .expect("valid")
+                .pools[0]
+                .health
+                .as_ref()
+                .map(|h| h.kind)
+        };
+        assert_eq!(kind_of(&tcp), Some(HealthKind::Tcp));
+        let named = tcp.replace("health = { ", "health = { kind = \"http\", ");
+        assert_eq!(kind_of(&named), Some(HealthKind::Http));
+        let shared = format!(
+            "{tcp}\n[[listeners]]\nname = \"web2\"\nbind = \"127.0.0.1:8081\"\npool = \"app\"\n"
+        );
+        assert_eq!(kind_of(&shared), Some(HealthKind::Http));
+    }
+
+    /// What a config takes but may not mean: said, not refused (a config
+    /// that ran must still reload).
+    #[test]
+    fn settings_that_may_not_mean_what_they_say_are_warned_of() {
+        let warnings = |keys: &str| {
+            parse(
+                &listener_keys(keys),
+                Path::new("/tmp/baton.toml"),
+                &Overrides::default(),
+            )
+            .expect("valid")
+            .warnings
+        };
+        let said = |found: Vec<String>, key: &str, part: &str| {
+            assert!(
+                found.len() == 1 && found[0].starts_with(key) && found[0].contains(part),
+                "{found:?}"
+            );
+        };
+        said(
+            warnings("proxy_protocol = { trusted = [\"10.0.0.0/8\", \"0.0.0.0/0\"] }\n"),
+            "listeners[0].proxy_protocol.trusted[1]",
+            "trusts every address",
+        );
+        said(
+            warnings("access_log = { path = \"stderr\" }\n"),
+            "listeners[0].access_log.path",
+            "is the file /tmp/stderr",
+        );
+        assert!(warnings("access_log = { path = \"stdout\" }\n").is_empty());
     }
 
     #[test]

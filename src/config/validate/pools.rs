@@ -13,7 +13,13 @@ enum Entry {
 }
 
 impl Validator {
-    pub(super) fn pools(&mut self, raw: &[file::PoolFile]) -> Vec<PoolConfig> {
+    /// `tcp_only`: the pools only TCP listeners use (their health check
+    /// connects unless it says otherwise).
+    pub(super) fn pools(
+        &mut self,
+        raw: &[file::PoolFile],
+        tcp_only: &HashSet<String>,
+    ) -> Vec<PoolConfig> {
         let mut pools = Vec::new();
         let mut pool_names = HashSet::new();
         let mut backend_names = HashSet::new();
@@ -38,10 +44,15 @@ impl Validator {
                     Balance::RoundRobin
                 }
             };
+            let unset_kind = if tcp_only.contains(&name) {
+                HealthKind::Tcp
+            } else {
+                HealthKind::Http
+            };
             let health = p
                 .health
                 .as_ref()
-                .map(|h| self.health(&format!("{key}.health"), h));
+                .map(|h| self.health(&format!("{key}.health"), h, unset_kind));
             let mut named = Vec::new();
             if let Some(text) = p.srv.as_deref() {
                 let query = self.srv(&format!("{key}.srv"), text);
@@ -175,9 +186,11 @@ impl Validator {
         }
     }
 
-    fn health(&mut self, key: &str, raw: &file::HealthFile) -> HealthConfig {
+    /// `unset`: the kind of a check that names none.
+    fn health(&mut self, key: &str, raw: &file::HealthFile, unset: HealthKind) -> HealthConfig {
         let kind = match raw.kind.as_deref() {
-            None | Some("http") => HealthKind::Http,
+            None => unset,
+            Some("http") => HealthKind::Http,
             Some("tcp") => HealthKind::Tcp,
             Some(other) => {
                 self.problem(

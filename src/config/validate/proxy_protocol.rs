@@ -50,7 +50,15 @@ impl Validator {
         };
         let mut blocks = Vec::new();
         for (i, text) in raw.iter().enumerate() {
-            match text.parse() {
+            match text.parse::<Cidr>() {
+                Ok(block) if block.is_everything() => {
+                    // Taken: a config that ran must still reload.
+                    self.warning(
+                        &format!("{key}[{i}]"),
+                        format!("{text} trusts every address: any client may name itself in a header; list the balancers' addresses"),
+                    );
+                    blocks.push(block);
+                }
                 Ok(block) => blocks.push(block),
                 Err(why) => self.problem(&format!("{key}[{i}]"), why),
             }

@@ -1,0 +1,167 @@
+//! Checks across sections: settings each section takes alone, which
+//! together would not do what they say.
+
+use super::*;
+
+impl Validator {
+    /// A listener's `keepalive_drain_grace` at or past a drain's budget
+    /// closes no idle keep-alive connection before the drain's deadline:
+    /// each is cut there, counted as forced, and every stop exits 3. A
+    /// warning: a config that ran must still reload.
+    pub(super) fn grace_within_drains(
+        &mut self,
+        listeners: &[ListenerConfig],
+        drains: [(Duration, &str); 2],
+    ) {
+        for (i, l) in listeners.iter().enumerate() {
+            let grace = l.keepalive_drain_grace;
+            let over = drains
+                .iter()
+                .find(|(budget, _)| !budget.is_zero() && grace >= *budget);
+            if let Some((budget, from)) = over {
+                self.warning(
+                    &format!("listeners[{i}].keepalive_drain_grace"),
+                    format!(
+                        "{} is not shorter than {from} ({}): idle keep-alive connections are cut at the drain's deadline, counted as forced",
+                        humantime::format_duration(grace),
+                        humantime::format_duration(*budget)
+                    ),
+                );
+            }
+        }
+    }
+
+    /// A listener whose pool (its own, or a route's) has a backend at the
+    /// listener's own address would send each request back to itself,
+    /// until `max_connections` runs out.
+    pub(super) fn no_listener_is_its_own_backend(
+        &mut self,
+        listeners: &[ListenerConfig],
+        pools: &[PoolConfig],
+    ) {
+        for (i, l) in listeners.iter().enumerate() {
+            let mut used: Vec<usize> = l.routes.iter().map(|r| r.pool).collect();
+            used.push(l.pool);
+            used.sort_unstable();
+            used.dedup();
+            for pool in used.iter().filter_map(|p| pools.get(*p)) {
+                for b in pool.backends.iter().filter(|b| reaches(l.bind, b.address)) {
+                    self.problem(
+                        &format!("listeners[{i}]"),
+                        format!(
+                            "pool \"{}\" has backend \"{}\" at {}, this listener's own address: each request would come back to baton",
+                            pool.name, b.name, b.address
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Whether a connection to `backend` reaches a listener bound on `bind`.
+fn reaches(bind: SocketAddr, backend: SocketAddr) -> bool {
+    let (listening, to) = (bind.ip(), backend.ip());
+    bind.port() == backend.port()
+        && (listening == to
+            || (listening.is_unspecified() && (to.is_loopback() || to.is_unspecified())))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::super::tests::problems;
+    use super::*;
+    use crate::config::{parse, Overrides};
+
+    /// A listener on 127.0.0.1:8080 before pool `app`, with `keys` added
+    /// to it and `top` before it.
+    fn config(top: &str, keys: &str, backend: &str) -> String {
+        format!(
+            "{top}\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\npool = \"app\"\n{keys}\n\n[[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"{backend}\" }}]\n"
+        )
+    }
+
+    fn warnings(text: &str) -> Vec<String> {
+        parse(
+            text,
+            Path::new("/etc/baton/baton.toml"),
+            &Overrides::default(),
+        )
+        .expect("valid")
+        .warnings
+    }
+
+    #[test]
+    fn a_drain_grace_past_a_drain_budget_is_warned_of() {
+        let said = warnings(&config(
+            "[shutdown]\ndrain_timeout = \"10s\"",
+            "keepalive_drain_grace = \"30s\"",
+            "127.0.0.1:9001",
+        ));
+        assert!(
+            said.len() == 1
+                && said[0].starts_with("listeners[0].keepalive_drain_grace")
+                && said[0].contains("shutdown.drain_timeout (10s)"),
+            "{said:?}"
+        );
+        let reload_shorter = warnings(&config(
+            "[reload]\ndrain_timeout = \"2s\"",
+            "keepalive_drain_grace = \"5s\"",
+            "127.0.0.1:9001",
+        ));
+        assert!(
+            reload_shorter.len() == 1 && reload_shorter[0].contains("reload.drain_timeout (2s)"),
+            "{reload_shorter:?}"
+        );
+        assert!(warnings(&config(
+            "",
+            "keepalive_drain_grace = \"5s\"",
+            "127.0.0.1:9001"
+        ))
+        .is_empty());
+    }
+
+    #[test]
+    fn a_listener_that_is_its_own_backend_is_refused() {
+        let own = "this listener's own address";
+        let found = problems(&config("", "", "127.0.0.1:8080"));
+        assert!(
+            found.len() == 1 && found[0].starts_with("listeners[0]") && found[0].contains(own),
+            "{found:?}"
+        );
+        let routed = config(
+            "",
+            "routes = [{ path_prefix = \"/x\", pool = \"loop\" }]",
+            "127.0.0.1:9001",
+        ) + "\n[[pools]]\nname = \"loop\"\nbackends = [{ name = \"l\", address = \"127.0.0.1:8080\" }]\n";
+        let found = problems(&routed);
+        assert!(
+            found.len() == 1 && found[0].contains("pool \"loop\"") && found[0].contains(own),
+            "{found:?}"
+        );
+        let wildcard = config("", "", "127.0.0.1:8080")
+            .replace("127.0.0.1:8080\"\npool", "0.0.0.0:8080\"\npool");
+        assert_eq!(
+            problems(&wildcard).len(),
+            1,
+            "a wildcard bind takes loopback's connections"
+        );
+        assert!(warnings(&config("", "", "127.0.0.1:8081")).is_empty());
+    }
+
+    #[test]
+    fn a_backend_reaches_a_listener_on_its_address_or_a_wildcard() {
+        let at = |s: &str| s.parse::<SocketAddr>().expect("address");
+        assert!(reaches(at("127.0.0.1:80"), at("127.0.0.1:80")));
+        assert!(reaches(at("0.0.0.0:80"), at("127.0.0.1:80")));
+        assert!(reaches(at("[::]:80"), at("[::1]:80")));
+        assert!(!reaches(at("127.0.0.1:80"), at("127.0.0.1:81")));
+        assert!(!reaches(at("127.0.0.1:80"), at("127.0.0.2:80")));
+        assert!(
+            !reaches(at("0.0.0.0:80"), at("10.0.0.5:80")),
+            "another host, maybe"
+        );
+    }
+}
