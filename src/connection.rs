@@ -20,6 +20,7 @@ use crate::lifecycle::drain::DrainWatch;
 use crate::listener::Accept;
 use crate::metrics::ListenerMetrics;
 use crate::proxy::{tcp::TcpProxy, web::HttpProxy};
+use crate::proxy_protocol::receive::Received;
 use crate::proxy_protocol::{self, Origin, ReceiveSettings};
 use crate::stream::ByteStream;
 use crate::tls::handshake::{Handshake, Terminator};
@@ -133,15 +134,7 @@ impl Accept for Connections {
                     let admitted = match receive {
                         None => Some((stream, origin)),
                         Some(settings) => {
-                            let idle = drain.grace_over(listener.keepalive_drain_grace);
-                            if silent_till_the_grace_is_over(&stream, &listener, &settings, idle)
-                                .await
-                            {
-                                tracing::debug!(listener = %listener.name, client = %origin.client, expected = true, "no PROXY header through the drain's grace; closing");
-                                drain.closed_idle();
-                                return;
-                            }
-                            in_place::boxed(|| admit(stream, origin, &settings, &listener.name))
+                            in_place::boxed(|| admit(stream, origin, &settings, &listener, &drain))
                                 .await
                         }
                     };
@@ -173,31 +166,21 @@ impl Accept for Connections {
     }
 }
 
-/// Whether a connection waiting for its PROXY header has sent nothing
-/// when `idle` resolves (a drain's grace), where silence means it is
-/// idle: it would hold the drain to `proxy_protocol.timeout`, as a
-/// silent client is closed after the grace on an HTTP listener or in a
-/// TLS handshake. A TCP listener whose header is optional may serve a
-/// protocol whose server speaks first: its silent client waits for the
-/// timeout and is served then, as without a drain.
-async fn silent_till_the_grace_is_over(
-    stream: &TcpStream,
+/// When a connection waiting for its PROXY header that has sent nothing
+/// is idle: once the drain's grace is over, as a silent client is on an
+/// HTTP listener or in a TLS handshake (it would hold the drain to
+/// `proxy_protocol.timeout`). Never on a TCP listener whose header is
+/// optional: it may serve a protocol whose server speaks first, whose
+/// silent client is served at the timeout, as without a drain.
+async fn idle_without_a_header(
+    drain: &DrainWatch,
     listener: &ListenerConfig,
     settings: &ReceiveSettings,
-    idle: impl std::future::Future<Output = ()>,
-) -> bool {
+) {
     if listener.protocol == Protocol::Tcp && !settings.required {
-        return false;
+        return std::future::pending().await;
     }
-    // Peeked, not waited on for readability: that may come without a byte
-    // (tokio's readiness can be spurious), and the header is read after.
-    let mut first = [0u8; 1];
-    tokio::select! {
-        // A byte that came wins over a grace that ran out with it.
-        biased;
-        _ = stream.peek(&mut first) => false,
-        () = idle => true,
-    }
+    drain.grace_over(listener.keepalive_drain_grace).await;
 }
 
 /// Reads a PROXY header; a connection whose header is refused is closed
@@ -206,10 +189,18 @@ async fn admit(
     mut stream: TcpStream,
     socket: Origin,
     settings: &ReceiveSettings,
-    listener: &str,
+    config: &ListenerConfig,
+    drain: &DrainWatch,
 ) -> Option<(TcpStream, Origin)> {
-    match proxy_protocol::receive::receive(&mut stream, socket, settings).await {
-        Ok(origin) => Some((stream, origin)),
+    let listener = config.name.as_str();
+    let idle = idle_without_a_header(drain, config, settings);
+    match proxy_protocol::receive::receive(&mut stream, socket, settings, idle).await {
+        Ok(Received::From(origin)) => Some((stream, origin)),
+        Ok(Received::Idle) => {
+            tracing::debug!(listener, client = %socket.client, expected = true, "no PROXY header through the drain's grace; closing");
+            drain.closed_idle();
+            None
+        }
         Err(refusal) => {
             crate::metrics::proxy_protocol_error(listener, refusal.label());
             if crate::telemetry::client_fault() {

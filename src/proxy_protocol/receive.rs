@@ -239,41 +239,78 @@ fn six(a: v1::IPv6) -> (SocketAddr, SocketAddr) {
     )
 }
 
+/// What a wait for a header came to, when nothing was refused.
+#[derive(Debug)]
+pub enum Received {
+    /// Who the connection is from.
+    From(Origin),
+    /// Not a byte came before `idle_until` did (a drain's grace).
+    Idle,
+}
+
 /// Reads the header, if any, off `stream` within `settings.timeout`, and
-/// says who the connection is from.
+/// says who the connection is from. A peer that has sent nothing when
+/// `idle_until` resolves (a drain's grace: it would hold the drain to the
+/// timeout) is `Idle`; within the same timeout, which counts from here.
 pub async fn receive(
     stream: &mut TcpStream,
     socket: Origin,
     settings: &ReceiveSettings,
-) -> Result<Origin, Refusal> {
+    idle_until: impl std::future::Future<Output = ()>,
+) -> Result<Received, Refusal> {
     let trusted = settings.trusts(socket.client.ip());
     if !trusted && settings.required {
         // Nothing it could send would be believed.
         return Err(Refusal::Untrusted);
     }
     let mut consumed = Vec::new();
-    let read = tokio::time::timeout(settings.timeout, read_header(stream, &mut consumed)).await;
+    let read = tokio::time::timeout(settings.timeout, async {
+        if silent_until(stream, idle_until).await {
+            return Ok(None);
+        }
+        read_header(stream, &mut consumed).await.map(Some)
+    })
+    .await;
     let looked = match read {
-        Ok(looked) => looked?,
+        Ok(Ok(None)) => return Ok(Received::Idle),
+        Ok(Ok(Some(looked))) => looked,
+        Ok(Err(refusal)) => return Err(refusal),
         // A client that sends nothing first (a server-speaks-first
         // protocol) is served once the wait is over, where allowed.
         Err(_) if consumed.is_empty() && !settings.required => Looked::Absent,
         Err(_) => return Err(Refusal::Timeout),
     };
-    match looked {
-        Looked::Silent if settings.required => Err(Refusal::Closed),
-        Looked::Absent if settings.required => Err(Refusal::Missing),
+    let origin = match looked {
+        Looked::Silent if settings.required => return Err(Refusal::Closed),
+        Looked::Absent if settings.required => return Err(Refusal::Missing),
         // One that closed its half having sent nothing (`nc -N` reading a
         // greeting) is served too: as it would be without `proxy_protocol`.
-        Looked::Silent | Looked::Absent => Ok(socket),
-        Looked::Header(_) if !trusted => Err(Refusal::Untrusted),
-        Looked::Header(header) => Ok(match decode(&header, settings.accept)? {
+        Looked::Silent | Looked::Absent => socket,
+        Looked::Header(_) if !trusted => return Err(Refusal::Untrusted),
+        Looked::Header(header) => match decode(&header, settings.accept)? {
             Some((client, local)) => Origin {
                 client,
                 local: Some(local),
             },
             None => socket,
-        }),
+        },
+    };
+    Ok(Received::From(origin))
+}
+
+/// Whether `idle_until` came before a first byte (or the peer's close).
+/// Peeked, not waited on for readability, which tokio may report without
+/// a byte; the header is read after.
+async fn silent_until(
+    stream: &TcpStream,
+    idle_until: impl std::future::Future<Output = ()>,
+) -> bool {
+    let mut first = [0u8; 1];
+    tokio::select! {
+        // A byte that came wins over a grace that ran out with it.
+        biased;
+        _ = stream.peek(&mut first) => false,
+        () = idle_until => true,
     }
 }
 
