@@ -11,6 +11,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::Frame;
@@ -100,6 +101,54 @@ async fn h2_streams_and_http1_clients_share_kept_backend_connections() {
         "the HTTP/1 client got the same connection"
     );
     assert_eq!(backend.accepted(), 1);
+}
+
+/// As for HTTP/1 clients: an event stream's quiet spells are timed by
+/// `tunnel_timeout`, not `response_timeout`; past it the stream is reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_is_quiet_up_to_tunnel_timeout_not_response_timeout() {
+    let backend = RawBackend::start(|_: &Seen| {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n";
+        (head.as_bytes().to_vec(), Then::CloseAfter(Duration::from_secs(60)))
+    })
+    .await;
+    let baton = Baton::start(
+        Spec::new()
+            .listener(
+                "web",
+                "http",
+                "app",
+                "response_timeout = \"1s\"\ntunnel_timeout = \"2s\"",
+            )
+            .pool("app", &[backend.addr]),
+    )
+    .await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let asked = std::time::Instant::now();
+    let resp = tokio::time::timeout(
+        support::TIMEOUT,
+        sender.send_request(request("GET", web, "/events", empty())),
+    )
+    .await
+    .expect("a head in time")
+    .expect("h2 response");
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert_eq!(
+        first.data_ref().map(|d| d.as_ref()),
+        Some(&b"data: 1\n\n"[..])
+    );
+    let rest = tokio::time::timeout(support::TIMEOUT, body.collect()).await;
+    assert!(
+        rest.as_ref().is_ok_and(Result::is_err),
+        "reset at tunnel_timeout: {rest:?}"
+    );
+    assert!(
+        asked.elapsed() >= Duration::from_millis(1900),
+        "cut at tunnel_timeout (2 s), not response_timeout (1 s): {:?}",
+        asked.elapsed()
+    );
 }
 
 /// As for HTTP/1 clients: a kept connection that broke off in the middle

@@ -886,11 +886,6 @@ async fn the_fd_table_is_grown_as_a_generation_starts() {
     );
 }
 
-/// A client that sends garbage as fast as it can connect does not write a
-/// log line each time: ten lines a second at most, and once the second is
-/// over a line of its own says how many were held back, so none goes
-/// uncounted: for 30 bad heads, lines and held-back counts add up to
-/// exactly 30, with fewer than 30 lines.
 /// A journal that stalls (its stream socket full: a slow disk, journald
 /// busy) stalls no request: a line logged meanwhile waits, and the worker
 /// that logged it goes on serving (a plain write blocked it, and every
@@ -964,6 +959,11 @@ fn read_for(mut journal: std::os::unix::net::UnixStream, within: Duration) -> Ve
     read
 }
 
+/// A client that sends garbage as fast as it can connect does not write a
+/// log line each time: ten lines a second at most, and once the second is
+/// over a line of its own says how many were held back, so none goes
+/// uncounted: for 30 bad heads, lines and held-back counts add up to
+/// exactly 30, with fewer than 30 lines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_bad_requests_is_logged_ten_lines_a_second_and_counted() {
     let backend = HttpBackend::start("a").await;
