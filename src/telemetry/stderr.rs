@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -110,11 +110,13 @@ impl Outlet {
         if held.idle() {
             match send_now(line) {
                 Ok(sent) if sent == line.len() => return,
-                // The rest of the line waits, ahead of any other.
-                Ok(sent) => held.push(&line[sent..]),
-                Err(Errno::EAGAIN) => held.push(line),
+                // The rest of the line waits, ahead of any other, whatever
+                // the bound: half a line would have the next glued to it.
+                Ok(sent) => held.push_rest(&line[sent..]),
                 // Nobody reads stderr any more: nothing to keep it for.
-                Err(_) => return,
+                Err(Errno::EPIPE | Errno::ECONNRESET) => return,
+                // Full (or short of buffers): the queue's thread waits.
+                Err(_) => held.push(line),
             }
         } else {
             held.push(line);
@@ -135,14 +137,19 @@ impl Outlet {
         loop {
             let Some(line) = held.lines.pop_front() else {
                 let dropped = std::mem::take(&mut held.dropped);
-                drop(held);
                 if dropped > 0 {
+                    // Said through the queue (not idle while it is said),
+                    // so an exit's flush waits for it too.
+                    held.writing = true;
+                    drop(held);
                     tracing::warn!(
                         dropped,
                         "log lines dropped: stderr (the journal) took none for a while"
                     );
+                    held = self.held();
+                    held.writing = false;
+                    continue;
                 }
-                held = self.held();
                 if held.lines.is_empty() {
                     held = self
                         .changed
@@ -154,12 +161,37 @@ impl Outlet {
             held.bytes -= line.len();
             held.writing = true;
             drop(held);
-            let _ = io::stderr().write_all(&line);
+            let whole = write_whole(&line);
             held = self.held();
             held.writing = false;
+            if !whole {
+                held.dropped += 1;
+            }
             self.changed.notify_all();
         }
     }
+}
+
+/// Writes `line` to stderr, waiting as long as it takes (also where a
+/// process sharing the socket made it non-blocking); false if it failed.
+fn write_whole(mut line: &[u8]) -> bool {
+    let mut stderr = io::stderr();
+    while !line.is_empty() {
+        match stderr.write(line) {
+            Ok(0) => return false,
+            Ok(n) => line = &line[n..],
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                let mut ready = [nix::poll::PollFd::new(
+                    stderr.as_fd(),
+                    nix::poll::PollFlags::POLLOUT,
+                )];
+                let _ = nix::poll::poll(&mut ready, nix::poll::PollTimeout::from(1000u16));
+            }
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// A send that does not wait, whatever the socket's own mode (which is
@@ -192,15 +224,19 @@ impl Held {
         self.lines.is_empty() && !self.writing
     }
 
-    /// Holds `line`, or drops it past the bound (the rest of a line begun,
-    /// which comes first, always fits an empty queue).
+    /// Holds `line`, or drops it past the bound.
     fn push(&mut self, line: &[u8]) {
         if self.bytes + line.len() > QUEUE_BYTES {
             self.dropped += 1;
             return;
         }
-        self.bytes += line.len();
-        self.lines.push_back(line.to_vec());
+        self.push_rest(line);
+    }
+
+    /// Holds the rest of a line begun, whatever the bound.
+    fn push_rest(&mut self, rest: &[u8]) {
+        self.bytes += rest.len();
+        self.lines.push_back(rest.to_vec());
     }
 }
 
@@ -218,6 +254,12 @@ mod tests {
         assert_eq!(held.lines.len(), QUEUE_BYTES / line.len());
         assert_eq!(held.dropped, 5);
         assert!(held.bytes <= QUEUE_BYTES);
+        held.push_rest(b"the rest of a line begun\n");
+        assert_eq!(
+            held.lines.len(),
+            QUEUE_BYTES / line.len() + 1,
+            "held whole, past the bound"
+        );
         assert!(!held.idle());
     }
 
