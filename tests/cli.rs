@@ -804,8 +804,10 @@ fn a_config_named_bare_finds_its_relative_paths() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let logged = dir.path().join("access.log");
-    assert!(stdout.contains(&logged.display().to_string()), "{stdout}");
+    assert!(
+        stdout.contains("listener web access_log access.log (json)"),
+        "{stdout}"
+    );
 }
 
 /// `baton check | head -1`, or `grep -q` under `pipefail`: a reader gone

@@ -14,6 +14,14 @@ macro_rules! say {
     }};
 }
 
+/// `say!` without the line's end (`print!`).
+macro_rules! say_text {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod backend;
 mod check;
 mod reload;

@@ -51,12 +51,12 @@ pub fn status(args: &StatusArgs) -> Exit {
         return Exit::Failure;
     }
     if args.json {
-        print!("{body}");
+        say_text!("{body}");
         return Exit::Clean;
     }
     match serde_json::from_str::<Value>(&body) {
         Ok(v) => {
-            print!("{}", render(&v));
+            say_text!("{}", render(&v));
             Exit::Clean
         }
         Err(e) => {

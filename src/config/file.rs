@@ -65,14 +65,50 @@ pub struct FileConfig {
     pub tls: TlsGlobalFile,
     #[serde(default)]
     pub resolver: ResolverFile,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "listener_tables")]
     pub listeners: Vec<ListenerFile>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "pool_tables")]
     pub pools: Vec<PoolFile>,
+}
+
+/// `[listeners]` written with one bracket is a single table where a list
+/// of them goes: said so, where serde said "expected a sequence".
+fn listener_tables<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ListenerFile>, D::Error> {
+    d.deserialize_seq(Tables(
+        "[[listeners]] tables (two brackets: one table per listener)",
+        std::marker::PhantomData,
+    ))
+}
+
+fn pool_tables<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<PoolFile>, D::Error> {
+    d.deserialize_seq(Tables(
+        "[[pools]] tables (two brackets: one table per pool)",
+        std::marker::PhantomData,
+    ))
+}
+
+/// A list of tables, and what to call it when something else came.
+struct Tables<T>(&'static str, std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Tables<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        let mut out = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            out.push(item);
+        }
+        Ok(out)
+    }
 }
 
 /// `[resolver]`: the name servers named backends are looked up on.
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table: [resolver]")]
 pub struct ResolverFile {
     pub nameservers: Option<Vec<String>>,
     pub timeout: Option<DurationValue>,
@@ -80,11 +116,13 @@ pub struct ResolverFile {
 
 /// `[tls]`: what every TLS listener shares.
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table: [tls]")]
 pub struct TlsGlobalFile {
     pub ticket_rotation: Option<DurationValue>,
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table: [admin]")]
 pub struct AdminFile {
     pub listen: Option<String>,
     pub liveness_paths: Option<Vec<String>>,
@@ -94,17 +132,20 @@ pub struct AdminFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table: [control]")]
 pub struct ControlFile {
     pub socket: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table: [shutdown]")]
 pub struct ShutdownFile {
     pub pre_stop_delay: Option<DurationValue>,
     pub drain_timeout: Option<DurationValue>,
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table: [reload]")]
 pub struct ReloadFile {
     pub ready_timeout: Option<DurationValue>,
     pub drain_timeout: Option<DurationValue>,
@@ -113,6 +154,7 @@ pub struct ReloadFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table: [[listeners]] (two brackets: one table per listener)")]
 pub struct ListenerFile {
     pub name: Option<String>,
     pub bind: Option<String>,
@@ -140,6 +182,7 @@ pub struct ListenerFile {
 
 /// A listener's `access_log`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table, e.g. { path = \"/var/log/baton/access.log\", format = \"json\" }")]
 pub struct AccessLogFile {
     pub path: Option<String>,
     pub format: Option<String>,
@@ -147,6 +190,7 @@ pub struct AccessLogFile {
 
 /// A listener's `proxy_protocol`: PROXY headers from a balancer in front.
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table, e.g. { trusted = [\"10.0.0.0/8\"] }")]
 pub struct ProxyProtocolFile {
     pub accept: Option<String>,
     pub trusted: Option<Vec<String>>,
@@ -156,6 +200,9 @@ pub struct ProxyProtocolFile {
 
 /// A listener's `tls` key: an inline table or `[listeners.tls]`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(
+    expecting = "a table, e.g. { certificates = [{ cert = \"cert.pem\", key = \"key.pem\" }] }"
+)]
 pub struct TlsFile {
     #[serde(default)]
     pub certificates: Vec<CertificateFile>,
@@ -167,12 +214,14 @@ pub struct TlsFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table, e.g. { cert = \"cert.pem\", key = \"key.pem\" }")]
 pub struct CertificateFile {
     pub cert: Option<String>,
     pub key: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table, e.g. { path_prefix = \"/api\", pool = \"api\" }")]
 pub struct RouteFile {
     pub path_prefix: Option<String>,
     pub host: Option<String>,
@@ -180,6 +229,7 @@ pub struct RouteFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table: [[pools]] (two brackets: one table per pool)")]
 pub struct PoolFile {
     pub name: Option<String>,
     pub balance: Option<String>,
@@ -196,6 +246,7 @@ pub struct PoolFile {
 
 /// A pool's `tls`: how its backends are reached over TLS.
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table, e.g. { server_name = \"app.internal\" }")]
 pub struct UpstreamTlsFile {
     pub server_name: Option<String>,
     pub ca: Option<String>,
@@ -203,6 +254,7 @@ pub struct UpstreamTlsFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table, e.g. { kind = \"http\", path = \"/health\", interval = \"2s\" }")]
 pub struct HealthFile {
     pub kind: Option<String>,
     pub path: Option<String>,
@@ -213,6 +265,7 @@ pub struct HealthFile {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a table, e.g. { name = \"a\", address = \"10.0.0.5:8080\", weight = 1 }")]
 pub struct BackendFile {
     pub name: Option<String>,
     pub address: Option<String>,

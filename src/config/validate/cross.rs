@@ -13,7 +13,11 @@ impl Validator {
         listeners: &[ListenerConfig],
         drains: [(Duration, &str); 2],
     ) {
-        for (i, l) in listeners.iter().enumerate() {
+        for (i, l) in listeners
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| grace_matters(l))
+        {
             let grace = l.keepalive_drain_grace;
             let over = drains
                 .iter()
@@ -59,10 +63,22 @@ impl Validator {
     }
 }
 
-/// Whether a connection to `backend` reaches a listener bound on `bind`.
+/// Whether a listener's drains close connections at its grace: HTTP's
+/// idle ones, a TLS handshake's silent ones, a required PROXY header's
+/// (a plain TCP listener's connections are its tunnels).
+fn grace_matters(l: &ListenerConfig) -> bool {
+    l.protocol == Protocol::Http
+        || l.tls.is_some()
+        || l.proxy_protocol.as_ref().is_some_and(|p| p.required)
+}
+
+/// Whether a connection to `backend` reaches a listener bound on `bind`
+/// (of the same family: IPv6 listeners are bound IPv6-only, so another
+/// program may hold the other family's address).
 fn reaches(bind: SocketAddr, backend: SocketAddr) -> bool {
-    let (listening, to) = (bind.ip(), backend.ip());
+    let (listening, to) = (bind.ip(), backend.ip().to_canonical());
     bind.port() == backend.port()
+        && listening.is_ipv4() == to.is_ipv4()
         && (listening == to
             || (listening.is_unspecified() && (to.is_loopback() || to.is_unspecified())))
 }
@@ -163,5 +179,11 @@ mod tests {
             !reaches(at("0.0.0.0:80"), at("10.0.0.5:80")),
             "another host, maybe"
         );
+        assert!(reaches(at("127.0.0.1:80"), at("[::ffff:127.0.0.1]:80")));
+        assert!(
+            !reaches(at("0.0.0.0:80"), at("[::1]:80")),
+            "IPv6-only listeners"
+        );
+        assert!(!reaches(at("[::]:80"), at("127.0.0.1:80")));
     }
 }

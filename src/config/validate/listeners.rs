@@ -192,7 +192,7 @@ impl Validator {
                         &format!("{key}.path"),
                         format!("{} is a folder: name a file in it", path.display()),
                     );
-                } else if !path.parent().is_some_and(Path::is_dir) {
+                } else if !folder_of(&path).is_some_and(Path::is_dir) {
                     self.problem(
                         &format!("{key}.path"),
                         format!("the folder of {} does not exist", path.display()),
@@ -246,8 +246,55 @@ impl Validator {
                 pool,
             });
         }
+        self.shadowed_routes(key, &out);
         out
     }
+
+    /// Routes are tried in order and the first match wins (not the
+    /// longest prefix, as nginx's `location`s): a route an earlier one
+    /// takes every request of never matches, which the config does not
+    /// show. Warned of (a config that ran must still reload).
+    fn shadowed_routes(&mut self, key: &str, routes: &[RouteConfig]) {
+        for (j, later) in routes.iter().enumerate() {
+            let earlier = routes[..j]
+                .iter()
+                .position(|earlier| covers(earlier, later));
+            if let Some(i) = earlier {
+                self.warning(
+                    &format!("{key}.routes[{j}]"),
+                    format!("never matches: routes[{i}] before it takes every request it would (the first match wins; put the narrower route first)"),
+                );
+            }
+        }
+    }
+}
+
+/// The folder `path` names its file in: `.` for a bare name (a config
+/// named bare, `-c baton.toml`, gives its relative paths an empty folder,
+/// which is no folder to `is_dir`).
+fn folder_of(path: &Path) -> Option<&Path> {
+    path.parent().map(|folder| {
+        if folder.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            folder
+        }
+    })
+}
+
+/// Whether every request `later` matches, `earlier` matches too.
+fn covers(earlier: &RouteConfig, later: &RouteConfig) -> bool {
+    if earlier.host.is_none() && earlier.path_prefix.is_none() {
+        // Refused already: it needs one of them.
+        return false;
+    }
+    let host = earlier.host.is_none() || earlier.host == later.host;
+    let path = match (&earlier.path_prefix, &later.path_prefix) {
+        (None, _) => true,
+        (Some(wider), Some(narrower)) => narrower.starts_with(wider.as_str()),
+        (Some(_), None) => false,
+    };
+    host && path
 }
 
 impl Validator {
@@ -259,10 +306,16 @@ impl Validator {
         let given = [
             ("header_timeout", l.header_timeout.is_some()),
             ("response_timeout", l.response_timeout.is_some()),
-            // Over TLS it bounds, in a drain, the wait for a ClientHello.
+            // Over TLS it bounds, in a drain, the wait for a ClientHello;
+            // with a required PROXY header, the wait for its first byte.
             (
                 "keepalive_drain_grace",
-                l.keepalive_drain_grace.is_some() && l.tls.is_none(),
+                l.keepalive_drain_grace.is_some()
+                    && l.tls.is_none()
+                    && !l
+                        .proxy_protocol
+                        .as_ref()
+                        .is_some_and(|p| p.required.unwrap_or(true)),
             ),
             ("forwarded", l.forwarded.is_some()),
             (

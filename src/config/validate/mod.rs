@@ -137,7 +137,8 @@ pub fn from_file(
 }
 
 /// The pools only TCP listeners use (each listener's `pool`; routes are
-/// HTTP's): their health check connects unless its `kind` says otherwise,
+/// HTTP's): their health check connects unless its `kind` (or a `path`)
+/// says otherwise,
 /// as HAProxy's `check` does in `mode tcp`. An HTTP check's GET to a
 /// database's port fails every time, and would take the pool down.
 fn pools_only_tcp_uses(listeners: &[file::ListenerFile]) -> HashSet<String> {
@@ -152,16 +153,6 @@ fn pools_only_tcp_uses(listeners: &[file::ListenerFile]) -> HashSet<String> {
         }
     }
     &tcp - &http
-}
-
-/// The folder `path` is in, absolute: a config named bare (`-c
-/// baton.toml`) has an empty parent, whose relative paths' folders would
-/// be looked for nowhere (`"".is_dir()` is false).
-fn config_folder(path: &Path) -> PathBuf {
-    std::path::absolute(path)
-        .ok()
-        .and_then(|p| p.parent().map(Path::to_path_buf))
-        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 struct Validator {
@@ -181,7 +172,7 @@ impl Validator {
         Validator {
             problems: Vec::new(),
             warnings: Vec::new(),
-            base: config_folder(path),
+            base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
             system_roots: None,
         }
     }
@@ -707,10 +698,51 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         assert_eq!(kind_of(&tcp), Some(HealthKind::Tcp));
         let named = tcp.replace("health = { ", "health = { kind = \"http\", ");
         assert_eq!(kind_of(&named), Some(HealthKind::Http));
+        let with_path = tcp.replace("health = { ", "health = { path = \"/up\", ");
+        assert_eq!(
+            kind_of(&with_path),
+            Some(HealthKind::Http),
+            "a path asks for HTTP"
+        );
         let shared = format!(
             "{tcp}\n[[listeners]]\nname = \"web2\"\nbind = \"127.0.0.1:8081\"\npool = \"app\"\n"
         );
         assert_eq!(kind_of(&shared), Some(HealthKind::Http));
+    }
+
+    /// The first matching route wins: one an earlier route takes every
+    /// request of is warned of (nginx users expect the longest prefix).
+    #[test]
+    fn a_route_an_earlier_one_covers_is_warned_of() {
+        let routed = |routes: &str| {
+            let text = format!(
+                "{}\n[[pools]]\nname = \"api\"\nbackends = [{{ name = \"b\", address = \"127.0.0.1:9002\" }}]\n",
+                listener_keys(&format!("routes = [{routes}]\n"))
+            );
+            parse(&text, Path::new("x.toml"), &Overrides::default())
+                .expect("valid")
+                .warnings
+        };
+        let shadowed = routed(
+            "{ path_prefix = \"/\", pool = \"app\" }, { path_prefix = \"/api\", pool = \"api\" }",
+        );
+        assert!(
+            shadowed.len() == 1
+                && shadowed[0].starts_with("listeners[0].routes[1]")
+                && shadowed[0].contains("routes[0]"),
+            "{shadowed:?}"
+        );
+        let same_host = routed(
+            "{ host = \"x.example.com\", pool = \"api\" }, { host = \"X.example.com\", path_prefix = \"/a\", pool = \"app\" }",
+        );
+        assert_eq!(same_host.len(), 1, "{same_host:?}");
+        for fine in [
+            "{ path_prefix = \"/api\", pool = \"api\" }, { path_prefix = \"/\", pool = \"app\" }",
+            "{ host = \"x.example.com\", pool = \"api\" }, { path_prefix = \"/a\", pool = \"app\" }",
+            "{ path_prefix = \"/a\", pool = \"api\" }, { host = \"x.example.com\", pool = \"app\" }",
+        ] {
+            assert!(routed(fine).is_empty(), "{fine}: {:?}", routed(fine));
+        }
     }
 
     /// What a config takes but may not mean: said, not refused (a config
@@ -856,6 +888,29 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         let c = with("pre_stop_delay = \"3s\"", "http");
         assert_eq!(c.stop_pause(), Duration::from_secs(3));
         assert_eq!(c.held_back_wait(), Duration::from_millis(1500));
+    }
+
+    /// A table written where another kind of value goes (or one bracket
+    /// for a list of tables) is refused saying what goes there, not
+    /// naming a Rust type ("expected struct AccessLogFile").
+    #[test]
+    fn a_value_of_the_wrong_shape_says_what_goes_there() {
+        let said = |text: &str| match parse(text, Path::new("x.toml"), &Overrides::default()) {
+            Err(ConfigError::Syntax { message, .. }) => message,
+            other => panic!("expected a type error, got {other:?}"),
+        };
+        let one_bracket = GOOD.replace("[[listeners]]", "[listeners]");
+        assert!(
+            said(&one_bracket).contains("two brackets"),
+            "{}",
+            said(&one_bracket)
+        );
+        let inline = listener_keys("access_log = \"/x.log\"\n");
+        let message = said(&inline);
+        assert!(
+            message.contains("e.g. { path =") && !message.contains("struct"),
+            "{message}"
+        );
     }
 
     /// A value of another type than a duration is refused at its line

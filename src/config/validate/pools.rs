@@ -44,7 +44,10 @@ impl Validator {
                     Balance::RoundRobin
                 }
             };
-            let unset_kind = if tcp_only.contains(&name) {
+            // A `path` written asks for an HTTP check, as it did before
+            // the kind followed the listeners.
+            let path_written = p.health.as_ref().is_some_and(|h| h.path.is_some());
+            let unset_kind = if tcp_only.contains(&name) && !path_written {
                 HealthKind::Tcp
             } else {
                 HealthKind::Http
