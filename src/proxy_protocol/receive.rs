@@ -265,7 +265,7 @@ pub async fn receive(
     }
     let mut consumed = Vec::new();
     let read = tokio::time::timeout(settings.timeout, async {
-        if silent_until(stream, idle_until).await {
+        if silent_until(stream, idle_until).await? {
             return Ok(None);
         }
         read_header(stream, &mut consumed).await.map(Some)
@@ -300,17 +300,18 @@ pub async fn receive(
 
 /// Whether `idle_until` came before a first byte (or the peer's close).
 /// Peeked, not waited on for readability, which tokio may report without
-/// a byte; the header is read after.
+/// a byte; the header is read after. A reset is the peer gone (the
+/// kernel reports it once: a look after it would see a quiet close).
 async fn silent_until(
     stream: &TcpStream,
     idle_until: impl std::future::Future<Output = ()>,
-) -> bool {
+) -> Result<bool, Refusal> {
     let mut first = [0u8; 1];
     tokio::select! {
         // A byte that came wins over a grace that ran out with it.
         biased;
-        _ = stream.peek(&mut first) => false,
-        () = idle_until => true,
+        peeked = stream.peek(&mut first) => peeked.map(|_| false).map_err(|_| Refusal::Closed),
+        () = idle_until => Ok(true),
     }
 }
 
@@ -606,6 +607,31 @@ mod tests {
         client.shutdown().await.expect("half-close");
         let read = read_header(&mut server, &mut Vec::new()).await;
         assert_eq!(read, Ok(Looked::Silent));
+    }
+
+    /// A peer that resets before its first byte is gone (`closed`), not a
+    /// quiet close an optional header's listener serves: the kernel
+    /// reports the reset once, to the first look.
+    #[tokio::test]
+    async fn a_reset_before_the_first_byte_is_closed() {
+        let (client, mut server) = connected().await;
+        let peer = server.peer_addr().expect("peer");
+        let settings = ReceiveSettings {
+            accept: Accept::Any,
+            trusted: vec!["127.0.0.0/8".parse().expect("block")],
+            required: false,
+            timeout: std::time::Duration::from_secs(5),
+        };
+        socket2::SockRef::from(&client)
+            .set_linger(Some(std::time::Duration::ZERO))
+            .expect("linger 0: a reset at close");
+        drop(client);
+        let origin = Origin {
+            client: peer,
+            local: None,
+        };
+        let received = receive(&mut server, origin, &settings, std::future::pending()).await;
+        assert!(matches!(received, Err(Refusal::Closed)), "{received:?}");
     }
 
     /// Counts its wake-ups.

@@ -107,6 +107,9 @@ impl Outlet {
             return;
         }
         let mut held = self.held();
+        if held.broken {
+            return;
+        }
         if held.idle() {
             match send_now(line) {
                 Ok(sent) if sent == line.len() => return,
@@ -114,7 +117,10 @@ impl Outlet {
                 // the bound: half a line would have the next glued to it.
                 Ok(sent) => held.push_rest(&line[sent..]),
                 // Nobody reads stderr any more: nothing to keep it for.
-                Err(Errno::EPIPE | Errno::ECONNRESET) => return,
+                Err(Errno::EPIPE | Errno::ECONNRESET) => {
+                    held.break_off();
+                    return;
+                }
                 // Full (or short of buffers): the queue's thread waits.
                 Err(_) => held.push(line),
             }
@@ -148,6 +154,7 @@ impl Outlet {
                     );
                     held = self.held();
                     held.writing = false;
+                    self.changed.notify_all();
                     continue;
                 }
                 if held.lines.is_empty() {
@@ -165,7 +172,10 @@ impl Outlet {
             held = self.held();
             held.writing = false;
             if !whole {
-                held.dropped += 1;
+                // Not a stall (that waits): stderr is gone for good, and
+                // every line after would fail too, the count's own line
+                // among them.
+                held.break_off();
             }
             self.changed.notify_all();
         }
@@ -216,12 +226,22 @@ struct Held {
     /// Lines dropped since the queue was last empty.
     dropped: u64,
     writer_started: bool,
+    /// stderr failed for good (its reader gone): lines go nowhere.
+    broken: bool,
 }
 
 impl Held {
     /// Nothing held or being written: a line may be sent at once, in order.
     fn idle(&self) -> bool {
         self.lines.is_empty() && !self.writing
+    }
+
+    /// stderr failed for good: nothing held, nothing taken from now on.
+    fn break_off(&mut self) {
+        self.broken = true;
+        self.lines.clear();
+        self.bytes = 0;
+        self.dropped = 0;
     }
 
     /// Holds `line`, or drops it past the bound.
@@ -261,6 +281,15 @@ mod tests {
             "held whole, past the bound"
         );
         assert!(!held.idle());
+    }
+
+    #[test]
+    fn a_stderr_gone_for_good_holds_nothing() {
+        let mut held = Held::default();
+        held.push(b"a line\n");
+        held.dropped = 3;
+        held.break_off();
+        assert!(held.idle() && held.broken && held.dropped == 0 && held.bytes == 0);
     }
 
     #[test]

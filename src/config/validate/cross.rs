@@ -26,7 +26,7 @@ impl Validator {
                 self.warning(
                     &format!("listeners[{i}].keepalive_drain_grace"),
                     format!(
-                        "{} is not shorter than {from} ({}): idle keep-alive connections are cut at the drain's deadline, counted as forced",
+                        "{} is not shorter than {from} ({}): the connections it would close as idle are cut at the drain's deadline instead, counted as forced",
                         humantime::format_duration(grace),
                         humantime::format_duration(*budget)
                     ),
