@@ -564,6 +564,73 @@ async fn an_expired_certificate_is_a_warning_for_check_and_a_reload() {
     );
 }
 
+/// `check` runs as root and reads anything; the service reads its keys as
+/// the unit's `User=`: a key (or a folder above it) that user may not
+/// read is warned of, naming its key, and nothing is said once it may.
+#[test]
+fn check_warns_of_a_key_the_units_user_cannot_read() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: asking as another user needs root (CI runs as root)");
+        return;
+    }
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unit = dir.path().join("baton.service");
+    std::fs::write(
+        &unit,
+        "[Service]\nUser=nobody\nExecStart=/usr/bin/baton run\n",
+    )
+    .expect("unit");
+    let config = dir.path().join("baton.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\npool = \"app\"\n{}\n\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
+            Issued::listener_tls(&[&a], "")
+        ),
+    )
+    .expect("config");
+    let warned = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["check", "-c"])
+            .arg(&config)
+            .arg("--unit")
+            .arg(&unit)
+            .output()
+            .expect("baton check runs");
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.contains("cannot be read by User=nobody"))
+            .map(str::to_string)
+            .collect::<Vec<String>>()
+    };
+    let mode = |path: &std::path::Path, mode| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod")
+    };
+    // The authority's folder is 0700: neither file is reachable.
+    mode(ca.dir.path(), 0o700);
+    let both = warned();
+    assert!(
+        both.len() == 2
+            && both[0].contains("listeners[0].tls.certificates[0].cert")
+            && both[1].contains("listeners[0].tls.certificates[0].key"),
+        "{both:?}"
+    );
+    mode(ca.dir.path(), 0o755);
+    mode(&a.cert, 0o644);
+    mode(&a.key, 0o600);
+    let key_only = warned();
+    assert!(
+        key_only.len() == 1 && key_only[0].contains("certificates[0].key"),
+        "{key_only:?}"
+    );
+    mode(&a.key, 0o644);
+    assert_eq!(warned(), Vec::<String>::new());
+}
+
 /// A renewed certificate listed after the expired one it replaces serves
 /// its name: a client that checks dates completes its handshake, with
 /// the expired one first in the list or last.

@@ -24,6 +24,7 @@ macro_rules! say_text {
 
 mod backend;
 mod check;
+mod reads;
 mod reload;
 mod run;
 mod sandbox;

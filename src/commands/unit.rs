@@ -29,7 +29,8 @@ const UNIT_DIRS: &[&str] = &[
 /// `baton reload` before the reload it waits for is over, so that systemd
 /// calls failed a reload that may well succeed; when its fd store is too
 /// small; when its sandbox keeps baton from a file it writes (see
-/// `sandbox`). `explicit` is `--unit`.
+/// `sandbox`), or its user from a file it reads (see `reads`). `explicit`
+/// is `--unit`.
 pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
     let files: Vec<(PathBuf, String)> = unit_files(explicit)
         .into_iter()
@@ -66,6 +67,7 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
     }
     if let Some((unit, _)) = files.first() {
         super::sandbox::warn_about_writes(&files, c, unit);
+        super::reads::warn_about_reads(&files, c, unit);
     }
 }
 

@@ -56,6 +56,10 @@ pub struct Config {
     /// weeks), each naming its key: `check` prints them and `run` logs
     /// them, and neither fails for them.
     pub warnings: Vec<String>,
+    /// The files the daemon reads at start and at each reload (keys,
+    /// certificates, CA bundles, the admin token), each with its key: `check`
+    /// runs as root and reads anything, the service as its `User=`.
+    pub files_read: Vec<(String, PathBuf)>,
 }
 
 #[derive(Debug, Clone)]

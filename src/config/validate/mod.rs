@@ -130,6 +130,7 @@ pub fn from_file(
             pools,
             resolver,
             warnings: v.warnings,
+            files_read: v.files_read,
         })
     } else {
         Err(v.problems)
@@ -159,6 +160,8 @@ struct Validator {
     problems: Vec<String>,
     /// Found but not fatal; they reach `Config::warnings`.
     warnings: Vec<String>,
+    /// The files read, with their keys (`Config::files_read`).
+    files_read: Vec<(String, PathBuf)>,
     /// The config file's folder: relative paths in the file are relative to it.
     base: PathBuf,
     /// The system's CA bundle, once a pool's `tls` read it (`None` inside
@@ -172,6 +175,7 @@ impl Validator {
         Validator {
             problems: Vec::new(),
             warnings: Vec::new(),
+            files_read: Vec::new(),
             base: path.parent().map(Path::to_path_buf).unwrap_or_default(),
             system_roots: None,
         }
@@ -179,6 +183,11 @@ impl Validator {
 
     fn problem(&mut self, key: &str, message: impl std::fmt::Display) {
         self.problems.push(format!("{key}: {message}"));
+    }
+
+    /// Notes a file the daemon reads, under `key`.
+    fn reads(&mut self, key: &str, path: &Path) {
+        self.files_read.push((key.to_string(), path.to_path_buf()));
     }
 
     fn warning(&mut self, key: &str, message: impl std::fmt::Display) {
@@ -532,6 +541,7 @@ impl Validator {
     /// `MAX_TOKEN_FILE` bytes (`named_file`).
     fn token(&mut self, file: &str) -> Option<String> {
         let path = self.path(Some(file), file);
+        self.reads("admin.token_file", &path);
         let read = crate::named_file::read(&path, MAX_TOKEN_FILE).and_then(|bytes| {
             String::from_utf8(bytes).map_err(|_| {
                 let not_text = std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8");

@@ -77,15 +77,17 @@ impl Validator {
         let roots = match (verify, raw.ca.as_deref()) {
             (false, None) => None,
             (_, None) => Some(self.system_roots(&format!("{key}.ca"))?),
-            (_, Some(written)) => match certs::load_roots(&self.path(Some(written), written)) {
-                Ok(roots) => Some(Arc::new(roots)),
-                Err(problems) => {
-                    for p in problems {
-                        self.problem(&format!("{key}.ca"), p);
+            (_, Some(written)) => {
+                match certs::load_roots(&self.read_path(&format!("{key}.ca"), written)) {
+                    Ok(roots) => Some(Arc::new(roots)),
+                    Err(problems) => {
+                        for p in problems {
+                            self.problem(&format!("{key}.ca"), p);
+                        }
+                        return None;
                     }
-                    return None;
                 }
-            },
+            }
         };
         let server_name = server_name.ok()?.map(|name| name.to_owned());
         match UpstreamTls::new(server_name, roots, verify) {
@@ -130,8 +132,8 @@ impl Validator {
         let mut out = Vec::new();
         for (i, entry) in raw.iter().enumerate() {
             let entry_key = format!("{key}[{i}]");
-            let cert = self.required_path(&format!("{entry_key}.cert"), entry.cert.as_deref());
-            let private = self.required_path(&format!("{entry_key}.key"), entry.key.as_deref());
+            let cert = self.read_required(&format!("{entry_key}.cert"), entry.cert.as_deref());
+            let private = self.read_required(&format!("{entry_key}.key"), entry.key.as_deref());
             let (Some(cert), Some(private)) = (cert, private) else {
                 continue;
             };
@@ -152,14 +154,22 @@ impl Validator {
         out
     }
 
-    fn required_path(&mut self, key: &str, written: Option<&str>) -> Option<PathBuf> {
+    fn read_required(&mut self, key: &str, written: Option<&str>) -> Option<PathBuf> {
         match written {
-            Some(path) => Some(self.path(Some(path), path)),
+            Some(path) => Some(self.read_path(key, path)),
             None => {
                 self.problem(key, "is required");
                 None
             }
         }
+    }
+
+    /// `written` as a path (relative to the config's folder), noted as a
+    /// file the daemon reads.
+    fn read_path(&mut self, key: &str, written: &str) -> PathBuf {
+        let path = self.path(Some(written), written);
+        self.reads(key, &path);
+        path
     }
 
     /// HTTP listeners speak only h2 and http/1.1, so only those may be
@@ -220,7 +230,7 @@ impl Validator {
             }
             return None;
         };
-        match certs::load_roots(&self.path(Some(written), written)) {
+        match certs::load_roots(&self.read_path(&format!("{key}.client_ca"), written)) {
             Ok(roots) => Some(ClientCa {
                 roots: Arc::new(roots),
                 auth,
