@@ -564,9 +564,10 @@ async fn an_expired_certificate_is_a_warning_for_check_and_a_reload() {
     );
 }
 
-/// `check` runs as root and reads anything; the service reads its keys as
-/// the unit's `User=`: a key (or a folder above it) that user may not
-/// read is warned of, naming its key, and nothing is said once it may.
+/// `check` runs as root and reads anything; the service reads its config
+/// and keys as the unit's `User=`: a file (or a folder above it) that
+/// user may not read is warned of, naming its key, and nothing is said
+/// once it may.
 #[test]
 fn check_warns_of_a_key_the_units_user_cannot_read() {
     use std::os::unix::fs::PermissionsExt;
@@ -610,15 +611,19 @@ fn check_warns_of_a_key_the_units_user_cannot_read() {
     let mode = |path: &std::path::Path, mode| {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod")
     };
-    // The authority's folder is 0700: neither file is reachable.
+    // Each in a 0700 folder: none is reachable, the config itself either.
+    mode(dir.path(), 0o700);
     mode(ca.dir.path(), 0o700);
-    let both = warned();
+    let all = warned();
     assert!(
-        both.len() == 2
-            && both[0].contains("listeners[0].tls.certificates[0].cert")
-            && both[1].contains("listeners[0].tls.certificates[0].key"),
-        "{both:?}"
+        all.len() == 3
+            && all[0].contains("the config")
+            && all[1].contains("listeners[0].tls.certificates[0].cert")
+            && all[2].contains("listeners[0].tls.certificates[0].key"),
+        "{all:?}"
     );
+    mode(dir.path(), 0o755);
+    mode(&config, 0o644);
     mode(ca.dir.path(), 0o755);
     mode(&a.cert, 0o644);
     mode(&a.key, 0o600);

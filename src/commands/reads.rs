@@ -2,48 +2,143 @@
 //! user: `check` runs as root and reads anything, the service runs as the
 //! unit's `User=` (`baton` in the shipped unit), and its start, or its
 //! reload, failed on a key only root may read (certbot's `privkey.pem` is
-//! root's alone). Asked of the system itself, as that user
-//! (util-linux's `setpriv`, with the user's groups), so ACLs and groups
-//! count as they will for the service. Anything it cannot ask (no
-//! `setpriv`, a user not known yet, groups the unit adds) silences it: a
+//! root's alone). Asked of the system itself, as that user with the
+//! groups systemd gives it (util-linux's `setpriv`), so ACLs and groups
+//! count as they will for the service. Anything it cannot ask or judge
+//! (not root, no `setpriv`, a user not known yet, `DynamicUser=`, a
+//! specifier, a capability that reads past permissions) silences it: a
 //! false warning is worse than none.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::unit::last_setting;
+use nix::unistd::{Gid, Group, Uid, User};
+
+use super::sandbox::is_yes;
+use super::unit::assignments;
 use crate::config::Config;
 
 pub fn warn_about_reads(files: &[(PathBuf, String)], c: &Config, unit: &Path) {
-    let Some(user) = last_setting(files, &["User"]) else {
-        return;
-    };
-    let name = user.value.trim();
-    let groups_added = last_setting(files, &["SupplementaryGroups", "DynamicUser"]).is_some();
-    if name == "root" || name == "0" || name.contains('%') || groups_added {
+    if !nix::unistd::geteuid().is_root() {
         return;
     }
-    let Ok(Some(account)) = nix::unistd::User::from_name(name) else {
+    let Some(service) = Service::of(files) else {
         return;
     };
-    let gid = match last_setting(files, &["Group"]) {
-        None => Some(account.gid),
-        Some(group) => nix::unistd::Group::from_name(group.value.trim())
-            .ok()
-            .flatten()
-            .map(|g| g.gid),
-    };
-    let Some(gid) = gid else {
-        return;
-    };
-    let ids = (account.uid.to_string(), gid.to_string());
-    for (key, path) in &c.files_read {
-        if readable_as(&ids, path) == Some(false) {
-            eprintln!(
-                "baton: warning: {key} {} cannot be read by User={name} of {}: the service reads it at each start and reload, as that user (give it the file, e.g. `chown {name}` and `chmod 400`, and search access to the folders above it)",
+    let mut asked: Vec<(&str, PathBuf)> = vec![("the config", c.source.clone())];
+    asked.extend(
+        c.files_read
+            .iter()
+            .map(|(key, path)| (key.as_str(), path.clone())),
+    );
+    let mut seen = std::collections::HashSet::new();
+    for (key, path) in asked {
+        // Asked as the service will open it: from `/`, not from here.
+        let path = std::path::absolute(&path).unwrap_or(path);
+        if !seen.insert(path.clone()) {
+            continue;
+        }
+        match service.may_read(&path) {
+            Some(true) => {}
+            Some(false) => eprintln!(
+                "baton: warning: {key} {} cannot be read by User={} of {}: the service reads it at each start and reload, as that user (give it the file, e.g. `chown {}` and `chmod 400`, and search access to the folders above it)",
                 path.display(),
+                service.name,
                 unit.display(),
-            );
+                service.name,
+            ),
+            // setpriv is missing or refused: nothing more can be asked.
+            None => return,
+        }
+    }
+}
+
+/// The user, group and supplementary groups the unit runs the service as.
+struct Service {
+    name: String,
+    uid: Uid,
+    gid: Gid,
+    groups: Vec<Gid>,
+}
+
+impl Service {
+    /// Read from the unit's last assignments (an empty one resets: `User=`
+    /// back to root, `Group=` to the user's own); `None` where it cannot be
+    /// judged.
+    fn of(files: &[(PathBuf, String)]) -> Option<Service> {
+        let last = |key: &str| {
+            assignments(files, &[key])
+                .pop()
+                .map(|s| s.value.trim().to_string())
+        };
+        let written = last("User").filter(|u| !u.is_empty())?;
+        let dynamic = last("DynamicUser").is_some_and(|v| is_yes(&v));
+        let reads_anything = assignments(files, &["AmbientCapabilities"])
+            .iter()
+            .any(|s| s.value.contains("CAP_DAC_"));
+        if written.contains('%') || dynamic || reads_anything {
+            return None;
+        }
+        let account = match written.parse::<u32>() {
+            Ok(uid) => User::from_uid(Uid::from_raw(uid)),
+            Err(_) => User::from_name(&written),
+        }
+        .ok()
+        .flatten()?;
+        if account.uid.is_root() {
+            return None;
+        }
+        let gid = match last("Group").filter(|g| !g.is_empty()) {
+            None => account.gid,
+            Some(group) => group_id(&group)?,
+        };
+        // As systemd: the user's groups from the group database, with
+        // `Group=` as the primary one, then `SupplementaryGroups=`.
+        let name = std::ffi::CString::new(account.name.clone()).ok()?;
+        let mut groups = nix::unistd::getgrouplist(&name, gid).ok()?;
+        for line in assignments(files, &["SupplementaryGroups"]) {
+            if line.value.trim().is_empty() {
+                groups.retain(|g| *g == gid);
+            }
+            for group in line.value.split_whitespace() {
+                groups.push(group_id(group)?);
+            }
+        }
+        Some(Service {
+            name: account.name,
+            uid: account.uid,
+            gid,
+            groups,
+        })
+    }
+
+    /// Whether the service may read `path`; `None` when that cannot be
+    /// asked.
+    fn may_read(&self, path: &Path) -> Option<bool> {
+        let groups: Vec<String> = self.groups.iter().map(|g| g.to_string()).collect();
+        let status = Command::new("setpriv")
+            .args([
+                "--reuid",
+                &self.uid.to_string(),
+                "--regid",
+                &self.gid.to_string(),
+            ])
+            .args(["--groups", &groups.join(","), "--"])
+            .args([
+                "sh",
+                "-c",
+                &format!("test -r \"$0\" || exit {NOT_READABLE}"),
+            ])
+            .arg(path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .ok()?;
+        match status.code() {
+            Some(0) => Some(true),
+            Some(NOT_READABLE) => Some(false),
+            _ => None,
         }
     }
 }
@@ -52,25 +147,44 @@ pub fn warn_about_reads(files: &[(PathBuf, String)], c: &Config, unit: &Path) {
 /// code of setpriv's own failures (1) or a missing shell's (126, 127).
 const NOT_READABLE: i32 = 42;
 
-/// Whether the user and group `(uid, gid)` may read `path`; `None` when
-/// that cannot be asked.
-fn readable_as((uid, gid): &(String, String), path: &Path) -> Option<bool> {
-    let status = Command::new("setpriv")
-        .args(["--reuid", uid, "--regid", gid, "--init-groups", "--"])
-        .args([
-            "sh",
-            "-c",
-            &format!("test -r \"$0\" || exit {NOT_READABLE}"),
+fn group_id(group: &str) -> Option<Gid> {
+    match group.parse::<u32>() {
+        Ok(gid) => Some(Gid::from_raw(gid)),
+        Err(_) => Group::from_name(group).ok().flatten().map(|g| g.gid),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(unit: &str, drop_in: &str) -> Option<Service> {
+        Service::of(&[
+            ("baton.service".into(), unit.to_string()),
+            ("baton.service.d/x.conf".into(), drop_in.to_string()),
         ])
-        .arg(path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .ok()?;
-    match status.code() {
-        Some(0) => Some(true),
-        Some(NOT_READABLE) => Some(false),
-        _ => None,
+    }
+
+    #[test]
+    fn the_user_is_the_units_last_word_on_it() {
+        let nobody = "[Service]\nUser=nobody\n";
+        let found = service(nobody, "").expect("nobody is known");
+        assert_eq!((found.name.as_str(), found.uid.as_raw()), ("nobody", 65534));
+        assert!(found.groups.contains(&found.gid), "{:?}", found.groups);
+        assert!(
+            service(nobody, "[Service]\nUser=\n").is_none(),
+            "reset to root"
+        );
+        assert!(service("[Service]\nUser=65534\n", "").is_some(), "a uid");
+        assert!(service(nobody, "[Service]\nDynamicUser=yes\n").is_none());
+        assert!(service(nobody, "[Service]\nDynamicUser=no\n").is_some());
+        let capable = "[Service]\nAmbientCapabilities=CAP_DAC_READ_SEARCH\n";
+        assert!(service(nobody, capable).is_none(), "reads past permissions");
+        assert!(service("[Service]\nUser=%i\n", "").is_none());
+        let grouped = service(nobody, "[Service]\nGroup=0\nSupplementaryGroups=65534\n")
+            .expect("known groups");
+        assert_eq!(grouped.gid.as_raw(), 0);
+        assert!(grouped.groups.contains(&Gid::from_raw(65534)));
+        assert!(service(nobody, "[Service]\nGroup=no-such-group-here\n").is_none());
     }
 }

@@ -202,7 +202,7 @@ fn unit_name(unit: &Path) -> Option<String> {
 }
 
 /// A boolean unit setting's "yes" (systemd takes these, in any case).
-fn is_yes(value: &str) -> bool {
+pub(super) fn is_yes(value: &str) -> bool {
     let value = value.to_ascii_lowercase();
     matches!(value.as_str(), "yes" | "y" | "true" | "t" | "on" | "1")
 }

@@ -168,27 +168,44 @@ impl Outlet {
             held.bytes -= line.len();
             held.writing = true;
             drop(held);
-            let whole = write_whole(&line);
+            let written = write_whole(&line);
+            if written == Written::Failed {
+                // A shortage that may pass (ENOBUFS, ENOMEM): the line is
+                // lost, and the next try waits a moment, so that a
+                // shortage that lasts is no spin.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
             held = self.held();
             held.writing = false;
-            if !whole {
-                // Not a stall (that waits): stderr is gone for good, and
-                // every line after would fail too, the count's own line
-                // among them.
-                held.break_off();
+            match written {
+                Written::Whole => {}
+                Written::Failed => held.dropped += 1,
+                // Nobody reads stderr any more: every line after would
+                // fail too, the count's own line among them.
+                Written::Gone => held.break_off(),
             }
             self.changed.notify_all();
         }
     }
 }
 
+/// How a line's write ended.
+#[derive(Debug, PartialEq)]
+enum Written {
+    Whole,
+    /// Lost to an error that may pass.
+    Failed,
+    /// stderr's reader is gone.
+    Gone,
+}
+
 /// Writes `line` to stderr, waiting as long as it takes (also where a
-/// process sharing the socket made it non-blocking); false if it failed.
-fn write_whole(mut line: &[u8]) -> bool {
+/// process sharing the socket made it non-blocking).
+fn write_whole(mut line: &[u8]) -> Written {
     let mut stderr = io::stderr();
     while !line.is_empty() {
         match stderr.write(line) {
-            Ok(0) => return false,
+            Ok(0) => return Written::Gone,
             Ok(n) => line = &line[n..],
             Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
@@ -198,10 +215,18 @@ fn write_whole(mut line: &[u8]) -> bool {
                 )];
                 let _ = nix::poll::poll(&mut ready, nix::poll::PollTimeout::from(1000u16));
             }
-            Err(_) => return false,
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                return Written::Gone
+            }
+            Err(_) => return Written::Failed,
         }
     }
-    true
+    Written::Whole
 }
 
 /// A send that does not wait, whatever the socket's own mode (which is
