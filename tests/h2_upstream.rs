@@ -107,11 +107,7 @@ async fn h2_streams_and_http1_clients_share_kept_backend_connections() {
 /// `tunnel_timeout`, not `response_timeout`; past it the stream is reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_stream_is_quiet_up_to_tunnel_timeout_not_response_timeout() {
-    let backend = RawBackend::start(|_: &Seen| {
-        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n";
-        (head.as_bytes().to_vec(), Then::CloseAfter(Duration::from_secs(60)))
-    })
-    .await;
+    let backend = RawBackend::start(support::raw::one_event_then_quiet).await;
     let baton = Baton::start(
         Spec::new()
             .listener(

@@ -2,26 +2,6 @@
 //! the runtime, print results for a person, and turn outcomes into exit
 //! codes ([`Exit`]). One file per command.
 
-/// `println!` for what a command prints for a person, which does not
-/// panic (exit 101, "failed printing to stdout") when the reader went
-/// away: `baton check | head -1`, or `grep -q` under `pipefail`. The rest
-/// is lost, as it would be to any tool that SIGPIPE ends; the exit code
-/// still tells the command's outcome.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
-}
-
-/// `say!` without the line's end (`print!`).
-macro_rules! say_text {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = write!(std::io::stdout(), $($arg)*);
-    }};
-}
-
 mod backend;
 mod check;
 mod reads;

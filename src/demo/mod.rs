@@ -121,7 +121,7 @@ async fn run(args: &DemoArgs) -> Result<bool, DemoError> {
     let _first = spawn_baton(&setup)?;
     let log = setup.dir.join("baton.log");
     wait_ready(setup.admin, &log).await?;
-    println!(
+    say!(
         "baton demo: 2 backends, proxy on {}, admin on {}; {:?} of traffic (4 keep-alive + 2 new-connection clients), {} live reloads",
         setup.proxy, setup.admin, args.duration, args.reloads
     );
@@ -135,8 +135,8 @@ async fn run(args: &DemoArgs) -> Result<bool, DemoError> {
     }
     let exit = stop_baton(&setup).await;
     let summary = tally.summary();
-    println!("{summary}");
-    println!(
+    say!("{summary}");
+    say!(
         "reloads: {reloads_ok}/{} succeeded; baton exited with code {} ({})",
         args.reloads,
         exit.code(),
@@ -146,7 +146,7 @@ async fn run(args: &DemoArgs) -> Result<bool, DemoError> {
             "see its log"
         }
     );
-    println!("baton's log: {}", log.display());
+    say!("baton's log: {}", log.display());
     Ok(tally.failed() == 0 && reloads_ok == args.reloads && exit == Exit::Clean)
 }
 
@@ -167,7 +167,7 @@ async fn drive(args: &DemoArgs, setup: &Setup, tally: &Tally) -> u32 {
         tokio::select! {
             _ = tick.tick() => {
                 let t = started.elapsed().as_secs();
-                println!("  t={t:>2}s  requests {:>7}  failed {}", tally.requests(), tally.failed());
+                say!("  t={t:>2}s  requests {:>7}  failed {}", tally.requests(), tally.failed());
             }
             () = tokio::time::sleep_until(next_reload), if reloads_done < args.reloads => {
                 reloads_done += 1;
@@ -176,10 +176,10 @@ async fn drive(args: &DemoArgs, setup: &Setup, tally: &Tally) -> u32 {
                 match control::call(&setup.dir.join("control.sock"), Request::Reload, Duration::from_secs(40)).await {
                     Ok(reply) if reply.ok => {
                         ok += 1;
-                        println!("  reload {reloads_done}: {} (handoff {} ms)", reply.message, asked.elapsed().as_millis());
+                        say!("  reload {reloads_done}: {} (handoff {} ms)", reply.message, asked.elapsed().as_millis());
                     }
-                    Ok(reply) => println!("  reload {reloads_done} FAILED: {}", reply.message),
-                    Err(err) => println!("  reload {reloads_done} FAILED: {err}"),
+                    Ok(reply) => say!("  reload {reloads_done} FAILED: {}", reply.message),
+                    Err(err) => say!("  reload {reloads_done} FAILED: {err}"),
                 }
             }
             () = tokio::time::sleep_until(end), if reloads_done == args.reloads => return ok,

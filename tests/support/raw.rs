@@ -174,6 +174,15 @@ pub fn ok(body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// An event stream's first event, then a minute of quiet (chunked).
+pub fn one_event_then_quiet(_: &Seen) -> (Vec<u8>, Then) {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n";
+    (
+        head.as_bytes().to_vec(),
+        Then::CloseAfter(Duration::from_secs(60)),
+    )
+}
+
 /// What a backend writes for the request it read.
 pub type Answer = fn(&Seen) -> Vec<u8>;
 
