@@ -755,6 +755,27 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         }
     }
 
+    #[test]
+    fn pool_keys_that_do_nothing_are_warned_of() {
+        let warned = |keys: &str| {
+            let text = GOOD.replace("backends = [", &format!("{keys}\nbackends = ["));
+            parse(&text, Path::new("x.toml"), &Overrides::default())
+                .expect("valid")
+                .warnings
+        };
+        let said = warned("queue_timeout = \"2s\"");
+        assert!(
+            said.len() == 1 && said[0].starts_with("pools[0].queue_timeout"),
+            "{said:?}"
+        );
+        assert!(warned("queue_timeout = \"2s\"\nmax_connections_per_backend = 10").is_empty());
+        let said = warned("resolve_interval = \"5s\"");
+        assert!(
+            said.len() == 1 && said[0].starts_with("pools[0].resolve_interval"),
+            "{said:?}"
+        );
+    }
+
     /// What a config takes but may not mean: said, not refused (a config
     /// that ran must still reload).
     #[test]

@@ -101,6 +101,7 @@ impl Validator {
                     Entry::Named(n) => named.push(n),
                 }
             }
+            self.unused_pool_keys(&key, p, named.is_empty());
             let tls = self.upstream_tls(&format!("{key}.tls"), p.tls.as_ref());
             let send_proxy = self.send_proxy(&format!("{key}.send_proxy"), p.send_proxy.as_deref());
             pools.push(PoolConfig {
@@ -127,6 +128,26 @@ impl Validator {
             });
         }
         pools
+    }
+
+    /// Keys that do nothing as the pool is written, each a warning (not
+    /// refused: a config that ran must still reload): a `queue_timeout`
+    /// with no cap to queue behind, a `resolve_interval` with no name to
+    /// resolve.
+    fn unused_pool_keys(&mut self, key: &str, p: &file::PoolFile, no_names: bool) {
+        let uncapped = p.max_connections_per_backend.is_none_or(|cap| cap == 0);
+        if p.queue_timeout.is_some() && uncapped {
+            self.warning(
+                &format!("{key}.queue_timeout"),
+                "does nothing: requests queue only behind max_connections_per_backend",
+            );
+        }
+        if p.resolve_interval.is_some() && no_names {
+            self.warning(
+                &format!("{key}.resolve_interval"),
+                "does nothing: no backend is named by DNS (an address) nor srv",
+            );
+        }
     }
 
     /// Backend names are global (the admin API uses them).
