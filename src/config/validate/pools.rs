@@ -139,13 +139,13 @@ impl Validator {
         if p.queue_timeout.is_some() && uncapped {
             self.warning(
                 &format!("{key}.queue_timeout"),
-                "does nothing: requests queue only behind max_connections_per_backend",
+                "does nothing: work waits in line only behind max_connections_per_backend (0 or unset: no cap)",
             );
         }
         if p.resolve_interval.is_some() && no_names {
             self.warning(
                 &format!("{key}.resolve_interval"),
-                "does nothing: no backend is named by DNS (an address) nor srv",
+                "does nothing: no backend has a host name for its address, and there is no srv",
             );
         }
     }
