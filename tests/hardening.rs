@@ -22,6 +22,14 @@ async fn serving(baton: &Baton) {
     assert_eq!(a.status, 200);
 }
 
+/// One worker (every connection on one thread) before `backend`.
+fn one_worker(backend: &HttpBackend) -> Spec {
+    Spec::new()
+        .top("workers = 1")
+        .http("web", "app")
+        .pool("app", &[backend.addr])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stray_signals_do_not_kill_baton() {
     let backend = HttpBackend::start("a").await;
@@ -305,13 +313,7 @@ async fn running_out_of_fds_backs_off_without_spinning_and_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_and_control_accepts_without_a_free_fd_warn_once_a_second_and_recover() {
     let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(
-        Spec::new()
-            .top("workers = 1")
-            .http("web", "app")
-            .pool("app", &[backend.addr]),
-    )
-    .await;
+    let baton = Baton::start(one_worker(&backend)).await;
     let held = NoFreeFd::hold(baton.first_pid);
     let connected = std::time::Instant::now();
     let mut admin = tokio::net::TcpStream::connect(baton.admin)
@@ -739,13 +741,7 @@ async fn a_backend_connect_without_a_free_fd_is_a_503_not_the_backends_fault() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shortages_are_counted_where_they_happen() {
     let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(
-        Spec::new()
-            .top("workers = 1")
-            .http("web", "app")
-            .pool("app", &[backend.addr]),
-    )
-    .await;
+    let baton = Baton::start(one_worker(&backend)).await;
     let (pid, web) = (baton.first_pid, baton.addr("web"));
     let settled = support::daemon::settled_fd_count(pid).await;
     let mut first = tokio::net::TcpStream::connect(web).await.expect("connect");
@@ -898,13 +894,7 @@ async fn a_stalled_journal_stalls_no_request() {
     let (stderr, journal) = std::os::unix::net::UnixStream::pair().expect("socketpair");
     // The same socket as baton's stderr: what it sends fills the same room.
     let filler = stderr.try_clone().expect("dup");
-    let baton = Baton::spawn_logging_to(
-        Spec::new()
-            .top("workers = 1")
-            .http("web", "app")
-            .pool("app", &[backend.addr]),
-        stderr.into(),
-    );
+    let baton = Baton::spawn_logging_to(one_worker(&backend), stderr.into());
     // Its start-up lines wait in the socket, unread, as the filler will.
     baton.wait_ready().await;
     let mut filled = 0;

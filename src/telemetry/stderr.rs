@@ -157,12 +157,10 @@ impl Outlet {
                     self.changed.notify_all();
                     continue;
                 }
-                if held.lines.is_empty() {
-                    held = self
-                        .changed
-                        .wait(held)
-                        .unwrap_or_else(PoisonError::into_inner);
-                }
+                held = self
+                    .changed
+                    .wait(held)
+                    .unwrap_or_else(PoisonError::into_inner);
                 continue;
             };
             held.bytes -= line.len();

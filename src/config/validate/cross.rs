@@ -85,11 +85,8 @@ fn reaches(bind: SocketAddr, backend: SocketAddr) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
-    use super::super::tests::problems;
+    use super::super::tests::{problems, warned_once, warnings};
     use super::*;
-    use crate::config::{parse, Overrides};
 
     /// A listener on 127.0.0.1:8080 before pool `app`, with `keys` added
     /// to it and `top` before it.
@@ -99,37 +96,26 @@ mod tests {
         )
     }
 
-    fn warnings(text: &str) -> Vec<String> {
-        parse(
-            text,
-            Path::new("/etc/baton/baton.toml"),
-            &Overrides::default(),
-        )
-        .expect("valid")
-        .warnings
-    }
-
     #[test]
     fn a_drain_grace_past_a_drain_budget_is_warned_of() {
-        let said = warnings(&config(
-            "[shutdown]\ndrain_timeout = \"10s\"",
-            "keepalive_drain_grace = \"30s\"",
-            "127.0.0.1:9001",
-        ));
-        assert!(
-            said.len() == 1
-                && said[0].starts_with("listeners[0].keepalive_drain_grace")
-                && said[0].contains("shutdown.drain_timeout (10s)"),
-            "{said:?}"
+        let grace = "listeners[0].keepalive_drain_grace";
+        warned_once(
+            &warnings(&config(
+                "[shutdown]\ndrain_timeout = \"10s\"",
+                "keepalive_drain_grace = \"30s\"",
+                "127.0.0.1:9001",
+            )),
+            grace,
+            "shutdown.drain_timeout (10s)",
         );
-        let reload_shorter = warnings(&config(
-            "[reload]\ndrain_timeout = \"2s\"",
-            "keepalive_drain_grace = \"5s\"",
-            "127.0.0.1:9001",
-        ));
-        assert!(
-            reload_shorter.len() == 1 && reload_shorter[0].contains("reload.drain_timeout (2s)"),
-            "{reload_shorter:?}"
+        warned_once(
+            &warnings(&config(
+                "[reload]\ndrain_timeout = \"2s\"",
+                "keepalive_drain_grace = \"5s\"",
+                "127.0.0.1:9001",
+            )),
+            grace,
+            "reload.drain_timeout (2s)",
         );
         assert!(warnings(&config(
             "",

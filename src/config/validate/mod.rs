@@ -675,6 +675,22 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         }
     }
 
+    /// The warnings of `text` (which must be valid), read as if from
+    /// /tmp (a folder there is, for the paths relative to it).
+    pub(super) fn warnings(text: &str) -> Vec<String> {
+        parse(text, Path::new("/tmp/baton.toml"), &Overrides::default())
+            .expect("warned, not refused")
+            .warnings
+    }
+
+    /// Asserts `found` is one warning, at `key`, saying `part`.
+    pub(super) fn warned_once(found: &[String], key: &str, part: &str) {
+        assert!(
+            found.len() == 1 && found[0].starts_with(key) && found[0].contains(part),
+            "{found:?}"
+        );
+    }
+
     /// Asserts `text` has one problem, at `key`, saying `said`.
     fn refused_once(text: &str, key: &str, said: &str) {
         let found = problems(text);
@@ -729,18 +745,12 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "{}\n[[pools]]\nname = \"api\"\nbackends = [{{ name = \"b\", address = \"127.0.0.1:9002\" }}]\n",
                 listener_keys(&format!("routes = [{routes}]\n"))
             );
-            parse(&text, Path::new("x.toml"), &Overrides::default())
-                .expect("valid")
-                .warnings
+            warnings(&text)
         };
-        let shadowed = routed(
-            "{ path_prefix = \"/\", pool = \"app\" }, { path_prefix = \"/api\", pool = \"api\" }",
-        );
-        assert!(
-            shadowed.len() == 1
-                && shadowed[0].starts_with("listeners[0].routes[1]")
-                && shadowed[0].contains("routes[0]"),
-            "{shadowed:?}"
+        warned_once(
+            &routed("{ path_prefix = \"/\", pool = \"app\" }, { path_prefix = \"/api\", pool = \"api\" }"),
+            "listeners[0].routes[1]",
+            "routes[0]",
         );
         let same_host = routed(
             "{ host = \"x.example.com\", pool = \"api\" }, { host = \"X.example.com\", path_prefix = \"/a\", pool = \"app\" }",
@@ -757,22 +767,18 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
 
     #[test]
     fn pool_keys_that_do_nothing_are_warned_of() {
-        let warned = |keys: &str| {
-            let text = GOOD.replace("backends = [", &format!("{keys}\nbackends = ["));
-            parse(&text, Path::new("x.toml"), &Overrides::default())
-                .expect("valid")
-                .warnings
-        };
-        let said = warned("queue_timeout = \"2s\"");
-        assert!(
-            said.len() == 1 && said[0].starts_with("pools[0].queue_timeout"),
-            "{said:?}"
+        let warned =
+            |keys: &str| warnings(&GOOD.replace("backends = [", &format!("{keys}\nbackends = [")));
+        warned_once(
+            &warned("queue_timeout = \"2s\""),
+            "pools[0].queue_timeout",
+            "does nothing",
         );
         assert!(warned("queue_timeout = \"2s\"\nmax_connections_per_backend = 10").is_empty());
-        let said = warned("resolve_interval = \"5s\"");
-        assert!(
-            said.len() == 1 && said[0].starts_with("pools[0].resolve_interval"),
-            "{said:?}"
+        warned_once(
+            &warned("resolve_interval = \"5s\""),
+            "pools[0].resolve_interval",
+            "does nothing",
         );
     }
 
@@ -780,32 +786,18 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     /// that ran must still reload).
     #[test]
     fn settings_that_may_not_mean_what_they_say_are_warned_of() {
-        let warnings = |keys: &str| {
-            parse(
-                &listener_keys(keys),
-                Path::new("/tmp/baton.toml"),
-                &Overrides::default(),
-            )
-            .expect("valid")
-            .warnings
-        };
-        let said = |found: Vec<String>, key: &str, part: &str| {
-            assert!(
-                found.len() == 1 && found[0].starts_with(key) && found[0].contains(part),
-                "{found:?}"
-            );
-        };
-        said(
-            warnings("proxy_protocol = { trusted = [\"10.0.0.0/8\", \"0.0.0.0/0\"] }\n"),
+        let warned = |keys: &str| warnings(&listener_keys(keys));
+        warned_once(
+            &warned("proxy_protocol = { trusted = [\"10.0.0.0/8\", \"0.0.0.0/0\"] }\n"),
             "listeners[0].proxy_protocol.trusted[1]",
             "trusts every address",
         );
-        said(
-            warnings("access_log = { path = \"stderr\" }\n"),
+        warned_once(
+            &warned("access_log = { path = \"stderr\" }\n"),
             "listeners[0].access_log.path",
             "is the file /tmp/stderr",
         );
-        assert!(warnings("access_log = { path = \"stdout\" }\n").is_empty());
+        assert!(warned("access_log = { path = \"stdout\" }\n").is_empty());
     }
 
     #[test]
@@ -1165,29 +1157,15 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     /// a tcp check's path; a socket path that is a folder is refused.
     #[test]
     fn settings_that_cannot_work_are_said() {
-        let warned = |before: &str| -> Vec<String> {
-            parse(
-                &format!("{before}{GOOD}"),
-                Path::new("x.toml"),
-                &Overrides::default(),
-            )
-            .expect("warned, not refused")
-            .warnings
-        };
-        let said = |warnings: Vec<String>, key: &str, part: &str| {
-            assert!(
-                warnings.len() == 1 && warnings[0].starts_with(key) && warnings[0].contains(part),
-                "{warnings:?}"
-            );
-        };
-        said(
-            warned("[reload]\nready_timeout = \"200ms\"\n"),
+        let warned = |before: &str| warnings(&format!("{before}{GOOD}"));
+        warned_once(
+            &warned("[reload]\nready_timeout = \"200ms\"\n"),
             "reload.ready_timeout",
             "shorter than a second",
         );
         assert!(warned("[reload]\nready_timeout = \"1s\"\n").is_empty());
-        said(
-            warned("[admin]\nlisten = \"127.0.0.1:0\"\n"),
+        warned_once(
+            &warned("[admin]\nlisten = \"127.0.0.1:0\"\n"),
             "admin.listen",
             "port 0",
         );
@@ -1195,8 +1173,11 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             "backends = [",
             "health = { kind = \"tcp\", path = \"/x\" }\nbackends = [",
         );
-        let config = parse(&tcp_check, Path::new("x.toml"), &Overrides::default()).expect("valid");
-        said(config.warnings, "pools[0].health.path", "does nothing");
+        warned_once(
+            &warnings(&tcp_check),
+            "pools[0].health.path",
+            "does nothing",
+        );
         refused_once(
             &format!("[control]\nsocket = \"/tmp/\"\n{GOOD}"),
             "control.socket",
