@@ -593,6 +593,26 @@ async fn an_srv_target_of_dot_is_said_to_mean_not_available() {
     wait_members(baton.admin, &[]).await;
 }
 
+/// A name holding '_' (a Compose service's, `my_app`) is looked up and
+/// served, as nginx and HAProxy take it: it was refused as no host name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_with_an_underscore_is_looked_up_and_served() {
+    let dns = DnsServer::start().await;
+    let a = HttpBackend::start("a").await;
+    dns.set_a("my_app.baton.test", &[Ipv4Addr::LOCALHOST]);
+    let spec = Spec::new()
+        .section(&format!(
+            "[resolver]\nnameservers = [\"{}\"]\n\n[[pools]]\nname = \"app\"\nbackends = [{{ name = \"app\", address = \"my_app.baton.test:{}\" }}]\n",
+            dns.addr,
+            a.addr.port()
+        ))
+        .http("web", "app");
+    let baton = Baton::start(spec).await;
+    wait_members(baton.admin, &[(a.addr.to_string(), "up")]).await;
+    let answer = client::get(baton.addr("web"), "/").await.expect("served");
+    assert_eq!((answer.status, answer.body.as_str()), (200, "a /\n"));
+}
+
 /// A first start waits for a whole SRV answer as long as its queries in
 /// turn may take, and asks its targets at once. Here the server gives no
 /// addresses with the records (as many recursive resolvers answer), each

@@ -48,9 +48,41 @@ impl serde::de::Visitor<'_> for DurationVisitor {
     }
 }
 
+/// A count as written in the file (`weight = 2`, `backlog = 1024`): read by
+/// hand so a quoted or fractional value is refused saying what goes there,
+/// where a plain `i64` said "expected i64".
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Whole(pub i64);
+
+impl<'de> Deserialize<'de> for Whole {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(WholeVisitor)
+    }
+}
+
+struct WholeVisitor;
+
+impl serde::de::Visitor<'_> for WholeVisitor {
+    type Value = Whole;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a whole number written without quotes, e.g. 2")
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Whole, E> {
+        Ok(Whole(n))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Whole, E> {
+        i64::try_from(n)
+            .map(Whole)
+            .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(n), &self))
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 pub struct FileConfig {
-    pub workers: Option<i64>,
+    pub workers: Option<Whole>,
     pub pin_workers: Option<bool>,
     pub busy_poll: Option<DurationValue>,
     #[serde(default)]
@@ -149,7 +181,7 @@ pub struct ShutdownFile {
 pub struct ReloadFile {
     pub ready_timeout: Option<DurationValue>,
     pub drain_timeout: Option<DurationValue>,
-    pub max_draining: Option<i64>,
+    pub max_draining: Option<Whole>,
     pub close_spread: Option<DurationValue>,
 }
 
@@ -162,19 +194,19 @@ pub struct ListenerFile {
     pub pool: Option<String>,
     #[serde(default)]
     pub routes: Vec<RouteFile>,
-    pub reuseport: Option<i64>,
-    pub backlog: Option<i64>,
+    pub reuseport: Option<Whole>,
+    pub backlog: Option<Whole>,
     pub defer_accept: Option<bool>,
-    pub max_connections: Option<i64>,
+    pub max_connections: Option<Whole>,
     pub header_timeout: Option<DurationValue>,
     pub idle_timeout: Option<DurationValue>,
     pub keepalive_drain_grace: Option<DurationValue>,
     pub connect_timeout: Option<DurationValue>,
     pub response_timeout: Option<DurationValue>,
     pub tunnel_timeout: Option<DurationValue>,
-    pub body_min_rate: Option<i64>,
+    pub body_min_rate: Option<Whole>,
     pub forwarded: Option<String>,
-    pub h2_max_concurrent_streams: Option<i64>,
+    pub h2_max_concurrent_streams: Option<Whole>,
     pub tls: Option<TlsFile>,
     pub proxy_protocol: Option<ProxyProtocolFile>,
     pub access_log: Option<AccessLogFile>,
@@ -236,7 +268,7 @@ pub struct PoolFile {
     pub health: Option<HealthFile>,
     #[serde(default)]
     pub backends: Vec<BackendFile>,
-    pub max_connections_per_backend: Option<i64>,
+    pub max_connections_per_backend: Option<Whole>,
     pub queue_timeout: Option<DurationValue>,
     pub tls: Option<UpstreamTlsFile>,
     pub send_proxy: Option<String>,
@@ -260,8 +292,8 @@ pub struct HealthFile {
     pub path: Option<String>,
     pub interval: Option<DurationValue>,
     pub timeout: Option<DurationValue>,
-    pub rise: Option<i64>,
-    pub fall: Option<i64>,
+    pub rise: Option<Whole>,
+    pub fall: Option<Whole>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -269,5 +301,5 @@ pub struct HealthFile {
 pub struct BackendFile {
     pub name: Option<String>,
     pub address: Option<String>,
-    pub weight: Option<i64>,
+    pub weight: Option<Whole>,
 }

@@ -40,7 +40,8 @@ impl SearchList {
     /// the domain when the search list does not hold it, then the list,
     /// each once, in the order hickory's `build_names` gives.
     pub fn forms(&self, host: &str) -> Result<Forms, String> {
-        let name = Name::from_utf8(host).map_err(|e| format!("{host}: {e}"))?;
+        let name =
+            Name::from_ascii(host.to_ascii_lowercase()).map_err(|e| format!("{host}: {e}"))?;
         let mut as_written = name.clone();
         as_written.set_fqdn(true);
         if name.is_fqdn() {

@@ -89,8 +89,13 @@ impl Validator {
     }
 }
 
-/// `app1.internal:8080` → (`app1.internal`, 8080), or why not.
+/// `app1.internal:8080` → (`app1.internal`, 8080), or why not. Names
+/// may hold '_' (`my_app`, as Docker's and Compose's service names do:
+/// resolvers take them, and nginx and HAProxy do too).
 fn host_port(text: &str) -> Result<(String, u16), String> {
+    if let Some(why) = not_host_and_port(text) {
+        return Err(why);
+    }
     let Some((host, port)) = text.rsplit_once(':') else {
         return Err("the port is missing".into());
     };
@@ -98,7 +103,7 @@ fn host_port(text: &str) -> Result<(String, u16), String> {
         Ok(0) | Err(_) => return Err(format!("\"{port}\" is not a port (1 to 65535)")),
         Ok(p) => p,
     };
-    if let Some(why) = name_problem(host, false) {
+    if let Some(why) = name_problem(host) {
         return Err(why);
     }
     if host
@@ -114,20 +119,47 @@ fn host_port(text: &str) -> Result<(String, u16), String> {
     Ok((host.to_string(), port))
 }
 
+/// The usual ways of writing something other than `host:port`, said
+/// plainly: a URL's scheme or path, or an IPv6 address without brackets.
+fn not_host_and_port(text: &str) -> Option<String> {
+    if let Some((scheme, rest)) = text.split_once("://") {
+        return Some(format!(
+            "write it without \"{scheme}://\", as host:port (\"{rest}\"); a pool's `tls` says whether baton speaks TLS to it"
+        ));
+    }
+    if text.contains('/') {
+        return Some(
+            "a backend is host:port, with no path (a route's prefix is not rewritten)".into(),
+        );
+    }
+    if text.matches(':').count() < 2 || text.starts_with('[') {
+        return None;
+    }
+    let (ip, port) = text.rsplit_once(':')?;
+    let example = match ip.parse::<std::net::Ipv6Addr>() {
+        Ok(ip) => format!("[{ip}]:{port}"),
+        Err(_) if text.parse::<std::net::Ipv6Addr>().is_ok() => format!("[{text}]:8080"),
+        Err(_) => "[::1]:8080".into(),
+    };
+    Some(format!(
+        "an IPv6 address is written in brackets, then its port: \"{example}\""
+    ))
+}
+
 /// Why `text` is not an SRV name (`_service._proto.name`), if it is not.
 fn srv_problem(text: &str) -> Option<String> {
     let labels: Vec<&str> = text.trim_end_matches('.').split('.').collect();
     if labels.len() < 3 || !labels[0].starts_with('_') || !labels[1].starts_with('_') {
         return Some("it must start with _service._proto and name a domain".into());
     }
-    name_problem(text, true)
+    name_problem(text)
 }
 
-/// Why `name` is not a DNS name (labels of 1-63 letters, digits and
-/// '-', not at a label's ends; 253 characters at most; '_' only with
-/// `underscores`: SRV names, and route hosts, as requests' Host may hold
-/// it), if it is not.
-pub(super) fn name_problem(name: &str, underscores: bool) -> Option<String> {
+/// Why `name` is not a DNS name (labels of 1-63 letters, digits, '_'
+/// and '-', '-' not at a label's ends; 253 characters at most), if it is
+/// not. '_' is taken everywhere: SRV names start with it, requests' Host
+/// may hold it, and service names (`my_app`) do.
+pub(super) fn name_problem(name: &str) -> Option<String> {
     let bare = name.strip_suffix('.').unwrap_or(name);
     if bare.is_empty() || bare.len() > 253 {
         return Some("a name is 1 to 253 characters".into());
@@ -136,10 +168,10 @@ pub(super) fn name_problem(name: &str, underscores: bool) -> Option<String> {
         if label.is_empty() || label.len() > 63 {
             return Some(format!("label \"{label}\" must be 1 to 63 characters"));
         }
-        let allowed = |c: char| c.is_ascii_alphanumeric() || c == '-' || (underscores && c == '_');
+        let allowed = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
         if !label.chars().all(allowed) || label.starts_with('-') || label.ends_with('-') {
             return Some(format!(
-                "label \"{label}\" may hold only letters, digits and inner '-'"
+                "label \"{label}\" may hold only letters, digits, '_' and inner '-'"
             ));
         }
     }
@@ -165,7 +197,13 @@ mod tests {
         assert!(host_port("app1.internal:0").is_err());
         assert!(host_port("app1..internal:80").is_err());
         assert!(host_port("-app.internal:80").is_err());
-        assert!(host_port("app_1.internal:80").is_err());
+        assert_eq!(host_port("my_app:80"), Ok(("my_app".into(), 80)));
+        let said = |text: &str| host_port(text).expect_err(text);
+        assert!(said("http://app1.internal:80").contains("without \"http://\""));
+        assert!(said("app1.internal:80/api").contains("no path"));
+        assert!(said("::1:9001").contains("\"[::1]:9001\""));
+        assert!(said("fe80::1").contains("\"[fe80::1]:8080\""));
+        assert!(said("a:b:c").contains("\"[::1]:8080\""));
         assert!(host_port("300.1.1.1:80").is_err(), "not an IP, not a name");
         assert!(host_port(&format!("{}.internal:80", "a".repeat(64))).is_err());
     }

@@ -139,9 +139,9 @@ impl Validator {
 
     /// Off unless set; HTTP only (a TCP stream has no body to pace), where
     /// 0, off, is taken anywhere.
-    fn body_min_rate(&mut self, key: &str, raw: Option<i64>, protocol: Protocol) -> u64 {
+    fn body_min_rate(&mut self, key: &str, raw: Option<file::Whole>, protocol: Protocol) -> u64 {
         let key = format!("{key}.body_min_rate");
-        if protocol == Protocol::Tcp && raw.is_some_and(|rate| rate != 0) {
+        if protocol == Protocol::Tcp && raw.is_some_and(|rate| rate.0 != 0) {
             self.problem(&key, "body_min_rate needs protocol = \"http\"");
         }
         self.count(&key, raw, 0, 0, 1 << 30) as u64
@@ -353,7 +353,7 @@ impl Validator {
             // matched whole): a second dot or a '*' is a label the name
             // cannot have. '_' as requests' Host may hold it (hosts named
             // so exist).
-            super::dns::name_problem(port_less, true)
+            super::dns::name_problem(port_less)
         };
         if let Some(why) = why {
             self.problem(

@@ -419,12 +419,12 @@ impl Validator {
     fn count(
         &mut self,
         key: &str,
-        value: Option<i64>,
+        value: Option<file::Whole>,
         default: usize,
         min: i64,
         max: i64,
     ) -> usize {
-        match value {
+        match value.map(|whole| whole.0) {
             None => default,
             Some(n) if (min..=max).contains(&n) => n as usize,
             Some(n) => {
@@ -934,6 +934,18 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             message.contains("e.g. { path =") && !message.contains("struct"),
             "{message}"
         );
+        for weight in ["\"2\"", "2.5"] {
+            let quoted = GOOD.replace(
+                "address = \"127.0.0.1:9001\"",
+                &format!("address = \"127.0.0.1:9001\", weight = {weight}"),
+            );
+            let message = said(&quoted);
+            assert!(
+                message.contains("a whole number written without quotes")
+                    && !message.contains("i64"),
+                "{message}"
+            );
+        }
     }
 
     /// A value of another type than a duration is refused at its line

@@ -135,7 +135,7 @@ impl Validator {
     /// with no cap to queue behind, a `resolve_interval` with no name to
     /// resolve.
     fn unused_pool_keys(&mut self, key: &str, p: &file::PoolFile, no_names: bool) {
-        let uncapped = p.max_connections_per_backend.is_none_or(|cap| cap == 0);
+        let uncapped = p.max_connections_per_backend.is_none_or(|cap| cap.0 == 0);
         if p.queue_timeout.is_some() && uncapped {
             self.warning(
                 &format!("{key}.queue_timeout"),
