@@ -100,6 +100,26 @@ fn check_warns_of_a_token_no_header_can_carry() {
     }
 }
 
+/// A token every user of the host may read is warned of, naming the
+/// file and its mode; one kept from others is not.
+#[test]
+fn check_warns_of_a_token_every_user_may_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret\n").expect("token");
+    let path = config_with_token(dir.path(), &token_file);
+    for (mode, warned) in [(0o644, true), (0o640, false), (0o600, false)] {
+        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(mode))
+            .expect("chmod");
+        let (code, stdout, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
+        assert_eq!(code, 0, "{mode:o}: {stderr}");
+        let said = format!("{stdout}{stderr}");
+        let line = format!("may be read by every user of this host (mode {mode:04o})");
+        assert_eq!(said.contains(&line), warned, "{mode:o}: {said}");
+    }
+}
+
 /// A token file that is a FIFO nobody writes to, or a device, is refused
 /// naming the key (exit 78), as a certificate path is: `check` waited for
 /// a writer for ever, and on `/dev/zero` read until memory ran out.

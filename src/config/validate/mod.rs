@@ -539,6 +539,27 @@ impl Validator {
 
     /// `admin.token_file`'s token: a regular file of at most
     /// `MAX_TOKEN_FILE` bytes (`named_file`).
+    /// The token lets its holder drain and re-weight backends: a file
+    /// every user of the host may read hands that to all of them (ssh
+    /// refuses a key kept so). A warning, not an error: such a config
+    /// served before.
+    fn token_kept_close(&mut self, key: &str, path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let Ok(meta) = std::fs::metadata(path) else {
+            return;
+        };
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o004 != 0 {
+            self.warning(
+                key,
+                format!(
+                    "{} may be read by every user of this host (mode {mode:04o}), and the token drains backends: chmod o-r it",
+                    path.display()
+                ),
+            );
+        }
+    }
+
     fn token(&mut self, file: &str) -> Option<String> {
         let path = self.path(Some(file), file);
         self.reads("admin.token_file", &path);
@@ -571,6 +592,7 @@ impl Validator {
                         ),
                     );
                 }
+                self.token_kept_close("admin.token_file", &path);
                 Some(token)
             }
             Err(err) => {
