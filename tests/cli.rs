@@ -31,7 +31,36 @@ fn the_shipped_example_config_is_valid() {
         "listener web route path_prefix /slow -> pool slowpool",
         "pool slowpool balance least_conn, max_connections_per_backend none",
         "pool pg health none (backends taken as up)",
+        "pool pg tls none (plain TCP to the backends)",
+        "pool app backend b 127.0.0.1:9002, weight 1",
     ] {
+        assert!(stdout.contains(said), "{said:?} in\n{stdout}");
+    }
+}
+
+/// A pool's TLS to its backends is said: the name checked and whether
+/// it is checked at all.
+#[test]
+fn check_says_how_a_pool_speaks_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("baton.toml");
+    for (tls, said) in [
+        (
+            "{ server_name = \"app.internal\", verify = false }",
+            "pool app tls, server_name app.internal, verify false",
+        ),
+        (
+            "{ verify = false }",
+            "pool app tls, server_name each backend's host name, else its IP address, verify false",
+        ),
+    ] {
+        std::fs::write(
+            &path,
+            format!("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:2\"\npool = \"app\"\n\n[[pools]]\nname = \"app\"\ntls = {tls}\nbackends = [{{ name = \"a\", address = \"127.0.0.1:1\" }}]\n"),
+        )
+        .expect("write");
+        let (code, stdout, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
+        assert_eq!(code, 0, "{stderr}");
         assert!(stdout.contains(said), "{said:?} in\n{stdout}");
     }
 }

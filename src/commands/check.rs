@@ -103,6 +103,15 @@ pub fn check(args: CheckArgs) -> Exit {
             .send_proxy
             .map_or(String::new(), |v| format!(", send_proxy {}", v.as_str()));
         say!("pool {}: {} backend(s){sends}", p.name, p.backends.len());
+        for b in &p.backends {
+            say!(
+                "pool {} backend {} {}, weight {}",
+                p.name,
+                b.name,
+                b.address,
+                b.weight
+            );
+        }
         print_pool_settings(p);
         for n in &p.named {
             let (kind, weight) = match n.query {
@@ -233,6 +242,15 @@ fn print_pool_settings(p: &PoolConfig) {
         "pool {} balance {balance}, max_connections_per_backend {cap}",
         p.name
     );
+    match &p.tls {
+        None => say!("pool {} tls none (plain TCP to the backends)", p.name),
+        Some(tls) => say!(
+            "pool {} tls, server_name {}, verify {}",
+            p.name,
+            tls.names(),
+            tls.verify
+        ),
+    }
     match &p.health {
         None => say!("pool {} health none (backends taken as up)", p.name),
         Some(h) => {

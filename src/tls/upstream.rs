@@ -23,7 +23,7 @@ pub struct UpstreamTls {
     connector: TlsConnector,
     /// The name sent as SNI and checked; None: the backend's IP address.
     server_name: Option<ServerName<'static>>,
-    /// For `baton check` and `/status`.
+    /// For `baton check`.
     pub verify: bool,
 }
 
@@ -37,6 +37,14 @@ impl std::fmt::Debug for UpstreamTls {
 }
 
 impl UpstreamTls {
+    /// The name sent as SNI and checked, as `baton check` says it.
+    pub fn names(&self) -> String {
+        match &self.server_name {
+            Some(name) => name.to_str().into_owned(),
+            None => "each backend's host name, else its IP address".to_string(),
+        }
+    }
+
     /// `roots` is required when `verify` (it is what is trusted).
     pub fn new(
         server_name: Option<ServerName<'static>>,
