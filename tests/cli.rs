@@ -619,6 +619,37 @@ fn check_warns_of_writes_the_units_sandbox_forbids() {
 /// (an admin's override lives there: an upgrade replaces the unit file);
 /// and a `TimeoutStartSec`, which bounds `ExecReload=`, shorter than what
 /// `baton reload` waits is said too.
+/// The unit's open-file limit is held to what the listeners'
+/// `max_connections` may take (two fds each, 1024 more): the example's
+/// two listeners of 10,000 take 41,024.
+#[test]
+fn check_warns_of_an_open_file_limit_below_max_connections() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unit = dir.path().join("baton.service");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/baton.toml");
+    let u = unit.to_str().expect("utf-8 path");
+    let limited = "open files the listeners' max_connections";
+    for (limit, warned) in [
+        ("LimitNOFILE=1048576\n", false),
+        ("LimitNOFILE=infinity\n", false),
+        ("", false),
+        ("LimitNOFILE=1024:65536\nLimitNOFILE=4096\n", true),
+        ("LimitNOFILE=1024:41024\n", false),
+        ("LimitNOFILE=41023\n", true),
+    ] {
+        std::fs::write(&unit, format!("[Service]\nTimeoutStopSec=60\n{limit}")).expect("unit");
+        let (code, _, stderr) = run(&["check", "-c", example, "--unit", u]);
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(stderr.contains(limited), warned, "{limit:?}: {stderr}");
+    }
+    assert!(
+        run(&["check", "-c", example, "--unit", u])
+            .2
+            .contains("LimitNOFILE=41023 in"),
+        "the setting named"
+    );
+}
+
 #[test]
 fn check_reads_the_units_drop_ins_and_its_reload_bound() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -7,6 +7,7 @@ use crate::cli::{BudgetArgs, RunArgs};
 use crate::config::{Overrides, DEFAULT_MAX_CONNECTIONS};
 use crate::daemon::{self, Setup};
 use crate::exit::Exit;
+use crate::lifecycle::fd_limit;
 use crate::lifecycle::generation::{Exec, Inheritance, Parent};
 use crate::lifecycle::handoff::Channel;
 use crate::lifecycle::signals::{Commands, Signals};
@@ -30,7 +31,7 @@ fn run_logged(args: RunArgs) -> Exit {
     // now, and more once the config asks for more. (The config is not
     // read before the runtime: it may be a FIFO, read once, and signals
     // are not handled yet.)
-    crate::lifecycle::fd_limit::reserve_table(fds_for(DEFAULT_MAX_CONNECTIONS));
+    fd_limit::reserve_table(fd_limit::fds_for(DEFAULT_MAX_CONNECTIONS));
     let rt = match super::runtime(1) {
         Ok(rt) => rt,
         Err(exit) => return exit,
@@ -76,8 +77,7 @@ async fn run_async(args: RunArgs) -> Exit {
     for warning in &config.warnings {
         tracing::warn!(%warning, "config");
     }
-    let connections = config.listeners.iter().map(|l| l.max_connections).sum();
-    crate::lifecycle::fd_limit::reserve_table(fds_for(connections));
+    fd_limit::reserve_table(fd_limit::fds_for(config.max_connections()));
     let exec = match Exec::of_this_process() {
         Ok(e) => e,
         Err(err) => {
@@ -105,13 +105,6 @@ async fn run_async(args: RunArgs) -> Exit {
         commands,
     })
     .await
-}
-
-/// The fds listeners of `connections` in all may hold: a client's
-/// connection and its backend's each, and room for the listeners, idle
-/// backend connections and the rest.
-fn fds_for(connections: usize) -> u64 {
-    2 * connections as u64 + 1024
 }
 
 pub(super) fn overrides(budgets: BudgetArgs) -> Overrides {

@@ -1,5 +1,6 @@
 //! What `baton check` reads of the installed `baton.service`: the timeouts
-//! systemd would hold baton to, the room in its fd store and its sandbox
+//! systemd would hold baton to, its open-file limit, the room in its fd
+//! store and its sandbox
 //! (see `sandbox`), from the unit
 //! file and then its drop-ins,
 //! the place an admin's override survives a package upgrade (the package
@@ -65,6 +66,9 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
     if let Some(store) = last_setting(&files, &["FileDescriptorStoreMax"]) {
         warn_about_fd_store(&store, c.listening_sockets());
     }
+    if !files.is_empty() {
+        warn_about_fd_limit(last_setting(&files, &["LimitNOFILE"]), c.max_connections());
+    }
     if let Some((unit, _)) = files.first() {
         super::sandbox::warn_about_writes(&files, c, unit);
         super::reads::warn_about_reads(&files, c, unit);
@@ -116,6 +120,46 @@ fn warn_about_fd_store(store: &Setting<'_>, sockets: usize) {
             store.value,
             store.file.display()
         ),
+    }
+}
+
+/// What systemd grants a unit that sets no `LimitNOFILE=` (the hard half
+/// of `DefaultLimitNOFILE=1024:524288` in system.conf, since v240).
+const SYSTEMD_DEFAULT_NOFILE: u64 = 524_288;
+
+/// baton raises its soft open-file limit to the hard one, and no further:
+/// under a hard limit below the fds its listeners' `max_connections` may
+/// take (a client's and a backend's each), a flood meets EMFILE before the
+/// cap, and clients already taken fail at their backend's connect (503)
+/// where the cap would have left the excess waiting in the backlog.
+fn warn_about_fd_limit(limit: Option<Setting<'_>>, connections: usize) {
+    let needed = crate::lifecycle::fd_limit::fds_for(connections);
+    let (hard, said) = match &limit {
+        None => (
+            SYSTEMD_DEFAULT_NOFILE,
+            format!("the unit sets no LimitNOFILE, and systemd's default hard limit ({SYSTEMD_DEFAULT_NOFILE})"),
+        ),
+        Some(s) if s.value == "infinity" || s.value.ends_with(":infinity") => return,
+        Some(s) => {
+            let hard = s.value.rsplit(':').next().unwrap_or_default();
+            match hard.parse::<u64>() {
+                Ok(hard) => (hard, format!("{}={} in {}", s.key, s.value, s.file.display())),
+                Err(_) => {
+                    eprintln!(
+                        "baton: warning: cannot read {}={} in {}",
+                        s.key,
+                        s.value,
+                        s.file.display()
+                    );
+                    return;
+                }
+            }
+        }
+    };
+    if hard < needed {
+        eprintln!(
+            "baton: warning: {said} is below the {needed} open files the listeners' max_connections ({connections} in all) may take, a client's and a backend's each and 1024 more: a flood would meet EMFILE before max_connections, and clients taken would get 503s; raise LimitNOFILE in a drop-in or lower max_connections"
+        );
     }
 }
 

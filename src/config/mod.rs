@@ -327,6 +327,11 @@ impl Config {
         self.stop_budget() + Duration::from_secs(5)
     }
 
+    /// The client connections the listeners take at once, in all.
+    pub fn max_connections(&self) -> usize {
+        self.listeners.iter().map(|l| l.max_connections).sum()
+    }
+
     /// The listening sockets a generation holds and hands over: a shard of
     /// each listener for every worker (or `reuseport` of them, if more),
     /// then admin and control.

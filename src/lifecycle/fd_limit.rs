@@ -34,6 +34,14 @@ pub fn raise() {
     }
 }
 
+/// The fds listeners of `connections` in all may hold: a client's
+/// connection and its backend's each, and room for the listeners, idle
+/// backend connections and the rest. `baton check` holds the unit's
+/// `LimitNOFILE=` to it.
+pub fn fds_for(connections: usize) -> u64 {
+    2 * connections as u64 + 1024
+}
+
 /// Grows the process's table of open files now to hold `fds` (within the
 /// soft limit; a table that large already is left as it is). The kernel
 /// grows it by doubling as fds are taken, and in a process of several
