@@ -70,6 +70,40 @@ async fn a_half_closed_tcp_tunnel_gives_its_place_back_at_idle_timeout() {
     drop(first);
 }
 
+/// A client that closes its half and waits longer than `idle_timeout`
+/// for the answer (a job handed over, then EOF) gets it: the backend is at
+/// work, and the tunnel waits for it under `tunnel_timeout`, as HAProxy's
+/// does with no `timeout server-fin`. It was cut at `idle_timeout` with a
+/// FIN, which read as a whole, empty answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_client_that_closed_its_half_waits_past_idle_timeout_for_the_answer() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let backend = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut job = Vec::new();
+                if s.read_to_end(&mut job).await.is_ok() {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    let _ = s.write_all(&[b"done: ", &job[..]].concat()).await;
+                }
+            });
+        }
+    });
+    let spec = Spec::new()
+        .listener("raw", "tcp", "b", "idle_timeout = \"1s\"")
+        .pool("b", &[backend]);
+    let baton = Baton::start(spec).await;
+    let mut s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    s.write_all(b"job").await.expect("write");
+    s.shutdown().await.expect("half-close");
+    assert_eq!(read_until_closed(&mut s).await, "done: job");
+}
+
 /// An echo backend that counts the connections it accepted.
 async fn counting_echo() -> (std::net::SocketAddr, Arc<AtomicU64>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

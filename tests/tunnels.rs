@@ -156,6 +156,38 @@ async fn a_half_close_from_a_slow_reader_loses_nothing_of_the_backends_half() {
     assert!(body == &pattern[..], "in order");
 }
 
+/// An upgraded connection whose client closed its half waits for the
+/// backend's answer past `idle_timeout` (under `tunnel_timeout`), as a
+/// TCP-mode one does: only the backend's half-close starts the shorter
+/// limit, for a client that never closes its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_client_that_closed_its_half_waits_past_idle_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut buf = Vec::new();
+        raw::read_request(&mut s, &mut buf)
+            .await
+            .expect("upgrade request");
+        s.write_all(&raw::switched(b"")).await.expect("101");
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).await.expect("the client's half");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        s.write_all(b"late answer").await.expect("answer");
+    });
+    let spec = Spec::new()
+        .listener("web", "http", "app", "idle_timeout = \"1s\"")
+        .pool("app", &[backend]);
+    let baton = Baton::start(spec).await;
+    let mut s = raw::upgrading(baton.addr("web")).await;
+    let mut head = Vec::new();
+    // Read as a request is: a head, and no body.
+    raw::read_request(&mut s, &mut head).await.expect("the 101");
+    s.shutdown().await.expect("half-close");
+    assert_eq!(client::read_until_closed(&mut s).await, "late answer");
+}
+
 /// A TCP tunnel that the reload's drain deadline forces closed is reset,
 /// not ended with a FIN, which would pass the cut stream off as whole to
 /// a protocol with no framing of its own; and its bytes are counted in

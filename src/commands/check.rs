@@ -178,7 +178,7 @@ fn print_tls(listener: &str, tls: &TlsSettings) {
 /// A listener's timeouts, and for HTTP its forwarding, h2 and routes.
 fn print_listener_settings(l: &ListenerConfig, pools: &[PoolConfig]) {
     if l.protocol != Protocol::Http {
-        // idle: once a side has closed its half (HAProxy's client-fin).
+        // idle: once the backend has closed its half (HAProxy's client-fin).
         say!(
             "listener {} timeouts: connect {}, tunnel {}, idle {}",
             l.name,

@@ -2,8 +2,10 @@
 //! or an upgraded HTTP connection with no traffic either way for
 //! `tunnel_timeout` is closed, so a vanished peer (NAT expiry, a client
 //! that lost power) does not hold a connection slot and two fds forever.
-//! Once one side has closed its half, a shorter limit may apply (HAProxy's
-//! `timeout client-fin`/`server-fin`).
+//! Once the backend has closed its half, a shorter limit may apply to the
+//! client's (HAProxy's `timeout client-fin`); a client's half-close waits
+//! for the backend's answer under the tunnel's own limit, as HAProxy's
+//! does with no `server-fin` set.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,8 +26,8 @@ const CHECKS: u32 = 4;
 #[derive(Default)]
 pub struct Activity {
     moved: AtomicBool,
-    /// One side closed its half (its EOF was passed on).
-    half_closed: AtomicBool,
+    /// The backend closed its half (its EOF was passed on).
+    backend_closed: AtomicBool,
     closed_half: Notify,
 }
 
@@ -34,24 +36,26 @@ impl Activity {
         self.moved.store(true, Ordering::Relaxed);
     }
 
-    /// One side closed its half: from now on [`Self::idle_for_or`]'s
-    /// shorter limit applies.
-    pub fn close_half(&self) {
-        self.half_closed.store(true, Ordering::Relaxed);
+    /// The backend closed its half: from now on [`Self::idle_for_or`]'s
+    /// shorter limit applies. Not the client's: after its FIN it waits
+    /// for an answer the backend may take long to give (a report, a
+    /// job), and a cut then looked like a whole, empty answer.
+    pub fn backend_closed(&self) {
+        self.backend_closed.store(true, Ordering::Relaxed);
         self.closed_half.notify_waiters();
     }
 
-    /// Resolves once nothing moved for `limit`, or for `half_limit` once a
-    /// side has closed its half (give or take a quarter): a backend that
-    /// closed leaves its client's half-open socket holding the backend's
-    /// place (`max_connections_per_backend`) and a drain, for `limit` (an
-    /// hour by default), when the client never closes its side (pooled
-    /// sockets left in CLOSE_WAIT).
+    /// Resolves once nothing moved for `limit`, or for `half_limit` once
+    /// the backend has closed its half (give or take a quarter): a backend
+    /// that closed leaves its client's half-open socket holding the
+    /// backend's place (`max_connections_per_backend`) and a drain, for
+    /// `limit` (an hour by default), when the client never closes its side
+    /// (pooled sockets left in CLOSE_WAIT).
     pub async fn idle_for_or(&self, limit: Duration, half_limit: Duration) {
         let closed_half = self.closed_half.notified();
         tokio::pin!(closed_half);
         closed_half.as_mut().enable();
-        if !self.half_closed.load(Ordering::Relaxed) {
+        if !self.backend_closed.load(Ordering::Relaxed) {
             tokio::select! {
                 () = self.idle_for(limit) => return,
                 () = closed_half => {}

@@ -123,10 +123,10 @@ pub enum TunnelEnd {
 /// Joins a client's and a backend's upgraded connections until both sides
 /// closed (a FIN either way passed on, as in TCP mode) or one failed, the
 /// drain ends the stream, or nothing moves either way for `limits.tunnel`
-/// (for `limits.half_closed` once a side closed its half and the other
-/// neither answers nor closes: as in TCP mode, and HAProxy's
-/// `timeout client-fin`/`server-fin`, it would hold its places for the
-/// hour; see [`TunnelEnd`]). The caller holds the backend's lease meanwhile.
+/// (for `limits.half_closed` once the backend closed its half and the
+/// client does not close its own: as in TCP mode, and HAProxy's
+/// `timeout client-fin`, it would hold its places for the hour; see
+/// [`TunnelEnd`]). The caller holds the backend's lease meanwhile.
 /// `sent_down` is what the backend sent past its 101 that the caller wrote
 /// to the client already: a WebSocket frame it began must end before a
 /// Close frame may be written.
@@ -156,7 +156,7 @@ where
             // Within the budget for clients' faults: a client can leave
             // as many tunnels idle as it may open.
             if crate::telemetry::client_fault() {
-                tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout (idle_timeout once a side closed its half); closing the tunnel");
+                tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout (idle_timeout once the backend closed its half); closing the tunnel");
             }
             TunnelEnd::Idle
         }
@@ -164,7 +164,7 @@ where
 }
 
 /// How long a tunnel may go with nothing moving either way: `tunnel`, or
-/// `half_closed` once a side closed its half.
+/// `half_closed` once the backend closed its half.
 #[derive(Debug, Clone, Copy)]
 pub struct TunnelLimits {
     pub tunnel: Duration,
@@ -207,7 +207,6 @@ where
             if let Err(err) = tokio::io::copy(&mut client_read, &mut backend_write).await {
                 return Err(side_of(&err).unwrap_or(Side::Client));
             }
-            activity.close_half();
             let _ = backend_write.shutdown().await;
             Ok(())
         };
@@ -243,7 +242,7 @@ where
         };
         match end {
             DownEnd::BackendClosed if up_running && !ending.is_terminated() => {
-                activity.close_half();
+                activity.backend_closed();
                 client_goes_on(up, &mut client_write, ending.as_mut()).await
             }
             end => end,
@@ -686,21 +685,21 @@ mod tests {
         ends_soon(tunnel, started, super::TunnelEnd::Idle).await;
     }
 
-    /// A client that closed its half, with a backend that neither answers
-    /// nor closes, ends the tunnel after the half-closed limit, not the
-    /// tunnel's hour (its places held meanwhile).
+    /// A client that closed its half waits for the backend's answer under
+    /// the tunnel's own limit, not the half-closed one: the backend may be
+    /// at work (HAProxy waits `timeout tunnel` with no `server-fin`).
     #[tokio::test(start_paused = true)]
-    async fn a_tunnel_whose_client_closed_its_half_ends_after_the_shorter_limit() {
+    async fn a_tunnel_whose_client_closed_its_half_waits_under_the_tunnel_limit() {
         use tokio::io::AsyncWriteExt;
         let (client_side, mut client) = tokio::io::duplex(1024);
         let (backend_side, _backend) = tokio::io::duplex(1024);
         let tunnel = plain_tunnel(client_side, backend_side, 3600, 2);
-        // Until the client's FIN, the tunnel's own limit holds.
-        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
-        assert!(!tunnel.is_finished(), "ended before the client's FIN");
-        let started = tokio::time::Instant::now();
         client.shutdown().await.expect("the client's FIN");
-        ends_soon(tunnel, started, super::TunnelEnd::Idle).await;
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        assert!(!tunnel.is_finished(), "ended at the half-closed limit");
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(4600), tunnel);
+        let end = ended.await.expect("ended at the tunnel's limit");
+        assert_eq!(end.expect("tunnel"), super::TunnelEnd::Idle);
     }
 
     #[test]

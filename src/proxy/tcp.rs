@@ -48,8 +48,8 @@ pub struct TcpProxy {
     pub pool: Arc<Pool>,
     pub connect_timeout: Duration,
     pub tunnel_timeout: Duration,
-    /// The listener's `idle_timeout`: a tunnel's limit once one side has
-    /// closed its half.
+    /// The listener's `idle_timeout`: a tunnel's limit once the backend
+    /// has closed its half.
     pub half_closed_timeout: Duration,
     /// One line per connection, if set (`access_log`).
     pub access_log: Option<AccessLog>,
@@ -157,7 +157,7 @@ impl TcpProxy {
                 // Within the budget for clients' faults: a client can
                 // leave as many connections idle as it may open.
                 if crate::telemetry::client_fault() {
-                    tracing::info!(listener = %self.listener, client = %peer, backend = %lease.backend().name, "no traffic either way within tunnel_timeout (idle_timeout once half-closed); closing");
+                    tracing::info!(listener = %self.listener, client = %peer, backend = %lease.backend().name, "no traffic either way within tunnel_timeout (idle_timeout once the backend closed its half); closing");
                 }
                 Termination::ClientTimeout(Phase::Data)
             }
@@ -392,12 +392,11 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
     both_ways(
         async {
             relay(&mut client_read, &mut backend_write).await?;
-            activity.close_half();
             backend_write.shutdown().await
         },
         async {
             relay(&mut backend_read, &mut client_write).await?;
-            activity.close_half();
+            activity.backend_closed();
             if up_failed.is_set() {
                 return Ok(());
             }
@@ -457,7 +456,9 @@ async fn one_way(
         let n = match read_now(&mut from, &mut buf).await.map_err(on(from_side))? {
             None => continue,
             Some(0) => {
-                activity.close_half();
+                if from_side == Side::Backend {
+                    activity.backend_closed();
+                }
                 if hold_fin.is_some_and(UpFailed::is_set) {
                     return Ok(());
                 }
