@@ -356,6 +356,55 @@ async fn a_removed_listeners_draining_count_leaves_with_its_generation() {
     assert!(metrics.contains("listener=\"web\""), "{metrics}");
 }
 
+/// Every `/status` answered across a reload names one serving generation:
+/// the old one stops answering before it closes its doors (1.5 s here: a
+/// removed listener that defers accepting), where it answered on with
+/// itself alone, draining.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_status_across_a_reload_names_one_serving_generation() {
+    let backend = HttpBackend::start("a").await;
+    let both = Spec::new()
+        .http("web", "app")
+        .http("old", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(both).await;
+    let admin = baton.admin;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let polling = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut answers = Vec::new();
+            while !stop.is_cancelled() && answers.len() < 2_000 {
+                if let Ok(s) = client::get(admin, "/status").await {
+                    let status: serde_json::Value =
+                        serde_json::from_str(&s.body).expect("/status is JSON");
+                    let serving = status["generations"]
+                        .as_array()
+                        .expect("generations")
+                        .iter()
+                        .filter(|g| g["state"] == "active")
+                        .count();
+                    answers.push((serving, s.body));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            answers
+        }
+    });
+    baton.write_spec(
+        &Spec::new().http("web", "app").pool("app", &[backend.addr]),
+        &HashMap::new(),
+    );
+    baton.reload_ok().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.cancel();
+    let answers = polling.await.expect("join");
+    assert!(answers.len() > 20, "{} answers", answers.len());
+    for (serving, body) in &answers {
+        assert_eq!(*serving, 1, "{body}");
+    }
+}
+
 /// Waits until `/status` lists the serving generation alone.
 async fn old_generation_left_status(admin: std::net::SocketAddr) {
     support::eventually("the old generation leaves /status", || async {

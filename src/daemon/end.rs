@@ -24,7 +24,18 @@ impl Generation {
                 self.watchdog.clone(),
             ));
         }
+        // Our admin stops before anything else: the successor answers from
+        // our first report on, sent at once, where we answered on while our
+        // doors closed (1.5 s when a removed listener defers accepting),
+        // with a `/status` that named no serving generation and counts
+        // the successor's would then step back from.
+        self.admin_stop.cancel();
+        self.admin_closed.cancelled().await;
         let _ = self.phase.send(Phase::Draining { deadline: None });
+        let first_report = Message::Report(self.admin.report());
+        if let Err(err) = successor.channel.send(&first_report, &[]).await {
+            tracing::info!(cause = %err, "successor took no first report");
+        }
         self.holdings
             .handed_over(&successor.adopted, successor.names_every_socket);
         // Under systemd a path may be a socket unit's (`ListenStream=`),
@@ -33,8 +44,6 @@ impl Generation {
             self.holdings.remove_unadopted_files();
         }
         self.close_doors().await;
-        self.admin_stop.cancel();
-        self.admin_closed.cancelled().await;
         // Only now: when `baton reload` returns, every new connection and
         // probe reaches the new generation.
         if let Some(w) = waiter {
