@@ -155,3 +155,49 @@ async fn a_reload_hands_over_more_sockets_than_a_datagram_carries() {
         assert_eq!(answer.status, 200, "{name}");
     }
 }
+
+/// Scrapes of a large config's `/metrics` in a loop, 32 at once, leave the
+/// health checks on time: each render runs on a blocking thread, one at a
+/// time. Rendered on the admin's thread, which the checks share, a check
+/// waited behind the queued renders past its timeout, and a healthy
+/// backend went down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrapes_in_a_loop_leave_the_health_checks_on_time() {
+    let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
+    let checks = "health = { kind = \"http\", path = \"/\", interval = \"100ms\", timeout = \"500ms\", rise = 1, fall = 2 }";
+    let spec = large_spec(&a, &b)
+        .pool_with("checked", checks, &[(a.addr, 1)])
+        .http("lc", "checked");
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let scrapers: Vec<_> = (0..32)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut scrapes = 0u32;
+                while tokio::time::Instant::now() < until {
+                    client::metrics(admin).await;
+                    scrapes += 1;
+                }
+                scrapes
+            })
+        })
+        .collect();
+    let mut scrapes = 0;
+    for scraper in scrapers {
+        scrapes += scraper.await.expect("scraper");
+    }
+    let text = client::metrics(admin).await;
+    let of = |result: &str| {
+        let series = format!(
+            "baton_health_checks_total{{pool=\"checked\",backend=\"checked-0\",result=\"{result}\"}}"
+        );
+        client::series(&text, &series)
+    };
+    assert!(
+        of("ok").is_some_and(|n| n >= 10.0),
+        "checks ran: {:?}",
+        of("ok")
+    );
+    assert_eq!(of("failed"), Some(0.0), "{scrapes} scrapes");
+}

@@ -85,6 +85,9 @@ pub struct AdminShared {
     /// taking, so a post lands wholly before the states are taken, or is
     /// refused.
     pub handed_over: std::sync::Mutex<bool>,
+    /// Held while `/metrics` renders: one render at a time (see
+    /// `routes::metrics`).
+    pub rendering: tokio::sync::Mutex<()>,
 }
 
 impl AdminShared {
@@ -290,7 +293,7 @@ fn answer<S>(
             seen.store(true, Ordering::Relaxed);
             let last = last.is_cancelled();
             async move {
-                let mut response = routes::respond(&state, req);
+                let mut response = routes::respond(&state, req).await;
                 if last {
                     response
                         .headers_mut()
@@ -360,6 +363,7 @@ mod tests {
             configured: Default::default(),
             draining_shown: Default::default(),
             handed_over: std::sync::Mutex::new(false),
+            rendering: tokio::sync::Mutex::default(),
         })
     }
 

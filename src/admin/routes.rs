@@ -20,7 +20,7 @@ use crate::metrics::kernel;
 
 type Reply = Response<Full<Bytes>>;
 
-pub fn respond<B>(state: &AdminShared, req: Request<B>) -> Reply {
+pub async fn respond<B>(state: &Arc<AdminShared>, req: Request<B>) -> Reply {
     let path = req.uri().path();
     let is_get = req.method() == Method::GET || req.method() == Method::HEAD;
     if state.config.liveness_paths.iter().any(|p| p == path) {
@@ -42,7 +42,7 @@ pub fn respond<B>(state: &AdminShared, req: Request<B>) -> Reply {
     }
     match path {
         "/status" if is_get => status(state),
-        "/metrics" if is_get => metrics(state),
+        "/metrics" if is_get => metrics(state).await,
         "/status" | "/metrics" => not_allowed(READS),
         _ => error(StatusCode::NOT_FOUND, format!("no admin endpoint {path}")),
     }
@@ -229,8 +229,25 @@ fn status(state: &AdminShared) -> Reply {
     )
 }
 
-fn metrics(state: &AdminShared) -> Reply {
-    let text = state.render_metrics();
+/// Rendered on a blocking thread, one render at a time: a large config's
+/// exposition takes milliseconds to render and merge, and the admin shares
+/// the supervisor's one worker thread with the health checks, the watchdog
+/// and the handoff, so scrapes in a loop (a misconfigured scraper, or any
+/// local user) held checks past their timeout until healthy backends were
+/// marked down. Scrapes that come together wait their turn: the CPU they
+/// take is one render's at a time.
+async fn metrics(state: &Arc<AdminShared>) -> Reply {
+    let _turn = state.rendering.lock().await;
+    let shared = Arc::clone(state);
+    let text = match tokio::task::spawn_blocking(move || shared.render_metrics()).await {
+        Ok(text) => text,
+        Err(err) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the metrics could not be rendered: {err}"),
+            )
+        }
+    };
     let mut reply = Response::new(Full::new(Bytes::from(text)));
     reply.headers_mut().insert(
         CONTENT_TYPE,

@@ -287,6 +287,7 @@ fn open_admin(
         configured: configured(config),
         draining_shown: Default::default(),
         handed_over: Default::default(),
+        rendering: Default::default(),
     });
     admin.set_inherited(start.report);
     let (admin_listener, admin_addr) =
