@@ -595,6 +595,44 @@ async fn a_reset_h2_stream_is_logged_as_the_client_s_abort() {
     assert!(lines[0]["status"].is_null(), "{}", lines[0]);
 }
 
+/// An h2 request whose field list is past the bound (a 70 KB field) is a
+/// 431 that is counted and logged (`PR`, its method and path), as an
+/// HTTP/1 head past it is: the connection answered it itself, and it left
+/// no trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_head_past_the_bound_is_a_431_counted_and_logged() {
+    let Logged {
+        dir: _dir,
+        log,
+        backend,
+        baton,
+    } = logging("json").await;
+    let web = baton.addr("web");
+    let mut sender = support::client::h2::<http_body_util::Empty<bytes::Bytes>>(web).await;
+    let mut req = hyper::Request::get(format!("http://{web}/big"))
+        .body(http_body_util::Empty::new())
+        .expect("request");
+    let huge = "h".repeat(70_000).parse().expect("value");
+    req.headers_mut().insert("x-huge", huge);
+    let answer = sender.send_request(req).await.expect("h2 response");
+    assert_eq!(answer.status(), 431);
+    let metrics = client::metrics(baton.admin).await;
+    let refused = "baton_requests_total{listener=\"web\",pool=\"app\",code=\"4xx\"}";
+    assert_eq!(client::series(&metrics, refused), Some(1.0), "{metrics}");
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[log]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    assert_eq!(line["status"], 431, "{line}");
+    assert_eq!(line["termination"], "PR", "{line}");
+    assert_eq!(
+        (&line["method"], &line["target"]),
+        (&"GET".into(), &"/big".into()),
+        "{line}"
+    );
+    assert_eq!(backend.hits(), 0);
+}
+
 /// An h2c connection to `web` whose stream 1 is a POST with its body's
 /// first 14 bytes sent and the rest still to come, once `backend` has it.
 async fn uploading(web: SocketAddr, backend: &HttpBackend) -> TcpStream {

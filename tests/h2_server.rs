@@ -16,6 +16,7 @@ use baton::proxy::h2::conn::{ConnError, Connection, Exchange, Limits};
 use baton::proxy::h2::frame::{self, Frame, Inbound, Reader, Reason};
 use baton::proxy::h2::hpack::{Decoder, Listed};
 use baton::proxy::h2::recv::RecvBody;
+use baton::proxy::h2::request::ListTooLarge;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Frame as BodyFrame;
@@ -65,6 +66,8 @@ struct Seen {
     big_heads: AtomicUsize,
     /// `/bighead` requests read: their exchanges made, polled or not.
     bighead_requests: AtomicUsize,
+    /// Requests marked as past the field list's bound (answered 431).
+    too_large: AtomicUsize,
 }
 
 /// Opens once and stays open: a waiter that comes after the opening goes
@@ -111,7 +114,14 @@ fn exchange(seen: Arc<Seen>) -> impl FnMut(Request<RecvBody>) -> Exchange<Reply>
         if request.uri().path() == "/bighead" {
             seen.bighead_requests.fetch_add(1, Ordering::SeqCst);
         }
+        let too_large = request.extensions().get::<ListTooLarge>().is_some();
         Box::pin(async move {
+            if too_large {
+                seen.too_large.fetch_add(1, Ordering::SeqCst);
+                let mut response = Response::new(text(""));
+                *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+                return response;
+            }
             let path = request.uri().path().to_string();
             let body = request.into_body();
             match path.as_str() {
@@ -728,7 +738,8 @@ const GET_HELLO: [(&[u8], &[u8]); 4] = [
 ];
 
 /// A malformed head resets its stream alone; a head past the list's
-/// bound is answered 431; streams past the bound are refused.
+/// bound reaches the exchange marked so (which answers 431: the proxy's,
+/// counted and logged); streams past the bound are refused.
 #[tokio::test]
 async fn malformed_and_excess_streams_are_refused_one_by_one() {
     let server = server(Limits {
@@ -754,6 +765,7 @@ async fn malformed_and_excess_streams_are_refused_one_by_one() {
     };
     assert_eq!(block.stream, 3);
     assert_eq!(&block.block[..5], b"\x08\x03431", ":status 431, a literal");
+    assert_eq!(server.seen.too_large.load(Ordering::SeqCst), 1, "marked");
     // `/slow` holds the only stream the bound allows; the next is refused.
     raw.request(5, &slow()).await;
     raw.request(7, &GET_HELLO).await;

@@ -57,6 +57,7 @@ use crate::proxy_protocol::Origin;
 use crate::stream::ByteStream;
 use conn::{Connection, Exchange, Limits};
 use recv::{RecvBody, RecvError};
+use request::ListTooLarge;
 
 /// How often an h2 connection is PINGed, and how long the answer may take,
 /// at most.
@@ -802,11 +803,17 @@ enum Sent {
     Failed(ProxyError),
 }
 
-/// Why a request is refused before it goes anywhere: more fields than an
-/// HTTP/1 client may send (431; the header list's size is bounded as an
-/// HTTP/1 head's is, by `max_header_list_size`), an `Expect` other than
+/// Why a request is refused before it goes anywhere: a field list larger
+/// than an HTTP/1 head may be (`MAX_HEAD`, announced as
+/// SETTINGS_MAX_HEADER_LIST_SIZE; the connection marks it) or more fields
+/// than an HTTP/1 client may send (431), an `Expect` other than
 /// `100-continue` (417), or an `ambiguity` (400).
 fn refusal<B>(req: &Request<B>) -> Option<ProxyError> {
+    if req.extensions().get::<ListTooLarge>().is_some() {
+        return Some(ProxyError::ListTooLarge {
+            max: MAX_HEAD as u32,
+        });
+    }
     // Browsers send each cookie as a field of its own (RFC 9113 §8.2.3);
     // they go up joined, as one line, and count as one.
     // Looked for only past the bound: most requests are far under it.

@@ -63,6 +63,10 @@ pub enum ProxyError {
     /// An h2 request with more fields than an HTTP/1 head may carry (431).
     #[error("request head with more than {max} fields")]
     TooManyFields { max: usize },
+    /// An h2 request whose field list is larger than baton's bound
+    /// (SETTINGS_MAX_HEADER_LIST_SIZE, as an HTTP/1 head's size is) (431).
+    #[error("request header list larger than {max} bytes")]
+    ListTooLarge { max: u32 },
     /// An h2 request with an `Expect` other than `100-continue`, which no
     /// one on the way will meet (417, as on the HTTP/1 path).
     #[error("an Expect other than 100-continue")]
@@ -149,7 +153,9 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::Client { .. } | ProxyError::ClientLeft => StatusCode::BAD_REQUEST,
-            ProxyError::TooManyFields { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProxyError::TooManyFields { .. } | ProxyError::ListTooLarge { .. } => {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            }
             ProxyError::ExpectationFailed => StatusCode::EXPECTATION_FAILED,
             ProxyError::ClientTimeout { .. } | ProxyError::BodyTooSlow { .. } => {
                 StatusCode::REQUEST_TIMEOUT
@@ -169,6 +175,7 @@ impl ProxyError {
             self,
             ProxyError::Client { .. }
                 | ProxyError::TooManyFields { .. }
+                | ProxyError::ListTooLarge { .. }
                 | ProxyError::ExpectationFailed
                 | ProxyError::ClientTimeout { .. }
                 | ProxyError::BodyTooSlow { .. }
@@ -182,6 +189,7 @@ impl ProxyError {
         match self {
             ProxyError::Client { .. }
             | ProxyError::TooManyFields { .. }
+            | ProxyError::ListTooLarge { .. }
             | ProxyError::ExpectationFailed => Termination::Refused,
             ProxyError::ClientTimeout { .. } | ProxyError::BodyTooSlow { .. } => {
                 Termination::ClientTimeout(Phase::Request)
@@ -206,6 +214,7 @@ impl ProxyError {
         match self {
             ProxyError::Client { .. }
             | ProxyError::TooManyFields { .. }
+            | ProxyError::ListTooLarge { .. }
             | ProxyError::ExpectationFailed
             | ProxyError::ClientTimeout { .. }
             | ProxyError::BodyTooSlow { .. }

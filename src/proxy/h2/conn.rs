@@ -621,17 +621,22 @@ where
             write::reset(&mut self.out, id, Reason::REFUSED_STREAM);
             return Ok(());
         }
-        if listed == Listed::TooLarge {
-            self.answer_at_once(id, 431, block.end_stream);
-            return Ok(());
-        }
-        let head = match request::head(fields) {
+        let mut head = match request::head(fields) {
             Ok(head) if !(block.end_stream && head.content_length.is_some_and(|l| l > 0)) => head,
+            // The fields kept stop short of a pseudo-field (a path past
+            // the bound): no request to hand on, so answered here alone.
+            _ if listed == Listed::TooLarge => {
+                self.answer_at_once(id, 431, block.end_stream);
+                return Ok(());
+            }
             _ => {
                 write::reset(&mut self.out, id, Reason::PROTOCOL_ERROR);
                 return Ok(());
             }
         };
+        if listed == Listed::TooLarge {
+            head.parts.extensions.insert(request::ListTooLarge);
+        }
         let inbox = (!block.end_stream).then(|| Arc::new(Mutex::new(Inbox::default())));
         let body = RecvBody::new(inbox.clone(), head.content_length);
         let exchange = (self.service)(Request::from_parts(head.parts, body));

@@ -17,6 +17,12 @@ use super::hpack::Field;
 /// Why a head is malformed.
 pub type Malformed = &'static str;
 
+/// Marks a head whose field list was larger than baton's bound: it is
+/// made of the fields kept, and answered 431 as a request (counted, and
+/// logged with its method and path), not forwarded.
+#[derive(Debug, Clone, Copy)]
+pub struct ListTooLarge;
+
 /// A request head, and the body length its Content-Length states (which
 /// its DATA frames must add up to, RFC 9113 §8.1.1).
 pub struct RequestHead {
