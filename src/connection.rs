@@ -13,14 +13,16 @@ use std::task::{Context, Poll};
 
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
 
+use crate::access_log::{Phase, Termination};
 use crate::config::{ListenerConfig, Protocol};
 use crate::in_place;
 use crate::lifecycle::drain::DrainWatch;
 use crate::listener::Accept;
 use crate::metrics::ListenerMetrics;
 use crate::proxy::{tcp::TcpProxy, web::HttpProxy};
-use crate::proxy_protocol::receive::Received;
+use crate::proxy_protocol::receive::{Received, Refusal};
 use crate::proxy_protocol::{self, Origin, ReceiveSettings};
 use crate::stream::ByteStream;
 use crate::tls::handshake::{Handshake, Terminator};
@@ -130,12 +132,22 @@ impl Accept for Connections {
                 let (receive, tls) = (receive.clone(), tls.clone());
                 let listener = Arc::clone(&self.config);
                 let drain = self.drain.clone();
+                let accepted = Instant::now();
                 self.drain.spawn(in_place::boxed(move || async move {
                     let admitted = match receive {
                         None => Some((stream, origin)),
                         Some(settings) => {
-                            in_place::boxed(|| admit(stream, origin, &settings, &listener, &drain))
-                                .await
+                            let admitted = in_place::boxed(|| {
+                                admit(stream, origin, &settings, &listener, &drain)
+                            })
+                            .await;
+                            match admitted {
+                                Ok(admitted) => admitted,
+                                Err(refusal) => {
+                                    proxy.refused(origin.client, accepted, ended_by(refusal));
+                                    None
+                                }
+                            }
                         }
                     };
                     if let Some((stream, origin)) = admitted {
@@ -154,7 +166,11 @@ impl Accept for Connections {
                                         tracing::debug!(listener = %listener.name, client = %origin.client, expected = true, "no ClientHello through the drain's grace; closing");
                                         drain.closed_idle();
                                     }
-                                    Handshake::Failed => {}
+                                    Handshake::Failed => proxy.refused(
+                                        origin.client,
+                                        accepted,
+                                        Termination::Refused,
+                                    ),
                                 }
                             }
                         }
@@ -184,34 +200,55 @@ async fn idle_without_a_header(
 }
 
 /// Reads a PROXY header; a connection whose header is refused is closed
-/// here, counted and logged, and never reaches TLS or a backend.
+/// here, counted and logged (the refusal is returned for the access log),
+/// and never reaches TLS or a backend. None: closed idle through a drain.
 async fn admit(
     mut stream: TcpStream,
     socket: Origin,
     settings: &ReceiveSettings,
     config: &ListenerConfig,
     drain: &DrainWatch,
-) -> Option<(TcpStream, Origin)> {
+) -> Result<Option<(TcpStream, Origin)>, Refusal> {
     let listener = config.name.as_str();
     let idle = idle_without_a_header(drain, config, settings);
     match proxy_protocol::receive::receive(&mut stream, socket, settings, idle).await {
-        Ok(Received::From(origin)) => Some((stream, origin)),
+        Ok(Received::From(origin)) => Ok(Some((stream, origin))),
         Ok(Received::Idle) => {
             tracing::debug!(listener, client = %socket.client, expected = true, "no PROXY header through the drain's grace; closing");
             drain.closed_idle();
-            None
+            Ok(None)
         }
         Err(refusal) => {
             crate::metrics::proxy_protocol_error(listener, refusal.label());
             if crate::telemetry::client_fault() {
                 tracing::info!(listener, peer = %socket.client, cause = %refusal, "closed before serving");
             }
-            None
+            Err(refusal)
         }
     }
 }
 
+/// A refused PROXY header's access-log termination: the client's slowness
+/// (`cR`) or leaving (`CR`), else baton's refusal (`PR`).
+fn ended_by(refusal: Refusal) -> Termination {
+    match refusal {
+        Refusal::Timeout => Termination::ClientTimeout(Phase::Request),
+        Refusal::Closed => Termination::ClientAborted(Phase::Request),
+        _ => Termination::Refused,
+    }
+}
+
 impl Proxy {
+    /// A connection closed before it was served (its PROXY header or TLS
+    /// handshake refused), accepted at `accepted`: a TCP listener's access
+    /// log has a line for every connection. An HTTP listener's has one a
+    /// request, and this connection made none.
+    fn refused(&self, client: SocketAddr, accepted: Instant, termination: Termination) {
+        if let Proxy::Tcp(p) = self {
+            p.refused(client, accepted, termination);
+        }
+    }
+
     /// The proxy of listener `l` over the generation's `pools`.
     pub fn for_listener(
         l: &ListenerConfig,

@@ -595,6 +595,69 @@ async fn a_reset_h2_stream_is_logged_as_the_client_s_abort() {
     assert!(lines[0]["status"].is_null(), "{}", lines[0]);
 }
 
+/// A TCP listener's log has a line for every connection, those closed
+/// before they were served too: a PROXY header refused (`PR`) or not
+/// whole in time (`cR`), a TLS handshake that failed (`PR`); they had
+/// none, and the README promised one a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_connection_refused_before_it_was_served_has_its_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let echo = TcpEcho::start().await;
+    let ca = support::tls::Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let receive = "proxy_protocol = { trusted = [\"127.0.0.0/8\"], timeout = \"300ms\" }";
+    let tls = support::tls::Issued::listener_tls(&[&a], "");
+    let spec = Spec::new()
+        .listener(
+            "pp",
+            "tcp",
+            "echo",
+            &format!("{receive}\n{}", log_key(&log, "json")),
+        )
+        .listener(
+            "tls",
+            "tcp",
+            "echo",
+            &format!("{tls}\n{}", log_key(&log, "json")),
+        )
+        .pool("echo", &[echo.addr]);
+    let baton = Baton::start(spec).await;
+    for (listener, sent) in [
+        ("pp", &b"PROXY garbage\r\n"[..]),
+        ("pp", b""),
+        ("tls", b"GET / HTTP/1.1\r\n\r\n"),
+    ] {
+        let mut s = TcpStream::connect(baton.addr(listener))
+            .await
+            .expect("connect");
+        s.write_all(sent).await.expect("write");
+        client::read_until_closed(&mut s).await;
+    }
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[log]);
+    let mut ends: Vec<String> = lines
+        .iter()
+        .map(|l| format!("{} {} {}", l["listener"], l["protocol"], l["termination"]))
+        .collect();
+    ends.sort();
+    assert_eq!(
+        ends,
+        [
+            r#""pp" "TCP" "PR""#,
+            r#""pp" "TCP" "cR""#,
+            r#""tls" "TCP" "PR""#
+        ],
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["pool"] == "echo" && l["status"].is_null()),
+        "{lines:?}"
+    );
+}
+
 /// An h2 request whose field list is past the bound (a 70 KB field) is a
 /// 431 that is counted and logged (`PR`, its method and path), as an
 /// HTTP/1 head past it is: the connection answered it itself, and it left

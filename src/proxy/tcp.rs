@@ -170,6 +170,33 @@ impl TcpProxy {
         }
     }
 
+    /// The line of a connection closed before it was served (a refused
+    /// PROXY header or TLS handshake), accepted at `accepted`.
+    pub fn refused(&self, client: SocketAddr, accepted: Instant, termination: Termination) {
+        let Some(log) = &self.access_log else {
+            return;
+        };
+        let mut marks = Marks::new();
+        marks.started = accepted;
+        log.write(&Entry {
+            request_id: &RequestId::new(),
+            client,
+            pool: &self.pool.name,
+            backend: None,
+            method: "-",
+            target: "-",
+            protocol: "TCP",
+            status: None,
+            bytes_in: 0,
+            bytes_out: 0,
+            body_out: 0,
+            marks,
+            termination,
+            referer: None,
+            user_agent: None,
+        });
+    }
+
     /// A backend connection, `proxy_header` first on it (`send_proxy`): a
     /// second backend is tried if the first cannot be reached. The error
     /// says why there is none (the access log's termination). The access
