@@ -61,6 +61,31 @@ impl Validator {
             }
         }
     }
+
+    /// Listeners that log to one destination in two formats mix JSON and
+    /// combined lines in one file, which no log tool reads whole (and a
+    /// combined line names no listener). A warning: such a config ran.
+    pub(super) fn one_format_a_destination(&mut self, listeners: &[ListenerConfig]) {
+        let mut first: Vec<(usize, &crate::access_log::Settings)> = Vec::new();
+        for (i, l) in listeners.iter().enumerate() {
+            let Some(settings) = &l.access_log else {
+                continue;
+            };
+            match first.iter().find(|(_, s)| s.destination == settings.destination) {
+                Some((j, s)) if s.format != settings.format => self.warning(
+                    &format!("listeners[{i}].access_log.format"),
+                    format!(
+                        "\"{}\" differs from listeners[{j}]'s \"{}\", which logs to {} too: one file would mix two formats",
+                        settings.format.as_str(),
+                        s.format.as_str(),
+                        settings.destination
+                    ),
+                ),
+                Some(_) => {}
+                None => first.push((i, settings)),
+            }
+        }
+    }
 }
 
 /// Whether a listener's drains close connections at its grace: HTTP's
@@ -123,6 +148,27 @@ mod tests {
             "127.0.0.1:9001"
         ))
         .is_empty());
+    }
+
+    /// Two listeners logging to one file in two formats are warned of;
+    /// in one format, or to two files, they are not.
+    #[test]
+    fn one_destination_in_two_formats_is_warned_of() {
+        let two = |first: &str, second: &str, file: &str| {
+            format!(
+                "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:8080\"\npool = \"app\"\naccess_log = {{ path = \"access.log\", format = \"{first}\" }}\n\n[[listeners]]\nname = \"b\"\nbind = \"127.0.0.1:8081\"\npool = \"app\"\naccess_log = {{ path = \"{file}\", format = \"{second}\" }}\n\n[[pools]]\nname = \"app\"\nbackends = [{{ name = \"a\", address = \"127.0.0.1:9001\" }}]\n"
+            )
+        };
+        let mixed = warnings(&two("json", "combined", "access.log"));
+        assert_eq!(mixed.len(), 1, "{mixed:?}");
+        assert!(
+            mixed[0].starts_with(
+                "listeners[1].access_log.format: \"combined\" differs from listeners[0]'s \"json\""
+            ),
+            "{mixed:?}"
+        );
+        assert!(warnings(&two("json", "json", "access.log")).is_empty());
+        assert!(warnings(&two("json", "combined", "other.log")).is_empty());
     }
 
     #[test]

@@ -115,6 +115,7 @@ pub fn from_file(
         ],
     );
     v.no_listener_is_its_own_backend(&listeners, &pools);
+    v.one_format_a_destination(&listeners);
     if v.problems.is_empty() {
         Ok(Config {
             source: path.to_path_buf(),
