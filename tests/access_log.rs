@@ -517,7 +517,7 @@ async fn combined_format_is_what_log_tools_read() {
     let Logged {
         dir: _dir,
         log,
-        backend: _backend,
+        backend,
         baton,
     } = logging("combined").await;
     // A user agent past ASCII, not UTF-8 (obs-text, which a field value
@@ -531,10 +531,29 @@ async fn combined_format_is_what_log_tools_read() {
     )
     .await;
     assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    // A client gone before its answer: a number still (nginx's 499), where
+    // `-` made log tools drop the line.
+    let mut gone = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    gone.write_all(b"GET /slow/3000 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .expect("request");
+    support::eventually("the request reached the backend", || async {
+        backend.active() == 1
+    })
+    .await;
+    drop(gone);
+    support::eventually("the backend let go", || async { backend.active() == 0 }).await;
     stop_and_wait(&baton).await;
     let text = std::fs::read_to_string(&log).expect("log");
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[2].contains("] \"GET /slow/3000 HTTP/1.1\" 499 0 "),
+        "{}",
+        lines[2]
+    );
     let line = lines[0];
     assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
     // The size is the body's alone, as Apache's `%b` and nginx's

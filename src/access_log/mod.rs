@@ -294,7 +294,7 @@ fn millis(d: Duration) -> f64 {
 
 /// `client - - [time] "request" status bytes "referer" "user-agent"`.
 fn combined(e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
-    let status = e.status.map_or("-".to_string(), |s| s.to_string());
+    let status = status_for_tools(e.status, e.termination);
     let line = format!(
         "{} - - [{}] \"{} {} {}\" {status} {} \"{}\" \"{}\"\n",
         e.client.ip(),
@@ -307,6 +307,18 @@ fn combined(e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
         escape(e.user_agent.unwrap_or(b"-")),
     );
     line.into_bytes()
+}
+
+/// A combined line's status, always a number: log tools (GoAccess,
+/// AWStats) drop a line whose status is `-`, and with it every client
+/// that left before its answer. Where none was sent, nginx's codes: 499,
+/// the client closed first; 444, closed with no answer (a drain's cut, a
+/// TCP connection). A JSON line keeps `status: null` and its termination.
+fn status_for_tools(status: Option<u16>, termination: Termination) -> u16 {
+    status.unwrap_or(match termination {
+        Termination::ClientAborted(_) => 499,
+        _ => 444,
+    })
 }
 
 /// Quotes, backslashes, control bytes and every byte past ASCII as
@@ -386,6 +398,18 @@ mod tests {
     #[derive(Serialize)]
     struct AsciiLine<'a> {
         target: &'a str,
+    }
+
+    #[test]
+    fn a_combined_line_always_has_a_numeric_status() {
+        let gone = Termination::ClientAborted(Phase::Head);
+        assert_eq!(status_for_tools(None, gone), 499);
+        assert_eq!(
+            status_for_tools(None, Termination::Drained(Phase::Head)),
+            444
+        );
+        assert_eq!(status_for_tools(None, Termination::Completed), 444);
+        assert_eq!(status_for_tools(Some(200), gone), 200);
     }
 
     #[test]
