@@ -614,6 +614,47 @@ async fn a_reset_h2_stream_is_logged_as_the_client_s_abort() {
     assert!(lines[0]["status"].is_null(), "{}", lines[0]);
 }
 
+/// Lines a full disk refuses are all said in baton's own log, each
+/// counted once: the first at once, the rest when the writer stops (it
+/// said them once a minute, so a shorter episode's count went unsaid).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_line_a_full_disk_refused_is_said() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener(
+            "web",
+            "http",
+            "app",
+            &log_key(Path::new("/dev/full"), "json"),
+        )
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    for _ in 0..20 {
+        let answer = client::get(baton.addr("web"), "/").await.expect("served");
+        assert_eq!(answer.status, 200);
+    }
+    let dropped = "baton_access_log_dropped_total{listener=\"web\"}";
+    support::eventually("every line counted as dropped", || async {
+        client::series(&client::metrics(baton.admin).await, dropped) == Some(20.0)
+    })
+    .await;
+    stop_and_wait(&baton).await;
+    let log = baton.log();
+    let said: u64 = log
+        .lines()
+        .filter(|l| l.contains("access log"))
+        .filter_map(|l| {
+            l.split(" lost=")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert_eq!(said, 20, "{log}");
+}
+
 /// A TCP listener's log has a line for every connection, those closed
 /// before they were served too: a PROXY header refused (`PR`) or not
 /// whole in time (`cR`), a TLS handshake that failed (`PR`); they had

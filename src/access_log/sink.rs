@@ -300,6 +300,13 @@ impl Failures {
         self.said_at = Some(now);
         Some(std::mem::take(&mut self.lost))
     }
+
+    /// The lost lines not said yet, once the destination takes lines
+    /// again or the writer stops: a warning a minute left a shorter
+    /// episode's count unsaid.
+    fn unsaid(&mut self) -> Option<u64> {
+        (self.lost > 0).then(|| std::mem::take(&mut self.lost))
+    }
 }
 
 impl Writer {
@@ -318,7 +325,12 @@ impl Writer {
                         lost.increment(1);
                     }
                 }
-                Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(Message::Close) | Err(RecvTimeoutError::Disconnected) => {
+                    if let Some(lost) = self.failures.unsaid() {
+                        tracing::warn!(destination = %self.destination, lost, "access log lines not written before it closed");
+                    }
+                    return;
+                }
                 Err(RecvTimeoutError::Timeout) => {}
             }
         }
@@ -340,7 +352,12 @@ impl Writer {
         }
         let (written, result) = write_counting(&mut self.file, line);
         match result {
-            Ok(()) => true,
+            Ok(()) => {
+                if let Some(lost) = self.failures.unsaid() {
+                    tracing::warn!(destination = %self.destination, lost, "access log written again; lines lost since the last warning");
+                }
+                true
+            }
             Err(err) => {
                 self.torn = written > 0;
                 self.lost(&err);
@@ -500,6 +517,19 @@ mod tests {
             Some(300),
             "a minute on, with the count since"
         );
+        assert_eq!(failures.unsaid(), None, "all said");
+        for i in 1..=7 {
+            assert_eq!(
+                failures.lost(start + FAILURE_REPORT + Duration::from_millis(i)),
+                None
+            );
+        }
+        assert_eq!(
+            failures.unsaid(),
+            Some(7),
+            "said when it ends, within the minute"
+        );
+        assert_eq!(failures.unsaid(), None, "once");
 
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("access.log");
