@@ -614,6 +614,39 @@ async fn a_reset_h2_stream_is_logged_as_the_client_s_abort() {
     assert!(lines[0]["status"].is_null(), "{}", lines[0]);
 }
 
+/// A head trickled in counts in `total_ms` from its first byte, as
+/// nginx's `$request_time` does (it counted from the head's end: a client
+/// trickling for seconds showed a few ms, where a refused head's line
+/// counted from its first byte); `queue_ms` still from the head's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn total_ms_counts_from_the_heads_first_byte() {
+    let Logged {
+        dir: _dir,
+        log,
+        backend: _backend,
+        baton,
+    } = logging("json").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\n")
+        .await
+        .expect("request line");
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    s.write_all(b"Host: a\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("the rest");
+    let answer = client::read_until_closed(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[log]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let total = lines[0]["total_ms"].as_f64().expect("total_ms");
+    let queue = lines[0]["queue_ms"].as_f64().expect("queue_ms");
+    assert!(total >= 1500.0, "{}", lines[0]);
+    assert!(queue < 1000.0, "{}", lines[0]);
+}
+
 /// Lines a full disk refuses are all said in baton's own log, each
 /// counted once: the first at once, the rest when the writer stops (it
 /// said them once a minute, so a shorter episode's count went unsaid).

@@ -97,6 +97,11 @@ impl Termination {
 /// When an exchange reached each step (`None`: it never did).
 #[derive(Debug, Clone, Copy)]
 pub struct Marks {
+    /// The request's first byte came (an HTTP/1 head's; where nothing
+    /// earlier is known, `started`): `total_ms` counts from it, as nginx's
+    /// `$request_time` does, so a head trickled for seconds shows.
+    pub began: Instant,
+    /// The exchange began (its head whole): `queue_ms` counts from it.
     pub started: Instant,
     /// A backend was picked (the queue is behind it).
     pub leased: Option<Instant>,
@@ -108,7 +113,13 @@ pub struct Marks {
 
 impl Marks {
     pub fn new() -> Marks {
+        Marks::since(Instant::now())
+    }
+
+    /// An exchange beginning now whose request's first byte came at `began`.
+    pub fn since(began: Instant) -> Marks {
         Marks {
+            began,
             started: Instant::now(),
             leased: None,
             connected: None,
@@ -225,7 +236,7 @@ impl AccessLog {
             queue_ms: since(Some(e.marks.started), e.marks.leased),
             connect_ms: since(e.marks.leased, e.marks.connected),
             response_ms: since(e.marks.connected, e.marks.head),
-            total_ms: millis(ended.saturating_duration_since(e.marks.started)),
+            total_ms: millis(ended.saturating_duration_since(e.marks.began)),
             termination: e.termination.code(),
         };
         let mut out = Vec::with_capacity(256);

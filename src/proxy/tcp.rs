@@ -176,8 +176,6 @@ impl TcpProxy {
         let Some(log) = &self.access_log else {
             return;
         };
-        let mut marks = Marks::new();
-        marks.started = accepted;
         log.write(&Entry {
             request_id: &RequestId::new(),
             client,
@@ -190,7 +188,7 @@ impl TcpProxy {
             bytes_in: 0,
             bytes_out: 0,
             body_out: 0,
-            marks,
+            marks: Marks::since(accepted),
             termination,
             referer: None,
             user_agent: None,

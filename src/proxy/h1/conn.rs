@@ -35,7 +35,8 @@ pub const TIMEOUT_RESPONSE: &[u8] =
 
 /// Where waiting for the next request head ended.
 enum Next {
-    Head(RequestHead),
+    /// A whole head, its first byte come then.
+    Head(RequestHead, Instant),
     /// Refused, its head begun then.
     Refused(Refusal, Instant),
     /// A head begun (then) but not finished within `header_timeout`.
@@ -113,8 +114,8 @@ async fn serve_requests<S: ByteStream>(
 ) -> Ending {
     let mut first = Some(opened);
     loop {
-        let head = match next_head(proxy, client, drain, first.take()).await {
-            Next::Head(head) => head,
+        let (head, began) = match next_head(proxy, client, drain, first.take()).await {
+            Next::Head(head, began) => (head, began),
             Next::Refused(refusal, started) => {
                 refuse(proxy, client, &refusal, peer, started).await;
                 return Ending::Other;
@@ -146,7 +147,9 @@ async fn serve_requests<S: ByteStream>(
         let client_closes = !head.keep_alive && head.framing == Framing::Empty;
         // Boxed: an idle connection's task keeps only this loop's state,
         // not the largest state an exchange ever needs.
-        if crate::in_place::boxed(|| exchange(proxy, client, head, drain)).await == After::Close {
+        if crate::in_place::boxed(|| exchange(proxy, client, head, drain, began)).await
+            == After::Close
+        {
             return if client_closes {
                 Ending::ClientAsked
             } else {
@@ -164,6 +167,9 @@ async fn next_head<S: ByteStream>(
 ) -> Next {
     let idle_since = Instant::now();
     let mut head_since = opened;
+    // The head's first byte: the header clock may run from the
+    // connection's opening, before any.
+    let mut began = None;
     let mut prompted = false;
     // How much of the head the last parse saw.
     let mut parsed = 0;
@@ -177,13 +183,17 @@ async fn next_head<S: ByteStream>(
         if drop_empty_lines(&mut client.buf) {
             parsed = 0;
         }
-        if !client.buf.is_empty() && head::worth_parsing(&client.buf, parsed) {
+        let unread = !client.buf.is_empty();
+        if unread {
+            began.get_or_insert_with(Instant::now);
+        }
+        if let Some(began) = began.filter(|_| unread && head::worth_parsing(&client.buf, parsed)) {
             parsed = client.buf.len();
             let since = *head_since.get_or_insert_with(Instant::now);
             match head::parse_request(&client.buf) {
                 Ok(Parsed::Complete(head)) => {
                     client.buf.advance(head.consumed);
-                    return Next::Head(head);
+                    return Next::Head(head, began);
                 }
                 Ok(Parsed::Partial) if !prompted => {
                     ack_promptly(&client.stream);

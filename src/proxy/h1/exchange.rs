@@ -120,6 +120,7 @@ pub async fn exchange<S: ByteStream>(
     client: &mut Client<S>,
     head: RequestHead,
     drain: &DrainWatch,
+    began: Instant,
 ) -> After {
     let target = proxy.target_for(head.host(), head.path());
     let mut body = RequestBody::new(head.framing);
@@ -131,6 +132,7 @@ pub async fn exchange<S: ByteStream>(
         target,
         client.origin.client,
         id,
+        began,
     );
     let request = InFlight {
         head: &head,

@@ -40,11 +40,12 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// An exchange's facts before any came in: its clock starts now.
-    fn new(request_id: RequestId) -> Trace {
+    /// An exchange's facts before any came in: its clock starts now, its
+    /// request's first byte came at `began`.
+    fn new(request_id: RequestId, began: Instant) -> Trace {
         Trace {
             request_id,
-            marks: Marks::new(),
+            marks: Marks::since(began),
             backend: None,
             status: None,
             bytes_out: 0,
@@ -94,13 +95,14 @@ impl<'a> Record<'a> {
         target: &'a Target,
         client: SocketAddr,
         request_id: RequestId,
+        began: Instant,
     ) -> Record<'a> {
         Record {
             log,
             head,
             target,
             client,
-            trace: Trace::new(request_id),
+            trace: Trace::new(request_id, began),
             bytes_in: head.bytes.len() as u64,
             termination: None,
         }
@@ -215,8 +217,7 @@ pub fn refused(
     let Some(log) = log else {
         return;
     };
-    let mut marks = Marks::new();
-    marks.started = started;
+    let marks = Marks::since(started);
     log.write(&Entry {
         request_id,
         client,
@@ -241,7 +242,7 @@ mod tests {
     use super::*;
 
     fn trace() -> Trace {
-        Trace::new(RequestId::new())
+        Trace::new(RequestId::new(), Instant::now())
     }
 
     /// A backend's status is the exchange's only once its head began to go
