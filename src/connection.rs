@@ -25,7 +25,7 @@ use crate::proxy::{tcp::TcpProxy, web::HttpProxy};
 use crate::proxy_protocol::receive::{Received, Refusal};
 use crate::proxy_protocol::{self, Origin, ReceiveSettings};
 use crate::stream::ByteStream;
-use crate::tls::handshake::{Handshake, Terminator};
+use crate::tls::handshake::{Failure, Handshake, Terminator};
 
 /// Open-connection count of one listener, read by `/status`.
 #[derive(Default)]
@@ -124,7 +124,7 @@ impl Accept for Connections {
                     }));
                 }
                 Proxy::Tcp(p) => self.drain.spawn(in_place::boxed(move || Holding {
-                    serving: p.serve(stream, origin),
+                    serving: p.serve(stream, origin, Instant::now()),
                     _open: open,
                 })),
             },
@@ -152,12 +152,12 @@ impl Accept for Connections {
                     };
                     if let Some((stream, origin)) = admitted {
                         match tls {
-                            None => proxy.serve(stream, origin, drain).await,
+                            None => proxy.serve(stream, origin, drain, accepted).await,
                             Some(tls) => {
                                 let idle = drain.grace_over(listener.keepalive_drain_grace);
                                 match tls.handshake(stream, origin.client, idle).await {
                                     Handshake::Done(stream) => {
-                                        proxy.serve(stream, origin, drain).await
+                                        proxy.serve(stream, origin, drain, accepted).await
                                     }
                                     Handshake::PlainHttp(stream) => {
                                         proxy.refuse_plain_http(stream).await
@@ -166,11 +166,9 @@ impl Accept for Connections {
                                         tracing::debug!(listener = %listener.name, client = %origin.client, expected = true, "no ClientHello through the drain's grace; closing");
                                         drain.closed_idle();
                                     }
-                                    Handshake::Failed => proxy.refused(
-                                        origin.client,
-                                        accepted,
-                                        Termination::Refused,
-                                    ),
+                                    Handshake::Failed(failure) => {
+                                        proxy.refused(origin.client, accepted, failed(failure));
+                                    }
                                 }
                             }
                         }
@@ -225,6 +223,16 @@ async fn admit(
             }
             Err(refusal)
         }
+    }
+}
+
+/// A failed TLS handshake's access-log termination: as a refused PROXY
+/// header's (a balancer's TCP check, closed before a byte, is `CR`).
+fn failed(failure: Failure) -> Termination {
+    match failure {
+        Failure::Silent => Termination::ClientAborted(Phase::Request),
+        Failure::Slow => Termination::ClientTimeout(Phase::Request),
+        Failure::Refused => Termination::Refused,
     }
 }
 
@@ -283,10 +291,18 @@ impl Proxy {
     /// Each protocol's future is boxed: a task carries only the size of
     /// its own protocol's state, not the larger of the two (an idle HTTP
     /// connection would otherwise hold TCP mode's copy state, and back).
-    async fn serve<S: ByteStream>(self, stream: S, origin: Origin, drain: DrainWatch) {
+    /// Serves a connection accepted at `accepted` (a TCP line's time counts
+    /// from it, as a refused one's does).
+    async fn serve<S: ByteStream>(
+        self,
+        stream: S,
+        origin: Origin,
+        drain: DrainWatch,
+        accepted: Instant,
+    ) {
         match self {
             Proxy::Http(p) => in_place::boxed(|| p.serve(stream, origin, drain)).await,
-            Proxy::Tcp(p) => in_place::boxed(|| p.serve(stream, origin)).await,
+            Proxy::Tcp(p) => in_place::boxed(|| p.serve(stream, origin, accepted)).await,
         }
     }
 }

@@ -690,7 +690,8 @@ async fn every_line_a_full_disk_refused_is_said() {
 
 /// A TCP listener's log has a line for every connection, those closed
 /// before they were served too: a PROXY header refused (`PR`) or not
-/// whole in time (`cR`), a TLS handshake that failed (`PR`); they had
+/// whole in time (`cR`), a TLS handshake that failed (`PR`) or that the
+/// client closed before a byte (`CR`, a balancer's TCP check); they had
 /// none, and the README promised one a connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_connection_refused_before_it_was_served_has_its_line() {
@@ -716,15 +717,20 @@ async fn a_tcp_connection_refused_before_it_was_served_has_its_line() {
         )
         .pool("echo", &[echo.addr]);
     let baton = Baton::start(spec).await;
-    for (listener, sent) in [
-        ("pp", &b"PROXY garbage\r\n"[..]),
-        ("pp", b""),
-        ("tls", b"GET / HTTP/1.1\r\n\r\n"),
+    // (listener, bytes sent, whether the client then closes its half)
+    for (listener, sent, closes) in [
+        ("pp", &b"PROXY garbage\r\n"[..], false),
+        ("pp", b"", false),
+        ("tls", b"GET / HTTP/1.1\r\n\r\n", false),
+        ("tls", b"", true),
     ] {
         let mut s = TcpStream::connect(baton.addr(listener))
             .await
             .expect("connect");
         s.write_all(sent).await.expect("write");
+        if closes {
+            s.shutdown().await.expect("half-close");
+        }
         client::read_until_closed(&mut s).await;
     }
     stop_and_wait(&baton).await;
@@ -739,6 +745,7 @@ async fn a_tcp_connection_refused_before_it_was_served_has_its_line() {
         [
             r#""pp" "TCP" "PR""#,
             r#""pp" "TCP" "cR""#,
+            r#""tls" "TCP" "CR""#,
             r#""tls" "TCP" "PR""#
         ],
         "{lines:?}"

@@ -615,10 +615,6 @@ fn check_warns_of_writes_the_units_sandbox_forbids() {
     assert!(!stderr.contains("out of the service's reach"), "{stderr}");
 }
 
-/// Drop-ins count, applied after the unit file as systemd applies them
-/// (an admin's override lives there: an upgrade replaces the unit file);
-/// and a `TimeoutStartSec`, which bounds `ExecReload=`, shorter than what
-/// `baton reload` waits is said too.
 /// The unit's open-file limit is held to what the listeners'
 /// `max_connections` may take (two fds each, 1024 more): the example's
 /// two listeners of 10,000 take 41,024.
@@ -650,6 +646,10 @@ fn check_warns_of_an_open_file_limit_below_max_connections() {
     );
 }
 
+/// Drop-ins count, applied after the unit file as systemd applies them
+/// (an admin's override lives there: an upgrade replaces the unit file);
+/// and a `TimeoutStartSec`, which bounds `ExecReload=`, shorter than what
+/// `baton reload` waits is said too.
 #[test]
 fn check_reads_the_units_drop_ins_and_its_reload_bound() {
     let dir = tempfile::tempdir().expect("tempdir");

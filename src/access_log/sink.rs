@@ -302,8 +302,21 @@ impl Failures {
     }
 
     /// The lost lines not said yet, once the destination takes lines
-    /// again or the writer stops: a warning a minute left a shorter
-    /// episode's count unsaid.
+    /// again, at the same pace: one that fails and takes lines by turns (a
+    /// nearly full disk) would say one a request.
+    fn recovered(&mut self, now: std::time::Instant) -> Option<u64> {
+        if self
+            .said_at
+            .is_some_and(|at| now.duration_since(at) < FAILURE_REPORT)
+        {
+            return None;
+        }
+        self.said_at = Some(now);
+        self.unsaid()
+    }
+
+    /// The lost lines not said yet, whatever the pace (the writer stops):
+    /// a warning a minute left the last minute's count unsaid.
     fn unsaid(&mut self) -> Option<u64> {
         (self.lost > 0).then(|| std::mem::take(&mut self.lost))
     }
@@ -353,7 +366,10 @@ impl Writer {
         let (written, result) = write_counting(&mut self.file, line);
         match result {
             Ok(()) => {
-                if let Some(lost) = self.failures.unsaid() {
+                if self.failures.lost == 0 {
+                    return true;
+                }
+                if let Some(lost) = self.failures.recovered(std::time::Instant::now()) {
                     tracing::warn!(destination = %self.destination, lost, "access log written again; lines lost since the last warning");
                 }
                 true
@@ -518,18 +534,24 @@ mod tests {
             "a minute on, with the count since"
         );
         assert_eq!(failures.unsaid(), None, "all said");
+        let later = start + FAILURE_REPORT;
         for i in 1..=7 {
-            assert_eq!(
-                failures.lost(start + FAILURE_REPORT + Duration::from_millis(i)),
-                None
-            );
+            assert_eq!(failures.lost(later + Duration::from_millis(i)), None);
         }
         assert_eq!(
-            failures.unsaid(),
-            Some(7),
-            "said when it ends, within the minute"
+            failures.recovered(later + Duration::from_millis(8)),
+            None,
+            "taking lines again within the minute: held"
         );
+        assert_eq!(failures.unsaid(), Some(7), "said at the close");
         assert_eq!(failures.unsaid(), None, "once");
+        assert_eq!(failures.lost(later + FAILURE_REPORT), Some(1));
+        assert_eq!(failures.lost(later + FAILURE_REPORT), None);
+        assert_eq!(
+            failures.recovered(later + FAILURE_REPORT * 2),
+            Some(1),
+            "taking lines again a minute on: said"
+        );
 
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("access.log");

@@ -85,9 +85,9 @@ pub struct AdminShared {
     /// taking, so a post lands wholly before the states are taken, or is
     /// refused.
     pub handed_over: std::sync::Mutex<bool>,
-    /// Held while `/metrics` renders: one render at a time (see
+    /// The one turn to render `/metrics`, held by the render itself (see
     /// `routes::metrics`).
-    pub rendering: tokio::sync::Mutex<()>,
+    pub rendering: Arc<Semaphore>,
 }
 
 impl AdminShared {
@@ -363,7 +363,7 @@ mod tests {
             configured: Default::default(),
             draining_shown: Default::default(),
             handed_over: std::sync::Mutex::new(false),
-            rendering: tokio::sync::Mutex::default(),
+            rendering: Arc::new(Semaphore::new(1)),
         })
     }
 

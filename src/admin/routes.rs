@@ -237,9 +237,21 @@ fn status(state: &AdminShared) -> Reply {
 /// marked down. Scrapes that come together wait their turn: the CPU they
 /// take is one render's at a time.
 async fn metrics(state: &Arc<AdminShared>) -> Reply {
-    let _turn = state.rendering.lock().await;
+    // Owned by the render: a client gone while it runs (its request's
+    // future dropped) frees no turn for another render alongside.
+    let Ok(turn) = Arc::clone(&state.rendering).acquire_owned().await else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the admin is closing".into(),
+        );
+    };
     let shared = Arc::clone(state);
-    let text = match tokio::task::spawn_blocking(move || shared.render_metrics()).await {
+    let render = move || {
+        let text = shared.render_metrics();
+        drop(turn);
+        text
+    };
+    let text = match tokio::task::spawn_blocking(render).await {
         Ok(text) => text,
         Err(err) => {
             return error(

@@ -32,9 +32,24 @@ impl Generation {
         self.admin_stop.cancel();
         self.admin_closed.cancelled().await;
         let _ = self.phase.send(Phase::Draining { deadline: None });
-        let first_report = Message::Report(self.admin.report());
-        if let Err(err) = successor.channel.send(&first_report, &[]).await {
-            tracing::info!(cause = %err, "successor took no first report");
+        let channel = Arc::clone(&successor.channel);
+        let reporting = CancellationToken::new();
+        let (first_sent, first_landed) = tokio::sync::oneshot::channel();
+        let report_now = Arc::new(tokio::sync::Notify::new());
+        let reporter = tokio::spawn(report_while_draining(
+            Arc::clone(&channel),
+            Arc::clone(&self.admin),
+            reporting.clone(),
+            first_sent,
+            Arc::clone(&report_now),
+        ));
+        // Bounded: a successor that reads nothing (stopped, wedged) must
+        // not keep our doors open and `baton reload` unanswered.
+        if tokio::time::timeout(REPORT_WAIT, first_landed)
+            .await
+            .is_err()
+        {
+            tracing::warn!(waited = ?REPORT_WAIT, "the successor took no first report; closing the doors anyway");
         }
         self.holdings
             .handed_over(&successor.adopted, successor.names_every_socket);
@@ -60,13 +75,8 @@ impl Generation {
         self.background.cancel();
         let budget = self.config.reload.drain_timeout;
         self.publish_deadline(Instant::now() + budget);
-        let channel = Arc::clone(&successor.channel);
-        let reporting = CancellationToken::new();
-        let reporter = tokio::spawn(report_while_draining(
-            Arc::clone(&channel),
-            Arc::clone(&self.admin),
-            reporting.clone(),
-        ));
+        // The deadline, to the successor's `/status` at once.
+        report_now.notify_one();
         // A stop's end is the main's: our successor's budget is the main's,
         // or nearer it than ours (an older release says none).
         let stop_budget = successor.stop_budget.unwrap_or(self.config.stop_budget());
@@ -743,20 +753,29 @@ const FORCED_PREDECESSOR_WAIT: Duration = Duration::from_secs(1);
 const REPORT_WAIT: Duration = Duration::from_secs(2);
 
 /// Sends our counters and live generations to the successor at once (our
-/// drain deadline is known by then), then every half second while we drain.
+/// admin has stopped: the successor answers from this first report on,
+/// `first_sent` says it landed), then every half second while we drain,
+/// and at once when `now` is notified (our drain deadline is known).
 async fn report_while_draining(
     channel: Arc<Channel>,
     admin: Arc<AdminShared>,
     stop: CancellationToken,
+    first_sent: tokio::sync::oneshot::Sender<()>,
+    now: Arc<tokio::sync::Notify>,
 ) {
+    let mut first_sent = Some(first_sent);
     loop {
         if let Err(err) = channel.send(&Message::Report(admin.report()), &[]).await {
             tracing::info!(cause = %err, "successor stopped taking reports");
             return;
         }
+        if let Some(sent) = first_sent.take() {
+            let _ = sent.send(());
+        }
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            () = now.notified() => {}
         }
     }
 }

@@ -59,7 +59,12 @@ impl TcpProxy {
     /// Serves one client connection: connects it to a backend and carries
     /// its bytes both ways until both ends are done, one fails, or it falls
     /// idle. The task owns its proxy's `Arc`.
-    pub async fn serve<S: ByteStream>(self: Arc<Self>, client: S, origin: Origin) {
+    pub async fn serve<S: ByteStream>(
+        self: Arc<Self>,
+        client: S,
+        origin: Origin,
+        accepted: Instant,
+    ) {
         let peer = origin.client;
         let id = RequestId::new();
         // Before the line: it reads the counts when it is written.
@@ -70,7 +75,7 @@ impl TcpProxy {
             client: peer,
             pool: &self.pool.name,
             backend: None,
-            marks: Marks::new(),
+            marks: Marks::since(accepted),
             moved: &moved,
             termination: Termination::Drained(Phase::Queue),
         });

@@ -35,10 +35,21 @@ pub enum Handshake {
     /// to HTTPS port").
     PlainHttp(TcpStream),
     /// Failed or too slow (logged and counted), or closed before a byte.
-    Failed,
+    Failed(Failure),
     /// Silent until `idle_until` came (a drain's grace): closed quietly,
     /// as an idle keep-alive connection is.
     Idle,
+}
+
+/// Why a handshake failed, as the access log tells it apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Closed before a byte (a balancer's TCP check).
+    Silent,
+    /// Not done within `handshake_timeout`.
+    Slow,
+    /// Refused: a TLS error, a lapsed client certificate.
+    Refused,
 }
 
 /// Why a handshake did not begin, or failed.
@@ -88,7 +99,7 @@ impl Terminator {
                         self.metrics.completed(resumed);
                         return Handshake::Done(Box::new(tls));
                     }
-                    Some(lapsed) => (lapsed, Handshake::Failed),
+                    Some(lapsed) => (lapsed, Handshake::Failed(Failure::Refused)),
                 }
             }
             Ok(Err(Refused::PlainHttp(stream))) => (
@@ -97,13 +108,13 @@ impl Terminator {
             ),
             Ok(Err(Refused::Silent)) => {
                 self.metrics.aborted.increment(1);
-                return Handshake::Failed;
+                return Handshake::Failed(Failure::Silent);
             }
             Ok(Err(Refused::Idle)) => return Handshake::Idle,
-            Ok(Err(Refused::Tls(err))) => (err.to_string(), Handshake::Failed),
+            Ok(Err(Refused::Tls(err))) => (err.to_string(), Handshake::Failed(Failure::Refused)),
             Err(_) => (
                 format!("no handshake within {:?}", self.timeout),
-                Handshake::Failed,
+                Handshake::Failed(Failure::Slow),
             ),
         };
         self.metrics.failed.increment(1);

@@ -538,8 +538,6 @@ impl Validator {
         }
     }
 
-    /// `admin.token_file`'s token: a regular file of at most
-    /// `MAX_TOKEN_FILE` bytes (`named_file`).
     /// The token lets its holder drain and re-weight backends: a file
     /// every user of the host may read hands that to all of them (ssh
     /// refuses a key kept so). A warning, not an error: such a config
@@ -561,6 +559,8 @@ impl Validator {
         }
     }
 
+    /// `admin.token_file`'s token: a regular file of at most
+    /// `MAX_TOKEN_FILE` bytes (`named_file`).
     fn token(&mut self, file: &str) -> Option<String> {
         let path = self.path(Some(file), file);
         self.reads("admin.token_file", &path);

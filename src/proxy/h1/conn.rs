@@ -37,7 +37,7 @@ pub const TIMEOUT_RESPONSE: &[u8] =
 enum Next {
     /// A whole head, its first byte come then.
     Head(RequestHead, Instant),
-    /// Refused, its head begun then.
+    /// Refused, its head's first byte come then.
     Refused(Refusal, Instant),
     /// A head begun (then) but not finished within `header_timeout`.
     Slow(Instant),
@@ -183,13 +183,14 @@ async fn next_head<S: ByteStream>(
         if drop_empty_lines(&mut client.buf) {
             parsed = 0;
         }
-        let unread = !client.buf.is_empty();
-        if unread {
-            began.get_or_insert_with(Instant::now);
-        }
-        if let Some(began) = began.filter(|_| unread && head::worth_parsing(&client.buf, parsed)) {
+        // Empty lines (a lone CR, then its LF) begin no head.
+        began = match client.buf.is_empty() {
+            true => None,
+            false => Some(began.unwrap_or_else(Instant::now)),
+        };
+        if let Some(began) = began.filter(|_| head::worth_parsing(&client.buf, parsed)) {
             parsed = client.buf.len();
-            let since = *head_since.get_or_insert_with(Instant::now);
+            head_since.get_or_insert(began);
             match head::parse_request(&client.buf) {
                 Ok(Parsed::Complete(head)) => {
                     client.buf.advance(head.consumed);
@@ -200,7 +201,7 @@ async fn next_head<S: ByteStream>(
                     prompted = true;
                 }
                 Ok(Parsed::Partial) => {}
-                Err(refusal) => return Next::Refused(refusal, since),
+                Err(refusal) => return Next::Refused(refusal, began),
             }
         }
         let deadline = match head_since {
