@@ -104,6 +104,43 @@ async fn a_tcp_client_that_closed_its_half_waits_past_idle_timeout_for_the_answe
     assert_eq!(read_until_closed(&mut s).await, "done: job");
 }
 
+/// A client that closed its half and then vanished (a reset) while its
+/// backend works reaches the backend as a reset at once: it was held until
+/// the backend wrote, or `tunnel_timeout` ran out, the backend working on
+/// for no one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_clients_reset_after_its_fin_reaches_the_backend() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let backend = listener.local_addr().expect("addr");
+    let reset_seen = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut job = Vec::new();
+        s.read_to_end(&mut job)
+            .await
+            .expect("the job, then its FIN");
+        // At work, silent: does the client's end come?
+        let error = s.ready(tokio::io::Interest::ERROR);
+        tokio::time::timeout(Duration::from_secs(3), error)
+            .await
+            .is_ok()
+    });
+    let baton = Baton::start(Spec::new().tcp("raw", "b").pool("b", &[backend])).await;
+    let mut s = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    s.write_all(b"job").await.expect("write");
+    s.shutdown().await.expect("half-close");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.set_linger(Some(Duration::ZERO)).expect("SO_LINGER 0");
+    drop(s);
+    assert!(
+        reset_seen.await.expect("backend"),
+        "the backend saw no reset"
+    );
+}
+
 /// An echo backend that counts the connections it accepted.
 async fn counting_echo() -> (std::net::SocketAddr, Arc<AtomicU64>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

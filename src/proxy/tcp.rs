@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 
 use super::idle::{Activity, Observed};
 use super::reset;
@@ -379,24 +380,56 @@ async fn copy_both_ways(
     let (a_read, a_write) = a.split();
     let (b_read, b_write) = b.split();
     let up_failed = UpFailed::default();
+    let down_ended = Notify::new();
+    let down = async {
+        let ended = one_way(
+            (b_read, Side::Backend),
+            (a_write, Side::Client),
+            activity,
+            &moved.to_client,
+            AfterEnd::HoldFinIf(&up_failed),
+        )
+        .await;
+        down_ended.notify_one();
+        ended
+    };
     both_ways(
         one_way(
             (a_read, Side::Client),
             (b_write, Side::Backend),
             activity,
             &moved.to_backend,
-            None,
+            AfterEnd::WatchClient(&down_ended),
         ),
-        one_way(
-            (b_read, Side::Backend),
-            (a_write, Side::Client),
-            activity,
-            &moved.to_client,
-            Some(&up_failed),
-        ),
+        down,
         &up_failed,
     )
     .await
+}
+
+/// What a way does once its side ended (sent its FIN).
+enum AfterEnd<'a> {
+    /// The way up: the FIN passed on, the client is watched for a reset
+    /// until the way down ends (notified).
+    WatchClient(&'a Notify),
+    /// The way down: its FIN is held once the way up failed (the tunnel
+    /// ends in a reset, see `UpFailed`).
+    HoldFinIf(&'a UpFailed),
+}
+
+/// Resolves with the client's reset if one comes before the way down ends
+/// (`down_ended`): a client that closed its half and then vanished (a
+/// reset) is passed on to the backend at once, which otherwise worked on
+/// for no one until it wrote, or the tunnel's hour ran out.
+async fn reset_or(client: &TcpStream, down_ended: &Notify) -> std::io::Result<()> {
+    tokio::select! {
+        ready = client.ready(Interest::ERROR) => {
+            ready?;
+            let reset = client.take_error()?;
+            Err(reset.unwrap_or_else(|| std::io::ErrorKind::ConnectionReset.into()))
+        }
+        () = down_ended.notified() => Ok(()),
+    }
 }
 
 /// Copies both ways when either side is a TLS session, as
@@ -465,8 +498,8 @@ where
     }
 }
 
-/// Copies until `from` ends, then shuts down `to`'s write side (not once
-/// `hold_fin` is set: the tunnel ends in a reset, see `UpFailed`). A read
+/// Copies until `from` ends, then shuts down `to`'s write side and does
+/// what `after` says. A read
 /// buffer is a spare taken when bytes arrive and given back once they are
 /// written. A short read marks the socket drained (tokio's `poll_read`),
 /// so the next turn waits in the reactor instead of reading only to hear
@@ -476,7 +509,7 @@ async fn one_way(
     (mut to, to_side): (WriteHalf<'_>, Side),
     activity: &Activity,
     moved: &Way<'_>,
-    hold_fin: Option<&UpFailed>,
+    after: AfterEnd<'_>,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::new();
     loop {
@@ -489,10 +522,16 @@ async fn one_way(
                 if from_side == Side::Backend {
                     activity.backend_closed();
                 }
-                if hold_fin.is_some_and(UpFailed::is_set) {
-                    return Ok(());
-                }
-                return to.shutdown().await.map_err(on(to_side));
+                return match after {
+                    AfterEnd::HoldFinIf(failed) if failed.is_set() => Ok(()),
+                    AfterEnd::HoldFinIf(_) => to.shutdown().await.map_err(on(to_side)),
+                    AfterEnd::WatchClient(down_ended) => {
+                        to.shutdown().await.map_err(on(to_side))?;
+                        reset_or(from.as_ref(), down_ended)
+                            .await
+                            .map_err(on(from_side))
+                    }
+                };
             }
             Some(n) => n,
         };
