@@ -133,8 +133,7 @@ async fn a_tcp_clients_reset_after_its_fin_reaches_the_backend() {
     s.write_all(b"job").await.expect("write");
     s.shutdown().await.expect("half-close");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    s.set_linger(Some(Duration::ZERO)).expect("SO_LINGER 0");
-    drop(s);
+    support::reset(s);
     assert!(
         reset_seen.await.expect("backend"),
         "the backend saw no reset"
