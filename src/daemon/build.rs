@@ -598,9 +598,7 @@ fn access_log(
 pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
     carry_names(pools, carried);
     for c in carried {
-        let Some(admin) = carried_admin(c.admin) else {
-            continue;
-        };
+        let admin = carried_admin(c.admin);
         for p in pools.iter().filter(|p| p.name == c.pool) {
             let members = p.backends();
             let backend = members
@@ -626,9 +624,7 @@ pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
 /// later start so.
 fn carry_names(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
     for c in carried {
-        let Some(admin) = carried_admin(c.admin) else {
-            continue;
-        };
+        let admin = carried_admin(c.admin);
         for p in pools.iter().filter(|p| p.name == c.pool) {
             let named = p.named.iter().find(|n| n.name == c.name);
             if let Some(named) = named.filter(|n| n.query.to_string() == c.address) {
@@ -638,12 +634,15 @@ fn carry_names(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
     }
 }
 
-fn carried_admin(admin: CarriedAdmin) -> Option<AdminState> {
+/// A state of a later release this one does not know (a rollback) is
+/// taken as draining: the operator took the backend out of full service
+/// somehow, and putting it back into rotation unasked would undo that
+/// (its health and streak are carried all the same).
+fn carried_admin(admin: CarriedAdmin) -> AdminState {
     match admin {
-        CarriedAdmin::Enabled => Some(AdminState::Enabled),
-        CarriedAdmin::Draining => Some(AdminState::Draining),
-        CarriedAdmin::Out => Some(AdminState::Out),
-        CarriedAdmin::Unknown => None,
+        CarriedAdmin::Enabled => AdminState::Enabled,
+        CarriedAdmin::Draining | CarriedAdmin::Unknown => AdminState::Draining,
+        CarriedAdmin::Out => AdminState::Out,
     }
 }
 
@@ -756,6 +755,17 @@ fn start_error(err: ListenError, context: impl FnOnce(std::io::Error) -> StartEr
 #[cfg(test)]
 mod tests {
     use super::{shard_name, shard_number};
+
+    #[test]
+    fn a_later_releases_backend_state_is_taken_as_draining() {
+        use crate::backend::AdminState;
+        use crate::lifecycle::handoff::CarriedAdmin;
+        assert_eq!(
+            super::carried_admin(CarriedAdmin::Unknown),
+            AdminState::Draining
+        );
+        assert_eq!(super::carried_admin(CarriedAdmin::Out), AdminState::Out);
+    }
 
     #[test]
     fn a_shard_name_reads_back_as_its_number_and_no_other_listener_s_does() {

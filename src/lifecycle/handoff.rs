@@ -89,8 +89,8 @@ pub enum GenerationState {
 
 /// A backend's admin state as it crosses to the next generation (the same
 /// words as before it was typed, so older releases read it). A state a
-/// newer release knows and this one does not is left behind, not a
-/// failed handoff.
+/// newer release knows and this one does not is taken as draining (see
+/// `daemon::build::carried_admin`), not a failed handoff.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum CarriedAdmin {
@@ -260,6 +260,12 @@ pub enum Message {
     Leaving {
         exit_code: i32,
     },
+    /// A message of a later release that this one does not know: read
+    /// past ([`Channel::recv`]), so a release that adds one does not end
+    /// the conversation with an earlier one (a rollback hands over to it).
+    /// Never sent.
+    #[serde(other)]
+    Unknown,
 }
 
 #[derive(Serialize)]
@@ -424,7 +430,13 @@ impl Channel {
             match inbox.pieces.push(&buf[..len]) {
                 Ok(Some(body)) => {
                     let fds = std::mem::take(&mut inbox.fds);
-                    return Ok((decode(&body)?, fds));
+                    match decode(&body)? {
+                        // Its fds, if any, close as they drop.
+                        Message::Unknown => {
+                            tracing::debug!("read past a message of a later release")
+                        }
+                        message => return Ok((message, fds)),
+                    }
                 }
                 Ok(None) => {}
                 Err(err) => {
@@ -523,6 +535,15 @@ pub fn decode(bytes: &[u8]) -> Result<Message, HandoffError> {
         .get("version")
         .and_then(serde_json::Value::as_u64)
         .ok_or_else(|| HandoffError::Malformed("no version".into()))?;
+    // A `failed` is read whatever its version: a release of another
+    // protocol says with it why it will not take over (the mismatch
+    // itself), which `baton reload` then reports, and its shape is kept.
+    let failed = value.get("type").and_then(serde_json::Value::as_str) == Some("failed");
+    if failed && got != u64::from(PROTOCOL_VERSION) {
+        if let Ok(said @ Message::Failed { .. }) = serde_json::from_value(value.clone()) {
+            return Ok(said);
+        }
+    }
     if got != u64::from(PROTOCOL_VERSION) {
         return Err(HandoffError::Version {
             got,
@@ -716,6 +737,11 @@ mod tests {
             "{err}"
         );
         assert!(decode(br#"{"type":"commit"}"#).is_err());
+        let other = br#"{"version":99,"type":"failed","exit_code":1,"reason":"protocol version 1, expected 99"}"#;
+        assert!(
+            matches!(decode(other), Ok(Message::Failed { exit_code: 1, .. })),
+            "another protocol's failure is read, to be reported"
+        );
         assert!(decode(b"\xff garbage").is_err());
         assert_eq!(
             decode(br#"{"version":1,"type":"commit"}"#).ok(),
@@ -745,6 +771,22 @@ mod tests {
             decode(br#"{"version":1,"type":"leaving","exit_code":3}"#).ok(),
             Some(Message::Leaving { exit_code: 3 })
         );
+    }
+
+    /// A message of a later release is read past, and the conversation
+    /// goes on with the next: a release that adds one (a rollback hands
+    /// over to an earlier release) must not end it.
+    #[tokio::test]
+    async fn a_message_of_a_later_release_is_read_past() {
+        assert_eq!(
+            decode(br#"{"version":1,"type":"heartbeat","at":5}"#).ok(),
+            Some(Message::Unknown)
+        );
+        let (a, b_fd) = Channel::pair().expect("pair");
+        let b = Channel::new(b_fd).expect("wrap");
+        b.send(&Message::Unknown, &[]).await.expect("send");
+        b.send(&Message::Accepting, &[]).await.expect("send");
+        assert_eq!(a.recv().await.expect("the next").0, Message::Accepting);
     }
 
     #[test]
