@@ -930,10 +930,58 @@ async fn a_stalled_journal_stalls_no_request() {
     );
 }
 
+/// The same through a pipe (a log collector's, a container runtime's,
+/// `baton run 2>&1 | logger`): a full pipe stalls no request either (a
+/// plain write blocked on it), and the held line comes after what the
+/// pipe held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_log_pipe_stalls_no_request() {
+    let backend = HttpBackend::start("a").await;
+    let (reader, writer) = nix::unistd::pipe().expect("pipe");
+    // The same pipe as baton's stderr, filled without waiting (not by
+    // O_NONBLOCK, which the pipe's writers share: baton's own included).
+    let filler = writer.try_clone().expect("dup");
+    let baton = Baton::spawn_logging_to(one_worker(&backend), writer);
+    baton.wait_ready().await;
+    let mut filled = 0;
+    let chunk = [b'.'; 4096];
+    let nowait = rustix::io::ReadWriteFlags::NOWAIT;
+    while let Ok(n) =
+        rustix::io::pwritev2(&filler, &[std::io::IoSlice::new(&chunk)], u64::MAX, nowait)
+    {
+        filled += n;
+        assert!(filled < 64 << 20, "the pipe takes no more at some point");
+    }
+    let web = baton.addr("web");
+    let mut bad = tokio::net::TcpStream::connect(web).await.expect("connect");
+    bad.write_all(b"NOT HTTP AT ALL\r\n\r\n")
+        .await
+        .expect("send");
+    let refused = client::read_until_closed(&mut bad).await;
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    let served = tokio::time::timeout(Duration::from_secs(5), client::get(web, "/after")).await;
+    assert!(
+        served.is_ok_and(|a| a.is_ok_and(|a| a.status == 200)),
+        "the worker that logged serves on"
+    );
+    let flags = nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(&reader, nix::fcntl::FcntlArg::F_SETFL(flags)).expect("the test's own end");
+    let reader = std::fs::File::from(reader);
+    let read = tokio::task::spawn_blocking(move || read_for(reader, support::TIMEOUT))
+        .await
+        .expect("reader");
+    let text = String::from_utf8_lossy(&read);
+    let line = text.find("refused a request head");
+    assert!(
+        line.is_some_and(|at| at >= filled),
+        "the held line comes after the {filled} bytes before it: {:?}",
+        text.trim_start_matches('.')
+    );
+}
+
 /// What `journal` reads within `within`, up to the line about a refused
 /// head.
-fn read_for(mut journal: std::os::unix::net::UnixStream, within: Duration) -> Vec<u8> {
-    use std::io::Read;
+fn read_for(mut journal: impl std::io::Read, within: Duration) -> Vec<u8> {
     let until = std::time::Instant::now() + within;
     let mut read = Vec::new();
     let mut buf = [0u8; 65536];

@@ -3,12 +3,13 @@
 //! fills that socket, and a plain `write(2)` then blocks the worker
 //! thread that logged, and with it every connection that worker serves:
 //! one line about one slow client would stall them all. So on a socket a
-//! line is sent without waiting (`MSG_DONTWAIT`); what the socket cannot
-//! take now waits, in order, in a bounded queue that a thread of its own
-//! writes out as the journal takes it; lines past the bound are dropped,
-//! and how many is said once the queue is written out. (HAProxy logs over
-//! a datagram socket and drops lines for the same reason.) A stderr that
-//! is no socket (a file, a pipe, a terminal) is written as before.
+//! line is sent without waiting (`MSG_DONTWAIT`), and on a pipe (a log
+//! collector's, a container runtime's) written so (`RWF_NOWAIT`); what
+//! stderr cannot take now waits, in order, in a bounded queue that a
+//! thread of its own writes out as the reader takes it; lines past the
+//! bound are dropped, and how many is said once the queue is written out.
+//! (HAProxy logs over a datagram socket and drops lines for the same
+//! reason.) A stderr that is a file or a terminal is written as before.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -54,7 +55,7 @@ impl Write for Line {
 /// journal are written out: a generation's last lines say why it exits.
 pub fn flush(within: Duration) {
     let outlet = outlet();
-    if !outlet.socket {
+    if outlet.nowait.is_none() {
         return;
     }
     let deadline = Instant::now() + within;
@@ -73,8 +74,8 @@ pub fn flush(within: Duration) {
 }
 
 struct Outlet {
-    /// Whether stderr is a socket (sent to without waiting).
-    socket: bool,
+    /// What stderr is, where it can be written without waiting.
+    nowait: Option<Kind>,
     held: Mutex<Held>,
     /// A line came into the queue, or one was written out.
     changed: Condvar,
@@ -83,17 +84,27 @@ struct Outlet {
 fn outlet() -> &'static Outlet {
     static OUTLET: OnceLock<Outlet> = OnceLock::new();
     OUTLET.get_or_init(|| Outlet {
-        socket: stderr_is_a_socket(),
+        nowait: stderr_kind(),
         held: Mutex::new(Held::default()),
         changed: Condvar::new(),
     })
 }
 
-fn stderr_is_a_socket() -> bool {
-    nix::sys::stat::fstat(io::stderr()).is_ok_and(|stat| {
-        nix::sys::stat::SFlag::from_bits_truncate(stat.st_mode)
-            .contains(nix::sys::stat::SFlag::S_IFSOCK)
-    })
+/// A stderr written without waiting.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Socket,
+    Pipe,
+}
+
+fn stderr_kind() -> Option<Kind> {
+    use nix::sys::stat::SFlag;
+    let stat = nix::sys::stat::fstat(io::stderr()).ok()?;
+    match SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT {
+        SFlag::S_IFSOCK => Some(Kind::Socket),
+        SFlag::S_IFIFO => Some(Kind::Pipe),
+        _ => None,
+    }
 }
 
 impl Outlet {
@@ -102,16 +113,16 @@ impl Outlet {
     }
 
     fn take(&'static self, line: &[u8]) {
-        if !self.socket {
+        let Some(kind) = self.nowait else {
             let _ = io::stderr().write_all(line);
             return;
-        }
+        };
         let mut held = self.held();
         if held.broken {
             return;
         }
         if held.idle() {
-            match send_now(line) {
+            match send_now(kind, line) {
                 Ok(sent) if sent == line.len() => return,
                 // The rest of the line waits, ahead of any other, whatever
                 // the bound: half a line would have the next glued to it.
@@ -121,7 +132,8 @@ impl Outlet {
                     held.break_off();
                     return;
                 }
-                // Full (or short of buffers): the queue's thread waits.
+                // Full (or short of buffers; or a kernel whose pipes take
+                // no RWF_NOWAIT): the queue's thread waits.
                 Err(_) => held.push(line),
             }
         } else {
@@ -227,12 +239,26 @@ fn write_whole(mut line: &[u8]) -> Written {
     Written::Whole
 }
 
-/// A send that does not wait, whatever the socket's own mode (which is
+/// A write that does not wait, whatever stderr's own mode (which is
 /// shared with every process holding it: not ours to change).
-fn send_now(line: &[u8]) -> Result<usize, Errno> {
-    let fd = io::stderr().as_raw_fd();
+fn send_now(kind: Kind, line: &[u8]) -> Result<usize, Errno> {
+    let stderr = io::stderr();
     loop {
-        match send(fd, line, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL) {
+        let sent = match kind {
+            Kind::Socket => send(
+                stderr.as_raw_fd(),
+                line,
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            ),
+            Kind::Pipe => rustix::io::pwritev2(
+                stderr.as_fd(),
+                &[io::IoSlice::new(line)],
+                u64::MAX,
+                rustix::io::ReadWriteFlags::NOWAIT,
+            )
+            .map_err(|e| Errno::from_raw(e.raw_os_error())),
+        };
+        match sent {
             Err(Errno::EINTR) => continue,
             sent => return sent,
         }
