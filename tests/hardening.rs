@@ -903,31 +903,10 @@ async fn a_stalled_journal_stalls_no_request() {
         filled += n;
         assert!(filled < 64 << 20, "the socket takes no more at some point");
     }
-    let web = baton.addr("web");
-    let mut bad = tokio::net::TcpStream::connect(web).await.expect("connect");
-    bad.write_all(b"NOT HTTP AT ALL\r\n\r\n")
-        .await
-        .expect("send");
-    let refused = client::read_until_closed(&mut bad).await;
-    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
-    let served = tokio::time::timeout(Duration::from_secs(5), client::get(web, "/after")).await;
-    assert!(
-        served.is_ok_and(|a| a.is_ok_and(|a| a.status == 200)),
-        "the worker that logged serves on"
-    );
     journal
         .set_nonblocking(true)
         .expect("the test's own end, not baton's");
-    let read = tokio::task::spawn_blocking(move || read_for(journal, support::TIMEOUT))
-        .await
-        .expect("reader");
-    let text = String::from_utf8_lossy(&read);
-    let line = text.find("refused a request head");
-    assert!(
-        line.is_some_and(|at| at >= filled),
-        "the held line comes after the {filled} bytes before it: {:?}",
-        text.trim_start_matches('.')
-    );
+    logs_into_a_full_stderr(&baton, filled, journal).await;
 }
 
 /// The same through a pipe (a log collector's, a container runtime's,
@@ -952,6 +931,20 @@ async fn a_stalled_log_pipe_stalls_no_request() {
         filled += n;
         assert!(filled < 64 << 20, "the pipe takes no more at some point");
     }
+    let flags = nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(&reader, nix::fcntl::FcntlArg::F_SETFL(flags)).expect("the test's own end");
+    logs_into_a_full_stderr(&baton, filled, std::fs::File::from(reader)).await;
+}
+
+/// A request head refused (a line logged) while `baton`'s stderr holds
+/// `filled` bytes no one read: the worker that logged serves on, and
+/// what `stderr` (its other end, non-blocking) reads has the line after
+/// those bytes.
+async fn logs_into_a_full_stderr(
+    baton: &Baton,
+    filled: usize,
+    stderr: impl std::io::Read + Send + 'static,
+) {
     let web = baton.addr("web");
     let mut bad = tokio::net::TcpStream::connect(web).await.expect("connect");
     bad.write_all(b"NOT HTTP AT ALL\r\n\r\n")
@@ -964,10 +957,7 @@ async fn a_stalled_log_pipe_stalls_no_request() {
         served.is_ok_and(|a| a.is_ok_and(|a| a.status == 200)),
         "the worker that logged serves on"
     );
-    let flags = nix::fcntl::OFlag::O_NONBLOCK;
-    nix::fcntl::fcntl(&reader, nix::fcntl::FcntlArg::F_SETFL(flags)).expect("the test's own end");
-    let reader = std::fs::File::from(reader);
-    let read = tokio::task::spawn_blocking(move || read_for(reader, support::TIMEOUT))
+    let read = tokio::task::spawn_blocking(move || read_for(stderr, support::TIMEOUT))
         .await
         .expect("reader");
     let text = String::from_utf8_lossy(&read);
