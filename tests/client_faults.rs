@@ -184,9 +184,9 @@ async fn a_body_behind_body_min_rate_is_a_408_that_frees_its_backend() {
 }
 
 /// A CRLF after a POST's body (some old clients send one; RFC 9112 §2.2
-/// has servers ignore it) does not start the header clock: the connection
-/// waits for its next request under `idle_timeout`, not a 408 at
-/// `header_timeout`.
+/// has servers ignore it) does not start the header clock, nor does one
+/// whose CR and LF come in two segments: the connection waits for its
+/// next request under `idle_timeout`, not a 408 at `header_timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_line_between_requests_is_ignored() {
     let backend = HttpBackend::start("a").await;
@@ -199,6 +199,10 @@ async fn an_empty_line_between_requests_is_ignored() {
         .expect("request");
     let (head, _) = read_head(&mut s).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // And one whose CR and LF come apart: the lone CR started the clock.
+    s.write_all(b"\r").await.expect("a lone CR");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.write_all(b"\n").await.expect("its LF");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     s.write_all(b"GET /next HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await

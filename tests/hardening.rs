@@ -915,22 +915,27 @@ async fn a_stalled_journal_stalls_no_request() {
 /// pipe held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_log_pipe_stalls_no_request() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
     let backend = HttpBackend::start("a").await;
     let (reader, writer) = nix::unistd::pipe().expect("pipe");
-    // The same pipe as baton's stderr, filled without waiting (not by
-    // O_NONBLOCK, which the pipe's writers share: baton's own included).
-    let filler = writer.try_clone().expect("dup");
+    // The same pipe as baton's stderr, opened anew: O_NONBLOCK on this
+    // file description alone (a dup shares baton's, which a plain write
+    // then would not wait on either).
+    let mut filler = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(format!("/proc/self/fd/{}", writer.as_raw_fd()))
+        .expect("the pipe's write end, opened again");
     let baton = Baton::spawn_logging_to(one_worker(&backend), writer);
     baton.wait_ready().await;
     let mut filled = 0;
-    let chunk = [b'.'; 4096];
-    let nowait = rustix::io::ReadWriteFlags::NOWAIT;
-    while let Ok(n) =
-        rustix::io::pwritev2(&filler, &[std::io::IoSlice::new(&chunk)], u64::MAX, nowait)
-    {
+    while let Ok(n) = filler.write(&[b'.'; 4096]) {
         filled += n;
         assert!(filled < 64 << 20, "the pipe takes no more at some point");
     }
+    assert!(filled > 0, "the pipe filled");
     let flags = nix::fcntl::OFlag::O_NONBLOCK;
     nix::fcntl::fcntl(&reader, nix::fcntl::FcntlArg::F_SETFL(flags)).expect("the test's own end");
     logs_into_a_full_stderr(&baton, filled, std::fs::File::from(reader)).await;

@@ -324,12 +324,7 @@ async fn status_lists_a_draining_generation_with_its_connection() {
 /// 0 for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_listeners_draining_count_leaves_with_its_generation() {
-    let backend = HttpBackend::start("a").await;
-    let both = Spec::new()
-        .http("web", "app")
-        .http("old", "app")
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(both).await;
+    let (backend, baton) = web_and_old().await;
     let old = baton.addr("old");
     // Held, not timed: the reload's answer comes only once the removed
     // listener waited for the connections its deferral held back (1.5 s).
@@ -356,18 +351,26 @@ async fn a_removed_listeners_draining_count_leaves_with_its_generation() {
     assert!(metrics.contains("listener=\"web\""), "{metrics}");
 }
 
-/// Every `/status` answered across a reload names one serving generation:
-/// the old one stops answering before it closes its doors (1.5 s here: a
-/// removed listener that defers accepting), where it answered on with
-/// itself alone, draining.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_status_across_a_reload_names_one_serving_generation() {
+/// Backend "a" behind two HTTP listeners, "web" and "old" (which a
+/// reload then removes: it defers accepting, so its doors take 1.5 s to
+/// close).
+async fn web_and_old() -> (HttpBackend, Baton) {
     let backend = HttpBackend::start("a").await;
     let both = Spec::new()
         .http("web", "app")
         .http("old", "app")
         .pool("app", &[backend.addr]);
     let baton = Baton::start(both).await;
+    (backend, baton)
+}
+
+/// Every `/status` answered across a reload names one serving generation:
+/// the old one stops answering before it closes its doors (1.5 s here: a
+/// removed listener that defers accepting), where it answered on with
+/// itself alone, draining.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_status_across_a_reload_names_one_serving_generation() {
+    let (backend, baton) = web_and_old().await;
     let admin = baton.admin;
     let stop = tokio_util::sync::CancellationToken::new();
     let polling = tokio::spawn({

@@ -423,12 +423,14 @@ enum AfterEnd<'a> {
 /// for no one until it wrote, or the tunnel's hour ran out.
 async fn reset_or(client: &TcpStream, down_ended: &Notify) -> std::io::Result<()> {
     tokio::select! {
+        // A tunnel whose way down ended is whole, whatever came after.
+        biased;
+        () = down_ended.notified() => Ok(()),
         ready = client.ready(Interest::ERROR) => {
             ready?;
             let reset = client.take_error()?;
             Err(reset.unwrap_or_else(|| std::io::ErrorKind::ConnectionReset.into()))
         }
-        () = down_ended.notified() => Ok(()),
     }
 }
 

@@ -183,10 +183,12 @@ async fn next_head<S: ByteStream>(
         if drop_empty_lines(&mut client.buf) {
             parsed = 0;
         }
-        // Empty lines (a lone CR, then its LF) begin no head.
-        began = match client.buf.is_empty() {
-            true => None,
-            false => Some(began.unwrap_or_else(Instant::now)),
+        // Empty lines begin no head, nor a lone CR whose LF may make one
+        // of it (parsed, it started the header clock: a 408 at
+        // `header_timeout`, not idle in a drain).
+        began = match client.buf[..] {
+            [] | [b'\r'] => None,
+            _ => Some(began.unwrap_or_else(Instant::now)),
         };
         if let Some(began) = began.filter(|_| head::worth_parsing(&client.buf, parsed)) {
             parsed = client.buf.len();
