@@ -1331,3 +1331,29 @@ async fn empty_lines_do_not_stretch_an_idle_connections_drain_grace() {
         "closed at its grace, nothing forced (closed by the client's side: {closed})"
     );
 }
+
+/// An admin connection open at a stop that has not asked yet gets its one
+/// answer (503: stopping), not a reset by the exit: the exit waits a
+/// second at most for the admin's last answers. (A TCP listener: no
+/// pause for held-back connections, so the exit comes at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_connection_open_at_a_stop_gets_its_one_answer() {
+    let echo = support::backend::TcpEcho::start().await;
+    // (`Spec::new` has no pre-stop pause.)
+    let spec = Spec::new().tcp("raw", "echo").pool("echo", &[echo.addr]);
+    let baton = Baton::start(spec).await;
+    let mut probe = TcpStream::connect(baton.admin).await.expect("connect");
+    // Answered only once the admin took `probe` (the kernel hands
+    // connections over in the order they came).
+    let after = client::get(baton.admin, "/healthz").await.expect("healthz");
+    assert_eq!(after.status, 200);
+    signal(baton.first_pid, Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    probe
+        .write_all(b"GET /readyz HTTP/1.1\r\nhost: admin\r\n\r\n")
+        .await
+        .expect("request");
+    let answer = client::read_until_closed(&mut probe).await.to_lowercase();
+    assert!(answer.starts_with("http/1.1 503"), "{answer:?}");
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+}

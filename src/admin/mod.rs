@@ -21,6 +21,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::backend::Pool;
 use crate::config::{AdminConfig, Protocol};
@@ -88,6 +89,10 @@ pub struct AdminShared {
     /// The one turn to render `/metrics`, held by the render itself (see
     /// `routes::metrics`).
     pub rendering: Arc<Semaphore>,
+    /// Every admin connection's task: a stop waits for them (briefly) once
+    /// the admin closed, so that what was queued at the close is answered,
+    /// not reset by the exit.
+    pub answering: TaskTracker,
 }
 
 impl AdminShared {
@@ -282,7 +287,8 @@ fn answer<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    tokio::spawn(async move {
+    let answering = state.answering.clone();
+    answering.spawn(async move {
         let ending = place
             .as_ref()
             .map_or_else(|| stop.clone(), |p| p.ending.clone());
@@ -364,6 +370,7 @@ mod tests {
             draining_shown: Default::default(),
             handed_over: std::sync::Mutex::new(false),
             rendering: Arc::new(Semaphore::new(1)),
+            answering: TaskTracker::new(),
         })
     }
 

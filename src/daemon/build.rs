@@ -288,6 +288,7 @@ fn open_admin(
         draining_shown: Default::default(),
         handed_over: Default::default(),
         rendering: Arc::new(tokio::sync::Semaphore::new(1)),
+        answering: Default::default(),
     });
     admin.set_inherited(start.report);
     let (admin_listener, admin_addr) =

@@ -249,6 +249,7 @@ impl Generation {
         self.background.cancel();
         self.forget_admin_path();
         self.admin_stop.cancel();
+        self.last_admin_answers(exit_by).await;
         let exit = match self.exit_code(ended.outcome) {
             Exit::Clean if older_cut => {
                 tracing::warn!("older generations still draining were forced by the stop");
@@ -258,6 +259,21 @@ impl Generation {
         };
         self.close_kept_connections();
         departure::exit_with_successor(exit, self.successor_departure.take()).await
+    }
+
+    /// Waits, a second at most and within `exit_by`, for the admin's
+    /// answers: a probe or `baton status` queued as the admin closed is
+    /// answered once (a 503 while stopping), where the exit reset it.
+    async fn last_admin_answers(&self, exit_by: Instant) {
+        let until = exit_by.min(Instant::now() + LAST_ADMIN_ANSWERS);
+        let answered = async {
+            self.admin_closed.cancelled().await;
+            self.admin.answering.close();
+            self.admin.answering.wait().await;
+        };
+        if tokio::time::timeout_at(until, answered).await.is_err() {
+            tracing::debug!("admin connections still open at the exit");
+        }
     }
 
     /// Closes the backend connections kept idle, once the work is over
@@ -747,6 +763,9 @@ const STOPPED_FLUSH_FLOOR: Duration = Duration::from_secs(1);
 /// second stop signal or SIGUSR2 forced both: the older one's forced count
 /// comes in its last report, within the main's `OLDER_GENERATIONS_SLACK`.
 const FORCED_PREDECESSOR_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a stop's exit waits for the admin's last answers.
+const LAST_ADMIN_ANSWERS: Duration = Duration::from_secs(1);
 
 /// How long a report to the successor may wait for room on the channel
 /// as this generation exits.
