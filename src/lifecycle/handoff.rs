@@ -180,12 +180,14 @@ pub enum Message {
         #[serde(default)]
         report: Option<Report>,
         /// The TLS session-ticket keys, so tickets issued before the reload
-        /// open after it (absent from an older release: new keys then).
-        #[serde(default)]
+        /// open after it (absent from an older release, or of a shape this
+        /// one cannot read: new keys then).
+        #[serde(default, deserialize_with = "or_none")]
         tickets: Option<Box<crate::tls::tickets::TicketKeys>>,
         /// The last good answer of each named backend (absent from an
-        /// older release: the new generation resolves at start then).
-        #[serde(default)]
+        /// older release, or of a shape this one cannot read: the new
+        /// generation resolves at start then).
+        #[serde(default, deserialize_with = "or_none")]
         resolved: Vec<ResolvedCarry>,
         /// How long the old generation still waits for `Ready`, in ms, as
         /// its own `ready_timeout` says (absent from an older release).
@@ -527,6 +529,22 @@ fn recv_datagram(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Datagram {
     Ok((msg.bytes, fds))
 }
 
+/// A part of the offer that only saves work (ticket keys, the last DNS
+/// answers): one of a shape this release cannot read (a later release's,
+/// met on a rollback) is left out, as an earlier release's absent part
+/// is (new keys; a lookup at start), not a failed reload.
+fn or_none<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned + Default,
+{
+    let value = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(value).unwrap_or_else(|err| {
+        tracing::info!(cause = %err, "a part of the offer of a shape this release cannot read; left out");
+        T::default()
+    }))
+}
+
 /// Decodes one message, checking the protocol version before the shape.
 pub fn decode(bytes: &[u8]) -> Result<Message, HandoffError> {
     let value: serde_json::Value =
@@ -771,6 +789,20 @@ mod tests {
             decode(br#"{"version":1,"type":"leaving","exit_code":3}"#).ok(),
             Some(Message::Leaving { exit_code: 3 })
         );
+    }
+
+    /// An offer whose ticket keys or DNS answers this release cannot read
+    /// is taken without them (new keys, a lookup at start), not refused:
+    /// the sockets are what a reload needs.
+    #[test]
+    fn an_offers_parts_of_another_shape_are_left_out() {
+        let offer = br#"{"version":1,"type":"offer","generation":2,"sockets":[],"draining":[1],"tickets":{"keys":"of a later shape"},"resolved":[{"pool":5}]}"#;
+        match decode(offer) {
+            Ok(Message::Offer {
+                tickets, resolved, ..
+            }) => assert!(tickets.is_none() && resolved.is_empty()),
+            other => panic!("an offer, without them: {other:?}"),
+        }
     }
 
     /// A message of a later release is read past, and the conversation
