@@ -291,28 +291,28 @@ impl Failures {
     /// since the last time (or this is the first).
     fn lost(&mut self, now: std::time::Instant) -> Option<u64> {
         self.lost += 1;
-        if self
-            .said_at
-            .is_some_and(|at| now.duration_since(at) < FAILURE_REPORT)
-        {
-            return None;
-        }
-        self.said_at = Some(now);
-        Some(std::mem::take(&mut self.lost))
+        self.said_if_due(now)
     }
 
     /// The lost lines not said yet, once the destination takes lines
     /// again, at the same pace: one that fails and takes lines by turns (a
     /// nearly full disk) would say one a request.
     fn recovered(&mut self, now: std::time::Instant) -> Option<u64> {
+        self.said_if_due(now)
+    }
+
+    /// The count to say, if a minute passed since the last time (or
+    /// there was none) and there is one.
+    fn said_if_due(&mut self, now: std::time::Instant) -> Option<u64> {
         if self
             .said_at
             .is_some_and(|at| now.duration_since(at) < FAILURE_REPORT)
         {
             return None;
         }
+        let said = self.unsaid()?;
         self.said_at = Some(now);
-        self.unsaid()
+        Some(said)
     }
 
     /// The lost lines not said yet, whatever the pace (the writer stops):

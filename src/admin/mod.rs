@@ -88,7 +88,7 @@ pub struct AdminShared {
     pub handed_over: std::sync::Mutex<bool>,
     /// The one turn to render `/metrics`, held by the render itself (see
     /// `routes::metrics`).
-    pub rendering: Arc<Semaphore>,
+    pub rendering: Arc<tokio::sync::Mutex<()>>,
     /// Every admin connection's task: a stop waits for them (briefly) once
     /// the admin closed, so that what was queued at the close is answered,
     /// not reset by the exit.
@@ -369,9 +369,31 @@ mod tests {
             configured: Default::default(),
             draining_shown: Default::default(),
             handed_over: std::sync::Mutex::new(false),
-            rendering: Arc::new(Semaphore::new(1)),
+            rendering: Arc::default(),
             answering: TaskTracker::new(),
         })
+    }
+
+    /// `/metrics` renders one at a time: while the turn is held, a
+    /// scrape waits; once it is given back, the scrape is answered.
+    #[tokio::test]
+    async fn metrics_render_one_at_a_time() {
+        let state = shared();
+        let scrape = || http::Request::get("/metrics").body(()).expect("request");
+        let held = Arc::clone(&state.rendering).lock_owned().await;
+        let waited = tokio::time::timeout(
+            Duration::from_millis(100),
+            routes::respond(&state, scrape()),
+        )
+        .await;
+        assert!(waited.is_err(), "a scrape waits for the turn");
+        drop(held);
+        let answered =
+            tokio::time::timeout(Duration::from_secs(5), routes::respond(&state, scrape())).await;
+        assert_eq!(
+            answered.expect("answered once the turn is free").status(),
+            200
+        );
     }
 
     /// A series the older generation reported once and then no more (a

@@ -239,12 +239,7 @@ fn status(state: &AdminShared) -> Reply {
 async fn metrics(state: &Arc<AdminShared>) -> Reply {
     // Owned by the render: a client gone while it runs (its request's
     // future dropped) frees no turn for another render alongside.
-    let Ok(turn) = Arc::clone(&state.rendering).acquire_owned().await else {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the admin is closing".into(),
-        );
-    };
+    let turn = Arc::clone(&state.rendering).lock_owned().await;
     let shared = Arc::clone(state);
     let render = move || {
         let text = shared.render_metrics();

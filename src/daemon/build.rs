@@ -287,7 +287,7 @@ fn open_admin(
         configured: configured(config),
         draining_shown: Default::default(),
         handed_over: Default::default(),
-        rendering: Arc::new(tokio::sync::Semaphore::new(1)),
+        rendering: Arc::default(),
         answering: Default::default(),
     });
     admin.set_inherited(start.report);

@@ -178,26 +178,21 @@ impl TcpProxy {
 
     /// The line of a connection closed before it was served (a refused
     /// PROXY header or TLS handshake), accepted at `accepted`.
+    /// Written as a served one's is (`Line`), with nothing moved.
     pub fn refused(&self, client: SocketAddr, accepted: Instant, termination: Termination) {
         let Some(log) = &self.access_log else {
             return;
         };
-        log.write(&Entry {
-            request_id: &RequestId::new(),
+        let moved = Moved::new(&self.bytes);
+        drop(Line {
+            log,
+            id: RequestId::new(),
             client,
             pool: &self.pool.name,
             backend: None,
-            method: "-",
-            target: "-",
-            protocol: "TCP",
-            status: None,
-            bytes_in: 0,
-            bytes_out: 0,
-            body_out: 0,
             marks: Marks::since(accepted),
+            moved: &moved,
             termination,
-            referer: None,
-            user_agent: None,
         });
     }
 
@@ -412,7 +407,8 @@ enum AfterEnd<'a> {
     /// The way up: the FIN passed on, the client is watched for a reset
     /// until the way down ends (notified).
     WatchClient(&'a Notify),
-    /// The way down: its FIN is held once the way up failed (the tunnel
+    /// The way down: the backend closed its half (the shorter idle limit
+    /// applies), and its FIN is held once the way up failed (the tunnel
     /// ends in a reset, see `UpFailed`).
     HoldFinIf(&'a UpFailed),
 }
@@ -521,12 +517,14 @@ async fn one_way(
         let n = match read_now(&mut from, &mut buf).await.map_err(on(from_side))? {
             None => continue,
             Some(0) => {
-                if from_side == Side::Backend {
-                    activity.backend_closed();
-                }
                 return match after {
-                    AfterEnd::HoldFinIf(failed) if failed.is_set() => Ok(()),
-                    AfterEnd::HoldFinIf(_) => to.shutdown().await.map_err(on(to_side)),
+                    AfterEnd::HoldFinIf(failed) => {
+                        activity.backend_closed();
+                        match failed.is_set() {
+                            true => Ok(()),
+                            false => to.shutdown().await.map_err(on(to_side)),
+                        }
+                    }
                     AfterEnd::WatchClient(down_ended) => {
                         to.shutdown().await.map_err(on(to_side))?;
                         reset_or(from.as_ref(), down_ended)
