@@ -844,4 +844,80 @@ mod tests {
         let shown = serde_json::to_string(&GenerationState::Active).expect("json");
         assert_eq!(shown, r#""active""#, "/status shows the same word");
     }
+    /// Every message as release 0.1.0 sends it, in files that never
+    /// change (`tests/golden/handoff/`): a later release that renames a
+    /// field, changes a type or drops a message would take over from
+    /// 0.1.0 with a failed reload, or lose what it carries, and no test
+    /// that builds both sides from one source could see it.
+    #[test]
+    fn every_message_of_release_0_1_0_is_read() {
+        macro_rules! golden {
+            ($name:literal) => {
+                decode(include_bytes!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/golden/handoff/0.1.0/",
+                    $name,
+                    ".json"
+                )))
+                .expect($name)
+            };
+        }
+        let Message::Offer {
+            generation,
+            sockets,
+            draining,
+            backends,
+            report,
+            tickets,
+            resolved,
+            ready_ms,
+        } = golden!("offer")
+        else {
+            panic!("an offer")
+        };
+        assert_eq!(
+            (generation, draining, ready_ms),
+            (4, vec![4100, 4242], Some(30_000))
+        );
+        assert_eq!(sockets[1].name, "admin");
+        assert_eq!(backends[1].admin, CarriedAdmin::Draining);
+        assert_eq!((backends[1].healthy, backends[1].streak), (Some(false), 2));
+        assert!(
+            tickets.is_some(),
+            "the ticket keys, or TLS sessions end at the upgrade"
+        );
+        assert_eq!(resolved[0].serving[0].gone_ms, 1500);
+        let report = report.expect("the counters");
+        assert_eq!(report.baseline.len(), 5);
+        assert_eq!(report.generations[0].backends_in_flight["app"]["app1"], 2);
+        let Message::Ready {
+            stop_budget_ms,
+            hears_stop,
+            tells_its_end,
+            renamed,
+            names_every_socket,
+            ..
+        } = golden!("ready")
+        else {
+            panic!("ready")
+        };
+        assert_eq!(stop_budget_ms, Some(35_000));
+        assert!(hears_stop && tells_its_end && names_every_socket);
+        assert_eq!(renamed, ["admin"]);
+        assert!(matches!(
+            golden!("failed"),
+            Message::Failed { exit_code: 2, .. }
+        ));
+        let Message::Commit { backends, report } = golden!("commit") else {
+            panic!("commit")
+        };
+        assert_eq!((backends.len(), report.is_some()), (3, true));
+        assert_eq!(golden!("accepting"), Message::Accepting);
+        let Message::Report(report) = golden!("report") else {
+            panic!("report")
+        };
+        assert_eq!(report.generations[1].state, GenerationState::Draining);
+        assert_eq!(golden!("stop"), Message::Stop);
+        assert_eq!(golden!("leaving"), Message::Leaving { exit_code: 0 });
+    }
 }
