@@ -76,8 +76,9 @@ pub struct AdminConfig {
 pub enum AdminListen {
     Tcp(SocketAddr),
     /// A Unix socket (`unix:/run/baton/admin.sock`), made mode 0600 as the
-    /// control socket is: who may call the API is who may open the file,
-    /// so no token is asked of a caller there.
+    /// control socket is, answering root and baton's own user alone (peer
+    /// credentials); the token, where one is set, still guards the
+    /// backend API's writes there.
     Unix(PathBuf),
 }
 

@@ -4,8 +4,9 @@
 //! reload), cleanly: a WebSocket gets a Close frame (1001 Going Away) at a
 //! frame boundary of the server's stream, then a FIN; an SSE body ends at
 //! an event boundary (one of stated length is a finite response, and runs
-//! to its end). The ending is logged at INFO with `expected=true` and
-//! counted in `baton_long_lived_drained_total{kind}`.
+//! to its end). Each ending is a DEBUG line, counted in
+//! `baton_long_lived_drained_total{kind}`; the drain says them all at INFO
+//! with `expected=true` in one line, with the counts by kind.
 
 use std::future::Future;
 use std::pin::Pin;
