@@ -86,6 +86,36 @@ async fn a_response_timeout_marks_a_backend_down_and_a_reset_does_not() {
     );
 }
 
+/// Failures of real traffic take a backend down only `fall` in a row: an
+/// answer between two response timeouts counts them from zero again. A
+/// few slow requests among thousands answered (an export, a long poll)
+/// took every backend down in turn, as they landed between two checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_failures_count_only_in_a_row() {
+    let checks =
+        "health = { kind = \"tcp\", interval = \"60s\", timeout = \"1s\", rise = 1, fall = 2 }";
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", "response_timeout = \"300ms\"")
+        .pool_with("app", checks, &[(backend.addr, 1)]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    let status =
+        |path: &'static str| async move { client::get(web, path).await.expect("an answer").status };
+    for _ in 0..3 {
+        assert_eq!(status("/slow/2000").await, 504);
+        assert_eq!(status("/").await, 200, "an answer between: still up");
+    }
+    assert_eq!(status("/slow/2000").await, 504);
+    assert_eq!(status("/slow/2000").await, 504);
+    assert_eq!(
+        client::backend_state(baton.admin, "app-0").await,
+        "down",
+        "two in a row"
+    );
+    assert_eq!(status("/").await, 503);
+}
+
 /// A backend that never answers the handshake (its SYNs dropped: here a
 /// listen queue of two, full) costs a request `connect_timeout`, not the
 /// kernel's two minutes of SYN retries (and the listener's 3 s here, not

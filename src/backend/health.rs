@@ -108,6 +108,17 @@ impl Health {
         }
     }
 
+    /// Real traffic failed `fall` times in a row: down, if it was up,
+    /// and `rise` checks from up again (the checks' own failure streak is
+    /// left as it was).
+    pub fn fail_from_traffic(&mut self) -> Option<Flip> {
+        if self.healthy != Some(true) {
+            return None;
+        }
+        self.passes = 0;
+        self.set(false)
+    }
+
     fn set(&mut self, healthy: bool) -> Option<Flip> {
         let was = self.healthy;
         self.healthy = Some(healthy);
@@ -177,5 +188,18 @@ mod tests {
         assert!(!h.is_healthy());
         assert_eq!(h.observe(true), None);
         assert_eq!(h.observe(true), Some(Flip::Up));
+    }
+
+    #[test]
+    fn traffic_takes_down_only_what_is_up_and_checks_bring_it_back() {
+        let mut h = Health::with_verdict(2, 3, true);
+        assert_eq!(h.observe(false), None, "a check's failure, one of three");
+        assert_eq!(h.fail_from_traffic(), Some(Flip::Down));
+        assert_eq!(h.fail_from_traffic(), None, "down already");
+        assert_eq!(h.observe(true), None);
+        assert_eq!(h.observe(true), Some(Flip::Up), "rise passes");
+        let mut unknown = Health::new(2, 3);
+        assert_eq!(unknown.fail_from_traffic(), None, "the first check decides");
+        assert!(!unknown.has_verdict());
     }
 }

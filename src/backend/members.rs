@@ -155,6 +155,7 @@ impl Recipe {
             admin: AtomicU8::new(admin as u8),
             healthy: AtomicBool::new(health.is_healthy()),
             health: Mutex::new(health),
+            traffic_failures: AtomicU32::new(0),
             last_check: Mutex::new(None),
             last_error: Mutex::new(None),
             line: self.line.clone(),

@@ -132,6 +132,10 @@ pub struct Backend {
     /// The health verdict, cached for pickers (the `Health` lock is for writers).
     healthy: AtomicBool,
     health: Mutex<Health>,
+    /// Failures of real traffic since it last answered (see
+    /// `observe_passive_failure`): apart from the checks' streak, so that
+    /// traffic neither hides a failing check nor adds to one.
+    traffic_failures: AtomicU32,
     last_check: Mutex<Option<CheckRecord>>,
     /// The last request or connection it failed; clients see none of it.
     last_error: Mutex<Option<CheckRecord>>,
@@ -271,10 +275,36 @@ impl Backend {
         }
     }
 
-    /// A request or connection to it failed before anything was sent.
+    /// A connect to it failed, or a response head was later than
+    /// `response_timeout`: `fall` such failures with no answer between
+    /// take it down, as HAProxy's `observe` counts them (its checks bring
+    /// it back). Counted apart from the checks, and set back to zero by
+    /// any answer ([`Backend::answered`]): a few slow requests among
+    /// thousands answered are no verdict.
     fn observe_passive_failure(&self, detail: &str) {
-        if self.checked {
-            self.observe(false, detail);
+        if !self.checked {
+            return;
+        }
+        let in_a_row = self.traffic_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let flip = match self.health.lock() {
+            Ok(mut h) if in_a_row >= h.fall() => {
+                self.traffic_failures.store(0, Ordering::Relaxed);
+                let flip = h.fail_from_traffic();
+                self.healthy.store(h.is_healthy(), Ordering::SeqCst);
+                flip
+            }
+            _ => None,
+        };
+        self.told(flip, detail);
+    }
+
+    /// It answered a request (a response head came; in TCP mode, a
+    /// connection was made): the failures of traffic count from zero.
+    /// A load alone on the hot path, which is all an answer costs while
+    /// nothing failed.
+    pub fn answered(&self) {
+        if self.traffic_failures.load(Ordering::Relaxed) != 0 {
+            self.traffic_failures.store(0, Ordering::Relaxed);
         }
     }
 
@@ -287,6 +317,11 @@ impl Backend {
             }
             Err(_) => None,
         };
+        self.told(flip, detail);
+    }
+
+    /// Says a flip of its verdict, and publishes its state.
+    fn told(&self, flip: Option<Flip>, detail: &str) {
         match flip {
             Some(Flip::Up) => {
                 tracing::info!(pool = %self.pool, backend = %self.name, "backend is up");

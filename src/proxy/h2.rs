@@ -530,6 +530,7 @@ impl HttpProxy {
                 .await
             {
                 Ok((head, relay)) => {
+                    backend.answered();
                     let came = Instant::now();
                     let pause = outgoing.progress.clone();
                     let response = self.respond(&head, relay, lease, drain, pause);

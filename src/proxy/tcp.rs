@@ -226,6 +226,7 @@ impl TcpProxy {
             let backend = lease.backend();
             match backend.connect(self.connect_timeout, proxy_header).await {
                 Ok(stream) => {
+                    backend.answered();
                     if let Some(line) = line.as_mut() {
                         line.marks.connected = Some(Instant::now());
                     }
