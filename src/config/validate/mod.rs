@@ -1033,6 +1033,24 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
     /// the wildcard address, or at an IPv4-mapped IPv6 one, which `run`
     /// could not bind; and a health check's path no request line can carry.
     #[test]
+    fn a_check_timeout_past_its_interval_is_warned_of() {
+        let text = GOOD.replace(
+            "backends =",
+            "health = { kind = \"tcp\", interval = \"2s\", timeout = \"30s\" }\nbackends =",
+        );
+        warned_once(
+            &warnings(&text),
+            "pools[0].health.timeout",
+            "goes down only after 96s",
+        );
+        let within = GOOD.replace(
+            "backends =",
+            "health = { kind = \"tcp\", interval = \"2s\", timeout = \"2s\" }\nbackends =",
+        );
+        assert_eq!(warnings(&within), Vec::<String>::new());
+    }
+
+    #[test]
     fn values_that_cannot_work_are_refused() {
         for (text, key, said) in [
             (

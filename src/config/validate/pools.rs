@@ -257,17 +257,28 @@ impl Validator {
                 format!("must be at least {MIN_CHECK_INTERVAL:?}"),
             );
         }
+        let timeout_key = format!("{key}.timeout");
+        let timeout = self.timeout(&timeout_key, raw.timeout.as_ref(), Duration::from_secs(1));
+        let fall = self.count(&format!("{key}.fall"), raw.fall, 3, 1, 100) as u32;
+        // A backend's checks run one after another: one that hangs is
+        // asked again `timeout` later than `interval` says.
+        if timeout > interval {
+            self.warning(
+                &timeout_key,
+                format!(
+                    "{timeout:?} is longer than interval ({interval:?}): a backend that hangs is checked every {:?} and goes down only after {:?} (fall x (interval + timeout))",
+                    interval + timeout,
+                    (interval + timeout) * fall,
+                ),
+            );
+        }
         HealthConfig {
             kind,
             path,
             interval,
-            timeout: self.timeout(
-                &format!("{key}.timeout"),
-                raw.timeout.as_ref(),
-                Duration::from_secs(1),
-            ),
+            timeout,
             rise: self.count(&format!("{key}.rise"), raw.rise, 2, 1, 100) as u32,
-            fall: self.count(&format!("{key}.fall"), raw.fall, 3, 1, 100) as u32,
+            fall,
         }
     }
 
