@@ -284,6 +284,33 @@ async fn an_http_check_takes_2xx_and_3xx_as_healthy_and_anything_else_as_failed(
     }
 }
 
+/// An HTTP check asks with the `host` its pool's `health` names: a
+/// backend of virtual hosts (nginx's `default_server` answering 404 to
+/// any other name, Django's `ALLOWED_HOSTS`) failed every check asked by
+/// its address, and its pool was down while its traffic was served well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_check_asks_for_the_host_its_pool_names() {
+    let backend = support::raw::RawBackend::start(|seen| {
+        let ours = seen
+            .head
+            .to_ascii_lowercase()
+            .contains("\r\nhost: www.example.com\r\n");
+        let code = if ours { 200 } else { 404 };
+        let head = format!("HTTP/1.1 {code} Whatever\r\ncontent-length: 0\r\n\r\n");
+        (head.into_bytes(), support::raw::Then::Close)
+    })
+    .await;
+    let checks = FAST_CHECKS.replace(
+        "kind = \"http\",",
+        "kind = \"http\", host = \"www.example.com\",",
+    );
+    let spec = Spec::new()
+        .http("web", "app")
+        .pool_with("app", &checks, &[(backend.addr, 1)]);
+    let baton = Baton::start(spec).await;
+    assert_eq!(backend_state(baton.admin, "app-0").await, "up");
+}
+
 /// Health checks pause for a backend the operator drained (DESIGN): one
 /// taken out for its maintenance is not probed meanwhile; they go on once
 /// it is restored.

@@ -481,6 +481,7 @@ mod tests {
         pool_checked(Some(crate::config::HealthConfig {
             kind: crate::config::HealthKind::Tcp,
             path: "/".into(),
+            host: None,
             interval: std::time::Duration::from_secs(1),
             timeout: std::time::Duration::from_secs(1),
             rise: 2,

@@ -49,24 +49,33 @@ async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> 
         stream.close_quietly();
         return Ok(());
     }
-    ask(config, &host_of(backend), stream)
-        .await
-        .map_err(Fault::Failed)
+    let server_name = backend.tls.as_ref().and_then(|tls| tls.server_name());
+    let host = host_of(
+        config.host.as_deref(),
+        server_name.as_deref(),
+        backend.resolved_from.as_deref(),
+        backend.address,
+    );
+    ask(config, &host, stream).await.map_err(Fault::Failed)
 }
 
-/// The `Host` a check asks with: a member's DNS name and port, as the
-/// config gave it (an application that checks Host, as Django's
-/// `ALLOWED_HOSTS` or Rails' host authorization do, refuses its address
-/// and failed every check of a pool that served its traffic well), else
-/// the backend's address.
-fn host_of(backend: &Backend) -> String {
-    let named = backend
-        .resolved_from
-        .as_deref()
-        .filter(|name| ::http::uri::Authority::try_from(*name).is_ok());
-    match named {
+/// The `Host` a check asks with: the check's `host`, else the pool's TLS
+/// `server_name` (the name its SNI says: a server that holds the two to
+/// agree answers 421 otherwise), else a member's DNS name and port as the
+/// config gave it, else the backend's address. An application that
+/// checks Host (a virtual host, Django's `ALLOWED_HOSTS`, Rails' host
+/// authorization) refuses an address, and failed every check of a pool
+/// that served its traffic well.
+fn host_of(
+    configured: Option<&str>,
+    server_name: Option<&str>,
+    resolved_from: Option<&str>,
+    address: std::net::SocketAddr,
+) -> String {
+    let named = resolved_from.filter(|name| ::http::uri::Authority::try_from(*name).is_ok());
+    match configured.or(server_name).or(named) {
         Some(name) => name.to_string(),
-        None => backend.address.to_string(),
+        None => address.to_string(),
     }
 }
 
@@ -290,6 +299,28 @@ mod tests {
     async fn status_of(answer: &[u8]) -> Result<u16, String> {
         let mut reader = answer;
         final_status(&mut reader).await
+    }
+
+    #[test]
+    fn a_check_asks_for_the_host_the_config_names_first() {
+        let address = ([10, 0, 0, 5], 8443).into();
+        let member = Some("app.internal:8443");
+        assert_eq!(
+            host_of(
+                Some("www.example.com"),
+                Some("tls.example.com"),
+                member,
+                address
+            ),
+            "www.example.com"
+        );
+        assert_eq!(
+            host_of(None, Some("tls.example.com"), member, address),
+            "tls.example.com",
+            "as the SNI says"
+        );
+        assert_eq!(host_of(None, None, member, address), "app.internal:8443");
+        assert_eq!(host_of(None, None, None, address), "10.0.0.5:8443");
     }
 
     #[tokio::test]

@@ -255,7 +255,10 @@ fn print_pool_settings(p: &PoolConfig) {
         None => say!("pool {} health none (backends taken as up)", p.name),
         Some(h) => {
             let kind = match h.kind {
-                HealthKind::Http => format!("http {}", h.path),
+                HealthKind::Http => match &h.host {
+                    Some(host) => format!("http {} (Host: {host})", h.path),
+                    None => format!("http {}", h.path),
+                },
                 HealthKind::Tcp => "tcp".to_string(),
             };
             say!(

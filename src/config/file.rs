@@ -290,6 +290,7 @@ pub struct UpstreamTlsFile {
 pub struct HealthFile {
     pub kind: Option<String>,
     pub path: Option<String>,
+    pub host: Option<String>,
     pub interval: Option<DurationValue>,
     pub timeout: Option<DurationValue>,
     pub rise: Option<Whole>,

@@ -278,6 +278,9 @@ pub enum HealthKind {
 pub struct HealthConfig {
     pub kind: HealthKind,
     pub path: String,
+    /// The `Host` an `http` check asks with, as the config wrote it (see
+    /// `backend::probe::host_of` for what stands in for it).
+    pub host: Option<String>,
     pub interval: Duration,
     pub timeout: Duration,
     pub rise: u32,

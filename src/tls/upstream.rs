@@ -45,6 +45,13 @@ impl UpstreamTls {
         }
     }
 
+    /// The pool's `server_name`, if it set one.
+    pub fn server_name(&self) -> Option<String> {
+        self.server_name
+            .as_ref()
+            .map(|name| name.to_str().into_owned())
+    }
+
     /// `roots` is required when `verify` (it is what is trusted).
     pub fn new(
         server_name: Option<ServerName<'static>>,

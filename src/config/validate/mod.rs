@@ -1072,6 +1072,22 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 "at least 100ms",
             ),
             (
+                GOOD.replace(
+                    "backends =",
+                    "health = { kind = \"tcp\", host = \"www.example.com\" }\nbackends =",
+                ),
+                "pools[0].health.host",
+                "is for an http check",
+            ),
+            (
+                GOOD.replace(
+                    "backends =",
+                    "health = { kind = \"http\", host = \"http://www.example.com/\" }\nbackends =",
+                ),
+                "pools[0].health.host",
+                "is not a host name",
+            ),
+            (
                 format!(
                     "{GOOD}\n[[pools]]\nname = \"other\"\nbackends = [{{ address = \"127.0.0.1:9002\" }}]\n[[pools]]\nname = \"third\"\nbackends = [{{ address = \"127.0.0.1:9002\" }}]\n"
                 ),

@@ -225,6 +225,7 @@ impl Validator {
             }
         };
         let path = raw.path.clone().unwrap_or_else(|| "/health".to_string());
+        let host = self.check_host(key, raw.host.as_deref(), kind);
         if kind == HealthKind::Tcp {
             if raw.path.is_some() {
                 // Taken before: a config that ran must still reload.
@@ -275,11 +276,31 @@ impl Validator {
         HealthConfig {
             kind,
             path,
+            host,
             interval,
             timeout,
             rise: self.count(&format!("{key}.rise"), raw.rise, 2, 1, 100) as u32,
             fall,
         }
+    }
+
+    /// `health.host`: a name (or address) and an optional port, written
+    /// into the check's `Host` field as it is; only an `http` check asks.
+    fn check_host(&mut self, key: &str, host: Option<&str>, kind: HealthKind) -> Option<String> {
+        let host = host?;
+        let key = format!("{key}.host");
+        if kind == HealthKind::Tcp {
+            self.problem(&key, "is for an http check: a tcp check only connects");
+        } else if host.is_empty()
+            || host.contains(['/', '?', '#', '@'])
+            || ::http::uri::Authority::try_from(host).is_err()
+        {
+            self.problem(
+                &key,
+                format!("{host:?} is not a host name, with a port or without (e.g. \"app.example.com\")"),
+            );
+        }
+        Some(host.to_string())
     }
 
     pub(super) fn pool_ref(
