@@ -689,6 +689,46 @@ async fn a_draining_generation_that_is_stopped_keeps_the_stops_whole_deadline() 
     );
 }
 
+/// A reload that raises the stop's budget reaches every generation still
+/// draining, not only the one it took over from: the oldest here, two
+/// reloads back, keeps its request to the stop's new end (its successor
+/// passes the budget down). It kept the budget its own successor said,
+/// and cut the request at a stop still seconds from its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_budget_a_later_reload_raised_reaches_the_oldest_generation() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(stopped_while_draining(
+        "pre_stop_delay = \"-1s\"\ndrain_timeout = \"1s\"",
+        &backend,
+    ))
+    .await;
+    let web = baton.addr("web");
+    let oldest = baton.serving_pid().await;
+    let mut conn = client::connect(web).await.expect("connect");
+    let slow = tokio::spawn(async move { client::send(&mut conn, web, "/slow/5000").await });
+    support::eventually("backend saw the slow request", || async {
+        backend.hits.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    let middle = baton.reload_ok().await;
+    let raised = baton
+        .config_text()
+        .replace("drain_timeout = \"1s\"", "drain_timeout = \"10s\"");
+    baton.write_config(&raised);
+    let main = baton.reload_ok().await;
+    support::eventually("the budget passed down to the oldest", || async {
+        baton.log().contains("a later reload set the stop's budget")
+    })
+    .await;
+    for pid in [oldest, middle, main] {
+        signal(pid, Signal::SIGTERM);
+    }
+    let answer = slow.await.expect("join").expect("the request answered");
+    assert_eq!(answer.status, 200);
+    assert_eq!(wait_exit(oldest).await, Some(0), "drained in time");
+    assert_eq!(wait_exit(main).await, Some(0), "nothing was cut");
+}
+
 /// A client that connected to a listener a reload removes, and has yet to
 /// send its request, is in no accept queue: the kernel holds it back until
 /// its first bytes (`defer_accept`, on for HTTP). The old generation ends

@@ -540,6 +540,35 @@ async fn a_stop_refuses_new_connections_once_the_doors_close() {
     assert_eq!(sbx.show("baton", "Result"), "success", "{}", sbx.journal());
 }
 
+/// A unit whose `TimeoutStopSec=` is shorter than the config's stop
+/// budgets (a drain raised in the config, or by a drop-in's
+/// `Environment=`, without it) still stops in order: the stop asks
+/// systemd for its whole budget (`EXTEND_TIMEOUT_USEC=`), and a request in
+/// flight is answered. systemd SIGKILLed every generation at the unit's
+/// limit, the request cut and the unit's `Result` a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_longer_than_the_units_timeout_stop_runs_to_its_end() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    start_with_drop_in(
+        &sbx,
+        &config(&p, &[a.addr], echo.addr, ""),
+        "TimeoutStopSec=1",
+    );
+    let web = p.web;
+    let slow = tokio::spawn(async move { client::get(web, "/slow/3000").await });
+    support::eventually("slow request in flight", || async { a.active() == 1 }).await;
+    let stop = tokio::task::spawn_blocking({
+        let mut stop = sbx.command(&["systemctl", "stop", "baton"]);
+        move || stop.output().expect("systemctl stop")
+    });
+    let answer = slow.await.expect("join").expect("the request in flight");
+    assert_eq!(answer.status, 200, "{}", sbx.journal());
+    sbx.succeeded("systemctl stop", stop.await.expect("join"));
+    assert_eq!(sbx.show("baton", "Result"), "success", "{}", sbx.journal());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_start_with_a_pool_down_is_active_but_not_ready() {
     let Some(sbx) = Sandbox::boot() else { return };
@@ -632,6 +661,54 @@ async fn a_reload_under_way_keeps_the_unit_reloading_until_the_new_generation_se
     }
     support::eventually("the unit active under its new main process", || async {
         sbx.show("baton", "ActiveState") == "active" && sbx.show("baton", "MainPID") != main
+    })
+    .await;
+    drop(hangs);
+}
+
+/// A reload that fails while a first start still waits for its first
+/// health round (a check that hangs past half of `ready_timeout`) leaves
+/// the unit `activating`: `READY=1` comes at the round's end. The failed
+/// reload's `READY=1`, meant to end systemd's reload state, made the unit
+/// active (and started what is ordered after it) before its backends were
+/// ever checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_failed_during_a_first_start_leaves_the_unit_activating() {
+    const WAITS: &str = "waiting for the first health round before READY=1";
+    const FAILED: &str = "reload failed; this generation keeps serving";
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    // A backend that accepts (the kernel's backlog does) and never answers.
+    let hangs = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let text = format!(
+        "{}\n[[pools]]\nname = \"slow\"\nhealth = {{ kind = \"http\", interval = \"1s\", timeout = \"8s\" }}\nbackends = [{{ name = \"s0\", address = \"{}\" }}]\n",
+        config(&p, &[a.addr], echo.addr, "[reload]\nready_timeout = \"2s\"\n"),
+        hangs.local_addr().expect("addr")
+    );
+    sbx.install_baton(&text);
+    sbx.systemctl_ok(&["start", "--no-block", "baton"]);
+    support::eventually("the start waits for its first health round", || async {
+        sbx.journal().contains(WAITS)
+    })
+    .await;
+    sbx.write("/etc/baton/baton.toml", "this is no config [");
+    sbx.systemctl_ok(&["kill", "--kill-whom=main", "-s", "HUP", "baton"]);
+    support::eventually("the reload failed", || async {
+        sbx.journal().contains(FAILED)
+    })
+    .await;
+    for _ in 0..2 {
+        assert_eq!(
+            sbx.show("baton", "ActiveState"),
+            "activating",
+            "{}",
+            sbx.journal()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    support::eventually("active once the round is over", || async {
+        sbx.show("baton", "ActiveState") == "active"
     })
     .await;
     drop(hangs);

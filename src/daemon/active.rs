@@ -113,7 +113,7 @@ impl Generation {
             ));
         }
         if takeover {
-            systemd::ready(&status);
+            self.standing.started(&status);
             return fd_store;
         }
         if self.caught_starting {
@@ -121,7 +121,7 @@ impl Generation {
         }
         let first_round_done = |pools: &[Arc<Pool>]| pools.iter().all(|p| p.first_round_done());
         if first_round_done(&self.pools) {
-            systemd::ready(&status);
+            self.standing.started(&status);
             return None;
         }
         let (pools, stop) = (self.pools.clone(), self.background.clone());
@@ -138,7 +138,7 @@ impl Generation {
             // during a reload of ours (`status_lines` says it later); not at
             // all once we handed over (the successor's lines are systemd's).
             if matches!(*phase.borrow(), Phase::Active) {
-                standing.report(&status, true);
+                standing.started(&status);
             }
         });
         None

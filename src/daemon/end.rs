@@ -7,14 +7,25 @@ use crate::config::AdminListen;
 impl Generation {
     /// After a handoff: stop accepting (the sockets live on in the successor)
     /// and drain under `reload.drain_timeout`.
+    /// `older` is the channel to the generation we took over from (which
+    /// may still drain), told the stop's budget our successor keeps to.
     pub(super) async fn retire(
         mut self,
         successor: Successor,
         waiter: Option<tokio::sync::oneshot::Sender<Reply>>,
+        older: Option<Arc<Channel>>,
     ) -> Exit {
         let successor_pid = successor.process.pid();
         tracing::info!(successor = successor_pid, "handed over; draining");
-        let departure = listen_for_its_end(&successor);
+        // A stop's end is the main's: our successor's budget is the main's
+        // (an older release says none), and a later reload's comes down
+        // the chain.
+        let stop_budget = StopBudget::new(
+            successor.stop_budget.unwrap_or(self.config.stop_budget()),
+            older,
+        );
+        stop_budget.pass_on().await;
+        let departure = listen_for_its_end(&successor, Arc::clone(&stop_budget));
         self.successor = Some(successor_pid);
         let (window_from, naming_window) = tokio::sync::oneshot::channel();
         if systemd::enabled() {
@@ -77,13 +88,10 @@ impl Generation {
         self.publish_deadline(Instant::now() + budget);
         // The deadline, to the successor's `/status` at once.
         report_now.notify_one();
-        // A stop's end is the main's: our successor's budget is the main's,
-        // or nearer it than ours (an older release says none).
-        let stop_budget = successor.stop_budget.unwrap_or(self.config.stop_budget());
         let ended = self
-            .drain_for(budget, DrainReason::Reload, stop_budget)
+            .drain_for(budget, DrainReason::Reload, &stop_budget)
             .await;
-        let wait = PredecessorWait::after(&ended, stop_budget, budget);
+        let wait = PredecessorWait::after(&ended, stop_budget.get(), budget);
         // No stop's clock runs here, unless a stop or a force reached the
         // drain: then what is left of the wait, a second at least (a stop's
         // access-log lines are worth more than the older generation's last
@@ -185,13 +193,14 @@ impl Generation {
             "stopping"
         );
         let stop_ends = signalled + self.config.stop_budget();
-        // systemd kills what still runs at `TimeoutStopSec`, the exit code
-        // and the last reports with it: what follows the drain keeps to
-        // what is left before then.
+        // systemd kills what still runs at `TimeoutStopSec`, or at what
+        // `stopping` asks it to wait (`timeout_stop`), the exit code and
+        // the last reports with it: what follows the drain keeps to what
+        // is left before then.
         let exit_by = signalled + self.config.timeout_stop() - EXIT_MARGIN;
         let older_forced_before = self.admin.inherited_forced_connections();
         let _ = self.phase.send(Phase::Stopping { deadline: None });
-        self.standing.stopping();
+        self.standing.stopping(self.config.timeout_stop());
         let release = release_fd_store_unless_restarting(
             self.holdings.names(),
             self.fd_store_again.clone(),
@@ -231,7 +240,7 @@ impl Generation {
             self.drain_for(
                 self.config.shutdown.drain_timeout,
                 DrainReason::Shutdown,
-                self.config.stop_budget(),
+                &StopBudget::new(self.config.stop_budget(), None),
             )
             .await
         };
@@ -447,7 +456,7 @@ impl Generation {
         &mut self,
         budget: Duration,
         reason: DrainReason,
-        stop_budget: Duration,
+        stop_budget: &StopBudget,
     ) -> Ended {
         let started = Instant::now();
         let spread = match reason {
@@ -475,7 +484,7 @@ impl Generation {
                     Command::Stop if stop_heard.is_none() && matches!(reason, DrainReason::Reload) => {
                         stop_heard = Some(Instant::now());
                         // The stop's own end: its pause, then its drain.
-                        deadline = deadline.min(Instant::now() + stop_budget);
+                        deadline = deadline.min(Instant::now() + stop_budget.get());
                         self.show_stopping();
                         self.publish_deadline(deadline);
                         // Ended as the serving generation ends its own:
@@ -597,9 +606,12 @@ impl Generation {
 }
 
 /// Listens for how `successor` ends; `None` (logged) when it cannot be held.
-pub(super) fn listen_for_its_end(successor: &Successor) -> Option<Departure> {
+pub(super) fn listen_for_its_end(
+    successor: &Successor,
+    stop_budget: Arc<StopBudget>,
+) -> Option<Departure> {
     successor
-        .listen_for_its_end()
+        .listen_for_its_end(stop_budget)
         .inspect_err(|err| tracing::warn!(cause = %err, "cannot follow the new generation's end"))
         .ok()
 }

@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::connection::{Connections, ListenerStats, Proxy};
 use crate::exit::Exit;
 use crate::lifecycle::control::{self, Reply, Request};
-use crate::lifecycle::departure::{self, Departure};
+use crate::lifecycle::departure::{self, Departure, StopBudget};
 use crate::lifecycle::drain::{Drain, DrainOutcome};
 use crate::lifecycle::generation::{
     self, Exec, GoAhead, HandoverError, Inheritance, Offer, Parent, Successor,
@@ -135,7 +135,9 @@ pub async fn run(mut setup: Setup) -> Exit {
         }
     }
     let exit = match gen.serve().await {
-        Ending::HandedOver(successor, waiter) => gen.retire(*successor, waiter).await,
+        Ending::HandedOver(successor, waiter) => {
+            gen.retire(*successor, waiter, predecessor.clone()).await
+        }
         Ending::Stop(signalled) => gen.stop(signalled).await,
     };
     if let Some(channel) = predecessor {

@@ -9,6 +9,7 @@
 //! reload: N, still main, exits last, and N+1's forced connections must
 //! show in its exit code.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,13 +27,64 @@ pub struct Departure {
 /// or its end of the channel closing, is already in our socket's queue.
 const LAST_WORD_WAIT: Duration = Duration::from_secs(1);
 
+/// How long the service's stop may take, as the serving generation
+/// counts it: what a draining generation ends a stop's drain by. Set at
+/// the handoff from the successor's word, and again whenever a later
+/// reload's budget comes down the chain ([`Message::StopBudget`]), which
+/// goes on to the generation we took over from, if it still drains.
+pub struct StopBudget {
+    ms: AtomicU64,
+    /// The generation we took over from, told each budget in turn.
+    older: Option<Arc<Channel>>,
+}
+
+impl StopBudget {
+    pub fn new(budget: Duration, older: Option<Arc<Channel>>) -> Arc<StopBudget> {
+        Arc::new(StopBudget {
+            ms: AtomicU64::new(millis(budget)),
+            older,
+        })
+    }
+
+    pub fn get(&self) -> Duration {
+        Duration::from_millis(self.ms.load(Ordering::Relaxed))
+    }
+
+    /// Tells the generation we took over from, if it still drains, the
+    /// budget we keep to now. Bounded: one that stopped reading must not
+    /// hold our drain.
+    pub async fn pass_on(&self) {
+        let Some(older) = &self.older else { return };
+        let word = Message::StopBudget {
+            stop_budget_ms: self.ms.load(Ordering::Relaxed),
+        };
+        match tokio::time::timeout(LAST_WORD_WAIT, older.send(&word, &[])).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::debug!(cause = %err, "the older generation is gone"),
+            Err(_) => tracing::warn!("the older generation did not take the stop's budget"),
+        }
+    }
+
+    async fn heard(&self, ms: u64) {
+        self.ms.store(ms, Ordering::Relaxed);
+        tracing::info!(budget = ?self.get(), "a later reload set the stop's budget");
+        self.pass_on().await;
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl Departure {
     /// Listens on `channel` for the last word of `process`, which
-    /// promised one if `tells_its_end`.
+    /// promised one if `tells_its_end`, and for the stop's budgets it
+    /// passes down (kept in `budget`).
     pub(super) fn listen(
         channel: &Arc<Channel>,
         process: &Process,
         tells_its_end: bool,
+        budget: Arc<StopBudget>,
     ) -> std::io::Result<Departure> {
         Ok(Departure {
             process: process.try_clone()?,
@@ -40,6 +92,7 @@ impl Departure {
                 Arc::clone(channel),
                 process.pid(),
                 tells_its_end,
+                budget,
             )),
         })
     }
@@ -66,13 +119,19 @@ impl Departure {
 
 /// Reads the successor's side of the channel until its last word, or
 /// until it closes without one.
-async fn hear_the_end(channel: Arc<Channel>, pid: u32, tells_its_end: bool) -> Option<Exit> {
+async fn hear_the_end(
+    channel: Arc<Channel>,
+    pid: u32,
+    tells_its_end: bool,
+    budget: Arc<StopBudget>,
+) -> Option<Exit> {
     loop {
         match channel.recv().await {
             Ok((Message::Leaving { exit_code }, _)) => {
                 tracing::info!(pid, exit_code, "the new generation exited");
                 return Some(Exit::from_code(exit_code));
             }
+            Ok((Message::StopBudget { stop_budget_ms }, _)) => budget.heard(stop_budget_ms).await,
             Ok((other, _)) => {
                 tracing::debug!(message = ?other, "unexpected message from the new generation")
             }

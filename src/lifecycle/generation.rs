@@ -16,7 +16,7 @@ use rustix::process::Signal;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::departure::Departure;
+use super::departure::{Departure, StopBudget};
 use super::handoff::{
     BackendCarry, Channel, HandoffError, Message, Report, ResolvedCarry, SocketEntry, ENV_FD,
 };
@@ -97,9 +97,10 @@ impl Successor {
             .map(|()| StopPassed::Signal)
     }
 
-    /// Starts listening for how it ends, for as long as we outlive it.
-    pub fn listen_for_its_end(&self) -> std::io::Result<Departure> {
-        Departure::listen(&self.channel, &self.process, self.tells_its_end)
+    /// Starts listening for how it ends, for as long as we outlive it,
+    /// and for the stop's budgets it passes down (kept in `budget`).
+    pub fn listen_for_its_end(&self, budget: Arc<StopBudget>) -> std::io::Result<Departure> {
+        Departure::listen(&self.channel, &self.process, self.tells_its_end, budget)
     }
 }
 

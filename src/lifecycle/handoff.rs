@@ -17,6 +17,8 @@
 //!                             service stops, N+1 with it)
 //! N+1 → N  Leaving { exit_code }  (as N+1 exits, if N still runs: N's
 //!                             exit code tells what became of the service)
+//! N+1 → N  StopBudget { .. }  (once N+1 handed over in turn: the stop's
+//!                             budget now; N passes it on to N-1)
 //! ```
 //!
 //! A message of any length travels: `framing` cuts a long one into pieces
@@ -261,6 +263,18 @@ pub enum Message {
     /// systemd's main process must not end the service with success.
     Leaving {
         exit_code: i32,
+    },
+    /// From a generation to the one it took over from, once it handed
+    /// over in turn: how long the service's stop may take now, as its own
+    /// successor said (`Ready`'s `stop_budget_ms`). Passed on down the
+    /// chain of draining generations, each of which ends a stop's drain by
+    /// the serving generation's budget: a reload that changed the budget
+    /// reached only the generation it took over from, and an older one
+    /// kept the budget of its own successor (a drain raised since: cut
+    /// short; lowered: outliving the main process). An earlier release
+    /// reads past it.
+    StopBudget {
+        stop_budget_ms: u64,
     },
     /// A message of a later release that this one does not know: read
     /// past ([`Channel::recv`]), so a release that adds one does not end
@@ -919,5 +933,11 @@ mod tests {
         assert_eq!(report.generations[1].state, GenerationState::Draining);
         assert_eq!(golden!("stop"), Message::Stop);
         assert_eq!(golden!("leaving"), Message::Leaving { exit_code: 0 });
+        assert_eq!(
+            golden!("stop_budget"),
+            Message::StopBudget {
+                stop_budget_ms: 65_000
+            }
+        );
     }
 }

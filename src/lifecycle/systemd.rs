@@ -3,6 +3,7 @@
 //! notify is logged, never fatal: serving traffic matters more.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use sd_notify::NotifyState;
 
@@ -21,10 +22,19 @@ pub fn status(status: &str) {
 }
 
 /// A real stop; never sent by an old generation draining after a reload.
-fn stopping() {
+/// `EXTEND_TIMEOUT_USEC=` asks systemd for `needs` from now, whatever the
+/// unit's `TimeoutStopSec=`: one left shorter than the config's budgets
+/// (a drain raised in the config, or by a drop-in's `Environment=`) had
+/// systemd SIGKILL every generation partway through the drain, the exit
+/// code and the last log lines with them. The stop is bounded by baton's
+/// own deadlines all the same. (A microsecond count in 32 bits: at most
+/// 71 minutes.)
+fn stopping(needs: Duration) {
+    let usec = u32::try_from(needs.as_micros()).unwrap_or(u32::MAX);
     notify(&[
         NotifyState::Stopping,
         NotifyState::Status("stopping: draining"),
+        NotifyState::ExtendTimeoutUsec(usec),
     ]);
 }
 
@@ -42,7 +52,20 @@ fn reloading() {
 /// running as baton shut down, or after a reload's `RELOADING=1`, which it
 /// ends before the new generation serves.
 #[derive(Default)]
-pub struct Standing(Mutex<Stand>);
+pub struct Standing(Mutex<Told>);
+
+/// What this generation has told systemd.
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+struct Told {
+    stand: Stand,
+    /// Its start is over (`READY=1` said, or due once a reload of ours
+    /// ends): a takeover at once, a first start once its first health
+    /// round has run. Until then neither a status line nor a reload that
+    /// failed says `READY=1`, which would make a unit still starting
+    /// active, and start what is ordered after it, before any backend
+    /// was checked.
+    started: bool,
+}
 
 #[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
 enum Stand {
@@ -73,41 +96,59 @@ impl Stand {
 }
 
 impl Standing {
-    fn stand(&self) -> std::sync::MutexGuard<'_, Stand> {
+    fn told(&self) -> std::sync::MutexGuard<'_, Told> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The start is over (see [`Told::started`]): `READY=1` with `status`,
+    /// or, during a reload of ours, when it fails.
+    pub fn started(&self, status: &str) {
+        let mut told = self.told();
+        told.started = true;
+        match told.stand.report(true) {
+            Said::ReadyAndStatus => ready(status),
+            Said::Status => self::status(status),
+            Said::Nothing => {}
+        }
     }
 
     /// A reload of ours began: `RELOADING=1`. Nothing once a stop began.
     pub fn reloading(&self) {
-        let mut stand = self.stand();
-        if *stand != Stand::Stopping {
-            *stand = Stand::Reloading;
+        let mut told = self.told();
+        if told.stand != Stand::Stopping {
+            told.stand = Stand::Reloading;
             reloading();
         }
     }
 
     /// Serving again after a reload that failed: `READY=1` ends systemd's
-    /// reload state. Nothing once a stop began.
+    /// reload state, once the start is over (a first start still waiting
+    /// for its first health round says it then). Nothing once a stop began.
     pub fn serving(&self, status: &str) {
-        let mut stand = self.stand();
-        if *stand != Stand::Stopping {
-            *stand = Stand::Serving;
-            ready(status);
+        let mut told = self.told();
+        if told.stand != Stand::Stopping {
+            told.stand = Stand::Serving;
+            match told.started {
+                true => ready(status),
+                false => self::status(status),
+            }
         }
     }
 
-    /// A real stop began: `STOPPING=1`, the last word.
-    pub fn stopping(&self) {
-        let mut stand = self.stand();
-        *stand = Stand::Stopping;
-        stopping();
+    /// A real stop began, which `needs` to run to its end: `STOPPING=1`,
+    /// the last word.
+    pub fn stopping(&self, needs: Duration) {
+        let mut told = self.told();
+        told.stand = Stand::Stopping;
+        stopping(needs);
     }
 
-    /// A task's report: `READY=1` with `status` when `ready` and serving,
-    /// `status` alone during a reload, nothing once a stop began.
+    /// A task's report: `READY=1` with `status` when `ready` and serving
+    /// with the start over, `status` alone during a reload or a start,
+    /// nothing once a stop began.
     pub fn report(&self, status: &str, ready_now: bool) {
-        let stand = self.stand();
-        match stand.report(ready_now) {
+        let told = self.told();
+        match told.stand.report(ready_now && told.started) {
             Said::ReadyAndStatus => ready(status),
             Said::Status => self::status(status),
             Said::Nothing => {}
@@ -168,8 +209,8 @@ impl FdStoreUpdate {
 /// most: as long as the pre-stop pause it runs alongside, at least a
 /// second (what the 5 s that `TimeoutStopSec` gives beyond the pause and
 /// the drain can spare), at most five.
-fn job_query_wait(pause: std::time::Duration) -> std::time::Duration {
-    let second = std::time::Duration::from_secs(1);
+fn job_query_wait(pause: Duration) -> Duration {
+    let second = Duration::from_secs(1);
     pause.clamp(second, 5 * second)
 }
 
@@ -186,7 +227,7 @@ fn job_query_wait(pause: std::time::Duration) -> std::time::Duration {
 /// again for processes that appear while it does, so a busctl started
 /// just then was killed before it answered (CI saw it under load). It
 /// ignores the signals sent to the whole unit (`ignore_unit_signals`).
-pub async fn restarting(pause: std::time::Duration) -> Result<bool, String> {
+pub async fn restarting(pause: Duration) -> Result<bool, String> {
     let wait = job_query_wait(pause);
     let unit = own_unit().ok_or("no service of ours in /proc/self/cgroup")?;
     let mut busctl = tokio::process::Command::new("busctl");
@@ -319,7 +360,7 @@ pub async fn watchdog(stop: tokio_util::sync::CancellationToken) {
     let Some(usec) = watchdog_usec() else {
         return;
     };
-    let period = std::time::Duration::from_micros(usec / 2);
+    let period = Duration::from_micros(usec / 2);
     loop {
         notify(&[NotifyState::Watchdog]);
         tokio::select! {
@@ -347,6 +388,8 @@ fn watchdog_usec() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::{restart_job, Said, Stand, Standing};
 
     /// A task's report says `READY=1` only while serving, its line alone
@@ -360,14 +403,14 @@ mod tests {
         assert_eq!(Stand::Stopping.report(true), Said::Nothing);
         let standing = Standing::default();
         standing.reloading();
-        assert_eq!(*standing.stand(), Stand::Reloading);
+        assert_eq!(standing.told().stand, Stand::Reloading);
         standing.serving("the reload failed");
-        assert_eq!(*standing.stand(), Stand::Serving);
-        standing.stopping();
+        assert_eq!(standing.told().stand, Stand::Serving);
+        standing.stopping(Duration::from_secs(20));
         standing.serving("a reload that failed as the stop began");
         standing.reloading();
         assert_eq!(
-            *standing.stand(),
+            standing.told().stand,
             Stand::Stopping,
             "a stop is the last word"
         );
