@@ -86,34 +86,110 @@ async fn a_response_timeout_marks_a_backend_down_and_a_reset_does_not() {
     );
 }
 
+/// A pool of one backend whose checks come every `interval`, down after
+/// two failures (`fall = 2`), up after one pass, behind a listener whose
+/// `response_timeout` is 300 ms: `/slow/2000` is a timeout there.
+async fn timing_out(interval: &str) -> (HttpBackend, Baton) {
+    let checks = format!(
+        "health = {{ kind = \"tcp\", interval = \"{interval}\", timeout = \"1s\", rise = 1, fall = 2 }}"
+    );
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", "response_timeout = \"300ms\"")
+        .pool_with("app", &checks, &[(backend.addr, 1)]);
+    let baton = Baton::start(spec).await;
+    (backend, baton)
+}
+
+/// The status `path` is answered with.
+async fn status_of(web: SocketAddr, path: &str) -> u16 {
+    client::get(web, path).await.expect("an answer").status
+}
+
 /// Failures of real traffic take a backend down only `fall` in a row: an
 /// answer between two response timeouts counts them from zero again. A
 /// few slow requests among thousands answered (an export, a long poll)
 /// took every backend down in turn, as they landed between two checks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_failures_count_only_in_a_row() {
-    let checks =
-        "health = { kind = \"tcp\", interval = \"60s\", timeout = \"1s\", rise = 1, fall = 2 }";
-    let backend = HttpBackend::start("a").await;
-    let spec = Spec::new()
-        .listener("web", "http", "app", "response_timeout = \"300ms\"")
-        .pool_with("app", checks, &[(backend.addr, 1)]);
-    let baton = Baton::start(spec).await;
+    let (_backend, baton) = timing_out("60s").await;
     let web = baton.addr("web");
-    let status =
-        |path: &'static str| async move { client::get(web, path).await.expect("an answer").status };
     for _ in 0..3 {
-        assert_eq!(status("/slow/2000").await, 504);
-        assert_eq!(status("/").await, 200, "an answer between: still up");
+        assert_eq!(status_of(web, "/slow/2000").await, 504);
+        assert_eq!(
+            status_of(web, "/").await,
+            200,
+            "an answer between: still up"
+        );
     }
-    assert_eq!(status("/slow/2000").await, 504);
-    assert_eq!(status("/slow/2000").await, 504);
+    assert_eq!(status_of(web, "/slow/2000").await, 504);
+    assert_eq!(status_of(web, "/slow/2000").await, 504);
     assert_eq!(
         client::backend_state(baton.admin, "app-0").await,
         "down",
         "two in a row"
     );
-    assert_eq!(status("/").await, 503);
+    assert_eq!(status_of(web, "/").await, 503);
+}
+
+/// An answer counts when its head comes, not when its body ends: a
+/// long response (an event stream here) whose head came before two
+/// timeouts in a row does not take them back as it ends. Counted at the
+/// body's end, it did, and a backend that stopped answering stayed up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_counts_at_its_head_not_at_its_end() {
+    let (_backend, baton) = timing_out("60s").await;
+    let web = baton.addr("web");
+    let mut events = TcpStream::connect(web).await.expect("connect");
+    events
+        .write_all(b"GET /sse HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .expect("write");
+    let mut head = [0u8; 64];
+    let n = events.read(&mut head).await.expect("the head");
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &head[..n]);
+    assert_eq!(status_of(web, "/slow/2000").await, 504);
+    drop(events);
+    // The stream's end, seen at its next event (every 100 ms).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(status_of(web, "/slow/2000").await, 504);
+    assert_eq!(
+        client::backend_state(baton.admin, "app-0").await,
+        "down",
+        "two timeouts in a row since the last head"
+    );
+}
+
+/// Failures of requests still in flight when a backend went down are not
+/// left over for when its checks bring it back: it goes down again only
+/// after `fall` new ones in a row. A burst of timeouts left some counted,
+/// and the next single one took it down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_past_a_backends_fall_are_not_left_over_for_its_return() {
+    let (_backend, baton) = timing_out("200ms").await;
+    let web = baton.addr("web");
+    let burst: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(async move { client::get(web, "/slow/2000").await }))
+        .collect();
+    for answer in burst {
+        assert_eq!(answer.await.expect("join").expect("an answer").status, 504);
+    }
+    support::eventually("back up through its checks", || async {
+        client::backend_state(baton.admin, "app-0").await == "up"
+    })
+    .await;
+    assert_eq!(
+        client::get(web, "/slow/2000")
+            .await
+            .expect("an answer")
+            .status,
+        504
+    );
+    assert_eq!(
+        client::backend_state(baton.admin, "app-0").await,
+        "up",
+        "one failure since it came back"
+    );
 }
 
 /// A backend that never answers the handshake (its SYNs dropped: here a

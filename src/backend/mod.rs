@@ -282,7 +282,9 @@ impl Backend {
     /// any answer ([`Backend::answered`]): a few slow requests among
     /// thousands answered are no verdict.
     fn observe_passive_failure(&self, detail: &str) {
-        if !self.checked {
+        // Down already: what its in-flight work still fails says nothing
+        // more, and would be left over for when the checks bring it back.
+        if !self.checked || !self.is_healthy() {
             return;
         }
         let in_a_row = self.traffic_failures.fetch_add(1, Ordering::Relaxed) + 1;
@@ -324,6 +326,9 @@ impl Backend {
     fn told(&self, flip: Option<Flip>, detail: &str) {
         match flip {
             Some(Flip::Up) => {
+                // Back through its checks: traffic's failures from before
+                // do not count on.
+                self.traffic_failures.store(0, Ordering::Relaxed);
                 tracing::info!(pool = %self.pool, backend = %self.name, "backend is up");
                 self.wake_queue();
             }

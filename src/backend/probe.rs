@@ -49,7 +49,7 @@ async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> 
         stream.close_quietly();
         return Ok(());
     }
-    let server_name = backend.tls.as_ref().and_then(|tls| tls.server_name());
+    let server_name = backend.tls.as_ref().and_then(|tls| tls.server_dns_name());
     let host = host_of(
         config.host.as_deref(),
         server_name.as_deref(),
@@ -60,7 +60,7 @@ async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> 
 }
 
 /// The `Host` a check asks with: the check's `host`, else the pool's TLS
-/// `server_name` (the name its SNI says: a server that holds the two to
+/// `server_name` when a DNS name (the name its SNI says: a server that holds the two to
 /// agree answers 421 otherwise), else a member's DNS name and port as the
 /// config gave it, else the backend's address. An application that
 /// checks Host (a virtual host, Django's `ALLOWED_HOSTS`, Rails' host

@@ -24,7 +24,6 @@ impl Generation {
             successor.stop_budget.unwrap_or(self.config.stop_budget()),
             older,
         );
-        stop_budget.pass_on().await;
         let departure = listen_for_its_end(&successor, Arc::clone(&stop_budget));
         self.successor = Some(successor_pid);
         let (window_from, naming_window) = tokio::sync::oneshot::channel();
@@ -193,14 +192,20 @@ impl Generation {
             "stopping"
         );
         let stop_ends = signalled + self.config.stop_budget();
+        // What the stop needs: `timeout_stop`, and longer when the stop
+        // caught a reload whose new generation stops later (we outlive it).
+        let later = self.outlive_until.map_or(Duration::ZERO, |until| {
+            until.saturating_duration_since(stop_ends)
+        });
+        let needs = self.config.timeout_stop() + later;
         // systemd kills what still runs at `TimeoutStopSec`, or at what
-        // `stopping` asks it to wait (`timeout_stop`), the exit code and
-        // the last reports with it: what follows the drain keeps to what
-        // is left before then.
-        let exit_by = signalled + self.config.timeout_stop() - EXIT_MARGIN;
+        // `stopping` asks it to wait (`needs`), the exit code and the last
+        // reports with it: what follows the drain keeps to what is left
+        // before then.
+        let exit_by = signalled + needs - EXIT_MARGIN;
         let older_forced_before = self.admin.inherited_forced_connections();
         let _ = self.phase.send(Phase::Stopping { deadline: None });
-        self.standing.stopping(self.config.timeout_stop());
+        self.standing.stopping(needs);
         let release = release_fd_store_unless_restarting(
             self.holdings.names(),
             self.fd_store_again.clone(),

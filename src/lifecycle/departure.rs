@@ -9,9 +9,10 @@
 //! reload: N, still main, exits last, and N+1's forced connections must
 //! show in its exit code.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::watch;
 
 use super::handoff::{Channel, HandoffError, Message};
 use super::process::Process;
@@ -33,42 +34,52 @@ const LAST_WORD_WAIT: Duration = Duration::from_secs(1);
 /// reload's budget comes down the chain ([`Message::StopBudget`]), which
 /// goes on to the generation we took over from, if it still drains.
 pub struct StopBudget {
-    ms: AtomicU64,
-    /// The generation we took over from, told each budget in turn.
-    older: Option<Arc<Channel>>,
+    ms: watch::Sender<u64>,
 }
 
 impl StopBudget {
+    /// `older`, the generation we took over from, is told this budget and
+    /// each one after by a task of its own (the latest, when several came
+    /// meanwhile): neither our drain nor our successor's last word waits
+    /// on an older generation that is slow to read.
     pub fn new(budget: Duration, older: Option<Arc<Channel>>) -> Arc<StopBudget> {
-        Arc::new(StopBudget {
-            ms: AtomicU64::new(millis(budget)),
-            older,
-        })
+        let (ms, told) = watch::channel(millis(budget));
+        if let Some(older) = older {
+            tokio::spawn(pass_on(older, told));
+        }
+        Arc::new(StopBudget { ms })
     }
 
     pub fn get(&self) -> Duration {
-        Duration::from_millis(self.ms.load(Ordering::Relaxed))
+        Duration::from_millis(*self.ms.borrow())
     }
 
-    /// Tells the generation we took over from, if it still drains, the
-    /// budget we keep to now. Bounded: one that stopped reading must not
-    /// hold our drain.
-    pub async fn pass_on(&self) {
-        let Some(older) = &self.older else { return };
+    fn heard(&self, ms: u64) {
+        self.ms.send_replace(ms);
+        tracing::info!(budget = ?self.get(), "a later reload set the stop's budget");
+    }
+}
+
+/// Tells `older` each budget in turn until it is gone, or we are.
+async fn pass_on(older: Arc<Channel>, mut budget: watch::Receiver<u64>) {
+    loop {
         let word = Message::StopBudget {
-            stop_budget_ms: self.ms.load(Ordering::Relaxed),
+            stop_budget_ms: *budget.borrow_and_update(),
         };
         match tokio::time::timeout(LAST_WORD_WAIT, older.send(&word, &[])).await {
             Ok(Ok(())) => {}
-            Ok(Err(err)) => tracing::debug!(cause = %err, "the older generation is gone"),
-            Err(_) => tracing::warn!("the older generation did not take the stop's budget"),
+            Ok(Err(err)) => {
+                tracing::debug!(cause = %err, "the older generation is gone");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!("the older generation did not take the stop's budget");
+                return;
+            }
         }
-    }
-
-    async fn heard(&self, ms: u64) {
-        self.ms.store(ms, Ordering::Relaxed);
-        tracing::info!(budget = ?self.get(), "a later reload set the stop's budget");
-        self.pass_on().await;
+        if budget.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -131,7 +142,7 @@ async fn hear_the_end(
                 tracing::info!(pid, exit_code, "the new generation exited");
                 return Some(Exit::from_code(exit_code));
             }
-            Ok((Message::StopBudget { stop_budget_ms }, _)) => budget.heard(stop_budget_ms).await,
+            Ok((Message::StopBudget { stop_budget_ms }, _)) => budget.heard(stop_budget_ms),
             Ok((other, _)) => {
                 tracing::debug!(message = ?other, "unexpected message from the new generation")
             }

@@ -45,11 +45,13 @@ impl UpstreamTls {
         }
     }
 
-    /// The pool's `server_name`, if it set one.
-    pub fn server_name(&self) -> Option<String> {
-        self.server_name
-            .as_ref()
-            .map(|name| name.to_str().into_owned())
+    /// The pool's `server_name`, if it set a DNS name (an IP address
+    /// written there is no `Host` as it stands: IPv6 would need brackets).
+    pub fn server_dns_name(&self) -> Option<String> {
+        match &self.server_name {
+            Some(ServerName::DnsName(name)) => Some(name.as_ref().to_owned()),
+            _ => None,
+        }
     }
 
     /// `roots` is required when `verify` (it is what is trusted).

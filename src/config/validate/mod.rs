@@ -753,6 +753,12 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
             Some(HealthKind::Http),
             "a path asks for HTTP"
         );
+        let with_host = tcp.replace("health = { ", "health = { host = \"db.example\", ");
+        assert_eq!(
+            kind_of(&with_host),
+            Some(HealthKind::Http),
+            "so does a host"
+        );
         let shared = format!(
             "{tcp}\n[[listeners]]\nname = \"web2\"\nbind = \"127.0.0.1:8081\"\npool = \"app\"\n"
         );
@@ -1025,13 +1031,6 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         parse(&apart, Path::new("x.toml"), &Overrides::default()).expect("paths apart");
     }
 
-    /// Values that pass their own range but cannot work are refused,
-    /// naming the key: a close spread the drain's deadline cuts short, a
-    /// backend on port 0, and checks every millisecond; and one address in
-    /// two pools without names is refused at the address, not at a `name`
-    /// key the operator never wrote; and a listener on the admin's port at
-    /// the wildcard address, or at an IPv4-mapped IPv6 one, which `run`
-    /// could not bind; and a health check's path no request line can carry.
     #[test]
     fn a_check_timeout_past_its_interval_is_warned_of() {
         let text = GOOD.replace(
@@ -1050,6 +1049,13 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
         assert_eq!(warnings(&within), Vec::<String>::new());
     }
 
+    /// Values that pass their own range but cannot work are refused,
+    /// naming the key: a close spread the drain's deadline cuts short, a
+    /// backend on port 0, and checks every millisecond; and one address in
+    /// two pools without names is refused at the address, not at a `name`
+    /// key the operator never wrote; and a listener on the admin's port at
+    /// the wildcard address, or at an IPv4-mapped IPv6 one, which `run`
+    /// could not bind; and a health check's path no request line can carry.
     #[test]
     fn values_that_cannot_work_are_refused() {
         for (text, key, said) in [

@@ -44,10 +44,13 @@ impl Validator {
                     Balance::RoundRobin
                 }
             };
-            // A `path` written asks for an HTTP check, as it did before
-            // the kind followed the listeners.
-            let path_written = p.health.as_ref().is_some_and(|h| h.path.is_some());
-            let unset_kind = if tcp_only.contains(&name) && !path_written {
+            // A `path` (or `host`) written asks for an HTTP check, as it
+            // did before the kind followed the listeners.
+            let http_written = p
+                .health
+                .as_ref()
+                .is_some_and(|h| h.path.is_some() || h.host.is_some());
+            let unset_kind = if tcp_only.contains(&name) && !http_written {
                 HealthKind::Tcp
             } else {
                 HealthKind::Http

@@ -394,6 +394,7 @@ async fn attempt<S: ByteStream>(
         .store(body.is_done(), Ordering::Relaxed);
     let down = Down {
         request: head,
+        backend,
         drain,
         listener: &proxy.listener,
         client_stall: proxy.idle_timeout,
@@ -402,9 +403,6 @@ async fn attempt<S: ByteStream>(
         progress,
     };
     let pumped = pump(proxy, client, &mut up, body, &down).await;
-    if progress.head_at.get().is_some() {
-        backend.answered();
-    }
     let written = progress.client_written.load(Ordering::Relaxed);
     // The upload runs beside the download, so its fault can come while a
     // head is half written: that counts as written too (looked at only

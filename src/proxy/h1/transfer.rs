@@ -18,6 +18,7 @@ use super::head::{self, BadResponse, Framing, Parsed, RequestHead, ResponseHead,
 use super::io::{read_some, release_if_empty, write_all, WriteFault};
 use super::rewrite::{self, Delivery, Persistence};
 use crate::backend::idle::Check;
+use crate::backend::Backend;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::LongLivedKind;
 use crate::proxy::longlived::EventTail;
@@ -263,6 +264,8 @@ pub async fn watch_client<R: AsyncRead + Unpin>(client: &mut R, client_buf: &mut
 /// What the response direction needs to know.
 pub struct Down<'a> {
     pub request: &'a RequestHead,
+    /// Told as its response head comes: an answer (see `Backend::answered`).
+    pub backend: &'a Backend,
     pub drain: &'a DrainWatch,
     pub listener: &'a str,
     /// How long the client may take no response bytes.
@@ -353,6 +356,7 @@ where
         });
     }
     let _ = down.progress.head_at.set(Instant::now());
+    down.backend.answered();
     down.progress.status.store(head.status, Ordering::Relaxed);
     let answered_early = !down.progress.upload_done.load(Ordering::Relaxed);
     if head.status == 101 {
