@@ -861,3 +861,52 @@ async fn idle_h2_connections_hold_no_buffers() {
     let per = support::daemon::rss_kib(baton.first_pid).saturating_sub(before) / CONNECTIONS as u64;
     assert!(per < 12, "{per} KiB an idle h2 connection");
 }
+
+/// A client that sends PINGs and takes nothing it is sent cannot keep
+/// its connection's exchanges from being polled: their clocks still run
+/// (here `response_timeout`, 1 s, on a request the backend holds), and
+/// the backend connection is let go. With the send buffer full of PING
+/// answers, no exchange was polled again, and each held its backend
+/// connection as long as the client went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_answers_a_client_does_not_read_stall_no_exchange() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(
+        Spec::new()
+            .listener("web", "http", "app", "response_timeout = \"1s\"")
+            .pool("app", &[backend.addr]),
+    )
+    .await;
+    let mut s = support::h2_raw::small_window_reader(baton.addr("web")).await;
+    s.write_all(&support::h2_raw::get("/gated"))
+        .await
+        .expect("GET");
+    support::eventually("the backend holds the request", || async {
+        backend.held() == 1
+    })
+    .await;
+    // Far past what the sockets' buffers take, in PINGs (17 bytes each,
+    // as their answers are), none of whose answers is read; the writes
+    // stop once baton stops reading.
+    let pings: Vec<u8> = (0..4096u64)
+        .flat_map(|i| support::h2_raw::ping(i.to_be_bytes()))
+        .collect();
+    let (_, mut writer) = s.into_split();
+    let flood = tokio::spawn(async move {
+        for _ in 0..256 {
+            if writer.write_all(&pings).await.is_err() {
+                break;
+            }
+        }
+        writer
+    });
+    let timed_out =
+        "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 1";
+    support::eventually("the exchange timed out all the same", || async {
+        support::client::metrics(baton.admin)
+            .await
+            .contains(timed_out)
+    })
+    .await;
+    flood.abort();
+}

@@ -97,6 +97,11 @@ pub fn last_data_on(stream: u32, bytes: &[u8]) -> Vec<u8> {
     frame(DATA, 0x1, stream, bytes)
 }
 
+/// A PING (not an answer) with `payload`.
+pub fn ping(payload: [u8; 8]) -> Vec<u8> {
+    frame(PING, 0, 0, &payload)
+}
+
 /// RST_STREAM on `stream`: the client cancels it.
 pub fn reset(stream: u32) -> Vec<u8> {
     reset_with(stream, CANCEL)

@@ -44,7 +44,8 @@ pub struct Limits {
     /// A request head's fields, with 32 bytes more each (RFC 9113 §6.5.2).
     pub max_header_list: u32,
     /// How much baton holds written and not yet taken by the socket
-    /// before it stops polling response bodies (and reading frames).
+    /// before it stops polling response bodies (and reading frames, at
+    /// half of it: see `read_room`).
     pub send_buffer: usize,
     /// A PING after this long without a frame from the client; the
     /// connection ends if its answer does not come within `ping_timeout`.
@@ -424,10 +425,21 @@ where
         no_more && self.streams.is_empty() && self.sent == self.out.len() && !self.unflushed
     }
 
+    /// Frames are read while the bytes waiting to go out fill less than
+    /// half the send buffer: the answers frames ask for (PING, SETTINGS,
+    /// resets) can take no more than that, and the exchanges and bodies,
+    /// polled up to the whole buffer, always have room. A client that
+    /// sent PINGs and read their answers a few bytes at a time kept the
+    /// buffer full of them, and no exchange was polled again: their
+    /// timeouts never ran, and each held its backend connection for good.
+    fn read_room(&self) -> bool {
+        self.out.len() - self.sent < self.limits.send_buffer / 2
+    }
+
     fn read_frames(&mut self, cx: &mut Context<'_>) -> Result<bool, ConnError> {
         let mut moved = false;
         self.opened_this_pass = 0;
-        while !self.read_closed && self.out.len() - self.sent < self.limits.send_buffer {
+        while !self.read_closed && self.read_room() {
             if !self.preface {
                 if self.read.len() < frame::PREFACE.len() {
                     if !frame::PREFACE.starts_with(&self.read) {
