@@ -104,6 +104,51 @@ async fn a_header_block_past_its_bounds_ends_the_connection() {
     }
 }
 
+/// A header block on a stream closed already is at most a request's
+/// trailers that crossed its end: one that does not end its stream (a new
+/// request on a used id, RFC 9113 §5.1.1), or more of them than streams
+/// ever opened, ends the connection with GOAWAY `PROTOCOL_ERROR`. Ignored,
+/// they let a client make baton decode blocks of 128 KiB for no stream,
+/// as long as it went on. (Opening stream 5 closes 1 and 3, never used.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_blocks_on_closed_streams_end_the_connection() {
+    use support::h2_raw::{get_on, post_on, round_trip};
+    const PROTOCOL_ERROR: [u8; 4] = [0, 0, 0, 1];
+    let (_backend, baton) = baton_with("").await;
+    let again = post_on(1, "/b");
+    let flood = (0..4).map(|_| get_on(1, "/a")).collect::<Vec<_>>().concat();
+    for (what, late) in [("a request on a used id", again), ("four trailers", flood)] {
+        let mut s = opened(&baton).await;
+        let _ = s.write_all(&[get_on(5, "/a"), late].concat()).await;
+        let sent = until_closed(&mut s, support::TIMEOUT)
+            .await
+            .unwrap_or_else(|| panic!("{what}: still open"));
+        let goaway = frames(&sent)
+            .into_iter()
+            .find(|(kind, _)| *kind == GOAWAY)
+            .unwrap_or_else(|| panic!("{what}: no GOAWAY in {sent:?}"));
+        assert_eq!(goaway.1[4..8], PROTOCOL_ERROR, "{what}");
+    }
+    // One late block a stream is a race, not a fault: the connection
+    // serves on.
+    let mut s = opened(&baton).await;
+    s.write_all(&[get_on(5, "/a"), get_on(1, "/a"), get_on(7, "/c")].concat())
+        .await
+        .expect("write");
+    let mut served = Vec::new();
+    for _ in 0..50 {
+        served.extend(round_trip(&mut s).await);
+        if frames_of(&served)
+            .iter()
+            .any(|(kind, stream, _)| *kind == 1 && *stream == 7)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("stream 7 not answered: {served:?}");
+}
+
 /// Everything baton sends until it closes, or `None` if it is still open
 /// after `within`.
 async fn until_closed(s: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {

@@ -251,6 +251,9 @@ pub struct Connection<S, F, B> {
     sending: VecDeque<u32>,
     /// The highest stream the client opened.
     highest: u32,
+    /// Header blocks that came on streams closed already (see
+    /// `on_header_block`).
+    late_blocks: u32,
     /// Streams opened by this turn's reading (see `read_frames`).
     opened_this_pass: u32,
     peer_max_frame: usize,
@@ -319,6 +322,7 @@ where
             done: Vec::new(),
             sending: VecDeque::new(),
             highest: 0,
+            late_blocks: 0,
             opened_this_pass: 0,
             peer_max_frame: frame::DEFAULT_MAX_FRAME as usize,
             peer_initial_window: i64::from(default_window),
@@ -617,7 +621,16 @@ where
         if id <= self.highest {
             // A stream closed already, maybe by baton's reset while these
             // trailers were on their way: ignored (RFC 9113 §5.1), its
-            // block decoded above to keep the table in step.
+            // block decoded above to keep the table in step. Trailers end
+            // a stream, once: a block that does not (a new request on a
+            // used id, RFC 9113 §5.1.1), or more such blocks than streams
+            // ever opened, is no race but a client making baton decode
+            // blocks for no stream.
+            self.late_blocks += 1;
+            if !block.end_stream || self.late_blocks > self.highest.div_ceil(2) {
+                let why = "a header block on a stream closed already";
+                return Err(protocol(Reason::PROTOCOL_ERROR, why));
+            }
             return Ok(());
         }
         if let Closing::Announced(at) = self.closing {
