@@ -93,14 +93,8 @@ async fn a_header_block_past_its_bounds_ends_the_connection() {
         let mut s = opened(&baton).await;
         // Cut off before it is all written, maybe.
         let _ = s.write_all(&block).await;
-        let sent = until_closed(&mut s, support::TIMEOUT)
-            .await
-            .unwrap_or_else(|| panic!("{what}: still open"));
-        let goaway = frames(&sent)
-            .into_iter()
-            .find(|(kind, _)| *kind == GOAWAY)
-            .unwrap_or_else(|| panic!("{what}: no GOAWAY in {sent:?}"));
-        assert_eq!(goaway.1[4..8], ENHANCE_YOUR_CALM, "{what}");
+        let goaway = last_goaway(&mut s, what).await;
+        assert_eq!(goaway[4..8], ENHANCE_YOUR_CALM, "{what}");
     }
 }
 
@@ -120,14 +114,8 @@ async fn header_blocks_on_closed_streams_end_the_connection() {
     for (what, late) in [("a request on a used id", again), ("four trailers", flood)] {
         let mut s = opened(&baton).await;
         let _ = s.write_all(&[get_on(5, "/a"), late].concat()).await;
-        let sent = until_closed(&mut s, support::TIMEOUT)
-            .await
-            .unwrap_or_else(|| panic!("{what}: still open"));
-        let goaway = frames(&sent)
-            .into_iter()
-            .find(|(kind, _)| *kind == GOAWAY)
-            .unwrap_or_else(|| panic!("{what}: no GOAWAY in {sent:?}"));
-        assert_eq!(goaway.1[4..8], PROTOCOL_ERROR, "{what}");
+        let goaway = last_goaway(&mut s, what).await;
+        assert_eq!(goaway[4..8], PROTOCOL_ERROR, "{what}");
     }
     // One late block a stream is a race, not a fault: the connection
     // serves on.
@@ -147,6 +135,18 @@ async fn header_blocks_on_closed_streams_end_the_connection() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("stream 7 not answered: {served:?}");
+}
+
+/// The payload of the GOAWAY baton sends before it closes `s`.
+async fn last_goaway(s: &mut TcpStream, what: &str) -> Vec<u8> {
+    let sent = until_closed(s, support::TIMEOUT)
+        .await
+        .unwrap_or_else(|| panic!("{what}: still open"));
+    frames(&sent)
+        .into_iter()
+        .find(|(kind, _)| *kind == GOAWAY)
+        .map(|(_, payload)| payload)
+        .unwrap_or_else(|| panic!("{what}: no GOAWAY in {sent:?}"))
 }
 
 /// Everything baton sends until it closes, or `None` if it is still open
