@@ -98,6 +98,30 @@ async fn a_header_block_past_its_bounds_ends_the_connection() {
     }
 }
 
+/// A header block left unfinished ends the connection at
+/// `header_timeout` (GOAWAY `ENHANCE_YOUR_CALM`), another stream open or
+/// not: with one open, no idle clock ran, and a client that sent a
+/// CONTINUATION every half minute held up to 128 KiB of block a
+/// connection for a quarter of an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_block_left_unfinished_ends_at_header_timeout() {
+    use support::h2_raw::headers_begun;
+    const ENHANCE_YOUR_CALM: [u8; 4] = [0, 0, 0, 11];
+    let (backend, baton) = baton_with("header_timeout = \"1s\"").await;
+    let mut s = opened(&baton).await;
+    s.write_all(&support::h2_raw::get("/gated"))
+        .await
+        .expect("GET");
+    support::eventually("the backend holds stream 1", || async {
+        backend.held() == 1
+    })
+    .await;
+    s.write_all(&headers_begun(3, b"a")).await.expect("HEADERS");
+    let goaway = last_goaway(&mut s, "an unfinished block").await;
+    assert_eq!(goaway[4..8], ENHANCE_YOUR_CALM);
+    backend.release();
+}
+
 /// A header block on a stream closed already is at most a request's
 /// trailers that crossed its end: one that does not end its stream (a new
 /// request on a used id, RFC 9113 §5.1.1), or more of them than streams
@@ -450,11 +474,22 @@ impl PingAnswerer {
 /// A HEADERS frame (stream 1, END_STREAM | END_HEADERS) for `GET /` with
 /// a `host` field of `host` and no `:authority`.
 fn get_with_host(host: &[u8]) -> Vec<u8> {
+    // A literal field, not indexed, of a literal name.
+    get_with(&[&[0x00, 4][..], b"host"].concat(), host)
+}
+
+/// The same with `:authority` of `authority` (static table index 1).
+fn get_with_authority(authority: &[u8]) -> Vec<u8> {
+    get_with(&[0x01], authority)
+}
+
+/// `GET /` with one more field, `name` its HPACK literal's start (its
+/// name, literal or indexed) and `value` written after it.
+fn get_with(name: &[u8], value: &[u8]) -> Vec<u8> {
     let mut block = vec![0x82, 0x86, 0x84]; // GET, http, :path /
-    block.extend_from_slice(&[0x00, 4]); // a literal name, not indexed
-    block.extend_from_slice(b"host");
-    block.push(host.len() as u8);
-    block.extend_from_slice(host);
+    block.extend_from_slice(name);
+    block.push(value.len() as u8);
+    block.extend_from_slice(value);
     let len = block.len() as u32;
     let mut frame = len.to_be_bytes()[1..].to_vec();
     frame.extend_from_slice(&[1, 0x5, 0, 0, 0, 1]);
@@ -509,6 +544,29 @@ async fn a_host_that_is_no_plain_authority_is_refused() {
         );
     }
     assert_eq!(backend.hits(), 1, "only the plain host reached it");
+}
+
+/// `:authority` is held to what `Host` is: a name or an IP literal, and
+/// digits after one colon. `app:x` or userinfo (RFC 9113
+/// §8.3.1 forbids it) passed the `http` crate's parse and went to the
+/// HTTP/1 backend as its `Host`, for it to read its own way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authority_that_is_no_plain_authority_is_refused() {
+    let (backend, baton) = baton_with("").await;
+    for (authority, status) in [(&b"app:8080"[..], 0x88), (b"app:x", 0x8c), (b"u@app", 0x8c)] {
+        let mut s = TcpStream::connect(baton.addr("web"))
+            .await
+            .expect("connect");
+        let opening = [PREFACE, SETTINGS, &get_with_authority(authority)].concat();
+        s.write_all(&opening).await.expect("write");
+        assert_eq!(
+            status_byte(&mut s).await,
+            Some(status),
+            "{}",
+            String::from_utf8_lossy(authority)
+        );
+    }
+    assert_eq!(backend.hits(), 1, "only the plain authority reached it");
 }
 
 /// The status of a GET with `fields` added, sent over h2c.

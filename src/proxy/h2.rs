@@ -329,6 +329,7 @@ impl HttpProxy {
             ping_timeout: self.h2.ping_timeout,
             stall_limit: self.idle_timeout,
             goaway_crossing: GOAWAY_CROSSING,
+            block_limit: self.header_timeout,
         }
     }
 
@@ -844,6 +845,13 @@ fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
         // would trim or read otherwise what a plain authority is not.
         if !valid_authority(host.as_bytes()) {
             return Some("invalid Host header");
+        }
+    }
+    // Written as the backend's `Host`: held to what `Host` is (no
+    // userinfo, RFC 9113 §8.3.1; digits after one colon).
+    if let Some(authority) = req.uri().authority() {
+        if !valid_authority(authority.as_str().as_bytes()) {
+            return Some("invalid :authority");
         }
     }
     if req.method() == http::Method::CONNECT {

@@ -61,6 +61,10 @@ pub struct Limits {
     /// whether or not the client answered the PING sent with the GOAWAY
     /// (RFC 9113 §6.8: it must open none after seeing it).
     pub goaway_crossing: Duration,
+    /// How long a header block may stay unfinished (HEADERS without
+    /// END_HEADERS, its CONTINUATIONs still to come): the listener's
+    /// `header_timeout`.
+    pub block_limit: Duration,
 }
 
 /// A stream's exchange: its response, once it has one.
@@ -271,6 +275,9 @@ pub struct Connection<S, F, B> {
     /// alarm for the first such frame's `stall_limit`.
     blocked: bool,
     stall_alarm: Option<Pin<Box<Sleep>>>,
+    /// Set while a header block is unfinished at the end of a turn's
+    /// reading (see `watch_block`).
+    block_alarm: Option<Pin<Box<Sleep>>>,
     on_stall: Option<Arc<dyn Fn() + Send + Sync>>,
     /// Interim (1xx) heads the exchanges handed over, to write.
     interims: Arc<Interims>,
@@ -337,6 +344,7 @@ where
             alarm: Box::pin(tokio::time::sleep_until(now + limits.ping_interval)),
             blocked: false,
             stall_alarm: None,
+            block_alarm: None,
             on_stall: None,
             interims: Arc::default(),
         }
@@ -392,6 +400,7 @@ where
     /// One pass over everything that can move; whether anything did.
     fn turn(&mut self, cx: &mut Context<'_>) -> Result<bool, ConnError> {
         let mut moved = self.read_frames(cx)?;
+        self.watch_block(cx)?;
         moved |= self.poll_exchanges(cx);
         moved |= self.send_bodies(cx);
         self.watch_stalls(cx);
@@ -1120,6 +1129,28 @@ where
             self.recv_window += i64::from(self.recv_unacked);
             self.recv_unacked = 0;
         }
+    }
+
+    /// A header block left unfinished must end within `block_limit` of
+    /// the turn that first saw it so: otherwise the connection ends
+    /// (`ENHANCE_YOUR_CALM`). With another stream open no idle clock runs,
+    /// and a CONTINUATION every half minute (under the PING's interval)
+    /// held up to 128 KiB of block per connection for a quarter of an
+    /// hour. A block whose frames come together never sets the alarm.
+    fn watch_block(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
+        if !self.reader.inside_block() {
+            self.block_alarm = None;
+            return Ok(());
+        }
+        let limit = self.limits.block_limit;
+        let alarm = self
+            .block_alarm
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        if alarm.as_mut().poll(cx).is_ready() {
+            let why = "a header block left unfinished past header_timeout";
+            return Err(protocol(Reason::ENHANCE_YOUR_CALM, why));
+        }
+        Ok(())
     }
 
     /// A PING once the client has been silent for `ping_interval`; the

@@ -25,6 +25,7 @@ fn limits() -> Limits {
         ping_timeout: Duration::from_secs(20),
         stall_limit: Duration::from_secs(60),
         goaway_crossing: Duration::from_secs(1),
+        block_limit: Duration::from_secs(10),
     }
 }
 
