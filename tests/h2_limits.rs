@@ -497,6 +497,17 @@ fn get_with(name: &[u8], value: &[u8]) -> Vec<u8> {
     frame
 }
 
+/// The status byte (see `status_byte`) of stream 1 on a connection
+/// opened with `request`.
+async fn status_of_opening(baton: &Baton, request: &[u8]) -> Option<u8> {
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let opening = [PREFACE, SETTINGS, request].concat();
+    s.write_all(&opening).await.expect("write");
+    status_byte(&mut s).await
+}
+
 /// The first byte of the header block baton answers stream 1 with: the
 /// static-table index of its `:status` (0x88 200, 0x8c 400).
 async fn status_byte(s: &mut TcpStream) -> Option<u8> {
@@ -531,17 +542,8 @@ async fn a_host_that_is_no_plain_authority_is_refused() {
         (b"app/x", 0x8c),
         (b"", 0x8c),
     ] {
-        let mut s = TcpStream::connect(baton.addr("web"))
-            .await
-            .expect("connect");
-        let opening = [PREFACE, SETTINGS, &get_with_host(host)].concat();
-        s.write_all(&opening).await.expect("write");
-        assert_eq!(
-            status_byte(&mut s).await,
-            Some(status),
-            "{}",
-            String::from_utf8_lossy(host)
-        );
+        let answered = status_of_opening(&baton, &get_with_host(host)).await;
+        assert_eq!(answered, Some(status), "{}", String::from_utf8_lossy(host));
     }
     assert_eq!(backend.hits(), 1, "only the plain host reached it");
 }
@@ -554,13 +556,9 @@ async fn a_host_that_is_no_plain_authority_is_refused() {
 async fn an_authority_that_is_no_plain_authority_is_refused() {
     let (backend, baton) = baton_with("").await;
     for (authority, status) in [(&b"app:8080"[..], 0x88), (b"app:x", 0x8c), (b"u@app", 0x8c)] {
-        let mut s = TcpStream::connect(baton.addr("web"))
-            .await
-            .expect("connect");
-        let opening = [PREFACE, SETTINGS, &get_with_authority(authority)].concat();
-        s.write_all(&opening).await.expect("write");
+        let answered = status_of_opening(&baton, &get_with_authority(authority)).await;
         assert_eq!(
-            status_byte(&mut s).await,
+            answered,
             Some(status),
             "{}",
             String::from_utf8_lossy(authority)
