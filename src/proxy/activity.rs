@@ -418,8 +418,8 @@ mod tests {
         let state = state();
         for _ in 0..RESET_FLOOD {
             state.running().answered();
+            streams(&state, 1, false);
         }
-        streams(&state, RESET_FLOOD, false);
         assert!(state.is_flooded());
     }
 

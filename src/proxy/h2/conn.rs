@@ -255,9 +255,10 @@ pub struct Connection<S, F, B> {
     sending: VecDeque<u32>,
     /// The highest stream the client opened.
     highest: u32,
-    /// Header blocks that came on streams closed already (see
-    /// `on_header_block`).
+    /// Header blocks that came on streams closed already, and the streams
+    /// the client opened (taken or refused; see `on_header_block`).
     late_blocks: u32,
+    opened: u32,
     /// Streams opened by this turn's reading (see `read_frames`).
     opened_this_pass: u32,
     peer_max_frame: usize,
@@ -278,6 +279,9 @@ pub struct Connection<S, F, B> {
     /// Set while a header block is unfinished at the end of a turn's
     /// reading (see `watch_block`).
     block_alarm: Option<Pin<Box<Sleep>>>,
+    /// Bytes of answers reading wrote to `out`, as far as they may still
+    /// be unsent (see `read_room`).
+    answers: usize,
     on_stall: Option<Arc<dyn Fn() + Send + Sync>>,
     /// Interim (1xx) heads the exchanges handed over, to write.
     interims: Arc<Interims>,
@@ -330,6 +334,7 @@ where
             sending: VecDeque::new(),
             highest: 0,
             late_blocks: 0,
+            opened: 0,
             opened_this_pass: 0,
             peer_max_frame: frame::DEFAULT_MAX_FRAME as usize,
             peer_initial_window: i64::from(default_window),
@@ -345,6 +350,7 @@ where
             blocked: false,
             stall_alarm: None,
             block_alarm: None,
+            answers: 0,
             on_stall: None,
             interims: Arc::default(),
         }
@@ -438,15 +444,19 @@ where
         no_more && self.streams.is_empty() && self.sent == self.out.len() && !self.unflushed
     }
 
-    /// Frames are read while the bytes waiting to go out fill less than
-    /// half the send buffer: the answers frames ask for (PING, SETTINGS,
-    /// resets) can take no more than that, and the exchanges and bodies,
-    /// polled up to the whole buffer, always have room. A client that
-    /// sent PINGs and read their answers a few bytes at a time kept the
-    /// buffer full of them, and no exchange was polled again: their
-    /// timeouts never ran, and each held its backend connection for good.
+    /// Frames are read while what waits to go out fills less than the send
+    /// buffer, and the answers reading wrote (PING and SETTINGS acks,
+    /// resets, heads baton answers itself) less than half of it: however
+    /// many a client asks for, the exchanges and bodies, polled up to the
+    /// whole buffer, have room. A client that sent PINGs and read their
+    /// answers a few bytes at a time kept the buffer full of them, and no
+    /// exchange was polled again: their timeouts never ran, and each held
+    /// its backend connection for good. (Bounding all reading at half
+    /// stalled it for a download to a slow client, whose socket took less
+    /// than that at each wake-up.)
     fn read_room(&self) -> bool {
-        self.out.len() - self.sent < self.limits.send_buffer / 2
+        let unsent = self.out.len() - self.sent;
+        unsent < self.limits.send_buffer && self.answers.min(unsent) < self.limits.send_buffer / 2
     }
 
     fn read_frames(&mut self, cx: &mut Context<'_>) -> Result<bool, ConnError> {
@@ -473,9 +483,18 @@ where
                     // asks for no answer, cannot pile up exchanges.
                     return Ok(moved);
                 }
+                let (written, unsent) = (self.out.len(), self.out.len() - self.sent);
+                // What was counted and has gone out since is no longer.
+                self.answers = self.answers.min(unsent);
                 match self.reader.next(&mut self.read) {
                     Ok(Some(inbound)) => {
-                        self.on_inbound(inbound)?;
+                        if matches!(inbound, Inbound::Block(_)) {
+                            // The next unfinished block's clock is its own.
+                            self.block_alarm = None;
+                        }
+                        let done = self.on_inbound(inbound);
+                        self.answers += self.out.len() - written;
+                        done?;
                         moved = true;
                         continue;
                     }
@@ -487,6 +506,7 @@ where
                     }
                     Err(FrameError::Stream(stream, reason, _)) => {
                         self.reset(stream, reason);
+                        self.answers += self.out.len() - written;
                         moved = true;
                         continue;
                     }
@@ -633,10 +653,10 @@ where
             // block decoded above to keep the table in step. Trailers end
             // a stream, once: a block that does not (a new request on a
             // used id, RFC 9113 §5.1.1), or more such blocks than streams
-            // ever opened, is no race but a client making baton decode
-            // blocks for no stream.
+            // it opened (ids it skipped are none), is no race but a client
+            // making baton decode blocks for no stream.
             self.late_blocks += 1;
-            if !block.end_stream || self.late_blocks > self.highest.div_ceil(2) {
+            if !block.end_stream || self.late_blocks > self.opened {
                 let why = "a header block on a stream closed already";
                 return Err(protocol(Reason::PROTOCOL_ERROR, why));
             }
@@ -649,6 +669,7 @@ where
             }
         }
         self.highest = id;
+        self.opened += 1;
         if matches!(self.closing, Closing::Final(_))
             || self.streams.len() >= self.limits.max_streams as usize
         {
@@ -1138,7 +1159,9 @@ where
     /// held up to 128 KiB of block per connection for a quarter of an
     /// hour. A block whose frames come together never sets the alarm.
     fn watch_block(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
-        if !self.reader.inside_block() {
+        // Not counted while baton itself reads nothing (its room full):
+        // the block's next frame may be waiting, unread.
+        if !self.reader.inside_block() || !self.read_room() {
             self.block_alarm = None;
             return Ok(());
         }
