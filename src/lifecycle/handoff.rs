@@ -858,8 +858,9 @@ mod tests {
         let shown = serde_json::to_string(&GenerationState::Active).expect("json");
         assert_eq!(shown, r#""active""#, "/status shows the same word");
     }
-    /// Every message as release 0.1.0 sends it, in files that never
-    /// change (`tests/golden/handoff/`): a later release that renames a
+    /// Every message as release 0.1.0 sends it, in files none of which
+    /// ever changes (`tests/golden/handoff/`; one is added only while
+    /// 0.1.0 is untagged, for a message it adds): a later release that renames a
     /// field, changes a type or drops a message would take over from
     /// 0.1.0 with a failed reload, or lose what it carries, and no test
     /// that builds both sides from one source could see it.

@@ -20,13 +20,9 @@ use super::head::OpeningClock;
 /// however often it still writes (see `ConnState::quiet`).
 const QUIET_AT_MOST: u32 = 4;
 
-/// A client whose streams sent on to a backend reach this many, and
-/// whose streams reset before their responses, each within
-/// [`EARLY_RESET`] of its start, outnumber its answered ones by more than
-/// half this (each answer takes back one reset, never below none: answers
-/// banked ahead of a burst of resets, or counted over the connection's
-/// whole life, let a client that first sent this many cheap requests
-/// reset as many in a row), is flooding: the "rapid reset" attack (CVE-2023-44487),
+/// A client whose streams sent on to a backend reach this many, more than
+/// half of them reset before their responses, each within [`EARLY_RESET`]
+/// of its start, is flooding: the "rapid reset" attack (CVE-2023-44487),
 /// in which a stream costs the client two frames and baton, and its
 /// backend, a request. A stream reset before the connection first polled
 /// its exchange (its RST_STREAM came in the read that brought its HEADERS,
@@ -71,10 +67,9 @@ pub struct ConnState {
     /// window opens (see [`ConnState::quiet`]).
     wrote_nanos: AtomicU64,
     /// Streams sent on to a backend (or reset before their exchange ran),
-    /// and how many more of them the client reset early than were
-    /// answered, never below zero (see [`RESET_FLOOD`]).
+    /// and those of them the client reset early (see [`RESET_FLOOD`]).
     sent_on: AtomicU64,
-    reset_balance: AtomicU64,
+    early_resets: AtomicU64,
     /// Set once the client is found flooding.
     flooded: AtomicBool,
 }
@@ -190,8 +185,6 @@ impl Drop for Busy {
         }
         if (self.sent_on || !self.ran) && !self.answered && early {
             state.reset_early();
-        } else if self.sent_on && self.answered {
-            state.answered_one();
         }
         state.idle_since_nanos.store(now, Ordering::Relaxed);
         let last = state.in_flight.fetch_sub(1, Ordering::SeqCst) == 1;
@@ -215,30 +208,20 @@ impl ConnState {
             delivery_moved_nanos: AtomicU64::new(0),
             wrote_nanos: AtomicU64::new(0),
             sent_on: AtomicU64::new(0),
-            reset_balance: AtomicU64::new(0),
+            early_resets: AtomicU64::new(0),
             flooded: AtomicBool::new(false),
         }
     }
 
     /// A stream sent on ended before its response, soon after it began.
     fn reset_early(&self) {
-        let balance = self.reset_balance.fetch_add(1, Ordering::Relaxed) + 1;
+        let resets = self.early_resets.fetch_add(1, Ordering::Relaxed) + 1;
         let sent_on = self.sent_on.load(Ordering::Relaxed);
         if sent_on >= RESET_FLOOD
-            && balance * 2 > RESET_FLOOD
+            && resets * 2 > sent_on
             && !self.flooded.swap(true, Ordering::Relaxed)
         {
             self.changed.notify_waiters();
-        }
-    }
-
-    /// A stream sent on was answered: it takes back one early reset, if
-    /// any is left to take back (a load alone when none is).
-    fn answered_one(&self) {
-        if self.reset_balance.load(Ordering::Relaxed) > 0 {
-            let _ = self
-                .reset_balance
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1));
         }
     }
 
@@ -377,26 +360,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn resets_are_a_flood_only_when_most_streams_end_so() {
         let state = state();
-        for _ in 0..RESET_FLOOD {
-            streams(&state, 1, false);
-            streams(&state, 1, true);
-        }
-        assert!(!state.is_flooded(), "half reset, in turns");
-        streams(&state, RESET_FLOOD / 2, false);
-        assert!(!state.is_flooded(), "half the bound's resets in a row");
-        streams(&state, 1, false);
-        assert!(state.is_flooded(), "more");
-    }
-
-    /// Answers are no credit: a client that first sent the bound's worth
-    /// of cheap requests, answered, could then reset as many in a row and
-    /// stay at half (Envoy's bound, counted over the connection's life).
-    #[tokio::test(start_paused = true)]
-    async fn answers_sent_ahead_buy_no_resets() {
-        let state = state();
         streams(&state, RESET_FLOOD, true);
-        streams(&state, RESET_FLOOD / 2 + 1, false);
-        assert!(state.is_flooded());
+        streams(&state, RESET_FLOOD, false);
+        assert!(!state.is_flooded(), "half reset");
+        streams(&state, 1, false);
+        assert!(state.is_flooded(), "more than half reset");
     }
 
     /// Streams reset before their exchange ran count as sent on and
@@ -418,8 +386,8 @@ mod tests {
         let state = state();
         for _ in 0..RESET_FLOOD {
             state.running().answered();
-            streams(&state, 1, false);
         }
+        streams(&state, RESET_FLOOD, false);
         assert!(state.is_flooded());
     }
 

@@ -44,8 +44,8 @@ pub struct Limits {
     /// A request head's fields, with 32 bytes more each (RFC 9113 §6.5.2).
     pub max_header_list: u32,
     /// How much baton holds written and not yet taken by the socket
-    /// before it stops polling response bodies (and reading frames, at
-    /// half of it: see `read_room`).
+    /// before it stops polling response bodies and reading frames (see
+    /// `read_room`).
     pub send_buffer: usize,
     /// A PING after this long without a frame from the client; the
     /// connection ends if its answer does not come within `ping_timeout`.
