@@ -109,13 +109,7 @@ async fn a_header_block_left_unfinished_ends_at_header_timeout() {
     const ENHANCE_YOUR_CALM: [u8; 4] = [0, 0, 0, 11];
     let (backend, baton) = baton_with("header_timeout = \"1s\"").await;
     let mut s = opened(&baton).await;
-    s.write_all(&support::h2_raw::get("/gated"))
-        .await
-        .expect("GET");
-    support::eventually("the backend holds stream 1", || async {
-        backend.held() == 1
-    })
-    .await;
+    gated_on_stream_1(&mut s, &backend).await;
     s.write_all(&headers_begun(3, b"a")).await.expect("HEADERS");
     let goaway = last_goaway(&mut s, "an unfinished block").await;
     assert_eq!(goaway[4..8], ENHANCE_YOUR_CALM);
@@ -161,6 +155,17 @@ async fn header_blocks_on_closed_streams_end_the_connection() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("stream 7 not answered: {served:?}");
+}
+
+/// Sends `GET /gated` on stream 1 and waits until `backend` holds it.
+async fn gated_on_stream_1(s: &mut TcpStream, backend: &HttpBackend) {
+    s.write_all(&support::h2_raw::get("/gated"))
+        .await
+        .expect("GET");
+    support::eventually("the backend holds stream 1", || async {
+        backend.held() == 1
+    })
+    .await;
 }
 
 /// The payload of the GOAWAY baton sends before it closes `s`.
@@ -973,21 +978,9 @@ async fn idle_h2_connections_hold_no_buffers() {
 /// connection as long as the client went on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ping_answers_a_client_does_not_read_stall_no_exchange() {
-    let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(
-        Spec::new()
-            .listener("web", "http", "app", "response_timeout = \"1s\"")
-            .pool("app", &[backend.addr]),
-    )
-    .await;
+    let (backend, baton) = baton_with("response_timeout = \"1s\"").await;
     let mut s = support::h2_raw::small_window_reader(baton.addr("web")).await;
-    s.write_all(&support::h2_raw::get("/gated"))
-        .await
-        .expect("GET");
-    support::eventually("the backend holds the request", || async {
-        backend.held() == 1
-    })
-    .await;
+    gated_on_stream_1(&mut s, &backend).await;
     // Far past what the sockets' buffers take, in PINGs (17 bytes each,
     // as their answers are), none of whose answers is read; the writes
     // stop once baton stops reading.
