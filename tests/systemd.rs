@@ -674,30 +674,48 @@ async fn a_reload_under_way_keeps_the_unit_reloading_until_the_new_generation_se
 /// ever checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_failed_during_a_first_start_leaves_the_unit_activating() {
-    const WAITS: &str = "waiting for the first health round before READY=1";
     const FAILED: &str = "reload failed; this generation keeps serving";
     let Some(sbx) = Sandbox::boot() else { return };
     let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
     let p = Ports::reserve();
     // A backend that accepts (the kernel's backlog does) and never answers.
     let hangs = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let text = format!(
-        "{}\n[[pools]]\nname = \"slow\"\nhealth = {{ kind = \"http\", interval = \"1s\", timeout = \"8s\" }}\nbackends = [{{ name = \"s0\", address = \"{}\" }}]\n",
-        config(&p, &[a.addr], echo.addr, "[reload]\nready_timeout = \"2s\"\n"),
-        hangs.local_addr().expect("addr")
-    );
-    sbx.install_baton(&text);
-    sbx.systemctl_ok(&["start", "--no-block", "baton"]);
-    support::eventually("the start waits for its first health round", || async {
-        sbx.journal().contains(WAITS)
-    })
-    .await;
+    start_waiting_for_a_hanging_check(&sbx, &p, a.addr, echo.addr, &hangs).await;
     sbx.write("/etc/baton/baton.toml", "this is no config [");
     sbx.systemctl_ok(&["kill", "--kill-whom=main", "-s", "HUP", "baton"]);
     support::eventually("the reload failed", || async {
         sbx.journal().contains(FAILED)
     })
     .await;
+    activating_until_the_round_is_over(&sbx).await;
+    drop(hangs);
+}
+
+/// A reload that succeeds while a first start still waits for its first
+/// health round leaves the unit `activating` too: the old generation
+/// names the new one main without `READY=1`, and the new one says it at
+/// its own first round's end, as the first start would have. Said at the
+/// takeover, it made the unit active before its backends were checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_during_a_first_start_leaves_the_unit_activating() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    let hangs = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    start_waiting_for_a_hanging_check(&sbx, &p, a.addr, echo.addr, &hangs).await;
+    let main = sbx.show("baton", "MainPID");
+    sbx.systemctl_ok(&["kill", "--kill-whom=main", "-s", "HUP", "baton"]);
+    support::eventually("the new generation main", || async {
+        sbx.show("baton", "MainPID") != main
+    })
+    .await;
+    activating_until_the_round_is_over(&sbx).await;
+    drop(hangs);
+}
+
+/// The unit stays `activating` (looked at twice, half a second apart),
+/// then turns active once the first health round is over.
+async fn activating_until_the_round_is_over(sbx: &Sandbox) {
     for _ in 0..2 {
         assert_eq!(
             sbx.show("baton", "ActiveState"),
@@ -711,7 +729,31 @@ async fn a_reload_failed_during_a_first_start_leaves_the_unit_activating() {
         sbx.show("baton", "ActiveState") == "active"
     })
     .await;
-    drop(hangs);
+}
+
+/// Starts baton (without waiting) with a pool whose one backend, `hangs`,
+/// accepts and never answers its 8 s check, and `ready_timeout` 2 s: the
+/// first round is cut at 1 s, and `READY=1` waits for the check. Returns
+/// once the journal says so.
+async fn start_waiting_for_a_hanging_check(
+    sbx: &Sandbox,
+    p: &Ports,
+    backend: SocketAddr,
+    echo: SocketAddr,
+    hangs: &std::net::TcpListener,
+) {
+    let text = format!(
+        "{}\n[[pools]]\nname = \"slow\"\nhealth = {{ kind = \"http\", interval = \"1s\", timeout = \"8s\" }}\nbackends = [{{ name = \"s0\", address = \"{}\" }}]\n",
+        config(p, &[backend], echo, "[reload]\nready_timeout = \"2s\"\n"),
+        hangs.local_addr().expect("addr")
+    );
+    sbx.install_baton(&text);
+    sbx.systemctl_ok(&["start", "--no-block", "baton"]);
+    support::eventually("the start waits for its first health round", || async {
+        sbx.journal()
+            .contains("waiting for the first health round before READY=1")
+    })
+    .await;
 }
 
 /// An old generation names its successor (`MAINPID=`) for a moment after

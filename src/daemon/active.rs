@@ -112,9 +112,11 @@ impl Generation {
                 self.background.clone(),
             ));
         }
-        if takeover {
+        // What a takeover sends again; nothing for a first start.
+        let again = if takeover { fd_store } else { None };
+        if takeover && self.predecessor_started {
             self.standing.started(&status);
-            return fd_store;
+            return again;
         }
         if self.caught_starting {
             return None;
@@ -122,7 +124,7 @@ impl Generation {
         let first_round_done = |pools: &[Arc<Pool>]| pools.iter().all(|p| p.first_round_done());
         if first_round_done(&self.pools) {
             self.standing.started(&status);
-            return None;
+            return again;
         }
         let (pools, stop) = (self.pools.clone(), self.background.clone());
         let (phase, standing) = (self.phase.subscribe(), Arc::clone(&self.standing));
@@ -141,7 +143,7 @@ impl Generation {
                 standing.started(&status);
             }
         });
-        None
+        again
     }
 
     pub(super) fn status_line(&self) -> String {

@@ -32,6 +32,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         tickets,
         resolved,
         ready_by,
+        predecessor_started,
     } = inheritance;
     metrics::start(number, first);
     // What cuts a first start's waits on its backends short (a stop
@@ -208,6 +209,7 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         control_tasks: tokio_util::task::TaskTracker::new(),
         successor: None,
         caught_starting: false,
+        predecessor_started,
         drain,
         adopted,
         renamed,

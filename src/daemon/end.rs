@@ -30,6 +30,7 @@ impl Generation {
         if systemd::enabled() {
             tokio::spawn(keep_naming(
                 successor_pid,
+                self.standing.is_started(),
                 naming_window,
                 self.watchdog.clone(),
             ));
@@ -723,6 +724,7 @@ const OLDER_GENERATIONS_SLACK: Duration = Duration::from_secs(2);
 /// end with the window, for the same reason.
 async fn keep_naming(
     successor: u32,
+    started: bool,
     mut window: tokio::sync::oneshot::Receiver<Instant>,
     watchdog: CancellationToken,
 ) {
@@ -739,7 +741,7 @@ async fn keep_naming(
         if until.is_some_and(|until| Instant::now() >= until) {
             return;
         }
-        systemd::handed_over(successor);
+        systemd::handed_over(successor, started);
     }
 }
 

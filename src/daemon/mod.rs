@@ -213,6 +213,10 @@ struct Generation {
     /// announced ready: nobody was told to send it work, so its stop has
     /// no pre-stop pause (see `stop`).
     caught_starting: bool,
+    /// The generation we took over from had said `READY=1`: a takeover
+    /// says it at once, as the service was ready already; one that took
+    /// over during a first start waits for its own first round.
+    predecessor_started: bool,
     drain: Drain,
     adopted: Vec<String>,
     /// Old names of sockets adopted under new ones (renamed listeners).
@@ -323,7 +327,10 @@ impl Generation {
                             // you", and N+1 did not wait for our drain:
                             // exiting first, its end made systemd force
                             // ours, and its exit code hid it.
-                            crate::lifecycle::systemd::handed_over(successor.process.pid());
+                            crate::lifecycle::systemd::handed_over(
+                                successor.process.pid(),
+                                self.standing.is_started(),
+                            );
                             under_way.force_beyond_max();
                             if again {
                                 // It serves already: its handlers are in
@@ -394,6 +401,7 @@ impl Generation {
         let report = self.admin.report();
         let tickets = self.ticketer.keys();
         let resolved = crate::resolve::refresh::carry_out(&self.pools);
+        let started = self.standing.is_started();
         let exec = self.exec.clone();
         let ready_timeout = self.config.reload.ready_timeout;
         let generation = self.number + 1;
@@ -412,6 +420,7 @@ impl Generation {
                             report,
                             tickets,
                             resolved,
+                            started,
                             at_go_ahead,
                         },
                         ready_timeout,

@@ -169,6 +169,8 @@ pub struct Offer {
     pub tickets: TicketKeys,
     /// The last good DNS answers of named backends.
     pub resolved: Vec<ResolvedCarry>,
+    /// N's start is over (see [`Message::Offer`]'s `started`).
+    pub started: bool,
     /// What N+1 is told with the go-ahead, taken then.
     pub at_go_ahead: Box<dyn Fn() -> GoAhead + Send>,
 }
@@ -325,6 +327,7 @@ async fn converse(
             )
             .unwrap_or(u64::MAX),
         ),
+        started: offer.started,
     };
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
     send_offer(channel, child, &limits, &message, &borrowed).await?;
@@ -514,6 +517,9 @@ pub struct Inheritance {
     /// next reload, not this one (none on a first start, or from a
     /// release that does not say).
     pub ready_by: Option<Instant>,
+    /// The generation we took over from had said `READY=1` (false on a
+    /// first start, which has no such generation).
+    pub predecessor_started: bool,
 }
 
 impl Default for Inheritance {
@@ -528,6 +534,7 @@ impl Default for Inheritance {
             tickets: None,
             resolved: Vec::new(),
             ready_by: None,
+            predecessor_started: false,
         }
     }
 }
@@ -598,6 +605,7 @@ impl Parent {
             tickets,
             resolved,
             ready_ms,
+            started,
         } = message
         else {
             return Err(HandoverError::OutOfTurn(format!("{message:?}")));
@@ -620,6 +628,7 @@ impl Parent {
             tickets: tickets.map(|keys| *keys),
             resolved,
             ready_by: ready_ms.and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms))),
+            predecessor_started: started,
         };
         Ok(inheritance)
     }
@@ -740,6 +749,7 @@ mod tests {
                     report: offered,
                     tickets: TicketKeys::generate().expect("ticket keys"),
                     resolved: Vec::new(),
+                    started: true,
                     at_go_ahead: Box::new(move || GoAhead {
                         backends: Vec::new(),
                         report: Some(at_go_ahead()),

@@ -195,6 +195,14 @@ pub enum Message {
         /// its own `ready_timeout` says (absent from an older release).
         #[serde(default)]
         ready_ms: Option<u64>,
+        /// The old generation's start is over (it said `READY=1`); absent
+        /// from an older release, and taken as over. One that took over
+        /// during a first start still waiting for its first health round
+        /// says `READY=1` at its own round's end, as the first start would
+        /// have: said at the takeover, it made the unit active before the
+        /// backends were checked.
+        #[serde(default = "over")]
+        started: bool,
     },
     /// N+1 is ready; `adopted` names the sockets it took over (N serves
     /// the accept queue of any other before closing it).
@@ -559,6 +567,11 @@ where
     }))
 }
 
+/// What an offer's `started` is when an older release did not say.
+fn over() -> bool {
+    true
+}
+
 /// Decodes one message, checking the protocol version before the shape.
 pub fn decode(bytes: &[u8]) -> Result<Message, HandoffError> {
     let value: serde_json::Value =
@@ -603,6 +616,7 @@ mod tests {
             draining: vec![1],
             backends: Vec::new(),
             ready_ms: Some(6_000),
+            started: true,
             report: None,
             tickets: Some(Box::new(
                 crate::tls::tickets::TicketKeys::generate().expect("keys"),
@@ -666,6 +680,7 @@ mod tests {
             tickets: None,
             resolved: Vec::new(),
             ready_ms: None,
+            started: true,
             report: Some(Report {
                 baseline,
                 generations: Vec::new(),
@@ -886,6 +901,7 @@ mod tests {
             tickets,
             resolved,
             ready_ms,
+            started,
         } = golden!("offer")
         else {
             panic!("an offer")
@@ -895,6 +911,7 @@ mod tests {
             (4, vec![4100, 4242], Some(30_000))
         );
         assert_eq!(sockets[1].name, "admin");
+        assert!(started, "said by no release before it: taken as over");
         assert_eq!(backends[1].admin, CarriedAdmin::Draining);
         assert_eq!((backends[1].healthy, backends[1].streak), (Some(false), 2));
         assert!(

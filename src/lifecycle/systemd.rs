@@ -112,6 +112,11 @@ impl Standing {
         }
     }
 
+    /// Whether the start is over (see [`Told::started`]).
+    pub fn is_started(&self) -> bool {
+        self.told().started
+    }
+
     /// A reload of ours began: `RELOADING=1`. Nothing once a stop began.
     pub fn reloading(&self) {
         let mut told = self.told();
@@ -162,8 +167,13 @@ impl Standing {
 /// main, this one is heard, where the successor's own may come before its
 /// `MAINPID=` lands and be dropped (it repeats it only while every pool has
 /// a healthy backend, so with a pool down it might never land).
-pub fn handed_over(successor: u32) {
-    notify(&[NotifyState::MainPid(successor), NotifyState::Ready]);
+/// Not `READY=1` while our own start is not over (`started`): the
+/// successor says it at its first round's end.
+pub fn handed_over(successor: u32, started: bool) {
+    match started {
+        true => notify(&[NotifyState::MainPid(successor), NotifyState::Ready]),
+        false => notify(&[NotifyState::MainPid(successor)]),
+    }
 }
 
 /// Whether we run under systemd's notify protocol at all.
