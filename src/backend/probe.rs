@@ -60,8 +60,9 @@ async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> 
 }
 
 /// The `Host` a check asks with: the check's `host`, else the pool's TLS
-/// `server_name` when a DNS name (the name its SNI says: a server that holds the two to
-/// agree answers 421 otherwise), else a member's DNS name and port as the
+/// `server_name` when a DNS name (the name its SNI says: a server that
+/// holds the two to agree answers 421 otherwise), else a member's DNS
+/// name and port as the
 /// config gave it, else the backend's address. An application that
 /// checks Host (a virtual host, Django's `ALLOWED_HOSTS`, Rails' host
 /// authorization) refuses an address, and failed every check of a pool

@@ -24,7 +24,7 @@ impl Generation {
             successor.stop_budget.unwrap_or(self.config.stop_budget()),
             older,
         );
-        let departure = listen_for_its_end(&successor, Arc::clone(&stop_budget));
+        let departure = listen_for_its_end(&successor, Some(Arc::clone(&stop_budget)));
         self.successor = Some(successor_pid);
         let (window_from, naming_window) = tokio::sync::oneshot::channel();
         if systemd::enabled() {
@@ -89,7 +89,7 @@ impl Generation {
         // The deadline, to the successor's `/status` at once.
         report_now.notify_one();
         let ended = self
-            .drain_for(budget, DrainReason::Reload, &stop_budget)
+            .drain_for(budget, DrainReason::Reload, || stop_budget.get())
             .await;
         let wait = PredecessorWait::after(&ended, stop_budget.get(), budget);
         // No stop's clock runs here, unless a stop or a force reached the
@@ -232,6 +232,7 @@ impl Generation {
                 tracing::debug!(cause = %err, "control socket not removed");
             }
         }
+        let own_budget = self.config.stop_budget();
         let ended = if forced_early {
             self.drain.begin(Duration::ZERO);
             let open = self.drain.force().await;
@@ -246,7 +247,7 @@ impl Generation {
             self.drain_for(
                 self.config.shutdown.drain_timeout,
                 DrainReason::Shutdown,
-                &StopBudget::new(self.config.stop_budget(), None),
+                || own_budget,
             )
             .await
         };
@@ -456,13 +457,14 @@ impl Generation {
     }
 
     /// Runs the drain; stop signals shorten or force it. A stop's end is
-    /// `stop_budget` from when it is heard (in a reload's drain, the main
-    /// generation's: its wait for older generations ends by it).
+    /// `stop_budget()` from when it is heard (in a reload's drain, the main
+    /// generation's, as the latest reload passed it down: its wait for
+    /// older generations ends by it).
     async fn drain_for(
         &mut self,
         budget: Duration,
         reason: DrainReason,
-        stop_budget: &StopBudget,
+        stop_budget: impl Fn() -> Duration,
     ) -> Ended {
         let started = Instant::now();
         let spread = match reason {
@@ -490,7 +492,7 @@ impl Generation {
                     Command::Stop if stop_heard.is_none() && matches!(reason, DrainReason::Reload) => {
                         stop_heard = Some(Instant::now());
                         // The stop's own end: its pause, then its drain.
-                        deadline = deadline.min(Instant::now() + stop_budget.get());
+                        deadline = deadline.min(Instant::now() + stop_budget());
                         self.show_stopping();
                         self.publish_deadline(deadline);
                         // Ended as the serving generation ends its own:
@@ -614,7 +616,7 @@ impl Generation {
 /// Listens for how `successor` ends; `None` (logged) when it cannot be held.
 pub(super) fn listen_for_its_end(
     successor: &Successor,
-    stop_budget: Arc<StopBudget>,
+    stop_budget: Option<Arc<StopBudget>>,
 ) -> Option<Departure> {
     successor
         .listen_for_its_end(stop_budget)

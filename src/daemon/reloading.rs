@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::lifecycle::departure::{Departure, StopBudget};
+use crate::lifecycle::departure::Departure;
 use crate::lifecycle::generation::{HandoverError, StopPassed, Successor};
 use crate::lifecycle::process::Process;
 
@@ -116,9 +116,7 @@ impl Reloading {
                 self.give_back(draining);
                 let mut outlive_until = None;
                 // Stopping: no later reload's budget will come down.
-                let budget = successor.stop_budget.unwrap_or_default();
-                let departure =
-                    super::end::listen_for_its_end(&successor, StopBudget::new(budget, None));
+                let departure = super::end::listen_for_its_end(&successor, None);
                 if matches!(passed, Ok(StopPassed::Word)) {
                     outlive_until = successor.stop_budget.map(|budget| Instant::now() + budget);
                     draining.push(successor.process);

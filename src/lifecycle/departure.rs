@@ -95,7 +95,7 @@ impl Departure {
         channel: &Arc<Channel>,
         process: &Process,
         tells_its_end: bool,
-        budget: Arc<StopBudget>,
+        budget: Option<Arc<StopBudget>>,
     ) -> std::io::Result<Departure> {
         Ok(Departure {
             process: process.try_clone()?,
@@ -134,7 +134,7 @@ async fn hear_the_end(
     channel: Arc<Channel>,
     pid: u32,
     tells_its_end: bool,
-    budget: Arc<StopBudget>,
+    budget: Option<Arc<StopBudget>>,
 ) -> Option<Exit> {
     loop {
         match channel.recv().await {
@@ -142,7 +142,11 @@ async fn hear_the_end(
                 tracing::info!(pid, exit_code, "the new generation exited");
                 return Some(Exit::from_code(exit_code));
             }
-            Ok((Message::StopBudget { stop_budget_ms }, _)) => budget.heard(stop_budget_ms),
+            Ok((Message::StopBudget { stop_budget_ms }, _)) => {
+                if let Some(budget) = &budget {
+                    budget.heard(stop_budget_ms);
+                }
+            }
             Ok((other, _)) => {
                 tracing::debug!(message = ?other, "unexpected message from the new generation")
             }

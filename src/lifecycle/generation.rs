@@ -98,8 +98,12 @@ impl Successor {
     }
 
     /// Starts listening for how it ends, for as long as we outlive it,
-    /// and for the stop's budgets it passes down (kept in `budget`).
-    pub fn listen_for_its_end(&self, budget: Arc<StopBudget>) -> std::io::Result<Departure> {
+    /// and for the stop's budgets it passes down (kept in `budget`, if
+    /// any: a successor that stops with us passes none).
+    pub fn listen_for_its_end(
+        &self,
+        budget: Option<Arc<StopBudget>>,
+    ) -> std::io::Result<Departure> {
         Departure::listen(&self.channel, &self.process, self.tells_its_end, budget)
     }
 }

@@ -95,6 +95,18 @@ impl Stand {
     }
 }
 
+impl Told {
+    /// `status`, with `READY=1` when `ready_now`, serving and the start
+    /// over; nothing once a stop began.
+    fn say(&self, status: &str, ready_now: bool) {
+        match self.stand.report(ready_now && self.started) {
+            Said::ReadyAndStatus => ready(status),
+            Said::Status => self::status(status),
+            Said::Nothing => {}
+        }
+    }
+}
+
 impl Standing {
     fn told(&self) -> std::sync::MutexGuard<'_, Told> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
@@ -105,11 +117,7 @@ impl Standing {
     pub fn started(&self, status: &str) {
         let mut told = self.told();
         told.started = true;
-        match told.stand.report(true) {
-            Said::ReadyAndStatus => ready(status),
-            Said::Status => self::status(status),
-            Said::Nothing => {}
-        }
+        told.say(status, true);
     }
 
     /// Whether the start is over (see [`Told::started`]).
@@ -133,10 +141,7 @@ impl Standing {
         let mut told = self.told();
         if told.stand != Stand::Stopping {
             told.stand = Stand::Serving;
-            match told.started {
-                true => ready(status),
-                false => self::status(status),
-            }
+            told.say(status, true);
         }
     }
 
@@ -152,12 +157,7 @@ impl Standing {
     /// with the start over, `status` alone during a reload or a start,
     /// nothing once a stop began.
     pub fn report(&self, status: &str, ready_now: bool) {
-        let told = self.told();
-        match told.stand.report(ready_now && told.started) {
-            Said::ReadyAndStatus => ready(status),
-            Said::Status => self::status(status),
-            Said::Nothing => {}
-        }
+        self.told().say(status, ready_now);
     }
 }
 
