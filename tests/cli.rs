@@ -267,8 +267,10 @@ fn reload_without_a_daemon_exits_69() {
     let (code, _, stderr) = run(&["reload", "-c", path.to_str().expect("utf-8 path")]);
     assert_eq!(code, 69, "{stderr}");
     assert!(stderr.contains("cannot reach the daemon"), "{stderr}");
-    // A config that moved control.socket cannot reach the daemon that
-    // still listens at the old path: how to reload it is said.
+    // Most often it is not running; a config that moved control.socket
+    // cannot reach the daemon that still listens at the old path: both
+    // are said, and how to reload it in the second case.
+    assert!(stderr.contains("is baton running"), "{stderr}");
     assert!(stderr.contains("kill -s HUP"), "{stderr}");
 }
 
@@ -315,10 +317,30 @@ fn a_first_start_whose_listener_cannot_bind_exits_1_naming_it() {
     let (code, stderr) = run_to_its_end(&["run", "-c", config.to_str().expect("utf-8")], "022");
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
-        stderr.contains("web") && stderr.contains(&port.to_string()),
+        stderr.contains(&format!("listener \"web\" cannot bind 127.0.0.1:{port}"))
+            && stderr.contains("another process listens there"),
         "{stderr}"
     );
     drop(held);
+}
+
+/// A control socket that cannot be made says what baton was doing, with
+/// the key (a directory it could not create, as `/run/baton` for a user
+/// who runs it by hand). `/sys` takes no directory from root either
+/// (EPERM; EROFS where it is mounted read-only).
+#[test]
+fn a_control_socket_whose_directory_cannot_be_made_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let uncreatable = format!("/sys/baton-test-{}", std::process::id());
+    let control = std::path::Path::new(&uncreatable).join("control.sock");
+    let config = config_with(dir.path(), "127.0.0.1:0", &control);
+    let (code, stderr) = run_to_its_end(&["run", "-c", config.to_str().expect("utf-8")], "022");
+    assert_eq!(code, Some(1), "{stderr}");
+    let said = format!(
+        "control socket {} (control.socket): cannot create its directory {uncreatable}: ",
+        control.display(),
+    );
+    assert!(stderr.contains(&said), "{stderr}");
 }
 
 /// `baton reload` by a user the control socket (mode 0600) refuses says

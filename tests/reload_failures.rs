@@ -95,8 +95,9 @@ async fn a_generation_that_cannot_bind_is_rolled_back() {
     let r = baton.reload().await;
     assert_eq!(r.code, 1, "{r:?}");
     assert!(
-        r.stderr.contains("listener \"extra\" cannot bind")
-            && r.stderr.contains(&taken.to_string()),
+        r.stderr
+            .contains(&format!("listener \"extra\" cannot bind {taken}: "))
+            && r.stderr.contains("another process listens there"),
         "{}",
         r.stderr
     );
@@ -219,7 +220,8 @@ async fn a_reload_whose_new_listener_cannot_listen_fails_and_the_old_generation_
     });
     assert_ne!(r.code, 0, "{r:?}");
     assert!(
-        r.stderr.contains("listener extra: cannot listen"),
+        r.stderr
+            .contains(&format!("listener \"extra\" cannot listen on {extra}")),
         "{}",
         r.stderr
     );

@@ -5,10 +5,11 @@ use crate::cli::ReloadArgs;
 use crate::exit::Exit;
 use crate::lifecycle::control::{self, CallError, Request};
 
-/// Said when the daemon cannot be reached: the path is read from the config
-/// on disk, and a daemon whose config was changed to move `control.socket`
-/// still listens at the old one until a reload applies the change.
-const MOVED_SOCKET: &str = "if the config now names another control.socket than the running daemon's, reload it once by signal: systemctl kill -s HUP --kill-whom=main baton (or kill -HUP its pid)";
+/// Said when the daemon cannot be reached: most often it is not running;
+/// else the path is read from the config on disk, and a daemon whose
+/// config was changed to move `control.socket` still listens at the old
+/// one until a reload applies the change.
+const MOVED_SOCKET: &str = "is baton running (systemctl status baton)? If it is, and the config now names another control.socket than the running daemon's, reload it once by signal: systemctl kill -s HUP --kill-whom=main baton (or kill -HUP its pid)";
 
 /// Said when the socket is there but refuses this user: not a moved one.
 const NOT_PERMITTED: &str = "the control socket admits root and the daemon's own user only: run baton reload as one of them (systemctl reload baton does)";
@@ -23,7 +24,14 @@ pub fn reload(args: ReloadArgs) -> Exit {
     // and logged in its journal, as a reload by signal is. Its verdict,
     // made with its own rights (a key only it may read), is the answer.
     let (socket, wait, own_verdict) = match crate::config::load(path, &overrides) {
-        Ok(c) => (c.control.socket.clone(), c.reload_wait(), None),
+        Ok(c) => {
+            // What `check` would warn of (a certificate about to expire),
+            // to who reloads by hand: the daemon only logs it.
+            for warning in &c.warnings {
+                eprintln!("baton: warning: {warning}");
+            }
+            (c.control.socket.clone(), c.reload_wait(), None)
+        }
         Err(err) => match crate::config::load_reload_target(path) {
             Ok((socket, wait)) => (socket, wait, Some(err)),
             Err(_) => {

@@ -75,7 +75,7 @@ async fn run_async(args: RunArgs) -> Exit {
         }
     };
     for warning in &config.warnings {
-        tracing::warn!(%warning, "config");
+        tracing::warn!("config warning: {warning}");
     }
     fd_limit::reserve_table(fd_limit::fds_for(config.max_connections()));
     let exec = match Exec::of_this_process() {

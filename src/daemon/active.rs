@@ -29,6 +29,10 @@ impl Generation {
                 let name = listener.settings.name.to_string();
                 listener.listen().map_err(|source| StartError::Listen {
                     name: name.clone(),
+                    addr: listener
+                        .socket
+                        .local_addr()
+                        .map_or_else(|e| e.to_string(), |a| a.to_string()),
                     source,
                 })?;
                 let watched = listener

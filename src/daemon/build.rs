@@ -258,8 +258,13 @@ fn open_admin(
     inventory: &mut Inventory,
     holdings: &mut Holdings,
 ) -> Result<AdminParts, StartError> {
+    let admin_port = match &config.admin.listen {
+        AdminListen::Tcp(addr) => Some(addr.port()),
+        AdminListen::Unix(_) => None,
+    };
     let admin_err = |source| StartError::Admin {
         addr: config.admin.listen.to_string(),
+        hint: super::remedy(&source, admin_port),
         source,
     };
     let admin_endpoint = match &config.admin.listen {
@@ -515,6 +520,7 @@ fn shards(
     let bind_err = |source| StartError::Bind {
         name: l.name.clone(),
         addr: l.bind.to_string(),
+        hint: super::remedy(&source, Some(l.bind.port())),
         source,
     };
     let mut shards = Shards {
@@ -739,6 +745,7 @@ fn take_control(
     let path = &config.control.socket;
     let err = |source| StartError::Control {
         path: path.display().to_string(),
+        hint: super::remedy(&source, None),
         source,
     };
     let listening = endpoint::listen("control", &Endpoint::Unix(path), inventory, holdings)

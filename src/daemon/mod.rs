@@ -47,32 +47,36 @@ use crate::metrics::{self, DrainReason};
 /// A start-up failure, with the exit code it maps to.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("admin listener {addr}: {source}")]
+    #[error("admin listener {addr} (admin.listen): {source}{hint}")]
     Admin {
         addr: String,
         source: std::io::Error,
+        hint: &'static str,
     },
-    #[error("control socket {path}: {source}")]
+    #[error("control socket {path} (control.socket): {source}{hint}")]
     Control {
         path: String,
         source: std::io::Error,
+        hint: &'static str,
     },
-    #[error("listener \"{name}\" cannot bind {addr}: {source}")]
+    #[error("listener \"{name}\" cannot bind {addr}: {source}{hint}")]
     Bind {
         name: String,
         addr: String,
         source: std::io::Error,
+        hint: &'static str,
     },
     #[error("cannot start the worker threads: {0}")]
     Workers(std::io::Error),
-    #[error("listener {name}: cannot listen: {source}")]
+    #[error("listener \"{name}\" cannot listen on {addr}: {source}")]
     Listen {
         name: String,
+        addr: String,
         source: std::io::Error,
     },
     /// Its worker's reactor could not take the socket (see
     /// `Listener::register`).
-    #[error("listener {name}: cannot have its socket watched: {source}")]
+    #[error("listener \"{name}\" cannot have its socket watched: {source}")]
     Watch {
         name: String,
         source: std::io::Error,
@@ -89,6 +93,25 @@ pub enum StartError {
         destination: String,
         source: std::io::Error,
     },
+}
+
+/// What a socket's failure to bind most likely means, for the error's
+/// reader: `port` is the TCP port asked for (none for a Unix socket).
+fn remedy(err: &std::io::Error, port: Option<u16>) -> &'static str {
+    use std::io::ErrorKind;
+    match (err.kind(), port) {
+        (ErrorKind::AddrInUse, Some(_)) => {
+            "; another process listens there (`ss -ltnp` names it), maybe another baton"
+        }
+        (ErrorKind::AddrNotAvailable, _) => "; no interface of this host has that address",
+        (ErrorKind::PermissionDenied, Some(port)) if port < 1024 => {
+            "; a port below 1024 needs CAP_NET_BIND_SERVICE (the package's unit grants it) or root"
+        }
+        (ErrorKind::PermissionDenied, None) => {
+            "; under systemd the unit's RuntimeDirectory= makes /run/baton, run by hand name a path this user may write"
+        }
+        _ => "",
+    }
 }
 
 /// The inputs of one generation's run.

@@ -77,23 +77,26 @@ pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_symlink() => {
-            return Err(refused(path, "is a symbolic link; it is not followed"))
+            return Err(refused("is a symbolic link; it is not followed"))
         }
         Ok(meta) if !meta.file_type().is_socket() => {
-            return Err(refused(path, "exists and is not a socket"))
+            return Err(refused("exists and is not a socket"))
         }
         Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AddrInUse,
-                format!("{} is in use by a running daemon", path.display()),
+                "in use by a running daemon (another baton with this path)",
             ));
         }
-        Ok(_) => std::fs::remove_file(path)?,
+        Ok(_) => {
+            std::fs::remove_file(path).map_err(|e| doing("cannot remove the stale socket", e))?
+        }
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
         Err(err) => return Err(err),
     }
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| doing(&format!("cannot create its directory {}", dir.display()), e))?;
     }
     let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
     // Linux creates the socket file with the socket inode's mode less the
@@ -106,11 +109,18 @@ pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
     Ok(listener)
 }
 
-fn refused(path: &Path, why: &str) -> std::io::Error {
+/// The path itself is named by the caller's error.
+fn refused(why: &str) -> std::io::Error {
     std::io::Error::new(
         std::io::ErrorKind::AlreadyExists,
-        format!("{} {why}; refusing to replace it", path.display()),
+        format!("{why}; refusing to replace it"),
     )
+}
+
+/// `err` with what baton was doing, its kind kept (a caller's remedy goes
+/// by it).
+fn doing(what: &str, err: std::io::Error) -> std::io::Error {
+    std::io::Error::new(err.kind(), format!("{what}: {err}"))
 }
 
 /// Accepts until `stop`; each request goes to `requests`.
