@@ -219,8 +219,9 @@ async fn a_new_generation_killed_after_it_received_the_sockets_is_a_failed_reloa
     let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
     assert!(!baton.log().contains("ready; waiting"), "not ready yet");
     signal(child, Signal::SIGKILL);
-    let exited = "exited before it took over";
-    failed_then_recovered(&baton, serving, reply, exited, &config, load).await;
+    // Its pid, and where its last words are.
+    let exited = format!("new generation (pid {child}) exited before it took over, without saying why: its last lines are in the journal (journalctl _PID={child})");
+    failed_then_recovered(&baton, serving, reply, &exited, &config, load).await;
 }
 
 /// A stop sent to the new generation alone while it starts (its handlers

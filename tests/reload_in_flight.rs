@@ -203,8 +203,11 @@ async fn a_request_outliving_the_drain_budget_is_forced_and_exits_3() {
     assert_eq!(fresh.status, 200);
     assert_eq!(baton.serving_pid().await, new);
     assert!(
-        baton.log().contains("force-closed"),
-        "the log says connections were forced"
+        baton.log().contains(
+            "connections force-closed (their clients need longer than reload.drain_timeout)"
+        ),
+        "the log says the drain's deadline forced connections, and which key: {}",
+        baton.log()
     );
     // What the shipped alert (BatonDrainsForced) watches, carried to the
     // serving generation.
@@ -380,6 +383,13 @@ async fn beyond_max_draining_the_oldest_generation_is_forced() {
     baton.reload_ok().await;
     assert_eq!(wait_exit(first).await, Some(3), "the oldest is forced");
     assert!(on_first.await.expect("join").is_err());
+    assert!(
+        baton
+            .log()
+            .contains("a newer generation went past reload.max_draining"),
+        "the log says why it was forced (not a deadline): {}",
+        baton.log()
+    );
     let answer = on_second
         .await
         .expect("join")

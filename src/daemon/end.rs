@@ -105,7 +105,6 @@ impl Generation {
         };
         self.write_out_telemetry(flush_limit).await;
         self.outlive_predecessor(wait).await;
-        let outcome = ended.outcome;
         reporting.cancel();
         end_reports(&channel, reporter, || Message::Report(self.admin.report())).await;
         self.close_kept_connections();
@@ -114,7 +113,7 @@ impl Generation {
         if systemd::enabled() {
             tokio::time::sleep_until(named_until).await;
         }
-        departure::exit_with_successor(self.exit_code(outcome), departure).await
+        departure::exit_with_successor(self.exit_code(&ended), departure).await
     }
 
     /// Waits (bounded by our own drain budget) until the generation we
@@ -236,11 +235,10 @@ impl Generation {
         let ended = if forced_early {
             self.drain.begin(Duration::ZERO);
             let open = self.drain.force().await;
-            tracing::info!(open, "second stop signal: forced whatever was open");
             metrics::drain_finished(DrainReason::Shutdown, 0.0, 0, open);
             Ended {
                 outcome: DrainOutcome::Forced { open },
-                by_signal: true,
+                cut: Some(Cut::Stop),
                 stop_heard: None,
             }
         } else {
@@ -258,7 +256,7 @@ impl Generation {
             .outlive_other_generations(
                 stop_ends.max(self.outlive_until.unwrap_or(stop_ends)) + OLDER_GENERATIONS_SLACK,
                 exit_by,
-                ended.by_signal,
+                ended.by_signal(),
             )
             .await
             || self.admin.inherited_forced_connections() > older_forced_before;
@@ -266,7 +264,7 @@ impl Generation {
         self.forget_admin_path();
         self.admin_stop.cancel();
         self.last_admin_answers(exit_by).await;
-        let exit = match self.exit_code(ended.outcome) {
+        let exit = match self.exit_code(&ended) {
             Exit::Clean if older_cut => {
                 tracing::warn!("older generations still draining were forced by the stop");
                 Exit::Forced
@@ -477,7 +475,7 @@ impl Generation {
         self.publish_deadline(deadline);
         tracing::info!(connections = at_start, budget = ?budget, reason = reason.as_str(), "drain started");
         let mut stop_heard = None;
-        let mut by_signal = false;
+        let mut cut = None;
         // When a stop's cut ends the long-lived streams the spread still holds.
         let mut spread_cut: Option<Instant> = None;
         let outcome = loop {
@@ -487,7 +485,14 @@ impl Generation {
                     self.drain.end_spread();
                     spread_cut = None;
                 }
-                () = tokio::time::sleep_until(deadline) => break DrainOutcome::Forced { open: self.drain.force().await },
+                () = tokio::time::sleep_until(deadline) => {
+                    let key = match (reason, stop_heard) {
+                        (DrainReason::Reload, None) => "reload.drain_timeout",
+                        _ => "shutdown.drain_timeout",
+                    };
+                    cut = Some(Cut::Deadline { after: started.elapsed(), key });
+                    break DrainOutcome::Forced { open: self.drain.force().await };
+                }
                 command = self.commands.recv() => match command {
                     Command::Stop if stop_heard.is_none() && matches!(reason, DrainReason::Reload) => {
                         stop_heard = Some(Instant::now());
@@ -500,8 +505,11 @@ impl Generation {
                         spread_cut = Some(Instant::now() + self.config.stop_pause());
                         tracing::info!("stop signal while draining: the drain ends by the stop's end at the latest");
                     }
-                    Command::Stop | Command::ForceDrain => {
-                        by_signal = true;
+                    command @ (Command::Stop | Command::ForceDrain) => {
+                        cut = Some(match command {
+                            Command::Stop => Cut::Stop,
+                            _ => Cut::Told,
+                        });
                         break DrainOutcome::Forced { open: self.drain.force().await };
                     }
                     Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
@@ -540,7 +548,7 @@ impl Generation {
         );
         Ended {
             outcome,
-            by_signal,
+            cut,
             stop_heard,
         }
     }
@@ -583,8 +591,8 @@ impl Generation {
             .send_modify(|phase| phase.set_drain_deadline(wall));
     }
 
-    fn exit_code(&self, outcome: DrainOutcome) -> Exit {
-        match outcome {
+    fn exit_code(&self, ended: &Ended) -> Exit {
+        match ended.outcome {
             DrainOutcome::Drained => {
                 tracing::info!(
                     generation = self.number,
@@ -595,18 +603,25 @@ impl Generation {
             }
             DrainOutcome::Forced { open: 0 } => Exit::Clean,
             DrainOutcome::Forced { open } => {
-                let listeners: Vec<&str> = self
-                    .config
-                    .listeners
-                    .iter()
-                    .map(|l| l.name.as_str())
-                    .collect();
-                tracing::warn!(
-                    generation = self.number,
-                    connections = open,
-                    ?listeners,
-                    "drain deadline passed; connections force-closed"
-                );
+                let generation = self.number;
+                match ended.cut {
+                    Some(Cut::Deadline { after, key }) => tracing::warn!(
+                        generation,
+                        connections = open,
+                        "drain deadline passed after {:.1}s; connections force-closed (their clients need longer than {key})",
+                        after.as_secs_f64()
+                    ),
+                    Some(Cut::Told) => tracing::warn!(
+                        generation,
+                        connections = open,
+                        "told to end the drain (SIGUSR2: a newer generation went past reload.max_draining, or by hand); connections force-closed"
+                    ),
+                    Some(Cut::Stop) | None => tracing::warn!(
+                        generation,
+                        connections = open,
+                        "a second stop signal ended the drain; connections force-closed"
+                    ),
+                }
                 Exit::Forced
             }
         }
@@ -631,13 +646,32 @@ const NAMING_WINDOW: Duration = Duration::from_millis(1500);
 /// after `ExecReload=` ended.
 const NAMING_EVERY: Duration = Duration::from_millis(500);
 
-/// How a drain ended, and whether a stop signal (not its deadline) cut it.
+/// How a drain ended, and what cut it if it did not end by itself.
 struct Ended {
     outcome: DrainOutcome,
-    by_signal: bool,
+    cut: Option<Cut>,
     /// When a stop reached a reload's drain (it keeps the drain's earlier
     /// deadline, or brings the stop's own end).
     stop_heard: Option<Instant>,
+}
+
+impl Ended {
+    /// Whether a signal, not its deadline, cut it.
+    fn by_signal(&self) -> bool {
+        matches!(self.cut, Some(Cut::Stop | Cut::Told))
+    }
+}
+
+/// What cut a drain short, for the line that says so (the fix differs).
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    /// Its deadline, `after` its start: the budget of `key`, or a stop's
+    /// end that came first.
+    Deadline { after: Duration, key: &'static str },
+    /// A second stop signal.
+    Stop,
+    /// SIGUSR2: a newer generation over `reload.max_draining`, or a user.
+    Told,
 }
 
 /// How long a drained generation waits for the one it took over from
@@ -664,7 +698,7 @@ impl PredecessorWait {
         if let Some(heard) = drained.stop_heard {
             wait.stop_heard(heard);
         }
-        if drained.by_signal {
+        if drained.by_signal() {
             wait.forced(Instant::now());
         }
         wait
@@ -876,9 +910,9 @@ mod tests {
     async fn a_stop_or_a_force_bounds_the_wait_for_the_older_generation() {
         let second = Duration::from_secs(1);
         let (budget, drain) = (10 * second, 60 * second);
-        let ended = |stop_heard, by_signal| Ended {
+        let ended = |stop_heard, by_signal: bool| Ended {
             outcome: DrainOutcome::Drained,
-            by_signal,
+            cut: by_signal.then_some(Cut::Stop),
             stop_heard,
         };
         let start = Instant::now();

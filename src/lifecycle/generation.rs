@@ -133,8 +133,10 @@ pub enum HandoverError {
     Channel(#[from] HandoffError),
     #[error("new generation failed: {reason}")]
     Failed { exit_code: i32, reason: String },
-    #[error("new generation exited before it took over")]
-    Exited,
+    /// Its exit status is its parent's (a detached grandchild's): the
+    /// journal has its last lines.
+    #[error("new generation (pid {pid}) exited before it took over, without saying why: its last lines are in the journal (journalctl _PID={pid})")]
+    Exited { pid: u32 },
     #[error("new generation was not ready within {0:?}; it was killed")]
     Timeout(Duration),
     #[error("new generation did not say it accepts within {0:?} of the go-ahead; it was killed")]
@@ -270,7 +272,11 @@ pub async fn hand_over(
                     .await
                     .is_ok();
             drop(guard);
-            Err(if exited { HandoverError::Exited } else { err })
+            Err(if exited {
+                HandoverError::Exited { pid: child.pid() }
+            } else {
+                err
+            })
         }
     }
 }
@@ -379,7 +385,7 @@ async fn converse(
     )
     .await;
     match sent {
-        Err(err @ (HandoverError::Channel(_) | HandoverError::Exited)) => {
+        Err(err @ (HandoverError::Channel(_) | HandoverError::Exited { .. })) => {
             return Err(last_word(channel, err).await)
         }
         other => other.map_err(not_accepting)?,
@@ -436,7 +442,7 @@ async fn send_offer(
     )
     .await;
     match sent {
-        Err(err @ (HandoverError::Channel(_) | HandoverError::Exited)) => {
+        Err(err @ (HandoverError::Channel(_) | HandoverError::Exited { .. })) => {
             Err(last_word(channel, err).await)
         }
         other => other,
@@ -456,7 +462,7 @@ async fn next(
     })
     .await;
     match received {
-        Err(HandoverError::Exited) => Err(last_word(channel, HandoverError::Exited).await),
+        Err(err @ HandoverError::Exited { .. }) => Err(last_word(channel, err).await),
         other => other,
     }
 }
@@ -480,7 +486,7 @@ async fn bounded<T>(
     tokio::select! {
         biased;
         done = step => done.map_err(HandoverError::from),
-        () = child.exited() => Err(HandoverError::Exited),
+        () = child.exited() => Err(HandoverError::Exited { pid: child.pid() }),
         () = tokio::time::sleep_until(limits.deadline) => Err(HandoverError::Timeout(limits.ready_timeout)),
         () = abandoned => Err(HandoverError::Abandoned),
     }
