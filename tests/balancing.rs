@@ -311,6 +311,42 @@ async fn an_http_check_asks_for_the_host_its_pool_names() {
     assert_eq!(backend_state(baton.admin, "app-0").await, "up");
 }
 
+/// A failed HTTP check says what it asked and what came back, in
+/// `/status` and in the line that takes the backend down (with its pool):
+/// "status 404" alone did not say which path the check asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_check_names_its_request_and_the_answer() {
+    let refusing = support::raw::RawBackend::start(|_| {
+        let head = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
+        (head.as_bytes().to_vec(), support::raw::Then::Close)
+    })
+    .await;
+    let good = HttpBackend::start("good").await;
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        FAST_CHECKS,
+        &[(good.addr, 1), (refusing.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    support::eventually("app-1 is down", || async {
+        backend_state(admin, "app-1").await == "down"
+    })
+    .await;
+    let status = client::backend_status(admin, "app-1").await;
+    assert_eq!(
+        status["last_check"]["detail"], "GET /health answered 404",
+        "{status}"
+    );
+    let log = baton.log();
+    assert!(
+        log.lines().any(|l| l.contains("backend is down")
+            && l.contains("pool=app backend=app-1")
+            && l.contains("GET /health answered 404")),
+        "{log}"
+    );
+}
+
 /// Health checks pause for a backend the operator drained (DESIGN): one
 /// taken out for its maintenance is not probed meanwhile; they go on once
 /// it is restored.

@@ -329,11 +329,11 @@ impl Backend {
                 // Back through its checks: traffic's failures from before
                 // do not count on.
                 self.traffic_failures.store(0, Ordering::Relaxed);
-                tracing::info!(pool = %self.pool, backend = %self.name, "backend is up");
+                tracing::info!(pool = %self.pool, backend = %self.label, "backend is up");
                 self.wake_queue();
             }
             Some(Flip::Down) => {
-                tracing::warn!(pool = %self.pool, backend = %self.name, cause = detail, "backend is down")
+                tracing::warn!(pool = %self.pool, backend = %self.label, cause = detail, "backend is down")
             }
             None => {}
         }
@@ -345,7 +345,7 @@ impl Backend {
         if self.admin() == AdminState::Enabled {
             self.admin
                 .store(AdminState::Draining as u8, Ordering::SeqCst);
-            tracing::info!(pool = %self.pool, backend = %self.name, in_flight = self.in_flight(), "backend draining");
+            tracing::info!(pool = %self.pool, backend = %self.label, in_flight = self.in_flight(), "backend draining");
         }
         self.settle();
         self.publish();
@@ -363,7 +363,7 @@ impl Backend {
             }
             self.admin
                 .store(AdminState::Enabled as u8, Ordering::SeqCst);
-            tracing::info!(pool = %self.pool, backend = %self.name, "backend restored; it re-enters after passing checks");
+            tracing::info!(pool = %self.pool, backend = %self.label, "backend restored; it re-enters after passing checks");
             // Unchecked, it takes work at once.
             self.wake_queue();
         }
@@ -429,7 +429,7 @@ impl Backend {
                 )
                 .is_ok()
         {
-            tracing::info!(pool = %self.pool, backend = %self.name, "backend drained; out of rotation");
+            tracing::info!(pool = %self.pool, backend = %self.label, "backend drained; out of rotation");
             self.publish();
         }
     }

@@ -94,7 +94,7 @@ async fn ask(config: &HealthConfig, host: &str, mut stream: BackendStream) -> Re
     stream.close_quietly();
     match code {
         code if (200..400).contains(&code) => Ok(()),
-        code => Err(format!("status {code}")),
+        code => Err(format!("GET {} answered {code}", config.path)),
     }
 }
 
@@ -280,7 +280,7 @@ fn record(backend: &Backend, result: Result<(), Fault>) {
         Err(Fault::Failed(why)) => backend.observe_check(false, why),
         Err(Fault::Shortage(why)) => {
             if let Some(suppressed) = SHORTAGE_LINES.ready() {
-                tracing::warn!(pool = %backend.pool, backend = %backend.name, cause = why, suppressed, "health check not made: baton ran short; the backend keeps its state");
+                tracing::warn!(pool = %backend.pool, backend = %backend.label, cause = why, suppressed, "health check not made: baton ran short; the backend keeps its state");
             }
         }
     }

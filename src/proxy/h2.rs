@@ -542,7 +542,7 @@ impl HttpProxy {
                     return response;
                 }
                 Err(Sent::Stale) if replayable && !fresh_only => {
-                    tracing::debug!(backend = %backend.name, "a kept connection was closed under the request; sending it again on a new one");
+                    tracing::debug!(pool = %backend.pool, backend = %backend.label, "a kept connection was closed under the request; sending it again on a new one");
                     fresh_only = true;
                     body = Some(body::empty());
                     kept = Some(lease);

@@ -132,7 +132,7 @@ impl ProxyError {
             backend.upstream_failed(kind, &self.to_string(), blames_backend);
         }
         if crate::telemetry::backend_fault() {
-            tracing::warn!(backend = %backend.name, cause = %self, "backend request failed");
+            tracing::warn!(pool = %backend.pool, backend = %backend.label, cause = %self, "backend request failed");
         }
     }
 

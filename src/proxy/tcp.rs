@@ -149,7 +149,7 @@ impl TcpProxy {
                     false,
                 );
                 if crate::telemetry::backend_fault() {
-                    tracing::info!(listener = %self.listener, backend = %backend.name, cause = %err, "backend ended the tcp stream with an error");
+                    tracing::info!(listener = %self.listener, pool = %backend.pool, backend = %backend.label, cause = %err, "backend ended the tcp stream with an error");
                 }
                 reset::once_taken(ends.client.tcp()).await;
                 Termination::BackendFailed(Phase::Data)

@@ -586,7 +586,7 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
                 false,
             );
             if crate::telemetry::backend_fault() {
-                tracing::warn!(backend = %backend.name, %cause, "backend response broke off; aborting the client connection");
+                tracing::warn!(pool = %backend.pool, backend = %backend.label, %cause, "backend response broke off; aborting the client connection");
             }
             return Failure::Abort(Termination::BackendFailed(Phase::Data));
         }
@@ -597,7 +597,7 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
                 false,
             );
             if crate::telemetry::backend_fault() {
-                tracing::warn!(backend = %backend.name, ?limit, "backend sent no body bytes within its limit; aborting the client connection");
+                tracing::warn!(pool = %backend.pool, backend = %backend.label, ?limit, "backend sent no body bytes within its limit; aborting the client connection");
             }
             return Failure::Abort(Termination::BackendTimeout(Phase::Data));
         }
@@ -631,7 +631,7 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
         UpFault::Stalled => {
             // Unanswered, the error page logs it (`proxy::error_page`).
             if written && crate::telemetry::client_fault() {
-                tracing::info!(listener = %proxy.listener, backend = %backend.name, "request body stopped arriving after the response began; closing");
+                tracing::info!(listener = %proxy.listener, pool = %backend.pool, backend = %backend.label, "request body stopped arriving after the response began; closing");
             }
             (
                 client_timeout(proxy.idle_timeout),
@@ -641,7 +641,7 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
         UpFault::TooSlow => {
             let rate = proxy.body_pace.map_or(0, |p| p.bytes_per_second());
             if written && crate::telemetry::client_fault() {
-                tracing::info!(listener = %proxy.listener, backend = %backend.name, rate, "request body fell behind body_min_rate after the response began; closing");
+                tracing::info!(listener = %proxy.listener, pool = %backend.pool, backend = %backend.label, rate, "request body fell behind body_min_rate after the response began; closing");
             }
             (
                 ProxyError::BodyTooSlow { rate },

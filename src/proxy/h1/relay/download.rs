@@ -305,7 +305,7 @@ impl ResponseBody {
             let backend = lease.backend();
             backend.upstream_failed(kind, &format!("response broke off: {cause}"), false);
             if crate::telemetry::backend_fault() {
-                tracing::warn!(backend = %backend.name, %cause, "backend response broke off; resetting the stream");
+                tracing::warn!(pool = %backend.pool, backend = %backend.label, %cause, "backend response broke off; resetting the stream");
             }
         }
         cause.into()
