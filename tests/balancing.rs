@@ -1023,6 +1023,38 @@ async fn checks_added_by_a_reload_decide_at_their_first_round() {
     assert_eq!(backend_state(admin, "app-0").await, "up");
 }
 
+/// A reload that changes what a pool's checks ask (here the path) lets
+/// the new check's first round decide: the old check's verdict, carried
+/// at the go-ahead, overwrote it, and a backend the new check fails kept
+/// its traffic until `fall` more intervals went by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_check_decides_at_its_first_round() {
+    let backend = support::raw::RawBackend::start(|seen| {
+        let code = if seen.head.starts_with("GET /ready ") {
+            503
+        } else {
+            200
+        };
+        let head = format!("HTTP/1.1 {code} Whatever\r\ncontent-length: 0\r\n\r\n");
+        (head.into_bytes(), support::raw::Then::Close)
+    })
+    .await;
+    let checks = |path: &str| {
+        format!("health = {{ kind = \"http\", path = \"{path}\", interval = \"30s\", timeout = \"1s\", rise = 1, fall = 3 }}")
+    };
+    let spec = |path: &str| {
+        Spec::new()
+            .http("web", "app")
+            .pool_with("app", &checks(path), &[(backend.addr, 1)])
+    };
+    let baton = Baton::start(spec("/health")).await;
+    let admin = baton.admin;
+    assert_eq!(backend_state(admin, "app-0").await, "up");
+    baton.write_spec(&spec("/ready"), &Default::default());
+    baton.reload_ok().await;
+    assert_eq!(backend_state(admin, "app-0").await, "down");
+}
+
 /// A backend's failures in a row go on counting across a reload (and so
 /// its passes while down, the same carried streak): reset at each
 /// reload, a backend failing its checks would never reach `fall` under
@@ -1047,9 +1079,10 @@ async fn a_reload_carries_a_backends_health_streak() {
     };
     support::eventually("two failed checks", || async { failures().await >= 2 }).await;
     baton.reload_ok().await;
-    // The new generation's own first check may have failed too (3), and
-    // the old one's third before it took over (3, or 4 with both); a
-    // streak reset by the reload reads 0, or 1 once a check came since.
+    // The old generation's streak at the go-ahead is carried over the new
+    // one's own first check (2, or 3 with the old one's third before it,
+    // and 4 with a check of the new one's since); a streak reset by the
+    // reload reads 0, or 1 once a check came since.
     let carried = failures().await;
     assert!(
         (2..5).contains(&carried),

@@ -473,6 +473,9 @@ pub struct Pool {
     /// `send_proxy` (each backend holds it too).
     pub send_proxy: Option<crate::proxy_protocol::Version>,
     pub health: Option<HealthConfig>,
+    /// What its checks ask, in words (`probe::asked`), carried with each
+    /// verdict to the next generation.
+    pub checked_by: Option<String>,
     balance: Balance,
     /// Per-backend cap (0: none) and how long work waits for a place.
     cap: usize,
@@ -518,6 +521,10 @@ impl Pool {
             resolve_interval: config.resolve_interval,
             send_proxy: config.send_proxy,
             health: config.health.clone(),
+            checked_by: config
+                .health
+                .as_ref()
+                .map(|h| probe::asked(h, config.tls.as_deref(), config.send_proxy)),
             balance: config.balance,
             cap,
             queue_timeout: config.queue_timeout,

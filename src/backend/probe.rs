@@ -59,6 +59,30 @@ async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> 
     ask(config, &host, stream).await.map_err(Fault::Failed)
 }
 
+/// What a check asks, in words: a verdict of other words (a new path, a
+/// `Host`, TLS added to the pool) is no verdict of this check's.
+pub fn asked(
+    health: &HealthConfig,
+    tls: Option<&crate::tls::upstream::UpstreamTls>,
+    send_proxy: Option<crate::proxy_protocol::Version>,
+) -> String {
+    let mut words = match health.kind {
+        HealthKind::Tcp => "tcp".to_string(),
+        HealthKind::Http => format!(
+            "http GET {} host {}",
+            health.path,
+            health.host.as_deref().unwrap_or("-")
+        ),
+    };
+    if let Some(tls) = tls {
+        words.push_str(&format!(" tls {} verify {}", tls.names(), tls.verify));
+    }
+    if let Some(version) = send_proxy {
+        words.push_str(&format!(" proxy {version:?}"));
+    }
+    words
+}
+
 /// The `Host` a check asks with: the check's `host`, else the pool's TLS
 /// `server_name` when a DNS name (the name its SNI says: a server that
 /// holds the two to agree answers 421 otherwise), else a member's DNS

@@ -615,7 +615,11 @@ pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
                 .iter()
                 .find(|b| b.name == c.name && b.address.to_string() == c.address);
             match (backend, c.address.parse()) {
-                (Some(backend), _) => backend.adopt(admin, c.healthy, c.streak),
+                (Some(backend), _) if c.checked_by.is_none() || c.checked_by == p.checked_by => {
+                    backend.adopt(admin, c.healthy, c.streak)
+                }
+                // Another check's verdict says nothing of this one's.
+                (Some(backend), _) => backend.adopt(admin, None, 0),
                 // A DNS member whose address is not in the answer now:
                 // its state waits for the address.
                 (None, Ok(address)) => {
@@ -676,24 +680,27 @@ pub(super) fn carry_out(pools: &[Arc<Pool>]) -> Vec<BackendCarry> {
             admin: carried(n.admin()),
             healthy: None,
             streak: 0,
+            checked_by: None,
         })
     });
-    pools
-        .iter()
-        .flat_map(|p| p.backends().backends.clone())
-        .map(|b| BackendCarry {
-            pool: b.pool.clone(),
-            name: b.name.clone(),
-            address: b.address.to_string(),
-            admin: carried(b.admin()),
-            // An unchecked backend's "healthy" was never a check's: a
-            // reload that adds checks lets its first round decide.
-            healthy: (b.is_checked() && b.has_verdict()).then(|| b.is_healthy()),
-            streak: b.health_streak(),
-        })
-        .chain(names)
-        .chain(remembered(pools))
-        .collect()
+    let backends = pools.iter().flat_map(|p| {
+        p.backends()
+            .backends
+            .iter()
+            .map(|b| BackendCarry {
+                pool: b.pool.clone(),
+                name: b.name.clone(),
+                address: b.address.to_string(),
+                admin: carried(b.admin()),
+                // An unchecked backend's "healthy" was never a check's: a
+                // reload that adds checks lets its first round decide.
+                healthy: (b.is_checked() && b.has_verdict()).then(|| b.is_healthy()),
+                streak: b.health_streak(),
+                checked_by: p.checked_by.clone(),
+            })
+            .collect::<Vec<_>>()
+    });
+    backends.chain(names).chain(remembered(pools)).collect()
 }
 
 /// What the operator said of DNS members whose address is gone (see
@@ -710,6 +717,7 @@ fn remembered(pools: &[Arc<Pool>]) -> impl Iterator<Item = BackendCarry> + '_ {
                     admin: carried(admin),
                     healthy: None,
                     streak: 0,
+                    checked_by: None,
                 })
         })
     })

@@ -73,6 +73,12 @@ pub struct BackendCarry {
     /// Absent (0) from a release before it.
     #[serde(default)]
     pub streak: u32,
+    /// What the verdict's checks asked (`Pool::checked_by`): a reload
+    /// that changes the check (its path, kind, `Host`, the pool's TLS)
+    /// lets its own first round decide, as for a pool that gains checks.
+    /// Absent from a release before it: the verdict is carried.
+    #[serde(default)]
+    pub checked_by: Option<String>,
 }
 
 /// A generation's state as `/status` shows it and a report carries it (the
@@ -914,6 +920,10 @@ mod tests {
         assert!(started, "said by no release before it: taken as over");
         assert_eq!(backends[1].admin, CarriedAdmin::Draining);
         assert_eq!((backends[1].healthy, backends[1].streak), (Some(false), 2));
+        assert_eq!(
+            backends[1].checked_by, None,
+            "said by no release before it: the verdict is carried"
+        );
         assert!(
             tickets.is_some(),
             "the ticket keys, or TLS sessions end at the upgrade"
