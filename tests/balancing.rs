@@ -536,6 +536,39 @@ async fn start_up_waits_on_an_unhealthy_pool() {
     baton.wait_ready().await;
 }
 
+/// A drain that no backend of the new config takes (its pool renamed, so
+/// its name too) is not carried, and the log says so, naming it: it was
+/// dropped silently, and a backend under maintenance came back into
+/// rotation with nothing said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_no_backend_takes_after_a_reload_is_said() {
+    let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
+    let baton = Baton::start(
+        Spec::new()
+            .http("web", "app")
+            .pool("app", &[a.addr, b.addr]),
+    )
+    .await;
+    let admin = baton.admin;
+    let drained = client::call(admin, "POST", "/backends/app-0/drain", None)
+        .await
+        .expect("drain");
+    assert_eq!(drained.status, 200, "{}", drained.body);
+    let renamed = Spec::new()
+        .http("web", "site")
+        .pool("site", &[a.addr, b.addr]);
+    baton.write_spec(&renamed, &Default::default());
+    baton.reload_ok().await;
+    assert_eq!(backend_state(admin, "site-0").await, "up");
+    let log = baton.log();
+    assert!(
+        log.lines().any(|l| l.contains(" WARN ")
+            && l.contains("its drain is not carried")
+            && l.contains("pool=app backend=app-0")),
+        "{log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
     let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);

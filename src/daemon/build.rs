@@ -80,7 +80,8 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         let cut = stopped(stop.as_ref());
         crate::resolve::refresh::first_members(&pools, resolver, &resolved, cut).await;
     }
-    carry_over(&pools, &carried_backends);
+    // What nothing took is said once, at the go-ahead's carry, the last.
+    let _ = carry_over(&pools, &carried_backends);
     let ticketer = Arc::new(crate::tls::tickets::Ticketer::new(
         tickets,
         config.ticket_rotation,
@@ -604,16 +605,25 @@ fn access_log(
 /// pool, name and address (a backend whose address changed starts afresh).
 /// A name resolved from DNS carries the operator's word on the name itself
 /// with its query as the address (members that join later take it).
-pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
+/// Returns the operator's drains that nothing here took (a backend or
+/// pool renamed, a backend moved), for the caller to say so.
+pub(super) fn carry_over<'a>(
+    pools: &[Arc<Pool>],
+    carried: &'a [BackendCarry],
+) -> Vec<&'a BackendCarry> {
     carry_names(pools, carried);
+    let mut untaken = Vec::new();
     for c in carried {
         let admin = carried_admin(c.admin);
+        let mut taken = false;
         for p in pools.iter().filter(|p| p.name == c.pool) {
             let members = p.backends();
             let backend = members
                 .backends
                 .iter()
                 .find(|b| b.name == c.name && b.address.to_string() == c.address);
+            let named = p.named.iter().find(|n| n.name == c.name);
+            taken |= backend.is_some() || named.is_some();
             match (backend, c.address.parse()) {
                 (Some(backend), _) if c.checked_by.is_none() || c.checked_by == p.checked_by => {
                     backend.adopt(admin, c.healthy, c.streak)
@@ -623,14 +633,18 @@ pub(super) fn carry_over(pools: &[Arc<Pool>], carried: &[BackendCarry]) {
                 // A DNS member whose address is not in the answer now:
                 // its state waits for the address.
                 (None, Ok(address)) => {
-                    if let Some(named) = p.named.iter().find(|n| n.name == c.name) {
+                    if let Some(named) = named {
                         named.remember(address, admin);
                     }
                 }
                 (None, Err(_)) => {}
             }
         }
+        if !taken && admin != AdminState::Enabled {
+            untaken.push(c);
+        }
     }
+    untaken
 }
 
 /// The operator's word on each DNS name, carried over: members that join
