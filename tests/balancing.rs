@@ -162,10 +162,7 @@ async fn draining_a_backend_under_load_fails_nothing() {
     .await;
 
     // Restore by index: it must pass `rise` checks before it gets traffic.
-    let restored = client::call(admin, "POST", "/backends/2/restore", None)
-        .await
-        .expect("restore");
-    assert_eq!(restored.status, 200);
+    let restored = client::restore(admin, "2").await;
     assert!(
         restored.body.contains("\"state\":\"down\""),
         "re-enters through the checks: {}",
@@ -229,10 +226,7 @@ async fn a_killed_backend_costs_no_unsent_request_and_comes_back() {
 async fn readyz_says_a_pool_was_drained_by_the_operator() {
     let a = HttpBackend::start("a").await;
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[a.addr])).await;
-    let drained = client::call(baton.admin, "POST", "/backends/0/drain", None)
-        .await
-        .expect("call");
-    assert_eq!(drained.status, 200, "{}", drained.body);
+    client::drain(baton.admin, "0").await;
     let ready = client::get(baton.admin, "/readyz").await.expect("readyz");
     assert_eq!(ready.status, 503, "{}", ready.body);
     assert!(
@@ -363,10 +357,7 @@ async fn health_checks_pause_for_a_drained_backend() {
         let series = "baton_health_checks_total{pool=\"app\",backend=\"app-0\",result=\"ok\"}";
         client::series(&metrics, series).unwrap_or(0.0)
     };
-    let drained = client::call(admin, "POST", "/backends/0/drain", None)
-        .await
-        .expect("drain");
-    assert_eq!(drained.status, 200, "{}", drained.body);
+    client::drain(admin, "0").await;
     support::eventually("a is out", || async {
         backend_state(admin, "app-0").await == "out"
     })
@@ -378,10 +369,7 @@ async fn health_checks_pause_for_a_drained_backend() {
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert_eq!(checks().await, counted, "no check counted while drained");
     assert_eq!(a.hits(), probed, "no check reached the drained backend");
-    let restored = client::call(admin, "POST", "/backends/0/restore", None)
-        .await
-        .expect("restore");
-    assert_eq!(restored.status, 200, "{}", restored.body);
+    client::restore(admin, "0").await;
     support::eventually("checks resume once restored", || async {
         checks().await > counted
     })
@@ -550,10 +538,7 @@ async fn a_drain_no_backend_takes_after_a_reload_is_said() {
     )
     .await;
     let admin = baton.admin;
-    let drained = client::call(admin, "POST", "/backends/app-0/drain", None)
-        .await
-        .expect("drain");
-    assert_eq!(drained.status, 200, "{}", drained.body);
+    client::drain(admin, "app-0").await;
     let renamed = Spec::new()
         .http("web", "site")
         .pool("site", &[a.addr, b.addr]);
@@ -939,10 +924,7 @@ async fn a_drain_carried_across_a_reload_is_out_only_once_the_older_generations_
         a.held() == 1 && b.held() == 1
     })
     .await;
-    let drained = client::call(admin, "POST", "/backends/app-0/drain", None)
-        .await
-        .expect("drain");
-    assert_eq!(drained.status, 200);
+    client::drain(admin, "app-0").await;
     assert_eq!(backend_state(admin, "app-0").await, "draining");
     baton.reload_ok().await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -982,10 +964,7 @@ async fn a_drain_posted_after_a_reload_waits_for_the_older_generations_work() {
     let held = tokio::spawn(async move { client::get(web, "/gated").await });
     support::eventually("a request held on a", || async { a.held() == 1 }).await;
     baton.reload_ok().await;
-    let drained = client::call(admin, "POST", "/backends/app-0/drain", None)
-        .await
-        .expect("drain");
-    assert_eq!(drained.status, 200, "{}", drained.body);
+    client::drain(admin, "app-0").await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(
         backend_state(admin, "app-0").await,

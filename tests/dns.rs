@@ -770,10 +770,7 @@ async fn status_and_metrics_show_each_address_under_the_name() {
         .expect("unknown member");
     assert_eq!(gone.status, 404, "{}", gone.body);
     // The name reaches every member.
-    let drained = client::call(baton.admin, "POST", "/backends/app/drain", None)
-        .await
-        .expect("drain");
-    assert_eq!(drained.status, 200, "{}", drained.body);
+    client::drain(baton.admin, "app").await;
     wait_members(baton.admin, &[(a.clone(), "out"), (b.clone(), "out")]).await;
     // And stays so across a reload, for the name as for its members.
     baton.reload_ok().await;
@@ -937,10 +934,7 @@ async fn a_drained_name_without_members_stays_drained_when_a_reload_finds_them()
             .is_ok_and(|a| a.status == 503 && a.body.contains("waiting for DNS: app"))
     })
     .await;
-    let drained = client::call(baton.admin, "POST", "/backends/app/drain", None)
-        .await
-        .expect("drain");
-    assert_eq!(drained.status, 200, "{}", drained.body);
+    client::drain(baton.admin, "app").await;
     dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 2)]);
     dns.set_mode(Mode::Answer);
     baton.reload_ok().await;

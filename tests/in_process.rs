@@ -106,10 +106,7 @@ async fn a_backend_drained_through_the_admin_api_takes_no_new_request() {
     let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
     let mut baton = InProcess::start(web(&[a.addr, b.addr])).await;
     let (web, admin) = (baton.addr("web"), baton.admin);
-    let drained = client::call(admin, "POST", "/backends/app-0/drain", None)
-        .await
-        .expect("drain call");
-    assert_eq!(drained.status, 200, "{}", drained.body);
+    client::drain(admin, "app-0").await;
     // Nothing was in flight on it, so its drain is over at once.
     assert_eq!(client::backend_state(admin, "app-0").await, "out");
     for i in 0..20 {

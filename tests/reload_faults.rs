@@ -740,10 +740,7 @@ async fn admin_requests_follow_the_serving_generation_during_a_reload() {
     let config = config_behind_a_fifo(&baton);
     let (_, reply) = new_generation_holding_the_sockets(&baton, serving).await;
 
-    let drained = client::call(admin, "POST", "/backends/app-1/drain", None)
-        .await
-        .expect("drain");
-    assert_eq!(drained.status, 200, "{}", drained.body);
+    client::drain(admin, "app-1").await;
 
     // The serving generation frozen, the new one ready: nobody may answer
     // probes but the serving one, so nobody answers at all.
@@ -788,17 +785,11 @@ async fn a_dns_name_restored_while_the_new_generation_starts_is_enabled_after() 
         .http("web", "app");
     let baton = Baton::start(spec).await;
     let admin = baton.admin;
-    let drained = client::call(admin, "POST", "/backends/app/drain", None)
-        .await
-        .expect("drain");
-    assert_eq!(drained.status, 200, "{}", drained.body);
+    client::drain(admin, "app").await;
     let serving = baton.serving_pid().await;
     let config = config_behind_a_fifo(&baton);
     let (_, reply) = new_generation_holding_the_sockets(&baton, serving).await;
-    let restored = client::call(admin, "POST", "/backends/app/restore", None)
-        .await
-        .expect("restore");
-    assert_eq!(restored.status, 200, "{}", restored.body);
+    client::restore(admin, "app").await;
     support::daemon::feed_fifo(&baton.config, &config).await;
     let reply = reply.await.expect("join");
     assert!(reply.contains("\"ok\":true"), "{reply}");

@@ -584,10 +584,7 @@ async fn a_drain_waits_for_every_older_generation_not_only_the_last() {
     baton.reload_ok().await;
     assert_eq!(wait_exit(middle).await, Some(0), "gone after its 1 s wait");
 
-    let drained = client::call(baton.admin, "POST", "/backends/app-0/drain", None)
-        .await
-        .expect("drain");
-    assert_eq!(drained.status, 200, "{}", drained.body);
+    client::drain(baton.admin, "app-0").await;
     let status = client::backend_status(baton.admin, "app-0").await;
     assert_eq!(
         status["state"], "draining",

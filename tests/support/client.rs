@@ -193,6 +193,26 @@ pub async fn call(
     exchange(&mut sender, req).await
 }
 
+/// Drains backend `id` (an index, a name, `name@address`) through the
+/// admin API, which must take it; its answer.
+pub async fn drain(admin: SocketAddr, id: &str) -> Answer {
+    backend_call(admin, id, "drain").await
+}
+
+/// Restores backend `id` through the admin API, which must take it; its
+/// answer.
+pub async fn restore(admin: SocketAddr, id: &str) -> Answer {
+    backend_call(admin, id, "restore").await
+}
+
+async fn backend_call(admin: SocketAddr, id: &str, verb: &str) -> Answer {
+    let answer = call(admin, "POST", &format!("/backends/{id}/{verb}"), None)
+        .await
+        .unwrap_or_else(|e| panic!("{verb} call: {e}"));
+    assert_eq!(answer.status, 200, "{verb}: {}", answer.body);
+    answer
+}
+
 /// The Prometheus text `/metrics` serves.
 pub async fn metrics(admin: SocketAddr) -> String {
     get(admin, "/metrics").await.expect("metrics").body
