@@ -62,6 +62,28 @@ impl Validator {
         }
     }
 
+    /// A pool no listener or route sends work to is still checked, and
+    /// `/readyz` still waits for a healthy backend of it: one left in the
+    /// file after its routes went would make the node unready (a
+    /// balancer in front takes it out) when its backends are retired.
+    /// A warning: such a config ran.
+    pub(super) fn every_pool_used(&mut self, listeners: &[ListenerConfig], pools: &[PoolConfig]) {
+        for (i, pool) in pools.iter().enumerate() {
+            let used = listeners
+                .iter()
+                .any(|l| l.pool == i || l.routes.iter().any(|r| r.pool == i));
+            if !used {
+                self.warning(
+                    &format!("pools[{i}]"),
+                    format!(
+                        "\"{}\" is used by no listener or route: it is still health-checked, and /readyz still waits for a healthy backend of it; remove it if it is retired",
+                        pool.name
+                    ),
+                );
+            }
+        }
+    }
+
     /// Listeners that log to one destination in two formats mix JSON and
     /// combined lines in one file, which no log tool reads whole (and a
     /// combined line names no listener). A warning: such a config ran.
@@ -169,6 +191,25 @@ mod tests {
         );
         assert!(warnings(&two("json", "json", "access.log")).is_empty());
         assert!(warnings(&two("json", "combined", "other.log")).is_empty());
+    }
+
+    /// A pool that no listener or route uses is warned of; one a route
+    /// uses is not.
+    #[test]
+    fn a_pool_nothing_uses_is_warned_of() {
+        let spare = "\n[[pools]]\nname = \"old\"\nbackends = [{ name = \"o\", address = \"127.0.0.1:9009\" }]\n";
+        let unused = warnings(&(config("", "", "127.0.0.1:9001") + spare));
+        warned_once(
+            &unused,
+            "pools[1]",
+            "\"old\" is used by no listener or route",
+        );
+        let routed = config(
+            "",
+            "routes = [{ path_prefix = \"/x\", pool = \"old\" }]",
+            "127.0.0.1:9001",
+        ) + spare;
+        assert!(warnings(&routed).is_empty(), "{:?}", warnings(&routed));
     }
 
     #[test]

@@ -116,6 +116,7 @@ pub fn from_file(
     );
     v.no_listener_is_its_own_backend(&listeners, &pools);
     v.one_format_a_destination(&listeners);
+    v.every_pool_used(&listeners, &pools);
     if v.problems.is_empty() {
         Ok(Config {
             source: path.to_path_buf(),
