@@ -859,11 +859,7 @@ async fn a_drained_member_whose_address_leaves_and_returns_stays_drained() {
         &[(kept.clone(), "up"), (drained.clone(), "up")],
     )
     .await;
-    let path = format!("/backends/app@{drained}/drain");
-    let answer = client::call(baton.admin, "POST", &path, None)
-        .await
-        .expect("drain");
-    assert_eq!(answer.status, 200, "{}", answer.body);
+    client::drain(baton.admin, &format!("app@{drained}")).await;
     let (only_first, both) = (
         [Ipv4Addr::new(127, 0, 0, 2)],
         [Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3)],
@@ -892,6 +888,14 @@ async fn a_drained_member_whose_address_leaves_and_returns_stays_drained() {
             "the drained member took no work (reload: {reload})"
         );
     }
+    // Said each time, in case the address is a new instance's.
+    let member = format!("backend=app@{drained} state=out");
+    let log = baton.log();
+    let said = log
+        .lines()
+        .filter(|l| l.contains("a member the operator set apart") && l.contains(&member))
+        .count();
+    assert_eq!(said, 2, "{log}");
 }
 
 /// An HTTP check of a member asks with the name the config gave (as a

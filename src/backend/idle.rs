@@ -28,6 +28,10 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(4);
 /// burst anyway, and an idle one is closed after `IDLE_LIMIT`.
 const MAX_IDLE: usize = 4096;
 
+/// The room an idle list keeps whatever its length: what a worker's
+/// usual traffic to one backend holds, grown again only by a burst.
+const KEPT_ROOM: usize = 64;
+
 /// How a kept connection is found still usable before an exchange goes
 /// out on it: nothing may be readable on its socket. EOF means the backend
 /// closed it; bytes would be a response to nothing (or, under TLS, the
@@ -176,7 +180,14 @@ impl IdleConnections {
             let closing: Vec<Idle> = {
                 let mut conns = list.lock().unwrap_or_else(PoisonError::into_inner);
                 let count = conns.iter().take_while(|idle| expired(idle)).count();
-                conns.drain(..count).collect()
+                let closing = conns.drain(..count).collect();
+                // A burst's room is given back once the list is a quarter
+                // of it (up to `MAX_IDLE` entries a worker, for good).
+                if conns.capacity() > KEPT_ROOM && conns.len() < conns.capacity() / 4 {
+                    let room = KEPT_ROOM.max(conns.len() * 2);
+                    conns.shrink_to(room);
+                }
+                closing
             };
             closing
                 .into_iter()

@@ -104,6 +104,15 @@ impl Named {
             .lock()
             .ok()
             .and_then(|mut s| s.remove(&address));
+        if let Some(state) = said {
+            // Maybe a new instance on a reused address: said, so that one
+            // left out of rotation is not left so unnoticed.
+            tracing::info!(
+                backend = %format!("{}@{address}", self.name),
+                state = %state.as_str(),
+                "a member the operator set apart before its address left DNS is back, as it was left; restore it if it is a new instance"
+            );
+        }
         said.unwrap_or_else(|| self.admin())
     }
 
@@ -119,6 +128,12 @@ impl Named {
                 said.remove(&address);
             } else if said.len() < REMEMBERED || said.contains_key(&address) {
                 said.insert(address, admin);
+            } else {
+                tracing::warn!(
+                    backend = %format!("{}@{address}", self.name),
+                    remembered = REMEMBERED,
+                    "too many members set apart by the operator are gone from DNS: this one's state is not kept for its return"
+                );
             }
         }
     }

@@ -105,6 +105,9 @@ const HEADER_TABLE: usize = 4096;
 /// The output buffer an idle connection keeps (more, and it is dropped):
 /// enough for a small response's frames, not what a download grew.
 const OUT_KEPT_IDLE: usize = 1024;
+/// The response-head buffer an idle connection keeps (more, and it is
+/// dropped): a usual head's encoding, not the largest one it ever sent.
+const BLOCK_KEPT_IDLE: usize = 1024;
 /// The room for streams an idle connection keeps (more, and it is
 /// dropped): a client that keeps up to 14 streams open (h2load's `-m10`)
 /// does not make baton allocate it again for each burst (3 % more
@@ -435,6 +438,10 @@ where
             io::release_if_empty(&mut self.read);
             if self.out.capacity() > OUT_KEPT_IDLE {
                 self.out = Vec::new();
+            }
+            // A large head once (up to 64 KiB) is not held for good.
+            if self.block.capacity() > BLOCK_KEPT_IDLE {
+                self.block = Vec::new();
             }
             if self.streams.capacity() > STREAMS_KEPT_IDLE {
                 self.streams = HashMap::new();
