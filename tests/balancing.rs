@@ -524,10 +524,10 @@ async fn start_up_waits_on_an_unhealthy_pool() {
     baton.wait_ready().await;
 }
 
-/// A drain that no backend of the new config takes (its pool renamed, so
-/// its name too) is not carried, and the log says so, naming it: it was
-/// dropped silently, and a backend under maintenance came back into
-/// rotation with nothing said.
+/// A drain that no backend of the new config takes is said: warned of
+/// for a backend now named otherwise (its pool renamed, so its name too),
+/// whose drain was dropped silently and which came back into rotation
+/// with nothing said; a backend retired from the config is only noted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_no_backend_takes_after_a_reload_is_said() {
     let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
@@ -539,19 +539,24 @@ async fn a_drain_no_backend_takes_after_a_reload_is_said() {
     .await;
     let admin = baton.admin;
     client::drain(admin, "app-0").await;
-    let renamed = Spec::new()
-        .http("web", "site")
-        .pool("site", &[a.addr, b.addr]);
+    client::drain(admin, "app-1").await;
+    let renamed = Spec::new().http("web", "site").pool("site", &[a.addr]);
     baton.write_spec(&renamed, &Default::default());
     baton.reload_ok().await;
     assert_eq!(backend_state(admin, "site-0").await, "up");
     let log = baton.log();
+    let said = |backend: &str, level: &str, words: &str| {
+        log.lines().any(|l| {
+            l.contains(level)
+                && l.contains(words)
+                && l.contains(&format!("pool=app backend={backend} "))
+        })
+    };
     assert!(
-        log.lines().any(|l| l.contains(" WARN ")
-            && l.contains("its drain is not carried")
-            && l.contains("pool=app backend=app-0")),
+        said("app-0", " WARN ", "its drain is not carried") && log.contains("now_backend=site-0"),
         "{log}"
     );
+    assert!(said("app-1", " INFO ", "left the config"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -695,6 +700,13 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // A refusal says what was asked and the API's own words.
+    let out = baton_cli(&["backend", "drain", "nope"], &baton.config).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "baton: the admin API refused POST /backends/nope/drain (404): no backend named \"nope\""
+    );
     // `status` reads no token, so a user who cannot read the token file
     // (a monitoring user; here, the file gone) still gets it; `backend`
     // needs it.

@@ -59,17 +59,23 @@ async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> 
     ask(config, &host, stream).await.map_err(Fault::Failed)
 }
 
+/// The format of [`asked`]'s words, their first word: a release that words
+/// them otherwise raises it, and verdicts carried across that upgrade are
+/// kept (words of two formats cannot be compared).
+const ASKED_FORMAT: &str = "1";
+
 /// What a check asks, in words: a verdict of other words (a new path, a
-/// `Host`, TLS added to the pool) is no verdict of this check's.
+/// `Host`, TLS added to the pool) is no verdict of this check's. (A CA
+/// bundle changed under the same pool is not in them: its verdicts carry.)
 pub fn asked(
     health: &HealthConfig,
     tls: Option<&crate::tls::upstream::UpstreamTls>,
     send_proxy: Option<crate::proxy_protocol::Version>,
 ) -> String {
     let mut words = match health.kind {
-        HealthKind::Tcp => "tcp".to_string(),
+        HealthKind::Tcp => format!("{ASKED_FORMAT} tcp"),
         HealthKind::Http => format!(
-            "http GET {} host {}",
+            "{ASKED_FORMAT} http GET {} host {}",
             health.path,
             health.host.as_deref().unwrap_or("-")
         ),

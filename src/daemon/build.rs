@@ -605,8 +605,8 @@ fn access_log(
 /// pool, name and address (a backend whose address changed starts afresh).
 /// A name resolved from DNS carries the operator's word on the name itself
 /// with its query as the address (members that join later take it).
-/// Returns the operator's drains that nothing here took (a backend or
-/// pool renamed, a backend moved), for the caller to say so.
+/// Returns the operator's drains that nothing here took (a backend
+/// retired, renamed, moved, or at a new address), for [`say_untaken`].
 pub(super) fn carry_over<'a>(
     pools: &[Arc<Pool>],
     carried: &'a [BackendCarry],
@@ -623,21 +623,29 @@ pub(super) fn carry_over<'a>(
                 .iter()
                 .find(|b| b.name == c.name && b.address.to_string() == c.address);
             let named = p.named.iter().find(|n| n.name == c.name);
-            taken |= backend.is_some() || named.is_some();
             match (backend, c.address.parse()) {
-                (Some(backend), _) if c.checked_by.is_none() || c.checked_by == p.checked_by => {
-                    backend.adopt(admin, c.healthy, c.streak)
+                (Some(backend), _) => {
+                    // Another check's verdict says nothing of this one's.
+                    let (healthy, streak) = match same_check(&c.checked_by, &p.checked_by) {
+                        true => (c.healthy, c.streak),
+                        false => (None, 0),
+                    };
+                    backend.adopt(admin, healthy, streak);
+                    taken = true;
                 }
-                // Another check's verdict says nothing of this one's.
-                (Some(backend), _) => backend.adopt(admin, None, 0),
                 // A DNS member whose address is not in the answer now:
                 // its state waits for the address.
                 (None, Ok(address)) => {
                     if let Some(named) = named {
                         named.remember(address, admin);
+                        taken = true;
                     }
                 }
-                (None, Err(_)) => {}
+                // A name's own word, taken by `carry_names` when its query
+                // is the same.
+                (None, Err(_)) => {
+                    taken |= named.is_some_and(|n| n.query.to_string() == c.address);
+                }
             }
         }
         if !taken && admin != AdminState::Enabled {
@@ -645,6 +653,51 @@ pub(super) fn carry_over<'a>(
         }
     }
     untaken
+}
+
+/// Whether a verdict checked by `carried` counts for checks that ask
+/// `ours` (see `probe::asked`): not when both say what they asked, in the
+/// same words' format, and it differs. A format of another release (its
+/// first word) cannot be compared, and is taken as the same check.
+fn same_check(carried: &Option<String>, ours: &Option<String>) -> bool {
+    let format = |words: &str| words.split(' ').next().map(str::to_owned);
+    match (carried, ours) {
+        (Some(carried), Some(ours)) => carried == ours || format(carried) != format(ours),
+        _ => true,
+    }
+}
+
+/// Says what became of drains no backend of this config took: a backend
+/// now at another address keeps the name (its new machine starts
+/// enabled), one whose address is now another's was renamed or moved (a
+/// drain meant for it is lost: warned of), and any other left the config.
+pub(super) fn say_untaken(pools: &[Arc<Pool>], untaken: &[&BackendCarry]) {
+    let backends: Vec<Arc<crate::backend::Backend>> = pools
+        .iter()
+        .flat_map(|p| p.backends().backends.clone())
+        .collect();
+    for lost in untaken {
+        let renamed = backends
+            .iter()
+            .find(|b| b.address.to_string() == lost.address);
+        let readdressed = pools.iter().any(|p| {
+            p.name == lost.pool
+                && (p.named.iter().any(|n| n.name == lost.name)
+                    || p.backends().backends.iter().any(|b| b.name == lost.name))
+        });
+        let (pool, backend, address) = (&lost.pool, &lost.name, &lost.address);
+        match (readdressed, renamed) {
+            (true, _) => {
+                tracing::info!(pool = %pool, backend = %backend, address = %address, "a backend the operator drained now has another address or query: the new one starts enabled")
+            }
+            (false, Some(now)) => {
+                tracing::warn!(pool = %pool, backend = %backend, address = %address, now_pool = %now.pool, now_backend = %now.label, "a backend the operator drained is now named otherwise (renamed or moved?): its drain is not carried; drain it again by its new name if it is still meant to be")
+            }
+            (false, None) => {
+                tracing::info!(pool = %pool, backend = %backend, address = %address, "a backend the operator drained left the config; its drain ends with it")
+            }
+        }
+    }
 }
 
 /// The operator's word on each DNS name, carried over: members that join
@@ -786,7 +839,23 @@ fn start_error(err: ListenError, context: impl FnOnce(std::io::Error) -> StartEr
 
 #[cfg(test)]
 mod tests {
-    use super::{shard_name, shard_number};
+    use super::{same_check, shard_name, shard_number};
+
+    /// A carried verdict counts unless both generations said what their
+    /// checks asked, in one format, and it differs.
+    #[test]
+    fn a_verdict_carries_unless_its_check_asked_otherwise() {
+        let words = |w: &str| Some(w.to_string());
+        let health = words("1 http GET /health host -");
+        assert!(same_check(&health, &health));
+        assert!(!same_check(&health, &words("1 http GET /ready host -")));
+        assert!(!same_check(&words("1 tcp"), &health));
+        assert!(
+            same_check(&words("2 http GET /ready"), &health),
+            "another release's format is not compared"
+        );
+        assert!(same_check(&None, &health), "a release that said nothing");
+    }
 
     #[test]
     fn a_later_releases_backend_state_is_taken_as_draining() {

@@ -36,14 +36,8 @@ impl Generation {
             .await
         {
             Ok(go_ahead) => {
-                for lost in build::carry_over(&self.pools, &go_ahead.backends) {
-                    tracing::warn!(
-                        pool = %lost.pool,
-                        backend = %lost.name,
-                        address = %lost.address,
-                        "a backend the operator drained is in no pool of the new config by that name (renamed or moved?): its drain is not carried; drain it again by its new name if it is still meant to be"
-                    );
-                }
+                let untaken = build::carry_over(&self.pools, &go_ahead.backends);
+                build::say_untaken(&self.pools, &untaken);
                 // Counted up to now: what `/metrics` shows if the old
                 // generation's first report is late (see `FIRST_REPORT_WAIT`).
                 if let Some(report) = go_ahead.report {
