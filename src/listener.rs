@@ -225,7 +225,7 @@ impl Listener<TcpListener> {
                 },
         } = self;
         if let Err(err) = acks.set_on(&socket) {
-            tracing::warn!(listener = %name, cause = %err, "cannot set when connections acknowledge");
+            tracing::warn!(listener = %name, cause = %err, "cannot set when connections acknowledge (TCP_QUICKACK)");
         }
         // Set, like the ACKs, once this generation takes the connections.
         if let Err(err) = set_defer_accept(std::os::fd::AsFd::as_fd(&socket), defer_accept) {

@@ -11,12 +11,25 @@ use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NamedFileError {
-    #[error("cannot read: {0}")]
+    #[error("cannot read: {}{}", .0, refused_as(.0))]
     Read(std::io::Error),
     #[error("is not a regular file")]
     NotAFile,
     #[error("is larger than {0} bytes")]
     TooLarge(u64),
+}
+
+/// Who was refused, when a file could not be read for its permissions:
+/// under the unit the daemon reads as the service's user, not as the root
+/// who wrote the file (certbot's keys are root's alone); a command reads
+/// as whoever runs it.
+pub fn refused_as(err: &std::io::Error) -> String {
+    match err.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            format!(" (read as uid {})", nix::unistd::getuid())
+        }
+        _ => String::new(),
+    }
 }
 
 /// `path`'s bytes, if it is a regular file of at most `most` bytes.

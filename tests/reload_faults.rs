@@ -220,7 +220,7 @@ async fn a_new_generation_killed_after_it_received_the_sockets_is_a_failed_reloa
     assert!(!baton.log().contains("ready; waiting"), "not ready yet");
     signal(child, Signal::SIGKILL);
     // Its pid, and where its last words are.
-    let exited = format!("new generation (pid {child}) exited before it took over, without saying why: its last lines are in the journal (journalctl _PID={child})");
+    let exited = format!("new generation (pid {child}) exited before it took over, without saying why: its last lines are in baton's log (journalctl -u baton under systemd)");
     failed_then_recovered(&baton, serving, reply, &exited, &config, load).await;
 }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::Value;
 
-use super::status::{admin_call, load, s};
+use super::status::{admin_call, load, refused, s};
 use crate::cli::{BackendAction, BackendArgs};
 use crate::config::Token;
 use crate::exit::Exit;
@@ -54,7 +54,7 @@ pub fn backend(args: &BackendArgs) -> Exit {
         );
         Exit::Clean
     } else {
-        eprintln!("baton: {} ({code})", s(&v["error"]));
+        eprintln!("baton: {}", refused("POST", &path, code, &body));
         Exit::Failure
     }
 }

@@ -51,5 +51,5 @@ pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, Exit> {
 /// The config at `path`; if it is invalid, the reason is said here (the
 /// caller ends with [`Exit::Config`]).
 pub fn load_config(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
-    config::load(path, overrides).inspect_err(|err| eprintln!("baton: config invalid: {err}"))
+    config::load(path, overrides).inspect_err(|err| eprintln!("baton: {}", err.said()))
 }

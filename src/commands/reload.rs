@@ -35,7 +35,7 @@ pub fn reload(args: ReloadArgs) -> Exit {
         Err(err) => match crate::config::load_reload_target(path) {
             Ok((socket, wait)) => (socket, wait, Some(err)),
             Err(_) => {
-                eprintln!("baton: config invalid: {err}");
+                eprintln!("baton: {}", err.said());
                 return Exit::Config;
             }
         },
@@ -84,7 +84,7 @@ pub fn reload(args: ReloadArgs) -> Exit {
         // Not reached: the file's own fault is the answer, as before it
         // was sent.
         (Err(CallError::Unreachable { .. }), Some(invalid)) => {
-            eprintln!("baton: config invalid: {invalid}");
+            eprintln!("baton: {}", invalid.said());
             Exit::Config
         }
         (Err(err @ CallError::Unreachable { .. }), None) => {

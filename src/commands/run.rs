@@ -67,9 +67,7 @@ async fn run_async(args: RunArgs) -> Exit {
         Ok(c) => c,
         Err(err) => {
             if let Some((parent, _)) = &parent {
-                parent
-                    .fail(Exit::Config, &format!("config invalid: {err}"))
-                    .await;
+                parent.fail(Exit::Config, &err.said()).await;
             }
             return Exit::Config;
         }

@@ -20,10 +20,28 @@ pub(super) fn admin_call(
         .map_err(|e| {
             eprintln!("baton: {e}");
             match e {
-                AdminCallError::Unreachable { .. } => Exit::Unreachable,
+                AdminCallError::Unreachable { .. } => {
+                    eprintln!("baton: is baton running (systemctl status baton), and is this config's admin.listen the running daemon's?");
+                    Exit::Unreachable
+                }
                 AdminCallError::Failed { .. } => Exit::Failure,
             }
         })
+}
+
+/// What the admin API said when it refused `method path` with `code`: its
+/// JSON error's words, else its body as it came.
+pub(super) fn refused(method: &str, path: &str, code: u16, body: &str) -> String {
+    let said = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_string))
+        .unwrap_or_else(|| body.trim().to_string());
+    let said = if said.is_empty() {
+        "no reason given".to_string()
+    } else {
+        said
+    };
+    format!("the admin API refused {method} {path} ({code}): {said}")
 }
 
 /// The part of the config a command reads only to find the daemon: its
@@ -32,7 +50,7 @@ pub(super) fn admin_call(
 /// says it is needed.
 pub(super) fn load(path: &std::path::Path, token: Token) -> Result<AdminConfig, Exit> {
     crate::config::load_admin(path, token).map_err(|err| {
-        eprintln!("baton: config invalid: {err}");
+        eprintln!("baton: {}", err.said());
         Exit::Config
     })
 }
@@ -47,7 +65,7 @@ pub fn status(args: &StatusArgs) -> Exit {
         Err(exit) => return exit,
     };
     if code != 200 {
-        eprintln!("baton: /status answered {code}: {body}");
+        eprintln!("baton: {}", refused("GET", "/status", code, &body));
         return Exit::Failure;
     }
     if args.json {

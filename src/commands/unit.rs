@@ -37,8 +37,8 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
         .into_iter()
         .filter_map(|path| match std::fs::read_to_string(&path) {
             Ok(text) => Some((path, text)),
-            Err(_) => {
-                eprintln!("baton: warning: cannot read unit {}", path.display());
+            Err(err) => {
+                eprintln!("baton: warning: cannot read unit {}: {err}", path.display());
                 None
             }
         })

@@ -372,6 +372,19 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// The error as a command says it: a file this user cannot read is no
+    /// invalid config (and who was refused is said), the others are.
+    pub fn said(&self) -> String {
+        match self {
+            ConfigError::Read { source, .. } => {
+                format!("{self}{}", crate::named_file::refused_as(source))
+            }
+            _ => format!("config invalid: {self}"),
+        }
+    }
+}
+
 fn render_invalid(path: &Path, problems: &[String]) -> String {
     let mut out = format!("{}: {} problem(s)", path.display(), problems.len());
     for problem in problems {

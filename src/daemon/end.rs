@@ -235,6 +235,9 @@ impl Generation {
         let ended = if forced_early {
             self.drain.begin(Duration::ZERO);
             let open = self.drain.force().await;
+            if open == 0 {
+                tracing::info!("second stop signal: nothing was open");
+            }
             metrics::drain_finished(DrainReason::Shutdown, 0.0, 0, open);
             Ended {
                 outcome: DrainOutcome::Forced { open },
@@ -476,6 +479,11 @@ impl Generation {
         tracing::info!(connections = at_start, budget = ?budget, reason = reason.as_str(), "drain started");
         let mut stop_heard = None;
         let mut cut = None;
+        // Which budget the deadline is now: a stop's end, if it came first.
+        let mut deadline_key = match reason {
+            DrainReason::Reload => "reload.drain_timeout",
+            DrainReason::Shutdown => "shutdown.drain_timeout",
+        };
         // When a stop's cut ends the long-lived streams the spread still holds.
         let mut spread_cut: Option<Instant> = None;
         let outcome = loop {
@@ -486,18 +494,18 @@ impl Generation {
                     spread_cut = None;
                 }
                 () = tokio::time::sleep_until(deadline) => {
-                    let key = match (reason, stop_heard) {
-                        (DrainReason::Reload, None) => "reload.drain_timeout",
-                        _ => "shutdown.drain_timeout",
-                    };
-                    cut = Some(Cut::Deadline { after: started.elapsed(), key });
+                    cut = Some(Cut::Deadline { after: started.elapsed(), key: deadline_key });
                     break DrainOutcome::Forced { open: self.drain.force().await };
                 }
                 command = self.commands.recv() => match command {
                     Command::Stop if stop_heard.is_none() && matches!(reason, DrainReason::Reload) => {
                         stop_heard = Some(Instant::now());
                         // The stop's own end: its pause, then its drain.
-                        deadline = deadline.min(Instant::now() + stop_budget());
+                        let stop_end = Instant::now() + stop_budget();
+                        if stop_end < deadline {
+                            deadline = stop_end;
+                            deadline_key = "shutdown.drain_timeout";
+                        }
                         self.show_stopping();
                         self.publish_deadline(deadline);
                         // Ended as the serving generation ends its own:
@@ -614,7 +622,7 @@ impl Generation {
                     Some(Cut::Told) => tracing::warn!(
                         generation,
                         connections = open,
-                        "told to end the drain (SIGUSR2: a newer generation went past reload.max_draining, or by hand); connections force-closed"
+                        "SIGUSR2 ended the drain (sent by the serving generation past reload.max_draining or at its own forced stop, or by hand); connections force-closed"
                     ),
                     Some(Cut::Stop) | None => tracing::warn!(
                         generation,
@@ -670,7 +678,8 @@ enum Cut {
     Deadline { after: Duration, key: &'static str },
     /// A second stop signal.
     Stop,
-    /// SIGUSR2: a newer generation over `reload.max_draining`, or a user.
+    /// SIGUSR2: the serving generation past `reload.max_draining` or at its
+    /// own forced stop, or a user.
     Told,
 }
 

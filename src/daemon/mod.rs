@@ -174,9 +174,14 @@ async fn fail(parent: Option<&Parent>, err: StartError) -> Exit {
         StartError::Handoff(h) => h.exit_code(),
         _ => Exit::Failure,
     };
-    tracing::error!(cause = %err, "start-up failed");
-    if let Some(parent) = parent {
-        parent.fail(code, &err.to_string()).await;
+    match parent {
+        // The older generation serves on and logs the failed reload at
+        // ERROR: this one is its cause, not a second outage.
+        Some(parent) => {
+            tracing::warn!(cause = %err, "new generation could not start; the reload fails and the older generation serves on");
+            parent.fail(code, &err.to_string()).await;
+        }
+        None => tracing::error!(cause = %err, "start-up failed"),
     }
     code
 }

@@ -74,7 +74,7 @@ impl Reloading {
     pub async fn finished(&mut self) -> Result<Successor, HandoverError> {
         (&mut self.handle)
             .await
-            .unwrap_or_else(|e| Err(HandoverError::OutOfTurn(format!("reload task: {e}"))))
+            .unwrap_or_else(|e| Err(HandoverError::Internal(format!("reload task: {e}"))))
     }
 
     /// For a stop: abandons the handoff, or waits for it to complete and

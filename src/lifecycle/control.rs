@@ -168,7 +168,7 @@ async fn handle(stream: UnixStream, requests: mpsc::Sender<Incoming>) -> std::io
                     .await
                     .is_err()
                 {
-                    Reply::err(Exit::Failure, "the daemon is shutting down")
+                    Reply::err(Exit::Failure, "the daemon is stopping")
                 } else {
                     rx.await.unwrap_or_else(|_| {
                         Reply::err(Exit::Failure, "the daemon dropped the request")

@@ -135,14 +135,19 @@ pub enum HandoverError {
     Failed { exit_code: i32, reason: String },
     /// Its exit status is its parent's (a detached grandchild's): the
     /// journal has its last lines.
-    #[error("new generation (pid {pid}) exited before it took over, without saying why: its last lines are in the journal (journalctl _PID={pid})")]
+    #[error("new generation (pid {pid}) exited before it took over, without saying why: its last lines are in baton's log (journalctl -u baton under systemd)")]
     Exited { pid: u32 },
     #[error("new generation was not ready within {0:?}; it was killed")]
     Timeout(Duration),
     #[error("new generation did not say it accepts within {0:?} of the go-ahead; it was killed")]
     NotAccepting(Duration),
-    #[error("new generation sent {0} out of turn")]
-    OutOfTurn(String),
+    #[error(
+        "new generation sent a \"{0}\" message out of turn: are both generations the same release?"
+    )]
+    OutOfTurn(&'static str),
+    /// The reload's own task failed (a panic): a bug of baton's.
+    #[error("the reload failed inside this generation (a bug of baton's; please report it): {0}")]
+    Internal(String),
     #[error("a stop began before the new generation was ready; it was killed")]
     Abandoned,
     #[error("baton runs as PID 1 (a container without an init), where a new generation would be killed when this one exits; run it under an init (`docker run --init`, tini) to reload")]
@@ -362,7 +367,7 @@ async fn converse(
         Message::Failed { exit_code, reason } => {
             return Err(HandoverError::Failed { exit_code, reason })
         }
-        other => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
+        other => return Err(HandoverError::OutOfTurn(other.kind())),
     };
     let GoAhead { backends, report } = at_go_ahead();
     let commit = Message::Commit { backends, report };
@@ -397,7 +402,7 @@ async fn converse(
         Ok(Message::Failed { exit_code, reason }) => {
             return Err(HandoverError::Failed { exit_code, reason })
         }
-        Ok(other) => return Err(HandoverError::OutOfTurn(format!("{other:?}"))),
+        Ok(other) => return Err(HandoverError::OutOfTurn(other.kind())),
         Err(err) => return Err(not_accepting(err)),
     }
     // Sockets N+1 did not adopt (a listener removed or moved), or adopted
@@ -618,7 +623,7 @@ impl Parent {
             started,
         } = message
         else {
-            return Err(HandoverError::OutOfTurn(format!("{message:?}")));
+            return Err(HandoverError::OutOfTurn(message.kind()));
         };
         let sockets = Inventory::new(sockets, fds).map_err(|e| HandoverError::Failed {
             exit_code: Exit::Failure.code(),
@@ -665,7 +670,7 @@ impl Parent {
         tracing::info!("ready; waiting for the old generation's go-ahead");
         match self.channel.recv().await?.0 {
             Message::Commit { backends, report } => Ok(GoAhead { backends, report }),
-            other => Err(HandoverError::OutOfTurn(format!("{other:?}"))),
+            other => Err(HandoverError::OutOfTurn(other.kind())),
         }
     }
 

@@ -298,6 +298,26 @@ pub enum Message {
     Unknown,
 }
 
+impl Message {
+    /// Its type as it goes on the wire: what an error says of a message
+    /// out of turn (its whole contents, an offer's every backend, would
+    /// bury the point).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Offer { .. } => "offer",
+            Message::Ready { .. } => "ready",
+            Message::Failed { .. } => "failed",
+            Message::Commit { .. } => "commit",
+            Message::Accepting => "accepting",
+            Message::Report(_) => "report",
+            Message::Stop => "stop",
+            Message::Leaving { .. } => "leaving",
+            Message::StopBudget { .. } => "stop_budget",
+            Message::Unknown => "unknown",
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct EnvelopeOut<'a> {
     version: u32,

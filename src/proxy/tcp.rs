@@ -155,7 +155,7 @@ impl TcpProxy {
                 Termination::BackendFailed(Phase::Data)
             }
             First::Main(Err(err)) => {
-                tracing::debug!(listener = %self.listener, backend = %lease.backend().name, cause = %err, "tcp stream ended with an error");
+                tracing::debug!(listener = %self.listener, pool = %lease.backend().pool, backend = %lease.backend().label, cause = %err, "tcp stream ended with an error");
                 reset::once_taken(ends.backend.tcp()).await;
                 Termination::ClientAborted(Phase::Data)
             }
@@ -163,7 +163,7 @@ impl TcpProxy {
                 // Within the budget for clients' faults: a client can
                 // leave as many connections idle as it may open.
                 if crate::telemetry::client_fault() {
-                    tracing::info!(listener = %self.listener, client = %peer, backend = %lease.backend().name, "no traffic either way within tunnel_timeout (idle_timeout once the backend closed its half); closing");
+                    tracing::info!(listener = %self.listener, client = %peer, pool = %lease.backend().pool, backend = %lease.backend().label, "no traffic either way within tunnel_timeout (idle_timeout once the backend closed its half); closing");
                 }
                 Termination::ClientTimeout(Phase::Data)
             }

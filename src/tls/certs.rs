@@ -56,7 +56,7 @@ pub struct Problem {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Reason {
-    #[error("cannot read: {0}")]
+    #[error("cannot read: {}{}", .0, crate::named_file::refused_as(.0))]
     Read(std::io::Error),
     #[error("is not a regular file")]
     NotAFile,

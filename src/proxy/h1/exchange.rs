@@ -285,7 +285,7 @@ async fn forward<S: ByteStream>(
         match attempt(proxy, client, &mut request, &lease, upstream, drain).await {
             Attempt::Answered { status, after } => return Ok((status, after)),
             Attempt::Stale if reused && replayable && !fresh_only => {
-                tracing::debug!(backend = %lease.backend().name, "a kept connection was closed under the request; sending it again on a new one");
+                tracing::debug!(pool = %lease.backend().pool, backend = %lease.backend().label, "a kept connection was closed under the request; sending it again on a new one");
                 fresh_only = true;
                 kept = Some(lease);
             }
