@@ -352,8 +352,7 @@ fn a_control_socket_whose_directory_cannot_be_made_says_so() {
 #[test]
 fn a_reload_the_control_socket_refuses_says_who_may() {
     use std::os::unix::fs::PermissionsExt;
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
+    if !can_act_as_another_uid() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -416,8 +415,7 @@ fn a_reload_the_control_socket_refuses_says_who_may() {
 #[test]
 fn a_config_the_user_may_not_read_is_not_called_invalid() {
     use std::os::unix::fs::PermissionsExt;
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
+    if !can_act_as_another_uid() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -443,6 +441,16 @@ fn a_config_the_user_may_not_read_is_not_called_invalid() {
         stderr.contains(&said) && !stderr.contains("invalid"),
         "{stderr}"
     );
+}
+
+/// Whether this test may act as another uid (root may); says it is
+/// skipped if not (CI runs as root).
+fn can_act_as_another_uid() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
+    }
+    root
 }
 
 /// Runs a copy of the binary in `dir` (which uid 65534 may run wherever
@@ -1158,8 +1166,7 @@ fn status_as_another_uid(
     socket: &std::path::Path,
 ) -> Option<(Option<i32>, String)> {
     use std::os::unix::fs::PermissionsExt;
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
+    if !can_act_as_another_uid() {
         return None;
     }
     for (path, mode) in [(dir, 0o755), (config, 0o644), (socket, 0o666)] {
@@ -1376,8 +1383,7 @@ fn refused_unix_peers_take_no_admin_place() {
     use std::io::{Read, Write};
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
+    if !can_act_as_another_uid() {
         return;
     }
     // Under /tmp, which uid 65534 may traverse whatever TMPDIR says.
