@@ -356,7 +356,12 @@ async fn termination_states_say_who_ended_the_exchange() {
         assert!(answer.starts_with("HTTP/1.1 200"), "{cut}: {answer}");
     }
     // A backend that failed before its response head: 502.
-    let unanswered = raw(baton.addr("mute"), "GET /mute HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    // (A 502 keeps the client's connection: it asks for the close.)
+    let unanswered = raw(
+        baton.addr("mute"),
+        "GET /mute HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     assert!(unanswered.starts_with("HTTP/1.1 502"), "{unanswered}");
     // A pool whose one backend went down: 503, no backend up.
     fading.kill();

@@ -128,8 +128,9 @@ async fn header_blocks_on_closed_streams_end_the_connection() {
     const PROTOCOL_ERROR: [u8; 4] = [0, 0, 0, 1];
     let (_backend, baton) = baton_with("").await;
     let again = post_on(1, "/b");
-    // Stream 5 is the one opened: two late blocks are one too many (three
-    // ids below it were counted once, ids it skipped included).
+    // Stream 5 is the one opened: a second late block is one too many
+    // (streams opened are counted, not ids: a rule by ids would take the
+    // three, 1, 3 and 5 being at or below the highest).
     let flood = (0..3).map(|_| get_on(1, "/a")).collect::<Vec<_>>().concat();
     for (what, late) in [("a request on a used id", again), ("three trailers", flood)] {
         let mut s = opened(&baton).await;

@@ -712,9 +712,9 @@ async fn a_stop_budget_a_later_reload_raised_reaches_the_oldest_generation() {
     let web = baton.addr("web");
     let oldest = baton.serving_pid().await;
     let mut conn = client::connect(web).await.expect("connect");
-    let slow = tokio::spawn(async move { client::send(&mut conn, web, "/slow/5000").await });
-    support::eventually("backend saw the slow request", || async {
-        backend.hits.load(Ordering::Relaxed) == 1
+    let held = tokio::spawn(async move { client::send(&mut conn, web, "/gated").await });
+    support::eventually("the request held by the backend", || async {
+        backend.held() == 1
     })
     .await;
     let middle = baton.reload_ok().await;
@@ -730,7 +730,11 @@ async fn a_stop_budget_a_later_reload_raised_reaches_the_oldest_generation() {
     for pid in [oldest, middle, main] {
         signal(pid, Signal::SIGTERM);
     }
-    let answer = slow.await.expect("join").expect("the request answered");
+    // Past the end of a stop under the old budget (1.5 s of held-back
+    // pause and 1 s of drain), well within the new one's 11.5 s.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    backend.release();
+    let answer = held.await.expect("join").expect("the request answered");
     assert_eq!(answer.status, 200);
     assert_eq!(wait_exit(oldest).await, Some(0), "drained in time");
     assert_eq!(wait_exit(main).await, Some(0), "nothing was cut");

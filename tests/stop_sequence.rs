@@ -1348,7 +1348,13 @@ async fn an_admin_connection_open_at_a_stop_gets_its_one_answer() {
     let after = client::get(baton.admin, "/healthz").await.expect("healthz");
     assert_eq!(after.status, 200);
     signal(baton.first_pid, Signal::SIGTERM);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Asked once the admin's doors are closed: before, a live admin would
+    // answer 503 too, whether or not the exit waits for it.
+    let admin = baton.admin;
+    support::eventually("the admin listener closed", || async move {
+        TcpStream::connect(admin).await.is_err()
+    })
+    .await;
     probe
         .write_all(b"GET /readyz HTTP/1.1\r\nhost: admin\r\n\r\n")
         .await

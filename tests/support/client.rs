@@ -255,11 +255,19 @@ pub async fn backend_state(admin: SocketAddr, name: &str) -> String {
         .to_string()
 }
 
-/// Everything the peer sends until it closes (or `TIMEOUT` passes).
+/// Everything the peer sends until it closes (a reset ends it too); a
+/// peer that has not closed within `TIMEOUT` fails the test: callers
+/// assert a close, which a timeout taken for one would fake.
 pub async fn read_until_closed(s: &mut tokio::net::TcpStream) -> String {
     use tokio::io::AsyncReadExt;
     let mut out = Vec::new();
-    let _ = tokio::time::timeout(super::TIMEOUT, s.read_to_end(&mut out)).await;
+    let read = tokio::time::timeout(super::TIMEOUT, s.read_to_end(&mut out)).await;
+    assert!(
+        read.is_ok(),
+        "the peer did not close within {:?}; it sent {:?}",
+        super::TIMEOUT,
+        String::from_utf8_lossy(&out)
+    );
     String::from_utf8_lossy(&out).into_owned()
 }
 

@@ -55,6 +55,21 @@ pub fn possible_or_skipped(probe: &[&str], needs: &str) -> bool {
     possible
 }
 
+/// Whether this test runs as root, which acting as another uid needs;
+/// skipped with a line saying so where it does not, except under `CI`
+/// (which runs as root): there the test fails instead of skipping unseen.
+pub fn root_or_skipped() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run this as root: it acts as another uid"
+        );
+        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
+    }
+    root
+}
+
 /// Now, in Unix seconds: what `/status` and the metrics give times in.
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
