@@ -3,6 +3,9 @@
 
 use std::process::Command;
 
+#[path = "support/skip.rs"]
+mod skip;
+
 const BIN: &str = env!("CARGO_BIN_EXE_baton");
 
 fn run(args: &[&str]) -> (i32, String, String) {
@@ -352,7 +355,7 @@ fn a_control_socket_whose_directory_cannot_be_made_says_so() {
 #[test]
 fn a_reload_the_control_socket_refuses_says_who_may() {
     use std::os::unix::fs::PermissionsExt;
-    if !can_act_as_another_uid() {
+    if !skip::root_or_skipped() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -415,7 +418,7 @@ fn a_reload_the_control_socket_refuses_says_who_may() {
 #[test]
 fn a_config_the_user_may_not_read_is_not_called_invalid() {
     use std::os::unix::fs::PermissionsExt;
-    if !can_act_as_another_uid() {
+    if !skip::root_or_skipped() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -441,22 +444,6 @@ fn a_config_the_user_may_not_read_is_not_called_invalid() {
         stderr.contains(&said) && !stderr.contains("invalid"),
         "{stderr}"
     );
-}
-
-/// Whether this test may act as another uid (root may); says it is
-/// skipped if not, except under `CI` (which runs as root): there the test
-/// fails instead of skipping unseen. (This file has no `support` module,
-/// whose `root_or_skipped` says the same.)
-fn can_act_as_another_uid() -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    if !root {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run this as root: it acts as another uid"
-        );
-        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
-    }
-    root
 }
 
 /// Runs a copy of the binary in `dir` (which uid 65534 may run wherever
@@ -1172,7 +1159,7 @@ fn status_as_another_uid(
     socket: &std::path::Path,
 ) -> Option<(Option<i32>, String)> {
     use std::os::unix::fs::PermissionsExt;
-    if !can_act_as_another_uid() {
+    if !skip::root_or_skipped() {
         return None;
     }
     for (path, mode) in [(dir, 0o755), (config, 0o644), (socket, 0o666)] {
@@ -1389,7 +1376,7 @@ fn refused_unix_peers_take_no_admin_place() {
     use std::io::{Read, Write};
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    if !can_act_as_another_uid() {
+    if !skip::root_or_skipped() {
         return;
     }
     // Under /tmp, which uid 65534 may traverse whatever TMPDIR says.

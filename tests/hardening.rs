@@ -207,7 +207,7 @@ async fn hostile_control_socket_input_is_refused_and_nothing_blocks() {
 /// might, another uid is still refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_uid_is_refused_even_with_the_socket_open_to_it() {
-    if !support::root_or_skipped() {
+    if !support::skip::root_or_skipped() {
         return;
     }
     let backend = HttpBackend::start("a").await;

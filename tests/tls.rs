@@ -582,7 +582,7 @@ async fn an_expired_certificate_is_a_warning_for_check_and_a_reload() {
 #[test]
 fn check_warns_of_a_key_the_units_user_cannot_read() {
     use std::os::unix::fs::PermissionsExt;
-    if !support::root_or_skipped() {
+    if !support::skip::root_or_skipped() {
         return;
     }
     let ca = Authority::new();

@@ -14,6 +14,7 @@ pub mod load;
 pub mod proxied;
 pub mod raw;
 pub mod sandbox;
+pub mod skip;
 pub mod tls;
 
 use std::time::Duration;
@@ -34,9 +35,8 @@ pub async fn accept_until(
 }
 
 /// Whether `probe` (a command that needs what a test needs: root, a
-/// namespace) succeeds here. Where it does not, the test skips with a
-/// line saying it `needs`, except under `CI`, which has all of it: there
-/// the test fails instead of skipping unseen.
+/// namespace) succeeds here; if not, the test is skipped as needing
+/// `needs` (see `skip`).
 pub fn possible_or_skipped(probe: &[&str], needs: &str) -> bool {
     let Some((program, args)) = probe.split_first() else {
         return false;
@@ -45,29 +45,7 @@ pub fn possible_or_skipped(probe: &[&str], needs: &str) -> bool {
         .args(args)
         .output()
         .is_ok_and(|o| o.status.success());
-    if !possible {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run this: it needs {needs}"
-        );
-        eprintln!("skipped: needs {needs} (CI has it)");
-    }
-    possible
-}
-
-/// Whether this test runs as root, which acting as another uid needs;
-/// skipped with a line saying so where it does not, except under `CI`
-/// (which runs as root): there the test fails instead of skipping unseen.
-pub fn root_or_skipped() -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    if !root {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run this as root: it acts as another uid"
-        );
-        eprintln!("skipped: acting as another uid needs root (CI runs as root)");
-    }
-    root
+    skip::skipped_unless(possible, needs)
 }
 
 /// Now, in Unix seconds: what `/status` and the metrics give times in.
