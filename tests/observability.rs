@@ -472,15 +472,24 @@ async fn promtool_accepts_a_real_scrape_and_the_shipped_rules() {
         env!("CARGO_MANIFEST_DIR"),
         "/config/prometheus/baton.rules.yml"
     );
-    let out = std::process::Command::new(promtool)
-        .args(["check", "rules", rules])
-        .output()
-        .expect("promtool");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
+    // And what they say: each fires where users are hurt and stays quiet
+    // through a day's reloads (`tests/prometheus/`).
+    let cases = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/prometheus/baton.rules.test.yml"
     );
+    for args in [["check", "rules", rules], ["test", "rules", cases]] {
+        let out = std::process::Command::new(promtool)
+            .args(args)
+            .output()
+            .expect("promtool");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
