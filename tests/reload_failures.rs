@@ -17,6 +17,7 @@ async fn a_broken_config_is_refused_with_78_naming_the_key() {
     let (_backend, baton, load) = baton_under_load("").await;
     let good = baton.config_text();
     let serving = baton.serving_pid().await;
+    assert_eq!(last_reload_successful(&baton).await, Some(1.0), "a start");
     let cases = [
         (good.replace("[[pools]]", "[[pools]"), "TOML parse error"),
         (
@@ -68,11 +69,20 @@ async fn a_broken_config_is_refused_with_78_naming_the_key() {
     .await;
     load.progress(10).await;
 
+    // Said until a reload succeeds (what the shipped alert watches).
+    assert_eq!(last_reload_successful(&baton).await, Some(0.0));
     baton.write_config(&good);
     let new = baton.reload_ok().await;
     assert_ne!(new, serving);
+    assert_eq!(last_reload_successful(&baton).await, Some(1.0));
     load.progress(10).await;
     load.stop().await.assert_clean();
+}
+
+/// `baton_last_reload_successful` as the serving generation says it.
+async fn last_reload_successful(baton: &support::daemon::Baton) -> Option<f64> {
+    let metrics = support::client::metrics(baton.admin).await;
+    support::client::series(&metrics, "baton_last_reload_successful")
 }
 
 /// `baton_reloads_total{result="failed"}` as the daemon reports it.

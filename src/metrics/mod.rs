@@ -27,6 +27,7 @@ pub const TCP_BYTES: &str = "baton_tcp_bytes_total";
 pub const GENERATION: &str = "baton_generation";
 pub const RELOADS: &str = "baton_reloads_total";
 pub const LAST_RELOAD_SUCCESS: &str = "baton_last_reload_success_timestamp_seconds";
+pub const LAST_RELOAD_SUCCESSFUL: &str = "baton_last_reload_successful";
 pub const DRAINING_GENERATIONS: &str = "baton_draining_generations";
 pub const HANDOFF_DURATION: &str = "baton_handoff_duration_seconds";
 pub const DRAIN_DURATION: &str = "baton_drain_duration_seconds";
@@ -140,6 +141,10 @@ fn describe() {
         LAST_RELOAD_SUCCESS,
         Unit::Seconds,
         "Unix time of the last successful reload."
+    );
+    describe_gauge!(
+        LAST_RELOAD_SUCCESSFUL,
+        "1 if the last reload (or the start) succeeded, 0 while the config on disk is one a reload refused."
     );
     describe_gauge!(DRAINING_GENERATIONS, "Older generations still draining.");
     describe_histogram!(
@@ -549,6 +554,8 @@ pub fn reload_finished(ok: bool, seconds: f64) {
         metrics::histogram!(HANDOFF_DURATION).record(seconds);
     } else {
         metrics::counter!(RELOADS, "result" => "failed").increment(1);
+        // Until a reload succeeds: the config on disk is not the one served.
+        metrics::gauge!(LAST_RELOAD_SUCCESSFUL).set(0.0);
     }
 }
 
@@ -561,6 +568,7 @@ pub fn took_over() {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
     metrics::gauge!(LAST_RELOAD_SUCCESS).set(now);
+    metrics::gauge!(LAST_RELOAD_SUCCESSFUL).set(1.0);
 }
 
 /// Numbers read when `/metrics` renders rather than counted as they happen.
