@@ -87,11 +87,11 @@ async fn a_response_timeout_marks_a_backend_down_and_a_reset_does_not() {
 }
 
 /// A pool of one backend whose checks come every `interval`, down after
-/// two failures (`fall = 2`), up after one pass, behind a listener whose
+/// two failures (`fall = 2`), up after `rise` passes, behind a listener whose
 /// `response_timeout` is 300 ms: `/slow/2000` is a timeout there.
-async fn timing_out(interval: &str) -> (HttpBackend, Baton) {
+async fn timing_out(interval: &str, rise: u32) -> (HttpBackend, Baton) {
     let checks = format!(
-        "health = {{ kind = \"tcp\", interval = \"{interval}\", timeout = \"1s\", rise = 1, fall = 2 }}"
+        "health = {{ kind = \"tcp\", interval = \"{interval}\", timeout = \"1s\", rise = {rise}, fall = 2 }}"
     );
     let backend = HttpBackend::start("a").await;
     let spec = Spec::new()
@@ -112,7 +112,7 @@ async fn status_of(web: SocketAddr, path: &str) -> u16 {
 /// took every backend down in turn, as they landed between two checks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_failures_count_only_in_a_row() {
-    let (_backend, baton) = timing_out("60s").await;
+    let (_backend, baton) = timing_out("60s", 1).await;
     let web = baton.addr("web");
     for _ in 0..3 {
         assert_eq!(status_of(web, "/slow/2000").await, 504);
@@ -138,7 +138,7 @@ async fn traffic_failures_count_only_in_a_row() {
 /// body's end, it did, and a backend that stopped answering stayed up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_counts_at_its_head_not_at_its_end() {
-    let (_backend, baton) = timing_out("60s").await;
+    let (_backend, baton) = timing_out("60s", 1).await;
     let web = baton.addr("web");
     let mut events = TcpStream::connect(web).await.expect("connect");
     events
@@ -168,7 +168,11 @@ async fn an_answer_counts_at_its_head_not_at_its_end() {
 /// count starts from zero when the checks bring it back.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_past_a_backends_fall_are_not_left_over_for_its_return() {
-    let (_backend, baton) = timing_out("200ms").await;
+    // Back only after two checks, 200 ms apart: never between the burst's
+    // timeouts, which come within milliseconds of each other (with one, a
+    // check between them would bring it back, and the third failure then
+    // rightly count towards a second fall).
+    let (_backend, baton) = timing_out("200ms", 2).await;
     let web = baton.addr("web");
     let burst: Vec<_> = (0..3)
         .map(|_| tokio::spawn(async move { client::get(web, "/slow/2000").await }))
@@ -187,8 +191,8 @@ async fn failures_past_a_backends_fall_are_not_left_over_for_its_return() {
             .status,
         504
     );
-    // Read in the log, where a check bringing it back at once cannot hide
-    // a second fall (checks run every 200 ms with `rise` 1).
+    // Read in the log, where checks bringing it back cannot hide a second
+    // fall.
     let log = baton.log();
     let downs = log
         .lines()

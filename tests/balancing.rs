@@ -527,20 +527,25 @@ async fn start_up_waits_on_an_unhealthy_pool() {
 /// A drain that no backend of the new config takes is said: warned of
 /// for a backend now named otherwise (its pool renamed, so its name too),
 /// whose drain was dropped silently and which came back into rotation
-/// with nothing said; a backend retired from the config is only noted.
+/// with nothing said; a backend retired from the config is only noted,
+/// though another pool's backend had its address all along.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_no_backend_takes_after_a_reload_is_said() {
     let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
-    let baton = Baton::start(
-        Spec::new()
-            .http("web", "app")
-            .pool("app", &[a.addr, b.addr]),
-    )
-    .await;
+    let spec = Spec::new()
+        .http("web", "app")
+        .http("alt", "other")
+        .pool("app", &[a.addr, b.addr])
+        .pool("other", &[b.addr]);
+    let baton = Baton::start(spec).await;
     let admin = baton.admin;
     client::drain(admin, "app-0").await;
     client::drain(admin, "app-1").await;
-    let renamed = Spec::new().http("web", "site").pool("site", &[a.addr]);
+    let renamed = Spec::new()
+        .http("web", "site")
+        .http("alt", "other")
+        .pool("site", &[a.addr])
+        .pool("other", &[b.addr]);
     baton.write_spec(&renamed, &Default::default());
     baton.reload_ok().await;
     assert_eq!(backend_state(admin, "site-0").await, "up");
@@ -557,6 +562,10 @@ async fn a_drain_no_backend_takes_after_a_reload_is_said() {
         "{log}"
     );
     assert!(said("app-1", " INFO ", "left the config"), "{log}");
+    assert!(
+        !said("app-1", " WARN ", "its drain is not carried"),
+        "{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

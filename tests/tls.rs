@@ -1257,20 +1257,16 @@ async fn an_idle_tls_backend_connection_is_closed_with_close_notify() {
 
 /// A generation that ends (here drained after a reload, at once: nothing
 /// is in flight) closes the TLS connections it kept with a `close_notify`
-/// too, not by the kernel's FIN at its exit.
+/// too, not by the kernel's FIN at its exit. (On a machine so loaded that
+/// the reload and exit took past the 4 s idle limit, the sweep's own
+/// `close_notify` would come first, and this would pass by that path: a
+/// bound on the time taken would fail such a machine instead, which the
+/// suite's rule forbids.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_that_ends_closes_its_kept_tls_connections_with_close_notify() {
     let (_ca, backend, baton) = one_tls_connection_kept().await;
-    let kept_since = std::time::Instant::now();
     baton.reload_ok().await;
     assert_eq!(support::daemon::wait_exit(baton.first_pid).await, Some(0));
-    // Before the idle sweep could have closed it (4 s idle), which sends a
-    // `close_notify` too: past that, this test could not tell the two.
-    assert!(
-        kept_since.elapsed() < std::time::Duration::from_secs(4),
-        "the generation ended {:?} after the connection was kept: too late to tell its close from the sweep's",
-        kept_since.elapsed()
-    );
     ended_with_close_notify(&backend, 1).await;
 }
 

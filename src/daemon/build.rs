@@ -667,17 +667,31 @@ fn same_check(carried: &Option<String>, ours: &Option<String>) -> bool {
     }
 }
 
-/// Says what became of drains no backend of this config took: a backend
-/// now at another address keeps the name (its new machine starts
-/// enabled), one whose address is now another's was renamed or moved (a
-/// drain meant for it is lost: warned of), and any other left the config.
-pub(super) fn say_untaken(pools: &[Arc<Pool>], untaken: &[&BackendCarry]) {
-    let backends: Vec<Arc<crate::backend::Backend>> = pools
+/// Says what became of drains no backend of this config took (`untaken`,
+/// of all that were `carried`): a backend now at another address keeps
+/// the name (its new machine starts enabled), one whose address a new
+/// name holds was renamed or moved (a drain meant for it is lost: warned
+/// of), and any other left the config. A backend the older generation had
+/// already, by that name and address, is no new name (an address two
+/// backends share).
+pub(super) fn say_untaken(
+    pools: &[Arc<Pool>],
+    carried: &[BackendCarry],
+    untaken: &[&BackendCarry],
+) {
+    let was_there = |b: &crate::backend::Backend| {
+        let address = b.address.to_string();
+        carried
+            .iter()
+            .any(|c| c.pool == b.pool && c.name == b.name && c.address == address)
+    };
+    let new_names: Vec<Arc<crate::backend::Backend>> = pools
         .iter()
         .flat_map(|p| p.backends().backends.clone())
+        .filter(|b| !was_there(b))
         .collect();
     for lost in untaken {
-        let renamed = backends
+        let renamed = new_names
             .iter()
             .find(|b| b.address.to_string() == lost.address);
         let readdressed = pools.iter().any(|p| {

@@ -37,7 +37,7 @@ impl Generation {
         {
             Ok(go_ahead) => {
                 let untaken = build::carry_over(&self.pools, &go_ahead.backends);
-                build::say_untaken(&self.pools, &untaken);
+                build::say_untaken(&self.pools, &go_ahead.backends, &untaken);
                 // Counted up to now: what `/metrics` shows if the old
                 // generation's first report is late (see `FIRST_REPORT_WAIT`).
                 if let Some(report) = go_ahead.report {
