@@ -165,21 +165,31 @@ async fn an_answer_counts_at_its_head_not_at_its_end() {
 /// after `fall` new ones in a row. A burst of timeouts left some counted,
 /// and the next single one took it down. (Two rules keep them apart, each
 /// enough for this burst: failures while down are not counted, and the
-/// count starts from zero when the checks bring it back.)
+/// count starts from zero when the checks bring it back; the test fails
+/// with both broken.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_past_a_backends_fall_are_not_left_over_for_its_return() {
-    // Back only after two checks, 200 ms apart: never between the burst's
-    // timeouts, which come within milliseconds of each other (with one, a
-    // check between them would bring it back, and the third failure then
-    // rightly count towards a second fall).
-    let (_backend, baton) = timing_out("200ms", 2).await;
+    // Back only after two checks, a second apart (0.9 s at least, with
+    // their jitter): never within the burst, whose third request is sent
+    // 100 ms after the first two, so that it fails while the backend is
+    // down (after the fall, not racing the two that make it).
+    let (_backend, baton) = timing_out("1s", 2).await;
     let web = baton.addr("web");
-    let burst: Vec<_> = (0..3)
+    let mut burst: Vec<_> = (0..2)
         .map(|_| tokio::spawn(async move { client::get(web, "/slow/2000").await }))
         .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    burst.push(tokio::spawn(
+        async move { client::get(web, "/slow/2000").await },
+    ));
     for answer in burst {
         assert_eq!(answer.await.expect("join").expect("an answer").status, 504);
     }
+    assert_eq!(
+        client::backend_state(baton.admin, "app-0").await,
+        "down",
+        "the burst took it down"
+    );
     support::eventually("back up through its checks", || async {
         client::backend_state(baton.admin, "app-0").await == "up"
     })

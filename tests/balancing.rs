@@ -566,6 +566,25 @@ async fn a_drain_no_backend_takes_after_a_reload_is_said() {
         !said("app-1", " WARN ", "its drain is not carried"),
         "{log}"
     );
+    // Two backends that swap addresses: the drained machine is back in
+    // rotation under the other name, which is warned of (it read as a
+    // backend that only changed its address).
+    client::drain(admin, "site-0").await;
+    let swapped = Spec::new()
+        .http("web", "site")
+        .http("alt", "other")
+        .pool("site", &[b.addr, a.addr])
+        .pool("other", &[b.addr]);
+    baton.write_spec(&swapped, &Default::default());
+    baton.reload_ok().await;
+    let log = baton.log();
+    assert!(
+        log.lines().any(|l| l.contains(" WARN ")
+            && l.contains("its drain is not carried")
+            && l.contains("pool=site backend=site-0 ")
+            && l.contains("now_backend=site-1")),
+        "{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

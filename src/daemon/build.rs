@@ -668,46 +668,51 @@ fn same_check(carried: &Option<String>, ours: &Option<String>) -> bool {
 }
 
 /// Says what became of drains no backend of this config took (`untaken`,
-/// of all that were `carried`): a backend now at another address keeps
-/// the name (its new machine starts enabled), one whose address a new
-/// name holds was renamed or moved (a drain meant for it is lost: warned
-/// of), and any other left the config. A backend the older generation had
-/// already, by that name and address, is no new name (an address two
-/// backends share).
+/// of all that were `carried`): one whose address (or DNS query) a new
+/// name holds was renamed or moved, or swapped addresses with another (a
+/// drain meant for it is lost: warned of); a backend now at another
+/// address keeps the name (its new machine starts enabled); any other
+/// left the config. A name the older generation had already at that
+/// address, in whatever pool, is no new name (an address two backends
+/// share, a pool renamed around one that was serving).
 pub(super) fn say_untaken(
     pools: &[Arc<Pool>],
     carried: &[BackendCarry],
     untaken: &[&BackendCarry],
 ) {
-    let was_there = |b: &crate::backend::Backend| {
-        let address = b.address.to_string();
-        carried
-            .iter()
-            .any(|c| c.pool == b.pool && c.name == b.name && c.address == address)
+    let was_there = |name: &str, address: &str| {
+        carried.iter().any(|c| {
+            c.name == name && c.address == address && !untaken.iter().any(|u| std::ptr::eq(*u, c))
+        })
     };
-    let new_names: Vec<Arc<crate::backend::Backend>> = pools
-        .iter()
-        .flat_map(|p| p.backends().backends.clone())
-        .filter(|b| !was_there(b))
-        .collect();
+    // Every name of this config and where it is (an address, or a DNS
+    // name's query), that the older generation did not have there.
+    let mut new_names: Vec<(String, String, String)> = Vec::new();
+    for p in pools {
+        for b in p.backends().backends.iter() {
+            new_names.push((p.name.clone(), b.label.clone(), b.address.to_string()));
+        }
+        for n in &p.named {
+            new_names.push((p.name.clone(), n.name.clone(), n.query.to_string()));
+        }
+    }
+    new_names.retain(|(_, name, at)| !was_there(name.split('@').next().unwrap_or(name), at));
     for lost in untaken {
-        let renamed = new_names
-            .iter()
-            .find(|b| b.address.to_string() == lost.address);
+        let renamed = new_names.iter().find(|(_, _, at)| *at == lost.address);
         let readdressed = pools.iter().any(|p| {
             p.name == lost.pool
                 && (p.named.iter().any(|n| n.name == lost.name)
                     || p.backends().backends.iter().any(|b| b.name == lost.name))
         });
         let (pool, backend, address) = (&lost.pool, &lost.name, &lost.address);
-        match (readdressed, renamed) {
-            (true, _) => {
+        match (renamed, readdressed) {
+            (Some((now_pool, now_backend, _)), _) => {
+                tracing::warn!(pool = %pool, backend = %backend, address = %address, now_pool = %now_pool, now_backend = %now_backend, "a backend the operator drained is now named otherwise (renamed, moved, or its address swapped?): its drain is not carried; drain it again by its new name if it is still meant to be")
+            }
+            (None, true) => {
                 tracing::info!(pool = %pool, backend = %backend, address = %address, "a backend the operator drained now has another address or query: the new one starts enabled")
             }
-            (false, Some(now)) => {
-                tracing::warn!(pool = %pool, backend = %backend, address = %address, now_pool = %now.pool, now_backend = %now.label, "a backend the operator drained is now named otherwise (renamed or moved?): its drain is not carried; drain it again by its new name if it is still meant to be")
-            }
-            (false, None) => {
+            (None, false) => {
                 tracing::info!(pool = %pool, backend = %backend, address = %address, "a backend the operator drained left the config; its drain ends with it")
             }
         }
