@@ -133,8 +133,8 @@ pub enum HandoverError {
     Channel(#[from] HandoffError),
     #[error("new generation failed: {reason}")]
     Failed { exit_code: i32, reason: String },
-    /// Its exit status is its parent's (a detached grandchild's): the
-    /// journal has its last lines.
+    /// Its exit status is its parent's (a detached grandchild's): baton's
+    /// log has its last lines.
     #[error("new generation (pid {pid}) exited before it took over, without saying why: its last lines are in baton's log (journalctl -u baton under systemd)")]
     Exited { pid: u32 },
     #[error("new generation was not ready within {0:?}; it was killed")]
