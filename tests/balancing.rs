@@ -532,21 +532,20 @@ async fn start_up_waits_on_an_unhealthy_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_no_backend_takes_after_a_reload_is_said() {
     let (a, b) = (HttpBackend::start("a").await, HttpBackend::start("b").await);
-    let spec = Spec::new()
-        .http("web", "app")
-        .http("alt", "other")
-        .pool("app", &[a.addr, b.addr])
-        .pool("other", &[b.addr]);
-    let baton = Baton::start(spec).await;
+    // Pool `other` has `b` throughout; the first pool's name and members
+    // are what the reloads change.
+    let beside_other = |name: &str, members: &[std::net::SocketAddr]| {
+        Spec::new()
+            .http("web", name)
+            .http("alt", "other")
+            .pool(name, members)
+            .pool("other", &[b.addr])
+    };
+    let baton = Baton::start(beside_other("app", &[a.addr, b.addr])).await;
     let admin = baton.admin;
     client::drain(admin, "app-0").await;
     client::drain(admin, "app-1").await;
-    let renamed = Spec::new()
-        .http("web", "site")
-        .http("alt", "other")
-        .pool("site", &[a.addr])
-        .pool("other", &[b.addr]);
-    baton.write_spec(&renamed, &Default::default());
+    baton.write_spec(&beside_other("site", &[a.addr]), &Default::default());
     baton.reload_ok().await;
     assert_eq!(backend_state(admin, "site-0").await, "up");
     let log = baton.log();
@@ -570,11 +569,7 @@ async fn a_drain_no_backend_takes_after_a_reload_is_said() {
     // rotation under the other name, which is warned of (it read as a
     // backend that only changed its address).
     client::drain(admin, "site-0").await;
-    let swapped = Spec::new()
-        .http("web", "site")
-        .http("alt", "other")
-        .pool("site", &[b.addr, a.addr])
-        .pool("other", &[b.addr]);
+    let swapped = beside_other("site", &[b.addr, a.addr]);
     baton.write_spec(&swapped, &Default::default());
     baton.reload_ok().await;
     let log = baton.log();

@@ -425,15 +425,12 @@ fn tool(name: &str) -> Option<&'static str> {
         "promtool" => "/usr/bin/promtool",
         _ => "/usr/bin/prometheus",
     };
-    if std::path::Path::new(path).exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{path} is missing on CI: .ci/run must install the prometheus package"
-    );
-    eprintln!("SKIPPED: {path} not installed (apt-get install prometheus)");
-    None
+    let installed = std::path::Path::new(path).exists();
+    support::skip::skipped_unless(
+        installed,
+        &format!("{path} (apt-get install prometheus; .ci/run does)"),
+    )
+    .then_some(path)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -687,16 +687,22 @@ pub(super) fn say_untaken(
     };
     // Every name of this config and where it is (an address, or a DNS
     // name's query), that the older generation did not have there.
+    // (A DNS member is carried under its name, and said by its label.)
     let mut new_names: Vec<(String, String, String)> = Vec::new();
     for p in pools {
         for b in p.backends().backends.iter() {
-            new_names.push((p.name.clone(), b.label.clone(), b.address.to_string()));
+            let at = b.address.to_string();
+            if !was_there(&b.name, &at) {
+                new_names.push((p.name.clone(), b.label.clone(), at));
+            }
         }
         for n in &p.named {
-            new_names.push((p.name.clone(), n.name.clone(), n.query.to_string()));
+            let query = n.query.to_string();
+            if !was_there(&n.name, &query) {
+                new_names.push((p.name.clone(), n.name.clone(), query));
+            }
         }
     }
-    new_names.retain(|(_, name, at)| !was_there(name.split('@').next().unwrap_or(name), at));
     for lost in untaken {
         let renamed = new_names.iter().find(|(_, _, at)| *at == lost.address);
         let readdressed = pools.iter().any(|p| {

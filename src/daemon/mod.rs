@@ -461,3 +461,23 @@ impl Generation {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Error, ErrorKind};
+
+    use super::remedy;
+
+    /// Each likely cause of a socket that cannot be bound is named; one
+    /// with no likely cause gets no guess.
+    #[test]
+    fn a_bind_failure_says_what_it_most_likely_means() {
+        let said = |kind, port| remedy(&Error::from(kind), port);
+        assert!(said(ErrorKind::AddrInUse, Some(80)).contains("another process listens there"));
+        assert!(said(ErrorKind::AddrNotAvailable, Some(8080)).contains("no interface"));
+        assert!(said(ErrorKind::PermissionDenied, Some(443)).contains("CAP_NET_BIND_SERVICE"));
+        assert!(said(ErrorKind::PermissionDenied, None).contains("RuntimeDirectory="));
+        assert_eq!(said(ErrorKind::PermissionDenied, Some(8080)), "");
+        assert_eq!(said(ErrorKind::InvalidInput, Some(80)), "");
+    }
+}
