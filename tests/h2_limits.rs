@@ -973,13 +973,17 @@ async fn idle_h2_connections_hold_no_buffers() {
 
 /// A client that sends PINGs and takes nothing it is sent cannot keep
 /// its connection's exchanges from being polled: their clocks still run
-/// (here `response_timeout`, 1 s, on a request the backend holds), and
+/// (here `response_timeout`, 3 s, on a request the backend holds), and
 /// the backend connection is let go. With the send buffer full of PING
 /// answers, no exchange was polled again, and each held its backend
-/// connection as long as the client went on.
+/// connection as long as the client went on. The flood is seen stalled
+/// before the clock ran out: one slow to start would let the timeout
+/// come first, and the test pass without the stall.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ping_answers_a_client_does_not_read_stall_no_exchange() {
-    let (backend, baton) = baton_with("response_timeout = \"1s\"").await;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const WRITES: usize = 256;
+    let (backend, baton) = baton_with("response_timeout = \"3s\"").await;
     let mut s = support::h2_raw::small_window_reader(baton.addr("web")).await;
     gated_on_stream_1(&mut s, &backend).await;
     // Far past what the sockets' buffers take, in PINGs (17 bytes each,
@@ -989,16 +993,32 @@ async fn ping_answers_a_client_does_not_read_stall_no_exchange() {
         .flat_map(|i| support::h2_raw::ping(i.to_be_bytes()))
         .collect();
     let (_, mut writer) = s.into_split();
+    let written = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&written);
     let flood = tokio::spawn(async move {
-        for _ in 0..256 {
+        for _ in 0..WRITES {
             if writer.write_all(&pings).await.is_err() {
                 break;
             }
+            counted.fetch_add(1, Ordering::Relaxed);
         }
         writer
     });
+    support::eventually("the flood stalled", || async {
+        let before = written.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after = written.load(Ordering::Relaxed);
+        after == before && after < WRITES
+    })
+    .await;
     let timed_out =
         "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 1";
+    assert!(
+        !support::client::metrics(baton.admin)
+            .await
+            .contains(timed_out),
+        "the exchange timed out before the flood stalled: nothing was shown"
+    );
     support::eventually("the exchange timed out all the same", || async {
         support::client::metrics(baton.admin)
             .await
