@@ -536,6 +536,14 @@ async fn combined_format_is_what_log_tools_read() {
     )
     .await;
     assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    // A long user agent is cut at 4 KiB, and said to be.
+    let odd = [
+        &b"GET /p?q=1 HTTP/1.1\r\nHost: a\r\nUser-Agent: "[..],
+        &[b'u'; 5000],
+        b"\r\nConnection: close\r\n\r\n",
+    ]
+    .concat();
+    raw(baton.addr("web"), odd).await;
     // A client gone before its answer: a number still (nginx's 499), where
     // `-` made log tools drop the line.
     let mut gone = TcpStream::connect(baton.addr("web"))
@@ -553,12 +561,19 @@ async fn combined_format_is_what_log_tools_read() {
     stop_and_wait(&baton).await;
     let text = std::fs::read_to_string(&log).expect("log");
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines.len(), 4, "{text}");
     assert!(
-        lines[2].contains("] \"GET /slow/3000 HTTP/1.1\" 499 0 "),
+        lines[3].contains("] \"GET /slow/3000 HTTP/1.1\" 499 0 "),
+        "{}",
+        lines[3]
+    );
+    assert!(
+        lines[2].contains("] \"GET /p?q=1 HTTP/1.1\" 200 "),
         "{}",
         lines[2]
     );
+    let cut = format!(" \"{}...\"", "u".repeat(4096));
+    assert!(lines[2].ends_with(&cut), "{}", lines[2]);
     let line = lines[0];
     assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
     // The size is the body's alone, as Apache's `%b` and nginx's
@@ -799,6 +814,29 @@ async fn an_h2_head_past_the_bound_is_a_431_counted_and_logged() {
         "{line}"
     );
     assert_eq!(backend.hits(), 0);
+}
+
+/// A target past 4 KiB is cut there in a JSON line, its characters kept
+/// whole (a line of a 64 KiB head, escaped, was 240 KiB: a few hundred
+/// filled the writer's queue, and other clients' lines were dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_line_cuts_a_long_target() {
+    let Logged {
+        dir: _dir,
+        log,
+        backend: _backend,
+        baton,
+    } = logging("json").await;
+    let web = baton.addr("web");
+    let long = format!("/{}", "é".repeat(3000));
+    let asked = format!("GET {long} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    raw(web, asked).await;
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[log]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    // 4,096 bytes would cut the 2,048th `é` in two: 4,095 are kept.
+    let cut = format!("{}...", &long[..4095]);
+    assert_eq!(lines[0]["target"], cut.as_str(), "{}", lines[0]);
 }
 
 /// An h2c connection to `web` whose stream 1 is a POST with its body's

@@ -13,6 +13,7 @@
 
 pub mod sink;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -219,6 +220,7 @@ impl AccessLog {
             (Some(a), Some(b)) => Some(millis(b.saturating_duration_since(a))),
             _ => None,
         };
+        let target = clipped_text(e.target);
         let line = JsonLine {
             time: humantime::format_rfc3339_millis(now).to_string(),
             generation: self.generation,
@@ -228,7 +230,7 @@ impl AccessLog {
             pool: e.pool,
             backend: e.backend,
             method: e.method,
-            target: e.target,
+            target: &target,
             protocol: e.protocol,
             status: e.status,
             bytes_in: e.bytes_in,
@@ -311,13 +313,43 @@ fn combined(e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
         e.client.ip(),
         clf_time(now),
         escape(e.method.as_bytes()),
-        escape(e.target.as_bytes()),
+        escape(&clipped(e.target.as_bytes())),
         escape(e.protocol.as_bytes()),
         e.body_out,
-        escape(e.referer.unwrap_or(b"-")),
-        escape(e.user_agent.unwrap_or(b"-")),
+        escape(&clipped(e.referer.unwrap_or(b"-"))),
+        escape(&clipped(e.user_agent.unwrap_or(b"-"))),
     );
     line.into_bytes()
+}
+
+/// The most of a target, referer or user agent a line keeps (HAProxy cuts
+/// a whole line at 1,024 bytes). A client's 60 KiB user agent of bytes
+/// past ASCII was a 240 KiB line once escaped: a few hundred of them
+/// filled the writer's queue and other clients' lines were dropped, and
+/// journald splits a line past 48 KiB into two it cannot parse.
+const FIELD_MAX: usize = 4096;
+
+/// `field`, or its first `FIELD_MAX` bytes (not cutting a UTF-8
+/// character) and `...`.
+fn clipped(field: &[u8]) -> Cow<'_, [u8]> {
+    if field.len() <= FIELD_MAX {
+        return Cow::Borrowed(field);
+    }
+    let mut end = FIELD_MAX;
+    // A continuation byte (0b10xx_xxxx) is inside a character.
+    while end > FIELD_MAX - 3 && field[end] & 0xC0 == 0x80 {
+        end -= 1;
+    }
+    Cow::Owned([&field[..end], b"..."].concat())
+}
+
+/// `clipped` for text: a target (httparse takes one only if it is UTF-8),
+/// whose characters it keeps whole.
+fn clipped_text(text: &str) -> Cow<'_, str> {
+    match clipped(text.as_bytes()) {
+        Cow::Borrowed(_) => Cow::Borrowed(text),
+        Cow::Owned(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
+    }
 }
 
 /// A combined line's status, always a number: log tools (GoAccess,
@@ -409,6 +441,31 @@ mod tests {
     #[derive(Serialize)]
     struct AsciiLine<'a> {
         target: &'a str,
+    }
+
+    #[test]
+    fn long_fields_are_cut_whole_characters_and_marked() {
+        let short = b"/a".repeat(2048);
+        assert_eq!(clipped(&short).as_ref(), &short[..]);
+        let long = b"x".repeat(5000);
+        assert_eq!(clipped(&long).as_ref(), [&long[..4096], b"..."].concat());
+        // Three bytes a character: the 4,096th byte begins the 1,366th.
+        let wide = "\u{20AC}".repeat(2000);
+        let cut = clipped(wide.as_bytes());
+        assert_eq!(cut.as_ref(), format!("{}...", &wide[..4095]).as_bytes());
+        // Not UTF-8: no further back than a character's three
+        // continuation bytes.
+        let odd = [0x80; 5000];
+        assert_eq!(clipped(&odd).as_ref(), [&odd[..4093], b"..."].concat());
+    }
+
+    #[test]
+    fn a_long_target_keeps_its_characters_whole() {
+        let long = format!("/{}", "é".repeat(3000));
+        let cut = clipped_text(&long);
+        // 4,096 bytes would cut the 2,048th `é` in two.
+        assert_eq!(cut, format!("{}...", &long[..4095]));
+        assert_eq!(clipped_text("/short"), "/short");
     }
 
     #[test]

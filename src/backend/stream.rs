@@ -31,7 +31,8 @@ pub enum ConnectFault {
     /// baton ran short itself (fds, memory): not the backend's fault.
     #[error("{0} (baton's own shortage)")]
     Shortage(io::Error),
-    #[error("TLS handshake: {0}")]
+    /// Its text may hold the certificate's names, which the backend chose.
+    #[error("TLS handshake: {}", crate::telemetry::printable(&.0.to_string()))]
     Handshake(io::Error),
 }
 
@@ -263,5 +264,18 @@ mod tests {
         let mut two = [0u8; 2];
         stream.read_exact(&mut two).await.expect("read the rest");
         assert!(holds_nothing_back(&mut stream), "all taken");
+    }
+
+    /// A certificate's names in a failed handshake reach a log line and
+    /// `baton status`: a name holding a terminal's escape or a line break
+    /// forges neither.
+    #[test]
+    fn a_handshake_fault_says_a_certificate_s_names_escaped() {
+        let said =
+            super::ConnectFault::Handshake(std::io::Error::other("valid for x\u{1b}[2J\nFORGED"));
+        assert_eq!(
+            said.to_string(),
+            "TLS handshake: valid for x\\u{1b}[2J\\nFORGED"
+        );
     }
 }

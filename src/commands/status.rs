@@ -149,7 +149,8 @@ pub fn render(v: &Value) -> String {
             let check = match &b["last_check"] {
                 Value::Null => "-".to_string(),
                 c if c["ok"] == Value::Bool(true) => "ok".to_string(),
-                c => format!("failed: {}", s(&c["detail"])),
+                // A daemon's detail may quote a backend's words.
+                c => format!("failed: {}", crate::telemetry::printable(&s(&c["detail"]))),
             };
             out.push_str(&format!(
                 "  {:>3} {:<16} {:<22} {:>6} {:<9} {:>9}  {}\n",

@@ -258,6 +258,25 @@ impl Budget {
     }
 }
 
+/// `text` with its control characters (a terminal's escapes, line
+/// breaks) written as Rust escapes: for text a peer chose that reaches a
+/// log line or a terminal, such as a backend certificate's names in a
+/// failed handshake's error (webpki writes them unescaped).
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,6 +324,15 @@ mod tests {
         assert_eq!(
             budget.admit(start + Duration::from_secs(1)),
             (true, Some(2))
+        );
+    }
+
+    #[test]
+    fn a_peer_s_control_characters_are_escaped() {
+        assert_eq!(printable("plain \"text\" é"), "plain \"text\" é");
+        assert_eq!(
+            printable("x\u{1b}[2J\nFORGED\u{85}"),
+            "x\\u{1b}[2J\\nFORGED\\u{85}"
         );
     }
 }

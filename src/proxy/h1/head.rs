@@ -736,7 +736,9 @@ fn httparse_reason(e: httparse::Error) -> &'static str {
         httparse::Error::HeaderValue => "invalid field value",
         httparse::Error::NewLine => "invalid line ending",
         httparse::Error::Status => "invalid status",
-        httparse::Error::Token => "invalid method",
+        // A method, or a target that is not UTF-8 (httparse's path is
+        // text).
+        httparse::Error::Token => "invalid method or request target",
         httparse::Error::TooManyHeaders => "too many fields",
         httparse::Error::Version => "invalid version",
     }
@@ -1075,6 +1077,25 @@ mod tests {
 
     fn get(bytes: &[u8]) -> ResponseHead {
         res(bytes, &http::Method::GET).unwrap()
+    }
+
+    /// A target past ASCII is taken when it is UTF-8 and refused when not
+    /// (httparse's path is text): an access line shows any target it
+    /// took, and the refusal names the target.
+    #[test]
+    fn a_target_is_utf8_or_refused() {
+        assert_eq!(
+            ok("GET /é?q=ü HTTP/1.1\r\nHost: a\r\n\r\n".as_bytes()).target(),
+            "/é?q=ü".as_bytes()
+        );
+        for odd in [&b"/p\xFF"[..], b"/a\x80", b"/\xC3"] {
+            let raw = [&b"GET "[..], odd, b" HTTP/1.1\r\nHost: a\r\n\r\n"].concat();
+            let why = bad(&raw);
+            assert!(
+                matches!(why, Refusal::BadRequest(r) if r.contains("target")),
+                "{why:?}"
+            );
+        }
     }
 
     #[test]
