@@ -482,3 +482,52 @@ async fn sockets_a_reload_binds_leave_their_workers_idle() {
         "the new generation used {used} ticks (of {ticks_per_second} a second) in 2 s idle"
     );
 }
+
+/// A backend that serves one connection at a time, each with keep-alive
+/// until the client closes it (a single-threaded server: Python's
+/// `http.server`, a prefork server of one process): the others wait in
+/// its accept queue.
+async fn one_connection_at_a_time() -> std::net::SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = Vec::new();
+            while support::raw::read_request(&mut conn, &mut buf)
+                .await
+                .is_some()
+            {
+                let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                if conn.write_all(answer).await.is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    addr
+}
+
+/// `max_connections_per_backend` counts the connections a backend holds
+/// open, idle ones too, across workers: a request on one worker closes
+/// the connection another keeps idle before it opens its own. Each
+/// worker kept its own, so a backend serving one connection at a time
+/// (what a cap of 1 is for) left the other worker's request waiting on
+/// the idle one until it was swept: seconds, here a 504.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_backend_is_not_held_by_another_worker_s_idle_connection() {
+    let backend = one_connection_at_a_time().await;
+    let spec = Spec::new()
+        .top("workers = 2")
+        .listener("web", "http", "app", "response_timeout = \"2s\"")
+        .pool_with("app", "max_connections_per_backend = 1", &[(backend, 1)]);
+    let baton = Baton::start(spec).await;
+    // Fresh connections, spread over both workers' shards by the kernel
+    // (all 16 on one shard: one chance in 32,768).
+    for n in 0..16 {
+        let answer = client::get(baton.addr("web"), "/").await.expect("answer");
+        assert_eq!(answer.status, 200, "request {n}: {}", answer.body);
+    }
+}

@@ -160,6 +160,39 @@ impl IdleConnections {
         }
     }
 
+    /// How many connections every worker keeps.
+    pub fn count(&self) -> usize {
+        self.per_worker
+            .iter()
+            .map(|list| list.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+
+    /// Closes the `n` connections kept longest, whichever worker keeps
+    /// them (fewer if there are not so many).
+    pub fn close_longest_kept(&self, n: usize) {
+        for _ in 0..n {
+            let oldest = self
+                .per_worker
+                .iter()
+                .filter_map(|list| {
+                    let conns = list.lock().unwrap_or_else(PoisonError::into_inner);
+                    conns.first().map(|idle| (idle.since, list))
+                })
+                .min_by_key(|(since, _)| *since);
+            let Some((_, list)) = oldest else {
+                return;
+            };
+            let idle = {
+                let mut conns = list.lock().unwrap_or_else(PoisonError::into_inner);
+                (!conns.is_empty()).then(|| conns.remove(0))
+            };
+            if let Some(idle) = idle {
+                idle.stream.close_quietly();
+            }
+        }
+    }
+
     /// Closes every connection idle past `IDLE_LIMIT` (run now and then,
     /// so a backend's closed connections do not linger after traffic stops).
     pub fn sweep(&self) {

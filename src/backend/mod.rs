@@ -174,6 +174,21 @@ impl Backend {
         self.weight.load(Ordering::Relaxed)
     }
 
+    /// Makes room for a new connection under a capped pool's cap, which
+    /// counts the connections the backend holds open, idle ones too: each
+    /// worker keeps its own, and a backend that serves one connection at a
+    /// time (the reason for a cap of 1) left a new one from another worker
+    /// waiting until the idle one was swept (seconds, or a 504). Those
+    /// beyond the cap are closed, kept longest first.
+    pub fn room_for_a_connection(&self) {
+        let Some(line) = &self.line else {
+            return;
+        };
+        let open = self.in_flight() + self.idle.count();
+        self.idle
+            .close_longest_kept(open.saturating_sub(line.cap()));
+    }
+
     pub fn in_flight(&self) -> usize {
         self.in_flight.total()
     }

@@ -80,6 +80,7 @@ pub async fn open(
             return Ok(Upstream::kept(stream));
         }
     }
+    backend.room_for_a_connection();
     let stream = backend
         .connect(connect_timeout, header)
         .await
