@@ -332,6 +332,11 @@ async fn a_failed_reload_keeps_serving(sbx: &Sandbox, config: &str, web: SocketA
     );
     let said = apt_ok(sbx, &["install", "--reinstall", "/root/baton_B.deb"]);
     assert!(said.contains(RELOAD_FAILED), "{said}");
+    // The config refused is one a restart or a reboot would fail on too.
+    assert!(
+        said.contains("a restart or a reboot would start it on that config"),
+        "{said}"
+    );
     assert!(!said.contains(UNIT_CHANGED), "the same unit file: {said}");
     assert_eq!(sbx.show("baton", "MainPID"), main);
     assert_eq!(sbx.show("baton", "ActiveState"), "active");

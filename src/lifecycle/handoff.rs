@@ -39,7 +39,10 @@ use tokio::sync::Mutex;
 
 use super::framing::{self, Reassembly, MAX_MESSAGE};
 
-/// Bumped whenever a message changes shape; a mismatch fails the reload cleanly.
+/// Bumped only when one release cannot read another's messages (a field
+/// removed, renamed or retyped): a field added with a serde default keeps
+/// it, and both an upgrade and a rollback take over by reload. A mismatch
+/// fails the reload cleanly, and only a restart takes over.
 pub const PROTOCOL_VERSION: u32 = 1;
 /// The environment variable naming the inherited socketpair end in N+1.
 pub const ENV_FD: &str = "BATON_HANDOFF_FD";
@@ -333,7 +336,7 @@ pub enum HandoffError {
     Sys(#[from] nix::Error),
     #[error("the other generation closed the handoff channel")]
     Closed,
-    #[error("handoff protocol version {got}, this binary speaks {expected}")]
+    #[error("handoff protocol version {got}, this binary speaks {expected}: these two releases cannot hand over by reload, only by a restart (`systemctl restart baton`, at a time you choose: README says what it costs)")]
     Version { got: u64, expected: u32 },
     #[error("malformed handoff message: {0}")]
     Malformed(String),
@@ -987,5 +990,58 @@ mod tests {
                 stop_budget_ms: 65_000
             }
         );
+    }
+
+    /// A later release may add a field anywhere (each addition so far
+    /// came with a serde default), and a rollback hands over to the
+    /// release before it: every message of 0.1.0's with a field added to
+    /// each object it holds reads the same as without. A
+    /// `deny_unknown_fields` in any of the handoff's types, or a part read
+    /// leniently that the new field turned into "another shape" (left out
+    /// silently), fails here.
+    #[test]
+    fn fields_a_later_release_adds_are_read_past() {
+        let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/handoff/0.1.0");
+        let mut read = 0;
+        for file in std::fs::read_dir(golden).expect("golden messages") {
+            let path = file.expect("entry").path();
+            let text = std::fs::read(&path).expect("golden message");
+            let mut value: serde_json::Value = serde_json::from_slice(&text).expect("json");
+            widen(&mut value, 0);
+            let widened = serde_json::to_vec(&value).expect("json");
+            let name = path.display();
+            assert_eq!(
+                decode(&widened).unwrap_or_else(|e| panic!("{name}: {e}")),
+                decode(&text).expect("as it is"),
+                "{name}"
+            );
+            read += 1;
+        }
+        assert_eq!(read, 9, "every message of 0.1.0");
+    }
+
+    /// Adds a field to every object in `value` that is a message's or a
+    /// part's, not to a map whose keys are names (`maps` levels down from
+    /// here are maps).
+    fn widen(value: &mut serde_json::Value, maps: usize) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                for (key, inner) in fields.iter_mut() {
+                    let below = match key.as_str() {
+                        _ if maps > 0 => maps - 1,
+                        "baseline" | "active" => 1,
+                        "backends_in_flight" => 2,
+                        _ => 0,
+                    };
+                    widen(inner, below);
+                }
+                if maps == 0 {
+                    let added = serde_json::json!({ "of": ["any", 1, "shape"] });
+                    fields.insert("added_by_a_later_release".into(), added);
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|v| widen(v, maps)),
+            _ => {}
+        }
     }
 }
