@@ -536,7 +536,7 @@ async fn combined_format_is_what_log_tools_read() {
     )
     .await;
     assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
-    // A long user agent is cut at 4 KiB, and said to be.
+    // A long user agent is cut at 2 KiB, and said to be.
     let odd = [
         &b"GET /p?q=1 HTTP/1.1\r\nHost: a\r\nUser-Agent: "[..],
         &[b'u'; 5000],
@@ -572,7 +572,7 @@ async fn combined_format_is_what_log_tools_read() {
         "{}",
         lines[2]
     );
-    let cut = format!(" \"{}...\"", "u".repeat(4096));
+    let cut = format!(" \"{}...\"", "u".repeat(2048));
     assert!(lines[2].ends_with(&cut), "{}", lines[2]);
     let line = lines[0];
     assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
@@ -816,8 +816,8 @@ async fn an_h2_head_past_the_bound_is_a_431_counted_and_logged() {
     assert_eq!(backend.hits(), 0);
 }
 
-/// A target past 4 KiB is cut there in a JSON line, its characters kept
-/// whole (a line of a 64 KiB head, escaped, was 240 KiB: a few hundred
+/// A target past 2 KiB is cut there in a JSON line, its characters kept
+/// whole (a line of a 64 KiB head, escaped, was 240 KiB: a few dozen
 /// filled the writer's queue, and other clients' lines were dropped).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_json_line_cuts_a_long_target() {
@@ -834,8 +834,8 @@ async fn a_json_line_cuts_a_long_target() {
     stop_and_wait(&baton).await;
     let lines = json_lines(&[log]);
     assert_eq!(lines.len(), 1, "{lines:?}");
-    // 4,096 bytes would cut the 2,048th `é` in two: 4,095 are kept.
-    let cut = format!("{}...", &long[..4095]);
+    // 2,048 bytes would cut the 1,024th `é` in two: 2,047 are kept.
+    let cut = format!("{}...", &long[..2047]);
     assert_eq!(lines[0]["target"], cut.as_str(), "{}", lines[0]);
 }
 

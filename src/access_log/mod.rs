@@ -323,11 +323,12 @@ fn combined(e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
 }
 
 /// The most of a target, referer or user agent a line keeps (HAProxy cuts
-/// a whole line at 1,024 bytes). A client's 60 KiB user agent of bytes
-/// past ASCII was a 240 KiB line once escaped: a few hundred of them
-/// filled the writer's queue and other clients' lines were dropped, and
-/// journald splits a line past 48 KiB into two it cannot parse.
-const FIELD_MAX: usize = 4096;
+/// a whole line at 1,024 bytes): escaped, the three make at most 24 KiB,
+/// under the 48 KiB past which journald splits a line in two it cannot
+/// parse. A client's 60 KiB user agent of bytes past ASCII was a 240 KiB
+/// line: a few dozen filled the writer's queue, and other clients' lines
+/// were dropped.
+const FIELD_MAX: usize = 2048;
 
 /// `field`, or its first `FIELD_MAX` bytes (not cutting a UTF-8
 /// character) and `...`.
@@ -343,13 +344,17 @@ fn clipped(field: &[u8]) -> Cow<'_, [u8]> {
     Cow::Owned([&field[..end], b"..."].concat())
 }
 
-/// `clipped` for text: a target (httparse takes one only if it is UTF-8),
-/// whose characters it keeps whole.
+/// `clipped` for text (httparse takes a target only if it is UTF-8),
+/// cut where a character begins.
 fn clipped_text(text: &str) -> Cow<'_, str> {
-    match clipped(text.as_bytes()) {
-        Cow::Borrowed(_) => Cow::Borrowed(text),
-        Cow::Owned(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
+    if text.len() <= FIELD_MAX {
+        return Cow::Borrowed(text);
     }
+    let end = (0..=FIELD_MAX)
+        .rev()
+        .find(|&at| text.is_char_boundary(at))
+        .unwrap_or(0);
+    Cow::Owned(format!("{}...", &text[..end]))
 }
 
 /// A combined line's status, always a number: log tools (GoAccess,
@@ -445,26 +450,27 @@ mod tests {
 
     #[test]
     fn long_fields_are_cut_whole_characters_and_marked() {
-        let short = b"/a".repeat(2048);
+        let short = b"/a".repeat(1024);
         assert_eq!(clipped(&short).as_ref(), &short[..]);
         let long = b"x".repeat(5000);
-        assert_eq!(clipped(&long).as_ref(), [&long[..4096], b"..."].concat());
-        // Three bytes a character: the 4,096th byte begins the 1,366th.
-        let wide = "\u{20AC}".repeat(2000);
+        assert_eq!(clipped(&long).as_ref(), [&long[..2048], b"..."].concat());
+        // Three bytes a character: byte 2,048 is inside the 683rd, which
+        // begins at 2,046.
+        let wide = "\u{20AC}".repeat(1000);
         let cut = clipped(wide.as_bytes());
-        assert_eq!(cut.as_ref(), format!("{}...", &wide[..4095]).as_bytes());
+        assert_eq!(cut.as_ref(), format!("{}...", &wide[..2046]).as_bytes());
         // Not UTF-8: no further back than a character's three
         // continuation bytes.
         let odd = [0x80; 5000];
-        assert_eq!(clipped(&odd).as_ref(), [&odd[..4093], b"..."].concat());
+        assert_eq!(clipped(&odd).as_ref(), [&odd[..2045], b"..."].concat());
     }
 
     #[test]
     fn a_long_target_keeps_its_characters_whole() {
         let long = format!("/{}", "é".repeat(3000));
         let cut = clipped_text(&long);
-        // 4,096 bytes would cut the 2,048th `é` in two.
-        assert_eq!(cut, format!("{}...", &long[..4095]));
+        // 2,048 bytes would cut the 1,024th `é` in two.
+        assert_eq!(cut, format!("{}...", &long[..2047]));
         assert_eq!(clipped_text("/short"), "/short");
     }
 

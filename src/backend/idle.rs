@@ -10,7 +10,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::stream::{holds_nothing_back, BackendStream};
+use super::stream::{holds_nothing_back, BackendStream, Link};
 use crate::stream::{reactor_saw_nothing, ByteStream};
 use crate::workers::PerWorker;
 use tokio::time::Instant;
@@ -127,6 +127,36 @@ impl IdleConnections {
         None
     }
 
+    /// The freshest plain connection another worker keeps, moved to the
+    /// calling worker's reactor and found open by the kernel (this reactor
+    /// has seen nothing of it). For a capped backend whose calling worker
+    /// keeps none: the cap counts what the backend holds open, and each
+    /// worker kept its own, so a backend that serves one connection at a
+    /// time (what a cap of 1 is for) left a request on another worker
+    /// waiting behind the idle one until it was swept (seconds, or a 504).
+    /// HAProxy's threads take each other's idle connections too. A TLS
+    /// session stays with its worker: tokio-rustls lets no socket out of
+    /// one to be registered again.
+    pub fn take_from_another(&self) -> Option<BackendStream> {
+        let mine = self.per_worker.index();
+        let others = self
+            .per_worker
+            .iter()
+            .enumerate()
+            .filter(|(worker, _)| *worker != mine);
+        for (_, list) in others {
+            while let Some(idle) = freshest_plain(list) {
+                if idle.since.elapsed() >= IDLE_LIMIT {
+                    continue;
+                }
+                if let Some(stream) = moved_here(idle.stream) {
+                    return Some(stream);
+                }
+            }
+        }
+        None
+    }
+
     /// Keeps `stream` for reuse, to be checked at least as `check` says
     /// then; drops connections that expired (and `stream` itself if its
     /// TLS session holds bytes back).
@@ -157,39 +187,6 @@ impl IdleConnections {
             });
         } else {
             stream.close_quietly();
-        }
-    }
-
-    /// How many connections every worker keeps.
-    pub fn count(&self) -> usize {
-        self.per_worker
-            .iter()
-            .map(|list| list.lock().unwrap_or_else(PoisonError::into_inner).len())
-            .sum()
-    }
-
-    /// Closes the `n` connections kept longest, whichever worker keeps
-    /// them (fewer if there are not so many).
-    pub fn close_longest_kept(&self, n: usize) {
-        for _ in 0..n {
-            let oldest = self
-                .per_worker
-                .iter()
-                .filter_map(|list| {
-                    let conns = list.lock().unwrap_or_else(PoisonError::into_inner);
-                    conns.first().map(|idle| (idle.since, list))
-                })
-                .min_by_key(|(since, _)| *since);
-            let Some((_, list)) = oldest else {
-                return;
-            };
-            let idle = {
-                let mut conns = list.lock().unwrap_or_else(PoisonError::into_inner);
-                (!conns.is_empty()).then(|| conns.remove(0))
-            };
-            if let Some(idle) = idle {
-                idle.stream.close_quietly();
-            }
         }
     }
 
@@ -227,6 +224,25 @@ impl IdleConnections {
                 .for_each(|idle| idle.stream.close_quietly());
         }
     }
+}
+
+/// The freshest plain connection of `list`, out of it.
+fn freshest_plain(list: &IdleList) -> Option<Idle> {
+    let mut conns = list.lock().unwrap_or_else(PoisonError::into_inner);
+    let at = conns
+        .iter()
+        .rposition(|idle| matches!(idle.stream, Link::Plain(_)))?;
+    Some(conns.remove(at))
+}
+
+/// `stream` registered with the calling worker's reactor, if it is a plain
+/// connection the backend has not closed.
+fn moved_here(stream: BackendStream) -> Option<BackendStream> {
+    let Link::Plain(tcp) = stream else {
+        return None;
+    };
+    let tcp = tokio::net::TcpStream::from_std(tcp.into_std().ok()?).ok()?;
+    still_open(&tcp, Check::Kernel).then_some(Link::Plain(tcp))
 }
 
 impl Drop for IdleConnections {
@@ -293,6 +309,50 @@ mod tests {
         let n = stream.read(&mut buf).await.expect("read the answer");
         assert_eq!(&buf[..n], b"answer");
         (backend, stream)
+    }
+
+    /// The freshest plain connection worker 1 keeps is taken by worker 0
+    /// and works there (registered with its reactor); one its backend
+    /// closed meanwhile is not taken. A capped backend serving one
+    /// connection at a time waited behind another worker's idle one.
+    #[tokio::test]
+    async fn a_connection_another_worker_keeps_moves_to_the_one_that_takes_it() {
+        use std::sync::Arc;
+        let workers =
+            crate::workers::Workers::start(2, false, std::time::Duration::ZERO).expect("workers");
+        let idle = Arc::new(IdleConnections::new(2));
+        let (gone, older) = answered().await;
+        let (mut backend, fresher) = answered().await;
+        drop(gone);
+        let kept = Arc::clone(&idle);
+        workers
+            .for_shard(1)
+            .spawn(async move {
+                kept.put(Link::Plain(older), Check::Reactor);
+                kept.put(Link::Plain(fresher), Check::Reactor);
+            })
+            .await
+            .expect("worker 1");
+        let taking = Arc::clone(&idle);
+        let (first, second) = workers
+            .for_shard(0)
+            .spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let mut first = taking.take_from_another().expect("the fresher one");
+                first.write_all(b"next request").await.expect("written");
+                let second = taking.take_from_another().is_some();
+                (
+                    crate::stream::ByteStream::tcp(&first).local_addr().ok(),
+                    second,
+                )
+            })
+            .await
+            .expect("worker 0");
+        assert_eq!(first, backend.peer_addr().ok(), "the freshest, first");
+        let mut got = [0u8; 12];
+        std::io::Read::read_exact(&mut backend, &mut got).expect("the request");
+        assert_eq!(&got, b"next request");
+        assert!(!second, "the one its backend closed is not taken");
     }
 
     /// Lets the reactor look (loopback delivers within the write call).

@@ -65,11 +65,6 @@ impl Line {
         }
     }
 
-    /// The places each backend of the pool has.
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-
     fn lock(&self) -> MutexGuard<'_, Waiters> {
         // A panic elsewhere while holding it leaves the queue itself whole.
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())

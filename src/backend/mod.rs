@@ -174,19 +174,13 @@ impl Backend {
         self.weight.load(Ordering::Relaxed)
     }
 
-    /// Makes room for a new connection under a capped pool's cap, which
-    /// counts the connections the backend holds open, idle ones too: each
-    /// worker keeps its own, and a backend that serves one connection at a
-    /// time (the reason for a cap of 1) left a new one from another worker
-    /// waiting until the idle one was swept (seconds, or a 504). Those
-    /// beyond the cap are closed, kept longest first.
-    pub fn room_for_a_connection(&self) {
-        let Some(line) = &self.line else {
-            return;
-        };
-        let open = self.in_flight() + self.idle.count();
-        self.idle
-            .close_longest_kept(open.saturating_sub(line.cap()));
+    /// A connection another worker keeps idle, moved to the calling one,
+    /// for a capped backend only (see `IdleConnections::take_from_another`:
+    /// the cap is what makes an idle connection on another worker cost a
+    /// request its place).
+    pub fn idle_elsewhere(&self) -> Option<stream::BackendStream> {
+        self.line.as_ref()?;
+        self.idle.take_from_another()
     }
 
     pub fn in_flight(&self) -> usize {

@@ -275,7 +275,7 @@ mod tests {
             super::ConnectFault::Handshake(std::io::Error::other("valid for x\u{1b}[2J\nFORGED"));
         assert_eq!(
             said.to_string(),
-            "TLS handshake: valid for x\\u{1b}[2J\\nFORGED"
+            "TLS handshake: valid for x\\u{1b}[2J\\u{a}FORGED"
         );
     }
 }

@@ -259,22 +259,28 @@ impl Budget {
 }
 
 /// `text` with its control characters (a terminal's escapes, line
-/// breaks) written as Rust escapes: for text a peer chose that reaches a
-/// log line or a terminal, such as a backend certificate's names in a
-/// failed handshake's error (webpki writes them unescaped).
+/// breaks), Unicode's line and paragraph separators and its direction
+/// marks and overrides (U+202E turns a terminal's text around) written as
+/// Rust escapes: for text a peer chose that reaches a log line or a
+/// terminal, such as a backend certificate's names in a failed
+/// handshake's error (webpki writes them unescaped).
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(char::is_control) {
+    fn hidden(c: char) -> bool {
+        c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    }
+    if !text.chars().any(hidden) {
         return std::borrow::Cow::Borrowed(text);
     }
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if hidden(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -331,8 +337,8 @@ mod tests {
     fn a_peer_s_control_characters_are_escaped() {
         assert_eq!(printable("plain \"text\" é"), "plain \"text\" é");
         assert_eq!(
-            printable("x\u{1b}[2J\nFORGED\u{85}"),
-            "x\\u{1b}[2J\\nFORGED\\u{85}"
+            printable("x\u{1b}[2J\nFORGED\u{85}\u{202E}"),
+            "x\\u{1b}[2J\\u{a}FORGED\\u{85}\\u{202e}"
         );
     }
 }

@@ -79,8 +79,10 @@ pub async fn open(
         if let Some(stream) = backend.idle.take(check) {
             return Ok(Upstream::kept(stream));
         }
+        if let Some(stream) = backend.idle_elsewhere() {
+            return Ok(Upstream::kept(stream));
+        }
     }
-    backend.room_for_a_connection();
     let stream = backend
         .connect(connect_timeout, header)
         .await
