@@ -9,7 +9,7 @@ fn main() -> std::process::ExitCode {
         cli.command,
         baton::cli::Command::Reload(_) | baton::cli::Command::Check(_)
     ) {
-        baton::lifecycle::signals::hold_sighup();
+        baton::lifecycle::signals::hold_unit_signals();
     }
     baton::commands::dispatch(cli.command).into()
 }

@@ -586,13 +586,13 @@ async fn unit_signals_kill_no_baton_command() {
         .spawn()
         .expect("spawn check");
     let pid = check.id().expect("check's pid");
-    support::eventually("check holds SIGUSR1 and SIGHUP", || async {
-        signal_mask(pid, "SigBlk:", Signal::SIGUSR1) && signal_mask(pid, "SigBlk:", Signal::SIGHUP)
+    let held = [Signal::SIGUSR1, Signal::SIGHUP, Signal::SIGUSR2];
+    support::eventually("check holds SIGUSR1, SIGHUP and SIGUSR2", || async {
+        held.iter().all(|&s| signal_mask(pid, "SigBlk:", s))
     })
     .await;
     for _ in 0..3 {
-        signal(pid, Signal::SIGUSR1);
-        signal(pid, Signal::SIGHUP);
+        held.iter().for_each(|&s| signal(pid, s));
     }
     std::fs::write(
         &fifo,

@@ -175,22 +175,26 @@ impl Named {
         now.duration_since(since)
     }
 
-    /// How long DNS has said the name has no address, if it says so (its
-    /// last such answer within twice `hold`): for the next generation,
-    /// whose hold counts on from there.
-    pub fn empty_for(&self, hold: Duration) -> Option<Duration> {
+    /// How long DNS has said the name has no address, and how long ago
+    /// it last said so, if it says so (its last such answer within twice
+    /// `hold`): for the next generation, whose hold counts on from there.
+    pub fn empty_for(&self, hold: Duration) -> Option<(Duration, Duration)> {
         let run = self.empty.lock().unwrap_or_else(|e| e.into_inner());
         run.filter(|r| r.last.elapsed() <= hold * 2)
-            .map(|r| r.since.elapsed())
+            .map(|r| (r.since.elapsed(), r.last.elapsed()))
     }
 
-    /// An older generation had heard "no address" for `empty_for`: the
-    /// run counts from then, not from this generation's start (a reload
-    /// every minute would otherwise keep the members for good).
-    pub fn empty_earlier(&self, empty_for: Duration) {
+    /// An older generation had heard "no address" for `empty_for`, last
+    /// `last_ago`: the run counts from then, not from this generation's
+    /// start (a reload every minute would otherwise keep the members for
+    /// good), and a pause counts from its last answer (taken as now, a
+    /// reload during a pause let a later answer of no address continue a
+    /// run that had ended, and drain every member).
+    pub fn empty_earlier(&self, empty_for: Duration, last_ago: Duration) {
         let now = Instant::now();
         let since = now.checked_sub(empty_for).unwrap_or(now);
-        *self.empty.lock().unwrap_or_else(|e| e.into_inner()) = Some(EmptyRun { since, last: now });
+        let last = now.checked_sub(last_ago).unwrap_or(now).max(since);
+        *self.empty.lock().unwrap_or_else(|e| e.into_inner()) = Some(EmptyRun { since, last });
     }
 
     /// DNS has said for the hold that the name has no address: that is
@@ -236,11 +240,26 @@ mod tests {
         later(21).await;
         assert_eq!(n.empty_for(hold), None, "21 s since the last: not carried");
         assert_eq!(n.answered_empty(hold), Duration::ZERO, "nor counted on");
-        n.empty_earlier(Duration::from_secs(30));
-        assert_eq!(n.empty_for(hold), Some(Duration::from_secs(30)));
+        later(4).await;
+        let ages = (Duration::from_secs(4), Duration::from_secs(4));
+        assert_eq!(
+            n.empty_for(hold),
+            Some(ages),
+            "4 s since it began, and since the last"
+        );
+        n.empty_earlier(Duration::from_secs(30), Duration::from_secs(5));
+        assert_eq!(
+            n.empty_for(hold),
+            Some((Duration::from_secs(30), Duration::from_secs(5)))
+        );
         assert_eq!(n.answered_empty(hold), Duration::from_secs(30));
         n.answer(Vec::new());
         assert_eq!(n.empty_for(hold), None, "an answer ends the run");
+        // Carried in a pause: the pause counts from the older generation's
+        // last answer, and one past twice the hold ends the run.
+        n.empty_earlier(Duration::from_secs(30), Duration::from_secs(15));
+        later(6).await;
+        assert_eq!(n.answered_empty(hold), Duration::ZERO, "21 s of pause");
     }
 
     #[test]

@@ -132,6 +132,11 @@ pub struct ResolvedCarry {
     /// Absent from an older release.
     #[serde(default)]
     pub empty_ms: Option<u64>,
+    /// How long ago DNS last answered so, in ms: a pause past twice the
+    /// hold since then ends the run, in the next generation as it would
+    /// have here. Absent from an older release (taken as just now).
+    #[serde(default)]
+    pub empty_last_ms: Option<u64>,
 }
 
 /// One address of a carried answer, as `backend::members::Resolved` holds
@@ -667,6 +672,7 @@ mod tests {
                     gone_ms: 1500,
                 }],
                 empty_ms: Some(2500),
+                empty_last_ms: Some(400),
             }],
         };
         a.send(&offer, &[listener.as_fd()]).await.expect("send");
@@ -952,6 +958,10 @@ mod tests {
             "the ticket keys, or TLS sessions end at the upgrade"
         );
         assert_eq!(resolved[0].serving[0].gone_ms, 1500);
+        assert_eq!(
+            resolved[0].empty_last_ms, None,
+            "said by no release before it: the last empty answer is taken as just now"
+        );
         let report = report.expect("the counters");
         assert_eq!(report.baseline.len(), 5);
         assert_eq!(report.generations[0].backends_in_flight["app"]["app1"], 2);

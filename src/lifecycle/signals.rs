@@ -39,19 +39,21 @@ pub fn hold_sigusr1() {
     let _ = usr1().thread_block();
 }
 
-/// SIGHUP (`systemctl kill -s HUP baton`, a reload by signal, reaches
-/// every process of the unit too) must not kill a `baton reload` run by
-/// `ExecReload` (its `systemctl reload` would fail while the reload goes
-/// on), nor a `baton check`: those two hold it, once their arguments are
-/// read. Not the daemon, whose handler is in place first thing (a new
-/// generation's spawn has it ignored until then, see
-/// `process::spawn_detached`, and a blocked signal would be kept pending
+/// SIGHUP (`systemctl kill -s HUP baton`, a reload by signal) and SIGUSR2
+/// (`systemctl kill -s USR2 baton`, ending older generations' drains)
+/// reach every process of the unit too, and must not kill a `baton
+/// reload` run by `ExecReload` (its `systemctl reload` would fail while
+/// the reload goes on), nor a `baton check`: those two hold them, once
+/// their arguments are read. Not the daemon, whose handlers are in place
+/// first thing (a new generation's spawn has them ignored until then, see
+/// `process::spawn_detached`, and a blocked SIGHUP would be kept pending
 /// though ignored, a reload asked of a reload still starting turned into
-/// a second one), nor `demo`, whose daemon would inherit it held.
-pub fn hold_sighup() {
-    let mut hup = nix::sys::signal::SigSet::empty();
-    hup.add(nix::sys::signal::Signal::SIGHUP);
-    let _ = hup.thread_block();
+/// a second one), nor `demo`, whose daemon would inherit them held.
+pub fn hold_unit_signals() {
+    let mut held = nix::sys::signal::SigSet::empty();
+    held.add(nix::sys::signal::Signal::SIGHUP);
+    held.add(nix::sys::signal::Signal::SIGUSR2);
+    let _ = held.thread_block();
 }
 
 fn usr1() -> nix::sys::signal::SigSet {

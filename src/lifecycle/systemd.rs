@@ -27,15 +27,22 @@ pub fn status(status: &str) {
 /// (a drain raised in the config, or by a drop-in's `Environment=`) had
 /// systemd SIGKILL every generation partway through the drain, the exit
 /// code and the last log lines with them. The stop is bounded by baton's
-/// own deadlines all the same. (A microsecond count in 32 bits: at most
-/// 71 minutes.)
+/// own deadlines all the same.
 fn stopping(needs: Duration) {
-    let usec = u32::try_from(needs.as_micros()).unwrap_or(u32::MAX);
+    let extend = extend_timeout(needs);
     notify(&[
         NotifyState::Stopping,
         NotifyState::Status("stopping: draining"),
-        NotifyState::ExtendTimeoutUsec(usec),
+        NotifyState::Custom(&extend),
     ]);
+}
+
+/// The microseconds in 64 bits, as systemd reads them: sd-notify's own
+/// state takes 32, at most 71 minutes, and a longer drain was SIGKILLed
+/// there.
+fn extend_timeout(needs: Duration) -> String {
+    let usec = u64::try_from(needs.as_micros()).unwrap_or(u64::MAX);
+    format!("EXTEND_TIMEOUT_USEC={usec}")
 }
 
 fn reloading() {
@@ -283,7 +290,14 @@ fn ignore_unit_signals(command: &mut std::process::Command) {
     // sigaction calls. It touches no memory of the parent's.
     unsafe {
         command.pre_exec(|| {
-            super::process::ignore_signals(&[Signal::SIGTERM, Signal::SIGUSR1, Signal::SIGHUP])
+            super::process::ignore_signals(&[
+                Signal::SIGTERM,
+                Signal::SIGINT,
+                Signal::SIGQUIT,
+                Signal::SIGUSR1,
+                Signal::SIGUSR2,
+                Signal::SIGHUP,
+            ])
         });
     }
 }
@@ -400,7 +414,7 @@ fn watchdog_usec() -> Option<u64> {
 mod tests {
     use std::time::Duration;
 
-    use super::{restart_job, Said, Stand, Standing};
+    use super::{extend_timeout, restart_job, Said, Stand, Standing};
 
     /// A task's report says `READY=1` only while serving, its line alone
     /// during a reload, and nothing once a stop began, which no later
@@ -444,5 +458,20 @@ mod tests {
         let none = r#"{"type":"a(usssoo)","data":[[]]}"#;
         assert_eq!(restart_job(none.as_bytes(), "baton.service"), Some(false));
         assert_eq!(restart_job(b"Failed to connect", "baton.service"), None);
+    }
+
+    /// A stop that needs two hours asks systemd for two hours: in the 32
+    /// bits sd-notify's state takes, it asked for 71 minutes, and systemd
+    /// SIGKILLed the drain there.
+    #[test]
+    fn a_long_stop_asks_for_all_it_needs() {
+        assert_eq!(
+            extend_timeout(Duration::from_secs(7200)),
+            "EXTEND_TIMEOUT_USEC=7200000000"
+        );
+        assert_eq!(
+            extend_timeout(Duration::from_millis(1500)),
+            "EXTEND_TIMEOUT_USEC=1500000"
+        );
     }
 }

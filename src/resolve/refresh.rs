@@ -57,7 +57,8 @@ pub async fn first_members(
                         c.resolved.iter().map(|a| carried_in(a, named)).collect();
                     named.answer(resolved.clone());
                     if let Some(ms) = c.empty_ms {
-                        named.empty_earlier(Duration::from_millis(ms));
+                        let last = Duration::from_millis(c.empty_last_ms.unwrap_or(0));
+                        named.empty_earlier(Duration::from_millis(ms), last);
                     }
                     let gone = still_gone(&c.serving, &resolved);
                     if !gone.is_empty() {
@@ -128,6 +129,7 @@ pub fn carry_out(pools: &[Arc<Pool>]) -> Vec<ResolvedCarry> {
         .iter()
         .flat_map(|p| p.named.iter().map(move |n| (p, n)))
         .filter_map(|(p, n)| {
+            let empty = n.empty_for(p.obsolete_hold());
             n.last().map(|resolved| ResolvedCarry {
                 pool: p.name.clone(),
                 name: n.name.clone(),
@@ -141,7 +143,8 @@ pub fn carry_out(pools: &[Arc<Pool>]) -> Vec<ResolvedCarry> {
                     .into_iter()
                     .map(|(r, gone_for)| carried_out(r, gone_for))
                     .collect(),
-                empty_ms: n.empty_for(p.obsolete_hold()).map(millis),
+                empty_ms: empty.map(|(run, _)| millis(run)),
+                empty_last_ms: empty.map(|(_, last)| millis(last)),
             })
         })
         .collect()
