@@ -378,7 +378,10 @@ async fn every_status_across_a_reload_names_one_serving_generation() {
         async move {
             let mut answers = Vec::new();
             while !stop.is_cancelled() && answers.len() < 2_000 {
-                if let Ok(s) = client::get(admin, "/status").await {
+                // A 503 is the old generation's "send it again" (see
+                // `a_status_asked_of_a_generation_that_handed_over_is_sent_again`).
+                let answer = client::get(admin, "/status").await;
+                if let Some(s) = answer.ok().filter(|s| s.status == 200) {
                     let status: serde_json::Value =
                         serde_json::from_str(&s.body).expect("/status is JSON");
                     let serving = status["generations"]
@@ -406,6 +409,54 @@ async fn every_status_across_a_reload_names_one_serving_generation() {
     for (serving, body) in &answers {
         assert_eq!(*serving, 1, "{body}");
     }
+}
+
+/// An admin connection the old generation took before it handed over and
+/// asked on after: `/status` and `/metrics` are answered 503 "send it
+/// again" (a new connection reaches the serving generation), where the
+/// old generation answered with what it knew: a `/status` naming no
+/// serving generation (itself alone, draining: a flake of the test
+/// above), and counts without the newer generation's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_asked_of_a_generation_that_handed_over_is_sent_again() {
+    use tokio::io::AsyncWriteExt;
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let web = baton.addr("web");
+    // Held: the old generation drains, and answers, until it is released.
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the request held by the backend", || async {
+        backend.held() == 1
+    })
+    .await;
+    let mut early = Vec::new();
+    for _ in 0..2 {
+        early.push(
+            tokio::net::TcpStream::connect(baton.admin)
+                .await
+                .expect("admin"),
+        );
+    }
+    // Taken by the only generation there is before the reload.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    baton.reload_ok().await;
+    for (mut conn, path) in early.into_iter().zip(["/status", "/metrics"]) {
+        let ask = format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n");
+        conn.write_all(ask.as_bytes()).await.expect("ask");
+        let answer = client::read_until_closed(&mut conn).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{path}: {answer}");
+        assert!(answer.contains("has handed over"), "{path}: {answer}");
+    }
+    let status = client::status(baton.admin).await;
+    let states: Vec<&str> = status["generations"]
+        .as_array()
+        .expect("generations")
+        .iter()
+        .filter_map(|g| g["state"].as_str())
+        .collect();
+    assert_eq!(states, ["active", "draining"], "{status}");
+    backend.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
 }
 
 /// Waits until `/status` lists the serving generation alone.

@@ -41,11 +41,33 @@ pub async fn respond<B>(state: &Arc<AdminShared>, req: Request<B>) -> Reply {
         return backend_action(state, &req, rest);
     }
     match path {
+        "/status" | "/metrics" if is_get && drains_after_a_reload(state) => handed_over(),
         "/status" if is_get => status(state),
         "/metrics" if is_get => metrics(state).await,
         "/status" | "/metrics" => not_allowed(READS),
         _ => error(StatusCode::NOT_FOUND, format!("no admin endpoint {path}")),
     }
+}
+
+/// Whether this generation drains after handing over to a newer one: it
+/// knows nothing of the serving one, which its reports go to. Its `/status`
+/// named no serving generation, and its `/metrics` lacked the newer one's
+/// counts (a step back to a scraper), on a connection it took before its
+/// admin stopped and was asked on after.
+fn drains_after_a_reload(state: &AdminShared) -> bool {
+    matches!(*state.phase.borrow(), Phase::Draining { .. })
+}
+
+/// "Send it again": a new connection reaches the serving generation.
+fn handed_over() -> Reply {
+    let mut refused = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "this generation has handed over to a newer one: send it again (a new connection reaches the serving generation)".into(),
+    );
+    refused
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    refused
 }
 
 /// Why a pool has no backend that can take work: none healthy, and how
@@ -300,14 +322,7 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if *handed_over {
-        let mut refused = error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "this generation has handed over to a newer one: send it again (a new connection reaches the serving generation)".into(),
-        );
-        refused
-            .headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
-        return refused;
+        return self::handed_over();
     }
     let topology = state.topology();
     if topology.pools.is_empty() && !state.configured.pools.is_empty() {

@@ -1,11 +1,11 @@
 //! `baton backend drain|restore ID`: the admin API's backend calls.
 
-use std::time::{Duration, Instant};
-
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::Value;
 
-use super::status::{admin_call, load, refused, s};
+use super::status::{
+    admin_call, load, refused, s, sent_again_while_handed_over, HANDED_OVER_BUDGET, PAUSE,
+};
 use crate::cli::{BackendAction, BackendArgs};
 use crate::config::Token;
 use crate::exit::Exit;
@@ -59,34 +59,10 @@ pub fn backend(args: &BackendArgs) -> Exit {
     }
 }
 
-/// How long a call answered 503 is sent again. A generation that has
-/// handed its backends' states to a reload's new one answers 503 "send it
-/// again" until the new one takes admin requests: a moment, at most the
-/// new one's wait for the old one's first report (2 s). A deploy script
-/// racing `systemctl reload` should not fail on it.
-const HANDED_OVER_BUDGET: Duration = Duration::from_secs(5);
-const PAUSE: Duration = Duration::from_millis(100);
-
-/// Makes `call` (a new connection each time), again after `pause` while it
-/// is answered 503, until `budget` has passed.
-fn sent_again_while_handed_over(
-    mut call: impl FnMut() -> Result<(u16, String), Exit>,
-    budget: Duration,
-    pause: Duration,
-) -> Result<(u16, String), Exit> {
-    let deadline = Instant::now() + budget;
-    loop {
-        let answer = call()?;
-        if answer.0 != 503 || Instant::now() + pause > deadline {
-            return Ok(answer);
-        }
-        std::thread::sleep(pause);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// An id goes whole into the path: a member's label as it is, and a
     /// mistyped `?`, `#` or `/` encoded rather than ending the segment.

@@ -1,5 +1,7 @@
 //! `baton status` and `baton backend`: the admin API, printed for a person.
 
+use std::time::{Duration, Instant};
+
 use serde_json::Value;
 
 use crate::admin::client::{self, AdminCallError};
@@ -27,6 +29,32 @@ pub(super) fn admin_call(
                 AdminCallError::Failed { .. } => Exit::Failure,
             }
         })
+}
+
+/// How long a call answered 503 is sent again. A generation that has
+/// handed its backends' states to a reload's new one (or, asked for
+/// `/status`, that drains after one) answers 503 "send it again" until the
+/// new one takes admin requests: a moment, at most the
+/// new one's wait for the old one's first report (2 s). A deploy script
+/// racing `systemctl reload` should not fail on it.
+pub(super) const HANDED_OVER_BUDGET: Duration = Duration::from_secs(5);
+pub(super) const PAUSE: Duration = Duration::from_millis(100);
+
+/// Makes `call` (a new connection each time), again after `pause` while it
+/// is answered 503, until `budget` has passed.
+pub(super) fn sent_again_while_handed_over(
+    mut call: impl FnMut() -> Result<(u16, String), Exit>,
+    budget: Duration,
+    pause: Duration,
+) -> Result<(u16, String), Exit> {
+    let deadline = Instant::now() + budget;
+    loop {
+        let answer = call()?;
+        if answer.0 != 503 || Instant::now() + pause > deadline {
+            return Ok(answer);
+        }
+        std::thread::sleep(pause);
+    }
 }
 
 /// What the admin API said when it refused `method path` with `code`: its
@@ -60,7 +88,8 @@ pub fn status(args: &StatusArgs) -> Exit {
         Ok(c) => c,
         Err(exit) => return exit,
     };
-    let (code, body) = match admin_call(&c, "GET", "/status") {
+    let call = || admin_call(&c, "GET", "/status");
+    let (code, body) = match sent_again_while_handed_over(call, HANDED_OVER_BUDGET, PAUSE) {
         Ok(r) => r,
         Err(exit) => return exit,
     };
