@@ -325,3 +325,40 @@ async fn a_reload_as_pid_1_fails_saying_why_and_serves_on() {
         .expect("still served");
     assert_eq!(answer.status, 200);
 }
+
+/// Under a container's minimal init (`docker run --init`'s tini), which
+/// exits when its one child does, a reload fails at once, naming it: the
+/// new generation would be killed with the namespace when this one exits
+/// at the end of its drain (README recommended tini for reloads). Here
+/// the init is a shell named `tini`, as PID 1 of a PID namespace, that
+/// waits for baton and exits with it. Root only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_under_an_init_that_exits_with_baton_fails_saying_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tini = dir.path().join("tini");
+    std::fs::copy("/bin/sh", &tini).expect("a shell named tini");
+    let tini = tini.to_str().expect("path");
+    let namespace = ["unshare", "--pid", "--fork", "--kill-child"];
+    let probe = [&namespace[..], &["true"]].concat();
+    if !support::possible_or_skipped(&probe, "root, for a PID namespace") {
+        return;
+    }
+    let init = [&namespace[..], &[tini, "-c", "\"$0\" \"$@\" & wait $!"]].concat();
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
+    let baton = Baton::spawn_under(spec, &[], &init);
+    support::eventually("the admin port answers", || async {
+        support::client::get(baton.admin, "/healthz").await.is_ok()
+    })
+    .await;
+    let r = baton.reload().await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr.contains("baton's parent is PID 1 \"tini\""),
+        "{r:?}"
+    );
+    let answer = support::client::get(baton.addr("web"), "/after")
+        .await
+        .expect("still served");
+    assert_eq!(answer.status, 200);
+}

@@ -150,8 +150,10 @@ pub enum HandoverError {
     Internal(String),
     #[error("a stop began before the new generation was ready; it was killed")]
     Abandoned,
-    #[error("baton runs as PID 1 (a container without an init), where a new generation would be killed when this one exits; run it under an init (`docker run --init`, tini) to reload")]
+    #[error("baton runs as PID 1 (a container without an init), where a new generation would be killed when this one exits; replace the container to change its config or binary, or run baton under systemd to reload")]
     Pid1,
+    #[error("baton's parent is PID 1 {init:?}, a container's init that exits when its one child does: a new generation would be killed when this one exits; replace the container to change its config or binary, or run baton under systemd to reload")]
+    InitExitsWithUs { init: String },
 }
 
 impl HandoverError {
@@ -207,9 +209,13 @@ pub async fn hand_over(
 ) -> Result<Successor, HandoverError> {
     // The new generation is started detached, so it is the reaper's child:
     // ours, as PID 1, and the kernel kills all of a PID namespace when its
-    // PID 1 exits, at the end of our drain.
+    // PID 1 exits, at the end of our drain; or a container's minimal init,
+    // which exits when we do, its one child.
     if std::process::id() == 1 {
         return Err(HandoverError::Pid1);
+    }
+    if let Some(init) = process::init_that_exits_with_us() {
+        return Err(HandoverError::InitExitsWithUs { init });
     }
     let deadline = Instant::now() + ready_timeout;
     let (channel, theirs) = Channel::pair()?;

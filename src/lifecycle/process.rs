@@ -137,6 +137,31 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
     Process::open(pid)
 }
 
+/// The name of our parent when it is PID 1 of our namespace and one of
+/// the minimal inits containers run (`docker run --init`'s tini, dumb-init,
+/// podman's catatonit): each exits when its one child does, and the
+/// kernel then ends the namespace, a detached new generation with it. A
+/// host's init (systemd, sysvinit, OpenRC) outlives its children.
+pub fn init_that_exits_with_us() -> Option<String> {
+    const EXIT_WITH_THEIR_CHILD: [&str; 4] = ["tini", "docker-init", "dumb-init", "catatonit"];
+    if rustix::process::getppid() != Pid::from_raw(1) {
+        return None;
+    }
+    // The parent as /proc numbers it: a /proc of the namespace outside
+    // ours (not mounted afresh) numbers it otherwise, and its `1` is
+    // another process.
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let parent = status
+        .lines()
+        .find_map(|line| line.strip_prefix("PPid:"))?
+        .trim();
+    let name = std::fs::read_to_string(format!("/proc/{parent}/comm")).ok()?;
+    let name = name.trim_end();
+    EXIT_WITH_THEIR_CHILD
+        .contains(&name)
+        .then(|| name.to_string())
+}
+
 /// For a new generation's spawn, in the child before exec: SIGUSR1 blocked
 /// (see `signals::hold_sigusr1`), and SIGHUP, SIGQUIT and SIGUSR2 ignored
 /// until its handlers are in place, so one sent to the whole unit
