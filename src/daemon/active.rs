@@ -1,7 +1,7 @@
 //! A generation taking work: its accept loops open, systemd told (READY,
 //! fd store, watchdog, STATUS lines).
 
-use super::build::{pools_ready, Door};
+use super::build::Door;
 use super::*;
 use crate::lifecycle::systemd::FdStoreUpdate;
 
@@ -194,6 +194,6 @@ async fn status_lines(
             admin.generation.number,
             generations.len() - 1
         );
-        standing.report(&line, pools_ready(&pools));
+        standing.report(&line);
     }
 }

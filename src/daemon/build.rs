@@ -832,11 +832,6 @@ fn configured(config: &Config) -> crate::metrics::exposition::Configured {
     }
 }
 
-/// Every pool has a backend that can take work.
-pub(super) fn pools_ready(pools: &[Arc<Pool>]) -> bool {
-    pools.iter().all(|p| p.healthy_count() > 0)
-}
-
 fn take_control(
     config: &Config,
     inventory: &mut Inventory,

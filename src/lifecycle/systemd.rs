@@ -103,10 +103,10 @@ impl Stand {
 }
 
 impl Told {
-    /// `status`, with `READY=1` when `ready_now`, serving and the start
-    /// over; nothing once a stop began.
-    fn say(&self, status: &str, ready_now: bool) {
-        match self.stand.report(ready_now && self.started) {
+    /// `status`, with `READY=1` when serving and the start over; nothing
+    /// once a stop began.
+    fn say(&self, status: &str) {
+        match self.stand.report(self.started) {
             Said::ReadyAndStatus => ready(status),
             Said::Status => self::status(status),
             Said::Nothing => {}
@@ -124,7 +124,7 @@ impl Standing {
     pub fn started(&self, status: &str) {
         let mut told = self.told();
         told.started = true;
-        told.say(status, true);
+        told.say(status);
     }
 
     /// Whether the start is over (see [`Told::started`]).
@@ -148,7 +148,7 @@ impl Standing {
         let mut told = self.told();
         if told.stand != Stand::Stopping {
             told.stand = Stand::Serving;
-            told.say(status, true);
+            told.say(status);
         }
     }
 
@@ -160,11 +160,16 @@ impl Standing {
         stopping(needs);
     }
 
-    /// A task's report: `READY=1` with `status` when `ready` and serving
-    /// with the start over, `status` alone during a reload or a start,
-    /// nothing once a stop began.
-    pub fn report(&self, status: &str, ready_now: bool) {
-        self.told().say(status, ready_now);
+    /// A task's report: `READY=1` with `status` when serving with the
+    /// start over, `status` alone during a reload or a start, nothing once
+    /// a stop began. `READY=1` again, whatever the pools: a new
+    /// generation's first one may reach systemd before its `MAINPID=`
+    /// does and be dropped, and repeated only while every pool had a
+    /// healthy backend, it never landed with one down, leaving a unit
+    /// whose start a reload caught `activating` until `TimeoutStartSec`
+    /// failed it.
+    pub fn report(&self, status: &str) {
+        self.told().say(status);
     }
 }
 
@@ -172,8 +177,7 @@ impl Standing {
 /// is complete (`READY=1`: it accepts). By the protocol, the `RELOADING=1`
 /// we sent ends at a `READY=1` from the main process; sent by us, still
 /// main, this one is heard, where the successor's own may come before its
-/// `MAINPID=` lands and be dropped (it repeats it only while every pool has
-/// a healthy backend, so with a pool down it might never land).
+/// `MAINPID=` lands and be dropped (it repeats it every status line).
 /// Not `READY=1` while our own start is not over (`started`): the
 /// successor says it at its first round's end.
 pub fn handed_over(successor: u32, started: bool) {
