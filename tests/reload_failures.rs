@@ -299,31 +299,39 @@ async fn a_new_generation_that_cannot_take_the_offer_says_why() {
     load.stop().await.assert_clean();
 }
 
-/// As PID 1 (a container without an init) a reload fails at once, saying
-/// why: the new generation, started detached, would be our child, and the
-/// kernel kills all of a PID namespace when its PID 1 exits, at the end of
-/// our drain. Root only (a PID namespace of the test's own).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_as_pid_1_fails_saying_why_and_serves_on() {
-    let namespace = ["unshare", "--pid", "--fork", "--kill-child"];
-    let probe = [&namespace[..], &["true"]].concat();
+/// The PID namespace a test makes its own (root only).
+const PID_NAMESPACE: [&str; 4] = ["unshare", "--pid", "--fork", "--kill-child"];
+
+/// baton started under `wrapper` (in a PID namespace): a reload fails at
+/// once with exit 1, its error saying `why`, and baton serves on.
+async fn a_reload_is_refused_under(wrapper: &[&str], why: &str) {
+    let probe = [&PID_NAMESPACE[..], &["true"]].concat();
     if !support::possible_or_skipped(&probe, "root, for a PID namespace") {
         return;
     }
     let backend = HttpBackend::start("a").await;
     let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
-    let baton = Baton::spawn_under(spec, &[], &namespace);
+    let baton = Baton::spawn_under(spec, &[], wrapper);
     support::eventually("the admin port answers", || async {
         support::client::get(baton.admin, "/healthz").await.is_ok()
     })
     .await;
     let r = baton.reload().await;
     assert_eq!(r.code, 1, "{r:?}");
-    assert!(r.stderr.contains("runs as PID 1"), "{r:?}");
+    assert!(r.stderr.contains(why), "{r:?}");
     let answer = support::client::get(baton.addr("web"), "/after")
         .await
         .expect("still served");
     assert_eq!(answer.status, 200);
+}
+
+/// As PID 1 (a container without an init) a reload fails at once, saying
+/// why: the new generation, started detached, would be our child, and the
+/// kernel kills all of a PID namespace when its PID 1 exits, at the end of
+/// our drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_as_pid_1_fails_saying_why_and_serves_on() {
+    a_reload_is_refused_under(&PID_NAMESPACE, "runs as PID 1").await;
 }
 
 /// Under a container's minimal init (`docker run --init`'s tini), which
@@ -331,34 +339,13 @@ async fn a_reload_as_pid_1_fails_saying_why_and_serves_on() {
 /// new generation would be killed with the namespace when this one exits
 /// at the end of its drain (README recommended tini for reloads). Here
 /// the init is a shell named `tini`, as PID 1 of a PID namespace, that
-/// waits for baton and exits with it. Root only.
+/// waits for baton and exits with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_under_an_init_that_exits_with_baton_fails_saying_why() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tini = dir.path().join("tini");
     std::fs::copy("/bin/sh", &tini).expect("a shell named tini");
     let tini = tini.to_str().expect("path");
-    let namespace = ["unshare", "--pid", "--fork", "--kill-child"];
-    let probe = [&namespace[..], &["true"]].concat();
-    if !support::possible_or_skipped(&probe, "root, for a PID namespace") {
-        return;
-    }
-    let init = [&namespace[..], &[tini, "-c", "\"$0\" \"$@\" & wait $!"]].concat();
-    let backend = HttpBackend::start("a").await;
-    let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
-    let baton = Baton::spawn_under(spec, &[], &init);
-    support::eventually("the admin port answers", || async {
-        support::client::get(baton.admin, "/healthz").await.is_ok()
-    })
-    .await;
-    let r = baton.reload().await;
-    assert_eq!(r.code, 1, "{r:?}");
-    assert!(
-        r.stderr.contains("baton's parent is PID 1 \"tini\""),
-        "{r:?}"
-    );
-    let answer = support::client::get(baton.addr("web"), "/after")
-        .await
-        .expect("still served");
-    assert_eq!(answer.status, 200);
+    let init = [&PID_NAMESPACE[..], &[tini, "-c", "\"$0\" \"$@\" & wait $!"]].concat();
+    a_reload_is_refused_under(&init, "baton's parent is PID 1 \"tini\"").await;
 }
