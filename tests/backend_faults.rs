@@ -171,14 +171,21 @@ async fn an_answer_counts_at_its_head_not_at_its_end() {
 async fn failures_past_a_backends_fall_are_not_left_over_for_its_return() {
     // Back only after two checks, a second apart (0.9 s at least, with
     // their jitter): never within the burst, whose third request is sent
-    // 100 ms after the first two, so that it fails while the backend is
-    // down (after the fall, not racing the two that make it).
-    let (_backend, baton) = timing_out("1s", 2).await;
+    // 50 ms after the first two are at the backend, so that it fails
+    // while the backend is down (after the fall, not racing the two that
+    // make it), and is given the backend before their 300 ms run out (a
+    // fixed 100 ms pause from their start left a loaded machine little of
+    // that).
+    let (backend, baton) = timing_out("1s", 2).await;
     let web = baton.addr("web");
     let mut burst: Vec<_> = (0..2)
         .map(|_| tokio::spawn(async move { client::get(web, "/slow/2000").await }))
         .collect();
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    support::eventually("the first two at the backend", || async {
+        backend.active() == 2
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     burst.push(tokio::spawn(
         async move { client::get(web, "/slow/2000").await },
     ));

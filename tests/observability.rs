@@ -56,7 +56,7 @@ fn requests_total(text: &str) -> f64 {
 }
 
 async fn scrape(admin: std::net::SocketAddr) -> Result<String, String> {
-    let a = client::get(admin, "/metrics").await?;
+    let a = client::admin_get(admin, "/metrics").await?;
     if a.status == 200 {
         Ok(a.body)
     } else {
@@ -419,31 +419,15 @@ async fn every_status_across_a_reload_names_one_serving_generation() {
 /// above), and counts without the newer generation's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_asked_of_a_generation_that_handed_over_is_sent_again() {
-    use tokio::io::AsyncWriteExt;
-    let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
-    let web = baton.addr("web");
-    // Held: the old generation drains, and answers, until it is released.
-    let held = tokio::spawn(async move { client::get(web, "/gated").await });
-    support::eventually("the request held by the backend", || async {
-        backend.held() == 1
-    })
-    .await;
-    let mut early = Vec::new();
-    for _ in 0..2 {
-        early.push(
-            tokio::net::TcpStream::connect(baton.admin)
-                .await
-                .expect("admin"),
-        );
-    }
-    // Taken by the only generation there is before the reload.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    baton.reload_ok().await;
-    for (mut conn, path) in early.into_iter().zip(["/status", "/metrics"]) {
-        let ask = format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n");
-        conn.write_all(ask.as_bytes()).await.expect("ask");
-        let answer = client::read_until_closed(&mut conn).await;
+    let (backend, baton, held) = with_a_held_request().await;
+    let early = tokio::net::TcpStream::connect(baton.admin)
+        .await
+        .expect("admin");
+    // Both taken by the only generation there is before the reload (see
+    // `probe_across_a_reload`).
+    let (later, _) = probe_across_a_reload(&baton).await;
+    for (probe, path) in [(early, "/status"), (later, "/metrics")] {
+        let answer = ask(probe, path).await;
         assert!(answer.starts_with("HTTP/1.1 503"), "{path}: {answer}");
         assert!(answer.contains("has handed over"), "{path}: {answer}");
     }
@@ -1076,9 +1060,11 @@ async fn the_serving_generation_says_when_the_last_reload_succeeded() {
     assert!(at >= before.floor(), "{at} is before the reload ({before})");
 }
 
-/// A baton whose generation 1 will drain for as long as the slow request
-/// returned (5 s) lasts.
-async fn with_a_slow_request() -> (
+/// A baton whose generation 1 holds a request the backend holds, so that
+/// after a reload it drains until its deadline (5 s from the reload,
+/// however long the reload took: a request of 5 s counted from before it,
+/// and a loaded machine's reload could leave the test no old generation).
+async fn with_a_held_request() -> (
     HttpBackend,
     Baton,
     tokio::task::JoinHandle<Result<client::Answer, String>>,
@@ -1086,12 +1072,12 @@ async fn with_a_slow_request() -> (
     let backend = HttpBackend::start("a").await;
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
     let web = baton.addr("web");
-    let slow = tokio::spawn(async move { client::get(web, "/slow/5000").await });
-    support::eventually("the slow request is on generation 1", || async {
-        backend.active() == 1
+    let held = tokio::spawn(async move { client::get(web, "/gated").await });
+    support::eventually("the held request is on generation 1", || async {
+        backend.held() == 1
     })
     .await;
-    (backend, baton, slow)
+    (backend, baton, held)
 }
 
 /// A backend drain posted on an admin connection opened before a reload,
@@ -1103,7 +1089,7 @@ async fn with_a_slow_request() -> (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_drain_posted_to_the_old_generation_after_the_handover_is_refused() {
     use tokio::io::AsyncWriteExt;
-    let (_backend, baton, slow) = with_a_slow_request().await;
+    let (_backend, baton, slow) = with_a_held_request().await;
     let admin = baton.admin;
     let (mut late, _) = probe_across_a_reload(&baton).await;
     late.write_all(
@@ -1131,7 +1117,7 @@ async fn a_backend_drain_posted_to_the_old_generation_after_the_handover_is_refu
 /// draining one's metrics and `/status` for the whole drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_alive_admin_connection_moves_to_the_serving_generation() {
-    let (_backend, baton, slow) = with_a_slow_request().await;
+    let (_backend, baton, slow) = with_a_held_request().await;
     let admin = baton.admin;
     let mut kept = client::connect(admin).await.expect("admin connection");
     let first = client::send(&mut kept, admin, "/status")
@@ -1184,7 +1170,7 @@ async fn asked_across_a_reload(baton: &Baton, path: &str) -> String {
 /// unanswered: a probe that connected just before a reload gets its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_connection_open_at_the_handover_gets_its_one_answer() {
-    let (_backend, baton, slow) = with_a_slow_request().await;
+    let (_backend, baton, slow) = with_a_held_request().await;
     let answer = asked_across_a_reload(&baton, "/healthz")
         .await
         .to_lowercase();

@@ -114,12 +114,14 @@ async fn a_tcp_clients_reset_after_its_fin_reaches_the_backend() {
         .await
         .expect("bind");
     let backend = listener.local_addr().expect("addr");
+    let (got_the_job, job_in) = tokio::sync::oneshot::channel();
     let reset_seen = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.expect("accept");
         let mut job = Vec::new();
         s.read_to_end(&mut job)
             .await
             .expect("the job, then its FIN");
+        let _ = got_the_job.send(job);
         // At work, silent: does the client's end come?
         let error = s.ready(tokio::io::Interest::ERROR);
         tokio::time::timeout(Duration::from_secs(3), error)
@@ -132,12 +134,19 @@ async fn a_tcp_clients_reset_after_its_fin_reaches_the_backend() {
         .expect("connect");
     s.write_all(b"job").await.expect("write");
     s.shutdown().await.expect("half-close");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The job and its FIN reached the backend before the client's reset
+    // (a fixed pause could come first on a loaded machine).
+    let job = tokio::time::timeout(support::TIMEOUT, job_in)
+        .await
+        .expect("the job reached the backend in time")
+        .expect("the backend read it");
+    assert_eq!(job, b"job");
     support::reset(s);
-    assert!(
-        reset_seen.await.expect("backend"),
-        "the backend saw no reset"
-    );
+    let seen = tokio::time::timeout(support::TIMEOUT, reset_seen)
+        .await
+        .expect("the backend's wait ends")
+        .expect("backend");
+    assert!(seen, "the backend saw no reset");
 }
 
 /// An echo backend that counts the connections it accepted.

@@ -510,12 +510,11 @@ async fn one_connection_at_a_time() -> std::net::SocketAddr {
     addr
 }
 
-/// `max_connections_per_backend` counts the connections a backend holds
-/// open, idle ones too, across workers: a request on one worker closes
-/// the connection another keeps idle before it opens its own. Each
-/// worker kept its own, so a backend serving one connection at a time
-/// (what a cap of 1 is for) left the other worker's request waiting on
-/// the idle one until it was swept: seconds, here a 504.
+/// A request to a capped backend on a worker that keeps no idle
+/// connection takes the one another worker keeps, before it opens one of
+/// its own. Each worker kept its own, so a backend serving one connection
+/// at a time (what a cap of 1 is for) left the other worker's request
+/// waiting on the idle one until it was swept: seconds, here a 504.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capped_backend_is_not_held_by_another_worker_s_idle_connection() {
     let backend = one_connection_at_a_time().await;

@@ -127,8 +127,8 @@ impl IdleConnections {
         None
     }
 
-    /// The freshest plain connection another worker keeps, moved to the
-    /// calling worker's reactor and found open by the kernel (this reactor
+    /// A plain connection another worker keeps (the freshest of the first
+    /// worker that keeps one), moved to the calling worker's reactor and found open by the kernel (this reactor
     /// has seen nothing of it). For a capped backend whose calling worker
     /// keeps none: the cap counts what the backend holds open, and each
     /// worker kept its own, so a backend that serves one connection at a
@@ -311,48 +311,61 @@ mod tests {
         (backend, stream)
     }
 
-    /// The freshest plain connection worker 1 keeps is taken by worker 0
-    /// and works there (registered with its reactor); one its backend
-    /// closed meanwhile is not taken. A capped backend serving one
-    /// connection at a time waited behind another worker's idle one.
+    /// A plain connection worker 1 made and keeps is taken by worker 0 and
+    /// works there while worker 1 is busy: it was registered with worker
+    /// 0's reactor (one left with worker 1's would never be woken). One
+    /// whose backend closed meanwhile is not taken. A capped backend
+    /// serving one connection at a time waited behind another worker's
+    /// idle one.
     #[tokio::test]
     async fn a_connection_another_worker_keeps_moves_to_the_one_that_takes_it() {
+        use std::io::Read;
         use std::sync::Arc;
-        let workers =
-            crate::workers::Workers::start(2, false, std::time::Duration::ZERO).expect("workers");
+        use std::time::Duration;
+        use tokio::io::AsyncWriteExt;
+        let workers = crate::workers::Workers::start(2, false, Duration::ZERO).expect("workers");
         let idle = Arc::new(IdleConnections::new(2));
-        let (gone, older) = answered().await;
-        let (mut backend, fresher) = answered().await;
-        drop(gone);
         let kept = Arc::clone(&idle);
-        workers
+        let mut backend = workers
             .for_shard(1)
             .spawn(async move {
+                let (gone, older) = answered().await;
+                let (backend, fresher) = answered().await;
                 kept.put(Link::Plain(older), Check::Reactor);
                 kept.put(Link::Plain(fresher), Check::Reactor);
+                drop(gone);
+                backend
             })
             .await
             .expect("worker 1");
+        backend
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let _busy = workers
+            .for_shard(1)
+            .spawn(async { std::thread::sleep(Duration::from_secs(3)) });
         let taking = Arc::clone(&idle);
-        let (first, second) = workers
-            .for_shard(0)
-            .spawn(async move {
-                use tokio::io::AsyncWriteExt;
-                let mut first = taking.take_from_another().expect("the fresher one");
-                first.write_all(b"next request").await.expect("written");
-                let second = taking.take_from_another().is_some();
-                (
-                    crate::stream::ByteStream::tcp(&first).local_addr().ok(),
-                    second,
-                )
-            })
-            .await
-            .expect("worker 0");
-        assert_eq!(first, backend.peer_addr().ok(), "the freshest, first");
+        let exchange = workers.for_shard(0).spawn(async move {
+            let mut taken = taking.take_from_another().expect("the open one");
+            let asked = async {
+                taken.write_all(b"next request").await.expect("written");
+                let mut answer = [0u8; 6];
+                taken.read_exact(&mut answer).await.expect("answer");
+            };
+            let answered = tokio::time::timeout(Duration::from_secs(2), asked).await;
+            (answered.is_ok(), taking.take_from_another().is_some())
+        });
         let mut got = [0u8; 12];
-        std::io::Read::read_exact(&mut backend, &mut got).expect("the request");
+        if backend.read_exact(&mut got).is_ok() {
+            std::io::Write::write_all(&mut backend, b"answer").expect("answer");
+        }
+        let (answered, another) = exchange.await.expect("worker 0");
+        assert!(
+            answered,
+            "asked and answered on worker 0 while worker 1 slept"
+        );
         assert_eq!(&got, b"next request");
-        assert!(!second, "the one its backend closed is not taken");
+        assert!(!another, "the one its backend closed is not taken");
     }
 
     /// Lets the reactor look (loopback delivers within the write call).

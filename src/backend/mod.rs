@@ -175,11 +175,14 @@ impl Backend {
     }
 
     /// A connection another worker keeps idle, moved to the calling one,
-    /// for a capped backend only (see `IdleConnections::take_from_another`:
-    /// the cap is what makes an idle connection on another worker cost a
-    /// request its place).
+    /// for a capped plain backend only (see
+    /// `IdleConnections::take_from_another`: the cap is what makes an idle
+    /// connection on another worker cost a request its place; a TLS
+    /// session cannot move, and its pool's lists are not looked through).
     pub fn idle_elsewhere(&self) -> Option<stream::BackendStream> {
-        self.line.as_ref()?;
+        if self.line.is_none() || self.tls.is_some() {
+            return None;
+        }
         self.idle.take_from_another()
     }
 

@@ -139,11 +139,21 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
 
 /// The name of our parent when it is PID 1 of our namespace and one of
 /// the minimal inits containers run (`docker run --init`'s tini, dumb-init,
-/// podman's catatonit): each exits when its one child does, and the
-/// kernel then ends the namespace, a detached new generation with it. A
-/// host's init (systemd, sysvinit, OpenRC) outlives its children.
+/// podman's catatonit, or a shell entrypoint that did not `exec` baton):
+/// each exits when its one child does, and the kernel then ends the
+/// namespace, a detached new generation with it. A host's init (systemd,
+/// sysvinit, OpenRC) outlives its children. Without /proc nothing is
+/// known, and the reload goes ahead.
 pub fn init_that_exits_with_us() -> Option<String> {
-    const EXIT_WITH_THEIR_CHILD: [&str; 4] = ["tini", "docker-init", "dumb-init", "catatonit"];
+    const EXIT_WITH_THEIR_CHILD: [&str; 7] = [
+        "tini",
+        "docker-init",
+        "dumb-init",
+        "catatonit",
+        "sh",
+        "bash",
+        "dash",
+    ];
     if rustix::process::getppid() != Pid::from_raw(1) {
         return None;
     }

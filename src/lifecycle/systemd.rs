@@ -279,8 +279,10 @@ pub async fn restarting(pause: Duration) -> Result<bool, String> {
 }
 
 /// Makes the program `command` runs ignore, from its first instruction,
-/// the signals sent to every process of the unit: the stop's SIGTERM,
-/// logrotate's SIGUSR1 and a reload's SIGHUP (whose default actions kill). Set in the child
+/// the signals sent to every process of the unit: the stop's SIGTERM (or
+/// the SIGINT or SIGQUIT a unit may stop with), logrotate's SIGUSR1, a
+/// reload's SIGHUP and the SIGUSR2 that ends older drains (whose default
+/// actions kill). Set in the child
 /// before exec, a setting exec keeps, whatever the spawning thread's mask
 /// (std passes it on; the main thread, which takes SIGUSR1, may be the
 /// one). Before that, a signal runs baton's own handler in the child,

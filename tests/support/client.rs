@@ -175,6 +175,22 @@ pub async fn get(addr: SocketAddr, path: &str) -> Result<Answer, String> {
     send(&mut sender, addr, path).await
 }
 
+/// `GET path` of the admin API on a fresh connection, sent again while
+/// it is answered 503 "has handed over" (as `baton status` does): by a
+/// generation that took the connection just before a reload's handover,
+/// which knows nothing of the serving one.
+pub async fn admin_get(admin: SocketAddr, path: &str) -> Result<Answer, String> {
+    let deadline = tokio::time::Instant::now() + super::TIMEOUT;
+    loop {
+        let answer = get(admin, path).await?;
+        let handed_over = answer.status == 503 && answer.body.contains("has handed over");
+        if !handed_over || tokio::time::Instant::now() > deadline {
+            return Ok(answer);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// `METHOD path` on a fresh connection, with an optional bearer token.
 pub async fn call(
     addr: SocketAddr,
@@ -215,7 +231,7 @@ async fn backend_call(admin: SocketAddr, id: &str, verb: &str) -> Answer {
 
 /// The Prometheus text `/metrics` serves.
 pub async fn metrics(admin: SocketAddr) -> String {
-    get(admin, "/metrics").await.expect("metrics").body
+    admin_get(admin, "/metrics").await.expect("metrics").body
 }
 
 /// The value of one series (`name{labels}` as `/metrics` writes it) in
@@ -229,7 +245,7 @@ pub fn series(metrics: &str, series: &str) -> Option<f64> {
 
 /// `/status` as JSON.
 pub async fn status(admin: SocketAddr) -> serde_json::Value {
-    let status = get(admin, "/status").await.expect("status");
+    let status = admin_get(admin, "/status").await.expect("status");
     serde_json::from_str(&status.body)
         .unwrap_or_else(|e| panic!("status json: {e}: {}", status.body))
 }
