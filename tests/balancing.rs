@@ -1030,9 +1030,11 @@ async fn a_request_whose_client_left_while_in_line_reaches_no_backend() {
         .write_all(b"GET /ghost HTTP/1.1\r\nhost: app\r\n\r\n")
         .await
         .expect("request");
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Taken by baton (a pause could end first on a loaded machine, and a
+    // ghost taken after the place freed up would be served), then gone
+    // for baton too (its place in line left), however slow the turn.
+    client::until_serving(baton.admin, "web", 2).await;
     drop(ghost);
-    // Gone for baton too (its place in line left), however slow the turn.
     client::until_serving(baton.admin, "web", 1).await;
     a.release();
     assert_eq!(held.await.expect("join").expect("held").status, 200);

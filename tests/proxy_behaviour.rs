@@ -226,11 +226,15 @@ async fn tcp_clients_that_leave_while_in_line_reach_no_backend() {
     let mut byte = [0u8; 1];
     for _ in 0..5 {
         let ghost = TcpStream::connect(raw).await.expect("connect");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Taken by baton, in line, before it leaves (a pause could end
+        // first on a loaded machine, and a ghost taken after the place
+        // freed up would be served).
+        support::client::until_serving(baton.admin, "raw", 2).await;
         socket2::SockRef::from(&ghost)
             .set_linger(Some(Duration::ZERO))
             .expect("SO_LINGER");
         drop(ghost);
+        support::client::until_serving(baton.admin, "raw", 1).await;
     }
     // Gone for baton too (their places in line left), however slow the
     // turn.

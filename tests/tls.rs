@@ -844,8 +844,10 @@ async fn a_tls_client_silent_through_the_drains_grace_does_not_hold_the_drain() 
 /// A handshake is not idleness: a connection whose handshake ends after
 /// the drain's grace gets a grace of its own for its first request, which
 /// is on its way (a TLS 1.2 client sends it a round trip after the
-/// server's Finished; this one, 1.6 s of uplink away, 0.3 s after its
+/// server's Finished; this one, 3.2 s of uplink away, 0.6 s after its
 /// own). Closed at once as idle since its accept, that request was lost.
+/// (Timings twice a first version's: its ClientHello had 0.8 s to spare
+/// in the grace, short for a loaded machine.)
 /// (A client idle since then, its first bytes late, holds the drain for
 /// up to two graces and its handshake, within the drain's deadline.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -853,19 +855,21 @@ async fn a_request_after_a_handshake_that_ended_past_the_grace_is_answered() {
     let backend = HttpBackend::start("a").await;
     let ca = Authority::new();
     let a = ca.issue("a", &["a.test"]);
-    let tls = Issued::listener_tls(&[&a], "");
+    // Its handshake ends about 8 s after its accept: past the default 10 s
+    // on a loaded machine, but for this.
+    let tls = Issued::listener_tls(&[&a], ", handshake_timeout = \"20s\"");
     let spec = Spec::default()
-        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"10s\"\n")
+        .section("[shutdown]\npre_stop_delay = \"-1s\"\ndrain_timeout = \"20s\"\n")
         .listener(
             "web",
             "http",
             "app",
-            &format!("{tls}\ndefer_accept = false\nkeepalive_drain_grace = \"3s\""),
+            &format!("{tls}\ndefer_accept = false\nkeepalive_drain_grace = \"6s\""),
         )
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     let (web, pid) = (baton.addr("web"), baton.first_pid);
-    let uplink = client::slow_uplink(web, Duration::from_millis(1600)).await;
+    let uplink = client::slow_uplink(web, Duration::from_millis(3200)).await;
     let tcp = tokio::net::TcpStream::connect(uplink)
         .await
         .expect("connect");
@@ -878,15 +882,15 @@ async fn a_request_after_a_handshake_that_ended_past_the_grace_is_answered() {
         baton.log().contains("drain started")
     })
     .await;
-    // The ClientHello reaches baton 2.2 s into the grace; the client's
-    // Finished 3.8 s, past it; the request 4.1 s.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The ClientHello reaches baton 4.4 s into the grace; the client's
+    // Finished 7.6 s, past it; the request 8.2 s.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let stream = ca
         .client(&["http/1.1"])
         .handshake(tcp, "a.test")
         .await
         .expect("the handshake begun within the grace");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
     let mut sender = client::http1_over(stream).await.expect("connection");
     let answer = client::send_with_host(&mut sender, "a.test", "/late")
         .await
