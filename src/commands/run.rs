@@ -10,6 +10,7 @@ use crate::exit::Exit;
 use crate::lifecycle::fd_limit;
 use crate::lifecycle::generation::{Exec, Inheritance, Parent};
 use crate::lifecycle::handoff::Channel;
+use crate::lifecycle::keeper;
 use crate::lifecycle::signals::{Commands, Signals};
 
 /// How long an exiting generation waits for a stalled journal to take
@@ -17,6 +18,9 @@ use crate::lifecycle::signals::{Commands, Signals};
 const LOG_FLUSH_AT_EXIT: Duration = Duration::from_secs(1);
 
 pub fn run(args: RunArgs) -> Exit {
+    if keeper::wanted() {
+        return keeper::keep();
+    }
     crate::telemetry::init();
     let code = run_logged(args);
     crate::telemetry::stderr::flush(LOG_FLUSH_AT_EXIT);

@@ -520,7 +520,12 @@ impl Generation {
                         });
                         break DrainOutcome::Forced { open: self.drain.force().await };
                     }
-                    Command::Reload => tracing::info!("SIGHUP ignored: this generation is draining"),
+                    // Not passed on: `systemctl kill -s HUP baton` reaches
+                    // the serving generation too, and would reload twice.
+                    Command::Reload => tracing::warn!(
+                        serving = self.successor,
+                        "SIGHUP ignored: this generation is draining; send it to the serving generation (systemctl reload baton, or kill -HUP the serving pid)"
+                    ),
                 },
                 Some(incoming) = self.control_rx.recv() => self.answer_late(incoming),
             }

@@ -22,6 +22,7 @@ pub mod framing;
 pub mod generation;
 pub mod handoff;
 pub mod inventory;
+pub mod keeper;
 mod latch;
 pub mod process;
 pub mod signals;
