@@ -325,13 +325,23 @@ fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The process group of `pid`, as /proc/PID/stat says.
+fn group_of(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after_name) = stat.rsplit_once(')')?;
+    after_name.split_whitespace().nth(2).map(str::to_string)
+}
+
 /// baton started under `wrapper` (in a PID namespace, where `keeper` is
 /// the pid of `baton run` as this test sees it): a request held on
 /// generation 1 across a reload is answered, the service outlives
 /// generation 1's exit (the kernel ended the namespace with it, or its
-/// init did, the new generation with them), and a stop sent to the keeper
-/// (as `docker stop` sends PID 1's) reaches the serving generation, whose
-/// code the wrapper exits with.
+/// init did, the new generation with them), and a terminal's Ctrl-C to
+/// the keeper reaches the serving generation once: a request held across
+/// it is answered, and the wrapper exits with the generation's 0. (In the
+/// keeper's process group, as they first were, the generations heard it
+/// from the terminal and again from the keeper, and a second stop signal
+/// forces the drain.)
 async fn a_reload_is_kept_under(wrapper: &[&str], keeper: fn(u32) -> Option<u32>) {
     let probe = [&PID_NAMESPACE[..], &["true"]].concat();
     if !support::possible_or_skipped(&probe, "root, for a PID namespace") {
@@ -344,11 +354,10 @@ async fn a_reload_is_kept_under(wrapper: &[&str], keeper: fn(u32) -> Option<u32>
         support::client::get(baton.admin, "/healthz").await.is_ok()
     })
     .await;
-    assert!(
-        baton.log().contains("keeping generation 1"),
-        "{}",
-        baton.log()
-    );
+    support::eventually("the keeper says so", || async {
+        baton.log().contains("keeping generation 1")
+    })
+    .await;
     let web = baton.addr("web");
     let held = tokio::spawn(async move { support::client::get(web, "/gated").await });
     support::eventually("a request held on generation 1", || async {
@@ -364,7 +373,29 @@ async fn a_reload_is_kept_under(wrapper: &[&str], keeper: fn(u32) -> Option<u32>
         .expect("served after generation 1 exited");
     assert_eq!(answer.status, 200);
     let keeper = keeper(baton.first_pid).expect("baton run's pid");
-    signal(keeper, Signal::SIGTERM);
+    let generations = children_of(keeper);
+    assert!(!generations.is_empty(), "the keeper's children");
+    for generation in generations {
+        assert_ne!(
+            group_of(generation),
+            group_of(keeper),
+            "in the keeper's group"
+        );
+    }
+    backend.hold_again();
+    let held = tokio::spawn(async move { support::client::get(web, "/gated").await });
+    support::eventually("a request held across the stop", || async {
+        backend.held() == 1
+    })
+    .await;
+    let drains = baton.log().matches("drain started").count();
+    signal(keeper, Signal::SIGINT);
+    support::eventually("the stop's drain began", || async {
+        baton.log().matches("drain started").count() > drains
+    })
+    .await;
+    backend.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
     assert_eq!(wait_exit(baton.first_pid).await, Some(0), "{}", baton.log());
 }
 

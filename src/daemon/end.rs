@@ -520,12 +520,17 @@ impl Generation {
                         });
                         break DrainOutcome::Forced { open: self.drain.force().await };
                     }
-                    // Not passed on: `systemctl kill -s HUP baton` reaches
-                    // the serving generation too, and would reload twice.
-                    Command::Reload => tracing::warn!(
-                        serving = self.successor,
-                        "SIGHUP ignored: this generation is draining; send it to the serving generation (systemctl reload baton, or kill -HUP the serving pid)"
-                    ),
+                    // Not passed on: `systemctl kill -s HUP baton` (or a
+                    // container's keeper) reaches the serving generation
+                    // too, and would reload twice. Said where it was sent
+                    // by pid, read a moment before a reload.
+                    Command::Reload => match self.successor {
+                        Some(serving) if matches!(reason, DrainReason::Reload) => tracing::warn!(
+                            serving,
+                            "SIGHUP ignored: this generation is draining; send it to the serving generation (systemctl reload baton, or kill -HUP the serving pid)"
+                        ),
+                        _ => tracing::info!("SIGHUP ignored: this generation is draining"),
+                    },
                 },
                 Some(incoming) = self.control_rx.recv() => self.answer_late(incoming),
             }

@@ -150,9 +150,9 @@ pub enum HandoverError {
     Internal(String),
     #[error("a stop began before the new generation was ready; it was killed")]
     Abandoned,
-    #[error("baton runs as PID 1 (a container without an init) with no keeper (BATON_KEPT is set), where a new generation would be killed when this one exits; start `baton run` without BATON_KEPT (it then keeps its generations), or replace the container")]
+    #[error("baton runs as PID 1 (a container without an init) with no keeper (BATON_KEPT set, or the keeper could not be made: the log says why), where a new generation would be killed when this one exits; start `baton run` without BATON_KEPT (it then keeps its generations), or replace the container")]
     Pid1,
-    #[error("baton's parent is PID 1 {init:?}, a container's init that exits when its one child does, and no keeper runs (BATON_KEPT is set): a new generation would be killed when this one exits; start `baton run` without BATON_KEPT (it then keeps its generations), or replace the container")]
+    #[error("baton's parent is PID 1 {init:?}, a container's init that exits when its one child does, and no keeper runs (BATON_KEPT set, or the keeper could not be made: the log says why): a new generation would be killed when this one exits; start `baton run` without BATON_KEPT (it then keeps its generations), or replace the container")]
     InitExitsWithUs { init: String },
 }
 

@@ -4,17 +4,20 @@
 //! does (tini, dumb-init, catatonit, a shell entrypoint). There the new
 //! generation, started detached, went down with the old one at the end of
 //! its drain. So `baton run` stays on as a keeper, as nginx's master
-//! process does: generation 1 runs as its child, and every later one is
-//! re-parented to it (its child subreaper); it passes the signals a
-//! container runtime sends (`docker stop`, `docker kill -s HUP`) to every
-//! generation, as systemd signals a unit's whole cgroup; and it exits,
-//! once the last generation has, with that one's code (the serving one's
-//! at a stop). It holds no socket and no channel: no generation waits on
-//! it, and it answers nothing.
+//! process does: generation 1 runs as its child, in a process group of its
+//! own that every later generation inherits, and every later one is
+//! re-parented to the keeper (its child subreaper); the keeper passes the
+//! signals a container runtime sends (`docker stop`, `docker kill -s HUP`)
+//! to that group, as systemd signals a unit's whole cgroup; and it exits
+//! once the group is empty, with the code of the last child it reaped (the
+//! serving generation's, at a stop; 1 for one a signal killed). It holds
+//! no socket and no channel: no generation waits on it, and it answers
+//! nothing.
 
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 
-use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
@@ -25,7 +28,7 @@ use crate::exit::Exit;
 /// inherit its environment): none of them keeps.
 pub const ENV_KEPT: &str = "BATON_KEPT";
 
-/// The signals a keeper passes to every generation.
+/// The signals a keeper passes to the generations.
 const PASSED: [Signal; 6] = [
     Signal::SIGTERM,
     Signal::SIGINT,
@@ -46,98 +49,118 @@ pub fn wanted() -> bool {
     if std::process::id() == 1 {
         return true;
     }
-    super::process::init_that_exits_with_us().is_some()
-        && nix::sys::prctl::set_child_subreaper(true).is_ok()
+    let Some(init) = super::process::init_that_exits_with_us() else {
+        return false;
+    };
+    match nix::sys::prctl::set_child_subreaper(true) {
+        Ok(()) => true,
+        Err(err) => {
+            say(&format!(
+                "under {init:?}, but cannot keep generations ({err}): reloads will be refused"
+            ));
+            false
+        }
+    }
 }
 
 /// Runs generation 1 as a child and keeps it and every later generation
-/// until the last has exited; its exit is theirs.
+/// until none is left; its exit is theirs.
 pub fn keep() -> Exit {
+    reap_ourselves();
     let mut held = SigSet::empty();
     PASSED.iter().for_each(|&s| held.add(s));
     held.add(Signal::SIGCHLD);
-    if let Err(err) = held.thread_block() {
-        eprintln!("baton: the keeper cannot hold its signals: {err}");
-        return Exit::Failure;
-    }
-    let first = match generation_1() {
-        Ok(child) => child,
+    let before = match held.thread_swap_mask(SigmaskHow::SIG_BLOCK) {
+        Ok(before) => before,
         Err(err) => {
-            eprintln!("baton: the keeper cannot start generation 1: {err}");
+            say(&format!("the keeper cannot hold its signals: {err}"));
             return Exit::Failure;
         }
     };
-    eprintln!(
-        "baton: keeping generation 1 (pid {}) and its successors: a reload's new generation outlives the old one here",
-        first.id()
-    );
+    let group = match generation_1(before) {
+        Ok(child) => Pid::from_raw(child.id() as i32),
+        Err(err) => {
+            say(&format!("the keeper cannot start generation 1: {err}"));
+            return Exit::Failure;
+        }
+    };
+    say(&format!(
+        "keeping generation 1 (pid {group}) and its successors: a reload's new generation outlives the old one here"
+    ));
     let mut last = Exit::Clean;
     loop {
         match held.wait() {
-            Ok(Signal::SIGCHLD) => match reap(&mut last) {
-                Generations::Left => return last,
-                Generations::Running => {}
-            },
-            Ok(passed) => pass_on(passed),
+            Ok(Signal::SIGCHLD) => {
+                reap(&mut last);
+                if !any_left(group) {
+                    return last;
+                }
+            }
+            // To the whole group: generations still starting too.
+            Ok(passed) => {
+                let _ = nix::sys::signal::killpg(group, passed);
+            }
             Err(err) => {
-                eprintln!("baton: the keeper lost its signals: {err}");
+                say(&format!("the keeper lost its signals: {err}"));
                 return Exit::Failure;
             }
         }
     }
 }
 
-/// This very command again, as generation 1: its signals as they were
-/// before the keeper held them.
+/// One line on stderr, never a panic (a keeper as PID 1 that panicked
+/// would end the namespace, every generation in it).
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "baton: {line}");
+}
+
+/// SIGCHLD at its default: one inherited ignored would have the kernel
+/// reap the generations unseen, and their codes lost.
 #[allow(unsafe_code)]
-fn generation_1() -> std::io::Result<std::process::Child> {
+fn reap_ourselves() {
+    // SAFETY: SIG_DFL runs no code of ours.
+    let _ = unsafe { nix::sys::signal::signal(Signal::SIGCHLD, SigHandler::SigDfl) };
+}
+
+/// This very command again, as generation 1: with the signal mask it had
+/// before the keeper held its signals, quieted until its handlers are in
+/// place as every later generation is (`process::quiet_until_handled`),
+/// and in a process group of its own, so that a terminal's Ctrl-C
+/// (`docker run -it`) reaches the keeper alone, which passes it on once (a
+/// second stop signal forces the drain).
+#[allow(unsafe_code)]
+fn generation_1(mask: SigSet) -> std::io::Result<std::process::Child> {
     let exec = Exec::of_this_process()?;
     let mut command = std::process::Command::new(&exec.program);
-    command.args(&exec.args).env(ENV_KEPT, "1");
+    command.args(&exec.args).env(ENV_KEPT, "1").process_group(0);
     // SAFETY: runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: pthread_sigmask is one, on a
-    // set built on the stack.
+    // async-signal-safe calls are allowed: pthread_sigmask and sigaction
+    // are, on a set copied onto the stack.
     unsafe {
-        command.pre_exec(|| {
-            nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
-                .map_err(std::io::Error::from)
+        command.pre_exec(move || {
+            nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&mask), None)?;
+            super::process::quiet_until_handled()
         });
     }
     command.spawn()
 }
 
-enum Generations {
-    Running,
-    Left,
-}
-
 /// Reaps every child that has exited, noting the last one's code (a
-/// generation, or an orphan re-parented here); says whether any is left.
-fn reap(last: &mut Exit) -> Generations {
+/// generation, or an orphan re-parented here; one a signal killed is a
+/// failure).
+fn reap(last: &mut Exit) {
     loop {
         match nix::sys::wait::waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(_, code)) => *last = Exit::from_code(code),
             Ok(WaitStatus::Signaled(..)) => *last = Exit::Failure,
-            Ok(WaitStatus::StillAlive) => return Generations::Running,
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
             Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(_) => return Generations::Left,
         }
     }
 }
 
-/// `signal` to every child: the generations, as systemd signals every
-/// process of a unit. Listed by /proc, when it numbers processes as our
-/// namespace does (one mounted for an outer namespace would name others).
-fn pass_on(signal: Signal) {
-    let ours = std::fs::read_link("/proc/self")
-        .is_ok_and(|me| me.as_os_str() == std::process::id().to_string().as_str());
-    let children = std::fs::read_to_string("/proc/thread-self/children");
-    let (true, Ok(children)) = (ours, children) else {
-        eprintln!("baton: the keeper cannot list its generations (is /proc this namespace's?) to pass {signal} on");
-        return;
-    };
-    for pid in children.split_whitespace().filter_map(|p| p.parse().ok()) {
-        let _ = nix::sys::signal::kill(Pid::from_raw(pid), signal);
-    }
+/// Whether any process of the generations' group lives (a reaped group
+/// is gone; orphans re-parented here from elsewhere do not hold us).
+fn any_left(group: Pid) -> bool {
+    nix::sys::signal::killpg(group, None) != Err(nix::errno::Errno::ESRCH)
 }

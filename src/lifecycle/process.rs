@@ -189,7 +189,7 @@ pub fn init_that_exits_with_us() -> Option<String> {
 /// for nothing; a stop sent to the whole unit reaches the older one too,
 /// which passes it on by word.)
 /// Async-signal-safe: pthread_sigmask and sigaction only.
-fn quiet_until_handled() -> std::io::Result<()> {
+pub(super) fn quiet_until_handled() -> std::io::Result<()> {
     use nix::sys::signal::Signal;
     super::signals::hold_sigusr1();
     ignore_signals(&[Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR2])
