@@ -128,12 +128,13 @@ impl IdleConnections {
     }
 
     /// A plain connection another worker keeps (the freshest of the first
-    /// worker that keeps one), moved to the calling worker's reactor and found open by the kernel (this reactor
-    /// has seen nothing of it). For a capped backend whose calling worker
-    /// keeps none: the cap counts what the backend holds open, and each
-    /// worker kept its own, so a backend that serves one connection at a
-    /// time (what a cap of 1 is for) left a request on another worker
-    /// waiting behind the idle one until it was swept (seconds, or a 504).
+    /// worker that keeps one), moved to the calling worker's reactor and
+    /// found open by the kernel (this reactor has seen nothing of it). For
+    /// a capped backend whose calling worker keeps none: the cap counts
+    /// what the backend holds open, and each worker kept its own, so a
+    /// backend that serves one connection at a time (what a cap of 1 is
+    /// for) left a request on another worker waiting behind the idle one
+    /// until it was swept (seconds, or a 504).
     /// HAProxy's threads take each other's idle connections too. A TLS
     /// session stays with its worker: tokio-rustls lets no socket out of
     /// one to be registered again.

@@ -34,9 +34,9 @@ pub(super) fn admin_call(
 /// How long a call answered 503 is sent again. A generation that has
 /// handed its backends' states to a reload's new one (or, asked for
 /// `/status`, that drains after one) answers 503 "send it again" until the
-/// new one takes admin requests: a moment, at most the
-/// new one's wait for the old one's first report (2 s). A deploy script
-/// racing `systemctl reload` should not fail on it.
+/// new one takes admin requests: a moment, at most the new one's wait for
+/// the old one's first report (2 s). A deploy script racing `systemctl
+/// reload` should not fail on it.
 pub(super) const HANDED_OVER_BUDGET: Duration = Duration::from_secs(5);
 pub(super) const PAUSE: Duration = Duration::from_millis(100);
 
