@@ -1066,3 +1066,33 @@ async fn an_admin_request_head_is_held_to_16_kib() {
         200
     );
 }
+
+/// A SIGHUP and then a SIGTERM that come during a first start are a stop,
+/// not a reload begun and then abandoned: commands are heard in the order
+/// they came, and the reload spawned a new generation into the stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_then_a_stop_during_a_first_start_is_a_stop() {
+    let backend = HttpBackend::start("a").await;
+    let (baton, config) =
+        Baton::spawn_reading_a_fifo(Spec::new().http("web", "app").pool("app", &[backend.addr]));
+    let pid = baton.first_pid;
+    support::eventually("baton's signal handlers are in place", || async {
+        catches(pid, Signal::SIGHUP) && catches(pid, Signal::SIGTERM)
+    })
+    .await;
+    signal(pid, Signal::SIGHUP);
+    signal(pid, Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    support::daemon::feed_fifo(&baton.config, &config).await;
+    assert_eq!(
+        support::daemon::wait_exit(pid).await,
+        Some(0),
+        "{}",
+        baton.log()
+    );
+    assert!(
+        !baton.log().contains("reload: starting the next generation"),
+        "{}",
+        baton.log()
+    );
+}

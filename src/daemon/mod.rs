@@ -303,6 +303,12 @@ impl Generation {
                         }
                         return Ending::Stop(signalled);
                     }
+                    // Commands are heard in the order they came: a SIGHUP
+                    // and then a SIGTERM (a first start saw both) began a
+                    // reload whose new generation the stop then killed.
+                    Command::Reload if self.commands.stop_queued() => {
+                        tracing::info!("SIGHUP ignored: a stop signal came after it");
+                    }
                     Command::Reload if reload.is_none() => reload = Some(self.begin_reload()),
                     Command::Reload => {
                         tracing::info!("SIGHUP during a reload: another follows once it ends");
@@ -311,6 +317,9 @@ impl Generation {
                     Command::ForceDrain => tracing::info!(signal = "SIGUSR2", "ignored signal: nothing is draining here"),
                 },
                 Some(incoming) = self.control_rx.recv() => match incoming.request {
+                    Request::Reload if self.commands.stop_queued() => {
+                        let _ = incoming.reply.send(Reply::err(Exit::Failure, "baton is stopping: no reload"));
+                    }
                     Request::Reload if reload.is_none() => {
                         reload = Some(self.begin_reload());
                         waiter = Some(incoming.reply);
