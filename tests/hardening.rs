@@ -55,6 +55,21 @@ fn catches(pid: u32, sig: Signal) -> bool {
     signal_mask(pid, "SigCgt:", sig)
 }
 
+/// A baton whose start-up is held still (its config behind a FIFO nobody
+/// writes yet: feed it the returned text) once its handlers of SIGHUP and
+/// SIGTERM are in place.
+async fn held_at_start() -> (HttpBackend, Baton, String) {
+    let backend = HttpBackend::start("a").await;
+    let (baton, config) =
+        Baton::spawn_reading_a_fifo(Spec::new().http("web", "app").pool("app", &[backend.addr]));
+    let pid = baton.first_pid;
+    support::eventually("baton's signal handlers are in place", || async {
+        catches(pid, Signal::SIGHUP) && catches(pid, Signal::SIGTERM)
+    })
+    .await;
+    (backend, baton, config)
+}
+
 /// Whether `sig` is in `pid`'s signal mask `field` of `/proc/PID/status`
 /// (`SigCgt:` caught, `SigBlk:` blocked).
 fn signal_mask(pid: u32, field: &str, sig: Signal) -> bool {
@@ -70,15 +85,8 @@ fn signal_mask(pid: u32, field: &str, sig: Signal) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_during_start_up_do_not_kill_baton_and_an_early_sighup_is_kept() {
-    let backend = HttpBackend::start("a").await;
-    // Start-up held still: the config is behind a FIFO nobody writes yet.
-    let (baton, config) =
-        Baton::spawn_reading_a_fifo(Spec::new().http("web", "app").pool("app", &[backend.addr]));
+    let (_backend, baton, config) = held_at_start().await;
     let pid = baton.first_pid;
-    support::eventually("baton's signal handlers are in place", || async {
-        catches(pid, Signal::SIGHUP)
-    })
-    .await;
     for sig in [
         Signal::SIGHUP,
         Signal::SIGUSR1,
@@ -1072,14 +1080,8 @@ async fn an_admin_request_head_is_held_to_16_kib() {
 /// they came, and the reload spawned a new generation into the stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_then_a_stop_during_a_first_start_is_a_stop() {
-    let backend = HttpBackend::start("a").await;
-    let (baton, config) =
-        Baton::spawn_reading_a_fifo(Spec::new().http("web", "app").pool("app", &[backend.addr]));
+    let (_backend, baton, config) = held_at_start().await;
     let pid = baton.first_pid;
-    support::eventually("baton's signal handlers are in place", || async {
-        catches(pid, Signal::SIGHUP) && catches(pid, Signal::SIGTERM)
-    })
-    .await;
     signal(pid, Signal::SIGHUP);
     signal(pid, Signal::SIGTERM);
     tokio::time::sleep(Duration::from_millis(200)).await;
