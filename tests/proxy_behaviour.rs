@@ -327,6 +327,49 @@ async fn headers_seen(listener_keys: &str, request: &str) -> String {
     raw(baton.addr("web"), request.as_bytes()).await
 }
 
+/// An IPv4 client of a dual-stack socket systemd passes in (a socket unit's
+/// `ListenStream=[::]:80` or bare port; baton's own IPv6 sockets are
+/// v6-only) is forwarded as the IPv4 address it is: written
+/// `::ffff:127.0.0.1`, a backend's trusted-proxy list of IPv4 blocks
+/// missed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv4_client_of_a_dual_stack_socket_is_forwarded_as_ipv4() {
+    use std::os::fd::AsRawFd;
+    let port = support::daemon::free_addr().port();
+    let dual =
+        socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).expect("socket");
+    dual.set_only_v6(false).expect("dual stack");
+    let at = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
+    dual.bind(&at.into()).expect("bind [::]");
+    dual.listen(128).expect("listen");
+    dual.set_cloexec(false).expect("inheritable");
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .top("workers = 1")
+        .http("web", "app")
+        .bind("web", at)
+        .pool("app", &[backend.addr]);
+    // As systemd passes it: fd 3, named, LISTEN_PID the pid that execs baton.
+    let script = format!(
+        "export LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=web; exec \"$@\" 3<&{0} {0}<&-",
+        dual.as_raw_fd()
+    );
+    let baton = Baton::spawn_under(spec, &[], &["bash", "-c", &script, "bash"]);
+    drop(dual);
+    baton.wait_ready().await;
+    assert!(
+        baton.log().contains("adopting sockets from systemd"),
+        "{}",
+        baton.log()
+    );
+    let seen = raw(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        b"GET /headers HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(seen.contains("x-forwarded-for: 127.0.0.1\n"), "{seen}");
+}
+
 /// With underscore spellings of the fields baton writes, which a
 /// CGI-style backend reads as those fields.
 const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nX_Forwarded_Proto: gopher\r\nX_Request_Id: forged\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nX-Forwarded-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Forwarded_Client_Cert: Hash=01\r\nX-Forwarded-Ssl: on\r\nX-Forwarded-Protocol: ssl\r\nX-Forwarded-Scheme: https\r\nX-Forwarded-Prefix: /admin\r\nFront-End-Https: on\r\nTrue-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nX-Cluster-Client-IP: 6.6.6.6\r\nX-Client-IP: 6.6.6.6\r\nClient-IP: 6.6.6.6\r\nFastly-Client-IP: 6.6.6.6\r\nConnection: close\r\n\r\n";

@@ -231,11 +231,14 @@ fn four(a: v1::IPv4) -> (SocketAddr, SocketAddr) {
     )
 }
 
-/// The same for an IPv6 block.
+/// The same for an IPv6 block. An IPv4 client written as IPv6 (a sender
+/// on a dual-stack socket writes `::ffff:192.0.2.7`) is read as the IPv4
+/// address it is, as baton writes one it accepts itself: a backend's
+/// trusted-proxy list of IPv4 blocks matches its `X-Forwarded-For`.
 fn six(a: v1::IPv6) -> (SocketAddr, SocketAddr) {
     (
-        (a.source_address, a.source_port).into(),
-        (a.destination_address, a.destination_port).into(),
+        crate::connection::canonical((a.source_address, a.source_port).into()),
+        crate::connection::canonical((a.destination_address, a.destination_port).into()),
     )
 }
 
@@ -474,6 +477,12 @@ mod tests {
                 "[::1]:2".parse().expect("addr")
             )))
         );
+        // A sender on a dual-stack socket writes its IPv4 client as IPv6.
+        let mapped = decode(
+            b"PROXY TCP6 ::ffff:192.0.2.7 ::ffff:10.0.0.1 12345 8080\r\n",
+            Accept::V1,
+        );
+        assert_eq!(mapped, Ok(expect));
     }
 
     #[test]

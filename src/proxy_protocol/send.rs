@@ -29,7 +29,13 @@ impl Speaker {
     pub fn of<S: ByteStream>(stream: &S, origin: Origin) -> Speaker {
         let local = origin
             .local
-            .or_else(|| stream.tcp().local_addr().ok())
+            .or_else(|| {
+                stream
+                    .tcp()
+                    .local_addr()
+                    .ok()
+                    .map(crate::connection::canonical)
+            })
             .unwrap_or(origin.client);
         Speaker {
             client: origin.client,

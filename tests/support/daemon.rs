@@ -31,6 +31,8 @@ pub struct Spec {
     listeners: Vec<(String, String, String, String)>,
     /// Pools: name, extra keys (`balance = ...`), backends with weights.
     pools: Vec<PoolSpec>,
+    /// Listeners bound where the test says, not at a port chosen at start.
+    binds: HashMap<String, SocketAddr>,
 }
 
 /// A pool: name, extra keys, backends with their weights.
@@ -74,6 +76,12 @@ impl Spec {
     pub fn listener(mut self, name: &str, protocol: &str, pool: &str, extra: &str) -> Spec {
         self.listeners
             .push((name.into(), protocol.into(), pool.into(), extra.into()));
+        self
+    }
+
+    /// Binds listener `name` at `at` (a socket the test passes in).
+    pub fn bind(mut self, name: &str, at: SocketAddr) -> Spec {
+        self.binds.insert(name.into(), at);
         self
     }
 
@@ -129,7 +137,7 @@ impl Spec {
             let _ = write!(
                 t,
                 "[[listeners]]\nname = \"{name}\"\nbind = \"{}\"\nprotocol = \"{protocol}\"\npool = \"{pool}\"\n{extra}\n\n",
-                ports[name]
+                self.binds.get(name).unwrap_or(&ports[name])
             );
         }
         for (name, extra, backends) in &self.pools {

@@ -132,6 +132,9 @@ fn not_host_and_port(text: &str) -> Option<String> {
             "a backend is host:port, with no path (a route's prefix is not rewritten)".into(),
         );
     }
+    if let Some(inside) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+        return Some(format!("an address needs its port: \"[{inside}]:8080\""));
+    }
     if text.matches(':').count() < 2 || text.starts_with('[') {
         return None;
     }
@@ -204,6 +207,7 @@ mod tests {
         assert!(said("::1:9001").contains("\"[::1]:9001\""));
         assert!(said("fe80::1").contains("\"[fe80::1]:8080\""));
         assert!(said("a:b:c").contains("\"[::1]:8080\""));
+        assert!(said("[::1]").contains("needs its port: \"[::1]:8080\""));
         assert!(host_port("300.1.1.1:80").is_err(), "not an IP, not a name");
         assert!(host_port(&format!("{}.internal:80", "a".repeat(64))).is_err());
     }

@@ -617,6 +617,27 @@ impl Validator {
                 );
                 v4
             }
+            // Linux binds a scope only to a link-local address and reads
+            // it back as 0 on any other, so the socket was never known as
+            // this address again: each reload bound it afresh (the admin's
+            // failed, a listener's old shard closed with its queue).
+            Ok(SocketAddr::V6(v6)) if v6.scope_id() != 0 && !link_local(v6.ip()) => {
+                let unscoped = SocketAddr::from((*v6.ip(), v6.port()));
+                self.problem(
+                    key,
+                    format!("\"{text}\" gives a scope (%{}) to an address that is not link-local (fe80::/10): write \"{unscoped}\"", v6.scope_id()),
+                );
+                unscoped
+            }
+            // Without its interface a link-local address cannot be bound
+            // (EINVAL at `run`, where `check` took it).
+            Ok(SocketAddr::V6(v6)) if v6.scope_id() == 0 && link_local(v6.ip()) => {
+                self.problem(
+                    key,
+                    format!("\"{text}\" is link-local and needs its interface's number: \"[{}%N]:{}\", N as `ip -6 addr` numbers it (names are not read)", v6.ip(), v6.port()),
+                );
+                SocketAddr::V6(v6)
+            }
             Ok(addr) => addr,
             Err(_) => {
                 self.problem(
@@ -663,6 +684,12 @@ pub fn strip_port(host: &str) -> &str {
         Some(i) if host.starts_with('[') && host[..i].ends_with(']') => &host[..i],
         _ => host,
     }
+}
+
+/// Whether `ip` is link-local (fe80::/10), the one kind of IPv6 address a
+/// scope (an interface) belongs to.
+fn link_local(ip: &std::net::Ipv6Addr) -> bool {
+    ip.segments()[0] & 0xffc0 == 0xfe80
 }
 
 #[cfg(test)]
@@ -1121,6 +1148,16 @@ backends = [{ name = "a", address = "127.0.0.1:9001" }]
                 GOOD.replace("127.0.0.1:8080", "[::ffff:127.0.0.1]:8080"),
                 "listeners[0].bind",
                 "write \"127.0.0.1:8080\"",
+            ),
+            (
+                GOOD.replace("127.0.0.1:8080", "[::1%1]:8080"),
+                "listeners[0].bind",
+                "not link-local (fe80::/10): write \"[::1]:8080\"",
+            ),
+            (
+                GOOD.replace("127.0.0.1:8080", "[fe80::1]:8080"),
+                "listeners[0].bind",
+                "needs its interface's number: \"[fe80::1%N]:8080\"",
             ),
             (
                 GOOD.replace("127.0.0.1:8080", "0.0.0.0:9901"),
