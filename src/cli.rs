@@ -106,10 +106,21 @@ pub struct BudgetArgs {
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// How long the client traffic runs.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    /// How long the client traffic runs (at most a day).
+    #[arg(long, default_value = "10s", value_parser = demo_duration)]
     pub duration: std::time::Duration,
-    /// How many live reloads happen while it runs.
-    #[arg(long, default_value_t = 3)]
+    /// How many live reloads happen while it runs (at most 10000).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=10_000))]
     pub reloads: u32,
+}
+
+/// A demo's `--duration`, a day at most: a longer one was past what the
+/// clock's arithmetic holds, and the demo panicked with its daemon running.
+fn demo_duration(text: &str) -> Result<std::time::Duration, String> {
+    const DAY: std::time::Duration = std::time::Duration::from_secs(86_400);
+    match humantime::parse_duration(text) {
+        Ok(d) if d <= DAY => Ok(d),
+        Ok(_) => Err("at most a day (24h)".into()),
+        Err(err) => Err(err.to_string()),
+    }
 }

@@ -235,6 +235,19 @@ fn usage_errors_exit_2() {
     assert_eq!(run(&["frobnicate"]).0, 2);
 }
 
+/// Out of range, a demo's figures are refused before anything starts:
+/// they overflowed the clock's arithmetic, and the demo panicked with its
+/// daemon left running.
+#[test]
+fn a_demo_s_figures_out_of_range_are_usage_errors() {
+    let (code, _, stderr) = run(&["demo", "--reloads", "4294967295"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--reloads"), "{stderr}");
+    let (code, _, stderr) = run(&["demo", "--duration", "300000000000y"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("at most a day"), "{stderr}");
+}
+
 /// README's first command, shorter: `baton demo` serves its clients across
 /// live reloads with no failed request, every reload served, and baton
 /// drained cleanly at its end (exit 0, else 1). Nothing ran it before: the

@@ -593,6 +593,21 @@ async fn an_srv_target_of_dot_is_said_to_mean_not_available() {
     wait_members(baton.admin, &[]).await;
 }
 
+/// An SRV record of port 0 makes no member (nothing can be reached
+/// there): it was one that failed every request its weight gave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_srv_record_of_port_0_makes_no_member() {
+    // `srv_pair` waits for the members to be a and b alone.
+    let (_dns, a, b, baton) = srv_pair([1, 1], &[(10, 1, 0, "a.baton.test")]).await;
+    let want = [a.addr.to_string(), b.addr.to_string()];
+    let members: Vec<String> = members(baton.admin)
+        .await
+        .into_iter()
+        .map(|m| m.0)
+        .collect();
+    assert_eq!(members, want);
+}
+
 /// A name holding '_' (a Compose service's, `my_app`) is looked up and
 /// served, as nginx and HAProxy take it: it was refused as no host name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -390,7 +390,7 @@ pub async fn watchdog(stop: tokio_util::sync::CancellationToken) {
     let Some(usec) = watchdog_usec() else {
         return;
     };
-    let period = Duration::from_micros(usec / 2);
+    let period = ping_period(usec);
     loop {
         notify(&[NotifyState::Watchdog]);
         tokio::select! {
@@ -398,6 +398,13 @@ pub async fn watchdog(stop: tokio_util::sync::CancellationToken) {
             () = tokio::time::sleep(period) => {}
         }
     }
+}
+
+/// Half of `WATCHDOG_USEC`, but at least a millisecond: a `WatchdogSec=`
+/// of a few microseconds made the supervisor's one thread (health checks,
+/// admin, handoff) spin sending pings.
+fn ping_period(usec: u64) -> Duration {
+    Duration::from_micros(usec / 2).max(Duration::from_millis(1))
 }
 
 /// `WATCHDOG_USEC`, if the watchdog applies to us: as sd_watchdog_enabled(3)
@@ -420,7 +427,14 @@ fn watchdog_usec() -> Option<u64> {
 mod tests {
     use std::time::Duration;
 
-    use super::{extend_timeout, restart_job, Said, Stand, Standing};
+    use super::{extend_timeout, ping_period, restart_job, Said, Stand, Standing};
+
+    #[test]
+    fn the_watchdog_pings_at_half_its_time_and_never_spins() {
+        assert_eq!(ping_period(20_000_000), Duration::from_secs(10));
+        assert_eq!(ping_period(1), Duration::from_millis(1));
+        assert_eq!(ping_period(3), Duration::from_millis(1));
+    }
 
     /// A task's report says `READY=1` only while serving, its line alone
     /// during a reload, and nothing once a stop began, which no later
