@@ -271,6 +271,34 @@ async fn a_stop_aimed_at_the_new_generation_after_its_ready_fails_the_reload() {
     signalled_once_ready(Signal::SIGTERM, stopped).await;
 }
 
+/// The old generation killed (an out-of-memory kill, likeliest during a
+/// reload, when two generations hold memory) while the new one waits for
+/// its go-ahead: the new one, which holds every listening socket, takes
+/// over alone. It exited, and nothing served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_generation_killed_before_its_go_ahead_leaves_the_new_one_serving() {
+    let backend = support::backend::HttpBackend::start("a").await;
+    let spec = support::daemon::Spec::new()
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let serving = baton.serving_pid().await;
+    let config = config_behind_a_fifo(&baton);
+    let (child, _reply) = new_generation_holding_the_sockets(&baton, serving).await;
+    freeze_until_the_new_one_is_ready(&baton, serving, &config).await;
+    signal(serving, Signal::SIGKILL);
+    assert!(wait_exit(serving).await.is_some(), "the old one is gone");
+    config_restored(&baton, &config);
+    support::eventually("the new generation serves", || async {
+        baton.serving_pid().await == child
+    })
+    .await;
+    let answer = client::get(baton.addr("web"), "/").await.expect("request");
+    assert_eq!(answer.status, 200);
+    assert!(baton.log().contains("taking over alone"), "{}", baton.log());
+    assert_ne!(baton.reload_ok().await, child, "it reloads in turn");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_generation_killed_while_draining_troubles_nobody_else() {
     let (backend, baton, load) = baton_under_load("[reload]\ndrain_timeout = \"30s\"\n").await;

@@ -31,10 +31,18 @@ impl Generation {
             return Err(Generation::stopped_before_taking_over(parent).await);
         }
         let stop_budget = self.config.stop_budget();
+        let mut alone = false;
         match parent
             .ready(self.adopted.clone(), self.renamed.clone(), stop_budget)
             .await
         {
+            Err(e) if self.offering_generation_gone(&e).await => {
+                tracing::warn!(
+                    cause = %e,
+                    "the old generation exited before its go-ahead (killed?): taking over alone, with the backend states and counts of its offer"
+                );
+                alone = true;
+            }
             Ok(go_ahead) => {
                 let untaken = build::carry_over(&self.pools, &go_ahead.backends);
                 build::say_untaken(&self.pools, &go_ahead.backends, &untaken);
@@ -83,6 +91,14 @@ impl Generation {
             pools.iter().for_each(|p| p.settle_drains());
         });
         self.open_doors(doors);
+        if alone {
+            if let Some(update) = self.became_active(true) {
+                self.fd_store_again.hold(update);
+            }
+            self.admin_go.cancel();
+            self.predecessor_gone.cancel();
+            return Ok(None);
+        }
         let accepting = parent.accepting().await;
         if let Some(update) = self.became_active(true) {
             self.fd_store_again.hold(update);
@@ -128,6 +144,26 @@ impl Generation {
             },
         ));
         Ok(Some(channel))
+    }
+
+    /// Whether the generation that offered us its sockets is gone, which
+    /// `err` (its end of the channel closed) suggests: an out-of-memory
+    /// kill, likeliest during a reload, when two generations hold memory
+    /// and the old one most. Nobody is left to give the go-ahead; we exited
+    /// holding every listening socket, and nothing served (nginx's new
+    /// master and HAProxy's new process serve on). Its channel closes as
+    /// it exits: a second is ample to see the exit itself.
+    async fn offering_generation_gone(
+        &self,
+        err: &crate::lifecycle::generation::HandoverError,
+    ) -> bool {
+        let Some(offering) = self.draining.last() else {
+            return false;
+        };
+        matches!(err, crate::lifecycle::generation::HandoverError::Channel(_))
+            && tokio::time::timeout(Duration::from_secs(1), offering.exited())
+                .await
+                .is_ok()
     }
 
     /// Takes each older generation's entry out of `/status` as it exits,
