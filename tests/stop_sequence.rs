@@ -730,17 +730,16 @@ async fn read_until_event(s: &mut TcpStream, event: &str) -> Vec<u8> {
     seen
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_event_stream_ends_at_an_event_boundary() {
-    let backend = HttpBackend::start("a").await;
-    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
+/// An HTTP/1 event stream through `baton` read until `event` is in, then
+/// a stop: all the client read once the stream ended (cleanly, in time).
+async fn event_stream_through_a_stop(baton: &Baton, event: &str) -> String {
     let mut s = TcpStream::connect(baton.addr("web"))
         .await
         .expect("connect");
     s.write_all(b"GET /sse HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .expect("write");
-    let mut seen = read_until_event(&mut s, "data: 3").await;
+    let mut seen = read_until_event(&mut s, event).await;
     signal(baton.first_pid, Signal::SIGTERM);
     let mut rest = Vec::new();
     let read = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut rest))
@@ -748,7 +747,14 @@ async fn an_event_stream_ends_at_an_event_boundary() {
         .expect("ends in time");
     assert!(read.is_ok(), "a clean end: {read:?}");
     seen.extend_from_slice(&rest);
-    let text = String::from_utf8_lossy(&seen);
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_ends_at_an_event_boundary() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
+    let text = event_stream_through_a_stop(&baton, "data: 3").await;
     // Chunked encoding: the last data chunk is a whole event, then the
     // terminating zero-length chunk.
     assert!(text.ends_with("\n\n\r\n0\r\n\r\n"), "{text:?}");
@@ -767,7 +773,14 @@ async fn an_h2_event_stream_with_crlf_events_ends_at_an_event_boundary() {
         )
     })
     .await;
-    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
+    h2_event_stream_through_a_stop(backend.addr, b"data: 1\r\n\r\n").await;
+}
+
+/// An h2 client's event stream from `backend` read until what came ends
+/// with `until`, then a stop: the stream ends cleanly, in time, and the
+/// stop is clean (exit 0, well before its 60 s budget).
+async fn h2_event_stream_through_a_stop(backend: std::net::SocketAddr, until: &[u8]) {
+    let baton = Baton::start(sixty_seconds_to_drain(backend)).await;
     let web = baton.addr("web");
     let mut sender = client::h2::<Empty<Bytes>>(web).await;
     let req = hyper::Request::get(format!("http://{web}/events"))
@@ -775,23 +788,53 @@ async fn an_h2_event_stream_with_crlf_events_ends_at_an_event_boundary() {
         .expect("req");
     let resp = sender.send_request(req).await.expect("h2 response");
     let mut body = resp.into_body();
-    let first = body.frame().await.expect("a frame").expect("data");
-    assert_eq!(
-        first.data_ref().map(|d| d.as_ref()),
-        Some(&b"data: 1\r\n\r\n"[..])
-    );
+    let mut seen = Vec::new();
+    while !seen.ends_with(until) {
+        let frame = body.frame().await.expect("a frame").expect("data");
+        seen.extend_from_slice(frame.data_ref().expect("data"));
+    }
     signal(baton.first_pid, Signal::SIGTERM);
     let rest = tokio::time::timeout(support::TIMEOUT, body.collect())
         .await
         .expect("ends in time")
         .expect("a clean end, not a reset");
     assert!(rest.to_bytes().is_empty());
-    assert_eq!(
-        wait_exit(baton.first_pid).await,
-        Some(0),
-        "exits well before its 60s budget"
-    );
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0), "nothing forced");
     said_long_lived_ended(&baton, "websockets=0 upgrades=0 event_streams=1");
+}
+
+/// A backend whose event stream stops short of an event boundary after
+/// its first event (a comment heartbeat without its blank line), then
+/// sends nothing more for a minute.
+async fn event_stream_short_of_a_boundary() -> RawBackend {
+    RawBackend::start(|_| {
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n5\r\n: hb\n\r\n".to_vec(),
+            Then::CloseAfter(Duration::from_secs(60)),
+        )
+    })
+    .await
+}
+
+/// An event stream that never reaches an event boundary after the drain
+/// began ends where it is a second later, as a WebSocket without a frame
+/// boundary does (a client drops an event cut short): it held the drain
+/// to its deadline, counted as forced (exit 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_short_of_a_boundary_ends_a_second_into_the_drain() {
+    let backend = event_stream_short_of_a_boundary().await;
+    let baton = Baton::start(sixty_seconds_to_drain(backend.addr)).await;
+    let text = event_stream_through_a_stop(&baton, ": hb").await;
+    assert!(text.ends_with(": hb\n\r\n0\r\n\r\n"), "{text:?}");
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0), "nothing forced");
+    said_long_lived_ended(&baton, "websockets=0 upgrades=0 event_streams=1");
+}
+
+/// The same for an h2 client's event stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_event_stream_short_of_a_boundary_ends_a_second_into_the_drain() {
+    let backend = event_stream_short_of_a_boundary().await;
+    h2_event_stream_through_a_stop(backend.addr, b": hb\n").await;
 }
 
 /// A backend whose every answer is an event stream of stated length (two

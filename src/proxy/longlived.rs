@@ -25,9 +25,9 @@ use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::LongLivedKind;
 use crate::wake_gate::{first_of, First};
 
-/// How long we wait for a frame boundary, or for the client to close after
-/// our Close frame, before cutting anyway.
-const LINGER: Duration = Duration::from_secs(1);
+/// How long we wait for a frame (or an event) boundary, or for the client
+/// to close after our Close frame, before cutting anyway.
+pub const LINGER: Duration = Duration::from_secs(1);
 /// A WebSocket Close frame from a server (unmasked), status 1001 Going Away.
 const CLOSE_GOING_AWAY: [u8; 4] = [0x88, 0x02, 0x03, 0xe9];
 
@@ -431,6 +431,12 @@ pub struct SseBody {
     inner: ProxyBody,
     ending: Pin<Box<dyn Future<Output = ()> + Send>>,
     ending_fired: bool,
+    /// Runs from the drain's word: a stream whose backend never reaches an
+    /// event boundary (comment heartbeats without a blank line, an event
+    /// written in pieces) is ended where it is once it runs out, as a
+    /// WebSocket without a frame boundary is (a client drops an event cut
+    /// short); it held the drain to its deadline, counted as forced.
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
     tail: EventTail,
     listener: std::sync::Arc<str>,
     drain: DrainWatch,
@@ -444,6 +450,7 @@ impl SseBody {
             inner,
             ending: Box::pin(async move { watch.long_lived_ending().await }),
             ending_fired: false,
+            linger: None,
             tail: EventTail::default(),
             listener,
             drain,
@@ -468,9 +475,15 @@ impl Body for SseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         if !self.ending_fired && self.ending.as_mut().poll(cx).is_ready() {
             self.ending_fired = true;
+            self.linger = Some(Box::pin(tokio::time::sleep(LINGER)));
         }
         if self.ending_fired && self.tail.at_boundary() {
             return self.finish();
+        }
+        if let Some(linger) = &mut self.linger {
+            if linger.as_mut().poll(cx).is_ready() {
+                return self.finish();
+            }
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled {

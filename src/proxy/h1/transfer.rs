@@ -21,7 +21,7 @@ use crate::backend::idle::Check;
 use crate::backend::Backend;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::LongLivedKind;
-use crate::proxy::longlived::EventTail;
+use crate::proxy::longlived::{EventTail, LINGER};
 use crate::proxy::pace::MinPace;
 
 /// What the two directions tell each other (and the exchange).
@@ -534,6 +534,9 @@ impl ResponseBody {
             Some(_) => down.event_silence,
             None => down.backend_silence,
         };
+        // From the drain's word, how long an event stream waits for an
+        // event boundary before it ends where it is (see `SseBody::linger`).
+        let mut linger = None;
         loop {
             let complete = if self.out.is_empty() && matches!(self.framing, Framing::Length(_)) {
                 self.pass_through(buf, &mut remaining, client, down).await?
@@ -568,7 +571,12 @@ impl ResponseBody {
                     if let Some(sse) = &mut self.sse {
                         sse.ending = true;
                     }
+                    linger = Some(Instant::now() + LINGER);
                     continue;
+                }
+                () = tokio::time::sleep_until(linger.unwrap_or_else(Instant::now)), if linger.is_some() => {
+                    self.end_for_drain(client, down).await;
+                    return Ok(false);
                 }
                 read = read_some(backend, buf) => read,
                 () = tokio::time::sleep(silence) => return Err(DownFault::Silent(silence)),
