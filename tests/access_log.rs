@@ -1072,3 +1072,46 @@ async fn an_upgraded_connection_logs_the_bytes_its_tunnel_carried_and_its_idle_e
         lines[0]
     );
 }
+
+/// A TCP connection cut part way through a write to a client that stopped
+/// reading (here by `tunnel_timeout`: nothing moved either way) counts
+/// every byte that reached the client: the part of the last piece written
+/// before the cut was lost to the access log's `bytes_out` (and to
+/// `baton_tcp_bytes_total`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_connection_cut_mid_write_counts_what_reached_the_client() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("tcp.log");
+    let flood = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let at = flood.local_addr().expect("addr");
+    let _flooding = tokio::spawn(async move {
+        let (mut s, _) = flood.accept().await.expect("accept");
+        let _ = s.write_all(&vec![b'x'; 32 << 20]).await;
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    });
+    let keys = format!("tunnel_timeout = \"500ms\"\n{}", log_key(&log, "json"));
+    let spec = Spec::new()
+        .listener("raw", "tcp", "flood", &keys)
+        .pool("flood", &[at]);
+    let baton = Baton::start(spec).await;
+    let mut client = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    // Read nothing until the cut: baton's write to it then waits part way.
+    support::eventually("the connection's line is written", || async {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.ends_with('\n'))
+    })
+    .await;
+    let received = client::read_until_closed(&mut client).await.len() as u64;
+    let lines = json_lines(&[log]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["termination"], "cD", "{}", lines[0]);
+    assert_eq!(
+        lines[0]["bytes_out"].as_u64(),
+        Some(received),
+        "{}",
+        lines[0]
+    );
+}

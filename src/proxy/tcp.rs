@@ -515,7 +515,7 @@ async fn one_way(
         crate::stream::read_ready(from.as_ref())
             .await
             .map_err(on(from_side))?;
-        let n = match read_now(&mut from, &mut buf).await.map_err(on(from_side))? {
+        match read_now(&mut from, &mut buf).await.map_err(on(from_side))? {
             None => continue,
             Some(0) => {
                 return match after {
@@ -534,15 +534,35 @@ async fn one_way(
                     }
                 };
             }
-            Some(n) => n,
-        };
+            Some(_) => {}
+        }
         activity.touch();
-        let written = to.write_all(&buf).await;
+        let written = write_counted(&mut to, &buf, moved).await;
         buf.clear();
         release_if_empty(&mut buf);
         written.map_err(on(to_side))?;
-        moved.add(n as u64);
     }
+}
+
+/// Writes `bytes` whole, counting each part as it goes: a copy cut part
+/// way through (`tunnel_timeout`, a forced drain, a peer's reset) counts
+/// what reached the other side, where a count after the whole write lost
+/// the part written of the last piece.
+async fn write_counted(
+    to: &mut WriteHalf<'_>,
+    bytes: &[u8],
+    moved: &Way<'_>,
+) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < bytes.len() {
+        let wrote = to.write(&bytes[done..]).await?;
+        if wrote == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        done += wrote;
+        moved.add(wrote as u64);
+    }
+    Ok(())
 }
 
 /// Probes after 60 s of silence, every 10 s, 6 times: a vanished peer is
