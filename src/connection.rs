@@ -107,7 +107,7 @@ impl Accept for Connections {
         };
         let proxy = self.proxy.clone();
         let origin = Origin {
-            client: canonical(peer),
+            client: proxy_protocol::canonical(peer),
             local: None,
         };
         match (&self.config.proxy_protocol, &self.tls) {
@@ -228,16 +228,6 @@ async fn admit(
 
 /// A failed TLS handshake's access-log termination: as a refused PROXY
 /// header's (a balancer's TCP check, closed before a byte, is `CR`).
-/// `addr` with an IPv4 address written as IPv6 (`::ffff:192.0.2.7`) as the
-/// IPv4 address it is. A socket systemd passes in bound at a bare port or
-/// `[::]` takes IPv4 clients so (baton's own IPv6 sockets are v6-only):
-/// `X-Forwarded-For`, access logs and PROXY headers then wrote the mapped
-/// form, which a backend's trusted-proxy list of IPv4 blocks misses, and
-/// which nginx and Envoy write as IPv4 too.
-pub fn canonical(addr: SocketAddr) -> SocketAddr {
-    SocketAddr::new(addr.ip().to_canonical(), addr.port())
-}
-
 fn failed(failure: Failure) -> Termination {
     match failure {
         Failure::Silent => Termination::ClientAborted(Phase::Request),

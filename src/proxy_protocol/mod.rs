@@ -161,6 +161,16 @@ impl std::fmt::Display for Cidr {
     }
 }
 
+/// `addr` with an IPv4 address written as IPv6 (`::ffff:192.0.2.7`) as the
+/// IPv4 address it is. A socket systemd passes in bound at a bare port or
+/// `[::]` takes IPv4 clients so (baton's own IPv6 sockets are v6-only):
+/// `X-Forwarded-For`, access logs and PROXY headers then wrote the mapped
+/// form, which a backend's trusted-proxy list of IPv4 blocks misses, and
+/// which nginx and Envoy write as IPv4 too.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

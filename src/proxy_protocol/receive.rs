@@ -237,8 +237,8 @@ fn four(a: v1::IPv4) -> (SocketAddr, SocketAddr) {
 /// trusted-proxy list of IPv4 blocks matches its `X-Forwarded-For`.
 fn six(a: v1::IPv6) -> (SocketAddr, SocketAddr) {
     (
-        crate::connection::canonical((a.source_address, a.source_port).into()),
-        crate::connection::canonical((a.destination_address, a.destination_port).into()),
+        super::canonical((a.source_address, a.source_port).into()),
+        super::canonical((a.destination_address, a.destination_port).into()),
     )
 }
 

@@ -29,13 +29,7 @@ impl Speaker {
     pub fn of<S: ByteStream>(stream: &S, origin: Origin) -> Speaker {
         let local = origin
             .local
-            .or_else(|| {
-                stream
-                    .tcp()
-                    .local_addr()
-                    .ok()
-                    .map(crate::connection::canonical)
-            })
+            .or_else(|| stream.tcp().local_addr().ok().map(super::canonical))
             .unwrap_or(origin.client);
         Speaker {
             client: origin.client,
