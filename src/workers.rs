@@ -7,8 +7,10 @@
 //! `pin_workers`, each worker is held to a CPU of its own.
 
 mod busy_poll;
+mod watch;
 
 pub use busy_poll::working;
+pub use watch::{watch, Stuck};
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,6 +76,8 @@ pub struct Workers {
     /// Set once the generation's doors closed: its workers stop busy
     /// polling.
     calm: Arc<AtomicBool>,
+    /// Each worker's heartbeats, which `watch` follows.
+    beats: Arc<watch::Beats>,
 }
 
 impl Drop for Workers {
@@ -85,16 +89,18 @@ impl Drop for Workers {
 }
 
 /// How often a worker's clock ticks with nothing else to do.
-const HEARTBEAT: Duration = Duration::from_secs(1);
+const HEARTBEAT: Duration = watch::LOOK_EVERY;
 
 /// Keeps a timer due within a second on the worker's clock. tokio wakes its
 /// driver through an eventfd write whenever a new timer is due before every
 /// other one; a connection's clocks (seconds away) are then never the
 /// earliest, and a connection per request stops paying that syscall each
-/// time (strace: 1.03 writes a request without it, 0.04 with it).
-async fn heartbeat() {
+/// time (strace: 1.03 writes a request without it, 0.04 with it). Each
+/// tick is counted: a worker whose count stops is stuck (see `watch`).
+async fn heartbeat(beats: &watch::Beats, worker: usize) {
     loop {
         tokio::time::sleep(HEARTBEAT).await;
+        beats.beat(worker);
     }
 }
 
@@ -144,6 +150,7 @@ impl Workers {
         let mut handles = Vec::with_capacity(count);
         let stop = CancellationToken::new();
         let calm = Arc::new(AtomicBool::new(false));
+        let beats = Arc::new(watch::Beats::new(count.max(1)));
         let cpus = if pin {
             cpus_for(count.max(1))
         } else {
@@ -160,6 +167,7 @@ impl Workers {
             handles.push(runtime.handle().clone());
             let stopped = stop.clone();
             let calm = Arc::clone(&calm);
+            let beats = Arc::clone(&beats);
             std::thread::Builder::new()
                 .name(format!("baton-worker-{index}"))
                 .spawn(move || {
@@ -173,7 +181,7 @@ impl Workers {
                         }
                         tokio::select! {
                             () = stopped.cancelled() => {}
-                            () = heartbeat() => {}
+                            () = heartbeat(&beats, index) => {}
                         }
                     });
                 })?;
@@ -182,7 +190,13 @@ impl Workers {
             handles,
             stop,
             calm,
+            beats,
         })
+    }
+
+    /// The workers' heartbeats, for `watch`.
+    pub fn beats(&self) -> Arc<watch::Beats> {
+        Arc::clone(&self.beats)
     }
 
     /// Stops busy polling: the generation no longer accepts, and its

@@ -530,3 +530,85 @@ async fn a_capped_backend_is_not_held_by_another_worker_s_idle_connection() {
         assert_eq!(answer.status, 200, "request {n}: {}", answer.body);
     }
 }
+
+/// The thread id of `pid`'s thread named `name`.
+fn thread_named(pid: u32, name: &str) -> i32 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .flatten()
+        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .and_then(|t| t.file_name().to_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("no thread {name} in {pid}"))
+}
+
+/// Holds thread `tid` still (ptrace: only that thread stops, as a runaway
+/// loop or a blocking call would hold it) until `release` is sent.
+fn hold_thread(tid: i32, release: std::sync::mpsc::Receiver<()>) -> std::thread::JoinHandle<()> {
+    use nix::sys::ptrace;
+    use nix::sys::wait::{waitpid, WaitPidFlag};
+    let tid = nix::unistd::Pid::from_raw(tid);
+    // One thread for all of it: a tracee answers to the thread that seized it.
+    std::thread::spawn(move || {
+        ptrace::seize(tid, ptrace::Options::empty()).expect("seize");
+        ptrace::interrupt(tid).expect("interrupt");
+        waitpid(tid, Some(WaitPidFlag::__WALL)).expect("stopped");
+        let _ = release.recv();
+        ptrace::detach(tid, None).expect("detach");
+    })
+}
+
+/// A worker thread that stops running leaves its shards' connections
+/// waiting while the supervisor's thread answered `/readyz` 200 and pinged
+/// systemd's watchdog: now `/readyz` is 503 naming the worker and the pings
+/// stop (a `WatchdogSec=` restarts baton, as HAProxy's watchdog ends a
+/// process with a stuck thread); running again, it is ready and pinged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_worker_makes_readyz_503_and_stops_the_watchdog_pings() {
+    use support::daemon::{signal, wait_exit, Notifications};
+    let backend = HttpBackend::start("a").await;
+    let notifications = Notifications::listen();
+    let spec = Spec::new()
+        .top("workers = 2")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::spawn_under(
+        spec,
+        &[],
+        &["env", &notifications.env, "WATCHDOG_USEC=1000000"],
+    );
+    baton.wait_ready().await;
+    let (release, held) = std::sync::mpsc::channel();
+    let holding = hold_thread(thread_named(baton.first_pid, "baton-worker-0"), held);
+    support::eventually("/readyz names the stuck worker", || async {
+        let answer = client::get(baton.admin, "/readyz").await;
+        answer.is_ok_and(|a| a.status == 503 && a.body.contains("\"worker 0\""))
+    })
+    .await;
+    notifications.mark("TEST=stuck");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    notifications.mark("TEST=released");
+    release.send(()).expect("release");
+    holding.join().expect("held and released");
+    support::eventually("ready again", || async {
+        client::get(baton.admin, "/readyz")
+            .await
+            .is_ok_and(|a| a.status == 200)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    signal(baton.first_pid, nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(wait_exit(baton.first_pid).await, Some(0));
+    let said = notifications.said().await;
+    let at = |mark: &str| said.iter().position(|s| s == mark).expect(mark);
+    let (stuck, released) = (at("TEST=stuck"), at("TEST=released"));
+    let pinged = |range: &[String]| range.iter().any(|s| s.contains("WATCHDOG=1"));
+    assert!(pinged(&said[..stuck]), "pinged before: {said:?}");
+    assert!(
+        !pinged(&said[stuck..released]),
+        "no ping while stuck: {said:?}"
+    );
+    assert!(pinged(&said[released..]), "pinged again: {said:?}");
+    let log = baton.log();
+    assert!(log.contains("a worker thread has not run"), "{log}");
+    assert!(log.contains("a worker thread runs again"), "{log}");
+}

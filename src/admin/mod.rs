@@ -93,6 +93,8 @@ pub struct AdminShared {
     /// the admin closed, so that what was queued at the close is answered,
     /// not reset by the exit.
     pub answering: TaskTracker,
+    /// Worker threads that have stopped running (see `workers::watch`).
+    pub stuck_workers: Arc<crate::workers::Stuck>,
 }
 
 impl AdminShared {
@@ -371,6 +373,7 @@ mod tests {
             handed_over: std::sync::Mutex::new(false),
             rendering: Arc::default(),
             answering: TaskTracker::new(),
+            stuck_workers: Arc::default(),
         })
     }
 

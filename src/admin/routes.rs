@@ -109,9 +109,26 @@ fn pool_checks(topology: &Topology) -> Vec<Check> {
         .collect()
 }
 
+/// One check per worker thread that has stopped running: its shards'
+/// connections wait, though the admin (on another thread) answers.
+fn worker_checks(stuck: &crate::workers::Stuck) -> Vec<Check> {
+    stuck
+        .now()
+        .into_iter()
+        .map(|(worker, seconds)| Check {
+            name: format!("worker {worker}"),
+            ok: false,
+            detail: Some(format!(
+                "has not run for {seconds}s: connections on its shards wait"
+            )),
+        })
+        .collect()
+}
+
 fn readiness(state: &AdminShared) -> Reply {
     let phase = state.phase.borrow().clone();
-    let pools = pool_checks(&state.topology());
+    let mut checks = pool_checks(&state.topology());
+    checks.extend(worker_checks(&state.stuck_workers));
     match phase {
         // An old generation handed over answers a probe that reached it
         // (on a connection taken before its admin stop) from its own
@@ -121,12 +138,12 @@ fn readiness(state: &AdminShared) -> Reply {
         // differ there: this one's view is its config's, frozen once its
         // checks stop.)
         Phase::Active | Phase::Draining { .. } => {
-            let (status, mut body) = if pools.iter().all(|c| c.ok) {
+            let (status, mut body) = if checks.iter().all(|c| c.ok) {
                 (StatusCode::OK, json!({"status": "ready"}))
             } else {
                 (
                     StatusCode::SERVICE_UNAVAILABLE,
-                    json!({"status": "unhealthy", "waiting_on": pools}),
+                    json!({"status": "unhealthy", "waiting_on": checks}),
                 )
             };
             if matches!(phase, Phase::Draining { .. }) {
@@ -139,7 +156,7 @@ fn readiness(state: &AdminShared) -> Reply {
             json!({"status": "draining"}),
         ),
         Phase::Starting { mut waiting_on } => {
-            waiting_on.extend(pools);
+            waiting_on.extend(checks);
             json_reply(
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"status": "starting", "waiting_on": waiting_on}),

@@ -47,6 +47,11 @@ impl Generation {
     /// on this generation takes work.
     pub(super) fn open_doors(&mut self, doors: Vec<Door>) {
         probe::spawn_all(&self.pools, &self.background);
+        tokio::spawn(crate::workers::watch(
+            self.workers.beats(),
+            Arc::clone(&self.admin.stuck_workers),
+            self.background.clone(),
+        ));
         tokio::spawn(crate::telemetry::held_back_reports());
         if let Some(resolver) = &self.resolver {
             crate::resolve::refresh::spawn_all(&self.pools, resolver, &self.background);
@@ -107,7 +112,10 @@ impl Generation {
             // Pinged until the process ends, or a retirement's naming
             // window does: an old generation stays main (and watched)
             // until its MAINPID= for the successor lands.
-            tokio::spawn(systemd::watchdog(self.watchdog.clone()));
+            let stuck = Arc::clone(&self.admin.stuck_workers);
+            tokio::spawn(systemd::watchdog(self.watchdog.clone(), move || {
+                !stuck.any()
+            }));
             tokio::spawn(status_lines(
                 Arc::clone(&self.admin),
                 self.pools.clone(),

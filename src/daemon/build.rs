@@ -297,6 +297,7 @@ fn open_admin(
         handed_over: Default::default(),
         rendering: Arc::default(),
         answering: Default::default(),
+        stuck_workers: Arc::default(),
     });
     admin.set_inherited(start.report);
     let (admin_listener, admin_addr) =

@@ -385,14 +385,20 @@ impl PendingUpdate {
 }
 
 /// Pings the watchdog at half of `WATCHDOG_USEC` until `stop`, from a task
-/// on the runtime, so a stuck runtime stops the pings.
-pub async fn watchdog(stop: tokio_util::sync::CancellationToken) {
+/// on the runtime, so a stuck runtime stops the pings, and while `running`
+/// says every worker thread runs (a stuck one stops them too).
+pub async fn watchdog(
+    stop: tokio_util::sync::CancellationToken,
+    running: impl Fn() -> bool + Send + 'static,
+) {
     let Some(usec) = watchdog_usec() else {
         return;
     };
     let period = ping_period(usec);
     loop {
-        notify(&[NotifyState::Watchdog]);
+        if running() {
+            notify(&[NotifyState::Watchdog]);
+        }
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(period) => {}

@@ -664,6 +664,14 @@ impl Notifications {
         );
     }
 
+    /// Puts `text` among what the daemon says, where it is now: what the
+    /// daemon said before and after it can then be told apart.
+    pub fn mark(&self, text: &str) {
+        let path = self.env.trim_start_matches("NOTIFY_SOCKET=");
+        let out = std::os::unix::net::UnixDatagram::unbound().expect("socket");
+        out.send_to(text.as_bytes(), path).expect("mark");
+    }
+
     /// Every message said, once the daemon is gone.
     pub async fn said(mut self) -> Vec<String> {
         self.done.store(true, std::sync::atomic::Ordering::SeqCst);
