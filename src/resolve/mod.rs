@@ -352,23 +352,21 @@ impl Resolver {
         let Some(lowest) = records.iter().map(|s| s.priority).min() else {
             return Err(Failure::Empty(format!("no SRV records for {name}")));
         };
-        // A record of port 0 names nothing to connect to (a static
-        // backend's port 0 is refused): its member would fail every
-        // request its weight gave it.
-        let lowest: Vec<&SRV> = records
-            .iter()
-            .filter(|s| s.priority == lowest && s.port != 0)
-            .collect();
-        if lowest.is_empty() {
-            return Err(Failure::Empty(format!(
-                "the SRV records of {name} give port 0, where nothing can be reached"
-            )));
-        }
+        let lowest: Vec<&SRV> = records.iter().filter(|s| s.priority == lowest).collect();
         // RFC 2782: a target of "." says the service is decidedly not
         // available at this name; it has no address to look up.
         if lowest.iter().all(|s| s.target.is_root()) {
             return Err(Failure::Empty(format!(
                 "the SRV records of {name} say the service is not available there (target \".\")"
+            )));
+        }
+        // A record of port 0 names nothing to connect to (a static
+        // backend's port 0 is refused): its member would fail every
+        // request its weight gave it.
+        let lowest: Vec<&SRV> = lowest.into_iter().filter(|s| s.port != 0).collect();
+        if lowest.is_empty() {
+            return Err(Failure::Empty(format!(
+                "the SRV records of {name} give port 0, where nothing can be reached"
             )));
         }
         let addresses = self.targets(&lowest, lookup.additionals()).await?;
