@@ -492,6 +492,57 @@ async fn a_failed_connect_is_retried_once_not_on_every_backend() {
     assert_eq!(connects, 2.0, "{metrics}");
 }
 
+/// A backend that takes connections and drops them unanswered (a dead
+/// application behind a listener that still accepts) beside a good one: a
+/// GET it drops is sent to the other, once, as after a failed connect
+/// (nginx's `proxy_next_upstream error`), over HTTP/1 and h2; a POST with
+/// a body, which may have been acted on, is not. Half the GETs got a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_a_new_connection_dropped_unanswered_goes_to_another_backend() {
+    let dropping =
+        support::raw::RawBackend::start(|_| (Vec::new(), support::raw::Then::Close)).await;
+    let good = HttpBackend::start("a").await;
+    // One worker: its round robin alternates, so every other POST meets
+    // the dropping backend.
+    let spec = Spec::new()
+        .top("workers = 1")
+        .http("web", "app")
+        .pool("app", &[dropping.addr, good.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    for i in 0..10 {
+        let answer = client::get(web, &format!("/r/{i}"))
+            .await
+            .expect("answered");
+        assert_eq!(answer.status, 200, "HTTP/1 GET {i}");
+    }
+    let mut h2 = client::h2::<http_body_util::Empty<bytes::Bytes>>(web).await;
+    for i in 0..10 {
+        let req = hyper::Request::get(format!("http://{web}/r/{i}"))
+            .body(http_body_util::Empty::new())
+            .expect("request");
+        let answer = h2.send_request(req).await.expect("h2 answer");
+        assert_eq!(answer.status(), 200, "h2 GET {i}");
+    }
+    assert!(
+        dropping.accepted() >= 10,
+        "the dropping backend had its share"
+    );
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(web).await.expect("connect");
+        s.write_all(
+            b"POST /r HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+        )
+        .await
+        .expect("request");
+        let answer = read_until_closed(&mut s).await;
+        statuses.push(answer.get(9..12).unwrap_or("").to_string());
+    }
+    statuses.sort();
+    assert_eq!(statuses, ["200", "502"], "a POST is not sent again");
+}
+
 /// Every request to a dead backend of a pool without health checks fails
 /// the same way: its lines are logged ten a second at most, and how many
 /// were held back is said once their second is over (unbounded, two lines

@@ -184,7 +184,9 @@ async fn client_cert_seen(
 /// (`x-forwarded-client-cert`: the certificate's SHA-256, subject and
 /// names), on HTTP/1.1 and h2 alike; a client that proved nothing, or
 /// forges the field in either spelling, gets none through, whether the
-/// listener replaces or appends forwarding fields.
+/// listener replaces or appends forwarding fields, or leaves them as they
+/// came (`off`: baton writes none, and a client's own is forged: it
+/// passed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_verified_client_certificate_reaches_the_backend_and_a_forged_one_never_does() {
     let backend = HttpBackend::start("a").await;
@@ -205,6 +207,12 @@ async fn a_verified_client_certificate_reaches_the_backend_and_a_forged_one_neve
             "http",
             "app",
             &format!("{tls}\nforwarded = \"append\""),
+        )
+        .listener(
+            "untouched",
+            "http",
+            "app",
+            &format!("{tls}\nforwarded = \"off\""),
         )
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
@@ -233,6 +241,12 @@ async fn a_verified_client_certificate_reaches_the_backend_and_a_forged_one_neve
             .zip(client_cert_seen(&ca, web, None).await)
         {
             assert!(seen.is_empty(), "{listener}, {protocol}: {seen:?}");
+        }
+    }
+    let untouched = baton.addr("untouched");
+    for identity in [Some(&me), None] {
+        for seen in client_cert_seen(&ca, untouched, identity).await {
+            assert!(seen.is_empty(), "forwarded = off: {seen:?}");
         }
     }
 }

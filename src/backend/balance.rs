@@ -111,10 +111,15 @@ pub fn choose(
             smooth_weighted(backends, at_floor, state).or(Some(least))
         }
         Balance::RandomTwo => {
+            // Two different backends, as the power of two choices has it:
+            // drawn with replacement, both draws were the same backend as
+            // often as not among two, and a loaded one took a quarter of
+            // the work it should have been spared.
             let ticket = state.ticket.fetch_add(1, Ordering::Relaxed);
             let a = weighted_sample(backends, candidates.clone(), mix(ticket))?;
-            let b = weighted_sample(backends, candidates, mix(ticket ^ 0xdead_beef_cafe_f00d))?;
-            least_loaded(backends, [a, b].into_iter())
+            let others = candidates.filter(move |&i| i != a);
+            let b = weighted_sample(backends, others, mix(ticket ^ 0xdead_beef_cafe_f00d));
+            least_loaded(backends, std::iter::once(a).chain(b))
         }
     }
 }
@@ -321,6 +326,17 @@ mod tests {
                 "within 2 points of the weight share: {s:?}"
             );
         }
+    }
+
+    /// The two candidates are two different backends: a loaded one beside
+    /// an idle one takes no new work (drawn with replacement, it took a
+    /// quarter).
+    #[test]
+    fn random_two_compares_two_different_backends() {
+        let p = pool(Balance::RandomTwo, &[1, 1]);
+        let held: Vec<_> = (0..5).map(|_| p.pick(Some(1)).expect("pick")).collect();
+        assert!(held.iter().all(|l| l.backend().index == 0));
+        assert_eq!(shares(&p, 400), vec![0.0, 1.0]);
     }
 
     /// Idle backends (each pick here is let go at once) share the work

@@ -515,10 +515,12 @@ impl HttpProxy {
                 }
             };
             stream.noted.marks.got_connection(up.reused);
+            let reused = up.reused;
             let sent = body.take().unwrap_or_else(body::empty);
             let to = Outbound {
                 client_ip: &client.ip,
                 client_cert: client.certificate.as_deref(),
+                checks_client_certs: self.checks_client_certs,
                 forwarded: self.forwarded,
                 proto: self.proto,
                 backend_authority: backend.authority.as_str(),
@@ -541,17 +543,25 @@ impl HttpProxy {
                     }
                     return response;
                 }
-                Err(Sent::Stale) if replayable && !fresh_only => {
+                Err(Sent::Stale) if reused && replayable && !fresh_only => {
                     tracing::debug!(pool = %backend.pool, backend = %backend.label, "a kept connection was closed under the request; sending it again on a new one");
                     fresh_only = true;
                     body = Some(body::empty());
                     kept = Some(lease);
                 }
+                // Another backend takes it, as on the HTTP/1 path.
+                Err(Sent::Stale) if replayable && failed.is_none() => {
+                    let err = ProxyError::closed_before_a_response(backend);
+                    err.blame(backend);
+                    if crate::telemetry::backend_fault() {
+                        tracing::warn!(cause = %err, "retrying on another backend");
+                    }
+                    failed = Some((backend.index, err));
+                    fresh_only = false;
+                    body = Some(body::empty());
+                }
                 Err(Sent::Stale) => {
-                    let err = ProxyError::Upstream {
-                        backend: backend.name.clone(),
-                        cause: "connection closed before a response".into(),
-                    };
+                    let err = ProxyError::closed_before_a_response(backend);
                     err.blame(backend);
                     return Err(err);
                 }
@@ -639,7 +649,7 @@ impl HttpProxy {
             Ok(Err(HeadFault::Backend {
                 nothing_received: true,
                 ..
-            })) if relay.reused() => return Err(Sent::Stale),
+            })) => return Err(Sent::Stale),
             Ok(Err(HeadFault::Backend { cause, .. })) => ProxyError::Upstream {
                 backend: backend.name.clone(),
                 cause,
@@ -799,8 +809,9 @@ struct Stream<'a> {
 
 /// Why a try at a backend got no response.
 enum Sent {
-    /// A kept connection was closed under the request before a byte came
-    /// back: a new connection may take it, when that is safe.
+    /// The connection was closed under the request before a byte came
+    /// back: a new connection (after a kept one) or another backend (after
+    /// a new one) may take it, when that is safe.
     Stale,
     Failed(ProxyError),
 }

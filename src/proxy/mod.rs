@@ -136,6 +136,14 @@ impl ProxyError {
         }
     }
 
+    /// `backend` closed the connection before a byte of its answer came.
+    pub fn closed_before_a_response(backend: &Backend) -> ProxyError {
+        ProxyError::Upstream {
+            backend: backend.name.clone(),
+            cause: "connection closed before a response".into(),
+        }
+    }
+
     /// A pool that gave no lease, as the answer: a queue timeout is
     /// counted here, not where the wait ended, as a retry that timed out
     /// in line answers with its first attempt's failure instead.

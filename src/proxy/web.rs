@@ -124,6 +124,8 @@ pub struct HttpProxy {
     /// connection (`body_min_rate`), if anything.
     pub(super) body_pace: Option<MinPace>,
     pub(super) forwarded: Forwarded,
+    /// The listener asks clients for certificates (`client_ca`).
+    pub(super) checks_client_certs: bool,
     /// What `X-Forwarded-Proto` says: `https` on a TLS listener.
     pub(super) proto: &'static str,
     /// One of its pools sends PROXY headers (`send_proxy`): h2 connections
@@ -170,6 +172,10 @@ impl HttpProxy {
             tunnel_timeout: config.tunnel_timeout,
             body_pace: MinPace::new(config.header_timeout, config.body_min_rate),
             forwarded: config.forwarded,
+            checks_client_certs: config
+                .tls
+                .as_ref()
+                .is_some_and(|tls| tls.client_auth.is_some()),
             proto: if config.tls.is_some() {
                 "https"
             } else {

@@ -109,7 +109,11 @@ enum Attempt {
         status: u16,
         after: After,
     },
-    /// The reused connection failed before a byte came back: try a fresh one.
+    /// The connection failed before a byte came back: a reused one may
+    /// have been closed by the backend while idle (a fresh one is tried),
+    /// a new one closed by a backend that takes connections and drops
+    /// them (another backend is tried), when the request is safe to send
+    /// again.
     Stale,
     Failed(Failure),
 }
@@ -289,11 +293,21 @@ async fn forward<S: ByteStream>(
                 fresh_only = true;
                 kept = Some(lease);
             }
+            // A backend that takes connections and drops them (a dead
+            // application behind a listener that still accepts): another
+            // backend takes a request safe to send again, once, as after a
+            // failed connect (nginx's `proxy_next_upstream error`).
+            Attempt::Stale if replayable && failed.is_none() => {
+                let err = ProxyError::closed_before_a_response(lease.backend());
+                err.blame(lease.backend());
+                if crate::telemetry::backend_fault() {
+                    tracing::warn!(cause = %err, "retrying on another backend");
+                }
+                failed = Some((lease.backend().index, err));
+                fresh_only = false;
+            }
             Attempt::Stale => {
-                let err = ProxyError::Upstream {
-                    backend: lease.backend().name.clone(),
-                    cause: "connection closed before a response".into(),
-                };
+                let err = ProxyError::closed_before_a_response(lease.backend());
                 err.blame(lease.backend());
                 return Err(Failure::Answer(err));
             }
@@ -374,6 +388,7 @@ async fn attempt<S: ByteStream>(
     let to = Outbound {
         client_ip: &client.ip,
         client_cert: client.certificate.as_deref(),
+        checks_client_certs: proxy.checks_client_certs,
         forwarded: proxy.forwarded,
         proto: proxy.proto,
         backend_authority: backend.authority.as_str(),
@@ -465,7 +480,7 @@ async fn attempt<S: ByteStream>(
         Pumped::Down(DownFault::Backend {
             nothing_received: true,
             ..
-        }) if up.reused && !written => Attempt::Stale,
+        }) if !written => Attempt::Stale,
         Pumped::Down(fault) => Attempt::Failed(down_failure(proxy, backend, fault, written)),
         Pumped::Up(fault) => Attempt::Failed(up_failure(proxy, backend, fault, begun)),
         Pumped::ResponseTimeout => {

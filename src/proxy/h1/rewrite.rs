@@ -23,6 +23,10 @@ pub struct Outbound<'a> {
     pub client_ip: &'a str,
     /// The identity the client's TLS certificate proved, if any.
     pub client_cert: Option<&'a str>,
+    /// The listener asks clients for certificates (`client_ca`): a
+    /// client's own `X-Forwarded-Client-Cert` is forged, whatever
+    /// `forwarded` says (see [`forwarding_kept`]).
+    pub checks_client_certs: bool,
     pub forwarded: Forwarded,
     /// `http`, or `https` behind TLS: `X-Forwarded-Proto`.
     pub proto: &'static str,
@@ -56,7 +60,7 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
                 authority.is_none()
             }
             Role::Framing | Role::HopByHop | Role::Expect => false,
-            Role::Forwarding => forwarding_kept(to.forwarded, name, value, &mut forwarded_for),
+            Role::Forwarding => forwarding_kept(to, name, value, &mut forwarded_for),
         };
         if keep {
             put_field(name, value, out);
@@ -99,15 +103,19 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
 /// it made Rack take a plain request for https (`Forwarded`, which baton
 /// does not extend with its own hop, would also give a chain without the
 /// peer baton saw). One rule for both paths: h2 clients' fields go through
-/// it too (`relay::upload`).
+/// it too (`relay::upload`). On a listener that checks client certificates
+/// a client's `X-Forwarded-Client-Cert` is dropped under `off` too: only
+/// baton's handshake with that very client could prove one, and nothing in
+/// front of a TLS listener can add a field to what the client encrypted,
+/// so the field is the client's own claim (Envoy sanitizes it by default).
 pub fn forwarding_kept<'a>(
-    mode: Forwarded,
+    to: &Outbound<'_>,
     name: &[u8],
     value: &'a [u8],
     chain: &mut Vec<&'a [u8]>,
 ) -> bool {
-    match mode {
-        Forwarded::Off => true,
+    match to.forwarded {
+        Forwarded::Off => !(to.checks_client_certs && names_alike("x-forwarded-client-cert", name)),
         Forwarded::Replace => false,
         Forwarded::Append => {
             if name.eq_ignore_ascii_case(b"x-forwarded-for") {

@@ -111,9 +111,7 @@ pub(super) fn request_head(
                 false
             }
             Role::Expect => false,
-            Role::Forwarding => {
-                rewrite::forwarding_kept(to.forwarded, name, value, &mut forwarded_for)
-            }
+            Role::Forwarding => rewrite::forwarding_kept(to, name, value, &mut forwarded_for),
         };
         if keep {
             put_field(name, value, out);
@@ -325,6 +323,7 @@ mod tests {
         Outbound {
             client_ip: "127.0.0.1",
             client_cert: Some("Subject=\"CN=alice\""),
+            checks_client_certs: true,
             forwarded,
             proto: "https",
             backend_authority: "10.0.0.9:8080",
