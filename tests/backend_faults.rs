@@ -305,6 +305,38 @@ async fn a_backend_reset_mid_response_aborts_the_client_connection_and_is_counte
     assert_eq!(fine.status, 200);
 }
 
+/// An HTTP/1.0 client's response body has no framing but the connection's
+/// end: one the backend breaks off ends the client's connection with a
+/// reset, where a close (or TLS's close_notify) passed the cut body off as
+/// the whole of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_broken_off_on_its_way_to_an_http_1_0_client_ends_in_a_reset() {
+    let breaking = support::raw::RawBackend::start(|_| {
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n".to_vec(),
+            support::raw::Then::Close,
+        )
+    })
+    .await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[breaking.addr])).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET / HTTP/1.0\r\nHost: a\r\n\r\n")
+        .await
+        .expect("request");
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(support::TIMEOUT, s.read_to_end(&mut got))
+        .await
+        .expect("ended in time");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+    assert!(
+        read.is_err(),
+        "a reset, not an end: {read:?} after {text:?}"
+    );
+}
+
 /// Sends a greeting and its FIN at once, then reads until the client's FIN
 /// and reports what it read.
 async fn early_closing_backend() -> (SocketAddr, tokio::sync::oneshot::Receiver<Vec<u8>>) {

@@ -332,6 +332,22 @@ fn group_of(pid: u32) -> Option<String> {
     after_name.split_whitespace().nth(2).map(str::to_string)
 }
 
+/// A request held on generation 1 (the backend's `/gated`), then a reload:
+/// the request, still on its way.
+async fn held_across_a_reload(
+    baton: &Baton,
+    backend: &HttpBackend,
+) -> tokio::task::JoinHandle<Result<support::client::Answer, String>> {
+    let web = baton.addr("web");
+    let held = tokio::spawn(async move { support::client::get(web, "/gated").await });
+    support::eventually("a request held on generation 1", || async {
+        backend.held() == 1
+    })
+    .await;
+    baton.reload_ok().await;
+    held
+}
+
 /// baton started under `wrapper` (in a PID namespace, where `keeper` is
 /// the pid of `baton run` as this test sees it): a request held on
 /// generation 1 across a reload is answered, the service outlives
@@ -359,12 +375,7 @@ async fn a_reload_is_kept_under(wrapper: &[&str], keeper: fn(u32) -> Option<u32>
     })
     .await;
     let web = baton.addr("web");
-    let held = tokio::spawn(async move { support::client::get(web, "/gated").await });
-    support::eventually("a request held on generation 1", || async {
-        backend.held() == 1
-    })
-    .await;
-    baton.reload_ok().await;
+    let held = held_across_a_reload(&baton, &backend).await;
     backend.release();
     assert_eq!(held.await.expect("join").expect("held").status, 200);
     baton.settled().await;
@@ -409,6 +420,67 @@ async fn as_pid_1_baton_keeps_its_generations_across_a_reload() {
         children_of(unshare).first().copied()
     })
     .await;
+}
+
+/// Under the keeper, the serving generation killed (an out-of-memory kill)
+/// while its predecessor drains with its doors closed: the keeper starts a
+/// fresh generation, whose sockets take the next connections, and the
+/// predecessor's request in flight is answered. Nothing listened until
+/// the drain ended (30 s here), and then the keeper exited with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_keeper_a_serving_generation_killed_is_started_afresh() {
+    let probe = [&PID_NAMESPACE[..], &["true"]].concat();
+    if !support::possible_or_skipped(&probe, "root, for a PID namespace") {
+        return;
+    }
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .section("[reload]\ndrain_timeout = \"30s\"\n")
+        .http("web", "app")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::spawn_under(spec, &[], &PID_NAMESPACE);
+    support::eventually("the keeper keeps generation 1", || async {
+        baton.log().contains("keeping generation 1")
+            && support::client::get(baton.admin, "/readyz")
+                .await
+                .is_ok_and(|a| a.status == 200)
+    })
+    .await;
+    let keeper = children_of(baton.first_pid)
+        .first()
+        .copied()
+        .expect("keeper");
+    let first = children_of(keeper).first().copied().expect("generation 1");
+    let web = baton.addr("web");
+    let held = held_across_a_reload(&baton, &backend).await;
+    let second = children_of(keeper)
+        .into_iter()
+        .find(|&pid| pid != first)
+        .expect("generation 2, the keeper's child too");
+    // The keeper starts none within 5 s of its last start (one that
+    // cannot start is not started in a loop).
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    signal(second, Signal::SIGKILL);
+    support::eventually("a fresh generation serves", || async {
+        support::client::get(web, "/after")
+            .await
+            .is_ok_and(|a| a.status == 200)
+    })
+    .await;
+    assert!(
+        baton
+            .log()
+            .contains("none listens: starting generation 1 afresh"),
+        "{}",
+        baton.log()
+    );
+    backend.release();
+    assert_eq!(held.await.expect("join").expect("held").status, 200);
+    signal(keeper, Signal::SIGTERM);
+    assert!(
+        wait_exit(baton.first_pid).await.is_some(),
+        "the keeper ends at the stop"
+    );
 }
 
 /// Under a container's minimal init (`docker run --init`'s tini), which

@@ -274,7 +274,8 @@ async fn a_stop_aimed_at_the_new_generation_after_its_ready_fails_the_reload() {
 /// The old generation killed (an out-of-memory kill, likeliest during a
 /// reload, when two generations hold memory) while the new one waits for
 /// its go-ahead: the new one, which holds every listening socket, takes
-/// over alone. It exited, and nothing served.
+/// over alone. It exited, and nothing served; taking over alone, it
+/// showed the dead one in `/status` for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_generation_killed_before_its_go_ahead_leaves_the_new_one_serving() {
     let backend = support::backend::HttpBackend::start("a").await;
@@ -296,6 +297,15 @@ async fn an_old_generation_killed_before_its_go_ahead_leaves_the_new_one_serving
     let answer = client::get(baton.addr("web"), "/").await.expect("request");
     assert_eq!(answer.status, 200);
     assert!(baton.log().contains("taking over alone"), "{}", baton.log());
+    // No report of the dead one's exit comes: it leaves `/status` all the
+    // same (it stayed there, draining, for good).
+    support::eventually("only the new generation in /status", || async {
+        let status = client::status(baton.admin).await;
+        status["generations"]
+            .as_array()
+            .is_some_and(|g| g.len() == 1 && g[0]["pid"] == child)
+    })
+    .await;
     assert_ne!(baton.reload_ok().await, child, "it reloads in turn");
 }
 

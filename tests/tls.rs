@@ -511,6 +511,38 @@ async fn plain_http_to_a_tls_listener_is_told_so_in_plain_http() {
     assert!(!reply.contains("HTTP/1.1"), "{reply:?}");
 }
 
+/// A PROXY protocol header sent to a TLS listener that expects none (a
+/// balancer in front sends one, the listener lacks `proxy_protocol`) is
+/// said to be one: v1's `PROXY` was taken for a plain HTTP request ("this
+/// port speaks HTTPS"), v2's for a broken TLS record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_header_to_a_tls_listener_without_proxy_protocol_is_named() {
+    let (_backend, _ca, _a, baton) = one_certificate("").await;
+    let v2_local = b"\r\n\r\n\0\r\nQUIT\n\x20\x00\x00\x00";
+    for header in [
+        &b"PROXY TCP4 192.0.2.7 10.0.0.1 12345 443\r\n"[..],
+        v2_local,
+    ] {
+        let mut s = tokio::net::TcpStream::connect(baton.addr("web"))
+            .await
+            .expect("connect");
+        s.write_all(header).await.expect("header");
+        let reply = client::read_until_closed(&mut s).await;
+        assert!(
+            !reply.contains("HTTP/1.1"),
+            "closed, not answered: {reply:?}"
+        );
+    }
+    support::eventually("both said to be PROXY headers", || async {
+        baton
+            .log()
+            .matches("a PROXY protocol header, which this listener does not expect")
+            .count()
+            == 2
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_handshakes_is_cut_at_handshake_timeout() {
     let (_backend, _ca, _a, baton) = one_certificate(", handshake_timeout = \"500ms\"").await;

@@ -565,6 +565,10 @@ fn hold_thread(tid: i32, release: std::sync::mpsc::Receiver<()>) -> std::thread:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_worker_makes_readyz_503_and_stops_the_watchdog_pings() {
     use support::daemon::{signal, wait_exit, Notifications};
+    let root = nix::unistd::geteuid().is_root();
+    if !support::skip::skipped_unless(root, "root, to hold a worker thread with ptrace") {
+        return;
+    }
     let backend = HttpBackend::start("a").await;
     let notifications = Notifications::listen();
     let spec = Spec::new()

@@ -241,15 +241,23 @@ enum RoundCut {
 }
 
 /// Starts the periodic checks, and the sweep of idle backend connections;
-/// they end when `stop` is cancelled.
+/// they end when `stop` is cancelled. A pool's backends take their turns
+/// spread over one interval (see `first_wait`).
 pub fn spawn_all(pools: &[Arc<Pool>], stop: &CancellationToken) {
     tokio::spawn(sweep_idle(pools.to_vec(), stop.clone()));
     for pool in pools {
         let Some(config) = pool.health.clone() else {
             continue;
         };
-        for backend in &pool.backends().backends {
-            tokio::spawn(run(Arc::clone(backend), config.clone(), stop.clone()));
+        let backends = &pool.backends().backends;
+        for (i, backend) in backends.iter().enumerate() {
+            let first = first_wait(config.interval, i, backends.len());
+            tokio::spawn(run(
+                Arc::clone(backend),
+                config.clone(),
+                first,
+                stop.clone(),
+            ));
         }
     }
 }
@@ -258,8 +266,20 @@ pub fn spawn_all(pools: &[Arc<Pool>], stop: &CancellationToken) {
 /// serving; they end when `stop` is cancelled or the member leaves.
 pub fn spawn_member(pool: &Pool, backend: &Arc<Backend>, stop: &CancellationToken) {
     if let Some(config) = pool.health.clone() {
-        tokio::spawn(run(Arc::clone(backend), config, stop.clone()));
+        let first = jittered(config.interval);
+        tokio::spawn(run(Arc::clone(backend), config, first, stop.clone()));
     }
+}
+
+/// How long backend `i` of `n` waits for its first periodic check: its
+/// share of one interval, as HAProxy spreads its servers' first checks.
+/// The first round checked every backend at once, and a jitter of ±10 %
+/// alone left a pool's next rounds in a burst (200 backends checked every
+/// 2 s within 0.4 s, and again after every reload) for dozens of rounds.
+fn first_wait(interval: Duration, i: usize, n: usize) -> Duration {
+    let share = u32::try_from(i + 1).unwrap_or(u32::MAX);
+    let of = u32::try_from(n.max(1)).unwrap_or(u32::MAX);
+    interval.mul_f64(f64::from(share) / f64::from(of))
 }
 
 /// Closes idle backend connections past their limit, so they do not
@@ -279,14 +299,21 @@ async fn sweep_idle(pools: Vec<Arc<Pool>>, stop: CancellationToken) {
     }
 }
 
-async fn run(backend: Arc<Backend>, config: HealthConfig, stop: CancellationToken) {
+async fn run(
+    backend: Arc<Backend>,
+    config: HealthConfig,
+    first: Duration,
+    stop: CancellationToken,
+) {
     let gone = backend.gone().clone();
+    let mut wait = first;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = gone.cancelled() => return,
-            () = tokio::time::sleep(jittered(config.interval)) => {}
+            () = tokio::time::sleep(wait) => {}
         }
+        wait = jittered(config.interval);
         if backend.admin() != AdminState::Enabled {
             continue;
         }
@@ -326,6 +353,19 @@ fn jittered(interval: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pool's backends wait their shares of one interval for their first
+    /// periodic checks, evenly, the last a whole interval.
+    #[test]
+    fn first_checks_are_spread_over_one_interval() {
+        let second = Duration::from_secs(1);
+        let waits: Vec<Duration> = (0..4).map(|i| first_wait(second, i, 4)).collect();
+        assert_eq!(
+            waits,
+            [250, 500, 750, 1000].map(Duration::from_millis).to_vec()
+        );
+        assert_eq!(first_wait(second, 0, 1), second);
+    }
 
     async fn status_of(answer: &[u8]) -> Result<u16, String> {
         let mut reader = answer;

@@ -92,9 +92,13 @@ impl Generation {
         });
         self.open_doors(doors);
         if alone {
-            if let Some(update) = self.became_active(true) {
-                self.fd_store_again.hold(update);
-            }
+            // Its fd store update went once; the exit it is held to be
+            // sent again after has come.
+            let _ = self.became_active(true);
+            // The dead one's entry (and every older one's, as each exits)
+            // leaves `/status` and the in-flight counts: no report of its
+            // exit will come.
+            self.follow_older_exits();
             self.admin_go.cancel();
             self.predecessor_gone.cancel();
             return Ok(None);
@@ -107,6 +111,7 @@ impl Generation {
             Ok(channel) => channel,
             Err(e) => {
                 tracing::warn!(cause = %e, "could not confirm the takeover to the old generation");
+                self.follow_older_exits();
                 self.admin_go.cancel();
                 self.predecessor_gone.cancel();
                 return Ok(None);

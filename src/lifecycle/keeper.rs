@@ -12,10 +12,19 @@
 //! once the group is empty, with the code of the last child it reaped (the
 //! serving generation's, at a stop; 1 for one a signal killed). It holds
 //! no socket and no channel: no generation waits on it, and it answers
-//! nothing.
+//! nothing. A generation that ends as a failure (killed, crashed) with no
+//! stop asked, older ones still draining and none listening (the serving
+//! one died, its predecessor drains with its doors closed) has the keeper
+//! start a fresh generation 1, as nginx's master starts a worker again:
+//! the ports refused connections until the drain ended the keeper. With
+//! no generation left it exits instead, with the failure's code, for the
+//! container's restart policy to see.
+
+mod listening;
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
@@ -27,6 +36,23 @@ use crate::exit::Exit;
 /// Set for generation 1 under a keeper, and so for every later one (they
 /// inherit its environment): none of them keeps.
 pub const ENV_KEPT: &str = "BATON_KEPT";
+
+/// How long the generation the keeper last started must have run before
+/// the keeper starts another in place of a failed one: one that cannot
+/// start (a port taken, a config made invalid since) is not started in a
+/// loop; the keeper exits with its code, for the container's restart
+/// policy.
+const RESTART_AFTER: Duration = Duration::from_secs(5);
+
+/// The signals that stop the generations: after one, nothing is started
+/// again.
+const STOPS: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT];
+
+/// Looks a second apart at whether a generation listens, after one failed:
+/// the failed one may have been the serving one while its predecessor
+/// still listened, closing its doors a moment later (a successor that died
+/// just after it took over).
+const LOOKS_AFTER_A_FAILURE: u32 = 3;
 
 /// The signals a keeper passes to the generations.
 const PASSED: [Signal; 6] = [
@@ -70,6 +96,7 @@ pub fn keep() -> Exit {
     let mut held = SigSet::empty();
     PASSED.iter().for_each(|&s| held.add(s));
     held.add(Signal::SIGCHLD);
+    held.add(Signal::SIGALRM);
     let before = match held.thread_swap_mask(SigmaskHow::SIG_BLOCK) {
         Ok(before) => before,
         Err(err) => {
@@ -77,7 +104,7 @@ pub fn keep() -> Exit {
             return Exit::Failure;
         }
     };
-    let group = match generation_1(before) {
+    let group = match generation_1(before, None) {
         Ok(child) => Pid::from_raw(child.id() as i32),
         Err(err) => {
             say(&format!("the keeper cannot start generation 1: {err}"));
@@ -88,16 +115,27 @@ pub fn keep() -> Exit {
         "keeping generation 1 (pid {group}) and its successors: a reload's new generation outlives the old one here"
     ));
     let mut last = Exit::Clean;
+    let mut restarts = Restarts {
+        mask: before,
+        stopping: false,
+        started: Instant::now(),
+        looks_left: 0,
+    };
     loop {
         match held.wait() {
             Ok(Signal::SIGCHLD) => {
-                reap(&mut last);
+                if reap(group, &mut last) {
+                    restarts.looks_left = LOOKS_AFTER_A_FAILURE;
+                    restarts.look(group, last);
+                }
                 if !any_left(group) {
                     return last;
                 }
             }
+            Ok(Signal::SIGALRM) => restarts.look(group, last),
             // To the whole group: generations still starting too.
             Ok(passed) => {
+                restarts.stopping |= STOPS.contains(&passed);
                 let _ = nix::sys::signal::killpg(group, passed);
             }
             Err(err) => {
@@ -128,11 +166,16 @@ fn reap_ourselves() {
 /// and in a process group of its own, so that a terminal's Ctrl-C
 /// (`docker run -it`) reaches the keeper alone, which passes it on once (a
 /// second stop signal forces the drain).
+/// Started again after a failure, it joins the group of the generations
+/// still draining (`join`), which the keeper's signals reach.
 #[allow(unsafe_code)]
-fn generation_1(mask: SigSet) -> std::io::Result<std::process::Child> {
+fn generation_1(mask: SigSet, join: Option<Pid>) -> std::io::Result<std::process::Child> {
     let exec = Exec::of_this_process()?;
     let mut command = std::process::Command::new(&exec.program);
-    command.args(&exec.args).env(ENV_KEPT, "1").process_group(0);
+    command
+        .args(&exec.args)
+        .env(ENV_KEPT, "1")
+        .process_group(join.map_or(0, Pid::as_raw));
     // SAFETY: runs in the forked child before exec, where only
     // async-signal-safe calls are allowed: pthread_sigmask and sigaction
     // are, on a set copied onto the stack.
@@ -145,18 +188,74 @@ fn generation_1(mask: SigSet) -> std::io::Result<std::process::Child> {
     command.spawn()
 }
 
-/// Reaps every child that has exited, noting the last one's code (a
-/// generation, or an orphan re-parented here; one a signal killed is a
-/// failure).
-fn reap(last: &mut Exit) {
+/// When the keeper starts a generation again after a failure.
+struct Restarts {
+    /// The signal mask a generation starts with.
+    mask: SigSet,
+    /// A stop was passed on: nothing is started again.
+    stopping: bool,
+    /// When the keeper last started a generation.
+    started: Instant,
+    /// Looks still to take at whether one listens (`LOOKS_AFTER_A_FAILURE`).
+    looks_left: u32,
+}
+
+impl Restarts {
+    /// Starts a fresh generation 1 in `group` if older ones drain there
+    /// and none listens; else looks again a second later, while looks are
+    /// left.
+    fn look(&mut self, group: Pid, ended: Exit) {
+        if self.stopping || self.looks_left == 0 || !any_left(group) {
+            return;
+        }
+        self.looks_left -= 1;
+        if self.started.elapsed() >= RESTART_AFTER && !listening::anyone_listens(group.as_raw()) {
+            self.looks_left = 0;
+            self.started = Instant::now();
+            match generation_1(self.mask, Some(group)) {
+                Ok(child) => say(&format!(
+                    "a generation ended ({}) and none listens: starting generation 1 afresh (pid {}); the older ones drain on",
+                    ended.code(),
+                    child.id()
+                )),
+                Err(err) => say(&format!(
+                    "a generation ended and none listens, and none can be started: {err}"
+                )),
+            }
+        } else if self.looks_left > 0 {
+            nix::unistd::alarm::set(1);
+        }
+    }
+}
+
+/// Reaps every child that has exited: the generations (`group`'s) first,
+/// noting the last one's code (one a signal killed is a failure), then
+/// orphans re-parented here from elsewhere, whose codes are not ours. True
+/// if a generation ended as a failure: killed, or an exit that is neither
+/// a clean or forced drain's nor an invalid config's.
+fn reap(group: Pid, last: &mut Exit) -> bool {
+    let mut failed = false;
+    let generations = Pid::from_raw(-group.as_raw());
     loop {
-        match nix::sys::wait::waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => *last = Exit::from_code(code),
-            Ok(WaitStatus::Signaled(..)) => *last = Exit::Failure,
-            Ok(WaitStatus::StillAlive) | Err(_) => return,
+        match nix::sys::wait::waitpid(generations, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => {
+                *last = Exit::from_code(code);
+                failed |= !matches!(*last, Exit::Clean | Exit::Forced | Exit::Config);
+            }
+            Ok(WaitStatus::Signaled(..)) => {
+                *last = Exit::Failure;
+                failed = true;
+            }
+            Ok(WaitStatus::StillAlive) | Err(_) => break,
             Ok(_) => {}
         }
     }
+    while let Ok(status) = nix::sys::wait::waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+    failed
 }
 
 /// Whether any process of the generations' group lives (a reaped group

@@ -543,15 +543,15 @@ impl HttpProxy {
                     }
                     return response;
                 }
-                Err(Sent::Stale) if reused && replayable && !fresh_only => {
+                Err(Sent::Stale(_)) if reused && replayable && !fresh_only => {
                     tracing::debug!(pool = %backend.pool, backend = %backend.label, "a kept connection was closed under the request; sending it again on a new one");
                     fresh_only = true;
                     body = Some(body::empty());
                     kept = Some(lease);
                 }
                 // Another backend takes it, as on the HTTP/1 path.
-                Err(Sent::Stale) if replayable && failed.is_none() => {
-                    let err = ProxyError::closed_before_a_response(backend);
+                Err(Sent::Stale(cause)) if replayable && failed.is_none() => {
+                    let err = ProxyError::closed_before_a_response(backend, &cause);
                     err.blame(backend);
                     if crate::telemetry::backend_fault() {
                         tracing::warn!(cause = %err, "retrying on another backend");
@@ -560,8 +560,8 @@ impl HttpProxy {
                     fresh_only = false;
                     body = Some(body::empty());
                 }
-                Err(Sent::Stale) => {
-                    let err = ProxyError::closed_before_a_response(backend);
+                Err(Sent::Stale(cause)) => {
+                    let err = ProxyError::closed_before_a_response(backend, &cause);
                     err.blame(backend);
                     return Err(err);
                 }
@@ -648,8 +648,8 @@ impl HttpProxy {
             }
             Ok(Err(HeadFault::Backend {
                 nothing_received: true,
-                ..
-            })) => return Err(Sent::Stale),
+                cause,
+            })) => return Err(Sent::Stale(cause)),
             Ok(Err(HeadFault::Backend { cause, .. })) => ProxyError::Upstream {
                 backend: backend.name.clone(),
                 cause,
@@ -811,8 +811,8 @@ struct Stream<'a> {
 enum Sent {
     /// The connection was closed under the request before a byte came
     /// back: a new connection (after a kept one) or another backend (after
-    /// a new one) may take it, when that is safe.
-    Stale,
+    /// a new one) may take it, when that is safe. It holds the cause.
+    Stale(String),
     Failed(ProxyError),
 }
 

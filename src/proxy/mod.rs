@@ -136,11 +136,12 @@ impl ProxyError {
         }
     }
 
-    /// `backend` closed the connection before a byte of its answer came.
-    pub fn closed_before_a_response(backend: &Backend) -> ProxyError {
+    /// `backend`'s connection failed (`cause`) before a byte of its
+    /// answer came.
+    pub fn closed_before_a_response(backend: &Backend, cause: &str) -> ProxyError {
         ProxyError::Upstream {
             backend: backend.name.clone(),
-            cause: "connection closed before a response".into(),
+            cause: format!("before a response: {cause}"),
         }
     }
 

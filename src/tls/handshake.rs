@@ -55,6 +55,11 @@ pub enum Failure {
 /// Why a handshake did not begin, or failed.
 enum Refused {
     PlainHttp(TcpStream),
+    /// A PROXY protocol header (v1 or v2) where the listener expects none:
+    /// a balancer in front sends one (HAProxy's `send-proxy`, an AWS NLB's
+    /// proxy protocol) and the listener lacks `proxy_protocol`. Said so:
+    /// v1's `PROXY` read as a plain HTTP request, v2's as a broken record.
+    ProxyHeader,
     /// Closed (or reset) before the client sent a byte: a balancer's TCP
     /// check, a port scan. Counted apart, not logged: counted as failed
     /// handshakes, they read as a failure rate that climbs all day.
@@ -106,6 +111,10 @@ impl Terminator {
                 "a plain HTTP request".to_string(),
                 Handshake::PlainHttp(stream),
             ),
+            Ok(Err(Refused::ProxyHeader)) => (
+                "a PROXY protocol header, which this listener does not expect: if a balancer in front sends one, set its `proxy_protocol`".to_string(),
+                Handshake::Failed(Failure::Refused),
+            ),
             Ok(Err(Refused::Silent)) => {
                 self.metrics.aborted.increment(1);
                 return Handshake::Failed(Failure::Silent);
@@ -138,6 +147,9 @@ impl Terminator {
         let Some(first) = first else {
             return Err(Refused::Silent);
         };
+        if proxy_header_begins(&stream, first).await {
+            return Err(Refused::ProxyHeader);
+        }
         // An ASCII capital begins an HTTP method; a TLS record never does
         // (a handshake record begins 0x16, an SSLv2-style hello has its
         // top bit set).
@@ -157,6 +169,28 @@ fn lapsed_client_certificate(tls: &TlsStream<TcpStream>) -> Option<String> {
     let now = crate::tls::unix_seconds(std::time::SystemTime::now());
     crate::tls::certs::leaf_lapsed(leaf, now)
         .map(|why| format!("a resumed session's client certificate {why}"))
+}
+
+/// PROXY protocol v2's signature. (Written again here: `proxy_protocol`
+/// reads a certificate's name through this module, which therefore may
+/// not import it back.)
+const PROXY_V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
+
+/// Whether what the client sent first is a PROXY protocol header (v1's
+/// `PROXY `, v2's signature): looked at (peeked) only when its first byte
+/// could begin one. One peek, of what came: a header in pieces shorter
+/// than its first 6 (v1) or 12 (v2) bytes is not named (it is refused all
+/// the same, only said to be something else in the log).
+async fn proxy_header_begins(stream: &TcpStream, first: u8) -> bool {
+    if first != b'P' && first != PROXY_V2_SIGNATURE[0] {
+        return false;
+    }
+    let mut start = [0u8; 12];
+    let Ok(seen) = stream.peek(&mut start).await else {
+        return false;
+    };
+    let start = &start[..seen];
+    start.starts_with(b"PROXY ") || start == PROXY_V2_SIGNATURE
 }
 
 /// The client's first byte, once it came; none if the connection closed

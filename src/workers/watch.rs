@@ -133,14 +133,22 @@ mod tests {
     /// beat starts the count again.
     #[test]
     fn a_worker_is_stuck_after_looks_in_a_row_without_a_beat() {
+        let looks_to_stuck = |mut silent: u32| {
+            let mut looks = 0;
+            while silent < STUCK_AFTER {
+                silent = next_silence(silent, true, 0);
+                looks += 1;
+            }
+            looks
+        };
+        assert_eq!(looks_to_stuck(0), STUCK_AFTER);
         let mut silent = 0;
         for _ in 0..STUCK_AFTER - 1 {
             silent = next_silence(silent, true, 0);
         }
-        assert!(silent < STUCK_AFTER);
-        assert_eq!(next_silence(silent, false, 0), 0, "a beat resets it");
-        silent = next_silence(silent, true, 0);
-        assert_eq!(silent, STUCK_AFTER);
-        assert_eq!(next_silence(silent, false, 0), 0);
+        silent = next_silence(silent, false, 0);
+        assert_eq!(silent, 0, "a beat resets it");
+        assert_eq!(looks_to_stuck(silent), STUCK_AFTER, "all looks again");
+        assert_eq!(next_silence(STUCK_AFTER, false, 0), 0, "running again");
     }
 }

@@ -113,8 +113,8 @@ enum Attempt {
     /// have been closed by the backend while idle (a fresh one is tried),
     /// a new one closed by a backend that takes connections and drops
     /// them (another backend is tried), when the request is safe to send
-    /// again.
-    Stale,
+    /// again. It holds the cause, for the answer if it is not sent again.
+    Stale(String),
     Failed(Failure),
 }
 
@@ -179,6 +179,18 @@ pub async fn exchange<S: ByteStream>(
     let (status, after, termination) = match outcome {
         Ok(answered) => answered,
         Err(termination) => {
+            // A body that ends with the connection and broke off ends it
+            // with a reset: a close (or TLS's close_notify) would pass the
+            // cut body off as whole, where a stated length or chunks let
+            // the client see it cut.
+            let cut = matches!(
+                termination,
+                Termination::BackendFailed(_) | Termination::BackendTimeout(_)
+            );
+            if cut && record.trace.until_close {
+                reset::once_taken(client.stream.tcp()).await;
+                client.reset = true;
+            }
             // Its head went out before it broke off: it was answered, and
             // is counted.
             record.end(termination, body_bytes);
@@ -288,7 +300,7 @@ async fn forward<S: ByteStream>(
         let reused = upstream.reused;
         match attempt(proxy, client, &mut request, &lease, upstream, drain).await {
             Attempt::Answered { status, after } => return Ok((status, after)),
-            Attempt::Stale if reused && replayable && !fresh_only => {
+            Attempt::Stale(_) if reused && replayable && !fresh_only => {
                 tracing::debug!(pool = %lease.backend().pool, backend = %lease.backend().label, "a kept connection was closed under the request; sending it again on a new one");
                 fresh_only = true;
                 kept = Some(lease);
@@ -297,8 +309,8 @@ async fn forward<S: ByteStream>(
             // application behind a listener that still accepts): another
             // backend takes a request safe to send again, once, as after a
             // failed connect (nginx's `proxy_next_upstream error`).
-            Attempt::Stale if replayable && failed.is_none() => {
-                let err = ProxyError::closed_before_a_response(lease.backend());
+            Attempt::Stale(cause) if replayable && failed.is_none() => {
+                let err = ProxyError::closed_before_a_response(lease.backend(), &cause);
                 err.blame(lease.backend());
                 if crate::telemetry::backend_fault() {
                     tracing::warn!(cause = %err, "retrying on another backend");
@@ -306,8 +318,8 @@ async fn forward<S: ByteStream>(
                 failed = Some((lease.backend().index, err));
                 fresh_only = false;
             }
-            Attempt::Stale => {
-                let err = ProxyError::closed_before_a_response(lease.backend());
+            Attempt::Stale(cause) => {
+                let err = ProxyError::closed_before_a_response(lease.backend(), &cause);
                 err.blame(lease.backend());
                 return Err(Failure::Answer(err));
             }
@@ -397,11 +409,11 @@ async fn attempt<S: ByteStream>(
     rewrite::request(head, &to, &mut out);
     out.put_slice(&body.framed);
     body.framed.clear();
-    if write_all(&mut up.stream, &out, proxy.response_timeout)
-        .await
-        .is_err()
-    {
-        return Attempt::Stale;
+    if let Err(fault) = write_all(&mut up.stream, &out, proxy.response_timeout).await {
+        return Attempt::Stale(match fault {
+            WriteFault::Stalled => "the request head was not taken within response_timeout".into(),
+            WriteFault::Failed(e) => e.to_string(),
+        });
     }
     let progress = &request.trace.attempt;
     progress
@@ -479,8 +491,8 @@ async fn attempt<S: ByteStream>(
         }
         Pumped::Down(DownFault::Backend {
             nothing_received: true,
-            ..
-        }) if !written => Attempt::Stale,
+            cause,
+        }) if !written => Attempt::Stale(cause),
         Pumped::Down(fault) => Attempt::Failed(down_failure(proxy, backend, fault, written)),
         Pumped::Up(fault) => Attempt::Failed(up_failure(proxy, backend, fault, begun)),
         Pumped::ResponseTimeout => {

@@ -33,6 +33,9 @@ pub struct Trace {
     pub head_out: u64,
     /// Bytes the client sent through an upgraded connection's tunnel.
     pub tunnelled_in: u64,
+    /// The response went to the client delimited by the connection's end
+    /// (see `Progress::until_close`).
+    pub until_close: bool,
     /// The attempt at a backend under way. Here, not in the attempt, so an
     /// exchange the drain deadline cuts off mid-response (its task dropped,
     /// `note` never reached) still logs and counts what went out.
@@ -51,6 +54,7 @@ impl Trace {
             bytes_out: 0,
             head_out: 0,
             tunnelled_in: 0,
+            until_close: false,
             attempt: Progress::default(),
         }
     }
@@ -74,6 +78,7 @@ impl Trace {
         self.bytes_out += bytes_out;
         self.head_out += progress.head_out.load(Ordering::Relaxed);
         self.tunnelled_in += progress.tunnelled_in.load(Ordering::Relaxed);
+        self.until_close |= progress.until_close.load(Ordering::Relaxed);
     }
 }
 

@@ -48,6 +48,10 @@ pub struct Progress {
     /// What the client sent into an upgraded connection's tunnel, for the
     /// access log's bytes in (a request body is counted as it is read).
     pub tunnelled_in: AtomicU64,
+    /// The response goes to the client delimited by the connection's end
+    /// (an HTTP/1.0 client's body of no stated length): one the backend
+    /// breaks off must end with a reset, or the close reads as its end.
+    pub until_close: AtomicBool,
 }
 
 impl Progress {
@@ -363,6 +367,9 @@ where
         return switch(head, client, down).await;
     }
     let delivery = rewrite::delivery(head.framing, down.request.version);
+    down.progress
+        .until_close
+        .store(delivery == Delivery::UntilClose, Ordering::Relaxed);
     let client_keeps = down.request.keep_alive
         && !down.drain.is_draining()
         && down.progress.upload_done.load(Ordering::Relaxed)
