@@ -251,6 +251,47 @@ async fn a_verified_client_certificate_reaches_the_backend_and_a_forged_one_neve
     }
 }
 
+/// A client certificate the listener's `client_crl` lists is refused at
+/// the handshake (nginx's `ssl_crl`, HAProxy's `crl-file`); another of the
+/// same CA is served. Without it, a leaked certificate could be shut out
+/// only by dropping its whole CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_the_crl_lists_is_refused() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let kept = ca.issue_numbered("kept", &["kept.test"], 41);
+    let revoked = ca.issue_numbered("revoked", &["revoked.test"], 42);
+    let crl = ca.revoking("ca", &[42]);
+    let tls = Issued::listener_tls(
+        &[&a],
+        &format!(
+            ", client_ca = \"{}\", client_crl = \"{}\"",
+            ca.ca_pem().display(),
+            crl.display()
+        ),
+    );
+    let spec = Spec::new()
+        .listener("web", "http", "app", &tls)
+        .pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let web = baton.addr("web");
+    assert_eq!(
+        one_request(&ca.client_as(&[], Some(&kept)), web).await,
+        Ok(200)
+    );
+    assert!(
+        one_request(&ca.client_as(&[], Some(&revoked)), web)
+            .await
+            .is_err(),
+        "the revoked certificate is refused"
+    );
+    support::eventually("the refusal says why", || async {
+        baton.log().contains("Revoked")
+    })
+    .await;
+}
+
 /// rustls resumes a ticket with the client identity it recorded and asks
 /// for no certificate on a resumed handshake: a ticket from a listener
 /// that asks for none must not open on one that requires one.

@@ -243,6 +243,7 @@ pub struct TlsFile {
     pub handshake_timeout: Option<DurationValue>,
     pub client_ca: Option<String>,
     pub client_auth: Option<String>,
+    pub client_crl: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

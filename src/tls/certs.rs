@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use rustls::sign::{CertifiedKey, SigningKey};
 use rustls::{InconsistentKeys, RootCertStore};
 use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 
@@ -32,6 +32,7 @@ pub enum Part {
     Cert,
     Key,
     ClientCa,
+    ClientCrl,
 }
 
 impl Part {
@@ -41,6 +42,7 @@ impl Part {
             Part::Cert => "cert",
             Part::Key => "key",
             Part::ClientCa => "client_ca",
+            Part::ClientCrl => "client_crl",
         }
     }
 }
@@ -66,6 +68,8 @@ pub enum Reason {
     Pem(pem::Error),
     #[error("holds no PEM certificate")]
     NoCertificate,
+    #[error("holds no PEM certificate revocation list (X509 CRL)")]
+    NoCrl,
     #[error("holds no PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC)")]
     NoKey,
     #[error("holds an encrypted private key, which baton cannot read without its passphrase: write it out unencrypted, readable by the service's user alone (openssl pkey -in KEY -out PLAIN)")]
@@ -144,6 +148,22 @@ pub fn load_roots(path: &Path) -> Result<RootCertStore, Vec<Problem>> {
     match passed_over.is_empty() {
         true => Ok(roots),
         false => Err(passed_over),
+    }
+}
+
+/// The certificate revocation lists at `path` (PEM `X509 CRL` blocks, as
+/// nginx's `ssl_crl` and HAProxy's `crl-file` read them).
+pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, Problem> {
+    let bytes = read_file(path).map_err(|reason| problem(Part::ClientCrl, path, reason))?;
+    let crls: Result<Vec<_>, _> = CertificateRevocationListDer::pem_slice_iter(&bytes).collect();
+    match crls {
+        Ok(crls) if !crls.is_empty() => Ok(crls),
+        Ok(_) => Err(problem(Part::ClientCrl, path, Reason::NoCrl)),
+        Err(err) => Err(problem(
+            Part::ClientCrl,
+            path,
+            pem_reason(err, Reason::NoCrl),
+        )),
     }
 }
 

@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rustls::crypto::CryptoProvider;
 use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
 use rustls::{RootCertStore, ServerConfig, SupportedProtocolVersion};
+use rustls_pki_types::CertificateRevocationListDer;
 
 /// The crypto provider every TLS object in baton is built with: ring, not
 /// rustls' default aws-lc-rs, because ring builds with the C compiler alone
@@ -80,11 +81,16 @@ impl ClientAuth {
     }
 }
 
-/// Client certificates (`client_ca`, `client_auth`).
+/// Client certificates (`client_ca`, `client_auth`, `client_crl`).
 #[derive(Debug, Clone)]
 pub struct ClientCa {
     pub roots: Arc<RootCertStore>,
     pub auth: ClientAuth,
+    /// Revocation lists a client's certificate is looked up in: one they
+    /// list is refused, and so is one whose issuer none of them covers
+    /// (unknown status fails closed, as nginx's `ssl_crl`); the chain
+    /// above the client's certificate is not looked up.
+    pub crls: Vec<CertificateRevocationListDer<'static>>,
 }
 
 /// One served certificate as `baton check` and the metrics name it.
@@ -175,6 +181,12 @@ fn client_policy(ca: Option<&ClientCa>) -> Vec<u8> {
         return b"none".to_vec();
     };
     let mut policy = ca.auth.as_str().as_bytes().to_vec();
+    // A list changed (a certificate revoked since) must not let a session
+    // resumed from before it skip the lookup.
+    for crl in &ca.crls {
+        policy.extend_from_slice(&(crl.len() as u64).to_be_bytes());
+        policy.extend_from_slice(crl);
+    }
     for root in &ca.roots.roots {
         let constraints = root.name_constraints.as_deref().unwrap_or_default();
         for part in [
@@ -189,6 +201,30 @@ fn client_policy(ca: Option<&ClientCa>) -> Vec<u8> {
     policy
 }
 
+/// The verifier of client certificates `ca` asks for, with its
+/// revocation lists if any.
+fn client_verifier(
+    ca: &ClientCa,
+    provider: Arc<CryptoProvider>,
+) -> rustls::server::ClientCertVerifierBuilder {
+    let verifier = WebPkiClientVerifier::builder_with_provider(ca.roots.clone(), provider);
+    match ca.crls.is_empty() {
+        true => verifier,
+        false => verifier
+            .with_crls(ca.crls.iter().cloned())
+            .only_check_end_entity_revocation(),
+    }
+}
+
+/// Whether rustls takes `ca`'s revocation lists, parsed as the handshake's
+/// verifier parses them: the cause if not.
+pub fn crls_taken(ca: &ClientCa) -> Result<(), String> {
+    client_verifier(ca, provider())
+        .build()
+        .map(drop)
+        .map_err(|err| err.to_string())
+}
+
 /// The rustls configuration for `spec`. Its session cache is rustls'
 /// default (one per listener); its ticketer is set on a clone per
 /// generation (`daemon::build`), sealing with keys a reload hands over.
@@ -199,7 +235,7 @@ fn server_config(spec: &Spec) -> Result<ServerConfig, TlsError> {
     let builder = match &spec.client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
-            let verifier = WebPkiClientVerifier::builder_with_provider(ca.roots.clone(), provider);
+            let verifier = client_verifier(ca, provider);
             let verifier = match ca.auth {
                 ClientAuth::Required => verifier,
                 ClientAuth::Optional => verifier.allow_unauthenticated(),

@@ -222,23 +222,51 @@ impl Validator {
             }
         };
         let Some(written) = raw.client_ca.as_deref() else {
-            if raw.client_auth.is_some() {
-                self.problem(
-                    &auth_key,
-                    "needs client_ca (the CA bundle client certificates are checked against)",
-                );
+            for (set, named) in [
+                (raw.client_auth.is_some(), &auth_key),
+                (raw.client_crl.is_some(), &format!("{key}.client_crl")),
+            ] {
+                if set {
+                    self.problem(
+                        named,
+                        "needs client_ca (the CA bundle client certificates are checked against)",
+                    );
+                }
             }
             return None;
         };
-        match certs::load_roots(&self.read_path(&format!("{key}.client_ca"), written)) {
-            Ok(roots) => Some(ClientCa {
-                roots: Arc::new(roots),
-                auth,
-            }),
+        let roots = match certs::load_roots(&self.read_path(&format!("{key}.client_ca"), written)) {
+            Ok(roots) => Arc::new(roots),
             Err(problems) => {
                 for p in problems {
                     self.problem(&format!("{key}.client_ca"), p);
                 }
+                return None;
+            }
+        };
+        let crls = self.client_crls(key, raw.client_crl.as_deref())?;
+        let ca = ClientCa { roots, auth, crls };
+        if let Err(why) = crate::tls::crls_taken(&ca) {
+            self.problem(&format!("{key}.client_crl"), why);
+            return None;
+        }
+        Some(ca)
+    }
+
+    /// `client_crl`'s revocation lists (none if it is not set).
+    fn client_crls(
+        &mut self,
+        key: &str,
+        written: Option<&str>,
+    ) -> Option<Vec<rustls_pki_types::CertificateRevocationListDer<'static>>> {
+        let Some(written) = written else {
+            return Some(Vec::new());
+        };
+        let crl_key = format!("{key}.client_crl");
+        match certs::load_crls(&self.read_path(&crl_key, written)) {
+            Ok(crls) => Some(crls),
+            Err(p) => {
+                self.problem(&crl_key, p);
                 None
             }
         }
@@ -373,6 +401,29 @@ mod tests {
         );
         assert!(
             p[3].starts_with("listeners[0].tls.client_auth: needs client_ca"),
+            "{p:?}"
+        );
+    }
+
+    /// `client_crl` needs `client_ca`; a file holding no revocation list
+    /// (here a certificate) is refused, naming the key.
+    #[test]
+    fn a_client_crl_needs_a_client_ca_and_a_revocation_list() {
+        let pki = pki();
+        let alone = format!(r#"{{ certificates = [{A}], client_crl = "ca.pem" }}"#);
+        let p = problems(&pki, "http", &alone);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("listeners[0].tls.client_crl: needs client_ca"),
+            "{p:?}"
+        );
+        let wrong =
+            format!(r#"{{ certificates = [{A}], client_ca = "ca.pem", client_crl = "ca.pem" }}"#);
+        let p = problems(&pki, "http", &wrong);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("listeners[0].tls.client_crl: ")
+                && p[0].contains("holds no PEM certificate revocation list"),
             "{p:?}"
         );
     }
