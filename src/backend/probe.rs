@@ -241,17 +241,24 @@ enum RoundCut {
 }
 
 /// Starts the periodic checks, and the sweep of idle backend connections;
-/// they end when `stop` is cancelled. A pool's backends take their turns
-/// spread over one interval (see `first_wait`).
+/// they end when `stop` is cancelled. Every checked backend of every pool
+/// takes its first turn at its place in one interval (see `first_wait`),
+/// jittered as every later turn is.
 pub fn spawn_all(pools: &[Arc<Pool>], stop: &CancellationToken) {
     tokio::spawn(sweep_idle(pools.to_vec(), stop.clone()));
+    let checked = pools
+        .iter()
+        .filter(|p| p.health.is_some())
+        .map(|p| p.backends().backends.len())
+        .sum();
+    let mut place = 0;
     for pool in pools {
         let Some(config) = pool.health.clone() else {
             continue;
         };
-        let backends = &pool.backends().backends;
-        for (i, backend) in backends.iter().enumerate() {
-            let first = first_wait(config.interval, i, backends.len());
+        for backend in &pool.backends().backends {
+            let first = jittered(first_wait(config.interval, place, checked));
+            place += 1;
             tokio::spawn(run(
                 Arc::clone(backend),
                 config.clone(),
@@ -271,11 +278,12 @@ pub fn spawn_member(pool: &Pool, backend: &Arc<Backend>, stop: &CancellationToke
     }
 }
 
-/// How long backend `i` of `n` waits for its first periodic check: its
-/// share of one interval, as HAProxy spreads its servers' first checks.
-/// The first round checked every backend at once, and a jitter of ±10 %
-/// alone left a pool's next rounds in a burst (200 backends checked every
-/// 2 s within 0.4 s, and again after every reload) for dozens of rounds.
+/// How long checked backend `i` of `n` (of all pools) waits for its first
+/// periodic check: its share of one interval, as HAProxy spreads all its
+/// servers' first checks. The first round checked every backend at once,
+/// and a jitter of ±10 % alone left the next rounds in a burst (200
+/// backends checked every 2 s within 0.4 s, and again after every reload)
+/// for dozens of rounds.
 fn first_wait(interval: Duration, i: usize, n: usize) -> Duration {
     let share = u32::try_from(i + 1).unwrap_or(u32::MAX);
     let of = u32::try_from(n.max(1)).unwrap_or(u32::MAX);

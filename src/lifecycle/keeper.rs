@@ -50,9 +50,11 @@ const STOPS: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT];
 
 /// Looks a second apart at whether a generation listens, after one failed:
 /// the failed one may have been the serving one while its predecessor
-/// still listened, closing its doors a moment later (a successor that died
-/// just after it took over).
-const LOOKS_AFTER_A_FAILURE: u32 = 3;
+/// still listened, closing its doors a few seconds later (a successor that
+/// died just after it took over: the predecessor waits up to 2 s for its
+/// first report to land, and 1.5 s more for a listener that defers
+/// accepting).
+const LOOKS_AFTER_A_FAILURE: u32 = 5;
 
 /// The signals a keeper passes to the generations.
 const PASSED: [Signal; 6] = [
@@ -120,19 +122,19 @@ pub fn keep() -> Exit {
         stopping: false,
         started: Instant::now(),
         looks_left: 0,
+        ended: Exit::Clean,
     };
     loop {
         match held.wait() {
             Ok(Signal::SIGCHLD) => {
                 if reap(group, &mut last) {
-                    restarts.looks_left = LOOKS_AFTER_A_FAILURE;
-                    restarts.look(group, last);
+                    restarts.failed(group, last);
                 }
                 if !any_left(group) {
                     return last;
                 }
             }
-            Ok(Signal::SIGALRM) => restarts.look(group, last),
+            Ok(Signal::SIGALRM) => restarts.look(group),
             // To the whole group: generations still starting too.
             Ok(passed) => {
                 restarts.stopping |= STOPS.contains(&passed);
@@ -198,61 +200,82 @@ struct Restarts {
     started: Instant,
     /// Looks still to take at whether one listens (`LOOKS_AFTER_A_FAILURE`).
     looks_left: u32,
+    /// The code of the generation whose failure the looks are for.
+    ended: Exit,
 }
 
 impl Restarts {
+    /// A generation of `group` ended as a failure, with `code`.
+    fn failed(&mut self, group: Pid, code: Exit) {
+        self.ended = code;
+        self.looks_left = LOOKS_AFTER_A_FAILURE;
+        self.look(group);
+    }
+
     /// Starts a fresh generation 1 in `group` if older ones drain there
     /// and none listens; else looks again a second later, while looks are
-    /// left.
-    fn look(&mut self, group: Pid, ended: Exit) {
+    /// left. Too soon after its last start, the keeper looks once that is
+    /// over, spending no look.
+    fn look(&mut self, group: Pid) {
         if self.stopping || self.looks_left == 0 || !any_left(group) {
             return;
         }
+        let too_soon = RESTART_AFTER.saturating_sub(self.started.elapsed());
+        if !too_soon.is_zero() {
+            nix::unistd::alarm::set(whole_seconds(too_soon));
+            return;
+        }
         self.looks_left -= 1;
-        if self.started.elapsed() >= RESTART_AFTER && !listening::anyone_listens(group.as_raw()) {
-            self.looks_left = 0;
-            self.started = Instant::now();
-            match generation_1(self.mask, Some(group)) {
-                Ok(child) => say(&format!(
-                    "a generation ended ({}) and none listens: starting generation 1 afresh (pid {}); the older ones drain on",
-                    ended.code(),
-                    child.id()
-                )),
-                Err(err) => say(&format!(
-                    "a generation ended and none listens, and none can be started: {err}"
-                )),
+        if listening::anyone_listens(group.as_raw()) {
+            if self.looks_left > 0 {
+                nix::unistd::alarm::set(1);
             }
-        } else if self.looks_left > 0 {
-            nix::unistd::alarm::set(1);
+            return;
+        }
+        self.looks_left = 0;
+        self.started = Instant::now();
+        match generation_1(self.mask, Some(group)) {
+            Ok(child) => say(&format!(
+                "a generation ended ({}) and none listens: starting generation 1 afresh (pid {}); the older ones drain on",
+                self.ended.code(),
+                child.id()
+            )),
+            Err(err) => say(&format!(
+                "a generation ended and none listens, and none can be started: {err}"
+            )),
         }
     }
 }
 
-/// Reaps every child that has exited: the generations (`group`'s) first,
-/// noting the last one's code (one a signal killed is a failure), then
-/// orphans re-parented here from elsewhere, whose codes are not ours. True
-/// if a generation ended as a failure: killed, or an exit that is neither
-/// a clean or forced drain's nor an invalid config's.
+/// `wait` in whole seconds, rounded up (what `alarm` takes).
+fn whole_seconds(wait: Duration) -> u32 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    u32::try_from(secs).unwrap_or(u32::MAX).max(1)
+}
+
+/// Reaps every child that has exited, noting a generation's code (`group`
+/// holds the generations; one a signal killed is a failure) and not an
+/// orphan's, re-parented here from elsewhere: each is looked at before it
+/// is reaped (a zombie keeps its group). True if a generation ended as a
+/// failure: killed, or an exit that is neither a clean or forced drain's
+/// nor an invalid config's.
 fn reap(group: Pid, last: &mut Exit) -> bool {
+    use nix::sys::wait::{waitid, waitpid, Id};
+    let exited = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
     let mut failed = false;
-    let generations = Pid::from_raw(-group.as_raw());
-    loop {
-        match nix::sys::wait::waitpid(generations, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => {
+    while let Some(pid) = waitid(Id::All, exited).ok().and_then(|s| s.pid()) {
+        let generation = nix::unistd::getpgid(Some(pid)) == Ok(group);
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) if generation => {
                 *last = Exit::from_code(code);
                 failed |= !matches!(*last, Exit::Clean | Exit::Forced | Exit::Config);
             }
-            Ok(WaitStatus::Signaled(..)) => {
+            Ok(WaitStatus::Signaled(..)) if generation => {
                 *last = Exit::Failure;
                 failed = true;
             }
-            Ok(WaitStatus::StillAlive) | Err(_) => break,
             Ok(_) => {}
-        }
-    }
-    while let Ok(status) = nix::sys::wait::waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-        if status == WaitStatus::StillAlive {
-            break;
+            Err(_) => break,
         }
     }
     failed

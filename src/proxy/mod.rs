@@ -141,7 +141,7 @@ impl ProxyError {
     pub fn closed_before_a_response(backend: &Backend, cause: &str) -> ProxyError {
         ProxyError::Upstream {
             backend: backend.name.clone(),
-            cause: format!("before a response: {cause}"),
+            cause: format!("no response: {cause}"),
         }
     }
 

@@ -18,19 +18,36 @@ const LISTEN: &str = "0A";
 const UNIX_LISTENING: &str = "00010000";
 
 /// Whether a process of process group `group` holds a listening socket
-/// (TCP over IPv4 or IPv6, or Unix) of this network namespace.
+/// (TCP over IPv4 or IPv6, or Unix) of this network namespace. A `/proc`
+/// of another PID namespace (`unshare --pid` without `--mount-proc`, a
+/// host's bind-mounted) names no process of ours: it counts as unreadable.
 pub fn anyone_listens(group: i32) -> bool {
-    let Some(listening) = listening_inodes() else {
+    let Some(listening) = listening_inodes().filter(|_| proc_is_ours()) else {
         return true;
     };
     members(group).any(|pid| holds_any(pid, &listening))
 }
 
-/// The inodes of every listening socket; none if a table cannot be read.
+/// Whether `/proc` is this PID namespace's: `/proc/self` names us.
+fn proc_is_ours() -> bool {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|target| target.to_str()?.parse::<u32>().ok())
+        == Some(std::process::id())
+}
+
+/// The inodes of every listening socket; none if a table cannot be read
+/// (a kernel without IPv6 has no `tcp6`: nothing listens there).
 fn listening_inodes() -> Option<HashSet<u64>> {
     let mut inodes = HashSet::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let text = std::fs::read_to_string(table).ok()?;
+        let text = match std::fs::read_to_string(table) {
+            Ok(text) => text,
+            Err(err) if table.ends_with('6') && err.kind() == std::io::ErrorKind::NotFound => {
+                continue
+            }
+            Err(_) => return None,
+        };
         inodes.extend(text.lines().skip(1).filter_map(listening_inode));
     }
     let unix = std::fs::read_to_string("/proc/net/unix").ok()?;
