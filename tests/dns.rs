@@ -608,7 +608,34 @@ async fn an_srv_record_of_port_0_makes_no_member() {
     assert_eq!(members, want);
 }
 
-/// A name holding '_' (a Compose service's, `my_app`) is looked up and
+/// One name server that answers SERVFAIL at once (a forwarder whose own
+/// upstream is down) ahead of one that answers: the name's members come
+/// from the second, as glibc moves on to the next server on SERVFAIL
+/// (HAProxy waits for every server's answer). hickory ends a lookup at
+/// the first such answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_server_answering_servfail_is_passed_over_for_the_next() {
+    let failing = DnsServer::start().await;
+    failing.set_mode(Mode::ServFail);
+    let answering = DnsServer::start().await;
+    answering.set_delay(Duration::from_millis(50));
+    let backend = HttpBackend::start("a").await;
+    answering.set_a(HOST, &[Ipv4Addr::LOCALHOST]);
+    let spec = Spec::new()
+        .section(&format!(
+            "[resolver]\nnameservers = [\"{}\", \"{}\"]\ntimeout = \"1s\"\n\n[[pools]]\nname = \"app\"\nresolve_interval = \"200ms\"\nbackends = [{{ name = \"app\", address = \"{HOST}:{}\" }}]\n",
+            failing.addr,
+            answering.addr,
+            backend.addr.port()
+        ))
+        .http("web", "app");
+    let baton = Baton::start(spec).await;
+    wait_members(baton.admin, &[(backend.addr.to_string(), "up")]).await;
+    let answer = client::get(baton.addr("web"), "/").await.expect("served");
+    assert_eq!(answer.status, 200);
+}
+
+/// A name holding '_' (a Compose service's, `my_app`) is looked up and/// A name holding '_' (a Compose service's, `my_app`) is looked up and
 /// served, as nginx and HAProxy take it: it was refused as no host name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_with_an_underscore_is_looked_up_and_served() {

@@ -120,7 +120,48 @@ pub struct Resolver {
 struct Asking {
     /// Asked one fully qualified name and one record type at a time.
     resolver: TokioResolver,
+    /// Each name server alone, in order (none with one server): asked in
+    /// turn after the servers together answered with a failure.
+    one_by_one: Vec<TokioResolver>,
     search: SearchList,
+}
+
+impl Asking {
+    /// `name`'s `kind` records, asked of the name servers together
+    /// (hickory asks two at once and takes the first answer). An answer of
+    /// failure (SERVFAIL: a forwarder whose own upstream is down; REFUSED:
+    /// a server that serves other clients) ends hickory's lookup with it,
+    /// the other servers unasked: each server is then asked alone, in
+    /// order, until one gives another answer, as glibc moves on to the next
+    /// server (HAProxy waits for every server's).
+    async fn lookup(&self, name: Name, kind: RecordType) -> Result<Lookup, NetError> {
+        let together = self.resolver.lookup(name.clone(), kind).await;
+        if !failed_answer(&together) {
+            return together;
+        }
+        for alone in &self.one_by_one {
+            let answer = alone.lookup(name.clone(), kind).await;
+            let answered = match &answer {
+                Ok(_) => true,
+                Err(err) => matches!(err, NetError::Dns(DnsError::NoRecordsFound(_))),
+            };
+            if answered {
+                return answer;
+            }
+        }
+        together
+    }
+}
+
+/// Whether a lookup ended at a server's answer of failure (SERVFAIL or
+/// REFUSED), which another server may not give.
+fn failed_answer(answer: &Result<Lookup, NetError>) -> bool {
+    matches!(
+        answer,
+        Err(NetError::Dns(DnsError::ResponseCode(
+            ResponseCode::ServFail | ResponseCode::Refused
+        )))
+    )
 }
 
 impl Resolver {
@@ -149,28 +190,62 @@ impl Resolver {
         } else {
             SearchList::default()
         };
-        let set_up = Asking { resolver, search };
+        let one_by_one = Resolver::each_alone(&self.config);
+        let set_up = Asking {
+            resolver,
+            one_by_one,
+            search,
+        };
         *asking = Some(set_up.clone());
         Ok(set_up)
     }
 
     fn build(config: &ResolverConfig) -> Result<TokioResolver, SetupError> {
-        let provider = TokioRuntimeProvider::default();
-        let mut builder = if config.nameservers.is_empty() {
+        let builder = if config.nameservers.is_empty() {
             TokioResolver::builder_tokio().map_err(SetupError::System)?
         } else {
-            let servers = config.nameservers.iter().map(|addr| {
-                let mut udp = ConnectionConfig::udp();
-                udp.port = addr.port();
-                let mut tcp = ConnectionConfig::tcp();
-                tcp.port = addr.port();
-                NameServerConfig::new(addr.ip(), true, vec![udp, tcp])
-            });
+            let servers = config.nameservers.iter().map(|addr| name_server(*addr));
             TokioResolver::builder_with_config(
                 Servers::from_name_servers(servers.collect()),
-                provider,
+                TokioRuntimeProvider::default(),
             )
         };
+        Resolver::finish(builder, config)
+    }
+
+    /// A resolver for each name server alone, in order, when there are
+    /// several (see `Asking::lookup`); none if resolv.conf cannot be read.
+    fn each_alone(config: &ResolverConfig) -> Vec<TokioResolver> {
+        let servers: Vec<NameServerConfig> = if config.nameservers.is_empty() {
+            match hickory_resolver::system_conf::read_system_conf() {
+                Ok((system, _)) => system.name_servers().to_vec(),
+                Err(_) => return Vec::new(),
+            }
+        } else {
+            config.nameservers.iter().map(|a| name_server(*a)).collect()
+        };
+        if servers.len() < 2 {
+            return Vec::new();
+        }
+        servers
+            .into_iter()
+            .filter_map(|server| {
+                let builder = TokioResolver::builder_with_config(
+                    Servers::from_name_servers(vec![server]),
+                    TokioRuntimeProvider::default(),
+                );
+                Resolver::finish(builder, config).ok()
+            })
+            .collect()
+    }
+
+    /// Every resolver's options: `[resolver]`'s timeout, one attempt (a
+    /// lookup is asked again at the next refresh), and no cache (a TTL is
+    /// kept by the refresh itself).
+    fn finish(
+        mut builder: hickory_resolver::ResolverBuilder<TokioRuntimeProvider>,
+        config: &ResolverConfig,
+    ) -> Result<TokioResolver, SetupError> {
         let options = builder.options_mut();
         options.timeout = config.timeout;
         options.attempts = 1;
@@ -295,7 +370,7 @@ impl Resolver {
             if timed_out && *form != forms.as_written {
                 continue;
             }
-            match asking.resolver.lookup(form.clone(), kind).await {
+            match asking.lookup(form.clone(), kind).await {
                 Ok(lookup)
                     if lookup
                         .answers()
@@ -478,6 +553,16 @@ impl Resolver {
             _ => Failure::Failed(err.to_string()),
         }
     }
+}
+
+/// A configured name server, asked over UDP, then TCP for an answer too
+/// large for a datagram.
+fn name_server(addr: SocketAddr) -> NameServerConfig {
+    let mut udp = ConnectionConfig::udp();
+    udp.port = addr.port();
+    let mut tcp = ConnectionConfig::tcp();
+    tcp.port = addr.port();
+    NameServerConfig::new(addr.ip(), true, vec![udp, tcp])
 }
 
 /// `target`'s addresses among an SRV answer's additional records: its A

@@ -81,9 +81,18 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
         Framing::Empty if head.values("content-length").next().is_some() => put_length(0, out),
         Framing::Empty | Framing::UntilClose => {}
     }
-    if let Some(upgrade) = &head.upgrade {
-        out.put_slice(b"connection: upgrade\r\n");
-        put_field(b"upgrade", &head.bytes[upgrade.clone()], out);
+    // `TE` is hop-by-hop: whoever sends it lists it in `Connection` too
+    // (RFC 9110 §10.1.4), so a backend that is a proxy does not pass it on.
+    match (&head.upgrade, head.takes_trailers) {
+        (Some(upgrade), te) => {
+            out.put_slice(match te {
+                true => b"connection: upgrade, te\r\n",
+                false => b"connection: upgrade\r\n",
+            });
+            put_field(b"upgrade", &head.bytes[upgrade.clone()], out);
+        }
+        (None, true) => out.put_slice(b"connection: te\r\n"),
+        (None, false) => {}
     }
     if head.takes_trailers {
         out.put_slice(b"te: trailers\r\n");
@@ -475,6 +484,47 @@ mod tests {
         let how = delivery(res.framing, req.version);
         response(&res, &req, how, Persistence::Stays, &mut out);
         String::from_utf8_lossy(&out).to_ascii_lowercase()
+    }
+
+    /// The head a backend gets for `request`.
+    fn backend_head(request: &str) -> String {
+        let Ok(super::super::head::Parsed::Complete(req)) =
+            super::super::head::parse_request(request.as_bytes())
+        else {
+            panic!("request parses");
+        };
+        let to = Outbound {
+            client_ip: "127.0.0.1",
+            client_cert: None,
+            checks_client_certs: false,
+            forwarded: Forwarded::Replace,
+            proto: "http",
+            backend_authority: "10.0.0.9:8080",
+            request_id: b"id-1",
+        };
+        let mut out = BytesMut::new();
+        super::request(&req, &to, &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// `TE`, hop-by-hop, goes up listed in `Connection` too (RFC 9110
+    /// §10.1.4), beside an upgrade's `upgrade` when there is one.
+    #[test]
+    fn te_goes_up_named_in_connection() {
+        let plain = backend_head("GET / HTTP/1.1\r\nHost: x\r\nTE: trailers\r\n\r\n");
+        assert!(
+            plain.contains("\r\nconnection: te\r\nte: trailers\r\n"),
+            "{plain}"
+        );
+        let upgrade = backend_head(
+            "GET / HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+        );
+        assert!(
+            upgrade.contains("\r\nconnection: upgrade, te\r\n"),
+            "{upgrade}"
+        );
+        let none = backend_head("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(!none.contains("connection:"), "{none}");
     }
 
     #[test]

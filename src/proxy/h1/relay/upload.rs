@@ -142,9 +142,10 @@ pub(super) fn request_head(
         UpFraming::Length | UpFraming::None => {}
     }
     // A peer that takes trailers says so to the next hop too: trailers
-    // travel both ways (`TE: trailers`, the one TE a proxy passes on).
+    // travel both ways (`TE: trailers`, the one TE a proxy passes on), in
+    // `Connection` too, as a hop-by-hop field is (RFC 9110 §10.1.4).
     if takes_trailers {
-        out.put_slice(b"te: trailers\r\n");
+        out.put_slice(b"connection: te\r\nte: trailers\r\n");
     }
     out.put_slice(b"\r\n");
 }
@@ -470,6 +471,7 @@ mod tests {
                 "host: app:8080",
                 "x-request-id: id-1",
                 "via: 2.0 baton",
+                "connection: te",
                 "te: trailers",
             ]
         );
