@@ -635,7 +635,7 @@ async fn a_name_server_answering_servfail_is_passed_over_for_the_next() {
     assert_eq!(answer.status, 200);
 }
 
-/// A name holding '_' (a Compose service's, `my_app`) is looked up and/// A name holding '_' (a Compose service's, `my_app`) is looked up and
+/// A name holding '_' (a Compose service's, `my_app`) is looked up and
 /// served, as nginx and HAProxy take it: it was refused as no host name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_with_an_underscore_is_looked_up_and_served() {

@@ -195,35 +195,6 @@ async fn interim_responses_reach_an_http_1_1_client_only() {
     assert!(reply.ends_with("done"), "{reply}");
 }
 
-/// A backend's interim responses past 8 for one request are read past, as
-/// an h2 client's are (Java's client takes no more either): the client's
-/// line no longer carried hints without end until `response_timeout`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn interim_responses_past_eight_are_read_past() {
-    let backend = RawBackend::start(|_: &Seen| {
-        let mut bytes =
-            b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n".repeat(12);
-        bytes.extend(ok("done"));
-        (bytes, Then::KeepAlive)
-    })
-    .await;
-    let (_baton, mut s) = baton_and_client(&backend).await;
-    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("write");
-    let mut hints = 0;
-    loop {
-        let head = read_head(&mut s).await;
-        if head.starts_with("http/1.1 103") {
-            hints += 1;
-            continue;
-        }
-        assert!(head.starts_with("http/1.1 200"), "{head}");
-        break;
-    }
-    assert_eq!(hints, 8);
-}
-
 /// A body that ends when the backend closes reaches a 1.1 client chunked,
 /// and the client's connection stays open for its next request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -292,6 +292,38 @@ async fn a_client_certificate_the_crl_lists_is_refused() {
     .await;
 }
 
+/// Two revocation lists of one CA in `client_crl` are refused, naming the
+/// key: webpki reads the first alone, so a newer list appended after an
+/// older one was never read, its revocations silently unapplied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_revocation_lists_of_one_ca_are_refused() {
+    let backend = HttpBackend::start("a").await;
+    let ca = Authority::new();
+    let a = ca.issue("a", &["a.test"]);
+    let older = std::fs::read(ca.revoking("older", &[])).expect("older list");
+    let newer = std::fs::read(ca.revoking("newer", &[42])).expect("newer list");
+    let both = ca.dir.path().join("both.crl");
+    std::fs::write(&both, [older, newer].concat()).expect("write lists");
+    let tls = Issued::listener_tls(
+        &[&a],
+        &format!(
+            ", client_ca = \"{}\", client_crl = \"{}\"",
+            ca.ca_pem().display(),
+            both.display()
+        ),
+    );
+    let spec = Spec::new()
+        .listener("web", "http", "app", &tls)
+        .pool("app", &[backend.addr]);
+    let baton = Baton::spawn(spec, &[]);
+    assert_eq!(support::daemon::wait_exit(baton.first_pid).await, Some(78));
+    let log = baton.log();
+    assert!(
+        log.contains("listeners[0].tls.client_crl") && log.contains("of one issuer"),
+        "{log}"
+    );
+}
+
 /// rustls resumes a ticket with the client identity it recorded and asks
 /// for no certificate on a resumed handshake: a ticket from a listener
 /// that asks for none must not open on one that requires one.

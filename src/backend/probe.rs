@@ -242,22 +242,17 @@ enum RoundCut {
 
 /// Starts the periodic checks, and the sweep of idle backend connections;
 /// they end when `stop` is cancelled. Every checked backend of every pool
-/// takes its first turn at its place in one interval (see `first_wait`),
+/// takes its first turn at its place in its interval (see `first_wait`),
 /// jittered as every later turn is.
 pub fn spawn_all(pools: &[Arc<Pool>], stop: &CancellationToken) {
     tokio::spawn(sweep_idle(pools.to_vec(), stop.clone()));
-    let checked = pools
-        .iter()
-        .filter(|p| p.health.is_some())
-        .map(|p| p.backends().backends.len())
-        .sum();
     let mut place = 0;
     for pool in pools {
         let Some(config) = pool.health.clone() else {
             continue;
         };
         for backend in &pool.backends().backends {
-            let first = jittered(first_wait(config.interval, place, checked));
+            let first = jittered(first_wait(config.interval, place));
             place += 1;
             tokio::spawn(run(
                 Arc::clone(backend),
@@ -278,16 +273,18 @@ pub fn spawn_member(pool: &Pool, backend: &Arc<Backend>, stop: &CancellationToke
     }
 }
 
-/// How long checked backend `i` of `n` (of all pools) waits for its first
-/// periodic check: its share of one interval, as HAProxy spreads all its
+/// How long the checked backend at `place` (counted over all pools) waits
+/// for its first periodic check: a share of its interval that spreads any
+/// number of backends, and any pool's among them, across it (the golden
+/// ratio's multiples, as hashing spreads keys), as HAProxy spreads all its
 /// servers' first checks. The first round checked every backend at once,
 /// and a jitter of ±10 % alone left the next rounds in a burst (200
 /// backends checked every 2 s within 0.4 s, and again after every reload)
 /// for dozens of rounds.
-fn first_wait(interval: Duration, i: usize, n: usize) -> Duration {
-    let share = u32::try_from(i + 1).unwrap_or(u32::MAX);
-    let of = u32::try_from(n.max(1)).unwrap_or(u32::MAX);
-    interval.mul_f64(f64::from(share) / f64::from(of))
+fn first_wait(interval: Duration, place: usize) -> Duration {
+    const GOLDEN: f64 = 0.618_033_988_749_894_9;
+    let share = ((place as f64 + 1.0) * GOLDEN).fract();
+    interval.mul_f64(share.max(0.01))
 }
 
 /// Closes idle backend connections past their limit, so they do not
@@ -362,17 +359,20 @@ fn jittered(interval: Duration) -> Duration {
 mod tests {
     use super::*;
 
-    /// A pool's backends wait their shares of one interval for their first
-    /// periodic checks, evenly, the last a whole interval.
+    /// The first periodic checks of any number of backends are spread
+    /// over one interval: no two of the first 20 within 20 ms of a second,
+    /// and every one within the interval.
     #[test]
     fn first_checks_are_spread_over_one_interval() {
         let second = Duration::from_secs(1);
-        let waits: Vec<Duration> = (0..4).map(|i| first_wait(second, i, 4)).collect();
-        assert_eq!(
-            waits,
-            [250, 500, 750, 1000].map(Duration::from_millis).to_vec()
+        let mut waits: Vec<Duration> = (0..20).map(|p| first_wait(second, p)).collect();
+        assert!(
+            waits.iter().all(|w| !w.is_zero() && *w < second),
+            "{waits:?}"
         );
-        assert_eq!(first_wait(second, 0, 1), second);
+        waits.sort();
+        let closest = waits.windows(2).map(|w| w[1] - w[0]).min();
+        assert!(closest >= Some(Duration::from_millis(20)), "{waits:?}");
     }
 
     async fn status_of(answer: &[u8]) -> Result<u16, String> {

@@ -37,11 +37,12 @@ use crate::exit::Exit;
 /// inherit its environment): none of them keeps.
 pub const ENV_KEPT: &str = "BATON_KEPT";
 
-/// How long the generation the keeper last started must have run before
-/// the keeper starts another in place of a failed one: one that cannot
-/// start (a port taken, a config made invalid since) is not started in a
-/// loop; the keeper exits with its code, for the container's restart
-/// policy.
+/// How long a generation the keeper started again after a failure must
+/// have run for the keeper to start another: one that cannot start (a port
+/// taken, a config made invalid since) is not started in a loop; the
+/// keeper then waits for the drains and exits with the code of the last
+/// one. (A failure this soon after generation 1's own start is looked at
+/// once this is over.)
 const RESTART_AFTER: Duration = Duration::from_secs(5);
 
 /// The signals that stop the generations: after one, nothing is started
@@ -121,6 +122,7 @@ pub fn keep() -> Exit {
         mask: before,
         stopping: false,
         started: Instant::now(),
+        restarted: false,
         looks_left: 0,
         ended: Exit::Clean,
     };
@@ -198,6 +200,8 @@ struct Restarts {
     stopping: bool,
     /// When the keeper last started a generation.
     started: Instant,
+    /// The last one started was started again after a failure.
+    restarted: bool,
     /// Looks still to take at whether one listens (`LOOKS_AFTER_A_FAILURE`).
     looks_left: u32,
     /// The code of the generation whose failure the looks are for.
@@ -214,15 +218,21 @@ impl Restarts {
 
     /// Starts a fresh generation 1 in `group` if older ones drain there
     /// and none listens; else looks again a second later, while looks are
-    /// left. Too soon after its last start, the keeper looks once that is
-    /// over, spending no look.
+    /// left. Too soon after generation 1's start, the keeper looks once
+    /// that is over, spending no look; too soon after a start of its own
+    /// after a failure, it starts nothing more (`RESTART_AFTER`).
     fn look(&mut self, group: Pid) {
         if self.stopping || self.looks_left == 0 || !any_left(group) {
             return;
         }
         let too_soon = RESTART_AFTER.saturating_sub(self.started.elapsed());
         if !too_soon.is_zero() {
-            nix::unistd::alarm::set(whole_seconds(too_soon));
+            if self.restarted {
+                self.looks_left = 0;
+                say("the generation started again failed within 5 s: none is started again; the older ones drain on");
+            } else {
+                nix::unistd::alarm::set(whole_seconds(too_soon));
+            }
             return;
         }
         self.looks_left -= 1;
@@ -234,6 +244,7 @@ impl Restarts {
         }
         self.looks_left = 0;
         self.started = Instant::now();
+        self.restarted = true;
         match generation_1(self.mask, Some(group)) {
             Ok(child) => say(&format!(
                 "a generation ended ({}) and none listens: starting generation 1 afresh (pid {}); the older ones drain on",

@@ -35,12 +35,11 @@ pub struct Delivery {
     interims_sent: AtomicU8,
 }
 
-/// The most interim (1xx) responses passed on for one request (h2 stream
-/// or HTTP/1 exchange); a backend's later ones are read past (Java's HTTP
-/// client takes no more than 8 either). Each is held by an h2 connection
-/// until written, so a backend sending them without end must not fill its
-/// buffer, nor an HTTP/1 client's line with hints until `response_timeout`.
-pub const MAX_INTERIMS: u8 = 8;
+/// The most interim (1xx) responses passed on for one stream; a backend's
+/// later ones are read past (Java's HTTP client takes no more than 8
+/// either). Each is held by the connection until written, so a backend
+/// sending them without end must not fill its buffer.
+const MAX_INTERIMS: u8 = 8;
 
 /// An interim (1xx) response head: its status and fields.
 pub type InterimHead = (u16, HeaderMap);

@@ -130,17 +130,23 @@ impl Asking {
     /// `name`'s `kind` records, asked of the name servers together
     /// (hickory asks two at once and takes the first answer). An answer of
     /// failure (SERVFAIL: a forwarder whose own upstream is down; REFUSED:
-    /// a server that serves other clients) ends hickory's lookup with it,
-    /// the other servers unasked: each server is then asked alone, in
-    /// order, until one gives another answer, as glibc moves on to the next
-    /// server (HAProxy waits for every server's).
+    /// a server that serves other clients; NOTIMP) ends hickory's lookup
+    /// with it, the other servers unasked: each server is then asked alone,
+    /// all at once, and the first other answer taken, as glibc moves on to
+    /// the next server (HAProxy waits for every server's). At once, so the
+    /// second pass costs one `timeout` at most, whatever the servers.
     async fn lookup(&self, name: Name, kind: RecordType) -> Result<Lookup, NetError> {
         let together = self.resolver.lookup(name.clone(), kind).await;
-        if !failed_answer(&together) {
+        if !failed_answer(&together) || self.one_by_one.is_empty() {
             return together;
         }
-        for alone in &self.one_by_one {
-            let answer = alone.lookup(name.clone(), kind).await;
+        let mut alone = tokio::task::JoinSet::new();
+        for server in &self.one_by_one {
+            let (server, name) = (server.clone(), name.clone());
+            alone.spawn(async move { server.lookup(name, kind).await });
+        }
+        while let Some(joined) = alone.join_next().await {
+            let Ok(answer) = joined else { continue };
             let answered = match &answer {
                 Ok(_) => true,
                 Err(err) => matches!(err, NetError::Dns(DnsError::NoRecordsFound(_))),
@@ -153,13 +159,13 @@ impl Asking {
     }
 }
 
-/// Whether a lookup ended at a server's answer of failure (SERVFAIL or
-/// REFUSED), which another server may not give.
+/// Whether a lookup ended at a server's answer of failure (SERVFAIL,
+/// REFUSED, NOTIMP), which another server may not give.
 fn failed_answer(answer: &Result<Lookup, NetError>) -> bool {
     matches!(
         answer,
         Err(NetError::Dns(DnsError::ResponseCode(
-            ResponseCode::ServFail | ResponseCode::Refused
+            ResponseCode::ServFail | ResponseCode::Refused | ResponseCode::NotImp
         )))
     )
 }
@@ -260,9 +266,10 @@ impl Resolver {
     /// A server that answers nothing fails once the first form and the
     /// name as written timed out.
     pub fn answer_within(&self, query: &DnsQuery) -> Duration {
+        let asking = self.asking().ok();
         let forms = |name: &str| {
-            self.asking()
-                .ok()
+            asking
+                .as_ref()
                 .and_then(|a| a.search.forms(name).ok())
                 .map_or(1, |forms| forms.names.len())
         };
@@ -270,7 +277,13 @@ impl Resolver {
             DnsQuery::Host { host, .. } => 2 * forms(host),
             DnsQuery::Srv(name) => forms(name) + 2,
         };
-        self.timeout * u32::try_from(queries_in_turn).unwrap_or(u32::MAX)
+        // A query may be asked twice: of the servers together, then of each
+        // alone (see `Asking::lookup`).
+        let passes = match asking.is_some_and(|a| !a.one_by_one.is_empty()) {
+            true => 2,
+            false => 1,
+        };
+        self.timeout * u32::try_from(queries_in_turn * passes).unwrap_or(u32::MAX)
     }
 
     /// Every address `named` stands for now.

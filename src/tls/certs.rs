@@ -167,6 +167,14 @@ pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static
     }
 }
 
+/// A revocation list's issuer (its DER name) and next update (seconds
+/// since the epoch), if it parses as one.
+pub fn crl_facts(der: &[u8]) -> Option<(Vec<u8>, Option<i64>)> {
+    let (_, crl) = x509_parser::parse_x509_crl(der).ok()?;
+    let next = crl.next_update().map(|t| t.timestamp());
+    Some((crl.issuer().as_raw().to_vec(), next))
+}
+
 /// The trust anchors of the system's bundle, which others write to (a
 /// local CA added with update-ca-certificates): a certificate webpki
 /// cannot take as a root is passed over, each returned as a warning, as

@@ -247,7 +247,8 @@ impl Validator {
         let crls = self.client_crls(key, raw.client_crl.as_deref())?;
         let ca = ClientCa { roots, auth, crls };
         if let Err(why) = crate::tls::crls_taken(&ca) {
-            self.problem(&format!("{key}.client_crl"), why);
+            let written = raw.client_crl.as_deref().unwrap_or_default();
+            self.problem(&format!("{key}.client_crl"), format!("{written}: {why}"));
             return None;
         }
         Some(ca)
@@ -263,11 +264,48 @@ impl Validator {
             return Some(Vec::new());
         };
         let crl_key = format!("{key}.client_crl");
-        match certs::load_crls(&self.read_path(&crl_key, written)) {
-            Ok(crls) => Some(crls),
+        let path = self.read_path(&crl_key, written);
+        match certs::load_crls(&path) {
+            Ok(crls) => {
+                self.crls_checked(&crl_key, &path, &crls);
+                Some(crls)
+            }
             Err(p) => {
                 self.problem(&crl_key, p);
                 None
+            }
+        }
+    }
+
+    /// Two lists of one issuer are refused (webpki reads the first alone:
+    /// a newer list appended after an older one would never be read); a
+    /// list past its next update is a warning (nginx and HAProxy, through
+    /// OpenSSL, refuse it; rustls uses it: the job that refreshes it may
+    /// have stopped).
+    fn crls_checked(
+        &mut self,
+        key: &str,
+        path: &std::path::Path,
+        crls: &[rustls_pki_types::CertificateRevocationListDer<'static>],
+    ) {
+        let now = crate::tls::unix_seconds(std::time::SystemTime::now());
+        let mut issuers: Vec<Vec<u8>> = Vec::new();
+        for (index, crl) in crls.iter().enumerate() {
+            let Some((issuer, next_update)) = certs::crl_facts(crl) else {
+                continue;
+            };
+            if let Some(first) = issuers.iter().position(|i| *i == issuer) {
+                self.problem(
+                    key,
+                    format!("{} holds lists {} and {} of one issuer; webpki reads the first alone, so keep one list a CA", path.display(), first + 1, index + 1),
+                );
+            }
+            issuers.push(issuer);
+            if let Some(at) = next_update.filter(|at| *at < now) {
+                self.warning(
+                    key,
+                    format!("{}: list {}'s next update was {}: the job that refreshes it may have stopped (it is used all the same)", path.display(), index + 1, crate::tls::format_time(at)),
+                );
             }
         }
     }

@@ -21,7 +21,6 @@ use crate::backend::idle::Check;
 use crate::backend::Backend;
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::LongLivedKind;
-use crate::proxy::delivery::MAX_INTERIMS;
 use crate::proxy::longlived::{EventTail, LINGER};
 use crate::proxy::pace::MinPace;
 
@@ -330,13 +329,11 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut first = true;
-    let mut interims: u8 = 0;
     let head = loop {
         let head = read_head(backend, backend_buf, &down.request.method, first).await?;
         first = false;
         if (100..200).contains(&head.status) && head.status != 101 {
-            interims = interims.saturating_add(1);
-            if down.request.version == Version::Http11 && interims <= MAX_INTERIMS {
+            if down.request.version == Version::Http11 {
                 let mut out = BytesMut::new();
                 rewrite::interim(&head, &mut out);
                 down.progress

@@ -58,9 +58,11 @@ pub(super) fn request_framing(parts: &Parts, body: &ProxyBody) -> UpFraming {
 /// as an HTTP/1 client's do in `rewrite::request`, and baton adds the same
 /// ones (`rewrite::put_own_fields`), all written straight from the
 /// request's parts (rewriting its `HeaderMap` first hashed each name inserted,
-/// removed or looked for: a twentieth of an h2 request's instructions). No field is named by a `Connection`
-/// token: h2 carries no connection-specific field (`h2::request` refuses a
-/// request with one, and `TE` other than `trailers`; RFC 9113 §8.2.2).
+/// removed or looked for: a twentieth of an h2 request's instructions). No
+/// client field is named by a `Connection` token: h2 carries no
+/// connection-specific field (`h2::request` refuses a request with one, and
+/// `TE` other than `trailers`; RFC 9113 §8.2.2); baton's own `TE` goes up
+/// named in `connection: te`.
 ///
 /// h2 may split `Cookie` into many fields: HTTP/1 gets them joined in one
 /// line (RFC 9113 §8.2.3). `Host` is the request's `:authority` where it
