@@ -370,6 +370,33 @@ async fn an_ipv4_client_of_a_dual_stack_socket_is_forwarded_as_ipv4() {
     assert!(seen.contains("x-forwarded-for: 127.0.0.1\n"), "{seen}");
 }
 
+/// baton's own answers carry a `Date` (RFC 9110 §6.6.1: a server with a
+/// clock MUST send one in its 4xx), on HTTP/1 and h2, as nginx's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baton_s_own_answers_carry_a_date() {
+    let (dead, _held) = support::daemon::dead_addr();
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[dead])).await;
+    let web = baton.addr("web");
+    let refused = raw(web, b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n").await;
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    let date = refused
+        .lines()
+        .find_map(|l| l.strip_prefix("date: "))
+        .unwrap_or_else(|| panic!("no date: {refused}"));
+    assert!(httpdate::parse_http_date(date).is_ok(), "{date}");
+    let mut h2 = client::h2::<Empty<Bytes>>(web).await;
+    let req = hyper::Request::get(format!("http://{web}/"))
+        .body(Empty::new())
+        .expect("request");
+    let answer = h2.send_request(req).await.expect("h2 answer");
+    assert_eq!(answer.status(), 502);
+    let date = answer.headers().get("date").and_then(|d| d.to_str().ok());
+    assert!(
+        date.is_some_and(|d| httpdate::parse_http_date(d).is_ok()),
+        "{date:?}"
+    );
+}
+
 /// With underscore spellings of the fields baton writes, which a
 /// CGI-style backend reads as those fields.
 const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nX_Forwarded_Proto: gopher\r\nX_Request_Id: forged\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nX-Forwarded-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Forwarded_Client_Cert: Hash=01\r\nX-Forwarded-Ssl: on\r\nX-Forwarded-Protocol: ssl\r\nX-Forwarded-Scheme: https\r\nX-Forwarded-Prefix: /admin\r\nFront-End-Https: on\r\nTrue-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nX-Cluster-Client-IP: 6.6.6.6\r\nX-Client-IP: 6.6.6.6\r\nClient-IP: 6.6.6.6\r\nFastly-Client-IP: 6.6.6.6\r\nConnection: close\r\n\r\n";

@@ -374,6 +374,7 @@ pub fn own_answer(
     let reason = status.canonical_reason().unwrap_or("Error");
     put_status_line(status.as_u16(), reason.as_bytes(), out);
     out.put_slice(b"content-type: text/plain; charset=utf-8\r\n");
+    put_date(out);
     out.put_slice(via(request.map_or(Version::Http11, |r| r.version)));
     put_length(body.len() as u64, out);
     if closes {
@@ -390,6 +391,14 @@ pub fn own_answer(
         out.put_slice(body.as_bytes());
     }
     head
+}
+
+/// `Date`, now: a server with a clock sends one in its answers (RFC 9110
+/// §6.6.1, a MUST for 4xx), as nginx's own answers do.
+fn put_date(out: &mut BytesMut) {
+    out.put_slice(b"date: ");
+    out.put_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
+    out.put_slice(b"\r\n");
 }
 
 fn put_status_line(status: u16, reason: &[u8], out: &mut BytesMut) {
