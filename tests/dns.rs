@@ -618,7 +618,9 @@ async fn a_name_server_answering_servfail_is_passed_over_for_the_next() {
     let failing = DnsServer::start().await;
     failing.set_mode(Mode::ServFail);
     let answering = DnsServer::start().await;
-    answering.set_delay(Duration::from_millis(50));
+    // Slower than the failure by far, so hickory's two-at-once ends at
+    // the SERVFAIL (else the test would pass without the fallback).
+    answering.set_delay(Duration::from_millis(300));
     let backend = HttpBackend::start("a").await;
     answering.set_a(HOST, &[Ipv4Addr::LOCALHOST]);
     let spec = Spec::new()

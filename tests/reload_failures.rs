@@ -302,6 +302,12 @@ async fn a_new_generation_that_cannot_take_the_offer_says_why() {
 /// The PID namespace a test makes its own (root only).
 const PID_NAMESPACE: [&str; 5] = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"];
 
+/// Whether this test may make a PID namespace (root); else it is skipped.
+fn pid_namespace_or_skipped() -> bool {
+    let probe = [&PID_NAMESPACE[..], &["true"]].concat();
+    support::possible_or_skipped(&probe, "root, for a PID namespace")
+}
+
 /// A shell named `tini` in `dir`, as PID 1 of a PID namespace, that runs
 /// its command as its one child and exits when it does (as tini,
 /// dumb-init and catatonit do).
@@ -359,8 +365,7 @@ async fn held_across_a_reload(
 /// from the terminal and again from the keeper, and a second stop signal
 /// forces the drain.)
 async fn a_reload_is_kept_under(wrapper: &[&str], keeper: fn(u32) -> Option<u32>) {
-    let probe = [&PID_NAMESPACE[..], &["true"]].concat();
-    if !support::possible_or_skipped(&probe, "root, for a PID namespace") {
+    if !pid_namespace_or_skipped() {
         return;
     }
     let backend = HttpBackend::start("a").await;
@@ -429,8 +434,7 @@ async fn as_pid_1_baton_keeps_its_generations_across_a_reload() {
 /// the drain ended (30 s here), and then the keeper exited with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_the_keeper_a_serving_generation_killed_is_started_afresh() {
-    let probe = [&PID_NAMESPACE[..], &["true"]].concat();
-    if !support::possible_or_skipped(&probe, "root, for a PID namespace") {
+    if !pid_namespace_or_skipped() {
         return;
     }
     let backend = HttpBackend::start("a").await;
@@ -502,8 +506,7 @@ async fn under_a_tini_baton_keeps_its_generations_across_a_reload() {
 /// that exits with baton, fails at once, saying why, and baton serves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_keeper_a_reload_that_would_end_the_namespace_is_refused() {
-    let probe = [&PID_NAMESPACE[..], &["true"]].concat();
-    if !support::possible_or_skipped(&probe, "root, for a PID namespace") {
+    if !pid_namespace_or_skipped() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");

@@ -251,6 +251,22 @@ async fn a_verified_client_certificate_reaches_the_backend_and_a_forged_one_neve
     }
 }
 
+/// A listener serving `a` that asks for certificates of `ca`, looked up in
+/// the revocation lists at `crl`, in front of `backend`.
+fn checking_crl(ca: &Authority, a: &Issued, crl: &std::path::Path, backend: &HttpBackend) -> Spec {
+    let tls = Issued::listener_tls(
+        &[a],
+        &format!(
+            ", client_ca = \"{}\", client_crl = \"{}\"",
+            ca.ca_pem().display(),
+            crl.display()
+        ),
+    );
+    Spec::new()
+        .listener("web", "http", "app", &tls)
+        .pool("app", &[backend.addr])
+}
+
 /// A client certificate the listener's `client_crl` lists is refused at
 /// the handshake (nginx's `ssl_crl`, HAProxy's `crl-file`); another of the
 /// same CA is served. Without it, a leaked certificate could be shut out
@@ -263,18 +279,7 @@ async fn a_client_certificate_the_crl_lists_is_refused() {
     let kept = ca.issue_numbered("kept", &["kept.test"], 41);
     let revoked = ca.issue_numbered("revoked", &["revoked.test"], 42);
     let crl = ca.revoking("ca", &[42]);
-    let tls = Issued::listener_tls(
-        &[&a],
-        &format!(
-            ", client_ca = \"{}\", client_crl = \"{}\"",
-            ca.ca_pem().display(),
-            crl.display()
-        ),
-    );
-    let spec = Spec::new()
-        .listener("web", "http", "app", &tls)
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let baton = Baton::start(checking_crl(&ca, &a, &crl, &backend)).await;
     let web = baton.addr("web");
     assert_eq!(
         one_request(&ca.client_as(&[], Some(&kept)), web).await,
@@ -304,18 +309,7 @@ async fn two_revocation_lists_of_one_ca_are_refused() {
     let newer = std::fs::read(ca.revoking("newer", &[42])).expect("newer list");
     let both = ca.dir.path().join("both.crl");
     std::fs::write(&both, [older, newer].concat()).expect("write lists");
-    let tls = Issued::listener_tls(
-        &[&a],
-        &format!(
-            ", client_ca = \"{}\", client_crl = \"{}\"",
-            ca.ca_pem().display(),
-            both.display()
-        ),
-    );
-    let spec = Spec::new()
-        .listener("web", "http", "app", &tls)
-        .pool("app", &[backend.addr]);
-    let baton = Baton::spawn(spec, &[]);
+    let baton = Baton::spawn(checking_crl(&ca, &a, &both, &backend), &[]);
     assert_eq!(support::daemon::wait_exit(baton.first_pid).await, Some(78));
     let log = baton.log();
     assert!(

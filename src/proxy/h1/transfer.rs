@@ -486,6 +486,17 @@ async fn read_head<R: AsyncRead + Unpin>(
     }
 }
 
+/// Resolves at `at`, or never. A `select!` arm's future is made at every
+/// turn of its loop, enabled or not: made so, it costs nothing until
+/// polled, where a `sleep_until` read the clock and took the timer's
+/// handle at every body read of every response.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// An event stream's place: its last bytes (`EventTail`), and whether the
 /// drain asked it to end.
 struct Sse {
@@ -581,7 +592,7 @@ impl ResponseBody {
                     linger = Some(Instant::now() + LINGER);
                     continue;
                 }
-                () = tokio::time::sleep_until(linger.unwrap_or_else(Instant::now)), if linger.is_some() => {
+                () = until(linger), if linger.is_some() => {
                     self.end_for_drain(client, down).await;
                     return Ok(false);
                 }
