@@ -665,9 +665,40 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
         );
         assert!(refused.body.contains("\"error\""), "{id}: {}", refused.body);
     }
-    let drained = client::call(admin, "POST", "/backends/0/drain", Some("s3cret"))
+    // What a web page's form or script posts carries the browser's fields:
+    // refused, token or not (a page on this host, or one that rebinds its
+    // DNS name to it, reaches the loopback admin).
+    for browser in [
+        ("origin", "http://evil.example"),
+        ("origin", "null"),
+        ("sec-fetch-site", "cross-site"),
+    ] {
+        let refused = client::call_with(
+            admin,
+            "POST",
+            "/backends/0/drain",
+            Some("s3cret"),
+            &[browser],
+        )
         .await
         .expect("call");
+        assert_eq!(refused.status, 403, "{browser:?}: {}", refused.body);
+        assert!(refused.body.contains("web page"), "{}", refused.body);
+    }
+    assert_eq!(
+        backend_state(admin, "app-0").await,
+        "up",
+        "a page drains nothing"
+    );
+    let drained = client::call_with(
+        admin,
+        "POST",
+        "/backends/0/drain",
+        Some("s3cret"),
+        &[("sec-fetch-site", "none")],
+    )
+    .await
+    .expect("call");
     assert_eq!(drained.status, 200, "{}", drained.body);
     assert!(drained
         .headers

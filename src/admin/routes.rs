@@ -320,6 +320,12 @@ fn backend_action<B>(state: &AdminShared, req: &Request<B>, rest: &str) -> Reply
     if req.method() != Method::POST {
         return not_allowed("POST");
     }
+    if let Some(origin) = from_a_web_page(req) {
+        return error(
+            StatusCode::FORBIDDEN,
+            format!("refused: sent by a web page ({origin}); call the admin API from a program (curl, baton backend), not a browser"),
+        );
+    }
     if let Some(token) = &state.config.token {
         if !authorized(req, token) {
             let mut refused = error(
@@ -485,6 +491,27 @@ fn find_backends(topology: &Topology, id: &str) -> Result<Found, (StatusCode, St
 /// Compares the bearer token in constant time (no early exit on the first
 /// differing byte), so timing does not reveal a prefix. The scheme's name
 /// is case-insensitive (RFC 9110 §11.1: `bearer x` is `Bearer x`).
+/// Where a web page sent a request from, if a browser sent it: a browser
+/// adds `Origin` to every POST (and `Sec-Fetch-Site` other than `none`
+/// to anything a page, not the user, asked for), and any page it shows can
+/// post a bodiless form to a loopback address or, by DNS rebinding, to any
+/// address it reaches: without this a page could drain every backend of an
+/// admin without a token. No program the API is for (curl, `baton backend`,
+/// an orchestrator) sends either.
+fn from_a_web_page<B>(req: &Request<B>) -> Option<String> {
+    let said = |name: &str| {
+        req.headers()
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    if let Some(origin) = said("origin") {
+        return Some(format!("Origin: {origin}"));
+    }
+    said("sec-fetch-site")
+        .filter(|site| !site.eq_ignore_ascii_case("none"))
+        .map(|site| format!("Sec-Fetch-Site: {site}"))
+}
+
 fn authorized<B>(req: &Request<B>, token: &str) -> bool {
     let Some(given) = req
         .headers()

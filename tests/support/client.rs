@@ -198,6 +198,17 @@ pub async fn call(
     path: &str,
     token: Option<&str>,
 ) -> Result<Answer, String> {
+    call_with(addr, method, path, token, &[]).await
+}
+
+/// [`call`] with more header fields (what a browser adds, say).
+pub async fn call_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    fields: &[(&str, &str)],
+) -> Result<Answer, String> {
     let mut sender = connect(addr).await?;
     let mut req = Request::builder()
         .method(method)
@@ -205,6 +216,9 @@ pub async fn call(
         .header("host", addr.to_string());
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
+    }
+    for (name, value) in fields {
+        req = req.header(*name, *value);
     }
     exchange(&mut sender, req).await
 }
