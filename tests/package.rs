@@ -151,6 +151,13 @@ fn lintian_is_clean(deb: &Path) {
         .expect("run lintian");
     let said = text(&out);
     println!("lintian:\n{said}");
+    // 0: no error, 1: errors (which the lines below name); 2 is lintian
+    // itself failing, which prints no tag and would pass for clean.
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "lintian ran: {:?}\n{said}",
+        out.status
+    );
     for line in said
         .lines()
         .filter(|l| l.starts_with("E:") || l.starts_with("W:"))
@@ -221,7 +228,7 @@ fn shipped_config_on(
     let out = sbx.exec(&["cat", "/etc/baton/baton.toml"]);
     let shipped = String::from_utf8_lossy(&out.stdout).into_owned();
     [
-        ("0.0.0.0:8080", web),
+        ("127.0.0.1:8080", web),
         ("127.0.0.1:9901", admin),
         ("127.0.0.1:8081", backend),
     ]
@@ -323,14 +330,26 @@ async fn an_upgrade_during_a_start_reloads_once_started(
 }
 
 /// A reload that fails during the package step (a config the new binary
-/// refuses): the apt run succeeds and says so, the old generation serves on.
+/// refuses): the apt run fails and says why, the old generation serves on,
+/// and once the config is mended dpkg's next configure reloads.
 async fn a_failed_reload_keeps_serving(sbx: &Sandbox, config: &str, web: SocketAddr) {
     let main = sbx.show("baton", "MainPID");
     sbx.write(
         "/etc/baton/baton.toml",
         &config.replace("[admin]", "[admin]\nbogus_key = 1"),
     );
-    let said = apt_ok(sbx, &["install", "--reinstall", "/root/baton_B.deb"]);
+    let out = apt(sbx, &["install", "--reinstall", "/root/baton_B.deb"])
+        .output()
+        .expect("run apt-get");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success(),
+        "apt says the upgrade did not take: {said}"
+    );
     assert!(said.contains(RELOAD_FAILED), "{said}");
     // The config refused is one a restart or a reboot would fail on too.
     assert!(
@@ -345,6 +364,13 @@ async fn a_failed_reload_keeps_serving(sbx: &Sandbox, config: &str, web: SocketA
         .expect("served");
     assert_eq!(answer.status, 200);
     sbx.write("/etc/baton/baton.toml", config);
+    // Mended, the package's configuring is taken up again: it reloads.
+    sbx.succeeded(
+        "dpkg --configure -a",
+        sbx.exec(&["dpkg", "--configure", "-a"]),
+    );
+    assert_ne!(sbx.show("baton", "MainPID"), main, "reloaded at last");
+    assert_eq!(sbx.show("baton", "ActiveState"), "active");
 }
 
 /// A remove that fails after its prerm stopped baton (dpkg then runs
