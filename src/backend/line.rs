@@ -75,10 +75,16 @@ impl Line {
         self.occupied.load(Ordering::SeqCst)
     }
 
-    /// Says whether anyone waits, after a change of `waiters` (under the lock).
+    /// Says whether anyone waits, after a change of `waiters` (under the
+    /// lock, so writers are one at a time). Stored only when it changed:
+    /// every lease's end comes here, and a store each time would take the
+    /// flag's cache line from every worker's `Pool::pick`, which reads it
+    /// on every request.
     fn note(&self, waiters: &Waiters) {
-        self.occupied
-            .store(!waiters.queue.is_empty(), Ordering::SeqCst);
+        let occupied = !waiters.queue.is_empty();
+        if self.occupied.load(Ordering::SeqCst) != occupied {
+            self.occupied.store(occupied, Ordering::SeqCst);
+        }
     }
 
     /// Takes a place now through `pick`, among backends no waiter may use,

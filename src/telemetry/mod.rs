@@ -88,7 +88,10 @@ impl FaultLines {
     }
 
     fn admit(&self) -> bool {
-        let (admitted, ended) = self.budget().admit(std::time::Instant::now());
+        // Read before the lock: held for as little as may be, as every
+        // worker comes here at a flood's rate.
+        let now = std::time::Instant::now();
+        let (admitted, ended) = self.budget().admit(now);
         if let Some(count) = ended {
             self.report(count);
         }
