@@ -450,9 +450,13 @@ fn install_socket_unit(sbx: &Sandbox, at: SocketAddr, name: &str) {
     let shipped =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.socket"))
             .expect("shipped socket unit");
-    assert!(shipped.contains("FileDescriptorName=web\n"), "{shipped}");
+    assert!(
+        shipped.contains("FileDescriptorName=web\n")
+            && shipped.contains("ListenStream=127.0.0.1:8080\n"),
+        "{shipped}"
+    );
     let socket = shipped
-        .replace("ListenStream=0.0.0.0:8080", &format!("ListenStream={at}"))
+        .replace("ListenStream=127.0.0.1:8080", &format!("ListenStream={at}"))
         .replace(
             "FileDescriptorName=web\n",
             &format!("FileDescriptorName={name}\n"),
