@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::departure::{Departure, StopBudget};
 use super::handoff::{
-    BackendCarry, Channel, HandoffError, Message, Report, ResolvedCarry, SocketEntry, ENV_FD,
+    self, BackendCarry, Channel, HandoffError, Message, Report, ResolvedCarry, SocketEntry, ENV_FD,
 };
 use super::inventory::Inventory;
 use super::process::{self, Process};
@@ -228,6 +228,9 @@ pub async fn hand_over(
         .env_remove("WATCHDOG_PID")
         .env(ENV_FD, theirs.as_raw_fd().to_string())
         .stdin(Stdio::null());
+    // Before `spawn_detached`'s own step: its grandchild, the new
+    // generation, inherits the flag as the middle process leaves it.
+    handoff::inherited_by(&mut command, &theirs);
     let child = process::spawn_detached(command)
         .await
         .map_err(|source| HandoverError::Spawn {

@@ -361,6 +361,24 @@ pub struct Channel {
     inbox: Mutex<Inbox>,
 }
 
+/// Has `command`'s process inherit `fd` (a pair's child end): its
+/// close-on-exec flag cleared in the child, between fork and exec.
+pub fn inherited_by(command: &mut std::process::Command, fd: &OwnedFd) {
+    use std::os::unix::process::CommandExt;
+    let raw = fd.as_raw_fd();
+    // SAFETY: runs in the forked child before exec, where only
+    // async-signal-safe calls are allowed: fcntl is one. `fd` is open
+    // there: the caller holds it until the spawn has returned.
+    unsafe {
+        command.pre_exec(move || {
+            if nix::libc::fcntl(raw, nix::libc::F_SETFD, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// What has arrived of the message being received.
 #[derive(Default)]
 struct Inbox {
@@ -369,14 +387,16 @@ struct Inbox {
 }
 
 impl Channel {
-    /// Creates the pair: our end, and the end the child inherits (its
-    /// CLOEXEC flag cleared; the caller drops it right after spawning).
+    /// Creates the pair: our end, and the end the child inherits. Both are
+    /// close-on-exec: the child's end has the flag cleared in the child
+    /// alone, before its exec ([`inherited_by`]), so that nothing else this
+    /// process spawns meanwhile (`busctl` at a stop beginning) inherits it
+    /// and holds the channel open past the child's death. The caller drops
+    /// the child's end right after spawning.
     pub fn pair() -> Result<(Channel, OwnedFd), HandoffError> {
         let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
         let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, flags)?;
-        let theirs_sock = socket2::Socket::from(theirs);
-        theirs_sock.set_cloexec(false)?;
-        Ok((Self::new(ours)?, theirs_sock.into()))
+        Ok((Self::new(ours)?, theirs))
     }
 
     /// Both ends of a pair, for tests elsewhere in the crate.
@@ -635,6 +655,25 @@ pub fn decode(bytes: &[u8]) -> Result<Message, HandoffError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pair's child end reaches the process it is given to, and no
+    /// other this process spawns meanwhile.
+    #[tokio::test]
+    async fn only_the_process_given_a_pairs_end_inherits_it() {
+        let (_ours, theirs) = Channel::pair().expect("pair");
+        let probe = || {
+            let mut sh = std::process::Command::new("sh");
+            sh.arg("-c")
+                .arg(format!("test -e /proc/self/fd/{}", theirs.as_raw_fd()));
+            sh
+        };
+        let inherits =
+            |mut command: std::process::Command| command.status().expect("run sh").success();
+        assert!(!inherits(probe()), "another spawn does not inherit it");
+        let mut given = probe();
+        inherited_by(&mut given, &theirs);
+        assert!(inherits(given), "the process it is given to does");
+    }
 
     #[tokio::test]
     async fn messages_and_fds_cross_the_pair() {
