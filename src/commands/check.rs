@@ -145,7 +145,10 @@ pub fn check(args: CheckArgs) -> Exit {
         );
     }
     say!("TimeoutStopSec={}", seconds_up(c.timeout_stop()));
-    super::unit::warn_about_the_unit(args.unit.as_deref(), &c);
+    if super::unit::warn_about_the_unit(args.unit.as_deref(), &c) {
+        eprintln!("baton: the service would refuse this config (exit 78): its user cannot read what it names");
+        return Exit::Config;
+    }
     Exit::Clean
 }
 

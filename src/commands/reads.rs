@@ -7,7 +7,9 @@
 //! count as they will for the service. Anything it cannot ask or judge
 //! (not root, no `setpriv`, a user not known yet, `DynamicUser=`, a
 //! specifier, a capability that reads past permissions) silences it: a
-//! false warning is worse than none.
+//! false verdict is worse than none. What it says is sure, so it is an
+//! error: the service would exit 78 on that config, and a restart leave
+//! it down (`RestartPreventExitStatus=78`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -18,13 +20,15 @@ use super::sandbox::is_yes;
 use super::unit::assignments;
 use crate::config::Config;
 
-pub fn warn_about_reads(files: &[(PathBuf, String)], c: &Config, unit: &Path) {
+/// Says each file the service's user may not read; whether there was one.
+pub fn refuse_unreadable(files: &[(PathBuf, String)], c: &Config, unit: &Path) -> bool {
     if !nix::unistd::geteuid().is_root() {
-        return;
+        return false;
     }
     let Some(service) = Service::of(files) else {
-        return;
+        return false;
     };
+    let mut unreadable = false;
     let mut asked: Vec<(&str, PathBuf)> = vec![("the config", c.source.clone())];
     asked.extend(
         c.files_read
@@ -40,17 +44,21 @@ pub fn warn_about_reads(files: &[(PathBuf, String)], c: &Config, unit: &Path) {
         }
         match service.may_read(&path) {
             Some(true) => {}
-            Some(false) => eprintln!(
-                "baton: warning: {key} {} cannot be read by User={} of {}: the service reads it at each start and reload, as that user (give it the file, e.g. `chown {}` and `chmod 400`, and search access to the folders above it)",
-                path.display(),
-                service.name,
-                unit.display(),
-                service.name,
-            ),
+            Some(false) => {
+                unreadable = true;
+                eprintln!(
+                    "baton: error: {key} {} cannot be read by User={} of {}: the service reads it at each start and reload, as that user (give it the file, e.g. `chown {}` and `chmod 400`, and search access to the folders above it)",
+                    path.display(),
+                    service.name,
+                    unit.display(),
+                    service.name,
+                );
+            }
             // setpriv is missing or refused: nothing more can be asked.
-            None => return,
+            None => return unreadable,
         }
     }
+    unreadable
 }
 
 /// The user, group and supplementary groups the unit runs the service as.

@@ -30,9 +30,9 @@ const UNIT_DIRS: &[&str] = &[
 /// `baton reload` before the reload it waits for is over, so that systemd
 /// calls failed a reload that may well succeed; when its fd store is too
 /// small; when its sandbox keeps baton from a file it writes (see
-/// `sandbox`), or its user from a file it reads (see `reads`). `explicit`
-/// is `--unit`.
-pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
+/// `sandbox`); and refuses a file its user may not read (see `reads`):
+/// true then. `explicit` is `--unit`.
+pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) -> bool {
     let files: Vec<(PathBuf, String)> = unit_files(explicit)
         .into_iter()
         .filter_map(|path| match std::fs::read_to_string(&path) {
@@ -69,10 +69,11 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) {
     if !files.is_empty() {
         warn_about_fd_limit(last_setting(&files, &["LimitNOFILE"]), c.max_connections());
     }
-    if let Some((unit, _)) = files.first() {
-        super::sandbox::warn_about_writes(&files, c, unit);
-        super::reads::warn_about_reads(&files, c, unit);
-    }
+    let Some((unit, _)) = files.first() else {
+        return false;
+    };
+    super::sandbox::warn_about_writes(&files, c, unit);
+    super::reads::refuse_unreadable(&files, c, unit)
 }
 
 /// A unit file's lines as systemd reads them: comments (`#` or `;` first)
