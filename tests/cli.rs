@@ -426,6 +426,43 @@ fn a_reload_the_control_socket_refuses_says_who_may() {
     }
 }
 
+/// `baton status` by a user a Unix admin socket's mode refuses says who
+/// may, not that the daemon may be down (a monitoring user read that as
+/// an outage); exit 69 still, as `reload` refused by its socket.
+#[test]
+fn a_status_the_admin_socket_refuses_says_who_may() {
+    use std::os::unix::fs::PermissionsExt;
+    if !skip::root_or_skipped() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = dir.path().join("admin.sock");
+    let _listening = std::os::unix::net::UnixListener::bind(&admin).expect("bind");
+    let config = config_with(
+        dir.path(),
+        &format!("unix:{}", admin.display()),
+        &dir.path().join("control.sock"),
+    );
+    for (path, mode) in [
+        (dir.path(), 0o755),
+        (config.as_path(), 0o644),
+        (admin.as_path(), 0o600),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let out = run_as_nobody(
+        dir.path(),
+        &["status".as_ref(), "-c".as_ref(), config.as_ref()],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.contains("only root and the daemon's own user may connect")
+            && !stderr.contains("is baton running"),
+        "{stderr}"
+    );
+}
+
 /// A config this user may not read is said to be so, with who was
 /// refused: it is no invalid config (exit 78 still, as DESIGN has it).
 #[test]

@@ -813,8 +813,21 @@ async fn status_and_metrics_show_each_address_under_the_name() {
         .await
         .expect("unknown member");
     assert_eq!(gone.status, 404, "{}", gone.body);
-    // The name reaches every member.
-    client::drain(baton.admin, "app").await;
+    // The name reaches every member, and `baton backend` says each (it
+    // printed the first alone).
+    let out = std::process::Command::new(support::daemon::BIN)
+        .args(["backend", "drain", "app", "-c"])
+        .arg(&baton.config)
+        .output()
+        .expect("run baton backend");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{out:?}");
+    for member in [&a, &b] {
+        assert!(
+            said.contains(&format!("backend app@{member} (")),
+            "{member} in {said}"
+        );
+    }
     wait_members(baton.admin, &[(a.clone(), "out"), (b.clone(), "out")]).await;
     // And stays so across a reload, for the name as for its members.
     baton.reload_ok().await;

@@ -16,6 +16,9 @@ use crate::config::AdminListen;
 pub enum AdminCallError {
     #[error("cannot reach the admin endpoint {at}: {cause}")]
     Unreachable { at: String, cause: String },
+    /// Its socket's mode keeps this user out: the daemon may well run.
+    #[error("the admin socket {at} refuses this user: only root and the daemon's own user may connect (or give the admin a TCP listen)")]
+    NotOurs { at: String },
     #[error("admin endpoint {at}: {cause}")]
     Failed { at: String, cause: String },
 }
@@ -28,9 +31,12 @@ pub async fn call(
     path: &str,
     token: Option<&str>,
 ) -> Result<(u16, String), AdminCallError> {
-    let unreachable = |cause: String| AdminCallError::Unreachable {
-        at: at.to_string(),
-        cause,
+    let unreachable = |cause: std::io::Error| match cause.kind() {
+        std::io::ErrorKind::PermissionDenied => AdminCallError::NotOurs { at: at.to_string() },
+        _ => AdminCallError::Unreachable {
+            at: at.to_string(),
+            cause: cause.to_string(),
+        },
     };
     let asked = Asked {
         method,
@@ -58,11 +64,10 @@ pub async fn call(
 /// The stream `connect` makes, within 5 s, or why not.
 async fn connected<S>(
     connect: impl std::future::Future<Output = std::io::Result<S>>,
-) -> Result<S, String> {
+) -> std::io::Result<S> {
     tokio::time::timeout(Duration::from_secs(5), connect)
         .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| e.to_string())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))?
 }
 
 /// One request to the admin API.

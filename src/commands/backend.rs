@@ -44,19 +44,37 @@ pub fn backend(args: &BackendArgs) -> Exit {
     };
     let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     if code == 200 {
-        let b = &v["backend"];
-        say!(
-            "backend {} ({}) in pool {} is now {}",
-            s(&b["name"]),
-            s(&b["index"]),
-            s(&b["pool"]),
-            s(&b["state"])
-        );
+        match v["members"].as_array() {
+            // A DNS name: every member it has, each by its label.
+            Some(members) if !members.is_empty() => members.iter().for_each(say_state),
+            Some(_) => say!(
+                "backend {} in pool {} has no address from DNS yet: its members will be {} as they come",
+                s(&v["backend"]["name"]),
+                s(&v["backend"]["pool"]),
+                s(&v["backend"]["state"])
+            ),
+            None => say_state(&v["backend"]),
+        }
         Exit::Clean
     } else {
         eprintln!("baton: {}", refused("POST", &path, code, &body));
         Exit::Failure
     }
+}
+
+/// One backend's line: its name (a member's `name@address`), index, pool
+/// and state now.
+fn say_state(b: &Value) {
+    let name = match &b["resolved_from"] {
+        Value::Null => s(&b["name"]),
+        _ => format!("{}@{}", s(&b["name"]), s(&b["address"])),
+    };
+    say!(
+        "backend {name} ({}) in pool {} is now {}",
+        s(&b["index"]),
+        s(&b["pool"]),
+        s(&b["state"])
+    );
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ pub(super) fn admin_call(
                     eprintln!("baton: is baton running (systemctl status baton), and is this config's admin.listen the running daemon's?");
                     Exit::Unreachable
                 }
+                // As `baton reload` refused by the control socket's mode.
+                AdminCallError::NotOurs { .. } => Exit::Unreachable,
                 AdminCallError::Failed { .. } => Exit::Failure,
             }
         })
