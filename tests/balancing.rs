@@ -802,7 +802,9 @@ async fn routes_pick_pools_by_path_prefix_and_host() {
         )
         .pool("app", &[main.addr])
         .pool("slowpool", &[slow.addr])
-        .pool("api", &[api.addr]);
+        .pool("api", &[api.addr])
+        .http("other", "spare")
+        .pool("spare", &[main.addr]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
     assert_eq!(
@@ -832,6 +834,24 @@ async fn routes_pick_pools_by_path_prefix_and_host() {
         .await
         .expect("get");
     assert_eq!(answer.body, HttpBackend::body_for("slow", "/slow/4"));
+    // A listener's request series are for the pools it may send to, each
+    // once: not for every pool of the config (25 series a pair, carried
+    // in every reload's report).
+    let text = client::metrics(baton.admin).await;
+    let pairs: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter(|l| l.starts_with("baton_requests_total{"))
+        .filter_map(|l| {
+            let listener = l.split("listener=\"").nth(1)?.split('"').next()?;
+            let pool = l.split("pool=\"").nth(1)?.split('"').next()?;
+            Some(format!("{listener}>{pool}"))
+        })
+        .collect();
+    assert_eq!(
+        pairs.into_iter().collect::<Vec<_>>(),
+        ["other>spare", "web>api", "web>app", "web>slowpool"],
+        "{text}"
+    );
 }
 
 /// `baton ARGS -c CONFIG`, run to its end.

@@ -107,10 +107,10 @@ pub(super) struct H2Settings {
 
 pub struct HttpProxy {
     pub(super) listener: Arc<str>,
+    /// Its routes, each `pool` an index into `targets`.
     routes: Vec<RouteConfig>,
-    /// Indexed like the config's pools.
+    /// The pools its requests may go to: its own first, then its routes'.
     targets: Vec<Target>,
-    default_target: usize,
     pub(super) h2: H2Settings,
     pub(super) connect_timeout: Duration,
     pub(super) response_timeout: Duration,
@@ -150,18 +150,12 @@ impl HttpProxy {
             ping_timeout: (config.idle_timeout / 2).min(H2_PING_TIMEOUT),
         };
         metrics::client_aborts(&config.name);
+        let (targets, routes) = targets_of(config, pools);
         HttpProxy {
             listener: Arc::from(config.name.as_str()),
-            routes: config.routes.clone(),
-            targets: pools
-                .iter()
-                .map(|p| Target {
-                    pool: Arc::clone(p),
-                    metrics: metrics::requests(&config.name, &p.name),
-                })
-                .collect(),
-            default_target: config.pool,
-            sends_proxy: pools.iter().any(|p| p.send_proxy.is_some()),
+            sends_proxy: targets.iter().any(|t| t.pool.send_proxy.is_some()),
+            routes,
+            targets,
             access_log,
             h2,
             connect_timeout: config.connect_timeout,
@@ -266,7 +260,7 @@ impl HttpProxy {
     /// The listener's own pool: where a request refused before its head
     /// could be routed is counted.
     pub(super) fn own_target(&self) -> &Target {
-        &self.targets[self.default_target]
+        &self.targets[OWN_TARGET]
     }
 
     /// The pool a request goes to: the first route matching its host and
@@ -293,7 +287,45 @@ impl HttpProxy {
                         .as_deref()
                         .is_none_or(|h| host.is_some_and(|sent| sent.eq_ignore_ascii_case(h)))
             })
-            .map_or(self.default_target, |r| r.pool);
+            .map_or(OWN_TARGET, |r| r.pool);
         &self.targets[chosen]
     }
+}
+
+/// Where the listener's own pool is among its targets.
+const OWN_TARGET: usize = 0;
+
+/// The listener's targets (its own pool first, then each other pool its
+/// routes name, once), each with its request metrics, and its routes
+/// pointing into them. Only these: a listener's series for every pool of
+/// the config were 25 a pair at zero, made, rendered at every scrape and
+/// carried in every reload's report (500 listeners and 200 pools made a
+/// report past the handoff's 64 MiB bound: no reload).
+fn targets_of(config: &ListenerConfig, pools: &[Arc<Pool>]) -> (Vec<Target>, Vec<RouteConfig>) {
+    let mut used = vec![config.pool];
+    let routes = config
+        .routes
+        .iter()
+        .map(|route| {
+            let local = used
+                .iter()
+                .position(|&p| p == route.pool)
+                .unwrap_or_else(|| {
+                    used.push(route.pool);
+                    used.len() - 1
+                });
+            RouteConfig {
+                pool: local,
+                ..route.clone()
+            }
+        })
+        .collect();
+    let targets = used
+        .iter()
+        .map(|&p| Target {
+            pool: Arc::clone(&pools[p]),
+            metrics: metrics::requests(&config.name, &pools[p].name),
+        })
+        .collect();
+    (targets, routes)
 }

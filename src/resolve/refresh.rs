@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Failure, Resolver};
@@ -108,9 +107,13 @@ pub async fn first_members(
     }
 }
 
-/// Starts re-resolving every named backend; stops when `stop` is cancelled.
+/// Starts re-resolving every named backend, and sweeping each pool that
+/// has any; stops when `stop` is cancelled.
 pub fn spawn_all(pools: &[Arc<Pool>], resolver: &Resolver, stop: &CancellationToken) {
     for pool in pools {
+        if !pool.named.is_empty() {
+            tokio::spawn(sweeping(Arc::clone(pool), stop.clone()));
+        }
         for named in &pool.named {
             tokio::spawn(run(
                 Arc::clone(pool),
@@ -196,14 +199,21 @@ async fn run(pool: Arc<Pool>, named: Arc<Named>, resolver: Resolver, stop: Cance
             () = stop.cancelled() => return,
             next = once(&pool, &named, &resolver, Joining::Serving, Some(&stop)) => next,
         };
-        let due = Instant::now() + next;
-        while Instant::now() < due {
-            let pause = SWEEP.min(due - Instant::now());
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(pause) => {}
-            }
-            pool.sweep();
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(next) => {}
+        }
+    }
+}
+
+/// Sweeps `pool` between resolutions: once a pool, not once a name (a
+/// pool of 500 names swept itself 2,000 times a second, each sweep a walk
+/// of every member).
+async fn sweeping(pool: Arc<Pool>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(SWEEP) => pool.sweep(),
         }
     }
 }
