@@ -691,7 +691,8 @@ async fn an_expired_certificate_is_a_warning_for_check_and_a_reload() {
 /// `check` runs as root and reads anything; the service reads its config
 /// and keys as the unit's `User=`: a file (or a folder above it) that
 /// user may not read is refused (78, as the service would), naming its
-/// key, and nothing is said once it may.
+/// key, and nothing is said once it may. Checked as another config than
+/// the unit runs (a copy to be put in place), it is a warning.
 #[test]
 fn check_refuses_a_key_the_units_user_cannot_read() {
     use std::os::unix::fs::PermissionsExt;
@@ -701,13 +702,22 @@ fn check_refuses_a_key_the_units_user_cannot_read() {
     let ca = Authority::new();
     let a = ca.issue("a", &["a.test"]);
     let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("baton.toml");
     let unit = dir.path().join("baton.service");
     std::fs::write(
         &unit,
+        format!(
+            "[Service]\nUser=nobody\nExecStart=/usr/bin/baton run -c {}\n",
+            config.display()
+        ),
+    )
+    .expect("unit");
+    let another_config = dir.path().join("other.service");
+    std::fs::write(
+        &another_config,
         "[Service]\nUser=nobody\nExecStart=/usr/bin/baton run\n",
     )
     .expect("unit");
-    let config = dir.path().join("baton.toml");
     std::fs::write(
         &config,
         format!(
@@ -716,12 +726,12 @@ fn check_refuses_a_key_the_units_user_cannot_read() {
         ),
     )
     .expect("config");
-    let warned = || {
+    let checked_with = |unit: &std::path::Path, refuses: bool| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
             .args(["check", "-c"])
             .arg(&config)
             .arg("--unit")
-            .arg(&unit)
+            .arg(unit)
             .output()
             .expect("baton check runs");
         let said: Vec<String> = String::from_utf8_lossy(&out.stderr)
@@ -729,10 +739,11 @@ fn check_refuses_a_key_the_units_user_cannot_read() {
             .filter(|l| l.contains("cannot be read by User=nobody"))
             .map(str::to_string)
             .collect();
-        let refused = if said.is_empty() { 0 } else { 78 };
+        let refused = if said.is_empty() || !refuses { 0 } else { 78 };
         assert_eq!(out.status.code(), Some(refused), "{out:?}");
         said
     };
+    let warned = || checked_with(&unit, true);
     let mode = |path: &std::path::Path, mode| {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod")
     };
@@ -742,10 +753,19 @@ fn check_refuses_a_key_the_units_user_cannot_read() {
     let all = warned();
     assert!(
         all.len() == 3
+            && all.iter().all(|l| l.starts_with("baton: error: "))
             && all[0].contains("the config")
             && all[1].contains("listeners[0].tls.certificates[0].cert")
             && all[2].contains("listeners[0].tls.certificates[0].key"),
         "{all:?}"
+    );
+    let not_the_units = checked_with(&another_config, false);
+    assert!(
+        not_the_units.len() == 3
+            && not_the_units
+                .iter()
+                .all(|l| l.starts_with("baton: warning: ")),
+        "{not_the_units:?}"
     );
     mode(dir.path(), 0o755);
     mode(&config, 0o644);

@@ -17,10 +17,13 @@ use std::process::{Command, Stdio};
 use nix::unistd::{Gid, Group, Uid, User};
 
 use super::sandbox::is_yes;
-use super::unit::assignments;
+use super::unit::{assignments, last_setting};
 use crate::config::Config;
 
-/// Says each file the service's user may not read; whether there was one.
+/// Says each file the service's user may not read; whether there was one
+/// in the config the unit runs. Another config (a copy checked before it
+/// is put in place, in a folder of root's) gets warnings: where it will
+/// lie, and so who may read it, is not known yet.
 pub fn refuse_unreadable(files: &[(PathBuf, String)], c: &Config, unit: &Path) -> bool {
     if !nix::unistd::geteuid().is_root() {
         return false;
@@ -28,6 +31,8 @@ pub fn refuse_unreadable(files: &[(PathBuf, String)], c: &Config, unit: &Path) -
     let Some(service) = Service::of(files) else {
         return false;
     };
+    let runs = same_file(&c.source, &units_config(files));
+    let said = if runs { "error" } else { "warning" };
     let mut unreadable = false;
     let mut asked: Vec<(&str, PathBuf)> = vec![("the config", c.source.clone())];
     asked.extend(
@@ -45,9 +50,9 @@ pub fn refuse_unreadable(files: &[(PathBuf, String)], c: &Config, unit: &Path) -
         match service.may_read(&path) {
             Some(true) => {}
             Some(false) => {
-                unreadable = true;
+                unreadable = runs;
                 eprintln!(
-                    "baton: error: {key} {} cannot be read by User={} of {}: the service reads it at each start and reload, as that user (give it the file, e.g. `chown {}` and `chmod 400`, and search access to the folders above it)",
+                    "baton: {said}: {key} {} cannot be read by User={} of {}: the service reads it at each start and reload, as that user (give it the file, e.g. `chown {}` and `chmod 400`, and search access to the folders above it)",
                     path.display(),
                     service.name,
                     unit.display(),
@@ -59,6 +64,43 @@ pub fn refuse_unreadable(files: &[(PathBuf, String)], c: &Config, unit: &Path) -
         }
     }
     unreadable
+}
+
+/// The config the unit's service reads: `-c` or `--config` in its
+/// `ExecStart=`, else `BATON_CONFIG` in its `Environment=`, else the
+/// default path (as `baton run` finds it).
+fn units_config(files: &[(PathBuf, String)]) -> PathBuf {
+    let exec = last_setting(files, &["ExecStart"])
+        .map(|s| s.value)
+        .unwrap_or_default();
+    let words: Vec<&str> = exec.split_whitespace().collect();
+    let from_args = words.iter().enumerate().find_map(|(i, word)| match *word {
+        "-c" | "--config" => words.get(i + 1).copied(),
+        _ => word.strip_prefix("--config="),
+    });
+    // The last assignment wins, as systemd reads them.
+    let from_env = || {
+        assignments(files, &["Environment"])
+            .iter()
+            .flat_map(|s| s.value.split_whitespace())
+            .filter_map(|pair| pair.trim_matches('"').strip_prefix("BATON_CONFIG="))
+            .map(str::to_string)
+            .next_back()
+    };
+    from_args
+        .map(str::to_string)
+        .or_else(from_env)
+        .unwrap_or_else(|| crate::config::DEFAULT_PATH.to_string())
+        .into()
+}
+
+/// Whether two paths name one file (or, where either cannot be
+/// resolved, read alike from `/`).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => std::path::absolute(a).ok() == std::path::absolute(b).ok(),
+    }
 }
 
 /// The user, group and supplementary groups the unit runs the service as.
@@ -171,6 +213,30 @@ mod tests {
             ("baton.service".into(), unit.to_string()),
             ("baton.service.d/x.conf".into(), drop_in.to_string()),
         ])
+    }
+
+    /// The config the unit runs, as `baton run` finds it: `-c` or
+    /// `--config` in `ExecStart=`, else the last `BATON_CONFIG`, else the
+    /// default.
+    #[test]
+    fn the_units_config_is_found_where_run_finds_it() {
+        let found = |unit: &str, drop_in: &str| {
+            units_config(&[
+                ("baton.service".into(), unit.to_string()),
+                ("baton.service.d/x.conf".into(), drop_in.to_string()),
+            ])
+        };
+        let run = "[Service]\nExecStart=/usr/bin/baton run\n";
+        assert_eq!(found(run, ""), PathBuf::from(crate::config::DEFAULT_PATH));
+        let env = "[Service]\nEnvironment=\"BATON_CONFIG=/a.toml\" X=1\nEnvironment=BATON_CONFIG=/b.toml\n";
+        assert_eq!(found(run, env), PathBuf::from("/b.toml"));
+        let flag = "[Service]\nExecStart=\nExecStart=/usr/bin/baton run --config=/c.toml\n";
+        assert_eq!(
+            found(run, &format!("{env}{flag}")),
+            PathBuf::from("/c.toml")
+        );
+        let short = "[Service]\nExecStart=\nExecStart=/usr/bin/baton run -c /d.toml\n";
+        assert_eq!(found(run, short), PathBuf::from("/d.toml"));
     }
 
     #[test]
