@@ -25,6 +25,7 @@ impl AdminShared {
     /// (`exposition::keep_dropped`).
     pub fn set_inherited(&self, mut report: Report) {
         exposition::retain_configured(&mut report.baseline, &self.configured);
+        exposition::drop_idle(&mut report.baseline);
         tracing::debug!(
             series = report.baseline.len(),
             generations = report.generations.len(),

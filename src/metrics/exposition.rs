@@ -84,6 +84,70 @@ pub fn retain_configured(baseline: &mut Baseline, configured: &Configured) {
     baseline.retain(|key, _| configured.names(key));
 }
 
+/// Drops what counts nothing: a counter at zero, a histogram whose count
+/// is zero (whole: its buckets and sum with it). Carried, it adds nothing
+/// to a series of our own, and keeps one we do not make: an older
+/// release made every listener's series for every pool at zero, which a
+/// reload onto this one would otherwise carry until a restart.
+pub fn drop_idle(baseline: &mut Baseline) {
+    let idle_histograms: HashSet<String> = baseline
+        .iter()
+        .filter(|(key, s)| {
+            s.kind == "histogram"
+                && s.value == 0.0
+                && key.starts_with(&format!("{}_count", s.family))
+        })
+        .map(|(key, s)| histogram_of(key, &s.family))
+        .collect();
+    baseline.retain(|key, s| match s.kind.as_str() {
+        "histogram" => !idle_histograms.contains(&histogram_of(key, &s.family)),
+        _ => s.value != 0.0,
+    });
+}
+
+/// A histogram sample's family and labels but `le`: what its bucket, sum
+/// and count share (`f_bucket{a="x",le="1"}` → `f{a="x"}`).
+fn histogram_of(key: &str, family: &str) -> String {
+    let rest = key.strip_prefix(family).unwrap_or(key);
+    let labels = rest.find('{').map_or("", |at| &rest[at..]);
+    let kept: Vec<String> = labels_raw(labels)
+        .into_iter()
+        .filter(|l| !l.starts_with("le="))
+        .collect();
+    if kept.is_empty() {
+        family.to_string()
+    } else {
+        format!("{family}{{{}}}", kept.join(","))
+    }
+}
+
+/// A sample's `{...}` split into its `name="value"` parts as written
+/// (a comma inside a quoted value kept).
+fn labels_raw(braced: &str) -> Vec<String> {
+    let inner = braced
+        .strip_prefix('{')
+        .and_then(|s| s.strip_suffix('}'))
+        .unwrap_or("");
+    let mut parts = Vec::new();
+    let (mut part, mut quoted, mut escaped) = (String::new(), false, false);
+    for c in inner.chars() {
+        match c {
+            ',' if !quoted => parts.push(std::mem::take(&mut part)),
+            _ => {
+                if c == '"' && !escaped {
+                    quoted = !quoted;
+                }
+                escaped = c == '\\' && !escaped;
+                part.push(c);
+            }
+        }
+    }
+    if !part.is_empty() {
+        parts.push(part);
+    }
+    parts
+}
+
 /// The members DNS gave each pool (their `backend` label, `name@address`)
 /// that are in it now. The recorder cannot drop a series, so those of a
 /// member gone from its pool are left out of `/metrics` and of what a
@@ -465,6 +529,33 @@ mod tests {
         assert_eq!(merged, want);
         let alone = merge("", &baseline(&old));
         assert_eq!(alone, format!("{old}\n"));
+    }
+
+    /// What counts nothing is not carried: a counter at zero, a histogram
+    /// whose count is zero, whole; a histogram that counted keeps its
+    /// buckets at zero too, and a label value with a comma is one label.
+    #[test]
+    fn idle_series_are_not_carried() {
+        let old = format!(
+            "# TYPE baton_x counter\nbaton_x{{a=\"1\"}} 0\nbaton_x{{a=\"2\"}} 4\n# TYPE baton_d_seconds histogram\n{}{}{}",
+            histogram("idle", [0, 0, 0], 0),
+            histogram("used", [0, 2, 2], 5),
+            histogram("x\\\",le=\\\"y", [0, 0, 0], 0),
+        );
+        let mut carried = baseline(&old);
+        drop_idle(&mut carried);
+        let keys: Vec<&str> = carried.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "baton_d_seconds_bucket{pool=\"used\",le=\"+Inf\"}",
+                "baton_d_seconds_bucket{pool=\"used\",le=\"10\"}",
+                "baton_d_seconds_bucket{pool=\"used\",le=\"2.5\"}",
+                "baton_d_seconds_count{pool=\"used\"}",
+                "baton_d_seconds_sum{pool=\"used\"}",
+                "baton_x{a=\"2\"}",
+            ]
+        );
     }
 
     #[test]
