@@ -77,7 +77,12 @@ pub struct RunArgs {
 pub struct ReloadArgs {
     #[command(flatten)]
     pub config: ConfigArg,
-    #[command(flatten)]
+    /// Under their own heading in `--help`: `baton reload --drain-timeout
+    /// 30m` reads as a longer drain for this reload, and changes nothing.
+    #[command(
+        flatten,
+        next_help_heading = "The running daemon's budgets, as it was started with them (to check the config as it reads it; a reload changes none: set them in the unit and restart)"
+    )]
     pub budgets: BudgetArgs,
 }
 

@@ -101,6 +101,21 @@ fn check_lists_every_problem_with_its_key_and_exits_78() {
 
 /// A config at `dir/baton.toml` whose admin token is read from
 /// `token_file`.
+/// `baton reload --help` lists the budget flags under a heading saying
+/// they are the daemon's, which a reload does not change: listed with the
+/// rest, `--drain-timeout 30m` read as a longer drain for this reload.
+#[test]
+fn reload_help_says_its_budgets_are_the_daemons() {
+    let (code, help, _) = run(&["reload", "--help"]);
+    assert_eq!(code, 0, "{help}");
+    let heading = help.find("a reload changes none");
+    let flag = help.find("--drain-timeout");
+    assert!(
+        heading.is_some() && heading < flag && help.find("--pre-stop-delay") > heading,
+        "{help}"
+    );
+}
+
 fn config_with_token(dir: &std::path::Path, token_file: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("baton.toml");
     std::fs::write(
