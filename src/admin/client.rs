@@ -31,12 +31,9 @@ pub async fn call(
     path: &str,
     token: Option<&str>,
 ) -> Result<(u16, String), AdminCallError> {
-    let unreachable = |cause: std::io::Error| match cause.kind() {
-        std::io::ErrorKind::PermissionDenied => AdminCallError::NotOurs { at: at.to_string() },
-        _ => AdminCallError::Unreachable {
-            at: at.to_string(),
-            cause: cause.to_string(),
-        },
+    let unreachable = |cause: std::io::Error| AdminCallError::Unreachable {
+        at: at.to_string(),
+        cause: cause.to_string(),
     };
     let asked = Asked {
         method,
@@ -51,8 +48,17 @@ pub async fn call(
                 .await
         }
         AdminListen::Unix(socket) => {
-            let stream = connected(UnixStream::connect(socket)).await;
-            asked.on(stream.map_err(unreachable)?, "localhost").await
+            // A Unix socket's mode refuses with EACCES (a TCP connect's
+            // EACCES or EPERM is a firewall's or a security module's).
+            let stream = connected(UnixStream::connect(socket))
+                .await
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::PermissionDenied => {
+                        AdminCallError::NotOurs { at: at.to_string() }
+                    }
+                    _ => unreachable(e),
+                });
+            asked.on(stream?, "localhost").await
         }
     };
     answer.map_err(|cause| AdminCallError::Failed {

@@ -488,9 +488,6 @@ fn find_backends(topology: &Topology, id: &str) -> Result<Found, (StatusCode, St
         .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no backend named \"{id}\"")))
 }
 
-/// Compares the bearer token in constant time (no early exit on the first
-/// differing byte), so timing does not reveal a prefix. The scheme's name
-/// is case-insensitive (RFC 9110 §11.1: `bearer x` is `Bearer x`).
 /// Where a web page sent a request from, if a browser sent it: a browser
 /// adds `Origin` to every POST (and `Sec-Fetch-Site` other than `none`
 /// to anything a page, not the user, asked for), and any page it shows can
@@ -512,6 +509,9 @@ fn from_a_web_page<B>(req: &Request<B>) -> Option<String> {
         .map(|site| format!("Sec-Fetch-Site: {site}"))
 }
 
+/// Compares the bearer token in constant time (no early exit on the first
+/// differing byte), so timing does not reveal a prefix. The scheme's name
+/// is case-insensitive (RFC 9110 §11.1: `bearer x` is `Bearer x`).
 fn authorized<B>(req: &Request<B>, token: &str) -> bool {
     let Some(given) = req
         .headers()
