@@ -690,6 +690,26 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
         "up",
         "a page drains nothing"
     );
+    // A page whose DNS name was rebound to the loopback admin reads
+    // nothing: its Host is a DNS name. Probes answer all.
+    let as_host = |host: &'static str, path: &'static str| async move {
+        client::call_with(admin, "GET", path, None, &[("host", host)])
+            .await
+            .expect("call")
+            .status
+    };
+    assert_eq!(as_host("rebound.example:9901", "/status").await, 403);
+    assert_eq!(as_host("rebound.example", "/metrics").await, 403);
+    assert_eq!(as_host("rebound.example", "/healthz").await, 200);
+    for host in [
+        "localhost:9901",
+        "127.0.0.1",
+        "[::1]:9901",
+        "app.localhost",
+        "admin",
+    ] {
+        assert_eq!(as_host(host, "/status").await, 200, "{host}");
+    }
     let drained = client::call_with(
         admin,
         "POST",

@@ -14,6 +14,7 @@ use super::generations::unix;
 use super::{AdminShared, Topology};
 use crate::backend::named::Named;
 use crate::backend::{AdminState, Backend, Pool};
+use crate::config::AdminListen;
 use crate::lifecycle::{Check, Phase};
 use crate::metrics::exposition::InFlightOnBackends;
 use crate::metrics::kernel;
@@ -36,6 +37,12 @@ pub async fn respond<B>(state: &Arc<AdminShared>, req: Request<B>) -> Reply {
         } else {
             not_allowed(READS)
         };
+    }
+    if let Some(host) = rebound(state, &req) {
+        return error(
+            StatusCode::FORBIDDEN,
+            format!("refused: Host {host}, a DNS name, asks a loopback admin (a web page whose name was rebound to it); ask for 127.0.0.1, localhost or this host's name"),
+        );
     }
     if let Some(rest) = path.strip_prefix("/backends/") {
         return backend_action(state, &req, rest);
@@ -486,6 +493,33 @@ fn find_backends(topology: &Topology, id: &str) -> Result<Found, (StatusCode, St
         .find(|b| b.name == id)
         .map(Found::one)
         .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no backend named \"{id}\"")))
+}
+
+/// The `Host` of a request to a loopback admin that names a host of the
+/// public DNS: a browser's, for a page whose DNS name was rebound to
+/// 127.0.0.1 (its script may then read `/status` and `/metrics`, as of
+/// its own origin: backends' addresses, names, pids). Such a name has a
+/// dot; a program asks for an IP address, `localhost`, a name of one
+/// label (`/etc/hosts`'), or this host's own name (an SSH tunnel, a
+/// port-forward, a proxy's `proxy_pass http://127.0.0.1:9901` too).
+/// Probes are not asked: they say nothing, and a checker may name the host
+/// as it likes.
+fn rebound<B>(state: &AdminShared, req: &Request<B>) -> Option<String> {
+    let AdminListen::Tcp(at) = state.config.listen else {
+        return None;
+    };
+    let host = req.headers().get(http::header::HOST)?;
+    let host = String::from_utf8_lossy(host.as_bytes()).into_owned();
+    let name = crate::config::strip_port(&host)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    let local = !name.contains('.')
+        || name.ends_with(".localhost")
+        || name.parse::<std::net::IpAddr>().is_ok()
+        || std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .is_ok_and(|own| own.trim().eq_ignore_ascii_case(&name));
+    (at.ip().is_loopback() && !local).then_some(host)
 }
 
 /// Where a web page sent a request from, if a browser sent it: a browser

@@ -201,7 +201,8 @@ pub async fn call(
     call_with(addr, method, path, token, &[]).await
 }
 
-/// [`call`] with more header fields (what a browser adds, say).
+/// [`call`] with more header fields (what a browser adds, say; a `host`
+/// among them replaces the address).
 pub async fn call_with(
     addr: SocketAddr,
     method: &str,
@@ -210,10 +211,13 @@ pub async fn call_with(
     fields: &[(&str, &str)],
 ) -> Result<Answer, String> {
     let mut sender = connect(addr).await?;
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string());
+    let mut req = Request::builder().method(method).uri(path);
+    if !fields
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("host"))
+    {
+        req = req.header("host", addr.to_string());
+    }
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
     }
