@@ -264,3 +264,48 @@ pub enum CallError {
     #[error("malformed answer from the daemon: {0}")]
     Malformed(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    macro_rules! golden {
+        ($name:literal) => {
+            include_bytes!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/golden/control/0.1.0/",
+                $name,
+                ".json"
+            ))
+        };
+    }
+
+    /// A package upgrade's reload is the new release's `baton reload`
+    /// asking the old release's daemon (`ExecReload=`), and a rollback's the
+    /// reverse: the requests are what release 0.1.0 writes and reads, byte
+    /// for byte, and its answers are read (`tests/golden/control/`).
+    #[test]
+    fn the_control_lines_of_release_0_1_0_are_spoken() {
+        for (request, line) in [
+            (Request::Reload, &golden!("reload")[..]),
+            (Request::Status, &golden!("status")[..]),
+        ] {
+            let mut ours = serde_json::to_vec(&Envelope { command: request }).expect("json");
+            ours.push(b'\n');
+            assert_eq!(ours, line, "{request:?}");
+        }
+        let reloaded: Reply = serde_json::from_slice(golden!("reply_reloaded")).expect("reply");
+        assert_eq!(
+            reloaded,
+            Reply::serving(4242, "generation 5 (pid 4242) is serving")
+        );
+        let failed: Reply = serde_json::from_slice(golden!("reply_failed")).expect("reply");
+        assert_eq!((failed.ok, failed.exit_code, failed.pid), (false, 78, None));
+        // A field a later release adds is read past, either way.
+        let later = br#"{"ok":true,"exit_code":0,"message":"m","pid":1,"took_ms":9}"#;
+        assert!(serde_json::from_slice::<Reply>(later).is_ok());
+        let asked = br#"{"command":"reload","wait_ms":100}"#;
+        let envelope: Envelope = serde_json::from_slice(asked).expect("envelope");
+        assert_eq!(envelope.command, Request::Reload);
+    }
+}
