@@ -168,6 +168,20 @@ async fn the_ttl_brings_a_lookup_forward_but_never_under_a_second() {
     assert!((2..=6).contains(&more), "{more} queries in 3 s at TTL 0");
 }
 
+/// A first start's lookup is the name's first: the name is asked again
+/// when that answer says (its TTL, the interval: past this test), not at
+/// once as the doors open (every name was asked twice at every start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_asks_each_name_once() {
+    let dns = DnsServer::start().await;
+    dns.set_a(HOST, &[Ipv4Addr::new(127, 0, 0, 1)]);
+    dns.set_ttl(300);
+    let baton = Baton::start(named_spec_every("60s", &dns, 9, "")).await;
+    wait_members(baton.admin, &[("127.0.0.1:9".to_string(), "up")]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(dns.queries(), 1, "{}", baton.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_address_that_moves_drains_the_old_member_and_fails_nothing() {
     let Named {

@@ -39,6 +39,10 @@ pub struct Named {
     /// DNS says the name has no address (NXDOMAIN, no records): since
     /// when, and when it last said so.
     empty: Mutex<Option<EmptyRun>>,
+    /// When the start's own lookup said to ask again: the refresh task
+    /// waits until then, where it asked again at once (every name twice
+    /// at every first start).
+    next_after_start: Mutex<Option<Instant>>,
 }
 
 /// Answers of no address in a row: failures between do not end the run,
@@ -64,7 +68,21 @@ impl Named {
             last: Mutex::new(None),
             failing: AtomicBool::new(false),
             empty: Mutex::new(None),
+            next_after_start: Mutex::new(None),
         }
+    }
+
+    /// The start's lookup answered (or failed): ask again at `at`.
+    pub fn ask_again_at(&self, at: Instant) {
+        if let Ok(mut next) = self.next_after_start.lock() {
+            *next = Some(at);
+        }
+    }
+
+    /// When the start's lookup said to ask again, once; `None` where it
+    /// made none (the answers were carried over) or has not ended.
+    pub fn take_ask_again_at(&self) -> Option<Instant> {
+        self.next_after_start.lock().ok().and_then(|mut n| n.take())
     }
 
     /// DNS has answered at least once (here or in an older generation).

@@ -82,7 +82,10 @@ pub async fn first_members(
                     let resolver = resolver.clone();
                     lookups.spawn(async move {
                         let bound = resolver.answer_within(&named.query);
-                        let first = once(&pool, &named, &resolver, Joining::AtStart, None);
+                        let first = async {
+                            let next = once(&pool, &named, &resolver, Joining::AtStart, None).await;
+                            named.ask_again_at(tokio::time::Instant::now() + next);
+                        };
                         if tokio::time::timeout(bound, first).await.is_err() {
                             tracing::warn!(pool = %pool.name, backend = %named.name, "no DNS answer at start; the name has no backends until one comes");
                         }
@@ -194,6 +197,12 @@ fn millis(d: Duration) -> u64 {
 }
 
 async fn run(pool: Arc<Pool>, named: Arc<Named>, resolver: Resolver, stop: CancellationToken) {
+    if let Some(at) = named.take_ask_again_at() {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(at) => {}
+        }
+    }
     loop {
         let next = tokio::select! {
             () = stop.cancelled() => return,
