@@ -12,9 +12,35 @@ use crate::tls::upstream::UpstreamTls;
 use crate::tls::{certs, ClientAuth, ClientCa, MinVersion, Spec, TlsSettings};
 use rustls::pki_types::ServerName;
 
-/// The roots a verified backend is checked against without `ca`: the
-/// system's bundle (Debian's path; `ca` names another).
-const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Where distributions keep the system's CA bundle, the roots a verified
+/// backend is checked against without `ca`: Debian and Ubuntu; Fedora,
+/// RHEL and their kin; SUSE; Alpine and the BSDs' layout. The first that
+/// exists is read, unless `SSL_CERT_FILE` names one (OpenSSL's own
+/// variable, which Go and curl read too).
+const SYSTEM_BUNDLES: [&str; 4] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// The system's bundle: `SSL_CERT_FILE` if set, else the first of
+/// [`SYSTEM_BUNDLES`] that `exists` (else the first, whose absence the
+/// problem then names).
+fn system_bundle(
+    from_env: Option<std::ffi::OsString>,
+    exists: impl Fn(&std::path::Path) -> bool,
+) -> std::path::PathBuf {
+    if let Some(named) = from_env.filter(|v| !v.is_empty()) {
+        return named.into();
+    }
+    SYSTEM_BUNDLES
+        .iter()
+        .map(std::path::Path::new)
+        .find(|p| exists(p))
+        .unwrap_or(std::path::Path::new(SYSTEM_BUNDLES[0]))
+        .to_path_buf()
+}
 
 /// The ALPN protocols an HTTP listener speaks (and its default list).
 const HTTP_ALPN: &[&str] = &["h2", "http/1.1"];
@@ -104,7 +130,8 @@ impl Validator {
     /// and shared by every pool that uses it.
     fn system_roots(&mut self, key: &str) -> Option<Arc<rustls::RootCertStore>> {
         if self.system_roots.is_none() {
-            let loaded = match certs::load_system_roots(std::path::Path::new(SYSTEM_ROOTS)) {
+            let bundle = system_bundle(std::env::var_os("SSL_CERT_FILE"), std::path::Path::exists);
+            let loaded = match certs::load_system_roots(&bundle) {
                 Ok((roots, passed_over)) => {
                     for p in passed_over {
                         self.warning(key, format!("passed over in the system's bundle: {p}"));
@@ -318,6 +345,32 @@ mod tests {
     use crate::config::{parse, Config, ConfigError, Overrides};
     use crate::tls::testing::Pki;
     use crate::tls::{ClientAuth, MinVersion};
+
+    /// The system's bundle is where this distribution keeps it, or where
+    /// `SSL_CERT_FILE` says (it was Debian's path alone: a pool's `tls`
+    /// without `ca` was refused on Fedora or SUSE).
+    #[test]
+    fn the_system_bundle_is_found_where_the_distribution_keeps_it() {
+        use std::path::{Path, PathBuf};
+        let only = |kept: &'static str| move |p: &Path| p == Path::new(kept);
+        assert_eq!(
+            super::system_bundle(None, only("/etc/pki/tls/certs/ca-bundle.crt")),
+            PathBuf::from("/etc/pki/tls/certs/ca-bundle.crt")
+        );
+        assert_eq!(
+            super::system_bundle(None, only("/etc/ssl/ca-bundle.pem")),
+            PathBuf::from("/etc/ssl/ca-bundle.pem")
+        );
+        assert_eq!(
+            super::system_bundle(Some("/opt/ca.pem".into()), only("/etc/ssl/ca-bundle.pem")),
+            PathBuf::from("/opt/ca.pem")
+        );
+        assert_eq!(
+            super::system_bundle(None, |_| false),
+            PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
+            "none: the first, named in the problem"
+        );
+    }
 
     /// A folder with a CA (`ca.pem`) and a good leaf (`a.pem`, `a.key`) for
     /// `a.example.com` and `*.a.example.com`.
