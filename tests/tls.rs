@@ -1370,6 +1370,70 @@ async fn ended_with_close_notify(backend: &TlsBackend, at_least: u64) {
     assert!(clean >= ended, "{clean} of {ended} ended with close_notify");
 }
 
+/// Each backend of a pool resumes its own TLS sessions, though they share
+/// the name sent (`server_name`): with one cache by name, each was offered
+/// the other's ticket, checked in turn, and made a full handshake every
+/// time (HAProxy and nginx keep sessions per server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tls_backend_resumes_its_own_sessions() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let ca = Authority::new();
+    let identity = ca.issue("backend", &["backend.test"]);
+    let (a, b) = (
+        TlsBackend::start("a", &identity).await,
+        TlsBackend::start("b", &identity).await,
+    );
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        &format!(
+            "health = {{ kind = \"http\", path = \"/health\", interval = \"100ms\" }}\ntls = {{ {} }}",
+            trusting(&ca)
+        ),
+        &[(a.addr, 1), (b.addr, 1)],
+    );
+    let _baton = Baton::start(spec).await;
+    support::eventually("four checks of each", || async {
+        a.handshakes.load(Relaxed) >= 4 && b.handshakes.load(Relaxed) >= 4
+    })
+    .await;
+    for backend in [&a, &b] {
+        let (all, resumed) = (
+            backend.handshakes.load(Relaxed),
+            backend.resumed.load(Relaxed),
+        );
+        assert!(resumed >= 2, "{resumed} of {all} handshakes resumed");
+    }
+}
+
+/// h2 clients' streams to a TLS backend under `send_proxy` (whose
+/// connections are never kept: a header names one client) end their
+/// sessions with a `close_notify` too: dropped, each was a truncation in
+/// the backend's log, one a stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_to_a_tls_backend_under_send_proxy_close_with_close_notify() {
+    let ca = Authority::new();
+    let identity = ca.issue("backend", &["backend.test"]);
+    let backend = TlsBackend::start_behind_proxy("secure", &identity).await;
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        &format!("send_proxy = \"v2\"\ntls = {{ {} }}", trusting(&ca)),
+        &[(backend.addr, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let mut h2 = client::h2::<http_body_util::Empty<bytes::Bytes>>(baton.addr("web")).await;
+    for i in 0..3 {
+        let req = hyper::Request::get(format!("http://h2.test/s{i}"))
+            .body(http_body_util::Empty::new())
+            .expect("request");
+        let answer = h2.send_request(req).await.expect("answered");
+        assert_eq!(answer.status(), 200);
+        http_body_util::BodyExt::collect(answer.into_body())
+            .await
+            .expect("body");
+    }
+    ended_with_close_notify(&backend, 3).await;
+}
+
 /// baton before a TLS backend, after one request: its connection is kept
 /// (the authority holds the CA file the config names).
 async fn one_tls_connection_kept() -> (Authority, TlsBackend, Baton) {

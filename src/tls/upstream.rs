@@ -20,7 +20,13 @@ use tokio_rustls::TlsConnector;
 
 /// How a pool's backends are reached over TLS.
 pub struct UpstreamTls {
-    connector: TlsConnector,
+    config: Arc<ClientConfig>,
+    /// A connector per backend address, each with its own session cache:
+    /// rustls keeps sessions by the name sent, which the backends of a pool
+    /// share (its `server_name`, a DNS name's members), so one backend was
+    /// offered another's ticket and made a full handshake every time, health
+    /// checks too (HAProxy and nginx keep sessions per server).
+    by_backend: std::sync::Mutex<std::collections::HashMap<SocketAddr, TlsConnector>>,
     /// The name sent as SNI and checked; None: the backend's IP address.
     server_name: Option<ServerName<'static>>,
     /// For `baton check`.
@@ -76,10 +82,32 @@ impl UpstreamTls {
                 .with_no_client_auth(),
         };
         Ok(UpstreamTls {
-            connector: TlsConnector::from(Arc::new(config)),
+            config: Arc::new(config),
+            by_backend: std::sync::Mutex::default(),
             server_name,
             verify,
         })
+    }
+
+    /// `address`'s connector, made at its first connection. The map is
+    /// emptied past [`CONNECTORS`] (DNS members that came and went), which
+    /// costs a full handshake each.
+    fn connector(&self, address: SocketAddr) -> TlsConnector {
+        let mut by_backend = self
+            .by_backend
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if by_backend.len() >= CONNECTORS && !by_backend.contains_key(&address) {
+            by_backend.clear();
+        }
+        by_backend
+            .entry(address)
+            .or_insert_with(|| {
+                let mut config = (*self.config).clone();
+                config.resumption = rustls::client::Resumption::in_memory_sessions(SESSIONS);
+                TlsConnector::from(Arc::new(config))
+            })
+            .clone()
     }
 
     /// Handshakes with the backend at `address` over `tcp`, which DNS may
@@ -97,9 +125,16 @@ impl UpstreamTls {
             .clone()
             .or_else(named)
             .unwrap_or_else(|| ServerName::IpAddress(address.ip().into()));
-        self.connector.connect(name, tcp).await
+        self.connector(address).connect(name, tcp).await
     }
 }
+
+/// Backend addresses with a session cache of their own, at most.
+const CONNECTORS: usize = 4096;
+
+/// Sessions kept per backend: a few names (its address, a DNS name, the
+/// pool's `server_name`), each with its tickets.
+const SESSIONS: usize = 4;
 
 /// `verify = false`: any certificate is taken; the handshake's signatures
 /// are still checked against it.

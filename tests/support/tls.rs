@@ -263,6 +263,8 @@ pub struct TlsBackend {
     pub addr: SocketAddr,
     /// Connections whose handshake completed.
     pub handshakes: Arc<std::sync::atomic::AtomicU64>,
+    /// Of those, the ones that resumed an earlier session.
+    pub resumed: Arc<std::sync::atomic::AtomicU64>,
     /// Of those, the ones that have ended, and the ones that ended with
     /// the peer's `close_notify` (without it, rustls reports a truncation).
     pub ended: Arc<std::sync::atomic::AtomicU64>,
@@ -271,6 +273,16 @@ pub struct TlsBackend {
 
 impl TlsBackend {
     pub async fn start(name: &'static str, identity: &Issued) -> TlsBackend {
+        TlsBackend::serving(name, identity, false).await
+    }
+
+    /// [`TlsBackend::start`] behind a pool's `send_proxy`: each connection's
+    /// PROXY header (v1 or v2) is read past before its TLS handshake.
+    pub async fn start_behind_proxy(name: &'static str, identity: &Issued) -> TlsBackend {
+        TlsBackend::serving(name, identity, true).await
+    }
+
+    async fn serving(name: &'static str, identity: &Issued, proxied: bool) -> TlsBackend {
         let key = PrivateKeyDer::from_pem_file(&identity.key).expect("backend key");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -285,25 +297,35 @@ impl TlsBackend {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let handshakes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let resumed = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let ended = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let ended_cleanly = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counts = (
             Arc::clone(&handshakes),
             Arc::clone(&ended),
             Arc::clone(&ended_cleanly),
+            Arc::clone(&resumed),
         );
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let acceptor = acceptor.clone();
-                let (counted, ended, ended_cleanly) = (
+                let (counted, ended, ended_cleanly, resumed) = (
                     Arc::clone(&counts.0),
                     Arc::clone(&counts.1),
                     Arc::clone(&counts.2),
+                    Arc::clone(&counts.3),
                 );
                 tokio::spawn(async move {
+                    let mut tcp = tcp;
+                    if proxied && skip_proxy_header(&mut tcp).await.is_err() {
+                        return;
+                    }
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
+                    if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                        resumed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let service = hyper::service::service_fn(
                         move |req: hyper::Request<hyper::body::Incoming>| {
@@ -339,8 +361,26 @@ impl TlsBackend {
         TlsBackend {
             addr,
             handshakes,
+            resumed,
             ended,
             ended_cleanly,
         }
     }
+}
+
+/// Reads a PROXY header (v1: a line; v2: 16 bytes and the length they
+/// give) off `tcp`, byte-exact: what follows is the TLS handshake.
+async fn skip_proxy_header(tcp: &mut tokio::net::TcpStream) -> std::io::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let first = tcp.read_u8().await?;
+    if first == b'P' {
+        while tcp.read_u8().await? != b'\n' {}
+        return Ok(());
+    }
+    let mut fixed = [0u8; 15];
+    tcp.read_exact(&mut fixed).await?;
+    let length = u16::from_be_bytes([fixed[13], fixed[14]]);
+    let mut rest = vec![0u8; usize::from(length)];
+    tcp.read_exact(&mut rest).await?;
+    Ok(())
 }

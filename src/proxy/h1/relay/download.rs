@@ -279,17 +279,21 @@ impl ResponseBody {
     }
 
     /// The body ended as its framing says: the connection goes back to the
-    /// idle list if both sides keep it and the request went up whole.
+    /// idle list if both sides keep it and the request went up whole, else
+    /// it ends as a TLS session should, with a `close_notify` (an h2
+    /// stream's under `send_proxy` is never kept: dropped, each was a
+    /// truncation in the backend's log).
     fn finish(&mut self) {
         let (Some(mut relay), Some(lease)) = (self.relay.take(), self.lease.take()) else {
             return;
         };
         release_if_empty(&mut relay.up.buf);
-        if let (Some(check), true) = (
+        match (
             self.keeps,
             relay.upload.is_done() && relay.up.buf.is_empty(),
         ) {
-            lease.backend().idle.put(relay.up.stream, check);
+            (Some(check), true) => lease.backend().idle.put(relay.up.stream, check),
+            _ => relay.up.stream.close_quietly(),
         }
     }
 
