@@ -61,16 +61,30 @@ impl AdminShared {
     /// their drains, all told: a stop that waits for them compares it
     /// before and after, for its exit code.
     pub fn inherited_forced_connections(&self) -> f64 {
-        self.inherited()
-            .baseline
-            .values()
-            .filter(|s| s.family == metrics::DRAIN_FORCED)
-            .map(|s| s.value)
-            .sum()
+        self.inherited
+            .read()
+            .map(|r| {
+                r.baseline
+                    .values()
+                    .filter(|s| s.family == metrics::DRAIN_FORCED)
+                    .map(|s| s.value)
+                    .sum()
+            })
+            .unwrap_or(0.0)
     }
 
     fn inherited(&self) -> Report {
         self.inherited.read().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// The older generations' entries alone: `/status` and the drain's
+    /// reports read them often, and a copy of the whole report (thousands
+    /// of series at scale) for them was a waste.
+    fn inherited_generations(&self) -> Vec<GenerationEntry> {
+        self.inherited
+            .read()
+            .map(|r| r.generations.clone())
+            .unwrap_or_default()
     }
 
     /// This generation's own entry.
@@ -133,7 +147,7 @@ impl AdminShared {
         let mut all = vec![self.own_entry()];
         // Older generations are draining once we serve, whatever their last
         // report (sent before the takeover) said.
-        all.extend(self.inherited().generations.into_iter().map(|mut g| {
+        all.extend(self.inherited_generations().into_iter().map(|mut g| {
             g.state = GenerationState::Draining;
             g
         }));
