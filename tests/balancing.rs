@@ -700,6 +700,7 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
     };
     assert_eq!(as_host("rebound.example:9901", "/status").await, 403);
     assert_eq!(as_host("rebound.example", "/metrics").await, 403);
+    assert_eq!(as_host("127.0.0.1.nip.io.", "/status").await, 403);
     assert_eq!(as_host("rebound.example", "/healthz").await, 200);
     for host in [
         "localhost:9901",
@@ -707,6 +708,8 @@ async fn the_admin_api_refuses_what_it_should_and_a_drain_survives_a_reload() {
         "[::1]:9901",
         "app.localhost",
         "admin",
+        "localhost.",
+        "localhost4.localdomain4",
     ] {
         assert_eq!(as_host(host, "/status").await, 200, "{host}");
     }

@@ -508,18 +508,28 @@ fn rebound<B>(state: &AdminShared, req: &Request<B>) -> Option<String> {
     let AdminListen::Tcp(at) = state.config.listen else {
         return None;
     };
+    if !at.ip().is_loopback() {
+        return None;
+    }
     let host = req.headers().get(http::header::HOST)?;
     let host = String::from_utf8_lossy(host.as_bytes()).into_owned();
     let name = crate::config::strip_port(&host)
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_ascii_lowercase();
+    // A final dot names the same host.
+    let name = name.strip_suffix('.').unwrap_or(&name);
+    // `.localhost` and `.localdomain` are no names of the public DNS
+    // (Fedora's /etc/hosts has `localhost.localdomain`,
+    // `localhost4.localdomain4` and `localhost6.localdomain6`).
+    let top = name.rsplit('.').next().unwrap_or_default();
     let local = !name.contains('.')
-        || name.ends_with(".localhost")
+        || top == "localhost"
+        || ["localdomain", "localdomain4", "localdomain6"].contains(&top)
         || name.parse::<std::net::IpAddr>().is_ok()
         || std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .is_ok_and(|own| own.trim().eq_ignore_ascii_case(&name));
-    (at.ip().is_loopback() && !local).then_some(host)
+            .is_ok_and(|own| own.trim().eq_ignore_ascii_case(name));
+    (!local).then_some(host)
 }
 
 /// Where a web page sent a request from, if a browser sent it: a browser

@@ -269,6 +269,18 @@ pub enum CallError {
 mod tests {
     use super::*;
 
+    /// What is written as a line, whatever its type.
+    mod erased {
+        pub trait Json {
+            fn json(&self) -> Vec<u8>;
+        }
+        impl<T: serde::Serialize> Json for T {
+            fn json(&self) -> Vec<u8> {
+                serde_json::to_vec(self).expect("json")
+            }
+        }
+    }
+
     macro_rules! golden {
         ($name:literal) => {
             include_bytes!(concat!(
@@ -282,25 +294,35 @@ mod tests {
 
     /// A package upgrade's reload is the new release's `baton reload`
     /// asking the old release's daemon (`ExecReload=`), and a rollback's the
-    /// reverse: the requests are what release 0.1.0 writes and reads, byte
-    /// for byte, and its answers are read (`tests/golden/control/`).
+    /// reverse: requests and answers are what release 0.1.0 writes, byte
+    /// for byte, and what it wrote is read (`tests/golden/control/`).
     #[test]
     fn the_control_lines_of_release_0_1_0_are_spoken() {
-        for (request, line) in [
+        let line = |value: &dyn erased::Json| {
+            let mut line = value.json();
+            line.push(b'\n');
+            line
+        };
+        for (request, golden) in [
             (Request::Reload, &golden!("reload")[..]),
             (Request::Status, &golden!("status")[..]),
         ] {
-            let mut ours = serde_json::to_vec(&Envelope { command: request }).expect("json");
-            ours.push(b'\n');
-            assert_eq!(ours, line, "{request:?}");
+            assert_eq!(line(&Envelope { command: request }), golden, "{request:?}");
+            assert_eq!(decode_request(golden), Ok(request), "{request:?}");
         }
-        let reloaded: Reply = serde_json::from_slice(golden!("reply_reloaded")).expect("reply");
-        assert_eq!(
-            reloaded,
-            Reply::serving(4242, "generation 5 (pid 4242) is serving")
+        let serving = Reply::serving(4242, "generation 5 (pid 4242) is serving");
+        let failed = Reply::err(
+            Exit::Config,
+            "reload failed: new generation failed (exit 78): config invalid",
         );
-        let failed: Reply = serde_json::from_slice(golden!("reply_failed")).expect("reply");
-        assert_eq!((failed.ok, failed.exit_code, failed.pid), (false, 78, None));
+        for (reply, golden) in [
+            (serving, &golden!("reply_reloaded")[..]),
+            (failed, &golden!("reply_failed")[..]),
+        ] {
+            assert_eq!(line(&reply), golden, "{reply:?}");
+            let read: Reply = serde_json::from_slice(golden).expect("reply");
+            assert_eq!(read, reply);
+        }
         // A field a later release adds is read past, either way.
         let later = br#"{"ok":true,"exit_code":0,"message":"m","pid":1,"took_ms":9}"#;
         assert!(serde_json::from_slice::<Reply>(later).is_ok());

@@ -89,16 +89,19 @@ impl UpstreamTls {
         })
     }
 
-    /// `address`'s connector, made at its first connection. The map is
-    /// emptied past [`CONNECTORS`] (DNS members that came and went), which
-    /// costs a full handshake each.
+    /// `address`'s connector, made at its first connection. Past
+    /// [`CONNECTORS`] addresses (DNS members that came and went) one is
+    /// dropped for each new one: its next connection makes a full handshake.
     fn connector(&self, address: SocketAddr) -> TlsConnector {
         let mut by_backend = self
             .by_backend
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if by_backend.len() >= CONNECTORS && !by_backend.contains_key(&address) {
-            by_backend.clear();
+            let dropped = by_backend.keys().next().copied();
+            if let Some(dropped) = dropped {
+                by_backend.remove(&dropped);
+            }
         }
         by_backend
             .entry(address)
@@ -129,12 +132,14 @@ impl UpstreamTls {
     }
 }
 
-/// Backend addresses with a session cache of their own, at most.
-const CONNECTORS: usize = 4096;
+/// Backend addresses with a session cache of their own, at most (each
+/// holds tickets with the certificate chain they came with: some KiB).
+const CONNECTORS: usize = 512;
 
-/// Sessions kept per backend: a few names (its address, a DNS name, the
-/// pool's `server_name`), each with its tickets.
-const SESSIONS: usize = 4;
+/// A backend's session cache: rustls keeps a name for every 8 of these,
+/// with up to 8 TLS 1.3 tickets each: four names (its address, the DNS
+/// names that give it, the pool's `server_name`).
+const SESSIONS: usize = 32;
 
 /// `verify = false`: any certificate is taken; the handshake's signatures
 /// are still checked against it.
