@@ -269,16 +269,11 @@ pub enum CallError {
 mod tests {
     use super::*;
 
-    /// What is written as a line, whatever its type.
-    mod erased {
-        pub trait Json {
-            fn json(&self) -> Vec<u8>;
-        }
-        impl<T: serde::Serialize> Json for T {
-            fn json(&self) -> Vec<u8> {
-                serde_json::to_vec(self).expect("json")
-            }
-        }
+    /// `value` as it is written on the socket: one JSON line.
+    fn line(value: &impl Serialize) -> Vec<u8> {
+        let mut line = serde_json::to_vec(value).expect("json");
+        line.push(b'\n');
+        line
     }
 
     macro_rules! golden {
@@ -298,11 +293,6 @@ mod tests {
     /// for byte, and what it wrote is read (`tests/golden/control/`).
     #[test]
     fn the_control_lines_of_release_0_1_0_are_spoken() {
-        let line = |value: &dyn erased::Json| {
-            let mut line = value.json();
-            line.push(b'\n');
-            line
-        };
         for (request, golden) in [
             (Request::Reload, &golden!("reload")[..]),
             (Request::Status, &golden!("status")[..]),

@@ -1,8 +1,8 @@
 //! Keeping named backends current while a generation runs: one task per
 //! named backend resolves, makes the pool's members match the answer, and
 //! sleeps until the records expire, clamped to [1 s, `resolve_interval`]
-//! (a shorter interval is its own floor), sweeping drained members out
-//! meanwhile. A failure keeps the last good set, an answer of no address
+//! (a shorter interval is its own floor); one task per pool sweeps drained
+//! members out meanwhile. A failure keeps the last good set, an answer of no address
 //! for the pool's hold. The tasks stop with the generation's other
 //! background work.
 
