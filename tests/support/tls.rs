@@ -369,7 +369,9 @@ impl TlsBackend {
 }
 
 /// Reads a PROXY header (v1: a line; v2: 16 bytes and the length they
-/// give) off `tcp`, byte-exact: what follows is the TLS handshake.
+/// give) off `tcp`, byte-exact: what follows is the TLS handshake. (A
+/// reader of its own, not `proxied::read_header`: the TLS bench includes
+/// this file alone, without the rest of the support.)
 async fn skip_proxy_header(tcp: &mut tokio::net::TcpStream) -> std::io::Result<()> {
     use tokio::io::AsyncReadExt;
     let first = tcp.read_u8().await?;
