@@ -478,6 +478,86 @@ fn a_status_the_admin_socket_refuses_says_who_may() {
     );
 }
 
+/// While baton is stopped (or before it binds), any local user may listen
+/// on its unprivileged admin port: `baton backend`, run by root, sends the
+/// token only to a holder who may read the token file, and otherwise says
+/// who holds the port (69, as for a daemon it cannot reach).
+#[test]
+fn the_admin_token_goes_only_to_a_port_held_by_one_who_may_read_it() {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::PermissionsExt;
+    if !skip::root_or_skipped() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let squatter = listening_as(65534);
+    let admin = squatter.local_addr().expect("addr");
+    let config = dir.path().join("b.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[admin]\nlisten = \"{admin}\"\ntoken_file = \"{}\"\n",
+            token.display()
+        ),
+    )
+    .expect("write");
+    let drain = || {
+        run(&[
+            "backend",
+            "drain",
+            "app-0",
+            "-c",
+            config.to_str().expect("utf-8"),
+        ])
+    };
+
+    let (code, _, stderr) = drain();
+    assert_eq!(code, 69, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the admin port {admin} is held by uid 65534 (nobody), who may not read {}: the admin token is not sent to it",
+            token.display()
+        )),
+        "{stderr}"
+    );
+    squatter.set_nonblocking(true).expect("nonblocking");
+    assert_eq!(
+        squatter.accept().map(|_| ()).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::WouldBlock),
+        "nothing was sent to the port's holder"
+    );
+
+    // The file's owner may read it: the token goes to them.
+    nix::unistd::chown(&token, Some(nix::unistd::Uid::from_raw(65534)), None).expect("chown");
+    squatter.set_nonblocking(false).expect("blocking");
+    let holder = std::thread::spawn(move || {
+        let (mut conn, _) = squatter.accept().expect("accept");
+        let mut head = [0u8; 4096];
+        let n = conn.read(&mut head).expect("read");
+        conn.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+            .expect("write");
+        String::from_utf8_lossy(&head[..n]).to_lowercase()
+    });
+    let (code, _, stderr) = drain();
+    assert_eq!(code, 1, "{stderr}");
+    let asked = holder.join().expect("join");
+    assert!(asked.contains("authorization: bearer s3cret"), "{asked}");
+}
+
+/// A listener made as `uid` (its socket's owner in `/proc/net/tcp` is the
+/// creating thread's filesystem uid, which only this thread changes).
+fn listening_as(uid: u32) -> std::net::TcpListener {
+    std::thread::spawn(move || {
+        nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
+        std::net::TcpListener::bind("127.0.0.1:0").expect("bind")
+    })
+    .join()
+    .expect("join")
+}
+
 /// A config this user may not read is said to be so, with who was
 /// refused: it is no invalid config (exit 78 still, as DESIGN has it).
 #[test]

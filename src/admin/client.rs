@@ -1,6 +1,7 @@
 //! The CLI's side of the admin API (`baton status`, `baton backend`): one
 //! HTTP/1.1 request to the admin listener, the JSON answer back.
 
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,6 +11,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 
+use super::port_holder;
 use crate::config::AdminListen;
 
 #[derive(Debug, thiserror::Error)]
@@ -19,8 +21,38 @@ pub enum AdminCallError {
     /// Its socket's mode keeps this user out: the daemon may well run.
     #[error("the admin socket {at} refuses this user: only root and the daemon's own user may connect (or give the admin a TCP listen)")]
     NotOurs { at: String },
+    /// Another user listens on the admin port (baton stopped, or not yet
+    /// bound): the token would be theirs.
+    #[error("the admin port {at} is held by uid {uid} ({user}), who may not read {token_file}: the admin token is not sent to it (is baton running, and is something else listening on its admin port?)")]
+    HeldByAnother {
+        at: String,
+        uid: u32,
+        user: String,
+        token_file: String,
+    },
     #[error("admin endpoint {at}: {cause}")]
     Failed { at: String, cause: String },
+}
+
+/// Refuses to send the token read from `token_file` to a TCP admin port
+/// where a user who may not read that file listens (`port_holder`). A Unix
+/// socket needs no look: its folder's mode keeps others from making it.
+pub fn token_may_go_to(at: &AdminListen, token_file: &Path) -> Result<(), AdminCallError> {
+    let AdminListen::Tcp(addr) = at else {
+        return Ok(());
+    };
+    let stranger = port_holder::uids_listening_at(*addr)
+        .into_iter()
+        .find(|uid| !port_holder::may_read(*uid, token_file));
+    match stranger {
+        None => Ok(()),
+        Some(uid) => Err(AdminCallError::HeldByAnother {
+            at: at.to_string(),
+            uid,
+            user: port_holder::user_name(uid),
+            token_file: token_file.display().to_string(),
+        }),
+    }
 }
 
 /// Sends `method path` to the admin listener `at` (with the bearer token,

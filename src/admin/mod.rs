@@ -7,6 +7,7 @@ mod bounded;
 pub mod client;
 mod generations;
 mod places;
+mod port_holder;
 mod routes;
 
 use std::net::SocketAddr;
@@ -358,6 +359,7 @@ mod tests {
                 liveness_paths: vec!["/healthz".into()],
                 readiness_paths: vec!["/readyz".into()],
                 token: None,
+                token_file: None,
             },
             generation: GenerationInfo {
                 number: 1,

@@ -18,7 +18,12 @@ pub(super) fn admin_call(
 ) -> Result<(u16, String), Exit> {
     let rt = super::runtime(1)?;
     let token = admin.token.as_deref();
-    rt.block_on(client::call(&admin.listen, method, path, token))
+    let checked = match &admin.token_file {
+        Some(file) if token.is_some() => client::token_may_go_to(&admin.listen, file),
+        _ => Ok(()),
+    };
+    checked
+        .and_then(|()| rt.block_on(client::call(&admin.listen, method, path, token)))
         .map_err(|e| {
             eprintln!("baton: {e}");
             match e {
@@ -27,7 +32,9 @@ pub(super) fn admin_call(
                     Exit::Unreachable
                 }
                 // As `baton reload` refused by the control socket's mode.
-                AdminCallError::NotOurs { .. } => Exit::Unreachable,
+                AdminCallError::NotOurs { .. } | AdminCallError::HeldByAnother { .. } => {
+                    Exit::Unreachable
+                }
                 AdminCallError::Failed { .. } => Exit::Failure,
             }
         })

@@ -69,6 +69,9 @@ pub struct AdminConfig {
     pub readiness_paths: Vec<String>,
     /// The bearer token mutating calls must carry, read from `token_file`.
     pub token: Option<String>,
+    /// Where `token` was read (the CLI sends it only to a port held by a
+    /// user who may read this file: `admin::client::token_may_go_to`).
+    pub token_file: Option<PathBuf>,
 }
 
 /// Where the admin server listens.

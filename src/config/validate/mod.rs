@@ -445,6 +445,10 @@ impl Validator {
             Token::Read => raw.token_file.as_deref().and_then(|f| self.token(f)),
             Token::Unread => None,
         };
+        let token_file = token
+            .as_ref()
+            .and(raw.token_file.as_deref())
+            .map(|f| self.path(Some(f), f));
         let open_to_all = raw.allow_remote_without_token.unwrap_or(false);
         let remote = listen.tcp().filter(|addr| !addr.ip().is_loopback());
         if remote.is_some() && raw.token_file.is_none() && !open_to_all {
@@ -460,6 +464,7 @@ impl Validator {
             liveness_paths,
             readiness_paths,
             token,
+            token_file,
         }
     }
 

@@ -1,0 +1,197 @@
+//! Who listens on the admin port the CLI is about to send the token to.
+//! The port is unprivileged: while baton is stopped (or before it binds),
+//! any local user may listen there, and `baton backend` run by root would
+//! hand that user the token. So the CLI asks the kernel which uids listen
+//! where its connection lands (`/proc/net/tcp`, `/proc/net/tcp6`) and sends
+//! the token only to one who could read the token file anyway.
+
+use std::ffi::CString;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use nix::unistd::{Gid, Uid, User};
+
+/// `/proc/net/tcp`'s state of a listening socket.
+const LISTEN: &str = "0A";
+
+/// One listening socket of a `/proc/net/tcp{,6}` table.
+#[derive(Debug, PartialEq, Eq)]
+struct Listening {
+    ip: IpAddr,
+    port: u16,
+    uid: u32,
+}
+
+/// The uids of the sockets a connection to `addr` may land on: those bound
+/// to its very address if there are any (the kernel prefers them), else
+/// the wildcard ones. None for an address that is not this host's: its
+/// listeners are out of sight, and no local user can hold them.
+pub fn uids_listening_at(addr: SocketAddr) -> Vec<u32> {
+    if !is_own(addr.ip()) {
+        return Vec::new();
+    }
+    let tables = [("/proc/net/tcp", false), ("/proc/net/tcp6", true)];
+    let listening: Vec<Listening> = tables
+        .iter()
+        .filter_map(|(path, v6)| std::fs::read_to_string(path).ok().map(|t| (t, *v6)))
+        .flat_map(|(text, v6)| listening_in(&text, v6))
+        .filter(|l| l.port == addr.port())
+        .collect();
+    let target = canonical(addr.ip());
+    let exact: Vec<u32> = listening
+        .iter()
+        .filter(|l| l.ip == target)
+        .map(|l| l.uid)
+        .collect();
+    if !exact.is_empty() {
+        return exact;
+    }
+    listening
+        .iter()
+        .filter(|l| l.ip.is_unspecified() && (l.ip.is_ipv6() || target.is_ipv4()))
+        .map(|l| l.uid)
+        .collect()
+}
+
+/// Whether `ip` is one of this host's addresses: loopback, or one a socket
+/// may bind (which a foreign address may not, without `IP_FREEBIND`).
+fn is_own(ip: IpAddr) -> bool {
+    ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 one it stands for.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The listening sockets of one table's text. Addresses are the kernel's
+/// words printed in its own byte order, ports in hex.
+fn listening_in(text: &str, v6: bool) -> Vec<Listening> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, state, uid) = (fields.get(1)?, fields.get(3)?, fields.get(7)?);
+            if *state != LISTEN {
+                return None;
+            }
+            let (ip, port) = local.split_once(':')?;
+            Some(Listening {
+                ip: canonical(if v6 { ipv6(ip)? } else { ipv4(ip)? }),
+                port: u16::from_str_radix(port, 16).ok()?,
+                uid: uid.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+fn ipv4(hex: &str) -> Option<IpAddr> {
+    let word = u32::from_str_radix(hex, 16).ok()?;
+    Some(IpAddr::V4(Ipv4Addr::from(word.to_ne_bytes())))
+}
+
+fn ipv6(hex: &str) -> Option<IpAddr> {
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut bytes = [0u8; 16];
+    for (i, chunk) in bytes.chunks_mut(4).enumerate() {
+        let word = u32::from_str_radix(hex.get(i * 8..i * 8 + 8)?, 16).ok()?;
+        chunk.copy_from_slice(&word.to_ne_bytes());
+    }
+    Some(IpAddr::V6(Ipv6Addr::from(bytes)))
+}
+
+/// Whether `uid` may read `file` (or is root, or this very user, who read
+/// it): its owner, everyone when the mode says so, or a member of its
+/// group when the group may read. A file that cannot be looked at trusts
+/// no one.
+pub fn may_read(uid: u32, file: &Path) -> bool {
+    if uid == 0 || uid == Uid::effective().as_raw() {
+        return true;
+    }
+    let Ok(meta) = std::fs::metadata(file) else {
+        return false;
+    };
+    let mode = meta.mode();
+    uid == meta.uid()
+        || mode & 0o004 != 0
+        || (mode & 0o040 != 0 && in_group(uid, Gid::from_raw(meta.gid())))
+}
+
+/// Whether the user `uid` is in `group`, as primary or supplementary.
+fn in_group(uid: u32, group: Gid) -> bool {
+    let Ok(Some(user)) = User::from_uid(Uid::from_raw(uid)) else {
+        return false;
+    };
+    if user.gid == group {
+        return true;
+    }
+    let Ok(name) = CString::new(user.name) else {
+        return false;
+    };
+    nix::unistd::getgrouplist(&name, user.gid).is_ok_and(|groups| groups.contains(&group))
+}
+
+/// `uid`'s user name, for a message, if the user database has one.
+pub fn user_name(uid: u32) -> String {
+    match User::from_uid(Uid::from_raw(uid)) {
+        Ok(Some(user)) => user.name,
+        _ => "no user name".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:26AD 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1001        0 287 1 0 100 0 0 10 0
+   1: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 288 1 0 100 0 0 10 0
+   2: 0100007F:26AD 0100007F:C350 01 00000000:00000000 00:00000000 00000000  1002        0 289 1 0 100 0 0 10 0
+";
+
+    const TABLE6: &str = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000001000000:26AD 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000   997        0 290 1 0 100 0 0 10 0
+   1: 0000000000000000FFFF00000100007F:1F91 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000   998        0 291 1 0 100 0 0 10 0
+";
+
+    #[test]
+    fn listening_sockets_are_read_in_the_kernels_byte_order() {
+        let at = |ip: [u8; 4], port, uid| Listening {
+            ip: IpAddr::from(ip),
+            port,
+            uid,
+        };
+        assert_eq!(
+            listening_in(TABLE, false),
+            vec![at([127, 0, 0, 1], 9901, 1001), at([0, 0, 0, 0], 8080, 0)],
+            "an established connection is no listener"
+        );
+        assert_eq!(
+            listening_in(TABLE6, true),
+            vec![
+                Listening {
+                    ip: IpAddr::V6(Ipv6Addr::LOCALHOST),
+                    port: 9901,
+                    uid: 997
+                },
+                at([127, 0, 0, 1], 8081, 998),
+            ],
+            "a mapped IPv4 address is the IPv4 one"
+        );
+    }
+
+    #[test]
+    fn root_and_this_user_may_read_anything_and_a_missing_file_trusts_no_other() {
+        let missing = Path::new("/nonexistent/token");
+        assert!(may_read(0, missing));
+        assert!(may_read(Uid::effective().as_raw(), missing));
+        let other = Uid::effective().as_raw().wrapping_add(4242).max(1);
+        assert!(!may_read(other, missing));
+    }
+}
