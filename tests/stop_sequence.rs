@@ -261,6 +261,41 @@ async fn a_queue_met_with_no_fd_free_at_the_stop_is_served_as_fds_free_up() {
     );
 }
 
+/// Every notice to systemd leaves by one socket made at the start: a
+/// generation whose fd table is full (a loaded one, just when it hands
+/// over) still tells systemd. A socket made for each notice could not be
+/// made then, and a reload's `MAINPID=` lost had systemd end the service
+/// when the old generation exited; here, the stop's `STOPPING=1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_without_a_free_fd_still_tells_systemd() {
+    let notifications = Notifications::listen();
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
+    let baton = Baton::spawn_under(spec, &[], &["env", &notifications.env]);
+    baton.wait_ready().await;
+    let pid = baton.first_pid;
+    let held = NoFreeFd::hold(pid);
+    notifications.mark("MARK");
+    signal(pid, Signal::SIGTERM);
+    // `STOPPING=1` comes first of all; the fds come back for the rest.
+    support::eventually("the doors closed and the drain began", || async {
+        baton.log().contains("drain started")
+    })
+    .await;
+    drop(held);
+    assert_eq!(wait_exit(pid).await, Some(0), "{}", baton.log());
+    let said = notifications.said().await;
+    let marked = said.iter().position(|s| s == "MARK");
+    let stopping = said
+        .iter()
+        .rposition(|s| s.lines().any(|l| l == "STOPPING=1"));
+    assert!(
+        matches!((marked, stopping), (Some(m), Some(s)) if s > m),
+        "no STOPPING=1 once the fds ran out: {said:?}\n{}",
+        baton.log()
+    );
+}
+
 /// A client that connected but has yet to send its request as the stop
 /// begins is in no accept queue: the kernel holds it back until its first
 /// bytes (`defer_accept`, on by default for HTTP). With no pre-stop pause

@@ -29,6 +29,7 @@ pub fn run(args: RunArgs) -> Exit {
 
 fn run_logged(args: RunArgs) -> Exit {
     crate::lifecycle::fd_limit::raise();
+    crate::lifecycle::systemd::keep_notify_socket();
     // While the process is one thread, the kernel grows its fd table
     // without waiting for an RCU grace period (12 ms a reload, measured,
     // once the runtime's threads exist): room for the default listener

@@ -2,15 +2,102 @@
 //! when `NOTIFY_SOCKET` is unset (not under systemd), and a failure to
 //! notify is logged, never fatal: serving traffic matters more.
 
+use std::io::IoSlice;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::net::UnixDatagram;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 use sd_notify::NotifyState;
 
+/// The socket every notice leaves by, made at the start and kept. One made
+/// for each notice (as the sd-notify crate does) could not be made once
+/// the fd table was full, as a loaded generation's is when it hands over:
+/// its `MAINPID=` lost, systemd took the old generation's exit for the
+/// service's end and stopped the new one with it. `None` until made, and
+/// made again at the next notice if it could not be.
+static NOTIFIER: Mutex<Option<Notifier>> = Mutex::new(None);
+
+/// How long a notice may wait for systemd to take it: a stalled PID 1
+/// must not hold the thread that tells (health checks, admin, handoff).
+const NOTICE_WAIT: Duration = Duration::from_secs(1);
+
+struct Notifier {
+    socket: UnixDatagram,
+    to: UnixAddr,
+}
+
+impl Notifier {
+    /// One for `NOTIFY_SOCKET` (a path, or `@` and an abstract name).
+    fn open(target: &std::ffi::OsStr) -> std::io::Result<Notifier> {
+        use std::os::unix::ffi::OsStrExt;
+        let to = match target.as_bytes() {
+            [b'@', name @ ..] => UnixAddr::new_abstract(name),
+            path => UnixAddr::new(path),
+        }
+        .map_err(std::io::Error::from)?;
+        let socket = UnixDatagram::unbound()?;
+        socket.set_write_timeout(Some(NOTICE_WAIT))?;
+        Ok(Notifier { socket, to })
+    }
+
+    fn send(&self, message: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+        let rights = [ControlMessage::ScmRights(fds)];
+        let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
+        let sent = sendmsg(
+            self.socket.as_raw_fd(),
+            &[IoSlice::new(message)],
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            Some(&self.to),
+        )?;
+        if sent == message.len() {
+            Ok(())
+        } else {
+            Err(std::io::ErrorKind::WriteZero.into())
+        }
+    }
+}
+
+/// Makes the notify socket now, while fds are to be had (a no-op when
+/// not under systemd's notify protocol).
+pub fn keep_notify_socket() {
+    if let Err(err) = with_notifier(|_| Ok(())) {
+        tracing::warn!(cause = %err, "cannot make a socket to notify systemd");
+    }
+}
+
+/// Runs `send` with the kept notify socket, made first if it is not yet.
+fn with_notifier(send: impl FnOnce(&Notifier) -> std::io::Result<()>) -> std::io::Result<()> {
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return Ok(());
+    };
+    let mut kept = NOTIFIER.lock().unwrap_or_else(PoisonError::into_inner);
+    if kept.is_none() {
+        *kept = Some(Notifier::open(&target)?);
+    }
+    match kept.as_ref() {
+        Some(notifier) => send(notifier),
+        None => Ok(()),
+    }
+}
+
+/// The states as the protocol has them: a line each.
+fn message(states: &[NotifyState]) -> String {
+    states.iter().map(|s| format!("{s}\n")).collect()
+}
+
 fn notify(states: &[NotifyState]) {
-    if let Err(err) = sd_notify::notify(false, states) {
+    if let Err(err) = with_notifier(|n| n.send(message(states).as_bytes(), &[])) {
         tracing::warn!(cause = %err, "sd_notify failed");
     }
+}
+
+/// Sends `states` with `fds` (`FDSTORE=1`).
+fn notify_with_fds(states: &[NotifyState], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    with_notifier(|n| n.send(message(states).as_bytes(), &raw))
 }
 
 pub fn ready(status: &str) {
@@ -219,7 +306,7 @@ impl FdStoreUpdate {
         for (name, fd) in &self.store {
             let states = [NotifyState::FdStore, NotifyState::FdName(name)];
             let fd = std::os::fd::AsFd::as_fd(fd);
-            if let Err(err) = sd_notify::notify_with_fds(false, &states, &[fd]) {
+            if let Err(err) = notify_with_fds(&states, &[fd]) {
                 tracing::warn!(cause = %err, name, "cannot store fd with systemd");
             }
         }
