@@ -1,13 +1,14 @@
 //! baton's own shortages: the errors a socket call gives when this process
 //! or host ran out of something (descriptors, memory, socket buffers, the
 //! epoll watches a user may hold: ENOSPC, from the registration tokio makes
-//! of an accepted or connecting socket), not because a peer failed. (Not EADDRNOTAVAIL: besides no local port left,
-//! it is also an IPv6 backend with no source address to reach it from, a
-//! fault of that backend's address that its health must show.) The accept loop backs off on
-//! them; a connect to a backend that meets one does not count against the
-//! backend, or a full fd table would mark every backend down.
+//! of an accepted or connecting socket), not because a peer failed. The
+//! accept loop backs off on them; a connect to a backend that meets one
+//! does not count against the backend, or a full fd table would mark every
+//! backend down. So does a connect to an IPv4 backend that found no local
+//! port free (`no_local_port`).
 
 use std::io;
+use std::net::SocketAddr;
 
 use nix::errno::Errno;
 
@@ -26,9 +27,32 @@ pub fn is_own(err: &io::Error) -> bool {
     })
 }
 
+/// Whether a connect to `to` failed for want of a local port: EADDRNOTAVAIL
+/// to an IPv4 address, whose every ephemeral port toward it is taken
+/// (`ip_local_port_range`; churn through a `send_proxy` pool or TCP mode
+/// fills it with TIME_WAIT). Counted against the backend, it marked a busy
+/// pool's backends down together, and a passing shortage was an outage,
+/// as HAProxy does not make it. To an IPv6 address the same error also
+/// says no source address of this host reaches it: that backend's own
+/// fault, which its health must show.
+pub fn no_local_port(err: &io::Error, to: SocketAddr) -> bool {
+    to.is_ipv4() && err.raw_os_error() == Some(Errno::EADDRNOTAVAIL as i32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_port_left_is_ours_toward_ipv4_alone() {
+        let taken = io::Error::from_raw_os_error(Errno::EADDRNOTAVAIL as i32);
+        let v4: SocketAddr = "10.0.0.5:80".parse().expect("address");
+        let v6: SocketAddr = "[2001:db8::5]:80".parse().expect("address");
+        assert!(no_local_port(&taken, v4));
+        assert!(!no_local_port(&taken, v6), "no source address reaches it");
+        let refused = io::Error::from_raw_os_error(Errno::ECONNREFUSED as i32);
+        assert!(!no_local_port(&refused, v4));
+    }
 
     #[test]
     fn running_short_is_a_shortage_a_refusal_is_not() {

@@ -741,6 +741,99 @@ async fn a_backend_connect_without_a_free_fd_is_a_503_not_the_backends_fault() {
     );
 }
 
+/// A connect to an IPv4 backend that finds no local port left (every port
+/// of `ip_local_port_range` toward it taken) is baton's shortage too: a
+/// 503, counted, and the backend stays up, which `fall = 1` would end at
+/// one blamed failure (churn through a `send_proxy` pool filling the range
+/// marked a busy pool's backends down together). In a network namespace
+/// of the test's own, whose port range it narrows to two ports once baton
+/// serves.
+#[test]
+fn a_backend_connect_with_no_local_port_left_is_a_503_not_the_backends_fault() {
+    if !support::possible_or_skipped(&["unshare", "-n", "true"], "a network namespace") {
+        return;
+    }
+    std::thread::spawn(|| {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a network namespace");
+        let up = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .expect("ip");
+        assert!(up.success(), "ip link set lo up");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(no_local_port_left());
+    })
+    .join()
+    .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked));
+}
+
+async fn no_local_port_left() {
+    const RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+    let backend = HttpBackend::start("a").await;
+    let checks =
+        "health = { kind = \"tcp\", interval = \"60s\", timeout = \"1s\", rise = 1, fall = 1 }";
+    let baton = Baton::spawn_under(
+        Spec::new().top("workers = 1").http("web", "app").pool_with(
+            "app",
+            checks,
+            &[(backend.addr, 1)],
+        ),
+        &[],
+        &[],
+    );
+    baton.wait_ready().await;
+    let wide = std::fs::read_to_string(RANGE).expect("port range");
+    std::fs::write(RANGE, "40000 40001").expect("narrow the port range");
+    // Clients from ports of their own, outside the range; each holds a
+    // backend connection (and its port) until released.
+    let mut held = Vec::new();
+    let mut refused = None;
+    for port in 50_000..50_010 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(([127, 0, 0, 1], port).into())
+            .expect("bind a client port");
+        let mut s = socket.connect(baton.addr("web")).await.expect("connect");
+        s.write_all(b"GET /gated HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("request");
+        let before = backend.held();
+        let reached = async {
+            while backend.held() <= before {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::select! {
+            () = reached => {}
+            reply = client::read_until_closed(&mut s) => {
+                refused = Some(reply);
+                break;
+            }
+        }
+        held.push(s);
+    }
+    std::fs::write(RANGE, wide).expect("widen the port range");
+    let reply = refused.expect("a connect that found no port left");
+    assert!(
+        reply.starts_with("HTTP/1.1 503"),
+        "{reply}\n{}",
+        baton.log()
+    );
+    assert!(baton.log().contains("baton ran short"), "{}", baton.log());
+    assert_eq!(client::backend_state(baton.admin, "app-0").await, "up");
+    let metrics = client::metrics(baton.admin).await;
+    let counted = client::series(&metrics, "baton_shortages_total{at=\"connect\"}");
+    assert!(counted.is_some_and(|n| n >= 1.0), "{metrics}");
+    backend.release();
+    for mut s in held {
+        let reply = client::read_until_closed(&mut s).await;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    }
+}
+
 /// Baton's own shortages are counted where they happened
 /// (`baton_shortages_total{at}`), beside the throttled log lines: a
 /// backend connect and an accept that met a full fd table, on `/metrics`

@@ -79,7 +79,7 @@ pub async fn connect(
 ) -> Result<BackendStream, ConnectFault> {
     let connecting = async {
         let mut tcp = TcpStream::connect(address).await.map_err(|err| {
-            if crate::shortage::is_own(&err) {
+            if crate::shortage::is_own(&err) || crate::shortage::no_local_port(&err, address) {
                 crate::metrics::shortage(crate::metrics::Shortage::Connect);
                 ConnectFault::Shortage(err)
             } else {
