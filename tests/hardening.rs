@@ -879,6 +879,44 @@ async fn shortages_are_counted_where_they_happen() {
     }
 }
 
+/// A scrape on a kept connection (as Prometheus keeps one) while the fd
+/// table is full: the process figures read `/proc/self` with an fd of
+/// their own, and none free read as 0 open fds, no memory and no CPU time
+/// (a falling CPU figure broke `rate()` over it). Now the last figures,
+/// the limit the table is at, and `getrusage`'s CPU time, which needs no
+/// fd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_at_a_full_fd_table_keeps_the_process_figures() {
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(one_worker(&backend)).await;
+    let mut scraper = client::connect(baton.admin).await.expect("connect");
+    let before = scrape(&mut scraper, baton.admin).await;
+    let held = NoFreeFd::hold(baton.first_pid);
+    let during = scrape(&mut scraper, baton.admin).await;
+    drop(held);
+    assert!(before[0] > 0.0 && before[1] > 0.0, "{before:?}");
+    let [fds, resident, cpu] = during;
+    assert!(
+        fds >= before[0] && resident > 0.0 && cpu >= before[2],
+        "{during:?} with no fd free, {before:?} before"
+    );
+}
+
+/// The serving process's open fds, resident bytes and CPU seconds, from
+/// a scrape on `scraper` (-1 for a series missing).
+async fn scrape(
+    scraper: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    admin: std::net::SocketAddr,
+) -> [f64; 3] {
+    let answer = client::send(scraper, admin, "/metrics")
+        .await
+        .expect("scrape");
+    ["open_fds", "resident_memory_bytes", "cpu_seconds"].map(|name| {
+        let series = format!("baton_process_{name}{{state=\"serving\"}}");
+        client::series(&answer.body, &series).unwrap_or(-1.0)
+    })
+}
+
 /// A health check baton cannot make for want of an fd says nothing of the
 /// backend, and is said once a second at most: the backend keeps its
 /// state (with `fall = 1` and `rise = 50`, one blamed check would hold it

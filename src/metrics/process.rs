@@ -1,5 +1,8 @@
 //! This process's own numbers (open fds, resident memory, CPU seconds),
-//! read from `/proc/self` when `/metrics` renders.
+//! read when `/metrics` renders: from `/proc/self`, and CPU time from
+//! `getrusage`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -19,34 +22,60 @@ impl ProcessStats {
 }
 
 pub fn read() -> ProcessStats {
-    let open_fds = std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count() as u64)
-        .unwrap_or(0);
-    let page = sysconf(nix::unistd::SysconfVar::PAGE_SIZE).unwrap_or(4096);
-    let resident_bytes = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<u64>().ok())
-        })
-        .map_or(0, |pages| pages * page);
-    let ticks = sysconf(nix::unistd::SysconfVar::CLK_TCK).unwrap_or(100) as f64;
-    let cpu_seconds = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            // Fields after the ")" that closes the command name; utime and
-            // stime are the 12th and 13th of those.
-            let rest = s.rsplit_once(')')?.1.to_string();
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
-        })
-        .map_or(0.0, |t| t / ticks);
     ProcessStats {
-        open_fds,
-        resident_bytes,
-        cpu_seconds,
+        open_fds: open_fds(),
+        resident_bytes: resident_bytes(),
+        cpu_seconds: cpu_seconds(),
     }
+}
+
+/// The last figures read from `/proc/self`, for a read that needs an fd
+/// and finds none: a full fd table is just when these numbers are looked
+/// at, and read as 0 they said the opposite (and a CPU figure falling to
+/// 0 broke every `rate()` over it).
+static LAST_OPEN_FDS: AtomicU64 = AtomicU64::new(0);
+static LAST_RESIDENT: AtomicU64 = AtomicU64::new(0);
+
+/// The entries of `/proc/self/fd`. A table with no fd left to list it is
+/// full: at least the soft limit, and at least the last count.
+fn open_fds() -> u64 {
+    match std::fs::read_dir("/proc/self/fd") {
+        Ok(entries) => {
+            let n = entries.count() as u64;
+            LAST_OPEN_FDS.store(n, Ordering::Relaxed);
+            n
+        }
+        Err(_) => {
+            let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+            LAST_OPEN_FDS
+                .load(Ordering::Relaxed)
+                .max(limit.unwrap_or(0))
+        }
+    }
+}
+
+/// Resident pages (`/proc/self/statm`) in bytes; the last figure read when
+/// the file cannot be.
+fn resident_bytes() -> u64 {
+    let page = sysconf(nix::unistd::SysconfVar::PAGE_SIZE).unwrap_or(4096);
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok());
+    match pages {
+        Some(pages) => {
+            LAST_RESIDENT.store(pages * page, Ordering::Relaxed);
+            pages * page
+        }
+        None => LAST_RESIDENT.load(Ordering::Relaxed),
+    }
+}
+
+/// User and system CPU seconds, from `getrusage`, which needs no fd.
+fn cpu_seconds() -> f64 {
+    let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).map_or(0.0, |usage| {
+        seconds(usage.user_time()) + seconds(usage.system_time())
+    })
 }
 
 fn sysconf(var: nix::unistd::SysconfVar) -> Option<u64> {
