@@ -272,6 +272,15 @@ async fn running_out_of_fds_backs_off_without_spinning_and_recovers() {
         &["prlimit", "--nofile=64:64"],
     );
     baton.wait_ready().await;
+    // Said at the start, as no `baton check` of a unit saw this limit.
+    let log = baton.log();
+    let said = log
+        .lines()
+        .find(|l| l.contains("WARN the open-file limit is below"));
+    assert!(
+        said.is_some_and(|l| l.contains("limit=64 needed=")),
+        "{log}"
+    );
     let pid = baton.first_pid;
     let web = baton.addr("web");
     let mut held = Vec::new();

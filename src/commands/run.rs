@@ -81,6 +81,7 @@ async fn run_async(args: RunArgs) -> Exit {
         tracing::warn!("config warning: {warning}");
     }
     fd_limit::reserve_table(fd_limit::fds_for(config.max_connections()));
+    fd_limit::warn_if_short(config.max_connections());
     let exec = match Exec::of_this_process() {
         Ok(e) => e,
         Err(err) => {

@@ -42,6 +42,23 @@ pub fn fds_for(connections: usize) -> u64 {
     2 * connections as u64 + 1024
 }
 
+/// Says at the start when the open-file limit, raised as far as it goes,
+/// is below what the listeners' `max_connections` may take. `baton check`
+/// says so of a unit's `LimitNOFILE=`, but a container's limit or a
+/// shell's `ulimit -n` meets no check: a flood then met EMFILE before
+/// `max_connections`, its requests answered 503, with nothing said before.
+pub fn warn_if_short(connections: usize) {
+    let needed = fds_for(connections);
+    if let Some(limit) = getrlimit(Resource::Nofile).current.filter(|l| *l < needed) {
+        tracing::warn!(
+            limit,
+            needed,
+            max_connections = connections,
+            "the open-file limit is below what the listeners' max_connections may take (a client's and a backend's fd each, and 1024 more): a flood would meet EMFILE first, its requests answered 503; raise LimitNOFILE (or ulimit -n), or lower max_connections"
+        );
+    }
+}
+
 /// Grows the process's table of open files now to hold `fds` (within the
 /// soft limit; a table that large already is left as it is). The kernel
 /// grows it by doubling as fds are taken, and in a process of several
