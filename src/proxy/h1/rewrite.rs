@@ -46,7 +46,7 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
     put_origin_form(&head.method, head.target(), out);
     out.put_slice(b" HTTP/1.1\r\n");
     let authority = head.target_authority();
-    let mut forwarded_for: Vec<&[u8]> = Vec::new();
+    let mut earlier = Earlier::default();
     let mut has_host = false;
     for f in &head.fields {
         let (name, value) = (head.field_name(f), head.field_value(f));
@@ -60,20 +60,13 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
                 authority.is_none()
             }
             Role::Framing | Role::HopByHop | Role::Expect => false,
-            Role::Forwarding => forwarding_kept(to, name, value, &mut forwarded_for),
+            Role::Forwarding => forwarding_kept(to, name, value, &mut earlier),
         };
         if keep {
             put_field(name, value, out);
         }
     }
-    put_own_fields(
-        authority,
-        has_host,
-        to,
-        &forwarded_for,
-        via(head.version),
-        out,
-    );
+    put_own_fields(authority, has_host, to, &earlier, via(head.version), out);
     match head.framing {
         Framing::Length(n) => put_length(n, out),
         Framing::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
@@ -100,19 +93,35 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
     out.put_slice(b"\r\n");
 }
 
+/// What a trusted proxy before baton said of the request (`append`), for
+/// baton's own forwarding fields: its `X-Forwarded-For` hops, and the
+/// scheme its client used.
+#[derive(Default)]
+pub struct Earlier<'a> {
+    pub chain: Vec<&'a [u8]>,
+    /// Its `X-Forwarded-Proto`, when `http` or `https`: a load balancer
+    /// that ends TLS and speaks plain HTTP to baton says `https`, which
+    /// baton's own `http` hid, and every app behind that checks the scheme
+    /// (Django's `SECURE_SSL_REDIRECT`, Rails' `force_ssl`) redirected to
+    /// https forever. HAProxy and nginx leave it as it came.
+    pub proto: Option<&'static str>,
+}
+
 /// Whether a client's forwarding field (`Role::Forwarding`) goes on to the
 /// backend as it came, per the listener's `forwarded`: all under `off`,
 /// none under `replace`; under `append` the client's `X-Forwarded-For`
-/// values are gathered in `chain` (baton writes them as one line, its
-/// own hop last), and the `_` spellings of the fields baton writes, with
-/// the certificate identity only its own handshake can prove, are dropped,
-/// not chained; so is every other field that says the scheme
-/// ([`SCHEME_FIELDS`]), which baton's own `X-Forwarded-Proto` says: left
-/// in, a client's `X-Forwarded-Ssl: on` or `Forwarded: proto=https` beside
-/// it made Rack take a plain request for https (`Forwarded`, which baton
-/// does not extend with its own hop, would also give a chain without the
-/// peer baton saw). One rule for both paths: h2 clients' fields go through
-/// it too (`relay::upload`). On a listener that checks client certificates
+/// values are gathered in `earlier` (baton writes them as one line, its
+/// own hop last), and so is its first `X-Forwarded-Proto` that says `http`
+/// or `https` (written in baton's own line, in place of the listener's
+/// scheme); the `_` spellings of the fields baton writes, with the
+/// certificate identity only its own handshake can prove, are dropped,
+/// not passed on; so is every other field that says the scheme
+/// ([`SCHEME_FIELDS`]), which the one `X-Forwarded-Proto` says: left in, a
+/// client's `X-Forwarded-Ssl: on` or `Forwarded: proto=https` beside it
+/// made Rack take a plain request for https (`Forwarded`, which baton does
+/// not extend with its own hop, would also give a chain without the peer
+/// baton saw). One rule for both paths: h2 clients' fields go through it
+/// too (`relay::upload`). On a listener that checks client certificates
 /// a client's `X-Forwarded-Client-Cert` is dropped under `off` too: only
 /// baton's handshake with that very client could prove one, and nothing in
 /// front of a TLS listener can add a field to what the client encrypted,
@@ -121,14 +130,17 @@ pub fn forwarding_kept<'a>(
     to: &Outbound<'_>,
     name: &[u8],
     value: &'a [u8],
-    chain: &mut Vec<&'a [u8]>,
+    earlier: &mut Earlier<'a>,
 ) -> bool {
     match to.forwarded {
         Forwarded::Off => !(to.checks_client_certs && names_alike("x-forwarded-client-cert", name)),
         Forwarded::Replace => false,
         Forwarded::Append => {
             if name.eq_ignore_ascii_case(b"x-forwarded-for") {
-                chain.push(value);
+                earlier.chain.push(value);
+                false
+            } else if name.eq_ignore_ascii_case(b"x-forwarded-proto") {
+                earlier.proto = earlier.proto.or_else(|| scheme(value));
                 false
             } else {
                 !names_alike("x-forwarded-for", name)
@@ -137,6 +149,18 @@ pub fn forwarding_kept<'a>(
                     && !SCHEME_FIELDS.iter().any(|f| names_alike(f, name))
             }
         }
+    }
+}
+
+/// A forwarded scheme baton passes on: `http` or `https`, in any case.
+fn scheme(value: &[u8]) -> Option<&'static str> {
+    let value = value.trim_ascii();
+    if value.eq_ignore_ascii_case(b"https") {
+        Some("https")
+    } else if value.eq_ignore_ascii_case(b"http") {
+        Some("http")
+    } else {
+        None
     }
 }
 
@@ -180,13 +204,13 @@ fn put_origin_form(method: &http::Method, target: &[u8], out: &mut BytesMut) {
 /// What baton writes into every request it sends a backend, after the
 /// client's own fields, whichever protocol the client spoke: `Host` (the
 /// target's `authority` where it named one, else the backend's unless the
-/// client's was kept), the forwarding fields (`earlier` the client's own
-/// X-Forwarded-For hops), `X-Request-Id` and `via`.
+/// client's was kept), the forwarding fields (with what a proxy before
+/// baton said, `earlier`), `X-Request-Id` and `via`.
 pub fn put_own_fields(
     authority: Option<&[u8]>,
     has_host: bool,
     to: &Outbound<'_>,
-    earlier: &[&[u8]],
+    earlier: &Earlier<'_>,
     via: &[u8],
     out: &mut BytesMut,
 ) {
@@ -200,14 +224,16 @@ pub fn put_own_fields(
     out.put_slice(via);
 }
 
-/// `X-Forwarded-For` (the `earlier` hops, then the client), `-Proto` and
-/// `-Client-Cert`, unless the listener's `forwarded` is `off`.
-fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
+/// `X-Forwarded-For` (the `earlier` hops, then the client), `-Proto` (the
+/// earlier proxy's, else the listener's) and `-Client-Cert`, unless the
+/// listener's `forwarded` is `off`.
+fn put_forwarding(to: &Outbound<'_>, earlier: &Earlier<'_>, out: &mut BytesMut) {
     if to.forwarded == Forwarded::Off {
         return;
     }
     out.put_slice(b"x-forwarded-for: ");
     for hop in earlier
+        .chain
         .iter()
         .flat_map(|v| v.split(|b| *b == b','))
         .map(|v| v.trim_ascii())
@@ -218,7 +244,7 @@ fn put_forwarding(to: &Outbound<'_>, earlier: &[&[u8]], out: &mut BytesMut) {
     }
     out.put_slice(to.client_ip.as_bytes());
     out.put_slice(b"\r\nx-forwarded-proto: ");
-    out.put_slice(to.proto.as_bytes());
+    out.put_slice(earlier.proto.unwrap_or(to.proto).as_bytes());
     out.put_slice(b"\r\n");
     if let Some(identity) = to.client_cert {
         put_field(b"x-forwarded-client-cert", identity.as_bytes(), out);

@@ -85,7 +85,7 @@ pub(super) fn request_head(
         let text = a.as_str();
         text.rsplit('@').next().unwrap_or(text)
     });
-    let mut forwarded_for: Vec<&[u8]> = Vec::new();
+    let mut earlier = rewrite::Earlier::default();
     let mut cookies: Vec<&[u8]> = Vec::new();
     let (mut has_host, mut has_length, mut takes_trailers) = (false, false, false);
     for (name, value) in &parts.headers {
@@ -113,7 +113,7 @@ pub(super) fn request_head(
                 false
             }
             Role::Expect => false,
-            Role::Forwarding => rewrite::forwarding_kept(to, name, value, &mut forwarded_for),
+            Role::Forwarding => rewrite::forwarding_kept(to, name, value, &mut earlier),
         };
         if keep {
             put_field(name, value, out);
@@ -134,7 +134,7 @@ pub(super) fn request_head(
         authority,
         has_host,
         to,
-        &forwarded_for,
+        &earlier,
         b"via: 2.0 baton\r\n",
         out,
     );
@@ -408,7 +408,7 @@ mod tests {
             ("x-forwarded-for", b"a,, b ,"),
             ("x-forwarded-for", b"10.0.0.2, c\xe9"),
             ("x_forwarded_for", b"6.6.6.6"),
-            ("x-forwarded-proto", b"http"),
+            ("x-forwarded-proto", b"HTTP"),
             ("x_forwarded_client_cert", b"forged"),
             ("x-forwarded-client-cert", b"forged"),
             ("x-request-id", b"forged"),
@@ -423,12 +423,43 @@ mod tests {
                 "x-forwarded-host: kept",
                 "host: 10.0.0.9:8080",
                 "x-forwarded-for: a, b, 10.0.0.2, c\\xe9, 127.0.0.1",
-                "x-forwarded-proto: https",
+                "x-forwarded-proto: http",
                 "x-forwarded-client-cert: Subject=\"CN=alice\"",
                 "x-request-id: id-1",
                 "via: 2.0 baton",
             ]
         );
+    }
+
+    #[test]
+    fn append_passes_on_the_first_scheme_an_earlier_proxy_said() {
+        let scheme_of = |fields: &[(&str, &[u8])]| {
+            let head = framed(
+                "GET",
+                "/",
+                fields,
+                &outbound(Forwarded::Append),
+                UpFraming::None,
+            );
+            lines(&head)
+                .into_iter()
+                .filter(|l| l.starts_with("x-forwarded-proto"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        let said: [(&str, &[u8]); 2] = [
+            ("x-forwarded-proto", b"gopher"),
+            ("x-forwarded-proto", b" https "),
+        ];
+        assert_eq!(scheme_of(&said), ["x-forwarded-proto: https"]);
+        let nothing_usable: [(&str, &[u8]); 1] = [("x-forwarded-proto", b"ftp")];
+        assert_eq!(
+            scheme_of(&nothing_usable),
+            ["x-forwarded-proto: https"],
+            "the listener's own (TLS here)"
+        );
+        let plain: [(&str, &[u8]); 1] = [("x-forwarded-proto", b"http")];
+        assert_eq!(scheme_of(&plain), ["x-forwarded-proto: http"]);
     }
 
     #[test]
