@@ -332,7 +332,7 @@ const FIELD_MAX: usize = 2048;
 
 /// `field`, or its first `FIELD_MAX` bytes (not cutting a UTF-8
 /// character) and `...`.
-fn clipped(field: &[u8]) -> Cow<'_, [u8]> {
+pub(crate) fn clipped(field: &[u8]) -> Cow<'_, [u8]> {
     if field.len() <= FIELD_MAX {
         return Cow::Borrowed(field);
     }
@@ -346,7 +346,7 @@ fn clipped(field: &[u8]) -> Cow<'_, [u8]> {
 
 /// `clipped` for text (httparse takes a target only if it is UTF-8),
 /// cut where a character begins.
-fn clipped_text(text: &str) -> Cow<'_, str> {
+pub(crate) fn clipped_text(text: &str) -> Cow<'_, str> {
     if text.len() <= FIELD_MAX {
         return Cow::Borrowed(text);
     }

@@ -76,15 +76,20 @@ pub struct Asked {
 
 impl Asked {
     pub fn of<B>(req: &Request<B>) -> Asked {
-        // Copied: a value may be a view of the connection's read buffer,
-        // which a clone would hold for the stream's life.
-        let header = |headers: &HeaderMap, name| headers.get(name).map(|v| v.as_bytes().into());
+        // Copied as the line will have them (at most 2 KiB each): a copy
+        // of a 64 KiB target or user agent was held for the stream's life.
+        let header = |headers: &HeaderMap, name| {
+            headers
+                .get(name)
+                .map(|v| crate::access_log::clipped(v.as_bytes()).into())
+        };
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| req.uri().to_string(), ToString::to_string);
         Asked {
             method: req.method().to_string(),
-            target: req
-                .uri()
-                .path_and_query()
-                .map_or_else(|| req.uri().to_string(), ToString::to_string),
+            target: crate::access_log::clipped_text(&target).into_owned(),
             referer: header(req.headers(), REFERER),
             user_agent: header(req.headers(), USER_AGENT),
         }

@@ -1,8 +1,8 @@
-//! A header block decoded (RFC 7541 §6): the fields, in order, as views of
-//! the block's bytes where they were written plain, and the dynamic table
-//! kept in step with the client's encoder.
+//! A header block decoded (RFC 7541 §6): the fields, in order, in one
+//! buffer of their own, and the dynamic table kept in step with the
+//! client's encoder.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use super::huffman::{self, HuffmanError};
 use super::table::{Dynamic, ENTRY_OVERHEAD};
@@ -18,7 +18,7 @@ pub enum DecodeError {
     IntegerTooLarge,
     #[error("header block refers to table entry {0}, which does not exist")]
     NoSuchEntry(usize),
-    #[error("dynamic table size update after a field, or above the size baton allows")]
+    #[error("dynamic table size update after a field, above the size baton allows, or a third in a block")]
     BadSizeUpdate,
     #[error(transparent)]
     Huffman(#[from] HuffmanError),
@@ -59,8 +59,9 @@ impl Decoder {
         }
     }
 
-    /// Decodes one whole header block into `fields`, keeping those within
-    /// `max_list` bytes.
+    /// Decodes one whole header block into `fields` (empty), keeping those
+    /// within `max_list` bytes, each in one buffer the size of the fields
+    /// kept (`compacted`).
     pub fn decode(
         &mut self,
         block: &Bytes,
@@ -71,6 +72,7 @@ impl Decoder {
         let mut listed = 0usize;
         let mut whole = true;
         let mut any_field = false;
+        let mut size_updates = 0;
         while at < block.len() {
             let first = block[at];
             let field = if first & 0x80 != 0 {
@@ -79,7 +81,11 @@ impl Decoder {
                 Field { name, value }
             } else if first & 0xe0 == 0x20 {
                 let size = integer(block, &mut at, 5)?;
-                if any_field || size > self.limit {
+                // At most two (RFC 7541 §4.2): a block of a few fields
+                // padded with a hundred thousand one-byte updates made
+                // every stream hold 128 KiB.
+                size_updates += 1;
+                if any_field || size > self.limit || size_updates > 2 {
                     return Err(DecodeError::BadSizeUpdate);
                 }
                 self.table.resize(size);
@@ -106,6 +112,7 @@ impl Decoder {
                 fields.push(field);
             }
         }
+        compacted(fields);
         Ok(if whole {
             Listed::Whole
         } else {
@@ -115,6 +122,27 @@ impl Decoder {
 
     fn entry(&self, index: usize) -> Result<(Bytes, Bytes), DecodeError> {
         self.table.get(index).ok_or(DecodeError::NoSuchEntry(index))
+    }
+}
+
+/// `fields` moved into one buffer of their own size. A plain string is a
+/// view of the block, and the block one of the connection's read buffer
+/// (or a block gathered from CONTINUATIONs, up to 128 KiB), so one field
+/// a stream kept for its life held all of it: a client's 100 streams of
+/// padded blocks held 19 MiB, and any request its read buffer's 16 KiB.
+/// One allocation a block, where a copy of each field would be one a
+/// field.
+fn compacted(fields: &mut [Field]) {
+    let size = fields.iter().map(|f| f.name.len() + f.value.len()).sum();
+    let mut all = BytesMut::with_capacity(size);
+    for f in fields.iter() {
+        all.extend_from_slice(&f.name);
+        all.extend_from_slice(&f.value);
+    }
+    let mut all = all.freeze();
+    for f in fields.iter_mut() {
+        f.name = all.split_to(f.name.len());
+        f.value = all.split_to(f.value.len());
     }
 }
 
@@ -303,8 +331,35 @@ mod tests {
         );
         assert_eq!(refused(&[0x82, 0x20], 4096), DecodeError::BadSizeUpdate);
         assert_eq!(
+            refused(&[0x20, 0x20, 0x20, 0x82], 4096),
+            DecodeError::BadSizeUpdate,
+            "a third size update in one block"
+        );
+        assert_eq!(
             refused(&[0x04, 0x81, 0x00], 4096),
             DecodeError::Huffman(HuffmanError::Padding)
+        );
+    }
+
+    #[test]
+    fn two_size_updates_are_taken_and_the_fields_hold_no_view_of_the_block() {
+        let mut d = Decoder::new(4096);
+        // Two size updates, then `:method: GET` and a literal `x: yy`.
+        let block = hex("2020 82 0001 7802 7979");
+        let mut fields = Vec::new();
+        assert_eq!(d.decode(&block, 65536, &mut fields), Ok(Listed::Whole));
+        assert_eq!(fields.len(), 2);
+        let within = |b: &Bytes| {
+            let range = block.as_ptr() as usize..block.as_ptr() as usize + block.len();
+            range.contains(&(b.as_ptr() as usize))
+        };
+        assert!(
+            fields.iter().all(|f| !within(&f.name) && !within(&f.value)),
+            "a field is still a view of the block"
+        );
+        assert_eq!(
+            (&fields[1].name[..], &fields[1].value[..]),
+            (&b"x"[..], &b"yy"[..])
         );
     }
 
