@@ -128,14 +128,12 @@ pub enum TunnelEnd {
 /// client does not close its own: as in TCP mode, and HAProxy's
 /// `timeout client-fin`, it would hold its places for the hour; see
 /// [`TunnelEnd`]). The caller holds the backend's lease meanwhile.
-/// `sent_down` is what the backend sent past its 101 that the caller wrote
-/// to the client already: a WebSocket frame it began must end before a
-/// Close frame may be written.
+/// `frames` follows a WebSocket's frames (`frames_sent`), and is `None`
+/// for other upgrades.
 pub async fn tunnel<C, B>(
     client: C,
     backend: B,
-    websocket: bool,
-    sent_down: &[u8],
+    frames: Option<FrameTracker>,
     drain: DrainWatch,
     listener: &str,
     limits: TunnelLimits,
@@ -145,9 +143,6 @@ where
     B: AsyncRead + AsyncWrite + Unpin,
 {
     let activity = std::sync::Arc::new(Activity::default());
-    let mut frames = FrameTracker::default();
-    frames.feed(sent_down);
-    let frames = websocket.then_some(frames);
     let joined = joined(client, backend, frames, drain, listener, &activity);
     let idle = activity.idle_for_or(limits.tunnel, limits.half_closed);
     match first_of(joined, idle).await {
@@ -162,6 +157,19 @@ where
             TunnelEnd::Idle
         }
     }
+}
+
+/// A WebSocket's frames as the backend began them in `sent_down`, what it
+/// sent past its 101 that the caller wrote to the client already: a frame
+/// it began must end before a Close frame may be written. Taken before the
+/// tunnel, so the caller's buffer can go back (an idle WebSocket held it,
+/// 16 KiB or more, for the hour). `None` for other upgrades.
+pub fn frames_sent(websocket: bool, sent_down: &[u8]) -> Option<FrameTracker> {
+    websocket.then(|| {
+        let mut frames = FrameTracker::default();
+        frames.feed(sent_down);
+        frames
+    })
 }
 
 /// How long a tunnel may go with nothing moving either way: `tunnel`, or
@@ -570,7 +578,7 @@ mod tests {
         };
         let watch = drain.watch();
         tokio::spawn(async move {
-            super::tunnel(client_side, backend_side, false, &[], watch, "test", limits).await
+            super::tunnel(client_side, backend_side, None, watch, "test", limits).await
         })
     }
 

@@ -415,6 +415,9 @@ async fn attempt<S: ByteStream>(
             WriteFault::Failed(e) => e.to_string(),
         });
     }
+    // Sent: not held through the response (and a tunnel's hour), up to
+    // 128 KiB of a head and the body's first bytes.
+    drop(out);
     let progress = &request.trace.attempt;
     progress
         .upload_done
@@ -751,12 +754,16 @@ async fn joined<S: ByteStream>(
     {
         return TunnelEnd::Failed(Side::Backend);
     }
+    // Both buffers go back now: an idle WebSocket held them for the hour.
     client.buf.clear();
+    release_if_empty(&mut client.buf);
+    let frames = longlived::frames_sent(websocket, &up.buf);
+    up.buf.clear();
+    release_if_empty(&mut up.buf);
     longlived::tunnel(
         &mut to_client,
         &mut to_backend,
-        websocket,
-        &up.buf,
+        frames,
         drain.clone(),
         &proxy.listener,
         longlived::TunnelLimits {
