@@ -272,6 +272,9 @@ impl Upload {
                 continue;
             }
             let Some(source) = self.source.as_mut() else {
+                // All sent: the buffer goes, not held through the response
+                // (a head of up to 64 KiB, for as long as a stream lasts).
+                self.out = BytesMut::new();
                 return Poll::Ready(Ok(()));
             };
             match ready!(Pin::new(source).poll_frame(cx)) {
