@@ -480,8 +480,10 @@ fn a_status_the_admin_socket_refuses_says_who_may() {
 
 /// While baton is stopped (or before it binds), any local user may listen
 /// on its unprivileged admin port: `baton backend`, run by root, sends the
-/// token only to a holder who may read the token file, and otherwise says
-/// who holds the port (69, as for a daemon it cannot reach).
+/// token only to a holder who may read the token file (its folders
+/// searchable, the file readable), and otherwise says who holds the port
+/// (69, as for a daemon it cannot reach). An admin written as `0.0.0.0`
+/// is reached on loopback, and looked at there.
 #[test]
 fn the_admin_token_goes_only_to_a_port_held_by_one_who_may_read_it() {
     use std::io::{Read, Write};
@@ -494,17 +496,17 @@ fn the_admin_token_goes_only_to_a_port_held_by_one_who_may_read_it() {
     std::fs::write(&token, "s3cret\n").expect("token");
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let squatter = listening_as(65534);
-    let admin = squatter.local_addr().expect("addr");
+    let port = squatter.local_addr().expect("addr").port();
     let config = dir.path().join("b.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[admin]\nlisten = \"{admin}\"\ntoken_file = \"{}\"\n",
-            token.display()
-        ),
-    )
-    .expect("write");
-    let drain = || {
+    let drain = |listen: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[admin]\nlisten = \"{listen}\"\ntoken_file = \"{}\"\n",
+                token.display()
+            ),
+        )
+        .expect("write");
         run(&[
             "backend",
             "drain",
@@ -513,16 +515,22 @@ fn the_admin_token_goes_only_to_a_port_held_by_one_who_may_read_it() {
             config.to_str().expect("utf-8"),
         ])
     };
-
-    let (code, _, stderr) = drain();
-    assert_eq!(code, 69, "{stderr}");
-    assert!(
-        stderr.contains(&format!(
-            "the admin port {admin} is held by uid 65534 (nobody), who may not read {}: the admin token is not sent to it",
-            token.display()
-        )),
-        "{stderr}"
-    );
+    let refused = |listen: &str| {
+        let (code, _, stderr) = drain(listen);
+        assert_eq!(code, 69, "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "the admin port 127.0.0.1:{port} is held by uid 65534 ("
+            )) && stderr.contains("the admin token is not sent to it"),
+            "{stderr}"
+        );
+    };
+    refused(&format!("127.0.0.1:{port}"));
+    refused(&format!("0.0.0.0:{port}"));
+    // Its owner now, but in a folder only root may search.
+    nix::unistd::chown(&token, Some(nix::unistd::Uid::from_raw(65534)), None).expect("chown");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    refused(&format!("127.0.0.1:{port}"));
     squatter.set_nonblocking(true).expect("nonblocking");
     assert_eq!(
         squatter.accept().map(|_| ()).map_err(|e| e.kind()),
@@ -530,8 +538,8 @@ fn the_admin_token_goes_only_to_a_port_held_by_one_who_may_read_it() {
         "nothing was sent to the port's holder"
     );
 
-    // The file's owner may read it: the token goes to them.
-    nix::unistd::chown(&token, Some(nix::unistd::Uid::from_raw(65534)), None).expect("chown");
+    // The folder searchable: its owner may read it, and the token goes.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     squatter.set_nonblocking(false).expect("blocking");
     let holder = std::thread::spawn(move || {
         let (mut conn, _) = squatter.accept().expect("accept");
@@ -541,7 +549,7 @@ fn the_admin_token_goes_only_to_a_port_held_by_one_who_may_read_it() {
             .expect("write");
         String::from_utf8_lossy(&head[..n]).to_lowercase()
     });
-    let (code, _, stderr) = drain();
+    let (code, _, stderr) = drain(&format!("127.0.0.1:{port}"));
     assert_eq!(code, 1, "{stderr}");
     let asked = holder.join().expect("join");
     assert!(asked.contains("authorization: bearer s3cret"), "{asked}");

@@ -1,6 +1,7 @@
 //! The CLI's side of the admin API (`baton status`, `baton backend`): one
 //! HTTP/1.1 request to the admin listener, the JSON answer back.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -30,27 +31,58 @@ pub enum AdminCallError {
         user: String,
         token_file: String,
     },
+    /// Who listens on the admin port cannot be told, or the listener that
+    /// took the connection is gone: the token is not sent on a guess.
+    #[error(
+        "cannot tell who listens on the admin port {at} ({cause}): the admin token is not sent"
+    )]
+    HolderUnknown { at: String, cause: String },
     #[error("admin endpoint {at}: {cause}")]
     Failed { at: String, cause: String },
 }
 
-/// Refuses to send the token read from `token_file` to a TCP admin port
-/// where a user who may not read that file listens (`port_holder`). A Unix
+/// The token, and the file it was read from: it goes only to a TCP admin
+/// port held by a user who may read that file.
+#[derive(Clone, Copy)]
+pub struct Token<'a> {
+    pub secret: &'a str,
+    pub file: &'a Path,
+}
+
+/// Refuses to send `token` to a TCP admin port on this host where a user
+/// who may not read its file listens (`port_holder`). Asked before the
+/// connect (where nobody listening is left for the connect to say) and
+/// again once it is made (`connected`), where someone must still listen:
+/// a squatter that bound just after the first look and closed its
+/// listener once it took the connection is caught either way. A Unix
 /// socket needs no look: its folder's mode keeps others from making it.
-pub fn token_may_go_to(at: &AdminListen, token_file: &Path) -> Result<(), AdminCallError> {
-    let AdminListen::Tcp(addr) = at else {
-        return Ok(());
+fn held_by_a_reader(
+    addr: SocketAddr,
+    token: Token<'_>,
+    connected: bool,
+) -> Result<(), AdminCallError> {
+    let unknown = |cause: String| AdminCallError::HolderUnknown {
+        at: addr.to_string(),
+        cause,
     };
-    let stranger = port_holder::uids_listening_at(*addr)
+    let uids = match port_holder::uids_listening_at(addr) {
+        Ok(None) => return Ok(()),
+        Ok(Some(uids)) => uids,
+        Err(err) => return Err(unknown(format!("/proc/net/tcp: {err}"))),
+    };
+    if uids.is_empty() && connected {
+        return Err(unknown("nobody listens there any more".to_string()));
+    }
+    match uids
         .into_iter()
-        .find(|uid| !port_holder::may_read(*uid, token_file));
-    match stranger {
+        .find(|uid| !port_holder::may_read(*uid, token.file))
+    {
         None => Ok(()),
         Some(uid) => Err(AdminCallError::HeldByAnother {
-            at: at.to_string(),
+            at: addr.to_string(),
             uid,
             user: port_holder::user_name(uid),
-            token_file: token_file.display().to_string(),
+            token_file: token.file.display().to_string(),
         }),
     }
 }
@@ -61,7 +93,7 @@ pub async fn call(
     at: &AdminListen,
     method: &str,
     path: &str,
-    token: Option<&str>,
+    token: Option<Token<'_>>,
 ) -> Result<(u16, String), AdminCallError> {
     let unreachable = |cause: std::io::Error| AdminCallError::Unreachable {
         at: at.to_string(),
@@ -70,14 +102,18 @@ pub async fn call(
     let asked = Asked {
         method,
         path,
-        token,
+        token: token.map(|t| t.secret),
     };
     let answer = match at {
         AdminListen::Tcp(addr) => {
-            let stream = connected(TcpStream::connect(addr)).await;
-            asked
-                .on(stream.map_err(unreachable)?, &addr.to_string())
+            let to = port_holder::reachable(*addr);
+            let guarded = |connected| token.map_or(Ok(()), |t| held_by_a_reader(to, t, connected));
+            guarded(false)?;
+            let stream = connected(TcpStream::connect(to))
                 .await
+                .map_err(unreachable)?;
+            guarded(true)?;
+            asked.on(stream, &addr.to_string()).await
         }
         AdminListen::Unix(socket) => {
             // A Unix socket's mode refuses with EACCES (a TCP connect's

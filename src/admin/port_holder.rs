@@ -23,21 +23,46 @@ struct Listening {
     uid: u32,
 }
 
+/// Where a connection to `addr` goes: an unspecified address (an admin
+/// listening on `0.0.0.0`, which the CLI connects to as written) is this
+/// host's loopback, as the kernel takes it.
+pub fn reachable(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, addr.port()).into(),
+        IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, addr.port()).into(),
+        _ => addr,
+    }
+}
+
 /// The uids of the sockets a connection to `addr` may land on: those bound
 /// to its very address if there are any (the kernel prefers them), else
-/// the wildcard ones. None for an address that is not this host's: its
-/// listeners are out of sight, and no local user can hold them.
-pub fn uids_listening_at(addr: SocketAddr) -> Vec<u32> {
+/// the wildcard ones. `None` for an address that is not this host's: its
+/// listeners are out of sight, and no local user can hold them. An error
+/// when the kernel's tables cannot be read: who listens cannot be told.
+pub fn uids_listening_at(addr: SocketAddr) -> std::io::Result<Option<Vec<u32>>> {
     if !is_own(addr.ip()) {
-        return Vec::new();
+        return Ok(None);
     }
-    let tables = [("/proc/net/tcp", false), ("/proc/net/tcp6", true)];
-    let listening: Vec<Listening> = tables
-        .iter()
-        .filter_map(|(path, v6)| std::fs::read_to_string(path).ok().map(|t| (t, *v6)))
-        .flat_map(|(text, v6)| listening_in(&text, v6))
-        .filter(|l| l.port == addr.port())
-        .collect();
+    let mut listening = Vec::new();
+    let mut read_any = false;
+    for (path, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                read_any = true;
+                listening.extend(
+                    listening_in(&text, v6)
+                        .into_iter()
+                        .filter(|l| l.port == addr.port()),
+                );
+            }
+            // No IPv6 on this host: no table of it.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound && v6 => {}
+            Err(err) => return Err(err),
+        }
+    }
+    if !read_any {
+        return Err(std::io::ErrorKind::NotFound.into());
+    }
     let target = canonical(addr.ip());
     let exact: Vec<u32> = listening
         .iter()
@@ -45,13 +70,15 @@ pub fn uids_listening_at(addr: SocketAddr) -> Vec<u32> {
         .map(|l| l.uid)
         .collect();
     if !exact.is_empty() {
-        return exact;
+        return Ok(Some(exact));
     }
-    listening
-        .iter()
-        .filter(|l| l.ip.is_unspecified() && (l.ip.is_ipv6() || target.is_ipv4()))
-        .map(|l| l.uid)
-        .collect()
+    Ok(Some(
+        listening
+            .iter()
+            .filter(|l| l.ip.is_unspecified() && (l.ip.is_ipv6() || target.is_ipv4()))
+            .map(|l| l.uid)
+            .collect(),
+    ))
 }
 
 /// Whether `ip` is one of this host's addresses: loopback, or one a socket
@@ -107,20 +134,35 @@ fn ipv6(hex: &str) -> Option<IpAddr> {
 }
 
 /// Whether `uid` may read `file` (or is root, or this very user, who read
-/// it): its owner, everyone when the mode says so, or a member of its
-/// group when the group may read. A file that cannot be looked at trusts
-/// no one.
+/// it): every folder on its way searchable by it and the file readable,
+/// each by the owner, group or other bits that apply to it. A file that
+/// cannot be looked at trusts no one.
 pub fn may_read(uid: u32, file: &Path) -> bool {
     if uid == 0 || uid == Uid::effective().as_raw() {
         return true;
     }
-    let Ok(meta) = std::fs::metadata(file) else {
+    let Ok(file) = std::fs::canonicalize(file) else {
         return false;
     };
+    let folders_searchable = file
+        .ancestors()
+        .skip(1)
+        .all(|folder| std::fs::metadata(folder).is_ok_and(|m| grants(uid, &m, 0o1)));
+    folders_searchable && std::fs::metadata(&file).is_ok_and(|m| grants(uid, &m, 0o4))
+}
+
+/// Whether the mode of `meta` grants `bit` (4 read, 1 search) to `uid`:
+/// its owner may (and may change the mode if not), a member of its group
+/// by the group's bits, anyone else by the others'.
+fn grants(uid: u32, meta: &std::fs::Metadata, bit: u32) -> bool {
     let mode = meta.mode();
-    uid == meta.uid()
-        || mode & 0o004 != 0
-        || (mode & 0o040 != 0 && in_group(uid, Gid::from_raw(meta.gid())))
+    if uid == meta.uid() {
+        true
+    } else if in_group(uid, Gid::from_raw(meta.gid())) {
+        mode & (bit << 3) != 0
+    } else {
+        mode & bit != 0
+    }
 }
 
 /// Whether the user `uid` is in `group`, as primary or supplementary.

@@ -17,13 +17,12 @@ pub(super) fn admin_call(
     path: &str,
 ) -> Result<(u16, String), Exit> {
     let rt = super::runtime(1)?;
-    let token = admin.token.as_deref();
-    let checked = match &admin.token_file {
-        Some(file) if token.is_some() => client::token_may_go_to(&admin.listen, file),
-        _ => Ok(()),
-    };
-    checked
-        .and_then(|()| rt.block_on(client::call(&admin.listen, method, path, token)))
+    let token = admin
+        .token
+        .as_deref()
+        .zip(admin.token_file.as_deref())
+        .map(|(secret, file)| client::Token { secret, file });
+    rt.block_on(client::call(&admin.listen, method, path, token))
         .map_err(|e| {
             eprintln!("baton: {e}");
             match e {
@@ -32,9 +31,9 @@ pub(super) fn admin_call(
                     Exit::Unreachable
                 }
                 // As `baton reload` refused by the control socket's mode.
-                AdminCallError::NotOurs { .. } | AdminCallError::HeldByAnother { .. } => {
-                    Exit::Unreachable
-                }
+                AdminCallError::NotOurs { .. }
+                | AdminCallError::HeldByAnother { .. }
+                | AdminCallError::HolderUnknown { .. } => Exit::Unreachable,
                 AdminCallError::Failed { .. } => Exit::Failure,
             }
         })
