@@ -99,21 +99,38 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
 #[derive(Default)]
 pub struct Earlier<'a> {
     pub chain: Vec<&'a [u8]>,
-    /// Its `X-Forwarded-Proto`, when `http` or `https`: a load balancer
-    /// that ends TLS and speaks plain HTTP to baton says `https`, which
-    /// baton's own `http` hid, and every app behind that checks the scheme
+    /// The last `X-Forwarded-Proto` (`said_proto`): a load balancer that
+    /// ends TLS and speaks plain HTTP to baton says `https`, which baton's
+    /// own `http` hid, and every app behind that checks the scheme
     /// (Django's `SECURE_SSL_REDIRECT`, Rails' `force_ssl`) redirected to
     /// https forever. HAProxy and nginx leave it as it came.
-    pub proto: Option<&'static str>,
+    pub proto: Option<&'a [u8]>,
+}
+
+impl Earlier<'_> {
+    /// The scheme the proxy before a plain listener said: the last value
+    /// of its last field (the hop nearest baton, which it trusts, as the
+    /// last hops of `X-Forwarded-For`), when `http` or `https`. A TLS
+    /// listener's is `https` whatever is said: its client's bytes were
+    /// encrypted to baton, and an `http` there would only send an app's
+    /// redirect to https round (one a cache in front could keep for all).
+    fn said_proto(&self, listener: &'static str) -> &'static str {
+        if listener == "https" {
+            return listener;
+        }
+        self.proto
+            .and_then(|field| field.rsplit(|b| *b == b',').next())
+            .and_then(scheme)
+            .unwrap_or(listener)
+    }
 }
 
 /// Whether a client's forwarding field (`Role::Forwarding`) goes on to the
 /// backend as it came, per the listener's `forwarded`: all under `off`,
 /// none under `replace`; under `append` the client's `X-Forwarded-For`
 /// values are gathered in `earlier` (baton writes them as one line, its
-/// own hop last), and so is its first `X-Forwarded-Proto` that says `http`
-/// or `https` (written in baton's own line, in place of the listener's
-/// scheme); the `_` spellings of the fields baton writes, with the
+/// own hop last), and so is its last `X-Forwarded-Proto` (whose scheme
+/// baton's own line says, `Earlier::said_proto`); the `_` spellings of the fields baton writes, with the
 /// certificate identity only its own handshake can prove, are dropped,
 /// not passed on; so is every other field that says the scheme
 /// ([`SCHEME_FIELDS`]), which the one `X-Forwarded-Proto` says: left in, a
@@ -140,7 +157,7 @@ pub fn forwarding_kept<'a>(
                 earlier.chain.push(value);
                 false
             } else if name.eq_ignore_ascii_case(b"x-forwarded-proto") {
-                earlier.proto = earlier.proto.or_else(|| scheme(value));
+                earlier.proto = Some(value);
                 false
             } else {
                 !names_alike("x-forwarded-for", name)
@@ -224,8 +241,8 @@ pub fn put_own_fields(
     out.put_slice(via);
 }
 
-/// `X-Forwarded-For` (the `earlier` hops, then the client), `-Proto` (the
-/// earlier proxy's, else the listener's) and `-Client-Cert`, unless the
+/// `X-Forwarded-For` (the `earlier` hops, then the client), `-Proto` (as
+/// `Earlier::said_proto` has it) and `-Client-Cert`, unless the
 /// listener's `forwarded` is `off`.
 fn put_forwarding(to: &Outbound<'_>, earlier: &Earlier<'_>, out: &mut BytesMut) {
     if to.forwarded == Forwarded::Off {
@@ -244,7 +261,7 @@ fn put_forwarding(to: &Outbound<'_>, earlier: &Earlier<'_>, out: &mut BytesMut) 
     }
     out.put_slice(to.client_ip.as_bytes());
     out.put_slice(b"\r\nx-forwarded-proto: ");
-    out.put_slice(earlier.proto.unwrap_or(to.proto).as_bytes());
+    out.put_slice(earlier.said_proto(to.proto).as_bytes());
     out.put_slice(b"\r\n");
     if let Some(identity) = to.client_cert {
         put_field(b"x-forwarded-client-cert", identity.as_bytes(), out);

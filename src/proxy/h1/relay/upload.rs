@@ -411,7 +411,7 @@ mod tests {
             ("x-forwarded-for", b"a,, b ,"),
             ("x-forwarded-for", b"10.0.0.2, c\xe9"),
             ("x_forwarded_for", b"6.6.6.6"),
-            ("x-forwarded-proto", b"HTTP"),
+            ("x-forwarded-proto", b"http"),
             ("x_forwarded_client_cert", b"forged"),
             ("x-forwarded-client-cert", b"forged"),
             ("x-request-id", b"forged"),
@@ -426,7 +426,7 @@ mod tests {
                 "x-forwarded-host: kept",
                 "host: 10.0.0.9:8080",
                 "x-forwarded-for: a, b, 10.0.0.2, c\\xe9, 127.0.0.1",
-                "x-forwarded-proto: http",
+                "x-forwarded-proto: https",
                 "x-forwarded-client-cert: Subject=\"CN=alice\"",
                 "x-request-id: id-1",
                 "via: 2.0 baton",
@@ -435,34 +435,43 @@ mod tests {
     }
 
     #[test]
-    fn append_passes_on_the_first_scheme_an_earlier_proxy_said() {
-        let scheme_of = |fields: &[(&str, &[u8])]| {
-            let head = framed(
-                "GET",
-                "/",
-                fields,
-                &outbound(Forwarded::Append),
-                UpFraming::None,
-            );
+    fn append_passes_on_the_scheme_the_nearest_proxy_said_to_a_plain_listener() {
+        let scheme_of = |fields: &[(&str, &[u8])], proto| {
+            let to = Outbound {
+                proto,
+                ..outbound(Forwarded::Append)
+            };
+            let head = framed("GET", "/", fields, &to, UpFraming::None);
             lines(&head)
                 .into_iter()
                 .filter(|l| l.starts_with("x-forwarded-proto"))
                 .map(str::to_string)
                 .collect::<Vec<_>>()
         };
+        // The client's own first, then the proxy's: the last is the hop
+        // nearest baton; of a list, its last value.
         let said: [(&str, &[u8]); 2] = [
-            ("x-forwarded-proto", b"gopher"),
-            ("x-forwarded-proto", b" https "),
+            ("x-forwarded-proto", b"http"),
+            ("x-forwarded-proto", b" HTTPS "),
         ];
-        assert_eq!(scheme_of(&said), ["x-forwarded-proto: https"]);
-        let nothing_usable: [(&str, &[u8]); 1] = [("x-forwarded-proto", b"ftp")];
+        assert_eq!(scheme_of(&said, "http"), ["x-forwarded-proto: https"]);
+        let listed: [(&str, &[u8]); 1] = [("x-forwarded-proto", b"https, http")];
+        assert_eq!(scheme_of(&listed, "http"), ["x-forwarded-proto: http"]);
+        let unusable: [(&str, &[u8]); 2] = [
+            ("x-forwarded-proto", b"https"),
+            ("x-forwarded-proto", b"ftp"),
+        ];
         assert_eq!(
-            scheme_of(&nothing_usable),
-            ["x-forwarded-proto: https"],
-            "the listener's own (TLS here)"
+            scheme_of(&unusable, "http"),
+            ["x-forwarded-proto: http"],
+            "the listener's own"
         );
-        let plain: [(&str, &[u8]); 1] = [("x-forwarded-proto", b"http")];
-        assert_eq!(scheme_of(&plain), ["x-forwarded-proto: http"]);
+        // A TLS listener's clients reached baton encrypted.
+        let downgraded: [(&str, &[u8]); 1] = [("x-forwarded-proto", b"http")];
+        assert_eq!(
+            scheme_of(&downgraded, "https"),
+            ["x-forwarded-proto: https"]
+        );
     }
 
     #[test]
