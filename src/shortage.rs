@@ -36,7 +36,8 @@ pub fn is_own(err: &io::Error) -> bool {
 /// says no source address of this host reaches it: that backend's own
 /// fault, which its health must show.
 pub fn no_local_port(err: &io::Error, to: SocketAddr) -> bool {
-    to.is_ipv4() && err.raw_os_error() == Some(Errno::EADDRNOTAVAIL as i32)
+    // An IPv4-mapped address is IPv4 on the wire.
+    to.ip().to_canonical().is_ipv4() && err.raw_os_error() == Some(Errno::EADDRNOTAVAIL as i32)
 }
 
 #[cfg(test)]
@@ -50,6 +51,8 @@ mod tests {
         let v6: SocketAddr = "[2001:db8::5]:80".parse().expect("address");
         assert!(no_local_port(&taken, v4));
         assert!(!no_local_port(&taken, v6), "no source address reaches it");
+        let mapped: SocketAddr = "[::ffff:10.0.0.5]:80".parse().expect("address");
+        assert!(no_local_port(&taken, mapped));
         let refused = io::Error::from_raw_os_error(Errno::ECONNREFUSED as i32);
         assert!(!no_local_port(&refused, v4));
     }

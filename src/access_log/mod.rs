@@ -330,9 +330,25 @@ fn combined(e: &Entry<'_>, now: SystemTime) -> Vec<u8> {
 /// were dropped.
 const FIELD_MAX: usize = 2048;
 
+/// As much of `field` as a line will show of it, for a record that holds
+/// it until its line is written: `clipped` then cuts it as it would the
+/// whole field (a copy clipped already was clipped again, `.....`).
+pub fn kept_for_the_line(field: &[u8]) -> &[u8] {
+    &field[..field.len().min(FIELD_MAX + 4)]
+}
+
+/// `kept_for_the_line` for text, cut at a character's edge.
+pub fn kept_for_the_line_text(text: &str) -> &str {
+    let end = (0..=text.len().min(FIELD_MAX + 4))
+        .rev()
+        .find(|&at| text.is_char_boundary(at))
+        .unwrap_or(0);
+    &text[..end]
+}
+
 /// `field`, or its first `FIELD_MAX` bytes (not cutting a UTF-8
 /// character) and `...`.
-pub(crate) fn clipped(field: &[u8]) -> Cow<'_, [u8]> {
+fn clipped(field: &[u8]) -> Cow<'_, [u8]> {
     if field.len() <= FIELD_MAX {
         return Cow::Borrowed(field);
     }
@@ -346,7 +362,7 @@ pub(crate) fn clipped(field: &[u8]) -> Cow<'_, [u8]> {
 
 /// `clipped` for text (httparse takes a target only if it is UTF-8),
 /// cut where a character begins.
-pub(crate) fn clipped_text(text: &str) -> Cow<'_, str> {
+fn clipped_text(text: &str) -> Cow<'_, str> {
     if text.len() <= FIELD_MAX {
         return Cow::Borrowed(text);
     }
@@ -403,6 +419,20 @@ fn clf_time(now: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_field_kept_for_its_line_is_clipped_as_the_whole_would_be() {
+        for pad in 0..4 {
+            let long = format!("{}{}", "a".repeat(2046 + pad), "é".repeat(1000));
+            let kept = kept_for_the_line(long.as_bytes());
+            assert!(kept.len() < 2100);
+            assert_eq!(clipped(kept), clipped(long.as_bytes()));
+            assert_eq!(
+                clipped_text(kept_for_the_line_text(&long)),
+                clipped_text(&long)
+            );
+        }
+    }
 
     #[test]
     fn times_are_the_common_log_format_s() {

@@ -45,13 +45,23 @@ impl Notifier {
     fn send(&self, message: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
         let rights = [ControlMessage::ScmRights(fds)];
         let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
-        let sent = sendmsg(
-            self.socket.as_raw_fd(),
-            &[IoSlice::new(message)],
-            cmsgs,
-            MsgFlags::MSG_NOSIGNAL,
-            Some(&self.to),
-        )?;
+        let send = || {
+            sendmsg(
+                self.socket.as_raw_fd(),
+                &[IoSlice::new(message)],
+                cmsgs,
+                MsgFlags::MSG_NOSIGNAL,
+                Some(&self.to),
+            )
+        };
+        // A send that waits (its timeout set) is not restarted after a
+        // signal: a SIGTERM or SIGHUP just then lost the notice.
+        let sent = loop {
+            match send() {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other?,
+            }
+        };
         if sent == message.len() {
             Ok(())
         } else {

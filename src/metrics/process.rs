@@ -37,7 +37,8 @@ static LAST_OPEN_FDS: AtomicU64 = AtomicU64::new(0);
 static LAST_RESIDENT: AtomicU64 = AtomicU64::new(0);
 
 /// The entries of `/proc/self/fd`. A table with no fd left to list it is
-/// full: at least the soft limit, and at least the last count.
+/// full: at least the soft limit, and at least the last count; another
+/// failure gives the last count.
 fn open_fds() -> u64 {
     match std::fs::read_dir("/proc/self/fd") {
         Ok(entries) => {
@@ -45,12 +46,14 @@ fn open_fds() -> u64 {
             LAST_OPEN_FDS.store(n, Ordering::Relaxed);
             n
         }
-        Err(_) => {
+        Err(err) if crate::shortage::is_own(&err) => {
             let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
             LAST_OPEN_FDS
                 .load(Ordering::Relaxed)
                 .max(limit.unwrap_or(0))
         }
+        // No `/proc` (a container without it): not a full table.
+        Err(_) => LAST_OPEN_FDS.load(Ordering::Relaxed),
     }
 }
 

@@ -76,12 +76,13 @@ pub struct Asked {
 
 impl Asked {
     pub fn of<B>(req: &Request<B>) -> Asked {
-        // Copied as the line will have them (at most 2 KiB each): a copy
-        // of a 64 KiB target or user agent was held for the stream's life.
+        // Copied as far as the line will show them (about 2 KiB each): a
+        // copy of a 64 KiB target or user agent was held for the stream's
+        // life.
         let header = |headers: &HeaderMap, name| {
             headers
                 .get(name)
-                .map(|v| crate::access_log::clipped(v.as_bytes()).into())
+                .map(|v| crate::access_log::kept_for_the_line(v.as_bytes()).into())
         };
         let target = req
             .uri()
@@ -89,7 +90,7 @@ impl Asked {
             .map_or_else(|| req.uri().to_string(), ToString::to_string);
         Asked {
             method: req.method().to_string(),
-            target: crate::access_log::clipped_text(&target).into_owned(),
+            target: crate::access_log::kept_for_the_line_text(&target).to_string(),
             referer: header(req.headers(), REFERER),
             user_agent: header(req.headers(), USER_AGENT),
         }
