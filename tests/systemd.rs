@@ -169,6 +169,12 @@ async fn systemctl_start_reload_upgrade_restart_and_stop() {
     assert!(!out.status.success(), "a broken reload must fail");
     let journal = sbx.journal_holding("bogus_key");
     assert!(journal.contains("bogus_key"), "{journal}");
+    // At the journal's error priority, apart from the info lines.
+    let errors = sbx.journal_at("err");
+    assert!(
+        errors.contains("bogus_key") && !errors.contains("serving generation="),
+        "{errors}"
+    );
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
     assert_eq!(sbx.show("baton", "MainPID"), main);
     // Counted by the daemon, which `ExecReload=` asked all the same.

@@ -51,5 +51,6 @@ pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, Exit> {
 /// The config at `path`; if it is invalid, the reason is said here (the
 /// caller ends with [`Exit::Config`]).
 pub fn load_config(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
-    config::load(path, overrides).inspect_err(|err| eprintln!("baton: {}", err.said()))
+    config::load(path, overrides)
+        .inspect_err(|err| crate::telemetry::say_error(&format!("baton: {}", err.said())))
 }

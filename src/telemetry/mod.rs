@@ -6,7 +6,21 @@
 //! ([`client_fault`], [`backend_fault`]), and a stalled journal never
 //! stalls the thread that logs ([`stderr`]).
 
+mod journal;
 pub mod stderr;
+
+/// Says `text` on stderr as an error: a line each at the journal's error
+/// priority where stderr is the journal (a config refused at a start or a
+/// reload was stored as `info`, and `journalctl -p err` found nothing).
+pub fn say_error(text: &str) {
+    if stderr_is_the_journal() {
+        for line in text.lines() {
+            eprintln!("{}{line}", journal::ERROR);
+        }
+    } else {
+        eprintln!("{text}");
+    }
+}
 
 pub fn init() {
     let filter = match std::env::var("BATON_LOG") {
@@ -28,7 +42,11 @@ pub fn init() {
     let installed = match format.as_str() {
         "json" => builder.json().try_init(),
         _ if format == "auto" && stderr_is_the_journal() => {
-            builder.with_ansi(false).without_time().try_init()
+            let plain = tracing_subscriber::fmt::format()
+                .with_ansi(false)
+                .without_time()
+                .with_target(false);
+            builder.event_format(journal::Prioritised(plain)).try_init()
         }
         _ => builder.with_ansi(false).try_init(),
     };

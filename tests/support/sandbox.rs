@@ -207,6 +207,14 @@ impl Sandbox {
         text(&self.exec(&["journalctl", "-u", "baton", "--no-pager", "-o", "cat"]))
     }
 
+    /// baton's lines in the journal at `priority` (`err`, `warning`...) or
+    /// more urgent, as baton's own `<N>` before each said.
+    pub fn journal_at(&self, priority: &str) -> String {
+        self.exec(&["timeout", "10", "journalctl", "--sync"]);
+        let args = ["journalctl", "-u", "baton", "--no-pager", "-o", "cat", "-p"];
+        text(&self.exec(&[&args[..], &[priority]].concat()))
+    }
+
     /// The journal once it holds `line`, or as it is after 10 s: journald
     /// takes a unit's output in its own time, and on a loaded machine a
     /// line written before the event a test waited on can still be on
