@@ -50,29 +50,48 @@ pub struct Token<'a> {
 }
 
 /// Refuses to send `token` to a TCP admin port on this host where a user
-/// who may not read its file listens (`port_holder`). Asked before the
-/// connect (where nobody listening is left for the connect to say) and
-/// again once it is made (`connected`), where someone must still listen:
-/// a squatter that bound just after the first look and closed its
-/// listener once it took the connection is caught either way. A Unix
-/// socket needs no look: its folder's mode keeps others from making it.
-fn held_by_a_reader(
+/// who may not read its file listens (`port_holder`), before the connect:
+/// where nobody listens, the connect says so.
+fn held_by_a_reader(addr: SocketAddr, token: Token<'_>) -> Result<(), AdminCallError> {
+    match port_holder::uids_listening_at(addr) {
+        Ok(None) => Ok(()),
+        Ok(Some(uids)) => all_readers(addr, uids, token),
+        Err(err) => Err(unknown(addr, format!("the kernel's TCP tables: {err}"))),
+    }
+}
+
+/// Refuses to send `token` on `stream` (to `addr`) when the socket that
+/// took it belongs to a user who may not read the token file: a squatter
+/// that bound between the first look and the connect, and let its
+/// listener go once it took the connection, is caught here. A connection
+/// that left this host needs no look. Where the kernel shows root (root's
+/// own, or an older kernel's connection not yet accepted), whoever listens
+/// now must be a reader, and someone must.
+fn taken_by_a_reader(
+    stream: &TcpStream,
     addr: SocketAddr,
     token: Token<'_>,
-    connected: bool,
 ) -> Result<(), AdminCallError> {
-    let unknown = |cause: String| AdminCallError::HolderUnknown {
-        at: addr.to_string(),
-        cause,
-    };
-    let uids = match port_holder::uids_listening_at(addr) {
-        Ok(None) => return Ok(()),
-        Ok(Some(uids)) => uids,
-        Err(err) => return Err(unknown(format!("/proc/net/tcp: {err}"))),
-    };
-    if uids.is_empty() && connected {
-        return Err(unknown("nobody listens there any more".to_string()));
+    let ends = stream
+        .local_addr()
+        .and_then(|ours| Ok((ours, stream.peer_addr()?)));
+    let (ours, theirs) = ends.map_err(|err| unknown(addr, err.to_string()))?;
+    if !port_holder::stays_here(ours, theirs) {
+        return Ok(());
     }
+    match port_holder::uid_that_took(ours, theirs) {
+        Err(err) => Err(unknown(addr, format!("the kernel's TCP tables: {err}"))),
+        Ok(None) => Err(unknown(addr, "the connection's other end is gone".into())),
+        Ok(Some(0)) => match port_holder::uids_listening_at(addr) {
+            Ok(Some(uids)) if !uids.is_empty() => all_readers(addr, uids, token),
+            _ => Err(unknown(addr, "nobody listens there any more".into())),
+        },
+        Ok(Some(uid)) => all_readers(addr, vec![uid], token),
+    }
+}
+
+/// Refuses unless every one of `uids` may read the token file.
+fn all_readers(addr: SocketAddr, uids: Vec<u32>, token: Token<'_>) -> Result<(), AdminCallError> {
     match uids
         .into_iter()
         .find(|uid| !port_holder::may_read(*uid, token.file))
@@ -84,6 +103,13 @@ fn held_by_a_reader(
             user: port_holder::user_name(uid),
             token_file: token.file.display().to_string(),
         }),
+    }
+}
+
+fn unknown(addr: SocketAddr, cause: String) -> AdminCallError {
+    AdminCallError::HolderUnknown {
+        at: addr.to_string(),
+        cause,
     }
 }
 
@@ -107,12 +133,15 @@ pub async fn call(
     let answer = match at {
         AdminListen::Tcp(addr) => {
             let to = port_holder::reachable(*addr);
-            let guarded = |connected| token.map_or(Ok(()), |t| held_by_a_reader(to, t, connected));
-            guarded(false)?;
+            if let Some(token) = token {
+                held_by_a_reader(to, token)?;
+            }
             let stream = connected(TcpStream::connect(to))
                 .await
                 .map_err(unreachable)?;
-            guarded(true)?;
+            if let Some(token) = token {
+                taken_by_a_reader(&stream, to, token)?;
+            }
             asked.on(stream, &addr.to_string()).await
         }
         AdminListen::Unix(socket) => {

@@ -2,8 +2,9 @@
 //! The port is unprivileged: while baton is stopped (or before it binds),
 //! any local user may listen there, and `baton backend` run by root would
 //! hand that user the token. So the CLI asks the kernel which uids listen
-//! where its connection lands (`/proc/net/tcp`, `/proc/net/tcp6`) and sends
-//! the token only to one who could read the token file anyway.
+//! where its connection lands, and which took it once made (`/proc/net/tcp`,
+//! `/proc/net/tcp6`), and sends the token only to one who could read the
+//! token file anyway.
 
 use std::ffi::CString;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -12,14 +13,17 @@ use std::path::Path;
 
 use nix::unistd::{Gid, Uid, User};
 
-/// `/proc/net/tcp`'s state of a listening socket.
+/// `/proc/net/tcp`'s states of a listening and of a connected socket.
 const LISTEN: &str = "0A";
+const ESTABLISHED: &str = "01";
 
-/// One listening socket of a `/proc/net/tcp{,6}` table.
+/// One socket of a `/proc/net/tcp{,6}` table.
 #[derive(Debug, PartialEq, Eq)]
-struct Listening {
-    ip: IpAddr,
-    port: u16,
+struct Row {
+    local: SocketAddr,
+    remote: SocketAddr,
+    listening: bool,
+    established: bool,
     uid: u32,
 }
 
@@ -27,7 +31,7 @@ struct Listening {
 /// listening on `0.0.0.0`, which the CLI connects to as written) is this
 /// host's loopback, as the kernel takes it.
 pub fn reachable(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
+    match canonical(addr.ip()) {
         IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, addr.port()).into(),
         IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, addr.port()).into(),
         _ => addr,
@@ -43,46 +47,64 @@ pub fn uids_listening_at(addr: SocketAddr) -> std::io::Result<Option<Vec<u32>>> 
     if !is_own(addr.ip()) {
         return Ok(None);
     }
-    let mut listening = Vec::new();
-    let mut read_any = false;
-    for (path, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
-        match std::fs::read_to_string(path) {
-            Ok(text) => {
-                read_any = true;
-                listening.extend(
-                    listening_in(&text, v6)
-                        .into_iter()
-                        .filter(|l| l.port == addr.port()),
-                );
-            }
-            // No IPv6 on this host: no table of it.
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound && v6 => {}
-            Err(err) => return Err(err),
-        }
-    }
-    if !read_any {
-        return Err(std::io::ErrorKind::NotFound.into());
-    }
     let target = canonical(addr.ip());
+    let listening: Vec<Row> = rows()?
+        .into_iter()
+        .filter(|r| r.listening && r.local.port() == addr.port())
+        .collect();
     let exact: Vec<u32> = listening
         .iter()
-        .filter(|l| l.ip == target)
-        .map(|l| l.uid)
+        .filter(|r| r.local.ip() == target)
+        .map(|r| r.uid)
         .collect();
     if !exact.is_empty() {
         return Ok(Some(exact));
     }
+    let wildcard = |ip: IpAddr| ip.is_unspecified() && (ip.is_ipv6() || target.is_ipv4());
     Ok(Some(
         listening
             .iter()
-            .filter(|l| l.ip.is_unspecified() && (l.ip.is_ipv6() || target.is_ipv4()))
-            .map(|l| l.uid)
+            .filter(|r| wildcard(r.local.ip()))
+            .map(|r| r.uid)
             .collect(),
     ))
 }
 
+/// Who took the connection from `ours` to `theirs`, one that stays on
+/// this host (`stays_here`): the uid the kernel shows for its other end,
+/// its listener's while queued (root's, 0, on older kernels) and
+/// its accepter's once accepted. `None` where that end is not in the
+/// table (gone).
+pub fn uid_that_took(ours: SocketAddr, theirs: SocketAddr) -> std::io::Result<Option<u32>> {
+    let (ours, theirs) = (canonical_addr(ours), canonical_addr(theirs));
+    Ok(rows()?
+        .into_iter()
+        .find(|r| r.established && r.local == theirs && r.remote == ours)
+        .map(|r| r.uid))
+}
+
+/// Whether a connection from `ours` to `theirs` stays on this host.
+pub fn stays_here(ours: SocketAddr, theirs: SocketAddr) -> bool {
+    let (ours, theirs) = (canonical(ours.ip()), canonical(theirs.ip()));
+    theirs.is_loopback() || theirs == ours
+}
+
+/// Every socket of the kernel's TCP tables (`tcp6` is missing where the
+/// host has no IPv6).
+fn rows() -> std::io::Result<Vec<Row>> {
+    let mut all = rows_in(&std::fs::read_to_string("/proc/net/tcp")?, false);
+    match std::fs::read_to_string("/proc/net/tcp6") {
+        Ok(text) => all.extend(rows_in(&text, true)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err),
+    }
+    Ok(all)
+}
+
 /// Whether `ip` is one of this host's addresses: loopback, or one a socket
-/// may bind (which a foreign address may not, without `IP_FREEBIND`).
+/// may bind (which a foreign address may not, without `IP_FREEBIND` or
+/// `ip_nonlocal_bind`; such a host's connection is told apart once made,
+/// `stays_here`).
 fn is_own(ip: IpAddr) -> bool {
     ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
@@ -95,25 +117,35 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// The listening sockets of one table's text. Addresses are the kernel's
-/// words printed in its own byte order, ports in hex.
-fn listening_in(text: &str, v6: bool) -> Vec<Listening> {
+fn canonical_addr(addr: SocketAddr) -> SocketAddr {
+    (canonical(addr.ip()), addr.port()).into()
+}
+
+/// The sockets of one table's text. Addresses are the kernel's words
+/// printed in its own byte order, ports in hex.
+fn rows_in(text: &str, v6: bool) -> Vec<Row> {
     text.lines()
         .skip(1)
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let (local, state, uid) = (fields.get(1)?, fields.get(3)?, fields.get(7)?);
-            if *state != LISTEN {
-                return None;
-            }
-            let (ip, port) = local.split_once(':')?;
-            Some(Listening {
-                ip: canonical(if v6 { ipv6(ip)? } else { ipv4(ip)? }),
-                port: u16::from_str_radix(port, 16).ok()?,
+            let (local, remote) = (fields.get(1)?, fields.get(2)?);
+            let (state, uid) = (fields.get(3)?, fields.get(7)?);
+            Some(Row {
+                local: address(local, v6)?,
+                remote: address(remote, v6)?,
+                listening: *state == LISTEN,
+                established: *state == ESTABLISHED,
                 uid: uid.parse().ok()?,
             })
         })
         .collect()
+}
+
+/// `0100007F:26AD` (or its IPv6 kin) as an address.
+fn address(text: &str, v6: bool) -> Option<SocketAddr> {
+    let (ip, port) = text.split_once(':')?;
+    let ip = if v6 { ipv6(ip)? } else { ipv4(ip)? };
+    Some((canonical(ip), u16::from_str_radix(port, 16).ok()?).into())
 }
 
 fn ipv4(hex: &str) -> Option<IpAddr> {
@@ -203,29 +235,91 @@ mod tests {
 ";
 
     #[test]
-    fn listening_sockets_are_read_in_the_kernels_byte_order() {
-        let at = |ip: [u8; 4], port, uid| Listening {
-            ip: IpAddr::from(ip),
-            port,
-            uid,
-        };
+    fn sockets_are_read_in_the_kernels_byte_order() {
+        let at = |ip: [u8; 4], port| SocketAddr::from((ip, port));
+        let rows = rows_in(TABLE, false);
+        let summary: Vec<_> = rows
+            .iter()
+            .map(|r| (r.local, r.remote, r.listening, r.established, r.uid))
+            .collect();
         assert_eq!(
-            listening_in(TABLE, false),
-            vec![at([127, 0, 0, 1], 9901, 1001), at([0, 0, 0, 0], 8080, 0)],
-            "an established connection is no listener"
+            summary,
+            vec![
+                (
+                    at([127, 0, 0, 1], 9901),
+                    at([0, 0, 0, 0], 0),
+                    true,
+                    false,
+                    1001
+                ),
+                (at([0, 0, 0, 0], 8080), at([0, 0, 0, 0], 0), true, false, 0),
+                (
+                    at([127, 0, 0, 1], 9901),
+                    at([127, 0, 0, 1], 50000),
+                    false,
+                    true,
+                    1002
+                ),
+            ]
+        );
+        let rows6 = rows_in(TABLE6, true);
+        assert_eq!(
+            rows6[0].local,
+            SocketAddr::from((Ipv6Addr::LOCALHOST, 9901))
         );
         assert_eq!(
-            listening_in(TABLE6, true),
-            vec![
-                Listening {
-                    ip: IpAddr::V6(Ipv6Addr::LOCALHOST),
-                    port: 9901,
-                    uid: 997
-                },
-                at([127, 0, 0, 1], 8081, 998),
-            ],
+            rows6[1].local,
+            at([127, 0, 0, 1], 8081),
             "a mapped IPv4 address is the IPv4 one"
         );
+    }
+
+    /// Read from this host's own tables: a connection's other end shows
+    /// its listener's uid while queued, and its accepter's once accepted
+    /// (another uid's where the test may act as one): a squatter's either
+    /// way.
+    #[test]
+    fn the_socket_that_took_a_connection_shows_its_listeners_uid() {
+        let me = Uid::effective();
+        let uid = if me.is_root() { 65534 } else { me.as_raw() };
+        let listener = std::thread::spawn(move || {
+            nix::unistd::setfsuid(Uid::from_raw(uid));
+            std::net::TcpListener::bind("127.0.0.1:0")
+        })
+        .join()
+        .expect("join")
+        .expect("bind");
+        let stream =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let ours = stream.local_addr().expect("ours");
+        let theirs = stream.peer_addr().expect("theirs");
+        assert!(stays_here(ours, theirs));
+        let took = || uid_that_took(ours, theirs).ok().flatten();
+        assert_eq!(took(), Some(uid), "queued");
+        let _accepted = std::thread::spawn(move || {
+            nix::unistd::setfsuid(Uid::from_raw(uid));
+            listener.accept()
+        })
+        .join()
+        .expect("join")
+        .expect("accept");
+        assert_eq!(took(), Some(uid), "accepted");
+        assert!(!stays_here(ours, ([10, 0, 0, 5], 80).into()));
+    }
+
+    #[test]
+    fn an_unspecified_admin_is_reached_on_loopback() {
+        let port = 9901;
+        for (written, reached) in [
+            ("0.0.0.0", "127.0.0.1"),
+            ("::", "::1"),
+            ("::ffff:0.0.0.0", "127.0.0.1"),
+            ("10.0.0.5", "10.0.0.5"),
+        ] {
+            let written: IpAddr = written.parse().expect("address");
+            let reached: IpAddr = reached.parse().expect("address");
+            assert_eq!(reachable((written, port).into()), (reached, port).into());
+        }
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub struct AdminConfig {
     /// The bearer token mutating calls must carry, read from `token_file`.
     pub token: Option<String>,
     /// Where `token` was read (the CLI sends it only to a port held by a
-    /// user who may read this file: `admin::client::token_may_go_to`).
+    /// user who may read this file: `admin::port_holder`).
     pub token_file: Option<PathBuf>,
 }
 
