@@ -215,6 +215,19 @@ impl Sandbox {
         text(&self.exec(&[&args[..], &[priority]].concat()))
     }
 
+    /// `journal_at(priority)` once it holds `line`, or as it is after 10 s
+    /// (see `journal_holding`).
+    pub fn journal_at_holding(&self, priority: &str, line: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let journal = self.journal_at(priority);
+            if journal.contains(line) || std::time::Instant::now() >= deadline {
+                return journal;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// The journal once it holds `line`, or as it is after 10 s: journald
     /// takes a unit's output in its own time, and on a loaded machine a
     /// line written before the event a test waited on can still be on

@@ -99,18 +99,19 @@ pub fn request(head: &RequestHead, to: &Outbound<'_>, out: &mut BytesMut) {
 #[derive(Default)]
 pub struct Earlier<'a> {
     pub chain: Vec<&'a [u8]>,
-    /// The last `X-Forwarded-Proto` (`said_proto`): a load balancer that
+    /// Its `X-Forwarded-Proto` fields (`said_proto`): a load balancer that
     /// ends TLS and speaks plain HTTP to baton says `https`, which baton's
     /// own `http` hid, and every app behind that checks the scheme
     /// (Django's `SECURE_SSL_REDIRECT`, Rails' `force_ssl`) redirected to
     /// https forever. HAProxy and nginx leave it as it came.
-    pub proto: Option<&'a [u8]>,
+    pub protos: Vec<&'a [u8]>,
 }
 
 impl Earlier<'_> {
     /// The scheme the proxy before a plain listener said: the last value
-    /// of its last field (the hop nearest baton, which it trusts, as the
-    /// last hops of `X-Forwarded-For`), when `http` or `https`. A TLS
+    /// of its fields that is not empty (the hop nearest baton, which it
+    /// trusts, as the last hops of `X-Forwarded-For`; empty list elements
+    /// are none, RFC 9110 §5.6.1), when `http` or `https`. A TLS
     /// listener's is `https` whatever is said: its client's bytes were
     /// encrypted to baton, and an `http` there would only send an app's
     /// redirect to https round (one a cache in front could keep for all).
@@ -118,8 +119,12 @@ impl Earlier<'_> {
         if listener == "https" {
             return listener;
         }
-        self.proto
-            .and_then(|field| field.rsplit(|b| *b == b',').next())
+        self.protos
+            .iter()
+            .rev()
+            .flat_map(|field| field.rsplit(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+            .find(|value| !value.is_empty())
             .and_then(scheme)
             .unwrap_or(listener)
     }
@@ -129,7 +134,7 @@ impl Earlier<'_> {
 /// backend as it came, per the listener's `forwarded`: all under `off`,
 /// none under `replace`; under `append` the client's `X-Forwarded-For`
 /// values are gathered in `earlier` (baton writes them as one line, its
-/// own hop last), and so is its last `X-Forwarded-Proto` (whose scheme
+/// own hop last), and so are its `X-Forwarded-Proto` fields (whose scheme
 /// baton's own line says, `Earlier::said_proto`); the `_` spellings of the fields baton writes, with the
 /// certificate identity only its own handshake can prove, are dropped,
 /// not passed on; so is every other field that says the scheme
@@ -157,7 +162,7 @@ pub fn forwarding_kept<'a>(
                 earlier.chain.push(value);
                 false
             } else if name.eq_ignore_ascii_case(b"x-forwarded-proto") {
-                earlier.proto = Some(value);
+                earlier.protos.push(value);
                 false
             } else {
                 !names_alike("x-forwarded-for", name)

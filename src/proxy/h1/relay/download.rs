@@ -348,7 +348,7 @@ impl ResponseBody {
                 // but the connection carries nothing more.
                 self.keeps = None;
                 relay.upload.source = None;
-                relay.upload.out.clear();
+                relay.upload.out = bytes::BytesMut::new();
                 relay.upload.flushing = false;
                 Ok(())
             }

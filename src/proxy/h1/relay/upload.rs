@@ -457,6 +457,15 @@ mod tests {
         assert_eq!(scheme_of(&said, "http"), ["x-forwarded-proto: https"]);
         let listed: [(&str, &[u8]); 1] = [("x-forwarded-proto", b"https, http")];
         assert_eq!(scheme_of(&listed, "http"), ["x-forwarded-proto: http"]);
+        let trailing: [(&str, &[u8]); 2] = [
+            ("x-forwarded-proto", b"https, "),
+            ("x-forwarded-proto", b""),
+        ];
+        assert_eq!(
+            scheme_of(&trailing, "http"),
+            ["x-forwarded-proto: https"],
+            "empty elements are none"
+        );
         let unusable: [(&str, &[u8]); 2] = [
             ("x-forwarded-proto", b"https"),
             ("x-forwarded-proto", b"ftp"),
