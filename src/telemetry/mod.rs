@@ -1,6 +1,7 @@
 //! Logging: `BATON_LOG` is the filter (default `info`), `BATON_LOG_FORMAT`
 //! picks `text`, `json` or `auto` (plain text without colours or timestamps
-//! when stderr is the journal, which adds its own). A value that is not
+//! when stderr is the journal, which adds its own, each line after its
+//! syslog priority, `journal`). A value that is not
 //! one of these is said on stderr, not taken silently. Lines about
 //! clients' and backends' faults are logged within a budget
 //! ([`client_fault`], [`backend_fault`]), and a stalled journal never
