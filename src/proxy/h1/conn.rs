@@ -187,7 +187,16 @@ async fn next_head<S: ByteStream>(
         // of it (parsed, it started the header clock: a 408 at
         // `header_timeout`, not idle in a drain).
         began = match client.buf[..] {
-            [] | [b'\r'] => None,
+            [] => None,
+            [b'\r'] => {
+                // Kept alone, not in the read buffer that one byte would
+                // hold through the idle wait (`idle_timeout`): an idle
+                // connection holds no buffer.
+                if client.buf.capacity() > 1 {
+                    client.buf = BytesMut::from(&b"\r"[..]);
+                }
+                None
+            }
             _ => Some(began.unwrap_or_else(Instant::now)),
         };
         if let Some(began) = began.filter(|_| head::worth_parsing(&client.buf, parsed)) {
