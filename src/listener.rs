@@ -270,7 +270,11 @@ impl Listener<TcpListener> {
                     if let Some(suppressed) = shared.accept_errors.ready() {
                         tracing::warn!(listener = %name, cause = %err, suppressed, "accept failed; backing off");
                     }
-                    tokio::time::sleep(backoff(&err)).await;
+                    tokio::select! {
+                        biased;
+                        () = &mut stopped => break,
+                        () = tokio::time::sleep(backoff(&err)) => {}
+                    }
                 }
             }
         }
