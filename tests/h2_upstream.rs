@@ -532,8 +532,10 @@ async fn a_response_that_breaks_off_resets_the_stream_and_blames_the_backend() {
     assert_eq!(status, 200);
 }
 
-/// A length an HTTP/1 backend could read another way (two of them, or not
-/// a plain number) and CONNECT are refused; no backend sees them.
+/// A length an HTTP/1 backend could read another way (two of them, not a
+/// plain number, or more digits than an HTTP/1 client may send), CONNECT,
+/// and a standard method in another case (`head`, which a backend that
+/// folds case answers without a body) are refused; no backend sees them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_an_http_1_backend_could_misread_are_refused() {
     let backend = RawBackend::start(|_: &Seen| (ok("seen"), Then::KeepAlive)).await;
@@ -553,7 +555,12 @@ async fn requests_an_http_1_backend_could_misread_are_refused() {
         }
         req
     };
-    for lengths in [&["2", "2"][..], &["+2"], &["0x2"]] {
+    for lengths in [
+        &["2", "2"][..],
+        &["+2"],
+        &["0x2"],
+        &["00000000000000000002"],
+    ] {
         let mut sender = h2(web).await;
         let fields: Vec<(&'static str, &str)> =
             lengths.iter().map(|l| ("content-length", *l)).collect();
@@ -577,6 +584,16 @@ async fn requests_an_http_1_backend_could_misread_are_refused() {
         .expect("an answer in time");
     if let Ok(resp) = answer {
         assert_eq!(resp.status(), 400);
+    }
+    for method in ["head", "Get", "connect"] {
+        let mut sender = h2(web).await;
+        let req = request(method, web, "/", empty());
+        let answer = tokio::time::timeout(support::TIMEOUT, sender.send_request(req))
+            .await
+            .expect("an answer in time");
+        if let Ok(resp) = answer {
+            assert_eq!(resp.status(), 400, "{method}");
+        }
     }
     // An expectation no one on the way meets: 417, as on the HTTP/1 path.
     let mut sender = h2(web).await;

@@ -868,12 +868,18 @@ fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
     if req.method() == http::Method::CONNECT {
         return Some("CONNECT: baton is no forward proxy");
     }
+    if crate::proxy::h1::head::standard_method_in_another_case(req.method().as_str().as_bytes()) {
+        return Some("a standard method in another case");
+    }
     // The length goes to an HTTP/1 backend as written: it must have one
     // meaning there too.
     let mut lengths = req.headers().get_all(CONTENT_LENGTH).iter();
     if let Some(length) = lengths.next() {
         let digits = length.as_bytes();
-        if lengths.next().is_some() || digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        // Nineteen digits at most, as an HTTP/1 client's: a backend with a
+        // bound of its own on digits would read a longer one otherwise.
+        let digits_ok = (1..=19).contains(&digits.len()) && digits.iter().all(u8::is_ascii_digit);
+        if lengths.next().is_some() || !digits_ok {
             return Some("invalid or repeated Content-Length");
         }
     }

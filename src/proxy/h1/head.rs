@@ -228,6 +228,9 @@ pub fn parse_request(buf: &[u8]) -> Result<Parsed<RequestHead>, Refusal> {
     if method.eq_ignore_ascii_case("CONNECT") {
         return Err(Refusal::MethodNotAllowed("CONNECT"));
     }
+    if standard_method_in_another_case(method.as_bytes()) {
+        return Err(Refusal::BadRequest("method"));
+    }
     let method =
         http::Method::from_bytes(method.as_bytes()).map_err(|_| Refusal::BadRequest("method"))?;
     let version = version(req.version).ok_or(Refusal::BadRequest("version"))?;
@@ -977,6 +980,21 @@ fn check_host(request: &RequestHead) -> Result<(), Refusal> {
         Some(host) if host.is_empty() || valid_authority(host) => Ok(()),
         Some(_) => Err(Refusal::BadRequest("invalid Host")),
     }
+}
+
+/// Whether `method` is one of the standard methods written in another
+/// case (`head`, `Get`): methods are case-sensitive (RFC 9110 §9.1), so
+/// baton takes `head` for an unknown method, whose response has a body,
+/// while a backend that folds case reads a HEAD and sends none, and the
+/// next response on that connection becomes this one's body. Refused with
+/// 400, as nginx refuses any method not in capitals.
+pub(crate) fn standard_method_in_another_case(method: &[u8]) -> bool {
+    const STANDARD: [&[u8]; 9] = [
+        b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"CONNECT", b"OPTIONS", b"TRACE", b"PATCH",
+    ];
+    STANDARD
+        .iter()
+        .any(|m| m.eq_ignore_ascii_case(method) && *m != method)
 }
 
 /// `host [":" port]` (RFC 3986 §3.2.2–3, as RFC 9112 §3.2 asks of Host
