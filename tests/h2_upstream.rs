@@ -605,6 +605,22 @@ async fn requests_an_http_1_backend_could_misread_are_refused() {
     assert!(backend.heads().is_empty(), "{:?}", backend.heads());
 }
 
+/// baton's own answer to a HEAD it could not serve has no body, as on the
+/// HTTP/1 path: DATA on a HEAD's answer is a stream error to nghttp2's
+/// clients, which saw a reset where baton said 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_baton_could_not_serve_gets_its_status_without_a_body() {
+    let dead: SocketAddr = "127.0.0.1:1".parse().expect("address");
+    let baton = baton_for(dead).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (status, body, _) = send(&mut sender, request("HEAD", web, "/", empty())).await;
+    assert_eq!((status, body.as_str()), (502, ""));
+    let (status, body, _) = send(&mut sender, request("GET", web, "/", empty())).await;
+    assert_eq!(status, 502);
+    assert!(body.contains("request id"), "{body}");
+}
+
 /// A backend that reads the head and then no more: the upload fills the
 /// sockets between them and baton stops reading the client's body. That
 /// stall is the backend's (504, a timeout charged to it), not the

@@ -358,6 +358,7 @@ impl HttpProxy {
             .get(headers::X_REQUEST_ID)
             .map(HeaderValue::as_bytes);
         let request_id = RequestId::from_client(sent, self.forwarded);
+        let head_asked = req.method() == http::Method::HEAD;
         let host = req
             .uri()
             .host()
@@ -409,7 +410,7 @@ impl HttpProxy {
                 }
                 let termination = err.termination(&marks);
                 (
-                    error_response(&target.pool.name, &err, &request_id),
+                    error_response(&target.pool.name, &err, &request_id, head_asked),
                     termination,
                 )
             }
@@ -895,8 +896,21 @@ fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
 /// The client learns the status and a request id, never a backend's name,
 /// address or OS error: those go to the log under the same id (and the
 /// backend's `last_error` in `/status`).
-fn error_response(pool: &str, err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
-    let mut response = Response::new(body::text(super::error_page(pool, err, request_id)));
+/// baton's own answer to a request that failed: its page, without a body
+/// for a HEAD (`head_asked`), as the HTTP/1 path's own answers: DATA on a
+/// HEAD's answer is a stream error to h2 clients (nghttp2's), which saw a
+/// reset where a 502 was said.
+fn error_response(
+    pool: &str,
+    err: &ProxyError,
+    request_id: &str,
+    head_asked: bool,
+) -> Response<ProxyBody> {
+    let page = match head_asked {
+        true => body::empty(),
+        false => body::text(super::error_page(pool, err, request_id)),
+    };
+    let mut response = Response::new(page);
     *response.status_mut() = err.status();
     response.headers_mut().insert(
         CONTENT_TYPE,
