@@ -724,11 +724,22 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
 
 /// A backend silent mid-body (head and five bytes of a hundred, then
 /// nothing): after `response_timeout` the h2 stream is reset and a
-/// timeout counted, as on the HTTP/1 path, instead of holding the stream,
-/// the backend connection and its place for as long as the client waits.
+/// timeout counted and logged (`sD`), as on the HTTP/1 path, instead of
+/// holding the stream, the backend connection and its place for as long
+/// as the client waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_silent_mid_body_resets_the_stream_after_response_timeout() {
-    let (_backend, spec) = support::raw::silent_mid_body().await;
+    let (backend, _) = support::raw::silent_mid_body().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let keys = format!(
+        "response_timeout = \"1s\"\naccess_log = {{ path = \"{}\", format = \"json\" }}",
+        log.display()
+    );
+    let spec = Spec::new()
+        .top("workers = 1")
+        .listener("web", "http", "app", &keys)
+        .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
     let mut sender = h2(web).await;
@@ -748,6 +759,12 @@ async fn a_backend_silent_mid_body_resets_the_stream_after_response_timeout() {
         ),
         "{metrics}"
     );
+    support::eventually("the stream's access-log line", || async {
+        std::fs::read_to_string(&log).is_ok_and(|t| !t.is_empty())
+    })
+    .await;
+    let line = std::fs::read_to_string(&log).expect("access log");
+    assert!(line.contains("\"termination\":\"sD\""), "{line}");
 }
 
 /// Feeds `tx` 10 bytes every 200 ms (50 a second), 100 times at most or

@@ -31,6 +31,13 @@ pub enum ClientUploadFault {
     BrokeOff,
 }
 
+/// A backend that sent no response body bytes within its bound
+/// (`response_timeout`): a timeout (`sD` in the access log), not a break
+/// (`SD`), as the HTTP/1 path logs it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BackendSilent(pub String);
+
 pub type ProxyBody = UnsyncBoxBody<Bytes, BodyError>;
 
 /// A short text body (error pages).

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use http::header::{HeaderMap, REFERER, USER_AGENT};
 use http::Request;
 
-use super::body::{BodyError, BodyGuard, ClientUploadFault, Progress};
+use super::body::{BackendSilent, BodyError, BodyGuard, ClientUploadFault, Progress};
 use super::delivery::Delivery;
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::Backend;
@@ -184,6 +184,7 @@ impl BodyGuard for StreamRecord {
         self.termination = Some(match cause.downcast_ref::<ClientUploadFault>() {
             Some(ClientUploadFault::Stalled) => Termination::ClientTimeout(Phase::Data),
             Some(ClientUploadFault::BrokeOff) => Termination::ClientAborted(Phase::Data),
+            None if cause.is::<BackendSilent>() => Termination::BackendTimeout(Phase::Data),
             None => Termination::BackendFailed(Phase::Data),
         });
     }

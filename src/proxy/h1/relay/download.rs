@@ -21,7 +21,7 @@ use super::Relay;
 use crate::backend::idle::Check;
 use crate::backend::Lease;
 use crate::metrics::UpstreamErrorKind;
-use crate::proxy::body::{BodyError, ClientUploadFault, Progress};
+use crate::proxy::body::{BackendSilent, BodyError, ClientUploadFault, Progress};
 
 /// A response head's fields as the h2 connection sends them (none for a
 /// body with a transfer coding other than chunked): hop-by-hop
@@ -312,7 +312,10 @@ impl ResponseBody {
                 tracing::warn!(pool = %backend.pool, backend = %backend.label, %cause, "backend response broke off; resetting the stream");
             }
         }
-        cause.into()
+        match kind {
+            UpstreamErrorKind::Timeout => Box::new(BackendSilent(cause)),
+            _ => cause.into(),
+        }
     }
 
     /// Keeps the upload going (a backend may stream its answer while it
