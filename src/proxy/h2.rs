@@ -893,13 +893,12 @@ fn ambiguity<B>(req: &Request<B>) -> Option<&'static str> {
     None
 }
 
-/// The client learns the status and a request id, never a backend's name,
-/// address or OS error: those go to the log under the same id (and the
-/// backend's `last_error` in `/status`).
-/// baton's own answer to a request that failed: its page, without a body
-/// for a HEAD (`head_asked`), as the HTTP/1 path's own answers: DATA on a
-/// HEAD's answer is a stream error to h2 clients (nghttp2's), which saw a
-/// reset where a 502 was said.
+/// baton's own answer to a request that failed. The client learns the
+/// status and a request id, never a backend's name, address or OS error:
+/// those go to the log under the same id (and the backend's `last_error`
+/// in `/status`). A HEAD (`head_asked`) gets no body, as from the HTTP/1
+/// path: DATA on a HEAD's answer is a stream error to h2 clients, which
+/// saw a reset (nghttp2's) or a failed body (hyper's) where a 502 was said.
 fn error_response(
     pool: &str,
     err: &ProxyError,
