@@ -536,6 +536,30 @@ async fn status_byte(s: &mut TcpStream) -> Option<u8> {
     }
 }
 
+/// A malformed h2 request (an upper-case field name) is reset before it
+/// becomes a request, so no access-log line tells of it: it is said in
+/// baton's log, with why, as an HTTP/1 client's malformed head is a 400
+/// logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_h2_request_is_said_in_the_log() {
+    let (backend, baton) = baton_with("").await;
+    let upper = get_with(&[&[0x00, 7][..], b"X-Upper"].concat(), b"v");
+    let mut s = opened(&baton).await;
+    s.write_all(&upper).await.expect("write");
+    support::eventually("the refusal said", || async {
+        baton
+            .log()
+            .contains("h2 request refused before it reached a backend")
+    })
+    .await;
+    assert!(
+        baton.log().contains("cause=\"uppercase field name\""),
+        "{}",
+        baton.log()
+    );
+    assert_eq!(backend.hits(), 0);
+}
+
 /// Without `:authority`, `Host` routes the request: one with whitespace,
 /// userinfo or a path in it is refused (400) and reaches no backend, where
 /// it would have missed its host route and reached the default pool, whose

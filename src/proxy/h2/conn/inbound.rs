@@ -265,10 +265,15 @@ where
             // The fields kept stop short of a pseudo-field (a path past
             // the bound): no request to hand on, so answered here alone.
             _ if listed == Listed::TooLarge => {
+                said_refused(id, "its fields past the bound (431)");
                 self.answer_at_once(id, 431, block.end_stream);
                 return Ok(());
             }
-            _ => {
+            refused => {
+                let why = refused
+                    .err()
+                    .unwrap_or("a Content-Length with no body to come");
+                said_refused(id, why);
                 write::reset(&mut self.out, id, Reason::PROTOCOL_ERROR);
                 return Ok(());
             }
@@ -465,5 +470,21 @@ where
         } else if payload == KEEPALIVE_PING {
             self.ping_sent = None;
         }
+    }
+}
+
+/// A request baton refused before it became one (malformed, RFC 9113
+/// §8.1.1: its stream reset; or its fields past the bound: 431), said
+/// within the budget for clients' faults: it reaches no exchange, so no
+/// access-log line tells of it, where an HTTP/1 client's malformed head
+/// is a 400 logged (a client probing for smuggling shapes over h2 left no
+/// trace).
+fn said_refused(stream: u32, why: &str) {
+    if crate::telemetry::client_fault() {
+        tracing::info!(
+            stream,
+            cause = why,
+            "h2 request refused before it reached a backend"
+        );
     }
 }
