@@ -27,6 +27,13 @@ pub fn is_own(err: &io::Error) -> bool {
     })
 }
 
+/// Whether `err` says the fd table is full (EMFILE, or the host's, ENFILE),
+/// not that something else ran short.
+pub fn fd_table_full(err: &io::Error) -> bool {
+    err.raw_os_error()
+        .is_some_and(|e| e == Errno::EMFILE as i32 || e == Errno::ENFILE as i32)
+}
+
 /// Whether a connect to `to` failed for want of a local port: EADDRNOTAVAIL
 /// to an IPv4 address, whose every ephemeral port toward it is taken
 /// (`ip_local_port_range`; churn through a `send_proxy` pool or TCP mode

@@ -46,7 +46,9 @@ fn open_fds() -> u64 {
             LAST_OPEN_FDS.store(n, Ordering::Relaxed);
             n
         }
-        Err(err) if full_table(&err) => {
+        // Memory short is no full table: the gauge at the fd limit then
+        // would fire alerts about fds.
+        Err(err) if crate::shortage::fd_table_full(&err) => {
             let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
             LAST_OPEN_FDS
                 .load(Ordering::Relaxed)
@@ -55,15 +57,6 @@ fn open_fds() -> u64 {
         // No `/proc` (a container without it): not a full table.
         Err(_) => LAST_OPEN_FDS.load(Ordering::Relaxed),
     }
-}
-
-/// Whether `err` says the fd table is full (EMFILE, or the host's, ENFILE),
-/// not that memory ran short (a gauge at the fd limit then would fire
-/// alerts about fds).
-fn full_table(err: &std::io::Error) -> bool {
-    err.raw_os_error().is_some_and(|e| {
-        e == nix::errno::Errno::EMFILE as i32 || e == nix::errno::Errno::ENFILE as i32
-    })
 }
 
 /// Resident pages (`/proc/self/statm`) in bytes; the last figure read when
