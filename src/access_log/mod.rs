@@ -339,11 +339,15 @@ pub fn kept_for_the_line(field: &[u8]) -> &[u8] {
 
 /// `kept_for_the_line` for text, cut at a character's edge.
 pub fn kept_for_the_line_text(text: &str) -> &str {
-    let end = (0..=text.len().min(FIELD_MAX + 4))
+    &text[..edge_at_most(text, FIELD_MAX + 4)]
+}
+
+/// The last character's edge of `text` at or before `at`.
+fn edge_at_most(text: &str, at: usize) -> usize {
+    (0..=text.len().min(at))
         .rev()
-        .find(|&at| text.is_char_boundary(at))
-        .unwrap_or(0);
-    &text[..end]
+        .find(|&edge| text.is_char_boundary(edge))
+        .unwrap_or(0)
 }
 
 /// `field`, or its first `FIELD_MAX` bytes (not cutting a UTF-8
@@ -366,11 +370,7 @@ fn clipped_text(text: &str) -> Cow<'_, str> {
     if text.len() <= FIELD_MAX {
         return Cow::Borrowed(text);
     }
-    let end = (0..=FIELD_MAX)
-        .rev()
-        .find(|&at| text.is_char_boundary(at))
-        .unwrap_or(0);
-    Cow::Owned(format!("{}...", &text[..end]))
+    Cow::Owned(format!("{}...", &text[..edge_at_most(text, FIELD_MAX)]))
 }
 
 /// A combined line's status, always a number: log tools (GoAccess,
