@@ -677,16 +677,7 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
         )
     })
     .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("access.log");
-    let keys = format!(
-        "idle_timeout = \"1s\"\naccess_log = {{ path = \"{}\", format = \"json\" }}",
-        log.display()
-    );
-    let spec = Spec::new()
-        .listener("web", "http", "app", &keys)
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let (baton, _dir, log) = logging_to_a_file("idle_timeout = \"1s\"", backend.addr).await;
     let web = baton.addr("web");
     let mut sender = h2(web).await;
     let (tx, rx) = mpsc::channel(4);
@@ -714,11 +705,7 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
     );
     drop(tx);
     // The client's pause, logged as such: not the backend's failure.
-    support::eventually("the stream's access-log line", || async {
-        std::fs::read_to_string(&log).is_ok_and(|t| !t.is_empty())
-    })
-    .await;
-    let line = std::fs::read_to_string(&log).expect("access log");
+    let line = logged(&log).await;
     assert!(line.contains("\"termination\":\"cD\""), "{line}");
 }
 
@@ -730,17 +717,7 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_silent_mid_body_resets_the_stream_after_response_timeout() {
     let (backend, _) = support::raw::silent_mid_body().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("access.log");
-    let keys = format!(
-        "response_timeout = \"1s\"\naccess_log = {{ path = \"{}\", format = \"json\" }}",
-        log.display()
-    );
-    let spec = Spec::new()
-        .top("workers = 1")
-        .listener("web", "http", "app", &keys)
-        .pool("app", &[backend.addr]);
-    let baton = Baton::start(spec).await;
+    let (baton, _dir, log) = logging_to_a_file("response_timeout = \"1s\"", backend.addr).await;
     let web = baton.addr("web");
     let mut sender = h2(web).await;
     let response = sender
@@ -759,12 +736,37 @@ async fn a_backend_silent_mid_body_resets_the_stream_after_response_timeout() {
         ),
         "{metrics}"
     );
+    let line = logged(&log).await;
+    assert!(line.contains("\"termination\":\"sD\""), "{line}");
+}
+
+/// A baton whose `web` listener (with `keys` besides) writes JSON
+/// access-log lines to a file, in front of `backend`: it, the file's
+/// folder (kept while the test runs) and the file.
+async fn logging_to_a_file(
+    keys: &str,
+    backend: SocketAddr,
+) -> (Baton, tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let keys = format!(
+        "{keys}\naccess_log = {{ path = \"{}\", format = \"json\" }}",
+        log.display()
+    );
+    let spec = Spec::new()
+        .top("workers = 1")
+        .listener("web", "http", "app", &keys)
+        .pool("app", &[backend]);
+    (Baton::start(spec).await, dir, log)
+}
+
+/// The access log's text, once it holds a line.
+async fn logged(log: &std::path::Path) -> String {
     support::eventually("the stream's access-log line", || async {
-        std::fs::read_to_string(&log).is_ok_and(|t| !t.is_empty())
+        std::fs::read_to_string(log).is_ok_and(|t| !t.is_empty())
     })
     .await;
-    let line = std::fs::read_to_string(&log).expect("access log");
-    assert!(line.contains("\"termination\":\"sD\""), "{line}");
+    std::fs::read_to_string(log).expect("access log")
 }
 
 /// Feeds `tx` 10 bytes every 200 ms (50 a second), 100 times at most or

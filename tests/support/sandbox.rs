@@ -218,14 +218,7 @@ impl Sandbox {
     /// `journal_at(priority)` once it holds `line`, or as it is after 10 s
     /// (see `journal_holding`).
     pub fn journal_at_holding(&self, priority: &str, line: &str) -> String {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let journal = self.journal_at(priority);
-            if journal.contains(line) || std::time::Instant::now() >= deadline {
-                return journal;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        holding(|| self.journal_at(priority), line)
     }
 
     /// The journal once it holds `line`, or as it is after 10 s: journald
@@ -234,14 +227,7 @@ impl Sandbox {
     /// its way (the journal was read empty just after a socket-activated
     /// start, under `tests/stress.sh`'s busy core).
     pub fn journal_holding(&self, line: &str) -> String {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let journal = self.journal();
-            if journal.contains(line) || std::time::Instant::now() >= deadline {
-                return journal;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        holding(|| self.journal(), line)
     }
 
     /// Writes `contents` to `path` inside.
@@ -320,5 +306,17 @@ impl Sandbox {
         }
         self.write("/etc/baton/baton.toml", config);
         self.systemctl_ok(&["daemon-reload"]);
+    }
+}
+
+/// What `read` gives once it holds `line`, or as it is after 10 s.
+fn holding(read: impl Fn() -> String, line: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = read();
+        if text.contains(line) || std::time::Instant::now() >= deadline {
+            return text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
