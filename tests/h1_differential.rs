@@ -43,6 +43,7 @@ const CORPUS: &[(&str, &[u8])] = &[
     ("bare_lf_head", b"POST / HTTP/1.1\nHost: a\nContent-Length: 2\n\nhi"),
     ("expect_continue", b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi"),
     ("options_asterisk", b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n"),
+    ("target_with_fragment", b"GET /app.js#/../admin HTTP/1.1\r\nHost: a\r\n\r\n"),
     ("cl_te", b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nX"),
     ("te_cl", b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n1\r\nx\r\n0\r\n\r\n"),
     ("te_te_x", b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: x\r\n\r\n0\r\n\r\n"),
@@ -141,6 +142,12 @@ const KNOWN_DIFFERENCES: &[&str] = &[
     // case (as nginx refuses any method not in capitals). baton is safer;
     // methods are case-sensitive (RFC 9110 §9.1), so both are allowed.
     "method_head_lowercase",
+    // A fragment in the target: hyper drops it (the `http` crate cuts the
+    // URI at `#`); baton refuses it, as HAProxy does since CVE-2023-45539:
+    // a backend that reads the whole target would see a path other than
+    // the one baton routed on. RFC 9112 §3.2 has no fragment in any form.
+    // baton is right.
+    "target_with_fragment",
 ];
 
 /// baton's codec: the head, then the body by its framing.

@@ -944,8 +944,14 @@ fn absolute_form(target: &[u8]) -> Option<(&[u8], &[u8])> {
 
 /// Origin-form (`/...`), absolute-form with a valid authority, or `*` for
 /// OPTIONS (RFC 9112 §3.2); authority-form is CONNECT's, refused before.
+/// A fragment (`#`) is no part of any form: baton would route on the path
+/// before it while a backend reads the whole (`/app.js#/../admin`), the
+/// path-rule bypass HAProxy closed by refusing it (CVE-2023-45539).
 fn check_target(request: &RequestHead) -> Result<(), Refusal> {
     let target = request.target();
+    if target.contains(&b'#') {
+        return Err(Refusal::BadRequest("fragment in request target"));
+    }
     if target.starts_with(b"/") {
         return Ok(());
     }
@@ -1262,6 +1268,18 @@ mod tests {
         assert!(is_400(b"GET ftp://c/ HTTP/1.1\r\nHost: c\r\n\r\n"));
         assert!(is_400(b"GET http:///p HTTP/1.1\r\nHost: c\r\n\r\n"));
         assert!(is_400(b"GET http://u@c/p HTTP/1.1\r\nHost: c\r\n\r\n"));
+    }
+
+    #[test]
+    fn a_fragment_is_refused_in_any_form() {
+        for target in ["/a.js#/../admin", "/?q#f", "http://c/p#f", "http://c#f"] {
+            let head = format!("GET {target} HTTP/1.1\r\nHost: c\r\n\r\n");
+            assert_eq!(
+                bad(head.as_bytes()),
+                Refusal::BadRequest("fragment in request target"),
+                "{target}"
+            );
+        }
     }
 
     #[test]

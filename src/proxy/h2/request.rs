@@ -151,6 +151,11 @@ fn uri(
     if path.is_empty() {
         return Err("empty :path");
     }
+    // The `http` crate would cut the path at `#` unseen; refused instead,
+    // as on HTTP/1 (see `h1::head::check_target`).
+    if path.contains(&b'#') {
+        return Err("fragment in :path");
+    }
     // Without `:authority` (`Host` then names the host) the target is
     // origin-form: a URI has no scheme without an authority.
     if let Some(authority) = authority {
@@ -248,6 +253,12 @@ mod tests {
         assert_eq!(head(fields(&no_path)).err(), Some("no :scheme or :path"));
         let empty_path = [(":method", "GET"), (":scheme", "http"), (":path", "")];
         assert_eq!(head(fields(&empty_path)).err(), Some("empty :path"));
+        let fragment = [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/a.js#/x"),
+        ];
+        assert_eq!(head(fields(&fragment)).err(), Some("fragment in :path"));
         assert_eq!(
             trailers(fields(&[(":path", "/")])).err(),
             Some("pseudo-header field in trailers")
