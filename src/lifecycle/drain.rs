@@ -5,7 +5,7 @@
 //! (finish what you have, take no more) and *force* (stop now).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,9 +74,6 @@ struct Signals {
     /// order): said once at its end too, as a reload with 10,000
     /// WebSockets would otherwise write 10,000 lines.
     long_lived_ended: [AtomicU64; 3],
-    /// Of the tracker's tasks, those that are a connection's h2 streams
-    /// (`spawn_counted`): waited for, but not counted as connections.
-    streams: AtomicUsize,
 }
 
 /// One worker's signals: *graceful* (finish what you have, take no more)
@@ -95,15 +92,6 @@ impl Signals {
     }
 }
 
-/// One h2 stream's place in `Signals::streams`, given back as it ends.
-struct Stream(Arc<Signals>);
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        self.0.streams.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 impl Drain {
     /// A drain for connections served by `workers` workers.
     pub fn new(workers: usize) -> Self {
@@ -115,7 +103,6 @@ impl Drain {
                 spread_cut: CancellationToken::new(),
                 idle_closed: AtomicU64::new(0),
                 long_lived_ended: Default::default(),
-                streams: AtomicUsize::new(0),
             }),
         }
     }
@@ -148,15 +135,10 @@ impl Drain {
         self.signals.spread_cut.cancel();
     }
 
-    /// Connections still open (their h2 streams, tasks of their own, not
-    /// counted).
+    /// Connections still open: each is one task of the tracker (an h2
+    /// connection's streams run in its task).
     pub fn in_flight(&self) -> usize {
-        self.connections()
-    }
-
-    fn connections(&self) -> usize {
-        let streams = self.signals.streams.load(Ordering::SeqCst);
-        self.signals.tracker.len().saturating_sub(streams)
+        self.signals.tracker.len()
     }
 
     /// Resolves once every tracked task has finished (after [`Self::begin`]).
@@ -182,7 +164,7 @@ impl Drain {
     /// Ends every remaining task now and returns how many connections
     /// were open.
     pub async fn force(&self) -> usize {
-        let open = self.connections();
+        let open = self.in_flight();
         self.signals.per_worker.iter().for_each(|w| w.force.set());
         // Forced tasks return at their next poll; this bound only guards
         // against one stuck in a blocking call.
@@ -204,21 +186,6 @@ impl DrainWatch {
         self.signals.tracker.spawn(async move {
             first_of(working(task), signals.local().force.wait()).await;
         });
-    }
-
-    /// Runs `task` counted by the drain but not dropped when it is forced:
-    /// for a task that ends by itself once what it serves is dropped
-    /// (an h2 stream, whose connection is a task of the drain's).
-    pub fn spawn_counted<F>(&self, task: F)
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        self.signals.streams.fetch_add(1, Ordering::SeqCst);
-        let counted = Stream(Arc::clone(&self.signals));
-        tokio::spawn(self.signals.tracker.track_future(async move {
-            let _counted = counted;
-            working(task).await;
-        }));
     }
 
     pub fn is_draining(&self) -> bool {
@@ -286,6 +253,7 @@ fn jitter() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
 
     #[tokio::test(start_paused = true)]
     async fn finished_tasks_drain_and_stuck_ones_are_forced() {
