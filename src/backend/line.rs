@@ -374,4 +374,17 @@ mod tests {
         drop(on_0);
         assert!(p.pick(None).is_some(), "given back: nobody waits any more");
     }
+
+    /// Work in line whose every backend went down while it waited is told
+    /// of the outage when its time runs out, not of a shortage of places.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_ends_with_every_backend_down_is_no_backend() {
+        let p = std::sync::Arc::new(pool(1));
+        let held = p.pick(None).expect("the only place");
+        let waiting = in_line(&p, None).await;
+        p.backends().backends[0].drain();
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(waiting.await.expect("join").err(), Some(NoLease::NoBackend));
+        drop(held);
+    }
 }

@@ -605,7 +605,9 @@ impl Pool {
     /// Like [`Self::pick`], but when every backend that could take the work
     /// is at its cap, waits in line (first come, first served) up to
     /// `queue_timeout`. Work in line whose backends all go down waits on:
-    /// one that comes back up in time serves it.
+    /// one that comes back up in time serves it; one that does not is told
+    /// `NoBackend`, not `QueueTimeout`, so the log and the metrics name the
+    /// outage rather than a shortage of places.
     pub async fn lease(&self, exclude: Option<usize>) -> Result<Lease, NoLease> {
         if let Some(lease) = self.pick(exclude) {
             return Ok(lease);
@@ -623,7 +625,10 @@ impl Pool {
         };
         match line.join(exclude, |allowed| self.pick_where(exclude, allowed), any_up)? {
             Ok(lease) => Ok(lease),
-            Err(ticket) => ticket.served(deadline).await,
+            Err(ticket) => match ticket.served(deadline).await {
+                Err(NoLease::QueueTimeout) if !any_up() => Err(NoLease::NoBackend),
+                served => served,
+            },
         }
     }
 
