@@ -18,6 +18,7 @@ use nix::sys::stat::Mode;
 use support::client;
 use support::daemon::{
     client_connections, processes_for, settled_fd_count, signal, socket_inodes, wait_exit, Baton,
+    Spec,
 };
 use support::load::{baton_under_load, Load};
 
@@ -895,4 +896,39 @@ async fn reload_and_serve(baton: &Baton) {
     assert_ne!(baton.serving_pid().await, serving);
     let answer = client::get(baton.addr("web"), "/").await.expect("served");
     assert_eq!(answer.status, 200);
+}
+
+/// Whether `pid` holds an fd open on `path`, read from `/proc/PID/fd`.
+fn holds_open(pid: u32, path: &str) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|target| target == std::path::Path::new(path))
+}
+
+/// An fd the first generation inherited from whoever started it (here a
+/// shell's redirection, without close-on-exec, as a supervisor or a
+/// container runtime may leave one) is not passed on by a reload: the new
+/// generation holds the handoff's end and what it opened itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_passes_on_no_fd_the_first_generation_inherited() {
+    let backend = support::backend::HttpBackend::start("a").await;
+    let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
+    let stray = "/proc/version";
+    let wrapper = ["sh", "-c", &format!("exec \"$0\" \"$@\" 7<{stray}")];
+    let baton = Baton::spawn_under(spec, &[], &wrapper);
+    baton.wait_ready().await;
+    let first = baton.serving_pid().await;
+    assert!(
+        holds_open(first, stray),
+        "the first generation inherited it"
+    );
+    let second = baton.reload_ok().await;
+    assert_ne!(second, first);
+    assert!(
+        !holds_open(second, stray),
+        "the new generation inherited {stray} from the first"
+    );
 }

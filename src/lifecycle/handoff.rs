@@ -361,22 +361,46 @@ pub struct Channel {
     inbox: Mutex<Inbox>,
 }
 
-/// Has `command`'s process inherit `fd` (a pair's child end): its
-/// close-on-exec flag cleared in the child, between fork and exec.
+/// Has `command`'s process inherit `fd` (a pair's child end), and of the
+/// fds above stdio that one alone: its close-on-exec flag cleared in the
+/// child, between fork and exec, and every other's set. baton opens none
+/// without the flag, but the first generation may have inherited some from
+/// whoever started it (a shell, a supervisor, a container runtime), and
+/// each generation would pass them on to the next for good.
 pub fn inherited_by(command: &mut std::process::Command, fd: &OwnedFd) {
     use std::os::unix::process::CommandExt;
     let raw = fd.as_raw_fd();
     // SAFETY: runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: fcntl is one. `fd` is open
-    // there: the caller holds it until the spawn has returned.
+    // async-signal-safe calls are allowed: fcntl and a raw syscall are.
+    // `fd` is open there: the caller holds it until the spawn has returned.
     unsafe {
         command.pre_exec(move || {
             if nix::libc::fcntl(raw, nix::libc::F_SETFD, 0) == -1 {
                 return Err(std::io::Error::last_os_error());
             }
+            close_on_exec_but(raw);
             Ok(())
         });
     }
+}
+
+/// Sets close-on-exec on every fd above stdio but `kept`, by
+/// `close_range` (Linux 5.11): the syscall itself, not glibc's wrapper,
+/// which older glibcs lack. On an older kernel nothing is set, as before.
+///
+/// # Safety
+/// Between fork and exec: async-signal-safe, it only makes a syscall.
+unsafe fn close_on_exec_but(kept: RawFd) {
+    use nix::libc::{c_uint, syscall, SYS_close_range, CLOSE_RANGE_CLOEXEC};
+    const ABOVE_STDIO: c_uint = 3;
+    let Ok(kept) = c_uint::try_from(kept) else {
+        return;
+    };
+    if kept > ABOVE_STDIO {
+        syscall(SYS_close_range, ABOVE_STDIO, kept - 1, CLOSE_RANGE_CLOEXEC);
+    }
+    let after = (kept + 1).max(ABOVE_STDIO);
+    syscall(SYS_close_range, after, c_uint::MAX, CLOSE_RANGE_CLOEXEC);
 }
 
 /// What has arrived of the message being received.
