@@ -17,8 +17,8 @@
 //! `unsafe`: the second fork between fork and exec; registering the pidfd.
 #![allow(unsafe_code)]
 
-use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 
 use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
@@ -91,13 +91,25 @@ impl Process {
 
 /// Starts `command` detached (see the module doc) and holds it by pidfd.
 /// Fails if the program cannot be executed, as a plain spawn would.
+///
+/// The pidfd is opened while the new process is sure to be alive: it waits
+/// before its exec until we have opened it. Opened after, the pid could
+/// already be another process's: a new generation can exit in its first
+/// milliseconds (a stop, a crashing release), its reaper reaps it at once,
+/// and the pid is free; a failed reload's SIGKILL would then go to whoever
+/// took it.
 pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Result<Process> {
-    let (mut read_end, write_end) = pid_pipe()?;
+    let (mut pid_read, pid_write) = cloexec_pipe()?;
+    let (go_read, go_write) = cloexec_pipe()?;
+    let (go_read_raw, go_write_raw) = (go_read.as_raw_fd(), go_write.as_raw_fd());
     // SAFETY: runs in the forked child before exec, where only
     // async-signal-safe calls are allowed: pthread_sigmask, sigaction,
-    // fork, write and _exit are. The middle process reports the grandchild's pid and exits
-    // without returning into Rust code; the grandchild returns and execs.
-    // Both pipe ends are close-on-exec, so the grandchild keeps neither.
+    // write, read, close and _exit are; fork no longer is by POSIX's 2024
+    // list (for its atfork handlers), but this child of a fork runs one
+    // thread, whose handlers' locks no other thread can hold. The middle
+    // process reports the grandchild's pid and exits without returning
+    // into Rust code; the grandchild waits for our word, then returns and
+    // execs. Every pipe end is close-on-exec, so the grandchild keeps none.
     // The new generation's signals are quieted here, in the child (see
     // `quiet_until_handled`): what is set passes the second fork and exec.
     unsafe {
@@ -105,36 +117,69 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
             quiet_until_handled()?;
             match nix::libc::fork() {
                 -1 => Err(std::io::Error::last_os_error()),
-                0 => Ok(()),
+                0 => wait_for_word(go_read_raw, go_write_raw),
                 grandchild => {
                     let bytes = grandchild.to_ne_bytes();
-                    let written = nix::libc::write(
-                        std::os::fd::AsRawFd::as_raw_fd(&write_end),
-                        bytes.as_ptr().cast(),
-                        bytes.len(),
-                    );
+                    let written =
+                        nix::libc::write(pid_write.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
                     nix::libc::_exit(if written == 4 { 0 } else { 1 })
                 }
             }
         });
     }
     // std's spawn returns once the grandchild has exec'd (its error pipe
-    // closes on exec) or reports the exec's failure: blocking, but brief.
-    let middle = tokio::task::spawn_blocking(move || command.spawn()?.wait())
-        .await
-        .map_err(std::io::Error::other)??;
+    // closes on exec) or reports the exec's failure: so it runs beside
+    // our reading of the pid, which the exec waits for.
+    let spawning = tokio::task::spawn_blocking(move || {
+        let spawned = command.spawn();
+        drop(go_read);
+        spawned?.wait()
+    });
+    let pid = tokio::task::spawn_blocking(move || {
+        let mut bytes = [0u8; 4];
+        pid_read
+            .read_exact(&mut bytes)
+            .map(|()| i32::from_ne_bytes(bytes))
+    })
+    .await
+    .map_err(std::io::Error::other)?;
+    // Not opened (no pid, or none of a live process): our end of the word
+    // closes unwritten and the grandchild exits before its exec.
+    let held = pid.and_then(|pid| {
+        let pid = u32::try_from(pid)
+            .map_err(|_| std::io::Error::other("the spawn helper sent a bad pid"))?;
+        Process::open(pid)
+    });
+    if held.is_ok() {
+        std::fs::File::from(go_write).write_all(b"!")?;
+    } else {
+        drop(go_write);
+    }
+    let middle = spawning.await.map_err(std::io::Error::other)??;
     if !middle.success() {
         return Err(std::io::Error::other(format!(
             "the spawn helper failed ({middle})"
         )));
     }
-    let mut bytes = [0u8; 4];
-    read_end.read_exact(&mut bytes)?;
-    let pid = u32::try_from(i32::from_ne_bytes(bytes))
-        .map_err(|_| std::io::Error::other("the spawn helper sent a bad pid"))?;
-    // The new generation waits for our offer before it can exit on its own,
-    // so the pid is still its own here.
-    Process::open(pid)
+    held
+}
+
+/// The grandchild's wait, before its exec, for the word that its spawner
+/// holds it by pidfd; an error (the exec's, as std reports it) if the
+/// spawner closed its end without one. Async-signal-safe: close and read.
+fn wait_for_word(read: RawFd, spawners_end: RawFd) -> std::io::Result<()> {
+    // SAFETY: our copy of the spawner's end, closed so that its close
+    // there is seen here; the fds are the pipe's, open in this process.
+    unsafe { nix::libc::close(spawners_end) };
+    let mut word = 0u8;
+    loop {
+        // SAFETY: reads one byte into a byte of our own.
+        match unsafe { nix::libc::read(read, (&raw mut word).cast(), 1) } {
+            1 => return Ok(()),
+            -1 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return Err(std::io::Error::from_raw_os_error(nix::libc::ECANCELED)),
+        }
+    }
 }
 
 /// The name of our parent when it is PID 1 of our namespace and one of
@@ -207,7 +252,7 @@ pub(super) fn ignore_signals(signals: &[nix::sys::signal::Signal]) -> std::io::R
     Ok(())
 }
 
-fn pid_pipe() -> std::io::Result<(std::fs::File, OwnedFd)> {
+fn cloexec_pipe() -> std::io::Result<(std::fs::File, OwnedFd)> {
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     Ok((std::fs::File::from(read), write))
 }
