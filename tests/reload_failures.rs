@@ -134,29 +134,6 @@ async fn client_get(addr: std::net::SocketAddr) -> String {
         .body
 }
 
-/// An executable the kernel cannot run (its interpreter is gone, as after
-/// a half-done package upgrade) is a failed reload that names the cause;
-/// the serving generation serves on and the next reload works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_executable_that_cannot_run_is_a_failed_reload() {
-    let (_backend, baton, load) = baton_under_load("").await;
-    let serving = baton.serving_pid().await;
-    baton.replace_executable(Some("#!/nonexistent/interpreter\n"));
-    let r = baton.reload().await;
-    assert_ne!(r.code, 0, "{r:?}");
-    assert!(
-        r.stderr.contains("cannot start") && r.stderr.contains("No such file"),
-        "{}",
-        r.stderr
-    );
-    assert_eq!(processes_for(&baton.config), vec![serving]);
-    load.progress(10).await;
-    baton.replace_executable(None);
-    assert_ne!(baton.reload_ok().await, serving, "the next reload works");
-    load.progress(10).await;
-    load.stop().await.assert_clean();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_generation_is_killed_at_ready_timeout() {
     // Long enough for the second reload to come while the first waits,

@@ -102,25 +102,43 @@ async fn failed_then_recovered(
     load.stop().await.assert_clean();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_generation_killed_right_after_spawn_is_a_failed_reload_and_the_next_works() {
+/// The reload into `script` (the executable swapped for it) fails saying
+/// one of `causes`; the serving generation serves on without a failed
+/// request, and the reload into baton again works.
+async fn a_swapped_executable_fails_the_reload(script: &str, causes: &[&str]) {
     let (_backend, baton, load) = baton_under_load("").await;
     let serving = baton.serving_pid().await;
-    baton.replace_executable(Some("#!/bin/sh\nkill -KILL $$\n"));
+    baton.replace_executable(Some(script));
     let r = baton.reload().await;
     assert_ne!(r.code, 0, "{r:?}");
     assert!(
-        r.stderr.contains("exited before it took over")
-            || r.stderr.contains("closed the handoff channel"),
+        causes.iter().any(|cause| r.stderr.contains(cause)),
         "{}",
         r.stderr
     );
-    assert_eq!(baton.serving_pid().await, serving);
+    assert_eq!(processes_for(&baton.config), vec![serving]);
     load.progress(20).await;
     baton.replace_executable(None);
     assert_ne!(baton.reload_ok().await, serving, "the next reload works");
     load.progress(20).await;
     load.stop().await.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_killed_right_after_spawn_is_a_failed_reload_and_the_next_works() {
+    a_swapped_executable_fails_the_reload(
+        "#!/bin/sh\nkill -KILL $$\n",
+        &["exited before it took over", "closed the handoff channel"],
+    )
+    .await;
+}
+
+/// An executable the kernel cannot run (its interpreter gone, as after a
+/// half-done upgrade) is a failed reload that names the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executable_that_cannot_run_is_a_failed_reload() {
+    a_swapped_executable_fails_the_reload("#!/nonexistent/interpreter\n", &["cannot start /"])
+        .await;
 }
 
 /// A SIGHUP that reaches a new generation before its handlers are in place
