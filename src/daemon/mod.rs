@@ -38,7 +38,7 @@ use crate::lifecycle::generation::{
 };
 use crate::lifecycle::handoff::{BackendCarry, Channel, Message};
 use crate::lifecycle::inventory::{Fate, FateCell, Holdings};
-use crate::lifecycle::process::Process;
+use crate::lifecycle::process::{Named, Process};
 use crate::lifecycle::signals::{Command, Commands};
 use crate::lifecycle::{systemd, Check, Phase};
 use crate::listener::{Closing, Listener};
@@ -426,8 +426,8 @@ impl Generation {
             .len()
             .saturating_sub(self.config.reload.max_draining.saturating_sub(1));
         let beyond_max: Vec<Process> = self.draining.drain(..beyond).collect();
-        let mut draining: Vec<u32> = self.draining.iter().map(Process::pid).collect();
-        draining.push(std::process::id());
+        let mut draining: Vec<Named> = self.draining.iter().map(Process::named).collect();
+        draining.push(Named::this_process());
         let sockets = self.holdings.offer();
         let backends = build::carry_out(&self.pools);
         let (pools, admin) = (self.pools.clone(), Arc::clone(&self.admin));

@@ -21,7 +21,7 @@ use super::handoff::{
     self, BackendCarry, Channel, HandoffError, Message, Report, ResolvedCarry, SocketEntry, ENV_FD,
 };
 use super::inventory::Inventory;
-use super::process::{self, Process};
+use super::process::{self, Named, Process};
 use super::systemd;
 use crate::exit::Exit;
 use crate::tls::tickets::TicketKeys;
@@ -176,7 +176,7 @@ impl HandoverError {
 pub struct Offer {
     pub generation: u64,
     pub sockets: Vec<(SocketEntry, OwnedFd)>,
-    pub draining: Vec<u32>,
+    pub draining: Vec<Named>,
     pub backends: Vec<BackendCarry>,
     pub report: Report,
     pub tickets: TicketKeys,
@@ -337,7 +337,8 @@ async fn converse(
     let message = Message::Offer {
         generation: offer.generation,
         sockets: entries,
-        draining: offer.draining,
+        draining: offer.draining.iter().map(|n| n.pid).collect(),
+        draining_started: offer.draining.iter().map(|n| n.started).collect(),
         backends: offer.backends,
         report: Some(offer.report),
         tickets: Some(Box::new(offer.tickets)),
@@ -624,6 +625,7 @@ impl Parent {
             generation,
             sockets,
             draining,
+            draining_started,
             backends,
             report,
             tickets,
@@ -638,10 +640,13 @@ impl Parent {
             exit_code: Exit::Failure.code(),
             reason: e.to_string(),
         })?;
-        // One that already exited cannot be opened: nothing to hold.
+        // One that already exited cannot be opened (nor one whose pid now
+        // names another process): nothing to hold.
+        let started_at = draining_started.into_iter().chain(std::iter::repeat(None));
         let draining = draining
             .into_iter()
-            .filter_map(|pid| Process::open(pid).ok())
+            .zip(started_at)
+            .filter_map(|(pid, started)| Process::open_named(Named { pid, started }).ok())
             .collect();
         let inheritance = Inheritance {
             generation,

@@ -191,6 +191,11 @@ pub enum Message {
         sockets: Vec<SocketEntry>,
         /// Pids of older generations still draining (N itself included).
         draining: Vec<u32>,
+        /// Their start times, in clock ticks since boot, each where /proc
+        /// told it (absent from an older release): N+1 holds one only if
+        /// its pid still names the process that started then.
+        #[serde(default)]
+        draining_started: Vec<Option<u64>>,
         #[serde(default)]
         backends: Vec<BackendCarry>,
         #[serde(default)]
@@ -711,6 +716,7 @@ mod tests {
                 addr: listener.local_addr().expect("addr").to_string(),
             }],
             draining: vec![1],
+            draining_started: vec![None],
             backends: Vec::new(),
             ready_ms: Some(6_000),
             started: true,
@@ -774,6 +780,7 @@ mod tests {
                 addr,
             }],
             draining: vec![1],
+            draining_started: vec![None],
             backends: Vec::new(),
             tickets: None,
             resolved: Vec::new(),
@@ -994,6 +1001,7 @@ mod tests {
             generation,
             sockets,
             draining,
+            draining_started,
             backends,
             report,
             tickets,
@@ -1010,6 +1018,10 @@ mod tests {
         );
         assert_eq!(sockets[1].name, "admin");
         assert!(started, "said by no release before it: taken as over");
+        assert!(
+            draining_started.is_empty(),
+            "said by no release before it: the pids are opened as they are"
+        );
         assert_eq!(backends[1].admin, CarriedAdmin::Draining);
         assert_eq!((backends[1].healthy, backends[1].streak), (Some(false), 2));
         assert_eq!(

@@ -43,6 +43,30 @@ impl Process {
         Process::held(pid, pidfd_open(raw, PidfdFlags::NONBLOCK)?)
     }
 
+    /// Takes hold of a process named by another (see [`Named`]): its pidfd
+    /// opened first, then its start time read again. The same, the process
+    /// held is the one named: alive at that read, it was alive at the open
+    /// too. Another (its pid reused since it was named), an error.
+    pub fn open_named(named: Named) -> std::io::Result<Process> {
+        let held = Process::open(named.pid)?;
+        match named.started {
+            Some(started) if start_time(named.pid) != Some(started) => Err(std::io::Error::other(
+                format!("pid {} names another process now", named.pid),
+            )),
+            _ => Ok(held),
+        }
+    }
+
+    /// This process as another may name it: its start time read while it is
+    /// sure to be alive (the pidfd still shows it running after the read).
+    pub fn named(&self) -> Named {
+        let started = start_time(self.pid).filter(|_| self.is_alive());
+        Named {
+            pid: self.pid,
+            started,
+        }
+    }
+
     /// A second hold of the same process (a duplicate of its pidfd), for a
     /// task that waits for its exit apart from this one.
     pub fn try_clone(&self) -> std::io::Result<Process> {
@@ -87,6 +111,34 @@ impl Process {
         // Readable means exited; an error means the same for our purpose.
         let _ = self.pidfd.readable().await;
     }
+}
+
+/// A process as one process names it to another: its pid, and when it
+/// started where /proc tells it. A pid alone may be reused by the time the
+/// other opens it; with the start time it names one process for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Named {
+    pub pid: u32,
+    pub started: Option<u64>,
+}
+
+impl Named {
+    pub fn this_process() -> Named {
+        let pid = std::process::id();
+        Named {
+            pid,
+            started: start_time(pid),
+        }
+    }
+}
+
+/// When `pid` started, in clock ticks since boot: `/proc/PID/stat`'s 22nd
+/// field, the 20th after the name's closing parenthesis (a name may hold
+/// spaces and parentheses, the last `)` ends it).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after_name) = stat.rsplit_once(')')?;
+    after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Starts `command` detached (see the module doc) and holds it by pidfd.
@@ -255,4 +307,34 @@ pub(super) fn ignore_signals(signals: &[nix::sys::signal::Signal]) -> std::io::R
 fn cloexec_pipe() -> std::io::Result<(std::fs::File, OwnedFd)> {
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     Ok((std::fs::File::from(read), write))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process named with its start time is held only while its pid
+    /// still names the process that started then; named with none (by an
+    /// older release), by its pid alone.
+    #[tokio::test]
+    async fn a_named_process_is_held_only_if_it_started_when_named() {
+        let us = Named::this_process();
+        let started = us.started.expect("this host's /proc tells a start time");
+        let held = Process::open_named(us).expect("held");
+        assert_eq!(held.named(), us, "named as it names itself");
+        let reused = Named {
+            started: Some(started + 1),
+            ..us
+        };
+        let refused = Process::open_named(reused).expect_err("another process");
+        assert!(
+            refused.to_string().contains("names another process"),
+            "{refused}"
+        );
+        let by_pid = Named {
+            started: None,
+            ..us
+        };
+        assert!(Process::open_named(by_pid).is_ok());
+    }
 }
