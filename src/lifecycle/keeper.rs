@@ -70,9 +70,12 @@ const PASSED: [Signal; 6] = [
 /// Whether this `baton run` is one a reload's old generation would take
 /// down with it, and becomes its generations' keeper (a child subreaper,
 /// unless PID 1, which reaps orphans anyway). Not where it already runs
-/// under one.
+/// under one, nor in a new generation a reload started: one re-parented to
+/// a container's init (its old generation ran under an entrypoint script
+/// that did not `exec` it) is a generation of that chain, with the
+/// handoff to take, not the keeper of a chain of its own.
 pub fn wanted() -> bool {
-    if std::env::var_os(ENV_KEPT).is_some() {
+    if std::env::var_os(ENV_KEPT).is_some() || std::env::var_os(super::handoff::ENV_FD).is_some() {
         return false;
     }
     if std::process::id() == 1 {
