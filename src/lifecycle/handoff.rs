@@ -1,7 +1,8 @@
 //! The fd handoff between generation N and N+1: versioned JSON messages and
 //! SCM_RIGHTS fds over a SOCK_SEQPACKET socketpair that N+1 inherits at spawn
-//! (no named socket ever hands out fds). This file is the crate's only
-//! `unsafe`: turning raw fds the kernel gave us into owned ones.
+//! (no named socket ever hands out fds). Its `unsafe` turns raw fds the
+//! kernel gave us into owned ones, and clears the inherited end's
+//! close-on-exec flag between fork and exec.
 //!
 //! The conversation, driven by `generation`:
 //! ```text
