@@ -619,6 +619,11 @@ async fn a_head_baton_could_not_serve_gets_its_status_without_a_body() {
     let (status, body, _) = send(&mut sender, request("GET", web, "/", empty())).await;
     assert_eq!(status, 502);
     assert!(body.contains("request id"), "{body}");
+    // Each is said in baton's log, under its request id, the HEAD too.
+    support::eventually("both answers in the log", || async {
+        baton.log().matches("answered with an error").count() == 2
+    })
+    .await;
 }
 
 /// A backend that reads the head and then no more: the upload fills the

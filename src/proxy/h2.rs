@@ -905,9 +905,11 @@ fn error_response(
     request_id: &str,
     head_asked: bool,
 ) -> Response<ProxyBody> {
+    // Made (and so logged) for a HEAD too; only not sent.
+    let page = super::error_page(pool, err, request_id);
     let page = match head_asked {
         true => body::empty(),
-        false => body::text(super::error_page(pool, err, request_id)),
+        false => body::text(page),
     };
     let mut response = Response::new(page);
     *response.status_mut() = err.status();
