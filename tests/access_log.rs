@@ -330,6 +330,7 @@ async fn termination_states_say_who_ended_the_exchange() {
         .listener("fading", "http", "fading", &log_key(&log, "json"))
         .listener("stalls", "http", "stalls", &keys)
         .listener("mute", "http", "mute", &log_key(&log, "json"))
+        .listener("curt", "http", "curt", &log_key(&log, "json"))
         .pool("app", &[backend.addr])
         .pool("dead", &[dead])
         .pool("echo", &[echo.addr])
@@ -345,7 +346,8 @@ async fn termination_states_say_who_ended_the_exchange() {
             &[(fading.addr, 1)],
         )
         .pool("stalls", &[stalls.addr])
-        .pool("mute", &[mute.addr]);
+        .pool("mute", &[mute.addr])
+        .pool("curt", &[support::raw::closes_after_head().await]);
     let baton = Baton::start(spec).await;
     let web = baton.addr("web");
     assert_eq!(client::get(web, "/ok").await.expect("ok").status, 200);
@@ -363,6 +365,14 @@ async fn termination_states_say_who_ended_the_exchange() {
     )
     .await;
     assert!(unanswered.starts_with("HTTP/1.1 502"), "{unanswered}");
+    // One that closed while the body was still going up: 502, the request
+    // not taken (`SR`).
+    let cut_off = raw(
+        baton.addr("curt"),
+        "POST /mute HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nhalf.",
+    )
+    .await;
+    assert!(cut_off.starts_with("HTTP/1.1 502"), "{cut_off}");
     // A pool whose one backend went down: 503, no backend up.
     fading.kill();
     support::eventually("the fading backend down", || async {
@@ -436,6 +446,7 @@ async fn termination_states_say_who_ended_the_exchange() {
         ("stalls", Value::from(200), "sD"),
         ("fading", Value::from(503), "SQ"),
         ("mute", Value::from(502), "SH"),
+        ("curt", Value::from(502), "SR"),
     ];
     for (listener, status, termination) in &expect {
         assert!(

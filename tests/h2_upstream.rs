@@ -745,6 +745,32 @@ async fn a_backend_silent_mid_body_resets_the_stream_after_response_timeout() {
     assert!(line.contains("\"termination\":\"sD\""), "{line}");
 }
 
+/// A backend that closes with no answer while the client's body is still
+/// going up: a 502, logged as a request the backend would not take (`SR`),
+/// as on the HTTP/1 path, not as one it took and then failed (`SH`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_closes_during_the_upload_is_a_502_logged_sr() {
+    let curt = support::raw::closes_after_head().await;
+    let (baton, _dir, log) = logging_to_a_file("", curt).await;
+    let web = baton.addr("web");
+    let mut sender = h2(web).await;
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(Frame::data(Bytes::from_static(b"part")))
+        .await
+        .expect("fed");
+    let resp = tokio::time::timeout(
+        support::TIMEOUT,
+        sender.send_request(request("POST", web, "/", Fed(rx).boxed())),
+    )
+    .await
+    .expect("an answer in time")
+    .expect("h2 response");
+    assert_eq!(resp.status(), 502);
+    drop(tx);
+    let line = logged(&log).await;
+    assert!(line.contains("\"termination\":\"SR\""), "{line}");
+}
+
 /// A baton whose `web` listener (with `keys` besides) writes JSON
 /// access-log lines to a file, in front of `backend`: it, the file's
 /// folder (kept while the test runs) and the file.

@@ -659,6 +659,10 @@ impl HttpProxy {
                 backend: backend.name.clone(),
                 cause: bad.to_string(),
             },
+            Ok(Err(HeadFault::RequestCutOff(cause))) => ProxyError::RequestCutOff {
+                backend: backend.name.clone(),
+                cause,
+            },
             Err(err) => err,
         };
         err.blame(backend);

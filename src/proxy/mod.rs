@@ -100,6 +100,12 @@ pub enum ProxyError {
     Timeout { backend: String, seconds: f64 },
     #[error("backend {backend} failed: {cause}")]
     Upstream { backend: String, cause: String },
+    /// The backend closed or reset while the request body was still
+    /// going up, with no answer: it would not take the whole request (one
+    /// over its size limit, a crash mid-upload), where `Upstream` before a
+    /// head is one that took it and then failed.
+    #[error("backend {backend} stopped taking the request: {cause}")]
+    RequestCutOff { backend: String, cause: String },
 }
 
 impl ProxyError {
@@ -172,7 +178,9 @@ impl ProxyError {
             ProxyError::NoBackend { .. }
             | ProxyError::QueueTimeout { .. }
             | ProxyError::Shortage { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Connect { .. }
+            | ProxyError::Upstream { .. }
+            | ProxyError::RequestCutOff { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -209,6 +217,7 @@ impl ProxyError {
             ProxyError::Connect { .. } => Termination::BackendFailed(Phase::Connect),
             ProxyError::Shortage { .. } => Termination::Shortage,
             ProxyError::Timeout { .. } => Termination::BackendTimeout(Phase::Head),
+            ProxyError::RequestCutOff { .. } => Termination::BackendFailed(Phase::Request),
             // It had a connection: it failed before its head, or after.
             ProxyError::Upstream { .. } => Termination::BackendFailed(if marks.head.is_some() {
                 Phase::Data
@@ -233,7 +242,9 @@ impl ProxyError {
             | ProxyError::Shortage { .. } => None,
             ProxyError::Connect { .. } => Some(UpstreamErrorKind::Connect),
             ProxyError::Timeout { .. } => Some(UpstreamErrorKind::Timeout),
-            ProxyError::Upstream { .. } => Some(UpstreamErrorKind::Protocol),
+            ProxyError::Upstream { .. } | ProxyError::RequestCutOff { .. } => {
+                Some(UpstreamErrorKind::Protocol)
+            }
         }
     }
 }

@@ -261,6 +261,16 @@ pub async fn silent_mid_body() -> (RawBackend, super::daemon::Spec) {
 /// A backend that reads each request's head and then nothing more, holding
 /// the connection: an upload to it stalls once the sockets are full.
 pub async fn deaf_after_head() -> SocketAddr {
+    reads_heads_only(true).await
+}
+
+/// A backend that reads each request's head and closes without a byte of
+/// answer, whatever of the body is still to come.
+pub async fn closes_after_head() -> SocketAddr {
+    reads_heads_only(false).await
+}
+
+async fn reads_heads_only(hold: bool) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
@@ -274,7 +284,9 @@ pub async fn deaf_after_head() -> SocketAddr {
                     _ => break,
                 }
             }
-            held.push(stream);
+            if hold {
+                held.push(stream);
+            }
         }
     });
     addr

@@ -492,6 +492,16 @@ async fn attempt<S: ByteStream>(
             };
             Attempt::Failed(Failure::Abort(aborted))
         }
+        // No answer, and the body still going up: the backend would not
+        // take the whole request (`SR`), not one it took and then failed.
+        Pumped::Down(DownFault::Backend { cause, .. }) if !written && !upload_done => {
+            let err = ProxyError::RequestCutOff {
+                backend: backend.name.clone(),
+                cause,
+            };
+            err.blame(backend);
+            Attempt::Failed(Failure::Answer(err))
+        }
         Pumped::Down(DownFault::Backend {
             nothing_received: true,
             cause,

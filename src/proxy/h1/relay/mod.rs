@@ -75,6 +75,9 @@ pub enum HeadFault {
     BadHead(BadResponse),
     /// The client's body broke off (its fault, not the backend's).
     ClientBody,
+    /// The backend closed or failed, with no answer, while the request
+    /// body was still going up.
+    RequestCutOff(String),
 }
 
 impl Relay {
@@ -137,7 +140,12 @@ impl Relay {
                     Poll::Ready(Ok(())) | Poll::Pending => {}
                 }
             }
-            self.poll_head(cx, method, &mut reading, interim)
+            match self.poll_head(cx, method, &mut reading, interim) {
+                Poll::Ready(Err(HeadFault::Backend { cause, .. })) if !self.upload.is_done() => {
+                    Poll::Ready(Err(HeadFault::RequestCutOff(cause)))
+                }
+                polled => polled,
+            }
         })
         .await
     }
