@@ -683,24 +683,12 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
     })
     .await;
     let (baton, _dir, log) = logging_to_a_file("idle_timeout = \"1s\"", backend.addr).await;
-    let web = baton.addr("web");
-    let mut sender = h2(web).await;
-    let (tx, rx) = mpsc::channel(4);
-    tx.send(Frame::data(Bytes::from_static(b"part")))
-        .await
-        .expect("fed");
-    let resp = tokio::time::timeout(
-        support::TIMEOUT,
-        sender.send_request(request("POST", web, "/", Fed(rx).boxed())),
-    )
-    .await
-    .expect("a head in time")
-    .expect("h2 response");
+    let (resp, held) = post_held_open(baton.addr("web")).await;
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     let first = body.frame().await.expect("a frame").expect("data");
     assert_eq!(first.data_ref().map(|d| d.as_ref()), Some(&b"hello"[..]));
-    // The client says no more and keeps its body open (tx is held).
+    // The client says no more and keeps its body open (`held`).
     let ended = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame())
         .await
         .expect("the stream ends within a few idle_timeouts");
@@ -708,7 +696,7 @@ async fn an_upload_that_stops_after_the_response_began_ends_at_idle_timeout() {
         matches!(ended, Some(Err(_))),
         "reset, not a clean end: {ended:?}"
     );
-    drop(tx);
+    drop(held);
     // The client's pause, logged as such: not the backend's failure.
     let line = logged(&log).await;
     assert!(line.contains("\"termination\":\"cD\""), "{line}");
@@ -752,7 +740,20 @@ async fn a_backend_silent_mid_body_resets_the_stream_after_response_timeout() {
 async fn a_backend_that_closes_during_the_upload_is_a_502_logged_sr() {
     let curt = support::raw::closes_after_head().await;
     let (baton, _dir, log) = logging_to_a_file("", curt).await;
-    let web = baton.addr("web");
+    let (resp, held) = post_held_open(baton.addr("web")).await;
+    assert_eq!(resp.status(), 502);
+    drop(held);
+    let line = logged(&log).await;
+    assert!(line.contains("\"termination\":\"SR\""), "{line}");
+}
+
+/// What keeps a POST's body open: its sender, and the connection's (the
+/// client closes a connection whose every sender is gone).
+type HeldOpen = (mpsc::Sender<Frame<Bytes>>, SendRequest<Boxed>);
+
+/// A POST to `web` over h2 whose body sent `part` and stays open while
+/// the returned [`HeldOpen`] is held: its response head, and that.
+async fn post_held_open(web: SocketAddr) -> (hyper::Response<hyper::body::Incoming>, HeldOpen) {
     let mut sender = h2(web).await;
     let (tx, rx) = mpsc::channel(4);
     tx.send(Frame::data(Bytes::from_static(b"part")))
@@ -763,12 +764,9 @@ async fn a_backend_that_closes_during_the_upload_is_a_502_logged_sr() {
         sender.send_request(request("POST", web, "/", Fed(rx).boxed())),
     )
     .await
-    .expect("an answer in time")
+    .expect("a head in time")
     .expect("h2 response");
-    assert_eq!(resp.status(), 502);
-    drop(tx);
-    let line = logged(&log).await;
-    assert!(line.contains("\"termination\":\"SR\""), "{line}");
+    (resp, (tx, sender))
 }
 
 /// A baton whose `web` listener (with `keys` besides) writes JSON
