@@ -384,6 +384,13 @@ async fn termination_states_say_who_ended_the_exchange() {
     // A head that does not come whole within header_timeout: 408.
     let half = raw(baton.addr("slowhead"), "GET /half HTTP/1.1\r\nHost: a\r\n").await;
     assert!(half.starts_with("HTTP/1.1 408"), "{half}");
+    // A head its client leaves half sent: no answer, a line all the same.
+    let mut gone = TcpStream::connect(web).await.expect("connect");
+    gone.write_all(b"GET /gone HTTP/1.1\r\nHost: a\r\n")
+        .await
+        .expect("write");
+    gone.shutdown().await.expect("shutdown");
+    assert_eq!(client::read_until_closed(&mut gone).await, "");
     // The capped pool's one place held: the next request times out in line.
     let capped = baton.addr("capped");
     let held = tokio::spawn(async move { client::get(capped, "/gated").await });
@@ -435,6 +442,7 @@ async fn termination_states_say_who_ended_the_exchange() {
         ("web", Value::from(200), "--"),
         ("web", Value::from(504), "sH"),
         ("web", Value::from(400), "PR"),
+        ("web", Value::Null, "CR"),
         ("gone", Value::from(502), "SC"),
         ("raw", Value::Null, "--"),
         ("deadtcp", Value::Null, "SC"),

@@ -41,7 +41,10 @@ enum Next {
     Refused(Refusal, Instant),
     /// A head begun (then) but not finished within `header_timeout`.
     Slow(Instant),
-    /// Closed by the client, idle too long, or idle through the drain's grace.
+    /// A head begun (then) and not finished: the client closed or reset.
+    Left(Instant),
+    /// Closed by the client between requests, idle too long, or idle
+    /// through the drain's grace.
     Done,
 }
 
@@ -130,7 +133,7 @@ async fn serve_requests<S: ByteStream>(
                     head: TIMEOUT_RESPONSE.len(),
                 };
                 let answered = answer_refused(proxy, client, answer, 408, timeout).await;
-                record::refused(
+                record::unserved(
                     proxy.access_log.as_ref(),
                     &proxy.own_target().metrics,
                     &RequestId::new(),
@@ -138,6 +141,18 @@ async fn serve_requests<S: ByteStream>(
                     answered,
                     started,
                 );
+                return Ending::Other;
+            }
+            Next::Left(started) => {
+                let left = record::Unserved {
+                    status: None,
+                    termination: Termination::ClientAborted(Phase::Request),
+                    bytes_in: client.buf.len() as u64,
+                    bytes_out: 0,
+                    body_out: 0,
+                };
+                let (log, metrics) = (proxy.access_log.as_ref(), &proxy.own_target().metrics);
+                record::unserved(log, metrics, &RequestId::new(), peer, left, started);
                 return Ending::Other;
             }
             Next::Done => return Ending::Other,
@@ -225,10 +240,10 @@ async fn next_head<S: ByteStream>(
             biased;
             ready = client.stream.readable() => {
                 if ready.is_err() {
-                    return Next::Done;
+                    return left(began);
                 }
                 match read_now(&mut client.stream, &mut client.buf).await {
-                    Ok(Some(0)) | Err(_) => return Next::Done,
+                    Ok(Some(0)) | Err(_) => return left(began),
                     Ok(_) => {}
                 }
             }
@@ -269,6 +284,12 @@ fn drop_empty_lines(buf: &mut BytesMut) -> bool {
     empty > 0
 }
 
+/// The client closed or reset its connection: in the middle of a head
+/// begun then, or between requests.
+fn left(began: Option<Instant>) -> Next {
+    began.map_or(Next::Done, Next::Left)
+}
+
 /// Answers a head baton will not serve, and closes.
 async fn refuse<S: ByteStream>(
     proxy: &HttpProxy,
@@ -293,7 +314,7 @@ async fn refuse<S: ByteStream>(
     let answered =
         answer_refused(proxy, client, answer, status.as_u16(), Termination::Refused).await;
     release_if_empty(&mut client.buf);
-    record::refused(
+    record::unserved(
         proxy.access_log.as_ref(),
         &proxy.own_target().metrics,
         &id,
@@ -317,15 +338,15 @@ async fn answer_refused<S: ByteStream>(
     answer: Answer<'_>,
     status: u16,
     termination: Termination,
-) -> record::Answered {
+) -> record::Unserved {
     let bytes_in = client.buf.len() as u64;
     let written = write_all(&mut client.stream, answer.bytes, proxy.idle_timeout).await;
     let (bytes_out, body_out) = match written {
         Ok(()) => (answer.bytes.len(), answer.bytes.len() - answer.head),
         Err(_) => (0, 0),
     };
-    record::Answered {
-        status,
+    record::Unserved {
+        status: Some(status),
         termination,
         bytes_in,
         bytes_out: bytes_out as u64,

@@ -183,9 +183,10 @@ fn text(bytes: &[u8]) -> &str {
     std::str::from_utf8(bytes).unwrap_or("-")
 }
 
-/// How baton answered a request it refused, for its line.
-pub struct Answered {
-    pub status: u16,
+/// How a request baton did not serve ended, for its line.
+pub struct Unserved {
+    /// baton's answer; none when the client left before one.
+    pub status: Option<u16>,
     pub termination: Termination,
     /// The bytes read with the refused head (all of it that came, and
     /// whatever followed it in the same reads).
@@ -196,29 +197,33 @@ pub struct Answered {
     pub body_out: u64,
 }
 
-/// A request baton refused before it had a head it would serve (`400`/
-/// `431`: `PR`; no whole head within `header_timeout`, `408`: `cR`),
-/// counted on its listener's own target with its time from the head's
-/// first byte (`started`) to the answer, as every request is; and its
-/// line: no pool, no backend, and nothing of the request worth logging
-/// but its size.
-pub fn refused(
+/// A request that ended before baton had a head it would serve: refused
+/// (`400`/`431`: `PR`; no whole head within `header_timeout`, `408`:
+/// `cR`), counted on its listener's own target with its time from the
+/// head's first byte (`started`) to the answer, as every request is; or
+/// left by its client in the middle of its head (`CR`, no answer, not
+/// counted: as HAProxy logs a `<BADREQ>`, so a proxy in front that cuts
+/// requests short leaves a trace). Its line: no pool, no backend, and
+/// nothing of the request worth logging but its size.
+pub fn unserved(
     log: Option<&AccessLog>,
     metrics: &RequestMetrics,
     request_id: &str,
     client: SocketAddr,
-    answered: Answered,
+    unserved: Unserved,
     started: Instant,
 ) {
-    let Answered {
+    let Unserved {
         status,
         termination,
         bytes_in,
         bytes_out,
         body_out,
-    } = answered;
-    metrics.count(status);
-    metrics.duration.record(started.elapsed().as_secs_f64());
+    } = unserved;
+    if let Some(status) = status {
+        metrics.count(status);
+        metrics.duration.record(started.elapsed().as_secs_f64());
+    }
     let Some(log) = log else {
         return;
     };
@@ -231,7 +236,7 @@ pub fn refused(
         method: "-",
         target: "-",
         protocol: "HTTP/1.1",
-        status: Some(status),
+        status,
         bytes_in,
         bytes_out,
         body_out,
