@@ -111,7 +111,7 @@ pub fn status(args: &StatusArgs) -> Exit {
     }
     match serde_json::from_str::<Value>(&body) {
         Ok(v) => {
-            say_text!("{}", render(&v));
+            say_text!("{}", render(&v, std::time::SystemTime::now()));
             Exit::Clean
         }
         Err(e) => {
@@ -129,8 +129,8 @@ pub(super) fn s(v: &Value) -> String {
     }
 }
 
-/// The `/status` JSON as tables.
-pub fn render(v: &Value) -> String {
+/// The `/status` JSON as tables, as of `now`.
+pub fn render(v: &Value, now: std::time::SystemTime) -> String {
     let mut out = format!("baton {} (commit {})\n", s(&v["version"]), s(&v["commit"]));
     out.push_str(&format!(
         "{:<6} {:<8} {:<9} {:>9}  {}\n",
@@ -199,7 +199,54 @@ pub fn render(v: &Value) -> String {
                 s(&b["in_flight"]),
                 check
             ));
+            if let Some(line) = last_error(&b["last_error"], now) {
+                out.push_str(&line);
+            }
         }
     }
     out
+}
+
+/// A backend's last failure under its row, with how long ago: what a
+/// request met (a pool without checks shows `up` and `-` while every
+/// request to it fails; one that traffic took down shows its last check
+/// `ok`), which `/status` has beside `last_check`.
+fn last_error(e: &Value, now: std::time::SystemTime) -> Option<String> {
+    let at = e["at"].as_f64()?;
+    let now = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(at, |d| d.as_secs_f64());
+    let ago =
+        humantime::format_duration(std::time::Duration::from_secs((now - at).max(0.0) as u64));
+    // A daemon's detail may quote a backend's words.
+    let detail = s(&e["detail"]);
+    let detail = crate::telemetry::printable(&detail);
+    Some(format!("      last error {ago} ago: {detail}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend's last failure is shown under its row, with its age;
+    /// one with none has no such line.
+    #[test]
+    fn a_backends_last_error_shows_under_its_row() {
+        let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let backend = |name: &str, error: Value| {
+            serde_json::json!({"index": 0, "name": name, "address": "127.0.0.1:1",
+                "weight": 1, "state": "up", "in_flight": 0, "last_check": null,
+                "last_error": error})
+        };
+        let status = serde_json::json!({"pools": [{"name": "app", "healthy": 2, "backends": [
+            backend("a", serde_json::json!({"at": 999_988.5, "detail": "backend a unreachable: refused"})),
+            backend("b", Value::Null),
+        ]}]});
+        let shown = render(&status, now);
+        assert!(
+            shown.contains("\n      last error 11s ago: backend a unreachable: refused\n"),
+            "{shown}"
+        );
+        assert_eq!(shown.matches("last error").count(), 1, "{shown}");
+    }
 }
