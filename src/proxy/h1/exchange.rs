@@ -492,9 +492,14 @@ async fn attempt<S: ByteStream>(
             };
             Attempt::Failed(Failure::Abort(aborted))
         }
-        // No answer, and the body still going up: the backend would not
-        // take the whole request (`SR`), not one it took and then failed.
-        Pumped::Down(DownFault::Backend { cause, .. }) if !written && !upload_done => {
+        // Not a byte of answer on a new connection, and the body still
+        // going up: the backend would not take the whole request (`SR`),
+        // not one it took and then failed. (On a kept connection it is
+        // the race with the backend's idle close, `SH` as before.)
+        Pumped::Down(DownFault::Backend {
+            nothing_received: true,
+            cause,
+        }) if !written && !upload_done && !up.reused => {
             let err = ProxyError::RequestCutOff {
                 backend: backend.name.clone(),
                 cause,

@@ -75,8 +75,8 @@ pub enum HeadFault {
     BadHead(BadResponse),
     /// The client's body broke off (its fault, not the backend's).
     ClientBody,
-    /// The backend closed or failed, with no answer, while the request
-    /// body was still going up.
+    /// The backend closed or failed on a new connection, with not a byte
+    /// of answer, while the request body was still going up.
     RequestCutOff(String),
 }
 
@@ -141,7 +141,13 @@ impl Relay {
                 }
             }
             match self.poll_head(cx, method, &mut reading, interim) {
-                Poll::Ready(Err(HeadFault::Backend { cause, .. })) if !self.upload.is_done() => {
+                // Not a byte of answer on a new connection while the body
+                // went up (on a kept one: the race with the backend's idle
+                // close, sent again where that is safe).
+                Poll::Ready(Err(HeadFault::Backend {
+                    nothing_received: true,
+                    cause,
+                })) if self.upload.body_going_up() && !self.up.reused => {
                     Poll::Ready(Err(HeadFault::RequestCutOff(cause)))
                 }
                 polled => polled,

@@ -230,6 +230,8 @@ pub(super) struct Upload {
     chunked: bool,
     /// Written out, now being flushed (a TLS session holds bytes back).
     pub(super) flushing: bool,
+    /// The request head (the first bytes queued) has all been written.
+    head_sent: bool,
 }
 
 impl Upload {
@@ -239,11 +241,18 @@ impl Upload {
             source,
             chunked,
             flushing: false,
+            head_sent: false,
         }
     }
 
     pub(super) fn is_done(&self) -> bool {
         self.source.is_none() && self.out.is_empty() && !self.flushing
+    }
+
+    /// The head went up whole and the client's body is still going: a
+    /// backend that closes now would not take the whole request.
+    pub(super) fn body_going_up(&self) -> bool {
+        self.head_sent && self.source.is_some()
     }
 
     /// Writes what it can without waiting; `Ready(Ok)` once all is sent.
@@ -263,6 +272,7 @@ impl Upload {
                     Ok(n) => self.out.advance(n),
                 }
                 self.flushing = self.out.is_empty();
+                self.head_sent |= self.flushing;
                 continue;
             }
             if self.flushing {
