@@ -426,7 +426,7 @@ impl Generation {
             .len()
             .saturating_sub(self.config.reload.max_draining.saturating_sub(1));
         let beyond_max: Vec<Process> = self.draining.drain(..beyond).collect();
-        let mut draining: Vec<Named> = self.draining.iter().map(Process::named).collect();
+        let mut draining: Vec<Named> = self.draining.iter().filter_map(Process::named).collect();
         draining.push(Named::this_process());
         let sockets = self.holdings.offer();
         let backends = build::carry_out(&self.pools);

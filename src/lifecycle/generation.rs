@@ -231,12 +231,21 @@ pub async fn hand_over(
     // Before `spawn_detached`'s own step: its grandchild, the new
     // generation, inherits the flag as the middle process leaves it.
     handoff::inherited_by(&mut command, &theirs);
-    let child = process::spawn_detached(command)
+    // Bounded too: a spawn helper killed before it named the new process
+    // leaves that process waiting for our word, and our read for its pid;
+    // given up, our end of the word closes and the process exits.
+    let spawned = tokio::time::timeout_at(deadline, process::spawn_detached(command))
         .await
-        .map_err(|source| HandoverError::Spawn {
-            program: exec.program.display().to_string(),
-            source,
-        })?;
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no new process named within ready_timeout",
+            ))
+        });
+    let child = spawned.map_err(|source| HandoverError::Spawn {
+        program: exec.program.display().to_string(),
+        source,
+    })?;
     drop(theirs);
     let mut guard = KillGuard {
         process: Some(&child),

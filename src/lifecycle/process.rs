@@ -17,13 +17,13 @@
 //! `unsafe`: the second fork between fork and exec; registering the pidfd.
 #![allow(unsafe_code)]
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 
 use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
 use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
+use tokio::io::{AsyncReadExt, Interest};
 
 /// One process, held by pidfd.
 #[derive(Debug)]
@@ -59,12 +59,13 @@ impl Process {
 
     /// This process as another may name it: its start time read while it is
     /// sure to be alive (the pidfd still shows it running after the read).
-    pub fn named(&self) -> Named {
-        let started = start_time(self.pid).filter(|_| self.is_alive());
-        Named {
+    /// None once it has exited: its pid, named bare, may be another's.
+    pub fn named(&self) -> Option<Named> {
+        let started = start_time(self.pid);
+        self.is_alive().then_some(Named {
             pid: self.pid,
             started,
-        }
+        })
     }
 
     /// A second hold of the same process (a duplicate of its pidfd), for a
@@ -135,10 +136,22 @@ impl Named {
 /// When `pid` started, in clock ticks since boot: `/proc/PID/stat`'s 22nd
 /// field, the 20th after the name's closing parenthesis (a name may hold
 /// spaces and parentheses, the last `)` ends it).
+/// None where /proc is not this pid namespace's (a container's view of
+/// the host's): its `PID` is another process there.
 fn start_time(pid: u32) -> Option<u64> {
+    if !proc_is_ours() {
+        return None;
+    }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, after_name) = stat.rsplit_once(')')?;
     after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether /proc numbers processes as this pid namespace does (it was
+/// mounted in it): it numbers us as we are.
+fn proc_is_ours() -> bool {
+    std::fs::read_to_string("/proc/self/stat")
+        .is_ok_and(|stat| stat.split(' ').next() == Some(std::process::id().to_string().as_str()))
 }
 
 /// Starts `command` detached (see the module doc) and holds it by pidfd.
@@ -151,12 +164,15 @@ fn start_time(pid: u32) -> Option<u64> {
 /// and the pid is free; a failed reload's SIGKILL would then go to whoever
 /// took it.
 pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Result<Process> {
-    let (mut pid_read, pid_write) = cloexec_pipe()?;
+    let (pid_read, pid_write) = cloexec_pipe()?;
+    // Read as the runtime's, not on a blocking thread: the spawn below
+    // holds one until the exec, which waits for what this read brings.
+    let mut pid_read = tokio::net::unix::pipe::Receiver::from_file(pid_read)?;
     let (go_read, go_write) = cloexec_pipe()?;
     let (go_read_raw, go_write_raw) = (go_read.as_raw_fd(), go_write.as_raw_fd());
     // SAFETY: runs in the forked child before exec, where only
     // async-signal-safe calls are allowed: pthread_sigmask, sigaction,
-    // write, read, close and _exit are; fork no longer is by POSIX's 2024
+    // write, read, close, kill and _exit are; fork no longer is by POSIX's 2024
     // list (for its atfork handlers), but this child of a fork runs one
     // thread, whose handlers' locks no other thread can hold. The middle
     // process reports the grandchild's pid and exits without returning
@@ -174,27 +190,30 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
                     let bytes = grandchild.to_ne_bytes();
                     let written =
                         nix::libc::write(pid_write.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
-                    nix::libc::_exit(if written == 4 { 0 } else { 1 })
+                    if written != 4 {
+                        // Unnamed, it would wait for our word for good.
+                        nix::libc::kill(grandchild, nix::libc::SIGKILL);
+                        nix::libc::_exit(1);
+                    }
+                    nix::libc::_exit(0)
                 }
             }
         });
     }
     // std's spawn returns once the grandchild has exec'd (its error pipe
-    // closes on exec) or reports the exec's failure: so it runs beside
-    // our reading of the pid, which the exec waits for.
+    // closes on exec) or reports the exec's failure: so it runs on a
+    // thread of its own, beside our reading of the pid, which the exec
+    // waits for.
     let spawning = tokio::task::spawn_blocking(move || {
         let spawned = command.spawn();
         drop(go_read);
         spawned?.wait()
     });
-    let pid = tokio::task::spawn_blocking(move || {
-        let mut bytes = [0u8; 4];
-        pid_read
-            .read_exact(&mut bytes)
-            .map(|()| i32::from_ne_bytes(bytes))
-    })
-    .await
-    .map_err(std::io::Error::other)?;
+    let mut bytes = [0u8; 4];
+    let pid = pid_read
+        .read_exact(&mut bytes)
+        .await
+        .map(|_| i32::from_ne_bytes(bytes));
     // Not opened (no pid, or none of a live process): our end of the word
     // closes unwritten and the grandchild exits before its exec.
     let held = pid.and_then(|pid| {
@@ -207,7 +226,14 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
     } else {
         drop(go_write);
     }
-    let middle = spawning.await.map_err(std::io::Error::other)??;
+    let spawned = spawning.await.map_err(std::io::Error::other)?;
+    // The grandchild gave up (ECANCELED, its exec's error to std) because
+    // we could not hold it: why we could not is the reason to tell.
+    let gave_up = |e: &std::io::Error| e.raw_os_error() == Some(nix::libc::ECANCELED);
+    let middle = match spawned {
+        Err(e) if held.is_err() && gave_up(&e) => return held,
+        spawned => spawned?,
+    };
     if !middle.success() {
         return Err(std::io::Error::other(format!(
             "the spawn helper failed ({middle})"
@@ -321,7 +347,7 @@ mod tests {
         let us = Named::this_process();
         let started = us.started.expect("this host's /proc tells a start time");
         let held = Process::open_named(us).expect("held");
-        assert_eq!(held.named(), us, "named as it names itself");
+        assert_eq!(held.named(), Some(us), "named as it names itself");
         let reused = Named {
             started: Some(started + 1),
             ..us
