@@ -502,6 +502,24 @@ async fn under_a_tini_baton_keeps_its_generations_across_a_reload() {
     .await;
 }
 
+/// Under a tini with a shell between it and `baton run` (an entrypoint
+/// script that did not `exec` baton), which exits with baton, as tini then
+/// does: `baton run` keeps its generations too. (It took only a PID 1 for
+/// its parent to be one that ends the namespace.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_tini_and_a_shell_baton_keeps_its_generations_across_a_reload() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut init = under_a_tini(dir.path());
+    init.extend(["sh", "-c", "\"$0\" \"$@\"; exit $?"].map(String::from));
+    let init: Vec<&str> = init.iter().map(String::as_str).collect();
+    a_reload_is_kept_under(&init, |unshare| {
+        let tini = children_of(unshare).first().copied()?;
+        let shell = children_of(tini).first().copied()?;
+        children_of(shell).first().copied()
+    })
+    .await;
+}
+
 /// Where no keeper runs (told so), a reload as PID 1, or under an init
 /// that exits with baton, fails at once, saying why, and baton serves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -516,7 +534,7 @@ async fn without_a_keeper_a_reload_that_would_end_the_namespace_is_refused() {
     let under_tini: Vec<&str> = tini.iter().map(String::as_str).chain(not_kept).collect();
     for (wrapper, why) in [
         (as_pid_1, "runs as PID 1"),
-        (under_tini, "baton's parent is PID 1 \"tini\""),
+        (under_tini, "PID 1 is \"tini\""),
     ] {
         let backend = HttpBackend::start("a").await;
         let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);

@@ -152,7 +152,7 @@ pub enum HandoverError {
     Abandoned,
     #[error("baton runs as PID 1 (a container without an init) with no keeper (BATON_KEPT set, or the keeper could not be made: the log says why), where a new generation would be killed when this one exits; start `baton run` without BATON_KEPT (it then keeps its generations), or replace the container")]
     Pid1,
-    #[error("baton's parent is PID 1 {init:?}, a container's init that exits when its one child does, and no keeper runs (BATON_KEPT set, or the keeper could not be made: the log says why): a new generation would be killed when this one exits; start `baton run` without BATON_KEPT (it then keeps its generations), or replace the container")]
+    #[error("PID 1 is {init:?}, a container's init that exits when its one child does (baton's parent, or a shell between them that exits with baton), and no keeper runs (BATON_KEPT set, or the keeper could not be made: the log says why): a new generation would be killed when this one exits; start `baton run` without BATON_KEPT (it then keeps its generations), or replace the container")]
     InitExitsWithUs { init: String },
 }
 

@@ -260,13 +260,15 @@ fn wait_for_word(read: RawFd, spawners_end: RawFd) -> std::io::Result<()> {
     }
 }
 
-/// The name of our parent when it is PID 1 of our namespace and one of
-/// the minimal inits containers run (`docker run --init`'s tini, dumb-init,
-/// podman's catatonit, or a shell entrypoint that did not `exec` baton):
-/// each exits when its one child does, and the kernel then ends the
-/// namespace, a detached new generation with it. A host's init (systemd,
-/// sysvinit, OpenRC) outlives its children. Without /proc nothing is
-/// known, and the reload goes ahead.
+/// The name of PID 1 of our namespace when it is one of the minimal inits
+/// containers run (`docker run --init`'s tini, dumb-init, podman's
+/// catatonit, or a shell entrypoint that did not `exec` baton): each exits
+/// when its one child does (our parent, or a shell between it and us that
+/// exits with us), and the kernel then ends the namespace, a detached new
+/// generation with it. A host's init (systemd, sysvinit, OpenRC) outlives
+/// its children. Past our parent, not when we are kept: the keeper, our
+/// parent, is the new generation's reaper. Without /proc nothing is known,
+/// and the reload goes ahead.
 pub fn init_that_exits_with_us() -> Option<String> {
     const EXIT_WITH_THEIR_CHILD: [&str; 7] = [
         "tini",
@@ -277,18 +279,24 @@ pub fn init_that_exits_with_us() -> Option<String> {
         "bash",
         "dash",
     ];
-    if rustix::process::getppid() != Pid::from_raw(1) {
+    // PID 1 as /proc numbers it. Our parent, when it is PID 1: a /proc of
+    // the namespace outside ours (not mounted afresh) numbers it
+    // otherwise, and its `1` is another process. Else, unless kept, `1`
+    // where /proc is this namespace's own.
+    let init = if rustix::process::getppid() == Pid::from_raw(1) {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let parent = status
+            .lines()
+            .find_map(|line| line.strip_prefix("PPid:"))?
+            .trim()
+            .to_string();
+        parent
+    } else if std::env::var_os(super::keeper::ENV_KEPT).is_none() && proc_is_ours() {
+        "1".to_string()
+    } else {
         return None;
-    }
-    // The parent as /proc numbers it: a /proc of the namespace outside
-    // ours (not mounted afresh) numbers it otherwise, and its `1` is
-    // another process.
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let parent = status
-        .lines()
-        .find_map(|line| line.strip_prefix("PPid:"))?
-        .trim();
-    let name = std::fs::read_to_string(format!("/proc/{parent}/comm")).ok()?;
+    };
+    let name = std::fs::read_to_string(format!("/proc/{init}/comm")).ok()?;
     let name = name.trim_end();
     EXIT_WITH_THEIR_CHILD
         .contains(&name)
