@@ -135,6 +135,17 @@ fn h2load(url: &str, seconds: u32, cpus: &str, speech: Speech) -> Option<Run> {
         .find_map(|l| l.strip_prefix("requests: "))
         .unwrap_or_default();
     let count = |what: &str| counts.split(", ").find(|f| f.ends_with(what));
+    let number = |what: &str| {
+        count(what)
+            .and_then(|f| f.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+    };
+    // A status that is not 2xx or 3xx is `failed`; a stream that broke,
+    // `errored`; one not done in time, `timeout`. Unread, taken as one.
+    let errors = [" failed", " errored", " timeout"]
+        .iter()
+        .map(|what| number(what).unwrap_or(1))
+        .sum();
     let failed = count(" failed").unwrap_or("? failed").to_string();
     let requests = count(" succeeded")
         .and_then(|f| f.split_whitespace().next())
@@ -149,6 +160,7 @@ fn h2load(url: &str, seconds: u32, cpus: &str, speech: Speech) -> Option<Run> {
     Some(Run {
         rps,
         requests,
+        errors,
         p99_ms: Some(support::pct(&micros, 0.99)),
         latency: format!(
             "p50 {:.2}ms, p99 {:.2}ms, {failed}",
@@ -181,7 +193,7 @@ fn observed(proxy: &Proxy, backend: &Backend, load: impl FnOnce() -> Option<Run>
     let (run, cpu) = cpu_during(proxy, load);
     let requests = run.as_ref().map_or(0.0, |r| r.requests);
     let spent = backend.usage().per_request(&before, requests);
-    let figures = run.as_ref().and_then(|r| {
+    let figures = run.as_ref().filter(|r| r.errors == 0).and_then(|r| {
         Some(Figures {
             rps: r.rps,
             p99_ms: r.p99_ms?,
@@ -258,16 +270,58 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
     values.get(values.len() / 2).copied()
 }
 
-/// One cell of the medians' table: rate (p99; CPU per request).
-fn median_cell(rounds: &[Figures]) -> String {
-    let of = |f: fn(&Figures) -> Option<f64>| median(rounds.iter().filter_map(f).collect());
+/// One cell of the medians' table: rate (p99; CPU per request), and of
+/// how many of `rounds` rounds when some failed or had errors.
+fn median_cell(seen: &[Figures], rounds: usize) -> String {
+    let of = |f: fn(&Figures) -> Option<f64>| median(seen.iter().filter_map(f).collect());
+    let used = match seen.len() {
+        n if n < rounds => format!(", {n} of {rounds} rounds"),
+        _ => String::new(),
+    };
     match (of(|f| Some(f.rps)), of(|f| Some(f.p99_ms))) {
         (Some(rps), Some(p99)) => match of(|f| f.cpu_us) {
-            Some(cpu) => format!("{rps:.0} (p99 {p99:.2} ms; CPU/req {cpu:.1} µs)"),
-            None => format!("{rps:.0} (p99 {p99:.2} ms)"),
+            Some(cpu) => format!("{rps:.0} (p99 {p99:.2} ms; CPU/req {cpu:.1} µs{used})"),
+            None => format!("{rps:.0} (p99 {p99:.2} ms{used})"),
         },
         _ => "n/a".into(),
     }
+}
+
+/// baton's median rate over the better peer's, per cell, and its p99 and
+/// CPU per request over that peer's: the figures issue #13 is judged by,
+/// printed rather than worked out by hand.
+fn ratio_cells(kinds: &[Kind], seen: &[Vec<Vec<Figures>>]) -> Vec<String> {
+    let medians = |k: usize, c: usize, f: fn(&Figures) -> Option<f64>| {
+        median(seen[k][c].iter().filter_map(f).collect())
+    };
+    let baton = kinds.iter().position(|&k| k == Kind::Baton);
+    let peers: Vec<usize> = (0..kinds.len())
+        .filter(|&k| matches!(kinds[k], Kind::Haproxy | Kind::Nginx))
+        .collect();
+    (0..seen.first().map_or(0, Vec::len))
+        .map(|c| {
+            let best = peers
+                .iter()
+                .filter_map(|&p| Some((p, medians(p, c, |f| Some(f.rps))?)))
+                .max_by(|a, b| a.1.total_cmp(&b.1));
+            let (Some(b), Some((peer, peer_rps))) = (baton, best) else {
+                return "n/a".into();
+            };
+            let ratio =
+                |f: fn(&Figures) -> Option<f64>| Some(medians(b, c, f)? / medians(peer, c, f)?);
+            match (ratio(|f| Some(f.rps)), ratio(|f| Some(f.p99_ms))) {
+                (Some(rps), Some(p99)) => {
+                    let cpu =
+                        ratio(|f| f.cpu_us).map_or(String::new(), |r| format!(", CPU {r:.2}×"));
+                    format!(
+                        "{rps:.2}× {} ({peer_rps:.0}; p99 {p99:.2}×{cpu})",
+                        kinds[peer].name()
+                    )
+                }
+                _ => "n/a".into(),
+            }
+        })
+        .collect()
 }
 
 const HEADER: &str = "| system | HTTP/1.1 keep-alive req/s | new connection req/s | h2c req/s | TCP mode (HTTP/1.1 keep-alive inside) req/s |\n| --- | ---: | ---: | ---: | ---: |";
@@ -319,7 +373,11 @@ fn main() {
     let mut seen: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); 4]; kinds.len()];
     for round in 1..=rounds {
         println!("\nround {round}\n{HEADER}");
-        for (k, &kind) in kinds.iter().enumerate() {
+        // A different system first each round, so a drift over a round
+        // (a warming machine, ports in TIME_WAIT) falls on each in turn.
+        let order = (0..kinds.len()).map(|i| (i + round - 1) % kinds.len());
+        for k in order {
+            let kind = kinds[k];
             let cells: Vec<Cell> = [Mode::Http, Mode::H2c, Mode::Tcp]
                 .into_iter()
                 .flat_map(|mode| measure(kind, &backend, mode, seconds, &layout))
@@ -334,8 +392,12 @@ fn main() {
     if rounds > 1 {
         println!("\nmedians of {rounds} rounds: rate (p99; the proxy's CPU per request)\n{HEADER}");
         for (k, kind) in kinds.iter().enumerate() {
-            let cells: Vec<String> = seen[k].iter().map(|r| median_cell(r)).collect();
+            let cells: Vec<String> = seen[k].iter().map(|r| median_cell(r, rounds)).collect();
             println!("| {} | {} |", kind.name(), cells.join(" | "));
         }
     }
+    println!(
+        "| baton ÷ better peer (rate; p99 and CPU per request, lower is better) | {} |",
+        ratio_cells(&kinds, &seen).join(" | ")
+    );
 }

@@ -20,7 +20,7 @@ use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::measure::cpu_seconds;
+use super::measure::thread_cpu_seconds;
 
 /// A running backend.
 pub struct Backend {
@@ -57,7 +57,7 @@ impl Backend {
         Usage {
             connections: self.tally.connections.load(Ordering::Relaxed),
             reads: self.tally.reads.load(Ordering::Relaxed),
-            cpu: cpu_seconds(&threads),
+            cpu: thread_cpu_seconds(&threads),
         }
     }
 }

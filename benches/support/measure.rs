@@ -13,6 +13,10 @@ pub struct Run {
     pub latency: String,
     /// The 99th percentile, for medians over rounds.
     pub p99_ms: Option<f64>,
+    /// Answers that were not 2xx or 3xx, and requests that failed (socket
+    /// errors, timeouts): a run with any is no measure of speed, as a
+    /// proxy that answers 502 fast would look fast.
+    pub errors: u64,
 }
 
 /// A run, with the proxy's CPU seconds (user, kernel) spent during it.
@@ -20,6 +24,9 @@ pub fn cell(run: Option<Run>, cpu: Option<(f64, f64)>) -> String {
     let Some(r) = run else {
         return "failed".into();
     };
+    if r.errors > 0 {
+        return format!("{} errors: left out", r.errors);
+    }
     let per_request = match cpu {
         Some((user, sys)) if r.requests > 0.0 => format!(
             "; CPU/req {:.1} µs user + {:.1} kernel",
@@ -31,12 +38,23 @@ pub fn cell(run: Option<Run>, cpu: Option<(f64, f64)>) -> String {
     format!("{:.0} ({}{per_request})", r.rps, r.latency)
 }
 
-/// User and kernel CPU seconds used so far by `pids` (utime, stime in
-/// /proc/PID/stat, in clock ticks of 1/100 s).
+/// User and kernel CPU seconds used so far by the processes `pids`
+/// (utime, stime in /proc/PID/stat, in clock ticks of 1/100 s).
 pub fn cpu_seconds(pids: &[i32]) -> (f64, f64) {
+    stat_seconds(pids.iter().map(|pid| format!("/proc/{pid}/stat")))
+}
+
+/// The same of this process's threads `tids` alone: /proc/TID/stat gives
+/// the whole process's for any of its threads, and summed over a process's
+/// threads counted it once a thread.
+pub fn thread_cpu_seconds(tids: &[i32]) -> (f64, f64) {
+    stat_seconds(tids.iter().map(|tid| format!("/proc/self/task/{tid}/stat")))
+}
+
+fn stat_seconds(stats: impl Iterator<Item = String>) -> (f64, f64) {
     let mut total = (0.0, 0.0);
-    for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    for path in stats {
+        let stat = std::fs::read_to_string(path).unwrap_or_default();
         let fields: Vec<&str> = stat
             .rsplit_once(')')
             .map(|(_, rest)| rest.split_whitespace().collect())
@@ -106,7 +124,26 @@ pub fn wrk(url: &str, seconds: u32, close: bool, cpus: &str) -> Option<Run> {
         requests,
         latency: format!("p50 {}, p99 {}", latency("50%"), latency("99%")),
         p99_ms: millis(&latency("99%")),
+        errors: wrk_errors(&text),
     })
+}
+
+/// wrk's `Non-2xx or 3xx responses: N` and `Socket errors: connect A,
+/// read B, write C, timeout D`, added up (each line only when nonzero).
+fn wrk_errors(text: &str) -> u64 {
+    let numbers = |line: &str| -> u64 {
+        line.split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse::<u64>().ok())
+            .sum()
+    };
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("Non-2xx or 3xx responses:")
+                .or_else(|| l.strip_prefix("Socket errors:"))
+        })
+        .map(numbers)
+        .sum()
 }
 
 /// wrk's way of writing a latency ("459.00us", "1.15ms", "1.02s"), in ms.

@@ -19,6 +19,16 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
 /// This process's soft fd limit (the proxies it starts inherit it).
+/// Raises this process's fd limit to its hard limit (the proxies started
+/// from here inherit it): at a fresh machine's 1,024 a bench of 10,000
+/// connections held about a thousand, and said so only in passing.
+pub fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
 pub fn fd_limit() -> usize {
     std::fs::read_to_string("/proc/self/limits")
         .ok()

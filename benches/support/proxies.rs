@@ -303,7 +303,7 @@ impl Proxy {
             Kind::Nginx | Kind::Direct => format!(
                 "worker_processes {threads};\n{nginx_pin}daemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log;\nworker_rlimit_nofile 40000;\n\
                  events {{ worker_connections 20000; }}\nhttp {{\n  access_log off;\n  keepalive_requests 1000000;\n  keepalive_timeout 60s;\n\
-                 upstream app {{ server {backend}; keepalive 128; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
+                 upstream app {{ server {backend}; keepalive 1024; keepalive_requests 1000000; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
                  proxy_pass http://app;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n{NGINX_SAME_FIELDS}    }}\n  }}\n}}\n"
             ),
         }
