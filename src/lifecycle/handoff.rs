@@ -533,7 +533,15 @@ impl Channel {
         let mut inbox = self.inbox.lock().await;
         let mut buf = vec![0u8; MAX_DATAGRAM];
         loop {
-            let (len, fds) = self.recv_datagram(&mut buf).await?;
+            let (len, fds) = match self.recv_datagram(&mut buf).await {
+                Ok(datagram) => datagram,
+                // What came of a message cut off now is dropped (its fds
+                // closed), not taken for the start of the next.
+                Err(err) => {
+                    *inbox = Inbox::default();
+                    return Err(err);
+                }
+            };
             inbox.fds.extend(fds);
             match inbox.pieces.push(&buf[..len]) {
                 Ok(Some(body)) => {
@@ -548,7 +556,7 @@ impl Channel {
                 }
                 Ok(None) => {}
                 Err(err) => {
-                    inbox.fds.clear();
+                    *inbox = Inbox::default();
                     return Err(err);
                 }
             }
