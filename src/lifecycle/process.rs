@@ -187,6 +187,10 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
                 -1 => Err(std::io::Error::last_os_error()),
                 0 => wait_for_word(go_read_raw, go_write_raw),
                 grandchild => {
+                    // A closed read end is a short write here, not the
+                    // end of this process by SIGPIPE (std set it back to
+                    // its default for the child) before its kill below.
+                    nix::libc::signal(nix::libc::SIGPIPE, nix::libc::SIG_IGN);
                     let bytes = grandchild.to_ne_bytes();
                     let written =
                         nix::libc::write(pid_write.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
@@ -262,45 +266,63 @@ fn wait_for_word(read: RawFd, spawners_end: RawFd) -> std::io::Result<()> {
 
 /// The name of PID 1 of our namespace when it is one of the minimal inits
 /// containers run (`docker run --init`'s tini, dumb-init, podman's
-/// catatonit, or a shell entrypoint that did not `exec` baton): each exits
-/// when its one child does (our parent, or a shell between it and us that
-/// exits with us), and the kernel then ends the namespace, a detached new
-/// generation with it. A host's init (systemd, sysvinit, OpenRC) outlives
-/// its children. Past our parent, not when we are kept: the keeper, our
-/// parent, is the new generation's reaper. Without /proc nothing is known,
-/// and the reload goes ahead.
+/// catatonit, or a shell entrypoint that did not `exec` baton) and every
+/// process between it and us is a shell that did not `exec` either: each
+/// exits when its one child does, and the kernel then ends the namespace,
+/// a detached new generation with it. A host's init (systemd, sysvinit,
+/// OpenRC) outlives its children, and so does any other process between
+/// (a supervisor, a `docker exec` shell's own parent). Not when our parent
+/// is the keeper (`BATON_KEPT` set, and it runs this binary): it is the new
+/// generation's reaper. Without /proc nothing is known, and the reload
+/// goes ahead.
 pub fn init_that_exits_with_us() -> Option<String> {
-    const EXIT_WITH_THEIR_CHILD: [&str; 7] = [
-        "tini",
-        "docker-init",
-        "dumb-init",
-        "catatonit",
-        "sh",
-        "bash",
-        "dash",
-    ];
-    // PID 1 as /proc numbers it. Our parent, when it is PID 1: a /proc of
-    // the namespace outside ours (not mounted afresh) numbers it
-    // otherwise, and its `1` is another process. Else, unless kept, `1`
-    // where /proc is this namespace's own.
-    let init = if rustix::process::getppid() == Pid::from_raw(1) {
-        let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let parent = status
-            .lines()
-            .find_map(|line| line.strip_prefix("PPid:"))?
-            .trim()
-            .to_string();
-        parent
-    } else if std::env::var_os(super::keeper::ENV_KEPT).is_none() && proc_is_ours() {
-        "1".to_string()
-    } else {
+    const EXIT_WITH_THEIR_CHILD: [&str; 4] = ["tini", "docker-init", "dumb-init", "catatonit"];
+    const SHELLS: [&str; 3] = ["sh", "bash", "dash"];
+    let exits_with_its_child =
+        |name: &str| EXIT_WITH_THEIR_CHILD.contains(&name) || SHELLS.contains(&name);
+    // Our parent as /proc numbers it: a /proc of the namespace outside
+    // ours (not mounted afresh) numbers it otherwise, and its `1` is
+    // another process.
+    let mut at = parent_of("self")?;
+    if rustix::process::getppid() == Pid::from_raw(1) {
+        let name = comm_of(&at)?;
+        return exits_with_its_child(&name).then_some(name);
+    }
+    if !proc_is_ours() || kept_by_parent(&at) {
         return None;
-    };
-    let name = std::fs::read_to_string(format!("/proc/{init}/comm")).ok()?;
-    let name = name.trim_end();
-    EXIT_WITH_THEIR_CHILD
-        .contains(&name)
-        .then(|| name.to_string())
+    }
+    // Up the shells, to PID 1 (bounded: /proc may change under us).
+    for _ in 0..16 {
+        let name = comm_of(&at)?;
+        if at == "1" {
+            return exits_with_its_child(&name).then_some(name);
+        }
+        if !SHELLS.contains(&name.as_str()) {
+            return None;
+        }
+        at = parent_of(&at)?;
+    }
+    None
+}
+
+/// Whether `parent` is the keeper of our generations: `BATON_KEPT` says
+/// one keeps us, and the parent runs what we run (the keeper is `baton
+/// run`). Set by hand under another parent, it only says none is to be
+/// made.
+fn kept_by_parent(parent: &str) -> bool {
+    std::env::var_os(super::keeper::ENV_KEPT).is_some() && comm_of(parent) == comm_of("self")
+}
+
+/// The parent of `pid` (or `self`) as /proc numbers it.
+fn parent_of(pid: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let parent = status.lines().find_map(|line| line.strip_prefix("PPid:"))?;
+    Some(parent.trim().to_string())
+}
+
+fn comm_of(pid: &str) -> Option<String> {
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    Some(name.trim_end().to_string())
 }
 
 /// For a new generation's spawn, in the child before exec: SIGUSR1 blocked
