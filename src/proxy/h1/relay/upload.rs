@@ -249,10 +249,11 @@ impl Upload {
         self.source.is_none() && self.out.is_empty() && !self.flushing
     }
 
-    /// The head went up whole and the client's body is still going: a
-    /// backend that closes now would not take the whole request.
+    /// The head went up whole and the body has not all gone up (the
+    /// client's, or its last bytes still queued): a backend that closes
+    /// now would not take the whole request.
     pub(super) fn body_going_up(&self) -> bool {
-        self.head_sent && self.source.is_some()
+        self.head_sent && !self.is_done()
     }
 
     /// Writes what it can without waiting; `Ready(Ok)` once all is sent.
