@@ -532,9 +532,17 @@ async fn without_a_keeper_a_reload_that_would_end_the_namespace_is_refused() {
     let as_pid_1 = [&PID_NAMESPACE[..], &not_kept].concat();
     let tini = under_a_tini(dir.path());
     let under_tini: Vec<&str> = tini.iter().map(String::as_str).chain(not_kept).collect();
+    let a_shell = ["sh", "-c", "\"$0\" \"$@\"; exit $?"];
+    let under_tini_and_a_shell: Vec<&str> = tini
+        .iter()
+        .map(String::as_str)
+        .chain(a_shell)
+        .chain(not_kept)
+        .collect();
     for (wrapper, why) in [
         (as_pid_1, "runs as PID 1"),
         (under_tini, "PID 1 is \"tini\""),
+        (under_tini_and_a_shell, "PID 1 is \"tini\""),
     ] {
         let backend = HttpBackend::start("a").await;
         let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
