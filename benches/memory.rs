@@ -160,8 +160,8 @@ fn main() {
             std::thread::park();
         }
     }
-    support::raise_fd_limit();
     let connections: usize = support::arg("--connections", 10_000);
+    support::raise_fd_limit(connections);
     let tcp_connections = connections.min(support::fd_limit().saturating_sub(200) / 2);
     let backend = support::start_backend(1, &[]).addr;
     let echo = EchoProcess::start();

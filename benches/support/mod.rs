@@ -18,17 +18,24 @@ use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 
-/// This process's soft fd limit (the proxies it starts inherit it).
-/// Raises this process's fd limit to its hard limit (the proxies started
-/// from here inherit it): at a fresh machine's 1,024 a bench of 10,000
-/// connections held about a thousand, and said so only in passing.
-pub fn raise_fd_limit() {
+/// Raises this process's fd limit to room for `connections` through a
+/// proxy (two fds each, and some to spare), within its hard limit; the
+/// proxies started from here inherit it. At a fresh machine's 1,024 a
+/// bench of 10,000 connections held about a thousand, and said so only in
+/// passing. Not to the hard limit itself: HAProxy's `maxconn` follows the
+/// limit, and sizes its tables by it.
+pub fn raise_fd_limit(connections: usize) {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    let wanted = u64::try_from(connections)
+        .unwrap_or(u64::MAX)
+        .saturating_mul(2)
+        .saturating_add(4096);
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, wanted.clamp(soft, hard), hard);
     }
 }
 
+/// This process's soft fd limit (the proxies it starts inherit it).
 pub fn fd_limit() -> usize {
     std::fs::read_to_string("/proc/self/limits")
         .ok()
