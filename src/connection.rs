@@ -218,7 +218,7 @@ async fn admit(
         }
         Err(refusal) => {
             crate::metrics::proxy_protocol_error(listener, refusal.label());
-            if crate::telemetry::client_fault() {
+            if crate::telemetry::may_say_client_fault() {
                 tracing::info!(listener, peer = %socket.client, cause = %refusal, "closed before serving");
             }
             Err(refusal)

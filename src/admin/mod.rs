@@ -171,7 +171,7 @@ impl Accepted {
         match control::refused_peer(&stream) {
             Ok(None) => Some(Accepted::Unix(stream)),
             Ok(Some(uid)) => {
-                if crate::telemetry::client_fault() {
+                if crate::telemetry::may_say_client_fault() {
                     tracing::warn!(uid, "admin connection refused: only root and baton's own user may call the API on its Unix socket");
                 }
                 refuse(stream, uid, Arc::clone(refusing).try_acquire_owned().ok());

@@ -2,7 +2,7 @@
 //! is idle (GOAWAY at `idle_timeout`), its opening clock, whether the
 //! client takes the responses it is sent, when bytes last went out, and
 //! how many streams it reset before their responses. The connection's
-//! clocks (`h2_clocks`) are rules over it.
+//! clocks (`h2::clocks`) are rules over it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::body::BodyGuard;
 use super::delivery::Delivery;
-use super::head::OpeningClock;
+use super::h2::opening::OpeningClock;
 
 /// How many graces after its last stream ended a connection is closed
 /// however often it still writes (see `ConnState::quiet`).
@@ -41,7 +41,7 @@ const RESET_FLOOD: u64 = 500;
 const EARLY_RESET: Duration = Duration::from_secs(1);
 
 pub struct ConnState {
-    /// The slowloris clock of its opening (see `head`).
+    /// The slowloris clock of its opening (see `h2::opening`).
     pub opening: Arc<OpeningClock>,
     in_flight: AtomicUsize,
     /// Told when the last request in flight ends (once a look found some:

@@ -12,9 +12,12 @@
 //! connection (`conn`), which polls each stream's exchange (`handle`) in
 //! its own task.
 
+pub mod clocks;
 pub mod conn;
 pub mod frame;
 pub mod hpack;
+pub mod opening;
+pub mod record;
 pub mod recv;
 pub mod request;
 
@@ -29,6 +32,9 @@ use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
+use self::clocks::{Clocks, Limits as ClockLimits, Verdict};
+use self::opening::Watched;
+use self::record::{Asked, Noted, StreamRecord};
 use super::activity::{Busy, ConnState};
 use super::body::{self, ClientBody, Guarded, Progress, ProxyBody};
 use super::delivery::{self, Delivery};
@@ -38,9 +44,6 @@ use super::h1::head::{
 use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay, Silence};
 use super::h1::rewrite::Outbound;
 use super::h1::upstream;
-use super::h2_clocks::{Clocks, Limits as ClockLimits, Verdict};
-use super::h2_record::{Asked, Noted, StreamRecord};
-use super::head::Watched;
 use super::headers;
 use super::longlived;
 use super::pace;
@@ -261,7 +264,7 @@ impl HttpProxy {
         // A place in the budget only for a line that is logged: the
         // verdicts that log nothing (an idle connection's end, each h2
         // connection has one) used it up, and held real lines back.
-        let fault = crate::telemetry::client_fault;
+        let fault = crate::telemetry::may_say_client_fault;
         match verdict {
             Verdict::Stalled => {
                 if fault() {
@@ -337,7 +340,7 @@ impl HttpProxy {
     fn on_stream_stall(&self, peer: SocketAddr) -> Arc<dyn Fn() + Send + Sync> {
         let listener = Arc::clone(&self.listener);
         Arc::new(move || {
-            if crate::telemetry::client_fault() {
+            if crate::telemetry::may_say_client_fault() {
                 tracing::info!(listener = %listener, client = %peer, "client took none of a stream's response within idle_timeout; resetting the stream");
             }
             metrics::client_abort(&listener, metrics::AbortReason::StalledReader);
@@ -506,7 +509,7 @@ impl HttpProxy {
                 Err(err) => {
                     err.blame(backend);
                     if failed.is_none() {
-                        if crate::telemetry::backend_fault() {
+                        if crate::telemetry::may_say_backend_fault() {
                             tracing::warn!(cause = %err, "retrying on another backend");
                         }
                         failed = Some((backend.index, err));
@@ -554,7 +557,7 @@ impl HttpProxy {
                 Err(Sent::Stale(cause)) if replayable && failed.is_none() => {
                     let err = ProxyError::closed_before_a_response(backend, &cause);
                     err.blame(backend);
-                    if crate::telemetry::backend_fault() {
+                    if crate::telemetry::may_say_backend_fault() {
                         tracing::warn!(cause = %err, "retrying on another backend");
                     }
                     failed = Some((backend.index, err));
@@ -696,7 +699,7 @@ impl HttpProxy {
             }
             let waited = backend_wait.waiting_for();
             if waited.is_some_and(|w| w >= self.response_timeout) {
-                if crate::telemetry::backend_fault() {
+                if crate::telemetry::may_say_backend_fault() {
                     tracing::info!(
                         backend,
                         "the backend took no request bytes within response_timeout; 504"

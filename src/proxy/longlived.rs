@@ -151,7 +151,7 @@ where
         First::Rare(()) => {
             // Within the budget for clients' faults: a client can leave
             // as many tunnels idle as it may open.
-            if crate::telemetry::client_fault() {
+            if crate::telemetry::may_say_client_fault() {
                 tracing::info!(listener = %listener, "no traffic either way within tunnel_timeout (idle_timeout once the backend closed its half); closing the tunnel");
             }
             TunnelEnd::Idle

@@ -9,9 +9,6 @@ pub mod clock;
 pub mod delivery;
 pub mod h1;
 pub mod h2;
-pub mod h2_clocks;
-pub mod h2_record;
-pub mod head;
 pub mod headers;
 pub mod idle;
 pub mod longlived;
@@ -33,7 +30,7 @@ use crate::metrics::UpstreamErrorKind;
 /// logged, the same for every protocol.
 pub fn no_backend(listener: &str, pool: &str) {
     crate::metrics::no_backend(listener, pool);
-    if crate::telemetry::backend_fault() {
+    if crate::telemetry::may_say_backend_fault() {
         tracing::warn!(listener, pool, "no backend available");
     }
 }
@@ -45,9 +42,9 @@ pub fn no_backend(listener: &str, pool: &str) {
 pub fn error_page(pool: &str, err: &ProxyError, id: &str) -> String {
     let status = err.status();
     let within_budget = if err.is_client_fault() {
-        crate::telemetry::client_fault()
+        crate::telemetry::may_say_client_fault()
     } else {
-        crate::telemetry::backend_fault()
+        crate::telemetry::may_say_backend_fault()
     };
     if within_budget {
         tracing::info!(request_id = %id, status = status.as_u16(), pool, cause = %err, "answered with an error");
@@ -137,7 +134,7 @@ impl ProxyError {
             );
             backend.upstream_failed(kind, &self.to_string(), blames_backend);
         }
-        if crate::telemetry::backend_fault() {
+        if crate::telemetry::may_say_backend_fault() {
             tracing::warn!(pool = %backend.pool, backend = %backend.label, cause = %self, "backend request failed");
         }
     }

@@ -108,7 +108,7 @@ impl TcpProxy {
                 if matches!(err, ProxyError::NoBackend { .. }) {
                     super::no_backend(&self.listener, &self.pool.name);
                 }
-                if crate::telemetry::backend_fault() {
+                if crate::telemetry::may_say_backend_fault() {
                     tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, cause = %err, "no backend reachable; closing");
                 }
                 if let Some(line) = line.as_mut() {
@@ -148,7 +148,7 @@ impl TcpProxy {
                     &format!("tunnel broke off: {err}"),
                     false,
                 );
-                if crate::telemetry::backend_fault() {
+                if crate::telemetry::may_say_backend_fault() {
                     tracing::info!(listener = %self.listener, pool = %backend.pool, backend = %backend.label, cause = %err, "backend ended the tcp stream with an error");
                 }
                 reset::once_taken(ends.client.tcp()).await;
@@ -162,7 +162,7 @@ impl TcpProxy {
             First::Rare(()) => {
                 // Within the budget for clients' faults: a client can
                 // leave as many connections idle as it may open.
-                if crate::telemetry::client_fault() {
+                if crate::telemetry::may_say_client_fault() {
                     tracing::info!(listener = %self.listener, client = %peer, pool = %lease.backend().pool, backend = %lease.backend().label, "no traffic either way within tunnel_timeout (idle_timeout once the backend closed its half); closing");
                 }
                 Termination::ClientTimeout(Phase::Data)

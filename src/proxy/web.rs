@@ -211,7 +211,7 @@ impl HttpProxy {
                 super::h1::conn::serve(&self, stream, seen, origin, &drain, opened).await;
             }
             Opening::Silent => {
-                if crate::telemetry::client_fault() {
+                if crate::telemetry::may_say_client_fault() {
                     tracing::info!(listener = %self.listener, client = %peer, "no request head within header_timeout; 408");
                 }
                 // A client that agreed on h2 by ALPN would read an HTTP/1

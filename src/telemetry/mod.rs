@@ -4,7 +4,7 @@
 //! syslog priority, `journal`). A value that is not
 //! one of these is said on stderr, not taken silently. Lines about
 //! clients' and backends' faults are logged within a budget
-//! ([`client_fault`], [`backend_fault`]), and a stalled journal never
+//! ([`may_say_client_fault`], [`may_say_backend_fault`]), and a stalled journal never
 //! stalls the thread that logs ([`stderr`]).
 
 mod journal;
@@ -152,13 +152,13 @@ static CLIENT_FAULTS: FaultLines = FaultLines::new("clients' faults", false);
 static BACKEND_FAULTS: FaultLines = FaultLines::new("backends' faults", true);
 
 /// Whether a line about a client's fault may be logged now.
-pub fn client_fault() -> bool {
+pub fn may_say_client_fault() -> bool {
     CLIENT_FAULTS.admit()
 }
 
 /// Whether a line about a backend's fault (or a pool's lack of one) may
 /// be logged now.
-pub fn backend_fault() -> bool {
+pub fn may_say_backend_fault() -> bool {
     BACKEND_FAULTS.admit()
 }
 

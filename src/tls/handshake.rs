@@ -127,7 +127,7 @@ impl Terminator {
             ),
         };
         self.metrics.failed.increment(1);
-        if crate::telemetry::client_fault() {
+        if crate::telemetry::may_say_client_fault() {
             tracing::info!(listener = %self.listener, client = %peer, %cause, "TLS handshake failed");
         }
         ended

@@ -124,7 +124,7 @@ async fn serve_requests<S: ByteStream>(
                 return Ending::Other;
             }
             Next::Slow(started) => {
-                if crate::telemetry::client_fault() {
+                if crate::telemetry::may_say_client_fault() {
                     tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
                 }
                 let timeout = Termination::ClientTimeout(Phase::Request);
@@ -300,7 +300,7 @@ async fn refuse<S: ByteStream>(
 ) {
     let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::BAD_REQUEST);
     let id = RequestId::new();
-    if crate::telemetry::client_fault() {
+    if crate::telemetry::may_say_client_fault() {
         tracing::info!(listener = %proxy.listener, client = %peer, request_id = %id, status = status.as_u16(), cause = %refusal, "refused a request head");
     }
     let page = format!(

@@ -286,7 +286,7 @@ async fn forward<S: ByteStream>(
             // Nothing was sent: another backend may take it.
             Err(err) if failed.is_none() => {
                 err.blame(lease.backend());
-                if crate::telemetry::backend_fault() {
+                if crate::telemetry::may_say_backend_fault() {
                     tracing::warn!(cause = %err, "retrying on another backend");
                 }
                 failed = Some((lease.backend().index, err));
@@ -312,7 +312,7 @@ async fn forward<S: ByteStream>(
             Attempt::Stale(cause) if replayable && failed.is_none() => {
                 let err = ProxyError::closed_before_a_response(lease.backend(), &cause);
                 err.blame(lease.backend());
-                if crate::telemetry::backend_fault() {
+                if crate::telemetry::may_say_backend_fault() {
                     tracing::warn!(cause = %err, "retrying on another backend");
                 }
                 failed = Some((lease.backend().index, err));
@@ -615,7 +615,7 @@ fn delivered(got: Result<Delivered, DownFault>) -> Pumped {
 fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written: bool) -> Failure {
     let cause = match fault {
         DownFault::Client(WriteFault::Stalled) => {
-            if crate::telemetry::client_fault() {
+            if crate::telemetry::may_say_client_fault() {
                 tracing::info!(listener = %proxy.listener, "client took no response bytes within idle_timeout; closing");
             }
             metrics::client_abort(&proxy.listener, metrics::AbortReason::StalledReader);
@@ -630,7 +630,7 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
                 &format!("response broke off: {cause}"),
                 false,
             );
-            if crate::telemetry::backend_fault() {
+            if crate::telemetry::may_say_backend_fault() {
                 tracing::warn!(pool = %backend.pool, backend = %backend.label, %cause, "backend response broke off; aborting the client connection");
             }
             return Failure::Abort(Termination::BackendFailed(Phase::Data));
@@ -641,7 +641,7 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
                 &format!("no response body bytes within {limit:?}"),
                 false,
             );
-            if crate::telemetry::backend_fault() {
+            if crate::telemetry::may_say_backend_fault() {
                 tracing::warn!(pool = %backend.pool, backend = %backend.label, ?limit, "backend sent no body bytes within its limit; aborting the client connection");
             }
             return Failure::Abort(Termination::BackendTimeout(Phase::Data));
@@ -675,7 +675,7 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
         ),
         UpFault::Stalled => {
             // Unanswered, the error page logs it (`proxy::error_page`).
-            if written && crate::telemetry::client_fault() {
+            if written && crate::telemetry::may_say_client_fault() {
                 tracing::info!(listener = %proxy.listener, pool = %backend.pool, backend = %backend.label, "request body stopped arriving after the response began; closing");
             }
             (
@@ -685,7 +685,7 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
         }
         UpFault::TooSlow => {
             let rate = proxy.body_pace.map_or(0, |p| p.bytes_per_second());
-            if written && crate::telemetry::client_fault() {
+            if written && crate::telemetry::may_say_client_fault() {
                 tracing::info!(listener = %proxy.listener, pool = %backend.pool, backend = %backend.label, rate, "request body fell behind body_min_rate after the response began; closing");
             }
             (

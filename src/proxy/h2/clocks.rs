@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::activity::{ConnState, Due};
+use crate::proxy::activity::{ConnState, Due};
 
 /// What a connection's clocks allow.
 pub struct Limits {

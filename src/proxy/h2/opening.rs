@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::activity::ConnState;
+use crate::proxy::activity::ConnState;
 
 /// Runs from the connection's start until its opening is in.
 pub struct OpeningClock {

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use http::header::{HeaderMap, REFERER, USER_AGENT};
 use http::Request;
 
-use super::body::{BackendSilent, BodyError, BodyGuard, ClientUploadFault, Progress};
-use super::delivery::Delivery;
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
 use crate::backend::Backend;
 use crate::lifecycle::drain::DrainWatch;
+use crate::proxy::body::{BackendSilent, BodyError, BodyGuard, ClientUploadFault, Progress};
+use crate::proxy::delivery::Delivery;
 use crate::proxy::request_id::RequestId;
 
 /// Where a stream got to, filled in as it goes.

@@ -308,7 +308,7 @@ impl ResponseBody {
         if let Some(lease) = self.lease.take() {
             let backend = lease.backend();
             backend.upstream_failed(kind, &format!("response broke off: {cause}"), false);
-            if crate::telemetry::backend_fault() {
+            if crate::telemetry::may_say_backend_fault() {
                 tracing::warn!(pool = %backend.pool, backend = %backend.label, %cause, "backend response broke off; resetting the stream");
             }
         }
@@ -331,7 +331,7 @@ impl ResponseBody {
             if pause.stalled(&relay.backend_wait, cx) {
                 self.decoding.done = true;
                 self.relay = None;
-                if crate::telemetry::client_fault() {
+                if crate::telemetry::may_say_client_fault() {
                     tracing::info!("request body stopped arriving while the response came down; resetting the stream");
                 }
                 return Err(ClientUploadFault::Stalled.into());

@@ -480,7 +480,7 @@ where
 /// is a 400 logged (a client probing for smuggling shapes over h2 left no
 /// trace).
 fn said_refused(stream: u32, why: &str) {
-    if crate::telemetry::client_fault() {
+    if crate::telemetry::may_say_client_fault() {
         tracing::info!(
             stream,
             cause = why,
