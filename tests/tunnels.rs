@@ -305,6 +305,12 @@ async fn a_backend_reset_in_an_upgraded_tunnel_resets_the_client() {
         client::metrics(baton.admin).await.contains(counted)
     })
     .await;
+    support::eventually("the reset said in baton's log", || async {
+        baton
+            .log()
+            .contains("backend broke off an upgraded connection")
+    })
+    .await;
 }
 
 /// A client that resets an upgraded connection resets the backend's too,

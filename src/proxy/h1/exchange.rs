@@ -486,6 +486,11 @@ async fn attempt<S: ByteStream>(
                         "upgraded tunnel broke off",
                         false,
                     );
+                    // Said, as TCP mode says a session the backend broke:
+                    // else only a count and `/status` told of it.
+                    if crate::telemetry::may_say_backend_fault() {
+                        tracing::info!(listener = %proxy.listener, pool = %backend.pool, backend = %backend.label, request_id = %request.trace.request_id, "backend broke off an upgraded connection (a WebSocket); resetting the client's");
+                    }
                     Termination::BackendFailed(Phase::Data)
                 }
                 TunnelEnd::Failed(Side::Client) => Termination::ClientAborted(Phase::Data),
