@@ -341,6 +341,32 @@ async fn a_failed_check_names_its_request_and_the_answer() {
     );
 }
 
+/// A check that connects and has no answer in time says so: an
+/// application that accepts and hangs is told from a backend that cannot
+/// be reached, which says `connect: no connection within` (the two limits
+/// raced, and either could say "no answer").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_that_connects_and_hears_nothing_says_so() {
+    let (hanging, _held) = support::backend::silent().await;
+    let good = HttpBackend::start("good").await;
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        FAST_CHECKS,
+        &[(good.addr, 1), (hanging, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    support::eventually("app-1 is down", || async {
+        backend_state(admin, "app-1").await == "down"
+    })
+    .await;
+    let status = client::backend_status(admin, "app-1").await;
+    assert_eq!(
+        status["last_check"]["detail"], "connected, but no answer within 500ms",
+        "{status}"
+    );
+}
+
 /// Health checks pause for a backend the operator drained (DESIGN): one
 /// taken out for its maintenance is not probed meanwhile; they go on once
 /// it is restored.

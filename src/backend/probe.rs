@@ -5,7 +5,7 @@
 //! check connects.
 
 use std::future::Future;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,23 +26,36 @@ pub enum Fault {
     Shortage(String),
 }
 
-/// One check.
+/// One check. One that runs out of time says whether it had connected:
+/// an application that accepts and hangs is not a backend that cannot be
+/// reached (a firewall, a route), and the connect's own limit, the same,
+/// raced this one to say which.
 pub async fn check(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> {
-    match tokio::time::timeout(config.timeout, attempt(config, backend)).await {
+    let connected = AtomicBool::new(false);
+    match tokio::time::timeout(config.timeout, attempt(config, backend, &connected)).await {
         Ok(result) => result,
-        Err(_) => Err(Fault::Failed(format!(
-            "no answer within {:?}",
+        Err(_) if connected.load(Ordering::Relaxed) => Err(Fault::Failed(format!(
+            "connected, but no answer within {:?}",
             config.timeout
+        ))),
+        Err(_) => Err(Fault::Failed(format!(
+            "connect: {}",
+            ConnectFault::Timeout(config.timeout)
         ))),
     }
 }
 
-async fn attempt(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> {
+async fn attempt(
+    config: &HealthConfig,
+    backend: &Backend,
+    connected: &AtomicBool,
+) -> Result<(), Fault> {
     let stream = match backend.connect_own(config.timeout).await {
         Ok(stream) => stream,
         Err(ConnectFault::Shortage(err)) => return Err(Fault::Shortage(err.to_string())),
         Err(fault) => return Err(Fault::Failed(format!("connect: {fault}"))),
     };
+    connected.store(true, Ordering::Relaxed);
     if config.kind == HealthKind::Tcp {
         // Over TLS, with a close_notify: a backend logs a close without
         // one as a truncated session, at every check.
