@@ -629,3 +629,38 @@ async fn a_dead_backends_failures_are_logged_within_a_budget() {
         "{lines} lines for {REQUESTS} failed requests in under {seconds} s:\n{log}"
     );
 }
+
+/// The request id an error page gives the client is in baton's log on the
+/// line that names the backend and why it failed (a refused connect, then
+/// the retry on the other backend, and its failure too): what a user
+/// reports leads to the cause, not only to "answered with an error".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_pages_request_id_leads_to_the_backends_failure() {
+    let dead: SocketAddr = "127.0.0.1:1".parse().expect("address");
+    let also_dead: SocketAddr = "127.0.0.1:2".parse().expect("address");
+    let spec = Spec::new()
+        .http("web", "app")
+        .pool("app", &[dead, also_dead]);
+    let baton = Baton::start(spec).await;
+    let answer = client::get(baton.addr("web"), "/").await.expect("answered");
+    assert_eq!(answer.status, 502, "{answer:?}");
+    let id = answer
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("request id: "))
+        .expect("the page's request id")
+        .to_string();
+    support::eventually("both failures said under the page's id", || async {
+        let log = baton.log();
+        let ours = |l: &&str| l.contains(&format!("request_id={id} ")) && l.contains("refused");
+        let mut lines = log
+            .lines()
+            .filter(ours)
+            .filter(|l| l.contains("backend request failed"));
+        let (retried, gave_up): (Vec<&str>, Vec<&str>) = lines
+            .by_ref()
+            .partition(|l| l.contains("retrying on another backend"));
+        retried.len() == 1 && gave_up.len() == 1
+    })
+    .await;
+}

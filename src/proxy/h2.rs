@@ -507,14 +507,12 @@ impl HttpProxy {
             {
                 Ok(up) => up,
                 Err(err) => {
-                    err.blame(backend);
                     if failed.is_none() {
-                        if crate::telemetry::may_say_backend_fault() {
-                            tracing::warn!(cause = %err, "retrying on another backend");
-                        }
+                        err.blame_and_retry(backend, stream.request_id);
                         failed = Some((backend.index, err));
                         continue;
                     }
+                    err.blame(backend, Some(stream.request_id));
                     return Err(err);
                 }
             };
@@ -533,14 +531,22 @@ impl HttpProxy {
             let relay = Relay::new(up, &parts, sent, &to, header.is_none());
             let progress = outgoing.progress.as_deref();
             match self
-                .send(relay, &parts.method, backend, progress, stream.delivery)
+                .send(
+                    relay,
+                    &parts.method,
+                    backend,
+                    progress,
+                    stream.delivery,
+                    stream.request_id,
+                )
                 .await
             {
                 Ok((head, relay)) => {
                     backend.answered();
                     let came = Instant::now();
                     let pause = outgoing.progress.clone();
-                    let response = self.respond(&head, relay, lease, drain, pause);
+                    let response =
+                        self.respond(&head, relay, lease, drain, pause, stream.request_id);
                     // A head refused here never reached the client (`SH`).
                     if response.is_ok() {
                         stream.noted.marks.head = Some(came);
@@ -556,17 +562,14 @@ impl HttpProxy {
                 // Another backend takes it, as on the HTTP/1 path.
                 Err(Sent::Stale(cause)) if replayable && failed.is_none() => {
                     let err = ProxyError::closed_before_a_response(backend, &cause);
-                    err.blame(backend);
-                    if crate::telemetry::may_say_backend_fault() {
-                        tracing::warn!(cause = %err, "retrying on another backend");
-                    }
+                    err.blame_and_retry(backend, stream.request_id);
                     failed = Some((backend.index, err));
                     fresh_only = false;
                     body = Some(body::empty());
                 }
                 Err(Sent::Stale(cause)) => {
                     let err = ProxyError::closed_before_a_response(backend, &cause);
-                    err.blame(backend);
+                    err.blame(backend, Some(stream.request_id));
                     return Err(err);
                 }
                 Err(Sent::Failed(err)) => return Err(err),
@@ -617,6 +620,7 @@ impl HttpProxy {
         backend: &Backend,
         progress: Option<&Progress>,
         delivery: Option<&Delivery>,
+        request_id: &str,
     ) -> Result<(ResponseHead, Relay), Sent> {
         let backend_wait = relay.backend_wait();
         let watch = self.watch_exchange(progress, &backend_wait, &backend.name);
@@ -668,7 +672,7 @@ impl HttpProxy {
             },
             Err(err) => err,
         };
-        err.blame(backend);
+        err.blame(backend, Some(request_id));
         Err(Sent::Failed(err))
     }
 
@@ -756,6 +760,7 @@ impl HttpProxy {
         lease: Lease,
         drain: &DrainWatch,
         upload: Option<Arc<Progress>>,
+        request_id: &str,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let backend = Arc::clone(lease.shared());
         let pause = upload.map(|progress| ClientPause::new(progress, self.idle_timeout));
@@ -773,7 +778,7 @@ impl HttpProxy {
                 backend: backend.name.clone(),
                 cause: bad.to_string(),
             };
-            err.blame(&backend);
+            err.blame(&backend, Some(request_id));
             err
         })?;
         // One of stated length runs to its end, as on the HTTP/1 path: an

@@ -122,20 +122,36 @@ impl ProxyError {
         }
     }
 
-    /// Charges this failure to `backend`, once, whatever the protocol: the
-    /// error counter by kind, the passive health verdict (a connect
-    /// failure or a timeout counts against it; a broken response does
-    /// not, its connection may have been the only bad one), and the log.
-    pub fn blame(&self, backend: &Backend) {
+    /// Charges this failure to `backend`, once, whatever the protocol, and
+    /// says it under the request's id (none on a TCP listener), the id an
+    /// error page gives the client.
+    pub fn blame(&self, backend: &Backend, request_id: Option<&str>) {
+        self.charge(backend);
+        if crate::telemetry::may_say_backend_fault() {
+            let request_id = request_id.map(tracing::field::display);
+            tracing::warn!(pool = %backend.pool, backend = %backend.label, request_id, cause = %self, "backend request failed");
+        }
+    }
+
+    /// The same for a request that goes on to another backend: one line
+    /// that says both, so a failed request spends less of the budget.
+    pub fn blame_and_retry(&self, backend: &Backend, request_id: &str) {
+        self.charge(backend);
+        if crate::telemetry::may_say_backend_fault() {
+            tracing::warn!(pool = %backend.pool, backend = %backend.label, request_id = %request_id, cause = %self, "backend request failed; retrying on another backend");
+        }
+    }
+
+    /// The error counter by kind, and the passive health verdict: a
+    /// connect failure or a timeout counts against the backend; a broken
+    /// response does not, its connection may have been the only bad one.
+    fn charge(&self, backend: &Backend) {
         if let Some(kind) = self.upstream_kind() {
             let blames_backend = matches!(
                 self,
                 ProxyError::Connect { .. } | ProxyError::Timeout { .. }
             );
             backend.upstream_failed(kind, &self.to_string(), blames_backend);
-        }
-        if crate::telemetry::may_say_backend_fault() {
-            tracing::warn!(pool = %backend.pool, backend = %backend.label, cause = %self, "backend request failed");
         }
     }
 

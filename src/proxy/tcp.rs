@@ -234,7 +234,7 @@ impl TcpProxy {
                 }
                 Err(fault) => {
                     let err = ProxyError::connect(backend, &fault);
-                    err.blame(backend);
+                    err.blame(backend, None);
                     if failed.is_some() {
                         return Err(err);
                     }

@@ -285,15 +285,12 @@ async fn forward<S: ByteStream>(
             }
             // Nothing was sent: another backend may take it.
             Err(err) if failed.is_none() => {
-                err.blame(lease.backend());
-                if crate::telemetry::may_say_backend_fault() {
-                    tracing::warn!(cause = %err, "retrying on another backend");
-                }
+                err.blame_and_retry(lease.backend(), &trace.request_id);
                 failed = Some((lease.backend().index, err));
                 continue;
             }
             Err(err) => {
-                err.blame(lease.backend());
+                err.blame(lease.backend(), Some(&trace.request_id));
                 return Err(Failure::Answer(err));
             }
         };
@@ -311,16 +308,13 @@ async fn forward<S: ByteStream>(
             // failed connect (nginx's `proxy_next_upstream error`).
             Attempt::Stale(cause) if replayable && failed.is_none() => {
                 let err = ProxyError::closed_before_a_response(lease.backend(), &cause);
-                err.blame(lease.backend());
-                if crate::telemetry::may_say_backend_fault() {
-                    tracing::warn!(cause = %err, "retrying on another backend");
-                }
+                err.blame_and_retry(lease.backend(), &request.trace.request_id);
                 failed = Some((lease.backend().index, err));
                 fresh_only = false;
             }
             Attempt::Stale(cause) => {
                 let err = ProxyError::closed_before_a_response(lease.backend(), &cause);
-                err.blame(lease.backend());
+                err.blame(lease.backend(), Some(&request.trace.request_id));
                 return Err(Failure::Answer(err));
             }
             Attempt::Failed(failure) => return Err(failure),
@@ -509,21 +503,24 @@ async fn attempt<S: ByteStream>(
                 backend: backend.name.clone(),
                 cause,
             };
-            err.blame(backend);
+            err.blame(backend, Some(&request.trace.request_id));
             Attempt::Failed(Failure::Answer(err))
         }
         Pumped::Down(DownFault::Backend {
             nothing_received: true,
             cause,
         }) if !written => Attempt::Stale(cause),
-        Pumped::Down(fault) => Attempt::Failed(down_failure(proxy, backend, fault, written)),
+        Pumped::Down(fault) => {
+            let id = &request.trace.request_id;
+            Attempt::Failed(down_failure(proxy, backend, fault, written, id))
+        }
         Pumped::Up(fault) => Attempt::Failed(up_failure(proxy, backend, fault, begun)),
         Pumped::ResponseTimeout => {
             let err = ProxyError::Timeout {
                 backend: backend.name.clone(),
                 seconds: proxy.response_timeout.as_secs_f64(),
             };
-            err.blame(backend);
+            err.blame(backend, Some(&request.trace.request_id));
             Attempt::Failed(Failure::Answer(err))
         }
         Pumped::ClientGone => {
@@ -617,7 +614,13 @@ fn delivered(got: Result<Delivered, DownFault>) -> Pumped {
     }
 }
 
-fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written: bool) -> Failure {
+fn down_failure(
+    proxy: &HttpProxy,
+    backend: &Backend,
+    fault: DownFault,
+    written: bool,
+    request_id: &str,
+) -> Failure {
     let cause = match fault {
         DownFault::Client(WriteFault::Stalled) => {
             if crate::telemetry::may_say_client_fault() {
@@ -658,7 +661,7 @@ fn down_failure(proxy: &HttpProxy, backend: &Backend, fault: DownFault, written:
         backend: backend.name.clone(),
         cause,
     };
-    err.blame(backend);
+    err.blame(backend, Some(request_id));
     if written {
         Failure::Abort(Termination::BackendFailed(Phase::Data))
     } else {
