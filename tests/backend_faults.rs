@@ -644,21 +644,14 @@ async fn an_error_pages_request_id_leads_to_the_backends_failure() {
     let baton = Baton::start(spec).await;
     let answer = client::get(baton.addr("web"), "/").await.expect("answered");
     assert_eq!(answer.status, 502, "{answer:?}");
-    let id = answer
-        .body
-        .lines()
-        .find_map(|l| l.strip_prefix("request id: "))
-        .expect("the page's request id")
-        .to_string();
+    let id = answer.page_request_id();
     support::eventually("both failures said under the page's id", || async {
         let log = baton.log();
         let ours = |l: &&str| l.contains(&format!("request_id={id} ")) && l.contains("refused");
-        let mut lines = log
+        let (retried, gave_up): (Vec<&str>, Vec<&str>) = log
             .lines()
             .filter(ours)
-            .filter(|l| l.contains("backend request failed"));
-        let (retried, gave_up): (Vec<&str>, Vec<&str>) = lines
-            .by_ref()
+            .filter(|l| l.contains("backend request failed"))
             .partition(|l| l.contains("retrying on another backend"));
         retried.len() == 1 && gave_up.len() == 1
     })

@@ -668,12 +668,7 @@ async fn a_dead_backend_is_a_502_that_tells_the_client_nothing_inside() {
         );
     }
     // The request id ties the client's answer to the log, which has it all.
-    let id = answer
-        .body
-        .lines()
-        .find_map(|l| l.strip_prefix("request id: "))
-        .expect("a request id")
-        .to_string();
+    let id = answer.page_request_id();
     let log = baton.log();
     let line = log
         .lines()

@@ -18,6 +18,17 @@ pub struct Answer {
     pub body: String,
 }
 
+impl Answer {
+    /// The request id on one of baton's own error pages.
+    pub fn page_request_id(&self) -> String {
+        self.body
+            .lines()
+            .find_map(|l| l.strip_prefix("request id: "))
+            .expect("the page's request id")
+            .to_string()
+    }
+}
+
 pub async fn connect(addr: SocketAddr) -> Result<SendRequest<Empty<Bytes>>, String> {
     let stream = TcpStream::connect(addr)
         .await
