@@ -1128,7 +1128,9 @@ fn a_config_named_bare_finds_its_relative_paths() {
 #[test]
 fn check_into_a_closed_pipe_exits_with_its_outcome() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/baton.toml");
-    let (read, write) = nix::unistd::pipe().expect("pipe");
+    // Close-on-exec (the child's stdout is a copy made for it): a read
+    // end another test's child inherited would keep the pipe open.
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
     drop(read);
     let out = Command::new(BIN)
         .args(["check", "-c", path])

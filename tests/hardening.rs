@@ -1068,7 +1068,9 @@ async fn a_stalled_log_pipe_stalls_no_request() {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     let backend = HttpBackend::start("a").await;
-    let (reader, writer) = nix::unistd::pipe().expect("pipe");
+    // Close-on-exec, as the test's other fds: baton's stderr is a copy
+    // made for it, and another test's child keeps none of these.
+    let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
     // The same pipe as baton's stderr, opened anew: O_NONBLOCK on this
     // file description alone (a dup shares baton's, which a plain write
     // then would not wait on either).
