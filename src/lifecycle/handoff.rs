@@ -584,14 +584,22 @@ impl Channel {
 /// Listening sockets systemd passed us (socket activation, or its fd store
 /// after a restart), with their `FDNAME`s. `LISTEN_PID` must name us; the
 /// variables are unset so nothing we spawn sees them.
+/// Every fd is owned before any is looked at: one that failed part-way left
+/// the rest open and unowned, listening in the `SO_REUSEPORT` group of the
+/// sockets bound in their place, with no one to accept what they took.
 pub fn from_systemd() -> std::io::Result<(Vec<SocketEntry>, Vec<OwnedFd>)> {
+    let passed: Vec<(OwnedFd, String)> = sd_notify::listen_fds_with_names(true)?
+        .map(|(raw, name)| {
+            // SAFETY: systemd opened these fds for us (LISTEN_PID is our
+            // pid, checked by sd_notify) at LISTEN_FDS_START onwards;
+            // nothing else in this process owns them, and each is taken
+            // exactly once here.
+            (unsafe { OwnedFd::from_raw_fd(raw) }, name)
+        })
+        .collect();
     let mut entries = Vec::new();
     let mut fds = Vec::new();
-    for (raw, name) in sd_notify::listen_fds_with_names(true)? {
-        // SAFETY: systemd opened these fds for us (LISTEN_PID is our pid,
-        // checked by sd_notify) at LISTEN_FDS_START onwards; nothing else in
-        // this process owns them, and each is taken exactly once here.
-        let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+    for (owned, name) in passed {
         socket2::SockRef::from(&owned).set_cloexec(true)?;
         entries.push(SocketEntry {
             name,
