@@ -305,6 +305,27 @@ async fn an_http_check_asks_for_the_host_its_pool_names() {
     assert_eq!(backend_state(baton.admin, "app-0").await, "up");
 }
 
+/// baton in front of `good` and `failing` (app-1) with fast HTTP checks,
+/// once app-1 is down, and app-1 as `/status` shows it then.
+async fn checked_down(
+    good: &HttpBackend,
+    failing: std::net::SocketAddr,
+) -> (Baton, serde_json::Value) {
+    let spec = Spec::new().http("web", "app").pool_with(
+        "app",
+        FAST_CHECKS,
+        &[(good.addr, 1), (failing, 1)],
+    );
+    let baton = Baton::start(spec).await;
+    let admin = baton.admin;
+    support::eventually("app-1 is down", || async {
+        backend_state(admin, "app-1").await == "down"
+    })
+    .await;
+    let status = client::backend_status(admin, "app-1").await;
+    (baton, status)
+}
+
 /// A failed HTTP check says what it asked and what came back, in
 /// `/status` and in the line that takes the backend down (with its pool):
 /// "status 404" alone did not say which path the check asks.
@@ -316,18 +337,7 @@ async fn a_failed_check_names_its_request_and_the_answer() {
     })
     .await;
     let good = HttpBackend::start("good").await;
-    let spec = Spec::new().http("web", "app").pool_with(
-        "app",
-        FAST_CHECKS,
-        &[(good.addr, 1), (refusing.addr, 1)],
-    );
-    let baton = Baton::start(spec).await;
-    let admin = baton.admin;
-    support::eventually("app-1 is down", || async {
-        backend_state(admin, "app-1").await == "down"
-    })
-    .await;
-    let status = client::backend_status(admin, "app-1").await;
+    let (baton, status) = checked_down(&good, refusing.addr).await;
     assert_eq!(
         status["last_check"]["detail"], "GET /health answered 404",
         "{status}"
@@ -349,18 +359,7 @@ async fn a_failed_check_names_its_request_and_the_answer() {
 async fn a_check_that_connects_and_hears_nothing_says_so() {
     let (hanging, _held) = support::backend::silent().await;
     let good = HttpBackend::start("good").await;
-    let spec = Spec::new().http("web", "app").pool_with(
-        "app",
-        FAST_CHECKS,
-        &[(good.addr, 1), (hanging, 1)],
-    );
-    let baton = Baton::start(spec).await;
-    let admin = baton.admin;
-    support::eventually("app-1 is down", || async {
-        backend_state(admin, "app-1").await == "down"
-    })
-    .await;
-    let status = client::backend_status(admin, "app-1").await;
+    let (_baton, status) = checked_down(&good, hanging).await;
     assert_eq!(
         status["last_check"]["detail"], "connected, but no answer within 500ms",
         "{status}"
