@@ -214,7 +214,7 @@ pub async fn hand_over(
     if std::process::id() == 1 {
         return Err(HandoverError::Pid1);
     }
-    if let Some(init) = process::init_that_exits_with_us() {
+    if let Some(init) = super::keeper::init_that_exits_with_us() {
         return Err(HandoverError::InitExitsWithUs { init });
     }
     let deadline = Instant::now() + ready_timeout;

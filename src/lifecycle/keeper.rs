@@ -20,6 +20,7 @@
 //! no generation left it exits instead, with the failure's code, for the
 //! container's restart policy to see.
 
+mod init;
 mod listening;
 
 use std::io::Write;
@@ -30,6 +31,7 @@ use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+pub use self::init::init_that_exits_with_us;
 use super::generation::Exec;
 use crate::exit::Exit;
 
@@ -81,7 +83,7 @@ pub fn wanted() -> bool {
     if std::process::id() == 1 {
         return true;
     }
-    let Some(init) = super::process::init_that_exits_with_us() else {
+    let Some(init) = init_that_exits_with_us() else {
         return false;
     };
     match nix::sys::prctl::set_child_subreaper(true) {
