@@ -109,7 +109,7 @@ impl TcpProxy {
                     super::no_backend(&self.listener, &self.pool.name);
                 }
                 if crate::telemetry::may_say_backend_fault() {
-                    tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, cause = %err, "no backend reachable; closing");
+                    tracing::info!(listener = %self.listener, client = %peer, pool = %self.pool.name, cause = %err, "no backend connection for the session; closing");
                 }
                 if let Some(line) = line.as_mut() {
                     line.termination = err.termination(&line.marks);
