@@ -137,8 +137,11 @@ async fn a_new_generation_killed_right_after_spawn_is_a_failed_reload_and_the_ne
 /// half-done upgrade) is a failed reload that names the cause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_executable_that_cannot_run_is_a_failed_reload() {
-    a_swapped_executable_fails_the_reload("#!/nonexistent/interpreter\n", &["cannot start /"])
-        .await;
+    a_swapped_executable_fails_the_reload(
+        "#!/nonexistent/interpreter\n",
+        &["/baton: No such file or directory"],
+    )
+    .await;
 }
 
 /// A SIGHUP that reaches a new generation before its handlers are in place
