@@ -27,8 +27,16 @@ warm=$(load 2)
 measured=$(load 5)
 # The readiness probe's request too.
 requests=$((warm + measured + 1))
-pkill -TERM -P "$tracer" || true
-wait "$tracer" || true
+# The proxy is strace's child: stopped, strace writes its table and exits.
+# Bounded, and strace itself stopped if the proxy cannot be found.
+proxy_pid=$(pgrep -P "$tracer" || true)
+kill -TERM ${proxy_pid:-$tracer} 2>/dev/null || true
+for _ in $(seq 1 50); do
+  kill -0 "$tracer" 2>/dev/null || break
+  sleep 0.1
+done
+kill -KILL "$tracer" 2>/dev/null || true
+wait "$tracer" 2>/dev/null || true
 
 # strace -c's table: calls is the 4th column, the syscall the last (the
 # errors column between them is empty where none failed).

@@ -616,7 +616,7 @@ async fn a_dead_backends_failures_are_logged_within_a_budget() {
         .filter(|l| {
             [
                 "backend request failed",
-                "retrying on another backend",
+                "sending it to another backend",
                 "answered with an error",
             ]
             .iter()
@@ -636,8 +636,8 @@ async fn a_dead_backends_failures_are_logged_within_a_budget() {
 /// reports leads to the cause, not only to "answered with an error".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_pages_request_id_leads_to_the_backends_failure() {
-    let dead: SocketAddr = "127.0.0.1:1".parse().expect("address");
-    let also_dead: SocketAddr = "127.0.0.1:2".parse().expect("address");
+    let (dead, _held) = support::daemon::dead_addr();
+    let (also_dead, _also_held) = support::daemon::dead_addr();
     let spec = Spec::new()
         .http("web", "app")
         .pool("app", &[dead, also_dead]);
@@ -652,7 +652,7 @@ async fn an_error_pages_request_id_leads_to_the_backends_failure() {
             .lines()
             .filter(ours)
             .filter(|l| l.contains("backend request failed"))
-            .partition(|l| l.contains("retrying on another backend"));
+            .partition(|l| l.contains("sending it to another backend"));
         retried.len() == 1 && gave_up.len() == 1
     })
     .await;

@@ -29,7 +29,8 @@ pub enum Fault {
 /// One check. One that runs out of time says whether it had connected:
 /// an application that accepts and hangs is not a backend that cannot be
 /// reached (a firewall, a route), and the connect's own limit, the same,
-/// raced this one to say which.
+/// raced this one to say which. (Over TLS, connected means the handshake
+/// done: one the application never answers is said as no connection.)
 pub async fn check(config: &HealthConfig, backend: &Backend) -> Result<(), Fault> {
     let connected = AtomicBool::new(false);
     match tokio::time::timeout(config.timeout, attempt(config, backend, &connected)).await {

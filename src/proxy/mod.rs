@@ -133,12 +133,14 @@ impl ProxyError {
         }
     }
 
-    /// The same for a request that goes on to another backend: one line
-    /// that says both, so a failed request spends less of the budget.
+    /// The same for a request that may go on to another backend: one line
+    /// that says both, so a failed request spends less of the budget. Said
+    /// before one is looked for: where none can take it, the answer is
+    /// this failure's (its 502, logged under the same id).
     pub fn blame_and_retry(&self, backend: &Backend, request_id: &str) {
         self.charge(backend);
         if crate::telemetry::may_say_backend_fault() {
-            tracing::warn!(pool = %backend.pool, backend = %backend.label, request_id = %request_id, cause = %self, "backend request failed; retrying on another backend");
+            tracing::warn!(pool = %backend.pool, backend = %backend.label, request_id = %request_id, cause = %self, "backend request failed; sending it to another backend if one can take it");
         }
     }
 
