@@ -135,17 +135,23 @@ impl Named {
 }
 
 /// When `pid` started, in clock ticks since boot: `/proc/PID/stat`'s 22nd
-/// field, the 20th after the name's closing parenthesis (a name may hold
-/// spaces and parentheses, the last `)` ends it).
-/// None where /proc is not this pid namespace's (a container's view of
-/// the host's): its `PID` is another process there.
+/// field. None where /proc is not this pid namespace's (a container's view
+/// of the host's): its `PID` is another process there.
 fn start_time(pid: u32) -> Option<u64> {
     if !proc_is_ours() {
         return None;
     }
+    stat_field(pid, 22)?.parse().ok()
+}
+
+/// Field `n` of `/proc/PID/stat`, counted from 1 as proc(5) counts them.
+/// The second, the name in parentheses, may hold spaces and parentheses
+/// itself: the fields after it are counted from its last `)`.
+pub(super) fn stat_field(pid: u32, n: usize) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, after_name) = stat.rsplit_once(')')?;
-    after_name.split_whitespace().nth(19)?.parse().ok()
+    let word = after_name.split_whitespace().nth(n.checked_sub(3)?)?;
+    Some(word.to_string())
 }
 
 /// Whether /proc numbers processes as this pid namespace does (it was

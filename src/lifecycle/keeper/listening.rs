@@ -81,12 +81,9 @@ fn members(group: i32) -> impl Iterator<Item = u32> {
         .filter(move |&pid| group_of(pid) == Some(group))
 }
 
-/// A process's group, from `/proc/PID/stat` (its fifth field; the second,
-/// the name in parentheses, may hold spaces and parentheses itself).
+/// A process's group, from `/proc/PID/stat` (its fifth field).
 fn group_of(pid: u32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, after_name) = stat.rsplit_once(')')?;
-    after_name.split_whitespace().nth(2)?.parse().ok()
+    crate::lifecycle::process::stat_field(pid, 5)?.parse().ok()
 }
 
 /// Whether `pid` holds one of the `sockets` (by inode), or its fds cannot
