@@ -331,6 +331,42 @@ async fn an_old_generation_killed_before_its_go_ahead_leaves_the_new_one_serving
     assert_ne!(baton.reload_ok().await, child, "it reloads in turn");
 }
 
+/// The old generation frozen (SIGSTOP, a debugger, a frozen cgroup) once
+/// the new one said ready: the new one gives up within its bound and
+/// exits, where it held the listening sockets, and ignored stops, for as
+/// long as the freeze lasted; thawed, the old one serves on, the reload
+/// reported failed, and the next reload works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_given_no_go_ahead_gives_up_and_the_old_one_serves_on() {
+    let backend = support::backend::HttpBackend::start("a").await;
+    let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let serving = baton.serving_pid().await;
+    let config = config_behind_a_fifo(&baton);
+    let (child, reply) = new_generation_holding_the_sockets(&baton, serving).await;
+    freeze_until_the_new_one_is_ready(&baton, serving, &config).await;
+    let exited = wait_exit(child).await;
+    signal(serving, Signal::SIGCONT);
+    assert_eq!(
+        exited,
+        Some(1),
+        "the new generation gave up\n{}",
+        baton.log()
+    );
+    assert!(
+        baton.log().contains("gave no go-ahead within 10s"),
+        "{}",
+        baton.log()
+    );
+    let reply = reply.await.expect("join");
+    assert!(reply.contains("\"ok\":false"), "{reply}");
+    assert_eq!(baton.serving_pid().await, serving);
+    let answer = client::get(baton.addr("web"), "/").await.expect("request");
+    assert_eq!(answer.status, 200);
+    config_restored(&baton, &config);
+    assert_ne!(baton.reload_ok().await, serving, "the next reload works");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_generation_killed_while_draining_troubles_nobody_else() {
     let (backend, baton, load) = baton_under_load("[reload]\ndrain_timeout = \"30s\"\n").await;

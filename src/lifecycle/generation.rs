@@ -150,6 +150,9 @@ pub enum HandoverError {
     Internal(String),
     #[error("a stop began before the new generation was ready; it was killed")]
     Abandoned,
+    /// Said by N+1, whose ready N neither answered nor killed it for.
+    #[error("the old generation gave no go-ahead within {0:?} of our ready (it does at once, or kills us: is it frozen, by SIGSTOP, a debugger or a frozen cgroup?); giving up, so the old generation serves on once it runs again")]
+    NoGoAhead(Duration),
     #[error("baton runs as PID 1 (a container without an init) with no keeper (BATON_KEPT set, or the keeper could not be made: the log says why), where a new generation would be killed when this one exits; start `baton run` without BATON_KEPT (it then keeps its generations), or replace the container")]
     Pid1,
     #[error("PID 1 is {init:?}, a container's init that exits when its one child does (baton's parent, or a shell between them that exits with baton), and no keeper runs (BATON_KEPT set, or the keeper could not be made: the log says why): a new generation would be killed when this one exits; start `baton run` without BATON_KEPT (it then keeps its generations), or replace the container")]
@@ -316,7 +319,8 @@ struct Takeover {
 }
 
 /// How long N+1 has, from the go-ahead, to take it (sent only as fast as
-/// it reads) and say it accepts.
+/// it reads) and say it accepts; and how long it waits for the go-ahead
+/// once it said it is ready.
 const ACCEPTING_WAIT: Duration = Duration::from_secs(10);
 
 /// A successor's stop budget as it said it, bounded by what a config can
@@ -691,7 +695,13 @@ impl Parent {
         self.channel.send(&ready, &[]).await?;
         // A handoff stuck here is the old generation's to finish: say so.
         tracing::info!("ready; waiting for the old generation's go-ahead");
-        match self.channel.recv().await?.0 {
+        // Bounded: a running N answers at once (or kills us, past its own
+        // ready deadline). Unbounded, a frozen N had us hold its sockets,
+        // and ignore a stop, for as long as it stayed frozen.
+        let said = tokio::time::timeout(ACCEPTING_WAIT, self.channel.recv())
+            .await
+            .map_err(|_| HandoverError::NoGoAhead(ACCEPTING_WAIT))??;
+        match said.0 {
             Message::Commit { backends, report } => Ok(GoAhead { backends, report }),
             other => Err(HandoverError::OutOfTurn(other.kind())),
         }
