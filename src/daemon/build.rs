@@ -38,17 +38,8 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     // What cuts a first start's waits on its backends short (a stop
     // during a reload's takeover fails it instead: `take_over`).
     let stop = first.then(|| commands.stop_signal());
-    let mut waiting: Vec<Check> = config
-        .listeners
-        .iter()
-        .map(|l| Check {
-            name: format!("listener {}", l.name),
-            ok: false,
-            detail: Some("not bound yet".into()),
-        })
-        .collect();
     let (phase, phase_rx) = watch::channel(Phase::Starting {
-        waiting_on: waiting.clone(),
+        waiting_on: listener_checks(&config, false),
     });
     let mut holdings = Holdings::default();
 
@@ -90,93 +81,31 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
     let access_logs = Arc::new(crate::access_log::sink::Sinks::default());
     let reopening = Arc::clone(&access_logs);
     commands.on_reopen(move || reopening.reopen());
-    let mut pending = Vec::new();
-    // Shards of listeners the previous generation serves too: listening
-    // joins its SO_REUSEPORT group, so they come last (see `make_ready`).
-    let mut joining = Vec::new();
-    let mut views = Vec::new();
-    for (i, l) in config.listeners.iter().enumerate() {
-        let log = access_log(l, &access_logs, number)?;
-        if l.proxy_protocol.is_some() {
-            let reasons = crate::proxy_protocol::receive::Refusal::ALL.map(|r| r.label());
-            metrics::proxy_protocol_listener(&l.name, reasons);
-        }
-        let connections = Arc::new(Connections {
-            config: Arc::new(l.clone()),
-            proxy: Proxy::for_listener(l, &pools, log),
-            tls: terminator(l, &ticketer),
-            drain: drain.watch(),
-            stats: Arc::new(ListenerStats::default()),
-            metrics: metrics::listener(&l.name),
-        });
-        let shards = shards(
-            l,
-            workers.count(),
-            first,
-            &connections,
-            &mut inventory,
-            &mut holdings,
-        )?;
-        if shards.any_adopted {
-            joining.extend(shards.pending);
-        } else {
-            pending.extend(shards.pending);
-        }
-        waiting[i] = Check {
-            name: format!("listener {}", l.name),
-            ok: true,
-            detail: None,
-        };
-        views.push(ListenerView {
-            name: l.name.clone(),
-            bind: shards.bound,
-            protocol: l.protocol,
-            stats: Arc::clone(&connections.stats),
-            queues: shards.queues,
-        });
-    }
-    pending.append(&mut joining);
+    let parts = ListenerParts {
+        number,
+        first,
+        workers: workers.count(),
+        pools: &pools,
+        access_logs: &access_logs,
+        ticketer: &ticketer,
+        drain: &drain,
+    };
+    let (pending, views) = open_listeners(&config, &parts, &mut inventory, &mut holdings)?;
     let _ = phase.send(Phase::Starting {
-        waiting_on: waiting,
+        waiting_on: listener_checks(&config, true),
     });
     admin.shared.set_topology(Topology {
         listeners: views,
         pools: pools.clone(),
     });
-    // The first health round: a takeover needs only this (verdicts carried
-    // over), not healthy backends, so a reload during an outage works; and
-    // only half its ready budget, which the lookups before took part of.
-    // A takeover's round also ends before the old generation's wait does,
-    // with a quarter of what is left of it to spare: that wait is set by
-    // the old generation's own `ready_timeout` (a raised one only applies
-    // from the next reload: by ours, we were killed mid-round).
-    let half = config.reload.ready_timeout / 2;
-    let round = match ready_by {
-        Some(by) => {
-            let left = by.saturating_duration_since(tokio::time::Instant::now());
-            half.min(left.saturating_sub(left / 4))
-        }
-        None => half,
-    };
+    // The first health round (see `first_round_budget`).
+    let round = first_round_budget(config.reload.ready_timeout, ready_by);
     probe::first_round(&pools, round, stopped(stop.as_ref())).await;
-    let adopted = inventory.taken();
-    let renamed = inventory.renamed();
-    let stale_copies = inventory.drop_copies_of(&holdings);
-    let mut unclaimed = inventory.unclaimed();
-    if !unclaimed.is_empty() && first {
-        // From systemd: a socket unit's copy would go on listening for
-        // nobody (connections hang), as a store entry would until the
-        // store lets it go.
-        tracing::warn!(sockets = ?unclaimed, "sockets systemd passed that the config does not name stop listening (left in the fd store by a config since changed, or named by a socket unit)");
-        inventory.stop_listening_unclaimed();
-    } else if !unclaimed.is_empty() {
-        tracing::info!(sockets = ?unclaimed, "closing inherited sockets the config no longer names");
-    }
-    // Out of systemd's fd store before ours go in: it keeps one entry a
-    // socket, under its first name.
-    unclaimed.extend(renamed.iter().cloned());
-    unclaimed.extend(stale_copies);
-    drop(inventory);
+    let Leftovers {
+        adopted,
+        renamed,
+        unclaimed,
+    } = leftovers(inventory, &holdings, first);
     let (control_tx, control_rx) = mpsc::channel(16);
     Ok(Generation {
         pools,
@@ -217,6 +146,136 @@ pub(super) async fn start(setup: Setup, first: bool) -> Result<Generation, Start
         ticketer,
         access_logs,
     })
+}
+
+/// Each listener's line in `/status`'s list of what a start waits on.
+fn listener_checks(config: &Config, bound: bool) -> Vec<Check> {
+    config
+        .listeners
+        .iter()
+        .map(|l| Check {
+            name: format!("listener {}", l.name),
+            ok: bound,
+            detail: (!bound).then(|| "not bound yet".into()),
+        })
+        .collect()
+}
+
+/// What every listener of a generation is built with.
+struct ListenerParts<'a> {
+    number: u64,
+    first: bool,
+    workers: usize,
+    pools: &'a [Arc<Pool>],
+    access_logs: &'a crate::access_log::sink::Sinks,
+    ticketer: &'a Arc<crate::tls::tickets::Ticketer>,
+    drain: &'a Drain,
+}
+
+/// Every listener's shards, adopted or bound, ready to accept, and what
+/// `/status` shows of each listener. Shards of listeners the previous
+/// generation serves too come last: listening joins its `SO_REUSEPORT`
+/// group (see `make_ready`).
+fn open_listeners(
+    config: &Config,
+    parts: &ListenerParts<'_>,
+    inventory: &mut Inventory,
+    holdings: &mut Holdings,
+) -> Result<(Vec<Pending>, Vec<ListenerView>), StartError> {
+    let mut pending = Vec::new();
+    let mut joining = Vec::new();
+    let mut views = Vec::new();
+    for l in &config.listeners {
+        let log = access_log(l, parts.access_logs, parts.number)?;
+        if l.proxy_protocol.is_some() {
+            let reasons = crate::proxy_protocol::receive::Refusal::ALL.map(|r| r.label());
+            metrics::proxy_protocol_listener(&l.name, reasons);
+        }
+        let connections = Arc::new(Connections {
+            config: Arc::new(l.clone()),
+            proxy: Proxy::for_listener(l, parts.pools, log),
+            tls: terminator(l, parts.ticketer),
+            drain: parts.drain.watch(),
+            stats: Arc::new(ListenerStats::default()),
+            metrics: metrics::listener(&l.name),
+        });
+        let shards = shards(
+            l,
+            parts.workers,
+            parts.first,
+            &connections,
+            inventory,
+            holdings,
+        )?;
+        if shards.any_adopted {
+            joining.extend(shards.pending);
+        } else {
+            pending.extend(shards.pending);
+        }
+        views.push(ListenerView {
+            name: l.name.clone(),
+            bind: shards.bound,
+            protocol: l.protocol,
+            stats: Arc::clone(&connections.stats),
+            queues: shards.queues,
+        });
+    }
+    pending.append(&mut joining);
+    Ok((pending, views))
+}
+
+/// How long the first health round may take: a takeover needs only this
+/// (verdicts carried over), not healthy backends, so a reload during an
+/// outage works; and only half the ready budget, which the lookups before
+/// took part of. A takeover's round also ends before the old generation's
+/// wait does, with a quarter of what is left of it to spare: that wait is
+/// set by the old generation's own `ready_timeout` (a raised one only
+/// applies from the next reload: by ours, we were killed mid-round).
+fn first_round_budget(ready_timeout: Duration, ready_by: Option<Instant>) -> Duration {
+    let half = ready_timeout / 2;
+    match ready_by {
+        Some(by) => {
+            let left = by.saturating_duration_since(tokio::time::Instant::now());
+            half.min(left.saturating_sub(left / 4))
+        }
+        None => half,
+    }
+}
+
+/// What became of the inherited sockets: the names taken, those taken
+/// under a new name, and those to let go of (see [`leftovers`]).
+struct Leftovers {
+    adopted: Vec<String>,
+    renamed: Vec<String>,
+    unclaimed: Vec<String>,
+}
+
+/// Settles the inventory once every listener has claimed its sockets:
+/// what no listener named stops listening (a first start's, from systemd)
+/// or is closed, and systemd's fd store lets go of it, of the old names of
+/// renamed sockets, and of stale copies, before ours go in (it keeps one
+/// entry a socket, under its first name).
+fn leftovers(mut inventory: Inventory, holdings: &Holdings, first: bool) -> Leftovers {
+    let adopted = inventory.taken();
+    let renamed = inventory.renamed();
+    let stale_copies = inventory.drop_copies_of(holdings);
+    let mut unclaimed = inventory.unclaimed();
+    if !unclaimed.is_empty() && first {
+        // From systemd: a socket unit's copy would go on listening for
+        // nobody (connections hang), as a store entry would until the
+        // store lets it go.
+        tracing::warn!(sockets = ?unclaimed, "sockets systemd passed that the config does not name stop listening (left in the fd store by a config since changed, or named by a socket unit)");
+        inventory.stop_listening_unclaimed();
+    } else if !unclaimed.is_empty() {
+        tracing::info!(sockets = ?unclaimed, "closing inherited sockets the config no longer names");
+    }
+    unclaimed.extend(renamed.iter().cloned());
+    unclaimed.extend(stale_copies);
+    Leftovers {
+        adopted,
+        renamed,
+        unclaimed,
+    }
 }
 
 /// Resolves once `stop` (a first start's: see `Commands::stop_signal`)
