@@ -37,16 +37,23 @@ fn run_logged(args: RunArgs) -> Exit {
     // read before the runtime: it may be a FIFO, read once, and signals
     // are not handled yet.)
     fd_limit::reserve_table(fd_limit::fds_for(DEFAULT_MAX_CONNECTIONS));
+    // Also while it is one thread: taking them unsets systemd's variables,
+    // and a C library's `getenv` on another thread (a DNS lookup's, a
+    // time zone's) may read the environment as it changes.
+    let from_systemd = Inheritance::from_systemd();
     let rt = match super::runtime(1) {
         Ok(rt) => rt,
         Err(exit) => return exit,
     };
-    let code = rt.block_on(run_async(args));
+    let code = rt.block_on(run_async(args, from_systemd));
     rt.shutdown_timeout(Duration::from_secs(1));
     code
 }
 
-async fn run_async(args: RunArgs) -> Exit {
+/// `from_systemd`: the sockets systemd passed, used on a first start
+/// (under a handoff the old generation offers them, and systemd passed
+/// none: see `hand_over`).
+async fn run_async(args: RunArgs, from_systemd: Inheritance) -> Exit {
     let commands = match Signals::install() {
         Ok(signals) => Commands::from_signals(signals),
         Err(err) => {
@@ -98,7 +105,7 @@ async fn run_async(args: RunArgs) -> Exit {
     };
     let (parent, inheritance) = match parent {
         Some((parent, inheritance)) => (Some(parent), inheritance),
-        None => (None, Inheritance::from_systemd()),
+        None => (None, from_systemd),
     };
     daemon::run(Setup {
         config,
