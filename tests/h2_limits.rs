@@ -538,8 +538,8 @@ async fn status_byte(s: &mut TcpStream) -> Option<u8> {
 
 /// A malformed h2 request (an upper-case field name) is reset before it
 /// becomes a request, so no access-log line tells of it: it is said in
-/// baton's log, with why, as an HTTP/1 client's malformed head is a 400
-/// logged.
+/// baton's log, with why, the listener and the client, as an HTTP/1
+/// client's malformed head is a 400 logged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_h2_request_is_said_in_the_log() {
     let (backend, baton) = baton_with("").await;
@@ -552,11 +552,19 @@ async fn a_malformed_h2_request_is_said_in_the_log() {
             .contains("h2 request refused before it reached a backend")
     })
     .await;
-    assert!(
-        baton.log().contains("cause=\"uppercase field name\""),
-        "{}",
-        baton.log()
-    );
+    let log = baton.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("h2 request refused before it reached a backend"))
+        .expect("the line");
+    let client = s.local_addr().expect("the client's address");
+    for said in [
+        "cause=\"uppercase field name\"".to_string(),
+        "listener=web".to_string(),
+        format!("client={client}"),
+    ] {
+        assert!(line.contains(&said), "{said} in {line}");
+    }
     assert_eq!(backend.hits(), 0);
 }
 

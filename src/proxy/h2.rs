@@ -198,7 +198,8 @@ impl HttpProxy {
         let io = Watched::new(stream, seen, Arc::clone(&state), back);
         let ended = {
             let conn = Connection::new(io, &[], self.h2_limits(), service)
-                .on_stall(self.on_stream_stall(peer));
+                .on_stall(self.on_stream_stall(peer))
+                .on_refused(self.on_refused_stream(peer));
             tokio::pin!(conn);
             let mut clocks = Clocks::new(self.clock_limits(), Instant::now());
             let alarm = tokio::time::sleep_until(Instant::now());
@@ -344,6 +345,15 @@ impl HttpProxy {
                 tracing::info!(listener = %listener, client = %peer, "client took none of a stream's response within idle_timeout; resetting the stream");
             }
             metrics::client_abort(&listener, metrics::AbortReason::StalledReader);
+        })
+    }
+
+    fn on_refused_stream(&self, peer: SocketAddr) -> Arc<conn::Refused> {
+        let listener = Arc::clone(&self.listener);
+        Arc::new(move |stream, why| {
+            if crate::telemetry::may_say_client_fault() {
+                tracing::info!(listener = %listener, client = %peer, stream, cause = why, "h2 request refused before it reached a backend");
+            }
         })
     }
 

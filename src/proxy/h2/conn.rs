@@ -238,6 +238,9 @@ enum TableSize {
 }
 
 /// One client connection: a future that ends when the connection does.
+/// What a connection tells of a request it refused: its stream, and why.
+pub type Refused = dyn Fn(u32, &str) + Send + Sync;
+
 pub struct Connection<S, F, B> {
     io: S,
     service: F,
@@ -292,6 +295,7 @@ pub struct Connection<S, F, B> {
     /// be unsent (see `read_room`).
     answers: usize,
     on_stall: Option<Arc<dyn Fn() + Send + Sync>>,
+    on_refused: Option<Arc<Refused>>,
     /// Interim (1xx) heads the exchanges handed over, to write.
     interims: Arc<Interims>,
 }
@@ -361,6 +365,7 @@ where
             block_alarm: None,
             answers: 0,
             on_stall: None,
+            on_refused: None,
             interims: Arc::default(),
         }
     }
@@ -368,6 +373,13 @@ where
     /// Told each time a stream is reset for its client's stall.
     pub fn on_stall(mut self, told: Arc<dyn Fn() + Send + Sync>) -> Self {
         self.on_stall = Some(told);
+        self
+    }
+
+    /// Told of each request refused before it reached an exchange: the
+    /// stream, and why (see `said_refused`).
+    pub fn on_refused(mut self, told: Arc<Refused>) -> Self {
+        self.on_refused = Some(told);
         self
     }
 

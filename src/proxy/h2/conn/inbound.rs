@@ -265,7 +265,7 @@ where
             // The fields kept stop short of a pseudo-field (a path past
             // the bound): no request to hand on, so answered here alone.
             _ if listed == Listed::TooLarge => {
-                said_refused(id, "its fields past the bound (431)");
+                self.said_refused(id, "its fields past the bound (431)");
                 self.answer_at_once(id, 431, block.end_stream);
                 return Ok(());
             }
@@ -273,7 +273,7 @@ where
                 let why = refused
                     .err()
                     .unwrap_or("a Content-Length with no body to come");
-                said_refused(id, why);
+                self.said_refused(id, why);
                 write::reset(&mut self.out, id, Reason::PROTOCOL_ERROR);
                 return Ok(());
             }
@@ -464,27 +464,24 @@ where
         Ok(())
     }
 
+    /// A request baton refused before it became one (malformed, RFC 9113
+    /// §8.1.1: its stream reset; or its fields past the bound: 431), told
+    /// to whoever listens (the proxy says it, with the listener and the
+    /// client, within the budget for clients' faults): it reaches no
+    /// exchange, so no access-log line tells of it, where an HTTP/1
+    /// client's malformed head is a 400 logged (a client probing for
+    /// smuggling shapes over h2 left no trace).
+    fn said_refused(&self, stream: u32, why: &str) {
+        if let Some(told) = &self.on_refused {
+            told(stream, why);
+        }
+    }
+
     fn on_ping_answer(&mut self, payload: [u8; 8]) {
         if payload == SHUTDOWN_PING {
             self.refuse_new_streams();
         } else if payload == KEEPALIVE_PING {
             self.ping_sent = None;
         }
-    }
-}
-
-/// A request baton refused before it became one (malformed, RFC 9113
-/// §8.1.1: its stream reset; or its fields past the bound: 431), said
-/// within the budget for clients' faults: it reaches no exchange, so no
-/// access-log line tells of it, where an HTTP/1 client's malformed head
-/// is a 400 logged (a client probing for smuggling shapes over h2 left no
-/// trace).
-fn said_refused(stream: u32, why: &str) {
-    if crate::telemetry::may_say_client_fault() {
-        tracing::info!(
-            stream,
-            cause = why,
-            "h2 request refused before it reached a backend"
-        );
     }
 }
