@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use support::backend::{HttpBackend, TcpEcho};
@@ -233,6 +233,48 @@ async fn raw(addr: SocketAddr, request: impl AsRef<[u8]>) -> String {
     let mut s = TcpStream::connect(addr).await.expect("connect");
     s.write_all(request.as_ref()).await.expect("write");
     client::read_until_closed(&mut s).await
+}
+
+/// An upload whose backend connection, kept from the request before,
+/// closes under it without a byte of answer is `SH`, as every failure on
+/// a kept connection before its answer (the race with the backend's own
+/// keep-alive close), not `SR`: that one says the backend would not take
+/// the request, which only a new connection shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_cut_on_a_kept_backend_connection_is_sh_not_sr() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let backend = support::raw::closes_under_its_second_head().await;
+    let spec = Spec::new()
+        .listener("web", "http", "app", &log_key(&log, "json"))
+        .pool("app", &[backend]);
+    let baton = Baton::start(spec).await;
+    // One client connection for both: its worker's kept backend
+    // connection takes the second.
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .expect("write");
+    let mut first = Vec::new();
+    while !first.ends_with(b"first") {
+        let mut chunk = [0u8; 1024];
+        match tokio::time::timeout(support::TIMEOUT, s.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => first.extend_from_slice(&chunk[..n]),
+            other => panic!("the first answer: {other:?} after {first:?}"),
+        }
+    }
+    s.write_all(b"POST /second HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nhalf.")
+        .await
+        .expect("write");
+    let (cut, _) = support::read_to_the_end(&mut s).await;
+    let cut = String::from_utf8_lossy(&cut);
+    assert!(cut.starts_with("HTTP/1.1 502"), "{cut}");
+    stop_and_wait(&baton).await;
+    let lines = json_lines(&[log]);
+    let terminations: Vec<&Value> = lines.iter().map(|l| &l["termination"]).collect();
+    assert_eq!(terminations, ["--", "SH"], "{lines:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -292,6 +292,27 @@ async fn reads_heads_only(hold: bool) -> SocketAddr {
     addr
 }
 
+/// A backend that answers each connection's first request, keeping the
+/// connection, and closes under the second's head, reading none of its
+/// body: its keep-alive close, met by the next request's upload.
+pub async fn closes_under_its_second_head() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                if read_request(&mut stream, &mut buf).await.is_some()
+                    && stream.write_all(&ok("first")).await.is_ok()
+                {
+                    let _ = head_end(&mut stream, &mut buf).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// A backend that reads a request's head, takes none of its body for
 /// `pause` (the upload waits on it), then reads the `Content-Length` body
 /// whole and answers 200 `ok`.
