@@ -54,6 +54,11 @@ impl Generation {
             }
             Err(e) => {
                 tracing::error!(cause = %e, "old generation did not let us take over");
+                // Read by a frozen one once it runs again: the reload's
+                // reply then says why, not only that we exited.
+                if matches!(e, HandoverError::NoGoAhead(_)) {
+                    parent.fail(Exit::Failure, &e.to_string()).await;
+                }
                 return Err(Exit::Failure);
             }
         }
