@@ -37,9 +37,10 @@ fn run_logged(args: RunArgs) -> Exit {
     // read before the runtime: it may be a FIFO, read once, and signals
     // are not handled yet.)
     fd_limit::reserve_table(fd_limit::fds_for(DEFAULT_MAX_CONNECTIONS));
-    // Also while it is one thread: taking them unsets systemd's variables,
-    // and a C library's `getenv` on another thread (a DNS lookup's, a
-    // time zone's) may read the environment as it changes.
+    // Also before the runtime's threads: taking them unsets systemd's
+    // variables, and a C library's `getenv` on another thread (a DNS
+    // lookup's, a time zone's) may read the environment as it changes.
+    // (The log's writer, started if stderr was full, reads none.)
     let from_systemd = Inheritance::from_systemd();
     let rt = match super::runtime(1) {
         Ok(rt) => rt,

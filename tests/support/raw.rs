@@ -293,8 +293,8 @@ async fn reads_heads_only(hold: bool) -> SocketAddr {
 }
 
 /// A backend that answers each connection's first request, keeping the
-/// connection, and closes under the second's head, reading none of its
-/// body: its keep-alive close, met by the next request's upload.
+/// connection, and closes once the second's head is in, waiting for none
+/// of its body: its keep-alive close, met by the next request's upload.
 pub async fn closes_under_its_second_head() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");

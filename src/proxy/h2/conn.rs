@@ -237,10 +237,10 @@ enum TableSize {
     Zero,
 }
 
-/// One client connection: a future that ends when the connection does.
 /// What a connection tells of a request it refused: its stream, and why.
 pub type Refused = dyn Fn(u32, &str) + Send + Sync;
 
+/// One client connection: a future that ends when the connection does.
 pub struct Connection<S, F, B> {
     io: S,
     service: F,
