@@ -10,7 +10,9 @@
 //! its client may be sending: the reload loss HAProxy and nginx show), and
 //! a request in progress is answered with `Connection: close`.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 
 use super::record;
 use crate::access_log::{Phase, Termination};
@@ -37,6 +39,12 @@ pub const TIMEOUT_RESPONSE: &[u8] =
 enum Next {
     /// A whole head, its first byte come then.
     Head(RequestHead, Instant),
+    /// No request to serve: the connection ends.
+    End(NoRequest),
+}
+
+/// Why a wait for a request head ended without one.
+enum NoRequest {
     /// Refused, its head's first byte come then.
     Refused(Refusal, Instant),
     /// A head begun (then) but not finished within `header_timeout`.
@@ -115,70 +123,96 @@ async fn serve_requests<S: ByteStream>(
     drain: &DrainWatch,
     opened: Instant,
 ) -> Ending {
-    let mut first = Some(opened);
-    loop {
-        let (head, began) = match next_head(proxy, client, drain, first.take()).await {
-            Next::Head(head, began) => (head, began),
-            Next::Refused(refusal, started) => {
-                refuse(proxy, client, &refusal, peer, started).await;
-                return Ending::Other;
-            }
-            Next::Slow(started) => {
-                if crate::telemetry::may_say_client_fault() {
-                    tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
-                }
-                let timeout = Termination::ClientTimeout(Phase::Request);
-                let answer = Answer {
-                    bytes: TIMEOUT_RESPONSE,
-                    head: TIMEOUT_RESPONSE.len(),
-                };
-                let answered = answer_refused(proxy, client, answer, 408, timeout).await;
-                record::unserved(
-                    proxy.access_log.as_ref(),
-                    &proxy.own_target().metrics,
-                    &RequestId::new(),
-                    peer,
-                    answered,
-                    started,
-                );
-                return Ending::Other;
-            }
-            Next::Left(started) => {
-                let left = record::Unserved {
-                    status: None,
-                    termination: Termination::ClientAborted(Phase::Request),
-                    bytes_in: client.buf.len() as u64,
-                    bytes_out: 0,
-                    body_out: 0,
-                };
-                let (log, metrics) = (proxy.access_log.as_ref(), &proxy.own_target().metrics);
-                record::unserved(log, metrics, &RequestId::new(), peer, left, started);
-                return Ending::Other;
-            }
-            Next::Done => return Ending::Other,
-        };
-        // Only without a body: an upload the answer cut short may still be
-        // on its way, and its bytes would meet a closed socket.
-        let client_closes = !head.keep_alive && head.framing == Framing::Empty;
-        // Boxed: an idle connection's task keeps only this loop's state,
-        // not the largest state an exchange ever needs.
-        if crate::in_place::boxed(|| exchange(proxy, client, head, drain, began)).await
-            == After::Close
-        {
-            return if client_closes {
-                Ending::ClientAsked
-            } else {
-                Ending::Other
+    let ended = {
+        let mut first = Some(opened);
+        // One grace for the connection's life: its wait for the drain
+        // stays in the drain's list between requests, where one made for
+        // each wait took a place there and gave it back every request. No
+        // later wait counts it afresh: once the drain began, the next
+        // answer says `Connection: close`.
+        let grace = drain.grace_over(proxy.keepalive_drain_grace);
+        tokio::pin!(grace);
+        loop {
+            let waited = next_head(proxy, client, drain, first.take(), grace.as_mut()).await;
+            let (head, began) = match waited {
+                Next::Head(head, began) => (head, began),
+                Next::End(why) => break why,
             };
+            // Only without a body: an upload the answer cut short may still
+            // be on its way, and its bytes would meet a closed socket.
+            let client_closes = !head.keep_alive && head.framing == Framing::Empty;
+            // Boxed: an idle connection's task keeps only this loop's
+            // state, not the largest state an exchange ever needs.
+            if crate::in_place::boxed(|| exchange(proxy, client, head, drain, began)).await
+                == After::Close
+            {
+                return if client_closes {
+                    Ending::ClientAsked
+                } else {
+                    Ending::Other
+                };
+            }
         }
+    };
+    // Out of the grace's scope: the task is no larger for what answering
+    // a refused or late head takes beside it.
+    end_without_a_request(proxy, client, peer, ended).await;
+    Ending::Other
+}
+
+/// Answers, logs and counts what came instead of a request.
+async fn end_without_a_request<S: ByteStream>(
+    proxy: &HttpProxy,
+    client: &mut Client<S>,
+    peer: SocketAddr,
+    why: NoRequest,
+) {
+    match why {
+        NoRequest::Refused(refusal, started) => {
+            refuse(proxy, client, &refusal, peer, started).await;
+        }
+        NoRequest::Slow(started) => {
+            if crate::telemetry::may_say_client_fault() {
+                tracing::info!(listener = %proxy.listener, client = %peer, "no request head within header_timeout; 408");
+            }
+            let timeout = Termination::ClientTimeout(Phase::Request);
+            let answer = Answer {
+                bytes: TIMEOUT_RESPONSE,
+                head: TIMEOUT_RESPONSE.len(),
+            };
+            let answered = answer_refused(proxy, client, answer, 408, timeout).await;
+            record::unserved(
+                proxy.access_log.as_ref(),
+                &proxy.own_target().metrics,
+                &RequestId::new(),
+                peer,
+                answered,
+                started,
+            );
+        }
+        NoRequest::Left(started) => {
+            let left = record::Unserved {
+                status: None,
+                termination: Termination::ClientAborted(Phase::Request),
+                bytes_in: client.buf.len() as u64,
+                bytes_out: 0,
+                body_out: 0,
+            };
+            let (log, metrics) = (proxy.access_log.as_ref(), &proxy.own_target().metrics);
+            record::unserved(log, metrics, &RequestId::new(), peer, left, started);
+        }
+        NoRequest::Done => {}
     }
 }
 
+/// Waits for the next request head; `grace` is the connection's drain
+/// grace (see `serve_requests`), which closes it only while idle.
 async fn next_head<S: ByteStream>(
     proxy: &HttpProxy,
     client: &mut Client<S>,
     drain: &DrainWatch,
     opened: Option<Instant>,
+    mut grace: Pin<&mut impl Future<Output = ()>>,
 ) -> Next {
     let idle_since = Instant::now();
     let mut head_since = opened;
@@ -188,12 +222,10 @@ async fn next_head<S: ByteStream>(
     let mut prompted = false;
     // How much of the head the last parse saw.
     let mut parsed = 0;
-    // One grace for the whole wait: made afresh at every pass, it began
-    // again at every empty line (or read that gave no bytes), and a client
-    // sending a CRLF now and then held its idle connection in a drain to
-    // idle_timeout.
-    let grace = drain.grace_over(proxy.keepalive_drain_grace);
-    tokio::pin!(grace);
+    // The grace is the whole wait's, not each pass's: made afresh at every
+    // pass, it began again at every empty line (or read that gave no
+    // bytes), and a client sending a CRLF now and then held its idle
+    // connection in a drain to idle_timeout.
     loop {
         if drop_empty_lines(&mut client.buf) {
             parsed = 0;
@@ -227,7 +259,7 @@ async fn next_head<S: ByteStream>(
                     prompted = true;
                 }
                 Ok(Parsed::Partial) => {}
-                Err(refusal) => return Next::Refused(refusal, began),
+                Err(refusal) => return Next::End(NoRequest::Refused(refusal, began)),
             }
         }
         let deadline = match head_since {
@@ -249,14 +281,14 @@ async fn next_head<S: ByteStream>(
             }
             () = client.alarm.until(deadline) => {
                 return match head_since {
-                    Some(since) => Next::Slow(since),
-                    None => Next::Done,
+                    Some(since) => Next::End(NoRequest::Slow(since)),
+                    None => Next::End(NoRequest::Done),
                 };
             }
-            () = &mut grace, if idle => {
+            () = grace.as_mut(), if idle => {
                 tracing::debug!(listener = %proxy.listener, expected = true, "closing idle keep-alive connection for drain");
                 drain.closed_idle();
-                return Next::Done;
+                return Next::End(NoRequest::Done);
             }
         }
     }
@@ -287,7 +319,7 @@ fn drop_empty_lines(buf: &mut BytesMut) -> bool {
 /// The client closed or reset its connection: in the middle of a head
 /// begun then, or between requests.
 fn left(began: Option<Instant>) -> Next {
-    began.map_or(Next::Done, Next::Left)
+    Next::End(began.map_or(NoRequest::Done, NoRequest::Left))
 }
 
 /// Answers a head baton will not serve, and closes.

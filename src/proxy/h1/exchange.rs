@@ -264,12 +264,16 @@ async fn forward<S: ByteStream>(
             }
         };
         let trace = &mut *request.trace;
-        trace.marks.leased = Some(Instant::now());
-        // Only a log line names it: without one, no count of the
-        // backend's that every worker would write twice a request.
-        if proxy.access_log.is_some() {
+        // Only a log line names the backend and reads the time: without
+        // one, no count of the backend's that every worker would write
+        // twice a request, nor a clock read (the mark still says which
+        // step a failure came in).
+        trace.marks.leased = Some(if proxy.access_log.is_some() {
             trace.backend = Some(Arc::clone(lease.shared()));
-        }
+            Instant::now()
+        } else {
+            trace.marks.started
+        });
         let upstream = match connection(
             client,
             lease.backend(),
