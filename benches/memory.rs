@@ -160,6 +160,8 @@ fn main() {
             std::thread::park();
         }
     }
+    // Built before anything is pinned (see `shipped_baton`).
+    support::proxies::shipped_baton();
     let connections: usize = support::arg("--connections", 10_000);
     support::raise_fd_limit(connections);
     let tcp_connections = connections.min(support::fd_limit().saturating_sub(200) / 2);

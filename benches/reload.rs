@@ -236,6 +236,8 @@ fn report(kind: Kind, o: &Outcome, reloads: u32) {
 }
 
 fn main() {
+    // Built before anything is pinned or any runtime runs (see `shipped_baton`).
+    support::proxies::shipped_baton();
     let reloads: u32 = support::arg("--reloads", 20);
     let interval = Duration::from_millis(support::arg("--interval-ms", 500));
     let profile_name: String = support::arg("--profile", "steady".to_string());

@@ -59,7 +59,7 @@ pool = "app"
 name = "app"
 backends = [{ name = "a", address = "127.0.0.1:$backend" }]
 EOF
-  command=("$root/target/release/baton" run --config "$work/baton.toml")
+  command=("${BATON:-$root/target/release/baton}" run --config "$work/baton.toml")
   ;;
 haproxy)
   # The four fields baton adds by default, as throughput's peers add them.

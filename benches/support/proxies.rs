@@ -243,7 +243,7 @@ impl Proxy {
 
     fn program(&self) -> &'static str {
         match self.kind {
-            Kind::Baton => env!("CARGO_BIN_EXE_baton"),
+            Kind::Baton => shipped_baton(),
             Kind::Haproxy => "/usr/sbin/haproxy",
             Kind::Nginx | Kind::Direct => "/usr/sbin/nginx",
         }
@@ -458,4 +458,35 @@ impl Proxy {
         pids.dedup();
         pids
     }
+}
+
+/// baton as `cargo build --release` makes it, built once a run into a
+/// target directory of its own (each bench asks first thing: a thread
+/// pinned for the load would pin the build to one core). A cargo config
+/// that sets `build.target` puts it elsewhere, and this fails. `CARGO_BIN_EXE_baton`, which `cargo bench`
+/// builds beside the benches, has the dev-dependencies' features: tokio's
+/// `test-util`, whose paused clock every runtime park then locks and asks
+/// about: work the binary that ships does not do.
+pub fn shipped_baton() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let manifest = env!("CARGO_MANIFEST_DIR");
+        let target = format!("{manifest}/target/shipped");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        eprintln!("building baton as shipped (cargo build --release) into {target}");
+        let built = Command::new(cargo)
+            .args([
+                "build",
+                "--release",
+                "--bin",
+                "baton",
+                "--target-dir",
+                &target,
+            ])
+            .current_dir(manifest)
+            .status()
+            .expect("run cargo build");
+        assert!(built.success(), "cargo build --release failed");
+        format!("{target}/release/baton")
+    })
 }
