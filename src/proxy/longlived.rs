@@ -280,7 +280,23 @@ where
             tracing::debug!(listener = %listener, kind = kind.as_str(), expected = true, "ended long-lived stream for drain");
         }
         DownEnd::BackendClosed => {
-            let _ = client_write.shutdown().await;
+            // What is left is the client's end of it: over TLS a
+            // close_notify, which waits for room a client that stopped
+            // reading keeps from it. The idle clock's shorter limit bounds
+            // it, as a half-closed TCP-mode session's (it was the tunnel's
+            // hour), and a drain ends it as the other long-lived streams
+            // (it was forced at the drain's deadline).
+            activity.backend_closed();
+            let closed = client_write.shutdown();
+            tokio::pin!(closed);
+            let cut = ending.is_terminated()
+                || tokio::select! {
+                    _ = closed.as_mut() => false,
+                    () = ending.as_mut() => true,
+                };
+            if cut {
+                let _ = tokio::time::timeout(LINGER, closed).await;
+            }
         }
         DownEnd::BothClosed => {}
         DownEnd::Failed(side) => return Some(side),
