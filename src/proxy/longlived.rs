@@ -109,7 +109,9 @@ enum DownEnd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TunnelEnd {
     /// Both sides closed, each FIN passed on (or the backend closed after
-    /// the drain had asked), or the drain ended it.
+    /// the drain had asked), or the drain ended it. The last close toward
+    /// the client (over TLS a close_notify a client that stopped reading
+    /// holds back) is one the drain may end too.
     Closed,
     /// Nothing moved either way for `tunnel_timeout` (for the listener's
     /// `idle_timeout` once a side closed its half).
@@ -286,13 +288,19 @@ where
             // it, as a half-closed TCP-mode session's (it was the tunnel's
             // hour), and a drain ends it as the other long-lived streams
             // (it was forced at the drain's deadline).
+            // (A drain that had asked already, before the backend's end,
+            // gives it `LINGER` more; one that asks now ends it, counted.)
             activity.backend_closed();
             let closed = client_write.shutdown();
             tokio::pin!(closed);
             let cut = ending.is_terminated()
                 || tokio::select! {
                     _ = closed.as_mut() => false,
-                    () = ending.as_mut() => true,
+                    () = ending.as_mut() => {
+                        drain.ended_long_lived(kind);
+                        tracing::debug!(listener = %listener, kind = kind.as_str(), expected = true, "ended long-lived stream for drain");
+                        true
+                    }
                 };
             if cut {
                 let _ = tokio::time::timeout(LINGER, closed).await;
@@ -721,6 +729,95 @@ mod tests {
         let fin = started.elapsed();
         assert!(fin < std::time::Duration::from_millis(100), "{fin:?}");
         ends_soon(tunnel, started, super::TunnelEnd::Idle).await;
+    }
+
+    /// A client side whose close never completes (over TLS, a
+    /// close_notify that a client which stopped reading holds back):
+    /// reads, writes and flushes go to the pipe.
+    struct CloseHeldBack(tokio::io::DuplexStream);
+
+    impl tokio::io::AsyncRead for CloseHeldBack {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+        }
+    }
+
+    impl tokio::io::AsyncWrite for CloseHeldBack {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+        }
+
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.0).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Pending
+        }
+    }
+
+    /// A tunnel whose client closed its half first, then its backend
+    /// answered and closed: what is left is the close toward the client,
+    /// which it holds back; `half_closed` seconds the shorter limit.
+    async fn close_held_back(
+        drain: &crate::lifecycle::drain::Drain,
+        half_closed: u64,
+    ) -> tokio::task::JoinHandle<super::TunnelEnd> {
+        use tokio::io::AsyncWriteExt;
+        let (client_side, mut client) = tokio::io::duplex(1024);
+        let (backend_side, mut backend) = tokio::io::duplex(1024);
+        let limits = super::TunnelLimits {
+            tunnel: std::time::Duration::from_secs(3600),
+            half_closed: std::time::Duration::from_secs(half_closed),
+        };
+        let watch = drain.watch();
+        let client_side = CloseHeldBack(client_side);
+        let tunnel = tokio::spawn(async move {
+            super::tunnel(client_side, backend_side, None, watch, "test", limits).await
+        });
+        client.shutdown().await.expect("the client's FIN");
+        assert!(to_end(&mut backend).await.is_empty(), "passed on");
+        backend.write_all(b"answer").await.expect("backend sends");
+        drop(backend);
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!tunnel.is_finished(), "held by the close");
+        tunnel
+    }
+
+    /// That close waits no longer than the half-closed limit (it waited
+    /// the tunnel's hour).
+    #[tokio::test(start_paused = true)]
+    async fn a_close_the_client_holds_back_ends_after_the_shorter_limit() {
+        let drain = crate::lifecycle::drain::Drain::new(1);
+        let tunnel = close_held_back(&drain, 5).await;
+        let started = tokio::time::Instant::now();
+        ends_soon(tunnel, started, super::TunnelEnd::Idle).await;
+    }
+
+    /// A drain ends that close as it ends the other long-lived streams,
+    /// and counts it (it was forced at the drain's deadline).
+    #[tokio::test(start_paused = true)]
+    async fn a_close_the_client_holds_back_is_ended_by_the_drain() {
+        let drain = crate::lifecycle::drain::Drain::new(1);
+        let tunnel = close_held_back(&drain, 3600).await;
+        drain.begin(std::time::Duration::ZERO);
+        let started = tokio::time::Instant::now();
+        ends_soon(tunnel, started, super::TunnelEnd::Closed).await;
+        assert_eq!(drain.long_lived_ended().upgrades, 1);
     }
 
     /// A client that closed its half waits for the backend's answer under
