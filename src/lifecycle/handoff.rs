@@ -881,6 +881,40 @@ mod tests {
         drop(sender.await.expect("sender"));
     }
 
+    /// Sends one raw datagram of `bytes` from `fd`, with `fds`.
+    fn send_raw(fd: &OwnedFd, bytes: &[u8], fds: &[RawFd]) {
+        let rights = [ControlMessage::ScmRights(fds)];
+        let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
+        sendmsg::<()>(
+            fd.as_raw_fd(),
+            &[IoSlice::new(bytes)],
+            cmsgs,
+            MsgFlags::empty(),
+            None,
+        )
+        .expect("send a raw datagram");
+    }
+
+    /// A receive that fails part way through a message (a datagram with
+    /// more fds than one may carry, after the message's first piece)
+    /// forgets that message: the next one is read whole, where it was
+    /// taken for the cut one's continuation and refused as "a message
+    /// began before the previous one ended".
+    #[tokio::test]
+    async fn a_message_cut_off_by_a_failed_receive_is_forgotten() {
+        let (a, b_fd) = Channel::pair().expect("pair");
+        // Pieces are marked 0x01 (first) and 0x02 (more): see `framing`.
+        send_raw(&b_fd, b"\x01{\"version\":", &[]);
+        let one = std::fs::File::open("/proc/self/stat").expect("open");
+        let too_many = vec![one.as_raw_fd(); MAX_FDS + 1];
+        send_raw(&b_fd, b"\x021", &too_many);
+        assert!(a.recv().await.is_err(), "the cut message is refused");
+        let b = Channel::new(b_fd).expect("wrap");
+        b.send(&Message::Accepting, &[]).await.expect("send");
+        let next = a.recv().await.expect("the next message whole").0;
+        assert_eq!(next, Message::Accepting);
+    }
+
     /// The other end closed with a message of ours unread: the kernel
     /// reports ECONNRESET first, and what it sent before closing must
     /// still be read, then the close.
