@@ -4,7 +4,8 @@
 # How every step in README "Performance" was measured.
 #
 #   cargo build --release && benches/callgrind.sh [keepalive|close|h2c|tcp] [baton|haproxy|nginx]
-#   BATON=/path/to/another/baton benches/callgrind.sh keepalive baton   # another build (a before/after)
+#   BATON_BIN=/path/to/another/baton benches/callgrind.sh keepalive baton   # another build (a before/after;
+#   copy target/callgrind/baton-keepalive.* away between them)
 #
 # One worker of baton (or HAProxy, or nginx) under callgrind, nginx as the
 # backend, 8 connections of load (wrk; h2load -m10 for h2c) for 10 s after

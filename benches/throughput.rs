@@ -325,8 +325,6 @@ fn ratio_cells(kinds: &[Kind], seen: &[Vec<Vec<Figures>>]) -> Vec<String> {
 const HEADER: &str = "| system | HTTP/1.1 keep-alive req/s | new connection req/s | h2c req/s | TCP mode (HTTP/1.1 keep-alive inside) req/s |\n| --- | ---: | ---: | ---: | ---: |";
 
 fn main() {
-    // Built before anything is pinned (see `shipped_baton`).
-    support::proxies::shipped_baton();
     let seconds: u32 = support::arg("--seconds", 5);
     let rounds: usize = support::arg("--rounds", 1);
     let layout = Layout::for_threads(support::arg("--threads", 1));
@@ -336,6 +334,8 @@ fn main() {
             return;
         }
     }
+    // Built before anything is pinned (see `shipped_baton`).
+    support::proxies::shipped_baton();
     let backend = support::start_backend(1, layout.backend_cpus);
     println!(
         "throughput bench: {seconds}s per cell, {rounds} round(s); {}; 3-byte responses{}{}{}{}",

@@ -447,13 +447,13 @@ fn ratio(rows: &[(Kind, Row)], figure: impl Fn(&Row) -> f64, higher: bool) -> St
 }
 
 fn main() {
-    // Built before anything is pinned (see `shipped_baton`).
-    support::proxies::shipped_baton();
     let seconds: u32 = support::arg("--seconds", 5);
     if !Path::new("/usr/bin/wrk").exists() {
         println!("tls bench needs /usr/bin/wrk: benches/peers/setup.sh");
         return;
     }
+    // Built before anything is pinned (see `shipped_baton`).
+    support::proxies::shipped_baton();
     let backend = support::start_backend(1, &[LOAD_CORE]).addr;
     // The in-process clients run here, with the load.
     support::pin_this_thread(&[LOAD_CORE]);

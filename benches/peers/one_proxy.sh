@@ -1,4 +1,5 @@
-# Sourced by callgrind.sh and packets.sh: one proxy (baton, HAProxy or
+# Sourced by callgrind.sh, packets.sh and syscalls.sh (BATON_BIN names
+# another baton than target/release/baton): one proxy (baton, HAProxy or
 # nginx, one worker) in front of an nginx backend on loopback, as the
 # benches' tables measure it. Reads $1 (mode: keepalive, close, h2c or tcp)
 # and $2 (proxy); sets $front, $backend, $work and `command` (the proxy's
@@ -59,7 +60,7 @@ pool = "app"
 name = "app"
 backends = [{ name = "a", address = "127.0.0.1:$backend" }]
 EOF
-  command=("${BATON:-$root/target/release/baton}" run --config "$work/baton.toml")
+  command=("${BATON_BIN:-$root/target/release/baton}" run --config "$work/baton.toml")
   ;;
 haproxy)
   # The four fields baton adds by default, as throughput's peers add them.

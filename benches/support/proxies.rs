@@ -487,6 +487,11 @@ pub fn shipped_baton() -> &'static str {
             .status()
             .expect("run cargo build");
         assert!(built.success(), "cargo build --release failed");
-        format!("{target}/release/baton")
+        let path = format!("{target}/release/baton");
+        assert!(
+            std::path::Path::new(&path).exists(),
+            "no {path} after the build (a cargo config's build.target puts it elsewhere)"
+        );
+        path
     })
 }
