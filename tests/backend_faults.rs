@@ -657,3 +657,30 @@ async fn an_error_pages_request_id_leads_to_the_backends_failure() {
     })
     .await;
 }
+
+/// A TCP session whose first backend refuses says so as the HTTP path
+/// does: the failure with the other backend still to try, then the last
+/// failure (it said "backend request failed" twice, as if it gave up at
+/// the first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_sessions_failed_connect_says_another_backend_is_tried() {
+    let (dead, _held) = support::daemon::dead_addr();
+    let (also_dead, _also_held) = support::daemon::dead_addr();
+    let spec = Spec::new()
+        .tcp("raw", "app")
+        .pool("app", &[dead, also_dead]);
+    let baton = Baton::start(spec).await;
+    let mut session = TcpStream::connect(baton.addr("raw"))
+        .await
+        .expect("connect");
+    assert_eq!(read_until_closed(&mut session).await, "");
+    support::eventually("both failures said", || async {
+        let log = baton.log();
+        let (retried, gave_up): (Vec<&str>, Vec<&str>) = log
+            .lines()
+            .filter(|l| l.contains("backend request failed") && l.contains("refused"))
+            .partition(|l| l.contains("sending it to another backend"));
+        retried.len() == 1 && gave_up.len() == 1
+    })
+    .await;
+}

@@ -518,7 +518,7 @@ impl HttpProxy {
                 Ok(up) => up,
                 Err(err) => {
                     if failed.is_none() {
-                        err.blame_and_retry(backend, stream.request_id);
+                        err.blame_and_retry(backend, Some(stream.request_id));
                         failed = Some((backend.index, err));
                         continue;
                     }
@@ -572,7 +572,7 @@ impl HttpProxy {
                 // Another backend takes it, as on the HTTP/1 path.
                 Err(Sent::Stale(cause)) if replayable && failed.is_none() => {
                     let err = ProxyError::closed_before_a_response(backend, &cause);
-                    err.blame_and_retry(backend, stream.request_id);
+                    err.blame_and_retry(backend, Some(stream.request_id));
                     failed = Some((backend.index, err));
                     fresh_only = false;
                     body = Some(body::empty());

@@ -127,20 +127,23 @@ impl ProxyError {
     /// error page gives the client.
     pub fn blame(&self, backend: &Backend, request_id: Option<&str>) {
         self.charge(backend);
-        if crate::telemetry::may_say_backend_fault() {
-            let request_id = request_id.map(tracing::field::display);
-            tracing::warn!(pool = %backend.pool, backend = %backend.label, request_id, cause = %self, "backend request failed");
-        }
+        self.say(backend, request_id, "backend request failed");
     }
 
-    /// The same for a request that may go on to another backend: one line
-    /// that says both, so a failed request spends less of the budget. Said
-    /// before one is looked for: where none can take it, the answer is
-    /// this failure's (its 502, logged under the same id).
-    pub fn blame_and_retry(&self, backend: &Backend, request_id: &str) {
+    /// The same for a request (or TCP session) that may go on to another
+    /// backend: one line that says both, so a failed request spends less
+    /// of the budget. Said before one is looked for: where none can take
+    /// it, the answer is this failure's (its 502, logged under the same id).
+    pub fn blame_and_retry(&self, backend: &Backend, request_id: Option<&str>) {
         self.charge(backend);
+        let what = "backend request failed; sending it to another backend if one can take it";
+        self.say(backend, request_id, what);
+    }
+
+    fn say(&self, backend: &Backend, request_id: Option<&str>, what: &str) {
         if crate::telemetry::may_say_backend_fault() {
-            tracing::warn!(pool = %backend.pool, backend = %backend.label, request_id = %request_id, cause = %self, "backend request failed; sending it to another backend if one can take it");
+            let request_id = request_id.map(tracing::field::display);
+            tracing::warn!(pool = %backend.pool, backend = %backend.label, request_id, cause = %self, "{what}");
         }
     }
 

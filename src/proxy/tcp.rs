@@ -234,10 +234,11 @@ impl TcpProxy {
                 }
                 Err(fault) => {
                     let err = ProxyError::connect(backend, &fault);
-                    err.blame(backend, None);
                     if failed.is_some() {
+                        err.blame(backend, None);
                         return Err(err);
                     }
+                    err.blame_and_retry(backend, None);
                     failed = Some((backend.index, err));
                 }
             }

@@ -289,7 +289,7 @@ async fn forward<S: ByteStream>(
             }
             // Nothing was sent: another backend may take it.
             Err(err) if failed.is_none() => {
-                err.blame_and_retry(lease.backend(), &trace.request_id);
+                err.blame_and_retry(lease.backend(), Some(&trace.request_id));
                 failed = Some((lease.backend().index, err));
                 continue;
             }
@@ -312,7 +312,7 @@ async fn forward<S: ByteStream>(
             // failed connect (nginx's `proxy_next_upstream error`).
             Attempt::Stale(cause) if replayable && failed.is_none() => {
                 let err = ProxyError::closed_before_a_response(lease.backend(), &cause);
-                err.blame_and_retry(lease.backend(), &request.trace.request_id);
+                err.blame_and_retry(lease.backend(), Some(&request.trace.request_id));
                 failed = Some((lease.backend().index, err));
                 fresh_only = false;
             }
