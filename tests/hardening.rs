@@ -1092,6 +1092,28 @@ async fn a_stalled_log_pipe_stalls_no_request() {
     logs_into_a_full_stderr(&baton, filled, std::fs::File::from(reader)).await;
 }
 
+/// A terminal whose output is stopped (Ctrl-S; `tcflow(TCOOFF)`) stalls
+/// no request: a write to it waits until output resumes, and a worker
+/// that wrote its line so stopped serving every connection it held. The
+/// line comes once output resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_terminal_stalls_no_request() {
+    use nix::sys::termios::{tcflow, FlowArg};
+    let backend = HttpBackend::start("a").await;
+    let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+    let terminal = pty.slave.try_clone().expect("dup");
+    let baton = Baton::spawn_logging_to(one_worker(&backend), pty.slave);
+    let flags = nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(&pty.master, nix::fcntl::FcntlArg::F_SETFL(flags))
+        .expect("the test's own end");
+    let screen = std::fs::File::from(pty.master);
+    baton.wait_ready().await;
+    tcflow(&terminal, FlowArg::TCOOFF).expect("Ctrl-S");
+    logs_and_serves_on(&baton).await;
+    tcflow(&terminal, FlowArg::TCOON).expect("Ctrl-Q");
+    reads_the_line_after(screen, 0).await;
+}
+
 /// A request head refused (a line logged) while `baton`'s stderr holds
 /// `filled` bytes no one read: the worker that logged serves on, and
 /// what `stderr` (its other end, non-blocking) reads has the line after
@@ -1101,6 +1123,13 @@ async fn logs_into_a_full_stderr(
     filled: usize,
     stderr: impl std::io::Read + Send + 'static,
 ) {
+    logs_and_serves_on(baton).await;
+    reads_the_line_after(stderr, filled).await;
+}
+
+/// A request head refused (a line logged), then a request served by the
+/// same worker (`baton` has one).
+async fn logs_and_serves_on(baton: &Baton) {
     let web = baton.addr("web");
     let mut bad = tokio::net::TcpStream::connect(web).await.expect("connect");
     bad.write_all(b"NOT HTTP AT ALL\r\n\r\n")
@@ -1113,6 +1142,11 @@ async fn logs_into_a_full_stderr(
         served.is_ok_and(|a| a.is_ok_and(|a| a.status == 200)),
         "the worker that logged serves on"
     );
+}
+
+/// What `stderr` reads has the line about the refused head, after the
+/// `filled` bytes that were there before it.
+async fn reads_the_line_after(stderr: impl std::io::Read + Send + 'static, filled: usize) {
     let read = tokio::task::spawn_blocking(move || read_for(stderr, support::TIMEOUT))
         .await
         .expect("reader");

@@ -9,7 +9,9 @@
 //! thread of its own writes out as the reader takes it; lines past the
 //! bound are dropped, and how many is said once the queue is written out.
 //! (HAProxy logs over a datagram socket and drops lines for the same
-//! reason.) A stderr that is a file or a terminal is written as before.
+//! reason.) A stderr that is a file or a terminal has no write that is
+//! sure not to wait (a terminal stopped with Ctrl-S, a hung network
+//! mount), so each of its lines is written by that thread alone.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -51,13 +53,11 @@ impl Write for Line {
     }
 }
 
-/// Waits, for `within` at most, until the lines held for a stalled
-/// journal are written out: a generation's last lines say why it exits.
+/// Waits, for `within` at most, until the lines held (for a stalled
+/// journal, or any line for a file or a terminal) are written out: a
+/// generation's last lines say why it exits.
 pub fn flush(within: Duration) {
     let outlet = outlet();
-    if outlet.nowait.is_none() {
-        return;
-    }
     let deadline = Instant::now() + within;
     let mut held = outlet.held();
     while !held.idle() {
@@ -74,8 +74,8 @@ pub fn flush(within: Duration) {
 }
 
 struct Outlet {
-    /// What stderr is, where it can be written without waiting.
-    nowait: Option<Kind>,
+    /// What stderr is: how a line may be written without waiting.
+    kind: Kind,
     held: Mutex<Held>,
     /// A line came into the queue, or one was written out.
     changed: Condvar,
@@ -84,26 +84,33 @@ struct Outlet {
 fn outlet() -> &'static Outlet {
     static OUTLET: OnceLock<Outlet> = OnceLock::new();
     OUTLET.get_or_init(|| Outlet {
-        nowait: stderr_kind(),
+        kind: stderr_kind(),
         held: Mutex::new(Held::default()),
         changed: Condvar::new(),
     })
 }
 
-/// A stderr written without waiting.
+/// What stderr is, for how a line is written to it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
+    /// Sent at once without waiting (`MSG_DONTWAIT`).
     Socket,
+    /// Written at once without waiting (`RWF_NOWAIT`).
     Pipe,
+    /// A file, a terminal, anything else: every line goes through the
+    /// queue's thread, the only one that may wait on it.
+    Waiting,
 }
 
-fn stderr_kind() -> Option<Kind> {
+fn stderr_kind() -> Kind {
     use nix::sys::stat::SFlag;
-    let stat = nix::sys::stat::fstat(io::stderr()).ok()?;
+    let Ok(stat) = nix::sys::stat::fstat(io::stderr()) else {
+        return Kind::Waiting;
+    };
     match SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT {
-        SFlag::S_IFSOCK => Some(Kind::Socket),
-        SFlag::S_IFIFO => Some(Kind::Pipe),
-        _ => None,
+        SFlag::S_IFSOCK => Kind::Socket,
+        SFlag::S_IFIFO => Kind::Pipe,
+        _ => Kind::Waiting,
     }
 }
 
@@ -113,16 +120,12 @@ impl Outlet {
     }
 
     fn take(&'static self, line: &[u8]) {
-        let Some(kind) = self.nowait else {
-            let _ = io::stderr().write_all(line);
-            return;
-        };
         let mut held = self.held();
         if held.broken {
             return;
         }
-        if held.idle() {
-            match send_now(kind, line) {
+        if held.idle() && self.kind != Kind::Waiting {
+            match send_now(self.kind, line) {
                 Ok(sent) if sent == line.len() => return,
                 // The rest of the line waits, ahead of any other, whatever
                 // the bound: half a line would have the next glued to it.
@@ -245,6 +248,8 @@ fn send_now(kind: Kind, line: &[u8]) -> Result<usize, Errno> {
     let stderr = io::stderr();
     loop {
         let sent = match kind {
+            // Not asked (`take` holds its lines): as if it were full.
+            Kind::Waiting => Err(Errno::EAGAIN),
             Kind::Socket => send(
                 stderr.as_raw_fd(),
                 line,
