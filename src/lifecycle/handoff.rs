@@ -27,12 +27,13 @@
 #![allow(unsafe_code)]
 
 use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{
-    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
-    SockFlag, SockType,
+    sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
 };
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -624,22 +625,26 @@ fn recv_once(fd: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<Datagram> {
 }
 
 /// Reads one datagram into `buf`: its length and the fds that came with it.
+/// rustix's receive, not nix's: with more fds than the buffer holds, the
+/// kernel installs those that fit and says `MSG_CTRUNC`, and nix then
+/// refuses to read the control messages, leaving those fds open and
+/// unowned; rustix hands each over owned, closed when dropped.
 fn recv_datagram(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Datagram {
-    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
-    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let flags = RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC;
     let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)?;
+    let msg = rustix::net::recvmsg(fd, &mut iov, &mut control, flags)
+        .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error()))?;
     let mut fds = Vec::new();
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(raw) = c {
-            // SAFETY: the kernel just installed these fds in our table
-            // for this message (with CLOEXEC set); nothing else knows them.
-            fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(passed) = message {
+            fds.extend(passed);
         }
     }
     let truncated = msg
         .flags
-        .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC);
     if msg.bytes == 0 && fds.is_empty() {
         return Err(HandoffError::Closed);
     }
@@ -906,13 +911,45 @@ mod tests {
         // Pieces are marked 0x01 (first) and 0x02 (more): see `framing`.
         send_raw(&b_fd, b"\x01{\"version\":", &[]);
         let one = std::fs::File::open("/proc/self/stat").expect("open");
-        let too_many = vec![one.as_raw_fd(); MAX_FDS + 1];
+        let too_many = vec![one.as_raw_fd(); SCM_MAX_FD];
         send_raw(&b_fd, b"\x021", &too_many);
         assert!(a.recv().await.is_err(), "the cut message is refused");
         let b = Channel::new(b_fd).expect("wrap");
         b.send(&Message::Accepting, &[]).await.expect("send");
         let next = a.recv().await.expect("the next message whole").0;
         assert_eq!(next, Message::Accepting);
+    }
+
+    /// The most fds one datagram carries (the kernel's `SCM_MAX_FD`):
+    /// more than a receive's room for `MAX_FDS`, however its buffer is
+    /// aligned.
+    const SCM_MAX_FD: usize = 253;
+
+    /// A datagram with more fds than a receive takes: the kernel installs
+    /// those that fit (and drops the rest); they are closed with the
+    /// refused datagram, not left open. Seen by a pipe's read end, which
+    /// reads its end of file only once every copy of the write end is
+    /// closed.
+    #[tokio::test]
+    async fn the_fds_of_a_datagram_cut_short_are_closed() {
+        let (a, b_fd) = Channel::pair().expect("pair");
+        let flags = nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK;
+        let (read_end, write_end) = nix::unistd::pipe2(flags).expect("pipe");
+        send_raw(&b_fd, b"\x01{}", &vec![write_end.as_raw_fd(); SCM_MAX_FD]);
+        drop(write_end);
+        assert!(a.recv().await.is_err(), "the cut datagram is refused");
+        // A moment's wait, for a copy a fork on another test's thread
+        // holds until its exec.
+        let mut byte = [0u8; 1];
+        let mut read = nix::unistd::read(&read_end, &mut byte);
+        for _ in 0..100 {
+            if read != Err(nix::errno::Errno::EAGAIN) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            read = nix::unistd::read(&read_end, &mut byte);
+        }
+        assert_eq!(read, Ok(0), "every copy of the write end is closed");
     }
 
     /// The other end closed with a message of ours unread: the kernel
