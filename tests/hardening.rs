@@ -1276,3 +1276,44 @@ async fn a_reload_then_a_stop_during_a_first_start_is_a_stop() {
         baton.log()
     );
 }
+
+/// A socket passed as systemd passes one, with names that do not match
+/// the sockets (a hand-set environment: two names for one), is ignored
+/// with a warning that says why, and closed: it stayed open in baton,
+/// unowned, listening with no one to accept what it took. baton binds
+/// its own and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_socket_whose_names_do_not_match_is_closed() {
+    use std::os::fd::AsRawFd;
+    let passed =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    passed
+        .bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind");
+    passed.listen(128).expect("listen");
+    passed.set_cloexec(false).expect("inheritable");
+    let link = |pid: &str, fd: &str| std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok();
+    let socket = link("self", &passed.as_raw_fd().to_string()).expect("the socket's inode");
+    let backend = HttpBackend::start("a").await;
+    let script = format!(
+        "export LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=web:extra; exec \"$@\" 3<&{0} {0}<&-",
+        passed.as_raw_fd()
+    );
+    let baton = Baton::spawn_under(one_worker(&backend), &[], &["bash", "-c", &script, "bash"]);
+    drop(passed);
+    baton.wait_ready().await;
+    let said = "LISTEN_FDNAMES has 2 names for the 1 sockets of LISTEN_FDS";
+    assert!(baton.log().contains(said), "{}", baton.log());
+    let pid = baton.first_pid.to_string();
+    let kept: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("baton's fds")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|fd| link(&pid, fd).as_ref() == Some(&socket))
+        .collect();
+    assert!(
+        kept.is_empty(),
+        "the passed socket is still open: fd {kept:?}"
+    );
+    let answer = client::get(baton.addr("web"), "/").await.expect("served");
+    assert_eq!(answer.status, 200);
+}

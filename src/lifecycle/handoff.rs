@@ -588,27 +588,48 @@ impl Channel {
 /// Every fd is owned before any is looked at: one that failed part-way left
 /// the rest open and unowned, listening in the `SO_REUSEPORT` group of the
 /// sockets bound in their place, with no one to accept what they took.
+/// So the names are matched to the fds only once they are owned (sd_notify's
+/// `listen_fds_with_names` fails on a count that does not match, a
+/// hand-set environment's, before it hands any fd over).
 pub fn from_systemd() -> std::io::Result<(Vec<SocketEntry>, Vec<OwnedFd>)> {
-    let passed: Vec<(OwnedFd, String)> = sd_notify::listen_fds_with_names(true)?
-        .map(|(raw, name)| {
+    let names = std::env::var("LISTEN_FDNAMES").ok();
+    std::env::remove_var("LISTEN_FDNAMES");
+    let passed: Vec<OwnedFd> = sd_notify::listen_fds()?
+        .map(|raw| {
             // SAFETY: systemd opened these fds for us (LISTEN_PID is our
             // pid, checked by sd_notify) at LISTEN_FDS_START onwards;
             // nothing else in this process owns them, and each is taken
             // exactly once here.
-            (unsafe { OwnedFd::from_raw_fd(raw) }, name)
+            unsafe { OwnedFd::from_raw_fd(raw) }
         })
         .collect();
+    if passed.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let names: Vec<String> = match names {
+        Some(names) => names.split(':').map(str::to_owned).collect(),
+        // As sd_notify (and libsystemd) name them without the variable.
+        None => vec!["unknown".to_owned(); passed.len()],
+    };
+    if names.len() != passed.len() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "LISTEN_FDNAMES has {} names for the {} sockets of LISTEN_FDS",
+                names.len(),
+                passed.len()
+            ),
+        ));
+    }
     let mut entries = Vec::new();
-    let mut fds = Vec::new();
-    for (owned, name) in passed {
-        socket2::SockRef::from(&owned).set_cloexec(true)?;
+    for (owned, name) in passed.iter().zip(names) {
+        socket2::SockRef::from(owned).set_cloexec(true)?;
         entries.push(SocketEntry {
             name,
             addr: String::new(),
         });
-        fds.push(owned);
     }
-    Ok((entries, fds))
+    Ok((entries, passed))
 }
 
 type Datagram = Result<(usize, Vec<OwnedFd>), HandoffError>;
