@@ -680,6 +680,54 @@ async fn a_backend_that_takes_no_upload_is_a_504_at_response_timeout() {
     assert!(took < Duration::from_secs(8), "504 after {took:?}");
 }
 
+/// A backend that takes no more of a request's head (it reads nothing,
+/// and the head outgrows the sockets' buffers) is answered 504 at
+/// `response_timeout`, as one that stops taking an upload is: a timeout
+/// charged to it, not a connection it closed (a 502, after the request
+/// was sent again). In a network namespace of the test's own, whose send
+/// buffers are 4 KiB, so that a 60 KiB head cannot all go up.
+#[test]
+fn a_backend_that_takes_no_request_head_is_a_504_at_response_timeout() {
+    use std::io::{Read, Write};
+    if !support::possible_or_skipped(&["unshare", "-n", "true"], "a network namespace") {
+        return;
+    }
+    let deaf: std::net::SocketAddr = "127.0.0.1:8000".parse().expect("address");
+    let spec = Spec::new()
+        .top("workers = 1")
+        .listener("web", "http", "app", "response_timeout = \"2s\"")
+        .pool("app", &[deaf]);
+    let small_buffers = "ip link set lo up && cd /proc/sys/net/ipv4 \
+                         && echo 4096 4096 4096 >tcp_wmem && echo 4096 4096 4096 >tcp_rmem \
+                         && exec \"$0\" \"$@\"";
+    let baton = Baton::spawn_under(spec, &[], &["unshare", "-n", "sh", "-c", small_buffers]);
+    let (at, pid, log) = (baton.addr("web"), baton.first_pid, baton.log_path());
+    let answer = std::thread::spawn(move || {
+        let said = || std::fs::read_to_string(&log).unwrap_or_default();
+        support::netns::enter_network_namespace_of(pid, &said);
+        let listener = std::net::TcpListener::bind(deaf).expect("the deaf backend");
+        // Accepted and held, never read.
+        let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+        support::netns::wait_listening(at, &said);
+        let mut client = std::net::TcpStream::connect(at).expect("connect");
+        let big = "x".repeat(60 * 1024);
+        let head =
+            format!("GET / HTTP/1.1\r\nHost: a\r\nX-Big: {big}\r\nConnection: close\r\n\r\n");
+        client.write_all(head.as_bytes()).expect("send");
+        client
+            .set_read_timeout(Some(support::TIMEOUT))
+            .expect("a bound");
+        let mut answer = String::new();
+        let read = client.read_to_string(&mut answer);
+        drop(held);
+        read.map(|_| answer)
+    })
+    .join()
+    .expect("the client thread")
+    .expect("an answer");
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+}
+
 /// The time an upload waits on its backend is not the client's: a body
 /// sent as fast as it can be but for a 2 ms pause every 256 KiB, held 5 s
 /// by a backend that took none of it at first, is not behind a 4 MiB/s

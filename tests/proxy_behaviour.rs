@@ -834,8 +834,8 @@ fn a_request_sent_in_two_writes_is_acknowledged_without_delay() {
     ];
     let fired = std::thread::spawn(move || {
         let said = || std::fs::read_to_string(&log).unwrap_or_default();
-        enter_network_namespace_of(pid, &said);
-        wait_listening(at, &said);
+        support::netns::enter_network_namespace_of(pid, &said);
+        support::netns::wait_listening(at, &said);
         requests.map(|writes| {
             (0..3)
                 .map(|_| {
@@ -856,35 +856,6 @@ fn a_request_sent_in_two_writes_is_acknowledged_without_delay() {
     .join()
     .expect("the client thread");
     assert_eq!(fired, [0; 4], "delayed ACKs, fewest of three tries");
-}
-
-/// Moves this thread into `pid`'s network namespace once it has one of
-/// its own (`unshare` makes it just after the process starts).
-fn enter_network_namespace_of(pid: u32, log: &dyn Fn() -> String) {
-    let ours = std::fs::read_link("/proc/self/ns/net").expect("our namespace");
-    let path = format!("/proc/{pid}/ns/net");
-    for _ in 0..500 {
-        if std::fs::read_link(&path).is_ok_and(|theirs| theirs != ours) {
-            let namespace = std::fs::File::open(&path).expect("its namespace");
-            nix::sched::setns(namespace, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!(
-        "baton never had a network namespace of its own; log:\n{}",
-        log()
-    );
-}
-
-fn wait_listening(at: std::net::SocketAddr, log: &dyn Fn() -> String) {
-    for _ in 0..500 {
-        if std::net::TcpStream::connect(at).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("baton never listened on {at}; log:\n{}", log());
 }
 
 /// ACKs the kernel sent because its delayed-ACK timer fired, in `pid`'s

@@ -11,6 +11,7 @@ pub mod dns;
 pub mod h2_raw;
 pub mod in_process;
 pub mod load;
+pub mod netns;
 pub mod proxied;
 pub mod raw;
 pub mod sandbox;

@@ -407,11 +407,13 @@ async fn attempt<S: ByteStream>(
     rewrite::request(head, &to, &mut out);
     out.put_slice(&body.framed);
     body.framed.clear();
-    if let Err(fault) = write_all(&mut up.stream, &out, proxy.response_timeout).await {
-        return Attempt::Stale(match fault {
-            WriteFault::Stalled => "the request head was not taken within response_timeout".into(),
-            WriteFault::Failed(e) => e.to_string(),
-        });
+    match write_all(&mut up.stream, &out, proxy.response_timeout).await {
+        Ok(()) => {}
+        Err(WriteFault::Failed(e)) => return Attempt::Stale(e.to_string()),
+        // Not a connection the backend closed: one that holds what it was
+        // sent and takes no more, as a backend that stops taking an upload
+        // (nginx's `proxy_send_timeout`, HAProxy's `timeout server`).
+        Err(WriteFault::Stalled) => return timed_out(proxy, backend, &request.trace.request_id),
     }
     // Sent: not held through the response (and a tunnel's hour), up to
     // 128 KiB of a head and the body's first bytes.
@@ -519,14 +521,7 @@ async fn attempt<S: ByteStream>(
             Attempt::Failed(down_failure(proxy, backend, fault, written, id))
         }
         Pumped::Up(fault) => Attempt::Failed(up_failure(proxy, backend, fault, begun)),
-        Pumped::ResponseTimeout => {
-            let err = ProxyError::Timeout {
-                backend: backend.name.clone(),
-                seconds: proxy.response_timeout.as_secs_f64(),
-            };
-            err.blame(backend, Some(&request.trace.request_id));
-            Attempt::Failed(Failure::Answer(err))
-        }
+        Pumped::ResponseTimeout => timed_out(proxy, backend, &request.trace.request_id),
         Pumped::ClientGone => {
             Attempt::Failed(Failure::Abort(Termination::ClientAborted(Phase::Head)))
         }
@@ -609,6 +604,17 @@ async fn pump<S: ByteStream>(
             }
         }
     }
+}
+
+/// A backend that had `response_timeout` and let it pass: a 504, and a
+/// timeout charged to it.
+fn timed_out(proxy: &HttpProxy, backend: &Backend, request_id: &str) -> Attempt {
+    let err = ProxyError::Timeout {
+        backend: backend.name.clone(),
+        seconds: proxy.response_timeout.as_secs_f64(),
+    };
+    err.blame(backend, Some(request_id));
+    Attempt::Failed(Failure::Answer(err))
 }
 
 fn delivered(got: Result<Delivered, DownFault>) -> Pumped {
