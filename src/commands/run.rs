@@ -13,8 +13,8 @@ use crate::lifecycle::handoff::Channel;
 use crate::lifecycle::keeper;
 use crate::lifecycle::signals::{Commands, Signals};
 
-/// How long an exiting generation waits for a stalled journal to take
-/// the log lines it holds (see `telemetry::stderr`).
+/// How long an exiting generation waits for a stalled journal (or
+/// terminal) to take the log lines it holds (see `telemetry::stderr`).
 const LOG_FLUSH_AT_EXIT: Duration = Duration::from_secs(1);
 
 pub fn run(args: RunArgs) -> Exit {
@@ -22,13 +22,20 @@ pub fn run(args: RunArgs) -> Exit {
         return keeper::keep();
     }
     crate::telemetry::init();
-    let code = run_logged(args);
-    crate::telemetry::stderr::flush(LOG_FLUSH_AT_EXIT);
-    code
+    let _flushed = crate::telemetry::stderr::FlushedAtExit(LOG_FLUSH_AT_EXIT);
+    run_logged(args)
 }
 
 fn run_logged(args: RunArgs) -> Exit {
     crate::lifecycle::fd_limit::raise();
+    // Before any fd of ours is opened: systemd's are the ones from fd 3 on,
+    // and one an environment names but did not pass would be ours.
+    // And before the runtime's threads: taking them unsets systemd's
+    // variables, and a C library's `getenv` on another thread (a DNS
+    // lookup's, a time zone's) may read the environment as it changes.
+    // (The log's writer, started if stderr was full or is a terminal,
+    // reads none.)
+    let from_systemd = Inheritance::from_systemd();
     crate::lifecycle::systemd::keep_notify_socket();
     // While the process is one thread, the kernel grows its fd table
     // without waiting for an RCU grace period (12 ms a reload, measured,
@@ -37,11 +44,6 @@ fn run_logged(args: RunArgs) -> Exit {
     // read before the runtime: it may be a FIFO, read once, and signals
     // are not handled yet.)
     fd_limit::reserve_table(fd_limit::fds_for(DEFAULT_MAX_CONNECTIONS));
-    // Also before the runtime's threads: taking them unsets systemd's
-    // variables, and a C library's `getenv` on another thread (a DNS
-    // lookup's, a time zone's) may read the environment as it changes.
-    // (The log's writer, started if stderr was full, reads none.)
-    let from_systemd = Inheritance::from_systemd();
     let rt = match super::runtime(1) {
         Ok(rt) => rt,
         Err(exit) => return exit,

@@ -9,9 +9,10 @@
 //! thread of its own writes out as the reader takes it; lines past the
 //! bound are dropped, and how many is said once the queue is written out.
 //! (HAProxy logs over a datagram socket and drops lines for the same
-//! reason.) A stderr that is a file or a terminal has no write that is
-//! sure not to wait (a terminal stopped with Ctrl-S, a hung network
-//! mount), so each of its lines is written by that thread alone.
+//! reason.) A terminal has no write that is sure not to wait (one
+//! stopped with Ctrl-S, one whose reader fell behind: an ssh session on a
+//! slow link), so each of its lines is written by that thread alone. A
+//! file is written at once, as nginx writes its error log.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -22,8 +23,8 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::socket::{send, MsgFlags};
 
-/// Bytes of lines held for a stalled journal, at most: some thousands of
-/// lines, minutes of a generation's usual logging.
+/// Bytes of lines held for a stalled journal (or terminal), at most: some
+/// thousands of lines, minutes of a generation's usual logging.
 const QUEUE_BYTES: usize = 1 << 20;
 
 /// The log's writer for `tracing_subscriber::fmt`, which writes each
@@ -54,8 +55,8 @@ impl Write for Line {
 }
 
 /// Waits, for `within` at most, until the lines held (for a stalled
-/// journal, or any line for a file or a terminal) are written out: a
-/// generation's last lines say why it exits.
+/// journal, or a terminal's) are written out: a generation's last lines
+/// say why it exits.
 pub fn flush(within: Duration) {
     let outlet = outlet();
     let deadline = Instant::now() + within;
@@ -70,6 +71,16 @@ pub fn flush(within: Duration) {
             .wait_timeout(held, left)
             .unwrap_or_else(PoisonError::into_inner)
             .0;
+    }
+}
+
+/// Flushes the held lines (`flush`) when dropped: at a return, and at
+/// a panic that unwinds past it.
+pub struct FlushedAtExit(pub Duration);
+
+impl Drop for FlushedAtExit {
+    fn drop(&mut self) {
+        flush(self.0);
     }
 }
 
@@ -97,20 +108,24 @@ enum Kind {
     Socket,
     /// Written at once without waiting (`RWF_NOWAIT`).
     Pipe,
-    /// A file, a terminal, anything else: every line goes through the
-    /// queue's thread, the only one that may wait on it.
-    Waiting,
+    /// Every line goes through the queue's thread, the only one that
+    /// waits on it.
+    Terminal,
+    /// A file, `/dev/null`: written at once, waiting as a plain write
+    /// does (a local disk takes a line without a wait worth a thread).
+    Plain,
 }
 
 fn stderr_kind() -> Kind {
     use nix::sys::stat::SFlag;
     let Ok(stat) = nix::sys::stat::fstat(io::stderr()) else {
-        return Kind::Waiting;
+        return Kind::Plain;
     };
     match SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT {
         SFlag::S_IFSOCK => Kind::Socket,
         SFlag::S_IFIFO => Kind::Pipe,
-        _ => Kind::Waiting,
+        _ if std::io::IsTerminal::is_terminal(&io::stderr()) => Kind::Terminal,
+        _ => Kind::Plain,
     }
 }
 
@@ -120,11 +135,15 @@ impl Outlet {
     }
 
     fn take(&'static self, line: &[u8]) {
+        if self.kind == Kind::Plain {
+            let _ = io::stderr().write_all(line);
+            return;
+        }
         let mut held = self.held();
         if held.broken {
             return;
         }
-        if held.idle() && self.kind != Kind::Waiting {
+        if held.idle() && self.kind != Kind::Terminal {
             match send_now(self.kind, line) {
                 Ok(sent) if sent == line.len() => return,
                 // The rest of the line waits, ahead of any other, whatever
@@ -148,6 +167,17 @@ impl Outlet {
                 .spawn(move || self.write_out())
                 .is_ok();
         }
+        if !held.writer_started {
+            // No thread to write them (a limit on threads): written here,
+            // waiting as a plain write does, rather than held for good.
+            while let Some(line) = held.lines.pop_front() {
+                held.bytes -= line.len();
+                if write_whole(&line) == Written::Gone {
+                    held.break_off();
+                }
+            }
+            return;
+        }
         self.changed.notify_all();
     }
 
@@ -157,7 +187,7 @@ impl Outlet {
         let mut held = self.held();
         loop {
             let Some(line) = held.lines.pop_front() else {
-                let dropped = std::mem::take(&mut held.dropped);
+                let dropped = held.dropped_to_say();
                 if dropped > 0 {
                     // Said through the queue (not idle while it is said),
                     // so an exit's flush waits for it too.
@@ -165,7 +195,7 @@ impl Outlet {
                     drop(held);
                     tracing::warn!(
                         dropped,
-                        "log lines dropped: stderr (the journal) took none for a while"
+                        "log lines dropped: stderr (the journal, the terminal) took none for a while"
                     );
                     held = self.held();
                     held.writing = false;
@@ -182,17 +212,17 @@ impl Outlet {
             held.writing = true;
             drop(held);
             let written = write_whole(&line);
-            if written == Written::Failed {
-                // A shortage that may pass (ENOBUFS, ENOMEM): the line is
-                // lost, and the next try waits a moment, so that a
-                // shortage that lasts is no spin.
+            if written == Written::Short {
+                // The line is lost, and the next try waits a moment, so
+                // that a shortage that lasts is no spin.
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
             held = self.held();
             held.writing = false;
+            held.last_whole = written == Written::Whole;
             match written {
                 Written::Whole => {}
-                Written::Failed => held.dropped += 1,
+                Written::Failed | Written::Short => held.dropped += 1,
                 // Nobody reads stderr any more: every line after would
                 // fail too, the count's own line among them.
                 Written::Gone => held.break_off(),
@@ -206,9 +236,12 @@ impl Outlet {
 #[derive(Debug, PartialEq)]
 enum Written {
     Whole,
-    /// Lost to an error that may pass.
+    /// Lost to an error that may pass (a full disk).
     Failed,
-    /// stderr's reader is gone.
+    /// Lost to a shortage of memory that may pass (ENOBUFS, ENOMEM).
+    Short,
+    /// stderr's reader is gone (a closed pipe or socket, a hung-up
+    /// terminal: EIO).
     Gone,
 }
 
@@ -232,9 +265,12 @@ fn write_whole(mut line: &[u8]) -> Written {
                 if matches!(
                     err.kind(),
                     io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                ) =>
+                ) || err.raw_os_error() == Some(libc::EIO) =>
             {
                 return Written::Gone
+            }
+            Err(err) if matches!(err.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM)) => {
+                return Written::Short
             }
             Err(_) => return Written::Failed,
         }
@@ -248,8 +284,8 @@ fn send_now(kind: Kind, line: &[u8]) -> Result<usize, Errno> {
     let stderr = io::stderr();
     loop {
         let sent = match kind {
-            // Not asked (`take` holds its lines): as if it were full.
-            Kind::Waiting => Err(Errno::EAGAIN),
+            // Not asked (`take` holds their lines): as if it were full.
+            Kind::Terminal | Kind::Plain => Err(Errno::EAGAIN),
             Kind::Socket => send(
                 stderr.as_raw_fd(),
                 line,
@@ -282,6 +318,8 @@ struct Held {
     writer_started: bool,
     /// stderr failed for good (its reader gone): lines go nowhere.
     broken: bool,
+    /// The last line written out went whole.
+    last_whole: bool,
 }
 
 impl Held {
@@ -296,6 +334,16 @@ impl Held {
         self.lines.clear();
         self.bytes = 0;
         self.dropped = 0;
+    }
+
+    /// How many lines were dropped, to be said now: once a line went out
+    /// whole (a count that cannot be written either, as on a full disk,
+    /// would only count itself, over and over).
+    fn dropped_to_say(&mut self) -> u64 {
+        match self.last_whole {
+            true => std::mem::take(&mut self.dropped),
+            false => 0,
+        }
     }
 
     /// Holds `line`, or drops it past the bound.
@@ -344,6 +392,19 @@ mod tests {
         held.dropped = 3;
         held.break_off();
         assert!(held.idle() && held.broken && held.dropped == 0 && held.bytes == 0);
+    }
+
+    #[test]
+    fn dropped_lines_are_counted_aloud_only_after_a_whole_write() {
+        let mut held = Held {
+            dropped: 2,
+            ..Held::default()
+        };
+        assert_eq!(held.dropped_to_say(), 0, "the last write failed");
+        assert_eq!(held.dropped, 2, "kept for later");
+        held.last_whole = true;
+        assert_eq!(held.dropped_to_say(), 2);
+        assert_eq!(held.dropped_to_say(), 0, "said once");
     }
 
     #[test]
