@@ -1284,25 +1284,45 @@ async fn a_reload_then_a_stop_during_a_first_start_is_a_stop() {
 /// its own and serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_passed_socket_whose_names_do_not_match_is_closed() {
-    use std::os::fd::AsRawFd;
-    let passed =
-        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
-    passed
-        .bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
-        .expect("bind");
-    passed.listen(128).expect("listen");
-    passed.set_cloexec(false).expect("inheritable");
+    a_wrongly_passed_socket_is_closed(
+        "LISTEN_FDS=1 LISTEN_FDNAMES=web:extra",
+        "LISTEN_FDNAMES has 2 names for the 1 sockets of LISTEN_FDS",
+    )
+    .await;
+}
+
+/// The same where `LISTEN_FDS` counts more sockets than were passed: the
+/// one passed is closed, and the warning names the fd missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_socket_counted_with_others_not_passed_is_closed() {
+    a_wrongly_passed_socket_is_closed(
+        "LISTEN_FDS=2 LISTEN_FDNAMES=web:extra",
+        "LISTEN_FDS passes 2 sockets from fd 3, but fd 4 is not open",
+    )
+    .await;
+}
+
+/// Passes baton a listening socket at fd 3 (and nothing at fd 4) with
+/// `LISTEN_PID` its own and `variables`, and asserts the warning `said`,
+/// the socket closed in baton, and the config's listener serving.
+async fn a_wrongly_passed_socket_is_closed(variables: &str, said: &str) {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let passed = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
     let link = |pid: &str, fd: &str| std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok();
     let socket = link("self", &passed.as_raw_fd().to_string()).expect("the socket's inode");
+    // Inheritable, and above 3 (`3<&3 3<&-` would close it).
+    let inherited = nix::fcntl::fcntl(&passed, nix::fcntl::FcntlArg::F_DUPFD(10)).expect("dup");
+    // SAFETY: just made by F_DUPFD, owned only here.
+    let inherited = unsafe { std::os::fd::OwnedFd::from_raw_fd(inherited) };
+    drop(passed);
     let backend = HttpBackend::start("a").await;
     let script = format!(
-        "export LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=web:extra; exec \"$@\" 3<&{0} {0}<&-",
-        passed.as_raw_fd()
+        "export LISTEN_PID=$$ {variables}; exec \"$@\" 3<&{0} {0}<&- 4<&-",
+        inherited.as_raw_fd()
     );
     let baton = Baton::spawn_under(one_worker(&backend), &[], &["bash", "-c", &script, "bash"]);
-    drop(passed);
+    drop(inherited);
     baton.wait_ready().await;
-    let said = "LISTEN_FDNAMES has 2 names for the 1 sockets of LISTEN_FDS";
     assert!(baton.log().contains(said), "{}", baton.log());
     let pid = baton.first_pid.to_string();
     let kept: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -1310,10 +1330,7 @@ async fn a_passed_socket_whose_names_do_not_match_is_closed() {
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|fd| link(&pid, fd).as_ref() == Some(&socket))
         .collect();
-    assert!(
-        kept.is_empty(),
-        "the passed socket is still open: fd {kept:?}"
-    );
+    assert!(kept.is_empty(), "the passed socket is still open: fd {kept:?}");
     let answer = client::get(baton.addr("web"), "/").await.expect("served");
     assert_eq!(answer.status, 200);
 }

@@ -588,38 +588,26 @@ impl Channel {
 /// Every fd is owned before any is looked at: one that failed part-way left
 /// the rest open and unowned, listening in the `SO_REUSEPORT` group of the
 /// sockets bound in their place, with no one to accept what they took.
-/// So the names are matched to the fds only once they are owned (sd_notify's
-/// `listen_fds_with_names` fails on a count that does not match, a
-/// hand-set environment's, before it hands any fd over).
+/// So the names are matched to the fds only once they are owned: a count
+/// that does not match (a hand-set environment's) closes them.
 pub fn from_systemd() -> std::io::Result<(Vec<SocketEntry>, Vec<OwnedFd>)> {
     let names = std::env::var("LISTEN_FDNAMES").ok();
     std::env::remove_var("LISTEN_FDNAMES");
-    let passed: Vec<OwnedFd> = sd_notify::listen_fds()?
-        .map(|raw| {
-            // SAFETY: systemd opened these fds for us (LISTEN_PID is our
-            // pid, checked by sd_notify) at LISTEN_FDS_START onwards;
-            // nothing else in this process owns them, and each is taken
-            // exactly once here.
-            unsafe { OwnedFd::from_raw_fd(raw) }
-        })
-        .collect();
+    let passed = listen_fds()?;
     if passed.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }
     let names: Vec<String> = match names {
         Some(names) => names.split(':').map(str::to_owned).collect(),
-        // As sd_notify (and libsystemd) name them without the variable.
+        // As libsystemd names them without the variable.
         None => vec!["unknown".to_owned(); passed.len()],
     };
     if names.len() != passed.len() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!(
-                "LISTEN_FDNAMES has {} names for the {} sockets of LISTEN_FDS",
-                names.len(),
-                passed.len()
-            ),
-        ));
+        return Err(invalid_passing(format!(
+            "LISTEN_FDNAMES has {} names for the {} sockets of LISTEN_FDS",
+            names.len(),
+            passed.len()
+        )));
     }
     let mut entries = Vec::new();
     for (owned, name) in passed.iter().zip(names) {
@@ -663,9 +651,10 @@ fn recv_datagram(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Datagram {
             fds.extend(passed);
         }
     }
-    let truncated = msg
-        .flags
-        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC);
+    // The buffer has room to align itself, so up to two more fit; more than
+    // a sender puts in one datagram is cut off all the same.
+    let truncated =
+        msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) || fds.len() > MAX_FDS;
     if msg.bytes == 0 && fds.is_empty() {
         return Err(HandoffError::Closed);
     }
@@ -675,6 +664,49 @@ fn recv_datagram(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Datagram {
         )));
     }
     Ok((msg.bytes, fds))
+}
+
+/// The fds systemd passed, each owned: `LISTEN_FDS` of them from fd 3,
+/// where `LISTEN_PID` is ours (libsystemd's `sd_listen_fds`). Read by
+/// hand: sd_notify's `listen_fds` fails at an fd the count names that is
+/// not open (a hand-set environment's) with those before it unowned. Here
+/// they are owned, so closed, and the error names the fd.
+fn listen_fds() -> std::io::Result<Vec<OwnedFd>> {
+    /// `SD_LISTEN_FDS_START`.
+    const FIRST: RawFd = 3;
+    let pid = std::env::var("LISTEN_PID").ok();
+    let count = std::env::var("LISTEN_FDS").ok();
+    std::env::remove_var("LISTEN_PID");
+    std::env::remove_var("LISTEN_FDS");
+    let (Some(pid), Some(count)) = (pid, count) else {
+        return Ok(Vec::new());
+    };
+    match pid.parse::<u32>() {
+        Ok(pid) if pid == std::process::id() => {}
+        Ok(_) => return Ok(Vec::new()),
+        Err(_) => return Err(invalid_passing(format!("LISTEN_PID={pid:?} is not a pid"))),
+    }
+    let Ok(count) = count.parse::<RawFd>() else {
+        return Err(invalid_passing(format!("LISTEN_FDS={count:?} is not a count")));
+    };
+    let mut passed = Vec::new();
+    for raw in FIRST..FIRST.saturating_add(count) {
+        // SAFETY: F_GETFD only reads the fd's flags; one not open is EBADF.
+        if unsafe { libc::fcntl(raw, libc::F_GETFD) } == -1 {
+            return Err(invalid_passing(format!(
+                "LISTEN_FDS passes {count} sockets from fd {FIRST}, but fd {raw} is not open"
+            )));
+        }
+        // SAFETY: open, and passed to us by systemd (LISTEN_PID is our
+        // pid) with nothing of ours opened yet (`from_systemd` is first);
+        // nothing else in this process owns it, and it is taken once here.
+        passed.push(unsafe { OwnedFd::from_raw_fd(raw) });
+    }
+    Ok(passed)
+}
+
+fn invalid_passing(what: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, what)
 }
 
 /// A part of the offer that only saves work (ticket keys, the last DNS
@@ -932,7 +964,7 @@ mod tests {
         // Pieces are marked 0x01 (first) and 0x02 (more): see `framing`.
         send_raw(&b_fd, b"\x01{\"version\":", &[]);
         let one = std::fs::File::open("/proc/self/stat").expect("open");
-        let too_many = vec![one.as_raw_fd(); SCM_MAX_FD];
+        let too_many = vec![one.as_raw_fd(); MAX_FDS + 1];
         send_raw(&b_fd, b"\x021", &too_many);
         assert!(a.recv().await.is_err(), "the cut message is refused");
         let b = Channel::new(b_fd).expect("wrap");
@@ -940,11 +972,6 @@ mod tests {
         let next = a.recv().await.expect("the next message whole").0;
         assert_eq!(next, Message::Accepting);
     }
-
-    /// The most fds one datagram carries (the kernel's `SCM_MAX_FD`):
-    /// more than a receive's room for `MAX_FDS`, however its buffer is
-    /// aligned.
-    const SCM_MAX_FD: usize = 253;
 
     /// A datagram with more fds than a receive takes: the kernel installs
     /// those that fit (and drops the rest); they are closed with the
@@ -956,7 +983,9 @@ mod tests {
         let (a, b_fd) = Channel::pair().expect("pair");
         let flags = nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK;
         let (read_end, write_end) = nix::unistd::pipe2(flags).expect("pipe");
-        send_raw(&b_fd, b"\x01{}", &vec![write_end.as_raw_fd(); SCM_MAX_FD]);
+        // The kernel's most (`SCM_MAX_FD`): past the receive's room, so
+        // the kernel itself cuts the list.
+        send_raw(&b_fd, b"\x01{}", &vec![write_end.as_raw_fd(); 253]);
         drop(write_end);
         assert!(a.recv().await.is_err(), "the cut datagram is refused");
         // A moment's wait, for a copy a fork on another test's thread
