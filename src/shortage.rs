@@ -9,8 +9,59 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use nix::errno::Errno;
+
+/// An fd held in reserve for a door that must open with the fd table
+/// full (clients and backends holding every fd): the admin surface, whose
+/// `/healthz` went unanswered (an orchestrator whose liveness probe fails
+/// restarts the process, every connection lost), and the control socket
+/// (`baton reload` was refused). Its place is given up for an accept that
+/// found no room, and taken again when a connection on that door ends.
+/// One per door: each accept loop owns its own.
+pub struct SpareFd(Mutex<Option<std::fs::File>>);
+
+impl SpareFd {
+    /// One, held if there is room now.
+    pub fn new() -> Arc<SpareFd> {
+        let spare = Arc::new(SpareFd(Mutex::new(None)));
+        spare.refill();
+        spare
+    }
+
+    /// Gives the place up, for the next accept: whether one was held.
+    pub fn give_up(&self) -> bool {
+        self.held().take().is_some()
+    }
+
+    /// Holds a place again, if none is held and there is room.
+    pub fn refill(&self) {
+        let mut held = self.held();
+        if held.is_none() {
+            *held = std::fs::File::open("/dev/null").ok();
+        }
+    }
+
+    /// Refills it when dropped: held by a connection's task, declared
+    /// before the connection, so the connection's fd is closed first.
+    pub fn refilled_at_end(self: &Arc<Self>) -> Refill {
+        Refill(Arc::clone(self))
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<std::fs::File>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// See [`SpareFd::refilled_at_end`].
+pub struct Refill(Arc<SpareFd>);
+
+impl Drop for Refill {
+    fn drop(&mut self) {
+        self.0.refill();
+    }
+}
 
 /// Whether `err` says baton ran short, rather than that the peer failed.
 pub fn is_own(err: &io::Error) -> bool {
@@ -50,6 +101,15 @@ pub fn no_local_port(err: &io::Error, to: SocketAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spare_given_up_is_held_again_once_refilled() {
+        let spare = SpareFd::new();
+        assert!(spare.give_up(), "held from the start");
+        assert!(!spare.give_up(), "given up once");
+        drop(spare.refilled_at_end());
+        assert!(spare.give_up(), "held again");
+    }
 
     #[test]
     fn no_port_left_is_ours_toward_ipv4_alone() {

@@ -1330,7 +1330,56 @@ async fn a_wrongly_passed_socket_is_closed(variables: &str, said: &str) {
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|fd| link(&pid, fd).as_ref() == Some(&socket))
         .collect();
-    assert!(kept.is_empty(), "the passed socket is still open: fd {kept:?}");
+    assert!(
+        kept.is_empty(),
+        "the passed socket is still open: fd {kept:?}"
+    );
     let answer = client::get(baton.addr("web"), "/").await.expect("served");
     assert_eq!(answer.status, 200);
+}
+
+/// With its fd table full (clients holding every fd it may open), baton
+/// still answers `/healthz`, probe after probe: an fd held in reserve
+/// takes each (an orchestrator whose liveness probe goes unanswered
+/// restarts the process, every connection lost). And `baton reload` is
+/// answered, with why it failed, not left waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_fd_table_still_answers_liveness_probes_and_reloads() {
+    let backend = HttpBackend::start("a").await;
+    // Clients that send nothing keep their fds for the test's length.
+    let spec = Spec::new()
+        .top("workers = 1")
+        .listener("web", "http", "app", "header_timeout = \"60s\"")
+        .pool("app", &[backend.addr]);
+    let baton = Baton::spawn_under(spec, &[], &["prlimit", "--nofile=128"]);
+    baton.wait_ready().await;
+    let web = baton.addr("web");
+    let mut held = Vec::new();
+    for _ in 0..160 {
+        held.push(tokio::net::TcpStream::connect(web).await.expect("connect"));
+    }
+    support::eventually("baton's fd table full", || async {
+        baton.log().contains("accept failed; backing off")
+    })
+    .await;
+    // First, while the admin surface holds its spare and no fd comes
+    // free: the control socket's own spare takes it.
+    let reload = tokio::time::timeout(Duration::from_secs(5), baton.reload())
+        .await
+        .expect("the reload answered at once");
+    assert_ne!(reload.code, 0, "no fds for a new generation: {reload:?}");
+    assert!(
+        reload.stderr.to_lowercase().contains("too many open files"),
+        "{reload:?}"
+    );
+    for probe in 0..3 {
+        let answer =
+            tokio::time::timeout(Duration::from_secs(5), client::get(baton.admin, "/healthz"))
+                .await;
+        assert!(
+            answer.is_ok_and(|a| a.is_ok_and(|a| a.status == 200)),
+            "probe {probe} unanswered"
+        );
+    }
+    drop(held);
 }

@@ -28,6 +28,7 @@ use crate::backend::Pool;
 use crate::config::{AdminConfig, Protocol};
 use crate::connection::ListenerStats;
 use crate::lifecycle::{control, Phase};
+use crate::shortage::{self, Refill, SpareFd};
 use crate::telemetry::{accept_failed, Throttle};
 
 /// This generation, as `/status` reports it.
@@ -190,10 +191,11 @@ impl Accepted {
         state: Arc<AdminShared>,
         place: Option<places::Place>,
         stop: CancellationToken,
+        refill: Refill,
     ) {
         match self {
-            Accepted::Tcp(stream) => answer(stream, state, place, stop),
-            Accepted::Unix(stream) => answer(stream, state, place, stop),
+            Accepted::Tcp(stream) => answer(stream, state, place, stop, refill),
+            Accepted::Unix(stream) => answer(stream, state, place, stop, refill),
         }
     }
 }
@@ -236,6 +238,7 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
     let places = places::Places::new();
     let refusing = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
     let accept_errors = Throttle::new();
+    let spare = SpareFd::new();
     loop {
         let stream = tokio::select! {
             // Once stopped, not one more connection is taken from a free
@@ -244,8 +247,11 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(stream) => stream,
+                // The spare's place takes it (`/healthz` answers).
+                Err(err) if shortage::fd_table_full(&err) && spare.give_up() => continue,
                 Err(err) => {
                     accept_failed(&err, &accept_errors, "admin accept failed; backing off");
+                    spare.refill();
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }
@@ -259,7 +265,12 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
             () = stop.cancelled() => None,
             place = places.take(&stop) => place,
         };
-        stream.answer(Arc::clone(&state), place, stop.clone());
+        stream.answer(
+            Arc::clone(&state),
+            place,
+            stop.clone(),
+            spare.refilled_at_end(),
+        );
     }
     // What was queued before the stop is answered, once, not reset by the
     // close.
@@ -267,7 +278,12 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
         tokio::time::timeout(std::time::Duration::ZERO, listener.accept()).await
     {
         if let Some(stream) = stream.admitted(&refusing) {
-            stream.answer(Arc::clone(&state), None, stop.clone());
+            stream.answer(
+                Arc::clone(&state),
+                None,
+                stop.clone(),
+                spare.refilled_at_end(),
+            );
         }
     }
 }
@@ -281,17 +297,21 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
 /// a connection that has not sent its first request yet is answered once,
 /// with `Connection: close`. One that has sent nothing when a newcomer
 /// needs its place is closed; one on a request gets
-/// [`places::LEAVING_GRACE`] to finish it, then is cut.
+/// [`places::LEAVING_GRACE`] to finish it, then is cut. `refill` is
+/// dropped once the connection is closed.
 fn answer<S>(
     stream: S,
     state: Arc<AdminShared>,
     place: Option<places::Place>,
     stop: CancellationToken,
+    refill: Refill,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let answering = state.answering.clone();
     answering.spawn(async move {
+        // First in, so dropped last: after the connection's fd closed.
+        let _refill = refill;
         let ending = place
             .as_ref()
             .map_or_else(|| stop.clone(), |p| p.ending.clone());
@@ -436,7 +456,13 @@ mod tests {
         let stop = CancellationToken::new();
         let place = places.take(&stop).await.expect("a place");
         let ending = place.ending.clone();
-        answer(ours, shared(), Some(place), stop);
+        answer(
+            ours,
+            shared(),
+            Some(place),
+            stop,
+            SpareFd::new().refilled_at_end(),
+        );
         let request = b"GET /status HTTP/1.1\r\nhost: admin\r\n\r\n";
         theirs.write_all(request).await.expect("request");
         // Its answer fills the 64 bytes the pipe holds, and waits.

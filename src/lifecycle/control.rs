@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::exit::Exit;
+use crate::shortage::{self, SpareFd};
 use crate::telemetry::{accept_failed, Throttle};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -133,6 +134,7 @@ pub async fn serve(
     tasks: tokio_util::task::TaskTracker,
 ) {
     let accept_errors = Throttle::new();
+    let spare = SpareFd::new();
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => return,
@@ -141,14 +143,21 @@ pub async fn serve(
         match accepted {
             Ok((stream, _)) => {
                 let requests = requests.clone();
+                let refill = spare.refilled_at_end();
                 tasks.spawn(async move {
+                    // Dropped after `handle`, which closes the stream.
+                    let _refill = refill;
                     if let Err(err) = handle(stream, requests).await {
                         tracing::info!(cause = %err, "control request rejected");
                     }
                 });
             }
+            // The spare's place takes it: `baton reload` is answered (a
+            // reload with no fds to be had says why it failed).
+            Err(err) if shortage::fd_table_full(&err) && spare.give_up() => {}
             Err(err) => {
                 accept_failed(&err, &accept_errors, "control accept failed; backing off");
+                spare.refill();
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }

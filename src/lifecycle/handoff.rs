@@ -653,8 +653,10 @@ fn recv_datagram(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Datagram {
     }
     // The buffer has room to align itself, so up to two more fit; more than
     // a sender puts in one datagram is cut off all the same.
-    let truncated =
-        msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) || fds.len() > MAX_FDS;
+    let truncated = msg
+        .flags
+        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC)
+        || fds.len() > MAX_FDS;
     if msg.bytes == 0 && fds.is_empty() {
         return Err(HandoffError::Closed);
     }
@@ -687,7 +689,9 @@ fn listen_fds() -> std::io::Result<Vec<OwnedFd>> {
         Err(_) => return Err(invalid_passing(format!("LISTEN_PID={pid:?} is not a pid"))),
     }
     let Ok(count) = count.parse::<RawFd>() else {
-        return Err(invalid_passing(format!("LISTEN_FDS={count:?} is not a count")));
+        return Err(invalid_passing(format!(
+            "LISTEN_FDS={count:?} is not a count"
+        )));
     };
     let mut passed = Vec::new();
     for raw in FIRST..FIRST.saturating_add(count) {
