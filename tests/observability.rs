@@ -1315,3 +1315,29 @@ async fn tcp_bytes_count_while_the_session_lasts() {
         .await;
     }
 }
+
+/// A scrape makes no thread: `/metrics` is rendered on a thread made as
+/// the admin starts. Rendered on tokio's blocking pool, a scrape made one
+/// once the pool's last had idled out, and where none could be made (a
+/// pid or thread limit reached) the scrape panicked with its render left
+/// queued, holding the turn: every later scrape waited for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_makes_no_thread() {
+    let backend = HttpBackend::start("a").await;
+    let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
+    let baton = Baton::start(spec).await;
+    let threads = || {
+        let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", baton.first_pid))
+            .expect("baton's threads")
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .collect();
+        names.sort();
+        names
+    };
+    let before = threads();
+    for _ in 0..3 {
+        let scrape = client::get(baton.admin, "/metrics").await.expect("scrape");
+        assert_eq!(scrape.status, 200);
+    }
+    assert_eq!(threads(), before);
+}

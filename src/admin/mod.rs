@@ -8,7 +8,10 @@ pub mod client;
 mod generations;
 mod places;
 mod port_holder;
+mod render;
 mod routes;
+
+pub use render::Renderer;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,9 +91,8 @@ pub struct AdminShared {
     /// taking, so a post lands wholly before the states are taken, or is
     /// refused.
     pub handed_over: std::sync::Mutex<bool>,
-    /// The one turn to render `/metrics`, held by the render itself (see
-    /// `routes::metrics`).
-    pub rendering: Arc<tokio::sync::Mutex<()>>,
+    /// The thread that renders `/metrics`, one scrape at a time.
+    pub rendering: render::Renderer,
     /// Every admin connection's task: a stop waits for them (briefly) once
     /// the admin closed, so that what was queued at the close is answered,
     /// not reset by the exit.
@@ -393,32 +395,10 @@ mod tests {
             configured: Default::default(),
             draining_shown: Default::default(),
             handed_over: std::sync::Mutex::new(false),
-            rendering: Arc::default(),
+            rendering: render::Renderer::start().expect("the render thread"),
             answering: TaskTracker::new(),
             stuck_workers: Arc::default(),
         })
-    }
-
-    /// `/metrics` renders one at a time: while the turn is held, a
-    /// scrape waits; once it is given back, the scrape is answered.
-    #[tokio::test]
-    async fn metrics_render_one_at_a_time() {
-        let state = shared();
-        let scrape = || http::Request::get("/metrics").body(()).expect("request");
-        let held = Arc::clone(&state.rendering).lock_owned().await;
-        let waited = tokio::time::timeout(
-            Duration::from_millis(100),
-            routes::respond(&state, scrape()),
-        )
-        .await;
-        assert!(waited.is_err(), "a scrape waits for the turn");
-        drop(held);
-        let answered =
-            tokio::time::timeout(Duration::from_secs(5), routes::respond(&state, scrape())).await;
-        assert_eq!(
-            answered.expect("answered once the turn is free").status(),
-            200
-        );
     }
 
     /// A series the older generation reported once and then no more (a

@@ -275,31 +275,13 @@ fn status(state: &AdminShared) -> Reply {
     )
 }
 
-/// Rendered on a blocking thread, one render at a time: a large config's
-/// exposition takes milliseconds to render and merge, and the admin shares
-/// the supervisor's one worker thread with the health checks, the watchdog
-/// and the handoff, so scrapes in a loop (a misconfigured scraper, or any
-/// local user) held checks past their timeout until healthy backends were
-/// marked down. Scrapes that come together wait their turn: the CPU they
-/// take is one render's at a time.
+/// Rendered on the admin's render thread, one at a time (`render`).
 async fn metrics(state: &Arc<AdminShared>) -> Reply {
-    // Owned by the render: a client gone while it runs (its request's
-    // future dropped) frees no turn for another render alongside.
-    let turn = Arc::clone(&state.rendering).lock_owned().await;
-    let shared = Arc::clone(state);
-    let render = move || {
-        let text = shared.render_metrics();
-        drop(turn);
-        text
-    };
-    let text = match tokio::task::spawn_blocking(render).await {
-        Ok(text) => text,
-        Err(err) => {
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the metrics could not be rendered: {err}"),
-            )
-        }
+    let Some(text) = state.rendering.render(Arc::clone(state)).await else {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the metrics could not be rendered: the render thread is gone".into(),
+        );
     };
     let mut reply = Response::new(Full::new(Bytes::from(text)));
     reply.headers_mut().insert(

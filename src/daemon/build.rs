@@ -3,7 +3,7 @@
 //! first health round (which a stop signal cuts short on a first start).
 
 use super::*;
-use crate::admin::AdminListener;
+use crate::admin::{AdminListener, Renderer};
 use crate::config::AdminListen;
 use crate::lifecycle::endpoint::{self, Endpoint, ListenError};
 use crate::lifecycle::handoff::CarriedAdmin;
@@ -354,7 +354,12 @@ fn open_admin(
         configured: configured(config),
         draining_shown: Default::default(),
         handed_over: Default::default(),
-        rendering: Arc::default(),
+        rendering: Renderer::start().map_err(|err| {
+            admin_err(std::io::Error::new(
+                err.kind(),
+                format!("cannot start the thread that renders /metrics: {err}"),
+            ))
+        })?,
         answering: Default::default(),
         stuck_workers: Arc::default(),
     });
