@@ -13,12 +13,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::future::{FusedFuture, FutureExt};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::body::{BodyError, ProxyBody};
+use super::h1::io::{read_lent, relay, release_if_empty};
 use super::idle::{Activity, Observed};
 use super::side::{side_of, Side, Sided};
 use crate::lifecycle::drain::DrainWatch;
@@ -215,7 +216,7 @@ where
     tokio::pin!(ending);
     let end = {
         let up = async {
-            if let Err(err) = tokio::io::copy(&mut client_read, &mut backend_write).await {
+            if let Err(err) = relay(&mut client_read, &mut backend_write).await {
                 return Err(side_of(&err).unwrap_or(Side::Client));
             }
             let _ = backend_write.shutdown().await;
@@ -358,13 +359,15 @@ where
 {
     let websocket = frames.is_some();
     let mut tracker = frames.unwrap_or_default();
-    let mut buf = vec![0u8; 16 * 1024];
+    // Lent while bytes are on their way (`read_lent`): an idle stream holds
+    // no buffer.
+    let mut buf = BytesMut::new();
     // Set when the drain asks: the stream ends by then.
     let mut deadline: Option<tokio::time::Instant> = None;
     let linger = || Some(tokio::time::Instant::now() + LINGER);
     loop {
         let read = tokio::select! {
-            read = backend.read(&mut buf) => read,
+            read = read_lent(backend, &mut buf) => read,
             () = ending.as_mut(), if deadline.is_none() => {
                 if !websocket || tracker.at_boundary() {
                     return DownEnd::Drain;
@@ -405,6 +408,8 @@ where
             }
         }
         tracker.feed(&buf[..n]);
+        buf.clear();
+        release_if_empty(&mut buf);
         if deadline.is_some() && (!websocket || tracker.at_boundary()) {
             return DownEnd::Drain;
         }

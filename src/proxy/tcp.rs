@@ -11,8 +11,8 @@
 //! No traffic either way for `tunnel_timeout` closes both sides (for
 //! `idle_timeout` once one side has closed its half), and TCP keep-alive
 //! on both sockets finds a peer that vanished sooner. A TLS
-//! client's bytes are copied through its session instead, with a buffer
-//! each way for the connection's life (a TLS session holds its own too).
+//! client's bytes are copied through its session instead, each way with a
+//! buffer lent while bytes are on their way (a TLS session holds its own).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +32,7 @@ use crate::backend::stream::BackendStream;
 use crate::backend::Backend;
 use crate::backend::{Lease, Pool};
 use crate::metrics::{self, UpstreamErrorKind};
-use crate::proxy::h1::io::{read_now, release_if_empty, Counting, Tally};
+use crate::proxy::h1::io::{read_now, relay, release_if_empty, Counting, Tally};
 use crate::proxy::request_id::RequestId;
 use crate::proxy::ProxyError;
 use crate::proxy_protocol::{send::Speaker, Origin};
@@ -433,7 +433,8 @@ async fn reset_or(client: &TcpStream, down_ended: &Notify) -> std::io::Result<()
 }
 
 /// Copies both ways when either side is a TLS session, as
-/// `copy_both_ways` does, with a buffer each way.
+/// `copy_both_ways` does, each way a `relay` (a buffer lent while bytes
+/// are on their way; the sessions hold buffers of their own).
 async fn copy_through<S: ByteStream, B: ByteStream>(
     client: &mut S,
     backend: &mut B,
@@ -468,34 +469,6 @@ async fn copy_through<S: ByteStream, B: ByteStream>(
         &up_failed,
     )
     .await
-}
-
-/// A TLS tunnel's buffer each way.
-const RELAY_BUFFER: usize = 8 << 10;
-
-/// Copies `from` to `to` until `from` ends, as `one_way` does: a chunk
-/// read, then written and flushed whole before the next read. A read that
-/// fails (the side reset) so leaves nothing of what that side sent before
-/// it held here or in a TLS session (which takes a write before the socket
-/// does): the reset that follows (`reset::once_taken`, which sees only the
-/// socket's queue) lands after all of it. `tokio::io::copy` read ahead
-/// while a slow reader held its write, and dropped its buffer at the
-/// error, up to 8 KiB and what the session held.
-async fn relay<R, W>(from: &mut R, to: &mut W) -> std::io::Result<()>
-where
-    R: tokio::io::AsyncRead + Unpin,
-    W: tokio::io::AsyncWrite + Unpin,
-{
-    use tokio::io::AsyncReadExt;
-    let mut buf = vec![0u8; RELAY_BUFFER];
-    loop {
-        let n = from.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        to.write_all(&buf[..n]).await?;
-        to.flush().await?;
-    }
 }
 
 /// Copies until `from` ends, then shuts down `to`'s write side and does

@@ -88,6 +88,46 @@ pub async fn read_now<S: AsyncRead + Unpin>(
     read
 }
 
+/// Reads what `r` has into `buf`, taking a spare buffer only for a read
+/// that finds bytes: while it waits `buf` holds none, so a stream that
+/// waits for long (an idle tunnel) holds no block. `Ok(0)` at EOF.
+pub async fn read_lent<R: AsyncRead + Unpin>(r: &mut R, buf: &mut BytesMut) -> io::Result<usize> {
+    std::future::poll_fn(|cx| {
+        let read = poll_read_some(r, cx, buf);
+        if !matches!(read, Poll::Ready(Ok(n)) if n > 0) {
+            release_if_empty(buf);
+        }
+        read
+    })
+    .await
+}
+
+/// Copies `from` to `to` until `from` ends: a chunk read (into a lent
+/// buffer, `read_lent`: an idle tunnel holds none), then written and
+/// flushed whole before the next read. A read that fails (the side reset)
+/// so leaves nothing of what that side sent before it held here or in a
+/// TLS session (which takes a write before the socket does): the reset
+/// that follows (`reset::once_taken`, which sees only the socket's queue)
+/// lands after all of it. `tokio::io::copy` read ahead while a slow reader
+/// held its write, and dropped its buffer at the error, up to 8 KiB and
+/// what the session held; and it held its 8 KiB for the tunnel's life.
+pub async fn relay<R, W>(from: &mut R, to: &mut W) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = BytesMut::new();
+    loop {
+        if read_lent(from, &mut buf).await? == 0 {
+            return Ok(());
+        }
+        to.write_all(&buf).await?;
+        to.flush().await?;
+        buf.clear();
+        release_if_empty(&mut buf);
+    }
+}
+
 /// How long a closing connection keeps reading what its client still
 /// sends, and how much of it.
 const LINGER: Duration = Duration::from_secs(1);
