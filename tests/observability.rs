@@ -528,7 +528,7 @@ async fn promtool_accepts_a_real_scrape_and_the_shipped_rules() {
 async fn the_kernel_drops_nothing_in_a_connection_storm_across_ten_reloads() {
     let backend = HttpBackend::start("a").await;
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
-    let before = baton::metrics::kernel::netstat();
+    let before = baton::metrics::kernel::netstat().expect("the namespace's counters");
     let metrics_before = scrape(baton.admin).await.expect("scrape");
     let web = baton.addr("web");
     let stop = tokio_util::sync::CancellationToken::new();
@@ -563,7 +563,7 @@ async fn the_kernel_drops_nothing_in_a_connection_storm_across_ten_reloads() {
     }
     assert!(ok > 100, "the storm ran ({ok} requests)");
     assert_eq!(failed, 0, "no connection of the storm failed");
-    let after = baton::metrics::kernel::netstat();
+    let after = baton::metrics::kernel::netstat().expect("the namespace's counters");
     assert_eq!(
         (after.listen_drops, after.listen_overflows),
         (before.listen_drops, before.listen_overflows),

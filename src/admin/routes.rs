@@ -255,12 +255,14 @@ fn status(state: &AdminShared) -> Reply {
         .iter()
         .map(|p| pool_json(p, &older))
         .collect();
-    let n = kernel::netstat();
-    let kernel = json!({
-        "listen_overflows": n.listen_overflows,
-        "listen_drops": n.listen_drops,
-        "migrate_req_success": n.migrate_success,
-        "migrate_req_failure": n.migrate_failure,
+    // `null` when they cannot be read now (see `kernel::netstat`).
+    let kernel = kernel::netstat().map(|n| {
+        json!({
+            "listen_overflows": n.listen_overflows,
+            "listen_drops": n.listen_drops,
+            "migrate_req_success": n.migrate_success,
+            "migrate_req_failure": n.migrate_failure,
+        })
     });
     json_reply(
         StatusCode::OK,

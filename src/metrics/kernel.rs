@@ -22,8 +22,18 @@ pub struct Netstat {
     pub migrate_failure: u64,
 }
 
-pub fn netstat() -> Netstat {
-    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
+/// The counters, or `None` where `/proc/net/netstat` cannot be read now
+/// (no fd to be had, say). Not zeros: a new generation, which carries none
+/// of these counters from the old one, showing 0 at its first scrape
+/// looked like a reset to Prometheus, whose `increase()` then counted every
+/// overflow since boot, on the metric meant to prove a reload lost nothing.
+pub fn netstat() -> Option<Netstat> {
+    parse_netstat(&std::fs::read_to_string("/proc/net/netstat").ok()?)
+}
+
+/// The counters in `/proc/net/netstat`'s `text`; `None` without its
+/// `TcpExt` lines.
+fn parse_netstat(text: &str) -> Option<Netstat> {
     let mut lines = text.lines();
     let mut values: HashMap<&str, u64> = HashMap::new();
     while let (Some(names), Some(nums)) = (lines.next(), lines.next()) {
@@ -35,16 +45,22 @@ pub fn netstat() -> Netstat {
             .zip(nums.split_whitespace())
             .skip(1)
         {
-            values.insert(n, v.parse().unwrap_or(0));
+            if let Ok(v) = v.parse() {
+                values.insert(n, v);
+            }
         }
     }
+    if values.is_empty() {
+        return None;
+    }
+    // A kernel that does not count one (before 5.14: no migrations) says 0.
     let get = |k: &str| values.get(k).copied().unwrap_or(0);
-    Netstat {
+    Some(Netstat {
         listen_overflows: get("ListenOverflows"),
         listen_drops: get("ListenDrops"),
         migrate_success: get("TCPMigrateReqSuccess"),
         migrate_failure: get("TCPMigrateReqFailure"),
-    }
+    })
 }
 
 /// One listening socket's accept queue, as the admin reads it while the
@@ -117,6 +133,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn counters_not_read_are_none_not_zeros() {
+        assert_eq!(parse_netstat(""), None, "a read cut short");
+        let text = "IpExt: InNoRoutes\nIpExt: 0\nTcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 1 7 9\n";
+        let read = parse_netstat(text).expect("counters");
+        assert_eq!((read.listen_overflows, read.listen_drops), (7, 9));
+        assert_eq!(read.migrate_success, 0, "not counted by this kernel");
+    }
+
+    #[test]
     fn a_shown_listening_socket_reads_its_queue_and_nothing_once_hidden() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -129,6 +154,6 @@ mod tests {
         assert_eq!(queue.waiting(), 3);
         drop(shown);
         assert_eq!(queue.waiting(), 0);
-        let _ = netstat();
+        assert!(netstat().is_some(), "this namespace's counters");
     }
 }

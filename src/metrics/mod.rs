@@ -580,7 +580,8 @@ pub struct Sampled<'a> {
     pub draining_generations: usize,
     pub serving: process::ProcessStats,
     pub draining: process::ProcessStats,
-    pub netstat: kernel::Netstat,
+    /// `None` when they could not be read: not recorded then.
+    pub netstat: Option<kernel::Netstat>,
 }
 
 pub fn record_sampled(s: &Sampled<'_>) {
@@ -597,10 +598,10 @@ pub fn record_sampled(s: &Sampled<'_>) {
         metrics::gauge!(PROCESS_RESIDENT, "state" => state).set(p.resident_bytes as f64);
         metrics::gauge!(PROCESS_CPU, "state" => state).set(p.cpu_seconds);
     }
-    metrics::counter!(KERNEL_LISTEN_OVERFLOWS).absolute(s.netstat.listen_overflows);
-    metrics::counter!(KERNEL_LISTEN_DROPS).absolute(s.netstat.listen_drops);
-    metrics::counter!(KERNEL_MIGRATE_REQ, "result" => "success")
-        .absolute(s.netstat.migrate_success);
-    metrics::counter!(KERNEL_MIGRATE_REQ, "result" => "failure")
-        .absolute(s.netstat.migrate_failure);
+    if let Some(n) = &s.netstat {
+        metrics::counter!(KERNEL_LISTEN_OVERFLOWS).absolute(n.listen_overflows);
+        metrics::counter!(KERNEL_LISTEN_DROPS).absolute(n.listen_drops);
+        metrics::counter!(KERNEL_MIGRATE_REQ, "result" => "success").absolute(n.migrate_success);
+        metrics::counter!(KERNEL_MIGRATE_REQ, "result" => "failure").absolute(n.migrate_failure);
+    }
 }
