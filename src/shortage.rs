@@ -54,6 +54,28 @@ impl SpareFd {
     }
 }
 
+/// Starts `work` on a thread of its own now, and gives the wait for its
+/// result: blocking work kept off the runtime's threads. An error here is
+/// the thread not to be had (a pid or thread limit reached), with `work`
+/// not run: tokio's `spawn_blocking` panicked then, after queueing the
+/// work where nothing would run it. The wait's error is `work` panicking.
+pub fn on_a_thread<T: Send + 'static>(
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<impl std::future::Future<Output = io::Result<T>>> {
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let _ = done.send(work());
+        })?;
+    Ok(async move {
+        result
+            .await
+            .map_err(|_| io::Error::other("its thread panicked"))
+    })
+}
+
 /// See [`SpareFd::refilled_at_end`].
 pub struct Refill(Arc<SpareFd>);
 

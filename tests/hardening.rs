@@ -13,7 +13,7 @@ use tokio::net::UnixStream;
 
 use support::backend::HttpBackend;
 use support::client;
-use support::daemon::{signal, Baton, NoFreeFd, Spec};
+use support::daemon::{signal, wait_exit, Baton, NoFreeFd, Spec};
 
 async fn serving(baton: &Baton) {
     let a = client::get(baton.addr("web"), "/still")
@@ -1382,4 +1382,79 @@ async fn a_full_fd_table_still_answers_liveness_probes_and_reloads() {
         );
     }
     drop(held);
+}
+
+/// A cgroup of the pids controller made for one test (v1's hierarchy or
+/// v2's, whichever this host has), removed when dropped; `None` where
+/// there is none to make one in.
+struct PidsCgroup(std::path::PathBuf);
+
+impl PidsCgroup {
+    fn new(name: &str) -> Option<PidsCgroup> {
+        let v2_has_pids = std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "pids"));
+        let parent = match std::path::Path::new("/sys/fs/cgroup/pids/cgroup.procs").exists() {
+            true => "/sys/fs/cgroup/pids",
+            false if v2_has_pids => "/sys/fs/cgroup",
+            false => return None,
+        };
+        let dir = std::path::Path::new(parent).join(name);
+        std::fs::create_dir(&dir).ok()?;
+        Some(PidsCgroup(dir))
+    }
+
+    /// Moves `pid` in and lets it make no more threads or processes.
+    fn hold_at_its_count(&self, pid: u32) {
+        let write = |file: &str, value: &str| {
+            std::fs::write(self.0.join(file), value)
+                .unwrap_or_else(|e| panic!("{file} of {}: {e}", self.0.display()));
+        };
+        write("cgroup.procs", &pid.to_string());
+        let current = std::fs::read_to_string(self.0.join("pids.current")).expect("pids.current");
+        write("pids.max", current.trim());
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// At its limit of threads (a cgroup's `pids.max` reached: a unit's
+/// `TasksMax`), baton needs no new one for a scrape or a stop: `/metrics`
+/// answers, a reload fails saying why, and a stop writes out its access
+/// log and exits 0 (tokio's
+/// blocking pool panicked when it could not make one: the scrape's reply
+/// was empty, every later scrape waited for good, and the stop exited 101
+/// with its last log lines lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_its_thread_limit_baton_still_scrapes_and_stops_cleanly() {
+    let name = format!("baton-test-{}", std::process::id());
+    let cgroup = PidsCgroup::new(&name);
+    if !support::skip::skipped_unless(cgroup.is_some(), "a pids cgroup of its own (root)") {
+        return;
+    }
+    let backend = HttpBackend::start("a").await;
+    let baton = Baton::start(one_worker(&backend)).await;
+    let pid = baton.first_pid;
+    if let Some(cgroup) = &cgroup {
+        cgroup.hold_at_its_count(pid);
+    }
+    for _ in 0..2 {
+        let scrape = tokio::time::timeout(support::TIMEOUT, client::get(baton.admin, "/metrics"))
+            .await
+            .expect("scraped in time")
+            .expect("a scrape");
+        assert_eq!(scrape.status, 200);
+    }
+    let reload = baton.reload().await;
+    assert_ne!(reload.code, 0, "no process to be had: {reload:?}");
+    assert!(
+        reload.stderr.contains("no thread to start it from"),
+        "{reload:?}"
+    );
+    signal(pid, Signal::SIGTERM);
+    assert_eq!(wait_exit(pid).await, Some(0), "{}", baton.log());
+    drop(cgroup);
 }

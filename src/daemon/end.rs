@@ -445,7 +445,14 @@ impl Generation {
     async fn write_out_telemetry(&self, within: Duration) {
         crate::telemetry::report_held_back(true);
         let sinks = Arc::clone(&self.access_logs);
-        let _ = tokio::task::spawn_blocking(move || sinks.close(within)).await;
+        match crate::shortage::on_a_thread("baton-close", move || sinks.close(within)) {
+            Ok(closed) => {
+                let _ = closed.await;
+            }
+            // No thread to be had: closed here, the runtime waiting with
+            // it (the drain is over: nothing else of ours runs now).
+            Err(_) => self.access_logs.close(within),
+        }
     }
 
     /// Stops every accept loop and waits until each has closed its socket.

@@ -215,11 +215,12 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
     // closes on exec) or reports the exec's failure: so it runs on a
     // thread of its own, beside our reading of the pid, which the exec
     // waits for.
-    let spawning = tokio::task::spawn_blocking(move || {
+    let spawning = crate::shortage::on_a_thread("baton-spawn", move || {
         let spawned = command.spawn();
         drop(go_read);
         spawned?.wait()
-    });
+    })
+    .map_err(|e| std::io::Error::new(e.kind(), format!("no thread to start it from: {e}")))?;
     let mut bytes = [0u8; 4];
     let pid = pid_read
         .read_exact(&mut bytes)
@@ -237,7 +238,7 @@ pub async fn spawn_detached(mut command: std::process::Command) -> std::io::Resu
     } else {
         drop(go_write);
     }
-    let spawned = spawning.await.map_err(std::io::Error::other)?;
+    let spawned = spawning.await?;
     // The grandchild gave up (ECANCELED, its exec's error to std) because
     // we could not hold it: why we could not is the reason to tell.
     let gave_up = |e: &std::io::Error| e.raw_os_error() == Some(nix::libc::ECANCELED);
