@@ -35,6 +35,24 @@ impl SpareFd {
         self.held().take().is_some()
     }
 
+    /// Once the place is given up: the connection `accept` takes at once,
+    /// if one is waiting. If none is (the kernel takes a place before it
+    /// looks at the queue, so an empty queue meets EMFILE too), the place
+    /// is held again: given up with no connection to take it, the data
+    /// plane's next accept took it, and the next probe met EMFILE.
+    pub async fn taken_by<T>(
+        &self,
+        accept: impl std::future::Future<Output = io::Result<T>>,
+    ) -> Option<T> {
+        match tokio::time::timeout(std::time::Duration::ZERO, accept).await {
+            Ok(Ok(accepted)) => Some(accepted),
+            _ => {
+                self.refill();
+                None
+            }
+        }
+    }
+
     /// Holds a place again, if none is held and there is room.
     pub fn refill(&self) {
         let mut held = self.held();

@@ -167,7 +167,9 @@ impl Accepted {
     /// none (answered by [`refuse`], `refusing` bounding how many at
     /// once), so another local user's flood of connections cannot make
     /// allowed callers give theirs up.
-    fn admitted(self, refusing: &Arc<Semaphore>) -> Option<Accepted> {
+    /// A refused one gives back the spare's place when it closes, if it
+    /// took it (`spare`).
+    fn admitted(self, refusing: &Arc<Semaphore>, spare: &Arc<SpareFd>) -> Option<Accepted> {
         let Accepted::Unix(stream) = self else {
             return Some(self);
         };
@@ -177,11 +179,14 @@ impl Accepted {
                 if crate::telemetry::may_say_client_fault() {
                     tracing::warn!(uid, "admin connection refused: only root and baton's own user may call the API on its Unix socket");
                 }
-                refuse(stream, uid, Arc::clone(refusing).try_acquire_owned().ok());
+                let permit = Arc::clone(refusing).try_acquire_owned().ok();
+                refuse(stream, uid, permit, spare.refilled_at_end());
                 None
             }
             Err(err) => {
                 tracing::warn!(cause = %err, "admin connection refused: SO_PEERCRED");
+                drop(stream);
+                spare.refill();
                 None
             }
         }
@@ -193,13 +198,20 @@ impl Accepted {
         state: Arc<AdminShared>,
         place: Option<places::Place>,
         stop: CancellationToken,
-        refill: Refill,
+        kept: Kept,
     ) {
         match self {
-            Accepted::Tcp(stream) => answer(stream, state, place, stop, refill),
-            Accepted::Unix(stream) => answer(stream, state, place, stop, refill),
+            Accepted::Tcp(stream) => answer(stream, state, place, stop, kept),
+            Accepted::Unix(stream) => answer(stream, state, place, stop, kept),
         }
     }
+}
+
+/// How an admin connection is kept: the spare fd's place given back once
+/// it closes, and whether it is kept alive after a request.
+struct Kept {
+    refill: Refill,
+    alive: bool,
 }
 
 /// Refused peers answered at once, at most: past it one is just closed.
@@ -210,11 +222,16 @@ const REFUSALS_AT_ONCE: usize = 8;
 /// `baton status` would show as a broken connection; then closes. Bounded
 /// by [`places::LEAVING_GRACE`]; without a `permit` (as many are being
 /// answered as may be), closed at once.
-fn refuse(stream: UnixStream, uid: u32, permit: Option<OwnedSemaphorePermit>) {
+fn refuse(stream: UnixStream, uid: u32, permit: Option<OwnedSemaphorePermit>, refill: Refill) {
     let Some(permit) = permit else {
+        // The fd closed before the spare's place is taken back.
+        drop(stream);
+        drop(refill);
         return;
     };
     tokio::spawn(async move {
+        // First in, so dropped last: after the connection's fd closed.
+        let _refill = refill;
         let service = service_fn(move |_req| async move {
             Ok::<_, std::convert::Infallible>(routes::refused_peer(uid))
         });
@@ -242,15 +259,20 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
     let accept_errors = Throttle::new();
     let spare = SpareFd::new();
     loop {
-        let stream = tokio::select! {
+        let (stream, in_spares_place) = tokio::select! {
             // Once stopped, not one more connection is taken from a free
             // choice (the next generation answers from now on).
             biased;
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok(stream) => stream,
+                Ok(stream) => (stream, false),
                 // The spare's place takes it (`/healthz` answers).
-                Err(err) if shortage::fd_table_full(&err) && spare.give_up() => continue,
+                Err(err) if shortage::fd_table_full(&err) && spare.give_up() => {
+                    match spare.taken_by(listener.accept()).await {
+                        Some(stream) => (stream, true),
+                        None => continue,
+                    }
+                }
                 Err(err) => {
                     accept_failed(&err, &accept_errors, "admin accept failed; backing off");
                     spare.refill();
@@ -259,7 +281,7 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
                 }
             },
         };
-        let Some(stream) = stream.admitted(&refusing) else {
+        let Some(stream) = stream.admitted(&refusing, &spare) else {
             continue;
         };
         let place = tokio::select! {
@@ -267,25 +289,25 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
             () = stop.cancelled() => None,
             place = places.take(&stop) => place,
         };
-        stream.answer(
-            Arc::clone(&state),
-            place,
-            stop.clone(),
-            spare.refilled_at_end(),
-        );
+        let kept = Kept {
+            refill: spare.refilled_at_end(),
+            // Not kept alive in the spare's place: an idle keep-alive
+            // connection would hold it while probes meet EMFILE.
+            alive: !in_spares_place,
+        };
+        stream.answer(Arc::clone(&state), place, stop.clone(), kept);
     }
     // What was queued before the stop is answered, once, not reset by the
     // close.
     while let Ok(Ok(stream)) =
         tokio::time::timeout(std::time::Duration::ZERO, listener.accept()).await
     {
-        if let Some(stream) = stream.admitted(&refusing) {
-            stream.answer(
-                Arc::clone(&state),
-                None,
-                stop.clone(),
-                spare.refilled_at_end(),
-            );
+        if let Some(stream) = stream.admitted(&refusing, &spare) {
+            let kept = Kept {
+                refill: spare.refilled_at_end(),
+                alive: true,
+            };
+            stream.answer(Arc::clone(&state), None, stop.clone(), kept);
         }
     }
 }
@@ -299,21 +321,20 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
 /// a connection that has not sent its first request yet is answered once,
 /// with `Connection: close`. One that has sent nothing when a newcomer
 /// needs its place is closed; one on a request gets
-/// [`places::LEAVING_GRACE`] to finish it, then is cut. `refill` is
-/// dropped once the connection is closed.
+/// [`places::LEAVING_GRACE`] to finish it, then is cut.
 fn answer<S>(
     stream: S,
     state: Arc<AdminShared>,
     place: Option<places::Place>,
     stop: CancellationToken,
-    refill: Refill,
+    kept: Kept,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let answering = state.answering.clone();
     answering.spawn(async move {
         // First in, so dropped last: after the connection's fd closed.
-        let _refill = refill;
+        let _refill = kept.refill;
         let ending = place
             .as_ref()
             .map_or_else(|| stop.clone(), |p| p.ending.clone());
@@ -334,6 +355,7 @@ fn answer<S>(
             }
         });
         let conn = hyper::server::conn::http1::Builder::new()
+            .keep_alive(kept.alive)
             .max_buf_size(ADMIN_READ_BUFFER)
             .timer(TokioTimer::new())
             .header_read_timeout(std::time::Duration::from_secs(10))
@@ -441,7 +463,10 @@ mod tests {
             shared(),
             Some(place),
             stop,
-            SpareFd::new().refilled_at_end(),
+            Kept {
+                refill: SpareFd::new().refilled_at_end(),
+                alive: true,
+            },
         );
         let request = b"GET /status HTTP/1.1\r\nhost: admin\r\n\r\n";
         theirs.write_all(request).await.expect("request");

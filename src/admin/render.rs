@@ -37,8 +37,14 @@ impl Renderer {
             .spawn(move || {
                 while let Some((state, reply)) = waiting.blocking_recv() {
                     // A scraper gone while it waited costs no render.
-                    if !reply.is_closed() {
-                        let _ = reply.send(state.render_metrics());
+                    if reply.is_closed() {
+                        continue;
+                    }
+                    // A render that panics fails its own scrape (its reply
+                    // dropped: a 500), not the thread every later one needs.
+                    let render = std::panic::AssertUnwindSafe(|| state.render_metrics());
+                    if let Ok(text) = std::panic::catch_unwind(render) {
+                        let _ = reply.send(text);
                     }
                 }
             })?;

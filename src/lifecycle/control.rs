@@ -136,10 +136,18 @@ pub async fn serve(
     let accept_errors = Throttle::new();
     let spare = SpareFd::new();
     loop {
-        let accepted = tokio::select! {
+        let mut accepted = tokio::select! {
             () = stop.cancelled() => return,
             a = listener.accept() => a,
         };
+        if accepted.as_ref().is_err_and(shortage::fd_table_full) && spare.give_up() {
+            // The spare's place takes it: `baton reload` is answered (a
+            // reload with no fds to be had says why it failed).
+            match spare.taken_by(listener.accept()).await {
+                Some(taken) => accepted = Ok(taken),
+                None => continue,
+            }
+        }
         match accepted {
             Ok((stream, _)) => {
                 let requests = requests.clone();
@@ -152,9 +160,6 @@ pub async fn serve(
                     }
                 });
             }
-            // The spare's place takes it: `baton reload` is answered (a
-            // reload with no fds to be had says why it failed).
-            Err(err) if shortage::fd_table_full(&err) && spare.give_up() => {}
             Err(err) => {
                 accept_failed(&err, &accept_errors, "control accept failed; backing off");
                 spare.refill();

@@ -32,7 +32,7 @@ pub fn netstat() -> Option<Netstat> {
 }
 
 /// The counters in `/proc/net/netstat`'s `text`; `None` without its
-/// `TcpExt` lines.
+/// `TcpExt` lines (their `ListenOverflows`).
 fn parse_netstat(text: &str) -> Option<Netstat> {
     let mut lines = text.lines();
     let mut values: HashMap<&str, u64> = HashMap::new();
@@ -50,7 +50,7 @@ fn parse_netstat(text: &str) -> Option<Netstat> {
             }
         }
     }
-    if values.is_empty() {
+    if !values.contains_key("ListenOverflows") {
         return None;
     }
     // A kernel that does not count one (before 5.14: no migrations) says 0.
@@ -135,6 +135,8 @@ mod tests {
     #[test]
     fn counters_not_read_are_none_not_zeros() {
         assert_eq!(parse_netstat(""), None, "a read cut short");
+        let other = "IpExt: InNoRoutes\nIpExt: 0\n";
+        assert_eq!(parse_netstat(other), None, "no TcpExt lines");
         let text = "IpExt: InNoRoutes\nIpExt: 0\nTcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 1 7 9\n";
         let read = parse_netstat(text).expect("counters");
         assert_eq!((read.listen_overflows, read.listen_drops), (7, 9));

@@ -145,7 +145,10 @@ impl Outlet {
         }
         if held.idle() && self.kind != Kind::Terminal {
             match send_now(self.kind, line) {
-                Ok(sent) if sent == line.len() => return,
+                Ok(sent) if sent == line.len() => {
+                    held.last_whole = true;
+                    return;
+                }
                 // The rest of the line waits, ahead of any other, whatever
                 // the bound: half a line would have the next glued to it.
                 Ok(sent) => held.push_rest(&line[sent..]),
