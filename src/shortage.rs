@@ -35,17 +35,19 @@ impl SpareFd {
         self.held().take().is_some()
     }
 
-    /// Once the place is given up: the connection `accept` takes at once,
-    /// if one is waiting. If none is (the kernel takes a place before it
-    /// looks at the queue, so an empty queue meets EMFILE too), the place
-    /// is held again: given up with no connection to take it, the data
-    /// plane's next accept took it, and the next probe met EMFILE.
-    pub async fn taken_by<T>(
+    /// Once the place is given up: the connection `accept` takes in one
+    /// poll, if one is waiting. If none is (the kernel takes a place before
+    /// it looks at the queue, so an empty queue meets EMFILE too), the
+    /// place is held again in the same breath: given up with no connection
+    /// to take it, the data plane's next accept took it, and the next probe
+    /// met EMFILE. (Polled once, not under a zero timeout, which waits for
+    /// the timer's next millisecond before it gives up.)
+    pub fn taken_by<T>(
         &self,
         accept: impl std::future::Future<Output = io::Result<T>>,
     ) -> Option<T> {
-        match tokio::time::timeout(std::time::Duration::ZERO, accept).await {
-            Ok(Ok(accepted)) => Some(accepted),
+        match futures_util::FutureExt::now_or_never(accept) {
+            Some(Ok(accepted)) => Some(accepted),
             _ => {
                 self.refill();
                 None

@@ -268,7 +268,7 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
                 Ok(stream) => (stream, false),
                 // The spare's place takes it (`/healthz` answers).
                 Err(err) if shortage::fd_table_full(&err) && spare.give_up() => {
-                    match spare.taken_by(listener.accept()).await {
+                    match spare.taken_by(listener.accept()) {
                         Some(stream) => (stream, true),
                         None => continue,
                     }
@@ -358,7 +358,9 @@ fn answer<S>(
             .keep_alive(kept.alive)
             .max_buf_size(ADMIN_READ_BUFFER)
             .timer(TokioTimer::new())
-            .header_read_timeout(std::time::Duration::from_secs(10))
+            // In the spare's place, 1 s: a connection that sends nothing
+            // holds it while probes meet EMFILE.
+            .header_read_timeout(std::time::Duration::from_secs(if kept.alive { 10 } else { 1 }))
             .serve_connection(TokioIo::new(bounded::Bounded::new(stream)), service);
         tokio::pin!(conn);
         let ended = tokio::select! {

@@ -52,7 +52,7 @@ impl Renderer {
     }
 
     /// `state`'s exposition, once the renders asked for before it are done;
-    /// `None` if the render thread is gone.
+    /// `None` if the render failed (it panicked) or the thread is gone.
     pub async fn render(&self, state: Arc<AdminShared>) -> Option<String> {
         let (reply, text) = oneshot::channel();
         self.jobs.send((state, reply)).await.ok()?;

@@ -282,7 +282,7 @@ async fn metrics(state: &Arc<AdminShared>) -> Reply {
     let Some(text) = state.rendering.render(Arc::clone(state)).await else {
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "the metrics could not be rendered: the render thread is gone".into(),
+            "the metrics could not be rendered (the render failed, or its thread is gone)".into(),
         );
     };
     let mut reply = Response::new(Full::new(Bytes::from(text)));

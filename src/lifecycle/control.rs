@@ -143,7 +143,7 @@ pub async fn serve(
         if accepted.as_ref().is_err_and(shortage::fd_table_full) && spare.give_up() {
             // The spare's place takes it: `baton reload` is answered (a
             // reload with no fds to be had says why it failed).
-            match spare.taken_by(listener.accept()).await {
+            match spare.taken_by(listener.accept()) {
                 Some(taken) => accepted = Ok(taken),
                 None => continue,
             }

@@ -147,6 +147,10 @@ impl Outlet {
             match send_now(self.kind, line) {
                 Ok(sent) if sent == line.len() => {
                     held.last_whole = true;
+                    // A count held back may be said now.
+                    if held.dropped > 0 && held.writer_started {
+                        self.changed.notify_all();
+                    }
                     return;
                 }
                 // The rest of the line waits, ahead of any other, whatever
