@@ -208,10 +208,12 @@ impl Accepted {
 }
 
 /// How an admin connection is kept: the spare fd's place given back once
-/// it closes, and whether it is kept alive after a request.
+/// it closes, and whether it holds that place now. One that does is not
+/// kept alive after its request and gets 1 s, not 10, to send its head:
+/// an idle connection would hold the place while probes meet EMFILE.
 struct Kept {
     refill: Refill,
-    alive: bool,
+    in_spares_place: bool,
 }
 
 /// Refused peers answered at once, at most: past it one is just closed.
@@ -291,9 +293,7 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
         };
         let kept = Kept {
             refill: spare.refilled_at_end(),
-            // Not kept alive in the spare's place: an idle keep-alive
-            // connection would hold it while probes meet EMFILE.
-            alive: !in_spares_place,
+            in_spares_place,
         };
         stream.answer(Arc::clone(&state), place, stop.clone(), kept);
     }
@@ -305,7 +305,7 @@ pub async fn serve(listener: AdminListener, state: Arc<AdminShared>, stop: Cance
         if let Some(stream) = stream.admitted(&refusing, &spare) {
             let kept = Kept {
                 refill: spare.refilled_at_end(),
-                alive: true,
+                in_spares_place: false,
             };
             stream.answer(Arc::clone(&state), None, stop.clone(), kept);
         }
@@ -355,12 +355,13 @@ fn answer<S>(
             }
         });
         let conn = hyper::server::conn::http1::Builder::new()
-            .keep_alive(kept.alive)
+            .keep_alive(!kept.in_spares_place)
             .max_buf_size(ADMIN_READ_BUFFER)
             .timer(TokioTimer::new())
-            // In the spare's place, 1 s: a connection that sends nothing
-            // holds it while probes meet EMFILE.
-            .header_read_timeout(std::time::Duration::from_secs(if kept.alive { 10 } else { 1 }))
+            .header_read_timeout(std::time::Duration::from_secs(match kept.in_spares_place {
+                true => 1,
+                false => 10,
+            }))
             .serve_connection(TokioIo::new(bounded::Bounded::new(stream)), service);
         tokio::pin!(conn);
         let ended = tokio::select! {
@@ -467,7 +468,7 @@ mod tests {
             stop,
             Kept {
                 refill: SpareFd::new().refilled_at_end(),
-                alive: true,
+                in_spares_place: false,
             },
         );
         let request = b"GET /status HTTP/1.1\r\nhost: admin\r\n\r\n";
