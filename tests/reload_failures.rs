@@ -371,10 +371,10 @@ async fn a_reload_is_kept_under(wrapper: &[&str], keeper: fn(u32) -> Option<u32>
     let backend = HttpBackend::start("a").await;
     let spec = Spec::new().http("web", "app").pool("app", &[backend.addr]);
     let baton = Baton::spawn_under(spec, &[], wrapper);
-    support::eventually("the admin port answers", || async {
-        support::client::get(baton.admin, "/healthz").await.is_ok()
-    })
-    .await;
+    // Ready, not only the admin port answering (it does from the first
+    // instant): the request below met a listener not yet open, and its
+    // refusal left the wait for it held to time out.
+    baton.wait_ready().await;
     support::eventually("the keeper says so", || async {
         baton.log().contains("keeping generation 1")
     })
