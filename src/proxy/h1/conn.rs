@@ -22,7 +22,7 @@ use bytes::{Buf, BytesMut};
 use http::StatusCode;
 use tokio::time::Instant;
 
-use super::exchange::{exchange, After, Client};
+use super::exchange::{exchange, After, Client, Served};
 use super::head::{self, Framing, Parsed, Refusal, RequestHead};
 use super::io::{ack_promptly, linger_close, read_now, release_if_empty, write_all};
 use super::rewrite;
@@ -143,9 +143,16 @@ async fn serve_requests<S: ByteStream>(
             let client_closes = !head.keep_alive && head.framing == Framing::Empty;
             // Boxed: an idle connection's task keeps only this loop's
             // state, not the largest state an exchange ever needs.
-            if crate::in_place::boxed(|| exchange(proxy, client, head, drain, began)).await
-                == After::Close
-            {
+            let served =
+                crate::in_place::boxed(|| exchange(proxy, client, head, drain, began)).await;
+            let after = match served {
+                Served::Done(after) => after,
+                Served::Upgraded(tunnel) => {
+                    crate::in_place::boxed(|| tunnel.run(proxy, client, drain)).await;
+                    After::Close
+                }
+            };
+            if after == After::Close {
                 return if client_closes {
                     Ending::ClientAsked
                 } else {

@@ -6,7 +6,7 @@
 //! Failures are answered here with baton's own short error page while no
 //! response byte has gone out, and end the connection after.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,15 +21,14 @@ use super::rewrite::{self, Outbound};
 use super::transfer::{
     download, upload, watch_client, Delivered, Down, DownFault, RequestBody, UpFault, UpLimits,
 };
+use super::upgraded::{Switched, Tunnel};
 use super::upstream::{connection, keep, Kept, Upstream};
 use crate::access_log::{Phase, Termination};
 use crate::backend::idle::Check;
 use crate::backend::{Backend, Lease, NoLease, Pool};
 use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::{self, UpstreamErrorKind};
-use crate::proxy::longlived::{self, TunnelEnd};
 use crate::proxy::request_id::RequestId;
-use crate::proxy::side::Side;
 use crate::proxy::web::HttpProxy;
 use crate::proxy::{reset, ProxyError};
 use crate::proxy_protocol::Origin;
@@ -109,6 +108,8 @@ enum Attempt {
         status: u16,
         after: After,
     },
+    /// The backend switched protocols: the connection is a tunnel now.
+    Upgraded(Switched),
     /// The connection failed before a byte came back: a reused one may
     /// have been closed by the backend while idle (a fresh one is tried),
     /// a new one closed by a backend that takes connections and drops
@@ -118,33 +119,59 @@ enum Attempt {
     Failed(Failure),
 }
 
-/// Serves one request and says whether its connection carries another.
-pub async fn exchange<S: ByteStream>(
-    proxy: &HttpProxy,
+/// How an exchange left its client connection.
+pub enum Served<'p> {
+    /// Answered: the connection carries another request, or closes.
+    Done(After),
+    /// Switched to another protocol: the rest of the connection's life is
+    /// the tunnel's (boxed by the caller at its own size, where inside the
+    /// exchange it held the exchange's whole allocation for hours). Boxed
+    /// until its run takes it apart: most exchanges are not upgraded.
+    Upgraded(Box<Tunnel<'p>>),
+}
+
+/// How a request that reached a backend ended.
+enum Forwarded {
+    Answered { status: u16, after: After },
+    Upgraded { lease: Lease, switched: Switched },
+}
+
+/// Serves one request and says what is next for its connection.
+pub async fn exchange<'p, S: ByteStream>(
+    proxy: &'p HttpProxy,
     client: &mut Client<S>,
     head: RequestHead,
     drain: &DrainWatch,
     began: Instant,
-) -> After {
+) -> Served<'p> {
     let target = proxy.target_for(head.host(), head.path());
     let mut body = RequestBody::new(head.framing);
     let sent = head.values("x-request-id").next();
     let id = RequestId::from_client(sent, proxy.forwarded);
     let mut record = Record::new(
         proxy.access_log.as_ref(),
-        &head,
+        head,
         target,
         client.origin.client,
         id,
         began,
     );
+    let head = &record.head;
     let request = InFlight {
-        head: &head,
+        head,
         body: &mut body,
         trace: &mut record.trace,
     };
     let outcome = match forward(proxy, client, request, &target.pool, drain).await {
-        Ok((status, after)) => Ok((status, after, Termination::Completed)),
+        Ok(Forwarded::Answered { status, after }) => Ok((status, after, Termination::Completed)),
+        Ok(Forwarded::Upgraded { lease, switched }) => {
+            return Served::Upgraded(Box::new(Tunnel::new(
+                record,
+                lease,
+                switched,
+                body.received(),
+            )))
+        }
         Err(Failure::Abort(termination)) => Err(termination),
         Err(Failure::Answer(err)) => {
             if matches!(err, ProxyError::NoBackend { .. }) {
@@ -156,7 +183,7 @@ pub async fn exchange<S: ByteStream>(
             let trace = &mut record.trace;
             let page = super::super::error_page(&target.pool.name, &err, &trace.request_id);
             let mut out = BytesMut::new();
-            let head_len = rewrite::own_answer(status, &page, Some(&head), closes, &mut out);
+            let head_len = rewrite::own_answer(status, &page, Some(head), closes, &mut out);
             let written = write_all(&mut client.stream, &out, proxy.idle_timeout).await;
             trace.status = Some(status.as_u16());
             let after = match written {
@@ -194,12 +221,12 @@ pub async fn exchange<S: ByteStream>(
             // Its head went out before it broke off: it was answered, and
             // is counted.
             record.end(termination, body_bytes);
-            return After::Close;
+            return Served::Done(After::Close);
         }
     };
     record.trace.status = Some(status);
     record.end(termination, body_bytes);
-    after
+    Served::Done(after)
 }
 
 /// The request an exchange carries, and what it notes on the way.
@@ -235,7 +262,7 @@ async fn forward<S: ByteStream>(
     mut request: InFlight<'_>,
     pool: &Pool,
     drain: &DrainWatch,
-) -> Result<(u16, After), Failure> {
+) -> Result<Forwarded, Failure> {
     let head = request.head;
     if !request.body.is_done() {
         first_body_bytes(proxy, client, head, request.body).await?;
@@ -300,7 +327,10 @@ async fn forward<S: ByteStream>(
         };
         let reused = upstream.reused;
         match attempt(proxy, client, &mut request, &lease, upstream, drain).await {
-            Attempt::Answered { status, after } => return Ok((status, after)),
+            Attempt::Answered { status, after } => {
+                return Ok(Forwarded::Answered { status, after })
+            }
+            Attempt::Upgraded(switched) => return Ok(Forwarded::Upgraded { lease, switched }),
             Attempt::Stale(_) if reused && replayable && !fresh_only => {
                 tracing::debug!(pool = %lease.backend().pool, backend = %lease.backend().label, "a kept connection was closed under the request; sending it again on a new one");
                 fresh_only = true;
@@ -462,40 +492,7 @@ async fn attempt<S: ByteStream>(
             Attempt::Failed(Failure::Abort(Termination::BackendFailed(Phase::Data)))
         }
         Pumped::Delivered(Delivered::Upgraded { websocket }) => {
-            // Boxed: a tunnel's state is most of an exchange's size, and
-            // every exchange's future is made (and moved) whole.
-            let moved = Moved {
-                down: &request.trace.attempt.bytes_out,
-                up: &request.trace.attempt.tunnelled_in,
-            };
-            let end =
-                crate::in_place::boxed(|| tunnel(proxy, client, up, websocket, drain, moved)).await;
-            request.trace.note();
-            // As a TCP-mode connection's: `cD`, `SD`, `CD`.
-            let aborted = match end {
-                TunnelEnd::Closed => {
-                    return Attempt::Answered {
-                        status: 101,
-                        after: After::Close,
-                    }
-                }
-                TunnelEnd::Idle => Termination::ClientTimeout(Phase::Data),
-                TunnelEnd::Failed(Side::Backend) => {
-                    backend.upstream_failed(
-                        UpstreamErrorKind::Protocol,
-                        "upgraded tunnel broke off",
-                        false,
-                    );
-                    // Said, as TCP mode says a session the backend broke:
-                    // else only a count and `/status` told of it.
-                    if crate::telemetry::may_say_backend_fault() {
-                        tracing::info!(listener = %proxy.listener, pool = %backend.pool, backend = %backend.label, request_id = %request.trace.request_id, "backend broke off an upgraded connection (a WebSocket); resetting the client's");
-                    }
-                    Termination::BackendFailed(Phase::Data)
-                }
-                TunnelEnd::Failed(Side::Client) => Termination::ClientAborted(Phase::Data),
-            };
-            Attempt::Failed(Failure::Abort(aborted))
+            Attempt::Upgraded(Switched { up, websocket })
         }
         // Not a byte of answer on a new connection, and the body still
         // going up: the backend would not take the whole request (`SR`),
@@ -724,85 +721,4 @@ fn up_failure(proxy: &HttpProxy, backend: &Backend, fault: UpFault, written: boo
     } else {
         Failure::Answer(err)
     }
-}
-
-/// Where a tunnel counts the bytes it moves, for the access log.
-struct Moved<'a> {
-    /// To the client.
-    down: &'a AtomicU64,
-    /// From the client to the backend.
-    up: &'a AtomicU64,
-}
-
-/// After a 101: what either side sent past the switch goes first, then the
-/// two connections are joined until both end, a FIN either way passed on
-/// (the lease is held meanwhile).
-/// A side that fails has the other reset, once it took what it was sent,
-/// as in TCP mode; the client's is then closed with no FIN ahead of it
-/// (`Client::reset`).
-async fn tunnel<S: ByteStream>(
-    proxy: &HttpProxy,
-    client: &mut Client<S>,
-    mut up: Upstream,
-    websocket: bool,
-    drain: &DrainWatch,
-    moved: Moved<'_>,
-) -> TunnelEnd {
-    let end = joined(proxy, client, &mut up, websocket, drain, moved).await;
-    match end {
-        TunnelEnd::Failed(Side::Backend) => {
-            reset::once_taken(client.stream.tcp()).await;
-            client.reset = true;
-        }
-        TunnelEnd::Failed(Side::Client) => reset::once_taken(up.stream.tcp()).await,
-        TunnelEnd::Closed | TunnelEnd::Idle => {}
-    }
-    end
-}
-
-/// The tunnel's bytes: what each side sent past the switch, then both
-/// ways until it ends.
-async fn joined<S: ByteStream>(
-    proxy: &HttpProxy,
-    client: &mut Client<S>,
-    up: &mut Upstream,
-    websocket: bool,
-    drain: &DrainWatch,
-    moved: Moved<'_>,
-) -> TunnelEnd {
-    let stall = proxy.idle_timeout;
-    // A tunnel's bytes may come in any rhythm: as on a TCP-mode listener.
-    ack_promptly(&client.stream);
-    // The backend's first: owed to the client even if the client's own
-    // early bytes then find the backend gone.
-    let mut to_client = Counting::new(&mut client.stream, moved.down);
-    if !up.buf.is_empty() && write_all(&mut to_client, &up.buf, stall).await.is_err() {
-        return TunnelEnd::Failed(Side::Client);
-    }
-    let mut to_backend = Counting::new(&mut up.stream, moved.up);
-    if !client.buf.is_empty()
-        && write_all(&mut to_backend, &client.buf, stall)
-            .await
-            .is_err()
-    {
-        return TunnelEnd::Failed(Side::Backend);
-    }
-    // Both buffers go back now: an idle WebSocket held them for the hour.
-    client.buf.clear();
-    release_if_empty(&mut client.buf);
-    let frames = longlived::frames_sent(websocket, &up.buf);
-    up.buf.clear();
-    release_if_empty(&mut up.buf);
-    longlived::tunnel(
-        &mut to_client,
-        &mut to_backend,
-        frames,
-        drain.clone(),
-        &proxy.listener,
-        longlived::TunnelLimits {
-            tunnel: proxy.tunnel_timeout,
-            half_closed: proxy.idle_timeout,
-        },
-    )
-    .await
 }

@@ -3,7 +3,8 @@
 //! and `chunked` parse heads and chunked bodies (no I/O); `exchange` takes
 //! one request to a backend and back, with `transfer` moving the two
 //! bodies and `rewrite` writing the heads each side gets; `io` reads and
-//! writes the buffers. Backend connections kept between requests live
+//! writes the buffers; `upgraded` carries a connection the backend
+//! switched (101) to its end. Backend connections kept between requests live
 //! with their backend (`backend::idle`); `upstream` finds one for an
 //! exchange, and `relay` carries an h2 client's stream on it (the same
 //! upstream, HTTP/1 to the backend).
@@ -18,4 +19,5 @@ pub mod record;
 pub mod relay;
 pub mod rewrite;
 pub mod transfer;
+pub mod upgraded;
 pub mod upstream;

@@ -85,7 +85,9 @@ impl Trace {
 /// An exchange's log line, written when it is dropped, and its count.
 pub struct Record<'a> {
     log: Option<&'a AccessLog>,
-    head: &'a RequestHead,
+    /// Owned, so an upgraded exchange's record can go on into its tunnel
+    /// with it (the line is written at the tunnel's end).
+    pub head: RequestHead,
     target: &'a Target,
     client: SocketAddr,
     pub trace: Trace,
@@ -96,7 +98,7 @@ pub struct Record<'a> {
 impl<'a> Record<'a> {
     pub(in crate::proxy) fn new(
         log: Option<&'a AccessLog>,
-        head: &'a RequestHead,
+        head: RequestHead,
         target: &'a Target,
         client: SocketAddr,
         request_id: RequestId,
@@ -104,11 +106,11 @@ impl<'a> Record<'a> {
     ) -> Record<'a> {
         Record {
             log,
+            bytes_in: head.bytes.len() as u64,
             head,
             target,
             client,
             trace: Trace::new(request_id, began),
-            bytes_in: head.bytes.len() as u64,
             termination: None,
         }
     }
@@ -151,7 +153,7 @@ impl Drop for Record<'_> {
         let Some(log) = self.log else {
             return;
         };
-        let head = self.head;
+        let head = &self.head;
         let t = &self.trace;
         log.write(&Entry {
             request_id: &t.request_id,
