@@ -160,7 +160,7 @@ impl Accept for Connections {
                                         proxy.serve(stream, origin, drain, accepted).await
                                     }
                                     Handshake::PlainHttp(stream) => {
-                                        proxy.refuse_plain_http(stream).await
+                                        proxy.refuse_plain_http(stream, &drain).await
                                     }
                                     Handshake::Idle => {
                                         tracing::debug!(listener = %listener.name, client = %origin.client, expected = true, "no ClientHello through the drain's grace; closing");
@@ -282,9 +282,9 @@ impl Proxy {
 
     /// A plain HTTP request on a TLS listener: answered by an HTTP one
     /// (only they ask for it, `Terminator::new`).
-    async fn refuse_plain_http(self, stream: TcpStream) {
+    async fn refuse_plain_http(self, stream: TcpStream, drain: &DrainWatch) {
         if let Proxy::Http(p) = self {
-            p.refuse_plain_http(stream).await;
+            p.refuse_plain_http(stream, drain).await;
         }
     }
 

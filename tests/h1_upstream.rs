@@ -783,6 +783,44 @@ async fn the_time_an_upload_waits_on_its_backend_is_not_held_against_its_pace() 
     uploading.await.expect("the whole body went up");
 }
 
+/// A backend that refuses an upload from its head (a 413 before a byte of
+/// it) and reads no more: a client that writes its whole body before it
+/// reads (Python's `http.client`, Java's `HttpURLConnection`) still gets
+/// the answer, its writes taken. baton reads and drops the rest of the body
+/// after its answer, as nginx's `lingering_close` does, rather than
+/// closing over it: that close was a reset, the client's write failed and
+/// the answer was lost with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_refused_from_its_head_gets_its_answer_once_written_whole() {
+    const BODY: usize = 32 << 20;
+    let addr = support::raw::answers_after_head(
+        b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 3\r\n\r\nbig",
+    )
+    .await;
+    let spec = Spec::new()
+        .top("workers = 1")
+        .http("web", "app")
+        .pool("app", &[addr]);
+    let baton = Baton::start(spec).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let head = format!("POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY}\r\n\r\n");
+    s.write_all(head.as_bytes()).await.expect("head");
+    let chunk = vec![b'z'; 64 * 1024];
+    for n in 0..BODY / chunk.len() {
+        tokio::time::timeout(support::TIMEOUT, s.write_all(&chunk))
+            .await
+            .unwrap_or_else(|_| panic!("chunk {n} taken in time"))
+            .unwrap_or_else(|e| panic!("chunk {n} of the body written: {e}"));
+    }
+    let (got, ended) = support::read_to_the_end(&mut s).await;
+    let got = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(got.starts_with("http/1.1 413"), "{got}");
+    assert!(got.ends_with("\r\n\r\nbig"), "{got}");
+    assert_eq!(ended, Ok(()), "a FIN after the answer, not a reset");
+}
+
 /// A backend that answers before it read the request's body, and never
 /// reads it, takes what is left of it for its next request. A backend
 /// connection whose answer came before baton had sent the whole request is

@@ -235,12 +235,12 @@ impl HttpProxy {
     /// A client that sent plain HTTP to this TLS listener: a 400 it can
     /// read, saying why, then a lingering close (its request is unread).
     /// Counted as a failed handshake, not a request: it never became one.
-    pub async fn refuse_plain_http(&self, mut stream: TcpStream) {
+    pub async fn refuse_plain_http(&self, mut stream: TcpStream, drain: &DrainWatch) {
         let page = "400 Bad Request\nthis port speaks HTTPS: the request came as plain HTTP\n";
         let mut answer = BytesMut::new();
         own_answer(StatusCode::BAD_REQUEST, page, None, true, &mut answer);
         if write_all(&mut stream, &answer, SILENT_STALL).await.is_ok() {
-            linger_close(&mut stream).await;
+            linger_close(&mut stream, drain).await;
         }
     }
 

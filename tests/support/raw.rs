@@ -261,20 +261,29 @@ pub async fn silent_mid_body() -> (RawBackend, super::daemon::Spec) {
 /// A backend that reads each request's head and then nothing more, holding
 /// the connection: an upload to it stalls once the sockets are full.
 pub async fn deaf_after_head() -> SocketAddr {
-    reads_heads_only(true).await
+    reads_heads_only(Some(b"")).await
 }
 
 /// A backend that reads each request's head and closes without a byte of
 /// answer, whatever of the body is still to come.
 pub async fn closes_after_head() -> SocketAddr {
-    reads_heads_only(false).await
+    reads_heads_only(None).await
 }
 
-async fn reads_heads_only(hold: bool) -> SocketAddr {
+/// A backend that reads each request's head, sends `answer` at once and
+/// reads nothing more, holding the connection: an upload it refuses from
+/// its head (a 413, a 401) and will not take.
+pub async fn answers_after_head(answer: &'static [u8]) -> SocketAddr {
+    reads_heads_only(Some(answer)).await
+}
+
+/// Reads heads only; `held`: the connection is held after `answer` (which
+/// may be empty), else closed.
+async fn reads_heads_only(held: Option<&'static [u8]>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let mut held = Vec::new();
+        let mut holding = Vec::new();
         while let Ok((mut stream, _)) = listener.accept().await {
             let mut head = Vec::new();
             let mut byte = [0u8; 1];
@@ -284,8 +293,9 @@ async fn reads_heads_only(hold: bool) -> SocketAddr {
                     _ => break,
                 }
             }
-            if hold {
-                held.push(stream);
+            if let Some(answer) = held {
+                let _ = stream.write_all(answer).await;
+                holding.push(stream);
             }
         }
     });

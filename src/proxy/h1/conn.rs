@@ -92,7 +92,7 @@ pub async fn serve<S: ByteStream>(
     {
         return;
     }
-    linger_close(&mut client.stream).await;
+    linger_close(&mut client.stream, drain).await;
 }
 
 /// No byte came from the client since baton's last read drained its

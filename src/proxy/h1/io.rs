@@ -19,6 +19,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::lifecycle::drain::DrainWatch;
+
 /// Room made in a read buffer before each read.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -128,38 +130,55 @@ where
     }
 }
 
-/// How long a closing connection keeps reading what its client still
-/// sends, and how much of it.
-const LINGER: Duration = Duration::from_secs(1);
-const LINGER_BYTES: usize = 256 * 1024;
+/// How long a closing connection waits for more of what its client
+/// still sends, and for all of it: nginx's `lingering_timeout` and
+/// `lingering_time`. Long enough for an upload answered early (a 413, a
+/// 401) to be written whole by a client that reads only then; one that
+/// sends nothing for a wait is done. No cap on bytes: a cap closed over
+/// an upload still coming, a reset, and the answer lost with it.
+const LINGER_WAIT: Duration = Duration::from_secs(5);
+const LINGER_TIME: Duration = Duration::from_secs(30);
+
+/// How long a close lingers once the generation drains: the linger runs
+/// within the drain, whose deadline would count it forced (a client that
+/// keeps sending would hold a stop to its budget).
+const LINGER_IN_DRAIN: Duration = Duration::from_secs(1);
+
+/// How long a TLS stream's shutdown may take to send what it holds.
+const SHUTDOWN_TIME: Duration = Duration::from_secs(1);
 
 /// Closes a client connection gracefully: the write side first, then
-/// what the client still sends is read and dropped for a moment, because
-/// closing a socket with unread bytes makes the kernel send a reset, which
-/// can destroy a response the client has not read yet (a pipelined
-/// request during a drain, an upload answered early). nginx's
-/// `lingering_close` does the same.
-pub async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) {
+/// what the client still sends is read and dropped, because closing a
+/// socket with unread bytes makes the kernel send a reset, which can
+/// destroy a response the client has not read yet (a pipelined request
+/// during a drain, an upload answered early). nginx's `lingering_close`
+/// does the same.
+pub async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, drain: &DrainWatch) {
     // Bounded too: a TLS stream's shutdown sends close_notify after every
     // record still buffered, and waits for good on a client that stopped
     // reading (a plain socket's returns at once).
     if !matches!(
-        tokio::time::timeout(LINGER, stream.shutdown()).await,
+        tokio::time::timeout(SHUTDOWN_TIME, stream.shutdown()).await,
         Ok(Ok(()))
     ) {
         return;
     }
-    let mut sink = vec![0u8; 4096];
-    let mut total = 0;
-    let _ = tokio::time::timeout(LINGER, async {
-        while total < LINGER_BYTES {
-            match stream.read(&mut sink).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => total += n,
-            }
+    // Read into a lent buffer: connections closed by the thousand (idle
+    // ones at their timeout, or at a drain's grace) hold none while they
+    // wait for a client that sends nothing.
+    let mut sink = BytesMut::new();
+    let dropping = tokio::time::timeout(LINGER_TIME, async {
+        while let Ok(Ok(1..)) =
+            tokio::time::timeout(LINGER_WAIT, read_lent(stream, &mut sink)).await
+        {
+            sink.clear();
         }
-    })
-    .await;
+    });
+    tokio::select! {
+        _ = dropping => {}
+        () = drain.grace_over(LINGER_IN_DRAIN) => {}
+    }
+    release_if_empty(&mut sink);
 }
 
 /// Gives a buffer that holds nothing back to this thread's spares.
