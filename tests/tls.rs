@@ -1659,6 +1659,30 @@ async fn a_silent_h2_client_is_closed_without_an_http1_answer() {
     }
 }
 
+/// A client that agreed on h2 by ALPN and then speaks HTTP/1 gets the
+/// connection error an h2 client reads (SETTINGS, then GOAWAY with
+/// PROTOCOL_ERROR: RFC 9113 §3.4) and `close_notify`, not an HTTP/1
+/// answer, which it would take for a broken frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_client_that_speaks_http1_gets_a_goaway() {
+    let (_backend, ca, _a, baton) = one_certificate_on("web", "http", "", "").await;
+    let mut stream = ca
+        .client(&["h2"])
+        .connect(baton.addr("web"), "a.test")
+        .await
+        .expect("handshake");
+    assert_eq!(negotiated(&stream).0.as_deref(), Some("h2"));
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .expect("request");
+    let (got, end) = read_to_the_end(&mut stream).await;
+    let settings = [0, 0, 0, 4, 0, 0, 0, 0, 0];
+    let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    assert_eq!(got, [&settings[..], &goaway[..]].concat());
+    assert!(end.is_ok(), "a clean TLS close: {end:?}");
+}
+
 /// A backend that sends `size` bytes to whoever connects, waits until its
 /// peer's kernel has them all (its own send queue empty), then resets.
 async fn sends_then_resets(size: usize) -> SocketAddr {

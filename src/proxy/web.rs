@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::h1::io::{ack_promptly, linger_close, read_now, read_some, release_if_empty, write_all};
 use super::h1::rewrite::own_answer;
-use super::h2::{H2_PING_INTERVAL, H2_PING_TIMEOUT};
+use super::h2::{frame, H2_PING_INTERVAL, H2_PING_TIMEOUT};
 use crate::access_log::AccessLog;
 use crate::backend::Pool;
 use crate::config::{Forwarded, ListenerConfig, RouteConfig};
@@ -206,6 +206,21 @@ impl HttpProxy {
             Opening::H2(seen) => {
                 let seen = BytesMut::from(&seen[..]);
                 super::h1::conn::serve(&self, stream, seen, origin, &drain, opened).await;
+            }
+            // A client that agreed on h2 must open with its preface (RFC
+            // 9113 §3.4): HTTP/1 bytes instead get the connection error an
+            // h2 client reads, not an HTTP/1 answer it would take for a
+            // broken frame.
+            Opening::Http1(_) if stream.alpn() == Some(b"h2") => {
+                if crate::telemetry::may_say_client_fault() {
+                    tracing::info!(listener = %self.listener, client = %peer, "agreed on h2 by ALPN, then sent no h2 preface; closing");
+                }
+                let mut refusal = Vec::new();
+                frame::write::settings(&mut refusal, &[]);
+                frame::write::goaway(&mut refusal, 0, frame::Reason::PROTOCOL_ERROR);
+                if write_all(&mut stream, &refusal, SILENT_STALL).await.is_ok() {
+                    linger_close(&mut stream, &drain).await;
+                }
             }
             Opening::Http1(seen) => {
                 super::h1::conn::serve(&self, stream, seen, origin, &drain, opened).await;

@@ -59,13 +59,21 @@ pub fn head(fields: Vec<Field>) -> Result<RequestHead, Malformed> {
         if name == http::header::CONTENT_LENGTH {
             content_length = Some(length(&value, content_length)?);
         }
-        if name == http::header::TE && value != "trailers" {
+        // Its value's case is no matter (RFC 9110 §10.1.4).
+        if name == http::header::TE && !value.eq_ignore_ascii_case(b"trailers") {
             return Err("te other than trailers");
         }
         headers.append(name, field_value(value)?);
     }
     let method = method.ok_or("no :method")?;
     let method = Method::from_bytes(&method).map_err(|_| "invalid :method")?;
+    // An `http` or `https` target has a host, in `:authority` or `Host`
+    // (RFC 9113 §8.3.1), as an HTTP/1.1 request must send `Host`: without
+    // either, the backend read baton's own name for it.
+    let named = authority.is_some() || headers.contains_key(http::header::HOST);
+    if matches!(scheme.as_deref(), Some(b"http" | b"https")) && !named {
+        return Err("no :authority or host");
+    }
     let uri = uri(&method, scheme, authority, path)?;
     let mut request = Request::new(());
     *request.method_mut() = method;
@@ -241,6 +249,7 @@ mod tests {
         assert_eq!(with(&[("x-a", "v\r\nx-b: w")]), Some("invalid field value"));
         assert_eq!(with(&[("te", "gzip")]), Some("te other than trailers"));
         assert!(with(&[("te", "trailers")]).is_none());
+        assert!(with(&[("te", "Trailers")]).is_none());
         assert_eq!(
             with(&[("content-length", "5"), ("content-length", "6")]),
             Some("invalid content-length")
@@ -249,13 +258,29 @@ mod tests {
             with(&[("content-length", "+5")]),
             Some("invalid content-length")
         );
-        let no_path = [(":method", "GET"), (":scheme", "http")];
+        let no_host = [(":method", "GET"), (":scheme", "https"), (":path", "/")];
+        assert_eq!(head(fields(&no_host)).err(), Some("no :authority or host"));
+        let host_alone = [
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            ("host", "example.test"),
+        ];
+        assert!(head(fields(&host_alone)).is_ok());
+        let named = (":authority", "example.test");
+        let no_path = [(":method", "GET"), (":scheme", "http"), named];
         assert_eq!(head(fields(&no_path)).err(), Some("no :scheme or :path"));
-        let empty_path = [(":method", "GET"), (":scheme", "http"), (":path", "")];
+        let empty_path = [
+            (":method", "GET"),
+            (":scheme", "http"),
+            named,
+            (":path", ""),
+        ];
         assert_eq!(head(fields(&empty_path)).err(), Some("empty :path"));
         let fragment = [
             (":method", "GET"),
             (":scheme", "http"),
+            named,
             (":path", "/a.js#/x"),
         ];
         assert_eq!(head(fields(&fragment)).err(), Some("fragment in :path"));
