@@ -215,12 +215,7 @@ impl HttpProxy {
                 if crate::telemetry::may_say_client_fault() {
                     tracing::info!(listener = %self.listener, client = %peer, "agreed on h2 by ALPN, then sent no h2 preface; closing");
                 }
-                let mut refusal = Vec::new();
-                frame::write::settings(&mut refusal, &[]);
-                frame::write::goaway(&mut refusal, 0, frame::Reason::PROTOCOL_ERROR);
-                if write_all(&mut stream, &refusal, SILENT_STALL).await.is_ok() {
-                    linger_close(&mut stream, &drain).await;
-                }
+                refuse_without_preface(stream, &drain).await;
             }
             Opening::Http1(seen) => {
                 super::h1::conn::serve(&self, stream, seen, origin, &drain, opened).await;
@@ -343,4 +338,17 @@ fn targets_of(config: &ListenerConfig, pools: &[Arc<Pool>]) -> (Vec<Target>, Vec
         })
         .collect();
     (targets, routes)
+}
+
+/// Ends a connection whose client agreed on h2 and sent something else
+/// than its preface: SETTINGS and GOAWAY with PROTOCOL_ERROR, then a
+/// lingering close (what it sent is unread). Apart from `serve`, whose
+/// every state would otherwise make room for the frames' buffer.
+async fn refuse_without_preface<S: ByteStream>(mut stream: S, drain: &DrainWatch) {
+    let mut refusal = Vec::new();
+    frame::write::settings(&mut refusal, &[]);
+    frame::write::goaway(&mut refusal, 0, frame::Reason::PROTOCOL_ERROR);
+    if write_all(&mut stream, &refusal, SILENT_STALL).await.is_ok() {
+        linger_close(&mut stream, drain).await;
+    }
 }
