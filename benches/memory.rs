@@ -2,13 +2,14 @@
 //!
 //! Resident memory of baton, HAProxy and nginx: idle, holding N idle HTTP
 //! keep-alive client connections (each has answered one request), as many
-//! idle h2c connections (the same), and, in
-//! TCP mode, N idle proxied connections (each has echoed one byte, so it
-//! has its backend connection too). Default N = 10,000. A TCP-mode
-//! connection costs a proxy two fds, so there N is capped to fit the fd
-//! limit (20,000 on this machine kind, which even root cannot raise); the
-//! echo backend runs in a process of its own for the same reason. Prints
-//! the per-connection cost; it asserts nothing.
+//! idle h2c connections (the same), N idle WebSockets (each upgraded and
+//! has echoed one frame) and, in TCP mode, N idle proxied connections
+//! (each has echoed one byte). Default N = 10,000. A WebSocket or a
+//! TCP-mode connection costs a proxy two fds (it has its backend
+//! connection too), so there N is capped to fit the fd limit (20,000 on
+//! this machine kind, which even root cannot raise); their backends run
+//! in a process of their own for the same reason. Prints the
+//! per-connection cost; it asserts nothing.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -24,11 +25,12 @@ use support::client::Conn;
 use support::measure::rss_kib;
 use support::proxies::{Kind, Mode, Proxy};
 
-/// A TCP echo server in a child process (this bench binary, re-run with
-/// `--echo-server`), killed on drop.
+/// A TCP echo server and a WebSocket one in a child process (this bench
+/// binary, re-run with `--echo-server`), killed on drop.
 struct EchoProcess {
     child: std::process::Child,
     addr: SocketAddr,
+    websocket: SocketAddr,
 }
 
 impl EchoProcess {
@@ -38,12 +40,19 @@ impl EchoProcess {
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("start the echo process");
-        let mut line = String::new();
         let stdout = child.stdout.take().expect("echo stdout");
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
-            .expect("echo address");
-        let addr = line.trim().parse().expect("echo address");
-        EchoProcess { child, addr }
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let mut next_addr = || -> SocketAddr {
+            let line = lines.next().expect("an address").expect("an address");
+            line.trim().parse().expect("echo address")
+        };
+        let addr = next_addr();
+        let websocket = next_addr();
+        EchoProcess {
+            child,
+            addr,
+            websocket,
+        }
     }
 }
 
@@ -56,7 +65,7 @@ impl Drop for EchoProcess {
 
 /// Something held open through the proxy: an HTTP keep-alive connection,
 /// an h2c connection (its client and the task that drives it) or a TCP
-/// stream.
+/// stream (TCP mode's, or an upgraded one's).
 enum Held {
     Http(Conn),
     H2c(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>),
@@ -79,6 +88,7 @@ async fn open_one(addr: SocketAddr, mode: Mode) -> Option<Held> {
             s.read_exact(&mut echo).await.ok()?;
             Some(Held::Tcp(s))
         }
+        Mode::WebSocket => upgraded(addr).await.map(Held::Tcp),
         // benches/tls.rs measures idle TLS connections.
         Mode::Https => None,
         Mode::Http => {
@@ -87,6 +97,31 @@ async fn open_one(addr: SocketAddr, mode: Mode) -> Option<Held> {
         }
         Mode::H2c => h2c_answered(addr).await,
     }
+}
+
+/// A connection switched to WebSocket that has echoed one frame (its key
+/// RFC 6455 §1.3's example, whose accept the backend knows).
+async fn upgraded(addr: SocketAddr) -> Option<TcpStream> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    let request = "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+                   Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    s.write_all(request.as_bytes()).await.ok()?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).await.ok()?;
+        head.push(byte[0]);
+    }
+    if !head.starts_with(b"HTTP/1.1 101") {
+        return None;
+    }
+    // A text frame of one byte, masked as a client's must be.
+    s.write_all(&[0x81, 0x81, 7, 7, 7, 7, b'x' ^ 7])
+        .await
+        .ok()?;
+    let mut echo = [0u8; 3];
+    s.read_exact(&mut echo).await.ok()?;
+    (echo == [0x81, 1, b'x']).then_some(s)
 }
 
 /// An h2c connection (prior knowledge) that has answered one GET whole.
@@ -127,19 +162,28 @@ fn row(rt: &tokio::runtime::Runtime, kind: Kind, backend: SocketAddr, mode: Mode
     });
     std::thread::sleep(Duration::from_millis(500));
     let loaded = rss_kib(&proxy.pids());
-    let per = (loaded.saturating_sub(idle)) as f64 / held.len().max(1) as f64;
+    // None held is a failure to say, not a figure (a proxy that refused
+    // every one, as HAProxy does a 101 it finds wrong).
+    let per = if held.is_empty() {
+        "none held".to_string()
+    } else {
+        format!(
+            "{:.1} KiB",
+            loaded.saturating_sub(idle) as f64 / held.len() as f64
+        )
+    };
     let what = match mode {
         Mode::Tcp => "TCP",
         Mode::H2c => "h2c",
+        Mode::WebSocket => "WebSocket",
         _ => "HTTP",
     };
     println!(
-        "| {} | {what} | {:.1} MiB | {:.1} MiB ({} held) | {:.1} KiB |",
+        "| {} | {what} | {:.1} MiB | {:.1} MiB ({} held) | {per} |",
         kind.name(),
         idle as f64 / 1024.0,
         loaded as f64 / 1024.0,
         held.len(),
-        per
     );
     for one in held {
         match one {
@@ -156,6 +200,7 @@ fn row(rt: &tokio::runtime::Runtime, kind: Kind, backend: SocketAddr, mode: Mode
 fn main() {
     if std::env::args().any(|a| a == "--echo-server") {
         println!("{}", support::start_echo_backend());
+        println!("{}", support::start_websocket_backend());
         loop {
             std::thread::park();
         }
@@ -172,7 +217,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    println!("memory bench: RSS (all processes of each proxy), idle and with {connections} idle HTTP (or h2c) connections ({tcp_connections} in TCP mode: the fd limit is {})", support::fd_limit());
+    println!("memory bench: RSS (all processes of each proxy), idle and with {connections} idle HTTP (or h2c) connections ({tcp_connections} WebSockets or TCP-mode ones: the fd limit is {})", support::fd_limit());
     println!("| system | mode | idle RSS | RSS with the connections | per connection |");
     println!("| --- | --- | ---: | ---: | ---: |");
     for kind in [Kind::Baton, Kind::Haproxy, Kind::Nginx] {
@@ -182,6 +227,7 @@ fn main() {
         }
         row(&rt, kind, backend, Mode::Http, connections);
         row(&rt, kind, backend, Mode::H2c, connections);
+        row(&rt, kind, echo.websocket, Mode::WebSocket, tcp_connections);
         if kind != Kind::Nginx {
             row(&rt, kind, echo.addr, Mode::Tcp, tcp_connections);
         }

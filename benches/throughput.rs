@@ -213,8 +213,8 @@ fn measure(kind: Kind, backend: &Backend, mode: Mode, seconds: u32, layout: &Lay
         Mode::Http => true,
         Mode::H2c => true,
         Mode::Tcp => kind != Kind::Nginx,
-        // benches/tls.rs measures HTTPS.
-        Mode::Https => false,
+        // benches/tls.rs measures HTTPS, benches/memory.rs idle WebSockets.
+        Mode::Https | Mode::WebSocket => false,
     };
     if !supported {
         return vec![Cell {
@@ -257,7 +257,7 @@ fn measure(kind: Kind, backend: &Backend, mode: Mode, seconds: u32, layout: &Lay
         Mode::H2c => vec![observed(&proxy, backend, || {
             h2load(&url, seconds, cpus, Speech::H2c)
         })],
-        Mode::Tcp | Mode::Https => vec![observed(&proxy, backend, || {
+        Mode::Tcp | Mode::Https | Mode::WebSocket => vec![observed(&proxy, backend, || {
             wrk(&url, seconds, false, cpus)
         })],
     }

@@ -71,29 +71,73 @@ pub fn pin_this_thread(cpus: &[usize]) {
 
 /// Starts a TCP echo backend on its own runtime thread.
 pub fn start_echo_backend() -> SocketAddr {
+    serve_on_own_thread("echo", |mut stream| async move {
+        let (mut r, mut w) = stream.split();
+        let _ = tokio::io::copy(&mut r, &mut w).await;
+    })
+}
+
+/// A WebSocket echo backend on its own runtime thread: it answers any
+/// request head with a 101, then sends back each 1-byte frame it is sent
+/// (unmasked, as a server's are). Its `Sec-WebSocket-Accept` is the one
+/// for the key `benches/memory.rs` sends (RFC 6455 §1.3's example):
+/// HAProxy answers a 101 without the right one with a 502.
+pub fn start_websocket_backend() -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    serve_on_own_thread("websocket", |mut stream| async move {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read_exact(&mut byte).await.is_err() {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        let switched =
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                         Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+        if stream.write_all(switched).await.is_err() {
+            return;
+        }
+        let mut frame = [0u8; 7];
+        while stream.read_exact(&mut frame).await.is_ok() {
+            let payload = frame[6] ^ frame[2];
+            if stream.write_all(&[0x81, 1, payload]).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Serves each connection to a new loopback port with `serve`, in a task
+/// of a runtime on a thread of its own; returns the port's address.
+fn serve_on_own_thread<F, Fut>(name: &'static str, serve: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
-            .expect("echo runtime");
+            .unwrap_or_else(|e| panic!("{name} runtime: {e}"));
         rt.block_on(async move {
-            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .unwrap_or_else(|e| panic!("bind the {name} backend: {e}"));
             tx.send(listener.local_addr().expect("addr"))
                 .expect("report addr");
             loop {
-                let Ok((mut stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                tokio::spawn(async move {
-                    let (mut r, mut w) = stream.split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                });
+                if let Ok((stream, _)) = listener.accept().await {
+                    tokio::spawn(serve(stream));
+                }
             }
         });
     });
-    rx.recv().expect("echo address")
+    rx.recv()
+        .unwrap_or_else(|e| panic!("{name} backend address: {e}"))
 }
 
 /// Percentile of sorted microseconds, in milliseconds.

@@ -36,6 +36,9 @@ pub enum Mode {
     /// Plain TCP (nginx would need its stream module, which Debian's nginx
     /// package does not carry).
     Tcp,
+    /// HTTP/1.1 with upgrades passed on (nginx needs them asked for; the
+    /// others pass them on as they are): WebSocket tunnels.
+    WebSocket,
     /// HTTP/1.1 over TLS (1.2 and 1.3, ALPN http/1.1), with the certificate
     /// given to `Proxy::start_tls`; session tickets on with each proxy's
     /// default keys (HAProxy and nginx make theirs at start).
@@ -208,6 +211,7 @@ impl Proxy {
             Mode::Http => self.config(port, backend, threads),
             Mode::H2c => self.h2c_config(port, backend, threads),
             Mode::Tcp => self.tcp_config(port, backend, threads),
+            Mode::WebSocket => self.websocket_config(port, backend, threads),
             Mode::Https => self.https_config(port, backend, threads),
         };
         let config = self.with_deferral(config, port);
@@ -358,6 +362,17 @@ impl Proxy {
                 .replace("  timeout http-keep-alive 60s\n", "")
                 .replace("  http-reuse always\n", ""),
             Kind::Nginx | Kind::Direct => http,
+        }
+    }
+
+    fn websocket_config(&self, port: u16, backend: SocketAddr, threads: usize) -> String {
+        let http = self.config(port, backend, threads);
+        match self.kind {
+            Kind::Nginx | Kind::Direct => http.replace(
+                "proxy_set_header Connection \"\";",
+                "proxy_set_header Upgrade $http_upgrade;\n      proxy_set_header Connection \"upgrade\";",
+            ),
+            Kind::Baton | Kind::Haproxy => http,
         }
     }
 
