@@ -358,6 +358,31 @@ async fn socket_activation_starts_baton_on_the_first_connection() {
     );
 }
 
+/// With `workers = 2`, a socket-activated listener needs a socket unit for
+/// each shard, as `baton.socket` says: baton runs as its own user, and the
+/// kernel lets only one user's sockets share a port, so baton cannot add
+/// a shard beside root's socket. A second unit, `web#1`, gives every
+/// worker its own, and baton adopts both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_unit_for_each_shard_lets_every_worker_accept() {
+    let Some(sbx) = Sandbox::boot() else { return };
+    let (a, echo) = (HttpBackend::start("a").await, TcpEcho::start().await);
+    let p = Ports::reserve();
+    let two = format!("workers = 2\n{}", config(&p, &[a.addr], echo.addr, ""));
+    sbx.install_baton(&two);
+    install_socket_unit(&sbx, p.web, "web");
+    install_socket_unit_as(&sbx, "baton-web1.socket", p.web, "web#1");
+    sbx.systemctl_ok(&["start", "baton.socket", "baton-web1.socket"]);
+    sbx.systemctl_ok(&["start", "baton"]);
+    let answer = client::get(p.web, "/sharded").await.expect("served");
+    assert_eq!(answer.body, HttpBackend::body_for("a", "/sharded"));
+    let journal = sbx.journal_holding("adopting sockets from systemd");
+    assert!(
+        journal.contains("sockets=2") && !journal.contains("cannot add a shard"),
+        "{journal}"
+    );
+}
+
 /// A listener from `baton.socket` that a reload removes stops listening
 /// (and one a restart keeps goes on):
 /// systemd's socket unit keeps its copy of the socket open, and connections
@@ -455,6 +480,12 @@ async fn connect_error(at: SocketAddr) -> Option<std::io::ErrorKind> {
 /// Installs the shipped `baton.socket`, listening at `at` and naming its
 /// socket `name`.
 fn install_socket_unit(sbx: &Sandbox, at: SocketAddr, name: &str) {
+    install_socket_unit_as(sbx, "baton.socket", at, name);
+}
+
+/// The shipped socket unit as `unit`, bound to `at`, its socket named
+/// `name`.
+fn install_socket_unit_as(sbx: &Sandbox, unit: &str, at: SocketAddr, name: &str) {
     let shipped =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.socket"))
             .expect("shipped socket unit");
@@ -469,7 +500,7 @@ fn install_socket_unit(sbx: &Sandbox, at: SocketAddr, name: &str) {
             "FileDescriptorName=web\n",
             &format!("FileDescriptorName={name}\n"),
         );
-    sbx.write("/etc/systemd/system/baton.socket", &socket);
+    sbx.write(&format!("/etc/systemd/system/{unit}"), &socket);
     sbx.systemctl_ok(&["daemon-reload"]);
 }
 
