@@ -183,6 +183,39 @@ async fn a_body_behind_body_min_rate_is_a_408_that_frees_its_backend() {
     assert_eq!(backend.uploads.last_bytes.load(Ordering::Relaxed), 300);
 }
 
+/// A refused client that keeps sending after its 408 holds its socket and
+/// its place in `max_connections` for a moment's linger, not an upload's
+/// 30 s: only a request body left unread lingers that long (a client still
+/// writing an upload answered early). Here the client trickles a byte
+/// every 200 ms, each of which would start a long linger's wait afresh;
+/// its writes fail once baton closed the socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_client_that_keeps_sending_is_closed_after_a_brief_linger() {
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "header_timeout = \"1s\"").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\n")
+        .await
+        .expect("a head begun");
+    let (head, _) = read_head(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    let answered = tokio::time::Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(15), async {
+        while s.write_all(b"x").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "still open 15 s after the 408");
+    let held = answered.elapsed();
+    assert!(
+        held < Duration::from_secs(10),
+        "held {held:?} after the 408: an upload's linger"
+    );
+}
+
 /// A CRLF after a POST's body (some old clients send one; RFC 9112 §2.2
 /// has servers ignore it) does not start the header clock, nor does one
 /// whose CR and LF come in two segments: the connection waits for its

@@ -786,10 +786,11 @@ async fn the_time_an_upload_waits_on_its_backend_is_not_held_against_its_pace() 
 /// A backend that refuses an upload from its head (a 413 before a byte of
 /// it) and reads no more: a client that writes its whole body before it
 /// reads (Python's `http.client`, Java's `HttpURLConnection`) still gets
-/// the answer, its writes taken. baton reads and drops the rest of the body
-/// after its answer, as nginx's `lingering_close` does, rather than
-/// closing over it: that close was a reset, the client's write failed and
-/// the answer was lost with it.
+/// the answer, its writes taken, even with a pause of 2 s halfway (a long
+/// linger's wait is 5 s; any other close's 1 s in all). baton reads and
+/// drops the rest of the body after its answer, as nginx's
+/// `lingering_close` does, rather than closing over it: that close was a
+/// reset, the client's write failed and the answer was lost with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_refused_from_its_head_gets_its_answer_once_written_whole() {
     const BODY: usize = 32 << 20;
@@ -808,7 +809,11 @@ async fn an_upload_refused_from_its_head_gets_its_answer_once_written_whole() {
     let head = format!("POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY}\r\n\r\n");
     s.write_all(head.as_bytes()).await.expect("head");
     let chunk = vec![b'z'; 64 * 1024];
-    for n in 0..BODY / chunk.len() {
+    let chunks = BODY / chunk.len();
+    for n in 0..chunks {
+        if n == chunks / 2 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
         tokio::time::timeout(support::TIMEOUT, s.write_all(&chunk))
             .await
             .unwrap_or_else(|_| panic!("chunk {n} taken in time"))

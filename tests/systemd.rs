@@ -381,6 +381,10 @@ async fn a_socket_unit_for_each_shard_lets_every_worker_accept() {
         journal.contains("sockets=2") && !journal.contains("cannot add a shard"),
         "{journal}"
     );
+    // As the package's removal stops baton.socket: the copy goes with it
+    // (else it would listen on, and start baton again, binary or not).
+    sbx.systemctl_ok(&["stop", "baton", "baton.socket"]);
+    assert_eq!(sbx.show("baton-web1.socket", "ActiveState"), "inactive");
 }
 
 /// A listener from `baton.socket` that a reload removes stops listening
@@ -484,7 +488,8 @@ fn install_socket_unit(sbx: &Sandbox, at: SocketAddr, name: &str) {
 }
 
 /// The shipped socket unit as `unit`, bound to `at`, its socket named
-/// `name`.
+/// `name`; a copy (another shard's) made part of `baton.socket`, as the
+/// unit's comment says.
 fn install_socket_unit_as(sbx: &Sandbox, unit: &str, at: SocketAddr, name: &str) {
     let shipped =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/baton.socket"))
@@ -494,12 +499,15 @@ fn install_socket_unit_as(sbx: &Sandbox, unit: &str, at: SocketAddr, name: &str)
             && shipped.contains("ListenStream=127.0.0.1:8080\n"),
         "{shipped}"
     );
-    let socket = shipped
+    let mut socket = shipped
         .replace("ListenStream=127.0.0.1:8080", &format!("ListenStream={at}"))
         .replace(
             "FileDescriptorName=web\n",
             &format!("FileDescriptorName={name}\n"),
         );
+    if unit != "baton.socket" {
+        socket = socket.replace("[Unit]\n", "[Unit]\nPartOf=baton.socket\n");
+    }
     sbx.write(&format!("/etc/systemd/system/{unit}"), &socket);
     sbx.systemctl_ok(&["daemon-reload"]);
 }

@@ -12,7 +12,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::h1::io::{ack_promptly, linger_close, read_now, read_some, release_if_empty, write_all};
+use super::h1::io::{
+    ack_promptly, linger_close, read_now, read_some, release_if_empty, write_all, Linger,
+};
 use super::h1::rewrite::own_answer;
 use super::h2::{frame, H2_PING_INTERVAL, H2_PING_TIMEOUT};
 use crate::access_log::AccessLog;
@@ -250,7 +252,7 @@ impl HttpProxy {
         let mut answer = BytesMut::new();
         own_answer(StatusCode::BAD_REQUEST, page, None, true, &mut answer);
         if write_all(&mut stream, &answer, SILENT_STALL).await.is_ok() {
-            linger_close(&mut stream, drain).await;
+            linger_close(&mut stream, Linger::Brief, drain).await;
         }
     }
 
@@ -349,6 +351,6 @@ async fn refuse_without_preface<S: ByteStream>(mut stream: S, drain: &DrainWatch
     frame::write::settings(&mut refusal, &[]);
     frame::write::goaway(&mut refusal, 0, frame::Reason::PROTOCOL_ERROR);
     if write_all(&mut stream, &refusal, SILENT_STALL).await.is_ok() {
-        linger_close(&mut stream, drain).await;
+        linger_close(&mut stream, Linger::Brief, drain).await;
     }
 }

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::exchange::{exchange, After, Client, Served};
 use super::head::{self, Framing, Parsed, Refusal, RequestHead};
-use super::io::{ack_promptly, linger_close, read_now, release_if_empty, write_all};
+use super::io::{ack_promptly, linger_close, read_now, release_if_empty, write_all, Linger};
 use super::rewrite;
 use crate::lifecycle::drain::DrainWatch;
 use crate::proxy::request_id::RequestId;
@@ -92,7 +92,12 @@ pub async fn serve<S: ByteStream>(
     {
         return;
     }
-    linger_close(&mut client.stream, drain).await;
+    let linger = if client.upload_unread {
+        Linger::Upload
+    } else {
+        Linger::Brief
+    };
+    linger_close(&mut client.stream, linger, drain).await;
 }
 
 /// No byte came from the client since baton's last read drained its
@@ -363,6 +368,9 @@ async fn refuse<S: ByteStream>(
     let answer = Answer { bytes: &out, head };
     let answered =
         answer_refused(proxy, client, answer, status.as_u16(), Termination::Refused).await;
+    // A head refused for what it asks (417, 405, 431) may come with a body
+    // its client is still writing; a malformed one is not worth the wait.
+    client.upload_unread = !matches!(refusal, Refusal::BadRequest(_));
     release_if_empty(&mut client.buf);
     record::unserved(
         proxy.access_log.as_ref(),

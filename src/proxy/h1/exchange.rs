@@ -56,6 +56,11 @@ pub struct Client<S> {
     pub speaker: Option<Box<crate::proxy_protocol::send::Speaker>>,
     /// The connection's one timer: its idle, head and response clocks.
     pub alarm: Alarm,
+    /// The client may still be sending when its connection closes (its
+    /// last request's body not read whole, a pipelined request, a body
+    /// behind a head refused for what it asks): the close lingers long
+    /// enough for it to finish and read the answer.
+    pub upload_unread: bool,
     /// Its socket is set to reset when closed (a tunnel's backend failed):
     /// it is closed as it is, without the graceful close's FIN, which
     /// would reach the client first and pass the abort off as an end. Set
@@ -81,6 +86,7 @@ impl<S> Client<S> {
             kept: None,
             speaker: None,
             alarm: Alarm::new(),
+            upload_unread: false,
             reset: false,
         }
     }
@@ -126,7 +132,7 @@ pub enum Served<'p> {
     /// Switched to another protocol: the rest of the connection's life is
     /// the tunnel's (boxed by the caller at its own size, where inside the
     /// exchange it held the exchange's whole allocation for hours). Boxed
-    /// until its run takes it apart: most exchanges are not upgraded.
+    /// until its run takes it in: most exchanges are not upgraded.
     Upgraded(Box<Tunnel<'p>>),
 }
 
@@ -202,6 +208,14 @@ pub async fn exchange<'p, S: ByteStream>(
         }
     };
     release_if_empty(&mut client.buf);
+    // A client still writing the body its answer came before gets the
+    // time to finish it (one that was too slow with it does not), and so
+    // does one whose next request came pipelined, its body maybe with it.
+    let ended = match &outcome {
+        Ok((_, _, termination)) | Err(termination) => *termination,
+    };
+    let slow = matches!(ended, Termination::ClientTimeout(_));
+    client.upload_unread = (!body.is_done() && !slow) || !client.buf.is_empty();
     let body_bytes = body.received();
     let (status, after, termination) = match outcome {
         Ok(answered) => answered,

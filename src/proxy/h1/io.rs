@@ -130,14 +130,32 @@ where
     }
 }
 
-/// How long a closing connection waits for more of what its client
-/// still sends, and for all of it: nginx's `lingering_timeout` and
-/// `lingering_time`. Long enough for an upload answered early (a 413, a
-/// 401) to be written whole by a client that reads only then; one that
-/// sends nothing for a wait is done. No cap on bytes: a cap closed over
-/// an upload still coming, a reset, and the answer lost with it.
-const LINGER_WAIT: Duration = Duration::from_secs(5);
-const LINGER_TIME: Duration = Duration::from_secs(30);
+/// How long a close reads what its client still sends: each wait for
+/// more, and all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Linger {
+    /// A request body was left unread (an answer came before it, a 413
+    /// or 401, or baton's own error page): long enough for a client that
+    /// reads only once it wrote its whole upload (nginx's
+    /// `lingering_timeout` 5 s and `lingering_time` 30 s). No cap on bytes:
+    /// a cap closed over an upload still coming, a reset, and the answer
+    /// lost with it.
+    Upload,
+    /// Anything else (an idle connection's close, a refused head): a
+    /// moment for what is already on its way, a pipelined request or one
+    /// that crossed the close. The place a connection holds in
+    /// `max_connections` is held no longer for a client that trickles.
+    Brief,
+}
+
+impl Linger {
+    fn limits(self) -> (Duration, Duration) {
+        match self {
+            Linger::Upload => (Duration::from_secs(5), Duration::from_secs(30)),
+            Linger::Brief => (Duration::from_secs(1), Duration::from_secs(1)),
+        }
+    }
+}
 
 /// How long a close lingers once the generation drains: the linger runs
 /// within the drain, whose deadline would count it forced (a client that
@@ -153,7 +171,11 @@ const SHUTDOWN_TIME: Duration = Duration::from_secs(1);
 /// destroy a response the client has not read yet (a pipelined request
 /// during a drain, an upload answered early). nginx's `lingering_close`
 /// does the same.
-pub async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, drain: &DrainWatch) {
+pub async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    linger: Linger,
+    drain: &DrainWatch,
+) {
     // Bounded too: a TLS stream's shutdown sends close_notify after every
     // record still buffered, and waits for good on a client that stopped
     // reading (a plain socket's returns at once).
@@ -163,14 +185,13 @@ pub async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, dra
     ) {
         return;
     }
+    let (wait, time) = linger.limits();
     // Read into a lent buffer: connections closed by the thousand (idle
     // ones at their timeout, or at a drain's grace) hold none while they
     // wait for a client that sends nothing.
     let mut sink = BytesMut::new();
-    let dropping = tokio::time::timeout(LINGER_TIME, async {
-        while let Ok(Ok(1..)) =
-            tokio::time::timeout(LINGER_WAIT, read_lent(stream, &mut sink)).await
-        {
+    let dropping = tokio::time::timeout(time, async {
+        while let Ok(Ok(1..)) = tokio::time::timeout(wait, read_lent(stream, &mut sink)).await {
             sink.clear();
         }
     });

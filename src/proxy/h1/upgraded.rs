@@ -54,48 +54,53 @@ impl<'p> Tunnel<'p> {
 
     /// Carries the tunnel until it ends, then logs and counts it as a
     /// TCP-mode connection's end is (`cD`, `SD`, `CD`). The connection
-    /// closes after.
-    pub async fn run<S: ByteStream>(
+    /// closes after. Not an `async fn`: the tunnel is taken out of its box
+    /// as the future is made (the box freed then), and its parts are the
+    /// future's own, used in place, where an `async fn` would keep its
+    /// argument and the parts taken from it both (rust-lang/rust#62958).
+    pub fn run<'a, S: ByteStream>(
         self: Box<Self>,
-        proxy: &HttpProxy,
-        client: &mut Client<S>,
-        drain: &DrainWatch,
-    ) {
+        proxy: &'a HttpProxy,
+        client: &'a mut Client<S>,
+        drain: &'a DrainWatch,
+    ) -> impl std::future::Future<Output = ()> + use<'a, 'p, S> {
         let Tunnel {
             mut record,
             lease,
             switched,
             body_bytes,
         } = *self;
-        let moved = Moved {
-            down: &record.trace.attempt.bytes_out,
-            up: &record.trace.attempt.tunnelled_in,
-        };
-        let end = tunnel(proxy, client, switched, drain, moved).await;
-        record.trace.note();
-        let termination = match end {
-            TunnelEnd::Closed => {
-                record.trace.status = Some(101);
-                Termination::Completed
-            }
-            TunnelEnd::Idle => Termination::ClientTimeout(Phase::Data),
-            TunnelEnd::Failed(Side::Backend) => {
-                let backend = lease.backend();
-                backend.upstream_failed(
-                    UpstreamErrorKind::Protocol,
-                    "upgraded tunnel broke off",
-                    false,
-                );
-                // Said, as TCP mode says a session the backend broke:
-                // else only a count and `/status` told of it.
-                if crate::telemetry::may_say_backend_fault() {
-                    tracing::info!(listener = %proxy.listener, pool = %backend.pool, backend = %backend.label, request_id = %record.trace.request_id, "backend broke off an upgraded connection (a WebSocket); resetting the client's");
+        async move {
+            let moved = Moved {
+                down: &record.trace.attempt.bytes_out,
+                up: &record.trace.attempt.tunnelled_in,
+            };
+            let end = tunnel(proxy, client, switched, drain, moved).await;
+            record.trace.note();
+            let termination = match end {
+                TunnelEnd::Closed => {
+                    record.trace.status = Some(101);
+                    Termination::Completed
                 }
-                Termination::BackendFailed(Phase::Data)
-            }
-            TunnelEnd::Failed(Side::Client) => Termination::ClientAborted(Phase::Data),
-        };
-        record.end(termination, body_bytes);
+                TunnelEnd::Idle => Termination::ClientTimeout(Phase::Data),
+                TunnelEnd::Failed(Side::Backend) => {
+                    let backend = lease.backend();
+                    backend.upstream_failed(
+                        UpstreamErrorKind::Protocol,
+                        "upgraded tunnel broke off",
+                        false,
+                    );
+                    // Said, as TCP mode says a session the backend broke:
+                    // else only a count and `/status` told of it.
+                    if crate::telemetry::may_say_backend_fault() {
+                        tracing::info!(listener = %proxy.listener, pool = %backend.pool, backend = %backend.label, request_id = %record.trace.request_id, "backend broke off an upgraded connection (a WebSocket); resetting the client's");
+                    }
+                    Termination::BackendFailed(Phase::Data)
+                }
+                TunnelEnd::Failed(Side::Client) => Termination::ClientAborted(Phase::Data),
+            };
+            record.end(termination, body_bytes);
+        }
     }
 }
 
