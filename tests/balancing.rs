@@ -401,6 +401,44 @@ async fn health_checks_pause_for_a_drained_backend() {
     .await;
 }
 
+/// A client that waits for `100 Continue` before its upload, with every
+/// backend down, is answered 503 at once, with no 100 first: it was told
+/// to send its body, only to have it refused after (HAProxy, which passes
+/// the expectation on, answers at once too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_waiting_for_100_continue_with_every_backend_down_is_503_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = HttpBackend::start("a").await;
+    let spec = Spec::new()
+        .http("web", "app")
+        .pool_with("app", FAST_CHECKS, &[(a.addr, 1)]);
+    let baton = Baton::start(spec).await;
+    a.kill();
+    support::eventually("app-0 is down", || async {
+        backend_state(baton.admin, "app-0").await == "down"
+    })
+    .await;
+    let mut s = tokio::net::TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(
+        b"PUT /f HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n",
+    )
+    .await
+    .expect("head");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tokio::time::timeout(support::TIMEOUT, s.read_exact(&mut byte))
+            .await
+            .expect("an answer in time")
+            .expect("an answer");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_backend_down_http_is_503_and_readyz_names_the_pool() {
     let a = HttpBackend::start("a").await;

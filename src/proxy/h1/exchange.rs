@@ -279,6 +279,13 @@ async fn forward<S: ByteStream>(
 ) -> Result<Forwarded, Failure> {
     let head = request.head;
     if !request.body.is_done() {
+        // A client that waits for a 100 before it uploads is told now that
+        // no backend is up, not after its upload (HAProxy, which passes
+        // the expectation on, answers at once too).
+        if head.expect_continue && client.buf.is_empty() && pool.healthy_count() == 0 {
+            let refused = ProxyError::refused(&pool.name, NoLease::NoBackend);
+            return Err(Failure::Answer(refused));
+        }
         first_body_bytes(proxy, client, head, request.body).await?;
     }
     // Sent again only with nothing to resend: no body, an idempotent
