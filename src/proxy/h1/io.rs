@@ -134,17 +134,18 @@ where
 /// more, and all of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Linger {
-    /// A request body was left unread (an answer came before it, a 413
-    /// or 401, or baton's own error page): long enough for a client that
-    /// reads only once it wrote its whole upload (nginx's
-    /// `lingering_timeout` 5 s and `lingering_time` 30 s). No cap on bytes:
-    /// a cap closed over an upload still coming, a reset, and the answer
-    /// lost with it.
+    /// The client may still be sending: a request body left unread (an
+    /// answer came before it, a 413 or 401, or baton's own error page), a
+    /// pipelined request, a body behind a head refused for what it asks.
+    /// Long enough for a client that reads only once it wrote its whole
+    /// upload (nginx's `lingering_timeout` 5 s and `lingering_time` 30 s).
+    /// No cap on bytes: a cap closed over an upload still coming, a reset,
+    /// and the answer lost with it.
     Upload,
-    /// Anything else (an idle connection's close, a refused head): a
-    /// moment for what is already on its way, a pipelined request or one
-    /// that crossed the close. The place a connection holds in
-    /// `max_connections` is held no longer for a client that trickles.
+    /// Anything else (an idle connection's close, a malformed head's, a
+    /// slow client's): a moment for a request that crossed the close. The
+    /// place a connection holds in `max_connections` is held no longer for
+    /// a client that trickles.
     Brief,
 }
 
