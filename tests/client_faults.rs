@@ -183,14 +183,15 @@ async fn a_body_behind_body_min_rate_is_a_408_that_frees_its_backend() {
     assert_eq!(backend.uploads.last_bytes.load(Ordering::Relaxed), 300);
 }
 
-/// A refused client that keeps sending after its 408 holds its socket and
-/// its place in `max_connections` for a moment's linger, not an upload's
-/// 30 s: only a request body left unread lingers that long (a client still
-/// writing an upload answered early). Here the client trickles a byte
-/// every 200 ms, each of which would start a long linger's wait afresh;
-/// its writes fail once baton closed the socket.
+/// A client too slow with its head that keeps sending after its 408 holds
+/// its socket and its place in `max_connections` for a moment's linger,
+/// not an upload's 30 s: only a client that may still be writing a body
+/// lingers that long (an upload answered early, a body behind a head
+/// refused for what it asks). Here the client trickles a byte every
+/// 200 ms, each of which would start a long linger's wait afresh; its
+/// writes fail once baton closed the socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_client_that_keeps_sending_is_closed_after_a_brief_linger() {
+async fn a_client_too_slow_with_its_head_is_closed_after_a_brief_linger() {
     let backend = HttpBackend::start("a").await;
     let baton = baton_with(&backend, "header_timeout = \"1s\"").await;
     let mut s = TcpStream::connect(baton.addr("web"))
@@ -214,6 +215,29 @@ async fn a_refused_client_that_keeps_sending_is_closed_after_a_brief_linger() {
         held < Duration::from_secs(10),
         "held {held:?} after the 408: an upload's linger"
     );
+}
+
+/// A head refused for what it asks (here an `Expect` no one meets: 417)
+/// may come with a body its client writes before it reads: the close
+/// lingers long enough for the whole of it, a pause of 2 s halfway
+/// included (a brief linger's 1 s would close over it, a reset that
+/// fails the client's write and loses the 417).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_behind_a_refused_head_is_taken_before_the_close() {
+    const BODY: usize = 8 << 20;
+    let backend = HttpBackend::start("a").await;
+    let baton = baton_with(&backend, "").await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    let head =
+        format!("POST /up HTTP/1.1\r\nHost: x\r\nExpect: foo\r\nContent-Length: {BODY}\r\n\r\n");
+    s.write_all(head.as_bytes()).await.expect("head");
+    support::upload_with_a_pause(&mut s, BODY, Duration::from_secs(2)).await;
+    let (got, ended) = support::read_to_the_end(&mut s).await;
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 417"), "{got}");
+    assert_eq!(ended, Ok(()), "a FIN after the answer, not a reset");
 }
 
 /// A CRLF after a POST's body (some old clients send one; RFC 9112 §2.2

@@ -808,17 +808,7 @@ async fn an_upload_refused_from_its_head_gets_its_answer_once_written_whole() {
         .expect("connect");
     let head = format!("POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY}\r\n\r\n");
     s.write_all(head.as_bytes()).await.expect("head");
-    let chunk = vec![b'z'; 64 * 1024];
-    let chunks = BODY / chunk.len();
-    for n in 0..chunks {
-        if n == chunks / 2 {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-        tokio::time::timeout(support::TIMEOUT, s.write_all(&chunk))
-            .await
-            .unwrap_or_else(|_| panic!("chunk {n} taken in time"))
-            .unwrap_or_else(|e| panic!("chunk {n} of the body written: {e}"));
-    }
+    support::upload_with_a_pause(&mut s, BODY, Duration::from_secs(2)).await;
     let (got, ended) = support::read_to_the_end(&mut s).await;
     let got = String::from_utf8_lossy(&got).to_ascii_lowercase();
     assert!(got.starts_with("http/1.1 413"), "{got}");

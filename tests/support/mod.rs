@@ -137,6 +137,24 @@ pub async fn read_to_the_end(
     (got, ended.map(drop).map_err(|e| e.kind()))
 }
 
+/// Writes `len` bytes to `s` in 64 KiB chunks, pausing for `pause`
+/// halfway (a client that uploads in two bursts), each chunk taken within
+/// [`TIMEOUT`]; panics naming the chunk whose write failed.
+pub async fn upload_with_a_pause(s: &mut tokio::net::TcpStream, len: usize, pause: Duration) {
+    use tokio::io::AsyncWriteExt;
+    let chunk = vec![b'z'; 64 * 1024];
+    let chunks = len / chunk.len();
+    for n in 0..chunks {
+        if n == chunks / 2 {
+            tokio::time::sleep(pause).await;
+        }
+        tokio::time::timeout(TIMEOUT, s.write_all(&chunk))
+            .await
+            .unwrap_or_else(|_| panic!("chunk {n} taken in time"))
+            .unwrap_or_else(|e| panic!("chunk {n} of the body written: {e}"));
+    }
+}
+
 /// The next `n` bytes `s` reads, within [`TIMEOUT`].
 pub async fn read_exactly(s: &mut tokio::net::TcpStream, n: usize) -> Vec<u8> {
     use tokio::io::AsyncReadExt;
