@@ -500,6 +500,11 @@ async fn curl_is_answered() {
 /// HEADERS with END_HEADERS and END_STREAM on `stream`, its block literal
 /// fields without indexing, names as given.
 fn request_frame(out: &mut Vec<u8>, stream: u32, fields: &[(&[u8], &[u8])]) {
+    head_frame(out, stream, fields, true);
+}
+
+/// The same, with END_STREAM only if `end_stream`: a body may follow.
+fn head_frame(out: &mut Vec<u8>, stream: u32, fields: &[(&[u8], &[u8])], end_stream: bool) {
     let mut block = Vec::new();
     for (name, value) in fields {
         block.push(0x00);
@@ -508,7 +513,7 @@ fn request_frame(out: &mut Vec<u8>, stream: u32, fields: &[(&[u8], &[u8])]) {
         block.push(value.len() as u8);
         block.extend_from_slice(value);
     }
-    frame::write::headers(out, stream, &block, true, 16_384);
+    frame::write::headers(out, stream, &block, end_stream, 16_384);
 }
 
 /// Counts the wake-ups of the task it stands for.
@@ -596,6 +601,81 @@ async fn a_header_block_after_the_request_ended_is_stream_closed() {
         .await;
 }
 
+/// Frames on a stream the client closed itself, by its RST_STREAM or by
+/// its END_STREAM once the response ended too, are no race but its fault:
+/// GOAWAY `STREAM_CLOSED` (RFC 9113 §5.1; h2spec's 5.1/8, 9, 11 and 12);
+/// a request on an id below one it opened, `PROTOCOL_ERROR` (§5.1.1,
+/// h2spec's 5.1.1/2). All were ignored, and a client could have baton
+/// decode header blocks for no stream as long as it went on.
+#[tokio::test]
+async fn frames_on_a_stream_the_client_closed_end_the_connection() {
+    let server = server(limits()).await;
+    let post = [(&b":method"[..], &b"POST"[..]), GET_HELLO[1], GET_HELLO[2]];
+    let (mut data, mut headers) = (Vec::new(), Vec::new());
+    frame::write::data_head(&mut data, 1, 1, true);
+    data.push(b'x');
+    request_frame(&mut headers, 1, &GET_HELLO);
+    for (what, after) in [("DATA", &data), ("HEADERS", &headers)] {
+        let mut raw = Raw::open(server.addr).await;
+        let mut opened = Vec::new();
+        head_frame(&mut opened, 1, &post, false);
+        frame::write::reset(&mut opened, 1, Reason::CANCEL);
+        raw.send(&[opened, after.clone()].concat()).await;
+        let why = format!("{what} after the client's RST_STREAM");
+        raw.expect_goaway(Reason::STREAM_CLOSED, &why).await;
+
+        let mut raw = Raw::open(server.addr).await;
+        raw.request(1, &GET_HELLO).await;
+        raw.answered(1).await;
+        raw.send(after).await;
+        let why = format!("{what} after both ends");
+        raw.expect_goaway(Reason::STREAM_CLOSED, &why).await;
+    }
+    let mut raw = Raw::open(server.addr).await;
+    raw.request(5, &GET_HELLO).await;
+    raw.request(3, &GET_HELLO).await;
+    raw.expect_goaway(Reason::PROTOCOL_ERROR, "an id skipped")
+        .await;
+}
+
+/// What a client sent on a stream before it saw baton reset it (refused
+/// here, past `max_streams`) crosses the reset: DATA, then trailers that
+/// end the stream, are let through and the connection serves on (RFC 9113
+/// §5.1: "MUST ignore"); once the client ended the stream, more DATA on
+/// it is its fault.
+#[tokio::test]
+async fn frames_crossing_batons_reset_are_let_through_until_the_clients_end() {
+    let server = server(Limits {
+        max_streams: 1,
+        ..limits()
+    })
+    .await;
+    let mut raw = Raw::open(server.addr).await;
+    raw.request(1, &slow()).await;
+    let post = [(&b":method"[..], &b"POST"[..]), GET_HELLO[1], GET_HELLO[2]];
+    let mut crossing = Vec::new();
+    head_frame(&mut crossing, 3, &post, false);
+    frame::write::data_head(&mut crossing, 3, 1, false);
+    crossing.push(b'x');
+    head_frame(&mut crossing, 3, &[(b"x-trailer", b"1")], true);
+    frame::write::ping(&mut crossing, *b"crossed!", false);
+    raw.send(&crossing).await;
+    raw.expect_reset(3, Reason::REFUSED_STREAM, "past max_streams")
+        .await;
+    let pong = raw.next_in_time().await;
+    let want = Frame::Ping {
+        ack: true,
+        payload: *b"crossed!",
+    };
+    assert_eq!(pong, Some(Inbound::Frame(want)), "served on");
+    let mut late = Vec::new();
+    frame::write::data_head(&mut late, 3, 1, true);
+    late.push(b'x');
+    raw.send(&late).await;
+    raw.expect_goaway(Reason::STREAM_CLOSED, "DATA after the trailers")
+        .await;
+}
+
 /// A raw client: the preface, an empty SETTINGS, then what the test writes.
 struct Raw {
     socket: TcpStream,
@@ -630,6 +710,40 @@ impl Raw {
         let mut out = Vec::new();
         request_frame(&mut out, stream, fields);
         self.socket.write_all(&out).await.expect("write");
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.socket.write_all(bytes).await.expect("write");
+    }
+
+    /// Reads until the response on `stream` ended.
+    async fn answered(&mut self, stream: u32) {
+        loop {
+            match self.next_in_time().await {
+                Some(Inbound::Block(head)) if head.stream == stream && head.end_stream => return,
+                Some(Inbound::Frame(Frame::Data {
+                    stream: on,
+                    end_stream: true,
+                    ..
+                })) if on == stream => return,
+                Some(_) => {}
+                None => panic!("closed before stream {stream} was answered"),
+            }
+        }
+    }
+
+    /// Frames until GOAWAY, which gives `reason`.
+    async fn expect_goaway(&mut self, reason: Reason, what: &str) {
+        loop {
+            match self.next_in_time().await {
+                Some(Inbound::Frame(Frame::GoAway { reason: got, .. })) => {
+                    assert_eq!(got, reason, "{what}");
+                    return;
+                }
+                Some(_) => {}
+                None => panic!("closed without GOAWAY: {what}"),
+            }
+        }
     }
 
     /// `next`, PINGs answered, within the test's patience.

@@ -191,6 +191,19 @@ pub fn data_of_stream_1(bytes: &[u8]) -> usize {
         .sum()
 }
 
+/// Whether the server's frames in `bytes` (from a frame's start) end
+/// `stream`'s response: DATA or HEADERS with END_STREAM on it.
+pub fn ends_stream(mut bytes: &[u8], stream: u32) -> bool {
+    while let Some((kind, flags, payload)) = frame_at(bytes) {
+        let on = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & MAX_WINDOW;
+        if on == stream && (kind == DATA || kind == 1) && flags & 0x1 != 0 {
+            return true;
+        }
+        bytes = &bytes[9 + payload.len()..];
+    }
+    false
+}
+
 /// The h2 frames in `bytes`, from a frame's start: (type, stream,
 /// payload); a last frame not all in is cut where `bytes` end.
 pub fn frames_of(mut bytes: &[u8]) -> Vec<(u8, u32, Vec<u8>)> {

@@ -33,8 +33,10 @@ use super::super::h1::io;
 use super::frame::{self, write, FrameError, Reader, Reason};
 use super::hpack::{self, Decoder};
 use super::recv::{self, RecvBody, RecvError, SharedInbox};
+use closed::ClosedByBaton;
 
 mod clocks;
+mod closed;
 mod inbound;
 mod outbound;
 
@@ -267,10 +269,13 @@ pub struct Connection<S, F, B> {
     sending: VecDeque<u32>,
     /// The highest stream the client opened.
     highest: u32,
-    /// Header blocks that came on streams closed already, and the streams
-    /// the client opened (taken or refused; see `on_header_block`).
-    late_blocks: u32,
+    /// The streams the client opened (taken or refused): fewer than the
+    /// odd ids up to `highest` means it skipped some (see
+    /// `on_closed_block`).
     opened: u32,
+    /// Streams baton closed before their client ended them, whose frames
+    /// may still cross the close.
+    closed_by_baton: ClosedByBaton,
     /// Streams opened by this turn's reading (see `read_frames`).
     opened_this_pass: u32,
     peer_max_frame: usize,
@@ -346,8 +351,8 @@ where
             done: Vec::new(),
             sending: VecDeque::new(),
             highest: 0,
-            late_blocks: 0,
             opened: 0,
+            closed_by_baton: ClosedByBaton::new(limits.max_streams),
             opened_this_pass: 0,
             peer_max_frame: frame::DEFAULT_MAX_FRAME as usize,
             peer_initial_window: i64::from(default_window),

@@ -164,6 +164,7 @@ where
                         "RST_STREAM on an idle stream",
                     ));
                 }
+                self.closed_by_baton.ended(stream);
                 self.end_stream(stream, RecvError::Reset(reason));
             }
             Frame::WindowUpdate { stream, increment } => self.on_window(stream, increment)?,
@@ -232,19 +233,7 @@ where
             return Err(protocol(Reason::PROTOCOL_ERROR, why));
         }
         if id <= self.highest {
-            // A stream closed already, maybe by baton's reset while these
-            // trailers were on their way: ignored (RFC 9113 §5.1), its
-            // block decoded above to keep the table in step. Trailers end
-            // a stream, once: a block that does not (a new request on a
-            // used id, RFC 9113 §5.1.1), or more such blocks than streams
-            // it opened (ids it skipped are none), is no race but a client
-            // making baton decode blocks for no stream.
-            self.late_blocks += 1;
-            if !block.end_stream || self.late_blocks > self.opened {
-                let why = "a header block on a stream closed already";
-                return Err(protocol(Reason::PROTOCOL_ERROR, why));
-            }
-            return Ok(());
+            return self.on_closed_block(id, block.end_stream);
         }
         if let Closing::Announced(at) = self.closing {
             if at.elapsed() > self.limits.goaway_crossing {
@@ -257,7 +246,7 @@ where
         if matches!(self.closing, Closing::Final(_))
             || self.streams.len() >= self.limits.max_streams as usize
         {
-            write::reset(&mut self.out, id, Reason::REFUSED_STREAM);
+            self.said_reset(id, Reason::REFUSED_STREAM, !block.end_stream);
             return Ok(());
         }
         let mut head = match request::head(fields) {
@@ -274,7 +263,7 @@ where
                     .err()
                     .unwrap_or("a Content-Length with no body to come");
                 self.said_refused(id, why);
-                write::reset(&mut self.out, id, Reason::PROTOCOL_ERROR);
+                self.said_reset(id, Reason::PROTOCOL_ERROR, !block.end_stream);
                 return Ok(());
             }
         };
@@ -308,6 +297,32 @@ where
             },
         );
         Ok(())
+    }
+
+    /// A header block on a stream closed already, decoded to keep the
+    /// table in step. On one baton closed, it may be the request's
+    /// trailers, on their way as it closed: ignored (RFC 9113 §5.1), once,
+    /// for trailers end a stream; a block that does not end it is a new
+    /// request on a used id (§5.1.1). Otherwise the client knew the stream
+    /// closed: a connection error, STREAM_CLOSED (§5.1), or PROTOCOL_ERROR
+    /// where it skipped ids, as the id may be one it never opened (§5.1.1;
+    /// which ids it skipped is not kept). Ignored, such blocks let a client
+    /// make baton decode 128 KiB for no stream, as long as it went on.
+    fn on_closed_block(&mut self, id: u32, end_stream: bool) -> Result<(), ConnError> {
+        if self.closed_by_baton.crossing(id) {
+            if !end_stream {
+                let why = "a new request on a used stream id";
+                return Err(protocol(Reason::PROTOCOL_ERROR, why));
+            }
+            self.closed_by_baton.ended(id);
+            return Ok(());
+        }
+        if self.opened < self.highest.div_ceil(2) {
+            let why = "a header block on a stream id below one opened";
+            return Err(protocol(Reason::PROTOCOL_ERROR, why));
+        }
+        let why = "a header block on a stream the client closed";
+        Err(protocol(Reason::STREAM_CLOSED, why))
     }
 
     /// A header block on an open stream: its request's trailers, which end
@@ -354,7 +369,7 @@ where
             self.peer_max_frame as u32,
         );
         if !request_ended {
-            write::reset(&mut self.out, id, Reason::NO_ERROR);
+            self.said_reset(id, Reason::NO_ERROR, true);
         }
     }
 
@@ -380,6 +395,15 @@ where
             if id > self.highest {
                 return Err(protocol(Reason::PROTOCOL_ERROR, "DATA on an idle stream"));
             }
+            // Crossing baton's close of the stream (see `closed`), or
+            // sent after the client's own end of it.
+            if !self.closed_by_baton.crossing(id) {
+                let why = "DATA on a stream the client closed";
+                return Err(protocol(Reason::STREAM_CLOSED, why));
+            }
+            if end_stream {
+                self.closed_by_baton.ended(id);
+            }
             return Ok(());
         };
         // Padding is given back at once.
@@ -397,10 +421,12 @@ where
             (over || short).then_some(Reason::PROTOCOL_ERROR)
         };
         if let Some(reason) = fault {
+            let may_send = !end_stream && !stream.request_ended;
             if reason == Reason::PROTOCOL_ERROR {
                 self.end_stream(id, RecvError::Length);
             }
-            self.reset(id, reason);
+            self.said_reset(id, reason, may_send);
+            self.end_stream(id, RecvError::Reset(reason));
             return Ok(());
         }
         let Some(inbox) = &stream.inbox else {
@@ -436,8 +462,18 @@ where
 
     /// Resets a stream from baton's side.
     pub(super) fn reset(&mut self, id: u32, reason: Reason) {
-        write::reset(&mut self.out, id, reason);
+        let may_send = self.streams.get(&id).is_some_and(|s| !s.request_ended);
+        self.said_reset(id, reason, may_send);
         self.end_stream(id, RecvError::Reset(reason));
+    }
+
+    /// Writes RST_STREAM on `id`. If its client may still be sending on
+    /// it, what it sent before it saw the reset is let through (`closed`).
+    pub(super) fn said_reset(&mut self, id: u32, reason: Reason, may_send: bool) {
+        write::reset(&mut self.out, id, reason);
+        if may_send {
+            self.closed_by_baton.remember(id);
+        }
     }
 
     fn on_window(&mut self, id: u32, increment: u32) -> Result<(), ConnError> {

@@ -215,7 +215,7 @@ where
                 }
             }
             if !stream.request_ended {
-                write::reset(&mut self.out, id, Reason::NO_ERROR);
+                self.said_reset(id, Reason::NO_ERROR, true);
             }
         }
     }
