@@ -397,6 +397,63 @@ async fn baton_s_own_answers_carry_a_date() {
     );
 }
 
+/// A backend's response without a `Date` gets one on its way (RFC 9110
+/// §6.6.1: a recipient with a clock MUST add one to a response it
+/// forwards without), on HTTP/1 and h2, as nginx does; one that has a
+/// `Date` keeps its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_without_a_date_gets_one_and_one_with_keeps_its_own() {
+    use support::raw::{ok, RawBackend, Then};
+    const OLD: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
+    let backend = RawBackend::start(|seen| {
+        let answer = match seen.head.contains("/dated") {
+            true => {
+                format!("HTTP/1.1 200 OK\r\ndate: {OLD}\r\ncontent-length: 0\r\n\r\n").into_bytes()
+            }
+            false => ok("undated"),
+        };
+        (answer, Then::KeepAlive)
+    })
+    .await;
+    let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
+    let web = baton.addr("web");
+    let undated = raw(
+        web,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let dates: Vec<&str> = undated
+        .lines()
+        .filter_map(|l| l.strip_prefix("date: "))
+        .collect();
+    assert!(
+        dates.len() == 1 && httpdate::parse_http_date(dates[0]).is_ok(),
+        "{undated}"
+    );
+    let dated = raw(
+        web,
+        b"GET /dated HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let dates: Vec<&str> = dated
+        .lines()
+        .filter_map(|l| l.strip_prefix("date: "))
+        .collect();
+    assert_eq!(dates, [OLD], "{dated}");
+    let mut h2 = client::h2::<Empty<Bytes>>(web).await;
+    for (path, want_old) in [("/", false), ("/dated", true)] {
+        let req = hyper::Request::get(format!("http://{web}{path}"))
+            .body(Empty::new())
+            .expect("request");
+        let answer = h2.send_request(req).await.expect("h2 answer");
+        let dates: Vec<_> = answer.headers().get_all("date").iter().collect();
+        assert_eq!(dates.len(), 1, "{path}: {dates:?}");
+        let date = dates[0].to_str().expect("text");
+        assert!(httpdate::parse_http_date(date).is_ok(), "{date}");
+        assert_eq!(date == OLD, want_old, "{path}: {date}");
+    }
+}
+
 /// With underscore spellings of the fields baton writes, which a
 /// CGI-style backend reads as those fields.
 const SPOOFED: &str = "GET /headers HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 7.7.7.7\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Forwarded-Proto: https\r\nX_Forwarded_For: 8.8.8.8\r\nX_Forwarded_Proto: gopher\r\nX_Request_Id: forged\r\nContent_Length: 99\r\nTransfer_Encoding: chunked\r\nX-Forwarded-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Forwarded_Client_Cert: Hash=01\r\nX-Forwarded-Ssl: on\r\nX-Forwarded-Protocol: ssl\r\nX-Forwarded-Scheme: https\r\nX-Forwarded-Prefix: /admin\r\nFront-End-Https: on\r\nTrue-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nX-Cluster-Client-IP: 6.6.6.6\r\nX-Client-IP: 6.6.6.6\r\nClient-IP: 6.6.6.6\r\nFastly-Client-IP: 6.6.6.6\r\nConnection: close\r\n\r\n";

@@ -940,9 +940,7 @@ fn error_response(
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     // As the HTTP/1 path's own answers (`rewrite::own_answer`).
-    if let Ok(now) = HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now())) {
-        response.headers_mut().insert(http::header::DATE, now);
-    }
+    headers::add_date_if_missing(response.headers_mut());
     headers::add_via(response.headers_mut(), "1.1 baton");
     response
 }

@@ -128,6 +128,22 @@ pub fn add_via(headers: &mut HeaderMap, value: &'static str) {
     headers.append(http::header::VIA, HeaderValue::from_static(value));
 }
 
+/// `Date`, now, as an HTTP-date (RFC 9110 §5.6.7).
+pub fn http_date_now() -> String {
+    httpdate::fmt_http_date(std::time::SystemTime::now())
+}
+
+/// Adds `Date`, now, to a final response that has none: a proxy with a
+/// clock adds one to a response it forwards without (RFC 9110 §6.6.1, a
+/// MUST), as nginx does; baton's own answers carry one too.
+pub fn add_date_if_missing(headers: &mut HeaderMap) {
+    if !headers.contains_key(http::header::DATE) {
+        if let Ok(now) = HeaderValue::from_str(&http_date_now()) {
+            headers.insert(http::header::DATE, now);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::is_forwarding;

@@ -7,7 +7,7 @@ use bytes::{BufMut, BytesMut};
 
 use super::head::{Framing, RequestHead, ResponseHead, Role, Version};
 use crate::config::Forwarded;
-use crate::proxy::headers::names_alike;
+use crate::proxy::headers::{self, names_alike};
 
 /// `Via` names the protocol of the message baton received (RFC 9110 §7.6.3).
 fn via(received: Version) -> &'static [u8] {
@@ -320,8 +320,10 @@ pub fn response(
     // Codings other than chunked stay on the body: they go on, with
     // baton's own chunked last.
     let mut codings: Option<Vec<u8>> = None;
+    let mut dated = false;
     for f in &head.fields {
         let (name, value) = (head.field_name(f), head.field_value(f));
+        dated |= name.eq_ignore_ascii_case(b"date");
         let keep = match f.role {
             Role::Framing if name.eq_ignore_ascii_case(b"content-length") => {
                 let kept = length_kept && !length_written;
@@ -358,6 +360,11 @@ pub fn response(
         }
         out.put_slice(b"\r\n");
         return;
+    }
+    // A proxy with a clock dates a response that came without (RFC 9110
+    // §6.6.1, a MUST), as nginx does.
+    if !dated {
+        put_date(out);
     }
     let bodiless_by_rule = request.method == http::Method::HEAD
         || head.status == 204
@@ -445,7 +452,7 @@ pub fn own_answer(
 /// §6.6.1, a MUST for 4xx), as nginx's own answers do.
 fn put_date(out: &mut BytesMut) {
     out.put_slice(b"date: ");
-    out.put_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
+    out.put_slice(headers::http_date_now().as_bytes());
     out.put_slice(b"\r\n");
 }
 

@@ -223,6 +223,7 @@ impl Relay {
         *response.status_mut() =
             StatusCode::from_u16(head.status).map_err(|_| BadResponse::Malformed("status code"))?;
         download::copy_fields(head, response.headers_mut())?;
+        headers::add_date_if_missing(response.headers_mut());
         headers::add_via(response.headers_mut(), via(head.version));
         // Chunked with a Content-Length too: answered right (chunked wins),
         // but a backend that says both is not trusted with another request.
