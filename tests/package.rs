@@ -27,6 +27,7 @@ const CARGO_DEB: &str = "3.8.0";
 const RELOAD_FAILED: &str = "the reload onto the new version failed";
 /// What the postinst says when an upgrade changed baton.service.
 const UNIT_CHANGED: &str = "this upgrade changed baton.service";
+const MASKED: &str = "baton.service is masked, so it was not reloaded";
 
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
@@ -373,6 +374,24 @@ async fn a_failed_reload_keeps_serving(sbx: &Sandbox, config: &str, web: SocketA
     assert_eq!(sbx.show("baton", "ActiveState"), "active");
 }
 
+/// An upgrade while an admin has masked the running unit: systemd refuses
+/// a masked unit's reload, and the apt run failed, saying the new version
+/// refused the config. It says the unit is masked and succeeds; the
+/// running baton serves on, not reloaded, and the mask is the admin's
+/// still.
+async fn a_masked_unit_is_not_reloaded_and_said_so(sbx: &Sandbox, web: SocketAddr) {
+    let main = sbx.show("baton", "MainPID");
+    sbx.systemctl_ok(&["mask", "baton"]);
+    let said = apt_ok(sbx, &["install", "--reinstall", "/root/baton_B.deb"]);
+    assert!(said.contains(MASKED), "{said}");
+    assert!(!said.contains(RELOAD_FAILED), "{said}");
+    assert_eq!(sbx.show("baton", "LoadState"), "masked");
+    assert_eq!(sbx.show("baton", "MainPID"), main, "not reloaded");
+    let answer = client::get(web, "/while-masked").await.expect("served");
+    assert_eq!(answer.status, 200);
+    sbx.systemctl_ok(&["unmask", "baton"]);
+}
+
 /// A remove that fails after its prerm stopped baton (dpkg then runs
 /// `postinst abort-remove`, as here by hand): baton runs again, and the
 /// socket unit, which did not run, still does not.
@@ -584,6 +603,7 @@ async fn an_apt_upgrade_under_load_is_a_reload_and_remove_drains() {
     an_upgrade_during_a_start_reloads_once_started(&sbx, &config, admin).await;
 
     a_failed_reload_keeps_serving(&sbx, &config, web).await;
+    a_masked_unit_is_not_reloaded_and_said_so(&sbx, web).await;
     an_aborted_remove_starts_baton_again(&sbx, admin).await;
 
     remove_drains(&sbx, admin, web, &backend).await;
