@@ -108,6 +108,7 @@ impl Drop for DropCount {
 /// `/hello`: a short answer; `/bighead`: one with a 16 KiB field and no
 /// body; `/echo`: the request body back, streamed;
 /// `/trailers`: the body's length, and its trailers back as trailers;
+/// `/broken`: a body that fails after its first bytes;
 /// `/slow`: answers once the test releases it.
 fn exchange(seen: Arc<Seen>) -> impl FnMut(Request<RecvBody>) -> Exchange<Reply> + Unpin {
     move |request: Request<RecvBody>| {
@@ -127,6 +128,14 @@ fn exchange(seen: Arc<Seen>) -> impl FnMut(Request<RecvBody>) -> Exchange<Reply>
             let body = request.into_body();
             match path.as_str() {
                 "/echo" => Response::new(body.map_err(RecvErrorText::from).boxed_unsync()),
+                "/broken" => {
+                    let frames = vec![
+                        Ok(BodyFrame::data(Bytes::from_static(b"half"))),
+                        Err(RecvErrorText::from("the backend broke off")),
+                    ];
+                    let stream = futures_util::stream::iter(frames);
+                    Response::new(StreamBody::new(stream).boxed_unsync())
+                }
                 "/trailers" => {
                     let collected = body.collect().await.expect("whole body");
                     let trailers = collected.trailers().cloned().unwrap_or_default();
@@ -638,42 +647,63 @@ async fn frames_on_a_stream_the_client_closed_end_the_connection() {
         .await;
 }
 
-/// What a client sent on a stream before it saw baton reset it (refused
-/// here, past `max_streams`) crosses the reset: DATA, then trailers that
-/// end the stream, are let through and the connection serves on (RFC 9113
-/// §5.1: "MUST ignore"); once the client ended the stream, more DATA on
-/// it is its fault.
+/// What a client sent on a stream before it saw baton close it crosses
+/// the close, however baton closed it (refused past `max_streams`,
+/// answered before the upload ended, its response body broken): DATA,
+/// then trailers that end the stream, are let through and the connection
+/// serves on (RFC 9113 §5.1: "MUST ignore"); once the client ended the
+/// stream, more DATA on it is its fault, as is a new request on the id.
+/// A broken body's stream is reset once (it was reset again, NO_ERROR,
+/// with the streams that ended).
 #[tokio::test]
-async fn frames_crossing_batons_reset_are_let_through_until_the_clients_end() {
-    let server = server(Limits {
+async fn frames_crossing_batons_close_are_let_through_until_the_clients_end() {
+    let post = |path: &'static [u8]| {
+        [
+            (&b":method"[..], &b"POST"[..]),
+            GET_HELLO[1],
+            GET_HELLO[2],
+            (b":path", path),
+        ]
+    };
+    let refusing = server(Limits {
         max_streams: 1,
         ..limits()
     })
     .await;
-    let mut raw = Raw::open(server.addr).await;
+    let mut raw = Raw::open(refusing.addr).await;
     raw.request(1, &slow()).await;
-    let post = [(&b":method"[..], &b"POST"[..]), GET_HELLO[1], GET_HELLO[2]];
-    let mut crossing = Vec::new();
-    head_frame(&mut crossing, 3, &post, false);
-    frame::write::data_head(&mut crossing, 3, 1, false);
-    crossing.push(b'x');
-    head_frame(&mut crossing, 3, &[(b"x-trailer", b"1")], true);
-    frame::write::ping(&mut crossing, *b"crossed!", false);
-    raw.send(&crossing).await;
-    raw.expect_reset(3, Reason::REFUSED_STREAM, "past max_streams")
+    raw.send(&opening(3, &post(b"/hello"))).await;
+    assert_eq!(raw.until_reset(3).await, Reason::REFUSED_STREAM);
+    raw.crossing_is_let_through(3).await;
+    raw.send(&opening(5, &post(b"/hello"))).await;
+    assert_eq!(raw.until_reset(5).await, Reason::REFUSED_STREAM);
+    raw.send(&opening(5, &post(b"/hello"))).await;
+    raw.expect_goaway(Reason::PROTOCOL_ERROR, "a new request on the id")
         .await;
-    let pong = raw.next_in_time().await;
-    let want = Frame::Ping {
-        ack: true,
-        payload: *b"crossed!",
-    };
-    assert_eq!(pong, Some(Inbound::Frame(want)), "served on");
-    let mut late = Vec::new();
-    frame::write::data_head(&mut late, 3, 1, true);
-    late.push(b'x');
-    raw.send(&late).await;
-    raw.expect_goaway(Reason::STREAM_CLOSED, "DATA after the trailers")
-        .await;
+
+    let server = server(limits()).await;
+    for (path, reason) in [
+        (&b"/hello"[..], Reason::NO_ERROR),
+        (b"/broken", Reason::INTERNAL_ERROR),
+    ] {
+        let mut raw = Raw::open(server.addr).await;
+        raw.send(&opening(1, &post(path))).await;
+        assert_eq!(raw.until_reset(1).await, reason, "{reason:?}");
+        raw.crossing_is_let_through(1).await;
+        let mut late = Vec::new();
+        frame::write::data_head(&mut late, 1, 1, true);
+        late.push(b'x');
+        raw.send(&late).await;
+        raw.expect_goaway(Reason::STREAM_CLOSED, "DATA after the trailers")
+            .await;
+    }
+}
+
+/// HEADERS without END_STREAM: a request whose body follows.
+fn opening(stream: u32, fields: &[(&[u8], &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    head_frame(&mut out, stream, fields, false);
+    out
 }
 
 /// A raw client: the preface, an empty SETTINGS, then what the test writes.
@@ -730,6 +760,36 @@ impl Raw {
                 None => panic!("closed before stream {stream} was answered"),
             }
         }
+    }
+
+    /// Frames until one resets `stream`: its reason.
+    async fn until_reset(&mut self, stream: u32) -> Reason {
+        loop {
+            match self.next_in_time().await {
+                Some(Inbound::Frame(Frame::Reset { stream: on, reason })) if on == stream => {
+                    return reason
+                }
+                Some(_) => {}
+                None => panic!("closed before stream {stream} was reset"),
+            }
+        }
+    }
+
+    /// Sends DATA on `stream`, closed by the server, then trailers that
+    /// end it, then a PING: the PING's answer is the next frame (no
+    /// GOAWAY, no second reset).
+    async fn crossing_is_let_through(&mut self, stream: u32) {
+        let mut crossing = Vec::new();
+        frame::write::data_head(&mut crossing, stream, 1, false);
+        crossing.push(b'x');
+        head_frame(&mut crossing, stream, &[(b"x-trailer", b"1")], true);
+        frame::write::ping(&mut crossing, *b"crossed!", false);
+        self.send(&crossing).await;
+        let want = Frame::Ping {
+            ack: true,
+            payload: *b"crossed!",
+        };
+        assert_eq!(self.next_in_time().await, Some(Inbound::Frame(want)));
     }
 
     /// Frames until GOAWAY, which gives `reason`.

@@ -399,58 +399,50 @@ async fn baton_s_own_answers_carry_a_date() {
 
 /// A backend's response without a `Date` gets one on its way (RFC 9110
 /// §6.6.1: a recipient with a clock MUST add one to a response it
-/// forwards without), on HTTP/1 and h2, as nginx does; one that has a
-/// `Date` keeps its own.
+/// forwards without), on HTTP/1 and h2, as nginx does, and so does one
+/// whose `Date` is named in `Connection` (it stays on its hop); one that
+/// has a `Date` of its own keeps it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_without_a_date_gets_one_and_one_with_keeps_its_own() {
     use support::raw::{ok, RawBackend, Then};
     const OLD: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
     let backend = RawBackend::start(|seen| {
-        let answer = match seen.head.contains("/dated") {
-            true => {
-                format!("HTTP/1.1 200 OK\r\ndate: {OLD}\r\ncontent-length: 0\r\n\r\n").into_bytes()
-            }
-            false => ok("undated"),
+        let dated = |extra: &str| {
+            format!("HTTP/1.1 200 OK\r\n{extra}DATE: {OLD}\r\ncontent-length: 0\r\n\r\n")
+                .into_bytes()
+        };
+        let answer = match seen.head.lines().next().unwrap_or_default() {
+            l if l.contains("/dated") => dated(""),
+            l if l.contains("/hop") => dated("Connection: Date\r\n"),
+            _ => ok("undated"),
         };
         (answer, Then::KeepAlive)
     })
     .await;
     let baton = Baton::start(Spec::new().http("web", "app").pool("app", &[backend.addr])).await;
     let web = baton.addr("web");
-    let undated = raw(
-        web,
-        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
-    )
-    .await;
-    let dates: Vec<&str> = undated
-        .lines()
-        .filter_map(|l| l.strip_prefix("date: "))
-        .collect();
-    assert!(
-        dates.len() == 1 && httpdate::parse_http_date(dates[0]).is_ok(),
-        "{undated}"
-    );
-    let dated = raw(
-        web,
-        b"GET /dated HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
-    )
-    .await;
-    let dates: Vec<&str> = dated
-        .lines()
-        .filter_map(|l| l.strip_prefix("date: "))
-        .collect();
-    assert_eq!(dates, [OLD], "{dated}");
     let mut h2 = client::h2::<Empty<Bytes>>(web).await;
-    for (path, want_old) in [("/", false), ("/dated", true)] {
+    for (path, own_kept) in [("/", false), ("/dated", true), ("/hop", false)] {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        let answer = raw(web, request.as_bytes()).await;
+        let dates: Vec<&str> = answer
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().starts_with("date:"))
+            .map(|l| l[5..].trim())
+            .collect();
+        assert_eq!(dates.len(), 1, "{path}: {answer}");
+        assert!(httpdate::parse_http_date(dates[0]).is_ok(), "{answer}");
+        assert_eq!(dates[0] == OLD, own_kept, "{path}: {answer}");
+
         let req = hyper::Request::get(format!("http://{web}{path}"))
             .body(Empty::new())
             .expect("request");
         let answer = h2.send_request(req).await.expect("h2 answer");
         let dates: Vec<_> = answer.headers().get_all("date").iter().collect();
-        assert_eq!(dates.len(), 1, "{path}: {dates:?}");
+        assert_eq!(dates.len(), 1, "h2 {path}: {dates:?}");
         let date = dates[0].to_str().expect("text");
         assert!(httpdate::parse_http_date(date).is_ok(), "{date}");
-        assert_eq!(date == OLD, want_old, "{path}: {date}");
+        assert_eq!(date == OLD, own_kept, "h2 {path}: {date}");
     }
 }
 

@@ -323,7 +323,6 @@ pub fn response(
     let mut dated = false;
     for f in &head.fields {
         let (name, value) = (head.field_name(f), head.field_value(f));
-        dated |= name.eq_ignore_ascii_case(b"date");
         let keep = match f.role {
             Role::Framing if name.eq_ignore_ascii_case(b"content-length") => {
                 let kept = length_kept && !length_written;
@@ -349,6 +348,8 @@ pub fn response(
             _ => true,
         };
         if keep {
+            // Not one `Connection` named, which stays on its hop.
+            dated |= name.eq_ignore_ascii_case(b"date");
             put_field(name, value, out);
         }
     }

@@ -154,6 +154,8 @@ enum Step {
     Waiting,
     /// Its response ended with this turn.
     Ended,
+    /// Its response body failed: the stream is to be reset.
+    Broke,
     /// It is no longer sending (reset, or ended before).
     Gone,
 }

@@ -8,11 +8,14 @@
 //! still have the client's frames on their way, and those "MUST" be
 //! ignored. So baton keeps the ids of those streams until the client's
 //! own end of each comes, and at most a bounded number of them: the
-//! oldest is forgotten first, as RFC 9113 §5.1 allows ("MAY choose to
-//! limit the period over which it ignores frames"), because frames cross
-//! a reset only for a round trip, and a client that never ends the
+//! oldest is forgotten first, because a client that never ends the
 //! streams baton reset (most stop sending at the reset) would otherwise
-//! grow the list for the connection's life.
+//! grow the list for the connection's life. DATA on a stream at or below
+//! the last id forgotten is still let through (it costs nothing: the
+//! connection's window bounds it), as a client may open many streams
+//! before it sees the limit in baton's SETTINGS and have them all
+//! refused; a header block there is not (RFC 9113 §5.1 allows limiting
+//! the period over which frames are ignored), as each costs a decode.
 
 /// Ids of the streams baton closed whose client had not ended them, the
 /// oldest first. Empty, it holds no allocation: a connection whose
@@ -21,34 +24,47 @@
 pub(super) struct ClosedByBaton {
     ids: Vec<u32>,
     bound: usize,
+    /// The highest id forgotten to keep within `bound`.
+    forgotten_up_to: u32,
 }
 
 impl ClosedByBaton {
-    /// Keeps twice as many as a client may have streams open at once (all
-    /// of them reset, and as many refused beyond the limit), 64 at least.
+    /// Keeps twice as many as a client may have streams open at once
+    /// (all of them reset, and as many refused beyond the limit), and 128
+    /// more: the 100 a client may open before it sees the limit.
     pub(super) fn new(max_streams: u32) -> ClosedByBaton {
         ClosedByBaton {
             ids: Vec::new(),
-            bound: (max_streams as usize).saturating_mul(2).max(64),
+            bound: (max_streams as usize).saturating_mul(2) + 128,
+            forgotten_up_to: 0,
         }
     }
 
     /// Stream `id` was closed by baton before its client ended it.
     pub(super) fn remember(&mut self, id: u32) {
         if self.ids.len() == self.bound {
-            self.ids.remove(0);
+            let oldest = self.ids.remove(0);
+            self.forgotten_up_to = self.forgotten_up_to.max(oldest);
         }
         self.ids.push(id);
     }
 
-    /// Whether frames on `id` may be the client's, sent before it saw
-    /// baton close the stream.
+    /// Whether a header block on `id` may be the client's trailers, sent
+    /// before it saw baton close the stream.
     pub(super) fn crossing(&self, id: u32) -> bool {
         self.ids.contains(&id)
     }
 
+    /// Whether DATA on `id` may have crossed baton's close of the stream.
+    pub(super) fn data_crossing(&self, id: u32) -> bool {
+        id <= self.forgotten_up_to || self.crossing(id)
+    }
+
     /// The client ended `id` itself: nothing more may come on it.
     pub(super) fn ended(&mut self, id: u32) {
+        if self.ids.is_empty() {
+            return;
+        }
         self.ids.retain(|&kept| kept != id);
         if self.ids.is_empty() {
             self.ids = Vec::new();
@@ -72,13 +88,15 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_is_forgotten_past_the_bound() {
-        let mut closed = ClosedByBaton::new(40);
-        for id in (1..=161).step_by(2) {
+    fn the_oldest_is_forgotten_past_the_bound_save_for_data() {
+        let mut closed = ClosedByBaton::new(1);
+        for id in (1..=261).step_by(2) {
             closed.remember(id);
         }
-        assert!(!closed.crossing(1), "the oldest of 81, past 80");
-        assert!(closed.crossing(3) && closed.crossing(161));
-        assert_eq!(closed.ids.len(), 80);
+        assert!(!closed.crossing(1), "the oldest of 131, past 130");
+        assert!(closed.data_crossing(1), "DATA below the last forgotten");
+        assert!(closed.crossing(3) && closed.crossing(261));
+        assert_eq!(closed.ids.len(), 130);
+        assert!(!closed.data_crossing(263), "never closed by baton");
     }
 }

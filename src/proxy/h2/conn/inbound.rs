@@ -164,7 +164,9 @@ where
                         "RST_STREAM on an idle stream",
                     ));
                 }
-                self.closed_by_baton.ended(stream);
+                if !self.streams.contains_key(&stream) {
+                    self.closed_by_baton.ended(stream);
+                }
                 self.end_stream(stream, RecvError::Reset(reason));
             }
             Frame::WindowUpdate { stream, increment } => self.on_window(stream, increment)?,
@@ -222,7 +224,7 @@ where
         let id = block.stream;
         if self.streams.contains_key(&id) {
             if listed == Listed::TooLarge {
-                self.reset(id, Reason::PROTOCOL_ERROR);
+                self.reset_ending(id, Reason::PROTOCOL_ERROR, block.end_stream);
             } else {
                 self.on_trailers(id, fields, block.end_stream);
             }
@@ -342,11 +344,11 @@ where
             _ => None,
         };
         let Some(trailers) = trailers else {
-            self.reset(id, Reason::PROTOCOL_ERROR);
+            self.reset_ending(id, Reason::PROTOCOL_ERROR, end_stream);
             return;
         };
         if stream.expected.is_some_and(|e| e != stream.received) {
-            self.reset(id, Reason::PROTOCOL_ERROR);
+            self.reset_ending(id, Reason::PROTOCOL_ERROR, end_stream);
             return;
         }
         stream.request_ended = true;
@@ -397,7 +399,7 @@ where
             }
             // Crossing baton's close of the stream (see `closed`), or
             // sent after the client's own end of it.
-            if !self.closed_by_baton.crossing(id) {
+            if !self.closed_by_baton.data_crossing(id) {
                 let why = "DATA on a stream the client closed";
                 return Err(protocol(Reason::STREAM_CLOSED, why));
             }
@@ -462,7 +464,14 @@ where
 
     /// Resets a stream from baton's side.
     pub(super) fn reset(&mut self, id: u32, reason: Reason) {
-        let may_send = self.streams.get(&id).is_some_and(|s| !s.request_ended);
+        self.reset_ending(id, reason, false);
+    }
+
+    /// The same, for a frame that may have ended the stream itself
+    /// (`ended_now`), which the stream does not know yet: its client then
+    /// sends no more on it.
+    fn reset_ending(&mut self, id: u32, reason: Reason, ended_now: bool) {
+        let may_send = !ended_now && self.streams.get(&id).is_some_and(|s| !s.request_ended);
         self.said_reset(id, reason, may_send);
         self.end_stream(id, RecvError::Reset(reason));
     }

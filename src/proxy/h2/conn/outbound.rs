@@ -121,6 +121,12 @@ where
                     }
                     Step::Waiting => self.sending.push_back(id),
                     Step::Ended => any = true,
+                    // Reset at once: among the ended streams, one still
+                    // uploading got a second RST_STREAM (NO_ERROR).
+                    Step::Broke => {
+                        self.reset(id, Reason::INTERNAL_ERROR);
+                        any = true;
+                    }
                     Step::Gone => {}
                 }
             }
@@ -165,11 +171,7 @@ where
                     self.done.push(id);
                     return Step::Ended;
                 }
-                Poll::Ready(Some(Err(_))) => {
-                    write::reset(&mut self.out, id, Reason::INTERNAL_ERROR);
-                    self.done.push(id);
-                    return Step::Ended;
-                }
+                Poll::Ready(Some(Err(_))) => return Step::Broke,
                 Poll::Pending => return Step::Waiting,
             }
         }
