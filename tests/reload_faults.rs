@@ -724,6 +724,7 @@ async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
         }
         outlived
     });
+    let answering = tokio::spawn(who_answers_status_until_gone(baton.admin, serving));
     // The old generation's doors close first (its pause is shorter); the
     // new one still serves what the load balancer sends.
     let late = late_request_held(&baton, &backend).await;
@@ -750,6 +751,33 @@ async fn a_stop_as_the_new_generation_takes_over_runs_its_whole_stop_once() {
         reply.contains("reload completed as a stop began"),
         "the stop came after the go-ahead: {reply}"
     );
+    // The old generation, the main process, answers the admin socket to
+    // its end: the new one, stopped by its word, never takes it (it did
+    // 2 s after the takeover, and scrapes went back and forth between
+    // the two generations' counts).
+    let answering = answering.await.expect("join");
+    assert!(answering.len() > 10, "{answering:?}");
+    assert!(
+        answering.iter().all(|pid| *pid == u64::from(serving)),
+        "{answering:?}"
+    );
+}
+
+/// The pid of the generation that answered each `/status`, asked every
+/// 100 ms on a fresh connection until `serving` exits (bounded).
+async fn who_answers_status_until_gone(admin: std::net::SocketAddr, serving: u32) -> Vec<u64> {
+    let mut answering = Vec::new();
+    let deadline = tokio::time::Instant::now() + support::TIMEOUT * 2;
+    while running(serving) && tokio::time::Instant::now() < deadline {
+        if let Ok(answer) = client::get(admin, "/status").await {
+            let status: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
+            if let Some(pid) = status["generations"][0]["pid"].as_u64() {
+                answering.push(pid);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    answering
 }
 
 /// The same stop, where the new generation's drain has to force a

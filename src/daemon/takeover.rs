@@ -122,10 +122,17 @@ impl Generation {
                 return Ok(None);
             }
         };
-        let go = self.admin_go.clone();
+        let (go, stopped) = (self.admin_go.clone(), self.commands.stop_word());
         tokio::spawn(async move {
-            tokio::time::sleep(FIRST_REPORT_WAIT).await;
-            go.cancel();
+            tokio::select! {
+                () = tokio::time::sleep(FIRST_REPORT_WAIT) => go.cancel(),
+                // A stop that began as we took over: the old generation,
+                // systemd's main process to the end, keeps the admin
+                // socket for its whole stop and sends no report. Both
+                // answering, scrapes went back and forth between two
+                // sets of counts, each step down a counter reset.
+                () = stopped.cancelled() => {}
+            }
         });
         let older_running = self.follow_older_exits();
         let (on_report, on_exit) = (Arc::clone(&self.admin), Arc::clone(&self.admin));
