@@ -684,3 +684,54 @@ async fn a_tcp_sessions_failed_connect_says_another_backend_is_tried() {
     })
     .await;
 }
+
+/// A backend that sends 1xx (102 Processing) without end, faster than its
+/// client takes them, has its timeout when its `response_timeout` runs out
+/// again after it was put off for the 1xx being written: one write is
+/// the client's to take (its own stall clock judges that), more are the
+/// backend's. The clock was put off at every turn (a 1xx was being
+/// written each time it ran out), and the client got 1xx for as long as
+/// the backend went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_sending_interim_responses_without_end_times_out() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let chunk = "HTTP/1.1 102 Processing\r\n\r\n".repeat(1000);
+        while let Ok((mut s, _)) = listener.accept().await {
+            let chunk = chunk.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let _ = support::raw::read_request(&mut s, &mut head).await;
+                while s.write_all(chunk.as_bytes()).await.is_ok() {}
+            });
+        }
+    });
+    let spec = Spec::new()
+        .listener("web", "http", "app", "response_timeout = \"1s\"")
+        .pool("app", &[backend]);
+    let baton = Baton::start(spec).await;
+    let mut client = client::small_window(baton.addr("web")).await;
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    // Slower than loopback: baton's writes wait for it, and one is under
+    // way whenever the clock runs out. Bounded: 30 s at most.
+    let reader = tokio::spawn(async move {
+        let mut buf = [0u8; 16 * 1024];
+        for _ in 0..3000 {
+            match client.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    });
+    support::eventually("the backend's timeout is counted", || async {
+        client::metrics(baton.admin).await.contains(
+            "baton_upstream_errors_total{pool=\"app\",backend=\"app-0\",kind=\"timeout\"} 1",
+        )
+    })
+    .await;
+    reader.abort();
+}

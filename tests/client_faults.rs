@@ -410,9 +410,7 @@ async fn a_client_that_takes_no_interim_responses_never_blames_the_backend() {
             &[(backend.addr, 1)],
         );
     let baton = Baton::start(spec).await;
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-    let mut client = socket.connect(baton.addr("web")).await.expect("connect");
+    let mut client = support::client::small_window(baton.addr("web")).await;
     client
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
@@ -855,9 +853,7 @@ async fn a_body_that_turns_bad_mid_response_closes_instead_of_answering() {
         .listener("web", "http", "app", "idle_timeout = \"10s\"")
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-    let mut client = socket.connect(baton.addr("web")).await.expect("connect");
+    let mut client = support::client::small_window(baton.addr("web")).await;
     client
         .write_all(
             b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",

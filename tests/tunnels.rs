@@ -70,15 +70,21 @@ async fn upgraded_connections_count_against_max_connections_while_they_live() {
     echoes(&mut second, b"still open").await;
 }
 
+/// Both of baton's sockets of a tunnel probe a silent peer (TCP
+/// keep-alive), as TCP mode's do: a WebSocket whose backend's host died
+/// held its place until `tunnel_timeout` (an hour by default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgraded_connection_idle_both_ways_closes_at_tunnel_timeout() {
+async fn an_upgraded_connection_idle_both_ways_closes_at_tunnel_timeout_and_has_keep_alive() {
     let backend = HttpBackend::start("a").await;
     let spec = Spec::new()
         .listener("web", "http", "app", "tunnel_timeout = \"2s\"")
         .pool("app", &[backend.addr]);
     let baton = Baton::start(spec).await;
-    let (mut busy, _) = client::upgraded(baton.addr("web"), "echo").await;
-    let (mut idle, _) = client::upgraded(baton.addr("web"), "echo").await;
+    let web = baton.addr("web");
+    let (mut busy, _) = client::upgraded(web, "echo").await;
+    let (mut idle, _) = client::upgraded(web, "echo").await;
+    assert!(keep_alive_timers(web.port()) >= 1, "client side");
+    assert!(keep_alive_timers(backend.addr.port()) >= 1, "backend side");
     // Traffic every 300 ms keeps a tunnel open well past the timeout (a
     // loaded machine's late turn of a second or more still within it).
     for _ in 0..12 {
@@ -90,6 +96,19 @@ async fn an_upgraded_connection_idle_both_ways_closes_at_tunnel_timeout() {
         "the idle tunnel was closed"
     );
     echoes(&mut busy, b"still open").await;
+}
+
+/// Established connections on `port` (either end) with a keep-alive
+/// timer running, as `ss` lists them.
+fn keep_alive_timers(port: u16) -> usize {
+    let ss = std::process::Command::new("ss")
+        .args(["-tnoH", "state", "established"])
+        .output()
+        .expect("ss");
+    let ss = String::from_utf8_lossy(&ss.stdout);
+    ss.lines()
+        .filter(|l| l.contains(&format!(":{port} ")) && l.contains("timer:(keepalive"))
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,18 +123,8 @@ async fn a_tcp_connection_idle_both_ways_closes_at_tunnel_timeout_and_has_keep_a
     let mut idle = TcpStream::connect(raw).await.expect("connect");
     echoes(&mut idle, b"hello").await;
     // Both of baton's sockets for this connection probe a silent peer.
-    let ss = std::process::Command::new("ss")
-        .args(["-tnoH", "state", "established"])
-        .output()
-        .expect("ss");
-    let ss = String::from_utf8_lossy(&ss.stdout);
-    let keepalive = |port: u16| {
-        ss.lines()
-            .filter(|l| l.contains(&format!(":{port} ")) && l.contains("timer:(keepalive"))
-            .count()
-    };
-    assert!(keepalive(raw.port()) >= 1, "client side: {ss}");
-    assert!(keepalive(echo.addr.port()) >= 1, "backend side: {ss}");
+    assert!(keep_alive_timers(raw.port()) >= 1, "client side");
+    assert!(keep_alive_timers(echo.addr.port()) >= 1, "backend side");
     for _ in 0..12 {
         echoes(&mut busy, b"ping").await;
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -26,6 +26,21 @@ use crate::lifecycle::drain::DrainWatch;
 use crate::metrics::LongLivedKind;
 use crate::wake_gate::{first_of, First};
 
+/// Probes after 60 s of silence, every 10 s, 6 times, on a tunnel's two
+/// sockets (TCP mode's, an upgraded connection's): a vanished peer is
+/// found in about two minutes, long before `tunnel_timeout`'s default (an
+/// hour, which a WebSocket whose backend's host died held its place for),
+/// and a NAT or firewall that forgets idle flows keeps this one.
+pub(super) fn keep_alive(stream: &tokio::net::TcpStream) {
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(10))
+        .with_retries(6);
+    if let Err(err) = socket2::SockRef::from(stream).set_tcp_keepalive(&probes) {
+        tracing::debug!(cause = %err, "cannot set TCP keep-alive");
+    }
+}
+
 /// How long we wait for a frame (or an event) boundary, or for the client
 /// to close after our Close frame, before cutting anyway.
 pub const LINGER: Duration = Duration::from_secs(1);

@@ -25,6 +25,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use super::idle::{Activity, Observed};
+use super::longlived;
 use super::reset;
 use super::side::{both_ways, on, side_of, Side, Sided, UpFailed};
 use crate::access_log::{AccessLog, Entry, Marks, Phase, Termination};
@@ -120,8 +121,8 @@ impl TcpProxy {
         if let Some(line) = line.as_mut() {
             line.termination = Termination::Drained(Phase::Data);
         }
-        keep_alive(client.tcp());
-        keep_alive(upstream.tcp());
+        longlived::keep_alive(client.tcp());
+        longlived::keep_alive(upstream.tcp());
         let mut ends = reset::Ends::new(client, upstream);
         let activity = Arc::new(Activity::default());
         let copying = async {
@@ -537,18 +538,6 @@ async fn write_counted(
         moved.add(wrote as u64);
     }
     Ok(())
-}
-
-/// Probes after 60 s of silence, every 10 s, 6 times: a vanished peer is
-/// found in about two minutes, long before `tunnel_timeout`'s default.
-fn keep_alive(stream: &TcpStream) {
-    let probes = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(60))
-        .with_interval(Duration::from_secs(10))
-        .with_retries(6);
-    if let Err(err) = socket2::SockRef::from(stream).set_tcp_keepalive(&probes) {
-        tracing::debug!(cause = %err, "cannot set TCP keep-alive");
-    }
 }
 
 #[cfg(test)]

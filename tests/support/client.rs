@@ -388,3 +388,12 @@ pub async fn slow_uplink(target: SocketAddr, latency: std::time::Duration) -> So
     });
     addr
 }
+
+/// A connection to `addr` whose receive buffer is 4 KiB: a client that
+/// takes bytes only as fast as it reads them (a loopback socket's buffer
+/// would otherwise take megabytes for it).
+pub async fn small_window(addr: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    socket.connect(addr).await.expect("connect")
+}

@@ -600,6 +600,9 @@ async fn pump<S: ByteStream>(
     let gone = watch_client(&mut client_r, &mut client.buf);
     tokio::pin!(gone);
     let mut clock = true;
+    // The response heads' bytes as they stood when the clock was last put
+    // off for a 1xx being written.
+    let mut put_off_at: Option<u64> = None;
     loop {
         tokio::select! {
             // A head already in wins over a clock that ran out with it.
@@ -607,11 +610,18 @@ async fn pump<S: ByteStream>(
             got = &mut downloading => return delivered(got),
             () = &mut gone => return Pumped::ClientGone,
             () = client.alarm.until(head_due), if clock => {
-                if down.progress.interim_writing.load(Ordering::Relaxed) {
+                let heads = down.progress.head_out.load(Ordering::Relaxed);
+                if down.progress.interim_writing.load(Ordering::Relaxed)
+                    && put_off_at.is_none_or(|at| at == heads)
+                {
                     // A client that takes no 1xx bytes holds the final
                     // head back: its own stall clock, in that write,
                     // judges it; counted against the backend, it let a
-                    // client mark backends down.
+                    // client mark backends down. Put off for that one
+                    // 1xx alone: a backend that began another since had
+                    // its time, and one sending 1xx without end to a
+                    // client that reads slowly was never a 504.
+                    put_off_at = Some(heads);
                     head_due = Instant::now() + proxy.response_timeout;
                     continue;
                 }

@@ -151,6 +151,8 @@ async fn joined<S: ByteStream>(
     let stall = proxy.idle_timeout;
     // A tunnel's bytes may come in any rhythm: as on a TCP-mode listener.
     ack_promptly(&client.stream);
+    longlived::keep_alive(client.stream.tcp());
+    longlived::keep_alive(up.stream.tcp());
     // The backend's first: owed to the client even if the client's own
     // early bytes then find the backend gone.
     let mut to_client = Counting::new(&mut client.stream, moved.down);
