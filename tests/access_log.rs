@@ -844,7 +844,9 @@ async fn a_tcp_connection_refused_before_it_was_served_has_its_line() {
 /// An h2 request whose field list is past the bound (a 70 KB field) is a
 /// 431 that is counted and logged (`PR`, its method and path), as an
 /// HTTP/1 head past it is: the connection answered it itself, and it left
-/// no trace.
+/// no trace. So is one whose path is past it, which the connection
+/// answers alone, with no request to hand on (no method or path logged):
+/// it was neither counted nor logged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_head_past_the_bound_is_a_431_counted_and_logged() {
     let Logged {
@@ -862,20 +864,29 @@ async fn an_h2_head_past_the_bound_is_a_431_counted_and_logged() {
     req.headers_mut().insert("x-huge", huge);
     let answer = sender.send_request(req).await.expect("h2 response");
     assert_eq!(answer.status(), 431);
+    // Within the 65,534 bytes an `http::Uri` may have.
+    let long_path = format!("http://{web}/{}", "p".repeat(65_400));
+    let req = hyper::Request::get(long_path)
+        .body(http_body_util::Empty::new())
+        .expect("request");
+    let answer = sender.send_request(req).await.expect("h2 response");
+    assert_eq!(answer.status(), 431);
     let metrics = client::metrics(baton.admin).await;
     let refused = "baton_requests_total{listener=\"web\",pool=\"app\",code=\"4xx\"}";
-    assert_eq!(client::series(&metrics, refused), Some(1.0), "{metrics}");
+    assert_eq!(client::series(&metrics, refused), Some(2.0), "{metrics}");
     stop_and_wait(&baton).await;
     let lines = json_lines(&[log]);
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    let line = &lines[0];
-    assert_eq!(line["status"], 431, "{line}");
-    assert_eq!(line["termination"], "PR", "{line}");
-    assert_eq!(
-        (&line["method"], &line["target"]),
-        (&"GET".into(), &"/big".into()),
-        "{line}"
-    );
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (line, method, target) in [(&lines[0], "GET", "/big"), (&lines[1], "-", "-")] {
+        assert_eq!(line["status"], 431, "{line}");
+        assert_eq!(line["termination"], "PR", "{line}");
+        assert_eq!(line["protocol"], "HTTP/2.0", "{line}");
+        assert_eq!(
+            (&line["method"], &line["target"]),
+            (&method.into(), &target.into()),
+            "{line}"
+        );
+    }
     assert_eq!(backend.hits(), 0);
 }
 

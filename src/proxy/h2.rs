@@ -41,6 +41,7 @@ use super::delivery::{self, Delivery};
 use super::h1::head::{
     expectation_met, valid_authority, Framing, ResponseHead, MAX_FIELDS, MAX_HEAD,
 };
+use super::h1::record::{unserved, Unserved};
 use super::h1::relay::{BackendWait, ClientPause, HeadFault, Relay, Silence};
 use super::h1::rewrite::Outbound;
 use super::h1::upstream;
@@ -348,11 +349,35 @@ impl HttpProxy {
         })
     }
 
-    fn on_refused_stream(&self, peer: SocketAddr) -> Arc<conn::Refused> {
-        let listener = Arc::clone(&self.listener);
-        Arc::new(move |stream, why| {
+    /// A stream the connection refused itself. One it answered (431: a
+    /// pseudo-field past the bound, so no request to hand on) is counted
+    /// on the listener's own pool and logged, as an HTTP/1 head past the
+    /// bound is (its bytes are 0: the answer's head is HPACK-coded among
+    /// the connection's frames); a reset one is only said.
+    fn on_refused_stream(self: &Arc<Self>, peer: SocketAddr) -> Arc<conn::Refused> {
+        let proxy = Arc::clone(self);
+        Arc::new(move |stream, why, answered| {
             if crate::telemetry::may_say_client_fault() {
-                tracing::info!(listener = %listener, client = %peer, stream, cause = why, "h2 request refused before it reached a backend");
+                tracing::info!(listener = %proxy.listener, client = %peer, stream, cause = why, "h2 request refused before it reached a backend");
+            }
+            if let Some(status) = answered {
+                let refused = Unserved {
+                    status: Some(status),
+                    termination: Termination::Refused,
+                    protocol: "HTTP/2.0",
+                    bytes_in: 0,
+                    bytes_out: 0,
+                    body_out: 0,
+                };
+                let (log, metrics) = (proxy.access_log.as_ref(), &proxy.own_target().metrics);
+                unserved(
+                    log,
+                    metrics,
+                    &RequestId::new(),
+                    peer,
+                    refused,
+                    Instant::now(),
+                );
             }
         })
     }

@@ -217,6 +217,7 @@ async fn end_without_a_request<S: ByteStream>(
             let left = record::Unserved {
                 status: None,
                 termination: Termination::ClientAborted(Phase::Request),
+                protocol: "HTTP/1.1",
                 bytes_in: client.buf.len() as u64,
                 bytes_out: 0,
                 body_out: 0,
@@ -406,6 +407,7 @@ async fn answer_refused<S: ByteStream>(
     record::Unserved {
         status: Some(status),
         termination,
+        protocol: "HTTP/1.1",
         bytes_in,
         bytes_out: bytes_out as u64,
         body_out: body_out as u64,

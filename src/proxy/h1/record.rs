@@ -190,6 +190,8 @@ pub struct Unserved {
     /// baton's answer; none when the client left before one.
     pub status: Option<u16>,
     pub termination: Termination,
+    /// The request's protocol as the access log names it.
+    pub protocol: &'static str,
     /// The bytes read with the refused head (all of it that came, and
     /// whatever followed it in the same reads).
     pub bytes_in: u64,
@@ -218,6 +220,7 @@ pub fn unserved(
     let Unserved {
         status,
         termination,
+        protocol,
         bytes_in,
         bytes_out,
         body_out,
@@ -237,7 +240,7 @@ pub fn unserved(
         backend: None,
         method: "-",
         target: "-",
-        protocol: "HTTP/1.1",
+        protocol,
         status,
         bytes_in,
         bytes_out,

@@ -241,8 +241,10 @@ enum TableSize {
     Zero,
 }
 
-/// What a connection tells of a request it refused: its stream, and why.
-pub type Refused = dyn Fn(u32, &str) + Send + Sync;
+/// What a connection tells of a request it refused: its stream, why, and
+/// the status baton answered it with if it answered it (431) rather than
+/// reset it.
+pub type Refused = dyn Fn(u32, &str, Option<u16>) + Send + Sync;
 
 /// One client connection: a future that ends when the connection does.
 pub struct Connection<S, F, B> {

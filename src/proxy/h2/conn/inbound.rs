@@ -256,7 +256,7 @@ where
             // The fields kept stop short of a pseudo-field (a path past
             // the bound): no request to hand on, so answered here alone.
             _ if listed == Listed::TooLarge => {
-                self.said_refused(id, "its fields past the bound (431)");
+                self.said_refused(id, "its fields past the bound (431)", Some(431));
                 self.answer_at_once(id, 431, block.end_stream);
                 return Ok(());
             }
@@ -264,7 +264,7 @@ where
                 let why = refused
                     .err()
                     .unwrap_or("a Content-Length with no body to come");
-                self.said_refused(id, why);
+                self.said_refused(id, why, None);
                 self.said_reset(id, Reason::PROTOCOL_ERROR, !block.end_stream);
                 return Ok(());
             }
@@ -510,15 +510,15 @@ where
     }
 
     /// A request baton refused before it became one (malformed, RFC 9113
-    /// §8.1.1: its stream reset; or its fields past the bound: 431), told
-    /// to whoever listens (the proxy says it, with the listener and the
-    /// client, within the budget for clients' faults): it reaches no
-    /// exchange, so no access-log line tells of it, where an HTTP/1
+    /// §8.1.1: its stream reset; or its fields past the bound: 431,
+    /// `answered`), told to whoever listens (the proxy says it, with the
+    /// listener and the client, within the budget for clients' faults,
+    /// and counts and logs a 431): it reaches no exchange, where an HTTP/1
     /// client's malformed head is a 400 logged (a client probing for
     /// smuggling shapes over h2 left no trace).
-    fn said_refused(&self, stream: u32, why: &str) {
+    fn said_refused(&self, stream: u32, why: &str, answered: Option<u16>) {
         if let Some(told) = &self.on_refused {
-            told(stream, why);
+            told(stream, why, answered);
         }
     }
 
