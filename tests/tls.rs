@@ -1406,11 +1406,12 @@ async fn each_tls_backend_resumes_its_own_sessions() {
 }
 
 /// h2 clients' streams to a TLS backend under `send_proxy` (whose
-/// connections are never kept: a header names one client) end their
-/// sessions with a `close_notify` too: dropped, each was a truncation in
-/// the backend's log, one a stream.
+/// connections are never kept: a header names one client), and HTTP/1
+/// clients' connections to it (each kept for its own client until it
+/// leaves), end their sessions with a `close_notify` too: dropped, each
+/// was a truncation in the backend's log, one a stream or a client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_streams_to_a_tls_backend_under_send_proxy_close_with_close_notify() {
+async fn clients_connections_to_a_tls_backend_under_send_proxy_close_with_close_notify() {
     let ca = Authority::new();
     let identity = ca.issue("backend", &["backend.test"]);
     let backend = TlsBackend::start_behind_proxy("secure", &identity).await;
@@ -1431,7 +1432,13 @@ async fn h2_streams_to_a_tls_backend_under_send_proxy_close_with_close_notify() 
             .await
             .expect("body");
     }
-    ended_with_close_notify(&backend, 3).await;
+    for i in 0..3 {
+        let answer = client::get(baton.addr("web"), &format!("/c{i}"))
+            .await
+            .expect("answered");
+        assert_eq!(answer.status, 200);
+    }
+    ended_with_close_notify(&backend, 6).await;
 }
 
 /// baton before a TLS backend, after one request: its connection is kept

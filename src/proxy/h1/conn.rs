@@ -26,6 +26,7 @@ use super::exchange::{exchange, After, Client, Served};
 use super::head::{self, Framing, Parsed, Refusal, RequestHead};
 use super::io::{ack_promptly, linger_close, read_now, release_if_empty, write_all, Linger};
 use super::rewrite;
+use super::upstream;
 use crate::lifecycle::drain::DrainWatch;
 use crate::proxy::request_id::RequestId;
 use crate::proxy::web::HttpProxy;
@@ -80,6 +81,7 @@ pub async fn serve<S: ByteStream>(
     let certificate = proxy.client_identity(&stream).map(String::into_boxed_str);
     let mut client = Client::new(stream, opening, origin, certificate);
     let ending = serve_requests(proxy, &mut client, origin.client, drain, opened).await;
+    upstream::close_kept(&mut client);
     if client.reset {
         return;
     }

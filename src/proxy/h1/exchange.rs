@@ -432,6 +432,9 @@ enum Pumped {
     Down(DownFault),
     Up(UpFault),
     ResponseTimeout,
+    /// `response_timeout` ran out again during a 1xx begun since it was
+    /// put off for one (see `pump`).
+    InterimsPastTimeout,
     ClientGone,
 }
 
@@ -500,6 +503,10 @@ async fn attempt<S: ByteStream>(
             if let (Some(check), true) = (backend_reuse, upload_done) {
                 release_if_empty(&mut up.buf);
                 keep(client, backend, up.stream, check);
+            } else {
+                // Given up on, as the h2 relay gives one up: a TLS
+                // backend gets its `close_notify`.
+                up.stream.close_quietly();
             }
             let after = if client_reusable && upload_done {
                 After::KeepAlive
@@ -540,6 +547,10 @@ async fn attempt<S: ByteStream>(
         }
         Pumped::Up(fault) => Attempt::Failed(up_failure(proxy, backend, fault, begun)),
         Pumped::ResponseTimeout => timed_out(proxy, backend, &request.trace.request_id),
+        // A 504 cannot follow a head cut in two: closed, blaming no one.
+        Pumped::InterimsPastTimeout => {
+            Attempt::Failed(Failure::Abort(Termination::BackendTimeout(Phase::Head)))
+        }
         Pumped::ClientGone => {
             Attempt::Failed(Failure::Abort(Termination::ClientAborted(Phase::Head)))
         }
@@ -611,16 +622,19 @@ async fn pump<S: ByteStream>(
             () = &mut gone => return Pumped::ClientGone,
             () = client.alarm.until(head_due), if clock => {
                 let heads = down.progress.head_out.load(Ordering::Relaxed);
-                if down.progress.interim_writing.load(Ordering::Relaxed)
-                    && put_off_at.is_none_or(|at| at == heads)
-                {
+                if down.progress.interim_writing.load(Ordering::Relaxed) {
                     // A client that takes no 1xx bytes holds the final
                     // head back: its own stall clock, in that write,
                     // judges it; counted against the backend, it let a
                     // client mark backends down. Put off for that one
-                    // 1xx alone: a backend that began another since had
-                    // its time, and one sending 1xx without end to a
-                    // client that reads slowly was never a 504.
+                    // 1xx alone: one begun since is a backend sending
+                    // 1xx without end (the client got them as long as it
+                    // went on) or a client reading a few of them slowly;
+                    // baton cannot tell which, so the exchange ends
+                    // there, charged to no one.
+                    if put_off_at.is_some_and(|at| at != heads) {
+                        return Pumped::InterimsPastTimeout;
+                    }
                     put_off_at = Some(heads);
                     head_due = Instant::now() + proxy.response_timeout;
                     continue;

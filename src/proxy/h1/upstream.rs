@@ -47,12 +47,11 @@ pub async fn connection<S: ByteStream>(
     request_id: &RequestId,
 ) -> Result<Upstream, ProxyError> {
     if let (Some(check), Some(_)) = (reuse, backend.send_proxy) {
-        let kept = client
-            .kept
-            .take()
-            .filter(|k| k.backend == backend.index && usable(k, check));
-        if let Some(kept) = kept {
-            return Ok(Upstream::kept(kept.stream));
+        if let Some(kept) = client.kept.take() {
+            if kept.backend == backend.index && usable(&kept, check) {
+                return Ok(Upstream::kept(kept.stream));
+            }
+            kept.stream.close_quietly();
         }
     }
     let header = backend.send_proxy.map(|version| {
@@ -110,7 +109,7 @@ impl Upstream {
 pub fn keep<S>(client: &mut Client<S>, backend: &Backend, mut stream: BackendStream, check: Check) {
     match backend.send_proxy {
         None => backend.idle.put(stream, check),
-        Some(_) if !holds_nothing_back(&mut stream) => {}
+        Some(_) if !holds_nothing_back(&mut stream) => stream.close_quietly(),
         Some(_) => {
             client.kept = Some(Kept {
                 backend: backend.index,
@@ -119,6 +118,15 @@ pub fn keep<S>(client: &mut Client<S>, backend: &Backend, mut stream: BackendStr
                 check,
             })
         }
+    }
+}
+
+/// Closes the connection kept for `client` as its own connection ends: a
+/// TLS backend gets its `close_notify` (dropped, each was a truncated
+/// session in the backend's log).
+pub fn close_kept<S>(client: &mut Client<S>) {
+    if let Some(kept) = client.kept.take() {
+        kept.stream.close_quietly();
     }
 }
 
