@@ -74,6 +74,14 @@ async fn stop_and_wait(baton: &Baton) {
     }
 }
 
+/// A listener `web` before `backend`, its JSON access lines to `path`.
+fn logging_to(path: &str, backend: &HttpBackend) -> Spec {
+    let keys = format!("access_log = {{ path = \"{path}\", format = \"json\" }}");
+    Spec::new()
+        .listener("web", "http", "app", &keys)
+        .pool("app", &[backend.addr])
+}
+
 /// `path = "stdout"` writes the lines to the process's standard output (a
 /// container's log, journald's stream), one a request, the generation a
 /// reload starts too (it inherits the same stdout); baton's own log goes
@@ -83,14 +91,7 @@ async fn access_lines_go_to_stdout_when_it_is_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("stdout");
     let backend = HttpBackend::start("a").await;
-    let spec = Spec::new()
-        .listener(
-            "web",
-            "http",
-            "app",
-            "access_log = { path = \"stdout\", format = \"json\" }",
-        )
-        .pool("app", &[backend.addr]);
+    let spec = logging_to("stdout", &backend);
     let into_file = format!("exec \"$0\" \"$@\" > {}", out.display());
     let baton = Baton::spawn_under(spec, &[], &["sh", "-c", &into_file]);
     baton.wait_ready().await;
@@ -102,6 +103,41 @@ async fn access_lines_go_to_stdout_when_it_is_named() {
     let lines = json_lines(&[out]);
     let statuses: Vec<&Value> = lines.iter().map(|l| &l["status"]).collect();
     assert_eq!(statuses, [200, 200], "{lines:?}");
+}
+
+/// `path = "/dev/stdout"`, as containers' configs write it, is standard
+/// output too: opened as a file, it failed where stdout is a socket (under
+/// systemd, journald's stream; here a TCP one, bash's `/dev/tcp`), with
+/// ENXIO, and baton did not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_stdout_is_standard_output_even_as_a_socket() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let backend = HttpBackend::start("a").await;
+    let spec = logging_to("/dev/stdout", &backend);
+    let into_socket = format!("exec \"$0\" \"$@\" > /dev/tcp/127.0.0.1/{port}");
+    let baton = Baton::spawn_under(spec, &[], &["bash", "-c", &into_socket]);
+    let (mut stdout, _) = tokio::time::timeout(support::TIMEOUT, listener.accept())
+        .await
+        .expect("stdout connected in time")
+        .expect("accept");
+    baton.wait_ready().await;
+    let answer = client::get(baton.addr("web"), "/one").await.expect("get");
+    assert_eq!(answer.status, 200);
+    stop_and_wait(&baton).await;
+    let mut text = String::new();
+    tokio::time::timeout(support::TIMEOUT, stdout.read_to_string(&mut text))
+        .await
+        .expect("stdout closed in time")
+        .expect("read");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert_eq!(lines[0]["target"], "/one", "{text}");
 }
 
 /// An HTTP/1 upload that stops once the response has begun is cut at

@@ -741,6 +741,9 @@ fn check_refuses_a_key_the_units_user_cannot_read() {
             .collect();
         let refused = if said.is_empty() || !refuses { 0 } else { 78 };
         assert_eq!(out.status.code(), Some(refused), "{out:?}");
+        // No "is valid" before a refusal.
+        let valid = String::from_utf8_lossy(&out.stdout).contains(" is valid");
+        assert_eq!(valid, refused == 0, "{out:?}");
         said
     };
     let warned = || checked_with(&unit, true);

@@ -20,6 +20,11 @@ pub fn check(args: CheckArgs) -> Exit {
     for warning in &c.warnings {
         eprintln!("baton: warning: {warning}");
     }
+    // Before the verdict: it said "is valid", then exited 78.
+    if super::unit::warn_about_the_unit(args.unit.as_deref(), &c) {
+        eprintln!("baton: the service would refuse this config (exit 78): its user cannot read what it names");
+        return Exit::Config;
+    }
     say!("config {} is valid", c.source.display());
     say!("workers                 {}", c.workers);
     say!("pin_workers             {}", c.pin_workers);
@@ -145,10 +150,6 @@ pub fn check(args: CheckArgs) -> Exit {
         );
     }
     say!("TimeoutStopSec={}", seconds_up(c.timeout_stop()));
-    if super::unit::warn_about_the_unit(args.unit.as_deref(), &c) {
-        eprintln!("baton: the service would refuse this config (exit 78): its user cannot read what it names");
-        return Exit::Config;
-    }
     Exit::Clean
 }
 

@@ -173,7 +173,10 @@ impl Validator {
                 self.problem(&format!("{key}.path"), "is required: a file, or \"stdout\"");
                 return None;
             }
-            Some("stdout") => Destination::Stdout,
+            // As containers' configs write it: opened as a file, it fails
+            // where stdout is a socket (under systemd, journald's stream:
+            // ENXIO), and baton did not start.
+            Some("stdout" | "/dev/stdout") => Destination::Stdout,
             Some(written) => {
                 let path = self.path(Some(written), written);
                 self.no_nul(&format!("{key}.path"), &path);
