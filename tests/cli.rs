@@ -794,6 +794,27 @@ fn check_warns_when_the_unit_would_cut_a_drain_short() {
             && !stderr.contains("TimeoutStartSec"),
         "{stderr}"
     );
+    // The budget the unit runs the service with is the one checked: a
+    // drop-in's variable, or a flag in ExecStart= (checked with its own,
+    // `check` passed what the next start refused or cut short).
+    let dropins = dir.path().join("baton.service.d");
+    std::fs::create_dir(&dropins).expect("mkdir");
+    let dropin = dropins.join("budget.conf");
+    for (main, extra) in [
+        ("", "[Service]\nEnvironment=\"BATON_DRAIN_TIMEOUT=2m\"\n"),
+        ("ExecStart=/usr/bin/baton run --drain-timeout=2m\n", ""),
+    ] {
+        std::fs::write(&unit, format!("[Service]\nTimeoutStopSec=20\n{main}")).expect("unit");
+        std::fs::write(&dropin, extra).expect("drop-in");
+        let (code, _, stderr) = run(&["check", "-c", example, "--unit", u]);
+        assert_eq!(code, 0, "{stderr}");
+        assert!(
+            stderr.contains("checked with 2m as --drain-timeout")
+                && stderr.contains("TimeoutStopSec=20")
+                && stderr.contains("would kill baton mid-drain"),
+            "{stderr}"
+        );
+    }
 }
 
 /// `check`, run as root, sees a file system the service does not: it says

@@ -12,7 +12,27 @@ use crate::config::{
 use crate::exit::Exit;
 use crate::tls::{ClientAuth, TlsSettings};
 
-pub fn check(args: CheckArgs) -> Exit {
+pub fn check(mut args: CheckArgs) -> Exit {
+    let unit = args.unit.as_deref();
+    for (given, flag, variable) in [
+        (
+            &mut args.budgets.drain_timeout,
+            "--drain-timeout",
+            "BATON_DRAIN_TIMEOUT",
+        ),
+        (
+            &mut args.budgets.pre_stop_delay,
+            "--pre-stop-delay",
+            "BATON_PRE_STOP_DELAY",
+        ),
+    ] {
+        if given.is_none() {
+            *given = super::unit::units_budget(unit, flag, variable);
+            if let Some(value) = given {
+                eprintln!("baton: checked with {value} as {flag} (or {variable}), as the unit runs the service");
+            }
+        }
+    }
     let Ok(c) = super::load_config(&args.config.config, &super::run::overrides(args.budgets))
     else {
         return Exit::Config;

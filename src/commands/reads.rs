@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use nix::unistd::{Gid, Group, Uid, User};
 
 use super::sandbox::is_yes;
-use super::unit::{assignments, last_setting};
+use super::unit::assignments;
 use crate::config::Config;
 
 /// Says each file the service's user may not read; whether there was one
@@ -70,26 +70,7 @@ pub fn refuse_unreadable(files: &[(PathBuf, String)], c: &Config, unit: &Path) -
 /// `ExecStart=`, else `BATON_CONFIG` in its `Environment=`, else the
 /// default path (as `baton run` finds it).
 fn units_config(files: &[(PathBuf, String)]) -> PathBuf {
-    let exec = last_setting(files, &["ExecStart"])
-        .map(|s| s.value)
-        .unwrap_or_default();
-    let words: Vec<&str> = exec.split_whitespace().collect();
-    let from_args = words.iter().enumerate().find_map(|(i, word)| match *word {
-        "-c" | "--config" => words.get(i + 1).copied(),
-        _ => word.strip_prefix("--config="),
-    });
-    // The last assignment wins, as systemd reads them.
-    let from_env = || {
-        assignments(files, &["Environment"])
-            .iter()
-            .flat_map(|s| s.value.split_whitespace())
-            .filter_map(|pair| pair.trim_matches('"').strip_prefix("BATON_CONFIG="))
-            .map(str::to_string)
-            .next_back()
-    };
-    from_args
-        .map(str::to_string)
-        .or_else(from_env)
+    super::unit::service_setting(files, &["-c", "--config"], "BATON_CONFIG")
         .unwrap_or_else(|| crate::config::DEFAULT_PATH.to_string())
         .into()
 }

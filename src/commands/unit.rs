@@ -33,16 +33,7 @@ const UNIT_DIRS: &[&str] = &[
 /// `sandbox`); and refuses a file its user may not read (see `reads`):
 /// true then. `explicit` is `--unit`.
 pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) -> bool {
-    let files: Vec<(PathBuf, String)> = unit_files(explicit)
-        .into_iter()
-        .filter_map(|path| match std::fs::read_to_string(&path) {
-            Ok(text) => Some((path, text)),
-            Err(err) => {
-                eprintln!("baton: warning: cannot read unit {}: {err}", path.display());
-                None
-            }
-        })
-        .collect();
+    let files = read_unit_files(explicit, true);
     let stop = Bound {
         needed: c.timeout_stop(),
         what: "the stop's pause (pre_stop_delay, at least 1.5s with defer_accept) + drain_timeout + 5s",
@@ -74,6 +65,69 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) -> bool {
     };
     super::sandbox::warn_about_writes(&files, c, unit);
     super::reads::refuse_unreadable(&files, c, unit)
+}
+
+/// The unit and its drop-ins with their text; one that cannot be read is
+/// warned of if `say`, and left out.
+fn read_unit_files(explicit: Option<&Path>, say: bool) -> Vec<(PathBuf, String)> {
+    unit_files(explicit)
+        .into_iter()
+        .filter_map(|path| match std::fs::read_to_string(&path) {
+            Ok(text) => Some((path, text)),
+            Err(err) => {
+                if say {
+                    eprintln!("baton: warning: cannot read unit {}: {err}", path.display());
+                }
+                None
+            }
+        })
+        .collect()
+}
+
+/// The stop budget the unit's service runs with, where it sets one:
+/// `flag` (`--drain-timeout`) in its `ExecStart=`, else `variable`
+/// (`BATON_DRAIN_TIMEOUT`) in its `Environment=`, the last assignment
+/// winning, as `baton run` and systemd read them. `check` validates the
+/// config with it: checked with its own, a drop-in's budget went unseen,
+/// and a config `check` passed was refused at the next start (exit 78, no
+/// restart) or cut short by `TimeoutStopSec`.
+pub fn units_budget(explicit: Option<&Path>, flag: &str, variable: &str) -> Option<String> {
+    service_setting(&read_unit_files(explicit, false), &[flag], variable)
+}
+
+/// What the unit's service is given by one of `flags` in its
+/// `ExecStart=` (`--flag VALUE` or `--flag=VALUE`), else by `variable` in
+/// its `Environment=` (the last assignment wins, as systemd reads them).
+pub(super) fn service_setting(
+    files: &[(PathBuf, String)],
+    flags: &[&str],
+    variable: &str,
+) -> Option<String> {
+    let exec = last_setting(files, &["ExecStart"])
+        .map(|s| s.value)
+        .unwrap_or_default();
+    let words: Vec<&str> = exec.split_whitespace().collect();
+    let from_args = words.iter().enumerate().find_map(|(i, word)| {
+        flags.iter().find_map(|flag| {
+            if word == flag {
+                words.get(i + 1).map(|v| (*v).to_string())
+            } else {
+                word.strip_prefix(flag)?
+                    .strip_prefix('=')
+                    .map(str::to_string)
+            }
+        })
+    });
+    let assigned = format!("{variable}=");
+    let from_env = || {
+        assignments(files, &["Environment"])
+            .iter()
+            .flat_map(|s| s.value.split_whitespace())
+            .filter_map(|pair| pair.trim_matches('"').strip_prefix(assigned.as_str()))
+            .map(str::to_string)
+            .next_back()
+    };
+    from_args.or_else(from_env)
 }
 
 /// A unit file's lines as systemd reads them: comments (`#` or `;` first)
