@@ -92,12 +92,21 @@ fn read_unit_files(explicit: Option<&Path>, say: bool) -> Vec<(PathBuf, String)>
 /// and a config `check` passed was refused at the next start (exit 78, no
 /// restart) or cut short by `TimeoutStopSec`.
 pub fn units_budget(explicit: Option<&Path>, flag: &str, variable: &str) -> Option<String> {
-    service_setting(&read_unit_files(explicit, false), &[flag], variable)
+    let files = read_unit_files(explicit, false);
+    let found = service_setting(&files, &[flag], variable);
+    if found.is_none() && last_setting(&files, &["EnvironmentFile"]).is_some() {
+        eprintln!("baton: note: the unit reads an EnvironmentFile=, which check does not: a {variable} set there is not checked (give it as {flag})");
+    }
+    found
 }
 
 /// What the unit's service is given by one of `flags` in its
 /// `ExecStart=` (`--flag VALUE` or `--flag=VALUE`), else by `variable` in
-/// its `Environment=` (the last assignment wins, as systemd reads them).
+/// its `Environment=` (the last assignment wins, and an empty
+/// `Environment=` clears those before it, as systemd reads them). Words
+/// are split and unquoted as systemd splits them; a value that names a
+/// variable (`$DRAIN`, `${DRAIN}`) is not taken, and neither is an empty
+/// one: what it stands for is not known here.
 pub(super) fn service_setting(
     files: &[(PathBuf, String)],
     flags: &[&str],
@@ -106,11 +115,11 @@ pub(super) fn service_setting(
     let exec = last_setting(files, &["ExecStart"])
         .map(|s| s.value)
         .unwrap_or_default();
-    let words: Vec<&str> = exec.split_whitespace().collect();
+    let words = systemd_words(&exec);
     let from_args = words.iter().enumerate().find_map(|(i, word)| {
         flags.iter().find_map(|flag| {
             if word == flag {
-                words.get(i + 1).map(|v| (*v).to_string())
+                words.get(i + 1).cloned()
             } else {
                 word.strip_prefix(flag)?
                     .strip_prefix('=')
@@ -120,14 +129,55 @@ pub(super) fn service_setting(
     });
     let assigned = format!("{variable}=");
     let from_env = || {
-        assignments(files, &["Environment"])
-            .iter()
-            .flat_map(|s| s.value.split_whitespace())
-            .filter_map(|pair| pair.trim_matches('"').strip_prefix(assigned.as_str()))
-            .map(str::to_string)
-            .next_back()
+        let mut value = None;
+        for setting in assignments(files, &["Environment"]) {
+            if setting.value.is_empty() {
+                value = None;
+            }
+            for word in systemd_words(&setting.value) {
+                if let Some(v) = word.strip_prefix(assigned.as_str()) {
+                    value = Some(v.to_string());
+                }
+            }
+        }
+        value
     };
-    from_args.or_else(from_env)
+    from_args
+        .or_else(from_env)
+        .filter(|v| !v.is_empty() && !v.contains('$'))
+}
+
+/// A setting's words as systemd splits them: at whitespace outside
+/// double or single quotes, the quotes taken off.
+fn systemd_words(value: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quote: Option<char> = None;
+    let mut in_word = false;
+    for c in value.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                in_word = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            (None, c) => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
 }
 
 /// A unit file's lines as systemd reads them: comments (`#` or `;` first)
@@ -392,6 +442,30 @@ mod tests {
         ];
         for (unit, expected, why) in cases {
             assert_eq!(last(unit).as_deref(), expected, "{why}: {unit:?}");
+        }
+    }
+
+    /// The stop budget the service runs with, as systemd hands it over:
+    /// quotes taken off, an empty `Environment=` clearing those before it,
+    /// a flag beating the environment; a variable's name is not a value.
+    #[test]
+    fn a_units_budget_is_read_as_systemd_hands_it_over() {
+        let budget = |unit: &str| {
+            let files = [(PathBuf::from("u"), format!("[Service]\n{unit}"))];
+            service_setting(&files, &["--drain-timeout"], "BATON_DRAIN_TIMEOUT")
+        };
+        let cases = [
+            ("Environment=BATON_DRAIN_TIMEOUT=2m\n", Some("2m")),
+            ("Environment=\"A=1\" \"BATON_DRAIN_TIMEOUT=2m\"\n", Some("2m")),
+            ("Environment='BATON_DRAIN_TIMEOUT=2m 30s'\n", Some("2m 30s")),
+            ("Environment=BATON_DRAIN_TIMEOUT=\"2m\"\n", Some("2m")),
+            ("Environment=BATON_DRAIN_TIMEOUT=2m\nEnvironment=\n", None),
+            ("Environment=BATON_DRAIN_TIMEOUT=2m\nEnvironment=BATON_DRAIN_TIMEOUT=\n", None),
+            ("ExecStart=/usr/bin/baton run --drain-timeout \"90s\"\nEnvironment=BATON_DRAIN_TIMEOUT=2m\n", Some("90s")),
+            ("ExecStart=/usr/bin/baton run --drain-timeout=${DRAIN}\n", None),
+        ];
+        for (unit, expected) in cases {
+            assert_eq!(budget(unit).as_deref(), expected, "{unit:?}");
         }
     }
 }
