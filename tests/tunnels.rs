@@ -254,6 +254,36 @@ async fn a_forced_tcp_tunnel_is_reset_and_its_bytes_counted() {
     drop(tunnel);
 }
 
+/// A backend that switches protocols before it has the whole request
+/// (an upgrade asked with a body, the backend reading its head alone) is
+/// a 502, with nothing of its 101 passed on: the rest of the body would
+/// reach it as the new protocol's bytes. The client got the 101, then the
+/// connection closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_before_the_whole_request_went_up_is_a_502() {
+    let backend = support::raw::answers_after_head(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+    )
+    .await;
+    let spec = Spec::new().http("web", "app").pool("app", &[backend]);
+    let baton = Baton::start(spec).await;
+    let mut s = TcpStream::connect(baton.addr("web"))
+        .await
+        .expect("connect");
+    s.write_all(
+        b"POST /up HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\nContent-Length: 100\r\n\r\nten bytes.",
+    )
+    .await
+    .expect("write");
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(support::TIMEOUT, s.read(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+}
+
 /// A backend that switches its first connection to protocol `echo` and
 /// hands the raw connection to `after`.
 async fn switching_backend<F, Fut>(after: F) -> SocketAddr

@@ -515,10 +515,6 @@ async fn attempt<S: ByteStream>(
             };
             Attempt::Answered { status, after }
         }
-        // The upload was cut short by the switch: bytes may be lost.
-        Pumped::Delivered(Delivered::Upgraded { .. }) if !upload_done => {
-            Attempt::Failed(Failure::Abort(Termination::BackendFailed(Phase::Data)))
-        }
         Pumped::Delivered(Delivered::Upgraded { websocket }) => {
             Attempt::Upgraded(Switched { up, websocket })
         }
@@ -581,18 +577,27 @@ async fn pump<S: ByteStream>(
             backend_stall: proxy.response_timeout,
             pace: proxy.body_pace,
         };
-        let uploading = upload(
-            &mut client_r,
-            &mut client.buf,
-            &mut backend_w,
-            body,
-            &limits,
-        );
+        // Said as the last write ends, not when this select next looks:
+        // the download, polled first, may meet a head meanwhile, and a 101
+        // is taken only for a request that went up whole.
+        let uploading = async {
+            let sent = upload(
+                &mut client_r,
+                &mut client.buf,
+                &mut backend_w,
+                body,
+                &limits,
+            )
+            .await;
+            if sent.is_ok() {
+                down.progress.upload_done.store(true, Ordering::Relaxed);
+            }
+            sent
+        };
         tokio::pin!(uploading);
         tokio::select! {
             sent = &mut uploading => match sent {
                 Ok(()) => {
-                    down.progress.upload_done.store(true, Ordering::Relaxed);
                     head_due = Instant::now() + proxy.response_timeout;
                 }
                 // It may have answered early: its answer decides. One that

@@ -429,6 +429,15 @@ async fn switch<W: AsyncWrite + Unpin>(
             nothing_received: false,
         });
     };
+    // The backend switched before it had the whole request: the rest of
+    // the body would reach it as the new protocol's bytes. A 502 now, not
+    // a 101 and then the connection closed under the client.
+    if !down.progress.upload_done.load(Ordering::Relaxed) {
+        return Err(DownFault::Backend {
+            cause: "101 Switching Protocols before the whole request body was sent".into(),
+            nothing_received: false,
+        });
+    }
     let websocket = protocol.eq_ignore_ascii_case(b"websocket");
     let mut out = BytesMut::with_capacity(head.bytes.len() + 64);
     rewrite::response(
