@@ -93,7 +93,9 @@ pub struct CheckArgs {
     #[command(flatten)]
     pub budgets: BudgetArgs,
     /// The installed unit whose TimeoutStopSec is compared with the drain
-    /// budgets (default: the first baton.service systemd would load).
+    /// budgets, and whose own budgets (ExecStart= flags, Environment=) are
+    /// checked with where none is given (default: the first baton.service
+    /// systemd would load).
     #[arg(long)]
     pub unit: Option<PathBuf>,
 }

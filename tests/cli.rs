@@ -815,6 +815,17 @@ fn check_warns_when_the_unit_would_cut_a_drain_short() {
             "{stderr}"
         );
     }
+    // Its own is checked with, and the unit's said beside it; and a file
+    // of variables check does not read is said too.
+    let (_, _, stderr) = run(&["check", "-c", example, "--unit", u, "--drain-timeout", "5s"]);
+    assert!(
+        stderr.contains("5s, given here; the unit runs the service with 2m")
+            && !stderr.contains("would kill"),
+        "{stderr}"
+    );
+    std::fs::write(&dropin, "[Service]\nEnvironmentFile=-/etc/default/baton\n").expect("drop-in");
+    let (_, _, stderr) = run(&["check", "-c", example, "--unit", u]);
+    assert!(stderr.contains("reads an EnvironmentFile="), "{stderr}");
 }
 
 /// `check`, run as root, sees a file system the service does not: it says

@@ -218,12 +218,14 @@ impl ByteStream for BackendStream {
 }
 
 impl BackendStream {
-    /// Closes a kept connection baton gives up on, a TLS one with its
+    /// Closes a connection baton gives up on, a TLS one with its
     /// `close_notify` first, as nginx does: a TLS backend logs a close
     /// without one as a truncation ("unexpected eof", Java's "inbound
     /// closed before receiving peer's close_notify"). Best effort, never
     /// waiting: a kept connection's send buffer is empty, so the alert's
-    /// few bytes (after any rustls still held) go at once, or not at all.
+    /// few bytes (after any rustls still held) go at once; one given up on
+    /// after an early answer, its upload cut off, may have no room for
+    /// them, and closes without.
     pub fn close_quietly(self) {
         if let Link::Tls(mut s) = self {
             let (tcp, session) = s.get_mut();

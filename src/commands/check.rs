@@ -13,26 +13,7 @@ use crate::exit::Exit;
 use crate::tls::{ClientAuth, TlsSettings};
 
 pub fn check(mut args: CheckArgs) -> Exit {
-    let unit = args.unit.as_deref();
-    for (given, flag, variable) in [
-        (
-            &mut args.budgets.drain_timeout,
-            "--drain-timeout",
-            "BATON_DRAIN_TIMEOUT",
-        ),
-        (
-            &mut args.budgets.pre_stop_delay,
-            "--pre-stop-delay",
-            "BATON_PRE_STOP_DELAY",
-        ),
-    ] {
-        if given.is_none() {
-            *given = super::unit::units_budget(unit, flag, variable);
-            if let Some(value) = given {
-                eprintln!("baton: checked with {value} as {flag} (or {variable}), as the unit runs the service");
-            }
-        }
-    }
+    with_the_units_budgets(&mut args);
     let Ok(c) = super::load_config(&args.config.config, &super::run::overrides(args.budgets))
     else {
         return Exit::Config;
@@ -171,6 +152,43 @@ pub fn check(mut args: CheckArgs) -> Exit {
     }
     say!("TimeoutStopSec={}", seconds_up(c.timeout_stop()));
     Exit::Clean
+}
+
+/// The stop budgets the unit runs the service with, where `check` was
+/// given none of its own; said either way when they differ from what it
+/// checks with. Checked with the shell's, a drop-in's budget went unseen.
+fn with_the_units_budgets(args: &mut CheckArgs) {
+    let files = super::unit::read_unit_files(args.unit.as_deref(), false);
+    if files.is_empty() {
+        return;
+    }
+    for (given, flag, variable) in [
+        (
+            &mut args.budgets.drain_timeout,
+            "--drain-timeout",
+            "BATON_DRAIN_TIMEOUT",
+        ),
+        (
+            &mut args.budgets.pre_stop_delay,
+            "--pre-stop-delay",
+            "BATON_PRE_STOP_DELAY",
+        ),
+    ] {
+        let units = super::unit::units_budget(&files, flag, variable);
+        match (given.as_deref(), units) {
+            (None, Some(value)) => {
+                eprintln!("baton: checked with {value} as {flag} (or {variable}), as the unit runs the service");
+                *given = Some(value);
+            }
+            (Some(own), Some(value)) if own != value => {
+                eprintln!("baton: note: checked with {flag} (or {variable}) {own}, given here; the unit runs the service with {value}");
+            }
+            _ => {}
+        }
+    }
+    if super::unit::reads_environment_files(&files) {
+        eprintln!("baton: note: the unit reads an EnvironmentFile=, which check does not: a BATON_DRAIN_TIMEOUT or BATON_PRE_STOP_DELAY set there is not checked (give it as --drain-timeout or --pre-stop-delay)");
+    }
 }
 
 /// A TLS listener's settings, then one line per certificate, in the order

@@ -31,7 +31,7 @@ pub fn refuse_unreadable(files: &[(PathBuf, String)], c: &Config, unit: &Path) -
     let Some(service) = Service::of(files) else {
         return false;
     };
-    let runs = same_file(&c.source, &units_config(files));
+    let runs = units_config(files).is_some_and(|config| same_file(&c.source, &config));
     let said = if runs { "error" } else { "warning" };
     let mut unreadable = false;
     let mut asked: Vec<(&str, PathBuf)> = vec![("the config", c.source.clone())];
@@ -68,11 +68,14 @@ pub fn refuse_unreadable(files: &[(PathBuf, String)], c: &Config, unit: &Path) -
 
 /// The config the unit's service reads: `-c` or `--config` in its
 /// `ExecStart=`, else `BATON_CONFIG` in its `Environment=`, else the
-/// default path (as `baton run` finds it).
-fn units_config(files: &[(PathBuf, String)]) -> PathBuf {
-    super::unit::service_setting(files, &["-c", "--config"], "BATON_CONFIG")
-        .unwrap_or_else(|| crate::config::DEFAULT_PATH.to_string())
-        .into()
+/// default path (as `baton run` finds it); none known when the value
+/// names a variable (`-c ${CONF}`).
+fn units_config(files: &[(PathBuf, String)]) -> Option<PathBuf> {
+    match super::unit::service_setting(files, &["-c", "--config"], "BATON_CONFIG") {
+        Some(named) if named.contains('$') => None,
+        Some(path) => Some(path.into()),
+        None => Some(crate::config::DEFAULT_PATH.into()),
+    }
 }
 
 /// Whether two paths name one file (or, where either cannot be
@@ -206,6 +209,7 @@ mod tests {
                 ("baton.service".into(), unit.to_string()),
                 ("baton.service.d/x.conf".into(), drop_in.to_string()),
             ])
+            .unwrap_or_default()
         };
         let run = "[Service]\nExecStart=/usr/bin/baton run\n";
         assert_eq!(found(run, ""), PathBuf::from(crate::config::DEFAULT_PATH));
@@ -218,6 +222,8 @@ mod tests {
         );
         let short = "[Service]\nExecStart=\nExecStart=/usr/bin/baton run -c /d.toml\n";
         assert_eq!(found(run, short), PathBuf::from("/d.toml"));
+        let named = "[Service]\nExecStart=\nExecStart=/usr/bin/baton run -c ${CONF}\n";
+        assert_eq!(found(run, named), PathBuf::new(), "not known");
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) -> bool {
 
 /// The unit and its drop-ins with their text; one that cannot be read is
 /// warned of if `say`, and left out.
-fn read_unit_files(explicit: Option<&Path>, say: bool) -> Vec<(PathBuf, String)> {
+pub fn read_unit_files(explicit: Option<&Path>, say: bool) -> Vec<(PathBuf, String)> {
     unit_files(explicit)
         .into_iter()
         .filter_map(|path| match std::fs::read_to_string(&path) {
@@ -91,22 +91,24 @@ fn read_unit_files(explicit: Option<&Path>, say: bool) -> Vec<(PathBuf, String)>
 /// config with it: checked with its own, a drop-in's budget went unseen,
 /// and a config `check` passed was refused at the next start (exit 78, no
 /// restart) or cut short by `TimeoutStopSec`.
-pub fn units_budget(explicit: Option<&Path>, flag: &str, variable: &str) -> Option<String> {
-    let files = read_unit_files(explicit, false);
-    let found = service_setting(&files, &[flag], variable);
-    if found.is_none() && last_setting(&files, &["EnvironmentFile"]).is_some() {
-        eprintln!("baton: note: the unit reads an EnvironmentFile=, which check does not: a {variable} set there is not checked (give it as {flag})");
-    }
-    found
+/// A value that names a variable (`${DRAIN}`) is not taken: what it
+/// stands for is not known here.
+pub fn units_budget(files: &[(PathBuf, String)], flag: &str, variable: &str) -> Option<String> {
+    service_setting(files, &[flag], variable).filter(|v| !v.contains('$'))
+}
+
+/// Whether the unit reads an `EnvironmentFile=`, which `check` does not
+/// (a variable set there beats `Environment=`'s).
+pub fn reads_environment_files(files: &[(PathBuf, String)]) -> bool {
+    last_setting(files, &["EnvironmentFile"]).is_some()
 }
 
 /// What the unit's service is given by one of `flags` in its
 /// `ExecStart=` (`--flag VALUE` or `--flag=VALUE`), else by `variable` in
 /// its `Environment=` (the last assignment wins, and an empty
 /// `Environment=` clears those before it, as systemd reads them). Words
-/// are split and unquoted as systemd splits them; a value that names a
-/// variable (`$DRAIN`, `${DRAIN}`) is not taken, and neither is an empty
-/// one: what it stands for is not known here.
+/// are split and unquoted as systemd splits them; an empty value is none.
+/// A value may name a variable (`${DRAIN}`), which the caller cannot know.
 pub(super) fn service_setting(
     files: &[(PathBuf, String)],
     flags: &[&str],
@@ -142,9 +144,7 @@ pub(super) fn service_setting(
         }
         value
     };
-    from_args
-        .or_else(from_env)
-        .filter(|v| !v.is_empty() && !v.contains('$'))
+    from_args.or_else(from_env).filter(|v| !v.is_empty())
 }
 
 /// A setting's words as systemd splits them: at whitespace outside
@@ -452,7 +452,7 @@ mod tests {
     fn a_units_budget_is_read_as_systemd_hands_it_over() {
         let budget = |unit: &str| {
             let files = [(PathBuf::from("u"), format!("[Service]\n{unit}"))];
-            service_setting(&files, &["--drain-timeout"], "BATON_DRAIN_TIMEOUT")
+            units_budget(&files, "--drain-timeout", "BATON_DRAIN_TIMEOUT")
         };
         let cases = [
             ("Environment=BATON_DRAIN_TIMEOUT=2m\n", Some("2m")),

@@ -353,7 +353,8 @@ impl HttpProxy {
     /// pseudo-field past the bound, so no request to hand on) is counted
     /// on the listener's own pool and logged, as an HTTP/1 head past the
     /// bound is (its bytes are 0: the answer's head is HPACK-coded among
-    /// the connection's frames); a reset one is only said.
+    /// the connection's frames; its duration about 0, from the refusal, as
+    /// `handle`'s 431 is); a reset one is only said.
     fn on_refused_stream(self: &Arc<Self>, peer: SocketAddr) -> Arc<conn::Refused> {
         let proxy = Arc::clone(self);
         Arc::new(move |stream, why, answered| {

@@ -135,7 +135,8 @@ pub fn http_date_now() -> String {
 
 /// Adds `Date`, now, to a final response that has none: a proxy with a
 /// clock adds one to a response it forwards without (RFC 9110 §6.6.1, a
-/// MUST), as nginx does; baton's own answers carry one too.
+/// MUST), as nginx does; baton's own answers carry one too (not the h2
+/// connection's own 431, written below the exchange).
 pub fn add_date_if_missing(headers: &mut HeaderMap) {
     if !headers.contains_key(http::header::DATE) {
         if let Ok(now) = HeaderValue::from_str(&http_date_now()) {

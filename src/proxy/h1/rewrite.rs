@@ -305,7 +305,8 @@ pub enum Persistence {
 }
 
 /// The response a client gets: the backend's status and end-to-end fields,
-/// baton's `Via`, framing and `Connection`. A 1xx or 101 keeps its own.
+/// baton's `Via`, framing and `Connection`, and a `Date` if it had none.
+/// A 1xx or 101 keeps its own.
 pub fn response(
     head: &ResponseHead,
     request: &RequestHead,
