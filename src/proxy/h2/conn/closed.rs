@@ -17,6 +17,9 @@
 //! refused; a header block there is not (RFC 9113 §5.1 allows limiting
 //! the period over which frames are ignored), as each costs a decode.
 
+/// The most ids kept, whatever the stream limit.
+const MOST: usize = 4096;
+
 /// Ids of the streams baton closed whose client had not ended them, the
 /// oldest first. Empty, it holds no allocation: a connection whose
 /// streams all end in turn costs nothing more.
@@ -31,11 +34,14 @@ pub(super) struct ClosedByBaton {
 impl ClosedByBaton {
     /// Keeps twice as many as a client may have streams open at once
     /// (all of them reset, and as many refused beyond the limit), and 128
-    /// more: the 100 a client may open before it sees the limit.
+    /// more: the 100 a client may open before it sees the limit; 4,096 at
+    /// most, as each frame on a closed stream looks through them (16 KiB:
+    /// at the largest `h2_max_concurrent_streams`, 20,128 ids were 80 KiB
+    /// a frame, and an empty DATA frame costs the client 9 bytes).
     pub(super) fn new(max_streams: u32) -> ClosedByBaton {
         ClosedByBaton {
             ids: Vec::new(),
-            bound: (max_streams as usize).saturating_mul(2) + 128,
+            bound: ((max_streams as usize).saturating_mul(2) + 128).min(MOST),
             forgotten_up_to: 0,
         }
     }
@@ -74,7 +80,7 @@ impl ClosedByBaton {
 
 #[cfg(test)]
 mod tests {
-    use super::ClosedByBaton;
+    use super::{ClosedByBaton, MOST};
 
     #[test]
     fn frames_cross_a_close_only_until_the_client_ends_the_stream() {
@@ -98,5 +104,6 @@ mod tests {
         assert!(closed.crossing(3) && closed.crossing(261));
         assert_eq!(closed.ids.len(), 130);
         assert!(!closed.data_crossing(263), "never closed by baton");
+        assert_eq!(ClosedByBaton::new(10_000).bound, MOST);
     }
 }
