@@ -105,18 +105,24 @@ async fn access_lines_go_to_stdout_when_it_is_named() {
     assert_eq!(statuses, [200, 200], "{lines:?}");
 }
 
-/// `path = "/dev/stdout"`, as containers' configs write it, is standard
-/// output too: opened as a file, it failed where stdout is a socket (under
-/// systemd, journald's stream; here a TCP one, bash's `/dev/tcp`), with
-/// ENXIO, and baton did not start.
+/// `path = "/dev/stdout"`, as containers' configs write it (or
+/// `/dev/fd/1`), is standard output too: opened as a file, it failed
+/// where stdout is a socket (under systemd, journald's stream; here a TCP
+/// one, bash's `/dev/tcp`), with ENXIO, and baton did not start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_stdout_is_standard_output_even_as_a_socket() {
+    for path in ["/dev/stdout", "/dev/fd/1"] {
+        logs_to_standard_output_as_a_socket(path).await;
+    }
+}
+
+async fn logs_to_standard_output_as_a_socket(path: &str) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let port = listener.local_addr().expect("addr").port();
     let backend = HttpBackend::start("a").await;
-    let spec = logging_to("/dev/stdout", &backend);
+    let spec = logging_to(path, &backend);
     let into_socket = format!("exec \"$0\" \"$@\" > /dev/tcp/127.0.0.1/{port}");
     let baton = Baton::spawn_under(spec, &[], &["bash", "-c", &into_socket]);
     let (mut stdout, _) = tokio::time::timeout(support::TIMEOUT, listener.accept())
@@ -136,8 +142,8 @@ async fn dev_stdout_is_standard_output_even_as_a_socket() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
         .collect();
-    assert_eq!(lines.len(), 1, "{text}");
-    assert_eq!(lines[0]["target"], "/one", "{text}");
+    assert_eq!(lines.len(), 1, "{path}: {text}");
+    assert_eq!(lines[0]["target"], "/one", "{path}: {text}");
 }
 
 /// An HTTP/1 upload that stops once the response has begun is cut at

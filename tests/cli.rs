@@ -68,6 +68,30 @@ fn check_says_how_a_pool_speaks_tls() {
     }
 }
 
+/// An access log named by standard error (`"/dev/stderr"`, as a
+/// container's config may write it) is warned of as `"stderr"` is: access
+/// lines would mix with baton's own log, and under systemd the file does
+/// not open (journald's socket).
+#[test]
+fn check_warns_of_an_access_log_on_standard_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("b.toml");
+    for written in ["stderr", "/dev/stderr", "/dev/fd/2"] {
+        std::fs::write(
+            &path,
+            format!("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:2\"\npool = \"app\"\naccess_log = {{ path = \"{written}\" }}\n\n[[pools]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n"),
+        )
+        .expect("write");
+        let (code, _, stderr) = run(&["check", "-c", path.to_str().expect("utf-8 path")]);
+        assert_eq!(code, 0, "{written}: {stderr}");
+        assert!(
+            stderr.contains("listeners[0].access_log.path")
+                && stderr.contains("stderr is baton's own log"),
+            "{written}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn check_lists_every_problem_with_its_key_and_exits_78() {
     let dir = tempfile::tempdir().expect("tempdir");

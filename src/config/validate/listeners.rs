@@ -176,11 +176,12 @@ impl Validator {
             // As containers' configs write it: opened as a file, it fails
             // where stdout is a socket (under systemd, journald's stream:
             // ENXIO), and baton did not start.
-            Some("stdout" | "/dev/stdout") => Destination::Stdout,
+            Some("stdout" | "/dev/stdout" | "/dev/fd/1" | "/proc/self/fd/1") => Destination::Stdout,
             Some(written) => {
                 let path = self.path(Some(written), written);
                 self.no_nul(&format!("{key}.path"), &path);
-                if written == "stderr" || written.starts_with("syslog:") {
+                let standard_error = ["stderr", "/dev/stderr", "/dev/fd/2", "/proc/self/fd/2"];
+                if standard_error.contains(&written) || written.starts_with("syslog:") {
                     // Taken, as before: a config that ran must still reload.
                     self.warning(
                         &format!("{key}.path"),
