@@ -13,7 +13,9 @@ use crate::exit::Exit;
 use crate::tls::{ClientAuth, TlsSettings};
 
 pub fn check(mut args: CheckArgs) -> Exit {
-    with_the_units_budgets(&mut args);
+    // Read once: the budgets it runs with, then what it holds baton to.
+    let unit = super::unit::read_unit_files(args.unit.as_deref());
+    with_the_units_budgets(&mut args, &unit);
     let Ok(c) = super::load_config(&args.config.config, &super::run::overrides(args.budgets))
     else {
         return Exit::Config;
@@ -22,7 +24,7 @@ pub fn check(mut args: CheckArgs) -> Exit {
         eprintln!("baton: warning: {warning}");
     }
     // Before the verdict: it said "is valid", then exited 78.
-    if super::unit::warn_about_the_unit(args.unit.as_deref(), &c) {
+    if super::unit::warn_about_the_unit(&unit, &c) {
         eprintln!("baton: the service would refuse this config (exit 78): its user cannot read what it names");
         return Exit::Config;
     }
@@ -157,11 +159,7 @@ pub fn check(mut args: CheckArgs) -> Exit {
 /// The stop budgets the unit runs the service with, where `check` was
 /// given none of its own; said either way when they differ from what it
 /// checks with. Checked with the shell's, a drop-in's budget went unseen.
-fn with_the_units_budgets(args: &mut CheckArgs) {
-    let files = super::unit::read_unit_files(args.unit.as_deref(), false);
-    if files.is_empty() {
-        return;
-    }
+fn with_the_units_budgets(args: &mut CheckArgs, files: &[(std::path::PathBuf, String)]) {
     for (given, flag, variable) in [
         (
             &mut args.budgets.drain_timeout,
@@ -174,7 +172,7 @@ fn with_the_units_budgets(args: &mut CheckArgs) {
             "BATON_PRE_STOP_DELAY",
         ),
     ] {
-        let units = super::unit::units_budget(&files, flag, variable);
+        let units = super::unit::units_budget(files, flag, variable);
         match (given.as_deref(), units) {
             (None, Some(value)) => {
                 eprintln!("baton: checked with {value} as {flag} (or {variable}), as the unit runs the service");
@@ -186,7 +184,7 @@ fn with_the_units_budgets(args: &mut CheckArgs) {
             _ => {}
         }
     }
-    if super::unit::reads_environment_files(&files) {
+    if super::unit::reads_environment_files(files) {
         eprintln!("baton: note: the unit reads an EnvironmentFile=, which check does not: a BATON_DRAIN_TIMEOUT or BATON_PRE_STOP_DELAY set there is not checked (give it as --drain-timeout or --pre-stop-delay)");
     }
 }

@@ -31,9 +31,8 @@ const UNIT_DIRS: &[&str] = &[
 /// calls failed a reload that may well succeed; when its fd store is too
 /// small; when its sandbox keeps baton from a file it writes (see
 /// `sandbox`); and refuses a file its user may not read (see `reads`):
-/// true then. `explicit` is `--unit`.
-pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) -> bool {
-    let files = read_unit_files(explicit, true);
+/// true then. `files` are the unit's (`read_unit_files`).
+pub fn warn_about_the_unit(files: &[(PathBuf, String)], c: &Config) -> bool {
     let stop = Bound {
         needed: c.timeout_stop(),
         what: "the stop's pause (pre_stop_delay, at least 1.5s with defer_accept) + drain_timeout + 5s",
@@ -48,36 +47,35 @@ pub fn warn_about_the_unit(explicit: Option<&Path>, c: &Config) -> bool {
         (["TimeoutSec", "TimeoutStopSec"], stop),
         (["TimeoutSec", "TimeoutStartSec"], start),
     ] {
-        match last_setting(&files, &keys) {
+        match last_setting(files, &keys) {
             Some(found) => bound.check(&found),
             None if !files.is_empty() => bound.check_default(keys[1]),
             None => {}
         }
     }
-    if let Some(store) = last_setting(&files, &["FileDescriptorStoreMax"]) {
+    if let Some(store) = last_setting(files, &["FileDescriptorStoreMax"]) {
         warn_about_fd_store(&store, c.listening_sockets());
     }
     if !files.is_empty() {
-        warn_about_fd_limit(last_setting(&files, &["LimitNOFILE"]), c.max_connections());
+        warn_about_fd_limit(last_setting(files, &["LimitNOFILE"]), c.max_connections());
     }
     let Some((unit, _)) = files.first() else {
         return false;
     };
-    super::sandbox::warn_about_writes(&files, c, unit);
-    super::reads::refuse_unreadable(&files, c, unit)
+    super::sandbox::warn_about_writes(files, c, unit);
+    super::reads::refuse_unreadable(files, c, unit)
 }
 
-/// The unit and its drop-ins with their text; one that cannot be read is
-/// warned of if `say`, and left out.
-pub fn read_unit_files(explicit: Option<&Path>, say: bool) -> Vec<(PathBuf, String)> {
+/// The unit (`explicit` is `--unit`, else the one systemd would load) and
+/// its drop-ins with their text; one that cannot be read is warned of,
+/// and left out.
+pub fn read_unit_files(explicit: Option<&Path>) -> Vec<(PathBuf, String)> {
     unit_files(explicit)
         .into_iter()
         .filter_map(|path| match std::fs::read_to_string(&path) {
             Ok(text) => Some((path, text)),
             Err(err) => {
-                if say {
-                    eprintln!("baton: warning: cannot read unit {}: {err}", path.display());
-                }
+                eprintln!("baton: warning: cannot read unit {}: {err}", path.display());
                 None
             }
         })
